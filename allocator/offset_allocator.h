@@ -1,0 +1,131 @@
+// OffsetAllocator: a TLSF-style (two-level segregated fit) allocator of offsets in
+// one contiguous region. It hands out [offset, offset + bytes) ranges and never
+// touches the region's memory: the same allocator serves GPU memory, a shared-memory
+// segment and an NVMe file.
+//
+// Invariants (checked by Validate()):
+//   1. Blocks tile the region: walking next_physical from offset 0 visits blocks
+//      whose offsets are contiguous and whose sizes sum to region_bytes().
+//   2. No two physically adjacent blocks are both free (frees coalesce at once).
+//   3. Every free block is on exactly the free list of the bin its size maps to, and
+//      a bin's bit is set in the bitmaps iff its list is non-empty.
+//   4. Offsets and sizes are multiples of alignment_bytes().
+//
+// Cost: Allocate and Free are O(1): two bitmap scans and list splices.
+// Allocate is a good fit, not a best fit: it rounds the request up to the next bin
+// boundary so any block of the chosen bin fits, so a request can fail although a
+// block of exactly its size exists (one bin holds sizes within 1/32 of each other).
+//
+// Thread-safety: none; callers serialise (the tier owning it holds a lock).
+#ifndef TIERD_ALLOCATOR_OFFSET_ALLOCATOR_H_
+#define TIERD_ALLOCATOR_OFFSET_ALLOCATOR_H_
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace tierd {
+
+// One allocation. `handle` identifies it to Free() in O(1); `bytes` is the reserved
+// size (the request rounded up to alignment).
+struct Allocation {
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  uint32_t handle = 0;
+};
+
+struct AllocatorStats {
+  uint64_t region_bytes = 0;
+  uint64_t used_bytes = 0;
+  uint64_t free_bytes = 0;
+  uint64_t largest_free_block_bytes = 0;
+  uint64_t allocation_count = 0;
+  // 1 - largest_free / free: 0 when all free space is one block (or none is free).
+  double fragmentation = 0.0;
+};
+
+class OffsetAllocator {
+ public:
+  // `region_bytes` is rounded down to `alignment_bytes` (a power of two).
+  // `max_allocations` bounds live allocations; the node pool is sized from it now.
+  OffsetAllocator(uint64_t region_bytes, uint64_t alignment_bytes, uint32_t max_allocations);
+
+  OffsetAllocator(const OffsetAllocator&) = delete;
+  OffsetAllocator& operator=(const OffsetAllocator&) = delete;
+  OffsetAllocator(OffsetAllocator&&) = default;
+  OffsetAllocator& operator=(OffsetAllocator&&) = default;
+
+  // RESOURCE_EXHAUSTED when no free block fits (the message gives the request, the
+  // free bytes and the largest free block) or max_allocations are live;
+  // INVALID_ARGUMENT for 0 bytes.
+  absl::StatusOr<Allocation> Allocate(uint64_t bytes);
+
+  // INVALID_ARGUMENT if `allocation` is not live (double free, forged handle).
+  absl::Status Free(const Allocation& allocation);
+
+  AllocatorStats Stats() const;
+  uint64_t region_bytes() const { return region_bytes_; }
+  uint64_t alignment_bytes() const { return alignment_bytes_; }
+
+  // The smallest request size for which Allocate() is guaranteed to find a block
+  // of `free_block_bytes` usable: requests up to this size never fail while such
+  // a block exists. Exposed for tests of the good-fit contract.
+  uint64_t GuaranteedFitBytes(uint64_t free_block_bytes) const;
+
+  // Whole-structure check of the invariants above; O(blocks). For tests.
+  absl::Status Validate() const;
+
+ private:
+  static constexpr int kSecondLevelBits = 5;
+  static constexpr int kSecondLevelCount = 1 << kSecondLevelBits;
+  static constexpr int kFirstLevelCount = 64 - kSecondLevelBits + 1;
+  static constexpr uint32_t kNone = UINT32_MAX;
+
+  // 32 bytes, aligned: one block never straddles two cache lines (the O(1) paths are
+  // bound by the latency of touching a handful of random blocks).
+  struct alignas(32) Block {
+    uint64_t offset = 0;
+    uint64_t units : 62 = 0;  // size in alignment units
+    uint64_t in_use : 1 = 0;
+    uint64_t is_free_block : 1 = 0;
+    uint32_t prev_physical = kNone;
+    uint32_t next_physical = kNone;
+    uint32_t prev_free = kNone;
+    uint32_t next_free = kNone;
+  };
+  static_assert(sizeof(Block) == 32);
+  struct Bin {
+    int first = 0;
+    int second = 0;
+  };
+
+  static Bin BinFor(uint64_t units);
+  static uint64_t RoundUpToBin(uint64_t units);
+  bool FindFreeBin(Bin* bin) const;
+  void InsertFree(uint32_t index);
+  void RemoveFree(uint32_t index);
+  uint32_t NewNode();
+  void ReleaseNode(uint32_t index);
+  uint64_t LargestFreeUnits() const;
+
+  uint64_t region_bytes_ = 0;
+  uint64_t alignment_bytes_ = 1;
+  int alignment_shift_ = 0;
+  uint32_t max_allocations_ = 0;
+  uint64_t used_units_ = 0;
+  uint64_t allocation_count_ = 0;
+
+  std::vector<Block> nodes_;
+  std::vector<uint32_t> spare_nodes_;  // indices of unused nodes (a stack)
+  uint64_t first_level_bitmap_ = 0;
+  std::array<uint32_t, kFirstLevelCount> second_level_bitmaps_{};
+  std::array<std::array<uint32_t, kSecondLevelCount>, kFirstLevelCount> free_heads_;
+};
+
+}  // namespace tierd
+
+#endif  // TIERD_ALLOCATOR_OFFSET_ALLOCATOR_H_

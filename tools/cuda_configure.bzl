@@ -1,0 +1,61 @@
+"""cuda_configure: @local_cuda from the CUDA toolkit if it is installed.
+
+With a toolkit (nvcc + cuda_runtime.h under TIERD_CUDA_PATH, default
+/usr/local/cuda): cc_library targets for the headers, cudart and cuBLASLt, and
+HAS_CUDA = True in @local_cuda//:defs.bzl. Without one: the same targets, empty,
+HAS_CUDA = False, and one message at fetch time saying the build is CPU-only
+(the fake GPU is used at run time).
+"""
+
+_REAL_BUILD = """package(default_visibility = ["//visibility:public"])
+
+cc_library(
+    name = "cuda_headers",
+    hdrs = glob(["include/**/*.h", "include/**/*.hpp", "include/**/*.inl"]),
+    includes = ["include"],
+)
+
+# Shared cudart/cuBLASLt from the toolkit; rpath so binaries run without
+# LD_LIBRARY_PATH where the toolkit lives at the same path.
+cc_library(
+    name = "cudart",
+    linkopts = ["-L{path}/lib64", "-Wl,-rpath,{path}/lib64", "-lcudart"],
+    deps = [":cuda_headers"],
+)
+
+cc_library(
+    name = "cublasLt",
+    linkopts = ["-L{path}/lib64", "-Wl,-rpath,{path}/lib64", "-lcublasLt"],
+    deps = [":cudart"],
+)
+"""
+
+_EMPTY_BUILD = """package(default_visibility = ["//visibility:public"])
+
+# No CUDA toolkit was found at {path}: CPU-only build (fake GPU).
+cc_library(name = "cuda_headers")
+cc_library(name = "cudart")
+cc_library(name = "cublasLt")
+"""
+
+def _cuda_configure_impl(rctx):
+    path = rctx.os.environ.get("TIERD_CUDA_PATH", "") or "/usr/local/cuda"
+    nvcc = rctx.path(path + "/bin/nvcc")
+    header = rctx.path(path + "/include/cuda_runtime.h")
+    has_cuda = nvcc.exists and header.exists
+    if has_cuda:
+        rctx.symlink(path + "/include", "include")
+        rctx.file("BUILD.bazel", _REAL_BUILD.format(path = path))
+    else:
+        print("tierd: no CUDA toolkit at %s (no bin/nvcc or include/cuda_runtime.h): " % path +
+              "building CPU-only; the fake GPU will stand in for the GPU tier.")
+        rctx.file("BUILD.bazel", _EMPTY_BUILD.format(path = path))
+    rctx.file("WORKSPACE", "workspace(name = %r)\n" % rctx.name)
+    rctx.file("defs.bzl", "HAS_CUDA = %s\nCUDA_PATH = %r\n" % (has_cuda, path))
+
+cuda_configure = repository_rule(
+    implementation = _cuda_configure_impl,
+    environ = ["TIERD_CUDA_PATH"],
+    local = True,
+    configure = True,
+)

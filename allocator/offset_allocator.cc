@@ -30,20 +30,6 @@ OffsetAllocator::OffsetAllocator(uint64_t region_bytes, uint64_t alignment_bytes
   if (nodes_[0].units > 0) InsertFree(0);
 }
 
-TIERD_ALWAYS_INLINE OffsetAllocator::Bin OffsetAllocator::BinFor(uint64_t units) {
-  if (units < kSecondLevelCount) return Bin{0, static_cast<int>(units)};
-  const int msb = 63 - __builtin_clzll(units);
-  return Bin{msb - kSecondLevelBits + 1,
-             static_cast<int>((units >> (msb - kSecondLevelBits)) - kSecondLevelCount)};
-}
-
-TIERD_ALWAYS_INLINE uint64_t OffsetAllocator::RoundUpToBin(uint64_t units) {
-  if (units < kSecondLevelCount) return units;
-  const int msb = 63 - __builtin_clzll(units);
-  const uint64_t step = uint64_t{1} << (msb - kSecondLevelBits);
-  return (units + step - 1) & ~(step - 1);
-}
-
 uint64_t OffsetAllocator::GuaranteedFitBytes(uint64_t free_block_bytes) const {
   // A request is served from the bin of its size rounded up to a bin boundary or
   // any bin above; so it surely fits a block whose bin lower bound is >= it.

@@ -103,8 +103,18 @@ class OffsetAllocator {
     int second = 0;
   };
 
-  static Bin BinFor(uint64_t units);
-  static uint64_t RoundUpToBin(uint64_t units);
+  static Bin BinFor(uint64_t units) {
+    if (units < kSecondLevelCount) return Bin{0, static_cast<int>(units)};
+    const int msb = 63 - __builtin_clzll(units);
+    return Bin{msb - kSecondLevelBits + 1,
+               static_cast<int>((units >> (msb - kSecondLevelBits)) - kSecondLevelCount)};
+  }
+  static uint64_t RoundUpToBin(uint64_t units) {
+    if (units < kSecondLevelCount) return units;
+    const int msb = 63 - __builtin_clzll(units);
+    const uint64_t step = uint64_t{1} << (msb - kSecondLevelBits);
+    return (units + step - 1) & ~(step - 1);
+  }
   bool FindFreeBin(Bin* bin) const;
   void InsertFree(uint32_t index);
   void RemoveFree(uint32_t index);

@@ -1,0 +1,30 @@
+// The real GPU: CUDA runtime API. Only built when the CUDA toolkit is present
+// (TIERD_HAVE_CUDA); callers reach it through OpenGpu() in gpu_factory.h.
+//
+// The GPU tier is one allocation from a cudaMemPool created with the POSIX-fd handle
+// type, so that another process can import exactly this pool (and nothing else of the
+// daemon's) and map the region; copies run on non-blocking streams, one per
+// direction, which the driver places on separate copy engines.
+#ifndef TIERD_RUNTIME_CUDA_GPU_H_
+#define TIERD_RUNTIME_CUDA_GPU_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "runtime/gpu_device.h"
+
+namespace tierd {
+
+// NOT_FOUND when there is no usable CUDA device (no driver, no GPU); the message
+// carries the CUDA error so the caller can say why it fell back to the fake GPU.
+absl::StatusOr<std::unique_ptr<GpuDevice>> CreateCudaGpu(int device_ordinal);
+
+// In a client process: maps a region exported by GpuRegion::Export(). Takes ownership
+// of export.pool_fd. Returns the device address of the region in this process.
+// The mapping lives until ReleaseImportedGpuRegion (or process exit).
+absl::StatusOr<void*> ImportGpuRegion(int device_ordinal, const GpuRegionExport& exported);
+absl::Status ReleaseImportedGpuRegion(void* address);
+
+}  // namespace tierd
+
+#endif  // TIERD_RUNTIME_CUDA_GPU_H_

@@ -1,0 +1,78 @@
+#include "runtime/fake_gpu.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "base/fake_clock.h"
+#include "base/units.h"
+#include "runtime/gpu_factory.h"
+
+namespace tierd {
+namespace {
+
+TEST(FakeGpuTest, RegionBudgetIsCheckedAndReturnedOnRelease) {
+  auto gpu = CreateFakeGpu({.memory_bytes = 64 * kMiB});
+  auto too_big = gpu->AllocateRegion(65 * kMiB);
+  ASSERT_EQ(too_big.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(too_big.status().message().find("65.0 MiB exceeds the free GPU memory (64.0 MiB free"),
+            absl::string_view::npos)
+      << too_big.status().message();
+  {
+    auto region = gpu->AllocateRegion(48 * kMiB);
+    ASSERT_TRUE(region.ok());
+    EXPECT_EQ(*gpu->FreeBytes(), 16 * kMiB);
+    EXPECT_EQ((*region)->Export().status().code(), absl::StatusCode::kUnimplemented);
+  }
+  EXPECT_EQ(*gpu->FreeBytes(), 64 * kMiB);
+}
+
+TEST(FakeGpuTest, CopiesRunInOrderAndFencesWaitForThem) {
+  auto gpu = CreateFakeGpu({.memory_bytes = 64 * kMiB});
+  auto region = *gpu->AllocateRegion(8 * kMiB);
+  auto stream = *gpu->CreateCopyStream();
+  std::vector<uint8_t> host(4 * kMiB), back(4 * kMiB);
+  std::mt19937 rng(3);
+  for (auto& byte : host) byte = static_cast<uint8_t>(rng());
+  auto* device = static_cast<uint8_t*>(region->base());
+  ASSERT_TRUE(stream->CopyAsync(device, host.data(), host.size(), CopyDirection::kHostToDevice).ok());
+  // A second copy of the same bytes, then the way back: stream order makes it exact.
+  ASSERT_TRUE(stream->CopyAsync(device + 4 * kMiB, device, host.size(), CopyDirection::kHostToDevice).ok());
+  ASSERT_TRUE(stream->CopyAsync(back.data(), device + 4 * kMiB, back.size(), CopyDirection::kDeviceToHost).ok());
+  const uint64_t fence = *stream->RecordFence();
+  ASSERT_TRUE(stream->WaitFence(fence).ok());
+  EXPECT_EQ(std::memcmp(host.data(), back.data(), host.size()), 0);
+  EXPECT_EQ(stream->WaitFence(fence + 1).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(FakeGpuTest, ModelledLinkTakesBytesOverBandwidthOfClockTime) {
+  FakeClock clock;
+  auto gpu = CreateFakeGpu({.memory_bytes = 64 * kMiB, .link_bytes_per_second = 1e9, .clock = &clock});
+  auto region = *gpu->AllocateRegion(16 * kMiB);
+  auto stream = *gpu->CreateCopyStream();
+  std::vector<uint8_t> host(10'000'000, 1);
+  ASSERT_TRUE(stream->CopyAsync(region->base(), host.data(), host.size(), CopyDirection::kHostToDevice).ok());
+  ASSERT_TRUE(stream->WaitFence(*stream->RecordFence()).ok());
+  // 10 MB at 1 GB/s = 10 ms of fake time (the fake clock does not move during memcpy).
+  EXPECT_EQ(clock.NowNanos(), 10'000'000);
+}
+
+TEST(GpuFactoryTest, FallsBackToTheFakeGpuWithAReason) {
+  auto opened = OpenGpu({});
+  ASSERT_TRUE(opened.ok());
+  if (opened->device->is_fake()) {
+    EXPECT_FALSE(opened->fallback_reason.empty());
+    // Asking for the real GPU where there is none is an error, not a silent fake.
+    EXPECT_EQ(OpenGpu({.choice = GpuChoice::kCuda}).status().code(), absl::StatusCode::kNotFound);
+  } else {
+    EXPECT_TRUE(opened->fallback_reason.empty());
+  }
+  auto fake = OpenGpu({.choice = GpuChoice::kFake});
+  ASSERT_TRUE(fake.ok());
+  EXPECT_TRUE(fake->device->is_fake());
+}
+
+}  // namespace
+}  // namespace tierd

@@ -1,0 +1,73 @@
+// Byte, move and busy-time accounting for one link and direction. Busy time is the
+// union of the intervals in which at least one move was executing on the link, so
+// bytes / busy time is the throughput the link achieved while it had work.
+//
+// Thread-safe.
+#ifndef TIERD_RUNTIME_LINK_METER_H_
+#define TIERD_RUNTIME_LINK_METER_H_
+
+#include <cstdint>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "base/clock.h"
+
+namespace tierd {
+
+enum class Link : uint8_t { kDramToGpu = 0, kGpuToDram = 1, kDramToNvme = 2, kNvmeToDram = 3 };
+inline constexpr int kLinkCount = 4;
+
+inline const char* LinkName(Link link) {
+  switch (link) {
+    case Link::kDramToGpu: return "dram->gpu";
+    case Link::kGpuToDram: return "gpu->dram";
+    case Link::kDramToNvme: return "dram->nvme";
+    case Link::kNvmeToDram: return "nvme->dram";
+  }
+  return "?";
+}
+
+struct LinkStats {
+  uint64_t bytes = 0;        // moved successfully
+  uint64_t moves = 0;        // completed successfully
+  uint64_t failed_moves = 0;
+  int64_t busy_nanos = 0;
+  double BytesPerSecond() const { return busy_nanos > 0 ? 1e9 * bytes / busy_nanos : 0.0; }
+};
+
+class LinkMeter {
+ public:
+  explicit LinkMeter(Clock& clock) : clock_(clock) {}
+
+  void Begin() {
+    absl::MutexLock lock(&mutex_);
+    if (active_++ == 0) busy_since_nanos_ = clock_.NowNanos();
+  }
+  void End(uint64_t bytes, bool ok) {
+    absl::MutexLock lock(&mutex_);
+    if (ok) {
+      stats_.bytes += bytes;
+      ++stats_.moves;
+    } else {
+      ++stats_.failed_moves;
+    }
+    if (--active_ == 0) stats_.busy_nanos += clock_.NowNanos() - busy_since_nanos_;
+  }
+  LinkStats Stats() const {
+    absl::MutexLock lock(&mutex_);
+    LinkStats stats = stats_;
+    if (active_ > 0) stats.busy_nanos += clock_.NowNanos() - busy_since_nanos_;
+    return stats;
+  }
+
+ private:
+  Clock& clock_;
+  mutable absl::Mutex mutex_;
+  LinkStats stats_ ABSL_GUARDED_BY(mutex_);
+  int active_ ABSL_GUARDED_BY(mutex_) = 0;
+  int64_t busy_since_nanos_ ABSL_GUARDED_BY(mutex_) = 0;
+};
+
+}  // namespace tierd
+
+#endif  // TIERD_RUNTIME_LINK_METER_H_

@@ -1,0 +1,62 @@
+// Mover: asynchronous moves between adjacent tiers, GPU<->DRAM over the copy engines
+// (one link per direction, both at once) and DRAM<->NVMe over io_uring. Every move
+// ends in exactly one callback with its status; bytes, moves and busy time are
+// accounted per link and direction; each link bounds its queued and in-flight work.
+// GPU<->NVMe is not a link: such data is staged through DRAM by the caller.
+//
+// Thread-safe. Callbacks run on the link's thread and must not block on the Mover.
+#ifndef TIERD_RUNTIME_MOVER_H_
+#define TIERD_RUNTIME_MOVER_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "base/clock.h"
+#include "runtime/block_io.h"
+#include "runtime/gpu_link.h"
+#include "runtime/link_meter.h"
+#include "runtime/nvme_link.h"
+#include "runtime/tier_store.h"
+
+namespace tierd {
+
+struct MoverOptions {
+  // Register the DRAM tier with io_uring as fixed buffers (pins it; counts against
+  // RLIMIT_MEMLOCK without CAP_IPC_LOCK). Unregistered I/O works, a little slower.
+  bool register_nvme_buffers = true;
+};
+
+class Mover {
+ public:
+  // `nvme_io` drives the store's NVMe file (null when the store has no NVMe tier).
+  // `store` and `clock` must outlive the Mover.
+  static absl::StatusOr<std::unique_ptr<Mover>> Create(TierStore& store,
+                                                       std::unique_ptr<BlockIo> nvme_io,
+                                                       Clock& clock,
+                                                       const MoverOptions& options = {});
+  ~Mover();  // drains every link
+
+  // Copies the first `bytes` of `source` to the first `bytes` of `destination`.
+  // INVALID_ARGUMENT (and no callback) for tiers that are not adjacent, 0 bytes, or
+  // more bytes than either extent holds. NVMe moves round `bytes` up to 4 KiB.
+  absl::Status Move(const Extent& source, const Extent& destination, uint64_t bytes,
+                    MoveCallback done);
+  // Move, then wait for it; returns its final status.
+  absl::Status MoveAndWait(const Extent& source, const Extent& destination, uint64_t bytes);
+  // Returns when every move submitted so far has finished.
+  void Drain();
+  LinkStats Stats(Link link) const;
+  // Why io_uring fixed buffers are not used, or OK.
+  absl::Status NvmeBufferRegistration() const;
+
+ private:
+  explicit Mover(TierStore& store) : store_(store) {}
+  TierStore& store_;
+  std::unique_ptr<GpuLink> to_gpu_;
+  std::unique_ptr<GpuLink> from_gpu_;
+  std::unique_ptr<NvmeLink> nvme_;
+};
+
+}  // namespace tierd
+
+#endif  // TIERD_RUNTIME_MOVER_H_

@@ -1,0 +1,253 @@
+#include "runtime/nvme_link.h"
+
+#include <sys/resource.h>
+
+#include <cstring>
+
+#include "absl/strings/str_format.h"
+#include "base/check.h"
+#include "base/limits.h"
+#include "base/units.h"
+#include "runtime/crc32c.h"
+
+namespace tierd {
+namespace {
+
+constexpr uint64_t kChunk = limits::kNvmeChunkBytes;
+constexpr uint64_t kPiece = limits::kNvmeRegisteredBufferBytesMax;
+// Moves admitted at once: enough that the queue stays full across move boundaries.
+constexpr size_t kActiveMovesMax = 4;
+
+uint64_t ChunkCount(uint64_t bytes) { return (bytes + kChunk - 1) / kChunk; }
+
+}  // namespace
+
+NvmeLink::NvmeLink(TierStore& store, std::unique_ptr<BlockIo> io, Clock& clock,
+                   bool register_buffers)
+    : store_(store), io_(std::move(io)) {
+  meters_[0] = std::make_unique<LinkMeter>(clock);
+  meters_[1] = std::make_unique<LinkMeter>(clock);
+  TIERD_CHECK(store_.dram() != nullptr);
+  dram_base_ = store_.dram()->base();
+  buffer_registration_ = register_buffers ? RegisterDram()
+                                          : absl::FailedPreconditionError("not asked for");
+  slots_.resize(io_->queue_depth());
+  for (uint32_t i = io_->queue_depth(); i-- > 0;) free_slots_.push_back(i);
+  worker_ = std::thread([this] { Run(); });
+}
+
+NvmeLink::~NvmeLink() {
+  Drain();
+  {
+    absl::MutexLock lock(&mutex_);
+    stopping_ = true;
+  }
+  worker_.join();
+}
+
+absl::Status NvmeLink::RegisterDram() {
+  const uint64_t bytes = store_.dram()->bytes();
+  std::vector<iovec> pieces;
+  for (uint64_t offset = 0; offset < bytes; offset += kPiece) {
+    pieces.push_back(iovec{dram_base_ + offset, std::min(kPiece, bytes - offset)});
+  }
+  absl::Status status = io_->RegisterBuffers(pieces);
+  if (status.ok()) return status;
+  rlimit limit{};
+  getrlimit(RLIMIT_MEMLOCK, &limit);
+  return absl::Status(status.code(), absl::StrFormat(
+      "io_uring fixed buffers not used for the %s DRAM tier (%s; the memlock limit is %s: raise "
+      "`ulimit -l` or grant CAP_IPC_LOCK). NVMe I/O still works, unregistered.",
+      FormatBytes(bytes), status.message(),
+      limit.rlim_cur == RLIM_INFINITY ? std::string("unlimited") : FormatBytes(limit.rlim_cur)));
+}
+
+void NvmeLink::Enqueue(IoKind kind, uint8_t* dram, uint64_t nvme_offset, uint64_t bytes,
+                       MoveCallback done) {
+  TIERD_CHECK(bytes % limits::kDirectIoAlignmentBytes == 0 && bytes > 0);
+  auto move = std::make_unique<Move>();
+  move->kind = kind;
+  move->dram = dram;
+  move->nvme_offset = nvme_offset;
+  move->bytes = bytes;
+  move->done = std::move(done);
+  absl::MutexLock lock(&mutex_);
+  auto has_room = [this]() ABSL_SHARED_LOCKS_REQUIRED(mutex_) {
+    return queue_.size() < limits::kMovesQueuedPerLinkMax;
+  };
+  mutex_.Await(absl::Condition(&has_room));
+  queue_.push_back(std::move(move));
+  ++unfinished_;
+}
+
+void NvmeLink::Drain() {
+  absl::MutexLock lock(&mutex_);
+  auto drained = [this]() ABSL_SHARED_LOCKS_REQUIRED(mutex_) { return unfinished_ == 0; };
+  mutex_.Await(absl::Condition(&drained));
+}
+
+uint64_t NvmeLink::short_transfers() const {
+  absl::MutexLock lock(&mutex_);
+  return short_transfers_;
+}
+
+std::string NvmeLink::Describe(const Move& move, const IoOp& op) const {
+  return absl::StrFormat("nvme tier: %s of %s at file offset %d (extent at %d)",
+                         move.kind == IoKind::kWrite ? "write" : "read", FormatBytes(op.bytes),
+                         op.file_offset, move.nvme_offset);
+}
+
+void NvmeLink::Start(Move& move) {
+  meters_[static_cast<int>(move.kind)]->Begin();
+  const uint64_t chunks = ChunkCount(move.bytes);
+  move.chunk_ops_left.assign(chunks, 0);
+  if (move.kind == IoKind::kWrite) {
+    move.checksums.assign(chunks, 0);
+    return;
+  }
+  auto expected = store_.NvmeChecksums(move.nvme_offset);
+  if (!expected.ok()) {
+    move.status = expected.status();
+  } else if (expected->size() != chunks) {
+    move.status = absl::InvalidArgumentError(absl::StrFormat(
+        "nvme tier: read of %s from the extent at %d, but %d chunk(s) were written there",
+        FormatBytes(move.bytes), move.nvme_offset, expected->size()));
+  } else {
+    move.checksums = std::move(*expected);
+  }
+  if (!move.status.ok()) move.issued_bytes = move.bytes;  // nothing to issue
+}
+
+// Queues the next op of `move` into `slot`: the rest of the current chunk, cut at a
+// registered-buffer boundary. Returns false when the move has nothing left to issue.
+bool NvmeLink::IssueNext(Move& move, uint32_t slot) {
+  if (move.issued_bytes >= move.bytes || !move.status.ok()) return false;
+  const uint64_t start = move.issued_bytes;
+  const uint32_t chunk = static_cast<uint32_t>(start / kChunk);
+  const uint64_t chunk_begin = uint64_t{chunk} * kChunk;
+  const uint64_t chunk_end = std::min(chunk_begin + kChunk, move.bytes);
+  const uint64_t dram_offset = static_cast<uint64_t>(move.dram + start - dram_base_);
+  const uint64_t piece_end = start + (dram_offset / kPiece + 1) * kPiece - dram_offset;
+  const uint64_t end = std::min(chunk_end, piece_end);
+  if (start == chunk_begin) {
+    const uint64_t chunk_dram = static_cast<uint64_t>(move.dram + chunk_begin - dram_base_);
+    const bool split = (chunk_dram / kPiece) != ((chunk_dram + (chunk_end - chunk_begin) - 1) / kPiece);
+    move.chunk_ops_left[chunk] = split ? 2 : 1;
+    if (move.kind == IoKind::kWrite) {
+      // The checksum is of what we are about to write, taken before the disk sees it.
+      move.checksums[chunk] = Crc32c(0, move.dram + chunk_begin, chunk_end - chunk_begin);
+    }
+  }
+  OpSlot& op_slot = slots_[slot];
+  op_slot.move = &move;
+  op_slot.chunk = chunk;
+  op_slot.op = IoOp{move.kind, move.dram + start, move.nvme_offset + start,
+                    static_cast<uint32_t>(end - start),
+                    buffer_registration_.ok() ? static_cast<int>(dram_offset / kPiece) : -1, slot};
+  TIERD_CHECK_OK(io_->Queue(op_slot.op));
+  move.issued_bytes = end;
+  ++move.ops_outstanding;
+  return true;
+}
+
+void NvmeLink::OnCompletion(const IoCompletion& completion) {
+  const uint32_t slot = static_cast<uint32_t>(completion.tag);
+  OpSlot& op_slot = slots_[slot];
+  Move& move = *op_slot.move;
+  const IoOp& op = op_slot.op;
+  if (completion.result > 0 && static_cast<uint32_t>(completion.result) < op.bytes &&
+      move.status.ok()) {
+    // Short transfer: the rest goes again, from where the disk stopped.
+    op_slot.op.buffer = static_cast<uint8_t*>(op.buffer) + completion.result;
+    op_slot.op.file_offset += completion.result;
+    op_slot.op.bytes -= completion.result;
+    retry_slots_.push_back(slot);
+    absl::MutexLock lock(&mutex_);
+    ++short_transfers_;
+    return;
+  }
+  if (completion.result <= 0 && move.status.ok()) {
+    const int error = -completion.result;
+    move.status = completion.result == 0
+                      ? absl::DataLossError(Describe(move, op) + ": the disk transferred nothing")
+                  : error == ENOSPC
+                      ? absl::ResourceExhaustedError(Describe(move, op) + ": no space left on the disk")
+                      : absl::DataLossError(absl::StrFormat("%s: %s (errno %d)", Describe(move, op),
+                                                            std::strerror(error), error));
+  } else if (move.status.ok() && --move.chunk_ops_left[op_slot.chunk] == 0 &&
+             move.kind == IoKind::kRead) {
+    const uint64_t begin = uint64_t{op_slot.chunk} * kChunk;
+    const uint64_t length = std::min(kChunk, move.bytes - begin);
+    const uint32_t actual = Crc32c(0, move.dram + begin, length);
+    if (actual != move.checksums[op_slot.chunk]) {
+      move.status = absl::DataLossError(absl::StrFormat(
+          "nvme tier: checksum mismatch in chunk %d of the extent at file offset %d (%s at offset "
+          "%d): written crc32c %08x, read %08x. The data on disk is corrupt.",
+          op_slot.chunk, move.nvme_offset, FormatBytes(length), move.nvme_offset + begin,
+          move.checksums[op_slot.chunk], actual));
+    }
+  }
+  --move.ops_outstanding;
+  op_slot.move = nullptr;
+  free_slots_.push_back(slot);
+}
+
+void NvmeLink::Finish(Move& move) {
+  if (move.kind == IoKind::kWrite && move.status.ok()) {
+    store_.SetNvmeChecksums(move.nvme_offset, std::move(move.checksums));
+  }
+  meters_[static_cast<int>(move.kind)]->End(move.bytes, move.status.ok());
+  move.done(move.status);
+  absl::MutexLock lock(&mutex_);
+  --unfinished_;
+}
+
+void NvmeLink::Run() {
+  std::deque<std::unique_ptr<Move>> active;
+  std::vector<IoCompletion> completions(io_->queue_depth());
+  for (;;) {
+    {
+      absl::MutexLock lock(&mutex_);
+      auto ready = [this, &active]() ABSL_SHARED_LOCKS_REQUIRED(mutex_) {
+        return !active.empty() || !queue_.empty() || stopping_;
+      };
+      mutex_.Await(absl::Condition(&ready));
+      if (active.empty() && queue_.empty()) return;  // stopping, drained
+      while (!queue_.empty() && active.size() < kActiveMovesMax) {
+        active.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+        Start(*active.back());
+      }
+    }
+    // Issue: remainders of short transfers first, then moves in arrival order.
+    while (!retry_slots_.empty()) {
+      const uint32_t slot = retry_slots_.front();
+      retry_slots_.pop_front();
+      TIERD_CHECK_OK(io_->Queue(slots_[slot].op));
+    }
+    for (auto& move : active) {
+      while (!free_slots_.empty() && IssueNext(*move, free_slots_.back())) free_slots_.pop_back();
+    }
+    TIERD_CHECK_OK(io_->Submit());
+    const bool in_flight = free_slots_.size() < slots_.size();
+    if (in_flight) {
+      auto reaped = io_->Reap(completions.data(), completions.size(), /*wait=*/true);
+      TIERD_CHECK_OK(reaped.status());
+      for (size_t i = 0; i < *reaped; ++i) OnCompletion(completions[i]);
+    }
+    // Finish, in order, every move with nothing left to issue or to wait for.
+    for (auto it = active.begin(); it != active.end();) {
+      Move& move = **it;
+      const bool done = (move.issued_bytes >= move.bytes || !move.status.ok()) &&
+                        move.ops_outstanding == 0;
+      if (!done) {
+        ++it;
+        continue;
+      }
+      Finish(move);
+      it = active.erase(it);
+    }
+  }
+}
+
+}  // namespace tierd

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Builds the binaries that run on the lent GPU machine (-c opt, sm_89 + sm_90) and
+# collects them, with the shared libraries that machine lacks (abseil, Google
+# Benchmark, ...; glibc, libstdc++ and CUDA's own libraries are there), into .carry/.
+# Then, with the device tool: run(command="tools/device/gpu_check.sh", carry=[".carry"]).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+source tools/bazel_env.sh
+targets=(//tools/tierbench //tools/gpu_check:gpu_ipc_check //allocator:offset_allocator_bench)
+bazel build "${TIERD_BAZEL_FLAGS[@]}" -c opt "${targets[@]}"
+rm -rf .carry
+mkdir -p .carry/bin .carry/lib
+for target in "${targets[@]}"; do
+  path="bazel-bin/${target#//}"
+  path="${path/://}"
+  [ -f "$path" ] || path="$path/$(basename "$path")"
+  cp -L "$path" .carry/bin/
+done
+# Every resolved library except the C runtime, libstdc++/libgcc and the CUDA/driver libraries.
+skip='^(linux-vdso|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|ld-linux|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libnvidia)'
+for binary in .carry/bin/*; do
+  ldd "$binary" | awk '/=> \// {print $1, $3}'
+done | sort -u | while read -r name path; do
+  [[ "$name" =~ $skip ]] || cp -L "$path" .carry/lib/
+done
+du -sh .carry
+echo "carry .carry; on the device: tools/device/gpu_check.sh"

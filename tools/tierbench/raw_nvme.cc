@@ -1,0 +1,73 @@
+// The NVMe ceiling: sequential O_DIRECT pwrite/pread of one file, block by block.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "tools/tierbench/raw_ceiling.h"
+
+namespace tierd::bench {
+namespace {
+
+double Seconds(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+}  // namespace
+
+absl::StatusOr<NvmeRates> MeasureRawNvme(const std::string& directory, uint64_t bytes,
+                                         uint64_t block_bytes, int repeats) {
+  const std::string path = directory + "/tierbench-raw-" + std::to_string(getpid());
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC, 0600);
+  if (fd < 0) return absl::InternalError(absl::StrFormat("open %s: %s", path, std::strerror(errno)));
+  unlink(path.c_str());
+  if (const int error = posix_fallocate(fd, 0, static_cast<off_t>(bytes)); error != 0) {
+    close(fd);
+    return absl::ResourceExhaustedError(absl::StrFormat("fallocate: %s", std::strerror(error)));
+  }
+  auto* buffer = static_cast<uint8_t*>(std::aligned_alloc(4096, bytes));
+  std::mt19937_64 rng(1);
+  for (uint64_t i = 0; i + 8 <= bytes; i += 8) {
+    const uint64_t word = rng();
+    std::memcpy(buffer + i, &word, 8);
+  }
+  std::vector<double> writes, reads;
+  absl::Status status;
+  for (int r = 0; r < repeats && status.ok(); ++r) {
+    auto start = std::chrono::steady_clock::now();
+    for (uint64_t offset = 0; offset < bytes && status.ok(); offset += block_bytes) {
+      const size_t length = std::min(block_bytes, bytes - offset);
+      if (pwrite(fd, buffer + offset, length, static_cast<off_t>(offset)) != static_cast<ssize_t>(length)) {
+        status = absl::InternalError(absl::StrFormat("pwrite: %s", std::strerror(errno)));
+      }
+    }
+    if (fdatasync(fd) != 0) status = absl::InternalError("fdatasync failed");
+    writes.push_back(bytes / Seconds(start));
+    start = std::chrono::steady_clock::now();
+    for (uint64_t offset = 0; offset < bytes && status.ok(); offset += block_bytes) {
+      const size_t length = std::min(block_bytes, bytes - offset);
+      if (pread(fd, buffer + offset, length, static_cast<off_t>(offset)) != static_cast<ssize_t>(length)) {
+        status = absl::InternalError(absl::StrFormat("pread: %s", std::strerror(errno)));
+      }
+    }
+    reads.push_back(bytes / Seconds(start));
+  }
+  std::free(buffer);
+  close(fd);
+  if (!status.ok()) return status;
+  return NvmeRates{Median(writes), Median(reads)};
+}
+
+}  // namespace tierd::bench

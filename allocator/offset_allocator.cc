@@ -71,6 +71,8 @@ TIERD_ALWAYS_INLINE void OffsetAllocator::InsertFree(uint32_t index) {
 TIERD_ALWAYS_INLINE void OffsetAllocator::RemoveFree(uint32_t index) {
   Block& block = nodes_[index];
   TIERD_DCHECK(block.is_free_block);
+  if (block.prev_free != kNone) __builtin_prefetch(&nodes_[block.prev_free]);
+  if (block.next_free != kNone) __builtin_prefetch(&nodes_[block.next_free]);
   const Bin bin = BinFor(block.units);
   if (block.prev_free != kNone) nodes_[block.prev_free].next_free = block.next_free;
   else free_heads_[bin.first][bin.second] = block.next_free;
@@ -147,6 +149,11 @@ absl::Status OffsetAllocator::Free(const Allocation& allocation) {
         "free of an allocation that is not live (offset %d, %s, handle %d): double free?",
         allocation.offset, FormatBytes(allocation.bytes), allocation.handle));
   }
+  // The neighbours (and their free-list links) are random cache lines: start all the
+  // loads now so the misses overlap instead of queueing one after another.
+  const uint32_t prev_index = nodes_[index].prev_physical, next_index = nodes_[index].next_physical;
+  if (prev_index != kNone) __builtin_prefetch(&nodes_[prev_index]);
+  if (next_index != kNone) __builtin_prefetch(&nodes_[next_index]);
   used_units_ -= nodes_[index].units;
   --allocation_count_;
   uint32_t merged = index;

@@ -15,9 +15,11 @@ inline constexpr uint64_t kDirectIoAlignmentBytes = 4 * kKiB;
 // GPU extents: cudaMalloc's own guarantee, and enough for vectorised kernels.
 inline constexpr uint64_t kGpuAlignmentBytes = 256;
 
-// One NVMe read/write op moves at most this much. Also the checksum granularity:
-// one CRC32C per chunk of an NVMe extent.
-inline constexpr uint64_t kNvmeChunkBytes = 1 * kMiB;
+// One NVMe read/write op moves at most one chunk, and each chunk of an NVMe extent
+// carries one CRC32C. A power of two in [min, max]; fixed for a daemon's life.
+inline constexpr uint64_t kNvmeChunkBytesMin = 64 * kKiB;
+inline constexpr uint64_t kNvmeChunkBytesDefault = 1 * kMiB;
+inline constexpr uint64_t kNvmeChunkBytesMax = 64 * kMiB;
 // io_uring submission queue depth (ops in flight on the NVMe link).
 inline constexpr uint32_t kNvmeQueueDepthMax = 64;
 inline constexpr uint32_t kNvmeQueueDepthDefault = 32;
@@ -32,8 +34,8 @@ inline constexpr uint32_t kGpuCopiesInFlightMax = 8;
 // Allocations live at once in one tier's allocator.
 inline constexpr uint32_t kAllocationsPerTierMax = 1 << 20;
 
-static_assert(kNvmeChunkBytes % kDirectIoAlignmentBytes == 0, "chunks must stay O_DIRECT-aligned");
-static_assert(kNvmeRegisteredBufferBytesMax % kNvmeChunkBytes == 0,
+static_assert(kNvmeChunkBytesMin % kDirectIoAlignmentBytes == 0, "chunks must stay O_DIRECT-aligned");
+static_assert(kNvmeRegisteredBufferBytesMax % kNvmeChunkBytesMax == 0,
               "a chunk must never straddle two registered buffers");
 static_assert(kDirectIoAlignmentBytes % kGpuAlignmentBytes == 0, "alignments nest");
 static_assert(kNvmeQueueDepthDefault <= kNvmeQueueDepthMax, "default within bound");

@@ -24,8 +24,15 @@ absl::StatusOr<std::unique_ptr<Mover>> Mover::Create(TierStore& store,
     if (!store.HasTier(Tier::kDram)) {
       return absl::InvalidArgumentError("the NVMe tier needs a DRAM tier to stage through");
     }
+    const uint64_t chunk = options.nvme_chunk_bytes;
+    if (!IsPowerOfTwo(chunk) || chunk < limits::kNvmeChunkBytesMin ||
+        chunk > limits::kNvmeChunkBytesMax) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "NVMe chunk of %s: must be a power of two from %s to %s", FormatBytes(chunk),
+          FormatBytes(limits::kNvmeChunkBytesMin), FormatBytes(limits::kNvmeChunkBytesMax)));
+    }
     mover->nvme_ = std::make_unique<NvmeLink>(store, std::move(nvme_io), clock,
-                                               options.register_nvme_buffers);
+                                               options.register_nvme_buffers, chunk);
   }
   return mover;
 }

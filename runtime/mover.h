@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "base/clock.h"
+#include "base/limits.h"
 #include "runtime/block_io.h"
 #include "runtime/gpu_link.h"
 #include "runtime/link_meter.h"
@@ -24,6 +25,8 @@ struct MoverOptions {
   // Register the DRAM tier with io_uring as fixed buffers (pins it; counts against
   // RLIMIT_MEMLOCK without CAP_IPC_LOCK). Unregistered I/O works, a little slower.
   bool register_nvme_buffers = true;
+  // NVMe op size and checksum granularity: a power of two from 64 KiB to 64 MiB.
+  uint64_t nvme_chunk_bytes = limits::kNvmeChunkBytesDefault;
 };
 
 class Mover {

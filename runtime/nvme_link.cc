@@ -13,18 +13,17 @@
 namespace tierd {
 namespace {
 
-constexpr uint64_t kChunk = limits::kNvmeChunkBytes;
 constexpr uint64_t kPiece = limits::kNvmeRegisteredBufferBytesMax;
 // Moves admitted at once: enough that the queue stays full across move boundaries.
 constexpr size_t kActiveMovesMax = 4;
 
-uint64_t ChunkCount(uint64_t bytes) { return (bytes + kChunk - 1) / kChunk; }
-
 }  // namespace
 
 NvmeLink::NvmeLink(TierStore& store, std::unique_ptr<BlockIo> io, Clock& clock,
-                   bool register_buffers)
-    : store_(store), io_(std::move(io)) {
+                   bool register_buffers, uint64_t chunk_bytes)
+    : store_(store), io_(std::move(io)), chunk_bytes_(chunk_bytes) {
+  TIERD_CHECK(IsPowerOfTwo(chunk_bytes) && chunk_bytes >= limits::kNvmeChunkBytesMin &&
+              chunk_bytes <= limits::kNvmeChunkBytesMax);
   meters_[0] = std::make_unique<LinkMeter>(clock);
   meters_[1] = std::make_unique<LinkMeter>(clock);
   TIERD_CHECK(store_.dram() != nullptr);
@@ -123,9 +122,9 @@ void NvmeLink::Start(Move& move) {
 bool NvmeLink::IssueNext(Move& move, uint32_t slot) {
   if (move.issued_bytes >= move.bytes || !move.status.ok()) return false;
   const uint64_t start = move.issued_bytes;
-  const uint32_t chunk = static_cast<uint32_t>(start / kChunk);
-  const uint64_t chunk_begin = uint64_t{chunk} * kChunk;
-  const uint64_t chunk_end = std::min(chunk_begin + kChunk, move.bytes);
+  const uint32_t chunk = static_cast<uint32_t>(start / chunk_bytes_);
+  const uint64_t chunk_begin = uint64_t{chunk} * chunk_bytes_;
+  const uint64_t chunk_end = std::min(chunk_begin + chunk_bytes_, move.bytes);
   const uint64_t dram_offset = static_cast<uint64_t>(move.dram + start - dram_base_);
   const uint64_t piece_end = start + (dram_offset / kPiece + 1) * kPiece - dram_offset;
   const uint64_t end = std::min(chunk_end, piece_end);
@@ -176,20 +175,51 @@ void NvmeLink::OnCompletion(const IoCompletion& completion) {
                                                             std::strerror(error), error));
   } else if (move.status.ok() && --move.chunk_ops_left[op_slot.chunk] == 0 &&
              move.kind == IoKind::kRead) {
-    const uint64_t begin = uint64_t{op_slot.chunk} * kChunk;
-    const uint64_t length = std::min(kChunk, move.bytes - begin);
-    const uint32_t actual = Crc32c(0, move.dram + begin, length);
-    if (actual != move.checksums[op_slot.chunk]) {
-      move.status = absl::DataLossError(absl::StrFormat(
-          "nvme tier: checksum mismatch in chunk %d of the extent at file offset %d (%s at offset "
-          "%d): written crc32c %08x, read %08x. The data on disk is corrupt.",
-          op_slot.chunk, move.nvme_offset, FormatBytes(length), move.nvme_offset + begin,
-          move.checksums[op_slot.chunk], actual));
-    }
+    // Verified after the disk has new work (VerifyReadChunks); the op counts as
+    // outstanding until then, so the move cannot finish unverified.
+    chunks_to_verify_.push_back({&move, op_slot.chunk});
+    op_slot.move = nullptr;
+    free_slots_.push_back(slot);
+    return;
   }
   --move.ops_outstanding;
   op_slot.move = nullptr;
   free_slots_.push_back(slot);
+}
+
+void NvmeLink::VerifyReadChunks() {
+  for (auto [move, chunk] : chunks_to_verify_) {
+    const uint64_t begin = uint64_t{chunk} * chunk_bytes_;
+    const uint64_t length = std::min(chunk_bytes_, move->bytes - begin);
+    const uint32_t actual = Crc32c(0, move->dram + begin, length);
+    if (actual != move->checksums[chunk] && move->status.ok()) {
+      move->status = absl::DataLossError(absl::StrFormat(
+          "nvme tier: checksum mismatch in chunk %d of the extent at file offset %d (%s at offset "
+          "%d): written crc32c %08x, read %08x. The data on disk is corrupt.",
+          chunk, move->nvme_offset, FormatBytes(length), move->nvme_offset + begin,
+          move->checksums[chunk], actual));
+    }
+    --move->ops_outstanding;
+  }
+  chunks_to_verify_.clear();
+}
+
+// Gives the disk every op it can take: remainders of short transfers first, then moves
+// in arrival order. Each op is submitted at once, so a write's checksum (computed as the
+// op is issued) never holds back the ops before it.
+void NvmeLink::Refill(std::deque<std::unique_ptr<Move>>& active) {
+  while (!retry_slots_.empty()) {
+    const uint32_t slot = retry_slots_.front();
+    retry_slots_.pop_front();
+    TIERD_CHECK_OK(io_->Queue(slots_[slot].op));
+    TIERD_CHECK_OK(io_->Submit());
+  }
+  for (auto& move : active) {
+    while (!free_slots_.empty() && IssueNext(*move, free_slots_.back())) {
+      free_slots_.pop_back();
+      TIERD_CHECK_OK(io_->Submit());
+    }
+  }
 }
 
 void NvmeLink::Finish(Move& move) {
@@ -219,21 +249,14 @@ void NvmeLink::Run() {
         Start(*active.back());
       }
     }
-    // Issue: remainders of short transfers first, then moves in arrival order.
-    while (!retry_slots_.empty()) {
-      const uint32_t slot = retry_slots_.front();
-      retry_slots_.pop_front();
-      TIERD_CHECK_OK(io_->Queue(slots_[slot].op));
-    }
-    for (auto& move : active) {
-      while (!free_slots_.empty() && IssueNext(*move, free_slots_.back())) free_slots_.pop_back();
-    }
-    TIERD_CHECK_OK(io_->Submit());
+    Refill(active);
     const bool in_flight = free_slots_.size() < slots_.size();
     if (in_flight) {
       auto reaped = io_->Reap(completions.data(), completions.size(), /*wait=*/true);
       TIERD_CHECK_OK(reaped.status());
       for (size_t i = 0; i < *reaped; ++i) OnCompletion(completions[i]);
+      Refill(active);  // the disk first, then the CPU work of checking what arrived
+      VerifyReadChunks();
     }
     // Finish, in order, every move with nothing left to issue or to wait for.
     for (auto it = active.begin(); it != active.end();) {

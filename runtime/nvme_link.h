@@ -1,5 +1,5 @@
 // NvmeLink: both directions of the DRAM<->NVMe link, driven by one thread that owns a
-// BlockIo (io_uring). Moves are cut into ops of at most limits::kNvmeChunkBytes; up to
+// BlockIo (io_uring). Moves are cut into ops of at most one chunk (chunk_bytes); up to
 // queue_depth ops are in flight, across move boundaries, so the disk never idles
 // while work is queued. Each chunk of an NVMe extent carries a CRC32C: computed from
 // DRAM before the write is issued, stored in the TierStore once the whole move landed,
@@ -28,7 +28,9 @@ class NvmeLink {
  public:
   // With `register_buffers`, registers the DRAM segment with `io` as fixed buffers
   // when it can (see buffer_registration()).
-  NvmeLink(TierStore& store, std::unique_ptr<BlockIo> io, Clock& clock, bool register_buffers);
+  // `chunk_bytes`: a power of two in [kNvmeChunkBytesMin, kNvmeChunkBytesMax].
+  NvmeLink(TierStore& store, std::unique_ptr<BlockIo> io, Clock& clock, bool register_buffers,
+           uint64_t chunk_bytes);
   ~NvmeLink();  // drains, then stops
 
   // kWrite: DRAM -> NVMe; kRead: NVMe -> DRAM. `bytes` is a multiple of 4 KiB and a
@@ -64,11 +66,16 @@ class NvmeLink {
   void Start(Move& move);
   bool IssueNext(Move& move, uint32_t slot);
   void OnCompletion(const IoCompletion& completion);
+  void VerifyReadChunks();
+  void Refill(std::deque<std::unique_ptr<Move>>& active);
   void Finish(Move& move);
   std::string Describe(const Move& move, const IoOp& op) const;
 
+  uint64_t ChunkCount(uint64_t bytes) const { return (bytes + chunk_bytes_ - 1) / chunk_bytes_; }
+
   TierStore& store_;
   std::unique_ptr<BlockIo> io_;
+  const uint64_t chunk_bytes_;
   std::unique_ptr<LinkMeter> meters_[2];
   absl::Status buffer_registration_;
   uint8_t* dram_base_ = nullptr;
@@ -77,6 +84,7 @@ class NvmeLink {
   std::vector<OpSlot> slots_;
   std::vector<uint32_t> free_slots_;
   std::deque<uint32_t> retry_slots_;
+  std::vector<std::pair<Move*, uint32_t>> chunks_to_verify_;
 
   mutable absl::Mutex mutex_;
   std::deque<std::unique_ptr<Move>> queue_ ABSL_GUARDED_BY(mutex_);

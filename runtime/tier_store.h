@@ -73,7 +73,7 @@ class TierStore {
   const DramSegment* dram() const { return dram_.get(); }
   const NvmeFile* nvme() const { return nvme_.get(); }
 
-  // NVMe checksums, one CRC32C per limits::kNvmeChunkBytes of the extent.
+  // NVMe checksums, one CRC32C per NVMe chunk of the extent.
   void SetNvmeChecksums(uint64_t nvme_offset, std::vector<uint32_t> checksums);
   // NOT_FOUND if the extent at `nvme_offset` holds no written data.
   absl::StatusOr<std::vector<uint32_t>> NvmeChecksums(uint64_t nvme_offset) const;

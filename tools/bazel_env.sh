@@ -6,8 +6,5 @@ TIERD_BAZEL_FLAGS=(--disk_cache="$TIERD_BAZEL_DISK_CACHE")
 if [ -n "${CI:-}" ]; then
   TIERD_BAZEL_FLAGS+=(--curses=no --color=no --show_progress_rate_limit=30)
 fi
-# Say once whether this is a CUDA or a CPU-only build.
-tierd_cuda_path="${TIERD_CUDA_PATH:-/usr/local/cuda}"
-if [ ! -x "$tierd_cuda_path/bin/nvcc" ]; then
-  echo "tierd: no CUDA toolkit at $tierd_cuda_path: building CPU-only; the fake GPU stands in for the GPU tier."
-fi
+# Without a CUDA toolkit, @local_cuda (tools/cuda_configure.bzl) says once, during the
+# build, that it is CPU-only and the fake GPU stands in.

@@ -41,7 +41,7 @@ run_pass() {  # $1: label, rest: extra bazel flags
   local log
   log=$(mktemp)
   echo "== $label: bazel test //... $*"
-  bazel test "${TIERD_BAZEL_FLAGS[@]}" "$@" --test_summary=short //... 2>&1 | tee "$log" |
+  bazel test "${TIERD_BAZEL_FLAGS[@]}" "$@" --keep_going --test_summary=short //... 2>&1 | tee "$log" |
     grep -vE '^(\[|Loading|Analyzing|INFO: From|\(|  /)' || true
   count_run "$label" "$log"
   rm -f "$log"

@@ -20,7 +20,7 @@ echo "== gpu_ipc_check"
 .carry/bin/gpu_ipc_check --nvme_dir="$nvme_dir" 2>&1 | tee "$out/gpu_ipc_check.log" || status=1
 echo "== tierbench"
 .carry/bin/tierbench --gpu=cuda --bytes="${BENCH_BYTES:-4GiB}" --transfer_bytes="${TRANSFER_BYTES:-256MiB}" \
-  --repeats="${REPEATS:-3}" --nvme_dir="$nvme_dir" 2>&1 | tee "$out/tierbench.log" || status=1
+  --repeats="${REPEATS:-3}" --nvme_dir="$nvme_dir" ${TIERBENCH_FLAGS:-} 2>&1 | tee "$out/tierbench.log" || status=1
 echo "== offset_allocator_bench"
 .carry/bin/offset_allocator_bench --benchmark_min_time=1 2>&1 | tee "$out/allocator_bench.log" | grep BM_ || status=1
 exit $status

@@ -15,21 +15,21 @@ double Median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
-absl::StatusOr<std::vector<Extent>> AllocateTensors(TierStore& store, Tier tier,
-                                                    const MoverBenchOptions& options) {
-  std::vector<Extent> tensors;
-  for (uint64_t done = 0; done < options.bytes; done += options.transfer_bytes) {
-    auto extent = store.Allocate(tier, std::min(options.transfer_bytes, options.bytes - done));
+absl::Status AllocateTensors(TierStore& store, Tier tier, uint64_t bytes, uint64_t transfer_bytes,
+                             std::vector<Extent>* tensors) {
+  for (uint64_t done = 0; done < bytes; done += transfer_bytes) {
+    auto extent = store.Allocate(tier, std::min(transfer_bytes, bytes - done));
     if (!extent.ok()) return extent.status();
-    tensors.push_back(*extent);
+    tensors->push_back(*extent);
   }
-  return tensors;
+  return absl::OkStatus();
 }
 
-// Submits every (source[i] -> destination[i]) of each pair of lists, waits for all,
-// and returns the bytes per second over the wall time; an error if any move failed.
-absl::StatusOr<double> TimeMoves(
-    Mover& mover, const std::vector<std::pair<std::vector<Extent>*, std::vector<Extent>*>>& sets) {
+using Pairs = std::vector<std::pair<const std::vector<Extent>*, const std::vector<Extent>*>>;
+
+// Submits every source[i] -> destination[i] of each pair of lists, waits for all, and
+// returns bytes per second over the wall time; an error if any move failed.
+absl::StatusOr<double> TimeMoves(Mover& mover, const Pairs& sets) {
   std::atomic<int> failures{0};
   uint64_t bytes = 0;
   const auto start = std::chrono::steady_clock::now();
@@ -51,51 +51,47 @@ absl::StatusOr<double> TimeMoves(
 
 }  // namespace
 
-absl::StatusOr<MoverRates> MeasureMover(TierStore& store, Mover& mover,
-                                        const MoverBenchOptions& options) {
-  auto gpu_a = AllocateTensors(store, Tier::kGpu, options);
-  auto gpu_b = AllocateTensors(store, Tier::kGpu, options);
-  auto dram_a = AllocateTensors(store, Tier::kDram, options);
-  auto dram_b = AllocateTensors(store, Tier::kDram, options);
-  for (auto* set : {&gpu_a, &gpu_b, &dram_a, &dram_b}) {
-    if (!set->ok()) return set->status();
+absl::StatusOr<std::unique_ptr<MoverBench>> MoverBench::Create(TierStore& store, uint64_t bytes,
+                                                               uint64_t transfer_bytes, bool nvme) {
+  std::unique_ptr<MoverBench> bench(new MoverBench(store));
+  for (auto [tier, list] : {std::pair{Tier::kGpu, &bench->gpu_a_}, {Tier::kGpu, &bench->gpu_b_},
+                            {Tier::kDram, &bench->dram_a_}, {Tier::kDram, &bench->dram_b_}}) {
+    if (absl::Status s = AllocateTensors(store, tier, bytes, transfer_bytes, list); !s.ok()) return s;
   }
-  for (const Extent& e : *dram_a) std::memset(store.Address(e), 0x5A, e.bytes());
-  for (const Extent& e : *dram_b) std::memset(store.Address(e), 0xA5, e.bytes());
-  std::vector<double> up, down, both, write, read;
-  absl::StatusOr<std::vector<Extent>> nvme = std::vector<Extent>{};
-  if (options.nvme) {
-    nvme = AllocateTensors(store, Tier::kNvme, options);
-    if (!nvme.ok()) return nvme.status();
+  if (nvme) {
+    if (absl::Status s = AllocateTensors(store, Tier::kNvme, bytes, transfer_bytes, &bench->nvme_);
+        !s.ok()) {
+      return s;
+    }
   }
-  for (int r = 0; r < options.repeats + 1; ++r) {  // round 0 warms up and is dropped
-    auto t_up = TimeMoves(mover, {{&*dram_a, &*gpu_a}});
-    auto t_down = TimeMoves(mover, {{&*gpu_b, &*dram_b}});
-    auto t_both = TimeMoves(mover, {{&*dram_a, &*gpu_a}, {&*gpu_b, &*dram_b}});
+  for (const Extent& e : bench->dram_a_) std::memset(store.Address(e), 0x5A, e.bytes());
+  for (const Extent& e : bench->dram_b_) std::memset(store.Address(e), 0xA5, e.bytes());
+  return bench;
+}
+
+absl::StatusOr<GpuRates> MoverBench::MeasureGpu(Mover& mover, int repeats) {
+  std::vector<double> up, down, both;
+  for (int r = 0; r < repeats + 1; ++r) {  // round 0 warms up and is dropped
+    auto t_up = TimeMoves(mover, {{&dram_a_, &gpu_a_}});
+    auto t_down = TimeMoves(mover, {{&gpu_b_, &dram_b_}});
+    auto t_both = TimeMoves(mover, {{&dram_a_, &gpu_a_}, {&gpu_b_, &dram_b_}});
     for (auto* t : {&t_up, &t_down, &t_both}) {
       if (!t->ok()) return t->status();
     }
-    if (r > 0) {
-      up.push_back(*t_up);
-      down.push_back(*t_down);
-      both.push_back(*t_both);
-    }
-    if (!options.nvme) continue;
-    auto t_write = TimeMoves(mover, {{&*dram_a, &*nvme}});
-    if (!t_write.ok()) return t_write.status();
-    auto t_read = TimeMoves(mover, {{&*nvme, &*dram_b}});
-    if (!t_read.ok()) return t_read.status();
-    if (r > 0) {
-      write.push_back(*t_write);
-      read.push_back(*t_read);
-    }
+    if (r == 0) continue;
+    up.push_back(*t_up);
+    down.push_back(*t_down);
+    both.push_back(*t_both);
   }
-  MoverRates rates{Median(up), Median(down), Median(both), 0, 0};
-  if (options.nvme) {
-    rates.dram_to_nvme = Median(write);
-    rates.nvme_to_dram = Median(read);
-  }
-  return rates;
+  return GpuRates{Median(up), Median(down), Median(both)};
+}
+
+absl::StatusOr<NvmeRates> MoverBench::MeasureNvmeOnce(Mover& mover) {
+  auto write = TimeMoves(mover, {{&dram_a_, &nvme_}});
+  if (!write.ok()) return write.status();
+  auto read = TimeMoves(mover, {{&nvme_, &dram_b_}});
+  if (!read.ok()) return read.status();
+  return NvmeRates{*write, *read};
 }
 
 }  // namespace tierd::bench

@@ -1,35 +1,34 @@
-// Timed runs of tierd's Mover over a TierStore: each link alone and both GPU
-// directions at once, as many tensors of transfer_bytes moved together.
+// Timed runs of tierd's Mover over a TierStore: each GPU direction alone and both at
+// once, and one NVMe write + read pass, as many tensors of transfer_bytes moved together.
 #ifndef TIERD_TOOLS_TIERBENCH_MOVER_BENCH_H_
 #define TIERD_TOOLS_TIERBENCH_MOVER_BENCH_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "runtime/mover.h"
 #include "runtime/tier_store.h"
+#include "tools/tierbench/raw_ceiling.h"
 
 namespace tierd::bench {
 
-struct MoverRates {
-  double dram_to_gpu = 0;  // bytes per second, median over repeats
-  double gpu_to_dram = 0;
-  double both_directions = 0;
-  double dram_to_nvme = 0;
-  double nvme_to_dram = 0;
-};
+class MoverBench {
+ public:
+  // Allocates the tensors: 2 x bytes in the GPU and DRAM tiers, bytes in NVMe (if any).
+  static absl::StatusOr<std::unique_ptr<MoverBench>> Create(TierStore& store, uint64_t bytes,
+                                                            uint64_t transfer_bytes, bool nvme);
+  // Medians over `repeats` after one warm-up round.
+  absl::StatusOr<GpuRates> MeasureGpu(Mover& mover, int repeats);
+  // One DRAM->NVMe pass over every tensor, then NVMe->DRAM into other tensors.
+  absl::StatusOr<NvmeRates> MeasureNvmeOnce(Mover& mover);
 
-struct MoverBenchOptions {
-  uint64_t bytes = 0;           // per direction and repeat
-  uint64_t transfer_bytes = 0;  // one tensor
-  int repeats = 3;
-  bool nvme = true;
+ private:
+  explicit MoverBench(TierStore& store) : store_(store) {}
+  TierStore& store_;
+  std::vector<Extent> gpu_a_, gpu_b_, dram_a_, dram_b_, nvme_;
 };
-
-// Needs a store with GPU and DRAM tiers holding 2 x bytes each, and NVMe holding bytes.
-absl::StatusOr<MoverRates> MeasureMover(TierStore& store, Mover& mover,
-                                        const MoverBenchOptions& options);
 
 }  // namespace tierd::bench
 

@@ -6,6 +6,7 @@
 #define TIERD_TOOLS_TIERBENCH_RAW_CEILING_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -23,12 +24,25 @@ absl::StatusOr<GpuRates> MeasureRawGpuCopies(bool use_cuda, uint64_t bytes, uint
                                              int repeats);
 
 struct NvmeRates {
-  double write = 0;
+  double write = 0;  // bytes per second
   double read = 0;
 };
 
-absl::StatusOr<NvmeRates> MeasureRawNvme(const std::string& directory, uint64_t bytes,
-                                         uint64_t block_bytes, int repeats);
+// A fallocated, unlinked O_DIRECT file and an aligned buffer of `bytes` random data.
+class RawNvme {
+ public:
+  static absl::StatusOr<std::unique_ptr<RawNvme>> Create(const std::string& directory,
+                                                         uint64_t bytes);
+  ~RawNvme();
+  // One sequential pwrite pass (then fdatasync) and one pread pass, `block_bytes` a call.
+  absl::StatusOr<NvmeRates> MeasureOnce(uint64_t block_bytes);
+
+ private:
+  RawNvme(int fd, uint8_t* buffer, uint64_t bytes) : fd_(fd), buffer_(buffer), bytes_(bytes) {}
+  int fd_;
+  uint8_t* buffer_;
+  uint64_t bytes_;
+};
 
 }  // namespace tierd::bench
 

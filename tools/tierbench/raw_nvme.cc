@@ -8,7 +8,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
-#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "tools/tierbench/raw_ceiling.h"
@@ -20,15 +19,10 @@ double Seconds(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
-
 }  // namespace
 
-absl::StatusOr<NvmeRates> MeasureRawNvme(const std::string& directory, uint64_t bytes,
-                                         uint64_t block_bytes, int repeats) {
+absl::StatusOr<std::unique_ptr<RawNvme>> RawNvme::Create(const std::string& directory,
+                                                         uint64_t bytes) {
   const std::string path = directory + "/tierbench-raw-" + std::to_string(getpid());
   const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC, 0600);
   if (fd < 0) return absl::InternalError(absl::StrFormat("open %s: %s", path, std::strerror(errno)));
@@ -43,31 +37,34 @@ absl::StatusOr<NvmeRates> MeasureRawNvme(const std::string& directory, uint64_t 
     const uint64_t word = rng();
     std::memcpy(buffer + i, &word, 8);
   }
-  std::vector<double> writes, reads;
-  absl::Status status;
-  for (int r = 0; r < repeats && status.ok(); ++r) {
-    auto start = std::chrono::steady_clock::now();
-    for (uint64_t offset = 0; offset < bytes && status.ok(); offset += block_bytes) {
-      const size_t length = std::min(block_bytes, bytes - offset);
-      if (pwrite(fd, buffer + offset, length, static_cast<off_t>(offset)) != static_cast<ssize_t>(length)) {
-        status = absl::InternalError(absl::StrFormat("pwrite: %s", std::strerror(errno)));
-      }
+  return std::unique_ptr<RawNvme>(new RawNvme(fd, buffer, bytes));
+}
+
+RawNvme::~RawNvme() {
+  std::free(buffer_);
+  close(fd_);
+}
+
+absl::StatusOr<NvmeRates> RawNvme::MeasureOnce(uint64_t block_bytes) {
+  NvmeRates rates;
+  auto start = std::chrono::steady_clock::now();
+  for (uint64_t offset = 0; offset < bytes_; offset += block_bytes) {
+    const size_t length = std::min(block_bytes, bytes_ - offset);
+    if (pwrite(fd_, buffer_ + offset, length, static_cast<off_t>(offset)) != static_cast<ssize_t>(length)) {
+      return absl::InternalError(absl::StrFormat("pwrite: %s", std::strerror(errno)));
     }
-    if (fdatasync(fd) != 0) status = absl::InternalError("fdatasync failed");
-    writes.push_back(bytes / Seconds(start));
-    start = std::chrono::steady_clock::now();
-    for (uint64_t offset = 0; offset < bytes && status.ok(); offset += block_bytes) {
-      const size_t length = std::min(block_bytes, bytes - offset);
-      if (pread(fd, buffer + offset, length, static_cast<off_t>(offset)) != static_cast<ssize_t>(length)) {
-        status = absl::InternalError(absl::StrFormat("pread: %s", std::strerror(errno)));
-      }
-    }
-    reads.push_back(bytes / Seconds(start));
   }
-  std::free(buffer);
-  close(fd);
-  if (!status.ok()) return status;
-  return NvmeRates{Median(writes), Median(reads)};
+  if (fdatasync(fd_) != 0) return absl::InternalError("fdatasync failed");
+  rates.write = bytes_ / Seconds(start);
+  start = std::chrono::steady_clock::now();
+  for (uint64_t offset = 0; offset < bytes_; offset += block_bytes) {
+    const size_t length = std::min(block_bytes, bytes_ - offset);
+    if (pread(fd_, buffer_ + offset, length, static_cast<off_t>(offset)) != static_cast<ssize_t>(length)) {
+      return absl::InternalError(absl::StrFormat("pread: %s", std::strerror(errno)));
+    }
+  }
+  rates.read = bytes_ / Seconds(start);
+  return rates;
 }
 
 }  // namespace tierd::bench

@@ -3,7 +3,10 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <vector>
 #include <fstream>
 #include <string>
 
@@ -13,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "base/clock.h"
 #include "base/units.h"
+#include "runtime/crc32c.h"
 #include "runtime/gpu_factory.h"
 #include "runtime/mover.h"
 #include "runtime/tier_store.h"
@@ -28,6 +32,9 @@ ABSL_FLAG(std::string, nvme_dir, "/var/tmp", "directory on the disk for the NVMe
 ABSL_FLAG(bool, nvme, true, "measure the DRAM<->NVMe link too");
 ABSL_FLAG(int, nvme_queue_depth, 32, "io_uring queue depth (power of two, <= 64)");
 ABSL_FLAG(bool, register_buffers, true, "register the DRAM tier with io_uring (fixed buffers)");
+ABSL_FLAG(std::string, nvme_chunk_bytes, "1MiB", "NVMe op size and checksum granularity");
+ABSL_FLAG(bool, nvme_sweep, false,
+          "also sweep NVMe chunk size x queue depth, and the raw loop's block size");
 
 namespace tierd {
 namespace {
@@ -46,6 +53,65 @@ void Row(const char* link, uint64_t bytes, double tierd, double raw, double targ
   std::printf("%-22s %10s %12s %12s %8.1f%% %8s %s\n", link, FormatBytes(bytes).c_str(),
               FormatRate(tierd).c_str(), FormatRate(raw).c_str(), 100 * ratio,
               absl::StrFormat(">=%.0f%%", 100 * target).c_str(), ratio >= target ? "ok" : "BELOW");
+}
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "tierbench: %s\n", status.ToString().c_str());
+  return 1;
+}
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+double CrcRate() {
+  std::vector<uint8_t> data(64 * kMiB, 0x3C);
+  const auto start = std::chrono::steady_clock::now();
+  uint32_t crc = 0;
+  for (int i = 0; i < 8; ++i) crc = Crc32c(crc, data.data(), data.size());
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return crc == 0x12345678 ? 0 : 8.0 * data.size() / seconds;  // use crc: keep the loop
+}
+
+absl::StatusOr<std::unique_ptr<Mover>> MakeMover(TierStore& store, bool nvme, int queue_depth,
+                                                 uint64_t chunk_bytes) {
+  std::unique_ptr<BlockIo> io;
+  if (nvme) {
+    auto uring = CreateUringBlockIo(store.nvme()->fd(), queue_depth);
+    if (!uring.ok()) return uring.status();
+    io = std::move(*uring);
+  }
+  return Mover::Create(store, std::move(io), RealClock(),
+                       {.register_nvme_buffers = absl::GetFlag(FLAGS_register_buffers),
+                        .nvme_chunk_bytes = chunk_bytes});
+}
+
+// Where NVMe throughput comes from: op size x queue depth for tierd, block size for raw.
+int Sweep(TierStore& store, bench::MoverBench& bench, bench::RawNvme& raw, const std::string& dir) {
+  std::printf("\nnvme sweep (%s, one pass each):\n%-28s %12s %12s\n", dir.c_str(), "config",
+              "write", "read");
+  for (uint64_t chunk : {1 * kMiB, 4 * kMiB, 16 * kMiB}) {
+    for (int depth : {8, 32, 64}) {
+      auto mover = MakeMover(store, true, depth, chunk);
+      if (!mover.ok()) return Fail(mover.status());
+      auto rates = bench.MeasureNvmeOnce(**mover);
+      if (!rates.ok()) return Fail(rates.status());
+      std::printf("%-28s %12s %12s\n",
+                  absl::StrFormat("tierd %s ops, depth %d", FormatBytes(chunk), depth).c_str(),
+                  FormatRate(rates->write).c_str(), FormatRate(rates->read).c_str());
+      std::fflush(stdout);
+    }
+  }
+  for (uint64_t block : {1 * kMiB, 16 * kMiB, 256 * kMiB}) {
+    auto rates = raw.MeasureOnce(block);
+    if (!rates.ok()) return Fail(rates.status());
+    std::printf("%-28s %12s %12s\n",
+                absl::StrFormat("raw pwrite/pread %s", FormatBytes(block)).c_str(),
+                FormatRate(rates->write).c_str(), FormatRate(rates->read).c_str());
+  }
+  return 0;
 }
 
 int Run() {
@@ -74,25 +140,13 @@ int Run() {
   options.nvme_bytes = nvme ? AlignUp(*bytes, 4096) + *bytes / *transfer * 4096 + 4096 : 0;
   options.instance_name = "tierbench-" + std::to_string(getpid());
   auto store = TierStore::Open(options, *gpu->device);
-  if (!store.ok()) {
-    std::fprintf(stderr, "tierbench: %s\n", store.status().ToString().c_str());
-    return 1;
-  }
-  std::unique_ptr<BlockIo> io;
-  if (nvme) {
-    auto uring = CreateUringBlockIo((*store)->nvme()->fd(), absl::GetFlag(FLAGS_nvme_queue_depth));
-    if (!uring.ok()) {
-      std::fprintf(stderr, "tierbench: %s\n", uring.status().ToString().c_str());
-      return 1;
-    }
-    io = std::move(*uring);
-  }
-  auto mover = Mover::Create(**store, std::move(io), RealClock(),
-                             {.register_nvme_buffers = absl::GetFlag(FLAGS_register_buffers)});
-  if (!mover.ok()) {
-    std::fprintf(stderr, "tierbench: %s\n", mover.status().ToString().c_str());
-    return 1;
-  }
+  if (!store.ok()) return Fail(store.status());
+  auto chunk = ParseBytes(absl::GetFlag(FLAGS_nvme_chunk_bytes));
+  if (!chunk.ok()) return Fail(chunk.status());
+  auto mover = MakeMover(**store, nvme, absl::GetFlag(FLAGS_nvme_queue_depth), *chunk);
+  if (!mover.ok()) return Fail(mover.status());
+  auto bench = bench::MoverBench::Create(**store, *bytes, *transfer, nvme);
+  if (!bench.ok()) return Fail(bench.status());
   utsname host{};
   uname(&host);
   std::printf("tierbench: tierd's Mover vs the raw ceiling of each link, measured side by side\n");
@@ -101,41 +155,58 @@ int Run() {
   std::printf("gpu:       %s%s\n", gpu->device->Describe().c_str(),
               gpu->fallback_reason.empty() ? "" : (" -- " + gpu->fallback_reason).c_str());
   if (nvme) {
-    std::printf("nvme:      %s, queue depth %d, fixed buffers: %s\n", options.nvme_directory.c_str(),
+    const absl::Status registration = (*mover)->NvmeBufferRegistration();
+    std::printf("nvme:      %s, %s ops, queue depth %d, fixed buffers: %s\n",
+                options.nvme_directory.c_str(), FormatBytes(*chunk).c_str(),
                 absl::GetFlag(FLAGS_nvme_queue_depth),
-                (*mover)->NvmeBufferRegistration().ok()
-                    ? "yes"
-                    : std::string((*mover)->NvmeBufferRegistration().message()).c_str());
+                registration.ok() ? "yes" : std::string(registration.message()).c_str());
   }
+  const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
   std::printf("workload:  %s per link in tensors of %s, median of %d repeats after a warm-up\n",
-              FormatBytes(*bytes).c_str(), FormatBytes(*transfer).c_str(),
-              absl::GetFlag(FLAGS_repeats));
+              FormatBytes(*bytes).c_str(), FormatBytes(*transfer).c_str(), repeats);
   std::fflush(stdout);
 
-  const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
-  auto tierd_rates = bench::MeasureMover(**store, **mover, {*bytes, *transfer, repeats, nvme});
+  auto tierd_gpu = (*bench)->MeasureGpu(**mover, repeats);
+  if (!tierd_gpu.ok()) return Fail(tierd_gpu.status());
   auto raw_gpu = bench::MeasureRawGpuCopies(!gpu->device->is_fake(), *bytes, *transfer, repeats);
-  absl::StatusOr<bench::NvmeRates> raw_nvme = bench::NvmeRates{};
-  if (nvme) raw_nvme = bench::MeasureRawNvme(options.nvme_directory, *bytes, *transfer, repeats);
-  for (const absl::Status& s : {tierd_rates.status(), raw_gpu.status(), raw_nvme.status()}) {
-    if (!s.ok()) {
-      std::fprintf(stderr, "tierbench: %s\n", s.ToString().c_str());
-      return 1;
+  if (!raw_gpu.ok()) return Fail(raw_gpu.status());
+  bench::NvmeRates tierd_nvme, raw_nvme;
+  std::unique_ptr<bench::RawNvme> raw_file;
+  if (nvme) {
+    auto created = bench::RawNvme::Create(options.nvme_directory, *bytes);
+    if (!created.ok()) return Fail(created.status());
+    raw_file = std::move(*created);
+    // Alternate tierd and raw passes so that the disk's drift hits both alike.
+    std::vector<double> tw, tr, rw, rr;
+    for (int r = 0; r < repeats + 1; ++r) {
+      auto t = (*bench)->MeasureNvmeOnce(**mover);
+      if (!t.ok()) return Fail(t.status());
+      auto raw = raw_file->MeasureOnce(*transfer);
+      if (!raw.ok()) return Fail(raw.status());
+      if (r == 0) continue;
+      tw.push_back(t->write), tr.push_back(t->read), rw.push_back(raw->write), rr.push_back(raw->read);
     }
+    tierd_nvme = {Median(tw), Median(tr)};
+    raw_nvme = {Median(rw), Median(rr)};
   }
   const char* raw_gpu_name = gpu->device->is_fake() ? "memcpy" : "cudaMemcpyAsync, pinned";
   std::printf("\n%-22s %10s %12s %12s %9s %8s\n", "link", "bytes", "tierd", "raw", "ratio", "target");
-  Row("dram->gpu", *bytes, tierd_rates->dram_to_gpu, raw_gpu->host_to_device, 0.95);
-  Row("gpu->dram", *bytes, tierd_rates->gpu_to_dram, raw_gpu->device_to_host, 0.95);
-  Row("dram<->gpu (both, sum)", 2 * *bytes, tierd_rates->both_directions, raw_gpu->both_directions, 0.95);
+  Row("dram->gpu", *bytes, tierd_gpu->host_to_device, raw_gpu->host_to_device, 0.95);
+  Row("gpu->dram", *bytes, tierd_gpu->device_to_host, raw_gpu->device_to_host, 0.95);
+  Row("dram<->gpu (both, sum)", 2 * *bytes, tierd_gpu->both_directions, raw_gpu->both_directions, 0.95);
   if (nvme) {
-    Row("dram->nvme", *bytes, tierd_rates->dram_to_nvme, raw_nvme->write, 0.90);
-    Row("nvme->dram", *bytes, tierd_rates->nvme_to_dram, raw_nvme->read, 0.90);
+    Row("dram->nvme", *bytes, tierd_nvme.write, raw_nvme.write, 0.90);
+    Row("nvme->dram", *bytes, tierd_nvme.read, raw_nvme.read, 0.90);
   }
-  std::printf("\nraw ceilings: gpu = %s per tensor on a bare stream; nvme = sequential O_DIRECT "
+  std::printf("\nraw ceilings: gpu = %s, one per tensor on a bare stream; nvme = sequential O_DIRECT "
               "pwrite/pread of %s blocks, one thread.\n", raw_gpu_name, FormatBytes(*transfer).c_str());
-  std::printf("tierd moves: GPU via the Mover's copy-engine links; NVMe via io_uring, 1 MiB ops, "
-              "CRC32C computed on write and verified on read.\n");
+  std::printf("tierd moves: GPU via the Mover's copy-engine links; NVMe via io_uring, CRC32C "
+              "computed on write and verified on read.\n");
+  std::printf("crc32c:    %s on one core\n", FormatRate(CrcRate()).c_str());
+  if (nvme && absl::GetFlag(FLAGS_nvme_sweep)) {
+    mover->reset();  // one NVMe link at a time on the file
+    return Sweep(**store, **bench, *raw_file, options.nvme_directory);
+  }
   return 0;
 }
 

@@ -15,15 +15,17 @@ namespace {
 constexpr int kLiveBlocks = 10000;
 constexpr int kPatternLength = 4096;
 
-std::vector<uint64_t> SizePattern() {
+// Sizes from 256 B up to 256 B + span: state.range(0) is the span. 1 MiB spreads the
+// blocks over ~400 bins (tensor-like); 256 B keeps them in a few.
+std::vector<uint64_t> SizePattern(uint64_t span) {
   std::mt19937_64 rng(42);
   std::vector<uint64_t> sizes(kPatternLength);
-  for (auto& size : sizes) size = 256 + rng() % (1 << 20);  // 256 B .. 1 MiB
+  for (auto& size : sizes) size = 256 + rng() % span;
   return sizes;
 }
 
 void BM_OffsetAllocatorPair(benchmark::State& state) {
-  const std::vector<uint64_t> sizes = SizePattern();
+  const std::vector<uint64_t> sizes = SizePattern(state.range(0));
   OffsetAllocator allocator(uint64_t{64} << 30, 256, 2 * kLiveBlocks);
   std::vector<Allocation> live;
   for (int i = 0; i < kLiveBlocks; ++i) live.push_back(*allocator.Allocate(sizes[i % kPatternLength]));
@@ -38,10 +40,10 @@ void BM_OffsetAllocatorPair(benchmark::State& state) {
   }
   state.counters["fragmentation"] = allocator.Stats().fragmentation;
 }
-BENCHMARK(BM_OffsetAllocatorPair);
+BENCHMARK(BM_OffsetAllocatorPair)->Arg(1 << 20)->Arg(256);
 
 void BM_MallocPair(benchmark::State& state) {
-  const std::vector<uint64_t> sizes = SizePattern();
+  const std::vector<uint64_t> sizes = SizePattern(state.range(0));
   std::vector<void*> live;
   for (int i = 0; i < kLiveBlocks; ++i) live.push_back(std::malloc(sizes[i % kPatternLength]));
   size_t i = 0;
@@ -54,7 +56,7 @@ void BM_MallocPair(benchmark::State& state) {
   }
   for (void* p : live) std::free(p);
 }
-BENCHMARK(BM_MallocPair);
+BENCHMARK(BM_MallocPair)->Arg(1 << 20)->Arg(256);
 
 }  // namespace
 }  // namespace tierd

@@ -21,7 +21,7 @@ absl::StatusOr<std::unique_ptr<Mover>> Mover::Create(TierStore& store,
   }
   if (store.HasTier(Tier::kNvme)) {
     if (nvme_io == nullptr) return absl::InvalidArgumentError("the NVMe tier needs a BlockIo");
-    if (!store.HasTier(Tier::kDram)) {
+    if (!store.HasTier(Tier::kDram)) {  // NVMe data is staged through DRAM
       return absl::InvalidArgumentError("the NVMe tier needs a DRAM tier to stage through");
     }
     const uint64_t chunk = options.nvme_chunk_bytes;

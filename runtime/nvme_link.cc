@@ -26,10 +26,14 @@ NvmeLink::NvmeLink(TierStore& store, std::unique_ptr<BlockIo> io, Clock& clock,
               chunk_bytes <= limits::kNvmeChunkBytesMax);
   meters_[0] = std::make_unique<LinkMeter>(clock);
   meters_[1] = std::make_unique<LinkMeter>(clock);
-  TIERD_CHECK(store_.dram() != nullptr);
-  dram_base_ = store_.dram()->base();
-  buffer_registration_ = register_buffers ? RegisterDram()
-                                          : absl::FailedPreconditionError("not asked for");
+  if (store_.dram() != nullptr) {
+    registered_base_ = store_.dram()->base();
+    registered_bytes_ = store_.dram()->bytes();
+  }
+  buffer_registration_ = !register_buffers ? absl::FailedPreconditionError("not asked for")
+                         : registered_base_ == nullptr
+                             ? absl::FailedPreconditionError("no default DRAM arena to register")
+                             : RegisterDram();
   slots_.resize(io_->queue_depth());
   for (uint32_t i = io_->queue_depth(); i-- > 0;) free_slots_.push_back(i);
   worker_ = std::thread([this] { Run(); });
@@ -45,10 +49,10 @@ NvmeLink::~NvmeLink() {
 }
 
 absl::Status NvmeLink::RegisterDram() {
-  const uint64_t bytes = store_.dram()->bytes();
+  const uint64_t bytes = registered_bytes_;
   std::vector<iovec> pieces;
   for (uint64_t offset = 0; offset < bytes; offset += kPiece) {
-    pieces.push_back(iovec{dram_base_ + offset, std::min(kPiece, bytes - offset)});
+    pieces.push_back(iovec{registered_base_ + offset, std::min(kPiece, bytes - offset)});
   }
   absl::Status status = io_->RegisterBuffers(pieces);
   if (status.ok()) return status;
@@ -125,12 +129,20 @@ bool NvmeLink::IssueNext(Move& move, uint32_t slot) {
   const uint32_t chunk = static_cast<uint32_t>(start / chunk_bytes_);
   const uint64_t chunk_begin = uint64_t{chunk} * chunk_bytes_;
   const uint64_t chunk_end = std::min(chunk_begin + chunk_bytes_, move.bytes);
-  const uint64_t dram_offset = static_cast<uint64_t>(move.dram + start - dram_base_);
-  const uint64_t piece_end = start + (dram_offset / kPiece + 1) * kPiece - dram_offset;
+  // Fixed buffers cover the registered (default) DRAM arena in 1 GiB pieces; an op there
+  // is cut at piece boundaries. Other arenas' addresses go unregistered.
+  const bool registered = buffer_registration_.ok() && move.dram >= registered_base_ &&
+                          move.dram + move.bytes <= registered_base_ + registered_bytes_;
+  const uint64_t dram_offset =
+      registered ? static_cast<uint64_t>(move.dram + start - registered_base_) : 0;
+  const uint64_t piece_end =
+      registered ? start + (dram_offset / kPiece + 1) * kPiece - dram_offset : chunk_end;
   const uint64_t end = std::min(chunk_end, piece_end);
   if (start == chunk_begin) {
-    const uint64_t chunk_dram = static_cast<uint64_t>(move.dram + chunk_begin - dram_base_);
-    const bool split = (chunk_dram / kPiece) != ((chunk_dram + (chunk_end - chunk_begin) - 1) / kPiece);
+    const uint64_t chunk_dram =
+        registered ? static_cast<uint64_t>(move.dram + chunk_begin - registered_base_) : 0;
+    const bool split = registered && (chunk_dram / kPiece) !=
+                                         ((chunk_dram + (chunk_end - chunk_begin) - 1) / kPiece);
     move.chunk_ops_left[chunk] = split ? 2 : 1;
     if (move.kind == IoKind::kWrite) {
       // The checksum is of what we are about to write, taken before the disk sees it.
@@ -142,7 +154,7 @@ bool NvmeLink::IssueNext(Move& move, uint32_t slot) {
   op_slot.chunk = chunk;
   op_slot.op = IoOp{move.kind, move.dram + start, move.nvme_offset + start,
                     static_cast<uint32_t>(end - start),
-                    buffer_registration_.ok() ? static_cast<int>(dram_offset / kPiece) : -1, slot};
+                    registered ? static_cast<int>(dram_offset / kPiece) : -1, slot};
   TIERD_CHECK_OK(io_->Queue(op_slot.op));
   move.issued_bytes = end;
   ++move.ops_outstanding;

@@ -78,7 +78,8 @@ class NvmeLink {
   const uint64_t chunk_bytes_;
   std::unique_ptr<LinkMeter> meters_[2];
   absl::Status buffer_registration_;
-  uint8_t* dram_base_ = nullptr;
+  uint8_t* registered_base_ = nullptr;  // the default DRAM arena, if any
+  uint64_t registered_bytes_ = 0;
 
   // Owned by the link thread.
   std::vector<OpSlot> slots_;

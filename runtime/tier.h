@@ -20,9 +20,16 @@ inline const char* TierName(Tier tier) {
   return "?";
 }
 
-// A range of one tier's region, as handed out by that tier's allocator.
+// An arena is one region of one tier with its own allocator: a GPU pool allocation or
+// a shared-memory segment (one per session, so a client maps only its own tensors), or
+// the NVMe file. Ids are never reused within a TierStore's life.
+using ArenaId = uint32_t;
+inline constexpr ArenaId kNoArena = 0;
+
+// A range of one arena, as handed out by that arena's allocator.
 struct Extent {
   Tier tier = Tier::kDram;
+  ArenaId arena = kNoArena;
   Allocation allocation;
 
   uint64_t offset() const { return allocation.offset; }

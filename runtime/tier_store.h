@@ -1,21 +1,27 @@
-// TierStore: the storage engine's three tiers and their allocators.
-//   gpu  - one IPC-exportable GPU region (GpuDevice::AllocateRegion)
-//   dram - one shared-memory segment, pinned for the GPU (DramSegment)
-//   nvme - one O_DIRECT file, space reserved at start (NvmeFile)
-// Each tier hands out Extents from its own OffsetAllocator. Budgets are hard: Open
-// refuses budgets the machine cannot give, Allocate refuses what does not fit, both
-// with RESOURCE_EXHAUSTED and a message naming the tier and the numbers.
+// TierStore: the storage engine's three tiers, as arenas carved from node budgets.
+//   gpu  - arenas are IPC-exportable GPU regions (GpuDevice::AllocateRegion), one pool each
+//   dram - arenas are shared-memory segments, pinned for the GPU (DramSegment)
+//   nvme - one arena: an O_DIRECT file, space reserved at start (NvmeFile)
+// Each arena hands out Extents from its own OffsetAllocator. Budgets are hard: Open
+// refuses budgets the machine cannot give; CreateArena refuses arenas beyond the node
+// budget; Allocate refuses what does not fit; all with RESOURCE_EXHAUSTED and a message
+// naming the tier and the numbers.
+//
+// With options.default_arenas, Open also creates one GPU and one DRAM arena spanning
+// each budget (benchmarks, tools); the daemon instead creates an arena per session.
 //
 // It also keeps the checksums of NVMe extents (ZFS-style, in the parent rather than
 // next to the data, so a misdirected or lost write is caught too): set by the mover
 // after a write, checked after every read, dropped when the extent is freed.
 //
-// Thread-safety: all methods are thread-safe (a lock per tier).
+// Thread-safety: all methods are thread-safe. An arena must not be destroyed while
+// moves into or out of it are in flight (the caller drains them first).
 #ifndef TIERD_RUNTIME_TIER_STORE_H_
 #define TIERD_RUNTIME_TIER_STORE_H_
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -35,21 +41,25 @@
 namespace tierd {
 
 struct TierStoreOptions {
-  uint64_t gpu_bytes = 0;   // 0: no GPU tier
-  uint64_t dram_bytes = 0;  // 0: no DRAM tier
+  uint64_t gpu_bytes = 0;   // GPU budget; 0: no GPU tier
+  uint64_t dram_bytes = 0;  // DRAM budget; 0: no DRAM tier
   // MemAvailable kept for the system and the trainers' own memory.
   uint64_t dram_headroom_bytes = uint64_t{1} << 30;
   std::string nvme_directory;  // empty: no NVMe tier
   uint64_t nvme_bytes = 0;
-  // Names the shm segment and NVMe file; unique per daemon ("tierd-<pid>").
+  // Names shm segments and the NVMe file; unique per daemon ("tierd-<pid>").
   std::string instance_name;
+  // One GPU and one DRAM arena spanning the budgets, created at Open.
+  bool default_arenas = true;
   // Tests pretend to be a smaller host.
   std::optional<HostMemoryInfo> host_memory;
 };
 
 struct TierStats {
   uint64_t budget_bytes = 0;
-  AllocatorStats allocator;
+  uint64_t reserved_bytes = 0;  // by arenas
+  uint64_t arena_count = 0;
+  AllocatorStats allocator;     // summed over arenas; largest free block is the max
 };
 
 class TierStore {
@@ -59,18 +69,35 @@ class TierStore {
                                                          GpuDevice& gpu);
   ~TierStore();
 
-  bool HasTier(Tier tier) const { return tiers_[Index(tier)].allocator != nullptr; }
-  absl::StatusOr<Extent> Allocate(Tier tier, uint64_t bytes);
+  bool HasTier(Tier tier) const { return budgets_[Index(tier)] > 0; }
+
+  // A new GPU or DRAM arena of `bytes` (DRAM: rounded up to 4 KiB). `label` names the
+  // shm segment ("<instance>-<label>"). RESOURCE_EXHAUSTED beyond the node budget.
+  absl::StatusOr<ArenaId> CreateArena(Tier tier, uint64_t bytes, const std::string& label);
+  // Frees the arena and everything in it (the caller has no moves in flight there).
+  absl::Status DestroyArena(ArenaId arena);
+  // The default arena of a tier (the NVMe arena for kNvme), or kNoArena.
+  ArenaId DefaultArena(Tier tier) const { return default_arenas_[Index(tier)]; }
+
+  absl::StatusOr<Extent> Allocate(ArenaId arena, uint64_t bytes);
+  absl::StatusOr<Extent> Allocate(Tier tier, uint64_t bytes) {
+    return Allocate(DefaultArena(tier), bytes);
+  }
   absl::Status Free(const Extent& extent);
   TierStats Stats(Tier tier) const;
+  AllocatorStats ArenaStats(ArenaId arena) const;
 
   // Address of an extent's first byte: a device address for the GPU tier, a host
-  // address (in the shared segment) for DRAM. Not for NVMe.
+  // address (in the arena's shared segment) for DRAM. Not for NVMe.
   uint8_t* Address(const Extent& extent) const;
 
   GpuDevice& gpu() const { return gpu_; }
-  const GpuRegion* gpu_region() const { return gpu_region_.get(); }
-  const DramSegment* dram() const { return dram_.get(); }
+  // The region / segment behind an arena (null if the arena is not of that tier).
+  const GpuRegion* gpu_region(ArenaId arena) const;
+  const DramSegment* dram_segment(ArenaId arena) const;
+  // Of the default arenas.
+  const GpuRegion* gpu_region() const { return gpu_region(DefaultArena(Tier::kGpu)); }
+  const DramSegment* dram() const { return dram_segment(DefaultArena(Tier::kDram)); }
   const NvmeFile* nvme() const { return nvme_.get(); }
 
   // NVMe checksums, one CRC32C per NVMe chunk of the extent.
@@ -79,20 +106,33 @@ class TierStore {
   absl::StatusOr<std::vector<uint32_t>> NvmeChecksums(uint64_t nvme_offset) const;
 
  private:
-  struct TierState {
+  struct Arena {
+    Tier tier;
+    uint64_t bytes = 0;
+    uint8_t* base = nullptr;  // null for NVMe
+    std::unique_ptr<GpuRegion> gpu_region;
+    std::unique_ptr<DramSegment> dram_segment;
     mutable absl::Mutex mutex;
     std::unique_ptr<OffsetAllocator> allocator ABSL_PT_GUARDED_BY(mutex);
-    uint64_t budget_bytes = 0;
   };
   static int Index(Tier tier) { return static_cast<int>(tier); }
   explicit TierStore(GpuDevice& gpu) : gpu_(gpu) {}
   absl::Status OpenTiers(const TierStoreOptions& options);
+  absl::StatusOr<ArenaId> AddArena(std::unique_ptr<Arena> arena);
+  Arena* Find(ArenaId id) const;
 
   GpuDevice& gpu_;
-  std::unique_ptr<GpuRegion> gpu_region_;
-  std::unique_ptr<DramSegment> dram_;
+  std::string instance_name_;
+  std::array<uint64_t, kTierCount> budgets_{};
+  std::array<ArenaId, kTierCount> default_arenas_{};
   std::unique_ptr<NvmeFile> nvme_;
-  std::array<TierState, kTierCount> tiers_;
+
+  mutable absl::Mutex arenas_mutex_;
+  // Arenas live in unique_ptrs: a pointer from Find stays valid until DestroyArena.
+  std::map<ArenaId, std::unique_ptr<Arena>> arenas_ ABSL_GUARDED_BY(arenas_mutex_);
+  std::array<uint64_t, kTierCount> reserved_ ABSL_GUARDED_BY(arenas_mutex_){};
+  ArenaId next_arena_ ABSL_GUARDED_BY(arenas_mutex_) = 1;
+
   mutable absl::Mutex checksum_mutex_;
   std::unordered_map<uint64_t, std::vector<uint32_t>> nvme_checksums_
       ABSL_GUARDED_BY(checksum_mutex_);

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "absl/strings/str_format.h"
 #include "base/units.h"
 #include "runtime/fake_gpu.h"
 
@@ -57,11 +58,47 @@ TEST(TierStoreTest, AllocationBeyondABudgetNamesTheTierAndTheNumbers) {
   auto second = store->Allocate(Tier::kGpu, 3 * kMiB);
   ASSERT_EQ(second.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(second.status().message(),
-            "gpu tier (budget 8.00 MiB): cannot allocate 3.00 MiB: 2.00 MiB free of 8.00 MiB, "
-            "largest free block 2.00 MiB");
+            absl::StrFormat("gpu tier (arena %d of 8.00 MiB): cannot allocate 3.00 MiB: 2.00 MiB "
+                            "free of 8.00 MiB, largest free block 2.00 MiB",
+                            store->DefaultArena(Tier::kGpu)));
   ASSERT_TRUE(store->Free(*first).ok());
   EXPECT_EQ(store->Free(*first).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(store->Allocate(Tier::kGpu, 8 * kMiB).ok());
+}
+
+TEST(TierStoreTest, ArenasAreCarvedFromTheNodeBudgetAndGiveItBack) {
+  auto gpu = CreateFakeGpu({});
+  TierStoreOptions options = SmallOptions("arenas");
+  options.default_arenas = false;
+  auto store = *TierStore::Open(options, *gpu);
+  EXPECT_EQ(store->DefaultArena(Tier::kDram), kNoArena);
+  auto a = store->CreateArena(Tier::kDram, 10 * kMiB, "session-1");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE(ShmExists(options.instance_name + "-session-1"));
+  // 16 MiB budget, 10 reserved: a second 10 MiB arena does not fit, 6 MiB does.
+  auto b = store->CreateArena(Tier::kDram, 10 * kMiB, "session-2");
+  ASSERT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(b.status().message().find("does not fit the node budget (16.0 MiB, of which 10.0 MiB "
+                                      "is already reserved"),
+            absl::string_view::npos)
+      << b.status().message();
+  EXPECT_FALSE(ShmExists(options.instance_name + "-session-2"));
+  ASSERT_TRUE(store->CreateArena(Tier::kDram, 6 * kMiB, "session-3").ok());
+  // Extents of different arenas are apart; each arena is its own segment.
+  Extent x = *store->Allocate(*a, kMiB);
+  EXPECT_EQ(store->Address(x), store->dram_segment(*a)->base() + x.offset());
+  EXPECT_EQ(store->Stats(Tier::kDram).reserved_bytes, 16 * kMiB);
+  EXPECT_EQ(store->Stats(Tier::kDram).arena_count, 2u);
+  ASSERT_TRUE(store->DestroyArena(*a).ok());
+  EXPECT_FALSE(ShmExists(options.instance_name + "-session-1"));
+  EXPECT_EQ(store->Free(x).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store->DestroyArena(*a).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(store->CreateArena(Tier::kDram, 10 * kMiB, "session-4").ok());
+  // GPU arenas likewise.
+  auto g = store->CreateArena(Tier::kGpu, 8 * kMiB, "gpu-1");
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(store->CreateArena(Tier::kGpu, 1 * kMiB, "gpu-2").status().code(),
+            absl::StatusCode::kResourceExhausted);
 }
 
 TEST(TierStoreTest, RefusesADramBudgetTheHostCannotGive) {

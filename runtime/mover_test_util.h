@@ -75,6 +75,31 @@ inline Engine MakeEngine(const std::string& name, std::vector<IoFault> faults = 
   return engine;
 }
 
+// The daemon's shape: node budgets, no default arenas (sessions create their own).
+inline Engine MakeDaemonEngine(const std::string& name, uint64_t gpu_budget, uint64_t dram_budget,
+                               uint64_t nvme_budget) {
+  Engine engine;
+  engine.gpu = CreateFakeGpu({});
+  TierStoreOptions options;
+  options.gpu_bytes = gpu_budget;
+  options.dram_bytes = dram_budget;
+  options.dram_headroom_bytes = 0;
+  options.nvme_directory = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
+  options.nvme_bytes = nvme_budget;
+  options.instance_name = "tierd-test-" + name + "-" + std::to_string(getpid());
+  options.default_arenas = false;
+  auto store = TierStore::Open(options, *engine.gpu);
+  EXPECT_TRUE(store.ok()) << store.status();
+  engine.store = std::move(*store);
+  auto io = CreateUringBlockIo(engine.store->nvme()->fd(), 16);
+  EXPECT_TRUE(io.ok()) << io.status();
+  auto mover = Mover::Create(*engine.store, std::move(*io), RealClock(),
+                             MoverOptions{.register_nvme_buffers = false});
+  EXPECT_TRUE(mover.ok()) << mover.status();
+  engine.mover = std::move(*mover);
+  return engine;
+}
+
 }  // namespace tierd::testing
 
 #endif  // TIERD_RUNTIME_MOVER_TEST_UTIL_H_

@@ -1,0 +1,154 @@
+// LeaseTable: the daemon's record of every leased tensor and where its bytes are.
+//
+// Model (numbered invariants, checked by Validate()):
+//   1. A tensor has at most one copy per tier; every copy it has holds the same bytes.
+//      A write acquire frees the other copies (they would be stale), so "dirty" is
+//      simply "the only copy": such a copy is written back before it may be dropped.
+//   2. A leased tensor always has at least one copy (space is taken at Lease, so a lease
+//      that succeeded can always be acquired, given room to fetch into).
+//   3. GPU and DRAM copies live in the owning session's arenas (each session maps only
+//      its own memory); NVMe copies in the node's NVMe arena, within the session quota.
+//   4. An acquired tensor's copy at the acquired place is never moved or freed until
+//      the matching release; a pinned tensor's copy in its pinned tier never leaves it.
+//
+// Acquire with the bytes elsewhere is a demand fetch (DRAM->GPU, or NVMe->DRAM->GPU):
+// counted as a stall with its time. Room is made by evicting the session's own
+// unacquired, unpinned tensors: clean copies (duplicated below) first, then the least
+// recently used, written back to the next tier down. (The planner of issue 4 replaces
+// this policy with one that moves bytes before they are needed.)
+//
+// Thread-safety: thread-safe. Operations of one session are serialised by that session's
+// lock (moves included); sessions do not block one another.
+#ifndef TIERD_RUNTIME_LEASE_TABLE_H_
+#define TIERD_RUNTIME_LEASE_TABLE_H_
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "base/clock.h"
+#include "runtime/mover.h"
+#include "runtime/tensor.h"
+#include "runtime/tier_store.h"
+
+namespace tierd {
+
+using SessionId = uint64_t;
+using TensorId = uint64_t;
+
+struct SessionQuota {
+  uint64_t gpu_bytes = 0;
+  uint64_t dram_bytes = 0;
+  uint64_t nvme_bytes = 0;
+};
+
+// A config pin: tensors whose name matches `pattern` (std::regex, full match) stay in
+// `tier` once there.
+struct PinRule {
+  std::string pattern;
+  Tier tier = Tier::kGpu;
+};
+
+// Where an acquired tensor's bytes are: the arena is the session's own (its GPU region or
+// its DRAM segment), so the client's pointer is its mapping of that arena + offset.
+struct Placement {
+  Tier tier = Tier::kGpu;
+  ArenaId arena = kNoArena;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  bool fetched = false;  // a demand fetch was needed (a stall)
+};
+
+struct LeaseView {
+  SessionId session = 0;
+  TensorId id = 0;
+  TensorSpec spec;
+  uint64_t bytes = 0;
+  std::array<bool, kTierCount> copies{};
+  std::optional<Tier> pinned;
+  uint32_t acquired = 0;
+};
+
+struct LeaseStats {
+  uint64_t sessions = 0;
+  uint64_t leases = 0;
+  uint64_t stalls = 0;
+  int64_t stall_nanos = 0;
+  uint64_t evictions_capacity = 0;   // to make room
+  uint64_t evictions_explicit = 0;   // pins, moves asked for
+  uint64_t writebacks = 0;           // evictions that had to copy the only copy down
+};
+
+class LeaseTable {
+ public:
+  // `store`, `mover` and `clock` must outlive the table. Invalid pin patterns are an error.
+  static absl::StatusOr<std::unique_ptr<LeaseTable>> Create(TierStore& store, Mover& mover,
+                                                            Clock& clock,
+                                                            std::vector<PinRule> pins);
+  ~LeaseTable();
+
+  // Creates the session's GPU and DRAM arenas (quota bytes each; 0 = none).
+  // RESOURCE_EXHAUSTED when the node budget cannot give the quota.
+  absl::StatusOr<SessionId> OpenSession(const std::string& label, const SessionQuota& quota);
+  // Frees every lease and the arenas. The client must no longer touch its mappings.
+  absl::Status CloseSession(SessionId session);
+  ArenaId SessionArena(SessionId session, Tier tier) const;
+
+  // ALREADY_EXISTS if the session has a tensor of that name; RESOURCE_EXHAUSTED (naming
+  // the quotas and what holds them) when no tier has room.
+  absl::StatusOr<TensorId> Lease(SessionId session, const TensorSpec& spec);
+  absl::Status Unlease(SessionId session, TensorId tensor);
+  absl::StatusOr<TensorId> Find(SessionId session, const std::string& name) const;
+
+  absl::StatusOr<Placement> Acquire(SessionId session, TensorId tensor, Access access, Place place);
+  // FAILED_PRECONDITION when the tensor is not acquired.
+  absl::Status Release(SessionId session, TensorId tensor);
+
+  // Moves the tensor into `tier` (if not there) and keeps it there.
+  absl::Status Pin(SessionId session, TensorId tensor, Tier tier);
+  absl::Status Unpin(SessionId session, TensorId tensor);
+
+  std::vector<LeaseView> List(std::optional<SessionId> session) const;
+  LeaseStats Stats() const;
+  // Checks invariants 1-4 for every session. For tests.
+  absl::Status Validate() const;
+
+ private:
+  struct Tensor;
+  struct Session;
+  LeaseTable(TierStore& store, Mover& mover, Clock& clock) : store_(store), mover_(mover), clock_(clock) {}
+
+  absl::StatusOr<std::shared_ptr<Session>> GetSession(SessionId id) const;
+  absl::StatusOr<Tensor*> GetTensor(Session& s, TensorId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
+  absl::StatusOr<Extent> AllocateIn(Session& s, Tier tier, uint64_t bytes, bool evict)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
+  absl::Status EvictOne(Session& s, Tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
+  absl::Status CopyTo(Session& s, Tensor& t, Tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
+  void DropCopy(Session& s, Tensor& t, Tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
+  std::string Occupancy(Session& s, Tier tier) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
+  std::optional<Tier> PinFor(const std::string& name) const;
+
+  TierStore& store_;
+  Mover& mover_;
+  Clock& clock_;
+  std::vector<std::pair<std::regex, Tier>> pins_;
+
+  mutable absl::Mutex mutex_;
+  // shared_ptr: an operation in flight keeps its session alive while CloseSession runs.
+  std::map<SessionId, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mutex_);
+  SessionId next_session_ ABSL_GUARDED_BY(mutex_) = 1;
+  mutable absl::Mutex stats_mutex_;
+  LeaseStats stats_ ABSL_GUARDED_BY(stats_mutex_);
+};
+
+}  // namespace tierd
+
+#endif  // TIERD_RUNTIME_LEASE_TABLE_H_

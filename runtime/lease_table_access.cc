@@ -1,0 +1,179 @@
+// LeaseTable: acquire/release (with demand fetch), pins, listing, stats, validation.
+#include "absl/strings/str_format.h"
+#include "base/check.h"
+#include "base/units.h"
+#include "runtime/lease_table.h"
+#include "runtime/lease_table_internal.h"
+
+namespace tierd {
+
+absl::StatusOr<Placement> LeaseTable::Acquire(SessionId session_id, TensorId id, Access access,
+                                              Place place) {
+  auto session = GetSession(session_id);
+  if (!session.ok()) return session.status();
+  Session& s = **session;
+  absl::MutexLock lock(&s.mutex);
+  auto tensor = GetTensor(s, id);
+  if (!tensor.ok()) return tensor.status();
+  Tensor& t = **tensor;
+  const Tier tier = place == Place::kGpu ? Tier::kGpu : Tier::kDram;
+  if (t.acquired > 0 && t.acquired_tier != tier) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "'%s' is acquired on the %s; release it before acquiring it on the %s", t.spec.name,
+        TierName(t.acquired_tier), TierName(tier)));
+  }
+  Placement placement;
+  if (!t.Has(tier)) {
+    ++t.busy;
+    const int64_t start = clock_.NowNanos();
+    absl::Status status;
+    if (!t.written) {
+      // Nothing to fetch: take room here and drop the empty copies elsewhere.
+      auto extent = AllocateIn(s, tier, t.bytes, /*evict=*/true);
+      if (extent.ok()) {
+        for (Tier other : {Tier::kGpu, Tier::kDram, Tier::kNvme}) DropCopy(s, t, other);
+        t.copies[static_cast<int>(tier)] = *extent;
+      }
+      status = extent.status();
+    } else {
+      status = CopyTo(s, t, tier);
+      placement.fetched = status.ok();
+    }
+    --t.busy;
+    if (!status.ok()) return status;
+    if (placement.fetched) {
+      absl::MutexLock stats_lock(&stats_mutex_);
+      ++stats_.stalls;
+      stats_.stall_nanos += clock_.NowNanos() - start;
+    }
+  }
+  if (access == Access::kWrite) {
+    for (Tier other : {Tier::kGpu, Tier::kDram, Tier::kNvme}) {
+      if (other != tier) DropCopy(s, t, other);  // stale from now on (invariant 1)
+    }
+    t.written = true;
+  }
+  ++t.acquired;
+  t.acquired_tier = tier;
+  t.last_use = ++s.tick;
+  const Extent& copy = *t.copies[static_cast<int>(tier)];
+  placement.tier = tier;
+  placement.arena = copy.arena;
+  placement.offset = copy.offset();
+  placement.bytes = t.bytes;
+  return placement;
+}
+
+absl::Status LeaseTable::Release(SessionId session_id, TensorId id) {
+  auto session = GetSession(session_id);
+  if (!session.ok()) return session.status();
+  Session& s = **session;
+  absl::MutexLock lock(&s.mutex);
+  auto tensor = GetTensor(s, id);
+  if (!tensor.ok()) return tensor.status();
+  Tensor& t = **tensor;
+  if (t.acquired == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("release of '%s', which is not acquired (double release?)", t.spec.name));
+  }
+  --t.acquired;
+  t.last_use = ++s.tick;
+  // A pinned tensor written elsewhere goes back to its pinned tier once free.
+  if (t.acquired == 0 && t.pinned && !t.Has(*t.pinned)) {
+    ++t.busy;
+    absl::Status status = CopyTo(s, t, *t.pinned);
+    --t.busy;
+    return status;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LeaseTable::Pin(SessionId session_id, TensorId id, Tier tier) {
+  auto session = GetSession(session_id);
+  if (!session.ok()) return session.status();
+  Session& s = **session;
+  absl::MutexLock lock(&s.mutex);
+  auto tensor = GetTensor(s, id);
+  if (!tensor.ok()) return tensor.status();
+  Tensor& t = **tensor;
+  if (!t.Has(tier)) {
+    ++t.busy;
+    absl::Status status = CopyTo(s, t, tier);
+    --t.busy;
+    if (!status.ok()) return status;
+    absl::MutexLock stats_lock(&stats_mutex_);
+    ++stats_.evictions_explicit;
+  }
+  t.pinned = tier;
+  return absl::OkStatus();
+}
+
+absl::Status LeaseTable::Unpin(SessionId session_id, TensorId id) {
+  auto session = GetSession(session_id);
+  if (!session.ok()) return session.status();
+  Session& s = **session;
+  absl::MutexLock lock(&s.mutex);
+  auto tensor = GetTensor(s, id);
+  if (!tensor.ok()) return tensor.status();
+  (*tensor)->pinned.reset();
+  return absl::OkStatus();
+}
+
+std::vector<LeaseView> LeaseTable::List(std::optional<SessionId> only) const {
+  std::vector<std::shared_ptr<Session>> sessions;
+  {
+    absl::MutexLock lock(&mutex_);
+    for (const auto& [id, session] : sessions_) {
+      if (!only || *only == id) sessions.push_back(session);
+    }
+  }
+  std::vector<LeaseView> views;
+  for (const auto& session : sessions) {
+    absl::MutexLock lock(&session->mutex);
+    for (const auto& [id, t] : session->tensors) {
+      LeaseView view{session->id, id, t->spec, t->bytes, {}, t->pinned, t->acquired};
+      for (int i = 0; i < kTierCount; ++i) view.copies[i] = t->copies[i].has_value();
+      views.push_back(std::move(view));
+    }
+  }
+  return views;
+}
+
+LeaseStats LeaseTable::Stats() const {
+  absl::MutexLock lock(&stats_mutex_);
+  return stats_;
+}
+
+absl::Status LeaseTable::Validate() const {
+  std::vector<std::shared_ptr<Session>> sessions;
+  {
+    absl::MutexLock lock(&mutex_);
+    for (const auto& [id, session] : sessions_) sessions.push_back(session);
+  }
+  for (const auto& session : sessions) {
+    Session& s = *session;
+    absl::MutexLock lock(&s.mutex);
+    uint64_t nvme = 0;
+    for (const auto& [id, t] : s.tensors) {
+      auto fail = [&](const char* what) {
+        return absl::InternalError(absl::StrFormat("session '%s', '%s': %s", s.label, t->spec.name, what));
+      };
+      if (t->CopyCount() == 0) return fail("no copy (invariant 2)");
+      for (Tier tier : {Tier::kGpu, Tier::kDram}) {
+        if (t->Has(tier) && t->copies[static_cast<int>(tier)]->arena != s.ArenaOf(tier)) {
+          return fail("a copy outside the session's arena (invariant 3)");
+        }
+      }
+      if (t->Has(Tier::kNvme)) nvme += t->copies[static_cast<int>(Tier::kNvme)]->bytes();
+      if (t->acquired > 0 && !t->Has(t->acquired_tier)) return fail("acquired but absent (invariant 4)");
+      if (t->pinned && !t->Has(*t->pinned) && t->acquired == 0) return fail("pinned but absent (invariant 4)");
+      if (t->busy != 0) return fail("left busy");
+      if (s.by_name.at(t->spec.name) != id) return fail("name index out of date");
+    }
+    if (nvme != s.nvme_used) return absl::InternalError("NVMe usage counter out of date");
+    if (nvme > s.quota.nvme_bytes) return absl::InternalError("NVMe quota exceeded");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tierd

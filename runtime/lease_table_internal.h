@@ -1,0 +1,54 @@
+// The records behind LeaseTable (lease_table.h). Private to the runtime package.
+#ifndef TIERD_RUNTIME_LEASE_TABLE_INTERNAL_H_
+#define TIERD_RUNTIME_LEASE_TABLE_INTERNAL_H_
+
+#include <array>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "runtime/lease_table.h"
+
+namespace tierd {
+
+struct LeaseTable::Tensor {
+  TensorId id = 0;
+  TensorSpec spec;
+  uint64_t bytes = 0;
+  std::array<std::optional<Extent>, kTierCount> copies;  // invariant 1
+  std::optional<Tier> pinned;
+  uint32_t acquired = 0;
+  Tier acquired_tier = Tier::kGpu;
+  bool written = false;   // some copy holds bytes the client wrote
+  int busy = 0;           // being fetched or written back: not an eviction victim
+  uint64_t last_use = 0;  // session tick of the last acquire or release
+
+  bool Has(Tier tier) const { return copies[static_cast<int>(tier)].has_value(); }
+  int CopyCount() const {
+    int n = 0;
+    for (const auto& c : copies) n += c.has_value();
+    return n;
+  }
+};
+
+struct LeaseTable::Session {
+  absl::Mutex mutex;
+  SessionId id = 0;
+  std::string label;
+  SessionQuota quota;
+  ArenaId gpu_arena = kNoArena;
+  ArenaId dram_arena = kNoArena;
+  uint64_t nvme_used ABSL_GUARDED_BY(mutex) = 0;
+  std::map<TensorId, std::unique_ptr<Tensor>> tensors ABSL_GUARDED_BY(mutex);
+  std::map<std::string, TensorId> by_name ABSL_GUARDED_BY(mutex);
+  TensorId next_tensor ABSL_GUARDED_BY(mutex) = 1;
+  uint64_t tick ABSL_GUARDED_BY(mutex) = 0;
+  bool closed ABSL_GUARDED_BY(mutex) = false;
+
+  ArenaId ArenaOf(Tier tier) const { return tier == Tier::kGpu ? gpu_arena : dram_arena; }
+};
+
+}  // namespace tierd
+
+#endif  // TIERD_RUNTIME_LEASE_TABLE_INTERNAL_H_

@@ -1,0 +1,149 @@
+// LeaseTable's placement machinery: allocating in a session's tiers, evicting to make
+// room, copying a tensor between tiers through the Mover.
+#include "absl/strings/str_format.h"
+#include "base/check.h"
+#include "base/units.h"
+#include "runtime/lease_table.h"
+#include "runtime/lease_table_internal.h"
+
+namespace tierd {
+namespace {
+
+std::optional<Tier> Below(Tier tier) {
+  if (tier == Tier::kGpu) return Tier::kDram;
+  if (tier == Tier::kDram) return Tier::kNvme;
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string LeaseTable::Occupancy(Session& s, Tier tier) const {
+  uint64_t acquired = 0, pinned = 0, other = 0, held = 0;
+  for (const auto& [id, t] : s.tensors) {
+    if (!t->Has(tier)) continue;
+    held += t->copies[static_cast<int>(tier)]->bytes();
+    if (t->acquired > 0 && t->acquired_tier == tier) ++acquired;
+    else if (t->pinned == tier) ++pinned;
+    else ++other;
+  }
+  const uint64_t quota = tier == Tier::kGpu ? s.quota.gpu_bytes
+                         : tier == Tier::kDram ? s.quota.dram_bytes : s.quota.nvme_bytes;
+  std::string free_part;
+  if (tier != Tier::kNvme && s.ArenaOf(tier) != kNoArena) {
+    const AllocatorStats stats = store_.ArenaStats(s.ArenaOf(tier));
+    free_part = absl::StrFormat(", %s free (largest block %s)", FormatBytes(stats.free_bytes),
+                                FormatBytes(stats.largest_free_block_bytes));
+  }
+  return absl::StrFormat(
+      "session '%s' %s quota %s: %s held by %d acquired, %d pinned and %d other tensor(s)%s",
+      s.label, TierName(tier), FormatBytes(quota), FormatBytes(held), acquired, pinned, other,
+      free_part);
+}
+
+absl::StatusOr<Extent> LeaseTable::AllocateIn(Session& s, Tier tier, uint64_t bytes, bool evict) {
+  for (;;) {
+    absl::StatusOr<Extent> extent;
+    if (tier == Tier::kNvme) {
+      if (!store_.HasTier(Tier::kNvme) || s.quota.nvme_bytes == 0) {
+        return absl::ResourceExhaustedError(absl::StrFormat(
+            "session '%s' has no NVMe quota to put %s in", s.label, FormatBytes(bytes)));
+      }
+      if (s.nvme_used + bytes > s.quota.nvme_bytes) {
+        return absl::ResourceExhaustedError(absl::StrFormat(
+            "%s; %s more does not fit", Occupancy(s, tier), FormatBytes(bytes)));
+      }
+      extent = store_.Allocate(Tier::kNvme, bytes);
+      if (extent.ok()) s.nvme_used += extent->bytes();
+      return extent;  // the bottom tier: nothing to evict to
+    }
+    if (s.ArenaOf(tier) == kNoArena) {
+      return absl::ResourceExhaustedError(
+          absl::StrFormat("session '%s' has no %s quota", s.label, TierName(tier)));
+    }
+    extent = store_.Allocate(s.ArenaOf(tier), bytes);
+    if (extent.ok() || extent.status().code() != absl::StatusCode::kResourceExhausted) return extent;
+    if (!evict) return extent;
+    if (absl::Status evicted = EvictOne(s, tier); !evicted.ok()) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "cannot place %s in %s: %s (%s)", FormatBytes(bytes), TierName(tier),
+          Occupancy(s, tier), evicted.message()));
+    }
+  }
+}
+
+absl::Status LeaseTable::EvictOne(Session& s, Tier tier) {
+  Tensor* victim = nullptr;
+  bool victim_clean = false;
+  for (const auto& [id, t] : s.tensors) {
+    if (!t->Has(tier) || t->busy > 0 || t->pinned == tier) continue;
+    if (t->acquired > 0 && t->acquired_tier == tier) continue;
+    const bool clean = t->CopyCount() > 1 || !t->written;
+    // Clean copies first (dropping them costs nothing), then the least recently used.
+    if (victim == nullptr || (clean && !victim_clean) ||
+        (clean == victim_clean && t->last_use < victim->last_use)) {
+      victim = t.get();
+      victim_clean = clean;
+    }
+  }
+  if (victim == nullptr) return absl::ResourceExhaustedError("nothing there may be evicted");
+  {
+    absl::MutexLock lock(&stats_mutex_);
+    ++stats_.evictions_capacity;
+    if (!victim_clean) ++stats_.writebacks;
+  }
+  if (!victim_clean) {
+    const std::optional<Tier> below = Below(tier);
+    if (!below) return absl::ResourceExhaustedError("no tier below to write back to");
+    ++victim->busy;
+    absl::Status copied = CopyTo(s, *victim, *below);
+    --victim->busy;
+    if (!copied.ok()) return copied;
+  } else if (victim->CopyCount() == 1) {
+    // Never written: its only copy holds nothing, but a lease keeps a copy somewhere
+    // (invariant 2): re-home it in a lower tier without moving bytes.
+    const std::optional<Tier> below = Below(tier);
+    if (!below) return absl::ResourceExhaustedError("no tier below");
+    auto extent = AllocateIn(s, *below, victim->bytes, /*evict=*/true);
+    if (!extent.ok()) return extent.status();
+    victim->copies[static_cast<int>(*below)] = *extent;
+  }
+  DropCopy(s, *victim, tier);
+  return absl::OkStatus();
+}
+
+absl::Status LeaseTable::CopyTo(Session& s, Tensor& t, Tier tier) {
+  TIERD_CHECK(!t.Has(tier));
+  // The source: the adjacent tier holding the bytes, staging through DRAM if needed.
+  std::optional<Tier> source;
+  if (tier == Tier::kDram) {
+    source = t.Has(Tier::kGpu) ? Tier::kGpu : Tier::kNvme;
+  } else {
+    if (!t.Has(Tier::kDram)) {
+      if (absl::Status staged = CopyTo(s, t, Tier::kDram); !staged.ok()) return staged;
+    }
+    source = Tier::kDram;
+  }
+  TIERD_CHECK(t.Has(*source));
+  auto destination = AllocateIn(s, tier, t.bytes, /*evict=*/true);
+  if (!destination.ok()) return destination.status();
+  absl::Status moved = mover_.MoveAndWait(*t.copies[static_cast<int>(*source)], *destination, t.bytes);
+  if (!moved.ok()) {
+    if (tier == Tier::kNvme) s.nvme_used -= destination->bytes();
+    store_.Free(*destination).IgnoreError();
+    return absl::Status(moved.code(), absl::StrFormat("moving '%s' (%s) from %s to %s: %s",
+                                                      t.spec.name, FormatBytes(t.bytes),
+                                                      TierName(*source), TierName(tier), moved.message()));
+  }
+  t.copies[static_cast<int>(tier)] = *destination;
+  return absl::OkStatus();
+}
+
+void LeaseTable::DropCopy(Session& s, Tensor& t, Tier tier) {
+  std::optional<Extent>& copy = t.copies[static_cast<int>(tier)];
+  if (!copy) return;
+  if (tier == Tier::kNvme) s.nvme_used -= copy->bytes();
+  TIERD_CHECK_OK(store_.Free(*copy));
+  copy.reset();
+}
+
+}  // namespace tierd

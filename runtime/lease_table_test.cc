@@ -1,0 +1,232 @@
+#include "runtime/lease_table.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+
+#include "runtime/mover_test_util.h"
+
+namespace tierd {
+namespace {
+
+using testing::MakeDaemonEngine;
+
+TensorSpec Spec(const std::string& name, uint64_t floats, TensorClass c = TensorClass::kParam) {
+  return TensorSpec{name, c, DType::kF32, {static_cast<int64_t>(floats)}};
+}
+
+class LeaseTableTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    engine_ = MakeDaemonEngine(::testing::UnitTest::GetInstance()->current_test_info()->name(),
+                               16 * kMiB, 16 * kMiB, 64 * kMiB);
+  }
+  std::unique_ptr<LeaseTable> Table(std::vector<PinRule> pins = {}) {
+    auto table = LeaseTable::Create(*engine_.store, *engine_.mover, RealClock(), std::move(pins));
+    EXPECT_TRUE(table.ok()) << table.status();
+    return std::move(*table);
+  }
+  uint8_t* Pointer(const Placement& p) {
+    const Extent e{p.tier, p.arena, Allocation{p.offset, p.bytes, 0}};
+    return engine_.store->Address(e);
+  }
+  // Writes `seed`'s bytes into the tensor through a write acquire on the GPU.
+  void Write(LeaseTable& table, SessionId s, TensorId t, uint32_t seed) {
+    auto p = table.Acquire(s, t, Access::kWrite, Place::kGpu);
+    ASSERT_TRUE(p.ok()) << p.status();
+    std::mt19937 rng(seed);
+    for (uint64_t i = 0; i < p->bytes; ++i) Pointer(*p)[i] = static_cast<uint8_t>(rng());
+    ASSERT_TRUE(table.Release(s, t).ok());
+  }
+  // Reads the tensor at `place` and checks it holds `seed`'s bytes.
+  bool Holds(LeaseTable& table, SessionId s, TensorId t, uint32_t seed, Place place) {
+    auto p = table.Acquire(s, t, Access::kRead, place);
+    EXPECT_TRUE(p.ok()) << p.status();
+    if (!p.ok()) return false;
+    std::mt19937 rng(seed);
+    bool same = true;
+    for (uint64_t i = 0; i < p->bytes && same; ++i) same = Pointer(*p)[i] == static_cast<uint8_t>(rng());
+    EXPECT_TRUE(table.Release(s, t).ok());
+    return same;
+  }
+  testing::Engine engine_;
+};
+
+TEST_F(LeaseTableTest, TensorsSurviveEvictionThroughEveryTier) {
+  auto table = Table();
+  // 4 MiB of GPU and of DRAM for eight 1.5 MiB tensors: most must live on NVMe.
+  auto s = *table->OpenSession("train", {4 * kMiB, 4 * kMiB, 32 * kMiB});
+  std::vector<TensorId> ids;
+  for (int i = 0; i < 8; ++i) {
+    auto id = table->Lease(s, Spec("layers." + std::to_string(i) + ".w", 384 * 1024));
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids.push_back(*id);
+    ASSERT_TRUE(table->Validate().ok()) << table->Validate();
+  }
+  for (int i = 0; i < 8; ++i) {
+    Write(*table, s, ids[i], 100 + i);
+    ASSERT_TRUE(table->Validate().ok()) << table->Validate();
+  }
+  for (int round = 0; round < 2; ++round) {
+    for (int i = 7; i >= 0; --i) {
+      EXPECT_TRUE(Holds(*table, s, ids[i], 100 + i, i % 2 ? Place::kGpu : Place::kHost)) << i;
+      ASSERT_TRUE(table->Validate().ok()) << table->Validate();
+    }
+  }
+  const LeaseStats stats = table->Stats();
+  EXPECT_GT(stats.stalls, 8u);
+  EXPECT_GT(stats.writebacks, 4u);
+  EXPECT_EQ(stats.leases, 8u);
+  EXPECT_GT(engine_.mover->Stats(Link::kDramToNvme).moves, 0u);
+  EXPECT_GT(engine_.mover->Stats(Link::kNvmeToDram).moves, 0u);
+}
+
+TEST_F(LeaseTableTest, BadRequestsGetClearErrors) {
+  auto table = Table();
+  auto s = *table->OpenSession("bad", {2 * kMiB, 2 * kMiB, 4 * kMiB});
+  EXPECT_EQ(table->Lease(s, Spec("", 4)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(table->Lease(s, Spec("has space", 4)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(table->Lease(s, TensorSpec{"zero", TensorClass::kParam, DType::kF32, {4, 0}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(table->Lease(s, TensorSpec{"huge", TensorClass::kParam, DType::kF32, {1 << 30, 1 << 30}})
+                .status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto too_big = table->Lease(s, Spec("too.big", 3 * kMiB));  // 12 MiB > every quota
+  ASSERT_EQ(too_big.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(too_big.status().message().find("no tier of session 'bad' has room"), absl::string_view::npos)
+      << too_big.status().message();
+  auto a = *table->Lease(s, Spec("a", 1024));
+  EXPECT_EQ(table->Lease(s, Spec("a", 1024)).status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(table->Release(s, a).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(table->Acquire(s, 999, Access::kRead, Place::kGpu).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(table->Acquire(999, a, Access::kRead, Place::kGpu).status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(table->Acquire(s, a, Access::kWrite, Place::kGpu).ok());
+  EXPECT_EQ(table->Acquire(s, a, Access::kRead, Place::kHost).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(table->Unlease(s, a).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(table->Release(s, a).ok());
+  EXPECT_EQ(table->Release(s, a).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(table->Unlease(s, a).ok());
+  EXPECT_EQ(table->Acquire(s, a, Access::kRead, Place::kGpu).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(table->Validate().ok());
+}
+
+TEST_F(LeaseTableTest, AcquiredTensorsAreNeverEvictedAndFullIsExplained) {
+  auto table = Table();
+  auto s = *table->OpenSession("full", {2 * kMiB, 4 * kMiB, 8 * kMiB});
+  auto x = *table->Lease(s, Spec("x", 256 * 1024));  // 1 MiB each
+  auto y = *table->Lease(s, Spec("y", 256 * 1024));
+  auto z = *table->Lease(s, Spec("z", 256 * 1024));
+  ASSERT_TRUE(table->Acquire(s, x, Access::kWrite, Place::kGpu).ok());
+  ASSERT_TRUE(table->Acquire(s, y, Access::kWrite, Place::kGpu).ok());
+  auto no_room = table->Acquire(s, z, Access::kWrite, Place::kGpu);
+  ASSERT_EQ(no_room.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(no_room.status().message().find("held by 2 acquired, 0 pinned and 0 other"),
+            absl::string_view::npos)
+      << no_room.status().message();
+  ASSERT_TRUE(table->Release(s, y).ok());
+  EXPECT_TRUE(table->Acquire(s, z, Access::kWrite, Place::kGpu).ok());  // y makes room now
+  EXPECT_TRUE(table->Validate().ok()) << table->Validate();
+}
+
+TEST_F(LeaseTableTest, PinnedTensorsStayInTheirTier) {
+  EXPECT_EQ(LeaseTable::Create(*engine_.store, *engine_.mover, RealClock(), {{"embed[", Tier::kGpu}})
+                .status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto table = Table({{"embed\\..*", Tier::kGpu}});
+  auto s = *table->OpenSession("pins", {3 * kMiB, 8 * kMiB, 16 * kMiB});
+  auto embed = *table->Lease(s, Spec("embed.tokens", 256 * 1024));
+  Write(*table, s, embed, 7);
+  std::vector<TensorId> others;
+  for (int i = 0; i < 6; ++i) {
+    others.push_back(*table->Lease(s, Spec("layers." + std::to_string(i), 256 * 1024)));
+    Write(*table, s, others.back(), 20 + i);
+  }
+  for (const LeaseView& view : table->List(s)) {
+    if (view.spec.name == "embed.tokens") {
+      EXPECT_TRUE(view.copies[static_cast<int>(Tier::kGpu)]);
+      EXPECT_EQ(view.pinned, Tier::kGpu);
+    }
+  }
+  EXPECT_TRUE(Holds(*table, s, embed, 7, Place::kGpu));
+  // Pin at run time moves a tensor and keeps it; unpin lets it go again.
+  ASSERT_TRUE(table->Pin(s, others[0], Tier::kGpu).ok());
+  for (int i = 1; i < 6; ++i) EXPECT_TRUE(Holds(*table, s, others[i], 20 + i, Place::kGpu));
+  EXPECT_TRUE(table->List(s)[1].copies[static_cast<int>(Tier::kGpu)]);
+  EXPECT_TRUE(Holds(*table, s, others[0], 20, Place::kGpu));
+  ASSERT_TRUE(table->Unpin(s, others[0]).ok());
+  EXPECT_TRUE(table->Validate().ok()) << table->Validate();
+}
+
+TEST_F(LeaseTableTest, SessionsAreIsolatedAndGiveTheirBudgetBack) {
+  auto table = Table();
+  auto a = *table->OpenSession("a", {8 * kMiB, 8 * kMiB, 16 * kMiB});
+  auto b = *table->OpenSession("b", {8 * kMiB, 8 * kMiB, 16 * kMiB});
+  auto c = table->OpenSession("c", {1 * kMiB, 1 * kMiB, 0});  // the node budget is spent
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted);
+  auto ta = *table->Lease(a, Spec("w", 1024));
+  auto tb = *table->Lease(b, Spec("w", 1024));  // same name, other session: fine
+  Write(*table, a, ta, 1);
+  Write(*table, b, tb, 2);
+  EXPECT_NE(table->SessionArena(a, Tier::kGpu), table->SessionArena(b, Tier::kGpu));
+  EXPECT_TRUE(Holds(*table, a, ta, 1, Place::kGpu));
+  EXPECT_TRUE(Holds(*table, b, tb, 2, Place::kGpu));
+  ASSERT_TRUE(table->CloseSession(a).ok());
+  EXPECT_EQ(table->Acquire(a, ta, Access::kRead, Place::kGpu).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(engine_.store->Stats(Tier::kGpu).reserved_bytes, 8 * kMiB);
+  EXPECT_TRUE(table->OpenSession("c", {1 * kMiB, 1 * kMiB, 0}).ok());
+  EXPECT_TRUE(Holds(*table, b, tb, 2, Place::kGpu));
+  EXPECT_EQ(table->Stats().sessions, 2u);
+}
+
+// Random leases, writes, reads at both places, unleases and pins over two sessions with
+// small quotas; the model knows each tensor's bytes. Validate() after every step.
+TEST_F(LeaseTableTest, RandomOperationsNeverLoseOrMixUpBytes) {
+  auto table = Table();
+  std::mt19937_64 rng(2024);
+  struct Model {
+    TensorId id;
+    uint32_t seed;  // 0: never written
+  };
+  std::vector<SessionId> sessions = {*table->OpenSession("s0", {3 * kMiB, 3 * kMiB, 24 * kMiB}),
+                                     *table->OpenSession("s1", {2 * kMiB, 4 * kMiB, 24 * kMiB})};
+  std::vector<std::map<std::string, Model>> models(2);
+  int next_name = 0;
+  for (int step = 0; step < 400; ++step) {
+    const int si = rng() % 2;
+    const SessionId s = sessions[si];
+    auto& model = models[si];
+    const int op = rng() % 10;
+    if (op < 2 || model.empty()) {
+      const std::string name = "t" + std::to_string(next_name++);
+      auto id = table->Lease(s, Spec(name, 1024 * (1 + rng() % 256)));
+      if (id.ok()) model[name] = {*id, 0};
+      else ASSERT_EQ(id.status().code(), absl::StatusCode::kResourceExhausted) << id.status();
+    } else {
+      auto it = std::next(model.begin(), rng() % model.size());
+      Model& m = it->second;
+      if (op < 5) {
+        m.seed = static_cast<uint32_t>(step + 1);
+        Write(*table, s, m.id, m.seed);
+      } else if (op < 9) {
+        if (m.seed != 0) {
+          ASSERT_TRUE(Holds(*table, s, m.id, m.seed, op % 2 ? Place::kGpu : Place::kHost)) << step;
+        }
+      } else {
+        ASSERT_TRUE(table->Unlease(s, m.id).ok());
+        model.erase(it);
+      }
+    }
+    ASSERT_TRUE(table->Validate().ok()) << table->Validate() << " at step " << step;
+  }
+  for (int si = 0; si < 2; ++si) {
+    for (auto& [name, m] : models[si]) {
+      if (m.seed != 0) EXPECT_TRUE(Holds(*table, sessions[si], m.id, m.seed, Place::kGpu)) << name;
+    }
+  }
+  EXPECT_GT(table->Stats().writebacks, 10u);
+}
+
+}  // namespace
+}  // namespace tierd

@@ -1,6 +1,8 @@
 #include "runtime/fake_gpu.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -19,19 +21,26 @@ namespace {
 
 class FakeRegion final : public GpuRegion {
  public:
-  FakeRegion(void* base, uint64_t bytes, std::function<void()> on_release)
-      : base_(base), bytes_(bytes), on_release_(std::move(on_release)) {}
+  FakeRegion(int fd, void* base, uint64_t bytes, std::function<void()> on_release)
+      : fd_(fd), base_(base), bytes_(bytes), on_release_(std::move(on_release)) {}
   ~FakeRegion() override {
     munmap(base_, bytes_);
+    close(fd_);
     on_release_();
   }
   void* base() const override { return base_; }
   uint64_t bytes() const override { return bytes_; }
+  // The fake's "device memory" is a memfd, so another process can map it like a client
+  // maps a real GPU pool (the pointer record stays zero).
   absl::StatusOr<GpuRegionExport> Export() const override {
-    return absl::UnimplementedError("the fake GPU's memory cannot be exported to other processes");
+    GpuRegionExport out;
+    out.pool_fd = fcntl(fd_, F_DUPFD_CLOEXEC, 0);
+    if (out.pool_fd < 0) return absl::InternalError(absl::StrFormat("dup: %s", std::strerror(errno)));
+    return out;
   }
 
  private:
+  int fd_;
   void* base_;
   uint64_t bytes_;
   std::function<void()> on_release_;
@@ -150,14 +159,23 @@ class FakeGpu final : public GpuDevice {
           FormatBytes(bytes), FormatBytes(options_.memory_bytes - allocated_bytes_),
           FormatBytes(options_.memory_bytes), Describe()));
     }
-    void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (base == MAP_FAILED) {
+    const int fd = memfd_create("tierd-fake-gpu", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+      const int error = errno;
+      if (fd >= 0) close(fd);
       return absl::ResourceExhaustedError(absl::StrFormat(
-          "fake GPU: cannot map %s of host memory: %s", FormatBytes(bytes), std::strerror(errno)));
+          "fake GPU: cannot create %s of shareable host memory: %s", FormatBytes(bytes),
+          std::strerror(error)));
+    }
+    void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+    if (base == MAP_FAILED) {
+      const int error = errno;
+      close(fd);
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "fake GPU: cannot map %s of host memory: %s", FormatBytes(bytes), std::strerror(error)));
     }
     allocated_bytes_ += bytes;
-    return std::unique_ptr<GpuRegion>(new FakeRegion(base, bytes, [this, bytes] {
+    return std::unique_ptr<GpuRegion>(new FakeRegion(fd, base, bytes, [this, bytes] {
       absl::MutexLock lock(&mutex_);
       allocated_bytes_ -= bytes;
     }));

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstring>
 #include <random>
 #include <vector>
@@ -24,7 +27,15 @@ TEST(FakeGpuTest, RegionBudgetIsCheckedAndReturnedOnRelease) {
     auto region = gpu->AllocateRegion(48 * kMiB);
     ASSERT_TRUE(region.ok());
     EXPECT_EQ(*gpu->FreeBytes(), 16 * kMiB);
-    EXPECT_EQ((*region)->Export().status().code(), absl::StatusCode::kUnimplemented);
+    // Exportable: another mapping of the fd sees the same bytes.
+    auto exported = (*region)->Export();
+    ASSERT_TRUE(exported.ok());
+    void* other = mmap(nullptr, 4096, PROT_READ, MAP_SHARED, exported->pool_fd, 0);
+    ASSERT_NE(other, MAP_FAILED);
+    static_cast<uint8_t*>((*region)->base())[100] = 42;
+    EXPECT_EQ(static_cast<uint8_t*>(other)[100], 42);
+    munmap(other, 4096);
+    close(exported->pool_fd);
   }
   EXPECT_EQ(*gpu->FreeBytes(), 64 * kMiB);
 }

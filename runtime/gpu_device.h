@@ -17,7 +17,7 @@ namespace tierd {
 // What another process needs to map a GpuRegion: the pool's POSIX fd (passed over a
 // Unix socket or inherited) and the pointer's opaque export record.
 struct GpuRegionExport {
-  int pool_fd = -1;  // owned by the caller; -1 for the fake GPU (not shareable)
+  int pool_fd = -1;  // owned by the caller; for the fake GPU, a memfd to mmap
   std::array<unsigned char, 64> pointer_data{};
 };
 
@@ -29,7 +29,7 @@ class GpuRegion {
   // Device address (for the fake GPU, a host address). Valid for the region's life.
   virtual void* base() const = 0;
   virtual uint64_t bytes() const = 0;
-  // UNIMPLEMENTED on the fake GPU.
+  // The fake GPU exports its memfd (pointer record zero).
   virtual absl::StatusOr<GpuRegionExport> Export() const = 0;
 };
 

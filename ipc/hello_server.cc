@@ -1,0 +1,127 @@
+#include "ipc/hello_server.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "absl/strings/str_format.h"
+
+namespace tierd::ipc {
+namespace {
+
+void Refuse(int fd, absl::StatusCode code, const std::string& message) {
+  tierd::v1::HelloReply reply;
+  reply.set_code(static_cast<int>(code));
+  reply.set_message(message);
+  SendFrame(fd, reply.SerializeAsString()).IgnoreError();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<HelloServer>> HelloServer::Start(const std::string& path,
+                                                                std::set<uid_t> allowed_uids,
+                                                                HelloHandler& handler) {
+  if (allowed_uids.empty()) allowed_uids.insert(getuid());
+  auto listen_fd = ListenUnix(path, 0600);
+  if (!listen_fd.ok()) return listen_fd.status();
+  int wake[2];
+  if (pipe2(wake, O_CLOEXEC) != 0) {
+    close(*listen_fd);
+    return absl::InternalError("pipe2 failed");
+  }
+  std::unique_ptr<HelloServer> server(
+      new HelloServer(path, *listen_fd, wake[0], wake[1], std::move(allowed_uids), handler));
+  server->thread_ = std::thread([s = server.get()] { s->Run(); });
+  return server;
+}
+
+HelloServer::~HelloServer() {
+  stopping_ = true;
+  const char byte = 1;
+  (void)!write(wake_write_, &byte, 1);
+  thread_.join();
+  for (auto& [fd, session] : sessions_) {
+    handler_.OnGoodbye(session);
+    close(fd);
+  }
+  close(listen_fd_);
+  close(wake_read_);
+  close(wake_write_);
+  unlink(path_.c_str());
+}
+
+void HelloServer::Accept() {
+  const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+  if (fd < 0) return;
+  auto peer = GetPeerCredentials(fd);
+  if (!peer.ok()) {
+    close(fd);
+    return;
+  }
+  if (allowed_uids_.count(peer->uid) == 0) {
+    Refuse(fd, absl::StatusCode::kPermissionDenied,
+           absl::StrFormat("uid %d may not use this tierd (allowed_uids in its config)", peer->uid));
+    close(fd);
+    return;
+  }
+  auto frame = ReceiveFrame(fd, kHelloTimeoutMs);
+  if (!frame.ok()) {
+    Refuse(fd, frame.status().code(), std::string(frame.status().message()));
+    close(fd);
+    return;
+  }
+  for (int received : frame->fds) close(received);  // clients send none
+  tierd::v1::HelloRequest request;
+  if (!request.ParseFromString(frame->payload)) {
+    Refuse(fd, absl::StatusCode::kInvalidArgument, "the hello is not a HelloRequest");
+    close(fd);
+    return;
+  }
+  if (request.protocol_version() != kProtocolVersion) {
+    Refuse(fd, absl::StatusCode::kFailedPrecondition,
+           absl::StrFormat("protocol version %d asked, this tierd speaks %d",
+                           request.protocol_version(), kProtocolVersion));
+    close(fd);
+    return;
+  }
+  auto grant = handler_.OnHello(*peer, request);
+  if (!grant.ok()) {
+    Refuse(fd, grant.status().code(), std::string(grant.status().message()));
+    close(fd);
+    return;
+  }
+  absl::Status sent = SendFrame(fd, grant->reply.SerializeAsString(), grant->fds);
+  for (int owned : grant->fds_to_close) close(owned);
+  if (!sent.ok()) {
+    handler_.OnGoodbye(grant->session_id);
+    close(fd);
+    return;
+  }
+  sessions_[fd] = grant->session_id;
+  connected_ = sessions_.size();
+}
+
+void HelloServer::Run() {
+  while (!stopping_) {
+    std::vector<pollfd> fds = {{wake_read_, POLLIN, 0}, {listen_fd_, POLLIN, 0}};
+    for (const auto& [fd, session] : sessions_) fds.push_back({fd, POLLIN, 0});
+    if (poll(fds.data(), fds.size(), -1) < 0) continue;  // EINTR
+    if (fds[0].revents != 0) break;
+    if (fds[1].revents & POLLIN) Accept();
+    for (size_t i = 2; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      // A session connection is silent until it closes: EOF, an error or stray bytes
+      // all end the session.
+      const int fd = fds[i].fd;
+      handler_.OnGoodbye(sessions_[fd]);
+      sessions_.erase(fd);
+      close(fd);
+      connected_ = sessions_.size();
+    }
+  }
+}
+
+}  // namespace tierd::ipc

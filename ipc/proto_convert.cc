@@ -1,0 +1,100 @@
+#include "ipc/proto_convert.h"
+
+#include "absl/strings/str_format.h"
+
+namespace tierd::ipc {
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+absl::Status FromGrpc(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+absl::StatusOr<Tier> FromProto(v1::Tier tier) {
+  switch (tier) {
+    case v1::TIER_GPU: return Tier::kGpu;
+    case v1::TIER_DRAM: return Tier::kDram;
+    case v1::TIER_NVME: return Tier::kNvme;
+    default: return absl::InvalidArgumentError(absl::StrFormat("tier %d is not gpu, dram or nvme", tier));
+  }
+}
+
+v1::Tier ToProto(Tier tier) {
+  switch (tier) {
+    case Tier::kGpu: return v1::TIER_GPU;
+    case Tier::kDram: return v1::TIER_DRAM;
+    case Tier::kNvme: return v1::TIER_NVME;
+  }
+  return v1::TIER_UNSPECIFIED;
+}
+
+namespace {
+
+constexpr std::pair<v1::TensorClass, TensorClass> kClasses[] = {
+    {v1::TENSOR_CLASS_PARAM, TensorClass::kParam},
+    {v1::TENSOR_CLASS_GRAD, TensorClass::kGrad},
+    {v1::TENSOR_CLASS_OPT_STATE, TensorClass::kOptState},
+    {v1::TENSOR_CLASS_ACTIVATION, TensorClass::kActivation},
+    {v1::TENSOR_CLASS_SCRATCH, TensorClass::kScratch},
+};
+constexpr std::pair<v1::DType, DType> kDTypes[] = {
+    {v1::DTYPE_F32, DType::kF32},       {v1::DTYPE_BF16, DType::kBF16},
+    {v1::DTYPE_F16, DType::kF16},       {v1::DTYPE_F8E4M3, DType::kF8E4M3},
+    {v1::DTYPE_F8E5M2, DType::kF8E5M2}, {v1::DTYPE_I32, DType::kI32},
+    {v1::DTYPE_I64, DType::kI64},       {v1::DTYPE_U8, DType::kU8},
+};
+
+}  // namespace
+
+absl::StatusOr<TensorSpec> FromProto(const v1::TensorSpec& spec) {
+  TensorSpec out;
+  out.name = spec.name();
+  bool class_ok = false, dtype_ok = false;
+  for (auto [wire, mine] : kClasses) {
+    if (wire == spec.tensor_class()) out.tensor_class = mine, class_ok = true;
+  }
+  for (auto [wire, mine] : kDTypes) {
+    if (wire == spec.dtype()) out.dtype = mine, dtype_ok = true;
+  }
+  if (!class_ok) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("tensor '%s': tensor_class %d is not a known class", spec.name(), spec.tensor_class()));
+  }
+  if (!dtype_ok) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("tensor '%s': dtype %d is not a known dtype", spec.name(), spec.dtype()));
+  }
+  out.shape.assign(spec.shape().begin(), spec.shape().end());
+  return out;
+}
+
+v1::TensorSpec ToProto(const TensorSpec& spec) {
+  v1::TensorSpec out;
+  out.set_name(spec.name);
+  for (auto [wire, mine] : kClasses) {
+    if (mine == spec.tensor_class) out.set_tensor_class(wire);
+  }
+  for (auto [wire, mine] : kDTypes) {
+    if (mine == spec.dtype) out.set_dtype(wire);
+  }
+  for (int64_t dim : spec.shape) out.add_shape(dim);
+  return out;
+}
+
+absl::StatusOr<Place> FromProto(v1::Place place) {
+  if (place == v1::PLACE_GPU) return Place::kGpu;
+  if (place == v1::PLACE_HOST) return Place::kHost;
+  return absl::InvalidArgumentError("place must be PLACE_GPU or PLACE_HOST");
+}
+
+absl::StatusOr<Access> FromProto(v1::Access access) {
+  if (access == v1::ACCESS_READ) return Access::kRead;
+  if (access == v1::ACCESS_WRITE) return Access::kWrite;
+  return absl::InvalidArgumentError("access must be ACCESS_READ or ACCESS_WRITE");
+}
+
+}  // namespace tierd::ipc

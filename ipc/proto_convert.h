@@ -1,0 +1,27 @@
+// Conversions between the wire types (proto/tierd.proto) and the runtime's, and from
+// absl::Status to grpc::Status. Unknown or unspecified enum values are INVALID_ARGUMENT.
+#ifndef TIERD_IPC_PROTO_CONVERT_H_
+#define TIERD_IPC_PROTO_CONVERT_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+#include "proto/tierd.pb.h"
+#include "runtime/tensor.h"
+#include "runtime/tier.h"
+
+namespace tierd::ipc {
+
+grpc::Status ToGrpc(const absl::Status& status);
+absl::Status FromGrpc(const grpc::Status& status);
+
+absl::StatusOr<Tier> FromProto(v1::Tier tier);
+v1::Tier ToProto(Tier tier);
+absl::StatusOr<TensorSpec> FromProto(const v1::TensorSpec& spec);
+v1::TensorSpec ToProto(const TensorSpec& spec);
+absl::StatusOr<Place> FromProto(v1::Place place);
+absl::StatusOr<Access> FromProto(v1::Access access);
+
+}  // namespace tierd::ipc
+
+#endif  // TIERD_IPC_PROTO_CONVERT_H_

@@ -1,0 +1,149 @@
+#include "ipc/tierd_service.h"
+
+#include "ipc/proto_convert.h"
+
+namespace tierd::ipc {
+
+void SessionDirectory::Add(SessionId session, std::string token) {
+  absl::MutexLock lock(&mutex_);
+  tokens_[session] = std::move(token);
+}
+
+void SessionDirectory::Remove(SessionId session) {
+  absl::MutexLock lock(&mutex_);
+  tokens_.erase(session);
+}
+
+absl::Status SessionDirectory::Check(const v1::SessionRef& ref) const {
+  absl::MutexLock lock(&mutex_);
+  auto it = tokens_.find(ref.session_id());
+  bool same = it != tokens_.end() && it->second.size() == ref.token().size();
+  if (same) {
+    unsigned char difference = 0;
+    for (size_t i = 0; i < it->second.size(); ++i) difference |= it->second[i] ^ ref.token()[i];
+    same = difference == 0;
+  }
+  if (!same) {
+    return absl::PermissionDeniedError(
+        "unknown session or wrong token (sessions are opened by a hello on tierd's Unix socket)");
+  }
+  return absl::OkStatus();
+}
+
+#define TIERD_RETURN_IF_ERROR(expression)                 \
+  do {                                                    \
+    const absl::Status tierd_status_ = (expression);      \
+    if (!tierd_status_.ok()) return ToGrpc(tierd_status_); \
+  } while (0)
+
+grpc::Status TierdService::Lease(grpc::ServerContext*, const v1::LeaseRequest* request,
+                                 v1::LeaseReply* reply) {
+  TIERD_RETURN_IF_ERROR(sessions_.Check(request->session()));
+  auto spec = FromProto(request->spec());
+  TIERD_RETURN_IF_ERROR(spec.status());
+  auto id = leases_.Lease(request->session().session_id(), *spec);
+  TIERD_RETURN_IF_ERROR(id.status());
+  reply->set_tensor_id(*id);
+  reply->set_bytes(*ValidateTensorSpec(*spec));
+  return grpc::Status::OK;
+}
+
+grpc::Status TierdService::Unlease(grpc::ServerContext*, const v1::TensorRef* request, v1::Empty*) {
+  TIERD_RETURN_IF_ERROR(sessions_.Check(request->session()));
+  return ToGrpc(leases_.Unlease(request->session().session_id(), request->tensor_id()));
+}
+
+grpc::Status TierdService::Acquire(grpc::ServerContext*, const v1::AcquireRequest* request,
+                                   v1::AcquireReply* reply) {
+  TIERD_RETURN_IF_ERROR(sessions_.Check(request->session()));
+  auto access = FromProto(request->access());
+  TIERD_RETURN_IF_ERROR(access.status());
+  auto place = FromProto(request->place());
+  TIERD_RETURN_IF_ERROR(place.status());
+  auto placement = leases_.Acquire(request->session().session_id(), request->tensor_id(), *access, *place);
+  TIERD_RETURN_IF_ERROR(placement.status());
+  reply->set_tier(ToProto(placement->tier));
+  reply->set_arena_id(placement->arena);
+  reply->set_offset(placement->offset);
+  reply->set_bytes(placement->bytes);
+  reply->set_fetched(placement->fetched);
+  return grpc::Status::OK;
+}
+
+grpc::Status TierdService::Release(grpc::ServerContext*, const v1::TensorRef* request, v1::Empty*) {
+  TIERD_RETURN_IF_ERROR(sessions_.Check(request->session()));
+  return ToGrpc(leases_.Release(request->session().session_id(), request->tensor_id()));
+}
+
+grpc::Status TierdService::Pin(grpc::ServerContext*, const v1::PinRequest* request, v1::Empty*) {
+  TIERD_RETURN_IF_ERROR(sessions_.Check(request->session()));
+  auto tier = FromProto(request->tier());
+  TIERD_RETURN_IF_ERROR(tier.status());
+  return ToGrpc(leases_.Pin(request->session().session_id(), request->tensor_id(), *tier));
+}
+
+grpc::Status TierdService::Unpin(grpc::ServerContext*, const v1::TensorRef* request, v1::Empty*) {
+  TIERD_RETURN_IF_ERROR(sessions_.Check(request->session()));
+  return ToGrpc(leases_.Unpin(request->session().session_id(), request->tensor_id()));
+}
+
+grpc::Status TierdService::ListLeases(grpc::ServerContext*, const v1::ListLeasesRequest* request,
+                                      v1::ListLeasesReply* reply) {
+  std::optional<SessionId> only;
+  if (request->session_id() != 0) only = request->session_id();
+  for (const LeaseView& view : leases_.List(only)) {
+    v1::LeaseInfo* info = reply->add_leases();
+    info->set_session_id(view.session);
+    info->set_tensor_id(view.id);
+    *info->mutable_spec() = ToProto(view.spec);
+    info->set_bytes(view.bytes);
+    for (Tier tier : {Tier::kGpu, Tier::kDram, Tier::kNvme}) {
+      if (view.copies[static_cast<int>(tier)]) info->add_copies(ToProto(tier));
+    }
+    if (view.pinned) info->set_pinned(ToProto(*view.pinned));
+    info->set_acquired(view.acquired);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status TierdService::Stats(grpc::ServerContext*, const v1::Empty*, v1::StatsReply* reply) {
+  for (Tier tier : {Tier::kGpu, Tier::kDram, Tier::kNvme}) {
+    const TierStats stats = store_.Stats(tier);
+    v1::TierStats* out = reply->add_tiers();
+    out->set_tier(ToProto(tier));
+    out->set_budget_bytes(stats.budget_bytes);
+    out->set_reserved_bytes(stats.reserved_bytes);
+    out->set_used_bytes(stats.allocator.used_bytes);
+    out->set_largest_free_block_bytes(stats.allocator.largest_free_block_bytes);
+    out->set_fragmentation(stats.allocator.fragmentation);
+    out->set_arenas(stats.arena_count);
+  }
+  for (Link link : {Link::kDramToGpu, Link::kGpuToDram, Link::kDramToNvme, Link::kNvmeToDram}) {
+    const LinkStats stats = mover_.Stats(link);
+    v1::LinkStats* out = reply->add_links();
+    out->set_link(LinkName(link));
+    out->set_bytes(stats.bytes);
+    out->set_moves(stats.moves);
+    out->set_failed_moves(stats.failed_moves);
+    out->set_busy_seconds(stats.busy_nanos / 1e9);
+  }
+  const LeaseStats leases = leases_.Stats();
+  reply->set_sessions(leases.sessions);
+  reply->set_leases(leases.leases);
+  reply->set_stalls(leases.stalls);
+  reply->set_stall_seconds(leases.stall_nanos / 1e9);
+  reply->set_evictions_capacity(leases.evictions_capacity);
+  reply->set_evictions_explicit(leases.evictions_explicit);
+  reply->set_writebacks(leases.writebacks);
+  reply->set_gpu(gpu_description_);
+  reply->set_uptime_seconds((clock_.NowNanos() - started_nanos_) / 1e9);
+  return grpc::Status::OK;
+}
+
+grpc::Status TierdService::Health(grpc::ServerContext*, const v1::Empty*, v1::HealthReply* reply) {
+  reply->set_version("tierd 0.1 (protocol 1)");
+  reply->set_uptime_seconds((clock_.NowNanos() - started_nanos_) / 1e9);
+  return grpc::Status::OK;
+}
+
+}  // namespace tierd::ipc

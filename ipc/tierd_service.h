@@ -1,0 +1,67 @@
+// TierdService: the gRPC control plane over the LeaseTable. Every session call is
+// checked against the session's secret token (handed out only on the Unix socket, to
+// the uid-checked peer), so one session can never touch another's tensors.
+//
+// Thread-safety: gRPC calls it from many threads; everything it touches is thread-safe.
+#ifndef TIERD_IPC_TIERD_SERVICE_H_
+#define TIERD_IPC_TIERD_SERVICE_H_
+
+#include <map>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "base/clock.h"
+#include "proto/tierd.grpc.pb.h"
+#include "runtime/lease_table.h"
+#include "runtime/mover.h"
+#include "runtime/tier_store.h"
+
+namespace tierd::ipc {
+
+inline constexpr size_t kSessionTokenBytes = 16;
+
+// Session id -> token. Thread-safe.
+class SessionDirectory {
+ public:
+  void Add(SessionId session, std::string token);
+  void Remove(SessionId session);
+  // PERMISSION_DENIED for an unknown session or a wrong token (constant-time compare).
+  absl::Status Check(const v1::SessionRef& ref) const;
+
+ private:
+  mutable absl::Mutex mutex_;
+  std::map<SessionId, std::string> tokens_ ABSL_GUARDED_BY(mutex_);
+};
+
+class TierdService final : public v1::Tierd::Service {
+ public:
+  TierdService(LeaseTable& leases, TierStore& store, Mover& mover, SessionDirectory& sessions,
+               Clock& clock, std::string gpu_description)
+      : leases_(leases), store_(store), mover_(mover), sessions_(sessions), clock_(clock),
+        gpu_description_(std::move(gpu_description)), started_nanos_(clock.NowNanos()) {}
+
+  grpc::Status Lease(grpc::ServerContext*, const v1::LeaseRequest*, v1::LeaseReply*) override;
+  grpc::Status Unlease(grpc::ServerContext*, const v1::TensorRef*, v1::Empty*) override;
+  grpc::Status Acquire(grpc::ServerContext*, const v1::AcquireRequest*, v1::AcquireReply*) override;
+  grpc::Status Release(grpc::ServerContext*, const v1::TensorRef*, v1::Empty*) override;
+  grpc::Status Pin(grpc::ServerContext*, const v1::PinRequest*, v1::Empty*) override;
+  grpc::Status Unpin(grpc::ServerContext*, const v1::TensorRef*, v1::Empty*) override;
+  grpc::Status ListLeases(grpc::ServerContext*, const v1::ListLeasesRequest*,
+                          v1::ListLeasesReply*) override;
+  grpc::Status Stats(grpc::ServerContext*, const v1::Empty*, v1::StatsReply*) override;
+  grpc::Status Health(grpc::ServerContext*, const v1::Empty*, v1::HealthReply*) override;
+
+ private:
+  LeaseTable& leases_;
+  TierStore& store_;
+  Mover& mover_;
+  SessionDirectory& sessions_;
+  Clock& clock_;
+  const std::string gpu_description_;
+  const int64_t started_nanos_;
+};
+
+}  // namespace tierd::ipc
+
+#endif  // TIERD_IPC_TIERD_SERVICE_H_

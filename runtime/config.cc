@@ -1,0 +1,141 @@
+#include "runtime/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/str_format.h"
+#include "base/units.h"
+
+namespace tierd {
+namespace {
+
+absl::Status Error(const YAML::Node& node, const std::string& what) {
+  return absl::InvalidArgumentError(
+      absl::StrFormat("config line %d: %s", node.Mark().line + 1, what));
+}
+
+absl::Status CheckKeys(const YAML::Node& map, const std::string& where,
+                       const std::set<std::string>& allowed) {
+  if (!map.IsMap()) return Error(map, where + " must be a mapping");
+  for (const auto& entry : map) {
+    const std::string key = entry.first.as<std::string>();
+    if (allowed.count(key) == 0) {
+      std::string known;
+      for (const std::string& k : allowed) known += (known.empty() ? "" : ", ") + k;
+      return Error(entry.first, absl::StrFormat("unknown key '%s' in %s (known: %s)", key, where, known));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadBytes(const YAML::Node& map, const char* key, uint64_t* out) {
+  if (!map[key]) return absl::OkStatus();
+  auto bytes = ParseBytes(map[key].as<std::string>());
+  if (!bytes.ok()) return Error(map[key], std::string(key) + ": " + std::string(bytes.status().message()));
+  *out = *bytes;
+  return absl::OkStatus();
+}
+
+#define RETURN_IF_ERROR(expression)                  \
+  do {                                               \
+    const absl::Status status_ = (expression);       \
+    if (!status_.ok()) return status_;               \
+  } while (0)
+
+absl::Status ParseTiers(const YAML::Node& tiers, DaemonOptions* options) {
+  RETURN_IF_ERROR(CheckKeys(tiers, "tiers", {"gpu", "dram", "nvme"}));
+  if (const YAML::Node gpu = tiers["gpu"]) {
+    RETURN_IF_ERROR(CheckKeys(gpu, "tiers.gpu", {"bytes", "device", "kind"}));
+    RETURN_IF_ERROR(ReadBytes(gpu, "bytes", &options->store.gpu_bytes));
+    if (gpu["device"]) options->gpu.device_ordinal = gpu["device"].as<int>();
+    if (gpu["kind"]) {
+      const std::string kind = gpu["kind"].as<std::string>();
+      if (kind == "auto") options->gpu.choice = GpuChoice::kAuto;
+      else if (kind == "cuda") options->gpu.choice = GpuChoice::kCuda;
+      else if (kind == "fake") options->gpu.choice = GpuChoice::kFake;
+      else return Error(gpu["kind"], "tiers.gpu.kind must be auto, cuda or fake");
+    }
+  }
+  if (const YAML::Node dram = tiers["dram"]) {
+    RETURN_IF_ERROR(CheckKeys(dram, "tiers.dram", {"bytes", "headroom"}));
+    RETURN_IF_ERROR(ReadBytes(dram, "bytes", &options->store.dram_bytes));
+    RETURN_IF_ERROR(ReadBytes(dram, "headroom", &options->store.dram_headroom_bytes));
+  }
+  if (const YAML::Node nvme = tiers["nvme"]) {
+    RETURN_IF_ERROR(CheckKeys(nvme, "tiers.nvme", {"bytes", "path", "queue_depth", "chunk"}));
+    RETURN_IF_ERROR(ReadBytes(nvme, "bytes", &options->store.nvme_bytes));
+    RETURN_IF_ERROR(ReadBytes(nvme, "chunk", &options->nvme_chunk_bytes));
+    if (nvme["path"]) options->store.nvme_directory = nvme["path"].as<std::string>();
+    if (nvme["queue_depth"]) options->nvme_queue_depth = nvme["queue_depth"].as<int>();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseRest(const YAML::Node& root, DaemonOptions* options) {
+  if (const YAML::Node pins = root["pins"]) {
+    if (!pins.IsSequence()) return Error(pins, "pins must be a list of {pattern, tier}");
+    for (const YAML::Node& pin : pins) {
+      RETURN_IF_ERROR(CheckKeys(pin, "a pin", {"pattern", "tier"}));
+      if (!pin["pattern"] || !pin["tier"]) return Error(pin, "a pin needs pattern and tier");
+      const std::string tier = pin["tier"].as<std::string>();
+      PinRule rule{pin["pattern"].as<std::string>(), Tier::kGpu};
+      if (tier == "gpu") rule.tier = Tier::kGpu;
+      else if (tier == "dram") rule.tier = Tier::kDram;
+      else if (tier == "nvme") rule.tier = Tier::kNvme;
+      else return Error(pin["tier"], "a pin's tier must be gpu, dram or nvme");
+      options->pins.push_back(rule);
+    }
+  }
+  if (const YAML::Node listen = root["listen"]) {
+    RETURN_IF_ERROR(CheckKeys(listen, "listen", {"runtime_dir", "grpc_tcp"}));
+    if (listen["runtime_dir"]) options->runtime_dir = listen["runtime_dir"].as<std::string>();
+    if (listen["grpc_tcp"]) options->grpc_tcp_address = listen["grpc_tcp"].as<std::string>();
+  }
+  if (const YAML::Node security = root["security"]) {
+    RETURN_IF_ERROR(CheckKeys(security, "security", {"allowed_uids"}));
+    if (const YAML::Node uids = security["allowed_uids"]) {
+      for (const YAML::Node& uid : uids) options->allowed_uids.insert(uid.as<uid_t>());
+    }
+  }
+  if (const YAML::Node quota = root["default_session_quota"]) {
+    RETURN_IF_ERROR(CheckKeys(quota, "default_session_quota", {"gpu", "dram", "nvme"}));
+    RETURN_IF_ERROR(ReadBytes(quota, "gpu", &options->default_quota.gpu_bytes));
+    RETURN_IF_ERROR(ReadBytes(quota, "dram", &options->default_quota.dram_bytes));
+    RETURN_IF_ERROR(ReadBytes(quota, "nvme", &options->default_quota.nvme_bytes));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<DaemonOptions> ParseConfig(const std::string& yaml_text) {
+  DaemonOptions options;
+  try {
+    const YAML::Node root = YAML::Load(yaml_text);
+    if (root.IsNull()) return options;
+    RETURN_IF_ERROR(CheckKeys(root, "the config",
+                              {"tiers", "pins", "listen", "security", "default_session_quota"}));
+    if (root["tiers"]) RETURN_IF_ERROR(ParseTiers(root["tiers"], &options));
+    RETURN_IF_ERROR(ParseRest(root, &options));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrFormat("config: %s", e.what()));
+  }
+  return options;
+}
+
+absl::StatusOr<DaemonOptions> LoadConfig(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) return absl::NotFoundError(absl::StrFormat("cannot read the config file %s", path));
+  std::stringstream text;
+  text << file.rdbuf();
+  auto options = ParseConfig(text.str());
+  if (!options.ok()) {
+    return absl::Status(options.status().code(), path + ": " + std::string(options.status().message()));
+  }
+  return options;
+}
+
+}  // namespace tierd

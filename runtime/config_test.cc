@@ -1,0 +1,49 @@
+#include "runtime/config.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "base/units.h"
+
+namespace tierd {
+namespace {
+
+TEST(ConfigTest, TheAnnotatedExampleParses) {
+  auto options = LoadConfig("tools/tierd.example.yaml");
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->store.gpu_bytes, 20 * kGiB);
+  EXPECT_EQ(options->store.dram_bytes, 64 * kGiB);
+  EXPECT_EQ(options->store.dram_headroom_bytes, 4 * kGiB);
+  EXPECT_EQ(options->store.nvme_directory, "/mnt/nvme/tierd");
+  EXPECT_EQ(options->store.nvme_bytes, 400 * kGiB);
+  EXPECT_EQ(options->nvme_queue_depth, 32);
+  ASSERT_EQ(options->pins.size(), 2u);
+  EXPECT_EQ(options->pins[0].pattern, "embed\\..*");
+  EXPECT_EQ(options->pins[0].tier, Tier::kGpu);
+  EXPECT_EQ(options->runtime_dir, "/run/tierd");
+  EXPECT_EQ(options->allowed_uids.count(1000), 1u);
+  EXPECT_EQ(options->default_quota.dram_bytes, 32 * kGiB);
+}
+
+TEST(ConfigTest, MistakesNameTheKeyAndLine) {
+  auto typo = ParseConfig("tiers:\n  dram:\n    byts: 4GiB\n");
+  ASSERT_EQ(typo.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(typo.status().message().find("line 3: unknown key 'byts' in tiers.dram"),
+            absl::string_view::npos)
+      << typo.status().message();
+  auto size = ParseConfig("tiers:\n  gpu:\n    bytes: lots\n");
+  EXPECT_NE(size.status().message().find("line 3: bytes: 'lots' is not a byte size"),
+            absl::string_view::npos)
+      << size.status().message();
+  auto tier = ParseConfig("pins:\n  - {pattern: x, tier: moon}\n");
+  EXPECT_NE(tier.status().message().find("gpu, dram or nvme"), absl::string_view::npos);
+  auto broken = ParseConfig("tiers: [unclosed\n");
+  EXPECT_EQ(broken.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(LoadConfig("/nonexistent.yaml").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(ParseConfig("").ok());
+}
+
+}  // namespace
+}  // namespace tierd

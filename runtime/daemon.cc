@@ -1,0 +1,183 @@
+#include "runtime/daemon.h"
+
+#include <grpcpp/grpcpp.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_format.h"
+#include "base/units.h"
+#include "ipc/tierd_service.h"
+#include "runtime/uring_block_io.h"
+
+namespace tierd {
+namespace {
+
+// Keeps [A-Za-z0-9._-], at most 24 characters: labels name shm segments.
+std::string SafeLabel(const std::string& label) {
+  std::string out;
+  for (char c : label) {
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+        c == '_' || c == '-') {
+      out += c;
+    }
+    if (out.size() == 24) break;
+  }
+  return out.empty() ? "client" : out;
+}
+
+absl::StatusOr<std::string> RandomToken() {
+  std::string token(ipc::kSessionTokenBytes, '\0');
+  if (getrandom(token.data(), token.size(), 0) != static_cast<ssize_t>(token.size())) {
+    return absl::InternalError(absl::StrFormat("getrandom: %s", std::strerror(errno)));
+  }
+  return token;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
+  std::unique_ptr<Daemon> daemon(new Daemon());
+  daemon->options_ = options;
+  daemon->options_.store.default_arenas = false;
+  if (daemon->options_.store.instance_name.empty()) {
+    daemon->options_.store.instance_name = "tierd-" + std::to_string(getpid());
+  }
+  if (mkdir(options.runtime_dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cannot create the runtime directory %s: %s", options.runtime_dir, std::strerror(errno)));
+  }
+  auto gpu = OpenGpu(options.gpu);
+  if (!gpu.ok()) return gpu.status();
+  daemon->gpu_ = std::move(*gpu);
+  auto store = TierStore::Open(daemon->options_.store, *daemon->gpu_.device);
+  if (!store.ok()) return store.status();
+  daemon->store_ = std::move(*store);
+  std::unique_ptr<BlockIo> io;
+  if (daemon->store_->HasTier(Tier::kNvme)) {
+    auto uring = CreateUringBlockIo(daemon->store_->nvme()->fd(), options.nvme_queue_depth);
+    if (!uring.ok()) return uring.status();
+    io = std::move(*uring);
+  }
+  auto mover = Mover::Create(*daemon->store_, std::move(io), RealClock(),
+                             {.register_nvme_buffers = false,
+                              .nvme_chunk_bytes = options.nvme_chunk_bytes});
+  if (!mover.ok()) return mover.status();
+  daemon->mover_ = std::move(*mover);
+  auto leases = LeaseTable::Create(*daemon->store_, *daemon->mover_, RealClock(), options.pins);
+  if (!leases.ok()) return leases.status();
+  daemon->leases_ = std::move(*leases);
+  if (absl::Status status = daemon->StartServers(); !status.ok()) return status;
+  return daemon;
+}
+
+absl::Status Daemon::StartServers() {
+  directory_ = std::make_unique<ipc::SessionDirectory>();
+  service_ = std::make_unique<ipc::TierdService>(*leases_, *store_, *mover_, *directory_, RealClock(),
+                                                 gpu_.device->Describe());
+  hello_path_ = options_.runtime_dir + "/tierd.sock";
+  grpc_path_ = options_.runtime_dir + "/tierd.grpc.sock";
+  // The hello socket first: it refuses to start when another daemon owns the directory.
+  auto hello = ipc::HelloServer::Start(hello_path_, options_.allowed_uids, *this);
+  if (!hello.ok()) return hello.status();
+  unlink(grpc_path_.c_str());
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix:" + grpc_path_, grpc::InsecureServerCredentials());
+  int tcp_port = 0;
+  if (!options_.grpc_tcp_address.empty()) {
+    builder.AddListeningPort(options_.grpc_tcp_address, grpc::InsecureServerCredentials(), &tcp_port);
+  }
+  builder.RegisterService(service_.get());
+  const mode_t old_mask = umask(0177);  // the gRPC socket is born 0600
+  grpc_server_ = builder.BuildAndStart();
+  umask(old_mask);
+  if (grpc_server_ == nullptr || (!options_.grpc_tcp_address.empty() && tcp_port == 0)) {
+    return absl::UnavailableError(absl::StrFormat(
+        "cannot start the gRPC server on %s%s", grpc_path_,
+        options_.grpc_tcp_address.empty() ? "" : " and " + options_.grpc_tcp_address));
+  }
+  grpc_address_ = "unix:" + grpc_path_;
+  hello_server_ = std::move(*hello);
+  return absl::OkStatus();
+}
+
+Daemon::~Daemon() {
+  hello_server_.reset();  // ends every session (OnGoodbye), removes tierd.sock
+  if (grpc_server_) {
+    grpc_server_->Shutdown();
+    grpc_server_->Wait();
+  }
+  unlink(grpc_path_.c_str());
+  leases_.reset();
+  if (mover_) mover_->Drain();
+}
+
+std::string Daemon::Banner() const {
+  std::string out = absl::StrFormat("tierd: listening on %s (hello) and %s (gRPC)%s\n", hello_path_,
+                                    grpc_address_,
+                                    options_.grpc_tcp_address.empty()
+                                        ? ""
+                                        : " and " + options_.grpc_tcp_address);
+  out += absl::StrFormat("tierd: gpu  %s%s\n", gpu_.device->Describe(),
+                         gpu_.fallback_reason.empty() ? "" : " (" + gpu_.fallback_reason + ")");
+  for (Tier tier : {Tier::kGpu, Tier::kDram, Tier::kNvme}) {
+    const TierStats stats = store_->Stats(tier);
+    out += absl::StrFormat("tierd: %-4s budget %s%s\n", TierName(tier), FormatBytes(stats.budget_bytes),
+                           tier == Tier::kNvme && store_->nvme() != nullptr
+                               ? " in " + store_->nvme()->path() + " (reserved, unlinked)"
+                               : "");
+  }
+  return out;
+}
+
+absl::StatusOr<ipc::HelloGrant> Daemon::OnHello(const ipc::PeerCredentials& peer,
+                                                const v1::HelloRequest& request) {
+  SessionQuota quota{request.gpu_bytes(), request.dram_bytes(), request.nvme_bytes()};
+  if (quota.gpu_bytes == 0 && quota.dram_bytes == 0 && quota.nvme_bytes == 0) {
+    quota = options_.default_quota;
+  }
+  const std::string label =
+      absl::StrFormat("%s-%d-%d", SafeLabel(request.label()), peer.pid, ++hellos_);
+  auto token = RandomToken();
+  if (!token.ok()) return token.status();
+  auto session = leases_->OpenSession(label, quota);
+  if (!session.ok()) return session.status();
+  ipc::HelloGrant grant;
+  grant.session_id = *session;
+  v1::HelloReply& reply = grant.reply;
+  reply.set_session_id(*session);
+  reply.set_token(*token);
+  reply.set_grpc_address(grpc_address_);
+  reply.set_fake_gpu(gpu_.device->is_fake());
+  const ArenaId dram = leases_->SessionArena(*session, Tier::kDram);
+  if (dram != kNoArena) {
+    reply.set_dram_arena_id(dram);
+    reply.set_dram_arena_bytes(store_->dram_segment(dram)->bytes());
+    grant.fds.push_back(store_->dram_segment(dram)->fd());
+  }
+  const ArenaId gpu = leases_->SessionArena(*session, Tier::kGpu);
+  if (gpu != kNoArena) {
+    auto exported = store_->gpu_region(gpu)->Export();
+    if (!exported.ok()) {
+      leases_->CloseSession(*session).IgnoreError();
+      return exported.status();
+    }
+    reply.set_gpu_arena_id(gpu);
+    reply.set_gpu_arena_bytes(store_->gpu_region(gpu)->bytes());
+    reply.set_gpu_pointer_export(std::string(exported->pointer_data.begin(), exported->pointer_data.end()));
+    grant.fds.push_back(exported->pool_fd);
+    grant.fds_to_close.push_back(exported->pool_fd);
+  }
+  directory_->Add(*session, *token);
+  return grant;
+}
+
+void Daemon::OnGoodbye(uint64_t session_id) {
+  directory_->Remove(session_id);
+  leases_->CloseSession(session_id).IgnoreError();
+}
+
+}  // namespace tierd

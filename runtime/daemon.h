@@ -1,0 +1,84 @@
+// Daemon: tierd assembled. Owns the GPU, the TierStore (node budgets), the Mover, the
+// LeaseTable, the Unix-socket hello server and the gRPC server, and turns a client's
+// hello into a session with its own GPU and DRAM arenas.
+//
+// Files it makes in runtime_dir: tierd.sock (hello, 0600) and tierd.grpc.sock (gRPC,
+// 0600); both are removed at shutdown. TCP gRPC only when grpc_tcp_address is set.
+#ifndef TIERD_RUNTIME_DAEMON_H_
+#define TIERD_RUNTIME_DAEMON_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "ipc/hello_server.h"
+#include "runtime/gpu_factory.h"
+#include "runtime/lease_table.h"
+#include "runtime/mover.h"
+#include "runtime/tier_store.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace tierd {
+
+namespace ipc {
+class SessionDirectory;
+class TierdService;
+}  // namespace ipc
+
+struct DaemonOptions {
+  GpuOptions gpu;
+  TierStoreOptions store;  // budgets; default_arenas is forced off
+  int nvme_queue_depth = 32;
+  uint64_t nvme_chunk_bytes = uint64_t{1} << 20;
+  std::string runtime_dir = "/tmp/tierd";
+  std::string grpc_tcp_address;  // e.g. "127.0.0.1:7070"; empty: Unix socket only
+  std::set<uid_t> allowed_uids;  // empty: the daemon's own uid
+  std::vector<PinRule> pins;
+  // Used for a hello that asks for no quota at all.
+  SessionQuota default_quota;
+};
+
+class Daemon : public ipc::HelloHandler {
+ public:
+  static absl::StatusOr<std::unique_ptr<Daemon>> Start(const DaemonOptions& options);
+  // Ends every session, stops the servers, drains the mover, removes sockets and segments.
+  ~Daemon() override;
+
+  const std::string& hello_path() const { return hello_path_; }
+  const std::string& grpc_address() const { return grpc_address_; }
+  // Several lines: where it listens, the GPU, each tier's budget.
+  std::string Banner() const;
+
+  absl::StatusOr<ipc::HelloGrant> OnHello(const ipc::PeerCredentials& peer,
+                                          const v1::HelloRequest& request) override;
+  void OnGoodbye(uint64_t session_id) override;
+
+ private:
+  Daemon() = default;
+  absl::Status StartServers();
+
+  DaemonOptions options_;
+  OpenedGpu gpu_;
+  std::unique_ptr<TierStore> store_;
+  std::unique_ptr<Mover> mover_;
+  std::unique_ptr<LeaseTable> leases_;
+  std::unique_ptr<ipc::SessionDirectory> directory_;
+  std::unique_ptr<ipc::TierdService> service_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+  std::unique_ptr<ipc::HelloServer> hello_server_;
+  std::string hello_path_;
+  std::string grpc_path_;
+  std::string grpc_address_;
+  uint64_t hellos_ = 0;  // hello thread only
+};
+
+}  // namespace tierd
+
+#endif  // TIERD_RUNTIME_DAEMON_H_

@@ -1,0 +1,110 @@
+// tierd: the per-node memory-tiering daemon. See --help.
+#include <signal.h>
+
+#include <cstdio>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_split.h"
+#include "base/units.h"
+#include "runtime/config.h"
+#include "runtime/daemon.h"
+
+ABSL_FLAG(std::string, config, "", "YAML config file (example: tools/tierd.example.yaml)");
+ABSL_FLAG(std::string, runtime_dir, "", "where the sockets go (default /tmp/tierd)");
+ABSL_FLAG(std::string, gpu, "", "auto | cuda | fake (default auto)");
+ABSL_FLAG(std::string, gpu_bytes, "", "GPU tier budget, e.g. 20GiB");
+ABSL_FLAG(std::string, dram_bytes, "", "DRAM tier budget, e.g. 64GiB");
+ABSL_FLAG(std::string, nvme_dir, "", "directory on a local disk for the NVMe tier");
+ABSL_FLAG(std::string, nvme_bytes, "", "NVMe tier budget, reserved at start");
+ABSL_FLAG(std::string, default_quota, "", "gpu,dram,nvme bytes for clients that ask none");
+
+namespace tierd {
+namespace {
+
+absl::Status Override(DaemonOptions* options) {
+  auto bytes = [](const std::string& text, uint64_t* out) -> absl::Status {
+    if (text.empty()) return absl::OkStatus();
+    auto parsed = ParseBytes(text);
+    if (!parsed.ok()) return parsed.status();
+    *out = *parsed;
+    return absl::OkStatus();
+  };
+  if (!absl::GetFlag(FLAGS_runtime_dir).empty()) options->runtime_dir = absl::GetFlag(FLAGS_runtime_dir);
+  const std::string gpu = absl::GetFlag(FLAGS_gpu);
+  if (gpu == "cuda") options->gpu.choice = GpuChoice::kCuda;
+  else if (gpu == "fake") options->gpu.choice = GpuChoice::kFake;
+  else if (gpu == "auto") options->gpu.choice = GpuChoice::kAuto;
+  else if (!gpu.empty()) return absl::InvalidArgumentError("--gpu must be auto, cuda or fake");
+  if (!absl::GetFlag(FLAGS_nvme_dir).empty()) options->store.nvme_directory = absl::GetFlag(FLAGS_nvme_dir);
+  for (auto [flag, out] : {std::pair{absl::GetFlag(FLAGS_gpu_bytes), &options->store.gpu_bytes},
+                           {absl::GetFlag(FLAGS_dram_bytes), &options->store.dram_bytes},
+                           {absl::GetFlag(FLAGS_nvme_bytes), &options->store.nvme_bytes}}) {
+    if (absl::Status s = bytes(flag, out); !s.ok()) return s;
+  }
+  const std::string quota = absl::GetFlag(FLAGS_default_quota);
+  if (!quota.empty()) {
+    std::vector<std::string> parts = absl::StrSplit(quota, ',');
+    if (parts.size() != 3) return absl::InvalidArgumentError("--default_quota takes gpu,dram,nvme");
+    SessionQuota& q = options->default_quota;
+    for (auto [text, out] : {std::pair{parts[0], &q.gpu_bytes}, {parts[1], &q.dram_bytes},
+                             {parts[2], &q.nvme_bytes}}) {
+      if (absl::Status s = bytes(text, out); !s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+int Main() {
+  DaemonOptions options;
+  options.store.dram_bytes = uint64_t{1} << 30;  // small, safe defaults
+  options.default_quota = {uint64_t{256} << 20, uint64_t{256} << 20, 0};
+  if (!absl::GetFlag(FLAGS_config).empty()) {
+    auto loaded = LoadConfig(absl::GetFlag(FLAGS_config));
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "tierd: %s\n", std::string(loaded.status().message()).c_str());
+      return 2;
+    }
+    options = *loaded;
+  }
+  if (absl::Status s = Override(&options); !s.ok()) {
+    std::fprintf(stderr, "tierd: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  // Threads started from here on inherit the mask: only sigwait below sees these.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  auto daemon = Daemon::Start(options);
+  if (!daemon.ok()) {
+    std::fprintf(stderr, "tierd: cannot start: %s\n", std::string(daemon.status().message()).c_str());
+    return 1;
+  }
+  std::printf("%stierd: ready (SIGTERM or Ctrl-C stops it)\n", (*daemon)->Banner().c_str());
+  std::fflush(stdout);
+  int received = 0;
+  sigwait(&signals, &received);
+  std::printf("tierd: %s: ending sessions, draining moves\n", received == SIGTERM ? "SIGTERM" : "SIGINT");
+  std::fflush(stdout);
+  daemon->reset();
+  std::printf("tierd: stopped\n");
+  return 0;
+}
+
+}  // namespace
+}  // namespace tierd
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "the per-node memory-tiering daemon: owns the GPU, DRAM and NVMe tiers and lends tensors\n"
+      "to trainer processes (clients/ shim) over a Unix socket and gRPC.\n"
+      "  tierd --config tools/tierd.example.yaml\n"
+      "  tierd --gpu=fake --dram_bytes=2GiB --nvme_dir=/var/tmp --nvme_bytes=8GiB\n"
+      "Budgets are hard: tierd refuses to start when the machine cannot give them.");
+  absl::ParseCommandLine(argc, argv);
+  return tierd::Main();
+}

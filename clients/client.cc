@@ -1,0 +1,199 @@
+#include "clients/client.h"
+
+#include <grpcpp/grpcpp.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_format.h"
+#include "ipc/hello_server.h"
+#include "ipc/proto_convert.h"
+#include "ipc/unix_socket.h"
+
+#ifdef TIERD_HAVE_CUDA
+#include "runtime/cuda_gpu.h"
+#endif
+
+namespace tierd {
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  const std::string path = options.runtime_dir + "/tierd.sock";
+  auto fd = ipc::ConnectUnix(path);
+  if (!fd.ok()) {
+    return absl::UnavailableError(absl::StrFormat(
+        "cannot reach tierd at %s (%s): is it running with --runtime_dir=%s?", path,
+        fd.status().message(), options.runtime_dir));
+  }
+  std::unique_ptr<Client> client(new Client());
+  client->hello_fd_ = *fd;
+  v1::HelloRequest request;
+  request.set_protocol_version(ipc::kProtocolVersion);
+  request.set_label(options.label);
+  request.set_gpu_bytes(options.quota.gpu_bytes);
+  request.set_dram_bytes(options.quota.dram_bytes);
+  request.set_nvme_bytes(options.quota.nvme_bytes);
+  if (absl::Status sent = ipc::SendFrame(*fd, request.SerializeAsString()); !sent.ok()) return sent;
+  auto frame = ipc::ReceiveFrame(*fd, 30'000);
+  if (!frame.ok()) return frame.status();
+  v1::HelloReply reply;
+  if (!reply.ParseFromString(frame->payload)) {
+    for (int f : frame->fds) close(f);
+    return absl::InternalError("tierd answered the hello with something that is not a HelloReply");
+  }
+  if (reply.code() != 0) {
+    for (int f : frame->fds) close(f);
+    return absl::Status(static_cast<absl::StatusCode>(reply.code()), "tierd refused the session: " + reply.message());
+  }
+  client->session_id_ = reply.session_id();
+  client->token_ = reply.token();
+  client->fake_gpu_ = reply.fake_gpu();
+  absl::Status mapped = client->MapArenas(reply, frame->fds);
+  for (int f : frame->fds) close(f);
+  if (!mapped.ok()) return mapped;
+  client->stub_ = v1::Tierd::NewStub(
+      grpc::CreateChannel(reply.grpc_address(), grpc::InsecureChannelCredentials()));
+  return client;
+}
+
+absl::Status Client::MapArenas(const v1::HelloReply& reply, std::vector<int>& fds) {
+  size_t next = 0;
+  if (reply.dram_arena_bytes() > 0) {
+    if (next >= fds.size()) return absl::InternalError("tierd sent no DRAM segment descriptor");
+    void* base = mmap(nullptr, reply.dram_arena_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, fds[next++], 0);
+    if (base == MAP_FAILED) return absl::InternalError(absl::StrFormat("mapping the DRAM arena: %s", std::strerror(errno)));
+    dram_base_ = static_cast<uint8_t*>(base);
+    dram_bytes_ = reply.dram_arena_bytes();
+    dram_arena_ = reply.dram_arena_id();
+  }
+  if (reply.gpu_arena_bytes() > 0) {
+    if (next >= fds.size()) return absl::InternalError("tierd sent no GPU arena descriptor");
+    gpu_bytes_ = reply.gpu_arena_bytes();
+    gpu_arena_ = reply.gpu_arena_id();
+    if (fake_gpu_) {
+      void* base = mmap(nullptr, gpu_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fds[next], 0);
+      if (base == MAP_FAILED) return absl::InternalError(absl::StrFormat("mapping the fake GPU arena: %s", std::strerror(errno)));
+      gpu_base_ = static_cast<uint8_t*>(base);
+    } else {
+#ifdef TIERD_HAVE_CUDA
+      GpuRegionExport exported;
+      exported.pool_fd = dup(fds[next]);  // ImportGpuRegion takes ownership
+      std::memcpy(exported.pointer_data.data(), reply.gpu_pointer_export().data(),
+                  std::min(reply.gpu_pointer_export().size(), exported.pointer_data.size()));
+      auto base = ImportGpuRegion(0, exported);
+      if (!base.ok()) return base.status();
+      gpu_base_ = static_cast<uint8_t*>(*base);
+#else
+      return absl::FailedPreconditionError(
+          "tierd has a real GPU, but this client was built without CUDA and cannot map it");
+#endif
+    }
+  }
+  return absl::OkStatus();
+}
+
+Client::~Client() {
+  if (gpu_base_ != nullptr) {
+    if (fake_gpu_) munmap(gpu_base_, gpu_bytes_);
+#ifdef TIERD_HAVE_CUDA
+    else ReleaseImportedGpuRegion(gpu_base_).IgnoreError();
+#endif
+  }
+  if (dram_base_ != nullptr) munmap(dram_base_, dram_bytes_);
+  if (hello_fd_ >= 0) close(hello_fd_);  // tierd ends the session
+}
+
+v1::SessionRef Client::Ref() const {
+  v1::SessionRef ref;
+  ref.set_session_id(session_id_);
+  ref.set_token(token_);
+  return ref;
+}
+
+absl::StatusOr<Client::Tensor> Client::Lease(const TensorSpec& spec) {
+  v1::LeaseRequest request;
+  *request.mutable_session() = Ref();
+  *request.mutable_spec() = ipc::ToProto(spec);
+  v1::LeaseReply reply;
+  grpc::ClientContext context;
+  if (absl::Status s = ipc::FromGrpc(stub_->Lease(&context, request, &reply)); !s.ok()) return s;
+  return Tensor{reply.tensor_id(), reply.bytes(), spec.name};
+}
+
+absl::Status Client::Unlease(const Tensor& tensor) {
+  v1::TensorRef request;
+  *request.mutable_session() = Ref();
+  request.set_tensor_id(tensor.id);
+  v1::Empty reply;
+  grpc::ClientContext context;
+  return ipc::FromGrpc(stub_->Unlease(&context, request, &reply));
+}
+
+absl::StatusOr<void*> Client::Acquire(const Tensor& tensor, Access access, Place place) {
+  v1::AcquireRequest request;
+  *request.mutable_session() = Ref();
+  request.set_tensor_id(tensor.id);
+  request.set_access(access == Access::kWrite ? v1::ACCESS_WRITE : v1::ACCESS_READ);
+  request.set_place(place == Place::kGpu ? v1::PLACE_GPU : v1::PLACE_HOST);
+  v1::AcquireReply reply;
+  grpc::ClientContext context;
+  if (absl::Status s = ipc::FromGrpc(stub_->Acquire(&context, request, &reply)); !s.ok()) return s;
+  const bool gpu = place == Place::kGpu;
+  uint8_t* base = gpu ? gpu_base_ : dram_base_;
+  const uint64_t arena = gpu ? gpu_arena_ : dram_arena_;
+  const uint64_t size = gpu ? gpu_bytes_ : dram_bytes_;
+  if (base == nullptr || reply.arena_id() != arena || reply.offset() + reply.bytes() > size) {
+    return absl::InternalError(absl::StrFormat(
+        "tierd placed '%s' at arena %d offset %d, outside this session's mapping", tensor.name,
+        reply.arena_id(), reply.offset()));
+  }
+  return static_cast<void*>(base + reply.offset());
+}
+
+absl::Status Client::Release(const Tensor& tensor) {
+  v1::TensorRef request;
+  *request.mutable_session() = Ref();
+  request.set_tensor_id(tensor.id);
+  v1::Empty reply;
+  grpc::ClientContext context;
+  return ipc::FromGrpc(stub_->Release(&context, request, &reply));
+}
+
+absl::Status Client::Pin(const Tensor& tensor, Tier tier) {
+  v1::PinRequest request;
+  *request.mutable_session() = Ref();
+  request.set_tensor_id(tensor.id);
+  request.set_tier(ipc::ToProto(tier));
+  v1::Empty reply;
+  grpc::ClientContext context;
+  return ipc::FromGrpc(stub_->Pin(&context, request, &reply));
+}
+
+absl::Status Client::Unpin(const Tensor& tensor) {
+  v1::TensorRef request;
+  *request.mutable_session() = Ref();
+  request.set_tensor_id(tensor.id);
+  v1::Empty reply;
+  grpc::ClientContext context;
+  return ipc::FromGrpc(stub_->Unpin(&context, request, &reply));
+}
+
+absl::StatusOr<v1::StatsReply> Client::Stats() {
+  v1::Empty request;
+  v1::StatsReply reply;
+  grpc::ClientContext context;
+  if (absl::Status s = ipc::FromGrpc(stub_->Stats(&context, request, &reply)); !s.ok()) return s;
+  return reply;
+}
+
+absl::StatusOr<v1::ListLeasesReply> Client::ListLeases(bool every_session) {
+  v1::ListLeasesRequest request;
+  request.set_session_id(every_session ? 0 : session_id_);
+  v1::ListLeasesReply reply;
+  grpc::ClientContext context;
+  if (absl::Status s = ipc::FromGrpc(stub_->ListLeases(&context, request, &reply)); !s.ok()) return s;
+  return reply;
+}
+
+}  // namespace tierd

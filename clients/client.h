@@ -1,0 +1,82 @@
+// tierd::Client: the shim a trainer links to lease tensors from tierd.
+//
+//   auto client = tierd::Client::Connect({.runtime_dir = "/tmp/tierd", .label = "rank0",
+//                                         .quota = {8 << 30, 32ull << 30, 100ull << 30}});
+//   auto w = (*client)->Lease({"layers.0.w", TensorClass::kParam, DType::kBF16, {4096, 4096}});
+//   void* p = *(*client)->Acquire(*w, Access::kWrite, Place::kGpu);  // device pointer
+//   ... use p ...
+//   (*client)->Release(*w);
+//
+// Connect says hello on tierd's Unix socket, receives the session's arenas (its DRAM
+// shared-memory segment and its GPU pool) and maps them; pointers handed out are into
+// those mappings and stay valid until Release. Closing the client (or the process dying)
+// ends the session: tierd reclaims every lease.
+//
+// Thread-safety: calls may come from several threads; a tensor's acquire and release
+// are expected from one owner.
+#ifndef TIERD_CLIENTS_CLIENT_H_
+#define TIERD_CLIENTS_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "proto/tierd.grpc.pb.h"
+#include "runtime/lease_table.h"
+#include "runtime/tensor.h"
+#include "runtime/tier.h"
+
+namespace tierd {
+
+struct ClientOptions {
+  std::string runtime_dir = "/tmp/tierd";
+  std::string label = "client";
+  SessionQuota quota;  // all zero: the daemon's default quota
+};
+
+class Client {
+ public:
+  struct Tensor {
+    TensorId id = 0;
+    uint64_t bytes = 0;
+    std::string name;
+  };
+
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+  ~Client();
+
+  absl::StatusOr<Tensor> Lease(const TensorSpec& spec);
+  absl::Status Unlease(const Tensor& tensor);
+  // A pointer to the tensor's bytes at `place`, valid until Release. With a real GPU and
+  // Place::kGpu it is a device pointer (CUDA), otherwise a host pointer.
+  absl::StatusOr<void*> Acquire(const Tensor& tensor, Access access, Place place);
+  absl::Status Release(const Tensor& tensor);
+  absl::Status Pin(const Tensor& tensor, Tier tier);
+  absl::Status Unpin(const Tensor& tensor);
+  absl::StatusOr<v1::StatsReply> Stats();
+  absl::StatusOr<v1::ListLeasesReply> ListLeases(bool every_session);
+
+  uint64_t session_id() const { return session_id_; }
+  bool fake_gpu() const { return fake_gpu_; }
+
+ private:
+  Client() = default;
+  absl::Status MapArenas(const v1::HelloReply& reply, std::vector<int>& fds);
+  v1::SessionRef Ref() const;
+
+  int hello_fd_ = -1;
+  uint64_t session_id_ = 0;
+  std::string token_;
+  bool fake_gpu_ = false;
+  uint64_t dram_arena_ = 0, gpu_arena_ = 0;
+  uint8_t* dram_base_ = nullptr;
+  uint64_t dram_bytes_ = 0;
+  uint8_t* gpu_base_ = nullptr;  // fake: our mapping of the memfd; real: imported pool
+  uint64_t gpu_bytes_ = 0;
+  std::unique_ptr<v1::Tierd::Stub> stub_;
+};
+
+}  // namespace tierd
+
+#endif  // TIERD_CLIENTS_CLIENT_H_

@@ -1,0 +1,98 @@
+// A trainer-like client process for the multi-process tests: it connects to tierd with a
+// small quota, leases tensors, writes them through the pointers it gets, makes tierd
+// evict and fetch them back, and checks every byte.
+//   client_worker RUNTIME_DIR roundtrip SEED   exit 0 when every byte came back right
+//   client_worker RUNTIME_DIR hold             lease + acquire, print "ready", sleep forever
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "base/units.h"
+#include "clients/client.h"
+
+namespace tierd {
+namespace {
+
+void Fill(void* p, uint64_t bytes, uint32_t seed) {
+  std::mt19937 rng(seed);
+  auto* out = static_cast<uint8_t*>(p);
+  for (uint64_t i = 0; i < bytes; ++i) out[i] = static_cast<uint8_t>(rng());
+}
+
+bool Same(const void* p, uint64_t bytes, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const auto* in = static_cast<const uint8_t*>(p);
+  for (uint64_t i = 0; i < bytes; ++i) {
+    if (in[i] != static_cast<uint8_t>(rng())) return false;
+  }
+  return true;
+}
+
+int Fail(const std::string& what, const absl::Status& status) {
+  std::fprintf(stderr, "client_worker: %s: %s\n", what.c_str(), status.ToString().c_str());
+  return 1;
+}
+
+int Roundtrip(const std::string& dir, uint32_t seed) {
+  // 2 MiB of GPU, 2 MiB of DRAM, 16 MiB of NVMe for six 1 MiB tensors.
+  auto client = Client::Connect({dir, "worker-" + std::to_string(seed), {2 * kMiB, 2 * kMiB, 16 * kMiB}});
+  if (!client.ok()) return Fail("connect", client.status());
+  std::vector<Client::Tensor> tensors;
+  for (int i = 0; i < 6; ++i) {
+    auto t = (*client)->Lease({"layers." + std::to_string(i), TensorClass::kParam, DType::kBF16, {512, 1024}});
+    if (!t.ok()) return Fail("lease", t.status());
+    tensors.push_back(*t);
+  }
+  for (int round = 0; round < 2; ++round) {
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const Place place = (i + round) % 2 ? Place::kGpu : Place::kHost;
+      auto p = (*client)->Acquire(tensors[i], Access::kWrite, place);
+      if (!p.ok()) return Fail("acquire for write", p.status());
+      Fill(*p, tensors[i].bytes, seed * 100 + i + round);
+      if (auto s = (*client)->Release(tensors[i]); !s.ok()) return Fail("release", s);
+    }
+    for (size_t i = tensors.size(); i-- > 0;) {
+      const Place place = (i + round) % 3 ? Place::kGpu : Place::kHost;
+      auto p = (*client)->Acquire(tensors[i], Access::kRead, place);
+      if (!p.ok()) return Fail("acquire for read", p.status());
+      if (!Same(*p, tensors[i].bytes, seed * 100 + i + round)) {
+        std::fprintf(stderr, "client_worker: tensor %zu came back wrong (round %d)\n", i, round);
+        return 1;
+      }
+      if (auto s = (*client)->Release(tensors[i]); !s.ok()) return Fail("release", s);
+    }
+  }
+  auto stats = (*client)->Stats();
+  if (!stats.ok()) return Fail("stats", stats.status());
+  std::printf("ok: stalls %lu, writebacks %lu\n", static_cast<unsigned long>(stats->stalls()),
+              static_cast<unsigned long>(stats->writebacks()));
+  return 0;
+}
+
+int Hold(const std::string& dir) {
+  auto client = Client::Connect({dir, "holder", {1 * kMiB, 1 * kMiB, 0}});
+  if (!client.ok()) return Fail("connect", client.status());
+  auto t = (*client)->Lease({"held", TensorClass::kActivation, DType::kF32, {1024}});
+  if (!t.ok()) return Fail("lease", t.status());
+  auto p = (*client)->Acquire(*t, Access::kWrite, Place::kGpu);
+  if (!p.ok()) return Fail("acquire", p.status());
+  std::printf("ready %lu\n", static_cast<unsigned long>((*client)->session_id()));
+  std::fflush(stdout);
+  for (;;) pause();
+}
+
+}  // namespace
+}  // namespace tierd
+
+int main(int argc, char** argv) {
+  if (argc >= 4 && std::strcmp(argv[2], "roundtrip") == 0) {
+    return tierd::Roundtrip(argv[1], static_cast<uint32_t>(std::stoul(argv[3])));
+  }
+  if (argc >= 3 && std::strcmp(argv[2], "hold") == 0) return tierd::Hold(argv[1]);
+  std::fprintf(stderr, "usage: client_worker RUNTIME_DIR (roundtrip SEED | hold)\n");
+  return 2;
+}

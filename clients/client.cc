@@ -50,6 +50,16 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   client->token_ = reply.token();
   client->fake_gpu_ = reply.fake_gpu();
   absl::Status mapped = client->MapArenas(reply, frame->fds);
+  if (mapped.ok() && reply.has_ring() && options.use_ring) {
+    const size_t ring_index = (reply.dram_arena_bytes() > 0) + (reply.gpu_arena_bytes() > 0);
+    if (ring_index >= frame->fds.size()) {
+      mapped = absl::InternalError("tierd announced a ring but sent no descriptor for it");
+    } else {
+      auto ring = ipc::MapRingSegment(frame->fds[ring_index]);
+      if (ring.ok()) client->ring_ = *ring;
+      else mapped = ring.status();
+    }
+  }
   for (int f : frame->fds) close(f);
   if (!mapped.ok()) return mapped;
   client->stub_ = v1::Tierd::NewStub(
@@ -94,6 +104,11 @@ absl::Status Client::MapArenas(const v1::HelloReply& reply, std::vector<int>& fd
 }
 
 Client::~Client() {
+  if (ring_ != nullptr) {
+    ring_->closed.store(1);
+    ipc::RingWake(ring_->requests);
+    ipc::UnmapRingSegment(ring_);
+  }
   if (gpu_base_ != nullptr) {
     if (fake_gpu_) munmap(gpu_base_, gpu_bytes_);
 #ifdef TIERD_HAVE_CUDA
@@ -130,7 +145,60 @@ absl::Status Client::Unlease(const Tensor& tensor) {
   return ipc::FromGrpc(stub_->Unlease(&context, request, &reply));
 }
 
+absl::StatusOr<ipc::RingMessage> Client::RingCall(const ipc::RingMessage& request) {
+  absl::MutexLock lock(&ring_mutex_);
+  ipc::RingMessage message = request;
+  message.sequence = ++ring_sequence_;
+  if (!ipc::RingPush(ring_->requests, message)) {
+    return absl::InternalError("the hot-path ring is full: tierd stopped serving this session");
+  }
+  // Waits as long as the operation takes (a demand fetch from NVMe can take seconds).
+  auto answer = ipc::RingPop(ring_->responses, ring_->closed, /*timeout_ms=*/-1);
+  if (!answer.ok()) return absl::UnavailableError("tierd closed this session's ring");
+  if (answer->sequence != message.sequence) return absl::InternalError("ring answers out of order");
+  return *answer;
+}
+
+absl::StatusOr<void*> Client::PointerFor(const Tensor& tensor, Place place, uint64_t arena,
+                                         uint64_t offset, uint64_t bytes) const {
+  const bool gpu = place == Place::kGpu;
+  uint8_t* base = gpu ? gpu_base_ : dram_base_;
+  const uint64_t mine = gpu ? gpu_arena_ : dram_arena_;
+  const uint64_t size = gpu ? gpu_bytes_ : dram_bytes_;
+  if (base == nullptr || arena != mine || offset + bytes > size) {
+    return absl::InternalError(absl::StrFormat(
+        "tierd placed '%s' at arena %d offset %d, outside this session's mapping", tensor.name,
+        arena, offset));
+  }
+  return static_cast<void*>(base + offset);
+}
+
 absl::StatusOr<void*> Client::Acquire(const Tensor& tensor, Access access, Place place) {
+  if (ring_ == nullptr) return AcquireRpc(tensor, access, place);
+  ipc::RingMessage request{};
+  request.op = static_cast<uint32_t>(ipc::RingOp::kAcquire);
+  request.tensor_id = tensor.id;
+  request.access = access == Access::kWrite ? 1 : 0;
+  request.place = place == Place::kHost ? 1 : 0;
+  auto answer = RingCall(request);
+  if (!answer.ok()) return answer.status();
+  // The ring carries only the code: the control plane says why, in full.
+  if (answer->code != 0) return AcquireRpc(tensor, access, place);
+  return PointerFor(tensor, place, answer->arena, answer->offset, answer->bytes);
+}
+
+absl::Status Client::Release(const Tensor& tensor) {
+  if (ring_ == nullptr) return ReleaseRpc(tensor);
+  ipc::RingMessage request{};
+  request.op = static_cast<uint32_t>(ipc::RingOp::kRelease);
+  request.tensor_id = tensor.id;
+  auto answer = RingCall(request);
+  if (!answer.ok()) return answer.status();
+  if (answer->code != 0) return ReleaseRpc(tensor);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<void*> Client::AcquireRpc(const Tensor& tensor, Access access, Place place) {
   v1::AcquireRequest request;
   *request.mutable_session() = Ref();
   request.set_tensor_id(tensor.id);
@@ -139,19 +207,10 @@ absl::StatusOr<void*> Client::Acquire(const Tensor& tensor, Access access, Place
   v1::AcquireReply reply;
   grpc::ClientContext context;
   if (absl::Status s = ipc::FromGrpc(stub_->Acquire(&context, request, &reply)); !s.ok()) return s;
-  const bool gpu = place == Place::kGpu;
-  uint8_t* base = gpu ? gpu_base_ : dram_base_;
-  const uint64_t arena = gpu ? gpu_arena_ : dram_arena_;
-  const uint64_t size = gpu ? gpu_bytes_ : dram_bytes_;
-  if (base == nullptr || reply.arena_id() != arena || reply.offset() + reply.bytes() > size) {
-    return absl::InternalError(absl::StrFormat(
-        "tierd placed '%s' at arena %d offset %d, outside this session's mapping", tensor.name,
-        reply.arena_id(), reply.offset()));
-  }
-  return static_cast<void*>(base + reply.offset());
+  return PointerFor(tensor, place, reply.arena_id(), reply.offset(), reply.bytes());
 }
 
-absl::Status Client::Release(const Tensor& tensor) {
+absl::Status Client::ReleaseRpc(const Tensor& tensor) {
   v1::TensorRef request;
   *request.mutable_session() = Ref();
   request.set_tensor_id(tensor.id);

@@ -21,7 +21,10 @@
 #include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "ipc/ring.h"
 #include "proto/tierd.grpc.pb.h"
 #include "runtime/lease_table.h"
 #include "runtime/tensor.h"
@@ -33,6 +36,8 @@ struct ClientOptions {
   std::string runtime_dir = "/tmp/tierd";
   std::string label = "client";
   SessionQuota quota;  // all zero: the daemon's default quota
+  // Acquire/release through the shared-memory ring (microseconds) rather than gRPC.
+  bool use_ring = true;
 };
 
 class Client {
@@ -64,6 +69,12 @@ class Client {
   Client() = default;
   absl::Status MapArenas(const v1::HelloReply& reply, std::vector<int>& fds);
   v1::SessionRef Ref() const;
+  absl::StatusOr<void*> AcquireRpc(const Tensor& tensor, Access access, Place place);
+  absl::Status ReleaseRpc(const Tensor& tensor);
+  // One request, its answer. Serialised: the rings are single-producer, single-consumer.
+  absl::StatusOr<ipc::RingMessage> RingCall(const ipc::RingMessage& request);
+  absl::StatusOr<void*> PointerFor(const Tensor& tensor, Place place, uint64_t arena,
+                                   uint64_t offset, uint64_t bytes) const;
 
   int hello_fd_ = -1;
   uint64_t session_id_ = 0;
@@ -75,6 +86,9 @@ class Client {
   uint8_t* gpu_base_ = nullptr;  // fake: our mapping of the memfd; real: imported pool
   uint64_t gpu_bytes_ = 0;
   std::unique_ptr<v1::Tierd::Stub> stub_;
+  ipc::RingSegment* ring_ = nullptr;
+  absl::Mutex ring_mutex_;
+  uint64_t ring_sequence_ ABSL_GUARDED_BY(ring_mutex_) = 0;
 };
 
 }  // namespace tierd

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "absl/strings/str_format.h"
@@ -106,6 +107,7 @@ absl::Status Daemon::StartServers() {
 
 Daemon::~Daemon() {
   hello_server_.reset();  // ends every session (OnGoodbye), removes tierd.sock
+  rings_.clear();
   if (grpc_server_) {
     grpc_server_->Shutdown();
     grpc_server_->Wait();
@@ -171,11 +173,52 @@ absl::StatusOr<ipc::HelloGrant> Daemon::OnHello(const ipc::PeerCredentials& peer
     grant.fds.push_back(exported->pool_fd);
     grant.fds_to_close.push_back(exported->pool_fd);
   }
+  auto ring_fd = ipc::CreateRingSegment();
+  auto ring = ring_fd.ok() ? ipc::MapRingSegment(*ring_fd) : absl::StatusOr<ipc::RingSegment*>(ring_fd.status());
+  if (!ring.ok()) {
+    leases_->CloseSession(*session).IgnoreError();
+    return ring.status();
+  }
+  const SessionId id = *session;
+  rings_[id] = std::make_unique<ipc::RingServer>(
+      *ring, [this, id](const ipc::RingMessage& request) { return ServeRing(id, request); },
+      [label](const absl::Status& why) {
+        std::fprintf(stderr, "tierd: session %s: hot-path ring broken (%s); it is no longer served\n",
+                     label.c_str(), std::string(why.message()).c_str());
+      });
+  reply.set_has_ring(true);
+  grant.fds.push_back(*ring_fd);
+  grant.fds_to_close.push_back(*ring_fd);
   directory_->Add(*session, *token);
   return grant;
 }
 
+ipc::RingMessage Daemon::ServeRing(SessionId session, const ipc::RingMessage& request) {
+  ipc::RingMessage response = request;
+  absl::Status status;
+  if (request.op == static_cast<uint32_t>(ipc::RingOp::kAcquire) && request.access <= 1 &&
+      request.place <= 1) {
+    auto placement = leases_->Acquire(session, request.tensor_id,
+                                      request.access ? Access::kWrite : Access::kRead,
+                                      request.place ? Place::kHost : Place::kGpu);
+    status = placement.status();
+    if (placement.ok()) {
+      response.arena = placement->arena;
+      response.offset = placement->offset;
+      response.bytes = placement->bytes;
+      response.fetched = placement->fetched;
+    }
+  } else if (request.op == static_cast<uint32_t>(ipc::RingOp::kRelease)) {
+    status = leases_->Release(session, request.tensor_id);
+  } else {
+    status = absl::InvalidArgumentError("malformed ring request");
+  }
+  response.code = static_cast<int32_t>(status.code());
+  return response;
+}
+
 void Daemon::OnGoodbye(uint64_t session_id) {
+  rings_.erase(session_id);  // stops serving before the session's tensors go
   directory_->Remove(session_id);
   leases_->CloseSession(session_id).IgnoreError();
 }

@@ -9,6 +9,7 @@
 
 #include <sys/types.h>
 
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -16,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "ipc/hello_server.h"
+#include "ipc/ring_server.h"
 #include "runtime/gpu_factory.h"
 #include "runtime/lease_table.h"
 #include "runtime/mover.h"
@@ -63,6 +65,7 @@ class Daemon : public ipc::HelloHandler {
  private:
   Daemon() = default;
   absl::Status StartServers();
+  ipc::RingMessage ServeRing(SessionId session, const ipc::RingMessage& request);
 
   DaemonOptions options_;
   OpenedGpu gpu_;
@@ -77,6 +80,8 @@ class Daemon : public ipc::HelloHandler {
   std::string grpc_path_;
   std::string grpc_address_;
   uint64_t hellos_ = 0;  // hello thread only
+  // Each session's hot-path server. Hello thread only (and the destructor after it).
+  std::map<uint64_t, std::unique_ptr<ipc::RingServer>> rings_;
 };
 
 }  // namespace tierd

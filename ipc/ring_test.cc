@@ -1,0 +1,87 @@
+#include "ipc/ring.h"
+
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+
+#include "ipc/ring_server.h"
+
+namespace tierd::ipc {
+namespace {
+
+RingSegment* Fresh(int* fd) {
+  auto created = CreateRingSegment();
+  EXPECT_TRUE(created.ok());
+  *fd = *created;
+  auto mapped = MapRingSegment(*fd);
+  EXPECT_TRUE(mapped.ok());
+  return *mapped;
+}
+
+TEST(RingTest, PushPopInOrderUntilFull) {
+  int fd;
+  RingSegment* s = Fresh(&fd);
+  for (uint32_t i = 0; i < kRingSlots; ++i) ASSERT_TRUE(RingPush(s->requests, RingMessage{.sequence = i}));
+  EXPECT_FALSE(RingPush(s->requests, RingMessage{.sequence = 999}));
+  for (uint32_t i = 0; i < kRingSlots; ++i) {
+    auto m = RingPop(s->requests, s->closed, 0);
+    ASSERT_TRUE(m.ok());
+    EXPECT_EQ(m->sequence, i);
+  }
+  EXPECT_EQ(RingPop(s->requests, s->closed, 10).status().code(), absl::StatusCode::kDeadlineExceeded);
+  s->closed = 1;
+  EXPECT_EQ(RingPop(s->requests, s->closed, -1).status().code(), absl::StatusCode::kUnavailable);
+  UnmapRingSegment(s);
+  close(fd);
+}
+
+TEST(RingTest, GarbageCountersAreDataLossNotACrash) {
+  int fd;
+  RingSegment* s = Fresh(&fd);
+  s->requests.head.store(1000);  // a hostile client
+  EXPECT_EQ(RingPop(s->requests, s->closed, 0).status().code(), absl::StatusCode::kDataLoss);
+  UnmapRingSegment(s);
+  close(fd);
+  auto not_a_ring = memfd_create("x", 0);
+  ASSERT_EQ(ftruncate(not_a_ring, sizeof(RingSegment)), 0);
+  EXPECT_EQ(MapRingSegment(not_a_ring).status().code(), absl::StatusCode::kFailedPrecondition);
+  close(not_a_ring);
+}
+
+// A server in this process, a client in a forked one: 20k round trips across processes,
+// sleeping consumers woken by futex, every answer matched to its request.
+TEST(RingTest, ServerAndClientInTwoProcesses) {
+  int fd;
+  RingSegment* s = Fresh(&fd);
+  std::atomic<int> broken{0};
+  RingServer server(s, [](const RingMessage& r) {
+    RingMessage out = r;
+    out.offset = r.tensor_id * 3;
+    return out;
+  }, [&](const absl::Status&) { ++broken; });
+  const pid_t child = fork();
+  if (child == 0) {
+    auto mine = MapRingSegment(fd);
+    if (!mine.ok()) _exit(2);
+    for (uint64_t i = 0; i < 20000; ++i) {
+      if (!RingPush((*mine)->requests, RingMessage{.sequence = i, .op = 1, .tensor_id = i})) _exit(3);
+      if (i % 5000 == 0) usleep(20000);  // let the server fall asleep now and then
+      auto answer = RingPop((*mine)->responses, (*mine)->closed, 5000);
+      if (!answer.ok() || answer->sequence != i || answer->offset != i * 3) _exit(4);
+    }
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_EQ(broken.load(), 0);
+  close(fd);
+}
+
+}  // namespace
+}  // namespace tierd::ipc

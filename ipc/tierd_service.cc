@@ -146,4 +146,34 @@ grpc::Status TierdService::Health(grpc::ServerContext*, const v1::Empty*, v1::He
   return grpc::Status::OK;
 }
 
+namespace {
+
+absl::Status OnlyOverUnixSocket(const grpc::ServerContext* context) {
+  if (context->peer().rfind("unix:", 0) == 0) return absl::OkStatus();
+  return absl::PermissionDeniedError(
+      "administration is only allowed over tierd's Unix socket (peer " + context->peer() + ")");
+}
+
+}  // namespace
+
+grpc::Status TierdService::AdminPin(grpc::ServerContext* context, const v1::AdminPinRequest* request,
+                                    v1::Empty*) {
+  TIERD_RETURN_IF_ERROR(OnlyOverUnixSocket(context));
+  auto tensor = leases_.Find(request->session_id(), request->name());
+  TIERD_RETURN_IF_ERROR(tensor.status());
+  if (request->tier() == v1::TIER_UNSPECIFIED) {
+    return ToGrpc(leases_.Unpin(request->session_id(), *tensor));
+  }
+  auto tier = FromProto(request->tier());
+  TIERD_RETURN_IF_ERROR(tier.status());
+  return ToGrpc(leases_.Pin(request->session_id(), *tensor, *tier));
+}
+
+grpc::Status TierdService::GetConfig(grpc::ServerContext* context, const v1::Empty*,
+                                     v1::ConfigReply* reply) {
+  TIERD_RETURN_IF_ERROR(OnlyOverUnixSocket(context));
+  reply->set_text(config_text_);
+  return grpc::Status::OK;
+}
+
 }  // namespace tierd::ipc

@@ -51,6 +51,11 @@ class TierdService final : public v1::Tierd::Service {
                           v1::ListLeasesReply*) override;
   grpc::Status Stats(grpc::ServerContext*, const v1::Empty*, v1::StatsReply*) override;
   grpc::Status Health(grpc::ServerContext*, const v1::Empty*, v1::HealthReply*) override;
+  grpc::Status AdminPin(grpc::ServerContext*, const v1::AdminPinRequest*, v1::Empty*) override;
+  grpc::Status GetConfig(grpc::ServerContext*, const v1::Empty*, v1::ConfigReply*) override;
+
+  // Shown by GetConfig (set once, before serving).
+  void set_config_text(std::string text) { config_text_ = std::move(text); }
 
  private:
   LeaseTable& leases_;
@@ -60,6 +65,7 @@ class TierdService final : public v1::Tierd::Service {
   Clock& clock_;
   const std::string gpu_description_;
   const int64_t started_nanos_;
+  std::string config_text_;
 };
 
 }  // namespace tierd::ipc

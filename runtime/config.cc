@@ -90,7 +90,8 @@ absl::Status ParseRest(const YAML::Node& root, DaemonOptions* options) {
     }
   }
   if (const YAML::Node listen = root["listen"]) {
-    RETURN_IF_ERROR(CheckKeys(listen, "listen", {"runtime_dir", "grpc_tcp"}));
+    RETURN_IF_ERROR(CheckKeys(listen, "listen", {"runtime_dir", "grpc_tcp", "metrics"}));
+    if (listen["metrics"]) options->metrics_address = listen["metrics"].as<std::string>();
     if (listen["runtime_dir"]) options->runtime_dir = listen["runtime_dir"].as<std::string>();
     if (listen["grpc_tcp"]) options->grpc_tcp_address = listen["grpc_tcp"].as<std::string>();
   }
@@ -124,6 +125,32 @@ absl::StatusOr<DaemonOptions> ParseConfig(const std::string& yaml_text) {
     return absl::InvalidArgumentError(absl::StrFormat("config: %s", e.what()));
   }
   return options;
+}
+
+std::string DescribeConfig(const DaemonOptions& o) {
+  const char* kinds[] = {"auto", "cuda", "fake"};
+  std::string out = absl::StrFormat(
+      "tiers:\n  gpu: {kind: %s, device: %d, bytes: %s}\n  dram: {bytes: %s, headroom: %s}\n"
+      "  nvme: {path: \"%s\", bytes: %s, queue_depth: %d, chunk: %s}\n",
+      kinds[static_cast<int>(o.gpu.choice)], o.gpu.device_ordinal, FormatBytes(o.store.gpu_bytes),
+      FormatBytes(o.store.dram_bytes), FormatBytes(o.store.dram_headroom_bytes), o.store.nvme_directory,
+      FormatBytes(o.store.nvme_bytes), o.nvme_queue_depth, FormatBytes(o.nvme_chunk_bytes));
+  out += "pins:\n";
+  for (const PinRule& pin : o.pins) {
+    absl::StrAppendFormat(&out, "  - {pattern: \"%s\", tier: %s}\n", pin.pattern, TierName(pin.tier));
+  }
+  absl::StrAppendFormat(&out, "listen: {runtime_dir: \"%s\", grpc_tcp: \"%s\", metrics: \"%s\"}\n",
+                        o.runtime_dir, o.grpc_tcp_address, o.metrics_address);
+  out += "security:\n  allowed_uids: [";
+  bool first = true;
+  for (uid_t uid : o.allowed_uids) {
+    absl::StrAppendFormat(&out, "%s%d", first ? "" : ", ", uid);
+    first = false;
+  }
+  absl::StrAppendFormat(&out, "]\ndefault_session_quota: {gpu: %s, dram: %s, nvme: %s}\n",
+                        FormatBytes(o.default_quota.gpu_bytes), FormatBytes(o.default_quota.dram_bytes),
+                        FormatBytes(o.default_quota.nvme_bytes));
+  return out;
 }
 
 absl::StatusOr<DaemonOptions> LoadConfig(const std::string& path) {

@@ -13,6 +13,8 @@ namespace tierd {
 
 absl::StatusOr<DaemonOptions> ParseConfig(const std::string& yaml_text);
 absl::StatusOr<DaemonOptions> LoadConfig(const std::string& path);
+// The effective options, in the config file's format (tierctl config).
+std::string DescribeConfig(const DaemonOptions& options);
 
 }  // namespace tierd
 

@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "base/units.h"
 #include "ipc/tierd_service.h"
+#include "runtime/config.h"
 #include "runtime/uring_block_io.h"
 
 namespace tierd {
@@ -102,10 +103,24 @@ absl::Status Daemon::StartServers() {
   }
   grpc_address_ = "unix:" + grpc_path_;
   hello_server_ = std::move(*hello);
+  service_->set_config_text(DescribeConfig(options_));
+  if (!options_.metrics_address.empty()) {
+    auto metrics = MetricsServer::Start(options_.metrics_address, [this] {
+      v1::Empty empty;
+      v1::StatsReply stats;
+      service_->Stats(nullptr, &empty, &stats);
+      return RenderPrometheus(stats);
+    });
+    if (!metrics.ok()) return metrics.status();
+    metrics_ = std::move(*metrics);
+  }
   return absl::OkStatus();
 }
 
+int Daemon::metrics_port() const { return metrics_ ? metrics_->port() : 0; }
+
 Daemon::~Daemon() {
+  metrics_.reset();
   hello_server_.reset();  // ends every session (OnGoodbye), removes tierd.sock
   rings_.clear();
   if (grpc_server_) {
@@ -123,6 +138,10 @@ std::string Daemon::Banner() const {
                                     options_.grpc_tcp_address.empty()
                                         ? ""
                                         : " and " + options_.grpc_tcp_address);
+  if (metrics_) {
+    out += absl::StrFormat("tierd: metrics at http://%s/metrics (port %d)\n", options_.metrics_address,
+                           metrics_->port());
+  }
   out += absl::StrFormat("tierd: gpu  %s%s\n", gpu_.device->Describe(),
                          gpu_.fallback_reason.empty() ? "" : " (" + gpu_.fallback_reason + ")");
   for (Tier tier : {Tier::kGpu, Tier::kDram, Tier::kNvme}) {

@@ -20,6 +20,7 @@
 #include "ipc/ring_server.h"
 #include "runtime/gpu_factory.h"
 #include "runtime/lease_table.h"
+#include "runtime/metrics.h"
 #include "runtime/mover.h"
 #include "runtime/tier_store.h"
 
@@ -41,6 +42,7 @@ struct DaemonOptions {
   uint64_t nvme_chunk_bytes = uint64_t{1} << 20;
   std::string runtime_dir = "/tmp/tierd";
   std::string grpc_tcp_address;  // e.g. "127.0.0.1:7070"; empty: Unix socket only
+  std::string metrics_address;   // e.g. "127.0.0.1:9464" for Prometheus; empty: off
   std::set<uid_t> allowed_uids;  // empty: the daemon's own uid
   std::vector<PinRule> pins;
   // Used for a hello that asks for no quota at all.
@@ -55,6 +57,7 @@ class Daemon : public ipc::HelloHandler {
 
   const std::string& hello_path() const { return hello_path_; }
   const std::string& grpc_address() const { return grpc_address_; }
+  int metrics_port() const;
   // Several lines: where it listens, the GPU, each tier's budget.
   std::string Banner() const;
 
@@ -76,6 +79,7 @@ class Daemon : public ipc::HelloHandler {
   std::unique_ptr<ipc::TierdService> service_;
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<ipc::HelloServer> hello_server_;
+  std::unique_ptr<MetricsServer> metrics_;
   std::string hello_path_;
   std::string grpc_path_;
   std::string grpc_address_;

@@ -5,6 +5,8 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <dirent.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -43,7 +45,10 @@ class DaemonTest : public ::testing::Test {
         "runtime/tierd",
         std::vector<std::string>{"--gpu=fake", "--gpu_bytes=16MiB", "--dram_bytes=16MiB",
                                  std::string("--nvme_dir=") + (tmp ? tmp : "/tmp"), "--nvme_bytes=96MiB",
-                                 "--runtime_dir=" + runtime_dir_});
+                                 "--runtime_dir=" + runtime_dir_, "--metrics=127.0.0.1:0"});
+    const std::string metrics = daemon_->WaitForLine("tierd: metrics at", 20000);
+    ASSERT_NE(metrics, "") << daemon_->output();
+    metrics_port_ = std::stoi(metrics.substr(metrics.find("(port ") + 6));
     ASSERT_NE(daemon_->WaitForLine("tierd: ready", 20000), "") << daemon_->output();
     instance_ = "tierd-" + std::to_string(daemon_->pid()) + "-";
   }
@@ -70,8 +75,26 @@ class DaemonTest : public ::testing::Test {
     }
     return false;
   }
+  // Plain HTTP GET of /metrics.
+  std::string Scrape() {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(metrics_port_);
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) return "";
+    const std::string request = "GET /metrics HTTP/1.0\r\n\r\n";
+    (void)!write(fd, request.data(), request.size());
+    std::string response;
+    char chunk[4096];
+    ssize_t n;
+    while ((n = read(fd, chunk, sizeof(chunk))) > 0) response.append(chunk, n);
+    close(fd);
+    return response;
+  }
   std::string runtime_dir_;
   std::string instance_;
+  int metrics_port_ = 0;
   std::unique_ptr<Process> daemon_;
 };
 
@@ -163,6 +186,43 @@ TEST_F(DaemonTest, BadInputGetsClearErrorsAndHurtsNobody) {
   // The session still works.
   EXPECT_TRUE(client->Acquire(t, Access::kWrite, Place::kGpu).ok());
   EXPECT_TRUE(client->Release(t).ok());
+}
+
+TEST_F(DaemonTest, TierctlAndPrometheusSeeWhatClientsDo) {
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  auto w = *client->Lease({"layers.0.w", TensorClass::kParam, DType::kBF16, {64, 64}});
+  ASSERT_TRUE(client->Acquire(w, Access::kWrite, Place::kGpu).ok());
+  ASSERT_TRUE(client->Release(w).ok());
+  const std::string dir = "--runtime_dir=" + runtime_dir_;
+  Process leases("tools/tierctl/tierctl", {dir, "leases"});
+  EXPECT_NE(leases.WaitForLine(std::to_string(client->session_id()) + "        layers.0.w", 10000), "")
+      << leases.output();
+  EXPECT_EQ(leases.Wait(), 0);
+  Process pin("tools/tierctl/tierctl", {dir, "pin", std::to_string(client->session_id()), "layers.0.w", "dram"});
+  EXPECT_NE(pin.WaitForLine("pinned layers.0.w", 10000), "") << pin.output();
+  EXPECT_EQ(pin.Wait(), 0);
+  auto listed = client->ListLeases(false);
+  ASSERT_TRUE(listed.ok());
+  EXPECT_EQ(listed->leases(0).pinned(), v1::TIER_DRAM);
+  Process bad_pin("tools/tierctl/tierctl", {dir, "pin", std::to_string(client->session_id()), "nope", "gpu"});
+  EXPECT_NE(bad_pin.WaitForLine("tierctl: no tensor named 'nope'", 10000), "") << bad_pin.output();
+  EXPECT_EQ(bad_pin.Wait(), 1);
+  Process stats("tools/tierctl/tierctl", {dir, "stats", "--json"});
+  EXPECT_NE(stats.WaitForLine(" \"sessions\": \"1\"", 10000), "") << stats.output();
+  EXPECT_EQ(stats.Wait(), 0);
+  Process config("tools/tierctl/tierctl", {dir, "config"});
+  EXPECT_NE(config.WaitForLine("  dram: {bytes: 16.0 MiB", 10000), "") << config.output();
+  EXPECT_EQ(config.Wait(), 0);
+  Process nowhere("tools/tierctl/tierctl", {"--runtime_dir=/nonexistent", "stats"});
+  EXPECT_NE(nowhere.WaitForLine("tierctl: is tierd running", 10000), "") << nowhere.output();
+  EXPECT_EQ(nowhere.Wait(), 1);
+  const std::string scraped = Scrape();
+  EXPECT_NE(scraped.find("tierd_sessions 1\n"), std::string::npos) << scraped;
+  EXPECT_NE(scraped.find("tierd_leases 1\n"), std::string::npos);
+  EXPECT_NE(scraped.find("tierd_moved_bytes_total{from=\"gpu\",to=\"dram\"} 8192\n"), std::string::npos)
+      << scraped;  // the pin moved the 8 KiB tensor down
+  EXPECT_NE(scraped.find("tierd_tier_budget_bytes{tier=\"nvme\"} 100663296\n"), std::string::npos);
 }
 
 TEST(DaemonStartTest, RefusesImpossibleConfigsWithTheNumbers) {

@@ -1,0 +1,115 @@
+#include "runtime/metrics.h"
+
+#include <civetweb.h>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+
+namespace tierd {
+namespace {
+
+const char* TierLabel(v1::Tier tier) {
+  switch (tier) {
+    case v1::TIER_GPU: return "gpu";
+    case v1::TIER_DRAM: return "dram";
+    case v1::TIER_NVME: return "nvme";
+    default: return "unknown";
+  }
+}
+
+void Family(std::string* out, const char* name, const char* type, const char* help) {
+  absl::StrAppendFormat(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+}  // namespace
+
+std::string RenderPrometheus(const v1::StatsReply& stats) {
+  std::string out;
+  struct TierMetric {
+    const char* name;
+    const char* help;
+    double (*value)(const v1::TierStats&);
+  };
+  const TierMetric tier_metrics[] = {
+      {"tierd_tier_budget_bytes", "Hard budget of the tier.", [](const v1::TierStats& t) { return double(t.budget_bytes()); }},
+      {"tierd_tier_reserved_bytes", "Bytes of the budget reserved by session arenas.", [](const v1::TierStats& t) { return double(t.reserved_bytes()); }},
+      {"tierd_tier_bytes", "Bytes allocated to tensors (real allocations, not reservations).", [](const v1::TierStats& t) { return double(t.used_bytes()); }},
+      {"tierd_tier_largest_free_block_bytes", "Largest free block in any arena of the tier.", [](const v1::TierStats& t) { return double(t.largest_free_block_bytes()); }},
+      {"tierd_fragmentation_ratio", "1 - largest free block / free bytes.", [](const v1::TierStats& t) { return t.fragmentation(); }},
+  };
+  for (const TierMetric& metric : tier_metrics) {
+    Family(&out, metric.name, "gauge", metric.help);
+    for (const v1::TierStats& tier : stats.tiers()) {
+      absl::StrAppendFormat(&out, "%s{tier=\"%s\"} %.17g\n", metric.name, TierLabel(tier.tier()), metric.value(tier));
+    }
+  }
+  struct LinkMetric {
+    const char* name;
+    const char* help;
+    double (*value)(const v1::LinkStats&);
+  };
+  const LinkMetric link_metrics[] = {
+      {"tierd_moved_bytes_total", "Bytes moved between tiers.", [](const v1::LinkStats& l) { return double(l.bytes()); }},
+      {"tierd_moves_total", "Moves completed.", [](const v1::LinkStats& l) { return double(l.moves()); }},
+      {"tierd_failed_moves_total", "Moves that failed (their source kept).", [](const v1::LinkStats& l) { return double(l.failed_moves()); }},
+      {"tierd_link_busy_seconds_total", "Time the link had a move in flight.", [](const v1::LinkStats& l) { return l.busy_seconds(); }},
+  };
+  for (const LinkMetric& metric : link_metrics) {
+    Family(&out, metric.name, "counter", metric.help);
+    for (const v1::LinkStats& link : stats.links()) {
+      std::vector<std::string> ends = absl::StrSplit(link.link(), "->");
+      if (ends.size() != 2) continue;
+      absl::StrAppendFormat(&out, "%s{from=\"%s\",to=\"%s\"} %.17g\n", metric.name, ends[0], ends[1],
+                            metric.value(link));
+    }
+  }
+  Family(&out, "tierd_stalls_total", "counter", "Acquires that had to wait for a demand fetch.");
+  absl::StrAppendFormat(&out, "tierd_stalls_total %d\n", stats.stalls());
+  Family(&out, "tierd_stall_seconds_total", "counter", "Time acquires waited for demand fetches.");
+  absl::StrAppendFormat(&out, "tierd_stall_seconds_total %.9f\n", stats.stall_seconds());
+  Family(&out, "tierd_evictions_total", "counter", "Copies dropped or moved down, by reason.");
+  absl::StrAppendFormat(&out, "tierd_evictions_total{reason=\"capacity\"} %d\n", stats.evictions_capacity());
+  absl::StrAppendFormat(&out, "tierd_evictions_total{reason=\"explicit\"} %d\n", stats.evictions_explicit());
+  Family(&out, "tierd_writebacks_total", "counter", "Evictions that had to copy the only copy down first.");
+  absl::StrAppendFormat(&out, "tierd_writebacks_total %d\n", stats.writebacks());
+  Family(&out, "tierd_sessions", "gauge", "Connected client sessions.");
+  absl::StrAppendFormat(&out, "tierd_sessions %d\n", stats.sessions());
+  Family(&out, "tierd_leases", "gauge", "Leased tensors.");
+  absl::StrAppendFormat(&out, "tierd_leases %d\n", stats.leases());
+  Family(&out, "tierd_uptime_seconds", "gauge", "Seconds since tierd started.");
+  absl::StrAppendFormat(&out, "tierd_uptime_seconds %.3f\n", stats.uptime_seconds());
+  return out;
+}
+
+int MetricsServer::Handle(mg_connection* connection, void* self) {
+  const std::string body = static_cast<MetricsServer*>(self)->render_();
+  mg_printf(connection,
+            "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: %zu\r\n"
+            "Connection: close\r\n\r\n",
+            body.size());
+  mg_write(connection, body.data(), body.size());
+  return 200;
+}
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& address,
+                                                                    std::function<std::string()> render) {
+  std::unique_ptr<MetricsServer> server(new MetricsServer());
+  server->render_ = std::move(render);
+  mg_init_library(0);
+  const char* options[] = {"listening_ports", address.c_str(), "num_threads", "2", nullptr};
+  server->context_ = mg_start(nullptr, nullptr, options);
+  if (server->context_ == nullptr) {
+    return absl::UnavailableError(absl::StrFormat("cannot serve metrics on %s (port in use?)", address));
+  }
+  mg_set_request_handler(server->context_, "/metrics", &MetricsServer::Handle, server.get());
+  mg_server_port ports[4];
+  const int count = mg_get_server_ports(server->context_, 4, ports);
+  if (count > 0) server->port_ = ports[0].port;
+  return server;
+}
+
+MetricsServer::~MetricsServer() {
+  if (context_ != nullptr) mg_stop(context_);
+}
+
+}  // namespace tierd

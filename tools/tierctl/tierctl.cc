@@ -1,0 +1,202 @@
+// tierctl: look at and steer a running tierd. See --help.
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "base/units.h"
+#include "proto/tierd.grpc.pb.h"
+
+ABSL_FLAG(std::string, runtime_dir, "/tmp/tierd", "tierd's runtime directory (where its sockets are)");
+ABSL_FLAG(bool, json, false, "print JSON instead of tables (for scripts)");
+ABSL_FLAG(double, interval, 1.0, "top: seconds between refreshes");
+ABSL_FLAG(int, iterations, 0, "top: stop after this many refreshes (0: until Ctrl-C)");
+ABSL_FLAG(uint64_t, session, 0, "leases: only this session");
+
+namespace tierd {
+namespace {
+
+using v1::Tierd;
+
+int Fail(const grpc::Status& status) {
+  std::fprintf(stderr, "tierctl: %s\n", status.error_message().c_str());
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    std::fprintf(stderr, "tierctl: is tierd running with --runtime_dir=%s?\n",
+                 absl::GetFlag(FLAGS_runtime_dir).c_str());
+  }
+  return 1;
+}
+
+void PrintJson(const google::protobuf::Message& message) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.always_print_primitive_fields = true;
+  (void)google::protobuf::util::MessageToJsonString(message, &json, options);
+  std::printf("%s\n", json.c_str());
+}
+
+const char* TierName(v1::Tier tier) {
+  switch (tier) {
+    case v1::TIER_GPU: return "gpu";
+    case v1::TIER_DRAM: return "dram";
+    case v1::TIER_NVME: return "nvme";
+    default: return "-";
+  }
+}
+
+void PrintStats(const v1::StatsReply& stats, const v1::StatsReply* previous, double seconds) {
+  std::printf("tierd on %s, up %.1f s: %lu session(s), %lu lease(s)\n\n", stats.gpu().c_str(),
+              stats.uptime_seconds(), static_cast<unsigned long>(stats.sessions()),
+              static_cast<unsigned long>(stats.leases()));
+  std::printf("%-5s %12s %12s %12s %14s %6s\n", "tier", "budget", "reserved", "used", "largest free", "frag");
+  for (const auto& t : stats.tiers()) {
+    std::printf("%-5s %12s %12s %12s %14s %6.2f\n", TierName(t.tier()), FormatBytes(t.budget_bytes()).c_str(),
+                FormatBytes(t.reserved_bytes()).c_str(), FormatBytes(t.used_bytes()).c_str(),
+                FormatBytes(t.largest_free_block_bytes()).c_str(), t.fragmentation());
+  }
+  std::printf("\n%-11s %12s %8s %7s %9s %12s%s\n", "link", "moved", "moves", "failed", "busy s", "while busy",
+              previous ? "      now" : "");
+  for (int i = 0; i < stats.links_size(); ++i) {
+    const auto& l = stats.links(i);
+    std::string now;
+    if (previous && i < previous->links_size() && seconds > 0) {
+      now = FormatRate((l.bytes() - previous->links(i).bytes()) / seconds);
+    }
+    std::printf("%-11s %12s %8lu %7lu %9.2f %12s %8s\n", l.link().c_str(), FormatBytes(l.bytes()).c_str(),
+                static_cast<unsigned long>(l.moves()), static_cast<unsigned long>(l.failed_moves()),
+                l.busy_seconds(), l.busy_seconds() > 0 ? FormatRate(l.bytes() / l.busy_seconds()).c_str() : "-",
+                now.c_str());
+  }
+  std::printf("\nstalls %lu (%.3f s waiting); evictions: %lu for room, %lu asked; write-backs %lu\n",
+              static_cast<unsigned long>(stats.stalls()), stats.stall_seconds(),
+              static_cast<unsigned long>(stats.evictions_capacity()),
+              static_cast<unsigned long>(stats.evictions_explicit()), static_cast<unsigned long>(stats.writebacks()));
+}
+
+int Stats(Tierd::Stub& stub) {
+  v1::Empty empty;
+  v1::StatsReply stats;
+  grpc::ClientContext context;
+  if (auto s = stub.Stats(&context, empty, &stats); !s.ok()) return Fail(s);
+  if (absl::GetFlag(FLAGS_json)) PrintJson(stats);
+  else PrintStats(stats, nullptr, 0);
+  return 0;
+}
+
+int Top(Tierd::Stub& stub) {
+  v1::StatsReply previous;
+  bool have_previous = false;
+  for (int i = 0; absl::GetFlag(FLAGS_iterations) == 0 || i < absl::GetFlag(FLAGS_iterations); ++i) {
+    v1::Empty empty;
+    v1::StatsReply stats;
+    grpc::ClientContext context;
+    if (auto s = stub.Stats(&context, empty, &stats); !s.ok()) return Fail(s);
+    if (isatty(1)) std::printf("\033[H\033[2J");
+    PrintStats(stats, have_previous ? &previous : nullptr, absl::GetFlag(FLAGS_interval));
+    std::fflush(stdout);
+    previous = stats;
+    have_previous = true;
+    std::this_thread::sleep_for(std::chrono::duration<double>(absl::GetFlag(FLAGS_interval)));
+  }
+  return 0;
+}
+
+int Leases(Tierd::Stub& stub) {
+  v1::ListLeasesRequest request;
+  request.set_session_id(absl::GetFlag(FLAGS_session));
+  v1::ListLeasesReply reply;
+  grpc::ClientContext context;
+  if (auto s = stub.ListLeases(&context, request, &reply); !s.ok()) return Fail(s);
+  if (absl::GetFlag(FLAGS_json)) {
+    PrintJson(reply);
+    return 0;
+  }
+  std::printf("%-8s %-32s %-10s %-7s %-16s %10s %-14s %-6s %s\n", "session", "name", "class", "dtype", "shape",
+              "bytes", "copies", "pinned", "acquired");
+  for (const auto& l : reply.leases()) {
+    std::vector<std::string> copies;
+    for (int t : l.copies()) copies.push_back(TierName(static_cast<v1::Tier>(t)));
+    std::printf("%-8lu %-32s %-10s %-7s %-16s %10s %-14s %-6s %u\n", static_cast<unsigned long>(l.session_id()),
+                l.spec().name().c_str(), v1::TensorClass_Name(l.spec().tensor_class()).substr(13).c_str(),
+                v1::DType_Name(l.spec().dtype()).substr(6).c_str(),
+                absl::StrJoin(l.spec().shape(), "x").c_str(), FormatBytes(l.bytes()).c_str(),
+                absl::StrJoin(copies, ",").c_str(), TierName(l.pinned()), l.acquired());
+  }
+  return 0;
+}
+
+int Pin(Tierd::Stub& stub, const std::vector<char*>& args, bool pin) {
+  if (args.size() != (pin ? 5u : 4u)) {
+    std::fprintf(stderr, "usage: tierctl %s\n", pin ? "pin SESSION NAME gpu|dram|nvme" : "unpin SESSION NAME");
+    return 2;
+  }
+  v1::AdminPinRequest request;
+  request.set_session_id(std::stoull(args[2]));
+  request.set_name(args[3]);
+  if (pin) {
+    const std::string tier = args[4];
+    request.set_tier(tier == "gpu" ? v1::TIER_GPU : tier == "dram" ? v1::TIER_DRAM : tier == "nvme" ? v1::TIER_NVME
+                                                                                                     : v1::TIER_UNSPECIFIED);
+    if (request.tier() == v1::TIER_UNSPECIFIED) {
+      std::fprintf(stderr, "tierctl: the tier must be gpu, dram or nvme\n");
+      return 2;
+    }
+  }
+  v1::Empty reply;
+  grpc::ClientContext context;
+  if (auto s = stub.AdminPin(&context, request, &reply); !s.ok()) return Fail(s);
+  std::printf("%s %s of session %s\n", pin ? "pinned" : "unpinned", args[3], args[2]);
+  return 0;
+}
+
+int Config(Tierd::Stub& stub) {
+  v1::Empty empty;
+  v1::ConfigReply reply;
+  grpc::ClientContext context;
+  if (auto s = stub.GetConfig(&context, empty, &reply); !s.ok()) return Fail(s);
+  if (absl::GetFlag(FLAGS_json)) PrintJson(reply);
+  else std::printf("%s", reply.text().c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace tierd
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "look at and steer a running tierd.\n"
+      "  tierctl stats              tiers, links, stalls, evictions (--json for scripts)\n"
+      "  tierctl top                the same, refreshed, with current link rates\n"
+      "  tierctl leases             every leased tensor: where its copies are, pins, acquires\n"
+      "  tierctl pin SESSION NAME gpu|dram|nvme    keep a tensor in a tier\n"
+      "  tierctl unpin SESSION NAME\n"
+      "  tierctl config             the daemon's effective configuration\n"
+      "Common flag: --runtime_dir (default /tmp/tierd).");
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() < 2) {
+    std::fprintf(stderr, "tierctl: say what to do: stats, top, leases, pin, unpin or config (--help)\n");
+    return 2;
+  }
+  auto stub = tierd::v1::Tierd::NewStub(grpc::CreateChannel(
+      "unix:" + absl::GetFlag(FLAGS_runtime_dir) + "/tierd.grpc.sock", grpc::InsecureChannelCredentials()));
+  const std::string command = args[1];
+  if (command == "stats") return tierd::Stats(*stub);
+  if (command == "top") return tierd::Top(*stub);
+  if (command == "leases") return tierd::Leases(*stub);
+  if (command == "pin") return tierd::Pin(*stub, args, true);
+  if (command == "unpin") return tierd::Pin(*stub, args, false);
+  if (command == "config") return tierd::Config(*stub);
+  std::fprintf(stderr, "tierctl: unknown command '%s' (stats, top, leases, pin, unpin, config)\n", command.c_str());
+  return 2;
+}

@@ -5,8 +5,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <dirent.h>
+#include <signal.h>
+
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_format.h"
@@ -41,9 +45,28 @@ absl::StatusOr<std::string> RandomToken() {
 
 }  // namespace
 
+int SweepStaleSegments(const std::string& shm_directory) {
+  // Our segments are named "tierd-<pid>-...": a dead <pid> means a daemon that crashed.
+  int removed = 0;
+  DIR* dir = opendir(shm_directory.c_str());
+  if (dir == nullptr) return 0;
+  while (dirent* entry = readdir(dir)) {
+    const std::string name = entry->d_name;
+    if (name.rfind("tierd-", 0) != 0) continue;
+    const size_t dash = name.find('-', 6);
+    if (dash == std::string::npos) continue;
+    const long pid = std::strtol(name.substr(6, dash - 6).c_str(), nullptr, 10);
+    if (pid <= 0 || kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    if (unlink((shm_directory + "/" + name).c_str()) == 0) ++removed;
+  }
+  closedir(dir);
+  return removed;
+}
+
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   std::unique_ptr<Daemon> daemon(new Daemon());
   daemon->options_ = options;
+  daemon->stale_segments_removed_ = SweepStaleSegments("/dev/shm");
   daemon->options_.store.default_arenas = false;
   if (daemon->options_.store.instance_name.empty()) {
     daemon->options_.store.instance_name = "tierd-" + std::to_string(getpid());
@@ -138,6 +161,10 @@ std::string Daemon::Banner() const {
                                     options_.grpc_tcp_address.empty()
                                         ? ""
                                         : " and " + options_.grpc_tcp_address);
+  if (stale_segments_removed_ > 0) {
+    out += absl::StrFormat("tierd: removed %d shared-memory segment(s) left by a tierd that died\n",
+                           stale_segments_removed_);
+  }
   if (metrics_) {
     out += absl::StrFormat("tierd: metrics at http://%s/metrics (port %d)\n", options_.metrics_address,
                            metrics_->port());

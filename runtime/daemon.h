@@ -49,6 +49,10 @@ struct DaemonOptions {
   SessionQuota default_quota;
 };
 
+// Removes /dev/shm segments named "tierd-<pid>-..." whose <pid> is not alive (left by a
+// daemon that was killed). Returns how many. Start() runs it first.
+int SweepStaleSegments(const std::string& shm_directory);
+
 class Daemon : public ipc::HelloHandler {
  public:
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(const DaemonOptions& options);
@@ -84,6 +88,7 @@ class Daemon : public ipc::HelloHandler {
   std::string grpc_path_;
   std::string grpc_address_;
   uint64_t hellos_ = 0;  // hello thread only
+  int stale_segments_removed_ = 0;
   // Each session's hot-path server. Hello thread only (and the destructor after it).
   std::map<uint64_t, std::unique_ptr<ipc::RingServer>> rings_;
 };

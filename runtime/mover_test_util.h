@@ -23,6 +23,13 @@
 
 namespace tierd::testing {
 
+// "tierd-test-<name>-<pid>-<random>": sandboxes reuse pids, so a crashed earlier run's
+// leftover segment must not collide with this run's.
+inline std::string UniqueInstance(const std::string& name) {
+  static const unsigned tag = std::random_device{}() % 100000;
+  return "tierd-test-" + name + "-" + std::to_string(getpid()) + "-" + std::to_string(tag);
+}
+
 struct Engine {
   std::unique_ptr<GpuDevice> gpu;
   std::unique_ptr<TierStore> store;
@@ -56,7 +63,7 @@ inline Engine MakeEngine(const std::string& name, std::vector<IoFault> faults = 
   options.dram_headroom_bytes = 0;
   options.nvme_directory = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
   options.nvme_bytes = 64 * kMiB;
-  options.instance_name = "tierd-test-" + name + "-" + std::to_string(getpid());
+  options.instance_name = UniqueInstance(name);
   auto store = TierStore::Open(options, *engine.gpu);
   EXPECT_TRUE(store.ok()) << store.status();
   engine.store = std::move(*store);
@@ -86,7 +93,7 @@ inline Engine MakeDaemonEngine(const std::string& name, uint64_t gpu_budget, uin
   options.dram_headroom_bytes = 0;
   options.nvme_directory = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
   options.nvme_bytes = nvme_budget;
-  options.instance_name = "tierd-test-" + name + "-" + std::to_string(getpid());
+  options.instance_name = UniqueInstance(name);
   options.default_arenas = false;
   auto store = TierStore::Open(options, *engine.gpu);
   EXPECT_TRUE(store.ok()) << store.status();

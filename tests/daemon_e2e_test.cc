@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -223,6 +224,30 @@ TEST_F(DaemonTest, TierctlAndPrometheusSeeWhatClientsDo) {
   EXPECT_NE(scraped.find("tierd_moved_bytes_total{from=\"gpu\",to=\"dram\"} 8192\n"), std::string::npos)
       << scraped;  // the pin moved the 8 KiB tensor down
   EXPECT_NE(scraped.find("tierd_tier_budget_bytes{tier=\"nvme\"} 100663296\n"), std::string::npos);
+}
+
+TEST(DaemonStartTest, SweepsSegmentsOfADaemonThatDied) {
+  // A pid that is surely dead: a child we reaped.
+  const pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  waitpid(dead, nullptr, 0);
+  const std::string stale = "/dev/shm/tierd-" + std::to_string(dead) + "-old-dram";
+  const std::string live = "/dev/shm/tierd-" + std::to_string(getpid()) + "-mine-dram";
+  for (const std::string& path : {stale, live}) {
+    const int fd = open(path.c_str(), O_CREAT | O_RDWR, 0600);
+    ASSERT_GE(fd, 0);
+    close(fd);
+  }
+  const std::string dir = "/tmp/tierd-e2e-sweep-" + std::to_string(getpid());
+  Process daemon("runtime/tierd", {"--gpu=fake", "--dram_bytes=16MiB", "--runtime_dir=" + dir});
+  EXPECT_NE(daemon.WaitForLine("tierd: removed 1 shared-memory segment(s) left by a tierd that died", 10000), "")
+      << daemon.output();
+  EXPECT_NE(access(stale.c_str(), F_OK), 0);
+  EXPECT_EQ(access(live.c_str(), F_OK), 0);  // a live process's segment is left alone
+  unlink(live.c_str());
+  daemon.Signal(SIGTERM);
+  EXPECT_EQ(daemon.Wait(), 0);
+  rmdir(dir.c_str());
 }
 
 TEST(DaemonStartTest, RefusesImpossibleConfigsWithTheNumbers) {

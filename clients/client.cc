@@ -127,6 +127,8 @@ v1::SessionRef Client::Ref() const {
 }
 
 absl::StatusOr<Client::Tensor> Client::Lease(const TensorSpec& spec) {
+  // Checked here too: a name that is not UTF-8 could not even be put on the wire.
+  if (absl::Status valid = ValidateTensorSpec(spec).status(); !valid.ok()) return valid;
   v1::LeaseRequest request;
   *request.mutable_session() = Ref();
   *request.mutable_spec() = ipc::ToProto(spec);

@@ -5,6 +5,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 
 #include "absl/strings/str_format.h"
@@ -47,10 +49,16 @@ HelloServer::~HelloServer() {
     handler_.OnGoodbye(session);
     close(fd);
   }
+  for (auto& [fd, deadline] : pending_) close(fd);
   close(listen_fd_);
   close(wake_read_);
   close(wake_write_);
   unlink(path_.c_str());
+}
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 void HelloServer::Accept() {
@@ -67,9 +75,16 @@ void HelloServer::Accept() {
     close(fd);
     return;
   }
-  auto frame = ReceiveFrame(fd, kHelloTimeoutMs);
-  if (!frame.ok()) {
-    Refuse(fd, frame.status().code(), std::string(frame.status().message()));
+  pending_[fd] = NowMs() + kHelloTimeoutMs;  // greeted when its hello arrives
+}
+
+// The hello's first bytes have arrived: the rest of a small frame follows at once.
+void HelloServer::Greet(int fd) {
+  pending_.erase(fd);
+  auto peer = GetPeerCredentials(fd);
+  auto frame = ReceiveFrame(fd, /*timeout_ms=*/200);
+  if (!peer.ok() || !frame.ok()) {
+    if (!frame.ok()) Refuse(fd, frame.status().code(), std::string(frame.status().message()));
     close(fd);
     return;
   }
@@ -107,11 +122,21 @@ void HelloServer::Accept() {
 void HelloServer::Run() {
   while (!stopping_) {
     std::vector<pollfd> fds = {{wake_read_, POLLIN, 0}, {listen_fd_, POLLIN, 0}};
+    for (const auto& [fd, deadline] : pending_) fds.push_back({fd, POLLIN, 0});
+    const size_t first_session = fds.size();
     for (const auto& [fd, session] : sessions_) fds.push_back({fd, POLLIN, 0});
-    if (poll(fds.data(), fds.size(), -1) < 0) continue;  // EINTR
+    int64_t wait_ms = -1;
+    for (const auto& [fd, deadline] : pending_) {
+      wait_ms = wait_ms < 0 ? deadline - NowMs() : std::min(wait_ms, deadline - NowMs());
+    }
+    if (poll(fds.data(), fds.size(), wait_ms < 0 ? -1 : static_cast<int>(std::max<int64_t>(wait_ms, 0))) < 0) {
+      continue;  // EINTR
+    }
     if (fds[0].revents != 0) break;
-    if (fds[1].revents & POLLIN) Accept();
-    for (size_t i = 2; i < fds.size(); ++i) {
+    for (size_t i = 2; i < first_session; ++i) {
+      if (fds[i].revents != 0) Greet(fds[i].fd);
+    }
+    for (size_t i = first_session; i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
       // A session connection is silent until it closes: EOF, an error or stray bytes
       // all end the session.
@@ -120,6 +145,18 @@ void HelloServer::Run() {
       sessions_.erase(fd);
       close(fd);
       connected_ = sessions_.size();
+    }
+    if (fds[1].revents & POLLIN) Accept();
+    // Silent connections past their deadline go.
+    const int64_t now = NowMs();
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (it->second > now) {
+        ++it;
+        continue;
+      }
+      Refuse(it->first, absl::StatusCode::kDeadlineExceeded, "no hello within the time allowed");
+      close(it->first);
+      it = pending_.erase(it);
     }
   }
 }

@@ -5,9 +5,10 @@
 // closes (the client exited or was killed), or the client sends anything more, the
 // handler is told to end the session.
 //
-// One thread polls the listening socket and every session connection. A client that
-// connects and says nothing is dropped after kHelloTimeoutMs; garbage is answered with
-// an error reply where possible, and never touches another session.
+// One thread polls the listening socket, the connections whose hello has not arrived yet
+// and every session connection; nothing blocks on one peer. A client that connects and
+// says nothing is dropped after kHelloTimeoutMs; garbage is answered with an error reply
+// where possible, and never touches another session.
 //
 // Thread-safety: Start and the destructor from one thread; the handler is called on the
 // server's thread.
@@ -66,6 +67,7 @@ class HelloServer {
         wake_write_(wake_write), allowed_uids_(std::move(uids)), handler_(handler) {}
   void Run();
   void Accept();
+  void Greet(int fd);
 
   const std::string path_;
   const int listen_fd_;
@@ -73,6 +75,7 @@ class HelloServer {
   const std::set<uid_t> allowed_uids_;
   HelloHandler& handler_;
   std::map<int, uint64_t> sessions_;  // connection fd -> session id (server thread only)
+  std::map<int, int64_t> pending_;    // connection fd -> deadline (ms, steady clock)
   std::atomic<size_t> connected_{0};
   std::atomic<bool> stopping_{false};
   std::thread thread_;

@@ -6,7 +6,8 @@
 #include <unistd.h>
 
 #include <dirent.h>
-#include <signal.h>
+#include <fcntl.h>
+#include <sys/file.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -46,18 +47,20 @@ absl::StatusOr<std::string> RandomToken() {
 }  // namespace
 
 int SweepStaleSegments(const std::string& shm_directory) {
-  // Our segments are named "tierd-<pid>-...": a dead <pid> means a daemon that crashed.
+  // Live segments are flock()ed by their owner (DramSegment); one we can lock
+  // exclusively has none. Checked by lock, not by pid: pids mean nothing across pid
+  // namespaces (containers, sandboxes) sharing one /dev/shm.
   int removed = 0;
   DIR* dir = opendir(shm_directory.c_str());
   if (dir == nullptr) return 0;
   while (dirent* entry = readdir(dir)) {
     const std::string name = entry->d_name;
     if (name.rfind("tierd-", 0) != 0) continue;
-    const size_t dash = name.find('-', 6);
-    if (dash == std::string::npos) continue;
-    const long pid = std::strtol(name.substr(6, dash - 6).c_str(), nullptr, 10);
-    if (pid <= 0 || kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
-    if (unlink((shm_directory + "/" + name).c_str()) == 0) ++removed;
+    const std::string path = shm_directory + "/" + name;
+    const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) continue;
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0 && unlink(path.c_str()) == 0) ++removed;
+    close(fd);
   }
   closedir(dir);
   return removed;
@@ -69,7 +72,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   daemon->stale_segments_removed_ = SweepStaleSegments("/dev/shm");
   daemon->options_.store.default_arenas = false;
   if (daemon->options_.store.instance_name.empty()) {
-    daemon->options_.store.instance_name = "tierd-" + std::to_string(getpid());
+    // pid + random: pids repeat across pid namespaces that share /dev/shm.
+    uint32_t tag = 0;
+    if (getrandom(&tag, sizeof(tag), 0) != sizeof(tag)) tag = static_cast<uint32_t>(time(nullptr));
+    daemon->options_.store.instance_name = absl::StrFormat("tierd-%d-%05d", getpid(), tag % 100000);
   }
   if (mkdir(options.runtime_dir.c_str(), 0700) != 0 && errno != EEXIST) {
     return absl::FailedPreconditionError(absl::StrFormat(
@@ -161,6 +167,8 @@ std::string Daemon::Banner() const {
                                     options_.grpc_tcp_address.empty()
                                         ? ""
                                         : " and " + options_.grpc_tcp_address);
+  out += absl::StrFormat("tierd: instance %s (shared memory /dev/shm/%s-*)\n",
+                         options_.store.instance_name, options_.store.instance_name);
   if (stale_segments_removed_ > 0) {
     out += absl::StrFormat("tierd: removed %d shared-memory segment(s) left by a tierd that died\n",
                            stale_segments_removed_);

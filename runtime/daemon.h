@@ -49,8 +49,8 @@ struct DaemonOptions {
   SessionQuota default_quota;
 };
 
-// Removes /dev/shm segments named "tierd-<pid>-..." whose <pid> is not alive (left by a
-// daemon that was killed). Returns how many. Start() runs it first.
+// Removes /dev/shm segments named "tierd-..." that no live process holds (left by a
+// daemon that was killed; see DramSegment's lock). Returns how many. Start() runs it first.
 int SweepStaleSegments(const std::string& shm_directory);
 
 class Daemon : public ipc::HelloHandler {

@@ -1,6 +1,7 @@
 #include "runtime/dram_segment.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 
 #include <boost/interprocess/mapped_region.hpp>
 #include <boost/interprocess/shared_memory_object.hpp>
@@ -35,6 +36,9 @@ absl::StatusOr<std::unique_ptr<DramSegment>> DramSegment::Create(const std::stri
   }
   // From here on the destructor unlinks the segment on any error.
   segment->fd_ = segment->handles_->shm.get_mapping_handle().handle;
+  // Held for the segment's life: a sweep that can take the lock exclusively knows the
+  // owner is gone, whatever pid namespace either of them is in.
+  flock(segment->fd_, LOCK_SH);
   // Reserve every page now: ENOSPC at start instead of SIGBUS on first touch.
   if (const int error = posix_fallocate(segment->fd_, 0, static_cast<off_t>(bytes)); error != 0) {
     return absl::ResourceExhaustedError(absl::StrFormat(

@@ -3,8 +3,9 @@
 //
 // Created with every page reserved up front (fallocate on the tmpfs file), so a full
 // /dev/shm fails here, at start, never as a SIGBUS mid-run; registered with the GPU
-// (pinned) so copies to and from it run at full PCIe speed. The destructor unregisters,
-// unmaps and unlinks the segment.
+// (pinned) so copies to and from it run at full PCIe speed. While it lives, its file is
+// flock()ed (shared): a segment nobody holds locked was left by a process that died
+// (SweepStaleSegments). The destructor unregisters, unmaps and unlinks the segment.
 //
 // Thread-safety: immutable after Create; the bytes are shared by design.
 #ifndef TIERD_RUNTIME_DRAM_SEGMENT_H_

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -14,6 +15,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 
@@ -39,19 +41,21 @@ int CountShm(const std::string& prefix) {
 class DaemonTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    runtime_dir_ = "/tmp/tierd-e2e-" + std::to_string(getpid()) + "-" +
-                   ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    runtime_dir_ = "/tmp/tierd-e2e-" + std::to_string(getpid()) + "-" + std::to_string(std::random_device{}() % 100000) +
+                   "-" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
     const char* tmp = std::getenv("TEST_TMPDIR");
     daemon_ = std::make_unique<Process>(
         "runtime/tierd",
         std::vector<std::string>{"--gpu=fake", "--gpu_bytes=16MiB", "--dram_bytes=16MiB",
                                  std::string("--nvme_dir=") + (tmp ? tmp : "/tmp"), "--nvme_bytes=96MiB",
                                  "--runtime_dir=" + runtime_dir_, "--metrics=127.0.0.1:0"});
+    const std::string instance = daemon_->WaitForLine("tierd: instance ", 20000);
+    ASSERT_NE(instance, "") << daemon_->output();
+    instance_ = instance.substr(16, instance.find(' ', 16) - 16) + "-";
     const std::string metrics = daemon_->WaitForLine("tierd: metrics at", 20000);
     ASSERT_NE(metrics, "") << daemon_->output();
     metrics_port_ = std::stoi(metrics.substr(metrics.find("(port ") + 6));
     ASSERT_NE(daemon_->WaitForLine("tierd: ready", 20000), "") << daemon_->output();
-    instance_ = "tierd-" + std::to_string(daemon_->pid()) + "-";
   }
   void TearDown() override {
     if (daemon_ == nullptr) return;
@@ -227,31 +231,32 @@ TEST_F(DaemonTest, TierctlAndPrometheusSeeWhatClientsDo) {
 }
 
 TEST(DaemonStartTest, SweepsSegmentsOfADaemonThatDied) {
-  // A pid that is surely dead: a child we reaped.
-  const pid_t dead = fork();
-  if (dead == 0) _exit(0);
-  waitpid(dead, nullptr, 0);
-  const std::string stale = "/dev/shm/tierd-" + std::to_string(dead) + "-old-dram";
-  const std::string live = "/dev/shm/tierd-" + std::to_string(getpid()) + "-mine-dram";
-  for (const std::string& path : {stale, live}) {
-    const int fd = open(path.c_str(), O_CREAT | O_RDWR, 0600);
-    ASSERT_GE(fd, 0);
-    close(fd);
-  }
-  const std::string dir = "/tmp/tierd-e2e-sweep-" + std::to_string(getpid());
+  const std::string tag = std::to_string(getpid()) + "-" + std::to_string(std::random_device{}() % 100000);
+  // One segment nobody holds (its daemon died), one held as a live daemon holds its own.
+  const std::string stale = "/dev/shm/tierd-" + tag + "-old-dram";
+  const std::string live = "/dev/shm/tierd-" + tag + "-live-dram";
+  const int stale_fd = open(stale.c_str(), O_CREAT | O_RDWR, 0600);
+  const int live_fd = open(live.c_str(), O_CREAT | O_RDWR, 0600);
+  ASSERT_GE(stale_fd, 0);
+  ASSERT_GE(live_fd, 0);
+  close(stale_fd);
+  ASSERT_EQ(flock(live_fd, LOCK_SH), 0);
+  const std::string dir = "/tmp/tierd-e2e-sweep-" + tag;
   Process daemon("runtime/tierd", {"--gpu=fake", "--dram_bytes=16MiB", "--runtime_dir=" + dir});
-  EXPECT_NE(daemon.WaitForLine("tierd: removed 1 shared-memory segment(s) left by a tierd that died", 10000), "")
-      << daemon.output();
-  EXPECT_NE(access(stale.c_str(), F_OK), 0);
-  EXPECT_EQ(access(live.c_str(), F_OK), 0);  // a live process's segment is left alone
+  EXPECT_NE(daemon.WaitForLine("tierd: ready", 10000), "") << daemon.output();
+  // (Another tierd starting at the same time on this machine may have swept it first.)
+  EXPECT_NE(access(stale.c_str(), F_OK), 0) << daemon.output();
+  EXPECT_EQ(access(live.c_str(), F_OK), 0);  // a held segment is left alone
   unlink(live.c_str());
+  close(live_fd);
   daemon.Signal(SIGTERM);
   EXPECT_EQ(daemon.Wait(), 0);
   rmdir(dir.c_str());
 }
 
 TEST(DaemonStartTest, RefusesImpossibleConfigsWithTheNumbers) {
-  const std::string dir = "/tmp/tierd-e2e-refuse-" + std::to_string(getpid());
+  const std::string dir = "/tmp/tierd-e2e-refuse-" + std::to_string(getpid()) + "-" +
+                          std::to_string(std::random_device{}() % 100000);
   Process too_much("runtime/tierd", {"--gpu=fake", "--dram_bytes=100TiB", "--runtime_dir=" + dir});
   EXPECT_NE(too_much.WaitForLine("tierd: cannot start: dram tier: budget 100 TiB exceeds what this "
                                  "host can give", 10000), "") << too_much.output();

@@ -193,6 +193,12 @@ TEST_F(DaemonTest, BadInputGetsClearErrorsAndHurtsNobody) {
   EXPECT_TRUE(client->Release(t).ok());
 }
 
+TEST_F(DaemonTest, TheCInterfaceWorksFromPlainC) {
+  Process c("tests/c_client_smoke", {runtime_dir_});
+  EXPECT_NE(c.WaitForLine("c client ok", 10000), "") << c.output();
+  EXPECT_EQ(c.Wait(), 0) << c.output();
+}
+
 TEST_F(DaemonTest, TierctlAndPrometheusSeeWhatClientsDo) {
   auto client = Connect();
   ASSERT_NE(client, nullptr);

@@ -101,6 +101,11 @@ absl::Status ParseRest(const YAML::Node& root, DaemonOptions* options) {
       for (const YAML::Node& uid : uids) options->allowed_uids.insert(uid.as<uid_t>());
     }
   }
+  if (const YAML::Node limits = root["limits"]) {
+    RETURN_IF_ERROR(CheckKeys(limits, "limits", {"sessions"}));
+    if (limits["sessions"]) options->max_sessions = limits["sessions"].as<uint32_t>();
+    if (options->max_sessions == 0) return Error(limits["sessions"], "limits.sessions must be at least 1");
+  }
   if (const YAML::Node quota = root["default_session_quota"]) {
     RETURN_IF_ERROR(CheckKeys(quota, "default_session_quota", {"gpu", "dram", "nvme"}));
     RETURN_IF_ERROR(ReadBytes(quota, "gpu", &options->default_quota.gpu_bytes));
@@ -118,7 +123,7 @@ absl::StatusOr<DaemonOptions> ParseConfig(const std::string& yaml_text) {
     const YAML::Node root = YAML::Load(yaml_text);
     if (root.IsNull()) return options;
     RETURN_IF_ERROR(CheckKeys(root, "the config",
-                              {"tiers", "pins", "listen", "security", "default_session_quota"}));
+                              {"tiers", "pins", "listen", "security", "limits", "default_session_quota"}));
     if (root["tiers"]) RETURN_IF_ERROR(ParseTiers(root["tiers"], &options));
     RETURN_IF_ERROR(ParseRest(root, &options));
   } catch (const YAML::Exception& e) {
@@ -127,29 +132,49 @@ absl::StatusOr<DaemonOptions> ParseConfig(const std::string& yaml_text) {
   return options;
 }
 
+namespace {
+
+// Exact, and parseable by ParseBytes: "20GiB", "512MiB", "4096".
+std::string ExactBytes(uint64_t bytes) {
+  if (bytes != 0 && bytes % kGiB == 0) return absl::StrFormat("%dGiB", bytes / kGiB);
+  if (bytes != 0 && bytes % kMiB == 0) return absl::StrFormat("%dMiB", bytes / kMiB);
+  if (bytes != 0 && bytes % kKiB == 0) return absl::StrFormat("%dKiB", bytes / kKiB);
+  return absl::StrFormat("%d", bytes);
+}
+
+// A YAML single-quoted scalar: no escapes, a quote is doubled.
+std::string Quoted(const std::string& text) {
+  std::string out = "'";
+  for (char c : text) out += c == '\'' ? std::string("''") : std::string(1, c);
+  return out + "'";
+}
+
+}  // namespace
+
 std::string DescribeConfig(const DaemonOptions& o) {
   const char* kinds[] = {"auto", "cuda", "fake"};
   std::string out = absl::StrFormat(
       "tiers:\n  gpu: {kind: %s, device: %d, bytes: %s}\n  dram: {bytes: %s, headroom: %s}\n"
-      "  nvme: {path: \"%s\", bytes: %s, queue_depth: %d, chunk: %s}\n",
-      kinds[static_cast<int>(o.gpu.choice)], o.gpu.device_ordinal, FormatBytes(o.store.gpu_bytes),
-      FormatBytes(o.store.dram_bytes), FormatBytes(o.store.dram_headroom_bytes), o.store.nvme_directory,
-      FormatBytes(o.store.nvme_bytes), o.nvme_queue_depth, FormatBytes(o.nvme_chunk_bytes));
-  out += "pins:\n";
+      "  nvme: {path: %s, bytes: %s, queue_depth: %d, chunk: %s}\n",
+      kinds[static_cast<int>(o.gpu.choice)], o.gpu.device_ordinal, ExactBytes(o.store.gpu_bytes),
+      ExactBytes(o.store.dram_bytes), ExactBytes(o.store.dram_headroom_bytes), Quoted(o.store.nvme_directory),
+      ExactBytes(o.store.nvme_bytes), o.nvme_queue_depth, ExactBytes(o.nvme_chunk_bytes));
+  out += o.pins.empty() ? "pins: []\n" : "pins:\n";
   for (const PinRule& pin : o.pins) {
-    absl::StrAppendFormat(&out, "  - {pattern: \"%s\", tier: %s}\n", pin.pattern, TierName(pin.tier));
+    absl::StrAppendFormat(&out, "  - {pattern: %s, tier: %s}\n", Quoted(pin.pattern), TierName(pin.tier));
   }
-  absl::StrAppendFormat(&out, "listen: {runtime_dir: \"%s\", grpc_tcp: \"%s\", metrics: \"%s\"}\n",
-                        o.runtime_dir, o.grpc_tcp_address, o.metrics_address);
+  absl::StrAppendFormat(&out, "listen: {runtime_dir: %s, grpc_tcp: %s, metrics: %s}\n", Quoted(o.runtime_dir),
+                        Quoted(o.grpc_tcp_address), Quoted(o.metrics_address));
   out += "security:\n  allowed_uids: [";
   bool first = true;
   for (uid_t uid : o.allowed_uids) {
     absl::StrAppendFormat(&out, "%s%d", first ? "" : ", ", uid);
     first = false;
   }
-  absl::StrAppendFormat(&out, "]\ndefault_session_quota: {gpu: %s, dram: %s, nvme: %s}\n",
-                        FormatBytes(o.default_quota.gpu_bytes), FormatBytes(o.default_quota.dram_bytes),
-                        FormatBytes(o.default_quota.nvme_bytes));
+  absl::StrAppendFormat(&out, "]\nlimits: {sessions: %d}\n", o.max_sessions);
+  absl::StrAppendFormat(&out, "default_session_quota: {gpu: %s, dram: %s, nvme: %s}\n",
+                        ExactBytes(o.default_quota.gpu_bytes), ExactBytes(o.default_quota.dram_bytes),
+                        ExactBytes(o.default_quota.nvme_bytes));
   return out;
 }
 

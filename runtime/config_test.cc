@@ -25,6 +25,14 @@ TEST(ConfigTest, TheAnnotatedExampleParses) {
   EXPECT_EQ(options->runtime_dir, "/run/tierd");
   EXPECT_EQ(options->allowed_uids.count(1000), 1u);
   EXPECT_EQ(options->default_quota.dram_bytes, 32 * kGiB);
+  EXPECT_EQ(options->max_sessions, 64u);
+  // What tierctl config shows parses back to the same options.
+  auto again = ParseConfig(DescribeConfig(*options));
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << DescribeConfig(*options);
+  EXPECT_EQ(again->store.nvme_bytes, options->store.nvme_bytes);
+  EXPECT_EQ(again->pins.size(), 2u);
+  EXPECT_EQ(again->pins[1].pattern, options->pins[1].pattern);
+  EXPECT_EQ(again->allowed_uids, options->allowed_uids);
 }
 
 TEST(ConfigTest, MistakesNameTheKeyAndLine) {

@@ -118,6 +118,12 @@ absl::Status Daemon::StartServers() {
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix:" + grpc_path_, grpc::InsecureServerCredentials());
   int tcp_port = 0;
+  if (!options_.grpc_tcp_address.empty() &&
+      options_.grpc_tcp_address.find_first_not_of(":0123456789") == std::string::npos) {
+    // A bare port: loopback only. Other interfaces must be named explicitly.
+    options_.grpc_tcp_address =
+        "127.0.0.1:" + options_.grpc_tcp_address.substr(options_.grpc_tcp_address.rfind(':') + 1);
+  }
   if (!options_.grpc_tcp_address.empty()) {
     builder.AddListeningPort(options_.grpc_tcp_address, grpc::InsecureServerCredentials(), &tcp_port);
   }
@@ -191,6 +197,10 @@ std::string Daemon::Banner() const {
 
 absl::StatusOr<ipc::HelloGrant> Daemon::OnHello(const ipc::PeerCredentials& peer,
                                                 const v1::HelloRequest& request) {
+  if (rings_.size() >= options_.max_sessions) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "tierd serves at most %d sessions at once (limits.sessions in its config)", options_.max_sessions));
+  }
   SessionQuota quota{request.gpu_bytes(), request.dram_bytes(), request.nvme_bytes()};
   if (quota.gpu_bytes == 0 && quota.dram_bytes == 0 && quota.nvme_bytes == 0) {
     quota = options_.default_quota;

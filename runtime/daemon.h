@@ -41,12 +41,15 @@ struct DaemonOptions {
   int nvme_queue_depth = 32;
   uint64_t nvme_chunk_bytes = uint64_t{1} << 20;
   std::string runtime_dir = "/tmp/tierd";
-  std::string grpc_tcp_address;  // e.g. "127.0.0.1:7070"; empty: Unix socket only
+  // e.g. "127.0.0.1:7070"; a bare port (":7070" or "7070") binds loopback only; empty: off.
+  std::string grpc_tcp_address;
   std::string metrics_address;   // e.g. "127.0.0.1:9464" for Prometheus; empty: off
   std::set<uid_t> allowed_uids;  // empty: the daemon's own uid
   std::vector<PinRule> pins;
   // Used for a hello that asks for no quota at all.
   SessionQuota default_quota;
+  // Sessions served at once; one more hello is refused with RESOURCE_EXHAUSTED.
+  uint32_t max_sessions = 64;
 };
 
 // Removes /dev/shm segments named "tierd-..." that no live process holds (left by a

@@ -19,6 +19,8 @@ ABSL_FLAG(std::string, gpu_bytes, "", "GPU tier budget, e.g. 20GiB");
 ABSL_FLAG(std::string, dram_bytes, "", "DRAM tier budget, e.g. 64GiB");
 ABSL_FLAG(std::string, nvme_dir, "", "directory on a local disk for the NVMe tier");
 ABSL_FLAG(std::string, nvme_bytes, "", "NVMe tier budget, reserved at start");
+ABSL_FLAG(std::string, grpc_tcp, "", "also serve gRPC on TCP; a bare port binds loopback only");
+ABSL_FLAG(int, max_sessions, 0, "client sessions served at once (default 64)");
 ABSL_FLAG(std::string, metrics, "", "serve Prometheus /metrics here, e.g. 127.0.0.1:9464");
 ABSL_FLAG(std::string, default_quota, "", "gpu,dram,nvme bytes for clients that ask none");
 
@@ -41,6 +43,8 @@ absl::Status Override(DaemonOptions* options) {
   else if (!gpu.empty()) return absl::InvalidArgumentError("--gpu must be auto, cuda or fake");
   if (!absl::GetFlag(FLAGS_nvme_dir).empty()) options->store.nvme_directory = absl::GetFlag(FLAGS_nvme_dir);
   if (!absl::GetFlag(FLAGS_metrics).empty()) options->metrics_address = absl::GetFlag(FLAGS_metrics);
+  if (!absl::GetFlag(FLAGS_grpc_tcp).empty()) options->grpc_tcp_address = absl::GetFlag(FLAGS_grpc_tcp);
+  if (absl::GetFlag(FLAGS_max_sessions) > 0) options->max_sessions = absl::GetFlag(FLAGS_max_sessions);
   for (auto [flag, out] : {std::pair{absl::GetFlag(FLAGS_gpu_bytes), &options->store.gpu_bytes},
                            {absl::GetFlag(FLAGS_dram_bytes), &options->store.dram_bytes},
                            {absl::GetFlag(FLAGS_nvme_bytes), &options->store.nvme_bytes}}) {

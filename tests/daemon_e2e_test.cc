@@ -223,7 +223,7 @@ TEST_F(DaemonTest, TierctlAndPrometheusSeeWhatClientsDo) {
   EXPECT_NE(stats.WaitForLine(" \"sessions\": \"1\"", 10000), "") << stats.output();
   EXPECT_EQ(stats.Wait(), 0);
   Process config("tools/tierctl/tierctl", {dir, "config"});
-  EXPECT_NE(config.WaitForLine("  dram: {bytes: 16.0 MiB", 10000), "") << config.output();
+  EXPECT_NE(config.WaitForLine("  dram: {bytes: 16MiB", 10000), "") << config.output();
   EXPECT_EQ(config.Wait(), 0);
   Process nowhere("tools/tierctl/tierctl", {"--runtime_dir=/nonexistent", "stats"});
   EXPECT_NE(nowhere.WaitForLine("tierctl: is tierd running", 10000), "") << nowhere.output();
@@ -255,6 +255,35 @@ TEST(DaemonStartTest, SweepsSegmentsOfADaemonThatDied) {
   EXPECT_EQ(access(live.c_str(), F_OK), 0);  // a held segment is left alone
   unlink(live.c_str());
   close(live_fd);
+  daemon.Signal(SIGTERM);
+  EXPECT_EQ(daemon.Wait(), 0);
+  rmdir(dir.c_str());
+}
+
+TEST(DaemonStartTest, LimitsSessionsAndKeepsAdministrationOffTcp) {
+  const std::string dir = "/tmp/tierd-e2e-limits-" + std::to_string(getpid()) + "-" +
+                          std::to_string(std::random_device{}() % 100000);
+  const int port = 20000 + std::random_device{}() % 20000;
+  Process daemon("runtime/tierd", {"--gpu=fake", "--dram_bytes=16MiB", "--max_sessions=1",
+                                   "--grpc_tcp=" + std::to_string(port), "--runtime_dir=" + dir});
+  ASSERT_NE(daemon.WaitForLine("tierd: ready", 10000), "") << daemon.output();
+  EXPECT_NE(daemon.output().find("and 127.0.0.1:" + std::to_string(port)), std::string::npos) << daemon.output();
+  auto first = Client::Connect({dir, "first", {0, 1 * kMiB, 0}});
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = Client::Connect({dir, "second", {0, 1 * kMiB, 0}});
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(second.status().message().find("at most 1 sessions"), absl::string_view::npos);
+  auto tcp = v1::Tierd::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                                    grpc::InsecureChannelCredentials()));
+  v1::Empty empty;
+  v1::ConfigReply config;
+  grpc::ClientContext context;
+  EXPECT_EQ(tcp->GetConfig(&context, empty, &config).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  v1::StatsReply stats;
+  grpc::ClientContext context2;
+  EXPECT_TRUE(tcp->Stats(&context2, empty, &stats).ok());
+  EXPECT_EQ(stats.sessions(), 1u);
+  first->reset();
   daemon.Signal(SIGTERM);
   EXPECT_EQ(daemon.Wait(), 0);
   rmdir(dir.c_str());

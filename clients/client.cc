@@ -119,6 +119,15 @@ Client::~Client() {
   if (hello_fd_ >= 0) close(hello_fd_);  // tierd ends the session
 }
 
+absl::Status Client::TensorCall(TensorMethod method, const Tensor& tensor) {
+  v1::TensorRef request;
+  *request.mutable_session() = Ref();
+  request.set_tensor_id(tensor.id);
+  v1::Empty reply;
+  grpc::ClientContext context;
+  return ipc::FromGrpc((stub_.get()->*method)(&context, request, &reply));
+}
+
 v1::SessionRef Client::Ref() const {
   v1::SessionRef ref;
   ref.set_session_id(session_id_);
@@ -139,12 +148,7 @@ absl::StatusOr<Client::Tensor> Client::Lease(const TensorSpec& spec) {
 }
 
 absl::Status Client::Unlease(const Tensor& tensor) {
-  v1::TensorRef request;
-  *request.mutable_session() = Ref();
-  request.set_tensor_id(tensor.id);
-  v1::Empty reply;
-  grpc::ClientContext context;
-  return ipc::FromGrpc(stub_->Unlease(&context, request, &reply));
+  return TensorCall(&v1::Tierd::Stub::Unlease, tensor);
 }
 
 absl::StatusOr<ipc::RingMessage> Client::RingCall(const ipc::RingMessage& request) {
@@ -213,12 +217,7 @@ absl::StatusOr<void*> Client::AcquireRpc(const Tensor& tensor, Access access, Pl
 }
 
 absl::Status Client::ReleaseRpc(const Tensor& tensor) {
-  v1::TensorRef request;
-  *request.mutable_session() = Ref();
-  request.set_tensor_id(tensor.id);
-  v1::Empty reply;
-  grpc::ClientContext context;
-  return ipc::FromGrpc(stub_->Release(&context, request, &reply));
+  return TensorCall(&v1::Tierd::Stub::Release, tensor);
 }
 
 absl::Status Client::Pin(const Tensor& tensor, Tier tier) {
@@ -232,12 +231,7 @@ absl::Status Client::Pin(const Tensor& tensor, Tier tier) {
 }
 
 absl::Status Client::Unpin(const Tensor& tensor) {
-  v1::TensorRef request;
-  *request.mutable_session() = Ref();
-  request.set_tensor_id(tensor.id);
-  v1::Empty reply;
-  grpc::ClientContext context;
-  return ipc::FromGrpc(stub_->Unpin(&context, request, &reply));
+  return TensorCall(&v1::Tierd::Stub::Unpin, tensor);
 }
 
 absl::StatusOr<v1::StatsReply> Client::Stats() {

@@ -69,6 +69,9 @@ class Client {
   Client() = default;
   absl::Status MapArenas(const v1::HelloReply& reply, std::vector<int>& fds);
   v1::SessionRef Ref() const;
+  using TensorMethod = grpc::Status (v1::Tierd::Stub::*)(grpc::ClientContext*, const v1::TensorRef&,
+                                                           v1::Empty*);
+  absl::Status TensorCall(TensorMethod method, const Tensor& tensor);
   absl::StatusOr<void*> AcquireRpc(const Tensor& tensor, Access access, Place place);
   absl::Status ReleaseRpc(const Tensor& tensor);
   // One request, its answer. Serialised: the rings are single-producer, single-consumer.

@@ -163,23 +163,18 @@ absl::StatusOr<TensorId> LeaseTable::Lease(SessionId session_id, const TensorSpe
 }
 
 absl::Status LeaseTable::Unlease(SessionId session_id, TensorId id) {
-  auto session = GetSession(session_id);
-  if (!session.ok()) return session.status();
-  Session& s = **session;
-  absl::MutexLock lock(&s.mutex);
-  auto tensor = GetTensor(s, id);
-  if (!tensor.ok()) return tensor.status();
-  Tensor& t = **tensor;
-  if (t.acquired > 0) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("'%s' is still acquired (%d time(s)): release it first", t.spec.name, t.acquired));
-  }
-  for (Tier tier : {Tier::kGpu, Tier::kDram, Tier::kNvme}) DropCopy(s, t, tier);
-  s.by_name.erase(t.spec.name);
-  s.tensors.erase(id);
-  absl::MutexLock stats_lock(&stats_mutex_);
-  --stats_.leases;
-  return absl::OkStatus();
+  return OnTensor<absl::Status>(session_id, id, [&](Session& s, Tensor& t) {
+    if (t.acquired > 0) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "'%s' is still acquired (%d time(s)): release it first", t.spec.name, t.acquired));
+    }
+    for (Tier tier : {Tier::kGpu, Tier::kDram, Tier::kNvme}) DropCopy(s, t, tier);
+    s.by_name.erase(t.spec.name);
+    s.tensors.erase(id);  // `t` is gone from here on
+    absl::MutexLock stats_lock(&stats_mutex_);
+    --stats_.leases;
+    return absl::OkStatus();
+  });
 }
 
 absl::StatusOr<TensorId> LeaseTable::Find(SessionId session_id, const std::string& name) const {

@@ -127,10 +127,16 @@ class LeaseTable {
   LeaseTable(TierStore& store, Mover& mover, Clock& clock) : store_(store), mover_(mover), clock_(clock) {}
 
   absl::StatusOr<std::shared_ptr<Session>> GetSession(SessionId id) const;
+  // Finds the session and the tensor, holds the session's lock, runs fn(session, tensor).
+  template <typename Result, typename Fn>
+  Result OnTensor(SessionId session, TensorId tensor, Fn&& fn);
   absl::StatusOr<Tensor*> GetTensor(Session& s, TensorId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   absl::StatusOr<Extent> AllocateIn(Session& s, Tier tier, uint64_t bytes, bool evict)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   absl::Status EvictOne(Session& s, Tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
+  absl::StatusOr<Placement> AcquireLocked(Session& s, Tensor& t, Access access, Place place)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
+  absl::Status ReleaseLocked(Session& s, Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   absl::Status CopyTo(Session& s, Tensor& t, Tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   void DropCopy(Session& s, Tensor& t, Tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   std::string Occupancy(Session& s, Tier tier) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);

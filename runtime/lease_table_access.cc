@@ -9,13 +9,12 @@ namespace tierd {
 
 absl::StatusOr<Placement> LeaseTable::Acquire(SessionId session_id, TensorId id, Access access,
                                               Place place) {
-  auto session = GetSession(session_id);
-  if (!session.ok()) return session.status();
-  Session& s = **session;
-  absl::MutexLock lock(&s.mutex);
-  auto tensor = GetTensor(s, id);
-  if (!tensor.ok()) return tensor.status();
-  Tensor& t = **tensor;
+  return OnTensor<absl::StatusOr<Placement>>(session_id, id, [&](Session& s, Tensor& t) {
+    return AcquireLocked(s, t, access, place);
+  });
+}
+
+absl::StatusOr<Placement> LeaseTable::AcquireLocked(Session& s, Tensor& t, Access access, Place place) {
   const Tier tier = place == Place::kGpu ? Tier::kGpu : Tier::kDram;
   if (t.acquired > 0 && t.acquired_tier != tier) {
     return absl::FailedPreconditionError(absl::StrFormat(
@@ -65,13 +64,10 @@ absl::StatusOr<Placement> LeaseTable::Acquire(SessionId session_id, TensorId id,
 }
 
 absl::Status LeaseTable::Release(SessionId session_id, TensorId id) {
-  auto session = GetSession(session_id);
-  if (!session.ok()) return session.status();
-  Session& s = **session;
-  absl::MutexLock lock(&s.mutex);
-  auto tensor = GetTensor(s, id);
-  if (!tensor.ok()) return tensor.status();
-  Tensor& t = **tensor;
+  return OnTensor<absl::Status>(session_id, id, [&](Session& s, Tensor& t) { return ReleaseLocked(s, t); });
+}
+
+absl::Status LeaseTable::ReleaseLocked(Session& s, Tensor& t) {
   if (t.acquired == 0) {
     return absl::FailedPreconditionError(
         absl::StrFormat("release of '%s', which is not acquired (double release?)", t.spec.name));
@@ -89,34 +85,25 @@ absl::Status LeaseTable::Release(SessionId session_id, TensorId id) {
 }
 
 absl::Status LeaseTable::Pin(SessionId session_id, TensorId id, Tier tier) {
-  auto session = GetSession(session_id);
-  if (!session.ok()) return session.status();
-  Session& s = **session;
-  absl::MutexLock lock(&s.mutex);
-  auto tensor = GetTensor(s, id);
-  if (!tensor.ok()) return tensor.status();
-  Tensor& t = **tensor;
-  if (!t.Has(tier)) {
-    ++t.busy;
-    absl::Status status = CopyTo(s, t, tier);
-    --t.busy;
-    if (!status.ok()) return status;
-    absl::MutexLock stats_lock(&stats_mutex_);
-    ++stats_.evictions_explicit;
-  }
-  t.pinned = tier;
-  return absl::OkStatus();
+  return OnTensor<absl::Status>(session_id, id, [&](Session& s, Tensor& t) {
+    if (!t.Has(tier)) {
+      ++t.busy;
+      absl::Status status = CopyTo(s, t, tier);
+      --t.busy;
+      if (!status.ok()) return status;
+      absl::MutexLock stats_lock(&stats_mutex_);
+      ++stats_.evictions_explicit;
+    }
+    t.pinned = tier;
+    return absl::OkStatus();
+  });
 }
 
 absl::Status LeaseTable::Unpin(SessionId session_id, TensorId id) {
-  auto session = GetSession(session_id);
-  if (!session.ok()) return session.status();
-  Session& s = **session;
-  absl::MutexLock lock(&s.mutex);
-  auto tensor = GetTensor(s, id);
-  if (!tensor.ok()) return tensor.status();
-  (*tensor)->pinned.reset();
-  return absl::OkStatus();
+  return OnTensor<absl::Status>(session_id, id, [](Session&, Tensor& t) {
+    t.pinned.reset();
+    return absl::OkStatus();
+  });
 }
 
 std::vector<LeaseView> LeaseTable::List(std::optional<SessionId> only) const {

@@ -49,6 +49,17 @@ struct LeaseTable::Session {
   ArenaId ArenaOf(Tier tier) const { return tier == Tier::kGpu ? gpu_arena : dram_arena; }
 };
 
+template <typename Result, typename Fn>
+Result LeaseTable::OnTensor(SessionId session_id, TensorId tensor_id, Fn&& fn) {
+  auto session = GetSession(session_id);
+  if (!session.ok()) return session.status();
+  Session& s = **session;
+  absl::MutexLock lock(&s.mutex);
+  auto tensor = GetTensor(s, tensor_id);
+  if (!tensor.ok()) return tensor.status();
+  return fn(s, **tensor);
+}
+
 }  // namespace tierd
 
 #endif  // TIERD_RUNTIME_LEASE_TABLE_INTERNAL_H_

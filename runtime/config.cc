@@ -96,7 +96,8 @@ absl::Status ParseRest(const YAML::Node& root, DaemonOptions* options) {
     if (listen["grpc_tcp"]) options->grpc_tcp_address = listen["grpc_tcp"].as<std::string>();
   }
   if (const YAML::Node security = root["security"]) {
-    RETURN_IF_ERROR(CheckKeys(security, "security", {"allowed_uids"}));
+    RETURN_IF_ERROR(CheckKeys(security, "security", {"allowed_uids", "socket_group"}));
+    if (security["socket_group"]) options->socket_group = security["socket_group"].as<gid_t>();
     if (const YAML::Node uids = security["allowed_uids"]) {
       for (const YAML::Node& uid : uids) options->allowed_uids.insert(uid.as<uid_t>());
     }
@@ -171,7 +172,9 @@ std::string DescribeConfig(const DaemonOptions& o) {
     absl::StrAppendFormat(&out, "%s%d", first ? "" : ", ", uid);
     first = false;
   }
-  absl::StrAppendFormat(&out, "]\nlimits: {sessions: %d}\n", o.max_sessions);
+  out += "]\n";
+  if (o.socket_group) absl::StrAppendFormat(&out, "  socket_group: %d\n", *o.socket_group);
+  absl::StrAppendFormat(&out, "limits: {sessions: %d}\n", o.max_sessions);
   absl::StrAppendFormat(&out, "default_session_quota: {gpu: %s, dram: %s, nvme: %s}\n",
                         ExactBytes(o.default_quota.gpu_bytes), ExactBytes(o.default_quota.dram_bytes),
                         ExactBytes(o.default_quota.nvme_bytes));

@@ -81,6 +81,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     return absl::FailedPreconditionError(absl::StrFormat(
         "cannot create the runtime directory %s: %s", options.runtime_dir, std::strerror(errno)));
   }
+  if (options.socket_group &&
+      (chown(options.runtime_dir.c_str(), static_cast<uid_t>(-1), *options.socket_group) != 0 ||
+       chmod(options.runtime_dir.c_str(), 0750) != 0)) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cannot give the runtime directory %s to group %d: %s", options.runtime_dir,
+        *options.socket_group, std::strerror(errno)));
+  }
   auto gpu = OpenGpu(options.gpu);
   if (!gpu.ok()) return gpu.status();
   daemon->gpu_ = std::move(*gpu);
@@ -138,6 +145,14 @@ absl::Status Daemon::StartServers() {
   }
   grpc_address_ = "unix:" + grpc_path_;
   hello_server_ = std::move(*hello);
+  if (options_.socket_group) {
+    for (const std::string& path : {hello_path_, grpc_path_}) {
+      if (chown(path.c_str(), static_cast<uid_t>(-1), *options_.socket_group) != 0 || chmod(path.c_str(), 0660) != 0) {
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "cannot open %s to group %d: %s", path, *options_.socket_group, std::strerror(errno)));
+      }
+    }
+  }
   service_->set_config_text(DescribeConfig(options_));
   if (!options_.metrics_address.empty()) {
     auto metrics = MetricsServer::Start(options_.metrics_address, [this] {

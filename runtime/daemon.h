@@ -10,6 +10,7 @@
 #include <sys/types.h>
 
 #include <map>
+#include <optional>
 #include <memory>
 #include <set>
 #include <string>
@@ -45,6 +46,9 @@ struct DaemonOptions {
   std::string grpc_tcp_address;
   std::string metrics_address;   // e.g. "127.0.0.1:9464" for Prometheus; empty: off
   std::set<uid_t> allowed_uids;  // empty: the daemon's own uid
+  // With a group, the runtime directory becomes 0750 and both sockets 0660 of that group,
+  // so allowed users of other uids (members of it) can connect; without, all is private.
+  std::optional<gid_t> socket_group;
   std::vector<PinRule> pins;
   // Used for a hello that asks for no quota at all.
   SessionQuota default_quota;

@@ -7,6 +7,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "base/units.h"
 #include "runtime/config.h"
@@ -19,6 +20,8 @@ ABSL_FLAG(std::string, gpu_bytes, "", "GPU tier budget, e.g. 20GiB");
 ABSL_FLAG(std::string, dram_bytes, "", "DRAM tier budget, e.g. 64GiB");
 ABSL_FLAG(std::string, nvme_dir, "", "directory on a local disk for the NVMe tier");
 ABSL_FLAG(std::string, nvme_bytes, "", "NVMe tier budget, reserved at start");
+ABSL_FLAG(std::string, allowed_uids, "", "comma-separated uids that may open sessions (default: own uid)");
+ABSL_FLAG(int, socket_group, -1, "gid whose members may reach the sockets (0660); default private (0600)");
 ABSL_FLAG(std::string, grpc_tcp, "", "also serve gRPC on TCP; a bare port binds loopback only");
 ABSL_FLAG(int, max_sessions, 0, "client sessions served at once (default 64)");
 ABSL_FLAG(std::string, metrics, "", "serve Prometheus /metrics here, e.g. 127.0.0.1:9464");
@@ -45,6 +48,15 @@ absl::Status Override(DaemonOptions* options) {
   if (!absl::GetFlag(FLAGS_metrics).empty()) options->metrics_address = absl::GetFlag(FLAGS_metrics);
   if (!absl::GetFlag(FLAGS_grpc_tcp).empty()) options->grpc_tcp_address = absl::GetFlag(FLAGS_grpc_tcp);
   if (absl::GetFlag(FLAGS_max_sessions) > 0) options->max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  if (absl::GetFlag(FLAGS_socket_group) >= 0) options->socket_group = absl::GetFlag(FLAGS_socket_group);
+  if (!absl::GetFlag(FLAGS_allowed_uids).empty()) {
+    options->allowed_uids.clear();
+    for (absl::string_view uid : absl::StrSplit(absl::GetFlag(FLAGS_allowed_uids), ',')) {
+      uint32_t value = 0;
+      if (!absl::SimpleAtoi(uid, &value)) return absl::InvalidArgumentError("--allowed_uids takes numbers");
+      options->allowed_uids.insert(value);
+    }
+  }
   for (auto [flag, out] : {std::pair{absl::GetFlag(FLAGS_gpu_bytes), &options->store.gpu_bytes},
                            {absl::GetFlag(FLAGS_dram_bytes), &options->store.dram_bytes},
                            {absl::GetFlag(FLAGS_nvme_bytes), &options->store.nvme_bytes}}) {

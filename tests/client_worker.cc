@@ -3,6 +3,7 @@
 // evict and fetch them back, and checks every byte.
 //   client_worker RUNTIME_DIR roundtrip SEED   exit 0 when every byte came back right
 //   client_worker RUNTIME_DIR hold             lease + acquire, print "ready", sleep forever
+#include <grp.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -89,6 +90,15 @@ int Hold(const std::string& dir) {
 }  // namespace tierd
 
 int main(int argc, char** argv) {
+  // "roundtrip-as UID SEED": drop to UID (and its gid = UID) first, like another user.
+  if (argc >= 5 && std::strcmp(argv[2], "roundtrip-as") == 0) {
+    const unsigned id = std::stoul(argv[3]);
+    if (setgroups(0, nullptr) != 0 || setgid(id) != 0 || setuid(id) != 0) {
+      std::perror("client_worker: dropping privileges");
+      return 3;
+    }
+    return tierd::Roundtrip(argv[1], static_cast<uint32_t>(std::stoul(argv[4])));
+  }
   if (argc >= 4 && std::strcmp(argv[2], "roundtrip") == 0) {
     return tierd::Roundtrip(argv[1], static_cast<uint32_t>(std::stoul(argv[3])));
   }

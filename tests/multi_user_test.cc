@@ -1,0 +1,63 @@
+// tierd and a client of another uid: the 0600 sockets refuse it by default; with the
+// socket group and an allowed uid it is served. Runs outside Bazel's sandbox (tag
+// no-sandbox): inside its user namespace root cannot become another uid.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <random>
+#include <string>
+
+#include "tests/process.h"
+
+namespace tierd {
+namespace {
+
+using testing::Process;
+
+// Another user: refused by the 0600 sockets by default; served when allowed and given the
+// socket group. Needs root to become that user.
+TEST(MultiUserTest, OtherUsersNeedTheSocketGroupAndAnAllowedUid) {
+  if (getuid() != 0) GTEST_SKIP() << "needs root to run a client as another uid";
+  // Inside a user namespace (a sandbox) root may not become other uids: then say so.
+  const pid_t probe = fork();
+  if (probe == 0) _exit(setgid(65534) == 0 && setuid(65534) == 0 ? 0 : 1);
+  int probe_status = 0;
+  waitpid(probe, &probe_status, 0);
+  if (!WIFEXITED(probe_status) || WEXITSTATUS(probe_status) != 0) {
+    GTEST_SKIP() << "this environment does not let root become uid 65534 (user namespace?)";
+  }
+  const uid_t nobody = 65534;
+  const std::string tag = std::to_string(getpid()) + "-" + std::to_string(std::random_device{}() % 100000);
+  const std::string private_dir = "/tmp/tierd-e2e-private-" + tag;
+  {
+    Process daemon("runtime/tierd", {"--gpu=fake", "--gpu_bytes=8MiB", "--dram_bytes=16MiB", "--runtime_dir=" + private_dir});
+    ASSERT_NE(daemon.WaitForLine("tierd: ready", 10000), "") << daemon.output();
+    Process stranger("tests/client_worker", {private_dir, "roundtrip-as", std::to_string(nobody), "4"});
+    EXPECT_NE(stranger.WaitForLine("client_worker: connect: UNAVAILABLE: cannot reach tierd", 10000), "")
+        << stranger.output();
+    EXPECT_EQ(stranger.Wait(), 1);
+    daemon.Signal(SIGTERM);
+    EXPECT_EQ(daemon.Wait(), 0);
+  }
+  const std::string shared_dir = "/tmp/tierd-e2e-shared-" + tag;
+  {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    Process daemon("runtime/tierd", {"--gpu=fake", "--gpu_bytes=8MiB", "--dram_bytes=16MiB",
+                                     std::string("--nvme_dir=") + (tmp ? tmp : "/tmp"), "--nvme_bytes=32MiB",
+                                     "--runtime_dir=" + shared_dir, "--socket_group=" + std::to_string(nobody),
+                                     "--allowed_uids=0," + std::to_string(nobody)});
+    ASSERT_NE(daemon.WaitForLine("tierd: ready", 10000), "") << daemon.output();
+    Process member("tests/client_worker", {shared_dir, "roundtrip-as", std::to_string(nobody), "5"});
+    EXPECT_NE(member.WaitForLine("ok:", 20000), "") << member.output();
+    EXPECT_EQ(member.Wait(), 0) << member.output();
+    daemon.Signal(SIGTERM);
+    EXPECT_EQ(daemon.Wait(), 0);
+  }
+  rmdir(private_dir.c_str());
+  rmdir(shared_dir.c_str());
+}
+
+}  // namespace
+}  // namespace tierd

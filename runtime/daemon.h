@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "base/limits.h"
 #include "ipc/hello_server.h"
 #include "ipc/ring_server.h"
 #include "runtime/gpu_factory.h"
@@ -39,8 +40,8 @@ class TierdService;
 struct DaemonOptions {
   GpuOptions gpu;
   TierStoreOptions store;  // budgets; default_arenas is forced off
-  int nvme_queue_depth = 32;
-  uint64_t nvme_chunk_bytes = uint64_t{1} << 20;
+  int nvme_queue_depth = limits::kNvmeQueueDepthDefault;
+  uint64_t nvme_chunk_bytes = limits::kNvmeChunkBytesDefault;
   std::string runtime_dir = "/tmp/tierd";
   // e.g. "127.0.0.1:7070"; a bare port (":7070" or "7070") binds loopback only; empty: off.
   std::string grpc_tcp_address;

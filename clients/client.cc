@@ -13,6 +13,8 @@
 #include "ipc/unix_socket.h"
 
 #ifdef TIERD_HAVE_CUDA
+#include <cuda_runtime.h>
+
 #include "runtime/cuda_gpu.h"
 #endif
 
@@ -34,6 +36,22 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   request.set_gpu_bytes(options.quota.gpu_bytes);
   request.set_dram_bytes(options.quota.dram_bytes);
   request.set_nvme_bytes(options.quota.nvme_bytes);
+#ifdef TIERD_HAVE_CUDA
+  int devices = 0;
+  if (options.use_ring && cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) {
+    for (int i = 0; i < 32; ++i) {
+      cudaEvent_t event;
+      cudaIpcEventHandle_t handle;
+      if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming | cudaEventInterprocess) != cudaSuccess) break;
+      if (cudaIpcGetEventHandle(&handle, event) != cudaSuccess) {
+        cudaEventDestroy(event);
+        break;
+      }
+      client->release_events_.push_back(event);
+      request.add_release_events(std::string(reinterpret_cast<const char*>(&handle), sizeof(handle)));
+    }
+  }
+#endif
   if (absl::Status sent = ipc::SendFrame(*fd, request.SerializeAsString()); !sent.ok()) return sent;
   auto frame = ipc::ReceiveFrame(*fd, 30'000);
   if (!frame.ok()) return frame.status();
@@ -104,6 +122,9 @@ absl::Status Client::MapArenas(const v1::HelloReply& reply, std::vector<int>& fd
 }
 
 Client::~Client() {
+#ifdef TIERD_HAVE_CUDA
+  for (void* event : release_events_) cudaEventDestroy(static_cast<cudaEvent_t>(event));
+#endif
   if (ring_ != nullptr) {
     ring_->closed.store(1);
     ipc::RingWake(ring_->requests);
@@ -191,6 +212,36 @@ absl::StatusOr<void*> Client::Acquire(const Tensor& tensor, Access access, Place
   // The ring carries only the code: the control plane says why, in full.
   if (answer->code != 0) return AcquireRpc(tensor, access, place);
   return PointerFor(tensor, place, answer->arena, answer->offset, answer->bytes);
+}
+
+absl::Status Client::Release(const Tensor& tensor, void* cuda_stream) {
+#ifdef TIERD_HAVE_CUDA
+  auto stream = static_cast<cudaStream_t>(cuda_stream);
+  if (ring_ != nullptr && !fake_gpu_ && !release_events_.empty()) {
+    uint32_t index;
+    {
+      absl::MutexLock lock(&ring_mutex_);
+      index = next_release_event_++ % release_events_.size();
+    }
+    if (cudaEventRecord(static_cast<cudaEvent_t>(release_events_[index]), stream) != cudaSuccess) {
+      return absl::InternalError("recording the release event on the stream failed");
+    }
+    ipc::RingMessage request{};
+    request.op = static_cast<uint32_t>(ipc::RingOp::kRelease);
+    request.tensor_id = tensor.id;
+    request.event = index + 1;
+    auto answer = RingCall(request);
+    if (!answer.ok()) return answer.status();
+    if (answer->code != 0) return ReleaseRpc(tensor);  // for the words of the error
+    return absl::OkStatus();
+  }
+  if (cudaStreamSynchronize(stream) != cudaSuccess) {
+    return absl::InternalError("synchronising the stream before the release failed");
+  }
+#else
+  (void)cuda_stream;
+#endif
+  return Release(tensor);
 }
 
 absl::Status Client::Release(const Tensor& tensor) {

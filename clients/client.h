@@ -57,6 +57,10 @@ class Client {
   // Place::kGpu it is a device pointer (CUDA), otherwise a host pointer.
   absl::StatusOr<void*> Acquire(const Tensor& tensor, Access access, Place place);
   absl::Status Release(const Tensor& tensor);
+  // Release after the GPU work queued on `cuda_stream` (a cudaStream_t): returns at once;
+  // tierd waits for that work (CUDA IPC event) before it moves or reuses the tensor's GPU
+  // memory. Without a real GPU or the ring it synchronises the stream, then releases.
+  absl::Status Release(const Tensor& tensor, void* cuda_stream);
   absl::Status Pin(const Tensor& tensor, Tier tier);
   absl::Status Unpin(const Tensor& tensor);
   absl::StatusOr<v1::StatsReply> Stats();
@@ -90,6 +94,9 @@ class Client {
   uint64_t gpu_bytes_ = 0;
   std::unique_ptr<v1::Tierd::Stub> stub_;
   ipc::RingSegment* ring_ = nullptr;
+  // Interprocess events shared with tierd at hello (CUDA builds with a GPU), used in turn.
+  std::vector<void*> release_events_;  // cudaEvent_t
+  uint32_t next_release_event_ ABSL_GUARDED_BY(ring_mutex_) = 0;
   absl::Mutex ring_mutex_;
   uint64_t ring_sequence_ ABSL_GUARDED_BY(ring_mutex_) = 0;
 };

@@ -39,7 +39,7 @@ struct RingMessage {
   uint64_t arena;      // response placement
   uint64_t offset;
   uint64_t bytes;
-  uint64_t unused;
+  uint64_t event;      // release: 1 + index of the client's event recorded after its GPU work; 0: none
 };
 static_assert(sizeof(RingMessage) == 64, "one cache line per message");
 

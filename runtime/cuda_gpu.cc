@@ -131,6 +131,31 @@ class CudaCopyStream final : public CopyStream {
   std::vector<cudaEvent_t> spare_events_ ABSL_GUARDED_BY(mutex_);
 };
 
+class CudaImportedEvent final : public ImportedEvent {
+ public:
+  explicit CudaImportedEvent(cudaEvent_t event) : event(event) {}
+  ~CudaImportedEvent() override { cudaEventDestroy(event); }
+  cudaEvent_t event;
+};
+
+class CudaFence final : public GpuFence {
+ public:
+  CudaFence(int device, cudaEvent_t done) : device_(device), done_(done) {}
+  ~CudaFence() override {
+    cudaSetDevice(device_);
+    cudaEventDestroy(done_);
+  }
+  absl::Status Wait() override {
+    cudaSetDevice(device_);
+    TIERD_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(done_));
+    return absl::OkStatus();
+  }
+
+ private:
+  int device_;
+  cudaEvent_t done_;
+};
+
 class CudaGpu final : public GpuDevice {
  public:
   CudaGpu(int device, const cudaDeviceProp& properties)
@@ -195,9 +220,36 @@ class CudaGpu final : public GpuDevice {
     return std::unique_ptr<CopyStream>(new CudaCopyStream(device_, stream));
   }
 
+  absl::StatusOr<std::unique_ptr<ImportedEvent>> ImportEvent(const std::string& ipc_handle) override {
+    cudaIpcEventHandle_t handle;
+    if (ipc_handle.size() != sizeof(handle)) return absl::InvalidArgumentError("not a CUDA IPC event handle");
+    std::memcpy(&handle, ipc_handle.data(), sizeof(handle));
+    cudaSetDevice(device_);
+    cudaEvent_t event;
+    TIERD_CUDA_RETURN_IF_ERROR(cudaIpcOpenEventHandle(&event, handle));
+    return std::unique_ptr<ImportedEvent>(new CudaImportedEvent(event));
+  }
+
+  absl::StatusOr<std::unique_ptr<GpuFence>> FenceAfter(ImportedEvent& event) override {
+    cudaSetDevice(device_);
+    absl::MutexLock lock(&gate_mutex_);
+    if (gate_ == nullptr) TIERD_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&gate_, cudaStreamNonBlocking));
+    // The wait binds to the event's most recent record now; our own event then marks it.
+    TIERD_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(gate_, static_cast<CudaImportedEvent&>(event).event, 0));
+    cudaEvent_t done;
+    TIERD_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    if (const cudaError_t error = cudaEventRecord(done, gate_); error != cudaSuccess) {
+      cudaEventDestroy(done);
+      return CudaError(error, "cudaEventRecord on the gate stream");
+    }
+    return std::unique_ptr<GpuFence>(new CudaFence(device_, done));
+  }
+
  private:
   const int device_;
   const cudaDeviceProp properties_;
+  absl::Mutex gate_mutex_;
+  cudaStream_t gate_ ABSL_GUARDED_BY(gate_mutex_) = nullptr;
 };
 
 }  // namespace

@@ -173,6 +173,7 @@ Daemon::~Daemon() {
   metrics_.reset();
   hello_server_.reset();  // ends every session (OnGoodbye), removes tierd.sock
   rings_.clear();
+  release_events_.clear();
   if (grpc_server_) {
     grpc_server_->Shutdown();
     grpc_server_->Wait();
@@ -259,6 +260,21 @@ absl::StatusOr<ipc::HelloGrant> Daemon::OnHello(const ipc::PeerCredentials& peer
     return ring.status();
   }
   const SessionId id = *session;
+  if (!gpu_.device->is_fake()) {
+    std::vector<std::unique_ptr<ImportedEvent>>& events = release_events_[id];
+    for (const std::string& handle : request.release_events()) {
+      auto event = gpu_.device->ImportEvent(handle);
+      if (!event.ok()) {
+        release_events_.erase(id);
+        ipc::UnmapRingSegment(*ring);
+        close(*ring_fd);
+        leases_->CloseSession(id).IgnoreError();
+        return absl::Status(event.status().code(), "opening the client's release event: " +
+                                                       std::string(event.status().message()));
+      }
+      events.push_back(std::move(*event));
+    }
+  }
   rings_[id] = std::make_unique<ipc::RingServer>(
       *ring, [this, id](const ipc::RingMessage& request) { return ServeRing(id, request); },
       [label](const absl::Status& why) {
@@ -288,7 +304,18 @@ ipc::RingMessage Daemon::ServeRing(SessionId session, const ipc::RingMessage& re
       response.fetched = placement->fetched;
     }
   } else if (request.op == static_cast<uint32_t>(ipc::RingOp::kRelease)) {
-    status = leases_->Release(session, request.tensor_id);
+    std::unique_ptr<GpuFence> fence;
+    if (request.event != 0) {
+      auto events = release_events_.find(session);
+      if (events == release_events_.end() || request.event > events->second.size()) {
+        status = absl::InvalidArgumentError("release names an event the session did not share");
+      } else {
+        auto made = gpu_.device->FenceAfter(*events->second[request.event - 1]);
+        if (made.ok()) fence = std::move(*made);
+        else status = made.status();
+      }
+    }
+    if (status.ok()) status = leases_->Release(session, request.tensor_id, std::move(fence));
   } else {
     status = absl::InvalidArgumentError("malformed ring request");
   }
@@ -298,6 +325,7 @@ ipc::RingMessage Daemon::ServeRing(SessionId session, const ipc::RingMessage& re
 
 void Daemon::OnGoodbye(uint64_t session_id) {
   rings_.erase(session_id);  // stops serving before the session's tensors go
+  release_events_.erase(session_id);
   directory_->Remove(session_id);
   leases_->CloseSession(session_id).IgnoreError();
 }

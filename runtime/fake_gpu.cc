@@ -187,6 +187,12 @@ class FakeGpu final : public GpuDevice {
   absl::StatusOr<std::unique_ptr<CopyStream>> CreateCopyStream() override {
     return std::unique_ptr<CopyStream>(new FakeCopyStream(clock_, options_.link_bytes_per_second));
   }
+  absl::StatusOr<std::unique_ptr<ImportedEvent>> ImportEvent(const std::string&) override {
+    return absl::UnimplementedError("the fake GPU has no interprocess events");
+  }
+  absl::StatusOr<std::unique_ptr<GpuFence>> FenceAfter(ImportedEvent&) override {
+    return absl::UnimplementedError("the fake GPU has no interprocess events");
+  }
 
  private:
   const FakeGpuOptions options_;

@@ -50,6 +50,22 @@ class CopyStream {
   virtual absl::Status WaitFence(uint64_t fence) = 0;
 };
 
+// Completes after GPU work another process had queued when the fence was made (CUDA:
+// the other process's interprocess event, waited for on a daemon gate stream). The daemon
+// waits on it before it copies out of, or reuses, memory that work may still write.
+class GpuFence {
+ public:
+  virtual ~GpuFence() = default;
+  // Blocks until the fenced work is done; an error if it failed.
+  virtual absl::Status Wait() = 0;
+};
+
+// Another process's interprocess event, opened in this one (cudaIpcOpenEventHandle).
+class ImportedEvent {
+ public:
+  virtual ~ImportedEvent() = default;
+};
+
 class GpuDevice {
  public:
   virtual ~GpuDevice() = default;
@@ -64,6 +80,11 @@ class GpuDevice {
   virtual absl::Status RegisterHostMemory(void* address, uint64_t bytes) = 0;
   virtual absl::Status UnregisterHostMemory(void* address) = 0;
   virtual absl::StatusOr<std::unique_ptr<CopyStream>> CreateCopyStream() = 0;
+  // UNIMPLEMENTED on the fake GPU (its clients have no streams to order).
+  virtual absl::StatusOr<std::unique_ptr<ImportedEvent>> ImportEvent(const std::string& ipc_handle) = 0;
+  // A fence after the work queued before `event`'s most recent record, captured now: the
+  // other process may record the event again at once.
+  virtual absl::StatusOr<std::unique_ptr<GpuFence>> FenceAfter(ImportedEvent& event) = 0;
 };
 
 }  // namespace tierd

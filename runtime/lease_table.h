@@ -109,8 +109,10 @@ class LeaseTable {
   absl::StatusOr<TensorId> Find(SessionId session, const std::string& name) const;
 
   absl::StatusOr<Placement> Acquire(SessionId session, TensorId tensor, Access access, Place place);
-  // FAILED_PRECONDITION when the tensor is not acquired.
-  absl::Status Release(SessionId session, TensorId tensor);
+  // FAILED_PRECONDITION when the tensor is not acquired. With `gpu_fence`, the client's
+  // GPU work on the tensor may still be running: the daemon waits for the fence before it
+  // reads the GPU copy or frees its memory (release without synchronising the stream).
+  absl::Status Release(SessionId session, TensorId tensor, std::unique_ptr<GpuFence> gpu_fence = nullptr);
 
   // Moves the tensor into `tier` (if not there) and keeps it there.
   absl::Status Pin(SessionId session, TensorId tensor, Tier tier);
@@ -136,7 +138,10 @@ class LeaseTable {
   absl::Status EvictOne(Session& s, Tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   absl::StatusOr<Placement> AcquireLocked(Session& s, Tensor& t, Access access, Place place)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
-  absl::Status ReleaseLocked(Session& s, Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
+  absl::Status ReleaseLocked(Session& s, Tensor& t, std::unique_ptr<GpuFence> gpu_fence)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
+  // Waits for the client's pending GPU work on t's GPU copy, if any.
+  absl::Status SettleGpuCopy(Tensor& t);
   absl::Status CopyTo(Session& s, Tensor& t, Tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   void DropCopy(Session& s, Tensor& t, Tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   std::string Occupancy(Session& s, Tier tier) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);

@@ -63,17 +63,34 @@ absl::StatusOr<Placement> LeaseTable::AcquireLocked(Session& s, Tensor& t, Acces
   return placement;
 }
 
-absl::Status LeaseTable::Release(SessionId session_id, TensorId id) {
-  return OnTensor<absl::Status>(session_id, id, [&](Session& s, Tensor& t) { return ReleaseLocked(s, t); });
+absl::Status LeaseTable::Release(SessionId session_id, TensorId id, std::unique_ptr<GpuFence> gpu_fence) {
+  return OnTensor<absl::Status>(session_id, id, [&](Session& s, Tensor& t) {
+    return ReleaseLocked(s, t, std::move(gpu_fence));
+  });
 }
 
-absl::Status LeaseTable::ReleaseLocked(Session& s, Tensor& t) {
+absl::Status LeaseTable::SettleGpuCopy(Tensor& t) {
+  if (t.gpu_fence == nullptr) return absl::OkStatus();
+  absl::Status status = t.gpu_fence->Wait();
+  t.gpu_fence.reset();
+  return status;
+}
+
+absl::Status LeaseTable::ReleaseLocked(Session& s, Tensor& t, std::unique_ptr<GpuFence> gpu_fence) {
   if (t.acquired == 0) {
     return absl::FailedPreconditionError(
         absl::StrFormat("release of '%s', which is not acquired (double release?)", t.spec.name));
   }
   --t.acquired;
   t.last_use = ++s.tick;
+  if (gpu_fence != nullptr) {
+    // A newer fence covers the older one only if both came from one stream: keep both
+    // ordered by waiting for the older one now (rare: two releases with work in flight).
+    if (t.gpu_fence != nullptr) {
+      if (absl::Status settled = SettleGpuCopy(t); !settled.ok()) return settled;
+    }
+    t.gpu_fence = std::move(gpu_fence);
+  }
   // A pinned tensor written elsewhere goes back to its pinned tier once free.
   if (t.acquired == 0 && t.pinned && !t.Has(*t.pinned)) {
     ++t.busy;

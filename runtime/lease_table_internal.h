@@ -23,6 +23,9 @@ struct LeaseTable::Tensor {
   bool written = false;   // some copy holds bytes the client wrote
   int busy = 0;           // being fetched or written back: not an eviction victim
   uint64_t last_use = 0;  // session tick of the last acquire or release
+  // The client's GPU work on the GPU copy, still maybe running after its release: waited
+  // for before the daemon reads that copy or frees its memory.
+  std::unique_ptr<GpuFence> gpu_fence;
 
   bool Has(Tier tier) const { return copies[static_cast<int>(tier)].has_value(); }
   int CopyCount() const {

@@ -124,6 +124,12 @@ absl::Status LeaseTable::CopyTo(Session& s, Tensor& t, Tier tier) {
     source = Tier::kDram;
   }
   TIERD_CHECK(t.Has(*source));
+  if (*source == Tier::kGpu) {
+    if (absl::Status settled = SettleGpuCopy(t); !settled.ok()) {
+      return absl::Status(settled.code(), "the client's GPU work on '" + t.spec.name + "' failed: " +
+                                              std::string(settled.message()));
+    }
+  }
   auto destination = AllocateIn(s, tier, t.bytes, /*evict=*/true);
   if (!destination.ok()) return destination.status();
   absl::Status moved = mover_.MoveAndWait(*t.copies[static_cast<int>(*source)], *destination, t.bytes);
@@ -141,6 +147,9 @@ absl::Status LeaseTable::CopyTo(Session& s, Tensor& t, Tier tier) {
 void LeaseTable::DropCopy(Session& s, Tensor& t, Tier tier) {
   std::optional<Extent>& copy = t.copies[static_cast<int>(tier)];
   if (!copy) return;
+  // The memory is about to be reused: the client's kernels must be done with it. (If they
+  // failed, that is the client's error; the memory is dropped all the same.)
+  if (tier == Tier::kGpu) SettleGpuCopy(t).IgnoreError();
   if (tier == Tier::kNvme) s.nvme_used -= copy->bytes();
   TIERD_CHECK_OK(store_.Free(*copy));
   copy.reset();

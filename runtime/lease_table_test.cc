@@ -142,6 +142,45 @@ TEST_F(LeaseTableTest, AcquiredTensorsAreNeverEvictedAndFullIsExplained) {
   EXPECT_TRUE(table->Validate().ok()) << table->Validate();
 }
 
+// A fence that stands for the client's kernels still running: it records when it was
+// waited for, and the bytes it "writes" land only then (as a late kernel's would).
+class LateKernelFence : public GpuFence {
+ public:
+  LateKernelFence(uint8_t* gpu_bytes, uint64_t size, std::atomic<int>* waits)
+      : bytes_(gpu_bytes), size_(size), waits_(waits) {}
+  absl::Status Wait() override {
+    std::memset(bytes_, 0x77, size_);  // the kernel finishes now
+    ++*waits_;
+    return absl::OkStatus();
+  }
+
+ private:
+  uint8_t* bytes_;
+  uint64_t size_;
+  std::atomic<int>* waits_;
+};
+
+TEST_F(LeaseTableTest, ReleaseWithAFenceIsWaitedForBeforeTheGpuCopyIsMovedOrReused) {
+  auto table = Table();
+  auto s = *table->OpenSession("fenced", {2 * kMiB, 8 * kMiB, 0});
+  auto a = *table->Lease(s, Spec("a", 256 * 1024));  // 1 MiB each
+  auto b = *table->Lease(s, Spec("b", 256 * 1024));
+  auto c = *table->Lease(s, Spec("c", 256 * 1024));
+  auto p = *table->Acquire(s, a, Access::kWrite, Place::kGpu);
+  std::memset(Pointer(p), 0x11, p.bytes);  // what the host wrote; the "kernel" overwrites it later
+  std::atomic<int> waits{0};
+  ASSERT_TRUE(table->Release(s, a, std::make_unique<LateKernelFence>(Pointer(p), p.bytes, &waits)).ok());
+  EXPECT_EQ(waits.load(), 0);  // release does not wait
+  Write(*table, s, b, 2);
+  Write(*table, s, c, 3);      // the GPU quota is full: `a` is written back to DRAM
+  EXPECT_EQ(waits.load(), 1);
+  auto back = *table->Acquire(s, a, Access::kRead, Place::kHost);
+  EXPECT_EQ(Pointer(back)[0], 0x77) << "the write-back copied the bytes before the kernel finished";
+  EXPECT_EQ(Pointer(back)[back.bytes - 1], 0x77);
+  ASSERT_TRUE(table->Release(s, a).ok());
+  EXPECT_TRUE(table->Validate().ok()) << table->Validate();
+}
+
 TEST_F(LeaseTableTest, PinnedTensorsStayInTheirTier) {
   EXPECT_EQ(LeaseTable::Create(*engine_.store, *engine_.mover, RealClock(), {{"embed[", Tier::kGpu}})
                 .status().code(),

@@ -2,7 +2,10 @@
 // CUDA kernel through the device pointers it gets (the session's imported pool), lets a
 // small quota force tierd to evict them to DRAM (and NVMe) and fetch them back, and
 // checks every word with a second kernel. Run two at once against one tierd.
-//   gpu_client_worker RUNTIME_DIR SEED   exit 0 when all tensors came back right
+//   gpu_client_worker RUNTIME_DIR SEED [async]   exit 0 when all tensors came back right
+// With "async", each write is a slow kernel (a 20 ms spin, then the fill) released at once
+// with Release(tensor, stream): no synchronisation; tierd must wait for the kernel (CUDA
+// IPC event) before it evicts the tensor, or the bytes it copies out are stale.
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -21,7 +24,7 @@ int Fail(const std::string& what) {
   return 1;
 }
 
-int Run(const std::string& dir, uint32_t seed) {
+int Run(const std::string& dir, uint32_t seed, bool async) {
   constexpr int kTensors = 8;
   constexpr uint64_t kWords = 8 * 1024 * 1024;  // 32 MiB each
   // 96 MiB of GPU for 256 MiB of tensors: most live in DRAM at any time.
@@ -41,11 +44,16 @@ int Run(const std::string& dir, uint32_t seed) {
     for (int i = 0; i < kTensors; ++i) {
       auto p = (*client)->Acquire(tensors[i], Access::kWrite, Place::kGpu);
       if (!p.ok()) return Fail(p.status().ToString());
-      if (gpu_check::LaunchFillPattern(stream, static_cast<uint32_t*>(*p), kWords, seed * 1000 + round * 100 + i) !=
-              cudaSuccess ||
-          cudaStreamSynchronize(stream) != cudaSuccess) {
+      if ((async && gpu_check::LaunchSpin(stream, 20'000'000) != cudaSuccess) ||
+          gpu_check::LaunchFillPattern(stream, static_cast<uint32_t*>(*p), kWords, seed * 1000 + round * 100 + i) !=
+              cudaSuccess) {
         return Fail("fill kernel");
       }
+      if (async) {
+        if (auto s = (*client)->Release(tensors[i], stream); !s.ok()) return Fail(s.ToString());
+        continue;
+      }
+      if (cudaStreamSynchronize(stream) != cudaSuccess) return Fail("fill kernel");
       if (auto s = (*client)->Release(tensors[i]); !s.ok()) return Fail(s.ToString());
     }
     for (int i = kTensors - 1; i >= 0; --i) {
@@ -65,8 +73,8 @@ int Run(const std::string& dir, uint32_t seed) {
   }
   auto stats = (*client)->Stats();
   if (!stats.ok()) return Fail(stats.status().ToString());
-  std::printf("gpu_client_worker %u: ok, %d tensors x 2 rounds verified; daemon: stalls %lu, writebacks %lu\n",
-              seed, kTensors, static_cast<unsigned long>(stats->stalls()),
+  std::printf("gpu_client_worker %u%s: ok, %d tensors x 2 rounds verified; daemon: stalls %lu, writebacks %lu\n",
+              seed, async ? " (async releases)" : "", kTensors, static_cast<unsigned long>(stats->stalls()),
               static_cast<unsigned long>(stats->writebacks()));
   return 0;
 }
@@ -75,6 +83,6 @@ int Run(const std::string& dir, uint32_t seed) {
 }  // namespace tierd
 
 int main(int argc, char** argv) {
-  if (argc != 3) return tierd::Fail("usage: gpu_client_worker RUNTIME_DIR SEED");
-  return tierd::Run(argv[1], static_cast<uint32_t>(std::stoul(argv[2])));
+  if (argc != 3 && argc != 4) return tierd::Fail("usage: gpu_client_worker RUNTIME_DIR SEED [async]");
+  return tierd::Run(argv[1], static_cast<uint32_t>(std::stoul(argv[2])), argc == 4 && std::string(argv[3]) == "async");
 }

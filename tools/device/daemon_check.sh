@@ -3,6 +3,7 @@
 #   device run: command="tools/device/daemon_check.sh", carry=[".carry"]
 # 1. tierd on the real GPU; two gpu_client_worker processes lease GPU tensors, write them
 #    with kernels, are evicted to DRAM/NVMe by small quotas and fetch them back, verified.
+#    The second releases right after queuing slow kernels (no sync): CUDA IPC events order it.
 # 2. hotpath_bench: acquire/release latency, ring vs gRPC, 4 client processes (GPU place).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -19,7 +20,7 @@ tierd_pid=$!
 for _ in $(seq 100); do [ -S $dir/tierd.grpc.sock ] && break; sleep 0.1; done
 cat "$out/tierd.log"
 $bin/gpu_client_worker $dir 1 > "$out/worker1.log" 2>&1 & w1=$!
-$bin/gpu_client_worker $dir 2 > "$out/worker2.log" 2>&1 & w2=$!
+$bin/gpu_client_worker $dir 2 async > "$out/worker2.log" 2>&1 & w2=$!
 wait $w1 || status=1
 wait $w2 || status=1
 cat "$out/worker1.log" "$out/worker2.log"

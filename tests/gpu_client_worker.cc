@@ -2,7 +2,7 @@
 // CUDA kernel through the device pointers it gets (the session's imported pool), lets a
 // small quota force tierd to evict them to DRAM (and NVMe) and fetch them back, and
 // checks every word with a second kernel. Run two at once against one tierd.
-//   gpu_client_worker RUNTIME_DIR SEED [async]   exit 0 when all tensors came back right
+//   gpu_client_worker RUNTIME_DIR SEED [async|unsafe]   exit 0 when all came back right
 // With "async", each write is a slow kernel (a 20 ms spin, then the fill) released at once
 // with Release(tensor, stream): no synchronisation; tierd must wait for the kernel (CUDA
 // IPC event) before it evicts the tensor, or the bytes it copies out are stale.
@@ -24,7 +24,9 @@ int Fail(const std::string& what) {
   return 1;
 }
 
-int Run(const std::string& dir, uint32_t seed, bool async) {
+// "unsafe" (the control): like async, but released with neither an event nor a sync. It
+// should come back wrong, which shows the async run's race is real.
+int Run(const std::string& dir, uint32_t seed, bool async, bool unsafe) {
   constexpr int kTensors = 8;
   constexpr uint64_t kWords = 8 * 1024 * 1024;  // 32 MiB each
   // 96 MiB of GPU for 256 MiB of tensors: most live in DRAM at any time.
@@ -44,10 +46,14 @@ int Run(const std::string& dir, uint32_t seed, bool async) {
     for (int i = 0; i < kTensors; ++i) {
       auto p = (*client)->Acquire(tensors[i], Access::kWrite, Place::kGpu);
       if (!p.ok()) return Fail(p.status().ToString());
-      if ((async && gpu_check::LaunchSpin(stream, 20'000'000) != cudaSuccess) ||
+      if (((async || unsafe) && gpu_check::LaunchSpin(stream, 20'000'000) != cudaSuccess) ||
           gpu_check::LaunchFillPattern(stream, static_cast<uint32_t*>(*p), kWords, seed * 1000 + round * 100 + i) !=
               cudaSuccess) {
         return Fail("fill kernel");
+      }
+      if (unsafe) {
+        if (auto s = (*client)->Release(tensors[i]); !s.ok()) return Fail(s.ToString());
+        continue;
       }
       if (async) {
         if (auto s = (*client)->Release(tensors[i], stream); !s.ok()) return Fail(s.ToString());
@@ -84,5 +90,6 @@ int Run(const std::string& dir, uint32_t seed, bool async) {
 
 int main(int argc, char** argv) {
   if (argc != 3 && argc != 4) return tierd::Fail("usage: gpu_client_worker RUNTIME_DIR SEED [async]");
-  return tierd::Run(argv[1], static_cast<uint32_t>(std::stoul(argv[2])), argc == 4 && std::string(argv[3]) == "async");
+  const std::string mode = argc == 4 ? argv[3] : "";
+  return tierd::Run(argv[1], static_cast<uint32_t>(std::stoul(argv[2])), mode == "async", mode == "unsafe");
 }

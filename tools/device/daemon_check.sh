@@ -24,6 +24,11 @@ $bin/gpu_client_worker $dir 2 async > "$out/worker2.log" 2>&1 & w2=$!
 wait $w1 || status=1
 wait $w2 || status=1
 cat "$out/worker1.log" "$out/worker2.log"
+if $bin/gpu_client_worker $dir 3 unsafe > "$out/control.log" 2>&1; then
+  echo "control: releasing with no event and no sync went unnoticed (the race was not exercised)"; status=1
+else
+  echo "control: releasing with no event and no sync came back wrong, as it must: $(tail -1 "$out/control.log")"
+fi
 $bin/tierctl --runtime_dir=$dir stats
 kill -TERM $tierd_pid; wait $tierd_pid || status=1
 tail -2 "$out/tierd.log"

@@ -143,6 +143,19 @@ TEST_F(DaemonTest, AKilledClientIsReclaimedAndOthersAreUntouched) {
   holder.Wait();
   EXPECT_TRUE(WaitForSessions(*observer, 1));
   EXPECT_EQ(CountShm(instance_), before);
+  // Killed while moving: a worker in the middle of its evict/fetch round trips.
+  Process busy("tests/client_worker", {runtime_dir_, "roundtrip", "9"});
+  ASSERT_TRUE(WaitForSessions(*observer, 2));  // it said hello; now let it get busy moving
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  busy.Signal(SIGKILL);
+  busy.Wait();
+  EXPECT_TRUE(WaitForSessions(*observer, 1));
+  EXPECT_EQ(CountShm(instance_), before);
+  auto after = observer->Stats();
+  ASSERT_TRUE(after.ok());
+  for (const auto& tier : after->tiers()) {
+    if (tier.tier() == v1::TIER_NVME) EXPECT_EQ(tier.used_bytes(), 0u) << "NVMe extents leaked";
+  }
   auto leases = observer->ListLeases(/*every_session=*/true);
   ASSERT_TRUE(leases.ok());
   ASSERT_EQ(leases->leases_size(), 1);

@@ -1,0 +1,48 @@
+#include "prefetcher/graph.h"
+
+#include "absl/strings/str_format.h"
+
+namespace tierd::prefetcher {
+
+absl::Status ValidateGraph(const Graph& graph) {
+  if (graph.ops.empty() || graph.tensors.empty()) return absl::InvalidArgumentError("the graph is empty");
+  for (size_t t = 0; t < graph.tensors.size(); ++t) {
+    if (graph.tensors[t].bytes == 0) {
+      return absl::InvalidArgumentError(absl::StrFormat("tensor %d ('%s') has 0 bytes", t, graph.tensors[t].name));
+    }
+  }
+  for (size_t i = 0; i < graph.ops.size(); ++i) {
+    const GraphOp& op = graph.ops[i];
+    if (op.seconds < 0) return absl::InvalidArgumentError(absl::StrFormat("op %d has a negative duration", i));
+    for (const auto* list : {&op.reads, &op.writes}) {
+      for (TensorIndex t : *list) {
+        if (t >= graph.tensors.size()) {
+          return absl::InvalidArgumentError(
+              absl::StrFormat("op %d ('%s') uses tensor %d; the graph has %d", i, op.name, t, graph.tensors.size()));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::vector<uint32_t>> NextUseDistances(const Graph& graph) {
+  const size_t ops = graph.ops.size(), tensors = graph.tensors.size();
+  const uint32_t never = static_cast<uint32_t>(ops + 1);
+  std::vector<std::vector<uint32_t>> next(ops, std::vector<uint32_t>(tensors, never));
+  // Walk the iteration twice backwards: the second lap supplies the wrap-around.
+  std::vector<uint32_t> last_seen(tensors, UINT32_MAX);  // absolute position of the next use
+  for (size_t step = 2 * ops; step-- > 0;) {
+    const size_t i = step % ops;
+    if (step < ops) {
+      for (size_t t = 0; t < tensors; ++t) {
+        if (last_seen[t] != UINT32_MAX) next[i][t] = static_cast<uint32_t>(last_seen[t] - step);
+      }
+    }
+    for (TensorIndex t : graph.ops[i].reads) last_seen[t] = static_cast<uint32_t>(step);
+    for (TensorIndex t : graph.ops[i].writes) last_seen[t] = static_cast<uint32_t>(step);
+  }
+  return next;
+}
+
+}  // namespace tierd::prefetcher

@@ -1,0 +1,46 @@
+// The iteration graph the planner works from: tensors with sizes, and the ops of one
+// training iteration in execution order, each with the tensors it reads and writes and
+// its (estimated or measured) duration. The iteration repeats: after the last op comes
+// the first op again, so "next use" wraps around.
+#ifndef TIERD_PREFETCHER_GRAPH_H_
+#define TIERD_PREFETCHER_GRAPH_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace tierd::prefetcher {
+
+using TensorIndex = uint32_t;
+
+struct GraphTensor {
+  std::string name;
+  uint64_t bytes = 0;
+  bool pinned_gpu = false;  // never leaves the GPU
+};
+
+struct GraphOp {
+  std::string name;
+  std::vector<TensorIndex> reads;
+  std::vector<TensorIndex> writes;
+  double seconds = 0;
+};
+
+struct Graph {
+  std::vector<GraphTensor> tensors;
+  std::vector<GraphOp> ops;
+};
+
+// INVALID_ARGUMENT for an empty graph, an out-of-range tensor index, a zero-byte tensor or
+// a negative duration.
+absl::Status ValidateGraph(const Graph& graph);
+
+// next_use[i][t]: for op i and tensor t, how many ops after op i (1..ops, wrapping
+// around the iteration) t is next read or written; ops + 1 if never. O(ops x tensors).
+std::vector<std::vector<uint32_t>> NextUseDistances(const Graph& graph);
+
+}  // namespace tierd::prefetcher
+
+#endif  // TIERD_PREFETCHER_GRAPH_H_

@@ -1,0 +1,50 @@
+// Residency planning: which tensors are in the GPU tier at each op of the (repeating)
+// iteration, under a byte budget, evicting by furthest next use (Belady's MIN, with the
+// future known because training repeats the same iteration). This is the first stage of
+// the planner (issue 4): it decides *what* moves; when to issue each move (from link
+// bandwidths and op times) is the next stage.
+//
+// Invariants of a plan (checked by ReplayPlan):
+//   1. At every op, the resident bytes are <= the budget.
+//   2. Every tensor an op reads or writes is resident while it runs.
+//   3. Pinned tensors are resident at every op.
+//   4. A tensor written on the GPU is written back before it is evicted (never dropped dirty).
+// The plan is the steady state: the second lap of the iteration, starting from the state
+// the first lap ended in.
+#ifndef TIERD_PREFETCHER_RESIDENCY_H_
+#define TIERD_PREFETCHER_RESIDENCY_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "prefetcher/graph.h"
+
+namespace tierd::prefetcher {
+
+struct Eviction {
+  TensorIndex tensor = 0;
+  bool write_back = false;  // the GPU copy was the only up-to-date one
+};
+
+struct ResidencyPlan {
+  std::vector<std::vector<TensorIndex>> resident;  // per op, sorted
+  std::vector<std::vector<TensorIndex>> loads;     // per op: brought in before it runs
+  std::vector<std::vector<Eviction>> evictions;    // per op: dropped before it runs
+  std::vector<TensorIndex> resident_at_start;      // the steady state entering op 0
+  std::vector<bool> dirty_at_start;                // per tensor, entering op 0
+  uint64_t bytes_loaded = 0;                       // per iteration, steady state
+  uint64_t bytes_written_back = 0;
+  uint64_t peak_resident_bytes = 0;
+};
+
+// RESOURCE_EXHAUSTED naming the op and the numbers when an op's tensors plus the pinned
+// ones do not fit the budget.
+absl::StatusOr<ResidencyPlan> PlanResidency(const Graph& graph, uint64_t gpu_budget_bytes);
+
+// Replays a plan against the graph and checks invariants 1-4. For tests.
+absl::Status ReplayPlan(const Graph& graph, uint64_t gpu_budget_bytes, const ResidencyPlan& plan);
+
+}  // namespace tierd::prefetcher
+
+#endif  // TIERD_PREFETCHER_RESIDENCY_H_

@@ -1,0 +1,124 @@
+#include "prefetcher/residency.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <utility>
+
+namespace tierd::prefetcher {
+namespace {
+
+Graph Cycle(int tensors, uint64_t bytes, int laps_of_uses) {
+  Graph g;
+  for (int t = 0; t < tensors; ++t) g.tensors.push_back({"t" + std::to_string(t), bytes, false});
+  for (int k = 0; k < laps_of_uses; ++k) {
+    for (int t = 0; t < tensors; ++t) g.ops.push_back({"use" + std::to_string(t), {static_cast<TensorIndex>(t)}, {}, 1});
+  }
+  return g;
+}
+
+TEST(GraphTest, NextUseWrapsAroundTheIteration) {
+  Graph g = Cycle(3, 1, 1);  // ops: use0 use1 use2, then again
+  auto next = NextUseDistances(g);
+  EXPECT_EQ(next[0][1], 1u);  // after op 0, tensor 1 is used 1 op later
+  EXPECT_EQ(next[0][0], 3u);  // tensor 0 again after a full lap
+  EXPECT_EQ(next[2][0], 1u);  // wraps: op 2 -> op 0
+  g.tensors.push_back({"unused", 1, false});
+  EXPECT_EQ(NextUseDistances(g)[0][3], 4u);  // never: ops + 1
+}
+
+TEST(GraphTest, BadGraphsAreRefusedWithTheReason) {
+  EXPECT_EQ(ValidateGraph({}).code(), absl::StatusCode::kInvalidArgument);
+  Graph g = Cycle(2, 1, 1);
+  g.ops[1].reads.push_back(7);
+  EXPECT_NE(ValidateGraph(g).message().find("uses tensor 7; the graph has 2"), absl::string_view::npos);
+  g = Cycle(2, 1, 1);
+  g.tensors[0].bytes = 0;
+  EXPECT_EQ(ValidateGraph(g).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ResidencyTest, EverythingFitsMeansNothingMovesInTheSteadyState) {
+  Graph g = Cycle(4, 100, 2);
+  auto plan = PlanResidency(g, 400);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->bytes_loaded, 0u);
+  EXPECT_EQ(plan->peak_resident_bytes, 400u);
+  EXPECT_TRUE(ReplayPlan(g, 400, *plan).ok());
+}
+
+TEST(ResidencyTest, FurthestNextUseOnACycleOfThreeInTwoSlots) {
+  // A B C A B C ... with room for two: MIN misses one use in two (LRU would miss all).
+  Graph g = Cycle(3, 1, 2);  // one iteration = A B C A B C
+  auto plan = PlanResidency(g, 2);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->bytes_loaded, 3u);  // 3 of 6 uses are loads
+  EXPECT_TRUE(ReplayPlan(g, 2, *plan).ok()) << ReplayPlan(g, 2, *plan);
+}
+
+TEST(ResidencyTest, DirtyTensorsAreWrittenBackAndPinsStay) {
+  Graph g;
+  g.tensors = {{"embed", 10, true}, {"w0", 10, false}, {"w1", 10, false}, {"w2", 10, false}};
+  g.ops = {{"fwd0", {0, 1}, {}, 1}, {"fwd1", {2}, {}, 1}, {"fwd2", {3}, {}, 1},
+           {"bwd2", {3}, {3}, 1}, {"bwd1", {2}, {2}, 1}, {"bwd0", {1}, {1}, 1}};
+  auto plan = PlanResidency(g, 30);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(ReplayPlan(g, 30, *plan).ok()) << ReplayPlan(g, 30, *plan);
+  EXPECT_GT(plan->bytes_written_back, 0u);  // updated weights had to go down before eviction
+  for (const auto& resident : plan->resident) EXPECT_EQ(resident[0], 0u);  // embed always there
+  EXPECT_EQ(PlanResidency(g, 15).status().code(), absl::StatusCode::kResourceExhausted);
+  auto tight = PlanResidency(g, 19);  // embed + w0 at op 0 = 20 > 19
+  ASSERT_EQ(tight.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(tight.status().message().find("op 0 ('fwd0') needs 20 B"), absl::string_view::npos)
+      << tight.status().message();
+}
+
+TEST(ResidencyTest, ReplayCatchesBrokenPlans) {
+  Graph g;
+  g.tensors = {{"a", 10, false}, {"b", 10, false}, {"c", 10, false}};
+  g.ops = {{"w", {0}, {0}, 1}, {"r1", {1}, {}, 1}, {"r2", {2}, {}, 1}};
+  auto plan = *PlanResidency(g, 20);
+  ASSERT_TRUE(ReplayPlan(g, 20, plan).ok());
+  ResidencyPlan no_write_back = plan;
+  bool changed = false;
+  for (auto& evictions : no_write_back.evictions) {
+    for (auto& e : evictions) changed |= std::exchange(e.write_back, false);
+  }
+  ASSERT_TRUE(changed) << "the plan should write 'a' back";
+  EXPECT_NE(ReplayPlan(g, 20, no_write_back).message().find("invariant 4"), absl::string_view::npos);
+  ResidencyPlan missing_load = plan;
+  for (auto& loads : missing_load.loads) loads.clear();
+  EXPECT_FALSE(ReplayPlan(g, 20, missing_load).ok());
+  EXPECT_NE(ReplayPlan(g, 10, plan).message().find("invariant 1"), absl::string_view::npos);
+}
+
+// Random graphs of mixed sizes: every plan replays with all four invariants holding.
+TEST(ResidencyTest, RandomGraphsGivePlansThatKeepEveryInvariant) {
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 300; ++trial) {
+    Graph g;
+    const int tensors = 2 + rng() % 12;
+    uint64_t largest = 0;
+    for (int t = 0; t < tensors; ++t) {
+      g.tensors.push_back({"t" + std::to_string(t), 1 + rng() % 64, rng() % 10 == 0});
+      largest = std::max(largest, g.tensors.back().bytes);
+    }
+    const int ops = 1 + rng() % 30;
+    for (int i = 0; i < ops; ++i) {
+      GraphOp op{"op" + std::to_string(i), {}, {}, 1};
+      for (int k = rng() % 3; k >= 0; --k) op.reads.push_back(rng() % tensors);
+      if (rng() % 2) op.writes.push_back(rng() % tensors);
+      g.ops.push_back(op);
+    }
+    const uint64_t budget = largest * (1 + rng() % 6);
+    auto plan = PlanResidency(g, budget);
+    if (!plan.ok()) {
+      ASSERT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted) << plan.status();
+      continue;
+    }
+    ASSERT_TRUE(ReplayPlan(g, budget, *plan).ok()) << ReplayPlan(g, budget, *plan) << " trial " << trial;
+    ASSERT_LE(plan->peak_resident_bytes, budget);
+  }
+}
+
+}  // namespace
+}  // namespace tierd::prefetcher

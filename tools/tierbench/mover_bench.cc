@@ -1,4 +1,5 @@
 #include "tools/tierbench/mover_bench.h"
+#include "tools/tierbench/stats.h"
 
 #include <algorithm>
 #include <atomic>
@@ -9,11 +10,6 @@
 
 namespace tierd::bench {
 namespace {
-
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
 
 absl::Status AllocateTensors(TierStore& store, Tier tier, uint64_t bytes, uint64_t transfer_bytes,
                              std::vector<Extent>* tensors) {

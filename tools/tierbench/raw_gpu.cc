@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_format.h"
 #include "tools/tierbench/raw_ceiling.h"
+#include "tools/tierbench/stats.h"
 
 #ifdef TIERD_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -15,11 +16,6 @@
 
 namespace tierd::bench {
 namespace {
-
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
 
 template <typename Fn>
 double TimeSeconds(Fn&& fn) {

@@ -23,6 +23,7 @@
 #include "runtime/uring_block_io.h"
 #include "tools/tierbench/mover_bench.h"
 #include "tools/tierbench/raw_ceiling.h"
+#include "tools/tierbench/stats.h"
 
 ABSL_FLAG(std::string, gpu, "auto", "auto (CUDA if usable, else the fake GPU), cuda, or fake");
 ABSL_FLAG(std::string, bytes, "256MiB", "bytes moved per link, direction and repeat");
@@ -60,11 +61,6 @@ void Row(const char* link, uint64_t bytes, double tierd, double raw, double targ
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "tierbench: %s\n", status.ToString().c_str());
   return 1;
-}
-
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
 }
 
 double CrcRate() {
@@ -188,8 +184,8 @@ int Run() {
       if (r == 0) continue;
       tw.push_back(t->write), tr.push_back(t->read), rw.push_back(raw->write), rr.push_back(raw->read);
     }
-    tierd_nvme = {Median(tw), Median(tr)};
-    raw_nvme = {Median(rw), Median(rr)};
+    tierd_nvme = {bench::Median(tw), bench::Median(tr)};
+    raw_nvme = {bench::Median(rw), bench::Median(rr)};
   }
   const char* raw_gpu_name = gpu->device->is_fake() ? "memcpy" : "cudaMemcpyAsync, pinned";
   std::printf("\n%-22s %10s %12s %12s %9s %8s\n", "link", "bytes", "tierd", "raw", "ratio", "target");

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <thread>
 
+#include "absl/synchronization/notification.h"
 #include "ipc/ring_server.h"
 
 namespace tierd::ipc {
@@ -50,6 +51,36 @@ TEST(RingTest, GarbageCountersAreDataLossNotACrash) {
   ASSERT_EQ(ftruncate(not_a_ring, sizeof(RingSegment)), 0);
   EXPECT_EQ(MapRingSegment(not_a_ring).status().code(), absl::StatusCode::kFailedPrecondition);
   close(not_a_ring);
+}
+
+// A client that scribbles over the request counters: the server reports the ring broken
+// and stops serving it (the daemon keeps running; other sessions have their own rings).
+TEST(RingServerTest, AScribbledRingIsReportedAndNoLongerServed) {
+  int fd;
+  RingSegment* s = Fresh(&fd);
+  auto mine = MapRingSegment(fd);
+  ASSERT_TRUE(mine.ok());
+  std::atomic<int> served{0};
+  absl::Notification broken;
+  absl::Status why;
+  {
+    RingServer server(s, [&](const RingMessage& r) {
+      ++served;
+      return r;
+    }, [&](const absl::Status& status) {
+      why = status;
+      broken.Notify();
+    });
+    ASSERT_TRUE(RingPush((*mine)->requests, RingMessage{.sequence = 1}));
+    ASSERT_TRUE(RingPop((*mine)->responses, (*mine)->closed, 5000).ok());
+    (*mine)->requests.head.store((*mine)->requests.head.load() + 5 * kRingSlots);
+    RingWake((*mine)->requests);
+    ASSERT_TRUE(broken.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  }
+  EXPECT_EQ(why.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(served.load(), 1);
+  UnmapRingSegment(*mine);
+  close(fd);
 }
 
 // A server in this process, a client in a forked one: 20k round trips across processes,

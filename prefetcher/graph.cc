@@ -1,5 +1,7 @@
 #include "prefetcher/graph.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_format.h"
 
 namespace tierd::prefetcher {
@@ -14,7 +16,7 @@ absl::Status ValidateGraph(const Graph& graph) {
   for (size_t i = 0; i < graph.ops.size(); ++i) {
     const GraphOp& op = graph.ops[i];
     if (op.seconds < 0) return absl::InvalidArgumentError(absl::StrFormat("op %d has a negative duration", i));
-    for (const auto* list : {&op.reads, &op.writes}) {
+    for (const auto* list : {&op.reads, &op.writes, &op.overwrites}) {
       for (TensorIndex t : *list) {
         if (t >= graph.tensors.size()) {
           return absl::InvalidArgumentError(
@@ -24,6 +26,41 @@ absl::Status ValidateGraph(const Graph& graph) {
     }
   }
   return absl::OkStatus();
+}
+
+Use UseOf(const GraphOp& op, TensorIndex t) {
+  auto has = [t](const std::vector<TensorIndex>& list) {
+    return std::find(list.begin(), list.end(), t) != list.end();
+  };
+  if (has(op.writes)) return Use::kWrite;
+  if (has(op.reads)) return Use::kRead;
+  if (has(op.overwrites)) return Use::kOverwrite;
+  return Use::kNone;
+}
+
+std::vector<TensorIndex> Touched(const GraphOp& op) {
+  std::vector<TensorIndex> all(op.reads);
+  all.insert(all.end(), op.writes.begin(), op.writes.end());
+  all.insert(all.end(), op.overwrites.begin(), op.overwrites.end());
+  std::sort(all.begin(), all.end());
+  all.erase(std::unique(all.begin(), all.end()), all.end());
+  return all;
+}
+
+std::vector<std::vector<bool>> DeadAfter(const Graph& graph) {
+  const size_t ops = graph.ops.size(), tensors = graph.tensors.size();
+  std::vector<std::vector<bool>> dead(ops, std::vector<bool>(tensors, false));
+  std::vector<int8_t> next_is_overwrite(tensors, -1);  // -1: not seen yet
+  for (size_t step = 2 * ops; step-- > 0;) {
+    const size_t i = step % ops;
+    if (step < ops) {
+      for (size_t t = 0; t < tensors; ++t) dead[i][t] = next_is_overwrite[t] == 1;
+    }
+    for (TensorIndex t : Touched(graph.ops[i])) {
+      next_is_overwrite[t] = UseOf(graph.ops[i], t) == Use::kOverwrite ? 1 : 0;
+    }
+  }
+  return dead;
 }
 
 std::vector<std::vector<uint32_t>> NextUseDistances(const Graph& graph) {
@@ -39,8 +76,7 @@ std::vector<std::vector<uint32_t>> NextUseDistances(const Graph& graph) {
         if (last_seen[t] != UINT32_MAX) next[i][t] = static_cast<uint32_t>(last_seen[t] - step);
       }
     }
-    for (TensorIndex t : graph.ops[i].reads) last_seen[t] = static_cast<uint32_t>(step);
-    for (TensorIndex t : graph.ops[i].writes) last_seen[t] = static_cast<uint32_t>(step);
+    for (TensorIndex t : Touched(graph.ops[i])) last_seen[t] = static_cast<uint32_t>(step);
   }
   return next;
 }

@@ -24,8 +24,11 @@ struct GraphTensor {
 struct GraphOp {
   std::string name;
   std::vector<TensorIndex> reads;
-  std::vector<TensorIndex> writes;
+  std::vector<TensorIndex> writes;  // read-modify-write: the old value is needed
   double seconds = 0;
+  // Written without being read (an activation produced, a gradient set): the old value is
+  // dead, so nothing is loaded for it and nothing was worth writing back before it.
+  std::vector<TensorIndex> overwrites;
 };
 
 struct Graph {
@@ -37,9 +40,17 @@ struct Graph {
 // a negative duration.
 absl::Status ValidateGraph(const Graph& graph);
 
+// How op uses t: kOverwrite only when the op neither reads nor read-modify-writes it.
+enum class Use : uint8_t { kNone, kRead, kWrite, kOverwrite };
+Use UseOf(const GraphOp& op, TensorIndex t);
+// Every tensor the op touches, once each, sorted.
+std::vector<TensorIndex> Touched(const GraphOp& op);
+
 // next_use[i][t]: for op i and tensor t, how many ops after op i (1..ops, wrapping
-// around the iteration) t is next read or written; ops + 1 if never. O(ops x tensors).
+// around the iteration) t is next used; ops + 1 if never. O(ops x tensors).
 std::vector<std::vector<uint32_t>> NextUseDistances(const Graph& graph);
+// dead[i][t]: after op i, t's next use overwrites it (its value is dead until then).
+std::vector<std::vector<bool>> DeadAfter(const Graph& graph);
 
 }  // namespace tierd::prefetcher
 

@@ -1,7 +1,6 @@
 #include "prefetcher/residency.h"
 
 #include <algorithm>
-#include <set>
 
 #include "absl/strings/str_format.h"
 #include "base/units.h"
@@ -15,26 +14,45 @@ struct State {
   uint64_t bytes = 0;
 };
 
+struct Oracle {
+  std::vector<std::vector<uint32_t>> next;
+  std::vector<std::vector<bool>> dead;
+};
+
+void Drop(const Graph& graph, State& state, TensorIndex t) {
+  state.resident[t] = false;
+  state.dirty[t] = false;
+  state.bytes -= graph.tensors[t].bytes;
+}
+
 // One lap over the ops from `state`; fills `plan` when it is not null.
-absl::Status Lap(const Graph& graph, uint64_t budget, const std::vector<std::vector<uint32_t>>& next,
-                 State& state, ResidencyPlan* plan) {
+absl::Status Lap(const Graph& graph, uint64_t budget, const Oracle& oracle, State& state,
+                 ResidencyPlan* plan) {
   const size_t ops = graph.ops.size();
   for (size_t i = 0; i < ops; ++i) {
     const GraphOp& op = graph.ops[i];
-    std::set<TensorIndex> needed(op.reads.begin(), op.reads.end());
-    needed.insert(op.writes.begin(), op.writes.end());
+    const size_t prev = (i + ops - 1) % ops;
+    const std::vector<TensorIndex> needed = Touched(op);
+    auto is_needed = [&](size_t t) { return std::binary_search(needed.begin(), needed.end(), t); };
+    std::vector<Eviction> evicted;
+    // Values that died with the previous op go at once: their room is free for prefetches.
+    for (size_t t = 0; t < graph.tensors.size(); ++t) {
+      if (!state.resident[t] || graph.tensors[t].pinned_gpu || is_needed(t) || !oracle.dead[prev][t]) continue;
+      evicted.push_back({static_cast<TensorIndex>(t), false, true});
+      Drop(graph, state, t);
+    }
     uint64_t incoming = 0;
     for (TensorIndex t : needed) {
       if (!state.resident[t]) incoming += graph.tensors[t].bytes;
     }
-    std::vector<Eviction> evicted;
     while (state.bytes + incoming > budget) {
       // The resident tensor used furthest in the future (larger first on ties).
       int victim = -1;
       for (size_t t = 0; t < graph.tensors.size(); ++t) {
-        if (!state.resident[t] || graph.tensors[t].pinned_gpu || needed.count(t)) continue;
-        if (victim < 0 || next[i][t] > next[i][victim] ||
-            (next[i][t] == next[i][victim] && graph.tensors[t].bytes > graph.tensors[victim].bytes)) {
+        if (!state.resident[t] || graph.tensors[t].pinned_gpu || is_needed(t)) continue;
+        const auto& next = oracle.next[i];
+        if (victim < 0 || next[t] > next[victim] ||
+            (next[t] == next[victim] && graph.tensors[t].bytes > graph.tensors[victim].bytes)) {
           victim = static_cast<int>(t);
         }
       }
@@ -44,19 +62,19 @@ absl::Status Lap(const Graph& graph, uint64_t budget, const std::vector<std::vec
             "the GPU budget is %s",
             i, op.name, FormatBytes(state.bytes + incoming), FormatBytes(budget)));
       }
-      evicted.push_back({static_cast<TensorIndex>(victim), state.dirty[victim]});
-      state.resident[victim] = false;
-      state.dirty[victim] = false;
-      state.bytes -= graph.tensors[victim].bytes;
+      evicted.push_back({static_cast<TensorIndex>(victim), static_cast<bool>(state.dirty[victim]), false});
+      Drop(graph, state, victim);
     }
-    std::vector<TensorIndex> loaded;
+    std::vector<TensorIndex> loaded, allocated;
     for (TensorIndex t : needed) {
       if (state.resident[t]) continue;
       state.resident[t] = true;
       state.bytes += graph.tensors[t].bytes;
-      loaded.push_back(t);
+      (UseOf(op, t) == Use::kOverwrite ? allocated : loaded).push_back(t);
     }
-    for (TensorIndex t : op.writes) state.dirty[t] = true;
+    for (TensorIndex t : needed) {
+      if (UseOf(op, t) != Use::kRead) state.dirty[t] = true;
+    }
     if (plan == nullptr) continue;
     for (TensorIndex t : loaded) plan->bytes_loaded += graph.tensors[t].bytes;
     for (const Eviction& e : evicted) {
@@ -69,6 +87,7 @@ absl::Status Lap(const Graph& graph, uint64_t budget, const std::vector<std::vec
     }
     plan->resident.push_back(std::move(resident));
     plan->loads.push_back(std::move(loaded));
+    plan->allocs.push_back(std::move(allocated));
     plan->evictions.push_back(std::move(evicted));
   }
   return absl::OkStatus();
@@ -91,19 +110,59 @@ absl::StatusOr<ResidencyPlan> PlanResidency(const Graph& graph, uint64_t gpu_bud
         "the pinned tensors alone need %s; the GPU budget is %s", FormatBytes(state.bytes),
         FormatBytes(gpu_budget_bytes)));
   }
-  const auto next = NextUseDistances(graph);
-  if (absl::Status warm = Lap(graph, gpu_budget_bytes, next, state, nullptr); !warm.ok()) return warm;
+  const Oracle oracle{NextUseDistances(graph), DeadAfter(graph)};
+  if (absl::Status warm = Lap(graph, gpu_budget_bytes, oracle, state, nullptr); !warm.ok()) return warm;
   ResidencyPlan plan;
   for (size_t t = 0; t < graph.tensors.size(); ++t) {
     if (state.resident[t]) plan.resident_at_start.push_back(static_cast<TensorIndex>(t));
   }
   plan.dirty_at_start = state.dirty;
-  if (absl::Status lap = Lap(graph, gpu_budget_bytes, next, state, &plan); !lap.ok()) return lap;
+  if (absl::Status lap = Lap(graph, gpu_budget_bytes, oracle, state, &plan); !lap.ok()) return lap;
+  return plan;
+}
+
+absl::StatusOr<ResidencyPlan> PlanResidencyFrom(const Graph& graph, uint64_t gpu_budget_bytes,
+                                                const std::vector<TensorIndex>& resident,
+                                                const std::vector<bool>& dirty) {
+  if (absl::Status valid = ValidateGraph(graph); !valid.ok()) return valid;
+  const size_t n = graph.tensors.size();
+  if (dirty.size() != n) return absl::InvalidArgumentError("one dirty flag per tensor is needed");
+  State state;
+  state.resident.assign(n, false);
+  state.dirty = dirty;
+  for (TensorIndex t : resident) {
+    if (t >= n) return absl::InvalidArgumentError(absl::StrFormat("resident tensor %d; the graph has %d", t, n));
+    if (state.resident[t]) continue;
+    state.resident[t] = true;
+    state.bytes += graph.tensors[t].bytes;
+  }
+  for (size_t t = 0; t < n; ++t) {
+    if (graph.tensors[t].pinned_gpu && !state.resident[t]) {
+      state.resident[t] = true;  // a pin brings its tensor in before anything runs
+      state.bytes += graph.tensors[t].bytes;
+    }
+    if (!state.resident[t]) state.dirty[t] = false;
+  }
+  if (state.bytes > gpu_budget_bytes) {
+    return absl::ResourceExhaustedError(absl::StrFormat("the starting state holds %s; the GPU budget is %s",
+                                                        FormatBytes(state.bytes), FormatBytes(gpu_budget_bytes)));
+  }
+  ResidencyPlan plan;
+  for (size_t t = 0; t < n; ++t) {
+    if (state.resident[t]) plan.resident_at_start.push_back(static_cast<TensorIndex>(t));
+  }
+  plan.dirty_at_start = state.dirty;
+  const Oracle oracle{NextUseDistances(graph), DeadAfter(graph)};
+  if (absl::Status lap = Lap(graph, gpu_budget_bytes, oracle, state, &plan); !lap.ok()) return lap;
   return plan;
 }
 
 absl::Status ReplayPlan(const Graph& graph, uint64_t budget, const ResidencyPlan& plan) {
-  const size_t n = graph.tensors.size();
+  const size_t n = graph.tensors.size(), ops = graph.ops.size();
+  if (plan.loads.size() != ops || plan.allocs.size() != ops || plan.evictions.size() != ops) {
+    return absl::InternalError("the plan does not have one entry per op");
+  }
+  const auto dead = DeadAfter(graph);
   std::vector<bool> resident(n, false), dirty = plan.dirty_at_start;
   uint64_t bytes = 0;
   for (TensorIndex t : plan.resident_at_start) {
@@ -113,30 +172,35 @@ absl::Status ReplayPlan(const Graph& graph, uint64_t budget, const ResidencyPlan
   auto fail = [](size_t op, const std::string& what) {
     return absl::InternalError(absl::StrFormat("op %d: %s", op, what));
   };
-  for (size_t i = 0; i < graph.ops.size(); ++i) {
+  for (size_t i = 0; i < ops; ++i) {
+    const GraphOp& op = graph.ops[i];
     for (const Eviction& e : plan.evictions[i]) {
       if (!resident[e.tensor]) return fail(i, "evicts a tensor that is not resident");
       if (graph.tensors[e.tensor].pinned_gpu) return fail(i, "evicts a pinned tensor (invariant 3)");
-      if (dirty[e.tensor] && !e.write_back) return fail(i, "drops a dirty tensor (invariant 4)");
+      if (e.dead && !dead[(i + ops - 1) % ops][e.tensor]) return fail(i, "drops a live value as dead (invariant 4)");
+      if (dirty[e.tensor] && !e.write_back && !e.dead) return fail(i, "drops a dirty tensor (invariant 4)");
       resident[e.tensor] = false;
       dirty[e.tensor] = false;
       bytes -= graph.tensors[e.tensor].bytes;
     }
-    for (TensorIndex t : plan.loads[i]) {
-      if (resident[t]) return fail(i, "loads a tensor already resident");
-      resident[t] = true;
-      bytes += graph.tensors[t].bytes;
+    for (const auto* list : {&plan.loads[i], &plan.allocs[i]}) {
+      for (TensorIndex t : *list) {
+        if (resident[t]) return fail(i, "brings in a tensor already resident");
+        if (list == &plan.allocs[i] && UseOf(op, t) != Use::kOverwrite) {
+          return fail(i, "allocates without loading a tensor the op reads (invariant 2)");
+        }
+        resident[t] = true;
+        bytes += graph.tensors[t].bytes;
+      }
     }
     if (bytes > budget) return fail(i, "over the budget (invariant 1)");
-    for (const auto* list : {&graph.ops[i].reads, &graph.ops[i].writes}) {
-      for (TensorIndex t : *list) {
-        if (!resident[t]) return fail(i, "runs without a tensor it uses (invariant 2)");
-      }
+    for (TensorIndex t : Touched(op)) {
+      if (!resident[t]) return fail(i, "runs without a tensor it uses (invariant 2)");
+      if (UseOf(op, t) != Use::kRead) dirty[t] = true;
     }
     for (size_t t = 0; t < n; ++t) {
       if (graph.tensors[t].pinned_gpu && !resident[t]) return fail(i, "a pinned tensor is absent (invariant 3)");
     }
-    for (TensorIndex t : graph.ops[i].writes) dirty[t] = true;
   }
   return absl::OkStatus();
 }

@@ -8,7 +8,9 @@
 //   1. At every op, the resident bytes are <= the budget.
 //   2. Every tensor an op reads or writes is resident while it runs.
 //   3. Pinned tensors are resident at every op.
-//   4. A tensor written on the GPU is written back before it is evicted (never dropped dirty).
+//   4. A tensor written on the GPU is written back before it is evicted (never dropped dirty),
+//      unless its next use overwrites it (a dead value: an activation after its last read).
+// Dead values are dropped as soon as they are dead, so their room is free for prefetches.
 // The plan is the steady state: the second lap of the iteration, starting from the state
 // the first lap ended in.
 #ifndef TIERD_PREFETCHER_RESIDENCY_H_
@@ -25,11 +27,13 @@ namespace tierd::prefetcher {
 struct Eviction {
   TensorIndex tensor = 0;
   bool write_back = false;  // the GPU copy was the only up-to-date one
+  bool dead = false;        // its next use overwrites it: dropped, never written back
 };
 
 struct ResidencyPlan {
   std::vector<std::vector<TensorIndex>> resident;  // per op, sorted
   std::vector<std::vector<TensorIndex>> loads;     // per op: brought in before it runs
+  std::vector<std::vector<TensorIndex>> allocs;    // per op: room made, nothing loaded (overwrites)
   std::vector<std::vector<Eviction>> evictions;    // per op: dropped before it runs
   std::vector<TensorIndex> resident_at_start;      // the steady state entering op 0
   std::vector<bool> dirty_at_start;                // per tensor, entering op 0
@@ -41,6 +45,12 @@ struct ResidencyPlan {
 // RESOURCE_EXHAUSTED naming the op and the numbers when an op's tensors plus the pinned
 // ones do not fit the budget.
 absl::StatusOr<ResidencyPlan> PlanResidency(const Graph& graph, uint64_t gpu_budget_bytes);
+
+// One lap of the iteration from a given state (what is resident and dirty now, e.g. when
+// the executor replans mid-run), rather than the steady state. Same errors.
+absl::StatusOr<ResidencyPlan> PlanResidencyFrom(const Graph& graph, uint64_t gpu_budget_bytes,
+                                                const std::vector<TensorIndex>& resident,
+                                                const std::vector<bool>& dirty);
 
 // Replays a plan against the graph and checks invariants 1-4. For tests.
 absl::Status ReplayPlan(const Graph& graph, uint64_t gpu_budget_bytes, const ResidencyPlan& plan);

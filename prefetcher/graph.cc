@@ -32,9 +32,10 @@ Use UseOf(const GraphOp& op, TensorIndex t) {
   auto has = [t](const std::vector<TensorIndex>& list) {
     return std::find(list.begin(), list.end(), t) != list.end();
   };
-  if (has(op.writes)) return Use::kWrite;
-  if (has(op.reads)) return Use::kRead;
-  if (has(op.overwrites)) return Use::kOverwrite;
+  const bool reads = has(op.reads), overwrites = has(op.overwrites);
+  if (has(op.writes) || (reads && overwrites)) return Use::kWrite;  // read and changed
+  if (reads) return Use::kRead;
+  if (overwrites) return Use::kOverwrite;
   return Use::kNone;
 }
 

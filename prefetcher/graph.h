@@ -40,7 +40,8 @@ struct Graph {
 // a negative duration.
 absl::Status ValidateGraph(const Graph& graph);
 
-// How op uses t: kOverwrite only when the op neither reads nor read-modify-writes it.
+// How op uses t: kOverwrite only when the op neither reads nor read-modify-writes it;
+// read and overwritten by the same op counts as kWrite.
 enum class Use : uint8_t { kNone, kRead, kWrite, kOverwrite };
 Use UseOf(const GraphOp& op, TensorIndex t);
 // Every tensor the op touches, once each, sorted.

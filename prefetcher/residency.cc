@@ -111,13 +111,48 @@ absl::StatusOr<ResidencyPlan> PlanResidency(const Graph& graph, uint64_t gpu_bud
         FormatBytes(gpu_budget_bytes)));
   }
   const Oracle oracle{NextUseDistances(graph), DeadAfter(graph)};
-  if (absl::Status warm = Lap(graph, gpu_budget_bytes, oracle, state, nullptr); !warm.ok()) return warm;
+  // Lap until the state entering op 0 repeats: then the plan is a cycle the executor can
+  // replay every iteration. Belady from an arbitrary state settles in a lap or two; if it
+  // has not after kLaps, the last lap is closed by hand (below).
+  constexpr int kLaps = 8;
   ResidencyPlan plan;
+  for (int lap = 0; lap < kLaps; ++lap) {
+    const State before = state;
+    plan = ResidencyPlan{};
+    if (absl::Status s = Lap(graph, gpu_budget_bytes, oracle, state, &plan); !s.ok()) return s;
+    for (size_t t = 0; t < graph.tensors.size(); ++t) {
+      if (before.resident[t]) plan.resident_at_start.push_back(static_cast<TensorIndex>(t));
+    }
+    plan.dirty_at_start = before.dirty;
+    if (state.resident == before.resident && state.dirty == before.dirty) return plan;
+  }
+  // Not settled: the lap ends in E but was planned from S. Enter op 0 from E instead: first
+  // leave E for S (evict E minus S, load S minus E), then the lap as planned. Tensors loaded
+  // here come in clean, so a later write-back of one may be redundant — never unsafe.
+  std::vector<Eviction> closing;
+  std::vector<TensorIndex> reloads;
+  std::vector<bool> in_start(graph.tensors.size(), false);
+  for (TensorIndex t : plan.resident_at_start) in_start[t] = true;
+  const auto& dead_before_op0 = oracle.dead[graph.ops.size() - 1];
+  for (size_t t = 0; t < graph.tensors.size(); ++t) {
+    const auto ti = static_cast<TensorIndex>(t);
+    if (state.resident[t] && !in_start[t]) {
+      const bool dead = dead_before_op0[t];
+      closing.push_back({ti, static_cast<bool>(state.dirty[t]) && !dead, dead});
+    }
+    if (!state.resident[t] && in_start[t]) reloads.push_back(ti);
+  }
+  plan.evictions[0].insert(plan.evictions[0].begin(), closing.begin(), closing.end());
+  plan.loads[0].insert(plan.loads[0].begin(), reloads.begin(), reloads.end());
+  for (TensorIndex t : reloads) plan.bytes_loaded += graph.tensors[t].bytes;
+  for (const Eviction& e : closing) {
+    if (e.write_back) plan.bytes_written_back += graph.tensors[e.tensor].bytes;
+  }
+  plan.resident_at_start.clear();
   for (size_t t = 0; t < graph.tensors.size(); ++t) {
     if (state.resident[t]) plan.resident_at_start.push_back(static_cast<TensorIndex>(t));
   }
   plan.dirty_at_start = state.dirty;
-  if (absl::Status lap = Lap(graph, gpu_budget_bytes, oracle, state, &plan); !lap.ok()) return lap;
   return plan;
 }
 
@@ -157,7 +192,7 @@ absl::StatusOr<ResidencyPlan> PlanResidencyFrom(const Graph& graph, uint64_t gpu
   return plan;
 }
 
-absl::Status ReplayPlan(const Graph& graph, uint64_t budget, const ResidencyPlan& plan) {
+absl::Status ReplayPlan(const Graph& graph, uint64_t budget, const ResidencyPlan& plan, bool cyclic) {
   const size_t n = graph.tensors.size(), ops = graph.ops.size();
   if (plan.loads.size() != ops || plan.allocs.size() != ops || plan.evictions.size() != ops) {
     return absl::InternalError("the plan does not have one entry per op");
@@ -201,6 +236,11 @@ absl::Status ReplayPlan(const Graph& graph, uint64_t budget, const ResidencyPlan
     for (size_t t = 0; t < n; ++t) {
       if (graph.tensors[t].pinned_gpu && !resident[t]) return fail(i, "a pinned tensor is absent (invariant 3)");
     }
+  }
+  if (cyclic) {
+    std::vector<bool> start(n, false);
+    for (TensorIndex t : plan.resident_at_start) start[t] = true;
+    if (start != resident) return absl::InternalError("the lap does not end where it started (invariant 5)");
   }
   return absl::OkStatus();
 }

@@ -11,8 +11,8 @@
 //   4. A tensor written on the GPU is written back before it is evicted (never dropped dirty),
 //      unless its next use overwrites it (a dead value: an activation after its last read).
 // Dead values are dropped as soon as they are dead, so their room is free for prefetches.
-// The plan is the steady state: the second lap of the iteration, starting from the state
-// the first lap ended in.
+//   5. The plan is a cycle: the lap ends in the state it starts from, so the executor
+//      replays it every iteration (the steady state, found by lapping until it repeats).
 #ifndef TIERD_PREFETCHER_RESIDENCY_H_
 #define TIERD_PREFETCHER_RESIDENCY_H_
 
@@ -52,8 +52,10 @@ absl::StatusOr<ResidencyPlan> PlanResidencyFrom(const Graph& graph, uint64_t gpu
                                                 const std::vector<TensorIndex>& resident,
                                                 const std::vector<bool>& dirty);
 
-// Replays a plan against the graph and checks invariants 1-4. For tests.
-absl::Status ReplayPlan(const Graph& graph, uint64_t gpu_budget_bytes, const ResidencyPlan& plan);
+// Replays a plan against the graph and checks invariants 1-4, and with `cyclic` (plans from
+// PlanResidency) invariant 5: the lap ends in the state it started from. For tests.
+absl::Status ReplayPlan(const Graph& graph, uint64_t gpu_budget_bytes, const ResidencyPlan& plan,
+                        bool cyclic = true);
 
 }  // namespace tierd::prefetcher
 

@@ -171,6 +171,7 @@ TEST(ResidencyTest, FurthestNextUseIsOptimalAgainstBruteForceOnSmallEqualSizeGra
       continue;
     }
     ASSERT_TRUE(plan.ok()) << plan.status();
+    ASSERT_TRUE(ReplayPlan(g, slots, *plan, /*cyclic=*/false).ok());
     EXPECT_EQ(plan->bytes_loaded, static_cast<uint64_t>(brute)) << "trial " << trial;
     ++compared;
   }

@@ -1,0 +1,259 @@
+#include "prefetcher/tiers.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "absl/strings/str_format.h"
+#include "base/units.h"
+
+namespace tierd::prefetcher {
+
+const char* LowerKindName(LowerKind kind) {
+  switch (kind) {
+    case LowerKind::kWriteBack: return "write-back";
+    case LowerKind::kRead: return "read";
+    case LowerKind::kStage: return "stage";
+    case LowerKind::kPushDown: return "push-down";
+    case LowerKind::kDrop: return "drop";
+    case LowerKind::kInvalidate: return "invalidate";
+  }
+  return "?";
+}
+
+namespace {
+
+constexpr size_t kNever = std::numeric_limits<size_t>::max();
+
+// What the GPU plan asks of the tiers below, in order: write-backs, reads, invalidations.
+std::vector<LowerEvent> Demands(const Graph& graph, const ResidencyPlan& gpu) {
+  std::vector<LowerEvent> out;
+  for (uint32_t i = 0; i < graph.ops.size(); ++i) {
+    for (const Eviction& e : gpu.evictions[i]) {
+      if (e.dead) out.push_back({i, LowerKind::kInvalidate, e.tensor});
+      else if (e.write_back) out.push_back({i, LowerKind::kWriteBack, e.tensor});
+    }
+    for (TensorIndex t : gpu.loads[i]) out.push_back({i, LowerKind::kRead, t});
+    for (TensorIndex t : Touched(graph.ops[i])) {
+      if (UseOf(graph.ops[i], t) != Use::kRead) out.push_back({i, LowerKind::kInvalidate, t});
+    }
+  }
+  return out;
+}
+
+struct LowerState {
+  std::vector<bool> dram, nvme;
+  uint64_t dram_bytes = 0, nvme_bytes = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<LowerTierPlan> PlanLowerTiers(const Graph& graph, const ResidencyPlan& gpu,
+                                             uint64_t dram_budget, uint64_t nvme_budget) {
+  const size_t n = graph.tensors.size();
+  const std::vector<LowerEvent> lap = Demands(graph, gpu);
+  // Three laps of demands; next_same[p]: the position of the next demand on the same tensor.
+  const size_t len = lap.size();
+  std::vector<size_t> next_same(3 * len, kNever), seen(n, kNever);
+  for (size_t p = 3 * len; p-- > 0;) {
+    next_same[p] = seen[lap[p % len].tensor];
+    seen[lap[p % len].tensor] = p;
+  }
+  std::vector<size_t> cur_next = seen;  // per tensor: the position of its next demand
+  LowerState s;
+  s.dram.assign(n, false);
+  s.nvme.assign(n, false);
+  std::vector<bool> gpu_dirty_start(n, false), gpu_resident_start(n, false);
+  for (TensorIndex t : gpu.resident_at_start) gpu_resident_start[t] = true;
+  for (size_t t = 0; t < n; ++t) {
+    gpu_dirty_start[t] = gpu_resident_start[t] && gpu.dirty_at_start[t];
+    // Bytes start on NVMe unless the GPU holds the only copy or the tensor lives there.
+    if (!gpu_dirty_start[t] && !graph.tensors[t].pinned_gpu) {
+      s.nvme[t] = true;
+      s.nvme_bytes += graph.tensors[t].bytes;
+    }
+  }
+  LowerTierPlan plan;
+  auto bytes = [&](TensorIndex t) { return graph.tensors[t].bytes; };
+  auto is_dead = [&](size_t t) {
+    return cur_next[t] == kNever || lap[cur_next[t] % len].kind == LowerKind::kInvalidate;
+  };
+  for (size_t p = 0; p < 2 * len; ++p) {
+    const LowerEvent& d = lap[p % len];
+    const bool record = p >= len;
+    const TensorIndex t = d.tensor;
+    auto emit = [&](LowerKind kind, TensorIndex tensor) {
+      if (record) plan.events.push_back({d.op, kind, tensor});
+    };
+    if (record && p == len) {
+      plan.dram_at_start = s.dram;
+      plan.nvme_at_start = s.nvme;
+    }
+    cur_next[t] = next_same[p];
+    const bool needs_room = d.kind != LowerKind::kInvalidate && !s.dram[t];
+    if (needs_room && bytes(t) > dram_budget) {
+      return absl::ResourceExhaustedError(absl::StrFormat("tensor '%s' (%s) does not fit the DRAM budget of %s",
+                                                          graph.tensors[t].name, FormatBytes(bytes(t)),
+                                                          FormatBytes(dram_budget)));
+    }
+    while (needs_room && s.dram_bytes + bytes(t) > dram_budget) {
+      int victim = -1;
+      for (size_t v = 0; v < n; ++v) {
+        if (!s.dram[v] || v == t) continue;
+        if (victim < 0) { victim = static_cast<int>(v); continue; }
+        const bool dv = is_dead(v), dw = is_dead(victim);
+        if ((dv && !dw) || (dv == dw && cur_next[v] > cur_next[victim])) victim = static_cast<int>(v);
+      }
+      // victim >= 0: the room needed is at most the budget, so something else is there.
+      const TensorIndex v = static_cast<TensorIndex>(victim);
+      if (!s.nvme[v] && !is_dead(v)) {
+        emit(LowerKind::kPushDown, v);
+        s.nvme[v] = true;
+        s.nvme_bytes += bytes(v);
+        if (record) plan.nvme_write_bytes += bytes(v);
+      } else {
+        emit(LowerKind::kDrop, v);
+      }
+      s.dram[v] = false;
+      s.dram_bytes -= bytes(v);
+    }
+    switch (d.kind) {
+      case LowerKind::kRead:
+        if (!s.dram[t]) {
+          if (!s.nvme[t]) {
+            return absl::InternalError(absl::StrFormat("op %d loads '%s' but no tier below holds it",
+                                                       d.op, graph.tensors[t].name));
+          }
+          emit(LowerKind::kStage, t);
+          if (record) plan.nvme_read_bytes += bytes(t);
+          s.dram[t] = true;
+          s.dram_bytes += bytes(t);
+        }
+        emit(LowerKind::kRead, t);
+        break;
+      case LowerKind::kWriteBack:
+        if (!s.dram[t]) {
+          s.dram[t] = true;
+          s.dram_bytes += bytes(t);
+        }
+        if (s.nvme[t]) {
+          s.nvme[t] = false;
+          s.nvme_bytes -= bytes(t);
+        }
+        emit(LowerKind::kWriteBack, t);
+        break;
+      case LowerKind::kInvalidate:
+        if (s.dram[t]) s.dram_bytes -= bytes(t);
+        if (s.nvme[t]) s.nvme_bytes -= bytes(t);
+        s.dram[t] = s.nvme[t] = false;
+        emit(LowerKind::kInvalidate, t);
+        break;
+      default:
+        break;
+    }
+    if (record) {
+      plan.peak_dram_bytes = std::max(plan.peak_dram_bytes, s.dram_bytes);
+      plan.peak_nvme_bytes = std::max(plan.peak_nvme_bytes, s.nvme_bytes);
+    }
+  }
+  if (len == 0) {
+    plan.dram_at_start = s.dram;
+    plan.nvme_at_start = s.nvme;
+    plan.peak_nvme_bytes = s.nvme_bytes;
+  }
+  if (plan.peak_nvme_bytes > nvme_budget) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "the tiers below the GPU need %s of NVMe at the peak (DRAM budget %s); the NVMe budget is %s",
+        FormatBytes(plan.peak_nvme_bytes), FormatBytes(dram_budget), FormatBytes(nvme_budget)));
+  }
+  return plan;
+}
+
+absl::Status ReplayLowerTiers(const Graph& graph, const ResidencyPlan& gpu, const LowerTierPlan& plan,
+                              uint64_t dram_budget, uint64_t nvme_budget) {
+  const size_t n = graph.tensors.size(), ops = graph.ops.size();
+  LowerState s;
+  s.dram = plan.dram_at_start;
+  s.nvme = plan.nvme_at_start;
+  if (s.dram.size() != n || s.nvme.size() != n) return absl::InternalError("start state has the wrong size");
+  for (size_t t = 0; t < n; ++t) {
+    if (s.dram[t]) s.dram_bytes += graph.tensors[t].bytes;
+    if (s.nvme[t]) s.nvme_bytes += graph.tensors[t].bytes;
+  }
+  auto fail = [&](uint32_t op, const std::string& what) {
+    return absl::InternalError(absl::StrFormat("op %d: %s", op, what));
+  };
+  // The next demand (read, write-back or invalidate) of each tensor after position p, cyclic.
+  auto next_demand = [&](size_t p, TensorIndex t) -> LowerKind {
+    for (size_t k = 1; k <= plan.events.size(); ++k) {
+      const LowerEvent& e = plan.events[(p + k) % plan.events.size()];
+      if (e.tensor != t) continue;
+      if (e.kind == LowerKind::kRead || e.kind == LowerKind::kWriteBack || e.kind == LowerKind::kInvalidate) {
+        return e.kind;
+      }
+    }
+    return LowerKind::kInvalidate;  // never needed again
+  };
+  size_t p = 0;
+  for (uint32_t i = 0; i < ops; ++i) {
+    std::vector<TensorIndex> reads, write_backs;
+    for (; p < plan.events.size() && plan.events[p].op == i; ++p) {
+      const LowerEvent& e = plan.events[p];
+      const TensorIndex t = e.tensor;
+      const uint64_t b = graph.tensors[t].bytes;
+      switch (e.kind) {
+        case LowerKind::kWriteBack:
+          if (!s.dram[t]) s.dram_bytes += b;
+          if (s.nvme[t]) s.nvme_bytes -= b;
+          s.dram[t] = true;
+          s.nvme[t] = false;
+          write_backs.push_back(t);
+          break;
+        case LowerKind::kRead:
+          if (!s.dram[t]) return fail(i, "a GPU load finds no DRAM copy of '" + graph.tensors[t].name + "'");
+          reads.push_back(t);
+          break;
+        case LowerKind::kStage:
+          if (!s.nvme[t]) return fail(i, "stages '" + graph.tensors[t].name + "' from NVMe, which does not hold it");
+          if (!s.dram[t]) s.dram_bytes += b;
+          s.dram[t] = true;
+          break;
+        case LowerKind::kPushDown:
+          if (!s.dram[t]) return fail(i, "pushes down a tensor DRAM does not hold");
+          if (!s.nvme[t]) s.nvme_bytes += b;
+          s.nvme[t] = true;
+          s.dram[t] = false;
+          s.dram_bytes -= b;
+          break;
+        case LowerKind::kDrop:
+          if (!s.dram[t]) return fail(i, "drops a tensor DRAM does not hold");
+          if (!s.nvme[t] && next_demand(p, t) == LowerKind::kRead) {
+            return fail(i, "drops the only copy below the GPU of '" + graph.tensors[t].name + "', read later");
+          }
+          s.dram[t] = false;
+          s.dram_bytes -= b;
+          break;
+        case LowerKind::kInvalidate:
+          if (s.dram[t]) s.dram_bytes -= b;
+          if (s.nvme[t]) s.nvme_bytes -= b;
+          s.dram[t] = s.nvme[t] = false;
+          break;
+      }
+      if (s.dram_bytes > dram_budget) return fail(i, "over the DRAM budget");
+      if (s.nvme_bytes > nvme_budget) return fail(i, "over the NVMe budget");
+    }
+    std::vector<TensorIndex> want_reads = gpu.loads[i], want_write_backs;
+    for (const Eviction& e : gpu.evictions[i]) {
+      if (e.write_back) want_write_backs.push_back(e.tensor);
+      if (!e.write_back && !e.dead && !s.dram[e.tensor] && !s.nvme[e.tensor]) {
+        return fail(i, "drops a clean GPU copy of '" + graph.tensors[e.tensor].name + "' with no copy below");
+      }
+    }
+    for (auto* v : {&reads, &want_reads, &write_backs, &want_write_backs}) std::sort(v->begin(), v->end());
+    if (reads != want_reads) return fail(i, "the GPU loads and the DRAM reads differ");
+    if (write_backs != want_write_backs) return fail(i, "the GPU write-backs and the DRAM write-backs differ");
+  }
+  if (p != plan.events.size()) return absl::InternalError("events out of op order");
+  return absl::OkStatus();
+}
+
+}  // namespace tierd::prefetcher

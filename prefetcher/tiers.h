@@ -1,0 +1,62 @@
+// Below the GPU: where evicted bytes go and where loads come from. DRAM first; NVMe when
+// DRAM is full, choosing what to push down by furthest next use at the DRAM level (the
+// same MIN rule, over the sequence of DRAM reads and write-backs the GPU plan implies).
+//
+// Model (one steady-state lap, like the GPU plan):
+//   - a GPU write-back puts the tensor's bytes in DRAM (its NVMe copy, if any, is stale);
+//   - a GPU load reads the tensor from DRAM; if DRAM does not hold it, it is first staged
+//     from NVMe into DRAM;
+//   - a write on the GPU (or a dead value dropped) makes the copies below stale: freed;
+//   - to make room in DRAM a copy is dropped if NVMe holds the same bytes (or the value is
+//     dead), otherwise pushed down to NVMe first. Nothing is ever lost: checked by replay.
+#ifndef TIERD_PREFETCHER_TIERS_H_
+#define TIERD_PREFETCHER_TIERS_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "prefetcher/graph.h"
+#include "prefetcher/residency.h"
+
+namespace tierd::prefetcher {
+
+enum class LowerKind : uint8_t {
+  kWriteBack,   // GPU -> DRAM (the GPU eviction's write-back lands here)
+  kRead,        // DRAM -> GPU (the GPU load reads from here)
+  kStage,       // NVMe -> DRAM, before a kRead of a tensor DRAM does not hold
+  kPushDown,    // DRAM -> NVMe, to make room (DRAM held the only copy below the GPU)
+  kDrop,        // a DRAM copy freed to make room (NVMe has the bytes, or they are dead)
+  kInvalidate,  // the GPU wrote the tensor: copies below are stale and freed
+};
+const char* LowerKindName(LowerKind kind);
+
+struct LowerEvent {
+  uint32_t op = 0;  // the op whose GPU moves this serves (happens before the op runs)
+  LowerKind kind = LowerKind::kRead;
+  TensorIndex tensor = 0;
+};
+
+struct LowerTierPlan {
+  std::vector<LowerEvent> events;  // one steady-state lap, in order
+  std::vector<bool> dram_at_start, nvme_at_start;  // per tensor: valid copies entering op 0
+  uint64_t nvme_read_bytes = 0;    // per iteration
+  uint64_t nvme_write_bytes = 0;
+  uint64_t peak_dram_bytes = 0;
+  uint64_t peak_nvme_bytes = 0;
+};
+
+// RESOURCE_EXHAUSTED naming the tier and the numbers when a tensor cannot fit in DRAM even
+// alone, or when the NVMe copies would exceed `nvme_budget_bytes`.
+absl::StatusOr<LowerTierPlan> PlanLowerTiers(const Graph& graph, const ResidencyPlan& gpu_plan,
+                                             uint64_t dram_budget_bytes, uint64_t nvme_budget_bytes);
+
+// Replays both plans together and checks: every GPU load finds its bytes in DRAM, every
+// clean GPU drop leaves a valid copy below, nothing pushed down or dropped is the only copy
+// of a live value, and the DRAM and NVMe budgets hold after every event. For tests.
+absl::Status ReplayLowerTiers(const Graph& graph, const ResidencyPlan& gpu_plan, const LowerTierPlan& plan,
+                              uint64_t dram_budget_bytes, uint64_t nvme_budget_bytes);
+
+}  // namespace tierd::prefetcher
+
+#endif  // TIERD_PREFETCHER_TIERS_H_

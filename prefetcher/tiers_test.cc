@@ -1,0 +1,108 @@
+#include "prefetcher/tiers.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+namespace tierd::prefetcher {
+namespace {
+
+// A little training loop: forward reads weights and writes activations, backward reads both
+// and writes gradients, the optimizer reads gradients and updates weights and state.
+Graph TinyTraining(int layers, uint64_t w) {
+  Graph g;
+  auto add = [&](const std::string& name, uint64_t bytes) {
+    g.tensors.push_back({name, bytes, false});
+    return static_cast<TensorIndex>(g.tensors.size() - 1);
+  };
+  std::vector<TensorIndex> weight, act, grad, state;
+  for (int l = 0; l < layers; ++l) {
+    weight.push_back(add("w" + std::to_string(l), w));
+    act.push_back(add("act" + std::to_string(l), w / 2));
+    grad.push_back(add("grad" + std::to_string(l), w));
+    state.push_back(add("adam" + std::to_string(l), 2 * w));
+  }
+  for (int l = 0; l < layers; ++l) g.ops.push_back({"fwd" + std::to_string(l), {weight[l]}, {}, 1, {act[l]}});
+  for (int l = layers; l-- > 0;) g.ops.push_back({"bwd" + std::to_string(l), {weight[l], act[l]}, {}, 1, {grad[l]}});
+  for (int l = 0; l < layers; ++l) g.ops.push_back({"opt" + std::to_string(l), {grad[l]}, {weight[l], state[l]}, 1});
+  return g;
+}
+
+TEST(TiersTest, RoomyDramMeansNoNvmeTrafficInTheSteadyState) {
+  Graph g = TinyTraining(4, 100);
+  auto gpu = PlanResidency(g, 500);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  auto lower = PlanLowerTiers(g, *gpu, 1 << 20, 1 << 20);
+  ASSERT_TRUE(lower.ok()) << lower.status();
+  EXPECT_TRUE(ReplayLowerTiers(g, *gpu, *lower, 1 << 20, 1 << 20).ok());
+  EXPECT_EQ(lower->nvme_read_bytes, 0u);
+  EXPECT_EQ(lower->nvme_write_bytes, 0u);
+  EXPECT_GT(gpu->bytes_loaded, 0u);
+}
+
+TEST(TiersTest, TightDramSpillsToNvmeAndLosesNothing) {
+  Graph g = TinyTraining(4, 100);
+  auto gpu = PlanResidency(g, 500);
+  ASSERT_TRUE(gpu.ok());
+  auto lower = PlanLowerTiers(g, *gpu, 600, 1 << 20);
+  ASSERT_TRUE(lower.ok()) << lower.status();
+  ASSERT_TRUE(ReplayLowerTiers(g, *gpu, *lower, 600, 1 << 20).ok()) << ReplayLowerTiers(g, *gpu, *lower, 600, 1 << 20);
+  EXPECT_GT(lower->nvme_read_bytes, 0u);
+  EXPECT_GT(lower->nvme_write_bytes, 0u);
+  EXPECT_LE(lower->peak_dram_bytes, 600u);
+  // A plan that forgets one push-down would drop the only copy: replay says so.
+  LowerTierPlan broken = *lower;
+  for (LowerEvent& e : broken.events) {
+    if (e.kind == LowerKind::kPushDown) {
+      e.kind = LowerKind::kDrop;
+      break;
+    }
+  }
+  EXPECT_FALSE(ReplayLowerTiers(g, *gpu, broken, 600, 1 << 20).ok());
+}
+
+TEST(TiersTest, TooLittleNvmeIsRefusedWithTheNumbers) {
+  Graph g = TinyTraining(4, 100);
+  auto gpu = PlanResidency(g, 500);
+  ASSERT_TRUE(gpu.ok());
+  auto lower = PlanLowerTiers(g, *gpu, 600, 100);
+  ASSERT_EQ(lower.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(lower.status().message().find("NVMe budget is 100 B"), absl::string_view::npos) << lower.status();
+  EXPECT_EQ(PlanLowerTiers(g, *gpu, 150, 1 << 20).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST(TiersTest, RandomGraphsAndBudgetsReplayCleanly) {
+  std::mt19937_64 rng(17);
+  int planned = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    Graph g;
+    const int tensors = 2 + rng() % 10;
+    uint64_t largest = 0;
+    for (int t = 0; t < tensors; ++t) {
+      g.tensors.push_back({"t" + std::to_string(t), 1 + rng() % 50, rng() % 12 == 0});
+      largest = std::max(largest, g.tensors.back().bytes);
+    }
+    for (int i = 0, ops = 1 + rng() % 25; i < ops; ++i) {
+      GraphOp op{"op" + std::to_string(i), {}, {}, 1};
+      for (int k = rng() % 3; k >= 0; --k) op.reads.push_back(rng() % tensors);
+      if (rng() % 2) op.writes.push_back(rng() % tensors);
+      if (rng() % 3 == 0) op.overwrites.push_back(rng() % tensors);
+      g.ops.push_back(op);
+    }
+    const uint64_t gpu_budget = largest * (1 + rng() % 4), dram = largest * (1 + rng() % 4);
+    auto gpu = PlanResidency(g, gpu_budget);
+    if (!gpu.ok()) continue;
+    auto lower = PlanLowerTiers(g, *gpu, dram, 1 << 20);
+    if (!lower.ok()) {
+      ASSERT_EQ(lower.status().code(), absl::StatusCode::kResourceExhausted) << lower.status();
+      continue;
+    }
+    ++planned;
+    ASSERT_TRUE(ReplayLowerTiers(g, *gpu, *lower, dram, 1 << 20).ok())
+        << ReplayLowerTiers(g, *gpu, *lower, dram, 1 << 20) << " trial " << trial;
+  }
+  EXPECT_GT(planned, 150);
+}
+
+}  // namespace
+}  // namespace tierd::prefetcher

@@ -59,6 +59,9 @@ absl::StatusOr<LowerTierPlan> PlanLowerTiers(const Graph& graph, const Residency
     seen[lap[p % len].tensor] = p;
   }
   std::vector<size_t> cur_next = seen;  // per tensor: the position of its next demand
+  // Per tensor: the op (lap * ops + op) of its latest demand. A copy the current op's moves
+  // are still using (read by one of its loads, just written back) is not a victim.
+  std::vector<int64_t> busy_op(n, -1);
   LowerState s;
   s.dram.assign(n, false);
   s.nvme.assign(n, false);
@@ -98,12 +101,16 @@ absl::StatusOr<LowerTierPlan> PlanLowerTiers(const Graph& graph, const Residency
     while (needs_room && s.dram_bytes + bytes(t) > dram_budget) {
       int victim = -1;
       for (size_t v = 0; v < n; ++v) {
-        if (!s.dram[v] || v == t) continue;
+        if (!s.dram[v] || v == t || busy_op[v] == static_cast<int64_t>(p / len * graph.ops.size() + d.op)) continue;
         if (victim < 0) { victim = static_cast<int>(v); continue; }
         const bool dv = is_dead(v), dw = is_dead(victim);
         if ((dv && !dw) || (dv == dw && cur_next[v] > cur_next[victim])) victim = static_cast<int>(v);
       }
-      // victim >= 0: the room needed is at most the budget, so something else is there.
+      if (victim < 0) {
+        return absl::ResourceExhaustedError(absl::StrFormat(
+            "op %d ('%s') needs %s in DRAM at once for its own moves; the DRAM budget is %s", d.op,
+            graph.ops[d.op].name, FormatBytes(s.dram_bytes + bytes(t)), FormatBytes(dram_budget)));
+      }
       const TensorIndex v = static_cast<TensorIndex>(victim);
       if (!s.nvme[v] && !is_dead(v)) {
         emit(LowerKind::kPushDown, v);
@@ -116,6 +123,7 @@ absl::StatusOr<LowerTierPlan> PlanLowerTiers(const Graph& graph, const Residency
       s.dram[v] = false;
       s.dram_bytes -= bytes(v);
     }
+    busy_op[t] = static_cast<int64_t>(p / len * graph.ops.size() + d.op);
     switch (d.kind) {
       case LowerKind::kRead:
         if (!s.dram[t]) {

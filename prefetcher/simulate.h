@@ -1,0 +1,122 @@
+// The planner's simulator: plays a plan (GPU residency + tiers below) forward in time
+// over a link model, with the compute stream running the ops in order, and says what the
+// run will cost: step time, stall time, bytes per link, peak bytes per tier. The same
+// engine records a timeline (ops on one track, moves per link on others) for traces.
+//
+// When each move is issued (the schedule the executor follows):
+//   - a GPU eviction becomes possible when its tensor's last use before it has finished;
+//     a clean or dead copy is freed then, a dirty one is written back (GPU->DRAM link) and
+//     its memory is freed when the copy lands;
+//   - loads (and room for overwrites) are granted GPU memory strictly in op order, each as
+//     soon as the budget has room for it, and go out on the DRAM->GPU link in that order:
+//     the link never idles while a later load could run, each load lands as far ahead of
+//     its op as the budget permits, and the budget holds at every instant (a grant waits
+//     for frees; it cannot deadlock because every free it may wait for belongs to an
+//     earlier or the same op);
+//   - NVMe stages and push-downs share one device; DRAM room is granted in plan order.
+// Deadlines: op i starts when op i-1 is done and all of op i's loads have landed. Time it
+// waits for them is stall.
+#ifndef TIERD_PREFETCHER_SIMULATE_H_
+#define TIERD_PREFETCHER_SIMULATE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "prefetcher/graph.h"
+#include "prefetcher/residency.h"
+#include "prefetcher/tiers.h"
+
+namespace tierd::prefetcher {
+
+struct LinkModel {
+  double h2d_bytes_per_s = 55e9;  // DRAM -> GPU (pinned)
+  double d2h_bytes_per_s = 55e9;  // GPU -> DRAM
+  double nvme_read_bytes_per_s = 2e9;   // NVMe is one device: reads and writes share it
+  double nvme_write_bytes_per_s = 2e9;
+  double move_latency_s = 10e-6;  // per move, on top of bytes / bandwidth
+};
+
+struct Budgets {
+  uint64_t gpu = 0, dram = 0, nvme = 0;
+};
+
+// The whole plan for a graph: what is where at each op, and the moves below the GPU.
+// MIN decides residency at op boundaries and likes to evict what the previous op just
+// used; a load for op i would then wait for op i-1 to end. So residency is planned under
+// the GPU budget minus a prefetch reserve: the reserve is room for the next op's loads
+// to land while the current op still holds its tensors.
+struct Plan {
+  ResidencyPlan gpu;
+  LowerTierPlan lower;
+  uint64_t reserve_bytes = 0;
+};
+absl::StatusOr<Plan> MakePlan(const Graph& graph, const Budgets& budgets, uint64_t reserve_bytes = 0);
+
+enum class Track : uint8_t { kCompute, kH2D, kD2H, kNvme };
+const char* TrackName(Track track);
+
+struct TimelineEvent {
+  Track track = Track::kCompute;
+  std::string name;  // op name, or "load w3", "write-back grad.3", ...
+  double start = 0, end = 0;
+  uint64_t bytes = 0;
+  int iteration = 0;
+  uint32_t op = 0;  // the op it runs or serves
+};
+
+struct SimOptions {
+  int iterations = 4;       // the first is warm-up and not measured
+  uint64_t seed = 1;
+  double jitter = 0;        // op times and link speeds scaled by uniform(1-j, 1+j)
+  bool record_timeline = false;
+};
+
+struct SimResult {
+  // Per measured iteration (means).
+  double step_seconds = 0;
+  double compute_seconds = 0;
+  double stall_seconds = 0;
+  double max_step_seconds = 0;
+  uint64_t h2d_bytes = 0, d2h_bytes = 0, nvme_read_bytes = 0, nvme_write_bytes = 0;
+  // Over the measured iterations.
+  uint64_t peak_gpu_bytes = 0, peak_dram_bytes = 0, peak_nvme_bytes = 0;
+  std::vector<double> op_stall_seconds;  // per op, mean per iteration
+  std::vector<TimelineEvent> timeline;
+};
+
+// INTERNAL if the schedule deadlocks or a budget is broken (a planner bug, never input);
+// INVALID_ARGUMENT for a bad link model or options.
+absl::StatusOr<SimResult> SimulatePlan(const Graph& graph, const Plan& plan, const Budgets& budgets,
+                                       const LinkModel& link, const SimOptions& options);
+
+// The baseline: no plan, tensors fetched when an op needs them (least recently used evicted,
+// dirty copies written back first, NVMe when DRAM is full), every transfer on the critical
+// path — what an on-demand pager does. Overwrites are not fetched (the client says so), but
+// dead values are written back (a pager cannot know they are dead).
+absl::StatusOr<SimResult> SimulateOnDemandLru(const Graph& graph, const Budgets& budgets,
+                                              const LinkModel& link, const SimOptions& options);
+
+// Plans with a few reserves (0 to 4x the largest single op's incoming bytes), simulates
+// each, and returns the one with the shortest predicted step: more reserve means more
+// traffic (a smaller budget for MIN) but more overlap. `tried`, if given, lists them.
+struct PlanCandidate {
+  uint64_t reserve_bytes = 0;
+  double step_seconds = 0, stall_seconds = 0;
+  uint64_t h2d_bytes = 0;
+};
+absl::StatusOr<Plan> PlanBest(const Graph& graph, const Budgets& budgets, const LinkModel& link,
+                              std::vector<PlanCandidate>* tried = nullptr);
+
+// No stalls beyond what the links force: each link must carry the plan's bytes (the least
+// any plan under these budgets moves, by MIN) within the step, and compute must run.
+struct LowerBound {
+  double step_seconds = 0, stall_seconds = 0, compute_seconds = 0;
+  const char* bound_by = "compute";
+};
+LowerBound ComputeLowerBound(const Graph& graph, const Plan& plan, const LinkModel& link);
+
+}  // namespace tierd::prefetcher
+
+#endif  // TIERD_PREFETCHER_SIMULATE_H_

@@ -1,0 +1,163 @@
+#include "prefetcher/simulate.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+namespace tierd::prefetcher {
+namespace {
+
+constexpr uint64_t kGB = 1000 * 1000 * 1000;
+
+// Forward over `layers` weights of `w` bytes, each op `seconds` long, then backward that
+// writes gradients, then an optimizer op per layer.
+Graph Stream(int layers, uint64_t w, double seconds) {
+  Graph g;
+  for (int l = 0; l < layers; ++l) g.tensors.push_back({"w" + std::to_string(l), w, false});
+  for (int l = 0; l < layers; ++l) g.tensors.push_back({"g" + std::to_string(l), w, false});
+  auto W = [](int l) { return static_cast<TensorIndex>(l); };
+  auto G = [layers](int l) { return static_cast<TensorIndex>(layers + l); };
+  for (int l = 0; l < layers; ++l) g.ops.push_back({"fwd" + std::to_string(l), {W(l)}, {}, seconds});
+  for (int l = layers; l-- > 0;) g.ops.push_back({"bwd" + std::to_string(l), {W(l)}, {}, 2 * seconds, {G(l)}});
+  for (int l = 0; l < layers; ++l) g.ops.push_back({"opt" + std::to_string(l), {G(l)}, {W(l)}, seconds});
+  return g;
+}
+
+LinkModel Links() {
+  LinkModel link;
+  link.move_latency_s = 0;
+  return link;
+}
+
+TEST(SimulateTest, EverythingResidentMeansNoStallAndNoTraffic) {
+  Graph g = Stream(4, kGB, 0.01);
+  Budgets budgets{100 * kGB, 100 * kGB, 100 * kGB};
+  auto plan = MakePlan(g, budgets);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  auto sim = SimulatePlan(g, *plan, budgets, Links(), {});
+  ASSERT_TRUE(sim.ok()) << sim.status();
+  EXPECT_DOUBLE_EQ(sim->stall_seconds, 0);
+  EXPECT_EQ(sim->h2d_bytes, 0u);
+  EXPECT_NEAR(sim->step_seconds, sim->compute_seconds, 1e-9);
+}
+
+TEST(SimulateTest, ComputeHeavyStreamingHidesEveryTransfer) {
+  // 1 GB weights at 55 GB/s = 18 ms each; forward ops take 50 ms: prefetch hides the loads.
+  Graph g = Stream(8, kGB, 0.05);
+  Budgets budgets{6 * kGB, 100 * kGB, 100 * kGB};
+  std::vector<PlanCandidate> tried;
+  auto plan = PlanBest(g, budgets, Links(), &tried);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_GT(plan->gpu.bytes_loaded, 0u);
+  auto sim = SimulatePlan(g, *plan, budgets, Links(), {});
+  ASSERT_TRUE(sim.ok()) << sim.status();
+  EXPECT_LT(sim->stall_seconds, 0.02 * sim->step_seconds) << sim->stall_seconds;
+  ASSERT_GT(tried.size(), 1u);
+  EXPECT_EQ(tried[0].reserve_bytes, 0u);
+  EXPECT_GT(tried[0].stall_seconds, sim->stall_seconds) << "MIN alone waits for the op before";
+  EXPECT_LE(sim->peak_gpu_bytes, budgets.gpu);
+  EXPECT_EQ(sim->h2d_bytes, plan->gpu.bytes_loaded);
+  auto lru = SimulateOnDemandLru(g, budgets, Links(), {});
+  ASSERT_TRUE(lru.ok()) << lru.status();
+  EXPECT_GT(lru->stall_seconds, 5 * sim->stall_seconds);
+}
+
+TEST(SimulateTest, LinkBoundRunsAtTheLinkSpeed) {
+  // Ops take ~no time: the step is the time the links need; the plan gets within 20%.
+  Graph g = Stream(8, kGB, 1e-4);
+  Budgets budgets{4 * kGB, 100 * kGB, 100 * kGB};
+  auto plan = PlanBest(g, budgets, Links());
+  ASSERT_TRUE(plan.ok());
+  auto sim = SimulatePlan(g, *plan, budgets, Links(), {});
+  ASSERT_TRUE(sim.ok()) << sim.status();
+  const LowerBound lb = ComputeLowerBound(g, *plan, Links());
+  EXPECT_STRNE(lb.bound_by, "compute");
+  EXPECT_GE(sim->step_seconds, lb.step_seconds * 0.999);
+  // Not exactly the bound: a load may wait for a write-back to free its room.
+  EXPECT_LE(sim->step_seconds, lb.step_seconds * 1.20) << "lower bound " << lb.step_seconds;
+}
+
+TEST(SimulateTest, TightDramGoesThroughNvmeAndKeepsEveryBudget) {
+  Graph g = Stream(8, kGB, 0.2);
+  Budgets budgets{4 * kGB, 6 * kGB, 100 * kGB};
+  auto plan = MakePlan(g, budgets);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  auto sim = SimulatePlan(g, *plan, budgets, Links(), {});
+  ASSERT_TRUE(sim.ok()) << sim.status();
+  EXPECT_GT(sim->nvme_read_bytes, 0u);
+  EXPECT_EQ(sim->nvme_read_bytes, plan->lower.nvme_read_bytes);
+  EXPECT_LE(sim->peak_gpu_bytes, budgets.gpu);
+  EXPECT_LE(sim->peak_dram_bytes, budgets.dram);
+}
+
+TEST(SimulateTest, SameSeedSameRunAndJitterStaysNearThePrediction) {
+  Graph g = Stream(6, kGB, 0.05);
+  Budgets budgets{4 * kGB, 100 * kGB, 100 * kGB};
+  auto plan = MakePlan(g, budgets);
+  ASSERT_TRUE(plan.ok());
+  SimOptions jittery;
+  jittery.jitter = 0.2;
+  jittery.seed = 7;
+  jittery.iterations = 6;
+  auto a = SimulatePlan(g, *plan, budgets, Links(), jittery);
+  auto b = SimulatePlan(g, *plan, budgets, Links(), jittery);
+  auto exact = SimulatePlan(g, *plan, budgets, Links(), {});
+  ASSERT_TRUE(a.ok() && b.ok() && exact.ok());
+  EXPECT_DOUBLE_EQ(a->step_seconds, b->step_seconds);
+  EXPECT_NEAR(a->step_seconds, exact->step_seconds, 0.2 * exact->step_seconds);
+}
+
+TEST(SimulateTest, BadOptionsAreRefused) {
+  Graph g = Stream(2, kGB, 0.01);
+  Budgets budgets{100 * kGB, 100 * kGB, 100 * kGB};
+  auto plan = MakePlan(g, budgets);
+  ASSERT_TRUE(plan.ok());
+  LinkModel broken = Links();
+  broken.h2d_bytes_per_s = 0;
+  EXPECT_EQ(SimulatePlan(g, *plan, budgets, broken, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  SimOptions one;
+  one.iterations = 1;
+  EXPECT_EQ(SimulatePlan(g, *plan, budgets, Links(), one).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Random graphs, budgets and jitter: the schedule never deadlocks, never exceeds a budget,
+// moves exactly the plan's bytes, and is never faster than the lower bound.
+TEST(SimulateTest, RandomGraphsNeverDeadlockOrBreakABudget) {
+  std::mt19937_64 rng(23);
+  int simulated = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    Graph g;
+    const int tensors = 2 + rng() % 10;
+    uint64_t largest = 0;
+    for (int t = 0; t < tensors; ++t) {
+      g.tensors.push_back({"t" + std::to_string(t), (1 + rng() % 50) * 1000000, rng() % 12 == 0});
+      largest = std::max(largest, g.tensors.back().bytes);
+    }
+    for (int i = 0, ops = 1 + rng() % 25; i < ops; ++i) {
+      GraphOp op{"op" + std::to_string(i), {}, {}, (rng() % 100) * 1e-4};
+      for (int k = rng() % 3; k >= 0; --k) op.reads.push_back(rng() % tensors);
+      if (rng() % 2) op.writes.push_back(rng() % tensors);
+      if (rng() % 3 == 0) op.overwrites.push_back(rng() % tensors);
+      g.ops.push_back(op);
+    }
+    Budgets budgets{largest * (1 + rng() % 4), largest * (1 + rng() % 4), 1ull << 40};
+    auto plan = MakePlan(g, budgets);
+    if (!plan.ok()) continue;
+    SimOptions options;
+    options.seed = trial;
+    options.jitter = (rng() % 3) * 0.1;
+    auto sim = SimulatePlan(g, *plan, budgets, Links(), options);
+    ASSERT_TRUE(sim.ok()) << sim.status() << " trial " << trial;
+    ++simulated;
+    EXPECT_LE(sim->peak_gpu_bytes, budgets.gpu);
+    EXPECT_LE(sim->peak_dram_bytes, budgets.dram);
+    EXPECT_EQ(sim->h2d_bytes, plan->gpu.bytes_loaded) << trial;
+    if (options.jitter == 0) {
+      EXPECT_GE(sim->step_seconds, ComputeLowerBound(g, *plan, Links()).step_seconds * 0.999) << trial;
+    }
+  }
+  EXPECT_GT(simulated, 90);
+}
+
+}  // namespace
+}  // namespace tierd::prefetcher

@@ -41,11 +41,11 @@ namespace {
 enum Queue : int { kNoQueue = -1, kCompute = 0, kH2D, kD2H, kNvmeRead, kNvmeWrite, kQueues };
 
 enum class Effect : uint8_t {
-  kOp, kGate, kLoad, kAlloc, kFreeGpu, kWriteBack, kStage, kPushDown, kDropDram, kInvalidate
+  kOp, kLoad, kAlloc, kFreeGpu, kWriteBack, kStage, kPushDown, kDropDram, kInvalidate
 };
 
 struct Task {
-  Effect effect = Effect::kGate;
+  Effect effect = Effect::kOp;
   int queue = kNoQueue;
   TensorIndex tensor = 0;
   uint64_t bytes = 0;
@@ -255,6 +255,12 @@ class Engine {
       why += absl::StrFormat(" queue %d waits (op %d it %d effect %d pending %d)", q, t.op, t.iteration,
                              static_cast<int>(t.effect), t.pending);
     }
+    if (next_ticket_ < tickets_.size()) {
+      const Task& t = tasks_[tickets_[next_ticket_]];
+      why += absl::StrFormat("; DRAM room is next granted to op %d it %d effect %d ('%s', %s, pending %d)", t.op,
+                             t.iteration, static_cast<int>(t.effect), graph_.tensors[t.tensor].name,
+                             FormatBytes(t.bytes), t.pending);
+    }
     return absl::InternalError(absl::StrFormat(
         "the schedule deadlocked (a planner bug): GPU %s of %s, DRAM %s of %s;%s", FormatBytes(gpu_),
         FormatBytes(budgets_.gpu), FormatBytes(dram_), FormatBytes(budgets_.dram), why));
@@ -385,8 +391,7 @@ absl::StatusOr<SimResult> SimulatePlan(const Graph& graph, const Plan& plan, con
     lower_pos = 0;
     for (uint32_t i = 0; i < ops; ++i) {
       // GPU evictions: possible once the tensor's last use has finished.
-      std::map<TensorIndex, int> write_back_task;
-      std::vector<int> evictions;
+      std::map<TensorIndex, int> write_back_task, dead_drop_task;
       for (const Eviction& e : plan.gpu.evictions[i]) {
         const int j = prev.op[i][e.tensor];
         const int jt = prev.wrapped[i][e.tensor] ? it - 1 : it;
@@ -397,10 +402,8 @@ absl::StatusOr<SimResult> SimulatePlan(const Graph& graph, const Plan& plan, con
                            : engine.Add(Effect::kFreeGpu, kNoQueue, e.tensor, bytes(e.tensor), 0, it, i);
         engine.Depend(id, last_use);
         if (e.write_back) write_back_task[e.tensor] = id;
-        evictions.push_back(id);
+        if (e.dead) dead_drop_task[e.tensor] = id;
       }
-      const int gate = engine.Add(Effect::kGate, kNoQueue, 0, 0, 0, it, i);
-      for (int e : evictions) engine.Depend(gate, e);
       std::map<TensorIndex, int> load_task;
       std::vector<int> arrivals;
       for (TensorIndex t : plan.gpu.allocs[i]) {
@@ -414,7 +417,8 @@ absl::StatusOr<SimResult> SimulatePlan(const Graph& graph, const Plan& plan, con
       }
       const int op = engine.Add(Effect::kOp, kCompute, 0, 0, graph.ops[i].seconds * scale(), it, i);
       op_task[it][i] = op;
-      engine.Depend(op, i > 0 ? op_task[it][i - 1] : (it > 0 ? op_task[it - 1][ops - 1] : -1));
+      const int previous_op = i > 0 ? op_task[it][i - 1] : (it > 0 ? op_task[it - 1][ops - 1] : -1);
+      engine.Depend(op, previous_op);
       for (int a : arrivals) engine.Depend(op, a);
       // The moves below the GPU for this op, in plan order.
       for (; lower_pos < plan.lower.events.size() && plan.lower.events[lower_pos].op == i; ++lower_pos) {
@@ -456,8 +460,10 @@ absl::StatusOr<SimResult> SimulatePlan(const Graph& graph, const Plan& plan, con
             break;
           }
           case LowerKind::kInvalidate: {
+            // Stale once the GPU copy is dropped dead, or once op i may run and write it.
             const int id = engine.Add(Effect::kInvalidate, kNoQueue, t, bytes(t), 0, it, i);
-            engine.Depend(id, gate);
+            auto dead = dead_drop_task.find(t);
+            engine.Depend(id, dead != dead_drop_task.end() ? dead->second : previous_op);
             engine.Depend(id, dram_user[t]);
             engine.Depend(id, pushed[t]);
             dram_user[t] = id;

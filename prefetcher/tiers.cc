@@ -10,12 +10,18 @@ namespace tierd::prefetcher {
 
 const char* LowerKindName(LowerKind kind) {
   switch (kind) {
-    case LowerKind::kWriteBack: return "write-back";
-    case LowerKind::kRead: return "read";
-    case LowerKind::kStage: return "stage";
-    case LowerKind::kPushDown: return "push-down";
-    case LowerKind::kDrop: return "drop";
-    case LowerKind::kInvalidate: return "invalidate";
+    case LowerKind::kWriteBack:
+      return "write-back";
+    case LowerKind::kRead:
+      return "read";
+    case LowerKind::kStage:
+      return "stage";
+    case LowerKind::kPushDown:
+      return "push-down";
+    case LowerKind::kDrop:
+      return "drop";
+    case LowerKind::kInvalidate:
+      return "invalidate";
   }
   return "?";
 }
@@ -29,8 +35,10 @@ std::vector<LowerEvent> Demands(const Graph& graph, const ResidencyPlan& gpu) {
   std::vector<LowerEvent> out;
   for (uint32_t i = 0; i < graph.ops.size(); ++i) {
     for (const Eviction& e : gpu.evictions[i]) {
-      if (e.dead) out.push_back({i, LowerKind::kInvalidate, e.tensor});
-      else if (e.write_back) out.push_back({i, LowerKind::kWriteBack, e.tensor});
+      if (e.dead)
+        out.push_back({i, LowerKind::kInvalidate, e.tensor});
+      else if (e.write_back)
+        out.push_back({i, LowerKind::kWriteBack, e.tensor});
     }
     for (TensorIndex t : gpu.loads[i]) out.push_back({i, LowerKind::kRead, t});
     for (TensorIndex t : Touched(graph.ops[i])) {
@@ -47,18 +55,19 @@ struct LowerState {
 
 }  // namespace
 
-absl::StatusOr<LowerTierPlan> PlanLowerTiers(const Graph& graph, const ResidencyPlan& gpu,
-                                             uint64_t dram_budget, uint64_t nvme_budget) {
+absl::StatusOr<LowerTierPlan> PlanLowerTiers(const Graph& graph, const ResidencyPlan& gpu, uint64_t dram_budget,
+                                             uint64_t nvme_budget) {
   const size_t n = graph.tensors.size();
   const std::vector<LowerEvent> lap = Demands(graph, gpu);
-  // Three laps of demands; next_same[p]: the position of the next demand on the same tensor.
+  // gap[j]: how many positions after demand j the same tensor is demanded again (cyclic).
   const size_t len = lap.size();
-  std::vector<size_t> next_same(3 * len, kNever), seen(n, kNever);
-  for (size_t p = 3 * len; p-- > 0;) {
-    next_same[p] = seen[lap[p % len].tensor];
-    seen[lap[p % len].tensor] = p;
+  std::vector<size_t> gap(len, 0), seen(n, kNever);
+  for (size_t p = 2 * len; p-- > 0;) {
+    const TensorIndex t = lap[p % len].tensor;
+    if (p < len) gap[p] = seen[t] - p;
+    seen[t] = p;
   }
-  std::vector<size_t> cur_next = seen;  // per tensor: the position of its next demand
+  std::vector<size_t> cur_next = seen;  // per tensor: the absolute position of its next demand
   // Per tensor: the op (lap * ops + op) of its latest demand. A copy the current op's moves
   // are still using (read by one of its loads, just written back) is not a victim.
   std::vector<int64_t> busy_op(n, -1);
@@ -80,98 +89,104 @@ absl::StatusOr<LowerTierPlan> PlanLowerTiers(const Graph& graph, const Residency
   auto is_dead = [&](size_t t) {
     return cur_next[t] == kNever || lap[cur_next[t] % len].kind == LowerKind::kInvalidate;
   };
-  for (size_t p = 0; p < 2 * len; ++p) {
-    const LowerEvent& d = lap[p % len];
-    const bool record = p >= len;
-    const TensorIndex t = d.tensor;
-    auto emit = [&](LowerKind kind, TensorIndex tensor) {
-      if (record) plan.events.push_back({d.op, kind, tensor});
-    };
-    if (record && p == len) {
-      plan.dram_at_start = s.dram;
-      plan.nvme_at_start = s.nvme;
-    }
-    cur_next[t] = next_same[p];
-    const bool needs_room = d.kind != LowerKind::kInvalidate && !s.dram[t];
-    if (needs_room && bytes(t) > dram_budget) {
-      return absl::ResourceExhaustedError(absl::StrFormat("tensor '%s' (%s) does not fit the DRAM budget of %s",
-                                                          graph.tensors[t].name, FormatBytes(bytes(t)),
-                                                          FormatBytes(dram_budget)));
-    }
-    while (needs_room && s.dram_bytes + bytes(t) > dram_budget) {
-      int victim = -1;
-      for (size_t v = 0; v < n; ++v) {
-        if (!s.dram[v] || v == t || busy_op[v] == static_cast<int64_t>(p / len * graph.ops.size() + d.op)) continue;
-        if (victim < 0) { victim = static_cast<int>(v); continue; }
-        const bool dv = is_dead(v), dw = is_dead(victim);
-        if ((dv && !dw) || (dv == dw && cur_next[v] > cur_next[victim])) victim = static_cast<int>(v);
+  // Lap until the state entering a lap repeats (then the events are a cycle the executor
+  // can replay every iteration).
+  constexpr int kLaps = 40;
+  bool settled = false;
+  for (int lap_index = 0; lap_index < kLaps && !settled; ++lap_index) {
+    const LowerState lap_start = s;
+    plan = LowerTierPlan{};
+    plan.dram_at_start = s.dram;
+    plan.nvme_at_start = s.nvme;
+    for (size_t p = lap_index * len; p < (lap_index + 1) * len; ++p) {
+      const LowerEvent& d = lap[p % len];
+      const TensorIndex t = d.tensor;
+      auto emit = [&](LowerKind kind, TensorIndex tensor) { plan.events.push_back({d.op, kind, tensor}); };
+      cur_next[t] = p + gap[p % len];
+      const bool needs_room = d.kind != LowerKind::kInvalidate && !s.dram[t];
+      if (needs_room && bytes(t) > dram_budget) {
+        return absl::ResourceExhaustedError(absl::StrFormat("tensor '%s' (%s) does not fit the DRAM budget of %s",
+                                                            graph.tensors[t].name, FormatBytes(bytes(t)),
+                                                            FormatBytes(dram_budget)));
       }
-      if (victim < 0) {
-        return absl::ResourceExhaustedError(absl::StrFormat(
-            "op %d ('%s') needs %s in DRAM at once for its own moves; the DRAM budget is %s", d.op,
-            graph.ops[d.op].name, FormatBytes(s.dram_bytes + bytes(t)), FormatBytes(dram_budget)));
-      }
-      const TensorIndex v = static_cast<TensorIndex>(victim);
-      if (!s.nvme[v] && !is_dead(v)) {
-        emit(LowerKind::kPushDown, v);
-        s.nvme[v] = true;
-        s.nvme_bytes += bytes(v);
-        if (record) plan.nvme_write_bytes += bytes(v);
-      } else {
-        emit(LowerKind::kDrop, v);
-      }
-      s.dram[v] = false;
-      s.dram_bytes -= bytes(v);
-    }
-    busy_op[t] = static_cast<int64_t>(p / len * graph.ops.size() + d.op);
-    switch (d.kind) {
-      case LowerKind::kRead:
-        if (!s.dram[t]) {
-          if (!s.nvme[t]) {
-            return absl::InternalError(absl::StrFormat("op %d loads '%s' but no tier below holds it",
-                                                       d.op, graph.tensors[t].name));
+      while (needs_room && s.dram_bytes + bytes(t) > dram_budget) {
+        int victim = -1;
+        for (size_t v = 0; v < n; ++v) {
+          if (!s.dram[v] || v == t || busy_op[v] == static_cast<int64_t>(p / len * graph.ops.size() + d.op)) continue;
+          if (victim < 0) {
+            victim = static_cast<int>(v);
+            continue;
           }
-          emit(LowerKind::kStage, t);
-          if (record) plan.nvme_read_bytes += bytes(t);
-          s.dram[t] = true;
-          s.dram_bytes += bytes(t);
+          const bool dv = is_dead(v), dw = is_dead(victim);
+          if ((dv && !dw) || (dv == dw && cur_next[v] > cur_next[victim])) victim = static_cast<int>(v);
         }
-        emit(LowerKind::kRead, t);
-        break;
-      case LowerKind::kWriteBack:
-        if (!s.dram[t]) {
-          s.dram[t] = true;
-          s.dram_bytes += bytes(t);
+        if (victim < 0) {
+          return absl::ResourceExhaustedError(
+              absl::StrFormat("op %d ('%s') needs %s in DRAM at once for its own moves; the DRAM budget is %s", d.op,
+                              graph.ops[d.op].name, FormatBytes(s.dram_bytes + bytes(t)), FormatBytes(dram_budget)));
         }
-        if (s.nvme[t]) {
-          s.nvme[t] = false;
-          s.nvme_bytes -= bytes(t);
+        const TensorIndex v = static_cast<TensorIndex>(victim);
+        if (!s.nvme[v] && !is_dead(v)) {
+          emit(LowerKind::kPushDown, v);
+          s.nvme[v] = true;
+          s.nvme_bytes += bytes(v);
+          plan.nvme_write_bytes += bytes(v);
+        } else {
+          emit(LowerKind::kDrop, v);
         }
-        emit(LowerKind::kWriteBack, t);
-        break;
-      case LowerKind::kInvalidate:
-        if (s.dram[t]) s.dram_bytes -= bytes(t);
-        if (s.nvme[t]) s.nvme_bytes -= bytes(t);
-        s.dram[t] = s.nvme[t] = false;
-        emit(LowerKind::kInvalidate, t);
-        break;
-      default:
-        break;
-    }
-    if (record) {
+        s.dram[v] = false;
+        s.dram_bytes -= bytes(v);
+      }
+      busy_op[t] = static_cast<int64_t>(p / len * graph.ops.size() + d.op);
+      switch (d.kind) {
+        case LowerKind::kRead:
+          if (!s.dram[t]) {
+            if (!s.nvme[t]) {
+              return absl::InternalError(
+                  absl::StrFormat("op %d loads '%s' but no tier below holds it", d.op, graph.tensors[t].name));
+            }
+            emit(LowerKind::kStage, t);
+            plan.nvme_read_bytes += bytes(t);
+            s.dram[t] = true;
+            s.dram_bytes += bytes(t);
+          }
+          emit(LowerKind::kRead, t);
+          break;
+        case LowerKind::kWriteBack:
+          if (!s.dram[t]) {
+            s.dram[t] = true;
+            s.dram_bytes += bytes(t);
+          }
+          if (s.nvme[t]) {
+            s.nvme[t] = false;
+            s.nvme_bytes -= bytes(t);
+          }
+          emit(LowerKind::kWriteBack, t);
+          break;
+        case LowerKind::kInvalidate:
+          if (s.dram[t]) s.dram_bytes -= bytes(t);
+          if (s.nvme[t]) s.nvme_bytes -= bytes(t);
+          s.dram[t] = s.nvme[t] = false;
+          emit(LowerKind::kInvalidate, t);
+          break;
+        default:
+          break;
+      }
       plan.peak_dram_bytes = std::max(plan.peak_dram_bytes, s.dram_bytes);
       plan.peak_nvme_bytes = std::max(plan.peak_nvme_bytes, s.nvme_bytes);
     }
+    settled = s.dram == lap_start.dram && s.nvme == lap_start.nvme;
   }
-  if (len == 0) {
-    plan.dram_at_start = s.dram;
-    plan.nvme_at_start = s.nvme;
-    plan.peak_nvme_bytes = s.nvme_bytes;
+  if (!settled) {
+    return absl::InternalError(
+        absl::StrFormat("the tiers below the GPU did not settle into a repeating pattern in %d laps (DRAM budget %s); try a slightly different DRAM budget",
+                        kLaps, FormatBytes(dram_budget)));
   }
+  if (len == 0) plan.peak_nvme_bytes = s.nvme_bytes;
   if (plan.peak_nvme_bytes > nvme_budget) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "the tiers below the GPU need %s of NVMe at the peak (DRAM budget %s); the NVMe budget is %s",
-        FormatBytes(plan.peak_nvme_bytes), FormatBytes(dram_budget), FormatBytes(nvme_budget)));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("the tiers below the GPU need %s of NVMe at the peak (DRAM budget %s); the NVMe budget is %s",
+                        FormatBytes(plan.peak_nvme_bytes), FormatBytes(dram_budget), FormatBytes(nvme_budget)));
   }
   return plan;
 }

@@ -1,0 +1,115 @@
+// planbench: the planner against an on-demand LRU pager and against the lower bound, on
+// synthetic Llama-style training traces, by simulation (no GPU needed: the link model is
+// the lent H200's measured one). Prints what it compares, the model, and the ratios.
+//
+//   bazel run -c opt //tools/planbench -- --models=1.3b,7b,13b --accum=1,64
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "base/units.h"
+#include "prefetcher/simulate.h"
+#include "prefetcher/synthetic.h"
+
+ABSL_FLAG(std::string, models, "1.3b,7b,13b", "model shapes: tiny, 1.3b, 7b, 13b");
+ABSL_FLAG(std::string, accum, "1,64", "micro-batches per optimizer step (each 8 x 2048 tokens)");
+ABSL_FLAG(std::string, gpu, "24GiB", "GPU budget");
+ABSL_FLAG(std::string, dram, "64GiB", "DRAM budget");
+ABSL_FLAG(std::string, nvme, "512GiB", "NVMe budget");
+ABSL_FLAG(double, h2d_gbps, 55, "DRAM->GPU GB/s (lent H200, pinned)");
+ABSL_FLAG(double, d2h_gbps, 55, "GPU->DRAM GB/s");
+ABSL_FLAG(double, nvme_gbps, 2, "NVMe GB/s, reads and writes sharing the device");
+ABSL_FLAG(double, tflops, 400, "sustained bf16 TFLOP/s for op times");
+
+namespace tp = tierd::prefetcher;
+
+namespace {
+
+uint64_t Bytes(const std::string& flag) {
+  auto b = tierd::ParseBytes(flag);
+  if (!b.ok()) {
+    std::fprintf(stderr, "planbench: %s\n", std::string(b.status().message()).c_str());
+    std::exit(2);
+  }
+  return *b;
+}
+
+std::string Gb(uint64_t b) { return absl::StrFormat("%.1f", b / 1e9); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Compares tierd's planner with an on-demand LRU pager and with the lower bound (compute or the busiest "
+      "link, whichever is longer), simulating synthetic training steps.\n  planbench --models=7b --accum=1,64");
+  absl::ParseCommandLine(argc, argv);
+  const tp::Budgets budgets{Bytes(absl::GetFlag(FLAGS_gpu)), Bytes(absl::GetFlag(FLAGS_dram)),
+                            Bytes(absl::GetFlag(FLAGS_nvme))};
+  tp::LinkModel link;
+  link.h2d_bytes_per_s = absl::GetFlag(FLAGS_h2d_gbps) * 1e9;
+  link.d2h_bytes_per_s = absl::GetFlag(FLAGS_d2h_gbps) * 1e9;
+  link.nvme_read_bytes_per_s = link.nvme_write_bytes_per_s = absl::GetFlag(FLAGS_nvme_gbps) * 1e9;
+  std::printf("planbench: planner vs on-demand LRU vs lower bound, simulated (not measured on a GPU)\n");
+  std::printf("budgets: GPU %s, DRAM %s, NVMe %s; links: %.0f GB/s DRAM->GPU, %.0f GB/s GPU->DRAM, %.1f GB/s NVMe; "
+              "ops at %.0f TFLOP/s; micro-batch 8 x 2048 tokens; Adam mixed precision (16 B/param)\n",
+              tierd::FormatBytes(budgets.gpu).c_str(), tierd::FormatBytes(budgets.dram).c_str(),
+              tierd::FormatBytes(budgets.nvme).c_str(), link.h2d_bytes_per_s / 1e9, link.d2h_bytes_per_s / 1e9,
+              link.nvme_read_bytes_per_s / 1e9, absl::GetFlag(FLAGS_tflops));
+  std::printf("%-5s %5s %8s | %9s %9s | %9s %9s | %9s %9s %-9s | %7s %8s | %-26s | %-26s | %s\n", "model", "accum",
+              "compute", "plan step", "stall", "LRU step", "stall", "LB step", "stall", "bound", "plan/LB",
+              "LRU/plan", "plan GB h2d/d2h/nvr/nvw", "LRU GB h2d/d2h/nvr/nvw", "plan s");
+  for (const std::string& model : std::vector<std::string>(absl::StrSplit(absl::GetFlag(FLAGS_models), ','))) {
+    auto shape = tp::ShapePreset(model);
+    if (!shape.ok()) {
+      std::fprintf(stderr, "planbench: %s\n", std::string(shape.status().message()).c_str());
+      return 2;
+    }
+    for (const std::string& accum_text : std::vector<std::string>(absl::StrSplit(absl::GetFlag(FLAGS_accum), ','))) {
+      tp::TraceOptions trace;
+      if (!absl::SimpleAtoi(accum_text, &trace.grad_accum) || trace.grad_accum < 1) {
+        std::fprintf(stderr, "planbench: --accum wants positive integers, got '%s'\n", accum_text.c_str());
+        return 2;
+      }
+      trace.flops_per_s = absl::GetFlag(FLAGS_tflops) * 1e12;
+      const tp::Graph graph = tp::SyntheticTransformer(*shape, trace);
+      const auto t0 = std::chrono::steady_clock::now();
+      auto plan = tp::PlanBest(graph, budgets, link);
+      const double plan_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (!plan.ok()) {
+        std::printf("%-5s %5d  cannot plan: %s\n", model.c_str(), trace.grad_accum,
+                    std::string(plan.status().message()).c_str());
+        continue;
+      }
+      tp::SimOptions options;
+      options.iterations = 3;
+      auto sim = tp::SimulatePlan(graph, *plan, budgets, link, options);
+      auto lru = tp::SimulateOnDemandLru(graph, budgets, link, options);
+      if (!sim.ok() || !lru.ok()) {
+        std::fprintf(stderr, "planbench: %s %s\n", std::string(sim.status().message()).c_str(),
+                     std::string(lru.status().message()).c_str());
+        return 1;
+      }
+      const tp::LowerBound lb = tp::ComputeLowerBound(graph, *plan, link);
+      std::printf("%-5s %5d %7.2fs | %8.2fs %8.2fs | %8.2fs %8.2fs | %8.2fs %8.2fs %-9s | %7.3f %7.1fx | %-26s | %-26s | %.1f\n",
+                  model.c_str(), trace.grad_accum, sim->compute_seconds, sim->step_seconds, sim->stall_seconds,
+                  lru->step_seconds, lru->stall_seconds, lb.step_seconds, lb.stall_seconds, lb.bound_by,
+                  sim->step_seconds / lb.step_seconds,
+                  sim->stall_seconds > 0 ? lru->stall_seconds / sim->stall_seconds : 0.0,
+                  (Gb(sim->h2d_bytes) + "/" + Gb(sim->d2h_bytes) + "/" + Gb(sim->nvme_read_bytes) + "/" +
+                   Gb(sim->nvme_write_bytes)).c_str(),
+                  (Gb(lru->h2d_bytes) + "/" + Gb(lru->d2h_bytes) + "/" + Gb(lru->nvme_read_bytes) + "/" +
+                   Gb(lru->nvme_write_bytes)).c_str(),
+                  plan_s);
+      std::fflush(stdout);
+    }
+  }
+  std::printf("plan/LB: planner step over the lower bound (1.000 = at the bound). LRU/plan: LRU stall over planner stall.\n");
+  return 0;
+}

@@ -178,7 +178,7 @@ absl::StatusOr<LowerTierPlan> PlanLowerTiers(const Graph& graph, const Residency
     settled = s.dram == lap_start.dram && s.nvme == lap_start.nvme;
   }
   if (!settled) {
-    return absl::InternalError(
+    return absl::FailedPreconditionError(
         absl::StrFormat("the tiers below the GPU did not settle into a repeating pattern in %d laps (DRAM budget %s); try a slightly different DRAM budget",
                         kLaps, FormatBytes(dram_budget)));
   }

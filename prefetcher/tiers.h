@@ -47,7 +47,9 @@ struct LowerTierPlan {
 };
 
 // RESOURCE_EXHAUSTED naming the tier and the numbers when a tensor cannot fit in DRAM even
-// alone, or when the NVMe copies would exceed `nvme_budget_bytes`.
+// alone, or when the NVMe copies would exceed `nvme_budget_bytes`. FAILED_PRECONDITION when
+// MIN at the DRAM level does not settle into a one-lap cycle (seen only on small random
+// graphs with budgets of a few tensors; the executor then pages on demand).
 absl::StatusOr<LowerTierPlan> PlanLowerTiers(const Graph& graph, const ResidencyPlan& gpu_plan,
                                              uint64_t dram_budget_bytes, uint64_t nvme_budget_bytes);
 

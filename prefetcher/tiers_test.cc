@@ -94,7 +94,9 @@ TEST(TiersTest, RandomGraphsAndBudgetsReplayCleanly) {
     if (!gpu.ok()) continue;
     auto lower = PlanLowerTiers(g, *gpu, dram, 1 << 20);
     if (!lower.ok()) {
-      ASSERT_EQ(lower.status().code(), absl::StatusCode::kResourceExhausted) << lower.status();
+      ASSERT_TRUE(lower.status().code() == absl::StatusCode::kResourceExhausted ||
+                  lower.status().code() == absl::StatusCode::kFailedPrecondition)
+          << lower.status();
       continue;
     }
     ++planned;

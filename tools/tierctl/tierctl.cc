@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "base/units.h"
 #include "proto/tierd.grpc.pb.h"
+#include "tools/tierctl/plan_cmd.h"
 
 ABSL_FLAG(std::string, runtime_dir, "/tmp/tierd", "tierd's runtime directory (where its sockets are)");
 ABSL_FLAG(bool, json, false, "print JSON instead of tables (for scripts)");
@@ -182,21 +183,31 @@ int main(int argc, char** argv) {
       "  tierctl pin SESSION NAME gpu|dram|nvme    keep a tensor in a tier\n"
       "  tierctl unpin SESSION NAME\n"
       "  tierctl config             the daemon's effective configuration\n"
+      "Planning (offline, no daemon needed):\n"
+      "  tierctl plan --model 7b --accum 16 --gpu 24GiB --dram 64GiB [--simulate]\n"
+      "                             predicted step, stall, bytes per link, peaks; --simulate adds\n"
+      "                             the on-demand LRU baseline and the lower bound\n"
+      "  tierctl plan --graph step.yaml --explain layers.3.w    where a tensor is at each op, and why\n"
+      "  tierctl plan --model tiny --dump_graph    the graph file format, by example\n"
+      "  tierctl trace --model 7b --out step.json  the planned timeline for ui.perfetto.dev\n"
       "Common flag: --runtime_dir (default /tmp/tierd).");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() < 2) {
-    std::fprintf(stderr, "tierctl: say what to do: stats, top, leases, pin, unpin or config (--help)\n");
+    std::fprintf(stderr, "tierctl: say what to do: stats, top, leases, pin, unpin, config, plan or trace (--help)\n");
     return 2;
+  }
+  const std::string command = args[1];
+  if (command == "plan" || command == "trace") {
+    return tierd::RunPlanCommand(std::vector<std::string>(args.begin() + 1, args.end()));
   }
   auto stub = tierd::v1::Tierd::NewStub(grpc::CreateChannel(
       "unix:" + absl::GetFlag(FLAGS_runtime_dir) + "/tierd.grpc.sock", grpc::InsecureChannelCredentials()));
-  const std::string command = args[1];
   if (command == "stats") return tierd::Stats(*stub);
   if (command == "top") return tierd::Top(*stub);
   if (command == "leases") return tierd::Leases(*stub);
   if (command == "pin") return tierd::Pin(*stub, args, true);
   if (command == "unpin") return tierd::Pin(*stub, args, false);
   if (command == "config") return tierd::Config(*stub);
-  std::fprintf(stderr, "tierctl: unknown command '%s' (stats, top, leases, pin, unpin, config)\n", command.c_str());
+  std::fprintf(stderr, "tierctl: unknown command '%s' (stats, top, leases, pin, unpin, config, plan, trace)\n", command.c_str());
   return 2;
 }

@@ -205,7 +205,7 @@ absl::StatusOr<void*> Client::Acquire(const Tensor& tensor, Access access, Place
   ipc::RingMessage request{};
   request.op = static_cast<uint32_t>(ipc::RingOp::kAcquire);
   request.tensor_id = tensor.id;
-  request.access = access == Access::kWrite ? 1 : 0;
+  request.access = static_cast<uint8_t>(access);  // 0 read, 1 write, 2 overwrite
   request.place = place == Place::kHost ? 1 : 0;
   auto answer = RingCall(request);
   if (!answer.ok()) return answer.status();
@@ -259,7 +259,8 @@ absl::StatusOr<void*> Client::AcquireRpc(const Tensor& tensor, Access access, Pl
   v1::AcquireRequest request;
   *request.mutable_session() = Ref();
   request.set_tensor_id(tensor.id);
-  request.set_access(access == Access::kWrite ? v1::ACCESS_WRITE : v1::ACCESS_READ);
+  request.set_access(access == Access::kWrite ? v1::ACCESS_WRITE
+                     : access == Access::kOverwrite ? v1::ACCESS_OVERWRITE : v1::ACCESS_READ);
   request.set_place(place == Place::kGpu ? v1::PLACE_GPU : v1::PLACE_HOST);
   v1::AcquireReply reply;
   grpc::ClientContext context;

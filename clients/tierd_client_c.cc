@@ -71,11 +71,11 @@ int tierd_acquire(tierd_client* c, uint64_t tensor, int access, int place, void*
   if (c == nullptr || !c->client) return static_cast<int>(absl::StatusCode::kFailedPrecondition);
   auto known = Known(c, tensor);
   if (!known.ok()) return Report(c, known.status());
-  if (pointer == nullptr || (access != TIERD_ACCESS_READ && access != TIERD_ACCESS_WRITE) ||
+  if (pointer == nullptr || (access < TIERD_ACCESS_READ || access > TIERD_ACCESS_OVERWRITE) ||
       (place != TIERD_PLACE_GPU && place != TIERD_PLACE_HOST)) {
     return Report(c, absl::InvalidArgumentError("tierd_acquire: null pointer, or access/place out of range"));
   }
-  auto p = c->client->Acquire(*known, access == TIERD_ACCESS_WRITE ? tierd::Access::kWrite : tierd::Access::kRead,
+  auto p = c->client->Acquire(*known, static_cast<tierd::Access>(access),
                               place == TIERD_PLACE_GPU ? tierd::Place::kGpu : tierd::Place::kHost);
   if (!p.ok()) return Report(c, p.status());
   *pointer = *p;

@@ -94,6 +94,7 @@ absl::StatusOr<Place> FromProto(v1::Place place) {
 absl::StatusOr<Access> FromProto(v1::Access access) {
   if (access == v1::ACCESS_READ) return Access::kRead;
   if (access == v1::ACCESS_WRITE) return Access::kWrite;
+  if (access == v1::ACCESS_OVERWRITE) return Access::kOverwrite;
   return absl::InvalidArgumentError("access must be ACCESS_READ or ACCESS_WRITE");
 }
 

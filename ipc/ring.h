@@ -30,7 +30,7 @@ enum class RingOp : uint32_t { kAcquire = 1, kRelease = 2 };
 struct RingMessage {
   uint64_t sequence;   // echoed in the response
   uint32_t op;         // RingOp
-  uint8_t access;      // 0 read, 1 write
+  uint8_t access;      // 0 read, 1 write, 2 overwrite
   uint8_t place;       // 0 gpu, 1 host
   uint16_t reserved;
   uint64_t tensor_id;

@@ -291,10 +291,9 @@ absl::StatusOr<ipc::HelloGrant> Daemon::OnHello(const ipc::PeerCredentials& peer
 ipc::RingMessage Daemon::ServeRing(SessionId session, const ipc::RingMessage& request) {
   ipc::RingMessage response = request;
   absl::Status status;
-  if (request.op == static_cast<uint32_t>(ipc::RingOp::kAcquire) && request.access <= 1 &&
+  if (request.op == static_cast<uint32_t>(ipc::RingOp::kAcquire) && request.access <= 2 &&
       request.place <= 1) {
-    auto placement = leases_->Acquire(session, request.tensor_id,
-                                      request.access ? Access::kWrite : Access::kRead,
+    auto placement = leases_->Acquire(session, request.tensor_id, static_cast<Access>(request.access),
                                       request.place ? Place::kHost : Place::kGpu);
     status = placement.status();
     if (placement.ok()) {

@@ -78,7 +78,17 @@ absl::Status LeaseTable::CloseSession(SessionId id) {
     session = std::move(it->second);
     sessions_.erase(it);
   }
-  absl::MutexLock lock(&session->mutex);  // waits for an operation in flight (moves are synchronous)
+  absl::MutexLock lock(&session->mutex);  // waits for an operation holding the lock
+  session->closed = true;                 // no new operation starts
+  // Copies in flight let the lock go: wait for them to land before freeing their memory.
+  session->mutex.Await(absl::Condition(
+      +[](Session* s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        for (const auto& [tid, t] : s->tensors) {
+          if (t->busy > 0) return false;
+        }
+        return true;
+      },
+      session.get()));
   uint64_t leases = 0;
   for (auto& [tensor_id, tensor] : session->tensors) {
     DropCopy(*session, *tensor, Tier::kNvme);  // the shared NVMe arena; the others go whole

@@ -5,7 +5,8 @@
 //      A write acquire frees the other copies (they would be stale), so "dirty" is
 //      simply "the only copy": such a copy is written back before it may be dropped.
 //   2. A leased tensor always has at least one copy (space is taken at Lease, so a lease
-//      that succeeded can always be acquired, given room to fetch into).
+//      that succeeded can always be acquired, given room to fetch into) — unless the plan
+//      discarded it as dead (Demote with dead=true): then only an overwrite may have it.
 //   3. GPU and DRAM copies live in the owning session's arenas (each session maps only
 //      its own memory); NVMe copies in the node's NVMe arena, within the session quota.
 //   4. An acquired tensor's copy at the acquired place is never moved or freed until
@@ -18,7 +19,9 @@
 // this policy with one that moves bytes before they are needed.)
 //
 // Thread-safety: thread-safe. Operations of one session are serialised by that session's
-// lock (moves included); sessions do not block one another.
+// lock, except that a copy between tiers lets the lock go while the bytes move (the tensor
+// is marked busy: others wait for it, and it is no eviction victim), so the planner's
+// prefetches overlap the client's acquires. Sessions do not block one another.
 #ifndef TIERD_RUNTIME_LEASE_TABLE_H_
 #define TIERD_RUNTIME_LEASE_TABLE_H_
 
@@ -85,6 +88,11 @@ struct LeaseStats {
   uint64_t evictions_capacity = 0;   // to make room
   uint64_t evictions_explicit = 0;   // pins, moves asked for
   uint64_t writebacks = 0;           // evictions that had to copy the only copy down
+  uint64_t prefetches = 0;           // planned copies into a tier ahead of use
+  uint64_t prefetch_bytes = 0;
+  uint64_t planned_evictions = 0;    // planned copies away (Demote), dead discards included
+  uint64_t discards = 0;             // dead values dropped without a write-back
+  uint64_t acquire_hits = 0;         // acquires that found the bytes already in place
 };
 
 class LeaseTable {
@@ -114,6 +122,15 @@ class LeaseTable {
   // reads the GPU copy or frees its memory (release without synchronising the stream).
   absl::Status Release(SessionId session, TensorId tensor, std::unique_ptr<GpuFence> gpu_fence = nullptr);
 
+  // The planner's moves. Prefetch makes a copy in `tier` (GPU or DRAM) ahead of use; with
+  // evict=false it takes only free room (RESOURCE_EXHAUSTED otherwise, at once). Demote
+  // drops the copy in `from`, writing it down a tier first if it is the only one; with
+  // dead=true the value is dead (the graph said its next use overwrites it): every copy
+  // goes and nothing is written. Both: FAILED_PRECONDITION for an acquired or pinned
+  // tensor (the plan is out of step with the client), OK when there is nothing to do.
+  absl::Status Prefetch(SessionId session, TensorId tensor, Tier tier, bool evict);
+  absl::Status Demote(SessionId session, TensorId tensor, Tier from, bool dead);
+
   // Moves the tensor into `tier` (if not there) and keeps it there.
   absl::Status Pin(SessionId session, TensorId tensor, Tier tier);
   absl::Status Unpin(SessionId session, TensorId tensor);
@@ -142,7 +159,8 @@ class LeaseTable {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   // Waits for the client's pending GPU work on t's GPU copy, if any.
   absl::Status SettleGpuCopy(Tensor& t);
-  absl::Status CopyTo(Session& s, Tensor& t, Tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
+  // Lets s.mutex go while the bytes move; the caller holds t.busy.
+  absl::Status CopyTo(Session& s, Tensor& t, Tier tier, bool evict = true) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   void DropCopy(Session& s, Tensor& t, Tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   std::string Occupancy(Session& s, Tier tier) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   std::optional<Tier> PinFor(const std::string& name) const;

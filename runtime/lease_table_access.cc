@@ -21,7 +21,17 @@ absl::StatusOr<Placement> LeaseTable::AcquireLocked(Session& s, Tensor& t, Acces
         "'%s' is acquired on the %s; release it before acquiring it on the %s", t.spec.name,
         TierName(t.acquired_tier), TierName(tier)));
   }
+  if (t.discarded && access != Access::kOverwrite) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "'%s' holds no value: the registered graph says its next use overwrites it, so the plan dropped it; "
+        "acquire it with ACCESS_OVERWRITE, or fix the graph",
+        t.spec.name));
+  }
   Placement placement;
+  if (access == Access::kOverwrite && t.written && !t.Has(tier)) {
+    // Every byte will be written: the old ones need not come here.
+    t.written = false;
+  }
   if (!t.Has(tier)) {
     ++t.busy;
     const int64_t start = clock_.NowNanos();
@@ -46,7 +56,12 @@ absl::StatusOr<Placement> LeaseTable::AcquireLocked(Session& s, Tensor& t, Acces
       stats_.stall_nanos += clock_.NowNanos() - start;
     }
   }
-  if (access == Access::kWrite) {
+  if (!placement.fetched) {
+    absl::MutexLock stats_lock(&stats_mutex_);
+    ++stats_.acquire_hits;
+  }
+  t.discarded = false;
+  if (access != Access::kRead) {
     for (Tier other : {Tier::kGpu, Tier::kDram, Tier::kNvme}) {
       if (other != tier) DropCopy(s, t, other);  // stale from now on (invariant 1)
     }
@@ -99,6 +114,69 @@ absl::Status LeaseTable::ReleaseLocked(Session& s, Tensor& t, std::unique_ptr<Gp
     return status;
   }
   return absl::OkStatus();
+}
+
+absl::Status LeaseTable::Prefetch(SessionId session_id, TensorId id, Tier tier, bool evict) {
+  return OnTensor<absl::Status>(session_id, id, [&](Session& s, Tensor& t) -> absl::Status {
+    if (tier == Tier::kNvme) return absl::InvalidArgumentError("prefetch is into the GPU or DRAM");
+    if (t.Has(tier) || t.discarded) return absl::OkStatus();  // there, or nothing to load
+    if (t.acquired > 0) {
+      return absl::FailedPreconditionError(absl::StrFormat("'%s' is acquired elsewhere", t.spec.name));
+    }
+    ++t.busy;
+    absl::Status status = t.written ? CopyTo(s, t, tier, evict) : absl::OkStatus();
+    if (!t.written) {  // nothing to fetch: leave it where it is; the acquire takes room
+      status = absl::OkStatus();
+    }
+    --t.busy;
+    if (status.ok() && t.written) {
+      absl::MutexLock stats_lock(&stats_mutex_);
+      ++stats_.prefetches;
+      stats_.prefetch_bytes += t.bytes;
+    }
+    return status;
+  });
+}
+
+absl::Status LeaseTable::Demote(SessionId session_id, TensorId id, Tier from, bool dead) {
+  return OnTensor<absl::Status>(session_id, id, [&](Session& s, Tensor& t) -> absl::Status {
+    if (t.acquired > 0) {
+      return absl::FailedPreconditionError(absl::StrFormat("'%s' is acquired", t.spec.name));
+    }
+    if (t.pinned) return absl::FailedPreconditionError(absl::StrFormat("'%s' is pinned", t.spec.name));
+    if (dead) {
+      if (t.discarded || t.CopyCount() == 0) return absl::OkStatus();
+      for (Tier tier : {Tier::kGpu, Tier::kDram, Tier::kNvme}) DropCopy(s, t, tier);
+      t.discarded = true;
+      t.written = false;
+      absl::MutexLock stats_lock(&stats_mutex_);
+      ++stats_.discards;
+      ++stats_.planned_evictions;
+      return absl::OkStatus();
+    }
+    if (!t.Has(from)) return absl::OkStatus();
+    if (t.CopyCount() == 1) {
+      const Tier below = from == Tier::kGpu ? Tier::kDram : Tier::kNvme;
+      if (from == Tier::kNvme) return absl::InvalidArgumentError("NVMe is the bottom tier");
+      if (!t.written) {
+        // Holds nothing yet: re-home it below without moving bytes (invariant 2).
+        auto extent = AllocateIn(s, below, t.bytes, /*evict=*/true);
+        if (!extent.ok()) return extent.status();
+        t.copies[static_cast<int>(below)] = *extent;
+      } else {
+        ++t.busy;
+        absl::Status status = CopyTo(s, t, below);
+        --t.busy;
+        if (!status.ok()) return status;
+        absl::MutexLock stats_lock(&stats_mutex_);
+        ++stats_.writebacks;
+      }
+    }
+    DropCopy(s, t, from);
+    absl::MutexLock stats_lock(&stats_mutex_);
+    ++stats_.planned_evictions;
+    return absl::OkStatus();
+  });
 }
 
 absl::Status LeaseTable::Pin(SessionId session_id, TensorId id, Tier tier) {
@@ -162,7 +240,7 @@ absl::Status LeaseTable::Validate() const {
       auto fail = [&](const char* what) {
         return absl::InternalError(absl::StrFormat("session '%s', '%s': %s", s.label, t->spec.name, what));
       };
-      if (t->CopyCount() == 0) return fail("no copy (invariant 2)");
+      if (t->CopyCount() == 0 && !t->discarded) return fail("no copy (invariant 2)");
       for (Tier tier : {Tier::kGpu, Tier::kDram}) {
         if (t->Has(tier) && t->copies[static_cast<int>(tier)]->arena != s.ArenaOf(tier)) {
           return fail("a copy outside the session's arena (invariant 3)");

@@ -21,7 +21,10 @@ struct LeaseTable::Tensor {
   uint32_t acquired = 0;
   Tier acquired_tier = Tier::kGpu;
   bool written = false;   // some copy holds bytes the client wrote
-  int busy = 0;           // being fetched or written back: not an eviction victim
+  int busy = 0;           // being moved (the session lock is let go meanwhile): hands off
+  // The plan declared its value dead (its next use overwrites it) and dropped every copy:
+  // only an ACCESS_OVERWRITE acquire may have it back.
+  bool discarded = false;
   uint64_t last_use = 0;  // session tick of the last acquire or release
   // The client's GPU work on the GPU copy, still maybe running after its release: waited
   // for before the daemon reads that copy or frees its memory.
@@ -48,6 +51,8 @@ struct LeaseTable::Session {
   TensorId next_tensor ABSL_GUARDED_BY(mutex) = 1;
   uint64_t tick ABSL_GUARDED_BY(mutex) = 0;
   bool closed ABSL_GUARDED_BY(mutex) = false;
+  int moving ABSL_GUARDED_BY(mutex) = 0;             // copies in flight (lock let go)
+  uint64_t moves_done ABSL_GUARDED_BY(mutex) = 0;    // copies finished, to wake waiters
 
   ArenaId ArenaOf(Tier tier) const { return tier == Tier::kGpu ? gpu_arena : dram_arena; }
 };
@@ -60,7 +65,11 @@ Result LeaseTable::OnTensor(SessionId session_id, TensorId tensor_id, Fn&& fn) {
   absl::MutexLock lock(&s.mutex);
   auto tensor = GetTensor(s, tensor_id);
   if (!tensor.ok()) return tensor.status();
-  return fn(s, **tensor);
+  // Another thread may be moving this tensor with the lock let go: wait for it to land.
+  Tensor* t = *tensor;
+  s.mutex.Await(absl::Condition(+[](Tensor* x) { return x->busy == 0; }, t));
+  if (s.closed) return absl::NotFoundError("the session closed");
+  return fn(s, *t);
 }
 
 }  // namespace tierd

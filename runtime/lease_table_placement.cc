@@ -85,7 +85,20 @@ absl::Status LeaseTable::EvictOne(Session& s, Tier tier) {
       victim_clean = clean;
     }
   }
-  if (victim == nullptr) return absl::ResourceExhaustedError("nothing there may be evicted");
+  if (victim == nullptr) {
+    // Copies in flight will land (or fail) and free their hold: wait for one, then retry.
+    if (s.moving > 0) {
+      const uint64_t seen = s.moves_done;
+      struct Wait {
+        Session* s;
+        uint64_t seen;
+      } wait{&s, seen};
+      s.mutex.Await(absl::Condition(
+          +[](Wait* w) ABSL_NO_THREAD_SAFETY_ANALYSIS { return w->s->moves_done != w->seen || w->s->closed; }, &wait));
+      return absl::OkStatus();  // the caller tries to allocate again
+    }
+    return absl::ResourceExhaustedError("nothing there may be evicted");
+  }
   {
     absl::MutexLock lock(&stats_mutex_);
     ++stats_.evictions_capacity;
@@ -111,7 +124,7 @@ absl::Status LeaseTable::EvictOne(Session& s, Tier tier) {
   return absl::OkStatus();
 }
 
-absl::Status LeaseTable::CopyTo(Session& s, Tensor& t, Tier tier) {
+absl::Status LeaseTable::CopyTo(Session& s, Tensor& t, Tier tier, bool evict) {
   TIERD_CHECK(!t.Has(tier));
   // The source: the adjacent tier holding the bytes, staging through DRAM if needed.
   std::optional<Tier> source;
@@ -119,7 +132,7 @@ absl::Status LeaseTable::CopyTo(Session& s, Tensor& t, Tier tier) {
     source = t.Has(Tier::kGpu) ? Tier::kGpu : Tier::kNvme;
   } else {
     if (!t.Has(Tier::kDram)) {
-      if (absl::Status staged = CopyTo(s, t, Tier::kDram); !staged.ok()) return staged;
+      if (absl::Status staged = CopyTo(s, t, Tier::kDram, evict); !staged.ok()) return staged;
     }
     source = Tier::kDram;
   }
@@ -130,9 +143,17 @@ absl::Status LeaseTable::CopyTo(Session& s, Tensor& t, Tier tier) {
                                               std::string(settled.message()));
     }
   }
-  auto destination = AllocateIn(s, tier, t.bytes, /*evict=*/true);
+  auto destination = AllocateIn(s, tier, t.bytes, evict);
   if (!destination.ok()) return destination.status();
-  absl::Status moved = mover_.MoveAndWait(*t.copies[static_cast<int>(*source)], *destination, t.bytes);
+  // The bytes move without the session lock: t is busy, so nobody frees its source or
+  // picks it as a victim, and the destination is ours.
+  const Extent source_extent = *t.copies[static_cast<int>(*source)];
+  ++s.moving;
+  s.mutex.Unlock();
+  absl::Status moved = mover_.MoveAndWait(source_extent, *destination, t.bytes);
+  s.mutex.Lock();
+  --s.moving;
+  ++s.moves_done;
   if (!moved.ok()) {
     if (tier == Tier::kNvme) s.nvme_used -= destination->bytes();
     store_.Free(*destination).IgnoreError();

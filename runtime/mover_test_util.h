@@ -84,9 +84,9 @@ inline Engine MakeEngine(const std::string& name, std::vector<IoFault> faults = 
 
 // The daemon's shape: node budgets, no default arenas (sessions create their own).
 inline Engine MakeDaemonEngine(const std::string& name, uint64_t gpu_budget, uint64_t dram_budget,
-                               uint64_t nvme_budget) {
+                               uint64_t nvme_budget, const FakeGpuOptions& gpu_options = {}) {
   Engine engine;
-  engine.gpu = CreateFakeGpu({});
+  engine.gpu = CreateFakeGpu(gpu_options);
   TierStoreOptions options;
   options.gpu_bytes = gpu_budget;
   options.dram_bytes = dram_budget;

@@ -1,0 +1,207 @@
+// LeaseTable's side of the planner: prefetch, demote, dead discards, overwrite acquires,
+// and copies that let the session lock go so the planner's moves overlap the client.
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <future>
+#include <mutex>
+#include <random>
+
+#include "runtime/lease_table.h"
+#include "runtime/mover_test_util.h"
+
+namespace tierd {
+namespace {
+
+// A clock whose sleeps (the fake GPU's modelled link time) block while the gate is shut:
+// a copy in flight stays in flight until the test opens it. Deterministic, no timing.
+class GateClock final : public Clock {
+ public:
+  int64_t NowNanos() override { return RealClock().NowNanos(); }
+  void SleepNanos(int64_t) override {
+    std::unique_lock<std::mutex> lock(mutex_);
+    ++sleepers_;
+    changed_.notify_all();
+    changed_.wait(lock, [this] { return open_; });
+    --sleepers_;
+  }
+  void Shut() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    open_ = false;
+  }
+  void Open() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    open_ = true;
+    changed_.notify_all();
+  }
+  void WaitForSleeper() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [this] { return sleepers_ > 0; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool open_ = true;
+  int sleepers_ = 0;
+};
+
+TensorSpec Spec(const std::string& name, uint64_t floats) {
+  return TensorSpec{name, TensorClass::kParam, DType::kF32, {static_cast<int64_t>(floats)}};
+}
+
+class PlanMovesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    FakeGpuOptions gpu;
+    gpu.link_bytes_per_second = 1e12;  // each copy "sleeps" on the gate clock
+    gpu.clock = &gate_;
+    engine_ = testing::MakeDaemonEngine(::testing::UnitTest::GetInstance()->current_test_info()->name(),
+                                        8 * kMiB, 16 * kMiB, 32 * kMiB, gpu);
+    auto table = LeaseTable::Create(*engine_.store, *engine_.mover, RealClock(), {});
+    ASSERT_TRUE(table.ok()) << table.status();
+    table_ = std::move(*table);
+    auto s = table_->OpenSession("plan", {4 * kMiB, 8 * kMiB, 16 * kMiB});
+    ASSERT_TRUE(s.ok()) << s.status();
+    session_ = *s;
+  }
+  void TearDown() override { gate_.Open(); }
+  uint8_t* Pointer(const Placement& p) {
+    return engine_.store->Address(Extent{p.tier, p.arena, Allocation{p.offset, p.bytes, 0}});
+  }
+  TensorId LeaseWritten(const std::string& name, uint64_t floats, uint8_t fill) {
+    auto id = table_->Lease(session_, Spec(name, floats));
+    EXPECT_TRUE(id.ok()) << id.status();
+    auto p = table_->Acquire(session_, *id, Access::kOverwrite, Place::kGpu);
+    EXPECT_TRUE(p.ok()) << p.status();
+    std::memset(Pointer(*p), fill, p->bytes);
+    EXPECT_TRUE(table_->Release(session_, *id).ok());
+    return *id;
+  }
+  bool Holds(TensorId id, uint8_t fill, bool* fetched = nullptr) {
+    auto p = table_->Acquire(session_, id, Access::kRead, Place::kGpu);
+    EXPECT_TRUE(p.ok()) << p.status();
+    if (!p.ok()) return false;
+    if (fetched) *fetched = p->fetched;
+    bool same = true;
+    for (uint64_t i = 0; i < p->bytes; ++i) same &= Pointer(*p)[i] == fill;
+    EXPECT_TRUE(table_->Release(session_, id).ok());
+    return same;
+  }
+  bool OnGpu(TensorId id) {
+    for (const LeaseView& v : table_->List(session_)) {
+      if (v.id == id) return v.copies[static_cast<int>(Tier::kGpu)];
+    }
+    return false;
+  }
+
+  GateClock gate_;
+  testing::Engine engine_;
+  std::unique_ptr<LeaseTable> table_;
+  SessionId session_ = 0;
+};
+
+TEST_F(PlanMovesTest, DemotedThenPrefetchedTensorsAreHitsWithTheirBytes) {
+  const TensorId w = LeaseWritten("w", 256 * 1024, 0x5a);  // 1 MiB
+  ASSERT_TRUE(table_->Demote(session_, w, Tier::kGpu, /*dead=*/false).ok());
+  EXPECT_FALSE(OnGpu(w));
+  EXPECT_EQ(table_->Stats().writebacks, 1u);  // the only copy went down first
+  ASSERT_TRUE(table_->Prefetch(session_, w, Tier::kGpu, /*evict=*/false).ok());
+  EXPECT_TRUE(OnGpu(w));
+  bool fetched = true;
+  EXPECT_TRUE(Holds(w, 0x5a, &fetched));
+  EXPECT_FALSE(fetched) << "the prefetch made the acquire a hit";
+  const LeaseStats stats = table_->Stats();
+  EXPECT_EQ(stats.prefetches, 1u);
+  EXPECT_EQ(stats.stalls, 0u);
+  EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
+}
+
+TEST_F(PlanMovesTest, PrefetchWithoutEvictionTakesOnlyFreeRoom) {
+  // Four 1 MiB tensors fill the 4 MiB GPU quota; a fifth lives below.
+  std::vector<TensorId> on_gpu;
+  for (int i = 0; i < 4; ++i) on_gpu.push_back(LeaseWritten("g" + std::to_string(i), 256 * 1024, i));
+  const TensorId below = LeaseWritten("below", 256 * 1024, 9);  // evicted someone to get in
+  ASSERT_TRUE(table_->Demote(session_, below, Tier::kGpu, false).ok());
+  // Leasing `below` on the GPU pushed one of the four out; the room it left takes it back.
+  for (TensorId id : on_gpu) {
+    if (!OnGpu(id)) ASSERT_TRUE(table_->Prefetch(session_, id, Tier::kGpu, /*evict=*/false).ok());
+  }
+  for (TensorId id : on_gpu) ASSERT_TRUE(OnGpu(id));
+  auto refused = table_->Prefetch(session_, below, Tier::kGpu, /*evict=*/false);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  for (TensorId id : on_gpu) EXPECT_TRUE(OnGpu(id)) << "a prefetch without eviction must not evict";
+  ASSERT_TRUE(table_->Prefetch(session_, below, Tier::kGpu, /*evict=*/true).ok());
+  EXPECT_TRUE(Holds(below, 9));
+}
+
+TEST_F(PlanMovesTest, DeadValuesAreDiscardedAndOnlyAnOverwriteMayHaveThemBack) {
+  const TensorId act = LeaseWritten("act.3", 256 * 1024, 0x11);
+  ASSERT_TRUE(table_->Demote(session_, act, Tier::kGpu, /*dead=*/true).ok());
+  EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
+  EXPECT_EQ(table_->Stats().discards, 1u);
+  EXPECT_EQ(table_->Stats().writebacks, 0u) << "a dead value is never written back";
+  auto read = table_->Acquire(session_, act, Access::kRead, Place::kGpu);
+  ASSERT_EQ(read.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(read.status().message().find("ACCESS_OVERWRITE"), absl::string_view::npos) << read.status();
+  EXPECT_EQ(table_->Acquire(session_, act, Access::kWrite, Place::kGpu).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  auto again = table_->Acquire(session_, act, Access::kOverwrite, Place::kGpu);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(again->fetched);
+  std::memset(Pointer(*again), 0x22, again->bytes);
+  ASSERT_TRUE(table_->Release(session_, act).ok());
+  EXPECT_TRUE(Holds(act, 0x22));
+  EXPECT_TRUE(table_->Validate().ok());
+}
+
+TEST_F(PlanMovesTest, AnOverwriteNeverFetches) {
+  const TensorId g = LeaseWritten("grad", 256 * 1024, 0x33);
+  ASSERT_TRUE(table_->Demote(session_, g, Tier::kGpu, false).ok());
+  auto p = table_->Acquire(session_, g, Access::kOverwrite, Place::kGpu);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_FALSE(p->fetched);
+  EXPECT_EQ(table_->Stats().stalls, 0u);
+  ASSERT_TRUE(table_->Release(session_, g).ok());
+  for (const LeaseView& v : table_->List(session_)) {
+    if (v.id == g) EXPECT_FALSE(v.copies[static_cast<int>(Tier::kDram)]) << "the stale DRAM copy is dropped";
+  }
+}
+
+TEST_F(PlanMovesTest, PlannedMovesRefuseAcquiredTensors) {
+  const TensorId w = LeaseWritten("w", 1024, 1);
+  ASSERT_TRUE(table_->Acquire(session_, w, Access::kRead, Place::kGpu).ok());
+  EXPECT_EQ(table_->Demote(session_, w, Tier::kGpu, false).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(table_->Demote(session_, w, Tier::kGpu, true).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(table_->Release(session_, w).ok());
+  EXPECT_EQ(table_->Prefetch(session_, w, Tier::kNvme, false).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(PlanMovesTest, AMoveInFlightDoesNotBlockTheRestOfTheSession) {
+  const TensorId moving = LeaseWritten("moving", 256 * 1024, 0x44);
+  const TensorId resident = LeaseWritten("resident", 1024, 0x55);
+  ASSERT_TRUE(table_->Demote(session_, moving, Tier::kGpu, false).ok());
+  gate_.Shut();
+  auto prefetch = std::async(std::launch::async, [&] { return table_->Prefetch(session_, moving, Tier::kGpu, false); });
+  gate_.WaitForSleeper();  // the copy is in flight, stuck on the gate
+  // The session lock is not held by the copy: another tensor is served meanwhile.
+  auto other = std::async(std::launch::async, [&] { return Holds(resident, 0x55); });
+  ASSERT_EQ(other.wait_for(std::chrono::seconds(20)), std::future_status::ready)
+      << "an acquire of another tensor waited for a copy in flight";
+  EXPECT_TRUE(other.get());
+  // The moving tensor itself waits for its copy to land, then is a hit.
+  auto same = std::async(std::launch::async, [&] {
+    bool fetched = true;
+    const bool ok = Holds(moving, 0x44, &fetched);
+    return ok && !fetched;
+  });
+  EXPECT_EQ(same.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
+  gate_.Open();
+  EXPECT_TRUE(prefetch.get().ok());
+  EXPECT_TRUE(same.get());
+  EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
+}
+
+}  // namespace
+}  // namespace tierd

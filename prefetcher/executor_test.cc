@@ -1,0 +1,232 @@
+#include "prefetcher/executor.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+
+#include "base/fake_clock.h"
+#include "prefetcher/synthetic.h"
+
+namespace tierd::prefetcher {
+namespace {
+
+// A model of the tiers with versions per copy, so a stale or lost value is caught: the
+// client's writes bump the GPU copy's version; every read checks it sees the latest.
+class ModelTiers : public TierOps {
+ public:
+  ModelTiers(const Graph& g, uint64_t gpu_budget, Clock& clock)
+      : g_(g), budget_(gpu_budget), n_(g.tensors.size()), clock_(clock) {
+    written_at_.assign(n_, -1);
+    gpu_.assign(n_, -1);
+    dram_.assign(n_, 0);  // everything starts in DRAM at version 0
+    nvme_.assign(n_, -1);
+    latest_.assign(n_, 0);
+  }
+  absl::Status Load(TensorIndex t) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (gpu_[t] >= 0) return absl::OkStatus();
+    if (used_ + g_.tensors[t].bytes > budget_) return absl::ResourceExhaustedError("no room");
+    if (dead_.count(t)) {  // room for the overwrite to come; the value stays undefined
+      gpu_[t] = latest_[t];
+      used_ += g_.tensors[t].bytes;
+      return absl::OkStatus();
+    }
+    Bring(t);
+    ++loads_;
+    return absl::OkStatus();
+  }
+  absl::Status Evict(TensorIndex t, bool dead, int64_t decided_nanos) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (in_use_.count(t)) return absl::FailedPreconditionError("in use");
+    if (dead && written_at_[t] >= decided_nanos) return absl::FailedPreconditionError("written since");
+    if (dead) {
+      dead_.insert(t);
+      dram_[t] = nvme_[t] = -1;
+      if (gpu_[t] >= 0) Drop(t);
+      return absl::OkStatus();
+    }
+    if (gpu_[t] < 0) return absl::OkStatus();
+    if (dram_[t] != gpu_[t] && nvme_[t] != gpu_[t]) dram_[t] = gpu_[t];  // write back
+    Drop(t);
+    return absl::OkStatus();
+  }
+  absl::Status Stage(TensorIndex) override { return absl::OkStatus(); }  // one tier below here
+  absl::Status PushDown(TensorIndex) override { return absl::OkStatus(); }
+  absl::Status DropDram(TensorIndex) override { return absl::OkStatus(); }
+
+  // The client runs op i: every tensor it touches must be on the GPU (a miss fetches it
+  // on demand, evicting the least recently used), with its latest value unless overwritten.
+  void RunOp(const GraphOp& op) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (TensorIndex t : Touched(op)) in_use_.insert(t);
+    for (TensorIndex t : Touched(op)) {
+      const Use use = UseOf(op, t);
+      if (gpu_[t] < 0) {
+        if (use != Use::kOverwrite) ++misses_;
+        while (used_ + g_.tensors[t].bytes > budget_) EvictLru();
+        if (use == Use::kOverwrite) {
+          gpu_[t] = latest_[t];
+          used_ += g_.tensors[t].bytes;
+        } else {
+          Bring(t);
+        }
+      }
+      if (use != Use::kOverwrite) {
+        EXPECT_FALSE(dead_.count(t)) << g_.tensors[t].name << " read after it was discarded";
+        EXPECT_EQ(gpu_[t], latest_[t]) << g_.tensors[t].name << " is stale";
+      }
+      if (use != Use::kRead) {
+        written_at_[t] = clock_.NowNanos();
+        gpu_[t] = ++latest_[t];
+        dram_[t] = nvme_[t] = -1;
+        dead_.erase(t);
+      }
+      last_use_[t] = ++tick_;
+      peak_ = std::max(peak_, used_);
+    }
+    in_use_.clear();
+  }
+  uint64_t misses() const { return misses_; }
+  uint64_t loads() const { return loads_; }
+  uint64_t peak() const { return peak_; }
+
+ private:
+  void Bring(TensorIndex t) {
+    const int64_t below = std::max(dram_[t], nvme_[t]);
+    EXPECT_TRUE(below >= 0 || dead_.count(t)) << g_.tensors[t].name << " has no copy anywhere";
+    gpu_[t] = below;
+    used_ += g_.tensors[t].bytes;
+  }
+  void Drop(TensorIndex t) {
+    gpu_[t] = -1;
+    used_ -= g_.tensors[t].bytes;
+  }
+  void EvictLru() {
+    int victim = -1;
+    for (size_t t = 0; t < n_; ++t) {
+      if (gpu_[t] < 0 || in_use_.count(t)) continue;
+      if (victim < 0 || last_use_[t] < last_use_[victim]) victim = t;
+    }
+    ASSERT_GE(victim, 0);
+    if (dram_[victim] != gpu_[victim]) dram_[victim] = gpu_[victim];
+    Drop(victim);
+  }
+
+  const Graph& g_;
+  const uint64_t budget_;
+  const size_t n_;
+  Clock& clock_;
+  std::vector<int64_t> written_at_;
+  std::mutex mutex_;
+  std::vector<int64_t> gpu_, dram_, nvme_, latest_;
+  std::set<TensorIndex> dead_, in_use_;
+  std::map<TensorIndex, uint64_t> last_use_;
+  uint64_t tick_ = 0, used_ = 0, misses_ = 0, loads_ = 0, peak_ = 0;
+};
+
+Graph SmallTraining() {
+  TraceOptions trace;
+  trace.micro_batch_seqs = 1;
+  trace.seq_len = 64;
+  trace.grad_accum = 2;
+  return SyntheticTransformer(*ShapePreset("tiny"), trace);
+}
+
+uint64_t Total(const Graph& g) {
+  uint64_t total = 0;
+  for (const auto& t : g.tensors) total += t.bytes;
+  return total;
+}
+
+TEST(ExecutorTest, FollowingThePlanTheClientNeverMissesAndWaitsOnlyWhereTheSimulatorSaidSo) {
+  const Graph g = SmallTraining();
+  const Budgets budgets{Total(g) / 3, Total(g), Total(g)};
+  const LinkModel link;
+  auto plan = PlanBest(g, budgets, link);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  auto sim = SimulatePlan(g, *plan, budgets, link, {});
+  ASSERT_TRUE(sim.ok()) << sim.status();
+  FakeClock clock;
+  ModelTiers tiers(g, budgets.gpu, clock);
+  Executor executor(g, *plan, tiers, clock);
+  uint64_t misses_after_warmup = 0;
+  for (int lap = 0; lap < 5; ++lap) {
+    const uint64_t before = tiers.misses();
+    for (uint32_t i = 0; i < g.ops.size(); ++i) {
+      ASSERT_TRUE(executor.OpBegin(i).ok());
+      executor.WaitIdle();
+      tiers.RunOp(g.ops[i]);
+      clock.AdvanceNanos(static_cast<int64_t>(g.ops[i].seconds * 1e9));
+    }
+    if (lap >= 2) misses_after_warmup += tiers.misses() - before;
+  }
+  EXPECT_EQ(misses_after_warmup, 0u);
+  // Loads the client had to wait for happen only before ops the simulator predicted a stall for.
+  for (const auto& [op, count] : executor.Stats().just_in_time_by_op) {
+    EXPECT_GT(sim->op_stall_seconds[op], 0) << count << " load(s) just in time before op " << op << " '"
+                                            << g.ops[op].name << "', where the simulator saw no stall";
+  }
+  EXPECT_LE(tiers.peak(), budgets.gpu);
+  const ExecutorStats stats = executor.Stats();
+  EXPECT_GT(stats.loads, 0u);
+  EXPECT_EQ(stats.laps, 4u);
+  EXPECT_EQ(stats.errors, 0u);
+}
+
+TEST(ExecutorTest, AStarvedExecutorOnlyCostsMissesNeverValues) {
+  // The client runs ahead without waiting for the executor (seeded): some loads are late,
+  // the client fetches on demand, and every value read is still the latest one.
+  const Graph g = SmallTraining();
+  const Budgets budgets{Total(g) / 3, Total(g), Total(g)};
+  auto plan = MakePlan(g, budgets);
+  ASSERT_TRUE(plan.ok());
+  FakeClock clock;
+  ModelTiers tiers(g, budgets.gpu, clock);
+  Executor executor(g, *plan, tiers, clock);
+  std::mt19937_64 rng(42);
+  for (int lap = 0; lap < 6; ++lap) {
+    for (uint32_t i = 0; i < g.ops.size(); ++i) {
+      ASSERT_TRUE(executor.OpBegin(i).ok());
+      if (rng() % 3 == 0) executor.WaitIdle();
+      tiers.RunOp(g.ops[i]);
+      clock.AdvanceNanos(1000);
+    }
+  }
+  executor.WaitIdle();
+  EXPECT_LE(tiers.peak(), budgets.gpu);
+  EXPECT_EQ(executor.Stats().errors, 0u);
+}
+
+TEST(ExecutorTest, DriftingOpTimesTriggerAReplanThatIsSwappedInAtALap) {
+  const Graph g = SmallTraining();
+  const Budgets budgets{Total(g) / 3, Total(g), Total(g)};
+  auto plan = MakePlan(g, budgets);
+  ASSERT_TRUE(plan.ok());
+  FakeClock clock;
+  ModelTiers tiers(g, budgets.gpu, clock);
+  int replans = 0;
+  ExecutorOptions options;
+  options.replanner = [&](const Graph& measured) -> absl::StatusOr<Plan> {
+    ++replans;
+    EXPECT_GT(measured.ops[1].seconds, 2 * g.ops[1].seconds) << "the measured times are used";
+    return MakePlan(measured, budgets);
+  };
+  Executor executor(g, *plan, tiers, clock, options);
+  for (int lap = 0; lap < 4; ++lap) {
+    for (uint32_t i = 0; i < g.ops.size(); ++i) {
+      ASSERT_TRUE(executor.OpBegin(i).ok());
+      executor.WaitIdle();
+      tiers.RunOp(g.ops[i]);
+      clock.AdvanceNanos(static_cast<int64_t>(g.ops[i].seconds * 1e9 * 3) + 1000);  // 3x slower than planned
+    }
+  }
+  EXPECT_GE(replans, 1);
+  EXPECT_GE(executor.Stats().replans, 1u);
+  EXPECT_EQ(executor.OpBegin(g.ops.size()).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tierd::prefetcher

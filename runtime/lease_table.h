@@ -122,14 +122,19 @@ class LeaseTable {
   // reads the GPU copy or frees its memory (release without synchronising the stream).
   absl::Status Release(SessionId session, TensorId tensor, std::unique_ptr<GpuFence> gpu_fence = nullptr);
 
-  // The planner's moves. Prefetch makes a copy in `tier` (GPU or DRAM) ahead of use; with
-  // evict=false it takes only free room (RESOURCE_EXHAUSTED otherwise, at once). Demote
-  // drops the copy in `from`, writing it down a tier first if it is the only one; with
-  // dead=true the value is dead (the graph said its next use overwrites it): every copy
-  // goes and nothing is written. Both: FAILED_PRECONDITION for an acquired or pinned
-  // tensor (the plan is out of step with the client), OK when there is nothing to do.
+  // The planner's moves. Prefetch makes a copy in `tier` ahead of use (into the GPU or
+  // DRAM; into NVMe it is a copy down that keeps the others); a tensor holding no value
+  // (never written, or discarded) gets room reserved there instead. With evict=false it
+  // takes only free room (RESOURCE_EXHAUSTED otherwise, at once). Demote drops the copy in
+  // `from`, writing it down a tier first if it is the only one; with dead=true the value is
+  // dead (the graph said its next use overwrites it): every copy goes, nothing is written —
+  // unless the tensor was written at or after `unless_written_since` (clock nanos), which
+  // means the client got to that next use first: then FAILED_PRECONDITION. Both:
+  // FAILED_PRECONDITION for an acquired or pinned tensor (the plan is out of step with the
+  // client), OK when there is nothing to do.
   absl::Status Prefetch(SessionId session, TensorId tensor, Tier tier, bool evict);
-  absl::Status Demote(SessionId session, TensorId tensor, Tier from, bool dead);
+  absl::Status Demote(SessionId session, TensorId tensor, Tier from, bool dead,
+                      int64_t unless_written_since = INT64_MAX);
 
   // Moves the tensor into `tier` (if not there) and keeps it there.
   absl::Status Pin(SessionId session, TensorId tensor, Tier tier);

@@ -61,6 +61,7 @@ absl::StatusOr<Placement> LeaseTable::AcquireLocked(Session& s, Tensor& t, Acces
     ++stats_.acquire_hits;
   }
   t.discarded = false;
+  if (access != Access::kRead) t.last_write_nanos = clock_.NowNanos();
   if (access != Access::kRead) {
     for (Tier other : {Tier::kGpu, Tier::kDram, Tier::kNvme}) {
       if (other != tier) DropCopy(s, t, other);  // stale from now on (invariant 1)
@@ -118,16 +119,21 @@ absl::Status LeaseTable::ReleaseLocked(Session& s, Tensor& t, std::unique_ptr<Gp
 
 absl::Status LeaseTable::Prefetch(SessionId session_id, TensorId id, Tier tier, bool evict) {
   return OnTensor<absl::Status>(session_id, id, [&](Session& s, Tensor& t) -> absl::Status {
-    if (tier == Tier::kNvme) return absl::InvalidArgumentError("prefetch is into the GPU or DRAM");
-    if (t.Has(tier) || t.discarded) return absl::OkStatus();  // there, or nothing to load
+    if (t.Has(tier)) return absl::OkStatus();
     if (t.acquired > 0) {
       return absl::FailedPreconditionError(absl::StrFormat("'%s' is acquired elsewhere", t.spec.name));
     }
-    ++t.busy;
-    absl::Status status = t.written ? CopyTo(s, t, tier, evict) : absl::OkStatus();
-    if (!t.written) {  // nothing to fetch: leave it where it is; the acquire takes room
-      status = absl::OkStatus();
+    if (!t.written) {
+      if (tier == Tier::kNvme) return absl::OkStatus();  // nothing to keep a copy of
+      // Holds no value: reserve room here for the overwrite to come; the empty copies go.
+      auto extent = AllocateIn(s, tier, t.bytes, evict);
+      if (!extent.ok()) return extent.status();
+      for (Tier other : {Tier::kGpu, Tier::kDram, Tier::kNvme}) DropCopy(s, t, other);
+      t.copies[static_cast<int>(tier)] = *extent;
+      return absl::OkStatus();
     }
+    ++t.busy;
+    absl::Status status = CopyTo(s, t, tier, evict);
     --t.busy;
     if (status.ok() && t.written) {
       absl::MutexLock stats_lock(&stats_mutex_);
@@ -138,7 +144,8 @@ absl::Status LeaseTable::Prefetch(SessionId session_id, TensorId id, Tier tier, 
   });
 }
 
-absl::Status LeaseTable::Demote(SessionId session_id, TensorId id, Tier from, bool dead) {
+absl::Status LeaseTable::Demote(SessionId session_id, TensorId id, Tier from, bool dead,
+                               int64_t unless_written_since) {
   return OnTensor<absl::Status>(session_id, id, [&](Session& s, Tensor& t) -> absl::Status {
     if (t.acquired > 0) {
       return absl::FailedPreconditionError(absl::StrFormat("'%s' is acquired", t.spec.name));
@@ -146,6 +153,10 @@ absl::Status LeaseTable::Demote(SessionId session_id, TensorId id, Tier from, bo
     if (t.pinned) return absl::FailedPreconditionError(absl::StrFormat("'%s' is pinned", t.spec.name));
     if (dead) {
       if (t.discarded || t.CopyCount() == 0) return absl::OkStatus();
+      if (t.last_write_nanos >= unless_written_since) {
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "'%s' was written after the plan found its value dead: the client is past that point", t.spec.name));
+      }
       for (Tier tier : {Tier::kGpu, Tier::kDram, Tier::kNvme}) DropCopy(s, t, tier);
       t.discarded = true;
       t.written = false;

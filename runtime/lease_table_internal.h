@@ -25,6 +25,7 @@ struct LeaseTable::Tensor {
   // The plan declared its value dead (its next use overwrites it) and dropped every copy:
   // only an ACCESS_OVERWRITE acquire may have it back.
   bool discarded = false;
+  int64_t last_write_nanos = -1;  // the clock at its latest write or overwrite acquire
   uint64_t last_use = 0;  // session tick of the last acquire or release
   // The client's GPU work on the GPU copy, still maybe running after its release: waited
   // for before the daemon reads that copy or frees its memory.

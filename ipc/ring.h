@@ -25,7 +25,8 @@ inline constexpr uint32_t kRingSlots = 64;
 inline constexpr uint32_t kRingMagic = 0x74724731;  // "trG1"
 inline constexpr int kRingSpinIterations = 4000;     // ~10-40 us before sleeping
 
-enum class RingOp : uint32_t { kAcquire = 1, kRelease = 2 };
+// kOpBegin: the client is about to run op `tensor_id` of its registered graph.
+enum class RingOp : uint32_t { kAcquire = 1, kRelease = 2, kOpBegin = 3 };
 
 struct RingMessage {
   uint64_t sequence;   // echoed in the response

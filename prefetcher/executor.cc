@@ -1,6 +1,7 @@
 #include "prefetcher/executor.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "absl/strings/str_format.h"
@@ -8,73 +9,92 @@
 namespace tierd::prefetcher {
 
 Executor::Schedule Executor::Build(const Graph& graph, const Plan& plan) {
-  Schedule s;
+  enum { kGpuIn = 0, kGpuOut = 1, kDramIn = 2, kDramOut = 3 };
   const int64_t ops = static_cast<int64_t>(graph.ops.size());
-  // Previous use of each tensor before op i (relative; < 0 means the previous lap).
-  std::vector<int64_t> last_use(graph.tensors.size(), INT64_MIN);
-  for (int64_t i = 0; i < ops; ++i) {
-    for (TensorIndex t : Touched(graph.ops[i])) last_use[t] = i - ops;
-  }
-  // next_use_at[i][t] would be ops x tensors; the distances the planner already has do it.
+  const size_t n = graph.tensors.size();
   const auto next = NextUseDistances(graph);
-  // Per op in plan order: out-lane evictions, push-downs and drops; then in-lane stages and
-  // loads. Each action remembers the other lane's latest action on the same tensor.
-  std::vector<int64_t> last_in(graph.tensors.size(), INT64_MIN), last_out(graph.tensors.size(), INT64_MIN);
-  size_t lower = 0;
-  std::vector<Action> in, out;
-  // Two passes: the first only learns each tensor's last action in each lane (for the
-  // wrap-around), the second builds the lap.
+  // Per tensor and lane: the index of its latest action so far (kNone: none yet).
+  std::vector<std::array<int64_t, kLanes>> latest(n);
+  for (auto& l : latest) l.fill(kNone);
+  std::vector<Action> lanes[kLanes];
+  // Two passes: the first learns each tensor's last action per lane (the wrap-around into
+  // the next lap), the second builds the lap. Plan order per op: GPU evictions, DRAM
+  // push-downs and drops, stages, then loads and room for overwrites.
   for (int pass = 0; pass < 2; ++pass) {
-    in.clear();
-    out.clear();
-    lower = 0;
-    auto add_out = [&](Kind kind, TensorIndex t, uint32_t op, int64_t ready_after) {
-      // The next use at or after op: op - 1 + distance from op - 1.
+    for (auto& lane : lanes) lane.clear();
+    std::vector<int64_t> use(n, kNone);  // last use before the current op (relative)
+    for (int64_t i = 0; i < ops; ++i) {
+      for (TensorIndex t : Touched(graph.ops[i])) use[t] = i - ops;
+    }
+    size_t lower = 0;
+    auto add = [&](int lane, Kind kind, TensorIndex t, uint32_t op, int64_t ready_after) {
+      Action a{kind, t, op, ready_after, 0, {kNone, kNone, kNone, kNone}};
       const int64_t before = (op + ops - 1) % ops;
-      const int64_t next_use = static_cast<int64_t>(op) - 1 + next[before][t];
-      out.push_back({kind, t, op, ready_after, next_use, last_in[t]});
-      last_out[t] = static_cast<int64_t>(out.size()) - 1;
+      a.next_use = static_cast<int64_t>(op) - 1 + next[before][t];
+      for (int l = 0; l < kLanes; ++l) {
+        if (l != lane) a.after[l] = latest[t][l];
+      }
+      lanes[lane].push_back(a);
+      latest[t][lane] = static_cast<int64_t>(lanes[lane].size()) - 1;
     };
-    auto add_in = [&](Kind kind, TensorIndex t, uint32_t op) {
-      in.push_back({kind, t, op, 0, 0, last_out[t]});
-      last_in[t] = static_cast<int64_t>(in.size()) - 1;
-    };
-    std::vector<int64_t> use = last_use;
     for (uint32_t i = 0; i < ops; ++i) {
       for (const Eviction& e : plan.gpu.evictions[i]) {
-        add_out(e.dead ? Kind::kEvictDead : Kind::kEvict, e.tensor, i, use[e.tensor]);
+        add(kGpuOut, e.dead ? Kind::kEvictDead : Kind::kEvict, e.tensor, i, use[e.tensor]);
       }
-      std::vector<LowerEvent> stages;
+      std::vector<TensorIndex> stages;
       for (; lower < plan.lower.events.size() && plan.lower.events[lower].op == i; ++lower) {
         const LowerEvent& ev = plan.lower.events[lower];
-        if (ev.kind == LowerKind::kPushDown) add_out(Kind::kPushDown, ev.tensor, i, i - 1);
-        if (ev.kind == LowerKind::kDrop) add_out(Kind::kDrop, ev.tensor, i, i - 1);
-        if (ev.kind == LowerKind::kStage) stages.push_back(ev);
+        if (ev.kind == LowerKind::kPushDown) add(kDramOut, Kind::kPushDown, ev.tensor, i, kNone);
+        if (ev.kind == LowerKind::kDrop) add(kDramOut, Kind::kDrop, ev.tensor, i, kNone);
+        if (ev.kind == LowerKind::kStage) stages.push_back(ev.tensor);
       }
-      for (const LowerEvent& ev : stages) add_in(Kind::kStage, ev.tensor, i);
-      for (TensorIndex t : plan.gpu.loads[i]) add_in(Kind::kLoad, t, i);
+      for (TensorIndex t : stages) add(kDramIn, Kind::kStage, t, i, kNone);
+      for (TensorIndex t : plan.gpu.loads[i]) add(kGpuIn, Kind::kLoad, t, i, kNone);
       // Room for this op's overwrites, reserved in plan order so later loads cannot take it.
-      for (TensorIndex t : plan.gpu.allocs[i]) add_in(Kind::kAlloc, t, i);
+      for (TensorIndex t : plan.gpu.allocs[i]) add(kGpuIn, Kind::kAlloc, t, i, kNone);
+      // Every other tensor the op uses should be there already; if the tiers' own fallback
+      // evicted it (after a miss), bring it back: the plan heals instead of drifting.
+      for (TensorIndex t : Touched(graph.ops[i])) {
+        const auto& loads = plan.gpu.loads[i];
+        const auto& allocs = plan.gpu.allocs[i];
+        if (std::find(loads.begin(), loads.end(), t) != loads.end() ||
+            std::find(allocs.begin(), allocs.end(), t) != allocs.end()) {
+          continue;
+        }
+        add(kGpuIn, UseOf(graph.ops[i], t) == Use::kOverwrite ? Kind::kAlloc : Kind::kEnsure, t, i, kNone);
+      }
       for (TensorIndex t : Touched(graph.ops[i])) use[t] = i;
     }
     if (pass == 0) {
-      // Carry the last actions into the next lap as negative (previous-lap) indices.
-      for (auto& v : last_in) v = v == INT64_MIN ? INT64_MIN : v - static_cast<int64_t>(in.size());
-      for (auto& v : last_out) v = v == INT64_MIN ? INT64_MIN : v - static_cast<int64_t>(out.size());
+      // Carry each tensor's last action per lane into the next lap as a negative index.
+      for (auto& l : latest) {
+        for (int lane = 0; lane < kLanes; ++lane) {
+          if (l[lane] != kNone) l[lane] -= static_cast<int64_t>(lanes[lane].size());
+        }
+      }
     }
   }
-  s.in.actions = std::move(in);
-  s.out.actions = std::move(out);
+  Schedule s;
+  for (int l = 0; l < kLanes; ++l) s.lanes[l].actions = std::move(lanes[l]);
+  s.lanes[kGpuOut].in_order = s.lanes[kDramOut].in_order = false;
   return s;
 }
 
 Executor::Executor(Graph graph, Plan plan, TierOps& ops, Clock& clock, ExecutorOptions options)
-    : graph_(std::move(graph)), ops_(ops), clock_(clock), options_(std::move(options)), plan_(std::move(plan)) {
+    : graph_(std::move(graph)),
+      next_use_(NextUseDistances(graph_)),
+      ops_(ops),
+      clock_(clock),
+      options_(std::move(options)),
+      plan_(std::move(plan)) {
   schedule_ = Build(graph_, plan_);
   op_begin_nanos_.assign(graph_.ops.size(), -1);
   measured_seconds_.assign(graph_.ops.size(), -1);
-  in_thread_ = std::thread([this] { Run(true); });
-  out_thread_ = std::thread([this] { Run(false); });
+  if (options_.single_thread) {
+    threads_.emplace_back([this] { RunAll(); });
+  } else {
+    for (int lane = 0; lane < kLanes; ++lane) threads_.emplace_back([this, lane] { Run(lane); });
+  }
 }
 
 Executor::~Executor() {
@@ -83,8 +103,7 @@ Executor::~Executor() {
     stopping_ = true;
     changed_.notify_all();
   }
-  in_thread_.join();
-  out_thread_.join();
+  for (std::thread& t : threads_) t.join();
   if (replanning_.valid()) replanning_.wait();
 }
 
@@ -126,8 +145,8 @@ absl::Status Executor::OpBegin(uint32_t op) {
       if (plan.ok()) {
         plan_ = *std::move(plan);
         schedule_ = Build(graph_, plan_);
-        schedule_.in.next = next_lap * static_cast<int64_t>(schedule_.in.actions.size());
-        schedule_.out.next = next_lap * static_cast<int64_t>(schedule_.out.actions.size());
+        for (Lane& lane : schedule_.lanes) lane.next = next_lap * static_cast<int64_t>(lane.actions.size());
+        ++replan_generation_;
         ++stats_.replans;
       }
     }
@@ -168,22 +187,25 @@ void Executor::Replan() {
   });
 }
 
-bool Executor::Ready(const Lane& lane, const Lane& other, int64_t pos, bool* late) const {
+bool Executor::Ready(int lane_index, int64_t pos, bool* late) const {
   *late = false;
+  const Lane& lane = schedule_.lanes[lane_index];
   const int64_t size = static_cast<int64_t>(lane.actions.size());
   const int64_t ops = static_cast<int64_t>(graph_.ops.size());
   const int64_t lap = pos / size;
   const Action& a = lane.actions[pos % size];
   if (current_ < 0) return false;
   const int64_t target = lap * ops + a.op;  // the op the action serves
-  // The other lane's previous action on this tensor must be over.
-  if (a.other_lane != INT64_MIN) {
-    const int64_t other_size = static_cast<int64_t>(other.actions.size());
-    if (other.next <= lap * other_size + a.other_lane) return false;
+  // This tensor's previous moves in the other lanes must be over.
+  for (int l = 0; l < kLanes; ++l) {
+    if (a.after[l] == kNone) continue;
+    const int64_t other_size = static_cast<int64_t>(schedule_.lanes[l].actions.size());
+    if (!schedule_.lanes[l].Done(lap * other_size + a.after[l])) return false;
   }
   switch (a.kind) {
     case Kind::kLoad:
     case Kind::kAlloc:
+    case Kind::kEnsure:
     case Kind::kStage:
       if (current_ > target) {
         *late = true;  // its op is over: the client fetched on demand
@@ -199,7 +221,7 @@ bool Executor::Ready(const Lane& lane, const Lane& other, int64_t pos, bool* lat
       return current_ > lap * ops + a.ready_after;  // its last use is over
     case Kind::kPushDown:
     case Kind::kDrop:
-      return current_ >= lap * ops + a.ready_after;
+      return target <= current_ + ops;  // after the moves it follows (above); a lap ahead at most
   }
   return false;
 }
@@ -207,7 +229,8 @@ bool Executor::Ready(const Lane& lane, const Lane& other, int64_t pos, bool* lat
 absl::Status Executor::Do(const Action& a, int64_t decided_nanos) {
   switch (a.kind) {
     case Kind::kLoad:
-    case Kind::kAlloc: return ops_.Load(a.tensor);
+    case Kind::kAlloc:
+    case Kind::kEnsure: return ops_.Load(a.tensor);
     case Kind::kStage: return ops_.Stage(a.tensor);
     case Kind::kEvict: return ops_.Evict(a.tensor, false, decided_nanos);
     case Kind::kEvictDead: return ops_.Evict(a.tensor, true, decided_nanos);
@@ -217,52 +240,95 @@ absl::Status Executor::Do(const Action& a, int64_t decided_nanos) {
   return absl::InternalError("unknown action");
 }
 
-void Executor::Run(bool in_lane) {
+void Executor::Run(int lane_index) {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
-    Lane& lane = in_lane ? schedule_.in : schedule_.out;
-    Lane& other = in_lane ? schedule_.out : schedule_.in;
-    bool late = false;
-    const bool ready = !stopping_ && !lane.actions.empty() && Ready(lane, other, lane.next, &late);
     if (stopping_) return;
-    if (!ready) {
-      blocked_[in_lane] = version_;
-      idle_.notify_all();
-      const uint64_t seen = version_;
-      changed_.wait(lock, [&] { return stopping_ || version_ != seen; });
-      continue;
-    }
-    const int64_t pos = lane.next;
+    if (Step(lane_index, lock)) continue;
+    blocked_[lane_index] = version_;
+    idle_.notify_all();
+    const uint64_t seen = version_;
+    changed_.wait(lock, [&] { return stopping_ || version_ != seen; });
+  }
+}
+
+void Executor::RunAll() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    if (stopping_) return;
+    bool any = false;
+    for (int lane = 0; lane < kLanes; ++lane) any |= Step(lane, lock);
+    if (any) continue;
+    for (uint64_t& b : blocked_) b = version_;
+    idle_.notify_all();
+    const uint64_t seen = version_;
+    changed_.wait(lock, [&] { return stopping_ || version_ != seen; });
+  }
+}
+
+bool Executor::Step(int lane_index, std::unique_lock<std::mutex>& lock) {
+  {
+    Lane& lane = schedule_.lanes[lane_index];
     const int64_t size = static_cast<int64_t>(lane.actions.size());
+    // The next action to try: the first in order, or for an out-of-order lane the first
+    // ready one within a lap that has not failed since the last change.
+    int64_t pos = -1;
+    bool late = false;
+    if (size > 0) {
+      const int64_t last = lane.in_order ? lane.next : lane.next + size - 1;
+      for (int64_t q = lane.next; q <= last && pos < 0; ++q) {
+        if (lane.Done(q)) continue;
+        auto tried = lane.tried.find(q);
+        if (tried != lane.tried.end() && tried->second == version_) continue;
+        bool q_late = false;
+        if (Ready(lane_index, q, &q_late)) {
+          pos = q;
+          late = q_late;
+        }
+      }
+    }
+    if (pos < 0) return false;
     const Action a = lane.actions[pos % size];
-    if (late) {
-      ++stats_.late;
-      ++lane.next;
+    auto finish = [&](Lane& l) {
+      l.tried.erase(pos);
+      if (pos == l.next) {
+        ++l.next;
+        while (l.done_ahead.erase(l.next) > 0) ++l.next;
+      } else {
+        l.done_ahead.insert(pos);
+      }
       ++version_;
       changed_.notify_all();
-      continue;
+    };
+    if (late) {
+      ++stats_.late;
+      finish(lane);
+      return true;
     }
     const uint64_t seen = version_;
     // Read while the client is known to be before the tensor's next use (we hold the lock
     // OpBegin takes): a write the client makes later is stamped at or after this.
     const int64_t decided = clock_.NowNanos();
+    Schedule* const schedule_before = &schedule_;
+    const int64_t generation = replan_generation_;
     lock.unlock();
     const int64_t start = clock_.NowNanos();
     const absl::Status status = Do(a, decided);
     const int64_t end = clock_.NowNanos();
     lock.lock();
-    Lane& lane_now = in_lane ? schedule_.in : schedule_.out;
-    if (lane_now.next != pos) continue;  // the schedule was swapped meanwhile
+    (void)schedule_before;
+    if (generation != replan_generation_) return true;  // the schedule was swapped meanwhile
+    Lane& lane_now = schedule_.lanes[lane_index];
     if (status.code() == absl::StatusCode::kResourceExhausted ||
         status.code() == absl::StatusCode::kFailedPrecondition) {
       ++stats_.waits;
-      blocked_[in_lane] = version_;
-      idle_.notify_all();
-      changed_.wait(lock, [&] { return stopping_ || version_ != seen; });
-      continue;  // try again (or find it late) after something changed
+      lane_now.tried[pos] = seen;  // not again until something changes
+      return true;
     }
     if (!status.ok()) ++stats_.errors;
     switch (a.kind) {
+      case Kind::kEnsure:
+        break;  // counted by the tiers if it moved anything
       case Kind::kLoad:
       case Kind::kAlloc:
         ++stats_.loads;
@@ -277,42 +343,56 @@ void Executor::Run(bool in_lane) {
       case Kind::kPushDown: ++stats_.push_downs; break;
       case Kind::kDrop: ++stats_.drops; break;
     }
-    if (status.ok() && a.kind != Kind::kEvictDead && a.kind != Kind::kDrop && a.kind != Kind::kAlloc) {
-      static constexpr const char* kNames[] = {"stage ", "load ", "write-back ", "", "push-down ", "", ""};
+    if (status.ok() && a.kind != Kind::kEvictDead && a.kind != Kind::kDrop && a.kind != Kind::kAlloc &&
+        a.kind != Kind::kEnsure) {
+      static constexpr const char* kNames[] = {"stage ", "load ", "write-back ", "", "push-down ", "", "", ""};
       const Track track = a.kind == Kind::kLoad ? Track::kH2D : a.kind == Kind::kEvict ? Track::kD2H : Track::kNvme;
       timeline_.push_back({track, kNames[static_cast<int>(a.kind)] + graph_.tensors[a.tensor].name, start * 1e-9,
                            end * 1e-9, graph_.tensors[a.tensor].bytes,
                            static_cast<int>(pos / size), a.op});
     }
-    ++lane_now.next;
-    ++version_;
-    changed_.notify_all();
+    finish(lane_now);
+    return true;
   }
 }
 
 void Executor::WaitIdle() {
   std::unique_lock<std::mutex> lock(mutex_);
-  idle_.wait(lock, [&] { return stopping_ || (blocked_[0] == version_ && blocked_[1] == version_); });
+  idle_.wait(lock, [&] {
+    if (stopping_) return true;
+    for (uint64_t b : blocked_) {
+      if (b != version_) return false;
+    }
+    return true;
+  });
   if (replanning_.valid()) replanning_.wait();  // a replan in flight is ready at the next lap
 }
 
 std::string Executor::Describe() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  static constexpr const char* kKinds[] = {"stage", "load", "evict", "discard", "push-down", "drop", "reserve"};
+  static constexpr const char* kKinds[] = {"stage", "load", "evict", "discard", "push-down", "drop", "reserve", "ensure"};
+  static constexpr const char* kLaneNames[] = {"gpu in", "gpu out", "dram in", "dram out"};
   std::string out = absl::StrFormat("client at op %d", current_);
-  for (bool in_lane : {true, false}) {
-    const Lane& lane = in_lane ? schedule_.in : schedule_.out;
-    const Lane& other = in_lane ? schedule_.out : schedule_.in;
+  for (int l = 0; l < kLanes; ++l) {
+    const Lane& lane = schedule_.lanes[l];
     if (lane.actions.empty()) continue;
     const int64_t size = static_cast<int64_t>(lane.actions.size());
     const Action& a = lane.actions[lane.next % size];
     bool late = false;
-    const bool ready = Ready(lane, other, lane.next, &late);
-    out += absl::StrFormat("; %s lane at lap %d #%d: %s %s for op %d (%s)", in_lane ? "in" : "out", lane.next / size,
+    const bool ready = Ready(l, lane.next, &late);
+    out += absl::StrFormat("; %s at lap %d #%d: %s %s for op %d (%s)", kLaneNames[l], lane.next / size,
                            lane.next % size, kKinds[static_cast<int>(a.kind)], graph_.tensors[a.tensor].name, a.op,
                            late ? "late" : ready ? "ready" : "waiting");
   }
   return out;
+}
+
+int64_t Executor::NextUse(TensorIndex t) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (t >= graph_.tensors.size()) return INT64_MAX / 2;
+  const uint32_t op = current_ < 0 ? 0 : last_op_;
+  if (UseOf(graph_.ops[op], t) != Use::kNone) return 0;
+  return next_use_[op][t];
 }
 
 ExecutorStats Executor::Stats() const {

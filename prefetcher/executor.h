@@ -1,12 +1,15 @@
 // The executor: runs a plan against the real tiers as the client reports its progress.
 //
-// The plan is replayed as two lanes, each in plan order, one lap (iteration) at a time:
-//   in:  stages (NVMe->DRAM) and loads (DRAM->GPU) of each op, as far ahead as one lap,
-//        taking free room only — a move that does not fit yet waits for the out lane;
-//   out: GPU evictions (each once its tensor's last use before it is over), push-downs
-//        (DRAM->NVMe) and DRAM drops.
-// A tensor's actions keep their plan order across lanes (a load waits for the eviction
-// before it, and the other way round). A load issued only once its op has begun is just in
+// The plan is replayed as four lanes, one per kind of move, each in plan order, one lap
+// (iteration) at a time, like the simulator's queues:
+//   gpu in:   loads (DRAM->GPU) and room for overwrites, as far ahead as one lap, taking
+//             free room only — a move that does not fit yet waits for room;
+//   gpu out:  evictions, each once its tensor's last use before it is over (in any order:
+//             one waiting for its tensor's last use does not hold up the others);
+//   dram in:  stages (NVMe->DRAM), up to a lap ahead, free DRAM room only;
+//   dram out: push-downs (DRAM->NVMe) and DRAM drops (in any order, like gpu out).
+// A tensor's moves keep their plan order across lanes (a load waits for the eviction
+// before it, a push-down for the load that read the copy, and so on). A load issued only once its op has begun is just in
 // time (the client's acquire waits for it: a stall); one whose op is over is late: the
 // client demand-fetched instead (a miss, counted by the tiers), so it is skipped.
 // The executor never decides correctness — the tiers (LeaseTable) do; a wrong or stale
@@ -22,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -55,6 +59,9 @@ class TierOps {
 
 struct ExecutorOptions {
   double replan_drift = 0.25;
+  // One thread takes the lanes in turn, in a fixed order, instead of a thread per lane:
+  // with a client that waits for WaitIdle, every run is the same (deterministic tests).
+  bool single_thread = false;
   // Plans a graph (with measured op times) for a replan; PlanBest with the session's
   // budgets and the measured links, in the daemon.
   std::function<absl::StatusOr<Plan>(const Graph&)> replanner;
@@ -90,6 +97,10 @@ class Executor {
   // Rebuild the plan from measured op times now (in the background).
   void Replan();
 
+  // How many ops from the client's current op tensor t is next used (0: by the current op);
+  // for the tiers' eviction when they must make room on demand.
+  int64_t NextUse(TensorIndex t) const;
+
   ExecutorStats Stats() const;
   // Where each lane is and what its next move waits for, in words.
   std::string Describe() const;
@@ -99,31 +110,42 @@ class Executor {
   std::vector<TimelineEvent> Timeline() const;
 
  private:
-  enum class Kind : uint8_t { kStage, kLoad, kEvict, kEvictDead, kPushDown, kDrop, kAlloc };
+  enum class Kind : uint8_t { kStage, kLoad, kEvict, kEvictDead, kPushDown, kDrop, kAlloc, kEnsure };
+  static constexpr int kLanes = 4;  // gpu in, gpu out, dram in, dram out
+  static constexpr int64_t kNone = INT64_MIN;
   struct Action {
     Kind kind;
     TensorIndex tensor;
     uint32_t op;          // the op it serves (happens before it runs)
-    int64_t ready_after;  // evictions: the op (relative to this lap; may be < 0) whose end frees it
+    int64_t ready_after;  // the op (relative to this lap; may be < 0) whose end frees it
     int64_t next_use;     // evictions: the tensor's next use (relative; may be >= ops): too late then
-    int64_t other_lane;   // index in the other lane of this tensor's previous action (may be < 0: last lap)
+    // Per lane: the index of this tensor's previous action there (< 0: the previous lap).
+    int64_t after[kLanes];
   };
   struct Lane {
     std::vector<Action> actions;  // one lap
-    int64_t next = 0;             // global position: lap * size + index
-    int64_t done = -1;            // last global position finished
+    int64_t next = 0;             // global position (lap * size + index) of the first not done
+    bool in_order = true;         // loads and stages keep plan order; evictions need not
+    std::set<int64_t> done_ahead;       // out of order: positions after `next` already done
+    std::map<int64_t, uint64_t> tried;  // out of order: version at which a position last failed
+    bool Done(int64_t pos) const { return pos < next || done_ahead.count(pos) > 0; }
   };
   struct Schedule {
-    Lane in, out;
+    Lane lanes[kLanes];
   };
   static Schedule Build(const Graph& graph, const Plan& plan);
-  void Run(bool in_lane);
+  void Run(int lane);  // a thread per lane
+  void RunAll();       // one thread, the lanes in turn (deterministic)
+  // Tries the lane's next action; false when none may start now. Lets the lock go while a
+  // move runs.
+  bool Step(int lane, std::unique_lock<std::mutex>& lock);
   // Whether the action at global position `pos` of the lane may start now; *late if skipped.
-  bool Ready(const Lane& lane, const Lane& other, int64_t pos, bool* late) const;
+  bool Ready(int lane, int64_t pos, bool* late) const;
   absl::Status Do(const Action& a, int64_t decided_nanos);
   void CheckDrift();
 
   const Graph graph_;
+  const std::vector<std::vector<uint32_t>> next_use_;  // NextUseDistances(graph_)
   TierOps& ops_;
   Clock& clock_;
   ExecutorOptions options_;
@@ -131,7 +153,7 @@ class Executor {
   mutable std::mutex mutex_;
   std::condition_variable changed_, idle_;
   uint64_t version_ = 0;                 // bumped on every change a lane may wait for
-  uint64_t blocked_[2] = {UINT64_MAX, UINT64_MAX};  // per lane (out, in): version it blocked at
+  uint64_t blocked_[kLanes] = {UINT64_MAX, UINT64_MAX, UINT64_MAX, UINT64_MAX};  // version each blocked at
   Plan plan_;
   Schedule schedule_;
   int64_t current_ = -1;  // global op index the client is on (lap * ops + op)
@@ -144,8 +166,8 @@ class Executor {
   ExecutorStats stats_;
   std::vector<TimelineEvent> timeline_;
   std::future<absl::StatusOr<Plan>> replanning_;
-  bool swap_at_lap_ = false;
-  std::thread in_thread_, out_thread_;
+  int64_t replan_generation_ = 0;  // bumped when a new schedule is swapped in
+  std::vector<std::thread> threads_;
 };
 
 }  // namespace tierd::prefetcher

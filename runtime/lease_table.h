@@ -26,6 +26,7 @@
 #define TIERD_RUNTIME_LEASE_TABLE_H_
 
 #include <array>
+#include <functional>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -135,6 +136,14 @@ class LeaseTable {
   absl::Status Prefetch(SessionId session, TensorId tensor, Tier tier, bool evict);
   absl::Status Demote(SessionId session, TensorId tensor, Tier from, bool dead,
                       int64_t unless_written_since = INT64_MAX);
+
+  // With a registered graph, the planner knows when each tensor is next used: room made on
+  // demand (a miss, an overwrite with no room reserved) then goes to the tensor used
+  // furthest in the future (MIN), not the least recently used. The advisor returns how many
+  // ops away the named tensor's next use is (larger: evict sooner); it must not call back
+  // into the table. nullptr: least recently used again.
+  using EvictionAdvisor = std::function<int64_t(const std::string& name)>;
+  absl::Status SetEvictionAdvisor(SessionId session, EvictionAdvisor advisor);
 
   // Moves the tensor into `tier` (if not there) and keeps it there.
   absl::Status Pin(SessionId session, TensorId tensor, Tier tier);

@@ -119,6 +119,8 @@ absl::Status LeaseTable::ReleaseLocked(Session& s, Tensor& t, std::unique_ptr<Gp
 
 absl::Status LeaseTable::Prefetch(SessionId session_id, TensorId id, Tier tier, bool evict) {
   return OnTensor<absl::Status>(session_id, id, [&](Session& s, Tensor& t) -> absl::Status {
+    // Brought in for a use soon: the least-recently-used fallback must not pick it first.
+    t.last_use = ++s.tick;
     if (t.Has(tier)) return absl::OkStatus();
     if (t.acquired > 0) {
       return absl::FailedPreconditionError(absl::StrFormat("'%s' is acquired elsewhere", t.spec.name));
@@ -188,6 +190,14 @@ absl::Status LeaseTable::Demote(SessionId session_id, TensorId id, Tier from, bo
     ++stats_.planned_evictions;
     return absl::OkStatus();
   });
+}
+
+absl::Status LeaseTable::SetEvictionAdvisor(SessionId session_id, EvictionAdvisor advisor) {
+  auto session = GetSession(session_id);
+  if (!session.ok()) return session.status();
+  absl::MutexLock lock(&(*session)->mutex);
+  (*session)->advisor = std::move(advisor);
+  return absl::OkStatus();
 }
 
 absl::Status LeaseTable::Pin(SessionId session_id, TensorId id, Tier tier) {

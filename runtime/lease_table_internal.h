@@ -54,6 +54,7 @@ struct LeaseTable::Session {
   bool closed ABSL_GUARDED_BY(mutex) = false;
   int moving ABSL_GUARDED_BY(mutex) = 0;             // copies in flight (lock let go)
   uint64_t moves_done ABSL_GUARDED_BY(mutex) = 0;    // copies finished, to wake waiters
+  EvictionAdvisor advisor ABSL_GUARDED_BY(mutex);     // from the planner, when a graph is registered
 
   ArenaId ArenaOf(Tier tier) const { return tier == Tier::kGpu ? gpu_arena : dram_arena; }
 };

@@ -74,10 +74,21 @@ absl::StatusOr<Extent> LeaseTable::AllocateIn(Session& s, Tier tier, uint64_t by
 absl::Status LeaseTable::EvictOne(Session& s, Tier tier) {
   Tensor* victim = nullptr;
   bool victim_clean = false;
+  int64_t victim_next = 0;
   for (const auto& [id, t] : s.tensors) {
     if (!t->Has(tier) || t->busy > 0 || t->pinned == tier) continue;
     if (t->acquired > 0 && t->acquired_tier == tier) continue;
     const bool clean = t->CopyCount() > 1 || !t->written;
+    if (s.advisor) {
+      // The planner's knowledge: the furthest next use goes first (clean first on ties).
+      const int64_t next = s.advisor(t->spec.name);
+      if (victim == nullptr || next > victim_next || (next == victim_next && clean && !victim_clean)) {
+        victim = t.get();
+        victim_clean = clean;
+        victim_next = next;
+      }
+      continue;
+    }
     // Clean copies first (dropping them costs nothing), then the least recently used.
     if (victim == nullptr || (clean && !victim_clean) ||
         (clean == victim_clean && t->last_use < victim->last_use)) {
@@ -132,7 +143,9 @@ absl::Status LeaseTable::CopyTo(Session& s, Tensor& t, Tier tier, bool evict) {
     source = t.Has(Tier::kGpu) ? Tier::kGpu : Tier::kNvme;
   } else {
     if (!t.Has(Tier::kDram)) {
-      if (absl::Status staged = CopyTo(s, t, Tier::kDram, evict); !staged.ok()) return staged;
+      // Staging may always make room in DRAM (the planner's advisor, if any, picks what
+      // goes); `evict` is about the destination tier.
+      if (absl::Status staged = CopyTo(s, t, Tier::kDram, /*evict=*/true); !staged.ok()) return staged;
     }
     source = Tier::kDram;
   }

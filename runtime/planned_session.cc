@@ -1,0 +1,157 @@
+#include "runtime/planned_session.h"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "base/units.h"
+#include "prefetcher/chrome_trace.h"
+#include "prefetcher/explain.h"
+
+namespace tierd {
+
+namespace tp = prefetcher;
+
+// The executor's moves on the LeaseTable. Names resolve to lease ids when first needed;
+// a tensor the client has not leased (yet) is nothing to move.
+class PlannedSession::Ops final : public tp::TierOps {
+ public:
+  Ops(LeaseTable& leases, SessionId session, std::vector<std::string> names)
+      : leases_(leases), session_(session), names_(std::move(names)) {}
+
+  absl::Status Load(tp::TensorIndex t) override {
+    return OnId(t, [&](TensorId id) { return leases_.Prefetch(session_, id, Tier::kGpu, /*evict=*/false); });
+  }
+  absl::Status Evict(tp::TensorIndex t, bool dead, int64_t decided_nanos) override {
+    return OnId(t, [&](TensorId id) { return leases_.Demote(session_, id, Tier::kGpu, dead, decided_nanos); });
+  }
+  absl::Status Stage(tp::TensorIndex t) override {
+    return OnId(t, [&](TensorId id) { return leases_.Prefetch(session_, id, Tier::kDram, /*evict=*/false); });
+  }
+  absl::Status PushDown(tp::TensorIndex t) override {
+    return OnId(t, [&](TensorId id) {
+      absl::Status copied = leases_.Prefetch(session_, id, Tier::kNvme, /*evict=*/false);
+      if (!copied.ok()) return copied;
+      return leases_.Demote(session_, id, Tier::kDram, /*dead=*/false);
+    });
+  }
+  absl::Status DropDram(tp::TensorIndex t) override {
+    return OnId(t, [&](TensorId id) { return leases_.Demote(session_, id, Tier::kDram, /*dead=*/false); });
+  }
+
+ private:
+  template <typename Fn>
+  absl::Status OnId(tp::TensorIndex t, Fn&& fn) {
+    TensorId id = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = ids_.find(t);
+      if (it != ids_.end()) id = it->second;
+    }
+    if (id == 0) {
+      auto found = leases_.Find(session_, names_[t]);
+      if (!found.ok()) return absl::OkStatus();  // not leased: nothing to move
+      id = *found;
+      std::lock_guard<std::mutex> lock(mutex_);
+      ids_[t] = id;
+    }
+    absl::Status status = fn(id);
+    if (status.code() == absl::StatusCode::kNotFound) {  // unleased since: forget the id
+      std::lock_guard<std::mutex> lock(mutex_);
+      ids_.erase(t);
+      return absl::OkStatus();
+    }
+    return status;
+  }
+
+  LeaseTable& leases_;
+  const SessionId session_;
+  const std::vector<std::string> names_;
+  std::mutex mutex_;
+  std::map<tp::TensorIndex, TensorId> ids_;
+};
+
+absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTable& leases, SessionId session,
+                                                                       tp::Graph graph, const tp::Budgets& budgets,
+                                                                       const tp::LinkModel& links, Clock& clock,
+                                                                       bool deterministic) {
+  if (absl::Status valid = tp::ValidateGraph(graph); !valid.ok()) return valid;
+  // The tiers' allocators round sizes and fragment, most when tensors are large next to
+  // the quota: plan under the quotas by a tenth or two of the largest tensors, whichever is
+  // more, so the planned moves find the room the plan counts on.
+  uint64_t largest = 0;
+  for (const tp::GraphTensor& t : graph.tensors) largest = std::max(largest, t.bytes);
+  auto headroom = [largest](uint64_t quota) {
+    const uint64_t h = std::max(quota / 10, 4 * largest);
+    return h < quota / 2 ? quota - h : quota / 2;
+  };
+  const tp::Budgets planning{headroom(budgets.gpu), headroom(budgets.dram), budgets.nvme};
+  auto plan = tp::PlanBest(graph, planning, links);
+  if (!plan.ok()) return plan.status();
+  tp::SimOptions options;
+  options.iterations = 3;
+  auto sim = tp::SimulatePlan(graph, *plan, planning, links, options);
+  if (!sim.ok()) return sim.status();
+  std::unique_ptr<PlannedSession> planned(new PlannedSession());
+  planned->predicted_ = *std::move(sim);
+  planned->reserve_bytes_ = plan->reserve_bytes;
+  tp::ExecutorOptions executor_options;
+  executor_options.single_thread = deterministic;
+  executor_options.replanner = [planning, links](const tp::Graph& measured) {
+    return tp::PlanBest(measured, planning, links);
+  };
+  std::vector<std::string> names;
+  for (const tp::GraphTensor& t : graph.tensors) names.push_back(t.name);
+  planned->ops_ = std::make_unique<Ops>(leases, session, std::move(names));
+  std::unordered_map<std::string, tp::TensorIndex> index;
+  for (tp::TensorIndex t = 0; t < graph.tensors.size(); ++t) index[graph.tensors[t].name] = t;
+  planned->executor_ =
+      std::make_unique<tp::Executor>(std::move(graph), *std::move(plan), *planned->ops_, clock, executor_options);
+  // Room made on demand goes to the tensor the graph uses furthest ahead.
+  tp::Executor* executor = planned->executor_.get();
+  absl::Status advised = leases.SetEvictionAdvisor(
+      session, [executor, index = std::move(index)](const std::string& name) -> int64_t {
+        auto it = index.find(name);
+        return it == index.end() ? INT64_MAX / 2 : executor->NextUse(it->second);
+      });
+  if (!advised.ok()) return advised;
+  planned->leases_ = &leases;
+  planned->session_ = session;
+  return planned;
+}
+
+PlannedSession::~PlannedSession() {
+  // The advisor points into the executor: the tiers stop asking it first (the session may
+  // be closed already, which is fine).
+  if (leases_ != nullptr) leases_->SetEvictionAdvisor(session_, nullptr).IgnoreError();
+  executor_.reset();  // stops the lanes before the ops they call go
+}
+
+std::string PlannedSession::Summary() const {
+  const tp::ExecutorStats seen = executor_->Stats();
+  const tp::SimResult& p = predicted_;
+  std::string out = absl::StrFormat(
+      "predicted per iteration: %.3f s (compute %.3f s, stall %.3f s); moves DRAM->GPU %s, GPU->DRAM %s, NVMe read %s, "
+      "NVMe write %s; GPU reserve for prefetches %s\n",
+      p.step_seconds, p.compute_seconds, p.stall_seconds, FormatBytes(p.h2d_bytes), FormatBytes(p.d2h_bytes),
+      FormatBytes(p.nvme_read_bytes), FormatBytes(p.nvme_write_bytes), FormatBytes(reserve_bytes_));
+  out += absl::StrFormat(
+      "observed: %d iteration(s), last %.3f s, mean %.3f s; %d loads (%d just in time: the client waited), %d late "
+      "(fetched on demand), %d evictions, %d stages, %d push-downs, %d waits for room, %d refused, %d replan(s)\n",
+      seen.laps, seen.last_lap_seconds, seen.mean_lap_seconds, seen.loads, seen.just_in_time, seen.late,
+      seen.evictions, seen.stages, seen.push_downs, seen.waits, seen.errors, seen.replans);
+  return out;
+}
+
+absl::StatusOr<std::string> PlannedSession::Explain(const std::string& name) const {
+  return tp::ExplainTensor(executor_->graph(), executor_->CurrentPlan(), name);
+}
+
+std::string PlannedSession::TraceJson() const {
+  return tp::ChromeTraceJson(executor_->Timeline(), "tierd session (recorded)");
+}
+
+}  // namespace tierd

@@ -1,0 +1,61 @@
+// PlannedSession: a session's registered iteration graph, the plan made for it under the
+// session's quotas, and the executor that carries the plan out on the LeaseTable as the
+// client reports its ops. Misses still work (the LeaseTable fetches on demand); the plan
+// only decides what moves early.
+//
+// Thread-safety: thread-safe.
+#ifndef TIERD_RUNTIME_PLANNED_SESSION_H_
+#define TIERD_RUNTIME_PLANNED_SESSION_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "base/clock.h"
+#include "prefetcher/executor.h"
+#include "prefetcher/simulate.h"
+#include "runtime/lease_table.h"
+
+namespace tierd {
+
+class PlannedSession {
+ public:
+  // Plans `graph` (PlanBest) under `budgets` and `links`, simulates it for the prediction,
+  // and starts the executor (`deterministic`: one executor thread; for tests). The plan's errors (a graph that cannot fit, ...) come back as
+  // they are. Tensors of the graph need not be leased yet: moves of unleased ones are no-ops.
+  static absl::StatusOr<std::unique_ptr<PlannedSession>> Create(LeaseTable& leases, SessionId session,
+                                                               prefetcher::Graph graph,
+                                                               const prefetcher::Budgets& budgets,
+                                                               const prefetcher::LinkModel& links, Clock& clock,
+                                                               bool deterministic = false);
+  ~PlannedSession();
+
+  absl::Status OpBegin(uint32_t op) { return executor_->OpBegin(op); }
+  void WaitIdle() { executor_->WaitIdle(); }
+
+  const prefetcher::SimResult& predicted() const { return predicted_; }
+  uint64_t reserve_bytes() const { return reserve_bytes_; }
+  prefetcher::ExecutorStats observed() const { return executor_->Stats(); }
+  // Predicted next to observed, in words (tierctl plan --session).
+  std::string Summary() const;
+  absl::StatusOr<std::string> Explain(const std::string& name) const;
+  // The recorded timeline of the last two iterations as Chrome/Perfetto JSON.
+  std::string TraceJson() const;
+  // Where each executor lane is and what it waits for (tierctl plan --session).
+  std::string Describe() const { return executor_->Describe(); }
+
+ private:
+  class Ops;
+  PlannedSession() = default;
+
+  std::unique_ptr<Ops> ops_;
+  std::unique_ptr<prefetcher::Executor> executor_;
+  prefetcher::SimResult predicted_;
+  uint64_t reserve_bytes_ = 0;
+  LeaseTable* leases_ = nullptr;
+  SessionId session_ = 0;
+};
+
+}  // namespace tierd
+
+#endif  // TIERD_RUNTIME_PLANNED_SESSION_H_

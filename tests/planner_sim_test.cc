@@ -1,0 +1,187 @@
+// The deterministic simulation of issue 4: a synthetic transformer training step (forward,
+// backward, AdamW; weights, gradients, optimizer state, activations) runs for many
+// iterations through the real tiers — LeaseTable over a fake GPU, real shared memory and a
+// real O_DIRECT file through io_uring — with the executor following the plan, on a fake
+// clock with seeded jitter in op times and link speeds. Every byte the client reads is
+// checked against what it last wrote; misses, waits and bytes moved are compared with
+// what the simulator predicted before the run.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <random>
+
+#include "base/fake_clock.h"
+#include "prefetcher/synthetic.h"
+#include "runtime/lease_table.h"
+#include "runtime/mover_test_util.h"
+#include "runtime/planned_session.h"
+
+namespace tierd {
+namespace {
+
+namespace tp = prefetcher;
+
+// Link time on the fake clock, scaled by a seeded factor per copy.
+class JitterClock final : public Clock {
+ public:
+  JitterClock(FakeClock& base, uint64_t seed, double jitter) : base_(base), rng_(seed), jitter_(jitter) {}
+  int64_t NowNanos() override { return base_.NowNanos(); }
+  void SleepNanos(int64_t nanos) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::uniform_real_distribution<double> f(1 - jitter_, 1 + jitter_);
+    base_.AdvanceNanos(static_cast<int64_t>(nanos * f(rng_)));
+  }
+
+ private:
+  FakeClock& base_;
+  std::mutex mutex_;
+  std::mt19937_64 rng_;
+  double jitter_;
+};
+
+uint64_t Word(uint64_t seed, uint64_t i) {
+  uint64_t z = seed + 0x9e3779b97f4a7c15ull * (i + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+class PlannerSimulation : public ::testing::Test {
+ protected:
+  void Fill(uint8_t* p, uint64_t bytes, uint64_t seed) {
+    for (uint64_t i = 0; i + 8 <= bytes; i += 8) {
+      const uint64_t w = Word(seed, i / 8);
+      std::memcpy(p + i, &w, 8);
+    }
+  }
+  bool Check(const uint8_t* p, uint64_t bytes, uint64_t seed) {
+    for (uint64_t i = 0; i + 8 <= bytes; i += 8) {
+      const uint64_t w = Word(seed, i / 8);
+      if (std::memcmp(p + i, &w, 8) != 0) return false;
+    }
+    return true;
+  }
+};
+
+TEST_F(PlannerSimulation, ManyIterationsThroughTheRealTiersLoseNothingAndMatchThePrediction) {
+  tp::TraceOptions trace;
+  trace.micro_batch_seqs = 1;
+  trace.seq_len = 64;
+  trace.grad_accum = 2;
+  trace.flops_per_s = 1e10;  // ops of about a millisecond: time to hide the moves behind
+  // Eight small layers: each tensor is a few percent of the GPU quota, as in real models
+  // (a 7B layer's Adam moment is 3% of a 24 GiB budget).
+  const tp::Graph graph = tp::SyntheticTransformer({"sim", 8, 128, 344, 256}, trace);
+  uint64_t total = 0;
+  for (const auto& t : graph.tensors) total += (t.bytes + 4095) / 4096 * 4096;
+  // The GPU holds under half of the state, DRAM half: weights, gradients and optimizer state
+  // stream through all three tiers every iteration.
+  const tp::Budgets budgets{total * 45 / 100, total / 2, 2 * total};
+  FakeClock fake;       // op time: the client advances it
+  FakeClock link_time;  // link time: the fake GPU's copies advance it, with seeded jitter
+  JitterClock link_clock(link_time, /*seed=*/7, /*jitter=*/0.2);
+  FakeGpuOptions gpu;
+  gpu.link_bytes_per_second = 55e9;
+  gpu.clock = &link_clock;
+  testing::Engine engine = testing::MakeDaemonEngine("plansim", budgets.gpu * 2, budgets.dram * 2,
+                                                     budgets.nvme + kMiB, gpu);
+  auto table = LeaseTable::Create(*engine.store, *engine.mover, fake, {});
+  ASSERT_TRUE(table.ok()) << table.status();
+  LeaseTable& leases = **table;
+  auto session = leases.OpenSession("sim", {budgets.gpu, budgets.dram, budgets.nvme});
+  ASSERT_TRUE(session.ok()) << session.status();
+
+  // Lease every tensor and give each a first value.
+  std::vector<TensorId> ids;
+  std::vector<uint64_t> version(graph.tensors.size(), 0);
+  auto seed_of = [&](size_t t) { return (static_cast<uint64_t>(t) << 32) | version[t]; };
+  for (size_t t = 0; t < graph.tensors.size(); ++t) {
+    const tp::GraphTensor& g = graph.tensors[t];
+    auto id = leases.Lease(*session, {g.name, TensorClass::kParam, DType::kU8, {static_cast<int64_t>(g.bytes)}});
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids.push_back(*id);
+    auto p = leases.Acquire(*session, *id, Access::kOverwrite, Place::kHost);
+    ASSERT_TRUE(p.ok()) << p.status();
+    Fill(engine.store->Address(Extent{p->tier, p->arena, Allocation{p->offset, p->bytes, 0}}), p->bytes, seed_of(t));
+    ASSERT_TRUE(leases.Release(*session, *id).ok());
+  }
+  const tp::LinkModel links;  // the lent machine's: 55 GB/s each way, 2 GB/s NVMe
+  auto planned = PlannedSession::Create(leases, *session, graph, budgets, links, fake, /*deterministic=*/true);
+  ASSERT_TRUE(planned.ok()) << planned.status();
+  const tp::SimResult& predicted = (*planned)->predicted();
+
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<double> op_jitter(0.8, 1.2);
+  constexpr int kLaps = 8, kWarmup = 2;
+  uint64_t misses_after_warmup = 0, acquires_after_warmup = 0, reads_checked = 0;
+  uint64_t h2d_before = 0, h2d_measured = 0;
+  std::map<uint32_t, uint64_t> jit_before;
+  for (int lap = 0; lap < kLaps; ++lap) {
+    if (lap == kWarmup) {
+      h2d_before = engine.mover->Stats(Link::kDramToGpu).bytes;
+      jit_before = (*planned)->observed().just_in_time_by_op;
+    }
+    for (uint32_t i = 0; i < graph.ops.size(); ++i) {
+      ASSERT_TRUE((*planned)->OpBegin(i).ok());
+      (*planned)->WaitIdle();
+      const tp::GraphOp& op = graph.ops[i];
+      for (tp::TensorIndex t : tp::Touched(op)) {
+        const tp::Use use = tp::UseOf(op, t);
+        const Access access = use == tp::Use::kRead ? Access::kRead
+                              : use == tp::Use::kWrite ? Access::kWrite : Access::kOverwrite;
+        auto p = leases.Acquire(*session, ids[t], access, Place::kGpu);
+        ASSERT_TRUE(p.ok()) << graph.tensors[t].name << " at " << op.name << ": " << p.status();
+        if (lap >= kWarmup) {
+          ++acquires_after_warmup;
+          if (p->fetched) ++misses_after_warmup;
+        }
+        uint8_t* bytes = engine.store->Address(Extent{p->tier, p->arena, Allocation{p->offset, p->bytes, 0}});
+        if (use != tp::Use::kOverwrite) {
+          ASSERT_TRUE(Check(bytes, p->bytes, seed_of(t)))
+              << graph.tensors[t].name << " read at " << op.name << " (lap " << lap << ") is not what was written";
+          ++reads_checked;
+        }
+        if (use != tp::Use::kRead) {
+          ++version[t];
+          Fill(bytes, p->bytes, seed_of(t));
+        }
+        ASSERT_TRUE(leases.Release(*session, ids[t]).ok());
+      }
+      fake.AdvanceNanos(static_cast<int64_t>(op.seconds * 1e9 * op_jitter(rng)));
+    }
+  }
+  h2d_measured = (engine.mover->Stats(Link::kDramToGpu).bytes - h2d_before) / (kLaps - kWarmup);
+  (*planned)->WaitIdle();
+  ASSERT_TRUE(leases.Validate().ok()) << leases.Validate();
+  const tp::ExecutorStats seen = (*planned)->observed();
+  std::printf("%s", (*planned)->Summary().c_str());
+  std::printf("reads checked %lu, misses after warm-up %lu of %lu acquires, DRAM->GPU per iteration: predicted %lu, "
+              "measured %lu\n",
+              reads_checked, misses_after_warmup, acquires_after_warmup, predicted.h2d_bytes, h2d_measured);
+  EXPECT_GT(reads_checked, 1000u);  // every read of every op of every iteration
+  // Nearly every tensor is there when the client asks. Not all: the GPU arena's online
+  // allocator fragments (tensors here are ~6% of the quota), and a load the plan has room
+  // for can find no block big enough; the client then fetches on demand. Measured: 2 of
+  // ~1300 acquires. The fix is the static GPU layout (allocator/static_assigner) in the
+  // LeaseTable, not yet wired in.
+  EXPECT_LE(misses_after_warmup * 200, acquires_after_warmup) << misses_after_warmup << " misses";
+  EXPECT_EQ(seen.errors, 0u);
+  EXPECT_GT(seen.loads, 0u);
+  EXPECT_GT(leases.Stats().discards, 0u) << "dead activations were dropped, not written back";
+  EXPECT_GT(engine.mover->Stats(Link::kNvmeToDram).bytes, 0u) << "the run went through NVMe";
+  // The client waited for a load only before ops where the simulator predicted a stall.
+  for (const auto& [op, total] : seen.just_in_time_by_op) {
+    const uint64_t count = total - jit_before[op];
+    if (count == 0) continue;
+    EXPECT_GT(predicted.op_stall_seconds[op], 0) << count << " load(s) just in time before '" << graph.ops[op].name
+                                                 << "', where the simulator predicted none";
+  }
+  // The bytes loaded per iteration are the plan's, within 10% (early loads may be
+  // refused for room and redone; the simulator counts each once).
+  EXPECT_NEAR(static_cast<double>(h2d_measured), static_cast<double>(predicted.h2d_bytes), 0.10 * predicted.h2d_bytes);
+}
+
+}  // namespace
+}  // namespace tierd

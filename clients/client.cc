@@ -272,6 +272,34 @@ absl::Status Client::ReleaseRpc(const Tensor& tensor) {
   return TensorCall(&v1::Tierd::Stub::Release, tensor);
 }
 
+absl::StatusOr<v1::PlanReply> Client::RegisterGraph(const v1::GraphSpec& graph) {
+  v1::RegisterGraphRequest request;
+  *request.mutable_session() = Ref();
+  *request.mutable_graph() = graph;
+  v1::PlanReply reply;
+  grpc::ClientContext context;
+  if (absl::Status s = ipc::FromGrpc(stub_->RegisterGraph(&context, request, &reply)); !s.ok()) return s;
+  return reply;
+}
+
+absl::Status Client::OpBegin(uint32_t op) {
+  if (ring_ != nullptr) {
+    ipc::RingMessage request{};
+    request.op = static_cast<uint32_t>(ipc::RingOp::kOpBegin);
+    request.tensor_id = op;
+    auto answer = RingCall(request);
+    if (!answer.ok()) return answer.status();
+    if (answer->code == 0) return absl::OkStatus();
+  }
+  // No ring, or it refused: the RPC says why.
+  v1::OpBeginRequest request;
+  *request.mutable_session() = Ref();
+  request.set_op(op);
+  v1::Empty reply;
+  grpc::ClientContext context;
+  return ipc::FromGrpc(stub_->OpBegin(&context, request, &reply));
+}
+
 absl::Status Client::Pin(const Tensor& tensor, Tier tier) {
   v1::PinRequest request;
   *request.mutable_session() = Ref();

@@ -61,6 +61,12 @@ class Client {
   // tierd waits for that work (CUDA IPC event) before it moves or reuses the tensor's GPU
   // memory. Without a real GPU or the ring it synchronises the stream, then releases.
   absl::Status Release(const Tensor& tensor, void* cuda_stream);
+  // The planner: register the iteration (the ops in order, the tensors each reads, writes
+  // and overwrites, by lease name) and get the plan's prediction back; then say which op
+  // is about to run (through the ring: microseconds) so tierd moves bytes ahead of it.
+  // Acquire overwritten tensors with Access::kOverwrite.
+  absl::StatusOr<v1::PlanReply> RegisterGraph(const v1::GraphSpec& graph);
+  absl::Status OpBegin(uint32_t op);
   absl::Status Pin(const Tensor& tensor, Tier tier);
   absl::Status Unpin(const Tensor& tensor);
   absl::StatusOr<v1::StatsReply> Stats();

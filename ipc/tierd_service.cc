@@ -135,6 +135,11 @@ grpc::Status TierdService::Stats(grpc::ServerContext*, const v1::Empty*, v1::Sta
   reply->set_evictions_capacity(leases.evictions_capacity);
   reply->set_evictions_explicit(leases.evictions_explicit);
   reply->set_writebacks(leases.writebacks);
+  reply->set_prefetches(leases.prefetches);
+  reply->set_prefetch_bytes(leases.prefetch_bytes);
+  reply->set_planned_evictions(leases.planned_evictions);
+  reply->set_discards(leases.discards);
+  reply->set_acquire_hits(leases.acquire_hits);
   reply->set_gpu(gpu_description_);
   reply->set_uptime_seconds((clock_.NowNanos() - started_nanos_) / 1e9);
   return grpc::Status::OK;
@@ -173,6 +178,32 @@ grpc::Status TierdService::GetConfig(grpc::ServerContext* context, const v1::Emp
                                      v1::ConfigReply* reply) {
   TIERD_RETURN_IF_ERROR(OnlyOverUnixSocket(context));
   reply->set_text(config_text_);
+  return grpc::Status::OK;
+}
+
+grpc::Status TierdService::RegisterGraph(grpc::ServerContext*, const v1::RegisterGraphRequest* request,
+                                         v1::PlanReply* reply) {
+  TIERD_RETURN_IF_ERROR(sessions_.Check(request->session()));
+  if (planner_ == nullptr) return ToGrpc(absl::UnimplementedError("this tierd has no planner"));
+  auto plan = planner_->RegisterGraph(request->session().session_id(), request->graph());
+  TIERD_RETURN_IF_ERROR(plan.status());
+  *reply = *std::move(plan);
+  return grpc::Status::OK;
+}
+
+grpc::Status TierdService::OpBegin(grpc::ServerContext*, const v1::OpBeginRequest* request, v1::Empty*) {
+  TIERD_RETURN_IF_ERROR(sessions_.Check(request->session()));
+  if (planner_ == nullptr) return ToGrpc(absl::UnimplementedError("this tierd has no planner"));
+  return ToGrpc(planner_->OpBegin(request->session().session_id(), request->op()));
+}
+
+grpc::Status TierdService::GetPlan(grpc::ServerContext* context, const v1::GetPlanRequest* request,
+                                   v1::PlanReply* reply) {
+  TIERD_RETURN_IF_ERROR(OnlyOverUnixSocket(context));
+  if (planner_ == nullptr) return ToGrpc(absl::UnimplementedError("this tierd has no planner"));
+  auto plan = planner_->GetPlan(request->session_id(), request->explain(), request->trace());
+  TIERD_RETURN_IF_ERROR(plan.status());
+  *reply = *std::move(plan);
   return grpc::Status::OK;
 }
 

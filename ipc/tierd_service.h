@@ -34,6 +34,15 @@ class SessionDirectory {
   std::map<SessionId, std::string> tokens_ ABSL_GUARDED_BY(mutex_);
 };
 
+// The planner's entry points, implemented by the daemon (which owns the sessions' plans).
+class PlannerHooks {
+ public:
+  virtual ~PlannerHooks() = default;
+  virtual absl::StatusOr<v1::PlanReply> RegisterGraph(SessionId session, const v1::GraphSpec& graph) = 0;
+  virtual absl::Status OpBegin(SessionId session, uint32_t op) = 0;
+  virtual absl::StatusOr<v1::PlanReply> GetPlan(SessionId session, const std::string& explain, bool trace) = 0;
+};
+
 class TierdService final : public v1::Tierd::Service {
  public:
   TierdService(LeaseTable& leases, TierStore& store, Mover& mover, SessionDirectory& sessions,
@@ -53,9 +62,14 @@ class TierdService final : public v1::Tierd::Service {
   grpc::Status Health(grpc::ServerContext*, const v1::Empty*, v1::HealthReply*) override;
   grpc::Status AdminPin(grpc::ServerContext*, const v1::AdminPinRequest*, v1::Empty*) override;
   grpc::Status GetConfig(grpc::ServerContext*, const v1::Empty*, v1::ConfigReply*) override;
+  grpc::Status RegisterGraph(grpc::ServerContext*, const v1::RegisterGraphRequest*, v1::PlanReply*) override;
+  grpc::Status OpBegin(grpc::ServerContext*, const v1::OpBeginRequest*, v1::Empty*) override;
+  grpc::Status GetPlan(grpc::ServerContext*, const v1::GetPlanRequest*, v1::PlanReply*) override;
 
   // Shown by GetConfig (set once, before serving).
   void set_config_text(std::string text) { config_text_ = std::move(text); }
+  // Set once, before serving; without it the planner calls are UNIMPLEMENTED.
+  void set_planner(PlannerHooks* planner) { planner_ = planner; }
 
  private:
   LeaseTable& leases_;
@@ -66,6 +80,7 @@ class TierdService final : public v1::Tierd::Service {
   const std::string gpu_description_;
   const int64_t started_nanos_;
   std::string config_text_;
+  PlannerHooks* planner_ = nullptr;
 };
 
 }  // namespace tierd::ipc

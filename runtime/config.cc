@@ -107,6 +107,18 @@ absl::Status ParseRest(const YAML::Node& root, DaemonOptions* options) {
     if (limits["sessions"]) options->max_sessions = limits["sessions"].as<uint32_t>();
     if (options->max_sessions == 0) return Error(limits["sessions"], "limits.sessions must be at least 1");
   }
+  if (const YAML::Node planner = root["planner"]) {
+    RETURN_IF_ERROR(CheckKeys(planner, "planner", {"h2d_gbps", "d2h_gbps", "nvme_gbps"}));
+    for (auto [key, out] : {std::pair{"h2d_gbps", &options->planner_links.h2d_bytes_per_s},
+                            std::pair{"d2h_gbps", &options->planner_links.d2h_bytes_per_s},
+                            std::pair{"nvme_gbps", &options->planner_links.nvme_read_bytes_per_s}}) {
+      if (!planner[key]) continue;
+      const double gbps = planner[key].as<double>();
+      if (!(gbps > 0)) return Error(planner[key], std::string("planner.") + key + " must be > 0 (GB/s)");
+      *out = gbps * 1e9;
+    }
+    options->planner_links.nvme_write_bytes_per_s = options->planner_links.nvme_read_bytes_per_s;
+  }
   if (const YAML::Node quota = root["default_session_quota"]) {
     RETURN_IF_ERROR(CheckKeys(quota, "default_session_quota", {"gpu", "dram", "nvme"}));
     RETURN_IF_ERROR(ReadBytes(quota, "gpu", &options->default_quota.gpu_bytes));
@@ -124,7 +136,7 @@ absl::StatusOr<DaemonOptions> ParseConfig(const std::string& yaml_text) {
     const YAML::Node root = YAML::Load(yaml_text);
     if (root.IsNull()) return options;
     RETURN_IF_ERROR(CheckKeys(root, "the config",
-                              {"tiers", "pins", "listen", "security", "limits", "default_session_quota"}));
+                              {"tiers", "pins", "listen", "security", "limits", "planner", "default_session_quota"}));
     if (root["tiers"]) RETURN_IF_ERROR(ParseTiers(root["tiers"], &options));
     RETURN_IF_ERROR(ParseRest(root, &options));
   } catch (const YAML::Exception& e) {
@@ -175,6 +187,9 @@ std::string DescribeConfig(const DaemonOptions& o) {
   out += "]\n";
   if (o.socket_group) absl::StrAppendFormat(&out, "  socket_group: %d\n", *o.socket_group);
   absl::StrAppendFormat(&out, "limits: {sessions: %d}\n", o.max_sessions);
+  absl::StrAppendFormat(&out, "planner: {h2d_gbps: %.17g, d2h_gbps: %.17g, nvme_gbps: %.17g}\n",
+                        o.planner_links.h2d_bytes_per_s / 1e9, o.planner_links.d2h_bytes_per_s / 1e9,
+                        o.planner_links.nvme_read_bytes_per_s / 1e9);
   absl::StrAppendFormat(&out, "default_session_quota: {gpu: %s, dram: %s, nvme: %s}\n",
                         ExactBytes(o.default_quota.gpu_bytes), ExactBytes(o.default_quota.dram_bytes),
                         ExactBytes(o.default_quota.nvme_bytes));

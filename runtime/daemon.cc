@@ -116,6 +116,7 @@ absl::Status Daemon::StartServers() {
   directory_ = std::make_unique<ipc::SessionDirectory>();
   service_ = std::make_unique<ipc::TierdService>(*leases_, *store_, *mover_, *directory_, RealClock(),
                                                  gpu_.device->Describe());
+  service_->set_planner(this);  // before serving
   hello_path_ = options_.runtime_dir + "/tierd.sock";
   grpc_path_ = options_.runtime_dir + "/tierd.grpc.sock";
   // The hello socket first: it refuses to start when another daemon owns the directory.
@@ -179,6 +180,10 @@ Daemon::~Daemon() {
     grpc_server_->Wait();
   }
   unlink(grpc_path_.c_str());
+  {
+    absl::MutexLock lock(&planned_mutex_);
+    planned_.clear();  // executors call into the lease table
+  }
   leases_.reset();
   if (mover_) mover_->Drain();
 }
@@ -302,6 +307,9 @@ ipc::RingMessage Daemon::ServeRing(SessionId session, const ipc::RingMessage& re
       response.bytes = placement->bytes;
       response.fetched = placement->fetched;
     }
+  } else if (request.op == static_cast<uint32_t>(ipc::RingOp::kOpBegin)) {
+    status = request.tensor_id > UINT32_MAX ? absl::InvalidArgumentError("op index out of range")
+                                             : OpBegin(session, static_cast<uint32_t>(request.tensor_id));
   } else if (request.op == static_cast<uint32_t>(ipc::RingOp::kRelease)) {
     std::unique_ptr<GpuFence> fence;
     if (request.event != 0) {
@@ -324,6 +332,10 @@ ipc::RingMessage Daemon::ServeRing(SessionId session, const ipc::RingMessage& re
 
 void Daemon::OnGoodbye(uint64_t session_id) {
   rings_.erase(session_id);  // stops serving before the session's tensors go
+  {
+    absl::MutexLock lock(&planned_mutex_);
+    planned_.erase(session_id);  // stops its executor (it calls into the session)
+  }
   release_events_.erase(session_id);
   directory_->Remove(session_id);
   leases_->CloseSession(session_id).IgnoreError();

@@ -25,6 +25,8 @@
 #include "runtime/metrics.h"
 #include "runtime/mover.h"
 #include "runtime/tier_store.h"
+#include "prefetcher/simulate.h"
+#include "ipc/tierd_service.h"
 
 namespace grpc {
 class Server;
@@ -55,13 +57,17 @@ struct DaemonOptions {
   SessionQuota default_quota;
   // Sessions served at once; one more hello is refused with RESOURCE_EXHAUSTED.
   uint32_t max_sessions = 64;
+  // The link speeds the planner plans with (defaults: the lent H200 machine's).
+  prefetcher::LinkModel planner_links;
 };
 
 // Removes /dev/shm segments named "tierd-..." that no live process holds (left by a
 // daemon that was killed; see DramSegment's lock). Returns how many. Start() runs it first.
 int SweepStaleSegments(const std::string& shm_directory);
 
-class Daemon : public ipc::HelloHandler {
+class PlannedSession;
+
+class Daemon : public ipc::HelloHandler, public ipc::PlannerHooks {
  public:
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(const DaemonOptions& options);
   // Ends every session, stops the servers, drains the mover, removes sockets and segments.
@@ -76,6 +82,11 @@ class Daemon : public ipc::HelloHandler {
   absl::StatusOr<ipc::HelloGrant> OnHello(const ipc::PeerCredentials& peer,
                                           const v1::HelloRequest& request) override;
   void OnGoodbye(uint64_t session_id) override;
+
+  // The planner (daemon_planner.cc): a session's graph, its progress, its plan.
+  absl::StatusOr<v1::PlanReply> RegisterGraph(SessionId session, const v1::GraphSpec& graph) override;
+  absl::Status OpBegin(SessionId session, uint32_t op) override;
+  absl::StatusOr<v1::PlanReply> GetPlan(SessionId session, const std::string& explain, bool trace) override;
 
  private:
   Daemon() = default;
@@ -92,6 +103,8 @@ class Daemon : public ipc::HelloHandler {
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<ipc::HelloServer> hello_server_;
   std::unique_ptr<MetricsServer> metrics_;
+  absl::Mutex planned_mutex_;
+  std::map<SessionId, std::shared_ptr<PlannedSession>> planned_ ABSL_GUARDED_BY(planned_mutex_);
   std::string hello_path_;
   std::string grpc_path_;
   std::string grpc_address_;

@@ -106,6 +106,12 @@ absl::Status LeaseTable::CloseSession(SessionId id) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<SessionQuota> LeaseTable::Quota(SessionId id) const {
+  auto session = GetSession(id);
+  if (!session.ok()) return session.status();
+  return (*session)->quota;
+}
+
 ArenaId LeaseTable::SessionArena(SessionId id, Tier tier) const {
   auto session = GetSession(id);
   return session.ok() ? (*session)->ArenaOf(tier) : kNoArena;

@@ -110,6 +110,7 @@ class LeaseTable {
   // Frees every lease and the arenas. The client must no longer touch its mappings.
   absl::Status CloseSession(SessionId session);
   ArenaId SessionArena(SessionId session, Tier tier) const;
+  absl::StatusOr<SessionQuota> Quota(SessionId session) const;
 
   // ALREADY_EXISTS if the session has a tensor of that name; RESOURCE_EXHAUSTED (naming
   // the quotas and what holds them) when no tier has room.

@@ -14,6 +14,7 @@
 
 #include "base/units.h"
 #include "clients/client.h"
+#include "prefetcher/synthetic.h"
 
 namespace tierd {
 namespace {
@@ -74,6 +75,82 @@ int Roundtrip(const std::string& dir, uint32_t seed) {
   return 0;
 }
 
+// A small training loop under a plan: registers the iteration graph of a synthetic
+// 8-layer model, runs `laps` iterations reporting each op, checks every value it reads,
+// prints the plan's summary, and (hold) waits to be killed so tierctl can look.
+int Planned(const std::string& dir, int laps, bool hold) {
+  prefetcher::TraceOptions trace;
+  trace.micro_batch_seqs = 1;
+  trace.seq_len = 64;
+  trace.grad_accum = 2;
+  trace.flops_per_s = 1e10;
+  const prefetcher::Graph graph = prefetcher::SyntheticTransformer({"sim", 8, 128, 344, 256}, trace);
+  uint64_t total = 0;
+  for (const auto& t : graph.tensors) total += t.bytes;
+  auto client = Client::Connect({dir, "planned", {total * 45 / 100, total / 2, 2 * total}});
+  if (!client.ok()) return Fail("connect", client.status());
+  v1::GraphSpec spec;
+  std::vector<Client::Tensor> tensors;
+  std::vector<uint32_t> version(graph.tensors.size(), 0);
+  for (size_t t = 0; t < graph.tensors.size(); ++t) {
+    const auto& g = graph.tensors[t];
+    auto lease = (*client)->Lease({g.name, TensorClass::kParam, DType::kU8, {static_cast<int64_t>(g.bytes)}});
+    if (!lease.ok()) return Fail("lease", lease.status());
+    tensors.push_back(*lease);
+    auto p = (*client)->Acquire(*lease, Access::kOverwrite, Place::kHost);
+    if (!p.ok()) return Fail("first write", p.status());
+    Fill(*p, g.bytes, static_cast<uint32_t>(t * 1000));
+    if (auto s = (*client)->Release(*lease); !s.ok()) return Fail("release", s);
+    auto* out = spec.add_tensors();
+    out->set_name(g.name);
+    out->set_bytes(g.bytes);
+  }
+  for (const auto& op : graph.ops) {
+    auto* out = spec.add_ops();
+    out->set_name(op.name);
+    out->set_seconds(op.seconds);
+    for (auto t : op.reads) out->add_reads(graph.tensors[t].name);
+    for (auto t : op.writes) out->add_writes(graph.tensors[t].name);
+    for (auto t : op.overwrites) out->add_overwrites(graph.tensors[t].name);
+  }
+  auto plan = (*client)->RegisterGraph(spec);
+  if (!plan.ok()) return Fail("register graph", plan.status());
+  uint64_t misses = 0;
+  for (int lap = 0; lap < laps; ++lap) {
+    for (uint32_t i = 0; i < graph.ops.size(); ++i) {
+      if (auto s = (*client)->OpBegin(i); !s.ok()) return Fail("op begin", s);
+      const auto& op = graph.ops[i];
+      for (auto t : prefetcher::Touched(op)) {
+        const auto use = prefetcher::UseOf(op, t);
+        const Access access = use == prefetcher::Use::kRead ? Access::kRead
+                              : use == prefetcher::Use::kWrite ? Access::kWrite : Access::kOverwrite;
+        auto p = (*client)->Acquire(tensors[t], access, Place::kGpu);
+        if (!p.ok()) return Fail("acquire " + graph.tensors[t].name + " at " + op.name, p.status());
+        if (use != prefetcher::Use::kOverwrite && !Same(*p, tensors[t].bytes, t * 1000 + version[t])) {
+          std::fprintf(stderr, "client_worker: %s came back wrong at %s (lap %d)\n", graph.tensors[t].name.c_str(),
+                       op.name.c_str(), lap);
+          return 1;
+        }
+        if (use != prefetcher::Use::kRead) Fill(*p, tensors[t].bytes, static_cast<uint32_t>(t * 1000 + ++version[t]));
+        if (auto s = (*client)->Release(tensors[t]); !s.ok()) return Fail("release", s);
+      }
+    }
+  }
+  auto stats = (*client)->Stats();
+  if (!stats.ok()) return Fail("stats", stats.status());
+  misses = stats->stalls();
+  std::printf("ok planned: %d laps, prefetches %lu, discards %lu, hits %lu, stalls %lu\n%s", laps,
+              static_cast<unsigned long>(stats->prefetches()), static_cast<unsigned long>(stats->discards()),
+              static_cast<unsigned long>(stats->acquire_hits()), static_cast<unsigned long>(misses),
+              plan->summary().c_str());
+  if (hold) {
+    std::printf("ready %lu\n", static_cast<unsigned long>((*client)->session_id()));
+    std::fflush(stdout);
+    for (;;) pause();
+  }
+  return 0;
+}
+
 int Hold(const std::string& dir) {
   auto client = Client::Connect({dir, "holder", {1 * kMiB, 1 * kMiB, 0}});
   if (!client.ok()) return Fail("connect", client.status());
@@ -103,6 +180,10 @@ int main(int argc, char** argv) {
     return tierd::Roundtrip(argv[1], static_cast<uint32_t>(std::stoul(argv[3])));
   }
   if (argc >= 3 && std::strcmp(argv[2], "hold") == 0) return tierd::Hold(argv[1]);
+  if (argc >= 4 && std::strcmp(argv[2], "planned") == 0) return tierd::Planned(argv[1], std::stoi(argv[3]), false);
+  if (argc >= 4 && std::strcmp(argv[2], "planned-hold") == 0) {
+    return tierd::Planned(argv[1], std::stoi(argv[3]), true);
+  }
   std::fprintf(stderr, "usage: client_worker RUNTIME_DIR (roundtrip SEED | hold)\n");
   return 2;
 }

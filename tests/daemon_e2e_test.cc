@@ -254,6 +254,49 @@ TEST_F(DaemonTest, TierctlAndPrometheusSeeWhatClientsDo) {
   EXPECT_NE(scraped.find("tierd_tier_budget_bytes{tier=\"nvme\"} 100663296\n"), std::string::npos);
 }
 
+// The planner end to end: a client process registers its iteration graph, reports ops
+// through the ring, and tierd moves tensors ahead of them; tierctl shows the plan, the
+// run next to the prediction, why a tensor is where it is, and the recorded timeline.
+TEST_F(DaemonTest, APlannedSessionIsServedAheadOfUseAndTierctlShowsIt) {
+  Process worker("tests/client_worker", {runtime_dir_, "planned-hold", "4"});
+  const std::string ok = worker.WaitForLine("ok planned:", 60000);
+  ASSERT_NE(ok, "") << worker.output();
+  // "ok planned: 4 laps, prefetches P, discards D, hits H, stalls S"
+  unsigned long laps = 0, prefetches = 0, discards = 0, hits = 0, stalls = 0;
+  ASSERT_EQ(std::sscanf(ok.c_str(), "ok planned: %lu laps, prefetches %lu, discards %lu, hits %lu, stalls %lu", &laps,
+                        &prefetches, &discards, &hits, &stalls),
+            5)
+      << ok;
+  EXPECT_GT(prefetches, 0u) << "the executor moved tensors ahead of use";
+  EXPECT_GT(discards, 0u) << "dead activations were dropped, not written back";
+  EXPECT_GT(hits, 10 * stalls) << ok;  // most acquires found their bytes in place
+  const std::string ready = worker.WaitForLine("ready ", 10000);
+  ASSERT_NE(ready, "") << worker.output();
+  const std::string session = ready.substr(6);
+  const std::string dir = "--runtime_dir=" + runtime_dir_;
+  Process plan("tools/tierctl/tierctl", {dir, "plan", "--session=" + session});
+  EXPECT_NE(plan.WaitForLine("predicted per iteration:", 10000), "") << plan.output();
+  EXPECT_NE(plan.WaitForLine("observed: 3 iteration(s)", 10000), "") << plan.output();
+  EXPECT_EQ(plan.Wait(), 0);
+  Process explain("tools/tierctl/tierctl", {dir, "plan", "--session=" + session, "--explain=opt.m.layers.3"});
+  EXPECT_NE(explain.WaitForLine("opt.m.layers.3 (", 10000), "") << explain.output();
+  EXPECT_EQ(explain.Wait(), 0);
+  const std::string trace_path = runtime_dir_ + "-trace.json";
+  Process trace("tools/tierctl/tierctl", {dir, "trace", "--session=" + session, "--out=" + trace_path});
+  EXPECT_NE(trace.WaitForLine("wrote ", 10000), "") << trace.output();
+  EXPECT_EQ(trace.Wait(), 0);
+  std::FILE* f = std::fopen(trace_path.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  char head[64] = {};
+  ASSERT_GT(std::fread(head, 1, sizeof(head) - 1, f), 0u);
+  std::fclose(f);
+  std::remove(trace_path.c_str());
+  EXPECT_NE(std::string(head).find("traceEvents"), std::string::npos) << head;
+  Process none("tools/tierctl/tierctl", {dir, "plan", "--session=999"});
+  EXPECT_NE(none.WaitForLine("tierctl: session 999 has registered no graph", 10000), "") << none.output();
+  EXPECT_EQ(none.Wait(), 1);
+}
+
 TEST(DaemonStartTest, SweepsSegmentsOfADaemonThatDied) {
   const std::string tag = std::to_string(getpid()) + "-" + std::to_string(std::random_device{}() % 100000);
   // One segment nobody holds (its daemon died), one held as a live daemon holds its own.

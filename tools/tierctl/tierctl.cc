@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -22,7 +23,9 @@ ABSL_FLAG(std::string, runtime_dir, "/tmp/tierd", "tierd's runtime directory (wh
 ABSL_FLAG(bool, json, false, "print JSON instead of tables (for scripts)");
 ABSL_FLAG(double, interval, 1.0, "top: seconds between refreshes");
 ABSL_FLAG(int, iterations, 0, "top: stop after this many refreshes (0: until Ctrl-C)");
-ABSL_FLAG(uint64_t, session, 0, "leases: only this session");
+ABSL_FLAG(uint64_t, session, 0, "leases: only this session; plan/trace: that session's registered graph");
+ABSL_DECLARE_FLAG(std::string, explain);
+ABSL_DECLARE_FLAG(std::string, out);
 
 namespace tierd {
 namespace {
@@ -161,6 +164,36 @@ int Pin(Tierd::Stub& stub, const std::vector<char*>& args, bool pin) {
   return 0;
 }
 
+// tierctl plan --session N [--explain NAME], tierctl trace --session N: a running session's
+// plan, what the executor has seen, and its recorded timeline.
+int SessionPlan(Tierd::Stub& stub, bool trace) {
+  v1::GetPlanRequest request;
+  request.set_session_id(absl::GetFlag(FLAGS_session));
+  request.set_explain(trace ? "" : absl::GetFlag(FLAGS_explain));
+  request.set_trace(trace);
+  v1::PlanReply reply;
+  grpc::ClientContext context;
+  if (auto s = stub.GetPlan(&context, request, &reply); !s.ok()) return Fail(s);
+  if (trace) {
+    const std::string path = absl::GetFlag(FLAGS_out);
+    FILE* f = std::fopen(path.c_str(), "w");
+    if (f == nullptr || std::fwrite(reply.trace_json().data(), 1, reply.trace_json().size(), f) !=
+                            reply.trace_json().size() || std::fclose(f) != 0) {
+      std::fprintf(stderr, "tierctl: cannot write %s\n", path.c_str());
+      return 1;
+    }
+    std::printf("wrote %s: the last two iterations of session %lu as recorded (ui.perfetto.dev)\n", path.c_str(),
+                static_cast<unsigned long>(request.session_id()));
+    return 0;
+  }
+  if (absl::GetFlag(FLAGS_json)) {
+    PrintJson(reply);
+    return 0;
+  }
+  std::printf("%s%s", reply.summary().c_str(), reply.explain().c_str());
+  return 0;
+}
+
 int Config(Tierd::Stub& stub) {
   v1::Empty empty;
   v1::ConfigReply reply;
@@ -190,6 +223,9 @@ int main(int argc, char** argv) {
       "  tierctl plan --graph step.yaml --explain layers.3.w    where a tensor is at each op, and why\n"
       "  tierctl plan --model tiny --dump_graph    the graph file format, by example\n"
       "  tierctl trace --model 7b --out step.json  the planned timeline for ui.perfetto.dev\n"
+      "A running session (its registered graph):\n"
+      "  tierctl plan --session N [--explain NAME]  predicted vs observed, and why a tensor is where\n"
+      "  tierctl trace --session N --out run.json   the last two iterations as recorded\n"
       "Common flag: --runtime_dir (default /tmp/tierd).");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() < 2) {
@@ -197,11 +233,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string command = args[1];
-  if (command == "plan" || command == "trace") {
+  const bool planning = command == "plan" || command == "trace";
+  if (planning && absl::GetFlag(FLAGS_session) == 0) {
     return tierd::RunPlanCommand(std::vector<std::string>(args.begin() + 1, args.end()));
   }
   auto stub = tierd::v1::Tierd::NewStub(grpc::CreateChannel(
       "unix:" + absl::GetFlag(FLAGS_runtime_dir) + "/tierd.grpc.sock", grpc::InsecureChannelCredentials()));
+  if (planning) return tierd::SessionPlan(*stub, command == "trace");
   if (command == "stats") return tierd::Stats(*stub);
   if (command == "top") return tierd::Top(*stub);
   if (command == "leases") return tierd::Leases(*stub);

@@ -1,0 +1,135 @@
+// The daemon's planner hooks: a session registers its iteration graph, reports the op it
+// is about to run, and tierctl asks what the plan is and how the run compares with it.
+#include <map>
+
+#include "absl/strings/str_format.h"
+#include "runtime/daemon.h"
+#include "runtime/planned_session.h"
+
+namespace tierd {
+namespace {
+
+namespace tp = prefetcher;
+
+// Large enough for 13B-parameter graphs with long accumulation; a bound on what one
+// request can make the daemon allocate.
+constexpr int kGraphTensorsMax = 1 << 20;
+constexpr int kGraphOpsMax = 1 << 20;
+
+absl::StatusOr<tp::Graph> GraphFromProto(const v1::GraphSpec& spec) {
+  if (spec.tensors_size() > kGraphTensorsMax || spec.ops_size() > kGraphOpsMax) {
+    return absl::InvalidArgumentError(absl::StrFormat("a graph of %d tensors and %d ops; at most %d and %d",
+                                                      spec.tensors_size(), spec.ops_size(), kGraphTensorsMax,
+                                                      kGraphOpsMax));
+  }
+  tp::Graph g;
+  std::map<std::string, tp::TensorIndex> index;
+  for (const v1::GraphTensorSpec& t : spec.tensors()) {
+    if (!index.emplace(t.name(), g.tensors.size()).second) {
+      return absl::InvalidArgumentError(absl::StrFormat("the graph lists tensor '%s' twice", t.name()));
+    }
+    g.tensors.push_back({t.name(), t.bytes(), t.pinned()});
+  }
+  for (const v1::GraphOpSpec& o : spec.ops()) {
+    tp::GraphOp op{o.name(), {}, {}, o.seconds()};
+    if (!(o.seconds() >= 0)) {
+      return absl::InvalidArgumentError(absl::StrFormat("op '%s' has a duration of %g s", o.name(), o.seconds()));
+    }
+    for (auto [names, list] : {std::pair{&o.reads(), &op.reads}, std::pair{&o.writes(), &op.writes},
+                               std::pair{&o.overwrites(), &op.overwrites}}) {
+      for (const std::string& name : *names) {
+        auto it = index.find(name);
+        if (it == index.end()) {
+          return absl::InvalidArgumentError(
+              absl::StrFormat("op '%s' uses tensor '%s', which the graph's tensors do not list", o.name(), name));
+        }
+        list->push_back(it->second);
+      }
+    }
+    g.ops.push_back(std::move(op));
+  }
+  if (absl::Status valid = tp::ValidateGraph(g); !valid.ok()) return valid;
+  return g;
+}
+
+void FillReply(const PlannedSession& planned, v1::PlanReply* reply) {
+  const tp::SimResult& p = planned.predicted();
+  reply->set_summary(planned.Summary());
+  reply->set_predicted_step_seconds(p.step_seconds);
+  reply->set_predicted_stall_seconds(p.stall_seconds);
+  reply->set_predicted_h2d_bytes(p.h2d_bytes);
+  reply->set_predicted_d2h_bytes(p.d2h_bytes);
+  reply->set_predicted_nvme_read_bytes(p.nvme_read_bytes);
+  reply->set_predicted_nvme_write_bytes(p.nvme_write_bytes);
+  reply->set_reserve_bytes(planned.reserve_bytes());
+  const tp::ExecutorStats seen = planned.observed();
+  reply->set_laps(seen.laps);
+  reply->set_observed_step_seconds(seen.mean_lap_seconds);
+  reply->set_loads(seen.loads);
+  reply->set_just_in_time(seen.just_in_time);
+  reply->set_late(seen.late);
+  reply->set_replans(seen.replans);
+}
+
+}  // namespace
+
+absl::StatusOr<v1::PlanReply> Daemon::RegisterGraph(SessionId session, const v1::GraphSpec& spec) {
+  auto graph = GraphFromProto(spec);
+  if (!graph.ok()) return graph.status();
+  auto quota = leases_->Quota(session);
+  if (!quota.ok()) return quota.status();
+  const tp::Budgets budgets{quota->gpu_bytes, quota->dram_bytes, quota->nvme_bytes};
+  // A new graph replaces the old plan: stop the old executor first.
+  {
+    absl::MutexLock lock(&planned_mutex_);
+    planned_.erase(session);
+  }
+  auto planned = PlannedSession::Create(*leases_, session, *std::move(graph), budgets, options_.planner_links,
+                                        RealClock());
+  if (!planned.ok()) {
+    return absl::Status(planned.status().code(),
+                        "cannot plan this graph under the session's quotas: " + std::string(planned.status().message()));
+  }
+  v1::PlanReply reply;
+  FillReply(**planned, &reply);
+  absl::MutexLock lock(&planned_mutex_);
+  planned_[session] = std::shared_ptr<PlannedSession>(std::move(*planned));
+  return reply;
+}
+
+absl::Status Daemon::OpBegin(SessionId session, uint32_t op) {
+  std::shared_ptr<PlannedSession> planned;
+  {
+    absl::MutexLock lock(&planned_mutex_);
+    auto it = planned_.find(session);
+    if (it == planned_.end()) {
+      return absl::FailedPreconditionError("op progress before a graph was registered (RegisterGraph first)");
+    }
+    planned = it->second;
+  }
+  return planned->OpBegin(op);
+}
+
+absl::StatusOr<v1::PlanReply> Daemon::GetPlan(SessionId session, const std::string& explain, bool trace) {
+  std::shared_ptr<PlannedSession> planned;
+  {
+    absl::MutexLock lock(&planned_mutex_);
+    auto it = planned_.find(session);
+    if (it == planned_.end()) {
+      return absl::NotFoundError(absl::StrFormat("session %d has registered no graph", session));
+    }
+    planned = it->second;
+  }
+  v1::PlanReply reply;
+  FillReply(*planned, &reply);
+  reply.set_summary(reply.summary() + "executor: " + planned->Describe() + "\n");
+  if (!explain.empty()) {
+    auto text = planned->Explain(explain);
+    if (!text.ok()) return text.status();
+    reply.set_explain(*text);
+  }
+  if (trace) reply.set_trace_json(planned->TraceJson());
+  return reply;
+}
+
+}  // namespace tierd

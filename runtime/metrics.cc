@@ -70,8 +70,19 @@ std::string RenderPrometheus(const v1::StatsReply& stats) {
   Family(&out, "tierd_evictions_total", "counter", "Copies dropped or moved down, by reason.");
   absl::StrAppendFormat(&out, "tierd_evictions_total{reason=\"capacity\"} %d\n", stats.evictions_capacity());
   absl::StrAppendFormat(&out, "tierd_evictions_total{reason=\"explicit\"} %d\n", stats.evictions_explicit());
+  absl::StrAppendFormat(&out, "tierd_evictions_total{reason=\"planned\"} %d\n", stats.planned_evictions());
   Family(&out, "tierd_writebacks_total", "counter", "Evictions that had to copy the only copy down first.");
   absl::StrAppendFormat(&out, "tierd_writebacks_total %d\n", stats.writebacks());
+  Family(&out, "tierd_prefetches_total", "counter", "Copies the planner made ahead of use.");
+  absl::StrAppendFormat(&out, "tierd_prefetches_total %d\n", stats.prefetches());
+  Family(&out, "tierd_prefetch_bytes_total", "counter", "Bytes the planner moved ahead of use.");
+  absl::StrAppendFormat(&out, "tierd_prefetch_bytes_total %d\n", stats.prefetch_bytes());
+  Family(&out, "tierd_discards_total", "counter", "Dead values dropped without a write-back (the plan knew).");
+  absl::StrAppendFormat(&out, "tierd_discards_total %d\n", stats.discards());
+  Family(&out, "tierd_prefetch_hit_ratio", "gauge", "Acquires that found their bytes in place, of all acquires.");
+  const uint64_t acquires = stats.acquire_hits() + stats.stalls();
+  absl::StrAppendFormat(&out, "tierd_prefetch_hit_ratio %.6f\n",
+                        acquires == 0 ? 1.0 : static_cast<double>(stats.acquire_hits()) / acquires);
   Family(&out, "tierd_sessions", "gauge", "Connected client sessions.");
   absl::StrAppendFormat(&out, "tierd_sessions %d\n", stats.sessions());
   Family(&out, "tierd_leases", "gauge", "Leased tensors.");

@@ -109,13 +109,19 @@ struct PlanCandidate {
 absl::StatusOr<Plan> PlanBest(const Graph& graph, const Budgets& budgets, const LinkModel& link,
                               std::vector<PlanCandidate>* tried = nullptr);
 
-// No stalls beyond what the links force: each link must carry the plan's bytes (the least
-// any plan under these budgets moves, by MIN) within the step, and compute must run.
+// No stalls beyond what the links force. Two bounds, the larger holds:
+//   whole step: each link carries the plan's bytes (the compulsory traffic: MIN's, the
+//     least any plan under these budgets moves) within the step, and compute runs;
+//   phase: for any run of ops W, everything W uses with its value that cannot already be
+//     on the GPU when W starts (more than the GPU budget) arrives during W, and what cannot
+//     be in GPU or DRAM comes off NVMe during W; so W takes at least that long, and the
+//     rest of the step at least its compute. (The optimizer step that touches all state
+//     with little compute is such a phase.)
 struct LowerBound {
   double step_seconds = 0, stall_seconds = 0, compute_seconds = 0;
-  const char* bound_by = "compute";
+  std::string bound_by = "compute";
 };
-LowerBound ComputeLowerBound(const Graph& graph, const Plan& plan, const LinkModel& link);
+LowerBound ComputeLowerBound(const Graph& graph, const Plan& plan, const LinkModel& link, const Budgets& budgets);
 
 }  // namespace tierd::prefetcher
 

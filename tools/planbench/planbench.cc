@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
               tierd::FormatBytes(budgets.gpu).c_str(), tierd::FormatBytes(budgets.dram).c_str(),
               tierd::FormatBytes(budgets.nvme).c_str(), link.h2d_bytes_per_s / 1e9, link.d2h_bytes_per_s / 1e9,
               link.nvme_read_bytes_per_s / 1e9, absl::GetFlag(FLAGS_tflops));
-  std::printf("%-5s %5s %8s | %9s %9s | %9s %9s | %9s %9s %-9s | %7s %8s | %-26s | %-26s | %s\n", "model", "accum",
+  std::printf("%-5s %5s %8s | %9s %9s | %9s %9s | %9s %9s %-22s | %7s %8s | %-26s | %-26s | %s\n", "model", "accum",
               "compute", "plan step", "stall", "LRU step", "stall", "LB step", "stall", "bound", "plan/LB",
               "LRU/plan", "plan GB h2d/d2h/nvr/nvw", "LRU GB h2d/d2h/nvr/nvw", "plan s");
   for (const std::string& model : std::vector<std::string>(absl::StrSplit(absl::GetFlag(FLAGS_models), ','))) {
@@ -96,10 +96,10 @@ int main(int argc, char** argv) {
                      std::string(lru.status().message()).c_str());
         return 1;
       }
-      const tp::LowerBound lb = tp::ComputeLowerBound(graph, *plan, link);
-      std::printf("%-5s %5d %7.2fs | %8.2fs %8.2fs | %8.2fs %8.2fs | %8.2fs %8.2fs %-9s | %7.3f %7.1fx | %-26s | %-26s | %.1f\n",
+      const tp::LowerBound lb = tp::ComputeLowerBound(graph, *plan, link, budgets);
+      std::printf("%-5s %5d %7.2fs | %8.2fs %8.2fs | %8.2fs %8.2fs | %8.2fs %8.2fs %-22s | %7.3f %7.1fx | %-26s | %-26s | %.1f\n",
                   model.c_str(), trace.grad_accum, sim->compute_seconds, sim->step_seconds, sim->stall_seconds,
-                  lru->step_seconds, lru->stall_seconds, lb.step_seconds, lb.stall_seconds, lb.bound_by,
+                  lru->step_seconds, lru->stall_seconds, lb.step_seconds, lb.stall_seconds, lb.bound_by.c_str(),
                   sim->step_seconds / lb.step_seconds,
                   sim->stall_seconds > 0 ? lru->stall_seconds / sim->stall_seconds : 0.0,
                   (Gb(sim->h2d_bytes) + "/" + Gb(sim->d2h_bytes) + "/" + Gb(sim->nvme_read_bytes) + "/" +

@@ -128,7 +128,7 @@ int RunPlanCommand(const std::vector<std::string>& args) {
   }
   if (absl::GetFlag(FLAGS_simulate)) {
     auto lru = tp::SimulateOnDemandLru(graph, budgets, link, options);
-    const tp::LowerBound lb = tp::ComputeLowerBound(graph, *plan, link);
+    const tp::LowerBound lb = tp::ComputeLowerBound(graph, *plan, link, budgets);
     if (lru.ok() && sim->stall_seconds == 0) {
       std::printf("on-demand LRU would take %.3f s per step (stall %.3f s); the plan has no stall\n",
                   lru->step_seconds, lru->stall_seconds);
@@ -140,7 +140,7 @@ int RunPlanCommand(const std::vector<std::string>& args) {
       std::printf("on-demand LRU: %s\n", std::string(lru.status().message()).c_str());
     }
     std::printf("lower bound: %.3f s per step (bound by %s); the plan is at %.3fx of it\n", lb.step_seconds,
-                lb.bound_by, sim->step_seconds / lb.step_seconds);
+                lb.bound_by.c_str(), sim->step_seconds / lb.step_seconds);
   }
   return 0;
 }

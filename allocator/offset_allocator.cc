@@ -112,14 +112,27 @@ absl::StatusOr<Allocation> OffsetAllocator::Allocate(uint64_t bytes) {
   }
   const uint64_t units = (bytes + alignment_bytes_ - 1) >> alignment_shift_;
   Bin bin = BinFor(RoundUpToBin(units));
-  if (!FindFreeBin(&bin)) {
+  uint32_t index = kNone;
+  if (FindFreeBin(&bin)) {
+    index = free_heads_[bin.first][bin.second];
+  } else {
+    // Near full: no block of a bin wholly above the request, but one in the request's own
+    // bin may still be big enough. A first-fit walk of that one list, off the fast path.
+    const Bin own = BinFor(units);
+    for (uint32_t i = free_heads_[own.first][own.second]; i != kNone; i = nodes_[i].next_free) {
+      if (nodes_[i].units >= units) {
+        index = i;
+        break;
+      }
+    }
+  }
+  if (index == kNone) {
     const uint64_t free_bytes = region_bytes_ - (used_units_ << alignment_shift_);
     return absl::ResourceExhaustedError(absl::StrFormat(
         "cannot allocate %s: %s free of %s, largest free block %s", FormatBytes(bytes),
         FormatBytes(free_bytes), FormatBytes(region_bytes_),
         FormatBytes(LargestFreeUnits() << alignment_shift_)));
   }
-  const uint32_t index = free_heads_[bin.first][bin.second];
   RemoveFree(index);
   if (nodes_[index].units > units) {
     const uint32_t rest = NewNode();

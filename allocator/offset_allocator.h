@@ -13,8 +13,9 @@
 //
 // Cost: Allocate and Free are O(1): two bitmap scans and list splices.
 // Allocate is a good fit, not a best fit: it rounds the request up to the next bin
-// boundary so any block of the chosen bin fits, so a request can fail although a
-// block of exactly its size exists (one bin holds sizes within 1/32 of each other).
+// boundary so any block of the chosen bin fits. Only when no such bin has a block (near
+// full) does it walk the request's own bin for a block that is big enough, so a block
+// of exactly the requested size is found whenever one exists.
 //
 // Thread-safety: none; callers serialise (the tier owning it holds a lock).
 #ifndef TIERD_ALLOCATOR_OFFSET_ALLOCATOR_H_

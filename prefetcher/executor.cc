@@ -7,6 +7,12 @@
 #include "absl/strings/str_format.h"
 
 namespace tierd::prefetcher {
+namespace {
+
+constexpr const char* kKindNames[] = {"stage",   "load",    "evict",  "discard",  "push-down",
+                                      "drop",    "reserve", "ensure", "drop-nvme"};
+
+}  // namespace
 
 Executor::Schedule Executor::Build(const Graph& graph, const Plan& plan) {
   enum { kGpuIn = 0, kGpuOut = 1, kDramIn = 2, kDramOut = 3 };
@@ -18,8 +24,8 @@ Executor::Schedule Executor::Build(const Graph& graph, const Plan& plan) {
   for (auto& l : latest) l.fill(kNone);
   std::vector<Action> lanes[kLanes];
   // Two passes: the first learns each tensor's last action per lane (the wrap-around into
-  // the next lap), the second builds the lap. Plan order per op: GPU evictions, DRAM
-  // push-downs and drops, stages, then loads and room for overwrites.
+  // the next lap), the second builds the lap. Plan order per op: GPU evictions, the moves
+  // below the GPU as planned, then loads and room for overwrites.
   for (int pass = 0; pass < 2; ++pass) {
     for (auto& lane : lanes) lane.clear();
     std::vector<int64_t> use(n, kNone);  // last use before the current op (relative)
@@ -41,14 +47,15 @@ Executor::Schedule Executor::Build(const Graph& graph, const Plan& plan) {
       for (const Eviction& e : plan.gpu.evictions[i]) {
         add(kGpuOut, e.dead ? Kind::kEvictDead : Kind::kEvict, e.tensor, i, use[e.tensor]);
       }
-      std::vector<TensorIndex> stages;
+      // The moves below the GPU in plan order, so each keeps its place against the others
+      // on the same tensor (a stage, then the NVMe copy freed, say).
       for (; lower < plan.lower.events.size() && plan.lower.events[lower].op == i; ++lower) {
         const LowerEvent& ev = plan.lower.events[lower];
         if (ev.kind == LowerKind::kPushDown) add(kDramOut, Kind::kPushDown, ev.tensor, i, kNone);
         if (ev.kind == LowerKind::kDrop) add(kDramOut, Kind::kDrop, ev.tensor, i, kNone);
-        if (ev.kind == LowerKind::kStage) stages.push_back(ev.tensor);
+        if (ev.kind == LowerKind::kDropNvme) add(kDramOut, Kind::kDropNvme, ev.tensor, i, kNone);
+        if (ev.kind == LowerKind::kStage) add(kDramIn, Kind::kStage, ev.tensor, i, kNone);
       }
-      for (TensorIndex t : stages) add(kDramIn, Kind::kStage, t, i, kNone);
       for (TensorIndex t : plan.gpu.loads[i]) add(kGpuIn, Kind::kLoad, t, i, kNone);
       // Room for this op's overwrites, reserved in plan order so later loads cannot take it.
       for (TensorIndex t : plan.gpu.allocs[i]) add(kGpuIn, Kind::kAlloc, t, i, kNone);
@@ -221,6 +228,7 @@ bool Executor::Ready(int lane_index, int64_t pos, bool* late) const {
       return current_ > lap * ops + a.ready_after;  // its last use is over
     case Kind::kPushDown:
     case Kind::kDrop:
+    case Kind::kDropNvme:
       return target <= current_ + ops;  // after the moves it follows (above); a lap ahead at most
   }
   return false;
@@ -236,6 +244,7 @@ absl::Status Executor::Do(const Action& a, int64_t decided_nanos) {
     case Kind::kEvictDead: return ops_.Evict(a.tensor, true, decided_nanos);
     case Kind::kPushDown: return ops_.PushDown(a.tensor);
     case Kind::kDrop: return ops_.DropDram(a.tensor);
+    case Kind::kDropNvme: return ops_.DropNvme(a.tensor);
   }
   return absl::InternalError("unknown action");
 }
@@ -325,7 +334,11 @@ bool Executor::Step(int lane_index, std::unique_lock<std::mutex>& lock) {
       lane_now.tried[pos] = seen;  // not again until something changes
       return true;
     }
-    if (!status.ok()) ++stats_.errors;
+    if (!status.ok()) {
+      ++stats_.errors;
+      stats_.last_error = absl::StrFormat("%s of '%s' for op %d: %s", kKindNames[static_cast<int>(a.kind)],
+                                          graph_.tensors[a.tensor].name, a.op, status.ToString());
+    }
     switch (a.kind) {
       case Kind::kEnsure:
         break;  // counted by the tiers if it moved anything
@@ -341,11 +354,12 @@ bool Executor::Step(int lane_index, std::unique_lock<std::mutex>& lock) {
       case Kind::kEvict:
       case Kind::kEvictDead: ++stats_.evictions; break;
       case Kind::kPushDown: ++stats_.push_downs; break;
-      case Kind::kDrop: ++stats_.drops; break;
+      case Kind::kDrop:
+      case Kind::kDropNvme: ++stats_.drops; break;
     }
     if (status.ok() && a.kind != Kind::kEvictDead && a.kind != Kind::kDrop && a.kind != Kind::kAlloc &&
-        a.kind != Kind::kEnsure) {
-      static constexpr const char* kNames[] = {"stage ", "load ", "write-back ", "", "push-down ", "", "", ""};
+        a.kind != Kind::kEnsure && a.kind != Kind::kDropNvme) {
+      static constexpr const char* kNames[] = {"stage ", "load ", "write-back ", "", "push-down ", "", "", "", ""};
       const Track track = a.kind == Kind::kLoad ? Track::kH2D : a.kind == Kind::kEvict ? Track::kD2H : Track::kNvme;
       timeline_.push_back({track, kNames[static_cast<int>(a.kind)] + graph_.tensors[a.tensor].name, start * 1e-9,
                            end * 1e-9, graph_.tensors[a.tensor].bytes,
@@ -370,7 +384,7 @@ void Executor::WaitIdle() {
 
 std::string Executor::Describe() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  static constexpr const char* kKinds[] = {"stage", "load", "evict", "discard", "push-down", "drop", "reserve", "ensure"};
+  const auto& kKinds = kKindNames;
   static constexpr const char* kLaneNames[] = {"gpu in", "gpu out", "dram in", "dram out"};
   std::string out = absl::StrFormat("client at op %d", current_);
   for (int l = 0; l < kLanes; ++l) {

@@ -26,6 +26,7 @@
 #include <functional>
 #include <map>
 #include <set>
+#include <string>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -55,6 +56,7 @@ class TierOps {
   virtual absl::Status Stage(TensorIndex t) = 0;              // a DRAM copy, from free room
   virtual absl::Status PushDown(TensorIndex t) = 0;           // an NVMe copy, then no DRAM copy
   virtual absl::Status DropDram(TensorIndex t) = 0;           // the DRAM copy away
+  virtual absl::Status DropNvme(TensorIndex t) = 0;           // the NVMe copy away (DRAM has it)
 };
 
 struct ExecutorOptions {
@@ -74,6 +76,7 @@ struct ExecutorStats {
   std::map<uint32_t, uint64_t> just_in_time_by_op;
   uint64_t waits = 0;       // tries that found no room or a busy tensor, and waited
   uint64_t errors = 0;      // moves the tiers refused for another reason
+  std::string last_error;   // the latest of them, with the move
   uint64_t laps = 0;        // iterations seen complete
   uint64_t replans = 0;
   double last_lap_seconds = 0;    // measured step time
@@ -110,7 +113,7 @@ class Executor {
   std::vector<TimelineEvent> Timeline() const;
 
  private:
-  enum class Kind : uint8_t { kStage, kLoad, kEvict, kEvictDead, kPushDown, kDrop, kAlloc, kEnsure };
+  enum class Kind : uint8_t { kStage, kLoad, kEvict, kEvictDead, kPushDown, kDrop, kAlloc, kEnsure, kDropNvme };
   static constexpr int kLanes = 4;  // gpu in, gpu out, dram in, dram out
   static constexpr int64_t kNone = INT64_MIN;
   struct Action {

@@ -56,6 +56,7 @@ class ModelTiers : public TierOps {
   absl::Status Stage(TensorIndex) override { return absl::OkStatus(); }  // one tier below here
   absl::Status PushDown(TensorIndex) override { return absl::OkStatus(); }
   absl::Status DropDram(TensorIndex) override { return absl::OkStatus(); }
+  absl::Status DropNvme(TensorIndex) override { return absl::OkStatus(); }
 
   // The client runs op i: every tensor it touches must be on the GPU (a miss fetches it
   // on demand, evicting the least recently used), with its latest value unless overwritten.

@@ -53,6 +53,7 @@ absl::StatusOr<std::string> ExplainTensor(const Graph& graph, const Plan& plan, 
         case LowerKind::kWriteBack: dram = true; nvme = false; break;
         case LowerKind::kInvalidate: dram = nvme = false; break;
         case LowerKind::kRead: break;
+        case LowerKind::kDropNvme: nvme = false; lines.push_back("NVMe copy freed while closing the lap (DRAM holds the bytes)"); break;
       }
     }
     for (const Eviction& e : plan.gpu.evictions[i]) {

@@ -42,7 +42,7 @@ namespace {
 enum Queue : int { kNoQueue = -1, kCompute = 0, kH2D, kD2H, kNvmeRead, kNvmeWrite, kQueues };
 
 enum class Effect : uint8_t {
-  kOp, kLoad, kAlloc, kFreeGpu, kWriteBack, kStage, kPushDown, kDropDram, kInvalidate
+  kOp, kLoad, kAlloc, kFreeGpu, kWriteBack, kStage, kPushDown, kDropDram, kInvalidate, kDropNvme
 };
 
 struct Task {
@@ -237,6 +237,10 @@ class Engine {
       case Effect::kDropDram:
         if (dram_has_[t.tensor]) dram_ -= t.bytes;
         dram_has_[t.tensor] = false;
+        break;
+      case Effect::kDropNvme:
+        if (nvme_has_[t.tensor]) nvme_ -= t.bytes;
+        nvme_has_[t.tensor] = false;
         break;
       case Effect::kInvalidate:
         if (dram_has_[t.tensor]) dram_ -= t.bytes;
@@ -456,6 +460,13 @@ absl::StatusOr<SimResult> SimulatePlan(const Graph& graph, const Plan& plan, con
           }
           case LowerKind::kDrop: {
             const int id = engine.Add(Effect::kDropDram, kNoQueue, t, bytes(t), 0, it, i);
+            engine.Depend(id, dram_user[t]);
+            dram_user[t] = id;
+            break;
+          }
+          case LowerKind::kDropNvme: {
+            const int id = engine.Add(Effect::kDropNvme, kNoQueue, t, bytes(t), 0, it, i);
+            engine.Depend(id, pushed[t]);
             engine.Depend(id, dram_user[t]);
             dram_user[t] = id;
             break;

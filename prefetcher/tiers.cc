@@ -22,6 +22,8 @@ const char* LowerKindName(LowerKind kind) {
       return "drop";
     case LowerKind::kInvalidate:
       return "invalidate";
+    case LowerKind::kDropNvme:
+      return "drop-nvme";
   }
   return "?";
 }
@@ -91,7 +93,7 @@ absl::StatusOr<LowerTierPlan> PlanLowerTiers(const Graph& graph, const Residency
   };
   // Lap until the state entering a lap repeats (then the events are a cycle the executor
   // can replay every iteration).
-  constexpr int kLaps = 40;
+  constexpr int kLaps = 12;
   bool settled = false;
   for (int lap_index = 0; lap_index < kLaps && !settled; ++lap_index) {
     const LowerState lap_start = s;
@@ -177,10 +179,57 @@ absl::StatusOr<LowerTierPlan> PlanLowerTiers(const Graph& graph, const Residency
     }
     settled = s.dram == lap_start.dram && s.nvme == lap_start.nvme;
   }
-  if (!settled) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("the tiers below the GPU did not settle into a repeating pattern in %d laps (DRAM budget %s); try a slightly different DRAM budget",
-                        kLaps, FormatBytes(dram_budget)));
+  if (!settled && len > 0) {
+    // Close the lap: from the state it ends in (E) back to the one it started from (S),
+    // with moves at the end of the last op. Room first (copies down, drops), then stages.
+    const uint32_t last = static_cast<uint32_t>(graph.ops.size() - 1);
+    const std::vector<bool> s_dram = plan.dram_at_start, s_nvme = plan.nvme_at_start;
+    auto emit = [&](LowerKind kind, size_t t) { plan.events.push_back({last, kind, static_cast<TensorIndex>(t)}); };
+    auto push_down = [&](size_t t) {
+      emit(LowerKind::kPushDown, t);  // the DRAM copy goes with it
+      plan.nvme_write_bytes += bytes(t);
+      if (!s.nvme[t]) s.nvme_bytes += bytes(t);
+      s.nvme[t] = true;
+      s.dram[t] = false;
+      s.dram_bytes -= bytes(t);
+    };
+    for (size_t t = 0; t < n; ++t) {
+      if (!s.dram[t]) continue;
+      if (s_nvme[t] && !s.nvme[t]) {
+        push_down(t);  // S wants the NVMe copy; the stage below restores DRAM if S has it too
+      } else if (!s_dram[t]) {
+        if (!s.nvme[t] && s_nvme[t]) {
+          push_down(t);
+        } else {
+          emit(LowerKind::kDrop, t);  // NVMe has it, or S keeps nothing of it below
+          s.dram[t] = false;
+          s.dram_bytes -= bytes(t);
+        }
+      }
+    }
+    plan.peak_nvme_bytes = std::max(plan.peak_nvme_bytes, s.nvme_bytes);
+    for (size_t t = 0; t < n; ++t) {
+      if (s_dram[t] && !s.dram[t]) {
+        if (!s.nvme[t]) {
+          return absl::InternalError(absl::StrFormat(
+              "closing the lap: '%s' must be in DRAM but no tier below holds it", graph.tensors[t].name));
+        }
+        emit(LowerKind::kStage, t);
+        plan.nvme_read_bytes += bytes(t);
+        s.dram[t] = true;
+        s.dram_bytes += bytes(t);
+      }
+      if (s.nvme[t] && !s_nvme[t]) {
+        emit(LowerKind::kDropNvme, t);
+        s.nvme[t] = false;
+        s.nvme_bytes -= bytes(t);
+      }
+    }
+    if (s.dram != s_dram || s.nvme != s_nvme) {
+      return absl::InternalError("closing the lap did not reach the state it started from");
+    }
+    plan.peak_dram_bytes = std::max(plan.peak_dram_bytes, s.dram_bytes);
+    plan.peak_nvme_bytes = std::max(plan.peak_nvme_bytes, s.nvme_bytes);
   }
   if (len == 0) plan.peak_nvme_bytes = s.nvme_bytes;
   if (plan.peak_nvme_bytes > nvme_budget) {
@@ -260,6 +309,14 @@ absl::Status ReplayLowerTiers(const Graph& graph, const ResidencyPlan& gpu, cons
           if (s.nvme[t]) s.nvme_bytes -= b;
           s.dram[t] = s.nvme[t] = false;
           break;
+        case LowerKind::kDropNvme:
+          if (!s.nvme[t]) return fail(i, "frees an NVMe copy that does not exist");
+          if (!s.dram[t] && next_demand(p, t) == LowerKind::kRead) {
+            return fail(i, "frees the only copy below the GPU of '" + graph.tensors[t].name + "', read later");
+          }
+          s.nvme[t] = false;
+          s.nvme_bytes -= b;
+          break;
       }
       if (s.dram_bytes > dram_budget) return fail(i, "over the DRAM budget");
       if (s.nvme_bytes > nvme_budget) return fail(i, "over the NVMe budget");
@@ -276,6 +333,9 @@ absl::Status ReplayLowerTiers(const Graph& graph, const ResidencyPlan& gpu, cons
     if (write_backs != want_write_backs) return fail(i, "the GPU write-backs and the DRAM write-backs differ");
   }
   if (p != plan.events.size()) return absl::InternalError("events out of op order");
+  if (s.dram != plan.dram_at_start || s.nvme != plan.nvme_at_start) {
+    return absl::InternalError("the lap does not end where it started below the GPU");
+  }
   return absl::OkStatus();
 }
 

@@ -28,6 +28,7 @@ enum class LowerKind : uint8_t {
   kPushDown,    // DRAM -> NVMe, to make room (DRAM held the only copy below the GPU)
   kDrop,        // a DRAM copy freed to make room (NVMe has the bytes, or they are dead)
   kInvalidate,  // the GPU wrote the tensor: copies below are stale and freed
+  kDropNvme,    // an NVMe copy freed (DRAM holds the same bytes); closing a lap only
 };
 const char* LowerKindName(LowerKind kind);
 
@@ -47,9 +48,10 @@ struct LowerTierPlan {
 };
 
 // RESOURCE_EXHAUSTED naming the tier and the numbers when a tensor cannot fit in DRAM even
-// alone, or when the NVMe copies would exceed `nvme_budget_bytes`. FAILED_PRECONDITION when
-// MIN at the DRAM level does not settle into a one-lap cycle (seen only on small random
-// graphs with budgets of a few tensors; the executor then pages on demand).
+// alone, or when the NVMe copies would exceed `nvme_budget_bytes`. MIN at the DRAM level
+// usually settles into a one-lap cycle within a few laps; when it does not (it can
+// oscillate), the last lap is closed by hand: moves appended at its end take the state it
+// ends in back to the one it started from.
 absl::StatusOr<LowerTierPlan> PlanLowerTiers(const Graph& graph, const ResidencyPlan& gpu_plan,
                                              uint64_t dram_budget_bytes, uint64_t nvme_budget_bytes);
 

@@ -38,6 +38,9 @@ class PlannedSession::Ops final : public tp::TierOps {
       return leases_.Demote(session_, id, Tier::kDram, /*dead=*/false);
     });
   }
+  absl::Status DropNvme(tp::TensorIndex t) override {
+    return OnId(t, [&](TensorId id) { return leases_.Demote(session_, id, Tier::kNvme, /*dead=*/false); });
+  }
   absl::Status DropDram(tp::TensorIndex t) override {
     return OnId(t, [&](TensorId id) { return leases_.Demote(session_, id, Tier::kDram, /*dead=*/false); });
   }
@@ -85,7 +88,7 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
   uint64_t largest = 0;
   for (const tp::GraphTensor& t : graph.tensors) largest = std::max(largest, t.bytes);
   auto headroom = [largest](uint64_t quota) {
-    const uint64_t h = std::max(quota / 10, 4 * largest);
+    const uint64_t h = std::max(quota / 10, 3 * largest);
     return h < quota / 2 ? quota - h : quota / 2;
   };
   const tp::Budgets planning{headroom(budgets.gpu), headroom(budgets.dram), budgets.nvme};
@@ -143,6 +146,7 @@ std::string PlannedSession::Summary() const {
       "(fetched on demand), %d evictions, %d stages, %d push-downs, %d waits for room, %d refused, %d replan(s)\n",
       seen.laps, seen.last_lap_seconds, seen.mean_lap_seconds, seen.loads, seen.just_in_time, seen.late,
       seen.evictions, seen.stages, seen.push_downs, seen.waits, seen.errors, seen.replans);
+  if (!seen.last_error.empty()) out += "last refused move: " + seen.last_error + "\n";
   return out;
 }
 

@@ -161,12 +161,8 @@ TEST_F(PlannerSimulation, ManyIterationsThroughTheRealTiersLoseNothingAndMatchTh
               "measured %lu\n",
               reads_checked, misses_after_warmup, acquires_after_warmup, predicted.h2d_bytes, h2d_measured);
   EXPECT_GT(reads_checked, 1000u);  // every read of every op of every iteration
-  // Nearly every tensor is there when the client asks. Not all: the GPU arena's online
-  // allocator fragments (tensors here are ~6% of the quota), and a load the plan has room
-  // for can find no block big enough; the client then fetches on demand. Measured: 2 of
-  // ~1300 acquires. The fix is the static GPU layout (allocator/static_assigner) in the
-  // LeaseTable, not yet wired in.
-  EXPECT_LE(misses_after_warmup * 200, acquires_after_warmup) << misses_after_warmup << " misses";
+  // Every tensor is there when the client asks, after the first laps.
+  EXPECT_EQ(misses_after_warmup, 0u) << "of " << acquires_after_warmup << " acquires";
   EXPECT_EQ(seen.errors, 0u);
   EXPECT_GT(seen.loads, 0u);
   EXPECT_GT(leases.Stats().discards, 0u) << "dead activations were dropped, not written back";
@@ -178,9 +174,9 @@ TEST_F(PlannerSimulation, ManyIterationsThroughTheRealTiersLoseNothingAndMatchTh
     EXPECT_GT(predicted.op_stall_seconds[op], 0) << count << " load(s) just in time before '" << graph.ops[op].name
                                                  << "', where the simulator predicted none";
   }
-  // The bytes loaded per iteration are the plan's, within 10% (early loads may be
-  // refused for room and redone; the simulator counts each once).
-  EXPECT_NEAR(static_cast<double>(h2d_measured), static_cast<double>(predicted.h2d_bytes), 0.10 * predicted.h2d_bytes);
+  // The bytes loaded per iteration are the plan's (within 2%: a tensor the tiers' own
+  // fallback moved would be loaded once more).
+  EXPECT_NEAR(static_cast<double>(h2d_measured), static_cast<double>(predicted.h2d_bytes), 0.02 * predicted.h2d_bytes);
 }
 
 }  // namespace

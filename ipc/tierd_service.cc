@@ -79,12 +79,16 @@ grpc::Status TierdService::Pin(grpc::ServerContext*, const v1::PinRequest* reque
   TIERD_RETURN_IF_ERROR(sessions_.Check(request->session()));
   auto tier = FromProto(request->tier());
   TIERD_RETURN_IF_ERROR(tier.status());
-  return ToGrpc(leases_.Pin(request->session().session_id(), request->tensor_id(), *tier));
+  const absl::Status pinned = leases_.Pin(request->session().session_id(), request->tensor_id(), *tier);
+  if (pinned.ok() && planner_ != nullptr) planner_->PinsChanged(request->session().session_id());
+  return ToGrpc(pinned);
 }
 
 grpc::Status TierdService::Unpin(grpc::ServerContext*, const v1::TensorRef* request, v1::Empty*) {
   TIERD_RETURN_IF_ERROR(sessions_.Check(request->session()));
-  return ToGrpc(leases_.Unpin(request->session().session_id(), request->tensor_id()));
+  const absl::Status unpinned = leases_.Unpin(request->session().session_id(), request->tensor_id());
+  if (unpinned.ok() && planner_ != nullptr) planner_->PinsChanged(request->session().session_id());
+  return ToGrpc(unpinned);
 }
 
 grpc::Status TierdService::ListLeases(grpc::ServerContext*, const v1::ListLeasesRequest* request,
@@ -166,12 +170,16 @@ grpc::Status TierdService::AdminPin(grpc::ServerContext* context, const v1::Admi
   TIERD_RETURN_IF_ERROR(OnlyOverUnixSocket(context));
   auto tensor = leases_.Find(request->session_id(), request->name());
   TIERD_RETURN_IF_ERROR(tensor.status());
+  absl::Status changed;
   if (request->tier() == v1::TIER_UNSPECIFIED) {
-    return ToGrpc(leases_.Unpin(request->session_id(), *tensor));
+    changed = leases_.Unpin(request->session_id(), *tensor);
+  } else {
+    auto tier = FromProto(request->tier());
+    TIERD_RETURN_IF_ERROR(tier.status());
+    changed = leases_.Pin(request->session_id(), *tensor, *tier);
   }
-  auto tier = FromProto(request->tier());
-  TIERD_RETURN_IF_ERROR(tier.status());
-  return ToGrpc(leases_.Pin(request->session_id(), *tensor, *tier));
+  if (changed.ok() && planner_ != nullptr) planner_->PinsChanged(request->session_id());
+  return ToGrpc(changed);
 }
 
 grpc::Status TierdService::GetConfig(grpc::ServerContext* context, const v1::Empty*,

@@ -96,6 +96,7 @@ Executor::Executor(Graph graph, Plan plan, TierOps& ops, Clock& clock, ExecutorO
       plan_(std::move(plan)) {
   schedule_ = Build(graph_, plan_);
   op_begin_nanos_.assign(graph_.ops.size(), -1);
+  for (const GraphTensor& t : graph_.tensors) pinned_gpu_.push_back(t.pinned_gpu);
   measured_seconds_.assign(graph_.ops.size(), -1);
   if (options_.single_thread) {
     threads_.emplace_back([this] { RunAll(); });
@@ -149,7 +150,10 @@ absl::Status Executor::OpBegin(uint32_t op) {
     if (replanning_.valid() &&
         replanning_.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
       auto plan = replanning_.get();
-      if (plan.ok()) {
+      if (!plan.ok()) {
+        ++stats_.errors;
+        stats_.last_error = "replan: " + plan.status().ToString();
+      } else {
         plan_ = *std::move(plan);
         schedule_ = Build(graph_, plan_);
         for (Lane& lane : schedule_.lanes) lane.next = next_lap * static_cast<int64_t>(lane.actions.size());
@@ -170,6 +174,10 @@ absl::Status Executor::OpBegin(uint32_t op) {
 
 void Executor::CheckDrift() {
   if (!options_.replanner || replanning_.valid()) return;
+  if (options_.links_drifted && options_.links_drifted()) {
+    ReplanLocked();
+    return;
+  }
   double drift = 0;
   int measured = 0;
   for (size_t i = 0; i < graph_.ops.size(); ++i) {
@@ -179,15 +187,21 @@ void Executor::CheckDrift() {
     ++measured;
   }
   if (measured == 0 || drift / measured <= options_.replan_drift) return;
-  Replan();
+  ReplanLocked();
 }
 
 void Executor::Replan() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ReplanLocked();
+}
+
+void Executor::ReplanLocked() {
   if (!options_.replanner || replanning_.valid()) return;
   Graph measured = graph_;
   for (size_t i = 0; i < measured.ops.size(); ++i) {
     if (measured_seconds_[i] >= 0) measured.ops[i].seconds = measured_seconds_[i];
   }
+  for (size_t t = 0; t < measured.tensors.size(); ++t) measured.tensors[t].pinned_gpu = pinned_gpu_[t];
   // The graph the executor keys on keeps its structure; only the times change.
   replanning_ = std::async(std::launch::async, [replanner = options_.replanner, measured = std::move(measured)] {
     return replanner(measured);
@@ -380,6 +394,20 @@ void Executor::WaitIdle() {
     return true;
   });
   if (replanning_.valid()) replanning_.wait();  // a replan in flight is ready at the next lap
+}
+
+void Executor::SetPinnedGpu(std::vector<TensorIndex> pinned) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<bool> now(graph_.tensors.size(), false);
+  for (const GraphTensor& t : graph_.tensors) now[&t - graph_.tensors.data()] = t.pinned_gpu;
+  for (TensorIndex t : pinned) {
+    if (t < now.size()) now[t] = true;
+  }
+  if (now == pinned_gpu_) return;
+  pinned_gpu_ = std::move(now);
+  if (replanning_.valid()) replanning_.wait();  // the one in flight did not know; plan again
+  replanning_ = {};
+  ReplanLocked();
 }
 
 std::string Executor::Describe() const {

@@ -67,6 +67,9 @@ struct ExecutorOptions {
   // Plans a graph (with measured op times) for a replan; PlanBest with the session's
   // budgets and the measured links, in the daemon.
   std::function<absl::StatusOr<Plan>(const Graph&)> replanner;
+  // Asked once a lap: have the links drifted from what the plan assumed? (The daemon
+  // compares the Mover's measured bandwidths with the plan's.) Yes: replan.
+  std::function<bool()> links_drifted;
 };
 
 struct ExecutorStats {
@@ -99,6 +102,9 @@ class Executor {
   void WaitIdle();
   // Rebuild the plan from measured op times now (in the background).
   void Replan();
+  // Tensors now pinned to the GPU (by name rules or tierctl pin): the plan must keep them
+  // there. Replans.
+  void SetPinnedGpu(std::vector<TensorIndex> pinned);
 
   // How many ops from the client's current op tensor t is next used (0: by the current op);
   // for the tiers' eviction when they must make room on demand.
@@ -146,6 +152,7 @@ class Executor {
   bool Ready(int lane, int64_t pos, bool* late) const;
   absl::Status Do(const Action& a, int64_t decided_nanos);
   void CheckDrift();
+  void ReplanLocked();  // with mutex_ held
 
   const Graph graph_;
   const std::vector<std::vector<uint32_t>> next_use_;  // NextUseDistances(graph_)
@@ -165,6 +172,7 @@ class Executor {
   int busy_lanes_ = 0;
   std::vector<int64_t> op_begin_nanos_;  // per op of the current and previous lap
   std::vector<double> measured_seconds_;
+  std::vector<bool> pinned_gpu_;  // per tensor, the graph's pins and the tiers' since
   int64_t lap_start_nanos_ = -1;
   ExecutorStats stats_;
   std::vector<TimelineEvent> timeline_;

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <utility>
 
 #include "base/fake_clock.h"
 #include "prefetcher/synthetic.h"
@@ -227,6 +228,49 @@ TEST(ExecutorTest, DriftingOpTimesTriggerAReplanThatIsSwappedInAtALap) {
   EXPECT_GE(replans, 1);
   EXPECT_GE(executor.Stats().replans, 1u);
   EXPECT_EQ(executor.OpBegin(g.ops.size()).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ExecutorTest, PinsAndDriftingLinksReplanToo) {
+  const Graph g = SmallTraining();
+  const Budgets budgets{Total(g) / 3, Total(g), Total(g)};
+  auto plan = MakePlan(g, budgets);
+  ASSERT_TRUE(plan.ok());
+  FakeClock clock;
+  ModelTiers tiers(g, budgets.gpu, clock);
+  TensorIndex pinned = 0;
+  for (; pinned < g.tensors.size() && g.tensors[pinned].name != "layers.1.w"; ++pinned) {
+  }
+  ASSERT_LT(pinned, g.tensors.size());
+  std::vector<bool> pinned_seen;
+  bool drifted = false;
+  ExecutorOptions options;
+  options.replanner = [&](const Graph& measured) -> absl::StatusOr<Plan> {
+    pinned_seen.push_back(measured.tensors[pinned].pinned_gpu);
+    return MakePlan(measured, budgets);
+  };
+  options.links_drifted = [&] { return std::exchange(drifted, false); };
+  Executor executor(g, *plan, tiers, clock, options);
+  executor.SetPinnedGpu({pinned});
+  executor.WaitIdle();
+  ASSERT_EQ(pinned_seen.size(), 1u);
+  EXPECT_TRUE(pinned_seen[0]) << "the replan keeps the newly pinned tensor on the GPU";
+  auto lap = [&] {
+    for (uint32_t i = 0; i < g.ops.size(); ++i) {
+      ASSERT_TRUE(executor.OpBegin(i).ok());
+      executor.WaitIdle();
+      tiers.RunOp(g.ops[i]);
+      clock.AdvanceNanos(static_cast<int64_t>(g.ops[i].seconds * 1e9));
+    }
+  };
+  lap();
+  lap();  // the pin's replan is swapped in at a lap boundary
+  EXPECT_EQ(executor.Stats().replans, 1u);
+  drifted = true;  // the links run slower than planned
+  lap();
+  lap();
+  EXPECT_EQ(pinned_seen.size(), 2u);
+  EXPECT_EQ(executor.Stats().replans, 2u);
+  EXPECT_EQ(executor.Stats().errors, 0u) << executor.Stats().last_error;
 }
 
 }  // namespace

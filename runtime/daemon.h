@@ -87,6 +87,7 @@ class Daemon : public ipc::HelloHandler, public ipc::PlannerHooks {
   absl::StatusOr<v1::PlanReply> RegisterGraph(SessionId session, const v1::GraphSpec& graph) override;
   absl::Status OpBegin(SessionId session, uint32_t op) override;
   absl::StatusOr<v1::PlanReply> GetPlan(SessionId session, const std::string& explain, bool trace) override;
+  void PinsChanged(SessionId session) override;
 
  private:
   Daemon() = default;

@@ -76,6 +76,11 @@ void FillReply(const PlannedSession& planned, v1::PlanReply* reply) {
 absl::StatusOr<v1::PlanReply> Daemon::RegisterGraph(SessionId session, const v1::GraphSpec& spec) {
   auto graph = GraphFromProto(spec);
   if (!graph.ok()) return graph.status();
+  // Tensors the tiers already keep on the GPU (config pins, tierctl pin) stay there in the plan.
+  for (const LeaseView& view : leases_->List(session)) {
+    if (view.pinned != Tier::kGpu) continue;
+    for (tp::GraphTensor& t : graph->tensors) t.pinned_gpu |= t.name == view.spec.name;
+  }
   auto quota = leases_->Quota(session);
   if (!quota.ok()) return quota.status();
   const tp::Budgets budgets{quota->gpu_bytes, quota->dram_bytes, quota->nvme_bytes};
@@ -84,8 +89,23 @@ absl::StatusOr<v1::PlanReply> Daemon::RegisterGraph(SessionId session, const v1:
     absl::MutexLock lock(&planned_mutex_);
     planned_.erase(session);
   }
+  // Measured link speeds, once a link has carried enough to say (64 MiB), else as configured.
+  Mover* mover = mover_.get();
+  const tp::LinkModel configured = options_.planner_links;
+  auto measured = [mover, configured] {
+    tp::LinkModel links = configured;
+    auto speed = [mover](Link link, double fallback) {
+      const LinkStats stats = mover->Stats(link);
+      return stats.bytes >= (uint64_t{64} << 20) && stats.BytesPerSecond() > 0 ? stats.BytesPerSecond() : fallback;
+    };
+    links.h2d_bytes_per_s = speed(Link::kDramToGpu, configured.h2d_bytes_per_s);
+    links.d2h_bytes_per_s = speed(Link::kGpuToDram, configured.d2h_bytes_per_s);
+    links.nvme_read_bytes_per_s = speed(Link::kNvmeToDram, configured.nvme_read_bytes_per_s);
+    links.nvme_write_bytes_per_s = speed(Link::kDramToNvme, configured.nvme_write_bytes_per_s);
+    return links;
+  };
   auto planned = PlannedSession::Create(*leases_, session, *std::move(graph), budgets, options_.planner_links,
-                                        RealClock());
+                                        RealClock(), /*deterministic=*/false, measured);
   if (!planned.ok()) {
     return absl::Status(planned.status().code(),
                         "cannot plan this graph under the session's quotas: " + std::string(planned.status().message()));
@@ -108,6 +128,21 @@ absl::Status Daemon::OpBegin(SessionId session, uint32_t op) {
     planned = it->second;
   }
   return planned->OpBegin(op);
+}
+
+void Daemon::PinsChanged(SessionId session) {
+  std::shared_ptr<PlannedSession> planned;
+  {
+    absl::MutexLock lock(&planned_mutex_);
+    auto it = planned_.find(session);
+    if (it == planned_.end()) return;
+    planned = it->second;
+  }
+  std::vector<std::string> pinned_gpu;
+  for (const LeaseView& view : leases_->List(session)) {
+    if (view.pinned == Tier::kGpu) pinned_gpu.push_back(view.spec.name);
+  }
+  planned->SetPinnedGpu(pinned_gpu);
 }
 
 absl::StatusOr<v1::PlanReply> Daemon::GetPlan(SessionId session, const std::string& explain, bool trace) {

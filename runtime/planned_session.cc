@@ -1,6 +1,7 @@
 #include "runtime/planned_session.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -80,7 +81,8 @@ class PlannedSession::Ops final : public tp::TierOps {
 absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTable& leases, SessionId session,
                                                                        tp::Graph graph, const tp::Budgets& budgets,
                                                                        const tp::LinkModel& links, Clock& clock,
-                                                                       bool deterministic) {
+                                                                       bool deterministic,
+                                                                       std::function<tp::LinkModel()> measured_links) {
   if (absl::Status valid = tp::ValidateGraph(graph); !valid.ok()) return valid;
   // The tiers' allocators round sizes and fragment, most when tensors are large next to
   // the quota: plan under the quotas by a tenth or two of the largest tensors, whichever is
@@ -103,9 +105,25 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
   planned->reserve_bytes_ = plan->reserve_bytes;
   tp::ExecutorOptions executor_options;
   executor_options.single_thread = deterministic;
-  executor_options.replanner = [planning, links](const tp::Graph& measured) {
-    return tp::PlanBest(measured, planning, links);
+  auto current_links = [links, measured_links] { return measured_links ? measured_links() : links; };
+  executor_options.replanner = [planning, current_links](const tp::Graph& measured) {
+    return tp::PlanBest(measured, planning, current_links());
   };
+  if (measured_links) {
+    // A replan is due when a link runs more than 25% off the speed the plan assumed.
+    auto planned_with = std::make_shared<tp::LinkModel>(links);
+    executor_options.links_drifted = [planned_with, measured_links] {
+      const tp::LinkModel now = measured_links();
+      auto off = [](double a, double b) { return a > 0 && b > 0 && std::abs(a - b) > 0.25 * b; };
+      if (!off(now.h2d_bytes_per_s, planned_with->h2d_bytes_per_s) &&
+          !off(now.d2h_bytes_per_s, planned_with->d2h_bytes_per_s) &&
+          !off(now.nvme_read_bytes_per_s, planned_with->nvme_read_bytes_per_s)) {
+        return false;
+      }
+      *planned_with = now;  // the replan uses these
+      return true;
+    };
+  }
   std::vector<std::string> names;
   for (const tp::GraphTensor& t : graph.tensors) names.push_back(t.name);
   planned->ops_ = std::make_unique<Ops>(leases, session, std::move(names));
@@ -148,6 +166,15 @@ std::string PlannedSession::Summary() const {
       seen.evictions, seen.stages, seen.push_downs, seen.waits, seen.errors, seen.replans);
   if (!seen.last_error.empty()) out += "last refused move: " + seen.last_error + "\n";
   return out;
+}
+
+void PlannedSession::SetPinnedGpu(const std::vector<std::string>& names) {
+  const tp::Graph& graph = executor_->graph();
+  std::vector<tp::TensorIndex> pinned;
+  for (tp::TensorIndex t = 0; t < graph.tensors.size(); ++t) {
+    if (std::find(names.begin(), names.end(), graph.tensors[t].name) != names.end()) pinned.push_back(t);
+  }
+  executor_->SetPinnedGpu(std::move(pinned));
 }
 
 absl::StatusOr<std::string> PlannedSession::Explain(const std::string& name) const {

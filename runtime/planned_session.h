@@ -8,7 +8,9 @@
 #define TIERD_RUNTIME_PLANNED_SESSION_H_
 
 #include <memory>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "base/clock.h"
@@ -21,16 +23,21 @@ namespace tierd {
 class PlannedSession {
  public:
   // Plans `graph` (PlanBest) under `budgets` and `links`, simulates it for the prediction,
-  // and starts the executor (`deterministic`: one executor thread; for tests). The plan's errors (a graph that cannot fit, ...) come back as
+  // and starts the executor (`deterministic`: one executor thread; for tests). With
+  // `measured_links`, replans use the links as measured, and a link more than 25% off the
+  // speed the plan assumed triggers one. The plan's errors (a graph that cannot fit, ...) come back as
   // they are. Tensors of the graph need not be leased yet: moves of unleased ones are no-ops.
   static absl::StatusOr<std::unique_ptr<PlannedSession>> Create(LeaseTable& leases, SessionId session,
                                                                prefetcher::Graph graph,
                                                                const prefetcher::Budgets& budgets,
                                                                const prefetcher::LinkModel& links, Clock& clock,
-                                                               bool deterministic = false);
+                                                               bool deterministic = false,
+                                                               std::function<prefetcher::LinkModel()> measured_links = {});
   ~PlannedSession();
 
   absl::Status OpBegin(uint32_t op) { return executor_->OpBegin(op); }
+  // The tensors now pinned to the GPU, by name (names not in the graph are ignored): replans.
+  void SetPinnedGpu(const std::vector<std::string>& names);
   void WaitIdle() { executor_->WaitIdle(); }
 
   const prefetcher::SimResult& predicted() const { return predicted_; }

@@ -85,13 +85,13 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
                                                                        std::function<tp::LinkModel()> measured_links) {
   if (absl::Status valid = tp::ValidateGraph(graph); !valid.ok()) return valid;
   // The tiers' allocators round sizes and fragment, most when tensors are large next to
-  // the quota: plan under the quotas by a tenth or two of the largest tensors, whichever is
-  // more, so the planned moves find the room the plan counts on.
+  // the quota: plan under the quotas by a tenth, or by three of the largest tensors (at
+  // most a quarter of the quota), whichever is more, so the planned moves find the room
+  // the plan counts on.
   uint64_t largest = 0;
   for (const tp::GraphTensor& t : graph.tensors) largest = std::max(largest, t.bytes);
   auto headroom = [largest](uint64_t quota) {
-    const uint64_t h = std::max(quota / 10, 3 * largest);
-    return h < quota / 2 ? quota - h : quota / 2;
+    return quota - std::max(quota / 10, std::min(3 * largest, quota / 4));
   };
   const tp::Budgets planning{headroom(budgets.gpu), headroom(budgets.dram), budgets.nvme};
   auto plan = tp::PlanBest(graph, planning, links);

@@ -332,14 +332,12 @@ bool Executor::Step(int lane_index, std::unique_lock<std::mutex>& lock) {
     // Read while the client is known to be before the tensor's next use (we hold the lock
     // OpBegin takes): a write the client makes later is stamped at or after this.
     const int64_t decided = clock_.NowNanos();
-    Schedule* const schedule_before = &schedule_;
     const int64_t generation = replan_generation_;
     lock.unlock();
     const int64_t start = clock_.NowNanos();
     const absl::Status status = Do(a, decided);
     const int64_t end = clock_.NowNanos();
     lock.lock();
-    (void)schedule_before;
     if (generation != replan_generation_) return true;  // the schedule was swapped meanwhile
     Lane& lane_now = schedule_.lanes[lane_index];
     if (status.code() == absl::StatusCode::kResourceExhausted ||

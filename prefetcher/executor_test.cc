@@ -143,6 +143,18 @@ uint64_t Total(const Graph& g) {
   return total;
 }
 
+// One iteration by a client that waits for the executor before each op and takes
+// `slowdown` times the planned op time (plus `extra_nanos`) on the clock.
+void RunLap(Executor& executor, ModelTiers& tiers, FakeClock& clock, const Graph& g, double slowdown = 1,
+            int64_t extra_nanos = 0) {
+  for (uint32_t i = 0; i < g.ops.size(); ++i) {
+    ASSERT_TRUE(executor.OpBegin(i).ok());
+    executor.WaitIdle();
+    tiers.RunOp(g.ops[i]);
+    clock.AdvanceNanos(static_cast<int64_t>(g.ops[i].seconds * 1e9 * slowdown) + extra_nanos);
+  }
+}
+
 TEST(ExecutorTest, FollowingThePlanTheClientNeverMissesAndWaitsOnlyWhereTheSimulatorSaidSo) {
   const Graph g = SmallTraining();
   const Budgets budgets{Total(g) / 3, Total(g), Total(g)};
@@ -157,12 +169,7 @@ TEST(ExecutorTest, FollowingThePlanTheClientNeverMissesAndWaitsOnlyWhereTheSimul
   uint64_t misses_after_warmup = 0;
   for (int lap = 0; lap < 5; ++lap) {
     const uint64_t before = tiers.misses();
-    for (uint32_t i = 0; i < g.ops.size(); ++i) {
-      ASSERT_TRUE(executor.OpBegin(i).ok());
-      executor.WaitIdle();
-      tiers.RunOp(g.ops[i]);
-      clock.AdvanceNanos(static_cast<int64_t>(g.ops[i].seconds * 1e9));
-    }
+    RunLap(executor, tiers, clock, g);
     if (lap >= 2) misses_after_warmup += tiers.misses() - before;
   }
   EXPECT_EQ(misses_after_warmup, 0u);
@@ -218,12 +225,7 @@ TEST(ExecutorTest, DriftingOpTimesTriggerAReplanThatIsSwappedInAtALap) {
   };
   Executor executor(g, *plan, tiers, clock, options);
   for (int lap = 0; lap < 4; ++lap) {
-    for (uint32_t i = 0; i < g.ops.size(); ++i) {
-      ASSERT_TRUE(executor.OpBegin(i).ok());
-      executor.WaitIdle();
-      tiers.RunOp(g.ops[i]);
-      clock.AdvanceNanos(static_cast<int64_t>(g.ops[i].seconds * 1e9 * 3) + 1000);  // 3x slower than planned
-    }
+    RunLap(executor, tiers, clock, g, /*slowdown=*/3, /*extra_nanos=*/1000);  // 3x slower than planned
   }
   EXPECT_GE(replans, 1);
   EXPECT_GE(executor.Stats().replans, 1u);
@@ -254,14 +256,7 @@ TEST(ExecutorTest, PinsAndDriftingLinksReplanToo) {
   executor.WaitIdle();
   ASSERT_EQ(pinned_seen.size(), 1u);
   EXPECT_TRUE(pinned_seen[0]) << "the replan keeps the newly pinned tensor on the GPU";
-  auto lap = [&] {
-    for (uint32_t i = 0; i < g.ops.size(); ++i) {
-      ASSERT_TRUE(executor.OpBegin(i).ok());
-      executor.WaitIdle();
-      tiers.RunOp(g.ops[i]);
-      clock.AdvanceNanos(static_cast<int64_t>(g.ops[i].seconds * 1e9));
-    }
-  };
+  auto lap = [&] { RunLap(executor, tiers, clock, g); };
   lap();
   lap();  // the pin's replan is swapped in at a lap boundary
   EXPECT_EQ(executor.Stats().replans, 1u);

@@ -86,6 +86,9 @@ struct SimResult {
   std::vector<TimelineEvent> timeline;
 };
 
+// INVALID_ARGUMENT for link speeds <= 0, fewer than 2 iterations or jitter outside [0, 1).
+absl::Status ValidateSimInputs(const LinkModel& link, const SimOptions& options);
+
 // INTERNAL if the schedule deadlocks or a budget is broken (a planner bug, never input);
 // INVALID_ARGUMENT for a bad link model or options.
 absl::StatusOr<SimResult> SimulatePlan(const Graph& graph, const Plan& plan, const Budgets& budgets,

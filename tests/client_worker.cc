@@ -14,6 +14,7 @@
 
 #include "base/units.h"
 #include "clients/client.h"
+#include "clients/graph_spec.h"
 #include "prefetcher/synthetic.h"
 
 namespace tierd {
@@ -89,7 +90,6 @@ int Planned(const std::string& dir, int laps, bool hold) {
   for (const auto& t : graph.tensors) total += t.bytes;
   auto client = Client::Connect({dir, "planned", {total * 45 / 100, total / 2, 2 * total}});
   if (!client.ok()) return Fail("connect", client.status());
-  v1::GraphSpec spec;
   std::vector<Client::Tensor> tensors;
   std::vector<uint32_t> version(graph.tensors.size(), 0);
   for (size_t t = 0; t < graph.tensors.size(); ++t) {
@@ -101,19 +101,8 @@ int Planned(const std::string& dir, int laps, bool hold) {
     if (!p.ok()) return Fail("first write", p.status());
     Fill(*p, g.bytes, static_cast<uint32_t>(t * 1000));
     if (auto s = (*client)->Release(*lease); !s.ok()) return Fail("release", s);
-    auto* out = spec.add_tensors();
-    out->set_name(g.name);
-    out->set_bytes(g.bytes);
   }
-  for (const auto& op : graph.ops) {
-    auto* out = spec.add_ops();
-    out->set_name(op.name);
-    out->set_seconds(op.seconds);
-    for (auto t : op.reads) out->add_reads(graph.tensors[t].name);
-    for (auto t : op.writes) out->add_writes(graph.tensors[t].name);
-    for (auto t : op.overwrites) out->add_overwrites(graph.tensors[t].name);
-  }
-  auto plan = (*client)->RegisterGraph(spec);
+  auto plan = (*client)->RegisterGraph(ToGraphSpec(graph));
   if (!plan.ok()) return Fail("register graph", plan.status());
   uint64_t misses = 0;
   for (int lap = 0; lap < laps; ++lap) {

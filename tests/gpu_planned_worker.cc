@@ -16,6 +16,7 @@
 
 #include "base/units.h"
 #include "clients/client.h"
+#include "clients/graph_spec.h"
 #include "prefetcher/synthetic.h"
 #include "tools/gpu_check/kernels.h"
 
@@ -52,7 +53,6 @@ int Run(const std::string& dir, int laps, bool plan) {
   cudaMemset(mismatches, 0, sizeof(*mismatches));
   std::vector<Client::Tensor> tensors;
   std::vector<uint32_t> version(graph.tensors.size(), 0);
-  v1::GraphSpec spec;
   for (size_t t = 0; t < graph.tensors.size(); ++t) {
     const auto& g = graph.tensors[t];
     auto lease = (*client)->Lease({g.name, TensorClass::kParam, DType::kU8, {static_cast<int64_t>(g.bytes)}});
@@ -64,21 +64,10 @@ int Run(const std::string& dir, int laps, bool plan) {
       return Fail("fill");
     }
     if (auto s = (*client)->Release(*lease, stream); !s.ok()) return Fail(s.ToString());
-    auto* out = spec.add_tensors();
-    out->set_name(g.name);
-    out->set_bytes(g.bytes);
-  }
-  for (const auto& op : graph.ops) {
-    auto* out = spec.add_ops();
-    out->set_name(op.name);
-    out->set_seconds(op.seconds);
-    for (auto t : op.reads) out->add_reads(graph.tensors[t].name);
-    for (auto t : op.writes) out->add_writes(graph.tensors[t].name);
-    for (auto t : op.overwrites) out->add_overwrites(graph.tensors[t].name);
   }
   std::string predicted;
   if (plan) {
-    auto reply = (*client)->RegisterGraph(spec);
+    auto reply = (*client)->RegisterGraph(ToGraphSpec(graph));
     if (!reply.ok()) return Fail("register graph: " + reply.status().ToString());
     predicted = reply->summary().substr(0, reply->summary().find('\n') + 1);  // the prediction
   }

@@ -1,0 +1,59 @@
+#include "trainer_ref/model_config.h"
+
+#include "absl/strings/str_format.h"
+
+namespace tierd::trainer {
+
+uint64_t ModelConfig::LayerParams() const {
+  const uint64_t c = d_model, f = d_ff;
+  return 4 * c * c + 3 * c * f + 2 * c;
+}
+
+uint64_t ModelConfig::Params() const {
+  const uint64_t c = d_model, v = vocab;
+  return layers * LayerParams() + 2 * v * c + c;
+}
+
+absl::StatusOr<ModelConfig> ModelPreset(const std::string& name) {
+  // name, layers, C, H, F, V, T
+  if (name == "tiny") return ModelConfig{name, 2, 64, 4, 176, 256, 64};
+  if (name == "124m") return ModelConfig{name, 12, 768, 12, 2048, 32000, 2048};
+  if (name == "350m") return ModelConfig{name, 24, 1024, 16, 2816, 32000, 2048};
+  if (name == "1.3b") return ModelConfig{name, 24, 2048, 16, 5504, 32000, 2048};
+  if (name == "7b") return ModelConfig{name, 32, 4096, 32, 11008, 32000, 4096};
+  if (name == "13b") return ModelConfig{name, 40, 5120, 40, 13824, 32000, 4096};
+  return absl::InvalidArgumentError(
+      absl::StrFormat("unknown model size '%s'; use tiny, 124m, 350m, 1.3b, 7b or 13b", name));
+}
+
+absl::Status ValidateConfig(const ModelConfig& c) {
+  if (c.layers <= 0 || c.d_model <= 0 || c.heads <= 0 || c.d_ff <= 0 || c.vocab <= 0 || c.max_seq <= 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "model '%s': every dimension must be positive (layers %d, d_model %d, heads %d, d_ff %d, vocab %d, seq %d)",
+        c.name, c.layers, c.d_model, c.heads, c.d_ff, c.vocab, c.max_seq));
+  }
+  if (c.d_model % c.heads != 0 || c.head_dim() % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "model '%s': %d heads must divide d_model %d into an even head size (RoPE rotates pairs)", c.name, c.heads,
+        c.d_model));
+  }
+  return absl::OkStatus();
+}
+
+MemoryEstimate EstimateMemory(const ModelConfig& c, int batch, int seq, bool checkpointing) {
+  MemoryEstimate m;
+  const uint64_t p = c.Params();
+  m.weights_bytes = 2 * p;
+  m.grads_bytes = 2 * p;
+  m.master_bytes = 4 * p;
+  m.adam_bytes = 8 * p;
+  const uint64_t tokens = static_cast<uint64_t>(batch) * seq, cc = c.d_model, f = c.d_ff;
+  // bf16 per layer kept for backward: norm outputs (2 C), q k v (3 C), attention out (C),
+  // MLP up (2 F) and its activation (F), residual inputs (2 C); the attention scores are
+  // not kept (a fused kernel recomputes them). With checkpointing: the layer input only.
+  const uint64_t per_layer = checkpointing ? cc : 8 * cc + 3 * f;
+  m.activations_bytes = 2 * tokens * (c.layers * per_layer + cc) + 4 * tokens * c.vocab;  // + fp32 logits
+  return m;
+}
+
+}  // namespace tierd::trainer

@@ -1,0 +1,50 @@
+// Shapes of the reference trainer's GPT-style decoder (Llama-style: RMSNorm, RoPE, causal
+// multi-head attention, SwiGLU MLP, untied output head) and what they cost in memory.
+#ifndef TIERD_TRAINER_REF_MODEL_CONFIG_H_
+#define TIERD_TRAINER_REF_MODEL_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace tierd::trainer {
+
+struct ModelConfig {
+  std::string name;
+  int layers = 0;
+  int d_model = 0;  // C
+  int heads = 0;    // H; head size C / H
+  int d_ff = 0;     // the MLP's hidden width (SwiGLU: two up projections of this width)
+  int vocab = 0;    // V
+  int max_seq = 0;  // T at most (RoPE needs no table of positions)
+
+  int head_dim() const { return d_model / heads; }
+  // Per layer: attention (wq, wk, wv, wo: 4 C^2), MLP (w1, w3: C x F up, w2: F x C down),
+  // two RMSNorm weights (2 C). Plus token embedding (V C), final norm (C), head (V C).
+  uint64_t LayerParams() const;
+  uint64_t Params() const;
+};
+
+// tiny (runs in seconds on two cores; byte-level vocabulary), 124m, 350m, 1.3b, 7b, 13b.
+// INVALID_ARGUMENT naming the presets otherwise.
+absl::StatusOr<ModelConfig> ModelPreset(const std::string& name);
+// INVALID_ARGUMENT when a dimension is not positive or the heads do not divide d_model
+// evenly into an even head size (RoPE rotates pairs).
+absl::Status ValidateConfig(const ModelConfig& config);
+
+// Bytes of training state, mixed precision as the GPU trainer keeps it: bf16 weights and
+// gradients, fp32 master weights and two Adam moments (16 B/param); activations for one
+// micro-batch of `batch` x `seq` tokens, with or without activation checkpointing.
+struct MemoryEstimate {
+  uint64_t weights_bytes = 0, grads_bytes = 0, master_bytes = 0, adam_bytes = 0;
+  uint64_t activations_bytes = 0;
+  uint64_t total_bytes() const {
+    return weights_bytes + grads_bytes + master_bytes + adam_bytes + activations_bytes;
+  }
+};
+MemoryEstimate EstimateMemory(const ModelConfig& config, int batch, int seq, bool checkpointing);
+
+}  // namespace tierd::trainer
+
+#endif  // TIERD_TRAINER_REF_MODEL_CONFIG_H_

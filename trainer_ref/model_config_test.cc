@@ -1,0 +1,45 @@
+#include "trainer_ref/model_config.h"
+
+#include <gtest/gtest.h>
+
+namespace tierd::trainer {
+namespace {
+
+TEST(ModelConfigTest, PresetsHaveTheKnownParameterCounts) {
+  // Llama's published counts for its 7B and 13B shapes.
+  EXPECT_EQ(ModelPreset("7b")->Params(), 6738415616u);
+  EXPECT_EQ(ModelPreset("13b")->Params(), 13015864320u);
+  for (const char* name : {"tiny", "124m", "350m", "1.3b", "7b", "13b"}) {
+    auto config = ModelPreset(name);
+    ASSERT_TRUE(config.ok()) << name;
+    EXPECT_TRUE(ValidateConfig(*config).ok()) << name;
+  }
+  EXPECT_NEAR(ModelPreset("1.3b")->Params() / 1e9, 1.35, 0.02);
+  EXPECT_LT(ModelPreset("tiny")->Params(), 200000u);  // seconds on two cores
+}
+
+TEST(ModelConfigTest, BadNamesAndShapesAreExplained) {
+  auto unknown = ModelPreset("70b");
+  ASSERT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(unknown.status().message().find("tiny, 124m, 350m, 1.3b, 7b or 13b"), absl::string_view::npos);
+  ModelConfig odd = *ModelPreset("tiny");
+  odd.heads = 3;  // 64 / 3 does not divide
+  EXPECT_EQ(ValidateConfig(odd).code(), absl::StatusCode::kInvalidArgument);
+  odd.heads = 64;  // head size 1: RoPE needs pairs
+  EXPECT_EQ(ValidateConfig(odd).code(), absl::StatusCode::kInvalidArgument);
+  odd = *ModelPreset("tiny");
+  odd.layers = 0;
+  EXPECT_EQ(ValidateConfig(odd).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ModelConfigTest, MemoryOfTrainingStateIsSixteenBytesPerParameter) {
+  const ModelConfig c = *ModelPreset("7b");
+  const MemoryEstimate full = EstimateMemory(c, 1, 2048, /*checkpointing=*/false);
+  const MemoryEstimate ckpt = EstimateMemory(c, 1, 2048, /*checkpointing=*/true);
+  EXPECT_EQ(full.weights_bytes + full.grads_bytes + full.master_bytes + full.adam_bytes, 16 * c.Params());
+  EXPECT_LT(ckpt.activations_bytes, full.activations_bytes / 4);
+  EXPECT_GT(full.total_bytes(), 100e9);  // a 7B step does not fit an 80 GB card without offload
+}
+
+}  // namespace
+}  // namespace tierd::trainer

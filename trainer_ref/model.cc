@@ -1,0 +1,177 @@
+#include "trainer_ref/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "absl/strings/str_format.h"
+#include "trainer_ref/cpu_ops.h"
+
+namespace tierd::trainer {
+
+std::vector<TensorLayout> ParamLayout(const ModelConfig& c) {
+  std::vector<TensorLayout> out;
+  size_t offset = 0;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape) {
+    size_t count = 1;
+    for (int64_t d : shape) count *= static_cast<size_t>(d);
+    out.push_back({name, std::move(shape), offset, count});
+    offset += count;
+  };
+  const int64_t cc = c.d_model, f = c.d_ff, v = c.vocab;
+  add("embed.w", {v, cc});
+  for (int l = 0; l < c.layers; ++l) {
+    const std::string p = absl::StrFormat("layers.%d.", l);
+    add(p + "attn_norm.w", {cc});
+    add(p + "attn.wq", {cc, cc});
+    add(p + "attn.wk", {cc, cc});
+    add(p + "attn.wv", {cc, cc});
+    add(p + "attn.wo", {cc, cc});
+    add(p + "mlp_norm.w", {cc});
+    add(p + "mlp.w1", {f, cc});
+    add(p + "mlp.w3", {f, cc});
+    add(p + "mlp.w2", {cc, f});
+  }
+  add("final_norm.w", {cc});
+  add("head.w", {v, cc});
+  return out;
+}
+
+namespace {
+constexpr double kNormEps = 1e-5;
+constexpr double kRopeBase = 10000.0;
+}  // namespace
+
+template <typename T>
+Model<T>::Model(const ModelConfig& config, int batch, int seq)
+    : config_(config), batch_(batch), seq_(seq), layout_(ParamLayout(config)) {
+  const size_t total = layout_.back().offset + layout_.back().count;
+  params_.assign(total, T(0));
+  grads_.assign(total, T(0));
+  size_t i = 0;
+  embed_ = layout_[i++].offset;
+  for (int l = 0; l < config.layers; ++l) {
+    Layer layer;
+    for (size_t* field : {&layer.attn_norm, &layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.mlp_norm, &layer.w1,
+                          &layer.w3, &layer.w2}) {
+      *field = layout_[i++].offset;
+    }
+    layers_.push_back(layer);
+  }
+  final_norm_ = layout_[i++].offset;
+  head_ = layout_[i++].offset;
+  const size_t n = static_cast<size_t>(batch) * seq, c = config.d_model, f = config.d_ff;
+  acts_.resize(config.layers);
+  for (LayerActs& a : acts_) {
+    for (auto* v : {&a.x_in, &a.h1, &a.q, &a.k, &a.v, &a.a, &a.x_mid, &a.h2}) v->assign(n * c, T(0));
+    for (auto* v : {&a.g, &a.u, &a.s}) v->assign(n * f, T(0));
+    a.rstd1.assign(n, T(0));
+    a.rstd2.assign(n, T(0));
+    a.att.assign(static_cast<size_t>(batch) * config.heads * seq * seq, T(0));
+  }
+  x_out_.assign(n * c, T(0));
+  xf_.assign(n * c, T(0));
+  rstd_f_.assign(n, T(0));
+  logits_.assign(n * config.vocab, T(0));
+}
+
+template <typename T>
+void Model<T>::InitParams(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal(0.0, 0.02);
+  const double residual_scale = 1.0 / std::sqrt(2.0 * config_.layers);
+  for (const TensorLayout& t : layout_) {
+    const bool norm = t.shape.size() == 1;
+    const bool residual_out = t.name.find("attn.wo") != std::string::npos || t.name.find("mlp.w2") != std::string::npos;
+    for (size_t i = 0; i < t.count; ++i) {
+      params_[t.offset + i] = norm ? T(1) : T(normal(rng) * (residual_out ? residual_scale : 1.0));
+    }
+  }
+}
+
+template <typename T>
+void Model<T>::ZeroGrads() {
+  std::fill(grads_.begin(), grads_.end(), T(0));
+}
+
+template <typename T>
+T Model<T>::Forward(const int32_t* tokens, const int32_t* targets) {
+  const int n = batch_ * seq_, c = config_.d_model, f = config_.d_ff, h = config_.heads, d = config_.head_dim();
+  tokens_.assign(tokens, tokens + n);
+  targets_.assign(targets, targets + n);
+  const T* p = params_.data();
+  std::vector<T> x(static_cast<size_t>(n) * c), tmp(static_cast<size_t>(n) * c);
+  cpu::EmbeddingForward(x.data(), tokens, p + embed_, n, c);
+  for (int l = 0; l < config_.layers; ++l) {
+    const Layer& w = layers_[l];
+    LayerActs& a = acts_[l];
+    a.x_in = x;
+    cpu::RmsNormForward(a.h1.data(), a.rstd1.data(), x.data(), p + w.attn_norm, n, c, T(kNormEps));
+    cpu::MatmulForward(a.q.data(), a.h1.data(), p + w.wq, n, c, c);
+    cpu::MatmulForward(a.k.data(), a.h1.data(), p + w.wk, n, c, c);
+    cpu::MatmulForward(a.v.data(), a.h1.data(), p + w.wv, n, c, c);
+    cpu::RopeForward(a.q.data(), batch_, seq_, h, d, T(kRopeBase));
+    cpu::RopeForward(a.k.data(), batch_, seq_, h, d, T(kRopeBase));
+    cpu::AttentionForward(a.a.data(), a.att.data(), a.q.data(), a.k.data(), a.v.data(), batch_, seq_, h, d);
+    cpu::MatmulForward(tmp.data(), a.a.data(), p + w.wo, n, c, c);
+    for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+    a.x_mid = x;
+    cpu::RmsNormForward(a.h2.data(), a.rstd2.data(), x.data(), p + w.mlp_norm, n, c, T(kNormEps));
+    cpu::MatmulForward(a.g.data(), a.h2.data(), p + w.w1, n, c, f);
+    cpu::MatmulForward(a.u.data(), a.h2.data(), p + w.w3, n, c, f);
+    cpu::SwiGluForward(a.s.data(), a.g.data(), a.u.data(), n, f);
+    cpu::MatmulForward(tmp.data(), a.s.data(), p + w.w2, n, f, c);
+    for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+  }
+  x_out_ = x;
+  cpu::RmsNormForward(xf_.data(), rstd_f_.data(), x.data(), p + final_norm_, n, c, T(kNormEps));
+  cpu::MatmulForward(logits_.data(), xf_.data(), p + head_, n, c, config_.vocab);
+  return cpu::CrossEntropyForward(logits_.data(), targets, n, config_.vocab);
+}
+
+template <typename T>
+void Model<T>::Backward() {
+  const int n = batch_ * seq_, c = config_.d_model, f = config_.d_ff, h = config_.heads, d = config_.head_dim();
+  const T* p = params_.data();
+  T* g = grads_.data();
+  std::vector<T> dlogits(logits_.size());
+  cpu::CrossEntropyBackward(dlogits.data(), logits_.data(), targets_.data(), n, config_.vocab);
+  std::vector<T> dxf(static_cast<size_t>(n) * c, T(0)), dx(static_cast<size_t>(n) * c, T(0));
+  cpu::MatmulBackward(dxf.data(), g + head_, dlogits.data(), xf_.data(), p + head_, n, c, config_.vocab);
+  cpu::RmsNormBackward(dx.data(), g + final_norm_, dxf.data(), x_out_.data(), p + final_norm_, rstd_f_.data(), n, c);
+  std::vector<T> ds(static_cast<size_t>(n) * f), dg(ds.size()), du(ds.size()), dh(dx.size()), da(dx.size()),
+      dq(dx.size()), dk(dx.size()), dv(dx.size());
+  for (int l = config_.layers; l-- > 0;) {
+    const Layer& w = layers_[l];
+    const LayerActs& a = acts_[l];
+    // x_out = x_mid + swiglu(h2 W1^T, h2 W3^T) W2^T
+    std::fill(ds.begin(), ds.end(), T(0));
+    cpu::MatmulBackward(ds.data(), g + w.w2, dx.data(), a.s.data(), p + w.w2, n, f, c);
+    std::fill(dg.begin(), dg.end(), T(0));
+    std::fill(du.begin(), du.end(), T(0));
+    cpu::SwiGluBackward(dg.data(), du.data(), ds.data(), a.g.data(), a.u.data(), n, f);
+    std::fill(dh.begin(), dh.end(), T(0));
+    cpu::MatmulBackward(dh.data(), g + w.w1, dg.data(), a.h2.data(), p + w.w1, n, c, f);
+    cpu::MatmulBackward(dh.data(), g + w.w3, du.data(), a.h2.data(), p + w.w3, n, c, f);
+    cpu::RmsNormBackward(dx.data(), g + w.mlp_norm, dh.data(), a.x_mid.data(), p + w.mlp_norm, a.rstd2.data(), n, c);
+    // x_mid = x_in + attention(rope(h1 Wq^T), rope(h1 Wk^T), h1 Wv^T) Wo^T
+    std::fill(da.begin(), da.end(), T(0));
+    cpu::MatmulBackward(da.data(), g + w.wo, dx.data(), a.a.data(), p + w.wo, n, c, c);
+    for (auto* v : {&dq, &dk, &dv}) std::fill(v->begin(), v->end(), T(0));
+    cpu::AttentionBackward(dq.data(), dk.data(), dv.data(), da.data(), a.att.data(), a.q.data(), a.k.data(),
+                           a.v.data(), batch_, seq_, h, d);
+    cpu::RopeBackward(dq.data(), batch_, seq_, h, d, T(kRopeBase));
+    cpu::RopeBackward(dk.data(), batch_, seq_, h, d, T(kRopeBase));
+    std::fill(dh.begin(), dh.end(), T(0));
+    cpu::MatmulBackward(dh.data(), g + w.wq, dq.data(), a.h1.data(), p + w.wq, n, c, c);
+    cpu::MatmulBackward(dh.data(), g + w.wk, dk.data(), a.h1.data(), p + w.wk, n, c, c);
+    cpu::MatmulBackward(dh.data(), g + w.wv, dv.data(), a.h1.data(), p + w.wv, n, c, c);
+    cpu::RmsNormBackward(dx.data(), g + w.attn_norm, dh.data(), a.x_in.data(), p + w.attn_norm, a.rstd1.data(), n, c);
+  }
+  cpu::EmbeddingBackward(g + embed_, dx.data(), tokens_.data(), n, c);
+}
+
+template class Model<float>;
+template class Model<double>;
+
+}  // namespace tierd::trainer

@@ -1,0 +1,42 @@
+#include "trainer_ref/optimizer.h"
+
+#include <cmath>
+
+namespace tierd::trainer {
+
+void AdamWStep(float* params, const float* grads, float* m, float* v, size_t n, double lr, int64_t step,
+               const AdamWOptions& o, bool decay) {
+  const double c1 = 1.0 - std::pow(o.beta1, static_cast<double>(step));
+  const double c2 = 1.0 - std::pow(o.beta2, static_cast<double>(step));
+  for (size_t i = 0; i < n; ++i) {
+    const double g = grads[i];
+    const double mi = o.beta1 * m[i] + (1 - o.beta1) * g;
+    const double vi = o.beta2 * v[i] + (1 - o.beta2) * g * g;
+    m[i] = static_cast<float>(mi);
+    v[i] = static_cast<float>(vi);
+    double p = params[i];
+    if (decay) p -= lr * o.weight_decay * p;
+    p -= lr * (mi / c1) / (std::sqrt(vi / c2) + o.eps);
+    params[i] = static_cast<float>(p);
+  }
+}
+
+double GlobalNorm(const float* grads, size_t n) {
+  double sum = 0;
+  for (size_t i = 0; i < n; ++i) sum += static_cast<double>(grads[i]) * grads[i];
+  return std::sqrt(sum);
+}
+
+double ClipFactor(double norm, double max_norm) {
+  if (max_norm <= 0 || norm <= max_norm) return 1.0;
+  return max_norm / (norm + 1e-6);
+}
+
+double LearningRate(int64_t step, int64_t warmup_steps, int64_t total_steps, double max_lr, double min_lr) {
+  if (warmup_steps > 0 && step < warmup_steps) return max_lr * static_cast<double>(step + 1) / warmup_steps;
+  if (step >= total_steps || total_steps <= warmup_steps) return min_lr;
+  const double progress = static_cast<double>(step - warmup_steps) / static_cast<double>(total_steps - warmup_steps);
+  return min_lr + 0.5 * (max_lr - min_lr) * (1.0 + std::cos(M_PI * progress));
+}
+
+}  // namespace tierd::trainer

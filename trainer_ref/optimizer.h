@@ -1,0 +1,33 @@
+// The optimizer's CPU reference: AdamW with decoupled weight decay, clipping by the global
+// gradient norm, and a warmup + cosine learning-rate schedule. (A vectorised, threaded
+// AdamW on the DRAM tier is issue 6's; this is the plain oracle.)
+#ifndef TIERD_TRAINER_REF_OPTIMIZER_H_
+#define TIERD_TRAINER_REF_OPTIMIZER_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tierd::trainer {
+
+struct AdamWOptions {
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+};
+
+// One step on n parameters: m, v are the moments (fp32, as the master state), `step` counts
+// from 1 (bias correction). Weight decay is decoupled: p -= lr * wd * p, not added to g.
+// `decay` false for tensors that are not decayed (norm weights).
+void AdamWStep(float* params, const float* grads, float* m, float* v, size_t n, double lr, int64_t step,
+               const AdamWOptions& options, bool decay);
+
+// The global L2 norm of all gradients, and the factor (<= 1) that brings it to max_norm
+// (1 when it is already within; also 1 for max_norm <= 0, which turns clipping off).
+double GlobalNorm(const float* grads, size_t n);
+double ClipFactor(double norm, double max_norm);
+
+// Linear warmup over warmup_steps to max_lr, then cosine decay to min_lr at total_steps.
+// step counts from 0; beyond total_steps it stays at min_lr.
+double LearningRate(int64_t step, int64_t warmup_steps, int64_t total_steps, double max_lr, double min_lr);
+
+}  // namespace tierd::trainer
+
+#endif  // TIERD_TRAINER_REF_OPTIMIZER_H_

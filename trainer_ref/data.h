@@ -1,0 +1,52 @@
+// Training data: a byte-level tokenizer (a token is a byte; vocabulary 256) over text, or
+// pre-tokenized binary shards, split into train and validation, served as random windows.
+//
+// Sources (`--data`):
+//   "embedded"          a deterministic synthetic corpus built in (no download): sentences
+//                       from a small grammar, so a tiny model visibly learns it;
+//   a directory         every *.txt file in it (sorted by name), as bytes;
+//   FILE.u16 / FILE.u32 little-endian token ids of that width (pre-tokenized shards);
+//   any other file      its bytes.
+#ifndef TIERD_TRAINER_REF_DATA_H_
+#define TIERD_TRAINER_REF_DATA_H_
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace tierd::trainer {
+
+inline constexpr int kByteVocab = 256;
+
+struct Dataset {
+  std::vector<int32_t> train, val;
+  std::string source;  // what was read, for the progress line
+};
+
+std::string EmbeddedCorpus();
+
+// `val_fraction` of the tokens (the tail) is held out. Errors name the file and the number:
+// NOT_FOUND (missing), INVALID_ARGUMENT (a shard whose size is not a whole number of
+// tokens, a token id >= vocab, a directory with no .txt, too few tokens to give both
+// splits at least seq + 1), DATA_LOSS (a read that came up short).
+absl::StatusOr<Dataset> LoadDataset(const std::string& source, int vocab, int seq, double val_fraction);
+
+// Random windows of seq + 1 tokens: inputs are the first seq, targets the last seq.
+// Deterministic for a seed.
+class Batcher {
+ public:
+  Batcher(const std::vector<int32_t>& tokens, int batch, int seq, uint64_t seed);
+  void Next(int32_t* inputs, int32_t* targets);  // each batch * seq
+
+ private:
+  const std::vector<int32_t>& tokens_;
+  int batch_, seq_;
+  std::mt19937_64 rng_;
+};
+
+}  // namespace tierd::trainer
+
+#endif  // TIERD_TRAINER_REF_DATA_H_

@@ -42,6 +42,7 @@ class Model {
   void ZeroGrads();
 
   std::vector<T>& params() { return params_; }
+  const std::vector<T>& params() const { return params_; }
   std::vector<T>& grads() { return grads_; }
   const std::vector<TensorLayout>& layout() const { return layout_; }
   const ModelConfig& config() const { return config_; }

@@ -1,0 +1,150 @@
+// tierd-train: the reference trainer. See --help.
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <deque>
+#include <fstream>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_format.h"
+#include "trainer_ref/checkpoint.h"
+#include "trainer_ref/trainer.h"
+
+ABSL_FLAG(std::string, model_size, "tiny", "tiny | 124m | 350m | 1.3b | 7b | 13b (the big ones are for the GPU)");
+ABSL_FLAG(std::string, offload_policy, "none",
+          "none: plain buffers (the baseline). The tierd policy (every tensor leased from tierd) is not built yet");
+ABSL_FLAG(std::string, precision, "fp32", "fp32 on the CPU (bf16/fp8 are the GPU trainer's)");
+ABSL_FLAG(std::string, data, "embedded",
+          "embedded | a directory of .txt | FILE.u16 / FILE.u32 token shards | any file (bytes)");
+ABSL_FLAG(int, batch_size, 4, "sequences per micro-batch");
+ABSL_FLAG(int, seq_len, 64, "tokens per sequence");
+ABSL_FLAG(int, grad_accum_steps, 1, "micro-batches per optimizer step");
+ABSL_FLAG(int64_t, steps, 200, "optimizer steps");
+ABSL_FLAG(int64_t, warmup, 20, "linear warmup steps, then cosine decay to lr / 10");
+ABSL_FLAG(double, lr, 3e-3, "peak learning rate");
+ABSL_FLAG(double, clip, 1.0, "global gradient-norm clip (0: off)");
+ABSL_FLAG(double, weight_decay, 0.1, "AdamW's decoupled weight decay");
+ABSL_FLAG(uint64_t, seed, 1, "seed of the initial weights and the data order");
+ABSL_FLAG(std::string, checkpoint_dir, "", "where checkpoints go (crash-safe); empty: none");
+ABSL_FLAG(int64_t, checkpoint_every, 50, "steps between checkpoints");
+ABSL_FLAG(bool, resume, false, "continue from the newest checkpoint in --checkpoint_dir that verifies");
+ABSL_FLAG(std::string, metrics, "", "a JSONL file: one line per step (loss, lr, grad norm, time)");
+ABSL_FLAG(int64_t, eval_every, 50, "steps between validation losses (0: only at the end)");
+
+namespace tt = tierd::trainer;
+
+namespace {
+
+int Fail(const std::string& what) {
+  std::fprintf(stderr, "tierd-train: %s\n", what.c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "trains the reference GPT-style decoder (RMSNorm, RoPE attention, SwiGLU) with AdamW.\n"
+      "  tierd-train                                  the tiny model on the embedded corpus\n"
+      "  tierd-train --data=corpus/ --steps=2000 --checkpoint_dir=ckpt --metrics=run.jsonl\n"
+      "  tierd-train --checkpoint_dir=ckpt --resume    continue exactly where a killed run was\n"
+      "Each step prints loss, loss spread over the last 100 steps, step time and tokens/s.");
+  absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_offload_policy) != "none") {
+    return Fail("--offload_policy=" + absl::GetFlag(FLAGS_offload_policy) +
+                ": only 'none' is built so far (the tierd policy is the next step of issue 5)");
+  }
+  if (absl::GetFlag(FLAGS_precision) != "fp32") return Fail("the CPU trainer runs --precision=fp32");
+  auto config = tt::ModelPreset(absl::GetFlag(FLAGS_model_size));
+  if (!config.ok()) return Fail(std::string(config.status().message()));
+  tt::TrainOptions o;
+  o.batch = absl::GetFlag(FLAGS_batch_size);
+  o.seq = absl::GetFlag(FLAGS_seq_len);
+  o.grad_accum = absl::GetFlag(FLAGS_grad_accum_steps);
+  o.steps = absl::GetFlag(FLAGS_steps);
+  o.warmup = absl::GetFlag(FLAGS_warmup);
+  o.lr = absl::GetFlag(FLAGS_lr);
+  o.min_lr = o.lr / 10;
+  o.clip = absl::GetFlag(FLAGS_clip);
+  o.adam.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  if (o.batch < 1 || o.seq < 1 || o.grad_accum < 1 || o.steps < 1) {
+    return Fail("--batch_size, --seq_len, --grad_accum_steps and --steps must be at least 1");
+  }
+  if (o.seq > config->max_seq) {
+    return Fail(absl::StrFormat("--seq_len %d is longer than model %s's %d", o.seq, config->name, config->max_seq));
+  }
+  if (config->Params() > 50'000'000) {
+    return Fail(absl::StrFormat("model %s has %.2fB parameters: too big for the CPU trainer (use tiny or 124m here)",
+                                config->name, config->Params() / 1e9));
+  }
+  auto data = tt::LoadDataset(absl::GetFlag(FLAGS_data), config->vocab, o.seq, 0.05);
+  if (!data.ok()) return Fail(std::string(data.status().message()));
+  tt::Trainer trainer(*config, o, *data);
+  const std::string ckpt_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  if (!ckpt_dir.empty()) mkdir(ckpt_dir.c_str(), 0755);
+  if (absl::GetFlag(FLAGS_resume)) {
+    if (ckpt_dir.empty()) return Fail("--resume needs --checkpoint_dir");
+    std::string skipped;
+    auto latest = tt::LatestCheckpoint(ckpt_dir, &skipped);
+    if (!skipped.empty()) std::fprintf(stderr, "tierd-train: skipped damaged checkpoints:\n%s", skipped.c_str());
+    if (!latest.ok()) return Fail(std::string(latest.status().message()));
+    auto payload = tt::ReadCheckpoint(*latest);
+    if (!payload.ok()) return Fail(std::string(payload.status().message()));
+    if (auto s = trainer.LoadState(*payload); !s.ok()) return Fail(std::string(s.message()));
+    std::printf("resumed from %s at step %ld\n", latest->c_str(), static_cast<long>(trainer.step()));
+  }
+  std::ofstream metrics;
+  if (!absl::GetFlag(FLAGS_metrics).empty()) {
+    metrics.open(absl::GetFlag(FLAGS_metrics), std::ios::app);
+    if (!metrics) return Fail("cannot open --metrics " + absl::GetFlag(FLAGS_metrics));
+  }
+  std::printf("model %s: %lu parameters; data %s; %d x %d tokens x %d micro-batches per step; offload: none\n",
+              config->name.c_str(), static_cast<unsigned long>(config->Params()), data->source.c_str(), o.batch, o.seq,
+              o.grad_accum);
+  const double tokens_per_step = static_cast<double>(o.batch) * o.seq * o.grad_accum;
+  std::deque<double> recent;
+  const auto run_start = std::chrono::steady_clock::now();
+  double last_loss = 0;
+  while (trainer.step() < o.steps) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const tt::StepResult r = trainer.Step();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r.skipped) {
+      std::printf("step %ld skipped: %s\n", static_cast<long>(r.step), r.why.c_str());
+      continue;
+    }
+    last_loss = r.loss;
+    recent.push_back(r.loss);
+    if (recent.size() > 100) recent.pop_front();
+    double mean = 0, var = 0;
+    for (double l : recent) mean += l / recent.size();
+    for (double l : recent) var += (l - mean) * (l - mean) / recent.size();
+    std::printf("step %5ld/%ld  loss %.4f  (last %zu: mean %.4f, sd %.4f)  lr %.2e  |g| %.3f  %.0f ms  %.0f tok/s\n",
+                static_cast<long>(r.step), static_cast<long>(o.steps), r.loss, recent.size(), mean, std::sqrt(var),
+                r.lr, r.grad_norm, seconds * 1e3, tokens_per_step / seconds);
+    std::fflush(stdout);
+    if (metrics) {
+      metrics << absl::StrFormat(
+          "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6f, \"seconds\": %.6f, \"tokens\": %.0f}\n",
+          r.step, r.loss, r.lr, r.grad_norm, seconds, tokens_per_step);
+      metrics.flush();
+    }
+    const int64_t eval_every = absl::GetFlag(FLAGS_eval_every);
+    if (eval_every > 0 && r.step % eval_every == 0) std::printf("validation loss %.4f\n", trainer.ValidationLoss(8));
+    if (!ckpt_dir.empty() && (r.step % absl::GetFlag(FLAGS_checkpoint_every) == 0 || r.step == o.steps)) {
+      auto path = tt::WriteCheckpoint(ckpt_dir, r.step, trainer.SaveState());
+      if (!path.ok()) return Fail("checkpoint: " + std::string(path.status().message()));
+      std::printf("checkpoint %s\n", path->c_str());
+    }
+  }
+  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
+  std::printf("done: %ld steps, final loss %.4f, validation loss %.4f, %.0f tokens/s\n", static_cast<long>(o.steps),
+              last_loss, trainer.ValidationLoss(8), tokens_per_step * o.steps / std::max(total, 1e-9));
+  return 0;
+}

@@ -49,17 +49,21 @@ Model<T>::Model(const ModelConfig& config, int batch, int seq)
   params_.assign(total, T(0));
   grads_.assign(total, T(0));
   size_t i = 0;
-  embed_ = layout_[i++].offset;
+  embed_ = i++;
   for (int l = 0; l < config.layers; ++l) {
     Layer layer;
     for (size_t* field : {&layer.attn_norm, &layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.mlp_norm, &layer.w1,
                           &layer.w3, &layer.w2}) {
-      *field = layout_[i++].offset;
+      *field = i++;
     }
     layers_.push_back(layer);
   }
-  final_norm_ = layout_[i++].offset;
-  head_ = layout_[i++].offset;
+  final_norm_ = i++;
+  head_ = i++;
+  for (const TensorLayout& t : layout_) {
+    p_.push_back(params_.data() + t.offset);
+    g_.push_back(grads_.data() + t.offset);
+  }
   const size_t n = static_cast<size_t>(batch) * seq, c = config.d_model, f = config.d_ff;
   acts_.resize(config.layers);
   for (LayerActs& a : acts_) {
@@ -99,76 +103,101 @@ T Model<T>::Forward(const int32_t* tokens, const int32_t* targets) {
   const int n = batch_ * seq_, c = config_.d_model, f = config_.d_ff, h = config_.heads, d = config_.head_dim();
   tokens_.assign(tokens, tokens + n);
   targets_.assign(targets, targets + n);
-  const T* p = params_.data();
   std::vector<T> x(static_cast<size_t>(n) * c), tmp(static_cast<size_t>(n) * c);
-  cpu::EmbeddingForward(x.data(), tokens, p + embed_, n, c);
+  Enter(0, false);
+  cpu::EmbeddingForward(x.data(), tokens, P(embed_), n, c);
+  Leave(0, false);
   for (int l = 0; l < config_.layers; ++l) {
+    Enter(l + 1, false);
     const Layer& w = layers_[l];
     LayerActs& a = acts_[l];
     a.x_in = x;
-    cpu::RmsNormForward(a.h1.data(), a.rstd1.data(), x.data(), p + w.attn_norm, n, c, T(kNormEps));
-    cpu::MatmulForward(a.q.data(), a.h1.data(), p + w.wq, n, c, c);
-    cpu::MatmulForward(a.k.data(), a.h1.data(), p + w.wk, n, c, c);
-    cpu::MatmulForward(a.v.data(), a.h1.data(), p + w.wv, n, c, c);
+    cpu::RmsNormForward(a.h1.data(), a.rstd1.data(), x.data(), P(w.attn_norm), n, c, T(kNormEps));
+    cpu::MatmulForward(a.q.data(), a.h1.data(), P(w.wq), n, c, c);
+    cpu::MatmulForward(a.k.data(), a.h1.data(), P(w.wk), n, c, c);
+    cpu::MatmulForward(a.v.data(), a.h1.data(), P(w.wv), n, c, c);
     cpu::RopeForward(a.q.data(), batch_, seq_, h, d, T(kRopeBase));
     cpu::RopeForward(a.k.data(), batch_, seq_, h, d, T(kRopeBase));
     cpu::AttentionForward(a.a.data(), a.att.data(), a.q.data(), a.k.data(), a.v.data(), batch_, seq_, h, d);
-    cpu::MatmulForward(tmp.data(), a.a.data(), p + w.wo, n, c, c);
+    cpu::MatmulForward(tmp.data(), a.a.data(), P(w.wo), n, c, c);
     for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
     a.x_mid = x;
-    cpu::RmsNormForward(a.h2.data(), a.rstd2.data(), x.data(), p + w.mlp_norm, n, c, T(kNormEps));
-    cpu::MatmulForward(a.g.data(), a.h2.data(), p + w.w1, n, c, f);
-    cpu::MatmulForward(a.u.data(), a.h2.data(), p + w.w3, n, c, f);
+    cpu::RmsNormForward(a.h2.data(), a.rstd2.data(), x.data(), P(w.mlp_norm), n, c, T(kNormEps));
+    cpu::MatmulForward(a.g.data(), a.h2.data(), P(w.w1), n, c, f);
+    cpu::MatmulForward(a.u.data(), a.h2.data(), P(w.w3), n, c, f);
     cpu::SwiGluForward(a.s.data(), a.g.data(), a.u.data(), n, f);
-    cpu::MatmulForward(tmp.data(), a.s.data(), p + w.w2, n, f, c);
+    cpu::MatmulForward(tmp.data(), a.s.data(), P(w.w2), n, f, c);
     for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+    Leave(l + 1, false);
   }
   x_out_ = x;
-  cpu::RmsNormForward(xf_.data(), rstd_f_.data(), x.data(), p + final_norm_, n, c, T(kNormEps));
-  cpu::MatmulForward(logits_.data(), xf_.data(), p + head_, n, c, config_.vocab);
+  const int last = config_.layers + 1;
+  Enter(last, false);
+  cpu::RmsNormForward(xf_.data(), rstd_f_.data(), x.data(), P(final_norm_), n, c, T(kNormEps));
+  cpu::MatmulForward(logits_.data(), xf_.data(), P(head_), n, c, config_.vocab);
+  Leave(last, false);
   return cpu::CrossEntropyForward(logits_.data(), targets, n, config_.vocab);
 }
 
 template <typename T>
 void Model<T>::Backward() {
   const int n = batch_ * seq_, c = config_.d_model, f = config_.d_ff, h = config_.heads, d = config_.head_dim();
-  const T* p = params_.data();
-  T* g = grads_.data();
   std::vector<T> dlogits(logits_.size());
   cpu::CrossEntropyBackward(dlogits.data(), logits_.data(), targets_.data(), n, config_.vocab);
   std::vector<T> dxf(static_cast<size_t>(n) * c, T(0)), dx(static_cast<size_t>(n) * c, T(0));
-  cpu::MatmulBackward(dxf.data(), g + head_, dlogits.data(), xf_.data(), p + head_, n, c, config_.vocab);
-  cpu::RmsNormBackward(dx.data(), g + final_norm_, dxf.data(), x_out_.data(), p + final_norm_, rstd_f_.data(), n, c);
+  const int last = config_.layers + 1;
+  Enter(last, true);
+  cpu::MatmulBackward(dxf.data(), G(head_), dlogits.data(), xf_.data(), P(head_), n, c, config_.vocab);
+  cpu::RmsNormBackward(dx.data(), G(final_norm_), dxf.data(), x_out_.data(), P(final_norm_), rstd_f_.data(), n, c);
+  Leave(last, true);
   std::vector<T> ds(static_cast<size_t>(n) * f), dg(ds.size()), du(ds.size()), dh(dx.size()), da(dx.size()),
       dq(dx.size()), dk(dx.size()), dv(dx.size());
   for (int l = config_.layers; l-- > 0;) {
+    Enter(l + 1, true);
     const Layer& w = layers_[l];
     const LayerActs& a = acts_[l];
     // x_out = x_mid + swiglu(h2 W1^T, h2 W3^T) W2^T
     std::fill(ds.begin(), ds.end(), T(0));
-    cpu::MatmulBackward(ds.data(), g + w.w2, dx.data(), a.s.data(), p + w.w2, n, f, c);
+    cpu::MatmulBackward(ds.data(), G(w.w2), dx.data(), a.s.data(), P(w.w2), n, f, c);
     std::fill(dg.begin(), dg.end(), T(0));
     std::fill(du.begin(), du.end(), T(0));
     cpu::SwiGluBackward(dg.data(), du.data(), ds.data(), a.g.data(), a.u.data(), n, f);
     std::fill(dh.begin(), dh.end(), T(0));
-    cpu::MatmulBackward(dh.data(), g + w.w1, dg.data(), a.h2.data(), p + w.w1, n, c, f);
-    cpu::MatmulBackward(dh.data(), g + w.w3, du.data(), a.h2.data(), p + w.w3, n, c, f);
-    cpu::RmsNormBackward(dx.data(), g + w.mlp_norm, dh.data(), a.x_mid.data(), p + w.mlp_norm, a.rstd2.data(), n, c);
+    cpu::MatmulBackward(dh.data(), G(w.w1), dg.data(), a.h2.data(), P(w.w1), n, c, f);
+    cpu::MatmulBackward(dh.data(), G(w.w3), du.data(), a.h2.data(), P(w.w3), n, c, f);
+    cpu::RmsNormBackward(dx.data(), G(w.mlp_norm), dh.data(), a.x_mid.data(), P(w.mlp_norm), a.rstd2.data(), n, c);
     // x_mid = x_in + attention(rope(h1 Wq^T), rope(h1 Wk^T), h1 Wv^T) Wo^T
     std::fill(da.begin(), da.end(), T(0));
-    cpu::MatmulBackward(da.data(), g + w.wo, dx.data(), a.a.data(), p + w.wo, n, c, c);
+    cpu::MatmulBackward(da.data(), G(w.wo), dx.data(), a.a.data(), P(w.wo), n, c, c);
     for (auto* v : {&dq, &dk, &dv}) std::fill(v->begin(), v->end(), T(0));
     cpu::AttentionBackward(dq.data(), dk.data(), dv.data(), da.data(), a.att.data(), a.q.data(), a.k.data(),
                            a.v.data(), batch_, seq_, h, d);
     cpu::RopeBackward(dq.data(), batch_, seq_, h, d, T(kRopeBase));
     cpu::RopeBackward(dk.data(), batch_, seq_, h, d, T(kRopeBase));
     std::fill(dh.begin(), dh.end(), T(0));
-    cpu::MatmulBackward(dh.data(), g + w.wq, dq.data(), a.h1.data(), p + w.wq, n, c, c);
-    cpu::MatmulBackward(dh.data(), g + w.wk, dk.data(), a.h1.data(), p + w.wk, n, c, c);
-    cpu::MatmulBackward(dh.data(), g + w.wv, dv.data(), a.h1.data(), p + w.wv, n, c, c);
-    cpu::RmsNormBackward(dx.data(), g + w.attn_norm, dh.data(), a.x_in.data(), p + w.attn_norm, a.rstd1.data(), n, c);
+    cpu::MatmulBackward(dh.data(), G(w.wq), dq.data(), a.h1.data(), P(w.wq), n, c, c);
+    cpu::MatmulBackward(dh.data(), G(w.wk), dk.data(), a.h1.data(), P(w.wk), n, c, c);
+    cpu::MatmulBackward(dh.data(), G(w.wv), dv.data(), a.h1.data(), P(w.wv), n, c, c);
+    cpu::RmsNormBackward(dx.data(), G(w.attn_norm), dh.data(), a.x_in.data(), P(w.attn_norm), a.rstd1.data(), n, c);
+    Leave(l + 1, true);
   }
-  cpu::EmbeddingBackward(g + embed_, dx.data(), tokens_.data(), n, c);
+  Enter(0, true);
+  cpu::EmbeddingBackward(G(embed_), dx.data(), tokens_.data(), n, c);
+  Leave(0, true);
+}
+
+template <typename T>
+std::vector<size_t> Model<T>::GroupEntries(int group) const {
+  if (group == 0) return {embed_};
+  if (group == config_.layers + 1) return {final_norm_, head_};
+  const Layer& w = layers_[group - 1];
+  return {w.attn_norm, w.wq, w.wk, w.wv, w.wo, w.mlp_norm, w.w1, w.w3, w.w2};
+}
+
+template <typename T>
+void Model<T>::Bind(size_t entry, T* param, T* grad) {
+  p_[entry] = param;
+  g_[entry] = grad;
 }
 
 template class Model<float>;

@@ -11,6 +11,7 @@
 #define TIERD_TRAINER_REF_MODEL_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,18 @@ class Model {
   void Backward();
   void ZeroGrads();
 
+  // Where the tensors live. By default in params()/grads(), the flat buffers. A caller
+  // that keeps them elsewhere (tierd's tiers) hooks each group of tensors — 0: the
+  // embedding, 1..layers: a layer, layers + 1: the final norm and the head — as forward
+  // and backward reach and leave it, and binds each entry's pointers in its `enter` hook.
+  using GroupHook = std::function<void(int group, bool backward)>;
+  void SetGroupHooks(GroupHook enter, GroupHook leave) {
+    enter_ = std::move(enter);
+    leave_ = std::move(leave);
+  }
+  std::vector<size_t> GroupEntries(int group) const;  // indices into layout()
+  void Bind(size_t entry, T* param, T* grad);
+
   std::vector<T>& params() { return params_; }
   const std::vector<T>& params() const { return params_; }
   std::vector<T>& grads() { return grads_; }
@@ -48,7 +61,16 @@ class Model {
   const ModelConfig& config() const { return config_; }
 
  private:
-  struct Layer {  // offsets of one layer's tensors into params_/grads_
+  T* P(size_t entry) const { return p_[entry]; }
+  T* G(size_t entry) const { return g_[entry]; }
+  void Enter(int group, bool backward) {
+    if (enter_) enter_(group, backward);
+  }
+  void Leave(int group, bool backward) {
+    if (leave_) leave_(group, backward);
+  }
+
+  struct Layer {  // one layer's tensors: indices into layout_
     size_t attn_norm, wq, wk, wv, wo, mlp_norm, w1, w3, w2;
   };
   struct LayerActs {  // kept from forward for backward; N = batch * seq rows
@@ -59,6 +81,8 @@ class Model {
   int batch_, seq_;
   std::vector<TensorLayout> layout_;
   std::vector<T> params_, grads_;
+  std::vector<T*> p_, g_;  // per layout entry: where its parameter and gradient are now
+  GroupHook enter_, leave_;
   size_t embed_ = 0, final_norm_ = 0, head_ = 0;
   std::vector<Layer> layers_;
   std::vector<LayerActs> acts_;

@@ -12,12 +12,18 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
+#include "base/units.h"
+#include "clients/client.h"
 #include "trainer_ref/checkpoint.h"
 #include "trainer_ref/trainer.h"
 
 ABSL_FLAG(std::string, model_size, "tiny", "tiny | 124m | 350m | 1.3b | 7b | 13b (the big ones are for the GPU)");
 ABSL_FLAG(std::string, offload_policy, "none",
-          "none: plain buffers (the baseline). The tierd policy (every tensor leased from tierd) is not built yet");
+          "none: plain buffers (the baseline); tierd: every parameter, gradient and Adam moment leased from the tierd "
+          "at --tierd_dir by name, acquired only while an op uses it");
+ABSL_FLAG(std::string, tierd_dir, "/tmp/tierd", "tierd's runtime directory (--offload_policy=tierd)");
+ABSL_FLAG(std::string, tierd_dram, "64MiB", "the session's DRAM quota (--offload_policy=tierd)");
+ABSL_FLAG(std::string, tierd_nvme, "1GiB", "the session's NVMe quota (--offload_policy=tierd)");
 ABSL_FLAG(std::string, precision, "fp32", "fp32 on the CPU (bf16/fp8 are the GPU trainer's)");
 ABSL_FLAG(std::string, data, "embedded",
           "embedded | a directory of .txt | FILE.u16 / FILE.u32 token shards | any file (bytes)");
@@ -55,10 +61,8 @@ int main(int argc, char** argv) {
       "  tierd-train --checkpoint_dir=ckpt --resume    continue exactly where a killed run was\n"
       "Each step prints loss, loss spread over the last 100 steps, step time and tokens/s.");
   absl::ParseCommandLine(argc, argv);
-  if (absl::GetFlag(FLAGS_offload_policy) != "none") {
-    return Fail("--offload_policy=" + absl::GetFlag(FLAGS_offload_policy) +
-                ": only 'none' is built so far (the tierd policy is the next step of issue 5)");
-  }
+  const std::string policy = absl::GetFlag(FLAGS_offload_policy);
+  if (policy != "none" && policy != "tierd") return Fail("--offload_policy is none or tierd, not '" + policy + "'");
   if (absl::GetFlag(FLAGS_precision) != "fp32") return Fail("the CPU trainer runs --precision=fp32");
   auto config = tt::ModelPreset(absl::GetFlag(FLAGS_model_size));
   if (!config.ok()) return Fail(std::string(config.status().message()));
@@ -85,7 +89,24 @@ int main(int argc, char** argv) {
   }
   auto data = tt::LoadDataset(absl::GetFlag(FLAGS_data), config->vocab, o.seq, 0.05);
   if (!data.ok()) return Fail(std::string(data.status().message()));
-  tt::Trainer trainer(*config, o, *data);
+  std::unique_ptr<tt::TensorHome> home;
+  if (policy == "tierd") {
+    tierd::ClientOptions client;
+    client.runtime_dir = absl::GetFlag(FLAGS_tierd_dir);
+    client.label = "tierd-train";
+    auto dram = tierd::ParseBytes(absl::GetFlag(FLAGS_tierd_dram));
+    auto nvme = tierd::ParseBytes(absl::GetFlag(FLAGS_tierd_nvme));
+    if (!dram.ok() || !nvme.ok()) return Fail("--tierd_dram / --tierd_nvme: sizes like 64MiB");
+    client.quota = {0, *dram, *nvme};
+    auto made = tt::MakeTierdHome(tt::ParamLayout(*config), client);
+    if (!made.ok()) return Fail("tierd: " + std::string(made.status().message()));
+    home = std::move(*made);
+  } else {
+    home = tt::MakePlainHome(tt::ParamLayout(*config));
+  }
+  auto created = tt::Trainer::Create(*config, o, *data, *home);
+  if (!created.ok()) return Fail(std::string(created.status().message()));
+  tt::Trainer& trainer = **created;
   const std::string ckpt_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   if (!ckpt_dir.empty()) mkdir(ckpt_dir.c_str(), 0755);
   if (absl::GetFlag(FLAGS_resume)) {
@@ -104,16 +125,18 @@ int main(int argc, char** argv) {
     metrics.open(absl::GetFlag(FLAGS_metrics), std::ios::app);
     if (!metrics) return Fail("cannot open --metrics " + absl::GetFlag(FLAGS_metrics));
   }
-  std::printf("model %s: %lu parameters; data %s; %d x %d tokens x %d micro-batches per step; offload: none\n",
+  std::printf("model %s: %lu parameters; data %s; %d x %d tokens x %d micro-batches per step; offload: %s\n",
               config->name.c_str(), static_cast<unsigned long>(config->Params()), data->source.c_str(), o.batch, o.seq,
-              o.grad_accum);
+              o.grad_accum, policy.c_str());
   const double tokens_per_step = static_cast<double>(o.batch) * o.seq * o.grad_accum;
   std::deque<double> recent;
   const auto run_start = std::chrono::steady_clock::now();
   double last_loss = 0;
   while (trainer.step() < o.steps) {
     const auto t0 = std::chrono::steady_clock::now();
-    const tt::StepResult r = trainer.Step();
+    auto stepped = trainer.Step();
+    if (!stepped.ok()) return Fail("step " + std::to_string(trainer.step() + 1) + ": " + std::string(stepped.status().message()));
+    const tt::StepResult& r = *stepped;
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (r.skipped) {
       std::printf("step %ld skipped: %s\n", static_cast<long>(r.step), r.why.c_str());
@@ -136,15 +159,23 @@ int main(int argc, char** argv) {
       metrics.flush();
     }
     const int64_t eval_every = absl::GetFlag(FLAGS_eval_every);
-    if (eval_every > 0 && r.step % eval_every == 0) std::printf("validation loss %.4f\n", trainer.ValidationLoss(8));
+    if (eval_every > 0 && r.step % eval_every == 0) {
+      auto val = trainer.ValidationLoss(8);
+      if (!val.ok()) return Fail(std::string(val.status().message()));
+      std::printf("validation loss %.4f\n", *val);
+    }
     if (!ckpt_dir.empty() && (r.step % absl::GetFlag(FLAGS_checkpoint_every) == 0 || r.step == o.steps)) {
-      auto path = tt::WriteCheckpoint(ckpt_dir, r.step, trainer.SaveState());
+      auto state = trainer.SaveState();
+      if (!state.ok()) return Fail("checkpoint: " + std::string(state.status().message()));
+      auto path = tt::WriteCheckpoint(ckpt_dir, r.step, *state);
       if (!path.ok()) return Fail("checkpoint: " + std::string(path.status().message()));
       std::printf("checkpoint %s\n", path->c_str());
     }
   }
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
-  std::printf("done: %ld steps, final loss %.4f, validation loss %.4f, %.0f tokens/s\n", static_cast<long>(o.steps),
-              last_loss, trainer.ValidationLoss(8), tokens_per_step * o.steps / std::max(total, 1e-9));
+  auto val = trainer.ValidationLoss(8);
+  if (!val.ok()) return Fail(std::string(val.status().message()));
+  std::printf("done: %ld steps, final loss %.4f, validation loss %.4f, %.0f tokens/s; %s\n", static_cast<long>(o.steps),
+              last_loss, *val, tokens_per_step * o.steps / std::max(total, 1e-9), trainer.home().Describe().c_str());
   return 0;
 }

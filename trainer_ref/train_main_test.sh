@@ -28,8 +28,8 @@ check "an unknown size is explained" "grep -q \"unknown model size '70b'; use ti
 check "missing data is explained" "grep -q \"does not exist\" '$dir/e2.log'"
 "$bin" --model_size=7b > "$dir/e3.log" 2>&1
 check "a model too big for the CPU is refused with its size" "grep -q '6.74B parameters' '$dir/e3.log'"
-"$bin" --offload_policy=tierd > "$dir/e4.log" 2>&1
-check "an unbuilt policy says so" "grep -q 'only .none. is built so far' '$dir/e4.log'"
+"$bin" --offload_policy=tierd --tierd_dir="$dir/no-tierd" > "$dir/e4.log" 2>&1
+check "no tierd to talk to is explained" "grep -q 'tierd-train: tierd: ' '$dir/e4.log'"
 "$bin" --resume > "$dir/e5.log" 2>&1
 check "--resume without a directory is explained" "grep -q 'resume needs --checkpoint_dir' '$dir/e5.log'"
 rm -rf "$dir"

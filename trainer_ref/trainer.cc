@@ -6,127 +6,214 @@
 #include "absl/strings/str_format.h"
 
 namespace tierd::trainer {
+namespace {
 
-Trainer::Trainer(const ModelConfig& config, const TrainOptions& options, const Dataset& data)
-    : config_(config), options_(options), data_(data), model_(config, options.batch, options.seq) {
-  model_.InitParams(options.seed);
-  m_.assign(model_.params().size(), 0.f);
-  v_.assign(model_.params().size(), 0.f);
-  decay_.assign(model_.params().size(), true);
-  for (const TensorLayout& t : model_.layout()) {
-    if (t.shape.size() == 1) std::fill(decay_.begin() + t.offset, decay_.begin() + t.offset + t.count, false);
+// Acquires some of an entry's tensors, releases them all when it goes out of scope.
+class Held {
+ public:
+  Held(TensorHome& home, size_t entry) : home_(home), entry_(entry) {}
+  ~Held() {
+    for (Kind k : kinds_) home_.Release(entry_, k).IgnoreError();
   }
-  batcher_seed_ = options.seed * 7919 + 1;
-  batcher_ = std::make_unique<Batcher>(data_.train, options.batch, options.seq, batcher_seed_);
+  absl::StatusOr<float*> Get(Kind kind, Access access) {
+    auto p = home_.Acquire(entry_, kind, access);
+    if (p.ok()) kinds_.push_back(kind);
+    return p;
+  }
+
+ private:
+  TensorHome& home_;
+  size_t entry_;
+  std::vector<Kind> kinds_;
+};
+
+constexpr uint32_t kStateMagic = 0x74727332;  // "trs2"
+
+}  // namespace
+
+Trainer::Trainer(const ModelConfig& config, const TrainOptions& options, const Dataset& data, TensorHome& home)
+    : config_(config), options_(options), data_(data), home_(home), model_(config, options.batch, options.seq) {}
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& config, const TrainOptions& options,
+                                                        const Dataset& data, TensorHome& home) {
+  std::unique_ptr<Trainer> t(new Trainer(config, options, data, home));
+  if (absl::Status s = t->Init(); !s.ok()) return s;
+  return t;
 }
 
-StepResult Trainer::Step() {
+absl::Status Trainer::Init() {
+  model_.InitParams(options_.seed);
+  size_t largest = 0;
+  for (size_t e = 0; e < model_.layout().size(); ++e) {
+    const TensorLayout& t = model_.layout()[e];
+    largest = std::max(largest, t.count);
+    Held held(home_, e);
+    for (Kind k : {Kind::kParam, Kind::kGrad, Kind::kAdamM, Kind::kAdamV}) {
+      auto p = held.Get(k, Access::kOverwrite);
+      if (!p.ok()) return p.status();
+      if (k == Kind::kParam) std::memcpy(*p, model_.params().data() + t.offset, t.count * sizeof(float));
+      else std::memset(*p, 0, t.count * sizeof(float));
+    }
+  }
+  scratch_.assign(largest, 0.f);
+  batcher_seed_ = options_.seed * 7919 + 1;
+  batcher_ = std::make_unique<Batcher>(data_.train, options_.batch, options_.seq, batcher_seed_);
+  // The model reaches its tensors group by group, only while it computes with them.
+  model_.SetGroupHooks(
+      [this](int group, bool backward) {
+        for (size_t e : model_.GroupEntries(group)) {
+          auto p = home_.Acquire(e, Kind::kParam, Access::kRead);
+          absl::StatusOr<float*> g = backward ? home_.Acquire(e, Kind::kGrad, Access::kWrite)
+                                              : absl::StatusOr<float*>(nullptr);
+          if ((!p.ok() || !g.ok()) && hook_error_.ok()) hook_error_ = !p.ok() ? p.status() : g.status();
+          model_.Bind(e, p.ok() ? *p : scratch_.data(), g.ok() && *g != nullptr ? *g : scratch_.data());
+        }
+      },
+      [this](int group, bool backward) {
+        for (size_t e : model_.GroupEntries(group)) {
+          home_.Release(e, Kind::kParam).IgnoreError();
+          if (backward) home_.Release(e, Kind::kGrad).IgnoreError();
+          model_.Bind(e, nullptr, nullptr);
+        }
+      });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> Trainer::ForwardBackward(const int32_t* inputs, const int32_t* targets, bool backward) {
+  const double loss = model_.Forward(inputs, targets);
+  if (backward && std::isfinite(loss) && hook_error_.ok()) model_.Backward();
+  if (!hook_error_.ok()) return std::exchange(hook_error_, absl::OkStatus());
+  return loss;
+}
+
+absl::StatusOr<StepResult> Trainer::Step() {
   StepResult r;
   r.step = step_ + 1;
+  const auto& layout = model_.layout();
+  for (size_t e = 0; e < layout.size(); ++e) {  // gradients start from zero
+    Held held(home_, e);
+    auto g = held.Get(Kind::kGrad, Access::kOverwrite);
+    if (!g.ok()) return g.status();
+    std::memset(*g, 0, layout[e].count * sizeof(float));
+  }
   const int n = options_.batch * options_.seq;
   std::vector<int32_t> inputs(n), targets(n);
-  model_.ZeroGrads();
   for (int micro = 0; micro < options_.grad_accum; ++micro) {
     batcher_->Next(inputs.data(), targets.data());
     ++batches_drawn_;
-    const float loss = model_.Forward(inputs.data(), targets.data());
-    r.loss += loss / options_.grad_accum;
-    if (!std::isfinite(loss)) {
+    auto loss = ForwardBackward(inputs.data(), targets.data(), /*backward=*/true);
+    if (!loss.ok()) return loss.status();
+    r.loss += *loss / options_.grad_accum;
+    if (!std::isfinite(*loss)) {
       r.skipped = true;
-      r.why = absl::StrFormat("the loss of micro-batch %d is %g", micro, loss);
+      r.why = absl::StrFormat("the loss of micro-batch %d is %g", micro, *loss);
       break;
-    }
-    model_.Backward();
-  }
-  std::vector<float>& g = model_.grads();
-  if (!r.skipped) {
-    for (float& x : g) x /= options_.grad_accum;  // the mean over micro-batches
-    for (const TensorLayout& t : model_.layout()) {
-      for (size_t i = 0; i < t.count; ++i) {
-        if (!std::isfinite(g[t.offset + i])) {
-          r.skipped = true;
-          r.why = absl::StrFormat("the gradient of '%s' is %g at element %d", t.name, g[t.offset + i], i);
-          break;
-        }
-      }
-      if (r.skipped) break;
     }
   }
   r.lr = LearningRate(step_, options_.warmup, options_.steps, options_.lr, options_.min_lr);
-  if (r.skipped) {
-    ++step_;
-    return r;
-  }
-  r.grad_norm = GlobalNorm(g.data(), g.size());
-  const double clip = ClipFactor(r.grad_norm, options_.clip);
-  if (clip < 1.0) {
-    for (float& x : g) x = static_cast<float>(x * clip);
+  // The mean over micro-batches; every value finite; the global norm.
+  double sum_squares = 0;
+  for (size_t e = 0; e < layout.size() && !r.skipped; ++e) {
+    Held held(home_, e);
+    auto g = held.Get(Kind::kGrad, Access::kWrite);
+    if (!g.ok()) return g.status();
+    for (size_t i = 0; i < layout[e].count; ++i) {
+      float& x = (*g)[i];
+      x /= options_.grad_accum;
+      if (!std::isfinite(x)) {
+        r.skipped = true;
+        r.why = absl::StrFormat("the gradient of '%s' is %g at element %d", layout[e].name, x, i);
+        break;
+      }
+      sum_squares += static_cast<double>(x) * x;
+    }
   }
   ++step_;
-  std::vector<float>& p = model_.params();
-  for (const TensorLayout& t : model_.layout()) {
-    AdamWStep(p.data() + t.offset, g.data() + t.offset, m_.data() + t.offset, v_.data() + t.offset, t.count, r.lr,
-              step_, options_.adam, decay_[t.offset]);
+  if (r.skipped) return r;
+  r.grad_norm = std::sqrt(sum_squares);
+  const double clip = ClipFactor(r.grad_norm, options_.clip);
+  for (size_t e = 0; e < layout.size(); ++e) {
+    const TensorLayout& t = layout[e];
+    Held held(home_, e);
+    auto p = held.Get(Kind::kParam, Access::kWrite);
+    auto g = p.ok() ? held.Get(Kind::kGrad, Access::kWrite) : p;
+    auto m = g.ok() ? held.Get(Kind::kAdamM, Access::kWrite) : g;
+    auto v = m.ok() ? held.Get(Kind::kAdamV, Access::kWrite) : m;
+    if (!v.ok()) return v.status();
+    if (clip < 1.0) {
+      for (size_t i = 0; i < t.count; ++i) (*g)[i] = static_cast<float>((*g)[i] * clip);
+    }
+    AdamWStep(*p, *g, *m, *v, t.count, r.lr, step_, options_.adam, /*decay=*/t.shape.size() > 1);
   }
   return r;
 }
 
-double Trainer::ValidationLoss(int batches) {
+absl::StatusOr<double> Trainer::ValidationLoss(int batches) {
   Batcher val(data_.val, options_.batch, options_.seq, /*seed=*/12345);
   const int n = options_.batch * options_.seq;
   std::vector<int32_t> inputs(n), targets(n);
   double total = 0;
   for (int b = 0; b < batches; ++b) {
     val.Next(inputs.data(), targets.data());
-    total += model_.Forward(inputs.data(), targets.data());
+    auto loss = ForwardBackward(inputs.data(), targets.data(), /*backward=*/false);
+    if (!loss.ok()) return loss.status();
+    total += *loss;
   }
   return total / batches;
 }
 
-namespace {
-constexpr uint32_t kStateMagic = 0x74727331;  // "trs1"
-
-void Put(std::string& out, const void* p, size_t n) { out.append(static_cast<const char*>(p), n); }
-bool Take(const std::string& in, size_t& at, void* p, size_t n) {
-  if (at + n > in.size()) return false;
-  std::memcpy(p, in.data() + at, n);
-  at += n;
-  return true;
-}
-}  // namespace
-
-std::string Trainer::SaveState() const {
+absl::StatusOr<std::string> Trainer::SaveState() {
   std::string out;
-  const uint64_t count = model_.params().size();
-  Put(out, &kStateMagic, 4);
-  Put(out, &step_, 8);
-  Put(out, &batches_drawn_, 8);
-  Put(out, &count, 8);
-  for (const std::vector<float>* v : {&model_.params(), &m_, &v_}) Put(out, v->data(), count * 4);
+  auto put = [&out](const void* p, size_t n) { out.append(static_cast<const char*>(p), n); };
+  uint64_t count = 0;
+  for (const TensorLayout& t : model_.layout()) count += t.count;
+  put(&kStateMagic, 4);
+  put(&step_, 8);
+  put(&batches_drawn_, 8);
+  put(&count, 8);
+  for (Kind k : {Kind::kParam, Kind::kAdamM, Kind::kAdamV}) {
+    for (size_t e = 0; e < model_.layout().size(); ++e) {
+      Held held(home_, e);
+      auto p = held.Get(k, Access::kRead);
+      if (!p.ok()) return p.status();
+      put(*p, model_.layout()[e].count * sizeof(float));
+    }
+  }
   return out;
 }
 
 absl::Status Trainer::LoadState(const std::string& bytes) {
   size_t at = 0;
+  auto take = [&](void* p, size_t n) {
+    if (at + n > bytes.size()) return false;
+    std::memcpy(p, bytes.data() + at, n);
+    at += n;
+    return true;
+  };
   uint32_t magic = 0;
   int64_t step = 0, drawn = 0;
-  uint64_t count = 0;
-  if (!Take(bytes, at, &magic, 4) || magic != kStateMagic) {
-    return absl::InvalidArgumentError("not a trainer state (bad magic)");
-  }
-  if (!Take(bytes, at, &step, 8) || !Take(bytes, at, &drawn, 8) || !Take(bytes, at, &count, 8)) {
+  uint64_t count = 0, expected = 0;
+  for (const TensorLayout& t : model_.layout()) expected += t.count;
+  if (!take(&magic, 4) || magic != kStateMagic) return absl::InvalidArgumentError("not a trainer state (bad magic)");
+  if (!take(&step, 8) || !take(&drawn, 8) || !take(&count, 8)) {
     return absl::InvalidArgumentError("trainer state truncated in its header");
   }
-  if (count != model_.params().size()) {
+  if (count != expected) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "the state holds %d parameters; model '%s' has %d (another --model-size?)", count, config_.name,
-        model_.params().size()));
+        "the state holds %d parameters; model '%s' has %d (another --model_size?)", count, config_.name, expected));
   }
   if (bytes.size() != at + 3 * count * 4) {
-    return absl::InvalidArgumentError(absl::StrFormat("trainer state of %d bytes; %d expected", bytes.size(),
-                                                      at + 3 * count * 4));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("trainer state of %d bytes; %d expected", bytes.size(), at + 3 * count * 4));
   }
-  for (std::vector<float>* v : {&model_.params(), &m_, &v_}) Take(bytes, at, v->data(), count * 4);
+  for (Kind k : {Kind::kParam, Kind::kAdamM, Kind::kAdamV}) {
+    for (size_t e = 0; e < model_.layout().size(); ++e) {
+      Held held(home_, e);
+      auto p = held.Get(k, Access::kOverwrite);
+      if (!p.ok()) return p.status();
+      take(*p, model_.layout()[e].count * sizeof(float));
+    }
+  }
   step_ = step;
   // Replay the data order to where it was (draws are cheap next to steps).
   batcher_ = std::make_unique<Batcher>(data_.train, options_.batch, options_.seq, batcher_seed_);

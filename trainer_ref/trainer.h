@@ -1,13 +1,13 @@
 // The training loop of the reference trainer on the CPU (fp32): micro-batches with
 // gradient accumulation, global-norm clipping, AdamW on a warmup + cosine schedule, a guard
 // that skips a step whose loss or gradients are not finite (and says where), and state that
-// can be checkpointed and resumed bit-exactly.
+// can be checkpointed and resumed bit-exactly. Every tensor of the model's state lives in a
+// TensorHome (plain buffers, or tierd) and is acquired only while an op uses it.
 #ifndef TIERD_TRAINER_REF_TRAINER_H_
 #define TIERD_TRAINER_REF_TRAINER_H_
 
 #include <cstdint>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -15,6 +15,7 @@
 #include "trainer_ref/data.h"
 #include "trainer_ref/model.h"
 #include "trainer_ref/optimizer.h"
+#include "trainer_ref/tensor_home.h"
 
 namespace tierd::trainer {
 
@@ -41,28 +42,40 @@ struct StepResult {
 
 class Trainer {
  public:
-  Trainer(const ModelConfig& config, const TrainOptions& options, const Dataset& data);
+  // Writes the initial weights (seeded) and zero moments into `home`, which must outlive
+  // the trainer. An error of the home (a tierd that refuses) comes back as it is.
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(const ModelConfig& config, const TrainOptions& options,
+                                                         const Dataset& data, TensorHome& home);
 
-  StepResult Step();
-  double ValidationLoss(int batches);  // mean loss on held-out windows (deterministic)
+  // An error of the home mid-step (tierd gone, out of room) ends training: the state in
+  // the home may hold part of a step; the last checkpoint does not.
+  absl::StatusOr<StepResult> Step();
+  absl::StatusOr<double> ValidationLoss(int batches);  // mean loss on held-out windows
   int64_t step() const { return step_; }
-  Model<float>& model() { return model_; }
+  const std::vector<TensorLayout>& layout() const { return model_.layout(); }
+  TensorHome& home() { return home_; }
 
   // Everything a resume needs: step, parameters, moments, the data order.
-  std::string SaveState() const;
+  absl::StatusOr<std::string> SaveState();
   absl::Status LoadState(const std::string& bytes);
 
  private:
+  Trainer(const ModelConfig& config, const TrainOptions& options, const Dataset& data, TensorHome& home);
+  absl::Status Init();
+  // Forward (and backward) with each group's tensors acquired only while it runs.
+  absl::StatusOr<double> ForwardBackward(const int32_t* inputs, const int32_t* targets, bool backward);
+
   ModelConfig config_;
   TrainOptions options_;
   const Dataset& data_;
+  TensorHome& home_;
   Model<float> model_;
-  std::vector<float> m_, v_;
-  std::vector<bool> decay_;  // per element: weight decay applies (not norm weights)
   std::unique_ptr<Batcher> batcher_;
   uint64_t batcher_seed_ = 0;
   int64_t batches_drawn_ = 0;
   int64_t step_ = 0;
+  absl::Status hook_error_;           // the first acquire that failed inside forward/backward
+  std::vector<float> scratch_;        // stands in for a tensor whose acquire failed
 };
 
 }  // namespace tierd::trainer

@@ -1,0 +1,65 @@
+// The reference trainer with every parameter, gradient and Adam moment leased from the real
+// tierd binary, in a DRAM quota far below the model's state so every step moves tensors
+// between DRAM and NVMe: the losses are the same, step for step, as with plain buffers.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <random>
+#include <string>
+
+#include "base/units.h"
+#include "clients/client.h"
+#include "tests/process.h"
+#include "trainer_ref/trainer.h"
+
+namespace tierd {
+namespace {
+
+TEST(TrainerOnTierdTest, SameLossesAsPlainBuffersWhileTensorsMoveThroughNvme) {
+  const std::string runtime_dir =
+      "/tmp/tierd-train-" + std::to_string(getpid()) + "-" + std::to_string(std::random_device{}() % 100000);
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  testing::Process daemon("runtime/tierd", {"--gpu=fake", "--gpu_bytes=16MiB", "--dram_bytes=16MiB",
+                                            std::string("--nvme_dir=") + (tmp ? tmp : "/tmp"), "--nvme_bytes=96MiB",
+                                            "--runtime_dir=" + runtime_dir});
+  ASSERT_NE(daemon.WaitForLine("tierd: instance ", 20000), "") << daemon.output();
+
+  const trainer::ModelConfig config = *trainer::ModelPreset("tiny");
+  auto data = trainer::LoadDataset("embedded", config.vocab, 32, 0.1);
+  ASSERT_TRUE(data.ok());
+  trainer::TrainOptions options;
+  options.batch = 2;
+  options.seq = 32;
+  options.grad_accum = 2;
+  options.steps = 5;
+  options.warmup = 2;
+  // The tiny model's state is 4 x 0.7 MiB; a 1 MiB DRAM quota holds a fraction of it.
+  ClientOptions client;
+  client.runtime_dir = runtime_dir;
+  client.label = "trainer";
+  client.quota = {0, 1 * kMiB, 32 * kMiB};
+  auto tierd_home = trainer::MakeTierdHome(trainer::ParamLayout(config), client);
+  ASSERT_TRUE(tierd_home.ok()) << tierd_home.status();
+  auto plain_home = trainer::MakePlainHome(trainer::ParamLayout(config));
+  auto on_tierd = trainer::Trainer::Create(config, options, *data, **tierd_home);
+  auto plain = trainer::Trainer::Create(config, options, *data, *plain_home);
+  ASSERT_TRUE(on_tierd.ok()) << on_tierd.status();
+  ASSERT_TRUE(plain.ok());
+  for (int step = 0; step < 5; ++step) {
+    auto a = (*on_tierd)->Step();
+    auto b = (*plain)->Step();
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok());
+    EXPECT_EQ(a->loss, b->loss) << "step " << step + 1;
+    EXPECT_EQ(a->grad_norm, b->grad_norm) << "step " << step + 1;
+  }
+  EXPECT_EQ(*(*on_tierd)->SaveState(), *(*plain)->SaveState()) << "weights and moments, bit for bit";
+  const std::string traffic = (*tierd_home)->Describe();
+  EXPECT_NE(traffic.find("dram->nvme"), std::string::npos) << traffic;
+  EXPECT_NE(traffic.find("nvme->dram"), std::string::npos) << traffic;
+  std::printf("%s\n", traffic.c_str());
+}
+
+}  // namespace
+}  // namespace tierd

@@ -1,0 +1,84 @@
+#include "trainer_ref/tensor_home.h"
+
+#include "absl/strings/str_format.h"
+#include "base/units.h"
+#include "clients/client.h"
+
+namespace tierd::trainer {
+namespace {
+
+const char* const kPrefix[] = {"", "grad.", "opt.m.", "opt.v."};
+
+class PlainHome final : public TensorHome {
+ public:
+  explicit PlainHome(const std::vector<TensorLayout>& layout) {
+    for (int k = 0; k < 4; ++k) {
+      for (const TensorLayout& t : layout) buffers_[k].emplace_back(t.count, 0.f);
+    }
+  }
+  absl::StatusOr<float*> Acquire(size_t entry, Kind kind, Access) override {
+    return buffers_[static_cast<int>(kind)][entry].data();
+  }
+  absl::Status Release(size_t, Kind) override { return absl::OkStatus(); }
+  std::string Describe() override { return "plain buffers (no offload)"; }
+
+ private:
+  std::vector<std::vector<float>> buffers_[4];
+};
+
+class TierdHome final : public TensorHome {
+ public:
+  absl::Status Init(const std::vector<TensorLayout>& layout, const ClientOptions& options) {
+    auto client = Client::Connect(options);
+    if (!client.ok()) return client.status();
+    client_ = std::move(*client);
+    for (int k = 0; k < 4; ++k) {
+      for (const TensorLayout& t : layout) {
+        TensorSpec spec{kPrefix[k] + t.name,
+                        k == 0 ? TensorClass::kParam : k == 1 ? TensorClass::kGrad : TensorClass::kOptState,
+                        DType::kF32,
+                        {static_cast<int64_t>(t.count)}};
+        auto lease = client_->Lease(spec);
+        if (!lease.ok()) return lease.status();
+        tensors_[k].push_back(*lease);
+      }
+    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<float*> Acquire(size_t entry, Kind kind, Access access) override {
+    auto p = client_->Acquire(tensors_[static_cast<int>(kind)][entry], access, Place::kHost);
+    if (!p.ok()) return p.status();
+    return static_cast<float*>(*p);
+  }
+  absl::Status Release(size_t entry, Kind kind) override {
+    return client_->Release(tensors_[static_cast<int>(kind)][entry]);
+  }
+  std::string Describe() override {
+    auto stats = client_->Stats();
+    if (!stats.ok()) return "tierd: " + std::string(stats.status().message());
+    std::string out = "tierd:";
+    for (const auto& link : stats->links()) {
+      if (link.bytes() > 0) out += absl::StrFormat(" %s %s", link.link(), FormatBytes(link.bytes()));
+    }
+    return out + absl::StrFormat(", %d demand fetches", stats->stalls());
+  }
+
+ private:
+  std::unique_ptr<Client> client_;
+  std::vector<Client::Tensor> tensors_[4];
+};
+
+}  // namespace
+
+std::unique_ptr<TensorHome> MakePlainHome(const std::vector<TensorLayout>& layout) {
+  return std::make_unique<PlainHome>(layout);
+}
+
+absl::StatusOr<std::unique_ptr<TensorHome>> MakeTierdHome(const std::vector<TensorLayout>& layout,
+                                                         const ClientOptions& options) {
+  auto home = std::make_unique<TierdHome>();
+  if (absl::Status s = home->Init(layout, options); !s.ok()) return s;
+  return std::unique_ptr<TensorHome>(std::move(home));
+}
+
+}  // namespace tierd::trainer

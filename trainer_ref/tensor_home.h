@@ -1,0 +1,48 @@
+// Where the trainer's tensors live between uses. Per parameter tensor of the layout there
+// are four: the parameter, its gradient and its two Adam moments (fp32). The trainer
+// acquires one for as long as an op uses it and releases it after, so a home that is
+// smaller than the whole (tierd's tiers) moves the rest away meanwhile.
+//   PlainHome: plain buffers in this process (--offload_policy=none, the baseline).
+//   TierdHome: every tensor leased from tierd by name ("layers.3.attn.wq",
+//              "grad.layers.3.attn.wq", "opt.m.layers.3.attn.wq", "opt.v.layers.3.attn.wq").
+#ifndef TIERD_TRAINER_REF_TENSOR_HOME_H_
+#define TIERD_TRAINER_REF_TENSOR_HOME_H_
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "runtime/tensor.h"
+#include "trainer_ref/model.h"
+
+namespace tierd {
+class Client;
+struct ClientOptions;
+}  // namespace tierd
+
+namespace tierd::trainer {
+
+enum class Kind { kParam = 0, kGrad = 1, kAdamM = 2, kAdamV = 3 };
+
+class TensorHome {
+ public:
+  virtual ~TensorHome() = default;
+  // A pointer to the tensor's floats, valid until Release. kOverwrite: the old values may
+  // be gone (nothing is fetched).
+  virtual absl::StatusOr<float*> Acquire(size_t entry, Kind kind, Access access) = 0;
+  virtual absl::Status Release(size_t entry, Kind kind) = 0;
+  // One line on where the bytes went (tier traffic), for the summary.
+  virtual std::string Describe() = 0;
+};
+
+std::unique_ptr<TensorHome> MakePlainHome(const std::vector<TensorLayout>& layout);
+
+// Connects to the tierd at `runtime_dir` with these quotas and leases every tensor.
+absl::StatusOr<std::unique_ptr<TensorHome>> MakeTierdHome(const std::vector<TensorLayout>& layout,
+                                                         const ClientOptions& options);
+
+}  // namespace tierd::trainer
+
+#endif  // TIERD_TRAINER_REF_TENSOR_HOME_H_

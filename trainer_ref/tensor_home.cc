@@ -21,6 +21,7 @@ class PlainHome final : public TensorHome {
   }
   absl::Status Release(size_t, Kind) override { return absl::OkStatus(); }
   std::string Describe() override { return "plain buffers (no offload)"; }
+  uint64_t MovedBytes() override { return 0; }
 
  private:
   std::vector<std::vector<float>> buffers_[4];
@@ -61,6 +62,13 @@ class TierdHome final : public TensorHome {
       if (link.bytes() > 0) out += absl::StrFormat(" %s %s", link.link(), FormatBytes(link.bytes()));
     }
     return out + absl::StrFormat(", %d demand fetches", stats->stalls());
+  }
+  uint64_t MovedBytes() override {
+    auto stats = client_->Stats();
+    if (!stats.ok()) return 0;
+    uint64_t total = 0;
+    for (const auto& link : stats->links()) total += link.bytes();
+    return total;
   }
 
  private:

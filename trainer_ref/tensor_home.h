@@ -35,6 +35,8 @@ class TensorHome {
   virtual absl::Status Release(size_t entry, Kind kind) = 0;
   // One line on where the bytes went (tier traffic), for the summary.
   virtual std::string Describe() = 0;
+  // Bytes the tiers have moved so far (0 for plain buffers).
+  virtual uint64_t MovedBytes() = 0;
 };
 
 std::unique_ptr<TensorHome> MakePlainHome(const std::vector<TensorLayout>& layout);

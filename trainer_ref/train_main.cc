@@ -15,6 +15,7 @@
 #include "base/units.h"
 #include "clients/client.h"
 #include "trainer_ref/checkpoint.h"
+#include "trainer_ref/plot.h"
 #include "trainer_ref/trainer.h"
 
 ABSL_FLAG(std::string, model_size, "tiny", "tiny | 124m | 350m | 1.3b | 7b | 13b (the big ones are for the GPU)");
@@ -41,6 +42,7 @@ ABSL_FLAG(int64_t, checkpoint_every, 50, "steps between checkpoints");
 ABSL_FLAG(bool, resume, false, "continue from the newest checkpoint in --checkpoint_dir that verifies");
 ABSL_FLAG(std::string, metrics, "", "a JSONL file: one line per step (loss, lr, grad norm, time)");
 ABSL_FLAG(int64_t, eval_every, 50, "steps between validation losses (0: only at the end)");
+ABSL_FLAG(std::string, plot, "", "a PNG at the end: loss per step, validation losses, bytes the tiers moved per step");
 
 namespace tt = tierd::trainer;
 
@@ -132,6 +134,8 @@ int main(int argc, char** argv) {
   std::deque<double> recent;
   const auto run_start = std::chrono::steady_clock::now();
   double last_loss = 0;
+  tt::RunCurves curves;
+  uint64_t moved_before = trainer.home().MovedBytes();
   while (trainer.step() < o.steps) {
     const auto t0 = std::chrono::steady_clock::now();
     auto stepped = trainer.Step();
@@ -143,6 +147,10 @@ int main(int argc, char** argv) {
       continue;
     }
     last_loss = r.loss;
+    curves.loss.push_back(r.loss);
+    const uint64_t moved = trainer.home().MovedBytes();
+    curves.moved_bytes.push_back(static_cast<double>(moved - moved_before));
+    moved_before = moved;
     recent.push_back(r.loss);
     if (recent.size() > 100) recent.pop_front();
     double mean = 0, var = 0;
@@ -163,6 +171,7 @@ int main(int argc, char** argv) {
       auto val = trainer.ValidationLoss(8);
       if (!val.ok()) return Fail(std::string(val.status().message()));
       std::printf("validation loss %.4f\n", *val);
+      curves.validation.push_back({static_cast<int>(curves.loss.size()), *val});
     }
     if (!ckpt_dir.empty() && (r.step % absl::GetFlag(FLAGS_checkpoint_every) == 0 || r.step == o.steps)) {
       auto state = trainer.SaveState();
@@ -175,6 +184,12 @@ int main(int argc, char** argv) {
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
   auto val = trainer.ValidationLoss(8);
   if (!val.ok()) return Fail(std::string(val.status().message()));
+  if (!absl::GetFlag(FLAGS_plot).empty()) {
+    if (policy == "none") curves.moved_bytes.clear();
+    if (auto s = tt::WritePlot(absl::GetFlag(FLAGS_plot), curves); !s.ok()) return Fail(std::string(s.message()));
+    std::printf("plot: %s (loss per step in blue, validation in red, bytes moved per step in green)\n",
+                absl::GetFlag(FLAGS_plot).c_str());
+  }
   std::printf("done: %ld steps, final loss %.4f, validation loss %.4f, %.0f tokens/s; %s\n", static_cast<long>(o.steps),
               last_loss, *val, tokens_per_step * o.steps / std::max(total, 1e-9), trainer.home().Describe().c_str());
   return 0;

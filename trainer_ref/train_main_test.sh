@@ -12,6 +12,8 @@ fields() { sed -E 's/, "seconds": [^,]*//; s/, "tokens": [^}]*//' "$1"; }
 common="--steps=6 --warmup=2 --batch_size=2 --seq_len=32 --eval_every=0"
 "$bin" $common --metrics="$dir/a.jsonl" > "$dir/a.log" 2>&1
 check "a straight run finishes" "grep -q '^done: 6 steps' '$dir/a.log'"
+"$bin" $common --plot="$dir/run.png" > "$dir/p.log" 2>&1
+check "the plot is a PNG" "head -c 8 '$dir/run.png' | od -c | grep -q 'P   N   G'"
 "$bin" $common --metrics="$dir/b.jsonl" --checkpoint_dir="$dir/ck" --checkpoint_every=3 > "$dir/b1.log" 2>&1
 rm -f "$dir"/ck/ckpt-00000006.bin   # as if killed after step 3's checkpoint
 head -3 "$dir/b.jsonl" > "$dir/b3.jsonl"

@@ -121,6 +121,7 @@ grpc::Status TierdService::Stats(grpc::ServerContext*, const v1::Empty*, v1::Sta
     out->set_largest_free_block_bytes(stats.allocator.largest_free_block_bytes);
     out->set_fragmentation(stats.allocator.fragmentation);
     out->set_arenas(stats.arena_count);
+    out->set_peak_used_bytes(stats.peak_used_bytes);
   }
   for (Link link : {Link::kDramToGpu, Link::kGpuToDram, Link::kDramToNvme, Link::kNvmeToDram}) {
     const LinkStats stats = mover_.Stats(link);

@@ -169,6 +169,11 @@ absl::StatusOr<Extent> TierStore::Allocate(ArenaId id, uint64_t bytes) {
                         absl::StrFormat("%s tier (arena %d of %s): %s", TierName(arena->tier), id,
                                         FormatBytes(arena->bytes), allocation.status().message()));
   }
+  const int t = Index(arena->tier);
+  const uint64_t now = used_bytes_[t].fetch_add(allocation->bytes) + allocation->bytes;
+  uint64_t peak = peak_used_bytes_[t].load();
+  while (now > peak && !peak_used_bytes_[t].compare_exchange_weak(peak, now)) {
+  }
   return Extent{arena->tier, id, *allocation};
 }
 
@@ -185,6 +190,7 @@ absl::Status TierStore::Free(const Extent& extent) {
                           absl::StrFormat("%s tier: %s", TierName(extent.tier), status.message()));
     }
   }
+  used_bytes_[Index(extent.tier)].fetch_sub(extent.allocation.bytes);
   if (extent.tier == Tier::kNvme) {
     absl::MutexLock lock(&checksum_mutex_);
     nvme_checksums_.erase(extent.offset());
@@ -218,6 +224,7 @@ TierStats TierStore::Stats(Tier tier) const {
     free_bytes += one.free_bytes;
   }
   stats.allocator.free_bytes = free_bytes;
+  stats.peak_used_bytes = peak_used_bytes_[Index(tier)].load();
   stats.allocator.fragmentation =
       free_bytes == 0 ? 0.0
                       : 1.0 - static_cast<double>(stats.allocator.largest_free_block_bytes) / free_bytes;

@@ -20,6 +20,7 @@
 #define TIERD_RUNTIME_TIER_STORE_H_
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -60,6 +61,7 @@ struct TierStats {
   uint64_t reserved_bytes = 0;  // by arenas
   uint64_t arena_count = 0;
   AllocatorStats allocator;     // summed over arenas; largest free block is the max
+  uint64_t peak_used_bytes = 0;  // the most this tier has held at once since start
 };
 
 class TierStore {
@@ -132,6 +134,11 @@ class TierStore {
   std::map<ArenaId, std::unique_ptr<Arena>> arenas_ ABSL_GUARDED_BY(arenas_mutex_);
   std::array<uint64_t, kTierCount> reserved_ ABSL_GUARDED_BY(arenas_mutex_){};
   ArenaId next_arena_ ABSL_GUARDED_BY(arenas_mutex_) = 1;
+  // Per tier: bytes held now and at most, across arenas (atomics: allocate and free
+  // take only their arena's lock).
+  std::atomic<uint64_t> used_bytes_[kTierCount] = {0, 0, 0};
+  std::atomic<uint64_t> peak_used_bytes_[kTierCount] = {0, 0, 0};
+
 
   mutable absl::Mutex checksum_mutex_;
   std::unordered_map<uint64_t, std::vector<uint32_t>> nvme_checksums_

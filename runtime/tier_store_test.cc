@@ -61,9 +61,16 @@ TEST(TierStoreTest, AllocationBeyondABudgetNamesTheTierAndTheNumbers) {
             absl::StrFormat("gpu tier (arena %d of 8.00 MiB): cannot allocate 3.00 MiB: 2.00 MiB "
                             "free of 8.00 MiB, largest free block 2.00 MiB",
                             store->DefaultArena(Tier::kGpu)));
+  EXPECT_EQ(store->Stats(Tier::kGpu).peak_used_bytes, 6 * kMiB);
   ASSERT_TRUE(store->Free(*first).ok());
   EXPECT_EQ(store->Free(*first).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store->Stats(Tier::kGpu).peak_used_bytes, 6 * kMiB) << "the peak stays after a free";
+  auto small = store->Allocate(Tier::kGpu, 1 * kMiB);
+  ASSERT_TRUE(small.ok());
+  EXPECT_EQ(store->Stats(Tier::kGpu).peak_used_bytes, 6 * kMiB);
+  ASSERT_TRUE(store->Free(*small).ok());
   EXPECT_TRUE(store->Allocate(Tier::kGpu, 8 * kMiB).ok());
+  EXPECT_EQ(store->Stats(Tier::kGpu).peak_used_bytes, 8 * kMiB);
 }
 
 TEST(TierStoreTest, ArenasAreCarvedFromTheNodeBudgetAndGiveItBack) {

@@ -61,7 +61,12 @@ class TierdHome final : public TensorHome {
     for (const auto& link : stats->links()) {
       if (link.bytes() > 0) out += absl::StrFormat(" %s %s", link.link(), FormatBytes(link.bytes()));
     }
-    return out + absl::StrFormat(", %d demand fetches", stats->stalls());
+    out += absl::StrFormat(", %d demand fetches; peak", stats->stalls());
+    for (const auto& tier : stats->tiers()) {
+      out += absl::StrFormat(" %s %s", tier.tier() == v1::TIER_GPU ? "gpu" : tier.tier() == v1::TIER_DRAM ? "dram" : "nvme",
+                             FormatBytes(tier.peak_used_bytes()));
+    }
+    return out;
   }
   uint64_t MovedBytes() override {
     auto stats = client_->Stats();

@@ -63,11 +63,13 @@ void PrintStats(const v1::StatsReply& stats, const v1::StatsReply* previous, dou
   std::printf("tierd on %s, up %.1f s: %lu session(s), %lu lease(s)\n\n", stats.gpu().c_str(),
               stats.uptime_seconds(), static_cast<unsigned long>(stats.sessions()),
               static_cast<unsigned long>(stats.leases()));
-  std::printf("%-5s %12s %12s %12s %14s %6s\n", "tier", "budget", "reserved", "used", "largest free", "frag");
+  std::printf("%-5s %12s %12s %12s %12s %14s %6s\n", "tier", "budget", "reserved", "used", "peak", "largest free",
+              "frag");
   for (const auto& t : stats.tiers()) {
-    std::printf("%-5s %12s %12s %12s %14s %6.2f\n", TierName(t.tier()), FormatBytes(t.budget_bytes()).c_str(),
+    std::printf("%-5s %12s %12s %12s %12s %14s %6.2f\n", TierName(t.tier()), FormatBytes(t.budget_bytes()).c_str(),
                 FormatBytes(t.reserved_bytes()).c_str(), FormatBytes(t.used_bytes()).c_str(),
-                FormatBytes(t.largest_free_block_bytes()).c_str(), t.fragmentation());
+                FormatBytes(t.peak_used_bytes()).c_str(), FormatBytes(t.largest_free_block_bytes()).c_str(),
+                t.fragmentation());
   }
   std::printf("\n%-11s %12s %8s %7s %9s %12s%s\n", "link", "moved", "moves", "failed", "busy s", "while busy",
               previous ? "      now" : "");

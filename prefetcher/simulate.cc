@@ -62,8 +62,7 @@ struct Task {
 
 class Engine {
  public:
-  Engine(const Graph& graph, const Budgets& budgets, const SimOptions& options)
-      : graph_(graph), budgets_(budgets), options_(options) {
+  Engine(const Graph& graph, const Budgets& budgets) : graph_(graph), budgets_(budgets) {
     dram_has_.assign(graph.tensors.size(), false);
     nvme_has_.assign(graph.tensors.size(), false);
   }
@@ -273,7 +272,6 @@ class Engine {
 
   const Graph& graph_;
   Budgets budgets_;
-  SimOptions options_;
   std::vector<Task> tasks_;
   std::vector<int> queues_[kQueues];
   std::vector<int> tickets_;
@@ -385,7 +383,7 @@ absl::StatusOr<SimResult> SimulatePlan(const Graph& graph, const Plan& plan, con
   auto move_time = [&](uint64_t bytes, double bw) { return link.move_latency_s + bytes / (bw * scale()); };
   auto bytes = [&](TensorIndex t) { return graph.tensors[t].bytes; };
 
-  Engine engine(graph, budgets, options);
+  Engine engine(graph, budgets);
   uint64_t gpu_start = 0;
   for (TensorIndex t : plan.gpu.resident_at_start) gpu_start += bytes(t);
   engine.SetStart(gpu_start, plan.lower.dram_at_start, plan.lower.nvme_at_start);

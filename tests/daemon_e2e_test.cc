@@ -297,6 +297,57 @@ TEST_F(DaemonTest, APlannedSessionIsServedAheadOfUseAndTierctlShowsIt) {
   EXPECT_EQ(none.Wait(), 1);
 }
 
+// The planner's entry points refuse bad graphs and out-of-order progress with the reason,
+// and the session goes on working.
+TEST_F(DaemonTest, BadGraphsAndProgressAreRefusedWithTheReason) {
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  auto w = client->Lease({"w", TensorClass::kParam, DType::kF32, {1024}});
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ(client->OpBegin(0).code(), absl::StatusCode::kFailedPrecondition) << "no graph registered yet";
+  auto graph = [](std::vector<std::pair<std::string, uint64_t>> tensors, std::vector<std::string> reads,
+                  double seconds) {
+    v1::GraphSpec spec;
+    for (const auto& [name, bytes] : tensors) {
+      auto* t = spec.add_tensors();
+      t->set_name(name);
+      t->set_bytes(bytes);
+    }
+    auto* op = spec.add_ops();
+    op->set_name("fwd");
+    op->set_seconds(seconds);
+    for (const auto& r : reads) op->add_reads(r);
+    return spec;
+  };
+  auto unknown = client->RegisterGraph(graph({{"w", 4096}}, {"nope"}, 0.01));
+  ASSERT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(unknown.status().message().find("uses tensor 'nope', which the graph's tensors do not list"),
+            absl::string_view::npos)
+      << unknown.status();
+  auto twice = client->RegisterGraph(graph({{"w", 4096}, {"w", 4096}}, {"w"}, 0.01));
+  EXPECT_NE(twice.status().message().find("lists tensor 'w' twice"), absl::string_view::npos) << twice.status();
+  EXPECT_EQ(client->RegisterGraph(graph({{"w", 4096}}, {"w"}, -1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto too_big = client->RegisterGraph(graph({{"w", 4096}, {"huge", 64 * kMiB}}, {"w", "huge"}, 0.01));
+  ASSERT_EQ(too_big.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(too_big.status().message().find("cannot plan this graph under the session's quotas"),
+            absl::string_view::npos)
+      << too_big.status();
+  auto ok = client->RegisterGraph(graph({{"w", 4096}}, {"w"}, 0.01));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_NE(ok->summary().find("predicted per iteration"), std::string::npos);
+  EXPECT_TRUE(client->OpBegin(0).ok());
+  EXPECT_EQ(client->OpBegin(1).code(), absl::StatusCode::kInvalidArgument) << "the graph has one op";
+  EXPECT_TRUE(client->Acquire(*w, Access::kRead, Place::kGpu).ok()) << "the session still works";
+  ASSERT_TRUE(client->Release(*w).ok());
+  Process both("tools/tierctl/tierctl", {"plan", "--model=tiny", "--graph=x.yaml"});
+  EXPECT_NE(both.WaitForLine("tierctl: give the iteration as --graph FILE or as --model", 10000), "") << both.output();
+  EXPECT_EQ(both.Wait(), 2);
+  Process unknown_model("tools/tierctl/tierctl", {"plan", "--model=70b"});
+  EXPECT_NE(unknown_model.WaitForLine("tierctl: unknown model '70b'", 10000), "") << unknown_model.output();
+  EXPECT_EQ(unknown_model.Wait(), 2);
+}
+
 TEST(DaemonStartTest, SweepsSegmentsOfADaemonThatDied) {
   const std::string tag = std::to_string(getpid()) + "-" + std::to_string(std::random_device{}() % 100000);
   // One segment nobody holds (its daemon died), one held as a live daemon holds its own.

@@ -94,6 +94,40 @@ TEST(TrainerTest, ANonFiniteGradientSkipsTheStepAndSaysWhere) {
   EXPECT_NE(before.substr(28), poisoned.substr(28));
 }
 
+// A home that stops serving after some acquires (tierd gone, say).
+class FailingHome final : public TensorHome {
+ public:
+  FailingHome(std::unique_ptr<TensorHome> inner, int allowed) : inner_(std::move(inner)), allowed_(allowed) {}
+  absl::StatusOr<float*> Acquire(size_t entry, Kind kind, Access access) override {
+    if (allowed_-- <= 0) return absl::UnavailableError("tierd went away");
+    return inner_->Acquire(entry, kind, access);
+  }
+  absl::Status Release(size_t entry, Kind kind) override { return inner_->Release(entry, kind); }
+  std::string Describe() override { return "failing"; }
+  uint64_t MovedBytes() override { return 0; }
+
+ private:
+  std::unique_ptr<TensorHome> inner_;
+  int allowed_;
+};
+
+TEST(TrainerTest, AHomeThatFailsMidStepEndsTheStepWithItsError) {
+  const ModelConfig config = *ModelPreset("tiny");
+  auto data = LoadDataset("embedded", config.vocab, 32, 0.1);
+  ASSERT_TRUE(data.ok());
+  const size_t entries = ParamLayout(config).size();
+  // Init takes 4 per tensor, zeroing the gradients 1 more; then the forward pass runs out.
+  FailingHome home(MakePlainHome(ParamLayout(config)), static_cast<int>(5 * entries + 3));
+  auto trainer = Trainer::Create(config, Small(), *data, home);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  auto r = (*trainer)->Step();
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+  EXPECT_NE(r.status().message().find("tierd went away"), absl::string_view::npos);
+  FailingHome refuses_at_once(MakePlainHome(ParamLayout(config)), 0);
+  EXPECT_EQ(Trainer::Create(config, Small(), *data, refuses_at_once).status().code(),
+            absl::StatusCode::kUnavailable);
+}
+
 TEST(CheckpointTest, DamagedFilesAreRefusedAndTheOlderOneIsUsed) {
   const std::string dir = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") + "/ckpts";
   std::system(("mkdir -p " + dir).c_str());

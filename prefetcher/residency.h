@@ -46,8 +46,9 @@ struct ResidencyPlan {
 // ones do not fit the budget.
 absl::StatusOr<ResidencyPlan> PlanResidency(const Graph& graph, uint64_t gpu_budget_bytes);
 
-// One lap of the iteration from a given state (what is resident and dirty now, e.g. when
-// the executor replans mid-run), rather than the steady state. Same errors.
+// One lap of the iteration from a given state (what is resident and dirty at its start),
+// not the steady state: MIN over a finite sequence, which the tests compare with brute
+// force. (The executor's replans plan the steady state again.) Same errors.
 absl::StatusOr<ResidencyPlan> PlanResidencyFrom(const Graph& graph, uint64_t gpu_budget_bytes,
                                                 const std::vector<TensorIndex>& resident,
                                                 const std::vector<bool>& dirty);

@@ -178,7 +178,7 @@ class Engine {
  private:
   bool CanStart(const Task& t) const {
     if (t.pending > 0) return false;
-    if (t.ticketed && tickets_[next_ticket_] != &t - tasks_.data()) return false;
+    if (t.ticketed && !TicketAllows(t)) return false;
     switch (t.effect) {
       case Effect::kLoad:
       case Effect::kAlloc:
@@ -193,6 +193,23 @@ class Engine {
     }
   }
 
+  // DRAM room goes in plan order; a later move may go first (its queue is free while an
+  // earlier one waits for another queue) when the room it takes leaves enough for every
+  // earlier one still waiting, so none of them can be starved.
+  bool TicketAllows(const Task& t) const {
+    const int id = static_cast<int>(&t - tasks_.data());
+    constexpr size_t kLookahead = 64;
+    uint64_t reserved = 0;
+    for (size_t k = next_ticket_; k < tickets_.size() && k < next_ticket_ + kLookahead; ++k) {
+      const Task& earlier = tasks_[tickets_[k]];
+      if (tickets_[k] == id) {
+        return reserved == 0 || dram_ + reserved + (dram_has_[t.tensor] ? 0 : t.bytes) <= budgets_.dram;
+      }
+      if (!earlier.started) reserved += earlier.bytes;
+    }
+    return false;
+  }
+
   void Peaks(const Task& t) {
     if (t.iteration < measure_from_) return;
     peak_gpu_ = std::max(peak_gpu_, gpu_);
@@ -201,7 +218,12 @@ class Engine {
   }
 
   void ApplyStart(Task& t) {
-    if (t.ticketed) ++next_ticket_;
+    if (t.ticketed) {
+      while (next_ticket_ < tickets_.size() && (tasks_[tickets_[next_ticket_]].started ||
+                                                tickets_[next_ticket_] == &t - tasks_.data())) {
+        ++next_ticket_;
+      }
+    }
     switch (t.effect) {
       case Effect::kLoad:
       case Effect::kAlloc:

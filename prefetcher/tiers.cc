@@ -232,12 +232,111 @@ absl::StatusOr<LowerTierPlan> PlanLowerTiers(const Graph& graph, const Residency
     plan.peak_nvme_bytes = std::max(plan.peak_nvme_bytes, s.nvme_bytes);
   }
   if (len == 0) plan.peak_nvme_bytes = s.nvme_bytes;
+  HoistStages(graph, plan, dram_budget);
   if (plan.peak_nvme_bytes > nvme_budget) {
     return absl::ResourceExhaustedError(
         absl::StrFormat("the tiers below the GPU need %s of NVMe at the peak (DRAM budget %s); the NVMe budget is %s",
                         FormatBytes(plan.peak_nvme_bytes), FormatBytes(dram_budget), FormatBytes(nvme_budget)));
   }
   return plan;
+}
+
+namespace {
+
+// DRAM bytes after each event of the lap, from the state it starts in.
+std::vector<uint64_t> DramAfterEach(const Graph& graph, const LowerTierPlan& plan, uint64_t& start_bytes) {
+  std::vector<bool> dram = plan.dram_at_start;
+  uint64_t bytes = 0;
+  for (size_t t = 0; t < dram.size(); ++t) {
+    if (dram[t]) bytes += graph.tensors[t].bytes;
+  }
+  start_bytes = bytes;
+  std::vector<uint64_t> after(plan.events.size());
+  for (size_t k = 0; k < plan.events.size(); ++k) {
+    const LowerEvent& e = plan.events[k];
+    const uint64_t b = graph.tensors[e.tensor].bytes;
+    switch (e.kind) {
+      case LowerKind::kWriteBack:
+      case LowerKind::kStage:
+        if (!dram[e.tensor]) bytes += b;
+        dram[e.tensor] = true;
+        break;
+      case LowerKind::kPushDown:
+      case LowerKind::kDrop:
+      case LowerKind::kInvalidate:
+        if (dram[e.tensor]) bytes -= b;
+        dram[e.tensor] = false;
+        break;
+      case LowerKind::kRead:
+      case LowerKind::kDropNvme:
+        break;
+    }
+    after[k] = bytes;
+  }
+  return after;
+}
+
+// Whether the NVMe copy a stage at `j` reads is used after it within the lap: by a drop of
+// the DRAM copy (it would be the only copy left) or anything else that is not a GPU read,
+// before a write (write-back, invalidation) makes it stale. Conservative at the lap's end.
+bool NvmeCopyUnused(const LowerTierPlan& plan, size_t j) {
+  const TensorIndex t = plan.events[j].tensor;
+  for (size_t k = j + 1; k < plan.events.size(); ++k) {
+    const LowerEvent& e = plan.events[k];
+    if (e.tensor != t || e.kind == LowerKind::kRead) continue;
+    return e.kind == LowerKind::kWriteBack || e.kind == LowerKind::kInvalidate;
+  }
+  return false;
+}
+
+}  // namespace
+
+int HoistStages(const Graph& graph, LowerTierPlan& plan, uint64_t dram_budget) {
+  int moved = 0;
+  uint64_t start_bytes = 0;
+  std::vector<uint64_t> after = DramAfterEach(graph, plan, start_bytes);
+  for (size_t next = 0; next < plan.events.size();) {
+    const size_t j = next++;
+    if (plan.events[j].kind != LowerKind::kStage) continue;
+    const TensorIndex t = plan.events[j].tensor;
+    const uint64_t b = graph.tensors[t].bytes;
+    // Before event `pos` the stage needs room for its bytes on top of what DRAM holds then,
+    // and every event from there to its old place needs room for them too.
+    size_t pos = j;
+    bool reaches_push_down = false;
+    while (pos > 0) {
+      const LowerEvent& prev = plan.events[pos - 1];
+      if (prev.tensor == t) {
+        reaches_push_down = prev.kind == LowerKind::kPushDown && after[pos - 1] + b <= dram_budget;
+        break;
+      }
+      const uint64_t before_prev = pos >= 2 ? after[pos - 2] : start_bytes;
+      if (before_prev + b > dram_budget || after[pos - 1] + b > dram_budget) break;
+      --pos;
+    }
+    if (reaches_push_down && NvmeCopyUnused(plan, j)) {
+      // DRAM had room to keep it all along: the push-down and the stage cancel out.
+      plan.nvme_write_bytes -= b;
+      plan.nvme_read_bytes -= b;
+      plan.events.erase(plan.events.begin() + static_cast<std::ptrdiff_t>(j));
+      plan.events.erase(plan.events.begin() + static_cast<std::ptrdiff_t>(pos - 1));
+      ++moved;
+      after = DramAfterEach(graph, plan, start_bytes);
+      next = j - 1;  // the event after the old stage, two erased before it
+      continue;
+    }
+    if (pos == j) continue;
+    LowerEvent stage = plan.events[j];
+    stage.op = plan.events[pos].op;
+    plan.events.erase(plan.events.begin() + static_cast<std::ptrdiff_t>(j));
+    plan.events.insert(plan.events.begin() + static_cast<std::ptrdiff_t>(pos), stage);
+    ++moved;
+    after = DramAfterEach(graph, plan, start_bytes);
+  }
+  uint64_t peak = start_bytes;
+  for (uint64_t a : after) peak = std::max(peak, a);
+  plan.peak_dram_bytes = peak;
+  return moved;
 }
 
 absl::Status ReplayLowerTiers(const Graph& graph, const ResidencyPlan& gpu, const LowerTierPlan& plan,

@@ -55,6 +55,14 @@ struct LowerTierPlan {
 absl::StatusOr<LowerTierPlan> PlanLowerTiers(const Graph& graph, const ResidencyPlan& gpu_plan,
                                              uint64_t dram_budget_bytes, uint64_t nvme_budget_bytes);
 
+// Moves each stage (NVMe -> DRAM) as early in the lap as DRAM room allows without evicting
+// anything more: to the earliest event after which, up to its old place, DRAM holds it and
+// everything the plan keeps there within the budget, and never before another event of the
+// same tensor. Bytes moved do not change; NVMe reads leave the phases where DRAM is full
+// (the optimizer step) for earlier ones where room is free (the backward, as activations
+// die). Returns how many stages moved. PlanLowerTiers applies it.
+int HoistStages(const Graph& graph, LowerTierPlan& plan, uint64_t dram_budget_bytes);
+
 // Replays both plans together and checks: every GPU load finds its bytes in DRAM, every
 // clean GPU drop leaves a valid copy below, nothing pushed down or dropped is the only copy
 // of a live value, and the DRAM and NVMe budgets hold after every event. For tests.

@@ -104,5 +104,61 @@ TEST(TiersTest, RandomGraphsAndBudgetsReplayCleanly) {
   EXPECT_GT(planned, 120);
 }
 
+// Three tensors of 100 B. A stage moves back over events while DRAM has room for it at
+// each one, and stops where it would not.
+TEST(TiersTest, StagesMoveEarlierOnlyIntoFreeRoom) {
+  Graph g;
+  for (const char* name : {"a", "b", "c"}) g.tensors.push_back({name, 100, false});
+  g.ops.resize(4);
+  auto plan_with = [&] {
+    LowerTierPlan p;
+    p.dram_at_start = {true, false, false};
+    p.nvme_at_start = {false, true, false};
+    p.events = {{0, LowerKind::kWriteBack, 2}, {1, LowerKind::kInvalidate, 2}, {1, LowerKind::kRead, 0},
+                {2, LowerKind::kStage, 1},     {2, LowerKind::kRead, 1},      {3, LowerKind::kInvalidate, 1}};
+    p.nvme_read_bytes = 100;
+    return p;
+  };
+  LowerTierPlan roomy = plan_with();
+  EXPECT_EQ(HoistStages(g, roomy, 300), 1);
+  EXPECT_EQ(roomy.events[0].kind, LowerKind::kStage);  // a + b + c fit at op 0
+  EXPECT_EQ(roomy.events[0].op, 0u);
+  EXPECT_EQ(roomy.peak_dram_bytes, 300u);
+  LowerTierPlan tight = plan_with();
+  EXPECT_EQ(HoistStages(g, tight, 250), 1);
+  EXPECT_EQ(tight.events[2].kind, LowerKind::kStage);  // not while c is in DRAM
+  EXPECT_EQ(tight.events[2].op, 1u);
+  EXPECT_EQ(tight.peak_dram_bytes, 200u);
+  EXPECT_EQ(tight.nvme_read_bytes, 100u);  // moved, not removed
+}
+
+// A push-down whose stage can move back to it was not needed: both go.
+TEST(TiersTest, APushDownAndAStageThatMeetCancel) {
+  Graph g;
+  for (const char* name : {"a", "c"}) g.tensors.push_back({name, 100, false});
+  g.ops.resize(4);
+  LowerTierPlan p;
+  p.dram_at_start = {true, false};
+  p.nvme_at_start = {false, false};
+  p.events = {{0, LowerKind::kPushDown, 0}, {0, LowerKind::kWriteBack, 1}, {1, LowerKind::kInvalidate, 1},
+              {2, LowerKind::kStage, 0},    {2, LowerKind::kRead, 0},      {3, LowerKind::kInvalidate, 0}};
+  p.nvme_read_bytes = p.nvme_write_bytes = 100;
+  LowerTierPlan kept = p;
+  EXPECT_EQ(HoistStages(g, p, 200), 1);
+  ASSERT_EQ(p.events.size(), 4u);
+  for (const LowerEvent& e : p.events) EXPECT_NE(e.kind, LowerKind::kPushDown);
+  EXPECT_EQ(p.nvme_read_bytes, 0u);
+  EXPECT_EQ(p.nvme_write_bytes, 0u);
+  // Without room for both, the push-down is what made room: nothing moves.
+  EXPECT_EQ(HoistStages(g, kept, 100), 0);
+  EXPECT_EQ(kept.events.size(), 6u);
+  // If the NVMe copy is what a later drop relies on, the pair stays.
+  LowerTierPlan relied = kept;
+  relied.events[5] = {3, LowerKind::kDrop, 0};
+  EXPECT_EQ(HoistStages(g, relied, 200), 1);  // the stage moves up to the push-down, no further
+  EXPECT_EQ(relied.events.size(), 6u);
+  EXPECT_EQ(relied.events[1].kind, LowerKind::kStage);
+}
+
 }  // namespace
 }  // namespace tierd::prefetcher

@@ -43,8 +43,8 @@ constexpr double kRopeBase = 10000.0;
 }  // namespace
 
 template <typename T>
-Model<T>::Model(const ModelConfig& config, int batch, int seq)
-    : config_(config), batch_(batch), seq_(seq), layout_(ParamLayout(config)) {
+Model<T>::Model(const ModelConfig& config, int batch, int seq, bool checkpointing)
+    : config_(config), batch_(batch), seq_(seq), layout_(ParamLayout(config)), checkpointing_(checkpointing) {
   const size_t total = layout_.back().offset + layout_.back().count;
   params_.assign(total, T(0));
   grads_.assign(total, T(0));
@@ -64,19 +64,57 @@ Model<T>::Model(const ModelConfig& config, int batch, int seq)
     p_.push_back(params_.data() + t.offset);
     g_.push_back(grads_.data() + t.offset);
   }
+  saved_layout_ = SavedLayout(config, batch, seq, checkpointing);
+  for (const TensorLayout& t : saved_layout_) saved_storage_.emplace_back(t.count, T(0));
+  for (auto& v : saved_storage_) saved_.push_back(v.data());
+  if (checkpointing) recompute_.assign(LayerActsCount(), T(0));
+}
+
+namespace {
+size_t LayerActsElements(const ModelConfig& config, int batch, int seq) {
   const size_t n = static_cast<size_t>(batch) * seq, c = config.d_model, f = config.d_ff;
-  acts_.resize(config.layers);
-  for (LayerActs& a : acts_) {
-    for (auto* v : {&a.x_in, &a.h1, &a.q, &a.k, &a.v, &a.a, &a.x_mid, &a.h2}) v->assign(n * c, T(0));
-    for (auto* v : {&a.g, &a.u, &a.s}) v->assign(n * f, T(0));
-    a.rstd1.assign(n, T(0));
-    a.rstd2.assign(n, T(0));
-    a.att.assign(static_cast<size_t>(batch) * config.heads * seq * seq, T(0));
+  return 8 * n * c + 3 * n * f + 2 * n + static_cast<size_t>(batch) * config.heads * seq * seq;
+}
+}  // namespace
+
+std::vector<TensorLayout> SavedLayout(const ModelConfig& config, int batch, int seq, bool checkpointing) {
+  const size_t n = static_cast<size_t>(batch) * seq, c = config.d_model;
+  std::vector<TensorLayout> out;
+  for (int l = 0; l < config.layers; ++l) {
+    out.push_back({absl::StrFormat("act.layers.%d", l), {}, 0,
+                   checkpointing ? n * c : LayerActsElements(config, batch, seq)});
   }
-  x_out_.assign(n * c, T(0));
-  xf_.assign(n * c, T(0));
-  rstd_f_.assign(n, T(0));
-  logits_.assign(n * config.vocab, T(0));
+  out.push_back({"act.head", {}, 0, 2 * n * c + n + n * config.vocab});
+  for (TensorLayout& t : out) t.shape = {static_cast<int64_t>(t.count)};
+  return out;
+}
+
+template <typename T>
+size_t Model<T>::LayerActsCount() const {
+  return LayerActsElements(config_, batch_, seq_);
+}
+
+template <typename T>
+typename Model<T>::LayerActs Model<T>::CarveLayer(T* base) const {
+  const size_t n = static_cast<size_t>(batch_) * seq_, c = config_.d_model, f = config_.d_ff;
+  auto take = [&base](size_t count) {
+    T* p = base;
+    base += count;
+    return p;
+  };
+  LayerActs a;
+  for (T** v : {&a.x_in, &a.h1, &a.q, &a.k, &a.v, &a.a, &a.x_mid, &a.h2}) *v = take(n * c);
+  for (T** v : {&a.g, &a.u, &a.s}) *v = take(n * f);
+  a.rstd1 = take(n);
+  a.rstd2 = take(n);
+  a.att = take(static_cast<size_t>(batch_) * config_.heads * seq_ * seq_);
+  return a;
+}
+
+template <typename T>
+typename Model<T>::HeadActs Model<T>::CarveHead(T* base) const {
+  const size_t n = static_cast<size_t>(batch_) * seq_, c = config_.d_model;
+  return HeadActs{base, base + n * c, base + 2 * n * c, base + 2 * n * c + n};
 }
 
 template <typename T>
@@ -99,8 +137,30 @@ void Model<T>::ZeroGrads() {
 }
 
 template <typename T>
-T Model<T>::Forward(const int32_t* tokens, const int32_t* targets) {
+void Model<T>::LayerForward(const Layer& w, const LayerActs& a, std::vector<T>& x, std::vector<T>& tmp) {
   const int n = batch_ * seq_, c = config_.d_model, f = config_.d_ff, h = config_.heads, d = config_.head_dim();
+  std::copy(x.begin(), x.end(), a.x_in);
+  cpu::RmsNormForward(a.h1, a.rstd1, x.data(), P(w.attn_norm), n, c, T(kNormEps));
+  cpu::MatmulForward(a.q, a.h1, P(w.wq), n, c, c);
+  cpu::MatmulForward(a.k, a.h1, P(w.wk), n, c, c);
+  cpu::MatmulForward(a.v, a.h1, P(w.wv), n, c, c);
+  cpu::RopeForward(a.q, batch_, seq_, h, d, T(kRopeBase));
+  cpu::RopeForward(a.k, batch_, seq_, h, d, T(kRopeBase));
+  cpu::AttentionForward(a.a, a.att, a.q, a.k, a.v, batch_, seq_, h, d);
+  cpu::MatmulForward(tmp.data(), a.a, P(w.wo), n, c, c);
+  for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+  std::copy(x.begin(), x.end(), a.x_mid);
+  cpu::RmsNormForward(a.h2, a.rstd2, x.data(), P(w.mlp_norm), n, c, T(kNormEps));
+  cpu::MatmulForward(a.g, a.h2, P(w.w1), n, c, f);
+  cpu::MatmulForward(a.u, a.h2, P(w.w3), n, c, f);
+  cpu::SwiGluForward(a.s, a.g, a.u, n, f);
+  cpu::MatmulForward(tmp.data(), a.s, P(w.w2), n, f, c);
+  for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+}
+
+template <typename T>
+T Model<T>::Forward(const int32_t* tokens, const int32_t* targets) {
+  const int n = batch_ * seq_, c = config_.d_model;
   tokens_.assign(tokens, tokens + n);
   targets_.assign(targets, targets + n);
   std::vector<T> x(static_cast<size_t>(n) * c), tmp(static_cast<size_t>(n) * c);
@@ -109,76 +169,74 @@ T Model<T>::Forward(const int32_t* tokens, const int32_t* targets) {
   Leave(0, false);
   for (int l = 0; l < config_.layers; ++l) {
     Enter(l + 1, false);
-    const Layer& w = layers_[l];
-    LayerActs& a = acts_[l];
-    a.x_in = x;
-    cpu::RmsNormForward(a.h1.data(), a.rstd1.data(), x.data(), P(w.attn_norm), n, c, T(kNormEps));
-    cpu::MatmulForward(a.q.data(), a.h1.data(), P(w.wq), n, c, c);
-    cpu::MatmulForward(a.k.data(), a.h1.data(), P(w.wk), n, c, c);
-    cpu::MatmulForward(a.v.data(), a.h1.data(), P(w.wv), n, c, c);
-    cpu::RopeForward(a.q.data(), batch_, seq_, h, d, T(kRopeBase));
-    cpu::RopeForward(a.k.data(), batch_, seq_, h, d, T(kRopeBase));
-    cpu::AttentionForward(a.a.data(), a.att.data(), a.q.data(), a.k.data(), a.v.data(), batch_, seq_, h, d);
-    cpu::MatmulForward(tmp.data(), a.a.data(), P(w.wo), n, c, c);
-    for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
-    a.x_mid = x;
-    cpu::RmsNormForward(a.h2.data(), a.rstd2.data(), x.data(), P(w.mlp_norm), n, c, T(kNormEps));
-    cpu::MatmulForward(a.g.data(), a.h2.data(), P(w.w1), n, c, f);
-    cpu::MatmulForward(a.u.data(), a.h2.data(), P(w.w3), n, c, f);
-    cpu::SwiGluForward(a.s.data(), a.g.data(), a.u.data(), n, f);
-    cpu::MatmulForward(tmp.data(), a.s.data(), P(w.w2), n, f, c);
-    for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+    T* saved = saved_[SavedOf(l + 1)];
+    if (checkpointing_) {
+      std::copy(x.begin(), x.end(), saved);  // the layer's input is all it keeps
+      LayerForward(layers_[l], CarveLayer(recompute_.data()), x, tmp);
+    } else {
+      LayerForward(layers_[l], CarveLayer(saved), x, tmp);
+    }
     Leave(l + 1, false);
   }
-  x_out_ = x;
   const int last = config_.layers + 1;
   Enter(last, false);
-  cpu::RmsNormForward(xf_.data(), rstd_f_.data(), x.data(), P(final_norm_), n, c, T(kNormEps));
-  cpu::MatmulForward(logits_.data(), xf_.data(), P(head_), n, c, config_.vocab);
+  const HeadActs hd = CarveHead(saved_[SavedOf(last)]);
+  std::copy(x.begin(), x.end(), hd.x_out);
+  cpu::RmsNormForward(hd.xf, hd.rstd_f, x.data(), P(final_norm_), n, c, T(kNormEps));
+  cpu::MatmulForward(hd.logits, hd.xf, P(head_), n, c, config_.vocab);
+  const T loss = cpu::CrossEntropyForward(hd.logits, targets, n, config_.vocab);
   Leave(last, false);
-  return cpu::CrossEntropyForward(logits_.data(), targets, n, config_.vocab);
+  return loss;
 }
 
 template <typename T>
 void Model<T>::Backward() {
   const int n = batch_ * seq_, c = config_.d_model, f = config_.d_ff, h = config_.heads, d = config_.head_dim();
-  std::vector<T> dlogits(logits_.size());
-  cpu::CrossEntropyBackward(dlogits.data(), logits_.data(), targets_.data(), n, config_.vocab);
+  std::vector<T> dlogits(static_cast<size_t>(n) * config_.vocab);
   std::vector<T> dxf(static_cast<size_t>(n) * c, T(0)), dx(static_cast<size_t>(n) * c, T(0));
   const int last = config_.layers + 1;
   Enter(last, true);
-  cpu::MatmulBackward(dxf.data(), G(head_), dlogits.data(), xf_.data(), P(head_), n, c, config_.vocab);
-  cpu::RmsNormBackward(dx.data(), G(final_norm_), dxf.data(), x_out_.data(), P(final_norm_), rstd_f_.data(), n, c);
+  const HeadActs hd = CarveHead(saved_[SavedOf(last)]);
+  cpu::CrossEntropyBackward(dlogits.data(), hd.logits, targets_.data(), n, config_.vocab);
+  cpu::MatmulBackward(dxf.data(), G(head_), dlogits.data(), hd.xf, P(head_), n, c, config_.vocab);
+  cpu::RmsNormBackward(dx.data(), G(final_norm_), dxf.data(), hd.x_out, P(final_norm_), hd.rstd_f, n, c);
   Leave(last, true);
   std::vector<T> ds(static_cast<size_t>(n) * f), dg(ds.size()), du(ds.size()), dh(dx.size()), da(dx.size()),
-      dq(dx.size()), dk(dx.size()), dv(dx.size());
+      dq(dx.size()), dk(dx.size()), dv(dx.size()), x(dx.size()), tmp(dx.size());
   for (int l = config_.layers; l-- > 0;) {
     Enter(l + 1, true);
     const Layer& w = layers_[l];
-    const LayerActs& a = acts_[l];
+    T* saved = saved_[SavedOf(l + 1)];
+    LayerActs a;
+    if (checkpointing_) {  // recompute the layer's forward from its input
+      std::copy(saved, saved + x.size(), x.begin());
+      a = CarveLayer(recompute_.data());
+      LayerForward(w, a, x, tmp);
+    } else {
+      a = CarveLayer(saved);
+    }
     // x_out = x_mid + swiglu(h2 W1^T, h2 W3^T) W2^T
     std::fill(ds.begin(), ds.end(), T(0));
-    cpu::MatmulBackward(ds.data(), G(w.w2), dx.data(), a.s.data(), P(w.w2), n, f, c);
+    cpu::MatmulBackward(ds.data(), G(w.w2), dx.data(), a.s, P(w.w2), n, f, c);
     std::fill(dg.begin(), dg.end(), T(0));
     std::fill(du.begin(), du.end(), T(0));
-    cpu::SwiGluBackward(dg.data(), du.data(), ds.data(), a.g.data(), a.u.data(), n, f);
+    cpu::SwiGluBackward(dg.data(), du.data(), ds.data(), a.g, a.u, n, f);
     std::fill(dh.begin(), dh.end(), T(0));
-    cpu::MatmulBackward(dh.data(), G(w.w1), dg.data(), a.h2.data(), P(w.w1), n, c, f);
-    cpu::MatmulBackward(dh.data(), G(w.w3), du.data(), a.h2.data(), P(w.w3), n, c, f);
-    cpu::RmsNormBackward(dx.data(), G(w.mlp_norm), dh.data(), a.x_mid.data(), P(w.mlp_norm), a.rstd2.data(), n, c);
+    cpu::MatmulBackward(dh.data(), G(w.w1), dg.data(), a.h2, P(w.w1), n, c, f);
+    cpu::MatmulBackward(dh.data(), G(w.w3), du.data(), a.h2, P(w.w3), n, c, f);
+    cpu::RmsNormBackward(dx.data(), G(w.mlp_norm), dh.data(), a.x_mid, P(w.mlp_norm), a.rstd2, n, c);
     // x_mid = x_in + attention(rope(h1 Wq^T), rope(h1 Wk^T), h1 Wv^T) Wo^T
     std::fill(da.begin(), da.end(), T(0));
-    cpu::MatmulBackward(da.data(), G(w.wo), dx.data(), a.a.data(), P(w.wo), n, c, c);
+    cpu::MatmulBackward(da.data(), G(w.wo), dx.data(), a.a, P(w.wo), n, c, c);
     for (auto* v : {&dq, &dk, &dv}) std::fill(v->begin(), v->end(), T(0));
-    cpu::AttentionBackward(dq.data(), dk.data(), dv.data(), da.data(), a.att.data(), a.q.data(), a.k.data(),
-                           a.v.data(), batch_, seq_, h, d);
+    cpu::AttentionBackward(dq.data(), dk.data(), dv.data(), da.data(), a.att, a.q, a.k, a.v, batch_, seq_, h, d);
     cpu::RopeBackward(dq.data(), batch_, seq_, h, d, T(kRopeBase));
     cpu::RopeBackward(dk.data(), batch_, seq_, h, d, T(kRopeBase));
     std::fill(dh.begin(), dh.end(), T(0));
-    cpu::MatmulBackward(dh.data(), G(w.wq), dq.data(), a.h1.data(), P(w.wq), n, c, c);
-    cpu::MatmulBackward(dh.data(), G(w.wk), dk.data(), a.h1.data(), P(w.wk), n, c, c);
-    cpu::MatmulBackward(dh.data(), G(w.wv), dv.data(), a.h1.data(), P(w.wv), n, c, c);
-    cpu::RmsNormBackward(dx.data(), G(w.attn_norm), dh.data(), a.x_in.data(), P(w.attn_norm), a.rstd1.data(), n, c);
+    cpu::MatmulBackward(dh.data(), G(w.wq), dq.data(), a.h1, P(w.wq), n, c, c);
+    cpu::MatmulBackward(dh.data(), G(w.wk), dk.data(), a.h1, P(w.wk), n, c, c);
+    cpu::MatmulBackward(dh.data(), G(w.wv), dv.data(), a.h1, P(w.wv), n, c, c);
+    cpu::RmsNormBackward(dx.data(), G(w.attn_norm), dh.data(), a.x_in, P(w.attn_norm), a.rstd1, n, c);
     Leave(l + 1, true);
   }
   Enter(0, true);

@@ -7,6 +7,12 @@
 //                        x += attention(q, k, v) Wo^T
 //                        h = rmsnorm(x) ; x += (silu(h W1^T) * h W3^T) W2^T
 // Then loss = cross_entropy(rmsnorm(x) Head^T, targets).
+//
+// What forward keeps for backward (saved activations) is tensors too, one per group that
+// has any, named like the parameters: "act.layers.3" (everything layer 3's backward reads;
+// with activation checkpointing only its input, and backward recomputes the rest from it)
+// and "act.head" (the final norm's input and output, and the logits). SavedLayout() lists
+// them; by default they live in the model, or a caller binds them like the parameters.
 #ifndef TIERD_TRAINER_REF_MODEL_H_
 #define TIERD_TRAINER_REF_MODEL_H_
 
@@ -26,12 +32,16 @@ struct TensorLayout {
   size_t count = 0;
 };
 std::vector<TensorLayout> ParamLayout(const ModelConfig& config);
+// The saved activations of a model for micro-batches of `batch` x `seq` (offsets are 0:
+// each is its own tensor): "act.layers.0" .. "act.layers.{L-1}", then "act.head".
+std::vector<TensorLayout> SavedLayout(const ModelConfig& config, int batch, int seq, bool checkpointing);
 
 template <typename T>
 class Model {
  public:
   // For micro-batches of `batch` sequences of `seq` tokens (seq <= config.max_seq).
-  Model(const ModelConfig& config, int batch, int seq);
+  // `checkpointing`: keep only each layer's input; backward recomputes the layer's forward.
+  Model(const ModelConfig& config, int batch, int seq, bool checkpointing = false);
 
   // Weights ~ N(0, 0.02) (output projections scaled by 1/sqrt(2 layers)), norms 1.
   void InitParams(uint64_t seed);
@@ -53,6 +63,13 @@ class Model {
   }
   std::vector<size_t> GroupEntries(int group) const;  // indices into layout()
   void Bind(size_t entry, T* param, T* grad);
+  // Saved activations: one tensor per group with any (offsets are into no buffer; 0).
+  // Forward writes a group's tensor whole without reading it; backward reads it.
+  const std::vector<TensorLayout>& saved_layout() const { return saved_layout_; }
+  // The index into saved_layout() of `group`'s saved tensor, or -1 (the embedding).
+  int SavedOf(int group) const { return group >= 1 ? group - 1 : -1; }
+  void BindSaved(size_t index, T* data) { saved_[index] = data; }
+  bool checkpointing() const { return checkpointing_; }
 
   std::vector<T>& params() { return params_; }
   const std::vector<T>& params() const { return params_; }
@@ -73,9 +90,17 @@ class Model {
   struct Layer {  // one layer's tensors: indices into layout_
     size_t attn_norm, wq, wk, wv, wo, mlp_norm, w1, w3, w2;
   };
-  struct LayerActs {  // kept from forward for backward; N = batch * seq rows
-    std::vector<T> x_in, h1, rstd1, q, k, v, att, a, x_mid, h2, rstd2, g, u, s;
+  struct LayerActs {  // what a layer's backward reads; N = batch * seq rows
+    T *x_in, *h1, *rstd1, *q, *k, *v, *att, *a, *x_mid, *h2, *rstd2, *g, *u, *s;
   };
+  struct HeadActs {
+    T *x_out, *xf, *rstd_f, *logits;
+  };
+  size_t LayerActsCount() const;
+  LayerActs CarveLayer(T* base) const;
+  HeadActs CarveHead(T* base) const;
+  // One layer's forward from `x` (updated in place to the layer's output) into `a`.
+  void LayerForward(const Layer& w, const LayerActs& a, std::vector<T>& x, std::vector<T>& tmp);
 
   ModelConfig config_;
   int batch_, seq_;
@@ -85,9 +110,12 @@ class Model {
   GroupHook enter_, leave_;
   size_t embed_ = 0, final_norm_ = 0, head_ = 0;
   std::vector<Layer> layers_;
-  std::vector<LayerActs> acts_;
+  bool checkpointing_ = false;
+  std::vector<TensorLayout> saved_layout_;
+  std::vector<std::vector<T>> saved_storage_;  // the default home of the saved tensors
+  std::vector<T*> saved_;                      // where each is now
+  std::vector<T> recompute_;                   // one layer's activations, recomputed (checkpointing)
   std::vector<int32_t> tokens_, targets_;
-  std::vector<T> x_out_, xf_, rstd_f_, logits_;
 };
 
 extern template class Model<float>;

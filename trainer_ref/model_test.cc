@@ -88,37 +88,42 @@ TEST(ModelTest, InitialLossIsAboutLogVocabAndGradientDescentLowersIt) {
   EXPECT_LT(loss, 0.5f * first) << "30 steps of plain gradient descent on a repeating sequence";
 }
 
-// Tensors kept elsewhere (as tierd will keep them): bound per group as forward and
-// backward reach it. Same loss, same gradients, groups visited in order.
-TEST(ModelTest, TensorsBoundElsewhereGroupByGroupGiveTheSameResults) {
+// Tensors kept elsewhere (as tierd keeps them): parameters, gradients and saved
+// activations bound per group as forward and backward reach it, unbound when they leave.
+// Same loss, same gradients, groups visited in order; with activation checkpointing (each
+// layer keeps only its input and backward recomputes the rest) the gradients are the same
+// bit for bit, and the saved tensors are a layer's input only.
+void CheckBoundElsewhere(bool checkpointing) {
   const ModelConfig config = Small();
   const int batch = 2, seq = 5, n = batch * seq;
   const std::vector<int32_t> tokens = Tokens(n, config.vocab, 21), targets = Tokens(n, config.vocab, 22);
-  Model<double> plain(config, batch, seq), bound(config, batch, seq);
+  Model<double> plain(config, batch, seq), bound(config, batch, seq, checkpointing);
   plain.InitParams(4);
   bound.InitParams(4);
   // "Elsewhere": one separate buffer per tensor, filled from the flat init.
-  std::vector<std::vector<double>> home_p, home_g;
+  std::vector<std::vector<double>> home_p, home_g, home_saved;
   for (const TensorLayout& t : bound.layout()) {
     home_p.emplace_back(bound.params().begin() + t.offset, bound.params().begin() + t.offset + t.count);
     home_g.emplace_back(t.count, 0.0);
   }
+  const std::vector<TensorLayout> saved = SavedLayout(config, batch, seq, checkpointing);
+  ASSERT_EQ(saved.size(), static_cast<size_t>(config.layers + 1));
+  EXPECT_EQ(saved[0].name, "act.layers.0");
+  EXPECT_EQ(saved.back().name, "act.head");
+  if (checkpointing) EXPECT_EQ(saved[0].count, static_cast<size_t>(n) * config.d_model);
+  else EXPECT_GT(saved[0].count, 10u * n * config.d_model);
+  for (const TensorLayout& t : saved) home_saved.emplace_back(t.count, std::nan(""));
   std::fill(bound.params().begin(), bound.params().end(), std::nan(""));  // the flat copy must not be used
   std::vector<std::pair<int, bool>> visits;
-  std::vector<bool> live(bound.layout().size(), false);
   bound.SetGroupHooks(
       [&](int group, bool backward) {
         visits.push_back({group, backward});
-        for (size_t e : bound.GroupEntries(group)) {
-          bound.Bind(e, home_p[e].data(), home_g[e].data());
-          live[e] = true;
-        }
+        for (size_t e : bound.GroupEntries(group)) bound.Bind(e, home_p[e].data(), home_g[e].data());
+        if (int s = bound.SavedOf(group); s >= 0) bound.BindSaved(s, home_saved[s].data());
       },
       [&](int group, bool) {
-        for (size_t e : bound.GroupEntries(group)) {
-          bound.Bind(e, nullptr, nullptr);  // released: any use now would crash the test
-          live[e] = false;
-        }
+        for (size_t e : bound.GroupEntries(group)) bound.Bind(e, nullptr, nullptr);  // any use now would crash
+        if (int s = bound.SavedOf(group); s >= 0) bound.BindSaved(s, nullptr);
       });
   plain.ZeroGrads();
   const double a = plain.Forward(tokens.data(), targets.data());
@@ -130,11 +135,18 @@ TEST(ModelTest, TensorsBoundElsewhereGroupByGroupGiveTheSameResults) {
     const TensorLayout& t = bound.layout()[e];
     for (size_t i = 0; i < t.count; ++i) ASSERT_EQ(home_g[e][i], plain.grads()[t.offset + i]) << t.name;
   }
+  for (size_t s = 0; s < saved.size(); ++s) {  // forward wrote every element (no NaN left)
+    for (double x : home_saved[s]) ASSERT_FALSE(std::isnan(x)) << saved[s].name;
+  }
   const int last = config.layers + 1;
   ASSERT_EQ(visits.size(), 2u * (last + 1));
   for (int gi = 0; gi <= last; ++gi) EXPECT_EQ(visits[gi], std::make_pair(gi, false));
   for (int gi = 0; gi <= last; ++gi) EXPECT_EQ(visits[last + 1 + gi], std::make_pair(last - gi, true));
 }
+
+TEST(ModelTest, TensorsBoundElsewhereGroupByGroupGiveTheSameResults) { CheckBoundElsewhere(false); }
+
+TEST(ModelTest, ActivationCheckpointingGivesTheSameGradientsBitForBit) { CheckBoundElsewhere(true); }
 
 }  // namespace
 }  // namespace tierd::trainer

@@ -7,13 +7,13 @@
 namespace tierd::trainer {
 namespace {
 
-const char* const kPrefix[] = {"", "grad.", "opt.m.", "opt.v."};
+const char* const kPrefix[] = {"", "grad.", "opt.m.", "opt.v.", ""};
 
 class PlainHome final : public TensorHome {
  public:
-  explicit PlainHome(const std::vector<TensorLayout>& layout) {
-    for (int k = 0; k < 4; ++k) {
-      for (const TensorLayout& t : layout) buffers_[k].emplace_back(t.count, 0.f);
+  PlainHome(const std::vector<TensorLayout>& layout, const std::vector<TensorLayout>& saved) {
+    for (int k = 0; k < 5; ++k) {
+      for (const TensorLayout& t : k == 4 ? saved : layout) buffers_[k].emplace_back(t.count, 0.f);
     }
   }
   absl::StatusOr<float*> Acquire(size_t entry, Kind kind, Access) override {
@@ -24,20 +24,23 @@ class PlainHome final : public TensorHome {
   uint64_t MovedBytes() override { return 0; }
 
  private:
-  std::vector<std::vector<float>> buffers_[4];
+  std::vector<std::vector<float>> buffers_[5];
 };
 
 class TierdHome final : public TensorHome {
  public:
-  absl::Status Init(const std::vector<TensorLayout>& layout, const ClientOptions& options) {
+  absl::Status Init(const std::vector<TensorLayout>& layout, const std::vector<TensorLayout>& saved,
+                    const ClientOptions& options) {
     auto client = Client::Connect(options);
     if (!client.ok()) return client.status();
     client_ = std::move(*client);
-    for (int k = 0; k < 4; ++k) {
-      for (const TensorLayout& t : layout) {
-        TensorSpec spec{kPrefix[k] + t.name,
-                        k == 0 ? TensorClass::kParam : k == 1 ? TensorClass::kGrad : TensorClass::kOptState,
-                        DType::kF32,
+    for (int k = 0; k < 5; ++k) {
+      for (const TensorLayout& t : k == 4 ? saved : layout) {
+        const TensorClass cls = k == 0   ? TensorClass::kParam
+                                : k == 1 ? TensorClass::kGrad
+                                : k == 4 ? TensorClass::kActivation
+                                         : TensorClass::kOptState;
+        TensorSpec spec{kPrefix[k] + t.name, cls, DType::kF32,
                         {static_cast<int64_t>(t.count)}};
         auto lease = client_->Lease(spec);
         if (!lease.ok()) return lease.status();
@@ -78,19 +81,21 @@ class TierdHome final : public TensorHome {
 
  private:
   std::unique_ptr<Client> client_;
-  std::vector<Client::Tensor> tensors_[4];
+  std::vector<Client::Tensor> tensors_[5];
 };
 
 }  // namespace
 
-std::unique_ptr<TensorHome> MakePlainHome(const std::vector<TensorLayout>& layout) {
-  return std::make_unique<PlainHome>(layout);
+std::unique_ptr<TensorHome> MakePlainHome(const std::vector<TensorLayout>& layout,
+                                          const std::vector<TensorLayout>& saved) {
+  return std::make_unique<PlainHome>(layout, saved);
 }
 
 absl::StatusOr<std::unique_ptr<TensorHome>> MakeTierdHome(const std::vector<TensorLayout>& layout,
+                                                         const std::vector<TensorLayout>& saved,
                                                          const ClientOptions& options) {
   auto home = std::make_unique<TierdHome>();
-  if (absl::Status s = home->Init(layout, options); !s.ok()) return s;
+  if (absl::Status s = home->Init(layout, saved, options); !s.ok()) return s;
   return std::unique_ptr<TensorHome>(std::move(home));
 }
 

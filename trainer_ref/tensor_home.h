@@ -4,7 +4,8 @@
 // smaller than the whole (tierd's tiers) moves the rest away meanwhile.
 //   PlainHome: plain buffers in this process (--offload_policy=none, the baseline).
 //   TierdHome: every tensor leased from tierd by name ("layers.3.attn.wq",
-//              "grad.layers.3.attn.wq", "opt.m.layers.3.attn.wq", "opt.v.layers.3.attn.wq").
+//              "grad.layers.3.attn.wq", "opt.m.layers.3.attn.wq", "opt.v.layers.3.attn.wq",
+//              and the saved activations "act.layers.3", "act.head").
 #ifndef TIERD_TRAINER_REF_TENSOR_HOME_H_
 #define TIERD_TRAINER_REF_TENSOR_HOME_H_
 
@@ -24,7 +25,8 @@ struct ClientOptions;
 
 namespace tierd::trainer {
 
-enum class Kind { kParam = 0, kGrad = 1, kAdamM = 2, kAdamV = 3 };
+// kSaved: a saved activation; its entry indexes the saved layout, not the parameters'.
+enum class Kind { kParam = 0, kGrad = 1, kAdamM = 2, kAdamV = 3, kSaved = 4 };
 
 class TensorHome {
  public:
@@ -39,10 +41,12 @@ class TensorHome {
   virtual uint64_t MovedBytes() = 0;
 };
 
-std::unique_ptr<TensorHome> MakePlainHome(const std::vector<TensorLayout>& layout);
+std::unique_ptr<TensorHome> MakePlainHome(const std::vector<TensorLayout>& layout,
+                                          const std::vector<TensorLayout>& saved);
 
 // Connects to the tierd at `runtime_dir` with these quotas and leases every tensor.
 absl::StatusOr<std::unique_ptr<TensorHome>> MakeTierdHome(const std::vector<TensorLayout>& layout,
+                                                         const std::vector<TensorLayout>& saved,
                                                          const ClientOptions& options);
 
 }  // namespace tierd::trainer

@@ -26,6 +26,10 @@ ABSL_FLAG(std::string, tierd_dir, "/tmp/tierd", "tierd's runtime directory (--of
 ABSL_FLAG(std::string, tierd_dram, "64MiB", "the session's DRAM quota (--offload_policy=tierd)");
 ABSL_FLAG(std::string, tierd_nvme, "1GiB", "the session's NVMe quota (--offload_policy=tierd)");
 ABSL_FLAG(std::string, precision, "fp32", "fp32 on the CPU (bf16/fp8 are the GPU trainer's)");
+ABSL_FLAG(bool, grad_checkpointing, false,
+          "keep only each layer's input from forward (the saved activations shrink to batch x seq x d_model "
+          "per layer) and recompute the rest in backward: about a third more compute");
+ABSL_FLAG(std::string, opt, "adamw", "the optimizer: adamw (decoupled weight decay, fp32 moments)");
 ABSL_FLAG(std::string, data, "embedded",
           "embedded | a directory of .txt | FILE.u16 / FILE.u32 token shards | any file (bytes)");
 ABSL_FLAG(int, batch_size, 4, "sequences per micro-batch");
@@ -62,10 +66,26 @@ int main(int argc, char** argv) {
       "  tierd-train --data=corpus/ --steps=2000 --checkpoint_dir=ckpt --metrics=run.jsonl\n"
       "  tierd-train --checkpoint_dir=ckpt --resume    continue exactly where a killed run was\n"
       "Each step prints loss, loss spread over the last 100 steps, step time and tokens/s.");
-  absl::ParseCommandLine(argc, argv);
+  // --model-size and --model_size both work: dashes in flag names become underscores.
+  std::vector<std::string> args(argv, argv + argc);
+  for (size_t i = 1; i < args.size(); ++i) {
+    std::string& a = args[i];
+    if (a == "--") break;
+    if (a.size() < 3 || a[0] != '-' || a[1] != '-') continue;
+    for (size_t k = 2; k < a.size() && a[k] != '='; ++k) {
+      if (a[k] == '-') a[k] = '_';
+    }
+  }
+  std::vector<char*> argv2;
+  for (std::string& a : args) argv2.push_back(a.data());
+  argv2.push_back(nullptr);
+  absl::ParseCommandLine(argc, argv2.data());
   const std::string policy = absl::GetFlag(FLAGS_offload_policy);
   if (policy != "none" && policy != "tierd") return Fail("--offload_policy is none or tierd, not '" + policy + "'");
   if (absl::GetFlag(FLAGS_precision) != "fp32") return Fail("the CPU trainer runs --precision=fp32");
+  if (absl::GetFlag(FLAGS_opt) != "adamw") {
+    return Fail("--opt is adamw (the only optimizer of the reference trainer), not '" + absl::GetFlag(FLAGS_opt) + "'");
+  }
   auto config = tt::ModelPreset(absl::GetFlag(FLAGS_model_size));
   if (!config.ok()) return Fail(std::string(config.status().message()));
   tt::TrainOptions o;
@@ -79,6 +99,7 @@ int main(int argc, char** argv) {
   o.clip = absl::GetFlag(FLAGS_clip);
   o.adam.weight_decay = absl::GetFlag(FLAGS_weight_decay);
   o.seed = absl::GetFlag(FLAGS_seed);
+  o.checkpointing = absl::GetFlag(FLAGS_grad_checkpointing);
   if (o.batch < 1 || o.seq < 1 || o.grad_accum < 1 || o.steps < 1) {
     return Fail("--batch_size, --seq_len, --grad_accum_steps and --steps must be at least 1");
   }
@@ -92,6 +113,7 @@ int main(int argc, char** argv) {
   auto data = tt::LoadDataset(absl::GetFlag(FLAGS_data), config->vocab, o.seq, 0.05);
   if (!data.ok()) return Fail(std::string(data.status().message()));
   std::unique_ptr<tt::TensorHome> home;
+  const auto saved = tt::SavedLayout(*config, o.batch, o.seq, o.checkpointing);
   if (policy == "tierd") {
     tierd::ClientOptions client;
     client.runtime_dir = absl::GetFlag(FLAGS_tierd_dir);
@@ -100,11 +122,11 @@ int main(int argc, char** argv) {
     auto nvme = tierd::ParseBytes(absl::GetFlag(FLAGS_tierd_nvme));
     if (!dram.ok() || !nvme.ok()) return Fail("--tierd_dram / --tierd_nvme: sizes like 64MiB");
     client.quota = {0, *dram, *nvme};
-    auto made = tt::MakeTierdHome(tt::ParamLayout(*config), client);
+    auto made = tt::MakeTierdHome(tt::ParamLayout(*config), saved, client);
     if (!made.ok()) return Fail("tierd: " + std::string(made.status().message()));
     home = std::move(*made);
   } else {
-    home = tt::MakePlainHome(tt::ParamLayout(*config));
+    home = tt::MakePlainHome(tt::ParamLayout(*config), saved);
   }
   auto created = tt::Trainer::Create(*config, o, *data, *home);
   if (!created.ok()) return Fail(std::string(created.status().message()));

@@ -23,7 +23,13 @@ check "the resumed curve is the straight one" "diff <(fields '$dir/a.jsonl') <(f
 printf 'garbage' > "$dir/ck/ckpt-00000009.bin"
 "$bin" $common --checkpoint_dir="$dir/ck" --resume > "$dir/b4.log" 2>&1
 check "a damaged newest checkpoint is skipped, with the reason" "grep -q 'skipped damaged checkpoints' '$dir/b4.log' && grep -q 'resumed from .*ckpt-0000000[36].bin' '$dir/b4.log'"
+"$bin" --model-size=tiny --grad-checkpointing --steps=6 --warmup=2 --batch-size=2 --seq-len=32 --eval-every=0 \
+  --metrics="$dir/c.jsonl" > "$dir/c.log" 2>&1
+check "dashed flags work, and checkpointing gives the same curve" \
+  "grep -q '^done: 6 steps' '$dir/c.log' && diff <(fields '$dir/a.jsonl') <(fields '$dir/c.jsonl') > /dev/null"
 
+"$bin" --opt=sgd > "$dir/e0.log" 2>&1
+check "an unknown optimizer is explained" "grep -q \"opt is adamw .*not 'sgd'\" '$dir/e0.log'"
 "$bin" --model_size=70b > "$dir/e1.log" 2>&1
 check "an unknown size is explained" "grep -q \"unknown model size '70b'; use tiny\" '$dir/e1.log'"
 "$bin" --data=/nonexistent/corpus > "$dir/e2.log" 2>&1

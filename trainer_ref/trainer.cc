@@ -32,7 +32,7 @@ constexpr uint32_t kStateMagic = 0x74727332;  // "trs2"
 }  // namespace
 
 Trainer::Trainer(const ModelConfig& config, const TrainOptions& options, const Dataset& data, TensorHome& home)
-    : config_(config), options_(options), data_(data), home_(home), model_(config, options.batch, options.seq) {}
+    : config_(config), options_(options), data_(data), home_(home), model_(config, options.batch, options.seq, options.checkpointing) {}
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& config, const TrainOptions& options,
                                                         const Dataset& data, TensorHome& home) {
@@ -55,6 +55,7 @@ absl::Status Trainer::Init() {
       else std::memset(*p, 0, t.count * sizeof(float));
     }
   }
+  for (const TensorLayout& t : model_.saved_layout()) largest = std::max(largest, t.count);
   scratch_.assign(largest, 0.f);
   batcher_seed_ = options_.seed * 7919 + 1;
   batcher_ = std::make_unique<Batcher>(data_.train, options_.batch, options_.seq, batcher_seed_);
@@ -68,12 +69,22 @@ absl::Status Trainer::Init() {
           if ((!p.ok() || !g.ok()) && hook_error_.ok()) hook_error_ = !p.ok() ? p.status() : g.status();
           model_.Bind(e, p.ok() ? *p : scratch_.data(), g.ok() && *g != nullptr ? *g : scratch_.data());
         }
+        // Forward writes the group's saved activations whole; backward reads them.
+        if (const int saved = model_.SavedOf(group); saved >= 0) {
+          auto a = home_.Acquire(saved, Kind::kSaved, backward ? Access::kRead : Access::kOverwrite);
+          if (!a.ok() && hook_error_.ok()) hook_error_ = a.status();
+          model_.BindSaved(saved, a.ok() ? *a : scratch_.data());
+        }
       },
       [this](int group, bool backward) {
         for (size_t e : model_.GroupEntries(group)) {
           home_.Release(e, Kind::kParam).IgnoreError();
           if (backward) home_.Release(e, Kind::kGrad).IgnoreError();
           model_.Bind(e, nullptr, nullptr);
+        }
+        if (const int saved = model_.SavedOf(group); saved >= 0) {
+          home_.Release(saved, Kind::kSaved).IgnoreError();
+          model_.BindSaved(saved, nullptr);
         }
       });
   return absl::OkStatus();

@@ -29,6 +29,7 @@ struct TrainOptions {
   double clip = 1.0;  // global gradient norm; <= 0: off
   AdamWOptions adam;
   uint64_t seed = 1;
+  bool checkpointing = false;  // keep only each layer's input; recompute the rest in backward
 };
 
 struct StepResult {

@@ -27,7 +27,7 @@ TEST(TrainerTest, TheTinyModelLearnsTheEmbeddedCorpus) {
   const ModelConfig config = *ModelPreset("tiny");
   auto data = LoadDataset("embedded", config.vocab, 32, 0.1);
   ASSERT_TRUE(data.ok()) << data.status();
-  auto home = MakePlainHome(ParamLayout(config));
+  auto home = MakePlainHome(ParamLayout(config), SavedLayout(config, Small().batch, Small().seq, false));
   auto trainer = Trainer::Create(config, Small(), *data, *home);
   ASSERT_TRUE(trainer.ok()) << trainer.status();
   const double before = *(*trainer)->ValidationLoss(4);
@@ -48,17 +48,17 @@ TEST(TrainerTest, ResumingFromAStateContinuesTheExactCurve) {
   ASSERT_TRUE(data.ok());
   TrainOptions o = Small();
   o.grad_accum = 2;
-  auto home_a = MakePlainHome(ParamLayout(config));
+  auto home_a = MakePlainHome(ParamLayout(config), SavedLayout(config, o.batch, o.seq, o.checkpointing));
   auto straight = *Trainer::Create(config, o, *data, *home_a);
   std::vector<double> losses;
   for (int i = 0; i < 6; ++i) losses.push_back(straight->Step()->loss);
-  auto home_b = MakePlainHome(ParamLayout(config));
+  auto home_b = MakePlainHome(ParamLayout(config), SavedLayout(config, o.batch, o.seq, o.checkpointing));
   auto first = *Trainer::Create(config, o, *data, *home_b);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(first->Step()->loss, losses[i]);
   const std::string dir = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
   auto path = WriteCheckpoint(dir, first->step(), *first->SaveState());
   ASSERT_TRUE(path.ok()) << path.status();
-  auto home_c = MakePlainHome(ParamLayout(config));
+  auto home_c = MakePlainHome(ParamLayout(config), SavedLayout(config, o.batch, o.seq, o.checkpointing));
   auto resumed = *Trainer::Create(config, o, *data, *home_c);
   auto latest = LatestCheckpoint(dir);
   ASSERT_TRUE(latest.ok()) << latest.status();
@@ -74,8 +74,9 @@ TEST(TrainerTest, ANonFiniteGradientSkipsTheStepAndSaysWhere) {
   const ModelConfig config = *ModelPreset("tiny");
   auto data = LoadDataset("embedded", config.vocab, 32, 0.1);
   ASSERT_TRUE(data.ok());
-  auto home = MakePlainHome(ParamLayout(config));
-  auto trainer = *Trainer::Create(config, Small(), *data, *home);
+  const TrainOptions o = Small();
+  auto home = MakePlainHome(ParamLayout(config), SavedLayout(config, o.batch, o.seq, o.checkpointing));
+  auto trainer = *Trainer::Create(config, o, *data, *home);
   const std::string before = *trainer->SaveState();
   {
     auto wq = home->Acquire(2, Kind::kParam, Access::kWrite);  // layers.0.attn.wq
@@ -116,14 +117,17 @@ TEST(TrainerTest, AHomeThatFailsMidStepEndsTheStepWithItsError) {
   auto data = LoadDataset("embedded", config.vocab, 32, 0.1);
   ASSERT_TRUE(data.ok());
   const size_t entries = ParamLayout(config).size();
+  const TrainOptions o = Small();
   // Init takes 4 per tensor, zeroing the gradients 1 more; then the forward pass runs out.
-  FailingHome home(MakePlainHome(ParamLayout(config)), static_cast<int>(5 * entries + 3));
+  FailingHome home(MakePlainHome(ParamLayout(config), SavedLayout(config, o.batch, o.seq, o.checkpointing)),
+                   static_cast<int>(5 * entries + 3));
   auto trainer = Trainer::Create(config, Small(), *data, home);
   ASSERT_TRUE(trainer.ok()) << trainer.status();
   auto r = (*trainer)->Step();
   ASSERT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
   EXPECT_NE(r.status().message().find("tierd went away"), absl::string_view::npos);
-  FailingHome refuses_at_once(MakePlainHome(ParamLayout(config)), 0);
+  FailingHome refuses_at_once(
+      MakePlainHome(ParamLayout(config), SavedLayout(config, o.batch, o.seq, o.checkpointing)), 0);
   EXPECT_EQ(Trainer::Create(config, Small(), *data, refuses_at_once).status().code(),
             absl::StatusCode::kUnavailable);
 }

@@ -83,7 +83,10 @@ absl::StatusOr<v1::PlanReply> Daemon::RegisterGraph(SessionId session, const v1:
   }
   auto quota = leases_->Quota(session);
   if (!quota.ok()) return quota.status();
-  const tp::Budgets budgets{quota->gpu_bytes, quota->dram_bytes, quota->nvme_bytes};
+  // A client on the host plans DRAM over NVMe: the same planner, one tier lower.
+  const bool host = spec.host();
+  const tp::Budgets budgets = host ? tp::Budgets{quota->dram_bytes, quota->nvme_bytes, quota->nvme_bytes}
+                                   : tp::Budgets{quota->gpu_bytes, quota->dram_bytes, quota->nvme_bytes};
   // A new graph replaces the old plan: stop the old executor first.
   {
     absl::MutexLock lock(&planned_mutex_);
@@ -104,8 +107,17 @@ absl::StatusOr<v1::PlanReply> Daemon::RegisterGraph(SessionId session, const v1:
     links.nvme_write_bytes_per_s = speed(Link::kDramToNvme, configured.nvme_write_bytes_per_s);
     return links;
   };
-  auto planned = PlannedSession::Create(*leases_, session, *std::move(graph), budgets, options_.planner_links,
-                                        RealClock(), /*deterministic=*/false, measured);
+  // One tier lower, the top's links are NVMe's.
+  auto lowered = [](tp::LinkModel links) {
+    links.h2d_bytes_per_s = links.nvme_read_bytes_per_s;
+    links.d2h_bytes_per_s = links.nvme_write_bytes_per_s;
+    return links;
+  };
+  std::function<tp::LinkModel()> links_now = measured;
+  if (host) links_now = [measured, lowered] { return lowered(measured()); };
+  auto planned = PlannedSession::Create(*leases_, session, *std::move(graph), budgets,
+                                        host ? lowered(options_.planner_links) : options_.planner_links, RealClock(),
+                                        /*deterministic=*/false, links_now, host ? Tier::kDram : Tier::kGpu);
   if (!planned.ok()) {
     return absl::Status(planned.status().code(),
                         "cannot plan this graph under the session's quotas: " + std::string(planned.status().message()));

@@ -20,14 +20,16 @@ namespace tp = prefetcher;
 // a tensor the client has not leased (yet) is nothing to move.
 class PlannedSession::Ops final : public tp::TierOps {
  public:
-  Ops(LeaseTable& leases, SessionId session, std::vector<std::string> names)
-      : leases_(leases), session_(session), names_(std::move(names)) {}
+  // `top`: the tier the plan's loads and evictions are about (the GPU, or DRAM for a
+  // client on the host).
+  Ops(LeaseTable& leases, SessionId session, std::vector<std::string> names, Tier top)
+      : leases_(leases), session_(session), names_(std::move(names)), top_(top) {}
 
   absl::Status Load(tp::TensorIndex t) override {
-    return OnId(t, [&](TensorId id) { return leases_.Prefetch(session_, id, Tier::kGpu, /*evict=*/false); });
+    return OnId(t, [&](TensorId id) { return leases_.Prefetch(session_, id, top_, /*evict=*/false); });
   }
   absl::Status Evict(tp::TensorIndex t, bool dead, int64_t decided_nanos) override {
-    return OnId(t, [&](TensorId id) { return leases_.Demote(session_, id, Tier::kGpu, dead, decided_nanos); });
+    return OnId(t, [&](TensorId id) { return leases_.Demote(session_, id, top_, dead, decided_nanos); });
   }
   absl::Status Stage(tp::TensorIndex t) override {
     return OnId(t, [&](TensorId id) { return leases_.Prefetch(session_, id, Tier::kDram, /*evict=*/false); });
@@ -74,6 +76,7 @@ class PlannedSession::Ops final : public tp::TierOps {
   LeaseTable& leases_;
   const SessionId session_;
   const std::vector<std::string> names_;
+  const Tier top_;
   std::mutex mutex_;
   std::map<tp::TensorIndex, TensorId> ids_;
 };
@@ -82,8 +85,10 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
                                                                        tp::Graph graph, const tp::Budgets& budgets,
                                                                        const tp::LinkModel& links, Clock& clock,
                                                                        bool deterministic,
-                                                                       std::function<tp::LinkModel()> measured_links) {
+                                                                       std::function<tp::LinkModel()> measured_links,
+                                                                       Tier top) {
   if (absl::Status valid = tp::ValidateGraph(graph); !valid.ok()) return valid;
+  if (top != Tier::kGpu && top != Tier::kDram) return absl::InvalidArgumentError("the top tier is the GPU or DRAM");
   // The tiers' allocators round sizes and fragment, most when tensors are large next to
   // the quota: plan under the quotas by a tenth, or by three of the largest tensors (at
   // most a quarter of the quota), whichever is more, so the planned moves find the room
@@ -96,6 +101,14 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
   const tp::Budgets planning{headroom(budgets.gpu), headroom(budgets.dram), budgets.nvme};
   auto plan = tp::PlanBest(graph, planning, links);
   if (!plan.ok()) return plan.status();
+  if (top == Tier::kDram && (plan->lower.nvme_read_bytes > 0 || plan->lower.nvme_write_bytes > 0)) {
+    uint64_t total = 0;
+    for (const tp::GraphTensor& t : graph.tensors) total += t.bytes;
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("a client on the host keeps its tensors in DRAM and NVMe: the NVMe quota (%s) must hold all "
+                        "of them (%s)",
+                        FormatBytes(budgets.dram), FormatBytes(total)));
+  }
   tp::SimOptions options;
   options.iterations = 3;
   auto sim = tp::SimulatePlan(graph, *plan, planning, links, options);
@@ -126,7 +139,7 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
   }
   std::vector<std::string> names;
   for (const tp::GraphTensor& t : graph.tensors) names.push_back(t.name);
-  planned->ops_ = std::make_unique<Ops>(leases, session, std::move(names));
+  planned->ops_ = std::make_unique<Ops>(leases, session, std::move(names), top);
   std::unordered_map<std::string, tp::TensorIndex> index;
   for (tp::TensorIndex t = 0; t < graph.tensors.size(); ++t) index[graph.tensors[t].name] = t;
   planned->executor_ =

@@ -51,6 +51,10 @@ TEST(TrainerOnTierdTest, SameLossesAsPlainBuffersWhileTensorsMoveThroughNvme) {
   auto plain = trainer::Trainer::Create(config, options, *data, *plain_home);
   ASSERT_TRUE(on_tierd.ok()) << on_tierd.status();
   ASSERT_TRUE(plain.ok());
+  // The trainer registered its step: tierd plans DRAM over NVMe for it.
+  EXPECT_EQ((*on_tierd)->plan_note().rfind("planned ", 0), 0u) << (*on_tierd)->plan_note();
+  EXPECT_EQ((*plain)->plan_note(), "");
+  std::printf("%s\n", (*on_tierd)->plan_note().c_str());
   for (int step = 0; step < 5; ++step) {
     auto a = (*on_tierd)->Step();
     auto b = (*plain)->Step();
@@ -78,6 +82,27 @@ TEST(TrainerOnTierdTest, SameLossesAsPlainBuffersWhileTensorsMoveThroughNvme) {
     if (lease.spec().tensor_class() == v1::TENSOR_CLASS_ACTIVATION) activations.insert(lease.spec().name());
   }
   EXPECT_EQ(activations, (std::set<std::string>{"act.layers.0", "act.layers.1", "act.head"}));
+
+  // The same run without the plan: every tensor fetched when acquired. The planned run
+  // fetched on demand far less (the executor moved them ahead of the ops).
+  auto planned_stats = (*watcher)->Stats();
+  ASSERT_TRUE(planned_stats.ok());
+  const uint64_t planned_fetches = planned_stats->stalls();
+  client.label = "unplanned";
+  auto unplanned_home = trainer::MakeTierdHome(trainer::ParamLayout(config), saved, client);
+  ASSERT_TRUE(unplanned_home.ok()) << unplanned_home.status();
+  trainer::TrainOptions unplanned_options = options;
+  unplanned_options.plan = false;
+  auto unplanned = trainer::Trainer::Create(config, unplanned_options, *data, **unplanned_home);
+  ASSERT_TRUE(unplanned.ok()) << unplanned.status();
+  for (int step = 0; step < 5; ++step) ASSERT_TRUE((*unplanned)->Step().ok());
+  EXPECT_EQ(*(*unplanned)->SaveState(), *(*plain)->SaveState());
+  auto unplanned_stats = (*watcher)->Stats();
+  ASSERT_TRUE(unplanned_stats.ok());
+  const uint64_t unplanned_fetches = unplanned_stats->stalls() - planned_fetches;
+  std::printf("demand fetches: %d with the plan, %d without\n", static_cast<int>(planned_fetches),
+              static_cast<int>(unplanned_fetches));
+  EXPECT_LT(planned_fetches, unplanned_fetches);
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <thread>
 #include <vector>
 
 namespace tierd::trainer::cpu {
@@ -51,35 +53,78 @@ void RmsNormBackward(T* din, T* dweight, const T* dout, const T* in, const T* we
   }
 }
 
-template <typename T>
-void MatmulForward(T* out, const T* in, const T* weight, int n, int ic, int oc) {
-  for (int i = 0; i < n; ++i) {
-    const T* x = in + int64_t{i} * ic;
-    for (int o = 0; o < oc; ++o) {
-      const T* w = weight + int64_t{o} * ic;
-      T sum = 0;
-      for (int k = 0; k < ic; ++k) sum += x[k] * w[k];
-      out[int64_t{i} * oc + o] = sum;
-    }
+namespace {
+
+// Runs fn(begin, end) over [0, count) in contiguous chunks on a few threads when the work
+// is large enough to pay for them. Every output element is computed by one thread in the
+// same order as a serial loop would, so results do not depend on the thread count.
+template <typename Fn>
+void ParallelFor(int count, double work, Fn&& fn) {
+  static const int kThreads = [] {
+    const char* env = std::getenv("TIERD_CPU_THREADS");
+    const int hw = static_cast<int>(std::thread::hardware_concurrency());
+    const int n = env != nullptr ? std::atoi(env) : std::min(hw, 8);
+    return std::max(1, n);
+  }();
+  const int threads = work < 2e5 ? 1 : std::min(kThreads, count);
+  if (threads <= 1) {
+    fn(0, count);
+    return;
   }
+  std::vector<std::thread> pool;
+  const int chunk = (count + threads - 1) / threads;
+  for (int t = 1; t < threads; ++t) {
+    const int begin = t * chunk, end = std::min(count, begin + chunk);
+    if (begin < end) pool.emplace_back([&fn, begin, end] { fn(begin, end); });
+  }
+  fn(0, std::min(count, chunk));
+  for (std::thread& th : pool) th.join();
 }
 
+}  // namespace
+
 template <typename T>
-void MatmulBackward(T* din, T* dweight, const T* dout, const T* in, const T* weight, int n, int ic, int oc) {
-  for (int i = 0; i < n; ++i) {
-    const T* g = dout + int64_t{i} * oc;
-    const T* x = in + int64_t{i} * ic;
-    T* dx = din + int64_t{i} * ic;
-    for (int o = 0; o < oc; ++o) {
-      const T go = g[o];
-      const T* w = weight + int64_t{o} * ic;
-      T* dw = dweight + int64_t{o} * ic;
-      for (int k = 0; k < ic; ++k) {
-        dx[k] += go * w[k];
-        dw[k] += go * x[k];
+void MatmulForward(T* out, const T* in, const T* weight, int n, int ic, int oc) {
+  ParallelFor(n, double(n) * ic * oc, [&](int begin, int end) {
+    for (int i = begin; i < end; ++i) {
+      const T* x = in + int64_t{i} * ic;
+      for (int o = 0; o < oc; ++o) {
+        const T* w = weight + int64_t{o} * ic;
+        T sum = 0;
+        for (int k = 0; k < ic; ++k) sum += x[k] * w[k];
+        out[int64_t{i} * oc + o] = sum;
       }
     }
-  }
+  });
+}
+
+// din[i] += sum_o dout[i][o] w[o] (rows split across threads), then
+// dweight[o] += sum_i dout[i][o] in[i] (output rows split): the sums run in the order of
+// the plain double loop, so any thread count gives the same bits.
+template <typename T>
+void MatmulBackward(T* din, T* dweight, const T* dout, const T* in, const T* weight, int n, int ic, int oc) {
+  const double work = double(n) * ic * oc;
+  ParallelFor(n, work, [&](int begin, int end) {
+    for (int i = begin; i < end; ++i) {
+      const T* g = dout + int64_t{i} * oc;
+      T* dx = din + int64_t{i} * ic;
+      for (int o = 0; o < oc; ++o) {
+        const T go = g[o];
+        const T* w = weight + int64_t{o} * ic;
+        for (int k = 0; k < ic; ++k) dx[k] += go * w[k];
+      }
+    }
+  });
+  ParallelFor(oc, work, [&](int begin, int end) {
+    for (int o = begin; o < end; ++o) {
+      T* dw = dweight + int64_t{o} * ic;
+      for (int i = 0; i < n; ++i) {
+        const T go = dout[int64_t{i} * oc + o];
+        const T* x = in + int64_t{i} * ic;
+        for (int k = 0; k < ic; ++k) dw[k] += go * x[k];
+      }
+    }
+  });
 }
 
 namespace {

@@ -169,5 +169,33 @@ TEST(CpuOpsTest, FloatAgreesWithDouble) {
   for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(outf[i], out[i], 1e-5) << i;
 }
 
+// The matmuls split rows across threads; each sum still runs in the plain loop's order,
+// so the bits equal a single-threaded loop's (sizes large enough to use the threads).
+TEST(CpuOpsTest, ThreadedMatmulsGiveThePlainLoopsBits) {
+  const int n = 96, ic = 80, oc = 72;
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> x(n * ic), w(oc * ic), dy(n * oc);
+  for (auto* v : {&x, &w, &dy}) for (float& f : *v) f = normal(rng);
+  std::vector<float> y(n * oc), dx(n * ic, 0.5f), dw(oc * ic, 0.25f);
+  MatmulForward(y.data(), x.data(), w.data(), n, ic, oc);
+  MatmulBackward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), n, ic, oc);
+  std::vector<float> y_ref(n * oc), dx_ref(n * ic, 0.5f), dw_ref(oc * ic, 0.25f);
+  for (int i = 0; i < n; ++i) {
+    for (int o = 0; o < oc; ++o) {
+      float sum = 0;
+      for (int k = 0; k < ic; ++k) sum += x[i * ic + k] * w[o * ic + k];
+      y_ref[i * oc + o] = sum;
+      for (int k = 0; k < ic; ++k) {
+        dx_ref[i * ic + k] += dy[i * oc + o] * w[o * ic + k];
+        dw_ref[o * ic + k] += dy[i * oc + o] * x[i * ic + k];
+      }
+    }
+  }
+  EXPECT_EQ(y, y_ref);
+  EXPECT_EQ(dx, dx_ref);
+  EXPECT_EQ(dw, dw_ref);
+}
+
 }  // namespace
 }  // namespace tierd::trainer::cpu

@@ -3,6 +3,7 @@
 #include "absl/strings/str_format.h"
 #include "base/units.h"
 #include "clients/client.h"
+#include "clients/graph_spec.h"
 
 namespace tierd::trainer {
 namespace {
@@ -71,6 +72,17 @@ class TierdHome final : public TensorHome {
     }
     return out;
   }
+  absl::StatusOr<std::string> RegisterGraph(const prefetcher::Graph& graph) override {
+    v1::GraphSpec spec = ToGraphSpec(graph);
+    spec.set_host(true);  // this trainer computes on the CPU: DRAM is the top tier
+    auto reply = client_->RegisterGraph(spec);
+    if (!reply.ok()) return reply.status();
+    return absl::StrFormat("planned %d ops over DRAM and NVMe: predicted %.3f s a step, %.3f s of it waiting; "
+                           "NVMe reads %s, writes %s a step",
+                           graph.ops.size(), reply->predicted_step_seconds(), reply->predicted_stall_seconds(),
+                           FormatBytes(reply->predicted_h2d_bytes()), FormatBytes(reply->predicted_d2h_bytes()));
+  }
+  absl::Status OpBegin(uint32_t op) override { return client_->OpBegin(op); }
   uint64_t MovedBytes() override {
     auto stats = client_->Stats();
     if (!stats.ok()) return 0;
@@ -85,6 +97,12 @@ class TierdHome final : public TensorHome {
 };
 
 }  // namespace
+
+std::string TensorHome::Name(const std::vector<TensorLayout>& layout, const std::vector<TensorLayout>& saved,
+                             size_t entry, Kind kind) {
+  if (kind == Kind::kSaved) return saved[entry].name;
+  return kPrefix[static_cast<int>(kind)] + layout[entry].name;
+}
 
 std::unique_ptr<TensorHome> MakePlainHome(const std::vector<TensorLayout>& layout,
                                           const std::vector<TensorLayout>& saved) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "prefetcher/graph.h"
 #include "runtime/tensor.h"
 #include "trainer_ref/model.h"
 
@@ -39,6 +40,14 @@ class TensorHome {
   virtual std::string Describe() = 0;
   // Bytes the tiers have moved so far (0 for plain buffers).
   virtual uint64_t MovedBytes() = 0;
+  // The planner: the step as ops over this home's tensor names, registered once; then the
+  // op about to run. A home without a planner (plain buffers) says "" and ignores progress.
+  // Returns the planner's prediction in words.
+  virtual absl::StatusOr<std::string> RegisterGraph(const prefetcher::Graph&) { return std::string(); }
+  virtual absl::Status OpBegin(uint32_t) { return absl::OkStatus(); }
+  // The name this home leases a tensor under.
+  static std::string Name(const std::vector<TensorLayout>& layout, const std::vector<TensorLayout>& saved,
+                          size_t entry, Kind kind);
 };
 
 std::unique_ptr<TensorHome> MakePlainHome(const std::vector<TensorLayout>& layout,

@@ -24,6 +24,9 @@ ABSL_FLAG(std::string, offload_policy, "none",
           "at --tierd_dir by name, acquired only while an op uses it");
 ABSL_FLAG(std::string, tierd_dir, "/tmp/tierd", "tierd's runtime directory (--offload_policy=tierd)");
 ABSL_FLAG(std::string, tierd_dram, "64MiB", "the session's DRAM quota (--offload_policy=tierd)");
+ABSL_FLAG(bool, tierd_plan, true,
+          "register the step's ops with tierd so its planner moves tensors between DRAM and NVMe ahead of "
+          "them (--offload_policy=tierd); off: they move when acquired");
 ABSL_FLAG(std::string, tierd_nvme, "1GiB", "the session's NVMe quota (--offload_policy=tierd)");
 ABSL_FLAG(std::string, precision, "fp32", "fp32 on the CPU (bf16/fp8 are the GPU trainer's)");
 ABSL_FLAG(bool, grad_checkpointing, false,
@@ -100,6 +103,7 @@ int main(int argc, char** argv) {
   o.adam.weight_decay = absl::GetFlag(FLAGS_weight_decay);
   o.seed = absl::GetFlag(FLAGS_seed);
   o.checkpointing = absl::GetFlag(FLAGS_grad_checkpointing);
+  o.plan = absl::GetFlag(FLAGS_tierd_plan);
   if (o.batch < 1 || o.seq < 1 || o.grad_accum < 1 || o.steps < 1) {
     return Fail("--batch_size, --seq_len, --grad_accum_steps and --steps must be at least 1");
   }
@@ -131,6 +135,7 @@ int main(int argc, char** argv) {
   auto created = tt::Trainer::Create(*config, o, *data, *home);
   if (!created.ok()) return Fail(std::string(created.status().message()));
   tt::Trainer& trainer = **created;
+  if (!trainer.plan_note().empty()) std::printf("tierd: %s\n", trainer.plan_note().c_str());
   const std::string ckpt_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   if (!ckpt_dir.empty()) mkdir(ckpt_dir.c_str(), 0755);
   if (absl::GetFlag(FLAGS_resume)) {

@@ -62,6 +62,7 @@ absl::Status Trainer::Init() {
   // The model reaches its tensors group by group, only while it computes with them.
   model_.SetGroupHooks(
       [this](int group, bool backward) {
+        Progress(GroupOp(micro_, group, backward));
         for (size_t e : model_.GroupEntries(group)) {
           auto p = home_.Acquire(e, Kind::kParam, Access::kRead);
           absl::StatusOr<float*> g = backward ? home_.Acquire(e, Kind::kGrad, Access::kWrite)
@@ -87,7 +88,86 @@ absl::Status Trainer::Init() {
           model_.BindSaved(saved, nullptr);
         }
       });
+  // The planner moves tensors ahead of the ops; without it they move on demand.
+  if (!options_.plan) return absl::OkStatus();
+  auto planned = home_.RegisterGraph(StepGraph());
+  plan_note_ = planned.ok() ? *planned : "no plan (" + std::string(planned.status().message()) + "): tensors move on demand";
+  registered_ = planned.ok();
   return absl::OkStatus();
+}
+
+uint32_t Trainer::GroupOp(int micro, int group, bool backward) const {
+  const int groups = config_.layers + 2;
+  const size_t base = model_.layout().size() + static_cast<size_t>(micro) * 2 * groups;
+  return static_cast<uint32_t>(base + (backward ? groups + (groups - 1 - group) : group));
+}
+
+uint32_t Trainer::ScaleOp(size_t entry) const {
+  return static_cast<uint32_t>(model_.layout().size() + static_cast<size_t>(options_.grad_accum) * 2 *
+                                                            (config_.layers + 2) + entry);
+}
+
+uint32_t Trainer::AdamOp(size_t entry) const { return ScaleOp(entry) + static_cast<uint32_t>(model_.layout().size()); }
+
+void Trainer::Progress(uint32_t op) {
+  // Progress only steers the moves: a lost message costs a demand fetch, not a value.
+  if (in_step_ && registered_) home_.OpBegin(op).IgnoreError();
+}
+
+prefetcher::Graph Trainer::StepGraph() const {
+  namespace tp = prefetcher;
+  const auto& layout = model_.layout();
+  const auto& saved = model_.saved_layout();
+  tp::Graph g;
+  auto tensor = [&](size_t entry, Kind kind) {
+    return static_cast<tp::TensorIndex>(kind == Kind::kSaved ? 4 * layout.size() + entry
+                                                             : static_cast<size_t>(kind) * layout.size() + entry);
+  };
+  for (Kind kind : {Kind::kParam, Kind::kGrad, Kind::kAdamM, Kind::kAdamV}) {
+    for (size_t e = 0; e < layout.size(); ++e) {
+      g.tensors.push_back({TensorHome::Name(layout, saved, e, kind), layout[e].count * sizeof(float), false});
+    }
+  }
+  for (size_t s = 0; s < saved.size(); ++s) {
+    g.tensors.push_back({TensorHome::Name(layout, saved, s, Kind::kSaved), saved[s].count * sizeof(float), false});
+  }
+  const double tokens = static_cast<double>(options_.batch) * options_.seq;
+  auto stream = [](size_t floats) { return floats * 4.0 * 4 / 5e9; };  // a few passes at 5 GB/s
+  for (size_t e = 0; e < layout.size(); ++e) {
+    g.ops.push_back({"zero." + layout[e].name, {}, {}, stream(layout[e].count), {tensor(e, Kind::kGrad)}});
+  }
+  const int groups = config_.layers + 2;
+  for (int micro = 0; micro < options_.grad_accum; ++micro) {
+    for (int pass = 0; pass < 2; ++pass) {
+      for (int k = 0; k < groups; ++k) {
+        const bool backward = pass == 1;
+        const int group = backward ? groups - 1 - k : k;
+        tp::GraphOp op;
+        op.name = absl::StrFormat("mb%d.group%d.%s", micro, group, backward ? "bwd" : "fwd");
+        double params = 0;
+        for (size_t e : model_.GroupEntries(group)) {
+          op.reads.push_back(tensor(e, Kind::kParam));
+          if (backward) op.writes.push_back(tensor(e, Kind::kGrad));
+          params += layout[e].count;
+        }
+        if (const int s = model_.SavedOf(group); s >= 0) {
+          (backward ? op.reads : op.overwrites).push_back(tensor(s, Kind::kSaved));
+        }
+        op.seconds = (backward ? 4 : 2) * tokens * params / 1e10;
+        g.ops.push_back(std::move(op));
+      }
+    }
+  }
+  for (size_t e = 0; e < layout.size(); ++e) {
+    g.ops.push_back({"scale." + layout[e].name, {}, {tensor(e, Kind::kGrad)}, stream(layout[e].count)});
+  }
+  for (size_t e = 0; e < layout.size(); ++e) {
+    g.ops.push_back({"adamw." + layout[e].name,
+                     {},
+                     {tensor(e, Kind::kParam), tensor(e, Kind::kGrad), tensor(e, Kind::kAdamM), tensor(e, Kind::kAdamV)},
+                     stream(4 * layout[e].count)});
+  }
+  return g;
 }
 
 absl::StatusOr<double> Trainer::ForwardBackward(const int32_t* inputs, const int32_t* targets, bool backward) {
@@ -101,7 +181,13 @@ absl::StatusOr<StepResult> Trainer::Step() {
   StepResult r;
   r.step = step_ + 1;
   const auto& layout = model_.layout();
+  in_step_ = true;
+  struct StepEnd {
+    bool& flag;
+    ~StepEnd() { flag = false; }
+  } step_end{in_step_};
   for (size_t e = 0; e < layout.size(); ++e) {  // gradients start from zero
+    Progress(ZeroOp(e));
     Held held(home_, e);
     auto g = held.Get(Kind::kGrad, Access::kOverwrite);
     if (!g.ok()) return g.status();
@@ -110,6 +196,7 @@ absl::StatusOr<StepResult> Trainer::Step() {
   const int n = options_.batch * options_.seq;
   std::vector<int32_t> inputs(n), targets(n);
   for (int micro = 0; micro < options_.grad_accum; ++micro) {
+    micro_ = micro;
     batcher_->Next(inputs.data(), targets.data());
     ++batches_drawn_;
     auto loss = ForwardBackward(inputs.data(), targets.data(), /*backward=*/true);
@@ -125,6 +212,7 @@ absl::StatusOr<StepResult> Trainer::Step() {
   // The mean over micro-batches; every value finite; the global norm.
   double sum_squares = 0;
   for (size_t e = 0; e < layout.size() && !r.skipped; ++e) {
+    Progress(ScaleOp(e));
     Held held(home_, e);
     auto g = held.Get(Kind::kGrad, Access::kWrite);
     if (!g.ok()) return g.status();
@@ -145,6 +233,7 @@ absl::StatusOr<StepResult> Trainer::Step() {
   const double clip = ClipFactor(r.grad_norm, options_.clip);
   for (size_t e = 0; e < layout.size(); ++e) {
     const TensorLayout& t = layout[e];
+    Progress(AdamOp(e));
     Held held(home_, e);
     auto p = held.Get(Kind::kParam, Access::kWrite);
     auto g = p.ok() ? held.Get(Kind::kGrad, Access::kWrite) : p;

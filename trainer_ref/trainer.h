@@ -30,6 +30,7 @@ struct TrainOptions {
   AdamWOptions adam;
   uint64_t seed = 1;
   bool checkpointing = false;  // keep only each layer's input; recompute the rest in backward
+  bool plan = true;            // register the step's graph with the home (tierd's planner)
 };
 
 struct StepResult {
@@ -55,6 +56,14 @@ class Trainer {
   int64_t step() const { return step_; }
   const std::vector<TensorLayout>& layout() const { return model_.layout(); }
   TensorHome& home() { return home_; }
+  // What registering the step's graph with the home gave: the planner's prediction, why
+  // there is no plan (tensors then move on demand), or "" for a home without a planner.
+  const std::string& plan_note() const { return plan_note_; }
+  // The step as the planner sees it: one op per tensor to zero its gradient, forward and
+  // backward per group per micro-batch (parameters read, saved activations written, then
+  // read), one op per tensor to scale its gradient, one per tensor for AdamW. Op times
+  // are estimates (10 GFLOP/s, 5 GB/s); the planner measures them as the step runs.
+  prefetcher::Graph StepGraph() const;
 
   // Everything a resume needs: step, parameters, moments, the data order.
   absl::StatusOr<std::string> SaveState();
@@ -75,6 +84,17 @@ class Trainer {
   uint64_t batcher_seed_ = 0;
   int64_t batches_drawn_ = 0;
   int64_t step_ = 0;
+  // Op indices of StepGraph().
+  uint32_t ZeroOp(size_t entry) const { return static_cast<uint32_t>(entry); }
+  uint32_t GroupOp(int micro, int group, bool backward) const;
+  uint32_t ScaleOp(size_t entry) const;
+  uint32_t AdamOp(size_t entry) const;
+  void Progress(uint32_t op);  // tells the home which op runs next, during a step
+
+  std::string plan_note_;
+  bool registered_ = false;
+  bool in_step_ = false;
+  int micro_ = 0;
   absl::Status hook_error_;           // the first acquire that failed inside forward/backward
   std::vector<float> scratch_;        // stands in for a tensor whose acquire failed
 };

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "base/units.h"
 #include "prefetcher/chrome_trace.h"
 #include "prefetcher/explain.h"
@@ -100,6 +101,11 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
   };
   const tp::Budgets planning{headroom(budgets.gpu), headroom(budgets.dram), budgets.nvme};
   auto plan = tp::PlanBest(graph, planning, links);
+  if (!plan.ok() && top == Tier::kDram) {  // the planner speaks of its top tier as the GPU
+    return absl::Status(plan.status().code(),
+                        absl::StrReplaceAll(plan.status().message(), {{"the GPU", "DRAM"}, {"GPU budget", "DRAM budget"},
+                                                                      {"on the GPU", "in DRAM"}}));
+  }
   if (!plan.ok()) return plan.status();
   if (top == Tier::kDram && (plan->lower.nvme_read_bytes > 0 || plan->lower.nvme_write_bytes > 0)) {
     uint64_t total = 0;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job: installs what is missing, builds (optimised), starts tierd with small
 # budgets, trains the reference model (tiny) on the embedded corpus with every parameter,
-# gradient and Adam moment leased from tierd (a DRAM quota smaller than the model's state,
+# gradient, Adam moment and saved activation leased from tierd, its step registered with
+# tierd's planner (a DRAM quota smaller than the model's state,
 # so tensors move through NVMe), prints progress and a summary, and stops tierd cleanly.
 # Extra arguments go to tierd-train (try --help), e.g. tools/run_main.sh --steps=500.
 # TIERD_MAIN=tierbench runs the storage engine's benchmark instead.
@@ -30,8 +31,8 @@ trap stop EXIT
 for _ in $(seq 100); do [ -S "$work/run/tierd.grpc.sock" ] && break; sleep 0.1; done
 [ -S "$work/run/tierd.grpc.sock" ] || { cat "$work/tierd.log"; echo "tierd did not start"; exit 1; }
 grep '^tierd:' "$work/tierd.log" | head -6
-echo "== training (tierd-train --offload_policy=tierd --tierd_dram=1MiB $*)"
-bazel-bin/trainer_ref/tierd-train --offload_policy=tierd --tierd_dir="$work/run" --tierd_dram=1MiB \
+echo "== training (tierd-train --offload_policy=tierd --tierd_dram=4MiB $*)"
+bazel-bin/trainer_ref/tierd-train --offload_policy=tierd --tierd_dir="$work/run" --tierd_dram=4MiB \
   --tierd_nvme=64MiB --steps=300 --eval_every=100 --metrics="${TIERD_METRICS:-/tmp/tierd-train-metrics.jsonl}" \
   --plot="${TIERD_PLOT:-/tmp/tierd-train.png}" "$@"
 echo "== tierd after the run"

@@ -176,21 +176,25 @@ int main(int argc, char** argv) {
     last_loss = r.loss;
     curves.loss.push_back(r.loss);
     const uint64_t moved = trainer.home().MovedBytes();
-    curves.moved_bytes.push_back(static_cast<double>(moved - moved_before));
+    const uint64_t moved_step = moved - moved_before;
+    curves.moved_bytes.push_back(static_cast<double>(moved_step));
     moved_before = moved;
     recent.push_back(r.loss);
     if (recent.size() > 100) recent.pop_front();
     double mean = 0, var = 0;
     for (double l : recent) mean += l / recent.size();
     for (double l : recent) var += (l - mean) * (l - mean) / recent.size();
-    std::printf("step %5ld/%ld  loss %.4f  (last %zu: mean %.4f, sd %.4f)  lr %.2e  |g| %.3f  %.0f ms  %.0f tok/s\n",
+    // Tier traffic of the step: bytes tierd moved between its tiers (all links).
+    const std::string traffic = policy == "tierd" ? "  tiers moved " + tierd::FormatBytes(moved_step) : "";
+    std::printf("step %5ld/%ld  loss %.4f  (last %zu: mean %.4f, sd %.4f)  lr %.2e  |g| %.3f  %.0f ms  %.0f tok/s%s\n",
                 static_cast<long>(r.step), static_cast<long>(o.steps), r.loss, recent.size(), mean, std::sqrt(var),
-                r.lr, r.grad_norm, seconds * 1e3, tokens_per_step / seconds);
+                r.lr, r.grad_norm, seconds * 1e3, tokens_per_step / seconds, traffic.c_str());
     std::fflush(stdout);
     if (metrics) {
       metrics << absl::StrFormat(
-          "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6f, \"seconds\": %.6f, \"tokens\": %.0f}\n",
-          r.step, r.loss, r.lr, r.grad_norm, seconds, tokens_per_step);
+          "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6f, \"seconds\": %.6f, \"tokens\": %.0f, "
+          "\"moved_bytes\": %d}\n",
+          r.step, r.loss, r.lr, r.grad_norm, seconds, tokens_per_step, moved_step);
       metrics.flush();
     }
     const int64_t eval_every = absl::GetFlag(FLAGS_eval_every);

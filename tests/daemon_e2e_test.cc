@@ -340,6 +340,36 @@ TEST_F(DaemonTest, BadGraphsAndProgressAreRefusedWithTheReason) {
   EXPECT_EQ(client->OpBegin(1).code(), absl::StatusCode::kInvalidArgument) << "the graph has one op";
   EXPECT_TRUE(client->Acquire(*w, Access::kRead, Place::kGpu).ok()) << "the session still works";
   ASSERT_TRUE(client->Release(*w).ok());
+  // A client on the host (a CPU trainer): DRAM is planned over NVMe, and NVMe must hold it all.
+  auto host_graph = [](int tensors) {
+    v1::GraphSpec spec;
+    spec.set_host(true);
+    for (int i = 0; i < tensors; ++i) {
+      auto* t = spec.add_tensors();
+      t->set_name("h" + std::to_string(i));
+      t->set_bytes(256 * kKiB);
+      auto* op = spec.add_ops();
+      op->set_name("use" + std::to_string(i));
+      op->set_seconds(0.001);
+      op->add_writes(t->name());
+    }
+    return spec;
+  };
+  auto host_too_big = client->RegisterGraph(host_graph(24));  // 6 MiB; the NVMe quota is 4 MiB
+  ASSERT_EQ(host_too_big.status().code(), absl::StatusCode::kResourceExhausted) << host_too_big.status();
+  EXPECT_NE(host_too_big.status().message().find("the NVMe quota ("), absl::string_view::npos) << host_too_big.status();
+  EXPECT_NE(host_too_big.status().message().find("must hold all of them (6.00 MiB)"), absl::string_view::npos)
+      << host_too_big.status();
+  v1::GraphSpec host_wide = host_graph(1);
+  host_wide.mutable_tensors(0)->set_bytes(2 * kMiB);  // more than the 1 MiB DRAM quota
+  auto host_dram = client->RegisterGraph(host_wide);
+  ASSERT_EQ(host_dram.status().code(), absl::StatusCode::kResourceExhausted) << host_dram.status();
+  EXPECT_NE(host_dram.status().message().find("DRAM budget"), absl::string_view::npos) << host_dram.status();
+  EXPECT_EQ(host_dram.status().message().find("GPU"), absl::string_view::npos) << host_dram.status();
+  auto host_ok = client->RegisterGraph(host_graph(8));       // 2 MiB through 1 MiB of DRAM
+  ASSERT_TRUE(host_ok.ok()) << host_ok.status();
+  EXPECT_GT(host_ok->predicted_h2d_bytes(), 0u) << "NVMe -> DRAM stages every iteration";
+  EXPECT_TRUE(client->OpBegin(7).ok());
   Process both("tools/tierctl/tierctl", {"plan", "--model=tiny", "--graph=x.yaml"});
   EXPECT_NE(both.WaitForLine("tierctl: give the iteration as --graph FILE or as --model", 10000), "") << both.output();
   EXPECT_EQ(both.Wait(), 2);

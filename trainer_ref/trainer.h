@@ -64,6 +64,11 @@ class Trainer {
   // read), one op per tensor to scale its gradient, one per tensor for AdamW. Op times
   // are estimates (10 GFLOP/s, 5 GB/s); the planner measures them as the step runs.
   prefetcher::Graph StepGraph() const;
+  // Op indices of StepGraph(): what the trainer reports as it reaches each.
+  uint32_t ZeroOp(size_t entry) const { return static_cast<uint32_t>(entry); }
+  uint32_t GroupOp(int micro, int group, bool backward) const;
+  uint32_t ScaleOp(size_t entry) const;
+  uint32_t AdamOp(size_t entry) const;
 
   // Everything a resume needs: step, parameters, moments, the data order.
   absl::StatusOr<std::string> SaveState();
@@ -84,11 +89,6 @@ class Trainer {
   uint64_t batcher_seed_ = 0;
   int64_t batches_drawn_ = 0;
   int64_t step_ = 0;
-  // Op indices of StepGraph().
-  uint32_t ZeroOp(size_t entry) const { return static_cast<uint32_t>(entry); }
-  uint32_t GroupOp(int micro, int group, bool backward) const;
-  uint32_t ScaleOp(size_t entry) const;
-  uint32_t AdamOp(size_t entry) const;
   void Progress(uint32_t op);  // tells the home which op runs next, during a step
 
   std::string plan_note_;

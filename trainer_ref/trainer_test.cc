@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -130,6 +131,44 @@ TEST(TrainerTest, AHomeThatFailsMidStepEndsTheStepWithItsError) {
       MakePlainHome(ParamLayout(config), SavedLayout(config, o.batch, o.seq, o.checkpointing)), 0);
   EXPECT_EQ(Trainer::Create(config, Small(), *data, refuses_at_once).status().code(),
             absl::StatusCode::kUnavailable);
+}
+
+// The step graph the trainer registers has the ops the trainer reports, at the indices it
+// reports them, and is a valid graph for the planner.
+TEST(TrainerTest, TheStepGraphMatchesTheOpsTheTrainerReports) {
+  const ModelConfig config = *ModelPreset("tiny");
+  auto data = LoadDataset("embedded", config.vocab, 32, 0.1);
+  ASSERT_TRUE(data.ok());
+  TrainOptions o = Small();
+  o.grad_accum = 3;
+  auto home = MakePlainHome(ParamLayout(config), SavedLayout(config, o.batch, o.seq, o.checkpointing));
+  auto trainer = *Trainer::Create(config, o, *data, *home);
+  const prefetcher::Graph g = trainer->StepGraph();
+  ASSERT_TRUE(prefetcher::ValidateGraph(g).ok()) << prefetcher::ValidateGraph(g);
+  const auto& layout = trainer->layout();
+  const int groups = config.layers + 2;
+  EXPECT_EQ(g.ops.size(), 3 * layout.size() + 3u * 2 * groups);
+  EXPECT_EQ(g.tensors.size(), 4 * layout.size() + config.layers + 1);
+  for (size_t e = 0; e < layout.size(); ++e) {
+    EXPECT_EQ(g.ops[trainer->ZeroOp(e)].name, "zero." + layout[e].name);
+    EXPECT_EQ(g.ops[trainer->ScaleOp(e)].name, "scale." + layout[e].name);
+    EXPECT_EQ(g.ops[trainer->AdamOp(e)].name, "adamw." + layout[e].name);
+  }
+  for (int micro = 0; micro < 3; ++micro) {
+    for (int group = 0; group < groups; ++group) {
+      EXPECT_EQ(g.ops[trainer->GroupOp(micro, group, false)].name, "mb" + std::to_string(micro) + ".group" +
+                                                                        std::to_string(group) + ".fwd");
+      EXPECT_EQ(g.ops[trainer->GroupOp(micro, group, true)].name, "mb" + std::to_string(micro) + ".group" +
+                                                                       std::to_string(group) + ".bwd");
+    }
+  }
+  // Forward overwrites a layer's saved activations; backward reads them.
+  const prefetcher::GraphOp& fwd = g.ops[trainer->GroupOp(0, 1, false)];
+  const prefetcher::GraphOp& bwd = g.ops[trainer->GroupOp(0, 1, true)];
+  ASSERT_EQ(fwd.overwrites.size(), 1u);
+  EXPECT_EQ(g.tensors[fwd.overwrites[0]].name, "act.layers.0");
+  EXPECT_NE(std::find(bwd.reads.begin(), bwd.reads.end(), fwd.overwrites[0]), bwd.reads.end());
+  EXPECT_EQ(home->RegisterGraph(g).value(), "") << "plain buffers have no planner";
 }
 
 TEST(CheckpointTest, DamagedFilesAreRefusedAndTheOlderOneIsUsed) {

@@ -4,6 +4,7 @@ namespace tierd {
 
 v1::GraphSpec ToGraphSpec(const prefetcher::Graph& graph) {
   v1::GraphSpec spec;
+  spec.set_host(graph.host);
   for (const prefetcher::GraphTensor& t : graph.tensors) {
     v1::GraphTensorSpec* out = spec.add_tensors();
     out->set_name(t.name);

@@ -6,6 +6,9 @@
 
 namespace tierd::prefetcher {
 
+const char* TopTierName(const Graph& graph) { return graph.host ? "DRAM" : "GPU"; }
+const char* InTopTier(const Graph& graph) { return graph.host ? "in DRAM" : "on the GPU"; }
+
 absl::Status ValidateGraph(const Graph& graph) {
   if (graph.ops.empty() || graph.tensors.empty()) return absl::InvalidArgumentError("the graph is empty");
   for (size_t t = 0; t < graph.tensors.size(); ++t) {

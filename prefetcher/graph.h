@@ -34,7 +34,14 @@ struct GraphOp {
 struct Graph {
   std::vector<GraphTensor> tensors;
   std::vector<GraphOp> ops;
+  // The client acquires on the host (a CPU trainer): the planned top tier is DRAM, not the
+  // GPU, and the tier below it NVMe. The planning is the same; messages name the tier.
+  bool host = false;
 };
+// The planned top tier's name ("GPU" or "DRAM"), and where a tensor in it is ("on the GPU",
+// "in DRAM"), for messages.
+const char* TopTierName(const Graph& graph);
+const char* InTopTier(const Graph& graph);
 
 // INVALID_ARGUMENT for an empty graph, an out-of-range tensor index, a zero-byte tensor or
 // a negative duration.

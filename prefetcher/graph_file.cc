@@ -40,12 +40,13 @@ absl::StatusOr<Graph> ParseGraphYaml(const std::string& text) {
     return absl::InvalidArgumentError(absl::StrFormat("graph line %d: %s", e.mark.line + 1, e.msg));
   }
   if (!root.IsMap()) return absl::InvalidArgumentError("a graph file is a mapping with 'tensors' and 'ops'");
-  if (absl::Status s = CheckKeys(root, "the graph", {"tensors", "ops"}); !s.ok()) return s;
+  if (absl::Status s = CheckKeys(root, "the graph", {"host", "tensors", "ops"}); !s.ok()) return s;
   if (!root["tensors"] || !root["tensors"].IsSequence()) return Error(root, "'tensors' must be a list");
   if (!root["ops"] || !root["ops"].IsSequence()) return Error(root, "'ops' must be a list");
   Graph g;
   std::map<std::string, TensorIndex> index;
   try {
+    if (root["host"]) g.host = root["host"].as<bool>();
     for (const YAML::Node& t : root["tensors"]) {
       if (absl::Status s = CheckKeys(t, "a tensor", {"name", "bytes", "pinned"}); !s.ok()) return s;
       if (!t["name"] || !t["bytes"]) return Error(t, "a tensor needs 'name' and 'bytes'");
@@ -94,7 +95,7 @@ absl::StatusOr<Graph> LoadGraphFile(const std::string& path) {
 }
 
 std::string GraphToYaml(const Graph& g) {
-  std::string out = "tensors:\n";
+  std::string out = g.host ? "host: true   # acquired in DRAM: DRAM over NVMe is planned\ntensors:\n" : "tensors:\n";
   for (const GraphTensor& t : g.tensors) {
     out += absl::StrFormat("  - {name: %s, bytes: %d%s}\n", t.name, t.bytes, t.pinned_gpu ? ", pinned: true" : "");
   }

@@ -3,6 +3,7 @@
 #include "prefetcher/chrome_trace.h"
 #include "prefetcher/explain.h"
 #include "prefetcher/graph_file.h"
+#include "prefetcher/residency.h"
 #include "prefetcher/synthetic.h"
 
 namespace tierd::prefetcher {
@@ -29,6 +30,27 @@ TEST(GraphFileTest, RoundTripsThroughYaml) {
     EXPECT_DOUBLE_EQ(back->ops[i].seconds, g.ops[i].seconds);
   }
   for (size_t t = 0; t < g.tensors.size(); ++t) EXPECT_EQ(back->tensors[t].bytes, g.tensors[t].bytes);
+  EXPECT_FALSE(back->host);
+  Graph host = g;
+  host.host = true;
+  auto host_back = ParseGraphYaml(GraphToYaml(host));
+  ASSERT_TRUE(host_back.ok()) << host_back.status();
+  EXPECT_TRUE(host_back->host);
+}
+
+// The planner's refusals name the tier it plans: the GPU, or DRAM for a host graph.
+TEST(GraphFileTest, RefusalsNameThePlannedTier) {
+  Graph g = Tiny();
+  auto gpu = PlanResidency(g, 1024);
+  ASSERT_EQ(gpu.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(gpu.status().message().find("on the GPU at once"), absl::string_view::npos) << gpu.status();
+  EXPECT_NE(gpu.status().message().find("the GPU budget is 1.00 KiB"), absl::string_view::npos) << gpu.status();
+  g.host = true;
+  auto dram = PlanResidency(g, 1024);
+  ASSERT_EQ(dram.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(dram.status().message().find("in DRAM at once"), absl::string_view::npos) << dram.status();
+  EXPECT_NE(dram.status().message().find("the DRAM budget is 1.00 KiB"), absl::string_view::npos) << dram.status();
+  EXPECT_EQ(dram.status().message().find("GPU"), absl::string_view::npos) << dram.status();
 }
 
 TEST(GraphFileTest, MistakesAreReportedWithTheLine) {

@@ -58,9 +58,10 @@ absl::Status Lap(const Graph& graph, uint64_t budget, const Oracle& oracle, Stat
       }
       if (victim < 0) {
         return absl::ResourceExhaustedError(absl::StrFormat(
-            "op %d ('%s') needs %s on the GPU at once with the pinned tensors and this op's own; "
-            "the GPU budget is %s",
-            i, op.name, FormatBytes(state.bytes + incoming), FormatBytes(budget)));
+            "op %d ('%s') needs %s %s at once with the pinned tensors and this op's own; "
+            "the %s budget is %s",
+            i, op.name, FormatBytes(state.bytes + incoming), InTopTier(graph), TopTierName(graph),
+            FormatBytes(budget)));
       }
       evicted.push_back({static_cast<TensorIndex>(victim), static_cast<bool>(state.dirty[victim]), false});
       Drop(graph, state, victim);
@@ -107,7 +108,7 @@ absl::StatusOr<ResidencyPlan> PlanResidency(const Graph& graph, uint64_t gpu_bud
   }
   if (state.bytes > gpu_budget_bytes) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "the pinned tensors alone need %s; the GPU budget is %s", FormatBytes(state.bytes),
+        "the pinned tensors alone need %s; the %s budget is %s", FormatBytes(state.bytes), TopTierName(graph),
         FormatBytes(gpu_budget_bytes)));
   }
   const Oracle oracle{NextUseDistances(graph), DeadAfter(graph)};
@@ -179,8 +180,9 @@ absl::StatusOr<ResidencyPlan> PlanResidencyFrom(const Graph& graph, uint64_t gpu
     if (!state.resident[t]) state.dirty[t] = false;
   }
   if (state.bytes > gpu_budget_bytes) {
-    return absl::ResourceExhaustedError(absl::StrFormat("the starting state holds %s; the GPU budget is %s",
-                                                        FormatBytes(state.bytes), FormatBytes(gpu_budget_bytes)));
+    return absl::ResourceExhaustedError(absl::StrFormat("the starting state holds %s; the %s budget is %s",
+                                                        FormatBytes(state.bytes), TopTierName(graph),
+                                                        FormatBytes(gpu_budget_bytes)));
   }
   ResidencyPlan plan;
   for (size_t t = 0; t < n; ++t) {

@@ -23,6 +23,7 @@ absl::StatusOr<tp::Graph> GraphFromProto(const v1::GraphSpec& spec) {
                                                       kGraphOpsMax));
   }
   tp::Graph g;
+  g.host = spec.host();
   std::map<std::string, tp::TensorIndex> index;
   for (const v1::GraphTensorSpec& t : spec.tensors()) {
     if (!index.emplace(t.name(), g.tensors.size()).second) {
@@ -84,7 +85,7 @@ absl::StatusOr<v1::PlanReply> Daemon::RegisterGraph(SessionId session, const v1:
   auto quota = leases_->Quota(session);
   if (!quota.ok()) return quota.status();
   // A client on the host plans DRAM over NVMe: the same planner, one tier lower.
-  const bool host = spec.host();
+  const bool host = graph->host;
   const tp::Budgets budgets = host ? tp::Budgets{quota->dram_bytes, quota->nvme_bytes, quota->nvme_bytes}
                                    : tp::Budgets{quota->gpu_bytes, quota->dram_bytes, quota->nvme_bytes};
   // A new graph replaces the old plan: stop the old executor first.
@@ -117,7 +118,7 @@ absl::StatusOr<v1::PlanReply> Daemon::RegisterGraph(SessionId session, const v1:
   if (host) links_now = [measured, lowered] { return lowered(measured()); };
   auto planned = PlannedSession::Create(*leases_, session, *std::move(graph), budgets,
                                         host ? lowered(options_.planner_links) : options_.planner_links, RealClock(),
-                                        /*deterministic=*/false, links_now, host ? Tier::kDram : Tier::kGpu);
+                                        /*deterministic=*/false, links_now);
   if (!planned.ok()) {
     return absl::Status(planned.status().code(),
                         "cannot plan this graph under the session's quotas: " + std::string(planned.status().message()));

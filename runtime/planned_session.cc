@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_replace.h"
 #include "base/units.h"
 #include "prefetcher/chrome_trace.h"
 #include "prefetcher/explain.h"
@@ -86,10 +85,9 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
                                                                        tp::Graph graph, const tp::Budgets& budgets,
                                                                        const tp::LinkModel& links, Clock& clock,
                                                                        bool deterministic,
-                                                                       std::function<tp::LinkModel()> measured_links,
-                                                                       Tier top) {
+                                                                       std::function<tp::LinkModel()> measured_links) {
   if (absl::Status valid = tp::ValidateGraph(graph); !valid.ok()) return valid;
-  if (top != Tier::kGpu && top != Tier::kDram) return absl::InvalidArgumentError("the top tier is the GPU or DRAM");
+  const Tier top = graph.host ? Tier::kDram : Tier::kGpu;
   // The tiers' allocators round sizes and fragment, most when tensors are large next to
   // the quota: plan under the quotas by a tenth, or by three of the largest tensors (at
   // most a quarter of the quota), whichever is more, so the planned moves find the room
@@ -101,11 +99,6 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
   };
   const tp::Budgets planning{headroom(budgets.gpu), headroom(budgets.dram), budgets.nvme};
   auto plan = tp::PlanBest(graph, planning, links);
-  if (!plan.ok() && top == Tier::kDram) {  // the planner speaks of its top tier as the GPU
-    return absl::Status(plan.status().code(),
-                        absl::StrReplaceAll(plan.status().message(), {{"the GPU", "DRAM"}, {"GPU budget", "DRAM budget"},
-                                                                      {"on the GPU", "in DRAM"}}));
-  }
   if (!plan.ok()) return plan.status();
   if (top == Tier::kDram && (plan->lower.nvme_read_bytes > 0 || plan->lower.nvme_write_bytes > 0)) {
     uint64_t total = 0;

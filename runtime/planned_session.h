@@ -27,16 +27,15 @@ class PlannedSession {
   // `measured_links`, replans use the links as measured, and a link more than 25% off the
   // speed the plan assumed triggers one. The plan's errors (a graph that cannot fit, ...) come back as
   // they are. Tensors of the graph need not be leased yet: moves of unleased ones are no-ops.
-  // `top` is the tier the client acquires in: kGpu, or kDram for a client on the host (then
+  // A host graph (graph.host: the client acquires in DRAM) is planned one tier lower: then
   // `budgets.gpu` is the DRAM quota, the links' DRAM->GPU/GPU->DRAM are NVMe read/write, and
-  // the NVMe quota must hold every tensor: nothing is planned below NVMe).
+  // the NVMe quota must hold every tensor (nothing is planned below NVMe).
   static absl::StatusOr<std::unique_ptr<PlannedSession>> Create(LeaseTable& leases, SessionId session,
                                                                prefetcher::Graph graph,
                                                                const prefetcher::Budgets& budgets,
                                                                const prefetcher::LinkModel& links, Clock& clock,
                                                                bool deterministic = false,
-                                                               std::function<prefetcher::LinkModel()> measured_links = {},
-                                                               Tier top = Tier::kGpu);
+                                                               std::function<prefetcher::LinkModel()> measured_links = {});
   ~PlannedSession();
 
   absl::Status OpBegin(uint32_t op) { return executor_->OpBegin(op); }

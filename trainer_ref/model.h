@@ -69,7 +69,6 @@ class Model {
   // The index into saved_layout() of `group`'s saved tensor, or -1 (the embedding).
   int SavedOf(int group) const { return group >= 1 ? group - 1 : -1; }
   void BindSaved(size_t index, T* data) { saved_[index] = data; }
-  bool checkpointing() const { return checkpointing_; }
 
   std::vector<T>& params() { return params_; }
   const std::vector<T>& params() const { return params_; }

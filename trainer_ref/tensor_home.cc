@@ -73,9 +73,7 @@ class TierdHome final : public TensorHome {
     return out;
   }
   absl::StatusOr<std::string> RegisterGraph(const prefetcher::Graph& graph) override {
-    v1::GraphSpec spec = ToGraphSpec(graph);
-    spec.set_host(true);  // this trainer computes on the CPU: DRAM is the top tier
-    auto reply = client_->RegisterGraph(spec);
+    auto reply = client_->RegisterGraph(ToGraphSpec(graph));
     if (!reply.ok()) return reply.status();
     return absl::StrFormat("planned %d ops over DRAM and NVMe: predicted %.3f s a step, %.3f s of it waiting; "
                            "NVMe reads %s, writes %s a step",

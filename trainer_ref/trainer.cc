@@ -119,6 +119,7 @@ prefetcher::Graph Trainer::StepGraph() const {
   const auto& layout = model_.layout();
   const auto& saved = model_.saved_layout();
   tp::Graph g;
+  g.host = true;  // this trainer computes on the CPU: its tensors are acquired in DRAM
   auto tensor = [&](size_t entry, Kind kind) {
     return static_cast<tp::TensorIndex>(kind == Kind::kSaved ? 4 * layout.size() + entry
                                                              : static_cast<size_t>(kind) * layout.size() + entry);

@@ -24,11 +24,16 @@ TrainOptions Small() {
   return o;
 }
 
+// Plain buffers for every tensor a trainer with these options leases.
+std::unique_ptr<TensorHome> PlainHomeFor(const ModelConfig& config, const TrainOptions& o) {
+  return MakePlainHome(ParamLayout(config), SavedLayout(config, o.batch, o.seq, o.checkpointing));
+}
+
 TEST(TrainerTest, TheTinyModelLearnsTheEmbeddedCorpus) {
   const ModelConfig config = *ModelPreset("tiny");
   auto data = LoadDataset("embedded", config.vocab, 32, 0.1);
   ASSERT_TRUE(data.ok()) << data.status();
-  auto home = MakePlainHome(ParamLayout(config), SavedLayout(config, Small().batch, Small().seq, false));
+  auto home = PlainHomeFor(config, Small());
   auto trainer = Trainer::Create(config, Small(), *data, *home);
   ASSERT_TRUE(trainer.ok()) << trainer.status();
   const double before = *(*trainer)->ValidationLoss(4);
@@ -49,17 +54,17 @@ TEST(TrainerTest, ResumingFromAStateContinuesTheExactCurve) {
   ASSERT_TRUE(data.ok());
   TrainOptions o = Small();
   o.grad_accum = 2;
-  auto home_a = MakePlainHome(ParamLayout(config), SavedLayout(config, o.batch, o.seq, o.checkpointing));
+  auto home_a = PlainHomeFor(config, o);
   auto straight = *Trainer::Create(config, o, *data, *home_a);
   std::vector<double> losses;
   for (int i = 0; i < 6; ++i) losses.push_back(straight->Step()->loss);
-  auto home_b = MakePlainHome(ParamLayout(config), SavedLayout(config, o.batch, o.seq, o.checkpointing));
+  auto home_b = PlainHomeFor(config, o);
   auto first = *Trainer::Create(config, o, *data, *home_b);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(first->Step()->loss, losses[i]);
   const std::string dir = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
   auto path = WriteCheckpoint(dir, first->step(), *first->SaveState());
   ASSERT_TRUE(path.ok()) << path.status();
-  auto home_c = MakePlainHome(ParamLayout(config), SavedLayout(config, o.batch, o.seq, o.checkpointing));
+  auto home_c = PlainHomeFor(config, o);
   auto resumed = *Trainer::Create(config, o, *data, *home_c);
   auto latest = LatestCheckpoint(dir);
   ASSERT_TRUE(latest.ok()) << latest.status();
@@ -76,7 +81,7 @@ TEST(TrainerTest, ANonFiniteGradientSkipsTheStepAndSaysWhere) {
   auto data = LoadDataset("embedded", config.vocab, 32, 0.1);
   ASSERT_TRUE(data.ok());
   const TrainOptions o = Small();
-  auto home = MakePlainHome(ParamLayout(config), SavedLayout(config, o.batch, o.seq, o.checkpointing));
+  auto home = PlainHomeFor(config, o);
   auto trainer = *Trainer::Create(config, o, *data, *home);
   const std::string before = *trainer->SaveState();
   {
@@ -120,15 +125,13 @@ TEST(TrainerTest, AHomeThatFailsMidStepEndsTheStepWithItsError) {
   const size_t entries = ParamLayout(config).size();
   const TrainOptions o = Small();
   // Init takes 4 per tensor, zeroing the gradients 1 more; then the forward pass runs out.
-  FailingHome home(MakePlainHome(ParamLayout(config), SavedLayout(config, o.batch, o.seq, o.checkpointing)),
-                   static_cast<int>(5 * entries + 3));
+  FailingHome home(PlainHomeFor(config, o), static_cast<int>(5 * entries + 3));
   auto trainer = Trainer::Create(config, Small(), *data, home);
   ASSERT_TRUE(trainer.ok()) << trainer.status();
   auto r = (*trainer)->Step();
   ASSERT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
   EXPECT_NE(r.status().message().find("tierd went away"), absl::string_view::npos);
-  FailingHome refuses_at_once(
-      MakePlainHome(ParamLayout(config), SavedLayout(config, o.batch, o.seq, o.checkpointing)), 0);
+  FailingHome refuses_at_once(PlainHomeFor(config, o), 0);
   EXPECT_EQ(Trainer::Create(config, Small(), *data, refuses_at_once).status().code(),
             absl::StatusCode::kUnavailable);
 }
@@ -141,7 +144,7 @@ TEST(TrainerTest, TheStepGraphMatchesTheOpsTheTrainerReports) {
   ASSERT_TRUE(data.ok());
   TrainOptions o = Small();
   o.grad_accum = 3;
-  auto home = MakePlainHome(ParamLayout(config), SavedLayout(config, o.batch, o.seq, o.checkpointing));
+  auto home = PlainHomeFor(config, o);
   auto trainer = *Trainer::Create(config, o, *data, *home);
   const prefetcher::Graph g = trainer->StepGraph();
   ASSERT_TRUE(prefetcher::ValidateGraph(g).ok()) << prefetcher::ValidateGraph(g);

@@ -20,8 +20,8 @@ OffsetAllocator::OffsetAllocator(uint64_t region_bytes, uint64_t alignment_bytes
   region_bytes_ = region_bytes / alignment_bytes * alignment_bytes;
   TIERD_CHECK((region_bytes_ >> alignment_shift_) < (uint64_t{1} << 62));
   for (auto& row : free_heads_) row.fill(kNone);
-  // A split needs one new node per allocation, plus the initial block.
-  nodes_.resize(static_cast<size_t>(max_allocations) + 2);
+  // No two free blocks are adjacent, so there are at most 2 x allocations + 1 blocks.
+  nodes_.resize(2 * static_cast<size_t>(max_allocations) + 2);
   spare_nodes_.reserve(nodes_.size());
   for (uint32_t i = static_cast<uint32_t>(nodes_.size()); i-- > 1;) spare_nodes_.push_back(i);
   // Node 0 is the block at offset 0 for the allocator's whole life (merges keep the
@@ -134,6 +134,10 @@ absl::StatusOr<Allocation> OffsetAllocator::Allocate(uint64_t bytes) {
         FormatBytes(LargestFreeUnits() << alignment_shift_)));
   }
   RemoveFree(index);
+  return TakeFront(index, units);
+}
+
+Allocation OffsetAllocator::TakeFront(uint32_t index, uint64_t units) {
   if (nodes_[index].units > units) {
     const uint32_t rest = NewNode();
     Block& block = nodes_[index];
@@ -151,6 +155,46 @@ absl::StatusOr<Allocation> OffsetAllocator::Allocate(uint64_t bytes) {
   used_units_ += block.units;
   ++allocation_count_;
   return Allocation{block.offset, block.units << alignment_shift_, index};
+}
+
+absl::StatusOr<Allocation> OffsetAllocator::AllocateAt(uint64_t offset, uint64_t bytes) {
+  if (bytes == 0) return absl::InvalidArgumentError("allocation of 0 bytes");
+  const uint64_t units = (bytes + alignment_bytes_ - 1) >> alignment_shift_;
+  if (offset % alignment_bytes_ != 0 || offset > region_bytes_ || units > (region_bytes_ - offset) >> alignment_shift_) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "cannot allocate %s at offset %d: the region is %s in %d-byte units", FormatBytes(bytes), offset,
+        FormatBytes(region_bytes_), alignment_bytes_));
+  }
+  if (allocation_count_ >= max_allocations_) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "cannot allocate %s: %d allocations are live, the limit", FormatBytes(bytes), max_allocations_));
+  }
+  uint32_t index = 0;  // node 0 is the block at offset 0
+  while (nodes_[index].offset + (nodes_[index].units << alignment_shift_) <= offset) index = nodes_[index].next_physical;
+  const Block& holder = nodes_[index];
+  const uint64_t end = holder.offset + (holder.units << alignment_shift_);
+  if (!holder.is_free_block || end < offset + (units << alignment_shift_)) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cannot allocate %s at offset %d: %s block [%d, %d) is %s", FormatBytes(bytes), offset,
+        holder.is_free_block ? "the free" : "the", holder.offset, end,
+        holder.is_free_block ? "too short" : "in use"));
+  }
+  RemoveFree(index);
+  if (holder.offset < offset) {  // the part before stays free, in the lower node
+    const uint32_t at = NewNode();
+    Block& block = nodes_[index];
+    const uint64_t before = (offset - block.offset) >> alignment_shift_;
+    nodes_[at].offset = offset;
+    nodes_[at].units = block.units - before;
+    nodes_[at].prev_physical = index;
+    nodes_[at].next_physical = block.next_physical;
+    if (block.next_physical != kNone) nodes_[block.next_physical].prev_physical = at;
+    block.next_physical = at;
+    block.units = before;
+    InsertFree(index);
+    index = at;
+  }
+  return TakeFront(index, units);
 }
 
 absl::Status OffsetAllocator::Free(const Allocation& allocation) {

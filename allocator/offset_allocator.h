@@ -65,6 +65,14 @@ class OffsetAllocator {
   // INVALID_ARGUMENT for 0 bytes.
   absl::StatusOr<Allocation> Allocate(uint64_t bytes);
 
+  // The range [offset, offset + bytes rounded up to alignment) exactly, for a planner that
+  // fixed the offsets ahead (allocator/static_assigner.h). O(blocks): it walks the
+  // physical chain to the block holding `offset`, so it is for planned placements, not a
+  // hot path. FAILED_PRECONDITION when any of the range is in use (the message says what
+  // holds it), INVALID_ARGUMENT for 0 bytes, a misaligned offset or a range past the
+  // region, RESOURCE_EXHAUSTED when max_allocations are live.
+  absl::StatusOr<Allocation> AllocateAt(uint64_t offset, uint64_t bytes);
+
   // INVALID_ARGUMENT if `allocation` is not live (double free, forged handle).
   absl::Status Free(const Allocation& allocation);
 
@@ -120,6 +128,9 @@ class OffsetAllocator {
   void InsertFree(uint32_t index);
   void RemoveFree(uint32_t index);
   uint32_t NewNode();
+  // Takes `units` from the front of free block `index` (off its free list already): the
+  // rest, if any, becomes a free block after it. Marks it used.
+  Allocation TakeFront(uint32_t index, uint64_t units);
   void ReleaseNode(uint32_t index);
   uint64_t LargestFreeUnits() const;
 

@@ -112,6 +112,34 @@ TEST(OffsetAllocatorTest, AllocationCountLimitIsEnforced) {
 }
 
 // Random alloc/free sequences against the reference model, Validate() after every step.
+TEST(OffsetAllocatorTest, AllocateAtTakesExactlyTheRangeAsked) {
+  OffsetAllocator allocator(4096, 256, 16);
+  auto middle = allocator.AllocateAt(1024, 300);  // rounded to 512
+  ASSERT_TRUE(middle.ok()) << middle.status();
+  EXPECT_EQ(middle->offset, 1024u);
+  EXPECT_EQ(middle->bytes, 512u);
+  ASSERT_TRUE(allocator.Validate().ok()) << allocator.Validate();
+  EXPECT_EQ(allocator.Stats().largest_free_block_bytes, 4096u - 1536u);  // the free part after it
+  auto overlap = allocator.AllocateAt(1280, 256);
+  EXPECT_EQ(overlap.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(overlap.status().message().find("in use"), absl::string_view::npos) << overlap.status();
+  auto too_long = allocator.AllocateAt(768, 512);  // runs into the block at 1024
+  EXPECT_EQ(too_long.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(too_long.status().message().find("too short"), absl::string_view::npos) << too_long.status();
+  EXPECT_EQ(allocator.AllocateAt(100, 256).status().code(), absl::StatusCode::kInvalidArgument);   // misaligned
+  EXPECT_EQ(allocator.AllocateAt(3840, 512).status().code(), absl::StatusCode::kInvalidArgument);  // past the end
+  EXPECT_EQ(allocator.AllocateAt(0, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  auto front = allocator.AllocateAt(0, 1024);  // exactly the gap before it
+  ASSERT_TRUE(front.ok()) << front.status();
+  auto any = allocator.Allocate(256);  // the online path still works around them
+  ASSERT_TRUE(any.ok());
+  EXPECT_EQ(any->offset, 1536u);
+  ASSERT_TRUE(allocator.Validate().ok()) << allocator.Validate();
+  for (const Allocation& a : {*middle, *front, *any}) ASSERT_TRUE(allocator.Free(a).ok());
+  ASSERT_TRUE(allocator.Validate().ok());
+  EXPECT_EQ(allocator.Stats().largest_free_block_bytes, 4096u);  // coalesced back to one block
+}
+
 TEST(OffsetAllocatorTest, RandomSequencesMatchTheReferenceModel) {
   for (uint32_t seed = 1; seed <= 8; ++seed) {
     std::mt19937_64 rng(seed);
@@ -120,10 +148,29 @@ TEST(OffsetAllocatorTest, RandomSequencesMatchTheReferenceModel) {
     OffsetAllocator allocator(region, alignment, 4096);
     Model model{region / alignment * alignment, {}};
     std::vector<Allocation> held;
-    uint64_t failures = 0;
+    uint64_t failures = 0, placed = 0, refused_at = 0;
     for (int step = 0; step < 3000; ++step) {
       const bool allocate = held.empty() || rng() % 100 < 55;
-      if (allocate) {
+      if (allocate && rng() % 4 == 0) {
+        // At a chosen offset (a planner's): exactly there when nothing overlaps, else refused.
+        const uint64_t bytes = 1 + rng() % 40000;
+        const uint64_t aligned = (bytes + alignment - 1) / alignment * alignment;
+        const uint64_t offset = rng() % model.region_bytes / alignment * alignment;
+        auto result = allocator.AllocateAt(offset, bytes);
+        if (offset + aligned > model.region_bytes) {
+          ASSERT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << result.status();
+        } else if (model.Fits(offset, aligned)) {
+          ASSERT_TRUE(result.ok()) << result.status() << " at step " << step;
+          ASSERT_EQ(result->offset, offset);
+          ASSERT_EQ(result->bytes, aligned);
+          model.live[offset] = aligned;
+          held.push_back(*result);
+          ++placed;
+        } else {
+          ASSERT_EQ(result.status().code(), absl::StatusCode::kFailedPrecondition) << result.status();
+          ++refused_at;
+        }
+      } else if (allocate) {
         // Mostly small, sometimes large: sizes spanning many bins.
         const uint64_t bytes = 1 + (rng() % 4 == 0 ? rng() % (region / 8) : rng() % 20000);
         auto result = allocator.Allocate(bytes);
@@ -157,6 +204,8 @@ TEST(OffsetAllocatorTest, RandomSequencesMatchTheReferenceModel) {
       ASSERT_EQ(stats.allocation_count, model.live.size());
     }
     EXPECT_GT(failures, 0u) << "the sequence never exercised exhaustion (seed " << seed << ")";
+    EXPECT_GT(placed, 0u) << "seed " << seed;
+    EXPECT_GT(refused_at, 0u) << "seed " << seed;
   }
 }
 

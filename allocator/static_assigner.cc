@@ -14,6 +14,53 @@ bool Overlaps(uint32_t steps, const LiveRange& a, const LiveRange& b) {
          linear(a.first + steps, a.length, b.first, b.length);
 }
 
+namespace {
+
+// Places ranges in `order`, each in the lowest gap (or, best_fit, the smallest gap) among the
+// placed ranges it overlaps in time.
+StaticAssignment Pack(uint32_t steps, const std::vector<LiveRange>& ranges, const std::vector<size_t>& order,
+                      uint64_t alignment, bool best_fit) {
+  StaticAssignment out;
+  out.offsets.assign(ranges.size(), 0);
+  std::vector<size_t> placed;
+  std::vector<std::pair<uint64_t, uint64_t>> busy;  // [begin, end) of overlapping placed ranges
+  auto align = [alignment](uint64_t x) { return (x + alignment - 1) & ~(alignment - 1); };
+  for (size_t i : order) {
+    busy.clear();
+    for (size_t j : placed) {
+      if (Overlaps(steps, ranges[i], ranges[j])) busy.push_back({out.offsets[j], out.offsets[j] + ranges[j].bytes});
+    }
+    std::sort(busy.begin(), busy.end());
+    const uint64_t bytes = ranges[i].bytes;
+    uint64_t offset = 0, cursor = 0, chosen = UINT64_MAX, chosen_gap = UINT64_MAX;
+    for (const auto& [begin, end] : busy) {
+      if (cursor + bytes <= begin) {  // a gap that fits
+        if (!best_fit) break;
+        if (begin - cursor < chosen_gap) {
+          chosen_gap = begin - cursor;
+          chosen = cursor;
+        }
+      }
+      cursor = std::max(cursor, align(end));
+    }
+    offset = best_fit && chosen != UINT64_MAX ? chosen : cursor;
+    if (!best_fit) {  // the first gap that fits, or after everything
+      cursor = 0;
+      for (const auto& [begin, end] : busy) {
+        if (cursor + bytes <= begin) break;
+        cursor = std::max(cursor, align(end));
+      }
+      offset = cursor;
+    }
+    out.offsets[i] = offset;
+    out.size_bytes = std::max(out.size_bytes, offset + bytes);
+    placed.push_back(i);
+  }
+  return out;
+}
+
+}  // namespace
+
 absl::StatusOr<StaticAssignment> AssignStaticOffsets(uint32_t steps, const std::vector<LiveRange>& ranges,
                                                      uint64_t alignment) {
   if (steps == 0) return absl::InvalidArgumentError("a cycle of 0 steps");
@@ -30,32 +77,29 @@ absl::StatusOr<StaticAssignment> AssignStaticOffsets(uint32_t steps, const std::
     }
     for (uint32_t k = 0; k < r.length; ++k) live[(r.first + k) % steps] += r.bytes;
   }
-  StaticAssignment out;
-  out.offsets.assign(ranges.size(), 0);
-  out.peak_live_bytes = *std::max_element(live.begin(), live.end());
-  std::vector<size_t> order(ranges.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return ranges[a].bytes != ranges[b].bytes ? ranges[a].bytes > ranges[b].bytes : ranges[a].length > ranges[b].length;
-  });
-  std::vector<size_t> placed;
-  std::vector<std::pair<uint64_t, uint64_t>> busy;  // [begin, end) of overlapping placed ranges
-  for (size_t i : order) {
-    busy.clear();
-    for (size_t j : placed) {
-      if (Overlaps(steps, ranges[i], ranges[j])) busy.push_back({out.offsets[j], out.offsets[j] + ranges[j].bytes});
+  StaticAssignment best;
+  bool have = false;
+  // A few orders and two gap rules; the smallest packing wins (each is O(n^2)).
+  auto by = [&](auto key) {
+    std::vector<size_t> order(ranges.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return key(ranges[a]) > key(ranges[b]); });
+    return order;
+  };
+  const std::vector<std::vector<size_t>> orders = {
+      by([](const LiveRange& r) { return std::make_pair(r.bytes, uint64_t{r.length}); }),          // size
+      by([](const LiveRange& r) { return std::make_pair(r.bytes * r.length, r.bytes); }),          // area
+      by([](const LiveRange& r) { return std::make_pair(uint64_t{r.length}, r.bytes); }),          // lifetime
+  };
+  for (const std::vector<size_t>& order : orders) {
+    for (bool best_fit : {false, true}) {
+      StaticAssignment out = Pack(steps, ranges, order, alignment, best_fit);
+      if (!have || out.size_bytes < best.size_bytes) best = std::move(out);
+      have = true;
     }
-    std::sort(busy.begin(), busy.end());
-    uint64_t offset = 0;
-    for (const auto& [begin, end] : busy) {
-      if (offset + ranges[i].bytes <= begin) break;  // fits in the gap before this one
-      offset = std::max(offset, (end + alignment - 1) & ~(alignment - 1));
-    }
-    out.offsets[i] = offset;
-    out.size_bytes = std::max(out.size_bytes, offset + ranges[i].bytes);
-    placed.push_back(i);
   }
-  return out;
+  best.peak_live_bytes = *std::max_element(live.begin(), live.end());
+  return best;
 }
 
 }  // namespace tierd

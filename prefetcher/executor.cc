@@ -95,6 +95,7 @@ Executor::Executor(Graph graph, Plan plan, TierOps& ops, Clock& clock, ExecutorO
       options_(std::move(options)),
       plan_(std::move(plan)) {
   schedule_ = Build(graph_, plan_);
+  IndexLayout();
   op_begin_nanos_.assign(graph_.ops.size(), -1);
   for (const GraphTensor& t : graph_.tensors) pinned_gpu_.push_back(t.pinned_gpu);
   measured_seconds_.assign(graph_.ops.size(), -1);
@@ -156,6 +157,7 @@ absl::Status Executor::OpBegin(uint32_t op) {
       } else {
         plan_ = *std::move(plan);
         schedule_ = Build(graph_, plan_);
+        IndexLayout();
         for (Lane& lane : schedule_.lanes) lane.next = next_lap * static_cast<int64_t>(lane.actions.size());
         ++replan_generation_;
         ++stats_.replans;
@@ -433,6 +435,16 @@ int64_t Executor::NextUse(TensorIndex t) const {
   const uint32_t op = current_ < 0 ? 0 : last_op_;
   if (UseOf(graph_.ops[op], t) != Use::kNone) return 0;
   return next_use_[op][t];
+}
+
+void Executor::IndexLayout() {
+  layout_ = plan_.layout_fits ? LayoutIndex(plan_.layout, graph_.tensors.size(), static_cast<uint32_t>(graph_.ops.size()))
+                              : LayoutIndex();
+}
+
+std::optional<uint64_t> Executor::LayoutOffset(TensorIndex t) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return layout_.Offset(t, current_ < 0 ? 0 : last_op_);
 }
 
 ExecutorStats Executor::Stats() const {

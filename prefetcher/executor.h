@@ -30,6 +30,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -109,6 +110,10 @@ class Executor {
   // How many ops from the client's current op tensor t is next used (0: by the current op);
   // for the tiers' eviction when they must make room on demand.
   int64_t NextUse(TensorIndex t) const;
+  // Where the plan's static layout puts t in the top tier's arena now: the offset of t's
+  // interval that holds the op the client is on, else of its next one; nullopt when the
+  // plan has no layout (or none that fits) or no interval for t. Thread-safe.
+  std::optional<uint64_t> LayoutOffset(TensorIndex t) const;
 
   ExecutorStats Stats() const;
   // Where each lane is and what its next move waits for, in words.
@@ -160,6 +165,8 @@ class Executor {
   Clock& clock_;
   ExecutorOptions options_;
 
+  void IndexLayout();  // layout_ from plan_.layout, with mutex_ held or before any thread
+  LayoutIndex layout_;  // the plan's, when it fits; empty otherwise
   mutable std::mutex mutex_;
   std::condition_variable changed_, idle_;
   uint64_t version_ = 0;                 // bumped on every change a lane may wait for

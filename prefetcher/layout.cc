@@ -1,75 +1,84 @@
 #include "prefetcher/layout.h"
 
 #include <algorithm>
+#include <cmath>
 
+#include "absl/strings/str_format.h"
 #include "allocator/static_assigner.h"
 
 namespace tierd::prefetcher {
 
-absl::StatusOr<GpuLayout> LayOutGpu(const Graph& graph, const ResidencyPlan& plan,
-                                    const std::vector<uint32_t>& lead_ops) {
-  const uint32_t ops = static_cast<uint32_t>(graph.ops.size());
-  const size_t n = graph.tensors.size();
-  // live[t][i]: t's GPU copy exists while op i runs, or its load for a later op is in flight.
-  std::vector<std::vector<bool>> live(n, std::vector<bool>(ops, false));
-  for (uint32_t i = 0; i < ops; ++i) {
-    for (TensorIndex t : plan.resident[i]) live[t][i] = true;
-  }
-  for (uint32_t i = 0; i < ops; ++i) {
-    const uint32_t lead = lead_ops.empty() ? 0 : std::min(lead_ops[i], ops - 1);
-    for (const auto* list : {&plan.loads[i], &plan.allocs[i]}) {
-      for (TensorIndex t : *list) {
-        for (uint32_t k = 1; k <= lead; ++k) live[t][(i + ops - k) % ops] = true;
-      }
-    }
-  }
-  std::vector<LiveRange> ranges;
-  std::vector<PlacedInterval> intervals;
-  for (size_t t = 0; t < n; ++t) {
-    const auto& l = live[t];
-    if (std::all_of(l.begin(), l.end(), [](bool b) { return b; })) {
-      ranges.push_back({0, ops, graph.tensors[t].bytes});
-      intervals.push_back({static_cast<TensorIndex>(t), 0, ops, 0});
-      continue;
-    }
-    // Maximal runs on the cycle: each starts where live follows not-live.
-    for (uint32_t i = 0; i < ops; ++i) {
-      if (!l[i] || l[(i + ops - 1) % ops]) continue;
-      uint32_t length = 0;
-      while (length < ops && l[(i + length) % ops]) ++length;
-      ranges.push_back({i, length, graph.tensors[t].bytes});
-      intervals.push_back({static_cast<TensorIndex>(t), i, length, 0});
-    }
-  }
+absl::StatusOr<GpuLayout> LayOutGpu(const Graph& graph, const std::vector<ResidencyWindow>& windows, double lap,
+                                    uint64_t alignment) {
   GpuLayout layout;
-  if (ranges.empty()) return layout;
-  auto assigned = AssignStaticOffsets(ops, ranges);
+  if (windows.empty()) return layout;
+  const uint32_t ops = static_cast<uint32_t>(graph.ops.size());
+  // Cut the iteration at every start and end: the steps of the cycle.
+  auto phase = [lap](double t) { return lap > 0 ? std::fmod(t, lap) : 0.0; };
+  std::vector<double> cuts;
+  for (const ResidencyWindow& w : windows) {
+    if (w.tensor >= graph.tensors.size() || (!w.whole && !(w.end > w.start))) {
+      return absl::InvalidArgumentError(absl::StrFormat("residency window of tensor %d from %g to %g", w.tensor,
+                                                        w.start, w.end));
+    }
+    if (w.whole) continue;
+    cuts.push_back(phase(w.start));
+    cuts.push_back(phase(w.end));
+  }
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  if (cuts.empty()) cuts.push_back(0);
+  const uint32_t steps = static_cast<uint32_t>(cuts.size());
+  auto step_of = [&](double t) {
+    return static_cast<uint32_t>(std::lower_bound(cuts.begin(), cuts.end(), phase(t)) - cuts.begin());
+  };
+  std::vector<LiveRange> ranges;
+  for (const ResidencyWindow& w : windows) {
+    PlacedInterval p;
+    p.tensor = w.tensor;
+    if (w.whole || w.end - w.start >= lap) {
+      p.first_op = 0;
+      p.ops = ops;
+      p.first_step = 0;
+      p.steps = steps;
+    } else {
+      p.first_op = w.first_op;
+      p.ops = (w.last_op + ops - w.first_op) % ops + 1;
+      p.first_step = step_of(w.start);
+      p.steps = (step_of(w.end) + steps - p.first_step) % steps;
+      if (p.steps == 0) p.steps = steps;  // ends where it starts, a lap later
+    }
+    ranges.push_back({p.first_step, p.steps, graph.tensors[w.tensor].bytes});
+    layout.intervals.push_back(p);
+  }
+  auto assigned = AssignStaticOffsets(steps, ranges, alignment);
   if (!assigned.ok()) return assigned.status();
-  for (size_t k = 0; k < intervals.size(); ++k) intervals[k].offset = assigned->offsets[k];
-  layout.intervals = std::move(intervals);
+  for (size_t k = 0; k < layout.intervals.size(); ++k) layout.intervals[k].offset = assigned->offsets[k];
+  layout.steps = steps;
   layout.size_bytes = assigned->size_bytes;
   layout.peak_live_bytes = assigned->peak_live_bytes;
   return layout;
 }
 
-std::vector<uint32_t> LoadLeads(const Graph& graph, const SimResult& sim) {
-  const size_t ops = graph.ops.size();
-  std::vector<uint32_t> lead(ops, 0);
-  // Compute spans in timeline order, as global op numbers (iteration * ops + op).
-  std::vector<std::pair<double, int64_t>> op_starts;
-  for (const TimelineEvent& e : sim.timeline) {
-    if (e.track == Track::kCompute) op_starts.push_back({e.start, static_cast<int64_t>(e.iteration) * ops + e.op});
+LayoutIndex::LayoutIndex(const GpuLayout& layout, size_t tensors, uint32_t ops) : ops_(ops), by_tensor_(tensors) {
+  for (const PlacedInterval& p : layout.intervals) {
+    if (p.tensor < tensors) by_tensor_[p.tensor].push_back(p);
   }
-  std::sort(op_starts.begin(), op_starts.end());
-  for (const TimelineEvent& e : sim.timeline) {
-    if (e.track != Track::kH2D) continue;
-    // The op running (or next to run) when the load started.
-    auto it = std::upper_bound(op_starts.begin(), op_starts.end(), std::make_pair(e.start, INT64_MAX));
-    const int64_t running = it == op_starts.begin() ? 0 : std::prev(it)->second;
-    const int64_t served = static_cast<int64_t>(e.iteration) * ops + e.op;
-    if (served > running) lead[e.op] = std::max<uint32_t>(lead[e.op], static_cast<uint32_t>(served - running));
+}
+
+std::optional<uint64_t> LayoutIndex::Offset(TensorIndex t, uint32_t op) const {
+  if (t >= by_tensor_.size() || by_tensor_[t].empty() || ops_ == 0) return std::nullopt;
+  const PlacedInterval* next = nullptr;
+  uint32_t next_distance = ops_ + 1;
+  for (const PlacedInterval& p : by_tensor_[t]) {
+    if ((op + ops_ - p.first_op) % ops_ < p.ops) return p.offset;  // it holds `op`
+    const uint32_t distance = (p.first_op + ops_ - op) % ops_;
+    if (distance < next_distance) {
+      next_distance = distance;
+      next = &p;
+    }
   }
-  return lead;
+  return next->offset;
 }
 
 }  // namespace tierd::prefetcher

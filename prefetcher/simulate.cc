@@ -1,6 +1,7 @@
 #include "prefetcher/simulate.h"
 
 #include <algorithm>
+#include <deque>
 #include <functional>
 #include <map>
 #include <optional>
@@ -9,6 +10,7 @@
 #include <string>
 
 #include "absl/strings/str_format.h"
+#include "base/limits.h"
 #include "base/units.h"
 
 namespace tierd::prefetcher {
@@ -106,6 +108,8 @@ class Engine {
   uint64_t peak_dram() const { return peak_dram_; }
   uint64_t peak_nvme() const { return peak_nvme_; }
   void MeasureFrom(int iteration) { measure_from_ = iteration; }
+  void RecordWindows() { record_windows_ = true; }
+  const std::vector<GpuWindow>& windows() const { return windows_; }
 
   absl::Status Run() {
     using Event = std::pair<double, int>;
@@ -210,6 +214,22 @@ class Engine {
     return false;
   }
 
+  // GPU residency windows (for the static layout): a copy's memory from the start of its
+  // load or alloc to the end of its free or write-back.
+  // A new copy may be made (room for an overwrite) before the old one's free: the frees
+  // close a tensor's windows oldest first.
+  void OpenWindow(const Task& t) {
+    if (!record_windows_) return;
+    if (open_.size() < graph_.tensors.size()) open_.resize(graph_.tensors.size());
+    open_[t.tensor].push_back(windows_.size());
+    windows_.push_back({t.tensor, t.start, -1, t.iteration, t.op});
+  }
+  void CloseWindow(const Task& t) {
+    if (!record_windows_ || t.tensor >= open_.size() || open_[t.tensor].empty()) return;
+    windows_[open_[t.tensor].front()].end = t.end;
+    open_[t.tensor].pop_front();
+  }
+
   void Peaks(const Task& t) {
     if (t.iteration < measure_from_) return;
     peak_gpu_ = std::max(peak_gpu_, gpu_);
@@ -228,6 +248,7 @@ class Engine {
       case Effect::kLoad:
       case Effect::kAlloc:
         gpu_ += t.bytes;
+        OpenWindow(t);
         break;
       case Effect::kWriteBack:
       case Effect::kStage:
@@ -253,6 +274,7 @@ class Engine {
       case Effect::kFreeGpu:
       case Effect::kWriteBack:
         gpu_ -= t.bytes;
+        CloseWindow(t);
         break;
       case Effect::kPushDown:
       case Effect::kDropDram:
@@ -301,6 +323,9 @@ class Engine {
   uint64_t gpu_ = 0, dram_ = 0, nvme_ = 0;
   uint64_t peak_gpu_ = 0, peak_dram_ = 0, peak_nvme_ = 0;
   std::vector<bool> dram_has_, nvme_has_;
+  bool record_windows_ = false;
+  std::vector<GpuWindow> windows_;
+  std::vector<std::deque<size_t>> open_;  // per tensor: its open windows, oldest first
   int measure_from_ = 1;
 };
 
@@ -409,6 +434,7 @@ absl::StatusOr<SimResult> SimulatePlan(const Graph& graph, const Plan& plan, con
   uint64_t gpu_start = 0;
   for (TensorIndex t : plan.gpu.resident_at_start) gpu_start += bytes(t);
   engine.SetStart(gpu_start, plan.lower.dram_at_start, plan.lower.nvme_at_start);
+  if (options.record_timeline) engine.RecordWindows();
   const PrevUse prev = PreviousUses(graph);
   std::vector<std::vector<int>> op_task(options.iterations, std::vector<int>(ops, -1));
   // Per tensor: the last task that put bytes in DRAM (write-back or stage), the last that
@@ -510,11 +536,57 @@ absl::StatusOr<SimResult> SimulatePlan(const Graph& graph, const Plan& plan, con
     }
   }
   if (absl::Status s = engine.Run(); !s.ok()) return s;
-  return Summarize(graph, engine, op_task, options);
+  SimResult result = Summarize(graph, engine, op_task, options);
+  result.gpu_windows = engine.windows();
+  return result;
+}
+
+std::vector<ResidencyWindow> LapWindows(const Graph& graph, const Plan& plan, const SimResult& sim, double* lap) {
+  *lap = 0;
+  std::vector<std::pair<double, uint32_t>> op_starts;  // all iterations, by time
+  double lap_start[3] = {-1, -1, -1};
+  for (const TimelineEvent& e : sim.timeline) {
+    if (e.track != Track::kCompute) continue;
+    op_starts.push_back({e.start, e.op});
+    if (e.op == 0 && e.iteration >= 1 && e.iteration <= 2) lap_start[e.iteration] = e.start;
+  }
+  if (lap_start[1] < 0 || lap_start[2] <= lap_start[1]) return {};
+  std::sort(op_starts.begin(), op_starts.end());
+  auto op_at = [&](double t) -> uint32_t {
+    auto it = std::upper_bound(op_starts.begin(), op_starts.end(), std::make_pair(t, UINT32_MAX));
+    return it == op_starts.begin() ? 0 : std::prev(it)->second;
+  };
+  const double from = lap_start[1], length = lap_start[2] - lap_start[1];
+  *lap = length;
+  std::vector<ResidencyWindow> out;
+  std::vector<bool> whole(graph.tensors.size(), false), seen(graph.tensors.size(), false);
+  for (const GpuWindow& w : sim.gpu_windows) {
+    seen[w.tensor] = true;
+    const bool open = w.end < 0;
+    if (w.start < from) {
+      // Began before the lap: all of it if it lasts past the lap's end. One that ends
+      // inside the lap is, in the steady state, the window that starts late in this lap
+      // and runs into the next: that one is counted.
+      if (open || w.end >= from + length) whole[w.tensor] = true;
+      continue;
+    }
+    if (w.start >= from + length) continue;
+    if (open || w.end - w.start >= length) {
+      whole[w.tensor] = true;
+      continue;
+    }
+    out.push_back({w.tensor, w.start - from, w.end - from, false, op_at(w.start), op_at(w.end)});
+  }
+  // Resident from the start and never moved: there all the time.
+  for (TensorIndex t : plan.gpu.resident_at_start) whole[t] = whole[t] || !seen[t];
+  for (size_t t = 0; t < whole.size(); ++t) {
+    if (whole[t]) out.push_back({static_cast<TensorIndex>(t), 0, length, true, 0, 0});
+  }
+  return out;
 }
 
 absl::StatusOr<Plan> PlanBest(const Graph& graph, const Budgets& budgets, const LinkModel& link,
-                              std::vector<PlanCandidate>* tried) {
+                              std::vector<PlanCandidate>* tried, uint64_t layout_limit_bytes) {
   auto base = MakePlan(graph, budgets, 0);
   if (!base.ok()) return base.status();
   uint64_t largest_op_load = 0;
@@ -541,6 +613,19 @@ absl::StatusOr<Plan> PlanBest(const Graph& graph, const Budgets& budgets, const 
       best_step = sim->step_seconds;
     }
   }
+  // Fixed offsets for the chosen plan's copies, from their times in the top tier in a
+  // simulated steady-state iteration; used when they fit the arena.
+  SimOptions timed = quick;
+  timed.record_timeline = true;
+  auto sim = SimulatePlan(graph, *best, budgets, link, timed);
+  if (!sim.ok()) return sim.status();
+  const uint64_t alignment = graph.host ? limits::kDirectIoAlignmentBytes : limits::kGpuAlignmentBytes;
+  double lap = 0;
+  const std::vector<ResidencyWindow> windows = LapWindows(graph, *best, *sim, &lap);  // sets lap first
+  auto layout = LayOutGpu(graph, windows, lap, alignment);
+  if (!layout.ok()) return layout.status();
+  best->layout = *std::move(layout);
+  best->layout_fits = best->layout.size_bytes <= (layout_limit_bytes > 0 ? layout_limit_bytes : budgets.gpu);
   return *std::move(best);
 }
 

@@ -25,6 +25,7 @@
 
 #include "absl/status/statusor.h"
 #include "prefetcher/graph.h"
+#include "prefetcher/layout.h"
 #include "prefetcher/residency.h"
 #include "prefetcher/tiers.h"
 
@@ -51,6 +52,10 @@ struct Plan {
   ResidencyPlan gpu;
   LowerTierPlan lower;
   uint64_t reserve_bytes = 0;
+  // Fixed offsets in the top tier's arena for the planned tensors (PlanBest), used when
+  // they fit the arena (`layout_fits`); otherwise every placement is online.
+  GpuLayout layout;
+  bool layout_fits = false;
 };
 absl::StatusOr<Plan> MakePlan(const Graph& graph, const Budgets& budgets, uint64_t reserve_bytes = 0);
 
@@ -73,6 +78,15 @@ struct SimOptions {
   bool record_timeline = false;
 };
 
+// A copy's time in the top tier: from the start of its load (or alloc) to the end of its
+// free or write-back; end < 0: still there when the run ended.
+struct GpuWindow {
+  TensorIndex tensor = 0;
+  double start = 0, end = -1;
+  int iteration = 0;
+  uint32_t op = 0;  // the op the load was for
+};
+
 struct SimResult {
   // Per measured iteration (means).
   double step_seconds = 0;
@@ -84,6 +98,7 @@ struct SimResult {
   uint64_t peak_gpu_bytes = 0, peak_dram_bytes = 0, peak_nvme_bytes = 0;
   std::vector<double> op_stall_seconds;  // per op, mean per iteration
   std::vector<TimelineEvent> timeline;
+  std::vector<GpuWindow> gpu_windows;  // with record_timeline
 };
 
 // INVALID_ARGUMENT for link speeds <= 0, fewer than 2 iterations or jitter outside [0, 1).
@@ -109,8 +124,10 @@ struct PlanCandidate {
   double step_seconds = 0, stall_seconds = 0;
   uint64_t h2d_bytes = 0;
 };
+// `layout_limit_bytes`: the arena the static layout may fill (0: the GPU budget); a caller
+// that plans under its quota minus a headroom passes the whole quota.
 absl::StatusOr<Plan> PlanBest(const Graph& graph, const Budgets& budgets, const LinkModel& link,
-                              std::vector<PlanCandidate>* tried = nullptr);
+                              std::vector<PlanCandidate>* tried = nullptr, uint64_t layout_limit_bytes = 0);
 
 // No stalls beyond what the links force. Two bounds, the larger holds:
 //   whole step: each link carries the plan's bytes (the compulsory traffic: MIN's, the
@@ -125,6 +142,11 @@ struct LowerBound {
   std::string bound_by = "compute";
 };
 LowerBound ComputeLowerBound(const Graph& graph, const Plan& plan, const LinkModel& link, const Budgets& budgets);
+
+// The residency windows of the second simulated iteration (a steady state), as times
+// within it, for LayOutGpu; `lap` gets the iteration's length. Needs a run of 3 or more
+// iterations with record_timeline; otherwise empty.
+std::vector<ResidencyWindow> LapWindows(const Graph& graph, const Plan& plan, const SimResult& sim, double* lap);
 
 }  // namespace tierd::prefetcher
 

@@ -155,7 +155,7 @@ absl::StatusOr<TensorId> LeaseTable::Lease(SessionId session_id, const TensorSpe
                                            : PreferredTiers(spec.tensor_class);
   std::vector<std::string> refusals;
   for (Tier tier : order) {
-    auto extent = AllocateIn(s, tier, *bytes, /*evict=*/tensor->pinned.has_value());
+    auto extent = AllocateIn(s, tier, *bytes, /*evict=*/tensor->pinned.has_value(), &spec.name);
     if (extent.ok()) {
       tensor->copies[static_cast<int>(tier)] = *extent;
       break;

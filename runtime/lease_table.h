@@ -94,6 +94,8 @@ struct LeaseStats {
   uint64_t planned_evictions = 0;    // planned copies away (Demote), dead discards included
   uint64_t discards = 0;             // dead values dropped without a write-back
   uint64_t acquire_hits = 0;         // acquires that found the bytes already in place
+  uint64_t planned_placements = 0;   // placed at the offset the planner's layout fixed
+  uint64_t off_plan_placements = 0;  // the layout had an offset, but the range was taken
 };
 
 class LeaseTable {
@@ -145,6 +147,12 @@ class LeaseTable {
   // into the table. nullptr: least recently used again.
   using EvictionAdvisor = std::function<int64_t(const std::string& name)>;
   absl::Status SetEvictionAdvisor(SessionId session, EvictionAdvisor advisor);
+  // Where the planner's static layout puts the named tensor in `tier`'s arena now, if it has
+  // a place for it: a copy made there (load, demand fetch, room for an overwrite) goes to
+  // that offset when the range is free, otherwise where the online allocator finds room
+  // (counted as off plan). Must not call back into the table. nullptr: online only.
+  using PlacementAdvisor = std::function<std::optional<uint64_t>(const std::string& name, Tier tier)>;
+  absl::Status SetPlacementAdvisor(SessionId session, PlacementAdvisor advisor);
 
   // Moves the tensor into `tier` (if not there) and keeps it there.
   absl::Status Pin(SessionId session, TensorId tensor, Tier tier);
@@ -165,7 +173,8 @@ class LeaseTable {
   template <typename Result, typename Fn>
   Result OnTensor(SessionId session, TensorId tensor, Fn&& fn);
   absl::StatusOr<Tensor*> GetTensor(Session& s, TensorId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
-  absl::StatusOr<Extent> AllocateIn(Session& s, Tier tier, uint64_t bytes, bool evict)
+  // `name`: the tensor the room is for, when the placement advisor may know its offset.
+  absl::StatusOr<Extent> AllocateIn(Session& s, Tier tier, uint64_t bytes, bool evict, const std::string* name = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   absl::Status EvictOne(Session& s, Tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   absl::StatusOr<Placement> AcquireLocked(Session& s, Tensor& t, Access access, Place place)

@@ -38,7 +38,7 @@ absl::StatusOr<Placement> LeaseTable::AcquireLocked(Session& s, Tensor& t, Acces
     absl::Status status;
     if (!t.written) {
       // Nothing to fetch: take room here and drop the empty copies elsewhere.
-      auto extent = AllocateIn(s, tier, t.bytes, /*evict=*/true);
+      auto extent = AllocateIn(s, tier, t.bytes, /*evict=*/true, &t.spec.name);
       if (extent.ok()) {
         for (Tier other : {Tier::kGpu, Tier::kDram, Tier::kNvme}) DropCopy(s, t, other);
         t.copies[static_cast<int>(tier)] = *extent;
@@ -128,7 +128,7 @@ absl::Status LeaseTable::Prefetch(SessionId session_id, TensorId id, Tier tier, 
     if (!t.written) {
       if (tier == Tier::kNvme) return absl::OkStatus();  // nothing to keep a copy of
       // Holds no value: reserve room here for the overwrite to come; the empty copies go.
-      auto extent = AllocateIn(s, tier, t.bytes, evict);
+      auto extent = AllocateIn(s, tier, t.bytes, evict, &t.spec.name);
       if (!extent.ok()) return extent.status();
       for (Tier other : {Tier::kGpu, Tier::kDram, Tier::kNvme}) DropCopy(s, t, other);
       t.copies[static_cast<int>(tier)] = *extent;
@@ -173,7 +173,7 @@ absl::Status LeaseTable::Demote(SessionId session_id, TensorId id, Tier from, bo
       if (from == Tier::kNvme) return absl::InvalidArgumentError("NVMe is the bottom tier");
       if (!t.written) {
         // Holds nothing yet: re-home it below without moving bytes (invariant 2).
-        auto extent = AllocateIn(s, below, t.bytes, /*evict=*/true);
+        auto extent = AllocateIn(s, below, t.bytes, /*evict=*/true, &t.spec.name);
         if (!extent.ok()) return extent.status();
         t.copies[static_cast<int>(below)] = *extent;
       } else {
@@ -197,6 +197,14 @@ absl::Status LeaseTable::SetEvictionAdvisor(SessionId session_id, EvictionAdviso
   if (!session.ok()) return session.status();
   absl::MutexLock lock(&(*session)->mutex);
   (*session)->advisor = std::move(advisor);
+  return absl::OkStatus();
+}
+
+absl::Status LeaseTable::SetPlacementAdvisor(SessionId session_id, PlacementAdvisor advisor) {
+  auto session = GetSession(session_id);
+  if (!session.ok()) return session.status();
+  absl::MutexLock lock(&(*session)->mutex);
+  (*session)->placement = std::move(advisor);
   return absl::OkStatus();
 }
 

@@ -40,7 +40,17 @@ std::string LeaseTable::Occupancy(Session& s, Tier tier) const {
       free_part);
 }
 
-absl::StatusOr<Extent> LeaseTable::AllocateIn(Session& s, Tier tier, uint64_t bytes, bool evict) {
+absl::StatusOr<Extent> LeaseTable::AllocateIn(Session& s, Tier tier, uint64_t bytes, bool evict,
+                                              const std::string* name) {
+  if (name != nullptr && s.placement && tier != Tier::kNvme && s.ArenaOf(tier) != kNoArena) {
+    if (const std::optional<uint64_t> at = s.placement(*name, tier)) {
+      auto placed = store_.AllocateAt(s.ArenaOf(tier), *at, bytes);
+      absl::MutexLock stats_lock(&stats_mutex_);
+      // Taken (a copy that has not left yet, or one placed off plan): the online allocator.
+      ++(placed.ok() ? stats_.planned_placements : stats_.off_plan_placements);
+      if (placed.ok()) return placed;
+    }
+  }
   for (;;) {
     absl::StatusOr<Extent> extent;
     if (tier == Tier::kNvme) {
@@ -127,7 +137,7 @@ absl::Status LeaseTable::EvictOne(Session& s, Tier tier) {
     // (invariant 2): re-home it in a lower tier without moving bytes.
     const std::optional<Tier> below = Below(tier);
     if (!below) return absl::ResourceExhaustedError("no tier below");
-    auto extent = AllocateIn(s, *below, victim->bytes, /*evict=*/true);
+    auto extent = AllocateIn(s, *below, victim->bytes, /*evict=*/true, &victim->spec.name);
     if (!extent.ok()) return extent.status();
     victim->copies[static_cast<int>(*below)] = *extent;
   }
@@ -156,7 +166,7 @@ absl::Status LeaseTable::CopyTo(Session& s, Tensor& t, Tier tier, bool evict) {
                                               std::string(settled.message()));
     }
   }
-  auto destination = AllocateIn(s, tier, t.bytes, evict);
+  auto destination = AllocateIn(s, tier, t.bytes, evict, &t.spec.name);
   if (!destination.ok()) return destination.status();
   // The bytes move without the session lock: t is busy, so nobody frees its source or
   // picks it as a victim, and the destination is ours.

@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <future>
+#include <map>
 #include <mutex>
 #include <random>
 
@@ -101,6 +102,49 @@ class PlanMovesTest : public ::testing::Test {
   std::unique_ptr<LeaseTable> table_;
   SessionId session_ = 0;
 };
+
+// The planner's static layout: copies made in the GPU go to the offset it names when that
+// range is free; when it is taken they go wherever the online allocator finds room, and
+// the tiers count both. Names the layout does not know are placed online, uncounted.
+TEST_F(PlanMovesTest, CopiesGoToTheLayoutsOffsetsWhenTheRangeIsFree) {
+  std::map<std::string, uint64_t> layout = {{"a", 2 * kMiB}, {"b", 2 * kMiB}};
+  ASSERT_TRUE(table_
+                  ->SetPlacementAdvisor(session_,
+                                        [&layout](const std::string& name, Tier tier) -> std::optional<uint64_t> {
+                                          auto it = layout.find(name);
+                                          if (tier != Tier::kGpu || it == layout.end()) return std::nullopt;
+                                          return it->second;
+                                        })
+                  .ok());
+  auto offset_of = [&](TensorId id) {
+    auto p = table_->Acquire(session_, id, Access::kRead, Place::kGpu);
+    EXPECT_TRUE(p.ok()) << p.status();
+    const uint64_t offset = p.ok() ? p->offset : UINT64_MAX;
+    EXPECT_TRUE(table_->Release(session_, id).ok());
+    return offset;
+  };
+  const TensorId a = LeaseWritten("a", 64 * 1024, 0x11);  // 256 KiB, overwritten at its planned place
+  EXPECT_EQ(offset_of(a), 2 * kMiB);
+  const TensorId b = LeaseWritten("b", 64 * 1024, 0x22);  // same range, taken by a: placed online
+  EXPECT_NE(offset_of(b), 2 * kMiB);
+  const TensorId c = LeaseWritten("c", 64 * 1024, 0x33);  // not in the layout
+  LeaseStats stats = table_->Stats();
+  EXPECT_EQ(stats.planned_placements, 1u);
+  EXPECT_EQ(stats.off_plan_placements, 1u);
+  // a leaves; b's next copy in the GPU takes the planned range.
+  ASSERT_TRUE(table_->Demote(session_, a, Tier::kGpu, /*dead=*/false).ok());
+  ASSERT_TRUE(table_->Demote(session_, b, Tier::kGpu, /*dead=*/false).ok());
+  ASSERT_TRUE(table_->Prefetch(session_, b, Tier::kGpu, /*evict=*/false).ok());
+  EXPECT_EQ(offset_of(b), 2 * kMiB);
+  EXPECT_TRUE(Holds(b, 0x22));
+  EXPECT_TRUE(Holds(a, 0x11));  // fetched back, online: its range is b's now
+  EXPECT_TRUE(Holds(c, 0x33));
+  stats = table_->Stats();
+  EXPECT_EQ(stats.planned_placements, 2u);
+  EXPECT_EQ(stats.off_plan_placements, 2u);
+  EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
+  ASSERT_TRUE(table_->SetPlacementAdvisor(session_, nullptr).ok());
+}
 
 TEST_F(PlanMovesTest, DemotedThenPrefetchedTensorsAreHitsWithTheirBytes) {
   const TensorId w = LeaseWritten("w", 256 * 1024, 0x5a);  // 1 MiB

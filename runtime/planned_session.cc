@@ -98,7 +98,7 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
     return quota - std::max(quota / 10, std::min(3 * largest, quota / 4));
   };
   const tp::Budgets planning{headroom(budgets.gpu), headroom(budgets.dram), budgets.nvme};
-  auto plan = tp::PlanBest(graph, planning, links);
+  auto plan = tp::PlanBest(graph, planning, links, nullptr, budgets.gpu);
   if (!plan.ok()) return plan.status();
   if (top == Tier::kDram && (plan->lower.nvme_read_bytes > 0 || plan->lower.nvme_write_bytes > 0)) {
     uint64_t total = 0;
@@ -115,11 +115,14 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
   std::unique_ptr<PlannedSession> planned(new PlannedSession());
   planned->predicted_ = *std::move(sim);
   planned->reserve_bytes_ = plan->reserve_bytes;
+  planned->layout_ = plan->layout;
+  planned->layout_fits_ = plan->layout_fits;
+  planned->quota_ = budgets.gpu;
   tp::ExecutorOptions executor_options;
   executor_options.single_thread = deterministic;
   auto current_links = [links, measured_links] { return measured_links ? measured_links() : links; };
-  executor_options.replanner = [planning, current_links](const tp::Graph& measured) {
-    return tp::PlanBest(measured, planning, current_links());
+  executor_options.replanner = [planning, current_links, quota = budgets.gpu](const tp::Graph& measured) {
+    return tp::PlanBest(measured, planning, current_links(), nullptr, quota);
   };
   if (measured_links) {
     // A replan is due when a link runs more than 25% off the speed the plan assumed.
@@ -141,6 +144,7 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
   planned->ops_ = std::make_unique<Ops>(leases, session, std::move(names), top);
   std::unordered_map<std::string, tp::TensorIndex> index;
   for (tp::TensorIndex t = 0; t < graph.tensors.size(); ++t) index[graph.tensors[t].name] = t;
+  std::unordered_map<std::string, tp::TensorIndex> placement_index = index;
   planned->executor_ =
       std::make_unique<tp::Executor>(std::move(graph), *std::move(plan), *planned->ops_, clock, executor_options);
   // Room made on demand goes to the tensor the graph uses furthest ahead.
@@ -151,6 +155,15 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
         return it == index.end() ? INT64_MAX / 2 : executor->NextUse(it->second);
       });
   if (!advised.ok()) return advised;
+  // Copies made in the top tier go where the plan's static layout puts them, if free.
+  absl::Status placed = leases.SetPlacementAdvisor(
+      session, [executor, top, index = std::move(placement_index)](const std::string& name,
+                                                                  Tier tier) -> std::optional<uint64_t> {
+        if (tier != top) return std::nullopt;
+        auto it = index.find(name);
+        return it == index.end() ? std::nullopt : executor->LayoutOffset(it->second);
+      });
+  if (!placed.ok()) return placed;
   planned->leases_ = &leases;
   planned->session_ = session;
   return planned;
@@ -159,7 +172,10 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
 PlannedSession::~PlannedSession() {
   // The advisor points into the executor: the tiers stop asking it first (the session may
   // be closed already, which is fine).
-  if (leases_ != nullptr) leases_->SetEvictionAdvisor(session_, nullptr).IgnoreError();
+  if (leases_ != nullptr) {
+    leases_->SetEvictionAdvisor(session_, nullptr).IgnoreError();
+    leases_->SetPlacementAdvisor(session_, nullptr).IgnoreError();
+  }
   executor_.reset();  // stops the lanes before the ops they call go
 }
 
@@ -171,6 +187,9 @@ std::string PlannedSession::Summary() const {
       "NVMe write %s; GPU reserve for prefetches %s\n",
       p.step_seconds, p.compute_seconds, p.stall_seconds, FormatBytes(p.h2d_bytes), FormatBytes(p.d2h_bytes),
       FormatBytes(p.nvme_read_bytes), FormatBytes(p.nvme_write_bytes), FormatBytes(reserve_bytes_));
+  out += absl::StrFormat("static layout: %s for at most %s live at once; the arena is %s: %s\n",
+                         FormatBytes(layout_.size_bytes), FormatBytes(layout_.peak_live_bytes), FormatBytes(quota_),
+                         layout_fits_ ? "planned tensors go to fixed offsets" : "too big, placement is online");
   out += absl::StrFormat(
       "observed: %d iteration(s), last %.3f s, mean %.3f s; %d loads (%d just in time: the client waited), %d late "
       "(fetched on demand), %d evictions, %d stages, %d push-downs, %d waits for room, %d refused, %d replan(s)\n",

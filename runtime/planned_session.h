@@ -45,6 +45,9 @@ class PlannedSession {
 
   const prefetcher::SimResult& predicted() const { return predicted_; }
   uint64_t reserve_bytes() const { return reserve_bytes_; }
+  // The first plan's static layout, and whether it fits the arena (then used).
+  const prefetcher::GpuLayout& layout() const { return layout_; }
+  bool layout_fits() const { return layout_fits_; }
   prefetcher::ExecutorStats observed() const { return executor_->Stats(); }
   // Predicted next to observed, in words (tierctl plan --session).
   std::string Summary() const;
@@ -62,6 +65,9 @@ class PlannedSession {
   std::unique_ptr<prefetcher::Executor> executor_;
   prefetcher::SimResult predicted_;
   uint64_t reserve_bytes_ = 0;
+  prefetcher::GpuLayout layout_;  // as first planned (replans may change it)
+  bool layout_fits_ = false;
+  uint64_t quota_ = 0;
   LeaseTable* leases_ = nullptr;
   SessionId session_ = 0;
 };

@@ -157,13 +157,22 @@ TierStore::Arena* TierStore::Find(ArenaId id) const {
 }
 
 absl::StatusOr<Extent> TierStore::Allocate(ArenaId id, uint64_t bytes) {
+  return AllocateWith(id, [bytes](OffsetAllocator& a) { return a.Allocate(bytes); });
+}
+
+absl::StatusOr<Extent> TierStore::AllocateAt(ArenaId id, uint64_t offset, uint64_t bytes) {
+  return AllocateWith(id, [offset, bytes](OffsetAllocator& a) { return a.AllocateAt(offset, bytes); });
+}
+
+absl::StatusOr<Extent> TierStore::AllocateWith(ArenaId id,
+                                               absl::FunctionRef<absl::StatusOr<Allocation>(OffsetAllocator&)> take) {
   Arena* arena = Find(id);
   if (arena == nullptr) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "arena %d does not exist (a tier whose budget is 0 has none)", id));
   }
   absl::MutexLock lock(&arena->mutex);
-  auto allocation = arena->allocator->Allocate(bytes);
+  auto allocation = take(*arena->allocator);
   if (!allocation.ok()) {
     return absl::Status(allocation.status().code(),
                         absl::StrFormat("%s tier (arena %d of %s): %s", TierName(arena->tier), id,

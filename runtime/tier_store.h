@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "allocator/offset_allocator.h"
@@ -82,6 +83,8 @@ class TierStore {
   ArenaId DefaultArena(Tier tier) const { return default_arenas_[Index(tier)]; }
 
   absl::StatusOr<Extent> Allocate(ArenaId arena, uint64_t bytes);
+  // At a fixed offset in the arena (a planned placement): OffsetAllocator::AllocateAt.
+  absl::StatusOr<Extent> AllocateAt(ArenaId arena, uint64_t offset, uint64_t bytes);
   absl::StatusOr<Extent> Allocate(Tier tier, uint64_t bytes) {
     return Allocate(DefaultArena(tier), bytes);
   }
@@ -122,6 +125,8 @@ class TierStore {
   absl::Status OpenTiers(const TierStoreOptions& options);
   absl::StatusOr<ArenaId> AddArena(std::unique_ptr<Arena> arena);
   Arena* Find(ArenaId id) const;
+  absl::StatusOr<Extent> AllocateWith(ArenaId id,
+                                      absl::FunctionRef<absl::StatusOr<Allocation>(OffsetAllocator&)> take);
 
   GpuDevice& gpu_;
   std::string instance_name_;

@@ -118,8 +118,10 @@ TEST_F(PlannerSimulation, ManyIterationsThroughTheRealTiersLoseNothingAndMatchTh
   uint64_t misses_after_warmup = 0, acquires_after_warmup = 0, reads_checked = 0;
   uint64_t h2d_before = 0, h2d_measured = 0;
   std::map<uint32_t, uint64_t> jit_before;
+  LeaseStats placed_before;
   for (int lap = 0; lap < kLaps; ++lap) {
     if (lap == kWarmup) {
+      placed_before = leases.Stats();
       h2d_before = engine.mover->Stats(Link::kDramToGpu).bytes;
       jit_before = (*planned)->observed().just_in_time_by_op;
     }
@@ -157,6 +159,13 @@ TEST_F(PlannerSimulation, ManyIterationsThroughTheRealTiersLoseNothingAndMatchTh
   ASSERT_TRUE(leases.Validate().ok()) << leases.Validate();
   const tp::ExecutorStats seen = (*planned)->observed();
   std::printf("%s", (*planned)->Summary().c_str());
+  const LeaseStats placed = leases.Stats();
+  const uint64_t on_plan = placed.planned_placements - placed_before.planned_placements;
+  const uint64_t off_plan = placed.off_plan_placements - placed_before.off_plan_placements;
+  std::printf("GPU placements after warm-up: %lu at the layout's offsets, %lu elsewhere (range taken)\n", on_plan,
+              off_plan);
+  EXPECT_TRUE((*planned)->layout_fits()) << "the static layout fits this quota";
+  EXPECT_GT(on_plan, 0u) << "copies went to the layout's offsets";
   std::printf("reads checked %lu, misses after warm-up %lu of %lu acquires, DRAM->GPU per iteration: predicted %lu, "
               "measured %lu\n",
               reads_checked, misses_after_warmup, acquires_after_warmup, predicted.h2d_bytes, h2d_measured);

@@ -117,6 +117,13 @@ int RunPlanCommand(const std::vector<std::string>& args) {
               Gb(sim->d2h_bytes).c_str(), Gb(sim->nvme_read_bytes).c_str(), Gb(sim->nvme_write_bytes).c_str());
   std::printf("peak: GPU %s, DRAM %s, NVMe %s\n", FormatBytes(sim->peak_gpu_bytes).c_str(),
               FormatBytes(sim->peak_dram_bytes).c_str(), FormatBytes(sim->peak_nvme_bytes).c_str());
+  std::printf("static layout: %s for at most %s live at once (%.2fx); %s\n", FormatBytes(plan->layout.size_bytes).c_str(),
+              FormatBytes(plan->layout.peak_live_bytes).c_str(),
+              plan->layout.peak_live_bytes > 0
+                  ? static_cast<double>(plan->layout.size_bytes) / plan->layout.peak_live_bytes
+                  : 1.0,
+              plan->layout_fits ? "fits the GPU budget: planned copies get fixed offsets"
+                                : "more than the GPU budget: placement would be online");
   std::vector<std::pair<double, size_t>> worst;
   for (size_t i = 0; i < graph.ops.size(); ++i) {
     if (sim->op_stall_seconds[i] > 0) worst.push_back({sim->op_stall_seconds[i], i});

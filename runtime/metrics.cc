@@ -83,6 +83,10 @@ std::string RenderPrometheus(const v1::StatsReply& stats) {
   const uint64_t acquires = stats.acquire_hits() + stats.stalls();
   absl::StrAppendFormat(&out, "tierd_prefetch_hit_ratio %.6f\n",
                         acquires == 0 ? 1.0 : static_cast<double>(stats.acquire_hits()) / acquires);
+  Family(&out, "tierd_placements_total", "counter",
+         "Copies placed where the planner's static layout put them (layout) or, that range taken, elsewhere (online).");
+  absl::StrAppendFormat(&out, "tierd_placements_total{where=\"layout\"} %d\n", stats.planned_placements());
+  absl::StrAppendFormat(&out, "tierd_placements_total{where=\"online\"} %d\n", stats.off_plan_placements());
   Family(&out, "tierd_sessions", "gauge", "Connected client sessions.");
   absl::StrAppendFormat(&out, "tierd_sessions %d\n", stats.sessions());
   Family(&out, "tierd_leases", "gauge", "Leased tensors.");

@@ -252,6 +252,8 @@ TEST_F(DaemonTest, TierctlAndPrometheusSeeWhatClientsDo) {
   EXPECT_NE(scraped.find("tierd_moved_bytes_total{from=\"gpu\",to=\"dram\"} 8192\n"), std::string::npos)
       << scraped;  // the pin moved the 8 KiB tensor down
   EXPECT_NE(scraped.find("tierd_tier_budget_bytes{tier=\"nvme\"} 100663296\n"), std::string::npos);
+  EXPECT_NE(scraped.find("tierd_placements_total{where=\"layout\"} 0\n"), std::string::npos)
+      << "no graph registered: nothing placed by a layout";
 }
 
 // The planner end to end: a client process registers its iteration graph, reports ops
@@ -276,6 +278,7 @@ TEST_F(DaemonTest, APlannedSessionIsServedAheadOfUseAndTierctlShowsIt) {
   const std::string dir = "--runtime_dir=" + runtime_dir_;
   Process plan("tools/tierctl/tierctl", {dir, "plan", "--session=" + session});
   EXPECT_NE(plan.WaitForLine("predicted per iteration:", 10000), "") << plan.output();
+  EXPECT_NE(plan.WaitForLine("static layout: ", 10000), "") << plan.output();
   EXPECT_NE(plan.WaitForLine("observed: 3 iteration(s)", 10000), "") << plan.output();
   EXPECT_EQ(plan.Wait(), 0);
   Process explain("tools/tierctl/tierctl", {dir, "plan", "--session=" + session, "--explain=opt.m.layers.3"});

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Runs on the lent GPU machine (carry .carry, made by tools/device/bundle.sh):
+#   device run: command="tools/device/kernels_check.sh", carry=[".carry"]
+# The reference trainer's CUDA kernels against the CPU reference on random data.
+# Logs go to $OUT (when set) as well as stdout.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out="${OUT:-/tmp/tierd-out}"
+mkdir -p "$out"
+export LD_LIBRARY_PATH="$PWD/.carry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+echo "== machine"; nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+echo "== gpu_ops_test"
+.carry/bin/gpu_ops_test 2>&1 | tee "$out/gpu_ops_test.log"

@@ -1,0 +1,255 @@
+// CUDA kernels of the reference trainer (see gpu_ops.h). Element-wise ops: one thread per
+// element (or pair), grid-stride. Row ops (norm, cross-entropy): one block per row, fp32
+// reductions through warp shuffles and shared memory.
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "trainer_ref/kernels/gpu_ops.h"
+
+namespace tierd::trainer::gpu {
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ float Load(const Bf16* p, int64_t i) {
+  return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(p)[i]);
+}
+__device__ __forceinline__ void Store(Bf16* p, int64_t i, float x) {
+  reinterpret_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(x);
+}
+
+int Blocks(int64_t count) {
+  const int64_t blocks = (count + kThreads - 1) / kThreads;
+  return static_cast<int>(blocks < 65535 * 16 ? (blocks > 0 ? blocks : 1) : 65535 * 16);
+}
+
+// The sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
+__device__ float BlockSum(float x) {
+  __shared__ float partial[32];
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  __syncthreads();  // partial may still be read by a previous call
+  if (lane == 0) partial[warp] = x;
+  __syncthreads();
+  x = lane < blockDim.x / 32 ? partial[lane] : 0.f;
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+__device__ float BlockMax(float x) {
+  __shared__ float partial[32];
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  __syncthreads();
+  if (lane == 0) partial[warp] = x;
+  __syncthreads();
+  x = lane < blockDim.x / 32 ? partial[lane] : -INFINITY;
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+
+__global__ void EmbeddingForwardKernel(Bf16* out, const int32_t* tokens, const Bf16* wte, int n, int c, int v) {
+  const int64_t total = int64_t{n} * c;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
+    const int row = static_cast<int>(i / c), col = static_cast<int>(i % c);
+    const int token = tokens[row];
+    out[i] = token >= 0 && token < v ? wte[int64_t{token} * c + col] : Bf16{0};
+  }
+}
+
+__global__ void EmbeddingBackwardKernel(float* dwte, const Bf16* dout, const int32_t* tokens, int n, int c, int v) {
+  const int64_t total = int64_t{n} * c;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
+    const int row = static_cast<int>(i / c), col = static_cast<int>(i % c);
+    const int token = tokens[row];
+    if (token >= 0 && token < v) atomicAdd(&dwte[int64_t{token} * c + col], Load(dout, i));
+  }
+}
+
+__global__ void RmsNormForwardKernel(Bf16* out, float* rstd, const Bf16* in, const float* weight, int c, float eps) {
+  const int64_t row = blockIdx.x;
+  const Bf16* x = in + row * c;
+  float sum = 0.f;
+  for (int j = threadIdx.x; j < c; j += blockDim.x) {
+    const float xj = Load(x, j);
+    sum += xj * xj;
+  }
+  sum = BlockSum(sum);
+  const float r = rsqrtf(sum / c + eps);
+  if (threadIdx.x == 0) rstd[row] = r;
+  for (int j = threadIdx.x; j < c; j += blockDim.x) Store(out, row * c + j, Load(x, j) * r * weight[j]);
+}
+
+__global__ void RmsNormBackwardKernel(Bf16* din, float* dweight, const Bf16* dout, const Bf16* in,
+                                      const float* weight, const float* rstd, int c) {
+  const int64_t row = blockIdx.x;
+  const Bf16* x = in + row * c;
+  const Bf16* dy = dout + row * c;
+  const float r = rstd[row];
+  float dot = 0.f;
+  for (int j = threadIdx.x; j < c; j += blockDim.x) dot += Load(dy, j) * weight[j] * Load(x, j);
+  const float mean = BlockSum(dot) / c;
+  for (int j = threadIdx.x; j < c; j += blockDim.x) {
+    const float xj = Load(x, j), dyj = Load(dy, j);
+    Store(din, row * c + j, Load(din, row * c + j) + r * (weight[j] * dyj - xj * r * r * mean));
+    atomicAdd(&dweight[j], dyj * xj * r);
+  }
+}
+
+// One thread per (row, head, pair): the pair turns by pos * base^(-2i/D) (sign -1: back).
+__global__ void RopeKernel(Bf16* x, int b, int t, int h, int d, float base, float sign) {
+  const int half = d / 2;
+  const int64_t total = int64_t{b} * t * h * half;
+  for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < total; k += int64_t{gridDim.x} * blockDim.x) {
+    const int i = static_cast<int>(k % half);
+    const int64_t row_head = k / half;  // row * h + head
+    const int pos = static_cast<int>((row_head / h) % t);
+    const float angle = sign * pos * powf(base, -2.f * i / d);
+    float sn, cs;
+    sincosf(angle, &sn, &cs);
+    const int64_t at = row_head * d + 2 * i;
+    const float a = Load(x, at), c = Load(x, at + 1);
+    Store(x, at, a * cs - c * sn);
+    Store(x, at + 1, a * sn + c * cs);
+  }
+}
+
+__device__ __forceinline__ float Sigmoid(float x) { return 1.f / (1.f + __expf(-x)); }
+
+__global__ void SwiGluForwardKernel(Bf16* out, const Bf16* gate, const Bf16* up, int64_t count) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x) {
+    const float g = Load(gate, i);
+    Store(out, i, g * Sigmoid(g) * Load(up, i));
+  }
+}
+
+__global__ void SwiGluBackwardKernel(Bf16* dgate, Bf16* dup, const Bf16* dout, const Bf16* gate, const Bf16* up,
+                                     int64_t count) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x) {
+    const float g = Load(gate, i), u = Load(up, i), dy = Load(dout, i), s = Sigmoid(g);
+    Store(dgate, i, Load(dgate, i) + dy * u * s * (1.f + g * (1.f - s)));
+    Store(dup, i, Load(dup, i) + dy * g * s);
+  }
+}
+
+__global__ void AddKernel(Bf16* out, const Bf16* a, const Bf16* b, int64_t count) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x) {
+    Store(out, i, Load(a, i) + Load(b, i));
+  }
+}
+
+// One block per row: max, sum of exp, the loss, then (softmax - onehot) / counted.
+__global__ void CrossEntropyKernel(float* losses, Bf16* dlogits, const Bf16* logits, const int32_t* targets, int v,
+                                   int counted) {
+  const int64_t row = blockIdx.x;
+  const Bf16* z = logits + row * v;
+  const int target = targets[row];
+  float max = -INFINITY;
+  for (int j = threadIdx.x; j < v; j += blockDim.x) max = fmaxf(max, Load(z, j));
+  max = BlockMax(max);
+  float sum = 0.f;
+  for (int j = threadIdx.x; j < v; j += blockDim.x) sum += __expf(Load(z, j) - max);
+  sum = BlockSum(sum);
+  const bool counts = target >= 0 && target < v && counted > 0;
+  if (threadIdx.x == 0) losses[row] = counts ? logf(sum) + max - Load(z, target) : 0.f;
+  if (dlogits == nullptr) return;
+  const float scale = counts ? 1.f / counted : 0.f;
+  for (int j = threadIdx.x; j < v; j += blockDim.x) {
+    const float p = __expf(Load(z, j) - max) / sum;
+    Store(dlogits, row * v + j, (p - (j == target ? 1.f : 0.f)) * scale);
+  }
+}
+
+__global__ void AdamWKernel(float* master, float* m, float* v, Bf16* weights, const Bf16* grads, int64_t n,
+                            AdamWParams p, float c1, float c2) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const float g = Load(grads, i) * p.grad_scale;
+    const float mi = p.beta1 * m[i] + (1.f - p.beta1) * g;
+    const float vi = p.beta2 * v[i] + (1.f - p.beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    float w = master[i];
+    if (p.decay) w -= p.lr * p.weight_decay * w;
+    w -= p.lr * (mi / c1) / (sqrtf(vi / c2) + p.eps);
+    master[i] = w;
+    Store(weights, i, w);
+  }
+}
+
+int RowThreads(int c) {
+  int threads = 32;
+  while (threads < c && threads < 1024) threads *= 2;
+  return threads;
+}
+
+}  // namespace
+
+void EmbeddingForward(Bf16* out, const int32_t* tokens, const Bf16* wte, int n, int c, int v, cudaStream_t stream) {
+  EmbeddingForwardKernel<<<Blocks(int64_t{n} * c), kThreads, 0, stream>>>(out, tokens, wte, n, c, v);
+}
+
+void EmbeddingBackward(float* dwte, const Bf16* dout, const int32_t* tokens, int n, int c, int v,
+                       cudaStream_t stream) {
+  EmbeddingBackwardKernel<<<Blocks(int64_t{n} * c), kThreads, 0, stream>>>(dwte, dout, tokens, n, c, v);
+}
+
+void RmsNormForward(Bf16* out, float* rstd, const Bf16* in, const float* weight, int n, int c, float eps,
+                    cudaStream_t stream) {
+  if (n > 0) RmsNormForwardKernel<<<n, RowThreads(c), 0, stream>>>(out, rstd, in, weight, c, eps);
+}
+
+void RmsNormBackward(Bf16* din, float* dweight, const Bf16* dout, const Bf16* in, const float* weight,
+                     const float* rstd, int n, int c, cudaStream_t stream) {
+  if (n > 0) RmsNormBackwardKernel<<<n, RowThreads(c), 0, stream>>>(din, dweight, dout, in, weight, rstd, c);
+}
+
+void RopeForward(Bf16* x, int b, int t, int h, int d, float base, cudaStream_t stream) {
+  RopeKernel<<<Blocks(int64_t{b} * t * h * (d / 2)), kThreads, 0, stream>>>(x, b, t, h, d, base, 1.f);
+}
+
+void RopeBackward(Bf16* dx, int b, int t, int h, int d, float base, cudaStream_t stream) {
+  RopeKernel<<<Blocks(int64_t{b} * t * h * (d / 2)), kThreads, 0, stream>>>(dx, b, t, h, d, base, -1.f);
+}
+
+void SwiGluForward(Bf16* out, const Bf16* gate, const Bf16* up, int n, int f, cudaStream_t stream) {
+  SwiGluForwardKernel<<<Blocks(int64_t{n} * f), kThreads, 0, stream>>>(out, gate, up, int64_t{n} * f);
+}
+
+void SwiGluBackward(Bf16* dgate, Bf16* dup, const Bf16* dout, const Bf16* gate, const Bf16* up, int n, int f,
+                    cudaStream_t stream) {
+  SwiGluBackwardKernel<<<Blocks(int64_t{n} * f), kThreads, 0, stream>>>(dgate, dup, dout, gate, up, int64_t{n} * f);
+}
+
+void Add(Bf16* out, const Bf16* a, const Bf16* b, int64_t count, cudaStream_t stream) {
+  AddKernel<<<Blocks(count), kThreads, 0, stream>>>(out, a, b, count);
+}
+
+void CrossEntropy(float* losses, Bf16* dlogits, const Bf16* logits, const int32_t* targets, int n, int v,
+                  int counted, cudaStream_t stream) {
+  if (n > 0) CrossEntropyKernel<<<n, 1024, 0, stream>>>(losses, dlogits, logits, targets, v, counted);
+}
+
+void AdamW(float* master, float* m, float* v, Bf16* weights, const Bf16* grads, int64_t n, const AdamWParams& p,
+           cudaStream_t stream) {
+  const float c1 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(p.step)));
+  const float c2 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(p.step)));
+  AdamWKernel<<<Blocks(n), kThreads, 0, stream>>>(master, m, v, weights, grads, n, p, c1, c2);
+}
+
+Bf16 ToBf16(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu) != 0) return static_cast<Bf16>((bits >> 16) | 0x40);
+  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest, ties to even
+  return static_cast<Bf16>(bits >> 16);
+}
+
+float FromBf16(Bf16 x) {
+  const uint32_t bits = static_cast<uint32_t>(x) << 16;
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+
+}  // namespace tierd::trainer::gpu

@@ -1,0 +1,74 @@
+// The reference trainer's ops on the GPU: bf16 storage with fp32 arithmetic and fp32
+// reductions, the same shapes and meanings as trainer_ref/cpu_ops.h (the oracle they are
+// checked against in gpu_ops_test). All pointers are device pointers; every function only
+// queues work on `stream` (no synchronisation). Backward functions ADD into the gradients
+// they produce, like the CPU ops, except where a comment says "writes".
+//
+// Storage: activations and weights bf16 (`Bf16`, the raw 16 bits), norm weights and their
+// gradients fp32 (they are small and sensitive), per-row statistics fp32, the optimizer's
+// master weights and moments fp32.
+#ifndef TIERD_TRAINER_REF_KERNELS_GPU_OPS_H_
+#define TIERD_TRAINER_REF_KERNELS_GPU_OPS_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace tierd::trainer::gpu {
+
+using Bf16 = uint16_t;  // bfloat16 bits; device code reads them as __nv_bfloat16
+
+// out (N, C) = wte[tokens], wte (V, C). Tokens outside [0, V) give zero rows.
+void EmbeddingForward(Bf16* out, const int32_t* tokens, const Bf16* wte, int n, int c, int v, cudaStream_t stream);
+// dwte (V, C, fp32) += dout rows scattered by token (atomic adds: the order of the sums,
+// and so the last bits, may differ from run to run).
+void EmbeddingBackward(float* dwte, const Bf16* dout, const int32_t* tokens, int n, int c, int v,
+                       cudaStream_t stream);
+
+// out = in * rstd * weight; rstd (N) = 1 / sqrt(mean(in^2) + eps), written for backward.
+void RmsNormForward(Bf16* out, float* rstd, const Bf16* in, const float* weight, int n, int c, float eps,
+                    cudaStream_t stream);
+// din (bf16) += d/d(in); dweight (fp32, C) += sum over rows (atomic adds across row blocks).
+void RmsNormBackward(Bf16* din, float* dweight, const Bf16* dout, const Bf16* in, const float* weight,
+                     const float* rstd, int n, int c, cudaStream_t stream);
+
+// Rotary embedding in place on x (B*T, H, D), as cpu::RopeForward; backward turns back.
+void RopeForward(Bf16* x, int b, int t, int h, int d, float base, cudaStream_t stream);
+void RopeBackward(Bf16* dx, int b, int t, int h, int d, float base, cudaStream_t stream);
+
+// out (N, F) = silu(gate) * up; backward adds into dgate and dup.
+void SwiGluForward(Bf16* out, const Bf16* gate, const Bf16* up, int n, int f, cudaStream_t stream);
+void SwiGluBackward(Bf16* dgate, Bf16* dup, const Bf16* dout, const Bf16* gate, const Bf16* up, int n, int f,
+                    cudaStream_t stream);
+
+// out = a + b (element-wise, `count` values).
+void Add(Bf16* out, const Bf16* a, const Bf16* b, int64_t count, cudaStream_t stream);
+
+// Cross-entropy fused with its backward: losses (N, fp32) writes each row's loss (0 for an
+// ignored row, target < 0); dlogits (N, V) writes (softmax - onehot) / counted, where
+// `counted` is the number of rows with a target (the mean's divisor, known to the caller).
+// dlogits may be null (validation).
+void CrossEntropy(float* losses, Bf16* dlogits, const Bf16* logits, const int32_t* targets, int n, int v,
+                  int counted, cudaStream_t stream);
+
+// AdamW on `n` parameters: fp32 master, m, v updated in place from grads (bf16) scaled by
+// grad_scale (the clip factor / accumulation divisor); the bf16 weights the model reads
+// are written from the new master. Bias correction for `step` (1-based); decoupled decay
+// when `decay`.
+struct AdamWParams {
+  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
+  int64_t step = 1;
+  float grad_scale = 1.0f;
+  bool decay = true;
+};
+void AdamW(float* master, float* m, float* v, Bf16* weights, const Bf16* grads, int64_t n, const AdamWParams& p,
+           cudaStream_t stream);
+
+// Host conversions with the device's rounding (round to nearest even), for tests and
+// loaders.
+Bf16 ToBf16(float x);
+float FromBf16(Bf16 x);
+
+}  // namespace tierd::trainer::gpu
+
+#endif  // TIERD_TRAINER_REF_KERNELS_GPU_OPS_H_

@@ -1,0 +1,263 @@
+// Every GPU kernel against the CPU reference (trainer_ref/cpu_ops, optimizer) on random
+// inputs, never zeros. Inputs are rounded to bf16 first and the reference runs in fp32 on
+// the rounded values, so what is compared is the kernel's arithmetic and its output
+// rounding. Tolerances, per output dtype:
+//   bf16 outputs:   |gpu - cpu| <= 2^-7 |cpu| + atol (one bf16 rounding is <= 2^-9 relative;
+//                   a value summed in fp32 then rounded once stays well inside 2^-7)
+//   fp32 outputs:   1e-5 relative (+ atol), 1e-4 where atomics sum in another order
+// Needs a CUDA device: without one every test is skipped (and says so).
+#include "trainer_ref/kernels/gpu_ops.h"
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "trainer_ref/cpu_ops.h"
+#include "trainer_ref/optimizer.h"
+
+namespace tierd::trainer::gpu {
+namespace {
+
+bool HaveGpu() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+#define SKIP_WITHOUT_GPU() \
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device here: the kernels are checked on the lent GPU machine"
+
+template <typename T>
+class Device {
+ public:
+  explicit Device(const std::vector<T>& host) : count_(host.size()) {
+    EXPECT_EQ(cudaMalloc(&ptr_, Bytes()), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(ptr_, host.data(), Bytes(), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~Device() { cudaFree(ptr_); }
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+  T* get() { return static_cast<T*>(ptr_); }
+  std::vector<T> Host() {
+    std::vector<T> out(count_);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(out.data(), ptr_, Bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+    return out;
+  }
+
+ private:
+  size_t Bytes() const { return std::max<size_t>(count_, 1) * sizeof(T); }
+  void* ptr_ = nullptr;
+  size_t count_;
+};
+
+// Random values, rounded to bf16: the bits for the device and the floats for the reference.
+struct Bf16Data {
+  std::vector<Bf16> bits;
+  std::vector<float> values;
+};
+Bf16Data Random(size_t n, std::mt19937_64& rng, float scale = 1.f) {
+  std::normal_distribution<float> normal(0.f, scale);
+  Bf16Data d;
+  for (size_t i = 0; i < n; ++i) {
+    float x = normal(rng);
+    if (x == 0.f) x = scale * 1e-3f;  // never zeros
+    d.bits.push_back(ToBf16(x));
+    d.values.push_back(FromBf16(d.bits.back()));
+  }
+  return d;
+}
+std::vector<float> Floats(const std::vector<Bf16>& bits) {
+  std::vector<float> out;
+  for (Bf16 b : bits) out.push_back(FromBf16(b));
+  return out;
+}
+
+// Returns how many elements are off; prints the first few.
+int CompareBf16(const std::vector<float>& gpu, const std::vector<float>& cpu, float atol, const std::string& what) {
+  EXPECT_EQ(gpu.size(), cpu.size()) << what;
+  int off = 0;
+  for (size_t i = 0; i < std::min(gpu.size(), cpu.size()); ++i) {
+    const float tolerance = std::ldexp(std::fabs(cpu[i]), -7) + atol;
+    if (!(std::fabs(gpu[i] - cpu[i]) <= tolerance)) {
+      if (off++ < 5) ADD_FAILURE() << what << "[" << i << "]: gpu " << gpu[i] << " cpu " << cpu[i];
+    }
+  }
+  return off;
+}
+int CompareF32(const std::vector<float>& gpu, const std::vector<float>& cpu, float rtol, float atol,
+               const std::string& what) {
+  EXPECT_EQ(gpu.size(), cpu.size()) << what;
+  int off = 0;
+  for (size_t i = 0; i < std::min(gpu.size(), cpu.size()); ++i) {
+    if (!(std::fabs(gpu[i] - cpu[i]) <= rtol * std::fabs(cpu[i]) + atol)) {
+      if (off++ < 5) ADD_FAILURE() << what << "[" << i << "]: gpu " << gpu[i] << " cpu " << cpu[i];
+    }
+  }
+  return off;
+}
+
+TEST(GpuOpsTest, Bf16RoundingMatchesTheDevice) {
+  // Host conversions: exact for representable values, nearest-even otherwise.
+  EXPECT_EQ(FromBf16(ToBf16(1.0f)), 1.0f);
+  EXPECT_EQ(FromBf16(ToBf16(-2.5f)), -2.5f);
+  EXPECT_EQ(FromBf16(ToBf16(1.0f + 1.0f / 256)), 1.0f);           // a tie: to even (1.0)
+  EXPECT_EQ(FromBf16(ToBf16(1.0f + 3.0f / 256)), 1.0f + 4.0f / 256);  // a tie: to even (1 + 2/128)
+  EXPECT_TRUE(std::isnan(FromBf16(ToBf16(std::nanf("")))));
+}
+
+TEST(GpuOpsTest, EmbeddingForwardAndBackward) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(1);
+  const int n = 77, c = 96, v = 50;
+  const Bf16Data wte = Random(size_t{v} * c, rng);
+  std::vector<int32_t> tokens(n);
+  for (int& t : tokens) t = static_cast<int>(rng() % v);
+  Device<Bf16> d_wte(wte.bits), d_out{std::vector<Bf16>(size_t{n} * c)};
+  Device<int32_t> d_tokens(tokens);
+  EmbeddingForward(d_out.get(), d_tokens.get(), d_wte.get(), n, c, v, nullptr);
+  std::vector<float> cpu(size_t{n} * c);
+  cpu::EmbeddingForward(cpu.data(), tokens.data(), wte.values.data(), n, c);
+  EXPECT_EQ(CompareBf16(Floats(d_out.Host()), cpu, 0.f, "embedding out"), 0);
+
+  const Bf16Data dout = Random(size_t{n} * c, rng);
+  std::vector<float> dwte(size_t{v} * c, 0.25f);
+  Device<Bf16> d_dout(dout.bits);
+  Device<float> d_dwte(dwte);
+  EmbeddingBackward(d_dwte.get(), d_dout.get(), d_tokens.get(), n, c, v, nullptr);
+  cpu::EmbeddingBackward(dwte.data(), dout.values.data(), tokens.data(), n, c);
+  EXPECT_EQ(CompareF32(d_dwte.Host(), dwte, 1e-4f, 1e-5f, "dwte"), 0);
+}
+
+TEST(GpuOpsTest, RmsNormForwardAndBackward) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(2);
+  for (int c : {64, 1000, 4096}) {
+    const int n = 33;
+    const Bf16Data in = Random(size_t{n} * c, rng, 2.f), dout = Random(size_t{n} * c, rng), din0 = Random(size_t{n} * c, rng);
+    std::vector<float> weight(c);
+    std::normal_distribution<float> w(1.f, 0.1f);
+    for (float& x : weight) x = w(rng);
+    Device<Bf16> d_in(in.bits), d_out{std::vector<Bf16>(size_t{n} * c)}, d_dout(dout.bits), d_din(din0.bits);
+    Device<float> d_weight(weight), d_rstd{std::vector<float>(n)}, d_dweight{std::vector<float>(c, 0.5f)};
+    RmsNormForward(d_out.get(), d_rstd.get(), d_in.get(), d_weight.get(), n, c, 1e-5f, nullptr);
+    RmsNormBackward(d_din.get(), d_dweight.get(), d_dout.get(), d_in.get(), d_weight.get(), d_rstd.get(), n, c, nullptr);
+    std::vector<float> out(size_t{n} * c), rstd(n), din = din0.values, dweight(c, 0.5f);
+    cpu::RmsNormForward(out.data(), rstd.data(), in.values.data(), weight.data(), n, c, 1e-5f);
+    cpu::RmsNormBackward(din.data(), dweight.data(), dout.values.data(), in.values.data(), weight.data(), rstd.data(),
+                         n, c);
+    const std::string at = " (C " + std::to_string(c) + ")";
+    EXPECT_EQ(CompareBf16(Floats(d_out.Host()), out, 1e-6f, "rmsnorm out" + at), 0);
+    EXPECT_EQ(CompareF32(d_rstd.Host(), rstd, 1e-5f, 0.f, "rstd" + at), 0);
+    EXPECT_EQ(CompareBf16(Floats(d_din.Host()), din, 1e-3f, "rmsnorm din" + at), 0);
+    EXPECT_EQ(CompareF32(d_dweight.Host(), dweight, 1e-4f, 1e-4f, "rmsnorm dweight" + at), 0);
+  }
+}
+
+TEST(GpuOpsTest, RopeForwardAndBackward) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(3);
+  const int b = 2, t = 37, h = 4, d = 32;
+  const Bf16Data x = Random(size_t{b} * t * h * d, rng);
+  Device<Bf16> d_x(x.bits);
+  RopeForward(d_x.get(), b, t, h, d, 10000.f, nullptr);
+  std::vector<float> cpu = x.values;
+  cpu::RopeForward(cpu.data(), b, t, h, d, 10000.f);
+  EXPECT_EQ(CompareBf16(Floats(d_x.Host()), cpu, 1e-3f, "rope forward"), 0);
+  Device<Bf16> d_dx(x.bits);
+  RopeBackward(d_dx.get(), b, t, h, d, 10000.f, nullptr);
+  std::vector<float> back = x.values;
+  cpu::RopeBackward(back.data(), b, t, h, d, 10000.f);
+  EXPECT_EQ(CompareBf16(Floats(d_dx.Host()), back, 1e-3f, "rope backward"), 0);
+}
+
+TEST(GpuOpsTest, SwiGluAndAdd) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(4);
+  const int n = 45, f = 300;
+  const size_t count = size_t{n} * f;
+  const Bf16Data gate = Random(count, rng, 2.f), up = Random(count, rng), dout = Random(count, rng),
+                 dgate0 = Random(count, rng), dup0 = Random(count, rng);
+  Device<Bf16> d_gate(gate.bits), d_up(up.bits), d_out{std::vector<Bf16>(count)}, d_dout(dout.bits),
+      d_dgate(dgate0.bits), d_dup(dup0.bits);
+  SwiGluForward(d_out.get(), d_gate.get(), d_up.get(), n, f, nullptr);
+  SwiGluBackward(d_dgate.get(), d_dup.get(), d_dout.get(), d_gate.get(), d_up.get(), n, f, nullptr);
+  std::vector<float> out(count), dgate = dgate0.values, dup = dup0.values;
+  cpu::SwiGluForward(out.data(), gate.values.data(), up.values.data(), n, f);
+  cpu::SwiGluBackward(dgate.data(), dup.data(), dout.values.data(), gate.values.data(), up.values.data(), n, f);
+  EXPECT_EQ(CompareBf16(Floats(d_out.Host()), out, 1e-4f, "swiglu out"), 0);
+  EXPECT_EQ(CompareBf16(Floats(d_dgate.Host()), dgate, 1e-3f, "swiglu dgate"), 0);
+  EXPECT_EQ(CompareBf16(Floats(d_dup.Host()), dup, 1e-3f, "swiglu dup"), 0);
+  Device<Bf16> d_sum{std::vector<Bf16>(count)};
+  Add(d_sum.get(), d_gate.get(), d_up.get(), static_cast<int64_t>(count), nullptr);
+  std::vector<float> sum(count);
+  for (size_t i = 0; i < count; ++i) sum[i] = gate.values[i] + up.values[i];
+  EXPECT_EQ(CompareBf16(Floats(d_sum.Host()), sum, 0.f, "add"), 0);
+}
+
+TEST(GpuOpsTest, CrossEntropyLossAndGradient) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(5);
+  for (int v : {50, 32000}) {
+    const int n = 19;
+    const Bf16Data logits = Random(size_t{n} * v, rng, 3.f);
+    std::vector<int32_t> targets(n);
+    for (int& t : targets) t = static_cast<int>(rng() % v);
+    targets[3] = -1;  // ignored
+    int counted = 0;
+    for (int t : targets) counted += t >= 0;
+    Device<Bf16> d_logits(logits.bits), d_dlogits{std::vector<Bf16>(size_t{n} * v)};
+    Device<int32_t> d_targets(targets);
+    Device<float> d_losses{std::vector<float>(n)};
+    CrossEntropy(d_losses.get(), d_dlogits.get(), d_logits.get(), d_targets.get(), n, v, counted, nullptr);
+    const std::vector<float> losses = d_losses.Host();
+    double mean = 0;
+    for (float l : losses) mean += l / counted;
+    EXPECT_EQ(losses[3], 0.f) << "an ignored row has no loss";
+    const float cpu_loss = cpu::CrossEntropyForward(logits.values.data(), targets.data(), n, v);
+    EXPECT_NEAR(mean, cpu_loss, 1e-4 * std::fabs(cpu_loss)) << "V " << v;
+    std::vector<float> dlogits(size_t{n} * v);
+    cpu::CrossEntropyBackward(dlogits.data(), logits.values.data(), targets.data(), n, v);
+    EXPECT_EQ(CompareBf16(Floats(d_dlogits.Host()), dlogits, 1e-8f, "dlogits (V " + std::to_string(v) + ")"), 0);
+  }
+}
+
+TEST(GpuOpsTest, AdamWMatchesTheCpuOptimizer) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(6);
+  const int64_t n = 10007;
+  const Bf16Data grads = Random(n, rng, 0.01f);
+  std::normal_distribution<float> normal(0.f, 0.02f);
+  std::vector<float> master(n), m(n), v(n);
+  for (int64_t i = 0; i < n; ++i) {
+    master[i] = normal(rng);
+    m[i] = normal(rng) * 0.1f;
+    v[i] = std::fabs(normal(rng)) * 1e-3f + 1e-6f;
+  }
+  AdamWParams p;
+  p.lr = 3e-4f;
+  p.step = 7;
+  p.grad_scale = 0.5f;
+  Device<float> d_master(master), d_m(m), d_v(v);
+  Device<Bf16> d_w{std::vector<Bf16>(n)}, d_g(grads.bits);
+  AdamW(d_master.get(), d_m.get(), d_v.get(), d_w.get(), d_g.get(), n, p, nullptr);
+  std::vector<float> g(n);
+  for (int64_t i = 0; i < n; ++i) g[i] = grads.values[i] * p.grad_scale;
+  AdamWOptions o;
+  o.beta1 = p.beta1;
+  o.beta2 = p.beta2;
+  o.eps = p.eps;
+  o.weight_decay = p.weight_decay;
+  AdamWStep(master.data(), g.data(), m.data(), v.data(), n, p.lr, p.step, o, /*decay=*/true);
+  EXPECT_EQ(CompareF32(d_master.Host(), master, 1e-5f, 1e-7f, "master"), 0);
+  EXPECT_EQ(CompareF32(d_m.Host(), m, 1e-5f, 1e-9f, "m"), 0);
+  EXPECT_EQ(CompareF32(d_v.Host(), v, 1e-5f, 1e-12f, "v"), 0);
+  EXPECT_EQ(CompareBf16(Floats(d_w.Host()), master, 0.f, "bf16 weights"), 0);
+}
+
+}  // namespace
+}  // namespace tierd::trainer::gpu

@@ -177,6 +177,130 @@ __global__ void AdamWKernel(float* master, float* m, float* v, Bf16* weights, co
   }
 }
 
+// Attention, one warp per row. Each lane holds D/32 (<= 8) elements of the row's vectors.
+constexpr int kMaxPerLane = 8;
+
+__device__ __forceinline__ float WarpSum(float x) {
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+// Row `row` of (B, T, H*D) for head `head`: the D values start here.
+__device__ __forceinline__ int64_t RowAt(int bi, int ti, int head, int t, int h, int d) {
+  return (int64_t{bi} * t + ti) * h * d + int64_t{head} * d;
+}
+
+__global__ void AttentionForwardKernel(Bf16* out, float* lse, const Bf16* q, const Bf16* k, const Bf16* v, int b, int t,
+                                       int h, int d, float scale) {
+  const int64_t warp = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (warp >= int64_t{b} * h * t) return;
+  const int ti = static_cast<int>(warp % t), head = static_cast<int>((warp / t) % h), bi = static_cast<int>(warp / (int64_t{t} * h));
+  const int per = d / 32;
+  float qv[kMaxPerLane], acc[kMaxPerLane];
+  const int64_t qrow = RowAt(bi, ti, head, t, h, d);
+  for (int e = 0; e < per; ++e) {
+    qv[e] = Load(q, qrow + lane + 32 * e) * scale;
+    acc[e] = 0.f;
+  }
+  float max = -INFINITY, sum = 0.f;
+  for (int tj = 0; tj <= ti; ++tj) {
+    const int64_t krow = RowAt(bi, tj, head, t, h, d);
+    float s = 0.f;
+    for (int e = 0; e < per; ++e) s += qv[e] * Load(k, krow + lane + 32 * e);
+    s = WarpSum(s);
+    const float new_max = fmaxf(max, s);
+    const float correction = __expf(max - new_max), p = __expf(s - new_max);
+    sum = sum * correction + p;
+    for (int e = 0; e < per; ++e) acc[e] = acc[e] * correction + p * Load(v, krow + lane + 32 * e);
+    max = new_max;
+  }
+  for (int e = 0; e < per; ++e) Store(out, qrow + lane + 32 * e, acc[e] / sum);
+  if (lane == 0) lse[(int64_t{bi} * h + head) * t + ti] = max + logf(sum);
+}
+
+// dq: one warp per query row i, over keys j <= i.
+__global__ void AttentionBackwardQueryKernel(Bf16* dq, const Bf16* dout, const Bf16* out, const float* lse,
+                                             const Bf16* q, const Bf16* k, const Bf16* v, int b, int t, int h, int d,
+                                             float scale) {
+  const int64_t warp = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (warp >= int64_t{b} * h * t) return;
+  const int ti = static_cast<int>(warp % t), head = static_cast<int>((warp / t) % h), bi = static_cast<int>(warp / (int64_t{t} * h));
+  const int per = d / 32;
+  const int64_t row = RowAt(bi, ti, head, t, h, d);
+  float qv[kMaxPerLane], dov[kMaxPerLane], grad[kMaxPerLane];
+  float delta = 0.f;  // D_i = dO_i . O_i
+  for (int e = 0; e < per; ++e) {
+    qv[e] = Load(q, row + lane + 32 * e) * scale;
+    dov[e] = Load(dout, row + lane + 32 * e);
+    delta += dov[e] * Load(out, row + lane + 32 * e);
+    grad[e] = 0.f;
+  }
+  delta = WarpSum(delta);
+  const float l = lse[(int64_t{bi} * h + head) * t + ti];
+  for (int tj = 0; tj <= ti; ++tj) {
+    const int64_t krow = RowAt(bi, tj, head, t, h, d);
+    float s = 0.f, dp = 0.f;
+    for (int e = 0; e < per; ++e) {
+      s += qv[e] * Load(k, krow + lane + 32 * e);
+      dp += dov[e] * Load(v, krow + lane + 32 * e);
+    }
+    s = WarpSum(s);
+    dp = WarpSum(dp);
+    const float ds = __expf(s - l) * (dp - delta);
+    for (int e = 0; e < per; ++e) grad[e] += ds * Load(k, krow + lane + 32 * e);
+  }
+  for (int e = 0; e < per; ++e) {
+    const int64_t at = row + lane + 32 * e;
+    Store(dq, at, Load(dq, at) + grad[e] * scale);
+  }
+}
+
+// dk, dv: one warp per key row j, over queries i >= j.
+__global__ void AttentionBackwardKeyKernel(Bf16* dk, Bf16* dv, const Bf16* dout, const Bf16* out, const float* lse,
+                                           const Bf16* q, const Bf16* k, const Bf16* v, int b, int t, int h, int d,
+                                           float scale) {
+  const int64_t warp = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (warp >= int64_t{b} * h * t) return;
+  const int tj = static_cast<int>(warp % t), head = static_cast<int>((warp / t) % h), bi = static_cast<int>(warp / (int64_t{t} * h));
+  const int per = d / 32;
+  const int64_t krow = RowAt(bi, tj, head, t, h, d);
+  float kv[kMaxPerLane], vv[kMaxPerLane], gk[kMaxPerLane], gv[kMaxPerLane];
+  for (int e = 0; e < per; ++e) {
+    kv[e] = Load(k, krow + lane + 32 * e);
+    vv[e] = Load(v, krow + lane + 32 * e);
+    gk[e] = gv[e] = 0.f;
+  }
+  for (int ti = tj; ti < t; ++ti) {
+    const int64_t row = RowAt(bi, ti, head, t, h, d);
+    float s = 0.f, dp = 0.f, delta = 0.f;
+    for (int e = 0; e < per; ++e) {
+      const float dov = Load(dout, row + lane + 32 * e);
+      s += Load(q, row + lane + 32 * e) * kv[e];
+      dp += dov * vv[e];
+      delta += dov * Load(out, row + lane + 32 * e);
+    }
+    s = WarpSum(s) * scale;
+    dp = WarpSum(dp);
+    delta = WarpSum(delta);
+    const float p = __expf(s - lse[(int64_t{bi} * h + head) * t + ti]);
+    const float ds = p * (dp - delta);
+    for (int e = 0; e < per; ++e) {
+      gv[e] += p * Load(dout, row + lane + 32 * e);
+      gk[e] += ds * Load(q, row + lane + 32 * e);
+    }
+  }
+  for (int e = 0; e < per; ++e) {
+    const int64_t at = krow + lane + 32 * e;
+    Store(dk, at, Load(dk, at) + gk[e] * scale);
+    Store(dv, at, Load(dv, at) + gv[e]);
+  }
+}
+
+int WarpBlocks(int64_t warps) { return static_cast<int>((warps * 32 + kThreads - 1) / kThreads); }
+
 int RowThreads(int c) {
   int threads = 32;
   while (threads < c && threads < 1024) threads *= 2;
@@ -228,6 +352,25 @@ void Add(Bf16* out, const Bf16* a, const Bf16* b, int64_t count, cudaStream_t st
 void CrossEntropy(float* losses, Bf16* dlogits, const Bf16* logits, const int32_t* targets, int n, int v,
                   int counted, cudaStream_t stream) {
   if (n > 0) CrossEntropyKernel<<<n, 1024, 0, stream>>>(losses, dlogits, logits, targets, v, counted);
+}
+
+void AttentionForward(Bf16* out, float* lse, const Bf16* q, const Bf16* k, const Bf16* v, int b, int t, int h, int d,
+                      cudaStream_t stream) {
+  const int64_t rows = int64_t{b} * h * t;
+  if (rows == 0) return;
+  AttentionForwardKernel<<<WarpBlocks(rows), kThreads, 0, stream>>>(out, lse, q, k, v, b, t, h, d,
+                                                                   1.f / sqrtf(static_cast<float>(d)));
+}
+
+void AttentionBackward(Bf16* dq, Bf16* dk, Bf16* dv, const Bf16* dout, const Bf16* out, const float* lse,
+                       const Bf16* q, const Bf16* k, const Bf16* v, int b, int t, int h, int d, cudaStream_t stream) {
+  const int64_t rows = int64_t{b} * h * t;
+  if (rows == 0) return;
+  const float scale = 1.f / sqrtf(static_cast<float>(d));
+  AttentionBackwardQueryKernel<<<WarpBlocks(rows), kThreads, 0, stream>>>(dq, dout, out, lse, q, k, v, b, t, h, d,
+                                                                         scale);
+  AttentionBackwardKeyKernel<<<WarpBlocks(rows), kThreads, 0, stream>>>(dk, dv, dout, out, lse, q, k, v, b, t, h, d,
+                                                                       scale);
 }
 
 void AdamW(float* master, float* m, float* v, Bf16* weights, const Bf16* grads, int64_t n, const AdamWParams& p,

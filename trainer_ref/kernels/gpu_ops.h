@@ -51,6 +51,16 @@ void Add(Bf16* out, const Bf16* a, const Bf16* b, int64_t count, cudaStream_t st
 void CrossEntropy(float* losses, Bf16* dlogits, const Bf16* logits, const int32_t* targets, int n, int v,
                   int counted, cudaStream_t stream);
 
+// Causal attention without a T x T matrix: q, k, v, out (B, T, H*D); lse (B, H, T, fp32)
+// writes each row's log-sum-exp of its scaled scores, for backward. Scores are scaled by
+// 1/sqrt(D); softmax online in fp32 (one warp per query row, D a multiple of 32, at most
+// 256). Backward adds into dq, dk, dv, recomputing the probabilities from lse; every
+// gradient row is summed by one warp in a fixed order (deterministic, no atomics).
+void AttentionForward(Bf16* out, float* lse, const Bf16* q, const Bf16* k, const Bf16* v, int b, int t, int h, int d,
+                      cudaStream_t stream);
+void AttentionBackward(Bf16* dq, Bf16* dk, Bf16* dv, const Bf16* dout, const Bf16* out, const float* lse,
+                       const Bf16* q, const Bf16* k, const Bf16* v, int b, int t, int h, int d, cudaStream_t stream);
+
 // AdamW on `n` parameters: fp32 master, m, v updated in place from grads (bf16) scaled by
 // grad_scale (the clip factor / accumulation divisor); the bf16 weights the model reads
 // are written from the new master. Bias correction for `step` (1-based); decoupled decay

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "trainer_ref/cpu_ops.h"
+#include "trainer_ref/kernels/gemm.h"
 #include "trainer_ref/optimizer.h"
 
 namespace tierd::trainer::gpu {
@@ -257,6 +258,61 @@ TEST(GpuOpsTest, AdamWMatchesTheCpuOptimizer) {
   EXPECT_EQ(CompareF32(d_m.Host(), m, 1e-5f, 1e-9f, "m"), 0);
   EXPECT_EQ(CompareF32(d_v.Host(), v, 1e-5f, 1e-12f, "v"), 0);
   EXPECT_EQ(CompareBf16(Floats(d_w.Host()), master, 0.f, "bf16 weights"), 0);
+}
+
+// Sums of many bf16 products: the reference sums the same rounded inputs in fp32, the GPU
+// in fp32 in another order, and rounds once; atol covers cancellation near zero.
+TEST(GpuOpsTest, MatmulForwardAndBackwardThroughCublasLt) {
+  SKIP_WITHOUT_GPU();
+  auto gemm = Gemm::Create();
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  std::mt19937_64 rng(7);
+  const int n = 100, ic = 96, oc = 130;
+  const Bf16Data in = Random(size_t{n} * ic, rng), w = Random(size_t{oc} * ic, rng, 0.1f),
+                 dout = Random(size_t{n} * oc, rng), din0 = Random(size_t{n} * ic, rng),
+                 dw0 = Random(size_t{oc} * ic, rng);
+  Device<Bf16> d_in(in.bits), d_w(w.bits), d_out{std::vector<Bf16>(size_t{n} * oc)}, d_dout(dout.bits),
+      d_din(din0.bits), d_dw(dw0.bits);
+  ASSERT_TRUE((*gemm)->Forward(d_out.get(), d_in.get(), d_w.get(), n, ic, oc, nullptr).ok());
+  ASSERT_TRUE((*gemm)->Backward(d_din.get(), d_dw.get(), d_dout.get(), d_in.get(), d_w.get(), n, ic, oc, nullptr).ok());
+  std::vector<float> out(size_t{n} * oc), din = din0.values, dw = dw0.values;
+  cpu::MatmulForward(out.data(), in.values.data(), w.values.data(), n, ic, oc);
+  cpu::MatmulBackward(din.data(), dw.data(), dout.values.data(), in.values.data(), w.values.data(), n, ic, oc);
+  EXPECT_EQ(CompareBf16(Floats(d_out.Host()), out, 1e-2f, "matmul out"), 0);
+  EXPECT_EQ(CompareBf16(Floats(d_din.Host()), din, 1e-2f, "matmul din"), 0);
+  EXPECT_EQ(CompareBf16(Floats(d_dw.Host()), dw, 5e-2f, "matmul dweight"), 0);  // sums over 100 rows
+  // Accumulating forward: out += in x w^T.
+  ASSERT_TRUE((*gemm)->Forward(d_out.get(), d_in.get(), d_w.get(), n, ic, oc, nullptr, /*accumulate=*/true).ok());
+  for (float& x : out) x *= 2;
+  EXPECT_EQ(CompareBf16(Floats(d_out.Host()), out, 2e-2f, "matmul out, accumulated"), 0);
+}
+
+// Online softmax against the CPU's materialized probabilities. Gradients are sums over up to
+// T rows of products of bf16 values: atol 2e-2 on values of order 1.
+TEST(GpuOpsTest, CausalAttentionForwardAndBackward) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(8);
+  for (int d : {32, 64, 128}) {
+    const int b = 2, t = 70, h = 3;
+    const size_t count = size_t{b} * t * h * d;
+    const Bf16Data q = Random(count, rng), k = Random(count, rng), v = Random(count, rng), dout = Random(count, rng),
+                   dq0 = Random(count, rng), dk0 = Random(count, rng), dv0 = Random(count, rng);
+    Device<Bf16> d_q(q.bits), d_k(k.bits), d_v(v.bits), d_out{std::vector<Bf16>(count)}, d_dout(dout.bits),
+        d_dq(dq0.bits), d_dk(dk0.bits), d_dv(dv0.bits);
+    Device<float> d_lse{std::vector<float>(size_t{b} * h * t)};
+    AttentionForward(d_out.get(), d_lse.get(), d_q.get(), d_k.get(), d_v.get(), b, t, h, d, nullptr);
+    AttentionBackward(d_dq.get(), d_dk.get(), d_dv.get(), d_dout.get(), d_out.get(), d_lse.get(), d_q.get(), d_k.get(),
+                      d_v.get(), b, t, h, d, nullptr);
+    std::vector<float> out(count), att(size_t{b} * h * t * t), dq = dq0.values, dk = dk0.values, dv = dv0.values;
+    cpu::AttentionForward(out.data(), att.data(), q.values.data(), k.values.data(), v.values.data(), b, t, h, d);
+    cpu::AttentionBackward(dq.data(), dk.data(), dv.data(), dout.values.data(), att.data(), q.values.data(),
+                           k.values.data(), v.values.data(), b, t, h, d);
+    const std::string at = " (D " + std::to_string(d) + ")";
+    EXPECT_EQ(CompareBf16(Floats(d_out.Host()), out, 1e-2f, "attention out" + at), 0);
+    EXPECT_EQ(CompareBf16(Floats(d_dq.Host()), dq, 2e-2f, "attention dq" + at), 0);
+    EXPECT_EQ(CompareBf16(Floats(d_dk.Host()), dk, 2e-2f, "attention dk" + at), 0);
+    EXPECT_EQ(CompareBf16(Floats(d_dv.Host()), dv, 2e-2f, "attention dv" + at), 0);
+  }
 }
 
 }  // namespace

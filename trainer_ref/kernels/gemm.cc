@@ -43,7 +43,7 @@ Gemm::~Gemm() {
 }
 
 absl::Status Gemm::Matmul(bool trans_a, bool trans_b, int m, int n, int k, const Bf16* a, int lda, const Bf16* b,
-                          int ldb, Bf16* d, int ldd, float beta, cudaStream_t stream) {
+                          int ldb, void* d, bool d_fp32, int ldd, float beta, cudaStream_t stream) {
   if (m == 0 || n == 0 || k == 0) return absl::OkStatus();
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
@@ -62,7 +62,7 @@ absl::Status Gemm::Matmul(bool trans_a, bool trans_b, int m, int n, int k, const
   // Stored shapes (column major): A is m x k (k x m when transposed), B k x n (n x k).
   if (s.ok()) s = Check(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, trans_a ? k : m, trans_a ? m : k, lda), "layout a");
   if (s.ok()) s = Check(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, trans_b ? n : k, trans_b ? k : n, ldb), "layout b");
-  if (s.ok()) s = Check(cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, m, n, ldd), "layout d");
+  if (s.ok()) s = Check(cublasLtMatrixLayoutCreate(&ld, d_fp32 ? CUDA_R_32F : CUDA_R_16BF, m, n, ldd), "layout d");
   if (s.ok()) s = Check(cublasLtMatmulPreferenceCreate(&pref), "preference");
   if (s.ok()) {
     s = Check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_,
@@ -93,19 +93,19 @@ absl::Status Gemm::Forward(Bf16* out, const Bf16* in, const Bf16* weight, int n,
                            bool accumulate) {
   // Row-major out (N, OC) is column-major out^T (OC x N) = weight (OC x IC) x in^T: weight is
   // stored row major, i.e. column-major IC x OC, so it goes transposed.
-  return Matmul(/*trans_a=*/true, /*trans_b=*/false, oc, n, ic, weight, ic, in, ic, out, oc, accumulate ? 1.f : 0.f,
-                stream);
+  return Matmul(/*trans_a=*/true, /*trans_b=*/false, oc, n, ic, weight, ic, in, ic, out, /*d_fp32=*/false, oc,
+                accumulate ? 1.f : 0.f, stream);
 }
 
-absl::Status Gemm::Backward(Bf16* din, Bf16* dweight, const Bf16* dout, const Bf16* in, const Bf16* weight, int n,
+absl::Status Gemm::Backward(Bf16* din, float* dweight, const Bf16* dout, const Bf16* in, const Bf16* weight, int n,
                             int ic, int oc, cudaStream_t stream) {
   if (din != nullptr) {
     // din^T (IC x N) += weight^T (IC x OC, stored so) x dout^T (OC x N, stored so).
-    if (absl::Status s = Matmul(false, false, ic, n, oc, weight, ic, dout, oc, din, ic, 1.f, stream); !s.ok()) return s;
+    if (absl::Status s = Matmul(false, false, ic, n, oc, weight, ic, dout, oc, din, false, ic, 1.f, stream); !s.ok()) return s;
   }
   if (dweight != nullptr) {
     // dweight^T (IC x OC) += in^T (IC x N, stored so) x dout (N x OC: dout^T stored, transposed).
-    if (absl::Status s = Matmul(false, true, ic, oc, n, in, ic, dout, oc, dweight, ic, 1.f, stream); !s.ok()) return s;
+    if (absl::Status s = Matmul(false, true, ic, oc, n, in, ic, dout, oc, dweight, true, ic, 1.f, stream); !s.ok()) return s;
   }
   return absl::OkStatus();
 }

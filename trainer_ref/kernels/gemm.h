@@ -25,15 +25,17 @@ class Gemm {
   // out (N, OC) = in (N, IC) x weight^T, weight (OC, IC); `accumulate`: out += instead.
   absl::Status Forward(Bf16* out, const Bf16* in, const Bf16* weight, int n, int ic, int oc, cudaStream_t stream,
                        bool accumulate = false);
-  // din (N, IC) += dout x weight; dweight (OC, IC) += dout^T x in. Either may be null.
-  absl::Status Backward(Bf16* din, Bf16* dweight, const Bf16* dout, const Bf16* in, const Bf16* weight, int n, int ic,
+  // din (N, IC, bf16) += dout x weight; dweight (OC, IC, fp32: gradients accumulate over
+  // micro-batches without bf16 rounding) += dout^T x in. Either may be null.
+  absl::Status Backward(Bf16* din, float* dweight, const Bf16* dout, const Bf16* in, const Bf16* weight, int n, int ic,
                         int oc, cudaStream_t stream);
 
  private:
   Gemm() = default;
-  // Column-major D (m x n) = alpha op(A) op(B) + beta D, bf16 with fp32 compute.
+  // Column-major D (m x n) = alpha op(A) op(B) + beta D: A, B bf16, fp32 compute, D bf16
+  // or (d_fp32) fp32.
   absl::Status Matmul(bool trans_a, bool trans_b, int m, int n, int k, const Bf16* a, int lda, const Bf16* b, int ldb,
-                      Bf16* d, int ldd, float beta, cudaStream_t stream);
+                      void* d, bool d_fp32, int ldd, float beta, cudaStream_t stream);
 
   void* handle_ = nullptr;  // cublasLtHandle_t
   void* workspace_ = nullptr;

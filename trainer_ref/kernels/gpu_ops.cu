@@ -161,10 +161,10 @@ __global__ void CrossEntropyKernel(float* losses, Bf16* dlogits, const Bf16* log
   }
 }
 
-__global__ void AdamWKernel(float* master, float* m, float* v, Bf16* weights, const Bf16* grads, int64_t n,
+__global__ void AdamWKernel(float* master, float* m, float* v, Bf16* weights, const float* grads, int64_t n,
                             AdamWParams p, float c1, float c2) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    const float g = Load(grads, i) * p.grad_scale;
+    const float g = grads[i] * p.grad_scale;
     const float mi = p.beta1 * m[i] + (1.f - p.beta1) * g;
     const float vi = p.beta2 * v[i] + (1.f - p.beta2) * g * g;
     m[i] = mi;
@@ -185,6 +185,11 @@ __device__ __forceinline__ float WarpSum(float x) {
   return x;
 }
 
+// Element `index` of a head's D values starting at `row`, 0 past D (lanes beyond it).
+__device__ __forceinline__ float Elem(const Bf16* p, int64_t row, int index, int d) {
+  return index < d ? Load(p, row + index) : 0.f;
+}
+
 // Row `row` of (B, T, H*D) for head `head`: the D values start here.
 __device__ __forceinline__ int64_t RowAt(int bi, int ti, int head, int t, int h, int d) {
   return (int64_t{bi} * t + ti) * h * d + int64_t{head} * d;
@@ -196,26 +201,28 @@ __global__ void AttentionForwardKernel(Bf16* out, float* lse, const Bf16* q, con
   const int lane = threadIdx.x % 32;
   if (warp >= int64_t{b} * h * t) return;
   const int ti = static_cast<int>(warp % t), head = static_cast<int>((warp / t) % h), bi = static_cast<int>(warp / (int64_t{t} * h));
-  const int per = d / 32;
+  const int per = (d + 31) / 32;
   float qv[kMaxPerLane], acc[kMaxPerLane];
   const int64_t qrow = RowAt(bi, ti, head, t, h, d);
   for (int e = 0; e < per; ++e) {
-    qv[e] = Load(q, qrow + lane + 32 * e) * scale;
+    qv[e] = Elem(q, qrow, lane + 32 * e, d) * scale;
     acc[e] = 0.f;
   }
   float max = -INFINITY, sum = 0.f;
   for (int tj = 0; tj <= ti; ++tj) {
     const int64_t krow = RowAt(bi, tj, head, t, h, d);
     float s = 0.f;
-    for (int e = 0; e < per; ++e) s += qv[e] * Load(k, krow + lane + 32 * e);
+    for (int e = 0; e < per; ++e) s += qv[e] * Elem(k, krow, lane + 32 * e, d);
     s = WarpSum(s);
     const float new_max = fmaxf(max, s);
     const float correction = __expf(max - new_max), p = __expf(s - new_max);
     sum = sum * correction + p;
-    for (int e = 0; e < per; ++e) acc[e] = acc[e] * correction + p * Load(v, krow + lane + 32 * e);
+    for (int e = 0; e < per; ++e) acc[e] = acc[e] * correction + p * Elem(v, krow, lane + 32 * e, d);
     max = new_max;
   }
-  for (int e = 0; e < per; ++e) Store(out, qrow + lane + 32 * e, acc[e] / sum);
+  for (int e = 0; e < per; ++e) {
+    if (lane + 32 * e < d) Store(out, qrow + lane + 32 * e, acc[e] / sum);
+  }
   if (lane == 0) lse[(int64_t{bi} * h + head) * t + ti] = max + logf(sum);
 }
 
@@ -227,14 +234,14 @@ __global__ void AttentionBackwardQueryKernel(Bf16* dq, const Bf16* dout, const B
   const int lane = threadIdx.x % 32;
   if (warp >= int64_t{b} * h * t) return;
   const int ti = static_cast<int>(warp % t), head = static_cast<int>((warp / t) % h), bi = static_cast<int>(warp / (int64_t{t} * h));
-  const int per = d / 32;
+  const int per = (d + 31) / 32;
   const int64_t row = RowAt(bi, ti, head, t, h, d);
   float qv[kMaxPerLane], dov[kMaxPerLane], grad[kMaxPerLane];
   float delta = 0.f;  // D_i = dO_i . O_i
   for (int e = 0; e < per; ++e) {
-    qv[e] = Load(q, row + lane + 32 * e) * scale;
-    dov[e] = Load(dout, row + lane + 32 * e);
-    delta += dov[e] * Load(out, row + lane + 32 * e);
+    qv[e] = Elem(q, row, lane + 32 * e, d) * scale;
+    dov[e] = Elem(dout, row, lane + 32 * e, d);
+    delta += dov[e] * Elem(out, row, lane + 32 * e, d);
     grad[e] = 0.f;
   }
   delta = WarpSum(delta);
@@ -243,15 +250,16 @@ __global__ void AttentionBackwardQueryKernel(Bf16* dq, const Bf16* dout, const B
     const int64_t krow = RowAt(bi, tj, head, t, h, d);
     float s = 0.f, dp = 0.f;
     for (int e = 0; e < per; ++e) {
-      s += qv[e] * Load(k, krow + lane + 32 * e);
-      dp += dov[e] * Load(v, krow + lane + 32 * e);
+      s += qv[e] * Elem(k, krow, lane + 32 * e, d);
+      dp += dov[e] * Elem(v, krow, lane + 32 * e, d);
     }
     s = WarpSum(s);
     dp = WarpSum(dp);
     const float ds = __expf(s - l) * (dp - delta);
-    for (int e = 0; e < per; ++e) grad[e] += ds * Load(k, krow + lane + 32 * e);
+    for (int e = 0; e < per; ++e) grad[e] += ds * Elem(k, krow, lane + 32 * e, d);
   }
   for (int e = 0; e < per; ++e) {
+    if (lane + 32 * e >= d) continue;
     const int64_t at = row + lane + 32 * e;
     Store(dq, at, Load(dq, at) + grad[e] * scale);
   }
@@ -265,22 +273,22 @@ __global__ void AttentionBackwardKeyKernel(Bf16* dk, Bf16* dv, const Bf16* dout,
   const int lane = threadIdx.x % 32;
   if (warp >= int64_t{b} * h * t) return;
   const int tj = static_cast<int>(warp % t), head = static_cast<int>((warp / t) % h), bi = static_cast<int>(warp / (int64_t{t} * h));
-  const int per = d / 32;
+  const int per = (d + 31) / 32;
   const int64_t krow = RowAt(bi, tj, head, t, h, d);
   float kv[kMaxPerLane], vv[kMaxPerLane], gk[kMaxPerLane], gv[kMaxPerLane];
   for (int e = 0; e < per; ++e) {
-    kv[e] = Load(k, krow + lane + 32 * e);
-    vv[e] = Load(v, krow + lane + 32 * e);
+    kv[e] = Elem(k, krow, lane + 32 * e, d);
+    vv[e] = Elem(v, krow, lane + 32 * e, d);
     gk[e] = gv[e] = 0.f;
   }
   for (int ti = tj; ti < t; ++ti) {
     const int64_t row = RowAt(bi, ti, head, t, h, d);
     float s = 0.f, dp = 0.f, delta = 0.f;
     for (int e = 0; e < per; ++e) {
-      const float dov = Load(dout, row + lane + 32 * e);
-      s += Load(q, row + lane + 32 * e) * kv[e];
+      const float dov = Elem(dout, row, lane + 32 * e, d);
+      s += Elem(q, row, lane + 32 * e, d) * kv[e];
       dp += dov * vv[e];
-      delta += dov * Load(out, row + lane + 32 * e);
+      delta += dov * Elem(out, row, lane + 32 * e, d);
     }
     s = WarpSum(s) * scale;
     dp = WarpSum(dp);
@@ -288,11 +296,12 @@ __global__ void AttentionBackwardKeyKernel(Bf16* dk, Bf16* dv, const Bf16* dout,
     const float p = __expf(s - lse[(int64_t{bi} * h + head) * t + ti]);
     const float ds = p * (dp - delta);
     for (int e = 0; e < per; ++e) {
-      gv[e] += p * Load(dout, row + lane + 32 * e);
-      gk[e] += ds * Load(q, row + lane + 32 * e);
+      gv[e] += p * Elem(dout, row, lane + 32 * e, d);
+      gk[e] += ds * Elem(q, row, lane + 32 * e, d);
     }
   }
   for (int e = 0; e < per; ++e) {
+    if (lane + 32 * e >= d) continue;
     const int64_t at = krow + lane + 32 * e;
     Store(dk, at, Load(dk, at) + gk[e] * scale);
     Store(dv, at, Load(dv, at) + gv[e]);
@@ -373,7 +382,7 @@ void AttentionBackward(Bf16* dq, Bf16* dk, Bf16* dv, const Bf16* dout, const Bf1
                                                                        scale);
 }
 
-void AdamW(float* master, float* m, float* v, Bf16* weights, const Bf16* grads, int64_t n, const AdamWParams& p,
+void AdamW(float* master, float* m, float* v, Bf16* weights, const float* grads, int64_t n, const AdamWParams& p,
            cudaStream_t stream) {
   const float c1 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(p.step)));
   const float c2 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(p.step)));

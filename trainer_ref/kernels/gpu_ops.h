@@ -4,9 +4,9 @@
 // queues work on `stream` (no synchronisation). Backward functions ADD into the gradients
 // they produce, like the CPU ops, except where a comment says "writes".
 //
-// Storage: activations and weights bf16 (`Bf16`, the raw 16 bits), norm weights and their
-// gradients fp32 (they are small and sensitive), per-row statistics fp32, the optimizer's
-// master weights and moments fp32.
+// Storage: activations and weights bf16 (`Bf16`, the raw 16 bits), norm weights fp32 (small
+// and sensitive), every weight gradient fp32 (accumulated over micro-batches without bf16
+// rounding), per-row statistics fp32, the optimizer's master weights and moments fp32.
 #ifndef TIERD_TRAINER_REF_KERNELS_GPU_OPS_H_
 #define TIERD_TRAINER_REF_KERNELS_GPU_OPS_H_
 
@@ -53,15 +53,15 @@ void CrossEntropy(float* losses, Bf16* dlogits, const Bf16* logits, const int32_
 
 // Causal attention without a T x T matrix: q, k, v, out (B, T, H*D); lse (B, H, T, fp32)
 // writes each row's log-sum-exp of its scaled scores, for backward. Scores are scaled by
-// 1/sqrt(D); softmax online in fp32 (one warp per query row, D a multiple of 32, at most
-// 256). Backward adds into dq, dk, dv, recomputing the probabilities from lse; every
-// gradient row is summed by one warp in a fixed order (deterministic, no atomics).
+// 1/sqrt(D); softmax online in fp32, one warp per query row (D at most 256). Backward adds
+// into dq, dk, dv, recomputing the probabilities from lse; every gradient row is summed by
+// one warp in a fixed order (deterministic, no atomics).
 void AttentionForward(Bf16* out, float* lse, const Bf16* q, const Bf16* k, const Bf16* v, int b, int t, int h, int d,
                       cudaStream_t stream);
 void AttentionBackward(Bf16* dq, Bf16* dk, Bf16* dv, const Bf16* dout, const Bf16* out, const float* lse,
                        const Bf16* q, const Bf16* k, const Bf16* v, int b, int t, int h, int d, cudaStream_t stream);
 
-// AdamW on `n` parameters: fp32 master, m, v updated in place from grads (bf16) scaled by
+// AdamW on `n` parameters: fp32 master, m, v updated in place from grads (fp32) scaled by
 // grad_scale (the clip factor / accumulation divisor); the bf16 weights the model reads
 // are written from the new master. Bias correction for `step` (1-based); decoupled decay
 // when `decay`.
@@ -71,7 +71,7 @@ struct AdamWParams {
   float grad_scale = 1.0f;
   bool decay = true;
 };
-void AdamW(float* master, float* m, float* v, Bf16* weights, const Bf16* grads, int64_t n, const AdamWParams& p,
+void AdamW(float* master, float* m, float* v, Bf16* weights, const float* grads, int64_t n, const AdamWParams& p,
            cudaStream_t stream);
 
 // Host conversions with the device's rounding (round to nearest even), for tests and

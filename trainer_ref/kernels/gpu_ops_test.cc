@@ -231,8 +231,9 @@ TEST(GpuOpsTest, AdamWMatchesTheCpuOptimizer) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(6);
   const int64_t n = 10007;
-  const Bf16Data grads = Random(n, rng, 0.01f);
   std::normal_distribution<float> normal(0.f, 0.02f);
+  std::vector<float> grads(n);
+  for (float& g : grads) g = normal(rng) * 0.5f;
   std::vector<float> master(n), m(n), v(n);
   for (int64_t i = 0; i < n; ++i) {
     master[i] = normal(rng);
@@ -244,10 +245,11 @@ TEST(GpuOpsTest, AdamWMatchesTheCpuOptimizer) {
   p.step = 7;
   p.grad_scale = 0.5f;
   Device<float> d_master(master), d_m(m), d_v(v);
-  Device<Bf16> d_w{std::vector<Bf16>(n)}, d_g(grads.bits);
+  Device<Bf16> d_w{std::vector<Bf16>(n)};
+  Device<float> d_g(grads);
   AdamW(d_master.get(), d_m.get(), d_v.get(), d_w.get(), d_g.get(), n, p, nullptr);
   std::vector<float> g(n);
-  for (int64_t i = 0; i < n; ++i) g[i] = grads.values[i] * p.grad_scale;
+  for (int64_t i = 0; i < n; ++i) g[i] = grads[i] * p.grad_scale;
   AdamWOptions o;
   o.beta1 = p.beta1;
   o.beta2 = p.beta2;
@@ -272,7 +274,8 @@ TEST(GpuOpsTest, MatmulForwardAndBackwardThroughCublasLt) {
                  dout = Random(size_t{n} * oc, rng), din0 = Random(size_t{n} * ic, rng),
                  dw0 = Random(size_t{oc} * ic, rng);
   Device<Bf16> d_in(in.bits), d_w(w.bits), d_out{std::vector<Bf16>(size_t{n} * oc)}, d_dout(dout.bits),
-      d_din(din0.bits), d_dw(dw0.bits);
+      d_din(din0.bits);
+  Device<float> d_dw(dw0.values);
   ASSERT_TRUE((*gemm)->Forward(d_out.get(), d_in.get(), d_w.get(), n, ic, oc, nullptr).ok());
   ASSERT_TRUE((*gemm)->Backward(d_din.get(), d_dw.get(), d_dout.get(), d_in.get(), d_w.get(), n, ic, oc, nullptr).ok());
   std::vector<float> out(size_t{n} * oc), din = din0.values, dw = dw0.values;
@@ -280,7 +283,7 @@ TEST(GpuOpsTest, MatmulForwardAndBackwardThroughCublasLt) {
   cpu::MatmulBackward(din.data(), dw.data(), dout.values.data(), in.values.data(), w.values.data(), n, ic, oc);
   EXPECT_EQ(CompareBf16(Floats(d_out.Host()), out, 1e-2f, "matmul out"), 0);
   EXPECT_EQ(CompareBf16(Floats(d_din.Host()), din, 1e-2f, "matmul din"), 0);
-  EXPECT_EQ(CompareBf16(Floats(d_dw.Host()), dw, 5e-2f, "matmul dweight"), 0);  // sums over 100 rows
+  EXPECT_EQ(CompareF32(d_dw.Host(), dw, 1e-4f, 1e-4f, "matmul dweight (fp32)"), 0);
   // Accumulating forward: out += in x w^T.
   ASSERT_TRUE((*gemm)->Forward(d_out.get(), d_in.get(), d_w.get(), n, ic, oc, nullptr, /*accumulate=*/true).ok());
   for (float& x : out) x *= 2;
@@ -292,7 +295,7 @@ TEST(GpuOpsTest, MatmulForwardAndBackwardThroughCublasLt) {
 TEST(GpuOpsTest, CausalAttentionForwardAndBackward) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(8);
-  for (int d : {32, 64, 128}) {
+  for (int d : {16, 32, 64, 128}) {
     const int b = 2, t = 70, h = 3;
     const size_t count = size_t{b} * t * h * d;
     const Bf16Data q = Random(count, rng), k = Random(count, rng), v = Random(count, rng), dout = Random(count, rng),

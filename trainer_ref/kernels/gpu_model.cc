@@ -21,7 +21,39 @@ absl::Status Cuda(cudaError_t error, const char* what) {
     if (absl::Status _s = (expr); !_s.ok()) return _s; \
   } while (0)
 
+enum Category { kGemm, kAttention, kElementwise, kLoss, kOptimizer, kCategories };
+const char* const kCategoryNames[kCategories] = {"gemm", "attention", "norm+elementwise", "loss", "optimizer"};
+
 }  // namespace
+
+template <typename Fn>
+auto GpuModel::Timed(int category, Fn&& fn) {
+  if (!profiling_) return fn();
+  Span span{category, nullptr, nullptr};
+  cudaEventCreate(&span.start);
+  cudaEventCreate(&span.end);
+  cudaEventRecord(span.start, stream_);
+  auto result = fn();
+  cudaEventRecord(span.end, stream_);
+  spans_.push_back(span);
+  return result;
+}
+
+std::vector<std::pair<std::string, double>> GpuModel::TakeProfile() {
+  cudaStreamSynchronize(stream_);
+  double ms[kCategories] = {};
+  for (const Span& s : spans_) {
+    float t = 0;
+    cudaEventElapsedTime(&t, s.start, s.end);
+    ms[s.category] += t;
+    cudaEventDestroy(s.start);
+    cudaEventDestroy(s.end);
+  }
+  spans_.clear();
+  std::vector<std::pair<std::string, double>> out;
+  for (int c = 0; c < kCategories; ++c) out.push_back({kCategoryNames[c], ms[c]});
+  return out;
+}
 
 GpuModel::GpuModel(const ModelConfig& config, int batch, int seq)
     : config_(config), batch_(batch), seq_(seq), layout_(ParamLayout(config)) {
@@ -109,6 +141,8 @@ absl::Status GpuModel::Allocate() {
   RETURN_IF_ERROR(bf(n * v, &dlogits_));
   RETURN_IF_ERROR(fp(n, &rstd_f_));
   RETURN_IF_ERROR(fp(n, &losses_));
+  RETURN_IF_ERROR(fp(1, &norm_));
+  RETURN_IF_ERROR(fp(lse, &delta_));
   for (int32_t** p : {&tokens_, &targets_}) {
     auto q = Take<int32_t>(n);
     if (!q.ok()) return q.status();
@@ -164,32 +198,34 @@ absl::StatusOr<double> GpuModel::Forward(const int32_t* tokens, const int32_t* t
                        "targets"));
   int counted = 0;
   for (int i = 0; i < n; ++i) counted += targets[i] >= 0;
-  EmbeddingForward(x_, tokens_, W(embed_), n, c, config_.vocab, stream_);
+  Timed(kElementwise, [&] { EmbeddingForward(x_, tokens_, W(embed_), n, c, config_.vocab, stream_); return 0; });
   for (int l = 0; l < config_.layers; ++l) {
     const Layer& w = layers_[l];
     const Acts& a = acts_[l];
     RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(a.x_in, x_, nc * sizeof(Bf16), cudaMemcpyDeviceToDevice, stream_), "x_in"));
-    RmsNormForward(a.h1, a.rstd1, x_, M(w.attn_norm), n, c, kNormEps, stream_);
-    RETURN_IF_ERROR(gemm_->Forward(a.q, a.h1, W(w.wq), n, c, c, stream_));
-    RETURN_IF_ERROR(gemm_->Forward(a.k, a.h1, W(w.wk), n, c, c, stream_));
-    RETURN_IF_ERROR(gemm_->Forward(a.v, a.h1, W(w.wv), n, c, c, stream_));
-    RopeForward(a.q, batch_, seq_, h, d, kRopeBase, stream_);
-    RopeForward(a.k, batch_, seq_, h, d, kRopeBase, stream_);
-    AttentionForward(a.a, a.lse, a.q, a.k, a.v, batch_, seq_, h, d, stream_);
-    RETURN_IF_ERROR(gemm_->Forward(tmp_, a.a, W(w.wo), n, c, c, stream_));
-    Add(x_, x_, tmp_, static_cast<int64_t>(nc), stream_);
+    Timed(kElementwise, [&] { RmsNormForward(a.h1, a.rstd1, x_, M(w.attn_norm), n, c, kNormEps, stream_); return 0; });
+    RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(a.q, a.h1, W(w.wq), n, c, c, stream_); }));
+    RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(a.k, a.h1, W(w.wk), n, c, c, stream_); }));
+    RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(a.v, a.h1, W(w.wv), n, c, c, stream_); }));
+    Timed(kElementwise, [&] { RopeForward(a.q, batch_, seq_, h, d, kRopeBase, stream_); return 0; });
+    Timed(kElementwise, [&] { RopeForward(a.k, batch_, seq_, h, d, kRopeBase, stream_); return 0; });
+    RETURN_IF_ERROR(Timed(kAttention, [&] {
+      return Cuda(AttentionForward(a.a, a.lse, a.q, a.k, a.v, batch_, seq_, h, d, stream_), "attention forward");
+    }));
+    RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(tmp_, a.a, W(w.wo), n, c, c, stream_); }));
+    Timed(kElementwise, [&] { Add(x_, x_, tmp_, static_cast<int64_t>(nc), stream_); return 0; });
     RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(a.x_mid, x_, nc * sizeof(Bf16), cudaMemcpyDeviceToDevice, stream_), "x_mid"));
-    RmsNormForward(a.h2, a.rstd2, x_, M(w.mlp_norm), n, c, kNormEps, stream_);
-    RETURN_IF_ERROR(gemm_->Forward(a.g, a.h2, W(w.w1), n, c, f, stream_));
-    RETURN_IF_ERROR(gemm_->Forward(a.u, a.h2, W(w.w3), n, c, f, stream_));
-    SwiGluForward(a.s, a.g, a.u, n, f, stream_);
-    RETURN_IF_ERROR(gemm_->Forward(tmp_, a.s, W(w.w2), n, f, c, stream_));
-    Add(x_, x_, tmp_, static_cast<int64_t>(nc), stream_);
+    Timed(kElementwise, [&] { RmsNormForward(a.h2, a.rstd2, x_, M(w.mlp_norm), n, c, kNormEps, stream_); return 0; });
+    RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(a.g, a.h2, W(w.w1), n, c, f, stream_); }));
+    RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(a.u, a.h2, W(w.w3), n, c, f, stream_); }));
+    Timed(kElementwise, [&] { SwiGluForward(a.s, a.g, a.u, n, f, stream_); return 0; });
+    RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(tmp_, a.s, W(w.w2), n, f, c, stream_); }));
+    Timed(kElementwise, [&] { Add(x_, x_, tmp_, static_cast<int64_t>(nc), stream_); return 0; });
   }
   RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(x_out_, x_, nc * sizeof(Bf16), cudaMemcpyDeviceToDevice, stream_), "x_out"));
-  RmsNormForward(xf_, rstd_f_, x_, M(final_norm_), n, c, kNormEps, stream_);
-  RETURN_IF_ERROR(gemm_->Forward(logits_, xf_, W(head_), n, c, config_.vocab, stream_));
-  CrossEntropy(losses_, dlogits_, logits_, targets_, n, config_.vocab, counted, stream_);
+  Timed(kElementwise, [&] { RmsNormForward(xf_, rstd_f_, x_, M(final_norm_), n, c, kNormEps, stream_); return 0; });
+  RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(logits_, xf_, W(head_), n, c, config_.vocab, stream_); }));
+  Timed(kLoss, [&] { CrossEntropy(losses_, dlogits_, logits_, targets_, n, config_.vocab, counted, stream_); return 0; });
   RETURN_IF_ERROR(Cuda(cudaGetLastError(), "forward kernels"));
   RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(host_losses_.data(), losses_, n * sizeof(float), cudaMemcpyDeviceToHost, stream_),
                        "losses"));
@@ -204,38 +240,50 @@ absl::Status GpuModel::Backward() {
   const size_t nc = static_cast<size_t>(n) * c, nf = static_cast<size_t>(n) * f;
   auto zero = [this](Bf16* p, size_t count) { return Cuda(cudaMemsetAsync(p, 0, count * sizeof(Bf16), stream_), "zero"); };
   RETURN_IF_ERROR(zero(dxf_, nc));
-  RETURN_IF_ERROR(gemm_->Backward(dxf_, G(head_), dlogits_, xf_, W(head_), n, c, config_.vocab, stream_));
+  RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(dxf_, G(head_), dlogits_, xf_, W(head_), n, c, config_.vocab, stream_); }));
   RETURN_IF_ERROR(zero(dx_, nc));
-  RmsNormBackward(dx_, G(final_norm_), dxf_, x_out_, M(final_norm_), rstd_f_, n, c, stream_);
+  Timed(kElementwise, [&] { RmsNormBackward(dx_, G(final_norm_), dxf_, x_out_, M(final_norm_), rstd_f_, n, c, stream_); return 0; });
   for (int l = config_.layers; l-- > 0;) {
     const Layer& w = layers_[l];
     const Acts& a = acts_[l];
     // x_out = x_mid + swiglu(h2 W1^T, h2 W3^T) W2^T
     RETURN_IF_ERROR(zero(ds_, nf));
-    RETURN_IF_ERROR(gemm_->Backward(ds_, G(w.w2), dx_, a.s, W(w.w2), n, f, c, stream_));
+    RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(ds_, G(w.w2), dx_, a.s, W(w.w2), n, f, c, stream_); }));
     RETURN_IF_ERROR(zero(dg_, nf));
     RETURN_IF_ERROR(zero(du_, nf));
-    SwiGluBackward(dg_, du_, ds_, a.g, a.u, n, f, stream_);
+    Timed(kElementwise, [&] { SwiGluBackward(dg_, du_, ds_, a.g, a.u, n, f, stream_); return 0; });
     RETURN_IF_ERROR(zero(dh_, nc));
-    RETURN_IF_ERROR(gemm_->Backward(dh_, G(w.w1), dg_, a.h2, W(w.w1), n, c, f, stream_));
-    RETURN_IF_ERROR(gemm_->Backward(dh_, G(w.w3), du_, a.h2, W(w.w3), n, c, f, stream_));
-    RmsNormBackward(dx_, G(w.mlp_norm), dh_, a.x_mid, M(w.mlp_norm), a.rstd2, n, c, stream_);
+    RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(dh_, G(w.w1), dg_, a.h2, W(w.w1), n, c, f, stream_); }));
+    RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(dh_, G(w.w3), du_, a.h2, W(w.w3), n, c, f, stream_); }));
+    Timed(kElementwise, [&] { RmsNormBackward(dx_, G(w.mlp_norm), dh_, a.x_mid, M(w.mlp_norm), a.rstd2, n, c, stream_); return 0; });
     // x_mid = x_in + attention(rope(h1 Wq^T), rope(h1 Wk^T), h1 Wv^T) Wo^T
     RETURN_IF_ERROR(zero(da_, nc));
-    RETURN_IF_ERROR(gemm_->Backward(da_, G(w.wo), dx_, a.a, W(w.wo), n, c, c, stream_));
+    RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(da_, G(w.wo), dx_, a.a, W(w.wo), n, c, c, stream_); }));
     for (Bf16* p : {dq_, dk_, dv_}) RETURN_IF_ERROR(zero(p, nc));
-    AttentionBackward(dq_, dk_, dv_, da_, a.a, a.lse, a.q, a.k, a.v, batch_, seq_, h, d, stream_);
-    RopeBackward(dq_, batch_, seq_, h, d, kRopeBase, stream_);
-    RopeBackward(dk_, batch_, seq_, h, d, kRopeBase, stream_);
+    RETURN_IF_ERROR(Timed(kAttention, [&] {
+      return Cuda(AttentionBackward(dq_, dk_, dv_, da_, a.a, a.lse, delta_, a.q, a.k, a.v, batch_, seq_, h, d, stream_),
+                  "attention backward");
+    }));
+    Timed(kElementwise, [&] { RopeBackward(dq_, batch_, seq_, h, d, kRopeBase, stream_); return 0; });
+    Timed(kElementwise, [&] { RopeBackward(dk_, batch_, seq_, h, d, kRopeBase, stream_); return 0; });
     RETURN_IF_ERROR(zero(dh_, nc));
-    RETURN_IF_ERROR(gemm_->Backward(dh_, G(w.wq), dq_, a.h1, W(w.wq), n, c, c, stream_));
-    RETURN_IF_ERROR(gemm_->Backward(dh_, G(w.wk), dk_, a.h1, W(w.wk), n, c, c, stream_));
-    RETURN_IF_ERROR(gemm_->Backward(dh_, G(w.wv), dv_, a.h1, W(w.wv), n, c, c, stream_));
-    RmsNormBackward(dx_, G(w.attn_norm), dh_, a.x_in, M(w.attn_norm), a.rstd1, n, c, stream_);
+    RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(dh_, G(w.wq), dq_, a.h1, W(w.wq), n, c, c, stream_); }));
+    RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(dh_, G(w.wk), dk_, a.h1, W(w.wk), n, c, c, stream_); }));
+    RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(dh_, G(w.wv), dv_, a.h1, W(w.wv), n, c, c, stream_); }));
+    Timed(kElementwise, [&] { RmsNormBackward(dx_, G(w.attn_norm), dh_, a.x_in, M(w.attn_norm), a.rstd1, n, c, stream_); return 0; });
   }
-  EmbeddingBackward(G(embed_), dx_, tokens_, n, c, config_.vocab, stream_);
+  Timed(kElementwise, [&] { EmbeddingBackward(G(embed_), dx_, tokens_, n, c, config_.vocab, stream_); return 0; });
   RETURN_IF_ERROR(Cuda(cudaGetLastError(), "backward kernels"));
   return Cuda(cudaStreamSynchronize(stream_), "backward");
+}
+
+absl::StatusOr<double> GpuModel::GradNorm() {
+  RETURN_IF_ERROR(Cuda(cudaMemsetAsync(norm_, 0, sizeof(float), stream_), "zero norm"));
+  SumSquares(grads_, static_cast<int64_t>(total_params_), norm_, stream_);
+  float sum = 0;
+  RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(&sum, norm_, sizeof(float), cudaMemcpyDeviceToHost, stream_), "norm"));
+  RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream_), "norm"));
+  return std::sqrt(static_cast<double>(sum));
 }
 
 absl::Status GpuModel::AdamWStep(double lr, int64_t step, const AdamWOptions& options, double grad_scale) {
@@ -250,8 +298,8 @@ absl::Status GpuModel::AdamWStep(double lr, int64_t step, const AdamWOptions& op
     p.grad_scale = static_cast<float>(grad_scale);
     p.decay = layout_[e].shape.size() > 1;
     const size_t off = layout_[e].offset;
-    AdamW(master_ + off, m_ + off, v_ + off, weights_ + off, grads_ + off, static_cast<int64_t>(layout_[e].count), p,
-          stream_);
+    Timed(kOptimizer, [&] { AdamW(master_ + off, m_ + off, v_ + off, weights_ + off, grads_ + off, static_cast<int64_t>(layout_[e].count), p,
+          stream_); return 0; });
   }
   RETURN_IF_ERROR(Cuda(cudaGetLastError(), "adamw"));
   return Cuda(cudaStreamSynchronize(stream_), "adamw");

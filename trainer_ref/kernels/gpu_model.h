@@ -13,6 +13,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -40,8 +42,16 @@ class GpuModel {
   absl::Status Backward();  // adds into the gradients
   absl::Status ZeroGrads();
   absl::Status GetGrads(std::vector<float>* grads);  // fp32, ParamLayout order
+  // The L2 norm of all gradients (one reduction on the device, then a wait).
+  absl::StatusOr<double> GradNorm();
   // AdamW on every tensor (norm weights not decayed), gradients scaled by grad_scale first.
   absl::Status AdamWStep(double lr, int64_t step, const AdamWOptions& options, double grad_scale);
+  // Where the GPU time goes: with profiling on, each kernel or GEMM is bracketed by CUDA
+  // events (costly; for measurement runs) and TakeProfile returns the milliseconds per
+  // category since the last call: "gemm", "attention", "norm+elementwise", "loss",
+  // "optimizer".
+  void EnableProfile(bool on) { profiling_ = on; }
+  std::vector<std::pair<std::string, double>> TakeProfile();
   // Device bytes this model holds (parameters, state, activations, workspace).
   uint64_t DeviceBytes() const { return device_bytes_; }
 
@@ -76,11 +86,19 @@ class GpuModel {
   float *master_ = nullptr, *grads_ = nullptr, *m_ = nullptr, *v_ = nullptr;
   std::vector<Acts> acts_;
   Bf16 *x_ = nullptr, *tmp_ = nullptr, *x_out_ = nullptr, *xf_ = nullptr, *logits_ = nullptr, *dlogits_ = nullptr;
-  float *rstd_f_ = nullptr, *losses_ = nullptr;
+  float *rstd_f_ = nullptr, *losses_ = nullptr, *norm_ = nullptr, *delta_ = nullptr;
   Bf16 *dx_ = nullptr, *dxf_ = nullptr, *dh_ = nullptr, *da_ = nullptr, *dq_ = nullptr, *dk_ = nullptr, *dv_ = nullptr,
        *ds_ = nullptr, *dg_ = nullptr, *du_ = nullptr;
   int32_t *tokens_ = nullptr, *targets_ = nullptr;
   std::vector<float> host_losses_;
+  template <typename Fn>
+  auto Timed(int category, Fn&& fn);
+  bool profiling_ = false;
+  struct Span {
+    int category;
+    cudaEvent_t start, end;
+  };
+  std::vector<Span> spans_;
 };
 
 }  // namespace tierd::trainer::gpu

@@ -76,6 +76,9 @@ TEST(GpuModelTest, ForwardBackwardAndTrainingTrackTheCpuModel) {
     worst = std::max(worst, rel);
     EXPECT_LT(rel, 0.05) << t.name;
   }
+  auto norm = (*gpu)->GradNorm();
+  ASSERT_TRUE(norm.ok()) << norm.status();
+  EXPECT_NEAR(*norm, GlobalNorm(cpu.grads().data(), cpu.grads().size()), 0.02 * *norm);
   std::printf("loss cpu %.6f gpu %.6f; worst gradient relative L2 error %.4f over %zu tensors\n", cpu_loss, *gpu_loss,
               worst, cpu.layout().size());
 

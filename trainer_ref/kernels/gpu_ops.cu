@@ -3,10 +3,12 @@
 // reductions through warp shuffles and shared memory.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "trainer_ref/kernels/gpu_ops.h"
+#include "trainer_ref/kernels/attention_tc.h"
 
 namespace tierd::trainer::gpu {
 namespace {
@@ -310,6 +312,15 @@ __global__ void AttentionBackwardKeyKernel(Bf16* dk, Bf16* dv, const Bf16* dout,
 
 int WarpBlocks(int64_t warps) { return static_cast<int>((warps * 32 + kThreads - 1) / kThreads); }
 
+__global__ void SumSquaresKernel(const float* x, int64_t n, float* out) {
+  float sum = 0.f;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    sum += x[i] * x[i];
+  }
+  sum = BlockSum(sum);
+  if (threadIdx.x == 0) atomicAdd(out, sum);
+}
+
 int RowThreads(int c) {
   int threads = 32;
   while (threads < c && threads < 1024) threads *= 2;
@@ -363,23 +374,28 @@ void CrossEntropy(float* losses, Bf16* dlogits, const Bf16* logits, const int32_
   if (n > 0) CrossEntropyKernel<<<n, 1024, 0, stream>>>(losses, dlogits, logits, targets, v, counted);
 }
 
-void AttentionForward(Bf16* out, float* lse, const Bf16* q, const Bf16* k, const Bf16* v, int b, int t, int h, int d,
-                      cudaStream_t stream) {
+cudaError_t AttentionForward(Bf16* out, float* lse, const Bf16* q, const Bf16* k, const Bf16* v, int b, int t, int h,
+                             int d, cudaStream_t stream) {
   const int64_t rows = int64_t{b} * h * t;
-  if (rows == 0) return;
+  if (rows == 0) return cudaSuccess;
+  if (TensorCoreAttention(d)) return AttentionForwardTc(out, lse, q, k, v, b, t, h, d, stream);
   AttentionForwardKernel<<<WarpBlocks(rows), kThreads, 0, stream>>>(out, lse, q, k, v, b, t, h, d,
                                                                    1.f / sqrtf(static_cast<float>(d)));
+  return cudaPeekAtLastError();
 }
 
-void AttentionBackward(Bf16* dq, Bf16* dk, Bf16* dv, const Bf16* dout, const Bf16* out, const float* lse,
-                       const Bf16* q, const Bf16* k, const Bf16* v, int b, int t, int h, int d, cudaStream_t stream) {
+cudaError_t AttentionBackward(Bf16* dq, Bf16* dk, Bf16* dv, const Bf16* dout, const Bf16* out, const float* lse,
+                              float* delta, const Bf16* q, const Bf16* k, const Bf16* v, int b, int t, int h, int d,
+                              cudaStream_t stream) {
   const int64_t rows = int64_t{b} * h * t;
-  if (rows == 0) return;
+  if (rows == 0) return cudaSuccess;
+  if (TensorCoreAttention(d)) return AttentionBackwardTc(dq, dk, dv, dout, out, lse, delta, q, k, v, b, t, h, d, stream);
   const float scale = 1.f / sqrtf(static_cast<float>(d));
   AttentionBackwardQueryKernel<<<WarpBlocks(rows), kThreads, 0, stream>>>(dq, dout, out, lse, q, k, v, b, t, h, d,
                                                                          scale);
   AttentionBackwardKeyKernel<<<WarpBlocks(rows), kThreads, 0, stream>>>(dk, dv, dout, out, lse, q, k, v, b, t, h, d,
                                                                        scale);
+  return cudaPeekAtLastError();
 }
 
 void AdamW(float* master, float* m, float* v, Bf16* weights, const float* grads, int64_t n, const AdamWParams& p,
@@ -387,6 +403,11 @@ void AdamW(float* master, float* m, float* v, Bf16* weights, const float* grads,
   const float c1 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(p.step)));
   const float c2 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(p.step)));
   AdamWKernel<<<Blocks(n), kThreads, 0, stream>>>(master, m, v, weights, grads, n, p, c1, c2);
+}
+
+void SumSquares(const float* x, int64_t n, float* out, cudaStream_t stream) {
+  const int blocks = std::min(Blocks(n), 1024);
+  SumSquaresKernel<<<blocks, kThreads, 0, stream>>>(x, n, out);
 }
 
 Bf16 ToBf16(float x) {

@@ -53,13 +53,16 @@ void CrossEntropy(float* losses, Bf16* dlogits, const Bf16* logits, const int32_
 
 // Causal attention without a T x T matrix: q, k, v, out (B, T, H*D); lse (B, H, T, fp32)
 // writes each row's log-sum-exp of its scaled scores, for backward. Scores are scaled by
-// 1/sqrt(D); softmax online in fp32, one warp per query row (D at most 256). Backward adds
-// into dq, dk, dv, recomputing the probabilities from lse; every gradient row is summed by
-// one warp in a fixed order (deterministic, no atomics).
-void AttentionForward(Bf16* out, float* lse, const Bf16* q, const Bf16* k, const Bf16* v, int b, int t, int h, int d,
-                      cudaStream_t stream);
-void AttentionBackward(Bf16* dq, Bf16* dk, Bf16* dv, const Bf16* dout, const Bf16* out, const float* lse,
-                       const Bf16* q, const Bf16* k, const Bf16* v, int b, int t, int h, int d, cudaStream_t stream);
+// 1/sqrt(D); softmax online in fp32. Head sizes 64 and 128 run on tensor cores
+// (attention_tc.cu, flash-style tiles); others (at most 256) one warp per query row.
+// Backward adds into dq, dk, dv, recomputing the probabilities from lse; every gradient row
+// is summed in one place in a fixed order (deterministic, no atomics). `delta` is scratch of
+// B * H * T floats. The returned error is the launch's (cudaSuccess when queued).
+cudaError_t AttentionForward(Bf16* out, float* lse, const Bf16* q, const Bf16* k, const Bf16* v, int b, int t, int h,
+                             int d, cudaStream_t stream);
+cudaError_t AttentionBackward(Bf16* dq, Bf16* dk, Bf16* dv, const Bf16* dout, const Bf16* out, const float* lse,
+                              float* delta, const Bf16* q, const Bf16* k, const Bf16* v, int b, int t, int h, int d,
+                              cudaStream_t stream);
 
 // AdamW on `n` parameters: fp32 master, m, v updated in place from grads (fp32) scaled by
 // grad_scale (the clip factor / accumulation divisor); the bf16 weights the model reads
@@ -73,6 +76,10 @@ struct AdamWParams {
 };
 void AdamW(float* master, float* m, float* v, Bf16* weights, const float* grads, int64_t n, const AdamWParams& p,
            cudaStream_t stream);
+
+// *out (one fp32 on the device) += the sum of squares of x (n values): for the global
+// gradient norm. Blocks add their partial sums atomically.
+void SumSquares(const float* x, int64_t n, float* out, cudaStream_t stream);
 
 // Host conversions with the device's rounding (round to nearest even), for tests and
 // loaders.

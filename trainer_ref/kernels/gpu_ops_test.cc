@@ -262,6 +262,19 @@ TEST(GpuOpsTest, AdamWMatchesTheCpuOptimizer) {
   EXPECT_EQ(CompareBf16(Floats(d_w.Host()), master, 0.f, "bf16 weights"), 0);
 }
 
+TEST(GpuOpsTest, SumOfSquaresForTheGradientNorm) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(9);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> x(1000003);
+  for (float& f : x) f = normal(rng);
+  Device<float> d_x(x), d_out{std::vector<float>{2.f}};
+  SumSquares(d_x.get(), static_cast<int64_t>(x.size()), d_out.get(), nullptr);
+  double cpu = 2;
+  for (float f : x) cpu += double{f} * f;
+  EXPECT_NEAR(d_out.Host()[0], cpu, 1e-5 * cpu);
+}
+
 // Sums of many bf16 products: the reference sums the same rounded inputs in fp32, the GPU
 // in fp32 in another order, and rounds once; atol covers cancellation near zero.
 TEST(GpuOpsTest, MatmulForwardAndBackwardThroughCublasLt) {
@@ -295,17 +308,21 @@ TEST(GpuOpsTest, MatmulForwardAndBackwardThroughCublasLt) {
 TEST(GpuOpsTest, CausalAttentionForwardAndBackward) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(8);
+  // 16 and 32: the warp-per-row kernels; 64 and 128: tensor cores, with T = 150 spanning
+  // three 64-row tiles (the last one partial) so the causal masks at tile edges are covered.
   for (int d : {16, 32, 64, 128}) {
-    const int b = 2, t = 70, h = 3;
+    const int b = 2, t = d >= 64 ? 150 : 70, h = 3;
     const size_t count = size_t{b} * t * h * d;
     const Bf16Data q = Random(count, rng), k = Random(count, rng), v = Random(count, rng), dout = Random(count, rng),
                    dq0 = Random(count, rng), dk0 = Random(count, rng), dv0 = Random(count, rng);
     Device<Bf16> d_q(q.bits), d_k(k.bits), d_v(v.bits), d_out{std::vector<Bf16>(count)}, d_dout(dout.bits),
         d_dq(dq0.bits), d_dk(dk0.bits), d_dv(dv0.bits);
-    Device<float> d_lse{std::vector<float>(size_t{b} * h * t)};
-    AttentionForward(d_out.get(), d_lse.get(), d_q.get(), d_k.get(), d_v.get(), b, t, h, d, nullptr);
-    AttentionBackward(d_dq.get(), d_dk.get(), d_dv.get(), d_dout.get(), d_out.get(), d_lse.get(), d_q.get(), d_k.get(),
-                      d_v.get(), b, t, h, d, nullptr);
+    Device<float> d_lse{std::vector<float>(size_t{b} * h * t)}, d_delta{std::vector<float>(size_t{b} * h * t)};
+    ASSERT_EQ(AttentionForward(d_out.get(), d_lse.get(), d_q.get(), d_k.get(), d_v.get(), b, t, h, d, nullptr),
+              cudaSuccess);
+    ASSERT_EQ(AttentionBackward(d_dq.get(), d_dk.get(), d_dv.get(), d_dout.get(), d_out.get(), d_lse.get(),
+                                d_delta.get(), d_q.get(), d_k.get(), d_v.get(), b, t, h, d, nullptr),
+              cudaSuccess);
     std::vector<float> out(count), att(size_t{b} * h * t * t), dq = dq0.values, dk = dk0.values, dv = dv0.values;
     cpu::AttentionForward(out.data(), att.data(), q.values.data(), k.values.data(), v.values.data(), b, t, h, d);
     cpu::AttentionBackward(dq.data(), dk.data(), dv.data(), dout.values.data(), att.data(), q.values.data(),

@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""The PyTorch baseline of the benchmark harness: the same Llama-style decoder as the
+reference trainer (RMSNorm, RoPE, SwiGLU, untied head; presets as trainer_ref/model_config),
+bf16 autocast + fused AdamW, optionally activation checkpointing, trained on the bytes of a
+text file (byte tokens, as tierd-train's byte tokenizer). Prints one JSON line at the end:
+model, batch, checkpointing, tokens/s, TFLOP/s (6N), peak allocated GPU bytes, final loss.
+"""
+import argparse
+import json
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+PRESETS = {  # layers, C, H, F, V
+    "tiny": (2, 64, 4, 176, 256),
+    "124m": (12, 768, 12, 2048, 32000),
+    "350m": (24, 1024, 16, 2816, 32000),
+    "1.3b": (24, 2048, 16, 5504, 32000),
+    "7b": (32, 4096, 32, 11008, 32000),
+    "13b": (40, 5120, 40, 13824, 32000),
+}
+
+
+class RMSNorm(torch.nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(c))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5).to(x.dtype) * self.weight
+
+
+def rope(x, base=10000.0):  # x (B, H, T, D): pairs (2i, 2i+1) turn by t * base^(-2i/D)
+    b, h, t, d = x.shape
+    inv = base ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
+    ang = torch.arange(t, device=x.device, dtype=torch.float32)[:, None] * inv[None, :]
+    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+    a, c = x[..., 0::2], x[..., 1::2]
+    return torch.stack((a * cos - c * sin, a * sin + c * cos), dim=-1).flatten(-2)
+
+
+class Layer(torch.nn.Module):
+    def __init__(self, c, h, f):
+        super().__init__()
+        self.h = h
+        self.attn_norm, self.mlp_norm = RMSNorm(c), RMSNorm(c)
+        self.wq, self.wk, self.wv, self.wo = (torch.nn.Linear(c, c, bias=False) for _ in range(4))
+        self.w1, self.w3 = torch.nn.Linear(c, f, bias=False), torch.nn.Linear(c, f, bias=False)
+        self.w2 = torch.nn.Linear(f, c, bias=False)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        hx = self.attn_norm(x)
+        q, k, v = (w(hx).view(b, t, self.h, c // self.h).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        a = F.scaled_dot_product_attention(rope(q), rope(k), v, is_causal=True)
+        x = x + self.wo(a.transpose(1, 2).reshape(b, t, c))
+        hx = self.mlp_norm(x)
+        return x + self.w2(F.silu(self.w1(hx)) * self.w3(hx))
+
+
+class Decoder(torch.nn.Module):
+    def __init__(self, layers, c, h, f, v, checkpointing):
+        super().__init__()
+        self.embed = torch.nn.Embedding(v, c)
+        self.layers = torch.nn.ModuleList(Layer(c, h, f) for _ in range(layers))
+        self.norm = RMSNorm(c)
+        self.head = torch.nn.Linear(c, v, bias=False)
+        self.checkpointing = checkpointing
+
+    def forward(self, tokens, targets):
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = checkpoint(layer, x, use_reentrant=False) if self.checkpointing else layer(x)
+        logits = self.head(self.norm(x))
+        return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--model_size", default="1.3b")
+    p.add_argument("--batch_size", type=int, default=8)
+    p.add_argument("--seq_len", type=int, default=2048)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--timing_skip", type=int, default=3)
+    p.add_argument("--checkpointing", action="store_true")
+    p.add_argument("--data", required=True, help="a text file; its bytes are the tokens")
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--warmup", type=int, default=10, help="linear warmup, then cosine to lr/10 (as tierd-train)")
+    p.add_argument("--seed", type=int, default=1)
+    a = p.parse_args()
+    layers, c, h, f, v = PRESETS[a.model_size]
+    torch.manual_seed(a.seed)
+    data = torch.frombuffer(bytearray(open(a.data, "rb").read()), dtype=torch.uint8).long()
+    model = Decoder(layers, c, h, f, v, a.checkpointing).cuda()
+    params = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+    torch.cuda.reset_peak_memory_stats()
+    timed, tokens, loss = 0.0, a.batch_size * a.seq_len, float("nan")
+    for step in range(1, a.steps + 1):
+        starts = torch.randint(0, len(data) - a.seq_len - 1, (a.batch_size,))
+        batch = torch.stack([data[s:s + a.seq_len + 1] for s in starts.tolist()]).cuda()
+        torch.cuda.synchronize()
+        t0 = time.time()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(batch[:, :-1], batch[:, 1:])
+        s = step - 1  # tierd-train's LearningRate(step, warmup, steps, lr, lr / 10)
+        if s < a.warmup:
+            lr = a.lr * (s + 1) / a.warmup
+        elif s >= a.steps or a.steps <= a.warmup:
+            lr = a.lr / 10
+        else:
+            lr = a.lr / 10 + 0.5 * (a.lr - a.lr / 10) * (1 + math.cos(math.pi * (s - a.warmup) / (a.steps - a.warmup)))
+        for group in opt.param_groups:
+            group["lr"] = lr
+        out.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss = out.item()  # waits for the step
+        dt = time.time() - t0
+        if step > a.timing_skip:
+            timed += dt
+        print(f"torch step {step}: loss {loss:.4f} {dt * 1e3:.0f} ms", flush=True)
+    tps = tokens * (a.steps - a.timing_skip) / timed if timed > 0 else 0.0
+    print(json.dumps({"run": "pytorch" + (" +ckpt" if a.checkpointing else ""), "model": a.model_size,
+                      "params": params, "batch": a.batch_size, "seq": a.seq_len, "tokens_per_s": tps,
+                      "tflops_6n": 6 * params * tps / 1e12, "peak_alloc_bytes": torch.cuda.max_memory_allocated(),
+                      "final_loss": loss}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

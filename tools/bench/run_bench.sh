@@ -5,7 +5,7 @@
 # standard library sources, on every machine with Python): the PyTorch baseline (bf16
 # autocast + fused AdamW, with and without activation checkpointing) and our trainer with
 # --offload_policy=none (tierd-train-gpu). One table at the end; logs in $OUT.
-# MODELS, BATCH, STEPS override the defaults.
+# MODELS, BATCH, STEPS override the defaults; TORCH_CKPT=" " skips the checkpointed baseline.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-/tmp/tierd-out}"
@@ -18,7 +18,7 @@ find "$py_lib" -maxdepth 1 -name '*.py' | sort | xargs cat > "$corpus/stdlib.txt
 echo "== machine: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader); corpus $(du -h "$corpus/stdlib.txt" | cut -f1)"
 results="$out/bench.jsonl"; : > "$results"
 for m in $models; do
-  for ckpt in "" "--checkpointing"; do
+  for ckpt in "" ${TORCH_CKPT:-"--checkpointing"}; do
     echo "== pytorch $m $ckpt"
     python3 tools/bench/torch_baseline.py --model_size="$m" --batch_size="$batch" --seq_len=$seq --steps="$steps" \
       --data="$corpus/stdlib.txt" $ckpt 2>&1 | tee "$out/torch-$m$ckpt.log" | tail -n 3

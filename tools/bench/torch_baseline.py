@@ -90,11 +90,22 @@ def main():
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--warmup", type=int, default=10, help="linear warmup, then cosine to lr/10 (as tierd-train)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--init", default="tierd", choices=["tierd", "torch"],
+                   help="tierd: the reference trainer's initialisation (comparable losses); torch: PyTorch's defaults")
     a = p.parse_args()
     layers, c, h, f, v = PRESETS[a.model_size]
     torch.manual_seed(a.seed)
     data = torch.frombuffer(bytearray(open(a.data, "rb").read()), dtype=torch.uint8).long()
     model = Decoder(layers, c, h, f, v, a.checkpointing).cuda()
+    if a.init == "tierd":  # as trainer_ref/model.cc: N(0, 0.02), output projections / sqrt(2 L), norms 1
+        with torch.no_grad():
+            for name, prm in model.named_parameters():
+                if prm.dim() == 1:
+                    prm.fill_(1.0)
+                else:
+                    prm.normal_(0.0, 0.02)
+                    if name.endswith("wo.weight") or name.endswith("w2.weight"):
+                        prm.mul_(1.0 / math.sqrt(2 * layers))
     params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     torch.cuda.reset_peak_memory_stats()

@@ -129,13 +129,16 @@ absl::Status GpuModel::Allocate() {
   for (float** p : {&master_, &grads_, &m_, &v_}) RETURN_IF_ERROR(fp(total_params_, p));
   acts_.resize(config_.layers);
   for (Acts& a : acts_) {
-    for (Bf16** p : {&a.x_in, &a.h1, &a.q, &a.k, &a.v, &a.a, &a.x_mid, &a.h2}) RETURN_IF_ERROR(bf(n * c, p));
+    for (Bf16** p : {&a.h1, &a.q, &a.k, &a.v, &a.a, &a.h2}) RETURN_IF_ERROR(bf(n * c, p));
+    RETURN_IF_ERROR(fp(n * c, &a.x_in));
+    RETURN_IF_ERROR(fp(n * c, &a.x_mid));
     for (Bf16** p : {&a.g, &a.u, &a.s}) RETURN_IF_ERROR(bf(n * f, p));
     RETURN_IF_ERROR(fp(n, &a.rstd1));
     RETURN_IF_ERROR(fp(n, &a.rstd2));
     RETURN_IF_ERROR(fp(lse, &a.lse));
   }
-  for (Bf16** p : {&x_, &tmp_, &x_out_, &xf_, &dx_, &dxf_, &dh_, &da_, &dq_, &dk_, &dv_}) RETURN_IF_ERROR(bf(n * c, p));
+  for (Bf16** p : {&tmp_, &xf_, &dx16_, &dxf_, &dh_, &da_, &dq_, &dk_, &dv_}) RETURN_IF_ERROR(bf(n * c, p));
+  for (float** p : {&x_, &x_out_, &dx_}) RETURN_IF_ERROR(fp(n * c, p));
   for (Bf16** p : {&ds_, &dg_, &du_}) RETURN_IF_ERROR(bf(n * f, p));
   RETURN_IF_ERROR(bf(n * v, &logits_));
   RETURN_IF_ERROR(bf(n * v, &dlogits_));
@@ -202,7 +205,7 @@ absl::StatusOr<double> GpuModel::Forward(const int32_t* tokens, const int32_t* t
   for (int l = 0; l < config_.layers; ++l) {
     const Layer& w = layers_[l];
     const Acts& a = acts_[l];
-    RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(a.x_in, x_, nc * sizeof(Bf16), cudaMemcpyDeviceToDevice, stream_), "x_in"));
+    RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(a.x_in, x_, nc * sizeof(float), cudaMemcpyDeviceToDevice, stream_), "x_in"));
     Timed(kElementwise, [&] { RmsNormForward(a.h1, a.rstd1, x_, M(w.attn_norm), n, c, kNormEps, stream_); return 0; });
     RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(a.q, a.h1, W(w.wq), n, c, c, stream_); }));
     RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(a.k, a.h1, W(w.wk), n, c, c, stream_); }));
@@ -213,16 +216,16 @@ absl::StatusOr<double> GpuModel::Forward(const int32_t* tokens, const int32_t* t
       return Cuda(AttentionForward(a.a, a.lse, a.q, a.k, a.v, batch_, seq_, h, d, stream_), "attention forward");
     }));
     RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(tmp_, a.a, W(w.wo), n, c, c, stream_); }));
-    Timed(kElementwise, [&] { Add(x_, x_, tmp_, static_cast<int64_t>(nc), stream_); return 0; });
-    RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(a.x_mid, x_, nc * sizeof(Bf16), cudaMemcpyDeviceToDevice, stream_), "x_mid"));
+    Timed(kElementwise, [&] { AddInto(x_, tmp_, static_cast<int64_t>(nc), stream_); return 0; });
+    RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(a.x_mid, x_, nc * sizeof(float), cudaMemcpyDeviceToDevice, stream_), "x_mid"));
     Timed(kElementwise, [&] { RmsNormForward(a.h2, a.rstd2, x_, M(w.mlp_norm), n, c, kNormEps, stream_); return 0; });
     RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(a.g, a.h2, W(w.w1), n, c, f, stream_); }));
     RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(a.u, a.h2, W(w.w3), n, c, f, stream_); }));
     Timed(kElementwise, [&] { SwiGluForward(a.s, a.g, a.u, n, f, stream_); return 0; });
     RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(tmp_, a.s, W(w.w2), n, f, c, stream_); }));
-    Timed(kElementwise, [&] { Add(x_, x_, tmp_, static_cast<int64_t>(nc), stream_); return 0; });
+    Timed(kElementwise, [&] { AddInto(x_, tmp_, static_cast<int64_t>(nc), stream_); return 0; });
   }
-  RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(x_out_, x_, nc * sizeof(Bf16), cudaMemcpyDeviceToDevice, stream_), "x_out"));
+  RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(x_out_, x_, nc * sizeof(float), cudaMemcpyDeviceToDevice, stream_), "x_out"));
   Timed(kElementwise, [&] { RmsNormForward(xf_, rstd_f_, x_, M(final_norm_), n, c, kNormEps, stream_); return 0; });
   RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(logits_, xf_, W(head_), n, c, config_.vocab, stream_); }));
   Timed(kLoss, [&] { CrossEntropy(losses_, dlogits_, logits_, targets_, n, config_.vocab, counted, stream_); return 0; });
@@ -241,14 +244,15 @@ absl::Status GpuModel::Backward() {
   auto zero = [this](Bf16* p, size_t count) { return Cuda(cudaMemsetAsync(p, 0, count * sizeof(Bf16), stream_), "zero"); };
   RETURN_IF_ERROR(zero(dxf_, nc));
   RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(dxf_, G(head_), dlogits_, xf_, W(head_), n, c, config_.vocab, stream_); }));
-  RETURN_IF_ERROR(zero(dx_, nc));
+  RETURN_IF_ERROR(Cuda(cudaMemsetAsync(dx_, 0, nc * sizeof(float), stream_), "zero dx"));
   Timed(kElementwise, [&] { RmsNormBackward(dx_, G(final_norm_), dxf_, x_out_, M(final_norm_), rstd_f_, n, c, stream_); return 0; });
   for (int l = config_.layers; l-- > 0;) {
     const Layer& w = layers_[l];
     const Acts& a = acts_[l];
     // x_out = x_mid + swiglu(h2 W1^T, h2 W3^T) W2^T
+    Timed(kElementwise, [&] { ToBf16(dx16_, dx_, static_cast<int64_t>(nc), stream_); return 0; });
     RETURN_IF_ERROR(zero(ds_, nf));
-    RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(ds_, G(w.w2), dx_, a.s, W(w.w2), n, f, c, stream_); }));
+    RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(ds_, G(w.w2), dx16_, a.s, W(w.w2), n, f, c, stream_); }));
     RETURN_IF_ERROR(zero(dg_, nf));
     RETURN_IF_ERROR(zero(du_, nf));
     Timed(kElementwise, [&] { SwiGluBackward(dg_, du_, ds_, a.g, a.u, n, f, stream_); return 0; });
@@ -257,8 +261,9 @@ absl::Status GpuModel::Backward() {
     RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(dh_, G(w.w3), du_, a.h2, W(w.w3), n, c, f, stream_); }));
     Timed(kElementwise, [&] { RmsNormBackward(dx_, G(w.mlp_norm), dh_, a.x_mid, M(w.mlp_norm), a.rstd2, n, c, stream_); return 0; });
     // x_mid = x_in + attention(rope(h1 Wq^T), rope(h1 Wk^T), h1 Wv^T) Wo^T
+    Timed(kElementwise, [&] { ToBf16(dx16_, dx_, static_cast<int64_t>(nc), stream_); return 0; });
     RETURN_IF_ERROR(zero(da_, nc));
-    RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(da_, G(w.wo), dx_, a.a, W(w.wo), n, c, c, stream_); }));
+    RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(da_, G(w.wo), dx16_, a.a, W(w.wo), n, c, c, stream_); }));
     for (Bf16* p : {dq_, dk_, dv_}) RETURN_IF_ERROR(zero(p, nc));
     RETURN_IF_ERROR(Timed(kAttention, [&] {
       return Cuda(AttentionBackward(dq_, dk_, dv_, da_, a.a, a.lse, delta_, a.q, a.k, a.v, batch_, seq_, h, d, stream_),

@@ -68,7 +68,8 @@ class GpuModel {
     size_t attn_norm, wq, wk, wv, wo, mlp_norm, w1, w3, w2;
   };
   struct Acts {  // per layer, kept from forward for backward
-    Bf16 *x_in, *h1, *q, *k, *v, *a, *x_mid, *h2, *g, *u, *s;
+    float *x_in, *x_mid;  // the residual stream, fp32
+    Bf16 *h1, *q, *k, *v, *a, *h2, *g, *u, *s;
     float *rstd1, *rstd2, *lse;
   };
 
@@ -85,10 +86,11 @@ class GpuModel {
   Bf16* weights_ = nullptr;
   float *master_ = nullptr, *grads_ = nullptr, *m_ = nullptr, *v_ = nullptr;
   std::vector<Acts> acts_;
-  Bf16 *x_ = nullptr, *tmp_ = nullptr, *x_out_ = nullptr, *xf_ = nullptr, *logits_ = nullptr, *dlogits_ = nullptr;
+  float *x_ = nullptr, *x_out_ = nullptr, *dx_ = nullptr;  // residual stream and its gradient, fp32
+  Bf16 *tmp_ = nullptr, *xf_ = nullptr, *logits_ = nullptr, *dlogits_ = nullptr, *dx16_ = nullptr;
   float *rstd_f_ = nullptr, *losses_ = nullptr, *norm_ = nullptr, *delta_ = nullptr;
-  Bf16 *dx_ = nullptr, *dxf_ = nullptr, *dh_ = nullptr, *da_ = nullptr, *dq_ = nullptr, *dk_ = nullptr, *dv_ = nullptr,
-       *ds_ = nullptr, *dg_ = nullptr, *du_ = nullptr;
+  Bf16 *dxf_ = nullptr, *dh_ = nullptr, *da_ = nullptr, *dq_ = nullptr, *dk_ = nullptr, *dv_ = nullptr, *ds_ = nullptr,
+       *dg_ = nullptr, *du_ = nullptr;
   int32_t *tokens_ = nullptr, *targets_ = nullptr;
   std::vector<float> host_losses_;
   template <typename Fn>

@@ -51,51 +51,48 @@ __device__ float BlockMax(float x) {
   return x;
 }
 
-__global__ void EmbeddingForwardKernel(Bf16* out, const int32_t* tokens, const Bf16* wte, int n, int c, int v) {
+__global__ void EmbeddingForwardKernel(float* out, const int32_t* tokens, const Bf16* wte, int n, int c, int v) {
   const int64_t total = int64_t{n} * c;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
     const int row = static_cast<int>(i / c), col = static_cast<int>(i % c);
     const int token = tokens[row];
-    out[i] = token >= 0 && token < v ? wte[int64_t{token} * c + col] : Bf16{0};
+    out[i] = token >= 0 && token < v ? Load(wte, int64_t{token} * c + col) : 0.f;
   }
 }
 
-__global__ void EmbeddingBackwardKernel(float* dwte, const Bf16* dout, const int32_t* tokens, int n, int c, int v) {
+__global__ void EmbeddingBackwardKernel(float* dwte, const float* dout, const int32_t* tokens, int n, int c, int v) {
   const int64_t total = int64_t{n} * c;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
     const int row = static_cast<int>(i / c), col = static_cast<int>(i % c);
     const int token = tokens[row];
-    if (token >= 0 && token < v) atomicAdd(&dwte[int64_t{token} * c + col], Load(dout, i));
+    if (token >= 0 && token < v) atomicAdd(&dwte[int64_t{token} * c + col], dout[i]);
   }
 }
 
-__global__ void RmsNormForwardKernel(Bf16* out, float* rstd, const Bf16* in, const float* weight, int c, float eps) {
+__global__ void RmsNormForwardKernel(Bf16* out, float* rstd, const float* in, const float* weight, int c, float eps) {
   const int64_t row = blockIdx.x;
-  const Bf16* x = in + row * c;
+  const float* x = in + row * c;
   float sum = 0.f;
-  for (int j = threadIdx.x; j < c; j += blockDim.x) {
-    const float xj = Load(x, j);
-    sum += xj * xj;
-  }
+  for (int j = threadIdx.x; j < c; j += blockDim.x) sum += x[j] * x[j];
   sum = BlockSum(sum);
   const float r = rsqrtf(sum / c + eps);
   if (threadIdx.x == 0) rstd[row] = r;
-  for (int j = threadIdx.x; j < c; j += blockDim.x) Store(out, row * c + j, Load(x, j) * r * weight[j]);
+  for (int j = threadIdx.x; j < c; j += blockDim.x) Store(out, row * c + j, x[j] * r * weight[j]);
 }
 
-__global__ void RmsNormBackwardKernel(Bf16* din, float* dweight, const Bf16* dout, const Bf16* in,
+__global__ void RmsNormBackwardKernel(float* din, float* dweight, const Bf16* dout, const float* in,
                                       const float* weight, const float* rstd, int c) {
   const int64_t row = blockIdx.x;
-  const Bf16* x = in + row * c;
+  const float* x = in + row * c;
   const Bf16* dy = dout + row * c;
   const float r = rstd[row];
   float dot = 0.f;
-  for (int j = threadIdx.x; j < c; j += blockDim.x) dot += Load(dy, j) * weight[j] * Load(x, j);
+  for (int j = threadIdx.x; j < c; j += blockDim.x) dot += Load(dy, j) * weight[j] * x[j];
   const float mean = BlockSum(dot) / c;
   for (int j = threadIdx.x; j < c; j += blockDim.x) {
-    const float xj = Load(x, j), dyj = Load(dy, j);
-    Store(din, row * c + j, Load(din, row * c + j) + r * (weight[j] * dyj - xj * r * r * mean));
-    atomicAdd(&dweight[j], dyj * xj * r);
+    const float dyj = Load(dy, j);
+    din[row * c + j] += r * (weight[j] * dyj - x[j] * r * r * mean);
+    atomicAdd(&dweight[j], dyj * x[j] * r);
   }
 }
 
@@ -135,9 +132,15 @@ __global__ void SwiGluBackwardKernel(Bf16* dgate, Bf16* dup, const Bf16* dout, c
   }
 }
 
-__global__ void AddKernel(Bf16* out, const Bf16* a, const Bf16* b, int64_t count) {
+__global__ void AddIntoKernel(float* x, const Bf16* y, int64_t count) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x) {
-    Store(out, i, Load(a, i) + Load(b, i));
+    x[i] += Load(y, i);
+  }
+}
+
+__global__ void ToBf16Kernel(Bf16* out, const float* in, int64_t count) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x) {
+    Store(out, i, in[i]);
   }
 }
 
@@ -329,21 +332,21 @@ int RowThreads(int c) {
 
 }  // namespace
 
-void EmbeddingForward(Bf16* out, const int32_t* tokens, const Bf16* wte, int n, int c, int v, cudaStream_t stream) {
+void EmbeddingForward(float* out, const int32_t* tokens, const Bf16* wte, int n, int c, int v, cudaStream_t stream) {
   EmbeddingForwardKernel<<<Blocks(int64_t{n} * c), kThreads, 0, stream>>>(out, tokens, wte, n, c, v);
 }
 
-void EmbeddingBackward(float* dwte, const Bf16* dout, const int32_t* tokens, int n, int c, int v,
+void EmbeddingBackward(float* dwte, const float* dout, const int32_t* tokens, int n, int c, int v,
                        cudaStream_t stream) {
   EmbeddingBackwardKernel<<<Blocks(int64_t{n} * c), kThreads, 0, stream>>>(dwte, dout, tokens, n, c, v);
 }
 
-void RmsNormForward(Bf16* out, float* rstd, const Bf16* in, const float* weight, int n, int c, float eps,
+void RmsNormForward(Bf16* out, float* rstd, const float* in, const float* weight, int n, int c, float eps,
                     cudaStream_t stream) {
   if (n > 0) RmsNormForwardKernel<<<n, RowThreads(c), 0, stream>>>(out, rstd, in, weight, c, eps);
 }
 
-void RmsNormBackward(Bf16* din, float* dweight, const Bf16* dout, const Bf16* in, const float* weight,
+void RmsNormBackward(float* din, float* dweight, const Bf16* dout, const float* in, const float* weight,
                      const float* rstd, int n, int c, cudaStream_t stream) {
   if (n > 0) RmsNormBackwardKernel<<<n, RowThreads(c), 0, stream>>>(din, dweight, dout, in, weight, rstd, c);
 }
@@ -365,8 +368,12 @@ void SwiGluBackward(Bf16* dgate, Bf16* dup, const Bf16* dout, const Bf16* gate, 
   SwiGluBackwardKernel<<<Blocks(int64_t{n} * f), kThreads, 0, stream>>>(dgate, dup, dout, gate, up, int64_t{n} * f);
 }
 
-void Add(Bf16* out, const Bf16* a, const Bf16* b, int64_t count, cudaStream_t stream) {
-  AddKernel<<<Blocks(count), kThreads, 0, stream>>>(out, a, b, count);
+void AddInto(float* x, const Bf16* y, int64_t count, cudaStream_t stream) {
+  AddIntoKernel<<<Blocks(count), kThreads, 0, stream>>>(x, y, count);
+}
+
+void ToBf16(Bf16* out, const float* in, int64_t count, cudaStream_t stream) {
+  ToBf16Kernel<<<Blocks(count), kThreads, 0, stream>>>(out, in, count);
 }
 
 void CrossEntropy(float* losses, Bf16* dlogits, const Bf16* logits, const int32_t* targets, int n, int v,

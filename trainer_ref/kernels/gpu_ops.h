@@ -4,8 +4,10 @@
 // queues work on `stream` (no synchronisation). Backward functions ADD into the gradients
 // they produce, like the CPU ops, except where a comment says "writes".
 //
-// Storage: activations and weights bf16 (`Bf16`, the raw 16 bits), norm weights fp32 (small
-// and sensitive), every weight gradient fp32 (accumulated over micro-batches without bf16
+// Storage: activations and weights bf16 (`Bf16`, the raw 16 bits), except the residual
+// stream and its gradient, fp32 (every layer adds into them: in bf16 the small additions
+// would round away, as autocast keeps them in fp32 too); norm weights fp32 (small and
+// sensitive), every weight gradient fp32 (accumulated over micro-batches without bf16
 // rounding), per-row statistics fp32, the optimizer's master weights and moments fp32.
 #ifndef TIERD_TRAINER_REF_KERNELS_GPU_OPS_H_
 #define TIERD_TRAINER_REF_KERNELS_GPU_OPS_H_
@@ -18,18 +20,21 @@ namespace tierd::trainer::gpu {
 
 using Bf16 = uint16_t;  // bfloat16 bits; device code reads them as __nv_bfloat16
 
-// out (N, C) = wte[tokens], wte (V, C). Tokens outside [0, V) give zero rows.
-void EmbeddingForward(Bf16* out, const int32_t* tokens, const Bf16* wte, int n, int c, int v, cudaStream_t stream);
+// out (N, C, the fp32 residual stream) = wte[tokens], wte (V, C). Tokens outside [0, V)
+// give zero rows.
+void EmbeddingForward(float* out, const int32_t* tokens, const Bf16* wte, int n, int c, int v, cudaStream_t stream);
 // dwte (V, C, fp32) += dout rows scattered by token (atomic adds: the order of the sums,
 // and so the last bits, may differ from run to run).
-void EmbeddingBackward(float* dwte, const Bf16* dout, const int32_t* tokens, int n, int c, int v,
+void EmbeddingBackward(float* dwte, const float* dout, const int32_t* tokens, int n, int c, int v,
                        cudaStream_t stream);
 
-// out = in * rstd * weight; rstd (N) = 1 / sqrt(mean(in^2) + eps), written for backward.
-void RmsNormForward(Bf16* out, float* rstd, const Bf16* in, const float* weight, int n, int c, float eps,
+// out (bf16) = in * rstd * weight, `in` the fp32 residual stream; rstd (N) = 1 / sqrt(mean(in^2)
+// + eps), written for backward.
+void RmsNormForward(Bf16* out, float* rstd, const float* in, const float* weight, int n, int c, float eps,
                     cudaStream_t stream);
-// din (bf16) += d/d(in); dweight (fp32, C) += sum over rows (atomic adds across row blocks).
-void RmsNormBackward(Bf16* din, float* dweight, const Bf16* dout, const Bf16* in, const float* weight,
+// din (fp32, the residual gradient) += d/d(in); dweight (fp32, C) += sum over rows (atomic
+// adds across row blocks).
+void RmsNormBackward(float* din, float* dweight, const Bf16* dout, const float* in, const float* weight,
                      const float* rstd, int n, int c, cudaStream_t stream);
 
 // Rotary embedding in place on x (B*T, H, D), as cpu::RopeForward; backward turns back.
@@ -41,8 +46,10 @@ void SwiGluForward(Bf16* out, const Bf16* gate, const Bf16* up, int n, int f, cu
 void SwiGluBackward(Bf16* dgate, Bf16* dup, const Bf16* dout, const Bf16* gate, const Bf16* up, int n, int f,
                     cudaStream_t stream);
 
-// out = a + b (element-wise, `count` values).
-void Add(Bf16* out, const Bf16* a, const Bf16* b, int64_t count, cudaStream_t stream);
+// x (fp32) += y (bf16): a sublayer's output into the residual stream (`count` values).
+void AddInto(float* x, const Bf16* y, int64_t count, cudaStream_t stream);
+// out (bf16) = in (fp32), rounded: the residual gradient as a GEMM's input.
+void ToBf16(Bf16* out, const float* in, int64_t count, cudaStream_t stream);
 
 // Cross-entropy fused with its backward: losses (N, fp32) writes each row's loss (0 for an
 // ignored row, target < 0); dlogits (N, V) writes (softmax - onehot) / counted, where

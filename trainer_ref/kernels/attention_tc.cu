@@ -77,20 +77,52 @@ __device__ void AccumulateRowsTimesTile(float* c, const __nv_bfloat16* p, const 
   }
 }
 
-// C (16 x D, fp32, ld D) += P^T (16 x 64) x B (64 x D), P stored as 64 x 16 (bf16, ld 16).
+// acc[n] (16 x 16 each, registers; D/16 of them) += P^T (16 x 64) x B (64 x D), P stored as
+// 64 x 16 (bf16, ld 16), the column-major read of each 64 x 16 block giving its transpose.
 template <int D>
-__device__ void AccumulateColsTimesTile(float* c, const __nv_bfloat16* p_cols, const __nv_bfloat16* b) {
-  for (int n = 0; n < D / 16; ++n) {
-    FragC acc;
-    wmma::load_matrix_sync(acc, c + n * 16, D, wmma::mem_row_major);
-    for (int k = 0; k < kTile / 16; ++k) {
-      FragAT fa;  // column-major read of the 64 x 16 block: its transpose
+__device__ void AccumulateColsTimesTileRegs(FragC* acc, const __nv_bfloat16* p_cols, const __nv_bfloat16* b) {
+  for (int k = 0; k < kTile / 16; ++k) {
+    FragAT fa;
+    wmma::load_matrix_sync(fa, p_cols + k * 16 * 16, 16);
+    for (int n = 0; n < D / 16; ++n) {
       FragB fb;
-      wmma::load_matrix_sync(fa, p_cols + k * 16 * 16, 16);
       wmma::load_matrix_sync(fb, b + k * 16 * D + n * 16, D);
-      wmma::mma_sync(acc, fa, fb, acc);
+      wmma::mma_sync(acc[n], fa, fb, acc[n]);
     }
-    wmma::store_matrix_sync(c + n * 16, acc, D, wmma::mem_row_major);
+  }
+}
+
+// acc[n] += P (16 x 64, bf16, ld 64) x B (64 x D), in registers.
+template <int D>
+__device__ void AccumulateRowsTimesTileRegs(FragC* acc, const __nv_bfloat16* p, const __nv_bfloat16* b) {
+  for (int k = 0; k < kTile / 16; ++k) {
+    FragA fa;
+    wmma::load_matrix_sync(fa, p + k * 16, kTile);
+    for (int n = 0; n < D / 16; ++n) {
+      FragB fb;
+      wmma::load_matrix_sync(fb, b + k * 16 * D + n * 16, D);
+      wmma::mma_sync(acc[n], fa, fb, acc[n]);
+    }
+  }
+}
+
+// out (bf16, rows of one head from `first`) += scale * acc: each 16 x 16 block through the
+// warp's 256-float scratch.
+template <int D>
+__device__ void AddRowsToGlobal(Bf16* out, FragC* acc, float* scratch, float scale, int bi, int first, int head,
+                                int t, int h) {
+  const int lane = threadIdx.x % 32;
+  auto* o = reinterpret_cast<__nv_bfloat16*>(out);
+  for (int n = 0; n < D / 16; ++n) {
+    wmma::store_matrix_sync(scratch, acc[n], 16, wmma::mem_row_major);
+    __syncwarp();
+    for (int e = lane; e < 256; e += 32) {
+      const int r = e / 16, col = n * 16 + e % 16;
+      if (first + r >= t) continue;
+      const int64_t at = RowOf(bi, first + r, head, t, h, D) + col;
+      o[at] = __float2bfloat16_rn(__bfloat162float(o[at]) + scratch[e] * scale);
+    }
+    __syncwarp();
   }
 }
 
@@ -195,8 +227,7 @@ struct KeySmem {
   __nv_bfloat16 k[kTile * D], v[kTile * D], q[kTile * D], dout[kTile * D];
   float s[kWarps][kRows * kTile];           // S^T, then dP^T (16 keys x 64 queries)
   __nv_bfloat16 p[kWarps][kTile * kRows];   // P^T then dS^T, stored 64 queries x 16 keys
-  float dk[kWarps][kRows * D], dv[kWarps][kRows * D];
-  float scratch[kWarps][16 * 16];           // one 16 x 16 block of dP^T
+  float scratch[kWarps][16 * 16];           // one 16 x 16 block (dP^T, or a result on its way out)
   float lse[kTile], delta[kTile];
 };
 
@@ -211,7 +242,11 @@ __global__ void __launch_bounds__(kWarps * 32) KeyKernel(Bf16* dk, Bf16* dv, con
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   LoadTile<D>(sm.k, k, bi, k0, head, t, h);
   LoadTile<D>(sm.v, v, bi, k0, head, t, h);
-  for (int i = lane; i < kRows * D; i += 32) sm.dk[warp][i] = sm.dv[warp][i] = 0.f;
+  FragC dk_acc[D / 16], dv_acc[D / 16];  // this warp's 16 rows of dK and dV, in registers
+  for (int n = 0; n < D / 16; ++n) {
+    wmma::fill_fragment(dk_acc[n], 0.f);
+    wmma::fill_fragment(dv_acc[n], 0.f);
+  }
   const int tiles = (t + kTile - 1) / kTile;
   for (int qt = k0 / kTile; qt < tiles; ++qt) {
     const int q0 = qt * kTile;
@@ -242,7 +277,7 @@ __global__ void __launch_bounds__(kWarps * 32) KeyKernel(Bf16* dk, Bf16* dv, con
     }
     __syncwarp();
     // dV_w += P^T dO (sm.p holds P^T as 64 queries x 16 keys).
-    AccumulateColsTimesTile<D>(sm.dv[warp], sm.p[warp], sm.dout);
+    AccumulateColsTimesTileRegs<D>(dv_acc, sm.p[warp], sm.dout);
     __syncwarp();
     // dP^T (16 keys x 64 queries) = V_w dO^T, a 16 x 16 block at a time through shared
     // memory (an accumulator's layout is opaque); dS^T = P^T (dP^T - delta) replaces P^T.
@@ -266,21 +301,11 @@ __global__ void __launch_bounds__(kWarps * 32) KeyKernel(Bf16* dk, Bf16* dv, con
       __syncwarp();
     }
     // dK_w += dS^T Q (scaled at the end).
-    AccumulateColsTimesTile<D>(sm.dk[warp], sm.p[warp], sm.q);
+    AccumulateColsTimesTileRegs<D>(dk_acc, sm.p[warp], sm.q);
     __syncwarp();
   }
-  __syncthreads();
-  for (int r = 0; r < kRows; ++r) {
-    const int key = k0 + warp * kRows + r;
-    if (key >= t) break;
-    for (int i = lane; i < D; i += 32) {
-      const int64_t at = RowOf(bi, key, head, t, h, D) + i;
-      auto* dkp = reinterpret_cast<__nv_bfloat16*>(dk);
-      auto* dvp = reinterpret_cast<__nv_bfloat16*>(dv);
-      dkp[at] = __float2bfloat16_rn(__bfloat162float(dkp[at]) + sm.dk[warp][r * D + i] * scale);
-      dvp[at] = __float2bfloat16_rn(__bfloat162float(dvp[at]) + sm.dv[warp][r * D + i]);
-    }
-  }
+  AddRowsToGlobal<D>(dk, dk_acc, sm.scratch[warp], scale, bi, k0 + warp * kRows, head, t, h);
+  AddRowsToGlobal<D>(dv, dv_acc, sm.scratch[warp], 1.f, bi, k0 + warp * kRows, head, t, h);
 }
 
 template <int D>
@@ -288,7 +313,7 @@ struct QuerySmem {
   __nv_bfloat16 q[kTile * D], dout[kTile * D], k[kTile * D], v[kTile * D];
   float s[kWarps][kRows * kTile], dp[kWarps][kRows * kTile];
   __nv_bfloat16 ds[kWarps][kRows * kTile];
-  float dq[kWarps][kRows * D];
+  float scratch[kWarps][16 * 16];
   float lse[kTile], delta[kTile];
 };
 
@@ -308,7 +333,8 @@ __global__ void __launch_bounds__(kWarps * 32) QueryKernel(Bf16* dq, const Bf16*
     sm.lse[i] = in ? lse[(int64_t{bi} * h + head) * t + q0 + i] : 0.f;
     sm.delta[i] = in ? delta[(int64_t{bi} * h + head) * t + q0 + i] : 0.f;
   }
-  for (int i = lane; i < kRows * D; i += 32) sm.dq[warp][i] = 0.f;
+  FragC dq_acc[D / 16];  // this warp's 16 rows of dQ, in registers
+  for (int n = 0; n < D / 16; ++n) wmma::fill_fragment(dq_acc[n], 0.f);
   for (int kt = 0; kt <= q0 / kTile; ++kt) {
     const int k0 = kt * kTile;
     __syncthreads();
@@ -329,18 +355,10 @@ __global__ void __launch_bounds__(kWarps * 32) QueryKernel(Bf16* dq, const Bf16*
       sm.ds[warp][e] = __float2bfloat16_rn(ds);
     }
     __syncwarp();
-    AccumulateRowsTimesTile<D>(sm.dq[warp], sm.ds[warp], sm.k);  // dQ_w += dS K
+    AccumulateRowsTimesTileRegs<D>(dq_acc, sm.ds[warp], sm.k);  // dQ_w += dS K
     __syncwarp();
   }
-  for (int r = 0; r < kRows; ++r) {
-    const int query = q0 + warp * kRows + r;
-    if (query >= t) break;
-    auto* dqp = reinterpret_cast<__nv_bfloat16*>(dq);
-    for (int i = lane; i < D; i += 32) {
-      const int64_t at = RowOf(bi, query, head, t, h, D) + i;
-      dqp[at] = __float2bfloat16_rn(__bfloat162float(dqp[at]) + sm.dq[warp][r * D + i] * scale);
-    }
-  }
+  AddRowsToGlobal<D>(dq, dq_acc, sm.scratch[warp], scale, bi, q0 + warp * kRows, head, t, h);
 }
 
 template <int D>

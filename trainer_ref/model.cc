@@ -37,6 +37,24 @@ std::vector<TensorLayout> ParamLayout(const ModelConfig& c) {
   return out;
 }
 
+ParamEntries ParamEntriesOf(const ModelConfig& config) {
+  // The order ParamLayout adds them in.
+  ParamEntries out;
+  size_t i = 0;
+  out.embed = i++;
+  for (int l = 0; l < config.layers; ++l) {
+    LayerEntries layer;
+    for (size_t* field : {&layer.attn_norm, &layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.mlp_norm, &layer.w1,
+                          &layer.w3, &layer.w2}) {
+      *field = i++;
+    }
+    out.layers.push_back(layer);
+  }
+  out.final_norm = i++;
+  out.head = i++;
+  return out;
+}
+
 namespace {
 constexpr double kNormEps = 1e-5;
 constexpr double kRopeBase = 10000.0;
@@ -48,18 +66,11 @@ Model<T>::Model(const ModelConfig& config, int batch, int seq, bool checkpointin
   const size_t total = layout_.back().offset + layout_.back().count;
   params_.assign(total, T(0));
   grads_.assign(total, T(0));
-  size_t i = 0;
-  embed_ = i++;
-  for (int l = 0; l < config.layers; ++l) {
-    Layer layer;
-    for (size_t* field : {&layer.attn_norm, &layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.mlp_norm, &layer.w1,
-                          &layer.w3, &layer.w2}) {
-      *field = i++;
-    }
-    layers_.push_back(layer);
-  }
-  final_norm_ = i++;
-  head_ = i++;
+  const ParamEntries entries = ParamEntriesOf(config);
+  embed_ = entries.embed;
+  layers_ = entries.layers;
+  final_norm_ = entries.final_norm;
+  head_ = entries.head;
   for (const TensorLayout& t : layout_) {
     p_.push_back(params_.data() + t.offset);
     g_.push_back(grads_.data() + t.offset);

@@ -32,6 +32,15 @@ struct TensorLayout {
   size_t count = 0;
 };
 std::vector<TensorLayout> ParamLayout(const ModelConfig& config);
+// Where each tensor is in ParamLayout's order: indices into it, per layer and for the rest.
+struct LayerEntries {
+  size_t attn_norm, wq, wk, wv, wo, mlp_norm, w1, w3, w2;
+};
+struct ParamEntries {
+  size_t embed = 0, final_norm = 0, head = 0;
+  std::vector<LayerEntries> layers;
+};
+ParamEntries ParamEntriesOf(const ModelConfig& config);
 // The saved activations of a model for micro-batches of `batch` x `seq` (offsets are 0:
 // each is its own tensor): "act.layers.0" .. "act.layers.{L-1}", then "act.head".
 std::vector<TensorLayout> SavedLayout(const ModelConfig& config, int batch, int seq, bool checkpointing);
@@ -86,9 +95,7 @@ class Model {
     if (leave_) leave_(group, backward);
   }
 
-  struct Layer {  // one layer's tensors: indices into layout_
-    size_t attn_norm, wq, wk, wv, wo, mlp_norm, w1, w3, w2;
-  };
+  using Layer = LayerEntries;  // one layer's tensors: indices into layout_
   struct LayerActs {  // what a layer's backward reads; N = batch * seq rows
     T *x_in, *h1, *rstd1, *q, *k, *v, *att, *a, *x_mid, *h2, *rstd2, *g, *u, *s;
   };

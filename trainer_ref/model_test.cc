@@ -148,5 +148,25 @@ TEST(ModelTest, TensorsBoundElsewhereGroupByGroupGiveTheSameResults) { CheckBoun
 
 TEST(ModelTest, ActivationCheckpointingGivesTheSameGradientsBitForBit) { CheckBoundElsewhere(true); }
 
+// The index of every tensor in ParamLayout's order, as the CPU and the GPU models use it.
+TEST(ModelTest, ParamEntriesNameTheLayoutsTensors) {
+  const ModelConfig config = Small();
+  const std::vector<TensorLayout> layout = ParamLayout(config);
+  const ParamEntries e = ParamEntriesOf(config);
+  EXPECT_EQ(layout[e.embed].name, "embed.w");
+  EXPECT_EQ(layout[e.final_norm].name, "final_norm.w");
+  EXPECT_EQ(layout[e.head].name, "head.w");
+  ASSERT_EQ(e.layers.size(), static_cast<size_t>(config.layers));
+  const LayerEntries& last = e.layers.back();
+  const std::string p = "layers." + std::to_string(config.layers - 1) + ".";
+  EXPECT_EQ(layout[last.attn_norm].name, p + "attn_norm.w");
+  EXPECT_EQ(layout[last.wq].name, p + "attn.wq");
+  EXPECT_EQ(layout[last.wo].name, p + "attn.wo");
+  EXPECT_EQ(layout[last.mlp_norm].name, p + "mlp_norm.w");
+  EXPECT_EQ(layout[last.w3].name, p + "mlp.w3");
+  EXPECT_EQ(layout[last.w2].name, p + "mlp.w2");
+  EXPECT_EQ(e.head + 1, layout.size());
+}
+
 }  // namespace
 }  // namespace tierd::trainer

@@ -57,18 +57,11 @@ std::vector<std::pair<std::string, double>> GpuModel::TakeProfile() {
 
 GpuModel::GpuModel(const ModelConfig& config, int batch, int seq)
     : config_(config), batch_(batch), seq_(seq), layout_(ParamLayout(config)) {
-  size_t i = 0;
-  embed_ = i++;
-  for (int l = 0; l < config.layers; ++l) {
-    Layer layer;
-    for (size_t* field : {&layer.attn_norm, &layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.mlp_norm, &layer.w1,
-                          &layer.w3, &layer.w2}) {
-      *field = i++;
-    }
-    layers_.push_back(layer);
-  }
-  final_norm_ = i++;
-  head_ = i++;
+  const ParamEntries entries = ParamEntriesOf(config);
+  embed_ = entries.embed;
+  layers_ = entries.layers;
+  final_norm_ = entries.final_norm;
+  head_ = entries.head;
   total_params_ = layout_.back().offset + layout_.back().count;
 }
 

@@ -64,9 +64,7 @@ class GpuModel {
   float* M(size_t entry) const { return master_ + layout_[entry].offset; }
   float* G(size_t entry) const { return grads_ + layout_[entry].offset; }
 
-  struct Layer {
-    size_t attn_norm, wq, wk, wv, wo, mlp_norm, w1, w3, w2;
-  };
+  using Layer = LayerEntries;
   struct Acts {  // per layer, kept from forward for backward
     float *x_in, *x_mid;  // the residual stream, fp32
     Bf16 *h1, *q, *k, *v, *a, *h2, *g, *u, *s;

@@ -1,147 +1,187 @@
-// Causal attention on tensor cores (WMMA 16x16x16, bf16 in, fp32 accumulate), flash-style:
-// tiles of 64 queries x 64 keys in shared memory, online softmax in fp32, never a T x T
-// matrix. Head sizes 64 and 128 (the models' sizes); gpu_ops.cu falls back to its
-// warp-per-row kernels for others.
-//   forward:  per (batch, head, 64-query tile), 4 warps of 16 query rows.
+// Causal attention on tensor cores, flash-style (the FlashAttention-2 schedule): mma.sync
+// m16n8k16 (bf16 in, fp32 accumulate) with every accumulator in registers, ldmatrix from
+// padded shared memory, tiles streamed in by cp.async with double buffering, online softmax
+// in fp32 (base 2), never a T x T matrix. Head sizes 64 and 128 (the models' sizes);
+// gpu_ops.cu falls back to its warp-per-row kernels for others.
+//   forward:  per (batch, head, 64-query tile), 4 warps of 16 query rows; the score tile
+//             S = Q K^T stays in registers and becomes P's A operand without a round trip.
 //   backward: delta_i = dO_i . O_i; then per 64-key tile dK, dV (looping over the query
-//             tiles at or after it), and per 64-query tile dQ (looping over the key tiles at
+//             steps at or after it), and per 64-query tile dQ (looping over the key tiles at
 //             or before it): every gradient row is summed in one block, in a fixed order
 //             (deterministic, no atomics), at the price of computing S and dP twice.
+// Fragment layouts (PTX ISA, mma.m16n8k16): lane = 4 * g + c. A (16 x 16, row): a0 (g, 2c..),
+// a1 (g + 8, 2c..), a2 (g, 2c + 8..), a3 (g + 8, 2c + 8..). B (16 x 8, col): b0 (k 2c.., n g),
+// b1 (k 2c + 8.., n g). C (16 x 8): c0, c1 (g, 2c..), c2, c3 (g + 8, 2c..). So C fragments
+// of two adjacent n-tiles are, packed to bf16, the A fragment of one k-step.
 #include <cuda_bf16.h>
-#include <mma.h>
+
+#include <cstdint>
 
 #include "trainer_ref/kernels/attention_tc.h"
 
 namespace tierd::trainer::gpu {
 namespace {
 
-using namespace nvcuda;
-constexpr int kTile = 64;   // queries and keys per tile
-constexpr int kWarps = 4;   // 16 rows each
-constexpr int kRows = 16;
+constexpr int kTile = 64;  // rows (queries or keys) per block; keys per tile in the loops
+constexpr int kWarps = 4;  // 16 rows each
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
 
-using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major>;
-using FragAT = wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::col_major>;
-using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major>;
-using FragBT = wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major>;
-using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+// Shared-memory row length in bf16: 8 more than D keeps rows 16-byte aligned and puts the
+// eight rows one ldmatrix reads in different banks.
+template <int D>
+constexpr int kLd = D + 8;
 
 __device__ __forceinline__ int64_t RowOf(int bi, int ti, int head, int t, int h, int d) {
   return (int64_t{bi} * t + ti) * h * d + int64_t{head} * d;
 }
 
-// Rows [first, first + 64) of one head into shared memory (D bf16 each, 16-byte copies);
-// rows at or beyond T are zeros.
-template <int D>
-__device__ void LoadTile(__nv_bfloat16* dst, const Bf16* src, int bi, int first, int head, int t, int h) {
-  constexpr int kChunks = D / 8;  // 8 bf16 = 16 bytes
-  for (int i = threadIdx.x; i < kTile * kChunks; i += blockDim.x) {
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void CpAsync16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void CpAsync4(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(SmemAddr(dst)), "l"(src), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Rows [first, first + Rows) of one head into shared memory (row length kLd<D>), 16 bytes per
+// copy; rows at or beyond T are zero-filled.
+template <int D, int Rows>
+__device__ void LoadRows(__nv_bfloat16* dst, const Bf16* src, int bi, int first, int head, int t, int h) {
+  constexpr int kChunks = D / 8;
+  for (int i = threadIdx.x; i < Rows * kChunks; i += blockDim.x) {
     const int r = i / kChunks, ch = i % kChunks;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (first + r < t) v = *reinterpret_cast<const uint4*>(src + RowOf(bi, first + r, head, t, h, D) + ch * 8);
-    *reinterpret_cast<uint4*>(dst + r * D + ch * 8) = v;
+    const bool in = first + r < t;
+    CpAsync16(dst + r * kLd<D> + ch * 8, src + RowOf(bi, in ? first + r : 0, head, t, h, D) + ch * 8, in);
   }
 }
 
-// C (16 x 64, fp32, ld 64) = A (16 x D, bf16 row-major, ld D) x B^T, B (64 x D row-major, ld D).
-template <int D>
-__device__ void RowsTimesTileT(float* c, const __nv_bfloat16* a, const __nv_bfloat16* b) {
-  for (int n = 0; n < kTile / 16; ++n) {
-    FragC acc;
-    wmma::fill_fragment(acc, 0.f);
-    for (int k = 0; k < D / 16; ++k) {
-      FragA fa;
-      FragBT fb;
-      wmma::load_matrix_sync(fa, a + k * 16, D);
-      wmma::load_matrix_sync(fb, b + n * 16 * D + k * 16, D);  // B^T: columns are B's rows
-      wmma::mma_sync(acc, fa, fb, acc);
-    }
-    wmma::store_matrix_sync(c + n * 16, acc, kTile, wmma::mem_row_major);
+// `count` floats of a (batch, head) row of lse or delta from `first`; zeros beyond T.
+__device__ void LoadFloats(float* dst, const float* src, int64_t row_base, int first, int count, int t) {
+  for (int i = threadIdx.x; i < count; i += blockDim.x) {
+    const bool in = first + i < t;
+    CpAsync4(dst + i, src + row_base + (in ? first + i : 0), in);
   }
 }
 
-// C (16 x D, fp32, ld D) += P (16 x 64, bf16, ld 64) x B (64 x D, bf16 row-major, ld D).
-template <int D>
-__device__ void AccumulateRowsTimesTile(float* c, const __nv_bfloat16* p, const __nv_bfloat16* b) {
-  for (int n = 0; n < D / 16; ++n) {
-    FragC acc;
-    wmma::load_matrix_sync(acc, c + n * 16, D, wmma::mem_row_major);
-    for (int k = 0; k < kTile / 16; ++k) {
-      FragA fa;
-      FragB fb;
-      wmma::load_matrix_sync(fa, p + k * 16, kTile);
-      wmma::load_matrix_sync(fb, b + k * 16 * D + n * 16, D);
-      wmma::mma_sync(acc, fa, fb, acc);
-    }
-    wmma::store_matrix_sync(c + n * 16, acc, D, wmma::mem_row_major);
-  }
+__device__ __forceinline__ void LdMatrixX4(uint32_t r[4], const __nv_bfloat16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SmemAddr(p)));
+}
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t r[4], const __nv_bfloat16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SmemAddr(p)));
 }
 
-// acc[n] (16 x 16 each, registers; D/16 of them) += P^T (16 x 64) x B (64 x D), P stored as
-// 64 x 16 (bf16, ld 16), the column-major read of each 64 x 16 block giving its transpose.
-template <int D>
-__device__ void AccumulateColsTimesTileRegs(FragC* acc, const __nv_bfloat16* p_cols, const __nv_bfloat16* b) {
-  for (int k = 0; k < kTile / 16; ++k) {
-    FragAT fa;
-    wmma::load_matrix_sync(fa, p_cols + k * 16 * 16, 16);
-    for (int n = 0; n < D / 16; ++n) {
-      FragB fb;
-      wmma::load_matrix_sync(fb, b + k * 16 * D + n * 16, D);
-      wmma::mma_sync(acc[n], fa, fb, acc[n]);
-    }
-  }
+// c (16 x 8) += a (16 x 16) b (16 x 8).
+__device__ __forceinline__ void Mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// acc[n] += P (16 x 64, bf16, ld 64) x B (64 x D), in registers.
-template <int D>
-__device__ void AccumulateRowsTimesTileRegs(FragC* acc, const __nv_bfloat16* p, const __nv_bfloat16* b) {
-  for (int k = 0; k < kTile / 16; ++k) {
-    FragA fa;
-    wmma::load_matrix_sync(fa, p + k * 16, kTile);
-    for (int n = 0; n < D / 16; ++n) {
-      FragB fb;
-      wmma::load_matrix_sync(fb, b + k * 16 * D + n * 16, D);
-      wmma::mma_sync(acc[n], fa, fb, acc[n]);
-    }
-  }
+__device__ __forceinline__ uint32_t Pack(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // lo in the low half: the lower column
+  return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// out (bf16, rows of one head from `first`) += scale * acc: each 16 x 16 block through the
-// warp's 256-float scratch.
-template <int D>
-__device__ void AddRowsToGlobal(Bf16* out, FragC* acc, float* scratch, float scale, int bi, int first, int head,
-                                int t, int h) {
+// The A fragment of rows 0..15, columns 0..15 of a row-major tile at `p` (row length ld).
+__device__ __forceinline__ void LoadA(uint32_t a[4], const __nv_bfloat16* p, int ld) {
   const int lane = threadIdx.x % 32;
-  auto* o = reinterpret_cast<__nv_bfloat16*>(out);
-  for (int n = 0; n < D / 16; ++n) {
-    wmma::store_matrix_sync(scratch, acc[n], 16, wmma::mem_row_major);
-    __syncwarp();
-    for (int e = lane; e < 256; e += 32) {
-      const int r = e / 16, col = n * 16 + e % 16;
-      if (first + r >= t) continue;
-      const int64_t at = RowOf(bi, first + r, head, t, h, D) + col;
-      o[at] = __float2bfloat16_rn(__bfloat162float(o[at]) + scratch[e] * scale);
+  LdMatrixX4(a, p + (lane % 16) * ld + (lane / 16) * 8);
+}
+// B fragments for two n-tiles when B[k][n] = M[n][k], M row-major at `p` (its rows n 0..15,
+// columns k 0..15): b[0], b[1] for n 0..7, b[2], b[3] for n 8..15.
+__device__ __forceinline__ void LoadBFromRowsN(uint32_t b[4], const __nv_bfloat16* p, int ld) {
+  const int lane = threadIdx.x % 32;
+  LdMatrixX4(b, p + ((lane / 16) * 8 + lane % 8) * ld + ((lane / 8) % 2) * 8);
+}
+// B fragments for two n-tiles when B[k][n] = M[k][n], M row-major at `p` (rows k 0..15,
+// columns n 0..15): the transposing load.
+__device__ __forceinline__ void LoadBFromRowsK(uint32_t b[4], const __nv_bfloat16* p, int ld) {
+  const int lane = threadIdx.x % 32;
+  LdMatrixX4Trans(b, p + (((lane / 8) % 2) * 8 + lane % 8) * ld + (lane / 16) * 8);
+}
+
+// C fragments of n-tiles 2j and 2j + 1 as the bf16 A fragment of k-step j.
+__device__ __forceinline__ void CToA(uint32_t a[4], const float c0[4], const float c1[4]) {
+  a[0] = Pack(c0[0], c0[1]);
+  a[1] = Pack(c0[2], c0[3]);
+  a[2] = Pack(c1[0], c1[1]);
+  a[3] = Pack(c1[2], c1[3]);
+}
+
+// acc (16 x N, N / 8 C fragments) += A (16 x D rows at `a`, row-major) x M^T, M (N x D) rows
+// at `m`: both in shared memory.
+template <int D, int N>
+__device__ __forceinline__ void RowsTimesRowsT(float (*acc)[4], const __nv_bfloat16* a, const __nv_bfloat16* m) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t fa[4];
+    LoadA(fa, a + kk * 16, kLd<D>);
+#pragma unroll
+    for (int j = 0; j < N / 16; ++j) {
+      uint32_t fb[4];
+      LoadBFromRowsN(fb, m + j * 16 * kLd<D> + kk * 16, kLd<D>);
+      Mma(acc[2 * j], fa, fb[0], fb[1]);
+      Mma(acc[2 * j + 1], fa, fb[2], fb[3]);
     }
-    __syncwarp();
   }
 }
 
-__device__ __forceinline__ float WarpMax(float x) {
-  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-  return x;
+// acc (16 x D) += P (16 x N, C fragments in registers) x M (N x D rows at `m`, shared).
+template <int D, int N>
+__device__ __forceinline__ void RegsTimesRows(float (*acc)[4], const float (*p)[4], const __nv_bfloat16* m) {
+#pragma unroll
+  for (int j = 0; j < N / 16; ++j) {
+    uint32_t fa[4];
+    CToA(fa, p[2 * j], p[2 * j + 1]);
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      uint32_t fb[4];
+      LoadBFromRowsK(fb, m + j * 16 * kLd<D> + dp * 16, kLd<D>);
+      Mma(acc[2 * dp], fa, fb[0], fb[1]);
+      Mma(acc[2 * dp + 1], fa, fb[2], fb[3]);
+    }
+  }
 }
-__device__ __forceinline__ float WarpAdd(float x) {
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
+
+// out rows (bf16) from `first` += scale * acc (this warp's 16 x D accumulators).
+template <int D>
+__device__ void AddRowsToGlobal(Bf16* out, const float (*acc)[4], float scale, int bi, int first, int head, int t,
+                                int h) {
+  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = first + g + 8 * half;
+    if (row >= t) continue;
+    auto* o = reinterpret_cast<__nv_bfloat162*>(out + RowOf(bi, row, head, t, h, D));
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      __nv_bfloat162& at = o[(dt * 8 + 2 * c) / 2];
+      const float2 old = __bfloat1622float2(at);
+      at = __floats2bfloat162_rn(old.x + acc[dt][2 * half] * scale, old.y + acc[dt][2 * half + 1] * scale);
+    }
+  }
 }
 
 template <int D>
 struct ForwardSmem {
-  __nv_bfloat16 q[kTile * D], k[kTile * D], v[kTile * D];
-  float s[kWarps][kRows * kTile];
-  __nv_bfloat16 p[kWarps][kRows * kTile];
-  float o[kWarps][kRows * D];
-  float m[kTile], l[kTile];
+  __nv_bfloat16 q[kTile * kLd<D>];
+  __nv_bfloat16 k[2][kTile * kLd<D>], v[2][kTile * kLd<D>];
 };
 
 template <int D>
@@ -149,60 +189,79 @@ __global__ void __launch_bounds__(kWarps * 32) ForwardKernel(Bf16* out, float* l
                                                              const Bf16* v, int t, int h, float scale) {
   extern __shared__ __align__(128) unsigned char raw[];
   auto& sm = *reinterpret_cast<ForwardSmem<D>*>(raw);
-  const int q0 = blockIdx.x * kTile, head = blockIdx.y, bi = blockIdx.z;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  LoadTile<D>(sm.q, q, bi, q0, head, t, h);
-  for (int i = lane; i < kRows * D; i += 32) sm.o[warp][i] = 0.f;
-  if (lane < kRows) {
-    sm.m[warp * kRows + lane] = -INFINITY;
-    sm.l[warp * kRows + lane] = 0.f;
-  }
-  const int last_tile = q0 / kTile;  // causal: key tiles up to the diagonal
-  for (int kt = 0; kt <= last_tile; ++kt) {
-    const int k0 = kt * kTile;
-    __syncthreads();  // the previous tile's k, v are no longer read
-    LoadTile<D>(sm.k, k, bi, k0, head, t, h);
-    LoadTile<D>(sm.v, v, bi, k0, head, t, h);
+  const int qt = gridDim.x - 1 - blockIdx.x;  // the longest rows (latest queries) first
+  const int q0 = qt * kTile, head = blockIdx.y, bi = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const float scale2 = scale * kLog2e;  // scores in base-2 units
+  LoadRows<D, kTile>(sm.q, q, bi, q0, head, t, h);
+  LoadRows<D, kTile>(sm.k[0], k, bi, 0, head, t, h);
+  LoadRows<D, kTile>(sm.v[0], v, bi, 0, head, t, h);
+  CpAsyncCommit();
+  float o[D / 8][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // l: this thread's partial sums
+  const int row0 = q0 + warp * 16 + g;                     // and row0 + 8
+  for (int kt = 0; kt <= qt; ++kt) {
+    const int k0 = kt * kTile, buf = kt % 2;
+    if (kt < qt) {
+      LoadRows<D, kTile>(sm.k[buf ^ 1], k, bi, k0 + kTile, head, t, h);
+      LoadRows<D, kTile>(sm.v[buf ^ 1], v, bi, k0 + kTile, head, t, h);
+      CpAsyncCommit();
+      CpAsyncWait<1>();
+    } else {
+      CpAsyncWait<0>();
+    }
     __syncthreads();
-    RowsTimesTileT<D>(sm.s[warp], sm.q + warp * kRows * D, sm.k);
-    __syncwarp();
-    for (int r = 0; r < kRows; ++r) {
-      const int query = q0 + warp * kRows + r;
-      float s2[2];
-      for (int j = 0; j < 2; ++j) {
-        const int col = lane + 32 * j, key = k0 + col;
-        s2[j] = key <= query && key < t ? sm.s[warp][r * kTile + col] * scale : -INFINITY;
+    float s[kTile / 8][4] = {};
+    RowsTimesRowsT<D, kTile>(s, sm.q + warp * 16 * kLd<D>, sm.k[buf]);
+    const bool edge = k0 + kTile > q0 || k0 + kTile > t;  // the diagonal tile or the last
+#pragma unroll
+    for (int nt = 0; nt < kTile / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = k0 + nt * 8 + 2 * c + (e & 1), row = row0 + (e >= 2 ? 8 : 0);
+        s[nt][e] = edge && (key > row || key >= t) ? -INFINITY : s[nt][e] * scale2;
       }
-      const float m_old = sm.m[warp * kRows + r];
-      const float m_new = fmaxf(m_old, WarpMax(fmaxf(s2[0], s2[1])));
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = m[r];
+#pragma unroll
+      for (int nt = 0; nt < kTile / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float base = mx == -INFINITY ? 0.f : mx;
+      const float correction = exp2f(m[r] - base);  // 0 while m is -inf
+      m[r] = mx;
       float sum = 0.f;
-      for (int j = 0; j < 2; ++j) {
-        const float p = m_new == -INFINITY ? 0.f : __expf(s2[j] - m_new);
-        sum += p;
-        sm.p[warp][r * kTile + lane + 32 * j] = __float2bfloat16_rn(p);
+#pragma unroll
+      for (int nt = 0; nt < kTile / 8; ++nt) {
+        s[nt][2 * r] = exp2f(s[nt][2 * r] - base);
+        s[nt][2 * r + 1] = exp2f(s[nt][2 * r + 1] - base);
+        sum += s[nt][2 * r] + s[nt][2 * r + 1];
       }
-      sum = WarpAdd(sum);
-      const float correction = m_old == -INFINITY ? 0.f : __expf(m_old - m_new);
-      for (int i = lane; i < D; i += 32) sm.o[warp][r * D + i] *= correction;
-      __syncwarp();
-      if (lane == 0) {
-        sm.l[warp * kRows + r] = sm.l[warp * kRows + r] * correction + sum;
-        sm.m[warp * kRows + r] = m_new;
+      l[r] = l[r] * correction + sum;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        o[dt][2 * r] *= correction;
+        o[dt][2 * r + 1] *= correction;
       }
-      __syncwarp();
     }
-    AccumulateRowsTimesTile<D>(sm.o[warp], sm.p[warp], sm.v);
-    __syncwarp();
+    RegsTimesRows<D, kTile>(o, s, sm.v[buf]);
+    __syncthreads();  // every warp is done with this buffer before it is refilled
   }
-  for (int r = 0; r < kRows; ++r) {
-    const int query = q0 + warp * kRows + r;
-    if (query >= t) break;
-    const float l = sm.l[warp * kRows + r];
-    for (int i = lane; i < D; i += 32) {
-      reinterpret_cast<__nv_bfloat16*>(out)[RowOf(bi, query, head, t, h, D) + i] =
-          __float2bfloat16_rn(sm.o[warp][r * D + i] / l);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    const int row = row0 + 8 * r;
+    if (row >= t) continue;
+    const float inv = 1.f / l[r];
+    auto* dst = reinterpret_cast<__nv_bfloat162*>(out + RowOf(bi, row, head, t, h, D));
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      dst[(dt * 8 + 2 * c) / 2] = __floats2bfloat162_rn(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
     }
-    if (lane == 0) lse[(int64_t{bi} * h + head) * t + query] = sm.m[warp * kRows + r] + logf(l);
+    if (c == 0) lse[(int64_t{bi} * h + head) * t + row] = (m[r] + log2f(l[r])) * kLn2;
   }
 }
 
@@ -211,109 +270,97 @@ __global__ void DeltaKernel(float* delta, const Bf16* dout, const Bf16* out, int
   const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (row >= int64_t{b} * h * t) return;
-  const int ti = static_cast<int>(row % t), head = static_cast<int>((row / t) % h), bi = static_cast<int>(row / (int64_t{t} * h));
+  const int ti = static_cast<int>(row % t), head = static_cast<int>((row / t) % h),
+            bi = static_cast<int>(row / (int64_t{t} * h));
   const int64_t at = RowOf(bi, ti, head, t, h, d);
   float sum = 0.f;
   for (int i = lane; i < d; i += 32) {
     sum += __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(dout)[at + i]) *
            __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(out)[at + i]);
   }
-  sum = WarpAdd(sum);
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
   if (lane == 0) delta[(int64_t{bi} * h + head) * t + ti] = sum;
 }
 
+// The key kernel takes queries `Step` at a time: with D = 128 a 32-query step keeps its
+// registers (dK, dV, S^T, dP^T) under the limit without spilling.
+template <int D>
+constexpr int kKeyStep = D == 128 ? 32 : 64;
+
 template <int D>
 struct KeySmem {
-  __nv_bfloat16 k[kTile * D], v[kTile * D], q[kTile * D], dout[kTile * D];
-  float s[kWarps][kRows * kTile];           // S^T, then dP^T (16 keys x 64 queries)
-  __nv_bfloat16 p[kWarps][kTile * kRows];   // P^T then dS^T, stored 64 queries x 16 keys
-  float scratch[kWarps][16 * 16];           // one 16 x 16 block (dP^T, or a result on its way out)
-  float lse[kTile], delta[kTile];
+  __nv_bfloat16 k[kTile * kLd<D>], v[kTile * kLd<D>];
+  __nv_bfloat16 q[2][kKeyStep<D> * kLd<D>], dout[2][kKeyStep<D> * kLd<D>];
+  float lse[2][kKeyStep<D>], delta[2][kKeyStep<D>];
 };
 
-// dK, dV for 64 keys: over the query tiles at or after them.
+// dK, dV for 64 keys: over the query steps at or after them.
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32) KeyKernel(Bf16* dk, Bf16* dv, const Bf16* dout, const float* lse,
                                                          const float* delta, const Bf16* q, const Bf16* k,
                                                          const Bf16* v, int t, int h, float scale) {
+  constexpr int kStep = kKeyStep<D>;
   extern __shared__ __align__(128) unsigned char raw[];
   auto& sm = *reinterpret_cast<KeySmem<D>*>(raw);
-  const int k0 = blockIdx.x * kTile, head = blockIdx.y, bi = blockIdx.z;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  LoadTile<D>(sm.k, k, bi, k0, head, t, h);
-  LoadTile<D>(sm.v, v, bi, k0, head, t, h);
-  FragC dk_acc[D / 16], dv_acc[D / 16];  // this warp's 16 rows of dK and dV, in registers
-  for (int n = 0; n < D / 16; ++n) {
-    wmma::fill_fragment(dk_acc[n], 0.f);
-    wmma::fill_fragment(dv_acc[n], 0.f);
-  }
-  const int tiles = (t + kTile - 1) / kTile;
-  for (int qt = k0 / kTile; qt < tiles; ++qt) {
-    const int q0 = qt * kTile;
-    __syncthreads();
-    LoadTile<D>(sm.q, q, bi, q0, head, t, h);
-    LoadTile<D>(sm.dout, dout, bi, q0, head, t, h);
-    for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
-      const bool in = q0 + i < t;
-      sm.lse[i] = in ? lse[(int64_t{bi} * h + head) * t + q0 + i] : 0.f;
-      sm.delta[i] = in ? delta[(int64_t{bi} * h + head) * t + q0 + i] : 0.f;
+  const int k0 = blockIdx.x * kTile, head = blockIdx.y, bi = blockIdx.z;  // block 0 has the most work
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int64_t stats = (int64_t{bi} * h + head) * t;
+  const float scale2 = scale * kLog2e;
+  auto load_step = [&](int buf, int first) {
+    LoadRows<D, kStep>(sm.q[buf], q, bi, first, head, t, h);
+    LoadRows<D, kStep>(sm.dout[buf], dout, bi, first, head, t, h);
+    LoadFloats(sm.lse[buf], lse, stats, first, kStep, t);
+    LoadFloats(sm.delta[buf], delta, stats, first, kStep, t);
+  };
+  LoadRows<D, kTile>(sm.k, k, bi, k0, head, t, h);
+  LoadRows<D, kTile>(sm.v, v, bi, k0, head, t, h);
+  load_step(0, k0);
+  CpAsyncCommit();
+  float dk_acc[D / 8][4] = {}, dv_acc[D / 8][4] = {};
+  const int key0 = k0 + warp * 16 + g;  // and key0 + 8
+  const int steps = (t - k0 + kStep - 1) / kStep;
+  for (int i = 0; i < steps; ++i) {
+    const int q_first = k0 + i * kStep, buf = i % 2;
+    if (i + 1 < steps) {
+      load_step(buf ^ 1, q_first + kStep);
+      CpAsyncCommit();
+      CpAsyncWait<1>();
+    } else {
+      CpAsyncWait<0>();
     }
     __syncthreads();
-    const __nv_bfloat16* kw = sm.k + warp * kRows * D;
-    const __nv_bfloat16* vw = sm.v + warp * kRows * D;
-    // S^T (16 keys x 64 queries) = K_w Q^T; P^T = exp(S^T scale - lse) where query >= key.
-    RowsTimesTileT<D>(sm.s[warp], kw, sm.q);
-    __syncwarp();
-    for (int r = 0; r < kRows; ++r) {
-      const int key = k0 + warp * kRows + r;
-      for (int j = 0; j < 2; ++j) {
-        const int col = lane + 32 * j, query = q0 + col;
-        const float p = query >= key && query < t && key < t
-                            ? __expf(sm.s[warp][r * kTile + col] * scale - sm.lse[col])
-                            : 0.f;
-        sm.s[warp][r * kTile + col] = p;  // keep P^T in fp32 for dS
-        sm.p[warp][col * kRows + r] = __float2bfloat16_rn(p);
+    // S^T (16 keys x kStep queries) = K_w Q^T, then P^T = exp(S^T scale - lse) where
+    // query >= key (in place).
+    float s[kStep / 8][4] = {};
+    RowsTimesRowsT<D, kStep>(s, sm.k + warp * 16 * kLd<D>, sm.q[buf]);
+#pragma unroll
+    for (int nt = 0; nt < kStep / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = nt * 8 + 2 * c + (e & 1), query = q_first + col, key = key0 + (e >= 2 ? 8 : 0);
+        s[nt][e] = query >= key && query < t ? exp2f(s[nt][e] * scale2 - sm.lse[buf][col] * kLog2e) : 0.f;
       }
     }
-    __syncwarp();
-    // dV_w += P^T dO (sm.p holds P^T as 64 queries x 16 keys).
-    AccumulateColsTimesTileRegs<D>(dv_acc, sm.p[warp], sm.dout);
-    __syncwarp();
-    // dP^T (16 keys x 64 queries) = V_w dO^T, a 16 x 16 block at a time through shared
-    // memory (an accumulator's layout is opaque); dS^T = P^T (dP^T - delta) replaces P^T.
-    for (int n = 0; n < kTile / 16; ++n) {
-      FragC acc;
-      wmma::fill_fragment(acc, 0.f);
-      for (int kk = 0; kk < D / 16; ++kk) {
-        FragA fa;
-        FragBT fb;
-        wmma::load_matrix_sync(fa, vw + kk * 16, D);
-        wmma::load_matrix_sync(fb, sm.dout + n * 16 * D + kk * 16, D);
-        wmma::mma_sync(acc, fa, fb, acc);
-      }
-      wmma::store_matrix_sync(sm.scratch[warp], acc, 16, wmma::mem_row_major);
-      __syncwarp();
-      for (int e = lane; e < kRows * 16; e += 32) {
-        const int r = e / 16, col = n * 16 + e % 16;
-        const float p = sm.s[warp][r * kTile + col];
-        sm.p[warp][col * kRows + r] = __float2bfloat16_rn(p * (sm.scratch[warp][e] - sm.delta[col]));
-      }
-      __syncwarp();
+    RegsTimesRows<D, kStep>(dv_acc, s, sm.dout[buf]);  // dV_w += P^T dO
+    // dP^T = V_w dO^T; dS^T = P^T (dP^T - delta) into s.
+    float dp[kStep / 8][4] = {};
+    RowsTimesRowsT<D, kStep>(dp, sm.v + warp * 16 * kLd<D>, sm.dout[buf]);
+#pragma unroll
+    for (int nt = 0; nt < kStep / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] *= dp[nt][e] - sm.delta[buf][nt * 8 + 2 * c + (e & 1)];
     }
-    // dK_w += dS^T Q (scaled at the end).
-    AccumulateColsTimesTileRegs<D>(dk_acc, sm.p[warp], sm.q);
-    __syncwarp();
+    RegsTimesRows<D, kStep>(dk_acc, s, sm.q[buf]);  // dK_w += dS^T Q (scaled at the end)
+    __syncthreads();
   }
-  AddRowsToGlobal<D>(dk, dk_acc, sm.scratch[warp], scale, bi, k0 + warp * kRows, head, t, h);
-  AddRowsToGlobal<D>(dv, dv_acc, sm.scratch[warp], 1.f, bi, k0 + warp * kRows, head, t, h);
+  AddRowsToGlobal<D>(dk, dk_acc, scale, bi, k0 + warp * 16, head, t, h);
+  AddRowsToGlobal<D>(dv, dv_acc, 1.f, bi, k0 + warp * 16, head, t, h);
 }
 
 template <int D>
 struct QuerySmem {
-  __nv_bfloat16 q[kTile * D], dout[kTile * D], k[kTile * D], v[kTile * D];
-  float s[kWarps][kRows * kTile], dp[kWarps][kRows * kTile];
-  __nv_bfloat16 ds[kWarps][kRows * kTile];
-  float scratch[kWarps][16 * 16];
+  __nv_bfloat16 q[kTile * kLd<D>], dout[kTile * kLd<D>];
+  __nv_bfloat16 k[2][kTile * kLd<D>], v[2][kTile * kLd<D>];
   float lse[kTile], delta[kTile];
 };
 
@@ -324,52 +371,70 @@ __global__ void __launch_bounds__(kWarps * 32) QueryKernel(Bf16* dq, const Bf16*
                                                            const Bf16* v, int t, int h, float scale) {
   extern __shared__ __align__(128) unsigned char raw[];
   auto& sm = *reinterpret_cast<QuerySmem<D>*>(raw);
-  const int q0 = blockIdx.x * kTile, head = blockIdx.y, bi = blockIdx.z;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  LoadTile<D>(sm.q, q, bi, q0, head, t, h);
-  LoadTile<D>(sm.dout, dout, bi, q0, head, t, h);
-  for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
-    const bool in = q0 + i < t;
-    sm.lse[i] = in ? lse[(int64_t{bi} * h + head) * t + q0 + i] : 0.f;
-    sm.delta[i] = in ? delta[(int64_t{bi} * h + head) * t + q0 + i] : 0.f;
-  }
-  FragC dq_acc[D / 16];  // this warp's 16 rows of dQ, in registers
-  for (int n = 0; n < D / 16; ++n) wmma::fill_fragment(dq_acc[n], 0.f);
-  for (int kt = 0; kt <= q0 / kTile; ++kt) {
-    const int k0 = kt * kTile;
-    __syncthreads();
-    LoadTile<D>(sm.k, k, bi, k0, head, t, h);
-    LoadTile<D>(sm.v, v, bi, k0, head, t, h);
-    __syncthreads();
-    RowsTimesTileT<D>(sm.s[warp], sm.q + warp * kRows * D, sm.k);      // S = Q_w K^T
-    RowsTimesTileT<D>(sm.dp[warp], sm.dout + warp * kRows * D, sm.v);  // dP = dO_w V^T
-    __syncwarp();
-    for (int e = lane; e < kRows * kTile; e += 32) {
-      const int r = e / kTile, col = e % kTile;
-      const int query = q0 + warp * kRows + r, key = k0 + col;
-      float ds = 0.f;
-      if (key <= query && key < t && query < t) {
-        const float p = __expf(sm.s[warp][e] * scale - sm.lse[warp * kRows + r]);
-        ds = p * (sm.dp[warp][e] - sm.delta[warp * kRows + r]);
-      }
-      sm.ds[warp][e] = __float2bfloat16_rn(ds);
+  const int qt = gridDim.x - 1 - blockIdx.x;  // the longest rows first
+  const int q0 = qt * kTile, head = blockIdx.y, bi = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int64_t stats = (int64_t{bi} * h + head) * t;
+  const float scale2 = scale * kLog2e;
+  LoadRows<D, kTile>(sm.q, q, bi, q0, head, t, h);
+  LoadRows<D, kTile>(sm.dout, dout, bi, q0, head, t, h);
+  LoadFloats(sm.lse, lse, stats, q0, kTile, t);
+  LoadFloats(sm.delta, delta, stats, q0, kTile, t);
+  LoadRows<D, kTile>(sm.k[0], k, bi, 0, head, t, h);
+  LoadRows<D, kTile>(sm.v[0], v, bi, 0, head, t, h);
+  CpAsyncCommit();
+  float dq_acc[D / 8][4] = {};
+  const int row0 = q0 + warp * 16 + g;  // and row0 + 8
+  float row_lse[2], row_delta[2];
+  for (int kt = 0; kt <= qt; ++kt) {
+    const int k0 = kt * kTile, buf = kt % 2;
+    if (kt < qt) {
+      LoadRows<D, kTile>(sm.k[buf ^ 1], k, bi, k0 + kTile, head, t, h);
+      LoadRows<D, kTile>(sm.v[buf ^ 1], v, bi, k0 + kTile, head, t, h);
+      CpAsyncCommit();
+      CpAsyncWait<1>();
+    } else {
+      CpAsyncWait<0>();
     }
-    __syncwarp();
-    AccumulateRowsTimesTileRegs<D>(dq_acc, sm.ds[warp], sm.k);  // dQ_w += dS K
-    __syncwarp();
+    __syncthreads();
+    if (kt == 0) {
+      for (int r = 0; r < 2; ++r) {
+        row_lse[r] = sm.lse[warp * 16 + g + 8 * r] * kLog2e;
+        row_delta[r] = sm.delta[warp * 16 + g + 8 * r];
+      }
+    }
+    float s[kTile / 8][4] = {}, dp[kTile / 8][4] = {};
+    RowsTimesRowsT<D, kTile>(s, sm.q + warp * 16 * kLd<D>, sm.k[buf]);      // S = Q_w K^T
+    RowsTimesRowsT<D, kTile>(dp, sm.dout + warp * 16 * kLd<D>, sm.v[buf]);  // dP = dO_w V^T
+#pragma unroll
+    for (int nt = 0; nt < kTile / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = k0 + nt * 8 + 2 * c + (e & 1), r = e >= 2 ? 1 : 0, row = row0 + 8 * r;
+        const float p = key <= row && key < t && row < t ? exp2f(s[nt][e] * scale2 - row_lse[r]) : 0.f;
+        s[nt][e] = p * (dp[nt][e] - row_delta[r]);  // dS
+      }
+    }
+    RegsTimesRows<D, kTile>(dq_acc, s, sm.k[buf]);  // dQ_w += dS K (scaled at the end)
+    __syncthreads();
   }
-  AddRowsToGlobal<D>(dq, dq_acc, sm.scratch[warp], scale, bi, q0 + warp * kRows, head, t, h);
+  AddRowsToGlobal<D>(dq, dq_acc, scale, bi, q0 + warp * 16, head, t, h);
+}
+
+template <typename Kernel>
+cudaError_t Launch(Kernel kernel, size_t smem, dim3 grid, cudaStream_t stream, auto... args) {
+  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  kernel<<<grid, kWarps * 32, smem, stream>>>(args...);
+  return cudaPeekAtLastError();
 }
 
 template <int D>
 cudaError_t Forward(Bf16* out, float* lse, const Bf16* q, const Bf16* k, const Bf16* v, int b, int t, int h,
                     cudaStream_t stream) {
-  const size_t smem = sizeof(ForwardSmem<D>);
-  cudaError_t e = cudaFuncSetAttribute(ForwardKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (e != cudaSuccess) return e;
   const dim3 grid((t + kTile - 1) / kTile, h, b);
-  ForwardKernel<D><<<grid, kWarps * 32, smem, stream>>>(out, lse, q, k, v, t, h, 1.f / sqrtf(static_cast<float>(D)));
-  return cudaPeekAtLastError();
+  return Launch(ForwardKernel<D>, sizeof(ForwardSmem<D>), grid, stream, out, lse, q, k, v, t, h,
+                1.f / sqrtf(static_cast<float>(D)));
 }
 
 template <int D>
@@ -377,13 +442,10 @@ cudaError_t Backward(Bf16* dq, Bf16* dk, Bf16* dv, const Bf16* dout, const float
                      const Bf16* q, const Bf16* k, const Bf16* v, int b, int t, int h, cudaStream_t stream) {
   const float scale = 1.f / sqrtf(static_cast<float>(D));
   const dim3 grid((t + kTile - 1) / kTile, h, b);
-  cudaError_t e = cudaFuncSetAttribute(KeyKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, sizeof(KeySmem<D>));
+  const cudaError_t e =
+      Launch(KeyKernel<D>, sizeof(KeySmem<D>), grid, stream, dk, dv, dout, lse, delta, q, k, v, t, h, scale);
   if (e != cudaSuccess) return e;
-  KeyKernel<D><<<grid, kWarps * 32, sizeof(KeySmem<D>), stream>>>(dk, dv, dout, lse, delta, q, k, v, t, h, scale);
-  e = cudaFuncSetAttribute(QueryKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, sizeof(QuerySmem<D>));
-  if (e != cudaSuccess) return e;
-  QueryKernel<D><<<grid, kWarps * 32, sizeof(QuerySmem<D>), stream>>>(dq, dout, lse, delta, q, k, v, t, h, scale);
-  return cudaPeekAtLastError();
+  return Launch(QueryKernel<D>, sizeof(QuerySmem<D>), grid, stream, dq, dout, lse, delta, q, k, v, t, h, scale);
 }
 
 }  // namespace

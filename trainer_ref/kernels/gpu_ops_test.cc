@@ -326,10 +326,11 @@ TEST(GpuOpsTest, MatmulForwardAndBackwardThroughCublasLt) {
 TEST(GpuOpsTest, CausalAttentionForwardAndBackward) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(8);
-  // 16 and 32: the warp-per-row kernels; 64 and 128: tensor cores, with T = 150 spanning
-  // three 64-row tiles (the last one partial) so the causal masks at tile edges are covered.
+  // 16 and 32: the warp-per-row kernels; 64 and 128: tensor cores, with T = 300 spanning
+  // five 64-row tiles (the last one partial) so the causal masks at tile edges and the
+  // double-buffered tile loads are covered.
   for (int d : {16, 32, 64, 128}) {
-    const int b = 2, t = d >= 64 ? 150 : 70, h = 3;
+    const int b = 2, t = d >= 64 ? 300 : 70, h = 3;
     const size_t count = size_t{b} * t * h * d;
     const Bf16Data q = Random(count, rng), k = Random(count, rng), v = Random(count, rng), dout = Random(count, rng),
                    dq0 = Random(count, rng), dk0 = Random(count, rng), dv0 = Random(count, rng);
@@ -350,6 +351,14 @@ TEST(GpuOpsTest, CausalAttentionForwardAndBackward) {
     EXPECT_EQ(CompareBf16(Floats(d_dq.Host()), dq, 2e-2f, "attention dq" + at), 0);
     EXPECT_EQ(CompareBf16(Floats(d_dk.Host()), dk, 2e-2f, "attention dk" + at), 0);
     EXPECT_EQ(CompareBf16(Floats(d_dv.Host()), dv, 2e-2f, "attention dv" + at), 0);
+    // Deterministic: the same backward again, from the same starting gradients, gives the
+    // same bits (no atomics, a fixed summation order).
+    Device<Bf16> again_dq(dq0.bits), again_dk(dk0.bits), again_dv(dv0.bits);
+    ASSERT_EQ(AttentionBackward(again_dq.get(), again_dk.get(), again_dv.get(), d_dout.get(), d_out.get(),
+                                d_lse.get(), d_delta.get(), d_q.get(), d_k.get(), d_v.get(), b, t, h, d, nullptr),
+              cudaSuccess);
+    EXPECT_TRUE(again_dq.Host() == d_dq.Host() && again_dk.Host() == d_dk.Host() && again_dv.Host() == d_dv.Host())
+        << "attention backward not reproducible bit for bit" << at;
   }
 }
 

@@ -1,10 +1,14 @@
 #include "runtime/cuda_gpu.h"
 
+#include <cuda.h>
 #include <cuda_runtime.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <deque>
+#include <map>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -26,39 +30,124 @@ absl::Status CudaError(cudaError_t error, const char* what) {
     if (tierd_cuda_error_ != cudaSuccess) return CudaError(tierd_cuda_error_, #call); \
   } while (0)
 
+// The driver's virtual-memory API (cuMemCreate and friends), reached through the runtime's
+// entry-point lookup so nothing links libcuda directly.
+struct Vmm {
+  CUresult (*create)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long) = nullptr;
+  CUresult (*release)(CUmemGenericAllocationHandle) = nullptr;
+  CUresult (*reserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long) = nullptr;
+  CUresult (*free_address)(CUdeviceptr, size_t) = nullptr;
+  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long) = nullptr;
+  CUresult (*unmap)(CUdeviceptr, size_t) = nullptr;
+  CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) = nullptr;
+  CUresult (*export_handle)(void*, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long) = nullptr;
+  CUresult (*import_handle)(CUmemGenericAllocationHandle*, void*, CUmemAllocationHandleType) = nullptr;
+  CUresult (*granularity)(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags) = nullptr;
+};
+
+absl::StatusOr<const Vmm*> GetVmm() {
+  static const absl::StatusOr<Vmm> vmm = []() -> absl::StatusOr<Vmm> {
+    Vmm v;
+    const std::pair<const char*, void**> symbols[] = {
+        {"cuMemCreate", reinterpret_cast<void**>(&v.create)},
+        {"cuMemRelease", reinterpret_cast<void**>(&v.release)},
+        {"cuMemAddressReserve", reinterpret_cast<void**>(&v.reserve)},
+        {"cuMemAddressFree", reinterpret_cast<void**>(&v.free_address)},
+        {"cuMemMap", reinterpret_cast<void**>(&v.map)},
+        {"cuMemUnmap", reinterpret_cast<void**>(&v.unmap)},
+        {"cuMemSetAccess", reinterpret_cast<void**>(&v.set_access)},
+        {"cuMemExportToShareableHandle", reinterpret_cast<void**>(&v.export_handle)},
+        {"cuMemImportFromShareableHandle", reinterpret_cast<void**>(&v.import_handle)},
+        {"cuMemGetAllocationGranularity", reinterpret_cast<void**>(&v.granularity)},
+    };
+    for (const auto& [name, slot] : symbols) {
+      cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+      const cudaError_t error = cudaGetDriverEntryPointByVersion(name, slot, 12000, cudaEnableDefault, &found);
+      if (error != cudaSuccess || found != cudaDriverEntryPointSuccess || *slot == nullptr) {
+        return absl::FailedPreconditionError(absl::StrFormat("the CUDA driver has no %s (needs CUDA 12+)", name));
+      }
+    }
+    return v;
+  }();
+  if (!vmm.ok()) return vmm.status();
+  return &*vmm;
+}
+
+absl::Status DriverError(CUresult result, const char* what) {
+  return absl::InternalError(absl::StrFormat("%s: CUDA driver error %d", what, static_cast<int>(result)));
+}
+
+#define TIERD_CU_RETURN_IF_ERROR(call)                                          \
+  do {                                                                          \
+    const CUresult tierd_cu_result_ = (call);                                   \
+    if (tierd_cu_result_ != CUDA_SUCCESS) return DriverError(tierd_cu_result_, #call); \
+  } while (0)
+
+CUmemAllocationProp RegionProps(int device) {
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return prop;
+}
+
+// Reserves an address range for `bytes` (a multiple of the granularity), maps `handle` there
+// and gives `device` read-write access. On failure nothing stays reserved or mapped.
+absl::StatusOr<CUdeviceptr> MapHandle(const Vmm& vmm, CUmemGenericAllocationHandle handle, uint64_t bytes,
+                                      int device) {
+  CUdeviceptr address = 0;
+  TIERD_CU_RETURN_IF_ERROR(vmm.reserve(&address, bytes, 0, 0, 0));
+  if (const CUresult r = vmm.map(address, bytes, 0, handle, 0); r != CUDA_SUCCESS) {
+    vmm.free_address(address, bytes);
+    return DriverError(r, "cuMemMap");
+  }
+  CUmemAccessDesc access = {};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = device;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if (const CUresult r = vmm.set_access(address, bytes, &access, 1); r != CUDA_SUCCESS) {
+    vmm.unmap(address, bytes);
+    vmm.free_address(address, bytes);
+    return DriverError(r, "cuMemSetAccess");
+  }
+  return address;
+}
+
+// One physical allocation (cuMemCreate), mapped in the daemon and exported as a POSIX fd.
+// (It used to be one allocation from a cudaMemPool exported with cudaMemPoolExportPointer;
+// on the lent H200, driver 580, importing such a pointer of 19.5 GiB overflowed a stack
+// buffer inside libcuda: AddressSanitizer saw a 2,636-byte memcpy run over the caller's
+// frame, and without it the client jumped into the heap. 1.7 GiB imported fine.)
 class CudaRegion final : public GpuRegion {
  public:
-  CudaRegion(int device, cudaMemPool_t pool, void* base, uint64_t bytes)
-      : device_(device), pool_(pool), base_(base), bytes_(bytes) {}
+  CudaRegion(const Vmm& vmm, int device, CUmemGenericAllocationHandle handle, CUdeviceptr base, uint64_t bytes,
+             uint64_t mapped)
+      : vmm_(vmm), device_(device), handle_(handle), base_(base), bytes_(bytes), mapped_(mapped) {}
   ~CudaRegion() override {
     cudaSetDevice(device_);
-    cudaFree(base_);
-    cudaMemPoolDestroy(pool_);
+    cudaDeviceSynchronize();
+    vmm_.unmap(base_, mapped_);
+    vmm_.free_address(base_, mapped_);
+    vmm_.release(handle_);
   }
-  void* base() const override { return base_; }
+  void* base() const override { return reinterpret_cast<void*>(base_); }
   uint64_t bytes() const override { return bytes_; }
   absl::StatusOr<GpuRegionExport> Export() const override {
     GpuRegionExport out;
     int fd = -1;
-    TIERD_CUDA_RETURN_IF_ERROR(cudaMemPoolExportToShareableHandle(
-        &fd, pool_, cudaMemHandleTypePosixFileDescriptor, 0));
-    cudaMemPoolPtrExportData data;
-    const cudaError_t error = cudaMemPoolExportPointer(&data, base_);
-    if (error != cudaSuccess) {
-      close(fd);
-      return CudaError(error, "cudaMemPoolExportPointer");
-    }
-    static_assert(sizeof(data) == sizeof(out.pointer_data));
-    std::memcpy(out.pointer_data.data(), &data, sizeof(data));
+    TIERD_CU_RETURN_IF_ERROR(vmm_.export_handle(&fd, handle_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    std::memcpy(out.pointer_data.data(), &mapped_, sizeof(mapped_));  // the size to map
     out.pool_fd = fd;
     return out;
   }
 
  private:
+  const Vmm& vmm_;
   int device_;
-  cudaMemPool_t pool_;
-  void* base_;
-  uint64_t bytes_;
+  CUmemGenericAllocationHandle handle_;
+  CUdeviceptr base_;
+  uint64_t bytes_, mapped_;
 };
 
 // Fences are events from a small free list; WaitFence may run on another thread.
@@ -185,21 +274,22 @@ class CudaGpu final : public GpuDevice {
           FormatBytes(bytes), FormatBytes(*free_bytes), FormatBytes(properties_.totalGlobalMem),
           Describe()));
     }
-    cudaMemPoolProps props = {};
-    props.allocType = cudaMemAllocationTypePinned;
-    props.handleTypes = cudaMemHandleTypePosixFileDescriptor;
-    props.location.type = cudaMemLocationTypeDevice;
-    props.location.id = device_;
-    cudaMemPool_t pool;
-    TIERD_CUDA_RETURN_IF_ERROR(cudaMemPoolCreate(&pool, &props));
-    void* base = nullptr;
-    cudaError_t error = cudaMallocFromPoolAsync(&base, bytes, pool, /*stream=*/0);
-    if (error == cudaSuccess) error = cudaStreamSynchronize(0);
-    if (error != cudaSuccess) {
-      cudaMemPoolDestroy(pool);
-      return CudaError(error, "allocating the GPU tier's region from its IPC pool");
+    auto vmm = GetVmm();
+    if (!vmm.ok()) return vmm.status();
+    cudaSetDevice(device_);
+    const CUmemAllocationProp prop = RegionProps(device_);
+    size_t granularity = 0;
+    TIERD_CU_RETURN_IF_ERROR((*vmm)->granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    const uint64_t mapped = (bytes + granularity - 1) / granularity * granularity;
+    CUmemGenericAllocationHandle handle = 0;
+    TIERD_CU_RETURN_IF_ERROR((*vmm)->create(&handle, mapped, &prop, 0));
+    auto base = MapHandle(**vmm, handle, mapped, device_);
+    if (!base.ok()) {
+      (*vmm)->release(handle);
+      return absl::Status(base.status().code(),
+                          "allocating the GPU tier's region: " + std::string(base.status().message()));
     }
-    return std::unique_ptr<GpuRegion>(new CudaRegion(device_, pool, base, bytes));
+    return std::unique_ptr<GpuRegion>(new CudaRegion(**vmm, device_, handle, *base, bytes, mapped));
   }
 
   absl::Status RegisterHostMemory(void* address, uint64_t bytes) override {
@@ -271,23 +361,51 @@ absl::StatusOr<std::unique_ptr<GpuDevice>> CreateCudaGpu(int device_ordinal) {
   return std::unique_ptr<GpuDevice>(new CudaGpu(device_ordinal, properties));
 }
 
+namespace {
+absl::Mutex imported_mutex;
+// Imported regions: address -> mapped bytes (for the unmap).
+std::map<CUdeviceptr, uint64_t>& Imported() ABSL_EXCLUSIVE_LOCKS_REQUIRED(imported_mutex) {
+  static auto* imported = new std::map<CUdeviceptr, uint64_t>();
+  return *imported;
+}
+}  // namespace
+
 absl::StatusOr<void*> ImportGpuRegion(int device_ordinal, const GpuRegionExport& exported) {
+  auto vmm = GetVmm();
+  if (!vmm.ok()) {
+    close(exported.pool_fd);
+    return vmm.status();
+  }
   TIERD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_ordinal));
-  cudaMemPool_t pool;
-  TIERD_CUDA_RETURN_IF_ERROR(cudaMemPoolImportFromShareableHandle(
-      &pool, reinterpret_cast<void*>(static_cast<intptr_t>(exported.pool_fd)),
-      cudaMemHandleTypePosixFileDescriptor, 0));
+  uint64_t mapped = 0;
+  std::memcpy(&mapped, exported.pointer_data.data(), sizeof(mapped));
+  CUmemGenericAllocationHandle handle = 0;
+  const CUresult imported = (*vmm)->import_handle(
+      &handle, reinterpret_cast<void*>(static_cast<intptr_t>(exported.pool_fd)), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
   close(exported.pool_fd);
-  // The importing device is the pool's own: access is implied (no SetAccess).
-  cudaMemPoolPtrExportData data;
-  std::memcpy(&data, exported.pointer_data.data(), sizeof(data));
-  void* address = nullptr;
-  TIERD_CUDA_RETURN_IF_ERROR(cudaMemPoolImportPointer(&address, pool, &data));
-  return address;
+  if (imported != CUDA_SUCCESS) return DriverError(imported, "cuMemImportFromShareableHandle");
+  auto base = MapHandle(**vmm, handle, mapped, device_ordinal);
+  (*vmm)->release(handle);  // the mapping keeps the memory until it is unmapped
+  if (!base.ok()) return base.status();
+  absl::MutexLock lock(&imported_mutex);
+  Imported()[*base] = mapped;
+  return reinterpret_cast<void*>(*base);
 }
 
 absl::Status ReleaseImportedGpuRegion(void* address) {
-  TIERD_CUDA_RETURN_IF_ERROR(cudaFree(address));
+  auto vmm = GetVmm();
+  if (!vmm.ok()) return vmm.status();
+  const auto base = reinterpret_cast<CUdeviceptr>(address);
+  uint64_t mapped = 0;
+  {
+    absl::MutexLock lock(&imported_mutex);
+    auto it = Imported().find(base);
+    if (it == Imported().end()) return absl::NotFoundError("not an imported GPU region");
+    mapped = it->second;
+    Imported().erase(it);
+  }
+  TIERD_CU_RETURN_IF_ERROR((*vmm)->unmap(base, mapped));
+  TIERD_CU_RETURN_IF_ERROR((*vmm)->free_address(base, mapped));
   return absl::OkStatus();
 }
 

@@ -1,10 +1,11 @@
 // The real GPU: CUDA runtime API. Only built when the CUDA toolkit is present
 // (TIERD_HAVE_CUDA); callers reach it through OpenGpu() in gpu_factory.h.
 //
-// The GPU tier is one allocation from a cudaMemPool created with the POSIX-fd handle
-// type, so that another process can import exactly this pool (and nothing else of the
-// daemon's) and map the region; copies run on non-blocking streams, one per
-// direction, which the driver places on separate copy engines.
+// Each GPU region (a session's arena) is one physical allocation of the driver's
+// virtual-memory API (cuMemCreate) with the POSIX-fd handle type, so that another process
+// can import exactly this allocation (and nothing else of the daemon's) and map it; copies
+// run on non-blocking streams, one per direction, which the driver places on separate
+// copy engines.
 #ifndef TIERD_RUNTIME_CUDA_GPU_H_
 #define TIERD_RUNTIME_CUDA_GPU_H_
 

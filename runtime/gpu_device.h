@@ -14,8 +14,9 @@
 
 namespace tierd {
 
-// What another process needs to map a GpuRegion: the pool's POSIX fd (passed over a
-// Unix socket or inherited) and the pointer's opaque export record.
+// What another process needs to map a GpuRegion: the physical allocation's POSIX fd
+// (passed over a Unix socket or inherited) and a record of how to map it (CUDA: the mapped
+// size, 8 bytes little-endian, then zeros).
 struct GpuRegionExport {
   int pool_fd = -1;  // owned by the caller; for the fake GPU, a memfd to mmap
   std::array<unsigned char, 64> pointer_data{};

@@ -1,6 +1,6 @@
 // gpu_ipc_check: the real CUDA GPU tier, end to end, on a machine with a GPU.
 //   1. kernels vs their CPU reference (pattern fill, mismatch count) on random data;
-//   2. the daemon's GPU region (an IPC-exportable cudaMemPool allocation) is exported
+//   2. the daemon's GPU region (one IPC-exportable physical allocation) is exported
 //      and imported by a second process;
 //   3. that process writes it with a kernel; the daemon's copy out is ordered after the
 //      kernel by a CUDA IPC event alone (a control copy without the wait sees stale data);

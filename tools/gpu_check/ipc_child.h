@@ -9,7 +9,7 @@ namespace tierd::gpu_check {
 
 struct ChildArgs {
   int pool_fd = -1;           // inherited across exec
-  std::string pointer_hex;    // cudaMemPoolPtrExportData
+  std::string pointer_hex;    // GpuRegionExport.pointer_data
   int to_parent_fd = -1;
   int from_parent_fd = -1;
   uint64_t a_offset = 0, b_offset = 0, c_offset = 0;

@@ -4,10 +4,12 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_format.h"
+#include "base/units.h"
 #include "ipc/hello_server.h"
 #include "ipc/proto_convert.h"
 #include "ipc/unix_socket.h"
@@ -53,8 +55,18 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   }
 #endif
   if (absl::Status sent = ipc::SendFrame(*fd, request.SerializeAsString()); !sent.ok()) return sent;
-  auto frame = ipc::ReceiveFrame(*fd, 30'000);
-  if (!frame.ok()) return frame.status();
+  // tierd reserves the session's DRAM quota in shared memory and pins it for the GPU before
+  // it answers: a few GB/s, so a large quota takes a while (100 GiB: about half a minute).
+  const uint64_t dram_gib = options.quota.dram_bytes >> 30;
+  const int timeout_ms = static_cast<int>(std::min<uint64_t>(30'000 + 1'000 * dram_gib, 600'000));
+  auto frame = ipc::ReceiveFrame(*fd, timeout_ms);
+  if (!frame.ok()) {
+    if (!absl::IsDeadlineExceeded(frame.status())) return frame.status();
+    return absl::DeadlineExceededError(absl::StrFormat(
+        "tierd at %s did not answer the hello within %d s (it reserves and pins the session's DRAM quota of %s "
+        "first; is it stuck, or the quota beyond what /dev/shm can give quickly?)",
+        options.runtime_dir, timeout_ms / 1000, FormatBytes(options.quota.dram_bytes)));
+  }
   v1::HelloReply reply;
   if (!reply.ParseFromString(frame->payload)) {
     for (int f : frame->fds) close(f);

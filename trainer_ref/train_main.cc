@@ -11,6 +11,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "base/units.h"
 #include "clients/client.h"
@@ -63,6 +65,9 @@ int Fail(const std::string& what) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  absl::FlagsUsageConfig usage;  // --help lists this file's flags (the binary's name differs from the file's)
+  usage.contains_help_flags = [](absl::string_view file) { return absl::EndsWith(file, "/train_main.cc"); };
+  absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(
       "trains the reference GPT-style decoder (RMSNorm, RoPE attention, SwiGLU) with AdamW.\n"
       "  tierd-train                                  the tiny model on the embedded corpus\n"

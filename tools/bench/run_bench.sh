@@ -4,8 +4,11 @@
 # Same call, same shapes (Llama-style, sequence 2048), same text (the bytes of Python's
 # standard library sources, on every machine with Python): the PyTorch baseline (bf16
 # autocast + fused AdamW, with and without activation checkpointing) and our trainer with
-# --offload_policy=none (tierd-train-gpu). One table at the end; logs in $OUT.
-# MODELS, BATCH, STEPS override the defaults; TORCH_CKPT=" " skips the checkpointed baseline.
+# --offload_policy=none (tierd-train-gpu), and with tierd (a fresh daemon on the GPU per
+# run) at each GPU budget in BUDGETS. One table at the end; logs in $OUT.
+# MODELS, BATCH, STEPS, SKIP (untimed warm-up steps), BUDGETS ("" skips the tierd runs), TIERD_DRAM, TIERD_NVME override
+# the defaults; TORCH_CKPT=" " skips the checkpointed baseline; TORCH=0 skips PyTorch;
+# NONE=0 skips our no-offload run (a 7B does not fit the H200 without offload).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-/tmp/tierd-out}"
@@ -17,27 +20,53 @@ py_lib=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
 find "$py_lib" -maxdepth 1 -name '*.py' | sort | xargs cat > "$corpus/stdlib.txt"
 echo "== machine: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader); corpus $(du -h "$corpus/stdlib.txt" | cut -f1)"
 results="$out/bench.jsonl"; : > "$results"
+budgets="${BUDGETS-24GiB 40GiB}"; tierd_dram="${TIERD_DRAM:-100GiB}"; tierd_nvme="${TIERD_NVME:-40GiB}"
+nvme_dir=/var/tmp/tierd-bench-nvme; tierd_dir=/tmp/tierd-bench
 for m in $models; do
-  for ckpt in "" ${TORCH_CKPT:-"--checkpointing"}; do
-    echo "== pytorch $m $ckpt"
-    python3 tools/bench/torch_baseline.py --model_size="$m" --batch_size="$batch" --seq_len=$seq --steps="$steps" \
-      --data="$corpus/stdlib.txt" $ckpt 2>&1 | tee "$out/torch-$m$ckpt.log" | tail -n 3
-    tail -n 1 "$out/torch-$m$ckpt.log" | grep '^{' >> "$results"
+  if [ "${TORCH:-1}" = 1 ]; then
+    for ckpt in "" ${TORCH_CKPT:-"--checkpointing"}; do
+      echo "== pytorch $m $ckpt"
+      python3 tools/bench/torch_baseline.py --model_size="$m" --batch_size="$batch" --seq_len=$seq --steps="$steps" \
+        --data="$corpus/stdlib.txt" $ckpt 2>&1 | tee "$out/torch-$m$ckpt.log" | tail -n 3
+      tail -n 1 "$out/torch-$m$ckpt.log" | grep '^{' >> "$results"
+    done
+  fi
+  if [ "${NONE:-1}" = 1 ]; then
+    echo "== tierd-train-gpu $m (--offload_policy=none)"
+    .carry/bin/tierd-train-gpu --model_size="$m" --batch_size="$batch" --seq_len=$seq --steps="$steps" \
+      --timing_skip=3 --data="$corpus" --profile 2>&1 | tee "$out/ours-$m.log" | tail -n 4
+    grep '^result: ' "$out/ours-$m.log" | sed 's/^result: //' >> "$results"
+  fi
+  for budget in $budgets; do
+    echo "== tierd-train-gpu $m (--offload_policy=tierd, GPU budget $budget)"
+    rm -rf "$nvme_dir"; mkdir -p "$nvme_dir"
+    .carry/bin/tierd --gpu=cuda --gpu_bytes="$budget" --dram_bytes="$tierd_dram" --nvme_dir="$nvme_dir" \
+      --nvme_bytes="$tierd_nvme" --runtime_dir="$tierd_dir" > "$out/tierd-$m-$budget.log" 2>&1 &
+    tierd_pid=$!
+    for _ in $(seq 300); do [ -S "$tierd_dir/tierd.grpc.sock" ] && break; sleep 0.1; done
+    .carry/bin/tierd-train-gpu --model_size="$m" --batch_size="$batch" --seq_len=$seq --steps="$steps" \
+      --timing_skip="${SKIP:-3}" --data="$corpus" --profile --offload_policy=tierd --gpu_budget="$budget" \
+      --tierd_dir="$tierd_dir" --tierd_dram="$tierd_dram" --tierd_nvme="$tierd_nvme" 2>&1 |
+      tee "$out/ours-$m-tierd-$budget.log" | tail -n 6
+    grep '^result: ' "$out/ours-$m-tierd-$budget.log" | sed 's/^result: //' >> "$results"
+    kill -TERM $tierd_pid; wait $tierd_pid
+    tail -n 3 "$out/tierd-$m-$budget.log"
   done
-  echo "== tierd-train-gpu $m (--offload_policy=none)"
-  .carry/bin/tierd-train-gpu --model_size="$m" --batch_size="$batch" --seq_len=$seq --steps="$steps" \
-    --timing_skip=3 --data="$corpus" --profile 2>&1 | tee "$out/ours-$m.log" | tail -n 4
-  grep '^done:' "$out/ours-$m.log" | sed -E 's/.*final loss ([0-9.]+), ([0-9]+) tokens\/s.*, ([0-9]+) TFLOP\/s.*GPU memory (.*)$/{"run": "ours none", "model": "'"$m"'", "final_loss": \1, "tokens_per_s": \2, "tflops_6n": \3, "gpu_memory": "\4"}/' >> "$results"
 done
 echo "== table"
 python3 - "$results" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 base = {r["model"]: r["tokens_per_s"] for r in rows if r["run"] == "pytorch"}
-print("| model | run | peak GPU memory | tokens/s | vs PyTorch | TFLOP/s (6N) | loss after the run |")
-print("|---|---|---|---|---|---|---|")
+gib = lambda b: f"{b / 2**30:.1f} GiB"
+print("| model | run | peak GPU memory | tokens/s | vs PyTorch | TFLOP/s (6N) | step s | host waited in acquire, s/step | GPU<-host, GPU->host per step | NVMe read, write per step | loss after the run |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
 for r in rows:
-    mem = r.get("gpu_memory") or f'{r["peak_alloc_bytes"] / 2**30:.1f} GiB'
-    ratio = r["tokens_per_s"] / base[r["model"]] if base.get(r["model"]) else float("nan")
-    print(f'| {r["model"]} | {r["run"]} | {mem} | {r["tokens_per_s"]:.0f} | {ratio:.2f}x | {r["tflops_6n"]:.0f} | {r["final_loss"]:.3f} |')
+    mem = gib(r.get("peak_gpu_bytes") or r.get("peak_alloc_bytes"))
+    ratio = f'{r["tokens_per_s"] / base[r["model"]]:.2f}x' if base.get(r["model"]) else "-"
+    moves = f'{gib(r["h2d_bytes"])}, {gib(r["d2h_bytes"])}' if "h2d_bytes" in r else "-"
+    nvme = f'{gib(r["nvme_read_bytes"])}, {gib(r["nvme_write_bytes"])}' if "nvme_read_bytes" in r else "-"
+    step = f'{r["step_seconds"]:.2f}' if "step_seconds" in r else "-"
+    wait = f'{r["acquire_wait_seconds"]:.2f}' if "acquire_wait_seconds" in r else "-"
+    print(f'| {r["model"]} | {r["run"]} | {mem} | {r["tokens_per_s"]:.0f} | {ratio} | {r["tflops_6n"]:.0f} | {step} | {wait} | {moves} | {nvme} | {r["final_loss"]:.3f} |')
 PY

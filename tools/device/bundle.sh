@@ -9,7 +9,8 @@ source tools/bazel_env.sh
 targets=(//tools/tierbench //tools/gpu_check:gpu_ipc_check //allocator:offset_allocator_bench
          //runtime:tierd //tools/tierctl //tools/hotpath_bench //tests:gpu_client_worker
          //tests:gpu_planned_worker //tools/planbench //trainer_ref/kernels:gpu_ops_test
-         //trainer_ref/kernels:gpu_model_test //trainer_ref/kernels:tierd-train-gpu)
+         //trainer_ref/kernels:gpu_model_test //trainer_ref/kernels:tierd-train-gpu
+         //tests:gpu_trainer_tierd_test)
 bazel build "${TIERD_BAZEL_FLAGS[@]}" -c opt "${targets[@]}"
 rm -rf .carry
 mkdir -p .carry/bin .carry/lib

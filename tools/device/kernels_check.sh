@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the lent GPU machine (carry .carry, made by tools/device/bundle.sh):
 #   device run: command="tools/device/kernels_check.sh", carry=[".carry"]
-# The reference trainer's CUDA kernels against the CPU reference on random data.
+# The reference trainer's CUDA kernels against the CPU reference on random data, the whole
+# GPU model against the CPU model, and the GPU model trained through the real tierd.
 # Logs go to $OUT (when set) as well as stdout.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -12,5 +13,9 @@ echo "== machine"; nvidia-smi --query-gpu=name,memory.used,memory.total --format
 echo "== gpu_ops_test"
 .carry/bin/gpu_ops_test 2>&1 | tee "$out/gpu_ops_test.log"; status=${PIPESTATUS[0]}
 echo "== gpu_model_test"
-.carry/bin/gpu_model_test 2>&1 | tee "$out/gpu_model_test.log"
+.carry/bin/gpu_model_test 2>&1 | tee "$out/gpu_model_test.log"; status=$(( status | ${PIPESTATUS[0]} ))
+echo "== gpu_trainer_tierd_test"
+mkdir -p /var/tmp/tierd-test
+TIERD_BIN=.carry/bin/tierd TEST_TMPDIR=/var/tmp/tierd-test .carry/bin/gpu_trainer_tierd_test 2>&1 |
+  tee "$out/gpu_trainer_tierd_test.log"
 exit $(( status | ${PIPESTATUS[0]} ))

@@ -4,13 +4,20 @@
 // directly), fp32 gradients and Adam moments; activations bf16 with fp32 statistics, kept
 // per layer for backward. Everything on one stream; only Forward's loss waits for it.
 //
-// This is the whole model in GPU memory (the `--offload_policy=none` path); leasing its
-// tensors from tierd is built on top of it.
+// The state (weights, master weights, gradients, moments, saved activations) lives in a
+// GpuHome (gpu_home.h): plain buffers (the whole model in GPU memory), or leased from tierd
+// group by group. The model acquires a group's parts just before it queues the group's
+// kernels and releases them with the stream right after, without waiting, so the host runs
+// ahead and tierd moves the next group while the GPU computes this one. What stays on the
+// device outside the home: the workspace of one layer's forward/backward, the logits and a
+// resident fp32 copy of the norm weights (read by forward and backward; refreshed from the
+// master copy by the optimizer step).
 #ifndef TIERD_TRAINER_REF_KERNELS_GPU_MODEL_H_
 #define TIERD_TRAINER_REF_KERNELS_GPU_MODEL_H_
 
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -18,7 +25,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "prefetcher/graph.h"
 #include "trainer_ref/kernels/gemm.h"
+#include "trainer_ref/kernels/gpu_home.h"
 #include "trainer_ref/kernels/gpu_ops.h"
 #include "trainer_ref/model.h"
 #include "trainer_ref/optimizer.h"
@@ -27,9 +36,14 @@ namespace tierd::trainer::gpu {
 
 class GpuModel {
  public:
+  // The parts the model keeps in its home, by group (0 the embedding, 1..L the layers, L + 1
+  // the final norm and the head).
+  static GpuHomeLayout HomeLayout(const ModelConfig& config, int batch, int seq);
   // RESOURCE_EXHAUSTED with the bytes when the device has no room; FAILED_PRECONDITION
-  // without a device; INVALID_ARGUMENT for a head size above 256.
-  static absl::StatusOr<std::unique_ptr<GpuModel>> Create(const ModelConfig& config, int batch, int seq);
+  // without a device; INVALID_ARGUMENT for a head size above 256. Without a home: plain
+  // GPU buffers.
+  static absl::StatusOr<std::unique_ptr<GpuModel>> Create(const ModelConfig& config, int batch, int seq,
+                                                          std::unique_ptr<GpuHome> home = nullptr);
   ~GpuModel();
   GpuModel(const GpuModel&) = delete;
   GpuModel& operator=(const GpuModel&) = delete;
@@ -37,13 +51,31 @@ class GpuModel {
   // fp32 parameters in ParamLayout order: the master copy, and the bf16 weights from it.
   absl::Status SetParams(const std::vector<float>& params);
   absl::Status GetParams(std::vector<float>* params);  // the fp32 master copy
+  // The CPU model's initial distribution (N(0, 0.02); attention and MLP output projections
+  // scaled by 1 / sqrt(2 L); norm weights 1), not its values: made group by group on the
+  // host's threads from per-slice counter-based streams, so a 7B model needs neither one
+  // thread's minutes nor its whole state in host memory. Deterministic for a seed.
+  absl::Status InitParams(uint64_t seed);
+  // A step: ZeroGrads, then Forward and Backward per micro-batch, then GradNorm and
+  // AdamWStep. ZeroGrads zeroes nothing at once: each group's gradients are overwritten
+  // with zeros when its first backward of the step reaches it (nothing fetched for them).
+  absl::Status ZeroGrads();
   // The mean loss over the counted targets; keeps what backward needs (and dlogits).
   absl::StatusOr<double> Forward(const int32_t* tokens, const int32_t* targets);
   absl::Status Backward();  // adds into the gradients
-  absl::Status ZeroGrads();
   absl::Status GetGrads(std::vector<float>* grads);  // fp32, ParamLayout order
-  // The L2 norm of all gradients (one reduction on the device, then a wait).
+  // The L2 norm of all gradients after the last Backward: each group's sum of squares is
+  // taken while its gradients are on the GPU anyway, so this is one small read.
   absl::StatusOr<double> GradNorm();
+  // The planner: registers the step (ZeroGrads, `micro_batches` x (Forward, Backward),
+  // AdamWStep) as ops over the home's part names, then reports each op as it is queued.
+  // Returns the planner's prediction in words ("" for a home without one).
+  absl::StatusOr<std::string> RegisterStep(int micro_batches);
+  prefetcher::Graph StepGraph(int micro_batches) const;
+  GpuHome& home() { return *home_; }
+  // Host seconds spent waiting in the home's Acquire (tierd fetching a part that was not
+  // on the GPU yet), since the model was made.
+  double AcquireSeconds() const { return acquire_seconds_; }
   // AdamW on every tensor (norm weights not decayed), gradients scaled by grad_scale first.
   absl::Status AdamWStep(double lr, int64_t step, const AdamWOptions& options, double grad_scale);
   // Where the GPU time goes: with profiling on, each kernel or GEMM is bracketed by CUDA
@@ -52,38 +84,63 @@ class GpuModel {
   // "optimizer".
   void EnableProfile(bool on) { profiling_ = on; }
   std::vector<std::pair<std::string, double>> TakeProfile();
-  // Device bytes this model holds (parameters, state, activations, workspace).
-  uint64_t DeviceBytes() const { return device_bytes_; }
+  // Device bytes this model holds: the home's own (plain: all the state) and the workspace.
+  uint64_t DeviceBytes() const { return device_bytes_ + home_->OwnDeviceBytes(); }
+  uint64_t WorkspaceBytes() const { return device_bytes_; }
+  // The same before the model exists (to size a GPU budget's share for tierd).
+  static uint64_t WorkspaceBytesFor(const ModelConfig& config, int batch, int seq);
 
  private:
   GpuModel(const ModelConfig& config, int batch, int seq);
   absl::Status Allocate();
+  static std::vector<std::pair<size_t, size_t>> WorkspacePlan(const ModelConfig& config, int batch, int seq);
+  static constexpr size_t kGemmWorkspace = size_t{32} << 20;
   template <typename T>
   absl::StatusOr<T*> Take(size_t count);
-  Bf16* W(size_t entry) const { return weights_ + layout_[entry].offset; }
-  float* M(size_t entry) const { return master_ + layout_[entry].offset; }
-  float* G(size_t entry) const { return grads_ + layout_[entry].offset; }
+  // The pointers of an entry inside its group's acquired parts.
+  Bf16* W(size_t entry) const;
+  float* M(size_t entry) const;
+  float* G(size_t entry) const;
+  float* N(size_t entry) const { return norms_ + norm_offset_[entry]; }  // resident norm weights
+  absl::Status Enter(int group, Part part, Access access);
+  absl::Status Leave(int group, Part part);
+  absl::Status EnterGrads(int group);  // kWrite, or the step's first touch: kOverwrite + zeros
+  void Progress(uint32_t op);
+  int Groups() const { return config_.layers + 2; }
+  std::vector<size_t> GroupEntries(int group) const;  // as Model::GroupEntries
+  size_t GroupCount(int group) const;                  // its parameters
+  absl::Status SetGroup(int group, const float* params);  // master, weights; moments zeroed
 
   using Layer = LayerEntries;
-  struct Acts {  // per layer, kept from forward for backward
+  struct Acts {  // per layer, kept from forward for backward (one part of the home)
     float *x_in, *x_mid;  // the residual stream, fp32
     Bf16 *h1, *q, *k, *v, *a, *h2, *g, *u, *s;
     float *rstd1, *rstd2, *lse;
   };
+  Acts ActsAt(void* base) const;
+  static uint64_t ActsBytes(const ModelConfig& config, int batch, int seq);
 
   ModelConfig config_;
   int batch_, seq_;
   std::vector<TensorLayout> layout_;
   std::vector<Layer> layers_;
   size_t embed_ = 0, final_norm_ = 0, head_ = 0;
+  std::unique_ptr<GpuHome> home_;
+  std::vector<int> group_of_;             // entry -> group
+  std::vector<size_t> group_offset_;      // group -> its first parameter's offset
+  std::vector<std::array<void*, kParts>> acquired_;  // group -> part -> pointer (null: not held)
+  std::vector<bool> grads_zeroed_;        // group -> gradients already zeroed this step
+  std::vector<size_t> norm_offset_;       // entry -> offset in norms_ (norm weights only)
+  float* norms_ = nullptr;
+  int micro_ = 0;                         // micro-batches done this step
+  double acquire_seconds_ = 0;
+  bool registered_ = false;
+  int registered_micro_batches_ = 0;
   std::unique_ptr<Gemm> gemm_;
   cudaStream_t stream_ = nullptr;
   std::vector<void*> allocations_;
   uint64_t device_bytes_ = 0;
   size_t total_params_ = 0;
-  Bf16* weights_ = nullptr;
-  float *master_ = nullptr, *grads_ = nullptr, *m_ = nullptr, *v_ = nullptr;
-  std::vector<Acts> acts_;
   float *x_ = nullptr, *x_out_ = nullptr, *dx_ = nullptr;  // residual stream and its gradient, fp32
   Bf16 *tmp_ = nullptr, *xf_ = nullptr, *logits_ = nullptr, *dlogits_ = nullptr, *dx16_ = nullptr;
   float *rstd_f_ = nullptr, *losses_ = nullptr, *norm_ = nullptr, *delta_ = nullptr;

@@ -105,5 +105,43 @@ TEST(GpuModelTest, ForwardBackwardAndTrainingTrackTheCpuModel) {
   std::printf("device bytes held: %lu\n", static_cast<unsigned long>((*gpu)->DeviceBytes()));
 }
 
+// InitParams: deterministic for a seed, different across seeds, and of the CPU model's
+// distribution: per matrix mean ~0 and standard deviation 0.02 (output projections
+// 0.02 / sqrt(2 L)), norm weights exactly 1.
+TEST(GpuModelTest, InitParamsHasTheReferenceDistribution) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device here: the GPU model is checked on the lent GPU machine";
+  const ModelConfig config = *ModelPreset("tiny");
+  auto gpu = GpuModel::Create(config, 1, 8);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  std::vector<float> a, b, c;
+  ASSERT_TRUE((*gpu)->InitParams(7).ok());
+  ASSERT_TRUE((*gpu)->GetParams(&a).ok());
+  ASSERT_TRUE((*gpu)->InitParams(7).ok());
+  ASSERT_TRUE((*gpu)->GetParams(&b).ok());
+  ASSERT_TRUE((*gpu)->InitParams(8).ok());
+  ASSERT_TRUE((*gpu)->GetParams(&c).ok());
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  for (const TensorLayout& t : ParamLayout(config)) {
+    double sum = 0, squares = 0;
+    for (size_t i = 0; i < t.count; ++i) {
+      sum += a[t.offset + i];
+      squares += static_cast<double>(a[t.offset + i]) * a[t.offset + i];
+    }
+    const double mean = sum / t.count, sd = std::sqrt(squares / t.count - mean * mean);
+    if (t.shape.size() == 1) {
+      EXPECT_EQ(mean, 1.0) << t.name;
+      EXPECT_EQ(sd, 0.0) << t.name;
+      continue;
+    }
+    const bool out = t.name.find("attn.wo") != std::string::npos || t.name.find("mlp.w2") != std::string::npos;
+    const double want = 0.02 / (out ? std::sqrt(2.0 * config.layers) : 1.0);
+    // count >= 4096 values: the sample sd is within a few percent of sigma, the mean within
+    // a few sigma / sqrt(count).
+    EXPECT_NEAR(sd, want, 0.05 * want) << t.name;
+    EXPECT_NEAR(mean, 0.0, 5 * want / std::sqrt(static_cast<double>(t.count))) << t.name;
+  }
+}
+
 }  // namespace
 }  // namespace tierd::trainer::gpu

@@ -1,0 +1,169 @@
+// The GPU trainer (trainer_ref/kernels/gpu_model) with its weights, master weights,
+// gradients, Adam moments and saved activations leased from the real tierd binary on the
+// real GPU, in a GPU quota about a third of the model's state: every step moves parts
+// GPU <-> DRAM (<-> NVMe) while the kernels run, and the run tracks the same model on plain
+// GPU buffers. Not bit for bit: two of the kernels (embedding and norm-weight gradients)
+// sum with float atomics, whose order differs from run to run, so the bound is that noise
+// (1e-5 relative on losses, 1e-4 relative L2 on the final weights), far below any lost or
+// stale byte (a stale layer shows at percent level).
+// Needs a CUDA device and the tierd binary (TIERD_BIN, default runtime/tierd as in Bazel's
+// runfiles); skipped without a device. Run on the lent GPU machine by
+// tools/device/kernels_check.sh.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "base/units.h"
+#include "clients/client.h"
+#include "tests/process.h"
+#include "trainer_ref/kernels/gpu_model.h"
+#include "trainer_ref/kernels/gpu_tierd_home.h"
+#include "trainer_ref/model.h"
+#include "trainer_ref/optimizer.h"
+
+namespace tierd {
+namespace {
+
+namespace tg = trainer::gpu;
+
+bool HaveGpu() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+const char* TierdBinary() {
+  const char* bin = std::getenv("TIERD_BIN");
+  return bin != nullptr ? bin : "runtime/tierd";
+}
+
+// Six layers of head size 64 (the tensor-core attention), small enough to run in seconds.
+trainer::ModelConfig TestConfig() { return {"test6", 6, 128, 2, 352, 512, 128}; }
+
+class GpuTierdTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!HaveGpu()) GTEST_SKIP() << "no CUDA device here: the GPU trainer on tierd is checked on the lent GPU machine";
+    runtime_dir_ = "/tmp/tierd-gpu-" + std::to_string(getpid()) + "-" + std::to_string(std::random_device{}() % 100000);
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    daemon_ = std::make_unique<testing::Process>(
+        TierdBinary(), std::vector<std::string>{"--gpu=cuda", "--gpu_bytes=256MiB", "--dram_bytes=256MiB",
+                                                std::string("--nvme_dir=") + (tmp ? tmp : "/tmp"),
+                                                "--nvme_bytes=256MiB", "--runtime_dir=" + runtime_dir_});
+    ASSERT_NE(daemon_->WaitForLine("tierd: instance ", 30000), "") << daemon_->output();
+  }
+  ClientOptions Options(uint64_t gpu, uint64_t dram, uint64_t nvme) const {
+    ClientOptions o;
+    o.runtime_dir = runtime_dir_;
+    o.label = "gpu-trainer";
+    o.quota = {gpu, dram, nvme};
+    return o;
+  }
+  std::string runtime_dir_;
+  std::unique_ptr<testing::Process> daemon_;
+};
+
+struct Batch {
+  std::vector<int32_t> tokens, targets;
+};
+
+TEST_F(GpuTierdTest, TrainsInAThirdOfItsStateLikePlainBuffers) {
+  const trainer::ModelConfig config = TestConfig();
+  const int batch = 4, seq = 128, micro_batches = 2, steps = 4;
+  const tg::GpuHomeLayout layout = tg::GpuModel::HomeLayout(config, batch, seq);
+  const uint64_t state = layout.Total();
+  const uint64_t quota = state / 3;
+  auto home = tg::MakeTierdGpuHome(layout, Options(quota, 2 * state, 2 * state));
+  ASSERT_TRUE(home.ok()) << home.status();
+  auto on_tierd = tg::GpuModel::Create(config, batch, seq, std::move(*home));
+  auto plain = tg::GpuModel::Create(config, batch, seq);
+  ASSERT_TRUE(on_tierd.ok()) << on_tierd.status();
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ((*plain)->WorkspaceBytes(), tg::GpuModel::WorkspaceBytesFor(config, batch, seq));
+  EXPECT_EQ((*on_tierd)->DeviceBytes(), (*on_tierd)->WorkspaceBytes()) << "the state is tierd's, not the model's";
+
+  trainer::Model<float> init(config, 1, 1);
+  init.InitParams(5);
+  ASSERT_TRUE((*on_tierd)->SetParams(init.params()).ok());
+  ASSERT_TRUE((*plain)->SetParams(init.params()).ok());
+  auto note = (*on_tierd)->RegisterStep(micro_batches);
+  ASSERT_TRUE(note.ok()) << note.status();
+  EXPECT_EQ(note->rfind("planned ", 0), 0u) << *note;
+  std::printf("state %s in a GPU quota of %s; %s\n", FormatBytes(state).c_str(), FormatBytes(quota).c_str(),
+              note->c_str());
+
+  std::mt19937_64 rng(3);
+  trainer::AdamWOptions adam;
+  for (int step = 1; step <= steps; ++step) {
+    double losses[2] = {0, 0}, norms[2] = {0, 0};
+    tg::GpuModel* models[2] = {on_tierd->get(), plain->get()};
+    std::vector<Batch> batches(micro_batches);
+    for (Batch& b : batches) {
+      for (int i = 0; i < batch * seq; ++i) b.tokens.push_back(static_cast<int32_t>(rng() % config.vocab));
+      for (int i = 0; i < batch * seq; ++i) b.targets.push_back(static_cast<int32_t>(rng() % config.vocab));
+    }
+    for (int m = 0; m < 2; ++m) {
+      ASSERT_TRUE(models[m]->ZeroGrads().ok());
+      for (const Batch& b : batches) {
+        auto loss = models[m]->Forward(b.tokens.data(), b.targets.data());
+        ASSERT_TRUE(loss.ok()) << loss.status();
+        losses[m] += *loss / micro_batches;
+        absl::Status s = models[m]->Backward();
+        ASSERT_TRUE(s.ok()) << s;
+      }
+      auto norm = models[m]->GradNorm();
+      ASSERT_TRUE(norm.ok()) << norm.status();
+      norms[m] = *norm;
+      absl::Status s = models[m]->AdamWStep(1e-3, step, adam, 1.0 / micro_batches);
+      ASSERT_TRUE(s.ok()) << s;
+    }
+    std::printf("step %d: loss %.7f (tierd) %.7f (plain), gradient norm %.6f %.6f\n", step, losses[0], losses[1],
+                norms[0], norms[1]);
+    EXPECT_NEAR(losses[0], losses[1], 1e-5 * std::abs(losses[1])) << "step " << step;
+    EXPECT_NEAR(norms[0], norms[1], 1e-4 * norms[1]) << "step " << step;
+  }
+  std::vector<float> a, b;
+  ASSERT_TRUE((*on_tierd)->GetParams(&a).ok());
+  ASSERT_TRUE((*plain)->GetParams(&b).ok());
+  ASSERT_EQ(a.size(), b.size());
+  double diff = 0, ref = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff += (static_cast<double>(a[i]) - b[i]) * (a[i] - b[i]);
+    ref += static_cast<double>(b[i]) * b[i];
+  }
+  EXPECT_LT(std::sqrt(diff / ref), 1e-4) << "final master weights, relative L2";
+  // And the parts really moved: in and out of the GPU tier, never above the quota.
+  auto moved = (*on_tierd)->home().Moved();
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  std::printf("%s\n", (*on_tierd)->home().Describe().c_str());
+  EXPECT_GT(moved->host_to_gpu, state) << "more than the whole state came in over the run";
+  EXPECT_GT(moved->gpu_to_host, 0u);
+  EXPECT_LE(moved->gpu_peak, quota);
+}
+
+// A GPU quota below what one step of the model holds at once (a layer's four parts while
+// its parameters are set: weights, master weights and the two moments) fails with an error
+// that names the part and says why, not a crash or a hang.
+TEST_F(GpuTierdTest, AQuotaBelowOneLayerSaysSo) {
+  const trainer::ModelConfig config = TestConfig();
+  const int batch = 4, seq = 128;
+  const tg::GpuHomeLayout layout = tg::GpuModel::HomeLayout(config, batch, seq);
+  const uint64_t acts = layout.bytes[1][static_cast<int>(tg::Part::kActs)];
+  auto home = tg::MakeTierdGpuHome(layout, Options(acts / 2, 2 * layout.Total(), 2 * layout.Total()));
+  ASSERT_TRUE(home.ok()) << home.status();
+  auto model = tg::GpuModel::Create(config, batch, seq, std::move(*home));
+  ASSERT_TRUE(model.ok()) << model.status();
+  const absl::Status s = (*model)->InitParams(5);
+  ASSERT_FALSE(s.ok());
+  std::printf("%s\n", s.ToString().c_str());
+  EXPECT_NE(s.message().find("acquiring "), std::string::npos) << s;
+  EXPECT_NE(s.message().find("layers.0"), std::string::npos) << s;  // the embedding's parts fit; layer 0's do not
+}
+
+}  // namespace
+}  // namespace tierd

@@ -1,0 +1,71 @@
+// Where the GPU model's state lives between uses: the GPU counterpart of tensor_home.h.
+// The model's tensors come in groups — 0: the embedding, 1..L: the layers, L + 1: the
+// final norm and the head (as Model::GroupEntries) — and each group has six parts: its bf16
+// weights, fp32 master weights, fp32 gradients, the two fp32 Adam moments, and (layers
+// only) the activations its forward saves for backward. The model acquires a part for as
+// long as the kernels it queues use it and releases it with the stream those kernels run
+// on, so a home smaller than the whole (tierd's GPU tier) can move the rest away meanwhile.
+//   plain: one cudaMalloc per part, always there (--offload_policy=none).
+//   tierd: each part leased from tierd by name (gpu_tierd_home.h).
+#ifndef TIERD_TRAINER_REF_KERNELS_GPU_HOME_H_
+#define TIERD_TRAINER_REF_KERNELS_GPU_HOME_H_
+
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "prefetcher/graph.h"
+#include "runtime/tensor.h"
+
+namespace tierd::trainer::gpu {
+
+enum class Part { kWeights = 0, kMaster, kGrads, kAdamM, kAdamV, kActs };
+constexpr int kParts = 6;
+
+// The bytes of every (group, part); 0 where a group has no such part (the embedding and
+// the head save no activations here: the model keeps those in its workspace).
+struct GpuHomeLayout {
+  std::vector<std::string> groups;  // "embed", "layers.0", ..., "final"
+  std::vector<std::array<uint64_t, kParts>> bytes;
+  uint64_t Total() const;
+  uint64_t TotalOf(Part part) const;
+};
+
+// The name a part is leased under: "layers.3.w", "master.layers.3", "grad.layers.3",
+// "opt.m.layers.3", "opt.v.layers.3", "act.layers.3".
+std::string PartName(const GpuHomeLayout& layout, int group, Part part);
+
+class GpuHome {
+ public:
+  virtual ~GpuHome() = default;
+  // A device pointer to the part, valid until Release. kOverwrite: nothing is fetched.
+  virtual absl::StatusOr<void*> Acquire(int group, Part part, Access access) = 0;
+  // After the work queued on `stream` (tierd waits for it before it moves the bytes).
+  virtual absl::Status Release(int group, Part part, cudaStream_t stream) = 0;
+  // The planner: the step as ops over the parts' names, registered once (returns the
+  // prediction in words; "" for a home without a planner), then the op about to run.
+  virtual absl::StatusOr<std::string> RegisterGraph(const prefetcher::Graph&) { return std::string(); }
+  virtual absl::Status OpBegin(uint32_t) { return absl::OkStatus(); }
+  // Device bytes this home allocated itself (the plain home: everything; tierd: none, its
+  // GPU tier is the daemon's and reported by Traffic).
+  virtual uint64_t OwnDeviceBytes() const = 0;
+  // Bytes moved per link so far, the GPU tier's peak use, demand fetches ("" when plain).
+  struct Traffic {
+    uint64_t host_to_gpu = 0, gpu_to_host = 0, nvme_read = 0, nvme_write = 0;
+    uint64_t gpu_peak = 0, gpu_quota = 0, demand_fetches = 0;
+  };
+  virtual absl::StatusOr<Traffic> Moved() { return Traffic{}; }
+  virtual std::string Describe() = 0;
+};
+
+// RESOURCE_EXHAUSTED (with the bytes) when the device cannot hold it all.
+absl::StatusOr<std::unique_ptr<GpuHome>> MakePlainGpuHome(const GpuHomeLayout& layout);
+
+}  // namespace tierd::trainer::gpu
+
+#endif  // TIERD_TRAINER_REF_KERNELS_GPU_HOME_H_

@@ -8,7 +8,8 @@
 # run) at each GPU budget in BUDGETS. One table at the end; logs in $OUT.
 # MODELS, BATCH, STEPS, SKIP (untimed warm-up steps), BUDGETS ("" skips the tierd runs), TIERD_DRAM, TIERD_NVME override
 # the defaults; TORCH_CKPT=" " skips the checkpointed baseline; TORCH=0 skips PyTorch;
-# NONE=0 skips our no-offload run (a 7B does not fit the H200 without offload).
+# NONE=0 skips our no-offload run (a 7B does not fit the H200 without offload); OURS_FLAGS
+# adds flags to our runs (e.g. --grad_checkpointing).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-/tmp/tierd-out}"
@@ -34,7 +35,7 @@ for m in $models; do
   if [ "${NONE:-1}" = 1 ]; then
     echo "== tierd-train-gpu $m (--offload_policy=none)"
     .carry/bin/tierd-train-gpu --model_size="$m" --batch_size="$batch" --seq_len=$seq --steps="$steps" \
-      --timing_skip=3 --data="$corpus" --profile 2>&1 | tee "$out/ours-$m.log" | tail -n 4
+      --timing_skip="${SKIP:-3}" --data="$corpus" --profile ${OURS_FLAGS:-} 2>&1 | tee "$out/ours-$m.log" | tail -n 4
     grep '^result: ' "$out/ours-$m.log" | sed 's/^result: //' >> "$results"
   fi
   for budget in $budgets; do
@@ -46,7 +47,7 @@ for m in $models; do
     for _ in $(seq 300); do [ -S "$tierd_dir/tierd.grpc.sock" ] && break; sleep 0.1; done
     .carry/bin/tierd-train-gpu --model_size="$m" --batch_size="$batch" --seq_len=$seq --steps="$steps" \
       --timing_skip="${SKIP:-3}" --data="$corpus" --profile --offload_policy=tierd --gpu_budget="$budget" \
-      --tierd_dir="$tierd_dir" --tierd_dram="$tierd_dram" --tierd_nvme="$tierd_nvme" 2>&1 |
+      --tierd_dir="$tierd_dir" --tierd_dram="$tierd_dram" --tierd_nvme="$tierd_nvme" ${OURS_FLAGS:-} 2>&1 |
       tee "$out/ours-$m-tierd-$budget.log" | tail -n 6
     grep '^result: ' "$out/ours-$m-tierd-$budget.log" | sed 's/^result: //' >> "$results"
     kill -TERM $tierd_pid; wait $tierd_pid

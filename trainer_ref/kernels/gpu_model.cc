@@ -60,8 +60,8 @@ std::vector<std::pair<std::string, double>> GpuModel::TakeProfile() {
   return out;
 }
 
-GpuModel::GpuModel(const ModelConfig& config, int batch, int seq)
-    : config_(config), batch_(batch), seq_(seq), layout_(ParamLayout(config)) {
+GpuModel::GpuModel(const ModelConfig& config, int batch, int seq, bool checkpointing)
+    : config_(config), batch_(batch), seq_(seq), checkpointing_(checkpointing), layout_(ParamLayout(config)) {
   const ParamEntries entries = ParamEntriesOf(config);
   embed_ = entries.embed;
   layers_ = entries.layers;
@@ -140,16 +140,17 @@ GpuModel::Acts GpuModel::ActsAt(void* base) const {
   return a;
 }
 
-GpuHomeLayout GpuModel::HomeLayout(const ModelConfig& config, int batch, int seq) {
-  GpuModel shape(config, batch, seq);  // host-side tables only
+GpuHomeLayout GpuModel::HomeLayout(const ModelConfig& config, int batch, int seq, bool checkpointing) {
+  GpuModel shape(config, batch, seq, checkpointing);  // host-side tables only
   GpuHomeLayout out;
   for (int g = 0; g < shape.Groups(); ++g) {
     uint64_t params = 0;
     for (size_t e : shape.GroupEntries(g)) params += shape.layout_[e].count;
     out.groups.push_back(g == 0 ? "embed" : g == shape.Groups() - 1 ? "final" : absl::StrFormat("layers.%d", g - 1));
     const bool layer = g >= 1 && g <= config.layers;
-    out.bytes.push_back({params * 2, params * 4, params * 4, params * 4, params * 4,
-                         layer ? ActsBytes(config, batch, seq) : 0});
+    const uint64_t saved = checkpointing ? Aligned(static_cast<uint64_t>(batch) * seq * config.d_model * 4)
+                                         : ActsBytes(config, batch, seq);
+    out.bytes.push_back({params * 2, params * 4, params * 4, params * 4, params * 4, layer ? saved : 0});
   }
   return out;
 }
@@ -172,14 +173,14 @@ absl::StatusOr<T*> GpuModel::Take(size_t count) {
 }
 
 absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::Create(const ModelConfig& config, int batch, int seq,
-                                                           std::unique_ptr<GpuHome> home) {
+                                                           std::unique_ptr<GpuHome> home, bool checkpointing) {
   if (config.head_dim() > 256) {
     return absl::InvalidArgumentError(absl::StrFormat("head size %d: the attention kernel takes at most 256",
                                                       config.head_dim()));
   }
-  std::unique_ptr<GpuModel> model(new GpuModel(config, batch, seq));
+  std::unique_ptr<GpuModel> model(new GpuModel(config, batch, seq, checkpointing));
   if (home == nullptr) {
-    auto plain = MakePlainGpuHome(HomeLayout(config, batch, seq));
+    auto plain = MakePlainGpuHome(HomeLayout(config, batch, seq, checkpointing));
     if (!plain.ok()) return plain.status();
     home = std::move(*plain);
   }
@@ -189,7 +190,8 @@ absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::Create(const ModelConfig& co
 }
 
 // The workspace, in the order Allocate takes it: element count and size of each buffer.
-std::vector<std::pair<size_t, size_t>> GpuModel::WorkspacePlan(const ModelConfig& config, int batch, int seq) {
+std::vector<std::pair<size_t, size_t>> GpuModel::WorkspacePlan(const ModelConfig& config, int batch, int seq,
+                                                               bool checkpointing) {
   const size_t n = static_cast<size_t>(batch) * seq, c = config.d_model, f = config.d_ff, v = config.vocab;
   const size_t lse = static_cast<size_t>(batch) * config.heads * seq;
   size_t norms = 0;
@@ -203,12 +205,16 @@ std::vector<std::pair<size_t, size_t>> GpuModel::WorkspacePlan(const ModelConfig
   plan.push_back({1, 4});                                          // norm_
   plan.push_back({lse, 4});                                        // delta_
   for (int i = 0; i < 2; ++i) plan.push_back({n, 4});              // tokens_, targets_
+  if (checkpointing) {
+    plan.push_back({ActsBytes(config, batch, seq), 1});            // recompute_acts_
+    plan.push_back({n * c, 4});                                    // xr_
+  }
   return plan;
 }
 
-uint64_t GpuModel::WorkspaceBytesFor(const ModelConfig& config, int batch, int seq) {
+uint64_t GpuModel::WorkspaceBytesFor(const ModelConfig& config, int batch, int seq, bool checkpointing) {
   uint64_t bytes = kGemmWorkspace;
-  for (const auto& [count, size] : WorkspacePlan(config, batch, seq)) bytes += std::max<size_t>(count * size, 1);
+  for (const auto& [count, size] : WorkspacePlan(config, batch, seq, checkpointing)) bytes += std::max<size_t>(count * size, 1);
   return bytes;
 }
 
@@ -229,10 +235,11 @@ absl::Status GpuModel::Allocate() {
                       reinterpret_cast<void**>(&logits_), reinterpret_cast<void**>(&dlogits_),
                       reinterpret_cast<void**>(&rstd_f_), reinterpret_cast<void**>(&losses_),
                       reinterpret_cast<void**>(&norm_),  reinterpret_cast<void**>(&delta_),
-                      reinterpret_cast<void**>(&tokens_), reinterpret_cast<void**>(&targets_)};
-  const auto plan = WorkspacePlan(config_, batch_, seq_);
-  static_assert(sizeof(targets) / sizeof(targets[0]) == 24);
-  if (plan.size() != 24) return absl::InternalError("the workspace plan and its buffers disagree");
+                      reinterpret_cast<void**>(&tokens_), reinterpret_cast<void**>(&targets_),
+                      &recompute_acts_,                    reinterpret_cast<void**>(&xr_)};
+  const auto plan = WorkspacePlan(config_, batch_, seq_, checkpointing_);
+  static_assert(sizeof(targets) / sizeof(targets[0]) == 26);
+  if (plan.size() != (checkpointing_ ? 26u : 24u)) return absl::InternalError("the workspace plan and its buffers disagree");
   for (size_t i = 0; i < plan.size(); ++i) {
     auto p = Take<unsigned char>(plan[i].first * plan[i].second);
     if (!p.ok()) return p.status();
@@ -248,7 +255,7 @@ absl::Status GpuModel::Enter(int group, Part part, Access access) {
   acquire_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!p.ok()) {
     return absl::Status(p.status().code(), absl::StrFormat("acquiring %s: %s",
-                                                           PartName(HomeLayout(config_, batch_, seq_), group, part),
+                                                           PartName(HomeLayout(config_, batch_, seq_, checkpointing_), group, part),
                                                            p.status().message()));
   }
   acquired_[group][static_cast<int>(part)] = *p;
@@ -438,8 +445,34 @@ void GpuModel::Progress(uint32_t op) {
   if (registered_ && micro_ < registered_micro_batches_) home_->OpBegin(op).IgnoreError();
 }
 
-absl::StatusOr<double> GpuModel::Forward(const int32_t* tokens, const int32_t* targets) {
+absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x) {
   const int n = batch_ * seq_, c = config_.d_model, f = config_.d_ff, h = config_.heads, d = config_.head_dim();
+  const size_t nc = static_cast<size_t>(n) * c;
+  const Layer& w = layers_[l];
+  RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(a.x_in, x, nc * sizeof(float), cudaMemcpyDeviceToDevice, stream_), "x_in"));
+  Timed(kElementwise, [&] { RmsNormForward(a.h1, a.rstd1, x, N(w.attn_norm), n, c, kNormEps, stream_); return 0; });
+  RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(a.q, a.h1, W(w.wq), n, c, c, stream_); }));
+  RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(a.k, a.h1, W(w.wk), n, c, c, stream_); }));
+  RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(a.v, a.h1, W(w.wv), n, c, c, stream_); }));
+  Timed(kElementwise, [&] { RopeForward(a.q, batch_, seq_, h, d, kRopeBase, stream_); return 0; });
+  Timed(kElementwise, [&] { RopeForward(a.k, batch_, seq_, h, d, kRopeBase, stream_); return 0; });
+  RETURN_IF_ERROR(Timed(kAttention, [&] {
+    return Cuda(AttentionForward(a.a, a.lse, a.q, a.k, a.v, batch_, seq_, h, d, stream_), "attention forward");
+  }));
+  RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(tmp_, a.a, W(w.wo), n, c, c, stream_); }));
+  Timed(kElementwise, [&] { AddInto(x, tmp_, static_cast<int64_t>(nc), stream_); return 0; });
+  RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(a.x_mid, x, nc * sizeof(float), cudaMemcpyDeviceToDevice, stream_), "x_mid"));
+  Timed(kElementwise, [&] { RmsNormForward(a.h2, a.rstd2, x, N(w.mlp_norm), n, c, kNormEps, stream_); return 0; });
+  RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(a.g, a.h2, W(w.w1), n, c, f, stream_); }));
+  RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(a.u, a.h2, W(w.w3), n, c, f, stream_); }));
+  Timed(kElementwise, [&] { SwiGluForward(a.s, a.g, a.u, n, f, stream_); return 0; });
+  RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(tmp_, a.s, W(w.w2), n, f, c, stream_); }));
+  Timed(kElementwise, [&] { AddInto(x, tmp_, static_cast<int64_t>(nc), stream_); return 0; });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> GpuModel::Forward(const int32_t* tokens, const int32_t* targets) {
+  const int n = batch_ * seq_, c = config_.d_model;
   const size_t nc = static_cast<size_t>(n) * c;
   const uint32_t op0 = static_cast<uint32_t>(micro_ * 2 * Groups());
   RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(tokens_, tokens, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_), "tokens"));
@@ -456,27 +489,10 @@ absl::StatusOr<double> GpuModel::Forward(const int32_t* tokens, const int32_t* t
     Progress(op0 + group);
     RETURN_IF_ERROR(Enter(group, Part::kWeights, Access::kRead));
     RETURN_IF_ERROR(Enter(group, Part::kActs, Access::kOverwrite));
-    const Layer& w = layers_[l];
-    const Acts a = ActsAt(acquired_[group][static_cast<int>(Part::kActs)]);
-    RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(a.x_in, x_, nc * sizeof(float), cudaMemcpyDeviceToDevice, stream_), "x_in"));
-    Timed(kElementwise, [&] { RmsNormForward(a.h1, a.rstd1, x_, N(w.attn_norm), n, c, kNormEps, stream_); return 0; });
-    RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(a.q, a.h1, W(w.wq), n, c, c, stream_); }));
-    RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(a.k, a.h1, W(w.wk), n, c, c, stream_); }));
-    RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(a.v, a.h1, W(w.wv), n, c, c, stream_); }));
-    Timed(kElementwise, [&] { RopeForward(a.q, batch_, seq_, h, d, kRopeBase, stream_); return 0; });
-    Timed(kElementwise, [&] { RopeForward(a.k, batch_, seq_, h, d, kRopeBase, stream_); return 0; });
-    RETURN_IF_ERROR(Timed(kAttention, [&] {
-      return Cuda(AttentionForward(a.a, a.lse, a.q, a.k, a.v, batch_, seq_, h, d, stream_), "attention forward");
-    }));
-    RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(tmp_, a.a, W(w.wo), n, c, c, stream_); }));
-    Timed(kElementwise, [&] { AddInto(x_, tmp_, static_cast<int64_t>(nc), stream_); return 0; });
-    RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(a.x_mid, x_, nc * sizeof(float), cudaMemcpyDeviceToDevice, stream_), "x_mid"));
-    Timed(kElementwise, [&] { RmsNormForward(a.h2, a.rstd2, x_, N(w.mlp_norm), n, c, kNormEps, stream_); return 0; });
-    RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(a.g, a.h2, W(w.w1), n, c, f, stream_); }));
-    RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(a.u, a.h2, W(w.w3), n, c, f, stream_); }));
-    Timed(kElementwise, [&] { SwiGluForward(a.s, a.g, a.u, n, f, stream_); return 0; });
-    RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(tmp_, a.s, W(w.w2), n, f, c, stream_); }));
-    Timed(kElementwise, [&] { AddInto(x_, tmp_, static_cast<int64_t>(nc), stream_); return 0; });
+    void* saved = acquired_[group][static_cast<int>(Part::kActs)];
+    Acts a = ActsAt(checkpointing_ ? recompute_acts_ : saved);
+    if (checkpointing_) a.x_in = static_cast<float*>(saved);  // the layer's input is all it keeps
+    RETURN_IF_ERROR(LayerForward(l, a, x_));
     RETURN_IF_ERROR(Leave(group, Part::kWeights));
     RETURN_IF_ERROR(Leave(group, Part::kActs));
   }
@@ -531,7 +547,13 @@ absl::Status GpuModel::Backward() {
     RETURN_IF_ERROR(Enter(group, Part::kActs, Access::kRead));
     RETURN_IF_ERROR(EnterGrads(group));
     const Layer& w = layers_[l];
-    const Acts a = ActsAt(acquired_[group][static_cast<int>(Part::kActs)]);
+    void* saved = acquired_[group][static_cast<int>(Part::kActs)];
+    const Acts a = ActsAt(checkpointing_ ? recompute_acts_ : saved);
+    if (checkpointing_) {  // the layer's forward again, from its saved input, into the workspace
+      RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(xr_, saved, nc * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
+                           "recompute input"));
+      RETURN_IF_ERROR(LayerForward(l, a, xr_));
+    }
     // x_out = x_mid + swiglu(h2 W1^T, h2 W3^T) W2^T
     Timed(kElementwise, [&] { ToBf16(dx16_, dx_, static_cast<int64_t>(nc), stream_); return 0; });
     RETURN_IF_ERROR(zero(ds_, nf));
@@ -620,7 +642,7 @@ absl::Status GpuModel::AdamWStep(double lr, int64_t step, const AdamWOptions& op
 
 prefetcher::Graph GpuModel::StepGraph(int micro_batches) const {
   namespace tp = prefetcher;
-  const GpuHomeLayout home = HomeLayout(config_, batch_, seq_);
+  const GpuHomeLayout home = HomeLayout(config_, batch_, seq_, checkpointing_);
   tp::Graph graph;
   std::vector<std::array<tp::TensorIndex, kParts>> index(Groups());
   for (int g = 0; g < Groups(); ++g) {

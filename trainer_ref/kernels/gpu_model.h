@@ -37,13 +37,15 @@ namespace tierd::trainer::gpu {
 class GpuModel {
  public:
   // The parts the model keeps in its home, by group (0 the embedding, 1..L the layers, L + 1
-  // the final norm and the head).
-  static GpuHomeLayout HomeLayout(const ModelConfig& config, int batch, int seq);
+  // the final norm and the head). With activation checkpointing a layer saves only its
+  // input (fp32) and its backward recomputes the rest into the workspace first.
+  static GpuHomeLayout HomeLayout(const ModelConfig& config, int batch, int seq, bool checkpointing = false);
   // RESOURCE_EXHAUSTED with the bytes when the device has no room; FAILED_PRECONDITION
   // without a device; INVALID_ARGUMENT for a head size above 256. Without a home: plain
   // GPU buffers.
   static absl::StatusOr<std::unique_ptr<GpuModel>> Create(const ModelConfig& config, int batch, int seq,
-                                                          std::unique_ptr<GpuHome> home = nullptr);
+                                                          std::unique_ptr<GpuHome> home = nullptr,
+                                                          bool checkpointing = false);
   ~GpuModel();
   GpuModel(const GpuModel&) = delete;
   GpuModel& operator=(const GpuModel&) = delete;
@@ -88,12 +90,13 @@ class GpuModel {
   uint64_t DeviceBytes() const { return device_bytes_ + home_->OwnDeviceBytes(); }
   uint64_t WorkspaceBytes() const { return device_bytes_; }
   // The same before the model exists (to size a GPU budget's share for tierd).
-  static uint64_t WorkspaceBytesFor(const ModelConfig& config, int batch, int seq);
+  static uint64_t WorkspaceBytesFor(const ModelConfig& config, int batch, int seq, bool checkpointing = false);
 
  private:
-  GpuModel(const ModelConfig& config, int batch, int seq);
+  GpuModel(const ModelConfig& config, int batch, int seq, bool checkpointing);
   absl::Status Allocate();
-  static std::vector<std::pair<size_t, size_t>> WorkspacePlan(const ModelConfig& config, int batch, int seq);
+  static std::vector<std::pair<size_t, size_t>> WorkspacePlan(const ModelConfig& config, int batch, int seq,
+                                                              bool checkpointing);
   static constexpr size_t kGemmWorkspace = size_t{32} << 20;
   template <typename T>
   absl::StatusOr<T*> Take(size_t count);
@@ -118,10 +121,15 @@ class GpuModel {
     float *rstd1, *rstd2, *lse;
   };
   Acts ActsAt(void* base) const;
+  // One layer's forward from the residual stream `x` (updated in place), saving into `a`.
+  absl::Status LayerForward(int layer, const Acts& a, float* x);
   static uint64_t ActsBytes(const ModelConfig& config, int batch, int seq);
 
   ModelConfig config_;
   int batch_, seq_;
+  bool checkpointing_;
+  void* recompute_acts_ = nullptr;  // checkpointing: one layer's activations, recomputed
+  float* xr_ = nullptr;             // checkpointing: the recomputed layer's residual stream
   std::vector<TensorLayout> layout_;
   std::vector<Layer> layers_;
   size_t embed_ = 0, final_norm_ = 0, head_ = 0;

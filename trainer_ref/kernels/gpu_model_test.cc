@@ -143,5 +143,49 @@ TEST(GpuModelTest, InitParamsHasTheReferenceDistribution) {
   }
 }
 
+// Activation checkpointing: a layer keeps only its input and its backward recomputes the
+// rest, so the same loss and, up to the float atomics of two gradient kernels (embedding,
+// norm weights), the same gradients, from much less saved memory.
+TEST(GpuModelTest, CheckpointingGivesTheSameLossAndGradients) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device here: the GPU model is checked on the lent GPU machine";
+  const ModelConfig config{"ckpt", 3, 128, 2, 352, 512, 128};  // head size 64: the tensor-core attention
+  const int batch = 2, seq = 128;
+  const GpuHomeLayout full = GpuModel::HomeLayout(config, batch, seq);
+  const GpuHomeLayout ckpt = GpuModel::HomeLayout(config, batch, seq, /*checkpointing=*/true);
+  EXPECT_LT(ckpt.TotalOf(Part::kActs) * 5, full.TotalOf(Part::kActs)) << "saves a fifth or less";
+  auto plain = GpuModel::Create(config, batch, seq);
+  auto recomputing = GpuModel::Create(config, batch, seq, nullptr, /*checkpointing=*/true);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  ASSERT_TRUE(recomputing.ok()) << recomputing.status();
+  EXPECT_EQ((*recomputing)->WorkspaceBytes(), GpuModel::WorkspaceBytesFor(config, batch, seq, true));
+  std::mt19937_64 rng(21);
+  const Batch b = RandomBatch(batch * seq, config.vocab, rng);
+  std::vector<float> grads[2];
+  double losses[2];
+  GpuModel* models[2] = {plain->get(), recomputing->get()};
+  for (int m = 0; m < 2; ++m) {
+    ASSERT_TRUE(models[m]->InitParams(3).ok());
+    ASSERT_TRUE(models[m]->ZeroGrads().ok());
+    for (int micro = 0; micro < 2; ++micro) {  // accumulation over two micro-batches
+      auto loss = models[m]->Forward(b.tokens.data(), b.targets.data());
+      ASSERT_TRUE(loss.ok()) << loss.status();
+      losses[m] = *loss;
+      ASSERT_TRUE(models[m]->Backward().ok());
+    }
+    ASSERT_TRUE(models[m]->GetGrads(&grads[m]).ok());
+  }
+  EXPECT_EQ(losses[0], losses[1]) << "the forward is the same computation";
+  for (const TensorLayout& t : ParamLayout(config)) {
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < t.count; ++i) {
+      const double x = grads[0][t.offset + i], y = grads[1][t.offset + i];
+      diff += (x - y) * (x - y);
+      norm += x * x;
+    }
+    ASSERT_GT(norm, 0) << t.name;
+    EXPECT_LT(std::sqrt(diff / norm), 1e-5) << t.name;
+  }
+}
+
 }  // namespace
 }  // namespace tierd::trainer::gpu

@@ -53,6 +53,9 @@ ABSL_FLAG(std::string, tierd_nvme, "64GiB", "the session's NVMe quota (--offload
 ABSL_FLAG(bool, tierd_plan, true,
           "register the step's ops with tierd so its planner moves each layer's tensors ahead of use "
           "(--offload_policy=tierd); off: they move when acquired");
+ABSL_FLAG(bool, grad_checkpointing, false,
+          "activation checkpointing: a layer keeps only its input and its backward recomputes the rest (a third "
+          "more compute; the saved activations shrink ~10x, so far less to hold or move)");
 ABSL_FLAG(bool, profile, false,
           "time every kernel and GEMM with CUDA events and say where each step's time goes (adds a little)");
 
@@ -97,8 +100,9 @@ int main(int argc, char** argv) {
   const std::string policy = absl::GetFlag(FLAGS_offload_policy);
   if (policy != "none" && policy != "tierd") return Fail("--offload_policy is none or tierd, not '" + policy + "'");
   std::unique_ptr<tt::gpu::GpuHome> home;  // null: plain GPU buffers
-  const tt::gpu::GpuHomeLayout layout = tt::gpu::GpuModel::HomeLayout(*config, batch, seq);
-  const uint64_t workspace = tt::gpu::GpuModel::WorkspaceBytesFor(*config, batch, seq);
+  const bool checkpointing = absl::GetFlag(FLAGS_grad_checkpointing);
+  const tt::gpu::GpuHomeLayout layout = tt::gpu::GpuModel::HomeLayout(*config, batch, seq, checkpointing);
+  const uint64_t workspace = tt::gpu::GpuModel::WorkspaceBytesFor(*config, batch, seq, checkpointing);
   if (policy == "tierd") {
     auto budget = tierd::ParseBytes(absl::GetFlag(FLAGS_gpu_budget));
     auto dram = tierd::ParseBytes(absl::GetFlag(FLAGS_tierd_dram));
@@ -126,14 +130,14 @@ int main(int argc, char** argv) {
                 tierd::FormatBytes(2 * layout.TotalOf(tt::gpu::Part::kAdamM)).c_str(),
                 tierd::FormatBytes(layout.TotalOf(tt::gpu::Part::kActs)).c_str());
   }
-  auto model = tt::gpu::GpuModel::Create(*config, batch, seq, std::move(home));
+  auto model = tt::gpu::GpuModel::Create(*config, batch, seq, std::move(home), checkpointing);
   if (!model.ok()) return Fail(std::string(model.status().message()));
   if (absl::Status s = (*model)->InitParams(absl::GetFlag(FLAGS_seed)); !s.ok()) return Fail(std::string(s.message()));
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
-  std::printf("model %s: %.3fB parameters on %s; %d x %d tokens x %d micro-batches per step; GPU memory held %s\n",
+  std::printf("model %s: %.3fB parameters on %s; %d x %d tokens x %d micro-batches per step%s; GPU memory held %s\n",
               config->name.c_str(), config->Params() / 1e9, prop.name, batch, seq, accum,
-              tierd::FormatBytes((*model)->DeviceBytes()).c_str());
+              checkpointing ? " (activation checkpointing)" : "", tierd::FormatBytes((*model)->DeviceBytes()).c_str());
   if (policy == "tierd" && absl::GetFlag(FLAGS_tierd_plan)) {
     auto note = (*model)->RegisterStep(accum);
     if (!note.ok()) return Fail("registering the step with tierd: " + std::string(note.status().message()));
@@ -242,7 +246,9 @@ int main(int argc, char** argv) {
   std::printf("result: {\"run\": \"ours %s\", \"model\": \"%s\", \"tokens_per_s\": %.1f, \"tflops_6n\": %.1f, "
               "\"final_loss\": %.6f, \"peak_gpu_bytes\": %lu, \"step_seconds\": %.4f, \"acquire_wait_seconds\": %.4f, "
               "\"h2d_bytes\": %.0f, \"d2h_bytes\": %.0f, \"nvme_read_bytes\": %.0f, \"nvme_write_bytes\": %.0f}\n",
-              (policy == "tierd" ? "tierd " + absl::GetFlag(FLAGS_gpu_budget) : std::string("none")).c_str(),
+              ((policy == "tierd" ? "tierd " + absl::GetFlag(FLAGS_gpu_budget) : std::string("none")) +
+               (checkpointing ? " + checkpointing" : ""))
+                  .c_str(),
               config->name.c_str(), tps,
               6.0 * config->Params() * tps / 1e12, last_loss, static_cast<unsigned long>(memory_bytes),
               timed_seconds * per, timed_waits * per, (timed_to.host_to_gpu - timed_from.host_to_gpu) * per,

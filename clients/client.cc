@@ -294,6 +294,15 @@ absl::StatusOr<v1::PlanReply> Client::RegisterGraph(const v1::GraphSpec& graph) 
   return reply;
 }
 
+absl::StatusOr<v1::PlanReply> Client::MarkIteration() {
+  v1::MarkIterationRequest request;
+  *request.mutable_session() = Ref();
+  v1::PlanReply reply;
+  grpc::ClientContext context;
+  if (absl::Status s = ipc::FromGrpc(stub_->MarkIteration(&context, request, &reply)); !s.ok()) return s;
+  return reply;
+}
+
 absl::Status Client::OpBegin(uint32_t op) {
   if (ring_ != nullptr) {
     ipc::RingMessage request{};

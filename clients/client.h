@@ -67,6 +67,11 @@ class Client {
   // Acquire overwritten tensors with Access::kOverwrite.
   absl::StatusOr<v1::PlanReply> RegisterGraph(const v1::GraphSpec& graph);
   absl::Status OpBegin(uint32_t op);
+  // Or, without a graph: mark each iteration's start. tierd records the first iteration's
+  // acquires and releases (an op per run of acquires between releases), plans from them at
+  // the second mark, and follows the ops as they are acquired from then on. The reply says
+  // which: recording, or the plan's prediction.
+  absl::StatusOr<v1::PlanReply> MarkIteration();
   absl::Status Pin(const Tensor& tensor, Tier tier);
   absl::Status Unpin(const Tensor& tensor);
   absl::StatusOr<v1::StatsReply> Stats();

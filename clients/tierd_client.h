@@ -46,6 +46,9 @@ int tierd_acquire(tierd_client* client, uint64_t tensor, int access, int place, 
 int tierd_release(tierd_client* client, uint64_t tensor);
 int tierd_pin(tierd_client* client, uint64_t tensor, int tier);
 int tierd_unpin(tierd_client* client, uint64_t tensor);
+/* Call at the start of every iteration: tierd records the first one (its acquires and
+ * releases) and moves tensors ahead of the ops of the following ones. */
+int tierd_mark_iteration(tierd_client* client);
 /* The message of the last failed call on this client ("" after a success). */
 const char* tierd_last_error(const tierd_client* client);
 void tierd_close(tierd_client* client);

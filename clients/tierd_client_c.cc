@@ -104,6 +104,11 @@ int tierd_unpin(tierd_client* c, uint64_t tensor) {
   return Report(c, c->client->Unpin(*known));
 }
 
+int tierd_mark_iteration(tierd_client* c) {
+  if (c == nullptr || !c->client) return static_cast<int>(absl::StatusCode::kFailedPrecondition);
+  return Report(c, c->client->MarkIteration().status());
+}
+
 const char* tierd_last_error(const tierd_client* c) { return c == nullptr ? "no client" : c->last_error.c_str(); }
 
 void tierd_close(tierd_client* c) { delete c; }

@@ -62,6 +62,7 @@ grpc::Status TierdService::Acquire(grpc::ServerContext*, const v1::AcquireReques
   TIERD_RETURN_IF_ERROR(place.status());
   auto placement = leases_.Acquire(request->session().session_id(), request->tensor_id(), *access, *place);
   TIERD_RETURN_IF_ERROR(placement.status());
+  if (planner_ != nullptr) planner_->Acquired(request->session().session_id(), request->tensor_id(), *access, *place);
   reply->set_tier(ToProto(placement->tier));
   reply->set_arena_id(placement->arena);
   reply->set_offset(placement->offset);
@@ -72,7 +73,19 @@ grpc::Status TierdService::Acquire(grpc::ServerContext*, const v1::AcquireReques
 
 grpc::Status TierdService::Release(grpc::ServerContext*, const v1::TensorRef* request, v1::Empty*) {
   TIERD_RETURN_IF_ERROR(sessions_.Check(request->session()));
-  return ToGrpc(leases_.Release(request->session().session_id(), request->tensor_id()));
+  const absl::Status released = leases_.Release(request->session().session_id(), request->tensor_id());
+  if (released.ok() && planner_ != nullptr) planner_->Released(request->session().session_id(), request->tensor_id());
+  return ToGrpc(released);
+}
+
+grpc::Status TierdService::MarkIteration(grpc::ServerContext*, const v1::MarkIterationRequest* request,
+                                         v1::PlanReply* reply) {
+  TIERD_RETURN_IF_ERROR(sessions_.Check(request->session()));
+  if (planner_ == nullptr) return ToGrpc(absl::UnimplementedError("this tierd has no planner"));
+  auto plan = planner_->MarkIteration(request->session().session_id());
+  TIERD_RETURN_IF_ERROR(plan.status());
+  *reply = *std::move(plan);
+  return grpc::Status::OK;
 }
 
 grpc::Status TierdService::Pin(grpc::ServerContext*, const v1::PinRequest* request, v1::Empty*) {

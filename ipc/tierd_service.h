@@ -43,6 +43,11 @@ class PlannerHooks {
   virtual absl::StatusOr<v1::PlanReply> GetPlan(SessionId session, const std::string& explain, bool trace) = 0;
   // A tensor of the session was pinned or unpinned: its plan must follow.
   virtual void PinsChanged(SessionId session) = 0;
+  // An iteration boundary (the session records its iteration instead of registering it).
+  virtual absl::StatusOr<v1::PlanReply> MarkIteration(SessionId session) = 0;
+  // Every successful acquire and release of the session, in order (for the recording).
+  virtual void Acquired(SessionId session, TensorId tensor, Access access, Place place) = 0;
+  virtual void Released(SessionId session, TensorId tensor) = 0;
 };
 
 class TierdService final : public v1::Tierd::Service {
@@ -56,6 +61,7 @@ class TierdService final : public v1::Tierd::Service {
   grpc::Status Unlease(grpc::ServerContext*, const v1::TensorRef*, v1::Empty*) override;
   grpc::Status Acquire(grpc::ServerContext*, const v1::AcquireRequest*, v1::AcquireReply*) override;
   grpc::Status Release(grpc::ServerContext*, const v1::TensorRef*, v1::Empty*) override;
+  grpc::Status MarkIteration(grpc::ServerContext*, const v1::MarkIterationRequest*, v1::PlanReply*) override;
   grpc::Status Pin(grpc::ServerContext*, const v1::PinRequest*, v1::Empty*) override;
   grpc::Status Unpin(grpc::ServerContext*, const v1::TensorRef*, v1::Empty*) override;
   grpc::Status ListLeases(grpc::ServerContext*, const v1::ListLeasesRequest*,

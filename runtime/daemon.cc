@@ -302,6 +302,8 @@ ipc::RingMessage Daemon::ServeRing(SessionId session, const ipc::RingMessage& re
                                       request.place ? Place::kHost : Place::kGpu);
     status = placement.status();
     if (placement.ok()) {
+      Acquired(session, request.tensor_id, static_cast<Access>(request.access),
+               request.place ? Place::kHost : Place::kGpu);
       response.arena = placement->arena;
       response.offset = placement->offset;
       response.bytes = placement->bytes;
@@ -323,6 +325,7 @@ ipc::RingMessage Daemon::ServeRing(SessionId session, const ipc::RingMessage& re
       }
     }
     if (status.ok()) status = leases_->Release(session, request.tensor_id, std::move(fence));
+    if (status.ok()) Released(session, request.tensor_id);
   } else {
     status = absl::InvalidArgumentError("malformed ring request");
   }
@@ -332,6 +335,10 @@ ipc::RingMessage Daemon::ServeRing(SessionId session, const ipc::RingMessage& re
 
 void Daemon::OnGoodbye(uint64_t session_id) {
   rings_.erase(session_id);  // stops serving before the session's tensors go
+  {
+    absl::MutexLock lock(&recorders_mutex_);
+    recorders_.erase(session_id);
+  }
   {
     absl::MutexLock lock(&planned_mutex_);
     planned_.erase(session_id);  // stops its executor (it calls into the session)

@@ -25,6 +25,7 @@
 #include "runtime/metrics.h"
 #include "runtime/mover.h"
 #include "runtime/tier_store.h"
+#include "prefetcher/recorder.h"
 #include "prefetcher/simulate.h"
 #include "ipc/tierd_service.h"
 
@@ -88,6 +89,9 @@ class Daemon : public ipc::HelloHandler, public ipc::PlannerHooks {
   absl::Status OpBegin(SessionId session, uint32_t op) override;
   absl::StatusOr<v1::PlanReply> GetPlan(SessionId session, const std::string& explain, bool trace) override;
   void PinsChanged(SessionId session) override;
+  absl::StatusOr<v1::PlanReply> MarkIteration(SessionId session) override;
+  void Acquired(SessionId session, TensorId tensor, Access access, Place place) override;
+  void Released(SessionId session, TensorId tensor) override;
 
  private:
   Daemon() = default;
@@ -104,6 +108,13 @@ class Daemon : public ipc::HelloHandler, public ipc::PlannerHooks {
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<ipc::HelloServer> hello_server_;
   std::unique_ptr<MetricsServer> metrics_;
+  // Plans `graph` for the session under its quotas and starts its executor (replacing a
+  // previous plan): RegisterGraph's and a recording's common path.
+  absl::StatusOr<v1::PlanReply> PlanGraph(SessionId session, prefetcher::Graph graph);
+  bool HasPlan(SessionId session);
+  absl::Mutex recorders_mutex_;
+  // Sessions that mark iterations instead of registering a graph.
+  std::map<SessionId, std::unique_ptr<prefetcher::IterationRecorder>> recorders_ ABSL_GUARDED_BY(recorders_mutex_);
   absl::Mutex planned_mutex_;
   std::map<SessionId, std::shared_ptr<PlannedSession>> planned_ ABSL_GUARDED_BY(planned_mutex_);
   std::string hello_path_;

@@ -1,6 +1,7 @@
 // The daemon's planner hooks: a session registers its iteration graph, reports the op it
 // is about to run, and tierctl asks what the plan is and how the run compares with it.
 #include <map>
+#include <optional>
 
 #include "absl/strings/str_format.h"
 #include "runtime/daemon.h"
@@ -77,6 +78,15 @@ void FillReply(const PlannedSession& planned, v1::PlanReply* reply) {
 absl::StatusOr<v1::PlanReply> Daemon::RegisterGraph(SessionId session, const v1::GraphSpec& spec) {
   auto graph = GraphFromProto(spec);
   if (!graph.ok()) return graph.status();
+  {
+    absl::MutexLock lock(&recorders_mutex_);
+    recorders_.erase(session);  // a registered graph replaces a recording
+  }
+  return PlanGraph(session, *std::move(graph));
+}
+
+absl::StatusOr<v1::PlanReply> Daemon::PlanGraph(SessionId session, tp::Graph graph_value) {
+  tp::Graph* graph = &graph_value;
   // Tensors the tiers already keep on the GPU (config pins, tierctl pin) stay there in the plan.
   for (const LeaseView& view : leases_->List(session)) {
     if (view.pinned != Tier::kGpu) continue;
@@ -116,7 +126,7 @@ absl::StatusOr<v1::PlanReply> Daemon::RegisterGraph(SessionId session, const v1:
   };
   std::function<tp::LinkModel()> links_now = measured;
   if (host) links_now = [measured, lowered] { return lowered(measured()); };
-  auto planned = PlannedSession::Create(*leases_, session, *std::move(graph), budgets,
+  auto planned = PlannedSession::Create(*leases_, session, std::move(graph_value), budgets,
                                         host ? lowered(options_.planner_links) : options_.planner_links, RealClock(),
                                         /*deterministic=*/false, links_now);
   if (!planned.ok()) {
@@ -128,6 +138,81 @@ absl::StatusOr<v1::PlanReply> Daemon::RegisterGraph(SessionId session, const v1:
   absl::MutexLock lock(&planned_mutex_);
   planned_[session] = std::shared_ptr<PlannedSession>(std::move(*planned));
   return reply;
+}
+
+absl::StatusOr<v1::PlanReply> Daemon::MarkIteration(SessionId session) {
+  std::optional<tp::Graph> recorded;
+  tp::IterationRecorder::Phase phase;
+  {
+    absl::MutexLock lock(&recorders_mutex_);
+    auto& recorder = recorders_[session];
+    if (recorder == nullptr) recorder = std::make_unique<tp::IterationRecorder>();
+    recorder->Mark(RealClock().NowNanos());
+    phase = recorder->phase();
+    if (phase == tp::IterationRecorder::Phase::kFollowing && recorder->ops() > 0 && !HasPlan(session)) {
+      std::map<TensorId, tp::IterationRecorder::TensorInfo> known;
+      for (const LeaseView& view : leases_->List(session)) known[view.id] = {view.spec.name, view.bytes};
+      auto graph = recorder->MakeGraph([&known](uint64_t id) -> std::optional<tp::IterationRecorder::TensorInfo> {
+        auto it = known.find(id);
+        if (it == known.end()) return std::nullopt;
+        return it->second;
+      });
+      if (!graph.ok()) {
+        recorders_.erase(session);  // the next mark starts a new recording
+        return graph.status();
+      }
+      recorded = *std::move(graph);
+    } else if (phase == tp::IterationRecorder::Phase::kFollowing && recorder->ops() == 0) {
+      recorders_.erase(session);
+      return absl::FailedPreconditionError(
+          "the recorded iteration acquired nothing between its two marks: there is nothing to plan (the next mark "
+          "starts a new recording)");
+    }
+  }
+  if (phase == tp::IterationRecorder::Phase::kRecording) {
+    v1::PlanReply reply;
+    reply.set_summary("recording this iteration's acquires and releases: the plan follows at the next mark\n");
+    return reply;
+  }
+  if (recorded.has_value()) {
+    const size_t ops = recorded->ops.size(), tensors = recorded->tensors.size();
+    auto reply = PlanGraph(session, *std::move(recorded));
+    if (!reply.ok()) {
+      absl::MutexLock lock(&recorders_mutex_);
+      recorders_.erase(session);
+      return reply.status();
+    }
+    reply->set_summary(absl::StrFormat("recorded one iteration: %d ops over %d tensors\n", ops, tensors) +
+                       reply->summary());
+    return reply;
+  }
+  return GetPlan(session, "", false);
+}
+
+bool Daemon::HasPlan(SessionId session) {
+  absl::MutexLock lock(&planned_mutex_);
+  return planned_.count(session) > 0;
+}
+
+void Daemon::Acquired(SessionId session, TensorId tensor, Access access, Place place) {
+  std::optional<uint32_t> op;
+  {
+    absl::MutexLock lock(&recorders_mutex_);
+    auto it = recorders_.find(session);
+    if (it == recorders_.end()) return;
+    const tp::Touch touch = access == Access::kRead    ? tp::Touch::kRead
+                            : access == Access::kWrite ? tp::Touch::kWrite
+                                                       : tp::Touch::kOverwrite;
+    op = it->second->Acquired(tensor, touch, place == Place::kHost, RealClock().NowNanos());
+  }
+  // Progress only steers the moves: a lost one costs a demand fetch, not a value.
+  if (op.has_value()) OpBegin(session, *op).IgnoreError();
+}
+
+void Daemon::Released(SessionId session, TensorId tensor) {
+  absl::MutexLock lock(&recorders_mutex_);
+  auto it = recorders_.find(session);
+  if (it != recorders_.end()) it->second->Released(tensor);
 }
 
 absl::Status Daemon::OpBegin(SessionId session, uint32_t op) {

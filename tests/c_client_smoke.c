@@ -17,12 +17,17 @@ int main(int argc, char** argv) {
   uint64_t t = 0, bytes = 0;
   if (tierd_lease(c, "c.w", TIERD_CLASS_PARAM, TIERD_DTYPE_F32, shape, 2, &t, &bytes) != 0 || bytes != 4096) return 1;
   void* p = NULL;
+  if (tierd_mark_iteration(c) != 0) return 1; /* records from here... */
   if (tierd_acquire(c, t, TIERD_ACCESS_WRITE, TIERD_PLACE_HOST, &p) != 0) return 1;
   memset(p, 0x5A, bytes);
   if (tierd_release(c, t) != 0) return 1;
   if (tierd_acquire(c, t, TIERD_ACCESS_READ, TIERD_PLACE_GPU, &p) != 0) return 1;
   if (((unsigned char*)p)[bytes - 1] != 0x5A) return 1;
   if (tierd_release(c, t) != 0) return 1;
+  if (tierd_mark_iteration(c) != 0) { /* ...to here, and plans */
+    fprintf(stderr, "mark: %s\n", tierd_last_error(c));
+    return 1;
+  }
   /* Errors come back as codes with words. */
   const int64_t bad_shape[1] = {-1};
   uint64_t u = 0;

@@ -81,6 +81,16 @@ class TierdHome final : public TensorHome {
                            FormatBytes(reply->predicted_h2d_bytes()), FormatBytes(reply->predicted_d2h_bytes()));
   }
   absl::Status OpBegin(uint32_t op) override { return client_->OpBegin(op); }
+  absl::StatusOr<std::string> MarkIteration() override {
+    auto reply = client_->MarkIteration();
+    if (!reply.ok()) return reply.status();
+    std::string first = reply->summary().substr(0, reply->summary().find('\n'));
+    if (reply->predicted_step_seconds() > 0) {
+      first += absl::StrFormat("; predicted %.3f s a step, %.3f s of it waiting", reply->predicted_step_seconds(),
+                               reply->predicted_stall_seconds());
+    }
+    return first;
+  }
   uint64_t MovedBytes() override {
     auto stats = client_->Stats();
     if (!stats.ok()) return 0;

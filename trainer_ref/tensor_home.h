@@ -45,6 +45,9 @@ class TensorHome {
   // Returns the planner's prediction in words.
   virtual absl::StatusOr<std::string> RegisterGraph(const prefetcher::Graph&) { return std::string(); }
   virtual absl::Status OpBegin(uint32_t) { return absl::OkStatus(); }
+  // Or, without a graph: the start of each step; the home records the first step and plans
+  // from it (tierd's MarkIteration). Returns what it did in words ("" without a planner).
+  virtual absl::StatusOr<std::string> MarkIteration() { return std::string(); }
   // The name this home leases a tensor under.
   static std::string Name(const std::vector<TensorLayout>& layout, const std::vector<TensorLayout>& saved,
                           size_t entry, Kind kind);

@@ -29,6 +29,9 @@ ABSL_FLAG(std::string, tierd_dram, "64MiB", "the session's DRAM quota (--offload
 ABSL_FLAG(bool, tierd_plan, true,
           "register the step's ops with tierd so its planner moves tensors between DRAM and NVMe ahead of "
           "them (--offload_policy=tierd); off: they move when acquired");
+ABSL_FLAG(bool, tierd_record, false,
+          "instead of registering the step's ops (--tierd_plan), mark each step's start: tierd records the first "
+          "step's acquires and releases and plans from the second on (--offload_policy=tierd)");
 ABSL_FLAG(std::string, tierd_nvme, "1GiB", "the session's NVMe quota (--offload_policy=tierd)");
 ABSL_FLAG(std::string, precision, "fp32", "fp32 on the CPU (bf16/fp8 are the GPU trainer's)");
 ABSL_FLAG(bool, grad_checkpointing, false,
@@ -109,6 +112,7 @@ int main(int argc, char** argv) {
   o.seed = absl::GetFlag(FLAGS_seed);
   o.checkpointing = absl::GetFlag(FLAGS_grad_checkpointing);
   o.plan = absl::GetFlag(FLAGS_tierd_plan);
+  o.record_plan = absl::GetFlag(FLAGS_tierd_record);
   if (o.batch < 1 || o.seq < 1 || o.grad_accum < 1 || o.steps < 1) {
     return Fail("--batch_size, --seq_len, --grad_accum_steps and --steps must be at least 1");
   }
@@ -168,10 +172,15 @@ int main(int argc, char** argv) {
   double last_loss = 0;
   tt::RunCurves curves;
   uint64_t moved_before = trainer.home().MovedBytes();
+  std::string plan_note = trainer.plan_note();
   while (trainer.step() < o.steps) {
     const auto t0 = std::chrono::steady_clock::now();
     auto stepped = trainer.Step();
     if (!stepped.ok()) return Fail("step " + std::to_string(trainer.step() + 1) + ": " + std::string(stepped.status().message()));
+    if (o.record_plan && trainer.plan_note() != plan_note && trainer.step() <= 2) {  // recording, then the plan
+      plan_note = trainer.plan_note();
+      std::printf("tierd: %s\n", plan_note.c_str());
+    }
     const tt::StepResult& r = *stepped;
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (r.skipped) {

@@ -89,7 +89,7 @@ absl::Status Trainer::Init() {
         }
       });
   // The planner moves tensors ahead of the ops; without it they move on demand.
-  if (!options_.plan) return absl::OkStatus();
+  if (!options_.plan || options_.record_plan) return absl::OkStatus();
   auto planned = home_.RegisterGraph(StepGraph());
   plan_note_ = planned.ok() ? *planned : "no plan (" + std::string(planned.status().message()) + "): tensors move on demand";
   registered_ = planned.ok();
@@ -181,6 +181,12 @@ absl::StatusOr<double> Trainer::ForwardBackward(const int32_t* inputs, const int
 absl::StatusOr<StepResult> Trainer::Step() {
   StepResult r;
   r.step = step_ + 1;
+  if (options_.record_plan) {
+    // Recording only steers the moves: a refusal leaves the tensors moving on demand.
+    auto note = home_.MarkIteration();
+    if (!note.ok()) plan_note_ = "no recorded plan (" + std::string(note.status().message()) + "): tensors move on demand";
+    else if (!note->empty()) plan_note_ = *note;
+  }
   const auto& layout = model_.layout();
   in_step_ = true;
   struct StepEnd {

@@ -31,6 +31,10 @@ struct TrainOptions {
   uint64_t seed = 1;
   bool checkpointing = false;  // keep only each layer's input; recompute the rest in backward
   bool plan = true;            // register the step's graph with the home (tierd's planner)
+  // Instead of registering it: mark each step's start, so tierd records the first step's
+  // acquires and releases and plans from them at the second (for trainers that cannot
+  // describe their step; this one can, so it is here to show and test the recording).
+  bool record_plan = false;
 };
 
 struct StepResult {

@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <thread>
 #include <vector>
+
+#include "trainer_ref/parallel.h"
 
 namespace tierd::trainer::cpu {
 
@@ -53,35 +53,6 @@ void RmsNormBackward(T* din, T* dweight, const T* dout, const T* in, const T* we
   }
 }
 
-namespace {
-
-// Runs fn(begin, end) over [0, count) in contiguous chunks on a few threads when the work
-// is large enough to pay for them. Every output element is computed by one thread in the
-// same order as a serial loop would, so results do not depend on the thread count.
-template <typename Fn>
-void ParallelFor(int count, double work, Fn&& fn) {
-  static const int kThreads = [] {
-    const char* env = std::getenv("TIERD_CPU_THREADS");
-    const int hw = static_cast<int>(std::thread::hardware_concurrency());
-    const int n = env != nullptr ? std::atoi(env) : std::min(hw, 8);
-    return std::max(1, n);
-  }();
-  const int threads = work < 2e5 ? 1 : std::min(kThreads, count);
-  if (threads <= 1) {
-    fn(0, count);
-    return;
-  }
-  std::vector<std::thread> pool;
-  const int chunk = (count + threads - 1) / threads;
-  for (int t = 1; t < threads; ++t) {
-    const int begin = t * chunk, end = std::min(count, begin + chunk);
-    if (begin < end) pool.emplace_back([&fn, begin, end] { fn(begin, end); });
-  }
-  fn(0, std::min(count, chunk));
-  for (std::thread& th : pool) th.join();
-}
-
-}  // namespace
 
 template <typename T>
 void MatmulForward(T* out, const T* in, const T* weight, int n, int ic, int oc) {

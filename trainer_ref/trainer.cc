@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_format.h"
+#include "trainer_ref/host_adamw.h"
 
 namespace tierd::trainer {
 namespace {
@@ -247,10 +248,18 @@ absl::StatusOr<StepResult> Trainer::Step() {
     auto m = g.ok() ? held.Get(Kind::kAdamM, Access::kWrite) : g;
     auto v = m.ok() ? held.Get(Kind::kAdamV, Access::kWrite) : m;
     if (!v.ok()) return v.status();
-    if (clip < 1.0) {
-      for (size_t i = 0; i < t.count; ++i) (*g)[i] = static_cast<float>((*g)[i] * clip);
-    }
-    AdamWStep(*p, *g, *m, *v, t.count, r.lr, step_, options_.adam, /*decay=*/t.shape.size() > 1);
+    // On the DRAM tier where the state lives: vectorised, on the host's threads, fp32 as on
+    // the GPU (the double-precision AdamWStep stays the tests' reference).
+    HostAdamWParams hp;
+    hp.lr = static_cast<float>(r.lr);
+    hp.beta1 = static_cast<float>(options_.adam.beta1);
+    hp.beta2 = static_cast<float>(options_.adam.beta2);
+    hp.eps = static_cast<float>(options_.adam.eps);
+    hp.weight_decay = static_cast<float>(options_.adam.weight_decay);
+    hp.step = step_;
+    hp.grad_scale = static_cast<float>(clip);
+    hp.decay = t.shape.size() > 1;
+    HostAdamW(*p, *m, *v, /*weights_bf16=*/nullptr, *g, static_cast<int64_t>(t.count), hp);
   }
   return r;
 }

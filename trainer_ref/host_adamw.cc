@@ -1,0 +1,58 @@
+#include "trainer_ref/host_adamw.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "trainer_ref/parallel.h"
+
+namespace tierd::trainer {
+
+uint16_t Bf16Bits(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (bits >> 16) | 0x40u;
+  // A select, not a branch: the loop that calls it vectorises.
+  return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+}
+
+namespace {
+
+// One slice. No branches on data and no calls but sqrt (built with -fno-math-errno), so
+// GCC vectorises it.
+void Slice(float* __restrict master, float* __restrict m, float* __restrict v, uint16_t* __restrict weights,
+           const float* __restrict grads, int64_t n, const HostAdamWParams& p, float c1, float c2) {
+  const float decay = p.decay ? p.lr * p.weight_decay : 0.f;  // w -= 0 * w leaves a finite w as it was
+  const float lr = p.lr, beta1 = p.beta1, beta2 = p.beta2, eps = p.eps, scale = p.grad_scale;
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = grads[i] * scale;
+    const float mi = beta1 * m[i] + (1.f - beta1) * g;
+    const float vi = beta2 * v[i] + (1.f - beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    float w = master[i];
+    w -= decay * w;
+    w -= lr * (mi / c1) / (std::sqrt(vi / c2) + eps);
+    master[i] = w;
+  }
+  if (weights != nullptr) {
+    for (int64_t i = 0; i < n; ++i) weights[i] = Bf16Bits(master[i]);
+  }
+}
+
+}  // namespace
+
+void HostAdamW(float* master, float* m, float* v, uint16_t* weights_bf16, const float* grads, int64_t n,
+               const HostAdamWParams& p, int threads) {
+  const float c1 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(p.step)));
+  const float c2 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(p.step)));
+  ParallelFor(
+      n, 20.0 * n,
+      [&](int64_t begin, int64_t end) {
+        Slice(master + begin, m + begin, v + begin, weights_bf16 == nullptr ? nullptr : weights_bf16 + begin,
+              grads + begin, end - begin, p, c1, c2);
+      },
+      threads);
+}
+
+}  // namespace tierd::trainer

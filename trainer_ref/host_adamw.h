@@ -1,0 +1,31 @@
+// AdamW on the host for state that lives in DRAM (tierd's shared DRAM tier): the
+// arithmetic of the GPU kernel (gpu_ops' AdamW: fp32, gradients scaled first, bias
+// correction, decoupled decay, bf16 weights written from the new master), split over the
+// host's threads in contiguous slices, its loop simple enough for the compiler to
+// vectorise. Results do not depend on the thread count.
+#ifndef TIERD_TRAINER_REF_HOST_ADAMW_H_
+#define TIERD_TRAINER_REF_HOST_ADAMW_H_
+
+#include <cstdint>
+
+namespace tierd::trainer {
+
+struct HostAdamWParams {
+  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
+  int64_t step = 1;        // from 1 (bias correction)
+  float grad_scale = 1.f;  // the clip factor / accumulation divisor, applied to each gradient
+  bool decay = true;       // false for norm weights
+};
+
+// master, m, v updated in place from grads; when `weights_bf16` is not null it receives
+// the new master rounded to bf16 (nearest, ties to even), as the GPU's weights are.
+// `threads` 0: CpuThreads().
+void HostAdamW(float* master, float* m, float* v, uint16_t* weights_bf16, const float* grads, int64_t n,
+               const HostAdamWParams& p, int threads = 0);
+
+// bf16 bits of x, rounded to nearest even (NaN stays a quiet NaN), as the GPU rounds.
+uint16_t Bf16Bits(float x);
+
+}  // namespace tierd::trainer
+
+#endif  // TIERD_TRAINER_REF_HOST_ADAMW_H_

@@ -271,9 +271,8 @@ absl::Status GpuModel::EnterGrads(int group) {
   if (grads_zeroed_[group]) return Enter(group, Part::kGrads, Access::kWrite);
   RETURN_IF_ERROR(Enter(group, Part::kGrads, Access::kOverwrite));
   grads_zeroed_[group] = true;
-  size_t count = 0;
-  for (size_t e : GroupEntries(group)) count += layout_[e].count;
-  return Cuda(cudaMemsetAsync(acquired_[group][static_cast<int>(Part::kGrads)], 0, count * sizeof(float), stream_),
+  return Cuda(cudaMemsetAsync(acquired_[group][static_cast<int>(Part::kGrads)], 0, GroupCount(group) * sizeof(float),
+                              stream_),
               "zero grads");
 }
 
@@ -403,36 +402,23 @@ absl::Status GpuModel::InitParams(uint64_t seed) {
   return absl::OkStatus();
 }
 
-absl::Status GpuModel::GetParams(std::vector<float>* params) {
-  params->resize(total_params_);
+absl::Status GpuModel::Download(Part part, std::vector<float>* out) {
+  out->assign(total_params_, 0.f);
   for (int g = 0; g < Groups(); ++g) {
-    size_t count = 0;
-    for (size_t e : GroupEntries(g)) count += layout_[e].count;
-    RETURN_IF_ERROR(Enter(g, Part::kMaster, Access::kRead));
-    RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(params->data() + group_offset_[g], acquired_[g][static_cast<int>(Part::kMaster)],
-                                         count * sizeof(float), cudaMemcpyDeviceToHost, stream_),
-                         "download master"));
-    RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream_), "download master"));
-    RETURN_IF_ERROR(Leave(g, Part::kMaster));
+    if (part == Part::kGrads && !grads_zeroed_[g]) continue;  // no backward reached it this step: zeros
+    RETURN_IF_ERROR(Enter(g, part, Access::kRead));
+    RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(out->data() + group_offset_[g], acquired_[g][static_cast<int>(part)],
+                                         GroupCount(g) * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+                         "download"));
+    RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream_), "download"));
+    RETURN_IF_ERROR(Leave(g, part));
   }
   return absl::OkStatus();
 }
 
-absl::Status GpuModel::GetGrads(std::vector<float>* grads) {
-  grads->assign(total_params_, 0.f);
-  for (int g = 0; g < Groups(); ++g) {
-    if (!grads_zeroed_[g]) continue;  // not reached by a backward this step: zeros
-    size_t count = 0;
-    for (size_t e : GroupEntries(g)) count += layout_[e].count;
-    RETURN_IF_ERROR(Enter(g, Part::kGrads, Access::kRead));
-    RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(grads->data() + group_offset_[g], acquired_[g][static_cast<int>(Part::kGrads)],
-                                         count * sizeof(float), cudaMemcpyDeviceToHost, stream_),
-                         "download grads"));
-    RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream_), "download grads"));
-    RETURN_IF_ERROR(Leave(g, Part::kGrads));
-  }
-  return absl::OkStatus();
-}
+absl::Status GpuModel::GetParams(std::vector<float>* params) { return Download(Part::kMaster, params); }
+
+absl::Status GpuModel::GetGrads(std::vector<float>* grads) { return Download(Part::kGrads, grads); }
 
 absl::Status GpuModel::ZeroGrads() {
   grads_zeroed_.assign(Groups(), false);
@@ -520,11 +506,9 @@ absl::Status GpuModel::Backward() {
   auto zero = [this](Bf16* p, size_t count) { return Cuda(cudaMemsetAsync(p, 0, count * sizeof(Bf16), stream_), "zero"); };
   // Each group's sum of squared gradients, taken right after its backward (the norm).
   auto sum_squares = [&](int group) {
-    size_t count = 0;
-    for (size_t e : GroupEntries(group)) count += layout_[e].count;
     Timed(kOptimizer, [&] {
-      SumSquares(static_cast<float*>(acquired_[group][static_cast<int>(Part::kGrads)]), static_cast<int64_t>(count),
-                 norm_, stream_);
+      SumSquares(static_cast<float*>(acquired_[group][static_cast<int>(Part::kGrads)]),
+                 static_cast<int64_t>(GroupCount(group)), norm_, stream_);
       return 0;
     });
   };
@@ -657,8 +641,7 @@ prefetcher::Graph GpuModel::StepGraph(int micro_batches) const {
   // flops at 300 TFLOP/s, the optimizer's bytes at 3 TB/s.
   const double tokens = static_cast<double>(batch_) * seq_;
   auto forward_seconds = [&](int g) {
-    double params = 0;
-    for (size_t e : GroupEntries(g)) params += layout_[e].count;
+    const double params = static_cast<double>(GroupCount(g));
     if (g == 0) return tokens * config_.d_model * 4 / 3e12;
     const double attention = g == Groups() - 1 ? 0.0 : 2.0 * tokens * seq_ * config_.d_model;
     return (2 * tokens * params + attention) / 300e12;

@@ -113,6 +113,7 @@ class GpuModel {
   std::vector<size_t> GroupEntries(int group) const;  // as Model::GroupEntries
   size_t GroupCount(int group) const;                  // its parameters
   absl::Status SetGroup(int group, const float* params);  // master, weights; moments zeroed
+  absl::Status Download(Part part, std::vector<float>* out);  // an fp32 part, ParamLayout order
 
   using Layer = LayerEntries;
   struct Acts {  // per layer, kept from forward for backward (one part of the home)

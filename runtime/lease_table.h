@@ -32,6 +32,7 @@
 #include <memory>
 #include <optional>
 #include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -176,7 +177,12 @@ class LeaseTable {
   // `name`: the tensor the room is for, when the placement advisor may know its offset.
   absl::StatusOr<Extent> AllocateIn(Session& s, Tier tier, uint64_t bytes, bool evict, const std::string* name = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
-  absl::Status EvictOne(Session& s, Tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
+  // Moves one copy out of `tier` (the planner's furthest next use, else clean first, then
+  // least recently used), skipping `refused`: tensors whose write-back found no room below
+  // (a full or fragmented lower tier) this time. Such a refusal adds the victim to `refused`
+  // and returns OK, so the caller tries another.
+  absl::Status EvictOne(Session& s, Tier tier, std::set<const Tensor*>& refused)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   absl::StatusOr<Placement> AcquireLocked(Session& s, Tensor& t, Access access, Place place)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   absl::Status ReleaseLocked(Session& s, Tensor& t, std::unique_ptr<GpuFence> gpu_fence)

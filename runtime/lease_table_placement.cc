@@ -1,5 +1,7 @@
 // LeaseTable's placement machinery: allocating in a session's tiers, evicting to make
 // room, copying a tensor between tiers through the Mover.
+#include <set>
+
 #include "absl/strings/str_format.h"
 #include "base/check.h"
 #include "base/units.h"
@@ -51,6 +53,7 @@ absl::StatusOr<Extent> LeaseTable::AllocateIn(Session& s, Tier tier, uint64_t by
       if (placed.ok()) return placed;
     }
   }
+  std::set<const Tensor*> refused;  // victims whose write-back found no room below
   for (;;) {
     absl::StatusOr<Extent> extent;
     if (tier == Tier::kNvme) {
@@ -73,20 +76,23 @@ absl::StatusOr<Extent> LeaseTable::AllocateIn(Session& s, Tier tier, uint64_t by
     extent = store_.Allocate(s.ArenaOf(tier), bytes);
     if (extent.ok() || extent.status().code() != absl::StatusCode::kResourceExhausted) return extent;
     if (!evict) return extent;
-    if (absl::Status evicted = EvictOne(s, tier); !evicted.ok()) {
+    if (absl::Status evicted = EvictOne(s, tier, refused); !evicted.ok()) {
       return absl::ResourceExhaustedError(absl::StrFormat(
-          "cannot place %s in %s: %s (%s)", FormatBytes(bytes), TierName(tier),
-          Occupancy(s, tier), evicted.message()));
+          "cannot place %s in %s: %s (%s%s)", FormatBytes(bytes), TierName(tier), Occupancy(s, tier),
+          evicted.message(),
+          refused.empty() ? ""
+                          : absl::StrFormat("; %d tensor(s) there found no room below to be written back to",
+                                            refused.size())));
     }
   }
 }
 
-absl::Status LeaseTable::EvictOne(Session& s, Tier tier) {
+absl::Status LeaseTable::EvictOne(Session& s, Tier tier, std::set<const Tensor*>& refused) {
   Tensor* victim = nullptr;
   bool victim_clean = false;
   int64_t victim_next = 0;
   for (const auto& [id, t] : s.tensors) {
-    if (!t->Has(tier) || t->busy > 0 || t->pinned == tier) continue;
+    if (!t->Has(tier) || t->busy > 0 || t->pinned == tier || refused.count(t.get()) > 0) continue;
     if (t->acquired > 0 && t->acquired_tier == tier) continue;
     const bool clean = t->CopyCount() > 1 || !t->written;
     if (s.advisor) {
@@ -120,17 +126,16 @@ absl::Status LeaseTable::EvictOne(Session& s, Tier tier) {
     }
     return absl::ResourceExhaustedError("nothing there may be evicted");
   }
-  {
-    absl::MutexLock lock(&stats_mutex_);
-    ++stats_.evictions_capacity;
-    if (!victim_clean) ++stats_.writebacks;
-  }
   if (!victim_clean) {
     const std::optional<Tier> below = Below(tier);
     if (!below) return absl::ResourceExhaustedError("no tier below to write back to");
     ++victim->busy;
     absl::Status copied = CopyTo(s, *victim, *below);
     --victim->busy;
+    if (absl::IsResourceExhausted(copied)) {  // no room below for this one: another may fit
+      refused.insert(victim);
+      return absl::OkStatus();
+    }
     if (!copied.ok()) return copied;
   } else if (victim->CopyCount() == 1) {
     // Never written: its only copy holds nothing, but a lease keeps a copy somewhere
@@ -138,8 +143,17 @@ absl::Status LeaseTable::EvictOne(Session& s, Tier tier) {
     const std::optional<Tier> below = Below(tier);
     if (!below) return absl::ResourceExhaustedError("no tier below");
     auto extent = AllocateIn(s, *below, victim->bytes, /*evict=*/true, &victim->spec.name);
+    if (absl::IsResourceExhausted(extent.status())) {
+      refused.insert(victim);
+      return absl::OkStatus();
+    }
     if (!extent.ok()) return extent.status();
     victim->copies[static_cast<int>(*below)] = *extent;
+  }
+  {
+    absl::MutexLock lock(&stats_mutex_);
+    ++stats_.evictions_capacity;
+    if (!victim_clean) ++stats_.writebacks;
   }
   DropCopy(s, *victim, tier);
   return absl::OkStatus();

@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -72,9 +73,60 @@ struct Batch {
   std::vector<int32_t> tokens, targets;
 };
 
+// Trains `a` and `b` side by side (the same batches, 2 micro-batches a step, AdamW) and
+// checks that they agree step by step: losses within `loss_tolerance` relative, gradient
+// norms within 1e-4, and the final master weights within 1e-4 relative L2. `after_steps`
+// runs after the last step, before the weights are read back.
+void TrainSideBySide(tg::GpuModel& a, tg::GpuModel& b, const trainer::ModelConfig& config, int batch, int seq,
+                     int steps, double loss_tolerance, const char* names,
+                     const std::function<void()>& after_steps = [] {}) {
+  const int micro_batches = 2;
+  std::mt19937_64 rng(3);
+  trainer::AdamWOptions adam;
+  for (int step = 1; step <= steps; ++step) {
+    double losses[2] = {0, 0}, norms[2] = {0, 0};
+    tg::GpuModel* models[2] = {&a, &b};
+    std::vector<Batch> batches(micro_batches);
+    for (Batch& mb : batches) {
+      for (int i = 0; i < batch * seq; ++i) mb.tokens.push_back(static_cast<int32_t>(rng() % config.vocab));
+      for (int i = 0; i < batch * seq; ++i) mb.targets.push_back(static_cast<int32_t>(rng() % config.vocab));
+    }
+    for (int m = 0; m < 2; ++m) {
+      ASSERT_TRUE(models[m]->ZeroGrads().ok());
+      for (const Batch& mb : batches) {
+        auto loss = models[m]->Forward(mb.tokens.data(), mb.targets.data());
+        ASSERT_TRUE(loss.ok()) << loss.status();
+        losses[m] += *loss / micro_batches;
+        absl::Status s = models[m]->Backward();
+        ASSERT_TRUE(s.ok()) << s;
+      }
+      auto norm = models[m]->GradNorm();
+      ASSERT_TRUE(norm.ok()) << norm.status();
+      norms[m] = *norm;
+      absl::Status s = models[m]->AdamWStep(1e-3, step, adam, 1.0 / micro_batches);
+      ASSERT_TRUE(s.ok()) << s;
+    }
+    std::printf("step %d: loss %.7f %.7f, gradient norm %.6f %.6f (%s)\n", step, losses[0], losses[1], norms[0],
+                norms[1], names);
+    EXPECT_NEAR(losses[0], losses[1], loss_tolerance * std::abs(losses[1])) << "step " << step;
+    EXPECT_NEAR(norms[0], norms[1], 1e-4 * norms[1]) << "step " << step;
+  }
+  after_steps();
+  std::vector<float> pa, pb;
+  ASSERT_TRUE(a.GetParams(&pa).ok());
+  ASSERT_TRUE(b.GetParams(&pb).ok());
+  ASSERT_EQ(pa.size(), pb.size());
+  double diff = 0, ref = 0;
+  for (size_t i = 0; i < pa.size(); ++i) {
+    diff += (static_cast<double>(pa[i]) - pb[i]) * (pa[i] - pb[i]);
+    ref += static_cast<double>(pb[i]) * pb[i];
+  }
+  EXPECT_LT(std::sqrt(diff / ref), 1e-4) << "final master weights, relative L2";
+}
+
 TEST_F(GpuTierdTest, TrainsInAThirdOfItsStateLikePlainBuffers) {
   const trainer::ModelConfig config = TestConfig();
-  const int batch = 4, seq = 128, micro_batches = 2, steps = 4;
+  const int batch = 4, seq = 128;
   const tg::GpuHomeLayout layout = tg::GpuModel::HomeLayout(config, batch, seq);
   const uint64_t state = layout.Total();
   const uint64_t quota = state / 3;
@@ -91,52 +143,12 @@ TEST_F(GpuTierdTest, TrainsInAThirdOfItsStateLikePlainBuffers) {
   init.InitParams(5);
   ASSERT_TRUE((*on_tierd)->SetParams(init.params()).ok());
   ASSERT_TRUE((*plain)->SetParams(init.params()).ok());
-  auto note = (*on_tierd)->RegisterStep(micro_batches);
+  auto note = (*on_tierd)->RegisterStep(2);
   ASSERT_TRUE(note.ok()) << note.status();
   EXPECT_EQ(note->rfind("planned ", 0), 0u) << *note;
   std::printf("state %s in a GPU quota of %s; %s\n", FormatBytes(state).c_str(), FormatBytes(quota).c_str(),
               note->c_str());
-
-  std::mt19937_64 rng(3);
-  trainer::AdamWOptions adam;
-  for (int step = 1; step <= steps; ++step) {
-    double losses[2] = {0, 0}, norms[2] = {0, 0};
-    tg::GpuModel* models[2] = {on_tierd->get(), plain->get()};
-    std::vector<Batch> batches(micro_batches);
-    for (Batch& b : batches) {
-      for (int i = 0; i < batch * seq; ++i) b.tokens.push_back(static_cast<int32_t>(rng() % config.vocab));
-      for (int i = 0; i < batch * seq; ++i) b.targets.push_back(static_cast<int32_t>(rng() % config.vocab));
-    }
-    for (int m = 0; m < 2; ++m) {
-      ASSERT_TRUE(models[m]->ZeroGrads().ok());
-      for (const Batch& b : batches) {
-        auto loss = models[m]->Forward(b.tokens.data(), b.targets.data());
-        ASSERT_TRUE(loss.ok()) << loss.status();
-        losses[m] += *loss / micro_batches;
-        absl::Status s = models[m]->Backward();
-        ASSERT_TRUE(s.ok()) << s;
-      }
-      auto norm = models[m]->GradNorm();
-      ASSERT_TRUE(norm.ok()) << norm.status();
-      norms[m] = *norm;
-      absl::Status s = models[m]->AdamWStep(1e-3, step, adam, 1.0 / micro_batches);
-      ASSERT_TRUE(s.ok()) << s;
-    }
-    std::printf("step %d: loss %.7f (tierd) %.7f (plain), gradient norm %.6f %.6f\n", step, losses[0], losses[1],
-                norms[0], norms[1]);
-    EXPECT_NEAR(losses[0], losses[1], 1e-5 * std::abs(losses[1])) << "step " << step;
-    EXPECT_NEAR(norms[0], norms[1], 1e-4 * norms[1]) << "step " << step;
-  }
-  std::vector<float> a, b;
-  ASSERT_TRUE((*on_tierd)->GetParams(&a).ok());
-  ASSERT_TRUE((*plain)->GetParams(&b).ok());
-  ASSERT_EQ(a.size(), b.size());
-  double diff = 0, ref = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff += (static_cast<double>(a[i]) - b[i]) * (a[i] - b[i]);
-    ref += static_cast<double>(b[i]) * b[i];
-  }
-  EXPECT_LT(std::sqrt(diff / ref), 1e-4) << "final master weights, relative L2";
+  TrainSideBySide(**on_tierd, **plain, config, batch, seq, /*steps=*/4, /*loss_tolerance=*/1e-5, "tierd, plain");
   // And the parts really moved: in and out of the GPU tier, never above the quota.
   auto moved = (*on_tierd)->home().Moved();
   ASSERT_TRUE(moved.ok()) << moved.status();
@@ -144,6 +156,57 @@ TEST_F(GpuTierdTest, TrainsInAThirdOfItsStateLikePlainBuffers) {
   EXPECT_GT(moved->host_to_gpu, state) << "more than the whole state came in over the run";
   EXPECT_GT(moved->gpu_to_host, 0u);
   EXPECT_LE(moved->gpu_peak, quota);
+}
+
+// AdamW on the host, in tierd's DRAM tier (SetOptimizerOnCpu): the same training as AdamW on
+// the GPU, to fp32 rounding (the GPU contracts multiply-adds into FMAs, the host does not),
+// while the master weights and moments never go to the GPU: what comes in over the run is
+// less than with the optimizer on the GPU.
+TEST_F(GpuTierdTest, TheOptimizerOnTheHostTracksTheGpu) {
+  const trainer::ModelConfig config = TestConfig();
+  const int batch = 4, seq = 128;
+  const tg::GpuHomeLayout layout = tg::GpuModel::HomeLayout(config, batch, seq);
+  const uint64_t state = layout.Total();
+  auto home = tg::MakeTierdGpuHome(layout, Options(state / 3, 2 * state, 2 * state));
+  ASSERT_TRUE(home.ok()) << home.status();
+  auto on_host = tg::GpuModel::Create(config, batch, seq, std::move(*home));
+  auto plain = tg::GpuModel::Create(config, batch, seq);
+  ASSERT_TRUE(on_host.ok()) << on_host.status();
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  (*on_host)->SetOptimizerOnCpu(true);
+  ASSERT_TRUE((*on_host)->InitParams(9).ok());
+  ASSERT_TRUE((*plain)->InitParams(9).ok());
+  ASSERT_TRUE((*on_host)->RegisterStep(2).ok());
+  // After the run no master weights or moments are on the GPU: each host step dropped the
+  // copies the initial upload left there, and nothing brought them back.
+  auto optimizer_state_on_gpu = [&] {
+    ClientOptions watcher_options = Options(0, 1 << 20, 1 << 20);
+    watcher_options.label = "watcher";
+    auto watcher = Client::Connect(watcher_options);
+    ASSERT_TRUE(watcher.ok()) << watcher.status();
+    auto leases = (*watcher)->ListLeases(/*every_session=*/true);
+    ASSERT_TRUE(leases.ok()) << leases.status();
+    int optimizer_state = 0, on_gpu = 0;
+    for (const auto& lease : leases->leases()) {
+      const std::string& name = lease.spec().name();
+      if (name.rfind("master.", 0) != 0 && name.rfind("opt.", 0) != 0) continue;
+      ++optimizer_state;
+      for (int tier : lease.copies()) on_gpu += tier == v1::TIER_GPU;
+    }
+    EXPECT_EQ(optimizer_state, 3 * static_cast<int>(layout.groups.size()));
+    EXPECT_EQ(on_gpu, 0) << "master weights or moments on the GPU";
+  };
+  TrainSideBySide(**on_host, **plain, config, batch, seq, /*steps=*/4, /*loss_tolerance=*/1e-4,
+                  "host AdamW, GPU AdamW", optimizer_state_on_gpu);
+  EXPECT_GT((*on_host)->HostOptimizerSeconds(), 0.0) << "the host did the steps";
+  std::printf("%s\n", (*on_host)->home().Describe().c_str());
+  // A plain home has no host tier: the CPU optimizer says so.
+  auto no_host = tg::GpuModel::Create(config, batch, seq);
+  ASSERT_TRUE(no_host.ok());
+  (*no_host)->SetOptimizerOnCpu(true);
+  ASSERT_TRUE((*no_host)->InitParams(9).ok());
+  const absl::Status refused = (*no_host)->AdamWStep(1e-3, 1, trainer::AdamWOptions{}, 1.0);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnimplemented) << refused;
 }
 
 // A GPU quota below what one step of the model holds at once (a layer's four parts while

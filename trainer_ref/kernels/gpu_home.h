@@ -47,6 +47,12 @@ class GpuHome {
   virtual absl::StatusOr<void*> Acquire(int group, Part part, Access access) = 0;
   // After the work queued on `stream` (tierd waits for it before it moves the bytes).
   virtual absl::Status Release(int group, Part part, cudaStream_t stream) = 0;
+  // A host pointer to the part in the DRAM tier (for the optimizer step on the CPU), valid
+  // until ReleaseHost. UNIMPLEMENTED for a home without one (plain GPU buffers).
+  virtual absl::StatusOr<void*> AcquireHost(int, Part, Access) {
+    return absl::UnimplementedError("this home has no host tier: the CPU optimizer needs tierd's DRAM tier");
+  }
+  virtual absl::Status ReleaseHost(int, Part) { return absl::UnimplementedError("this home has no host tier"); }
   // The planner: the step as ops over the parts' names, registered once (returns the
   // prediction in words; "" for a home without a planner), then the op about to run.
   virtual absl::StatusOr<std::string> RegisterGraph(const prefetcher::Graph&) { return std::string(); }

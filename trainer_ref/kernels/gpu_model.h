@@ -19,6 +19,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -80,6 +81,13 @@ class GpuModel {
   double AcquireSeconds() const { return acquire_seconds_; }
   // AdamW on every tensor (norm weights not decayed), gradients scaled by grad_scale first.
   absl::Status AdamWStep(double lr, int64_t step, const AdamWOptions& options, double grad_scale);
+  // Where AdamWStep runs: on the GPU (the state comes to the GPU and goes back), or on the
+  // host's threads in the home's DRAM tier (the gradients come down, the new bf16 weights
+  // go up at the next forward; the master weights and moments never leave DRAM). The CPU
+  // needs a home with a host tier (tierd). Set before RegisterStep (the plan differs).
+  void SetOptimizerOnCpu(bool on) { optimizer_on_cpu_ = on; }
+  // Host seconds spent in the CPU optimizer's arithmetic (not waiting for tierd).
+  double HostOptimizerSeconds() const { return host_optimizer_seconds_; }
   // Where the GPU time goes: with profiling on, each kernel or GEMM is bracketed by CUDA
   // events (costly; for measurement runs) and TakeProfile returns the milliseconds per
   // category since the last call: "gemm", "attention", "norm+elementwise", "loss",
@@ -114,6 +122,7 @@ class GpuModel {
   size_t GroupCount(int group) const;                  // its parameters
   absl::Status SetGroup(int group, const float* params);  // master, weights; moments zeroed
   absl::Status Download(Part part, std::vector<float>* out);  // an fp32 part, ParamLayout order
+  absl::Status HostAdamWStep(int group, const std::function<AdamWParams(size_t)>& params_for);
 
   using Layer = LayerEntries;
   struct Acts {  // per layer, kept from forward for backward (one part of the home)
@@ -143,6 +152,8 @@ class GpuModel {
   float* norms_ = nullptr;
   int micro_ = 0;                         // micro-batches done this step
   double acquire_seconds_ = 0;
+  bool optimizer_on_cpu_ = false;
+  double host_optimizer_seconds_ = 0;
   bool registered_ = false;
   int registered_micro_batches_ = 0;
   std::unique_ptr<Gemm> gemm_;

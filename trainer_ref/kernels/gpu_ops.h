@@ -16,6 +16,8 @@
 
 #include <cstdint>
 
+#include "trainer_ref/host_adamw.h"
+
 namespace tierd::trainer::gpu {
 
 using Bf16 = uint16_t;  // bfloat16 bits; device code reads them as __nv_bfloat16
@@ -75,12 +77,9 @@ cudaError_t AttentionBackward(Bf16* dq, Bf16* dk, Bf16* dv, const Bf16* dout, co
 // grad_scale (the clip factor / accumulation divisor); the bf16 weights the model reads
 // are written from the new master. Bias correction for `step` (1-based); decoupled decay
 // when `decay`.
-struct AdamWParams {
-  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
-  int64_t step = 1;
-  float grad_scale = 1.0f;
-  bool decay = true;
-};
+// The same parameters as the host's AdamW (host_adamw.h), which runs this kernel's
+// arithmetic on the CPU.
+using AdamWParams = ::tierd::trainer::HostAdamWParams;
 void AdamW(float* master, float* m, float* v, Bf16* weights, const float* grads, int64_t n, const AdamWParams& p,
            cudaStream_t stream);
 

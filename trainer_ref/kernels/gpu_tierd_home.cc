@@ -52,6 +52,12 @@ class TierdGpuHome final : public GpuHome {
   absl::Status Release(int group, Part part, cudaStream_t stream) override {
     return client_->Release(tensors_[group][static_cast<int>(part)], stream);
   }
+  absl::StatusOr<void*> AcquireHost(int group, Part part, Access access) override {
+    return client_->Acquire(tensors_[group][static_cast<int>(part)], access, Place::kHost);
+  }
+  absl::Status ReleaseHost(int group, Part part) override {
+    return client_->Release(tensors_[group][static_cast<int>(part)]);
+  }
   absl::StatusOr<std::string> RegisterGraph(const prefetcher::Graph& graph) override {
     auto reply = client_->RegisterGraph(ToGraphSpec(graph));
     if (!reply.ok()) return reply.status();

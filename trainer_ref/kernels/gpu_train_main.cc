@@ -53,6 +53,10 @@ ABSL_FLAG(std::string, tierd_nvme, "64GiB", "the session's NVMe quota (--offload
 ABSL_FLAG(bool, tierd_plan, true,
           "register the step's ops with tierd so its planner moves each layer's tensors ahead of use "
           "(--offload_policy=tierd); off: they move when acquired");
+ABSL_FLAG(std::string, optimizer_place, "gpu",
+          "where AdamW runs: gpu (the state streams to the GPU and back), or cpu (with --offload_policy=tierd: on "
+          "the host's threads, in tierd's DRAM tier where the master weights and moments stay; only gradients "
+          "come down and bf16 weights go up)");
 ABSL_FLAG(bool, grad_checkpointing, false,
           "activation checkpointing: a layer keeps only its input and its backward recomputes the rest (a third "
           "more compute; the saved activations shrink ~10x, so far less to hold or move)");
@@ -99,6 +103,13 @@ int main(int argc, char** argv) {
   if (!data.ok()) return Fail(std::string(data.status().message()));
   const std::string policy = absl::GetFlag(FLAGS_offload_policy);
   if (policy != "none" && policy != "tierd") return Fail("--offload_policy is none or tierd, not '" + policy + "'");
+  const std::string optimizer_place = absl::GetFlag(FLAGS_optimizer_place);
+  if (optimizer_place != "gpu" && optimizer_place != "cpu") {
+    return Fail("--optimizer_place is gpu or cpu, not '" + optimizer_place + "'");
+  }
+  if (optimizer_place == "cpu" && policy != "tierd") {
+    return Fail("--optimizer_place=cpu steps the state where tierd keeps it in DRAM: it needs --offload_policy=tierd");
+  }
   std::unique_ptr<tt::gpu::GpuHome> home;  // null: plain GPU buffers
   const bool checkpointing = absl::GetFlag(FLAGS_grad_checkpointing);
   const tt::gpu::GpuHomeLayout layout = tt::gpu::GpuModel::HomeLayout(*config, batch, seq, checkpointing);
@@ -138,6 +149,7 @@ int main(int argc, char** argv) {
   std::printf("model %s: %.3fB parameters on %s; %d x %d tokens x %d micro-batches per step%s; GPU memory held %s\n",
               config->name.c_str(), config->Params() / 1e9, prop.name, batch, seq, accum,
               checkpointing ? " (activation checkpointing)" : "", tierd::FormatBytes((*model)->DeviceBytes()).c_str());
+  (*model)->SetOptimizerOnCpu(optimizer_place == "cpu");
   if (policy == "tierd" && absl::GetFlag(FLAGS_tierd_plan)) {
     auto note = (*model)->RegisterStep(accum);
     if (!note.ok()) return Fail("registering the step with tierd: " + std::string(note.status().message()));
@@ -247,7 +259,7 @@ int main(int argc, char** argv) {
               "\"final_loss\": %.6f, \"peak_gpu_bytes\": %lu, \"step_seconds\": %.4f, \"acquire_wait_seconds\": %.4f, "
               "\"h2d_bytes\": %.0f, \"d2h_bytes\": %.0f, \"nvme_read_bytes\": %.0f, \"nvme_write_bytes\": %.0f}\n",
               ((policy == "tierd" ? "tierd " + absl::GetFlag(FLAGS_gpu_budget) : std::string("none")) +
-               (checkpointing ? " + checkpointing" : ""))
+               (checkpointing ? " + checkpointing" : "") + (optimizer_place == "cpu" ? " + CPU AdamW" : ""))
                   .c_str(),
               config->name.c_str(), tps,
               6.0 * config->Params() * tps / 1e12, last_loss, static_cast<unsigned long>(memory_bytes),
@@ -264,6 +276,10 @@ int main(int argc, char** argv) {
     }
     line += absl::StrFormat(" the GPU idle (waiting for the host, moves, syncs) %.0f ms", step_ms - kernels);
     if (policy == "tierd") line += absl::StrFormat("; the host waited in tierd's acquire %.0f ms", timed_waits * 1e3 / timed_steps);
+    if (optimizer_place == "cpu") {
+      line += absl::StrFormat("; AdamW on the host %.0f ms a step (over the run)",
+                              (*model)->HostOptimizerSeconds() * 1e3 / steps);
+    }
     std::printf("%s\n", line.c_str());
   }
   return 0;

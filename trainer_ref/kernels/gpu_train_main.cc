@@ -26,6 +26,7 @@
 #include "trainer_ref/kernels/gpu_model.h"
 #include "trainer_ref/kernels/gpu_tierd_home.h"
 #include "trainer_ref/model_config.h"
+#include "trainer_ref/optimizer_place.h"
 #include "trainer_ref/optimizer.h"
 
 ABSL_FLAG(std::string, model_size, "tiny", "tiny | 124m | 350m | 1.3b | 7b | 13b");
@@ -54,9 +55,12 @@ ABSL_FLAG(bool, tierd_plan, true,
           "register the step's ops with tierd so its planner moves each layer's tensors ahead of use "
           "(--offload_policy=tierd); off: they move when acquired");
 ABSL_FLAG(std::string, optimizer_place, "gpu",
-          "where AdamW runs: gpu (the state streams to the GPU and back), or cpu (with --offload_policy=tierd: on "
+          "where AdamW runs: gpu (the state streams to the GPU and back), cpu (with --offload_policy=tierd: on "
           "the host's threads, in tierd's DRAM tier where the master weights and moments stay; only gradients "
-          "come down and bf16 weights go up)");
+          "come down and bf16 weights go up), or auto (a cost model from the sizes, --pcie_gbps and the host's "
+          "AdamW rate measured at start picks one and says why)");
+ABSL_FLAG(double, pcie_gbps, 55, "the host<->GPU link each way in GB/s, for --optimizer_place=auto (55: the lent "
+          "H200's PCIe 5; ~25 on PCIe 4)");
 ABSL_FLAG(bool, grad_checkpointing, false,
           "activation checkpointing: a layer keeps only its input and its backward recomputes the rest (a third "
           "more compute; the saved activations shrink ~10x, so far less to hold or move)");
@@ -104,13 +108,14 @@ int main(int argc, char** argv) {
   const std::string policy = absl::GetFlag(FLAGS_offload_policy);
   if (policy != "none" && policy != "tierd") return Fail("--offload_policy is none or tierd, not '" + policy + "'");
   const std::string optimizer_place = absl::GetFlag(FLAGS_optimizer_place);
-  if (optimizer_place != "gpu" && optimizer_place != "cpu") {
-    return Fail("--optimizer_place is gpu or cpu, not '" + optimizer_place + "'");
+  if (optimizer_place != "gpu" && optimizer_place != "cpu" && optimizer_place != "auto") {
+    return Fail("--optimizer_place is gpu, cpu or auto, not '" + optimizer_place + "'");
   }
-  if (optimizer_place == "cpu" && policy != "tierd") {
+  if (optimizer_place != "gpu" && policy != "tierd") {
     return Fail("--optimizer_place=cpu steps the state where tierd keeps it in DRAM: it needs --offload_policy=tierd");
   }
   std::unique_ptr<tt::gpu::GpuHome> home;  // null: plain GPU buffers
+  uint64_t gpu_quota = 0;                   // tierd's, for the optimizer's cost model
   const bool checkpointing = absl::GetFlag(FLAGS_grad_checkpointing);
   const tt::gpu::GpuHomeLayout layout = tt::gpu::GpuModel::HomeLayout(*config, batch, seq, checkpointing);
   const uint64_t workspace = tt::gpu::GpuModel::WorkspaceBytesFor(*config, batch, seq, checkpointing);
@@ -128,6 +133,7 @@ int main(int argc, char** argv) {
     client.runtime_dir = absl::GetFlag(FLAGS_tierd_dir);
     client.label = "tierd-train-gpu";
     client.quota = {*budget - workspace, *dram, *nvme};
+    gpu_quota = client.quota.gpu_bytes;
     auto made = tt::gpu::MakeTierdGpuHome(layout, client);
     if (!made.ok()) return Fail("tierd: " + std::string(made.status().message()));
     home = std::move(*made);
@@ -149,7 +155,19 @@ int main(int argc, char** argv) {
   std::printf("model %s: %.3fB parameters on %s; %d x %d tokens x %d micro-batches per step%s; GPU memory held %s\n",
               config->name.c_str(), config->Params() / 1e9, prop.name, batch, seq, accum,
               checkpointing ? " (activation checkpointing)" : "", tierd::FormatBytes((*model)->DeviceBytes()).c_str());
-  (*model)->SetOptimizerOnCpu(optimizer_place == "cpu");
+  bool optimizer_on_cpu = optimizer_place == "cpu";
+  if (optimizer_place == "auto") {
+    tt::OptimizerCostInputs costs;
+    costs.params = static_cast<double>(config->Params());
+    costs.state_bytes = static_cast<double>(layout.Total());
+    costs.gpu_bytes = static_cast<double>(gpu_quota);
+    costs.h2d_bytes_per_s = costs.d2h_bytes_per_s = absl::GetFlag(FLAGS_pcie_gbps) * 1e9;
+    costs.host_params_per_s = tt::CalibrateHostAdamW();
+    const tt::OptimizerChoice choice = tt::ChooseOptimizerPlace(costs);
+    optimizer_on_cpu = choice.on_cpu;
+    std::printf("optimizer: %s\n", choice.why.c_str());
+  }
+  (*model)->SetOptimizerOnCpu(optimizer_on_cpu);
   if (policy == "tierd" && absl::GetFlag(FLAGS_tierd_plan)) {
     auto note = (*model)->RegisterStep(accum);
     if (!note.ok()) return Fail("registering the step with tierd: " + std::string(note.status().message()));
@@ -259,7 +277,7 @@ int main(int argc, char** argv) {
               "\"final_loss\": %.6f, \"peak_gpu_bytes\": %lu, \"step_seconds\": %.4f, \"acquire_wait_seconds\": %.4f, "
               "\"h2d_bytes\": %.0f, \"d2h_bytes\": %.0f, \"nvme_read_bytes\": %.0f, \"nvme_write_bytes\": %.0f}\n",
               ((policy == "tierd" ? "tierd " + absl::GetFlag(FLAGS_gpu_budget) : std::string("none")) +
-               (checkpointing ? " + checkpointing" : "") + (optimizer_place == "cpu" ? " + CPU AdamW" : ""))
+               (checkpointing ? " + checkpointing" : "") + (optimizer_on_cpu ? " + CPU AdamW" : ""))
                   .c_str(),
               config->name.c_str(), tps,
               6.0 * config->Params() * tps / 1e12, last_loss, static_cast<unsigned long>(memory_bytes),
@@ -276,7 +294,7 @@ int main(int argc, char** argv) {
     }
     line += absl::StrFormat(" the GPU idle (waiting for the host, moves, syncs) %.0f ms", step_ms - kernels);
     if (policy == "tierd") line += absl::StrFormat("; the host waited in tierd's acquire %.0f ms", timed_waits * 1e3 / timed_steps);
-    if (optimizer_place == "cpu") {
+    if (optimizer_on_cpu) {
       line += absl::StrFormat("; AdamW on the host %.0f ms a step (over the run)",
                               (*model)->HostOptimizerSeconds() * 1e3 / steps);
     }

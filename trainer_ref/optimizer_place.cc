@@ -1,0 +1,44 @@
+#include "trainer_ref/optimizer_place.h"
+
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "trainer_ref/host_adamw.h"
+
+namespace tierd::trainer {
+
+OptimizerChoice ChooseOptimizerPlace(const OptimizerCostInputs& in) {
+  OptimizerChoice out;
+  const double optimizer_bytes = 12.0 * in.params;  // master + two moments, fp32
+  const double excess = std::max(0.0, in.state_bytes - in.gpu_bytes);
+  out.offloaded_fraction = optimizer_bytes > 0 ? std::min(1.0, excess / optimizer_bytes) : 0.0;
+  const double moved = out.offloaded_fraction * optimizer_bytes;
+  out.gpu_seconds = std::max(moved / in.h2d_bytes_per_s, moved / in.d2h_bytes_per_s) + in.params / in.gpu_params_per_s;
+  out.cpu_seconds = std::max({4.0 * in.params / in.d2h_bytes_per_s, 2.0 * in.params / in.h2d_bytes_per_s,
+                              in.params / in.host_params_per_s});
+  out.on_cpu = out.cpu_seconds < out.gpu_seconds;
+  out.why = absl::StrFormat(
+      "%.0f%% of master weights and moments (%.1f GB) cannot stay on the GPU: through the GPU %.2f s a step "
+      "(%.1f GB each way), on the host %.2f s (host AdamW %.2f G params/s, gradients down %.1f GB) -> %s",
+      100 * out.offloaded_fraction, optimizer_bytes / 1e9, out.gpu_seconds, moved / 1e9, out.cpu_seconds,
+      in.host_params_per_s / 1e9, 4.0 * in.params / 1e9, out.on_cpu ? "cpu" : "gpu");
+  return out;
+}
+
+double CalibrateHostAdamW(int64_t elements) {
+  std::vector<float> master(elements, 0.01f), m(elements, 0.f), v(elements, 0.f), grads(elements, 1e-3f);
+  std::vector<uint16_t> weights(elements);
+  double best = 1e30;
+  for (int run = 1; run <= 2; ++run) {
+    HostAdamWParams p;
+    p.step = run;
+    const auto start = std::chrono::steady_clock::now();
+    HostAdamW(master.data(), m.data(), v.data(), weights.data(), grads.data(), elements, p);
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return elements / std::max(best, 1e-9);
+}
+
+}  // namespace tierd::trainer

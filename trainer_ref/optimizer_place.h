@@ -1,0 +1,42 @@
+// Where the optimizer step should run when the optimizer state does not all fit on the GPU:
+// streamed through the GPU (the master weights and moments come in and go back out each
+// step) or on the host next to the data in DRAM (the gradients come down, the new bf16
+// weights go up, the host's threads do the arithmetic). A cost model of one step's
+// optimizer, from the sizes, the links and the host's measured AdamW rate.
+#ifndef TIERD_TRAINER_REF_OPTIMIZER_PLACE_H_
+#define TIERD_TRAINER_REF_OPTIMIZER_PLACE_H_
+
+#include <cstdint>
+#include <string>
+
+namespace tierd::trainer {
+
+struct OptimizerCostInputs {
+  double params = 0;                // parameters stepped
+  double state_bytes = 0;           // everything the GPU side would hold (weights, master,
+                                    // gradients, moments, saved activations)
+  double gpu_bytes = 0;             // the GPU memory for it (tierd's quota)
+  double h2d_bytes_per_s = 55e9;    // host -> GPU
+  double d2h_bytes_per_s = 55e9;    // GPU -> host
+  double host_params_per_s = 1e9;   // HostAdamW, measured (Calibrate)
+  double gpu_params_per_s = 1e11;   // the GPU kernel: ~30 B a parameter at a few TB/s
+};
+
+struct OptimizerChoice {
+  bool on_cpu = false;
+  double gpu_seconds = 0, cpu_seconds = 0;  // the model's estimate of one step's optimizer
+  double offloaded_fraction = 0;            // of master + moments that cannot stay on the GPU
+  std::string why;                          // one line, with the numbers
+};
+
+// GPU: the offloaded fraction f of master + moments (12 B a parameter) comes in and goes
+// out, both directions at once, plus the kernel. CPU: gradients down (4 B), weights up (2
+// B) and the host's arithmetic, pipelined group by group, so the slowest of the three.
+OptimizerChoice ChooseOptimizerPlace(const OptimizerCostInputs& in);
+
+// HostAdamW's rate on this host: parameters a second over `elements` (best of two runs).
+double CalibrateHostAdamW(int64_t elements = int64_t{1} << 23);
+
+}  // namespace tierd::trainer
+
+#endif  // TIERD_TRAINER_REF_OPTIMIZER_PLACE_H_

@@ -352,4 +352,14 @@ absl::StatusOr<v1::ListLeasesReply> Client::ListLeases(bool every_session) {
   return reply;
 }
 
+absl::StatusOr<v1::SessionUsageReply> Client::Usage(bool reset_peaks) {
+  v1::SessionUsageRequest request;
+  *request.mutable_session() = Ref();
+  request.set_reset_peaks(reset_peaks);
+  v1::SessionUsageReply reply;
+  grpc::ClientContext context;
+  if (absl::Status s = ipc::FromGrpc(stub_->SessionUsage(&context, request, &reply)); !s.ok()) return s;
+  return reply;
+}
+
 }  // namespace tierd

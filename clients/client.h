@@ -76,6 +76,9 @@ class Client {
   absl::Status Unpin(const Tensor& tensor);
   absl::StatusOr<v1::StatsReply> Stats();
   absl::StatusOr<v1::ListLeasesReply> ListLeases(bool every_session);
+  // This session's use of each tier: allocated bytes now and the most since it opened or
+  // since the last call with reset_peaks (which restarts the peaks from now).
+  absl::StatusOr<v1::SessionUsageReply> Usage(bool reset_peaks);
 
   uint64_t session_id() const { return session_id_; }
   bool fake_gpu() const { return fake_gpu_; }

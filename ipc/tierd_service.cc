@@ -104,6 +104,22 @@ grpc::Status TierdService::Unpin(grpc::ServerContext*, const v1::TensorRef* requ
   return ToGrpc(unpinned);
 }
 
+grpc::Status TierdService::SessionUsage(grpc::ServerContext*, const v1::SessionUsageRequest* request,
+                                        v1::SessionUsageReply* reply) {
+  TIERD_RETURN_IF_ERROR(sessions_.Check(request->session()));
+  auto usage = leases_.Usage(request->session().session_id(), request->reset_peaks());
+  TIERD_RETURN_IF_ERROR(usage.status());
+  for (Tier tier : {Tier::kGpu, Tier::kDram, Tier::kNvme}) {
+    const LeaseTable::TierUsage& u = (*usage)[static_cast<int>(tier)];
+    v1::TierUsage* out = reply->add_tiers();
+    out->set_tier(ToProto(tier));
+    out->set_quota_bytes(u.quota);
+    out->set_used_bytes(u.used);
+    out->set_peak_bytes(u.peak);
+  }
+  return grpc::Status::OK;
+}
+
 grpc::Status TierdService::ListLeases(grpc::ServerContext*, const v1::ListLeasesRequest* request,
                                       v1::ListLeasesReply* reply) {
   std::optional<SessionId> only;

@@ -67,6 +67,7 @@ class TierdService final : public v1::Tierd::Service {
   grpc::Status ListLeases(grpc::ServerContext*, const v1::ListLeasesRequest*,
                           v1::ListLeasesReply*) override;
   grpc::Status Stats(grpc::ServerContext*, const v1::Empty*, v1::StatsReply*) override;
+  grpc::Status SessionUsage(grpc::ServerContext*, const v1::SessionUsageRequest*, v1::SessionUsageReply*) override;
   grpc::Status Health(grpc::ServerContext*, const v1::Empty*, v1::HealthReply*) override;
   grpc::Status AdminPin(grpc::ServerContext*, const v1::AdminPinRequest*, v1::Empty*) override;
   grpc::Status GetConfig(grpc::ServerContext*, const v1::Empty*, v1::ConfigReply*) override;

@@ -1,5 +1,7 @@
 #include "runtime/lease_table.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_format.h"
 #include "base/check.h"
 #include "base/units.h"
@@ -110,6 +112,31 @@ absl::StatusOr<SessionQuota> LeaseTable::Quota(SessionId id) const {
   auto session = GetSession(id);
   if (!session.ok()) return session.status();
   return (*session)->quota;
+}
+
+uint64_t LeaseTable::UsedIn(Session& s, Tier tier) const {
+  if (tier == Tier::kNvme) return s.nvme_used;
+  return s.ArenaOf(tier) == kNoArena ? 0 : store_.ArenaStats(s.ArenaOf(tier)).used_bytes;
+}
+
+void LeaseTable::NotePeak(Session& s, Tier tier) {
+  uint64_t& peak = s.peak[static_cast<int>(tier)];
+  peak = std::max(peak, UsedIn(s, tier));
+}
+
+absl::StatusOr<std::array<LeaseTable::TierUsage, kTierCount>> LeaseTable::Usage(SessionId id, bool reset_peaks) {
+  auto session = GetSession(id);
+  if (!session.ok()) return session.status();
+  Session& s = **session;
+  absl::MutexLock lock(&s.mutex);
+  std::array<TierUsage, kTierCount> out;
+  const uint64_t quotas[kTierCount] = {s.quota.gpu_bytes, s.quota.dram_bytes, s.quota.nvme_bytes};
+  for (int k = 0; k < kTierCount; ++k) {
+    const Tier tier = static_cast<Tier>(k);
+    out[k] = {quotas[k], UsedIn(s, tier), std::max(s.peak[k], UsedIn(s, tier))};
+    if (reset_peaks) s.peak[k] = out[k].used;
+  }
+  return out;
 }
 
 ArenaId LeaseTable::SessionArena(SessionId id, Tier tier) const {

@@ -114,6 +114,13 @@ class LeaseTable {
   absl::Status CloseSession(SessionId session);
   ArenaId SessionArena(SessionId session, Tier tier) const;
   absl::StatusOr<SessionQuota> Quota(SessionId session) const;
+  // What the session holds in each tier now (allocated bytes: every copy, acquired or not)
+  // and the most it held since it opened or since the last call with `reset_peaks` (then
+  // the peaks restart from what is held now): a trainer's peak per step.
+  struct TierUsage {
+    uint64_t quota = 0, used = 0, peak = 0;
+  };
+  absl::StatusOr<std::array<TierUsage, kTierCount>> Usage(SessionId session, bool reset_peaks);
 
   // ALREADY_EXISTS if the session has a tensor of that name; RESOURCE_EXHAUSTED (naming
   // the quotas and what holds them) when no tier has room.
@@ -181,6 +188,8 @@ class LeaseTable {
   // least recently used), skipping `refused`: tensors whose write-back found no room below
   // (a full or fragmented lower tier) this time. Such a refusal adds the victim to `refused`
   // and returns OK, so the caller tries another.
+  uint64_t UsedIn(Session& s, Tier tier) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
+  void NotePeak(Session& s, Tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   absl::Status EvictOne(Session& s, Tier tier, std::set<const Tensor*>& refused)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   absl::StatusOr<Placement> AcquireLocked(Session& s, Tensor& t, Access access, Place place)

@@ -47,6 +47,7 @@ struct LeaseTable::Session {
   ArenaId gpu_arena = kNoArena;
   ArenaId dram_arena = kNoArena;
   uint64_t nvme_used ABSL_GUARDED_BY(mutex) = 0;
+  std::array<uint64_t, kTierCount> peak ABSL_GUARDED_BY(mutex) = {};  // since open or the last reset
   std::map<TensorId, std::unique_ptr<Tensor>> tensors ABSL_GUARDED_BY(mutex);
   std::map<std::string, TensorId> by_name ABSL_GUARDED_BY(mutex);
   TensorId next_tensor ABSL_GUARDED_BY(mutex) = 1;

@@ -50,7 +50,10 @@ absl::StatusOr<Extent> LeaseTable::AllocateIn(Session& s, Tier tier, uint64_t by
       absl::MutexLock stats_lock(&stats_mutex_);
       // Taken (a copy that has not left yet, or one placed off plan): the online allocator.
       ++(placed.ok() ? stats_.planned_placements : stats_.off_plan_placements);
-      if (placed.ok()) return placed;
+      if (placed.ok()) {
+        NotePeak(s, tier);
+        return placed;
+      }
     }
   }
   std::set<const Tensor*> refused;  // victims whose write-back found no room below
@@ -66,7 +69,10 @@ absl::StatusOr<Extent> LeaseTable::AllocateIn(Session& s, Tier tier, uint64_t by
             "%s; %s more does not fit", Occupancy(s, tier), FormatBytes(bytes)));
       }
       extent = store_.Allocate(Tier::kNvme, bytes);
-      if (extent.ok()) s.nvme_used += extent->bytes();
+      if (extent.ok()) {
+        s.nvme_used += extent->bytes();
+        NotePeak(s, tier);
+      }
       return extent;  // the bottom tier: nothing to evict to
     }
     if (s.ArenaOf(tier) == kNoArena) {
@@ -74,6 +80,7 @@ absl::StatusOr<Extent> LeaseTable::AllocateIn(Session& s, Tier tier, uint64_t by
           absl::StrFormat("session '%s' has no %s quota", s.label, TierName(tier)));
     }
     extent = store_.Allocate(s.ArenaOf(tier), bytes);
+    if (extent.ok()) NotePeak(s, tier);
     if (extent.ok() || extent.status().code() != absl::StatusCode::kResourceExhausted) return extent;
     if (!evict) return extent;
     if (absl::Status evicted = EvictOne(s, tier, refused); !evicted.ok()) {

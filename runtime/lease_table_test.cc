@@ -122,6 +122,33 @@ TEST_F(LeaseTableTest, AVictimWithNoRoomBelowIsPassedOver) {
   EXPECT_TRUE(holds(b, 2));
 }
 
+// A session's use of each tier: allocated bytes now, and the most since it opened or since
+// the last reset (a trainer's peak per step).
+TEST_F(LeaseTableTest, UsageHasPeaksThatReset) {
+  auto table = Table();
+  auto s = *table->OpenSession("usage", {2 * kMiB, 4 * kMiB, 8 * kMiB});
+  const TensorId a = *table->Lease(s, Spec("a", 256 * 1024));  // 1 MiB each
+  const TensorId b = *table->Lease(s, Spec("b", 256 * 1024));
+  const TensorId c = *table->Lease(s, Spec("c", 256 * 1024));
+  for (TensorId id : {a, b, c}) Write(*table, s, id, 7);  // on the GPU in turn: 2 MiB at most
+  auto usage = table->Usage(s, /*reset_peaks=*/false);
+  ASSERT_TRUE(usage.ok()) << usage.status();
+  const auto& gpu = (*usage)[static_cast<int>(Tier::kGpu)];
+  EXPECT_EQ(gpu.quota, 2 * kMiB);
+  EXPECT_EQ(gpu.peak, 2 * kMiB) << "two of the three fit at once";
+  EXPECT_LE(gpu.used, gpu.peak);
+  // Unlease all: nothing held; the peak stays until a reset.
+  for (TensorId id : {a, b, c}) ASSERT_TRUE(table->Unlease(s, id).ok());
+  usage = table->Usage(s, /*reset_peaks=*/true);
+  ASSERT_TRUE(usage.ok());
+  EXPECT_EQ((*usage)[static_cast<int>(Tier::kGpu)].used, 0u);
+  EXPECT_EQ((*usage)[static_cast<int>(Tier::kGpu)].peak, 2 * kMiB);
+  usage = table->Usage(s, /*reset_peaks=*/false);
+  ASSERT_TRUE(usage.ok());
+  EXPECT_EQ((*usage)[static_cast<int>(Tier::kGpu)].peak, 0u) << "restarted from what is held";
+  EXPECT_FALSE(table->Usage(s + 100, false).ok()) << "an unknown session";
+}
+
 TEST_F(LeaseTableTest, TensorsSurviveEvictionThroughEveryTier) {
   auto table = Table();
   // 4 MiB of GPU and of DRAM for eight 1.5 MiB tensors: most must live on NVMe.

@@ -234,6 +234,18 @@ TEST_F(DaemonTest, TierctlAndPrometheusSeeWhatClientsDo) {
   auto listed = client->ListLeases(false);
   ASSERT_TRUE(listed.ok());
   EXPECT_EQ(listed->leases(0).pinned(), v1::TIER_DRAM);
+  // The session's own use: the 8 KiB were on the GPU (the peak says so) and are in DRAM now
+  // (the pin put them there); a reset restarts the peaks from what is held.
+  auto usage = client->Usage(/*reset_peaks=*/true);
+  ASSERT_TRUE(usage.ok()) << usage.status();
+  ASSERT_EQ(usage->tiers_size(), 3);
+  EXPECT_EQ(usage->tiers(0).tier(), v1::TIER_GPU);
+  EXPECT_GE(usage->tiers(0).peak_bytes(), 8192u);
+  EXPECT_GE(usage->tiers(1).used_bytes(), 8192u);
+  auto after_reset = client->Usage(/*reset_peaks=*/false);
+  ASSERT_TRUE(after_reset.ok());
+  EXPECT_EQ(after_reset->tiers(0).peak_bytes(), usage->tiers(0).used_bytes())
+      << "the peak restarted from what was held at the reset";
   Process bad_pin("tools/tierctl/tierctl", {dir, "pin", std::to_string(client->session_id()), "nope", "gpu"});
   EXPECT_NE(bad_pin.WaitForLine("tierctl: no tensor named 'nope'", 10000), "") << bad_pin.output();
   EXPECT_EQ(bad_pin.Wait(), 1);

@@ -156,6 +156,11 @@ TEST_F(GpuTierdTest, TrainsInAThirdOfItsStateLikePlainBuffers) {
   EXPECT_GT(moved->host_to_gpu, state) << "more than the whole state came in over the run";
   EXPECT_GT(moved->gpu_to_host, 0u);
   EXPECT_LE(moved->gpu_peak, quota);
+  // The session's own GPU peak since it opened (then reset): within the quota, not empty.
+  auto peak = (*on_tierd)->home().TakeGpuPeak();
+  ASSERT_TRUE(peak.ok()) << peak.status();
+  EXPECT_GT(*peak, 0u);
+  EXPECT_LE(*peak, quota);
 }
 
 // AdamW on the host, in tierd's DRAM tier (SetOptimizerOnCpu): the same training as AdamW on

@@ -66,6 +66,9 @@ class GpuHome {
     uint64_t gpu_peak = 0, gpu_quota = 0, demand_fetches = 0;
   };
   virtual absl::StatusOr<Traffic> Moved() { return Traffic{}; }
+  // The most GPU memory this home held since the last call (allocated bytes; tierd: this
+  // session's GPU arena, peaks reset at each call), for a peak per step.
+  virtual absl::StatusOr<uint64_t> TakeGpuPeak() { return OwnDeviceBytes(); }
   virtual std::string Describe() = 0;
 };
 

@@ -83,6 +83,14 @@ class TierdGpuHome final : public GpuHome {
     t.demand_fetches = stats->stalls();
     return t;
   }
+  absl::StatusOr<uint64_t> TakeGpuPeak() override {
+    auto usage = client_->Usage(/*reset_peaks=*/true);
+    if (!usage.ok()) return usage.status();
+    for (const auto& tier : usage->tiers()) {
+      if (tier.tier() == v1::TIER_GPU) return tier.peak_bytes();
+    }
+    return absl::InternalError("tierd's usage reply has no GPU tier");
+  }
   std::string Describe() override {
     auto t = Moved();
     if (!t.ok()) return "tierd: " + std::string(t.status().message());

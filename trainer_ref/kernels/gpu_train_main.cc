@@ -247,7 +247,11 @@ int main(int argc, char** argv) {
     for (double x : recent) var += (x - mean) * (x - mean) / recent.size();
     std::string moves;
     if (policy == "tierd") {
-      moves = absl::StrFormat("  moved in %s out %s (NVMe r %s w %s), waited %.0f ms",
+      auto step_peak = (*model)->home().TakeGpuPeak();
+      if (step_peak.ok()) {
+        moves = absl::StrFormat("  step peak %s", tierd::FormatBytes(*step_peak + (*model)->DeviceBytes()));
+      }
+      moves += absl::StrFormat("  moved in %s out %s (NVMe r %s w %s), waited %.0f ms",
                               tierd::FormatBytes(after.host_to_gpu - before.host_to_gpu),
                               tierd::FormatBytes(after.gpu_to_host - before.gpu_to_host),
                               tierd::FormatBytes(after.nvme_read - before.nvme_read),

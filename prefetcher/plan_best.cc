@@ -1,0 +1,115 @@
+// Planning with the simulator: a plan under a prefetch reserve, the reserve whose simulated
+// step is fastest, and the static GPU layout from the chosen plan's simulated residency.
+#include <algorithm>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "base/limits.h"
+#include "base/units.h"
+#include "prefetcher/simulate.h"
+
+namespace tierd::prefetcher {
+
+absl::StatusOr<Plan> MakePlan(const Graph& graph, const Budgets& budgets, uint64_t reserve_bytes) {
+  if (reserve_bytes >= budgets.gpu) {
+    return absl::InvalidArgumentError(absl::StrFormat("a prefetch reserve of %s leaves nothing of the GPU budget (%s)",
+                                                      FormatBytes(reserve_bytes), FormatBytes(budgets.gpu)));
+  }
+  auto gpu = PlanResidency(graph, budgets.gpu - reserve_bytes);
+  if (!gpu.ok()) return gpu.status();
+  auto lower = PlanLowerTiers(graph, *gpu, budgets.dram, budgets.nvme);
+  if (!lower.ok()) return lower.status();
+  return Plan{*std::move(gpu), *std::move(lower), reserve_bytes};
+}
+
+std::vector<ResidencyWindow> LapWindows(const Graph& graph, const Plan& plan, const SimResult& sim, double* lap) {
+  *lap = 0;
+  std::vector<std::pair<double, uint32_t>> op_starts;  // all iterations, by time
+  double lap_start[3] = {-1, -1, -1};
+  for (const TimelineEvent& e : sim.timeline) {
+    if (e.track != Track::kCompute) continue;
+    op_starts.push_back({e.start, e.op});
+    if (e.op == 0 && e.iteration >= 1 && e.iteration <= 2) lap_start[e.iteration] = e.start;
+  }
+  if (lap_start[1] < 0 || lap_start[2] <= lap_start[1]) return {};
+  std::sort(op_starts.begin(), op_starts.end());
+  auto op_at = [&](double t) -> uint32_t {
+    auto it = std::upper_bound(op_starts.begin(), op_starts.end(), std::make_pair(t, UINT32_MAX));
+    return it == op_starts.begin() ? 0 : std::prev(it)->second;
+  };
+  const double from = lap_start[1], length = lap_start[2] - lap_start[1];
+  *lap = length;
+  std::vector<ResidencyWindow> out;
+  std::vector<bool> whole(graph.tensors.size(), false), seen(graph.tensors.size(), false);
+  for (const GpuWindow& w : sim.gpu_windows) {
+    seen[w.tensor] = true;
+    const bool open = w.end < 0;
+    if (w.start < from) {
+      // Began before the lap: all of it if it lasts past the lap's end. One that ends
+      // inside the lap is, in the steady state, the window that starts late in this lap
+      // and runs into the next: that one is counted.
+      if (open || w.end >= from + length) whole[w.tensor] = true;
+      continue;
+    }
+    if (w.start >= from + length) continue;
+    if (open || w.end - w.start >= length) {
+      whole[w.tensor] = true;
+      continue;
+    }
+    out.push_back({w.tensor, w.start - from, w.end - from, false, op_at(w.start), op_at(w.end)});
+  }
+  // Resident from the start and never moved: there all the time.
+  for (TensorIndex t : plan.gpu.resident_at_start) whole[t] = whole[t] || !seen[t];
+  for (size_t t = 0; t < whole.size(); ++t) {
+    if (whole[t]) out.push_back({static_cast<TensorIndex>(t), 0, length, true, 0, 0});
+  }
+  return out;
+}
+
+absl::StatusOr<Plan> PlanBest(const Graph& graph, const Budgets& budgets, const LinkModel& link,
+                              std::vector<PlanCandidate>* tried, uint64_t layout_limit_bytes) {
+  auto base = MakePlan(graph, budgets, 0);
+  if (!base.ok()) return base.status();
+  uint64_t largest_op_load = 0;
+  for (size_t i = 0; i < graph.ops.size(); ++i) {
+    uint64_t b = 0;
+    for (TensorIndex t : base->gpu.loads[i]) b += graph.tensors[t].bytes;
+    for (TensorIndex t : base->gpu.allocs[i]) b += graph.tensors[t].bytes;
+    largest_op_load = std::max(largest_op_load, b);
+  }
+  SimOptions quick;
+  quick.iterations = 3;
+  std::optional<Plan> best;
+  double best_step = 0;
+  for (double factor : {0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0}) {
+    const uint64_t reserve = static_cast<uint64_t>(factor * largest_op_load);
+    if (factor > 0 && reserve == 0) continue;
+    auto plan = factor == 0 ? base : MakePlan(graph, budgets, reserve);
+    if (!plan.ok()) break;  // a larger reserve will not fit either
+    auto sim = SimulatePlan(graph, *plan, budgets, link, quick);
+    if (!sim.ok()) return sim.status();
+    if (tried != nullptr) tried->push_back({reserve, sim->step_seconds, sim->stall_seconds, plan->gpu.bytes_loaded});
+    if (!best || sim->step_seconds < best_step * (1 - 1e-9)) {
+      best = *std::move(plan);
+      best_step = sim->step_seconds;
+    }
+  }
+  // Fixed offsets for the chosen plan's copies, from their times in the top tier in a
+  // simulated steady-state iteration; used when they fit the arena.
+  SimOptions timed = quick;
+  timed.record_timeline = true;
+  auto sim = SimulatePlan(graph, *best, budgets, link, timed);
+  if (!sim.ok()) return sim.status();
+  const uint64_t alignment = graph.host ? limits::kDirectIoAlignmentBytes : limits::kGpuAlignmentBytes;
+  double lap = 0;
+  const std::vector<ResidencyWindow> windows = LapWindows(graph, *best, *sim, &lap);  // sets lap first
+  auto layout = LayOutGpu(graph, windows, lap, alignment);
+  if (!layout.ok()) return layout.status();
+  best->layout = *std::move(layout);
+  best->layout_fits = best->layout.size_bytes <= (layout_limit_bytes > 0 ? layout_limit_bytes : budgets.gpu);
+  return *std::move(best);
+}
+
+}  // namespace tierd::prefetcher

@@ -1,0 +1,43 @@
+// Shared by gpu_model*.cc (not part of the model's interface): CUDA errors as statuses, the
+// profile's categories, the constants of the model's math, and Timed.
+#ifndef TIERD_TRAINER_REF_KERNELS_GPU_MODEL_INTERNAL_H_
+#define TIERD_TRAINER_REF_KERNELS_GPU_MODEL_INTERNAL_H_
+
+#include "absl/strings/str_format.h"
+#include "trainer_ref/kernels/gpu_model.h"
+
+namespace tierd::trainer::gpu {
+
+inline constexpr float kNormEps = 1e-5f;  // as trainer_ref/model.cc
+inline constexpr float kRopeBase = 10000.f;
+
+inline absl::Status Cuda(cudaError_t error, const char* what) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrFormat("CUDA %s: %s", what, cudaGetErrorString(error)));
+}
+
+enum Category { kGemm, kAttention, kElementwise, kLoss, kOptimizer, kCategories };
+inline const char* const kCategoryNames[kCategories] = {"gemm", "attention", "norm+elementwise", "loss",
+                                                        "optimizer"};
+
+#define RETURN_IF_ERROR(expr)                            \
+  do {                                                   \
+    if (absl::Status _s = (expr); !_s.ok()) return _s; \
+  } while (0)
+
+template <typename Fn>
+auto GpuModel::Timed(int category, Fn&& fn) {
+  if (!profiling_) return fn();
+  Span span{category, nullptr, nullptr};
+  cudaEventCreate(&span.start);
+  cudaEventCreate(&span.end);
+  cudaEventRecord(span.start, stream_);
+  auto result = fn();
+  cudaEventRecord(span.end, stream_);
+  spans_.push_back(span);
+  return result;
+}
+
+}  // namespace tierd::trainer::gpu
+
+#endif  // TIERD_TRAINER_REF_KERNELS_GPU_MODEL_INTERNAL_H_

@@ -1,0 +1,327 @@
+// The GPU model's state: the home's layout and parts, the workspace, acquiring and
+// releasing parts around the kernels, and moving parameters in (initialisation) and out.
+#include "trainer_ref/kernels/gpu_model.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "absl/strings/str_format.h"
+#include "base/units.h"
+#include "trainer_ref/kernels/gpu_model_internal.h"
+
+namespace tierd::trainer::gpu {
+
+namespace {
+constexpr uint64_t kAlign = 256;
+uint64_t Aligned(uint64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+}  // namespace
+
+uint64_t GpuModel::ActsBytes(const ModelConfig& config, int batch, int seq) {
+  const uint64_t n = static_cast<uint64_t>(batch) * seq, c = config.d_model, f = config.d_ff;
+  const uint64_t lse = static_cast<uint64_t>(batch) * config.heads * seq;
+  return 6 * Aligned(n * c * 2) + 2 * Aligned(n * c * 4) + 3 * Aligned(n * f * 2) + 2 * Aligned(n * 4) +
+         Aligned(lse * 4);
+}
+
+GpuModel::Acts GpuModel::ActsAt(void* base) const {
+  const uint64_t n = static_cast<uint64_t>(batch_) * seq_, c = config_.d_model, f = config_.d_ff;
+  auto* at = static_cast<unsigned char*>(base);
+  auto take = [&at](uint64_t bytes) {
+    void* p = at;
+    at += Aligned(bytes);
+    return p;
+  };
+  Acts a;
+  for (Bf16** p : {&a.h1, &a.q, &a.k, &a.v, &a.a, &a.h2}) *p = static_cast<Bf16*>(take(n * c * 2));
+  for (float** p : {&a.x_in, &a.x_mid}) *p = static_cast<float*>(take(n * c * 4));
+  for (Bf16** p : {&a.g, &a.u, &a.s}) *p = static_cast<Bf16*>(take(n * f * 2));
+  for (float** p : {&a.rstd1, &a.rstd2}) *p = static_cast<float*>(take(n * 4));
+  a.lse = static_cast<float*>(take(static_cast<uint64_t>(batch_) * config_.heads * seq_ * 4));
+  return a;
+}
+
+GpuHomeLayout GpuModel::HomeLayout(const ModelConfig& config, int batch, int seq, bool checkpointing) {
+  GpuModel shape(config, batch, seq, checkpointing);  // host-side tables only
+  GpuHomeLayout out;
+  for (int g = 0; g < shape.Groups(); ++g) {
+    uint64_t params = 0;
+    for (size_t e : shape.GroupEntries(g)) params += shape.layout_[e].count;
+    out.groups.push_back(g == 0 ? "embed" : g == shape.Groups() - 1 ? "final" : absl::StrFormat("layers.%d", g - 1));
+    const bool layer = g >= 1 && g <= config.layers;
+    const uint64_t saved = checkpointing ? Aligned(static_cast<uint64_t>(batch) * seq * config.d_model * 4)
+                                         : ActsBytes(config, batch, seq);
+    out.bytes.push_back({params * 2, params * 4, params * 4, params * 4, params * 4, layer ? saved : 0});
+  }
+  return out;
+}
+
+template <typename T>
+absl::StatusOr<T*> GpuModel::Take(size_t count) {
+  void* p = nullptr;
+  const size_t bytes = std::max<size_t>(count, 1) * sizeof(T);
+  if (cudaMalloc(&p, bytes) != cudaSuccess) {
+    cudaGetLastError();
+    size_t free_bytes = 0, total = 0;
+    cudaMemGetInfo(&free_bytes, &total);
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "the GPU model's workspace needs %s more (holds %s already); the device has %s free of %s",
+        FormatBytes(bytes), FormatBytes(device_bytes_), FormatBytes(free_bytes), FormatBytes(total)));
+  }
+  allocations_.push_back(p);
+  device_bytes_ += bytes;
+  return static_cast<T*>(p);
+}
+
+absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::Create(const ModelConfig& config, int batch, int seq,
+                                                           std::unique_ptr<GpuHome> home, bool checkpointing) {
+  if (config.head_dim() > 256) {
+    return absl::InvalidArgumentError(absl::StrFormat("head size %d: the attention kernel takes at most 256",
+                                                      config.head_dim()));
+  }
+  std::unique_ptr<GpuModel> model(new GpuModel(config, batch, seq, checkpointing));
+  if (home == nullptr) {
+    auto plain = MakePlainGpuHome(HomeLayout(config, batch, seq, checkpointing));
+    if (!plain.ok()) return plain.status();
+    home = std::move(*plain);
+  }
+  model->home_ = std::move(home);
+  RETURN_IF_ERROR(model->Allocate());
+  return model;
+}
+
+// The workspace, in the order Allocate takes it: element count and size of each buffer.
+std::vector<std::pair<size_t, size_t>> GpuModel::WorkspacePlan(const ModelConfig& config, int batch, int seq,
+                                                               bool checkpointing) {
+  const size_t n = static_cast<size_t>(batch) * seq, c = config.d_model, f = config.d_ff, v = config.vocab;
+  const size_t lse = static_cast<size_t>(batch) * config.heads * seq;
+  size_t norms = 0;
+  for (const TensorLayout& t : ParamLayout(config)) norms += t.shape.size() == 1 ? t.count : 0;
+  std::vector<std::pair<size_t, size_t>> plan = {{norms, 4}};      // norms_
+  for (int i = 0; i < 9; ++i) plan.push_back({n * c, 2});          // tmp_ .. dv_
+  for (int i = 0; i < 3; ++i) plan.push_back({n * c, 4});          // x_, x_out_, dx_
+  for (int i = 0; i < 3; ++i) plan.push_back({n * f, 2});          // ds_, dg_, du_
+  for (int i = 0; i < 2; ++i) plan.push_back({n * v, 2});          // logits_, dlogits_
+  for (int i = 0; i < 2; ++i) plan.push_back({n, 4});              // rstd_f_, losses_
+  plan.push_back({1, 4});                                          // norm_
+  plan.push_back({lse, 4});                                        // delta_
+  for (int i = 0; i < 2; ++i) plan.push_back({n, 4});              // tokens_, targets_
+  if (checkpointing) {
+    plan.push_back({ActsBytes(config, batch, seq), 1});            // recompute_acts_
+    plan.push_back({n * c, 4});                                    // xr_
+  }
+  return plan;
+}
+
+uint64_t GpuModel::WorkspaceBytesFor(const ModelConfig& config, int batch, int seq, bool checkpointing) {
+  uint64_t bytes = kGemmWorkspace;
+  for (const auto& [count, size] : WorkspacePlan(config, batch, seq, checkpointing)) bytes += std::max<size_t>(count * size, 1);
+  return bytes;
+}
+
+absl::Status GpuModel::Allocate() {
+  RETURN_IF_ERROR(Cuda(cudaStreamCreate(&stream_), "stream"));
+  auto gemm = Gemm::Create(kGemmWorkspace);
+  if (!gemm.ok()) return gemm.status();
+  gemm_ = std::move(*gemm);
+  device_bytes_ += kGemmWorkspace;
+  void** targets[] = {reinterpret_cast<void**>(&norms_), reinterpret_cast<void**>(&tmp_),
+                      reinterpret_cast<void**>(&xf_),    reinterpret_cast<void**>(&dx16_),
+                      reinterpret_cast<void**>(&dxf_),   reinterpret_cast<void**>(&dh_),
+                      reinterpret_cast<void**>(&da_),    reinterpret_cast<void**>(&dq_),
+                      reinterpret_cast<void**>(&dk_),    reinterpret_cast<void**>(&dv_),
+                      reinterpret_cast<void**>(&x_),     reinterpret_cast<void**>(&x_out_),
+                      reinterpret_cast<void**>(&dx_),    reinterpret_cast<void**>(&ds_),
+                      reinterpret_cast<void**>(&dg_),    reinterpret_cast<void**>(&du_),
+                      reinterpret_cast<void**>(&logits_), reinterpret_cast<void**>(&dlogits_),
+                      reinterpret_cast<void**>(&rstd_f_), reinterpret_cast<void**>(&losses_),
+                      reinterpret_cast<void**>(&norm_),  reinterpret_cast<void**>(&delta_),
+                      reinterpret_cast<void**>(&tokens_), reinterpret_cast<void**>(&targets_),
+                      &recompute_acts_,                    reinterpret_cast<void**>(&xr_)};
+  const auto plan = WorkspacePlan(config_, batch_, seq_, checkpointing_);
+  static_assert(sizeof(targets) / sizeof(targets[0]) == 26);
+  if (plan.size() != (checkpointing_ ? 26u : 24u)) return absl::InternalError("the workspace plan and its buffers disagree");
+  for (size_t i = 0; i < plan.size(); ++i) {
+    auto p = Take<unsigned char>(plan[i].first * plan[i].second);
+    if (!p.ok()) return p.status();
+    *targets[i] = *p;
+  }
+  host_losses_.resize(static_cast<size_t>(batch_) * seq_);
+  return ZeroGrads();
+}
+
+absl::Status GpuModel::Enter(int group, Part part, Access access) {
+  const auto start = std::chrono::steady_clock::now();
+  auto p = home_->Acquire(group, part, access);
+  acquire_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!p.ok()) {
+    return absl::Status(p.status().code(), absl::StrFormat("acquiring %s: %s",
+                                                           PartName(HomeLayout(config_, batch_, seq_, checkpointing_), group, part),
+                                                           p.status().message()));
+  }
+  acquired_[group][static_cast<int>(part)] = *p;
+  return absl::OkStatus();
+}
+
+absl::Status GpuModel::Leave(int group, Part part) {
+  acquired_[group][static_cast<int>(part)] = nullptr;
+  return home_->Release(group, part, stream_);
+}
+
+absl::Status GpuModel::EnterGrads(int group) {
+  if (grads_zeroed_[group]) return Enter(group, Part::kGrads, Access::kWrite);
+  RETURN_IF_ERROR(Enter(group, Part::kGrads, Access::kOverwrite));
+  grads_zeroed_[group] = true;
+  return Cuda(cudaMemsetAsync(acquired_[group][static_cast<int>(Part::kGrads)], 0, GroupCount(group) * sizeof(float),
+                              stream_),
+              "zero grads");
+}
+
+namespace {
+template <typename T>
+T* Inside(void* base, size_t offset, const char* what, const std::string& name) {
+  if (base == nullptr) {
+    std::fprintf(stderr, "GpuModel: %s of %s used without being acquired\n", what, name.c_str());
+    std::abort();
+  }
+  return static_cast<T*>(base) + offset;
+}
+}  // namespace
+
+Bf16* GpuModel::W(size_t entry) const {
+  const int g = group_of_[entry];
+  return Inside<Bf16>(acquired_[g][static_cast<int>(Part::kWeights)], layout_[entry].offset - group_offset_[g],
+                      "weights", layout_[entry].name);
+}
+float* GpuModel::M(size_t entry) const {
+  const int g = group_of_[entry];
+  return Inside<float>(acquired_[g][static_cast<int>(Part::kMaster)], layout_[entry].offset - group_offset_[g],
+                       "master weights", layout_[entry].name);
+}
+float* GpuModel::G(size_t entry) const {
+  const int g = group_of_[entry];
+  return Inside<float>(acquired_[g][static_cast<int>(Part::kGrads)], layout_[entry].offset - group_offset_[g],
+                       "gradients", layout_[entry].name);
+}
+
+size_t GpuModel::GroupCount(int group) const {
+  size_t count = 0;
+  for (size_t e : GroupEntries(group)) count += layout_[e].count;
+  return count;
+}
+
+absl::Status GpuModel::SetGroup(int g, const float* params) {
+  const size_t count = GroupCount(g);
+  std::vector<Bf16> bits(count);
+  for (size_t i = 0; i < count; ++i) bits[i] = ToBf16(params[i]);
+  for (Part part : {Part::kWeights, Part::kMaster, Part::kAdamM, Part::kAdamV}) {
+    RETURN_IF_ERROR(Enter(g, part, Access::kOverwrite));
+  }
+  void** parts = acquired_[g].data();
+  RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(parts[static_cast<int>(Part::kMaster)], params, count * sizeof(float),
+                                       cudaMemcpyHostToDevice, stream_),
+                       "upload master"));
+  RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(parts[static_cast<int>(Part::kWeights)], bits.data(), count * sizeof(Bf16),
+                                       cudaMemcpyHostToDevice, stream_),
+                       "upload weights"));
+  for (Part part : {Part::kAdamM, Part::kAdamV}) {
+    RETURN_IF_ERROR(Cuda(cudaMemsetAsync(parts[static_cast<int>(part)], 0, count * sizeof(float), stream_),
+                         "zero moments"));
+  }
+  for (size_t e : GroupEntries(g)) {
+    if (layout_[e].shape.size() != 1) continue;
+    RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(N(e), params + (layout_[e].offset - group_offset_[g]),
+                                         layout_[e].count * sizeof(float), cudaMemcpyHostToDevice, stream_),
+                         "upload norm weights"));
+  }
+  RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream_), "upload"));  // the host buffers are read by now
+  for (Part part : {Part::kWeights, Part::kMaster, Part::kAdamM, Part::kAdamV}) RETURN_IF_ERROR(Leave(g, part));
+  return absl::OkStatus();
+}
+
+absl::Status GpuModel::SetParams(const std::vector<float>& params) {
+  if (params.size() != total_params_) {
+    return absl::InvalidArgumentError(absl::StrFormat("%d parameters given; the model has %d", params.size(),
+                                                      total_params_));
+  }
+  for (int g = 0; g < Groups(); ++g) RETURN_IF_ERROR(SetGroup(g, params.data() + group_offset_[g]));
+  return absl::OkStatus();
+}
+
+namespace {
+uint64_t SplitMix64(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// One slice of a tensor's initial values from its own stream.
+void InitTensor(float* out, const TensorLayout& t, size_t entry, int layers, uint64_t seed) {
+  if (t.shape.size() == 1) {
+    std::fill(out, out + t.count, 1.f);
+    return;
+  }
+  const bool residual_out = t.name.find("attn.wo") != std::string::npos || t.name.find("mlp.w2") != std::string::npos;
+  const double sigma = 0.02 * (residual_out ? 1.0 / std::sqrt(2.0 * layers) : 1.0);
+  uint64_t state = seed * 0x100000001B3ull + entry * 0x9E3779B97F4A7C15ull;
+  for (size_t i = 0; i < t.count; i += 2) {  // Box-Muller: two normals per pair of uniforms
+    const double u1 = (static_cast<double>(SplitMix64(state) >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+    const double u2 = static_cast<double>(SplitMix64(state) >> 11) * 0x1.0p-53;
+    const double r = sigma * std::sqrt(-2.0 * std::log(u1)), angle = 2.0 * M_PI * u2;
+    out[i] = static_cast<float>(r * std::cos(angle));
+    if (i + 1 < t.count) out[i + 1] = static_cast<float>(r * std::sin(angle));
+  }
+}
+}  // namespace
+
+absl::Status GpuModel::InitParams(uint64_t seed) {
+  const unsigned threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  for (int g = 0; g < Groups(); ++g) {
+    std::vector<float> params(GroupCount(g));
+    const std::vector<size_t> entries = GroupEntries(g);
+    // Each tensor from its own stream, so the threads split the rows of every tensor.
+    std::vector<std::thread> pool;
+    for (unsigned w = 0; w < threads; ++w) {
+      pool.emplace_back([&, w] {
+        for (size_t e : entries) {
+          const TensorLayout& t = layout_[e];
+          // Slices of 2^16 values (an even count, so Box-Muller pairs stay inside one).
+          const size_t slice = size_t{1} << 16, slices = (t.count + slice - 1) / slice;
+          for (size_t k = w; k < slices; k += threads) {
+            TensorLayout part = t;
+            part.count = std::min(slice, t.count - k * slice);
+            InitTensor(params.data() + (t.offset - group_offset_[g]) + k * slice, part, e * 1000003 + k,
+                       config_.layers, seed);
+          }
+        }
+      });
+    }
+    for (std::thread& t : pool) t.join();
+    RETURN_IF_ERROR(SetGroup(g, params.data()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GpuModel::Download(Part part, std::vector<float>* out) {
+  out->assign(total_params_, 0.f);
+  for (int g = 0; g < Groups(); ++g) {
+    if (part == Part::kGrads && !grads_zeroed_[g]) continue;  // no backward reached it this step: zeros
+    RETURN_IF_ERROR(Enter(g, part, Access::kRead));
+    RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(out->data() + group_offset_[g], acquired_[g][static_cast<int>(part)],
+                                         GroupCount(g) * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+                         "download"));
+    RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream_), "download"));
+    RETURN_IF_ERROR(Leave(g, part));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GpuModel::GetParams(std::vector<float>* params) { return Download(Part::kMaster, params); }
+
+absl::Status GpuModel::GetGrads(std::vector<float>* grads) { return Download(Part::kGrads, grads); }
+
+}  // namespace tierd::trainer::gpu

@@ -1,0 +1,184 @@
+// The GPU model's optimizer step (AdamW on the GPU, or on the host in the home's DRAM tier)
+// and the step as a graph for the planner.
+#include "trainer_ref/kernels/gpu_model.h"
+
+#include <array>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "trainer_ref/host_adamw.h"
+#include "trainer_ref/kernels/gpu_model_internal.h"
+
+namespace tierd::trainer::gpu {
+
+absl::Status GpuModel::AdamWStep(double lr, int64_t step, const AdamWOptions& options, double grad_scale) {
+  const uint32_t op0 = static_cast<uint32_t>(registered_micro_batches_ * 2 * Groups());
+  auto params_for = [&](size_t e) {
+    AdamWParams p;
+    p.lr = static_cast<float>(lr);
+    p.beta1 = static_cast<float>(options.beta1);
+    p.beta2 = static_cast<float>(options.beta2);
+    p.eps = static_cast<float>(options.eps);
+    p.weight_decay = static_cast<float>(options.weight_decay);
+    p.step = step;
+    p.grad_scale = static_cast<float>(grad_scale);
+    p.decay = layout_[e].shape.size() > 1;
+    return p;
+  };
+  for (int g = 0; g < Groups(); ++g) {
+    if (registered_) home_->OpBegin(op0 + g).IgnoreError();
+    if (optimizer_on_cpu_) {
+      RETURN_IF_ERROR(HostAdamWStep(g, params_for));
+      continue;
+    }
+    RETURN_IF_ERROR(EnterGrads(g));  // a group no backward reached this step has zero gradients
+    for (Part part : {Part::kMaster, Part::kAdamM, Part::kAdamV}) RETURN_IF_ERROR(Enter(g, part, Access::kWrite));
+    RETURN_IF_ERROR(Enter(g, Part::kWeights, Access::kOverwrite));  // written whole from the master copy
+    auto* m = static_cast<float*>(acquired_[g][static_cast<int>(Part::kAdamM)]);
+    auto* v = static_cast<float*>(acquired_[g][static_cast<int>(Part::kAdamV)]);
+    for (size_t e : GroupEntries(g)) {
+      const size_t off = layout_[e].offset - group_offset_[g];
+      Timed(kOptimizer, [&] {
+        AdamW(M(e), m + off, v + off, W(e), G(e), static_cast<int64_t>(layout_[e].count), params_for(e), stream_);
+        return 0;
+      });
+      if (layout_[e].shape.size() == 1) {
+        RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(N(e), M(e), layout_[e].count * sizeof(float), cudaMemcpyDeviceToDevice,
+                                             stream_),
+                             "norm weights"));
+      }
+    }
+    for (Part part : {Part::kGrads, Part::kMaster, Part::kAdamM, Part::kAdamV, Part::kWeights}) {
+      RETURN_IF_ERROR(Leave(g, part));
+    }
+  }
+  RETURN_IF_ERROR(Cuda(cudaGetLastError(), "adamw"));
+  return Cuda(cudaStreamSynchronize(stream_), "adamw");
+}
+
+absl::Status GpuModel::HostAdamWStep(int g, const std::function<AdamWParams(size_t)>& params_for) {
+  // The group's parts in the DRAM tier: tierd brings the gradients down from the GPU (after
+  // the kernels that wrote them: their release fence) and drops the GPU copies of what the
+  // host writes, so the next forward fetches the new weights.
+  void* host[kParts] = {};
+  std::vector<Part> held;
+  auto release_all = [&] {
+    for (Part part : held) home_->ReleaseHost(g, part).IgnoreError();
+  };
+  auto take = [&](Part part, Access access) -> absl::Status {
+    auto p = home_->AcquireHost(g, part, access);
+    if (!p.ok()) {
+      return absl::Status(p.status().code(), absl::StrFormat("acquiring %s on the host: %s",
+                                                             PartName(HomeLayout(config_, batch_, seq_,
+                                                                                 checkpointing_),
+                                                                      g, part),
+                                                             p.status().message()));
+    }
+    host[static_cast<int>(part)] = *p;
+    held.push_back(part);
+    return absl::OkStatus();
+  };
+  const size_t count = GroupCount(g);
+  const bool zeros = !grads_zeroed_[g];  // no backward reached it this step
+  absl::Status s = take(Part::kGrads, zeros ? Access::kOverwrite : Access::kRead);
+  for (Part part : {Part::kMaster, Part::kAdamM, Part::kAdamV}) {
+    if (s.ok()) s = take(part, Access::kWrite);
+  }
+  if (s.ok()) s = take(Part::kWeights, Access::kOverwrite);
+  if (!s.ok()) {
+    release_all();
+    return s;
+  }
+  auto* grads = static_cast<float*>(host[static_cast<int>(Part::kGrads)]);
+  if (zeros) {
+    std::memset(grads, 0, count * sizeof(float));
+    grads_zeroed_[g] = true;
+  }
+  auto* master = static_cast<float*>(host[static_cast<int>(Part::kMaster)]);
+  auto* m = static_cast<float*>(host[static_cast<int>(Part::kAdamM)]);
+  auto* v = static_cast<float*>(host[static_cast<int>(Part::kAdamV)]);
+  auto* weights = static_cast<Bf16*>(host[static_cast<int>(Part::kWeights)]);
+  const auto start = std::chrono::steady_clock::now();
+  for (size_t e : GroupEntries(g)) {
+    const size_t off = layout_[e].offset - group_offset_[g];
+    HostAdamW(master + off, m + off, v + off, weights + off, grads + off, static_cast<int64_t>(layout_[e].count),
+              params_for(e));
+    if (layout_[e].shape.size() == 1) {  // the resident copy the kernels read, after they are done with it
+      s = Cuda(cudaMemcpyAsync(N(e), master + off, layout_[e].count * sizeof(float), cudaMemcpyHostToDevice, stream_),
+               "norm weights");
+      if (!s.ok()) break;
+    }
+  }
+  host_optimizer_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (s.ok()) s = Cuda(cudaStreamSynchronize(stream_), "norm weights");  // before the host copy may move
+  release_all();
+  return s;
+}
+
+prefetcher::Graph GpuModel::StepGraph(int micro_batches) const {
+  namespace tp = prefetcher;
+  const GpuHomeLayout home = HomeLayout(config_, batch_, seq_, checkpointing_);
+  tp::Graph graph;
+  std::vector<std::array<tp::TensorIndex, kParts>> index(Groups());
+  for (int g = 0; g < Groups(); ++g) {
+    for (int k = 0; k < kParts; ++k) {
+      if (home.bytes[g][k] == 0) continue;
+      index[g][k] = static_cast<tp::TensorIndex>(graph.tensors.size());
+      graph.tensors.push_back({PartName(home, g, Part(k)), home.bytes[g][k], false});
+    }
+  }
+  auto at = [&index](int g, Part part) { return index[g][static_cast<int>(part)]; };
+  // Estimated seconds (measured times replace them in the daemon): the GEMM and attention
+  // flops at 300 TFLOP/s, the optimizer's bytes at 3 TB/s.
+  const double tokens = static_cast<double>(batch_) * seq_;
+  auto forward_seconds = [&](int g) {
+    const double params = static_cast<double>(GroupCount(g));
+    if (g == 0) return tokens * config_.d_model * 4 / 3e12;
+    const double attention = g == Groups() - 1 ? 0.0 : 2.0 * tokens * seq_ * config_.d_model;
+    return (2 * tokens * params + attention) / 300e12;
+  };
+  for (int micro = 0; micro < micro_batches; ++micro) {
+    for (int g = 0; g < Groups(); ++g) {
+      tp::GraphOp op{absl::StrFormat("mb%d.%s.fwd", micro, home.groups[g]), {at(g, Part::kWeights)}, {},
+                     forward_seconds(g), {}};
+      if (home.bytes[g][static_cast<int>(Part::kActs)] > 0) op.overwrites.push_back(at(g, Part::kActs));
+      graph.ops.push_back(std::move(op));
+    }
+    for (int g = Groups(); g-- > 0;) {
+      tp::GraphOp op{absl::StrFormat("mb%d.%s.bwd", micro, home.groups[g]), {}, {}, 2 * forward_seconds(g), {}};
+      if (g > 0) op.reads.push_back(at(g, Part::kWeights));
+      if (home.bytes[g][static_cast<int>(Part::kActs)] > 0) op.reads.push_back(at(g, Part::kActs));
+      (micro == 0 ? op.overwrites : op.writes).push_back(at(g, Part::kGrads));
+      graph.ops.push_back(std::move(op));
+    }
+  }
+  for (int g = 0; g < Groups(); ++g) {
+    const uint64_t bytes = home.bytes[g][static_cast<int>(Part::kMaster)];
+    if (optimizer_on_cpu_) {
+      // On the host: nothing of it is needed on the GPU. (The plan does not model host ops:
+      // the state stays where the tiers keep it, in DRAM while there is room, and the
+      // weights the host rewrote come back as the next forward asks for them.)
+      graph.ops.push_back({absl::StrFormat("adamw.cpu.%s", home.groups[g]), {}, {}, bytes / 4 / 2e9, {}});
+      continue;
+    }
+    graph.ops.push_back({absl::StrFormat("adamw.%s", home.groups[g]),
+                         {at(g, Part::kGrads)},
+                         {at(g, Part::kMaster), at(g, Part::kAdamM), at(g, Part::kAdamV)},
+                         7.5 * bytes / 3e12,
+                         {at(g, Part::kWeights)}});
+  }
+  return graph;
+}
+
+absl::StatusOr<std::string> GpuModel::RegisterStep(int micro_batches) {
+  auto note = home_->RegisterGraph(StepGraph(micro_batches));
+  if (!note.ok()) return note.status();
+  registered_ = !note->empty();
+  registered_micro_batches_ = micro_batches;
+  return note;
+}
+
+}  // namespace tierd::trainer::gpu

@@ -85,17 +85,16 @@ absl::StatusOr<v1::PlanReply> Daemon::RegisterGraph(SessionId session, const v1:
   return PlanGraph(session, *std::move(graph));
 }
 
-absl::StatusOr<v1::PlanReply> Daemon::PlanGraph(SessionId session, tp::Graph graph_value) {
-  tp::Graph* graph = &graph_value;
+absl::StatusOr<v1::PlanReply> Daemon::PlanGraph(SessionId session, tp::Graph graph) {
   // Tensors the tiers already keep on the GPU (config pins, tierctl pin) stay there in the plan.
   for (const LeaseView& view : leases_->List(session)) {
     if (view.pinned != Tier::kGpu) continue;
-    for (tp::GraphTensor& t : graph->tensors) t.pinned_gpu |= t.name == view.spec.name;
+    for (tp::GraphTensor& t : graph.tensors) t.pinned_gpu |= t.name == view.spec.name;
   }
   auto quota = leases_->Quota(session);
   if (!quota.ok()) return quota.status();
   // A client on the host plans DRAM over NVMe: the same planner, one tier lower.
-  const bool host = graph->host;
+  const bool host = graph.host;
   const tp::Budgets budgets = host ? tp::Budgets{quota->dram_bytes, quota->nvme_bytes, quota->nvme_bytes}
                                    : tp::Budgets{quota->gpu_bytes, quota->dram_bytes, quota->nvme_bytes};
   // A new graph replaces the old plan: stop the old executor first.
@@ -126,7 +125,7 @@ absl::StatusOr<v1::PlanReply> Daemon::PlanGraph(SessionId session, tp::Graph gra
   };
   std::function<tp::LinkModel()> links_now = measured;
   if (host) links_now = [measured, lowered] { return lowered(measured()); };
-  auto planned = PlannedSession::Create(*leases_, session, std::move(graph_value), budgets,
+  auto planned = PlannedSession::Create(*leases_, session, std::move(graph), budgets,
                                         host ? lowered(options_.planner_links) : options_.planner_links, RealClock(),
                                         /*deterministic=*/false, links_now);
   if (!planned.ok()) {
@@ -149,7 +148,7 @@ absl::StatusOr<v1::PlanReply> Daemon::MarkIteration(SessionId session) {
     if (recorder == nullptr) recorder = std::make_unique<tp::IterationRecorder>();
     recorder->Mark(RealClock().NowNanos());
     phase = recorder->phase();
-    if (phase == tp::IterationRecorder::Phase::kFollowing && recorder->ops() > 0 && !HasPlan(session)) {
+    if (phase == tp::IterationRecorder::Phase::kFollowing && !HasPlan(session)) {
       std::map<TensorId, tp::IterationRecorder::TensorInfo> known;
       for (const LeaseView& view : leases_->List(session)) known[view.id] = {view.spec.name, view.bytes};
       auto graph = recorder->MakeGraph([&known](uint64_t id) -> std::optional<tp::IterationRecorder::TensorInfo> {
@@ -162,11 +161,6 @@ absl::StatusOr<v1::PlanReply> Daemon::MarkIteration(SessionId session) {
         return graph.status();
       }
       recorded = *std::move(graph);
-    } else if (phase == tp::IterationRecorder::Phase::kFollowing && recorder->ops() == 0) {
-      recorders_.erase(session);
-      return absl::FailedPreconditionError(
-          "the recorded iteration acquired nothing between its two marks: there is nothing to plan (the next mark "
-          "starts a new recording)");
     }
   }
   if (phase == tp::IterationRecorder::Phase::kRecording) {

@@ -320,6 +320,17 @@ TEST_F(DaemonTest, BadGraphsAndProgressAreRefusedWithTheReason) {
   auto w = client->Lease({"w", TensorClass::kParam, DType::kF32, {1024}});
   ASSERT_TRUE(w.ok());
   EXPECT_EQ(client->OpBegin(0).code(), absl::StatusCode::kFailedPrecondition) << "no graph registered yet";
+  // A recorded iteration that acquired nothing: refused with the reason, and the next mark
+  // starts a new recording.
+  auto first = client->MarkIteration();
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->summary().rfind("recording", 0), 0u) << first->summary();
+  auto empty = client->MarkIteration();
+  ASSERT_EQ(empty.status().code(), absl::StatusCode::kFailedPrecondition) << empty.status();
+  EXPECT_NE(empty.status().message().find("acquired nothing"), absl::string_view::npos) << empty.status();
+  auto again = client->MarkIteration();
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->summary().rfind("recording", 0), 0u) << again->summary();
   auto graph = [](std::vector<std::pair<std::string, uint64_t>> tensors, std::vector<std::string> reads,
                   double seconds) {
     v1::GraphSpec spec;

@@ -112,7 +112,8 @@ int main(int argc, char** argv) {
     return Fail("--optimizer_place is gpu, cpu or auto, not '" + optimizer_place + "'");
   }
   if (optimizer_place != "gpu" && policy != "tierd") {
-    return Fail("--optimizer_place=cpu steps the state where tierd keeps it in DRAM: it needs --offload_policy=tierd");
+    return Fail("--optimizer_place=" + optimizer_place +
+                " may step the state on the host, where tierd keeps it in DRAM: it needs --offload_policy=tierd");
   }
   std::unique_ptr<tt::gpu::GpuHome> home;  // null: plain GPU buffers
   uint64_t gpu_quota = 0;                   // tierd's, for the optimizer's cost model

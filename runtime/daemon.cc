@@ -338,6 +338,7 @@ void Daemon::OnGoodbye(uint64_t session_id) {
   {
     absl::MutexLock lock(&recorders_mutex_);
     recorders_.erase(session_id);
+    RecordersChanged();
   }
   {
     absl::MutexLock lock(&planned_mutex_);

@@ -9,6 +9,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <map>
 #include <optional>
 #include <memory>
@@ -115,6 +116,12 @@ class Daemon : public ipc::HelloHandler, public ipc::PlannerHooks {
   absl::Mutex recorders_mutex_;
   // Sessions that mark iterations instead of registering a graph.
   std::map<SessionId, std::unique_ptr<prefetcher::IterationRecorder>> recorders_ ABSL_GUARDED_BY(recorders_mutex_);
+  // !recorders_.empty(), readable without the lock: the acquire/release hot path of every
+  // session checks it before taking recorders_mutex_ (no session records: no lock at all).
+  std::atomic<bool> recording_{false};
+  void RecordersChanged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(recorders_mutex_) {
+    recording_.store(!recorders_.empty(), std::memory_order_release);
+  }
   absl::Mutex planned_mutex_;
   std::map<SessionId, std::shared_ptr<PlannedSession>> planned_ ABSL_GUARDED_BY(planned_mutex_);
   std::string hello_path_;

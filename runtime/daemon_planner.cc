@@ -81,6 +81,7 @@ absl::StatusOr<v1::PlanReply> Daemon::RegisterGraph(SessionId session, const v1:
   {
     absl::MutexLock lock(&recorders_mutex_);
     recorders_.erase(session);  // a registered graph replaces a recording
+    RecordersChanged();
   }
   return PlanGraph(session, *std::move(graph));
 }
@@ -146,6 +147,7 @@ absl::StatusOr<v1::PlanReply> Daemon::MarkIteration(SessionId session) {
     absl::MutexLock lock(&recorders_mutex_);
     auto& recorder = recorders_[session];
     if (recorder == nullptr) recorder = std::make_unique<tp::IterationRecorder>();
+    RecordersChanged();
     recorder->Mark(RealClock().NowNanos());
     phase = recorder->phase();
     if (phase == tp::IterationRecorder::Phase::kFollowing && !HasPlan(session)) {
@@ -158,6 +160,7 @@ absl::StatusOr<v1::PlanReply> Daemon::MarkIteration(SessionId session) {
       });
       if (!graph.ok()) {
         recorders_.erase(session);  // the next mark starts a new recording
+        RecordersChanged();
         return graph.status();
       }
       recorded = *std::move(graph);
@@ -174,6 +177,7 @@ absl::StatusOr<v1::PlanReply> Daemon::MarkIteration(SessionId session) {
     if (!reply.ok()) {
       absl::MutexLock lock(&recorders_mutex_);
       recorders_.erase(session);
+      RecordersChanged();
       return reply.status();
     }
     reply->set_summary(absl::StrFormat("recorded one iteration: %d ops over %d tensors\n", ops, tensors) +
@@ -189,6 +193,7 @@ bool Daemon::HasPlan(SessionId session) {
 }
 
 void Daemon::Acquired(SessionId session, TensorId tensor, Access access, Place place) {
+  if (!recording_.load(std::memory_order_acquire)) return;
   std::optional<uint32_t> op;
   {
     absl::MutexLock lock(&recorders_mutex_);
@@ -204,6 +209,7 @@ void Daemon::Acquired(SessionId session, TensorId tensor, Access access, Place p
 }
 
 void Daemon::Released(SessionId session, TensorId tensor) {
+  if (!recording_.load(std::memory_order_acquire)) return;
   absl::MutexLock lock(&recorders_mutex_);
   auto it = recorders_.find(session);
   if (it != recorders_.end()) it->second->Released(tensor);

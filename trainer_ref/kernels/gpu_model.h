@@ -114,6 +114,8 @@ class GpuModel {
   float* G(size_t entry) const;
   float* N(size_t entry) const { return norms_ + norm_offset_[entry]; }  // resident norm weights
   absl::Status Enter(int group, Part part, Access access);
+  // `why` an acquire failed, naming the part ("acquiring act.layers.3<where>: ...").
+  absl::Status AcquireError(const absl::Status& why, int group, Part part, const char* where) const;
   absl::Status Leave(int group, Part part);
   absl::Status EnterGrads(int group);  // kWrite, or the step's first touch: kOverwrite + zeros
   void Progress(uint32_t op);

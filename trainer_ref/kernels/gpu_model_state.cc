@@ -158,12 +158,16 @@ absl::Status GpuModel::Enter(int group, Part part, Access access) {
   auto p = home_->Acquire(group, part, access);
   acquire_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!p.ok()) {
-    return absl::Status(p.status().code(), absl::StrFormat("acquiring %s: %s",
-                                                           PartName(HomeLayout(config_, batch_, seq_, checkpointing_), group, part),
-                                                           p.status().message()));
+    return AcquireError(p.status(), group, part, "");
   }
   acquired_[group][static_cast<int>(part)] = *p;
   return absl::OkStatus();
+}
+
+absl::Status GpuModel::AcquireError(const absl::Status& why, int group, Part part, const char* where) const {
+  return absl::Status(why.code(), absl::StrFormat("acquiring %s%s: %s",
+                                                  PartName(HomeLayout(config_, batch_, seq_, checkpointing_), group, part),
+                                                  where, why.message()));
 }
 
 absl::Status GpuModel::Leave(int group, Part part) {

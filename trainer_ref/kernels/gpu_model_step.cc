@@ -71,11 +71,7 @@ absl::Status GpuModel::HostAdamWStep(int g, const std::function<AdamWParams(size
   auto take = [&](Part part, Access access) -> absl::Status {
     auto p = home_->AcquireHost(g, part, access);
     if (!p.ok()) {
-      return absl::Status(p.status().code(), absl::StrFormat("acquiring %s on the host: %s",
-                                                             PartName(HomeLayout(config_, batch_, seq_,
-                                                                                 checkpointing_),
-                                                                      g, part),
-                                                             p.status().message()));
+      return AcquireError(p.status(), g, part, " on the host");
     }
     host[static_cast<int>(part)] = *p;
     held.push_back(part);

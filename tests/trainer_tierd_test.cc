@@ -88,15 +88,27 @@ TEST(TrainerOnTierdTest, SameLossesAsPlainBuffersWhileTensorsMoveThroughNvme) {
   auto planned_stats = (*watcher)->Stats();
   ASSERT_TRUE(planned_stats.ok());
   const uint64_t planned_fetches = planned_stats->stalls();
-  client.label = "unplanned";
-  auto unplanned_home = trainer::MakeTierdHome(trainer::ParamLayout(config), saved, client);
-  ASSERT_TRUE(unplanned_home.ok()) << unplanned_home.status();
-  trainer::TrainOptions unplanned_options = options;
-  unplanned_options.plan = false;
-  auto unplanned = trainer::Trainer::Create(config, unplanned_options, *data, **unplanned_home);
-  ASSERT_TRUE(unplanned.ok()) << unplanned.status();
-  for (int step = 0; step < 5; ++step) ASSERT_TRUE((*unplanned)->Step().ok());
-  EXPECT_EQ(*(*unplanned)->SaveState(), *(*plain)->SaveState());
+  // A trainer on its own tierd session (label), with `options` changed by `adjust`.
+  struct OnTierd {
+    std::unique_ptr<trainer::TensorHome> home;
+    std::unique_ptr<trainer::Trainer> trainer;  // destroyed first: it uses the home
+  };
+  auto start = [&](const std::string& label, void (*adjust)(trainer::TrainOptions&), OnTierd* out) {
+    client.label = label;
+    auto home = trainer::MakeTierdHome(trainer::ParamLayout(config), saved, client);
+    ASSERT_TRUE(home.ok()) << home.status();
+    out->home = std::move(*home);
+    trainer::TrainOptions adjusted = options;
+    adjust(adjusted);
+    auto made = trainer::Trainer::Create(config, adjusted, *data, *out->home);
+    ASSERT_TRUE(made.ok()) << made.status();
+    out->trainer = std::move(*made);
+  };
+  OnTierd unplanned;
+  start("unplanned", [](trainer::TrainOptions& o) { o.plan = false; }, &unplanned);
+  ASSERT_NE(unplanned.trainer, nullptr);
+  for (int step = 0; step < 5; ++step) ASSERT_TRUE(unplanned.trainer->Step().ok());
+  EXPECT_EQ(*unplanned.trainer->SaveState(), *(*plain)->SaveState());
   auto unplanned_stats = (*watcher)->Stats();
   ASSERT_TRUE(unplanned_stats.ok());
   const uint64_t unplanned_fetches = unplanned_stats->stalls() - planned_fetches;
@@ -107,23 +119,20 @@ TEST(TrainerOnTierdTest, SameLossesAsPlainBuffersWhileTensorsMoveThroughNvme) {
   // And recorded instead of registered: the trainer marks each step's start, tierd records
   // the first step's acquires and releases, plans at the second mark and follows the ops
   // as they are acquired. Same values; fewer demand fetches than without a plan.
-  unplanned->reset();
-  unplanned_home->reset();  // its session ends: its quota goes back to the daemon
-  client.label = "recorded";
-  auto recorded_home = trainer::MakeTierdHome(trainer::ParamLayout(config), saved, client);
-  ASSERT_TRUE(recorded_home.ok()) << recorded_home.status();
-  trainer::TrainOptions recorded_options = options;
-  recorded_options.record_plan = true;
-  auto recorded = trainer::Trainer::Create(config, recorded_options, *data, **recorded_home);
-  ASSERT_TRUE(recorded.ok()) << recorded.status();
-  EXPECT_EQ((*recorded)->plan_note(), "") << "nothing registered";
-  ASSERT_TRUE((*recorded)->Step().ok());
-  EXPECT_EQ((*recorded)->plan_note().rfind("recording", 0), 0u) << (*recorded)->plan_note();
-  ASSERT_TRUE((*recorded)->Step().ok());
-  EXPECT_EQ((*recorded)->plan_note().rfind("recorded one iteration: ", 0), 0u) << (*recorded)->plan_note();
-  std::printf("%s\n", (*recorded)->plan_note().c_str());
-  for (int step = 2; step < 5; ++step) ASSERT_TRUE((*recorded)->Step().ok());
-  EXPECT_EQ(*(*recorded)->SaveState(), *(*plain)->SaveState());
+  unplanned.trainer.reset();  // the trainer before its home:
+  unplanned.home.reset();     // the session ends, its quota goes back to the daemon
+  OnTierd recorded_run;
+  start("recorded", [](trainer::TrainOptions& o) { o.record_plan = true; }, &recorded_run);
+  ASSERT_NE(recorded_run.trainer, nullptr);
+  trainer::Trainer* recorded = recorded_run.trainer.get();
+  EXPECT_EQ(recorded->plan_note(), "") << "nothing registered";
+  ASSERT_TRUE(recorded->Step().ok());
+  EXPECT_EQ(recorded->plan_note().rfind("recording", 0), 0u) << recorded->plan_note();
+  ASSERT_TRUE(recorded->Step().ok());
+  EXPECT_EQ(recorded->plan_note().rfind("recorded one iteration: ", 0), 0u) << recorded->plan_note();
+  std::printf("%s\n", recorded->plan_note().c_str());
+  for (int step = 2; step < 5; ++step) ASSERT_TRUE(recorded->Step().ok());
+  EXPECT_EQ(*recorded->SaveState(), *(*plain)->SaveState());
   auto recorded_stats = (*watcher)->Stats();
   ASSERT_TRUE(recorded_stats.ok());
   const uint64_t recorded_fetches = recorded_stats->stalls() - unplanned_stats->stalls();

@@ -18,6 +18,9 @@ v1::GraphSpec ToGraphSpec(const prefetcher::Graph& graph) {
     for (auto t : op.reads) out->add_reads(graph.tensors[t].name);
     for (auto t : op.writes) out->add_writes(graph.tensors[t].name);
     for (auto t : op.overwrites) out->add_overwrites(graph.tensors[t].name);
+    for (auto t : op.host_reads) out->add_host_reads(graph.tensors[t].name);
+    for (auto t : op.host_writes) out->add_host_writes(graph.tensors[t].name);
+    for (auto t : op.host_overwrites) out->add_host_overwrites(graph.tensors[t].name);
   }
   return spec;
 }

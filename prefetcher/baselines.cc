@@ -68,6 +68,39 @@ absl::StatusOr<SimResult> SimulateOnDemandLru(const Graph& graph, const Budgets&
         }
         return absl::OkStatus();
       };
+      // An op on the host: its tensors' GPU copies come down (written back when newer)
+      // and their DRAM copies are fetched from NVMe on demand.
+      for (TensorIndex t : HostTouched(graph.ops[i])) {
+        ++tick;
+        const Use use = HostUseOf(graph.ops[i], t);
+        if (gpu[t]) {
+          if (gpu_dirty[t] && use != Use::kOverwrite) {
+            if (absl::Status s = dram_room(b(t), t); !s.ok()) return s;
+            now += move_time(b(t), link.d2h_bytes_per_s);
+            count(r.d2h_bytes, b(t));
+            if (!dram[t]) dram_bytes += b(t);
+            dram[t] = true;
+            if (nvme[t]) nvme_bytes -= b(t);
+            nvme[t] = false;
+          }
+          gpu[t] = gpu_dirty[t] = false;
+          gpu_bytes -= b(t);
+        }
+        if (!dram[t]) {
+          if (absl::Status s = dram_room(b(t), t); !s.ok()) return s;
+          if (use != Use::kOverwrite) {
+            now += move_time(b(t), link.nvme_read_bytes_per_s);
+            count(r.nvme_read_bytes, b(t));
+          }
+          dram[t] = true;
+          dram_bytes += b(t);
+        }
+        dram_used_at[t] = tick;
+        if (use != Use::kRead && nvme[t]) {  // the NVMe copy is stale
+          nvme_bytes -= b(t);
+          nvme[t] = false;
+        }
+      }
       for (TensorIndex t : needed) {
         ++tick;
         if (!gpu[t]) {

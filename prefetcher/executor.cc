@@ -10,7 +10,7 @@ namespace tierd::prefetcher {
 namespace {
 
 constexpr const char* kKindNames[] = {"stage",   "load",    "evict",  "discard",  "push-down",
-                                      "drop",    "reserve", "ensure", "drop-nvme"};
+                                      "drop",    "reserve", "ensure", "drop-nvme", "discard-below"};
 
 }  // namespace
 
@@ -18,7 +18,7 @@ Executor::Schedule Executor::Build(const Graph& graph, const Plan& plan) {
   enum { kGpuIn = 0, kGpuOut = 1, kDramIn = 2, kDramOut = 3 };
   const int64_t ops = static_cast<int64_t>(graph.ops.size());
   const size_t n = graph.tensors.size();
-  const auto next = NextUseDistances(graph);
+  const auto next = NextUseDistances(graph, /*host_uses=*/true);  // a host use is too late for an eviction
   // Per tensor and lane: the index of its latest action so far (kNone: none yet).
   std::vector<std::array<int64_t, kLanes>> latest(n);
   for (auto& l : latest) l.fill(kNone);
@@ -28,9 +28,11 @@ Executor::Schedule Executor::Build(const Graph& graph, const Plan& plan) {
   // below the GPU as planned, then loads and room for overwrites.
   for (int pass = 0; pass < 2; ++pass) {
     for (auto& lane : lanes) lane.clear();
-    std::vector<int64_t> use(n, kNone);  // last use before the current op (relative)
+    // Last use before the current op (relative), on the GPU and on the host.
+    std::vector<int64_t> use(n, kNone), host_use(n, kNone);
     for (int64_t i = 0; i < ops; ++i) {
       for (TensorIndex t : Touched(graph.ops[i])) use[t] = i - ops;
+      for (TensorIndex t : HostTouched(graph.ops[i])) host_use[t] = i - ops;
     }
     size_t lower = 0;
     auto add = [&](int lane, Kind kind, TensorIndex t, uint32_t op, int64_t ready_after) {
@@ -51,9 +53,13 @@ Executor::Schedule Executor::Build(const Graph& graph, const Plan& plan) {
       // on the same tensor (a stage, then the NVMe copy freed, say).
       for (; lower < plan.lower.events.size() && plan.lower.events[lower].op == i; ++lower) {
         const LowerEvent& ev = plan.lower.events[lower];
-        if (ev.kind == LowerKind::kPushDown) add(kDramOut, Kind::kPushDown, ev.tensor, i, kNone);
-        if (ev.kind == LowerKind::kDrop) add(kDramOut, Kind::kDrop, ev.tensor, i, kNone);
+        // A DRAM copy a host op uses stays until that op is over.
+        const int64_t after_host = host_use[ev.tensor];
+        if (ev.kind == LowerKind::kPushDown) add(kDramOut, Kind::kPushDown, ev.tensor, i, after_host);
+        if (ev.kind == LowerKind::kDrop) add(kDramOut, Kind::kDrop, ev.tensor, i, after_host);
         if (ev.kind == LowerKind::kDropNvme) add(kDramOut, Kind::kDropNvme, ev.tensor, i, kNone);
+        // (Too late once the client reaches the use after the host op: it rewrites it.)
+        if (ev.kind == LowerKind::kDiscard) add(kDramOut, Kind::kDiscard, ev.tensor, i, after_host);
         if (ev.kind == LowerKind::kStage) add(kDramIn, Kind::kStage, ev.tensor, i, kNone);
       }
       for (TensorIndex t : plan.gpu.loads[i]) add(kGpuIn, Kind::kLoad, t, i, kNone);
@@ -71,6 +77,7 @@ Executor::Schedule Executor::Build(const Graph& graph, const Plan& plan) {
         add(kGpuIn, UseOf(graph.ops[i], t) == Use::kOverwrite ? Kind::kAlloc : Kind::kEnsure, t, i, kNone);
       }
       for (TensorIndex t : Touched(graph.ops[i])) use[t] = i;
+      for (TensorIndex t : HostTouched(graph.ops[i])) host_use[t] = i;
     }
     if (pass == 0) {
       // Carry each tensor's last action per lane into the next lap as a negative index.
@@ -242,10 +249,19 @@ bool Executor::Ready(int lane_index, int64_t pos, bool* late) const {
         return true;
       }
       return current_ > lap * ops + a.ready_after;  // its last use is over
+    case Kind::kDiscard:
+      if (current_ >= lap * ops + a.next_use) {  // the client rewrites it already
+        *late = true;
+        return true;
+      }
+      [[fallthrough]];
     case Kind::kPushDown:
     case Kind::kDrop:
     case Kind::kDropNvme:
-      return target <= current_ + ops;  // after the moves it follows (above); a lap ahead at most
+      // After the moves it follows (above) and the host op that last used the copy; a lap
+      // ahead at most.
+      if (a.ready_after != kNone && current_ <= lap * ops + a.ready_after) return false;
+      return target <= current_ + ops;
   }
   return false;
 }
@@ -261,6 +277,7 @@ absl::Status Executor::Do(const Action& a, int64_t decided_nanos) {
     case Kind::kPushDown: return ops_.PushDown(a.tensor);
     case Kind::kDrop: return ops_.DropDram(a.tensor);
     case Kind::kDropNvme: return ops_.DropNvme(a.tensor);
+    case Kind::kDiscard: return ops_.Evict(a.tensor, /*dead=*/true, decided_nanos);  // every copy, unless rewritten
   }
   return absl::InternalError("unknown action");
 }
@@ -369,10 +386,11 @@ bool Executor::Step(int lane_index, std::unique_lock<std::mutex>& lock) {
       case Kind::kEvictDead: ++stats_.evictions; break;
       case Kind::kPushDown: ++stats_.push_downs; break;
       case Kind::kDrop:
-      case Kind::kDropNvme: ++stats_.drops; break;
+      case Kind::kDropNvme:
+      case Kind::kDiscard: ++stats_.drops; break;
     }
     if (status.ok() && a.kind != Kind::kEvictDead && a.kind != Kind::kDrop && a.kind != Kind::kAlloc &&
-        a.kind != Kind::kEnsure && a.kind != Kind::kDropNvme) {
+        a.kind != Kind::kEnsure && a.kind != Kind::kDropNvme && a.kind != Kind::kDiscard) {
       static constexpr const char* kNames[] = {"stage ", "load ", "write-back ", "", "push-down ", "", "", "", ""};
       const Track track = a.kind == Kind::kLoad ? Track::kH2D : a.kind == Kind::kEvict ? Track::kD2H : Track::kNvme;
       timeline_.push_back({track, kNames[static_cast<int>(a.kind)] + graph_.tensors[a.tensor].name, start * 1e-9,

@@ -7,7 +7,8 @@
 //   gpu out:  evictions, each once its tensor's last use before it is over (in any order:
 //             one waiting for its tensor's last use does not hold up the others);
 //   dram in:  stages (NVMe->DRAM), up to a lap ahead, free DRAM room only;
-//   dram out: push-downs (DRAM->NVMe) and DRAM drops (in any order, like gpu out).
+//   dram out: push-downs (DRAM->NVMe), DRAM drops and discards of values dead after their
+//             host use (in any order, like gpu out).
 // A tensor's moves keep their plan order across lanes (a load waits for the eviction
 // before it, a push-down for the load that read the copy, and so on). A load issued only once its op has begun is just in
 // time (the client's acquire waits for it: a stall); one whose op is over is late: the
@@ -124,7 +125,7 @@ class Executor {
   std::vector<TimelineEvent> Timeline() const;
 
  private:
-  enum class Kind : uint8_t { kStage, kLoad, kEvict, kEvictDead, kPushDown, kDrop, kAlloc, kEnsure, kDropNvme };
+  enum class Kind : uint8_t { kStage, kLoad, kEvict, kEvictDead, kPushDown, kDrop, kAlloc, kEnsure, kDropNvme, kDiscard };
   static constexpr int kLanes = 4;  // gpu in, gpu out, dram in, dram out
   static constexpr int64_t kNone = INT64_MIN;
   struct Action {

@@ -47,13 +47,17 @@ absl::StatusOr<std::string> ExplainTensor(const Graph& graph, const Plan& plan, 
       const LowerEvent& e = plan.lower.events[lower];
       if (e.tensor != t) continue;
       switch (e.kind) {
-        case LowerKind::kStage: dram = true; lines.push_back("staged NVMe->DRAM: DRAM did not hold it and the GPU load reads from DRAM"); break;
+        case LowerKind::kStage: dram = true; lines.push_back(graph.ops[i].host_reads.empty() && graph.ops[i].host_writes.empty() ? "staged NVMe->DRAM: DRAM did not hold it and the GPU load reads from DRAM" : "staged NVMe->DRAM: DRAM did not hold it and a GPU load or this host op reads it there"); break;
         case LowerKind::kPushDown: dram = false; nvme = true; lines.push_back("pushed down DRAM->NVMe to make room in DRAM: DRAM held the only copy below the GPU, and of DRAM's tensors its next use is furthest"); break;
         case LowerKind::kDrop: dram = false; lines.push_back(nvme ? "DRAM copy dropped to make room: NVMe holds the same bytes" : "DRAM copy dropped to make room: its value is dead"); break;
         case LowerKind::kWriteBack: dram = true; nvme = false; break;
         case LowerKind::kInvalidate: dram = nvme = false; break;
         case LowerKind::kRead: break;
         case LowerKind::kDropNvme: nvme = false; lines.push_back("NVMe copy freed while closing the lap (DRAM holds the bytes)"); break;
+        case LowerKind::kHostRead: lines.push_back("read on the host, in DRAM"); break;
+        case LowerKind::kHostWrite: nvme = false; lines.push_back("read and written on the host, in DRAM (the NVMe copy is stale)"); break;
+        case LowerKind::kDiscard: dram = nvme = false; lines.push_back("its copies below dropped after this host op: its value is dead (the next use overwrites it)"); break;
+        case LowerKind::kHostOverwrite: dram = true; nvme = false; lines.push_back("written whole on the host, in DRAM (room made, nothing read)"); break;
       }
     }
     for (const Eviction& e : plan.gpu.evictions[i]) {
@@ -61,6 +65,9 @@ absl::StatusOr<std::string> ExplainTensor(const Graph& graph, const Plan& plan, 
       gpu = false;
       if (e.dead) {
         lines.push_back("dropped from the GPU: its value is dead (the next use overwrites it)");
+      } else if (HostUseOf(graph.ops[i], t) != Use::kNone) {
+        lines.push_back(e.write_back ? "written back to DRAM and off the GPU: this op uses it on the host"
+                                     : "off the GPU (DRAM has the bytes): this op uses it on the host");
       } else {
         lines.push_back(absl::StrFormat("evicted from the GPU%s: its next use is %d ops away, the furthest of the "
                                         "GPU's tensors when room was needed",

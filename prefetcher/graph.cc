@@ -19,7 +19,8 @@ absl::Status ValidateGraph(const Graph& graph) {
   for (size_t i = 0; i < graph.ops.size(); ++i) {
     const GraphOp& op = graph.ops[i];
     if (op.seconds < 0) return absl::InvalidArgumentError(absl::StrFormat("op %d has a negative duration", i));
-    for (const auto* list : {&op.reads, &op.writes, &op.overwrites}) {
+    for (const auto* list : {&op.reads, &op.writes, &op.overwrites, &op.host_reads, &op.host_writes,
+                              &op.host_overwrites}) {
       for (TensorIndex t : *list) {
         if (t >= graph.tensors.size()) {
           return absl::InvalidArgumentError(
@@ -27,25 +28,59 @@ absl::Status ValidateGraph(const Graph& graph) {
         }
       }
     }
+    const std::vector<TensorIndex> host = HostTouched(op);
+    if (!host.empty() && graph.host) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "op %d ('%s') uses tensors on the host, but the whole graph runs on the host (its top tier is DRAM): "
+          "list them as reads and writes",
+          i, op.name));
+    }
+    for (TensorIndex t : Touched(op)) {
+      if (std::binary_search(host.begin(), host.end(), t)) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("op %d ('%s') uses '%s' both on the GPU and on the host: one place per op", i, op.name,
+                            graph.tensors[t].name));
+      }
+    }
   }
   return absl::OkStatus();
 }
 
-Use UseOf(const GraphOp& op, TensorIndex t) {
+namespace {
+
+Use UseIn(const std::vector<TensorIndex>& read, const std::vector<TensorIndex>& written,
+          const std::vector<TensorIndex>& overwritten, TensorIndex t) {
   auto has = [t](const std::vector<TensorIndex>& list) {
     return std::find(list.begin(), list.end(), t) != list.end();
   };
-  const bool reads = has(op.reads), overwrites = has(op.overwrites);
-  if (has(op.writes) || (reads && overwrites)) return Use::kWrite;  // read and changed
+  const bool reads = has(read), overwrites = has(overwritten);
+  if (has(written) || (reads && overwrites)) return Use::kWrite;  // read and changed
   if (reads) return Use::kRead;
   if (overwrites) return Use::kOverwrite;
   return Use::kNone;
+}
+
+}  // namespace
+
+Use UseOf(const GraphOp& op, TensorIndex t) { return UseIn(op.reads, op.writes, op.overwrites, t); }
+
+Use HostUseOf(const GraphOp& op, TensorIndex t) {
+  return UseIn(op.host_reads, op.host_writes, op.host_overwrites, t);
 }
 
 std::vector<TensorIndex> Touched(const GraphOp& op) {
   std::vector<TensorIndex> all(op.reads);
   all.insert(all.end(), op.writes.begin(), op.writes.end());
   all.insert(all.end(), op.overwrites.begin(), op.overwrites.end());
+  std::sort(all.begin(), all.end());
+  all.erase(std::unique(all.begin(), all.end()), all.end());
+  return all;
+}
+
+std::vector<TensorIndex> HostTouched(const GraphOp& op) {
+  std::vector<TensorIndex> all(op.host_reads);
+  all.insert(all.end(), op.host_writes.begin(), op.host_writes.end());
+  all.insert(all.end(), op.host_overwrites.begin(), op.host_overwrites.end());
   std::sort(all.begin(), all.end());
   all.erase(std::unique(all.begin(), all.end()), all.end());
   return all;
@@ -63,11 +98,14 @@ std::vector<std::vector<bool>> DeadAfter(const Graph& graph) {
     for (TensorIndex t : Touched(graph.ops[i])) {
       next_is_overwrite[t] = UseOf(graph.ops[i], t) == Use::kOverwrite ? 1 : 0;
     }
+    for (TensorIndex t : HostTouched(graph.ops[i])) {
+      next_is_overwrite[t] = HostUseOf(graph.ops[i], t) == Use::kOverwrite ? 1 : 0;
+    }
   }
   return dead;
 }
 
-std::vector<std::vector<uint32_t>> NextUseDistances(const Graph& graph) {
+std::vector<std::vector<uint32_t>> NextUseDistances(const Graph& graph, bool host_uses) {
   const size_t ops = graph.ops.size(), tensors = graph.tensors.size();
   const uint32_t never = static_cast<uint32_t>(ops + 1);
   std::vector<std::vector<uint32_t>> next(ops, std::vector<uint32_t>(tensors, never));
@@ -81,6 +119,8 @@ std::vector<std::vector<uint32_t>> NextUseDistances(const Graph& graph) {
       }
     }
     for (TensorIndex t : Touched(graph.ops[i])) last_seen[t] = static_cast<uint32_t>(step);
+    if (!host_uses) continue;
+    for (TensorIndex t : HostTouched(graph.ops[i])) last_seen[t] = static_cast<uint32_t>(step);
   }
   return next;
 }

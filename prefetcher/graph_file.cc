@@ -57,13 +57,16 @@ absl::StatusOr<Graph> ParseGraphYaml(const std::string& text) {
       g.tensors.push_back({name, *bytes, t["pinned"] ? t["pinned"].as<bool>() : false});
     }
     for (const YAML::Node& o : root["ops"]) {
-      if (absl::Status s = CheckKeys(o, "an op", {"name", "seconds", "reads", "writes", "overwrites"}); !s.ok()) {
+      if (absl::Status s = CheckKeys(o, "an op", {"name", "seconds", "reads", "writes", "overwrites", "host_reads", "host_writes",
+                                             "host_overwrites"}); !s.ok()) {
         return s;
       }
       if (!o["name"]) return Error(o, "an op needs a 'name'");
       GraphOp op{o["name"].as<std::string>(), {}, {}, o["seconds"] ? o["seconds"].as<double>() : 0.0};
       for (auto [key, list] : {std::pair{"reads", &op.reads}, std::pair{"writes", &op.writes},
-                               std::pair{"overwrites", &op.overwrites}}) {
+                               std::pair{"overwrites", &op.overwrites}, std::pair{"host_reads", &op.host_reads},
+                               std::pair{"host_writes", &op.host_writes},
+                               std::pair{"host_overwrites", &op.host_overwrites}}) {
         if (!o[key]) continue;
         if (!o[key].IsSequence()) return Error(o[key], std::string(key) + " must be a list of tensor names");
         for (const YAML::Node& name : o[key]) {
@@ -110,6 +113,9 @@ std::string GraphToYaml(const Graph& g) {
     if (!op.reads.empty()) out += ", reads: " + names(op.reads);
     if (!op.writes.empty()) out += ", writes: " + names(op.writes);
     if (!op.overwrites.empty()) out += ", overwrites: " + names(op.overwrites);
+    if (!op.host_reads.empty()) out += ", host_reads: " + names(op.host_reads);
+    if (!op.host_writes.empty()) out += ", host_writes: " + names(op.host_writes);
+    if (!op.host_overwrites.empty()) out += ", host_overwrites: " + names(op.host_overwrites);
     out += "}\n";
   }
   return out;

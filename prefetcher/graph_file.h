@@ -8,7 +8,11 @@
 //     - {name: layers.0.fwd, seconds: 0.004, reads: [layers.0.w, act.0], overwrites: [act.1]}
 //     - {name: layers.0.adamw, seconds: 0.001, reads: [layers.0.grad], writes: [layers.0.w]}
 //
-// `writes` are read-modify-write; `overwrites` are written without being read. An optional
+//     - {name: layers.0.adamw.cpu, seconds: 0.02, host_reads: [layers.0.grad], host_writes: [layers.0.m]}
+//
+// `writes` are read-modify-write; `overwrites` are written without being read;
+// `host_reads`/`host_writes`/`host_overwrites`: the op runs on the host, on the DRAM
+// copies. An optional
 // `host: true` says the client acquires in DRAM (a CPU trainer): DRAM over NVMe is planned.
 #ifndef TIERD_PREFETCHER_GRAPH_FILE_H_
 #define TIERD_PREFETCHER_GRAPH_FILE_H_

@@ -42,14 +42,14 @@ std::optional<uint32_t> IterationRecorder::Acquired(uint64_t tensor, Touch touch
   (host ? host_seen_ : gpu_seen_) = true;
   if (begins || ops_.empty()) ops_.push_back({nanos, {}});
   auto& touched = ops_.back().touched;
-  for (auto& [id, seen] : touched) {
-    if (id != tensor) continue;
+  for (auto& seen : touched) {
+    if (seen.tensor != tensor) continue;
     // Acquired again within the op: the old value is needed if either acquire read it,
     // unless the op's first acquire already overwrote it.
-    if (seen != Touch::kOverwrite && touch != Touch::kRead) seen = Touch::kWrite;
+    if (seen.touch != Touch::kOverwrite && touch != Touch::kRead) seen.touch = Touch::kWrite;
     return std::nullopt;
   }
-  touched.push_back({tensor, touch});
+  touched.push_back({tensor, touch, host});
   return std::nullopt;
 }
 
@@ -73,7 +73,7 @@ absl::StatusOr<Graph> IterationRecorder::MakeGraph(
     GraphOp op;
     op.seconds = std::max<int64_t>(end - recorded.start_nanos, 0) / 1e9;
     std::string names;
-    for (const auto& [id, touch] : recorded.touched) {
+    for (const auto& [id, touch, host] : recorded.touched) {
       auto it = index.find(id);
       if (it == index.end()) {
         const std::optional<TensorInfo> info = describe(id);
@@ -81,7 +81,15 @@ absl::StatusOr<Graph> IterationRecorder::MakeGraph(
         it = index.emplace(id, static_cast<TensorIndex>(graph.tensors.size())).first;
         graph.tensors.push_back({info->name, info->bytes, false});
       }
-      (touch == Touch::kRead ? op.reads : touch == Touch::kWrite ? op.writes : op.overwrites).push_back(it->second);
+      if (host && !graph.host) {
+        // On the host in a GPU session: a host use, on the DRAM copy.
+        (touch == Touch::kRead    ? op.host_reads
+         : touch == Touch::kWrite ? op.host_writes
+                                  : op.host_overwrites)
+            .push_back(it->second);
+      } else {
+        (touch == Touch::kRead ? op.reads : touch == Touch::kWrite ? op.writes : op.overwrites).push_back(it->second);
+      }
       if (names.size() < 48) names += (names.empty() ? "" : ",") + graph.tensors[it->second].name;
     }
     op.name = absl::StrFormat("recorded.%d(%s)", i, names);

@@ -3,7 +3,10 @@
 // graph the planner takes. An op is a run of acquires: a new op begins with the first
 // acquire after a mark or after a release (the tensors a client holds together are one
 // op); it reads, read-modify-writes or overwrites what it acquired (as the acquires said),
-// and it lasts until the next op begins (the last one until the closing mark). After the
+// and it lasts until the next op begins (the last one until the closing mark). A session
+// that acquires both on the GPU and on the host (a GPU trainer with its optimizer on the
+// CPU) gets its host acquires as host uses; one that only acquires on the host, a host
+// graph (DRAM over NVMe). After the
 // recording, the same rule numbers the ops of later iterations as they run, so the executor
 // follows without the client naming its ops; each mark restarts the count at op 0.
 //
@@ -51,7 +54,12 @@ class IterationRecorder {
  private:
   struct RecordedOp {
     int64_t start_nanos = 0;
-    std::vector<std::pair<uint64_t, Touch>> touched;  // in first-acquire order, once each
+    struct Touched {
+      uint64_t tensor;
+      Touch touch;
+      bool host;  // acquired on the host
+    };
+    std::vector<Touched> touched;  // in first-acquire order, once each
   };
   bool BeginsOp();
 

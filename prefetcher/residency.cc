@@ -41,6 +41,19 @@ absl::Status Lap(const Graph& graph, uint64_t budget, const Oracle& oracle, Stat
       evicted.push_back({static_cast<TensorIndex>(t), false, true});
       Drop(graph, state, t);
     }
+    // A host op needs its tensors below the GPU: their GPU copies go first (written back
+    // when they are the newer ones), and a host write leaves nothing valid on the GPU.
+    for (TensorIndex t : HostTouched(op)) {
+      if (graph.tensors[t].pinned_gpu) {
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "op %d ('%s') uses '%s' on the host, but it is pinned to the GPU: unpin it or run the op on the GPU", i,
+            op.name, graph.tensors[t].name));
+      }
+      if (!state.resident[t]) continue;
+      const bool dead = HostUseOf(op, t) == Use::kOverwrite;
+      evicted.push_back({t, !dead && state.dirty[t], dead});
+      Drop(graph, state, t);
+    }
     uint64_t incoming = 0;
     for (TensorIndex t : needed) {
       if (!state.resident[t]) incoming += graph.tensors[t].bytes;
@@ -231,6 +244,9 @@ absl::Status ReplayPlan(const Graph& graph, uint64_t budget, const ResidencyPlan
       }
     }
     if (bytes > budget) return fail(i, "over the budget (invariant 1)");
+    for (TensorIndex t : HostTouched(op)) {
+      if (resident[t]) return fail(i, "runs on the host while the GPU holds '" + graph.tensors[t].name + "' (invariant 6)");
+    }
     for (TensorIndex t : Touched(op)) {
       if (!resident[t]) return fail(i, "runs without a tensor it uses (invariant 2)");
       if (UseOf(op, t) != Use::kRead) dirty[t] = true;

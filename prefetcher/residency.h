@@ -13,6 +13,8 @@
 // Dead values are dropped as soon as they are dead, so their room is free for prefetches.
 //   5. The plan is a cycle: the lap ends in the state it starts from, so the executor
 //      replays it every iteration (the steady state, found by lapping until it repeats).
+//   6. A tensor an op uses on the host is not on the GPU while it runs (its GPU copy was
+//      written back first if it was the newer one), so the host sees the latest value.
 #ifndef TIERD_PREFETCHER_RESIDENCY_H_
 #define TIERD_PREFETCHER_RESIDENCY_H_
 
@@ -53,7 +55,7 @@ absl::StatusOr<ResidencyPlan> PlanResidencyFrom(const Graph& graph, uint64_t gpu
                                                 const std::vector<TensorIndex>& resident,
                                                 const std::vector<bool>& dirty);
 
-// Replays a plan against the graph and checks invariants 1-4, and with `cyclic` (plans from
+// Replays a plan against the graph and checks invariants 1-4 and 6, and with `cyclic` (plans from
 // PlanResidency) invariant 5: the lap ends in the state it started from. For tests.
 absl::Status ReplayPlan(const Graph& graph, uint64_t gpu_budget_bytes, const ResidencyPlan& plan,
                         bool cyclic = true);

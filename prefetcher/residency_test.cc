@@ -6,6 +6,8 @@
 #include <random>
 #include <utility>
 
+#include "prefetcher/random_graph.h"
+
 namespace tierd::prefetcher {
 namespace {
 
@@ -92,25 +94,13 @@ TEST(ResidencyTest, ReplayCatchesBrokenPlans) {
   EXPECT_NE(ReplayPlan(g, 10, plan).message().find("invariant 1"), absl::string_view::npos);
 }
 
-// Random graphs of mixed sizes: every plan replays with all four invariants holding.
+// Random graphs of mixed sizes, with host ops: every plan replays with every invariant holding.
 TEST(ResidencyTest, RandomGraphsGivePlansThatKeepEveryInvariant) {
   std::mt19937_64 rng(11);
   for (int trial = 0; trial < 300; ++trial) {
-    Graph g;
-    const int tensors = 2 + rng() % 12;
     uint64_t largest = 0;
-    for (int t = 0; t < tensors; ++t) {
-      g.tensors.push_back({"t" + std::to_string(t), 1 + rng() % 64, rng() % 10 == 0});
-      largest = std::max(largest, g.tensors.back().bytes);
-    }
-    const int ops = 1 + rng() % 30;
-    for (int i = 0; i < ops; ++i) {
-      GraphOp op{"op" + std::to_string(i), {}, {}, 1};
-      for (int k = rng() % 3; k >= 0; --k) op.reads.push_back(rng() % tensors);
-      if (rng() % 2) op.writes.push_back(rng() % tensors);
-      if (rng() % 3 == 0) op.overwrites.push_back(rng() % tensors);
-      g.ops.push_back(op);
-    }
+    const Graph g = RandomGraph(rng, {.max_tensors = 12, .max_ops = 30, .max_units = 64, .pinned_one_in = 10},
+                                &largest);
     const uint64_t budget = largest * (1 + rng() % 6);
     auto plan = PlanResidency(g, budget);
     if (!plan.ok()) {

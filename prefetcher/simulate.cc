@@ -31,7 +31,8 @@ namespace {
 enum Queue : int { kNoQueue = -1, kCompute = 0, kH2D, kD2H, kNvmeRead, kNvmeWrite, kQueues };
 
 enum class Effect : uint8_t {
-  kOp, kLoad, kAlloc, kFreeGpu, kWriteBack, kStage, kPushDown, kDropDram, kInvalidate, kDropNvme
+  kOp, kLoad, kAlloc, kFreeGpu, kWriteBack, kStage, kPushDown, kDropDram, kInvalidate, kDropNvme,
+  kHostAlloc,  // DRAM room for a host op's overwrite (the NVMe copy, stale, goes)
 };
 
 struct Task {
@@ -105,6 +106,7 @@ class Engine {
     for (size_t i = 0; i < tasks_.size(); ++i) {
       if (tasks_[i].queue == kNoQueue && tasks_[i].pending == 0) ready_instant.push_back(static_cast<int>(i));
     }
+    std::vector<int> waiting_instant;  // ready, but no DRAM room yet (a host op's overwrite)
     std::vector<size_t> head(kQueues, 0);
     std::vector<bool> busy(kQueues, false);
     size_t done = 0;
@@ -124,9 +126,21 @@ class Engine {
       bool progress = true;
       while (progress) {
         progress = false;
+        for (size_t k = 0; k < waiting_instant.size();) {
+          if (CanStart(tasks_[waiting_instant[k]])) {
+            ready_instant.push_back(waiting_instant[k]);
+            waiting_instant.erase(waiting_instant.begin() + static_cast<std::ptrdiff_t>(k));
+          } else {
+            ++k;
+          }
+        }
         while (!ready_instant.empty()) {
           const int id = ready_instant.back();
           ready_instant.pop_back();
+          if (!CanStart(tasks_[id])) {
+            waiting_instant.push_back(id);
+            continue;
+          }
           tasks_[id].started = true;
           tasks_[id].start = now;
           ApplyStart(tasks_[id]);
@@ -176,6 +190,7 @@ class Engine {
         return gpu_ + t.bytes <= budgets_.gpu;
       case Effect::kWriteBack:
       case Effect::kStage:
+      case Effect::kHostAlloc:
         return dram_has_[t.tensor] || dram_ + t.bytes <= budgets_.dram;
       case Effect::kPushDown:
         return nvme_has_[t.tensor] || nvme_ + t.bytes <= budgets_.nvme;
@@ -250,6 +265,12 @@ class Engine {
         if (!nvme_has_[t.tensor]) nvme_ += t.bytes;
         nvme_has_[t.tensor] = true;
         break;
+      case Effect::kHostAlloc:
+        if (!dram_has_[t.tensor]) dram_ += t.bytes;
+        dram_has_[t.tensor] = true;
+        if (nvme_has_[t.tensor]) nvme_ -= t.bytes;
+        nvme_has_[t.tensor] = false;
+        break;
       default:
         break;
     }
@@ -296,9 +317,18 @@ class Engine {
                              t.iteration, static_cast<int>(t.effect), graph_.tensors[t.tensor].name,
                              FormatBytes(t.bytes), t.pending);
     }
+    std::string held;
+    for (size_t t = 0, listed = 0; t < dram_has_.size(); ++t) {
+      if (!dram_has_[t]) continue;
+      if (++listed > 12) {
+        held += ", ...";
+        break;
+      }
+      held += (held.empty() ? "" : ", ") + graph_.tensors[t].name;
+    }
     return absl::InternalError(absl::StrFormat(
-        "the schedule deadlocked (a planner bug): GPU %s of %s, DRAM %s of %s;%s", FormatBytes(gpu_),
-        FormatBytes(budgets_.gpu), FormatBytes(dram_), FormatBytes(budgets_.dram), why));
+        "the schedule deadlocked (a planner bug): GPU %s of %s, DRAM %s of %s (holding %s);%s", FormatBytes(gpu_),
+        FormatBytes(budgets_.gpu), FormatBytes(dram_), FormatBytes(budgets_.dram), held, why));
   }
 
   const Graph& graph_;
@@ -505,6 +535,38 @@ absl::StatusOr<SimResult> SimulatePlan(const Graph& graph, const Plan& plan, con
             const int id = engine.Add(Effect::kDropNvme, kNoQueue, t, bytes(t), 0, it, i);
             engine.Depend(id, pushed[t]);
             engine.Depend(id, dram_user[t]);
+            dram_user[t] = id;
+            break;
+          }
+          case LowerKind::kHostRead:
+          case LowerKind::kHostWrite: {
+            // The host op runs on the DRAM copy: after it landed, before it may leave; a
+            // host write is the copy later loads read, and leaves the NVMe copy stale.
+            engine.Depend(op, dram_producer[t]);
+            dram_user[t] = op;
+            if (ev.kind == LowerKind::kHostWrite) {
+              dram_producer[t] = op;
+              const int id = engine.Add(Effect::kDropNvme, kNoQueue, t, bytes(t), 0, it, i);
+              engine.Depend(id, op);
+              engine.Depend(id, pushed[t]);
+            }
+            break;
+          }
+          case LowerKind::kHostOverwrite: {
+            // Room taken as the op is about to run (after the op before it), not earlier.
+            const int id = engine.Add(Effect::kHostAlloc, kNoQueue, t, bytes(t), 0, it, i);
+            engine.Ticket(id);
+            engine.Depend(id, previous_op);
+            engine.Depend(id, dram_user[t]);
+            engine.Depend(id, pushed[t]);
+            engine.Depend(op, id);
+            dram_producer[t] = dram_user[t] = op;
+            break;
+          }
+          case LowerKind::kDiscard: {  // dead after its host use: freed once that op is over
+            const int id = engine.Add(Effect::kInvalidate, kNoQueue, t, bytes(t), 0, it, i);
+            engine.Depend(id, dram_user[t]);
+            engine.Depend(id, pushed[t]);
             dram_user[t] = id;
             break;
           }

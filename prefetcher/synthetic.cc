@@ -80,6 +80,14 @@ Graph SyntheticTransformer(const TransformerShape& s, const TraceOptions& o) {
     g.ops.push_back(ebwd);
   }
   auto adam = [&](const Group& gr) {
+    if (o.optimizer_on_host) {
+      GraphOp op{gr.name + ".adamw.cpu", {}, {}, gr.params / o.host_adamw_params_per_s, {}};
+      op.host_reads = {gr.grad};
+      op.host_writes = {gr.master, gr.m, gr.v};
+      op.host_overwrites = {gr.w};
+      g.ops.push_back(op);
+      return;
+    }
     const double seconds = 28 * gr.params / o.hbm_bytes_per_s;  // read grad, rw master/m/v, write w
     g.ops.push_back({gr.name + ".adamw", {gr.grad}, {gr.master, gr.m, gr.v}, seconds, {gr.w}});
   };

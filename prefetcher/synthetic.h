@@ -31,6 +31,11 @@ struct TraceOptions {
   int grad_accum = 1;             // micro-batches per optimizer step
   double flops_per_s = 400e12;    // sustained bf16 GEMM throughput (H200, measured ~409)
   double hbm_bytes_per_s = 3e12;  // for the optimizer's memory-bound update
+  // AdamW on the host's CPU next to the state in DRAM (host ops: the gradients read there,
+  // master and moments updated there, the bf16 weights written whole there), at this rate
+  // (the lent machine's 16 cores: 2.3 G params/s measured).
+  bool optimizer_on_host = false;
+  double host_adamw_params_per_s = 2.3e9;
 };
 
 Graph SyntheticTransformer(const TransformerShape& shape, const TraceOptions& options);

@@ -24,6 +24,14 @@ const char* LowerKindName(LowerKind kind) {
       return "invalidate";
     case LowerKind::kDropNvme:
       return "drop-nvme";
+    case LowerKind::kHostRead:
+      return "host read";
+    case LowerKind::kHostWrite:
+      return "host write";
+    case LowerKind::kHostOverwrite:
+      return "host overwrite";
+    case LowerKind::kDiscard:
+      return "discard";
   }
   return "?";
 }
@@ -32,15 +40,32 @@ namespace {
 
 constexpr size_t kNever = std::numeric_limits<size_t>::max();
 
-// What the GPU plan asks of the tiers below, in order: write-backs, reads, invalidations.
+// What the GPU plan and the host ops ask of the tiers below, in order: discards of values
+// that died with the host op before, write-backs, host uses, reads, invalidations.
 std::vector<LowerEvent> Demands(const Graph& graph, const ResidencyPlan& gpu) {
   std::vector<LowerEvent> out;
-  for (uint32_t i = 0; i < graph.ops.size(); ++i) {
+  const auto dead = DeadAfter(graph);
+  const uint32_t ops = static_cast<uint32_t>(graph.ops.size());
+  for (uint32_t i = 0; i < ops; ++i) {
+    // A host op's last reader: its copies go once that op is over, before this one runs
+    // (so the room is free for this op's own moves, and a lap ends as it began).
+    const uint32_t before = (i + ops - 1) % ops;
+    for (TensorIndex t : HostTouched(graph.ops[before])) {
+      if (dead[before][t]) out.push_back({i, LowerKind::kDiscard, t});
+    }
     for (const Eviction& e : gpu.evictions[i]) {
       if (e.dead)
         out.push_back({i, LowerKind::kInvalidate, e.tensor});
       else if (e.write_back)
         out.push_back({i, LowerKind::kWriteBack, e.tensor});
+    }
+    for (TensorIndex t : HostTouched(graph.ops[i])) {
+      const Use use = HostUseOf(graph.ops[i], t);
+      out.push_back({i,
+                     use == Use::kRead    ? LowerKind::kHostRead
+                     : use == Use::kWrite ? LowerKind::kHostWrite
+                                          : LowerKind::kHostOverwrite,
+                     t});
     }
     for (TensorIndex t : gpu.loads[i]) out.push_back({i, LowerKind::kRead, t});
     for (TensorIndex t : Touched(graph.ops[i])) {
@@ -89,7 +114,8 @@ absl::StatusOr<LowerTierPlan> PlanLowerTiers(const Graph& graph, const Residency
   LowerTierPlan plan;
   auto bytes = [&](TensorIndex t) { return graph.tensors[t].bytes; };
   auto is_dead = [&](size_t t) {
-    return cur_next[t] == kNever || lap[cur_next[t] % len].kind == LowerKind::kInvalidate;
+    const LowerKind next = cur_next[t] == kNever ? LowerKind::kInvalidate : lap[cur_next[t] % len].kind;
+    return next == LowerKind::kInvalidate || next == LowerKind::kHostOverwrite || next == LowerKind::kDiscard;
   };
   // Lap until the state entering a lap repeats (then the events are a cycle the executor
   // can replay every iteration).
@@ -105,7 +131,7 @@ absl::StatusOr<LowerTierPlan> PlanLowerTiers(const Graph& graph, const Residency
       const TensorIndex t = d.tensor;
       auto emit = [&](LowerKind kind, TensorIndex tensor) { plan.events.push_back({d.op, kind, tensor}); };
       cur_next[t] = p + gap[p % len];
-      const bool needs_room = d.kind != LowerKind::kInvalidate && !s.dram[t];
+      const bool needs_room = d.kind != LowerKind::kInvalidate && d.kind != LowerKind::kDiscard && !s.dram[t];
       if (needs_room && bytes(t) > dram_budget) {
         return absl::ResourceExhaustedError(absl::StrFormat("tensor '%s' (%s) does not fit the DRAM budget of %s",
                                                             graph.tensors[t].name, FormatBytes(bytes(t)),
@@ -142,17 +168,41 @@ absl::StatusOr<LowerTierPlan> PlanLowerTiers(const Graph& graph, const Residency
       busy_op[t] = static_cast<int64_t>(p / len * graph.ops.size() + d.op);
       switch (d.kind) {
         case LowerKind::kRead:
+        case LowerKind::kHostRead:
+        case LowerKind::kHostWrite:
           if (!s.dram[t]) {
             if (!s.nvme[t]) {
-              return absl::InternalError(
-                  absl::StrFormat("op %d loads '%s' but no tier below holds it", d.op, graph.tensors[t].name));
+              return absl::InternalError(absl::StrFormat("op %d %s '%s' but no tier below holds it", d.op,
+                                                         d.kind == LowerKind::kRead ? "loads" : "uses on the host",
+                                                         graph.tensors[t].name));
             }
             emit(LowerKind::kStage, t);
             plan.nvme_read_bytes += bytes(t);
             s.dram[t] = true;
             s.dram_bytes += bytes(t);
           }
-          emit(LowerKind::kRead, t);
+          if (d.kind == LowerKind::kHostWrite && s.nvme[t]) {
+            s.nvme[t] = false;
+            s.nvme_bytes -= bytes(t);
+          }
+          emit(d.kind, t);
+          break;
+        case LowerKind::kDiscard:
+          if (s.dram[t]) s.dram_bytes -= bytes(t);
+          if (s.nvme[t]) s.nvme_bytes -= bytes(t);
+          s.dram[t] = s.nvme[t] = false;
+          emit(LowerKind::kDiscard, t);
+          break;
+        case LowerKind::kHostOverwrite:
+          if (!s.dram[t]) {  // room (made above), nothing read into it
+            s.dram[t] = true;
+            s.dram_bytes += bytes(t);
+          }
+          if (s.nvme[t]) {
+            s.nvme[t] = false;
+            s.nvme_bytes -= bytes(t);
+          }
+          emit(d.kind, t);
           break;
         case LowerKind::kWriteBack:
           if (!s.dram[t]) {
@@ -258,17 +308,21 @@ std::vector<uint64_t> DramAfterEach(const Graph& graph, const LowerTierPlan& pla
     switch (e.kind) {
       case LowerKind::kWriteBack:
       case LowerKind::kStage:
+      case LowerKind::kHostOverwrite:
         if (!dram[e.tensor]) bytes += b;
         dram[e.tensor] = true;
         break;
       case LowerKind::kPushDown:
       case LowerKind::kDrop:
       case LowerKind::kInvalidate:
+      case LowerKind::kDiscard:
         if (dram[e.tensor]) bytes -= b;
         dram[e.tensor] = false;
         break;
       case LowerKind::kRead:
       case LowerKind::kDropNvme:
+      case LowerKind::kHostRead:
+      case LowerKind::kHostWrite:
         break;
     }
     after[k] = bytes;
@@ -283,8 +337,9 @@ bool NvmeCopyUnused(const LowerTierPlan& plan, size_t j) {
   const TensorIndex t = plan.events[j].tensor;
   for (size_t k = j + 1; k < plan.events.size(); ++k) {
     const LowerEvent& e = plan.events[k];
-    if (e.tensor != t || e.kind == LowerKind::kRead) continue;
-    return e.kind == LowerKind::kWriteBack || e.kind == LowerKind::kInvalidate;
+    if (e.tensor != t || e.kind == LowerKind::kRead || e.kind == LowerKind::kHostRead) continue;
+    return e.kind == LowerKind::kWriteBack || e.kind == LowerKind::kInvalidate || e.kind == LowerKind::kHostWrite ||
+           e.kind == LowerKind::kHostOverwrite || e.kind == LowerKind::kDiscard;
   }
   return false;
 }
@@ -358,15 +413,18 @@ absl::Status ReplayLowerTiers(const Graph& graph, const ResidencyPlan& gpu, cons
     for (size_t k = 1; k <= plan.events.size(); ++k) {
       const LowerEvent& e = plan.events[(p + k) % plan.events.size()];
       if (e.tensor != t) continue;
+      if (e.kind == LowerKind::kHostRead || e.kind == LowerKind::kHostWrite) return LowerKind::kRead;  // needs it
+      if (e.kind == LowerKind::kHostOverwrite) return LowerKind::kInvalidate;                          // does not
       if (e.kind == LowerKind::kRead || e.kind == LowerKind::kWriteBack || e.kind == LowerKind::kInvalidate) {
         return e.kind;
       }
     }
     return LowerKind::kInvalidate;  // never needed again
   };
+  const auto dead_after = DeadAfter(graph);
   size_t p = 0;
   for (uint32_t i = 0; i < ops; ++i) {
-    std::vector<TensorIndex> reads, write_backs;
+    std::vector<TensorIndex> reads, write_backs, host_uses;
     for (; p < plan.events.size() && plan.events[p].op == i; ++p) {
       const LowerEvent& e = plan.events[p];
       const TensorIndex t = e.tensor;
@@ -408,6 +466,36 @@ absl::Status ReplayLowerTiers(const Graph& graph, const ResidencyPlan& gpu, cons
           if (s.nvme[t]) s.nvme_bytes -= b;
           s.dram[t] = s.nvme[t] = false;
           break;
+        case LowerKind::kDiscard:
+          if (!dead_after[(i + ops - 1) % ops][t]) {
+            return fail(i, "discards '" + graph.tensors[t].name + "', whose value is needed later");
+          }
+          if (s.dram[t]) s.dram_bytes -= b;
+          if (s.nvme[t]) s.nvme_bytes -= b;
+          s.dram[t] = s.nvme[t] = false;
+          break;
+        case LowerKind::kHostRead:
+        case LowerKind::kHostWrite:
+          if (!s.dram[t]) return fail(i, "a host op finds no DRAM copy of '" + graph.tensors[t].name + "'");
+          if ((e.kind == LowerKind::kHostWrite) != (HostUseOf(graph.ops[i], t) == Use::kWrite)) {
+            return fail(i, "the host use of '" + graph.tensors[t].name + "' is not the graph's");
+          }
+          if (e.kind == LowerKind::kHostWrite && s.nvme[t]) {
+            s.nvme[t] = false;
+            s.nvme_bytes -= b;
+          }
+          host_uses.push_back(t);
+          break;
+        case LowerKind::kHostOverwrite:
+          if (HostUseOf(graph.ops[i], t) != Use::kOverwrite) {
+            return fail(i, "the host overwrite of '" + graph.tensors[t].name + "' is not the graph's");
+          }
+          if (!s.dram[t]) s.dram_bytes += b;
+          if (s.nvme[t]) s.nvme_bytes -= b;
+          s.dram[t] = true;
+          s.nvme[t] = false;
+          host_uses.push_back(t);
+          break;
         case LowerKind::kDropNvme:
           if (!s.nvme[t]) return fail(i, "frees an NVMe copy that does not exist");
           if (!s.dram[t] && next_demand(p, t) == LowerKind::kRead) {
@@ -427,7 +515,8 @@ absl::Status ReplayLowerTiers(const Graph& graph, const ResidencyPlan& gpu, cons
         return fail(i, "drops a clean GPU copy of '" + graph.tensors[e.tensor].name + "' with no copy below");
       }
     }
-    for (auto* v : {&reads, &want_reads, &write_backs, &want_write_backs}) std::sort(v->begin(), v->end());
+    for (auto* v : {&reads, &want_reads, &write_backs, &want_write_backs, &host_uses}) std::sort(v->begin(), v->end());
+    if (host_uses != HostTouched(graph.ops[i])) return fail(i, "the host op's uses and the DRAM host uses differ");
     if (reads != want_reads) return fail(i, "the GPU loads and the DRAM reads differ");
     if (write_backs != want_write_backs) return fail(i, "the GPU write-backs and the DRAM write-backs differ");
   }

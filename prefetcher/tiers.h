@@ -7,6 +7,8 @@
 //   - a GPU load reads the tensor from DRAM; if DRAM does not hold it, it is first staged
 //     from NVMe into DRAM;
 //   - a write on the GPU (or a dead value dropped) makes the copies below stale: freed;
+//   - an op on the host uses the DRAM copy (staged from NVMe first if DRAM lacks it); a
+//     host write makes the NVMe copy stale;
 //   - to make room in DRAM a copy is dropped if NVMe holds the same bytes (or the value is
 //     dead), otherwise pushed down to NVMe first. Nothing is ever lost: checked by replay.
 #ifndef TIERD_PREFETCHER_TIERS_H_
@@ -29,6 +31,11 @@ enum class LowerKind : uint8_t {
   kDrop,        // a DRAM copy freed to make room (NVMe has the bytes, or they are dead)
   kInvalidate,  // the GPU wrote the tensor: copies below are stale and freed
   kDropNvme,    // an NVMe copy freed (DRAM holds the same bytes); closing a lap only
+  kHostRead,    // an op on the host reads the DRAM copy (staged first if DRAM lacks it)
+  kHostWrite,   // an op on the host changes the DRAM copy: the NVMe copy is stale, freed
+  kHostOverwrite,  // an op on the host writes a DRAM copy whole: room, nothing staged
+  kDiscard,     // a value dead after its host use: its copies below freed once that op is
+                // over (an event of the op after it), nothing written
 };
 const char* LowerKindName(LowerKind kind);
 

@@ -4,6 +4,8 @@
 
 #include <random>
 
+#include "prefetcher/random_graph.h"
+
 namespace tierd::prefetcher {
 namespace {
 
@@ -75,20 +77,8 @@ TEST(TiersTest, RandomGraphsAndBudgetsReplayCleanly) {
   std::mt19937_64 rng(17);
   int planned = 0;
   for (int trial = 0; trial < 300; ++trial) {
-    Graph g;
-    const int tensors = 2 + rng() % 10;
     uint64_t largest = 0;
-    for (int t = 0; t < tensors; ++t) {
-      g.tensors.push_back({"t" + std::to_string(t), 1 + rng() % 50, rng() % 12 == 0});
-      largest = std::max(largest, g.tensors.back().bytes);
-    }
-    for (int i = 0, ops = 1 + rng() % 25; i < ops; ++i) {
-      GraphOp op{"op" + std::to_string(i), {}, {}, 1};
-      for (int k = rng() % 3; k >= 0; --k) op.reads.push_back(rng() % tensors);
-      if (rng() % 2) op.writes.push_back(rng() % tensors);
-      if (rng() % 3 == 0) op.overwrites.push_back(rng() % tensors);
-      g.ops.push_back(op);
-    }
+    const Graph g = RandomGraph(rng, {}, &largest);
     const uint64_t gpu_budget = largest * (1 + rng() % 4), dram = largest * (1 + rng() % 4);
     auto gpu = PlanResidency(g, gpu_budget);
     if (!gpu.ok()) continue;

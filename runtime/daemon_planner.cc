@@ -38,7 +38,10 @@ absl::StatusOr<tp::Graph> GraphFromProto(const v1::GraphSpec& spec) {
       return absl::InvalidArgumentError(absl::StrFormat("op '%s' has a duration of %g s", o.name(), o.seconds()));
     }
     for (auto [names, list] : {std::pair{&o.reads(), &op.reads}, std::pair{&o.writes(), &op.writes},
-                               std::pair{&o.overwrites(), &op.overwrites}}) {
+                               std::pair{&o.overwrites(), &op.overwrites},
+                               std::pair{&o.host_reads(), &op.host_reads},
+                               std::pair{&o.host_writes(), &op.host_writes},
+                               std::pair{&o.host_overwrites(), &op.host_overwrites}}) {
       for (const std::string& name : *names) {
         auto it = index.find(name);
         if (it == index.end()) {

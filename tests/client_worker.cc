@@ -3,6 +3,7 @@
 // evict and fetch them back, and checks every byte.
 //   client_worker RUNTIME_DIR roundtrip SEED   exit 0 when every byte came back right
 //   client_worker RUNTIME_DIR hold             lease + acquire, print "ready", sleep forever
+//   client_worker RUNTIME_DIR planned[-hold|-host-optimizer] LAPS   a planned training loop
 #include <grp.h>
 #include <unistd.h>
 
@@ -78,9 +79,12 @@ int Roundtrip(const std::string& dir, uint32_t seed) {
 
 // A small training loop under a plan: registers the iteration graph of a synthetic
 // 8-layer model, runs `laps` iterations reporting each op, checks every value it reads,
-// prints the plan's summary, and (hold) waits to be killed so tierctl can look.
-int Planned(const std::string& dir, int laps, bool hold) {
+// prints the plan's summary, and (hold) waits to be killed so tierctl can look. With
+// `host_optimizer` the optimizer ops run on the host (acquired in DRAM, like a GPU
+// trainer's CPU AdamW).
+int Planned(const std::string& dir, int laps, bool hold, bool host_optimizer = false) {
   prefetcher::TraceOptions trace;
+  trace.optimizer_on_host = host_optimizer;
   trace.micro_batch_seqs = 1;
   trace.seq_len = 64;
   trace.grad_accum = 2;
@@ -109,11 +113,14 @@ int Planned(const std::string& dir, int laps, bool hold) {
     for (uint32_t i = 0; i < graph.ops.size(); ++i) {
       if (auto s = (*client)->OpBegin(i); !s.ok()) return Fail("op begin", s);
       const auto& op = graph.ops[i];
-      for (auto t : prefetcher::Touched(op)) {
-        const auto use = prefetcher::UseOf(op, t);
+      std::vector<std::pair<prefetcher::TensorIndex, Place>> uses;
+      for (auto t : prefetcher::Touched(op)) uses.push_back({t, Place::kGpu});
+      for (auto t : prefetcher::HostTouched(op)) uses.push_back({t, Place::kHost});
+      for (auto [t, place] : uses) {
+        const auto use = place == Place::kGpu ? prefetcher::UseOf(op, t) : prefetcher::HostUseOf(op, t);
         const Access access = use == prefetcher::Use::kRead ? Access::kRead
                               : use == prefetcher::Use::kWrite ? Access::kWrite : Access::kOverwrite;
-        auto p = (*client)->Acquire(tensors[t], access, Place::kGpu);
+        auto p = (*client)->Acquire(tensors[t], access, place);
         if (!p.ok()) return Fail("acquire " + graph.tensors[t].name + " at " + op.name, p.status());
         if (use != prefetcher::Use::kOverwrite && !Same(*p, tensors[t].bytes, t * 1000 + version[t])) {
           std::fprintf(stderr, "client_worker: %s came back wrong at %s (lap %d)\n", graph.tensors[t].name.c_str(),
@@ -170,6 +177,9 @@ int main(int argc, char** argv) {
   }
   if (argc >= 3 && std::strcmp(argv[2], "hold") == 0) return tierd::Hold(argv[1]);
   if (argc >= 4 && std::strcmp(argv[2], "planned") == 0) return tierd::Planned(argv[1], std::stoi(argv[3]), false);
+  if (argc >= 4 && std::strcmp(argv[2], "planned-host-optimizer") == 0) {
+    return tierd::Planned(argv[1], std::stoi(argv[3]), false, /*host_optimizer=*/true);
+  }
   if (argc >= 4 && std::strcmp(argv[2], "planned-hold") == 0) {
     return tierd::Planned(argv[1], std::stoi(argv[3]), true);
   }

@@ -312,6 +312,24 @@ TEST_F(DaemonTest, APlannedSessionIsServedAheadOfUseAndTierctlShowsIt) {
   EXPECT_EQ(none.Wait(), 1);
 }
 
+// The optimizer on the host (a GPU trainer's CPU AdamW): the graph's host ops take the
+// gradients down with their values and the rewritten weights back up; every value the
+// worker reads, on the GPU or on the host, is the one it wrote last.
+TEST_F(DaemonTest, APlannedSessionWithItsOptimizerOnTheHostLosesNothing) {
+  Process worker("tests/client_worker", {runtime_dir_, "planned-host-optimizer", "4"});
+  const std::string ok = worker.WaitForLine("ok planned:", 60000);
+  ASSERT_NE(ok, "") << worker.output();
+  unsigned long laps = 0, prefetches = 0, discards = 0, hits = 0, stalls = 0;
+  ASSERT_EQ(std::sscanf(ok.c_str(), "ok planned: %lu laps, prefetches %lu, discards %lu, hits %lu, stalls %lu", &laps,
+                        &prefetches, &discards, &hits, &stalls),
+            5)
+      << ok;
+  EXPECT_EQ(worker.Wait(), 0) << worker.output();
+  EXPECT_GT(prefetches, 0u) << ok;
+  EXPECT_GT(hits, 10 * stalls) << ok;
+  std::printf("%s\n", ok.c_str());
+}
+
 // The planner's entry points refuse bad graphs and out-of-order progress with the reason,
 // and the session goes on working.
 TEST_F(DaemonTest, BadGraphsAndProgressAreRefusedWithTheReason) {

@@ -27,6 +27,8 @@ ABSL_FLAG(double, h2d_gbps, 55, "DRAM->GPU GB/s (lent H200, pinned)");
 ABSL_FLAG(double, d2h_gbps, 55, "GPU->DRAM GB/s");
 ABSL_FLAG(double, nvme_gbps, 2, "NVMe GB/s, reads and writes sharing the device");
 ABSL_FLAG(double, tflops, 400, "sustained bf16 TFLOP/s for op times");
+ABSL_FLAG(bool, optimizer_on_host, false, "AdamW on the host's CPU next to its DRAM state instead of on the GPU");
+ABSL_FLAG(double, host_adamw_gparams, 2.3, "with --optimizer_on_host: host AdamW rate, G params/s (H200 host: 2.3)");
 
 namespace tp = tierd::prefetcher;
 
@@ -58,10 +60,14 @@ int main(int argc, char** argv) {
   link.nvme_read_bytes_per_s = link.nvme_write_bytes_per_s = absl::GetFlag(FLAGS_nvme_gbps) * 1e9;
   std::printf("planbench: planner vs on-demand LRU vs lower bound, simulated (not measured on a GPU)\n");
   std::printf("budgets: GPU %s, DRAM %s, NVMe %s; links: %.0f GB/s DRAM->GPU, %.0f GB/s GPU->DRAM, %.1f GB/s NVMe; "
-              "ops at %.0f TFLOP/s; micro-batch 8 x 2048 tokens; Adam mixed precision (16 B/param)\n",
+              "ops at %.0f TFLOP/s; micro-batch 8 x 2048 tokens; Adam mixed precision (16 B/param)%s\n",
               tierd::FormatBytes(budgets.gpu).c_str(), tierd::FormatBytes(budgets.dram).c_str(),
               tierd::FormatBytes(budgets.nvme).c_str(), link.h2d_bytes_per_s / 1e9, link.d2h_bytes_per_s / 1e9,
-              link.nvme_read_bytes_per_s / 1e9, absl::GetFlag(FLAGS_tflops));
+              link.nvme_read_bytes_per_s / 1e9, absl::GetFlag(FLAGS_tflops),
+              absl::GetFlag(FLAGS_optimizer_on_host)
+                  ? absl::StrFormat("; AdamW on the host at %.1f G params/s", absl::GetFlag(FLAGS_host_adamw_gparams))
+                        .c_str()
+                  : "");
   std::printf("%-5s %5s %8s | %9s %9s | %9s %9s | %9s %9s %-22s | %7s %8s | %-26s | %-26s | %s\n", "model", "accum",
               "compute", "plan step", "stall", "LRU step", "stall", "LB step", "stall", "bound", "plan/LB",
               "LRU/plan", "plan GB h2d/d2h/nvr/nvw", "LRU GB h2d/d2h/nvr/nvw", "plan s");
@@ -78,6 +84,8 @@ int main(int argc, char** argv) {
         return 2;
       }
       trace.flops_per_s = absl::GetFlag(FLAGS_tflops) * 1e12;
+      trace.optimizer_on_host = absl::GetFlag(FLAGS_optimizer_on_host);
+      trace.host_adamw_params_per_s = absl::GetFlag(FLAGS_host_adamw_gparams) * 1e9;
       const tp::Graph graph = tp::SyntheticTransformer(*shape, trace);
       const auto t0 = std::chrono::steady_clock::now();
       auto plan = tp::PlanBest(graph, budgets, link);

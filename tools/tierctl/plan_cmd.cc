@@ -15,6 +15,9 @@
 ABSL_FLAG(std::string, graph, "", "plan/trace: the iteration graph (YAML; see --dump_graph for the format)");
 ABSL_FLAG(std::string, model, "", "plan/trace: a synthetic Llama-style step instead: tiny, 1.3b, 7b, 13b");
 ABSL_FLAG(int, accum, 1, "plan/trace with --model: micro-batches (8 x 2048 tokens) per optimizer step");
+ABSL_FLAG(bool, optimizer_on_host, false,
+          "plan/trace with --model: AdamW on the host's CPU next to its DRAM state (host ops) instead of on the GPU");
+ABSL_FLAG(double, host_adamw_gparams, 2.3, "plan/trace with --optimizer_on_host: host AdamW rate, G params/s");
 ABSL_FLAG(std::string, gpu, "24GiB", "plan/trace: GPU budget");
 ABSL_FLAG(std::string, dram, "64GiB", "plan/trace: DRAM budget");
 ABSL_FLAG(std::string, nvme, "512GiB", "plan/trace: NVMe budget");
@@ -58,8 +61,12 @@ int RunPlanCommand(const std::vector<std::string>& args) {
     tp::TraceOptions options;
     options.grad_accum = absl::GetFlag(FLAGS_accum);
     if (options.grad_accum < 1) return Usage("--accum must be >= 1");
+    options.optimizer_on_host = absl::GetFlag(FLAGS_optimizer_on_host);
+    options.host_adamw_params_per_s = absl::GetFlag(FLAGS_host_adamw_gparams) * 1e9;
+    if (!(options.host_adamw_params_per_s > 0)) return Usage("--host_adamw_gparams must be > 0");
     graph = tp::SyntheticTransformer(*shape, options);
-    source = absl::StrFormat("synthetic %s step, %d x 16384 tokens", shape->name, options.grad_accum);
+    source = absl::StrFormat("synthetic %s step, %d x 16384 tokens%s", shape->name, options.grad_accum,
+                             options.optimizer_on_host ? ", AdamW on the host" : "");
   }
   if (absl::GetFlag(FLAGS_dump_graph)) {
     std::printf("%s", tp::GraphToYaml(graph).c_str());

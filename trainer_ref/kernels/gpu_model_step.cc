@@ -154,10 +154,14 @@ prefetcher::Graph GpuModel::StepGraph(int micro_batches) const {
   for (int g = 0; g < Groups(); ++g) {
     const uint64_t bytes = home.bytes[g][static_cast<int>(Part::kMaster)];
     if (optimizer_on_cpu_) {
-      // On the host: nothing of it is needed on the GPU. (The plan does not model host ops:
-      // the state stays where the tiers keep it, in DRAM while there is room, and the
-      // weights the host rewrote come back as the next forward asks for them.)
-      graph.ops.push_back({absl::StrFormat("adamw.cpu.%s", home.groups[g]), {}, {}, bytes / 4 / 2e9, {}});
+      // On the host, on the DRAM copies: the gradients come down (written back after the
+      // backward), master and moments are updated where they live, and the bf16 weights
+      // are written whole (their GPU copy dropped; the next forward loads the new ones).
+      tp::GraphOp op{absl::StrFormat("adamw.cpu.%s", home.groups[g]), {}, {}, bytes / 4 / 2e9, {}};
+      op.host_reads = {at(g, Part::kGrads)};
+      op.host_writes = {at(g, Part::kMaster), at(g, Part::kAdamM), at(g, Part::kAdamV)};
+      op.host_overwrites = {at(g, Part::kWeights)};
+      graph.ops.push_back(std::move(op));
       continue;
     }
     graph.ops.push_back({absl::StrFormat("adamw.%s", home.groups[g]),

@@ -163,10 +163,9 @@ TEST_F(GpuTierdTest, TrainsInAThirdOfItsStateLikePlainBuffers) {
   EXPECT_LE(*peak, quota);
 }
 
-// AdamW on the host, in tierd's DRAM tier (SetOptimizerOnCpu): the same training as AdamW on
-// the GPU, to fp32 rounding (the GPU contracts multiply-adds into FMAs, the host does not),
-// while the master weights and moments never go to the GPU: what comes in over the run is
-// less than with the optimizer on the GPU.
+// AdamW on the host, in tierd's DRAM tier (SetOptimizerOnCpu), in the background while the
+// next forward runs: the same training as AdamW on the GPU (the two give the same bits),
+// while the master weights and moments never go to the GPU.
 TEST_F(GpuTierdTest, TheOptimizerOnTheHostTracksTheGpu) {
   const trainer::ModelConfig config = TestConfig();
   const int batch = 4, seq = 128;
@@ -185,6 +184,7 @@ TEST_F(GpuTierdTest, TheOptimizerOnTheHostTracksTheGpu) {
   // After the run no master weights or moments are on the GPU: each host step dropped the
   // copies the initial upload left there, and nothing brought them back.
   auto optimizer_state_on_gpu = [&] {
+    ASSERT_TRUE((*on_host)->FinishOptimizerStep().ok());
     ClientOptions watcher_options = Options(0, 1 << 20, 1 << 20);
     watcher_options.label = "watcher";
     auto watcher = Client::Connect(watcher_options);
@@ -201,8 +201,9 @@ TEST_F(GpuTierdTest, TheOptimizerOnTheHostTracksTheGpu) {
     EXPECT_EQ(optimizer_state, 3 * static_cast<int>(layout.groups.size()));
     EXPECT_EQ(on_gpu, 0) << "master weights or moments on the GPU";
   };
-  TrainSideBySide(**on_host, **plain, config, batch, seq, /*steps=*/4, /*loss_tolerance=*/1e-4,
-                  "host AdamW, GPU AdamW", optimizer_state_on_gpu);
+  // The host's AdamW gives the kernel's bits, so the runs stay as close as two GPU runs.
+  TrainSideBySide(**on_host, **plain, config, batch, seq, /*steps=*/4, /*loss_tolerance=*/1e-5,
+                  "host AdamW overlapping the next forward, GPU AdamW", optimizer_state_on_gpu);
   EXPECT_GT((*on_host)->HostOptimizerSeconds(), 0.0) << "the host did the steps";
   std::printf("%s\n", (*on_host)->home().Describe().c_str());
   // A plain home has no host tier: the CPU optimizer says so.

@@ -15,15 +15,24 @@ OptimizerChoice ChooseOptimizerPlace(const OptimizerCostInputs& in) {
   const double excess = std::max(0.0, in.state_bytes - in.gpu_bytes);
   out.offloaded_fraction = optimizer_bytes > 0 ? std::min(1.0, excess / optimizer_bytes) : 0.0;
   const double moved = out.offloaded_fraction * optimizer_bytes;
-  out.gpu_seconds = std::max(moved / in.h2d_bytes_per_s, moved / in.d2h_bytes_per_s) + in.params / in.gpu_params_per_s;
-  out.cpu_seconds = std::max({4.0 * in.params / in.d2h_bytes_per_s, 2.0 * in.params / in.h2d_bytes_per_s,
-                              in.params / in.host_params_per_s});
+  const double dram = in.dram_bytes > 0 ? in.dram_bytes : 1e300;
+  out.gpu_nvme_bytes = std::max(0.0, excess - dram);
+  out.cpu_nvme_bytes = std::max(0.0, 18.0 * in.params - dram);
+  auto nvme_seconds = [&](double bytes) { return 2 * bytes / in.nvme_bytes_per_s; };  // out and back in
+  out.gpu_seconds = std::max(std::max(moved / in.h2d_bytes_per_s, moved / in.d2h_bytes_per_s) +
+                                 in.params / in.gpu_params_per_s,
+                             nvme_seconds(out.gpu_nvme_bytes));
+  const double host = std::max(0.0, in.params / in.host_params_per_s - in.forward_seconds);
+  out.cpu_seconds = std::max({4.0 * in.params / in.d2h_bytes_per_s, 2.0 * in.params / in.h2d_bytes_per_s, host,
+                              nvme_seconds(out.cpu_nvme_bytes)});
   out.on_cpu = out.cpu_seconds < out.gpu_seconds;
   out.why = absl::StrFormat(
       "%.0f%% of master weights and moments (%.1f GB) cannot stay on the GPU: through the GPU %.2f s a step "
-      "(%.1f GB each way), on the host %.2f s (host AdamW %.2f G params/s, gradients down %.1f GB) -> %s",
-      100 * out.offloaded_fraction, optimizer_bytes / 1e9, out.gpu_seconds, moved / 1e9, out.cpu_seconds,
-      in.host_params_per_s / 1e9, 4.0 * in.params / 1e9, out.on_cpu ? "cpu" : "gpu");
+      "(%.1f GB each way over PCIe, %.1f GB through NVMe), on the host %.2f s (host AdamW %.2f G params/s less a "
+      "%.2f s forward, gradients down %.1f GB, %.1f GB through NVMe) -> %s",
+      100 * out.offloaded_fraction, optimizer_bytes / 1e9, out.gpu_seconds, moved / 1e9, out.gpu_nvme_bytes / 1e9,
+      out.cpu_seconds, in.host_params_per_s / 1e9, in.forward_seconds, 4.0 * in.params / 1e9,
+      out.cpu_nvme_bytes / 1e9, out.on_cpu ? "cpu" : "gpu");
   return out;
 }
 

@@ -1,8 +1,9 @@
 // Where the optimizer step should run when the optimizer state does not all fit on the GPU:
 // streamed through the GPU (the master weights and moments come in and go back out each
 // step) or on the host next to the data in DRAM (the gradients come down, the new bf16
-// weights go up, the host's threads do the arithmetic). A cost model of one step's
-// optimizer, from the sizes, the links and the host's measured AdamW rate.
+// weights go up, the host's threads do the arithmetic, overlapping the next forward). A
+// cost model of what each place adds to a step, from the sizes, the tiers' budgets, the
+// links and the host's measured AdamW rate.
 #ifndef TIERD_TRAINER_REF_OPTIMIZER_PLACE_H_
 #define TIERD_TRAINER_REF_OPTIMIZER_PLACE_H_
 
@@ -16,22 +17,29 @@ struct OptimizerCostInputs {
   double state_bytes = 0;           // everything the GPU side would hold (weights, master,
                                     // gradients, moments, saved activations)
   double gpu_bytes = 0;             // the GPU memory for it (tierd's quota)
+  double dram_bytes = 0;            // tierd's DRAM quota (0: unbounded)
   double h2d_bytes_per_s = 55e9;    // host -> GPU
   double d2h_bytes_per_s = 55e9;    // GPU -> host
+  double nvme_bytes_per_s = 2e9;    // reads and writes sharing the device
   double host_params_per_s = 1e9;   // HostAdamW, measured (Calibrate)
   double gpu_params_per_s = 1e11;   // the GPU kernel: ~30 B a parameter at a few TB/s
+  double forward_seconds = 0;       // the first micro-batch's forward: what the host step overlaps
 };
 
 struct OptimizerChoice {
   bool on_cpu = false;
-  double gpu_seconds = 0, cpu_seconds = 0;  // the model's estimate of one step's optimizer
+  double gpu_seconds = 0, cpu_seconds = 0;  // the model's estimate of what each adds to a step
   double offloaded_fraction = 0;            // of master + moments that cannot stay on the GPU
+  double gpu_nvme_bytes = 0, cpu_nvme_bytes = 0;  // what spills to NVMe each step, each way
   std::string why;                          // one line, with the numbers
 };
 
 // GPU: the offloaded fraction f of master + moments (12 B a parameter) comes in and goes
-// out, both directions at once, plus the kernel. CPU: gradients down (4 B), weights up (2
-// B) and the host's arithmetic, pipelined group by group, so the slowest of the three.
+// out, both directions at once, plus the kernel; what fits neither the GPU nor DRAM goes
+// through NVMe both ways. CPU: gradients down (4 B), weights up (2 B), the host's
+// arithmetic less the forward it overlaps, and the NVMe round trip of what DRAM cannot
+// hold of the host's 18 B a parameter (master, moments, gradients, weights): the slowest
+// of these. The smaller estimate wins.
 OptimizerChoice ChooseOptimizerPlace(const OptimizerCostInputs& in);
 
 // HostAdamW's rate on this host: parameters a second over `elements` (best of two runs).

@@ -49,7 +49,9 @@ class GpuHome {
   virtual absl::Status Release(int group, Part part, cudaStream_t stream) = 0;
   // A host pointer to the part in the DRAM tier (for the optimizer step on the CPU), valid
   // until ReleaseHost. UNIMPLEMENTED for a home without one (plain GPU buffers).
-  virtual absl::StatusOr<void*> AcquireHost(int, Part, Access) {
+  virtual absl::StatusOr<void*> AcquireHost(int, Part, Access) { return NoHostTier(); }
+  virtual bool HasHostTier() const { return false; }
+  static absl::Status NoHostTier() {
     return absl::UnimplementedError("this home has no host tier: the CPU optimizer needs tierd's DRAM tier");
   }
   virtual absl::Status ReleaseHost(int, Part) { return absl::UnimplementedError("this home has no host tier"); }

@@ -65,6 +65,7 @@ std::vector<size_t> GpuModel::GroupEntries(int group) const {
 }
 
 GpuModel::~GpuModel() {
+  AwaitHostUpdate(-1).IgnoreError();
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   for (int g = 0; g < static_cast<int>(acquired_.size()); ++g) {
     for (int k = 0; k < kParts; ++k) {
@@ -75,6 +76,7 @@ GpuModel::~GpuModel() {
   home_.reset();
   for (void* p : allocations_) cudaFree(p);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  if (host_stream_ != nullptr) cudaStreamDestroy(host_stream_);
 }
 
 absl::Status GpuModel::ZeroGrads() {
@@ -117,19 +119,20 @@ absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x) {
 absl::StatusOr<double> GpuModel::Forward(const int32_t* tokens, const int32_t* targets) {
   const int n = batch_ * seq_, c = config_.d_model;
   const size_t nc = static_cast<size_t>(n) * c;
-  const uint32_t op0 = static_cast<uint32_t>(micro_ * 2 * Groups());
   RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(tokens_, tokens, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_), "tokens"));
   RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(targets_, targets, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
                        "targets"));
   int counted = 0;
   for (int i = 0; i < n; ++i) counted += targets[i] >= 0;
-  Progress(op0);
+  RETURN_IF_ERROR(AwaitHostUpdate(0));  // (reports the optimizer's op before this one)
+  Progress(ForwardOp(micro_, 0));
   RETURN_IF_ERROR(Enter(0, Part::kWeights, Access::kRead));
   Timed(kElementwise, [&] { EmbeddingForward(x_, tokens_, W(embed_), n, c, config_.vocab, stream_); return 0; });
   RETURN_IF_ERROR(Leave(0, Part::kWeights));
   for (int l = 0; l < config_.layers; ++l) {
     const int group = l + 1;
-    Progress(op0 + group);
+    RETURN_IF_ERROR(AwaitHostUpdate(group));
+    Progress(ForwardOp(micro_, group));
     RETURN_IF_ERROR(Enter(group, Part::kWeights, Access::kRead));
     RETURN_IF_ERROR(Enter(group, Part::kActs, Access::kOverwrite));
     void* saved = acquired_[group][static_cast<int>(Part::kActs)];
@@ -140,7 +143,8 @@ absl::StatusOr<double> GpuModel::Forward(const int32_t* tokens, const int32_t* t
     RETURN_IF_ERROR(Leave(group, Part::kActs));
   }
   const int last = Groups() - 1;
-  Progress(op0 + last);
+  RETURN_IF_ERROR(AwaitHostUpdate(last));
+  Progress(ForwardOp(micro_, last));
   RETURN_IF_ERROR(Enter(last, Part::kWeights, Access::kRead));
   RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(x_out_, x_, nc * sizeof(float), cudaMemcpyDeviceToDevice, stream_), "x_out"));
   Timed(kElementwise, [&] { RmsNormForward(xf_, rstd_f_, x_, N(final_norm_), n, c, kNormEps, stream_); return 0; });
@@ -159,7 +163,6 @@ absl::StatusOr<double> GpuModel::Forward(const int32_t* tokens, const int32_t* t
 absl::Status GpuModel::Backward() {
   const int n = batch_ * seq_, c = config_.d_model, f = config_.d_ff, h = config_.heads, d = config_.head_dim();
   const size_t nc = static_cast<size_t>(n) * c, nf = static_cast<size_t>(n) * f;
-  const uint32_t op0 = static_cast<uint32_t>(micro_ * 2 * Groups() + Groups());  // backward's first op
   auto zero = [this](Bf16* p, size_t count) { return Cuda(cudaMemsetAsync(p, 0, count * sizeof(Bf16), stream_), "zero"); };
   // Each group's sum of squared gradients, taken right after its backward (the norm).
   auto sum_squares = [&](int group) {
@@ -171,7 +174,8 @@ absl::Status GpuModel::Backward() {
   };
   RETURN_IF_ERROR(Cuda(cudaMemsetAsync(norm_, 0, sizeof(float), stream_), "zero norm"));
   const int last = Groups() - 1;
-  Progress(op0);
+  RETURN_IF_ERROR(AwaitHostUpdate(-1));  // (a backward without its forward: the step done first)
+  Progress(BackwardOp(micro_, 0));
   RETURN_IF_ERROR(Enter(last, Part::kWeights, Access::kRead));
   RETURN_IF_ERROR(EnterGrads(last));
   RETURN_IF_ERROR(zero(dxf_, nc));
@@ -183,7 +187,7 @@ absl::Status GpuModel::Backward() {
   RETURN_IF_ERROR(Leave(last, Part::kGrads));
   for (int l = config_.layers; l-- > 0;) {
     const int group = l + 1;
-    Progress(op0 + (last - group));
+    Progress(BackwardOp(micro_, last - group));
     RETURN_IF_ERROR(Enter(group, Part::kWeights, Access::kRead));
     RETURN_IF_ERROR(Enter(group, Part::kActs, Access::kRead));
     RETURN_IF_ERROR(EnterGrads(group));
@@ -227,7 +231,7 @@ absl::Status GpuModel::Backward() {
     RETURN_IF_ERROR(Leave(group, Part::kActs));
     RETURN_IF_ERROR(Leave(group, Part::kGrads));
   }
-  Progress(op0 + last);
+  Progress(BackwardOp(micro_, last));
   RETURN_IF_ERROR(EnterGrads(0));
   Timed(kElementwise, [&] { EmbeddingBackward(G(embed_), dx_, tokens_, n, c, config_.vocab, stream_); return 0; });
   sum_squares(0);

@@ -18,10 +18,14 @@
 #include <cuda_runtime_api.h>
 
 #include <array>
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -85,9 +89,15 @@ class GpuModel {
   // host's threads in the home's DRAM tier (the gradients come down, the new bf16 weights
   // go up at the next forward; the master weights and moments never leave DRAM). The CPU
   // needs a home with a host tier (tierd). Set before RegisterStep (the plan differs).
+  // On the CPU, AdamWStep returns at once: a background thread updates the groups in
+  // forward order while the next forward queues each group's kernels as soon as its update
+  // is done (the optimizer overlaps the GPU's forward). Any later use of a group's state
+  // waits for its update; an error of the background step comes back from that wait.
   void SetOptimizerOnCpu(bool on) { optimizer_on_cpu_ = on; }
+  // Waits for the CPU optimizer's step in flight (nothing to do without one).
+  absl::Status FinishOptimizerStep() { return AwaitHostUpdate(-1); }
   // Host seconds spent in the CPU optimizer's arithmetic (not waiting for tierd).
-  double HostOptimizerSeconds() const { return host_optimizer_seconds_; }
+  double HostOptimizerSeconds() const { return host_optimizer_nanos_.load() * 1e-9; }
   // Where the GPU time goes: with profiling on, each kernel or GEMM is bracketed by CUDA
   // events (costly; for measurement runs) and TakeProfile returns the milliseconds per
   // category since the last call: "gemm", "attention", "norm+elementwise", "loss",
@@ -124,7 +134,16 @@ class GpuModel {
   size_t GroupCount(int group) const;                  // its parameters
   absl::Status SetGroup(int group, const float* params);  // master, weights; moments zeroed
   absl::Status Download(Part part, std::vector<float>* out);  // an fp32 part, ParamLayout order
-  absl::Status HostAdamWStep(int group, const std::function<AdamWParams(size_t)>& params_for);
+  absl::Status HostAdamWStep(int group, bool zero_grads, const std::function<AdamWParams(size_t)>& params_for);
+  // Until the CPU optimizer's step in flight has updated `group` (-1: every group, and the
+  // thread joined); reports its host op as progress first. The step's error, if any.
+  absl::Status AwaitHostUpdate(int group);
+  // The step's op indices in the registered graph. On the GPU: per micro-batch its forward
+  // ops, then its backward ops, then the optimizer's. On the CPU, the optimizer's op of a
+  // group comes just before the first forward op of that group (it runs then, overlapped).
+  uint32_t ForwardOp(int micro, int group) const;
+  uint32_t BackwardOp(int micro, int index) const;  // index: 0 for the head, Groups()-1 for the embedding
+  uint32_t OptimizerOp(int group, int micro_batches) const;
 
   using Layer = LayerEntries;
   struct Acts {  // per layer, kept from forward for backward (one part of the home)
@@ -155,7 +174,15 @@ class GpuModel {
   int micro_ = 0;                         // micro-batches done this step
   double acquire_seconds_ = 0;
   bool optimizer_on_cpu_ = false;
-  double host_optimizer_seconds_ = 0;
+  std::atomic<int64_t> host_optimizer_nanos_{0};
+  // The CPU optimizer's step in flight: its thread, how many groups it has updated, its
+  // status. Guarded by host_mutex_.
+  std::thread host_thread_;
+  std::mutex host_mutex_;
+  std::condition_variable host_done_;
+  int host_groups_done_ = 0;
+  absl::Status host_status_;
+  cudaStream_t host_stream_ = nullptr;  // its uploads of norm weights
   bool registered_ = false;
   int registered_micro_batches_ = 0;
   std::unique_ptr<Gemm> gemm_;

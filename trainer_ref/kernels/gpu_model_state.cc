@@ -124,6 +124,7 @@ uint64_t GpuModel::WorkspaceBytesFor(const ModelConfig& config, int batch, int s
 
 absl::Status GpuModel::Allocate() {
   RETURN_IF_ERROR(Cuda(cudaStreamCreate(&stream_), "stream"));
+  RETURN_IF_ERROR(Cuda(cudaStreamCreate(&host_stream_), "host optimizer stream"));
   auto gemm = Gemm::Create(kGemmWorkspace);
   if (!gemm.ok()) return gemm.status();
   gemm_ = std::move(*gemm);
@@ -154,6 +155,7 @@ absl::Status GpuModel::Allocate() {
 }
 
 absl::Status GpuModel::Enter(int group, Part part, Access access) {
+  RETURN_IF_ERROR(AwaitHostUpdate(group));  // the CPU optimizer's step has updated it
   const auto start = std::chrono::steady_clock::now();
   auto p = home_->Acquire(group, part, access);
   acquire_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -14,9 +14,48 @@
 
 namespace tierd::trainer::gpu {
 
+uint32_t GpuModel::ForwardOp(int micro, int group) const {
+  const int groups = Groups();
+  if (!optimizer_on_cpu_) return static_cast<uint32_t>(micro * 2 * groups + group);
+  if (micro == 0) return static_cast<uint32_t>(2 * group + 1);  // after the group's optimizer op
+  return static_cast<uint32_t>(3 * groups + (micro - 1) * 2 * groups + group);
+}
+
+uint32_t GpuModel::BackwardOp(int micro, int index) const {
+  const int groups = Groups();
+  if (!optimizer_on_cpu_) return static_cast<uint32_t>(micro * 2 * groups + groups + index);
+  if (micro == 0) return static_cast<uint32_t>(2 * groups + index);
+  return static_cast<uint32_t>(3 * groups + (micro - 1) * 2 * groups + groups + index);
+}
+
+uint32_t GpuModel::OptimizerOp(int group, int micro_batches) const {
+  if (optimizer_on_cpu_) return static_cast<uint32_t>(2 * group);
+  return static_cast<uint32_t>(micro_batches * 2 * Groups() + group);
+}
+
+absl::Status GpuModel::AwaitHostUpdate(int group) {
+  if (!host_thread_.joinable()) return absl::OkStatus();
+  std::unique_lock<std::mutex> lock(host_mutex_);
+  const int need = group < 0 ? Groups() : group + 1;
+  if (host_groups_done_ < need && group >= 0 && micro_ == 0) {
+    // The group's optimizer op is running (on the host): progress for the planner.
+    lock.unlock();
+    Progress(OptimizerOp(group, registered_micro_batches_));
+    lock.lock();
+  }
+  host_done_.wait(lock, [&] { return host_groups_done_ >= need; });
+  absl::Status status = host_status_;
+  if (host_groups_done_ >= Groups()) {
+    lock.unlock();
+    host_thread_.join();
+    host_status_ = absl::OkStatus();  // said once
+  }
+  return status;
+}
+
 absl::Status GpuModel::AdamWStep(double lr, int64_t step, const AdamWOptions& options, double grad_scale) {
-  const uint32_t op0 = static_cast<uint32_t>(registered_micro_batches_ * 2 * Groups());
-  auto params_for = [&](size_t e) {
+  RETURN_IF_ERROR(AwaitHostUpdate(-1));  // the step before, if it is still running
+  auto params_for = [this, lr, step, options, grad_scale](size_t e) {
     AdamWParams p;
     p.lr = static_cast<float>(lr);
     p.beta1 = static_cast<float>(options.beta1);
@@ -28,12 +67,31 @@ absl::Status GpuModel::AdamWStep(double lr, int64_t step, const AdamWOptions& op
     p.decay = layout_[e].shape.size() > 1;
     return p;
   };
+  if (optimizer_on_cpu_) {
+    if (!home_->HasHostTier()) return GpuHome::NoHostTier();
+    // In the background, group by group in forward order; the next forward waits per
+    // group (AwaitHostUpdate). The gradients to zero are this step's: taken now.
+    std::vector<bool> zero_grads(Groups());
+    for (int g = 0; g < Groups(); ++g) zero_grads[g] = !grads_zeroed_[g];
+    host_groups_done_ = 0;
+    host_thread_ = std::thread([this, zero_grads, params_for] {
+      for (int g = 0; g < Groups(); ++g) {
+        const absl::Status s = HostAdamWStep(g, zero_grads[g], params_for);
+        std::lock_guard<std::mutex> lock(host_mutex_);
+        if (!s.ok()) {
+          host_status_ = s;
+          host_groups_done_ = Groups();
+        } else {
+          host_groups_done_ = g + 1;
+        }
+        host_done_.notify_all();
+        if (!s.ok()) return;
+      }
+    });
+    return absl::OkStatus();
+  }
   for (int g = 0; g < Groups(); ++g) {
-    if (registered_) home_->OpBegin(op0 + g).IgnoreError();
-    if (optimizer_on_cpu_) {
-      RETURN_IF_ERROR(HostAdamWStep(g, params_for));
-      continue;
-    }
+    if (registered_) home_->OpBegin(OptimizerOp(g, registered_micro_batches_)).IgnoreError();
     RETURN_IF_ERROR(EnterGrads(g));  // a group no backward reached this step has zero gradients
     for (Part part : {Part::kMaster, Part::kAdamM, Part::kAdamV}) RETURN_IF_ERROR(Enter(g, part, Access::kWrite));
     RETURN_IF_ERROR(Enter(g, Part::kWeights, Access::kOverwrite));  // written whole from the master copy
@@ -59,10 +117,12 @@ absl::Status GpuModel::AdamWStep(double lr, int64_t step, const AdamWOptions& op
   return Cuda(cudaStreamSynchronize(stream_), "adamw");
 }
 
-absl::Status GpuModel::HostAdamWStep(int g, const std::function<AdamWParams(size_t)>& params_for) {
+absl::Status GpuModel::HostAdamWStep(int g, bool zeros, const std::function<AdamWParams(size_t)>& params_for) {
   // The group's parts in the DRAM tier: tierd brings the gradients down from the GPU (after
   // the kernels that wrote them: their release fence) and drops the GPU copies of what the
-  // host writes, so the next forward fetches the new weights.
+  // host writes, so the next forward fetches the new weights. On the optimizer's thread:
+  // it touches no member the training thread changes meanwhile (`zeros`: no backward
+  // reached the group this step).
   void* host[kParts] = {};
   std::vector<Part> held;
   auto release_all = [&] {
@@ -78,7 +138,6 @@ absl::Status GpuModel::HostAdamWStep(int g, const std::function<AdamWParams(size
     return absl::OkStatus();
   };
   const size_t count = GroupCount(g);
-  const bool zeros = !grads_zeroed_[g];  // no backward reached it this step
   absl::Status s = take(Part::kGrads, zeros ? Access::kOverwrite : Access::kRead);
   for (Part part : {Part::kMaster, Part::kAdamM, Part::kAdamV}) {
     if (s.ok()) s = take(part, Access::kWrite);
@@ -89,10 +148,7 @@ absl::Status GpuModel::HostAdamWStep(int g, const std::function<AdamWParams(size
     return s;
   }
   auto* grads = static_cast<float*>(host[static_cast<int>(Part::kGrads)]);
-  if (zeros) {
-    std::memset(grads, 0, count * sizeof(float));
-    grads_zeroed_[g] = true;
-  }
+  if (zeros) std::memset(grads, 0, count * sizeof(float));
   auto* master = static_cast<float*>(host[static_cast<int>(Part::kMaster)]);
   auto* m = static_cast<float*>(host[static_cast<int>(Part::kAdamM)]);
   auto* v = static_cast<float*>(host[static_cast<int>(Part::kAdamV)]);
@@ -103,13 +159,15 @@ absl::Status GpuModel::HostAdamWStep(int g, const std::function<AdamWParams(size
     HostAdamW(master + off, m + off, v + off, weights + off, grads + off, static_cast<int64_t>(layout_[e].count),
               params_for(e));
     if (layout_[e].shape.size() == 1) {  // the resident copy the kernels read, after they are done with it
-      s = Cuda(cudaMemcpyAsync(N(e), master + off, layout_[e].count * sizeof(float), cudaMemcpyHostToDevice, stream_),
+      s = Cuda(cudaMemcpyAsync(N(e), master + off, layout_[e].count * sizeof(float), cudaMemcpyHostToDevice,
+                               host_stream_),
                "norm weights");
       if (!s.ok()) break;
     }
   }
-  host_optimizer_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (s.ok()) s = Cuda(cudaStreamSynchronize(stream_), "norm weights");  // before the host copy may move
+  host_optimizer_nanos_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+                              .count();
+  if (s.ok()) s = Cuda(cudaStreamSynchronize(host_stream_), "norm weights");  // before the host copy may move
   release_all();
   return s;
 }
@@ -136,39 +194,42 @@ prefetcher::Graph GpuModel::StepGraph(int micro_batches) const {
     const double attention = g == Groups() - 1 ? 0.0 : 2.0 * tokens * seq_ * config_.d_model;
     return (2 * tokens * params + attention) / 300e12;
   };
+  // Each op at its index (ForwardOp, BackwardOp, OptimizerOp: the order they run in).
+  graph.ops.resize(static_cast<size_t>(Groups()) * (2 * micro_batches + 1));
   for (int micro = 0; micro < micro_batches; ++micro) {
     for (int g = 0; g < Groups(); ++g) {
       tp::GraphOp op{absl::StrFormat("mb%d.%s.fwd", micro, home.groups[g]), {at(g, Part::kWeights)}, {},
                      forward_seconds(g), {}};
       if (home.bytes[g][static_cast<int>(Part::kActs)] > 0) op.overwrites.push_back(at(g, Part::kActs));
-      graph.ops.push_back(std::move(op));
+      graph.ops[ForwardOp(micro, g)] = std::move(op);
     }
     for (int g = Groups(); g-- > 0;) {
       tp::GraphOp op{absl::StrFormat("mb%d.%s.bwd", micro, home.groups[g]), {}, {}, 2 * forward_seconds(g), {}};
       if (g > 0) op.reads.push_back(at(g, Part::kWeights));
       if (home.bytes[g][static_cast<int>(Part::kActs)] > 0) op.reads.push_back(at(g, Part::kActs));
       (micro == 0 ? op.overwrites : op.writes).push_back(at(g, Part::kGrads));
-      graph.ops.push_back(std::move(op));
+      graph.ops[BackwardOp(micro, Groups() - 1 - g)] = std::move(op);
     }
   }
   for (int g = 0; g < Groups(); ++g) {
     const uint64_t bytes = home.bytes[g][static_cast<int>(Part::kMaster)];
+    tp::GraphOp& op = graph.ops[OptimizerOp(g, micro_batches)];
     if (optimizer_on_cpu_) {
-      // On the host, on the DRAM copies: the gradients come down (written back after the
+      // On the host, on the DRAM copies, before the group's next forward (overlapping the
+      // forward of the groups before it): the gradients come down (written back after the
       // backward), master and moments are updated where they live, and the bf16 weights
-      // are written whole (their GPU copy dropped; the next forward loads the new ones).
-      tp::GraphOp op{absl::StrFormat("adamw.cpu.%s", home.groups[g]), {}, {}, bytes / 4 / 2e9, {}};
+      // are written whole (their GPU copy dropped; the forward loads the new ones).
+      op = {absl::StrFormat("adamw.cpu.%s", home.groups[g]), {}, {}, bytes / 4 / 2e9, {}};
       op.host_reads = {at(g, Part::kGrads)};
       op.host_writes = {at(g, Part::kMaster), at(g, Part::kAdamM), at(g, Part::kAdamV)};
       op.host_overwrites = {at(g, Part::kWeights)};
-      graph.ops.push_back(std::move(op));
       continue;
     }
-    graph.ops.push_back({absl::StrFormat("adamw.%s", home.groups[g]),
-                         {at(g, Part::kGrads)},
-                         {at(g, Part::kMaster), at(g, Part::kAdamM), at(g, Part::kAdamV)},
-                         7.5 * bytes / 3e12,
-                         {at(g, Part::kWeights)}});
+    op = {absl::StrFormat("adamw.%s", home.groups[g]),
+          {at(g, Part::kGrads)},
+          {at(g, Part::kMaster), at(g, Part::kAdamM), at(g, Part::kAdamV)},
+          7.5 * bytes / 3e12,
+          {at(g, Part::kWeights)}};
   }
   return graph;
 }

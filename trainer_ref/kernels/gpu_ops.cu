@@ -168,15 +168,19 @@ __global__ void CrossEntropyKernel(float* losses, Bf16* dlogits, const Bf16* log
 
 __global__ void AdamWKernel(float* master, float* m, float* v, Bf16* weights, const float* grads, int64_t n,
                             AdamWParams p, float c1, float c2) {
+  // Every operation rounded on its own (the _rn intrinsics: no fused multiply-add), in the
+  // order HostAdamW computes them: the two optimizers give the same bits, so a run may
+  // step on the GPU or on the host and stay the same run.
+  const float decay = p.decay ? __fmul_rn(p.lr, p.weight_decay) : 0.f;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    const float g = grads[i] * p.grad_scale;
-    const float mi = p.beta1 * m[i] + (1.f - p.beta1) * g;
-    const float vi = p.beta2 * v[i] + (1.f - p.beta2) * g * g;
+    const float g = __fmul_rn(grads[i], p.grad_scale);
+    const float mi = __fadd_rn(__fmul_rn(p.beta1, m[i]), __fmul_rn(1.f - p.beta1, g));
+    const float vi = __fadd_rn(__fmul_rn(p.beta2, v[i]), __fmul_rn(__fmul_rn(1.f - p.beta2, g), g));
     m[i] = mi;
     v[i] = vi;
     float w = master[i];
-    if (p.decay) w -= p.lr * p.weight_decay * w;
-    w -= p.lr * (mi / c1) / (sqrtf(vi / c2) + p.eps);
+    w = __fsub_rn(w, __fmul_rn(decay, w));
+    w = __fsub_rn(w, __fdiv_rn(__fmul_rn(p.lr, __fdiv_rn(mi, c1)), __fadd_rn(__fsqrt_rn(__fdiv_rn(vi, c2)), p.eps)));
     master[i] = w;
     Store(weights, i, w);
   }

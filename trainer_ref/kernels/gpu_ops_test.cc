@@ -13,11 +13,13 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "trainer_ref/cpu_ops.h"
+#include "trainer_ref/host_adamw.h"
 #include "trainer_ref/kernels/gemm.h"
 #include "trainer_ref/optimizer.h"
 
@@ -278,6 +280,43 @@ TEST(GpuOpsTest, AdamWMatchesTheCpuOptimizer) {
   EXPECT_EQ(CompareF32(d_m.Host(), m, 1e-5f, 1e-9f, "m"), 0);
   EXPECT_EQ(CompareF32(d_v.Host(), v, 1e-5f, 1e-12f, "v"), 0);
   EXPECT_EQ(CompareBf16(Floats(d_w.Host()), master, 0.f, "bf16 weights"), 0);
+}
+
+// The host optimizer (trainer_ref/host_adamw, for state that lives in DRAM) and the kernel
+// give the same bits: a run may step either place and stay the same run.
+TEST(GpuOpsTest, AdamWOnTheHostGivesTheKernelsBits) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(16);
+  const int64_t n = 100003;
+  std::normal_distribution<float> normal(0.f, 0.02f);
+  std::vector<float> grads(n), master(n), m(n), v(n);
+  for (int64_t i = 0; i < n; ++i) {
+    grads[i] = normal(rng) * 3.f;
+    master[i] = normal(rng);
+    m[i] = normal(rng) * 0.1f;
+    v[i] = std::fabs(normal(rng)) * 1e-3f + 1e-7f;
+  }
+  for (bool decay : {true, false}) {
+    AdamWParams p;
+    p.lr = 1e-3f;
+    p.step = 3;
+    p.grad_scale = 0.37f;
+    p.decay = decay;
+    Device<float> d_master(master), d_m(m), d_v(v), d_g(grads);
+    Device<Bf16> d_w{std::vector<Bf16>(n)};
+    AdamW(d_master.get(), d_m.get(), d_v.get(), d_w.get(), d_g.get(), n, p, nullptr);
+    std::vector<float> h_master = master, h_m = m, h_v = v;
+    std::vector<uint16_t> h_w(n);
+    HostAdamW(h_master.data(), h_m.data(), h_v.data(), h_w.data(), grads.data(), n, p);
+    const std::vector<float> g_master = d_master.Host(), g_m = d_m.Host(), g_v = d_v.Host();
+    const std::vector<Bf16> g_w = d_w.Host();
+    int64_t differ = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      differ += std::memcmp(&g_master[i], &h_master[i], 4) != 0 || std::memcmp(&g_m[i], &h_m[i], 4) != 0 ||
+                std::memcmp(&g_v[i], &h_v[i], 4) != 0 || g_w[i] != h_w[i];
+    }
+    EXPECT_EQ(differ, 0) << "of " << n << " elements differ in some bit (decay " << decay << ")";
+  }
 }
 
 TEST(GpuOpsTest, SumOfSquaresForTheGradientNorm) {

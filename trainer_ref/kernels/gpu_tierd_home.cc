@@ -52,6 +52,7 @@ class TierdGpuHome final : public GpuHome {
   absl::Status Release(int group, Part part, cudaStream_t stream) override {
     return client_->Release(tensors_[group][static_cast<int>(part)], stream);
   }
+  bool HasHostTier() const override { return true; }
   absl::StatusOr<void*> AcquireHost(int group, Part part, Access access) override {
     return client_->Acquire(tensors_[group][static_cast<int>(part)], access, Place::kHost);
   }

@@ -54,13 +54,17 @@ ABSL_FLAG(std::string, tierd_nvme, "64GiB", "the session's NVMe quota (--offload
 ABSL_FLAG(bool, tierd_plan, true,
           "register the step's ops with tierd so its planner moves each layer's tensors ahead of use "
           "(--offload_policy=tierd); off: they move when acquired");
-ABSL_FLAG(std::string, optimizer_place, "gpu",
+ABSL_FLAG(std::string, optimizer_place, "auto",
           "where AdamW runs: gpu (the state streams to the GPU and back), cpu (with --offload_policy=tierd: on "
-          "the host's threads, in tierd's DRAM tier where the master weights and moments stay; only gradients "
-          "come down and bf16 weights go up), or auto (a cost model from the sizes, --pcie_gbps and the host's "
-          "AdamW rate measured at start picks one and says why)");
+          "the host's threads, in tierd's DRAM tier where the master weights and moments stay, overlapping the "
+          "next forward; only gradients come down and bf16 weights go up), or auto (with tierd, a cost model "
+          "from the sizes, the tiers' quotas, --pcie_gbps, --nvme_gbps, --gpu_tflops and the host's AdamW rate "
+          "measured at start picks one and says why; without tierd, gpu)");
 ABSL_FLAG(double, pcie_gbps, 55, "the host<->GPU link each way in GB/s, for --optimizer_place=auto (55: the lent "
           "H200's PCIe 5; ~25 on PCIe 4)");
+ABSL_FLAG(double, nvme_gbps, 2, "NVMe GB/s, reads and writes sharing it, for --optimizer_place=auto");
+ABSL_FLAG(double, gpu_tflops, 300, "sustained bf16 TFLOP/s, for --optimizer_place=auto's estimate of the forward "
+          "the host's AdamW overlaps");
 ABSL_FLAG(bool, grad_checkpointing, false,
           "activation checkpointing: a layer keeps only its input and its backward recomputes the rest (a third "
           "more compute; the saved activations shrink ~10x, so far less to hold or move)");
@@ -111,9 +115,9 @@ int main(int argc, char** argv) {
   if (optimizer_place != "gpu" && optimizer_place != "cpu" && optimizer_place != "auto") {
     return Fail("--optimizer_place is gpu, cpu or auto, not '" + optimizer_place + "'");
   }
-  if (optimizer_place != "gpu" && policy != "tierd") {
-    return Fail("--optimizer_place=" + optimizer_place +
-                " may step the state on the host, where tierd keeps it in DRAM: it needs --offload_policy=tierd");
+  if (optimizer_place == "cpu" && policy != "tierd") {
+    return Fail("--optimizer_place=cpu steps the state on the host, where tierd keeps it in DRAM: it needs "
+                "--offload_policy=tierd");
   }
   std::unique_ptr<tt::gpu::GpuHome> home;  // null: plain GPU buffers
   uint64_t gpu_quota = 0;                   // tierd's, for the optimizer's cost model
@@ -157,12 +161,15 @@ int main(int argc, char** argv) {
               config->name.c_str(), config->Params() / 1e9, prop.name, batch, seq, accum,
               checkpointing ? " (activation checkpointing)" : "", tierd::FormatBytes((*model)->DeviceBytes()).c_str());
   bool optimizer_on_cpu = optimizer_place == "cpu";
-  if (optimizer_place == "auto") {
+  if (optimizer_place == "auto" && policy == "tierd") {
     tt::OptimizerCostInputs costs;
     costs.params = static_cast<double>(config->Params());
     costs.state_bytes = static_cast<double>(layout.Total());
     costs.gpu_bytes = static_cast<double>(gpu_quota);
+    costs.dram_bytes = static_cast<double>(*tierd::ParseBytes(absl::GetFlag(FLAGS_tierd_dram)));  // checked above
     costs.h2d_bytes_per_s = costs.d2h_bytes_per_s = absl::GetFlag(FLAGS_pcie_gbps) * 1e9;
+    costs.nvme_bytes_per_s = absl::GetFlag(FLAGS_nvme_gbps) * 1e9;
+    costs.forward_seconds = 2.0 * config->Params() * batch * seq / (absl::GetFlag(FLAGS_gpu_tflops) * 1e12);
     costs.host_params_per_s = tt::CalibrateHostAdamW();
     const tt::OptimizerChoice choice = tt::ChooseOptimizerPlace(costs);
     optimizer_on_cpu = choice.on_cpu;
@@ -269,6 +276,10 @@ int main(int argc, char** argv) {
                                  step, loss, lr, grad_norm, seconds);
     }
   }
+  // The CPU optimizer's last step (it overlaps the next forward; there is none): done before
+  // anything reads the state. (Each timed step waited for the one before it, the first for
+  // the untimed one's, so the timed seconds hold one optimizer step each.)
+  if (absl::Status s = (*model)->FinishOptimizerStep(); !s.ok()) return Fail(std::string(s.message()));
   const double tps = timed_steps > 0 ? tokens_per_step * timed_steps / timed_seconds : 0;
   const tt::gpu::GpuHome::Traffic end = traffic();
   const auto [memory_bytes, memory] = gpu_memory(end);

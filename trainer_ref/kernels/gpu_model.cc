@@ -122,6 +122,10 @@ absl::StatusOr<double> GpuModel::Forward(const int32_t* tokens, const int32_t* t
   RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(tokens_, tokens, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_), "tokens"));
   RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(targets_, targets, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
                        "targets"));
+  token_segments_ = SegmentTokens(tokens, n, config_.vocab);  // for the embedding's backward
+  RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(token_index_, token_segments_.index.data(),
+                                       token_segments_.index.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
+                       "token index"));
   int counted = 0;
   for (int i = 0; i < n; ++i) counted += targets[i] >= 0;
   RETURN_IF_ERROR(AwaitHostUpdate(0));  // (reports the optimizer's op before this one)
@@ -168,7 +172,7 @@ absl::Status GpuModel::Backward() {
   auto sum_squares = [&](int group) {
     Timed(kOptimizer, [&] {
       SumSquares(static_cast<float*>(acquired_[group][static_cast<int>(Part::kGrads)]),
-                 static_cast<int64_t>(GroupCount(group)), norm_, stream_);
+                 static_cast<int64_t>(GroupCount(group)), norm_, scratch_, stream_);
       return 0;
     });
   };
@@ -181,7 +185,7 @@ absl::Status GpuModel::Backward() {
   RETURN_IF_ERROR(zero(dxf_, nc));
   RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(dxf_, G(head_), dlogits_, xf_, W(head_), n, c, config_.vocab, stream_); }));
   RETURN_IF_ERROR(Cuda(cudaMemsetAsync(dx_, 0, nc * sizeof(float), stream_), "zero dx"));
-  Timed(kElementwise, [&] { RmsNormBackward(dx_, G(final_norm_), dxf_, x_out_, N(final_norm_), rstd_f_, n, c, stream_); return 0; });
+  Timed(kElementwise, [&] { RmsNormBackward(dx_, G(final_norm_), dxf_, x_out_, N(final_norm_), rstd_f_, n, c, scratch_, stream_); return 0; });
   sum_squares(last);
   RETURN_IF_ERROR(Leave(last, Part::kWeights));
   RETURN_IF_ERROR(Leave(last, Part::kGrads));
@@ -209,7 +213,7 @@ absl::Status GpuModel::Backward() {
     RETURN_IF_ERROR(zero(dh_, nc));
     RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(dh_, G(w.w1), dg_, a.h2, W(w.w1), n, c, f, stream_); }));
     RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(dh_, G(w.w3), du_, a.h2, W(w.w3), n, c, f, stream_); }));
-    Timed(kElementwise, [&] { RmsNormBackward(dx_, G(w.mlp_norm), dh_, a.x_mid, N(w.mlp_norm), a.rstd2, n, c, stream_); return 0; });
+    Timed(kElementwise, [&] { RmsNormBackward(dx_, G(w.mlp_norm), dh_, a.x_mid, N(w.mlp_norm), a.rstd2, n, c, scratch_, stream_); return 0; });
     // x_mid = x_in + attention(rope(h1 Wq^T), rope(h1 Wk^T), h1 Wv^T) Wo^T
     Timed(kElementwise, [&] { ToBf16(dx16_, dx_, static_cast<int64_t>(nc), stream_); return 0; });
     RETURN_IF_ERROR(zero(da_, nc));
@@ -225,7 +229,7 @@ absl::Status GpuModel::Backward() {
     RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(dh_, G(w.wq), dq_, a.h1, W(w.wq), n, c, c, stream_); }));
     RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(dh_, G(w.wk), dk_, a.h1, W(w.wk), n, c, c, stream_); }));
     RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(dh_, G(w.wv), dv_, a.h1, W(w.wv), n, c, c, stream_); }));
-    Timed(kElementwise, [&] { RmsNormBackward(dx_, G(w.attn_norm), dh_, a.x_in, N(w.attn_norm), a.rstd1, n, c, stream_); return 0; });
+    Timed(kElementwise, [&] { RmsNormBackward(dx_, G(w.attn_norm), dh_, a.x_in, N(w.attn_norm), a.rstd1, n, c, scratch_, stream_); return 0; });
     sum_squares(group);
     RETURN_IF_ERROR(Leave(group, Part::kWeights));
     RETURN_IF_ERROR(Leave(group, Part::kActs));
@@ -233,7 +237,7 @@ absl::Status GpuModel::Backward() {
   }
   Progress(BackwardOp(micro_, last));
   RETURN_IF_ERROR(EnterGrads(0));
-  Timed(kElementwise, [&] { EmbeddingBackward(G(embed_), dx_, tokens_, n, c, config_.vocab, stream_); return 0; });
+  Timed(kElementwise, [&] { EmbeddingBackward(G(embed_), dx_, token_index_, token_segments_.rows, token_segments_.segments, c, stream_); return 0; });
   sum_squares(0);
   RETURN_IF_ERROR(Leave(0, Part::kGrads));
   ++micro_;

@@ -193,6 +193,9 @@ class GpuModel {
   float *x_ = nullptr, *x_out_ = nullptr, *dx_ = nullptr;  // residual stream and its gradient, fp32
   Bf16 *tmp_ = nullptr, *xf_ = nullptr, *logits_ = nullptr, *dlogits_ = nullptr, *dx16_ = nullptr;
   float *rstd_f_ = nullptr, *losses_ = nullptr, *norm_ = nullptr, *delta_ = nullptr;
+  float* scratch_ = nullptr;         // the deterministic reductions' partial sums
+  int32_t* token_index_ = nullptr;   // this micro-batch's rows grouped by token (SegmentTokens)
+  TokenSegments token_segments_;     // its host side (kept until the upload is done)
   Bf16 *dxf_ = nullptr, *dh_ = nullptr, *da_ = nullptr, *dq_ = nullptr, *dk_ = nullptr, *dv_ = nullptr, *ds_ = nullptr,
        *dg_ = nullptr, *du_ = nullptr;
   int32_t *tokens_ = nullptr, *targets_ = nullptr;

@@ -109,6 +109,10 @@ std::vector<std::pair<size_t, size_t>> GpuModel::WorkspacePlan(const ModelConfig
   plan.push_back({1, 4});                                          // norm_
   plan.push_back({lse, 4});                                        // delta_
   for (int i = 0; i < 2; ++i) plan.push_back({n, 4});              // tokens_, targets_
+  plan.push_back({std::max<size_t>(RmsNormScratchFloats(static_cast<int>(n), static_cast<int>(c)),
+                                   kSumSquaresScratch),
+                  4});                                             // scratch_
+  plan.push_back({3 * n + 1, 4});                                  // token_index_
   if (checkpointing) {
     plan.push_back({ActsBytes(config, batch, seq), 1});            // recompute_acts_
     plan.push_back({n * c, 4});                                    // xr_
@@ -141,10 +145,11 @@ absl::Status GpuModel::Allocate() {
                       reinterpret_cast<void**>(&rstd_f_), reinterpret_cast<void**>(&losses_),
                       reinterpret_cast<void**>(&norm_),  reinterpret_cast<void**>(&delta_),
                       reinterpret_cast<void**>(&tokens_), reinterpret_cast<void**>(&targets_),
+                      reinterpret_cast<void**>(&scratch_), reinterpret_cast<void**>(&token_index_),
                       &recompute_acts_,                    reinterpret_cast<void**>(&xr_)};
   const auto plan = WorkspacePlan(config_, batch_, seq_, checkpointing_);
-  static_assert(sizeof(targets) / sizeof(targets[0]) == 26);
-  if (plan.size() != (checkpointing_ ? 26u : 24u)) return absl::InternalError("the workspace plan and its buffers disagree");
+  static_assert(sizeof(targets) / sizeof(targets[0]) == 28);
+  if (plan.size() != (checkpointing_ ? 28u : 26u)) return absl::InternalError("the workspace plan and its buffers disagree");
   for (size_t i = 0; i < plan.size(); ++i) {
     auto p = Take<unsigned char>(plan[i].first * plan[i].second);
     if (!p.ok()) return p.status();

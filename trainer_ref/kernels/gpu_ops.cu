@@ -60,13 +60,17 @@ __global__ void EmbeddingForwardKernel(float* out, const int32_t* tokens, const 
   }
 }
 
-__global__ void EmbeddingBackwardKernel(float* dwte, const float* dout, const int32_t* tokens, int n, int c, int v) {
-  const int64_t total = int64_t{n} * c;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
-    const int row = static_cast<int>(i / c), col = static_cast<int>(i % c);
-    const int token = tokens[row];
-    if (token >= 0 && token < v) atomicAdd(&dwte[int64_t{token} * c + col], dout[i]);
-  }
+// One block per (token segment, 256 columns): the segment's rows summed in order.
+__global__ void EmbeddingBackwardKernel(float* dwte, const float* dout, const int32_t* index, int rows, int segments,
+                                        int c) {
+  const int segment = blockIdx.x;
+  const int col = blockIdx.y * blockDim.x + threadIdx.x;
+  if (col >= c) return;
+  const int32_t* starts = index + rows;
+  const int token = index[rows + segments + 1 + segment];
+  float sum = 0.f;
+  for (int k = starts[segment]; k < starts[segment + 1]; ++k) sum += dout[int64_t{index[k]} * c + col];
+  dwte[int64_t{token} * c + col] += sum;
 }
 
 __global__ void RmsNormForwardKernel(Bf16* out, float* rstd, const float* in, const float* weight, int c, float eps) {
@@ -80,7 +84,7 @@ __global__ void RmsNormForwardKernel(Bf16* out, float* rstd, const float* in, co
   for (int j = threadIdx.x; j < c; j += blockDim.x) Store(out, row * c + j, x[j] * r * weight[j]);
 }
 
-__global__ void RmsNormBackwardKernel(float* din, float* dweight, const Bf16* dout, const float* in,
+__global__ void RmsNormBackwardKernel(float* din, const Bf16* dout, const float* in,
                                       const float* weight, const float* rstd, int c) {
   const int64_t row = blockIdx.x;
   const float* x = in + row * c;
@@ -92,8 +96,32 @@ __global__ void RmsNormBackwardKernel(float* din, float* dweight, const Bf16* do
   for (int j = threadIdx.x; j < c; j += blockDim.x) {
     const float dyj = Load(dy, j);
     din[row * c + j] += r * (weight[j] * dyj - x[j] * r * r * mean);
-    atomicAdd(&dweight[j], dyj * x[j] * r);
   }
+}
+
+constexpr int kNormRowsPerChunk = 64;
+
+// partial (chunks, C): each chunk of 64 rows' sum of dy * x * rstd per column, in row order.
+__global__ void RmsNormWeightPartialKernel(float* partial, const Bf16* dout, const float* in, const float* rstd, int n,
+                                           int c) {
+  const int chunk = blockIdx.y;
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= c) return;
+  const int end = min(n, (chunk + 1) * kNormRowsPerChunk);
+  float sum = 0.f;
+  for (int row = chunk * kNormRowsPerChunk; row < end; ++row) {
+    const int64_t at = int64_t{row} * c + j;
+    sum += Load(dout, at) * in[at] * rstd[row];
+  }
+  partial[int64_t{chunk} * c + j] = sum;
+}
+
+__global__ void SumChunksIntoKernel(float* out, const float* partial, int chunks, int c) {
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= c) return;
+  float sum = 0.f;
+  for (int k = 0; k < chunks; ++k) sum += partial[int64_t{k} * c + j];
+  out[j] += sum;
 }
 
 // One thread per (row, head, pair): the pair turns by pos * base^(-2i/D) (sign -1: back).
@@ -319,13 +347,20 @@ __global__ void AttentionBackwardKeyKernel(Bf16* dk, Bf16* dv, const Bf16* dout,
 
 int WarpBlocks(int64_t warps) { return static_cast<int>((warps * 32 + kThreads - 1) / kThreads); }
 
-__global__ void SumSquaresKernel(const float* x, int64_t n, float* out) {
+__global__ void SumSquaresKernel(const float* x, int64_t n, float* partial) {
   float sum = 0.f;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     sum += x[i] * x[i];
   }
   sum = BlockSum(sum);
-  if (threadIdx.x == 0) atomicAdd(out, sum);
+  if (threadIdx.x == 0) partial[blockIdx.x] = sum;
+}
+
+__global__ void SumPartialsKernel(const float* partial, int count, float* out) {
+  float sum = 0.f;
+  for (int k = threadIdx.x; k < count; k += blockDim.x) sum += partial[k];
+  sum = BlockSum(sum);
+  if (threadIdx.x == 0) *out += sum;
 }
 
 int RowThreads(int c) {
@@ -340,9 +375,39 @@ void EmbeddingForward(float* out, const int32_t* tokens, const Bf16* wte, int n,
   EmbeddingForwardKernel<<<Blocks(int64_t{n} * c), kThreads, 0, stream>>>(out, tokens, wte, n, c, v);
 }
 
-void EmbeddingBackward(float* dwte, const float* dout, const int32_t* tokens, int n, int c, int v,
+TokenSegments SegmentTokens(const int32_t* tokens, int n, int v) {
+  // A counting sort by token, stable: rows stay in order within a token.
+  std::vector<int32_t> count(static_cast<size_t>(v) + 1, 0);
+  TokenSegments out;
+  for (int i = 0; i < n; ++i) {
+    if (tokens[i] >= 0 && tokens[i] < v) ++count[tokens[i] + 1], ++out.rows;
+  }
+  for (int t = 0; t < v; ++t) {
+    out.segments += count[t + 1] > 0;
+    count[t + 1] += count[t];
+  }
+  out.index.assign(static_cast<size_t>(out.rows) + 2 * out.segments + 1, 0);
+  std::vector<int32_t> next(count.begin(), count.end() - 1);
+  for (int i = 0; i < n; ++i) {
+    if (tokens[i] >= 0 && tokens[i] < v) out.index[next[tokens[i]]++] = i;
+  }
+  int32_t* starts = out.index.data() + out.rows;
+  int32_t* seg_tokens = starts + out.segments + 1;
+  int s = 0;
+  for (int t = 0; t < v; ++t) {
+    if (count[t + 1] == count[t]) continue;
+    starts[s] = count[t];
+    seg_tokens[s++] = t;
+  }
+  starts[out.segments] = out.rows;
+  return out;
+}
+
+void EmbeddingBackward(float* dwte, const float* dout, const int32_t* index, int rows, int segments, int c,
                        cudaStream_t stream) {
-  EmbeddingBackwardKernel<<<Blocks(int64_t{n} * c), kThreads, 0, stream>>>(dwte, dout, tokens, n, c, v);
+  if (segments == 0) return;
+  const dim3 grid(segments, (c + kThreads - 1) / kThreads);
+  EmbeddingBackwardKernel<<<grid, kThreads, 0, stream>>>(dwte, dout, index, rows, segments, c);
 }
 
 void RmsNormForward(Bf16* out, float* rstd, const float* in, const float* weight, int n, int c, float eps,
@@ -350,9 +415,15 @@ void RmsNormForward(Bf16* out, float* rstd, const float* in, const float* weight
   if (n > 0) RmsNormForwardKernel<<<n, RowThreads(c), 0, stream>>>(out, rstd, in, weight, c, eps);
 }
 
+int64_t RmsNormScratchFloats(int n, int c) { return int64_t{(n + kNormRowsPerChunk - 1) / kNormRowsPerChunk} * c; }
+
 void RmsNormBackward(float* din, float* dweight, const Bf16* dout, const float* in, const float* weight,
-                     const float* rstd, int n, int c, cudaStream_t stream) {
-  if (n > 0) RmsNormBackwardKernel<<<n, RowThreads(c), 0, stream>>>(din, dweight, dout, in, weight, rstd, c);
+                     const float* rstd, int n, int c, float* scratch, cudaStream_t stream) {
+  if (n <= 0) return;
+  RmsNormBackwardKernel<<<n, RowThreads(c), 0, stream>>>(din, dout, in, weight, rstd, c);
+  const int chunks = (n + kNormRowsPerChunk - 1) / kNormRowsPerChunk, column_blocks = (c + kThreads - 1) / kThreads;
+  RmsNormWeightPartialKernel<<<dim3(column_blocks, chunks), kThreads, 0, stream>>>(scratch, dout, in, rstd, n, c);
+  SumChunksIntoKernel<<<column_blocks, kThreads, 0, stream>>>(dweight, scratch, chunks, c);
 }
 
 void RopeForward(Bf16* x, int b, int t, int h, int d, float base, cudaStream_t stream) {
@@ -416,9 +487,10 @@ void AdamW(float* master, float* m, float* v, Bf16* weights, const float* grads,
   AdamWKernel<<<Blocks(n), kThreads, 0, stream>>>(master, m, v, weights, grads, n, p, c1, c2);
 }
 
-void SumSquares(const float* x, int64_t n, float* out, cudaStream_t stream) {
-  const int blocks = std::min(Blocks(n), 1024);
-  SumSquaresKernel<<<blocks, kThreads, 0, stream>>>(x, n, out);
+void SumSquares(const float* x, int64_t n, float* out, float* scratch, cudaStream_t stream) {
+  const int blocks = std::min(Blocks(n), kSumSquaresScratch);
+  SumSquaresKernel<<<blocks, kThreads, 0, stream>>>(x, n, scratch);
+  SumPartialsKernel<<<1, kThreads, 0, stream>>>(scratch, blocks, out);
 }
 
 Bf16 ToBf16(float x) {

@@ -15,6 +15,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "trainer_ref/host_adamw.h"
 
@@ -25,19 +26,30 @@ using Bf16 = uint16_t;  // bfloat16 bits; device code reads them as __nv_bfloat1
 // out (N, C, the fp32 residual stream) = wte[tokens], wte (V, C). Tokens outside [0, V)
 // give zero rows.
 void EmbeddingForward(float* out, const int32_t* tokens, const Bf16* wte, int n, int c, int v, cudaStream_t stream);
-// dwte (V, C, fp32) += dout rows scattered by token (atomic adds: the order of the sums,
-// and so the last bits, may differ from run to run).
-void EmbeddingBackward(float* dwte, const float* dout, const int32_t* tokens, int n, int c, int v,
+// Every backward kernel is deterministic (no atomic adds): the same inputs give the same
+// bits on every run, so two runs of a step (plain buffers or tierd, the optimizer on the
+// GPU or on the host) can be compared bit for bit.
+//
+// dwte (V, C, fp32) += dout rows summed by token. `index` (on the device) is the rows
+// grouped by token, from TokenSegments on the host: each token's rows are summed in row
+// order, then added to its row of dwte.
+struct TokenSegments {
+  std::vector<int32_t> index;  // rows (with a token in [0, V)) | segment starts (+1) | segment tokens
+  int rows = 0, segments = 0;
+};
+TokenSegments SegmentTokens(const int32_t* tokens, int n, int v);
+void EmbeddingBackward(float* dwte, const float* dout, const int32_t* index, int rows, int segments, int c,
                        cudaStream_t stream);
 
 // out (bf16) = in * rstd * weight, `in` the fp32 residual stream; rstd (N) = 1 / sqrt(mean(in^2)
 // + eps), written for backward.
 void RmsNormForward(Bf16* out, float* rstd, const float* in, const float* weight, int n, int c, float eps,
                     cudaStream_t stream);
-// din (fp32, the residual gradient) += d/d(in); dweight (fp32, C) += sum over rows (atomic
-// adds across row blocks).
+// din (fp32, the residual gradient) += d/d(in); dweight (fp32, C) += sum over rows: partial
+// sums per 64 rows into `scratch` (RmsNormScratchFloats), then summed in order.
 void RmsNormBackward(float* din, float* dweight, const Bf16* dout, const float* in, const float* weight,
-                     const float* rstd, int n, int c, cudaStream_t stream);
+                     const float* rstd, int n, int c, float* scratch, cudaStream_t stream);
+int64_t RmsNormScratchFloats(int n, int c);
 
 // Rotary embedding in place on x (B*T, H, D), as cpu::RopeForward; backward turns back.
 void RopeForward(Bf16* x, int b, int t, int h, int d, float base, cudaStream_t stream);
@@ -84,8 +96,10 @@ void AdamW(float* master, float* m, float* v, Bf16* weights, const float* grads,
            cudaStream_t stream);
 
 // *out (one fp32 on the device) += the sum of squares of x (n values): for the global
-// gradient norm. Blocks add their partial sums atomically.
-void SumSquares(const float* x, int64_t n, float* out, cudaStream_t stream);
+// gradient norm. Per-block partial sums into `scratch` (kSumSquaresScratch floats), then
+// summed in order by one block.
+constexpr int kSumSquaresScratch = 1024;
+void SumSquares(const float* x, int64_t n, float* out, float* scratch, cudaStream_t stream);
 
 // Host conversions with the device's rounding (round to nearest even), for tests and
 // loaders.

@@ -126,7 +126,7 @@ std::vector<float> RandomFloats(size_t n, std::mt19937_64& rng, float scale = 1.
 TEST(GpuOpsTest, EmbeddingForwardAndBackward) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(1);
-  const int n = 77, c = 96, v = 50;
+  const int n = 777, c = 300, v = 50;  // each token on ~15 rows; 300 columns: two column blocks
   const Bf16Data wte = Random(size_t{v} * c, rng);
   std::vector<int32_t> tokens(n);
   for (int& t : tokens) t = static_cast<int>(rng() % v);
@@ -140,10 +140,38 @@ TEST(GpuOpsTest, EmbeddingForwardAndBackward) {
 
   const std::vector<float> dout = RandomFloats(size_t{n} * c, rng);
   std::vector<float> dwte(size_t{v} * c, 0.25f);
-  Device<float> d_dout(dout), d_dwte(dwte);
-  EmbeddingBackward(d_dwte.get(), d_dout.get(), d_tokens.get(), n, c, v, nullptr);
+  const TokenSegments segments = SegmentTokens(tokens.data(), n, v);
+  EXPECT_EQ(segments.rows, n);
+  EXPECT_EQ(segments.segments, v);
+  Device<int32_t> d_index(segments.index);
+  std::vector<float> first;
+  for (int run = 0; run < 2; ++run) {  // deterministic: the same bits twice
+    Device<float> d_dout(dout), d_dwte(dwte);
+    EmbeddingBackward(d_dwte.get(), d_dout.get(), d_index.get(), segments.rows, segments.segments, c, nullptr);
+    if (run == 0) {
+      first = d_dwte.Host();
+    } else {
+      EXPECT_EQ(std::memcmp(first.data(), d_dwte.Host().data(), first.size() * 4), 0) << "not deterministic";
+    }
+  }
   cpu::EmbeddingBackward(dwte.data(), dout.data(), tokens.data(), n, c);
-  EXPECT_EQ(CompareF32(d_dwte.Host(), dwte, 1e-4f, 1e-5f, "dwte"), 0);
+  EXPECT_EQ(CompareF32(first, dwte, 1e-4f, 1e-5f, "dwte"), 0);
+}
+
+// The rows grouped by token for the embedding's backward (host code): stable within a token,
+// tokens outside [0, V) left out, absent tokens no segment.
+TEST(GpuOpsTest, TokenSegmentsGroupRowsByTokenInOrder) {
+  const std::vector<int32_t> tokens = {3, 1, 3, -1, 7, 1, 3, 9};  // V = 8: 9 and -1 are outside
+  const TokenSegments s = SegmentTokens(tokens.data(), static_cast<int>(tokens.size()), 8);
+  EXPECT_EQ(s.rows, 6);
+  EXPECT_EQ(s.segments, 3);
+  const std::vector<int32_t> want = {1, 5, 0, 2, 6, 4,  // rows: token 1's, token 3's, token 7's
+                                     0, 2, 5, 6,        // segment starts, then the end
+                                     1, 3, 7};          // segment tokens
+  EXPECT_EQ(s.index, want);
+  const TokenSegments none = SegmentTokens(tokens.data(), 0, 8);
+  EXPECT_EQ(none.segments, 0);
+  EXPECT_EQ(none.index, std::vector<int32_t>{0});
 }
 
 // The residual stream is fp32: the norm reads it, its gradient adds into it.
@@ -151,17 +179,23 @@ TEST(GpuOpsTest, RmsNormForwardAndBackward) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(2);
   for (int c : {64, 1000, 4096}) {
-    const int n = 33;
+    const int n = 133;  // three chunks of rows for the weight gradient, the last one short
     const std::vector<float> in = RandomFloats(size_t{n} * c, rng, 2.f), din0 = RandomFloats(size_t{n} * c, rng);
     const Bf16Data dout = Random(size_t{n} * c, rng);
     std::vector<float> weight(c);
     std::normal_distribution<float> w(1.f, 0.1f);
     for (float& x : weight) x = w(rng);
     Device<float> d_in(in), d_din(din0), d_weight(weight), d_rstd{std::vector<float>(n)},
-        d_dweight{std::vector<float>(c, 0.5f)};
+        d_dweight{std::vector<float>(static_cast<size_t>(c), 0.5f)},
+        d_again{std::vector<float>(static_cast<size_t>(c), 0.5f)},
+        d_scratch{std::vector<float>(static_cast<size_t>(RmsNormScratchFloats(n, c)))}, d_din_again(din0);
     Device<Bf16> d_out{std::vector<Bf16>(size_t{n} * c)}, d_dout(dout.bits);
     RmsNormForward(d_out.get(), d_rstd.get(), d_in.get(), d_weight.get(), n, c, 1e-5f, nullptr);
-    RmsNormBackward(d_din.get(), d_dweight.get(), d_dout.get(), d_in.get(), d_weight.get(), d_rstd.get(), n, c, nullptr);
+    RmsNormBackward(d_din.get(), d_dweight.get(), d_dout.get(), d_in.get(), d_weight.get(), d_rstd.get(), n, c,
+                    d_scratch.get(), nullptr);
+    RmsNormBackward(d_din_again.get(), d_again.get(), d_dout.get(), d_in.get(), d_weight.get(), d_rstd.get(), n, c,
+                    d_scratch.get(), nullptr);
+    EXPECT_EQ(std::memcmp(d_dweight.Host().data(), d_again.Host().data(), static_cast<size_t>(c) * 4), 0) << "not deterministic";
     std::vector<float> out(size_t{n} * c), rstd(n), din = din0, dweight(c, 0.5f);
     cpu::RmsNormForward(out.data(), rstd.data(), in.data(), weight.data(), n, c, 1e-5f);
     cpu::RmsNormBackward(din.data(), dweight.data(), dout.values.data(), in.data(), weight.data(), rstd.data(), n, c);
@@ -325,11 +359,14 @@ TEST(GpuOpsTest, SumOfSquaresForTheGradientNorm) {
   std::normal_distribution<float> normal(0.f, 1.f);
   std::vector<float> x(1000003);
   for (float& f : x) f = normal(rng);
-  Device<float> d_x(x), d_out{std::vector<float>{2.f}};
-  SumSquares(d_x.get(), static_cast<int64_t>(x.size()), d_out.get(), nullptr);
+  Device<float> d_x(x), d_out{std::vector<float>{2.f}}, d_again{std::vector<float>{2.f}},
+      d_scratch{std::vector<float>(kSumSquaresScratch)};
+  SumSquares(d_x.get(), static_cast<int64_t>(x.size()), d_out.get(), d_scratch.get(), nullptr);
+  SumSquares(d_x.get(), static_cast<int64_t>(x.size()), d_again.get(), d_scratch.get(), nullptr);
   double cpu = 2;
   for (float f : x) cpu += double{f} * f;
   EXPECT_NEAR(d_out.Host()[0], cpu, 1e-5 * cpu);
+  EXPECT_EQ(std::memcmp(d_out.Host().data(), d_again.Host().data(), 4), 0) << "not deterministic";
 }
 
 // Sums of many bf16 products: the reference sums the same rounded inputs in fp32, the GPU

@@ -17,6 +17,20 @@ Graph Tiny() {
 }
 
 TEST(GraphFileTest, RoundTripsThroughYaml) {
+  TraceOptions on_host;
+  on_host.micro_batch_seqs = 1;
+  on_host.seq_len = 64;
+  on_host.optimizer_on_host = true;  // ops with host_reads, host_writes, host_overwrites
+  for (const Graph& g : {Tiny(), SyntheticTransformer(*ShapePreset("tiny"), on_host)}) {
+    auto back = ParseGraphYaml(GraphToYaml(g));
+    ASSERT_TRUE(back.ok()) << back.status();
+    ASSERT_EQ(back->ops.size(), g.ops.size());
+    for (size_t i = 0; i < g.ops.size(); ++i) {
+      EXPECT_EQ(back->ops[i].host_reads, g.ops[i].host_reads);
+      EXPECT_EQ(back->ops[i].host_writes, g.ops[i].host_writes);
+      EXPECT_EQ(back->ops[i].host_overwrites, g.ops[i].host_overwrites);
+    }
+  }
   const Graph g = Tiny();
   auto back = ParseGraphYaml(GraphToYaml(g));
   ASSERT_TRUE(back.ok()) << back.status();

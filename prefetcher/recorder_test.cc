@@ -107,6 +107,36 @@ TEST(IterationRecorderTest, RepeatedAcquiresInOneOpMerge) {
   EXPECT_TRUE(graph->ops[0].reads.empty());
 }
 
+// A GPU session that also acquires on the host (its optimizer on the CPU): the host
+// acquires become host uses of the op, by how they touched the tensor.
+TEST(IterationRecorderTest, HostAcquiresInAGpuSessionAreHostUses) {
+  IterationRecorder r;
+  r.Mark(0);
+  r.Acquired(10, Touch::kRead, /*host=*/false, 1 * kMs);  // forward on the GPU
+  r.Released(10);
+  r.Acquired(30, Touch::kRead, /*host=*/true, 2 * kMs);  // the optimizer on the host
+  r.Acquired(11, Touch::kWrite, /*host=*/true, 2 * kMs);
+  r.Acquired(10, Touch::kOverwrite, /*host=*/true, 2 * kMs);
+  r.Released(30);
+  r.Released(11);
+  r.Released(10);
+  r.Mark(4 * kMs);
+  auto graph = r.MakeGraph(Describe);
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  EXPECT_FALSE(graph->host) << "the session acquires on the GPU too";
+  ASSERT_EQ(graph->ops.size(), 2u);
+  const GraphOp& opt = graph->ops[1];
+  EXPECT_TRUE(opt.reads.empty() && opt.writes.empty() && opt.overwrites.empty());
+  ASSERT_EQ(opt.host_reads.size(), 1u);
+  EXPECT_EQ(graph->tensors[opt.host_reads[0]].name, "grad0");
+  ASSERT_EQ(opt.host_writes.size(), 1u);
+  EXPECT_EQ(graph->tensors[opt.host_writes[0]].name, "w1");
+  ASSERT_EQ(opt.host_overwrites.size(), 1u);
+  EXPECT_EQ(graph->tensors[opt.host_overwrites[0]].name, "w0");
+  EXPECT_EQ(HostUseOf(opt, opt.host_overwrites[0]), Use::kOverwrite);
+  EXPECT_TRUE(ValidateGraph(*graph).ok());
+}
+
 TEST(IterationRecorderTest, RefusesAnEmptyOrUnknownRecording) {
   IterationRecorder empty;
   empty.Mark(0);

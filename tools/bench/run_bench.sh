@@ -9,7 +9,8 @@
 # MODELS, BATCH, STEPS, SKIP (untimed warm-up steps), BUDGETS ("" skips the tierd runs), TIERD_DRAM, TIERD_NVME override
 # the defaults; TORCH_CKPT=" " skips the checkpointed baseline; TORCH=0 skips PyTorch;
 # NONE=0 skips our no-offload run (a 7B does not fit the H200 without offload); OURS_FLAGS
-# adds flags to our runs (e.g. --grad_checkpointing).
+# adds flags to our runs (e.g. --grad_checkpointing). PyTorch runs at the largest batch that
+# fits (a power of two, probed first; TORCH_BATCH=N fixes it), ours at BATCH (default 8).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-/tmp/tierd-out}"
@@ -27,7 +28,7 @@ for m in $models; do
   if [ "${TORCH:-1}" = 1 ]; then
     for ckpt in "" ${TORCH_CKPT:-"--checkpointing"}; do
       echo "== pytorch $m $ckpt"
-      python3 tools/bench/torch_baseline.py --model_size="$m" --batch_size="$batch" --seq_len=$seq --steps="$steps" \
+      python3 tools/bench/torch_baseline.py --model_size="$m" --batch_size="${TORCH_BATCH:-max}" --seq_len=$seq --steps="$steps" \
         --data="$corpus/stdlib.txt" $ckpt 2>&1 | tee "$out/torch-$m$ckpt.log" | tail -n 3
       tail -n 1 "$out/torch-$m$ckpt.log" | grep '^{' >> "$results"
     done
@@ -69,5 +70,6 @@ for r in rows:
     nvme = f'{gib(r["nvme_read_bytes"])}, {gib(r["nvme_write_bytes"])}' if "nvme_read_bytes" in r else "-"
     step = f'{r["step_seconds"]:.2f}' if "step_seconds" in r else "-"
     wait = f'{r["acquire_wait_seconds"]:.2f}' if "acquire_wait_seconds" in r else "-"
-    print(f'| {r["model"]} | {r["run"]} | {mem} | {r["tokens_per_s"]:.0f} | {ratio} | {r["tflops_6n"]:.0f} | {step} | {wait} | {moves} | {nvme} | {r["final_loss"]:.3f} |')
+    run = r["run"] + (f' (batch {r["batch"]})' if r["run"].startswith("pytorch") and "batch" in r else "")
+    print(f'| {r["model"]} | {run} | {mem} | {r["tokens_per_s"]:.0f} | {ratio} | {r["tflops_6n"]:.0f} | {step} | {wait} | {moves} | {nvme} | {r["final_loss"]:.3f} |')
 PY

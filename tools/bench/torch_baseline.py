@@ -78,10 +78,41 @@ class Decoder(torch.nn.Module):
         return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
 
 
+def largest_batch(model, seq_len, vocab, limit=64):
+    """Doubles the batch from 1 while a whole step (forward, backward, AdamW with its state)
+    fits. The probes' AdamW has lr 0 (the weights stay as initialised) and is dropped after,
+    so the measured run starts from the same weights and a fresh optimizer."""
+    opt = torch.optim.AdamW(model.parameters(), lr=0.0, weight_decay=0.0, fused=True)
+    best, b = 0, 1
+    while b <= limit:
+        try:
+            batch = torch.randint(0, vocab, (b, seq_len + 1), device="cuda")
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                out = model(batch[:, :-1], batch[:, 1:])
+            out.backward()
+            opt.step()
+            torch.cuda.synchronize()
+            best = b
+        except torch.cuda.OutOfMemoryError:
+            break
+        finally:
+            opt.zero_grad(set_to_none=True)
+            out = batch = None
+            torch.cuda.empty_cache()
+        b *= 2
+    opt.state.clear()
+    del opt
+    torch.cuda.empty_cache()
+    if best == 0:
+        raise SystemExit("torch_baseline: not even one sequence fits on this GPU")
+    return best
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--model_size", default="1.3b")
-    p.add_argument("--batch_size", type=int, default=8)
+    p.add_argument("--batch_size", default="8",
+                   help="sequences per step, or 'max': the largest power of two (from 1, at most 64) whose step fits")
     p.add_argument("--seq_len", type=int, default=2048)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--timing_skip", type=int, default=3)
@@ -107,6 +138,11 @@ def main():
                     if name.endswith("wo.weight") or name.endswith("w2.weight"):
                         prm.mul_(1.0 / math.sqrt(2 * layers))
     params = sum(p.numel() for p in model.parameters())
+    if a.batch_size == "max":
+        a.batch_size = largest_batch(model, a.seq_len, v)
+        print(f"torch: the largest batch that fits is {a.batch_size} x {a.seq_len}", flush=True)
+    else:
+        a.batch_size = int(a.batch_size)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     torch.cuda.reset_peak_memory_stats()
     timed, tokens, loss = 0.0, a.batch_size * a.seq_len, float("nan")

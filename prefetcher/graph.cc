@@ -68,22 +68,24 @@ Use HostUseOf(const GraphOp& op, TensorIndex t) {
   return UseIn(op.host_reads, op.host_writes, op.host_overwrites, t);
 }
 
-std::vector<TensorIndex> Touched(const GraphOp& op) {
-  std::vector<TensorIndex> all(op.reads);
-  all.insert(all.end(), op.writes.begin(), op.writes.end());
-  all.insert(all.end(), op.overwrites.begin(), op.overwrites.end());
+namespace {
+
+std::vector<TensorIndex> SortedUnion(const std::vector<TensorIndex>& a, const std::vector<TensorIndex>& b,
+                                     const std::vector<TensorIndex>& c) {
+  std::vector<TensorIndex> all(a);
+  all.insert(all.end(), b.begin(), b.end());
+  all.insert(all.end(), c.begin(), c.end());
   std::sort(all.begin(), all.end());
   all.erase(std::unique(all.begin(), all.end()), all.end());
   return all;
 }
 
+}  // namespace
+
+std::vector<TensorIndex> Touched(const GraphOp& op) { return SortedUnion(op.reads, op.writes, op.overwrites); }
+
 std::vector<TensorIndex> HostTouched(const GraphOp& op) {
-  std::vector<TensorIndex> all(op.host_reads);
-  all.insert(all.end(), op.host_writes.begin(), op.host_writes.end());
-  all.insert(all.end(), op.host_overwrites.begin(), op.host_overwrites.end());
-  std::sort(all.begin(), all.end());
-  all.erase(std::unique(all.begin(), all.end()), all.end());
-  return all;
+  return SortedUnion(op.host_reads, op.host_writes, op.host_overwrites);
 }
 
 std::vector<std::vector<bool>> DeadAfter(const Graph& graph) {

@@ -187,14 +187,10 @@ absl::StatusOr<LowerTierPlan> PlanLowerTiers(const Graph& graph, const Residency
           }
           emit(d.kind, t);
           break;
-        case LowerKind::kDiscard:
-          if (s.dram[t]) s.dram_bytes -= bytes(t);
-          if (s.nvme[t]) s.nvme_bytes -= bytes(t);
-          s.dram[t] = s.nvme[t] = false;
-          emit(LowerKind::kDiscard, t);
-          break;
-        case LowerKind::kHostOverwrite:
-          if (!s.dram[t]) {  // room (made above), nothing read into it
+        case LowerKind::kWriteBack:
+        case LowerKind::kHostOverwrite:  // (room made above, nothing read into it)
+          // DRAM holds the only up-to-date copy.
+          if (!s.dram[t]) {
             s.dram[t] = true;
             s.dram_bytes += bytes(t);
           }
@@ -204,22 +200,12 @@ absl::StatusOr<LowerTierPlan> PlanLowerTiers(const Graph& graph, const Residency
           }
           emit(d.kind, t);
           break;
-        case LowerKind::kWriteBack:
-          if (!s.dram[t]) {
-            s.dram[t] = true;
-            s.dram_bytes += bytes(t);
-          }
-          if (s.nvme[t]) {
-            s.nvme[t] = false;
-            s.nvme_bytes -= bytes(t);
-          }
-          emit(LowerKind::kWriteBack, t);
-          break;
         case LowerKind::kInvalidate:
+        case LowerKind::kDiscard:
           if (s.dram[t]) s.dram_bytes -= bytes(t);
           if (s.nvme[t]) s.nvme_bytes -= bytes(t);
           s.dram[t] = s.nvme[t] = false;
-          emit(LowerKind::kInvalidate, t);
+          emit(d.kind, t);
           break;
         default:
           break;

@@ -271,16 +271,29 @@ TEST_F(DaemonTest, TierctlAndPrometheusSeeWhatClientsDo) {
 // The planner end to end: a client process registers its iteration graph, reports ops
 // through the ring, and tierd moves tensors ahead of them; tierctl shows the plan, the
 // run next to the prediction, why a tensor is where it is, and the recorded timeline.
+// A planned worker's summary line: "ok planned: 4 laps, prefetches P, discards D, hits H,
+// stalls S".
+struct PlannedRun {
+  std::string line;
+  unsigned long laps = 0, prefetches = 0, discards = 0, hits = 0, stalls = 0;
+};
+PlannedRun WaitForPlannedRun(Process& worker) {
+  PlannedRun run;
+  run.line = worker.WaitForLine("ok planned:", 60000);
+  EXPECT_NE(run.line, "") << worker.output();
+  EXPECT_EQ(std::sscanf(run.line.c_str(), "ok planned: %lu laps, prefetches %lu, discards %lu, hits %lu, stalls %lu",
+                        &run.laps, &run.prefetches, &run.discards, &run.hits, &run.stalls),
+            5)
+      << run.line;
+  return run;
+}
+
 TEST_F(DaemonTest, APlannedSessionIsServedAheadOfUseAndTierctlShowsIt) {
   Process worker("tests/client_worker", {runtime_dir_, "planned-hold", "4"});
-  const std::string ok = worker.WaitForLine("ok planned:", 60000);
-  ASSERT_NE(ok, "") << worker.output();
-  // "ok planned: 4 laps, prefetches P, discards D, hits H, stalls S"
-  unsigned long laps = 0, prefetches = 0, discards = 0, hits = 0, stalls = 0;
-  ASSERT_EQ(std::sscanf(ok.c_str(), "ok planned: %lu laps, prefetches %lu, discards %lu, hits %lu, stalls %lu", &laps,
-                        &prefetches, &discards, &hits, &stalls),
-            5)
-      << ok;
+  const PlannedRun run = WaitForPlannedRun(worker);
+  ASSERT_FALSE(HasFailure());
+  const std::string& ok = run.line;
+  const unsigned long prefetches = run.prefetches, discards = run.discards, hits = run.hits, stalls = run.stalls;
   EXPECT_GT(prefetches, 0u) << "the executor moved tensors ahead of use";
   EXPECT_GT(discards, 0u) << "dead activations were dropped, not written back";
   EXPECT_GT(hits, 10 * stalls) << ok;  // most acquires found their bytes in place
@@ -317,17 +330,12 @@ TEST_F(DaemonTest, APlannedSessionIsServedAheadOfUseAndTierctlShowsIt) {
 // worker reads, on the GPU or on the host, is the one it wrote last.
 TEST_F(DaemonTest, APlannedSessionWithItsOptimizerOnTheHostLosesNothing) {
   Process worker("tests/client_worker", {runtime_dir_, "planned-host-optimizer", "4"});
-  const std::string ok = worker.WaitForLine("ok planned:", 60000);
-  ASSERT_NE(ok, "") << worker.output();
-  unsigned long laps = 0, prefetches = 0, discards = 0, hits = 0, stalls = 0;
-  ASSERT_EQ(std::sscanf(ok.c_str(), "ok planned: %lu laps, prefetches %lu, discards %lu, hits %lu, stalls %lu", &laps,
-                        &prefetches, &discards, &hits, &stalls),
-            5)
-      << ok;
+  const PlannedRun run = WaitForPlannedRun(worker);
+  ASSERT_FALSE(HasFailure());
   EXPECT_EQ(worker.Wait(), 0) << worker.output();
-  EXPECT_GT(prefetches, 0u) << ok;
-  EXPECT_GT(hits, 10 * stalls) << ok;
-  std::printf("%s\n", ok.c_str());
+  EXPECT_GT(run.prefetches, 0u) << run.line;
+  EXPECT_GT(run.hits, 10 * run.stalls) << run.line;
+  std::printf("%s\n", run.line.c_str());
 }
 
 // The planner's entry points refuse bad graphs and out-of-order progress with the reason,

@@ -97,6 +97,7 @@ struct LeaseStats {
   uint64_t acquire_hits = 0;         // acquires that found the bytes already in place
   uint64_t planned_placements = 0;   // placed at the offset the planner's layout fixed
   uint64_t off_plan_placements = 0;  // the layout had an offset, but the range was taken
+  uint64_t relocations = 0;          // copies moved within DRAM to join free space (no spill)
 };
 
 class LeaseTable {
@@ -192,6 +193,12 @@ class LeaseTable {
   void NotePeak(Session& s, Tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   absl::Status EvictOne(Session& s, Tier tier, std::set<const Tensor*>& refused)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
+  // A fragmented DRAM arena (the free bytes suffice, no free block does): moves the smallest
+  // idle copy whose free neighbours and itself make `bytes` into a free block elsewhere in
+  // the arena (a memcpy in the session's segment, instead of writing anything to NVMe).
+  // Returns the offset of the joined block; RESOURCE_EXHAUSTED when no single move joins
+  // enough.
+  absl::StatusOr<uint64_t> Relocate(Session& s, Tier tier, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   absl::StatusOr<Placement> AcquireLocked(Session& s, Tensor& t, Access access, Place place)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   absl::Status ReleaseLocked(Session& s, Tensor& t, std::unique_ptr<GpuFence> gpu_fence)

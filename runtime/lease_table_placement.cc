@@ -1,6 +1,9 @@
 // LeaseTable's placement machinery: allocating in a session's tiers, evicting to make
 // room, copying a tensor between tiers through the Mover.
+#include <algorithm>
+#include <cstring>
 #include <set>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "base/check.h"
@@ -57,6 +60,7 @@ absl::StatusOr<Extent> LeaseTable::AllocateIn(Session& s, Tier tier, uint64_t by
     }
   }
   std::set<const Tensor*> refused;  // victims whose write-back found no room below
+  int relocations_left = 4;         // moves within DRAM tried before spilling
   for (;;) {
     absl::StatusOr<Extent> extent;
     if (tier == Tier::kNvme) {
@@ -82,6 +86,16 @@ absl::StatusOr<Extent> LeaseTable::AllocateIn(Session& s, Tier tier, uint64_t by
     extent = store_.Allocate(s.ArenaOf(tier), bytes);
     if (extent.ok()) NotePeak(s, tier);
     if (extent.ok() || extent.status().code() != absl::StatusCode::kResourceExhausted) return extent;
+    if (tier == Tier::kDram && relocations_left-- > 0) {
+      // Fragmented: join free space by moving one copy within DRAM, not by spilling.
+      if (auto joined = Relocate(s, tier, bytes); joined.ok()) {
+        extent = store_.AllocateAt(s.ArenaOf(tier), *joined, bytes);
+        if (extent.ok()) {
+          NotePeak(s, tier);
+          return extent;
+        }
+      }
+    }
     if (!evict) return extent;
     if (absl::Status evicted = EvictOne(s, tier, refused); !evicted.ok()) {
       return absl::ResourceExhaustedError(absl::StrFormat(
@@ -92,6 +106,56 @@ absl::StatusOr<Extent> LeaseTable::AllocateIn(Session& s, Tier tier, uint64_t by
                                             refused.size())));
     }
   }
+}
+
+absl::StatusOr<uint64_t> LeaseTable::Relocate(Session& s, Tier tier, uint64_t bytes) {
+  const ArenaId arena = s.ArenaOf(tier);
+  const AllocatorStats stats = store_.ArenaStats(arena);
+  if (stats.free_bytes < bytes) return absl::ResourceExhaustedError("not fragmented: too little free");
+  // The arena's copies by offset (only this session's tensors live in its arena), and the
+  // gaps between them. A move in flight may hold a range no copy records yet: AllocateAt
+  // checks every range before it is taken.
+  struct Held {
+    uint64_t begin, end;
+    Tensor* tensor;
+  };
+  std::vector<Held> held;
+  for (const auto& [id, t] : s.tensors) {
+    const auto& copy = t->copies[static_cast<int>(tier)];
+    if (copy.has_value() && copy->arena == arena) held.push_back({copy->offset(), copy->offset() + copy->bytes(), t.get()});
+  }
+  std::sort(held.begin(), held.end(), [](const Held& a, const Held& b) { return a.begin < b.begin; });
+  auto gap_before = [&](size_t k) { return held[k].begin - (k == 0 ? 0 : held[k - 1].end); };
+  auto gap_after = [&](size_t k) {
+    return (k + 1 < held.size() ? held[k + 1].begin : stats.region_bytes) - held[k].end;
+  };
+  int best = -1;
+  for (size_t k = 0; k < held.size(); ++k) {
+    const Tensor& t = *held[k].tensor;
+    if (t.busy > 0 || t.acquired > 0 || t.pinned.has_value()) continue;  // hands off
+    if (gap_before(k) + (held[k].end - held[k].begin) + gap_after(k) < bytes) continue;
+    if (best < 0 || held[k].end - held[k].begin < held[best].end - held[best].begin) best = static_cast<int>(k);
+  }
+  if (best < 0) return absl::ResourceExhaustedError("no single move joins enough free space");
+  const Held& move = held[best];
+  Tensor& t = *move.tensor;
+  const uint64_t window = move.begin - gap_before(best);
+  // A free block elsewhere for it: another gap (not the ones beside it) that holds it.
+  for (size_t k = 0; k <= held.size(); ++k) {
+    const uint64_t begin = k == 0 ? 0 : held[k - 1].end;
+    const uint64_t end = k < held.size() ? held[k].begin : stats.region_bytes;
+    if (k == static_cast<size_t>(best) || k == static_cast<size_t>(best) + 1 || end - begin < t.bytes) continue;
+    auto to = store_.AllocateAt(arena, begin, t.bytes);
+    if (!to.ok()) continue;  // taken by a move in flight, or alignment: try the next
+    const Extent from = *t.copies[static_cast<int>(tier)];
+    std::memcpy(store_.Address(*to), store_.Address(from), t.bytes);
+    t.copies[static_cast<int>(tier)] = *to;
+    if (absl::Status freed = store_.Free(from); !freed.ok()) return freed;
+    absl::MutexLock stats_lock(&stats_mutex_);
+    ++stats_.relocations;
+    return window;
+  }
+  return absl::ResourceExhaustedError("no free block elsewhere holds the copy to move");
 }
 
 absl::Status LeaseTable::EvictOne(Session& s, Tier tier, std::set<const Tensor*>& refused) {

@@ -170,7 +170,9 @@ TEST_F(PlanMovesTest, PrefetchWithoutEvictionTakesOnlyFreeRoom) {
   ASSERT_TRUE(table_->Demote(session_, below, Tier::kGpu, false).ok());
   // Leasing `below` on the GPU pushed one of the four out; the room it left takes it back.
   for (TensorId id : on_gpu) {
-    if (!OnGpu(id)) ASSERT_TRUE(table_->Prefetch(session_, id, Tier::kGpu, /*evict=*/false).ok());
+    if (!OnGpu(id)) {
+      ASSERT_TRUE(table_->Prefetch(session_, id, Tier::kGpu, /*evict=*/false).ok());
+    }
   }
   for (TensorId id : on_gpu) ASSERT_TRUE(OnGpu(id));
   auto refused = table_->Prefetch(session_, below, Tier::kGpu, /*evict=*/false);
@@ -251,7 +253,9 @@ TEST_F(PlanMovesTest, AnOverwriteNeverFetches) {
   EXPECT_EQ(table_->Stats().stalls, 0u);
   ASSERT_TRUE(table_->Release(session_, g).ok());
   for (const LeaseView& v : table_->List(session_)) {
-    if (v.id == g) EXPECT_FALSE(v.copies[static_cast<int>(Tier::kDram)]) << "the stale DRAM copy is dropped";
+    if (v.id == g) {
+      EXPECT_FALSE(v.copies[static_cast<int>(Tier::kDram)]) << "the stale DRAM copy is dropped";
+    }
   }
 }
 

@@ -35,9 +35,9 @@ class LeaseTableTest : public ::testing::Test {
     const Extent e{p.tier, p.arena, Allocation{p.offset, p.bytes, 0}};
     return engine_.store->Address(e);
   }
-  // Writes `seed`'s bytes into the tensor through a write acquire on the GPU.
-  void Write(LeaseTable& table, SessionId s, TensorId t, uint32_t seed) {
-    auto p = table.Acquire(s, t, Access::kWrite, Place::kGpu);
+  // Writes `seed`'s bytes into the tensor through a write acquire (on the GPU unless said).
+  void Write(LeaseTable& table, SessionId s, TensorId t, uint32_t seed, Place place = Place::kGpu) {
+    auto p = table.Acquire(s, t, Access::kWrite, place);
     ASSERT_TRUE(p.ok()) << p.status();
     std::mt19937_64 rng(seed);
     uint8_t* bytes = Pointer(*p);
@@ -64,6 +64,49 @@ class LeaseTableTest : public ::testing::Test {
   }
   testing::Engine engine_;
 };
+
+// A fragmented DRAM arena: 2 MiB free in two 1 MiB holes and a 2 MiB tensor to place. One
+// idle 1 MiB copy moves within DRAM into the far hole, joining the near one with its own
+// old range: nothing is written to NVMe, and every value stays. An acquired copy is never
+// moved.
+TEST_F(LeaseTableTest, AFragmentedDramJoinsFreeSpaceByMovingACopyNotBySpilling) {
+  auto table = Table();
+  auto s = *table->OpenSession("fragmented", {1 * kMiB, 4 * kMiB, 8 * kMiB});
+  TensorId ids[4];
+  uint64_t offsets[4];
+  for (int k = 0; k < 4; ++k) {
+    ids[k] = *table->Lease(s, Spec("t" + std::to_string(k), 256 * 1024));  // 1 MiB each
+    Write(*table, s, ids[k], 10 + k, Place::kHost);
+    auto p = table->Acquire(s, ids[k], Access::kRead, Place::kHost);
+    ASSERT_TRUE(p.ok()) << p.status();
+    offsets[k] = p->offset;
+    ASSERT_TRUE(table->Release(s, ids[k]).ok());
+  }
+  ASSERT_TRUE(table->Unlease(s, ids[1]).ok());
+  ASSERT_TRUE(table->Unlease(s, ids[3]).ok());
+  const uint64_t hole_gap = offsets[1] > offsets[3] ? offsets[1] - offsets[3] : offsets[3] - offsets[1];
+  ASSERT_NE(hole_gap, 1 * kMiB) << "the premise: the two holes are not side by side";
+  const LeaseStats before = table->Stats();
+  // Held on the host: neither t0 nor t2 may move, and nothing may be evicted.
+  for (int k : {0, 2}) ASSERT_TRUE(table->Acquire(s, ids[k], Access::kRead, Place::kHost).ok());
+  const TensorId big = *table->Lease(s, Spec("big", 512 * 1024));  // 2 MiB
+  auto refused = table->Acquire(s, big, Access::kOverwrite, Place::kHost);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_EQ(table->Stats().relocations, before.relocations) << "an acquired copy moved";
+  for (int k : {0, 2}) ASSERT_TRUE(table->Release(s, ids[k]).ok());
+  // Idle: one of them moves.
+  auto placed = table->Acquire(s, big, Access::kOverwrite, Place::kHost);
+  ASSERT_TRUE(placed.ok()) << placed.status();
+  EXPECT_EQ(placed->tier, Tier::kDram);
+  ASSERT_TRUE(table->Release(s, big).ok());
+  const LeaseStats after = table->Stats();
+  EXPECT_EQ(after.relocations, before.relocations + 1);
+  EXPECT_EQ(after.writebacks, before.writebacks) << "nothing went to NVMe";
+  EXPECT_EQ(after.evictions_capacity, before.evictions_capacity);
+  EXPECT_TRUE(Holds(*table, s, ids[0], 10, Place::kHost));
+  EXPECT_TRUE(Holds(*table, s, ids[2], 12, Place::kHost));
+  EXPECT_TRUE(table->Validate().ok()) << table->Validate();
+}
 
 // A victim whose write-back finds no room below (here the NVMe quota has 1.5 MiB left and the
 // least recently used DRAM tensor is 2 MiB) is passed over for one that fits, instead of
@@ -412,7 +455,9 @@ TEST_F(LeaseTableTest, RandomOperationsNeverLoseOrMixUpBytes) {
   }
   for (int si = 0; si < 2; ++si) {
     for (auto& [name, m] : models[si]) {
-      if (m.seed != 0) EXPECT_TRUE(Holds(*table, sessions[si], m.id, m.seed, Place::kGpu)) << name;
+      if (m.seed != 0) {
+        EXPECT_TRUE(Holds(*table, sessions[si], m.id, m.seed, Place::kGpu)) << name;
+      }
     }
   }
   EXPECT_GT(table->Stats().writebacks, 10u);

@@ -87,6 +87,9 @@ std::string RenderPrometheus(const v1::StatsReply& stats) {
          "Copies placed where the planner's static layout put them (layout) or, that range taken, elsewhere (online).");
   absl::StrAppendFormat(&out, "tierd_placements_total{where=\"layout\"} %d\n", stats.planned_placements());
   absl::StrAppendFormat(&out, "tierd_placements_total{where=\"online\"} %d\n", stats.off_plan_placements());
+  Family(&out, "tierd_relocations_total", "counter",
+         "Copies moved within a fragmented DRAM arena to join free space instead of spilling to NVMe.");
+  absl::StrAppendFormat(&out, "tierd_relocations_total %d\n", stats.relocations());
   Family(&out, "tierd_sessions", "gauge", "Connected client sessions.");
   absl::StrAppendFormat(&out, "tierd_sessions %d\n", stats.sessions());
   Family(&out, "tierd_leases", "gauge", "Leased tensors.");

@@ -154,7 +154,9 @@ TEST_F(DaemonTest, AKilledClientIsReclaimedAndOthersAreUntouched) {
   auto after = observer->Stats();
   ASSERT_TRUE(after.ok());
   for (const auto& tier : after->tiers()) {
-    if (tier.tier() == v1::TIER_NVME) EXPECT_EQ(tier.used_bytes(), 0u) << "NVMe extents leaked";
+    if (tier.tier() == v1::TIER_NVME) {
+      EXPECT_EQ(tier.used_bytes(), 0u) << "NVMe extents leaked";
+    }
   }
   auto leases = observer->ListLeases(/*every_session=*/true);
   ASSERT_TRUE(leases.ok());

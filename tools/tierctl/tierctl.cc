@@ -84,10 +84,12 @@ void PrintStats(const v1::StatsReply& stats, const v1::StatsReply* previous, dou
                 l.busy_seconds(), l.busy_seconds() > 0 ? FormatRate(l.bytes() / l.busy_seconds()).c_str() : "-",
                 now.c_str());
   }
-  std::printf("\nstalls %lu (%.3f s waiting); evictions: %lu for room, %lu asked; write-backs %lu\n",
+  std::printf("\nstalls %lu (%.3f s waiting); evictions: %lu for room, %lu asked; write-backs %lu; "
+              "moves within DRAM against fragmentation %lu\n",
               static_cast<unsigned long>(stats.stalls()), stats.stall_seconds(),
               static_cast<unsigned long>(stats.evictions_capacity()),
-              static_cast<unsigned long>(stats.evictions_explicit()), static_cast<unsigned long>(stats.writebacks()));
+              static_cast<unsigned long>(stats.evictions_explicit()), static_cast<unsigned long>(stats.writebacks()),
+              static_cast<unsigned long>(stats.relocations()));
 }
 
 int Stats(Tierd::Stub& stub) {

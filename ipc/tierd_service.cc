@@ -60,9 +60,13 @@ grpc::Status TierdService::Acquire(grpc::ServerContext*, const v1::AcquireReques
   TIERD_RETURN_IF_ERROR(access.status());
   auto place = FromProto(request->place());
   TIERD_RETURN_IF_ERROR(place.status());
+  const int64_t start = clock_.NowNanos();
   auto placement = leases_.Acquire(request->session().session_id(), request->tensor_id(), *access, *place);
   TIERD_RETURN_IF_ERROR(placement.status());
-  if (planner_ != nullptr) planner_->Acquired(request->session().session_id(), request->tensor_id(), *access, *place);
+  if (planner_ != nullptr) {
+    planner_->Acquired(request->session().session_id(), request->tensor_id(), *access, *place,
+                       clock_.NowNanos() - start);
+  }
   reply->set_tier(ToProto(placement->tier));
   reply->set_arena_id(placement->arena);
   reply->set_offset(placement->offset);

@@ -46,7 +46,9 @@ class PlannerHooks {
   // An iteration boundary (the session records its iteration instead of registering it).
   virtual absl::StatusOr<v1::PlanReply> MarkIteration(SessionId session) = 0;
   // Every successful acquire and release of the session, in order (for the recording).
-  virtual void Acquired(SessionId session, TensorId tensor, Access access, Place place) = 0;
+  // `waited_nanos`: how long the acquire took (a fetch, or a planned move it waited for):
+  // not part of the op's own time.
+  virtual void Acquired(SessionId session, TensorId tensor, Access access, Place place, int64_t waited_nanos) = 0;
   virtual void Released(SessionId session, TensorId tensor) = 0;
 };
 

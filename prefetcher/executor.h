@@ -99,6 +99,9 @@ class Executor {
   // The client is about to run `op` (0-based index in the graph). Wrapping to a smaller
   // index starts the next lap. INVALID_ARGUMENT for an index outside the graph.
   absl::Status OpBegin(uint32_t op);
+  // The client waited this long in an acquire during the current op (a fetch, a move in
+  // flight): the op's measured time, which replaces its estimate, leaves it out.
+  void AcquireWaited(int64_t nanos);
   // Blocks until neither lane can make progress without more client progress, and any
   // replan in flight is done. For tests.
   void WaitIdle();
@@ -180,6 +183,7 @@ class Executor {
   int busy_lanes_ = 0;
   std::vector<int64_t> op_begin_nanos_;  // per op of the current and previous lap
   std::vector<double> measured_seconds_;
+  int64_t waited_in_op_nanos_ = 0;  // the current op's acquire waits
   std::vector<bool> pinned_gpu_;  // per tensor, the graph's pins and the tiers' since
   int64_t lap_start_nanos_ = -1;
   ExecutorStats stats_;

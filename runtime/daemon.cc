@@ -298,12 +298,13 @@ ipc::RingMessage Daemon::ServeRing(SessionId session, const ipc::RingMessage& re
   absl::Status status;
   if (request.op == static_cast<uint32_t>(ipc::RingOp::kAcquire) && request.access <= 2 &&
       request.place <= 1) {
+    const int64_t start = RealClock().NowNanos();
     auto placement = leases_->Acquire(session, request.tensor_id, static_cast<Access>(request.access),
                                       request.place ? Place::kHost : Place::kGpu);
     status = placement.status();
     if (placement.ok()) {
       Acquired(session, request.tensor_id, static_cast<Access>(request.access),
-               request.place ? Place::kHost : Place::kGpu);
+               request.place ? Place::kHost : Place::kGpu, RealClock().NowNanos() - start);
       response.arena = placement->arena;
       response.offset = placement->offset;
       response.bytes = placement->bytes;

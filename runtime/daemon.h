@@ -91,7 +91,9 @@ class Daemon : public ipc::HelloHandler, public ipc::PlannerHooks {
   absl::StatusOr<v1::PlanReply> GetPlan(SessionId session, const std::string& explain, bool trace) override;
   void PinsChanged(SessionId session) override;
   absl::StatusOr<v1::PlanReply> MarkIteration(SessionId session) override;
-  void Acquired(SessionId session, TensorId tensor, Access access, Place place) override;
+  void Acquired(SessionId session, TensorId tensor, Access access, Place place, int64_t waited_nanos) override;
+  // An acquire this long held the client up (a hit takes microseconds).
+  static constexpr int64_t kAcquireWaitWorthNoting = 50'000;
   void Released(SessionId session, TensorId tensor) override;
 
  private:

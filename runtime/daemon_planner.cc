@@ -195,7 +195,17 @@ bool Daemon::HasPlan(SessionId session) {
   return planned_.count(session) > 0;
 }
 
-void Daemon::Acquired(SessionId session, TensorId tensor, Access access, Place place) {
+void Daemon::Acquired(SessionId session, TensorId tensor, Access access, Place place, int64_t waited_nanos) {
+  if (waited_nanos >= kAcquireWaitWorthNoting) {
+    // The client was held up, not computing: the executor takes it off the op's time.
+    std::shared_ptr<PlannedSession> planned;
+    {
+      absl::MutexLock lock(&planned_mutex_);
+      auto it = planned_.find(session);
+      if (it != planned_.end()) planned = it->second;
+    }
+    if (planned != nullptr) planned->AcquireWaited(waited_nanos);
+  }
   if (!recording_.load(std::memory_order_acquire)) return;
   std::optional<uint32_t> op;
   {

@@ -39,6 +39,7 @@ class PlannedSession {
   ~PlannedSession();
 
   absl::Status OpBegin(uint32_t op) { return executor_->OpBegin(op); }
+  void AcquireWaited(int64_t nanos) { executor_->AcquireWaited(nanos); }
   // The tensors now pinned to the GPU, by name (names not in the graph are ignored): replans.
   void SetPinnedGpu(const std::vector<std::string>& names);
   void WaitIdle() { executor_->WaitIdle(); }

@@ -91,7 +91,9 @@ TEST(DataTest, BatchesAreShiftedWindowsAndRepeatForASeed) {
   for (int r = 0; r < 4; ++r) {
     for (int i = 0; i < 16; ++i) {
       EXPECT_EQ(out[r * 16 + i], in[r * 16 + i] + 1);
-      if (i > 0) EXPECT_EQ(in[r * 16 + i], in[r * 16 + i - 1] + 1);
+      if (i > 0) {
+        EXPECT_EQ(in[r * 16 + i], in[r * 16 + i - 1] + 1);
+      }
     }
   }
 }

@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <set>
@@ -145,15 +147,42 @@ uint64_t Total(const Graph& g) {
 
 // One iteration by a client that waits for the executor before each op and takes
 // `slowdown` times the planned op time (plus `extra_nanos`) on the clock.
+// With `slowdown_is_waiting` the time beyond the plan is spent waiting in acquires (and
+// reported so), not computing.
 void RunLap(Executor& executor, ModelTiers& tiers, FakeClock& clock, const Graph& g, double slowdown = 1,
-            int64_t extra_nanos = 0) {
+            int64_t extra_nanos = 0, bool slowdown_is_waiting = false) {
   for (uint32_t i = 0; i < g.ops.size(); ++i) {
     ASSERT_TRUE(executor.OpBegin(i).ok());
     executor.WaitIdle();
     tiers.RunOp(g.ops[i]);
-    clock.AdvanceNanos(static_cast<int64_t>(g.ops[i].seconds * 1e9 * slowdown) + extra_nanos);
+    const auto planned = static_cast<int64_t>(g.ops[i].seconds * 1e9);
+    const int64_t wall = static_cast<int64_t>(planned * slowdown) + extra_nanos;
+    if (slowdown_is_waiting) executor.AcquireWaited(wall - planned);
+    clock.AdvanceNanos(wall);
   }
 }
+
+// A small training step planned with a third of its state on the GPU, model tiers on a
+// fake clock, and an executor whose replans are counted (and shown to `on_replan`).
+struct Replanning {
+  Graph g = SmallTraining();
+  Budgets budgets{Total(g) / 3, Total(g), Total(g)};
+  FakeClock clock;
+  ModelTiers tiers{g, budgets.gpu, clock};
+  int replans = 0;
+  std::function<void(const Graph&)> on_replan = [](const Graph&) {};
+  std::unique_ptr<Executor> Start() {
+    auto plan = MakePlan(g, budgets);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    ExecutorOptions options;
+    options.replanner = [this](const Graph& measured) -> absl::StatusOr<Plan> {
+      ++replans;
+      on_replan(measured);
+      return MakePlan(measured, budgets);
+    };
+    return std::make_unique<Executor>(g, *plan, tiers, clock, options);
+  }
+};
 
 TEST(ExecutorTest, FollowingThePlanTheClientNeverMissesAndWaitsOnlyWhereTheSimulatorSaidSo) {
   const Graph g = SmallTraining();
@@ -210,58 +239,31 @@ TEST(ExecutorTest, AStarvedExecutorOnlyCostsMissesNeverValues) {
 }
 
 TEST(ExecutorTest, DriftingOpTimesTriggerAReplanThatIsSwappedInAtALap) {
-  const Graph g = SmallTraining();
-  const Budgets budgets{Total(g) / 3, Total(g), Total(g)};
-  auto plan = MakePlan(g, budgets);
-  ASSERT_TRUE(plan.ok());
-  FakeClock clock;
-  ModelTiers tiers(g, budgets.gpu, clock);
-  int replans = 0;
-  ExecutorOptions options;
-  options.replanner = [&](const Graph& measured) -> absl::StatusOr<Plan> {
-    ++replans;
-    EXPECT_GT(measured.ops[1].seconds, 2 * g.ops[1].seconds) << "the measured times are used";
-    return MakePlan(measured, budgets);
+  Replanning r;
+  r.on_replan = [&r](const Graph& measured) {
+    EXPECT_GT(measured.ops[1].seconds, 2 * r.g.ops[1].seconds) << "the measured times are used";
   };
-  Executor executor(g, *plan, tiers, clock, options);
+  auto executor = r.Start();
   for (int lap = 0; lap < 4; ++lap) {
-    RunLap(executor, tiers, clock, g, /*slowdown=*/3, /*extra_nanos=*/1000);  // 3x slower than planned
+    RunLap(*executor, r.tiers, r.clock, r.g, /*slowdown=*/3, /*extra_nanos=*/1000);  // 3x slower than planned
   }
-  EXPECT_GE(replans, 1);
-  EXPECT_GE(executor.Stats().replans, 1u);
-  EXPECT_EQ(executor.OpBegin(g.ops.size()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_GE(r.replans, 1);
+  EXPECT_GE(executor->Stats().replans, 1u);
+  EXPECT_EQ(executor->OpBegin(r.g.ops.size()).code(), absl::StatusCode::kInvalidArgument);
 }
 
 // The time the client waits in acquires is not the op's: ops that take 3x their plan on the
 // wall, two thirds of it waiting for their tensors, are measured at their plan and nothing
 // replans (a replan on such times would plan stalls as compute).
 TEST(ExecutorTest, AcquireWaitsAreNotTheOpsTime) {
-  const Graph g = SmallTraining();
-  const Budgets budgets{Total(g) / 3, Total(g), Total(g)};
-  auto plan = MakePlan(g, budgets);
-  ASSERT_TRUE(plan.ok());
-  FakeClock clock;
-  ModelTiers tiers(g, budgets.gpu, clock);
-  int replans = 0;
-  ExecutorOptions options;
-  options.replanner = [&](const Graph& measured) -> absl::StatusOr<Plan> {
-    ++replans;
-    return MakePlan(measured, budgets);
-  };
-  Executor executor(g, *plan, tiers, clock, options);
+  Replanning r;
+  auto executor = r.Start();
   for (int lap = 0; lap < 4; ++lap) {
-    for (uint32_t i = 0; i < g.ops.size(); ++i) {
-      ASSERT_TRUE(executor.OpBegin(i).ok());
-      executor.WaitIdle();
-      tiers.RunOp(g.ops[i]);
-      const auto planned = static_cast<int64_t>(g.ops[i].seconds * 1e9);
-      executor.AcquireWaited(2 * planned);
-      clock.AdvanceNanos(3 * planned);
-    }
+    RunLap(*executor, r.tiers, r.clock, r.g, /*slowdown=*/3, /*extra_nanos=*/0, /*slowdown_is_waiting=*/true);
   }
-  executor.WaitIdle();
-  EXPECT_EQ(replans, 0);
-  EXPECT_EQ(executor.Stats().replans, 0u);
+  executor->WaitIdle();
+  EXPECT_EQ(r.replans, 0);
+  EXPECT_EQ(executor->Stats().replans, 0u);
 }
 
 TEST(ExecutorTest, PinsAndDriftingLinksReplanToo) {

@@ -129,33 +129,36 @@ absl::StatusOr<uint64_t> LeaseTable::Relocate(Session& s, Tier tier, uint64_t by
   auto gap_after = [&](size_t k) {
     return (k + 1 < held.size() ? held[k + 1].begin : stats.region_bytes) - held[k].end;
   };
-  int best = -1;
+  // The idle copies whose range with its free neighbours would hold `bytes`, smallest first
+  // (the cheapest copy).
+  std::vector<size_t> candidates;
   for (size_t k = 0; k < held.size(); ++k) {
     const Tensor& t = *held[k].tensor;
     if (t.busy > 0 || t.acquired > 0 || t.pinned.has_value()) continue;  // hands off
-    if (gap_before(k) + (held[k].end - held[k].begin) + gap_after(k) < bytes) continue;
-    if (best < 0 || held[k].end - held[k].begin < held[best].end - held[best].begin) best = static_cast<int>(k);
+    if (gap_before(k) + (held[k].end - held[k].begin) + gap_after(k) >= bytes) candidates.push_back(k);
   }
-  if (best < 0) return absl::ResourceExhaustedError("no single move joins enough free space");
-  const Held& move = held[best];
-  Tensor& t = *move.tensor;
-  const uint64_t window = move.begin - gap_before(best);
-  // A free block elsewhere for it: another gap (not the ones beside it) that holds it.
-  for (size_t k = 0; k <= held.size(); ++k) {
-    const uint64_t begin = k == 0 ? 0 : held[k - 1].end;
-    const uint64_t end = k < held.size() ? held[k].begin : stats.region_bytes;
-    if (k == static_cast<size_t>(best) || k == static_cast<size_t>(best) + 1 || end - begin < t.bytes) continue;
-    auto to = store_.AllocateAt(arena, begin, t.bytes);
-    if (!to.ok()) continue;  // taken by a move in flight, or alignment: try the next
-    const Extent from = *t.copies[static_cast<int>(tier)];
-    std::memcpy(store_.Address(*to), store_.Address(from), t.bytes);
-    t.copies[static_cast<int>(tier)] = *to;
-    if (absl::Status freed = store_.Free(from); !freed.ok()) return freed;
-    absl::MutexLock stats_lock(&stats_mutex_);
-    ++stats_.relocations;
-    return window;
+  std::sort(candidates.begin(), candidates.end(), [&](size_t a, size_t b) {
+    return held[a].end - held[a].begin < held[b].end - held[b].begin;
+  });
+  for (size_t c : candidates) {
+    Tensor& t = *held[c].tensor;
+    // A free block elsewhere for it: a gap other than the two beside it that holds it.
+    for (size_t k = 0; k <= held.size(); ++k) {
+      const uint64_t begin = k == 0 ? 0 : held[k - 1].end;
+      const uint64_t end = k < held.size() ? held[k].begin : stats.region_bytes;
+      if (k == c || k == c + 1 || end - begin < t.bytes) continue;
+      auto to = store_.AllocateAt(arena, begin, t.bytes);
+      if (!to.ok()) continue;  // taken by a move in flight, or alignment: try the next
+      const Extent from = *t.copies[static_cast<int>(tier)];
+      std::memcpy(store_.Address(*to), store_.Address(from), t.bytes);
+      t.copies[static_cast<int>(tier)] = *to;
+      if (absl::Status freed = store_.Free(from); !freed.ok()) return freed;
+      absl::MutexLock stats_lock(&stats_mutex_);
+      ++stats_.relocations;
+      return held[c].begin - gap_before(c);  // the joined block's start
+    }
   }
-  return absl::ResourceExhaustedError("no free block elsewhere holds the copy to move");
+  return absl::ResourceExhaustedError("no single move of an idle copy joins enough free space");
 }
 
 absl::Status LeaseTable::EvictOne(Session& s, Tier tier, std::set<const Tensor*>& refused) {

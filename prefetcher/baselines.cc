@@ -171,32 +171,114 @@ absl::StatusOr<SimResult> SimulateOnDemandLru(const Graph& graph, const Budgets&
   return r;
 }
 
-LowerBound ComputeLowerBound(const Graph& graph, const Plan& plan, const LinkModel& link, const Budgets& budgets) {
-  LowerBound lb;
-  for (const GraphOp& op : graph.ops) lb.compute_seconds += op.seconds;
-  const double h2d = plan.gpu.bytes_loaded / link.h2d_bytes_per_s;
-  const double d2h = plan.gpu.bytes_written_back / link.d2h_bytes_per_s;
-  const double nvme = plan.lower.nvme_read_bytes / link.nvme_read_bytes_per_s +
-                      plan.lower.nvme_write_bytes / link.nvme_write_bytes_per_s;
-  lb.step_seconds = lb.compute_seconds;
-  for (auto [seconds, name] : {std::pair{h2d, "DRAM->GPU"}, std::pair{d2h, "GPU->DRAM"}, std::pair{nvme, "NVMe"}}) {
-    if (seconds > lb.step_seconds) {
-      lb.step_seconds = seconds;
-      lb.bound_by = name;
+namespace {
+
+// Per op i: the bytes of values live as op i begins (needed by it or later, with their value:
+// not overwritten first), all of them, and those whose latest write in the lap (before i,
+// cyclically) was on the GPU or anywhere; pinned tensors left out.
+struct LiveBytes {
+  std::vector<uint64_t> all, gpu_written, written;
+};
+
+LiveBytes LiveBytesAtEachOp(const Graph& graph) {
+  const size_t ops = graph.ops.size();
+  LiveBytes live{std::vector<uint64_t>(ops, 0), std::vector<uint64_t>(ops, 0), std::vector<uint64_t>(ops, 0)};
+  std::vector<Use> gpu_use(ops), host_use(ops);
+  for (size_t t = 0; t < graph.tensors.size(); ++t) {
+    if (graph.tensors[t].pinned_gpu) continue;
+    const auto ti = static_cast<TensorIndex>(t);
+    for (size_t i = 0; i < ops; ++i) {
+      gpu_use[i] = UseOf(graph.ops[i], ti);
+      host_use[i] = HostUseOf(graph.ops[i], ti);
+    }
+    // Walk two laps backwards for the next use, two forwards for the latest writer.
+    std::vector<bool> is_live(ops, false);
+    bool needed = false;
+    for (size_t k = 2 * ops; k-- > 0;) {
+      const size_t i = k % ops;
+      const Use use = gpu_use[i] != Use::kNone ? gpu_use[i] : host_use[i];
+      if (use != Use::kNone) needed = use != Use::kOverwrite;
+      if (k < ops) is_live[i] = needed;
+    }
+    int writer = 0;  // 0: none yet, 1: the GPU, 2: the host
+    for (size_t k = 0; k < 2 * ops; ++k) {
+      const size_t i = k % ops;
+      if (k >= ops && is_live[i]) {
+        if (writer == 1) live.gpu_written[i] += graph.tensors[t].bytes;
+        if (writer != 0) live.written[i] += graph.tensors[t].bytes;
+        live.all[i] += graph.tensors[t].bytes;
+      }
+      if (gpu_use[i] == Use::kWrite || gpu_use[i] == Use::kOverwrite) writer = 1;
+      if (host_use[i] == Use::kWrite || host_use[i] == Use::kOverwrite) writer = 2;
     }
   }
-  // The phase bound, over runs of ops [a, b) of the lap (all of them for small graphs; on a
-  // grid of about 300 starts and ends for big ones — any set of runs gives a valid bound).
+  return live;
+}
+
+}  // namespace
+
+LowerBound ComputeLowerBound(const Graph& graph, const LinkModel& link, const Budgets& budgets) {
+  LowerBound lb;
+  for (const GraphOp& op : graph.ops) lb.compute_seconds += op.seconds;
+  lb.step_seconds = lb.compute_seconds;
   const size_t ops = graph.ops.size(), n = graph.tensors.size();
-  const size_t stride = std::max<size_t>(1, ops / 300);
-  const auto dead = DeadAfter(graph);
   uint64_t pinned = 0;
   for (const GraphTensor& t : graph.tensors) pinned += t.pinned_gpu ? t.bytes : 0;
   const uint64_t gpu_room = budgets.gpu > pinned ? budgets.gpu - pinned : 0;
   const uint64_t both = gpu_room + budgets.dram;
+  // The whole step, from capacity alone (no plan): while op i runs, the live values beyond
+  // what the GPU can hold besides the op's outputs are below it, and each is loaded before its next use, within a lap;
+  // those the GPU wrote last were written back since. Beyond GPU and DRAM, they are on NVMe
+  // only: each read from it within a lap, and each written (after its latest write) within
+  // the lap before. Every link carries at least that every lap.
+  const LiveBytes live = LiveBytesAtEachOp(graph);
+  auto beyond = [](uint64_t bytes, uint64_t room) { return static_cast<double>(bytes > room ? bytes - room : 0); };
+  for (size_t i = 0; i < ops; ++i) {
+    // What op i writes whole is on the GPU (or, from the host, in DRAM) with its inputs
+    // while it runs: room the live values do not have then.
+    uint64_t made_on_gpu = 0, made_on_host = 0;
+    for (TensorIndex t : Touched(graph.ops[i])) {
+      if (UseOf(graph.ops[i], t) == Use::kOverwrite && !graph.tensors[t].pinned_gpu) made_on_gpu += graph.tensors[t].bytes;
+    }
+    for (TensorIndex t : HostTouched(graph.ops[i])) {
+      if (HostUseOf(graph.ops[i], t) == Use::kOverwrite) made_on_host += graph.tensors[t].bytes;
+    }
+    const uint64_t gpu_left = gpu_room > made_on_gpu ? gpu_room - made_on_gpu : 0;
+    const uint64_t both_left = both > made_on_gpu + made_on_host ? both - made_on_gpu - made_on_host : 0;
+    const double h2d = beyond(live.all[i], gpu_left) / link.h2d_bytes_per_s;
+    const double d2h = beyond(live.gpu_written[i], gpu_left) / link.d2h_bytes_per_s;
+    const double nvme = beyond(live.all[i], both_left) / link.nvme_read_bytes_per_s +
+                        beyond(live.written[i], both_left) / link.nvme_write_bytes_per_s;
+    for (auto [seconds, name] : {std::pair{h2d, "DRAM->GPU"}, std::pair{d2h, "GPU->DRAM"}, std::pair{nvme, "NVMe"}}) {
+      if (seconds > lb.step_seconds * (1 + 1e-12)) {
+        lb.step_seconds = seconds;
+        lb.bound_by = name;
+      }
+    }
+  }
+  // The phase bound. A run of ops W takes at least as long as its compute, and as the bytes
+  // that must arrive during it: everything W uses with its value that cannot already be on
+  // the GPU when W starts (beyond the GPU budget) comes in on DRAM->GPU, and beyond GPU and
+  // DRAM off NVMe; what W writes that is still live after it and cannot stay above NVMe is
+  // written to it. Runs that do not overlap take their times one after the other, so the
+  // step takes at least the sum over any cut of the lap into runs: the best cut, by dynamic
+  // programming over cut points (every op boundary for small graphs; a grid of about 300
+  // for big ones — any set of cuts gives a valid bound).
+  const size_t stride = std::max<size_t>(1, ops / 300);
+  const auto dead = DeadAfter(graph);
   std::vector<size_t> seen(n, SIZE_MAX), wrote(n, SIZE_MAX);
   std::vector<TensorIndex> written;
+  const size_t points = (ops + stride - 1) / stride + 1;  // cut k at op min(k * stride, ops)
+  struct Cut {
+    double seconds = -1;  // the best sum of runs up to this cut
+    size_t from = 0;      // where its last run starts (a cut index)
+    double excess = 0;    // that run's time beyond its compute
+    std::string link;     // and the link that sets it
+  };
+  std::vector<Cut> cut(points);
+  cut[0].seconds = 0;
   for (size_t a = 0; a < ops; a += stride) {
+    const size_t from = a / stride;
     uint64_t need = 0;  // distinct bytes the run uses with their value (not overwritten first)
     double compute = 0;
     written.clear();
@@ -223,12 +305,26 @@ LowerBound ComputeLowerBound(const Graph& graph, const Plan& plan, const LinkMod
       const double nvme_min = (need > both ? (need - both) / link.nvme_read_bytes_per_s : 0) +
                               (live_written > both ? (live_written - both) / link.nvme_write_bytes_per_s : 0);
       const double window = std::max({compute, h2d_min, nvme_min});
-      const double bound = window + (lb.compute_seconds - compute);
-      if (bound > lb.step_seconds * (1 + 1e-12)) {
-        lb.step_seconds = bound;
-        lb.bound_by = absl::StrFormat("%s in ops %d-%d", nvme_min >= h2d_min ? "NVMe" : "DRAM->GPU", a, b);
+      Cut& to = cut[b + 1 == ops ? points - 1 : (b + 1) / stride];
+      if (cut[from].seconds + window > to.seconds) {
+        to = {cut[from].seconds + window, from, window - compute, nvme_min >= h2d_min ? "NVMe" : "DRAM->GPU"};
       }
     }
+  }
+  if (cut[points - 1].seconds > lb.step_seconds * (1 + 1e-12)) {
+    lb.step_seconds = cut[points - 1].seconds;
+    // Name the run that adds the most, and how many others add anything.
+    size_t at = points - 1, worst = at;
+    int others = -1;
+    while (at > 0) {
+      if (cut[at].excess > 1e-12) ++others;
+      if (cut[at].excess > cut[worst].excess) worst = at;
+      at = cut[at].from;
+    }
+    const size_t first_op = cut[worst].from * stride;
+    const size_t last_op = worst == points - 1 ? ops - 1 : worst * stride - 1;
+    lb.bound_by = absl::StrFormat("%s in ops %d-%d", cut[worst].link, first_op, last_op);
+    if (others > 0) lb.bound_by += absl::StrFormat(" +%d", others);
   }
   lb.stall_seconds = lb.step_seconds - lb.compute_seconds;
   return lb;

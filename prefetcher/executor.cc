@@ -50,11 +50,19 @@ Executor::Schedule Executor::Build(const Graph& graph, const Plan& plan) {
         add(kGpuOut, e.dead ? Kind::kEvictDead : Kind::kEvict, e.tensor, i, use[e.tensor]);
       }
       // The moves below the GPU in plan order, so each keeps its place against the others
-      // on the same tensor (a stage, then the NVMe copy freed, say).
+      // on the same tensor (a stage, then the NVMe copy freed, say). A drop after the op's
+      // read of the same tensor (an exclusive load) waits for the load: it goes after them.
+      std::vector<TensorIndex> read_here, dropped_after_read;
       for (; lower < plan.lower.events.size() && plan.lower.events[lower].op == i; ++lower) {
         const LowerEvent& ev = plan.lower.events[lower];
         // A DRAM copy a host op uses stays until that op is over.
         const int64_t after_host = host_use[ev.tensor];
+        if (ev.kind == LowerKind::kRead) read_here.push_back(ev.tensor);
+        if (ev.kind == LowerKind::kDrop &&
+            std::find(read_here.begin(), read_here.end(), ev.tensor) != read_here.end()) {
+          dropped_after_read.push_back(ev.tensor);
+          continue;
+        }
         if (ev.kind == LowerKind::kPushDown) add(kDramOut, Kind::kPushDown, ev.tensor, i, after_host);
         if (ev.kind == LowerKind::kDrop) add(kDramOut, Kind::kDrop, ev.tensor, i, after_host);
         if (ev.kind == LowerKind::kDropNvme) add(kDramOut, Kind::kDropNvme, ev.tensor, i, kNone);
@@ -65,6 +73,7 @@ Executor::Schedule Executor::Build(const Graph& graph, const Plan& plan) {
       for (TensorIndex t : plan.gpu.loads[i]) add(kGpuIn, Kind::kLoad, t, i, kNone);
       // Room for this op's overwrites, reserved in plan order so later loads cannot take it.
       for (TensorIndex t : plan.gpu.allocs[i]) add(kGpuIn, Kind::kAlloc, t, i, kNone);
+      for (TensorIndex t : dropped_after_read) add(kDramOut, Kind::kDrop, t, i, host_use[t]);
       // Every other tensor the op uses should be there already; if the tiers' own fallback
       // evicted it (after a miss), bring it back: the plan heals instead of drifting.
       for (TensorIndex t : Touched(graph.ops[i])) {

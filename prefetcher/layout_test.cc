@@ -23,7 +23,7 @@ TEST(LayoutTest, SyntheticTrainingStepPacksWithoutClashes) {
   auto plan = PlanBest(g, budgets, LinkModel{});
   ASSERT_TRUE(plan.ok()) << plan.status();
   SimOptions options;
-  options.iterations = 3;  // as PlanBest simulates
+  options.iterations = 5;  // as PlanBest simulates for its layout
   options.record_timeline = true;
   auto sim = SimulatePlan(g, *plan, budgets, LinkModel{}, options);
   ASSERT_TRUE(sim.ok()) << sim.status();

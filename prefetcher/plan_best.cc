@@ -12,34 +12,62 @@
 
 namespace tierd::prefetcher {
 
-absl::StatusOr<Plan> MakePlan(const Graph& graph, const Budgets& budgets, uint64_t reserve_bytes) {
+const std::vector<PlanStyle>& TimeAwareStyles() {
+  // (On the synthetic 7B and 13B steps a victim slack of 0.2 to 0.4 gave the same plans; 0.6
+  // lets victims be used too soon and costs NVMe traffic.)
+  static const std::vector<PlanStyle> styles = {PlanStyle{}, PlanStyle{true}, PlanStyle{true, true},
+                                                PlanStyle{true, true, 0.25}};
+  return styles;
+}
+
+namespace {
+
+// The run the layout is taken from: its lap is the one before the last, which a hoisted load
+// for an early op reaches a steady state by (the second of three laps did not, in tests).
+constexpr int kLayoutIterations = 5;
+
+}  // namespace
+
+absl::StatusOr<Plan> MakePlan(const Graph& graph, const Budgets& budgets, uint64_t reserve_bytes,
+                              const PlanStyle& style) {
   if (reserve_bytes >= budgets.gpu) {
     return absl::InvalidArgumentError(absl::StrFormat("a prefetch reserve of %s leaves nothing of the GPU budget (%s)",
                                                       FormatBytes(reserve_bytes), FormatBytes(budgets.gpu)));
   }
   auto gpu = PlanResidency(graph, budgets.gpu - reserve_bytes);
   if (!gpu.ok()) return gpu.status();
-  auto lower = PlanLowerTiers(graph, *gpu, budgets.dram, budgets.nvme);
+  if (style.hoist_loads) HoistLoads(graph, *gpu, budgets.gpu - reserve_bytes);
+  LowerTierOptions lower_options;
+  lower_options.victim_slack = style.victim_slack;
+  lower_options.exclusive_loads = style.exclusive_loads;
+  auto lower = PlanLowerTiers(graph, *gpu, budgets.dram, budgets.nvme, lower_options);
   if (!lower.ok()) return lower.status();
-  return Plan{*std::move(gpu), *std::move(lower), reserve_bytes};
+  Plan plan{*std::move(gpu), *std::move(lower), reserve_bytes};
+  plan.style = style;
+  return plan;
 }
 
 std::vector<ResidencyWindow> LapWindows(const Graph& graph, const Plan& plan, const SimResult& sim, double* lap) {
   *lap = 0;
   std::vector<std::pair<double, uint32_t>> op_starts;  // all iterations, by time
-  double lap_start[3] = {-1, -1, -1};
+  // The last whole lap: the iteration before the last (the last one's tail is cut off).
+  int iterations = 0;
+  for (const TimelineEvent& e : sim.timeline) iterations = std::max(iterations, e.iteration + 1);
+  if (iterations < 3) return {};
+  const int steady = iterations - 2;
+  double lap_start[2] = {-1, -1};
   for (const TimelineEvent& e : sim.timeline) {
     if (e.track != Track::kCompute) continue;
     op_starts.push_back({e.start, e.op});
-    if (e.op == 0 && e.iteration >= 1 && e.iteration <= 2) lap_start[e.iteration] = e.start;
+    if (e.op == 0 && (e.iteration == steady || e.iteration == steady + 1)) lap_start[e.iteration - steady] = e.start;
   }
-  if (lap_start[1] < 0 || lap_start[2] <= lap_start[1]) return {};
+  if (lap_start[0] < 0 || lap_start[1] <= lap_start[0]) return {};
   std::sort(op_starts.begin(), op_starts.end());
   auto op_at = [&](double t) -> uint32_t {
     auto it = std::upper_bound(op_starts.begin(), op_starts.end(), std::make_pair(t, UINT32_MAX));
     return it == op_starts.begin() ? 0 : std::prev(it)->second;
   };
-  const double from = lap_start[1], length = lap_start[2] - lap_start[1];
+  const double from = lap_start[0], length = lap_start[1] - lap_start[0];
   *lap = length;
   std::vector<ResidencyWindow> out;
   std::vector<bool> whole(graph.tensors.size(), false), seen(graph.tensors.size(), false);
@@ -69,7 +97,8 @@ std::vector<ResidencyWindow> LapWindows(const Graph& graph, const Plan& plan, co
 }
 
 absl::StatusOr<Plan> PlanBest(const Graph& graph, const Budgets& budgets, const LinkModel& link,
-                              std::vector<PlanCandidate>* tried, uint64_t layout_limit_bytes) {
+                              std::vector<PlanCandidate>* tried, uint64_t layout_limit_bytes,
+                              const std::vector<PlanStyle>& styles) {
   auto base = MakePlan(graph, budgets, 0);
   if (!base.ok()) return base.status();
   uint64_t largest_op_load = 0;
@@ -83,22 +112,28 @@ absl::StatusOr<Plan> PlanBest(const Graph& graph, const Budgets& budgets, const 
   quick.iterations = 3;
   std::optional<Plan> best;
   double best_step = 0;
-  for (double factor : {0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0}) {
-    const uint64_t reserve = static_cast<uint64_t>(factor * largest_op_load);
-    if (factor > 0 && reserve == 0) continue;
-    auto plan = factor == 0 ? base : MakePlan(graph, budgets, reserve);
-    if (!plan.ok()) break;  // a larger reserve will not fit either
-    auto sim = SimulatePlan(graph, *plan, budgets, link, quick);
-    if (!sim.ok()) return sim.status();
-    if (tried != nullptr) tried->push_back({reserve, sim->step_seconds, sim->stall_seconds, plan->gpu.bytes_loaded});
-    if (!best || sim->step_seconds < best_step * (1 - 1e-9)) {
-      best = *std::move(plan);
-      best_step = sim->step_seconds;
+  for (const PlanStyle& style : styles) {
+    for (double factor : {0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0}) {
+      const uint64_t reserve = static_cast<uint64_t>(factor * largest_op_load);
+      if (factor > 0 && reserve == 0) continue;
+      const bool plain = !style.exclusive_loads && !style.hoist_loads && style.victim_slack == 0;
+      auto plan = factor == 0 && plain ? base : MakePlan(graph, budgets, reserve, style);
+      if (!plan.ok()) break;  // a larger reserve will not fit either
+      auto sim = SimulatePlan(graph, *plan, budgets, link, quick);
+      if (!sim.ok()) return sim.status();
+      if (tried != nullptr) {
+        tried->push_back({reserve, sim->step_seconds, sim->stall_seconds, plan->gpu.bytes_loaded, style});
+      }
+      if (!best || sim->step_seconds < best_step * (1 - 1e-9)) {
+        best = *std::move(plan);
+        best_step = sim->step_seconds;
+      }
     }
   }
   // Fixed offsets for the chosen plan's copies, from their times in the top tier in a
   // simulated steady-state iteration; used when they fit the arena.
   SimOptions timed = quick;
+  timed.iterations = kLayoutIterations;
   timed.record_timeline = true;
   auto sim = SimulatePlan(graph, *best, budgets, link, timed);
   if (!sim.ok()) return sim.status();

@@ -48,16 +48,27 @@ struct Budgets {
 // used; a load for op i would then wait for op i-1 to end. So residency is planned under
 // the GPU budget minus a prefetch reserve: the reserve is room for the next op's loads
 // to land while the current op still holds its tensors.
+// How a plan departs from plain MIN at both levels (PlanBest simulates a few and keeps the
+// fastest): DRAM copies of loads for writes dropped once landed, loads for writes hoisted
+// into free room (HoistLoads), and victims below the GPU chosen by time too
+// (LowerTierOptions).
+struct PlanStyle {
+  bool exclusive_loads = false;  // LowerTierOptions::exclusive_loads
+  bool hoist_loads = false;
+  double victim_slack = 0;
+};
 struct Plan {
   ResidencyPlan gpu;
   LowerTierPlan lower;
   uint64_t reserve_bytes = 0;
+  PlanStyle style;
   // Fixed offsets in the top tier's arena for the planned tensors (PlanBest), used when
   // they fit the arena (`layout_fits`); otherwise every placement is online.
   GpuLayout layout;
   bool layout_fits = false;
 };
-absl::StatusOr<Plan> MakePlan(const Graph& graph, const Budgets& budgets, uint64_t reserve_bytes = 0);
+absl::StatusOr<Plan> MakePlan(const Graph& graph, const Budgets& budgets, uint64_t reserve_bytes = 0,
+                              const PlanStyle& style = {});
 
 enum class Track : uint8_t { kCompute, kH2D, kD2H, kNvme };
 const char* TrackName(Track track);
@@ -116,36 +127,51 @@ absl::StatusOr<SimResult> SimulatePlan(const Graph& graph, const Plan& plan, con
 absl::StatusOr<SimResult> SimulateOnDemandLru(const Graph& graph, const Budgets& budgets,
                                               const LinkModel& link, const SimOptions& options);
 
-// Plans with a few reserves (0 to 4x the largest single op's incoming bytes), simulates
-// each, and returns the one with the shortest predicted step: more reserve means more
-// traffic (a smaller budget for MIN) but more overlap. `tried`, if given, lists them.
+// Plans with a few reserves (0 to 4x the largest single op's incoming bytes), in each of
+// `styles`, simulates each, and returns the one with the shortest predicted step (the
+// earlier on a tie): more reserve means more traffic (a smaller budget for MIN) but more
+// overlap. `tried`, if given, lists them. By default (the daemon) plain MIN and exclusive
+// loads: on the H200 (8-layer planned worker, docs/BENCHMARKS.md) exclusive loads ran at
+// 0.47 s an iteration against 0.54 s plain, and hoisted ones at 0.85 s, though predicted
+// faster; TimeAwareStyles() adds those for the simulator (planbench --time_aware).
 struct PlanCandidate {
   uint64_t reserve_bytes = 0;
   double step_seconds = 0, stall_seconds = 0;
   uint64_t h2d_bytes = 0;
+  PlanStyle style;
 };
 // `layout_limit_bytes`: the arena the static layout may fill (0: the GPU budget); a caller
 // that plans under its quota minus a headroom passes the whole quota.
 absl::StatusOr<Plan> PlanBest(const Graph& graph, const Budgets& budgets, const LinkModel& link,
-                              std::vector<PlanCandidate>* tried = nullptr, uint64_t layout_limit_bytes = 0);
+                              std::vector<PlanCandidate>* tried = nullptr, uint64_t layout_limit_bytes = 0,
+                              const std::vector<PlanStyle>& styles = {PlanStyle{}, PlanStyle{true}});
+// Plain, exclusive loads, exclusive loads hoisted, and those with victims chosen by time too
+// (slack 0.25).
+const std::vector<PlanStyle>& TimeAwareStyles();
 
-// No stalls beyond what the links force. Two bounds, the larger holds:
-//   whole step: each link carries the plan's bytes (the compulsory traffic: MIN's, the
-//     least any plan under these budgets moves) within the step, and compute runs;
-//   phase: for any run of ops W, everything W uses with its value that cannot already be
-//     on the GPU when W starts (more than the GPU budget) arrives during W, and what cannot
-//     be in GPU or DRAM comes off NVMe during W; so W takes at least that long, and the
-//     rest of the step at least its compute. (The optimizer step that touches all state
-//     with little compute is such a phase.)
+// No stalls beyond what the links force, for any plan under these budgets (it takes none:
+// a bound from a plan's own bytes would move with the plan). Two bounds, the larger holds:
+//   whole step: at the start of each op, the live values (needed later with their value)
+//     beyond the GPU budget are below it and are loaded before their next use, and those
+//     the GPU wrote last were written back since; beyond GPU and DRAM they are on NVMe
+//     only, read from it and (if written in the lap) written to it. Each link carries at
+//     least that every step, and compute runs;
+//   phases: a run of ops W takes at least its compute and the time to bring in what it uses
+//     with its value that cannot already be on the GPU (beyond the GPU budget) and, beyond
+//     GPU and DRAM, off NVMe, and to write to NVMe what it makes that cannot stay above it;
+//     runs that do not overlap add up, so the step takes at least the sum over the best cut
+//     of the lap into runs (the optimizer step that touches all state with little compute
+//     is such a run; so is each pass that streams the weights).
 struct LowerBound {
   double step_seconds = 0, stall_seconds = 0, compute_seconds = 0;
   std::string bound_by = "compute";
 };
-LowerBound ComputeLowerBound(const Graph& graph, const Plan& plan, const LinkModel& link, const Budgets& budgets);
+LowerBound ComputeLowerBound(const Graph& graph, const LinkModel& link, const Budgets& budgets);
 
-// The residency windows of the second simulated iteration (a steady state), as times
-// within it, for LayOutGpu; `lap` gets the iteration's length. Needs a run of 3 or more
-// iterations with record_timeline; otherwise empty.
+// The residency windows of the last whole simulated iteration (the one before the last: a
+// steady state when the run is long enough), as times within it, for LayOutGpu; `lap` gets
+// the iteration's length. Needs a run of 3 or more iterations with record_timeline;
+// otherwise empty.
 std::vector<ResidencyWindow> LapWindows(const Graph& graph, const Plan& plan, const SimResult& sim, double* lap);
 
 }  // namespace tierd::prefetcher

@@ -75,6 +75,20 @@ std::vector<LowerEvent> Demands(const Graph& graph, const ResidencyPlan& gpu) {
   return out;
 }
 
+// Whether the GPU keeps t, loaded before op `op`, until an op that changes it: then no copy
+// below is needed from the moment the load lands (the write makes them stale, and the GPU
+// copy is written back if it leaves later).
+bool LoadIsForAWrite(const Graph& graph, const ResidencyPlan& gpu, uint32_t op, TensorIndex t) {
+  const size_t ops = graph.ops.size();
+  for (size_t k = 0; k < ops; ++k) {
+    const size_t i = (op + k) % ops;
+    if (!std::binary_search(gpu.resident[i].begin(), gpu.resident[i].end(), t)) return false;
+    const Use use = UseOf(graph.ops[i], t);
+    if (use != Use::kNone) return use == Use::kWrite;
+  }
+  return false;
+}
+
 struct LowerState {
   std::vector<bool> dram, nvme;
   uint64_t dram_bytes = 0, nvme_bytes = 0;
@@ -83,9 +97,14 @@ struct LowerState {
 }  // namespace
 
 absl::StatusOr<LowerTierPlan> PlanLowerTiers(const Graph& graph, const ResidencyPlan& gpu, uint64_t dram_budget,
-                                             uint64_t nvme_budget) {
+                                             uint64_t nvme_budget, const LowerTierOptions& options) {
   const size_t n = graph.tensors.size();
   const std::vector<LowerEvent> lap = Demands(graph, gpu);
+  std::vector<bool> exclusive(lap.size(), false);
+  for (size_t j = 0; j < lap.size(); ++j) {
+    exclusive[j] = options.exclusive_loads && lap[j].kind == LowerKind::kRead &&
+                   LoadIsForAWrite(graph, gpu, lap[j].op, lap[j].tensor);
+  }
   // gap[j]: how many positions after demand j the same tensor is demanded again (cyclic).
   const size_t len = lap.size();
   std::vector<size_t> gap(len, 0), seen(n, kNever);
@@ -117,6 +136,21 @@ absl::StatusOr<LowerTierPlan> PlanLowerTiers(const Graph& graph, const Residency
     const LowerKind next = cur_next[t] == kNever ? LowerKind::kInvalidate : lap[cur_next[t] % len].kind;
     return next == LowerKind::kInvalidate || next == LowerKind::kHostOverwrite || next == LowerKind::kDiscard;
   };
+  // With victim slack: MIN's victim needs a push-down; any DRAM copy that also needs one, is no
+  // smaller and is next used at least (1 - slack) as far ahead will do about as well for
+  // traffic. Take the one demanded longest ago: an idle copy, whose push-down and the stage
+  // that brings it back fall in other parts of the lap than the burst MIN's victim is in.
+  auto idler_victim = [&](int min_victim, TensorIndex demanding, size_t p, uint32_t op) {
+    const int64_t now = static_cast<int64_t>(p / len * graph.ops.size() + op);
+    const double far = static_cast<double>(cur_next[min_victim] - p);
+    int best = min_victim;
+    for (size_t v = 0; v < n; ++v) {
+      if (!s.dram[v] || s.nvme[v] || v == demanding || busy_op[v] == now || is_dead(v)) continue;
+      if (bytes(v) < bytes(min_victim) || static_cast<double>(cur_next[v] - p) < (1 - options.victim_slack) * far) continue;
+      if (busy_op[v] < busy_op[best]) best = static_cast<int>(v);
+    }
+    return best;
+  };
   // Lap until the state entering a lap repeats (then the events are a cycle the executor
   // can replay every iteration).
   constexpr int kLaps = 12;
@@ -147,6 +181,9 @@ absl::StatusOr<LowerTierPlan> PlanLowerTiers(const Graph& graph, const Residency
           }
           const bool dv = is_dead(v), dw = is_dead(victim);
           if ((dv && !dw) || (dv == dw && cur_next[v] > cur_next[victim])) victim = static_cast<int>(v);
+        }
+        if (victim >= 0 && options.victim_slack > 0 && !is_dead(victim) && !s.nvme[victim]) {
+          victim = idler_victim(victim, t, p, d.op);
         }
         if (victim < 0) {
           return absl::ResourceExhaustedError(
@@ -186,6 +223,13 @@ absl::StatusOr<LowerTierPlan> PlanLowerTiers(const Graph& graph, const Residency
             s.nvme_bytes -= bytes(t);
           }
           emit(d.kind, t);
+          if (d.kind == LowerKind::kRead && exclusive[p % len]) {
+            // The GPU changes it before it could drop it clean: the DRAM copy is of no more
+            // use once the load has landed (the NVMe copy, if any, goes with the write).
+            emit(LowerKind::kDrop, t);
+            s.dram[t] = false;
+            s.dram_bytes -= bytes(t);
+          }
           break;
         case LowerKind::kWriteBack:
         case LowerKind::kHostOverwrite:  // (room made above, nothing read into it)

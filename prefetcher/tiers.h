@@ -5,7 +5,8 @@
 // Model (one steady-state lap, like the GPU plan):
 //   - a GPU write-back puts the tensor's bytes in DRAM (its NVMe copy, if any, is stale);
 //   - a GPU load reads the tensor from DRAM; if DRAM does not hold it, it is first staged
-//     from NVMe into DRAM;
+//     from NVMe into DRAM; with exclusive loads (LowerTierOptions), a load the GPU keeps
+//     until it changes the tensor drops the DRAM copy once it has landed;
 //   - a write on the GPU (or a dead value dropped) makes the copies below stale: freed;
 //   - an op on the host uses the DRAM copy (staged from NVMe first if DRAM lacks it); a
 //     host write makes the NVMe copy stale;
@@ -28,7 +29,8 @@ enum class LowerKind : uint8_t {
   kRead,        // DRAM -> GPU (the GPU load reads from here)
   kStage,       // NVMe -> DRAM, before a kRead of a tensor DRAM does not hold
   kPushDown,    // DRAM -> NVMe, to make room (DRAM held the only copy below the GPU)
-  kDrop,        // a DRAM copy freed to make room (NVMe has the bytes, or they are dead)
+  kDrop,        // a DRAM copy freed: to make room (NVMe has the bytes, or they are dead), or
+                // after an exclusive load (the GPU holds the bytes and will change them)
   kInvalidate,  // the GPU wrote the tensor: copies below are stale and freed
   kDropNvme,    // an NVMe copy freed (DRAM holds the same bytes); closing a lap only
   kHostRead,    // an op on the host reads the DRAM copy (staged first if DRAM lacks it)
@@ -59,8 +61,22 @@ struct LowerTierPlan {
 // usually settles into a one-lap cycle within a few laps; when it does not (it can
 // oscillate), the last lap is closed by hand: moves appended at its end take the state it
 // ends in back to the one it started from.
+struct LowerTierOptions {
+  // 0: MIN picks what to push down (furthest next use). Above 0: among the copies that need a
+  // push-down too, are no smaller and are next used at least (1 - slack) as far ahead as
+  // MIN's victim, the one whose latest use is oldest (victims chosen by time as well as by
+  // next use: its NVMe write and the read that brings it back land in quieter parts of the
+  // lap than MIN's just-written victim). PlanBest simulates both and keeps the faster.
+  double victim_slack = 0;
+  // A load the GPU keeps until it changes the tensor (optimizer state brought up for its
+  // update) drops the DRAM copy once it has landed (a kDrop after its kRead): the room is
+  // free for stages that much earlier, at no cost in traffic (the write would make the copy
+  // stale anyway). Off: the copy stays until the write.
+  bool exclusive_loads = false;
+};
 absl::StatusOr<LowerTierPlan> PlanLowerTiers(const Graph& graph, const ResidencyPlan& gpu_plan,
-                                             uint64_t dram_budget_bytes, uint64_t nvme_budget_bytes);
+                                             uint64_t dram_budget_bytes, uint64_t nvme_budget_bytes,
+                                             const LowerTierOptions& options = {});
 
 // Moves each stage (NVMe -> DRAM) as early in the lap as DRAM room allows without evicting
 // anything more: to the earliest event after which, up to its old place, DRAM holds it and

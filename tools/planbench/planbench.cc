@@ -27,6 +27,9 @@ ABSL_FLAG(double, h2d_gbps, 55, "DRAM->GPU GB/s (lent H200, pinned)");
 ABSL_FLAG(double, d2h_gbps, 55, "GPU->DRAM GB/s");
 ABSL_FLAG(double, nvme_gbps, 2, "NVMe GB/s, reads and writes sharing the device");
 ABSL_FLAG(double, tflops, 400, "sustained bf16 TFLOP/s for op times");
+ABSL_FLAG(bool, time_aware, false,
+          "also try plans with loads for writes hoisted into free room and victims below the GPU chosen by time "
+          "(simulated only: the daemon does not plan so; see docs/BENCHMARKS.md)");
 ABSL_FLAG(bool, optimizer_on_host, false, "AdamW on the host's CPU next to its DRAM state instead of on the GPU");
 ABSL_FLAG(double, host_adamw_gparams, 2.3, "with --optimizer_on_host: host AdamW rate, G params/s (H200 host: 2.3)");
 
@@ -88,7 +91,9 @@ int main(int argc, char** argv) {
       trace.host_adamw_params_per_s = absl::GetFlag(FLAGS_host_adamw_gparams) * 1e9;
       const tp::Graph graph = tp::SyntheticTransformer(*shape, trace);
       const auto t0 = std::chrono::steady_clock::now();
-      auto plan = tp::PlanBest(graph, budgets, link);
+      auto plan = absl::GetFlag(FLAGS_time_aware)
+                      ? tp::PlanBest(graph, budgets, link, nullptr, 0, tp::TimeAwareStyles())
+                      : tp::PlanBest(graph, budgets, link);
       const double plan_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (!plan.ok()) {
         std::printf("%-5s %5d  cannot plan: %s\n", model.c_str(), trace.grad_accum,
@@ -104,7 +109,7 @@ int main(int argc, char** argv) {
                      std::string(lru.status().message()).c_str());
         return 1;
       }
-      const tp::LowerBound lb = tp::ComputeLowerBound(graph, *plan, link, budgets);
+      const tp::LowerBound lb = tp::ComputeLowerBound(graph, link, budgets);
       std::printf("%-5s %5d %7.2fs | %8.2fs %8.2fs | %8.2fs %8.2fs | %8.2fs %8.2fs %-22s | %7.3f %7.1fx | %-26s | %-26s | %.1f\n",
                   model.c_str(), trace.grad_accum, sim->compute_seconds, sim->step_seconds, sim->stall_seconds,
                   lru->step_seconds, lru->stall_seconds, lb.step_seconds, lb.stall_seconds, lb.bound_by.c_str(),

@@ -142,7 +142,7 @@ int RunPlanCommand(const std::vector<std::string>& args) {
   }
   if (absl::GetFlag(FLAGS_simulate)) {
     auto lru = tp::SimulateOnDemandLru(graph, budgets, link, options);
-    const tp::LowerBound lb = tp::ComputeLowerBound(graph, *plan, link, budgets);
+    const tp::LowerBound lb = tp::ComputeLowerBound(graph, link, budgets);
     if (lru.ok() && sim->stall_seconds == 0) {
       std::printf("on-demand LRU would take %.3f s per step (stall %.3f s); the plan has no stall\n",
                   lru->step_seconds, lru->stall_seconds);

@@ -67,5 +67,40 @@ TEST(LayoutTest, SyntheticTrainingStepPacksWithoutClashes) {
   EXPECT_EQ(plan->layout_fits, layout->size_bytes <= budgets.gpu);
 }
 
+// The simulator counts no fragmentation; the static layout makes that true only when it
+// fits. Here the fastest style's layout does not fit, a slower one's does: that one is chosen.
+TEST(LayoutTest, PlanBestPrefersAPlanWhoseLayoutFits) {
+  TraceOptions trace;
+  trace.micro_batch_seqs = 1;
+  trace.seq_len = 128;
+  trace.grad_accum = 2;
+  const Graph g = SyntheticTransformer(*ShapePreset("tiny"), trace);
+  uint64_t total = 0;
+  for (const auto& t : g.tensors) total += t.bytes;
+  const Budgets budgets{total * 3 / 4, total * 3 / 4, total * 2};
+  std::vector<PlanCandidate> tried;
+  auto plan = PlanBest(g, budgets, LinkModel{}, &tried, 0, TimeAwareStyles());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->layout_fits);
+  double fastest = tried.front().step_seconds, chosen = -1;
+  for (const PlanCandidate& c : tried) {
+    fastest = std::min(fastest, c.step_seconds);
+    if (c.reserve_bytes == plan->reserve_bytes && c.style.hoist_loads == plan->style.hoist_loads &&
+        c.style.exclusive_loads == plan->style.exclusive_loads && c.style.victim_slack == plan->style.victim_slack) {
+      chosen = c.step_seconds;
+    }
+  }
+  ASSERT_GT(chosen, 0);
+  EXPECT_LT(fastest, chosen * (1 - 1e-6)) << "a faster plan was tried: its layout did not fit";
+  // The fastest plan, laid out alone, does not fit.
+  for (const PlanCandidate& c : tried) {
+    if (c.step_seconds != fastest) continue;
+    auto alone = PlanBest(g, budgets, LinkModel{}, nullptr, 0, {c.style});
+    ASSERT_TRUE(alone.ok());
+    EXPECT_FALSE(alone->layout_fits);
+    break;
+  }
+}
+
 }  // namespace
 }  // namespace tierd::prefetcher

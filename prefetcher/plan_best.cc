@@ -26,6 +26,25 @@ namespace {
 // for an early op reaches a steady state by (the second of three laps did not, in tests).
 constexpr int kLayoutIterations = 5;
 
+// Fixed offsets for the plan's copies, from their times in the top tier in a simulated
+// steady-state iteration; used when they fit the arena (`limit` bytes).
+absl::StatusOr<Plan> WithLayout(const Graph& graph, Plan plan, const Budgets& budgets, const LinkModel& link,
+                                uint64_t limit) {
+  SimOptions timed;
+  timed.iterations = kLayoutIterations;
+  timed.record_timeline = true;
+  auto sim = SimulatePlan(graph, plan, budgets, link, timed);
+  if (!sim.ok()) return sim.status();
+  const uint64_t alignment = graph.host ? limits::kDirectIoAlignmentBytes : limits::kGpuAlignmentBytes;
+  double lap = 0;
+  const std::vector<ResidencyWindow> windows = LapWindows(graph, plan, *sim, &lap);  // sets lap first
+  auto layout = LayOutGpu(graph, windows, lap, alignment);
+  if (!layout.ok()) return layout.status();
+  plan.layout = *std::move(layout);
+  plan.layout_fits = plan.layout.size_bytes <= limit;
+  return plan;
+}
+
 }  // namespace
 
 absl::StatusOr<Plan> MakePlan(const Graph& graph, const Budgets& budgets, uint64_t reserve_bytes,
@@ -110,9 +129,11 @@ absl::StatusOr<Plan> PlanBest(const Graph& graph, const Budgets& budgets, const 
   }
   SimOptions quick;
   quick.iterations = 3;
-  std::optional<Plan> best;
-  double best_step = 0;
+  // The fastest plan of each style.
+  std::vector<std::pair<double, Plan>> fastest;
   for (const PlanStyle& style : styles) {
+    std::optional<Plan> best;
+    double best_step = 0;
     for (double factor : {0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0}) {
       const uint64_t reserve = static_cast<uint64_t>(factor * largest_op_load);
       if (factor > 0 && reserve == 0) continue;
@@ -129,22 +150,23 @@ absl::StatusOr<Plan> PlanBest(const Graph& graph, const Budgets& budgets, const 
         best_step = sim->step_seconds;
       }
     }
+    if (best) fastest.emplace_back(best_step, *std::move(best));
   }
-  // Fixed offsets for the chosen plan's copies, from their times in the top tier in a
-  // simulated steady-state iteration; used when they fit the arena.
-  SimOptions timed = quick;
-  timed.iterations = kLayoutIterations;
-  timed.record_timeline = true;
-  auto sim = SimulatePlan(graph, *best, budgets, link, timed);
-  if (!sim.ok()) return sim.status();
-  const uint64_t alignment = graph.host ? limits::kDirectIoAlignmentBytes : limits::kGpuAlignmentBytes;
-  double lap = 0;
-  const std::vector<ResidencyWindow> windows = LapWindows(graph, *best, *sim, &lap);  // sets lap first
-  auto layout = LayOutGpu(graph, windows, lap, alignment);
-  if (!layout.ok()) return layout.status();
-  best->layout = *std::move(layout);
-  best->layout_fits = best->layout.size_bytes <= (layout_limit_bytes > 0 ? layout_limit_bytes : budgets.gpu);
-  return *std::move(best);
+  if (fastest.empty()) return absl::InternalError("no plan style was tried");
+  // Fastest first (the earlier style on a tie). The simulator assumes the top tier does not
+  // fragment, which the static layout makes true only when it fits the arena: the first plan
+  // whose layout fits wins; if none fits, the fastest.
+  std::stable_sort(fastest.begin(), fastest.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first * (1 - 1e-9); });
+  const uint64_t limit = layout_limit_bytes > 0 ? layout_limit_bytes : budgets.gpu;
+  std::optional<Plan> chosen;
+  for (auto& [step, plan] : fastest) {
+    auto laid_out = WithLayout(graph, std::move(plan), budgets, link, limit);
+    if (!laid_out.ok()) return laid_out.status();
+    if (laid_out->layout_fits) return *std::move(laid_out);
+    if (!chosen) chosen = *std::move(laid_out);
+  }
+  return *std::move(chosen);
 }
 
 }  // namespace tierd::prefetcher

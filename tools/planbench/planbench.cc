@@ -71,9 +71,9 @@ int main(int argc, char** argv) {
                   ? absl::StrFormat("; AdamW on the host at %.1f G params/s", absl::GetFlag(FLAGS_host_adamw_gparams))
                         .c_str()
                   : "");
-  std::printf("%-5s %5s %8s | %9s %9s | %9s %9s | %9s %9s %-22s | %7s %8s | %-26s | %-26s | %s\n", "model", "accum",
+  std::printf("%-5s %5s %8s | %9s %9s | %9s %9s | %9s %9s %-22s | %7s %8s | %-26s | %-26s | %s | %s\n", "model", "accum",
               "compute", "plan step", "stall", "LRU step", "stall", "LB step", "stall", "bound", "plan/LB",
-              "LRU/plan", "plan GB h2d/d2h/nvr/nvw", "LRU GB h2d/d2h/nvr/nvw", "plan s");
+              "LRU/plan", "plan GB h2d/d2h/nvr/nvw", "LRU GB h2d/d2h/nvr/nvw", "plan s", "layout");
   for (const std::string& model : std::vector<std::string>(absl::StrSplit(absl::GetFlag(FLAGS_models), ','))) {
     auto shape = tp::ShapePreset(model);
     if (!shape.ok()) {
@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
         return 1;
       }
       const tp::LowerBound lb = tp::ComputeLowerBound(graph, link, budgets);
-      std::printf("%-5s %5d %7.2fs | %8.2fs %8.2fs | %8.2fs %8.2fs | %8.2fs %8.2fs %-22s | %7.3f %7.1fx | %-26s | %-26s | %.1f\n",
+      std::printf("%-5s %5d %7.2fs | %8.2fs %8.2fs | %8.2fs %8.2fs | %8.2fs %8.2fs %-22s | %7.3f %7.1fx | %-26s | %-26s | %.1f | %s\n",
                   model.c_str(), trace.grad_accum, sim->compute_seconds, sim->step_seconds, sim->stall_seconds,
                   lru->step_seconds, lru->stall_seconds, lb.step_seconds, lb.stall_seconds, lb.bound_by.c_str(),
                   sim->step_seconds / lb.step_seconds,
@@ -119,10 +119,11 @@ int main(int argc, char** argv) {
                    Gb(sim->nvme_write_bytes)).c_str(),
                   (Gb(lru->h2d_bytes) + "/" + Gb(lru->d2h_bytes) + "/" + Gb(lru->nvme_read_bytes) + "/" +
                    Gb(lru->nvme_write_bytes)).c_str(),
-                  plan_s);
+                  plan_s, plan->layout_fits ? "fits" : "online");
       std::fflush(stdout);
     }
   }
-  std::printf("plan/LB: planner step over the lower bound (1.000 = at the bound). LRU/plan: LRU stall over planner stall.\n");
+  std::printf("plan/LB: planner step over the lower bound (1.000 = at the bound). LRU/plan: LRU stall over planner stall. "
+              "layout: the plan's static GPU layout fits the budget, or copies are placed online.\n");
   return 0;
 }

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runs on the lent GPU machine (carry .carry, made by tools/device/bundle.sh):
+#   device run: command="tools/device/planner_7b_check.sh", carry=[".carry"]
+# The 7B trainer through tierd in a 24 GiB GPU budget (DRAM $TIERD_DRAM, default 100 GiB),
+# activation checkpointing, batch 2, $STEPS steps: per step whether the plan held (NVMe
+# bytes, waits), then the daemon's own counters (relocations within DRAM, demand fetches,
+# stalls) before it stops. Logs go to $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out="${OUT:-/tmp/tierd-out}"; mkdir -p "$out"
+export LD_LIBRARY_PATH="$PWD/.carry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+dram="${TIERD_DRAM:-100GiB}"; steps="${STEPS:-6}"
+corpus=/tmp/tierd-bench-corpus; mkdir -p "$corpus"
+py_lib=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
+find "$py_lib" -maxdepth 1 -name '*.py' | sort | xargs cat > "$corpus/stdlib.txt"
+dir=/tmp/tierd-7b; nvme=/var/tmp/tierd-7b-nvme; rm -rf "$nvme"; mkdir -p "$nvme"
+.carry/bin/tierd --gpu=cuda --gpu_bytes=24GiB --dram_bytes="$dram" --nvme_dir="$nvme" --nvme_bytes=40GiB \
+  --runtime_dir="$dir" > "$out/tierd-7b.log" 2>&1 &
+tierd_pid=$!
+for _ in $(seq 300); do [ -S "$dir/tierd.grpc.sock" ] && break; sleep 0.1; done
+.carry/bin/tierd-train-gpu --model_size=7b --batch_size=2 --seq_len=2048 --steps="$steps" --timing_skip=2 \
+  --data="$corpus" --profile --offload_policy=tierd --gpu_budget=24GiB --tierd_dir="$dir" --tierd_dram="$dram" \
+  --tierd_nvme=40GiB --grad_checkpointing 2>&1 | tee "$out/train-7b.log" | grep -E "^(step|done|tierd|optimizer|offload)"
+status=${PIPESTATUS[0]}
+echo "== tierctl stats"
+.carry/bin/tierctl --runtime_dir="$dir" stats | tee "$out/stats-7b.txt"
+kill -TERM $tierd_pid; wait $tierd_pid
+tail -n 3 "$out/tierd-7b.log"
+exit "$status"

@@ -4,7 +4,8 @@
 # The 7B trainer through tierd in a 24 GiB GPU budget (DRAM $TIERD_DRAM, default 100 GiB),
 # activation checkpointing, batch 2, $STEPS steps: per step whether the plan held (NVMe
 # bytes, waits), then the daemon's own counters (relocations within DRAM, demand fetches,
-# stalls) before it stops. Logs go to $OUT.
+# stalls) before it stops, and the session's plan next to what was observed (taken every
+# 10 s while it trains). Logs go to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-/tmp/tierd-out}"; mkdir -p "$out"
@@ -20,8 +21,18 @@ tierd_pid=$!
 for _ in $(seq 300); do [ -S "$dir/tierd.grpc.sock" ] && break; sleep 0.1; done
 .carry/bin/tierd-train-gpu --model_size=7b --batch_size=2 --seq_len=2048 --steps="$steps" --timing_skip=2 \
   --data="$corpus" --profile --offload_policy=tierd --gpu_budget=24GiB --tierd_dir="$dir" --tierd_dram="$dram" \
-  --tierd_nvme=40GiB --grad_checkpointing 2>&1 | tee "$out/train-7b.log" | grep -E "^(step|done|tierd|optimizer|offload)"
-status=${PIPESTATUS[0]}
+  --tierd_nvme=40GiB --grad_checkpointing > "$out/train-7b.log" 2>&1 &
+train_pid=$!
+# The session's plan, predicted next to observed (executor counters: late, just in time,
+# errors, replans), every 10 s while it trains; the last one is kept.
+while kill -0 $train_pid 2>/dev/null; do
+  .carry/bin/tierctl --runtime_dir="$dir" plan --session 1 > "$out/plan-7b.next" 2>&1 && mv "$out/plan-7b.next" "$out/plan-7b.txt"
+  sleep 10
+done
+wait $train_pid; status=$?
+grep -E "^(step|done|tierd|optimizer|offload)" "$out/train-7b.log"
+echo "== tierctl plan --session 1 (the last taken while training)"
+cat "$out/plan-7b.txt" 2>/dev/null | grep -vE "^ +[0-9]+ " | head -40
 echo "== tierctl stats"
 .carry/bin/tierctl --runtime_dir="$dir" stats | tee "$out/stats-7b.txt"
 kill -TERM $tierd_pid; wait $tierd_pid

@@ -6,11 +6,20 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "base/limits.h"
 #include "base/units.h"
 #include "prefetcher/simulate.h"
 
 namespace tierd::prefetcher {
+
+std::string DescribeStyle(const PlanStyle& style) {
+  std::vector<std::string> parts;
+  if (style.exclusive_loads) parts.push_back("exclusive loads");
+  if (style.hoist_loads) parts.push_back("hoisted loads");
+  if (style.victim_slack > 0) parts.push_back(absl::StrFormat("victim slack %.2f", style.victim_slack));
+  return parts.empty() ? "MIN" : "MIN with " + absl::StrJoin(parts, ", ");
+}
 
 const std::vector<PlanStyle>& TimeAwareStyles() {
   // (On the synthetic 7B and 13B steps a victim slack of 0.2 to 0.4 gave the same plans; 0.6

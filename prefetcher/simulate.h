@@ -149,6 +149,8 @@ absl::StatusOr<Plan> PlanBest(const Graph& graph, const Budgets& budgets, const 
 // Plain, exclusive loads, exclusive loads hoisted, and those with victims chosen by time too
 // (slack 0.25).
 const std::vector<PlanStyle>& TimeAwareStyles();
+// "MIN", or what the style adds to it ("exclusive loads, hoisted loads, victim slack 0.25").
+std::string DescribeStyle(const PlanStyle& style);
 
 // No stalls beyond what the links force, for any plan under these budgets (it takes none:
 // a bound from a plan's own bytes would move with the plan). Two bounds, the larger holds:

@@ -115,6 +115,7 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
   std::unique_ptr<PlannedSession> planned(new PlannedSession());
   planned->predicted_ = *std::move(sim);
   planned->reserve_bytes_ = plan->reserve_bytes;
+  planned->style_ = tp::DescribeStyle(plan->style);
   planned->layout_ = plan->layout;
   planned->layout_fits_ = plan->layout_fits;
   planned->quota_ = budgets.gpu;
@@ -184,9 +185,9 @@ std::string PlannedSession::Summary() const {
   const tp::SimResult& p = predicted_;
   std::string out = absl::StrFormat(
       "predicted per iteration: %.3f s (compute %.3f s, stall %.3f s); moves DRAM->GPU %s, GPU->DRAM %s, NVMe read %s, "
-      "NVMe write %s; GPU reserve for prefetches %s\n",
+      "NVMe write %s; GPU reserve for prefetches %s; %s\n",
       p.step_seconds, p.compute_seconds, p.stall_seconds, FormatBytes(p.h2d_bytes), FormatBytes(p.d2h_bytes),
-      FormatBytes(p.nvme_read_bytes), FormatBytes(p.nvme_write_bytes), FormatBytes(reserve_bytes_));
+      FormatBytes(p.nvme_read_bytes), FormatBytes(p.nvme_write_bytes), FormatBytes(reserve_bytes_), style_);
   out += absl::StrFormat("static layout: %s for at most %s live at once; the arena is %s: %s\n",
                          FormatBytes(layout_.size_bytes), FormatBytes(layout_.peak_live_bytes), FormatBytes(quota_),
                          layout_fits_ ? "planned tensors go to fixed offsets" : "too big, placement is online");

@@ -66,6 +66,7 @@ class PlannedSession {
   std::unique_ptr<prefetcher::Executor> executor_;
   prefetcher::SimResult predicted_;
   uint64_t reserve_bytes_ = 0;
+  std::string style_;  // the first plan's (DescribeStyle)
   prefetcher::GpuLayout layout_;  // as first planned (replans may change it)
   bool layout_fits_ = false;
   uint64_t quota_ = 0;

@@ -24,6 +24,9 @@ ABSL_FLAG(std::string, nvme, "512GiB", "plan/trace: NVMe budget");
 ABSL_FLAG(double, h2d_gbps, 55, "plan/trace: DRAM->GPU GB/s");
 ABSL_FLAG(double, d2h_gbps, 55, "plan/trace: GPU->DRAM GB/s");
 ABSL_FLAG(double, nvme_gbps, 2, "plan/trace: NVMe GB/s (reads and writes share it)");
+ABSL_FLAG(bool, time_aware, false,
+          "plan/trace: also try loads hoisted into free room and victims chosen by time (as planbench "
+          "--time_aware; the daemon does not plan so)");
 ABSL_FLAG(bool, simulate, false, "plan: also simulate the on-demand LRU baseline and the lower bound");
 ABSL_FLAG(std::string, explain, "", "plan: say where this tensor is at each op and why");
 ABSL_FLAG(std::string, out, "tierd-trace.json", "trace: where to write the Chrome/Perfetto JSON");
@@ -83,7 +86,8 @@ int RunPlanCommand(const std::vector<std::string>& args) {
   link.h2d_bytes_per_s = absl::GetFlag(FLAGS_h2d_gbps) * 1e9;
   link.d2h_bytes_per_s = absl::GetFlag(FLAGS_d2h_gbps) * 1e9;
   link.nvme_read_bytes_per_s = link.nvme_write_bytes_per_s = absl::GetFlag(FLAGS_nvme_gbps) * 1e9;
-  auto plan = tp::PlanBest(graph, budgets, link);
+  auto plan = absl::GetFlag(FLAGS_time_aware) ? tp::PlanBest(graph, budgets, link, nullptr, 0, tp::TimeAwareStyles())
+                                              : tp::PlanBest(graph, budgets, link);
   if (!plan.ok()) {
     std::fprintf(stderr, "tierctl: cannot plan %s: %s\n", source.c_str(), std::string(plan.status().message()).c_str());
     return 1;
@@ -118,6 +122,7 @@ int RunPlanCommand(const std::vector<std::string>& args) {
   std::printf("budgets: GPU %s (of which %s kept free for prefetches), DRAM %s, NVMe %s\n",
               FormatBytes(budgets.gpu).c_str(), FormatBytes(plan->reserve_bytes).c_str(),
               FormatBytes(budgets.dram).c_str(), FormatBytes(budgets.nvme).c_str());
+  std::printf("planned as: %s\n", tp::DescribeStyle(plan->style).c_str());
   std::printf("predicted per step: %.3f s (compute %.3f s, stall %.3f s)\n", sim->step_seconds, sim->compute_seconds,
               sim->stall_seconds);
   std::printf("moved per step: DRAM->GPU %s, GPU->DRAM %s, NVMe read %s, NVMe write %s\n", Gb(sim->h2d_bytes).c_str(),

@@ -9,16 +9,23 @@
 namespace tierd::prefetcher {
 namespace {
 
+// The tiny model's step, one sequence a micro-batch, two micro-batches; `total` gets its bytes.
+Graph TinyStep(int seq_len, uint64_t* total) {
+  TraceOptions trace;
+  trace.micro_batch_seqs = 1;
+  trace.seq_len = seq_len;
+  trace.grad_accum = 2;
+  Graph g = SyntheticTransformer(*ShapePreset("tiny"), trace);
+  *total = 0;
+  for (const auto& t : g.tensors) *total += t.bytes;
+  return g;
+}
+
 // On a real-shaped trace: no two copies live at once share GPU addresses, every use is
 // covered, and the layout is as small as the budget allows (within the packing's slack).
 TEST(LayoutTest, SyntheticTrainingStepPacksWithoutClashes) {
-  TraceOptions trace;
-  trace.micro_batch_seqs = 1;
-  trace.seq_len = 64;
-  trace.grad_accum = 2;
-  const Graph g = SyntheticTransformer(*ShapePreset("tiny"), trace);
   uint64_t total = 0;
-  for (const auto& t : g.tensors) total += t.bytes;
+  const Graph g = TinyStep(64, &total);
   const Budgets budgets{total / 3, total, total * 2};
   auto plan = PlanBest(g, budgets, LinkModel{});
   ASSERT_TRUE(plan.ok()) << plan.status();
@@ -70,13 +77,8 @@ TEST(LayoutTest, SyntheticTrainingStepPacksWithoutClashes) {
 // The simulator counts no fragmentation; the static layout makes that true only when it
 // fits. Here the fastest style's layout does not fit, a slower one's does: that one is chosen.
 TEST(LayoutTest, PlanBestPrefersAPlanWhoseLayoutFits) {
-  TraceOptions trace;
-  trace.micro_batch_seqs = 1;
-  trace.seq_len = 128;
-  trace.grad_accum = 2;
-  const Graph g = SyntheticTransformer(*ShapePreset("tiny"), trace);
   uint64_t total = 0;
-  for (const auto& t : g.tensors) total += t.bytes;
+  const Graph g = TinyStep(128, &total);
   const Budgets budgets{total * 3 / 4, total * 3 / 4, total * 2};
   std::vector<PlanCandidate> tried;
   auto plan = PlanBest(g, budgets, LinkModel{}, &tried, 0, TimeAwareStyles());

@@ -238,7 +238,9 @@ LowerBound ComputeLowerBound(const Graph& graph, const LinkModel& link, const Bu
     // while it runs: room the live values do not have then.
     uint64_t made_on_gpu = 0, made_on_host = 0;
     for (TensorIndex t : Touched(graph.ops[i])) {
-      if (UseOf(graph.ops[i], t) == Use::kOverwrite && !graph.tensors[t].pinned_gpu) made_on_gpu += graph.tensors[t].bytes;
+      if (UseOf(graph.ops[i], t) == Use::kOverwrite && !graph.tensors[t].pinned_gpu) {
+        made_on_gpu += graph.tensors[t].bytes;
+      }
     }
     for (TensorIndex t : HostTouched(graph.ops[i])) {
       if (HostUseOf(graph.ops[i], t) == Use::kOverwrite) made_on_host += graph.tensors[t].bytes;

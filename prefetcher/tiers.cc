@@ -146,7 +146,8 @@ absl::StatusOr<LowerTierPlan> PlanLowerTiers(const Graph& graph, const Residency
     int best = min_victim;
     for (size_t v = 0; v < n; ++v) {
       if (!s.dram[v] || s.nvme[v] || v == demanding || busy_op[v] == now || is_dead(v)) continue;
-      if (bytes(v) < bytes(min_victim) || static_cast<double>(cur_next[v] - p) < (1 - options.victim_slack) * far) continue;
+      const double ahead = static_cast<double>(cur_next[v] - p);
+      if (bytes(v) < bytes(min_victim) || ahead < (1 - options.victim_slack) * far) continue;
       if (busy_op[v] < busy_op[best]) best = static_cast<int>(v);
     }
     return best;

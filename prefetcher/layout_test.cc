@@ -94,6 +94,7 @@ TEST(LayoutTest, PlanBestPrefersAPlanWhoseLayoutFits) {
   }
   ASSERT_GT(chosen, 0);
   EXPECT_LT(fastest, chosen * (1 - 1e-6)) << "a faster plan was tried: its layout did not fit";
+  EXPECT_EQ(PlanBest(g, budgets, LinkModel{}, nullptr, 0, {}).status().code(), absl::StatusCode::kInvalidArgument);
   // The fastest plan, laid out alone, does not fit.
   for (const PlanCandidate& c : tried) {
     if (c.step_seconds != fastest) continue;

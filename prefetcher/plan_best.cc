@@ -161,7 +161,7 @@ absl::StatusOr<Plan> PlanBest(const Graph& graph, const Budgets& budgets, const 
     }
     if (best) fastest.emplace_back(best_step, *std::move(best));
   }
-  if (fastest.empty()) return absl::InternalError("no plan style was tried");
+  if (fastest.empty()) return absl::InvalidArgumentError("PlanBest needs at least one plan style to try");
   // Fastest first (the earlier style on a tie). The simulator assumes the top tier does not
   // fragment, which the static layout makes true only when it fits the arena: the first plan
   // whose layout fits wins; if none fits, the fastest.

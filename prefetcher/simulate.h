@@ -131,10 +131,11 @@ absl::StatusOr<SimResult> SimulateOnDemandLru(const Graph& graph, const Budgets&
 // `styles`, simulates each, and returns the one with the shortest predicted step (the
 // earlier on a tie) whose static layout fits the arena (the simulator assumes no
 // fragmentation, which the layout makes true), or the fastest if none fits: more reserve
-// means more traffic (a smaller budget for MIN) but more overlap. `tried`, if given, lists them. By default (the daemon) plain MIN and exclusive
+// means more traffic (a smaller budget for MIN) but more overlap. `tried`, if given, lists
+// them; INVALID_ARGUMENT for no styles. By default (the daemon) plain MIN and exclusive
 // loads: on the H200 (8-layer planned worker, docs/BENCHMARKS.md) exclusive loads ran at
-// 0.47 s an iteration against 0.54 s plain, and hoisted ones at 0.85 s, though predicted
-// faster; TimeAwareStyles() adds those for the simulator (planbench --time_aware).
+// 0.47-0.57 s an iteration against 0.54 s plain, hoisted ones at 0.85-0.99 s though
+// predicted faster; TimeAwareStyles() adds those for the simulator (planbench --time_aware).
 struct PlanCandidate {
   uint64_t reserve_bytes = 0;
   double step_seconds = 0, stall_seconds = 0;

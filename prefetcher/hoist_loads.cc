@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "base/check.h"
 #include "prefetcher/residency.h"
 
 namespace tierd::prefetcher {
@@ -65,6 +66,7 @@ int HoistLoads(const Graph& graph, ResidencyPlan& plan, uint64_t budget_bytes) {
         // It never needed to leave: keep it, and neither move happens.
         auto& ev = plan.evictions[to];
         auto e = std::find_if(ev.begin(), ev.end(), [t](const Eviction& x) { return x.tensor == t; });
+        TIERD_CHECK(e != ev.end());  // resident before `to`, not at it: `to` evicted it
         if (e->write_back) plan.bytes_written_back -= b;
         ev.erase(e);
         plan.bytes_loaded -= b;

@@ -7,6 +7,7 @@
 // what the simulator predicted before the run.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -186,6 +187,52 @@ TEST_F(PlannerSimulation, ManyIterationsThroughTheRealTiersLoseNothingAndMatchTh
   // The bytes loaded per iteration are the plan's (within 2%: a tensor the tiers' own
   // fallback moved would be loaded once more).
   EXPECT_NEAR(static_cast<double>(h2d_measured), static_cast<double>(predicted.h2d_bytes), 0.02 * predicted.h2d_bytes);
+}
+
+// DRAM below the GPU relocates copies against fragmentation, so a planned session keeps only
+// three of the largest tensors of its quota free there, not a tenth (the GPU keeps its
+// tenth): with a DRAM quota of exactly the least that needs no NVMe plus three tensors, the
+// session plans no NVMe traffic; a tenth kept free would have planned some.
+TEST(PlannedSessionTest, DramBelowTheGpuIsPlannedToThreeTensorsOfItsQuota) {
+  tp::TraceOptions trace;
+  trace.micro_batch_seqs = 1;
+  trace.seq_len = 64;
+  trace.flops_per_s = 1e10;
+  const tp::Graph graph = tp::SyntheticTransformer({"sim16", 16, 128, 344, 256}, trace);  // a tenth > three tensors
+  uint64_t total = 0, largest = 0;
+  for (const auto& t : graph.tensors) {
+    total += (t.bytes + 4095) / 4096 * 4096;
+    largest = std::max(largest, t.bytes);
+  }
+  const uint64_t gpu_quota = total * 45 / 100;
+  const uint64_t gpu_planned = gpu_quota - std::max(gpu_quota / 10, std::min(3 * largest, gpu_quota / 4));
+  const tp::LinkModel links;
+  auto nvme_bytes = [&](uint64_t dram) {
+    auto plan = tp::PlanBest(graph, {gpu_planned, dram, 2 * total}, links, nullptr, gpu_quota);
+    return plan.ok() ? plan->lower.nvme_read_bytes + plan->lower.nvme_write_bytes : UINT64_MAX;
+  };
+  // The least DRAM (to 64 KiB) with no NVMe traffic.
+  uint64_t low = total / 4, high = total;
+  ASSERT_EQ(nvme_bytes(high), 0u);
+  ASSERT_GT(nvme_bytes(low), 0u);
+  while (high - low > 65536) {
+    const uint64_t mid = low + (high - low) / 2;
+    (nvme_bytes(mid) == 0 ? high : low) = mid;
+  }
+  const tp::Budgets budgets{gpu_quota, high + 3 * largest, 2 * total};
+  ASSERT_LT(budgets.dram - budgets.dram / 10, high);  // a tenth kept free would be below it
+  ASSERT_GT(nvme_bytes(budgets.dram - budgets.dram / 10), 0u);
+  FakeClock fake;
+  testing::Engine engine = testing::MakeDaemonEngine("headroom", budgets.gpu * 2, budgets.dram * 2,
+                                                     budgets.nvme + kMiB, FakeGpuOptions{});
+  auto table = LeaseTable::Create(*engine.store, *engine.mover, fake, {});
+  ASSERT_TRUE(table.ok()) << table.status();
+  auto session = (*table)->OpenSession("headroom", {budgets.gpu, budgets.dram, budgets.nvme});
+  ASSERT_TRUE(session.ok()) << session.status();
+  auto planned = PlannedSession::Create(**table, *session, graph, budgets, links, fake, /*deterministic=*/true);
+  ASSERT_TRUE(planned.ok()) << planned.status();
+  EXPECT_EQ((*planned)->predicted().nvme_read_bytes, 0u) << (*planned)->Summary();
+  EXPECT_EQ((*planned)->predicted().nvme_write_bytes, 0u);
 }
 
 }  // namespace

@@ -227,10 +227,10 @@ LowerBound ComputeLowerBound(const Graph& graph, const LinkModel& link, const Bu
   const uint64_t gpu_room = budgets.gpu > pinned ? budgets.gpu - pinned : 0;
   const uint64_t both = gpu_room + budgets.dram;
   // The whole step, from capacity alone (no plan): while op i runs, the live values beyond
-  // what the GPU can hold besides the op's outputs are below it, and each is loaded before its next use, within a lap;
-  // those the GPU wrote last were written back since. Beyond GPU and DRAM, they are on NVMe
-  // only: each read from it within a lap, and each written (after its latest write) within
-  // the lap before. Every link carries at least that every lap.
+  // what the GPU can hold besides the op's outputs are below it, and each is loaded before
+  // its next use, within a lap; those the GPU wrote last were written back since. Beyond GPU
+  // and DRAM they are on NVMe only: each read from it within a lap, and each written (after
+  // its latest write) within the lap before. Every link carries at least that every lap.
   const LiveBytes live = LiveBytesAtEachOp(graph);
   auto beyond = [](uint64_t bytes, uint64_t room) { return static_cast<double>(bytes > room ? bytes - room : 0); };
   for (size_t i = 0; i < ops; ++i) {

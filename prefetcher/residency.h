@@ -55,11 +55,12 @@ absl::StatusOr<ResidencyPlan> PlanResidencyFrom(const Graph& graph, uint64_t gpu
                                                 const std::vector<TensorIndex>& resident,
                                                 const std::vector<bool>& dirty);
 
-// Moves each load for a write (its op changes the tensor) to the earliest op of the lap from which the top tier has room
-// for it at every op until its old place (MIN loads only at the op of use, leaving room
-// free as activations die), never across a host use of the tensor; when the room reaches
-// back to the op that evicted it, the eviction and the load both go. Bytes loaded do not
-// grow. Returns how many loads moved or went.
+// Moves each load for a write (its op changes the tensor) to the earliest op of the lap from
+// which the top tier has room for it at every op until its old place (MIN loads only at the
+// op of use, leaving room free as activations die), never across a host use of the tensor;
+// when the room reaches back to the op that evicted it, the eviction and the load both go.
+// Bytes loaded do not grow. Returns how many loads moved or went. For plans that are cycles
+// (PlanResidency's): nothing moves across op 0, where the lap's start state is fixed.
 int HoistLoads(const Graph& graph, ResidencyPlan& plan, uint64_t budget_bytes);
 
 // Replays a plan against the graph and checks invariants 1-4 and 6, and with `cyclic` (plans from

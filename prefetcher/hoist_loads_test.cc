@@ -1,9 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <random>
 
-#include "prefetcher/random_graph.h"
 #include "prefetcher/residency.h"
 #include "prefetcher/tiers.h"
 
@@ -58,51 +56,18 @@ TEST(HoistLoadsTest, ALoadForAWriteMovesIntoTheRoomADeadActivationLeaves) {
   EXPECT_EQ(HoistLoads(reading, *ro, 240), 0);
 }
 
+// `mid` also reads a 60 B tensor: 80 B free there, 40 B in the backward; the state (100 B)
+// has nowhere to go before `opt`, so nothing moves.
 TEST(HoistLoadsTest, NoRoomNoMove) {
-  const Graph g = Step();
-  auto plan = PlanResidency(g, 200);  // mid holds w and grad: 100 B free, the state needs 100
+  Graph g = Step();
+  g.tensors.push_back({"x", 60});
+  g.ops[2].reads.push_back(4);
+  auto plan = PlanResidency(g, 240);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  auto tight = PlanResidency(g, 199);
-  if (tight.ok()) {
-    EXPECT_EQ(HoistLoads(g, *tight, 199), 0);
-    EXPECT_TRUE(ReplayPlan(g, 199, *tight).ok());
-  }
-  EXPECT_TRUE(ReplayPlan(g, 200, *plan).ok());
-}
-
-// Random graphs and budgets: hoisted plans keep every invariant of ReplayPlan and never load
-// more; below them, with MIN's victims and with victims chosen by time, nothing is lost and
-// every budget holds (ReplayLowerTiers).
-TEST(HoistLoadsTest, RandomGraphsReplayCleanlyHoistedAndWithVictimSlack) {
-  std::mt19937_64 rng(29);
-  int hoisted_plans = 0, planned = 0;
-  for (int trial = 0; trial < 300; ++trial) {
-    uint64_t largest = 0;
-    const Graph g = RandomGraph(rng, {}, &largest);
-    const uint64_t gpu_budget = largest * (1 + rng() % 4), dram = largest * (1 + rng() % 4);
-    auto plan = PlanResidency(g, gpu_budget);
-    if (!plan.ok()) continue;
-    const uint64_t loaded = plan->bytes_loaded, written = plan->bytes_written_back;
-    hoisted_plans += HoistLoads(g, *plan, gpu_budget) > 0;
-    ASSERT_TRUE(ReplayPlan(g, gpu_budget, *plan).ok()) << ReplayPlan(g, gpu_budget, *plan) << " trial " << trial;
-    EXPECT_LE(plan->bytes_loaded, loaded);
-    EXPECT_LE(plan->bytes_written_back, written);
-    for (double slack : {0.0, 0.25, 0.5}) {
-      LowerTierOptions options;
-      options.victim_slack = slack;
-      options.exclusive_loads = slack != 0.5;
-      auto lower = PlanLowerTiers(g, *plan, dram, 1 << 20, options);
-      if (!lower.ok()) {
-        ASSERT_EQ(lower.status().code(), absl::StatusCode::kResourceExhausted) << lower.status();
-        continue;
-      }
-      ++planned;
-      ASSERT_TRUE(ReplayLowerTiers(g, *plan, *lower, dram, 1 << 20).ok())
-          << ReplayLowerTiers(g, *plan, *lower, dram, 1 << 20) << " trial " << trial << " slack " << slack;
-    }
-  }
-  EXPECT_GT(hoisted_plans, 20);
-  EXPECT_GT(planned, 300);
+  ASSERT_TRUE(Has(plan->loads[3], 2));
+  EXPECT_EQ(HoistLoads(g, *plan, 240), 0);
+  EXPECT_TRUE(Has(plan->loads[3], 2));
+  EXPECT_TRUE(ReplayPlan(g, 240, *plan).ok());
 }
 
 }  // namespace

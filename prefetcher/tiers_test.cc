@@ -73,25 +73,40 @@ TEST(TiersTest, TooLittleNvmeIsRefusedWithTheNumbers) {
   EXPECT_EQ(PlanLowerTiers(g, *gpu, 150, 1 << 20).status().code(), absl::StatusCode::kResourceExhausted);
 }
 
+// Random graphs and budgets, MIN's GPU plans and the same with loads hoisted (which keep every
+// invariant of ReplayPlan and never load more); below them, with MIN's victims, exclusive
+// loads and victims chosen by time: nothing is lost and every budget holds.
 TEST(TiersTest, RandomGraphsAndBudgetsReplayCleanly) {
   std::mt19937_64 rng(17);
-  int planned = 0;
+  int planned = 0, hoisted_plans = 0;
   for (int trial = 0; trial < 300; ++trial) {
     uint64_t largest = 0;
     const Graph g = RandomGraph(rng, {}, &largest);
     const uint64_t gpu_budget = largest * (1 + rng() % 4), dram = largest * (1 + rng() % 4);
     auto gpu = PlanResidency(g, gpu_budget);
     if (!gpu.ok()) continue;
-    auto lower = PlanLowerTiers(g, *gpu, dram, 1 << 20);
-    if (!lower.ok()) {
-      ASSERT_EQ(lower.status().code(), absl::StatusCode::kResourceExhausted) << lower.status();
-      continue;
+    ResidencyPlan hoisted = *gpu;
+    hoisted_plans += HoistLoads(g, hoisted, gpu_budget) > 0;
+    ASSERT_TRUE(ReplayPlan(g, gpu_budget, hoisted).ok()) << ReplayPlan(g, gpu_budget, hoisted) << " trial " << trial;
+    EXPECT_LE(hoisted.bytes_loaded, gpu->bytes_loaded);
+    EXPECT_LE(hoisted.bytes_written_back, gpu->bytes_written_back);
+    for (const ResidencyPlan* plan : {&*gpu, &hoisted}) {
+      for (const LowerTierOptions options :
+           {LowerTierOptions{}, LowerTierOptions{0, true}, LowerTierOptions{0.25, true}, LowerTierOptions{0.5, false}}) {
+        auto lower = PlanLowerTiers(g, *plan, dram, 1 << 20, options);
+        if (!lower.ok()) {
+          ASSERT_EQ(lower.status().code(), absl::StatusCode::kResourceExhausted) << lower.status();
+          continue;
+        }
+        ++planned;
+        ASSERT_TRUE(ReplayLowerTiers(g, *plan, *lower, dram, 1 << 20).ok())
+            << ReplayLowerTiers(g, *plan, *lower, dram, 1 << 20) << " trial " << trial << " slack "
+            << options.victim_slack << " exclusive " << options.exclusive_loads;
+      }
     }
-    ++planned;
-    ASSERT_TRUE(ReplayLowerTiers(g, *gpu, *lower, dram, 1 << 20).ok())
-        << ReplayLowerTiers(g, *gpu, *lower, dram, 1 << 20) << " trial " << trial;
   }
-  EXPECT_GT(planned, 120);
+  EXPECT_GT(planned, 8 * 120);
+  EXPECT_GT(hoisted_plans, 20);
 }
 
 // Three tensors of 100 B. A stage moves back over events while DRAM has room for it at

@@ -77,6 +77,7 @@ TEST(TiersTest, TooLittleNvmeIsRefusedWithTheNumbers) {
 // invariant of ReplayPlan and never load more); below them, with MIN's victims, exclusive
 // loads and victims chosen by time: nothing is lost and every budget holds.
 TEST(TiersTest, RandomGraphsAndBudgetsReplayCleanly) {
+  const LowerTierOptions kOptions[] = {{}, {0, true}, {0.25, true}, {0.5, false}};  // slack, exclusive
   std::mt19937_64 rng(17);
   int planned = 0, hoisted_plans = 0;
   for (int trial = 0; trial < 300; ++trial) {
@@ -91,8 +92,7 @@ TEST(TiersTest, RandomGraphsAndBudgetsReplayCleanly) {
     EXPECT_LE(hoisted.bytes_loaded, gpu->bytes_loaded);
     EXPECT_LE(hoisted.bytes_written_back, gpu->bytes_written_back);
     for (const ResidencyPlan* plan : {&*gpu, &hoisted}) {
-      for (const LowerTierOptions options :
-           {LowerTierOptions{}, LowerTierOptions{0, true}, LowerTierOptions{0.25, true}, LowerTierOptions{0.5, false}}) {
+      for (const LowerTierOptions options : kOptions) {
         auto lower = PlanLowerTiers(g, *plan, dram, 1 << 20, options);
         if (!lower.ok()) {
           ASSERT_EQ(lower.status().code(), absl::StatusCode::kResourceExhausted) << lower.status();

@@ -262,71 +262,96 @@ LowerBound ComputeLowerBound(const Graph& graph, const LinkModel& link, const Bu
   // that must arrive during it: everything W uses with its value that cannot already be on
   // the GPU when W starts (beyond the GPU budget) comes in on DRAM->GPU, and beyond GPU and
   // DRAM off NVMe; what W writes that is still live after it and cannot stay above NVMe is
-  // written to it. Runs that do not overlap take their times one after the other, so the
-  // step takes at least the sum over any cut of the lap into runs: the best cut, by dynamic
-  // programming over cut points (every op boundary for small graphs; a grid of about 300
-  // for big ones — any set of cuts gives a valid bound).
+  // written to it. Runs that do not overlap take their times one after the other, so a lap
+  // takes at least the sum over any cut of it into runs. The lap repeats, so a run may cross
+  // its end (the optimizer step and the next step's first micro-batch, say, where updated
+  // state must go down to NVMe to make room for the gradients). The best cut, by dynamic
+  // programming from each starting cut, over cut points (every op boundary for small
+  // graphs; a grid of about 300 for big ones — any set of cuts gives a valid bound).
   const size_t stride = std::max<size_t>(1, ops / 300);
+  const size_t points = (ops + stride - 1) / stride;  // cut k before op k * stride
+  auto cut_op = [&](size_t k) { return (k % points) * stride + (k / points) * ops; };  // unrolled
   const auto dead = DeadAfter(graph);
+  struct Run {
+    double excess = 0;  // time beyond its compute
+    double compute = 0;
+    const char* link = "";
+  };
+  // run[i][len - 1]: the run from cut i over `len` cuts (up to a whole lap).
+  std::vector<std::vector<Run>> run(points, std::vector<Run>(points));
   std::vector<size_t> seen(n, SIZE_MAX), wrote(n, SIZE_MAX);
   std::vector<TensorIndex> written;
-  const size_t points = (ops + stride - 1) / stride + 1;  // cut k at op min(k * stride, ops)
-  struct Cut {
-    double seconds = -1;  // the best sum of runs up to this cut
-    size_t from = 0;      // where its last run starts (a cut index)
-    double excess = 0;    // that run's time beyond its compute
-    std::string link;     // and the link that sets it
-  };
-  std::vector<Cut> cut(points);
-  cut[0].seconds = 0;
-  for (size_t a = 0; a < ops; a += stride) {
-    const size_t from = a / stride;
-    uint64_t need = 0;  // distinct bytes the run uses with their value (not overwritten first)
+  for (size_t a = 0; a < points; ++a) {
+    uint64_t need_gpu = 0, need = 0;  // distinct bytes used with their value (not overwritten first)
     double compute = 0;
     written.clear();
-    for (size_t b = a; b < ops; ++b) {
-      const GraphOp& op = graph.ops[b];
+    size_t len = 1;
+    for (size_t b = cut_op(a); len <= points; ++b) {
+      const GraphOp& op = graph.ops[b % ops];
       compute += op.seconds;
-      for (TensorIndex t : Touched(op)) {
-        const Use use = UseOf(op, t);
+      auto touch = [&](TensorIndex t, Use use, bool on_gpu) {
+        if (graph.tensors[t].pinned_gpu) return;
         if (seen[t] != a) {
           seen[t] = a;
-          if (!graph.tensors[t].pinned_gpu && use != Use::kOverwrite) need += graph.tensors[t].bytes;
+          if (use != Use::kOverwrite) need += graph.tensors[t].bytes;
+          if (use != Use::kOverwrite && on_gpu) need_gpu += graph.tensors[t].bytes;
         }
-        if (use != Use::kRead && wrote[t] != a && !graph.tensors[t].pinned_gpu) {
+        if (use != Use::kRead && wrote[t] != a) {
           wrote[t] = a;
           written.push_back(t);
         }
-      }
-      if ((b + 1 - a) % stride != 0 && b + 1 != ops) continue;
+      };
+      for (TensorIndex t : Touched(op)) touch(t, UseOf(op, t), true);
+      for (TensorIndex t : HostTouched(op)) touch(t, HostUseOf(op, t), false);
+      if (b + 1 != cut_op(a + len)) continue;
       // Values written in the run and still live after it: what GPU and DRAM cannot hold
       // at its end was written to NVMe during it (they did not exist before).
       uint64_t live_written = 0;
-      for (TensorIndex t : written) live_written += dead[b][t] ? 0 : graph.tensors[t].bytes;
-      const double h2d_min = need > gpu_room ? (need - gpu_room) / link.h2d_bytes_per_s : 0;
-      const double nvme_min = (need > both ? (need - both) / link.nvme_read_bytes_per_s : 0) +
-                              (live_written > both ? (live_written - both) / link.nvme_write_bytes_per_s : 0);
+      for (TensorIndex t : written) live_written += dead[b % ops][t] ? 0 : graph.tensors[t].bytes;
+      const double h2d_min = beyond(need_gpu, gpu_room) / link.h2d_bytes_per_s;
+      const double nvme_min =
+          beyond(need, both) / link.nvme_read_bytes_per_s + beyond(live_written, both) / link.nvme_write_bytes_per_s;
       const double window = std::max({compute, h2d_min, nvme_min});
-      Cut& to = cut[b + 1 == ops ? points - 1 : (b + 1) / stride];
-      if (cut[from].seconds + window > to.seconds) {
-        to = {cut[from].seconds + window, from, window - compute, nvme_min >= h2d_min ? "NVMe" : "DRAM->GPU"};
-      }
+      run[a][len - 1] = {window - compute, compute, nvme_min >= h2d_min ? "NVMe" : "DRAM->GPU"};
+      ++len;
     }
   }
-  if (cut[points - 1].seconds > lb.step_seconds * (1 + 1e-12)) {
-    lb.step_seconds = cut[points - 1].seconds;
-    // Name the run that adds the most, and how many others add anything.
-    size_t at = points - 1, worst = at;
-    int others = -1;
-    while (at > 0) {
-      if (cut[at].excess > 1e-12) ++others;
-      if (cut[at].excess > cut[worst].excess) worst = at;
-      at = cut[at].from;
+  // From each starting cut, the best chain of runs over one lap (a sum of times).
+  double best_lap = -1;
+  std::vector<std::pair<size_t, size_t>> best_runs;  // (first cut, length) of the best chain
+  std::vector<double> best(points + 1);
+  std::vector<size_t> from(points + 1);
+  for (size_t s0 = 0; s0 < points; ++s0) {
+    best[0] = 0;
+    for (size_t j = 1; j <= points; ++j) {
+      best[j] = -1;
+      for (size_t i = 0; i < j; ++i) {
+        const Run& r = run[(s0 + i) % points][j - i - 1];
+        const double t = best[i] + r.compute + r.excess;
+        if (t > best[j]) best[j] = t, from[j] = i;
+      }
     }
-    const size_t first_op = cut[worst].from * stride;
-    const size_t last_op = worst == points - 1 ? ops - 1 : worst * stride - 1;
-    lb.bound_by = absl::StrFormat("%s in ops %d-%d", cut[worst].link, first_op, last_op);
-    if (others > 0) lb.bound_by += absl::StrFormat(" +%d", others);
+    if (best[points] > best_lap * (1 + 1e-12)) {
+      best_lap = best[points];
+      best_runs.clear();
+      for (size_t j = points; j > 0; j = from[j]) best_runs.push_back({(s0 + from[j]) % points, j - from[j]});
+    }
+  }
+  if (best_lap > lb.step_seconds * (1 + 1e-12)) {
+    lb.step_seconds = best_lap;
+    // Name the run that adds the most, and how many others add anything.
+    size_t worst = 0;
+    int adding = 0;
+    for (size_t k = 0; k < best_runs.size(); ++k) {
+      const Run& r = run[best_runs[k].first][best_runs[k].second - 1];
+      if (r.excess > 1e-12) ++adding;
+      if (r.excess > run[best_runs[worst].first][best_runs[worst].second - 1].excess) worst = k;
+    }
+    const auto [first, length] = best_runs[worst];
+    const size_t first_op = cut_op(first), last_op = (cut_op(first + length) - 1) % ops;
+    lb.bound_by = absl::StrFormat("%s in ops %d-%d%s", run[first][length - 1].link, first_op, last_op,
+                                  last_op < first_op ? " (across the lap's end)" : "");
+    if (adding > 1) lb.bound_by += absl::StrFormat(" +%d", adding - 1);
   }
   lb.stall_seconds = lb.step_seconds - lb.compute_seconds;
   return lb;

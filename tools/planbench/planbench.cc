@@ -3,6 +3,7 @@
 // the lent H200's measured one). Prints what it compares, the model, and the ratios.
 //
 //   bazel run -c opt //tools/planbench -- --models=1.3b,7b,13b --accum=1,64
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -11,6 +12,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -31,6 +33,9 @@ ABSL_FLAG(bool, time_aware, false,
           "also try plans with loads for writes hoisted into free room and victims below the GPU chosen by time "
           "(simulated only: the daemon does not plan so; see docs/BENCHMARKS.md)");
 ABSL_FLAG(bool, optimizer_on_host, false, "AdamW on the host's CPU next to its DRAM state instead of on the GPU");
+ABSL_FLAG(bool, phases, false,
+          "after each row, the plan's steady step by phase (forward, backward, optimizer): compute, stall and "
+          "the NVMe and DRAM->GPU bytes moved while the phase ran");
 ABSL_FLAG(double, host_adamw_gparams, 2.3, "with --optimizer_on_host: host AdamW rate, G params/s (H200 host: 2.3)");
 
 namespace tp = tierd::prefetcher;
@@ -47,6 +52,53 @@ uint64_t Bytes(const std::string& flag) {
 }
 
 std::string Gb(uint64_t b) { return absl::StrFormat("%.1f", b / 1e9); }
+
+// Which phase of a training step an op of the synthetic trace belongs to.
+int PhaseOf(const std::string& op) {
+  if (absl::StrContains(op, ".adamw")) return 2;
+  if (absl::StrContains(op, "bwd")) return 1;
+  return 0;
+}
+
+// The last measured iteration of a run with a timeline, by phase: each op's span (its
+// stall and its compute) is the phase's; a move's bytes count toward the phases its span
+// overlaps, in proportion.
+void PrintPhases(const tp::Graph& graph, const tp::SimResult& sim, int iteration, double nvme_bytes_per_s) {
+  static constexpr const char* kNames[] = {"forward", "backward", "optimizer"};
+  struct Phase {
+    double compute = 0, stall = 0, nvme = 0, h2d = 0;
+  } phase[3];
+  std::vector<std::pair<double, double>> span(graph.ops.size(), {0, -1});
+  double prev_end = -1;
+  for (const tp::TimelineEvent& e : sim.timeline) {
+    if (e.track != tp::Track::kCompute) continue;
+    if (e.iteration == iteration - 1 && e.op + 1 == graph.ops.size()) prev_end = e.end;
+    if (e.iteration == iteration) span[e.op] = {e.start, e.end};
+  }
+  if (prev_end < 0) return;
+  std::vector<double> begin(graph.ops.size());
+  for (size_t i = 0; i < graph.ops.size(); ++i) {
+    begin[i] = i == 0 ? prev_end : span[i - 1].second;
+    const int p = PhaseOf(graph.ops[i].name);
+    phase[p].compute += span[i].second - span[i].first;
+    phase[p].stall += span[i].first - begin[i];
+  }
+  for (const tp::TimelineEvent& e : sim.timeline) {
+    if (e.track != tp::Track::kNvme && e.track != tp::Track::kH2D) continue;
+    if (e.end <= begin[0] || e.start >= span.back().second || e.end <= e.start) continue;
+    for (size_t i = 0; i < graph.ops.size(); ++i) {
+      const double overlap = std::min(e.end, span[i].second) - std::max(e.start, begin[i]);
+      if (overlap <= 0) continue;
+      Phase& p = phase[PhaseOf(graph.ops[i].name)];
+      (e.track == tp::Track::kNvme ? p.nvme : p.h2d) += e.bytes * overlap / (e.end - e.start);
+    }
+  }
+  for (int p = 0; p < 3; ++p) {
+    std::printf("    %-9s compute %8.2fs  stall %8.2fs  NVMe %7.1f GB (%5.1f s of the disk)  DRAM->GPU %7.1f GB\n",
+                kNames[p], phase[p].compute, phase[p].stall, phase[p].nvme / 1e9,
+                phase[p].nvme / nvme_bytes_per_s, phase[p].h2d / 1e9);
+  }
+}
 
 }  // namespace
 
@@ -102,6 +154,7 @@ int main(int argc, char** argv) {
       }
       tp::SimOptions options;
       options.iterations = 3;
+      options.record_timeline = absl::GetFlag(FLAGS_phases);
       auto sim = tp::SimulatePlan(graph, *plan, budgets, link, options);
       auto lru = tp::SimulateOnDemandLru(graph, budgets, link, options);
       if (!sim.ok() || !lru.ok()) {
@@ -120,6 +173,7 @@ int main(int argc, char** argv) {
                   (Gb(lru->h2d_bytes) + "/" + Gb(lru->d2h_bytes) + "/" + Gb(lru->nvme_read_bytes) + "/" +
                    Gb(lru->nvme_write_bytes)).c_str(),
                   plan_s, plan->layout_fits ? "fits" : "online");
+      if (absl::GetFlag(FLAGS_phases)) PrintPhases(graph, *sim, options.iterations - 1, link.nvme_read_bytes_per_s);
       std::fflush(stdout);
     }
   }

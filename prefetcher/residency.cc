@@ -154,7 +154,17 @@ absl::StatusOr<ResidencyPlan> PlanResidency(const Graph& graph, uint64_t gpu_bud
       const bool dead = dead_before_op0[t];
       closing.push_back({ti, static_cast<bool>(state.dirty[t]) && !dead, dead});
     }
-    if (!state.resident[t] && in_start[t]) reloads.push_back(ti);
+    if (!state.resident[t] && in_start[t]) {
+      // Op 0 drops it anyway (a host op's, or dead): neither bring it back nor drop it.
+      auto& planned = plan.evictions[0];
+      auto dropped = std::find_if(planned.begin(), planned.end(), [&](const Eviction& e) { return e.tensor == ti; });
+      if (dropped != planned.end()) {
+        if (dropped->write_back) plan.bytes_written_back -= graph.tensors[t].bytes;
+        planned.erase(dropped);
+        continue;
+      }
+      reloads.push_back(ti);
+    }
   }
   plan.evictions[0].insert(plan.evictions[0].begin(), closing.begin(), closing.end());
   plan.loads[0].insert(plan.loads[0].begin(), reloads.begin(), reloads.end());

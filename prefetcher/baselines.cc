@@ -174,15 +174,17 @@ absl::StatusOr<SimResult> SimulateOnDemandLru(const Graph& graph, const Budgets&
 namespace {
 
 // Per op i: the bytes of values live as op i begins (needed by it or later, with their value:
-// not overwritten first), all of them, and those whose latest write in the lap (before i,
-// cyclically) was on the GPU or anywhere; pinned tensors left out.
+// not overwritten first), all of them, those next used on the GPU, and those whose latest
+// write in the lap (before i, cyclically) was on the GPU or anywhere; pinned tensors left
+// out.
 struct LiveBytes {
-  std::vector<uint64_t> all, gpu_written, written;
+  std::vector<uint64_t> all, gpu_next, gpu_written, written;
 };
 
 LiveBytes LiveBytesAtEachOp(const Graph& graph) {
   const size_t ops = graph.ops.size();
-  LiveBytes live{std::vector<uint64_t>(ops, 0), std::vector<uint64_t>(ops, 0), std::vector<uint64_t>(ops, 0)};
+  LiveBytes live{std::vector<uint64_t>(ops, 0), std::vector<uint64_t>(ops, 0), std::vector<uint64_t>(ops, 0),
+                 std::vector<uint64_t>(ops, 0)};
   std::vector<Use> gpu_use(ops), host_use(ops);
   for (size_t t = 0; t < graph.tensors.size(); ++t) {
     if (graph.tensors[t].pinned_gpu) continue;
@@ -192,13 +194,16 @@ LiveBytes LiveBytesAtEachOp(const Graph& graph) {
       host_use[i] = HostUseOf(graph.ops[i], ti);
     }
     // Walk two laps backwards for the next use, two forwards for the latest writer.
-    std::vector<bool> is_live(ops, false);
-    bool needed = false;
+    std::vector<bool> is_live(ops, false), next_on_gpu(ops, false);
+    bool needed = false, on_gpu = false;
     for (size_t k = 2 * ops; k-- > 0;) {
       const size_t i = k % ops;
       const Use use = gpu_use[i] != Use::kNone ? gpu_use[i] : host_use[i];
-      if (use != Use::kNone) needed = use != Use::kOverwrite;
-      if (k < ops) is_live[i] = needed;
+      if (use != Use::kNone) {
+        needed = use != Use::kOverwrite;
+        on_gpu = gpu_use[i] != Use::kNone;
+      }
+      if (k < ops) is_live[i] = needed, next_on_gpu[i] = on_gpu;
     }
     int writer = 0;  // 0: none yet, 1: the GPU, 2: the host
     for (size_t k = 0; k < 2 * ops; ++k) {
@@ -207,12 +212,27 @@ LiveBytes LiveBytesAtEachOp(const Graph& graph) {
         if (writer == 1) live.gpu_written[i] += graph.tensors[t].bytes;
         if (writer != 0) live.written[i] += graph.tensors[t].bytes;
         live.all[i] += graph.tensors[t].bytes;
+        if (next_on_gpu[i]) live.gpu_next[i] += graph.tensors[t].bytes;
       }
       if (gpu_use[i] == Use::kWrite || gpu_use[i] == Use::kOverwrite) writer = 1;
       if (host_use[i] == Use::kWrite || host_use[i] == Use::kOverwrite) writer = 2;
     }
   }
   return live;
+}
+
+// What an op writes whole is on the GPU (or, from the host, in DRAM) with its inputs while
+// it runs: room the live values do not have then. {GPU room, GPU and DRAM room} left.
+std::pair<uint64_t, uint64_t> RoomLeftWhileRunning(const Graph& graph, const GraphOp& op, uint64_t gpu_room,
+                                                   uint64_t both) {
+  uint64_t on_gpu = 0, on_host = 0;
+  for (TensorIndex t : Touched(op)) {
+    if (UseOf(op, t) == Use::kOverwrite && !graph.tensors[t].pinned_gpu) on_gpu += graph.tensors[t].bytes;
+  }
+  for (TensorIndex t : HostTouched(op)) {
+    if (HostUseOf(op, t) == Use::kOverwrite) on_host += graph.tensors[t].bytes;
+  }
+  return {gpu_room > on_gpu ? gpu_room - on_gpu : 0, both > on_gpu + on_host ? both - on_gpu - on_host : 0};
 }
 
 }  // namespace
@@ -227,27 +247,16 @@ LowerBound ComputeLowerBound(const Graph& graph, const LinkModel& link, const Bu
   const uint64_t gpu_room = budgets.gpu > pinned ? budgets.gpu - pinned : 0;
   const uint64_t both = gpu_room + budgets.dram;
   // The whole step, from capacity alone (no plan): while op i runs, the live values beyond
-  // what the GPU can hold besides the op's outputs are below it, and each is loaded before
-  // its next use, within a lap; those the GPU wrote last were written back since. Beyond GPU
+  // what the GPU can hold besides the op's outputs are below it; each next used on the GPU
+  // is loaded before that use, within a lap (one next used by the host need not be), and
+  // those the GPU wrote last were written back since. Beyond GPU
   // and DRAM they are on NVMe only: each read from it within a lap, and each written (after
   // its latest write) within the lap before. Every link carries at least that every lap.
   const LiveBytes live = LiveBytesAtEachOp(graph);
   auto beyond = [](uint64_t bytes, uint64_t room) { return static_cast<double>(bytes > room ? bytes - room : 0); };
   for (size_t i = 0; i < ops; ++i) {
-    // What op i writes whole is on the GPU (or, from the host, in DRAM) with its inputs
-    // while it runs: room the live values do not have then.
-    uint64_t made_on_gpu = 0, made_on_host = 0;
-    for (TensorIndex t : Touched(graph.ops[i])) {
-      if (UseOf(graph.ops[i], t) == Use::kOverwrite && !graph.tensors[t].pinned_gpu) {
-        made_on_gpu += graph.tensors[t].bytes;
-      }
-    }
-    for (TensorIndex t : HostTouched(graph.ops[i])) {
-      if (HostUseOf(graph.ops[i], t) == Use::kOverwrite) made_on_host += graph.tensors[t].bytes;
-    }
-    const uint64_t gpu_left = gpu_room > made_on_gpu ? gpu_room - made_on_gpu : 0;
-    const uint64_t both_left = both > made_on_gpu + made_on_host ? both - made_on_gpu - made_on_host : 0;
-    const double h2d = beyond(live.all[i], gpu_left) / link.h2d_bytes_per_s;
+    const auto [gpu_left, both_left] = RoomLeftWhileRunning(graph, graph.ops[i], gpu_room, both);
+    const double h2d = beyond(live.gpu_next[i], gpu_left) / link.h2d_bytes_per_s;
     const double d2h = beyond(live.gpu_written[i], gpu_left) / link.d2h_bytes_per_s;
     const double nvme = beyond(live.all[i], both_left) / link.nvme_read_bytes_per_s +
                         beyond(live.written[i], both_left) / link.nvme_write_bytes_per_s;
@@ -276,6 +285,7 @@ LowerBound ComputeLowerBound(const Graph& graph, const LinkModel& link, const Bu
     double excess = 0;  // time beyond its compute
     double compute = 0;
     const char* link = "";
+    uint64_t nvme_read = 0, nvme_write = 0;
   };
   // run[i][len - 1]: the run from cut i over `len` cuts (up to a whole lap).
   std::vector<std::vector<Run>> run(points, std::vector<Run>(points));
@@ -283,12 +293,16 @@ LowerBound ComputeLowerBound(const Graph& graph, const LinkModel& link, const Bu
   std::vector<TensorIndex> written;
   for (size_t a = 0; a < points; ++a) {
     uint64_t need_gpu = 0, need = 0;  // distinct bytes used with their value (not overwritten first)
+    // While the run's first op runs, what it writes whole takes room from the values the run
+    // needs later: those beyond what is left are on NVMe (beyond the GPU: below it) then.
+    const auto [gpu_left, both_left] = RoomLeftWhileRunning(graph, graph.ops[cut_op(a) % ops], gpu_room, both);
     double compute = 0;
     written.clear();
     size_t len = 1;
     for (size_t b = cut_op(a); len <= points; ++b) {
       const GraphOp& op = graph.ops[b % ops];
       compute += op.seconds;
+      const size_t written_before = written.size();
       auto touch = [&](TensorIndex t, Use use, bool on_gpu) {
         if (graph.tensors[t].pinned_gpu) return;
         if (seen[t] != a) {
@@ -305,14 +319,24 @@ LowerBound ComputeLowerBound(const Graph& graph, const LinkModel& link, const Bu
       for (TensorIndex t : HostTouched(op)) touch(t, HostUseOf(op, t), false);
       if (b + 1 != cut_op(a + len)) continue;
       // Values written in the run and still live after it: what GPU and DRAM cannot hold
-      // at its end was written to NVMe during it (they did not exist before).
-      uint64_t live_written = 0;
-      for (TensorIndex t : written) live_written += dead[b % ops][t] ? 0 : graph.tensors[t].bytes;
-      const double h2d_min = beyond(need_gpu, gpu_room) / link.h2d_bytes_per_s;
-      const double nvme_min =
-          beyond(need, both) / link.nvme_read_bytes_per_s + beyond(live_written, both) / link.nvme_write_bytes_per_s;
+      // at its end was written to NVMe during it (they did not exist before). So were
+      // those written before its last op and live while it runs beyond what that op's
+      // outputs leave.
+      uint64_t live_written = 0, live_while_last = 0;
+      for (size_t k = 0; k < written.size(); ++k) {
+        const TensorIndex t = written[k];
+        live_written += dead[b % ops][t] ? 0 : graph.tensors[t].bytes;
+        if (k < written_before && !dead[(b + ops - 1) % ops][t]) live_while_last += graph.tensors[t].bytes;
+      }
+      const uint64_t last_left = RoomLeftWhileRunning(graph, op, gpu_room, both).second;
+      const uint64_t must_write = static_cast<uint64_t>(
+          std::max(beyond(live_written, both), beyond(live_while_last, last_left)));
+      const double h2d_min = beyond(need_gpu, gpu_left) / link.h2d_bytes_per_s;
+      const double nvme_min = beyond(need, both_left) / link.nvme_read_bytes_per_s +
+                              static_cast<double>(must_write) / link.nvme_write_bytes_per_s;
       const double window = std::max({compute, h2d_min, nvme_min});
-      run[a][len - 1] = {window - compute, compute, nvme_min >= h2d_min ? "NVMe" : "DRAM->GPU"};
+      run[a][len - 1] = {window - compute, compute, nvme_min >= h2d_min ? "NVMe" : "DRAM->GPU",
+                         need > both_left ? need - both_left : 0, must_write};
       ++len;
     }
   }
@@ -348,9 +372,17 @@ LowerBound ComputeLowerBound(const Graph& graph, const LinkModel& link, const Bu
       if (r.excess > run[best_runs[worst].first][best_runs[worst].second - 1].excess) worst = k;
     }
     const auto [first, length] = best_runs[worst];
+    const Run& r = run[first][length - 1];
     const size_t first_op = cut_op(first), last_op = (cut_op(first + length) - 1) % ops;
-    lb.bound_by = absl::StrFormat("%s in ops %d-%d%s", run[first][length - 1].link, first_op, last_op,
+    lb.bound_by = absl::StrFormat("%s in ops %d-%d%s", r.link, first_op, last_op,
                                   last_op < first_op ? " (across the lap's end)" : "");
+    if (r.excess > 1e-12) {
+      lb.run_first_op = static_cast<uint32_t>(first_op);
+      lb.run_last_op = static_cast<uint32_t>(last_op);
+      lb.run_nvme_read_bytes = r.nvme_read;
+      lb.run_nvme_write_bytes = r.nvme_write;
+      lb.run_seconds = r.compute + r.excess;
+    }
     if (adding > 1) lb.bound_by += absl::StrFormat(" +%d", adding - 1);
   }
   lb.stall_seconds = lb.step_seconds - lb.compute_seconds;

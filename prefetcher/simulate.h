@@ -169,6 +169,12 @@ std::string DescribeStyle(const PlanStyle& style);
 struct LowerBound {
   double step_seconds = 0, stall_seconds = 0, compute_seconds = 0;
   std::string bound_by = "compute";
+  // The phase bound's run that adds the most beyond its compute (first_op > last_op: it
+  // crosses the lap's end), and the NVMe bytes it must read and write; run_seconds is its
+  // bound. run_seconds is 0 when no run adds anything.
+  uint32_t run_first_op = 0, run_last_op = 0;
+  uint64_t run_nvme_read_bytes = 0, run_nvme_write_bytes = 0;
+  double run_seconds = 0;
 };
 LowerBound ComputeLowerBound(const Graph& graph, const LinkModel& link, const Budgets& budgets);
 

@@ -60,43 +60,88 @@ int PhaseOf(const std::string& op) {
   return 0;
 }
 
-// The last measured iteration of a run with a timeline, by phase: each op's span (its
-// stall and its compute) is the phase's; a move's bytes count toward the phases its span
-// overlaps, in proportion.
-void PrintPhases(const tp::Graph& graph, const tp::SimResult& sim, int iteration, double nvme_bytes_per_s) {
+// What moved in [t0, t1) of a timeline: a move's bytes count in proportion to its overlap.
+// The kind of tensor a move's name ("stage opt.m.layers.3") is for, in the synthetic trace.
+int KindOf(const std::string& move) {
+  if (absl::StrContains(move, " opt.")) return 0;
+  if (absl::EndsWith(move, ".w")) return 1;
+  if (absl::EndsWith(move, ".grad")) return 2;
+  return 3;
+}
+constexpr const char* kKinds[] = {"optimizer state", "weights", "gradients", "activations"};
+
+struct Moved {
+  double nvme_read = 0, nvme_write = 0, disk_busy = 0, h2d = 0;
+  double read_by_kind[4] = {}, write_by_kind[4] = {};
+};
+Moved MovedIn(const tp::SimResult& sim, double t0, double t1) {
+  Moved m;
+  for (const tp::TimelineEvent& e : sim.timeline) {
+    if (e.track == tp::Track::kCompute || e.end <= e.start) continue;
+    const double overlap = std::min(e.end, t1) - std::max(e.start, t0);
+    if (overlap <= 0) continue;
+    const double bytes = e.bytes * overlap / (e.end - e.start);
+    if (e.track == tp::Track::kH2D) m.h2d += bytes;
+    if (e.track != tp::Track::kNvme) continue;
+    const bool read = absl::StartsWith(e.name, "stage ");
+    (read ? m.nvme_read : m.nvme_write) += bytes;
+    (read ? m.read_by_kind : m.write_by_kind)[KindOf(e.name)] += bytes;
+    m.disk_busy += overlap;
+  }
+  return m;
+}
+
+// A measured iteration of a run with a timeline, by phase (each op's span, its stall and
+// its compute, is its phase's), and the plan over the lower bound's run that adds the most.
+void PrintPhases(const tp::Graph& graph, const tp::SimResult& sim, const tp::LowerBound& lb, int iteration) {
   static constexpr const char* kNames[] = {"forward", "backward", "optimizer"};
+  const size_t ops = graph.ops.size();
+  // begin[k], end[k]: op k of the unrolled run (iteration k / ops); begin is the end of the
+  // op before, so it counts the stall.
+  std::vector<double> start(ops * (iteration + 1), -1), end(ops * (iteration + 1), -1);
+  for (const tp::TimelineEvent& e : sim.timeline) {
+    if (e.track != tp::Track::kCompute || e.iteration > iteration) continue;
+    start[e.iteration * ops + e.op] = e.start;
+    end[e.iteration * ops + e.op] = e.end;
+  }
+  auto begin = [&](size_t k) { return k == 0 ? start[0] : end[k - 1]; };
+  const size_t first = iteration * ops;
   struct Phase {
-    double compute = 0, stall = 0, nvme = 0, h2d = 0;
+    double compute = 0, stall = 0;
+    Moved moved;
   } phase[3];
-  std::vector<std::pair<double, double>> span(graph.ops.size(), {0, -1});
-  double prev_end = -1;
-  for (const tp::TimelineEvent& e : sim.timeline) {
-    if (e.track != tp::Track::kCompute) continue;
-    if (e.iteration == iteration - 1 && e.op + 1 == graph.ops.size()) prev_end = e.end;
-    if (e.iteration == iteration) span[e.op] = {e.start, e.end};
+  for (size_t i = 0; i < ops; ++i) {
+    Phase& p = phase[PhaseOf(graph.ops[i].name)];
+    p.compute += end[first + i] - start[first + i];
+    p.stall += start[first + i] - begin(first + i);
+    const Moved m = MovedIn(sim, begin(first + i), end[first + i]);
+    p.moved.nvme_read += m.nvme_read;
+    p.moved.nvme_write += m.nvme_write;
+    p.moved.disk_busy += m.disk_busy;
+    p.moved.h2d += m.h2d;
   }
-  if (prev_end < 0) return;
-  std::vector<double> begin(graph.ops.size());
-  for (size_t i = 0; i < graph.ops.size(); ++i) {
-    begin[i] = i == 0 ? prev_end : span[i - 1].second;
-    const int p = PhaseOf(graph.ops[i].name);
-    phase[p].compute += span[i].second - span[i].first;
-    phase[p].stall += span[i].first - begin[i];
+  for (int k = 0; k < 3; ++k) {
+    const Phase& p = phase[k];
+    std::printf("    %-9s compute %7.2fs stall %7.2fs | NVMe read %6.1f write %6.1f GB, disk busy %6.2fs | DRAM->GPU %6.1f GB\n",
+                kNames[k], p.compute, p.stall, p.moved.nvme_read / 1e9, p.moved.nvme_write / 1e9, p.moved.disk_busy,
+                p.moved.h2d / 1e9);
   }
-  for (const tp::TimelineEvent& e : sim.timeline) {
-    if (e.track != tp::Track::kNvme && e.track != tp::Track::kH2D) continue;
-    if (e.end <= begin[0] || e.start >= span.back().second || e.end <= e.start) continue;
-    for (size_t i = 0; i < graph.ops.size(); ++i) {
-      const double overlap = std::min(e.end, span[i].second) - std::max(e.start, begin[i]);
-      if (overlap <= 0) continue;
-      Phase& p = phase[PhaseOf(graph.ops[i].name)];
-      (e.track == tp::Track::kNvme ? p.nvme : p.h2d) += e.bytes * overlap / (e.end - e.start);
-    }
-  }
-  for (int p = 0; p < 3; ++p) {
-    std::printf("    %-9s compute %8.2fs  stall %8.2fs  NVMe %7.1f GB (%5.1f s of the disk)  DRAM->GPU %7.1f GB\n",
-                kNames[p], phase[p].compute, phase[p].stall, phase[p].nvme / 1e9,
-                phase[p].nvme / nvme_bytes_per_s, phase[p].h2d / 1e9);
+  if (lb.run_seconds <= 0 || iteration < 2) return;
+  // The bound's run, from the iteration before so that a run across the lap's end fits.
+  const size_t a = (iteration - 1) * ops + lb.run_first_op;
+  const size_t b = (iteration - 1 + (lb.run_last_op < lb.run_first_op ? 1 : 0)) * ops + lb.run_last_op;
+  double compute = 0;
+  for (size_t k = a; k <= b; ++k) compute += end[k] - start[k];
+  const Moved m = MovedIn(sim, begin(a), end[b]);
+  std::printf("    bound's run (ops %u-%u): at least %.2fs, NVMe read %.1f + write %.1f GB; the plan: %.2fs (compute "
+              "%.2fs), NVMe read %.1f + write %.1f GB, disk busy %.2fs\n",
+              lb.run_first_op, lb.run_last_op, lb.run_seconds, lb.run_nvme_read_bytes / 1e9,
+              lb.run_nvme_write_bytes / 1e9, end[b] - begin(a), compute, m.nvme_read / 1e9, m.nvme_write / 1e9,
+              m.disk_busy);
+  for (int k = 0; k < 4; ++k) {
+    if (m.read_by_kind[k] + m.write_by_kind[k] < 1e8) continue;
+    std::printf("      %-15s NVMe read %6.1f write %6.1f GB\n", kKinds[k], m.read_by_kind[k] / 1e9,
+                m.write_by_kind[k] / 1e9);
   }
 }
 
@@ -173,7 +218,7 @@ int main(int argc, char** argv) {
                   (Gb(lru->h2d_bytes) + "/" + Gb(lru->d2h_bytes) + "/" + Gb(lru->nvme_read_bytes) + "/" +
                    Gb(lru->nvme_write_bytes)).c_str(),
                   plan_s, plan->layout_fits ? "fits" : "online");
-      if (absl::GetFlag(FLAGS_phases)) PrintPhases(graph, *sim, options.iterations - 1, link.nvme_read_bytes_per_s);
+      if (absl::GetFlag(FLAGS_phases)) PrintPhases(graph, *sim, lb, options.iterations - 1);
       std::fflush(stdout);
     }
   }

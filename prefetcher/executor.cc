@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 
 #include "absl/strings/str_format.h"
@@ -369,11 +370,13 @@ bool Executor::Step(int lane_index, std::unique_lock<std::mutex>& lock) {
     // OpBegin takes): a write the client makes later is stamped at or after this.
     const int64_t decided = clock_.NowNanos();
     const int64_t generation = replan_generation_;
+    ++in_flight_;
     lock.unlock();
     const int64_t start = clock_.NowNanos();
     const absl::Status status = Do(a, decided);
     const int64_t end = clock_.NowNanos();
     lock.lock();
+    --in_flight_;
     if (generation != replan_generation_) return true;  // the schedule was swapped meanwhile
     Lane& lane_now = schedule_.lanes[lane_index];
     if (status.code() == absl::StatusCode::kResourceExhausted ||
@@ -417,6 +420,53 @@ bool Executor::Step(int lane_index, std::unique_lock<std::mutex>& lock) {
     finish(lane_now);
     return true;
   }
+}
+
+bool Executor::AwaitPlannedLoad(TensorIndex t, int64_t stuck_nanos, int64_t max_nanos) {
+  using Wall = std::chrono::steady_clock;
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (current_ < 0 || waits_stopped_ || stopping_) return false;
+  // The load (or room) for t that serves the op the client is on, not done yet.
+  const Lane& in = schedule_.lanes[0];
+  const int64_t size = static_cast<int64_t>(in.actions.size());
+  const int64_t ops = static_cast<int64_t>(graph_.ops.size());
+  int64_t pos = -1;
+  for (int64_t q = in.next; size > 0 && q < in.next + size; ++q) {
+    const Action& a = in.actions[q % size];
+    const int64_t target = (q / size) * ops + a.op;
+    if (target > current_) break;  // the lane is in op order: the rest serve later ops
+    if (a.tensor == t && target == current_ && (a.kind == Kind::kLoad || a.kind == Kind::kAlloc) && !in.Done(q)) {
+      pos = q;
+      break;
+    }
+  }
+  if (pos < 0) return false;
+  const int64_t generation = replan_generation_;
+  const Wall::time_point start = Wall::now();
+  Wall::time_point moved = start;
+  uint64_t seen = version_;
+  for (;;) {
+    if (stopping_ || waits_stopped_ || generation != replan_generation_) break;
+    if (schedule_.lanes[0].Done(pos)) {
+      ++stats_.awaited;
+      return true;
+    }
+    const Wall::time_point now = Wall::now();
+    if (version_ != seen || in_flight_ > 0) {
+      seen = version_;
+      moved = now;
+    }
+    if (now - moved > std::chrono::nanoseconds(stuck_nanos) || now - start > std::chrono::nanoseconds(max_nanos)) break;
+    changed_.wait_for(lock, std::chrono::milliseconds(1));
+  }
+  ++stats_.await_gave_up;
+  return false;
+}
+
+void Executor::StopWaits() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  waits_stopped_ = true;
+  changed_.notify_all();
 }
 
 void Executor::WaitIdle() {

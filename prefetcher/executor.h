@@ -80,6 +80,8 @@ struct ExecutorStats {
   uint64_t just_in_time = 0;  // loads issued only once their op had begun: the client waited
   std::map<uint32_t, uint64_t> just_in_time_by_op;
   uint64_t waits = 0;       // tries that found no room or a busy tensor, and waited
+  uint64_t awaited = 0;     // client acquires that waited for the planned move (AwaitPlannedLoad)
+  uint64_t await_gave_up = 0;  // ... and gave up on it (then fetched on demand)
   uint64_t errors = 0;      // moves the tiers refused for another reason
   std::string last_error;   // the latest of them, with the move
   uint64_t laps = 0;        // iterations seen complete
@@ -102,6 +104,17 @@ class Executor {
   // The client waited this long in an acquire during the current op (a fetch, a move in
   // flight): the op's measured time, which replaces its estimate, leaves it out.
   void AcquireWaited(int64_t nanos);
+  // The client is about to fetch t on demand for the op it is on (t is not in the top tier).
+  // If the plan's move of t for this op (a load, or room for an overwrite) is still to be
+  // done, waits for it while the lanes make progress, and returns true once it is: fetching
+  // on demand ahead of the plan moves the same bytes no sooner but makes room by the tiers'
+  // own choice, which the plan then pays for in traffic. Returns false at once when no such
+  // move is queued; gives up (false) when no move has been in flight or finished for
+  // `stuck_nanos` (the lanes wait for the client), after `max_nanos` in all, or once
+  // StopWaits was called. Real time: tests with a fake clock still wait on the wall.
+  bool AwaitPlannedLoad(TensorIndex t, int64_t stuck_nanos, int64_t max_nanos);
+  // Every AwaitPlannedLoad returns false now and from now on (before the executor goes).
+  void StopWaits();
   // Blocks until neither lane can make progress without more client progress, and any
   // replan in flight is done. For tests.
   void WaitIdle();
@@ -180,7 +193,8 @@ class Executor {
   int64_t current_ = -1;  // global op index the client is on (lap * ops + op)
   uint32_t last_op_ = 0;
   bool stopping_ = false;
-  int busy_lanes_ = 0;
+  bool waits_stopped_ = false;
+  int in_flight_ = 0;  // moves running with the lock let go
   std::vector<int64_t> op_begin_nanos_;  // per op of the current and previous lap
   std::vector<double> measured_seconds_;
   int64_t waited_in_op_nanos_ = 0;  // the current op's acquire waits

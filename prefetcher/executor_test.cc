@@ -2,12 +2,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <random>
 #include <set>
+#include <thread>
 #include <utility>
 
 #include "base/fake_clock.h"
@@ -29,7 +32,9 @@ class ModelTiers : public TierOps {
     latest_.assign(n_, 0);
   }
   absl::Status Load(TensorIndex t) override {
+    if (load_delay_.count() > 0) std::this_thread::sleep_for(load_delay_);  // a slow link, on the wall
     std::lock_guard<std::mutex> lock(mutex_);
+    if (refuse_loads_) return absl::ResourceExhaustedError("no room, ever");
     if (gpu_[t] >= 0) return absl::OkStatus();
     if (used_ + g_.tensors[t].bytes > budget_) return absl::ResourceExhaustedError("no room");
     if (dead_.count(t)) {  // room for the overwrite to come; the value stays undefined
@@ -105,6 +110,15 @@ class ModelTiers : public TierOps {
     }
     in_use_.clear();
   }
+  bool OnGpu(TensorIndex t) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return gpu_[t] >= 0;
+  }
+  void SetLoadDelay(std::chrono::microseconds delay) { load_delay_ = delay; }
+  void RefuseLoads() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    refuse_loads_ = true;
+  }
   uint64_t misses() const { return misses_; }
   uint64_t drops() const { return drops_; }
   uint64_t only_copy_drops() const { return only_copy_drops_; }
@@ -143,6 +157,8 @@ class ModelTiers : public TierOps {
   std::set<TensorIndex> dead_, in_use_;
   std::map<TensorIndex, uint64_t> last_use_;
   uint64_t tick_ = 0, used_ = 0, misses_ = 0, loads_ = 0, peak_ = 0, drops_ = 0, only_copy_drops_ = 0;
+  std::chrono::microseconds load_delay_{0};
+  bool refuse_loads_ = false;
 };
 
 Graph SmallTraining() {
@@ -271,6 +287,80 @@ TEST(ExecutorTest, AStarvedExecutorOnlyCostsMissesNeverValues) {
   executor.WaitIdle();
   EXPECT_LE(tiers.peak(), budgets.gpu);
   EXPECT_EQ(executor.Stats().errors, 0u);
+}
+
+// A client far ahead of a slow executor (each load takes 1 ms on the wall; the client never
+// waits for the lanes) that, before fetching a missing tensor on demand, waits for the plan's
+// load of it: after the first lap it never fetches on demand, and every load the plan makes
+// for an op is done by the executor. Without the waits the same client misses (the control).
+TEST(ExecutorTest, AClientThatWaitsForThePlannedLoadsNeverFetchesOnDemand) {
+  const Graph g = SmallTraining();
+  const Budgets budgets{Total(g) / 3, Total(g), Total(g)};
+  auto plan = MakePlan(g, budgets);
+  ASSERT_TRUE(plan.ok());
+  for (bool wait : {false, true}) {
+    FakeClock clock;
+    ModelTiers tiers(g, budgets.gpu, clock);
+    tiers.SetLoadDelay(std::chrono::microseconds(1000));
+    Executor executor(g, *plan, tiers, clock);
+    uint64_t misses_after_first_lap = 0;
+    for (int lap = 0; lap < 3; ++lap) {
+      const uint64_t before = tiers.misses();
+      for (uint32_t i = 0; i < g.ops.size(); ++i) {
+        ASSERT_TRUE(executor.OpBegin(i).ok());
+        for (TensorIndex t : Touched(g.ops[i])) {
+          if (wait && !tiers.OnGpu(t)) executor.AwaitPlannedLoad(t, 2'000'000'000, 20'000'000'000);
+        }
+        tiers.RunOp(g.ops[i]);
+        clock.AdvanceNanos(1000);
+      }
+      if (lap > 0) misses_after_first_lap += tiers.misses() - before;
+    }
+    executor.WaitIdle();
+    const ExecutorStats stats = executor.Stats();
+    EXPECT_EQ(stats.errors, 0u) << stats.last_error;
+    if (wait) {
+      EXPECT_EQ(misses_after_first_lap, 0u);
+      EXPECT_GT(stats.awaited, 0u);
+      EXPECT_EQ(stats.await_gave_up, 0u);
+    } else {
+      EXPECT_GT(misses_after_first_lap, 0u) << "the control: a client this far ahead misses";
+    }
+  }
+}
+
+// The wait cannot hang the client: a load the tiers never find room for is given up on once
+// nothing has moved for the stuck limit, and StopWaits ends every wait.
+TEST(ExecutorTest, AWaitForAPlannedLoadThatCannotHappenGivesUp) {
+  const Graph g = SmallTraining();
+  const Budgets budgets{Total(g) / 3, Total(g), Total(g)};
+  auto plan = MakePlan(g, budgets);
+  ASSERT_TRUE(plan.ok());
+  FakeClock clock;
+  ModelTiers tiers(g, budgets.gpu, clock);
+  tiers.RefuseLoads();
+  Executor executor(g, *plan, tiers, clock);
+  // The first op whose plan loads a tensor.
+  uint32_t op = 0;
+  while (op < g.ops.size() && plan->gpu.loads[op].empty()) ++op;
+  ASSERT_LT(op, g.ops.size());
+  for (uint32_t i = 0; i <= op; ++i) ASSERT_TRUE(executor.OpBegin(i).ok());
+  const TensorIndex t = plan->gpu.loads[op][0];
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(executor.AwaitPlannedLoad(t, 20'000'000, 20'000'000'000));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  EXPECT_EQ(executor.Stats().await_gave_up, 1u);
+  // A tensor this op does not load has nothing queued: false at once, not a wait given up.
+  TensorIndex other = 0;
+  const auto& loaded = plan->gpu.loads[op];
+  const auto& allocated = plan->gpu.allocs[op];
+  while (std::count(loaded.begin(), loaded.end(), other) + std::count(allocated.begin(), allocated.end(), other) > 0) {
+    ++other;
+  }
+  EXPECT_FALSE(executor.AwaitPlannedLoad(other, 20'000'000'000, 20'000'000'000));
+  EXPECT_EQ(executor.Stats().await_gave_up, 1u);
+  executor.StopWaits();
+  EXPECT_FALSE(executor.AwaitPlannedLoad(t, 20'000'000'000, 20'000'000'000));
 }
 
 TEST(ExecutorTest, DriftingOpTimesTriggerAReplanThatIsSwappedInAtALap) {

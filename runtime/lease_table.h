@@ -163,6 +163,13 @@ class LeaseTable {
   using PlacementAdvisor = std::function<std::optional<uint64_t>(const std::string& name, Tier tier)>;
   absl::Status SetPlacementAdvisor(SessionId session, PlacementAdvisor advisor);
 
+  // With a registered graph, a tensor acquired where it is not may be on its way there by
+  // the plan: the waiter is called (with no lock held) before the acquire fetches it on
+  // demand or makes room for it, and returns once the planned move is done or it gives up;
+  // then the acquire goes on as usual (a hit, or a demand fetch). nullptr: no waiting.
+  using MissWaiter = std::function<void(const std::string& name, Tier tier)>;
+  absl::Status SetMissWaiter(SessionId session, MissWaiter waiter);
+
   // Moves the tensor into `tier` (if not there) and keeps it there.
   absl::Status Pin(SessionId session, TensorId tensor, Tier tier);
   absl::Status Unpin(SessionId session, TensorId tensor);

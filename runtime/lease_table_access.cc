@@ -9,6 +9,19 @@ namespace tierd {
 
 absl::StatusOr<Placement> LeaseTable::Acquire(SessionId session_id, TensorId id, Access access,
                                               Place place) {
+  const Tier tier = place == Place::kGpu ? Tier::kGpu : Tier::kDram;
+  MissWaiter waiter;
+  std::string name;
+  auto first = OnTensor<absl::StatusOr<Placement>>(session_id, id, [&](Session& s, Tensor& t) {
+    if (s.miss_waiter && !t.Has(tier) && t.acquired == 0 && !t.pinned) {
+      waiter = s.miss_waiter;  // not here yet: the plan may be moving it (waited for below, unlocked)
+      name = t.spec.name;
+      return absl::StatusOr<Placement>(Placement{});
+    }
+    return AcquireLocked(s, t, access, place);
+  });
+  if (!waiter) return first;
+  waiter(name, tier);
   return OnTensor<absl::StatusOr<Placement>>(session_id, id, [&](Session& s, Tensor& t) {
     return AcquireLocked(s, t, access, place);
   });
@@ -197,6 +210,14 @@ absl::Status LeaseTable::SetEvictionAdvisor(SessionId session_id, EvictionAdviso
   if (!session.ok()) return session.status();
   absl::MutexLock lock(&(*session)->mutex);
   (*session)->advisor = std::move(advisor);
+  return absl::OkStatus();
+}
+
+absl::Status LeaseTable::SetMissWaiter(SessionId session_id, MissWaiter waiter) {
+  auto session = GetSession(session_id);
+  if (!session.ok()) return session.status();
+  absl::MutexLock lock(&(*session)->mutex);
+  (*session)->miss_waiter = std::move(waiter);
   return absl::OkStatus();
 }
 

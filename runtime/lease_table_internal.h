@@ -57,6 +57,7 @@ struct LeaseTable::Session {
   uint64_t moves_done ABSL_GUARDED_BY(mutex) = 0;    // copies finished, to wake waiters
   EvictionAdvisor advisor ABSL_GUARDED_BY(mutex);     // from the planner, when a graph is registered
   PlacementAdvisor placement ABSL_GUARDED_BY(mutex);  // the planner's static layout, likewise
+  MissWaiter miss_waiter ABSL_GUARDED_BY(mutex);      // the planner's queued moves, likewise
 
   ArenaId ArenaOf(Tier tier) const { return tier == Tier::kGpu ? gpu_arena : dram_arena; }
 };

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -81,6 +82,23 @@ class PlannedSession::Ops final : public tp::TierOps {
   std::map<tp::TensorIndex, TensorId> ids_;
 };
 
+// An acquire waiting in the executor for a planned move holds the gate open; the session's
+// destructor closes it (no new waits), ends the waits and lets the executor go only once
+// none is left.
+struct PlannedSession::WaitGate {
+  std::mutex mutex;
+  std::condition_variable idle;
+  tp::Executor* executor = nullptr;
+  int active = 0;
+};
+
+namespace {
+// How long an acquire waits for the plan's move of its tensor: while the executor moves
+// something at least every 50 ms (a move in flight counts), 10 s at most; then on demand.
+constexpr int64_t kAwaitStuckNanos = 50'000'000;
+constexpr int64_t kAwaitMaxNanos = 10'000'000'000;
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTable& leases, SessionId session,
                                                                        tp::Graph graph, const tp::Budgets& budgets,
                                                                        const tp::LinkModel& links, Clock& clock,
@@ -151,6 +169,7 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
   std::unordered_map<std::string, tp::TensorIndex> index;
   for (tp::TensorIndex t = 0; t < graph.tensors.size(); ++t) index[graph.tensors[t].name] = t;
   std::unordered_map<std::string, tp::TensorIndex> placement_index = index;
+  std::unordered_map<std::string, tp::TensorIndex> wait_index = index;
   planned->executor_ =
       std::make_unique<tp::Executor>(std::move(graph), *std::move(plan), *planned->ops_, clock, executor_options);
   // Room made on demand goes to the tensor the graph uses furthest ahead.
@@ -172,6 +191,26 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
   if (!placed.ok()) return placed;
   planned->leases_ = &leases;
   planned->session_ = session;
+  // An acquire that finds its tensor elsewhere waits for the plan's move of it, if queued.
+  planned->gate_ = std::make_shared<WaitGate>();
+  planned->gate_->executor = executor;
+  absl::Status waiting = leases.SetMissWaiter(
+      session, [gate = planned->gate_, top, index = std::move(wait_index)](const std::string& name, Tier tier) {
+        if (tier != top) return;
+        auto it = index.find(name);
+        if (it == index.end()) return;
+        tp::Executor* executor = nullptr;
+        {
+          std::lock_guard<std::mutex> lock(gate->mutex);
+          if (gate->executor == nullptr) return;
+          executor = gate->executor;
+          ++gate->active;
+        }
+        executor->AwaitPlannedLoad(it->second, kAwaitStuckNanos, kAwaitMaxNanos);
+        std::lock_guard<std::mutex> lock(gate->mutex);
+        if (--gate->active == 0) gate->idle.notify_all();
+      });
+  if (!waiting.ok()) return waiting;
   return planned;
 }
 
@@ -181,6 +220,13 @@ PlannedSession::~PlannedSession() {
   if (leases_ != nullptr) {
     leases_->SetEvictionAdvisor(session_, nullptr).IgnoreError();
     leases_->SetPlacementAdvisor(session_, nullptr).IgnoreError();
+    leases_->SetMissWaiter(session_, nullptr).IgnoreError();
+  }
+  if (gate_ != nullptr) {
+    std::unique_lock<std::mutex> lock(gate_->mutex);
+    gate_->executor = nullptr;  // no new waits
+    executor_->StopWaits();     // and those in progress end
+    gate_->idle.wait(lock, [&] { return gate_->active == 0; });
   }
   executor_.reset();  // stops the lanes before the ops they call go
 }
@@ -201,6 +247,8 @@ std::string PlannedSession::Summary() const {
       "(fetched on demand), %d evictions, %d stages, %d push-downs, %d waits for room, %d refused, %d replan(s)\n",
       seen.laps, seen.last_lap_seconds, seen.mean_lap_seconds, seen.loads, seen.just_in_time, seen.late,
       seen.evictions, seen.stages, seen.push_downs, seen.waits, seen.errors, seen.replans);
+  out += absl::StrFormat("acquires that waited for their planned move instead of fetching on demand: %d (%d gave up)\n",
+                         seen.awaited, seen.await_gave_up);
   if (!seen.last_error.empty()) out += "last refused move: " + seen.last_error + "\n";
   return out;
 }

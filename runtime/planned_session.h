@@ -1,7 +1,9 @@
 // PlannedSession: a session's registered iteration graph, the plan made for it under the
 // session's quotas, and the executor that carries the plan out on the LeaseTable as the
 // client reports its ops. Misses still work (the LeaseTable fetches on demand); the plan
-// only decides what moves early.
+// only decides what moves early. An acquire of a tensor the plan is about to move where the
+// client wants it waits for that move (while the executor makes progress) rather than
+// fetching it on demand.
 //
 // Thread-safety: thread-safe.
 #ifndef TIERD_RUNTIME_PLANNED_SESSION_H_
@@ -60,9 +62,11 @@ class PlannedSession {
 
  private:
   class Ops;
+  struct WaitGate;
   PlannedSession() = default;
 
   std::unique_ptr<Ops> ops_;
+  std::shared_ptr<WaitGate> gate_;  // client acquires waiting in the executor (see Create)
   std::unique_ptr<prefetcher::Executor> executor_;
   prefetcher::SimResult predicted_;
   uint64_t reserve_bytes_ = 0;

@@ -4,6 +4,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <map>
 
 #include "absl/strings/str_format.h"
 
@@ -24,6 +25,7 @@ Executor::Schedule Executor::Build(const Graph& graph, const Plan& plan) {
   std::vector<std::array<int64_t, kLanes>> latest(n);
   for (auto& l : latest) l.fill(kNone);
   std::vector<Action> lanes[kLanes];
+  int64_t tickets = 0;
   // Two passes: the first learns each tensor's last action per lane (the wrap-around into
   // the next lap), the second builds the lap. Plan order per op: GPU evictions, the moves
   // below the GPU as planned, then loads and room for overwrites.
@@ -36,8 +38,9 @@ Executor::Schedule Executor::Build(const Graph& graph, const Plan& plan) {
       for (TensorIndex t : HostTouched(graph.ops[i])) host_use[t] = i - ops;
     }
     size_t lower = 0;
+    tickets = 0;
     auto add = [&](int lane, Kind kind, TensorIndex t, uint32_t op, int64_t ready_after) {
-      Action a{kind, t, op, ready_after, 0, {kNone, kNone, kNone, kNone}};
+      Action a{kind, t, op, ready_after, 0, {kNone, kNone, kNone, kNone}, -1};
       const int64_t before = (op + ops - 1) % ops;
       a.next_use = static_cast<int64_t>(op) - 1 + next[before][t];
       for (int l = 0; l < kLanes; ++l) {
@@ -47,8 +50,10 @@ Executor::Schedule Executor::Build(const Graph& graph, const Plan& plan) {
       latest[t][lane] = static_cast<int64_t>(lanes[lane].size()) - 1;
     };
     for (uint32_t i = 0; i < ops; ++i) {
+      std::map<TensorIndex, size_t> written_back;  // this op's write-backs: their gpu-out actions
       for (const Eviction& e : plan.gpu.evictions[i]) {
         add(kGpuOut, e.dead ? Kind::kEvictDead : Kind::kEvict, e.tensor, i, use[e.tensor]);
+        if (e.write_back) written_back[e.tensor] = lanes[kGpuOut].size() - 1;
       }
       // The moves below the GPU in plan order, so each keeps its place against the others
       // on the same tensor (a stage, then the NVMe copy freed, say). A drop after the op's
@@ -69,7 +74,14 @@ Executor::Schedule Executor::Build(const Graph& graph, const Plan& plan) {
         if (ev.kind == LowerKind::kDropNvme) add(kDramOut, Kind::kDropNvme, ev.tensor, i, kNone);
         // (Too late once the client reaches the use after the host op: it rewrites it.)
         if (ev.kind == LowerKind::kDiscard) add(kDramOut, Kind::kDiscard, ev.tensor, i, after_host);
-        if (ev.kind == LowerKind::kStage) add(kDramIn, Kind::kStage, ev.tensor, i, kNone);
+        if (ev.kind == LowerKind::kStage) {
+          add(kDramIn, Kind::kStage, ev.tensor, i, kNone);
+          lanes[kDramIn].back().dram_ticket = tickets++;
+        }
+        if (ev.kind == LowerKind::kWriteBack) {
+          auto it = written_back.find(ev.tensor);
+          if (it != written_back.end()) lanes[kGpuOut][it->second].dram_ticket = tickets++;
+        }
       }
       for (TensorIndex t : plan.gpu.loads[i]) add(kGpuIn, Kind::kLoad, t, i, kNone);
       // Room for this op's overwrites, reserved in plan order so later loads cannot take it.
@@ -100,6 +112,7 @@ Executor::Schedule Executor::Build(const Graph& graph, const Plan& plan) {
   }
   Schedule s;
   for (int l = 0; l < kLanes; ++l) s.lanes[l].actions = std::move(lanes[l]);
+  s.dram_tickets = tickets;
   s.lanes[kGpuOut].in_order = s.lanes[kDramOut].in_order = false;
   return s;
 }
@@ -177,6 +190,7 @@ absl::Status Executor::OpBegin(uint32_t op) {
         schedule_ = Build(graph_, plan_);
         IndexLayout();
         for (Lane& lane : schedule_.lanes) lane.next = next_lap * static_cast<int64_t>(lane.actions.size());
+        schedule_.next_ticket = next_lap * schedule_.dram_tickets;
         ++replan_generation_;
         ++stats_.replans;
       }
@@ -250,6 +264,8 @@ bool Executor::Ready(int lane_index, int64_t pos, bool* late) const {
     const int64_t other_size = static_cast<int64_t>(schedule_.lanes[l].actions.size());
     if (!schedule_.lanes[l].Done(lap * other_size + a.after[l])) return false;
   }
+  // DRAM room goes to the moves that take it in plan order (a late one is skipped anyway).
+  const bool next_for_dram = a.dram_ticket < 0 || lap * schedule_.dram_tickets + a.dram_ticket == schedule_.next_ticket;
   switch (a.kind) {
     case Kind::kLoad:
     case Kind::kAlloc:
@@ -259,14 +275,14 @@ bool Executor::Ready(int lane_index, int64_t pos, bool* late) const {
         *late = true;  // its op is over: the client fetched on demand
         return true;
       }
-      return target <= current_ + ops;  // at most a lap ahead
+      return next_for_dram && target <= current_ + ops;  // at most a lap ahead
     case Kind::kEvict:
     case Kind::kEvictDead:
       if (current_ >= lap * ops + a.next_use) {  // the client needs it again already
         *late = true;
         return true;
       }
-      return current_ > lap * ops + a.ready_after;  // its last use is over
+      return next_for_dram && current_ > lap * ops + a.ready_after;  // its last use is over
     case Kind::kDiscard:
       if (current_ >= lap * ops + a.next_use) {  // the client rewrites it already
         *late = true;
@@ -356,6 +372,16 @@ bool Executor::Step(int lane_index, std::unique_lock<std::mutex>& lock) {
         while (l.done_ahead.erase(l.next) > 0) ++l.next;
       } else {
         l.done_ahead.insert(pos);
+      }
+      if (a.dram_ticket >= 0) {
+        Schedule& sc = schedule_;
+        const int64_t ticket = (pos / size) * sc.dram_tickets + a.dram_ticket;
+        if (ticket == sc.next_ticket) {
+          ++sc.next_ticket;
+          while (sc.tickets_done_ahead.erase(sc.next_ticket) > 0) ++sc.next_ticket;
+        } else {
+          sc.tickets_done_ahead.insert(ticket);
+        }
       }
       ++version_;
       changed_.notify_all();

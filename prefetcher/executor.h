@@ -152,6 +152,9 @@ class Executor {
     int64_t next_use;     // evictions: the tensor's next use (relative; may be >= ops): too late then
     // Per lane: the index of this tensor's previous action there (< 0: the previous lap).
     int64_t after[kLanes];
+    // Moves that take DRAM room (write-backs, stages) take it in the plan's order, like the
+    // simulator's: this one's place in the lap's order of them (-1: takes none).
+    int64_t dram_ticket = -1;
   };
   struct Lane {
     std::vector<Action> actions;  // one lap
@@ -163,6 +166,9 @@ class Executor {
   };
   struct Schedule {
     Lane lanes[kLanes];
+    int64_t dram_tickets = 0;      // per lap
+    int64_t next_ticket = 0;       // global (lap * dram_tickets + index): the next to take DRAM room
+    std::set<int64_t> tickets_done_ahead;  // skipped (late) ones after it
   };
   static Schedule Build(const Graph& graph, const Plan& plan);
   void Run(int lane);  // a thread per lane

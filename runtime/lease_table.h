@@ -138,8 +138,10 @@ class LeaseTable {
   // The planner's moves. Prefetch makes a copy in `tier` ahead of use (into the GPU or
   // DRAM; into NVMe it is a copy down that keeps the others); a tensor holding no value
   // (never written, or discarded) gets room reserved there instead. With evict=false it
-  // takes only free room (RESOURCE_EXHAUSTED otherwise, at once). Demote drops the copy in
-  // `from`, writing it down a tier first if it is the only one; with dead=true the value is
+  // takes only free room (RESOURCE_EXHAUSTED otherwise, at once), in DRAM too when it stages
+  // through it. Demote drops the copy in `from`, writing it down a tier first if it is the
+  // only one, into free room only (RESOURCE_EXHAUSTED otherwise: the planner's push-downs
+  // make that room, not the tiers' choice); with dead=true the value is
   // dead (the graph said its next use overwrites it): every copy goes, nothing is written —
   // unless the tensor was written at or after `unless_written_since` (clock nanos), which
   // means the client got to that next use first: then FAILED_PRECONDITION. Both:

@@ -184,14 +184,17 @@ absl::Status LeaseTable::Demote(SessionId session_id, TensorId id, Tier from, bo
     if (t.CopyCount() == 1) {
       const Tier below = from == Tier::kGpu ? Tier::kDram : Tier::kNvme;
       if (from == Tier::kNvme) return absl::InvalidArgumentError("NVMe is the bottom tier");
+      // The planner's own moves make its room below (push-downs before write-backs): taking
+      // it here by the tiers' choice would push down a copy the plan keeps, and cost the
+      // plan that copy's trip to NVMe and back.
       if (!t.written) {
         // Holds nothing yet: re-home it below without moving bytes (invariant 2).
-        auto extent = AllocateIn(s, below, t.bytes, /*evict=*/true, &t.spec.name);
+        auto extent = AllocateIn(s, below, t.bytes, /*evict=*/false, &t.spec.name);
         if (!extent.ok()) return extent.status();
         t.copies[static_cast<int>(below)] = *extent;
       } else {
         ++t.busy;
-        absl::Status status = CopyTo(s, t, below);
+        absl::Status status = CopyTo(s, t, below, /*evict=*/false);
         --t.busy;
         if (!status.ok()) return status;
         absl::MutexLock stats_lock(&stats_mutex_);

@@ -241,9 +241,9 @@ absl::Status LeaseTable::CopyTo(Session& s, Tensor& t, Tier tier, bool evict) {
     source = t.Has(Tier::kGpu) ? Tier::kGpu : Tier::kNvme;
   } else {
     if (!t.Has(Tier::kDram)) {
-      // Staging may always make room in DRAM (the planner's advisor, if any, picks what
-      // goes); `evict` is about the destination tier.
-      if (absl::Status staged = CopyTo(s, t, Tier::kDram, /*evict=*/true); !staged.ok()) return staged;
+      // Staging through DRAM makes room there as `evict` says (a demand fetch: the planner's
+      // advisor, if any, picks what goes; a planned load: free room only, the plan stages).
+      if (absl::Status staged = CopyTo(s, t, Tier::kDram, evict); !staged.ok()) return staged;
     }
     source = Tier::kDram;
   }

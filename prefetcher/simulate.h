@@ -127,7 +127,8 @@ absl::StatusOr<SimResult> SimulatePlan(const Graph& graph, const Plan& plan, con
 absl::StatusOr<SimResult> SimulateOnDemandLru(const Graph& graph, const Budgets& budgets,
                                               const LinkModel& link, const SimOptions& options);
 
-// Plans with a few reserves (0 to 4x the largest single op's incoming bytes), in each of
+// Plans with a few reserves (0 to 4x the largest single op's incoming bytes, then either
+// side of the fastest at half that grid's step), in each of
 // `styles`, simulates each, and returns the one with the shortest predicted step (the
 // earlier on a tie) whose static layout fits the arena (the simulator assumes no
 // fragmentation, which the layout makes true), or the fastest if none fits: more reserve

@@ -21,6 +21,11 @@ std::string DescribeStyle(const PlanStyle& style) {
   return parts.empty() ? "MIN" : "MIN with " + absl::StrJoin(parts, ", ");
 }
 
+const std::vector<PlanStyle>& DaemonStyles() {
+  static const std::vector<PlanStyle> styles = {PlanStyle{}, PlanStyle{true}};
+  return styles;
+}
+
 const std::vector<PlanStyle>& TimeAwareStyles() {
   // (On the synthetic 7B and 13B steps a victim slack of 0.2 to 0.4 gave the same plans; 0.6
   // lets victims be used too soon and costs NVMe traffic.)

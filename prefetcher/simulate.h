@@ -137,6 +137,8 @@ absl::StatusOr<SimResult> SimulateOnDemandLru(const Graph& graph, const Budgets&
 // loads: on the H200 (8-layer planned worker, docs/BENCHMARKS.md) exclusive loads ran at
 // 0.47-0.57 s an iteration against 0.54 s plain, hoisted ones at 0.85-0.99 s though
 // predicted faster; TimeAwareStyles() adds those for the simulator (planbench --time_aware).
+// Plain MIN and MIN with exclusive loads: what the daemon plans with by default.
+const std::vector<PlanStyle>& DaemonStyles();
 struct PlanCandidate {
   uint64_t reserve_bytes = 0;
   double step_seconds = 0, stall_seconds = 0;
@@ -147,7 +149,7 @@ struct PlanCandidate {
 // that plans under its quota minus a headroom passes the whole quota.
 absl::StatusOr<Plan> PlanBest(const Graph& graph, const Budgets& budgets, const LinkModel& link,
                               std::vector<PlanCandidate>* tried = nullptr, uint64_t layout_limit_bytes = 0,
-                              const std::vector<PlanStyle>& styles = {PlanStyle{}, PlanStyle{true}});
+                              const std::vector<PlanStyle>& styles = DaemonStyles());
 // Plain, exclusive loads, exclusive loads hoisted, and those with victims chosen by time too
 // (slack 0.25).
 const std::vector<PlanStyle>& TimeAwareStyles();

@@ -33,6 +33,15 @@ TEST(ConfigTest, TheAnnotatedExampleParses) {
   EXPECT_EQ(again->pins.size(), 2u);
   EXPECT_EQ(again->pins[1].pattern, options->pins[1].pattern);
   EXPECT_EQ(again->allowed_uids, options->allowed_uids);
+  EXPECT_FALSE(options->planner_time_aware);
+  // The planner's time-aware styles, switched on, survive the round trip; a word is refused.
+  auto time_aware = ParseConfig("planner: {time_aware: true}\n");
+  ASSERT_TRUE(time_aware.ok()) << time_aware.status();
+  EXPECT_TRUE(time_aware->planner_time_aware);
+  auto described = ParseConfig(DescribeConfig(*time_aware));
+  ASSERT_TRUE(described.ok()) << described.status();
+  EXPECT_TRUE(described->planner_time_aware);
+  EXPECT_FALSE(ParseConfig("planner: {time_aware: sometimes}\n").ok());
 }
 
 TEST(ConfigTest, MistakesNameTheKeyAndLine) {

@@ -61,6 +61,9 @@ struct DaemonOptions {
   uint32_t max_sessions = 64;
   // The link speeds the planner plans with (defaults: the lent H200 machine's).
   prefetcher::LinkModel planner_links;
+  // Also try hoisted loads and victims chosen by time when planning a session
+  // (prefetcher::TimeAwareStyles; planbench --time_aware), not only MIN and exclusive loads.
+  bool planner_time_aware = false;
 };
 
 // Removes /dev/shm segments named "tierd-..." that no live process holds (left by a

@@ -103,7 +103,8 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
                                                                        tp::Graph graph, const tp::Budgets& budgets,
                                                                        const tp::LinkModel& links, Clock& clock,
                                                                        bool deterministic,
-                                                                       std::function<tp::LinkModel()> measured_links) {
+                                                                       std::function<tp::LinkModel()> measured_links,
+                                                                       bool time_aware) {
   if (absl::Status valid = tp::ValidateGraph(graph); !valid.ok()) return valid;
   const Tier top = graph.host ? Tier::kDram : Tier::kGpu;
   // The tiers' allocators fragment, most when tensors are large next to the quota: plan
@@ -121,7 +122,8 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
   };
   const tp::Budgets planning{headroom(budgets.gpu, /*relocates=*/false),
                              headroom(budgets.dram, /*relocates=*/top == Tier::kGpu), budgets.nvme};
-  auto plan = tp::PlanBest(graph, planning, links, nullptr, budgets.gpu);
+  const std::vector<tp::PlanStyle> styles = time_aware ? tp::TimeAwareStyles() : tp::DaemonStyles();
+  auto plan = tp::PlanBest(graph, planning, links, nullptr, budgets.gpu, styles);
   if (!plan.ok()) return plan.status();
   if (top == Tier::kDram && (plan->lower.nvme_read_bytes > 0 || plan->lower.nvme_write_bytes > 0)) {
     uint64_t total = 0;
@@ -145,8 +147,8 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
   tp::ExecutorOptions executor_options;
   executor_options.single_thread = deterministic;
   auto current_links = [links, measured_links] { return measured_links ? measured_links() : links; };
-  executor_options.replanner = [planning, current_links, quota = budgets.gpu](const tp::Graph& measured) {
-    return tp::PlanBest(measured, planning, current_links(), nullptr, quota);
+  executor_options.replanner = [planning, current_links, quota = budgets.gpu, styles](const tp::Graph& measured) {
+    return tp::PlanBest(measured, planning, current_links(), nullptr, quota, styles);
   };
   if (measured_links) {
     // A replan is due when a link runs more than 25% off the speed the plan assumed.

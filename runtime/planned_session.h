@@ -31,13 +31,15 @@ class PlannedSession {
   // they are. Tensors of the graph need not be leased yet: moves of unleased ones are no-ops.
   // A host graph (graph.host: the client acquires in DRAM) is planned one tier lower: then
   // `budgets.gpu` is the DRAM quota, the links' DRAM->GPU/GPU->DRAM are NVMe read/write, and
-  // the NVMe quota must hold every tensor (nothing is planned below NVMe).
+  // the NVMe quota must hold every tensor (nothing is planned below NVMe). `time_aware`:
+  // PlanBest also tries prefetcher::TimeAwareStyles (first plan and replans).
   static absl::StatusOr<std::unique_ptr<PlannedSession>> Create(LeaseTable& leases, SessionId session,
                                                                prefetcher::Graph graph,
                                                                const prefetcher::Budgets& budgets,
                                                                const prefetcher::LinkModel& links, Clock& clock,
                                                                bool deterministic = false,
-                                                               std::function<prefetcher::LinkModel()> measured_links = {});
+                                                               std::function<prefetcher::LinkModel()> measured_links = {},
+                                                               bool time_aware = false);
   ~PlannedSession();
 
   absl::Status OpBegin(uint32_t op) { return executor_->OpBegin(op); }

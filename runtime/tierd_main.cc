@@ -26,6 +26,9 @@ ABSL_FLAG(std::string, grpc_tcp, "", "also serve gRPC on TCP; a bare port binds 
 ABSL_FLAG(int, max_sessions, 0, "client sessions served at once (default 64)");
 ABSL_FLAG(std::string, metrics, "", "serve Prometheus /metrics here, e.g. 127.0.0.1:9464");
 ABSL_FLAG(std::string, default_quota, "", "gpu,dram,nvme bytes for clients that ask none");
+ABSL_FLAG(bool, planner_time_aware, false,
+          "plan sessions with hoisted loads and victims chosen by time tried too (planbench --time_aware); "
+          "off: MIN and exclusive loads only");
 
 namespace tierd {
 namespace {
@@ -48,6 +51,7 @@ absl::Status Override(DaemonOptions* options) {
   if (!absl::GetFlag(FLAGS_metrics).empty()) options->metrics_address = absl::GetFlag(FLAGS_metrics);
   if (!absl::GetFlag(FLAGS_grpc_tcp).empty()) options->grpc_tcp_address = absl::GetFlag(FLAGS_grpc_tcp);
   if (absl::GetFlag(FLAGS_max_sessions) > 0) options->max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  if (absl::GetFlag(FLAGS_planner_time_aware)) options->planner_time_aware = true;
   if (absl::GetFlag(FLAGS_socket_group) >= 0) options->socket_group = absl::GetFlag(FLAGS_socket_group);
   if (!absl::GetFlag(FLAGS_allowed_uids).empty()) {
     options->allowed_uids.clear();

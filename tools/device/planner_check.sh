@@ -4,6 +4,8 @@
 # The planner on the real GPU, side by side in one call: a training-shaped client
 # (gpu_planned_worker) against a fresh tierd, first fetching on demand (lru), then with its
 # graph registered (plan). Every word is checked on the GPU; times are wall clock.
+# TIERD_FLAGS: more flags for tierd (e.g. --planner_time_aware); MODES: which runs, in order
+# (default "lru plan lru plan").
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-/tmp/tierd-out}"
@@ -13,10 +15,10 @@ bin=.carry/bin
 laps="${LAPS:-8}"
 status=0
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
-for mode in lru plan lru plan; do
+for mode in ${MODES:-lru plan lru plan}; do
   dir=/tmp/tierd-plan-$mode
   $bin/tierd --gpu=cuda --gpu_bytes=4GiB --dram_bytes=8GiB --nvme_dir=/var/tmp/tierd-nvme \
-    --nvme_bytes=8GiB --runtime_dir=$dir > "$out/tierd-$mode.log" 2>&1 &
+    --nvme_bytes=8GiB --runtime_dir=$dir ${TIERD_FLAGS:-} > "$out/tierd-$mode.log" 2>&1 &
   tierd_pid=$!
   for _ in $(seq 100); do [ -S $dir/tierd.grpc.sock ] && break; sleep 0.1; done
   echo "== $mode"

@@ -197,6 +197,18 @@ absl::StatusOr<Allocation> OffsetAllocator::AllocateAt(uint64_t offset, uint64_t
   return TakeFront(index, units);
 }
 
+absl::StatusOr<Allocation> OffsetAllocator::AllocateHighest(uint64_t bytes) {
+  if (bytes == 0) return absl::InvalidArgumentError("allocation of 0 bytes");
+  const uint64_t units = (bytes + alignment_bytes_ - 1) >> alignment_shift_;
+  uint32_t highest = kNone;
+  for (uint32_t index = 0; index != kNone; index = nodes_[index].next_physical) {
+    if (nodes_[index].is_free_block && nodes_[index].units >= units) highest = index;
+  }
+  if (highest == kNone) return Allocate(bytes);  // none fits: Allocate says so, with the numbers
+  const Block& block = nodes_[highest];
+  return AllocateAt(block.offset + ((block.units - units) << alignment_shift_), bytes);
+}
+
 absl::Status OffsetAllocator::Free(const Allocation& allocation) {
   const uint32_t index = allocation.handle;
   if (index >= nodes_.size() || !nodes_[index].in_use ||

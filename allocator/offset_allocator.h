@@ -73,6 +73,12 @@ class OffsetAllocator {
   // region, RESOURCE_EXHAUSTED when max_allocations are live.
   absl::StatusOr<Allocation> AllocateAt(uint64_t offset, uint64_t bytes);
 
+  // The highest range that fits: the end of the free block nearest the region's end that
+  // holds `bytes`. For copies placed off a planner's layout (which packs from offset 0), so
+  // they gather at the top instead of splitting the ranges planned tensors need. O(blocks);
+  // the same errors as Allocate.
+  absl::StatusOr<Allocation> AllocateHighest(uint64_t bytes);
+
   // INVALID_ARGUMENT if `allocation` is not live (double free, forged handle).
   absl::Status Free(const Allocation& allocation);
 

@@ -140,6 +140,51 @@ TEST(OffsetAllocatorTest, AllocateAtTakesExactlyTheRangeAsked) {
   EXPECT_EQ(allocator.Stats().largest_free_block_bytes, 4096u);  // coalesced back to one block
 }
 
+// Off-plan copies go to the top: the end of the highest free block that fits, on random
+// arenas checked against the model (no free block above it holds the request).
+TEST(OffsetAllocatorTest, AllocateHighestTakesTheTopOfTheHighestBlockThatFits) {
+  OffsetAllocator small(4096, 256, 16);
+  auto top = small.AllocateHighest(300);  // rounded to 512, at the region's end
+  ASSERT_TRUE(top.ok()) << top.status();
+  EXPECT_EQ(top->offset, 4096u - 512u);
+  auto below = small.AllocateHighest(256);
+  ASSERT_TRUE(below.ok());
+  EXPECT_EQ(below->offset, 4096u - 768u);
+  EXPECT_EQ(small.AllocateHighest(0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(small.AllocateHighest(8192).status().code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(small.Validate().ok()) << small.Validate();
+
+  std::mt19937_64 rng(5);
+  for (int trial = 0; trial < 200; ++trial) {
+    OffsetAllocator allocator(1 << 20, 256, 512);
+    Model model{1 << 20, {}};
+    std::vector<Allocation> live;
+    for (int step = 0; step < 60; ++step) {
+      if (!live.empty() && rng() % 3 == 0) {
+        const size_t k = rng() % live.size();
+        ASSERT_TRUE(allocator.Free(live[k]).ok());
+        model.live.erase(live[k].offset);
+        live.erase(live.begin() + k);
+        continue;
+      }
+      const uint64_t bytes = 256 * (1 + rng() % 64);
+      auto a = rng() % 2 ? allocator.AllocateHighest(bytes) : allocator.Allocate(bytes);
+      if (!a.ok()) continue;
+      ASSERT_TRUE(model.Fits(a->offset, a->bytes)) << trial << " " << step;
+      model.live[a->offset] = a->bytes;
+      live.push_back(*a);
+    }
+    ASSERT_TRUE(allocator.Validate().ok()) << allocator.Validate();
+    // One more from the top: nothing above it fits.
+    const uint64_t bytes = 256 * (1 + rng() % 64);
+    auto a = allocator.AllocateHighest(bytes);
+    if (!a.ok()) continue;
+    for (uint64_t offset = a->offset + 256; offset + a->bytes <= model.region_bytes; offset += 256) {
+      ASSERT_FALSE(model.Fits(offset, a->bytes)) << "a higher range fits: " << offset << " over " << a->offset;
+    }
+  }
+}
+
 TEST(OffsetAllocatorTest, RandomSequencesMatchTheReferenceModel) {
   for (uint32_t seed = 1; seed <= 8; ++seed) {
     std::mt19937_64 rng(seed);

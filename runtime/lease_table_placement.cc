@@ -47,16 +47,20 @@ std::string LeaseTable::Occupancy(Session& s, Tier tier) const {
 
 absl::StatusOr<Extent> LeaseTable::AllocateIn(Session& s, Tier tier, uint64_t bytes, bool evict,
                                               const std::string* name) {
+  bool off_plan = false;
   if (name != nullptr && s.placement && tier != Tier::kNvme && s.ArenaOf(tier) != kNoArena) {
     if (const std::optional<uint64_t> at = s.placement(*name, tier)) {
       auto placed = store_.AllocateAt(s.ArenaOf(tier), *at, bytes);
       absl::MutexLock stats_lock(&stats_mutex_);
-      // Taken (a copy that has not left yet, or one placed off plan): the online allocator.
+      // Taken (a copy that has not left yet, or one placed off plan): the online allocator,
+      // from the top of the arena down, away from the layout (it packs from offset 0), so a
+      // small copy does not split the range a large planned tensor needs next.
       ++(placed.ok() ? stats_.planned_placements : stats_.off_plan_placements);
       if (placed.ok()) {
         NotePeak(s, tier);
         return placed;
       }
+      off_plan = true;
     }
   }
   std::set<const Tensor*> refused;  // victims whose write-back found no room below
@@ -83,7 +87,7 @@ absl::StatusOr<Extent> LeaseTable::AllocateIn(Session& s, Tier tier, uint64_t by
       return absl::ResourceExhaustedError(
           absl::StrFormat("session '%s' has no %s quota", s.label, TierName(tier)));
     }
-    extent = store_.Allocate(s.ArenaOf(tier), bytes);
+    extent = off_plan ? store_.AllocateHighest(s.ArenaOf(tier), bytes) : store_.Allocate(s.ArenaOf(tier), bytes);
     if (extent.ok()) NotePeak(s, tier);
     if (extent.ok() || extent.status().code() != absl::StatusCode::kResourceExhausted) return extent;
     if (tier == Tier::kDram && relocations_left-- > 0) {

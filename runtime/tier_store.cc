@@ -164,6 +164,10 @@ absl::StatusOr<Extent> TierStore::AllocateAt(ArenaId id, uint64_t offset, uint64
   return AllocateWith(id, [offset, bytes](OffsetAllocator& a) { return a.AllocateAt(offset, bytes); });
 }
 
+absl::StatusOr<Extent> TierStore::AllocateHighest(ArenaId id, uint64_t bytes) {
+  return AllocateWith(id, [bytes](OffsetAllocator& a) { return a.AllocateHighest(bytes); });
+}
+
 absl::StatusOr<Extent> TierStore::AllocateWith(ArenaId id,
                                                absl::FunctionRef<absl::StatusOr<Allocation>(OffsetAllocator&)> take) {
   Arena* arena = Find(id);

@@ -85,6 +85,8 @@ class TierStore {
   absl::StatusOr<Extent> Allocate(ArenaId arena, uint64_t bytes);
   // At a fixed offset in the arena (a planned placement): OffsetAllocator::AllocateAt.
   absl::StatusOr<Extent> AllocateAt(ArenaId arena, uint64_t offset, uint64_t bytes);
+  // As high in the arena as it fits (a copy off the planned layout): AllocateHighest.
+  absl::StatusOr<Extent> AllocateHighest(ArenaId arena, uint64_t bytes);
   absl::StatusOr<Extent> Allocate(Tier tier, uint64_t bytes) {
     return Allocate(DefaultArena(tier), bytes);
   }

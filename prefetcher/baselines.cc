@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <random>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "prefetcher/simulate.h"
@@ -235,6 +237,90 @@ std::pair<uint64_t, uint64_t> RoomLeftWhileRunning(const Graph& graph, const Gra
   return {gpu_room > on_gpu ? gpu_room - on_gpu : 0, both > on_gpu + on_host ? both - on_gpu - on_host : 0};
 }
 
+// One run of the phase bound: its compute, the time beyond it that its traffic forces,
+// the link that sets that, and the NVMe bytes it must read and write.
+struct PhaseRun {
+  double excess = 0, compute = 0;
+  const char* link = "";
+  uint64_t nvme_read = 0, nvme_write = 0;
+  double Seconds() const { return compute + excess; }
+};
+
+// A run of ops grown one op at a time (indices unrolled: op k is graph op k % ops), and what
+// it must move: everything it uses with its value that cannot be above NVMe (or on the GPU)
+// when it starts, with room taken by what its first op writes whole, comes in during it;
+// what it writes that is live after it (or while its last op runs) and cannot stay above
+// NVMe goes down during it.
+class RunMeter {
+ public:
+  RunMeter(const Graph& graph, const std::vector<std::vector<bool>>& dead, const LinkModel& link, uint64_t gpu_room,
+           uint64_t both)
+      : graph_(graph), dead_(dead), link_(link), gpu_room_(gpu_room), both_(both),
+        seen_(graph.tensors.size(), 0), wrote_(graph.tensors.size(), 0) {}
+
+  void Start(size_t first) {
+    ++epoch_;
+    need_ = need_gpu_ = 0;
+    compute_ = 0;
+    written_.clear();
+    std::tie(gpu_left_, both_left_) =
+        RoomLeftWhileRunning(graph_, graph_.ops[first % graph_.ops.size()], gpu_room_, both_);
+  }
+  void Add(size_t op_index) {
+    last_ = op_index;
+    const GraphOp& op = graph_.ops[op_index % graph_.ops.size()];
+    compute_ += op.seconds;
+    written_before_last_ = written_.size();
+    auto touch = [&](TensorIndex t, Use use, bool on_gpu) {
+      if (graph_.tensors[t].pinned_gpu) return;
+      if (seen_[t] != epoch_) {
+        seen_[t] = epoch_;
+        if (use != Use::kOverwrite) need_ += graph_.tensors[t].bytes;
+        if (use != Use::kOverwrite && on_gpu) need_gpu_ += graph_.tensors[t].bytes;
+      }
+      if (use != Use::kRead && wrote_[t] != epoch_) {
+        wrote_[t] = epoch_;
+        written_.push_back(t);
+      }
+    };
+    for (TensorIndex t : Touched(op)) touch(t, UseOf(op, t), true);
+    for (TensorIndex t : HostTouched(op)) touch(t, HostUseOf(op, t), false);
+  }
+  PhaseRun Close() const {
+    const size_t ops = graph_.ops.size();
+    auto beyond = [](uint64_t bytes, uint64_t room) { return bytes > room ? bytes - room : 0; };
+    // Values written in the run and still live after it: what GPU and DRAM cannot hold at
+    // its end was written to NVMe during it (they did not exist before). So were those
+    // written before its last op and live while it runs beyond what that op's outputs leave.
+    uint64_t live_written = 0, live_while_last = 0;
+    for (size_t k = 0; k < written_.size(); ++k) {
+      const TensorIndex t = written_[k];
+      live_written += dead_[last_ % ops][t] ? 0 : graph_.tensors[t].bytes;
+      if (k < written_before_last_ && !dead_[(last_ + ops - 1) % ops][t]) live_while_last += graph_.tensors[t].bytes;
+    }
+    const uint64_t last_left = RoomLeftWhileRunning(graph_, graph_.ops[last_ % ops], gpu_room_, both_).second;
+    const uint64_t must_write = std::max(beyond(live_written, both_), beyond(live_while_last, last_left));
+    const uint64_t must_read = beyond(need_, both_left_);
+    const double h2d_min = static_cast<double>(beyond(need_gpu_, gpu_left_)) / link_.h2d_bytes_per_s;
+    const double nvme_min = static_cast<double>(must_read) / link_.nvme_read_bytes_per_s +
+                            static_cast<double>(must_write) / link_.nvme_write_bytes_per_s;
+    const double window = std::max({compute_, h2d_min, nvme_min});
+    return {window - compute_, compute_, nvme_min >= h2d_min ? "NVMe" : "DRAM->GPU", must_read, must_write};
+  }
+
+ private:
+  const Graph& graph_;
+  const std::vector<std::vector<bool>>& dead_;
+  const LinkModel& link_;
+  const uint64_t gpu_room_, both_;
+  std::vector<uint64_t> seen_, wrote_;  // the epoch that last saw / wrote each tensor
+  uint64_t epoch_ = 0;
+  uint64_t need_ = 0, need_gpu_ = 0, gpu_left_ = 0, both_left_ = 0;
+  double compute_ = 0;
+  std::vector<TensorIndex> written_;
+  size_t written_before_last_ = 0, last_ = 0;
+};
+
 }  // namespace
 
 LowerBound ComputeLowerBound(const Graph& graph, const LinkModel& link, const Budgets& budgets) {
@@ -281,63 +367,14 @@ LowerBound ComputeLowerBound(const Graph& graph, const LinkModel& link, const Bu
   const size_t points = (ops + stride - 1) / stride;  // cut k before op k * stride
   auto cut_op = [&](size_t k) { return (k % points) * stride + (k / points) * ops; };  // unrolled
   const auto dead = DeadAfter(graph);
-  struct Run {
-    double excess = 0;  // time beyond its compute
-    double compute = 0;
-    const char* link = "";
-    uint64_t nvme_read = 0, nvme_write = 0;
-  };
+  RunMeter meter(graph, dead, link, gpu_room, both);
   // run[i][len - 1]: the run from cut i over `len` cuts (up to a whole lap).
-  std::vector<std::vector<Run>> run(points, std::vector<Run>(points));
-  std::vector<size_t> seen(n, SIZE_MAX), wrote(n, SIZE_MAX);
-  std::vector<TensorIndex> written;
+  std::vector<std::vector<PhaseRun>> run(points, std::vector<PhaseRun>(points));
   for (size_t a = 0; a < points; ++a) {
-    uint64_t need_gpu = 0, need = 0;  // distinct bytes used with their value (not overwritten first)
-    // While the run's first op runs, what it writes whole takes room from the values the run
-    // needs later: those beyond what is left are on NVMe (beyond the GPU: below it) then.
-    const auto [gpu_left, both_left] = RoomLeftWhileRunning(graph, graph.ops[cut_op(a) % ops], gpu_room, both);
-    double compute = 0;
-    written.clear();
-    size_t len = 1;
-    for (size_t b = cut_op(a); len <= points; ++b) {
-      const GraphOp& op = graph.ops[b % ops];
-      compute += op.seconds;
-      const size_t written_before = written.size();
-      auto touch = [&](TensorIndex t, Use use, bool on_gpu) {
-        if (graph.tensors[t].pinned_gpu) return;
-        if (seen[t] != a) {
-          seen[t] = a;
-          if (use != Use::kOverwrite) need += graph.tensors[t].bytes;
-          if (use != Use::kOverwrite && on_gpu) need_gpu += graph.tensors[t].bytes;
-        }
-        if (use != Use::kRead && wrote[t] != a) {
-          wrote[t] = a;
-          written.push_back(t);
-        }
-      };
-      for (TensorIndex t : Touched(op)) touch(t, UseOf(op, t), true);
-      for (TensorIndex t : HostTouched(op)) touch(t, HostUseOf(op, t), false);
-      if (b + 1 != cut_op(a + len)) continue;
-      // Values written in the run and still live after it: what GPU and DRAM cannot hold
-      // at its end was written to NVMe during it (they did not exist before). So were
-      // those written before its last op and live while it runs beyond what that op's
-      // outputs leave.
-      uint64_t live_written = 0, live_while_last = 0;
-      for (size_t k = 0; k < written.size(); ++k) {
-        const TensorIndex t = written[k];
-        live_written += dead[b % ops][t] ? 0 : graph.tensors[t].bytes;
-        if (k < written_before && !dead[(b + ops - 1) % ops][t]) live_while_last += graph.tensors[t].bytes;
-      }
-      const uint64_t last_left = RoomLeftWhileRunning(graph, op, gpu_room, both).second;
-      const uint64_t must_write = static_cast<uint64_t>(
-          std::max(beyond(live_written, both), beyond(live_while_last, last_left)));
-      const double h2d_min = beyond(need_gpu, gpu_left) / link.h2d_bytes_per_s;
-      const double nvme_min = beyond(need, both_left) / link.nvme_read_bytes_per_s +
-                              static_cast<double>(must_write) / link.nvme_write_bytes_per_s;
-      const double window = std::max({compute, h2d_min, nvme_min});
-      run[a][len - 1] = {window - compute, compute, nvme_min >= h2d_min ? "NVMe" : "DRAM->GPU",
-                         need > both_left ? need - both_left : 0, must_write};
-      ++len;
+    meter.Start(cut_op(a));
+    for (size_t b = cut_op(a), len = 1; len <= points; ++b) {
+      meter.Add(b);
+      if (b + 1 == cut_op(a + len)) run[a][len++ - 1] = meter.Close();
     }
   }
   // From each starting cut, the best chain of runs over one lap (a sum of times).
@@ -350,8 +387,7 @@ LowerBound ComputeLowerBound(const Graph& graph, const LinkModel& link, const Bu
     for (size_t j = 1; j <= points; ++j) {
       best[j] = -1;
       for (size_t i = 0; i < j; ++i) {
-        const Run& r = run[(s0 + i) % points][j - i - 1];
-        const double t = best[i] + r.compute + r.excess;
+        const double t = best[i] + run[(s0 + i) % points][j - i - 1].Seconds();
         if (t > best[j]) best[j] = t, from[j] = i;
       }
     }
@@ -361,19 +397,75 @@ LowerBound ComputeLowerBound(const Graph& graph, const LinkModel& link, const Bu
       for (size_t j = points; j > 0; j = from[j]) best_runs.push_back({(s0 + from[j]) % points, j - from[j]});
     }
   }
-  if (best_lap > lb.step_seconds * (1 + 1e-12)) {
-    lb.step_seconds = best_lap;
+  // The chain as runs between op boundaries, then each boundary next to a run that adds
+  // something moved by less than a grid step where that adds more (the grid misses the best
+  // cut by up to a step: at 7B with 64 micro-batches, one op in 14).
+  std::vector<size_t> starts;  // op boundaries, ascending mod ops; run k is [starts[k], starts[k + 1])
+  for (const auto& [first, length] : best_runs) starts.push_back(cut_op(first) % ops);
+  std::sort(starts.begin(), starts.end());
+  const size_t m = starts.size();
+  auto end_of = [&](size_t k) { return k + 1 < m ? starts[k + 1] : starts[0] + ops; };
+  auto measure = [&](size_t first, size_t end) {  // ops [first, end), end > first (unrolled)
+    meter.Start(first);
+    for (size_t op = first; op < end; ++op) meter.Add(op);
+    return meter.Close();
+  };
+  std::vector<PhaseRun> chain(m);
+  for (size_t k = 0; k < m; ++k) chain[k] = measure(starts[k], end_of(k));
+  for (int pass = 0; pass < 3 && m > 1 && stride > 1; ++pass) {
+    bool moved = false;
+    for (size_t k = 0; k < m; ++k) {
+      const size_t before = (k + m - 1) % m;  // the run ending at boundary k
+      if (chain[before].excess <= 1e-12 && chain[k].excess <= 1e-12) continue;
+      // In one unrolled frame: the run before starts at `lo`, this one ends at `hi`.
+      const size_t lo = starts[before], at = k == 0 ? starts[0] + ops : starts[k];
+      const size_t hi = k == 0 ? end_of(0) + ops : end_of(k);
+      const double now = chain[before].Seconds() + chain[k].Seconds();
+      size_t best_at = at;
+      double best_sum = now;
+      PhaseRun best_before = chain[before], best_after = chain[k];
+      for (size_t candidate = at > lo + stride ? at - stride + 1 : lo + 1; candidate < at + stride && candidate < hi;
+           ++candidate) {
+        if (candidate == at) continue;
+        const PhaseRun r1 = measure(lo, candidate), r2 = measure(candidate, hi);
+        if (r1.Seconds() + r2.Seconds() > best_sum * (1 + 1e-12)) {
+          best_sum = r1.Seconds() + r2.Seconds();
+          best_at = candidate;
+          best_before = r1;
+          best_after = r2;
+        }
+      }
+      if (best_at == at) continue;
+      starts[k] = best_at % ops;
+      chain[before] = best_before;
+      chain[k] = best_after;
+      moved = true;
+      if (k == 0 || starts[k] < starts[k - 1]) {  // the boundary crossed op 0: keep them sorted
+        std::vector<size_t> order(m);
+        for (size_t i = 0; i < m; ++i) order[i] = i;
+        std::sort(order.begin(), order.end(), [&](size_t x, size_t y) { return starts[x] < starts[y]; });
+        std::vector<size_t> sorted_starts(m);
+        std::vector<PhaseRun> sorted_chain(m);
+        for (size_t i = 0; i < m; ++i) sorted_starts[i] = starts[order[i]], sorted_chain[i] = chain[order[i]];
+        starts = std::move(sorted_starts);
+        chain = std::move(sorted_chain);
+      }
+    }
+    if (!moved) break;
+  }
+  double chain_lap = 0;
+  for (const PhaseRun& r : chain) chain_lap += r.Seconds();
+  if (std::max(chain_lap, best_lap) > lb.step_seconds * (1 + 1e-12)) {
+    lb.step_seconds = std::max(chain_lap, best_lap);
     // Name the run that adds the most, and how many others add anything.
     size_t worst = 0;
     int adding = 0;
-    for (size_t k = 0; k < best_runs.size(); ++k) {
-      const Run& r = run[best_runs[k].first][best_runs[k].second - 1];
-      if (r.excess > 1e-12) ++adding;
-      if (r.excess > run[best_runs[worst].first][best_runs[worst].second - 1].excess) worst = k;
+    for (size_t k = 0; k < m; ++k) {
+      if (chain[k].excess > 1e-12) ++adding;
+      if (chain[k].excess > chain[worst].excess) worst = k;
     }
-    const auto [first, length] = best_runs[worst];
-    const Run& r = run[first][length - 1];
-    const size_t first_op = cut_op(first), last_op = (cut_op(first + length) - 1) % ops;
+    const PhaseRun& r = chain[worst];
+    const size_t first_op = starts[worst], last_op = (end_of(worst) - 1) % ops;
     lb.bound_by = absl::StrFormat("%s in ops %d-%d%s", r.link, first_op, last_op,
                                   last_op < first_op ? " (across the lap's end)" : "");
     if (r.excess > 1e-12) {
@@ -381,7 +473,7 @@ LowerBound ComputeLowerBound(const Graph& graph, const LinkModel& link, const Bu
       lb.run_last_op = static_cast<uint32_t>(last_op);
       lb.run_nvme_read_bytes = r.nvme_read;
       lb.run_nvme_write_bytes = r.nvme_write;
-      lb.run_seconds = r.compute + r.excess;
+      lb.run_seconds = r.Seconds();
     }
     if (adding > 1) lb.bound_by += absl::StrFormat(" +%d", adding - 1);
   }

@@ -131,6 +131,31 @@ TEST(SimulateTest, TheBoundsRunsMayCrossTheLapsEnd) {
   EXPECT_GE(sim->step_seconds, lb.step_seconds * 0.999);
 }
 
+// The same step after 601 ops that take no time and touch nothing: 612 ops, so the bound
+// cuts the lap on a grid of every other op, and the binding run starts at op 603 (the
+// gradient's use), between two grid points. The cut is refined off the grid: 11.0 s again
+// (the grid alone: 10.6).
+TEST(SimulateTest, TheBoundsCutIsRefinedBetweenGridPoints) {
+  Graph g;
+  g.tensors = {{"grad", kGB}};
+  for (int i = 0; i < 601; ++i) g.ops.push_back({"idle" + std::to_string(i), {}, {}, 0});
+  g.ops.push_back({"grad.set", {}, {}, 0.1, {0}});
+  g.ops.push_back({"grad.accumulate", {}, {0}, 10});
+  g.ops.push_back({"grad.use", {0}, {}, 0.1});
+  for (TensorIndex s = 1; s <= 8; ++s) {
+    g.tensors.push_back({"s" + std::to_string(s), kGB / 4});
+    g.ops.push_back({"update" + std::to_string(s), {}, {s}, 0.025});
+  }
+  ASSERT_EQ(g.ops.size(), 612u);
+  LinkModel link = Links();
+  link.nvme_read_bytes_per_s = link.nvme_write_bytes_per_s = 1e9;
+  const LowerBound lb = ComputeLowerBound(g, link, {kGB, 3 * kGB / 2, 10 * kGB});
+  EXPECT_NEAR(lb.step_seconds, 11.0, 1e-9);
+  EXPECT_EQ(lb.bound_by, "NVMe in ops 603-601 (across the lap's end)");
+  EXPECT_EQ(lb.run_nvme_read_bytes, kGB / 2);
+  EXPECT_EQ(lb.run_nvme_write_bytes, kGB / 2);
+}
+
 TEST(SimulateTest, LinkBoundRunsAtTheLinkSpeed) {
   // Ops take ~no time: the step is the time the links need; the plan gets within 20%.
   Graph g = Stream(8, kGB, 1e-4);

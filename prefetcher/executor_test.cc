@@ -214,6 +214,15 @@ struct Replanning {
   }
 };
 
+// A small training step planned with a third of its state on the GPU, and model tiers.
+struct SmallStep {
+  Graph g = SmallTraining();
+  Budgets budgets{Total(g) / 3, Total(g), Total(g)};
+  Plan plan = *MakePlan(g, budgets);
+  FakeClock clock;
+  ModelTiers tiers{g, budgets.gpu, clock};
+};
+
 // Optimizer state loaded for its update, hoisted into the room the backward frees: the DRAM
 // copy is dropped once the load has landed, never before (it would be the only copy then).
 TEST(ExecutorTest, AnExclusiveLoadsDropWaitsForTheLoad) {
@@ -268,13 +277,12 @@ TEST(ExecutorTest, FollowingThePlanTheClientNeverMissesAndWaitsOnlyWhereTheSimul
 TEST(ExecutorTest, AStarvedExecutorOnlyCostsMissesNeverValues) {
   // The client runs ahead without waiting for the executor (seeded): some loads are late,
   // the client fetches on demand, and every value read is still the latest one.
-  const Graph g = SmallTraining();
-  const Budgets budgets{Total(g) / 3, Total(g), Total(g)};
-  auto plan = MakePlan(g, budgets);
-  ASSERT_TRUE(plan.ok());
-  FakeClock clock;
-  ModelTiers tiers(g, budgets.gpu, clock);
-  Executor executor(g, *plan, tiers, clock);
+  SmallStep step;
+  const Graph& g = step.g;
+  ModelTiers& tiers = step.tiers;
+  FakeClock& clock = step.clock;
+  const Budgets& budgets = step.budgets;
+  Executor executor(g, step.plan, tiers, clock);
   std::mt19937_64 rng(42);
   for (int lap = 0; lap < 6; ++lap) {
     for (uint32_t i = 0; i < g.ops.size(); ++i) {
@@ -294,15 +302,13 @@ TEST(ExecutorTest, AStarvedExecutorOnlyCostsMissesNeverValues) {
 // load of it: after the first lap it never fetches on demand, and every load the plan makes
 // for an op is done by the executor. Without the waits the same client misses (the control).
 TEST(ExecutorTest, AClientThatWaitsForThePlannedLoadsNeverFetchesOnDemand) {
-  const Graph g = SmallTraining();
-  const Budgets budgets{Total(g) / 3, Total(g), Total(g)};
-  auto plan = MakePlan(g, budgets);
-  ASSERT_TRUE(plan.ok());
   for (bool wait : {false, true}) {
-    FakeClock clock;
-    ModelTiers tiers(g, budgets.gpu, clock);
+    SmallStep step;
+    const Graph& g = step.g;
+    ModelTiers& tiers = step.tiers;
+    FakeClock& clock = step.clock;
     tiers.SetLoadDelay(std::chrono::microseconds(1000));
-    Executor executor(g, *plan, tiers, clock);
+    Executor executor(g, step.plan, tiers, clock);
     uint64_t misses_after_first_lap = 0;
     for (int lap = 0; lap < 3; ++lap) {
       const uint64_t before = tiers.misses();
@@ -332,14 +338,11 @@ TEST(ExecutorTest, AClientThatWaitsForThePlannedLoadsNeverFetchesOnDemand) {
 // The wait cannot hang the client: a load the tiers never find room for is given up on once
 // nothing has moved for the stuck limit, and StopWaits ends every wait.
 TEST(ExecutorTest, AWaitForAPlannedLoadThatCannotHappenGivesUp) {
-  const Graph g = SmallTraining();
-  const Budgets budgets{Total(g) / 3, Total(g), Total(g)};
-  auto plan = MakePlan(g, budgets);
-  ASSERT_TRUE(plan.ok());
-  FakeClock clock;
-  ModelTiers tiers(g, budgets.gpu, clock);
-  tiers.RefuseLoads();
-  Executor executor(g, *plan, tiers, clock);
+  SmallStep step;
+  const Graph& g = step.g;
+  const Plan* plan = &step.plan;
+  step.tiers.RefuseLoads();
+  Executor executor(g, step.plan, step.tiers, step.clock);
   // The first op whose plan loads a tensor.
   uint32_t op = 0;
   while (op < g.ops.size() && plan->gpu.loads[op].empty()) ++op;

@@ -108,9 +108,10 @@ TEST(SimulateTest, ValuesOnlyTheHostUsesNeedNoLoads) {
 // NVMe (the states and the gradient do not fit at its start) and write 0.5 GB (nor at its
 // end, when the states are new): 1 s of disk for 0.4 s of compute. Only a run that crosses
 // the lap's end sees the write; within one lap the best cut adds 0.2 s, not 0.6.
-TEST(SimulateTest, TheBoundsRunsMayCrossTheLapsEnd) {
+Graph AccumulateThenUpdate(int idle_ops) {
   Graph g;
   g.tensors = {{"grad", kGB}};
+  for (int i = 0; i < idle_ops; ++i) g.ops.push_back({"idle" + std::to_string(i), {}, {}, 0});
   g.ops.push_back({"grad.set", {}, {}, 0.1, {0}});
   g.ops.push_back({"grad.accumulate", {}, {0}, 10});
   g.ops.push_back({"grad.use", {0}, {}, 0.1});
@@ -118,6 +119,11 @@ TEST(SimulateTest, TheBoundsRunsMayCrossTheLapsEnd) {
     g.tensors.push_back({"s" + std::to_string(s), kGB / 4});
     g.ops.push_back({"update" + std::to_string(s), {}, {s}, 0.025});
   }
+  return g;
+}
+
+TEST(SimulateTest, TheBoundsRunsMayCrossTheLapsEnd) {
+  const Graph g = AccumulateThenUpdate(0);
   LinkModel link = Links();
   link.nvme_read_bytes_per_s = link.nvme_write_bytes_per_s = 1e9;
   const Budgets budgets{kGB, 3 * kGB / 2, 10 * kGB};
@@ -136,16 +142,7 @@ TEST(SimulateTest, TheBoundsRunsMayCrossTheLapsEnd) {
 // gradient's use), between two grid points. The cut is refined off the grid: 11.0 s again
 // (the grid alone: 10.6).
 TEST(SimulateTest, TheBoundsCutIsRefinedBetweenGridPoints) {
-  Graph g;
-  g.tensors = {{"grad", kGB}};
-  for (int i = 0; i < 601; ++i) g.ops.push_back({"idle" + std::to_string(i), {}, {}, 0});
-  g.ops.push_back({"grad.set", {}, {}, 0.1, {0}});
-  g.ops.push_back({"grad.accumulate", {}, {0}, 10});
-  g.ops.push_back({"grad.use", {0}, {}, 0.1});
-  for (TensorIndex s = 1; s <= 8; ++s) {
-    g.tensors.push_back({"s" + std::to_string(s), kGB / 4});
-    g.ops.push_back({"update" + std::to_string(s), {}, {s}, 0.025});
-  }
+  const Graph g = AccumulateThenUpdate(601);
   ASSERT_EQ(g.ops.size(), 612u);
   LinkModel link = Links();
   link.nvme_read_bytes_per_s = link.nvme_write_bytes_per_s = 1e9;

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "base/clock.h"
@@ -187,6 +188,8 @@ class LeaseTable {
   LeaseTable(TierStore& store, Mover& mover, Clock& clock) : store_(store), mover_(mover), clock_(clock) {}
 
   absl::StatusOr<std::shared_ptr<Session>> GetSession(SessionId id) const;
+  // Finds the session and runs fn(session) with its lock held (the planner's hooks).
+  absl::Status WithSessionLocked(SessionId id, absl::FunctionRef<void(Session&)> fn);
   // Finds the session and the tensor, holds the session's lock, runs fn(session, tensor).
   template <typename Result, typename Fn>
   Result OnTensor(SessionId session, TensorId tensor, Fn&& fn);

@@ -208,28 +208,24 @@ absl::Status LeaseTable::Demote(SessionId session_id, TensorId id, Tier from, bo
   });
 }
 
-absl::Status LeaseTable::SetEvictionAdvisor(SessionId session_id, EvictionAdvisor advisor) {
+absl::Status LeaseTable::WithSessionLocked(SessionId session_id, absl::FunctionRef<void(Session&)> fn) {
   auto session = GetSession(session_id);
   if (!session.ok()) return session.status();
   absl::MutexLock lock(&(*session)->mutex);
-  (*session)->advisor = std::move(advisor);
+  fn(**session);
   return absl::OkStatus();
+}
+
+absl::Status LeaseTable::SetEvictionAdvisor(SessionId session_id, EvictionAdvisor advisor) {
+  return WithSessionLocked(session_id, [&](Session& s) { s.advisor = std::move(advisor); });
 }
 
 absl::Status LeaseTable::SetMissWaiter(SessionId session_id, MissWaiter waiter) {
-  auto session = GetSession(session_id);
-  if (!session.ok()) return session.status();
-  absl::MutexLock lock(&(*session)->mutex);
-  (*session)->miss_waiter = std::move(waiter);
-  return absl::OkStatus();
+  return WithSessionLocked(session_id, [&](Session& s) { s.miss_waiter = std::move(waiter); });
 }
 
 absl::Status LeaseTable::SetPlacementAdvisor(SessionId session_id, PlacementAdvisor advisor) {
-  auto session = GetSession(session_id);
-  if (!session.ok()) return session.status();
-  absl::MutexLock lock(&(*session)->mutex);
-  (*session)->placement = std::move(advisor);
-  return absl::OkStatus();
+  return WithSessionLocked(session_id, [&](Session& s) { s.placement = std::move(advisor); });
 }
 
 absl::Status LeaseTable::Pin(SessionId session_id, TensorId id, Tier tier) {

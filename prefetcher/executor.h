@@ -10,7 +10,9 @@
 //   dram out: push-downs (DRAM->NVMe), DRAM drops and discards of values dead after their
 //             host use (in any order, like gpu out).
 // A tensor's moves keep their plan order across lanes (a load waits for the eviction
-// before it, a push-down for the load that read the copy, and so on). A load issued only once its op has begun is just in
+// before it, a push-down for the load that read the copy, and so on), and the moves that
+// take DRAM room (write-backs, stages) take it in the plan's order, as the simulator grants
+// it: a stage a lap ahead cannot take the room a write-back needs now. A load issued only once its op has begun is just in
 // time (the client's acquire waits for it: a stall); one whose op is over is late: the
 // client demand-fetched instead (a miss, counted by the tiers), so it is skipped.
 // The executor never decides correctness — the tiers (LeaseTable) do; a wrong or stale

@@ -113,6 +113,13 @@ Executor::Schedule Executor::Build(const Graph& graph, const Plan& plan) {
   Schedule s;
   for (int l = 0; l < kLanes; ++l) s.lanes[l].actions = std::move(lanes[l]);
   s.dram_tickets = tickets;
+  s.ticket_holders.resize(tickets);
+  for (int l = 0; l < kLanes; ++l) {
+    for (size_t i = 0; i < s.lanes[l].actions.size(); ++i) {
+      const int64_t ticket = s.lanes[l].actions[i].dram_ticket;
+      if (ticket >= 0) s.ticket_holders[ticket] = {l, static_cast<int64_t>(i)};
+    }
+  }
   s.lanes[kGpuOut].in_order = s.lanes[kDramOut].in_order = false;
   return s;
 }
@@ -536,6 +543,14 @@ std::string Executor::Describe() const {
     out += absl::StrFormat("; %s at lap %d #%d: %s %s for op %d (%s)", kLaneNames[l], lane.next / size,
                            lane.next % size, kKinds[static_cast<int>(a.kind)], graph_.tensors[a.tensor].name, a.op,
                            late ? "late" : ready ? "ready" : "waiting");
+  }
+  // Whose turn it is to take DRAM room (write-backs and stages take it in plan order).
+  if (schedule_.dram_tickets > 0) {
+    const int64_t lap = schedule_.next_ticket / schedule_.dram_tickets;
+    const auto [l, index] = schedule_.ticket_holders[schedule_.next_ticket % schedule_.dram_tickets];
+    const Action& a = schedule_.lanes[l].actions[index];
+    out += absl::StrFormat("; DRAM room next to %s %s for op %d (lap %d)", kKinds[static_cast<int>(a.kind)],
+                           graph_.tensors[a.tensor].name, a.op, lap);
   }
   return out;
 }

@@ -169,6 +169,7 @@ class Executor {
   struct Schedule {
     Lane lanes[kLanes];
     int64_t dram_tickets = 0;      // per lap
+    std::vector<std::pair<int, int64_t>> ticket_holders;  // per ticket of a lap: (lane, index)
     int64_t next_ticket = 0;       // global (lap * dram_tickets + index): the next to take DRAM room
     std::set<int64_t> tickets_done_ahead;  // skipped (late) ones after it
   };

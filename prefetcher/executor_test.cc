@@ -366,6 +366,23 @@ TEST(ExecutorTest, AWaitForAPlannedLoadThatCannotHappenGivesUp) {
   EXPECT_FALSE(executor.AwaitPlannedLoad(t, 20'000'000'000, 20'000'000'000));
 }
 
+// tierctl plan --session shows where each lane is and whose turn it is to take DRAM room;
+// the turn moves on as write-backs land.
+TEST(ExecutorTest, DescribeSaysWhoseTurnItIsForDramRoom) {
+  SmallStep step;
+  ExecutorOptions options;
+  options.single_thread = true;
+  Executor executor(step.g, step.plan, step.tiers, step.clock, options);
+  const std::string before = executor.Describe();
+  EXPECT_NE(before.find("DRAM room next to evict "), std::string::npos) << before;
+  EXPECT_NE(before.find("(lap 0)"), std::string::npos) << before;
+  RunLap(executor, step.tiers, step.clock, step.g);
+  RunLap(executor, step.tiers, step.clock, step.g);
+  executor.WaitIdle();
+  const std::string after = executor.Describe();
+  EXPECT_EQ(after.find("(lap 0)"), std::string::npos) << "two laps on, the turn is past lap 0: " << after;
+}
+
 TEST(ExecutorTest, DriftingOpTimesTriggerAReplanThatIsSwappedInAtALap) {
   Replanning r;
   r.on_replan = [&r](const Graph& measured) {

@@ -147,6 +147,44 @@ TEST_F(PlanMovesTest, CopiesGoToTheLayoutsOffsetsWhenTheRangeIsFree) {
   ASSERT_TRUE(table_->SetPlacementAdvisor(session_, nullptr).ok());
 }
 
+// The planner's write-back takes free DRAM room only: with DRAM full of copies the plan keeps
+// there, Demote says RESOURCE_EXHAUSTED (the executor waits for its push-downs) instead of
+// pushing one of them to NVMe by the tiers' choice; nothing moves and nothing is lost, and
+// once room is free it goes through.
+TEST_F(PlanMovesTest, APlannedWriteBackTakesFreeRoomOnlyAndLosesNothing) {
+  const TensorId g = LeaseWritten("g", 256 * 1024, 0x77);  // 1 MiB, its only copy on the GPU
+  std::vector<TensorId> kept;
+  for (int i = 0; i < 8; ++i) {  // 8 x 1 MiB: the DRAM quota, full
+    auto id = table_->Lease(session_, Spec("kept" + std::to_string(i), 256 * 1024));
+    ASSERT_TRUE(id.ok()) << id.status();
+    auto p = table_->Acquire(session_, *id, Access::kOverwrite, Place::kHost);
+    ASSERT_TRUE(p.ok()) << p.status();
+    std::memset(Pointer(*p), 0x10 + i, p->bytes);
+    ASSERT_TRUE(table_->Release(session_, *id).ok());
+    kept.push_back(*id);
+  }
+  const LeaseStats before = table_->Stats();
+  const absl::Status full = table_->Demote(session_, g, Tier::kGpu, /*dead=*/false);
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+  EXPECT_TRUE(OnGpu(g));
+  EXPECT_EQ(table_->Stats().writebacks, before.writebacks);
+  for (const LeaseView& v : table_->List(session_)) {
+    EXPECT_FALSE(v.copies[static_cast<int>(Tier::kNvme)]) << v.spec.name << " was pushed down by the tiers' choice";
+  }
+  ASSERT_TRUE(table_->Unlease(session_, kept.back()).ok());  // room
+  kept.pop_back();
+  EXPECT_TRUE(table_->Demote(session_, g, Tier::kGpu, /*dead=*/false).ok());
+  EXPECT_FALSE(OnGpu(g));
+  EXPECT_TRUE(Holds(g, 0x77));
+  for (size_t i = 0; i < kept.size(); ++i) {
+    auto p = table_->Acquire(session_, kept[i], Access::kRead, Place::kHost);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(Pointer(*p)[0], 0x10 + i);
+    ASSERT_TRUE(table_->Release(session_, kept[i]).ok());
+  }
+  EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
+}
+
 TEST_F(PlanMovesTest, DemotedThenPrefetchedTensorsAreHitsWithTheirBytes) {
   const TensorId w = LeaseWritten("w", 256 * 1024, 0x5a);  // 1 MiB
   ASSERT_TRUE(table_->Demote(session_, w, Tier::kGpu, /*dead=*/false).ok());

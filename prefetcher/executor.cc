@@ -404,12 +404,14 @@ bool Executor::Step(int lane_index, std::unique_lock<std::mutex>& lock) {
     const int64_t decided = clock_.NowNanos();
     const int64_t generation = replan_generation_;
     ++in_flight_;
+    in_flight_pos_[lane_index] = pos;
     lock.unlock();
     const int64_t start = clock_.NowNanos();
     const absl::Status status = Do(a, decided);
     const int64_t end = clock_.NowNanos();
     lock.lock();
     --in_flight_;
+    in_flight_pos_[lane_index] = -1;
     if (generation != replan_generation_) return true;  // the schedule was swapped meanwhile
     Lane& lane_now = schedule_.lanes[lane_index];
     if (status.code() == absl::StatusCode::kResourceExhausted ||
@@ -537,20 +539,24 @@ std::string Executor::Describe() const {
     const Lane& lane = schedule_.lanes[l];
     if (lane.actions.empty()) continue;
     const int64_t size = static_cast<int64_t>(lane.actions.size());
-    const Action& a = lane.actions[lane.next % size];
+    // The move running now, if any (it has the lock let go); else the first not done.
+    const bool running = in_flight_pos_[l] >= 0;
+    const int64_t pos = running ? in_flight_pos_[l] : lane.next;
+    const Action& a = lane.actions[pos % size];
     bool late = false;
-    const bool ready = Ready(l, lane.next, &late);
-    out += absl::StrFormat("; %s at lap %d #%d: %s %s for op %d (%s)", kLaneNames[l], lane.next / size,
-                           lane.next % size, kKinds[static_cast<int>(a.kind)], graph_.tensors[a.tensor].name, a.op,
-                           late ? "late" : ready ? "ready" : "waiting");
+    const bool ready = Ready(l, pos, &late);
+    out += absl::StrFormat("; %s at lap %d #%d: %s %s for op %d (%s)", kLaneNames[l], pos / size, pos % size,
+                           kKinds[static_cast<int>(a.kind)], graph_.tensors[a.tensor].name, a.op,
+                           running ? "in flight" : late ? "late" : ready ? "ready" : "waiting");
   }
   // Whose turn it is to take DRAM room (write-backs and stages take it in plan order).
   if (schedule_.dram_tickets > 0) {
     const int64_t lap = schedule_.next_ticket / schedule_.dram_tickets;
     const auto [l, index] = schedule_.ticket_holders[schedule_.next_ticket % schedule_.dram_tickets];
     const Action& a = schedule_.lanes[l].actions[index];
-    out += absl::StrFormat("; DRAM room next to %s %s for op %d (lap %d)", kKinds[static_cast<int>(a.kind)],
-                           graph_.tensors[a.tensor].name, a.op, lap);
+    const bool running = in_flight_pos_[l] == lap * static_cast<int64_t>(schedule_.lanes[l].actions.size()) + index;
+    out += absl::StrFormat("; DRAM room next to %s %s for op %d (lap %d%s)", kKinds[static_cast<int>(a.kind)],
+                           graph_.tensors[a.tensor].name, a.op, lap, running ? ", in flight" : "");
   }
   return out;
 }

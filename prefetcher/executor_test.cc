@@ -383,6 +383,21 @@ TEST(ExecutorTest, DescribeSaysWhoseTurnItIsForDramRoom) {
   EXPECT_EQ(after.find("(lap 0)"), std::string::npos) << "two laps on, the turn is past lap 0: " << after;
 }
 
+// A move running now (the lock let go while the tiers copy) is shown as in flight.
+TEST(ExecutorTest, DescribeShowsAMoveInFlight) {
+  SmallStep step;
+  step.tiers.SetLoadDelay(std::chrono::microseconds(200'000));
+  Executor executor(step.g, step.plan, step.tiers, step.clock);
+  ASSERT_TRUE(executor.OpBegin(0).ok());  // the loads for the first ops may start
+  std::string seen;
+  for (int i = 0; i < 400 && seen.find("(in flight)") == std::string::npos; ++i) {
+    seen = executor.Describe();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_NE(seen.find("gpu in at lap 0"), std::string::npos) << seen;
+  EXPECT_NE(seen.find("(in flight)"), std::string::npos) << seen;
+}
+
 TEST(ExecutorTest, DriftingOpTimesTriggerAReplanThatIsSwappedInAtALap) {
   Replanning r;
   r.on_replan = [&r](const Graph& measured) {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -168,27 +169,25 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
   std::vector<std::string> names;
   for (const tp::GraphTensor& t : graph.tensors) names.push_back(t.name);
   planned->ops_ = std::make_unique<Ops>(leases, session, std::move(names), top);
-  std::unordered_map<std::string, tp::TensorIndex> index;
-  for (tp::TensorIndex t = 0; t < graph.tensors.size(); ++t) index[graph.tensors[t].name] = t;
-  std::unordered_map<std::string, tp::TensorIndex> placement_index = index;
-  std::unordered_map<std::string, tp::TensorIndex> wait_index = index;
+  // The tiers name tensors; the executor indexes them: one map for the three hooks below.
+  auto index = std::make_shared<std::unordered_map<std::string, tp::TensorIndex>>();
+  for (tp::TensorIndex t = 0; t < graph.tensors.size(); ++t) (*index)[graph.tensors[t].name] = t;
   planned->executor_ =
       std::make_unique<tp::Executor>(std::move(graph), *std::move(plan), *planned->ops_, clock, executor_options);
   // Room made on demand goes to the tensor the graph uses furthest ahead.
   tp::Executor* executor = planned->executor_.get();
   absl::Status advised = leases.SetEvictionAdvisor(
-      session, [executor, index = std::move(index)](const std::string& name) -> int64_t {
-        auto it = index.find(name);
-        return it == index.end() ? INT64_MAX / 2 : executor->NextUse(it->second);
+      session, [executor, index](const std::string& name) -> int64_t {
+        auto it = index->find(name);
+        return it == index->end() ? INT64_MAX / 2 : executor->NextUse(it->second);
       });
   if (!advised.ok()) return advised;
   // Copies made in the top tier go where the plan's static layout puts them, if free.
   absl::Status placed = leases.SetPlacementAdvisor(
-      session, [executor, top, index = std::move(placement_index)](const std::string& name,
-                                                                  Tier tier) -> std::optional<uint64_t> {
+      session, [executor, top, index](const std::string& name, Tier tier) -> std::optional<uint64_t> {
         if (tier != top) return std::nullopt;
-        auto it = index.find(name);
-        return it == index.end() ? std::nullopt : executor->LayoutOffset(it->second);
+        auto it = index->find(name);
+        return it == index->end() ? std::nullopt : executor->LayoutOffset(it->second);
       });
   if (!placed.ok()) return placed;
   planned->leases_ = &leases;
@@ -197,10 +196,10 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
   planned->gate_ = std::make_shared<WaitGate>();
   planned->gate_->executor = executor;
   absl::Status waiting = leases.SetMissWaiter(
-      session, [gate = planned->gate_, top, index = std::move(wait_index)](const std::string& name, Tier tier) {
+      session, [gate = planned->gate_, top, index](const std::string& name, Tier tier) {
         if (tier != top) return;
-        auto it = index.find(name);
-        if (it == index.end()) return;
+        auto it = index->find(name);
+        if (it == index->end()) return;
         tp::Executor* executor = nullptr;
         {
           std::lock_guard<std::mutex> lock(gate->mutex);

@@ -35,7 +35,8 @@ ABSL_FLAG(bool, time_aware, false,
 ABSL_FLAG(bool, optimizer_on_host, false, "AdamW on the host's CPU next to its DRAM state instead of on the GPU");
 ABSL_FLAG(bool, phases, false,
           "after each row, the plan's steady step by phase (forward, backward, optimizer): compute, stall and "
-          "the NVMe and DRAM->GPU bytes moved while the phase ran");
+          "the NVMe and DRAM->GPU bytes moved while the phase ran; then the lower bound's binding run next to what "
+          "the plan moved in it, by kind of tensor");
 ABSL_FLAG(double, host_adamw_gparams, 2.3, "with --optimizer_on_host: host AdamW rate, G params/s (H200 host: 2.3)");
 
 namespace tp = tierd::prefetcher;
@@ -60,7 +61,6 @@ int PhaseOf(const std::string& op) {
   return 0;
 }
 
-// What moved in [t0, t1) of a timeline: a move's bytes count in proportion to its overlap.
 // The kind of tensor a move's name ("stage opt.m.layers.3") is for, in the synthetic trace.
 int KindOf(const std::string& move) {
   if (absl::StrContains(move, " opt.")) return 0;
@@ -70,6 +70,7 @@ int KindOf(const std::string& move) {
 }
 constexpr const char* kKinds[] = {"optimizer state", "weights", "gradients", "activations"};
 
+// What moved in [t0, t1) of a timeline: a move's bytes count in proportion to its overlap.
 struct Moved {
   double nvme_read = 0, nvme_write = 0, disk_busy = 0, h2d = 0;
   double read_by_kind[4] = {}, write_by_kind[4] = {};

@@ -4,6 +4,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <iterator>
 #include <map>
 
 #include "absl/strings/str_format.h"
@@ -403,14 +404,12 @@ bool Executor::Step(int lane_index, std::unique_lock<std::mutex>& lock) {
     // OpBegin takes): a write the client makes later is stamped at or after this.
     const int64_t decided = clock_.NowNanos();
     const int64_t generation = replan_generation_;
-    ++in_flight_;
     in_flight_pos_[lane_index] = pos;
     lock.unlock();
     const int64_t start = clock_.NowNanos();
     const absl::Status status = Do(a, decided);
     const int64_t end = clock_.NowNanos();
     lock.lock();
-    --in_flight_;
     in_flight_pos_[lane_index] = -1;
     if (generation != replan_generation_) return true;  // the schedule was swapped meanwhile
     Lane& lane_now = schedule_.lanes[lane_index];
@@ -487,7 +486,8 @@ bool Executor::AwaitPlannedLoad(TensorIndex t, int64_t stuck_nanos, int64_t max_
       return true;
     }
     const Wall::time_point now = Wall::now();
-    if (version_ != seen || in_flight_ > 0) {
+    const bool moving = std::any_of(std::begin(in_flight_pos_), std::end(in_flight_pos_), [](int64_t p) { return p >= 0; });
+    if (version_ != seen || moving) {
       seen = version_;
       moved = now;
     }

@@ -203,8 +203,7 @@ class Executor {
   uint32_t last_op_ = 0;
   bool stopping_ = false;
   bool waits_stopped_ = false;
-  int in_flight_ = 0;  // moves running with the lock let go
-  int64_t in_flight_pos_[kLanes] = {-1, -1, -1, -1};  // per lane: the position of its move running now
+  int64_t in_flight_pos_[kLanes] = {-1, -1, -1, -1};  // per lane: its move running now (lock let go), or -1
   std::vector<int64_t> op_begin_nanos_;  // per op of the current and previous lap
   std::vector<double> measured_seconds_;
   int64_t waited_in_op_nanos_ = 0;  // the current op's acquire waits

@@ -223,6 +223,9 @@ LiveBytes LiveBytesAtEachOp(const Graph& graph) {
   return live;
 }
 
+// Bytes beyond the room for them (0 when they fit).
+uint64_t Beyond(uint64_t bytes, uint64_t room) { return bytes > room ? bytes - room : 0; }
+
 // What an op writes whole is on the GPU (or, from the host, in DRAM) with its inputs while
 // it runs: room the live values do not have then. {GPU room, GPU and DRAM room} left.
 std::pair<uint64_t, uint64_t> RoomLeftWhileRunning(const Graph& graph, const GraphOp& op, uint64_t gpu_room,
@@ -234,7 +237,7 @@ std::pair<uint64_t, uint64_t> RoomLeftWhileRunning(const Graph& graph, const Gra
   for (TensorIndex t : HostTouched(op)) {
     if (HostUseOf(op, t) == Use::kOverwrite) on_host += graph.tensors[t].bytes;
   }
-  return {gpu_room > on_gpu ? gpu_room - on_gpu : 0, both > on_gpu + on_host ? both - on_gpu - on_host : 0};
+  return {Beyond(gpu_room, on_gpu), Beyond(both, on_gpu + on_host)};
 }
 
 // One run of the phase bound: its compute, the time beyond it that its traffic forces,
@@ -288,7 +291,6 @@ class RunMeter {
   }
   PhaseRun Close() const {
     const size_t ops = graph_.ops.size();
-    auto beyond = [](uint64_t bytes, uint64_t room) { return bytes > room ? bytes - room : 0; };
     // Values written in the run and still live after it: what GPU and DRAM cannot hold at
     // its end was written to NVMe during it (they did not exist before). So were those
     // written before its last op and live while it runs beyond what that op's outputs leave.
@@ -299,9 +301,9 @@ class RunMeter {
       if (k < written_before_last_ && !dead_[(last_ + ops - 1) % ops][t]) live_while_last += graph_.tensors[t].bytes;
     }
     const uint64_t last_left = RoomLeftWhileRunning(graph_, graph_.ops[last_ % ops], gpu_room_, both_).second;
-    const uint64_t must_write = std::max(beyond(live_written, both_), beyond(live_while_last, last_left));
-    const uint64_t must_read = beyond(need_, both_left_);
-    const double h2d_min = static_cast<double>(beyond(need_gpu_, gpu_left_)) / link_.h2d_bytes_per_s;
+    const uint64_t must_write = std::max(Beyond(live_written, both_), Beyond(live_while_last, last_left));
+    const uint64_t must_read = Beyond(need_, both_left_);
+    const double h2d_min = static_cast<double>(Beyond(need_gpu_, gpu_left_)) / link_.h2d_bytes_per_s;
     const double nvme_min = static_cast<double>(must_read) / link_.nvme_read_bytes_per_s +
                             static_cast<double>(must_write) / link_.nvme_write_bytes_per_s;
     const double window = std::max({compute_, h2d_min, nvme_min});
@@ -339,7 +341,7 @@ LowerBound ComputeLowerBound(const Graph& graph, const LinkModel& link, const Bu
   // and DRAM they are on NVMe only: each read from it within a lap, and each written (after
   // its latest write) within the lap before. Every link carries at least that every lap.
   const LiveBytes live = LiveBytesAtEachOp(graph);
-  auto beyond = [](uint64_t bytes, uint64_t room) { return static_cast<double>(bytes > room ? bytes - room : 0); };
+  auto beyond = [](uint64_t bytes, uint64_t room) { return static_cast<double>(Beyond(bytes, room)); };
   for (size_t i = 0; i < ops; ++i) {
     const auto [gpu_left, both_left] = RoomLeftWhileRunning(graph, graph.ops[i], gpu_room, both);
     const double h2d = beyond(live.gpu_next[i], gpu_left) / link.h2d_bytes_per_s;

@@ -35,8 +35,8 @@ ABSL_FLAG(bool, time_aware, false,
 ABSL_FLAG(bool, optimizer_on_host, false, "AdamW on the host's CPU next to its DRAM state instead of on the GPU");
 ABSL_FLAG(bool, phases, false,
           "after each row, the plan's steady step by phase (forward, backward, optimizer): compute, stall and "
-          "the NVMe and DRAM->GPU bytes moved while the phase ran; then the lower bound's binding run next to what "
-          "the plan moved in it, by kind of tensor");
+          "the NVMe (by kind of tensor) and DRAM->GPU bytes moved while the phase ran; the disk's longest idle "
+          "spans and the ops they fall in; then the lower bound's binding run next to what the plan moved in it");
 ABSL_FLAG(double, host_adamw_gparams, 2.3, "with --optimizer_on_host: host AdamW rate, G params/s (H200 host: 2.3)");
 
 namespace tp = tierd::prefetcher;
@@ -92,6 +92,43 @@ Moved MovedIn(const tp::SimResult& sim, double t0, double t1) {
   return m;
 }
 
+// NVMe bytes by tensor kind, the kinds that moved at least 0.1 GB.
+void PrintByKind(const Moved& m, const char* indent) {
+  for (int k = 0; k < 4; ++k) {
+    if (m.read_by_kind[k] + m.write_by_kind[k] < 1e8) continue;
+    std::printf("%s%-15s NVMe read %6.1f write %6.1f GB\n", indent, kKinds[k], m.read_by_kind[k] / 1e9,
+                m.write_by_kind[k] / 1e9);
+  }
+}
+
+// The disk's longest idle spans within [t0, t1): when it waits, what ran, what it did next.
+template <typename OpAt>
+void PrintDiskGaps(const tp::SimResult& sim, double t0, double t1, OpAt op_at) {
+  std::vector<std::pair<double, double>> busy;
+  for (const tp::TimelineEvent& e : sim.timeline) {
+    if (e.track == tp::Track::kNvme && e.end > t0 && e.start < t1) busy.emplace_back(e.start, e.end);
+  }
+  std::sort(busy.begin(), busy.end());
+  struct Gap {
+    double start, end;
+  };
+  std::vector<Gap> gaps;
+  double at = t0;
+  for (const auto& [s, e] : busy) {
+    if (s > at) gaps.push_back({at, s});
+    at = std::max(at, e);
+  }
+  if (t1 > at) gaps.push_back({at, t1});
+  double idle = 0;
+  for (const Gap& g : gaps) idle += g.end - g.start;
+  std::sort(gaps.begin(), gaps.end(), [](const Gap& a, const Gap& b) { return a.end - a.start > b.end - b.start; });
+  std::printf("    disk idle %.2fs of the %.2fs step in %zu spans; the longest:\n", idle, t1 - t0, gaps.size());
+  for (size_t k = 0; k < gaps.size() && k < 5; ++k) {
+    std::printf("      %.3fs from %+.3fs (op %s) to %+.3fs (op %s)\n", gaps[k].end - gaps[k].start,
+                gaps[k].start - t0, op_at(gaps[k].start).c_str(), gaps[k].end - t0, op_at(gaps[k].end).c_str());
+  }
+}
+
 // A measured iteration of a run with a timeline, by phase (each op's span, its stall and
 // its compute, is its phase's), and the plan over the lower bound's run that adds the most.
 void PrintPhases(const tp::Graph& graph, const tp::SimResult& sim, const tp::LowerBound& lb, int iteration) {
@@ -120,13 +157,24 @@ void PrintPhases(const tp::Graph& graph, const tp::SimResult& sim, const tp::Low
     p.moved.nvme_write += m.nvme_write;
     p.moved.disk_busy += m.disk_busy;
     p.moved.h2d += m.h2d;
+    for (int k = 0; k < 4; ++k) {
+      p.moved.read_by_kind[k] += m.read_by_kind[k];
+      p.moved.write_by_kind[k] += m.write_by_kind[k];
+    }
   }
   for (int k = 0; k < 3; ++k) {
     const Phase& p = phase[k];
     std::printf("    %-9s compute %7.2fs stall %7.2fs | NVMe read %6.1f write %6.1f GB, disk busy %6.2fs | DRAM->GPU %6.1f GB\n",
                 kNames[k], p.compute, p.stall, p.moved.nvme_read / 1e9, p.moved.nvme_write / 1e9, p.moved.disk_busy,
                 p.moved.h2d / 1e9);
+    PrintByKind(p.moved, "      ");
   }
+  PrintDiskGaps(sim, begin(first), end[first + ops - 1], [&](double t) {
+    for (size_t i = 0; i < ops; ++i) {
+      if (t < end[first + i]) return graph.ops[i].name;
+    }
+    return graph.ops[ops - 1].name;
+  });
   if (lb.run_seconds <= 0 || iteration < 2) return;
   // The bound's run, from the iteration before so that a run across the lap's end fits.
   const size_t a = (iteration - 1) * ops + lb.run_first_op;
@@ -139,11 +187,7 @@ void PrintPhases(const tp::Graph& graph, const tp::SimResult& sim, const tp::Low
               lb.run_first_op, lb.run_last_op, lb.run_seconds, lb.run_nvme_read_bytes / 1e9,
               lb.run_nvme_write_bytes / 1e9, end[b] - begin(a), compute, m.nvme_read / 1e9, m.nvme_write / 1e9,
               m.disk_busy);
-  for (int k = 0; k < 4; ++k) {
-    if (m.read_by_kind[k] + m.write_by_kind[k] < 1e8) continue;
-    std::printf("      %-15s NVMe read %6.1f write %6.1f GB\n", kKinds[k], m.read_by_kind[k] / 1e9,
-                m.write_by_kind[k] / 1e9);
-  }
+  PrintByKind(m, "      ");
 }
 
 }  // namespace

@@ -181,6 +181,8 @@ grpc::Status TierdService::Stats(grpc::ServerContext*, const v1::Empty*, v1::Sta
   reply->set_planned_placements(leases.planned_placements);
   reply->set_off_plan_placements(leases.off_plan_placements);
   reply->set_relocations(leases.relocations);
+  reply->set_gpu_relocations(leases.gpu_relocations);
+  reply->set_rehomed(leases.rehomed);
   reply->set_gpu(gpu_description_);
   reply->set_uptime_seconds((clock_.NowNanos() - started_nanos_) / 1e9);
   return grpc::Status::OK;

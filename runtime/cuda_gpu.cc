@@ -168,7 +168,9 @@ class CudaCopyStream final : public CopyStream {
     cudaSetDevice(device_);
     TIERD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
         dst, src, bytes,
-        direction == CopyDirection::kHostToDevice ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost,
+        direction == CopyDirection::kHostToDevice   ? cudaMemcpyHostToDevice
+        : direction == CopyDirection::kDeviceToHost ? cudaMemcpyDeviceToHost
+                                                    : cudaMemcpyDeviceToDevice,
         stream_));
     return absl::OkStatus();
   }

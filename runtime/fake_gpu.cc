@@ -60,17 +60,17 @@ class FakeCopyStream final : public CopyStream {
     worker_.join();
   }
 
-  absl::Status CopyAsync(void* dst, const void* src, uint64_t bytes, CopyDirection) override {
+  absl::Status CopyAsync(void* dst, const void* src, uint64_t bytes, CopyDirection direction) override {
     if (dst == nullptr || src == nullptr) return absl::InvalidArgumentError("null copy address");
     absl::MutexLock lock(&mutex_);
-    queue_.push_back(Op{dst, src, bytes, 0});
+    queue_.push_back(Op{dst, src, bytes, 0, direction == CopyDirection::kDeviceToDevice});
     return absl::OkStatus();
   }
 
   absl::StatusOr<uint64_t> RecordFence() override {
     absl::MutexLock lock(&mutex_);
     const uint64_t fence = ++last_fence_;
-    queue_.push_back(Op{nullptr, nullptr, 0, fence});
+    queue_.push_back(Op{nullptr, nullptr, 0, fence, false});
     return fence;
   }
 
@@ -90,6 +90,7 @@ class FakeCopyStream final : public CopyStream {
     const void* src;
     uint64_t bytes;
     uint64_t fence;  // non-zero: a fence marker, not a copy
+    bool within;     // device to device: no link to model
   };
 
   void Run() {
@@ -112,7 +113,7 @@ class FakeCopyStream final : public CopyStream {
       }
       const int64_t start = clock_.NowNanos();
       std::memcpy(op.dst, op.src, op.bytes);
-      if (link_bytes_per_second_ > 0) {
+      if (link_bytes_per_second_ > 0 && !op.within) {
         const auto modelled = static_cast<int64_t>(1e9 * static_cast<double>(op.bytes) /
                                                    link_bytes_per_second_);
         clock_.SleepNanos(modelled - (clock_.NowNanos() - start));

@@ -34,7 +34,9 @@ class GpuRegion {
   virtual absl::StatusOr<GpuRegionExport> Export() const = 0;
 };
 
-enum class CopyDirection : uint8_t { kHostToDevice, kDeviceToHost };
+// kDeviceToDevice: within the device (the GPU tier moving a copy inside its region to
+// join free space); HBM, no host link.
+enum class CopyDirection : uint8_t { kHostToDevice, kDeviceToHost, kDeviceToDevice };
 
 // An ordered queue of asynchronous copies on one copy engine (a CUDA stream).
 // Copies run in issue order. Thread-compatible: the owner serialises calls, except

@@ -99,6 +99,10 @@ struct LeaseStats {
   uint64_t planned_placements = 0;   // placed at the offset the planner's layout fixed
   uint64_t off_plan_placements = 0;  // the layout had an offset, but the range was taken
   uint64_t relocations = 0;          // copies moved within DRAM to join free space (no spill)
+  // Copies moved within the GPU: to join free space there, or off the online allocator's
+  // place to the layout's offset when a client acquires them and that range is free.
+  uint64_t gpu_relocations = 0;
+  uint64_t rehomed = 0;              // ... of them, the moves to the layout's offset
 };
 
 class LeaseTable {
@@ -205,12 +209,20 @@ class LeaseTable {
   void NotePeak(Session& s, Tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   absl::Status EvictOne(Session& s, Tier tier, std::set<const Tensor*>& refused)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
-  // A fragmented DRAM arena (the free bytes suffice, no free block does): moves the smallest
-  // idle copy whose free neighbours and itself make `bytes` into a free block elsewhere in
-  // the arena (a memcpy in the session's segment, instead of writing anything to NVMe).
-  // Returns the offset of the joined block; RESOURCE_EXHAUSTED when no single move joins
-  // enough.
+  // A fragmented GPU or DRAM arena (the free bytes suffice, no free block does): moves the
+  // smallest idle copy whose free neighbours and itself make `bytes` into a free block
+  // elsewhere in the arena (within the session's segment or region, instead of writing
+  // anything to the tier below). Returns the offset of the joined block; RESOURCE_EXHAUSTED
+  // when no single move joins enough.
   absl::StatusOr<uint64_t> Relocate(Session& s, Tier tier, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
+  // Moves t's copy in `tier` to `to` (a fresh extent of the same arena) and frees the old
+  // range: DRAM by memcpy, the GPU over the Mover once the client's work on it is done.
+  absl::Status MoveWithin(Session& s, Tensor& t, Tier tier, const Extent& to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
+  // A GPU copy the online allocator placed (its layout range was taken then) goes to the
+  // layout's offset for the op the client is on, if that range is free now: the tensors one
+  // op acquires together then sit where the layout keeps them apart, and cannot split the
+  // room the op's largest tensor needs. Nothing happens when t is in use or moving.
+  void Rehome(Session& s, Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   absl::StatusOr<Placement> AcquireLocked(Session& s, Tensor& t, Access access, Place place)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   absl::Status ReleaseLocked(Session& s, Tensor& t, std::unique_ptr<GpuFence> gpu_fence)

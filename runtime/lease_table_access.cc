@@ -40,6 +40,7 @@ absl::StatusOr<Placement> LeaseTable::AcquireLocked(Session& s, Tensor& t, Acces
         "acquire it with ACCESS_OVERWRITE, or fix the graph",
         t.spec.name));
   }
+  if (tier == Tier::kGpu && t.acquired == 0) Rehome(s, t);
   Placement placement;
   if (access == Access::kOverwrite && t.written && !t.Has(tier)) {
     // Every byte will be written: the old ones need not come here.

@@ -64,7 +64,7 @@ absl::StatusOr<Extent> LeaseTable::AllocateIn(Session& s, Tier tier, uint64_t by
     }
   }
   std::set<const Tensor*> refused;  // victims whose write-back found no room below
-  int relocations_left = 4;         // moves within DRAM tried before spilling
+  int relocations_left = 4;         // moves within the tier tried before spilling
   for (;;) {
     absl::StatusOr<Extent> extent;
     if (tier == Tier::kNvme) {
@@ -90,8 +90,8 @@ absl::StatusOr<Extent> LeaseTable::AllocateIn(Session& s, Tier tier, uint64_t by
     extent = off_plan ? store_.AllocateHighest(s.ArenaOf(tier), bytes) : store_.Allocate(s.ArenaOf(tier), bytes);
     if (extent.ok()) NotePeak(s, tier);
     if (extent.ok() || extent.status().code() != absl::StatusCode::kResourceExhausted) return extent;
-    if (tier == Tier::kDram && relocations_left-- > 0) {
-      // Fragmented: join free space by moving one copy within DRAM, not by spilling.
+    if (relocations_left-- > 0) {
+      // Fragmented: join free space by moving one copy within the tier, not by spilling.
       if (auto joined = Relocate(s, tier, bytes); joined.ok()) {
         extent = store_.AllocateAt(s.ArenaOf(tier), *joined, bytes);
         if (extent.ok()) {
@@ -153,16 +153,44 @@ absl::StatusOr<uint64_t> LeaseTable::Relocate(Session& s, Tier tier, uint64_t by
       if (k == c || k == c + 1 || end - begin < t.bytes) continue;
       auto to = store_.AllocateAt(arena, begin, t.bytes);
       if (!to.ok()) continue;  // taken by a move in flight, or alignment: try the next
-      const Extent from = *t.copies[static_cast<int>(tier)];
-      std::memcpy(store_.Address(*to), store_.Address(from), t.bytes);
-      t.copies[static_cast<int>(tier)] = *to;
-      if (absl::Status freed = store_.Free(from); !freed.ok()) return freed;
-      absl::MutexLock stats_lock(&stats_mutex_);
-      ++stats_.relocations;
+      if (absl::Status moved = MoveWithin(s, t, tier, *to); !moved.ok()) return moved;
       return held[c].begin - gap_before(c);  // the joined block's start
     }
   }
   return absl::ResourceExhaustedError("no single move of an idle copy joins enough free space");
+}
+
+absl::Status LeaseTable::MoveWithin(Session& s, Tensor& t, Tier tier, const Extent& to) {
+  const Extent from = *t.copies[static_cast<int>(tier)];
+  if (tier == Tier::kGpu) {
+    // The client's kernels may still touch the old range: done first. Then a copy on the
+    // device, without the host links; the lock stays held (HBM moves it in well under a
+    // millisecond per hundred MiB).
+    absl::Status moved = SettleGpuCopy(t);
+    if (moved.ok()) moved = mover_.MoveAndWait(from, to, t.bytes);
+    if (!moved.ok()) {
+      store_.Free(to).IgnoreError();
+      return absl::Status(moved.code(), absl::StrFormat("moving '%s' within the GPU: %s", t.spec.name, moved.message()));
+    }
+  } else {
+    std::memcpy(store_.Address(to), store_.Address(from), t.bytes);
+  }
+  t.copies[static_cast<int>(tier)] = to;
+  if (absl::Status freed = store_.Free(from); !freed.ok()) return freed;
+  absl::MutexLock stats_lock(&stats_mutex_);
+  ++(tier == Tier::kGpu ? stats_.gpu_relocations : stats_.relocations);
+  return absl::OkStatus();
+}
+
+void LeaseTable::Rehome(Session& s, Tensor& t) {
+  if (!s.placement || !t.Has(Tier::kGpu) || t.acquired > 0 || t.busy > 0) return;
+  const std::optional<uint64_t> at = s.placement(t.spec.name, Tier::kGpu);
+  if (!at || *at == t.copies[static_cast<int>(Tier::kGpu)]->offset()) return;
+  auto to = store_.AllocateAt(s.ArenaOf(Tier::kGpu), *at, t.bytes);
+  if (!to.ok()) return;  // still taken (or overlapping its own range): it stays where it is
+  if (!MoveWithin(s, t, Tier::kGpu, *to).ok()) return;  // the copy stays where it was
+  absl::MutexLock stats_lock(&stats_mutex_);
+  ++stats_.rehomed;
 }
 
 absl::Status LeaseTable::EvictOne(Session& s, Tier tier, std::set<const Tensor*>& refused) {

@@ -147,6 +147,53 @@ TEST_F(PlanMovesTest, CopiesGoToTheLayoutsOffsetsWhenTheRangeIsFree) {
   ASSERT_TRUE(table_->SetPlacementAdvisor(session_, nullptr).ok());
 }
 
+// A copy placed off the layout (its range was taken when it came) moves to its layout offset
+// when a client acquires it and that range is free: within the GPU, no host link used, the
+// bytes intact. Not while the range is taken, and never while the copy is acquired.
+TEST_F(PlanMovesTest, AnOffLayoutCopyMovesToItsOffsetWhenAcquiredIfTheRangeIsFree) {
+  std::map<std::string, uint64_t> layout = {{"a", 2 * kMiB}, {"b", 2 * kMiB}};
+  ASSERT_TRUE(table_
+                  ->SetPlacementAdvisor(session_,
+                                        [&layout](const std::string& name, Tier tier) -> std::optional<uint64_t> {
+                                          auto it = layout.find(name);
+                                          if (tier != Tier::kGpu || it == layout.end()) return std::nullopt;
+                                          return it->second;
+                                        })
+                  .ok());
+  const TensorId a = LeaseWritten("a", 64 * 1024, 0x11);  // at 2 MiB
+  const TensorId b = LeaseWritten("b", 64 * 1024, 0x22);  // a holds the range: at the top
+  auto offset_of = [&](TensorId id) {
+    auto p = table_->Acquire(session_, id, Access::kRead, Place::kGpu);
+    EXPECT_TRUE(p.ok()) << p.status();
+    const uint64_t offset = p.ok() ? p->offset : UINT64_MAX;
+    EXPECT_TRUE(table_->Release(session_, id).ok());
+    return offset;
+  };
+  EXPECT_EQ(offset_of(b), 4 * kMiB - 256 * 1024) << "the range is a's: b stays";
+  EXPECT_EQ(table_->Stats().rehomed, 0u);
+  // Held by the client when the range comes free: it must not move under it.
+  auto held = table_->Acquire(session_, b, Access::kRead, Place::kGpu);
+  ASSERT_TRUE(held.ok()) << held.status();
+  ASSERT_TRUE(table_->Demote(session_, a, Tier::kGpu, /*dead=*/false).ok());
+  const uint64_t h2d_before = engine_.mover->Stats(Link::kDramToGpu).bytes;
+  auto again = table_->Acquire(session_, b, Access::kRead, Place::kGpu);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->offset, held->offset);
+  ASSERT_TRUE(table_->Release(session_, b).ok());
+  ASSERT_TRUE(table_->Release(session_, b).ok());
+  EXPECT_EQ(table_->Stats().rehomed, 0u);
+  // Idle and the range free: the next acquire finds it at 2 MiB.
+  EXPECT_EQ(offset_of(b), 2 * kMiB);
+  EXPECT_TRUE(Holds(b, 0x22));
+  const LeaseStats stats = table_->Stats();
+  EXPECT_EQ(stats.rehomed, 1u);
+  EXPECT_EQ(stats.gpu_relocations, 1u);
+  EXPECT_EQ(engine_.mover->Stats(Link::kDramToGpu).bytes, h2d_before) << "moved within the GPU, not fetched";
+  EXPECT_TRUE(Holds(a, 0x11));  // fetched back, online: its range is b's now
+  EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
+  ASSERT_TRUE(table_->SetPlacementAdvisor(session_, nullptr).ok());
+}
+
 // The planner's write-back takes free DRAM room only: with DRAM full of copies the plan keeps
 // there, Demote says RESOURCE_EXHAUSTED (the executor waits for its push-downs) instead of
 // pushing one of them to NVMe by the tiers' choice; nothing moves and nothing is lost, and

@@ -90,6 +90,12 @@ std::string RenderPrometheus(const v1::StatsReply& stats) {
   Family(&out, "tierd_relocations_total", "counter",
          "Copies moved within a fragmented DRAM arena to join free space instead of spilling to NVMe.");
   absl::StrAppendFormat(&out, "tierd_relocations_total %d\n", stats.relocations());
+  Family(&out, "tierd_gpu_relocations_total", "counter",
+         "Copies moved within the GPU region: to join free space (join), or to the planner's layout offset when "
+         "acquired off it (rehome).");
+  absl::StrAppendFormat(&out, "tierd_gpu_relocations_total{why=\"join\"} %d\n",
+                        stats.gpu_relocations() - stats.rehomed());
+  absl::StrAppendFormat(&out, "tierd_gpu_relocations_total{why=\"rehome\"} %d\n", stats.rehomed());
   Family(&out, "tierd_sessions", "gauge", "Connected client sessions.");
   absl::StrAppendFormat(&out, "tierd_sessions %d\n", stats.sessions());
   Family(&out, "tierd_leases", "gauge", "Leased tensors.");

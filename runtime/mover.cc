@@ -18,6 +18,9 @@ absl::StatusOr<std::unique_ptr<Mover>> Mover::Create(TierStore& store,
     if (!down.ok()) return down.status();
     mover->to_gpu_ = std::make_unique<GpuLink>(CopyDirection::kHostToDevice, std::move(*up), clock);
     mover->from_gpu_ = std::make_unique<GpuLink>(CopyDirection::kDeviceToHost, std::move(*down), clock);
+    auto within = store.gpu().CreateCopyStream();
+    if (!within.ok()) return within.status();
+    mover->within_gpu_ = std::make_unique<GpuLink>(CopyDirection::kDeviceToDevice, std::move(*within), clock);
   }
   if (store.HasTier(Tier::kNvme)) {
     if (nvme_io == nullptr) return absl::InvalidArgumentError("the NVMe tier needs a BlockIo");
@@ -49,15 +52,23 @@ absl::Status Mover::Move(const Extent& source, const Extent& destination, uint64
         FormatBytes(moved), FormatBytes(source.bytes()), TierName(source.tier),
         FormatBytes(destination.bytes()), TierName(destination.tier)));
   }
+  if (source.tier == destination.tier && source.arena == destination.arena &&
+      source.offset() < destination.offset() + bytes && destination.offset() < source.offset() + bytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "move of %s within the %s tier: the source and destination ranges overlap", FormatBytes(bytes),
+        TierName(source.tier)));
+  }
   auto not_a_link = [&] {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "no link from the %s tier to the %s tier (GPU<->NVMe goes through DRAM)",
+        "no link from the %s tier to the %s tier (GPU<->NVMe goes through DRAM; only the GPU moves copies within itself)",
         TierName(source.tier), TierName(destination.tier)));
   };
   if (source.tier == Tier::kDram && destination.tier == Tier::kGpu && to_gpu_) {
     to_gpu_->Enqueue(store_.Address(destination), store_.Address(source), bytes, std::move(done));
   } else if (source.tier == Tier::kGpu && destination.tier == Tier::kDram && from_gpu_) {
     from_gpu_->Enqueue(store_.Address(destination), store_.Address(source), bytes, std::move(done));
+  } else if (source.tier == Tier::kGpu && destination.tier == Tier::kGpu && within_gpu_) {
+    within_gpu_->Enqueue(store_.Address(destination), store_.Address(source), bytes, std::move(done));
   } else if (source.tier == Tier::kDram && destination.tier == Tier::kNvme && nvme_) {
     nvme_->Enqueue(IoKind::kWrite, store_.Address(source), destination.offset(), moved, std::move(done));
   } else if (source.tier == Tier::kNvme && destination.tier == Tier::kDram && nvme_) {
@@ -83,6 +94,7 @@ absl::Status Mover::MoveAndWait(const Extent& source, const Extent& destination,
 void Mover::Drain() {
   if (to_gpu_) to_gpu_->Drain();
   if (from_gpu_) from_gpu_->Drain();
+  if (within_gpu_) within_gpu_->Drain();
   if (nvme_) nvme_->Drain();
 }
 

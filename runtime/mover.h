@@ -1,5 +1,6 @@
 // Mover: asynchronous moves between adjacent tiers, GPU<->DRAM over the copy engines
-// (one link per direction, both at once) and DRAM<->NVMe over io_uring. Every move
+// (one link per direction, both at once) and DRAM<->NVMe over io_uring; and GPU->GPU within
+// the GPU tier's region (a copy moved to join free space), on a stream of its own. Every move
 // ends in exactly one callback with its status; bytes, moves and busy time are
 // accounted per link and direction; each link bounds its queued and in-flight work.
 // GPU<->NVMe is not a link: such data is staged through DRAM by the caller.
@@ -40,7 +41,8 @@ class Mover {
   ~Mover();  // drains every link
 
   // Copies the first `bytes` of `source` to the first `bytes` of `destination`.
-  // INVALID_ARGUMENT (and no callback) for tiers that are not adjacent, 0 bytes, or
+  // INVALID_ARGUMENT (and no callback) for tiers that are not adjacent (GPU to GPU is a
+  // link: within the region), ranges of one arena that overlap, 0 bytes, or
   // more bytes than either extent holds. NVMe moves round `bytes` up to 4 KiB.
   absl::Status Move(const Extent& source, const Extent& destination, uint64_t bytes,
                     MoveCallback done);
@@ -57,6 +59,7 @@ class Mover {
   TierStore& store_;
   std::unique_ptr<GpuLink> to_gpu_;
   std::unique_ptr<GpuLink> from_gpu_;
+  std::unique_ptr<GpuLink> within_gpu_;
   std::unique_ptr<NvmeLink> nvme_;
 };
 

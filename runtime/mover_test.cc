@@ -33,6 +33,21 @@ TEST(MoverTest, RoundTripThroughEveryTierKeepsTheBytes) {
   EXPECT_EQ(engine.mover->Stats(Link::kNvmeToDram).moves, 1u);
 }
 
+// The GPU tier moves a copy within its region (to join free space): the bytes arrive, and
+// the host links carry none of it.
+TEST(MoverTest, AMoveWithinTheGpuKeepsTheBytes) {
+  auto engine = MakeEngine("within");
+  TierStore& store = *engine.store;
+  const uint64_t bytes = 3 * kMiB + 4321;
+  Extent from = *store.Allocate(Tier::kGpu, bytes);
+  Extent to = *store.Allocate(Tier::kGpu, bytes);
+  engine.Fill(from, bytes, 7);
+  ASSERT_TRUE(engine.mover->MoveAndWait(from, to, bytes).ok());
+  EXPECT_EQ(engine.Bytes(from, bytes), engine.Bytes(to, bytes));
+  EXPECT_EQ(engine.mover->Stats(Link::kGpuToDram).bytes, 0u);
+  EXPECT_EQ(engine.mover->Stats(Link::kDramToGpu).bytes, 0u);
+}
+
 // A 4 MiB DRAM tier fits the smallest common memlock limit (8 MiB): registration must
 // work, and moves through fixed buffers must keep the bytes.
 TEST(MoverTest, FixedBuffersCarryTheBytesWhenRegistered) {
@@ -115,7 +130,9 @@ TEST(MoverTest, InvalidMovesAreRefusedWithoutACallback) {
   EXPECT_EQ(engine.mover->Move(gpu, nvme, 4096, mark).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(engine.mover->Move(gpu, dram, 64 * kKiB, mark).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(engine.mover->Move(gpu, dram, 0, mark).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(engine.mover->Move(gpu, gpu, 4096, mark).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine.mover->Move(gpu, gpu, 4096, mark).code(), absl::StatusCode::kInvalidArgument);  // overlap
+  Extent dram_other = *store.Allocate(Tier::kDram, 8 * kKiB);
+  EXPECT_EQ(engine.mover->Move(dram, dram_other, 4096, mark).code(), absl::StatusCode::kInvalidArgument);
   engine.mover->Drain();
   EXPECT_FALSE(called);
 }

@@ -175,8 +175,10 @@ void PlannerSimulation::Run(bool race) {
   const LeaseStats placed = leases.Stats();
   const uint64_t on_plan = placed.planned_placements - placed_before.planned_placements;
   const uint64_t off_plan = placed.off_plan_placements - placed_before.off_plan_placements;
-  std::printf("GPU placements after warm-up: %lu at the layout's offsets, %lu elsewhere (range taken)\n", on_plan,
-              off_plan);
+  std::printf("GPU placements after warm-up: %lu at the layout's offsets, %lu elsewhere (range taken); %lu of "
+              "those moved to the layout's offset when acquired, %lu moved to join free space\n",
+              on_plan, off_plan, placed.rehomed - placed_before.rehomed,
+              (placed.gpu_relocations - placed_before.gpu_relocations) - (placed.rehomed - placed_before.rehomed));
   EXPECT_TRUE((*planned)->layout_fits()) << "the static layout fits this quota";
   EXPECT_GT(on_plan, 0u) << "copies went to the layout's offsets";
   std::printf("reads checked %lu, misses after warm-up %lu of %lu acquires, DRAM->GPU per iteration: predicted %lu, "

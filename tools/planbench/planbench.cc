@@ -262,12 +262,15 @@ int main(int argc, char** argv) {
                    Gb(sim->nvme_write_bytes)).c_str(),
                   (Gb(lru->h2d_bytes) + "/" + Gb(lru->d2h_bytes) + "/" + Gb(lru->nvme_read_bytes) + "/" +
                    Gb(lru->nvme_write_bytes)).c_str(),
-                  plan_s, plan->layout_fits ? "fits" : "online");
+                  plan_s,
+                  absl::StrFormat("%s (%.1f GB for %.1f GB live)", plan->layout_fits ? "fits" : "online",
+                                  plan->layout.size_bytes / 1e9, plan->layout.peak_live_bytes / 1e9)
+                      .c_str());
       if (absl::GetFlag(FLAGS_phases)) PrintPhases(graph, *sim, lb, options.iterations - 1);
       std::fflush(stdout);
     }
   }
   std::printf("plan/LB: planner step over the lower bound (1.000 = at the bound). LRU/plan: LRU stall over planner stall. "
-              "layout: the plan's static GPU layout fits the budget, or copies are placed online.\n");
+              "layout: the plan's static GPU layout fits the budget, or copies are placed online; the region it needs for the most bytes live at once.\n");
   return 0;
 }

@@ -40,7 +40,9 @@ absl::StatusOr<Placement> LeaseTable::AcquireLocked(Session& s, Tensor& t, Acces
         "acquire it with ACCESS_OVERWRITE, or fix the graph",
         t.spec.name));
   }
-  if (tier == Tier::kGpu && t.acquired == 0) Rehome(s, t);
+  if (tier == Tier::kGpu && t.acquired == 0) {
+    if (absl::Status rehomed = Rehome(s, t); !rehomed.ok()) return rehomed;
+  }
   Placement placement;
   if (access == Access::kOverwrite && t.written && !t.Has(tier)) {
     // Every byte will be written: the old ones need not come here.

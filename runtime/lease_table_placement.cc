@@ -167,10 +167,15 @@ absl::Status LeaseTable::MoveWithin(Session& s, Tensor& t, Tier tier, const Exte
     // device, without the host links; the lock stays held (HBM moves it in well under a
     // millisecond per hundred MiB).
     absl::Status moved = SettleGpuCopy(t);
-    if (moved.ok()) moved = mover_.MoveAndWait(from, to, t.bytes);
+    if (!moved.ok()) {
+      moved = absl::Status(moved.code(), absl::StrFormat("the client's GPU work on '%s' failed: %s", t.spec.name,
+                                                         moved.message()));
+    } else if (moved = mover_.MoveAndWait(from, to, t.bytes); !moved.ok()) {
+      moved = absl::Status(moved.code(), absl::StrFormat("moving '%s' within the GPU: %s", t.spec.name, moved.message()));
+    }
     if (!moved.ok()) {
       store_.Free(to).IgnoreError();
-      return absl::Status(moved.code(), absl::StrFormat("moving '%s' within the GPU: %s", t.spec.name, moved.message()));
+      return moved;
     }
   } else {
     std::memcpy(store_.Address(to), store_.Address(from), t.bytes);
@@ -182,15 +187,16 @@ absl::Status LeaseTable::MoveWithin(Session& s, Tensor& t, Tier tier, const Exte
   return absl::OkStatus();
 }
 
-void LeaseTable::Rehome(Session& s, Tensor& t) {
-  if (!s.placement || !t.Has(Tier::kGpu) || t.acquired > 0 || t.busy > 0) return;
+absl::Status LeaseTable::Rehome(Session& s, Tensor& t) {
+  if (!s.placement || !t.Has(Tier::kGpu) || t.acquired > 0 || t.busy > 0) return absl::OkStatus();
   const std::optional<uint64_t> at = s.placement(t.spec.name, Tier::kGpu);
-  if (!at || *at == t.copies[static_cast<int>(Tier::kGpu)]->offset()) return;
+  if (!at || *at == t.copies[static_cast<int>(Tier::kGpu)]->offset()) return absl::OkStatus();
   auto to = store_.AllocateAt(s.ArenaOf(Tier::kGpu), *at, t.bytes);
-  if (!to.ok()) return;  // still taken (or overlapping its own range): it stays where it is
-  if (!MoveWithin(s, t, Tier::kGpu, *to).ok()) return;  // the copy stays where it was
+  if (!to.ok()) return absl::OkStatus();  // still taken (or overlapping its own range): it stays
+  if (absl::Status moved = MoveWithin(s, t, Tier::kGpu, *to); !moved.ok()) return moved;
   absl::MutexLock stats_lock(&stats_mutex_);
   ++stats_.rehomed;
+  return absl::OkStatus();
 }
 
 absl::Status LeaseTable::EvictOne(Session& s, Tier tier, std::set<const Tensor*>& refused) {

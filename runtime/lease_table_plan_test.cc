@@ -194,6 +194,76 @@ TEST_F(PlanMovesTest, AnOffLayoutCopyMovesToItsOffsetWhenAcquiredIfTheRangeIsFre
   ASSERT_TRUE(table_->SetPlacementAdvisor(session_, nullptr).ok());
 }
 
+// The client's kernel on a released tensor: its bytes land when the fence is waited for,
+// and the wait reports `status` (a kernel that faulted).
+class KernelFence : public GpuFence {
+ public:
+  KernelFence(uint8_t* bytes, uint64_t size, uint8_t fill, absl::Status status)
+      : bytes_(bytes), size_(size), fill_(fill), status_(std::move(status)) {}
+  absl::Status Wait() override {
+    std::memset(bytes_, fill_, size_);
+    return status_;
+  }
+
+ private:
+  uint8_t* bytes_;
+  uint64_t size_;
+  uint8_t fill_;
+  absl::Status status_;
+};
+
+// Moving a copy within the GPU waits for the client's kernels on it first (the bytes they
+// write move with it); if they failed, the acquire says so and the copy stays where it was;
+// the acquire after that moves it.
+TEST_F(PlanMovesTest, ARehomeWaitsForTheClientsKernelsAndReportsTheirFailure) {
+  std::map<std::string, uint64_t> layout = {{"a", 2 * kMiB}, {"b", 2 * kMiB}};
+  ASSERT_TRUE(table_
+                  ->SetPlacementAdvisor(session_,
+                                        [&layout](const std::string& name, Tier tier) -> std::optional<uint64_t> {
+                                          auto it = layout.find(name);
+                                          if (tier != Tier::kGpu || it == layout.end()) return std::nullopt;
+                                          return it->second;
+                                        })
+                  .ok());
+  const TensorId a = LeaseWritten("a", 64 * 1024, 0x11);
+  const TensorId b = LeaseWritten("b", 64 * 1024, 0x22);  // off the layout, at the top
+  for (const bool kernel_fails : {false, true}) {
+    SCOPED_TRACE(kernel_fails ? "the kernel fails" : "the kernel succeeds");
+    auto p = table_->Acquire(session_, b, Access::kWrite, Place::kGpu);
+    ASSERT_TRUE(p.ok()) << p.status();
+    const uint64_t at = p->offset;
+    ASSERT_NE(at, 2 * kMiB);
+    const uint8_t fill = kernel_fails ? 0x66 : 0x55;
+    ASSERT_TRUE(table_
+                    ->Release(session_, b,
+                              std::make_unique<KernelFence>(Pointer(*p), p->bytes, fill,
+                                                            kernel_fails ? absl::InternalError("illegal address")
+                                                                         : absl::OkStatus()))
+                    .ok());
+    ASSERT_TRUE(table_->Demote(session_, a, Tier::kGpu, /*dead=*/false).ok());  // b's range is free
+    auto moved = table_->Acquire(session_, b, Access::kRead, Place::kGpu);
+    if (kernel_fails) {
+      EXPECT_EQ(moved.status().code(), absl::StatusCode::kInternal) << moved.status();
+      EXPECT_NE(moved.status().message().find("the client's GPU work on 'b' failed"), absl::string_view::npos)
+          << moved.status();
+      EXPECT_EQ(table_->Stats().rehomed, 1u) << "nothing moved";
+      moved = table_->Acquire(session_, b, Access::kRead, Place::kGpu);  // reported once; now it moves
+    }
+    ASSERT_TRUE(moved.ok()) << moved.status();
+    EXPECT_EQ(moved->offset, 2 * kMiB);
+    ASSERT_TRUE(table_->Release(session_, b).ok());
+    EXPECT_TRUE(Holds(b, fill)) << "the kernel's bytes moved with the copy";
+    EXPECT_EQ(table_->Stats().rehomed, kernel_fails ? 2u : 1u);
+    // Back off the layout for the next round: a takes its range again, b is evicted and
+    // comes back to the top.
+    ASSERT_TRUE(table_->Demote(session_, b, Tier::kGpu, /*dead=*/false).ok());
+    EXPECT_TRUE(Holds(a, 0x11));
+    ASSERT_TRUE(table_->Prefetch(session_, b, Tier::kGpu, /*evict=*/false).ok());
+  }
+  EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
+  ASSERT_TRUE(table_->SetPlacementAdvisor(session_, nullptr).ok());
+}
+
 // The planner's write-back takes free DRAM room only: with DRAM full of copies the plan keeps
 // there, Demote says RESOURCE_EXHAUSTED (the executor waits for its push-downs) instead of
 // pushing one of them to NVMe by the tiers' choice; nothing moves and nothing is lost, and

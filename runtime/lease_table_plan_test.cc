@@ -90,6 +90,18 @@ class PlanMovesTest : public ::testing::Test {
     EXPECT_TRUE(table_->Release(session_, id).ok());
     return same;
   }
+  // The planner's static layout, as the placement advisor: GPU offsets by name.
+  void UseLayout(std::map<std::string, uint64_t> layout) {
+    layout_ = std::move(layout);
+    ASSERT_TRUE(table_
+                    ->SetPlacementAdvisor(session_,
+                                          [this](const std::string& name, Tier tier) -> std::optional<uint64_t> {
+                                            auto it = layout_.find(name);
+                                            if (tier != Tier::kGpu || it == layout_.end()) return std::nullopt;
+                                            return it->second;
+                                          })
+                    .ok());
+  }
   bool OnGpu(TensorId id) {
     for (const LeaseView& v : table_->List(session_)) {
       if (v.id == id) return v.copies[static_cast<int>(Tier::kGpu)];
@@ -101,6 +113,7 @@ class PlanMovesTest : public ::testing::Test {
   testing::Engine engine_;
   std::unique_ptr<LeaseTable> table_;
   SessionId session_ = 0;
+  std::map<std::string, uint64_t> layout_;
 };
 
 // The planner's static layout: copies made in the GPU go to the offset it names when that
@@ -108,15 +121,7 @@ class PlanMovesTest : public ::testing::Test {
 // from offset 0), and the tiers count both. Names the layout does not know are placed
 // online, uncounted.
 TEST_F(PlanMovesTest, CopiesGoToTheLayoutsOffsetsWhenTheRangeIsFree) {
-  std::map<std::string, uint64_t> layout = {{"a", 2 * kMiB}, {"b", 2 * kMiB}};
-  ASSERT_TRUE(table_
-                  ->SetPlacementAdvisor(session_,
-                                        [&layout](const std::string& name, Tier tier) -> std::optional<uint64_t> {
-                                          auto it = layout.find(name);
-                                          if (tier != Tier::kGpu || it == layout.end()) return std::nullopt;
-                                          return it->second;
-                                        })
-                  .ok());
+  UseLayout({{"a", 2 * kMiB}, {"b", 2 * kMiB}});
   auto offset_of = [&](TensorId id) {
     auto p = table_->Acquire(session_, id, Access::kRead, Place::kGpu);
     EXPECT_TRUE(p.ok()) << p.status();
@@ -151,15 +156,7 @@ TEST_F(PlanMovesTest, CopiesGoToTheLayoutsOffsetsWhenTheRangeIsFree) {
 // when a client acquires it and that range is free: within the GPU, no host link used, the
 // bytes intact. Not while the range is taken, and never while the copy is acquired.
 TEST_F(PlanMovesTest, AnOffLayoutCopyMovesToItsOffsetWhenAcquiredIfTheRangeIsFree) {
-  std::map<std::string, uint64_t> layout = {{"a", 2 * kMiB}, {"b", 2 * kMiB}};
-  ASSERT_TRUE(table_
-                  ->SetPlacementAdvisor(session_,
-                                        [&layout](const std::string& name, Tier tier) -> std::optional<uint64_t> {
-                                          auto it = layout.find(name);
-                                          if (tier != Tier::kGpu || it == layout.end()) return std::nullopt;
-                                          return it->second;
-                                        })
-                  .ok());
+  UseLayout({{"a", 2 * kMiB}, {"b", 2 * kMiB}});
   const TensorId a = LeaseWritten("a", 64 * 1024, 0x11);  // at 2 MiB
   const TensorId b = LeaseWritten("b", 64 * 1024, 0x22);  // a holds the range: at the top
   auto offset_of = [&](TensorId id) {
@@ -216,15 +213,7 @@ class KernelFence : public GpuFence {
 // write move with it); if they failed, the acquire says so and the copy stays where it was;
 // the acquire after that moves it.
 TEST_F(PlanMovesTest, ARehomeWaitsForTheClientsKernelsAndReportsTheirFailure) {
-  std::map<std::string, uint64_t> layout = {{"a", 2 * kMiB}, {"b", 2 * kMiB}};
-  ASSERT_TRUE(table_
-                  ->SetPlacementAdvisor(session_,
-                                        [&layout](const std::string& name, Tier tier) -> std::optional<uint64_t> {
-                                          auto it = layout.find(name);
-                                          if (tier != Tier::kGpu || it == layout.end()) return std::nullopt;
-                                          return it->second;
-                                        })
-                  .ok());
+  UseLayout({{"a", 2 * kMiB}, {"b", 2 * kMiB}});
   const TensorId a = LeaseWritten("a", 64 * 1024, 0x11);
   const TensorId b = LeaseWritten("b", 64 * 1024, 0x22);  // off the layout, at the top
   for (const bool kernel_fails : {false, true}) {

@@ -168,6 +168,11 @@ absl::Status Executor::OpBegin(uint32_t op) {
   if (current_ >= 0) {
     const uint32_t prev = last_op_;
     measured_seconds_[prev] = std::max<int64_t>(now - op_begin_nanos_[prev] - waited_in_op_nanos_, 0) * 1e-9;
+    if (stats_.laps >= 1) {
+      auto& [seconds, times] = stats_.waited_by_op[prev];
+      seconds += waited_in_op_nanos_ * 1e-9;
+      ++times;
+    }
     waited_in_op_nanos_ = 0;
     timeline_.push_back({Track::kCompute, graph_.ops[prev].name, op_begin_nanos_[prev] * 1e-9, now * 1e-9, 0,
                          static_cast<int>(current_ / static_cast<int64_t>(ops)), prev});

@@ -81,6 +81,9 @@ struct ExecutorStats {
   uint64_t late = 0;        // skipped: the client was past their op (it fetched on demand)
   uint64_t just_in_time = 0;  // loads issued only once their op had begun: the client waited
   std::map<uint32_t, uint64_t> just_in_time_by_op;
+  // Per op, after the first lap: the client's waits in acquires while it ran (seconds, summed)
+  // and how many times the op ran; the mean sits next to the plan's predicted stall.
+  std::map<uint32_t, std::pair<double, uint64_t>> waited_by_op;
   uint64_t waits = 0;       // tries that found no room or a busy tensor, and waited
   uint64_t awaited = 0;     // client acquires that waited for the planned move (AwaitPlannedLoad)
   uint64_t await_gave_up = 0;  // ... and gave up on it (then fetched on demand)

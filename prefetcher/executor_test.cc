@@ -414,7 +414,7 @@ TEST(ExecutorTest, DriftingOpTimesTriggerAReplanThatIsSwappedInAtALap) {
 
 // The time the client waits in acquires is not the op's: ops that take 3x their plan on the
 // wall, two thirds of it waiting for their tensors, are measured at their plan and nothing
-// replans (a replan on such times would plan stalls as compute).
+// replans (a replan on such times would plan stalls as compute); the waits are counted by op.
 TEST(ExecutorTest, AcquireWaitsAreNotTheOpsTime) {
   Replanning r;
   auto executor = r.Start();
@@ -424,6 +424,16 @@ TEST(ExecutorTest, AcquireWaitsAreNotTheOpsTime) {
   executor->WaitIdle();
   EXPECT_EQ(r.replans, 0);
   EXPECT_EQ(executor->Stats().replans, 0u);
+  // The waits are kept per op instead, after the first lap: laps 2-4 (the last op of lap 4
+  // is still running), each op waiting twice its planned time.
+  const auto waited = executor->Stats().waited_by_op;
+  ASSERT_EQ(waited.size(), r.g.ops.size());
+  for (uint32_t i = 0; i < r.g.ops.size(); ++i) {
+    const auto& [seconds, times] = waited.at(i);
+    EXPECT_EQ(times, i + 1 < r.g.ops.size() ? 3u : 2u) << r.g.ops[i].name;
+    const double planned = static_cast<double>(static_cast<int64_t>(r.g.ops[i].seconds * 1e9)) * 1e-9;
+    EXPECT_NEAR(seconds / times, 2 * planned, 1e-9) << r.g.ops[i].name;
+  }
 }
 
 TEST(ExecutorTest, PinsAndDriftingLinksReplanToo) {

@@ -250,6 +250,27 @@ std::string PlannedSession::Summary() const {
       seen.evictions, seen.stages, seen.push_downs, seen.waits, seen.errors, seen.replans);
   out += absl::StrFormat("acquires that waited for their planned move instead of fetching on demand: %d (%d gave up)\n",
                          seen.awaited, seen.await_gave_up);
+  // Where the client waited most, against where the plan expected it to.
+  std::vector<std::pair<double, uint32_t>> waits;
+  for (const auto& [op, sum] : seen.waited_by_op) {
+    if (sum.second > 0 && sum.first > 0) waits.push_back({sum.first / sum.second, op});
+  }
+  std::sort(waits.rbegin(), waits.rend());
+  if (!waits.empty()) {
+    double total = 0;
+    for (const auto& w : waits) total += w.first;
+    out += absl::StrFormat("client waits in acquires, per lap after the first: %.3f s in %d op(s) (predicted stall %.3f s); most:",
+                           total, waits.size(), p.stall_seconds);
+    const tp::Graph& graph = executor_->graph();
+    for (size_t k = 0; k < waits.size() && k < 5; ++k) {
+      const uint32_t op = waits[k].second;
+      const double predicted = op < p.op_stall_seconds.size() ? p.op_stall_seconds[op] : 0;
+      const auto jit = seen.just_in_time_by_op.find(op);
+      out += absl::StrFormat(" %s %.3f s (predicted %.3f; %d of its loads issued just in time)", graph.ops[op].name, waits[k].first,
+                             predicted, jit == seen.just_in_time_by_op.end() ? 0 : jit->second);
+      out += k + 1 < waits.size() && k < 4 ? ";" : "\n";
+    }
+  }
   if (!seen.last_error.empty()) out += "last refused move: " + seen.last_error + "\n";
   return out;
 }

@@ -22,7 +22,15 @@ for mode in ${MODES:-lru plan lru plan}; do
   tierd_pid=$!
   for _ in $(seq 100); do [ -S $dir/tierd.grpc.sock ] && break; sleep 0.1; done
   echo "== $mode"
+  # The session's plan as the daemon reports it, sampled while the worker runs (the last
+  # sample is printed: measured waits by op next to the predicted stalls).
+  ( while sleep 0.5; do
+      $bin/tierctl --runtime_dir=$dir plan --session 1 > "$out/plan-$mode.next" 2>&1 && mv "$out/plan-$mode.next" "$out/plan-$mode.txt"
+    done ) &
+  sampler=$!
   $bin/gpu_planned_worker $dir "$laps" $mode 2>&1 | tee -a "$out/worker-$mode.log" || status=1
+  kill $sampler 2>/dev/null; wait $sampler 2>/dev/null
+  [ "$mode" = plan ] && [ -f "$out/plan-$mode.txt" ] && grep -E "^(predicted|observed|client waits|acquires)" "$out/plan-$mode.txt"
   $bin/tierctl --runtime_dir=$dir stats | grep -E "stall|prefetch|GPU->|DRAM->|NVMe" || true
   kill -TERM $tierd_pid; wait $tierd_pid || status=1
 done

@@ -284,8 +284,11 @@ bool Executor::Ready(int lane_index, int64_t pos, bool* late) const {
     case Kind::kAlloc:
     case Kind::kEnsure:
     case Kind::kStage:
-      if (current_ > target) {
-        *late = true;  // its op is over: the client fetched on demand
+      // Late once the op that uses the tensor is over (the client fetched it on demand): a
+      // load hoisted ahead of its use (HoistLoads, HoistStages) is not late when the op it
+      // was hoisted to is.
+      if (current_ > lap * ops + a.next_use) {
+        *late = true;
         return true;
       }
       return next_for_dram && target <= current_ + ops;  // at most a lap ahead
@@ -435,7 +438,7 @@ bool Executor::Step(int lane_index, std::unique_lock<std::mutex>& lock) {
       case Kind::kLoad:
       case Kind::kAlloc:
         ++stats_.loads;
-        if (current_ >= (pos / size) * static_cast<int64_t>(graph_.ops.size()) + a.op) {
+        if (current_ >= (pos / size) * static_cast<int64_t>(graph_.ops.size()) + a.next_use) {
           ++stats_.just_in_time;
           ++stats_.just_in_time_by_op[a.op];
         }
@@ -465,7 +468,8 @@ bool Executor::AwaitPlannedLoad(TensorIndex t, int64_t stuck_nanos, int64_t max_
   using Wall = std::chrono::steady_clock;
   std::unique_lock<std::mutex> lock(mutex_);
   if (current_ < 0 || waits_stopped_ || stopping_) return false;
-  // The load (or room) for t that serves the op the client is on, not done yet.
+  // The load (or room) for t that serves the op the client is on, not done yet (planned
+  // for this op, or hoisted to an earlier one).
   const Lane& in = schedule_.lanes[0];
   const int64_t size = static_cast<int64_t>(in.actions.size());
   const int64_t ops = static_cast<int64_t>(graph_.ops.size());
@@ -474,7 +478,8 @@ bool Executor::AwaitPlannedLoad(TensorIndex t, int64_t stuck_nanos, int64_t max_
     const Action& a = in.actions[q % size];
     const int64_t target = (q / size) * ops + a.op;
     if (target > current_) break;  // the lane is in op order: the rest serve later ops
-    if (a.tensor == t && target == current_ && (a.kind == Kind::kLoad || a.kind == Kind::kAlloc) && !in.Done(q)) {
+    if (a.tensor == t && (q / size) * ops + a.next_use == current_ && (a.kind == Kind::kLoad || a.kind == Kind::kAlloc) &&
+        !in.Done(q)) {
       pos = q;
       break;
     }

@@ -12,9 +12,11 @@
 // A tensor's moves keep their plan order across lanes (a load waits for the eviction
 // before it, a push-down for the load that read the copy, and so on), and the moves that
 // take DRAM room (write-backs, stages) take it in the plan's order, as the simulator grants
-// it: a stage a lap ahead cannot take the room a write-back needs now. A load issued only once its op has begun is just in
-// time (the client's acquire waits for it: a stall); one whose op is over is late: the
-// client demand-fetched instead (a miss, counted by the tiers), so it is skipped.
+// it: a stage a lap ahead cannot take the room a write-back needs now. A load issued only
+// once the op that uses the tensor has begun is just in time (the client's acquire waits
+// for it: a stall); one whose using op is over is late: the client demand-fetched instead
+// (a miss, counted by the tiers), so it is skipped. (A load hoisted to an earlier op is
+// neither when only that op has begun or ended.)
 // The executor never decides correctness — the tiers (LeaseTable) do; a wrong or stale
 // plan costs time, never bytes.
 //
@@ -154,7 +156,8 @@ class Executor {
     TensorIndex tensor;
     uint32_t op;          // the op it serves (happens before it runs)
     int64_t ready_after;  // the op (relative to this lap; may be < 0) whose end frees it
-    int64_t next_use;     // evictions: the tensor's next use (relative; may be >= ops): too late then
+    int64_t next_use;     // the tensor's next use at or after `op` (relative; may be >= ops): an
+                          // eviction is too late then, a load or stage once it is over
     // Per lane: the index of this tensor's previous action there (< 0: the previous lap).
     int64_t after[kLanes];
     // Moves that take DRAM room (write-backs, stages) take it in the plan's order, like the

@@ -52,6 +52,42 @@ TEST(GraphFileTest, RoundTripsThroughYaml) {
   EXPECT_TRUE(host_back->host);
 }
 
+// Optimizer state in sub-groups (planbench --optimizer_chunks): each group's master, m and v
+// as k tensors of a k-th of the bytes each, all written by the group's one AdamW op.
+TEST(SyntheticTest, OptimizerStateInSubGroupsKeepsItsBytesAndItsOp) {
+  TraceOptions whole;
+  whole.micro_batch_seqs = 1;
+  whole.seq_len = 64;
+  TraceOptions split = whole;
+  split.optimizer_state_chunks = 4;
+  const Graph a = SyntheticTransformer(*ShapePreset("tiny"), whole);
+  const Graph b = SyntheticTransformer(*ShapePreset("tiny"), split);
+  auto state_bytes = [](const Graph& g, size_t* count) {
+    uint64_t bytes = 0;
+    *count = 0;
+    for (const auto& t : g.tensors) {
+      if (t.name.rfind("opt.", 0) != 0) continue;
+      bytes += t.bytes;
+      ++*count;
+    }
+    return bytes;
+  };
+  size_t count_a = 0, count_b = 0;
+  const uint64_t bytes_a = state_bytes(a, &count_a), bytes_b = state_bytes(b, &count_b);
+  EXPECT_EQ(count_b, 4 * count_a);
+  EXPECT_NEAR(static_cast<double>(bytes_b), static_cast<double>(bytes_a), 4.0 * count_a);  // (rounding)
+  ASSERT_EQ(b.ops.size(), a.ops.size());
+  for (size_t i = 0; i < a.ops.size(); ++i) {
+    if (a.ops[i].name.find(".adamw") == std::string::npos) continue;
+    EXPECT_EQ(b.ops[i].writes.size(), 4 * a.ops[i].writes.size()) << a.ops[i].name;
+  }
+  uint64_t total = 0;
+  for (const auto& t : b.tensors) total += t.bytes;
+  auto plan = PlanResidency(b, total / 3);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(ReplayPlan(b, total / 3, *plan).ok()) << ReplayPlan(b, total / 3, *plan);
+}
+
 // The planner's refusals name the tier it plans: the GPU, or DRAM for a host graph.
 TEST(GraphFileTest, RefusalsNameThePlannedTier) {
   Graph g = Tiny();

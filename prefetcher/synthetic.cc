@@ -1,5 +1,7 @@
 #include "prefetcher/synthetic.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_format.h"
 
 namespace tierd::prefetcher {
@@ -26,15 +28,20 @@ Graph SyntheticTransformer(const TransformerShape& s, const TraceOptions& o) {
   struct Group {
     std::string name;
     double params;
-    TensorIndex w, grad, master, m, v;
+    TensorIndex w, grad;
+    std::vector<TensorIndex> state;  // master, m, v; in sub-groups when asked
   };
+  const int chunks = std::max(1, o.optimizer_state_chunks);
   auto group = [&](const std::string& name, double params) {
-    Group gr{name, params, 0, 0, 0, 0, 0};
+    Group gr{name, params, 0, 0, {}};
     gr.w = add(name + ".w", 2 * params);
     gr.grad = add(name + ".grad", 2 * params);
-    gr.master = add("opt.master." + name, 4 * params);
-    gr.m = add("opt.m." + name, 4 * params);
-    gr.v = add("opt.v." + name, 4 * params);
+    for (const char* kind : {"master", "m", "v"}) {
+      for (int c = 0; c < chunks; ++c) {
+        const std::string suffix = chunks > 1 ? absl::StrFormat(".%d", c) : "";
+        gr.state.push_back(add(absl::StrFormat("opt.%s.%s%s", kind, name, suffix), 4 * params / chunks));
+      }
+    }
     return gr;
   };
   const double tokens = static_cast<double>(o.micro_batch_seqs) * o.seq_len;
@@ -83,13 +90,13 @@ Graph SyntheticTransformer(const TransformerShape& s, const TraceOptions& o) {
     if (o.optimizer_on_host) {
       GraphOp op{gr.name + ".adamw.cpu", {}, {}, gr.params / o.host_adamw_params_per_s, {}};
       op.host_reads = {gr.grad};
-      op.host_writes = {gr.master, gr.m, gr.v};
+      op.host_writes = gr.state;
       op.host_overwrites = {gr.w};
       g.ops.push_back(op);
       return;
     }
     const double seconds = 28 * gr.params / o.hbm_bytes_per_s;  // read grad, rw master/m/v, write w
-    g.ops.push_back({gr.name + ".adamw", {gr.grad}, {gr.master, gr.m, gr.v}, seconds, {gr.w}});
+    g.ops.push_back({gr.name + ".adamw", {gr.grad}, gr.state, seconds, {gr.w}});
   };
   adam(embed);
   for (const Group& gr : layers) adam(gr);

@@ -36,6 +36,9 @@ struct TraceOptions {
   // (the lent machine's 16 cores: 2.3 G params/s measured).
   bool optimizer_on_host = false;
   double host_adamw_params_per_s = 2.3e9;
+  // Each group's optimizer state (master, m, v) as this many tensors (sub-groups, like
+  // DeepSpeed's sub_group_size): the tiers below can then hold part of a layer's state.
+  int optimizer_state_chunks = 1;
 };
 
 Graph SyntheticTransformer(const TransformerShape& shape, const TraceOptions& options);

@@ -5,7 +5,8 @@
 # activation checkpointing, batch 2, $STEPS steps: per step whether the plan held (NVMe
 # bytes, waits), then the daemon's own counters (relocations within DRAM, demand fetches,
 # stalls) before it stops, and the session's plan next to what was observed (taken every
-# 10 s while it trains). Logs go to $OUT. TIERD_FLAGS: more flags for tierd.
+# 10 s while it trains). Logs go to $OUT. TIERD_FLAGS: more flags for tierd; TIERD_BIN: another
+# tierd binary (an A/B in one call).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-/tmp/tierd-out}"; mkdir -p "$out"
@@ -15,7 +16,7 @@ corpus=/tmp/tierd-bench-corpus; mkdir -p "$corpus"
 py_lib=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
 find "$py_lib" -maxdepth 1 -name '*.py' | sort | xargs cat > "$corpus/stdlib.txt"
 dir=/tmp/tierd-7b; nvme=/var/tmp/tierd-7b-nvme; rm -rf "$nvme"; mkdir -p "$nvme"
-.carry/bin/tierd --gpu=cuda --gpu_bytes=24GiB --dram_bytes="$dram" --nvme_dir="$nvme" --nvme_bytes=40GiB \
+"${TIERD_BIN:-.carry/bin/tierd}" --gpu=cuda --gpu_bytes=24GiB --dram_bytes="$dram" --nvme_dir="$nvme" --nvme_bytes=40GiB \
   --runtime_dir="$dir" ${TIERD_FLAGS:-} > "$out/tierd-7b.log" 2>&1 &
 tierd_pid=$!
 for _ in $(seq 300); do [ -S "$dir/tierd.grpc.sock" ] && break; sleep 0.1; done

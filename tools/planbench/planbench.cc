@@ -32,6 +32,9 @@ ABSL_FLAG(double, tflops, 400, "sustained bf16 TFLOP/s for op times");
 ABSL_FLAG(bool, time_aware, false,
           "also try plans with loads for writes hoisted into free room and victims below the GPU chosen by time "
           "(simulated only: the daemon does not plan so; see docs/BENCHMARKS.md)");
+ABSL_FLAG(int, optimizer_chunks, 1,
+          "each layer's optimizer state (master, m, v) as this many tensors (sub-groups): the tiers below can hold "
+          "part of a layer's state");
 ABSL_FLAG(bool, optimizer_on_host, false, "AdamW on the host's CPU next to its DRAM state instead of on the GPU");
 ABSL_FLAG(bool, phases, false,
           "after each row, the plan's steady step by phase (forward, backward, optimizer): compute, stall and "
@@ -230,6 +233,7 @@ int main(int argc, char** argv) {
       }
       trace.flops_per_s = absl::GetFlag(FLAGS_tflops) * 1e12;
       trace.optimizer_on_host = absl::GetFlag(FLAGS_optimizer_on_host);
+      trace.optimizer_state_chunks = absl::GetFlag(FLAGS_optimizer_chunks);
       trace.host_adamw_params_per_s = absl::GetFlag(FLAGS_host_adamw_gparams) * 1e9;
       const tp::Graph graph = tp::SyntheticTransformer(*shape, trace);
       const auto t0 = std::chrono::steady_clock::now();

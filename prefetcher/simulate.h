@@ -135,8 +135,10 @@ absl::StatusOr<SimResult> SimulateOnDemandLru(const Graph& graph, const Budgets&
 // means more traffic (a smaller budget for MIN) but more overlap. `tried`, if given, lists
 // them; INVALID_ARGUMENT for no styles. By default (the daemon) plain MIN and exclusive
 // loads: on the H200 (8-layer planned worker, docs/BENCHMARKS.md) exclusive loads ran at
-// 0.47-0.57 s an iteration against 0.54 s plain, hoisted ones at 0.85-0.99 s though
-// predicted faster; TimeAwareStyles() adds those for the simulator (planbench --time_aware).
+// 0.47-0.57 s an iteration against 0.54 s plain; hoisted ones, though predicted faster, ran
+// 0.85-0.99 s while the executor skipped them as late, and 0.54-0.57 s (their prediction)
+// since, against 0.49-0.50 s for the default; TimeAwareStyles() adds those for the
+// simulator (planbench --time_aware) and for tierd --planner_time_aware.
 // Plain MIN and MIN with exclusive loads: what the daemon plans with by default.
 const std::vector<PlanStyle>& DaemonStyles();
 struct PlanCandidate {

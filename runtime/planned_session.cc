@@ -139,17 +139,36 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
   auto sim = tp::SimulatePlan(graph, *plan, planning, links, options);
   if (!sim.ok()) return sim.status();
   std::unique_ptr<PlannedSession> planned(new PlannedSession());
-  planned->predicted_ = *std::move(sim);
-  planned->reserve_bytes_ = plan->reserve_bytes;
-  planned->style_ = tp::DescribeStyle(plan->style);
+  auto prediction = std::make_shared<Prediction>();
+  prediction->sim = *std::move(sim);
+  prediction->links = links;
+  prediction->style = tp::DescribeStyle(plan->style);
+  prediction->reserve_bytes = plan->reserve_bytes;
+  planned->prediction_ = prediction;
   planned->layout_ = plan->layout;
   planned->layout_fits_ = plan->layout_fits;
   planned->quota_ = budgets.gpu;
   tp::ExecutorOptions executor_options;
   executor_options.single_thread = deterministic;
   auto current_links = [links, measured_links] { return measured_links ? measured_links() : links; };
-  executor_options.replanner = [planning, current_links, quota = budgets.gpu, styles](const tp::Graph& measured) {
-    return tp::PlanBest(measured, planning, current_links(), nullptr, quota, styles);
+  executor_options.replanner = [planning, current_links, quota = budgets.gpu, styles,
+                                 prediction](const tp::Graph& measured) -> absl::StatusOr<tp::Plan> {
+    const tp::LinkModel now = current_links();
+    auto replanned = tp::PlanBest(measured, planning, now, nullptr, quota, styles);
+    if (!replanned.ok()) return replanned;
+    // What the new plan predicts, at the measured op times and links: what the observed
+    // figures are compared with from now on.
+    tp::SimOptions quick;
+    quick.iterations = 3;
+    auto predicted = tp::SimulatePlan(measured, *replanned, planning, now, quick);
+    if (!predicted.ok()) return predicted.status();
+    std::lock_guard<std::mutex> lock(prediction->mutex);
+    prediction->sim = *std::move(predicted);
+    prediction->links = now;
+    prediction->style = tp::DescribeStyle(replanned->style);
+    prediction->reserve_bytes = replanned->reserve_bytes;
+    ++prediction->replans;
+    return replanned;
   };
   if (measured_links) {
     // A replan is due when a link runs more than 25% off the speed the plan assumed.
@@ -159,7 +178,8 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
       auto off = [](double a, double b) { return a > 0 && b > 0 && std::abs(a - b) > 0.25 * b; };
       if (!off(now.h2d_bytes_per_s, planned_with->h2d_bytes_per_s) &&
           !off(now.d2h_bytes_per_s, planned_with->d2h_bytes_per_s) &&
-          !off(now.nvme_read_bytes_per_s, planned_with->nvme_read_bytes_per_s)) {
+          !off(now.nvme_read_bytes_per_s, planned_with->nvme_read_bytes_per_s) &&
+          !off(now.nvme_write_bytes_per_s, planned_with->nvme_write_bytes_per_s)) {
         return false;
       }
       *planned_with = now;  // the replan uses these
@@ -232,14 +252,41 @@ PlannedSession::~PlannedSession() {
   executor_.reset();  // stops the lanes before the ops they call go
 }
 
+tp::SimResult PlannedSession::predicted() const {
+  std::lock_guard<std::mutex> lock(prediction_->mutex);
+  return prediction_->sim;
+}
+
+uint64_t PlannedSession::reserve_bytes() const {
+  std::lock_guard<std::mutex> lock(prediction_->mutex);
+  return prediction_->reserve_bytes;
+}
+
 std::string PlannedSession::Summary() const {
   const tp::ExecutorStats seen = executor_->Stats();
-  const tp::SimResult& p = predicted_;
+  tp::SimResult p;
+  tp::LinkModel links;
+  std::string style;
+  uint64_t reserve = 0;
+  int replans = 0;
+  {
+    std::lock_guard<std::mutex> lock(prediction_->mutex);
+    p = prediction_->sim;
+    links = prediction_->links;
+    style = prediction_->style;
+    reserve = prediction_->reserve_bytes;
+    replans = prediction_->replans;
+  }
   std::string out = absl::StrFormat(
       "predicted per iteration: %.3f s (compute %.3f s, stall %.3f s); moves DRAM->GPU %s, GPU->DRAM %s, NVMe read %s, "
       "NVMe write %s; GPU reserve for prefetches %s; %s\n",
       p.step_seconds, p.compute_seconds, p.stall_seconds, FormatBytes(p.h2d_bytes), FormatBytes(p.d2h_bytes),
-      FormatBytes(p.nvme_read_bytes), FormatBytes(p.nvme_write_bytes), FormatBytes(reserve_bytes_), style_);
+      FormatBytes(p.nvme_read_bytes), FormatBytes(p.nvme_write_bytes), FormatBytes(reserve), style);
+  out += absl::StrFormat("links assumed: DRAM->GPU %.1f GB/s, GPU->DRAM %.1f, NVMe read %.2f, NVMe write %.2f; %s\n",
+                         links.h2d_bytes_per_s / 1e9, links.d2h_bytes_per_s / 1e9, links.nvme_read_bytes_per_s / 1e9,
+                         links.nvme_write_bytes_per_s / 1e9,
+                         replans == 0 ? "the first plan"
+                                      : absl::StrFormat("replanned %d time(s) at measured op times and links", replans));
   out += absl::StrFormat("static layout: %s for at most %s live at once; the arena is %s: %s\n",
                          FormatBytes(layout_.size_bytes), FormatBytes(layout_.peak_live_bytes), FormatBytes(quota_),
                          layout_fits_ ? "planned tensors go to fixed offsets" : "too big, placement is online");

@@ -10,6 +10,7 @@
 #define TIERD_RUNTIME_PLANNED_SESSION_H_
 
 #include <memory>
+#include <mutex>
 #include <functional>
 #include <string>
 #include <vector>
@@ -48,8 +49,10 @@ class PlannedSession {
   void SetPinnedGpu(const std::vector<std::string>& names);
   void WaitIdle() { executor_->WaitIdle(); }
 
-  const prefetcher::SimResult& predicted() const { return predicted_; }
-  uint64_t reserve_bytes() const { return reserve_bytes_; }
+  // The simulator's prediction for the plan in force: the first plan's, then each replan's
+  // (made at the links as measured, when they drifted).
+  prefetcher::SimResult predicted() const;
+  uint64_t reserve_bytes() const;
   // The first plan's static layout, and whether it fits the arena (then used).
   const prefetcher::GpuLayout& layout() const { return layout_; }
   bool layout_fits() const { return layout_fits_; }
@@ -65,14 +68,22 @@ class PlannedSession {
  private:
   class Ops;
   struct WaitGate;
+  // The latest plan's prediction and what it assumed; the replanner (on the executor's
+  // replan thread) writes it, Summary and RegisterGraph's reply read it.
+  struct Prediction {
+    mutable std::mutex mutex;
+    prefetcher::SimResult sim;
+    prefetcher::LinkModel links;
+    std::string style;
+    uint64_t reserve_bytes = 0;
+    int replans = 0;
+  };
   PlannedSession() = default;
 
   std::unique_ptr<Ops> ops_;
   std::shared_ptr<WaitGate> gate_;  // client acquires waiting in the executor (see Create)
   std::unique_ptr<prefetcher::Executor> executor_;
-  prefetcher::SimResult predicted_;
-  uint64_t reserve_bytes_ = 0;
-  std::string style_;  // the first plan's (DescribeStyle)
+  std::shared_ptr<Prediction> prediction_;
   prefetcher::GpuLayout layout_;  // as first planned (replans may change it)
   bool layout_fits_ = false;
   uint64_t quota_ = 0;

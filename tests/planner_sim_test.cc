@@ -267,5 +267,48 @@ TEST(PlannedSessionTest, DramBelowTheGpuIsPlannedToThreeTensorsOfItsQuota) {
   EXPECT_EQ((*planned)->predicted().nvme_write_bytes, 0u);
 }
 
+// The prediction follows the plan in force: a link measured more than 25% off the plan's
+// speed replans, and what `tierctl plan --session` (and the reply to RegisterGraph) then
+// compares the run with is the new plan's prediction at the links as measured.
+TEST(PlannedSessionPrediction, FollowsAReplanAtTheLinksAsMeasured) {
+  tp::TraceOptions trace;
+  trace.micro_batch_seqs = 1;
+  trace.seq_len = 64;
+  trace.flops_per_s = 1e10;
+  const tp::Graph graph = tp::SyntheticTransformer({"sim", 8, 128, 344, 256}, trace);
+  uint64_t total = 0;
+  for (const auto& t : graph.tensors) total += (t.bytes + 4095) / 4096 * 4096;
+  const tp::Budgets budgets{total * 45 / 100, total / 2, 2 * total};
+  FakeClock fake;
+  testing::Engine engine = testing::MakeDaemonEngine("prediction", budgets.gpu * 2, budgets.dram * 2,
+                                                     budgets.nvme + kMiB, FakeGpuOptions{});
+  auto table = LeaseTable::Create(*engine.store, *engine.mover, fake, {});
+  ASSERT_TRUE(table.ok()) << table.status();
+  auto session = (*table)->OpenSession("prediction", {budgets.gpu, budgets.dram, budgets.nvme});
+  ASSERT_TRUE(session.ok()) << session.status();
+  const tp::LinkModel links;  // 2 GB/s NVMe assumed
+  tp::LinkModel slow = links;
+  slow.nvme_read_bytes_per_s = slow.nvme_write_bytes_per_s = 0.5e9;  // and measured at a quarter
+  auto planned = PlannedSession::Create(**table, *session, graph, budgets, links, fake, /*deterministic=*/true,
+                                        [slow] { return slow; });
+  ASSERT_TRUE(planned.ok()) << planned.status();
+  const tp::SimResult first = (*planned)->predicted();
+  ASSERT_GT(first.nvme_read_bytes, 0u) << "the premise: the plan uses NVMe";
+  EXPECT_NE((*planned)->Summary().find("the first plan"), std::string::npos) << (*planned)->Summary();
+  for (int lap = 0; lap < 3; ++lap) {
+    for (uint32_t op = 0; op < graph.ops.size(); ++op) {
+      ASSERT_TRUE((*planned)->OpBegin(op).ok());
+      (*planned)->WaitIdle();
+      fake.AdvanceNanos(static_cast<int64_t>(graph.ops[op].seconds * 1e9));
+    }
+  }
+  const tp::SimResult now = (*planned)->predicted();
+  EXPECT_GT((*planned)->observed().replans, 0u);
+  EXPECT_GT(now.step_seconds, first.step_seconds) << "a quarter of the disk's speed, and no slower a step";
+  const std::string summary = (*planned)->Summary();
+  EXPECT_NE(summary.find("replanned"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("NVMe read 0.50"), std::string::npos) << summary;
+}
+
 }  // namespace
 }  // namespace tierd

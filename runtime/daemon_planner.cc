@@ -117,8 +117,13 @@ absl::StatusOr<v1::PlanReply> Daemon::PlanGraph(SessionId session, tp::Graph gra
     };
     links.h2d_bytes_per_s = speed(Link::kDramToGpu, configured.h2d_bytes_per_s);
     links.d2h_bytes_per_s = speed(Link::kGpuToDram, configured.d2h_bytes_per_s);
-    links.nvme_read_bytes_per_s = speed(Link::kNvmeToDram, configured.nvme_read_bytes_per_s);
-    links.nvme_write_bytes_per_s = speed(Link::kDramToNvme, configured.nvme_write_bytes_per_s);
+    // The planner runs NVMe reads and writes one at a time; the device overlaps them, so each
+    // direction's speed while busy is scaled by how much they overlapped.
+    const LinkStats read = mover->Stats(Link::kNvmeToDram), write = mover->Stats(Link::kDramToNvme);
+    const auto [r, w] = SerialDeviceSpeeds(read, write, mover->NvmeDeviceStats());
+    const uint64_t enough = uint64_t{64} << 20;
+    links.nvme_read_bytes_per_s = read.bytes >= enough && r > 0 ? r : configured.nvme_read_bytes_per_s;
+    links.nvme_write_bytes_per_s = write.bytes >= enough && w > 0 ? w : configured.nvme_write_bytes_per_s;
     return links;
   };
   // One tier lower, the top's links are NVMe's.

@@ -7,6 +7,7 @@
 #define TIERD_RUNTIME_LINK_METER_H_
 
 #include <cstdint>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -34,6 +35,20 @@ struct LinkStats {
   int64_t busy_nanos = 0;
   double BytesPerSecond() const { return busy_nanos > 0 ? 1e9 * bytes / busy_nanos : 0.0; }
 };
+
+// Speeds for a model that runs a device's reads and writes one at a time (the planner's
+// NVMe), from meters that saw them overlap: each direction's speed while it was busy, both
+// scaled by (read busy + write busy) / device busy, so the model takes as long as the device
+// did for the bytes measured. {read, write} bytes per second; {0, 0} for a direction that
+// moved nothing.
+inline std::pair<double, double> SerialDeviceSpeeds(const LinkStats& read, const LinkStats& write,
+                                                    const LinkStats& device) {
+  const double r = read.BytesPerSecond(), w = write.BytesPerSecond();
+  const int64_t apart = read.busy_nanos + write.busy_nanos;
+  if (device.busy_nanos <= 0 || apart <= 0) return {r, w};
+  const double overlap = static_cast<double>(apart) / static_cast<double>(device.busy_nanos);
+  return {r * overlap, w * overlap};
+}
 
 class LinkMeter {
  public:

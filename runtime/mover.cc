@@ -108,6 +108,8 @@ LinkStats Mover::Stats(Link link) const {
   return LinkStats{};
 }
 
+LinkStats Mover::NvmeDeviceStats() const { return nvme_ ? nvme_->DeviceStats() : LinkStats{}; }
+
 absl::Status Mover::NvmeBufferRegistration() const {
   if (!nvme_) return absl::FailedPreconditionError("no NVMe tier");
   return nvme_->buffer_registration();

@@ -51,6 +51,8 @@ class Mover {
   // Returns when every move submitted so far has finished.
   void Drain();
   LinkStats Stats(Link link) const;
+  // The NVMe device, reads and writes together: bytes, and the time it was busy with either.
+  LinkStats NvmeDeviceStats() const;
   // Why io_uring fixed buffers are not used, or OK.
   absl::Status NvmeBufferRegistration() const;
 

@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <tuple>
 
 #include "runtime/mover_test_util.h"
 
@@ -117,6 +119,57 @@ TEST(MoverTest, ManyConcurrentMovesInEveryDirectionAllLand) {
   }
   EXPECT_EQ(engine.mover->Stats(Link::kDramToNvme).moves, static_cast<uint64_t>(kTensors));
   EXPECT_EQ(engine.mover->Stats(Link::kNvmeToDram).moves, static_cast<uint64_t>(kTensors));
+}
+
+// The NVMe device's meter sees reads and writes together: their bytes, and a busy time no
+// shorter than either direction's and no longer than both apart.
+TEST(MoverTest, TheNvmeDeviceMeterCountsBothDirectionsOnce) {
+  auto engine = MakeEngine("device");
+  TierStore& store = *engine.store;
+  constexpr int kTensors = 8;
+  const uint64_t bytes = 1 * kMiB;
+  std::vector<Extent> dram, nvme, back, written;
+  for (int i = 0; i < kTensors; ++i) {
+    dram.push_back(*store.Allocate(Tier::kDram, bytes));
+    nvme.push_back(*store.Allocate(Tier::kNvme, bytes));
+    back.push_back(*store.Allocate(Tier::kDram, bytes));
+    written.push_back(*store.Allocate(Tier::kNvme, bytes));
+    engine.Fill(dram[i], bytes, 300 + i);
+    ASSERT_TRUE(engine.mover->MoveAndWait(dram[i], nvme[i], bytes).ok());
+  }
+  const LinkStats before = engine.mover->NvmeDeviceStats();
+  EXPECT_EQ(before.bytes, kTensors * bytes);
+  std::atomic<int> failures{0};
+  for (int i = 0; i < kTensors; ++i) {  // reads and writes at once
+    ASSERT_TRUE(engine.mover->Move(nvme[i], back[i], bytes, [&](absl::Status s) { failures += !s.ok(); }).ok());
+    ASSERT_TRUE(engine.mover->Move(dram[i], written[i], bytes, [&](absl::Status s) { failures += !s.ok(); }).ok());
+  }
+  engine.mover->Drain();
+  EXPECT_EQ(failures.load(), 0);
+  const LinkStats read = engine.mover->Stats(Link::kNvmeToDram), write = engine.mover->Stats(Link::kDramToNvme);
+  const LinkStats device = engine.mover->NvmeDeviceStats();
+  EXPECT_EQ(device.bytes, read.bytes + write.bytes);
+  EXPECT_EQ(device.moves, read.moves + write.moves);
+  EXPECT_GE(device.busy_nanos, std::max(read.busy_nanos, write.busy_nanos));
+  EXPECT_LE(device.busy_nanos, read.busy_nanos + write.busy_nanos);
+}
+
+// For the planner's one-at-a-time NVMe model: speeds measured while reads and writes
+// overlapped are scaled so the model takes as long as the device did.
+TEST(MoverTest, SerialDeviceSpeedsMakeTheModelTakeTheDevicesTime) {
+  const LinkStats read{1'000'000'000, 10, 0, 1'000'000'000};   // 1 GB in 1 s busy
+  const LinkStats write{1'000'000'000, 10, 0, 1'000'000'000};  // 1 GB in 1 s busy
+  const LinkStats overlapped{2'000'000'000, 20, 0, 1'000'000'000};
+  const LinkStats apart{2'000'000'000, 20, 0, 2'000'000'000};
+  auto [r, w] = SerialDeviceSpeeds(read, write, overlapped);
+  EXPECT_DOUBLE_EQ(r, 2e9);  // 1 GB / 2 + 1 GB / 2 = 1 s, as the device took
+  EXPECT_DOUBLE_EQ(w, 2e9);
+  std::tie(r, w) = SerialDeviceSpeeds(read, write, apart);
+  EXPECT_DOUBLE_EQ(r, 1e9);
+  EXPECT_DOUBLE_EQ(w, 1e9);
+  std::tie(r, w) = SerialDeviceSpeeds(read, LinkStats{}, LinkStats{});
+  EXPECT_DOUBLE_EQ(r, 1e9);  // nothing to scale by
+  EXPECT_DOUBLE_EQ(w, 0);
 }
 
 TEST(MoverTest, InvalidMovesAreRefusedWithoutACallback) {

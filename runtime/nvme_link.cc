@@ -26,6 +26,7 @@ NvmeLink::NvmeLink(TierStore& store, std::unique_ptr<BlockIo> io, Clock& clock,
               chunk_bytes <= limits::kNvmeChunkBytesMax);
   meters_[0] = std::make_unique<LinkMeter>(clock);
   meters_[1] = std::make_unique<LinkMeter>(clock);
+  device_meter_ = std::make_unique<LinkMeter>(clock);
   if (store_.dram() != nullptr) {
     registered_base_ = store_.dram()->base();
     registered_bytes_ = store_.dram()->bytes();
@@ -102,6 +103,7 @@ std::string NvmeLink::Describe(const Move& move, const IoOp& op) const {
 
 void NvmeLink::Start(Move& move) {
   meters_[static_cast<int>(move.kind)]->Begin();
+  device_meter_->Begin();
   const uint64_t chunks = ChunkCount(move.bytes);
   move.chunk_ops_left.assign(chunks, 0);
   if (move.kind == IoKind::kWrite) {
@@ -239,6 +241,7 @@ void NvmeLink::Finish(Move& move) {
     store_.SetNvmeChecksums(move.nvme_offset, std::move(move.checksums));
   }
   meters_[static_cast<int>(move.kind)]->End(move.bytes, move.status.ok());
+  device_meter_->End(move.bytes, move.status.ok());
   move.done(move.status);
   absl::MutexLock lock(&mutex_);
   --unfinished_;

@@ -38,6 +38,8 @@ class NvmeLink {
   void Enqueue(IoKind kind, uint8_t* dram, uint64_t nvme_offset, uint64_t bytes, MoveCallback done);
   void Drain();
   LinkStats Stats(IoKind kind) const { return meters_[static_cast<int>(kind)]->Stats(); }
+  // Both directions together: their bytes, and the time the device was busy with either.
+  LinkStats DeviceStats() const { return device_meter_->Stats(); }
   // OK if the DRAM tier is registered with io_uring (fixed buffers), else why not.
   const absl::Status& buffer_registration() const { return buffer_registration_; }
   uint64_t short_transfers() const;
@@ -77,6 +79,7 @@ class NvmeLink {
   std::unique_ptr<BlockIo> io_;
   const uint64_t chunk_bytes_;
   std::unique_ptr<LinkMeter> meters_[2];
+  std::unique_ptr<LinkMeter> device_meter_;
   absl::Status buffer_registration_;
   uint8_t* registered_base_ = nullptr;  // the default DRAM arena, if any
   uint64_t registered_bytes_ = 0;

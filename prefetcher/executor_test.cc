@@ -15,6 +15,7 @@
 
 #include "base/fake_clock.h"
 #include "prefetcher/synthetic.h"
+#include "prefetcher/test_graphs.h"
 
 namespace tierd::prefetcher {
 namespace {
@@ -371,12 +372,7 @@ TEST(ExecutorTest, AWaitForAPlannedLoadThatCannotHappenGivesUp) {
 // for it rather than fetching at once, and it is skipped only once `opt` is over. (On the
 // H200 such loads were skipped as late, about 22 a lap, and fetched on demand.)
 TEST(ExecutorTest, AHoistedLoadIsLateOnlyOnceTheOpThatUsesItIsOver) {
-  Graph g;
-  g.tensors = {{"act", 100}, {"w", 50}, {"state", 100}, {"grad", 50}};
-  g.ops.push_back({"fwd", {1}, {}, 1, {0}});
-  g.ops.push_back({"bwd", {0, 1}, {}, 1, {3}});
-  g.ops.push_back({"mid", {1}, {}, 1});
-  g.ops.push_back({"opt", {3}, {1, 2}, 1});
+  const Graph g = HoistableStep();
   const Budgets budgets{240, 1000, 1000};
   auto plan = MakePlan(g, budgets, 0, PlanStyle{true, true, 0});
   ASSERT_TRUE(plan.ok()) << plan.status();

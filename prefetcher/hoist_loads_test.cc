@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "prefetcher/residency.h"
+#include "prefetcher/test_graphs.h"
 #include "prefetcher/tiers.h"
 
 namespace tierd::prefetcher {
@@ -10,18 +11,7 @@ namespace {
 
 bool Has(const std::vector<TensorIndex>& v, TensorIndex t) { return std::find(v.begin(), v.end(), t) != v.end(); }
 
-// fwd makes an activation, bwd reads it (then it is dead) and makes a gradient, opt updates
-// weight and state. 240 B of GPU: the state (100 B) is evicted for the forward and MIN
-// brings it back only at opt; from `mid` on the dead activation's room holds it.
-Graph Step() {
-  Graph g;
-  g.tensors = {{"act", 100}, {"w", 50}, {"state", 100}, {"grad", 50}};
-  g.ops.push_back({"fwd", {1}, {}, 1, {0}});
-  g.ops.push_back({"bwd", {0, 1}, {}, 1, {3}});
-  g.ops.push_back({"mid", {1}, {}, 1});
-  g.ops.push_back({"opt", {3}, {1, 2}, 1});
-  return g;
-}
+Graph Step() { return HoistableStep(); }  // (test_graphs.h)
 
 TEST(HoistLoadsTest, ALoadForAWriteMovesIntoTheRoomADeadActivationLeaves) {
   const Graph g = Step();

@@ -90,6 +90,14 @@ class PlanMovesTest : public ::testing::Test {
     EXPECT_TRUE(table_->Release(session_, id).ok());
     return same;
   }
+  // Where a read acquire on the GPU finds the tensor (released again).
+  uint64_t OffsetOf(TensorId id) {
+    auto p = table_->Acquire(session_, id, Access::kRead, Place::kGpu);
+    EXPECT_TRUE(p.ok()) << p.status();
+    const uint64_t offset = p.ok() ? p->offset : UINT64_MAX;
+    EXPECT_TRUE(table_->Release(session_, id).ok());
+    return offset;
+  }
   // The planner's static layout, as the placement advisor: GPU offsets by name.
   void UseLayout(std::map<std::string, uint64_t> layout) {
     layout_ = std::move(layout);
@@ -122,17 +130,10 @@ class PlanMovesTest : public ::testing::Test {
 // online, uncounted.
 TEST_F(PlanMovesTest, CopiesGoToTheLayoutsOffsetsWhenTheRangeIsFree) {
   UseLayout({{"a", 2 * kMiB}, {"b", 2 * kMiB}});
-  auto offset_of = [&](TensorId id) {
-    auto p = table_->Acquire(session_, id, Access::kRead, Place::kGpu);
-    EXPECT_TRUE(p.ok()) << p.status();
-    const uint64_t offset = p.ok() ? p->offset : UINT64_MAX;
-    EXPECT_TRUE(table_->Release(session_, id).ok());
-    return offset;
-  };
   const TensorId a = LeaseWritten("a", 64 * 1024, 0x11);  // 256 KiB, overwritten at its planned place
-  EXPECT_EQ(offset_of(a), 2 * kMiB);
+  EXPECT_EQ(OffsetOf(a), 2 * kMiB);
   const TensorId b = LeaseWritten("b", 64 * 1024, 0x22);  // same range, taken by a: off plan, at the top
-  EXPECT_EQ(offset_of(b), 4 * kMiB - 256 * 1024);
+  EXPECT_EQ(OffsetOf(b), 4 * kMiB - 256 * 1024);
   const TensorId c = LeaseWritten("c", 64 * 1024, 0x33);  // not in the layout
   LeaseStats stats = table_->Stats();
   EXPECT_EQ(stats.planned_placements, 1u);
@@ -141,7 +142,7 @@ TEST_F(PlanMovesTest, CopiesGoToTheLayoutsOffsetsWhenTheRangeIsFree) {
   ASSERT_TRUE(table_->Demote(session_, a, Tier::kGpu, /*dead=*/false).ok());
   ASSERT_TRUE(table_->Demote(session_, b, Tier::kGpu, /*dead=*/false).ok());
   ASSERT_TRUE(table_->Prefetch(session_, b, Tier::kGpu, /*evict=*/false).ok());
-  EXPECT_EQ(offset_of(b), 2 * kMiB);
+  EXPECT_EQ(OffsetOf(b), 2 * kMiB);
   EXPECT_TRUE(Holds(b, 0x22));
   EXPECT_TRUE(Holds(a, 0x11));  // fetched back, online: its range is b's now
   EXPECT_TRUE(Holds(c, 0x33));
@@ -159,14 +160,7 @@ TEST_F(PlanMovesTest, AnOffLayoutCopyMovesToItsOffsetWhenAcquiredIfTheRangeIsFre
   UseLayout({{"a", 2 * kMiB}, {"b", 2 * kMiB}});
   const TensorId a = LeaseWritten("a", 64 * 1024, 0x11);  // at 2 MiB
   const TensorId b = LeaseWritten("b", 64 * 1024, 0x22);  // a holds the range: at the top
-  auto offset_of = [&](TensorId id) {
-    auto p = table_->Acquire(session_, id, Access::kRead, Place::kGpu);
-    EXPECT_TRUE(p.ok()) << p.status();
-    const uint64_t offset = p.ok() ? p->offset : UINT64_MAX;
-    EXPECT_TRUE(table_->Release(session_, id).ok());
-    return offset;
-  };
-  EXPECT_EQ(offset_of(b), 4 * kMiB - 256 * 1024) << "the range is a's: b stays";
+  EXPECT_EQ(OffsetOf(b), 4 * kMiB - 256 * 1024) << "the range is a's: b stays";
   EXPECT_EQ(table_->Stats().rehomed, 0u);
   // Held by the client when the range comes free: it must not move under it.
   auto held = table_->Acquire(session_, b, Access::kRead, Place::kGpu);
@@ -180,7 +174,7 @@ TEST_F(PlanMovesTest, AnOffLayoutCopyMovesToItsOffsetWhenAcquiredIfTheRangeIsFre
   ASSERT_TRUE(table_->Release(session_, b).ok());
   EXPECT_EQ(table_->Stats().rehomed, 0u);
   // Idle and the range free: the next acquire finds it at 2 MiB.
-  EXPECT_EQ(offset_of(b), 2 * kMiB);
+  EXPECT_EQ(OffsetOf(b), 2 * kMiB);
   EXPECT_TRUE(Holds(b, 0x22));
   const LeaseStats stats = table_->Stats();
   EXPECT_EQ(stats.rehomed, 1u);

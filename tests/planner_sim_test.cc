@@ -55,6 +55,24 @@ uint64_t Word(uint64_t seed, uint64_t i) {
   return z ^ (z >> 31);
 }
 
+// A daemon's tiers on a fake clock and a fake GPU, with one session at `budgets`.
+struct Tiers {
+  Tiers(const std::string& name, const tp::Budgets& budgets)
+      : engine(testing::MakeDaemonEngine(name, budgets.gpu * 2, budgets.dram * 2, budgets.nvme + kMiB,
+                                         FakeGpuOptions{})) {
+    auto created = LeaseTable::Create(*engine.store, *engine.mover, fake, {});
+    EXPECT_TRUE(created.ok()) << created.status();
+    table = std::move(*created);
+    auto opened = table->OpenSession(name, {budgets.gpu, budgets.dram, budgets.nvme});
+    EXPECT_TRUE(opened.ok()) << opened.status();
+    session = *opened;
+  }
+  FakeClock fake;
+  testing::Engine engine;
+  std::unique_ptr<LeaseTable> table;
+  SessionId session = 0;
+};
+
 class PlannerSimulation : public ::testing::Test {
  protected:
   void Run(bool race);
@@ -254,14 +272,9 @@ TEST(PlannedSessionTest, DramBelowTheGpuIsPlannedToThreeTensorsOfItsQuota) {
   }
   ASSERT_GT(dram_quota, 0u) << "no quota near " << high + 3 * largest << " tells the two headrooms apart";
   const tp::Budgets budgets{gpu_quota, dram_quota, 2 * total};
-  FakeClock fake;
-  testing::Engine engine = testing::MakeDaemonEngine("headroom", budgets.gpu * 2, budgets.dram * 2,
-                                                     budgets.nvme + kMiB, FakeGpuOptions{});
-  auto table = LeaseTable::Create(*engine.store, *engine.mover, fake, {});
-  ASSERT_TRUE(table.ok()) << table.status();
-  auto session = (*table)->OpenSession("headroom", {budgets.gpu, budgets.dram, budgets.nvme});
-  ASSERT_TRUE(session.ok()) << session.status();
-  auto planned = PlannedSession::Create(**table, *session, graph, budgets, links, fake, /*deterministic=*/true);
+  Tiers tiers("headroom", budgets);
+  auto planned = PlannedSession::Create(*tiers.table, tiers.session, graph, budgets, links, tiers.fake,
+                                        /*deterministic=*/true);
   ASSERT_TRUE(planned.ok()) << planned.status();
   EXPECT_EQ((*planned)->predicted().nvme_read_bytes, 0u) << (*planned)->Summary();
   EXPECT_EQ((*planned)->predicted().nvme_write_bytes, 0u);
@@ -279,18 +292,12 @@ TEST(PlannedSessionPrediction, FollowsAReplanAtTheLinksAsMeasured) {
   uint64_t total = 0;
   for (const auto& t : graph.tensors) total += (t.bytes + 4095) / 4096 * 4096;
   const tp::Budgets budgets{total * 45 / 100, total / 2, 2 * total};
-  FakeClock fake;
-  testing::Engine engine = testing::MakeDaemonEngine("prediction", budgets.gpu * 2, budgets.dram * 2,
-                                                     budgets.nvme + kMiB, FakeGpuOptions{});
-  auto table = LeaseTable::Create(*engine.store, *engine.mover, fake, {});
-  ASSERT_TRUE(table.ok()) << table.status();
-  auto session = (*table)->OpenSession("prediction", {budgets.gpu, budgets.dram, budgets.nvme});
-  ASSERT_TRUE(session.ok()) << session.status();
+  Tiers tiers("prediction", budgets);
   const tp::LinkModel links;  // 2 GB/s NVMe assumed
   tp::LinkModel slow = links;
   slow.nvme_read_bytes_per_s = slow.nvme_write_bytes_per_s = 0.5e9;  // and measured at a quarter
-  auto planned = PlannedSession::Create(**table, *session, graph, budgets, links, fake, /*deterministic=*/true,
-                                        [slow] { return slow; });
+  auto planned = PlannedSession::Create(*tiers.table, tiers.session, graph, budgets, links, tiers.fake,
+                                        /*deterministic=*/true, [slow] { return slow; });
   ASSERT_TRUE(planned.ok()) << planned.status();
   const tp::SimResult first = (*planned)->predicted();
   ASSERT_GT(first.nvme_read_bytes, 0u) << "the premise: the plan uses NVMe";
@@ -299,7 +306,7 @@ TEST(PlannedSessionPrediction, FollowsAReplanAtTheLinksAsMeasured) {
     for (uint32_t op = 0; op < graph.ops.size(); ++op) {
       ASSERT_TRUE((*planned)->OpBegin(op).ok());
       (*planned)->WaitIdle();
-      fake.AdvanceNanos(static_cast<int64_t>(graph.ops[op].seconds * 1e9));
+      tiers.fake.AdvanceNanos(static_cast<int64_t>(graph.ops[op].seconds * 1e9));
     }
   }
   const tp::SimResult now = (*planned)->predicted();

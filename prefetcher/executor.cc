@@ -440,7 +440,7 @@ bool Executor::Step(int lane_index, std::unique_lock<std::mutex>& lock) {
         ++stats_.loads;
         if (current_ >= (pos / size) * static_cast<int64_t>(graph_.ops.size()) + a.next_use) {
           ++stats_.just_in_time;
-          ++stats_.just_in_time_by_op[a.op];
+          ++stats_.just_in_time_by_op[static_cast<uint32_t>(a.next_use % static_cast<int64_t>(graph_.ops.size()))];
         }
         break;
       case Kind::kStage: ++stats_.stages; break;

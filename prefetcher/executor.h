@@ -82,7 +82,7 @@ struct ExecutorStats {
   uint64_t loads = 0, evictions = 0, stages = 0, push_downs = 0, drops = 0;
   uint64_t late = 0;        // skipped: the client was past their op (it fetched on demand)
   uint64_t just_in_time = 0;  // loads issued only once their op had begun: the client waited
-  std::map<uint32_t, uint64_t> just_in_time_by_op;
+  std::map<uint32_t, uint64_t> just_in_time_by_op;  // by the op that uses the tensor
   // Per op, after the first lap: the client's waits in acquires while it ran (seconds, summed)
   // and how many times the op ran; the mean sits next to the plan's predicted stall.
   std::map<uint32_t, std::pair<double, uint64_t>> waited_by_op;

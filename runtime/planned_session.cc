@@ -306,15 +306,17 @@ std::string PlannedSession::Summary() const {
   if (!waits.empty()) {
     double total = 0;
     for (const auto& w : waits) total += w.first;
-    out += absl::StrFormat("client waits in acquires, per lap after the first: %.3f s in %d op(s) (predicted stall %.3f s); most:",
-                           total, waits.size(), p.stall_seconds);
+    out += absl::StrFormat(
+        "client waits in acquires, per lap after the first: %.3f s in %d op(s) (predicted stall %.3f s); most:", total,
+        waits.size(), p.stall_seconds);
     const tp::Graph& graph = executor_->graph();
     for (size_t k = 0; k < waits.size() && k < 5; ++k) {
       const uint32_t op = waits[k].second;
       const double predicted = op < p.op_stall_seconds.size() ? p.op_stall_seconds[op] : 0;
       const auto jit = seen.just_in_time_by_op.find(op);
-      out += absl::StrFormat(" %s %.3f s (predicted %.3f; %d of its loads issued just in time)", graph.ops[op].name, waits[k].first,
-                             predicted, jit == seen.just_in_time_by_op.end() ? 0 : jit->second);
+      out += absl::StrFormat(" %s %.3f s (predicted %.3f; %d loads for it issued just in time so far)",
+                             graph.ops[op].name, waits[k].first, predicted,
+                             jit == seen.just_in_time_by_op.end() ? 0 : jit->second);
       out += k + 1 < waits.size() && k < 4 ? ";" : "\n";
     }
   }

@@ -241,6 +241,10 @@ class CudaFence final : public GpuFence {
     TIERD_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(done_));
     return absl::OkStatus();
   }
+  bool Passed() override {
+    cudaSetDevice(device_);
+    return cudaEventQuery(done_) != cudaErrorNotReady;  // done, or failed (Wait says how)
+  }
 
  private:
   int device_;

@@ -61,6 +61,8 @@ class GpuFence {
   virtual ~GpuFence() = default;
   // Blocks until the fenced work is done; an error if it failed.
   virtual absl::Status Wait() = 0;
+  // Whether Wait would return at once (the work is over, or failed); false when unknown.
+  virtual bool Passed() { return false; }
 };
 
 // Another process's interprocess event, opened in this one (cudaIpcOpenEventHandle).

@@ -221,7 +221,8 @@ class LeaseTable {
   // A GPU copy the online allocator placed (its layout range was taken then) goes to the
   // layout's offset for the op the client is on, if that range is free now: the tensors one
   // op acquires together then sit where the layout keeps them apart, and cannot split the
-  // room the op's largest tensor needs. Nothing happens when t is in use or moving. An error
+  // room the op's largest tensor needs. Nothing happens when t is in use or moving, or while
+  // the client's kernels on it may still run (its acquire would wait for them). An error
   // only when the client's last GPU work on t failed (or the device copy did): the copy
   // stays where it was.
   absl::Status Rehome(Session& s, Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);

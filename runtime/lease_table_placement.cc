@@ -160,7 +160,7 @@ absl::StatusOr<uint64_t> LeaseTable::Relocate(Session& s, Tier tier, uint64_t by
   return absl::ResourceExhaustedError("no single move of an idle copy joins enough free space");
 }
 
-absl::Status LeaseTable::MoveWithin(Session& s, Tensor& t, Tier tier, const Extent& to) {
+absl::Status LeaseTable::MoveWithin([[maybe_unused]] Session& s, Tensor& t, Tier tier, const Extent& to) {
   const Extent from = *t.copies[static_cast<int>(tier)];
   if (tier == Tier::kGpu) {
     // The client's kernels may still touch the old range: done first. Then a copy on the
@@ -189,6 +189,8 @@ absl::Status LeaseTable::MoveWithin(Session& s, Tensor& t, Tier tier, const Exte
 
 absl::Status LeaseTable::Rehome(Session& s, Tensor& t) {
   if (!s.placement || !t.Has(Tier::kGpu) || t.acquired > 0 || t.busy > 0) return absl::OkStatus();
+  // The client's kernels on it still running: not worth blocking its acquire for.
+  if (t.gpu_fence != nullptr && !t.gpu_fence->Passed()) return absl::OkStatus();
   const std::optional<uint64_t> at = s.placement(t.spec.name, Tier::kGpu);
   if (!at || *at == t.copies[static_cast<int>(Tier::kGpu)]->offset()) return absl::OkStatus();
   auto to = store_.AllocateAt(s.ArenaOf(Tier::kGpu), *at, t.bytes);

@@ -195,17 +195,21 @@ class KernelFence : public GpuFence {
     std::memset(bytes_, fill_, size_);
     return status_;
   }
+  bool Passed() override { return passed_; }
+  void set_passed(bool passed) { passed_ = passed; }
 
  private:
   uint8_t* bytes_;
   uint64_t size_;
   uint8_t fill_;
   absl::Status status_;
+  bool passed_ = true;
 };
 
-// Moving a copy within the GPU waits for the client's kernels on it first (the bytes they
+// Moving a copy within the GPU settles the client's kernels on it first (the bytes they
 // write move with it); if they failed, the acquire says so and the copy stays where it was;
-// the acquire after that moves it.
+// the acquire after that moves it. While they may still run, the copy is not moved at all
+// (the acquire would wait for them).
 TEST_F(PlanMovesTest, ARehomeWaitsForTheClientsKernelsAndReportsTheirFailure) {
   UseLayout({{"a", 2 * kMiB}, {"b", 2 * kMiB}});
   const TensorId a = LeaseWritten("a", 64 * 1024, 0x11);
@@ -217,13 +221,14 @@ TEST_F(PlanMovesTest, ARehomeWaitsForTheClientsKernelsAndReportsTheirFailure) {
     const uint64_t at = p->offset;
     ASSERT_NE(at, 2 * kMiB);
     const uint8_t fill = kernel_fails ? 0x66 : 0x55;
-    ASSERT_TRUE(table_
-                    ->Release(session_, b,
-                              std::make_unique<KernelFence>(Pointer(*p), p->bytes, fill,
-                                                            kernel_fails ? absl::InternalError("illegal address")
-                                                                         : absl::OkStatus()))
-                    .ok());
+    auto fence = std::make_unique<KernelFence>(Pointer(*p), p->bytes, fill,
+                                               kernel_fails ? absl::InternalError("illegal address") : absl::OkStatus());
+    KernelFence* kernel = fence.get();
+    ASSERT_TRUE(table_->Release(session_, b, std::move(fence)).ok());
     ASSERT_TRUE(table_->Demote(session_, a, Tier::kGpu, /*dead=*/false).ok());  // b's range is free
+    kernel->set_passed(false);  // still running: b stays where it is
+    EXPECT_EQ(OffsetOf(b), at);
+    kernel->set_passed(true);
     auto moved = table_->Acquire(session_, b, Access::kRead, Place::kGpu);
     if (kernel_fails) {
       EXPECT_EQ(moved.status().code(), absl::StatusCode::kInternal) << moved.status();

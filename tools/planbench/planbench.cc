@@ -31,10 +31,10 @@ ABSL_FLAG(double, nvme_gbps, 2, "NVMe GB/s, reads and writes sharing the device"
 ABSL_FLAG(double, tflops, 400, "sustained bf16 TFLOP/s for op times");
 ABSL_FLAG(bool, time_aware, false,
           "also try plans with loads for writes hoisted into free room and victims below the GPU chosen by time "
-          "(simulated only: the daemon does not plan so; see docs/BENCHMARKS.md)");
+          "(the daemon plans so only with tierd --planner_time_aware; see docs/BENCHMARKS.md)");
 ABSL_FLAG(int, optimizer_chunks, 1,
-          "each layer's optimizer state (master, m, v) as this many tensors (sub-groups): the tiers below can hold "
-          "part of a layer's state");
+          "each layer's optimizer state (master, m, v) as this many tensors (sub-groups), so the tiers below can "
+          "hold part of a layer's state; a what-if: the GPU trainer leases each layer's state whole");
 ABSL_FLAG(bool, optimizer_on_host, false, "AdamW on the host's CPU next to its DRAM state instead of on the GPU");
 ABSL_FLAG(bool, phases, false,
           "after each row, the plan's steady step by phase (forward, backward, optimizer): compute, stall and "
@@ -104,7 +104,8 @@ void PrintByKind(const Moved& m, const char* indent) {
   }
 }
 
-// The disk's longest idle spans within [t0, t1): when it waits, what ran, what it did next.
+// The disk's idle time within [t0, t1) and its longest idle spans, with the ops running at
+// their start and end.
 template <typename OpAt>
 void PrintDiskGaps(const tp::SimResult& sim, double t0, double t1, OpAt op_at) {
   std::vector<std::pair<double, double>> busy;
@@ -200,6 +201,11 @@ int main(int argc, char** argv) {
       "Compares tierd's planner with an on-demand LRU pager and with the lower bound (compute or the busiest "
       "link, whichever is longer), simulating synthetic training steps.\n  planbench --models=7b --accum=1,64");
   absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_optimizer_chunks) < 1) {
+    std::fprintf(stderr, "planbench: --optimizer_chunks wants a positive integer, got %d\n",
+                 absl::GetFlag(FLAGS_optimizer_chunks));
+    return 2;
+  }
   const tp::Budgets budgets{Bytes(absl::GetFlag(FLAGS_gpu)), Bytes(absl::GetFlag(FLAGS_dram)),
                             Bytes(absl::GetFlag(FLAGS_nvme))};
   tp::LinkModel link;
@@ -212,10 +218,14 @@ int main(int argc, char** argv) {
               tierd::FormatBytes(budgets.gpu).c_str(), tierd::FormatBytes(budgets.dram).c_str(),
               tierd::FormatBytes(budgets.nvme).c_str(), link.h2d_bytes_per_s / 1e9, link.d2h_bytes_per_s / 1e9,
               link.nvme_read_bytes_per_s / 1e9, absl::GetFlag(FLAGS_tflops),
-              absl::GetFlag(FLAGS_optimizer_on_host)
-                  ? absl::StrFormat("; AdamW on the host at %.1f G params/s", absl::GetFlag(FLAGS_host_adamw_gparams))
-                        .c_str()
-                  : "");
+              (std::string(absl::GetFlag(FLAGS_optimizer_on_host)
+                               ? absl::StrFormat("; AdamW on the host at %.1f G params/s",
+                                                 absl::GetFlag(FLAGS_host_adamw_gparams))
+                               : "") +
+               (absl::GetFlag(FLAGS_optimizer_chunks) > 1
+                    ? absl::StrFormat("; optimizer state in %d sub-groups a layer", absl::GetFlag(FLAGS_optimizer_chunks))
+                    : ""))
+                  .c_str());
   std::printf("%-5s %5s %8s | %9s %9s | %9s %9s | %9s %9s %-22s | %7s %8s | %-26s | %-26s | %s | %s\n", "model", "accum",
               "compute", "plan step", "stall", "LRU step", "stall", "LB step", "stall", "bound", "plan/LB",
               "LRU/plan", "plan GB h2d/d2h/nvr/nvw", "LRU GB h2d/d2h/nvr/nvw", "plan s", "layout");

@@ -268,6 +268,9 @@ TEST_F(DaemonTest, TierctlAndPrometheusSeeWhatClientsDo) {
   EXPECT_NE(scraped.find("tierd_tier_budget_bytes{tier=\"nvme\"} 100663296\n"), std::string::npos);
   EXPECT_NE(scraped.find("tierd_placements_total{where=\"layout\"} 0\n"), std::string::npos)
       << "no graph registered: nothing placed by a layout";
+  EXPECT_NE(scraped.find("tierd_gpu_relocations_total{why=\"join\"} 0\n"), std::string::npos) << scraped;
+  EXPECT_NE(scraped.find("tierd_gpu_relocations_total{why=\"rehome\"} 0\n"), std::string::npos)
+      << "no layout: nothing moved to one";
 }
 
 // The planner end to end: a client process registers its iteration graph, reports ops

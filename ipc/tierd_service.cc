@@ -183,6 +183,7 @@ grpc::Status TierdService::Stats(grpc::ServerContext*, const v1::Empty*, v1::Sta
   reply->set_relocations(leases.relocations);
   reply->set_gpu_relocations(leases.gpu_relocations);
   reply->set_rehomed(leases.rehomed);
+  reply->set_nvme_duplicates_dropped(leases.nvme_duplicates_dropped);
   reply->set_gpu(gpu_description_);
   reply->set_uptime_seconds((clock_.NowNanos() - started_nanos_) / 1e9);
   return grpc::Status::OK;

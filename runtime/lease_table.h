@@ -103,6 +103,8 @@ struct LeaseStats {
   // place to the layout's offset when a client acquires them and that range is free.
   uint64_t gpu_relocations = 0;
   uint64_t rehomed = 0;              // ... of them, the moves to the layout's offset
+  // NVMe copies dropped to make room there on demand (a tier above held the same bytes).
+  uint64_t nvme_duplicates_dropped = 0;
 };
 
 class LeaseTable {
@@ -217,6 +219,10 @@ class LeaseTable {
   void NotePeak(Session& s, Tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   absl::Status EvictOne(Session& s, Tier tier, std::set<const Tensor*>& refused)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
+  // NVMe full (or too fragmented) for a copy made on demand: drops one NVMe copy of a
+  // tensor that a tier above holds the same bytes of (the planner's furthest next use,
+  // else the least recently used; none in flight). False when there is none.
+  bool DropNvmeDuplicate(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   // A fragmented GPU or DRAM arena (the free bytes suffice, no free block does): moves the
   // smallest idle copy whose free neighbours and itself make `bytes` into a free block
   // elsewhere in the arena (within the session's segment or region, instead of writing

@@ -72,16 +72,25 @@ absl::StatusOr<Extent> LeaseTable::AllocateIn(Session& s, Tier tier, uint64_t by
         return absl::ResourceExhaustedError(absl::StrFormat(
             "session '%s' has no NVMe quota to put %s in", s.label, FormatBytes(bytes)));
       }
-      if (s.nvme_used + bytes > s.quota.nvme_bytes) {
+      // The bottom tier: nothing to evict to, but on demand it drops its copies of tensors
+      // a tier above holds the same bytes of (nothing is written; the copy above becomes
+      // the only one) until the new one fits.
+      for (;;) {
+        const bool fits = s.nvme_used + bytes <= s.quota.nvme_bytes;
+        if (fits) {
+          extent = store_.Allocate(Tier::kNvme, bytes);
+          if (extent.ok()) {
+            s.nvme_used += extent->bytes();
+            NotePeak(s, tier);
+            return extent;
+          }
+          if (!absl::IsResourceExhausted(extent.status())) return extent;
+        }
+        if (evict && DropNvmeDuplicate(s)) continue;
+        if (fits) return extent;
         return absl::ResourceExhaustedError(absl::StrFormat(
             "%s; %s more does not fit", Occupancy(s, tier), FormatBytes(bytes)));
       }
-      extent = store_.Allocate(Tier::kNvme, bytes);
-      if (extent.ok()) {
-        s.nvme_used += extent->bytes();
-        NotePeak(s, tier);
-      }
-      return extent;  // the bottom tier: nothing to evict to
     }
     if (s.ArenaOf(tier) == kNoArena) {
       return absl::ResourceExhaustedError(
@@ -102,12 +111,14 @@ absl::StatusOr<Extent> LeaseTable::AllocateIn(Session& s, Tier tier, uint64_t by
     }
     if (!evict) return extent;
     if (absl::Status evicted = EvictOne(s, tier, refused); !evicted.ok()) {
+      const std::optional<Tier> below = Below(tier);
       return absl::ResourceExhaustedError(absl::StrFormat(
           "cannot place %s in %s: %s (%s%s)", FormatBytes(bytes), TierName(tier), Occupancy(s, tier),
           evicted.message(),
-          refused.empty() ? ""
-                          : absl::StrFormat("; %d tensor(s) there found no room below to be written back to",
-                                            refused.size())));
+          refused.empty() || !below
+              ? ""
+              : absl::StrFormat("; %d tensor(s) there found no room below to be written back to: %s",
+                                refused.size(), Occupancy(s, *below))));
     }
   }
 }
@@ -199,6 +210,26 @@ absl::Status LeaseTable::Rehome(Session& s, Tensor& t) {
   absl::MutexLock stats_lock(&stats_mutex_);
   ++stats_.rehomed;
   return absl::OkStatus();
+}
+
+bool LeaseTable::DropNvmeDuplicate(Session& s) {
+  Tensor* victim = nullptr;
+  int64_t victim_next = 0;
+  for (const auto& [id, t] : s.tensors) {
+    if (!t->Has(Tier::kNvme) || t->CopyCount() < 2 || t->busy > 0) continue;
+    // The planner's furthest next use first (its copy above is the last to need a
+    // write-back), else the least recently used.
+    const int64_t next = s.advisor ? s.advisor(t->spec.name) : -static_cast<int64_t>(t->last_use);
+    if (victim == nullptr || next > victim_next) {
+      victim = t.get();
+      victim_next = next;
+    }
+  }
+  if (victim == nullptr) return false;
+  DropCopy(s, *victim, Tier::kNvme);
+  absl::MutexLock stats_lock(&stats_mutex_);
+  ++stats_.nvme_duplicates_dropped;
+  return true;
 }
 
 absl::Status LeaseTable::EvictOne(Session& s, Tier tier, std::set<const Tensor*>& refused) {

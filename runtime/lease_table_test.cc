@@ -181,6 +181,39 @@ TEST_F(LeaseTableTest, AVictimWithNoRoomBelowIsPassedOver) {
   EXPECT_TRUE(holds(b, 2));
 }
 
+// NVMe full, part of it copies of tensors the GPU holds the same bytes of: a write-back made
+// on demand drops such a copy for room rather than failing (on the H200 at 7B a trainer's
+// acquire failed with 74 dirty DRAM victims and no room below for any).
+TEST_F(LeaseTableTest, AFullNvmeDropsItsCopiesOfTensorsAboveForAWriteBack) {
+  auto table = Table();
+  auto s = *table->OpenSession("full-below", {2 * kMiB, 2 * kMiB, 3 * kMiB});
+  const TensorId u = *table->Lease(s, Spec("u", 256 * 1024));  // 1 MiB each, on the GPU
+  const TensorId v = *table->Lease(s, Spec("v", 256 * 1024));
+  Write(*table, s, u, 11);
+  Write(*table, s, v, 12);
+  for (TensorId id : {u, v}) {  // a copy on NVMe too (through DRAM, whose copy then goes)
+    ASSERT_TRUE(table->Prefetch(s, id, Tier::kNvme, /*evict=*/false).ok());
+    ASSERT_TRUE(table->Demote(s, id, Tier::kDram, /*dead=*/false).ok());
+  }
+  const TensorId a = *table->Lease(s, Spec("a", 256 * 1024));  // the GPU is full: DRAM
+  const TensorId b = *table->Lease(s, Spec("b", 256 * 1024));
+  Write(*table, s, a, 13, Place::kHost);  // dirty, DRAM only: DRAM full
+  Write(*table, s, b, 14, Place::kHost);
+  const TensorId x = *table->Lease(s, Spec("x", 256 * 1024));  // the last MiB of NVMe
+  ASSERT_EQ(table->Usage(s, false)->at(static_cast<int>(Tier::kNvme)).used, 3 * kMiB) << "the premise: NVMe full";
+  // x on the host: DRAM must write a or b back to NVMe, which has room only once it drops
+  // its copy of u or v (the GPU holds the same bytes).
+  auto p = table->Acquire(s, x, Access::kOverwrite, Place::kHost);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_TRUE(table->Release(s, x).ok());
+  EXPECT_EQ(table->Stats().nvme_duplicates_dropped, 1u);
+  ASSERT_TRUE(table->Validate().ok()) << table->Validate();
+  EXPECT_TRUE(Holds(*table, s, u, 11, Place::kGpu));
+  EXPECT_TRUE(Holds(*table, s, v, 12, Place::kGpu));
+  EXPECT_TRUE(Holds(*table, s, a, 13, Place::kHost));
+  EXPECT_TRUE(Holds(*table, s, b, 14, Place::kHost));
+}
+
 // A session's use of each tier: allocated bytes now, and the most since it opened or since
 // the last reset (a trainer's peak per step).
 TEST_F(LeaseTableTest, UsageHasPeaksThatReset) {

@@ -96,6 +96,9 @@ std::string RenderPrometheus(const v1::StatsReply& stats) {
   absl::StrAppendFormat(&out, "tierd_gpu_relocations_total{why=\"join\"} %d\n",
                         stats.gpu_relocations() - stats.rehomed());
   absl::StrAppendFormat(&out, "tierd_gpu_relocations_total{why=\"rehome\"} %d\n", stats.rehomed());
+  Family(&out, "tierd_nvme_duplicates_dropped_total", "counter",
+         "NVMe copies dropped to make room there on demand: a tier above held the same bytes.");
+  absl::StrAppendFormat(&out, "tierd_nvme_duplicates_dropped_total %d\n", stats.nvme_duplicates_dropped());
   Family(&out, "tierd_sessions", "gauge", "Connected client sessions.");
   absl::StrAppendFormat(&out, "tierd_sessions %d\n", stats.sessions());
   Family(&out, "tierd_leases", "gauge", "Leased tensors.");

@@ -271,6 +271,7 @@ TEST_F(DaemonTest, TierctlAndPrometheusSeeWhatClientsDo) {
   EXPECT_NE(scraped.find("tierd_gpu_relocations_total{why=\"join\"} 0\n"), std::string::npos) << scraped;
   EXPECT_NE(scraped.find("tierd_gpu_relocations_total{why=\"rehome\"} 0\n"), std::string::npos)
       << "no layout: nothing moved to one";
+  EXPECT_NE(scraped.find("tierd_nvme_duplicates_dropped_total 0\n"), std::string::npos) << scraped;
 }
 
 // The planner end to end: a client process registers its iteration graph, reports ops

@@ -6,7 +6,9 @@
 # bytes, waits), then the daemon's own counters (relocations within DRAM, demand fetches,
 # stalls) before it stops, and the session's plan next to what was observed (taken every
 # 10 s while it trains). Logs go to $OUT. TIERD_FLAGS: more flags for tierd; TIERD_BIN: another
-# tierd binary (an A/B in one call).
+# tierd binary (an A/B in one call); EXPLAIN="name ...": also `tierctl plan --explain` for those
+# tensors and the recorded timeline of the last two laps (`tierctl trace --session`,
+# $OUT/trace-7b.json), sampled with the plan.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-/tmp/tierd-out}"; mkdir -p "$out"
@@ -28,6 +30,14 @@ train_pid=$!
 # errors, replans), every 10 s while it trains; the last one is kept.
 while kill -0 $train_pid 2>/dev/null; do
   .carry/bin/tierctl --runtime_dir="$dir" plan --session 1 > "$out/plan-7b.next" 2>&1 && mv "$out/plan-7b.next" "$out/plan-7b.txt"
+  for name in ${EXPLAIN:-}; do
+    .carry/bin/tierctl --runtime_dir="$dir" plan --session 1 --explain "$name" > "$out/explain-$name.next" 2>&1 &&
+      mv "$out/explain-$name.next" "$out/explain-$name.txt"
+  done
+  if [ -n "${EXPLAIN:-}" ]; then
+    .carry/bin/tierctl --runtime_dir="$dir" trace --session 1 --out "$out/trace-7b.next" > /dev/null 2>&1 &&
+      mv "$out/trace-7b.next" "$out/trace-7b.json"
+  fi
   sleep 10
 done
 wait $train_pid; status=$?

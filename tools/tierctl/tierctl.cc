@@ -85,12 +85,13 @@ void PrintStats(const v1::StatsReply& stats, const v1::StatsReply* previous, dou
                 now.c_str());
   }
   std::printf("\nstalls %lu (%.3f s waiting); evictions: %lu for room, %lu asked; write-backs %lu; "
-              "moves within DRAM against fragmentation %lu; within the GPU %lu (%lu of them to the layout's offset)\n",
+              "moves within DRAM against fragmentation %lu; within the GPU %lu (%lu of them to the layout's offset); "
+              "NVMe copies dropped for room (a tier above had the bytes) %lu\n",
               static_cast<unsigned long>(stats.stalls()), stats.stall_seconds(),
               static_cast<unsigned long>(stats.evictions_capacity()),
               static_cast<unsigned long>(stats.evictions_explicit()), static_cast<unsigned long>(stats.writebacks()),
               static_cast<unsigned long>(stats.relocations()), static_cast<unsigned long>(stats.gpu_relocations()),
-              static_cast<unsigned long>(stats.rehomed()));
+              static_cast<unsigned long>(stats.rehomed()), static_cast<unsigned long>(stats.nvme_duplicates_dropped()));
 }
 
 int Stats(Tierd::Stub& stub) {

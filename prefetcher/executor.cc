@@ -170,12 +170,7 @@ bool Executor::Ready(int lane_index, int64_t pos, bool* late) const {
     if (!schedule_.lanes[l].Done(lap * other_size + a.after[l])) return false;
   }
   // DRAM room goes to the moves that take it in plan order (a late one is skipped anyway).
-  // (A ticket passed already: the move took its room and then had to try again.)
-  const int64_t ticket = lap * schedule_.dram_tickets + a.dram_ticket;
-  auto next_for_dram = [&] {
-    return a.dram_ticket < 0 || ticket == schedule_.next_ticket || TicketPassed(ticket) ||
-           DramRoomAhead(ticket, a.tensor);
-  };
+  const bool next_for_dram = a.dram_ticket < 0 || lap * schedule_.dram_tickets + a.dram_ticket == schedule_.next_ticket;
   switch (a.kind) {
     case Kind::kLoad:
     case Kind::kAlloc:
@@ -188,14 +183,14 @@ bool Executor::Ready(int lane_index, int64_t pos, bool* late) const {
         *late = true;
         return true;
       }
-      return target <= current_ + ops && next_for_dram();  // at most a lap ahead
+      return next_for_dram && target <= current_ + ops;  // at most a lap ahead
     case Kind::kEvict:
     case Kind::kEvictDead:
       if (current_ >= lap * ops + a.next_use) {  // the client needs it again already
         *late = true;
         return true;
       }
-      return current_ > lap * ops + a.ready_after && next_for_dram();  // its last use is over
+      return next_for_dram && current_ > lap * ops + a.ready_after;  // its last use is over
     case Kind::kDiscard:
       if (current_ >= lap * ops + a.next_use) {  // the client rewrites it already
         *late = true;
@@ -213,18 +208,18 @@ bool Executor::Ready(int lane_index, int64_t pos, bool* late) const {
   return false;
 }
 
-absl::Status Executor::Do(const Action& a, int64_t decided_nanos, const RoomTaken& room_taken) {
+absl::Status Executor::Do(const Action& a, int64_t decided_nanos) {
   switch (a.kind) {
     case Kind::kLoad:
     case Kind::kAlloc:
     case Kind::kEnsure: return ops_.Load(a.tensor);
-    case Kind::kStage: return ops_.Stage(a.tensor, room_taken);
-    case Kind::kEvict: return ops_.Evict(a.tensor, false, decided_nanos, room_taken);
-    case Kind::kEvictDead: return ops_.Evict(a.tensor, true, decided_nanos, nullptr);
+    case Kind::kStage: return ops_.Stage(a.tensor);
+    case Kind::kEvict: return ops_.Evict(a.tensor, false, decided_nanos);
+    case Kind::kEvictDead: return ops_.Evict(a.tensor, true, decided_nanos);
     case Kind::kPushDown: return ops_.PushDown(a.tensor);
     case Kind::kDrop: return ops_.DropDram(a.tensor);
     case Kind::kDropNvme: return ops_.DropNvme(a.tensor);
-    case Kind::kDiscard: return ops_.Evict(a.tensor, /*dead=*/true, decided_nanos, nullptr);  // every copy, unless rewritten
+    case Kind::kDiscard: return ops_.Evict(a.tensor, /*dead=*/true, decided_nanos);  // every copy, unless rewritten
   }
   return absl::InternalError("unknown action");
 }
@@ -286,7 +281,16 @@ bool Executor::Step(int lane_index, std::unique_lock<std::mutex>& lock) {
       } else {
         l.done_ahead.insert(pos);
       }
-      if (a.dram_ticket >= 0) PassTicket((pos / size) * schedule_.dram_tickets + a.dram_ticket);
+      if (a.dram_ticket >= 0) {
+        Schedule& sc = schedule_;
+        const int64_t ticket = (pos / size) * sc.dram_tickets + a.dram_ticket;
+        if (ticket == sc.next_ticket) {
+          ++sc.next_ticket;
+          while (sc.tickets_done_ahead.erase(sc.next_ticket) > 0) ++sc.next_ticket;
+        } else {
+          sc.tickets_done_ahead.insert(ticket);
+        }
+      }
       ++version_;
       changed_.notify_all();
     };
@@ -301,20 +305,9 @@ bool Executor::Step(int lane_index, std::unique_lock<std::mutex>& lock) {
     const int64_t decided = clock_.NowNanos();
     const int64_t generation = replan_generation_;
     in_flight_pos_[lane_index] = pos;
-    // The tiers say when the move has its DRAM room: the next move that needs room may go.
-    RoomTaken room_taken;
-    if (a.dram_ticket >= 0) {
-      room_taken = [this, generation, ticket = (pos / size) * schedule_.dram_tickets + a.dram_ticket] {
-        std::lock_guard<std::mutex> taken(mutex_);
-        if (generation != replan_generation_) return;
-        PassTicket(ticket);
-        ++version_;
-        changed_.notify_all();
-      };
-    }
     lock.unlock();
     const int64_t start = clock_.NowNanos();
-    const absl::Status status = Do(a, decided, room_taken);
+    const absl::Status status = Do(a, decided);
     const int64_t end = clock_.NowNanos();
     lock.lock();
     in_flight_pos_[lane_index] = -1;
@@ -360,31 +353,6 @@ bool Executor::Step(int lane_index, std::unique_lock<std::mutex>& lock) {
     }
     finish(lane_now);
     return true;
-  }
-}
-
-bool Executor::DramRoomAhead(int64_t ticket, TensorIndex t) const {
-  constexpr int64_t kLookahead = 64;  // as the simulator's
-  const Schedule& sc = schedule_;
-  if (ticket - sc.next_ticket >= kLookahead) return false;
-  uint64_t reserved = 0;  // the earlier ones' room, not taken yet
-  for (int64_t k = sc.next_ticket; k < ticket; ++k) {
-    if (TicketPassed(k)) continue;
-    const auto [lane, index] = sc.ticket_holders[k % sc.dram_tickets];
-    reserved += graph_.tensors[sc.lanes[lane].actions[index].tensor].bytes;
-  }
-  const std::optional<uint64_t> free = ops_.DramFreeBytes();
-  return free.has_value() && *free >= reserved + graph_.tensors[t].bytes;
-}
-
-void Executor::PassTicket(int64_t ticket) {
-  Schedule& sc = schedule_;
-  if (TicketPassed(ticket)) return;
-  if (ticket == sc.next_ticket) {
-    ++sc.next_ticket;
-    while (sc.tickets_done_ahead.erase(sc.next_ticket) > 0) ++sc.next_ticket;
-  } else {
-    sc.tickets_done_ahead.insert(ticket);
   }
 }
 

@@ -49,12 +49,6 @@ namespace tierd::prefetcher {
 // What the executor asks of the tiers; the daemon implements it over its LeaseTable.
 // RESOURCE_EXHAUSTED: no free room yet (try again later); FAILED_PRECONDITION: the tensor
 // is in use or pinned (try again later); any other error is counted and the move skipped.
-// The moves that take DRAM room (write-backs, stages) get `room_taken`: called once the
-// room is theirs, before the bytes move, it lets the next move that needs DRAM room start
-// (as the simulator grants room when a move starts); not called, the turn passes when the
-// move is over. It takes the executor's lock: call it with no lock the executor's own
-// callers (NextUse, LayoutOffset) could be waiting on in the other order.
-using RoomTaken = std::function<void()>;
 class TierOps {
  public:
   virtual ~TierOps() = default;
@@ -64,16 +58,11 @@ class TierOps {
   // The GPU copy away. dead: every copy goes, nothing is written — unless the tensor was
   // written at or after `decided_nanos` (the client got to its next use first): then
   // FAILED_PRECONDITION, and nothing happens.
-  virtual absl::Status Evict(TensorIndex t, bool dead, int64_t decided_nanos, const RoomTaken& room_taken) = 0;
-  virtual absl::Status Stage(TensorIndex t, const RoomTaken& room_taken) = 0;  // a DRAM copy, from free room
+  virtual absl::Status Evict(TensorIndex t, bool dead, int64_t decided_nanos) = 0;
+  virtual absl::Status Stage(TensorIndex t) = 0;              // a DRAM copy, from free room
   virtual absl::Status PushDown(TensorIndex t) = 0;           // an NVMe copy, then no DRAM copy
   virtual absl::Status DropDram(TensorIndex t) = 0;           // the DRAM copy away
   virtual absl::Status DropNvme(TensorIndex t) = 0;           // the NVMe copy away (DRAM has it)
-  // Free DRAM room now, if the tiers can say without a lock anyone holds while calling the
-  // executor (it asks under its own). With it, a move that needs DRAM room may go ahead of
-  // earlier ones still waiting for their lane, when the room left covers them all (as the
-  // simulator grants it); without it (nullopt), DRAM room goes strictly in plan order.
-  virtual std::optional<uint64_t> DramFreeBytes() const { return std::nullopt; }
 };
 
 struct ExecutorOptions {
@@ -198,15 +187,7 @@ class Executor {
   bool Step(int lane, std::unique_lock<std::mutex>& lock);
   // Whether the action at global position `pos` of the lane may start now; *late if skipped.
   bool Ready(int lane, int64_t pos, bool* late) const;
-  absl::Status Do(const Action& a, int64_t decided_nanos, const RoomTaken& room_taken);
-  // Whether the move holding DRAM ticket `ticket` (global, after next_ticket) may take room
-  // ahead of the earlier ones not started: the free room covers them and it.
-  bool DramRoomAhead(int64_t ticket, TensorIndex t) const;
-  // Passes DRAM ticket `ticket` (global): the next may take room. Idempotent.
-  void PassTicket(int64_t ticket);
-  bool TicketPassed(int64_t ticket) const {
-    return ticket < schedule_.next_ticket || schedule_.tickets_done_ahead.count(ticket) > 0;
-  }
+  absl::Status Do(const Action& a, int64_t decided_nanos);
   void CheckDrift();
   void ReplanLocked();  // with mutex_ held
 

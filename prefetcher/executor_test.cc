@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
@@ -48,7 +47,7 @@ class ModelTiers : public TierOps {
     ++loads_;
     return absl::OkStatus();
   }
-  absl::Status Evict(TensorIndex t, bool dead, int64_t decided_nanos, const RoomTaken&) override {
+  absl::Status Evict(TensorIndex t, bool dead, int64_t decided_nanos) override {
     std::lock_guard<std::mutex> lock(mutex_);
     if (in_use_.count(t)) return absl::FailedPreconditionError("in use");
     if (dead && written_at_[t] >= decided_nanos) return absl::FailedPreconditionError("written since");
@@ -63,7 +62,7 @@ class ModelTiers : public TierOps {
     Drop(t);
     return absl::OkStatus();
   }
-  absl::Status Stage(TensorIndex, const RoomTaken&) override { return absl::OkStatus(); }  // one tier below here
+  absl::Status Stage(TensorIndex) override { return absl::OkStatus(); }  // one tier below here
   absl::Status PushDown(TensorIndex) override { return absl::OkStatus(); }
   // (NVMe is not modelled: a drop is only right where the GPU holds the same bytes, as after
   // an exclusive load, or where the value is dead.)
@@ -415,149 +414,6 @@ TEST(ExecutorTest, AHoistedLoadIsLateOnlyOnceTheOpThatUsesItIsOver) {
 
 // tierctl plan --session shows where each lane is and whose turn it is to take DRAM room;
 // the turn moves on as write-backs land.
-// Tiers whose stage takes its DRAM room at once and then holds its bytes in flight until
-// told to finish; write-backs (of tensor 0) are counted as they start.
-class SlowStageTiers : public TierOps {
- public:
-  absl::Status Load(TensorIndex) override { return absl::OkStatus(); }
-  absl::Status Evict(TensorIndex t, bool, int64_t, const RoomTaken& room_taken) override {
-    if (room_taken) room_taken();
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (t != 0) return absl::OkStatus();  // only x is written back
-    ++write_backs_;
-    if (stage_in_flight_) ++write_backs_during_stage_;
-    changed_.notify_all();
-    return absl::OkStatus();
-  }
-  absl::Status Stage(TensorIndex, const RoomTaken& room_taken) override {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stage_in_flight_ = true;
-    }
-    if (tell_room_taken_ && room_taken) room_taken();
-    std::unique_lock<std::mutex> lock(mutex_);
-    changed_.wait(lock, [&] { return finish_stage_; });
-    stage_in_flight_ = false;
-    return absl::OkStatus();
-  }
-  absl::Status PushDown(TensorIndex) override { return absl::OkStatus(); }
-  absl::Status DropDram(TensorIndex) override { return absl::OkStatus(); }
-  absl::Status DropNvme(TensorIndex) override { return absl::OkStatus(); }
-
-  // Whether a write-back started while the stage was in flight, waiting up to `wall` for one.
-  bool WriteBackDuringStage(std::chrono::milliseconds wall) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    changed_.wait_for(lock, wall, [&] { return write_backs_during_stage_ > 0; });
-    return write_backs_during_stage_ > 0;
-  }
-  void FinishStage() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    finish_stage_ = true;
-    changed_.notify_all();
-  }
-  int write_backs() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return write_backs_;
-  }
-  std::optional<uint64_t> DramFreeBytes() const override { return dram_free_; }
-  bool tell_room_taken_ = true;
-  std::optional<uint64_t> dram_free_;
-
- private:
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  bool stage_in_flight_ = false, finish_stage_ = false;
-  int write_backs_ = 0, write_backs_during_stage_ = 0;
-};
-
-// Two ops: `make` writes x (tensor 0), `use` reads s1 .. sN (100 B each). Before `use` the
-// plan stages each s (NVMe -> DRAM) and then writes x back (GPU -> DRAM): the stages have
-// DRAM's first turns, the write-back the last.
-struct StageThenWriteBack {
-  Graph g;
-  Plan plan;
-  explicit StageThenWriteBack(int stages = 1) {
-    g.tensors = {{"x", 100}};
-    std::vector<TensorIndex> staged;
-    for (int i = 1; i <= stages; ++i) {
-      g.tensors.push_back({"s" + std::to_string(i), 100});
-      staged.push_back(i);
-    }
-    g.ops.push_back({"make", {}, {}, 1, {0}});
-    g.ops.push_back({"use", staged, {}, 1});
-    plan.gpu.resident = {{0}, staged};
-    plan.gpu.loads = {{}, staged};
-    plan.gpu.allocs = {{0}, {}};
-    plan.gpu.evictions = {{}, {{0, true, false}}};
-    for (TensorIndex t : staged) {
-      plan.gpu.evictions[0].push_back({t, false, false});
-      plan.lower.events.push_back({1, LowerKind::kStage, t});
-    }
-    plan.lower.events.push_back({1, LowerKind::kWriteBack, 0});
-    for (TensorIndex t : staged) plan.lower.events.push_back({1, LowerKind::kRead, t});
-    plan.lower.dram_at_start.assign(g.tensors.size(), false);
-    plan.lower.dram_at_start[0] = true;
-    plan.lower.nvme_at_start.assign(g.tensors.size(), true);
-    plan.lower.nvme_at_start[0] = false;
-  }
-};
-
-// DRAM room goes in plan order, but the turn passes once a move has its room, as the
-// simulator grants it at the move's start: a write-back waiting for DRAM's turn starts
-// while the stage before it still reads from NVMe (the stage's bytes take 0.3 s at 7B; the
-// GPU room the next load needs waited for them).
-TEST(ExecutorTest, TheDramTurnPassesOnceAMoveHasItsRoomNotWhenItsBytesHaveMoved) {
-  StageThenWriteBack step;
-  FakeClock clock;
-  SlowStageTiers tiers;
-  Executor executor(step.g, step.plan, tiers, clock);
-  ASSERT_TRUE(executor.OpBegin(0).ok());  // the stage for `use` may start (a lap ahead)
-  ASSERT_TRUE(executor.OpBegin(1).ok());  // x's last use is over: its write-back may start
-  EXPECT_TRUE(tiers.WriteBackDuringStage(std::chrono::milliseconds(10'000)));
-  tiers.FinishStage();
-  executor.WaitIdle();
-  EXPECT_EQ(tiers.write_backs(), 1);
-  EXPECT_EQ(executor.Stats().errors, 0u) << executor.Stats().last_error;
-}
-
-// Tiers that do not say when the room is taken: the turn passes when the stage is over.
-TEST(ExecutorTest, WithoutWordOfItsRoomTheDramTurnPassesWhenTheMoveIsOver) {
-  StageThenWriteBack step;
-  FakeClock clock;
-  SlowStageTiers tiers;
-  tiers.tell_room_taken_ = false;
-  Executor executor(step.g, step.plan, tiers, clock);
-  ASSERT_TRUE(executor.OpBegin(0).ok());
-  ASSERT_TRUE(executor.OpBegin(1).ok());
-  EXPECT_FALSE(tiers.WriteBackDuringStage(std::chrono::milliseconds(300)));
-  tiers.FinishStage();
-  executor.WaitIdle();
-  EXPECT_EQ(tiers.write_backs(), 1);
-}
-
-// A write-back whose DRAM turn comes after a stage still waiting for its lane (the lane is
-// busy with the stage before it) may go first when the free room covers both, as the
-// simulator lets it; not when it would take the room the waiting stage needs.
-TEST(ExecutorTest, AMoveMayTakeDramRoomAheadOfOneWaitingForItsLaneWhenTheRoomCoversBoth) {
-  // (The free figure is what is left once s1 has its room: 250 B covers s2 and x, not s1 too.)
-  for (const uint64_t free : {250, 150}) {
-    StageThenWriteBack step(/*stages=*/2);
-    FakeClock clock;
-    SlowStageTiers tiers;
-    tiers.dram_free_ = free;
-    Executor executor(step.g, step.plan, tiers, clock);
-    ASSERT_TRUE(executor.OpBegin(0).ok());
-    ASSERT_TRUE(executor.OpBegin(1).ok());
-    // s1 in flight, s2 waiting behind it; x needs 100 B and s2 100 B.
-    EXPECT_EQ(tiers.WriteBackDuringStage(std::chrono::milliseconds(free >= 200 ? 10'000 : 300)), free >= 200)
-        << free << " B free; " << executor.Describe();
-    tiers.FinishStage();
-    executor.WaitIdle();
-    EXPECT_EQ(tiers.write_backs(), 1);
-    EXPECT_EQ(executor.Stats().errors, 0u) << executor.Stats().last_error;
-  }
-}
-
 TEST(ExecutorTest, DescribeSaysWhoseTurnItIsForDramRoom) {
   SmallStep step;
   ExecutorOptions options;

@@ -144,13 +144,6 @@ ArenaId LeaseTable::SessionArena(SessionId id, Tier tier) const {
   return session.ok() ? (*session)->ArenaOf(tier) : kNoArena;
 }
 
-uint64_t LeaseTable::FreeBytes(SessionId id, Tier tier) const {
-  if (tier == Tier::kNvme) return 0;
-  auto session = GetSession(id);
-  if (!session.ok() || (*session)->ArenaOf(tier) == kNoArena) return 0;
-  return store_.ArenaStats((*session)->ArenaOf(tier)).free_bytes;
-}
-
 absl::StatusOr<std::shared_ptr<LeaseTable::Session>> LeaseTable::GetSession(SessionId id) const {
   absl::MutexLock lock(&mutex_);
   auto it = sessions_.find(id);

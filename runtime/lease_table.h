@@ -121,10 +121,6 @@ class LeaseTable {
   // Frees every lease and the arenas. The client must no longer touch its mappings.
   absl::Status CloseSession(SessionId session);
   ArenaId SessionArena(SessionId session, Tier tier) const;
-  // Free room in the session's GPU or DRAM arena now, read without the session's lock (so
-  // the planner may ask while holding its own): stale as soon as it returns, for pacing
-  // moves, never for correctness. 0 for an unknown session or a tier it has no arena in.
-  uint64_t FreeBytes(SessionId session, Tier tier) const;
   absl::StatusOr<SessionQuota> Quota(SessionId session) const;
   // What the session holds in each tier now (allocated bytes: every copy, acquired or not)
   // and the most it held since it opened or since the last call with `reset_peaks` (then
@@ -157,14 +153,10 @@ class LeaseTable {
   // unless the tensor was written at or after `unless_written_since` (clock nanos), which
   // means the client got to that next use first: then FAILED_PRECONDITION. Both:
   // FAILED_PRECONDITION for an acquired or pinned tensor (the plan is out of step with the
-  // client), OK when there is nothing to do. `room_taken`, when given, is called once the
-  // move has its room in the destination tier and before its bytes move (under the
-  // session's lock: it must not call back into the table), so the planner can let its next
-  // move that needs room there start; it is not called when no room was taken.
-  absl::Status Prefetch(SessionId session, TensorId tensor, Tier tier, bool evict,
-                        const std::function<void()>& room_taken = {});
+  // client), OK when there is nothing to do.
+  absl::Status Prefetch(SessionId session, TensorId tensor, Tier tier, bool evict);
   absl::Status Demote(SessionId session, TensorId tensor, Tier from, bool dead,
-                      int64_t unless_written_since = INT64_MAX, const std::function<void()>& room_taken = {});
+                      int64_t unless_written_since = INT64_MAX);
 
   // With a registered graph, the planner knows when each tensor is next used: room made on
   // demand (a miss, an overwrite with no room reserved) then goes to the tensor used
@@ -247,9 +239,7 @@ class LeaseTable {
   // Waits for the client's pending GPU work on t's GPU copy, if any.
   absl::Status SettleGpuCopy(Tensor& t);
   // Lets s.mutex go while the bytes move; the caller holds t.busy.
-  // `room_taken` (if set) is called once the destination is allocated, before the bytes move.
-  absl::Status CopyTo(Session& s, Tensor& t, Tier tier, bool evict = true,
-                      const std::function<void()>& room_taken = {}) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
+  absl::Status CopyTo(Session& s, Tensor& t, Tier tier, bool evict = true) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   void DropCopy(Session& s, Tensor& t, Tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   std::string Occupancy(Session& s, Tier tier) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   std::optional<Tier> PinFor(const std::string& name) const;

@@ -133,8 +133,7 @@ absl::Status LeaseTable::ReleaseLocked(Session& s, Tensor& t, std::unique_ptr<Gp
   return absl::OkStatus();
 }
 
-absl::Status LeaseTable::Prefetch(SessionId session_id, TensorId id, Tier tier, bool evict,
-                                  const std::function<void()>& room_taken) {
+absl::Status LeaseTable::Prefetch(SessionId session_id, TensorId id, Tier tier, bool evict) {
   return OnTensor<absl::Status>(session_id, id, [&](Session& s, Tensor& t) -> absl::Status {
     // Brought in for a use soon: the least-recently-used fallback must not pick it first.
     t.last_use = ++s.tick;
@@ -149,11 +148,10 @@ absl::Status LeaseTable::Prefetch(SessionId session_id, TensorId id, Tier tier, 
       if (!extent.ok()) return extent.status();
       for (Tier other : {Tier::kGpu, Tier::kDram, Tier::kNvme}) DropCopy(s, t, other);
       t.copies[static_cast<int>(tier)] = *extent;
-      if (room_taken) room_taken();
       return absl::OkStatus();
     }
     ++t.busy;
-    absl::Status status = CopyTo(s, t, tier, evict, room_taken);
+    absl::Status status = CopyTo(s, t, tier, evict);
     --t.busy;
     if (status.ok() && t.written) {
       absl::MutexLock stats_lock(&stats_mutex_);
@@ -165,7 +163,7 @@ absl::Status LeaseTable::Prefetch(SessionId session_id, TensorId id, Tier tier, 
 }
 
 absl::Status LeaseTable::Demote(SessionId session_id, TensorId id, Tier from, bool dead,
-                               int64_t unless_written_since, const std::function<void()>& room_taken) {
+                               int64_t unless_written_since) {
   return OnTensor<absl::Status>(session_id, id, [&](Session& s, Tensor& t) -> absl::Status {
     if (t.acquired > 0) {
       return absl::FailedPreconditionError(absl::StrFormat("'%s' is acquired", t.spec.name));
@@ -197,10 +195,9 @@ absl::Status LeaseTable::Demote(SessionId session_id, TensorId id, Tier from, bo
         auto extent = AllocateIn(s, below, t.bytes, /*evict=*/false, &t.spec.name);
         if (!extent.ok()) return extent.status();
         t.copies[static_cast<int>(below)] = *extent;
-        if (room_taken) room_taken();
       } else {
         ++t.busy;
-        absl::Status status = CopyTo(s, t, below, /*evict=*/false, room_taken);
+        absl::Status status = CopyTo(s, t, below, /*evict=*/false);
         --t.busy;
         if (!status.ok()) return status;
         absl::MutexLock stats_lock(&stats_mutex_);

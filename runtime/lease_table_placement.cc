@@ -304,8 +304,7 @@ absl::Status LeaseTable::EvictOne(Session& s, Tier tier, std::set<const Tensor*>
   return absl::OkStatus();
 }
 
-absl::Status LeaseTable::CopyTo(Session& s, Tensor& t, Tier tier, bool evict,
-                                const std::function<void()>& room_taken) {
+absl::Status LeaseTable::CopyTo(Session& s, Tensor& t, Tier tier, bool evict) {
   TIERD_CHECK(!t.Has(tier));
   // The source: the adjacent tier holding the bytes, staging through DRAM if needed.
   std::optional<Tier> source;
@@ -328,7 +327,6 @@ absl::Status LeaseTable::CopyTo(Session& s, Tensor& t, Tier tier, bool evict,
   }
   auto destination = AllocateIn(s, tier, t.bytes, evict, &t.spec.name);
   if (!destination.ok()) return destination.status();
-  if (room_taken) room_taken();
   // The bytes move without the session lock: t is busy, so nobody frees its source or
   // picks it as a victim, and the destination is ours.
   const Extent source_extent = *t.copies[static_cast<int>(*source)];

@@ -2,9 +2,7 @@
 // and copies that let the session lock go so the planner's moves overlap the client.
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <condition_variable>
-#include <functional>
 #include <cstring>
 #include <future>
 #include <map>
@@ -289,54 +287,6 @@ TEST_F(PlanMovesTest, APlannedWriteBackTakesFreeRoomOnlyAndLosesNothing) {
     EXPECT_EQ(Pointer(*p)[0], 0x10 + i);
     ASSERT_TRUE(table_->Release(session_, kept[i]).ok());
   }
-  EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
-}
-
-// The planner lets its next move that needs DRAM room start once this one has its room:
-// the table says so after allocating and before the bytes move, and only then.
-TEST_F(PlanMovesTest, AMoveSaysWhenItHasItsRoomBeforeItsBytesMove) {
-  const TensorId g = LeaseWritten("g", 256 * 1024, 0x66);  // its only copy on the GPU
-  std::atomic<int> taken{0};
-  uint64_t free_when_taken = 0;
-  const std::function<void()> room_taken = [&] {
-    ++taken;
-    free_when_taken = table_->FreeBytes(session_, Tier::kDram);  // no session lock: callable here
-  };
-  const uint64_t free_before = table_->FreeBytes(session_, Tier::kDram);
-  EXPECT_EQ(free_before, 8 * kMiB);
-  EXPECT_EQ(table_->FreeBytes(session_ + 100, Tier::kDram), 0u);
-  gate_.Shut();
-  auto demote = std::async(std::launch::async, [&] {
-    return table_->Demote(session_, g, Tier::kGpu, /*dead=*/false, INT64_MAX, room_taken);
-  });
-  gate_.WaitForSleeper();  // the write-back's bytes are in flight
-  EXPECT_EQ(taken.load(), 1) << "the room below was taken before the copy began";
-  EXPECT_EQ(free_when_taken, free_before - 1 * kMiB);
-  gate_.Open();
-  ASSERT_TRUE(demote.get().ok());
-  EXPECT_EQ(taken.load(), 1);
-  // To NVMe and back to DRAM (a stage): once.
-  ASSERT_TRUE(table_->Prefetch(session_, g, Tier::kNvme, /*evict=*/false).ok());
-  ASSERT_TRUE(table_->Demote(session_, g, Tier::kDram, /*dead=*/false).ok());
-  ASSERT_TRUE(table_->Prefetch(session_, g, Tier::kDram, /*evict=*/false, room_taken).ok());
-  EXPECT_EQ(taken.load(), 2);
-  // Already there: no room taken, no word.
-  ASSERT_TRUE(table_->Prefetch(session_, g, Tier::kDram, /*evict=*/false, room_taken).ok());
-  EXPECT_EQ(taken.load(), 2);
-  // No room: refused, no word.
-  for (int i = 0; i < 8; ++i) {
-    auto id = table_->Lease(session_, Spec("fill" + std::to_string(i), 256 * 1024));
-    ASSERT_TRUE(id.ok()) << id.status();
-    auto p = table_->Acquire(session_, *id, Access::kOverwrite, Place::kHost);
-    if (!p.ok()) break;  // DRAM is full
-    ASSERT_TRUE(table_->Release(session_, *id).ok());
-  }
-  const TensorId h = LeaseWritten("h", 256 * 1024, 0x67);
-  const absl::Status full = table_->Demote(session_, h, Tier::kGpu, /*dead=*/false, INT64_MAX, room_taken);
-  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
-  EXPECT_EQ(taken.load(), 2);
-  EXPECT_TRUE(Holds(g, 0x66));
-  EXPECT_TRUE(Holds(h, 0x67));
   EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
 }
 

@@ -30,15 +30,11 @@ class PlannedSession::Ops final : public tp::TierOps {
   absl::Status Load(tp::TensorIndex t) override {
     return OnId(t, [&](TensorId id) { return leases_.Prefetch(session_, id, top_, /*evict=*/false); });
   }
-  // room_taken is called under the session's lock: the executor's lock comes after it, as
-  // for the advisors (NextUse, LayoutOffset).
-  absl::Status Evict(tp::TensorIndex t, bool dead, int64_t decided_nanos, const tp::RoomTaken& room_taken) override {
-    return OnId(t, [&](TensorId id) { return leases_.Demote(session_, id, top_, dead, decided_nanos, room_taken); });
+  absl::Status Evict(tp::TensorIndex t, bool dead, int64_t decided_nanos) override {
+    return OnId(t, [&](TensorId id) { return leases_.Demote(session_, id, top_, dead, decided_nanos); });
   }
-  absl::Status Stage(tp::TensorIndex t, const tp::RoomTaken& room_taken) override {
-    return OnId(t, [&](TensorId id) {
-      return leases_.Prefetch(session_, id, Tier::kDram, /*evict=*/false, room_taken);
-    });
+  absl::Status Stage(tp::TensorIndex t) override {
+    return OnId(t, [&](TensorId id) { return leases_.Prefetch(session_, id, Tier::kDram, /*evict=*/false); });
   }
   absl::Status PushDown(tp::TensorIndex t) override {
     return OnId(t, [&](TensorId id) {
@@ -49,12 +45,6 @@ class PlannedSession::Ops final : public tp::TierOps {
   }
   absl::Status DropNvme(tp::TensorIndex t) override {
     return OnId(t, [&](TensorId id) { return leases_.Demote(session_, id, Tier::kNvme, /*dead=*/false); });
-  }
-  // The session's free DRAM, read without its lock (the executor asks under its own). For a
-  // client on the host DRAM is the top tier and the room below is NVMe's: nothing to say.
-  std::optional<uint64_t> DramFreeBytes() const override {
-    if (top_ != Tier::kGpu) return std::nullopt;
-    return leases_.FreeBytes(session_, Tier::kDram);
   }
   absl::Status DropDram(tp::TensorIndex t) override {
     return OnId(t, [&](TensorId id) { return leases_.Demote(session_, id, Tier::kDram, /*dead=*/false); });

@@ -216,10 +216,10 @@ class LeaseTable {
   // else the least recently used; none in flight). False when there is none.
   bool DropNvmeDuplicate(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   // A fragmented GPU or DRAM arena (the free bytes suffice, no free block does): moves the
-  // smallest idle copy whose free neighbours and itself make `bytes` into a free block
-  // elsewhere in the arena (within the session's segment or region, instead of writing
-  // anything to the tier below). Returns the offset of the joined block; RESOURCE_EXHAUSTED
-  // when no single move joins enough.
+  // fewest bytes of idle copies side by side (up to 4) whose free neighbours and themselves
+  // make `bytes`, into free blocks elsewhere in the arena (within the session's segment or
+  // region, instead of writing anything to the tier below). Returns the offset of the
+  // joined block; RESOURCE_EXHAUSTED when no such move joins enough.
   absl::StatusOr<uint64_t> Relocate(Session& s, Tier tier, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   // Moves t's copy in `tier` to `to` (a fresh extent of the same arena) and frees the old
   // range: DRAM by memcpy, the GPU over the Mover once the client's work on it is done.

@@ -2,6 +2,7 @@
 // room, copying a tensor between tiers through the Mover.
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <set>
 #include <vector>
 
@@ -140,35 +141,75 @@ absl::StatusOr<uint64_t> LeaseTable::Relocate(Session& s, Tier tier, uint64_t by
     if (copy.has_value() && copy->arena == arena) held.push_back({copy->offset(), copy->offset() + copy->bytes(), t.get()});
   }
   std::sort(held.begin(), held.end(), [](const Held& a, const Held& b) { return a.begin < b.begin; });
-  auto gap_before = [&](size_t k) { return held[k].begin - (k == 0 ? 0 : held[k - 1].end); };
-  auto gap_after = [&](size_t k) {
-    return (k + 1 < held.size() ? held[k + 1].begin : stats.region_bytes) - held[k].end;
-  };
-  // The idle copies whose range with its free neighbours would hold `bytes`, smallest first
-  // (the cheapest copy).
-  std::vector<size_t> candidates;
-  for (size_t k = 0; k < held.size(); ++k) {
+  // Gap k lies before held[k] (k == held.size(): after the last copy).
+  auto gap_begin = [&](size_t k) { return k == 0 ? 0 : held[k - 1].end; };
+  auto gap_end = [&](size_t k) { return k < held.size() ? held[k].begin : stats.region_bytes; };
+  auto idle = [&](size_t k) {
     const Tensor& t = *held[k].tensor;
-    if (t.busy > 0 || t.acquired > 0 || t.pinned.has_value()) continue;  // hands off
-    if (gap_before(k) + (held[k].end - held[k].begin) + gap_after(k) >= bytes) candidates.push_back(k);
-  }
-  std::sort(candidates.begin(), candidates.end(), [&](size_t a, size_t b) {
-    return held[a].end - held[a].begin < held[b].end - held[b].begin;
-  });
-  for (size_t c : candidates) {
-    Tensor& t = *held[c].tensor;
-    // A free block elsewhere for it: a gap other than the two beside it that holds it.
-    for (size_t k = 0; k <= held.size(); ++k) {
-      const uint64_t begin = k == 0 ? 0 : held[k - 1].end;
-      const uint64_t end = k < held.size() ? held[k].begin : stats.region_bytes;
-      if (k == c || k == c + 1 || end - begin < t.bytes) continue;
-      auto to = store_.AllocateAt(arena, begin, t.bytes);
-      if (!to.ok()) continue;  // taken by a move in flight, or alignment: try the next
-      if (absl::Status moved = MoveWithin(s, t, tier, *to); !moved.ok()) return moved;
-      return held[c].begin - gap_before(c);  // the joined block's start
+    return t.busy == 0 && t.acquired == 0 && !t.pinned.has_value();  // hands off the others
+  };
+  // A window of up to kMaxMoves idle copies side by side whose range, with the gaps on
+  // either side, holds `bytes`; its copies go into the gaps outside it (largest first, each
+  // into the smallest that holds it). The window that moves the fewest bytes wins.
+  constexpr size_t kMaxMoves = 4;
+  struct Move {
+    size_t copy;
+    uint64_t to;
+  };
+  std::vector<Move> best;
+  uint64_t best_moved = UINT64_MAX, best_begin = 0;
+  for (size_t i = 0; i < held.size(); ++i) {
+    for (size_t j = i; j < held.size() && j < i + kMaxMoves && idle(j); ++j) {
+      if (gap_end(j + 1) - gap_begin(i) < bytes) continue;  // widen the window
+      uint64_t moved = 0;
+      std::vector<size_t> copies;
+      for (size_t k = i; k <= j; ++k) {
+        copies.push_back(k);
+        moved += held[k].end - held[k].begin;
+      }
+      if (moved >= best_moved) break;
+      std::sort(copies.begin(), copies.end(), [&](size_t a, size_t b) {
+        return held[a].end - held[a].begin > held[b].end - held[b].begin;
+      });
+      std::map<size_t, uint64_t> next_free;  // gaps outside the window used so far: where the next copy goes
+      std::vector<Move> moves;
+      for (size_t c : copies) {
+        const uint64_t size = held[c].end - held[c].begin;
+        size_t pick = SIZE_MAX;
+        uint64_t pick_room = UINT64_MAX;
+        for (size_t k = 0; k <= held.size(); ++k) {
+          if (k >= i && k <= j + 1) continue;  // inside the window
+          const auto used = next_free.find(k);
+          const uint64_t from = used == next_free.end() ? gap_begin(k) : used->second;
+          const uint64_t room = gap_end(k) - from;
+          if (room >= size && room < pick_room) {
+            pick = k;
+            pick_room = room;
+          }
+        }
+        if (pick == SIZE_MAX) break;
+        const auto used = next_free.find(pick);
+        const uint64_t to = used == next_free.end() ? gap_begin(pick) : used->second;
+        moves.push_back({c, to});
+        next_free[pick] = to + size;
+      }
+      if (moves.size() == copies.size()) {
+        best = std::move(moves);
+        best_moved = moved;
+        best_begin = gap_begin(i);
+      }
+      break;  // a wider window from i only moves more
     }
   }
-  return absl::ResourceExhaustedError("no single move of an idle copy joins enough free space");
+  if (best.empty()) return absl::ResourceExhaustedError(absl::StrFormat(
+      "no move of up to %d idle copies side by side joins enough free space", kMaxMoves));
+  for (const Move& m : best) {
+    Tensor& t = *held[m.copy].tensor;
+    auto to = store_.AllocateAt(arena, m.to, t.bytes);
+    if (!to.ok()) return to.status();  // taken by a move in flight: the moves so far stand
+    if (absl::Status moved = MoveWithin(s, t, tier, *to); !moved.ok()) return moved;
+  }
+  return best_begin;  // the joined block's start
 }
 
 absl::Status LeaseTable::MoveWithin([[maybe_unused]] Session& s, Tensor& t, Tier tier, const Extent& to) {

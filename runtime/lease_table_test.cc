@@ -124,6 +124,49 @@ TEST_F(LeaseTableTest, AFragmentedGpuJoinsFreeSpaceByMovingACopyNotByEvicting) {
   ExpectAFragmentedArenaJoinsFreeSpaceByMovingACopy(*this, *table, Place::kGpu, {4 * kMiB, 8 * kMiB, 8 * kMiB});
 }
 
+// DRAM fragmented so that no single move joins enough: 4 MiB free as 1 + 1 + 2 MiB holes
+// with two copies between the 1 MiB ones. Moving both into the 2 MiB hole makes a 4 MiB
+// block, and the new lease takes it instead of going to NVMe; every value stays.
+TEST_F(LeaseTableTest, AFragmentedDramMovesTwoCopiesWhenNoSingleMoveJoinsEnough) {
+  auto table = Table();
+  auto s = *table->OpenSession("fragmented", {1 * kMiB, 10 * kMiB, 16 * kMiB});
+  std::vector<std::pair<uint64_t, TensorId>> by_offset;
+  std::map<TensorId, uint32_t> seeds;
+  for (int k = 0; k < 10; ++k) {
+    const TensorId id = *table->Lease(s, Spec("t" + std::to_string(k), 256 * 1024));  // 1 MiB each
+    seeds[id] = 20 + k;
+    Write(*table, s, id, seeds[id], Place::kHost);
+    auto p = table->Acquire(s, id, Access::kRead, Place::kHost);
+    ASSERT_TRUE(p.ok()) << p.status();
+    ASSERT_EQ(p->tier, Tier::kDram);
+    by_offset.push_back({p->offset, id});
+    ASSERT_TRUE(table->Release(s, id).ok());
+  }
+  std::sort(by_offset.begin(), by_offset.end());
+  ASSERT_EQ(by_offset.back().first, 9 * kMiB) << "the premise: DRAM full, 1 MiB each, side by side";
+  std::map<TensorId, uint32_t> kept;  // id -> seed
+  for (int k = 0; k < 10; ++k) {
+    const TensorId id = by_offset[k].second;
+    if (k == 1 || k == 4 || k == 8 || k == 9) {
+      ASSERT_TRUE(table->Unlease(s, id).ok());
+    } else {
+      kept[id] = seeds[id];
+    }
+  }
+  const LeaseStats before = table->Stats();
+  const TensorId big = *table->Lease(s, Spec("big", 1024 * 1024));  // 4 MiB: only DRAM or NVMe hold it
+  std::array<bool, kTierCount> copies{};
+  for (const LeaseView& v : table->List(s)) {
+    if (v.id == big) copies = v.copies;
+  }
+  EXPECT_TRUE(copies[static_cast<int>(Tier::kDram)]) << "big went past a DRAM with 4 MiB free";
+  const LeaseStats after = table->Stats();
+  EXPECT_EQ(after.relocations, before.relocations + 2);
+  EXPECT_EQ(after.writebacks, before.writebacks);
+  for (const auto& [id, seed] : kept) EXPECT_TRUE(Holds(*table, s, id, seed, Place::kHost)) << id;
+  EXPECT_TRUE(table->Validate().ok()) << table->Validate();
+}
+
 // A victim whose write-back finds no room below (here the NVMe quota has 1.5 MiB left and the
 // least recently used DRAM tensor is 2 MiB) is passed over for one that fits, instead of
 // failing the acquire that needed the room. Nothing is lost on the way.

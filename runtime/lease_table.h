@@ -218,12 +218,17 @@ class LeaseTable {
   // A fragmented GPU or DRAM arena (the free bytes suffice, no free block does): moves the
   // fewest bytes of idle copies side by side (up to 4) whose free neighbours and themselves
   // make `bytes`, into free blocks elsewhere in the arena (within the session's segment or
-  // region, instead of writing anything to the tier below). Returns the offset of the
-  // joined block; RESOURCE_EXHAUSTED when no such move joins enough.
+  // region, instead of writing anything to the tier below); in DRAM, up to 8 such copies
+  // may instead slide together to the window's low end when the gaps inside it make
+  // `bytes`. Returns the offset of the joined block; RESOURCE_EXHAUSTED when no such move
+  // joins enough.
   absl::StatusOr<uint64_t> Relocate(Session& s, Tier tier, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   // Moves t's copy in `tier` to `to` (a fresh extent of the same arena) and frees the old
   // range: DRAM by memcpy, the GPU over the Mover once the client's work on it is done.
   absl::Status MoveWithin(Session& s, Tensor& t, Tier tier, const Extent& to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
+  // Moves t's DRAM copy down to `to_offset` in its arena, a range that may overlap its own
+  // (the gap before it and part of itself): a memmove.
+  absl::Status SlideWithin(Session& s, Tensor& t, Tier tier, uint64_t to_offset) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   // A GPU copy the online allocator placed (its layout range was taken then) goes to the
   // layout's offset for the op the client is on, if that range is free now: the tensors one
   // op acquires together then sit where the layout keeps them apart, and cannot split the

@@ -158,9 +158,14 @@ absl::StatusOr<uint64_t> LeaseTable::Relocate(Session& s, Tier tier, uint64_t by
   };
   std::vector<Move> best;
   uint64_t best_moved = UINT64_MAX, best_begin = 0;
+  // In DRAM the window's copies may instead slide together to its low end (memmove: the
+  // ranges may overlap), joining the gaps inside it: no gap elsewhere need hold them.
+  bool best_slides = false;
+  size_t slide_from = 0, slide_to = 0;
   for (size_t i = 0; i < held.size(); ++i) {
-    for (size_t j = i; j < held.size() && j < i + kMaxMoves && idle(j); ++j) {
-      if (gap_end(j + 1) - gap_begin(i) < bytes) continue;  // widen the window
+    for (size_t j = i; j < held.size() && j < i + 2 * kMaxMoves && idle(j); ++j) {
+      const uint64_t span = gap_end(j + 1) - gap_begin(i);
+      if (span < bytes) continue;  // widen the window
       uint64_t moved = 0;
       std::vector<size_t> copies;
       for (size_t k = i; k <= j; ++k) {
@@ -168,6 +173,15 @@ absl::StatusOr<uint64_t> LeaseTable::Relocate(Session& s, Tier tier, uint64_t by
         moved += held[k].end - held[k].begin;
       }
       if (moved >= best_moved) break;
+      if (tier == Tier::kDram && span - moved >= bytes) {
+        best.clear();
+        best_slides = true;
+        slide_from = i;
+        slide_to = j;
+        best_moved = moved;
+        break;
+      }
+      if (j >= i + kMaxMoves) continue;  // (wider windows only slide)
       std::sort(copies.begin(), copies.end(), [&](size_t a, size_t b) {
         return held[a].end - held[a].begin > held[b].end - held[b].begin;
       });
@@ -195,11 +209,25 @@ absl::StatusOr<uint64_t> LeaseTable::Relocate(Session& s, Tier tier, uint64_t by
       }
       if (moves.size() == copies.size()) {
         best = std::move(moves);
+        best_slides = false;
         best_moved = moved;
         best_begin = gap_begin(i);
+        break;  // a wider window from i only moves more
       }
-      break;  // a wider window from i only moves more
+      // (In DRAM a wider window may still slide.)
+      if (tier != Tier::kDram) break;
     }
+  }
+  if (best_slides) {
+    uint64_t cursor = gap_begin(slide_from);
+    for (size_t k = slide_from; k <= slide_to; ++k) {
+      Tensor& t = *held[k].tensor;
+      if (held[k].begin != cursor) {
+        if (absl::Status slid = SlideWithin(s, t, tier, cursor); !slid.ok()) return slid;
+      }
+      cursor += held[k].end - held[k].begin;
+    }
+    return cursor;  // the joined block: from the last slid copy's end to the window's end
   }
   if (best.empty()) return absl::ResourceExhaustedError(absl::StrFormat(
       "no move of up to %d idle copies side by side joins enough free space", kMaxMoves));
@@ -210,6 +238,26 @@ absl::StatusOr<uint64_t> LeaseTable::Relocate(Session& s, Tier tier, uint64_t by
     if (absl::Status moved = MoveWithin(s, t, tier, *to); !moved.ok()) return moved;
   }
   return best_begin;  // the joined block's start
+}
+
+absl::Status LeaseTable::SlideWithin([[maybe_unused]] Session& s, Tensor& t, Tier tier, uint64_t to_offset) {
+  TIERD_CHECK(tier == Tier::kDram);
+  const Extent from = *t.copies[static_cast<int>(tier)];
+  // The new range overlaps the old one: free it first (only this session allocates in its
+  // arena, under the lock held here), take the new one, then move the bytes.
+  TIERD_CHECK_OK(store_.Free(from));
+  auto to = store_.AllocateAt(from.arena, to_offset, t.bytes);
+  if (!to.ok()) {  // (cannot happen while the lock is held; if it did, the old range is still free)
+    auto back = store_.AllocateAt(from.arena, from.offset(), t.bytes);
+    TIERD_CHECK_OK(back.status());
+    t.copies[static_cast<int>(tier)] = *back;
+    return to.status();
+  }
+  std::memmove(store_.Address(*to), store_.Address(from), t.bytes);
+  t.copies[static_cast<int>(tier)] = *to;
+  absl::MutexLock stats_lock(&stats_mutex_);
+  ++stats_.relocations;
+  return absl::OkStatus();
 }
 
 absl::Status LeaseTable::MoveWithin([[maybe_unused]] Session& s, Tensor& t, Tier tier, const Extent& to) {

@@ -167,6 +167,44 @@ TEST_F(LeaseTableTest, AFragmentedDramMovesTwoCopiesWhenNoSingleMoveJoinsEnough)
   EXPECT_TRUE(table->Validate().ok()) << table->Validate();
 }
 
+// DRAM fragmented with no free block elsewhere that holds a copy: 3 MiB free as three 1 MiB
+// holes between 2 MiB copies (the last 1 MiB copy held by the client). A copy slides down
+// into the hole before it (the ranges overlap: a memmove), joining two holes into the
+// 2 MiB a new lease needs; its bytes are intact.
+TEST_F(LeaseTableTest, AFragmentedDramSlidesACopyIntoTheHoleBeforeIt) {
+  auto table = Table();
+  auto s = *table->OpenSession("slide", {1 * kMiB, 10 * kMiB, 16 * kMiB});
+  const char* names[] = {"a", "x1", "b", "x2", "c", "x3", "x4"};
+  const uint64_t mib[] = {2, 1, 2, 1, 2, 1, 1};
+  std::map<std::string, TensorId> ids;
+  for (int k = 0; k < 7; ++k) {
+    ids[names[k]] = *table->Lease(s, Spec(names[k], mib[k] * 256 * 1024));
+    Write(*table, s, ids[names[k]], 40 + k, Place::kHost);
+  }
+  uint64_t expected = 0;
+  for (int k = 0; k < 7; ++k) {
+    auto p = table->Acquire(s, ids[names[k]], Access::kRead, Place::kHost);
+    ASSERT_TRUE(p.ok()) << p.status();
+    ASSERT_EQ(p->offset, expected * kMiB) << "the premise: " << names[k] << " in lease order";
+    ASSERT_TRUE(table->Release(s, ids[names[k]]).ok());
+    expected += mib[k];
+  }
+  for (const char* hole : {"x1", "x2", "x3"}) ASSERT_TRUE(table->Unlease(s, ids[hole]).ok());
+  ASSERT_TRUE(table->Acquire(s, ids["x4"], Access::kRead, Place::kHost).ok());  // held: it may not move
+  const LeaseStats before = table->Stats();
+  const TensorId big = *table->Lease(s, Spec("big", 512 * 1024));  // 2 MiB
+  std::array<bool, kTierCount> copies{};
+  for (const LeaseView& v : table->List(s)) {
+    if (v.id == big) copies = v.copies;
+  }
+  EXPECT_TRUE(copies[static_cast<int>(Tier::kDram)]) << "big went past a DRAM with 3 MiB free";
+  EXPECT_EQ(table->Stats().relocations, before.relocations + 1);
+  EXPECT_EQ(table->Stats().writebacks, before.writebacks);
+  ASSERT_TRUE(table->Release(s, ids["x4"]).ok());
+  for (int k : {0, 2, 4, 6}) EXPECT_TRUE(Holds(*table, s, ids[names[k]], 40 + k, Place::kHost)) << names[k];
+  EXPECT_TRUE(table->Validate().ok()) << table->Validate();
+}
+
 // A victim whose write-back finds no room below (here the NVMe quota has 1.5 MiB left and the
 // least recently used DRAM tensor is 2 MiB) is passed over for one that fits, instead of
 // failing the acquire that needed the room. Nothing is lost on the way.

@@ -73,9 +73,16 @@ struct Tiers {
   SessionId session = 0;
 };
 
+// The session's quotas as shares of the model's state.
+struct Shares {
+  double gpu = 0.45, dram = 0.5, nvme = 2;
+};
+
 class PlannerSimulation : public ::testing::Test {
  protected:
-  void Run(bool race);
+  // `tight`: the tiers barely hold the state (as the H200's 7B run); only correctness is
+  // checked (no miss or placement targets).
+  void Run(bool race, Shares shares = {}, bool tight = false);
   void Fill(uint8_t* p, uint64_t bytes, uint64_t seed) {
     for (uint64_t i = 0; i + 8 <= bytes; i += 8) {
       const uint64_t w = Word(seed, i / 8);
@@ -95,7 +102,7 @@ class PlannerSimulation : public ::testing::Test {
 // copy takes 200 us on the wall, so the client runs ahead of the lanes: only its acquires'
 // waits for the queued planned moves keep it on the plan. (Without them it fetched on demand
 // after warm-up in 11 of 20 runs, and waited for no planned move; with them, in none of 20.)
-void PlannerSimulation::Run(bool race) {
+void PlannerSimulation::Run(bool race, Shares shares, bool tight) {
   tp::TraceOptions trace;
   trace.micro_batch_seqs = 1;
   trace.seq_len = 64;
@@ -108,7 +115,8 @@ void PlannerSimulation::Run(bool race) {
   for (const auto& t : graph.tensors) total += (t.bytes + 4095) / 4096 * 4096;
   // The GPU holds under half of the state, DRAM half: weights, gradients and optimizer state
   // stream through all three tiers every iteration.
-  const tp::Budgets budgets{total * 45 / 100, total / 2, 2 * total};
+  const tp::Budgets budgets{static_cast<uint64_t>(total * shares.gpu), static_cast<uint64_t>(total * shares.dram),
+                            static_cast<uint64_t>(total * shares.nvme)};
   FakeClock fake;       // op time: the client advances it
   FakeClock link_time;  // link time: the fake GPU's copies advance it, with seeded jitter
   JitterClock link_clock(link_time, /*seed=*/7, /*jitter=*/0.2);
@@ -133,7 +141,9 @@ void PlannerSimulation::Run(bool race) {
     auto id = leases.Lease(*session, {g.name, TensorClass::kParam, DType::kU8, {static_cast<int64_t>(g.bytes)}});
     ASSERT_TRUE(id.ok()) << id.status();
     ids.push_back(*id);
-    auto p = leases.Acquire(*session, *id, Access::kOverwrite, Place::kHost);
+    // (Tight tiers hold the state only with the GPU's share: the first values are made
+    // there, as a trainer initializes its weights, and pushed down as room is needed.)
+    auto p = leases.Acquire(*session, *id, Access::kOverwrite, tight ? Place::kGpu : Place::kHost);
     ASSERT_TRUE(p.ok()) << p.status();
     Fill(engine.store->Address(Extent{p->tier, p->arena, Allocation{p->offset, p->bytes, 0}}), p->bytes, seed_of(t));
     ASSERT_TRUE(leases.Release(*session, *id).ok());
@@ -197,15 +207,21 @@ void PlannerSimulation::Run(bool race) {
               "those moved to the layout's offset when acquired, %lu moved to join free space\n",
               on_plan, off_plan, placed.rehomed - placed_before.rehomed,
               (placed.gpu_relocations - placed_before.gpu_relocations) - (placed.rehomed - placed_before.rehomed));
+  EXPECT_GT(reads_checked, 1000u);  // every read of every op of every iteration
+  EXPECT_EQ(seen.errors, 0u) << seen.last_error;
+  if (tight) {
+    std::printf("tight: DRAM moves against fragmentation %lu, NVMe copies dropped for room %lu\n",
+                static_cast<unsigned long>(placed.relocations),
+                static_cast<unsigned long>(placed.nvme_duplicates_dropped));
+    return;
+  }
   EXPECT_TRUE((*planned)->layout_fits()) << "the static layout fits this quota";
   EXPECT_GT(on_plan, 0u) << "copies went to the layout's offsets";
   std::printf("reads checked %lu, misses after warm-up %lu of %lu acquires, DRAM->GPU per iteration: predicted %lu, "
               "measured %lu\n",
               reads_checked, misses_after_warmup, acquires_after_warmup, predicted.h2d_bytes, h2d_measured);
-  EXPECT_GT(reads_checked, 1000u);  // every read of every op of every iteration
   // Every tensor is there when the client asks, after the first laps.
   EXPECT_EQ(misses_after_warmup, 0u) << "of " << acquires_after_warmup << " acquires";
-  EXPECT_EQ(seen.errors, 0u);
   EXPECT_GT(seen.loads, 0u);
   EXPECT_GT(leases.Stats().discards, 0u) << "dead activations were dropped, not written back";
   EXPECT_GT(engine.mover->Stats(Link::kNvmeToDram).bytes, 0u) << "the run went through NVMe";
@@ -231,6 +247,13 @@ TEST_F(PlannerSimulation, ManyIterationsThroughTheRealTiersLoseNothingAndMatchTh
 // A client that never waits for the executor still follows the plan: each acquire of a tensor
 // not yet on the GPU waits for the planned move of it instead of fetching it on demand.
 TEST_F(PlannerSimulation, AClientAheadOfTheLanesWaitsForThePlanNotTheDisk) { Run(true); }
+
+// Tiers that barely hold the state, near the H200's 7B run (GPU 22 and DRAM 64 GiB of 115;
+// this model needs NVMe at half its state to be plannable at those shares), the first
+// values made on the GPU, and the client ahead of the lanes: every acquire succeeds, every
+// read is right. (It does not reproduce the 7B run's failed first step, docs/BENCHMARKS.md
+// session 9: with the tiers' older joins it passes too; its tensors are of nearly one size.)
+TEST_F(PlannerSimulation, TiersThatBarelyHoldTheStateServeEveryAcquire) { Run(true, {0.19, 0.56, 0.5}, true); }
 
 // DRAM below the GPU relocates copies against fragmentation, so a planned session keeps only
 // three of the largest tensors of its quota free there, not a tenth (the GPU keeps its

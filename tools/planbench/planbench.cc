@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "base/units.h"
+#include "prefetcher/chrome_trace.h"
 #include "prefetcher/simulate.h"
 #include "prefetcher/synthetic.h"
 
@@ -40,6 +42,8 @@ ABSL_FLAG(bool, phases, false,
           "after each row, the plan's steady step by phase (forward, backward, optimizer): compute, stall and "
           "the NVMe (by kind of tensor) and DRAM->GPU bytes moved while the phase ran; the disk's longest idle "
           "spans and the ops they fall in; then the lower bound's binding run next to what the plan moved in it");
+ABSL_FLAG(std::string, trace_out, "",
+          "write each row's simulated plan as a Chrome/Perfetto trace, PREFIX-MODEL-ACCUM.json (ui.perfetto.dev)");
 ABSL_FLAG(double, host_adamw_gparams, 2.3, "with --optimizer_on_host: host AdamW rate, G params/s (H200 host: 2.3)");
 
 namespace tp = tierd::prefetcher;
@@ -258,7 +262,8 @@ int main(int argc, char** argv) {
       }
       tp::SimOptions options;
       options.iterations = 3;
-      options.record_timeline = absl::GetFlag(FLAGS_phases);
+      const std::string trace_out = absl::GetFlag(FLAGS_trace_out);
+      options.record_timeline = absl::GetFlag(FLAGS_phases) || !trace_out.empty();
       auto sim = tp::SimulatePlan(graph, *plan, budgets, link, options);
       auto lru = tp::SimulateOnDemandLru(graph, budgets, link, options);
       if (!sim.ok() || !lru.ok()) {
@@ -281,6 +286,16 @@ int main(int argc, char** argv) {
                                   plan->layout.size_bytes / 1e9, plan->layout.peak_live_bytes / 1e9)
                       .c_str());
       if (absl::GetFlag(FLAGS_phases)) PrintPhases(graph, *sim, lb, options.iterations - 1);
+      if (!trace_out.empty()) {
+        const std::string path = absl::StrFormat("%s-%s-%d.json", trace_out, model, trace.grad_accum);
+        std::ofstream out(path);
+        out << tp::ChromeTraceJson(sim->timeline, absl::StrFormat("planbench %s x%d", model, trace.grad_accum));
+        if (!out) {
+          std::fprintf(stderr, "planbench: cannot write %s\n", path.c_str());
+          return 1;
+        }
+        std::printf("    wrote %s (%zu spans)\n", path.c_str(), sim->timeline.size());
+      }
       std::fflush(stdout);
     }
   }

@@ -29,6 +29,7 @@ Executor::Executor(Graph graph, Plan plan, TierOps& ops, Clock& clock, ExecutorO
   op_begin_nanos_.assign(graph_.ops.size(), -1);
   for (const GraphTensor& t : graph_.tensors) pinned_gpu_.push_back(t.pinned_gpu);
   measured_seconds_.assign(graph_.ops.size(), -1);
+  for (const GraphOp& op : graph_.ops) planned_seconds_.push_back(op.seconds);
   if (options_.single_thread) {
     threads_.emplace_back([this] { RunAll(); });
   } else {
@@ -92,6 +93,7 @@ absl::Status Executor::OpBegin(uint32_t op) {
         stats_.last_error = "replan: " + plan.status().ToString();
       } else {
         plan_ = *std::move(plan);
+        planned_seconds_ = replanning_seconds_;
         schedule_ = Build(graph_, plan_);
         IndexLayout();
         for (Lane& lane : schedule_.lanes) lane.next = next_lap * static_cast<int64_t>(lane.actions.size());
@@ -128,7 +130,7 @@ void Executor::CheckDrift() {
     if (measured_seconds_[i] < 0) continue;
     // Below a microsecond both are noise: an op planned at 30 ns and measured at 30 ns
     // has not drifted.
-    const double planned = std::max(graph_.ops[i].seconds, 1e-6);
+    const double planned = std::max(planned_seconds_[i], 1e-6);
     drift += std::abs(std::max(measured_seconds_[i], 1e-6) - planned) / planned;
     ++measured;
   }
@@ -148,6 +150,8 @@ void Executor::ReplanLocked() {
     if (measured_seconds_[i] >= 0) measured.ops[i].seconds = measured_seconds_[i];
   }
   for (size_t t = 0; t < measured.tensors.size(); ++t) measured.tensors[t].pinned_gpu = pinned_gpu_[t];
+  replanning_seconds_.clear();
+  for (const GraphOp& op : measured.ops) replanning_seconds_.push_back(op.seconds);
   // The graph the executor keys on keeps its structure; only the times change.
   replanning_ = std::async(std::launch::async, [replanner = options_.replanner, measured = std::move(measured)] {
     return replanner(measured);

@@ -212,6 +212,9 @@ class Executor {
   int64_t in_flight_pos_[kLanes] = {-1, -1, -1, -1};  // per lane: its move running now (lock let go), or -1
   std::vector<int64_t> op_begin_nanos_;  // per op of the current and previous lap
   std::vector<double> measured_seconds_;
+  // The op times the plan in force was made with (the graph's, then a replan's measured
+  // ones): drift is measured against these, so a replan at the measured times settles it.
+  std::vector<double> planned_seconds_, replanning_seconds_;
   int64_t waited_in_op_nanos_ = 0;  // the current op's acquire waits
   std::vector<bool> pinned_gpu_;  // per tensor, the graph's pins and the tiers' since
   int64_t lap_start_nanos_ = -1;

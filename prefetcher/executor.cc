@@ -401,6 +401,8 @@ bool Executor::AwaitPlannedLoad(TensorIndex t, int64_t stuck_nanos, int64_t max_
     changed_.wait_for(lock, std::chrono::milliseconds(1));
   }
   ++stats_.await_gave_up;
+  stats_.last_gave_up = absl::StrFormat("'%s' at op %d after %.3f s: %s", graph_.tensors[t].name, current_,
+                                        std::chrono::duration<double>(Wall::now() - start).count(), DescribeLocked());
   return false;
 }
 
@@ -438,6 +440,10 @@ void Executor::SetPinnedGpu(std::vector<TensorIndex> pinned) {
 
 std::string Executor::Describe() const {
   std::lock_guard<std::mutex> lock(mutex_);
+  return DescribeLocked();
+}
+
+std::string Executor::DescribeLocked() const {
   const auto& kKinds = kKindNames;
   static constexpr const char* kLaneNames[] = {"gpu in", "gpu out", "dram in", "dram out"};
   std::string out = absl::StrFormat("client at op %d", current_);

@@ -89,6 +89,7 @@ struct ExecutorStats {
   uint64_t waits = 0;       // tries that found no room or a busy tensor, and waited
   uint64_t awaited = 0;     // client acquires that waited for the planned move (AwaitPlannedLoad)
   uint64_t await_gave_up = 0;  // ... and gave up on it (then fetched on demand)
+  std::string last_gave_up;    // the latest: the tensor, the op, and what each lane waited for
   uint64_t errors = 0;      // moves the tiers refused for another reason
   std::string last_error;   // the latest of them, with the move
   uint64_t laps = 0;        // iterations seen complete
@@ -188,6 +189,7 @@ class Executor {
   // Whether the action at global position `pos` of the lane may start now; *late if skipped.
   bool Ready(int lane, int64_t pos, bool* late) const;
   absl::Status Do(const Action& a, int64_t decided_nanos);
+  std::string DescribeLocked() const;  // Describe, with mutex_ held
   void CheckDrift();
   void ReplanLocked();  // with mutex_ held
 

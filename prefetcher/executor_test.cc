@@ -354,6 +354,10 @@ TEST(ExecutorTest, AWaitForAPlannedLoadThatCannotHappenGivesUp) {
   EXPECT_FALSE(executor.AwaitPlannedLoad(t, 20'000'000, 20'000'000'000));
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
   EXPECT_EQ(executor.Stats().await_gave_up, 1u);
+  // Why, for the summary: the tensor, and what each lane waited for then.
+  const std::string why = executor.Stats().last_gave_up;
+  EXPECT_NE(why.find("'" + g.tensors[t].name + "' at op"), std::string::npos) << why;
+  EXPECT_NE(why.find("gpu in at lap 0"), std::string::npos) << why;
   // A tensor this op does not load has nothing queued: false at once, not a wait given up.
   TensorIndex other = 0;
   const auto& loaded = plan->gpu.loads[op];

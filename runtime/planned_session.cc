@@ -297,6 +297,7 @@ std::string PlannedSession::Summary() const {
       seen.evictions, seen.stages, seen.push_downs, seen.waits, seen.errors, seen.replans);
   out += absl::StrFormat("acquires that waited for their planned move instead of fetching on demand: %d (%d gave up)\n",
                          seen.awaited, seen.await_gave_up);
+  if (!seen.last_gave_up.empty()) out += "the latest wait given up: " + seen.last_gave_up + "\n";
   // Where the client waited most, against where the plan expected it to.
   std::vector<std::pair<double, uint32_t>> waits;
   for (const auto& [op, sum] : seen.waited_by_op) {

@@ -135,7 +135,10 @@ grpc::Status TierdService::ListLeases(grpc::ServerContext*, const v1::ListLeases
     *info->mutable_spec() = ToProto(view.spec);
     info->set_bytes(view.bytes);
     for (Tier tier : {Tier::kGpu, Tier::kDram, Tier::kNvme}) {
-      if (view.copies[static_cast<int>(tier)]) info->add_copies(ToProto(tier));
+      if (!view.copies[static_cast<int>(tier)]) continue;
+      info->add_copies(ToProto(tier));
+      info->add_offsets(view.offsets[static_cast<int>(tier)]);
+      info->add_extents(view.extents[static_cast<int>(tier)]);
     }
     if (view.pinned) info->set_pinned(ToProto(*view.pinned));
     info->set_acquired(view.acquired);

@@ -81,6 +81,9 @@ struct LeaseView {
   std::array<bool, kTierCount> copies{};
   std::optional<Tier> pinned;
   uint32_t acquired = 0;
+  // Where each copy starts in its tier (the session's GPU or DRAM arena; NVMe: the file),
+  // and its size there (rounded up to the allocator's alignment); 0 where there is none.
+  std::array<uint64_t, kTierCount> offsets{}, extents{};
 };
 
 struct LeaseStats {

@@ -266,7 +266,13 @@ std::vector<LeaseView> LeaseTable::List(std::optional<SessionId> only) const {
     absl::MutexLock lock(&session->mutex);
     for (const auto& [id, t] : session->tensors) {
       LeaseView view{session->id, id, t->spec, t->bytes, {}, t->pinned, t->acquired};
-      for (int i = 0; i < kTierCount; ++i) view.copies[i] = t->copies[i].has_value();
+      for (int i = 0; i < kTierCount; ++i) {
+        view.copies[i] = t->copies[i].has_value();
+        if (view.copies[i]) {
+          view.offsets[i] = t->copies[i]->offset();
+          view.extents[i] = t->copies[i]->bytes();
+        }
+      }
       views.push_back(std::move(view));
     }
   }

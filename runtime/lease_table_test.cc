@@ -200,6 +200,12 @@ TEST_F(LeaseTableTest, AFragmentedDramSlidesACopyIntoTheHoleBeforeIt) {
   EXPECT_TRUE(copies[static_cast<int>(Tier::kDram)]) << "big went past a DRAM with 3 MiB free";
   EXPECT_EQ(table->Stats().relocations, before.relocations + 1);
   EXPECT_EQ(table->Stats().writebacks, before.writebacks);
+  // Where List (and tierctl map) says the copies are now: b slid down into x1's hole.
+  for (const LeaseView& v : table->List(s)) {
+    if (v.id != ids["b"]) continue;
+    EXPECT_EQ(v.offsets[static_cast<int>(Tier::kDram)], 2 * kMiB);
+    EXPECT_EQ(v.extents[static_cast<int>(Tier::kDram)], 2 * kMiB);
+  }
   ASSERT_TRUE(table->Release(s, ids["x4"]).ok());
   for (int k : {0, 2, 4, 6}) EXPECT_TRUE(Holds(*table, s, ids[names[k]], 40 + k, Place::kHost)) << names[k];
   EXPECT_TRUE(table->Validate().ok()) << table->Validate();

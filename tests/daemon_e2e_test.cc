@@ -236,6 +236,18 @@ TEST_F(DaemonTest, TierctlAndPrometheusSeeWhatClientsDo) {
   auto listed = client->ListLeases(false);
   ASSERT_TRUE(listed.ok());
   EXPECT_EQ(listed->leases(0).pinned(), v1::TIER_DRAM);
+  ASSERT_EQ(listed->leases(0).extents_size(), listed->leases(0).copies_size());
+  // The DRAM arena's map: the one 8 KiB copy; a bad tier is a usage error.
+  Process map("tools/tierctl/tierctl", {dir, "map", std::to_string(client->session_id()), "dram"});
+  EXPECT_NE(map.WaitForLine("           0 B   8.00 KiB  layers.0.w", 10000), "") << map.output();
+  EXPECT_NE(map.WaitForLine("session " + std::to_string(client->session_id()) + " dram: 1 copies, 8.00 KiB held; 0 gaps",
+                            10000),
+            "")
+      << map.output();
+  EXPECT_EQ(map.Wait(), 0);
+  Process bad_map("tools/tierctl/tierctl", {dir, "map", std::to_string(client->session_id()), "tape"});
+  EXPECT_NE(bad_map.WaitForLine("usage: tierctl map SESSION gpu|dram|nvme", 10000), "") << bad_map.output();
+  EXPECT_EQ(bad_map.Wait(), 2);
   // The session's own use: the 8 KiB were on the GPU (the peak says so) and are in DRAM now
   // (the pin put them there); a reset restarts the peaks from what is held.
   auto usage = client->Usage(/*reset_peaks=*/true);

@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -13,6 +14,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/units.h"
@@ -146,6 +148,55 @@ int Leases(Tierd::Stub& stub) {
   return 0;
 }
 
+// One session's copies in one tier by offset, with the free gaps between them: where a
+// fragmented arena's free bytes are (tierctl stats gives the tier's largest free block).
+int Map(Tierd::Stub& stub, const std::vector<char*>& args) {
+  const std::string tier_name = args.size() == 4 ? args[3] : "";
+  const v1::Tier tier = tier_name == "gpu" ? v1::TIER_GPU : tier_name == "dram" ? v1::TIER_DRAM
+                        : tier_name == "nvme" ? v1::TIER_NVME : v1::TIER_UNSPECIFIED;
+  uint64_t session = 0;
+  if (args.size() != 4 || tier == v1::TIER_UNSPECIFIED || !absl::SimpleAtoi(args[2], &session) || session == 0) {
+    std::fprintf(stderr, "usage: tierctl map SESSION gpu|dram|nvme\n");
+    return 2;
+  }
+  v1::ListLeasesRequest request;
+  request.set_session_id(session);
+  v1::ListLeasesReply reply;
+  grpc::ClientContext context;
+  if (auto s = stub.ListLeases(&context, request, &reply); !s.ok()) return Fail(s);
+  struct Copy {
+    uint64_t offset, bytes;
+    std::string name;
+  };
+  std::vector<Copy> copies;
+  for (const auto& l : reply.leases()) {
+    for (int i = 0; i < l.copies_size() && i < l.offsets_size() && i < l.extents_size(); ++i) {
+      if (l.copies(i) == tier) copies.push_back({l.offsets(i), l.extents(i), l.spec().name()});
+    }
+  }
+  std::sort(copies.begin(), copies.end(), [](const Copy& a, const Copy& b) { return a.offset < b.offset; });
+  uint64_t held = 0, gaps = 0, free = 0, largest = 0, end = 0;
+  std::printf("%14s %10s  %s\n", "offset", "bytes", "copy (or the free gap before it)");
+  for (const Copy& c : copies) {
+    if (c.offset > end) {
+      const uint64_t gap = c.offset - end;
+      std::printf("%14s %10s  (free)\n", FormatBytes(end).c_str(), FormatBytes(gap).c_str());
+      ++gaps;
+      free += gap;
+      largest = std::max(largest, gap);
+    }
+    std::printf("%14s %10s  %s\n", FormatBytes(c.offset).c_str(), FormatBytes(c.bytes).c_str(), c.name.c_str());
+    held += c.bytes;
+    end = std::max(end, c.offset + c.bytes);
+  }
+  std::printf("session %lu %s: %zu copies, %s held; %lu gaps between them, %s free there (largest %s); the "
+              "last copy ends at %s\n",
+              static_cast<unsigned long>(session), tier_name.c_str(), copies.size(), FormatBytes(held).c_str(),
+              static_cast<unsigned long>(gaps), FormatBytes(free).c_str(), FormatBytes(largest).c_str(),
+              FormatBytes(end).c_str());
+  return 0;
+}
+
 int Pin(Tierd::Stub& stub, const std::vector<char*>& args, bool pin) {
   if (args.size() != (pin ? 5u : 4u)) {
     std::fprintf(stderr, "usage: tierctl %s\n", pin ? "pin SESSION NAME gpu|dram|nvme" : "unpin SESSION NAME");
@@ -219,6 +270,7 @@ int main(int argc, char** argv) {
       "  tierctl stats              tiers, links, stalls, evictions (--json for scripts)\n"
       "  tierctl top                the same, refreshed, with current link rates\n"
       "  tierctl leases             every leased tensor: where its copies are, pins, acquires\n"
+      "  tierctl map SESSION gpu|dram|nvme    a session's copies in a tier by offset, and the gaps\n"
       "  tierctl pin SESSION NAME gpu|dram|nvme    keep a tensor in a tier\n"
       "  tierctl unpin SESSION NAME\n"
       "  tierctl config             the daemon's effective configuration\n"
@@ -235,7 +287,7 @@ int main(int argc, char** argv) {
       "Common flag: --runtime_dir (default /tmp/tierd).");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() < 2) {
-    std::fprintf(stderr, "tierctl: say what to do: stats, top, leases, pin, unpin, config, plan or trace (--help)\n");
+    std::fprintf(stderr, "tierctl: say what to do: stats, top, leases, map, pin, unpin, config, plan or trace (--help)\n");
     return 2;
   }
   const std::string command = args[1];
@@ -249,9 +301,10 @@ int main(int argc, char** argv) {
   if (command == "stats") return tierd::Stats(*stub);
   if (command == "top") return tierd::Top(*stub);
   if (command == "leases") return tierd::Leases(*stub);
+  if (command == "map") return tierd::Map(*stub, args);
   if (command == "pin") return tierd::Pin(*stub, args, true);
   if (command == "unpin") return tierd::Pin(*stub, args, false);
   if (command == "config") return tierd::Config(*stub);
-  std::fprintf(stderr, "tierctl: unknown command '%s' (stats, top, leases, pin, unpin, config, plan, trace)\n", command.c_str());
+  std::fprintf(stderr, "tierctl: unknown command '%s' (stats, top, leases, map, pin, unpin, config, plan, trace)\n", command.c_str());
   return 2;
 }

@@ -8,7 +8,8 @@
 # 10 s while it trains). Logs go to $OUT. TIERD_FLAGS: more flags for tierd; TIERD_BIN: another
 # tierd binary (an A/B in one call); EXPLAIN="name ...": also `tierctl plan --explain` for those
 # tensors and the recorded timeline of the last two laps (`tierctl trace --session`,
-# $OUT/trace-7b.json), sampled with the plan.
+# $OUT/trace-7b.json), sampled with the plan. DRAM's free gaps between copies (tierctl map) are
+# sampled too.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-/tmp/tierd-out}"; mkdir -p "$out"
@@ -30,6 +31,8 @@ train_pid=$!
 # errors, replans), every 10 s while it trains; the last one is kept.
 while kill -0 $train_pid 2>/dev/null; do
   .carry/bin/tierctl --runtime_dir="$dir" plan --session 1 > "$out/plan-7b.next" 2>&1 && mv "$out/plan-7b.next" "$out/plan-7b.txt"
+  # DRAM's gaps between copies (fragmentation), one line per sample.
+  .carry/bin/tierctl --runtime_dir="$dir" map 1 dram 2>/dev/null | tail -n 1 | sed "s/^/$(date +%T) /" >> "$out/dram-map.txt"
   for name in ${EXPLAIN:-}; do
     .carry/bin/tierctl --runtime_dir="$dir" plan --session 1 --explain "$name" > "$out/explain-$name.next" 2>&1 &&
       mv "$out/explain-$name.next" "$out/explain-$name.txt"
@@ -44,6 +47,8 @@ wait $train_pid; status=$?
 grep -E "^(step|done|tierd|optimizer|offload)" "$out/train-7b.log"
 echo "== tierctl plan --session 1 (the last taken while training)"
 cat "$out/plan-7b.txt" 2>/dev/null | grep -vE "^ +[0-9]+ " | head -40
+echo "== DRAM copies and gaps (tierctl map 1 dram), sampled every 10 s"
+cat "$out/dram-map.txt" 2>/dev/null
 echo "== tierctl stats"
 .carry/bin/tierctl --runtime_dir="$dir" stats | tee "$out/stats-7b.txt"
 kill -TERM $tierd_pid; wait $tierd_pid

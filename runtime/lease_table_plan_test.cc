@@ -10,6 +10,7 @@
 #include <random>
 
 #include "runtime/lease_table.h"
+#include "runtime/lease_table_test_util.h"
 #include "runtime/mover_test_util.h"
 
 namespace tierd {
@@ -48,9 +49,7 @@ class GateClock final : public Clock {
   int sleepers_ = 0;
 };
 
-TensorSpec Spec(const std::string& name, uint64_t floats) {
-  return TensorSpec{name, TensorClass::kParam, DType::kF32, {static_cast<int64_t>(floats)}};
-}
+using testing::Spec;
 
 class PlanMovesTest : public ::testing::Test {
  protected:

@@ -111,19 +111,19 @@ absl::StatusOr<v1::PlanReply> Daemon::PlanGraph(SessionId session, tp::Graph gra
   const tp::LinkModel configured = options_.planner_links;
   auto measured = [mover, configured] {
     tp::LinkModel links = configured;
-    auto speed = [mover](Link link, double fallback) {
-      const LinkStats stats = mover->Stats(link);
-      return stats.bytes >= (uint64_t{64} << 20) && stats.BytesPerSecond() > 0 ? stats.BytesPerSecond() : fallback;
+    // A link's measured speed once it has carried enough to say, else the configured one.
+    auto speed = [](const LinkStats& stats, double measured_speed, double fallback) {
+      return stats.bytes >= (uint64_t{64} << 20) && measured_speed > 0 ? measured_speed : fallback;
     };
-    links.h2d_bytes_per_s = speed(Link::kDramToGpu, configured.h2d_bytes_per_s);
-    links.d2h_bytes_per_s = speed(Link::kGpuToDram, configured.d2h_bytes_per_s);
+    const LinkStats h2d = mover->Stats(Link::kDramToGpu), d2h = mover->Stats(Link::kGpuToDram);
+    links.h2d_bytes_per_s = speed(h2d, h2d.BytesPerSecond(), configured.h2d_bytes_per_s);
+    links.d2h_bytes_per_s = speed(d2h, d2h.BytesPerSecond(), configured.d2h_bytes_per_s);
     // The planner runs NVMe reads and writes one at a time; the device overlaps them, so each
     // direction's speed while busy is scaled by how much they overlapped.
     const LinkStats read = mover->Stats(Link::kNvmeToDram), write = mover->Stats(Link::kDramToNvme);
     const auto [r, w] = SerialDeviceSpeeds(read, write, mover->NvmeDeviceStats());
-    const uint64_t enough = uint64_t{64} << 20;
-    links.nvme_read_bytes_per_s = read.bytes >= enough && r > 0 ? r : configured.nvme_read_bytes_per_s;
-    links.nvme_write_bytes_per_s = write.bytes >= enough && w > 0 ? w : configured.nvme_write_bytes_per_s;
+    links.nvme_read_bytes_per_s = speed(read, r, configured.nvme_read_bytes_per_s);
+    links.nvme_write_bytes_per_s = speed(write, w, configured.nvme_write_bytes_per_s);
     return links;
   };
   // One tier lower, the top's links are NVMe's.

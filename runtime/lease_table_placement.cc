@@ -243,11 +243,13 @@ absl::StatusOr<uint64_t> LeaseTable::Relocate(Session& s, Tier tier, uint64_t by
 absl::Status LeaseTable::SlideWithin([[maybe_unused]] Session& s, Tensor& t, Tier tier, uint64_t to_offset) {
   TIERD_CHECK(tier == Tier::kDram);
   const Extent from = *t.copies[static_cast<int>(tier)];
-  // The new range overlaps the old one: free it first (only this session allocates in its
-  // arena, under the lock held here), take the new one, then move the bytes.
+  // The new range overlaps the old one: free it first, take the new one, then move the
+  // bytes. The new range can be taken by a move in flight (its destination is no copy's
+  // yet, so the gap looked free): then the copy takes its old range back, which nobody else
+  // can have taken (only this session allocates in its arena, under the lock held here).
   TIERD_CHECK_OK(store_.Free(from));
   auto to = store_.AllocateAt(from.arena, to_offset, t.bytes);
-  if (!to.ok()) {  // (cannot happen while the lock is held; if it did, the old range is still free)
+  if (!to.ok()) {
     auto back = store_.AllocateAt(from.arena, from.offset(), t.bytes);
     TIERD_CHECK_OK(back.status());
     t.copies[static_cast<int>(tier)] = *back;

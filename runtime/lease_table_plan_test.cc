@@ -410,6 +410,65 @@ TEST_F(PlanMovesTest, PlannedMovesRefuseAcquiredTensors) {
   ASSERT_TRUE(table_->Release(session_, w).ok());
 }
 
+// A gap in DRAM that a move in flight has taken (its destination is not any copy's yet)
+// looks free to the joining of fragmented space: sliding a copy into it fails, the copy
+// stays where it was with its bytes, and the stage that needed the room waits; once the
+// move lands, a copy moves and the stage fits.
+TEST_F(PlanMovesTest, ASlideIntoRoomAMoveInFlightTookPutsTheCopyBack) {
+  // `big` (2 MiB) lives on NVMe only.
+  const TensorId big = LeaseWritten("big", 512 * 1024, 0x70);
+  ASSERT_TRUE(table_->Prefetch(session_, big, Tier::kNvme, /*evict=*/false).ok());
+  ASSERT_TRUE(table_->Demote(session_, big, Tier::kDram, /*dead=*/false).ok());
+  ASSERT_TRUE(table_->Demote(session_, big, Tier::kGpu, /*dead=*/false).ok());
+  // DRAM (8 MiB) full: a 2, x1 1, b 2, x2 1, c 1, x3 1 MiB, side by side.
+  const char* names[] = {"a", "x1", "b", "x2", "c", "x3"};
+  const uint64_t mib[] = {2, 1, 2, 1, 1, 1};
+  std::map<std::string, TensorId> ids;
+  uint64_t expected = 0;
+  for (int k = 0; k < 6; ++k) {
+    auto id = table_->Lease(session_, Spec(names[k], mib[k] * 256 * 1024));
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids[names[k]] = *id;
+    auto p = table_->Acquire(session_, *id, Access::kOverwrite, Place::kHost);
+    ASSERT_TRUE(p.ok()) << p.status();
+    ASSERT_EQ(p->tier, Tier::kDram);
+    ASSERT_EQ(p->offset, expected * kMiB) << "the premise: " << names[k] << " in lease order";
+    std::memset(Pointer(*p), 0x40 + k, p->bytes);
+    ASSERT_TRUE(table_->Release(session_, *id).ok());
+    expected += mib[k];
+  }
+  // g's write-back takes x2's room and stays in flight on the gate.
+  const TensorId g = LeaseWritten("g", 256 * 1024, 0x77);
+  ASSERT_TRUE(table_->Unlease(session_, ids["x2"]).ok());
+  gate_.Shut();
+  auto write_back = std::async(std::launch::async, [&] { return table_->Demote(session_, g, Tier::kGpu, false); });
+  gate_.WaitForSleeper();
+  ASSERT_TRUE(table_->Unlease(session_, ids["x1"]).ok());
+  ASSERT_TRUE(table_->Unlease(session_, ids["x3"]).ok());
+  // 2 MiB free (x1's and x3's room); the cheapest join slides c into x2's, which g holds.
+  const LeaseStats before = table_->Stats();
+  const absl::Status refused = table_->Prefetch(session_, big, Tier::kDram, /*evict=*/false);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_EQ(table_->Stats().relocations, before.relocations) << "nothing slid";
+  gate_.Open();
+  ASSERT_TRUE(write_back.get().ok());
+  // g has landed: c moves into x1's room and big's 2 MiB are joined at the top.
+  ASSERT_TRUE(table_->Prefetch(session_, big, Tier::kDram, /*evict=*/false).ok());
+  EXPECT_EQ(table_->Stats().relocations, before.relocations + 1);
+  for (const LeaseView& v : table_->List(session_)) {
+    if (v.id == big) EXPECT_EQ(v.offsets[static_cast<int>(Tier::kDram)], 6 * kMiB);
+  }
+  EXPECT_TRUE(Holds(big, 0x70));
+  EXPECT_TRUE(Holds(g, 0x77));
+  for (int k : {0, 2, 4}) {
+    auto p = table_->Acquire(session_, ids[names[k]], Access::kRead, Place::kHost);
+    ASSERT_TRUE(p.ok()) << p.status();
+    for (uint64_t i = 0; i < p->bytes; i += 4096) ASSERT_EQ(Pointer(*p)[i], 0x40 + k) << names[k] << " at " << i;
+    ASSERT_TRUE(table_->Release(session_, ids[names[k]]).ok());
+  }
+  EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
+}
+
 TEST_F(PlanMovesTest, AMoveInFlightDoesNotBlockTheRestOfTheSession) {
   const TensorId moving = LeaseWritten("moving", 256 * 1024, 0x44);
   const TensorId resident = LeaseWritten("resident", 1024, 0x55);

@@ -242,5 +242,28 @@ TEST_F(LeaseTableTest, AFullNvmeDropsItsCopiesOfTensorsAboveForAWriteBack) {
   EXPECT_TRUE(Holds(*table, s, b, 14, Place::kHost));
 }
 
+// Nothing to drop and no room below: the acquire fails, and the error gives both tiers'
+// numbers (the one asked for and the one its victims could not be written back to).
+TEST_F(LeaseTableTest, NoRoomBelowForAnyVictimIsExplainedWithBothTiers) {
+  auto table = Table();
+  auto s = *table->OpenSession("stuck", {1 * kMiB, 1 * kMiB, 1 * kMiB});
+  const TensorId p = *table->Lease(s, Spec("p", 256 * 1024));  // the GPU's 1 MiB
+  Write(*table, s, p, 1);
+  const TensorId q = *table->Lease(s, Spec("q", 256 * 1024));  // DRAM's
+  Write(*table, s, q, 2, Place::kHost);
+  const TensorId r = *table->Lease(s, Spec("r", 256 * 1024));  // NVMe's, never written
+  auto stuck = table->Acquire(s, r, Access::kOverwrite, Place::kHost);
+  ASSERT_EQ(stuck.status().code(), absl::StatusCode::kResourceExhausted) << stuck.status();
+  const std::string why(stuck.status().message());
+  EXPECT_NE(why.find("cannot place 1.00 MiB in dram: session 'stuck' dram quota 1.00 MiB"), std::string::npos) << why;
+  EXPECT_NE(why.find("1 tensor(s) there found no room below to be written back to: session 'stuck' nvme quota 1.00 MiB"),
+            std::string::npos)
+      << why;
+  EXPECT_EQ(table->Stats().nvme_duplicates_dropped, 0u);
+  EXPECT_TRUE(Holds(*table, s, q, 2, Place::kHost));
+  EXPECT_TRUE(Holds(*table, s, p, 1, Place::kGpu));
+  EXPECT_TRUE(table->Validate().ok()) << table->Validate();
+}
+
 }  // namespace
 }  // namespace tierd

@@ -237,14 +237,27 @@ TEST_F(DaemonTest, TierctlAndPrometheusSeeWhatClientsDo) {
   ASSERT_TRUE(listed.ok());
   EXPECT_EQ(listed->leases(0).pinned(), v1::TIER_DRAM);
   ASSERT_EQ(listed->leases(0).extents_size(), listed->leases(0).copies_size());
-  // The DRAM arena's map: the one 8 KiB copy; a bad tier is a usage error.
+  // The DRAM arena's map: two more copies on the host, the first of them let go: its room
+  // is a gap between the other two. A bad tier is a usage error.
+  auto first = *client->Lease({"host.a", TensorClass::kParam, DType::kBF16, {64, 64}});
+  auto second = *client->Lease({"host.b", TensorClass::kParam, DType::kBF16, {64, 64}});
+  for (const auto& t : {first, second}) {
+    ASSERT_TRUE(client->Acquire(t, Access::kOverwrite, Place::kHost).ok());
+    ASSERT_TRUE(client->Release(t).ok());
+  }
+  ASSERT_TRUE(client->Unlease(first).ok());
   Process map("tools/tierctl/tierctl", {dir, "map", std::to_string(client->session_id()), "dram"});
   EXPECT_NE(map.WaitForLine("           0 B   8.00 KiB  layers.0.w", 10000), "") << map.output();
-  EXPECT_NE(map.WaitForLine("session " + std::to_string(client->session_id()) + " dram: 1 copies, 8.00 KiB held; 0 gaps",
+  EXPECT_NE(map.WaitForLine("      8.00 KiB   8.00 KiB  (free)", 10000), "") << map.output();
+  EXPECT_NE(map.WaitForLine("      16.0 KiB   8.00 KiB  host.b", 10000), "") << map.output();
+  EXPECT_NE(map.WaitForLine("session " + std::to_string(client->session_id()) +
+                                " dram: 2 copies, 16.0 KiB held; 1 gaps between them, 8.00 KiB free there (largest "
+                                "8.00 KiB)",
                             10000),
             "")
       << map.output();
   EXPECT_EQ(map.Wait(), 0);
+  ASSERT_TRUE(client->Unlease(second).ok());
   Process bad_map("tools/tierctl/tierctl", {dir, "map", std::to_string(client->session_id()), "tape"});
   EXPECT_NE(bad_map.WaitForLine("usage: tierctl map SESSION gpu|dram|nvme", 10000), "") << bad_map.output();
   EXPECT_EQ(bad_map.Wait(), 2);

@@ -252,7 +252,7 @@ grpc::Status TierdService::GetPlan(grpc::ServerContext* context, const v1::GetPl
                                    v1::PlanReply* reply) {
   TIERD_RETURN_IF_ERROR(OnlyOverUnixSocket(context));
   if (planner_ == nullptr) return ToGrpc(absl::UnimplementedError("this tierd has no planner"));
-  auto plan = planner_->GetPlan(request->session_id(), request->explain(), request->trace());
+  auto plan = planner_->GetPlan(request->session_id(), request->explain(), request->trace(), request->graph());
   TIERD_RETURN_IF_ERROR(plan.status());
   *reply = *std::move(plan);
   return grpc::Status::OK;

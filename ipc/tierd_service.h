@@ -40,7 +40,8 @@ class PlannerHooks {
   virtual ~PlannerHooks() = default;
   virtual absl::StatusOr<v1::PlanReply> RegisterGraph(SessionId session, const v1::GraphSpec& graph) = 0;
   virtual absl::Status OpBegin(SessionId session, uint32_t op) = 0;
-  virtual absl::StatusOr<v1::PlanReply> GetPlan(SessionId session, const std::string& explain, bool trace) = 0;
+  virtual absl::StatusOr<v1::PlanReply> GetPlan(SessionId session, const std::string& explain, bool trace,
+                                                bool graph) = 0;
   // A tensor of the session was pinned or unpinned: its plan must follow.
   virtual void PinsChanged(SessionId session) = 0;
   // An iteration boundary (the session records its iteration instead of registering it).

@@ -91,7 +91,8 @@ class Daemon : public ipc::HelloHandler, public ipc::PlannerHooks {
   // The planner (daemon_planner.cc): a session's graph, its progress, its plan.
   absl::StatusOr<v1::PlanReply> RegisterGraph(SessionId session, const v1::GraphSpec& graph) override;
   absl::Status OpBegin(SessionId session, uint32_t op) override;
-  absl::StatusOr<v1::PlanReply> GetPlan(SessionId session, const std::string& explain, bool trace) override;
+  absl::StatusOr<v1::PlanReply> GetPlan(SessionId session, const std::string& explain, bool trace,
+                                        bool graph) override;
   void PinsChanged(SessionId session) override;
   absl::StatusOr<v1::PlanReply> MarkIteration(SessionId session) override;
   void Acquired(SessionId session, TensorId tensor, Access access, Place place, int64_t waited_nanos) override;

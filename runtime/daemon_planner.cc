@@ -192,7 +192,7 @@ absl::StatusOr<v1::PlanReply> Daemon::MarkIteration(SessionId session) {
                        reply->summary());
     return reply;
   }
-  return GetPlan(session, "", false);
+  return GetPlan(session, "", false, false);
 }
 
 bool Daemon::HasPlan(SessionId session) {
@@ -261,7 +261,8 @@ void Daemon::PinsChanged(SessionId session) {
   planned->SetPinnedGpu(pinned_gpu);
 }
 
-absl::StatusOr<v1::PlanReply> Daemon::GetPlan(SessionId session, const std::string& explain, bool trace) {
+absl::StatusOr<v1::PlanReply> Daemon::GetPlan(SessionId session, const std::string& explain, bool trace,
+                                                 bool graph) {
   std::shared_ptr<PlannedSession> planned;
   {
     absl::MutexLock lock(&planned_mutex_);
@@ -280,6 +281,7 @@ absl::StatusOr<v1::PlanReply> Daemon::GetPlan(SessionId session, const std::stri
     reply.set_explain(*text);
   }
   if (trace) reply.set_trace_json(planned->TraceJson());
+  if (graph) reply.set_graph_yaml(planned->GraphYaml());
   return reply;
 }
 

@@ -13,6 +13,7 @@
 #include "base/units.h"
 #include "prefetcher/chrome_trace.h"
 #include "prefetcher/explain.h"
+#include "prefetcher/graph_file.h"
 
 namespace tierd {
 
@@ -142,6 +143,8 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
   auto prediction = std::make_shared<Prediction>();
   prediction->sim = *std::move(sim);
   prediction->links = links;
+  prediction->graph = graph;
+  prediction->bound = tp::ComputeLowerBound(graph, links, budgets);
   prediction->style = tp::DescribeStyle(plan->style);
   prediction->reserve_bytes = plan->reserve_bytes;
   planned->prediction_ = prediction;
@@ -151,7 +154,7 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
   tp::ExecutorOptions executor_options;
   executor_options.single_thread = deterministic;
   auto current_links = [links, measured_links] { return measured_links ? measured_links() : links; };
-  executor_options.replanner = [planning, current_links, quota = budgets.gpu, styles,
+  executor_options.replanner = [planning, budgets, current_links, quota = budgets.gpu, styles,
                                  prediction](const tp::Graph& measured) -> absl::StatusOr<tp::Plan> {
     const tp::LinkModel now = current_links();
     auto replanned = tp::PlanBest(measured, planning, now, nullptr, quota, styles);
@@ -165,6 +168,8 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
     std::lock_guard<std::mutex> lock(prediction->mutex);
     prediction->sim = *std::move(predicted);
     prediction->links = now;
+    prediction->graph = measured;
+    prediction->bound = tp::ComputeLowerBound(measured, now, budgets);
     prediction->style = tp::DescribeStyle(replanned->style);
     prediction->reserve_bytes = replanned->reserve_bytes;
     ++prediction->replans;
@@ -266,6 +271,7 @@ std::string PlannedSession::Summary() const {
   const tp::ExecutorStats seen = executor_->Stats();
   tp::SimResult p;
   tp::LinkModel links;
+  tp::LowerBound bound;
   std::string style;
   uint64_t reserve = 0;
   int replans = 0;
@@ -273,6 +279,7 @@ std::string PlannedSession::Summary() const {
     std::lock_guard<std::mutex> lock(prediction_->mutex);
     p = prediction_->sim;
     links = prediction_->links;
+    bound = prediction_->bound;
     style = prediction_->style;
     reserve = prediction_->reserve_bytes;
     replans = prediction_->replans;
@@ -287,6 +294,12 @@ std::string PlannedSession::Summary() const {
                          links.nvme_write_bytes_per_s / 1e9,
                          replans == 0 ? "the first plan"
                                       : absl::StrFormat("replanned %d time(s) at measured op times and links", replans));
+  // No plan of this graph on these links and tiers stalls less (prefetcher/simulate.h).
+  out += absl::StrFormat("lower bound at the same op times and links: %.3f s a step (stall %.3f s, bound by %s)%s\n",
+                         bound.step_seconds, bound.stall_seconds, bound.bound_by,
+                         bound.stall_seconds > 0
+                             ? absl::StrFormat("; the plan's stall is %.3fx of it", p.stall_seconds / bound.stall_seconds)
+                             : "");
   out += absl::StrFormat("static layout: %s for at most %s live at once; the arena is %s: %s\n",
                          FormatBytes(layout_.size_bytes), FormatBytes(layout_.peak_live_bytes), FormatBytes(quota_),
                          layout_fits_ ? "planned tensors go to fixed offsets" : "too big, placement is online");
@@ -323,6 +336,20 @@ std::string PlannedSession::Summary() const {
   }
   if (!seen.last_error.empty()) out += "last refused move: " + seen.last_error + "\n";
   return out;
+}
+
+std::string PlannedSession::GraphYaml() const {
+  std::lock_guard<std::mutex> lock(prediction_->mutex);
+  const tp::LinkModel& l = prediction_->links;
+  return absl::StrFormat(
+             "# the graph of the plan in force (%s), on links DRAM->GPU %.2f GB/s, GPU->DRAM %.2f, NVMe read %.2f, "
+             "write %.2f\n# offline: tierctl plan --graph FILE --h2d_gbps=%.2f --d2h_gbps=%.2f --nvme_gbps=%.2f "
+             "--nvme_write_gbps=%.2f --simulate (the daemon plans under its quotas less some headroom)\n",
+             prediction_->replans == 0 ? "as registered" : "at measured op times", l.h2d_bytes_per_s / 1e9,
+             l.d2h_bytes_per_s / 1e9, l.nvme_read_bytes_per_s / 1e9, l.nvme_write_bytes_per_s / 1e9,
+             l.h2d_bytes_per_s / 1e9, l.d2h_bytes_per_s / 1e9, l.nvme_read_bytes_per_s / 1e9,
+             l.nvme_write_bytes_per_s / 1e9) +
+         tp::GraphToYaml(prediction_->graph);
 }
 
 void PlannedSession::SetPinnedGpu(const std::vector<std::string>& names) {

@@ -60,6 +60,9 @@ class PlannedSession {
   // Predicted next to observed, in words (tierctl plan --session).
   std::string Summary() const;
   absl::StatusOr<std::string> Explain(const std::string& name) const;
+  // The graph the plan in force was made with (op times as measured once replanned) as YAML,
+  // headed by the links it assumed, for `tierctl plan --graph` offline.
+  std::string GraphYaml() const;
   // The recorded timeline of the last two iterations as Chrome/Perfetto JSON.
   std::string TraceJson() const;
   // Where each executor lane is and what it waits for (tierctl plan --session).
@@ -74,6 +77,8 @@ class PlannedSession {
     mutable std::mutex mutex;
     prefetcher::SimResult sim;
     prefetcher::LinkModel links;
+    prefetcher::Graph graph;  // as planned: the registered one, then at the measured op times
+    prefetcher::LowerBound bound;  // of that graph on those links, under the session's budgets
     std::string style;
     uint64_t reserve_bytes = 0;
     int replans = 0;

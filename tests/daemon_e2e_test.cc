@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
 #include <cstdlib>
 #include <memory>
 #include <random>
@@ -334,9 +335,25 @@ TEST_F(DaemonTest, APlannedSessionIsServedAheadOfUseAndTierctlShowsIt) {
   const std::string dir = "--runtime_dir=" + runtime_dir_;
   Process plan("tools/tierctl/tierctl", {dir, "plan", "--session=" + session});
   EXPECT_NE(plan.WaitForLine("predicted per iteration:", 10000), "") << plan.output();
+  EXPECT_NE(plan.WaitForLine("lower bound at the same op times and links: ", 10000), "") << plan.output();
   EXPECT_NE(plan.WaitForLine("static layout: ", 10000), "") << plan.output();
   EXPECT_NE(plan.WaitForLine("observed: 3 iteration(s)", 10000), "") << plan.output();
   EXPECT_EQ(plan.Wait(), 0);
+  // The session's graph as planned, planned again offline from the file.
+  Process dump("tools/tierctl/tierctl", {dir, "plan", "--session=" + session, "--dump_graph"});
+  EXPECT_NE(dump.WaitForLine("# offline: tierctl plan --graph FILE", 10000), "") << dump.output();
+  dump.WaitForLine("(to the end)", 10000);  // reads the rest
+  EXPECT_EQ(dump.Wait(), 0);
+  const std::string graph_path = runtime_dir_ + "-graph.yaml";
+  {
+    std::ofstream graph_file(graph_path);
+    graph_file << dump.output();
+  }
+  Process offline("tools/tierctl/tierctl", {"plan", "--graph=" + graph_path, "--simulate", "--nvme_write_gbps=1"});
+  EXPECT_NE(offline.WaitForLine("plan for " + graph_path + ": ", 10000), "") << offline.output();
+  EXPECT_NE(offline.WaitForLine("lower bound: ", 10000), "") << offline.output();
+  EXPECT_EQ(offline.Wait(), 0);
+  std::remove(graph_path.c_str());
   Process explain("tools/tierctl/tierctl", {dir, "plan", "--session=" + session, "--explain=opt.m.layers.3"});
   EXPECT_NE(explain.WaitForLine("opt.m.layers.3 (", 10000), "") << explain.output();
   EXPECT_EQ(explain.Wait(), 0);

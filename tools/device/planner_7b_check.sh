@@ -9,7 +9,7 @@
 # tierd binary (an A/B in one call); EXPLAIN="name ...": also `tierctl plan --explain` for those
 # tensors and the recorded timeline of the last two laps (`tierctl trace --session`,
 # $OUT/trace-7b.json), sampled with the plan. DRAM's free gaps between copies (tierctl map) are
-# sampled too.
+# sampled too, and the graph as planned is kept ($OUT/graph-7b.yaml).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-/tmp/tierd-out}"; mkdir -p "$out"
@@ -31,6 +31,9 @@ train_pid=$!
 # errors, replans), every 10 s while it trains; the last one is kept.
 while kill -0 $train_pid 2>/dev/null; do
   .carry/bin/tierctl --runtime_dir="$dir" plan --session 1 > "$out/plan-7b.next" 2>&1 && mv "$out/plan-7b.next" "$out/plan-7b.txt"
+  # The graph as planned (measured op times), to plan offline: tierctl plan --graph ... --simulate.
+  .carry/bin/tierctl --runtime_dir="$dir" plan --session 1 --dump_graph > "$out/graph-7b.next" 2>&1 &&
+    mv "$out/graph-7b.next" "$out/graph-7b.yaml"
   # DRAM's gaps between copies (fragmentation), one line per sample.
   .carry/bin/tierctl --runtime_dir="$dir" map 1 dram 2>/dev/null | tail -n 1 | sed "s/^/$(date +%T) /" >> "$out/dram-map.txt"
   for name in ${EXPLAIN:-}; do

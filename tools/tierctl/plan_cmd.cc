@@ -24,6 +24,7 @@ ABSL_FLAG(std::string, nvme, "512GiB", "plan/trace: NVMe budget");
 ABSL_FLAG(double, h2d_gbps, 55, "plan/trace: DRAM->GPU GB/s");
 ABSL_FLAG(double, d2h_gbps, 55, "plan/trace: GPU->DRAM GB/s");
 ABSL_FLAG(double, nvme_gbps, 2, "plan/trace: NVMe GB/s (reads and writes share it)");
+ABSL_FLAG(double, nvme_write_gbps, 0, "plan/trace: NVMe write GB/s when it differs from --nvme_gbps (0: the same)");
 ABSL_FLAG(bool, time_aware, false,
           "plan/trace: also try loads hoisted into free room and victims chosen by time (as planbench "
           "--time_aware; the daemon does not plan so)");
@@ -86,6 +87,7 @@ int RunPlanCommand(const std::vector<std::string>& args) {
   link.h2d_bytes_per_s = absl::GetFlag(FLAGS_h2d_gbps) * 1e9;
   link.d2h_bytes_per_s = absl::GetFlag(FLAGS_d2h_gbps) * 1e9;
   link.nvme_read_bytes_per_s = link.nvme_write_bytes_per_s = absl::GetFlag(FLAGS_nvme_gbps) * 1e9;
+  if (absl::GetFlag(FLAGS_nvme_write_gbps) > 0) link.nvme_write_bytes_per_s = absl::GetFlag(FLAGS_nvme_write_gbps) * 1e9;
   auto plan = absl::GetFlag(FLAGS_time_aware) ? tp::PlanBest(graph, budgets, link, nullptr, 0, tp::TimeAwareStyles())
                                               : tp::PlanBest(graph, budgets, link);
   if (!plan.ok()) {

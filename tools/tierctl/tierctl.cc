@@ -28,6 +28,7 @@ ABSL_FLAG(int, iterations, 0, "top: stop after this many refreshes (0: until Ctr
 ABSL_FLAG(uint64_t, session, 0, "leases: only this session; plan/trace: that session's registered graph");
 ABSL_DECLARE_FLAG(std::string, explain);
 ABSL_DECLARE_FLAG(std::string, out);
+ABSL_DECLARE_FLAG(bool, dump_graph);
 
 namespace tierd {
 namespace {
@@ -228,6 +229,7 @@ int SessionPlan(Tierd::Stub& stub, bool trace) {
   request.set_session_id(absl::GetFlag(FLAGS_session));
   request.set_explain(trace ? "" : absl::GetFlag(FLAGS_explain));
   request.set_trace(trace);
+  request.set_graph(!trace && absl::GetFlag(FLAGS_dump_graph));
   v1::PlanReply reply;
   grpc::ClientContext context;
   if (auto s = stub.GetPlan(&context, request, &reply); !s.ok()) return Fail(s);
@@ -241,6 +243,10 @@ int SessionPlan(Tierd::Stub& stub, bool trace) {
     }
     std::printf("wrote %s: the last two iterations of session %lu as recorded (ui.perfetto.dev)\n", path.c_str(),
                 static_cast<unsigned long>(request.session_id()));
+    return 0;
+  }
+  if (request.graph()) {
+    std::printf("%s", reply.graph_yaml().c_str());
     return 0;
   }
   if (absl::GetFlag(FLAGS_json)) {
@@ -283,6 +289,8 @@ int main(int argc, char** argv) {
       "  tierctl trace --model 7b --out step.json  the planned timeline for ui.perfetto.dev\n"
       "A running session (its registered graph):\n"
       "  tierctl plan --session N [--explain NAME]  predicted vs observed, and why a tensor is where\n"
+      "  tierctl plan --session N --dump_graph > g.yaml    the graph as planned (measured op times),\n"
+      "                             to plan offline: tierctl plan --graph g.yaml --simulate\n"
       "  tierctl trace --session N --out run.json   the last two iterations as recorded\n"
       "Common flag: --runtime_dir (default /tmp/tierd).");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <cstdlib>
 #include <functional>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -162,13 +163,55 @@ TEST_F(GpuTierdTest, TrainsInAThirdOfItsStateLikePlainBuffers) {
   EXPECT_LE(*peak, quota);
 }
 
+// The optimizer's state in sub-groups (--optimizer_chunks): five leases a part through tierd,
+// four plain buffers a part on the other side, and the training the same bit for bit; the
+// graph the planner gets names exactly the leases the home holds.
+TEST_F(GpuTierdTest, OptimizerStateInSubGroupsTrainsLikeOneLease) {
+  const trainer::ModelConfig config = TestConfig();
+  const int batch = 4, seq = 128;
+  tg::GpuHomeLayout layout = tg::GpuModel::HomeLayout(config, batch, seq);
+  const uint64_t state = layout.Total();
+  layout.state_chunks = 5;
+  auto home = tg::MakeTierdGpuHome(layout, Options(state / 3, 2 * state, 2 * state));
+  ASSERT_TRUE(home.ok()) << home.status();
+  tg::GpuHomeLayout plain_layout = tg::GpuModel::HomeLayout(config, batch, seq);
+  plain_layout.state_chunks = 4;
+  auto plain_home = tg::MakePlainGpuHome(plain_layout);
+  ASSERT_TRUE(plain_home.ok()) << plain_home.status();
+  auto chunked = tg::GpuModel::Create(config, batch, seq, std::move(*home));
+  auto plain = tg::GpuModel::Create(config, batch, seq, std::move(*plain_home));
+  ASSERT_TRUE(chunked.ok()) << chunked.status();
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  ASSERT_TRUE((*chunked)->InitParams(4).ok());
+  ASSERT_TRUE((*plain)->InitParams(4).ok());
+  auto note = (*chunked)->RegisterStep(2);
+  ASSERT_TRUE(note.ok()) << note.status();
+  // The graph's tensors are the session's leases, name for name and byte for byte.
+  std::map<std::string, uint64_t> graph_tensors, leased;
+  for (const auto& t : (*chunked)->StepGraph(2).tensors) graph_tensors[t.name] = t.bytes;
+  ClientOptions watcher_options = Options(0, 1 << 20, 1 << 20);
+  watcher_options.label = "watcher";
+  auto watcher = Client::Connect(watcher_options);
+  ASSERT_TRUE(watcher.ok()) << watcher.status();
+  auto leases = (*watcher)->ListLeases(/*every_session=*/true);
+  ASSERT_TRUE(leases.ok()) << leases.status();
+  for (const auto& lease : leases->leases()) leased[lease.spec().name()] = lease.spec().shape(0);
+  EXPECT_EQ(graph_tensors, leased);
+  EXPECT_EQ(graph_tensors.count("opt.v.layers.2.4"), 1u);
+  EXPECT_EQ(graph_tensors.count("opt.v.layers.2"), 0u);
+  std::printf("%zu leases, the state in 5 sub-groups a part; %s\n", leased.size(), note->c_str());
+  TrainSideBySide(**chunked, **plain, config, batch, seq, /*steps=*/3, "tierd in 5 sub-groups, plain in 4");
+  std::printf("%s\n", (*chunked)->home().Describe().c_str());
+}
+
 // AdamW on the host, in tierd's DRAM tier (SetOptimizerOnCpu), in the background while the
-// next forward runs: the same training as AdamW on the GPU (the two give the same bits),
+// next forward runs, the state in 3 sub-groups a part: the same training as AdamW on the GPU (the two give the same bits),
 // while the master weights and moments never go to the GPU.
 TEST_F(GpuTierdTest, TheOptimizerOnTheHostTracksTheGpu) {
   const trainer::ModelConfig config = TestConfig();
   const int batch = 4, seq = 128;
-  const tg::GpuHomeLayout layout = tg::GpuModel::HomeLayout(config, batch, seq);
+  tg::GpuHomeLayout layout = tg::GpuModel::HomeLayout(config, batch, seq);
+  layout.state_chunks = 3;  // the host steps the state chunk by chunk too
   const uint64_t state = layout.Total();
   auto home = tg::MakeTierdGpuHome(layout, Options(state / 3, 2 * state, 2 * state));
   ASSERT_TRUE(home.ok()) << home.status();
@@ -197,7 +240,10 @@ TEST_F(GpuTierdTest, TheOptimizerOnTheHostTracksTheGpu) {
       ++optimizer_state;
       for (int tier : lease.copies()) on_gpu += tier == v1::TIER_GPU;
     }
-    EXPECT_EQ(optimizer_state, 3 * static_cast<int>(layout.groups.size()));
+    int chunks = 0;
+    for (int g = 0; g < static_cast<int>(layout.groups.size()); ++g) chunks += 3 * layout.Chunks(g, tg::Part::kMaster);
+    EXPECT_EQ(optimizer_state, chunks);
+    EXPECT_EQ(chunks, 9 * static_cast<int>(layout.groups.size()));
     EXPECT_EQ(on_gpu, 0) << "master weights or moments on the GPU";
   };
   // The host's AdamW gives the kernel's bits, so the runs stay as close as two GPU runs.

@@ -5,7 +5,8 @@
 # activation checkpointing, batch 2, $STEPS steps: per step whether the plan held (NVMe
 # bytes, waits), then the daemon's own counters (relocations within DRAM, demand fetches,
 # stalls) before it stops, and the session's plan next to what was observed (taken every
-# 10 s while it trains). Logs go to $OUT. TIERD_FLAGS: more flags for tierd; TIERD_BIN: another
+# 10 s while it trains). Logs go to $OUT. TIERD_FLAGS: more flags for tierd (TRAIN_FLAGS: for the
+# trainer, e.g. --optimizer_chunks=16); TIERD_BIN: another
 # tierd binary (an A/B in one call); EXPLAIN="name ...": also `tierctl plan --explain` for those
 # tensors and the recorded timeline of the last two laps (`tierctl trace --session`,
 # $OUT/trace-7b.json), sampled with the plan. DRAM's free gaps between copies (tierctl map) are
@@ -25,7 +26,7 @@ tierd_pid=$!
 for _ in $(seq 300); do [ -S "$dir/tierd.grpc.sock" ] && break; sleep 0.1; done
 .carry/bin/tierd-train-gpu --model_size=7b --batch_size=2 --seq_len=2048 --steps="$steps" --timing_skip=2 \
   --data="$corpus" --profile --offload_policy=tierd --gpu_budget=24GiB --tierd_dir="$dir" --tierd_dram="$dram" \
-  --tierd_nvme=40GiB --grad_checkpointing > "$out/train-7b.log" 2>&1 &
+  --tierd_nvme=40GiB --grad_checkpointing ${TRAIN_FLAGS:-} > "$out/train-7b.log" 2>&1 &
 train_pid=$!
 # The session's plan, predicted next to observed (executor counters: late, just in time,
 # errors, replans), every 10 s while it trains; the last one is kept.

@@ -1,5 +1,7 @@
 #include "trainer_ref/kernels/gpu_home.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_format.h"
 #include "base/units.h"
 
@@ -14,6 +16,7 @@ class PlainGpuHome final : public GpuHome {
     }
   }
   absl::Status Init(const GpuHomeLayout& layout) {
+    layout_ = layout;
     pointers_.resize(layout.groups.size());
     for (size_t g = 0; g < layout.groups.size(); ++g) {
       for (int k = 0; k < kParts; ++k) {
@@ -35,14 +38,17 @@ class PlainGpuHome final : public GpuHome {
     }
     return absl::OkStatus();
   }
-  absl::StatusOr<void*> Acquire(int group, Part part, Access) override {
-    return pointers_[group][static_cast<int>(part)];
+  const GpuHomeLayout& layout() const override { return layout_; }
+  absl::StatusOr<void*> Acquire(int group, Part part, int chunk, Access) override {
+    return static_cast<unsigned char*>(pointers_[group][static_cast<int>(part)]) +
+           layout_.Chunk(group, part, chunk).offset;
   }
-  absl::Status Release(int, Part, cudaStream_t) override { return absl::OkStatus(); }
+  absl::Status Release(int, Part, int, cudaStream_t) override { return absl::OkStatus(); }
   uint64_t OwnDeviceBytes() const override { return held_; }
   std::string Describe() override { return "plain GPU buffers (no offload)"; }
 
  private:
+  GpuHomeLayout layout_;
   std::vector<std::array<void*, kParts>> pointers_;
   uint64_t held_ = 0;
 };
@@ -61,10 +67,34 @@ uint64_t GpuHomeLayout::TotalOf(Part part) const {
   return sum;
 }
 
-std::string PartName(const GpuHomeLayout& layout, int group, Part part) {
+namespace {
+constexpr uint64_t kChunkAlign = 256;  // a chunk holds whole blocks: offsets stay aligned
+}  // namespace
+
+int GpuHomeLayout::Chunks(int group, Part part) const {
+  if (!IsOptimizerState(part) || state_chunks <= 1) return 1;
+  const uint64_t blocks = (bytes[group][static_cast<int>(part)] + kChunkAlign - 1) / kChunkAlign;
+  return static_cast<int>(std::max<uint64_t>(1, std::min<uint64_t>(state_chunks, blocks)));
+}
+
+GpuHomeLayout::Range GpuHomeLayout::Chunk(int group, Part part, int chunk) const {
+  const uint64_t total = bytes[group][static_cast<int>(part)];
+  const int chunks = Chunks(group, part);
+  if (chunks == 1) return {0, total};
+  // Blocks shared out evenly, the first ones taking one more where they do not divide.
+  const uint64_t blocks = (total + kChunkAlign - 1) / kChunkAlign;
+  const uint64_t per = blocks / chunks, extra = blocks % chunks;
+  const uint64_t c = static_cast<uint64_t>(chunk);
+  const uint64_t first = c * per + std::min(c, extra), count = per + (c < extra ? 1 : 0);
+  const uint64_t begin = first * kChunkAlign;
+  return {begin, std::min(total, begin + count * kChunkAlign) - begin};
+}
+
+std::string PartName(const GpuHomeLayout& layout, int group, Part part, int chunk) {
   static const char* const kPrefix[kParts] = {"", "master.", "grad.", "opt.m.", "opt.v.", "act."};
   const std::string& g = layout.groups[group];
-  return part == Part::kWeights ? g + ".w" : kPrefix[static_cast<int>(part)] + g;
+  const std::string name = part == Part::kWeights ? g + ".w" : kPrefix[static_cast<int>(part)] + g;
+  return layout.Chunks(group, part) > 1 ? absl::StrFormat("%s.%d", name, chunk) : name;
 }
 
 absl::StatusOr<std::unique_ptr<GpuHome>> MakePlainGpuHome(const GpuHomeLayout& layout) {

@@ -27,34 +27,56 @@ namespace tierd::trainer::gpu {
 enum class Part { kWeights = 0, kMaster, kGrads, kAdamM, kAdamV, kActs };
 constexpr int kParts = 6;
 
+// Master weights and the two moments: what the optimizer step reads and writes, and what
+// may be leased in sub-groups.
+inline bool IsOptimizerState(Part part) {
+  return part == Part::kMaster || part == Part::kAdamM || part == Part::kAdamV;
+}
+
 // The bytes of every (group, part); 0 where a group has no such part (the embedding and
 // the head save no activations here: the model keeps those in its workspace).
 struct GpuHomeLayout {
   std::vector<std::string> groups;  // "embed", "layers.0", ..., "final"
   std::vector<std::array<uint64_t, kParts>> bytes;
+  // The optimizer's state of each group in up to this many sub-groups, one lease each
+  // (DeepSpeed's sub-groups): the planner then moves and places it in pieces, and the
+  // optimizer step updates one piece while the next arrives. Other parts are one lease.
+  int state_chunks = 1;
   uint64_t Total() const;
   uint64_t TotalOf(Part part) const;
+  // How many leases the part of a group is in: 1, or for the optimizer's state
+  // state_chunks of whole 256-byte blocks (fewer when the group has fewer blocks).
+  int Chunks(int group, Part part) const;
+  // Chunk `chunk`'s bytes [offset, offset + bytes) within the group's part.
+  struct Range {
+    uint64_t offset = 0, bytes = 0;
+  };
+  Range Chunk(int group, Part part, int chunk) const;
 };
 
 // The name a part is leased under: "layers.3.w", "master.layers.3", "grad.layers.3",
-// "opt.m.layers.3", "opt.v.layers.3", "act.layers.3".
-std::string PartName(const GpuHomeLayout& layout, int group, Part part);
+// "opt.m.layers.3", "opt.v.layers.3", "act.layers.3"; a chunk of state in sub-groups adds
+// its index: "opt.m.layers.3.5".
+std::string PartName(const GpuHomeLayout& layout, int group, Part part, int chunk = 0);
 
 class GpuHome {
  public:
   virtual ~GpuHome() = default;
-  // A device pointer to the part, valid until Release. kOverwrite: nothing is fetched.
-  virtual absl::StatusOr<void*> Acquire(int group, Part part, Access access) = 0;
+  // The layout the home was made for (the model checks it against its own).
+  virtual const GpuHomeLayout& layout() const = 0;
+  // A device pointer to chunk `chunk` of the part (0 for parts in one lease), valid until
+  // Release. kOverwrite: nothing is fetched.
+  virtual absl::StatusOr<void*> Acquire(int group, Part part, int chunk, Access access) = 0;
   // After the work queued on `stream` (tierd waits for it before it moves the bytes).
-  virtual absl::Status Release(int group, Part part, cudaStream_t stream) = 0;
-  // A host pointer to the part in the DRAM tier (for the optimizer step on the CPU), valid
+  virtual absl::Status Release(int group, Part part, int chunk, cudaStream_t stream) = 0;
+  // A host pointer to the chunk in the DRAM tier (for the optimizer step on the CPU), valid
   // until ReleaseHost. UNIMPLEMENTED for a home without one (plain GPU buffers).
-  virtual absl::StatusOr<void*> AcquireHost(int, Part, Access) { return NoHostTier(); }
+  virtual absl::StatusOr<void*> AcquireHost(int, Part, int, Access) { return NoHostTier(); }
   virtual bool HasHostTier() const { return false; }
   static absl::Status NoHostTier() {
     return absl::UnimplementedError("this home has no host tier: the CPU optimizer needs tierd's DRAM tier");
   }
-  virtual absl::Status ReleaseHost(int, Part) { return absl::UnimplementedError("this home has no host tier"); }
+  virtual absl::Status ReleaseHost(int, Part, int) { return absl::UnimplementedError("this home has no host tier"); }
   // The planner: the step as ops over the parts' names, registered once (returns the
   // prediction in words; "" for a home without a planner), then the op about to run.
   virtual absl::StatusOr<std::string> RegisterGraph(const prefetcher::Graph&) { return std::string(); }

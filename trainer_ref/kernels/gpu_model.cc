@@ -46,6 +46,7 @@ GpuModel::GpuModel(const ModelConfig& config, int batch, int seq, bool checkpoin
     group_offset_[g] = first;
   }
   acquired_.assign(Groups(), {});
+  acquired_chunk_.assign(Groups(), {});
   grads_zeroed_.assign(Groups(), false);
   norm_offset_.assign(layout_.size(), 0);
   size_t norms = 0;

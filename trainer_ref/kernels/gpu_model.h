@@ -118,14 +118,15 @@ class GpuModel {
   static constexpr size_t kGemmWorkspace = size_t{32} << 20;
   template <typename T>
   absl::StatusOr<T*> Take(size_t count);
-  // The pointers of an entry inside its group's acquired parts.
+  // The pointers of an entry inside its group's acquired parts (weights, gradients).
   Bf16* W(size_t entry) const;
-  float* M(size_t entry) const;
   float* G(size_t entry) const;
   float* N(size_t entry) const { return norms_ + norm_offset_[entry]; }  // resident norm weights
-  absl::Status Enter(int group, Part part, Access access);
+  // Acquires chunk `chunk` of the part (0 for one-lease parts; optimizer state in
+  // sub-groups: GpuHomeLayout::Chunk) into acquired_; one chunk of a part at a time.
+  absl::Status Enter(int group, Part part, Access access, int chunk = 0);
   // `why` an acquire failed, naming the part ("acquiring act.layers.3<where>: ...").
-  absl::Status AcquireError(const absl::Status& why, int group, Part part, const char* where) const;
+  absl::Status AcquireError(const absl::Status& why, int group, Part part, int chunk, const char* where) const;
   absl::Status Leave(int group, Part part);
   absl::Status EnterGrads(int group);  // kWrite, or the step's first touch: kOverwrite + zeros
   void Progress(uint32_t op);
@@ -168,6 +169,13 @@ class GpuModel {
   std::vector<int> group_of_;             // entry -> group
   std::vector<size_t> group_offset_;      // group -> its first parameter's offset
   std::vector<std::array<void*, kParts>> acquired_;  // group -> part -> pointer (null: not held)
+  std::vector<std::array<int, kParts>> acquired_chunk_;  // group -> part -> the chunk held
+  // The home's layout (the model's own, in the home's sub-groups of optimizer state).
+  GpuHomeLayout home_layout_;
+  // The optimizer state of group g, chunk by chunk: fn(first element, element count, master,
+  // m, v) with the chunk's three parts acquired for the call (`access`) and released after.
+  absl::Status ForEachStateChunk(int g, Access access,
+                                 const std::function<absl::Status(size_t, size_t, float*, float*, float*)>& fn);
   std::vector<bool> grads_zeroed_;        // group -> gradients already zeroed this step
   std::vector<size_t> norm_offset_;       // entry -> offset in norms_ (norm weights only)
   float* norms_ = nullptr;

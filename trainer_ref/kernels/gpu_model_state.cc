@@ -88,6 +88,15 @@ absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::Create(const ModelConfig& co
     if (!plain.ok()) return plain.status();
     home = std::move(*plain);
   }
+  // The home must be made for this model: the same groups and parts, in bytes.
+  const GpuHomeLayout own = HomeLayout(config, batch, seq, checkpointing);
+  if (home->layout().groups != own.groups || home->layout().bytes != own.bytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the home was made for another layout (%d groups, %s) than this model's (%d groups, %s)",
+        home->layout().groups.size(), FormatBytes(home->layout().Total()), own.groups.size(),
+        FormatBytes(own.Total())));
+  }
+  model->home_layout_ = home->layout();
   model->home_ = std::move(home);
   RETURN_IF_ERROR(model->Allocate());
   return model;
@@ -159,27 +168,45 @@ absl::Status GpuModel::Allocate() {
   return ZeroGrads();
 }
 
-absl::Status GpuModel::Enter(int group, Part part, Access access) {
+absl::Status GpuModel::Enter(int group, Part part, Access access, int chunk) {
   RETURN_IF_ERROR(AwaitHostUpdate(group));  // the CPU optimizer's step has updated it
   const auto start = std::chrono::steady_clock::now();
-  auto p = home_->Acquire(group, part, access);
+  auto p = home_->Acquire(group, part, chunk, access);
   acquire_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!p.ok()) {
-    return AcquireError(p.status(), group, part, "");
+    return AcquireError(p.status(), group, part, chunk, "");
   }
   acquired_[group][static_cast<int>(part)] = *p;
+  acquired_chunk_[group][static_cast<int>(part)] = chunk;
   return absl::OkStatus();
 }
 
-absl::Status GpuModel::AcquireError(const absl::Status& why, int group, Part part, const char* where) const {
-  return absl::Status(why.code(), absl::StrFormat("acquiring %s%s: %s",
-                                                  PartName(HomeLayout(config_, batch_, seq_, checkpointing_), group, part),
+absl::Status GpuModel::AcquireError(const absl::Status& why, int group, Part part, int chunk, const char* where) const {
+  return absl::Status(why.code(), absl::StrFormat("acquiring %s%s: %s", PartName(home_layout_, group, part, chunk),
                                                   where, why.message()));
 }
 
 absl::Status GpuModel::Leave(int group, Part part) {
   acquired_[group][static_cast<int>(part)] = nullptr;
-  return home_->Release(group, part, stream_);
+  return home_->Release(group, part, acquired_chunk_[group][static_cast<int>(part)], stream_);
+}
+
+absl::Status GpuModel::ForEachStateChunk(
+    int g, Access access, const std::function<absl::Status(size_t, size_t, float*, float*, float*)>& fn) {
+  constexpr Part kState[] = {Part::kMaster, Part::kAdamM, Part::kAdamV};
+  for (int c = 0; c < home_layout_.Chunks(g, Part::kMaster); ++c) {
+    for (Part part : kState) RETURN_IF_ERROR(Enter(g, part, access, c));
+    const GpuHomeLayout::Range range = home_layout_.Chunk(g, Part::kMaster, c);
+    auto at = [&](Part part) { return static_cast<float*>(acquired_[g][static_cast<int>(part)]); };
+    const absl::Status s = fn(range.offset / sizeof(float), range.bytes / sizeof(float), at(Part::kMaster),
+                              at(Part::kAdamM), at(Part::kAdamV));
+    for (Part part : kState) {
+      const absl::Status left = Leave(g, part);
+      if (s.ok() && !left.ok()) return left;
+    }
+    RETURN_IF_ERROR(s);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status GpuModel::EnterGrads(int group) {
@@ -207,11 +234,6 @@ Bf16* GpuModel::W(size_t entry) const {
   return Inside<Bf16>(acquired_[g][static_cast<int>(Part::kWeights)], layout_[entry].offset - group_offset_[g],
                       "weights", layout_[entry].name);
 }
-float* GpuModel::M(size_t entry) const {
-  const int g = group_of_[entry];
-  return Inside<float>(acquired_[g][static_cast<int>(Part::kMaster)], layout_[entry].offset - group_offset_[g],
-                       "master weights", layout_[entry].name);
-}
 float* GpuModel::G(size_t entry) const {
   const int g = group_of_[entry];
   return Inside<float>(acquired_[g][static_cast<int>(Part::kGrads)], layout_[entry].offset - group_offset_[g],
@@ -228,20 +250,19 @@ absl::Status GpuModel::SetGroup(int g, const float* params) {
   const size_t count = GroupCount(g);
   std::vector<Bf16> bits(count);
   for (size_t i = 0; i < count; ++i) bits[i] = ToBf16(params[i]);
-  for (Part part : {Part::kWeights, Part::kMaster, Part::kAdamM, Part::kAdamV}) {
-    RETURN_IF_ERROR(Enter(g, part, Access::kOverwrite));
-  }
-  void** parts = acquired_[g].data();
-  RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(parts[static_cast<int>(Part::kMaster)], params, count * sizeof(float),
-                                       cudaMemcpyHostToDevice, stream_),
-                       "upload master"));
-  RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(parts[static_cast<int>(Part::kWeights)], bits.data(), count * sizeof(Bf16),
-                                       cudaMemcpyHostToDevice, stream_),
+  RETURN_IF_ERROR(Enter(g, Part::kWeights, Access::kOverwrite));
+  RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(acquired_[g][static_cast<int>(Part::kWeights)], bits.data(),
+                                       count * sizeof(Bf16), cudaMemcpyHostToDevice, stream_),
                        "upload weights"));
-  for (Part part : {Part::kAdamM, Part::kAdamV}) {
-    RETURN_IF_ERROR(Cuda(cudaMemsetAsync(parts[static_cast<int>(part)], 0, count * sizeof(float), stream_),
-                         "zero moments"));
-  }
+  RETURN_IF_ERROR(ForEachStateChunk(g, Access::kOverwrite,
+                                    [&](size_t first, size_t n, float* master, float* m, float* v) -> absl::Status {
+    RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(master, params + first, n * sizeof(float), cudaMemcpyHostToDevice, stream_),
+                         "upload master"));
+    for (float* moment : {m, v}) {
+      RETURN_IF_ERROR(Cuda(cudaMemsetAsync(moment, 0, n * sizeof(float), stream_), "zero moments"));
+    }
+    return absl::OkStatus();
+  }));
   for (size_t e : GroupEntries(g)) {
     if (layout_[e].shape.size() != 1) continue;
     RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(N(e), params + (layout_[e].offset - group_offset_[g]),
@@ -249,8 +270,7 @@ absl::Status GpuModel::SetGroup(int g, const float* params) {
                          "upload norm weights"));
   }
   RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream_), "upload"));  // the host buffers are read by now
-  for (Part part : {Part::kWeights, Part::kMaster, Part::kAdamM, Part::kAdamV}) RETURN_IF_ERROR(Leave(g, part));
-  return absl::OkStatus();
+  return Leave(g, Part::kWeights);
 }
 
 absl::Status GpuModel::SetParams(const std::vector<float>& params) {
@@ -321,12 +341,16 @@ absl::Status GpuModel::Download(Part part, std::vector<float>* out) {
   out->assign(total_params_, 0.f);
   for (int g = 0; g < Groups(); ++g) {
     if (part == Part::kGrads && !grads_zeroed_[g]) continue;  // no backward reached it this step: zeros
-    RETURN_IF_ERROR(Enter(g, part, Access::kRead));
-    RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(out->data() + group_offset_[g], acquired_[g][static_cast<int>(part)],
-                                         GroupCount(g) * sizeof(float), cudaMemcpyDeviceToHost, stream_),
-                         "download"));
-    RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream_), "download"));
-    RETURN_IF_ERROR(Leave(g, part));
+    for (int c = 0; c < home_layout_.Chunks(g, part); ++c) {
+      const GpuHomeLayout::Range range = home_layout_.Chunk(g, part, c);
+      RETURN_IF_ERROR(Enter(g, part, Access::kRead, c));
+      RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(out->data() + group_offset_[g] + range.offset / sizeof(float),
+                                           acquired_[g][static_cast<int>(part)], range.bytes, cudaMemcpyDeviceToHost,
+                                           stream_),
+                           "download"));
+      RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream_), "download"));
+      RETURN_IF_ERROR(Leave(g, part));
+    }
   }
   return absl::OkStatus();
 }

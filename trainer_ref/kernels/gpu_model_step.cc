@@ -2,6 +2,7 @@
 // and the step as a graph for the planner.
 #include "trainer_ref/kernels/gpu_model.h"
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstring>
@@ -93,25 +94,30 @@ absl::Status GpuModel::AdamWStep(double lr, int64_t step, const AdamWOptions& op
   for (int g = 0; g < Groups(); ++g) {
     if (registered_) home_->OpBegin(OptimizerOp(g, registered_micro_batches_)).IgnoreError();
     RETURN_IF_ERROR(EnterGrads(g));  // a group no backward reached this step has zero gradients
-    for (Part part : {Part::kMaster, Part::kAdamM, Part::kAdamV}) RETURN_IF_ERROR(Enter(g, part, Access::kWrite));
     RETURN_IF_ERROR(Enter(g, Part::kWeights, Access::kOverwrite));  // written whole from the master copy
-    auto* m = static_cast<float*>(acquired_[g][static_cast<int>(Part::kAdamM)]);
-    auto* v = static_cast<float*>(acquired_[g][static_cast<int>(Part::kAdamV)]);
-    for (size_t e : GroupEntries(g)) {
-      const size_t off = layout_[e].offset - group_offset_[g];
-      Timed(kOptimizer, [&] {
-        AdamW(M(e), m + off, v + off, W(e), G(e), static_cast<int64_t>(layout_[e].count), params_for(e), stream_);
-        return 0;
-      });
-      if (layout_[e].shape.size() == 1) {
-        RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(N(e), M(e), layout_[e].count * sizeof(float), cudaMemcpyDeviceToDevice,
-                                             stream_),
-                             "norm weights"));
+    // Chunk by chunk (sub-groups of the state): each chunk's kernels are queued as soon as
+    // its parts are here, while the next chunk comes in.
+    RETURN_IF_ERROR(ForEachStateChunk(g, Access::kWrite, [&](size_t first, size_t n, float* master, float* m,
+                                                             float* v) -> absl::Status {
+      for (size_t e : GroupEntries(g)) {
+        const size_t begin = layout_[e].offset - group_offset_[g], end = begin + layout_[e].count;
+        const size_t lo = std::max(begin, first), hi = std::min(end, first + n);
+        if (lo >= hi) continue;  // the entry is in other chunks
+        const size_t at = lo - first;
+        Timed(kOptimizer, [&] {
+          AdamW(master + at, m + at, v + at, W(e) + (lo - begin), G(e) + (lo - begin), static_cast<int64_t>(hi - lo),
+                params_for(e), stream_);
+          return 0;
+        });
+        if (layout_[e].shape.size() == 1) {
+          RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(N(e) + (lo - begin), master + at, (hi - lo) * sizeof(float),
+                                               cudaMemcpyDeviceToDevice, stream_),
+                               "norm weights"));
+        }
       }
-    }
-    for (Part part : {Part::kGrads, Part::kMaster, Part::kAdamM, Part::kAdamV, Part::kWeights}) {
-      RETURN_IF_ERROR(Leave(g, part));
-    }
+      return absl::OkStatus();
+    }));
+    for (Part part : {Part::kGrads, Part::kWeights}) RETURN_IF_ERROR(Leave(g, part));
   }
   RETURN_IF_ERROR(Cuda(cudaGetLastError(), "adamw"));
   return Cuda(cudaStreamSynchronize(stream_), "adamw");
@@ -123,68 +129,100 @@ absl::Status GpuModel::HostAdamWStep(int g, bool zeros, const std::function<Adam
   // host writes, so the next forward fetches the new weights. On the optimizer's thread:
   // it touches no member the training thread changes meanwhile (`zeros`: no backward
   // reached the group this step).
-  void* host[kParts] = {};
-  std::vector<Part> held;
-  auto release_all = [&] {
-    for (Part part : held) home_->ReleaseHost(g, part).IgnoreError();
+  struct Held {
+    Part part;
+    int chunk;
+    void* p;
   };
-  auto take = [&](Part part, Access access) -> absl::Status {
-    auto p = home_->AcquireHost(g, part, access);
-    if (!p.ok()) {
-      return AcquireError(p.status(), g, part, " on the host");
+  std::vector<Held> held;
+  auto release = [&](size_t from) {  // the parts taken since held[from], last first
+    absl::Status first;
+    while (held.size() > from) {
+      const absl::Status r = home_->ReleaseHost(g, held.back().part, held.back().chunk);
+      if (first.ok()) first = r;
+      held.pop_back();
     }
-    host[static_cast<int>(part)] = *p;
-    held.push_back(part);
-    return absl::OkStatus();
+    return first;
+  };
+  auto take = [&](Part part, int chunk, Access access) -> absl::StatusOr<void*> {
+    auto p = home_->AcquireHost(g, part, chunk, access);
+    if (!p.ok()) return AcquireError(p.status(), g, part, chunk, " on the host");
+    held.push_back({part, chunk, *p});
+    return *p;
   };
   const size_t count = GroupCount(g);
-  absl::Status s = take(Part::kGrads, zeros ? Access::kOverwrite : Access::kRead);
-  for (Part part : {Part::kMaster, Part::kAdamM, Part::kAdamV}) {
-    if (s.ok()) s = take(part, Access::kWrite);
+  auto grads_or = take(Part::kGrads, 0, zeros ? Access::kOverwrite : Access::kRead);
+  if (!grads_or.ok()) return grads_or.status();
+  auto weights_or = take(Part::kWeights, 0, Access::kOverwrite);
+  if (!weights_or.ok()) {
+    release(0).IgnoreError();
+    return weights_or.status();
   }
-  if (s.ok()) s = take(Part::kWeights, Access::kOverwrite);
-  if (!s.ok()) {
-    release_all();
-    return s;
-  }
-  auto* grads = static_cast<float*>(host[static_cast<int>(Part::kGrads)]);
+  auto* grads = static_cast<float*>(*grads_or);
+  auto* weights = static_cast<Bf16*>(*weights_or);
   if (zeros) std::memset(grads, 0, count * sizeof(float));
-  auto* master = static_cast<float*>(host[static_cast<int>(Part::kMaster)]);
-  auto* m = static_cast<float*>(host[static_cast<int>(Part::kAdamM)]);
-  auto* v = static_cast<float*>(host[static_cast<int>(Part::kAdamV)]);
-  auto* weights = static_cast<Bf16*>(host[static_cast<int>(Part::kWeights)]);
-  const auto start = std::chrono::steady_clock::now();
-  for (size_t e : GroupEntries(g)) {
-    const size_t off = layout_[e].offset - group_offset_[g];
-    HostAdamW(master + off, m + off, v + off, weights + off, grads + off, static_cast<int64_t>(layout_[e].count),
-              params_for(e));
-    if (layout_[e].shape.size() == 1) {  // the resident copy the kernels read, after they are done with it
-      s = Cuda(cudaMemcpyAsync(N(e), master + off, layout_[e].count * sizeof(float), cudaMemcpyHostToDevice,
-                               host_stream_),
-               "norm weights");
-      if (!s.ok()) break;
+  absl::Status s;
+  // Chunk by chunk (sub-groups of the state), each released once it is updated.
+  for (int c = 0; s.ok() && c < home_layout_.Chunks(g, Part::kMaster); ++c) {
+    constexpr Part kState[3] = {Part::kMaster, Part::kAdamM, Part::kAdamV};
+    float* state[3] = {};
+    for (int i = 0; i < 3 && s.ok(); ++i) {
+      auto p = take(kState[i], c, Access::kWrite);
+      if (p.ok()) state[i] = static_cast<float*>(*p);
+      else s = p.status();
     }
+    if (!s.ok()) break;
+    float *master = state[0], *m = state[1], *v = state[2];
+    const GpuHomeLayout::Range range = home_layout_.Chunk(g, Part::kMaster, c);
+    const size_t first = range.offset / sizeof(float), n = range.bytes / sizeof(float);
+    const auto start = std::chrono::steady_clock::now();
+    for (size_t e : GroupEntries(g)) {
+      const size_t begin = layout_[e].offset - group_offset_[g], end = begin + layout_[e].count;
+      const size_t lo = std::max(begin, first), hi = std::min(end, first + n);
+      if (lo >= hi) continue;  // the entry is in other chunks
+      const size_t at = lo - first;
+      HostAdamW(master + at, m + at, v + at, weights + lo, grads + lo, static_cast<int64_t>(hi - lo), params_for(e));
+      if (layout_[e].shape.size() == 1) {  // the resident copy the kernels read, after they are done with it
+        s = Cuda(cudaMemcpyAsync(N(e) + (lo - begin), master + at, (hi - lo) * sizeof(float), cudaMemcpyHostToDevice,
+                                 host_stream_),
+                 "norm weights");
+        if (!s.ok()) break;
+      }
+    }
+    host_optimizer_nanos_ +=
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+    if (s.ok()) s = Cuda(cudaStreamSynchronize(host_stream_), "norm weights");  // before the host copy may move
+    const absl::Status released = release(2);
+    if (s.ok()) s = released;
   }
-  host_optimizer_nanos_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
-                              .count();
-  if (s.ok()) s = Cuda(cudaStreamSynchronize(host_stream_), "norm weights");  // before the host copy may move
-  release_all();
-  return s;
+  const absl::Status released = release(0);
+  return s.ok() ? released : s;
 }
 
 prefetcher::Graph GpuModel::StepGraph(int micro_batches) const {
   namespace tp = prefetcher;
-  const GpuHomeLayout home = HomeLayout(config_, batch_, seq_, checkpointing_);
+  const GpuHomeLayout& home = home_layout_;
   tp::Graph graph;
-  std::vector<std::array<tp::TensorIndex, kParts>> index(Groups());
+  // group -> part -> its leases' tensors (one, or the chunks of optimizer state)
+  std::vector<std::array<std::vector<tp::TensorIndex>, kParts>> index(Groups());
   for (int g = 0; g < Groups(); ++g) {
     for (int k = 0; k < kParts; ++k) {
       if (home.bytes[g][k] == 0) continue;
-      index[g][k] = static_cast<tp::TensorIndex>(graph.tensors.size());
-      graph.tensors.push_back({PartName(home, g, Part(k)), home.bytes[g][k], false});
+      for (int c = 0; c < home.Chunks(g, Part(k)); ++c) {
+        index[g][k].push_back(static_cast<tp::TensorIndex>(graph.tensors.size()));
+        graph.tensors.push_back({PartName(home, g, Part(k), c), home.Chunk(g, Part(k), c).bytes, false});
+      }
     }
   }
-  auto at = [&index](int g, Part part) { return index[g][static_cast<int>(part)]; };
+  auto at = [&index](int g, Part part) { return index[g][static_cast<int>(part)].front(); };
+  auto state = [&index](int g) {  // master weights and moments, every chunk
+    std::vector<tp::TensorIndex> all;
+    for (Part part : {Part::kMaster, Part::kAdamM, Part::kAdamV}) {
+      const auto& chunks = index[g][static_cast<int>(part)];
+      all.insert(all.end(), chunks.begin(), chunks.end());
+    }
+    return all;
+  };
   // Estimated seconds (measured times replace them in the daemon): the GEMM and attention
   // flops at 300 TFLOP/s, the optimizer's bytes at 3 TB/s.
   const double tokens = static_cast<double>(batch_) * seq_;
@@ -221,13 +259,13 @@ prefetcher::Graph GpuModel::StepGraph(int micro_batches) const {
       // are written whole (their GPU copy dropped; the forward loads the new ones).
       op = {absl::StrFormat("adamw.cpu.%s", home.groups[g]), {}, {}, bytes / 4 / 2e9, {}};
       op.host_reads = {at(g, Part::kGrads)};
-      op.host_writes = {at(g, Part::kMaster), at(g, Part::kAdamM), at(g, Part::kAdamV)};
+      op.host_writes = state(g);
       op.host_overwrites = {at(g, Part::kWeights)};
       continue;
     }
     op = {absl::StrFormat("adamw.%s", home.groups[g]),
           {at(g, Part::kGrads)},
-          {at(g, Part::kMaster), at(g, Part::kAdamM), at(g, Part::kAdamV)},
+          state(g),
           7.5 * bytes / 3e12,
           {at(g, Part::kWeights)}};
   }

@@ -26,16 +26,19 @@ class TierdGpuHome final : public GpuHome {
     if (!client.ok()) return client.status();
     client_ = std::move(*client);
     quota_ = options.quota.gpu_bytes;
+    layout_ = layout;
     tensors_.resize(layout.groups.size());
     for (size_t g = 0; g < layout.groups.size(); ++g) {
       for (int k = 0; k < kParts; ++k) {
-        const uint64_t bytes = layout.bytes[g][k];
-        if (bytes == 0) continue;
+        if (layout.bytes[g][k] == 0) continue;
         const Part part = static_cast<Part>(k);
-        auto lease = client_->Lease({PartName(layout, static_cast<int>(g), part), ClassOf(part), DType::kU8,
-                                     {static_cast<int64_t>(bytes)}});
-        if (!lease.ok()) return lease.status();
-        tensors_[g][k] = *lease;
+        const int group = static_cast<int>(g);
+        for (int c = 0; c < layout.Chunks(group, part); ++c) {
+          auto lease = client_->Lease({PartName(layout, group, part, c), ClassOf(part), DType::kU8,
+                                       {static_cast<int64_t>(layout.Chunk(group, part, c).bytes)}});
+          if (!lease.ok()) return lease.status();
+          tensors_[g][k].push_back(*lease);
+        }
       }
     }
     if (client_->fake_gpu()) {
@@ -46,18 +49,19 @@ class TierdGpuHome final : public GpuHome {
     }
     return absl::OkStatus();
   }
-  absl::StatusOr<void*> Acquire(int group, Part part, Access access) override {
-    return client_->Acquire(tensors_[group][static_cast<int>(part)], access, Place::kGpu);
+  const GpuHomeLayout& layout() const override { return layout_; }
+  absl::StatusOr<void*> Acquire(int group, Part part, int chunk, Access access) override {
+    return client_->Acquire(tensors_[group][static_cast<int>(part)].at(chunk), access, Place::kGpu);
   }
-  absl::Status Release(int group, Part part, cudaStream_t stream) override {
-    return client_->Release(tensors_[group][static_cast<int>(part)], stream);
+  absl::Status Release(int group, Part part, int chunk, cudaStream_t stream) override {
+    return client_->Release(tensors_[group][static_cast<int>(part)].at(chunk), stream);
   }
   bool HasHostTier() const override { return true; }
-  absl::StatusOr<void*> AcquireHost(int group, Part part, Access access) override {
-    return client_->Acquire(tensors_[group][static_cast<int>(part)], access, Place::kHost);
+  absl::StatusOr<void*> AcquireHost(int group, Part part, int chunk, Access access) override {
+    return client_->Acquire(tensors_[group][static_cast<int>(part)].at(chunk), access, Place::kHost);
   }
-  absl::Status ReleaseHost(int group, Part part) override {
-    return client_->Release(tensors_[group][static_cast<int>(part)]);
+  absl::Status ReleaseHost(int group, Part part, int chunk) override {
+    return client_->Release(tensors_[group][static_cast<int>(part)].at(chunk));
   }
   absl::StatusOr<std::string> RegisterGraph(const prefetcher::Graph& graph) override {
     auto reply = client_->RegisterGraph(ToGraphSpec(graph));
@@ -104,7 +108,8 @@ class TierdGpuHome final : public GpuHome {
 
  private:
   std::unique_ptr<Client> client_;
-  std::vector<std::array<Client::Tensor, kParts>> tensors_;
+  GpuHomeLayout layout_;
+  std::vector<std::array<std::vector<Client::Tensor>, kParts>> tensors_;  // group -> part -> chunks
   uint64_t quota_ = 0;
 };
 

@@ -68,6 +68,10 @@ ABSL_FLAG(double, gpu_tflops, 300, "sustained bf16 TFLOP/s, for --optimizer_plac
 ABSL_FLAG(bool, grad_checkpointing, false,
           "activation checkpointing: a layer keeps only its input and its backward recomputes the rest (a third "
           "more compute; the saved activations shrink ~10x, so far less to hold or move)");
+ABSL_FLAG(int, optimizer_chunks, 1,
+          "with --offload_policy=tierd: lease each layer's master weights and Adam moments as this many "
+          "sub-groups (DeepSpeed's sub-groups) so tierd moves and places the optimizer's state in pieces and "
+          "AdamW updates one piece while the next arrives; 1: one lease per layer and part");
 ABSL_FLAG(bool, profile, false,
           "time every kernel and GEMM with CUDA events and say where each step's time goes (adds a little)");
 
@@ -122,7 +126,15 @@ int main(int argc, char** argv) {
   std::unique_ptr<tt::gpu::GpuHome> home;  // null: plain GPU buffers
   uint64_t gpu_quota = 0;                   // tierd's, for the optimizer's cost model
   const bool checkpointing = absl::GetFlag(FLAGS_grad_checkpointing);
-  const tt::gpu::GpuHomeLayout layout = tt::gpu::GpuModel::HomeLayout(*config, batch, seq, checkpointing);
+  tt::gpu::GpuHomeLayout layout = tt::gpu::GpuModel::HomeLayout(*config, batch, seq, checkpointing);
+  const int chunks = absl::GetFlag(FLAGS_optimizer_chunks);
+  if (chunks < 1 || chunks > 1024) {
+    return Fail(absl::StrFormat("--optimizer_chunks=%d: give 1 (one lease per layer's state) up to 1024", chunks));
+  }
+  if (chunks > 1 && policy != "tierd") {
+    return Fail("--optimizer_chunks leases the optimizer's state from tierd in pieces: it needs --offload_policy=tierd");
+  }
+  layout.state_chunks = chunks;
   const uint64_t workspace = tt::gpu::GpuModel::WorkspaceBytesFor(*config, batch, seq, checkpointing);
   if (policy == "tierd") {
     auto budget = tierd::ParseBytes(absl::GetFlag(FLAGS_gpu_budget));
@@ -143,14 +155,18 @@ int main(int argc, char** argv) {
     if (!made.ok()) return Fail("tierd: " + std::string(made.status().message()));
     home = std::move(*made);
     std::printf("offload: tierd at %s; GPU budget %s = workspace %s + tierd's GPU quota %s, for a state of %s "
-                "(weights %s, master %s, gradients %s, moments %s, saved activations %s)\n",
+                "(weights %s, master %s, gradients %s, moments %s, saved activations %s)%s\n",
                 client.runtime_dir.c_str(), tierd::FormatBytes(*budget).c_str(), tierd::FormatBytes(workspace).c_str(),
                 tierd::FormatBytes(client.quota.gpu_bytes).c_str(), tierd::FormatBytes(layout.Total()).c_str(),
                 tierd::FormatBytes(layout.TotalOf(tt::gpu::Part::kWeights)).c_str(),
                 tierd::FormatBytes(layout.TotalOf(tt::gpu::Part::kMaster)).c_str(),
                 tierd::FormatBytes(layout.TotalOf(tt::gpu::Part::kGrads)).c_str(),
                 tierd::FormatBytes(2 * layout.TotalOf(tt::gpu::Part::kAdamM)).c_str(),
-                tierd::FormatBytes(layout.TotalOf(tt::gpu::Part::kActs)).c_str());
+                tierd::FormatBytes(layout.TotalOf(tt::gpu::Part::kActs)).c_str(),
+                chunks > 1 ? absl::StrFormat("; master weights and moments in %d sub-groups a layer (%s each)", chunks,
+                                             tierd::FormatBytes(layout.Chunk(1, tt::gpu::Part::kMaster, 0).bytes))
+                                 .c_str()
+                           : "");
   }
   auto model = tt::gpu::GpuModel::Create(*config, batch, seq, std::move(home), checkpointing);
   if (!model.ok()) return Fail(std::string(model.status().message()));

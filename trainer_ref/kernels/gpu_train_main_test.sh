@@ -24,6 +24,10 @@ run --offload_policy=tierd --gpu_budget=lots
 check "a size that is not one" "[ \$(cat '$dir/rc') = 1 ] && grep -q 'sizes like 24GiB' '$dir/out.log'"
 run --offload_policy=tierd --gpu_budget=8GiB --tierd_dir="$dir/no-tierd-here"
 check "no tierd at the runtime directory" "[ \$(cat '$dir/rc') = 1 ] && grep -q '^tierd-train-gpu: tierd: ' '$dir/out.log'"
+run --offload_policy=tierd --optimizer_chunks=0
+check "no sub-groups at all" "[ \$(cat '$dir/rc') = 1 ] && grep -q 'optimizer_chunks=0: give 1' '$dir/out.log'"
+run --optimizer_chunks=4
+check "sub-groups without tierd" "[ \$(cat '$dir/rc') = 1 ] && grep -q 'in pieces: it needs --offload_policy=tierd' '$dir/out.log'"
 run --batch_size=0
 check "a batch of nothing" "[ \$(cat '$dir/rc') = 1 ] && grep -q 'must be at least 1' '$dir/out.log'"
 run --help

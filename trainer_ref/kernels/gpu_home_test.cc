@@ -1,0 +1,118 @@
+// The GPU home's layout without a GPU: how the optimizer's state is cut into sub-groups
+// (chunks of whole 256-byte blocks that tile each part exactly), the names they are leased
+// under, and a model refusing a home made for another layout.
+#include "trainer_ref/kernels/gpu_home.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+#include "trainer_ref/kernels/gpu_model.h"
+#include "trainer_ref/model_config.h"
+
+namespace tierd::trainer::gpu {
+namespace {
+
+// Every part's chunks, in order, tile [0, bytes) with no gap or overlap; optimizer state in
+// at most state_chunks chunks starting on 256-byte boundaries, every other part in one.
+void ExpectChunksTile(const GpuHomeLayout& layout) {
+  for (int g = 0; g < static_cast<int>(layout.groups.size()); ++g) {
+    for (int k = 0; k < kParts; ++k) {
+      const Part part = Part(k);
+      const uint64_t total = layout.bytes[g][k];
+      const int chunks = layout.Chunks(g, part);
+      ASSERT_GE(chunks, 1);
+      if (!IsOptimizerState(part)) EXPECT_EQ(chunks, 1) << layout.groups[g] << " part " << k;
+      EXPECT_LE(chunks, std::max(1, layout.state_chunks));
+      uint64_t end = 0, smallest = total, largest = 0;
+      for (int c = 0; c < chunks; ++c) {
+        const GpuHomeLayout::Range r = layout.Chunk(g, part, c);
+        EXPECT_EQ(r.offset, end) << layout.groups[g] << " part " << k << " chunk " << c;
+        EXPECT_EQ(r.offset % 256, 0u);
+        if (total > 0) EXPECT_GT(r.bytes, 0u) << layout.groups[g] << " part " << k << " chunk " << c;
+        end = r.offset + r.bytes;
+        if (c + 1 < chunks) {  // the last one may hold a partial block
+          smallest = std::min(smallest, r.bytes);
+          largest = std::max(largest, r.bytes);
+        }
+      }
+      EXPECT_EQ(end, total) << layout.groups[g] << " part " << k;
+      if (chunks > 2) EXPECT_LE(largest - smallest, 256u) << "chunks of one part differ by at most a block";
+    }
+  }
+}
+
+TEST(GpuHomeLayoutTest, OptimizerStateInSubGroupsTilesEachPartInAlignedChunks) {
+  const ModelConfig config{"test6", 6, 128, 2, 352, 512, 128};
+  for (int chunks : {1, 2, 3, 5, 16, 4096}) {
+    GpuHomeLayout layout = GpuModel::HomeLayout(config, 4, 128);
+    layout.state_chunks = chunks;
+    SCOPED_TRACE(chunks);
+    ExpectChunksTile(layout);
+    // A layer holds 4 * 128^2 + 3 * 128 * 352 + 2 * 128 = 200,960 parameters: 3140 blocks
+    // of 64 floats, so every count below that is met exactly.
+    EXPECT_EQ(layout.Chunks(1, Part::kAdamM), std::min(chunks, 3140));
+  }
+  // The 7B shape: a layer's 772 MiB of master weights in 16 chunks of ~48 MiB.
+  GpuHomeLayout big = GpuModel::HomeLayout(*ModelPreset("7b"), 2, 2048, /*checkpointing=*/true);
+  big.state_chunks = 16;
+  ExpectChunksTile(big);
+  EXPECT_EQ(big.Chunks(1, Part::kMaster), 16);
+  EXPECT_NEAR(static_cast<double>(big.Chunk(1, Part::kMaster, 0).bytes),
+              big.bytes[1][static_cast<int>(Part::kMaster)] / 16.0, 256.0);
+}
+
+TEST(GpuHomeLayoutTest, ChunksAreLeasedUnderNamesOfTheirOwn) {
+  GpuHomeLayout layout;
+  layout.groups = {"embed", "layers.0"};
+  layout.bytes = {{512, 1024, 1024, 1024, 1024, 0}, {2000, 4000, 4000, 4000, 4000, 64}};
+  EXPECT_EQ(PartName(layout, 1, Part::kAdamM), "opt.m.layers.0") << "one lease: the plain name";
+  layout.state_chunks = 3;
+  std::set<std::string> names;
+  for (int g = 0; g < 2; ++g) {
+    for (int k = 0; k < kParts; ++k) {
+      if (layout.bytes[g][k] == 0) continue;
+      for (int c = 0; c < layout.Chunks(g, Part(k)); ++c) {
+        EXPECT_TRUE(names.insert(PartName(layout, g, Part(k), c)).second) << PartName(layout, g, Part(k), c);
+      }
+    }
+  }
+  EXPECT_EQ(names.size(), 2u * (2 + 3 * 3) + 1);  // weights, grads, 3 x 3 state chunks; one acts part
+  EXPECT_EQ(PartName(layout, 1, Part::kAdamM, 2), "opt.m.layers.0.2");
+  EXPECT_EQ(PartName(layout, 1, Part::kMaster, 0), "master.layers.0.0");
+  EXPECT_EQ(PartName(layout, 1, Part::kGrads), "grad.layers.0");
+  EXPECT_EQ(PartName(layout, 0, Part::kWeights), "embed.w");
+  // 4000 bytes: 16 blocks of 256 (the last partial) in 3 chunks of 6, 5 and 5 blocks.
+  EXPECT_EQ(layout.Chunk(1, Part::kAdamV, 0).bytes, 6u * 256);
+  EXPECT_EQ(layout.Chunk(1, Part::kAdamV, 1).offset, 6u * 256);
+  EXPECT_EQ(layout.Chunk(1, Part::kAdamV, 2).bytes, 4000u - 11 * 256);
+}
+
+// A home that only has a layout: enough for GpuModel::Create to look at before it touches
+// the device.
+class LayoutOnlyHome final : public GpuHome {
+ public:
+  explicit LayoutOnlyHome(GpuHomeLayout layout) : layout_(std::move(layout)) {}
+  const GpuHomeLayout& layout() const override { return layout_; }
+  absl::StatusOr<void*> Acquire(int, Part, int, Access) override { return absl::InternalError("not here"); }
+  absl::Status Release(int, Part, int, cudaStream_t) override { return absl::OkStatus(); }
+  uint64_t OwnDeviceBytes() const override { return 0; }
+  std::string Describe() override { return "layout only"; }
+
+ private:
+  GpuHomeLayout layout_;
+};
+
+TEST(GpuHomeLayoutTest, AModelRefusesAHomeMadeForAnotherLayout) {
+  const ModelConfig config{"test6", 6, 128, 2, 352, 512, 128};
+  GpuHomeLayout other = GpuModel::HomeLayout(config, 4, 64);  // another sequence length: other activations
+  auto model = GpuModel::Create(config, 4, 128, std::make_unique<LayoutOnlyHome>(other));
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(model.status().message().find("the home was made for another layout"), std::string::npos)
+      << model.status();
+}
+
+}  // namespace
+}  // namespace tierd::trainer::gpu

@@ -108,8 +108,14 @@ absl::Status ParseRest(const YAML::Node& root, DaemonOptions* options) {
     if (options->max_sessions == 0) return Error(limits["sessions"], "limits.sessions must be at least 1");
   }
   if (const YAML::Node planner = root["planner"]) {
-    RETURN_IF_ERROR(CheckKeys(planner, "planner", {"h2d_gbps", "d2h_gbps", "nvme_gbps", "time_aware"}));
+    RETURN_IF_ERROR(CheckKeys(planner, "planner", {"h2d_gbps", "d2h_gbps", "nvme_gbps", "time_aware", "dram_headroom_tensors"}));
     if (planner["time_aware"]) options->planner_time_aware = planner["time_aware"].as<bool>();
+    if (planner["dram_headroom_tensors"]) {
+      options->planner_dram_headroom_tensors = planner["dram_headroom_tensors"].as<int>();
+      if (options->planner_dram_headroom_tensors < 0 || options->planner_dram_headroom_tensors > 16) {
+        return Error(planner["dram_headroom_tensors"], "planner.dram_headroom_tensors must be 0 to 16 (tensors)");
+      }
+    }
     for (auto [key, out] : {std::pair{"h2d_gbps", &options->planner_links.h2d_bytes_per_s},
                             std::pair{"d2h_gbps", &options->planner_links.d2h_bytes_per_s},
                             std::pair{"nvme_gbps", &options->planner_links.nvme_read_bytes_per_s}}) {
@@ -188,9 +194,10 @@ std::string DescribeConfig(const DaemonOptions& o) {
   out += "]\n";
   if (o.socket_group) absl::StrAppendFormat(&out, "  socket_group: %d\n", *o.socket_group);
   absl::StrAppendFormat(&out, "limits: {sessions: %d}\n", o.max_sessions);
-  absl::StrAppendFormat(&out, "planner: {h2d_gbps: %.17g, d2h_gbps: %.17g, nvme_gbps: %.17g, time_aware: %s}\n",
-                        o.planner_links.h2d_bytes_per_s / 1e9, o.planner_links.d2h_bytes_per_s / 1e9,
-                        o.planner_links.nvme_read_bytes_per_s / 1e9, o.planner_time_aware ? "true" : "false");
+  absl::StrAppendFormat(
+      &out, "planner: {h2d_gbps: %.17g, d2h_gbps: %.17g, nvme_gbps: %.17g, time_aware: %s, dram_headroom_tensors: %d}\n",
+      o.planner_links.h2d_bytes_per_s / 1e9, o.planner_links.d2h_bytes_per_s / 1e9,
+      o.planner_links.nvme_read_bytes_per_s / 1e9, o.planner_time_aware ? "true" : "false", o.planner_dram_headroom_tensors);
   absl::StrAppendFormat(&out, "default_session_quota: {gpu: %s, dram: %s, nvme: %s}\n",
                         ExactBytes(o.default_quota.gpu_bytes), ExactBytes(o.default_quota.dram_bytes),
                         ExactBytes(o.default_quota.nvme_bytes));

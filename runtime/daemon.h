@@ -64,6 +64,10 @@ struct DaemonOptions {
   // Also try hoisted loads and victims chosen by time when planning a session
   // (prefetcher::TimeAwareStyles; planbench --time_aware), not only MIN and exclusive loads.
   bool planner_time_aware = false;
+  // When a session is planned, DRAM below its GPU is planned this many of the graph's
+  // largest tensors under its quota (at most a quarter of it), for the room the allocator
+  // loses to fragmentation; moves within DRAM join the rest (LeaseTable's relocation).
+  int planner_dram_headroom_tensors = 3;
 };
 
 // Removes /dev/shm segments named "tierd-..." that no live process holds (left by a

@@ -136,7 +136,8 @@ absl::StatusOr<v1::PlanReply> Daemon::PlanGraph(SessionId session, tp::Graph gra
   if (host) links_now = [measured, lowered] { return lowered(measured()); };
   auto planned = PlannedSession::Create(*leases_, session, std::move(graph), budgets,
                                         host ? lowered(options_.planner_links) : options_.planner_links, RealClock(),
-                                        /*deterministic=*/false, links_now, options_.planner_time_aware);
+                                        /*deterministic=*/false, links_now, options_.planner_time_aware,
+                                        options_.planner_dram_headroom_tensors);
   if (!planned.ok()) {
     return absl::Status(planned.status().code(),
                         "cannot plan this graph under the session's quotas: " + std::string(planned.status().message()));

@@ -106,7 +106,7 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
                                                                        const tp::LinkModel& links, Clock& clock,
                                                                        bool deterministic,
                                                                        std::function<tp::LinkModel()> measured_links,
-                                                                       bool time_aware) {
+                                                                       bool time_aware, int dram_headroom) {
   if (absl::Status valid = tp::ValidateGraph(graph); !valid.ok()) return valid;
   const Tier top = graph.host ? Tier::kDram : Tier::kGpu;
   // The tiers' allocators fragment, most when tensors are large next to the quota: plan
@@ -114,13 +114,15 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
   // quarter of the quota), whichever is more, so the planned moves find the room the plan
   // counts on. DRAM below the GPU joins its free space by moving idle copies within itself
   // (LeaseTable's relocation) before anything spills, so it keeps only the three largest
-  // tensors free: for the synthetic 7B step in 24 + 64 GiB the tenth cost 4.6 s a step of
-  // NVMe traffic (planbench --gpu=19.9GiB: 19.8 s planned in 57.6 GiB, 15.1 s in 61.6).
+  // tensors free (`dram_headroom` of them): for the synthetic 7B step in 24 + 64 GiB the
+  // tenth cost 4.6 s a step of NVMe traffic (planbench --gpu=19.9GiB: 19.8 s planned in
+  // 57.6 GiB, 15.1 s in 61.6).
   uint64_t largest = 0;
   for (const tp::GraphTensor& t : graph.tensors) largest = std::max(largest, t.bytes);
-  auto headroom = [largest](uint64_t quota, bool relocates) {
-    const uint64_t kept = std::min(3 * largest, quota / 4);
-    return quota - (relocates ? kept : std::max(quota / 10, kept));
+  const uint64_t dram_kept = static_cast<uint64_t>(std::max(0, dram_headroom)) * largest;
+  auto headroom = [largest, dram_kept](uint64_t quota, bool relocates) {
+    if (relocates) return quota - std::min(dram_kept, quota / 4);
+    return quota - std::max(quota / 10, std::min(3 * largest, quota / 4));
   };
   const tp::Budgets planning{headroom(budgets.gpu, /*relocates=*/false),
                              headroom(budgets.dram, /*relocates=*/top == Tier::kGpu), budgets.nvme};
@@ -144,6 +146,7 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
   prediction->sim = *std::move(sim);
   prediction->links = links;
   prediction->graph = graph;
+  prediction->planned_under = planning;
   prediction->bound = tp::ComputeLowerBound(graph, links, budgets);
   prediction->style = tp::DescribeStyle(plan->style);
   prediction->reserve_bytes = plan->reserve_bytes;
@@ -272,6 +275,7 @@ std::string PlannedSession::Summary() const {
   tp::SimResult p;
   tp::LinkModel links;
   tp::LowerBound bound;
+  tp::Budgets planned_under;
   std::string style;
   uint64_t reserve = 0;
   int replans = 0;
@@ -280,6 +284,7 @@ std::string PlannedSession::Summary() const {
     p = prediction_->sim;
     links = prediction_->links;
     bound = prediction_->bound;
+    planned_under = prediction_->planned_under;
     style = prediction_->style;
     reserve = prediction_->reserve_bytes;
     replans = prediction_->replans;
@@ -295,11 +300,13 @@ std::string PlannedSession::Summary() const {
                          replans == 0 ? "the first plan"
                                       : absl::StrFormat("replanned %d time(s) at measured op times and links", replans));
   // No plan of this graph on these links and tiers stalls less (prefetcher/simulate.h).
-  out += absl::StrFormat("lower bound at the same op times and links: %.3f s a step (stall %.3f s, bound by %s)%s\n",
+  out += absl::StrFormat("lower bound at the same op times and links, in the whole quotas: %.3f s a step (stall %.3f s, bound by %s)%s\n",
                          bound.step_seconds, bound.stall_seconds, bound.bound_by,
                          bound.stall_seconds > 0
                              ? absl::StrFormat("; the plan's stall is %.3fx of it", p.stall_seconds / bound.stall_seconds)
                              : "");
+  out += absl::StrFormat("planned under GPU %s and DRAM %s of the quotas (room kept for fragmentation)\n",
+                         FormatBytes(planned_under.gpu), FormatBytes(planned_under.dram));
   out += absl::StrFormat("static layout: %s for at most %s live at once; the arena is %s: %s\n",
                          FormatBytes(layout_.size_bytes), FormatBytes(layout_.peak_live_bytes), FormatBytes(quota_),
                          layout_fits_ ? "planned tensors go to fixed offsets" : "too big, placement is online");

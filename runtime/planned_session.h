@@ -34,13 +34,15 @@ class PlannedSession {
   // `budgets.gpu` is the DRAM quota, the links' DRAM->GPU/GPU->DRAM are NVMe read/write, and
   // the NVMe quota must hold every tensor (nothing is planned below NVMe). `time_aware`:
   // PlanBest also tries prefetcher::TimeAwareStyles (first plan and replans).
+  // `dram_headroom`: DRAM below the GPU is planned this many of the largest tensors under
+  // its quota (at most a quarter of it).
   static absl::StatusOr<std::unique_ptr<PlannedSession>> Create(LeaseTable& leases, SessionId session,
                                                                prefetcher::Graph graph,
                                                                const prefetcher::Budgets& budgets,
                                                                const prefetcher::LinkModel& links, Clock& clock,
                                                                bool deterministic = false,
                                                                std::function<prefetcher::LinkModel()> measured_links = {},
-                                                               bool time_aware = false);
+                                                               bool time_aware = false, int dram_headroom = 3);
   ~PlannedSession();
 
   absl::Status OpBegin(uint32_t op) { return executor_->OpBegin(op); }
@@ -77,6 +79,7 @@ class PlannedSession {
     mutable std::mutex mutex;
     prefetcher::SimResult sim;
     prefetcher::LinkModel links;
+    prefetcher::Budgets planned_under;  // the quotas less their headroom for fragmentation
     prefetcher::Graph graph;  // as planned: the registered one, then at the measured op times
     prefetcher::LowerBound bound;  // of that graph on those links, under the session's budgets
     std::string style;

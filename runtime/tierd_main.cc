@@ -29,6 +29,9 @@ ABSL_FLAG(std::string, default_quota, "", "gpu,dram,nvme bytes for clients that 
 ABSL_FLAG(bool, planner_time_aware, false,
           "plan sessions with hoisted loads and victims chosen by time tried too (planbench --time_aware); "
           "off: MIN and exclusive loads only");
+ABSL_FLAG(int, planner_dram_headroom_tensors, -1,
+          "plan DRAM below the GPU this many of a session's largest tensors under its quota, for room lost to "
+          "fragmentation (default 3; at most a quarter of the quota)");
 
 namespace tierd {
 namespace {
@@ -52,6 +55,12 @@ absl::Status Override(DaemonOptions* options) {
   if (!absl::GetFlag(FLAGS_grpc_tcp).empty()) options->grpc_tcp_address = absl::GetFlag(FLAGS_grpc_tcp);
   if (absl::GetFlag(FLAGS_max_sessions) > 0) options->max_sessions = absl::GetFlag(FLAGS_max_sessions);
   if (absl::GetFlag(FLAGS_planner_time_aware)) options->planner_time_aware = true;
+  if (absl::GetFlag(FLAGS_planner_dram_headroom_tensors) >= 0) {
+    if (absl::GetFlag(FLAGS_planner_dram_headroom_tensors) > 16) {
+      return absl::InvalidArgumentError("--planner_dram_headroom_tensors must be 0 to 16 (tensors)");
+    }
+    options->planner_dram_headroom_tensors = absl::GetFlag(FLAGS_planner_dram_headroom_tensors);
+  }
   if (absl::GetFlag(FLAGS_socket_group) >= 0) options->socket_group = absl::GetFlag(FLAGS_socket_group);
   if (!absl::GetFlag(FLAGS_allowed_uids).empty()) {
     options->allowed_uids.clear();

@@ -335,7 +335,7 @@ TEST_F(DaemonTest, APlannedSessionIsServedAheadOfUseAndTierctlShowsIt) {
   const std::string dir = "--runtime_dir=" + runtime_dir_;
   Process plan("tools/tierctl/tierctl", {dir, "plan", "--session=" + session});
   EXPECT_NE(plan.WaitForLine("predicted per iteration:", 10000), "") << plan.output();
-  EXPECT_NE(plan.WaitForLine("lower bound at the same op times and links: ", 10000), "") << plan.output();
+  EXPECT_NE(plan.WaitForLine("lower bound at the same op times and links, in the whole quotas: ", 10000), "") << plan.output();
   EXPECT_NE(plan.WaitForLine("static layout: ", 10000), "") << plan.output();
   EXPECT_NE(plan.WaitForLine("observed: 3 iteration(s)", 10000), "") << plan.output();
   EXPECT_EQ(plan.Wait(), 0);

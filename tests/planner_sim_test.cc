@@ -15,7 +15,9 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/str_format.h"
 #include "base/fake_clock.h"
+#include "base/units.h"
 #include "prefetcher/synthetic.h"
 #include "runtime/lease_table.h"
 #include "runtime/mover_test_util.h"
@@ -301,6 +303,22 @@ TEST(PlannedSessionTest, DramBelowTheGpuIsPlannedToThreeTensorsOfItsQuota) {
   ASSERT_TRUE(planned.ok()) << planned.status();
   EXPECT_EQ((*planned)->predicted().nvme_read_bytes, 0u) << (*planned)->Summary();
   EXPECT_EQ((*planned)->predicted().nvme_write_bytes, 0u);
+  // The headroom is the daemon's choice (--planner_dram_headroom_tensors): at that quota
+  // less two tensors, one tensor of headroom still plans no NVMe traffic, three would.
+  const uint64_t tighter = dram_quota - 2 * largest;
+  ASSERT_GT(nvme_bytes(tighter - 3 * largest), 0u) << "the premise: three tensors kept free there need NVMe";
+  ASSERT_EQ(nvme_bytes(tighter - largest), 0u) << "the premise: one kept free does not";
+  const tp::Budgets tight{gpu_quota, tighter, 2 * total};
+  for (int kept : {1, 3}) {
+    Tiers tight_tiers("headroom-" + std::to_string(kept), tight);
+    auto p = PlannedSession::Create(*tight_tiers.table, tight_tiers.session, graph, tight, links, tight_tiers.fake,
+                                    /*deterministic=*/true, {}, /*time_aware=*/false, /*dram_headroom=*/kept);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ((*p)->predicted().nvme_read_bytes == 0, kept == 1) << kept << " kept: " << (*p)->Summary();
+    const std::string summary = (*p)->Summary();
+    EXPECT_NE(summary.find(absl::StrFormat("DRAM %s", FormatBytes(tighter - kept * largest))), std::string::npos)
+        << summary;
+  }
 }
 
 // The prediction follows the plan in force: a link measured more than 25% off the plan's

@@ -42,12 +42,12 @@ TEST(ConfigTest, TheAnnotatedExampleParses) {
   ASSERT_TRUE(described.ok()) << described.status();
   EXPECT_TRUE(described->planner_time_aware);
   EXPECT_FALSE(ParseConfig("planner: {time_aware: sometimes}\n").ok());
-  // DRAM's planning headroom in tensors: 3 unless said, said back by DescribeConfig, bounded.
-  EXPECT_EQ(options->planner_dram_headroom_tensors, 3);
-  auto headroom = ParseConfig("planner: {dram_headroom_tensors: 1}\n");
+  // DRAM's planning headroom in tensors: 1 unless said, said back by DescribeConfig, bounded.
+  EXPECT_EQ(options->planner_dram_headroom_tensors, 1);
+  auto headroom = ParseConfig("planner: {dram_headroom_tensors: 3}\n");
   ASSERT_TRUE(headroom.ok()) << headroom.status();
-  EXPECT_EQ(headroom->planner_dram_headroom_tensors, 1);
-  EXPECT_EQ(ParseConfig(DescribeConfig(*headroom))->planner_dram_headroom_tensors, 1);
+  EXPECT_EQ(headroom->planner_dram_headroom_tensors, 3);
+  EXPECT_EQ(ParseConfig(DescribeConfig(*headroom))->planner_dram_headroom_tensors, 3);
   auto too_many = ParseConfig("planner: {dram_headroom_tensors: 17}\n");
   ASSERT_FALSE(too_many.ok());
   EXPECT_NE(too_many.status().message().find("planner.dram_headroom_tensors must be 0 to 16"), std::string::npos)

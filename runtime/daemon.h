@@ -66,8 +66,9 @@ struct DaemonOptions {
   bool planner_time_aware = false;
   // When a session is planned, DRAM below its GPU is planned this many of the graph's
   // largest tensors under its quota (at most a quarter of it), for the room the allocator
-  // loses to fragmentation; moves within DRAM join the rest (LeaseTable's relocation).
-  int planner_dram_headroom_tensors = 3;
+  // loses to fragmentation; moves within DRAM join the rest (LeaseTable's relocation). One,
+  // not three: the 7B trainer on the H200 ran 10% faster a step (docs/BENCHMARKS.md, session 10).
+  int planner_dram_headroom_tensors = 1;
 };
 
 // Removes /dev/shm segments named "tierd-..." that no live process holds (left by a

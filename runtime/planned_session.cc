@@ -113,8 +113,9 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
   // the top tier under its quota by a tenth, or by three of the largest tensors (at most a
   // quarter of the quota), whichever is more, so the planned moves find the room the plan
   // counts on. DRAM below the GPU joins its free space by moving idle copies within itself
-  // (LeaseTable's relocation) before anything spills, so it keeps only the three largest
-  // tensors free (`dram_headroom` of them): for the synthetic 7B step in 24 + 64 GiB the
+  // (LeaseTable's relocation) before anything spills, so it keeps only `dram_headroom` of
+  // the largest tensors free (default 1; 3 made the 7B trainer's step 10% slower on the
+  // H200, with as many moves within DRAM): for the synthetic 7B step in 24 + 64 GiB the
   // tenth cost 4.6 s a step of NVMe traffic (planbench --gpu=19.9GiB: 19.8 s planned in
   // 57.6 GiB, 15.1 s in 61.6).
   uint64_t largest = 0;

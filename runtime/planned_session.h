@@ -42,7 +42,7 @@ class PlannedSession {
                                                                const prefetcher::LinkModel& links, Clock& clock,
                                                                bool deterministic = false,
                                                                std::function<prefetcher::LinkModel()> measured_links = {},
-                                                               bool time_aware = false, int dram_headroom = 3);
+                                                               bool time_aware = false, int dram_headroom = 1);
   ~PlannedSession();
 
   absl::Status OpBegin(uint32_t op) { return executor_->OpBegin(op); }

@@ -31,7 +31,7 @@ ABSL_FLAG(bool, planner_time_aware, false,
           "off: MIN and exclusive loads only");
 ABSL_FLAG(int, planner_dram_headroom_tensors, -1,
           "plan DRAM below the GPU this many of a session's largest tensors under its quota, for room lost to "
-          "fragmentation (default 3; at most a quarter of the quota)");
+          "fragmentation (default 1; at most a quarter of the quota)");
 
 namespace tierd {
 namespace {

@@ -182,6 +182,21 @@ class LeaseTable {
   using MissWaiter = std::function<void(const std::string& name, Tier tier)>;
   absl::Status SetMissWaiter(SessionId session, MissWaiter waiter);
 
+  // Told of every copy the tiers move or drop on their own to make room (a victim written
+  // back or dropped, a full NVMe's copy of a tensor held above dropped): what a plan did not
+  // move but the run paid for. `to`: where its bytes went (nullopt: dropped, another copy
+  // holds them); `bytes` moved (0 for a drop); the wall-clock nanos of the move. Called with
+  // the session's lock held: it must not call back into the table, and should only record.
+  struct RoomMove {
+    std::string name;
+    Tier from = Tier::kGpu;
+    std::optional<Tier> to;
+    uint64_t bytes = 0;
+    int64_t start_nanos = 0, end_nanos = 0;
+  };
+  using RoomObserver = std::function<void(const RoomMove& move)>;
+  absl::Status SetRoomObserver(SessionId session, RoomObserver observer);
+
   // Moves the tensor into `tier` (if not there) and keeps it there.
   absl::Status Pin(SessionId session, TensorId tensor, Tier tier);
   absl::Status Unpin(SessionId session, TensorId tensor);

@@ -227,6 +227,10 @@ absl::Status LeaseTable::SetMissWaiter(SessionId session_id, MissWaiter waiter) 
   return WithSessionLocked(session_id, [&](Session& s) { s.miss_waiter = std::move(waiter); });
 }
 
+absl::Status LeaseTable::SetRoomObserver(SessionId session_id, RoomObserver observer) {
+  return WithSessionLocked(session_id, [&](Session& s) { s.room_observer = std::move(observer); });
+}
+
 absl::Status LeaseTable::SetPlacementAdvisor(SessionId session_id, PlacementAdvisor advisor) {
   return WithSessionLocked(session_id, [&](Session& s) { s.placement = std::move(advisor); });
 }

@@ -58,6 +58,7 @@ struct LeaseTable::Session {
   EvictionAdvisor advisor ABSL_GUARDED_BY(mutex);     // from the planner, when a graph is registered
   PlacementAdvisor placement ABSL_GUARDED_BY(mutex);  // the planner's static layout, likewise
   MissWaiter miss_waiter ABSL_GUARDED_BY(mutex);      // the planner's queued moves, likewise
+  RoomObserver room_observer ABSL_GUARDED_BY(mutex);  // the planner's record of the session
 
   ArenaId ArenaOf(Tier tier) const { return tier == Tier::kGpu ? gpu_arena : dram_arena; }
 };

@@ -318,6 +318,10 @@ bool LeaseTable::DropNvmeDuplicate(Session& s) {
   }
   if (victim == nullptr) return false;
   DropCopy(s, *victim, Tier::kNvme);
+  if (s.room_observer) {
+    const int64_t now = clock_.NowNanos();
+    s.room_observer({victim->spec.name, Tier::kNvme, std::nullopt, 0, now, now});
+  }
   absl::MutexLock stats_lock(&stats_mutex_);
   ++stats_.nvme_duplicates_dropped;
   return true;
@@ -362,9 +366,12 @@ absl::Status LeaseTable::EvictOne(Session& s, Tier tier, std::set<const Tensor*>
     }
     return absl::ResourceExhaustedError("nothing there may be evicted");
   }
+  const int64_t start = clock_.NowNanos();
+  std::optional<Tier> went;  // where the victim's bytes went, for the room observer
   if (!victim_clean) {
     const std::optional<Tier> below = Below(tier);
     if (!below) return absl::ResourceExhaustedError("no tier below to write back to");
+    went = below;
     ++victim->busy;
     absl::Status copied = CopyTo(s, *victim, *below);
     --victim->busy;
@@ -385,6 +392,9 @@ absl::Status LeaseTable::EvictOne(Session& s, Tier tier, std::set<const Tensor*>
     }
     if (!extent.ok()) return extent.status();
     victim->copies[static_cast<int>(*below)] = *extent;
+  }
+  if (s.room_observer) {
+    s.room_observer({victim->spec.name, tier, went, went ? victim->bytes : 0, start, clock_.NowNanos()});
   }
   {
     absl::MutexLock lock(&stats_mutex_);

@@ -305,6 +305,51 @@ TEST_F(PlanMovesTest, DemotedThenPrefetchedTensorsAreHitsWithTheirBytes) {
   EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
 }
 
+// The tiers say what they move on their own to make room (for the planner's record of the
+// session): a dirty victim written back from the GPU to DRAM with its bytes, a clean one
+// dropped (no bytes), in the order they happen; nothing once the observer is gone.
+TEST_F(PlanMovesTest, TheTiersTellTheMovesTheyMakeForRoom) {
+  std::vector<LeaseTable::RoomMove> told;
+  ASSERT_TRUE(table_->SetRoomObserver(session_, [&](const LeaseTable::RoomMove& m) { told.push_back(m); }).ok());
+  std::map<TensorId, uint8_t> fills;
+  for (int i = 0; i < 4; ++i) fills[LeaseWritten("g" + std::to_string(i), 256 * 1024, 10 + i)] = 10 + i;  // 4 MiB
+  ASSERT_TRUE(told.empty()) << "the GPU had room for all four";
+  const TensorId fifth = LeaseWritten("fifth", 256 * 1024, 9);
+  fills[fifth] = 9;
+  ASSERT_EQ(told.size(), 1u);
+  EXPECT_EQ(told[0].from, Tier::kGpu);
+  ASSERT_TRUE(told[0].to.has_value());
+  EXPECT_EQ(*told[0].to, Tier::kDram);
+  EXPECT_EQ(told[0].bytes, 1 * kMiB);
+  EXPECT_LE(told[0].start_nanos, told[0].end_nanos);
+  TensorId first_out = 0;
+  for (const auto& [id, fill] : fills) {
+    if (!OnGpu(id)) first_out = id;
+  }
+  ASSERT_NE(first_out, 0u);
+  // Read back, it pushes another dirty one out and keeps a clean copy in DRAM...
+  EXPECT_TRUE(Holds(first_out, fills[first_out]));
+  ASSERT_EQ(told.size(), 2u);
+  EXPECT_EQ(told[1].to, std::optional<Tier>(Tier::kDram));
+  TensorId second_out = 0;
+  for (const auto& [id, fill] : fills) {
+    if (!OnGpu(id)) second_out = id;
+  }
+  ASSERT_NE(second_out, 0u);
+  // ...which, clean, is the next to go: dropped, not written.
+  EXPECT_TRUE(Holds(second_out, fills[second_out]));
+  ASSERT_EQ(told.size(), 3u);
+  EXPECT_EQ(told[2].from, Tier::kGpu);
+  EXPECT_FALSE(told[2].to.has_value());
+  EXPECT_EQ(told[2].bytes, 0u);
+  EXPECT_GE(told[2].start_nanos, told[1].end_nanos);
+  ASSERT_TRUE(table_->SetRoomObserver(session_, nullptr).ok());
+  EXPECT_TRUE(Holds(first_out, fills[first_out]));
+  EXPECT_EQ(told.size(), 3u);
+  for (const auto& [id, fill] : fills) EXPECT_TRUE(Holds(id, fill)) << id;
+  EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
+}
+
 TEST_F(PlanMovesTest, PrefetchWithoutEvictionTakesOnlyFreeRoom) {
   // Four 1 MiB tensors fill the 4 MiB GPU quota; a fifth lives below.
   std::vector<TensorId> on_gpu;

@@ -241,6 +241,26 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
         if (--gate->active == 0) gate->idle.notify_all();
       });
   if (!waiting.ok()) return waiting;
+  // What the tiers move on their own for room: counted and kept for the trace.
+  absl::Status observed = leases.SetRoomObserver(session, [room = planned->room_](const LeaseTable::RoomMove& m) {
+    std::lock_guard<std::mutex> lock(room->mutex);
+    if (!m.to) {  // a drop moves no bytes: counted, not drawn
+      ++(m.from == Tier::kNvme ? room->counts.nvme_dropped : room->counts.dropped);
+      return;
+    }
+    if (*m.to == Tier::kDram) {
+      ++room->counts.to_dram;
+      room->counts.to_dram_bytes += m.bytes;
+    } else {
+      ++room->counts.to_nvme;
+      room->counts.to_nvme_bytes += m.bytes;
+    }
+    if (room->latest.size() >= kRoomMovesKept) {
+      room->latest.erase(room->latest.begin(), room->latest.begin() + kRoomMovesKept / 2);
+    }
+    room->latest.push_back(m);
+  });
+  if (!observed.ok()) return observed;
   return planned;
 }
 
@@ -251,6 +271,7 @@ PlannedSession::~PlannedSession() {
     leases_->SetEvictionAdvisor(session_, nullptr).IgnoreError();
     leases_->SetPlacementAdvisor(session_, nullptr).IgnoreError();
     leases_->SetMissWaiter(session_, nullptr).IgnoreError();
+    leases_->SetRoomObserver(session_, nullptr).IgnoreError();
   }
   if (gate_ != nullptr) {
     std::unique_lock<std::mutex> lock(gate_->mutex);
@@ -319,6 +340,12 @@ std::string PlannedSession::Summary() const {
   out += absl::StrFormat("acquires that waited for their planned move instead of fetching on demand: %d (%d gave up)\n",
                          seen.awaited, seen.await_gave_up);
   if (!seen.last_gave_up.empty()) out += "the latest wait given up: " + seen.last_gave_up + "\n";
+  const RoomCounts room = room_counts();
+  out += absl::StrFormat(
+      "the tiers' own moves for room (not planned; on the trace as \"for room\"): %d GPU->DRAM write-backs (%s), "
+      "%d DRAM->NVMe (%s), %d copies dropped, %d NVMe copies of tensors held above dropped\n",
+      room.to_dram, FormatBytes(room.to_dram_bytes), room.to_nvme, FormatBytes(room.to_nvme_bytes), room.dropped,
+      room.nvme_dropped);
   // Where the client waited most, against where the plan expected it to.
   std::vector<std::pair<double, uint32_t>> waits;
   for (const auto& [op, sum] : seen.waited_by_op) {
@@ -373,8 +400,35 @@ absl::StatusOr<std::string> PlannedSession::Explain(const std::string& name) con
   return tp::ExplainTensor(executor_->graph(), executor_->CurrentPlan(), name);
 }
 
+PlannedSession::RoomCounts PlannedSession::room_counts() const {
+  std::lock_guard<std::mutex> lock(room_->mutex);
+  return room_->counts;
+}
+
 std::string PlannedSession::TraceJson() const {
-  return tp::ChromeTraceJson(executor_->Timeline(), "tierd session (recorded)");
+  std::vector<tp::TimelineEvent> timeline = executor_->Timeline();
+  // The tiers' own moves for room within the recorded laps, on their links' tracks, each
+  // numbered as the op that was running when it started.
+  std::vector<const tp::TimelineEvent*> ops;
+  for (const tp::TimelineEvent& e : timeline) {
+    if (e.track == tp::Track::kCompute) ops.push_back(&e);
+  }
+  std::sort(ops.begin(), ops.end(), [](const auto* a, const auto* b) { return a->start < b->start; });
+  std::vector<LeaseTable::RoomMove> moves;
+  {
+    std::lock_guard<std::mutex> lock(room_->mutex);
+    moves = room_->latest;
+  }
+  for (const LeaseTable::RoomMove& m : moves) {
+    const double start = m.start_nanos * 1e-9, end = m.end_nanos * 1e-9;
+    if (ops.empty() || end < ops.front()->start) continue;  // before the recorded laps
+    auto after = std::upper_bound(ops.begin(), ops.end(), start,
+                                  [](double t, const tp::TimelineEvent* e) { return t < e->start; });
+    const tp::TimelineEvent* running = after == ops.begin() ? ops.front() : *(after - 1);
+    timeline.push_back({m.from == Tier::kGpu ? tp::Track::kD2H : tp::Track::kNvme, "write-back for room " + m.name,
+                        start, std::max(end, start), m.bytes, running->iteration, running->op});
+  }
+  return tp::ChromeTraceJson(timeline, "tierd session (recorded)");
 }
 
 }  // namespace tierd

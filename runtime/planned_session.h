@@ -65,7 +65,13 @@ class PlannedSession {
   // The graph the plan in force was made with (op times as measured once replanned) as YAML,
   // headed by the links it assumed, for `tierctl plan --graph` offline.
   std::string GraphYaml() const;
-  // The recorded timeline of the last two iterations as Chrome/Perfetto JSON.
+  // The tiers' own moves for room since the plan was made (LeaseTable::RoomObserver).
+  struct RoomCounts {
+    uint64_t to_dram = 0, to_dram_bytes = 0, to_nvme = 0, to_nvme_bytes = 0, dropped = 0, nvme_dropped = 0;
+  };
+  RoomCounts room_counts() const;
+  // The recorded timeline of the last two iterations as Chrome/Perfetto JSON, with the
+  // tiers' own write-backs for room in them.
   std::string TraceJson() const;
   // Where each executor lane is and what it waits for (tierctl plan --session).
   std::string Describe() const { return executor_->Describe(); }
@@ -73,6 +79,14 @@ class PlannedSession {
  private:
   class Ops;
   struct WaitGate;
+  // The tiers' own moves for room (LeaseTable::RoomObserver), counted, and the latest kept
+  // for the trace; written under the session's lock, so its own lock is a leaf.
+  struct RoomRecord {
+    std::mutex mutex;
+    std::vector<LeaseTable::RoomMove> latest;  // at most kRoomMovesKept, oldest first
+    RoomCounts counts;
+  };
+  static constexpr size_t kRoomMovesKept = 20000;
   // The latest plan's prediction and what it assumed; the replanner (on the executor's
   // replan thread) writes it, Summary and RegisterGraph's reply read it.
   struct Prediction {
@@ -90,6 +104,7 @@ class PlannedSession {
 
   std::unique_ptr<Ops> ops_;
   std::shared_ptr<WaitGate> gate_;  // client acquires waiting in the executor (see Create)
+  std::shared_ptr<RoomRecord> room_ = std::make_shared<RoomRecord>();
   std::unique_ptr<prefetcher::Executor> executor_;
   std::shared_ptr<Prediction> prediction_;
   prefetcher::GpuLayout layout_;  // as first planned (replans may change it)

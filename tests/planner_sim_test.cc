@@ -154,6 +154,8 @@ void PlannerSimulation::Run(bool race, Shares shares, bool tight) {
   auto planned = PlannedSession::Create(leases, *session, graph, budgets, links, fake, /*deterministic=*/!race);
   ASSERT_TRUE(planned.ok()) << planned.status();
   const tp::SimResult& predicted = (*planned)->predicted();
+  const LeaseStats created = leases.Stats();
+  PlannedSession::RoomCounts room_two_laps_ago;
 
   std::mt19937_64 rng(11);
   std::uniform_real_distribution<double> op_jitter(0.8, 1.2);
@@ -163,6 +165,7 @@ void PlannerSimulation::Run(bool race, Shares shares, bool tight) {
   std::map<uint32_t, uint64_t> jit_before;
   LeaseStats placed_before;
   for (int lap = 0; lap < kLaps; ++lap) {
+    if (lap == kLaps - 2) room_two_laps_ago = (*planned)->room_counts();
     if (lap == kWarmup) {
       placed_before = leases.Stats();
       h2d_before = engine.mover->Stats(Link::kDramToGpu).bytes;
@@ -211,6 +214,22 @@ void PlannerSimulation::Run(bool race, Shares shares, bool tight) {
               (placed.gpu_relocations - placed_before.gpu_relocations) - (placed.rehomed - placed_before.rehomed));
   EXPECT_GT(reads_checked, 1000u);  // every read of every op of every iteration
   EXPECT_EQ(seen.errors, 0u) << seen.last_error;
+  // The tiers' own moves for room, as the session counted them, are every eviction for room
+  // and every NVMe copy dropped since it was planned (one session here), and those of the
+  // last two laps are on the recorded trace.
+  const PlannedSession::RoomCounts room = (*planned)->room_counts();
+  EXPECT_EQ(room.to_dram + room.to_nvme + room.dropped, placed.evictions_capacity - created.evictions_capacity);
+  EXPECT_EQ(room.nvme_dropped, placed.nvme_duplicates_dropped - created.nvme_duplicates_dropped);
+  EXPECT_NE((*planned)->Summary().find("the tiers' own moves for room"), std::string::npos);
+  if (room.to_dram + room.to_nvme > room_two_laps_ago.to_dram + room_two_laps_ago.to_nvme) {
+    EXPECT_NE((*planned)->TraceJson().find("write-back for room "), std::string::npos);
+  }
+  std::printf("the tiers' own moves for room: %lu to DRAM, %lu to NVMe, %lu dropped, %lu NVMe copies dropped (%lu in "
+              "the last two laps)\n",
+              static_cast<unsigned long>(room.to_dram), static_cast<unsigned long>(room.to_nvme),
+              static_cast<unsigned long>(room.dropped), static_cast<unsigned long>(room.nvme_dropped),
+              static_cast<unsigned long>(room.to_dram + room.to_nvme - room_two_laps_ago.to_dram -
+                                         room_two_laps_ago.to_nvme));
   if (tight) {
     std::printf("tight: DRAM moves against fragmentation %lu, NVMe copies dropped for room %lu\n",
                 static_cast<unsigned long>(placed.relocations),
@@ -320,6 +339,50 @@ TEST(PlannedSessionTest, DramBelowTheGpuIsPlannedToAFewTensorsOfItsQuota) {
     EXPECT_NE(summary.find(absl::StrFormat("DRAM %s", FormatBytes(tighter - kept * largest))), std::string::npos)
         << summary;
   }
+}
+
+// A client holding more than its plan knows of (a tensor the graph does not list) makes the
+// tiers evict a planned one on their own: the session counts that write-back for room and
+// its recorded trace shows it, on the GPU->DRAM track, numbered as the op it happened in.
+TEST(PlannedSessionTrace, ShowsTheTiersOwnWriteBacksForRoom) {
+  tp::Graph graph;
+  graph.tensors = {{"w0", 1 * kMiB, false}, {"w1", 1 * kMiB, false}};
+  graph.ops = {{"op0", {}, {0}, 0.001, {}}, {"op1", {}, {1}, 0.001, {}}};
+  const tp::Budgets budgets{3 * kMiB, 8 * kMiB, 16 * kMiB};
+  Tiers tiers("room-trace", budgets);
+  LeaseTable& table = *tiers.table;
+  std::vector<TensorId> ids;
+  for (const auto& t : graph.tensors) {
+    ids.push_back(*table.Lease(tiers.session, {t.name, TensorClass::kParam, DType::kU8, {static_cast<int64_t>(t.bytes)}}));
+  }
+  const TensorId extra = *table.Lease(tiers.session, {"extra", TensorClass::kScratch, DType::kU8, {int64_t{3 * kMiB / 2}}});
+  auto planned = PlannedSession::Create(table, tiers.session, graph, budgets, tp::LinkModel{}, tiers.fake,
+                                        /*deterministic=*/true);
+  ASSERT_TRUE(planned.ok()) << planned.status();
+  for (int lap = 0; lap < 3; ++lap) {
+    for (uint32_t op = 0; op < 2; ++op) {
+      ASSERT_TRUE((*planned)->OpBegin(op).ok());
+      (*planned)->WaitIdle();
+      ASSERT_TRUE(table.Acquire(tiers.session, ids[op], Access::kWrite, Place::kGpu).ok());
+      ASSERT_TRUE(table.Release(tiers.session, ids[op]).ok());
+      if (op == 1) {  // 1.5 MiB the plan does not know of, next to its 2 MiB in 3 MiB
+        ASSERT_TRUE(table.Acquire(tiers.session, extra, Access::kOverwrite, Place::kGpu).ok());
+        ASSERT_TRUE(table.Release(tiers.session, extra).ok());
+      }
+      tiers.fake.AdvanceNanos(1'000'000);
+    }
+  }
+  (*planned)->WaitIdle();
+  const PlannedSession::RoomCounts room = (*planned)->room_counts();
+  EXPECT_GT(room.to_dram, 0u) << (*planned)->Summary();
+  EXPECT_GE(room.to_dram_bytes, room.to_dram * kMiB) << "each a whole tensor of 1 MiB or more";
+  const std::string trace = (*planned)->TraceJson();
+  EXPECT_NE(trace.find("\"write-back for room w"), std::string::npos) << trace;
+  EXPECT_NE((*planned)->Summary().find(absl::StrFormat("the tiers' own moves for room (not planned; on the trace as "
+                                                       "\"for room\"): %d GPU->DRAM write-backs",
+                                                       room.to_dram)),
+            std::string::npos)
+      << (*planned)->Summary();
 }
 
 // The prediction follows the plan in force: a link measured more than 25% off the plan's

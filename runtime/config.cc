@@ -108,12 +108,21 @@ absl::Status ParseRest(const YAML::Node& root, DaemonOptions* options) {
     if (options->max_sessions == 0) return Error(limits["sessions"], "limits.sessions must be at least 1");
   }
   if (const YAML::Node planner = root["planner"]) {
-    RETURN_IF_ERROR(CheckKeys(planner, "planner", {"h2d_gbps", "d2h_gbps", "nvme_gbps", "time_aware", "dram_headroom_tensors"}));
+    RETURN_IF_ERROR(CheckKeys(planner, "planner",
+                              {"h2d_gbps", "d2h_gbps", "nvme_gbps", "time_aware", "gpu_headroom_fraction",
+                               "gpu_headroom_tensors", "dram_headroom_tensors"}));
     if (planner["time_aware"]) options->planner_time_aware = planner["time_aware"].as<bool>();
-    if (planner["dram_headroom_tensors"]) {
-      options->planner_dram_headroom_tensors = planner["dram_headroom_tensors"].as<int>();
-      if (options->planner_dram_headroom_tensors < 0 || options->planner_dram_headroom_tensors > 16) {
-        return Error(planner["dram_headroom_tensors"], "planner.dram_headroom_tensors must be 0 to 16 (tensors)");
+    PlanningHeadroom& headroom = options->planner_headroom;
+    for (auto [key, out] : {std::pair{"gpu_headroom_tensors", &headroom.gpu_tensors},
+                            std::pair{"dram_headroom_tensors", &headroom.dram_tensors}}) {
+      if (!planner[key]) continue;
+      *out = planner[key].as<int>();
+      if (*out < 0 || *out > 16) return Error(planner[key], std::string("planner.") + key + " must be 0 to 16 (tensors)");
+    }
+    if (planner["gpu_headroom_fraction"]) {
+      headroom.gpu_fraction = planner["gpu_headroom_fraction"].as<double>();
+      if (!(headroom.gpu_fraction >= 0 && headroom.gpu_fraction <= 0.25)) {
+        return Error(planner["gpu_headroom_fraction"], "planner.gpu_headroom_fraction must be 0 to 0.25 (of the quota)");
       }
     }
     for (auto [key, out] : {std::pair{"h2d_gbps", &options->planner_links.h2d_bytes_per_s},
@@ -194,10 +203,13 @@ std::string DescribeConfig(const DaemonOptions& o) {
   out += "]\n";
   if (o.socket_group) absl::StrAppendFormat(&out, "  socket_group: %d\n", *o.socket_group);
   absl::StrAppendFormat(&out, "limits: {sessions: %d}\n", o.max_sessions);
-  absl::StrAppendFormat(
-      &out, "planner: {h2d_gbps: %.17g, d2h_gbps: %.17g, nvme_gbps: %.17g, time_aware: %s, dram_headroom_tensors: %d}\n",
-      o.planner_links.h2d_bytes_per_s / 1e9, o.planner_links.d2h_bytes_per_s / 1e9,
-      o.planner_links.nvme_read_bytes_per_s / 1e9, o.planner_time_aware ? "true" : "false", o.planner_dram_headroom_tensors);
+  absl::StrAppendFormat(&out,
+                        "planner: {h2d_gbps: %.17g, d2h_gbps: %.17g, nvme_gbps: %.17g, time_aware: %s, "
+                        "gpu_headroom_fraction: %.17g, gpu_headroom_tensors: %d, dram_headroom_tensors: %d}\n",
+                        o.planner_links.h2d_bytes_per_s / 1e9, o.planner_links.d2h_bytes_per_s / 1e9,
+                        o.planner_links.nvme_read_bytes_per_s / 1e9, o.planner_time_aware ? "true" : "false",
+                        o.planner_headroom.gpu_fraction, o.planner_headroom.gpu_tensors,
+                        o.planner_headroom.dram_tensors);
   absl::StrAppendFormat(&out, "default_session_quota: {gpu: %s, dram: %s, nvme: %s}\n",
                         ExactBytes(o.default_quota.gpu_bytes), ExactBytes(o.default_quota.dram_bytes),
                         ExactBytes(o.default_quota.nvme_bytes));

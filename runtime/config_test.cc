@@ -43,11 +43,18 @@ TEST(ConfigTest, TheAnnotatedExampleParses) {
   EXPECT_TRUE(described->planner_time_aware);
   EXPECT_FALSE(ParseConfig("planner: {time_aware: sometimes}\n").ok());
   // DRAM's planning headroom in tensors: 1 unless said, said back by DescribeConfig, bounded.
-  EXPECT_EQ(options->planner_dram_headroom_tensors, 1);
-  auto headroom = ParseConfig("planner: {dram_headroom_tensors: 3}\n");
+  EXPECT_EQ(options->planner_headroom.dram_tensors, 1);
+  EXPECT_EQ(options->planner_headroom.gpu_tensors, 3);
+  EXPECT_EQ(options->planner_headroom.gpu_fraction, 0.1);
+  auto headroom = ParseConfig("planner: {dram_headroom_tensors: 3, gpu_headroom_tensors: 1, gpu_headroom_fraction: 0.05}\n");
   ASSERT_TRUE(headroom.ok()) << headroom.status();
-  EXPECT_EQ(headroom->planner_dram_headroom_tensors, 3);
-  EXPECT_EQ(ParseConfig(DescribeConfig(*headroom))->planner_dram_headroom_tensors, 3);
+  EXPECT_EQ(headroom->planner_headroom.dram_tensors, 3);
+  auto said_back = ParseConfig(DescribeConfig(*headroom));
+  ASSERT_TRUE(said_back.ok()) << said_back.status();
+  EXPECT_EQ(said_back->planner_headroom.dram_tensors, 3);
+  EXPECT_EQ(said_back->planner_headroom.gpu_tensors, 1);
+  EXPECT_EQ(said_back->planner_headroom.gpu_fraction, 0.05);
+  EXPECT_FALSE(ParseConfig("planner: {gpu_headroom_fraction: 0.5}\n").ok());
   auto too_many = ParseConfig("planner: {dram_headroom_tensors: 17}\n");
   ASSERT_FALSE(too_many.ok());
   EXPECT_NE(too_many.status().message().find("planner.dram_headroom_tensors must be 0 to 16"), std::string::npos)

@@ -25,6 +25,7 @@
 #include "runtime/lease_table.h"
 #include "runtime/metrics.h"
 #include "runtime/mover.h"
+#include "runtime/planned_session.h"
 #include "runtime/tier_store.h"
 #include "prefetcher/recorder.h"
 #include "prefetcher/simulate.h"
@@ -64,11 +65,10 @@ struct DaemonOptions {
   // Also try hoisted loads and victims chosen by time when planning a session
   // (prefetcher::TimeAwareStyles; planbench --time_aware), not only MIN and exclusive loads.
   bool planner_time_aware = false;
-  // When a session is planned, DRAM below its GPU is planned this many of the graph's
-  // largest tensors under its quota (at most a quarter of it), for the room the allocator
-  // loses to fragmentation; moves within DRAM join the rest (LeaseTable's relocation). One,
-  // not three: the 7B trainer on the H200 ran 10% faster a step (docs/BENCHMARKS.md, session 10).
-  int planner_dram_headroom_tensors = 1;
+  // What a session's plan leaves free of its quotas for fragmentation (PlanningHeadroom):
+  // DRAM one of the largest tensors, not three, since the 7B trainer on the H200 ran 10%
+  // faster a step so (docs/BENCHMARKS.md, session 10).
+  PlanningHeadroom planner_headroom;
 };
 
 // Removes /dev/shm segments named "tierd-..." that no live process holds (left by a

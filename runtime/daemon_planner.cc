@@ -137,7 +137,7 @@ absl::StatusOr<v1::PlanReply> Daemon::PlanGraph(SessionId session, tp::Graph gra
   auto planned = PlannedSession::Create(*leases_, session, std::move(graph), budgets,
                                         host ? lowered(options_.planner_links) : options_.planner_links, RealClock(),
                                         /*deterministic=*/false, links_now, options_.planner_time_aware,
-                                        options_.planner_dram_headroom_tensors);
+                                        options_.planner_headroom);
   if (!planned.ok()) {
     return absl::Status(planned.status().code(),
                         "cannot plan this graph under the session's quotas: " + std::string(planned.status().message()));

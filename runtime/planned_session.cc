@@ -106,24 +106,27 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
                                                                        const tp::LinkModel& links, Clock& clock,
                                                                        bool deterministic,
                                                                        std::function<tp::LinkModel()> measured_links,
-                                                                       bool time_aware, int dram_headroom) {
+                                                                       bool time_aware, PlanningHeadroom headroom_of) {
   if (absl::Status valid = tp::ValidateGraph(graph); !valid.ok()) return valid;
   const Tier top = graph.host ? Tier::kDram : Tier::kGpu;
   // The tiers' allocators fragment, most when tensors are large next to the quota: plan
   // the top tier under its quota by a tenth, or by three of the largest tensors (at most a
-  // quarter of the quota), whichever is more, so the planned moves find the room the plan
-  // counts on. DRAM below the GPU joins its free space by moving idle copies within itself
-  // (LeaseTable's relocation) before anything spills, so it keeps only `dram_headroom` of
-  // the largest tensors free (default 1; 3 made the 7B trainer's step 10% slower on the
-  // H200, with as many moves within DRAM): for the synthetic 7B step in 24 + 64 GiB the
+  // quarter of the quota), whichever is more (PlanningHeadroom's defaults), so the planned
+  // moves find the room the plan counts on. DRAM below the GPU joins its free space by
+  // moving idle copies within itself (LeaseTable's relocation) before anything spills, so it
+  // keeps only one of the largest tensors free (3 made the 7B trainer's step 10% slower on
+  // the H200, with as many moves within DRAM): for the synthetic 7B step in 24 + 64 GiB the
   // tenth cost 4.6 s a step of NVMe traffic (planbench --gpu=19.9GiB: 19.8 s planned in
   // 57.6 GiB, 15.1 s in 61.6).
   uint64_t largest = 0;
   for (const tp::GraphTensor& t : graph.tensors) largest = std::max(largest, t.bytes);
-  const uint64_t dram_kept = static_cast<uint64_t>(std::max(0, dram_headroom)) * largest;
-  auto headroom = [largest, dram_kept](uint64_t quota, bool relocates) {
+  const uint64_t dram_kept = static_cast<uint64_t>(std::max(0, headroom_of.dram_tensors)) * largest;
+  const uint64_t gpu_kept = static_cast<uint64_t>(std::max(0, headroom_of.gpu_tensors)) * largest;
+  const double fraction = std::clamp(headroom_of.gpu_fraction, 0.0, 0.25);
+  auto headroom = [dram_kept, gpu_kept, fraction](uint64_t quota, bool relocates) {
     if (relocates) return quota - std::min(dram_kept, quota / 4);
-    return quota - std::max(quota / 10, std::min(3 * largest, quota / 4));
+    const uint64_t share = static_cast<uint64_t>(fraction * static_cast<double>(quota));
+    return quota - std::min(std::max(share, gpu_kept), quota / 4);
   };
   const tp::Budgets planning{headroom(budgets.gpu, /*relocates=*/false),
                              headroom(budgets.dram, /*relocates=*/top == Tier::kGpu), budgets.nvme};

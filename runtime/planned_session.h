@@ -23,6 +23,16 @@
 
 namespace tierd {
 
+// The room a session's plan leaves free in its quotas for what the tiers' allocators lose
+// to fragmentation: the GPU (the top tier) max(gpu_fraction of its quota, gpu_tensors of the
+// graph's largest tensors), DRAM below it dram_tensors of them (it joins free space by moving
+// copies within itself); each at most a quarter of its quota.
+struct PlanningHeadroom {
+  double gpu_fraction = 0.10;
+  int gpu_tensors = 3;
+  int dram_tensors = 1;
+};
+
 class PlannedSession {
  public:
   // Plans `graph` (PlanBest) under `budgets` and `links`, simulates it for the prediction,
@@ -34,15 +44,14 @@ class PlannedSession {
   // `budgets.gpu` is the DRAM quota, the links' DRAM->GPU/GPU->DRAM are NVMe read/write, and
   // the NVMe quota must hold every tensor (nothing is planned below NVMe). `time_aware`:
   // PlanBest also tries prefetcher::TimeAwareStyles (first plan and replans).
-  // `dram_headroom`: DRAM below the GPU is planned this many of the largest tensors under
-  // its quota (at most a quarter of it).
+  // `headroom`: what the plan leaves free of the quotas (PlanningHeadroom).
   static absl::StatusOr<std::unique_ptr<PlannedSession>> Create(LeaseTable& leases, SessionId session,
                                                                prefetcher::Graph graph,
                                                                const prefetcher::Budgets& budgets,
                                                                const prefetcher::LinkModel& links, Clock& clock,
                                                                bool deterministic = false,
                                                                std::function<prefetcher::LinkModel()> measured_links = {},
-                                                               bool time_aware = false, int dram_headroom = 1);
+                                                               bool time_aware = false, PlanningHeadroom headroom = {});
   ~PlannedSession();
 
   absl::Status OpBegin(uint32_t op) { return executor_->OpBegin(op); }

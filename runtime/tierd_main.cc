@@ -3,11 +3,13 @@
 
 #include <cstdio>
 #include <string>
+#include <tuple>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "base/units.h"
 #include "runtime/config.h"
@@ -32,6 +34,11 @@ ABSL_FLAG(bool, planner_time_aware, false,
 ABSL_FLAG(int, planner_dram_headroom_tensors, -1,
           "plan DRAM below the GPU this many of a session's largest tensors under its quota, for room lost to "
           "fragmentation (default 1; at most a quarter of the quota)");
+ABSL_FLAG(int, planner_gpu_headroom_tensors, -1,
+          "plan the GPU at least this many of a session's largest tensors under its quota (default 3)");
+ABSL_FLAG(double, planner_gpu_headroom_fraction, -1,
+          "plan the GPU at least this share of its quota under it (default 0.1; the larger of the two holds, at most "
+          "a quarter)");
 
 namespace tierd {
 namespace {
@@ -55,11 +62,18 @@ absl::Status Override(DaemonOptions* options) {
   if (!absl::GetFlag(FLAGS_grpc_tcp).empty()) options->grpc_tcp_address = absl::GetFlag(FLAGS_grpc_tcp);
   if (absl::GetFlag(FLAGS_max_sessions) > 0) options->max_sessions = absl::GetFlag(FLAGS_max_sessions);
   if (absl::GetFlag(FLAGS_planner_time_aware)) options->planner_time_aware = true;
-  if (absl::GetFlag(FLAGS_planner_dram_headroom_tensors) >= 0) {
-    if (absl::GetFlag(FLAGS_planner_dram_headroom_tensors) > 16) {
-      return absl::InvalidArgumentError("--planner_dram_headroom_tensors must be 0 to 16 (tensors)");
+  for (auto [flag, name, out] :
+       {std::tuple{absl::GetFlag(FLAGS_planner_dram_headroom_tensors), "dram", &options->planner_headroom.dram_tensors},
+        std::tuple{absl::GetFlag(FLAGS_planner_gpu_headroom_tensors), "gpu", &options->planner_headroom.gpu_tensors}}) {
+    if (flag < 0) continue;
+    if (flag > 16) {
+      return absl::InvalidArgumentError(absl::StrFormat("--planner_%s_headroom_tensors must be 0 to 16 (tensors)", name));
     }
-    options->planner_dram_headroom_tensors = absl::GetFlag(FLAGS_planner_dram_headroom_tensors);
+    *out = flag;
+  }
+  if (const double f = absl::GetFlag(FLAGS_planner_gpu_headroom_fraction); f >= 0) {
+    if (f > 0.25) return absl::InvalidArgumentError("--planner_gpu_headroom_fraction must be 0 to 0.25 (of the quota)");
+    options->planner_headroom.gpu_fraction = f;
   }
   if (absl::GetFlag(FLAGS_socket_group) >= 0) options->socket_group = absl::GetFlag(FLAGS_socket_group);
   if (!absl::GetFlag(FLAGS_allowed_uids).empty()) {

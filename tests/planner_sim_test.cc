@@ -319,7 +319,7 @@ TEST(PlannedSessionTest, DramBelowTheGpuIsPlannedToAFewTensorsOfItsQuota) {
   const tp::Budgets budgets{gpu_quota, dram_quota, 2 * total};
   Tiers tiers("headroom", budgets);
   auto planned = PlannedSession::Create(*tiers.table, tiers.session, graph, budgets, links, tiers.fake,
-                                        /*deterministic=*/true, {}, /*time_aware=*/false, /*dram_headroom=*/3);
+                                        /*deterministic=*/true, {}, /*time_aware=*/false, PlanningHeadroom{.dram_tensors = 3});
   ASSERT_TRUE(planned.ok()) << planned.status();
   EXPECT_EQ((*planned)->predicted().nvme_read_bytes, 0u) << (*planned)->Summary();
   EXPECT_EQ((*planned)->predicted().nvme_write_bytes, 0u);
@@ -332,13 +332,25 @@ TEST(PlannedSessionTest, DramBelowTheGpuIsPlannedToAFewTensorsOfItsQuota) {
   for (int kept : {1, 3}) {
     Tiers tight_tiers("headroom-" + std::to_string(kept), tight);
     auto p = PlannedSession::Create(*tight_tiers.table, tight_tiers.session, graph, tight, links, tight_tiers.fake,
-                                    /*deterministic=*/true, {}, /*time_aware=*/false, /*dram_headroom=*/kept);
+                                    /*deterministic=*/true, {}, /*time_aware=*/false,
+                                    PlanningHeadroom{.dram_tensors = kept});
     ASSERT_TRUE(p.ok()) << p.status();
     EXPECT_EQ((*p)->predicted().nvme_read_bytes == 0, kept == 1) << kept << " kept: " << (*p)->Summary();
     const std::string summary = (*p)->Summary();
     EXPECT_NE(summary.find(absl::StrFormat("DRAM %s", FormatBytes(tighter - kept * largest))), std::string::npos)
         << summary;
+    EXPECT_NE(summary.find(absl::StrFormat("planned under GPU %s and", FormatBytes(gpu_planned))), std::string::npos)
+        << summary;
   }
+  // No GPU headroom asked: the GPU is planned to its whole quota.
+  Tiers whole_tiers("headroom-gpu", tight);
+  auto whole = PlannedSession::Create(*whole_tiers.table, whole_tiers.session, graph, tight, links, whole_tiers.fake,
+                                      /*deterministic=*/true, {}, /*time_aware=*/false,
+                                      PlanningHeadroom{.gpu_fraction = 0, .gpu_tensors = 0});
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_NE((*whole)->Summary().find(absl::StrFormat("planned under GPU %s and", FormatBytes(gpu_quota))),
+            std::string::npos)
+      << (*whole)->Summary();
 }
 
 // A client holding more than its plan knows of (a tensor the graph does not list) makes the

@@ -60,6 +60,14 @@ class GpuTierdTest : public ::testing::Test {
                                                 "--nvme_bytes=256MiB", "--runtime_dir=" + runtime_dir_});
     ASSERT_NE(daemon_->WaitForLine("tierd: instance ", 30000), "") << daemon_->output();
   }
+  // Every session's leases, as another client of the daemon sees them.
+  absl::StatusOr<v1::ListLeasesReply> EveryLease() const {
+    ClientOptions watcher_options = Options(0, 1 << 20, 1 << 20);
+    watcher_options.label = "watcher";
+    auto watcher = Client::Connect(watcher_options);
+    if (!watcher.ok()) return watcher.status();
+    return (*watcher)->ListLeases(/*every_session=*/true);
+  }
   ClientOptions Options(uint64_t gpu, uint64_t dram, uint64_t nvme) const {
     ClientOptions o;
     o.runtime_dir = runtime_dir_;
@@ -189,11 +197,7 @@ TEST_F(GpuTierdTest, OptimizerStateInSubGroupsTrainsLikeOneLease) {
   // The graph's tensors are the session's leases, name for name and byte for byte.
   std::map<std::string, uint64_t> graph_tensors, leased;
   for (const auto& t : (*chunked)->StepGraph(2).tensors) graph_tensors[t.name] = t.bytes;
-  ClientOptions watcher_options = Options(0, 1 << 20, 1 << 20);
-  watcher_options.label = "watcher";
-  auto watcher = Client::Connect(watcher_options);
-  ASSERT_TRUE(watcher.ok()) << watcher.status();
-  auto leases = (*watcher)->ListLeases(/*every_session=*/true);
+  auto leases = EveryLease();
   ASSERT_TRUE(leases.ok()) << leases.status();
   for (const auto& lease : leases->leases()) leased[lease.spec().name()] = lease.spec().shape(0);
   EXPECT_EQ(graph_tensors, leased);
@@ -227,11 +231,7 @@ TEST_F(GpuTierdTest, TheOptimizerOnTheHostTracksTheGpu) {
   // copies the initial upload left there, and nothing brought them back.
   auto optimizer_state_on_gpu = [&] {
     ASSERT_TRUE((*on_host)->FinishOptimizerStep().ok());
-    ClientOptions watcher_options = Options(0, 1 << 20, 1 << 20);
-    watcher_options.label = "watcher";
-    auto watcher = Client::Connect(watcher_options);
-    ASSERT_TRUE(watcher.ok()) << watcher.status();
-    auto leases = (*watcher)->ListLeases(/*every_session=*/true);
+    auto leases = EveryLease();
     ASSERT_TRUE(leases.ok()) << leases.status();
     int optimizer_state = 0, on_gpu = 0;
     for (const auto& lease : leases->leases()) {

@@ -117,12 +117,15 @@ absl::Status ParseRest(const YAML::Node& root, DaemonOptions* options) {
                             std::pair{"dram_headroom_tensors", &headroom.dram_tensors}}) {
       if (!planner[key]) continue;
       *out = planner[key].as<int>();
-      if (*out < 0 || *out > 16) return Error(planner[key], std::string("planner.") + key + " must be 0 to 16 (tensors)");
+      if (*out < 0 || *out > 16) {
+        return Error(planner[key], std::string("planner.") + key + " must be 0 to 16 (tensors)");
+      }
     }
     if (planner["gpu_headroom_fraction"]) {
       headroom.gpu_fraction = planner["gpu_headroom_fraction"].as<double>();
       if (!(headroom.gpu_fraction >= 0 && headroom.gpu_fraction <= 0.25)) {
-        return Error(planner["gpu_headroom_fraction"], "planner.gpu_headroom_fraction must be 0 to 0.25 (of the quota)");
+        return Error(planner["gpu_headroom_fraction"],
+                     "planner.gpu_headroom_fraction must be 0 to 0.25 (of the quota)");
       }
     }
     for (auto [key, out] : {std::pair{"h2d_gbps", &options->planner_links.h2d_bytes_per_s},

@@ -46,7 +46,8 @@ TEST(ConfigTest, TheAnnotatedExampleParses) {
   EXPECT_EQ(options->planner_headroom.dram_tensors, 1);
   EXPECT_EQ(options->planner_headroom.gpu_tensors, 3);
   EXPECT_EQ(options->planner_headroom.gpu_fraction, 0.1);
-  auto headroom = ParseConfig("planner: {dram_headroom_tensors: 3, gpu_headroom_tensors: 1, gpu_headroom_fraction: 0.05}\n");
+  auto headroom =
+      ParseConfig("planner: {dram_headroom_tensors: 3, gpu_headroom_tensors: 1, gpu_headroom_fraction: 0.05}\n");
   ASSERT_TRUE(headroom.ok()) << headroom.status();
   EXPECT_EQ(headroom->planner_headroom.dram_tensors, 3);
   auto said_back = ParseConfig(DescribeConfig(*headroom));

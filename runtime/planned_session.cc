@@ -325,7 +325,8 @@ std::string PlannedSession::Summary() const {
                          replans == 0 ? "the first plan"
                                       : absl::StrFormat("replanned %d time(s) at measured op times and links", replans));
   // No plan of this graph on these links and tiers stalls less (prefetcher/simulate.h).
-  out += absl::StrFormat("lower bound at the same op times and links, in the whole quotas: %.3f s a step (stall %.3f s, bound by %s)%s\n",
+  out += absl::StrFormat("lower bound at the same op times and links, in the whole quotas: %.3f s a step (stall %.3f "
+                         "s, bound by %s)%s\n",
                          bound.step_seconds, bound.stall_seconds, bound.bound_by,
                          bound.stall_seconds > 0
                              ? absl::StrFormat("; the plan's stall is %.3fx of it", p.stall_seconds / bound.stall_seconds)
@@ -422,15 +423,17 @@ std::string PlannedSession::TraceJson() const {
     std::lock_guard<std::mutex> lock(room_->mutex);
     moves = room_->latest;
   }
+  std::vector<tp::TimelineEvent> for_room;  // apart: `ops` points into `timeline`
   for (const LeaseTable::RoomMove& m : moves) {
     const double start = m.start_nanos * 1e-9, end = m.end_nanos * 1e-9;
     if (ops.empty() || end < ops.front()->start) continue;  // before the recorded laps
     auto after = std::upper_bound(ops.begin(), ops.end(), start,
                                   [](double t, const tp::TimelineEvent* e) { return t < e->start; });
     const tp::TimelineEvent* running = after == ops.begin() ? ops.front() : *(after - 1);
-    timeline.push_back({m.from == Tier::kGpu ? tp::Track::kD2H : tp::Track::kNvme, "write-back for room " + m.name,
+    for_room.push_back({m.from == Tier::kGpu ? tp::Track::kD2H : tp::Track::kNvme, "write-back for room " + m.name,
                         start, std::max(end, start), m.bytes, running->iteration, running->op});
   }
+  timeline.insert(timeline.end(), for_room.begin(), for_room.end());
   return tp::ChromeTraceJson(timeline, "tierd session (recorded)");
 }
 

@@ -132,7 +132,6 @@ absl::Status GpuModel::HostAdamWStep(int g, bool zeros, const std::function<Adam
   struct Held {
     Part part;
     int chunk;
-    void* p;
   };
   std::vector<Held> held;
   auto release = [&](size_t from) {  // the parts taken since held[from], last first
@@ -147,7 +146,7 @@ absl::Status GpuModel::HostAdamWStep(int g, bool zeros, const std::function<Adam
   auto take = [&](Part part, int chunk, Access access) -> absl::StatusOr<void*> {
     auto p = home_->AcquireHost(g, part, chunk, access);
     if (!p.ok()) return AcquireError(p.status(), g, part, chunk, " on the host");
-    held.push_back({part, chunk, *p});
+    held.push_back({part, chunk});
     return *p;
   };
   const size_t count = GroupCount(g);

@@ -341,6 +341,12 @@ std::string PlannedSession::Summary() const {
       "(fetched on demand), %d evictions, %d stages, %d push-downs, %d waits for room, %d refused, %d replan(s)\n",
       seen.laps, seen.last_lap_seconds, seen.mean_lap_seconds, seen.loads, seen.just_in_time, seen.late,
       seen.evictions, seen.stages, seen.push_downs, seen.waits, seen.errors, seen.replans);
+  if (const LinkBytes lap = LastLapMoved(); lap != LinkBytes{}) {
+    out += absl::StrFormat(
+        "moved in the last lap (the daemon's links, every session): DRAM->GPU %s, GPU->DRAM %s, NVMe read %s, NVMe "
+        "write %s\n",
+        FormatBytes(lap[0]), FormatBytes(lap[1]), FormatBytes(lap[2]), FormatBytes(lap[3]));
+  }
   out += absl::StrFormat("acquires that waited for their planned move instead of fetching on demand: %d (%d gave up)\n",
                          seen.awaited, seen.await_gave_up);
   if (!seen.last_gave_up.empty()) out += "the latest wait given up: " + seen.last_gave_up + "\n";
@@ -402,6 +408,28 @@ void PlannedSession::SetPinnedGpu(const std::vector<std::string>& names) {
 
 absl::StatusOr<std::string> PlannedSession::Explain(const std::string& name) const {
   return tp::ExplainTensor(executor_->graph(), executor_->CurrentPlan(), name);
+}
+
+absl::Status PlannedSession::OpBegin(uint32_t op) {
+  if (link_bytes_) {
+    // A lap starts at op 0 or wherever the ops wrap (the executor counts laps the same way).
+    std::lock_guard<std::mutex> lock(laps_mutex_);
+    if (last_op_ < 0 || static_cast<int64_t>(op) <= last_op_) {
+      const LinkBytes now = link_bytes_();
+      if (lap_started_) {
+        for (size_t k = 0; k < now.size(); ++k) last_lap_bytes_[k] = now[k] - lap_start_bytes_[k];
+      }
+      lap_start_bytes_ = now;
+      lap_started_ = true;
+    }
+    last_op_ = op;
+  }
+  return executor_->OpBegin(op);
+}
+
+PlannedSession::LinkBytes PlannedSession::LastLapMoved() const {
+  std::lock_guard<std::mutex> lock(laps_mutex_);
+  return last_lap_bytes_;
 }
 
 PlannedSession::RoomCounts PlannedSession::room_counts() const {

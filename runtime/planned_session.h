@@ -9,6 +9,7 @@
 #ifndef TIERD_RUNTIME_PLANNED_SESSION_H_
 #define TIERD_RUNTIME_PLANNED_SESSION_H_
 
+#include <array>
 #include <memory>
 #include <mutex>
 #include <functional>
@@ -54,7 +55,14 @@ class PlannedSession {
                                                                bool time_aware = false, PlanningHeadroom headroom = {});
   ~PlannedSession();
 
-  absl::Status OpBegin(uint32_t op) { return executor_->OpBegin(op); }
+  absl::Status OpBegin(uint32_t op);
+  // Bytes moved so far per link, in the order DRAM->GPU, GPU->DRAM, NVMe read, NVMe write
+  // (the daemon's mover: every session's moves): with it the summary gives each lap's bytes
+  // per link next to the prediction's. Set once, before the first OpBegin.
+  using LinkBytes = std::array<uint64_t, 4>;
+  void SetLinkBytes(std::function<LinkBytes()> moved) { link_bytes_ = std::move(moved); }
+  // The bytes of the last whole lap per link (zeros before the second lap starts).
+  LinkBytes LastLapMoved() const;
   void AcquireWaited(int64_t nanos) { executor_->AcquireWaited(nanos); }
   // The tensors now pinned to the GPU, by name (names not in the graph are ignored): replans.
   void SetPinnedGpu(const std::vector<std::string>& names);
@@ -114,6 +122,11 @@ class PlannedSession {
   std::unique_ptr<Ops> ops_;
   std::shared_ptr<WaitGate> gate_;  // client acquires waiting in the executor (see Create)
   std::shared_ptr<RoomRecord> room_ = std::make_shared<RoomRecord>();
+  std::function<LinkBytes()> link_bytes_;
+  mutable std::mutex laps_mutex_;  // a leaf: OpBegin's lap boundaries, read by Summary
+  int64_t last_op_ = -1;
+  bool lap_started_ = false;
+  LinkBytes lap_start_bytes_{}, last_lap_bytes_{};
   std::unique_ptr<prefetcher::Executor> executor_;
   std::shared_ptr<Prediction> prediction_;
   prefetcher::GpuLayout layout_;  // as first planned (replans may change it)

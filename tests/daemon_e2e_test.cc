@@ -338,6 +338,8 @@ TEST_F(DaemonTest, APlannedSessionIsServedAheadOfUseAndTierctlShowsIt) {
   EXPECT_NE(plan.WaitForLine("lower bound at the same op times and links, in the whole quotas: ", 10000), "") << plan.output();
   EXPECT_NE(plan.WaitForLine("static layout: ", 10000), "") << plan.output();
   EXPECT_NE(plan.WaitForLine("observed: 3 iteration(s)", 10000), "") << plan.output();
+  EXPECT_NE(plan.WaitForLine("moved in the last lap (the daemon's links, every session): DRAM->GPU ", 10000), "")
+      << plan.output();
   EXPECT_NE(plan.WaitForLine("the tiers' own moves for room (not planned", 10000), "") << plan.output();
   EXPECT_EQ(plan.Wait(), 0);
   // The session's graph as planned, planned again offline from the file.

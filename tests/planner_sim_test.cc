@@ -156,6 +156,11 @@ void PlannerSimulation::Run(bool race, Shares shares, bool tight) {
   const tp::SimResult& predicted = (*planned)->predicted();
   const LeaseStats created = leases.Stats();
   PlannedSession::RoomCounts room_two_laps_ago;
+  Mover* mover = engine.mover.get();
+  (*planned)->SetLinkBytes([mover] {
+    return PlannedSession::LinkBytes{mover->Stats(Link::kDramToGpu).bytes, mover->Stats(Link::kGpuToDram).bytes,
+                                     mover->Stats(Link::kNvmeToDram).bytes, mover->Stats(Link::kDramToNvme).bytes};
+  });
 
   std::mt19937_64 rng(11);
   std::uniform_real_distribution<double> op_jitter(0.8, 1.2);
@@ -261,6 +266,14 @@ void PlannerSimulation::Run(bool race, Shares shares, bool tight) {
   // The bytes loaded per iteration are the plan's (within 2%: a tensor the tiers' own
   // fallback moved would be loaded once more).
   EXPECT_NEAR(static_cast<double>(h2d_measured), static_cast<double>(predicted.h2d_bytes), 0.02 * predicted.h2d_bytes);
+  // The session reports the last whole lap's bytes per link beside its prediction: the
+  // DRAM->GPU bytes the test measured itself (every lap moves the same after warm-up).
+  const PlannedSession::LinkBytes lap = (*planned)->LastLapMoved();
+  EXPECT_EQ(lap[0], h2d_measured);
+  EXPECT_NE((*planned)->Summary().find("moved in the last lap (the daemon's links, every session): DRAM->GPU " +
+                                       FormatBytes(lap[0])),
+            std::string::npos)
+      << (*planned)->Summary();
 }
 
 TEST_F(PlannerSimulation, ManyIterationsThroughTheRealTiersLoseNothingAndMatchThePrediction) { Run(false); }

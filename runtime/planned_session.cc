@@ -341,6 +341,22 @@ std::string PlannedSession::Summary() const {
       "(fetched on demand), %d evictions, %d stages, %d push-downs, %d waits for room, %d refused, %d replan(s)\n",
       seen.laps, seen.last_lap_seconds, seen.mean_lap_seconds, seen.loads, seen.just_in_time, seen.late,
       seen.evictions, seen.stages, seen.push_downs, seen.waits, seen.errors, seen.replans);
+  if (leases_ != nullptr) {
+    // The top tier is the plan's GPU budget (DRAM for a host graph, one tier lower).
+    const bool host = executor_->graph().host;
+    if (auto usage = leases_->Usage(session_, /*reset_peaks=*/false); usage.ok()) {
+      const auto& u = *usage;
+      const std::string predicted =
+          host ? absl::StrFormat("DRAM %s, NVMe %s", FormatBytes(p.peak_gpu_bytes), FormatBytes(p.peak_dram_bytes))
+               : absl::StrFormat("GPU %s, DRAM %s, NVMe %s", FormatBytes(p.peak_gpu_bytes),
+                                 FormatBytes(p.peak_dram_bytes), FormatBytes(p.peak_nvme_bytes));
+      out += absl::StrFormat(
+          "peaks: predicted %s; held at most (since the session opened or its client last reset them): GPU %s, DRAM "
+          "%s, NVMe %s\n",
+          predicted, FormatBytes(u[static_cast<int>(Tier::kGpu)].peak), FormatBytes(u[static_cast<int>(Tier::kDram)].peak),
+          FormatBytes(u[static_cast<int>(Tier::kNvme)].peak));
+    }
+  }
   if (const LinkBytes lap = LastLapMoved(); lap != LinkBytes{}) {
     out += absl::StrFormat(
         "moved in the last lap (the daemon's links, every session): DRAM->GPU %s, GPU->DRAM %s, NVMe read %s, NVMe "

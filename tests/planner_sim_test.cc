@@ -270,6 +270,18 @@ void PlannerSimulation::Run(bool race, Shares shares, bool tight) {
   // DRAM->GPU bytes the test measured itself (every lap moves the same after warm-up).
   const PlannedSession::LinkBytes lap = (*planned)->LastLapMoved();
   EXPECT_EQ(lap[0], h2d_measured);
+  // And the peaks per tier: predicted (at most the planned budget) next to held (at most the quota).
+  const std::string summary = (*planned)->Summary();
+  EXPECT_NE(summary.find("peaks: predicted GPU " + FormatBytes(predicted.peak_gpu_bytes) + ", DRAM "), std::string::npos)
+      << summary;
+  auto usage = leases.Usage(*session, /*reset_peaks=*/false);
+  ASSERT_TRUE(usage.ok()) << usage.status();
+  EXPECT_LE((*usage)[static_cast<int>(Tier::kGpu)].peak, budgets.gpu);
+  EXPECT_GT((*usage)[static_cast<int>(Tier::kGpu)].peak, predicted.peak_gpu_bytes / 2) << summary;
+  EXPECT_NE(summary.find("held at most (since the session opened or its client last reset them): GPU " +
+                         FormatBytes((*usage)[static_cast<int>(Tier::kGpu)].peak)),
+            std::string::npos)
+      << summary;
   EXPECT_NE((*planned)->Summary().find("moved in the last lap (the daemon's links, every session): DRAM->GPU " +
                                        FormatBytes(lap[0])),
             std::string::npos)

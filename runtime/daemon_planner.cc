@@ -138,16 +138,11 @@ absl::StatusOr<v1::PlanReply> Daemon::PlanGraph(SessionId session, tp::Graph gra
                                         host ? lowered(options_.planner_links) : options_.planner_links, RealClock(),
                                         /*deterministic=*/false, links_now, options_.planner_time_aware,
                                         options_.planner_headroom);
-  if (planned.ok()) {
-    (*planned)->SetLinkBytes([mover] {
-      return PlannedSession::LinkBytes{mover->Stats(Link::kDramToGpu).bytes, mover->Stats(Link::kGpuToDram).bytes,
-                                       mover->Stats(Link::kNvmeToDram).bytes, mover->Stats(Link::kDramToNvme).bytes};
-    });
-  }
   if (!planned.ok()) {
     return absl::Status(planned.status().code(),
                         "cannot plan this graph under the session's quotas: " + std::string(planned.status().message()));
   }
+  (*planned)->SetLinkBytes([mover] { return PlannedSession::MovedBy(*mover); });
   v1::PlanReply reply;
   FillReply(**planned, &reply);
   absl::MutexLock lock(&planned_mutex_);

@@ -185,7 +185,7 @@ class LeaseTable {
   // Told of every copy the tiers move or drop on their own to make room (a victim written
   // back or dropped, a full NVMe's copy of a tensor held above dropped): what a plan did not
   // move but the run paid for. `to`: where its bytes went (nullopt: dropped, another copy
-  // holds them); `bytes` moved (0 for a drop); the wall-clock nanos of the move. Called with
+  // holds them or it was never written); `bytes` moved (0 for a drop); the wall-clock nanos of the move. Called with
   // the session's lock held: it must not call back into the table, and should only record.
   struct RoomMove {
     std::string name;

@@ -443,6 +443,11 @@ absl::Status PlannedSession::OpBegin(uint32_t op) {
   return executor_->OpBegin(op);
 }
 
+PlannedSession::LinkBytes PlannedSession::MovedBy(const Mover& mover) {
+  return {mover.Stats(Link::kDramToGpu).bytes, mover.Stats(Link::kGpuToDram).bytes,
+          mover.Stats(Link::kNvmeToDram).bytes, mover.Stats(Link::kDramToNvme).bytes};
+}
+
 PlannedSession::LinkBytes PlannedSession::LastLapMoved() const {
   std::lock_guard<std::mutex> lock(laps_mutex_);
   return last_lap_bytes_;

@@ -21,6 +21,7 @@
 #include "prefetcher/executor.h"
 #include "prefetcher/simulate.h"
 #include "runtime/lease_table.h"
+#include "runtime/mover.h"
 
 namespace tierd {
 
@@ -61,6 +62,8 @@ class PlannedSession {
   // per link next to the prediction's. Set once, before the first OpBegin.
   using LinkBytes = std::array<uint64_t, 4>;
   void SetLinkBytes(std::function<LinkBytes()> moved) { link_bytes_ = std::move(moved); }
+  // The mover's bytes per link so far, in that order (for SetLinkBytes).
+  static LinkBytes MovedBy(const Mover& mover);
   // The bytes of the last whole lap per link (zeros before the second lap starts).
   LinkBytes LastLapMoved() const;
   void AcquireWaited(int64_t nanos) { executor_->AcquireWaited(nanos); }

@@ -549,6 +549,19 @@ TEST(DaemonStartTest, RefusesImpossibleConfigsWithTheNumbers) {
   Process bad_flag("runtime/tierd", {"--gpu=quantum", "--runtime_dir=" + dir});
   EXPECT_NE(bad_flag.WaitForLine("tierd: --gpu must be auto, cuda or fake", 10000), "") << bad_flag.output();
   EXPECT_EQ(bad_flag.Wait(), 2);
+  // The planner's headroom flags are bounded, with the bound in the message.
+  Process too_much_room("runtime/tierd", {"--gpu=fake", "--planner_gpu_headroom_fraction=0.5", "--runtime_dir=" + dir});
+  EXPECT_NE(too_much_room.WaitForLine("tierd: --planner_gpu_headroom_fraction must be 0 to 0.25 (of the quota)", 10000),
+            "")
+      << too_much_room.output();
+  EXPECT_EQ(too_much_room.Wait(), 2);
+  Process too_many("runtime/tierd", {"--gpu=fake", "--planner_dram_headroom_tensors=17", "--runtime_dir=" + dir});
+  EXPECT_NE(too_many.WaitForLine("tierd: --planner_dram_headroom_tensors must be 0 to 16 (tensors)", 10000), "")
+      << too_many.output();
+  EXPECT_EQ(too_many.Wait(), 2);
+  Process bad_speed("tools/tierctl/tierctl", {"plan", "--model=tiny", "--nvme_write_gbps=-1"});
+  EXPECT_NE(bad_speed.WaitForLine("tierctl: --nvme_write_gbps must be > 0", 10000), "") << bad_speed.output();
+  EXPECT_EQ(bad_speed.Wait(), 2);
   rmdir(dir.c_str());
 }
 

@@ -27,7 +27,7 @@ ABSL_FLAG(double, nvme_gbps, 2, "plan/trace: NVMe GB/s (reads and writes share i
 ABSL_FLAG(double, nvme_write_gbps, 0, "plan/trace: NVMe write GB/s when it differs from --nvme_gbps (0: the same)");
 ABSL_FLAG(bool, time_aware, false,
           "plan/trace: also try loads hoisted into free room and victims chosen by time (as planbench "
-          "--time_aware; the daemon does not plan so)");
+          "--time_aware and tierd --planner_time_aware)");
 ABSL_FLAG(bool, simulate, false, "plan: also simulate the on-demand LRU baseline and the lower bound");
 ABSL_FLAG(std::string, explain, "", "plan: say where this tensor is at each op and why");
 ABSL_FLAG(std::string, out, "tierd-trace.json", "trace: where to write the Chrome/Perfetto JSON");
@@ -87,6 +87,7 @@ int RunPlanCommand(const std::vector<std::string>& args) {
   link.h2d_bytes_per_s = absl::GetFlag(FLAGS_h2d_gbps) * 1e9;
   link.d2h_bytes_per_s = absl::GetFlag(FLAGS_d2h_gbps) * 1e9;
   link.nvme_read_bytes_per_s = link.nvme_write_bytes_per_s = absl::GetFlag(FLAGS_nvme_gbps) * 1e9;
+  if (absl::GetFlag(FLAGS_nvme_write_gbps) < 0) return Usage("--nvme_write_gbps must be > 0 (or 0: --nvme_gbps's)");
   if (absl::GetFlag(FLAGS_nvme_write_gbps) > 0) link.nvme_write_bytes_per_s = absl::GetFlag(FLAGS_nvme_write_gbps) * 1e9;
   auto plan = absl::GetFlag(FLAGS_time_aware) ? tp::PlanBest(graph, budgets, link, nullptr, 0, tp::TimeAwareStyles())
                                               : tp::PlanBest(graph, budgets, link);

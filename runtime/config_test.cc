@@ -42,18 +42,18 @@ TEST(ConfigTest, TheAnnotatedExampleParses) {
   ASSERT_TRUE(described.ok()) << described.status();
   EXPECT_TRUE(described->planner_time_aware);
   EXPECT_FALSE(ParseConfig("planner: {time_aware: sometimes}\n").ok());
-  // DRAM's planning headroom in tensors: 1 unless said, said back by DescribeConfig, bounded.
+  // The planning headroom: one tensor (and the GPU 3.5%) unless said, said back by DescribeConfig, bounded.
   EXPECT_EQ(options->planner_headroom.dram_tensors, 1);
-  EXPECT_EQ(options->planner_headroom.gpu_tensors, 3);
-  EXPECT_EQ(options->planner_headroom.gpu_fraction, 0.1);
+  EXPECT_EQ(options->planner_headroom.gpu_tensors, 1);
+  EXPECT_EQ(options->planner_headroom.gpu_fraction, 0.035);
   auto headroom =
-      ParseConfig("planner: {dram_headroom_tensors: 3, gpu_headroom_tensors: 1, gpu_headroom_fraction: 0.05}\n");
+      ParseConfig("planner: {dram_headroom_tensors: 3, gpu_headroom_tensors: 2, gpu_headroom_fraction: 0.05}\n");
   ASSERT_TRUE(headroom.ok()) << headroom.status();
   EXPECT_EQ(headroom->planner_headroom.dram_tensors, 3);
   auto said_back = ParseConfig(DescribeConfig(*headroom));
   ASSERT_TRUE(said_back.ok()) << said_back.status();
   EXPECT_EQ(said_back->planner_headroom.dram_tensors, 3);
-  EXPECT_EQ(said_back->planner_headroom.gpu_tensors, 1);
+  EXPECT_EQ(said_back->planner_headroom.gpu_tensors, 2);
   EXPECT_EQ(said_back->planner_headroom.gpu_fraction, 0.05);
   EXPECT_FALSE(ParseConfig("planner: {gpu_headroom_fraction: 0.5}\n").ok());
   auto too_many = ParseConfig("planner: {dram_headroom_tensors: 17}\n");

@@ -110,14 +110,14 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
   if (absl::Status valid = tp::ValidateGraph(graph); !valid.ok()) return valid;
   const Tier top = graph.host ? Tier::kDram : Tier::kGpu;
   // The tiers' allocators fragment, most when tensors are large next to the quota: plan
-  // the top tier under its quota by a tenth, or by three of the largest tensors (at most a
-  // quarter of the quota), whichever is more (PlanningHeadroom's defaults), so the planned
-  // moves find the room the plan counts on. DRAM below the GPU joins its free space by
-  // moving idle copies within itself (LeaseTable's relocation) before anything spills, so it
-  // keeps only one of the largest tensors free (3 made the 7B trainer's step 10% slower on
-  // the H200, with as many moves within DRAM): for the synthetic 7B step in 24 + 64 GiB the
-  // tenth cost 4.6 s a step of NVMe traffic (planbench --gpu=19.9GiB: 19.8 s planned in
-  // 57.6 GiB, 15.1 s in 61.6).
+  // the top tier under its quota by a share of it or by some of the largest tensors (at
+  // most a quarter of the quota), whichever is more (PlanningHeadroom), so the planned moves
+  // find the room the plan counts on. Both tiers join their free space by moving idle
+  // copies within themselves (LeaseTable's relocation) before anything spills, so each keeps
+  // about one of the largest tensors free: in DRAM 3 made the 7B trainer's step 10% slower on
+  // the H200 (same moves within DRAM); on the GPU 10% or 3 tensors (the old default) planned
+  // 21.5 s a step against 18.6 at 3.5% or one tensor, and ran 22.7 s against 21.2 (5 laps
+  // each, docs/BENCHMARKS.md session 11).
   uint64_t largest = 0;
   for (const tp::GraphTensor& t : graph.tensors) largest = std::max(largest, t.bytes);
   const uint64_t dram_kept = static_cast<uint64_t>(std::max(0, headroom_of.dram_tensors)) * largest;
@@ -366,12 +366,16 @@ std::string PlannedSession::Summary() const {
   out += absl::StrFormat("acquires that waited for their planned move instead of fetching on demand: %d (%d gave up)\n",
                          seen.awaited, seen.await_gave_up);
   if (!seen.last_gave_up.empty()) out += "the latest wait given up: " + seen.last_gave_up + "\n";
-  const RoomCounts room = room_counts();
-  out += absl::StrFormat(
-      "the tiers' own moves for room (not planned; on the trace as \"for room\"): %d GPU->DRAM write-backs (%s), "
-      "%d DRAM->NVMe (%s), %d copies dropped, %d NVMe copies of tensors held above dropped\n",
-      room.to_dram, FormatBytes(room.to_dram_bytes), room.to_nvme, FormatBytes(room.to_nvme_bytes), room.dropped,
-      room.nvme_dropped);
+  const auto room_words = [](const RoomCounts& room) {
+    return absl::StrFormat(
+        "%d GPU->DRAM write-backs (%s), %d DRAM->NVMe (%s), %d copies dropped, %d NVMe copies of tensors held above "
+        "dropped",
+        room.to_dram, FormatBytes(room.to_dram_bytes), room.to_nvme, FormatBytes(room.to_nvme_bytes), room.dropped,
+        room.nvme_dropped);
+  };
+  out += "the tiers' own moves for room (not planned; on the trace as \"for room\"): " + room_words(room_counts());
+  if (const auto lap = LastLapRoom()) out += "; in the last whole lap: " + room_words(*lap);
+  out += "\n";
   // Where the client waited most, against where the plan expected it to.
   std::vector<std::pair<double, uint32_t>> waits;
   for (const auto& [op, sum] : seen.waited_by_op) {
@@ -427,15 +431,20 @@ absl::StatusOr<std::string> PlannedSession::Explain(const std::string& name) con
 }
 
 absl::Status PlannedSession::OpBegin(uint32_t op) {
-  if (link_bytes_) {
+  {
     // A lap starts at op 0 or wherever the ops wrap (the executor counts laps the same way).
     std::lock_guard<std::mutex> lock(laps_mutex_);
     if (last_op_ < 0 || static_cast<int64_t>(op) <= last_op_) {
-      const LinkBytes now = link_bytes_();
+      const LinkBytes now = link_bytes_ ? link_bytes_() : LinkBytes{};
+      const RoomCounts room = room_counts();
       if (lap_started_) {
         for (size_t k = 0; k < now.size(); ++k) last_lap_bytes_[k] = now[k] - lap_start_bytes_[k];
+        last_lap_room_ = RoomCounts{room.to_dram - lap_start_room_.to_dram, room.to_dram_bytes - lap_start_room_.to_dram_bytes,
+                          room.to_nvme - lap_start_room_.to_nvme, room.to_nvme_bytes - lap_start_room_.to_nvme_bytes,
+                          room.dropped - lap_start_room_.dropped, room.nvme_dropped - lap_start_room_.nvme_dropped};
       }
       lap_start_bytes_ = now;
+      lap_start_room_ = room;
       lap_started_ = true;
     }
     last_op_ = op;
@@ -456,6 +465,11 @@ PlannedSession::LinkBytes PlannedSession::LastLapMoved() const {
 PlannedSession::RoomCounts PlannedSession::room_counts() const {
   std::lock_guard<std::mutex> lock(room_->mutex);
   return room_->counts;
+}
+
+std::optional<PlannedSession::RoomCounts> PlannedSession::LastLapRoom() const {
+  std::lock_guard<std::mutex> lock(laps_mutex_);
+  return last_lap_room_;
 }
 
 std::string PlannedSession::TraceJson() const {

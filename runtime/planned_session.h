@@ -12,6 +12,7 @@
 #include <array>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <functional>
 #include <string>
 #include <vector>
@@ -27,11 +28,11 @@ namespace tierd {
 
 // The room a session's plan leaves free in its quotas for what the tiers' allocators lose
 // to fragmentation: the GPU (the top tier) max(gpu_fraction of its quota, gpu_tensors of the
-// graph's largest tensors), DRAM below it dram_tensors of them (it joins free space by moving
-// copies within itself); each at most a quarter of its quota.
+// graph's largest tensors), DRAM below it dram_tensors of them; each at most a quarter of its
+// quota. Both tiers join free space by moving copies within themselves, so little is kept.
 struct PlanningHeadroom {
-  double gpu_fraction = 0.10;
-  int gpu_tensors = 3;
+  double gpu_fraction = 0.035;
+  int gpu_tensors = 1;
   int dram_tensors = 1;
 };
 
@@ -90,6 +91,9 @@ class PlannedSession {
     uint64_t to_dram = 0, to_dram_bytes = 0, to_nvme = 0, to_nvme_bytes = 0, dropped = 0, nvme_dropped = 0;
   };
   RoomCounts room_counts() const;
+  // The same in the last whole lap (none before the second lap starts): what a planned lap
+  // still leaves to the tiers, apart from the first lap's.
+  std::optional<RoomCounts> LastLapRoom() const;
   // The recorded timeline of the last two iterations as Chrome/Perfetto JSON, with the
   // tiers' own write-backs for room in them.
   std::string TraceJson() const;
@@ -126,10 +130,12 @@ class PlannedSession {
   std::shared_ptr<WaitGate> gate_;  // client acquires waiting in the executor (see Create)
   std::shared_ptr<RoomRecord> room_ = std::make_shared<RoomRecord>();
   std::function<LinkBytes()> link_bytes_;
-  mutable std::mutex laps_mutex_;  // a leaf: OpBegin's lap boundaries, read by Summary
+  mutable std::mutex laps_mutex_;  // OpBegin's lap boundaries, read by Summary; then only room_'s
   int64_t last_op_ = -1;
   bool lap_started_ = false;
   LinkBytes lap_start_bytes_{}, last_lap_bytes_{};
+  RoomCounts lap_start_room_;
+  std::optional<RoomCounts> last_lap_room_;
   std::unique_ptr<prefetcher::Executor> executor_;
   std::shared_ptr<Prediction> prediction_;
   prefetcher::GpuLayout layout_;  // as first planned (replans may change it)

@@ -35,9 +35,9 @@ ABSL_FLAG(int, planner_dram_headroom_tensors, -1,
           "plan DRAM below the GPU this many of a session's largest tensors under its quota, for room lost to "
           "fragmentation (default 1; at most a quarter of the quota)");
 ABSL_FLAG(int, planner_gpu_headroom_tensors, -1,
-          "plan the GPU at least this many of a session's largest tensors under its quota (default 3)");
+          "plan the GPU at least this many of a session's largest tensors under its quota (default 1)");
 ABSL_FLAG(double, planner_gpu_headroom_fraction, -1,
-          "plan the GPU at least this share of its quota under it (default 0.1; the larger of the two holds, at most "
+          "plan the GPU at least this share of its quota under it (default 0.035; the larger of the two holds, at most "
           "a quarter)");
 
 namespace tierd {

@@ -221,14 +221,31 @@ class LeaseTable {
   // `name`: the tensor the room is for, when the placement advisor may know its offset.
   absl::StatusOr<Extent> AllocateIn(Session& s, Tier tier, uint64_t bytes, bool evict, const std::string* name = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
+  uint64_t UsedIn(Session& s, Tier tier) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
+  void NotePeak(Session& s, Tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   // Moves one copy out of `tier` (the planner's furthest next use, else clean first, then
   // least recently used), skipping `refused`: tensors whose write-back found no room below
   // (a full or fragmented lower tier) this time. Such a refusal adds the victim to `refused`
   // and returns OK, so the caller tries another.
-  uint64_t UsedIn(Session& s, Tier tier) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
-  void NotePeak(Session& s, Tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   absl::Status EvictOne(Session& s, Tier tier, std::set<const Tensor*>& refused)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
+  // With the planner's advisor, room for `bytes` in a GPU or DRAM arena: of the runs of
+  // evictable copies side by side whose range, with the free space on either side, holds
+  // `bytes`, the one whose soonest next use is furthest (then the fewest dirty bytes) loses
+  // its furthest-used copy (as EvictOne moves it). Called again, it goes on with what is left
+  // of that run: the room made is one block, where evicting by next use alone frees
+  // scattered blocks none of which may hold `bytes`. NOT_FOUND when no run holds `bytes`.
+  absl::Status EvictForBlock(Session& s, Tier tier, uint64_t bytes, std::set<const Tensor*>& refused)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
+  // Writes back (dirty) or drops (clean) `victim`'s copy in `tier` and tells the room observer.
+  absl::Status EvictCopy(Session& s, Tier tier, Tensor& victim, bool clean, std::set<const Tensor*>& refused)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
+  // The copies in `tier`'s arena by offset (only this session's tensors live in it).
+  struct HeldCopy {
+    uint64_t begin, end;
+    Tensor* tensor;
+  };
+  std::vector<HeldCopy> CopiesByOffset(Session& s, Tier tier) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   // NVMe full (or too fragmented) for a copy made on demand: drops one NVMe copy of a
   // tensor that a tier above holds the same bytes of (the planner's furthest next use,
   // else the least recently used; none in flight). False when there is none.

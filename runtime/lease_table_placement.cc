@@ -111,7 +111,11 @@ absl::StatusOr<Extent> LeaseTable::AllocateIn(Session& s, Tier tier, uint64_t by
       }
     }
     if (!evict) return extent;
-    if (absl::Status evicted = EvictOne(s, tier, refused); !evicted.ok()) {
+    // With the planner's advisor, the room is made as one block (the copies side by side
+    // used furthest); otherwise, or when no such run holds it, one victim at a time.
+    absl::Status evicted = EvictForBlock(s, tier, bytes, refused);
+    if (absl::IsNotFound(evicted)) evicted = EvictOne(s, tier, refused);
+    if (!evicted.ok()) {
       const std::optional<Tier> below = Below(tier);
       return absl::ResourceExhaustedError(absl::StrFormat(
           "cannot place %s in %s: %s (%s%s)", FormatBytes(bytes), TierName(tier), Occupancy(s, tier),
@@ -128,19 +132,9 @@ absl::StatusOr<uint64_t> LeaseTable::Relocate(Session& s, Tier tier, uint64_t by
   const ArenaId arena = s.ArenaOf(tier);
   const AllocatorStats stats = store_.ArenaStats(arena);
   if (stats.free_bytes < bytes) return absl::ResourceExhaustedError("not fragmented: too little free");
-  // The arena's copies by offset (only this session's tensors live in its arena), and the
-  // gaps between them. A move in flight may hold a range no copy records yet: AllocateAt
-  // checks every range before it is taken.
-  struct Held {
-    uint64_t begin, end;
-    Tensor* tensor;
-  };
-  std::vector<Held> held;
-  for (const auto& [id, t] : s.tensors) {
-    const auto& copy = t->copies[static_cast<int>(tier)];
-    if (copy.has_value() && copy->arena == arena) held.push_back({copy->offset(), copy->offset() + copy->bytes(), t.get()});
-  }
-  std::sort(held.begin(), held.end(), [](const Held& a, const Held& b) { return a.begin < b.begin; });
+  // The arena's copies by offset and the gaps between them. A move in flight may hold a
+  // range no copy records yet: AllocateAt checks every range before it is taken.
+  const std::vector<HeldCopy> held = CopiesByOffset(s, tier);
   // Gap k lies before held[k] (k == held.size(): after the last copy).
   auto gap_begin = [&](size_t k) { return k == 0 ? 0 : held[k - 1].end; };
   auto gap_end = [&](size_t k) { return k < held.size() ? held[k].begin : stats.region_bytes; };
@@ -327,6 +321,70 @@ bool LeaseTable::DropNvmeDuplicate(Session& s) {
   return true;
 }
 
+std::vector<LeaseTable::HeldCopy> LeaseTable::CopiesByOffset(Session& s, Tier tier) const {
+  const ArenaId arena = s.ArenaOf(tier);
+  std::vector<HeldCopy> held;
+  for (const auto& [id, t] : s.tensors) {
+    const auto& copy = t->copies[static_cast<int>(tier)];
+    if (copy.has_value() && copy->arena == arena) held.push_back({copy->offset(), copy->offset() + copy->bytes(), t.get()});
+  }
+  std::sort(held.begin(), held.end(), [](const HeldCopy& a, const HeldCopy& b) { return a.begin < b.begin; });
+  return held;
+}
+
+absl::Status LeaseTable::EvictForBlock(Session& s, Tier tier, uint64_t bytes, std::set<const Tensor*>& refused) {
+  if (!s.advisor || tier == Tier::kNvme || s.ArenaOf(tier) == kNoArena) return absl::NotFoundError("no advisor");
+  const std::vector<HeldCopy> held = CopiesByOffset(s, tier);
+  const uint64_t region = store_.ArenaStats(s.ArenaOf(tier)).region_bytes;
+  struct Copy {
+    bool evictable;
+    bool clean;
+    int64_t next;  // ops to its next use (the advisor's)
+  };
+  std::vector<Copy> copies;
+  copies.reserve(held.size());
+  for (const HeldCopy& h : held) {
+    const Tensor& t = *h.tensor;
+    const bool evictable = t.busy == 0 && t.pinned != tier && refused.count(&t) == 0 &&
+                           !(t.acquired > 0 && t.acquired_tier == tier);
+    copies.push_back({evictable, t.CopyCount() > 1 || !t.written, evictable ? s.advisor(t.spec.name) : 0});
+  }
+  // The run i..j leaves free, when evicted, from the end of copy i-1 to the start of copy j+1.
+  auto from = [&](size_t i) { return i == 0 ? uint64_t{0} : held[i - 1].end; };
+  auto to = [&](size_t j) { return j + 1 < held.size() ? held[j + 1].begin : region; };
+  bool found = false;
+  int64_t best_soonest = 0;
+  uint64_t best_dirty = 0;
+  size_t best_i = 0, best_j = 0;
+  for (size_t i = 0; i < held.size(); ++i) {
+    int64_t soonest = INT64_MAX;
+    uint64_t dirty = 0;
+    for (size_t j = i; j < held.size() && copies[j].evictable; ++j) {  // the shortest run from i that holds it
+      soonest = std::min(soonest, copies[j].next);
+      if (!copies[j].clean) dirty += held[j].end - held[j].begin;
+      if (found && soonest < best_soonest) break;  // only worse from here
+      if (to(j) - from(i) < bytes) continue;
+      if (!found || soonest > best_soonest || (soonest == best_soonest && dirty < best_dirty)) {
+        found = true;
+        best_soonest = soonest;
+        best_dirty = dirty;
+        best_i = i;
+        best_j = j;
+      }
+      break;
+    }
+  }
+  if (!found) return absl::NotFoundError("no run of evictable copies side by side holds it");
+  size_t victim = best_i;  // the run's furthest-used copy, clean first on ties
+  for (size_t k = best_i; k <= best_j; ++k) {
+    if (copies[k].next > copies[victim].next || (copies[k].next == copies[victim].next && copies[k].clean &&
+                                                 !copies[victim].clean)) {
+      victim = k;
+    }
+  }
+  return EvictCopy(s, tier, *held[victim].tensor, copies[victim].clean, refused);
+}
+
 absl::Status LeaseTable::EvictOne(Session& s, Tier tier, std::set<const Tensor*>& refused) {
   Tensor* victim = nullptr;
   bool victim_clean = false;
@@ -366,6 +424,12 @@ absl::Status LeaseTable::EvictOne(Session& s, Tier tier, std::set<const Tensor*>
     }
     return absl::ResourceExhaustedError("nothing there may be evicted");
   }
+  return EvictCopy(s, tier, *victim, victim_clean, refused);
+}
+
+absl::Status LeaseTable::EvictCopy(Session& s, Tier tier, Tensor& t, bool clean, std::set<const Tensor*>& refused) {
+  Tensor* victim = &t;
+  const bool victim_clean = clean;
   const int64_t start = clock_.NowNanos();
   std::optional<Tier> went;  // where the victim's bytes went, for the room observer
   if (!victim_clean) {

@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 
 #include "runtime/lease_table.h"
 #include "runtime/lease_table_test_util.h"
@@ -347,6 +348,53 @@ TEST_F(PlanMovesTest, TheTiersTellTheMovesTheyMakeForRoom) {
   ASSERT_TRUE(table_->SetRoomObserver(session_, nullptr).ok());
   EXPECT_TRUE(Holds(first_out, fills[first_out]));
   EXPECT_EQ(told.size(), 3u);
+  for (const auto& [id, fill] : fills) EXPECT_TRUE(Holds(id, fill)) << id;
+  EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
+}
+
+// Room made on demand for a tensor larger than each copy in a full GPU is one block: of the
+// runs of copies side by side that make it, the one used furthest goes. By next use alone,
+// the furthest-used copies here sit apart, and evicting them (four of eight) would free 2
+// MiB in blocks of 512 KiB before a pair side by side went too.
+TEST_F(PlanMovesTest, RoomForALargerTensorIsMadeAsOneBlockOfTheCopiesUsedFurthest) {
+  std::vector<LeaseTable::RoomMove> told;
+  ASSERT_TRUE(table_->SetRoomObserver(session_, [&](const LeaseTable::RoomMove& m) { told.push_back(m); }).ok());
+  std::map<TensorId, uint8_t> fills;
+  std::vector<std::pair<uint64_t, std::string>> by_offset;
+  for (int i = 0; i < 8; ++i) {  // 8 x 512 KiB: the GPU quota, full
+    const std::string name = "a" + std::to_string(i);
+    const TensorId id = LeaseWritten(name, 128 * 1024, 20 + i);
+    fills[id] = 20 + i;
+    by_offset.push_back({OffsetOf(id), name});
+  }
+  ASSERT_TRUE(told.empty());
+  std::sort(by_offset.begin(), by_offset.end());
+  // Next uses by place in the arena: far, near, far, near, ... the last pair the best run.
+  const int64_t next_by_place[8] = {100, 1, 90, 2, 80, 3, 70, 4};
+  std::map<std::string, int64_t> next;
+  for (int k = 0; k < 8; ++k) next[by_offset[k].second] = next_by_place[k];
+  ASSERT_TRUE(table_
+                  ->SetEvictionAdvisor(session_,
+                                       [&next](const std::string& name) {
+                                         auto it = next.find(name);
+                                         return it == next.end() ? int64_t{0} : it->second;
+                                       })
+                  .ok());
+  const TensorId big = LeaseWritten("big", 256 * 1024, 7);  // 1 MiB
+  fills[big] = 7;
+  ASSERT_EQ(told.size(), 2u) << "two copies side by side make 1 MiB";
+  std::set<std::string> gone{told[0].name, told[1].name};
+  EXPECT_EQ(gone, (std::set<std::string>{by_offset[6].second, by_offset[7].second}))
+      << "the pair whose sooner next use (4) is the furthest of any pair's";
+  EXPECT_EQ(told[0].name, by_offset[6].second) << "the run's furthest-used copy first";
+  for (const LeaseTable::RoomMove& m : told) {
+    EXPECT_EQ(m.from, Tier::kGpu);
+    EXPECT_EQ(m.to, std::optional<Tier>(Tier::kDram));
+    EXPECT_EQ(m.bytes, 512 * kKiB);
+  }
+  EXPECT_EQ(OffsetOf(big), by_offset[6].first);
+  ASSERT_TRUE(table_->SetRoomObserver(session_, nullptr).ok());
+  ASSERT_TRUE(table_->SetEvictionAdvisor(session_, nullptr).ok());
   for (const auto& [id, fill] : fills) EXPECT_TRUE(Holds(id, fill)) << id;
   EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
 }

@@ -550,7 +550,9 @@ TEST_F(PlanMovesTest, ASlideIntoRoomAMoveInFlightTookPutsTheCopyBack) {
   ASSERT_TRUE(table_->Prefetch(session_, big, Tier::kDram, /*evict=*/false).ok());
   EXPECT_EQ(table_->Stats().relocations, before.relocations + 1);
   for (const LeaseView& v : table_->List(session_)) {
-    if (v.id == big) EXPECT_EQ(v.offsets[static_cast<int>(Tier::kDram)], 6 * kMiB);
+    if (v.id == big) {
+      EXPECT_EQ(v.offsets[static_cast<int>(Tier::kDram)], 6 * kMiB);
+    }
   }
   EXPECT_TRUE(Holds(big, 0x70));
   EXPECT_TRUE(Holds(g, 0x77));

@@ -127,7 +127,9 @@ TEST(CpuOpsTest, AttentionGradientAndCausality) {
     const int ti = row % t;
     double sum = 0;
     for (int tj = 0; tj < t; ++tj) {
-      if (tj > ti) EXPECT_EQ(att[row * t + tj], 0.0) << "a token attends to the future";
+      if (tj > ti) {
+        EXPECT_EQ(att[row * t + tj], 0.0) << "a token attends to the future";
+      }
       sum += att[row * t + tj];
     }
     EXPECT_NEAR(sum, 1.0, 1e-12);

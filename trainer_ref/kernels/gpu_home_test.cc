@@ -23,14 +23,18 @@ void ExpectChunksTile(const GpuHomeLayout& layout) {
       const uint64_t total = layout.bytes[g][k];
       const int chunks = layout.Chunks(g, part);
       ASSERT_GE(chunks, 1);
-      if (!IsOptimizerState(part)) EXPECT_EQ(chunks, 1) << layout.groups[g] << " part " << k;
+      if (!IsOptimizerState(part)) {
+        EXPECT_EQ(chunks, 1) << layout.groups[g] << " part " << k;
+      }
       EXPECT_LE(chunks, std::max(1, layout.state_chunks));
       uint64_t end = 0, smallest = total, largest = 0;
       for (int c = 0; c < chunks; ++c) {
         const GpuHomeLayout::Range r = layout.Chunk(g, part, c);
         EXPECT_EQ(r.offset, end) << layout.groups[g] << " part " << k << " chunk " << c;
         EXPECT_EQ(r.offset % 256, 0u);
-        if (total > 0) EXPECT_GT(r.bytes, 0u) << layout.groups[g] << " part " << k << " chunk " << c;
+        if (total > 0) {
+          EXPECT_GT(r.bytes, 0u) << layout.groups[g] << " part " << k << " chunk " << c;
+        }
         end = r.offset + r.bytes;
         if (c + 1 < chunks) {  // the last one may hold a partial block
           smallest = std::min(smallest, r.bytes);
@@ -38,7 +42,9 @@ void ExpectChunksTile(const GpuHomeLayout& layout) {
         }
       }
       EXPECT_EQ(end, total) << layout.groups[g] << " part " << k;
-      if (chunks > 2) EXPECT_LE(largest - smallest, 256u) << "chunks of one part differ by at most a block";
+      if (chunks > 2) {
+        EXPECT_LE(largest - smallest, 256u) << "chunks of one part differ by at most a block";
+      }
     }
   }
 }

@@ -85,8 +85,9 @@ class PlannerSimulation : public ::testing::Test {
  protected:
   // `tight`: the tiers barely hold the state (as the H200's 7B run); only correctness is
   // checked (no miss or placement targets). `headroom`: what the plan keeps free of the
-  // quotas (the daemon's default unless said).
-  void Run(bool race, Shares shares = {}, bool tight = false, PlanningHeadroom headroom = {});
+  // quotas (the daemon's default unless said). `state_chunks`: each layer's optimizer state
+  // as that many tensors (the trainer's --optimizer_chunks).
+  void Run(bool race, Shares shares = {}, bool tight = false, PlanningHeadroom headroom = {}, int state_chunks = 1);
   bool layout_fitted_ = false;  // the last Run's plan had a static layout that fit
   void Fill(uint8_t* p, uint64_t bytes, uint64_t seed) {
     for (uint64_t i = 0; i + 8 <= bytes; i += 8) {
@@ -107,12 +108,13 @@ class PlannerSimulation : public ::testing::Test {
 // copy takes 200 us on the wall, so the client runs ahead of the lanes: only its acquires'
 // waits for the queued planned moves keep it on the plan. (Without them it fetched on demand
 // after warm-up in 11 of 20 runs, and waited for no planned move; with them, in none of 20.)
-void PlannerSimulation::Run(bool race, Shares shares, bool tight, PlanningHeadroom headroom) {
+void PlannerSimulation::Run(bool race, Shares shares, bool tight, PlanningHeadroom headroom, int state_chunks) {
   tp::TraceOptions trace;
   trace.micro_batch_seqs = 1;
   trace.seq_len = 64;
   trace.grad_accum = 2;
   trace.flops_per_s = 1e10;  // ops of about a millisecond: time to hide the moves behind
+  trace.optimizer_state_chunks = state_chunks;
   // Eight small layers: each tensor is a few percent of the GPU quota, as in real models
   // (a 7B layer's Adam moment is 3% of a 24 GiB budget).
   const tp::Graph graph = tp::SyntheticTransformer({"sim", 8, 128, 344, 256}, trace);
@@ -305,6 +307,12 @@ void PlannerSimulation::Run(bool race, Shares shares, bool tight, PlanningHeadro
 }
 
 TEST_F(PlannerSimulation, ManyIterationsThroughTheRealTiersLoseNothingAndMatchThePrediction) { Run(false); }
+
+// The optimizer state in sub-groups (4 a layer: tensors of three sizes through the tiers, as
+// the trainer's --optimizer_chunks leases them): the same checks hold.
+TEST_F(PlannerSimulation, OptimizerStateInSubGroupsLosesNothingAndMatchesThePrediction) {
+  Run(false, {}, false, {}, /*state_chunks=*/4);
+}
 
 // Planned with a tenth of the GPU kept free (the daemon's default before session 11), the
 // static layout fits the quota: copies go to its offsets, with the same checks.

@@ -230,9 +230,10 @@ int main(int argc, char** argv) {
                     ? absl::StrFormat("; optimizer state in %d sub-groups a layer", absl::GetFlag(FLAGS_optimizer_chunks))
                     : ""))
                   .c_str());
-  std::printf("%-5s %5s %8s | %9s %9s | %9s %9s | %9s %9s %-22s | %7s %8s | %-26s | %-26s | %s | %s\n", "model", "accum",
-              "compute", "plan step", "stall", "LRU step", "stall", "LB step", "stall", "bound", "plan/LB",
-              "LRU/plan", "plan GB h2d/d2h/nvr/nvw", "LRU GB h2d/d2h/nvr/nvw", "plan s", "layout");
+  std::printf("%-5s %5s %8s | %9s %9s | %9s %9s | %9s %9s %-22s | %7s %8s | %9s %8s | %-26s | %-26s | %s | %s\n",
+              "model", "accum", "compute", "plan step", "stall", "LRU step", "stall", "LB step", "stall", "bound",
+              "plan/LB", "LRU/plan", "stall/LB", "LRU/LB", "plan GB h2d/d2h/nvr/nvw", "LRU GB h2d/d2h/nvr/nvw", "plan s",
+              "layout");
   for (const std::string& model : std::vector<std::string>(absl::StrSplit(absl::GetFlag(FLAGS_models), ','))) {
     auto shape = tp::ShapePreset(model);
     if (!shape.ok()) {
@@ -272,11 +273,19 @@ int main(int argc, char** argv) {
         return 1;
       }
       const tp::LowerBound lb = tp::ComputeLowerBound(graph, link, budgets);
-      std::printf("%-5s %5d %7.2fs | %8.2fs %8.2fs | %8.2fs %8.2fs | %8.2fs %8.2fs %-22s | %7.3f %7.1fx | %-26s | %-26s | %.1f | %s\n",
+      // The targets, as ratios: the plan's stall over the bound's (<= 1.05 wanted), and
+      // LRU's stall over the bound's — the most LRU/plan any plan can reach (>= 5x wanted).
+      const auto ratio = [](double a, double b) { return b > 0 ? absl::StrFormat("%.4f", a / b) : std::string("-"); };
+      const std::string lru_over_bound =
+          lb.stall_seconds > 0 ? absl::StrFormat("%.1fx", lru->stall_seconds / lb.stall_seconds) : std::string("-");
+      std::printf(
+          "%-5s %5d %7.2fs | %8.2fs %8.2fs | %8.2fs %8.2fs | %8.2fs %8.2fs %-22s | %7.3f %7.1fx | %9s %8s | %-26s | "
+          "%-26s | %.1f | %s\n",
                   model.c_str(), trace.grad_accum, sim->compute_seconds, sim->step_seconds, sim->stall_seconds,
                   lru->step_seconds, lru->stall_seconds, lb.step_seconds, lb.stall_seconds, lb.bound_by.c_str(),
                   sim->step_seconds / lb.step_seconds,
                   sim->stall_seconds > 0 ? lru->stall_seconds / sim->stall_seconds : 0.0,
+                  ratio(sim->stall_seconds, lb.stall_seconds).c_str(), lru_over_bound.c_str(),
                   (Gb(sim->h2d_bytes) + "/" + Gb(sim->d2h_bytes) + "/" + Gb(sim->nvme_read_bytes) + "/" +
                    Gb(sim->nvme_write_bytes)).c_str(),
                   (Gb(lru->h2d_bytes) + "/" + Gb(lru->d2h_bytes) + "/" + Gb(lru->nvme_read_bytes) + "/" +
@@ -300,6 +309,8 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("plan/LB: planner step over the lower bound (1.000 = at the bound). LRU/plan: LRU stall over planner stall. "
+              "stall/LB: planner stall over the bound's (the issue's target: <= 1.05). LRU/LB: LRU stall over the "
+              "bound's, the most LRU/plan any plan can reach (the target: >= 5x). "
               "layout: the plan's static GPU layout fits the budget, or copies are placed online; the region it needs for the most bytes live at once.\n");
   return 0;
 }

@@ -229,12 +229,14 @@ class LeaseTable {
   // and returns OK, so the caller tries another.
   absl::Status EvictOne(Session& s, Tier tier, std::set<const Tensor*>& refused)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
-  // With the planner's advisor, room for `bytes` in a GPU or DRAM arena: of the runs of
-  // evictable copies side by side whose range, with the free space on either side, holds
-  // `bytes`, the one whose soonest next use is furthest (then the fewest dirty bytes) loses
-  // its furthest-used copy (as EvictOne moves it). Called again, it goes on with what is left
-  // of that run: the room made is one block, where evicting by next use alone frees
-  // scattered blocks none of which may hold `bytes`. NOT_FOUND when no run holds `bytes`.
+  // With the planner's advisor, room for `bytes` in a GPU or DRAM arena that has the free
+  // bytes but no block for them (and no join made one): of the runs of evictable copies side
+  // by side whose range, with the free space on either side, holds `bytes`, the one whose
+  // soonest next use is furthest (then the fewest dirty bytes) loses its furthest-used copy
+  // (as EvictOne moves it). Called again, it goes on with what is left of that run: the room
+  // made is one block, where evicting by next use alone frees scattered blocks none of which
+  // may hold `bytes`. NOT_FOUND with too few free bytes (EvictOne's case) or when no run
+  // holds `bytes`.
   absl::Status EvictForBlock(Session& s, Tier tier, uint64_t bytes, std::set<const Tensor*>& refused)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   // Writes back (dirty) or drops (clean) `victim`'s copy in `tier` and tells the room observer.

@@ -111,8 +111,9 @@ absl::StatusOr<Extent> LeaseTable::AllocateIn(Session& s, Tier tier, uint64_t by
       }
     }
     if (!evict) return extent;
-    // With the planner's advisor, the room is made as one block (the copies side by side
-    // used furthest); otherwise, or when no such run holds it, one victim at a time.
+    // With the planner's advisor and enough free bytes that no join could gather, the room
+    // is made as one block (the copies side by side used furthest); otherwise, or when no
+    // such run holds it, one victim at a time.
     absl::Status evicted = EvictForBlock(s, tier, bytes, refused);
     if (absl::IsNotFound(evicted)) evicted = EvictOne(s, tier, refused);
     if (!evicted.ok()) {
@@ -334,8 +335,12 @@ std::vector<LeaseTable::HeldCopy> LeaseTable::CopiesByOffset(Session& s, Tier ti
 
 absl::Status LeaseTable::EvictForBlock(Session& s, Tier tier, uint64_t bytes, std::set<const Tensor*>& refused) {
   if (!s.advisor || tier == Tier::kNvme || s.ArenaOf(tier) == kNoArena) return absl::NotFoundError("no advisor");
+  const AllocatorStats arena = store_.ArenaStats(s.ArenaOf(tier));
+  // Too few free bytes: the furthest next use goes first (EvictOne), as MIN says; a run
+  // would take copies used sooner for room the joins may still make.
+  if (arena.free_bytes < bytes) return absl::NotFoundError("too few free bytes");
   const std::vector<HeldCopy> held = CopiesByOffset(s, tier);
-  const uint64_t region = store_.ArenaStats(s.ArenaOf(tier)).region_bytes;
+  const uint64_t region = arena.region_bytes;
   struct Copy {
     bool evictable;
     bool clean;

@@ -352,27 +352,24 @@ TEST_F(PlanMovesTest, TheTiersTellTheMovesTheyMakeForRoom) {
   EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
 }
 
-// Room made on demand for a tensor larger than each copy in a full GPU is one block: of the
-// runs of copies side by side that make it, the one used furthest goes. By next use alone,
-// the furthest-used copies here sit apart, and evicting them (four of eight) would free 2
-// MiB in blocks of 512 KiB before a pair side by side went too.
-TEST_F(PlanMovesTest, RoomForALargerTensorIsMadeAsOneBlockOfTheCopiesUsedFurthest) {
-  std::vector<LeaseTable::RoomMove> told;
-  ASSERT_TRUE(table_->SetRoomObserver(session_, [&](const LeaseTable::RoomMove& m) { told.push_back(m); }).ok());
-  std::map<TensorId, uint8_t> fills;
-  std::vector<std::pair<uint64_t, std::string>> by_offset;
-  for (int i = 0; i < 8; ++i) {  // 8 x 512 KiB: the GPU quota, full
-    const std::string name = "a" + std::to_string(i);
-    const TensorId id = LeaseWritten(name, 128 * 1024, 20 + i);
-    fills[id] = 20 + i;
-    by_offset.push_back({OffsetOf(id), name});
-  }
-  ASSERT_TRUE(told.empty());
-  std::sort(by_offset.begin(), by_offset.end());
-  // Next uses by place in the arena: far, near, far, near, ... the last pair the best run.
-  const int64_t next_by_place[8] = {100, 1, 90, 2, 80, 3, 70, 4};
-  std::map<std::string, int64_t> next;
-  for (int k = 0; k < 8; ++k) next[by_offset[k].second] = next_by_place[k];
+// Room made on demand in a fragmented GPU, when no join can gather it, is one block: of the
+// runs of copies side by side that make it with the free space around them, the one used
+// furthest goes. The GPU (4 MiB) holds [free 512K][A 1M][free 512K][B 1M][free 512K][C
+// 512K]: 1.5 MiB free, no block over 512 KiB, and no gap elsewhere that could take A or B.
+// By next use alone C (used last) would go first, joining only 1 MiB, then B; as one block
+// B alone goes, and the new tensor takes its place with the gaps beside it.
+TEST_F(PlanMovesTest, RoomInAFragmentedGpuIsMadeAsOneBlockOfTheCopiesUsedFurthest) {
+  const TensorId x0 = LeaseWritten("x0", 128 * 1024, 1);  // 512 KiB
+  const TensorId a = LeaseWritten("A", 256 * 1024, 2);    // 1 MiB
+  const TensorId x1 = LeaseWritten("x1", 128 * 1024, 3);
+  const TensorId b = LeaseWritten("B", 256 * 1024, 4);
+  const TensorId x2 = LeaseWritten("x2", 128 * 1024, 5);
+  const TensorId c = LeaseWritten("C", 128 * 1024, 6);
+  ASSERT_EQ(OffsetOf(a), 512 * kKiB) << "the premise: copies side by side from offset 0";
+  ASSERT_EQ(OffsetOf(b), 2 * kMiB);
+  ASSERT_EQ(OffsetOf(c), 3 * kMiB + 512 * kKiB);
+  for (TensorId x : {x0, x1, x2}) ASSERT_TRUE(table_->Demote(session_, x, Tier::kGpu, /*dead=*/false).ok());
+  const std::map<std::string, int64_t> next{{"A", 10}, {"B", 50}, {"C", 100}};
   ASSERT_TRUE(table_
                   ->SetEvictionAdvisor(session_,
                                        [&next](const std::string& name) {
@@ -380,21 +377,18 @@ TEST_F(PlanMovesTest, RoomForALargerTensorIsMadeAsOneBlockOfTheCopiesUsedFurthes
                                          return it == next.end() ? int64_t{0} : it->second;
                                        })
                   .ok());
-  const TensorId big = LeaseWritten("big", 256 * 1024, 7);  // 1 MiB
-  fills[big] = 7;
-  ASSERT_EQ(told.size(), 2u) << "two copies side by side make 1 MiB";
-  std::set<std::string> gone{told[0].name, told[1].name};
-  EXPECT_EQ(gone, (std::set<std::string>{by_offset[6].second, by_offset[7].second}))
-      << "the pair whose sooner next use (4) is the furthest of any pair's";
-  EXPECT_EQ(told[0].name, by_offset[6].second) << "the run's furthest-used copy first";
-  for (const LeaseTable::RoomMove& m : told) {
-    EXPECT_EQ(m.from, Tier::kGpu);
-    EXPECT_EQ(m.to, std::optional<Tier>(Tier::kDram));
-    EXPECT_EQ(m.bytes, 512 * kKiB);
-  }
-  EXPECT_EQ(OffsetOf(big), by_offset[6].first);
+  std::vector<LeaseTable::RoomMove> told;
+  ASSERT_TRUE(table_->SetRoomObserver(session_, [&](const LeaseTable::RoomMove& m) { told.push_back(m); }).ok());
+  const TensorId big = LeaseWritten("big", 384 * 1024, 7);  // 1.5 MiB
+  ASSERT_EQ(told.size(), 1u) << "one copy makes the block";
+  EXPECT_EQ(told[0].name, "B") << "the run used furthest that holds 1.5 MiB with its gaps";
+  EXPECT_EQ(told[0].to, std::optional<Tier>(Tier::kDram));
+  EXPECT_EQ(OffsetOf(big), 1 * kMiB + 512 * kKiB) << "in B's place and the gap before it";
+  EXPECT_TRUE(OnGpu(a));
+  EXPECT_TRUE(OnGpu(c));
   ASSERT_TRUE(table_->SetRoomObserver(session_, nullptr).ok());
   ASSERT_TRUE(table_->SetEvictionAdvisor(session_, nullptr).ok());
+  const std::map<TensorId, uint8_t> fills{{x0, 1}, {a, 2}, {x1, 3}, {b, 4}, {x2, 5}, {c, 6}, {big, 7}};
   for (const auto& [id, fill] : fills) EXPECT_TRUE(Holds(id, fill)) << id;
   EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
 }

@@ -239,7 +239,8 @@ class LeaseTable {
   // holds `bytes`.
   absl::Status EvictForBlock(Session& s, Tier tier, uint64_t bytes, std::set<const Tensor*>& refused)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
-  // Writes back (dirty) or drops (clean) `victim`'s copy in `tier` and tells the room observer.
+  // Writes back (dirty) or drops (clean) the copy of `victim` in `tier` and tells the room
+  // observer; no room below for it: adds it to `refused` and returns OK (as EvictOne).
   absl::Status EvictCopy(Session& s, Tier tier, Tensor& victim, bool clean, std::set<const Tensor*>& refused)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   // The copies in `tier`'s arena by offset (only this session's tensors live in it).

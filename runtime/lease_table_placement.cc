@@ -327,7 +327,9 @@ std::vector<LeaseTable::HeldCopy> LeaseTable::CopiesByOffset(Session& s, Tier ti
   std::vector<HeldCopy> held;
   for (const auto& [id, t] : s.tensors) {
     const auto& copy = t->copies[static_cast<int>(tier)];
-    if (copy.has_value() && copy->arena == arena) held.push_back({copy->offset(), copy->offset() + copy->bytes(), t.get()});
+    if (copy.has_value() && copy->arena == arena) {
+      held.push_back({copy->offset(), copy->offset() + copy->bytes(), t.get()});
+    }
   }
   std::sort(held.begin(), held.end(), [](const HeldCopy& a, const HeldCopy& b) { return a.begin < b.begin; });
   return held;
@@ -433,7 +435,7 @@ absl::Status LeaseTable::EvictOne(Session& s, Tier tier, std::set<const Tensor*>
 }
 
 absl::Status LeaseTable::EvictCopy(Session& s, Tier tier, Tensor& t, bool clean, std::set<const Tensor*>& refused) {
-  Tensor* victim = &t;
+  Tensor* const victim = &t;
   const bool victim_clean = clean;
   const int64_t start = clock_.NowNanos();
   std::optional<Tier> went;  // where the victim's bytes went, for the room observer

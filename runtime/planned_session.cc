@@ -439,9 +439,10 @@ absl::Status PlannedSession::OpBegin(uint32_t op) {
       const RoomCounts room = room_counts();
       if (lap_started_) {
         for (size_t k = 0; k < now.size(); ++k) last_lap_bytes_[k] = now[k] - lap_start_bytes_[k];
-        last_lap_room_ = RoomCounts{room.to_dram - lap_start_room_.to_dram, room.to_dram_bytes - lap_start_room_.to_dram_bytes,
-                          room.to_nvme - lap_start_room_.to_nvme, room.to_nvme_bytes - lap_start_room_.to_nvme_bytes,
-                          room.dropped - lap_start_room_.dropped, room.nvme_dropped - lap_start_room_.nvme_dropped};
+        const RoomCounts& was = lap_start_room_;
+        last_lap_room_ = RoomCounts{room.to_dram - was.to_dram, room.to_dram_bytes - was.to_dram_bytes,
+                                    room.to_nvme - was.to_nvme, room.to_nvme_bytes - was.to_nvme_bytes,
+                                    room.dropped - was.dropped, room.nvme_dropped - was.nvme_dropped};
       }
       lap_start_bytes_ = now;
       lap_start_room_ = room;

@@ -232,8 +232,8 @@ int main(int argc, char** argv) {
                   .c_str());
   std::printf("%-5s %5s %8s | %9s %9s | %9s %9s | %9s %9s %-22s | %7s %8s | %9s %8s | %-26s | %-26s | %s | %s\n",
               "model", "accum", "compute", "plan step", "stall", "LRU step", "stall", "LB step", "stall", "bound",
-              "plan/LB", "LRU/plan", "stall/LB", "LRU/LB", "plan GB h2d/d2h/nvr/nvw", "LRU GB h2d/d2h/nvr/nvw", "plan s",
-              "layout");
+              "plan/LB", "LRU/plan", "stall/LB", "LRU/LB", "plan GB h2d/d2h/nvr/nvw", "LRU GB h2d/d2h/nvr/nvw",
+              "plan s", "layout");
   for (const std::string& model : std::vector<std::string>(absl::StrSplit(absl::GetFlag(FLAGS_models), ','))) {
     auto shape = tp::ShapePreset(model);
     if (!shape.ok()) {

@@ -393,6 +393,36 @@ TEST_F(PlanMovesTest, RoomInAFragmentedGpuIsMadeAsOneBlockOfTheCopiesUsedFurthes
   EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
 }
 
+// When the client holds the copies every such run needs, there is no block to make: the one
+// evictable copy goes by next use, and the acquire is refused with the numbers; nothing is lost.
+TEST_F(PlanMovesTest, AFragmentedGpuWhoseRunsTheClientHoldsRefusesWithTheNumbers) {
+  const TensorId x0 = LeaseWritten("x0", 128 * 1024, 1);
+  const TensorId a = LeaseWritten("A", 256 * 1024, 2);
+  const TensorId x1 = LeaseWritten("x1", 128 * 1024, 3);
+  const TensorId b = LeaseWritten("B", 256 * 1024, 4);
+  const TensorId x2 = LeaseWritten("x2", 128 * 1024, 5);
+  const TensorId c = LeaseWritten("C", 128 * 1024, 6);
+  ASSERT_EQ(OffsetOf(c), 3 * kMiB + 512 * kKiB) << "the premise: copies side by side from offset 0";
+  for (TensorId x : {x0, x1, x2}) ASSERT_TRUE(table_->Demote(session_, x, Tier::kGpu, /*dead=*/false).ok());
+  ASSERT_TRUE(table_->SetEvictionAdvisor(session_, [](const std::string&) { return int64_t{1}; }).ok());
+  ASSERT_TRUE(table_->Acquire(session_, a, Access::kRead, Place::kGpu).ok());
+  ASSERT_TRUE(table_->Acquire(session_, b, Access::kRead, Place::kGpu).ok());
+  auto big = table_->Lease(session_, Spec("big", 384 * 1024));  // 1.5 MiB
+  ASSERT_TRUE(big.ok()) << big.status();
+  auto placed = table_->Acquire(session_, *big, Access::kOverwrite, Place::kGpu);
+  ASSERT_FALSE(placed.ok());
+  EXPECT_TRUE(absl::IsResourceExhausted(placed.status())) << placed.status();
+  EXPECT_NE(placed.status().message().find("cannot place 1.50 MiB in gpu"), std::string::npos) << placed.status();
+  EXPECT_NE(placed.status().message().find("nothing there may be evicted"), std::string::npos) << placed.status();
+  EXPECT_FALSE(OnGpu(c)) << "C, the one copy free to go, went by next use";
+  ASSERT_TRUE(table_->Release(session_, a).ok());
+  ASSERT_TRUE(table_->Release(session_, b).ok());
+  ASSERT_TRUE(table_->SetEvictionAdvisor(session_, nullptr).ok());
+  const std::map<TensorId, uint8_t> fills{{x0, 1}, {a, 2}, {x1, 3}, {b, 4}, {x2, 5}, {c, 6}};
+  for (const auto& [id, fill] : fills) EXPECT_TRUE(Holds(id, fill)) << id;
+  EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
+}
+
 TEST_F(PlanMovesTest, PrefetchWithoutEvictionTakesOnlyFreeRoom) {
   // Four 1 MiB tensors fill the 4 MiB GPU quota; a fifth lives below.
   std::vector<TensorId> on_gpu;

@@ -54,11 +54,16 @@ class LinkMeter {
  public:
   explicit LinkMeter(Clock& clock) : clock_(clock) {}
 
-  void Begin() {
+  void Begin() { BeginAt(clock_.NowNanos()); }
+  void End(uint64_t bytes, bool ok) { EndAt(clock_.NowNanos(), bytes, ok); }
+  // With a time read once for several meters (a link's and its device's): the device's
+  // busy union then contains each link's interval exactly, whatever the scheduler does
+  // between the calls.
+  void BeginAt(int64_t now_nanos) {
     absl::MutexLock lock(&mutex_);
-    if (active_++ == 0) busy_since_nanos_ = clock_.NowNanos();
+    if (active_++ == 0) busy_since_nanos_ = now_nanos;
   }
-  void End(uint64_t bytes, bool ok) {
+  void EndAt(int64_t now_nanos, uint64_t bytes, bool ok) {
     absl::MutexLock lock(&mutex_);
     if (ok) {
       stats_.bytes += bytes;
@@ -66,8 +71,9 @@ class LinkMeter {
     } else {
       ++stats_.failed_moves;
     }
-    if (--active_ == 0) stats_.busy_nanos += clock_.NowNanos() - busy_since_nanos_;
+    if (--active_ == 0) stats_.busy_nanos += now_nanos - busy_since_nanos_;
   }
+  Clock& clock() const { return clock_; }
   LinkStats Stats() const {
     absl::MutexLock lock(&mutex_);
     LinkStats stats = stats_;

@@ -102,8 +102,9 @@ std::string NvmeLink::Describe(const Move& move, const IoOp& op) const {
 }
 
 void NvmeLink::Start(Move& move) {
-  meters_[static_cast<int>(move.kind)]->Begin();
-  device_meter_->Begin();
+  const int64_t now = device_meter_->clock().NowNanos();
+  meters_[static_cast<int>(move.kind)]->BeginAt(now);
+  device_meter_->BeginAt(now);
   const uint64_t chunks = ChunkCount(move.bytes);
   move.chunk_ops_left.assign(chunks, 0);
   if (move.kind == IoKind::kWrite) {
@@ -240,8 +241,9 @@ void NvmeLink::Finish(Move& move) {
   if (move.kind == IoKind::kWrite && move.status.ok()) {
     store_.SetNvmeChecksums(move.nvme_offset, std::move(move.checksums));
   }
-  meters_[static_cast<int>(move.kind)]->End(move.bytes, move.status.ok());
-  device_meter_->End(move.bytes, move.status.ok());
+  const int64_t now = device_meter_->clock().NowNanos();
+  meters_[static_cast<int>(move.kind)]->EndAt(now, move.bytes, move.status.ok());
+  device_meter_->EndAt(now, move.bytes, move.status.ok());
   move.done(move.status);
   absl::MutexLock lock(&mutex_);
   --unfinished_;

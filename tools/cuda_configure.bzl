@@ -9,10 +9,14 @@ HAS_CUDA = False, and one message at fetch time saying the build is CPU-only
 
 _REAL_BUILD = """package(default_visibility = ["//visibility:public"])
 
+# Every file under include/: C++ headers without an extension (nv/target, cuda/std/...)
+# are included by cuda_fp16.h and friends, and the sandbox only shows declared files.
+# CUDA 13 keeps CCCL (cub, thrust, libcu++, nv/) under include/cccl, which nvcc adds by
+# itself and a host compiler needs told.
 cc_library(
     name = "cuda_headers",
-    hdrs = glob(["include/**/*.h", "include/**/*.hpp", "include/**/*.inl"]),
-    includes = ["include"],
+    hdrs = glob(["include/**"]),
+    includes = ["include"] + (["include/cccl"] if {has_cccl} else []),
 )
 
 # Shared cudart/cuBLASLt from the toolkit; rpath so binaries run without
@@ -45,7 +49,8 @@ def _cuda_configure_impl(rctx):
     has_cuda = nvcc.exists and header.exists
     if has_cuda:
         rctx.symlink(path + "/include", "include")
-        rctx.file("BUILD.bazel", _REAL_BUILD.format(path = path))
+        has_cccl = rctx.path(path + "/include/cccl").exists
+        rctx.file("BUILD.bazel", _REAL_BUILD.replace("{has_cccl}", str(has_cccl)).format(path = path))
     else:
         print("tierd: no CUDA toolkit at %s (no bin/nvcc or include/cuda_runtime.h): " % path +
               "building CPU-only; the fake GPU will stand in for the GPU tier.")

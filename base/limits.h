@@ -31,6 +31,10 @@ inline constexpr uint32_t kMovesQueuedPerLinkMax = 1024;
 // Copies outstanding on one GPU copy stream.
 inline constexpr uint32_t kGpuCopiesInFlightMax = 8;
 
+// A client waiting on its ring looks at its session's socket this often: a tierd that died
+// (SIGKILL leaves the ring's closed flag unset) is noticed within this time.
+inline constexpr int kClientSessionCheckMs = 250;
+
 // Allocations live at once in one tier's allocator.
 inline constexpr uint32_t kAllocationsPerTierMax = 1 << 20;
 

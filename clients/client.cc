@@ -1,7 +1,9 @@
 #include "clients/client.h"
 
 #include <grpcpp/grpcpp.h>
+#include <poll.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +11,7 @@
 #include <cstring>
 
 #include "absl/strings/str_format.h"
+#include "base/limits.h"
 #include "base/units.h"
 #include "ipc/hello_server.h"
 #include "ipc/proto_convert.h"
@@ -32,6 +35,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   }
   std::unique_ptr<Client> client(new Client());
   client->hello_fd_ = *fd;
+  client->socket_path_ = path;
   v1::HelloRequest request;
   request.set_protocol_version(ipc::kProtocolVersion);
   request.set_label(options.label);
@@ -158,7 +162,7 @@ absl::Status Client::TensorCall(TensorMethod method, const Tensor& tensor) {
   request.set_tensor_id(tensor.id);
   v1::Empty reply;
   grpc::ClientContext context;
-  return ipc::FromGrpc((stub_.get()->*method)(&context, request, &reply));
+  return Checked((stub_.get()->*method)(&context, request, &reply));
 }
 
 v1::SessionRef Client::Ref() const {
@@ -176,7 +180,7 @@ absl::StatusOr<Client::Tensor> Client::Lease(const TensorSpec& spec) {
   *request.mutable_spec() = ipc::ToProto(spec);
   v1::LeaseReply reply;
   grpc::ClientContext context;
-  if (absl::Status s = ipc::FromGrpc(stub_->Lease(&context, request, &reply)); !s.ok()) return s;
+  if (absl::Status s = Checked(stub_->Lease(&context, request, &reply)); !s.ok()) return s;
   return Tensor{reply.tensor_id(), reply.bytes(), spec.name};
 }
 
@@ -184,18 +188,53 @@ absl::Status Client::Unlease(const Tensor& tensor) {
   return TensorCall(&v1::Tierd::Stub::Unlease, tensor);
 }
 
+bool Client::SessionOpen() {
+  if (lost_.load(std::memory_order_relaxed)) return false;
+  // After the hello tierd sends nothing on this socket: readable or hung up means closed.
+  pollfd p{hello_fd_, POLLIN | POLLRDHUP, 0};
+  if (poll(&p, 1, 0) == 0) return true;
+  char byte;
+  const bool open = (p.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL)) == 0 &&
+                    recv(hello_fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT) != 0;
+  if (!open) lost_.store(true);
+  return open;
+}
+
+absl::Status Client::SessionLost() const {
+  return absl::UnavailableError(absl::StrFormat(
+      "tierd closed session %d: its socket %s hung up (tierd died, was stopped, or ended the session); the "
+      "tensors it held for this session are gone",
+      session_id_, socket_path_));
+}
+
+absl::Status Client::Checked(const grpc::Status& status) {
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE && !SessionOpen()) return SessionLost();
+  return ipc::FromGrpc(status);
+}
+
 absl::StatusOr<ipc::RingMessage> Client::RingCall(const ipc::RingMessage& request) {
   absl::MutexLock lock(&ring_mutex_);
+  if (!SessionOpen()) return SessionLost();
   ipc::RingMessage message = request;
   message.sequence = ++ring_sequence_;
   if (!ipc::RingPush(ring_->requests, message)) {
     return absl::InternalError("the hot-path ring is full: tierd stopped serving this session");
   }
-  // Waits as long as the operation takes (a demand fetch from NVMe can take seconds).
-  auto answer = ipc::RingPop(ring_->responses, ring_->closed, /*timeout_ms=*/-1);
-  if (!answer.ok()) return absl::UnavailableError("tierd closed this session's ring");
-  if (answer->sequence != message.sequence) return absl::InternalError("ring answers out of order");
-  return *answer;
+  // Waits as long as the operation takes (a demand fetch from NVMe can take seconds), but
+  // not for a tierd that died: SIGKILL leaves the ring's closed flag unset, the socket tells.
+  for (;;) {
+    auto answer = ipc::RingPop(ring_->responses, ring_->closed, limits::kClientSessionCheckMs);
+    if (answer.ok()) {
+      if (answer->sequence != message.sequence) return absl::InternalError("ring answers out of order");
+      return *answer;
+    }
+    if (absl::IsUnavailable(answer.status())) {  // tierd set the ring's closed flag
+      lost_.store(true);
+      return SessionLost();
+    }
+    if (!absl::IsDeadlineExceeded(answer.status())) return answer.status();
+    if (!SessionOpen()) return SessionLost();
+  }
 }
 
 absl::StatusOr<void*> Client::PointerFor(const Tensor& tensor, Place place, uint64_t arena,
@@ -276,7 +315,7 @@ absl::StatusOr<void*> Client::AcquireRpc(const Tensor& tensor, Access access, Pl
   request.set_place(place == Place::kGpu ? v1::PLACE_GPU : v1::PLACE_HOST);
   v1::AcquireReply reply;
   grpc::ClientContext context;
-  if (absl::Status s = ipc::FromGrpc(stub_->Acquire(&context, request, &reply)); !s.ok()) return s;
+  if (absl::Status s = Checked(stub_->Acquire(&context, request, &reply)); !s.ok()) return s;
   return PointerFor(tensor, place, reply.arena_id(), reply.offset(), reply.bytes());
 }
 
@@ -290,7 +329,7 @@ absl::StatusOr<v1::PlanReply> Client::RegisterGraph(const v1::GraphSpec& graph) 
   *request.mutable_graph() = graph;
   v1::PlanReply reply;
   grpc::ClientContext context;
-  if (absl::Status s = ipc::FromGrpc(stub_->RegisterGraph(&context, request, &reply)); !s.ok()) return s;
+  if (absl::Status s = Checked(stub_->RegisterGraph(&context, request, &reply)); !s.ok()) return s;
   return reply;
 }
 
@@ -299,7 +338,7 @@ absl::StatusOr<v1::PlanReply> Client::MarkIteration() {
   *request.mutable_session() = Ref();
   v1::PlanReply reply;
   grpc::ClientContext context;
-  if (absl::Status s = ipc::FromGrpc(stub_->MarkIteration(&context, request, &reply)); !s.ok()) return s;
+  if (absl::Status s = Checked(stub_->MarkIteration(&context, request, &reply)); !s.ok()) return s;
   return reply;
 }
 
@@ -318,7 +357,7 @@ absl::Status Client::OpBegin(uint32_t op) {
   request.set_op(op);
   v1::Empty reply;
   grpc::ClientContext context;
-  return ipc::FromGrpc(stub_->OpBegin(&context, request, &reply));
+  return Checked(stub_->OpBegin(&context, request, &reply));
 }
 
 absl::Status Client::Pin(const Tensor& tensor, Tier tier) {
@@ -328,7 +367,7 @@ absl::Status Client::Pin(const Tensor& tensor, Tier tier) {
   request.set_tier(ipc::ToProto(tier));
   v1::Empty reply;
   grpc::ClientContext context;
-  return ipc::FromGrpc(stub_->Pin(&context, request, &reply));
+  return Checked(stub_->Pin(&context, request, &reply));
 }
 
 absl::Status Client::Unpin(const Tensor& tensor) {
@@ -339,7 +378,7 @@ absl::StatusOr<v1::StatsReply> Client::Stats() {
   v1::Empty request;
   v1::StatsReply reply;
   grpc::ClientContext context;
-  if (absl::Status s = ipc::FromGrpc(stub_->Stats(&context, request, &reply)); !s.ok()) return s;
+  if (absl::Status s = Checked(stub_->Stats(&context, request, &reply)); !s.ok()) return s;
   return reply;
 }
 
@@ -348,7 +387,7 @@ absl::StatusOr<v1::ListLeasesReply> Client::ListLeases(bool every_session) {
   request.set_session_id(every_session ? 0 : session_id_);
   v1::ListLeasesReply reply;
   grpc::ClientContext context;
-  if (absl::Status s = ipc::FromGrpc(stub_->ListLeases(&context, request, &reply)); !s.ok()) return s;
+  if (absl::Status s = Checked(stub_->ListLeases(&context, request, &reply)); !s.ok()) return s;
   return reply;
 }
 
@@ -358,7 +397,7 @@ absl::StatusOr<v1::SessionUsageReply> Client::Usage(bool reset_peaks) {
   request.set_reset_peaks(reset_peaks);
   v1::SessionUsageReply reply;
   grpc::ClientContext context;
-  if (absl::Status s = ipc::FromGrpc(stub_->SessionUsage(&context, request, &reply)); !s.ok()) return s;
+  if (absl::Status s = Checked(stub_->SessionUsage(&context, request, &reply)); !s.ok()) return s;
   return reply;
 }
 

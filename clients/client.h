@@ -10,13 +10,16 @@
 // Connect says hello on tierd's Unix socket, receives the session's arenas (its DRAM
 // shared-memory segment and its GPU pool) and maps them; pointers handed out are into
 // those mappings and stay valid until Release. Closing the client (or the process dying)
-// ends the session: tierd reclaims every lease.
+// ends the session: tierd reclaims every lease. If tierd dies or ends the session, every
+// call after that (and one waiting on the ring, within limits::kClientSessionCheckMs)
+// fails with UNAVAILABLE saying so: the session's bytes are gone with it.
 //
 // Thread-safety: calls may come from several threads; a tensor's acquire and release
 // are expected from one owner.
 #ifndef TIERD_CLIENTS_CLIENT_H_
 #define TIERD_CLIENTS_CLIENT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -81,11 +84,17 @@ class Client {
   absl::StatusOr<v1::SessionUsageReply> Usage(bool reset_peaks);
 
   uint64_t session_id() const { return session_id_; }
+  // False once tierd closed the session's socket (it died, was stopped, or ended it).
+  bool SessionOpen();
   bool fake_gpu() const { return fake_gpu_; }
 
  private:
   Client() = default;
   absl::Status MapArenas(const v1::HelloReply& reply, std::vector<int>& fds);
+  // The error every call returns once the session is gone.
+  absl::Status SessionLost() const;
+  // A gRPC call's status; UNAVAILABLE because the session is gone says so.
+  absl::Status Checked(const grpc::Status& status);
   v1::SessionRef Ref() const;
   using TensorMethod = grpc::Status (v1::Tierd::Stub::*)(grpc::ClientContext*, const v1::TensorRef&,
                                                            v1::Empty*);
@@ -98,6 +107,8 @@ class Client {
                                    uint64_t offset, uint64_t bytes) const;
 
   int hello_fd_ = -1;
+  std::string socket_path_;
+  std::atomic<bool> lost_{false};
   uint64_t session_id_ = 0;
   std::string token_;
   bool fake_gpu_ = false;

@@ -159,6 +159,24 @@ int Hold(const std::string& dir) {
   for (;;) pause();
 }
 
+// Acquires and releases one tensor in a loop until a call fails (tierd gone): says "churning"
+// once, then the error, and exits 1.
+int Churn(const std::string& dir) {
+  auto client = Client::Connect({dir, "churner", {1 * kMiB, 1 * kMiB, 0}});
+  if (!client.ok()) return Fail("connect", client.status());
+  auto t = (*client)->Lease({"churned", TensorClass::kActivation, DType::kF32, {1024}});
+  if (!t.ok()) return Fail("lease", t.status());
+  for (int round = 0;; ++round) {
+    auto p = (*client)->Acquire(*t, Access::kWrite, round % 2 ? Place::kGpu : Place::kHost);
+    if (!p.ok()) return Fail("acquire", p.status());
+    if (auto s = (*client)->Release(*t); !s.ok()) return Fail("release", s);
+    if (round == 100) {
+      std::printf("churning\n");
+      std::fflush(stdout);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tierd
 
@@ -176,6 +194,7 @@ int main(int argc, char** argv) {
     return tierd::Roundtrip(argv[1], static_cast<uint32_t>(std::stoul(argv[3])));
   }
   if (argc >= 3 && std::strcmp(argv[2], "hold") == 0) return tierd::Hold(argv[1]);
+  if (argc >= 3 && std::strcmp(argv[2], "churn") == 0) return tierd::Churn(argv[1]);
   if (argc >= 4 && std::strcmp(argv[2], "planned") == 0) return tierd::Planned(argv[1], std::stoi(argv[3]), false);
   if (argc >= 4 && std::strcmp(argv[2], "planned-host-optimizer") == 0) {
     return tierd::Planned(argv[1], std::stoi(argv[3]), false, /*host_optimizer=*/true);

@@ -55,11 +55,6 @@ ParamEntries ParamEntriesOf(const ModelConfig& config) {
   return out;
 }
 
-namespace {
-constexpr double kNormEps = 1e-5;
-constexpr double kRopeBase = 10000.0;
-}  // namespace
-
 template <typename T>
 Model<T>::Model(const ModelConfig& config, int batch, int seq, bool checkpointing)
     : config_(config), batch_(batch), seq_(seq), layout_(ParamLayout(config)), checkpointing_(checkpointing) {
@@ -151,17 +146,17 @@ template <typename T>
 void Model<T>::LayerForward(const Layer& w, const LayerActs& a, std::vector<T>& x, std::vector<T>& tmp) {
   const int n = batch_ * seq_, c = config_.d_model, f = config_.d_ff, h = config_.heads, d = config_.head_dim();
   std::copy(x.begin(), x.end(), a.x_in);
-  cpu::RmsNormForward(a.h1, a.rstd1, x.data(), P(w.attn_norm), n, c, T(kNormEps));
+  cpu::RmsNormForward(a.h1, a.rstd1, x.data(), P(w.attn_norm), n, c, T(config_.norm_eps));
   cpu::MatmulForward(a.q, a.h1, P(w.wq), n, c, c);
   cpu::MatmulForward(a.k, a.h1, P(w.wk), n, c, c);
   cpu::MatmulForward(a.v, a.h1, P(w.wv), n, c, c);
-  cpu::RopeForward(a.q, batch_, seq_, h, d, T(kRopeBase));
-  cpu::RopeForward(a.k, batch_, seq_, h, d, T(kRopeBase));
+  cpu::RopeForward(a.q, batch_, seq_, h, d, T(config_.rope_theta));
+  cpu::RopeForward(a.k, batch_, seq_, h, d, T(config_.rope_theta));
   cpu::AttentionForward(a.a, a.att, a.q, a.k, a.v, batch_, seq_, h, d);
   cpu::MatmulForward(tmp.data(), a.a, P(w.wo), n, c, c);
   for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
   std::copy(x.begin(), x.end(), a.x_mid);
-  cpu::RmsNormForward(a.h2, a.rstd2, x.data(), P(w.mlp_norm), n, c, T(kNormEps));
+  cpu::RmsNormForward(a.h2, a.rstd2, x.data(), P(w.mlp_norm), n, c, T(config_.norm_eps));
   cpu::MatmulForward(a.g, a.h2, P(w.w1), n, c, f);
   cpu::MatmulForward(a.u, a.h2, P(w.w3), n, c, f);
   cpu::SwiGluForward(a.s, a.g, a.u, n, f);
@@ -193,7 +188,7 @@ T Model<T>::Forward(const int32_t* tokens, const int32_t* targets) {
   Enter(last, false);
   const HeadActs hd = CarveHead(saved_[SavedOf(last)]);
   std::copy(x.begin(), x.end(), hd.x_out);
-  cpu::RmsNormForward(hd.xf, hd.rstd_f, x.data(), P(final_norm_), n, c, T(kNormEps));
+  cpu::RmsNormForward(hd.xf, hd.rstd_f, x.data(), P(final_norm_), n, c, T(config_.norm_eps));
   cpu::MatmulForward(hd.logits, hd.xf, P(head_), n, c, config_.vocab);
   const T loss = cpu::CrossEntropyForward(hd.logits, targets, n, config_.vocab);
   Leave(last, false);
@@ -241,8 +236,8 @@ void Model<T>::Backward() {
     cpu::MatmulBackward(da.data(), G(w.wo), dx.data(), a.a, P(w.wo), n, c, c);
     for (auto* v : {&dq, &dk, &dv}) std::fill(v->begin(), v->end(), T(0));
     cpu::AttentionBackward(dq.data(), dk.data(), dv.data(), da.data(), a.att, a.q, a.k, a.v, batch_, seq_, h, d);
-    cpu::RopeBackward(dq.data(), batch_, seq_, h, d, T(kRopeBase));
-    cpu::RopeBackward(dk.data(), batch_, seq_, h, d, T(kRopeBase));
+    cpu::RopeBackward(dq.data(), batch_, seq_, h, d, T(config_.rope_theta));
+    cpu::RopeBackward(dk.data(), batch_, seq_, h, d, T(config_.rope_theta));
     std::fill(dh.begin(), dh.end(), T(0));
     cpu::MatmulBackward(dh.data(), G(w.wq), dq.data(), a.h1, P(w.wq), n, c, c);
     cpu::MatmulBackward(dh.data(), G(w.wk), dk.data(), a.h1, P(w.wk), n, c, c);

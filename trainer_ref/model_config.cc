@@ -32,12 +32,23 @@ absl::Status ValidateConfig(const ModelConfig& c) {
         "model '%s': every dimension must be positive (layers %d, d_model %d, heads %d, d_ff %d, vocab %d, seq %d)",
         c.name, c.layers, c.d_model, c.heads, c.d_ff, c.vocab, c.max_seq));
   }
+  if (!(c.norm_eps > 0 && c.norm_eps < 1) || !(c.rope_theta > 1)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "model '%s': rms_norm_eps %g must be in (0, 1) and rope_theta %g above 1", c.name, c.norm_eps, c.rope_theta));
+  }
   if (c.d_model % c.heads != 0 || c.head_dim() % 2 != 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "model '%s': %d heads must divide d_model %d into an even head size (RoPE rotates pairs)", c.name, c.heads,
         c.d_model));
   }
   return absl::OkStatus();
+}
+
+std::string DescribeConfig(const ModelConfig& c) {
+  const double p = static_cast<double>(c.Params());
+  const std::string params = p >= 1e9 ? absl::StrFormat("%.2fB", p / 1e9) : absl::StrFormat("%.3gM", p / 1e6);
+  return absl::StrFormat("%s: %d layers, d_model %d, %d heads, d_ff %d, vocab %d, %s parameters", c.name, c.layers,
+                         c.d_model, c.heads, c.d_ff, c.vocab, params);
 }
 
 MemoryEstimate EstimateMemory(const ModelConfig& c, int batch, int seq, bool checkpointing) {

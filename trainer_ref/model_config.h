@@ -18,6 +18,8 @@ struct ModelConfig {
   int d_ff = 0;     // the MLP's hidden width (SwiGLU: two up projections of this width)
   int vocab = 0;    // V
   int max_seq = 0;  // T at most (RoPE needs no table of positions)
+  double norm_eps = 1e-5;       // RMSNorm's epsilon
+  double rope_theta = 10000.0;  // RoPE's base
 
   int head_dim() const { return d_model / heads; }
   // Per layer: attention (wq, wk, wv, wo: 4 C^2), MLP (w1, w3: C x F up, w2: F x C down),
@@ -32,6 +34,9 @@ absl::StatusOr<ModelConfig> ModelPreset(const std::string& name);
 // INVALID_ARGUMENT when a dimension is not positive or the heads do not divide d_model
 // evenly into an even head size (RoPE rotates pairs).
 absl::Status ValidateConfig(const ModelConfig& config);
+
+// A one-line description: "1.3b: 24 layers, d_model 2048, 16 heads, d_ff 5504, vocab 32000, 1.35B parameters".
+std::string DescribeConfig(const ModelConfig& config);
 
 // Bytes of training state, mixed precision as the GPU trainer keeps it: bf16 weights and
 // gradients, fp32 master weights and two Adam moments (16 B/param); activations for one

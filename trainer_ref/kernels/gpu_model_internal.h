@@ -8,9 +8,6 @@
 
 namespace tierd::trainer::gpu {
 
-inline constexpr float kNormEps = 1e-5f;  // as trainer_ref/model.cc
-inline constexpr float kRopeBase = 10000.f;
-
 inline absl::Status Cuda(cudaError_t error, const char* what) {
   if (error == cudaSuccess) return absl::OkStatus();
   return absl::InternalError(absl::StrFormat("CUDA %s: %s", what, cudaGetErrorString(error)));

@@ -40,6 +40,8 @@ class Batcher {
  public:
   Batcher(const std::vector<int32_t>& tokens, int batch, int seq, uint64_t seed);
   void Next(int32_t* inputs, int32_t* targets);  // each batch * seq
+  // As if Next had been called `batches` times (a resumed run continues the same order).
+  void Skip(int64_t batches) { rng_.discard(static_cast<uint64_t>(batches) * batch_); }
 
  private:
   const std::vector<int32_t>& tokens_;

@@ -98,5 +98,21 @@ TEST(DataTest, BatchesAreShiftedWindowsAndRepeatForASeed) {
   }
 }
 
+// A resumed run skips the batches the first run drew and continues with the same ones.
+TEST(DataTest, SkippingBatchesContinuesTheSameOrder) {
+  auto data = LoadDataset("embedded", kByteVocab, 16, 0.1);
+  ASSERT_TRUE(data.ok());
+  Batcher straight(data->train, 3, 16, 42), resumed(data->train, 3, 16, 42);
+  std::vector<int32_t> in(48), tg(48), in2(48), tg2(48);
+  for (int i = 0; i < 7; ++i) straight.Next(in.data(), tg.data());
+  resumed.Skip(7);
+  for (int i = 0; i < 3; ++i) {
+    straight.Next(in.data(), tg.data());
+    resumed.Next(in2.data(), tg2.data());
+    EXPECT_EQ(in, in2) << "batch " << 8 + i;
+    EXPECT_EQ(tg, tg2);
+  }
+}
+
 }  // namespace
 }  // namespace tierd::trainer

@@ -174,26 +174,5 @@ TEST(TrainerTest, TheStepGraphMatchesTheOpsTheTrainerReports) {
   EXPECT_EQ(home->RegisterGraph(g).value(), "") << "plain buffers have no planner";
 }
 
-TEST(CheckpointTest, DamagedFilesAreRefusedAndTheOlderOneIsUsed) {
-  const std::string dir = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") + "/ckpts";
-  std::system(("mkdir -p " + dir).c_str());
-  ASSERT_TRUE(WriteCheckpoint(dir, 10, std::string(1000, 'a')).ok());
-  auto newest = WriteCheckpoint(dir, 20, std::string(1000, 'b'));
-  ASSERT_TRUE(newest.ok());
-  {
-    std::fstream f(*newest, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(500);
-    f.put('X');  // one flipped byte
-  }
-  EXPECT_EQ(ReadCheckpoint(*newest).status().code(), absl::StatusCode::kDataLoss);
-  std::string skipped;
-  auto latest = LatestCheckpoint(dir, &skipped);
-  ASSERT_TRUE(latest.ok()) << latest.status();
-  EXPECT_NE(latest->find("ckpt-00000010.bin"), std::string::npos);
-  EXPECT_NE(skipped.find("fails its checksum"), std::string::npos) << skipped;
-  EXPECT_EQ(ReadCheckpoint(dir + "/nope.bin").status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(WriteCheckpoint("/nonexistent/dir", 1, "x").status().code(), absl::StatusCode::kInternal);
-}
-
 }  // namespace
 }  // namespace tierd::trainer

@@ -31,6 +31,7 @@
 
 #include "absl/status/statusor.h"
 #include "prefetcher/graph.h"
+#include "trainer_ref/checkpoint.h"
 #include "trainer_ref/kernels/gemm.h"
 #include "trainer_ref/kernels/gpu_home.h"
 #include "trainer_ref/kernels/gpu_ops.h"
@@ -71,6 +72,13 @@ class GpuModel {
   absl::StatusOr<double> Forward(const int32_t* tokens, const int32_t* targets);
   absl::Status Backward();  // adds into the gradients
   absl::Status GetGrads(std::vector<float>* grads);  // fp32, ParamLayout order
+  // The state a step needs — bf16 weights, fp32 master weights, both moments — group by
+  // group into checkpoint records (and a "model" record of the shape), wherever the home
+  // keeps it; the host's optimizer step in flight is finished first. LoadState reads the
+  // same back (INVALID_ARGUMENT for a checkpoint of another shape; DATA_LOSS for a damaged
+  // one) and the next step continues bit for bit.
+  absl::Status SaveState(CheckpointWriter& writer);
+  absl::Status LoadState(CheckpointReader& reader);
   // The L2 norm of all gradients after the last Backward: each group's sum of squares is
   // taken while its gradients are on the GPU anyway, so this is one small read.
   absl::StatusOr<double> GradNorm();
@@ -135,6 +143,10 @@ class GpuModel {
   size_t GroupCount(int group) const;                  // its parameters
   absl::Status SetGroup(int group, const float* params);  // master, weights; moments zeroed
   absl::Status Download(Part part, std::vector<float>* out);  // an fp32 part, ParamLayout order
+  std::string ShapeRecord() const;
+  absl::Status ForEachPiece(int g, Part part, int chunk, bool to_host, void* staging,
+                            const std::function<absl::Status(void*, uint64_t, uint64_t)>& fn);
+  absl::Status RefreshNorms(int g, uint64_t at, const void* p, uint64_t n);
   absl::Status HostAdamWStep(int group, bool zero_grads, const std::function<AdamWParams(size_t)>& params_for);
   // Until the CPU optimizer's step in flight has updated `group` (-1: every group, and the
   // thread joined); reports its host op as progress first. The step's error, if any.

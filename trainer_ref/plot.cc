@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "absl/strings/str_format.h"
+#include "trainer_ref/plot_font.h"
 
 namespace tierd::trainer {
 namespace {
@@ -68,55 +69,190 @@ std::string EncodePng(const std::vector<unsigned char>& rgb, int width, int heig
   return png;
 }
 
-absl::Status WritePlot(const std::string& path, const RunCurves& curves, int width, int height) {
-  std::vector<unsigned char> rgb(static_cast<size_t>(width) * height * 3, 255);
-  auto set = [&](int x, int y, unsigned char r, unsigned char g, unsigned char b) {
-    if (x < 0 || y < 0 || x >= width || y >= height) return;
-    unsigned char* p = &rgb[(static_cast<size_t>(y) * width + x) * 3];
-    p[0] = r;
-    p[1] = g;
-    p[2] = b;
-  };
-  const bool traffic = !curves.moved_bytes.empty();
-  const int margin = 30, top_h = traffic ? height * 2 / 3 : height;
-  // Panels: [margin, width - margin] x [margin, top_h - margin] and below.
-  auto frame = [&](int y0, int y1) {
-    for (int x = margin; x <= width - margin; ++x) set(x, y1, 128, 128, 128);
-    for (int y = y0; y <= y1; ++y) set(margin, y, 128, 128, 128);
-  };
-  auto line = [&](int x0, int y0, int x1, int y1, unsigned char r, unsigned char g, unsigned char b) {
-    const int steps = std::max(std::abs(x1 - x0), std::abs(y1 - y0)) + 1;
+std::vector<double> NiceTicks(double lo, double hi, int target) {
+  if (!(hi > lo)) hi = lo + (lo == 0 ? 1 : std::abs(lo) * 0.1);
+  const double raw = (hi - lo) / std::max(1, target);
+  const double power = std::pow(10.0, std::floor(std::log10(raw)));
+  double spacing = power;
+  for (double m : {1.0, 2.0, 5.0, 10.0}) {
+    spacing = m * power;
+    if (spacing >= raw) break;
+  }
+  std::vector<double> ticks;
+  for (double t = std::floor(lo / spacing) * spacing; t < hi + spacing * 0.999; t += spacing) {
+    ticks.push_back(std::abs(t) < spacing * 1e-9 ? 0.0 : t);
+  }
+  return ticks;
+}
+
+std::string TickLabel(double value, double spacing) {
+  if (std::abs(value) >= 1e6 || (value != 0 && std::abs(value) < 1e-3)) return absl::StrFormat("%.3g", value);
+  const int decimals = spacing >= 1 ? 0 : std::min(6, static_cast<int>(std::ceil(-std::log10(spacing) - 1e-9)));
+  return absl::StrFormat("%.*f", decimals, value);
+}
+
+namespace {
+
+struct Color {
+  unsigned char r, g, b;
+};
+constexpr Color kBlack{0, 0, 0}, kAxis{96, 96, 96}, kGrid{225, 225, 225};
+constexpr Color kLossColor{30, 80, 220}, kValidationColor{220, 40, 40}, kTrafficColor{40, 160, 60};
+
+class Canvas {
+ public:
+  Canvas(int width, int height) : width_(width), height_(height), rgb_(size_t(width) * height * 3, 255) {}
+  void Set(int x, int y, Color c) {
+    if (x < 0 || y < 0 || x >= width_ || y >= height_) return;
+    unsigned char* p = &rgb_[(size_t(y) * width_ + x) * 3];
+    p[0] = c.r;
+    p[1] = c.g;
+    p[2] = c.b;
+  }
+  void Line(int x0, int y0, int x1, int y1, Color c, int thickness = 1) {
+    const int steps = std::max(std::abs(x1 - x0), std::abs(y1 - y0));
     for (int i = 0; i <= steps; ++i) {
-      set(x0 + (x1 - x0) * i / steps, y0 + (y1 - y0) * i / steps, r, g, b);
-    }
-  };
-  auto curve = [&](const std::vector<double>& v, int y0, int y1, unsigned char r, unsigned char g, unsigned char b) {
-    if (v.empty()) return;
-    const double lo = std::min(0.0, *std::min_element(v.begin(), v.end()));
-    const double hi = std::max(lo + 1e-12, *std::max_element(v.begin(), v.end()));
-    auto px = [&](size_t i) { return margin + static_cast<int>((width - 2 * margin) * (i + 0.5) / v.size()); };
-    auto py = [&](double x) { return y1 - static_cast<int>((y1 - y0) * (x - lo) / (hi - lo)); };
-    for (size_t i = 1; i < v.size(); ++i) line(px(i - 1), py(v[i - 1]), px(i), py(v[i]), r, g, b);
-    if (v.size() == 1) set(px(0), py(v[0]), r, g, b);
-  };
-  frame(margin, top_h - margin);
-  curve(curves.loss, margin, top_h - margin, 30, 80, 220);
-  if (!curves.loss.empty()) {
-    const double hi = std::max(1e-12, *std::max_element(curves.loss.begin(), curves.loss.end()));
-    for (const auto& [step, loss] : curves.validation) {
-      const int x = margin + static_cast<int>((width - 2 * margin) * (step - 0.5) / curves.loss.size());
-      const int y = (top_h - margin) - static_cast<int>((top_h - 2 * margin) * std::min(loss, hi) / hi);
-      for (int dx = -2; dx <= 2; ++dx) {
-        for (int dy = -2; dy <= 2; ++dy) set(x + dx, y + dy, 220, 40, 40);
-      }
+      const int x = steps == 0 ? x0 : x0 + (x1 - x0) * i / steps, y = steps == 0 ? y0 : y0 + (y1 - y0) * i / steps;
+      for (int t = 0; t < thickness; ++t) Set(x, y + t, c);
     }
   }
+  void Box(int x0, int y0, int x1, int y1, Color c) {
+    for (int y = y0; y <= y1; ++y) {
+      for (int x = x0; x <= x1; ++x) Set(x, y, c);
+    }
+  }
+  static int TextWidth(const std::string& text, int scale = 1) { return int(text.size()) * kGlyphWidth * scale; }
+  // Text with its top-left corner at (x, y).
+  void Text(int x, int y, const std::string& text, Color c, int scale = 1) {
+    for (char ch : text) {
+      if (ch >= kFirstGlyph && ch <= kLastGlyph) {
+        const uint8_t* rows = kFont6x10[ch - kFirstGlyph];
+        for (int r = 0; r < kGlyphHeight; ++r) {
+          for (int col = 0; col < kGlyphWidth; ++col) {
+            if ((rows[r] >> (kGlyphWidth - 1 - col)) & 1) Box(x + col * scale, y + r * scale, x + col * scale + scale - 1,
+                                                              y + r * scale + scale - 1, c);
+          }
+        }
+      }
+      x += kGlyphWidth * scale;
+    }
+  }
+  const std::vector<unsigned char>& rgb() const { return rgb_; }
+
+ private:
+  int width_, height_;
+  std::vector<unsigned char> rgb_;
+};
+
+// One panel: a data rectangle with its axes, grid, ticks and labels; maps values to pixels.
+struct Panel {
+  int left, top, right, bottom;  // the data rectangle
+  double x_lo, x_hi, y_lo, y_hi;
+  int X(double x) const { return left + int(std::lround((right - left) * (x - x_lo) / (x_hi - x_lo))); }
+  int Y(double y) const { return bottom - int(std::lround((bottom - top) * (y - y_lo) / (y_hi - y_lo))); }
+};
+
+// Axes over the values' range with round ticks; labels in `unit` (value / divisor).
+Panel DrawAxes(Canvas& canvas, int left, int top, int right, int bottom, double x_lo, double x_hi, double y_lo,
+               double y_hi, double divisor, const std::string& y_label, const std::string& x_label) {
+  const std::vector<double> xt = NiceTicks(x_lo, x_hi, 8), yt = NiceTicks(y_lo / divisor, y_hi / divisor, 5);
+  Panel p{left, top, right, bottom, x_lo, x_hi, yt.front() * divisor, yt.back() * divisor};
+  const double x_spacing = xt.size() > 1 ? xt[1] - xt[0] : 1, y_spacing = yt.size() > 1 ? yt[1] - yt[0] : 1;
+  for (double t : yt) {
+    const int y = p.Y(t * divisor);
+    canvas.Line(left, y, right, y, kGrid);
+    canvas.Line(left - 4, y, left, y, kAxis);
+    const std::string label = TickLabel(t, y_spacing);
+    canvas.Text(left - 7 - Canvas::TextWidth(label), y - 4, label, kBlack);
+  }
+  for (double t : xt) {
+    if (t < x_lo - 1e-9 || t > x_hi + 1e-9) continue;
+    const int x = p.X(t);
+    canvas.Line(x, top, x, bottom, kGrid);
+    canvas.Line(x, bottom, x, bottom + 4, kAxis);
+    const std::string label = TickLabel(t, x_spacing);
+    canvas.Text(x - Canvas::TextWidth(label) / 2, bottom + 7, label, kBlack);
+  }
+  canvas.Line(left, top, left, bottom, kAxis);
+  canvas.Line(left, bottom, right, bottom, kAxis);
+  canvas.Text(left, top - 14, y_label, kBlack);
+  if (!x_label.empty()) canvas.Text((left + right - Canvas::TextWidth(x_label)) / 2, bottom + 20, x_label, kBlack);
+  return p;
+}
+
+// A legend box in the panel's top-right corner: a sample of each series and its name.
+void DrawLegend(Canvas& canvas, const Panel& p, const std::vector<std::pair<std::string, Color>>& lines,
+                const std::vector<std::pair<std::string, Color>>& dots) {
+  int widest = 0;
+  for (const auto& [name, c] : lines) widest = std::max(widest, Canvas::TextWidth(name));
+  for (const auto& [name, c] : dots) widest = std::max(widest, Canvas::TextWidth(name));
+  const int rows = int(lines.size() + dots.size());
+  const int x0 = p.right - widest - 46, y0 = p.top + 8, x1 = p.right - 8, y1 = y0 + rows * 16 + 8;
+  canvas.Box(x0, y0, x1, y1, Color{255, 255, 255});
+  canvas.Line(x0, y0, x1, y0, kAxis);
+  canvas.Line(x0, y1, x1, y1, kAxis);
+  canvas.Line(x0, y0, x0, y1, kAxis);
+  canvas.Line(x1, y0, x1, y1, kAxis);
+  int y = y0 + 8;
+  for (const auto& [name, c] : lines) {
+    canvas.Line(x0 + 8, y + 4, x0 + 30, y + 4, c, 2);
+    canvas.Text(x0 + 38, y, name, kBlack);
+    y += 16;
+  }
+  for (const auto& [name, c] : dots) {
+    canvas.Box(x0 + 16, y + 2, x0 + 21, y + 7, c);
+    canvas.Text(x0 + 38, y, name, kBlack);
+    y += 16;
+  }
+}
+
+void DrawSeries(Canvas& canvas, const Panel& p, const std::vector<double>& v, int64_t first_step, Color c) {
+  for (size_t i = 0; i < v.size(); ++i) {
+    const int x = p.X(double(first_step + int64_t(i))), y = p.Y(v[i]);
+    if (i == 0) {
+      canvas.Box(x, y, x + 1, y + 1, c);
+    } else {
+      canvas.Line(p.X(double(first_step + int64_t(i) - 1)), p.Y(v[i - 1]), x, y, c, 2);
+    }
+  }
+}
+
+}  // namespace
+
+absl::Status WritePlot(const std::string& path, const RunCurves& curves, int width, int height) {
+  Canvas canvas(width, height);
+  canvas.Text((width - Canvas::TextWidth(curves.title, 2)) / 2, 8, curves.title, kBlack, 2);
+  const bool traffic = !curves.moved_bytes.empty();
+  const int left = 70, right = width - 20, top = 50, bottom_margin = 45, gap = 75;
+  const int panels = height - top - bottom_margin - (traffic ? gap : 0);  // the data rectangles' heights
+  const int loss_bottom = top + (traffic ? panels * 3 / 5 : panels);
+  const int64_t last_step = curves.first_step + std::max<int64_t>(1, int64_t(curves.loss.size())) - 1;
+  const double x_lo = double(curves.first_step), x_hi = std::max(double(last_step), x_lo + 1);
+  double lo = 1e300, hi = -1e300;
+  for (double l : curves.loss) lo = std::min(lo, l), hi = std::max(hi, l);
+  for (const auto& [step, l] : curves.validation) lo = std::min(lo, l), hi = std::max(hi, l);
+  if (lo > hi) lo = 0, hi = 1;
+  const Panel loss = DrawAxes(canvas, left, top, right, loss_bottom, x_lo, x_hi, lo, hi, 1.0,
+                              "loss (cross-entropy, nats per token)", "step");
+  DrawSeries(canvas, loss, curves.loss, curves.first_step, kLossColor);
+  for (const auto& [step, l] : curves.validation) {
+    const int x = loss.X(double(curves.first_step + step - 1)), y = loss.Y(l);
+    canvas.Box(x - 3, y - 3, x + 3, y + 3, kValidationColor);
+  }
+  std::vector<std::pair<std::string, Color>> dots;
+  if (!curves.validation.empty()) dots.push_back({"validation loss", kValidationColor});
+  DrawLegend(canvas, loss, {{"training loss", kLossColor}}, dots);
   if (traffic) {
-    frame(top_h + margin / 2, height - margin);
-    curve(curves.moved_bytes, top_h + margin / 2, height - margin, 40, 160, 60);
+    const double most = *std::max_element(curves.moved_bytes.begin(), curves.moved_bytes.end());
+    const double divisor = most >= 1e9 ? 1e9 : most >= 1e6 ? 1e6 : most >= 1e3 ? 1e3 : 1;
+    const char* unit = divisor == 1e9 ? "GB" : divisor == 1e6 ? "MB" : divisor == 1e3 ? "kB" : "bytes";
+    const Panel moved = DrawAxes(canvas, left, loss_bottom + gap, right, height - bottom_margin, x_lo, x_hi, 0, std::max(most, 1.0),
+                                 divisor, absl::StrFormat("bytes the tiers moved per step (%s)", unit), "step");
+    DrawSeries(canvas, moved, curves.moved_bytes, curves.first_step, kTrafficColor);
+    DrawLegend(canvas, moved, {{"DRAM <-> NVMe, GPU <-> DRAM", kTrafficColor}}, {});
   }
   std::ofstream out(path, std::ios::binary);
-  const std::string png = EncodePng(rgb, width, height);
+  const std::string png = EncodePng(canvas.rgb(), width, height);
   out.write(png.data(), static_cast<std::streamsize>(png.size()));
   if (!out.flush()) return absl::InternalError(absl::StrFormat("cannot write the plot '%s'", path));
   return absl::OkStatus();

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
@@ -76,6 +77,57 @@ TEST(PlotTest, APlotIsAValidPngWithTheCurvesDrawn) {
   EXPECT_GE(red, 25) << "two validation dots";
   EXPECT_GT(green, 200) << "the traffic panel";
   EXPECT_FALSE(WritePlot("/nonexistent/dir/run.png", curves).ok());
+}
+
+int BlackIn(const std::vector<unsigned char>& rgb, int width, int x0, int y0, int x1, int y1) {
+  int n = 0;
+  for (int y = y0; y < y1; ++y) {
+    for (int x = x0; x < x1; ++x) {
+      const unsigned char* p = &rgb[(size_t(y) * width + x) * 3];
+      n += p[0] == 0 && p[1] == 0 && p[2] == 0;
+    }
+  }
+  return n;
+}
+
+// The plot can be read: a title, tick numbers left of the loss axis and under it, axis
+// labels, a legend; nothing but the frame where there is no text.
+TEST(PlotTest, AxesTicksLabelsLegendAndTitleAreDrawn) {
+  RunCurves curves;
+  curves.title = "tierd-train, model tiny";
+  curves.first_step = 101;  // a resumed run
+  for (int i = 0; i < 100; ++i) curves.loss.push_back(3.0 - i * 0.01);
+  curves.validation = {{50, 2.6}};
+  const std::string path = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") + "/axes.png";
+  ASSERT_TRUE(WritePlot(path, curves, 640, 400).ok());
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream bytes;
+  bytes << in.rdbuf();
+  int width = 0, height = 0;
+  const std::vector<unsigned char> rgb = Decode(bytes.str(), &width, &height);
+  EXPECT_GT(BlackIn(rgb, width, 0, 0, width, 30), 100) << "a title";
+  EXPECT_GT(BlackIn(rgb, width, 0, 50, 64, 355), 40) << "tick numbers left of the y axis";
+  EXPECT_GT(BlackIn(rgb, width, 70, 360, width, 400), 60) << "tick numbers and 'step' under the x axis";
+  EXPECT_GT(BlackIn(rgb, width, 70, 34, 400, 48), 60) << "the y axis label";
+  EXPECT_GT(BlackIn(rgb, width, 400, 50, 620, 110), 100) << "the legend's words";
+}
+
+TEST(PlotTest, TicksAreRoundAndCoverTheRange) {
+  for (auto [lo, hi] : {std::pair{1.1, 5.7}, {0.0, 1.0}, {101.0, 200.0}, {2.0, 2.0}, {1e6, 3.5e9}, {-0.3, 0.02}}) {
+    const std::vector<double> ticks = NiceTicks(lo, hi, 6);
+    ASSERT_GE(ticks.size(), 2u) << lo << " " << hi;
+    EXPECT_LE(ticks.front(), lo);
+    EXPECT_GE(ticks.back(), hi);
+    EXPECT_LE(ticks.size(), 13u);
+    const double spacing = ticks[1] - ticks[0];
+    const double mantissa = spacing / std::pow(10.0, std::floor(std::log10(spacing)));
+    EXPECT_TRUE(std::abs(mantissa - 1) < 1e-9 || std::abs(mantissa - 2) < 1e-9 || std::abs(mantissa - 5) < 1e-9)
+        << spacing;
+  }
+  EXPECT_EQ(TickLabel(2.5, 0.5), "2.5");
+  EXPECT_EQ(TickLabel(150, 50), "150");
+  EXPECT_EQ(TickLabel(0.25, 0.05), "0.25");
+  EXPECT_EQ(TickLabel(2e9, 1e9), "2e+09");
 }
 
 }  // namespace

@@ -14,19 +14,41 @@ common="--steps=6 --warmup=2 --batch_size=2 --seq_len=32 --eval_every=0"
 check "a straight run finishes" "grep -q '^done: 6 steps' '$dir/a.log'"
 "$bin" $common --plot="$dir/run.png" > "$dir/p.log" 2>&1
 check "the plot is a PNG" "head -c 8 '$dir/run.png' | od -c | grep -q 'P   N   G'"
-"$bin" $common --metrics="$dir/b.jsonl" --checkpoint_dir="$dir/ck" --checkpoint_every=3 > "$dir/b1.log" 2>&1
-rm -f "$dir"/ck/ckpt-00000006.bin   # as if killed after step 3's checkpoint
-head -3 "$dir/b.jsonl" > "$dir/b3.jsonl"
-"$bin" $common --metrics="$dir/b3.jsonl" --checkpoint_dir="$dir/ck" --resume > "$dir/b2.log" 2>&1
-check "the resume says where it starts" "grep -q 'resumed from .*ckpt-00000003.bin at step 3' '$dir/b2.log'"
-check "the resumed curve is the straight one" "diff <(fields '$dir/a.jsonl') <(fields '$dir/b3.jsonl') > /dev/null"
+# kill -9 after step 5 (its metrics line written; the last checkpoint is step 4's), then resume.
+TIERD_TRAIN_SIGKILL_AT_STEP=5 "$bin" $common --metrics="$dir/b.jsonl" --checkpoint_dir="$dir/ck" --checkpoint_every=2 \
+  > "$dir/b1.log" 2>&1
+rc=$?
+check "the run was killed by SIGKILL at step 5" "[ $rc = 137 ] && ! grep -q '^done:' '$dir/b1.log' && grep -q '^step     5/6' '$dir/b1.log'"
+"$bin" $common --metrics="$dir/b.jsonl" --checkpoint_dir="$dir/ck" --checkpoint_every=2 --resume > "$dir/b2.log" 2>&1
+check "the resume says where it starts" "grep -q 'resumed from .*ckpt-00000004.bin at step 4' '$dir/b2.log'"
+check "the killed run's step 5 is dropped from the metrics" "grep -q 'lines after step 4 (the stopped run.s) removed' '$dir/b2.log'"
+check "the resumed curve is the straight one, bit for bit" "diff <(fields '$dir/a.jsonl') <(fields '$dir/b.jsonl') > /dev/null"
+check "two checkpoints are kept" "[ \$(ls '$dir/ck' | grep -c '^ckpt-.*\\.bin\$') = 2 ]"
 printf 'garbage' > "$dir/ck/ckpt-00000009.bin"
 "$bin" $common --checkpoint_dir="$dir/ck" --resume > "$dir/b4.log" 2>&1
-check "a damaged newest checkpoint is skipped, with the reason" "grep -q 'skipped damaged checkpoints' '$dir/b4.log' && grep -q 'resumed from .*ckpt-0000000[36].bin' '$dir/b4.log'"
+check "a damaged newest checkpoint is skipped, with the reason" "grep -q 'skipped damaged checkpoints' '$dir/b4.log' && grep -q 'resumed from .*ckpt-0000000[46].bin' '$dir/b4.log'"
 "$bin" --model-size=tiny --grad-checkpointing --steps=6 --warmup=2 --batch-size=2 --seq-len=32 --eval-every=0 \
   --metrics="$dir/c.jsonl" > "$dir/c.log" 2>&1
 check "dashed flags work, and checkpointing gives the same curve" \
   "grep -q '^done: 6 steps' '$dir/c.log' && diff <(fields '$dir/a.jsonl') <(fields '$dir/c.jsonl') > /dev/null"
+
+cat > "$dir/small.json" <<'JSON'
+{"architectures": ["LlamaForCausalLM"], "hidden_size": 48, "num_hidden_layers": 3, "num_attention_heads": 3,
+ "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 32, "rms_norm_eps": 1e-06,
+ "rope_theta": 500000.0, "tie_word_embeddings": false, "torch_dtype": "bfloat16"}
+JSON
+"$bin" --model_config="$dir/small.json" --steps=20 --warmup=2 --batch_size=4 --eval_every=0 > "$dir/m.log" 2>&1
+check "a model shape from a config file trains" "grep -q 'model small: 3 layers, d_model 48, 3 heads, d_ff 128' '$dir/m.log' && \
+  awk '/^step +1\//{a=\$4} /^step +20\//{b=\$4} END{exit !(a > b + 0.5)}' '$dir/m.log'"
+"$bin" --model_size=tiny --num_hidden_layers=1 --hidden_size=32 --steps=2 --eval_every=0 > "$dir/m2.log" 2>&1
+check "dimensions from flags override the preset" "grep -q 'model tiny+num_hidden_layers=1,hidden_size=32: 1 layers, d_model 32' '$dir/m2.log'"
+echo '{"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 176, "vocab_size": 256, "max_position_embeddings": 64, "num_key_value_heads": 2}' > "$dir/gqa.json"
+"$bin" --model_config="$dir/gqa.json" > "$dir/e6.log" 2>&1
+check "a shape the decoder cannot compute is refused by name" "grep -q 'grouped-query attention is not implemented' '$dir/e6.log'"
+"$bin" --model_config="$dir/nope.json" > "$dir/e7.log" 2>&1
+check "a missing config file is explained" "grep -q 'cannot be read' '$dir/e7.log'"
+"$bin" --device=gpu --steps=1 > "$dir/e8.log" 2>&1 || true
+check "the device is said" "grep -q '^device: \|no GPU can be used' '$dir/e8.log'"
 
 "$bin" --opt=sgd > "$dir/e0.log" 2>&1
 check "an unknown optimizer is explained" "grep -q \"opt is adamw .*not 'sgd'\" '$dir/e0.log'"

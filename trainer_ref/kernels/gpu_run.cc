@@ -1,0 +1,473 @@
+#include "trainer_ref/kernels/gpu_run.h"
+
+#include <cuda_runtime_api.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "base/units.h"
+#include "clients/client.h"
+#include "trainer_ref/checkpoint.h"
+#include "trainer_ref/data.h"
+#include "trainer_ref/kernels/gpu_model.h"
+#include "trainer_ref/kernels/gpu_tierd_home.h"
+#include "trainer_ref/optimizer.h"
+#include "trainer_ref/optimizer_place.h"
+#include "trainer_ref/plot.h"
+#include "trainer_ref/run_report.h"
+
+namespace tierd::trainer::gpu {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "tierd-train: %s\n", message.c_str());
+  return 1;
+}
+
+double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Launch-to-first-step time by phase, said in one line before the first step.
+struct Startup {
+  Clock::time_point start = Clock::now(), phase = start;
+  std::vector<std::string> phases;
+  void Done(const char* what) {
+    phases.push_back(absl::StrFormat("%s %.1f s", what, Since(phase)));
+    phase = Clock::now();
+  }
+  std::string Line() const {
+    return absl::StrFormat("startup: %.1f s (%s)", Since(start), absl::StrJoin(phases, ", "));
+  }
+};
+
+// The run's state beyond the model: what a checkpoint carries besides the tensors.
+struct RunState {
+  int64_t step = 0;             // optimizer steps done
+  int64_t batches_drawn = 0;    // micro-batches taken from the data
+  std::vector<double> losses;   // the loss window's
+};
+
+std::string EncodeRun(const RunState& r) {
+  std::string out = absl::StrFormat("step=%d batches=%d losses=%d;", r.step, r.batches_drawn, r.losses.size());
+  out.append(reinterpret_cast<const char*>(r.losses.data()), r.losses.size() * sizeof(double));
+  return out;
+}
+
+absl::StatusOr<RunState> DecodeRun(const std::string& bytes) {
+  RunState r;
+  long long step = 0, drawn = 0;
+  size_t count = 0;
+  int used = 0;
+  if (std::sscanf(bytes.c_str(), "step=%lld batches=%lld losses=%zu;%n", &step, &drawn, &count, &used) != 3 ||
+      used <= 0 || bytes.size() != static_cast<size_t>(used) + count * sizeof(double)) {
+    return absl::DataLossError("the checkpoint's run record is malformed");
+  }
+  r.step = step;
+  r.batches_drawn = drawn;
+  r.losses.resize(count);
+  std::memcpy(r.losses.data(), bytes.data() + used, count * sizeof(double));
+  return r;
+}
+
+struct Checkpoints {
+  std::string dir, last_path;
+  int64_t last_step = 0;
+};
+
+int FailMidRun(const std::string& what, const Checkpoints& ck) {
+  return Fail(what + "\n  " + CheckpointAdvice(ck.dir, ck.last_path, ck.last_step));
+}
+
+absl::StatusOr<std::string> SaveCheckpoint(GpuModel& model, const RunState& run, const RunSettings& s) {
+  auto writer = CheckpointWriter::Create(s.checkpoint_dir, run.step);
+  if (!writer.ok()) return writer.status();
+  const std::string encoded = EncodeRun(run);
+  if (absl::Status st = (*writer)->Append("run", encoded.data(), encoded.size()); !st.ok()) return st;
+  if (absl::Status st = model.SaveState(**writer); !st.ok()) return st;
+  auto path = (*writer)->Commit();
+  if (path.ok()) PruneCheckpoints(s.checkpoint_dir, s.checkpoint_keep);
+  return path;
+}
+
+// The newest checkpoint that verifies; one that fails while loading (damaged after it was
+// verified) is reported and the one before it tried.
+absl::StatusOr<RunState> Resume(GpuModel& model, const RunSettings& s, Checkpoints& ck) {
+  std::string skipped;
+  auto latest = LatestCheckpoint(s.checkpoint_dir, &skipped);
+  if (!skipped.empty()) std::fprintf(stderr, "tierd-train: skipped damaged checkpoints:\n%s", skipped.c_str());
+  if (!latest.ok()) return latest.status();
+  auto reader = CheckpointReader::Open(*latest);
+  if (!reader.ok()) return reader.status();
+  auto encoded = (*reader)->ReadString("run");
+  if (!encoded.ok()) return encoded.status();
+  auto run = DecodeRun(*encoded);
+  if (!run.ok()) return run.status();
+  if (absl::Status st = model.LoadState(**reader); !st.ok()) return st;
+  ck.last_path = *latest;
+  ck.last_step = run->step;
+  return run;
+}
+
+// The home (plain GPU buffers or tierd) and what it says; the GPU quota for the cost model.
+absl::StatusOr<std::unique_ptr<GpuHome>> MakeHome(const RunSettings& s, const GpuHomeLayout& layout,
+                                                  uint64_t workspace, uint64_t* gpu_quota) {
+  if (!s.tierd) return std::unique_ptr<GpuHome>();
+  auto budget = ParseBytes(absl::GetFlag(FLAGS_gpu_budget));
+  if (!budget.ok()) return absl::InvalidArgumentError("--gpu_budget: a size like 24GiB");
+  if (*budget <= workspace) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--gpu_budget %s leaves nothing for tierd: the trainer's workspace alone is %s for %d x %d tokens (a smaller "
+        "--batch_size or --seq_len shrinks it)",
+        FormatBytes(*budget), FormatBytes(workspace), s.batch, s.seq));
+  }
+  ClientOptions client;
+  client.runtime_dir = s.tierd_dir;
+  client.label = "tierd-train";
+  client.quota = {*budget - workspace, s.tierd_dram, s.tierd_nvme};
+  *gpu_quota = client.quota.gpu_bytes;
+  auto made = MakeTierdGpuHome(layout, client);
+  if (!made.ok()) return absl::Status(made.status().code(), "tierd: " + std::string(made.status().message()));
+  const int chunks = layout.state_chunks;
+  std::printf("offload: tierd at %s; GPU budget %s = workspace %s + tierd's GPU quota %s, for a state of %s "
+              "(weights %s, master %s, gradients %s, moments %s, saved activations %s)%s\n",
+              client.runtime_dir.c_str(), FormatBytes(*budget).c_str(), FormatBytes(workspace).c_str(),
+              FormatBytes(client.quota.gpu_bytes).c_str(), FormatBytes(layout.Total()).c_str(),
+              FormatBytes(layout.TotalOf(Part::kWeights)).c_str(), FormatBytes(layout.TotalOf(Part::kMaster)).c_str(),
+              FormatBytes(layout.TotalOf(Part::kGrads)).c_str(), FormatBytes(2 * layout.TotalOf(Part::kAdamM)).c_str(),
+              FormatBytes(layout.TotalOf(Part::kActs)).c_str(),
+              chunks > 1 ? absl::StrFormat("; master weights and moments in %d sub-groups a layer (%s each)", chunks,
+                                           FormatBytes(layout.Chunk(1, Part::kMaster, 0).bytes))
+                               .c_str()
+                         : "");
+  return made;
+}
+
+// gpu, cpu, or auto's choice with its reason printed.
+absl::StatusOr<bool> ChooseOptimizerOnCpu(const RunSettings& s, const GpuHomeLayout& layout, uint64_t gpu_quota) {
+  const std::string place = absl::GetFlag(FLAGS_optimizer_place);
+  if (place != "gpu" && place != "cpu" && place != "auto") {
+    return absl::InvalidArgumentError("--optimizer_place is gpu, cpu or auto, not '" + place + "'");
+  }
+  if (place == "cpu" && !s.tierd) {
+    return absl::InvalidArgumentError(
+        "--optimizer_place=cpu steps the state on the host, where tierd keeps it in DRAM: it needs "
+        "--offload_policy=tierd");
+  }
+  if (place != "auto" || !s.tierd) return place == "cpu";
+  OptimizerCostInputs costs;
+  costs.params = static_cast<double>(s.config.Params());
+  costs.state_bytes = static_cast<double>(layout.Total());
+  costs.gpu_bytes = static_cast<double>(gpu_quota);
+  costs.dram_bytes = static_cast<double>(s.tierd_dram);
+  costs.h2d_bytes_per_s = costs.d2h_bytes_per_s = absl::GetFlag(FLAGS_pcie_gbps) * 1e9;
+  costs.nvme_bytes_per_s = absl::GetFlag(FLAGS_nvme_gbps) * 1e9;
+  costs.forward_seconds = 2.0 * s.config.Params() * s.batch * s.seq / (absl::GetFlag(FLAGS_gpu_tflops) * 1e12);
+  costs.host_params_per_s = CalibrateHostAdamW();
+  const OptimizerChoice choice = ChooseOptimizerPlace(costs);
+  std::printf("optimizer: %s\n", choice.why.c_str());
+  return choice.on_cpu;
+}
+
+
+// One run: set up, the steps, the summary. Members hold what the phases share.
+class GpuRun {
+ public:
+  explicit GpuRun(const RunSettings& s) : s_(s), ck_{s.checkpoint_dir, "", 0} {}
+  int Run();
+
+ private:
+  int Setup();
+  int Step(int64_t step);  // 0, or the exit status of a failure
+  void Summary();
+  std::string Progress(int64_t step, double loss, double lr, double grad_norm, double seconds,
+                       const GpuHome::Traffic& after);
+  std::pair<uint64_t, std::string> GpuMemory(const GpuHome::Traffic& t) const;
+  GpuHome::Traffic Traffic() {
+    auto t = model_->home().Moved();
+    return t.ok() ? *t : GpuHome::Traffic{};
+  }
+
+  const RunSettings& s_;
+  Checkpoints ck_;
+  Startup startup_;
+  std::unique_ptr<GpuModel> model_;
+  std::unique_ptr<Dataset> data_;
+  std::unique_ptr<Batcher> batcher_;
+  bool optimizer_on_cpu_ = false;
+  RunState run_;
+  LossWindow window_;
+  std::ofstream metrics_;
+  RunCurves curves_;
+  std::vector<int32_t> inputs_, targets_;
+  std::vector<std::pair<std::string, double>> profile_;  // ms summed over the timed steps
+  double timed_seconds_ = 0, last_loss_ = 0, timed_waits_ = 0;
+  int64_t timed_steps_ = 0;
+  GpuHome::Traffic before_, timed_from_, timed_to_;  // tierd's counters around the timed steps
+};
+
+int GpuRun::Setup() {
+  const ModelConfig& config = s_.config;
+  auto data = LoadDataset(s_.data, config.vocab, s_.seq, 0.05);
+  if (!data.ok()) return Fail(std::string(data.status().message()));
+  data_ = std::make_unique<Dataset>(std::move(*data));
+  startup_.Done("data");
+  GpuHomeLayout layout = GpuModel::HomeLayout(config, s_.batch, s_.seq, s_.checkpointing);
+  const int chunks = absl::GetFlag(FLAGS_optimizer_chunks);
+  if (chunks < 1 || chunks > 1024) {
+    return Fail(absl::StrFormat("--optimizer_chunks=%d: give 1 (one lease per layer's state) up to 1024", chunks));
+  }
+  if (chunks > 1 && !s_.tierd) {
+    return Fail("--optimizer_chunks leases the optimizer's state from tierd in pieces: it needs --offload_policy=tierd");
+  }
+  layout.state_chunks = chunks;
+  const uint64_t workspace = GpuModel::WorkspaceBytesFor(config, s_.batch, s_.seq, s_.checkpointing);
+  uint64_t gpu_quota = 0;
+  auto home = MakeHome(s_, layout, workspace, &gpu_quota);
+  if (!home.ok()) return Fail(std::string(home.status().message()));
+  if (s_.tierd) startup_.Done("tierd session and leases");
+  auto model = GpuModel::Create(config, s_.batch, s_.seq, std::move(*home), s_.checkpointing);
+  if (!model.ok()) return Fail(std::string(model.status().message()));
+  model_ = std::move(*model);
+  startup_.Done("GPU workspace");
+  auto on_cpu = ChooseOptimizerOnCpu(s_, layout, gpu_quota);
+  if (!on_cpu.ok()) return Fail(std::string(on_cpu.status().message()));
+  optimizer_on_cpu_ = *on_cpu;
+  model_->SetOptimizerOnCpu(optimizer_on_cpu_);
+  if (absl::GetFlag(FLAGS_optimizer_place) == "auto" && s_.tierd) startup_.Done("optimizer cost model");
+  if (!ck_.dir.empty()) mkdir(ck_.dir.c_str(), 0755);
+  if (s_.resume) {
+    auto resumed = Resume(*model_, s_, ck_);
+    if (!resumed.ok()) return Fail(std::string(resumed.status().message()));
+    run_ = *resumed;
+    window_.Restore(run_.losses);
+    std::printf("resumed from %s at step %ld\n", ck_.last_path.c_str(), static_cast<long>(run_.step));
+    startup_.Done("checkpoint load");
+  } else {
+    if (absl::Status st = model_->InitParams(s_.seed); !st.ok()) return Fail(std::string(st.message()));
+    startup_.Done("initial weights");
+  }
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  std::printf("model %s on %s; %d x %d tokens x %d micro-batches per step%s; GPU memory held %s%s\n",
+              DescribeConfig(config).c_str(), prop.name, s_.batch, s_.seq, s_.accum,
+              s_.checkpointing ? " (activation checkpointing)" : "", FormatBytes(model_->DeviceBytes()).c_str(),
+              ck_.dir.empty() ? ""
+                              : absl::StrFormat("; checkpoint every %d steps in %s", s_.checkpoint_every, ck_.dir)
+                                    .c_str());
+  if (s_.tierd && absl::GetFlag(FLAGS_tierd_plan)) {
+    auto note = model_->RegisterStep(s_.accum);
+    if (!note.ok()) return Fail("registering the step with tierd: " + std::string(note.status().message()));
+    std::printf("tierd: %s\n", note->c_str());
+    startup_.Done("planning the step");
+  }
+  if (!s_.metrics.empty()) {
+    std::string note;
+    auto opened = OpenMetrics(s_.metrics, run_.step, &note);
+    if (!opened.ok()) return Fail(std::string(opened.status().message()));
+    metrics_ = std::move(*opened);
+    if (!note.empty()) std::printf("%s\n", note.c_str());
+  }
+  batcher_ = std::make_unique<Batcher>(data_->train, s_.batch, s_.seq, s_.seed * 7919 + 1);
+  batcher_->Skip(run_.batches_drawn);
+  inputs_.resize(static_cast<size_t>(s_.batch) * s_.seq);
+  targets_.resize(inputs_.size());
+  model_->EnableProfile(absl::GetFlag(FLAGS_profile));
+  curves_.first_step = run_.step + 1;
+  curves_.title = absl::StrFormat("tierd-train, model %s on %s%s", config.name, prop.name,
+                                  s_.tierd ? " through tierd" : "");
+  std::printf("%s\n", startup_.Line().c_str());
+  return 0;
+}
+
+std::pair<uint64_t, std::string> GpuRun::GpuMemory(const GpuHome::Traffic& t) const {
+  // What the model allocated itself (plain: everything), plus with tierd the most its GPU
+  // tier has held (since the daemon started: one run per daemon).
+  const uint64_t own = model_->DeviceBytes();
+  if (!s_.tierd) return {own, FormatBytes(own)};
+  return {own + t.gpu_peak, absl::StrFormat("%s (tierd peak %s + workspace %s)", FormatBytes(own + t.gpu_peak),
+                                            FormatBytes(t.gpu_peak), FormatBytes(own))};
+}
+
+std::string GpuRun::Progress(int64_t step, double loss, double lr, double grad_norm, double seconds,
+                             const GpuHome::Traffic& after) {
+  std::string moves;
+  if (s_.tierd) {
+    auto step_peak = model_->home().TakeGpuPeak();
+    if (step_peak.ok()) moves = absl::StrFormat("  step peak %s", FormatBytes(*step_peak + model_->DeviceBytes()));
+    moves += absl::StrFormat("  moved in %s out %s (NVMe r %s w %s)", FormatBytes(after.host_to_gpu - before_.host_to_gpu),
+                             FormatBytes(after.gpu_to_host - before_.gpu_to_host),
+                             FormatBytes(after.nvme_read - before_.nvme_read),
+                             FormatBytes(after.nvme_write - before_.nvme_write));
+  }
+  const std::string ckpt =
+      ck_.dir.empty() ? "" : absl::StrFormat("  ckpt %d (every %d)", ck_.last_step, s_.checkpoint_every);
+  const double tokens = static_cast<double>(s_.batch) * s_.seq * s_.accum;
+  return absl::StrFormat("step %5d/%d  loss %.4f  (last %d: mean %.4f, sd %.4f)  lr %.2e  |g| %.3f  %.0f ms  %.0f tok/s"
+                         "  GPU %s%s%s",
+                         step, s_.steps, loss, window_.size(), window_.mean(), window_.sd(), lr, grad_norm,
+                         seconds * 1e3, tokens / seconds, GpuMemory(after).second, moves, ckpt);
+}
+
+int GpuRun::Step(int64_t step) {
+  const auto t0 = Clock::now();
+  const double waited0 = model_->AcquireSeconds();
+  const int64_t first_timed = curves_.first_step + absl::GetFlag(FLAGS_timing_skip);
+  if (step == first_timed) timed_from_ = before_;
+  if (absl::Status st = model_->ZeroGrads(); !st.ok()) return FailMidRun(std::string(st.message()), ck_);
+  double loss = 0;
+  for (int micro = 0; micro < s_.accum; ++micro) {
+    batcher_->Next(inputs_.data(), targets_.data());
+    ++run_.batches_drawn;
+    auto l = model_->Forward(inputs_.data(), targets_.data());
+    if (!l.ok()) return FailMidRun(absl::StrFormat("step %d: %s", step, l.status().message()), ck_);
+    loss += *l / s_.accum;
+    if (absl::Status st = model_->Backward(); !st.ok()) {
+      return FailMidRun(absl::StrFormat("step %d: %s", step, st.message()), ck_);
+    }
+  }
+  auto norm = model_->GradNorm();
+  if (!norm.ok()) return FailMidRun(std::string(norm.status().message()), ck_);
+  const double grad_norm = *norm / s_.accum;
+  const double lr = LearningRate(step - 1, s_.warmup, s_.steps, s_.lr, s_.lr / 10);
+  run_.step = step;
+  if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
+    std::printf("step %ld skipped: loss %g, gradient norm %g\n", static_cast<long>(step), loss, grad_norm);
+    return 0;
+  }
+  AdamWOptions adam;
+  adam.weight_decay = s_.weight_decay;
+  const double scale = ClipFactor(grad_norm, s_.clip) / s_.accum;
+  if (absl::Status st = model_->AdamWStep(lr, step, adam, scale); !st.ok()) {
+    return FailMidRun(absl::StrFormat("step %d: %s", step, st.message()), ck_);
+  }
+  const double seconds = Since(t0);
+  const auto spent = model_->TakeProfile();
+  const double waited = model_->AcquireSeconds() - waited0;
+  const GpuHome::Traffic after = Traffic();
+  if (step >= first_timed) {
+    timed_seconds_ += seconds;
+    timed_waits_ += waited;
+    timed_to_ = after;
+    ++timed_steps_;
+    if (profile_.empty()) profile_.assign(spent.size(), {"", 0.0});
+    for (size_t k = 0; k < spent.size(); ++k) profile_[k] = {spent[k].first, profile_[k].second + spent[k].second};
+  }
+  last_loss_ = loss;
+  window_.Add(loss);
+  curves_.loss.push_back(loss);
+  std::string line = Progress(step, loss, lr, grad_norm, seconds, after);
+  if (s_.tierd) line += absl::StrFormat(", waited %.0f ms", waited * 1e3);
+  std::printf("%s\n", line.c_str());
+  before_ = after;
+  if (metrics_) {
+    metrics_ << absl::StrFormat("{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6f, \"seconds\": %.6f, "
+                                "\"tokens\": %.0f}\n",
+                                step, loss, lr, grad_norm, seconds, static_cast<double>(s_.batch) * s_.seq * s_.accum);
+    metrics_.flush();
+  }
+  MaybeKillForTest(step);
+  if (!ck_.dir.empty() && (step % s_.checkpoint_every == 0 || step == s_.steps)) {
+    const auto saving = Clock::now();
+    run_.losses = window_.values();
+    auto path = SaveCheckpoint(*model_, run_, s_);
+    if (!path.ok()) return FailMidRun("checkpoint: " + std::string(path.status().message()), ck_);
+    ck_.last_path = *path;
+    ck_.last_step = step;
+    std::printf("checkpoint %s (%.1f s)\n", path->c_str(), Since(saving));
+  }
+  return 0;
+}
+
+void GpuRun::Summary() {
+  const double tokens_per_step = static_cast<double>(s_.batch) * s_.seq * s_.accum;
+  const double tps = timed_steps_ > 0 ? tokens_per_step * timed_steps_ / timed_seconds_ : 0;
+  const GpuHome::Traffic end = Traffic();
+  const auto [memory_bytes, memory] = GpuMemory(end);
+  const double params = static_cast<double>(s_.config.Params());
+  std::printf("done: %ld steps, final loss %.4f, %.0f tokens/s over %ld timed steps, %.0f TFLOP/s (6N), GPU memory %s\n",
+              static_cast<long>(s_.steps), last_loss_, tps, static_cast<long>(timed_steps_), 6.0 * params * tps / 1e12,
+              memory.c_str());
+  if (s_.tierd) std::printf("tierd: %s\n", model_->home().Describe().c_str());
+  // One JSON line for the benchmark harness; bytes per link and waits per timed step.
+  const double per = timed_steps_ > 0 ? 1.0 / timed_steps_ : 0.0;
+  std::printf("result: {\"run\": \"ours %s\", \"model\": \"%s\", \"tokens_per_s\": %.1f, \"tflops_6n\": %.1f, "
+              "\"final_loss\": %.6f, \"peak_gpu_bytes\": %lu, \"step_seconds\": %.4f, \"acquire_wait_seconds\": %.4f, "
+              "\"h2d_bytes\": %.0f, \"d2h_bytes\": %.0f, \"nvme_read_bytes\": %.0f, \"nvme_write_bytes\": %.0f}\n",
+              ((s_.tierd ? "tierd " + absl::GetFlag(FLAGS_gpu_budget) : std::string("none")) +
+               (s_.checkpointing ? " + checkpointing" : "") + (optimizer_on_cpu_ ? " + CPU AdamW" : ""))
+                  .c_str(),
+              s_.config.name.c_str(), tps, 6.0 * params * tps / 1e12, last_loss_,
+              static_cast<unsigned long>(memory_bytes), timed_seconds_ * per, timed_waits_ * per,
+              (timed_to_.host_to_gpu - timed_from_.host_to_gpu) * per,
+              (timed_to_.gpu_to_host - timed_from_.gpu_to_host) * per,
+              (timed_to_.nvme_read - timed_from_.nvme_read) * per, (timed_to_.nvme_write - timed_from_.nvme_write) * per);
+  if (absl::GetFlag(FLAGS_profile) && timed_steps_ > 0) {
+    const double step_ms = timed_seconds_ * 1e3 / timed_steps_;
+    std::string line = absl::StrFormat("where a step's %.0f ms go:", step_ms);
+    double kernels = 0;
+    for (const auto& [name, ms] : profile_) {
+      line += absl::StrFormat(" %s %.0f ms (%.0f%%),", name, ms / timed_steps_, 100 * ms / timed_steps_ / step_ms);
+      kernels += ms / timed_steps_;
+    }
+    line += absl::StrFormat(" the GPU idle (waiting for the host, moves, syncs) %.0f ms", step_ms - kernels);
+    if (s_.tierd) line += absl::StrFormat("; the host waited in tierd's acquire %.0f ms", timed_waits_ * 1e3 / timed_steps_);
+    if (optimizer_on_cpu_) {
+      line += absl::StrFormat("; AdamW on the host %.0f ms a step (over the run)",
+                              model_->HostOptimizerSeconds() * 1e3 / std::max<int64_t>(1, s_.steps - curves_.first_step + 1));
+    }
+    std::printf("%s\n", line.c_str());
+  }
+}
+
+int GpuRun::Run() {
+  if (int failed = Setup(); failed != 0) return failed;
+  before_ = Traffic();
+  for (int64_t step = run_.step + 1; step <= s_.steps; ++step) {
+    if (int failed = Step(step); failed != 0) return failed;
+  }
+  // The CPU optimizer's last step (it overlaps the next forward; there is none): done before
+  // anything reads the state. (Each timed step waited for the one before it, the first for
+  // the untimed one's, so the timed seconds hold one optimizer step each.)
+  if (absl::Status st = model_->FinishOptimizerStep(); !st.ok()) return FailMidRun(std::string(st.message()), ck_);
+  Summary();
+  if (!s_.plot.empty()) {
+    if (absl::Status st = WritePlot(s_.plot, curves_); !st.ok()) return Fail(std::string(st.message()));
+    std::printf("plot: %s\n", s_.plot.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+bool GpuUsable(std::string* why) {
+  int devices = 0;
+  const cudaError_t error = cudaGetDeviceCount(&devices);
+  if (error != cudaSuccess || devices == 0) {
+    *why = error != cudaSuccess ? std::string("cudaGetDeviceCount: ") + cudaGetErrorString(error)
+                                : std::string("no CUDA device");
+    cudaGetLastError();
+    return false;
+  }
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  *why = absl::StrFormat("%s (sm_%d%d, %s)", prop.name, prop.major, prop.minor, FormatBytes(prop.totalGlobalMem));
+  return true;
+}
+
+}  // namespace tierd::trainer::gpu
+
+namespace tierd::trainer::gpu {
+
+int RunOnGpu(const RunSettings& settings) { return GpuRun(settings).Run(); }
+
+}  // namespace tierd::trainer::gpu

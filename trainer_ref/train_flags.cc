@@ -1,0 +1,238 @@
+#include "trainer_ref/train_flags.h"
+
+#include <algorithm>
+#include <cctype>
+#include <set>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
+#include "base/units.h"
+#include "trainer_ref/model_config_file.h"
+
+ABSL_FLAG(std::string, device, "auto",
+          "auto: the GPU when a usable CUDA GPU is there (and the binary was built with CUDA), else the CPU "
+          "reference; gpu; cpu");
+ABSL_FLAG(std::string, model_size, "tiny", "a preset: tiny | 124m | 350m | 1.3b | 7b | 13b (--model_config wins)");
+ABSL_FLAG(std::string, model_config, "",
+          "a model config file (JSON, as Hugging Face writes them: hidden_size, num_hidden_layers, "
+          "num_attention_heads, intermediate_size, vocab_size, max_position_embeddings; rms_norm_eps and rope_theta "
+          "if given) instead of a preset");
+ABSL_FLAG(int, hidden_size, 0, "override the model's width (d_model); 0: the preset's or file's");
+ABSL_FLAG(int, num_hidden_layers, 0, "override the number of layers; 0: keep");
+ABSL_FLAG(int, num_attention_heads, 0, "override the number of attention heads; 0: keep");
+ABSL_FLAG(int, intermediate_size, 0, "override the MLP's hidden width; 0: keep");
+ABSL_FLAG(int, vocab_size, 0, "override the vocabulary size; 0: keep");
+ABSL_FLAG(int, max_position_embeddings, 0, "override the longest sequence; 0: keep");
+ABSL_FLAG(std::string, data, "embedded",
+          "embedded | a directory of .txt | FILE.u16 / FILE.u32 token shards | any file (bytes)");
+ABSL_FLAG(int, batch_size, 0, "sequences per micro-batch (0: 4 on the CPU, 8 on a GPU)");
+ABSL_FLAG(int, seq_len, 0, "tokens per sequence (0: on the CPU 64, on a GPU the model's longest up to 2048)");
+ABSL_FLAG(int, grad_accum_steps, 1, "micro-batches per optimizer step");
+ABSL_FLAG(int64_t, steps, 0, "optimizer steps (0: 200 on the CPU, 50 on a GPU)");
+ABSL_FLAG(int64_t, warmup, -1, "linear warmup steps, then cosine decay to lr / 10 (-1: 20 on the CPU, 10 on a GPU)");
+ABSL_FLAG(double, lr, 0, "peak learning rate (0: 3e-3 on the CPU, 3e-4 on a GPU)");
+ABSL_FLAG(double, clip, 1.0, "global gradient-norm clip (0: off)");
+ABSL_FLAG(double, weight_decay, 0.1, "AdamW's decoupled weight decay");
+ABSL_FLAG(uint64_t, seed, 1, "seed of the initial weights and the data order");
+ABSL_FLAG(std::string, precision, "auto",
+          "auto: fp32 on the CPU; on a GPU bf16 weights and activations with fp32 master weights, gradients, "
+          "optimizer state and accumulation. fp32 (CPU) and bf16 (GPU) name the same; fp8 is not implemented");
+ABSL_FLAG(std::string, opt, "adamw", "the optimizer: adamw (decoupled weight decay, fp32 moments)");
+ABSL_FLAG(std::string, grad_checkpointing, "none",
+          "none | full: keep only each layer's input from forward and recompute the rest in backward (about a "
+          "third more compute; saved activations shrink ~10x). A bare --grad_checkpointing means full");
+ABSL_FLAG(std::string, offload_policy, "none",
+          "none: plain buffers (the baseline); tierd (or tiered): every parameter, gradient, optimizer moment and "
+          "saved activation leased from the tierd at --tierd_dir by name, acquired only while an op uses it");
+ABSL_FLAG(std::string, tierd_dir, "/tmp/tierd", "tierd's runtime directory (--offload_policy=tierd)");
+ABSL_FLAG(std::string, tierd_dram, "", "the session's DRAM quota (\"\": 64MiB on the CPU, 64GiB on a GPU)");
+ABSL_FLAG(std::string, tierd_nvme, "", "the session's NVMe quota (\"\": 1GiB on the CPU, 64GiB on a GPU)");
+ABSL_FLAG(bool, tierd_plan, true,
+          "register the step's ops with tierd so its planner moves tensors ahead of them (--offload_policy=tierd); "
+          "off: they move when acquired");
+ABSL_FLAG(bool, tierd_record, false,
+          "CPU: instead of registering the step's ops, mark each step's start: tierd records the first step's "
+          "acquires and releases and plans from the second on");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "where checkpoints go (crash-safe: written aside, synced, renamed); empty: none");
+ABSL_FLAG(int64_t, checkpoint_every, 50, "steps between checkpoints (and one at the end)");
+ABSL_FLAG(int, checkpoint_keep, 2, "checkpoints kept in --checkpoint_dir (older ones are removed)");
+ABSL_FLAG(bool, resume, false,
+          "continue from the newest checkpoint in --checkpoint_dir that verifies, bit for bit as if never stopped");
+ABSL_FLAG(std::string, metrics, "", "a JSONL file: one line per step (loss, lr, grad norm, time, tokens)");
+ABSL_FLAG(std::string, plot, "",
+          "a PNG at the end: loss per step (and validation loss, and tier traffic per step on the CPU)");
+ABSL_FLAG(int64_t, eval_every, 50, "CPU: steps between validation losses (0: only at the end)");
+ABSL_FLAG(std::string, gpu_budget, "24GiB",
+          "GPU, --offload_policy=tierd: the GPU memory this run may use, all of it: the trainer's workspace (one "
+          "layer's scratch, the logits) and tierd's GPU quota for the session (the rest)");
+ABSL_FLAG(std::string, optimizer_place, "auto",
+          "GPU: where AdamW runs: gpu (the state streams to the GPU and back), cpu (with tierd: on the host's "
+          "threads, in tierd's DRAM tier where the master weights and moments stay, overlapping the next forward), "
+          "or auto (with tierd, a cost model from the sizes, quotas, --pcie_gbps, --nvme_gbps, --gpu_tflops and "
+          "the host's AdamW rate measured at start picks one and says why; without tierd, gpu)");
+ABSL_FLAG(double, pcie_gbps, 55, "GPU: the host<->GPU link each way in GB/s, for --optimizer_place=auto");
+ABSL_FLAG(double, nvme_gbps, 2, "GPU: NVMe GB/s, reads and writes sharing it, for --optimizer_place=auto");
+ABSL_FLAG(double, gpu_tflops, 300, "GPU: sustained bf16 TFLOP/s, for --optimizer_place=auto");
+ABSL_FLAG(int, optimizer_chunks, 1,
+          "GPU, --offload_policy=tierd: lease each layer's master weights and moments as this many sub-groups "
+          "(DeepSpeed's sub-groups); 1: one lease per layer and part");
+ABSL_FLAG(bool, profile, false, "GPU: time every kernel and GEMM with CUDA events and say where each step's time goes");
+ABSL_FLAG(int64_t, timing_skip, 2, "GPU: steps left out of the tokens/s summary (warm-up)");
+
+namespace tierd::trainer {
+namespace {
+
+// The flags named on the command line (this absl keeps IsSpecifiedOnCommandLine private).
+std::set<std::string>& GivenFlags() {
+  static std::set<std::string> given;
+  return given;
+}
+
+bool Given(const char* name) { return GivenFlags().count(name) > 0; }
+
+absl::Status Bad(const std::string& what) { return absl::InvalidArgumentError(what); }
+
+absl::Status ReadPrecisionAndOptimizer(bool gpu) {
+  const std::string precision = absl::AsciiStrToLower(absl::GetFlag(FLAGS_precision));
+  if (precision == "fp8") {
+    return Bad("--precision=fp8 is not implemented yet: --precision=auto (bf16 GEMMs, fp32 master weights) on a GPU");
+  }
+  if (precision != "auto" && precision != "fp32" && precision != "bf16") {
+    return Bad("--precision is auto, fp32 (CPU) or bf16 (GPU), not '" + precision + "'");
+  }
+  if (precision == "fp32" && gpu) {
+    return Bad("--precision=fp32: the GPU trainer computes bf16 with fp32 master weights, gradients and "
+               "accumulation (--precision=auto); fp32 throughout is the CPU's (--device=cpu)");
+  }
+  if (precision == "bf16" && !gpu) return Bad("--precision=bf16 is the GPU trainer's; the CPU reference is fp32");
+  if (absl::AsciiStrToLower(absl::GetFlag(FLAGS_opt)) != "adamw") {
+    return Bad("--opt is adamw (the only optimizer of the reference trainer), not '" + absl::GetFlag(FLAGS_opt) + "'");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> ReadCheckpointing() {
+  const std::string value = absl::AsciiStrToLower(absl::GetFlag(FLAGS_grad_checkpointing));
+  if (value == "none" || value == "false" || value == "0" || value == "no") return false;
+  if (value == "full" || value == "true" || value == "1" || value == "yes") return true;
+  if (value == "dynamic") return Bad("--grad_checkpointing=dynamic is not implemented yet: none or full");
+  return Bad("--grad_checkpointing is none or full, not '" + value + "'");
+}
+
+absl::Status ReadTierd(bool gpu, RunSettings& s) {
+  const std::string policy = absl::GetFlag(FLAGS_offload_policy);
+  if (policy != "none" && policy != "tierd" && policy != "tiered") {
+    return Bad("--offload_policy is none or tierd, not '" + policy + "'");
+  }
+  s.tierd = policy != "none";
+  s.tierd_dir = absl::GetFlag(FLAGS_tierd_dir);
+  const std::string dram = absl::GetFlag(FLAGS_tierd_dram).empty() ? (gpu ? "64GiB" : "64MiB")
+                                                                  : absl::GetFlag(FLAGS_tierd_dram);
+  const std::string nvme = absl::GetFlag(FLAGS_tierd_nvme).empty() ? (gpu ? "64GiB" : "1GiB")
+                                                                  : absl::GetFlag(FLAGS_tierd_nvme);
+  auto dram_bytes = ParseBytes(dram);
+  auto nvme_bytes = ParseBytes(nvme);
+  if (!dram_bytes.ok() || !nvme_bytes.ok()) return Bad("--tierd_dram / --tierd_nvme: sizes like 64MiB or 24GiB");
+  s.tierd_dram = *dram_bytes;
+  s.tierd_nvme = *nvme_bytes;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void ParseTrainerFlags(int argc, char** argv, const char* usage) {
+  absl::FlagsUsageConfig config;  // --help lists the trainer's flags, all defined in this file
+  config.contains_help_flags = [](absl::string_view file) { return absl::EndsWith(file, "/train_flags.cc"); };
+  absl::SetFlagsUsageConfig(config);
+  absl::SetProgramUsageMessage(usage);
+  std::vector<std::string> args(argv, argv + argc);
+  for (size_t i = 1; i < args.size(); ++i) {
+    std::string& a = args[i];
+    if (a == "--") break;
+    if (a.size() < 3 || a[0] != '-' || a[1] != '-') continue;
+    for (size_t k = 2; k < a.size() && a[k] != '='; ++k) {
+      if (a[k] == '-') a[k] = '_';
+    }
+    if (a == "--grad_checkpointing") a += "=full";  // was a switch: keep it one
+    if (a == "--nograd_checkpointing") a = "--grad_checkpointing=none";
+    const std::string name = a.substr(2, a.find('=') - 2);
+    GivenFlags().insert(name);
+    if (name.rfind("no", 0) == 0) GivenFlags().insert(name.substr(2));
+  }
+  std::vector<char*> pointers;
+  for (std::string& a : args) pointers.push_back(a.data());
+  pointers.push_back(nullptr);
+  absl::ParseCommandLine(argc, pointers.data());
+}
+
+absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* notes) {
+  RunSettings s;
+  s.gpu = gpu;
+  if (absl::Status st = ReadPrecisionAndOptimizer(gpu); !st.ok()) return st;
+  ShapeOverrides shape;
+  shape.layers = absl::GetFlag(FLAGS_num_hidden_layers);
+  shape.d_model = absl::GetFlag(FLAGS_hidden_size);
+  shape.heads = absl::GetFlag(FLAGS_num_attention_heads);
+  shape.d_ff = absl::GetFlag(FLAGS_intermediate_size);
+  shape.vocab = absl::GetFlag(FLAGS_vocab_size);
+  shape.max_seq = absl::GetFlag(FLAGS_max_position_embeddings);
+  if (Given("model_size") && !absl::GetFlag(FLAGS_model_config).empty()) {
+    return Bad("give --model_size (a preset) or --model_config (a file), not both");
+  }
+  auto config = ResolveModelConfig(absl::GetFlag(FLAGS_model_size), absl::GetFlag(FLAGS_model_config), shape);
+  if (!config.ok()) return config.status();
+  s.config = *config;
+  s.data = absl::GetFlag(FLAGS_data);
+  s.batch = absl::GetFlag(FLAGS_batch_size) != 0 ? absl::GetFlag(FLAGS_batch_size) : (gpu ? 8 : 4);
+  const int seq_flag = absl::GetFlag(FLAGS_seq_len);
+  s.seq = seq_flag != 0 ? seq_flag : std::min(s.config.max_seq, gpu ? 2048 : 64);
+  s.accum = absl::GetFlag(FLAGS_grad_accum_steps);
+  s.steps = absl::GetFlag(FLAGS_steps) != 0 ? absl::GetFlag(FLAGS_steps) : (gpu ? 50 : 200);
+  s.warmup = absl::GetFlag(FLAGS_warmup) >= 0 ? absl::GetFlag(FLAGS_warmup) : (gpu ? 10 : 20);
+  s.lr = absl::GetFlag(FLAGS_lr) != 0 ? absl::GetFlag(FLAGS_lr) : (gpu ? 3e-4 : 3e-3);
+  s.clip = absl::GetFlag(FLAGS_clip);
+  s.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  s.seed = absl::GetFlag(FLAGS_seed);
+  if (s.batch < 1 || s.seq < 1 || s.accum < 1 || s.steps < 1 || (Given("batch_size") && s.batch != absl::GetFlag(FLAGS_batch_size)) ||
+      (Given("steps") && s.steps != absl::GetFlag(FLAGS_steps))) {
+    return Bad("--batch_size, --seq_len, --grad_accum_steps and --steps must be at least 1");
+  }
+  if (s.seq > s.config.max_seq) {
+    return Bad(absl::StrFormat("--seq_len %d is longer than model %s's %d (max_position_embeddings)", s.seq,
+                               s.config.name, s.config.max_seq));
+  }
+  if (!(s.lr > 0) || (Given("lr") && !(absl::GetFlag(FLAGS_lr) > 0)) || s.clip < 0 || s.weight_decay < 0) {
+    return Bad("--lr must be positive; --clip and --weight_decay not negative");
+  }
+  auto checkpointing = ReadCheckpointing();
+  if (!checkpointing.ok()) return checkpointing.status();
+  s.checkpointing = *checkpointing;
+  if (absl::Status st = ReadTierd(gpu, s); !st.ok()) return st;
+  s.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  s.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  s.checkpoint_keep = absl::GetFlag(FLAGS_checkpoint_keep);
+  s.resume = absl::GetFlag(FLAGS_resume);
+  if (s.resume && s.checkpoint_dir.empty()) return Bad("--resume needs --checkpoint_dir");
+  if (s.checkpoint_every < 1 || s.checkpoint_keep < 1) return Bad("--checkpoint_every and --checkpoint_keep: at least 1");
+  s.metrics = absl::GetFlag(FLAGS_metrics);
+  s.plot = absl::GetFlag(FLAGS_plot);
+  s.eval_every = absl::GetFlag(FLAGS_eval_every);
+  const std::vector<const char*> gpu_only = {"gpu_budget", "optimizer_place", "pcie_gbps", "nvme_gbps",
+                                             "gpu_tflops", "optimizer_chunks", "profile", "timing_skip"};
+  const std::vector<const char*> cpu_only = {"eval_every", "tierd_record"};
+  for (const char* name : gpu ? cpu_only : gpu_only) {
+    if (Given(name) && notes != nullptr) {
+      notes->push_back(absl::StrFormat("--%s is for the %s trainer: ignored on the %s", name, gpu ? "CPU" : "GPU",
+                                       gpu ? "GPU" : "CPU"));
+    }
+  }
+  return s;
+}
+
+}  // namespace tierd::trainer

@@ -1,0 +1,95 @@
+// The reference trainer's one set of flags, for either device (tierd-train picks the GPU when
+// there is a usable one, the CPU reference otherwise). Flags take dashes or underscores.
+// Settings whose sensible value differs by device (batch, steps, learning rate, quotas) default
+// to 0 / "" here and are resolved by ReadRunSettings for the device chosen.
+#ifndef TIERD_TRAINER_REF_TRAIN_FLAGS_H_
+#define TIERD_TRAINER_REF_TRAIN_FLAGS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/status/statusor.h"
+#include "trainer_ref/model_config.h"
+
+ABSL_DECLARE_FLAG(std::string, device);
+ABSL_DECLARE_FLAG(std::string, model_size);
+ABSL_DECLARE_FLAG(std::string, model_config);
+ABSL_DECLARE_FLAG(int, hidden_size);
+ABSL_DECLARE_FLAG(int, num_hidden_layers);
+ABSL_DECLARE_FLAG(int, num_attention_heads);
+ABSL_DECLARE_FLAG(int, intermediate_size);
+ABSL_DECLARE_FLAG(int, vocab_size);
+ABSL_DECLARE_FLAG(int, max_position_embeddings);
+ABSL_DECLARE_FLAG(std::string, data);
+ABSL_DECLARE_FLAG(int, batch_size);
+ABSL_DECLARE_FLAG(int, seq_len);
+ABSL_DECLARE_FLAG(int, grad_accum_steps);
+ABSL_DECLARE_FLAG(int64_t, steps);
+ABSL_DECLARE_FLAG(int64_t, warmup);
+ABSL_DECLARE_FLAG(double, lr);
+ABSL_DECLARE_FLAG(double, clip);
+ABSL_DECLARE_FLAG(double, weight_decay);
+ABSL_DECLARE_FLAG(uint64_t, seed);
+ABSL_DECLARE_FLAG(std::string, precision);
+ABSL_DECLARE_FLAG(std::string, opt);
+ABSL_DECLARE_FLAG(std::string, grad_checkpointing);
+ABSL_DECLARE_FLAG(std::string, offload_policy);
+ABSL_DECLARE_FLAG(std::string, tierd_dir);
+ABSL_DECLARE_FLAG(std::string, tierd_dram);
+ABSL_DECLARE_FLAG(std::string, tierd_nvme);
+ABSL_DECLARE_FLAG(bool, tierd_plan);
+ABSL_DECLARE_FLAG(bool, tierd_record);
+ABSL_DECLARE_FLAG(std::string, checkpoint_dir);
+ABSL_DECLARE_FLAG(int64_t, checkpoint_every);
+ABSL_DECLARE_FLAG(int, checkpoint_keep);
+ABSL_DECLARE_FLAG(bool, resume);
+ABSL_DECLARE_FLAG(std::string, metrics);
+ABSL_DECLARE_FLAG(std::string, plot);
+ABSL_DECLARE_FLAG(int64_t, eval_every);
+// The GPU trainer's own.
+ABSL_DECLARE_FLAG(std::string, gpu_budget);
+ABSL_DECLARE_FLAG(std::string, optimizer_place);
+ABSL_DECLARE_FLAG(double, pcie_gbps);
+ABSL_DECLARE_FLAG(double, nvme_gbps);
+ABSL_DECLARE_FLAG(double, gpu_tflops);
+ABSL_DECLARE_FLAG(int, optimizer_chunks);
+ABSL_DECLARE_FLAG(bool, profile);
+ABSL_DECLARE_FLAG(int64_t, timing_skip);
+
+namespace tierd::trainer {
+
+// Parses the command line (after turning dashes in flag names into underscores and a bare
+// --grad_checkpointing into =full), with --help listing these flags. Exits on a parse error
+// as absl does.
+void ParseTrainerFlags(int argc, char** argv, const char* usage);
+
+// What both trainers read, resolved for a device and checked.
+struct RunSettings {
+  bool gpu = false;
+  ModelConfig config;
+  std::string data;
+  int batch = 0, seq = 0, accum = 1;
+  int64_t steps = 0, warmup = 0;
+  double lr = 0, clip = 1.0, weight_decay = 0.1;
+  uint64_t seed = 1;
+  bool checkpointing = false;
+  bool tierd = false;  // --offload_policy=tierd
+  std::string tierd_dir;
+  uint64_t tierd_dram = 0, tierd_nvme = 0;
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 50;
+  int checkpoint_keep = 2;
+  bool resume = false;
+  std::string metrics, plot;
+  int64_t eval_every = 50;
+};
+
+// INVALID_ARGUMENT saying which flag and what it takes. `notes` gets one line per flag given
+// that the device ignores.
+absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* notes);
+
+}  // namespace tierd::trainer
+
+#endif  // TIERD_TRAINER_REF_TRAIN_FLAGS_H_

@@ -10,6 +10,7 @@
 #include <sys/file.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -216,6 +217,21 @@ std::string Daemon::Banner() const {
   return out;
 }
 
+// One line per session: its quotas and what opening it cost (a large DRAM quota is reserved
+// and pinned for the GPU before the hello is answered).
+void Daemon::LogSessionOpened(SessionId id, const std::string& label, const SessionQuota& quota, double seconds) {
+  std::string dram;
+  const ArenaId arena = leases_->SessionArena(id, Tier::kDram);
+  if (arena != kNoArena) {
+    const DramSegment* segment = store_->dram_segment(arena);
+    dram = absl::StrFormat(" (DRAM reserved in %.1f s, pinned in %.1f s)", segment->reserve_seconds(),
+                           segment->pin_seconds());
+  }
+  std::fprintf(stderr, "tierd: session %d (%s) opened in %.1f s: quotas GPU %s, DRAM %s, NVMe %s%s\n", id, label,
+               seconds, FormatBytes(quota.gpu_bytes), FormatBytes(quota.dram_bytes), FormatBytes(quota.nvme_bytes),
+               dram);
+}
+
 absl::StatusOr<ipc::HelloGrant> Daemon::OnHello(const ipc::PeerCredentials& peer,
                                                 const v1::HelloRequest& request) {
   if (rings_.size() >= options_.max_sessions) {
@@ -230,8 +246,10 @@ absl::StatusOr<ipc::HelloGrant> Daemon::OnHello(const ipc::PeerCredentials& peer
       absl::StrFormat("%s-%d-%d", SafeLabel(request.label()), peer.pid, ++hellos_);
   auto token = RandomToken();
   if (!token.ok()) return token.status();
+  const auto opening = std::chrono::steady_clock::now();
   auto session = leases_->OpenSession(label, quota);
   if (!session.ok()) return session.status();
+  LogSessionOpened(*session, label, quota, std::chrono::duration<double>(std::chrono::steady_clock::now() - opening).count());
   ipc::HelloGrant grant;
   grant.session_id = *session;
   v1::HelloReply& reply = grant.reply;

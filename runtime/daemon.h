@@ -106,6 +106,7 @@ class Daemon : public ipc::HelloHandler, public ipc::PlannerHooks {
   void Released(SessionId session, TensorId tensor) override;
 
  private:
+  void LogSessionOpened(SessionId id, const std::string& label, const SessionQuota& quota, double seconds);
   Daemon() = default;
   absl::Status StartServers();
   ipc::RingMessage ServeRing(SessionId session, const ipc::RingMessage& request);

@@ -35,6 +35,9 @@ class DramSegment {
   const std::string& name() const { return name_; }
   // The segment's fd, for passing to clients (SCM_RIGHTS). Owned by the segment.
   int fd() const { return fd_; }
+  // What Create spent, for the daemon's log: reserving the pages, pinning them.
+  double reserve_seconds() const { return reserve_seconds_; }
+  double pin_seconds() const { return pin_seconds_; }
 
  private:
   DramSegment() = default;
@@ -42,6 +45,7 @@ class DramSegment {
   uint8_t* base_ = nullptr;
   uint64_t bytes_ = 0;
   int fd_ = -1;
+  double reserve_seconds_ = 0, pin_seconds_ = 0;
   GpuDevice* registered_with_ = nullptr;
   struct Handles;
   std::unique_ptr<Handles> handles_;

@@ -17,6 +17,7 @@
 ABSL_FLAG(std::string, device, "auto",
           "auto: the GPU when a usable CUDA GPU is there (and the binary was built with CUDA), else the CPU "
           "reference; gpu; cpu");
+ABSL_FLAG(bool, print_device, false, "print the device --device picks here (gpu or cpu) and exit");
 ABSL_FLAG(std::string, model_size, "tiny", "a preset: tiny | 124m | 350m | 1.3b | 7b | 13b (--model_config wins)");
 ABSL_FLAG(std::string, model_config, "",
           "a model config file (JSON, as Hugging Face writes them: hidden_size, num_hidden_layers, "
@@ -50,7 +51,9 @@ ABSL_FLAG(std::string, offload_policy, "none",
           "none: plain buffers (the baseline); tierd (or tiered): every parameter, gradient, optimizer moment and "
           "saved activation leased from the tierd at --tierd_dir by name, acquired only while an op uses it");
 ABSL_FLAG(std::string, tierd_dir, "/tmp/tierd", "tierd's runtime directory (--offload_policy=tierd)");
-ABSL_FLAG(std::string, tierd_dram, "", "the session's DRAM quota (\"\": 64MiB on the CPU, 64GiB on a GPU)");
+ABSL_FLAG(std::string, tierd_dram, "",
+          "the session's DRAM quota (\"\": 64MiB on the CPU; on a GPU what the state needs beyond the GPU quota, "
+          "+25% and 1 GiB, at most 64GiB). tierd reserves and pins all of it when the session opens (~4 GB/s)");
 ABSL_FLAG(std::string, tierd_nvme, "", "the session's NVMe quota (\"\": 1GiB on the CPU, 64GiB on a GPU)");
 ABSL_FLAG(bool, tierd_plan, true,
           "register the step's ops with tierd so its planner moves tensors ahead of them (--offload_policy=tierd); "
@@ -132,7 +135,8 @@ absl::Status ReadTierd(bool gpu, RunSettings& s) {
   }
   s.tierd = policy != "none";
   s.tierd_dir = absl::GetFlag(FLAGS_tierd_dir);
-  const std::string dram = absl::GetFlag(FLAGS_tierd_dram).empty() ? (gpu ? "64GiB" : "64MiB")
+  // On a GPU an empty --tierd_dram is sized from the model's state when the home is made (0 here).
+  const std::string dram = absl::GetFlag(FLAGS_tierd_dram).empty() ? (gpu ? "0" : "64MiB")
                                                                   : absl::GetFlag(FLAGS_tierd_dram);
   const std::string nvme = absl::GetFlag(FLAGS_tierd_nvme).empty() ? (gpu ? "64GiB" : "1GiB")
                                                                   : absl::GetFlag(FLAGS_tierd_nvme);

@@ -14,6 +14,7 @@
 #include "trainer_ref/model_config.h"
 
 ABSL_DECLARE_FLAG(std::string, device);
+ABSL_DECLARE_FLAG(bool, print_device);
 ABSL_DECLARE_FLAG(std::string, model_size);
 ABSL_DECLARE_FLAG(std::string, model_config);
 ABSL_DECLARE_FLAG(int, hidden_size);
@@ -77,7 +78,7 @@ struct RunSettings {
   bool checkpointing = false;
   bool tierd = false;  // --offload_policy=tierd
   std::string tierd_dir;
-  uint64_t tierd_dram = 0, tierd_nvme = 0;
+  uint64_t tierd_dram = 0, tierd_nvme = 0;  // tierd_dram 0 (GPU): sized from the state
   std::string checkpoint_dir;
   int64_t checkpoint_every = 50;
   int checkpoint_keep = 2;

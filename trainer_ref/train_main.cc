@@ -46,6 +46,7 @@ bool PickDevice(bool* gpu) {
     return false;
   }
   *gpu = usable;
+  if (absl::GetFlag(FLAGS_print_device)) return true;
   if (device == "cpu") {
     std::printf("device: CPU (--device=cpu)\n");
   } else {
@@ -63,6 +64,10 @@ int main(int argc, char** argv) {
   tt::ParseTrainerFlags(argc, argv, kUsage);
   bool gpu = false;
   if (!PickDevice(&gpu)) return 1;
+  if (absl::GetFlag(FLAGS_print_device)) {
+    std::printf("%s\n", gpu ? "gpu" : "cpu");
+    return 0;
+  }
   std::vector<std::string> notes;
   auto settings = tt::ReadRunSettings(gpu, &notes);
   for (const std::string& note : notes) std::printf("note: %s\n", note.c_str());

@@ -4,7 +4,7 @@
 # Same call, same shapes (Llama-style, sequence 2048), same text (the bytes of Python's
 # standard library sources, on every machine with Python): the PyTorch baseline (bf16
 # autocast + fused AdamW, with and without activation checkpointing) and our trainer with
-# --offload_policy=none (tierd-train-gpu), and with tierd (a fresh daemon on the GPU per
+# --offload_policy=none (tierd-train --device=gpu), and with tierd (a fresh daemon on the GPU per
 # run) at each GPU budget in BUDGETS. One table at the end; logs in $OUT.
 # MODELS, BATCH, STEPS, SKIP (untimed warm-up steps), BUDGETS ("" skips the tierd runs), TIERD_DRAM, TIERD_NVME override
 # the defaults; TORCH_CKPT=" " skips the checkpointed baseline; TORCH=0 skips PyTorch;
@@ -34,19 +34,19 @@ for m in $models; do
     done
   fi
   if [ "${NONE:-1}" = 1 ]; then
-    echo "== tierd-train-gpu $m (--offload_policy=none)"
-    .carry/bin/tierd-train-gpu --model_size="$m" --batch_size="$batch" --seq_len=$seq --steps="$steps" \
+    echo "== tierd-train --device=gpu $m (--offload_policy=none)"
+    .carry/bin/tierd-train --device=gpu --model_size="$m" --batch_size="$batch" --seq_len=$seq --steps="$steps" \
       --timing_skip="${SKIP:-3}" --data="$corpus" --profile ${OURS_FLAGS:-} 2>&1 | tee "$out/ours-$m.log" | tail -n 4
     grep '^result: ' "$out/ours-$m.log" | sed 's/^result: //' >> "$results"
   fi
   for budget in $budgets; do
-    echo "== tierd-train-gpu $m (--offload_policy=tierd, GPU budget $budget)"
+    echo "== tierd-train --device=gpu $m (--offload_policy=tierd, GPU budget $budget)"
     rm -rf "$nvme_dir"; mkdir -p "$nvme_dir"
     .carry/bin/tierd --gpu=cuda --gpu_bytes="$budget" --dram_bytes="$tierd_dram" --nvme_dir="$nvme_dir" \
       --nvme_bytes="$tierd_nvme" --runtime_dir="$tierd_dir" > "$out/tierd-$m-$budget.log" 2>&1 &
     tierd_pid=$!
     for _ in $(seq 300); do [ -S "$tierd_dir/tierd.grpc.sock" ] && break; sleep 0.1; done
-    .carry/bin/tierd-train-gpu --model_size="$m" --batch_size="$batch" --seq_len=$seq --steps="$steps" \
+    .carry/bin/tierd-train --device=gpu --model_size="$m" --batch_size="$batch" --seq_len=$seq --steps="$steps" \
       --timing_skip="${SKIP:-3}" --data="$corpus" --profile --offload_policy=tierd --gpu_budget="$budget" \
       --tierd_dir="$tierd_dir" --tierd_dram="$tierd_dram" --tierd_nvme="$tierd_nvme" ${OURS_FLAGS:-} 2>&1 |
       tee "$out/ours-$m-tierd-$budget.log" | tail -n 6

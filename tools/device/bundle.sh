@@ -6,10 +6,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tools/bazel_env.sh
-targets=(//tools/tierbench //tools/gpu_check:gpu_ipc_check //allocator:offset_allocator_bench
+targets=(//tools/tierbench //tools/gpu_check:gpu_ipc_check //tools/gpu_check:pin_bench //allocator:offset_allocator_bench
          //runtime:tierd //tools/tierctl //tools/hotpath_bench //tests:gpu_client_worker
          //tests:gpu_planned_worker //tools/planbench //trainer_ref/kernels:gpu_ops_test
-         //trainer_ref/kernels:gpu_model_test //trainer_ref/kernels:tierd-train-gpu
+         //trainer_ref/kernels:gpu_model_test //trainer_ref:tierd-train
          //tests:gpu_trainer_tierd_test)
 bazel build "${TIERD_BAZEL_FLAGS[@]}" -c opt "${targets[@]}"
 rm -rf .carry

@@ -282,59 +282,45 @@ absl::Status GpuModel::SetParams(const std::vector<float>& params) {
   return absl::OkStatus();
 }
 
-namespace {
-uint64_t SplitMix64(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-// One slice of a tensor's initial values from its own stream.
-void InitTensor(float* out, const TensorLayout& t, size_t entry, int layers, uint64_t seed) {
-  if (t.shape.size() == 1) {
-    std::fill(out, out + t.count, 1.f);
-    return;
-  }
-  const bool residual_out = t.name.find("attn.wo") != std::string::npos || t.name.find("mlp.w2") != std::string::npos;
-  const double sigma = 0.02 * (residual_out ? 1.0 / std::sqrt(2.0 * layers) : 1.0);
-  uint64_t state = seed * 0x100000001B3ull + entry * 0x9E3779B97F4A7C15ull;
-  for (size_t i = 0; i < t.count; i += 2) {  // Box-Muller: two normals per pair of uniforms
-    const double u1 = (static_cast<double>(SplitMix64(state) >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
-    const double u2 = static_cast<double>(SplitMix64(state) >> 11) * 0x1.0p-53;
-    const double r = sigma * std::sqrt(-2.0 * std::log(u1)), angle = 2.0 * M_PI * u2;
-    out[i] = static_cast<float>(r * std::cos(angle));
-    if (i + 1 < t.count) out[i + 1] = static_cast<float>(r * std::sin(angle));
-  }
-}
-}  // namespace
-
 absl::Status GpuModel::InitParams(uint64_t seed) {
-  const unsigned threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  // Made where the state is used, on the GPU, element by element from counter-based
+  // streams (init_normal.h): no host arithmetic, nothing uploaded (a 7B model's state is
+  // ~100 GB; made on the host it took minutes).
+  const std::vector<float> ones(static_cast<size_t>(config_.d_model), 1.f);
   for (int g = 0; g < Groups(); ++g) {
-    std::vector<float> params(GroupCount(g));
+    RETURN_IF_ERROR(Enter(g, Part::kWeights, Access::kOverwrite));
+    Bf16* weights = static_cast<Bf16*>(acquired_[g][static_cast<int>(Part::kWeights)]);
     const std::vector<size_t> entries = GroupEntries(g);
-    // Each tensor from its own stream, so the threads split the rows of every tensor.
-    std::vector<std::thread> pool;
-    for (unsigned w = 0; w < threads; ++w) {
-      pool.emplace_back([&, w] {
-        for (size_t e : entries) {
-          const TensorLayout& t = layout_[e];
-          // Slices of 2^16 values (an even count, so Box-Muller pairs stay inside one).
-          const size_t slice = size_t{1} << 16, slices = (t.count + slice - 1) / slice;
-          for (size_t k = w; k < slices; k += threads) {
-            TensorLayout part = t;
-            part.count = std::min(slice, t.count - k * slice);
-            InitTensor(params.data() + (t.offset - group_offset_[g]) + k * slice, part, e * 1000003 + k,
-                       config_.layers, seed);
-          }
+    RETURN_IF_ERROR(ForEachStateChunk(g, Access::kOverwrite,
+                                      [&](size_t first, size_t n, float* master, float* m, float* v) -> absl::Status {
+      for (size_t e : entries) {
+        const TensorLayout& t = layout_[e];
+        const size_t lo = t.offset - group_offset_[g], from = std::max(lo, first), to = std::min(lo + t.count, first + n);
+        if (from >= to) continue;
+        if (t.shape.size() == 1) {
+          InitConstant(master + (from - first), weights + from, static_cast<int64_t>(to - from), 1.f, stream_);
+          continue;
         }
-      });
+        const bool residual_out =
+            t.name.find("attn.wo") != std::string::npos || t.name.find("mlp.w2") != std::string::npos;
+        const double sigma = 0.02 * (residual_out ? 1.0 / std::sqrt(2.0 * config_.layers) : 1.0);
+        InitNormal(master + (from - first), weights + from, static_cast<int64_t>(from - lo),
+                   static_cast<int64_t>(to - from), seed, e, sigma, stream_);
+      }
+      for (float* moment : {m, v}) {
+        RETURN_IF_ERROR(Cuda(cudaMemsetAsync(moment, 0, n * sizeof(float), stream_), "zero moments"));
+      }
+      return Cuda(cudaGetLastError(), "initial weights");
+    }));
+    for (size_t e : entries) {  // the resident norm weights: ones, as their master
+      if (layout_[e].shape.size() != 1) continue;
+      RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(N(e), ones.data(), layout_[e].count * sizeof(float), cudaMemcpyHostToDevice,
+                                           stream_),
+                           "norm weights"));
     }
-    for (std::thread& t : pool) t.join();
-    RETURN_IF_ERROR(SetGroup(g, params.data()));
+    RETURN_IF_ERROR(Leave(g, Part::kWeights));
   }
-  return absl::OkStatus();
+  return Cuda(cudaStreamSynchronize(stream_), "initial weights");  // `ones` is read by now
 }
 
 absl::Status GpuModel::Download(Part part, std::vector<float>* out) {

@@ -9,6 +9,7 @@
 
 #include "trainer_ref/kernels/gpu_ops.h"
 #include "trainer_ref/kernels/attention_tc.h"
+#include "trainer_ref/kernels/init_normal.h"
 
 namespace tierd::trainer::gpu {
 namespace {
@@ -191,6 +192,22 @@ __global__ void CrossEntropyKernel(float* losses, Bf16* dlogits, const Bf16* log
   for (int j = threadIdx.x; j < v; j += blockDim.x) {
     const float p = __expf(Load(z, j) - max) / sum;
     Store(dlogits, row * v + j, (p - (j == target ? 1.f : 0.f)) * scale);
+  }
+}
+
+__global__ void InitNormalKernel(float* master, Bf16* weights, int64_t begin, int64_t count, uint64_t seed,
+                                 uint64_t entry, double sigma) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x) {
+    const float x = InitNormalValue(seed, entry, static_cast<uint64_t>(begin + i), sigma);
+    master[i] = x;
+    Store(weights, i, x);
+  }
+}
+
+__global__ void FillKernel(float* master, Bf16* weights, int64_t count, float value) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x) {
+    master[i] = value;
+    Store(weights, i, value);
   }
 }
 
@@ -485,6 +502,15 @@ void AdamW(float* master, float* m, float* v, Bf16* weights, const float* grads,
   const float c1 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(p.step)));
   const float c2 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(p.step)));
   AdamWKernel<<<Blocks(n), kThreads, 0, stream>>>(master, m, v, weights, grads, n, p, c1, c2);
+}
+
+void InitNormal(float* master, Bf16* weights, int64_t begin, int64_t count, uint64_t seed, uint64_t entry,
+                double sigma, cudaStream_t stream) {
+  if (count > 0) InitNormalKernel<<<Blocks(count), kThreads, 0, stream>>>(master, weights, begin, count, seed, entry, sigma);
+}
+
+void InitConstant(float* master, Bf16* weights, int64_t count, float value, cudaStream_t stream) {
+  if (count > 0) FillKernel<<<Blocks(count), kThreads, 0, stream>>>(master, weights, count, value);
 }
 
 void SumSquares(const float* x, int64_t n, float* out, float* scratch, cudaStream_t stream) {

@@ -21,6 +21,7 @@
 #include "trainer_ref/cpu_ops.h"
 #include "trainer_ref/host_adamw.h"
 #include "trainer_ref/kernels/gemm.h"
+#include "trainer_ref/kernels/init_normal.h"
 #include "trainer_ref/optimizer.h"
 
 namespace tierd::trainer::gpu {
@@ -351,6 +352,37 @@ TEST(GpuOpsTest, AdamWOnTheHostGivesTheKernelsBits) {
     }
     EXPECT_EQ(differ, 0) << "of " << n << " elements differ in some bit (decay " << decay << ")";
   }
+}
+
+// The initial weights: every element equals the host's InitNormalValue (double-precision
+// log/sin/cos on either side: at most an ulp of fp32 apart), bf16 weights the master's
+// rounding, a range that starts mid-slice and crosses slices; constants exactly.
+TEST(GpuOpsTest, InitialWeightsMatchTheHostsValues) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(5);
+  const int64_t begin = 70001, count = 3 * 65536 + 77;  // odd start and count, four slices
+  const uint64_t seed = rng() % 1000, entry = rng() % 100;
+  Device<float> master(std::vector<float>(count, -9.f));
+  Device<Bf16> weights(std::vector<Bf16>(count, 0xFFFF));
+  InitNormal(master.get(), weights.get(), begin, count, seed, entry, 0.02, nullptr);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  const std::vector<float> m = master.Host();
+  const std::vector<Bf16> w = weights.Host();
+  double sum = 0, squares = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const float want = InitNormalValue(seed, entry, static_cast<uint64_t>(begin + i), 0.02);
+    ASSERT_NEAR(m[i], want, 1e-6f * std::abs(want) + 1e-12f) << "element " << begin + i;
+    ASSERT_EQ(w[i], ToBf16(m[i])) << "element " << begin + i;
+    sum += m[i];
+    squares += double(m[i]) * m[i];
+  }
+  EXPECT_NEAR(sum / count, 0.0, 0.02 * 5 / std::sqrt(double(count)));  // N(0, 0.02)
+  EXPECT_NEAR(std::sqrt(squares / count), 0.02, 0.0005);
+  InitConstant(master.get(), weights.get(), 1000, 1.f, nullptr);
+  const std::vector<float> ones = master.Host();
+  const std::vector<Bf16> one_bits = weights.Host();
+  for (int i = 0; i < 1000; ++i) ASSERT_TRUE(ones[i] == 1.f && one_bits[i] == ToBf16(1.f)) << i;
+  EXPECT_EQ(ones[1000], m[1000]) << "nothing written past the count";
 }
 
 TEST(GpuOpsTest, SumOfSquaresForTheGradientNorm) {

@@ -120,7 +120,7 @@ absl::StatusOr<RunState> Resume(GpuModel& model, const RunSettings& s, Checkpoin
 
 // The home (plain GPU buffers or tierd) and what it says; the GPU quota for the cost model.
 absl::StatusOr<std::unique_ptr<GpuHome>> MakeHome(const RunSettings& s, const GpuHomeLayout& layout,
-                                                  uint64_t workspace, uint64_t* gpu_quota) {
+                                                  uint64_t workspace, uint64_t* gpu_quota, uint64_t* dram_quota) {
   if (!s.tierd) return std::unique_ptr<GpuHome>();
   auto budget = ParseBytes(absl::GetFlag(FLAGS_gpu_budget));
   if (!budget.ok()) return absl::InvalidArgumentError("--gpu_budget: a size like 24GiB");
@@ -133,8 +133,17 @@ absl::StatusOr<std::unique_ptr<GpuHome>> MakeHome(const RunSettings& s, const Gp
   ClientOptions client;
   client.runtime_dir = s.tierd_dir;
   client.label = "tierd-train";
-  client.quota = {*budget - workspace, s.tierd_dram, s.tierd_nvme};
+  const uint64_t gpu_bytes = *budget - workspace;
+  uint64_t dram = s.tierd_dram;
+  if (dram == 0) {  // what the state needs beyond the GPU quota, with room to spare
+    const uint64_t need = layout.Total() > gpu_bytes ? layout.Total() - gpu_bytes : 0;
+    dram = std::min<uint64_t>(64 * kGiB, (need + need / 4 + kGiB + kGiB - 1) / kGiB * kGiB);
+    std::printf("offload: DRAM quota %s (the state beyond the GPU quota, +25%% and 1 GiB; --tierd_dram to set)\n",
+                FormatBytes(dram).c_str());
+  }
+  client.quota = {gpu_bytes, dram, s.tierd_nvme};
   *gpu_quota = client.quota.gpu_bytes;
+  *dram_quota = client.quota.dram_bytes;
   auto made = MakeTierdGpuHome(layout, client);
   if (!made.ok()) return absl::Status(made.status().code(), "tierd: " + std::string(made.status().message()));
   const int chunks = layout.state_chunks;
@@ -153,7 +162,8 @@ absl::StatusOr<std::unique_ptr<GpuHome>> MakeHome(const RunSettings& s, const Gp
 }
 
 // gpu, cpu, or auto's choice with its reason printed.
-absl::StatusOr<bool> ChooseOptimizerOnCpu(const RunSettings& s, const GpuHomeLayout& layout, uint64_t gpu_quota) {
+absl::StatusOr<bool> ChooseOptimizerOnCpu(const RunSettings& s, const GpuHomeLayout& layout, uint64_t gpu_quota,
+                                          uint64_t dram_quota) {
   const std::string place = absl::GetFlag(FLAGS_optimizer_place);
   if (place != "gpu" && place != "cpu" && place != "auto") {
     return absl::InvalidArgumentError("--optimizer_place is gpu, cpu or auto, not '" + place + "'");
@@ -168,7 +178,7 @@ absl::StatusOr<bool> ChooseOptimizerOnCpu(const RunSettings& s, const GpuHomeLay
   costs.params = static_cast<double>(s.config.Params());
   costs.state_bytes = static_cast<double>(layout.Total());
   costs.gpu_bytes = static_cast<double>(gpu_quota);
-  costs.dram_bytes = static_cast<double>(s.tierd_dram);
+  costs.dram_bytes = static_cast<double>(dram_quota);
   costs.h2d_bytes_per_s = costs.d2h_bytes_per_s = absl::GetFlag(FLAGS_pcie_gbps) * 1e9;
   costs.nvme_bytes_per_s = absl::GetFlag(FLAGS_nvme_gbps) * 1e9;
   costs.forward_seconds = 2.0 * s.config.Params() * s.batch * s.seq / (absl::GetFlag(FLAGS_gpu_tflops) * 1e12);
@@ -231,15 +241,15 @@ int GpuRun::Setup() {
   }
   layout.state_chunks = chunks;
   const uint64_t workspace = GpuModel::WorkspaceBytesFor(config, s_.batch, s_.seq, s_.checkpointing);
-  uint64_t gpu_quota = 0;
-  auto home = MakeHome(s_, layout, workspace, &gpu_quota);
+  uint64_t gpu_quota = 0, dram_quota = 0;
+  auto home = MakeHome(s_, layout, workspace, &gpu_quota, &dram_quota);
   if (!home.ok()) return Fail(std::string(home.status().message()));
   if (s_.tierd) startup_.Done("tierd session and leases");
   auto model = GpuModel::Create(config, s_.batch, s_.seq, std::move(*home), s_.checkpointing);
   if (!model.ok()) return Fail(std::string(model.status().message()));
   model_ = std::move(*model);
   startup_.Done("GPU workspace");
-  auto on_cpu = ChooseOptimizerOnCpu(s_, layout, gpu_quota);
+  auto on_cpu = ChooseOptimizerOnCpu(s_, layout, gpu_quota, dram_quota);
   if (!on_cpu.ok()) return Fail(std::string(on_cpu.status().message()));
   optimizer_on_cpu_ = *on_cpu;
   model_->SetOptimizerOnCpu(optimizer_on_cpu_);

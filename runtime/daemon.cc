@@ -227,9 +227,10 @@ void Daemon::LogSessionOpened(SessionId id, const std::string& label, const Sess
     dram = absl::StrFormat(" (DRAM reserved in %.1f s, pinned in %.1f s)", segment->reserve_seconds(),
                            segment->pin_seconds());
   }
-  std::fprintf(stderr, "tierd: session %d (%s) opened in %.1f s: quotas GPU %s, DRAM %s, NVMe %s%s\n", id, label,
-               seconds, FormatBytes(quota.gpu_bytes), FormatBytes(quota.dram_bytes), FormatBytes(quota.nvme_bytes),
-               dram);
+  const std::string line =
+      absl::StrFormat("tierd: session %d (%s) opened in %.1f s: quotas GPU %s, DRAM %s, NVMe %s%s\n", id, label, seconds,
+                      FormatBytes(quota.gpu_bytes), FormatBytes(quota.dram_bytes), FormatBytes(quota.nvme_bytes), dram);
+  std::fputs(line.c_str(), stderr);
 }
 
 absl::StatusOr<ipc::HelloGrant> Daemon::OnHello(const ipc::PeerCredentials& peer,

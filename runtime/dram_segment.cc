@@ -7,6 +7,7 @@
 
 #include <boost/interprocess/mapped_region.hpp>
 #include <boost/interprocess/shared_memory_object.hpp>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -21,28 +22,33 @@ namespace bip = boost::interprocess;
 
 namespace {
 
-// Maps every page of [base, base + bytes) into this process, from several threads. The
-// pages are reserved (fallocate) but not mapped, and cudaHostRegister would map them one
-// by one on one thread: on the lent H200 box (a VM) 16 GiB took 7.1 s that way and 0.8 s
-// once mapped (tools/gpu_check/pin_bench).
-void MapPagesInParallel(uint8_t* base, uint64_t bytes) {
+// Allocates and maps every page of [base, base + bytes) from several threads, in one pass:
+// MADV_POPULATE_WRITE (Linux 5.14) returns an error where the tmpfs is out of room instead
+// of the SIGBUS a touch would get. On the lent H200 box (a VM) mapping is what costs:
+// fallocate then cudaHostRegister (which maps the pages one by one on one thread) took
+// 1.9 + 5.0 s for 16 GiB; pages touched from 16 threads, then registered, 3.2 + 0.6 s
+// (tools/gpu_check/pin_bench). *supported is false where the kernel has no such advice
+// (before 5.14: nothing was done).
+absl::Status PopulateInParallel(uint8_t* base, uint64_t bytes, bool* supported) {
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   const unsigned threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
   const uint64_t per = (bytes / threads + page - 1) / page * page;
+  std::vector<int> errors(threads, 0);
   std::vector<std::thread> pool;
   for (unsigned t = 0; t < threads; ++t) {
     const uint64_t from = std::min(bytes, per * t), to = std::min(bytes, per * (t + 1));
     if (from == to) continue;
-    pool.emplace_back([=] {
-      if (madvise(base + from, to - from, MADV_POPULATE_WRITE) == 0) return;
-      // Kernels before 5.14: touch a byte per page (the bytes are zeros; writing keeps them).
-      for (uint64_t at = from; at < to; at += page) {
-        volatile uint8_t* p = base + at;
-        *p = *p;
-      }
+    pool.emplace_back([=, &errors] {
+      if (madvise(base + from, to - from, MADV_POPULATE_WRITE) != 0) errors[t] = errno;
     });
   }
   for (std::thread& t : pool) t.join();
+  *supported = true;
+  for (int error : errors) {
+    if (error == EINVAL) *supported = false;  // a kernel before 5.14
+    else if (error != 0) return absl::ResourceExhaustedError(std::strerror(error));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -72,13 +78,15 @@ absl::StatusOr<std::unique_ptr<DramSegment>> DramSegment::Create(const std::stri
   // Held for the segment's life: a sweep that can take the lock exclusively knows the
   // owner is gone, whatever pid namespace either of them is in.
   flock(segment->fd_, LOCK_SH);
-  // Reserve every page now: ENOSPC at start instead of SIGBUS on first touch.
+  // Reserve every page now: ENOSPC at start instead of SIGBUS on first touch. For a real GPU
+  // the pages are first allocated and mapped from several threads (what pinning needs
+  // anyway), then fallocate confirms the reservation cheaply.
   const auto reserve_start = std::chrono::steady_clock::now();
-  if (const int error = posix_fallocate(segment->fd_, 0, static_cast<off_t>(bytes)); error != 0) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "dram tier: cannot reserve %s in /dev/shm/%s: %s", FormatBytes(bytes), name,
-        std::strerror(error)));
-  }
+  auto cannot_reserve = [&](const std::string& why) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("dram tier: cannot reserve %s in /dev/shm/%s: %s", FormatBytes(bytes), name, why));
+  };
+  if (ftruncate(segment->fd_, static_cast<off_t>(bytes)) != 0) return cannot_reserve(std::strerror(errno));
   try {
     segment->handles_->region = bip::mapped_region(segment->handles_->shm, bip::read_write, 0, bytes);
   } catch (const bip::interprocess_exception& e) {
@@ -86,11 +94,17 @@ absl::StatusOr<std::unique_ptr<DramSegment>> DramSegment::Create(const std::stri
         absl::StrFormat("dram tier: cannot map %s: %s", FormatBytes(bytes), e.what()));
   }
   segment->base_ = static_cast<uint8_t*>(segment->handles_->region.get_address());
+  if (gpu != nullptr && !gpu->is_fake()) {
+    bool supported = false;
+    if (absl::Status s = PopulateInParallel(segment->base_, bytes, &supported); !s.ok()) {
+      return cannot_reserve(std::string(s.message()));
+    }
+  }
+  if (const int error = posix_fallocate(segment->fd_, 0, static_cast<off_t>(bytes)); error != 0) {
+    return cannot_reserve(std::strerror(error));
+  }
   const auto pin_start = std::chrono::steady_clock::now();
   segment->reserve_seconds_ = std::chrono::duration<double>(pin_start - reserve_start).count();
-  if (gpu != nullptr && !gpu->is_fake()) {
-    MapPagesInParallel(segment->base_, bytes);
-  }
   if (gpu != nullptr) {
     if (absl::Status status = gpu->RegisterHostMemory(segment->base_, bytes); !status.ok()) {
       return absl::Status(status.code(), absl::StrFormat("dram tier: pinning %s for the GPU: %s",

@@ -48,7 +48,7 @@ while kill -0 $train_pid 2>/dev/null; do
   sleep 10
 done
 wait $train_pid; status=$?
-grep -E "^(step|done|tierd|optimizer|offload)" "$out/train-7b.log"
+grep -E "^(step|done|tierd|optimizer|offload|startup)" "$out/train-7b.log"
 echo "== tierctl plan --session 1 (the last taken while training)"
 cat "$out/plan-7b.txt" 2>/dev/null | grep -vE "^ +[0-9]+ " | head -40
 echo "== DRAM copies and gaps (tierctl map 1 dram), sampled every 10 s"

@@ -99,7 +99,7 @@ echo "== 5. startup"
 model="${STARTUP_MODEL:-1.3b}"
 start_tierd "$work/run-startup" 24GiB 100GiB
 $bin --device=gpu --model_size="$model" --batch_size=8 --seq_len=2048 --steps=3 --grad_checkpointing \
-  --offload_policy=tierd --tierd_dir="$work/run-startup" --gpu_budget=24GiB --tierd_dram=64GiB --tierd_nvme=8GiB \
+  --offload_policy=tierd --tierd_dir="$work/run-startup" --gpu_budget=24GiB --tierd_nvme=8GiB \
   > "$out/startup.log" 2>&1
 grep -E '^(startup|optimizer|tierd:|step|done)' "$out/startup.log" | cut -c1-300
 kill -TERM $tierd_pid; wait $tierd_pid

@@ -106,6 +106,7 @@ int main(int argc, char** argv) {
   Run("touch in parallel, fallocate, register", bytes, threads, false, true, false);
   Run("MADV_HUGEPAGE, touch, fallocate, register", bytes, threads, false, true, true);
   Run("fallocate, populate in parallel, register", bytes, threads, true, false, false, true);
+  Run("populate in parallel (allocates), register", bytes, threads, false, false, false, true);
   Run("fallocate, register (again)", bytes, threads, true, false, false);
   return 0;
 }

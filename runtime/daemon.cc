@@ -227,9 +227,9 @@ void Daemon::LogSessionOpened(SessionId id, const std::string& label, const Sess
     dram = absl::StrFormat(" (DRAM reserved in %.1f s, pinned in %.1f s)", segment->reserve_seconds(),
                            segment->pin_seconds());
   }
-  const std::string line =
-      absl::StrFormat("tierd: session %d (%s) opened in %.1f s: quotas GPU %s, DRAM %s, NVMe %s%s\n", id, label, seconds,
-                      FormatBytes(quota.gpu_bytes), FormatBytes(quota.dram_bytes), FormatBytes(quota.nvme_bytes), dram);
+  const std::string line = absl::StrFormat(
+      "tierd: session %d (%s) opened in %.1f s: quotas GPU %s, DRAM %s, NVMe %s%s\n", id, label, seconds,
+      FormatBytes(quota.gpu_bytes), FormatBytes(quota.dram_bytes), FormatBytes(quota.nvme_bytes), dram);
   std::fputs(line.c_str(), stderr);
 }
 
@@ -250,7 +250,8 @@ absl::StatusOr<ipc::HelloGrant> Daemon::OnHello(const ipc::PeerCredentials& peer
   const auto opening = std::chrono::steady_clock::now();
   auto session = leases_->OpenSession(label, quota);
   if (!session.ok()) return session.status();
-  LogSessionOpened(*session, label, quota, std::chrono::duration<double>(std::chrono::steady_clock::now() - opening).count());
+  LogSessionOpened(*session, label, quota,
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - opening).count());
   ipc::HelloGrant grant;
   grant.session_id = *session;
   v1::HelloReply& reply = grant.reply;

@@ -67,7 +67,7 @@ struct DaemonOptions {
   bool planner_time_aware = false;
   // What a session's plan leaves free of its quotas for fragmentation (PlanningHeadroom):
   // DRAM one of the largest tensors, not three, since the 7B trainer on the H200 ran 10%
-  // faster a step so (docs/BENCHMARKS.md, session 10).
+  // faster a step so (docs/runs/BENCHMARKS-history-2026-11-29-to-12-01.md, session 10).
   PlanningHeadroom planner_headroom;
 };
 

@@ -72,7 +72,7 @@ TEST_F(LeaseTableTest, AFragmentedDramJoinsFreeSpaceByMovingACopyNotBySpilling) 
 
 // The same on the GPU: the copy moves within the region (device to device), not to DRAM.
 // (A client's split of the GPU by tensors it holds is what failed a 450 MiB workspace on the
-// H200 once, docs/BENCHMARKS.md session 7.)
+// H200 once, docs/runs/BENCHMARKS-history-2026-11-29-to-12-01.md, session 7.)
 TEST_F(LeaseTableTest, AFragmentedGpuJoinsFreeSpaceByMovingACopyNotByEvicting) {
   auto table = Table();
   ExpectAFragmentedArenaJoinsFreeSpaceByMovingACopy(*this, *table, Place::kGpu, {4 * kMiB, 8 * kMiB, 8 * kMiB});

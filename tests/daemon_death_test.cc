@@ -2,8 +2,8 @@
 // clients within seconds: a client waiting on its ring for an answer that will never come,
 // and the reference trainer, which stops saying where its last checkpoint is. Then a new
 // tierd starts in the same runtime directory and sweeps what the dead one left.
-#include <gtest/gtest.h>
 #include <dirent.h>
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -31,8 +31,8 @@ int CountShm(const std::string& prefix) {
 class DaemonDeathTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    runtime_dir_ = "/tmp/tierd-death-" + std::to_string(getpid()) + "-" +
-                   std::to_string(std::random_device{}() % 100000);
+    runtime_dir_ =
+        "/tmp/tierd-death-" + std::to_string(getpid()) + "-" + std::to_string(std::random_device{}() % 100000);
     daemon_ = Start();
     ASSERT_NE(daemon_, nullptr);
   }

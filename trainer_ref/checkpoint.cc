@@ -92,8 +92,8 @@ absl::Status CheckpointWriter::BeginRecord(absl::string_view name, uint64_t byte
 
 absl::Status CheckpointWriter::Write(const void* data, uint64_t bytes) {
   if (!in_record_ || bytes > record_left_) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "checkpoint: %d bytes written into a record with %d left", bytes, in_record_ ? record_left_ : 0));
+    return absl::FailedPreconditionError(absl::StrFormat("checkpoint: %d bytes written into a record with %d left",
+                                                         bytes, in_record_ ? record_left_ : 0));
   }
   crc_ = Crc32c(crc_, data, bytes);
   record_left_ -= bytes;
@@ -102,8 +102,8 @@ absl::Status CheckpointWriter::Write(const void* data, uint64_t bytes) {
 
 absl::Status CheckpointWriter::EndRecord() {
   if (!in_record_ || record_left_ != 0) {
-    return absl::FailedPreconditionError(absl::StrFormat("checkpoint record ended with %d bytes unwritten",
-                                                         record_left_));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("checkpoint record ended with %d bytes unwritten", record_left_));
   }
   in_record_ = false;
   ++records_;
@@ -172,8 +172,8 @@ absl::Status CheckpointReader::ReadHeader() {
   uint32_t name_bytes = 0;
   if (absl::Status s = Raw(&name_bytes, 4); !s.ok()) return s;
   if (name_bytes == 0 || name_bytes > kNameBytesMax) {
-    return absl::DataLossError(absl::StrFormat("'%s' has a record name of %d bytes: the file is damaged", path_,
-                                               name_bytes));
+    return absl::DataLossError(
+        absl::StrFormat("'%s' has a record name of %d bytes: the file is damaged", path_, name_bytes));
   }
   name_.assign(name_bytes, '\0');
   if (absl::Status s = Raw(name_.data(), name_bytes); !s.ok()) return s;
@@ -219,8 +219,8 @@ absl::Status CheckpointReader::EndRecord() {
   if (absl::Status s = Raw(&stored, 4); !s.ok()) return s;
   in_record_ = have_header_ = false;
   if (stored != crc_) {
-    return absl::DataLossError(absl::StrFormat("'%s' fails its checksum in record '%s': the file is damaged", path_,
-                                               name_));
+    return absl::DataLossError(
+        absl::StrFormat("'%s' fails its checksum in record '%s': the file is damaged", path_, name_));
   }
   return absl::OkStatus();
 }

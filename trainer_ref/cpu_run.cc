@@ -91,9 +91,10 @@ TrainOptions OptionsFrom(const RunSettings& s) {
 int RunOnCpu(const RunSettings& s) {
   const ModelConfig& config = s.config;
   if (config.Params() > 50'000'000) {
-    return Fail(absl::StrFormat("model %s has %.2fB parameters: too big for the CPU trainer (use tiny or 124m here, "
-                                "or a GPU)",
-                                config.name, config.Params() / 1e9));
+    return Fail(
+        absl::StrFormat("model %s has %.2fB parameters: too big for the CPU trainer (use tiny or 124m here, "
+                        "or a GPU)",
+                        config.name, config.Params() / 1e9));
   }
   const TrainOptions o = OptionsFrom(s);
   auto data = LoadDataset(s.data, config.vocab, o.seq, 0.05);
@@ -129,11 +130,10 @@ int RunOnCpu(const RunSettings& s) {
     metrics = std::move(*opened);
     if (!note.empty()) std::printf("%s\n", note.c_str());
   }
-  std::printf("model %s; data %s; %d x %d tokens x %d micro-batches per step; offload: %s%s\n",
-              DescribeConfig(config).c_str(), data->source.c_str(),
-              o.batch, o.seq, o.grad_accum, s.tierd ? "tierd" : "none",
-              ck.dir.empty() ? "" : absl::StrFormat("; checkpoint every %d steps in %s", s.checkpoint_every, ck.dir)
-                                        .c_str());
+  std::printf(
+      "model %s; data %s; %d x %d tokens x %d micro-batches per step; offload: %s%s\n", DescribeConfig(config).c_str(),
+      data->source.c_str(), o.batch, o.seq, o.grad_accum, s.tierd ? "tierd" : "none",
+      ck.dir.empty() ? "" : absl::StrFormat("; checkpoint every %d steps in %s", s.checkpoint_every, ck.dir).c_str());
   const double tokens_per_step = static_cast<double>(o.batch) * o.seq * o.grad_accum;
   const auto run_start = std::chrono::steady_clock::now();
   const int64_t first_step = trainer.step();
@@ -168,10 +168,10 @@ int RunOnCpu(const RunSettings& s) {
     const std::string traffic = s.tierd ? "  tiers moved " + FormatBytes(moved_step) : "";
     const std::string ckpt_note =
         ck.dir.empty() ? "" : absl::StrFormat("  ckpt %d (every %d)", ck.last_step, s.checkpoint_every);
-    std::printf("step %5ld/%ld  loss %.4f  (last %zu: mean %.4f, sd %.4f)  lr %.2e  |g| %.3f  %.0f ms  %.0f tok/s%s%s\n",
-                static_cast<long>(r.step), static_cast<long>(o.steps), r.loss, window.size(), window.mean(),
-                window.sd(), r.lr, r.grad_norm, seconds * 1e3, tokens_per_step / seconds, traffic.c_str(),
-                ckpt_note.c_str());
+    std::printf(
+        "step %5ld/%ld  loss %.4f  (last %zu: mean %.4f, sd %.4f)  lr %.2e  |g| %.3f  %.0f ms  %.0f tok/s%s%s\n",
+        static_cast<long>(r.step), static_cast<long>(o.steps), r.loss, window.size(), window.mean(), window.sd(), r.lr,
+        r.grad_norm, seconds * 1e3, tokens_per_step / seconds, traffic.c_str(), ckpt_note.c_str());
     std::fflush(stdout);
     if (metrics) {
       metrics << absl::StrFormat(

@@ -17,8 +17,7 @@ absl::Status Bad(const std::string& where, const std::string& what) {
 }
 
 // A positive integer under `key`; absent: `*out` unchanged and `required` decides.
-absl::Status ReadDimension(const YAML::Node& root, const char* key, bool required, const std::string& where,
-                           int* out) {
+absl::Status ReadDimension(const YAML::Node& root, const char* key, bool required, const std::string& where, int* out) {
   const YAML::Node node = root[key];
   if (!node || node.IsNull()) {
     return required ? Bad(where, absl::StrFormat("'%s' is missing (the shape needs hidden_size, num_hidden_layers, "
@@ -85,8 +84,8 @@ absl::StatusOr<ModelConfig> ModelConfigFromJson(const std::string& text, const s
   try {
     root = YAML::Load(json);
   } catch (const YAML::Exception& e) {
-    return Bad(where, absl::StrFormat("not valid JSON at line %d, column %d: %s", e.mark.line + 1,
-                                      e.mark.column + 1, e.msg));
+    return Bad(where,
+               absl::StrFormat("not valid JSON at line %d, column %d: %s", e.mark.line + 1, e.mark.column + 1, e.msg));
   }
   if (!root.IsMap()) return Bad(where, "expected a JSON object ({\"hidden_size\": ..., ...})");
   ModelConfig c;
@@ -94,9 +93,9 @@ absl::StatusOr<ModelConfig> ModelConfigFromJson(const std::string& text, const s
     const char* name;
     int* field;
   };
-  for (const Key& k : {Key{"hidden_size", &c.d_model}, Key{"num_hidden_layers", &c.layers},
-                       Key{"num_attention_heads", &c.heads}, Key{"intermediate_size", &c.d_ff},
-                       Key{"vocab_size", &c.vocab}, Key{"max_position_embeddings", &c.max_seq}}) {
+  for (const Key& k :
+       {Key{"hidden_size", &c.d_model}, Key{"num_hidden_layers", &c.layers}, Key{"num_attention_heads", &c.heads},
+        Key{"intermediate_size", &c.d_ff}, Key{"vocab_size", &c.vocab}, Key{"max_position_embeddings", &c.max_seq}}) {
     if (absl::Status s = ReadDimension(root, k.name, /*required=*/true, where, k.field); !s.ok()) return s;
   }
   if (absl::Status s = ReadReal(root, "rms_norm_eps", where, &c.norm_eps); !s.ok()) return s;

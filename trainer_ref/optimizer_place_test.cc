@@ -46,8 +46,8 @@ TEST(OptimizerPlaceTest, ASlowLinkStepsOnTheHost) {
   EXPECT_FALSE(ChooseOptimizerPlace(in).on_cpu);
 }
 
-// Measured on the H200 (docs/BENCHMARKS.md): 1.3B in 24 GiB with 48 GiB of DRAM, host AdamW
-// at 2.38 G params/s: the GPU path was 0.44 s a step faster, and the model says so.
+// Measured on the H200 (docs/runs/BENCHMARKS-history-2026-11-29-to-12-01.md): 1.3B in 24 GiB with
+// 48 GiB of DRAM, host AdamW at 2.38 G params/s: the GPU path was 0.44 s a step faster, and the model says so.
 TEST(OptimizerPlaceTest, TheH200RunsItPredicts) {
   OptimizerCostInputs small;
   small.params = 1.345e9;

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <fstream>
 
+#include <zlib.h>
+
 #include "absl/strings/str_format.h"
 #include "trainer_ref/plot_font.h"
 
@@ -41,23 +43,13 @@ std::string EncodePng(const std::vector<unsigned char>& rgb, int width, int heig
     raw.append(reinterpret_cast<const char*>(rgb.data()) + static_cast<size_t>(y) * width * 3,
                static_cast<size_t>(width) * 3);
   }
-  std::string z = "\x78\x01";  // zlib header: deflate, no dictionary
-  uint32_t a = 1, b = 0;       // Adler-32
-  for (unsigned char c : raw) {
-    a = (a + c) % 65521;
-    b = (b + a) % 65521;
+  uLongf z_bytes = compressBound(raw.size());
+  std::string z(z_bytes, '\0');
+  if (compress2(reinterpret_cast<Bytef*>(z.data()), &z_bytes, reinterpret_cast<const Bytef*>(raw.data()), raw.size(),
+                Z_BEST_COMPRESSION) != Z_OK) {
+    return "";
   }
-  for (size_t at = 0; at < raw.size() || at == 0; at += 65535) {
-    const size_t len = std::min<size_t>(65535, raw.size() - at);
-    z.push_back(at + len >= raw.size() ? 1 : 0);  // BFINAL, BTYPE 00 (stored)
-    z.push_back(static_cast<char>(len & 0xff));
-    z.push_back(static_cast<char>(len >> 8));
-    z.push_back(static_cast<char>(~len & 0xff));
-    z.push_back(static_cast<char>((~len >> 8) & 0xff));
-    z.append(raw, at, len);
-    if (raw.empty()) break;
-  }
-  Be32(z, (b << 16) | a);
+  z.resize(z_bytes);
   std::string png = "\x89PNG\r\n\x1a\n";
   std::string ihdr;
   Be32(ihdr, width);
@@ -129,8 +121,8 @@ class Canvas {
         const uint8_t* rows = kFont6x10[ch - kFirstGlyph];
         for (int r = 0; r < kGlyphHeight; ++r) {
           for (int col = 0; col < kGlyphWidth; ++col) {
-            if ((rows[r] >> (kGlyphWidth - 1 - col)) & 1) Box(x + col * scale, y + r * scale, x + col * scale + scale - 1,
-                                                              y + r * scale + scale - 1, c);
+            if ((rows[r] >> (kGlyphWidth - 1 - col)) & 1)
+              Box(x + col * scale, y + r * scale, x + col * scale + scale - 1, y + r * scale + scale - 1, c);
           }
         }
       }
@@ -246,13 +238,15 @@ absl::Status WritePlot(const std::string& path, const RunCurves& curves, int wid
     const double most = *std::max_element(curves.moved_bytes.begin(), curves.moved_bytes.end());
     const double divisor = most >= 1e9 ? 1e9 : most >= 1e6 ? 1e6 : most >= 1e3 ? 1e3 : 1;
     const char* unit = divisor == 1e9 ? "GB" : divisor == 1e6 ? "MB" : divisor == 1e3 ? "kB" : "bytes";
-    const Panel moved = DrawAxes(canvas, left, loss_bottom + gap, right, height - bottom_margin, x_lo, x_hi, 0, std::max(most, 1.0),
-                                 divisor, absl::StrFormat("bytes the tiers moved per step (%s)", unit), "step");
+    const Panel moved =
+        DrawAxes(canvas, left, loss_bottom + gap, right, height - bottom_margin, x_lo, x_hi, 0, std::max(most, 1.0),
+                 divisor, absl::StrFormat("bytes the tiers moved per step (%s)", unit), "step");
     DrawSeries(canvas, moved, curves.moved_bytes, curves.first_step, kTrafficColor);
     DrawLegend(canvas, moved, {{"DRAM <-> NVMe, GPU <-> DRAM", kTrafficColor}}, {});
   }
-  std::ofstream out(path, std::ios::binary);
   const std::string png = EncodePng(canvas.rgb(), width, height);
+  if (png.empty()) return absl::InternalError("compressing the plot failed");
+  std::ofstream out(path, std::ios::binary);
   out.write(png.data(), static_cast<std::streamsize>(png.size()));
   if (!out.flush()) return absl::InternalError(absl::StrFormat("cannot write the plot '%s'", path));
   return absl::OkStatus();

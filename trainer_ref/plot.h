@@ -1,8 +1,8 @@
 // A PNG of the run, readable on its own: a title; the training loss per step (blue line) and
 // validation losses (red dots) against the step, with axes, ticks, numbers, axis labels, a
 // grid and a legend; under it, when there is traffic, the bytes the tiers moved per step
-// (green) on its own axis. Written with no library: a built-in 6x10 font, stored
-// (uncompressed) deflate blocks inside a valid PNG. tools/plot_metrics.py draws the same
+// (green) on its own axis. Written with no plotting library: a built-in 6x10 font, the PNG
+// deflated by zlib. tools/plot_metrics.py draws the same
 // from the metrics JSONL with matplotlib, where it is installed.
 #ifndef TIERD_TRAINER_REF_PLOT_H_
 #define TIERD_TRAINER_REF_PLOT_H_

@@ -1,6 +1,7 @@
 #include "trainer_ref/plot.h"
 
 #include <gtest/gtest.h>
+#include <zlib.h>
 
 #include <cmath>
 #include <cstdint>
@@ -16,7 +17,7 @@ uint32_t Be32(const std::string& s, size_t at) {
          uint32_t(uint8_t(s[at + 3]));
 }
 
-// Reads the PNG back: chunk structure and CRCs, then the stored deflate blocks to pixels.
+// Reads the PNG back: chunk structure and CRCs, then the zlib stream to pixels (filter 0 rows).
 std::vector<unsigned char> Decode(const std::string& png, int* width, int* height) {
   EXPECT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
   std::string idat;
@@ -37,14 +38,12 @@ std::vector<unsigned char> Decode(const std::string& png, int* width, int* heigh
     if (type == "IDAT") idat += png.substr(at + 8, len);
     at += 12 + len;
   }
-  std::string raw;
-  for (size_t at = 2; at + 4 < idat.size();) {  // stored blocks after the zlib header
-    const bool final = idat[at] & 1;
-    const size_t len = uint8_t(idat[at + 1]) | (uint8_t(idat[at + 2]) << 8);
-    raw += idat.substr(at + 5, len);
-    at += 5 + len;
-    if (final) break;
-  }
+  std::string raw(static_cast<size_t>(*height) * (*width * 3 + 1), '\0');
+  uLongf raw_bytes = raw.size();
+  EXPECT_EQ(uncompress(reinterpret_cast<Bytef*>(raw.data()), &raw_bytes, reinterpret_cast<const Bytef*>(idat.data()),
+                       idat.size()),
+            Z_OK);
+  raw.resize(raw_bytes);
   EXPECT_EQ(raw.size(), static_cast<size_t>(*height) * (*width * 3 + 1));
   std::vector<unsigned char> rgb;
   for (int y = 0; y < *height; ++y) {

@@ -110,8 +110,9 @@ absl::Status ReadPrecisionAndOptimizer(bool gpu) {
     return Bad("--precision is auto, fp32 (CPU) or bf16 (GPU), not '" + precision + "'");
   }
   if (precision == "fp32" && gpu) {
-    return Bad("--precision=fp32: the GPU trainer computes bf16 with fp32 master weights, gradients and "
-               "accumulation (--precision=auto); fp32 throughout is the CPU's (--device=cpu)");
+    return Bad(
+        "--precision=fp32: the GPU trainer computes bf16 with fp32 master weights, gradients and "
+        "accumulation (--precision=auto); fp32 throughout is the CPU's (--device=cpu)");
   }
   if (precision == "bf16" && !gpu) return Bad("--precision=bf16 is the GPU trainer's; the CPU reference is fp32");
   if (absl::AsciiStrToLower(absl::GetFlag(FLAGS_opt)) != "adamw") {
@@ -136,10 +137,10 @@ absl::Status ReadTierd(bool gpu, RunSettings& s) {
   s.tierd = policy != "none";
   s.tierd_dir = absl::GetFlag(FLAGS_tierd_dir);
   // On a GPU an empty --tierd_dram is sized from the model's state when the home is made (0 here).
-  const std::string dram = absl::GetFlag(FLAGS_tierd_dram).empty() ? (gpu ? "0" : "64MiB")
-                                                                  : absl::GetFlag(FLAGS_tierd_dram);
-  const std::string nvme = absl::GetFlag(FLAGS_tierd_nvme).empty() ? (gpu ? "64GiB" : "1GiB")
-                                                                  : absl::GetFlag(FLAGS_tierd_nvme);
+  const std::string dram =
+      absl::GetFlag(FLAGS_tierd_dram).empty() ? (gpu ? "0" : "64MiB") : absl::GetFlag(FLAGS_tierd_dram);
+  const std::string nvme =
+      absl::GetFlag(FLAGS_tierd_nvme).empty() ? (gpu ? "64GiB" : "1GiB") : absl::GetFlag(FLAGS_tierd_nvme);
   auto dram_bytes = ParseBytes(dram);
   auto nvme_bytes = ParseBytes(nvme);
   if (!dram_bytes.ok() || !nvme_bytes.ok()) return Bad("--tierd_dram / --tierd_nvme: sizes like 64MiB or 24GiB");
@@ -203,7 +204,8 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   s.clip = absl::GetFlag(FLAGS_clip);
   s.weight_decay = absl::GetFlag(FLAGS_weight_decay);
   s.seed = absl::GetFlag(FLAGS_seed);
-  if (s.batch < 1 || s.seq < 1 || s.accum < 1 || s.steps < 1 || (Given("batch_size") && s.batch != absl::GetFlag(FLAGS_batch_size)) ||
+  if (s.batch < 1 || s.seq < 1 || s.accum < 1 || s.steps < 1 ||
+      (Given("batch_size") && s.batch != absl::GetFlag(FLAGS_batch_size)) ||
       (Given("steps") && s.steps != absl::GetFlag(FLAGS_steps))) {
     return Bad("--batch_size, --seq_len, --grad_accum_steps and --steps must be at least 1");
   }
@@ -223,12 +225,13 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   s.checkpoint_keep = absl::GetFlag(FLAGS_checkpoint_keep);
   s.resume = absl::GetFlag(FLAGS_resume);
   if (s.resume && s.checkpoint_dir.empty()) return Bad("--resume needs --checkpoint_dir");
-  if (s.checkpoint_every < 1 || s.checkpoint_keep < 1) return Bad("--checkpoint_every and --checkpoint_keep: at least 1");
+  if (s.checkpoint_every < 1 || s.checkpoint_keep < 1)
+    return Bad("--checkpoint_every and --checkpoint_keep: at least 1");
   s.metrics = absl::GetFlag(FLAGS_metrics);
   s.plot = absl::GetFlag(FLAGS_plot);
   s.eval_every = absl::GetFlag(FLAGS_eval_every);
-  const std::vector<const char*> gpu_only = {"gpu_budget", "optimizer_place", "pcie_gbps", "nvme_gbps",
-                                             "gpu_tflops", "optimizer_chunks", "profile", "timing_skip"};
+  const std::vector<const char*> gpu_only = {"gpu_budget", "optimizer_place",  "pcie_gbps", "nvme_gbps",
+                                             "gpu_tflops", "optimizer_chunks", "profile",   "timing_skip"};
   const std::vector<const char*> cpu_only = {"eval_every", "tierd_record"};
   for (const char* name : gpu ? cpu_only : gpu_only) {
     if (Given(name) && notes != nullptr) {

@@ -50,7 +50,8 @@ bool PickDevice(bool* gpu) {
   if (device == "cpu") {
     std::printf("device: CPU (--device=cpu)\n");
   } else {
-    std::printf("device: %s\n", usable ? ("GPU " + why).c_str() : ("CPU, the reference (no usable GPU: " + why + ")").c_str());
+    std::printf("device: %s\n",
+                usable ? ("GPU " + why).c_str() : ("CPU, the reference (no usable GPU: " + why + ")").c_str());
   }
   return true;
 }
@@ -60,7 +61,7 @@ bool PickDevice(bool* gpu) {
 int main(int argc, char** argv) {
   absl::InitializeSymbolizer(argv[0]);
   absl::InstallFailureSignalHandler({});  // a crash prints its stack
-  setvbuf(stdout, nullptr, _IOLBF, 0);     // lines reach a pipe (tee) as they are printed
+  setvbuf(stdout, nullptr, _IOLBF, 0);    // lines reach a pipe (tee) as they are printed
   tt::ParseTrainerFlags(argc, argv, kUsage);
   bool gpu = false;
   if (!PickDevice(&gpu)) return 1;

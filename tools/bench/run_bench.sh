@@ -9,7 +9,7 @@
 # MODELS, BATCH, STEPS, SKIP (untimed warm-up steps), BUDGETS ("" skips the tierd runs), TIERD_DRAM, TIERD_NVME override
 # the defaults; TORCH_CKPT=" " skips the checkpointed baseline; TORCH=0 skips PyTorch;
 # NONE=0 skips our no-offload run (a 7B does not fit the H200 without offload); OURS_FLAGS
-# adds flags to our runs (e.g. --grad_checkpointing). PyTorch runs at the largest batch that
+# adds flags to our runs (e.g. --grad_checkpointing), TIERD_RUN_FLAGS to our tierd runs only. PyTorch runs at the largest batch that
 # fits (a power of two, probed first; TORCH_BATCH=N fixes it), ours at BATCH (default 8).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -48,7 +48,8 @@ for m in $models; do
     for _ in $(seq 300); do [ -S "$tierd_dir/tierd.grpc.sock" ] && break; sleep 0.1; done
     .carry/bin/tierd-train --device=gpu --model_size="$m" --batch_size="$batch" --seq_len=$seq --steps="$steps" \
       --timing_skip="${SKIP:-3}" --data="$corpus" --profile --offload_policy=tierd --gpu_budget="$budget" \
-      --tierd_dir="$tierd_dir" --tierd_dram="$tierd_dram" --tierd_nvme="$tierd_nvme" ${OURS_FLAGS:-} 2>&1 |
+      --tierd_dir="$tierd_dir" --tierd_dram="$tierd_dram" --tierd_nvme="$tierd_nvme" ${OURS_FLAGS:-} \
+      ${TIERD_RUN_FLAGS:-} 2>&1 |
       tee "$out/ours-$m-tierd-$budget.log" | tail -n 6
     grep '^result: ' "$out/ours-$m-tierd-$budget.log" | sed 's/^result: //' >> "$results"
     kill -TERM $tierd_pid; wait $tierd_pid
@@ -70,6 +71,7 @@ for r in rows:
     nvme = f'{gib(r["nvme_read_bytes"])}, {gib(r["nvme_write_bytes"])}' if "nvme_read_bytes" in r else "-"
     step = f'{r["step_seconds"]:.2f}' if "step_seconds" in r else "-"
     wait = f'{r["acquire_wait_seconds"]:.2f}' if "acquire_wait_seconds" in r else "-"
-    run = r["run"] + (f' (batch {r["batch"]})' if r["run"].startswith("pytorch") and "batch" in r else "")
+    run = r["run"] + (f' (batch {r["batch"]}' + (f' x {r["micro_batches"]} micro-batches' if r.get("micro_batches", 1) > 1 else "") + ")"
+                      if "batch" in r else "")
     print(f'| {r["model"]} | {run} | {mem} | {r["tokens_per_s"]:.0f} | {ratio} | {r["tflops_6n"]:.0f} | {step} | {wait} | {moves} | {nvme} | {r["final_loss"]:.3f} |')
 PY

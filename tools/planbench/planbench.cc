@@ -33,7 +33,8 @@ ABSL_FLAG(double, nvme_gbps, 2, "NVMe GB/s, reads and writes sharing the device"
 ABSL_FLAG(double, tflops, 400, "sustained bf16 TFLOP/s for op times");
 ABSL_FLAG(bool, time_aware, false,
           "also try plans with loads for writes hoisted into free room and victims below the GPU chosen by time "
-          "(the daemon plans so only with tierd --planner_time_aware; see docs/BENCHMARKS.md)");
+          "(the daemon plans so only with tierd --planner_time_aware; see "
+          "docs/runs/BENCHMARKS-history-2026-11-29-to-12-01.md)");
 ABSL_FLAG(int, optimizer_chunks, 1,
           "each layer's optimizer state (master, m, v) as this many tensors (sub-groups), so the tiers below can "
           "hold part of a layer's state; a what-if: the GPU trainer leases each layer's state whole");

@@ -96,19 +96,31 @@ absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x) {
   const size_t nc = static_cast<size_t>(n) * c;
   const Layer& w = layers_[l];
   RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(a.x_in, x, nc * sizeof(float), cudaMemcpyDeviceToDevice, stream_), "x_in"));
-  Timed(kElementwise, [&] { RmsNormForward(a.h1, a.rstd1, x, N(w.attn_norm), n, c, static_cast<float>(config_.norm_eps), stream_); return 0; });
+  Timed(kElementwise, [&] {
+    RmsNormForward(a.h1, a.rstd1, x, N(w.attn_norm), n, c, static_cast<float>(config_.norm_eps), stream_);
+    return 0;
+  });
   RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(a.q, a.h1, W(w.wq), n, c, c, stream_); }));
   RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(a.k, a.h1, W(w.wk), n, c, c, stream_); }));
   RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(a.v, a.h1, W(w.wv), n, c, c, stream_); }));
-  Timed(kElementwise, [&] { RopeForward(a.q, batch_, seq_, h, d, static_cast<float>(config_.rope_theta), stream_); return 0; });
-  Timed(kElementwise, [&] { RopeForward(a.k, batch_, seq_, h, d, static_cast<float>(config_.rope_theta), stream_); return 0; });
+  Timed(kElementwise, [&] {
+    RopeForward(a.q, batch_, seq_, h, d, static_cast<float>(config_.rope_theta), stream_);
+    return 0;
+  });
+  Timed(kElementwise, [&] {
+    RopeForward(a.k, batch_, seq_, h, d, static_cast<float>(config_.rope_theta), stream_);
+    return 0;
+  });
   RETURN_IF_ERROR(Timed(kAttention, [&] {
     return Cuda(AttentionForward(a.a, a.lse, a.q, a.k, a.v, batch_, seq_, h, d, stream_), "attention forward");
   }));
   RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(tmp_, a.a, W(w.wo), n, c, c, stream_); }));
   Timed(kElementwise, [&] { AddInto(x, tmp_, static_cast<int64_t>(nc), stream_); return 0; });
   RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(a.x_mid, x, nc * sizeof(float), cudaMemcpyDeviceToDevice, stream_), "x_mid"));
-  Timed(kElementwise, [&] { RmsNormForward(a.h2, a.rstd2, x, N(w.mlp_norm), n, c, static_cast<float>(config_.norm_eps), stream_); return 0; });
+  Timed(kElementwise, [&] {
+    RmsNormForward(a.h2, a.rstd2, x, N(w.mlp_norm), n, c, static_cast<float>(config_.norm_eps), stream_);
+    return 0;
+  });
   RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(a.g, a.h2, W(w.w1), n, c, f, stream_); }));
   RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(a.u, a.h2, W(w.w3), n, c, f, stream_); }));
   Timed(kElementwise, [&] { SwiGluForward(a.s, a.g, a.u, n, f, stream_); return 0; });
@@ -152,7 +164,10 @@ absl::StatusOr<double> GpuModel::Forward(const int32_t* tokens, const int32_t* t
   Progress(ForwardOp(micro_, last));
   RETURN_IF_ERROR(Enter(last, Part::kWeights, Access::kRead));
   RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(x_out_, x_, nc * sizeof(float), cudaMemcpyDeviceToDevice, stream_), "x_out"));
-  Timed(kElementwise, [&] { RmsNormForward(xf_, rstd_f_, x_, N(final_norm_), n, c, static_cast<float>(config_.norm_eps), stream_); return 0; });
+  Timed(kElementwise, [&] {
+    RmsNormForward(xf_, rstd_f_, x_, N(final_norm_), n, c, static_cast<float>(config_.norm_eps), stream_);
+    return 0;
+  });
   RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(logits_, xf_, W(head_), n, c, config_.vocab, stream_); }));
   RETURN_IF_ERROR(Leave(last, Part::kWeights));
   Timed(kLoss, [&] { CrossEntropy(losses_, dlogits_, logits_, targets_, n, config_.vocab, counted, stream_); return 0; });
@@ -224,8 +239,14 @@ absl::Status GpuModel::Backward() {
       return Cuda(AttentionBackward(dq_, dk_, dv_, da_, a.a, a.lse, delta_, a.q, a.k, a.v, batch_, seq_, h, d, stream_),
                   "attention backward");
     }));
-    Timed(kElementwise, [&] { RopeBackward(dq_, batch_, seq_, h, d, static_cast<float>(config_.rope_theta), stream_); return 0; });
-    Timed(kElementwise, [&] { RopeBackward(dk_, batch_, seq_, h, d, static_cast<float>(config_.rope_theta), stream_); return 0; });
+    Timed(kElementwise, [&] {
+      RopeBackward(dq_, batch_, seq_, h, d, static_cast<float>(config_.rope_theta), stream_);
+      return 0;
+    });
+    Timed(kElementwise, [&] {
+      RopeBackward(dk_, batch_, seq_, h, d, static_cast<float>(config_.rope_theta), stream_);
+      return 0;
+    });
     RETURN_IF_ERROR(zero(dh_, nc));
     RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(dh_, G(w.wq), dq_, a.h1, W(w.wq), n, c, c, stream_); }));
     RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(dh_, G(w.wk), dk_, a.h1, W(w.wk), n, c, c, stream_); }));

@@ -59,7 +59,8 @@ absl::Status GpuModel::ForEachPiece(int g, Part part, int chunk, bool to_host, v
       if (s.ok()) s = fn(staging, at, n);
     } else {
       s = fn(staging, at, n);
-      if (s.ok()) s = Cuda(cudaMemcpyAsync(device + at, staging, n, cudaMemcpyHostToDevice, stream_), "checkpoint upload");
+      if (s.ok())
+        s = Cuda(cudaMemcpyAsync(device + at, staging, n, cudaMemcpyHostToDevice, stream_), "checkpoint upload");
       if (s.ok()) s = Cuda(cudaStreamSynchronize(stream_), "checkpoint upload");  // staging is reused
     }
   }
@@ -76,7 +77,8 @@ absl::Status GpuModel::SaveState(CheckpointWriter& writer) {
   if (!home_->HasHostTier()) RETURN_IF_ERROR(Cuda(cudaMallocHost(&staging.bytes, kStagingBytes), "staging buffer"));
   for (int g = 0; g < Groups(); ++g) {
     for (Part part : kSavedParts) {
-      RETURN_IF_ERROR(writer.BeginRecord(PartName(home_layout_, g, part), home_layout_.bytes[g][static_cast<int>(part)]));
+      RETURN_IF_ERROR(
+          writer.BeginRecord(PartName(home_layout_, g, part), home_layout_.bytes[g][static_cast<int>(part)]));
       for (int c = 0; c < home_layout_.Chunks(g, part); ++c) {
         RETURN_IF_ERROR(ForEachPiece(g, part, c, /*to_host=*/true, staging.bytes,
                                      [&](void* p, uint64_t, uint64_t n) { return writer.Write(p, n); }));
@@ -99,15 +101,16 @@ absl::Status GpuModel::LoadState(CheckpointReader& reader) {
   if (!home_->HasHostTier()) RETURN_IF_ERROR(Cuda(cudaMallocHost(&staging.bytes, kStagingBytes), "staging buffer"));
   for (int g = 0; g < Groups(); ++g) {
     for (Part part : kSavedParts) {
-      RETURN_IF_ERROR(reader.BeginRecord(PartName(home_layout_, g, part), home_layout_.bytes[g][static_cast<int>(part)]));
+      RETURN_IF_ERROR(
+          reader.BeginRecord(PartName(home_layout_, g, part), home_layout_.bytes[g][static_cast<int>(part)]));
       for (int c = 0; c < home_layout_.Chunks(g, part); ++c) {
         const uint64_t chunk_at = home_layout_.Chunk(g, part, c).offset;
         RETURN_IF_ERROR(ForEachPiece(g, part, c, /*to_host=*/false, staging.bytes,
                                      [&](void* p, uint64_t at, uint64_t n) -> absl::Status {
-          RETURN_IF_ERROR(reader.ReadPiece(p, n));
-          if (part != Part::kMaster) return absl::OkStatus();
-          return RefreshNorms(g, chunk_at + at, p, n);
-        }));
+                                       RETURN_IF_ERROR(reader.ReadPiece(p, n));
+                                       if (part != Part::kMaster) return absl::OkStatus();
+                                       return RefreshNorms(g, chunk_at + at, p, n);
+                                     }));
       }
       RETURN_IF_ERROR(reader.EndRecord());
     }
@@ -124,10 +127,10 @@ absl::Status GpuModel::RefreshNorms(int g, uint64_t at, const void* p, uint64_t 
     const uint64_t hi = lo + layout_[e].count * sizeof(float);
     const uint64_t from = std::max(lo, at), to = std::min(hi, at + n);
     if (from >= to) continue;
-    RETURN_IF_ERROR(Cuda(cudaMemcpy(reinterpret_cast<unsigned char*>(N(e)) + (from - lo),
-                                    static_cast<const unsigned char*>(p) + (from - at), to - from,
-                                    cudaMemcpyHostToDevice),
-                         "norm weights from the checkpoint"));
+    RETURN_IF_ERROR(
+        Cuda(cudaMemcpy(reinterpret_cast<unsigned char*>(N(e)) + (from - lo),
+                        static_cast<const unsigned char*>(p) + (from - at), to - from, cudaMemcpyHostToDevice),
+             "norm weights from the checkpoint"));
   }
   return absl::OkStatus();
 }

@@ -291,32 +291,33 @@ absl::Status GpuModel::InitParams(uint64_t seed) {
     RETURN_IF_ERROR(Enter(g, Part::kWeights, Access::kOverwrite));
     Bf16* weights = static_cast<Bf16*>(acquired_[g][static_cast<int>(Part::kWeights)]);
     const std::vector<size_t> entries = GroupEntries(g);
-    RETURN_IF_ERROR(ForEachStateChunk(g, Access::kOverwrite,
-                                      [&](size_t first, size_t n, float* master, float* m, float* v) -> absl::Status {
-      for (size_t e : entries) {
-        const TensorLayout& t = layout_[e];
-        const size_t lo = t.offset - group_offset_[g], from = std::max(lo, first), to = std::min(lo + t.count, first + n);
-        if (from >= to) continue;
-        if (t.shape.size() == 1) {
-          InitConstant(master + (from - first), weights + from, static_cast<int64_t>(to - from), 1.f, stream_);
-          continue;
-        }
-        const bool residual_out =
-            t.name.find("attn.wo") != std::string::npos || t.name.find("mlp.w2") != std::string::npos;
-        const double sigma = 0.02 * (residual_out ? 1.0 / std::sqrt(2.0 * config_.layers) : 1.0);
-        InitNormal(master + (from - first), weights + from, static_cast<int64_t>(from - lo),
-                   static_cast<int64_t>(to - from), seed, e, sigma, stream_);
-      }
-      for (float* moment : {m, v}) {
-        RETURN_IF_ERROR(Cuda(cudaMemsetAsync(moment, 0, n * sizeof(float), stream_), "zero moments"));
-      }
-      return Cuda(cudaGetLastError(), "initial weights");
-    }));
+    RETURN_IF_ERROR(ForEachStateChunk(
+        g, Access::kOverwrite, [&](size_t first, size_t n, float* master, float* m, float* v) -> absl::Status {
+          for (size_t e : entries) {
+            const TensorLayout& t = layout_[e];
+            const size_t lo = t.offset - group_offset_[g], from = std::max(lo, first),
+                         to = std::min(lo + t.count, first + n);
+            if (from >= to) continue;
+            if (t.shape.size() == 1) {
+              InitConstant(master + (from - first), weights + from, static_cast<int64_t>(to - from), 1.f, stream_);
+              continue;
+            }
+            const bool residual_out =
+                t.name.find("attn.wo") != std::string::npos || t.name.find("mlp.w2") != std::string::npos;
+            const double sigma = 0.02 * (residual_out ? 1.0 / std::sqrt(2.0 * config_.layers) : 1.0);
+            InitNormal(master + (from - first), weights + from, static_cast<int64_t>(from - lo),
+                       static_cast<int64_t>(to - from), seed, e, sigma, stream_);
+          }
+          for (float* moment : {m, v}) {
+            RETURN_IF_ERROR(Cuda(cudaMemsetAsync(moment, 0, n * sizeof(float), stream_), "zero moments"));
+          }
+          return Cuda(cudaGetLastError(), "initial weights");
+        }));
     for (size_t e : entries) {  // the resident norm weights: ones, as their master
       if (layout_[e].shape.size() != 1) continue;
-      RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(N(e), ones.data(), layout_[e].count * sizeof(float), cudaMemcpyHostToDevice,
-                                           stream_),
-                           "norm weights"));
+      RETURN_IF_ERROR(
+          Cuda(cudaMemcpyAsync(N(e), ones.data(), layout_[e].count * sizeof(float), cudaMemcpyHostToDevice, stream_),
+               "norm weights"));
     }
     RETURN_IF_ERROR(Leave(g, Part::kWeights));
   }

@@ -7,8 +7,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "trainer_ref/kernels/gpu_ops.h"
 #include "trainer_ref/kernels/attention_tc.h"
+#include "trainer_ref/kernels/gpu_ops.h"
 #include "trainer_ref/kernels/init_normal.h"
 
 namespace tierd::trainer::gpu {
@@ -504,9 +504,10 @@ void AdamW(float* master, float* m, float* v, Bf16* weights, const float* grads,
   AdamWKernel<<<Blocks(n), kThreads, 0, stream>>>(master, m, v, weights, grads, n, p, c1, c2);
 }
 
-void InitNormal(float* master, Bf16* weights, int64_t begin, int64_t count, uint64_t seed, uint64_t entry,
-                double sigma, cudaStream_t stream) {
-  if (count > 0) InitNormalKernel<<<Blocks(count), kThreads, 0, stream>>>(master, weights, begin, count, seed, entry, sigma);
+void InitNormal(float* master, Bf16* weights, int64_t begin, int64_t count, uint64_t seed, uint64_t entry, double sigma,
+                cudaStream_t stream) {
+  if (count > 0)
+    InitNormalKernel<<<Blocks(count), kThreads, 0, stream>>>(master, weights, begin, count, seed, entry, sigma);
 }
 
 void InitConstant(float* master, Bf16* weights, int64_t count, float value, cudaStream_t stream) {

@@ -98,8 +98,8 @@ void AdamW(float* master, float* m, float* v, Bf16* weights, const float* grads,
 // Initial weights: master[0, count) (fp32) and weights[0, count) (bf16, rounded from it) =
 // elements [begin, begin + count) of the tensor with stream id `entry`, N(0, sigma)
 // (InitNormalValue in init_normal.h is the CPU reference). InitConstant writes `value`.
-void InitNormal(float* master, Bf16* weights, int64_t begin, int64_t count, uint64_t seed, uint64_t entry,
-                double sigma, cudaStream_t stream);
+void InitNormal(float* master, Bf16* weights, int64_t begin, int64_t count, uint64_t seed, uint64_t entry, double sigma,
+                cudaStream_t stream);
 void InitConstant(float* master, Bf16* weights, int64_t count, float value, cudaStream_t stream);
 
 // *out (one fp32 on the device) += the sum of squares of x (n values): for the global

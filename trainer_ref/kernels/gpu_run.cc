@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <string>
 
@@ -52,9 +52,9 @@ struct Startup {
 
 // The run's state beyond the model: what a checkpoint carries besides the tensors.
 struct RunState {
-  int64_t step = 0;             // optimizer steps done
-  int64_t batches_drawn = 0;    // micro-batches taken from the data
-  std::vector<double> losses;   // the loss window's
+  int64_t step = 0;            // optimizer steps done
+  int64_t batches_drawn = 0;   // micro-batches taken from the data
+  std::vector<double> losses;  // the loss window's
 };
 
 std::string EncodeRun(const RunState& r) {
@@ -119,8 +119,8 @@ absl::StatusOr<RunState> Resume(GpuModel& model, const RunSettings& s, Checkpoin
 }
 
 // The home (plain GPU buffers or tierd) and what it says; the GPU quota for the cost model.
-absl::StatusOr<std::unique_ptr<GpuHome>> MakeHome(const RunSettings& s, const GpuHomeLayout& layout,
-                                                  uint64_t workspace, uint64_t* gpu_quota, uint64_t* dram_quota) {
+absl::StatusOr<std::unique_ptr<GpuHome>> MakeHome(const RunSettings& s, const GpuHomeLayout& layout, uint64_t workspace,
+                                                  uint64_t* gpu_quota, uint64_t* dram_quota) {
   if (!s.tierd) return std::unique_ptr<GpuHome>();
   auto budget = ParseBytes(absl::GetFlag(FLAGS_gpu_budget));
   if (!budget.ok()) return absl::InvalidArgumentError("--gpu_budget: a size like 24GiB");
@@ -147,17 +147,18 @@ absl::StatusOr<std::unique_ptr<GpuHome>> MakeHome(const RunSettings& s, const Gp
   auto made = MakeTierdGpuHome(layout, client);
   if (!made.ok()) return absl::Status(made.status().code(), "tierd: " + std::string(made.status().message()));
   const int chunks = layout.state_chunks;
-  std::printf("offload: tierd at %s; GPU budget %s = workspace %s + tierd's GPU quota %s, for a state of %s "
-              "(weights %s, master %s, gradients %s, moments %s, saved activations %s)%s\n",
-              client.runtime_dir.c_str(), FormatBytes(*budget).c_str(), FormatBytes(workspace).c_str(),
-              FormatBytes(client.quota.gpu_bytes).c_str(), FormatBytes(layout.Total()).c_str(),
-              FormatBytes(layout.TotalOf(Part::kWeights)).c_str(), FormatBytes(layout.TotalOf(Part::kMaster)).c_str(),
-              FormatBytes(layout.TotalOf(Part::kGrads)).c_str(), FormatBytes(2 * layout.TotalOf(Part::kAdamM)).c_str(),
-              FormatBytes(layout.TotalOf(Part::kActs)).c_str(),
-              chunks > 1 ? absl::StrFormat("; master weights and moments in %d sub-groups a layer (%s each)", chunks,
-                                           FormatBytes(layout.Chunk(1, Part::kMaster, 0).bytes))
-                               .c_str()
-                         : "");
+  std::printf(
+      "offload: tierd at %s; GPU budget %s = workspace %s + tierd's GPU quota %s, for a state of %s "
+      "(weights %s, master %s, gradients %s, moments %s, saved activations %s)%s\n",
+      client.runtime_dir.c_str(), FormatBytes(*budget).c_str(), FormatBytes(workspace).c_str(),
+      FormatBytes(client.quota.gpu_bytes).c_str(), FormatBytes(layout.Total()).c_str(),
+      FormatBytes(layout.TotalOf(Part::kWeights)).c_str(), FormatBytes(layout.TotalOf(Part::kMaster)).c_str(),
+      FormatBytes(layout.TotalOf(Part::kGrads)).c_str(), FormatBytes(2 * layout.TotalOf(Part::kAdamM)).c_str(),
+      FormatBytes(layout.TotalOf(Part::kActs)).c_str(),
+      chunks > 1 ? absl::StrFormat("; master weights and moments in %d sub-groups a layer (%s each)", chunks,
+                                   FormatBytes(layout.Chunk(1, Part::kMaster, 0).bytes))
+                       .c_str()
+                 : "");
   return made;
 }
 
@@ -187,7 +188,6 @@ absl::StatusOr<bool> ChooseOptimizerOnCpu(const RunSettings& s, const GpuHomeLay
   std::printf("optimizer: %s\n", choice.why.c_str());
   return choice.on_cpu;
 }
-
 
 // One run: set up, the steps, the summary. Members hold what the phases share.
 class GpuRun {
@@ -237,7 +237,8 @@ int GpuRun::Setup() {
     return Fail(absl::StrFormat("--optimizer_chunks=%d: give 1 (one lease per layer's state) up to 1024", chunks));
   }
   if (chunks > 1 && !s_.tierd) {
-    return Fail("--optimizer_chunks leases the optimizer's state from tierd in pieces: it needs --offload_policy=tierd");
+    return Fail(
+        "--optimizer_chunks leases the optimizer's state from tierd in pieces: it needs --offload_policy=tierd");
   }
   layout.state_chunks = chunks;
   const uint64_t workspace = GpuModel::WorkspaceBytesFor(config, s_.batch, s_.seq, s_.checkpointing);
@@ -271,9 +272,9 @@ int GpuRun::Setup() {
   std::printf("model %s on %s; %d x %d tokens x %d micro-batches per step%s; GPU memory held %s%s\n",
               DescribeConfig(config).c_str(), prop.name, s_.batch, s_.seq, s_.accum,
               s_.checkpointing ? " (activation checkpointing)" : "", FormatBytes(model_->DeviceBytes()).c_str(),
-              ck_.dir.empty() ? ""
-                              : absl::StrFormat("; checkpoint every %d steps in %s", s_.checkpoint_every, ck_.dir)
-                                    .c_str());
+              ck_.dir.empty()
+                  ? ""
+                  : absl::StrFormat("; checkpoint every %d steps in %s", s_.checkpoint_every, ck_.dir).c_str());
   if (s_.tierd && absl::GetFlag(FLAGS_tierd_plan)) {
     auto note = model_->RegisterStep(s_.accum);
     if (!note.ok()) return Fail("registering the step with tierd: " + std::string(note.status().message()));
@@ -293,8 +294,8 @@ int GpuRun::Setup() {
   targets_.resize(inputs_.size());
   model_->EnableProfile(absl::GetFlag(FLAGS_profile));
   curves_.first_step = run_.step + 1;
-  curves_.title = absl::StrFormat("tierd-train, model %s on %s%s", config.name, prop.name,
-                                  s_.tierd ? " through tierd" : "");
+  curves_.title =
+      absl::StrFormat("tierd-train, model %s on %s%s", config.name, prop.name, s_.tierd ? " through tierd" : "");
   std::printf("%s\n", startup_.Line().c_str());
   return 0;
 }
@@ -314,18 +315,19 @@ std::string GpuRun::Progress(int64_t step, double loss, double lr, double grad_n
   if (s_.tierd) {
     auto step_peak = model_->home().TakeGpuPeak();
     if (step_peak.ok()) moves = absl::StrFormat("  step peak %s", FormatBytes(*step_peak + model_->DeviceBytes()));
-    moves += absl::StrFormat("  moved in %s out %s (NVMe r %s w %s)", FormatBytes(after.host_to_gpu - before_.host_to_gpu),
-                             FormatBytes(after.gpu_to_host - before_.gpu_to_host),
-                             FormatBytes(after.nvme_read - before_.nvme_read),
-                             FormatBytes(after.nvme_write - before_.nvme_write));
+    moves += absl::StrFormat(
+        "  moved in %s out %s (NVMe r %s w %s)", FormatBytes(after.host_to_gpu - before_.host_to_gpu),
+        FormatBytes(after.gpu_to_host - before_.gpu_to_host), FormatBytes(after.nvme_read - before_.nvme_read),
+        FormatBytes(after.nvme_write - before_.nvme_write));
   }
   const std::string ckpt =
       ck_.dir.empty() ? "" : absl::StrFormat("  ckpt %d (every %d)", ck_.last_step, s_.checkpoint_every);
   const double tokens = static_cast<double>(s_.batch) * s_.seq * s_.accum;
-  return absl::StrFormat("step %5d/%d  loss %.4f  (last %d: mean %.4f, sd %.4f)  lr %.2e  |g| %.3f  %.0f ms  %.0f tok/s"
-                         "  GPU %s%s%s",
-                         step, s_.steps, loss, window_.size(), window_.mean(), window_.sd(), lr, grad_norm,
-                         seconds * 1e3, tokens / seconds, GpuMemory(after).second, moves, ckpt);
+  return absl::StrFormat(
+      "step %5d/%d  loss %.4f  (last %d: mean %.4f, sd %.4f)  lr %.2e  |g| %.3f  %.0f ms  %.0f tok/s"
+      "  GPU %s%s%s",
+      step, s_.steps, loss, window_.size(), window_.mean(), window_.sd(), lr, grad_norm, seconds * 1e3,
+      tokens / seconds, GpuMemory(after).second, moves, ckpt);
 }
 
 int GpuRun::Step(int64_t step) {
@@ -380,9 +382,10 @@ int GpuRun::Step(int64_t step) {
   std::printf("%s\n", line.c_str());
   before_ = after;
   if (metrics_) {
-    metrics_ << absl::StrFormat("{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6f, \"seconds\": %.6f, "
-                                "\"tokens\": %.0f}\n",
-                                step, loss, lr, grad_norm, seconds, static_cast<double>(s_.batch) * s_.seq * s_.accum);
+    metrics_ << absl::StrFormat(
+        "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6f, \"seconds\": %.6f, "
+        "\"tokens\": %.0f}\n",
+        step, loss, lr, grad_norm, seconds, static_cast<double>(s_.batch) * s_.seq * s_.accum);
     metrics_.flush();
   }
   MaybeKillForTest(step);
@@ -404,23 +407,25 @@ void GpuRun::Summary() {
   const GpuHome::Traffic end = Traffic();
   const auto [memory_bytes, memory] = GpuMemory(end);
   const double params = static_cast<double>(s_.config.Params());
-  std::printf("done: %ld steps, final loss %.4f, %.0f tokens/s over %ld timed steps, %.0f TFLOP/s (6N), GPU memory %s\n",
-              static_cast<long>(s_.steps), last_loss_, tps, static_cast<long>(timed_steps_), 6.0 * params * tps / 1e12,
-              memory.c_str());
+  std::printf(
+      "done: %ld steps, final loss %.4f, %.0f tokens/s over %ld timed steps, %.0f TFLOP/s (6N), GPU memory %s\n",
+      static_cast<long>(s_.steps), last_loss_, tps, static_cast<long>(timed_steps_), 6.0 * params * tps / 1e12,
+      memory.c_str());
   if (s_.tierd) std::printf("tierd: %s\n", model_->home().Describe().c_str());
   // One JSON line for the benchmark harness; bytes per link and waits per timed step.
   const double per = timed_steps_ > 0 ? 1.0 / timed_steps_ : 0.0;
-  std::printf("result: {\"run\": \"ours %s\", \"model\": \"%s\", \"tokens_per_s\": %.1f, \"tflops_6n\": %.1f, "
-              "\"final_loss\": %.6f, \"peak_gpu_bytes\": %lu, \"step_seconds\": %.4f, \"acquire_wait_seconds\": %.4f, "
-              "\"h2d_bytes\": %.0f, \"d2h_bytes\": %.0f, \"nvme_read_bytes\": %.0f, \"nvme_write_bytes\": %.0f}\n",
-              ((s_.tierd ? "tierd " + absl::GetFlag(FLAGS_gpu_budget) : std::string("none")) +
-               (s_.checkpointing ? " + checkpointing" : "") + (optimizer_on_cpu_ ? " + CPU AdamW" : ""))
-                  .c_str(),
-              s_.config.name.c_str(), tps, 6.0 * params * tps / 1e12, last_loss_,
-              static_cast<unsigned long>(memory_bytes), timed_seconds_ * per, timed_waits_ * per,
-              (timed_to_.host_to_gpu - timed_from_.host_to_gpu) * per,
-              (timed_to_.gpu_to_host - timed_from_.gpu_to_host) * per,
-              (timed_to_.nvme_read - timed_from_.nvme_read) * per, (timed_to_.nvme_write - timed_from_.nvme_write) * per);
+  std::printf(
+      "result: {\"run\": \"ours %s\", \"model\": \"%s\", \"batch\": %d, \"micro_batches\": %d, "
+      "\"tokens_per_s\": %.1f, \"tflops_6n\": %.1f, "
+      "\"final_loss\": %.6f, \"peak_gpu_bytes\": %lu, \"step_seconds\": %.4f, \"acquire_wait_seconds\": %.4f, "
+      "\"h2d_bytes\": %.0f, \"d2h_bytes\": %.0f, \"nvme_read_bytes\": %.0f, \"nvme_write_bytes\": %.0f}\n",
+      ((s_.tierd ? "tierd " + absl::GetFlag(FLAGS_gpu_budget) : std::string("none")) +
+       (s_.checkpointing ? " + checkpointing" : "") + (optimizer_on_cpu_ ? " + CPU AdamW" : ""))
+          .c_str(),
+      s_.config.name.c_str(), s_.batch, s_.accum, tps, 6.0 * params * tps / 1e12, last_loss_,
+      static_cast<unsigned long>(memory_bytes), timed_seconds_ * per, timed_waits_ * per,
+      (timed_to_.host_to_gpu - timed_from_.host_to_gpu) * per, (timed_to_.gpu_to_host - timed_from_.gpu_to_host) * per,
+      (timed_to_.nvme_read - timed_from_.nvme_read) * per, (timed_to_.nvme_write - timed_from_.nvme_write) * per);
   if (absl::GetFlag(FLAGS_profile) && timed_steps_ > 0) {
     const double step_ms = timed_seconds_ * 1e3 / timed_steps_;
     std::string line = absl::StrFormat("where a step's %.0f ms go:", step_ms);
@@ -430,10 +435,12 @@ void GpuRun::Summary() {
       kernels += ms / timed_steps_;
     }
     line += absl::StrFormat(" the GPU idle (waiting for the host, moves, syncs) %.0f ms", step_ms - kernels);
-    if (s_.tierd) line += absl::StrFormat("; the host waited in tierd's acquire %.0f ms", timed_waits_ * 1e3 / timed_steps_);
+    if (s_.tierd)
+      line += absl::StrFormat("; the host waited in tierd's acquire %.0f ms", timed_waits_ * 1e3 / timed_steps_);
     if (optimizer_on_cpu_) {
-      line += absl::StrFormat("; AdamW on the host %.0f ms a step (over the run)",
-                              model_->HostOptimizerSeconds() * 1e3 / std::max<int64_t>(1, s_.steps - curves_.first_step + 1));
+      line += absl::StrFormat(
+          "; AdamW on the host %.0f ms a step (over the run)",
+          model_->HostOptimizerSeconds() * 1e3 / std::max<int64_t>(1, s_.steps - curves_.first_step + 1));
     }
     std::printf("%s\n", line.c_str());
   }

@@ -17,16 +17,9 @@
 namespace tierd {
 namespace {
 
+using testing::CountShm;
 using testing::Process;
 using Clock = std::chrono::steady_clock;
-
-int CountShm(const std::string& prefix) {
-  int count = 0;
-  DIR* dir = opendir("/dev/shm");
-  while (dirent* entry = readdir(dir)) count += std::string(entry->d_name).rfind(prefix, 0) == 0;
-  closedir(dir);
-  return count;
-}
 
 class DaemonDeathTest : public ::testing::Test {
  protected:

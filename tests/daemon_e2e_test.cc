@@ -29,15 +29,8 @@
 namespace tierd {
 namespace {
 
+using testing::CountShm;
 using testing::Process;
-
-int CountShm(const std::string& prefix) {
-  int count = 0;
-  DIR* dir = opendir("/dev/shm");
-  while (dirent* entry = readdir(dir)) count += std::string(entry->d_name).rfind(prefix, 0) == 0;
-  closedir(dir);
-  return count;
-}
 
 class DaemonTest : public ::testing::Test {
  protected:

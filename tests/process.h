@@ -4,6 +4,7 @@
 #ifndef TIERD_TESTS_PROCESS_H_
 #define TIERD_TESTS_PROCESS_H_
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -84,6 +85,16 @@ class Process {
   bool reaped_ = false;
   std::string buffer_, output_;
 };
+
+// Shared-memory segments whose names start with `prefix` (a daemon's leave none behind).
+inline int CountShm(const std::string& prefix) {
+  int count = 0;
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return -1;
+  while (dirent* entry = readdir(dir)) count += std::string(entry->d_name).rfind(prefix, 0) == 0;
+  closedir(dir);
+  return count;
+}
 
 }  // namespace tierd::testing
 

@@ -18,21 +18,6 @@
 namespace tierd::trainer {
 namespace {
 
-// The run's checkpoints: where the last one is, for the words of a failure.
-struct Checkpoints {
-  std::string dir, last_path;
-  int64_t last_step = 0;
-};
-
-int Fail(const std::string& what) {
-  std::fprintf(stderr, "tierd-train: %s\n", what.c_str());
-  return 1;
-}
-
-int FailMidRun(const std::string& what, const Checkpoints& ck) {
-  return Fail(what + "\n  " + CheckpointAdvice(ck.dir, ck.last_path, ck.last_step));
-}
-
 absl::StatusOr<std::string> Save(Trainer& trainer, const LossWindow& window, const RunSettings& s) {
   auto state = trainer.SaveState();
   if (!state.ok()) return state.status();
@@ -46,12 +31,8 @@ absl::StatusOr<std::string> Save(Trainer& trainer, const LossWindow& window, con
   return path;
 }
 
-absl::Status Resume(Trainer& trainer, LossWindow& window, const RunSettings& s, Checkpoints& ck) {
-  std::string skipped;
-  auto latest = LatestCheckpoint(s.checkpoint_dir, &skipped);
-  if (!skipped.empty()) std::fprintf(stderr, "tierd-train: skipped damaged checkpoints:\n%s", skipped.c_str());
-  if (!latest.ok()) return latest.status();
-  auto reader = CheckpointReader::Open(*latest);
+absl::Status Resume(Trainer& trainer, LossWindow& window, const RunSettings& s, CheckpointTrail& ck) {
+  auto reader = OpenNewestCheckpoint(s.checkpoint_dir);
   if (!reader.ok()) return reader.status();
   auto state = (*reader)->ReadString("state");
   if (!state.ok()) return state.status();
@@ -62,9 +43,9 @@ absl::Status Resume(Trainer& trainer, LossWindow& window, const RunSettings& s, 
     if (absl::Status st = (*reader)->Read("losses", losses.data(), next->second); !st.ok()) return st;
     window.Restore(losses);
   }
-  ck.last_path = *latest;
+  ck.last_path = (*reader)->path();
   ck.last_step = trainer.step();
-  std::printf("resumed from %s at step %ld\n", latest->c_str(), static_cast<long>(trainer.step()));
+  std::printf("resumed from %s at step %ld\n", ck.last_path.c_str(), static_cast<long>(trainer.step()));
   return absl::OkStatus();
 }
 
@@ -116,7 +97,7 @@ int RunOnCpu(const RunSettings& s) {
   if (!created.ok()) return Fail(std::string(created.status().message()));
   Trainer& trainer = **created;
   if (!trainer.plan_note().empty()) std::printf("tierd: %s\n", trainer.plan_note().c_str());
-  Checkpoints ck{s.checkpoint_dir, "", 0};
+  CheckpointTrail ck{s.checkpoint_dir, "", 0};
   if (!ck.dir.empty()) mkdir(ck.dir.c_str(), 0755);
   LossWindow window;
   if (s.resume) {

@@ -85,6 +85,23 @@ std::string CheckpointAdvice(const std::string& dir, const std::string& last_pat
                          last_step, dir);
 }
 
+int Fail(const std::string& what) {
+  std::fprintf(stderr, "tierd-train: %s\n", what.c_str());
+  return 1;
+}
+
+int FailMidRun(const std::string& what, const CheckpointTrail& trail) {
+  return Fail(what + "\n  " + CheckpointAdvice(trail.dir, trail.last_path, trail.last_step));
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenNewestCheckpoint(const std::string& dir) {
+  std::string skipped;
+  auto latest = LatestCheckpoint(dir, &skipped);
+  if (!skipped.empty()) std::fprintf(stderr, "tierd-train: skipped damaged checkpoints:\n%s", skipped.c_str());
+  if (!latest.ok()) return latest.status();
+  return CheckpointReader::Open(*latest);
+}
+
 void MaybeKillForTest(int64_t step) {
   const char* at = std::getenv("TIERD_TRAIN_SIGKILL_AT_STEP");
   int64_t kill_step = 0;

@@ -7,10 +7,12 @@
 #include <cstdint>
 #include <deque>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "trainer_ref/checkpoint.h"
 
 namespace tierd::trainer {
 
@@ -37,6 +39,20 @@ absl::StatusOr<std::ofstream> OpenMetrics(const std::string& path, int64_t resum
 // Where the run's work is safe: "last checkpoint DIR/ckpt-00000100.bin (step 100); continue
 // with --checkpoint_dir=DIR --resume", or that there is none and how to have one.
 std::string CheckpointAdvice(const std::string& dir, const std::string& last_path, int64_t last_step);
+
+// The run's checkpoints so far, for the words of a failure.
+struct CheckpointTrail {
+  std::string dir, last_path;
+  int64_t last_step = 0;
+};
+// "tierd-train: <what>" on stderr; the process's exit status (1). FailMidRun adds where the
+// work is safe (CheckpointAdvice).
+int Fail(const std::string& what);
+int FailMidRun(const std::string& what, const CheckpointTrail& trail);
+
+// The newest checkpoint in `dir` that verifies, open at its first record; the damaged ones
+// passed over are said on stderr.
+absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenNewestCheckpoint(const std::string& dir);
 
 // Fault injection for the resume tests: with TIERD_TRAIN_SIGKILL_AT_STEP=N in the
 // environment, the process sends itself SIGKILL once step N is done (its metrics line

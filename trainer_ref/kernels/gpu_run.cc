@@ -30,11 +30,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-int Fail(const std::string& message) {
-  std::fprintf(stderr, "tierd-train: %s\n", message.c_str());
-  return 1;
-}
-
 double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // Launch-to-first-step time by phase, said in one line before the first step.
@@ -79,15 +74,6 @@ absl::StatusOr<RunState> DecodeRun(const std::string& bytes) {
   return r;
 }
 
-struct Checkpoints {
-  std::string dir, last_path;
-  int64_t last_step = 0;
-};
-
-int FailMidRun(const std::string& what, const Checkpoints& ck) {
-  return Fail(what + "\n  " + CheckpointAdvice(ck.dir, ck.last_path, ck.last_step));
-}
-
 absl::StatusOr<std::string> SaveCheckpoint(GpuModel& model, const RunState& run, const RunSettings& s) {
   auto writer = CheckpointWriter::Create(s.checkpoint_dir, run.step);
   if (!writer.ok()) return writer.status();
@@ -99,21 +85,16 @@ absl::StatusOr<std::string> SaveCheckpoint(GpuModel& model, const RunState& run,
   return path;
 }
 
-// The newest checkpoint that verifies; one that fails while loading (damaged after it was
-// verified) is reported and the one before it tried.
-absl::StatusOr<RunState> Resume(GpuModel& model, const RunSettings& s, Checkpoints& ck) {
-  std::string skipped;
-  auto latest = LatestCheckpoint(s.checkpoint_dir, &skipped);
-  if (!skipped.empty()) std::fprintf(stderr, "tierd-train: skipped damaged checkpoints:\n%s", skipped.c_str());
-  if (!latest.ok()) return latest.status();
-  auto reader = CheckpointReader::Open(*latest);
+// The run and the model's state from the newest checkpoint that verifies.
+absl::StatusOr<RunState> Resume(GpuModel& model, const RunSettings& s, CheckpointTrail& ck) {
+  auto reader = OpenNewestCheckpoint(s.checkpoint_dir);
   if (!reader.ok()) return reader.status();
   auto encoded = (*reader)->ReadString("run");
   if (!encoded.ok()) return encoded.status();
   auto run = DecodeRun(*encoded);
   if (!run.ok()) return run.status();
   if (absl::Status st = model.LoadState(**reader); !st.ok()) return st;
-  ck.last_path = *latest;
+  ck.last_path = (*reader)->path();
   ck.last_step = run->step;
   return run;
 }
@@ -208,7 +189,7 @@ class GpuRun {
   }
 
   const RunSettings& s_;
-  Checkpoints ck_;
+  CheckpointTrail ck_;
   Startup startup_;
   std::unique_ptr<GpuModel> model_;
   std::unique_ptr<Dataset> data_;

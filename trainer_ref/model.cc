@@ -196,58 +196,120 @@ T Model<T>::Forward(const int32_t* tokens, const int32_t* targets) {
 }
 
 template <typename T>
-void Model<T>::Backward() {
-  const int n = batch_ * seq_, c = config_.d_model, f = config_.d_ff, h = config_.heads, d = config_.head_dim();
-  std::vector<T> dlogits(static_cast<size_t>(n) * config_.vocab);
-  std::vector<T> dxf(static_cast<size_t>(n) * c, T(0)), dx(static_cast<size_t>(n) * c, T(0));
-  const int last = config_.layers + 1;
-  Enter(last, true);
-  const HeadActs hd = CarveHead(saved_[SavedOf(last)]);
-  cpu::CrossEntropyBackward(dlogits.data(), hd.logits, targets_.data(), n, config_.vocab);
+Model<T>::BackwardScratch::BackwardScratch(size_t nc, size_t nf)
+    : ds(nf), dg(nf), du(nf), dh(nc), da(nc), dq(nc), dk(nc), dv(nc), x(nc), tmp(nc) {}
+
+template <typename T>
+void Model<T>::HeadBackward(const HeadActs& hd, const int32_t* targets, std::vector<T>& dx) {
+  const int n = batch_ * seq_, c = config_.d_model;
+  std::vector<T> dlogits(static_cast<size_t>(n) * config_.vocab), dxf(static_cast<size_t>(n) * c, T(0));
+  std::fill(dx.begin(), dx.end(), T(0));
+  cpu::CrossEntropyBackward(dlogits.data(), hd.logits, targets, n, config_.vocab);
   cpu::MatmulBackward(dxf.data(), G(head_), dlogits.data(), hd.xf, P(head_), n, c, config_.vocab);
   cpu::RmsNormBackward(dx.data(), G(final_norm_), dxf.data(), hd.x_out, P(final_norm_), hd.rstd_f, n, c);
+}
+
+template <typename T>
+void Model<T>::LayerBackward(int l, T* saved, std::vector<T>& dx, BackwardScratch& s) {
+  const int n = batch_ * seq_, c = config_.d_model, f = config_.d_ff, h = config_.heads, d = config_.head_dim();
+  const Layer& w = layers_[l];
+  LayerActs a;
+  if (checkpointing_) {  // recompute the layer's forward from its input
+    std::copy(saved, saved + s.x.size(), s.x.begin());
+    a = CarveLayer(recompute_.data());
+    LayerForward(w, a, s.x, s.tmp);
+  } else {
+    a = CarveLayer(saved);
+  }
+  // x_out = x_mid + swiglu(h2 W1^T, h2 W3^T) W2^T
+  std::fill(s.ds.begin(), s.ds.end(), T(0));
+  cpu::MatmulBackward(s.ds.data(), G(w.w2), dx.data(), a.s, P(w.w2), n, f, c);
+  std::fill(s.dg.begin(), s.dg.end(), T(0));
+  std::fill(s.du.begin(), s.du.end(), T(0));
+  cpu::SwiGluBackward(s.dg.data(), s.du.data(), s.ds.data(), a.g, a.u, n, f);
+  std::fill(s.dh.begin(), s.dh.end(), T(0));
+  cpu::MatmulBackward(s.dh.data(), G(w.w1), s.dg.data(), a.h2, P(w.w1), n, c, f);
+  cpu::MatmulBackward(s.dh.data(), G(w.w3), s.du.data(), a.h2, P(w.w3), n, c, f);
+  cpu::RmsNormBackward(dx.data(), G(w.mlp_norm), s.dh.data(), a.x_mid, P(w.mlp_norm), a.rstd2, n, c);
+  // x_mid = x_in + attention(rope(h1 Wq^T), rope(h1 Wk^T), h1 Wv^T) Wo^T
+  std::fill(s.da.begin(), s.da.end(), T(0));
+  cpu::MatmulBackward(s.da.data(), G(w.wo), dx.data(), a.a, P(w.wo), n, c, c);
+  for (auto* v : {&s.dq, &s.dk, &s.dv}) std::fill(v->begin(), v->end(), T(0));
+  cpu::AttentionBackward(s.dq.data(), s.dk.data(), s.dv.data(), s.da.data(), a.att, a.q, a.k, a.v, batch_, seq_, h, d);
+  cpu::RopeBackward(s.dq.data(), batch_, seq_, h, d, T(config_.rope_theta));
+  cpu::RopeBackward(s.dk.data(), batch_, seq_, h, d, T(config_.rope_theta));
+  std::fill(s.dh.begin(), s.dh.end(), T(0));
+  cpu::MatmulBackward(s.dh.data(), G(w.wq), s.dq.data(), a.h1, P(w.wq), n, c, c);
+  cpu::MatmulBackward(s.dh.data(), G(w.wk), s.dk.data(), a.h1, P(w.wk), n, c, c);
+  cpu::MatmulBackward(s.dh.data(), G(w.wv), s.dv.data(), a.h1, P(w.wv), n, c, c);
+  cpu::RmsNormBackward(dx.data(), G(w.attn_norm), s.dh.data(), a.x_in, P(w.attn_norm), a.rstd1, n, c);
+}
+
+template <typename T>
+void Model<T>::Backward() {
+  const int n = batch_ * seq_, c = config_.d_model, f = config_.d_ff;
+  std::vector<T> dx(static_cast<size_t>(n) * c, T(0));
+  const int last = config_.layers + 1;
+  Enter(last, true);
+  HeadBackward(CarveHead(saved_[SavedOf(last)]), targets_.data(), dx);
   Leave(last, true);
-  std::vector<T> ds(static_cast<size_t>(n) * f), dg(ds.size()), du(ds.size()), dh(dx.size()), da(dx.size()),
-      dq(dx.size()), dk(dx.size()), dv(dx.size()), x(dx.size()), tmp(dx.size());
+  BackwardScratch scratch(dx.size(), static_cast<size_t>(n) * f);
   for (int l = config_.layers; l-- > 0;) {
     Enter(l + 1, true);
-    const Layer& w = layers_[l];
-    T* saved = saved_[SavedOf(l + 1)];
-    LayerActs a;
-    if (checkpointing_) {  // recompute the layer's forward from its input
-      std::copy(saved, saved + x.size(), x.begin());
-      a = CarveLayer(recompute_.data());
-      LayerForward(w, a, x, tmp);
-    } else {
-      a = CarveLayer(saved);
-    }
-    // x_out = x_mid + swiglu(h2 W1^T, h2 W3^T) W2^T
-    std::fill(ds.begin(), ds.end(), T(0));
-    cpu::MatmulBackward(ds.data(), G(w.w2), dx.data(), a.s, P(w.w2), n, f, c);
-    std::fill(dg.begin(), dg.end(), T(0));
-    std::fill(du.begin(), du.end(), T(0));
-    cpu::SwiGluBackward(dg.data(), du.data(), ds.data(), a.g, a.u, n, f);
-    std::fill(dh.begin(), dh.end(), T(0));
-    cpu::MatmulBackward(dh.data(), G(w.w1), dg.data(), a.h2, P(w.w1), n, c, f);
-    cpu::MatmulBackward(dh.data(), G(w.w3), du.data(), a.h2, P(w.w3), n, c, f);
-    cpu::RmsNormBackward(dx.data(), G(w.mlp_norm), dh.data(), a.x_mid, P(w.mlp_norm), a.rstd2, n, c);
-    // x_mid = x_in + attention(rope(h1 Wq^T), rope(h1 Wk^T), h1 Wv^T) Wo^T
-    std::fill(da.begin(), da.end(), T(0));
-    cpu::MatmulBackward(da.data(), G(w.wo), dx.data(), a.a, P(w.wo), n, c, c);
-    for (auto* v : {&dq, &dk, &dv}) std::fill(v->begin(), v->end(), T(0));
-    cpu::AttentionBackward(dq.data(), dk.data(), dv.data(), da.data(), a.att, a.q, a.k, a.v, batch_, seq_, h, d);
-    cpu::RopeBackward(dq.data(), batch_, seq_, h, d, T(config_.rope_theta));
-    cpu::RopeBackward(dk.data(), batch_, seq_, h, d, T(config_.rope_theta));
-    std::fill(dh.begin(), dh.end(), T(0));
-    cpu::MatmulBackward(dh.data(), G(w.wq), dq.data(), a.h1, P(w.wq), n, c, c);
-    cpu::MatmulBackward(dh.data(), G(w.wk), dk.data(), a.h1, P(w.wk), n, c, c);
-    cpu::MatmulBackward(dh.data(), G(w.wv), dv.data(), a.h1, P(w.wv), n, c, c);
-    cpu::RmsNormBackward(dx.data(), G(w.attn_norm), dh.data(), a.x_in, P(w.attn_norm), a.rstd1, n, c);
+    LayerBackward(l, saved_[SavedOf(l + 1)], dx, scratch);
     Leave(l + 1, true);
   }
   Enter(0, true);
   cpu::EmbeddingBackward(G(embed_), dx.data(), tokens_.data(), n, c);
   Leave(0, true);
+}
+
+template <typename T>
+std::vector<T> Model<T>::ForwardBackwardLayerMajor(const int32_t* tokens, const int32_t* targets, int micro_batches) {
+  const int n = batch_ * seq_, c = config_.d_model, f = config_.d_ff, last = config_.layers + 1;
+  const size_t nc = static_cast<size_t>(n) * c;
+  // Per micro-batch: its residual stream, then its gradient; each layer's input (all that
+  // is kept with checkpointing; without it, every activation the layer's backward reads).
+  std::vector<std::vector<T>> x(micro_batches, std::vector<T>(nc)), dx(micro_batches, std::vector<T>(nc));
+  const size_t kept = checkpointing_ ? nc : LayerActsCount();
+  std::vector<std::vector<T>> saved(static_cast<size_t>(config_.layers) * micro_batches, std::vector<T>(kept));
+  std::vector<T> tmp(nc);
+  Enter(0, false);
+  for (int m = 0; m < micro_batches; ++m) cpu::EmbeddingForward(x[m].data(), tokens + m * n, P(embed_), n, c);
+  Leave(0, false);
+  for (int l = 0; l < config_.layers; ++l) {
+    Enter(l + 1, false);
+    for (int m = 0; m < micro_batches; ++m) {
+      T* keep = saved[static_cast<size_t>(l) * micro_batches + m].data();
+      if (checkpointing_) std::copy(x[m].begin(), x[m].end(), keep);
+      LayerForward(layers_[l], CarveLayer(checkpointing_ ? recompute_.data() : keep), x[m], tmp);
+    }
+    Leave(l + 1, false);
+  }
+  // The head, forward and backward, one micro-batch at a time (its activations are reused).
+  std::vector<T> losses(micro_batches);
+  Enter(last, true);
+  const HeadActs hd = CarveHead(saved_[SavedOf(last)]);
+  for (int m = 0; m < micro_batches; ++m) {
+    std::copy(x[m].begin(), x[m].end(), hd.x_out);
+    cpu::RmsNormForward(hd.xf, hd.rstd_f, x[m].data(), P(final_norm_), n, c, T(config_.norm_eps));
+    cpu::MatmulForward(hd.logits, hd.xf, P(head_), n, c, config_.vocab);
+    losses[m] = cpu::CrossEntropyForward(hd.logits, targets + m * n, n, config_.vocab);
+    HeadBackward(hd, targets + m * n, dx[m]);
+  }
+  Leave(last, true);
+  BackwardScratch scratch(nc, static_cast<size_t>(n) * f);
+  for (int l = config_.layers; l-- > 0;) {
+    Enter(l + 1, true);
+    for (int m = 0; m < micro_batches; ++m) {
+      LayerBackward(l, saved[static_cast<size_t>(l) * micro_batches + m].data(), dx[m], scratch);
+    }
+    Leave(l + 1, true);
+  }
+  Enter(0, true);
+  for (int m = 0; m < micro_batches; ++m) cpu::EmbeddingBackward(G(embed_), dx[m].data(), tokens + m * n, n, c);
+  Leave(0, true);
+  return losses;
 }
 
 template <typename T>

@@ -59,6 +59,15 @@ class Model {
   T Forward(const int32_t* tokens, const int32_t* targets);
   // Adds d(loss)/d(param) into grads(), for the last Forward.
   void Backward();
+  // `micro_batches` micro-batches (tokens and targets: micro_batches x batch x seq), layer
+  // by layer: every micro-batch's forward through a group before the next group's, the
+  // head's forward and backward per micro-batch, then every micro-batch's backward through
+  // a layer before the layer below it. Each group is entered once per pass, whatever the
+  // number of micro-batches. Adds the gradients into grads() exactly as micro_batches
+  // Forward/Backward pairs do (each tensor's gradient accumulates in micro-batch order, the
+  // same operations in the same order: the same bits); returns each micro-batch's loss.
+  // Keeps every micro-batch's layer inputs (checkpointing) or activations meanwhile.
+  std::vector<T> ForwardBackwardLayerMajor(const int32_t* tokens, const int32_t* targets, int micro_batches);
   void ZeroGrads();
 
   // Where the tensors live. By default in params()/grads(), the flat buffers. A caller
@@ -107,6 +116,17 @@ class Model {
   HeadActs CarveHead(T* base) const;
   // One layer's forward from `x` (updated in place to the layer's output) into `a`.
   void LayerForward(const Layer& w, const LayerActs& a, std::vector<T>& x, std::vector<T>& tmp);
+  // Buffers of one layer's backward.
+  struct BackwardScratch {
+    BackwardScratch(size_t nc, size_t nf);
+    std::vector<T> ds, dg, du, dh, da, dq, dk, dv, x, tmp;
+  };
+  // dx (the gradient of the head's input) from the head's saved activations; adds into the
+  // final norm's and the head's gradients.
+  void HeadBackward(const HeadActs& hd, const int32_t* targets, std::vector<T>& dx);
+  // Layer l's backward from what it saved (its input with checkpointing: recomputed first):
+  // dx turns from the gradient of its output into that of its input; adds into its gradients.
+  void LayerBackward(int l, T* saved, std::vector<T>& dx, BackwardScratch& scratch);
 
   ModelConfig config_;
   int batch_, seq_;

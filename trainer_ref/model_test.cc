@@ -151,6 +151,45 @@ TEST(ModelTest, TensorsBoundElsewhereGroupByGroupGiveTheSameResults) { CheckBoun
 TEST(ModelTest, ActivationCheckpointingGivesTheSameGradientsBitForBit) { CheckBoundElsewhere(true); }
 
 // The index of every tensor in ParamLayout's order, as the CPU and the GPU models use it.
+// Layer-major order: the same losses and gradients, bit for bit, as one micro-batch after the
+// other (each gradient accumulates in micro-batch order either way), and every group entered
+// once per pass — forward, then the head, then backward — whatever the number of
+// micro-batches.
+void CheckLayerMajor(bool checkpointing) {
+  const ModelConfig config = Small();
+  const int batch = 2, seq = 5, n = batch * seq, micro = 3;
+  const std::vector<int32_t> tokens = Tokens(micro * n, config.vocab, 31), targets = Tokens(micro * n, config.vocab, 32);
+  Model<float> one_by_one(config, batch, seq, checkpointing), layer_major(config, batch, seq, checkpointing);
+  one_by_one.InitParams(6);
+  layer_major.InitParams(6);
+  one_by_one.ZeroGrads();
+  layer_major.ZeroGrads();
+  std::vector<float> want;
+  for (int m = 0; m < micro; ++m) {
+    want.push_back(one_by_one.Forward(tokens.data() + m * n, targets.data() + m * n));
+    one_by_one.Backward();
+  }
+  std::vector<std::pair<int, bool>> visits;
+  layer_major.SetGroupHooks([&](int group, bool backward) { visits.push_back({group, backward}); }, nullptr);
+  const std::vector<float> got = layer_major.ForwardBackwardLayerMajor(tokens.data(), targets.data(), micro);
+  EXPECT_EQ(got, want);
+  ASSERT_EQ(layer_major.grads().size(), one_by_one.grads().size());
+  for (size_t i = 0; i < one_by_one.grads().size(); ++i) {
+    ASSERT_EQ(layer_major.grads()[i], one_by_one.grads()[i]) << "gradient element " << i;
+  }
+  const int last = config.layers + 1;
+  std::vector<std::pair<int, bool>> order;
+  for (int g = 0; g < last; ++g) order.push_back({g, false});
+  order.push_back({last, true});
+  for (int g = last; g-- > 0;) order.push_back({g, true});
+  EXPECT_EQ(visits, order);
+}
+
+TEST(ModelTest, LayerMajorOrderGivesTheSameLossesAndGradientsBitForBit) {
+  CheckLayerMajor(/*checkpointing=*/true);
+  CheckLayerMajor(/*checkpointing=*/false);
+}
+
 TEST(ModelTest, ParamEntriesNameTheLayoutsTensors) {
   const ModelConfig config = Small();
   const std::vector<TensorLayout> layout = ParamLayout(config);

@@ -85,6 +85,12 @@ ABSL_FLAG(double, gpu_tflops, 300, "GPU: sustained bf16 TFLOP/s, for --optimizer
 ABSL_FLAG(int, optimizer_chunks, 1,
           "GPU, --offload_policy=tierd: lease each layer's master weights and moments as this many sub-groups "
           "(DeepSpeed's sub-groups); 1: one lease per layer and part");
+ABSL_FLAG(std::string, step_order, "auto",
+          "GPU: the order of a step's micro-batches. layer: layer-major, each layer's forward (then backward) for "
+          "every micro-batch before the next layer's, so its weights come to the GPU twice a step and its gradients "
+          "leave once, whatever --grad_accum_steps is (each layer keeps an input per micro-batch); micro: one "
+          "micro-batch's whole forward and backward after the other; auto: layer with tierd, several micro-batches "
+          "and checkpointing, else micro. The same losses either way, bit for bit");
 ABSL_FLAG(bool, profile, false, "GPU: time every kernel and GEMM with CUDA events and say where each step's time goes");
 ABSL_FLAG(int64_t, timing_skip, 2, "GPU: steps left out of the tokens/s summary (warm-up)");
 
@@ -230,8 +236,8 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   s.metrics = absl::GetFlag(FLAGS_metrics);
   s.plot = absl::GetFlag(FLAGS_plot);
   s.eval_every = absl::GetFlag(FLAGS_eval_every);
-  const std::vector<const char*> gpu_only = {"gpu_budget", "optimizer_place",  "pcie_gbps", "nvme_gbps",
-                                             "gpu_tflops", "optimizer_chunks", "profile",   "timing_skip"};
+  const std::vector<const char*> gpu_only = {"gpu_budget", "optimizer_place", "pcie_gbps", "nvme_gbps", "gpu_tflops",
+                                             "optimizer_chunks", "profile", "timing_skip", "step_order"};
   const std::vector<const char*> cpu_only = {"eval_every", "tierd_record"};
   for (const char* name : gpu ? cpu_only : gpu_only) {
     if (Given(name) && notes != nullptr) {

@@ -8,7 +8,9 @@
 #      smaller than the state;
 #   3. a tierd killed under a training GPU client ends it within 5 s, with its last checkpoint;
 #   4. a model shape from a config file trains;
-#   5. launch-to-first-step time by phase (STARTUP_MODEL, default 1.3b, through tierd).
+#   5. launch-to-first-step time by phase (STARTUP_MODEL, default 1.3b, through tierd);
+#   6. a layer-major step through tierd (3 micro-batches, checkpointing, AdamW on the host)
+#      gives the losses of one micro-batch after the other on plain GPU buffers, bit for bit.
 # CHECKS="2 5" runs only those. Logs in $OUT. Exit 1 if a check failed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -27,7 +29,7 @@ start_tierd() {  # $1: runtime dir, $2: GPU bytes, $3: DRAM bytes
   for _ in $(seq 300); do [ -S "$1/tierd.grpc.sock" ] && break; sleep 0.1; done
 }
 echo "== machine: $(nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader)"
-checks=" ${CHECKS:-1 2 3 4 5} "
+checks=" ${CHECKS:-1 2 3 4 5 6} "
 want() { [[ "$checks" == *" $1 "* ]]; }
 
 if want 1; then
@@ -105,6 +107,18 @@ grep -E '^(startup|optimizer|tierd:|step|done)' "$out/startup.log" | cut -c1-300
 kill -TERM $tierd_pid; wait $tierd_pid
 grep -E 'session|took|pinned|reserv' "$out/tierd-run-startup.log" | head -5
 
+fi
+if want 6; then
+echo "== 6. layer-major through tierd = one micro-batch after the other on plain buffers"
+lm="--device=gpu --model_size=124m --batch_size=2 --seq_len=512 --grad_accum_steps=3 --steps=6 --warmup=2 --grad_checkpointing"
+$bin $lm --step_order=micro --metrics="$work/micro.jsonl" > "$out/lm-micro.log" 2>&1
+start_tierd "$work/run-lm" 2GiB 16GiB
+$bin $lm --step_order=layer --offload_policy=tierd --tierd_dir="$work/run-lm" --gpu_budget=2GiB --tierd_dram=8GiB \
+  --tierd_nvme=8GiB --optimizer_place=cpu --metrics="$work/layer.jsonl" > "$out/lm-layer.log" 2>&1
+grep -E '^(step|done|tierd: planned)' "$out/lm-layer.log" | cut -c1-220
+kill -TERM $tierd_pid; wait $tierd_pid
+[ "$(wc -l < "$work/layer.jsonl")" = 6 ] && diff <(fields "$work/micro.jsonl") <(fields "$work/layer.jsonl")
+verdict "layer-major through tierd gives the one-at-a-time losses bit for bit" $?
 fi
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

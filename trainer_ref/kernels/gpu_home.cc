@@ -72,6 +72,7 @@ constexpr uint64_t kChunkAlign = 256;  // a chunk holds whole blocks: offsets st
 }  // namespace
 
 int GpuHomeLayout::Chunks(int group, Part part) const {
+  if (part == Part::kActs) return bytes[group][static_cast<int>(part)] > 0 ? std::max(1, act_slots) : 1;
   if (!IsOptimizerState(part) || state_chunks <= 1) return 1;
   const uint64_t blocks = (bytes[group][static_cast<int>(part)] + kChunkAlign - 1) / kChunkAlign;
   return static_cast<int>(std::max<uint64_t>(1, std::min<uint64_t>(state_chunks, blocks)));
@@ -81,6 +82,7 @@ GpuHomeLayout::Range GpuHomeLayout::Chunk(int group, Part part, int chunk) const
   const uint64_t total = bytes[group][static_cast<int>(part)];
   const int chunks = Chunks(group, part);
   if (chunks == 1) return {0, total};
+  if (part == Part::kActs) return {total / chunks * chunk, total / chunks};  // equal slots
   // Blocks shared out evenly, the first ones taking one more where they do not divide.
   const uint64_t blocks = (total + kChunkAlign - 1) / kChunkAlign;
   const uint64_t per = blocks / chunks, extra = blocks % chunks;

@@ -42,10 +42,14 @@ struct GpuHomeLayout {
   // (DeepSpeed's sub-groups): the planner then moves and places it in pieces, and the
   // optimizer step updates one piece while the next arrives. Other parts are one lease.
   int state_chunks = 1;
+  // The saved activations of each layer in this many slots, one lease each: one per
+  // micro-batch of a layer-major step (GpuModel::ForwardBackwardLayerMajor).
+  int act_slots = 1;
   uint64_t Total() const;
   uint64_t TotalOf(Part part) const;
-  // How many leases the part of a group is in: 1, or for the optimizer's state
-  // state_chunks of whole 256-byte blocks (fewer when the group has fewer blocks).
+  // How many leases the part of a group is in: 1; for the optimizer's state state_chunks of
+  // whole 256-byte blocks (fewer when the group has fewer blocks); for the activations
+  // act_slots of equal size.
   int Chunks(int group, Part part) const;
   // Chunk `chunk`'s bytes [offset, offset + bytes) within the group's part.
   struct Range {

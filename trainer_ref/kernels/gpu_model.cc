@@ -26,8 +26,13 @@ std::vector<std::pair<std::string, double>> GpuModel::TakeProfile() {
   return out;
 }
 
-GpuModel::GpuModel(const ModelConfig& config, int batch, int seq, bool checkpointing)
-    : config_(config), batch_(batch), seq_(seq), checkpointing_(checkpointing), layout_(ParamLayout(config)) {
+GpuModel::GpuModel(const ModelConfig& config, int batch, int seq, bool checkpointing, int layer_major_micro_batches)
+    : config_(config),
+      batch_(batch),
+      seq_(seq),
+      checkpointing_(checkpointing),
+      layout_(ParamLayout(config)),
+      layer_major_(layer_major_micro_batches) {
   const ParamEntries entries = ParamEntriesOf(config);
   embed_ = entries.embed;
   layers_ = entries.layers;
@@ -180,29 +185,93 @@ absl::StatusOr<double> GpuModel::Forward(const int32_t* tokens, const int32_t* t
   return counted > 0 ? sum / counted : 0.0;
 }
 
-absl::Status GpuModel::Backward() {
+// Layer l's backward from its activations `a` (saved, or recomputed into the workspace): dx
+// (fp32, the residual stream's gradient) turns from that of the layer's output into that of
+// its input; the layer's weight gradients (acquired) are added into.
+absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx) {
   const int n = batch_ * seq_, c = config_.d_model, f = config_.d_ff, h = config_.heads, d = config_.head_dim();
   const size_t nc = static_cast<size_t>(n) * c, nf = static_cast<size_t>(n) * f;
   auto zero = [this](Bf16* p, size_t count) { return Cuda(cudaMemsetAsync(p, 0, count * sizeof(Bf16), stream_), "zero"); };
-  // Each group's sum of squared gradients, taken right after its backward (the norm).
-  auto sum_squares = [&](int group) {
-    Timed(kOptimizer, [&] {
-      SumSquares(static_cast<float*>(acquired_[group][static_cast<int>(Part::kGrads)]),
-                 static_cast<int64_t>(GroupCount(group)), norm_, scratch_, stream_);
-      return 0;
-    });
-  };
+  const Layer& w = layers_[l];
+  // x_out = x_mid + swiglu(h2 W1^T, h2 W3^T) W2^T
+  Timed(kElementwise, [&] { ToBf16(dx16_, dx, static_cast<int64_t>(nc), stream_); return 0; });
+  RETURN_IF_ERROR(zero(ds_, nf));
+  RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(ds_, G(w.w2), dx16_, a.s, W(w.w2), n, f, c, stream_); }));
+  RETURN_IF_ERROR(zero(dg_, nf));
+  RETURN_IF_ERROR(zero(du_, nf));
+  Timed(kElementwise, [&] { SwiGluBackward(dg_, du_, ds_, a.g, a.u, n, f, stream_); return 0; });
+  RETURN_IF_ERROR(zero(dh_, nc));
+  RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(dh_, G(w.w1), dg_, a.h2, W(w.w1), n, c, f, stream_); }));
+  RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(dh_, G(w.w3), du_, a.h2, W(w.w3), n, c, f, stream_); }));
+  Timed(kElementwise, [&] { RmsNormBackward(dx, G(w.mlp_norm), dh_, a.x_mid, N(w.mlp_norm), a.rstd2, n, c, scratch_, stream_); return 0; });
+  // x_mid = x_in + attention(rope(h1 Wq^T), rope(h1 Wk^T), h1 Wv^T) Wo^T
+  Timed(kElementwise, [&] { ToBf16(dx16_, dx, static_cast<int64_t>(nc), stream_); return 0; });
+  RETURN_IF_ERROR(zero(da_, nc));
+  RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(da_, G(w.wo), dx16_, a.a, W(w.wo), n, c, c, stream_); }));
+  for (Bf16* p : {dq_, dk_, dv_}) RETURN_IF_ERROR(zero(p, nc));
+  RETURN_IF_ERROR(Timed(kAttention, [&] {
+    return Cuda(AttentionBackward(dq_, dk_, dv_, da_, a.a, a.lse, delta_, a.q, a.k, a.v, batch_, seq_, h, d, stream_),
+                "attention backward");
+  }));
+  Timed(kElementwise, [&] {
+    RopeBackward(dq_, batch_, seq_, h, d, static_cast<float>(config_.rope_theta), stream_);
+    return 0;
+  });
+  Timed(kElementwise, [&] {
+    RopeBackward(dk_, batch_, seq_, h, d, static_cast<float>(config_.rope_theta), stream_);
+    return 0;
+  });
+  RETURN_IF_ERROR(zero(dh_, nc));
+  RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(dh_, G(w.wq), dq_, a.h1, W(w.wq), n, c, c, stream_); }));
+  RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(dh_, G(w.wk), dk_, a.h1, W(w.wk), n, c, c, stream_); }));
+  RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(dh_, G(w.wv), dv_, a.h1, W(w.wv), n, c, c, stream_); }));
+  Timed(kElementwise, [&] { RmsNormBackward(dx, G(w.attn_norm), dh_, a.x_in, N(w.attn_norm), a.rstd1, n, c, scratch_, stream_); return 0; });
+  return absl::OkStatus();
+}
+
+void GpuModel::AddSumOfSquares(int group) {
+  Timed(kOptimizer, [&] {
+    SumSquares(static_cast<float*>(acquired_[group][static_cast<int>(Part::kGrads)]),
+               static_cast<int64_t>(GroupCount(group)), norm_, scratch_, stream_);
+    return 0;
+  });
+}
+
+absl::StatusOr<GpuModel::Acts> GpuModel::ActsForBackward(int l, void* saved) {
+  Acts a = ActsAt(checkpointing_ ? recompute_acts_ : saved);
+  if (!checkpointing_) return a;
+  // The layer's forward again, from its saved input, into the workspace.
+  const size_t nc = static_cast<size_t>(batch_) * seq_ * config_.d_model;
+  RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(xr_, saved, nc * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
+                       "recompute input"));
+  RETURN_IF_ERROR(LayerForward(l, a, xr_));
+  return a;
+}
+
+absl::Status GpuModel::HeadBackward(const float* x_out, float* dx) {
+  const int n = batch_ * seq_, c = config_.d_model;
+  const size_t nc = static_cast<size_t>(n) * c;
+  RETURN_IF_ERROR(Cuda(cudaMemsetAsync(dxf_, 0, nc * sizeof(Bf16), stream_), "zero"));
+  RETURN_IF_ERROR(Timed(
+      kGemm, [&] { return gemm_->Backward(dxf_, G(head_), dlogits_, xf_, W(head_), n, c, config_.vocab, stream_); }));
+  RETURN_IF_ERROR(Cuda(cudaMemsetAsync(dx, 0, nc * sizeof(float), stream_), "zero dx"));
+  Timed(kElementwise, [&] {
+    RmsNormBackward(dx, G(final_norm_), dxf_, x_out, N(final_norm_), rstd_f_, n, c, scratch_, stream_);
+    return 0;
+  });
+  return absl::OkStatus();
+}
+
+absl::Status GpuModel::Backward() {
+  // Each group's sum of squared gradients is taken right after its backward (the norm).
   RETURN_IF_ERROR(Cuda(cudaMemsetAsync(norm_, 0, sizeof(float), stream_), "zero norm"));
   const int last = Groups() - 1;
   RETURN_IF_ERROR(AwaitHostUpdate(-1));  // (a backward without its forward: the step done first)
   Progress(BackwardOp(micro_, 0));
   RETURN_IF_ERROR(Enter(last, Part::kWeights, Access::kRead));
   RETURN_IF_ERROR(EnterGrads(last));
-  RETURN_IF_ERROR(zero(dxf_, nc));
-  RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(dxf_, G(head_), dlogits_, xf_, W(head_), n, c, config_.vocab, stream_); }));
-  RETURN_IF_ERROR(Cuda(cudaMemsetAsync(dx_, 0, nc * sizeof(float), stream_), "zero dx"));
-  Timed(kElementwise, [&] { RmsNormBackward(dx_, G(final_norm_), dxf_, x_out_, N(final_norm_), rstd_f_, n, c, scratch_, stream_); return 0; });
-  sum_squares(last);
+  RETURN_IF_ERROR(HeadBackward(x_out_, dx_));
+  AddSumOfSquares(last);
   RETURN_IF_ERROR(Leave(last, Part::kWeights));
   RETURN_IF_ERROR(Leave(last, Part::kGrads));
   for (int l = config_.layers; l-- > 0;) {
@@ -211,56 +280,22 @@ absl::Status GpuModel::Backward() {
     RETURN_IF_ERROR(Enter(group, Part::kWeights, Access::kRead));
     RETURN_IF_ERROR(Enter(group, Part::kActs, Access::kRead));
     RETURN_IF_ERROR(EnterGrads(group));
-    const Layer& w = layers_[l];
-    void* saved = acquired_[group][static_cast<int>(Part::kActs)];
-    const Acts a = ActsAt(checkpointing_ ? recompute_acts_ : saved);
-    if (checkpointing_) {  // the layer's forward again, from its saved input, into the workspace
-      RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(xr_, saved, nc * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
-                           "recompute input"));
-      RETURN_IF_ERROR(LayerForward(l, a, xr_));
-    }
-    // x_out = x_mid + swiglu(h2 W1^T, h2 W3^T) W2^T
-    Timed(kElementwise, [&] { ToBf16(dx16_, dx_, static_cast<int64_t>(nc), stream_); return 0; });
-    RETURN_IF_ERROR(zero(ds_, nf));
-    RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(ds_, G(w.w2), dx16_, a.s, W(w.w2), n, f, c, stream_); }));
-    RETURN_IF_ERROR(zero(dg_, nf));
-    RETURN_IF_ERROR(zero(du_, nf));
-    Timed(kElementwise, [&] { SwiGluBackward(dg_, du_, ds_, a.g, a.u, n, f, stream_); return 0; });
-    RETURN_IF_ERROR(zero(dh_, nc));
-    RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(dh_, G(w.w1), dg_, a.h2, W(w.w1), n, c, f, stream_); }));
-    RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(dh_, G(w.w3), du_, a.h2, W(w.w3), n, c, f, stream_); }));
-    Timed(kElementwise, [&] { RmsNormBackward(dx_, G(w.mlp_norm), dh_, a.x_mid, N(w.mlp_norm), a.rstd2, n, c, scratch_, stream_); return 0; });
-    // x_mid = x_in + attention(rope(h1 Wq^T), rope(h1 Wk^T), h1 Wv^T) Wo^T
-    Timed(kElementwise, [&] { ToBf16(dx16_, dx_, static_cast<int64_t>(nc), stream_); return 0; });
-    RETURN_IF_ERROR(zero(da_, nc));
-    RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(da_, G(w.wo), dx16_, a.a, W(w.wo), n, c, c, stream_); }));
-    for (Bf16* p : {dq_, dk_, dv_}) RETURN_IF_ERROR(zero(p, nc));
-    RETURN_IF_ERROR(Timed(kAttention, [&] {
-      return Cuda(AttentionBackward(dq_, dk_, dv_, da_, a.a, a.lse, delta_, a.q, a.k, a.v, batch_, seq_, h, d, stream_),
-                  "attention backward");
-    }));
-    Timed(kElementwise, [&] {
-      RopeBackward(dq_, batch_, seq_, h, d, static_cast<float>(config_.rope_theta), stream_);
-      return 0;
-    });
-    Timed(kElementwise, [&] {
-      RopeBackward(dk_, batch_, seq_, h, d, static_cast<float>(config_.rope_theta), stream_);
-      return 0;
-    });
-    RETURN_IF_ERROR(zero(dh_, nc));
-    RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(dh_, G(w.wq), dq_, a.h1, W(w.wq), n, c, c, stream_); }));
-    RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(dh_, G(w.wk), dk_, a.h1, W(w.wk), n, c, c, stream_); }));
-    RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(dh_, G(w.wv), dv_, a.h1, W(w.wv), n, c, c, stream_); }));
-    Timed(kElementwise, [&] { RmsNormBackward(dx_, G(w.attn_norm), dh_, a.x_in, N(w.attn_norm), a.rstd1, n, c, scratch_, stream_); return 0; });
-    sum_squares(group);
+    auto a = ActsForBackward(l, acquired_[group][static_cast<int>(Part::kActs)]);
+    if (!a.ok()) return a.status();
+    RETURN_IF_ERROR(LayerBackward(l, *a, dx_));
+    AddSumOfSquares(group);
     RETURN_IF_ERROR(Leave(group, Part::kWeights));
     RETURN_IF_ERROR(Leave(group, Part::kActs));
     RETURN_IF_ERROR(Leave(group, Part::kGrads));
   }
   Progress(BackwardOp(micro_, last));
   RETURN_IF_ERROR(EnterGrads(0));
-  Timed(kElementwise, [&] { EmbeddingBackward(G(embed_), dx_, token_index_, token_segments_.rows, token_segments_.segments, c, stream_); return 0; });
-  sum_squares(0);
+  Timed(kElementwise, [&] {
+    EmbeddingBackward(G(embed_), dx_, token_index_, token_segments_.rows, token_segments_.segments, config_.d_model,
+                      stream_);
+    return 0;
+  });
+  AddSumOfSquares(0);
   RETURN_IF_ERROR(Leave(0, Part::kGrads));
   ++micro_;
   return Cuda(cudaGetLastError(), "backward kernels");

@@ -45,13 +45,19 @@ class GpuModel {
   // The parts the model keeps in its home, by group (0 the embedding, 1..L the layers, L + 1
   // the final norm and the head). With activation checkpointing a layer saves only its
   // input (fp32) and its backward recomputes the rest into the workspace first.
-  static GpuHomeLayout HomeLayout(const ModelConfig& config, int batch, int seq, bool checkpointing = false);
+  // Layer-major (layer_major_micro_batches K > 0): each layer saves what it keeps for each of
+  // the step's K micro-batches (K slots of its activations part).
+  static GpuHomeLayout HomeLayout(const ModelConfig& config, int batch, int seq, bool checkpointing = false,
+                                  int layer_major_micro_batches = 0);
   // RESOURCE_EXHAUSTED with the bytes when the device has no room; FAILED_PRECONDITION
   // without a device; INVALID_ARGUMENT for a head size above 256. Without a home: plain
   // GPU buffers.
+  // layer_major_micro_batches K > 0: the step runs as ForwardBackwardLayerMajor over K
+  // micro-batches (the workspace holds each micro-batch's residual stream and its gradient).
   static absl::StatusOr<std::unique_ptr<GpuModel>> Create(const ModelConfig& config, int batch, int seq,
                                                           std::unique_ptr<GpuHome> home = nullptr,
-                                                          bool checkpointing = false);
+                                                          bool checkpointing = false,
+                                                          int layer_major_micro_batches = 0);
   ~GpuModel();
   GpuModel(const GpuModel&) = delete;
   GpuModel& operator=(const GpuModel&) = delete;
@@ -71,6 +77,17 @@ class GpuModel {
   // The mean loss over the counted targets; keeps what backward needs (and dlogits).
   absl::StatusOr<double> Forward(const int32_t* tokens, const int32_t* targets);
   absl::Status Backward();  // adds into the gradients
+  // A whole step's forward and backward over the K micro-batches the model was made for
+  // (tokens and targets: K x batch x seq), layer-major: each group's forward for every
+  // micro-batch before the next group's (its weights acquired once), the head's forward and
+  // backward per micro-batch, then each layer's backward for every micro-batch, its
+  // gradients accumulating on the GPU and released once. So per step the weights are
+  // acquired twice and the gradients once, whatever K. The same losses and gradients, bit
+  // for bit, as K Forward/Backward pairs (every gradient accumulates in micro-batch order).
+  // After ZeroGrads; returns the mean of the micro-batches' losses (as the step loop sums
+  // them: loss += l / K).
+  absl::StatusOr<double> ForwardBackwardLayerMajor(const int32_t* tokens, const int32_t* targets);
+  int layer_major_micro_batches() const { return layer_major_; }
   absl::Status GetGrads(std::vector<float>* grads);  // fp32, ParamLayout order
   // The state a step needs — bf16 weights, fp32 master weights, both moments — group by
   // group into checkpoint records (and a "model" record of the shape), wherever the home
@@ -116,13 +133,17 @@ class GpuModel {
   uint64_t DeviceBytes() const { return device_bytes_ + home_->OwnDeviceBytes(); }
   uint64_t WorkspaceBytes() const { return device_bytes_; }
   // The same before the model exists (to size a GPU budget's share for tierd).
-  static uint64_t WorkspaceBytesFor(const ModelConfig& config, int batch, int seq, bool checkpointing = false);
+  static uint64_t WorkspaceBytesFor(const ModelConfig& config, int batch, int seq, bool checkpointing = false,
+                                    int layer_major_micro_batches = 0);
 
  private:
-  GpuModel(const ModelConfig& config, int batch, int seq, bool checkpointing);
+  GpuModel(const ModelConfig& config, int batch, int seq, bool checkpointing, int layer_major_micro_batches = 0);
   absl::Status Allocate();
   static std::vector<std::pair<size_t, size_t>> WorkspacePlan(const ModelConfig& config, int batch, int seq,
                                                               bool checkpointing);
+  // Layer-major: per micro-batch its residual stream and gradient (fp32 N x C each), tokens,
+  // targets (N each) and token index (3 N + 1), all int32 or fp32: element counts and sizes.
+  static std::vector<std::pair<size_t, size_t>> MicroBatchPlan(const ModelConfig& config, int batch, int seq);
   static constexpr size_t kGemmWorkspace = size_t{32} << 20;
   template <typename T>
   absl::StatusOr<T*> Take(size_t count);
@@ -167,6 +188,21 @@ class GpuModel {
   Acts ActsAt(void* base) const;
   // One layer's forward from the residual stream `x` (updated in place), saving into `a`.
   absl::Status LayerForward(int layer, const Acts& a, float* x);
+  // Layer l's backward from `a`: dx from the gradient of its output to that of its input.
+  absl::Status LayerBackward(int layer, const Acts& a, float* dx);
+  // The activations layer l's backward reads: what it saved, or recomputed from its input.
+  absl::StatusOr<Acts> ActsForBackward(int layer, void* saved);
+  // The head's backward from dlogits_ (the final norm's input x_out): dx written.
+  absl::Status HeadBackward(const float* x_out, float* dx);
+  // The group's (acquired) gradients' sum of squares into norm_.
+  void AddSumOfSquares(int group);
+  // Layer-major op indices: forward of groups 0..L, the head (forward and backward), then
+  // backward of layers L-1..0 and the embedding, then the optimizer's ops (on the host,
+  // each group's comes just before its forward).
+  uint32_t LayerMajorForwardOp(int group) const;
+  uint32_t LayerMajorBackwardOp(int group) const;  // the head's op for group L + 1
+  uint32_t LayerMajorOptimizerOp(int group) const;
+  absl::Status UploadMicroBatches(const int32_t* tokens, const int32_t* targets, std::vector<int>* counted);
   static uint64_t ActsBytes(const ModelConfig& config, int batch, int seq);
 
   ModelConfig config_;
@@ -192,6 +228,14 @@ class GpuModel {
   std::vector<size_t> norm_offset_;       // entry -> offset in norms_ (norm weights only)
   float* norms_ = nullptr;
   int micro_ = 0;                         // micro-batches done this step
+  int layer_major_ = 0;                   // K micro-batches a step, layer-major; 0: one at a time
+  struct MicroBatch {                     // layer-major: one micro-batch's buffers
+    float *x = nullptr, *dx = nullptr;    // its residual stream and its gradient (N x C)
+    int32_t *tokens = nullptr, *targets = nullptr, *token_index = nullptr;
+    TokenSegments segments;               // the token index's host side
+    std::vector<float> losses;            // (N) each row's loss, read back
+  };
+  std::vector<MicroBatch> micro_batches_;
   double acquire_seconds_ = 0;
   bool optimizer_on_cpu_ = false;
   std::atomic<int64_t> host_optimizer_nanos_{0};

@@ -44,9 +44,11 @@ GpuModel::Acts GpuModel::ActsAt(void* base) const {
   return a;
 }
 
-GpuHomeLayout GpuModel::HomeLayout(const ModelConfig& config, int batch, int seq, bool checkpointing) {
+GpuHomeLayout GpuModel::HomeLayout(const ModelConfig& config, int batch, int seq, bool checkpointing,
+                                   int layer_major_micro_batches) {
   GpuModel shape(config, batch, seq, checkpointing);  // host-side tables only
   GpuHomeLayout out;
+  out.act_slots = std::max(1, layer_major_micro_batches);
   for (int g = 0; g < shape.Groups(); ++g) {
     uint64_t params = 0;
     for (size_t e : shape.GroupEntries(g)) params += shape.layout_[e].count;
@@ -54,7 +56,8 @@ GpuHomeLayout GpuModel::HomeLayout(const ModelConfig& config, int batch, int seq
     const bool layer = g >= 1 && g <= config.layers;
     const uint64_t saved = checkpointing ? Aligned(static_cast<uint64_t>(batch) * seq * config.d_model * 4)
                                          : ActsBytes(config, batch, seq);
-    out.bytes.push_back({params * 2, params * 4, params * 4, params * 4, params * 4, layer ? saved : 0});
+    out.bytes.push_back({params * 2, params * 4, params * 4, params * 4, params * 4,
+                         layer ? saved * static_cast<uint64_t>(out.act_slots) : 0});
   }
   return out;
 }
@@ -77,20 +80,23 @@ absl::StatusOr<T*> GpuModel::Take(size_t count) {
 }
 
 absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::Create(const ModelConfig& config, int batch, int seq,
-                                                           std::unique_ptr<GpuHome> home, bool checkpointing) {
+                                                           std::unique_ptr<GpuHome> home, bool checkpointing,
+                                                           int layer_major_micro_batches) {
   if (config.head_dim() > 256) {
     return absl::InvalidArgumentError(absl::StrFormat("head size %d: the attention kernel takes at most 256",
                                                       config.head_dim()));
   }
-  std::unique_ptr<GpuModel> model(new GpuModel(config, batch, seq, checkpointing));
+  if (layer_major_micro_batches < 0) return absl::InvalidArgumentError("a negative number of micro-batches");
+  std::unique_ptr<GpuModel> model(new GpuModel(config, batch, seq, checkpointing, layer_major_micro_batches));
   if (home == nullptr) {
-    auto plain = MakePlainGpuHome(HomeLayout(config, batch, seq, checkpointing));
+    auto plain = MakePlainGpuHome(HomeLayout(config, batch, seq, checkpointing, layer_major_micro_batches));
     if (!plain.ok()) return plain.status();
     home = std::move(*plain);
   }
   // The home must be made for this model: the same groups and parts, in bytes.
-  const GpuHomeLayout own = HomeLayout(config, batch, seq, checkpointing);
-  if (home->layout().groups != own.groups || home->layout().bytes != own.bytes) {
+  const GpuHomeLayout own = HomeLayout(config, batch, seq, checkpointing, layer_major_micro_batches);
+  if (home->layout().groups != own.groups || home->layout().bytes != own.bytes ||
+      home->layout().act_slots != own.act_slots) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "the home was made for another layout (%d groups, %s) than this model's (%d groups, %s)",
         home->layout().groups.size(), FormatBytes(home->layout().Total()), own.groups.size(),
@@ -129,9 +135,20 @@ std::vector<std::pair<size_t, size_t>> GpuModel::WorkspacePlan(const ModelConfig
   return plan;
 }
 
-uint64_t GpuModel::WorkspaceBytesFor(const ModelConfig& config, int batch, int seq, bool checkpointing) {
+std::vector<std::pair<size_t, size_t>> GpuModel::MicroBatchPlan(const ModelConfig& config, int batch, int seq) {
+  const size_t n = static_cast<size_t>(batch) * seq, c = config.d_model;
+  return {{n * c, 4}, {n * c, 4}, {n, 4}, {n, 4}, {3 * n + 1, 4}};  // x, dx, tokens, targets, token index
+}
+
+uint64_t GpuModel::WorkspaceBytesFor(const ModelConfig& config, int batch, int seq, bool checkpointing,
+                                     int layer_major_micro_batches) {
   uint64_t bytes = kGemmWorkspace;
-  for (const auto& [count, size] : WorkspacePlan(config, batch, seq, checkpointing)) bytes += std::max<size_t>(count * size, 1);
+  for (const auto& [count, size] : WorkspacePlan(config, batch, seq, checkpointing)) {
+    bytes += std::max<size_t>(count * size, 1);
+  }
+  for (const auto& [count, size] : MicroBatchPlan(config, batch, seq)) {
+    bytes += static_cast<uint64_t>(layer_major_micro_batches) * count * size;
+  }
   return bytes;
 }
 
@@ -165,6 +182,19 @@ absl::Status GpuModel::Allocate() {
     *targets[i] = *p;
   }
   host_losses_.resize(static_cast<size_t>(batch_) * seq_);
+  micro_batches_.resize(static_cast<size_t>(layer_major_));
+  for (MicroBatch& mb : micro_batches_) {
+    const auto plan = MicroBatchPlan(config_, batch_, seq_);
+    void** targets[] = {reinterpret_cast<void**>(&mb.x), reinterpret_cast<void**>(&mb.dx),
+                        reinterpret_cast<void**>(&mb.tokens), reinterpret_cast<void**>(&mb.targets),
+                        reinterpret_cast<void**>(&mb.token_index)};
+    for (size_t i = 0; i < plan.size(); ++i) {
+      auto p = Take<unsigned char>(plan[i].first * plan[i].second);
+      if (!p.ok()) return p.status();
+      *targets[i] = *p;
+    }
+    mb.losses.resize(static_cast<size_t>(batch_) * seq_);
+  }
   return ZeroGrads();
 }
 

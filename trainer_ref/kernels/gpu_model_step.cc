@@ -30,6 +30,7 @@ uint32_t GpuModel::BackwardOp(int micro, int index) const {
 }
 
 uint32_t GpuModel::OptimizerOp(int group, int micro_batches) const {
+  if (layer_major_ > 0) return LayerMajorOptimizerOp(group);
   if (optimizer_on_cpu_) return static_cast<uint32_t>(2 * group);
   return static_cast<uint32_t>(micro_batches * 2 * Groups() + group);
 }
@@ -231,6 +232,29 @@ prefetcher::Graph GpuModel::StepGraph(int micro_batches) const {
     const double attention = g == Groups() - 1 ? 0.0 : 2.0 * tokens * seq_ * config_.d_model;
     return (2 * tokens * params + attention) / 300e12;
   };
+  const auto acts = [&](int g) { return index[g][static_cast<int>(Part::kActs)]; };
+  if (layer_major_ > 0) {
+    // Layer-major (ForwardBackwardLayerMajor): each group's forward for every micro-batch,
+    // the head's forward and backward, each group's backward; then the optimizer's ops.
+    const double k = layer_major_, recompute = checkpointing_ ? 1.0 : 0.0;
+    graph.ops.resize(static_cast<size_t>(3 * Groups() - 1));
+    for (int g = 0; g + 1 < Groups(); ++g) {
+      tp::GraphOp op{absl::StrFormat("%s.fwd", home.groups[g]), {at(g, Part::kWeights)}, {}, k * forward_seconds(g), {}};
+      if (g > 0) op.overwrites = acts(g);
+      graph.ops[LayerMajorForwardOp(g)] = std::move(op);
+      tp::GraphOp back{absl::StrFormat("%s.bwd", home.groups[g]), {}, {}, k * (2 + recompute) * forward_seconds(g), {}};
+      if (g > 0) {
+        back.reads = acts(g);
+        back.reads.push_back(at(g, Part::kWeights));
+      }
+      back.overwrites.push_back(at(g, Part::kGrads));
+      graph.ops[LayerMajorBackwardOp(g)] = std::move(back);
+    }
+    const int last = Groups() - 1;
+    graph.ops[LayerMajorForwardOp(last)] = {absl::StrFormat("%s.fwd+bwd", home.groups[last]),
+                                            {at(last, Part::kWeights)}, {}, 3 * k * forward_seconds(last),
+                                            {at(last, Part::kGrads)}};
+  } else {
   // Each op at its index (ForwardOp, BackwardOp, OptimizerOp: the order they run in).
   graph.ops.resize(static_cast<size_t>(Groups()) * (2 * micro_batches + 1));
   for (int micro = 0; micro < micro_batches; ++micro) {
@@ -247,6 +271,7 @@ prefetcher::Graph GpuModel::StepGraph(int micro_batches) const {
       (micro == 0 ? op.overwrites : op.writes).push_back(at(g, Part::kGrads));
       graph.ops[BackwardOp(micro, Groups() - 1 - g)] = std::move(op);
     }
+  }
   }
   for (int g = 0; g < Groups(); ++g) {
     const uint64_t bytes = home.bytes[g][static_cast<int>(Part::kMaster)];

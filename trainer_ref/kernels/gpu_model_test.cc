@@ -187,5 +187,62 @@ TEST(GpuModelTest, CheckpointingGivesTheSameLossAndGradients) {
   }
 }
 
+// Layer-major order over K micro-batches: the same mean loss, gradients and gradient norm,
+// bit for bit, as K Forward/Backward pairs; with and without checkpointing; the model's home
+// holds each layer's saved tensor per micro-batch (K slots) and refuses a home made for one.
+void CheckLayerMajor(bool checkpointing) {
+  const ModelConfig config{"lm", 3, 128, 2, 352, 512, 128};  // head size 64: the tensor-core attention
+  const int batch = 2, seq = 128, micro = 3, n = batch * seq;
+  const GpuHomeLayout one = GpuModel::HomeLayout(config, batch, seq, checkpointing);
+  const GpuHomeLayout slots = GpuModel::HomeLayout(config, batch, seq, checkpointing, micro);
+  EXPECT_EQ(slots.TotalOf(Part::kActs), micro * one.TotalOf(Part::kActs));
+  EXPECT_EQ(slots.Chunks(1, Part::kActs), micro);
+  EXPECT_EQ(PartName(slots, 1, Part::kActs, 2), "act.layers.0.2");
+  auto wrong_home = MakePlainGpuHome(one);
+  ASSERT_TRUE(wrong_home.ok());
+  EXPECT_EQ(GpuModel::Create(config, batch, seq, std::move(*wrong_home), checkpointing, micro).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto one_by_one = GpuModel::Create(config, batch, seq, nullptr, checkpointing);
+  auto layer_major = GpuModel::Create(config, batch, seq, nullptr, checkpointing, micro);
+  ASSERT_TRUE(one_by_one.ok()) << one_by_one.status();
+  ASSERT_TRUE(layer_major.ok()) << layer_major.status();
+  EXPECT_EQ((*layer_major)->WorkspaceBytes(), GpuModel::WorkspaceBytesFor(config, batch, seq, checkpointing, micro));
+  std::mt19937_64 rng(33);
+  std::vector<int32_t> tokens, targets;
+  for (int m = 0; m < micro; ++m) {
+    const Batch b = RandomBatch(n, config.vocab, rng);
+    tokens.insert(tokens.end(), b.tokens.begin(), b.tokens.end());
+    targets.insert(targets.end(), b.targets.begin(), b.targets.end());
+  }
+  ASSERT_TRUE((*one_by_one)->InitParams(5).ok());
+  ASSERT_TRUE((*layer_major)->InitParams(5).ok());
+  ASSERT_TRUE((*one_by_one)->ZeroGrads().ok());
+  ASSERT_TRUE((*layer_major)->ZeroGrads().ok());
+  double want = 0;
+  for (int m = 0; m < micro; ++m) {
+    auto loss = (*one_by_one)->Forward(tokens.data() + m * n, targets.data() + m * n);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    want += *loss / micro;
+    ASSERT_TRUE((*one_by_one)->Backward().ok());
+  }
+  EXPECT_EQ((*one_by_one)->ForwardBackwardLayerMajor(tokens.data(), targets.data()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  auto got = (*layer_major)->ForwardBackwardLayerMajor(tokens.data(), targets.data());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, want);
+  std::vector<float> a, b;
+  ASSERT_TRUE((*one_by_one)->GetGrads(&a).ok());
+  ASSERT_TRUE((*layer_major)->GetGrads(&b).ok());
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "gradient element " << i;
+  EXPECT_EQ(*(*one_by_one)->GradNorm(), *(*layer_major)->GradNorm());
+}
+
+TEST(GpuModelTest, LayerMajorOrderGivesTheSameLossAndGradientsBitForBit) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device here: the GPU model is checked on the lent GPU machine";
+  CheckLayerMajor(/*checkpointing=*/true);
+  CheckLayerMajor(/*checkpointing=*/false);
+}
+
 }  // namespace
 }  // namespace tierd::trainer::gpu

@@ -195,6 +195,7 @@ class GpuRun {
   std::unique_ptr<Dataset> data_;
   std::unique_ptr<Batcher> batcher_;
   bool optimizer_on_cpu_ = false;
+  int layer_major_ = 0;  // K micro-batches a step in layer-major order; 0: one after the other
   RunState run_;
   LossWindow window_;
   std::ofstream metrics_;
@@ -222,12 +223,25 @@ int GpuRun::Setup() {
         "--optimizer_chunks leases the optimizer's state from tierd in pieces: it needs --offload_policy=tierd");
   }
   layout.state_chunks = chunks;
-  const uint64_t workspace = GpuModel::WorkspaceBytesFor(config, s_.batch, s_.seq, s_.checkpointing);
+  const std::string order = absl::GetFlag(FLAGS_step_order);
+  if (order != "auto" && order != "layer" && order != "micro") {
+    return Fail("--step_order is auto, layer or micro, not '" + order + "'");
+  }
+  const bool layer_major = order == "layer" || (order == "auto" && s_.tierd && s_.accum > 1 && s_.checkpointing);
+  layer_major_ = layer_major ? s_.accum : 0;
+  if (layer_major) {
+    layout = GpuModel::HomeLayout(config, s_.batch, s_.seq, s_.checkpointing, layer_major_);
+    layout.state_chunks = chunks;
+    std::printf("step: layer-major over %d micro-batches (each layer's weights come twice a step, its gradients "
+                "leave once; it keeps an input per micro-batch)\n",
+                s_.accum);
+  }
+  const uint64_t workspace = GpuModel::WorkspaceBytesFor(config, s_.batch, s_.seq, s_.checkpointing, layer_major_);
   uint64_t gpu_quota = 0, dram_quota = 0;
   auto home = MakeHome(s_, layout, workspace, &gpu_quota, &dram_quota);
   if (!home.ok()) return Fail(std::string(home.status().message()));
   if (s_.tierd) startup_.Done("tierd session and leases");
-  auto model = GpuModel::Create(config, s_.batch, s_.seq, std::move(*home), s_.checkpointing);
+  auto model = GpuModel::Create(config, s_.batch, s_.seq, std::move(*home), s_.checkpointing, layer_major_);
   if (!model.ok()) return Fail(std::string(model.status().message()));
   model_ = std::move(*model);
   startup_.Done("GPU workspace");
@@ -271,7 +285,7 @@ int GpuRun::Setup() {
   }
   batcher_ = std::make_unique<Batcher>(data_->train, s_.batch, s_.seq, s_.seed * 7919 + 1);
   batcher_->Skip(run_.batches_drawn);
-  inputs_.resize(static_cast<size_t>(s_.batch) * s_.seq);
+  inputs_.resize(static_cast<size_t>(s_.batch) * s_.seq * std::max(1, layer_major_));
   targets_.resize(inputs_.size());
   model_->EnableProfile(absl::GetFlag(FLAGS_profile));
   curves_.first_step = run_.step + 1;
@@ -318,7 +332,15 @@ int GpuRun::Step(int64_t step) {
   if (step == first_timed) timed_from_ = before_;
   if (absl::Status st = model_->ZeroGrads(); !st.ok()) return FailMidRun(std::string(st.message()), ck_);
   double loss = 0;
-  for (int micro = 0; micro < s_.accum; ++micro) {
+  if (layer_major_ > 0) {
+    const size_t n = static_cast<size_t>(s_.batch) * s_.seq;
+    for (int micro = 0; micro < s_.accum; ++micro) batcher_->Next(&inputs_[micro * n], &targets_[micro * n]);
+    run_.batches_drawn += s_.accum;
+    auto l = model_->ForwardBackwardLayerMajor(inputs_.data(), targets_.data());
+    if (!l.ok()) return FailMidRun(absl::StrFormat("step %d: %s", step, l.status().message()), ck_);
+    loss = *l;
+  }
+  for (int micro = 0; layer_major_ == 0 && micro < s_.accum; ++micro) {
     batcher_->Next(inputs_.data(), targets_.data());
     ++run_.batches_drawn;
     auto l = model_->Forward(inputs_.data(), targets_.data());

@@ -224,10 +224,8 @@ int GpuRun::Setup() {
   }
   layout.state_chunks = chunks;
   const std::string order = absl::GetFlag(FLAGS_step_order);
-  if (order != "auto" && order != "layer" && order != "micro") {
-    return Fail("--step_order is auto, layer or micro, not '" + order + "'");
-  }
-  const bool layer_major = order == "layer" || (order == "auto" && s_.tierd && s_.accum > 1 && s_.checkpointing);
+  if (order != "layer" && order != "micro") return Fail("--step_order is micro or layer, not '" + order + "'");
+  const bool layer_major = order == "layer";
   layer_major_ = layer_major ? s_.accum : 0;
   if (layer_major) {
     layout = GpuModel::HomeLayout(config, s_.batch, s_.seq, s_.checkpointing, layer_major_);

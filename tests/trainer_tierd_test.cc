@@ -144,6 +144,54 @@ TEST(TrainerOnTierdTest, SameLossesAsPlainBuffersWhileTensorsMoveThroughNvme) {
   EXPECT_LT(recorded_fetches, unplanned_fetches);
 }
 
+// 8-bit moments through tierd (each moment a byte lease: codes and scales) give the plain
+// buffers' losses and state bit for bit, in a DRAM quota that sends tensors through NVMe.
+TEST(TrainerOnTierdTest, EightBitMomentsThroughTierdMatchPlainBuffers) {
+  const std::string runtime_dir =
+      "/tmp/tierd-train8-" + std::to_string(getpid()) + "-" + std::to_string(std::random_device{}() % 100000);
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  testing::Process daemon("runtime/tierd", {"--gpu=fake", "--gpu_bytes=16MiB", "--dram_bytes=16MiB",
+                                            std::string("--nvme_dir=") + (tmp ? tmp : "/tmp"), "--nvme_bytes=96MiB",
+                                            "--runtime_dir=" + runtime_dir});
+  ASSERT_NE(daemon.WaitForLine("tierd: ready", 20000), "") << daemon.output();
+  const trainer::ModelConfig config = *trainer::ModelPreset("tiny");
+  auto data = trainer::LoadDataset("embedded", config.vocab, 32, 0.1);
+  ASSERT_TRUE(data.ok());
+  trainer::TrainOptions options;
+  options.batch = 2;
+  options.seq = 32;
+  options.steps = 5;
+  options.warmup = 2;
+  options.moments_8bit = true;
+  ClientOptions client;
+  client.runtime_dir = runtime_dir;
+  client.label = "eight-bit";
+  client.quota = {0, 2 * kMiB, 32 * kMiB};
+  const auto saved = trainer::SavedLayout(config, options.batch, options.seq, options.checkpointing);
+  auto tierd_home = trainer::MakeTierdHome(trainer::ParamLayout(config), saved, client, /*moments_8bit=*/true);
+  ASSERT_TRUE(tierd_home.ok()) << tierd_home.status();
+  auto plain_home = trainer::MakePlainHome(trainer::ParamLayout(config), saved, /*moments_8bit=*/true);
+  auto on_tierd = trainer::Trainer::Create(config, options, *data, **tierd_home);
+  auto plain = trainer::Trainer::Create(config, options, *data, *plain_home);
+  ASSERT_TRUE(on_tierd.ok()) << on_tierd.status();
+  ASSERT_TRUE(plain.ok());
+  for (int step = 0; step < 5; ++step) {
+    auto a = (*on_tierd)->Step();
+    auto b = (*plain)->Step();
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok());
+    EXPECT_EQ(a->loss, b->loss) << "step " << step + 1;
+  }
+  EXPECT_EQ(*(*on_tierd)->SaveState(), *(*plain)->SaveState());
+  const std::string traffic = (*tierd_home)->Describe();
+  EXPECT_NE(traffic.find("dram->nvme"), std::string::npos) << traffic;
+  on_tierd->reset();
+  tierd_home->reset();
+  daemon.Signal(SIGTERM);
+  EXPECT_EQ(daemon.Wait(), 0) << daemon.output();
+  rmdir(runtime_dir.c_str());
+}
+
 // The metrics lines without what differs between runs that compute the same (time, bytes moved).
 std::vector<std::string> Losses(const std::string& path) {
   std::vector<std::string> out;

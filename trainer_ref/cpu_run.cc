@@ -64,6 +64,7 @@ TrainOptions OptionsFrom(const RunSettings& s) {
   o.checkpointing = s.checkpointing;
   o.plan = absl::GetFlag(FLAGS_tierd_plan);
   o.record_plan = absl::GetFlag(FLAGS_tierd_record);
+  o.moments_8bit = s.moments_8bit;
   return o;
 }
 
@@ -87,11 +88,11 @@ int RunOnCpu(const RunSettings& s) {
     client.runtime_dir = s.tierd_dir;
     client.label = "tierd-train";
     client.quota = {0, s.tierd_dram, s.tierd_nvme};
-    auto made = MakeTierdHome(ParamLayout(config), saved, client);
+    auto made = MakeTierdHome(ParamLayout(config), saved, client, o.moments_8bit);
     if (!made.ok()) return Fail("tierd: " + std::string(made.status().message()));
     home = std::move(*made);
   } else {
-    home = MakePlainHome(ParamLayout(config), saved);
+    home = MakePlainHome(ParamLayout(config), saved, o.moments_8bit);
   }
   auto created = Trainer::Create(config, o, *data, *home);
   if (!created.ok()) return Fail(std::string(created.status().message()));

@@ -4,6 +4,7 @@
 #include "base/units.h"
 #include "clients/client.h"
 #include "clients/graph_spec.h"
+#include "trainer_ref/adamw8bit.h"
 
 namespace tierd::trainer {
 namespace {
@@ -12,9 +13,11 @@ const char* const kPrefix[] = {"", "grad.", "opt.m.", "opt.v.", ""};
 
 class PlainHome final : public TensorHome {
  public:
-  PlainHome(const std::vector<TensorLayout>& layout, const std::vector<TensorLayout>& saved) {
+  PlainHome(const std::vector<TensorLayout>& layout, const std::vector<TensorLayout>& saved, bool moments_8bit) {
     for (int k = 0; k < 5; ++k) {
-      for (const TensorLayout& t : k == 4 ? saved : layout) buffers_[k].emplace_back(t.count, 0.f);
+      for (const TensorLayout& t : k == 4 ? saved : layout) {
+        buffers_[k].emplace_back((TensorBytes(t, Kind(k), moments_8bit) + 3) / 4, 0.f);
+      }
     }
   }
   absl::StatusOr<float*> Acquire(size_t entry, Kind kind, Access) override {
@@ -31,7 +34,7 @@ class PlainHome final : public TensorHome {
 class TierdHome final : public TensorHome {
  public:
   absl::Status Init(const std::vector<TensorLayout>& layout, const std::vector<TensorLayout>& saved,
-                    const ClientOptions& options) {
+                    const ClientOptions& options, bool moments_8bit) {
     auto client = Client::Connect(options);
     if (!client.ok()) return client.status();
     client_ = std::move(*client);
@@ -41,8 +44,9 @@ class TierdHome final : public TensorHome {
                                 : k == 1 ? TensorClass::kGrad
                                 : k == 4 ? TensorClass::kActivation
                                          : TensorClass::kOptState;
-        TensorSpec spec{kPrefix[k] + t.name, cls, DType::kF32,
-                        {static_cast<int64_t>(t.count)}};
+        const bool bytes = moments_8bit && (k == 2 || k == 3);
+        TensorSpec spec{kPrefix[k] + t.name, cls, bytes ? DType::kU8 : DType::kF32,
+                        {static_cast<int64_t>(bytes ? TensorBytes(t, Kind(k), true) : t.count)}};
         auto lease = client_->Lease(spec);
         if (!lease.ok()) return lease.status();
         tensors_[k].push_back(*lease);
@@ -112,16 +116,21 @@ std::string TensorHome::Name(const std::vector<TensorLayout>& layout, const std:
   return kPrefix[static_cast<int>(kind)] + layout[entry].name;
 }
 
+uint64_t TensorBytes(const TensorLayout& t, Kind kind, bool moments_8bit) {
+  const bool moment = kind == Kind::kAdamM || kind == Kind::kAdamV;
+  return moment && moments_8bit ? Moment8bitBytes(t.count) : t.count * sizeof(float);
+}
+
 std::unique_ptr<TensorHome> MakePlainHome(const std::vector<TensorLayout>& layout,
-                                          const std::vector<TensorLayout>& saved) {
-  return std::make_unique<PlainHome>(layout, saved);
+                                          const std::vector<TensorLayout>& saved, bool moments_8bit) {
+  return std::make_unique<PlainHome>(layout, saved, moments_8bit);
 }
 
 absl::StatusOr<std::unique_ptr<TensorHome>> MakeTierdHome(const std::vector<TensorLayout>& layout,
                                                          const std::vector<TensorLayout>& saved,
-                                                         const ClientOptions& options) {
+                                                         const ClientOptions& options, bool moments_8bit) {
   auto home = std::make_unique<TierdHome>();
-  if (absl::Status s = home->Init(layout, saved, options); !s.ok()) return s;
+  if (absl::Status s = home->Init(layout, saved, options, moments_8bit); !s.ok()) return s;
   return std::unique_ptr<TensorHome>(std::move(home));
 }
 

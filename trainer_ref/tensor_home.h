@@ -1,5 +1,6 @@
 // Where the trainer's tensors live between uses. Per parameter tensor of the layout there
-// are four: the parameter, its gradient and its two Adam moments (fp32). The trainer
+// are four: the parameter, its gradient and its two Adam moments (fp32, or with 8-bit
+// moments each moment's codes and scales, adamw8bit.h). The trainer
 // acquires one for as long as an op uses it and releases it after, so a home that is
 // smaller than the whole (tierd's tiers) moves the rest away meanwhile.
 //   PlainHome: plain buffers in this process (--offload_policy=none, the baseline).
@@ -32,8 +33,8 @@ enum class Kind { kParam = 0, kGrad = 1, kAdamM = 2, kAdamV = 3, kSaved = 4 };
 class TensorHome {
  public:
   virtual ~TensorHome() = default;
-  // A pointer to the tensor's floats, valid until Release. kOverwrite: the old values may
-  // be gone (nothing is fetched).
+  // A pointer to the tensor's floats (an 8-bit moment's bytes), valid until Release.
+  // kOverwrite: the old values may be gone (nothing is fetched).
   virtual absl::StatusOr<float*> Acquire(size_t entry, Kind kind, Access access) = 0;
   virtual absl::Status Release(size_t entry, Kind kind) = 0;
   // One line on where the bytes went (tier traffic), for the summary.
@@ -53,13 +54,16 @@ class TensorHome {
                           size_t entry, Kind kind);
 };
 
+// A tensor's bytes: count floats, but Moment8bitBytes(count) for a moment when moments_8bit.
+uint64_t TensorBytes(const TensorLayout& t, Kind kind, bool moments_8bit);
+
 std::unique_ptr<TensorHome> MakePlainHome(const std::vector<TensorLayout>& layout,
-                                          const std::vector<TensorLayout>& saved);
+                                          const std::vector<TensorLayout>& saved, bool moments_8bit = false);
 
 // Connects to the tierd at `runtime_dir` with these quotas and leases every tensor.
 absl::StatusOr<std::unique_ptr<TensorHome>> MakeTierdHome(const std::vector<TensorLayout>& layout,
                                                          const std::vector<TensorLayout>& saved,
-                                                         const ClientOptions& options);
+                                                         const ClientOptions& options, bool moments_8bit = false);
 
 }  // namespace tierd::trainer
 

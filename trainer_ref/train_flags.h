@@ -77,7 +77,8 @@ struct RunSettings {
   double lr = 0, clip = 1.0, weight_decay = 0.1;
   uint64_t seed = 1;
   bool checkpointing = false;
-  bool tierd = false;  // --offload_policy=tierd
+  bool moments_8bit = false;  // --opt=adamw8bit
+  bool tierd = false;         // --offload_policy=tierd
   std::string tierd_dir;
   uint64_t tierd_dram = 0, tierd_nvme = 0;  // tierd_dram 0 (GPU): sized from the state
   std::string checkpoint_dir;

@@ -51,7 +51,9 @@ check "a missing config file is explained" "grep -q 'cannot be read' '$dir/e7.lo
 check "the device is said" "grep -q '^device: \|no GPU can be used' '$dir/e8.log'"
 
 "$bin" --opt=sgd > "$dir/e0.log" 2>&1
-check "an unknown optimizer is explained" "grep -q \"opt is adamw .*not 'sgd'\" '$dir/e0.log'"
+check "an unknown optimizer is explained" "grep -q \"opt is adamw or adamw8bit, not 'sgd'\" '$dir/e0.log'"
+"$bin" $common --opt=AdamW8bit --offload_policy=none --metrics="$dir/q.jsonl" > "$dir/q.log" 2>&1
+check "8-bit moments train (names as users write them)" "grep -q '^done: 6 steps' '$dir/q.log'"
 "$bin" --model_size=70b > "$dir/e1.log" 2>&1
 check "an unknown size is explained" "grep -q \"unknown model size '70b'; use tiny\" '$dir/e1.log'"
 "$bin" --data=/nonexistent/corpus > "$dir/e2.log" 2>&1

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_format.h"
+#include "trainer_ref/adamw8bit.h"
 #include "trainer_ref/host_adamw.h"
 
 namespace tierd::trainer {
@@ -28,7 +29,7 @@ class Held {
   std::vector<Kind> kinds_;
 };
 
-constexpr uint32_t kStateMagic = 0x74727332;  // "trs2"
+constexpr uint32_t kStateMagic = 0x74727333;  // "trs3": + the moments' format
 
 }  // namespace
 
@@ -53,7 +54,7 @@ absl::Status Trainer::Init() {
       auto p = held.Get(k, Access::kOverwrite);
       if (!p.ok()) return p.status();
       if (k == Kind::kParam) std::memcpy(*p, model_.params().data() + t.offset, t.count * sizeof(float));
-      else std::memset(*p, 0, t.count * sizeof(float));
+      else std::memset(*p, 0, TensorBytes(t, k, options_.moments_8bit));  // zero bytes: zero 8-bit moments too
     }
   }
   for (const TensorLayout& t : model_.saved_layout()) largest = std::max(largest, t.count);
@@ -127,7 +128,8 @@ prefetcher::Graph Trainer::StepGraph() const {
   };
   for (Kind kind : {Kind::kParam, Kind::kGrad, Kind::kAdamM, Kind::kAdamV}) {
     for (size_t e = 0; e < layout.size(); ++e) {
-      g.tensors.push_back({TensorHome::Name(layout, saved, e, kind), layout[e].count * sizeof(float), false});
+      g.tensors.push_back(
+          {TensorHome::Name(layout, saved, e, kind), TensorBytes(layout[e], kind, options_.moments_8bit), false});
     }
   }
   for (size_t s = 0; s < saved.size(); ++s) {
@@ -259,7 +261,11 @@ absl::StatusOr<StepResult> Trainer::Step() {
     hp.step = step_;
     hp.grad_scale = static_cast<float>(clip);
     hp.decay = t.shape.size() > 1;
-    HostAdamW(*p, *m, *v, /*weights_bf16=*/nullptr, *g, static_cast<int64_t>(t.count), hp);
+    if (options_.moments_8bit) {
+      HostAdamW8bit(*p, *m, *v, /*weights_bf16=*/nullptr, *g, static_cast<int64_t>(t.count), hp);
+    } else {
+      HostAdamW(*p, *m, *v, /*weights_bf16=*/nullptr, *g, static_cast<int64_t>(t.count), hp);
+    }
   }
   return r;
 }
@@ -287,12 +293,14 @@ absl::StatusOr<std::string> Trainer::SaveState() {
   put(&step_, 8);
   put(&batches_drawn_, 8);
   put(&count, 8);
+  const uint32_t format = options_.moments_8bit ? 1 : 0;
+  put(&format, 4);
   for (Kind k : {Kind::kParam, Kind::kAdamM, Kind::kAdamV}) {
     for (size_t e = 0; e < model_.layout().size(); ++e) {
       Held held(home_, e);
       auto p = held.Get(k, Access::kRead);
       if (!p.ok()) return p.status();
-      put(*p, model_.layout()[e].count * sizeof(float));
+      put(*p, TensorBytes(model_.layout()[e], k, options_.moments_8bit));
     }
   }
   return out;
@@ -308,34 +316,41 @@ absl::Status Trainer::LoadState(const std::string& bytes) {
   };
   uint32_t magic = 0;
   int64_t step = 0, drawn = 0;
-  uint64_t count = 0, expected = 0;
-  for (const TensorLayout& t : model_.layout()) expected += t.count;
+  uint64_t count = 0, expected = 0, state_bytes = 0;
+  uint32_t format = 0;
+  for (const TensorLayout& t : model_.layout()) {
+    expected += t.count;
+    for (Kind k : {Kind::kParam, Kind::kAdamM, Kind::kAdamV}) state_bytes += TensorBytes(t, k, options_.moments_8bit);
+  }
   if (!take(&magic, 4) || magic != kStateMagic) return absl::InvalidArgumentError("not a trainer state (bad magic)");
-  if (!take(&step, 8) || !take(&drawn, 8) || !take(&count, 8)) {
+  if (!take(&step, 8) || !take(&drawn, 8) || !take(&count, 8) || !take(&format, 4)) {
     return absl::InvalidArgumentError("trainer state truncated in its header");
   }
   if (count != expected) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "the state holds %d parameters; model '%s' has %d (another --model_size?)", count, config_.name, expected));
   }
-  if (bytes.size() != at + 3 * count * 4) {
+  if (format != (options_.moments_8bit ? 1u : 0u)) {
+    return absl::InvalidArgumentError(absl::StrFormat("the state's moments are %s; this run's are %s (--opt)",
+                                                      format ? "8-bit" : "fp32",
+                                                      options_.moments_8bit ? "8-bit" : "fp32"));
+  }
+  if (bytes.size() != at + state_bytes) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("trainer state of %d bytes; %d expected", bytes.size(), at + 3 * count * 4));
+        absl::StrFormat("trainer state of %d bytes; %d expected", bytes.size(), at + state_bytes));
   }
   for (Kind k : {Kind::kParam, Kind::kAdamM, Kind::kAdamV}) {
     for (size_t e = 0; e < model_.layout().size(); ++e) {
       Held held(home_, e);
       auto p = held.Get(k, Access::kOverwrite);
       if (!p.ok()) return p.status();
-      take(*p, model_.layout()[e].count * sizeof(float));
+      take(*p, TensorBytes(model_.layout()[e], k, options_.moments_8bit));
     }
   }
   step_ = step;
-  // Replay the data order to where it was (draws are cheap next to steps).
+  // The data order continues where it was.
   batcher_ = std::make_unique<Batcher>(data_.train, options_.batch, options_.seq, batcher_seed_);
-  const int n = options_.batch * options_.seq;
-  std::vector<int32_t> inputs(n), targets(n);
-  for (int64_t i = 0; i < drawn; ++i) batcher_->Next(inputs.data(), targets.data());
+  batcher_->Skip(drawn);
   batches_drawn_ = drawn;
   return absl::OkStatus();
 }

@@ -35,6 +35,8 @@ struct TrainOptions {
   // acquires and releases and plans from them at the second (for trainers that cannot
   // describe their step; this one can, so it is here to show and test the recording).
   bool record_plan = false;
+  // AdamW's moments in 8 bits, blockwise (adamw8bit.h; the home must be made the same way).
+  bool moments_8bit = false;
 };
 
 struct StepResult {

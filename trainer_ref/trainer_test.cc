@@ -26,7 +26,7 @@ TrainOptions Small() {
 
 // Plain buffers for every tensor a trainer with these options leases.
 std::unique_ptr<TensorHome> PlainHomeFor(const ModelConfig& config, const TrainOptions& o) {
-  return MakePlainHome(ParamLayout(config), SavedLayout(config, o.batch, o.seq, o.checkpointing));
+  return MakePlainHome(ParamLayout(config), SavedLayout(config, o.batch, o.seq, o.checkpointing), o.moments_8bit);
 }
 
 TEST(TrainerTest, TheTinyModelLearnsTheEmbeddedCorpus) {

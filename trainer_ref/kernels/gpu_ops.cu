@@ -9,6 +9,7 @@
 
 #include "trainer_ref/kernels/attention_tc.h"
 #include "trainer_ref/kernels/gpu_ops.h"
+#include "trainer_ref/adamw8bit.h"
 #include "trainer_ref/kernels/init_normal.h"
 
 namespace tierd::trainer::gpu {
@@ -208,6 +209,63 @@ __global__ void FillKernel(float* master, Bf16* weights, int64_t count, float va
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x) {
     master[i] = value;
     Store(weights, i, value);
+  }
+}
+
+__constant__ float kSignedMap[q8::kCodes];
+__constant__ float kUnsignedMap[q8::kCodes];
+
+// One quantization block per CUDA block (256 threads, 8 values each): dequantize, step,
+// requantize with the block's new absmax (adamw8bit_block.h, as the host does).
+__global__ void AdamW8bitKernel(float* master, uint8_t* m_codes, float* m_absmax, uint8_t* v_codes, float* v_absmax,
+                                Bf16* weights, const float* grads, int64_t n, q8::ElementStep step) {
+  __shared__ float signed_map[q8::kCodes], unsigned_map[q8::kCodes];
+  __shared__ float new_m[q8::kQuantBlock], new_v[q8::kQuantBlock];
+  __shared__ float most[2][32];
+  for (int i = threadIdx.x; i < q8::kCodes; i += blockDim.x) {
+    signed_map[i] = kSignedMap[i];
+    unsigned_map[i] = kUnsignedMap[i];
+  }
+  __syncthreads();
+  const int64_t b = blockIdx.x, begin = b * q8::kQuantBlock;
+  const int count = n - begin < q8::kQuantBlock ? static_cast<int>(n - begin) : q8::kQuantBlock;
+  float most_m = 0.f, most_v = 0.f;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) {
+    float mi = q8::Mul(signed_map[m_codes[begin + i]], m_absmax[b]);
+    float vi = q8::Mul(unsigned_map[v_codes[begin + i]], v_absmax[b]);
+    const float w = step(master[begin + i], grads[begin + i], mi, vi);
+    master[begin + i] = w;
+    if (weights != nullptr) Store(weights, begin + i, w);
+    new_m[i] = mi;
+    new_v[i] = vi;
+    const float am = fabsf(mi);
+    most_m = am > most_m ? am : most_m;
+    most_v = vi > most_v ? vi : most_v;
+  }
+  for (int o = 16; o > 0; o >>= 1) {  // max is exact in any order
+    const float om = __shfl_xor_sync(0xffffffffu, most_m, o), ov = __shfl_xor_sync(0xffffffffu, most_v, o);
+    most_m = om > most_m ? om : most_m;
+    most_v = ov > most_v ? ov : most_v;
+  }
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  if (lane == 0) {
+    most[0][warp] = most_m;
+    most[1][warp] = most_v;
+  }
+  __syncthreads();
+  most_m = 0.f;
+  most_v = 0.f;
+  for (int w = 0; w < warps; ++w) {
+    most_m = most[0][w] > most_m ? most[0][w] : most_m;
+    most_v = most[1][w] > most_v ? most[1][w] : most_v;
+  }
+  if (threadIdx.x == 0) {
+    m_absmax[b] = most_m;
+    v_absmax[b] = most_v;
+  }
+  for (int i = threadIdx.x; i < count; i += blockDim.x) {
+    m_codes[begin + i] = q8::Encode(signed_map, new_m[i], most_m);
+    v_codes[begin + i] = q8::Encode(unsigned_map, new_v[i], most_v);
   }
 }
 
@@ -512,6 +570,22 @@ void InitNormal(float* master, Bf16* weights, int64_t begin, int64_t count, uint
 
 void InitConstant(float* master, Bf16* weights, int64_t count, float value, cudaStream_t stream) {
   if (count > 0) FillKernel<<<Blocks(count), kThreads, 0, stream>>>(master, weights, count, value);
+}
+
+cudaError_t AdamW8bit(float* master, void* m_bytes, void* v_bytes, Bf16* weights, const float* grads, int64_t n,
+                      const AdamWParams& p, cudaStream_t stream) {
+  static const cudaError_t maps = [] {  // the maps, once per process
+    cudaError_t e = cudaMemcpyToSymbol(kSignedMap, DynamicMap(true).data(), sizeof(float) * q8::kCodes);
+    if (e == cudaSuccess) e = cudaMemcpyToSymbol(kUnsignedMap, DynamicMap(false).data(), sizeof(float) * q8::kCodes);
+    return e;
+  }();
+  if (maps != cudaSuccess) return maps;
+  if (n <= 0) return cudaSuccess;
+  const Moment8bit m = MomentAt(m_bytes, n), v = MomentAt(v_bytes, n);
+  AdamW8bitKernel<<<static_cast<unsigned>(QuantBlocks(n)), 256, 0, stream>>>(master, m.codes, m.absmax, v.codes,
+                                                                             v.absmax, weights, grads, n,
+                                                                             ElementStepFor(p));
+  return cudaGetLastError();
 }
 
 void SumSquares(const float* x, int64_t n, float* out, float* scratch, cudaStream_t stream) {

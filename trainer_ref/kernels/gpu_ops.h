@@ -102,6 +102,12 @@ void InitNormal(float* master, Bf16* weights, int64_t begin, int64_t count, uint
                 cudaStream_t stream);
 void InitConstant(float* master, Bf16* weights, int64_t count, float value, cudaStream_t stream);
 
+// The same with 8-bit blockwise moments (trainer_ref/adamw8bit.h: m_bytes and v_bytes of
+// Moment8bitBytes(n) each, on the device): the host's HostAdamW8bit arithmetic, the same
+// bits. The returned error is the launch's.
+cudaError_t AdamW8bit(float* master, void* m_bytes, void* v_bytes, Bf16* weights, const float* grads, int64_t n,
+                      const AdamWParams& p, cudaStream_t stream);
+
 // *out (one fp32 on the device) += the sum of squares of x (n values): for the global
 // gradient norm. Per-block partial sums into `scratch` (kSumSquaresScratch floats), then
 // summed in order by one block.

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "trainer_ref/cpu_ops.h"
+#include "trainer_ref/adamw8bit.h"
 #include "trainer_ref/host_adamw.h"
 #include "trainer_ref/kernels/gemm.h"
 #include "trainer_ref/kernels/init_normal.h"
@@ -383,6 +384,46 @@ TEST(GpuOpsTest, InitialWeightsMatchTheHostsValues) {
   const std::vector<Bf16> one_bits = weights.Host();
   for (int i = 0; i < 1000; ++i) ASSERT_TRUE(ones[i] == 1.f && one_bits[i] == ToBf16(1.f)) << i;
   EXPECT_EQ(ones[1000], m[1000]) << "nothing written past the count";
+}
+
+// AdamW with 8-bit blockwise moments: the kernel gives the host's HostAdamW8bit bits (master,
+// bf16 weights, codes and scales) over three steps from random moments, on a size that ends
+// mid-block.
+TEST(GpuOpsTest, AdamW8bitGivesTheHostsBits) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal(0, 1);
+  const int64_t n = 5 * 2048 + 999;
+  std::vector<float> master(n), grads(n), m0(n), v0(n);
+  for (int64_t i = 0; i < n; ++i) {
+    master[i] = 0.02f * normal(rng);
+    grads[i] = 1e-2f * normal(rng) * (1 + i % 13);
+    m0[i] = 1e-3f * normal(rng);
+    v0[i] = 1e-6f * std::fabs(normal(rng));
+  }
+  const uint64_t bytes = Moment8bitBytes(n);
+  std::vector<uint8_t> m(bytes), v(bytes);
+  Quantize8bit(m0.data(), n, true, m.data());
+  Quantize8bit(v0.data(), n, false, v.data());
+  Device<float> d_master(master), d_grads(grads);
+  Device<uint8_t> d_m(m), d_v(v);
+  Device<Bf16> d_weights(std::vector<Bf16>(n, 0));
+  std::vector<uint16_t> weights(n);
+  AdamWParams p;
+  p.lr = 3e-3f;
+  p.grad_scale = 0.5f;
+  for (int step = 1; step <= 3; ++step) {
+    p.step = step;
+    p.decay = step != 2;
+    ASSERT_EQ(AdamW8bit(d_master.get(), d_m.get(), d_v.get(), d_weights.get(), d_grads.get(), n, p, nullptr),
+              cudaSuccess);
+    HostAdamW8bit(master.data(), m.data(), v.data(), weights.data(), grads.data(), n, p);
+  }
+  EXPECT_EQ(d_master.Host(), master);
+  EXPECT_EQ(d_m.Host(), m);
+  EXPECT_EQ(d_v.Host(), v);
+  const std::vector<Bf16> w = d_weights.Host();
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(w[i], weights[i]) << i;
 }
 
 TEST(GpuOpsTest, SumOfSquaresForTheGradientNorm) {

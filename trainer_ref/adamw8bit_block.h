@@ -1,0 +1,83 @@
+// AdamW with 8-bit blockwise moments, the arithmetic shared by the host (adamw8bit.cc) and
+// the GPU kernel (kernels/gpu_ops.cu), so that both give the same bits.
+//
+// A moment of n values is stored as n one-byte codes and one fp32 scale (absmax) per block
+// of kQuantBlock values: value = map[code] * absmax. The maps are dynamic-exponent maps
+// (the scheme of Dettmers' 8-bit optimizers): 256 ascending values in [-1, 1] (the first
+// moment, signed) or [0, 1] (the second, unsigned), with as many codes per decade below 1
+// as the decade's weight calls for, so small values keep relative precision. A step, per
+// block: dequantize m and v, update them and the master weight in fp32 exactly as the fp32
+// AdamW does, then requantize with the block's new absmax (nearest code, ties to the
+// lower). All-zero bytes are a zero moment (absmax 0).
+//
+// Every operation is rounded on its own: the device uses the _rn intrinsics, the host is
+// compiled with -ffp-contract=off; the absmax is a max (order-free) and the code a search.
+#ifndef TIERD_TRAINER_REF_ADAMW8BIT_BLOCK_H_
+#define TIERD_TRAINER_REF_ADAMW8BIT_BLOCK_H_
+
+#include <cstdint>
+
+#ifdef __CUDACC__
+#define TIERD_Q8_HD __host__ __device__
+#else
+#define TIERD_Q8_HD
+#include <cmath>
+#endif
+
+namespace tierd::trainer::q8 {
+
+inline constexpr int kQuantBlock = 2048;
+inline constexpr int kCodes = 256;
+
+#ifdef __CUDA_ARCH__
+TIERD_Q8_HD inline float Mul(float a, float b) { return __fmul_rn(a, b); }
+TIERD_Q8_HD inline float Add(float a, float b) { return __fadd_rn(a, b); }
+TIERD_Q8_HD inline float Sub(float a, float b) { return __fsub_rn(a, b); }
+TIERD_Q8_HD inline float Div(float a, float b) { return __fdiv_rn(a, b); }
+TIERD_Q8_HD inline float Sqrt(float a) { return __fsqrt_rn(a); }
+#else
+inline float Mul(float a, float b) { return a * b; }
+inline float Add(float a, float b) { return a + b; }
+inline float Sub(float a, float b) { return a - b; }
+inline float Div(float a, float b) { return a / b; }
+inline float Sqrt(float a) { return std::sqrt(a); }
+#endif
+
+// The code of the map value nearest x (map ascending, x within [map[0], map[255]]); on a tie
+// the lower code.
+TIERD_Q8_HD inline uint8_t NearestCode(const float* map, float x) {
+  int lo = 0, hi = kCodes - 1;  // the first value >= x
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (map[mid] < x) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  if (lo > 0 && Sub(x, map[lo - 1]) <= Sub(map[lo], x)) return static_cast<uint8_t>(lo - 1);
+  return static_cast<uint8_t>(lo);
+}
+
+// The code of a value of a block whose absmax is `absmax` (0: every value is 0).
+TIERD_Q8_HD inline uint8_t Encode(const float* map, float value, float absmax) {
+  return NearestCode(map, absmax > 0.f ? Div(value, absmax) : 0.f);
+}
+
+// One element's AdamW with the previous moments m, v (dequantized): updates them, returns
+// the new master weight. The fp32 AdamW's operations in its order (host_adamw.cc, gpu_ops'
+// AdamW kernel). c1, c2: bias corrections; decay: lr * weight_decay, or 0.
+struct ElementStep {
+  float beta1, beta2, lr, eps, decay, c1, c2, grad_scale;
+  TIERD_Q8_HD float operator()(float w, float grad, float& m, float& v) const {
+    const float g = Mul(grad, grad_scale);
+    m = Add(Mul(beta1, m), Mul(Sub(1.f, beta1), g));
+    v = Add(Mul(beta2, v), Mul(Mul(Sub(1.f, beta2), g), g));
+    w = Sub(w, Mul(decay, w));
+    return Sub(w, Div(Mul(lr, Div(m, c1)), Add(Sqrt(Div(v, c2)), eps)));
+  }
+};
+
+}  // namespace tierd::trainer::q8
+
+#endif  // TIERD_TRAINER_REF_ADAMW8BIT_BLOCK_H_

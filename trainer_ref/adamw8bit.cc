@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "trainer_ref/parallel.h"
 
@@ -31,33 +32,112 @@ std::array<float, q8::kCodes> MakeDynamicMap(bool is_signed) {
   return map;
 }
 
-inline float Bigger(float a, float b) { return b > a ? b : a; }
+std::array<float, q8::kCodes - 1> MakeThresholds(const std::array<float, q8::kCodes>& map) {
+  std::array<float, q8::kCodes - 1> t{};
+  for (int i = 0; i + 1 < q8::kCodes; ++i) t[i] = static_cast<float>((double(map[i]) + double(map[i + 1])) / 2);
+  return t;
+}
 
-// Quantization blocks [first, last) of one step.
-void StepBlocks(int64_t first, int64_t last, float* master, Moment8bit m, Moment8bit v, uint16_t* weights,
-                const float* grads, int64_t n, const q8::ElementStep& step) {
+// Keys: a float's top 17 bits (sign, exponent, 8 mantissa bits). Per key, the code of the
+// smallest value with that key: the count of thresholds below it.
+constexpr int kKeyShift = 15;
+constexpr uint32_t kKeys = uint32_t{1} << (32 - kKeyShift);
+
+float SmallestWithKey(uint32_t key) {
+  const uint32_t low = key << kKeyShift, high = low | ((uint32_t{1} << kKeyShift) - 1);
+  float a, b;
+  std::memcpy(&a, &low, 4);
+  std::memcpy(&b, &high, 4);
+  return (key >> 16) != 0 ? b : a;  // negative: the largest magnitude is the smallest
+}
+
+std::vector<uint8_t> MakeStartCodes(const std::array<float, q8::kCodes - 1>& thresholds) {
+  std::vector<uint8_t> start(kKeys);
+  for (uint32_t key = 0; key < kKeys; ++key) {
+    const float smallest = SmallestWithKey(key);
+    start[key] = smallest != smallest ? 0 : q8::CodeBySearch(thresholds.data(), smallest);  // NaN keys: 0
+  }
+  return start;
+}
+
+// A map's lookup: the start code per key, and its thresholds padded with a +inf so that the
+// compares after the start need no bound check; at most kComparesMax thresholds fall in
+// one key's range (checked when the table is made).
+constexpr int kComparesMax = 2;
+struct CodeTable {
+  std::vector<uint8_t> start;
+  std::array<float, q8::kCodes> thresholds;  // + a +inf
+};
+
+CodeTable MakeCodeTable(bool is_signed) {
+  CodeTable table;
+  table.start = MakeStartCodes(Thresholds(is_signed));
+  std::copy(Thresholds(is_signed).begin(), Thresholds(is_signed).end(), table.thresholds.begin());
+  table.thresholds.back() = std::numeric_limits<float>::infinity();
+  for (uint32_t key = 0; key + 1 < kKeys; ++key) {  // thresholds between one key's smallest value and the next's
+    if ((key >> 16) != ((key + 1) >> 16)) continue;  // the sign changes
+    const int ahead = (key >> 16) ? table.start[key] - table.start[key + 1] : table.start[key + 1] - table.start[key];
+    if (ahead > kComparesMax) std::abort();  // the maps' spacing guarantees it; a changed map must keep it
+  }
+  return table;
+}
+
+inline uint8_t Lookup(const CodeTable& table, float normalized) {
+  uint32_t bits;
+  std::memcpy(&bits, &normalized, 4);
+  const int start = table.start[bits >> kKeyShift];
+  int code = start;  // thresholds ascend: the compares need not wait for each other
+  for (int k = 0; k < kComparesMax; ++k) code += table.thresholds[std::min(start + k, q8::kCodes - 1)] < normalized;
+  return static_cast<uint8_t>(code);
+}
+
+const CodeTable& TableFor(bool is_signed) {
+  static const CodeTable signed_table = MakeCodeTable(true);
+  static const CodeTable unsigned_table = MakeCodeTable(false);
+  return is_signed ? signed_table : unsigned_table;
+}
+
+
+// Quantization blocks [first, last) of one step, in loops the compiler vectorises (cloned
+// per instruction set, as HostAdamW): dequantize; the AdamW arithmetic; the absmax; codes.
+__attribute__((target_clones("avx512f", "avx2", "default"))) void StepBlocks(
+    int64_t first, int64_t last, float* __restrict master, Moment8bit m, Moment8bit v, uint16_t* __restrict weights,
+    const float* __restrict grads, int64_t n, const q8::ElementStep& step) {
   const float* signed_map = DynamicMap(true).data();
   const float* unsigned_map = DynamicMap(false).data();
-  float new_m[q8::kQuantBlock], new_v[q8::kQuantBlock];
+  const CodeTable &signed_table = TableFor(true), &unsigned_table = TableFor(false);
+  float mi[q8::kQuantBlock], vi[q8::kQuantBlock];
   for (int64_t b = first; b < last; ++b) {
     const int64_t begin = b * q8::kQuantBlock, count = std::min<int64_t>(q8::kQuantBlock, n - begin);
-    float most_m = 0.f, most_v = 0.f;
+    const uint8_t* __restrict m_codes = m.codes + begin;
+    const uint8_t* __restrict v_codes = v.codes + begin;
+    float* __restrict w = master + begin;
+    const float* __restrict g = grads + begin;
+    const q8::ElementStep s = step;  // a local copy: no aliasing with the stores for the compiler to fear
+    const float m_scale = m.absmax[b], v_scale = v.absmax[b];
     for (int64_t i = 0; i < count; ++i) {
-      float mi = q8::Mul(signed_map[m.codes[begin + i]], m.absmax[b]);
-      float vi = q8::Mul(unsigned_map[v.codes[begin + i]], v.absmax[b]);
-      const float w = step(master[begin + i], grads[begin + i], mi, vi);
-      master[begin + i] = w;
-      if (weights != nullptr) weights[begin + i] = Bf16Bits(w);
-      new_m[i] = mi;
-      new_v[i] = vi;
-      most_m = Bigger(most_m, std::fabs(mi));
-      most_v = Bigger(most_v, vi);
+      mi[i] = q8::Mul(signed_map[m_codes[i]], m_scale);
+      vi[i] = q8::Mul(unsigned_map[v_codes[i]], v_scale);
     }
-    m.absmax[b] = most_m;
-    v.absmax[b] = most_v;
+    for (int64_t i = 0; i < count; ++i) w[i] = s(w[i], g[i], mi[i], vi[i]);
+    if (weights != nullptr) {
+      for (int64_t i = 0; i < count; ++i) weights[begin + i] = Bf16Bits(w[i]);
+    }
+    uint32_t most_m = 0, most_v = 0;
     for (int64_t i = 0; i < count; ++i) {
-      m.codes[begin + i] = q8::Encode(signed_map, new_m[i], most_m);
-      v.codes[begin + i] = q8::Encode(unsigned_map, new_v[i], most_v);
+      most_m = std::max(most_m, q8::MagnitudeBits(mi[i]));
+      most_v = std::max(most_v, q8::MagnitudeBits(vi[i]));
+    }
+    m.absmax[b] = q8::FromMagnitudeBits(most_m);
+    v.absmax[b] = q8::FromMagnitudeBits(most_v);
+    const float inverse_m = q8::InverseScale(m.absmax[b]), inverse_v = q8::InverseScale(v.absmax[b]);
+    for (int64_t i = 0; i < count; ++i) {
+      mi[i] = q8::Mul(mi[i], inverse_m);
+      vi[i] = q8::Mul(vi[i], inverse_v);
+    }
+    for (int64_t i = 0; i < count; ++i) {
+      m.codes[begin + i] = Lookup(signed_table, mi[i]);
+      v.codes[begin + i] = Lookup(unsigned_table, vi[i]);
     }
   }
 }
@@ -70,6 +150,14 @@ const std::array<float, q8::kCodes>& DynamicMap(bool is_signed) {
   return is_signed ? signed_map : unsigned_map;
 }
 
+const std::array<float, q8::kCodes - 1>& Thresholds(bool is_signed) {
+  static const std::array<float, q8::kCodes - 1> signed_t = MakeThresholds(DynamicMap(true));
+  static const std::array<float, q8::kCodes - 1> unsigned_t = MakeThresholds(DynamicMap(false));
+  return is_signed ? signed_t : unsigned_t;
+}
+
+uint8_t CodeOf(bool is_signed, float normalized) { return Lookup(TableFor(is_signed), normalized); }
+
 uint64_t Moment8bitBytes(uint64_t n) { return (n + 15) / 16 * 16 + 4 * QuantBlocks(n); }
 
 Moment8bit MomentAt(void* bytes, uint64_t n) {
@@ -79,13 +167,13 @@ Moment8bit MomentAt(void* bytes, uint64_t n) {
 
 void Quantize8bit(const float* values, uint64_t n, bool is_signed, void* bytes) {
   const Moment8bit out = MomentAt(bytes, n);
-  const float* map = DynamicMap(is_signed).data();
   for (uint64_t b = 0; b < QuantBlocks(n); ++b) {
     const uint64_t begin = b * q8::kQuantBlock, end = std::min<uint64_t>(n, begin + q8::kQuantBlock);
-    float most = 0.f;
-    for (uint64_t i = begin; i < end; ++i) most = Bigger(most, std::fabs(values[i]));
-    out.absmax[b] = most;
-    for (uint64_t i = begin; i < end; ++i) out.codes[i] = q8::Encode(map, values[i], most);
+    uint32_t most = 0;
+    for (uint64_t i = begin; i < end; ++i) most = std::max(most, q8::MagnitudeBits(values[i]));
+    out.absmax[b] = q8::FromMagnitudeBits(most);
+    const float inverse = q8::InverseScale(out.absmax[b]);
+    for (uint64_t i = begin; i < end; ++i) out.codes[i] = CodeOf(is_signed, q8::Mul(values[i], inverse));
   }
 }
 

@@ -18,8 +18,12 @@
 namespace tierd::trainer {
 
 // The 256 values of the first moment's (signed) or the second's (unsigned) map, ascending;
-// both hold 0 and 1.
+// both hold 0 and 1. Its 255 thresholds: the midpoints of neighbouring values.
 const std::array<float, q8::kCodes>& DynamicMap(bool is_signed);
+const std::array<float, q8::kCodes - 1>& Thresholds(bool is_signed);
+// A normalized value's code (q8::CodeBySearch's count) through a table of 2^17 starting
+// codes keyed by the value's sign, exponent and top 8 mantissa bits, then a compare or two.
+uint8_t CodeOf(bool is_signed, float normalized);
 
 uint64_t Moment8bitBytes(uint64_t n);
 inline uint64_t QuantBlocks(uint64_t n) { return (n + q8::kQuantBlock - 1) / q8::kQuantBlock; }

@@ -5,10 +5,13 @@
 // of kQuantBlock values: value = map[code] * absmax. The maps are dynamic-exponent maps
 // (the scheme of Dettmers' 8-bit optimizers): 256 ascending values in [-1, 1] (the first
 // moment, signed) or [0, 1] (the second, unsigned), with as many codes per decade below 1
-// as the decade's weight calls for, so small values keep relative precision. A step, per
-// block: dequantize m and v, update them and the master weight in fp32 exactly as the fp32
-// AdamW does, then requantize with the block's new absmax (nearest code, ties to the
-// lower). All-zero bytes are a zero moment (absmax 0).
+// as the decade's weight calls for, so small values keep relative precision. A value's code
+// is the number of thresholds below it, the thresholds being the midpoints of neighbouring
+// map values (in double, rounded to fp32): the nearest code, a tie to the lower; values are
+// normalized by one multiplication with the block's 1 / absmax. A step,
+// per block: dequantize m and v, update them and the master weight in fp32 exactly as the
+// fp32 AdamW does, then requantize with the block's new absmax. All-zero bytes are a zero
+// moment (absmax 0).
 //
 // Every operation is rounded on its own: the device uses the _rn intrinsics, the host is
 // compiled with -ffp-contract=off; the absmax is a max (order-free) and the code a search.
@@ -43,26 +46,45 @@ inline float Div(float a, float b) { return a / b; }
 inline float Sqrt(float a) { return std::sqrt(a); }
 #endif
 
-// The code of the map value nearest x (map ascending, x within [map[0], map[255]]); on a tie
-// the lower code.
-TIERD_Q8_HD inline uint8_t NearestCode(const float* map, float x) {
-  int lo = 0, hi = kCodes - 1;  // the first value >= x
+// The number of the kCodes - 1 ascending thresholds below x: x's code. (The host finds it
+// through a table keyed by x's top bits, adamw8bit.cc; the same count.)
+TIERD_Q8_HD inline uint8_t CodeBySearch(const float* thresholds, float x) {
+  int lo = 0, hi = kCodes - 1;  // the first threshold >= x, or kCodes - 1
   while (lo < hi) {
     const int mid = (lo + hi) / 2;
-    if (map[mid] < x) {
+    if (thresholds[mid] < x) {
       lo = mid + 1;
     } else {
       hi = mid;
     }
   }
-  if (lo > 0 && Sub(x, map[lo - 1]) <= Sub(map[lo], x)) return static_cast<uint8_t>(lo - 1);
   return static_cast<uint8_t>(lo);
 }
 
-// The code of a value of a block whose absmax is `absmax` (0: every value is 0).
-TIERD_Q8_HD inline uint8_t Encode(const float* map, float value, float absmax) {
-  return NearestCode(map, absmax > 0.f ? Div(value, absmax) : 0.f);
+// A block's absmax is the largest of its values' magnitudes compared as the bit patterns of
+// |x| (positive floats order as their bits): an integer max, exact in any order and simple
+// to vectorise.
+TIERD_Q8_HD inline uint32_t MagnitudeBits(float x) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(x) & 0x7fffffffu;
+#else
+  uint32_t bits;
+  __builtin_memcpy(&bits, &x, 4);
+  return bits & 0x7fffffffu;
+#endif
 }
+TIERD_Q8_HD inline float FromMagnitudeBits(uint32_t bits) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(bits);
+#else
+  float x;
+  __builtin_memcpy(&x, &bits, 4);
+  return x;
+#endif
+}
+
+// The factor that normalizes a block's values: 1 / absmax (0 when the block is all zeros).
+TIERD_Q8_HD inline float InverseScale(float absmax) { return absmax > 0.f ? Div(1.f, absmax) : 0.f; }
 
 // One element's AdamW with the previous moments m, v (dequantized): updates them, returns
 // the new master weight. The fp32 AdamW's operations in its order (host_adamw.cc, gpu_ops'

@@ -59,7 +59,8 @@ TEST(AdamW8bitTest, QuantizationPicksTheNearestCode) {
     for (uint64_t i = 0; i < n; i += 7) {
       const float absmax = m.absmax[i / q8::kQuantBlock], normalized = values[i] / absmax;
       const float chosen = std::fabs(normalized - map[m.codes[i]]);
-      for (float code : map) ASSERT_LE(chosen, std::fabs(normalized - code)) << "value " << i;
+      // Nearest up to the rounding of the thresholds (midpoints computed in double, kept in fp32).
+      for (float code : map) ASSERT_LE(chosen, std::fabs(normalized - code) + 1e-7f) << "value " << i;
       ASSERT_EQ(back[i], map[m.codes[i]] * absmax);
     }
   }
@@ -67,6 +68,28 @@ TEST(AdamW8bitTest, QuantizationPicksTheNearestCode) {
   std::vector<float> out(n, 1.f);
   Dequantize8bit(zeros.data(), n, true, out.data());
   for (float v : out) ASSERT_EQ(v, 0.f);
+}
+
+// The host's table lookup gives the search's code for every kind of value: the thresholds
+// themselves and their neighbours, zeros of both signs, the ends, and random values across
+// every decade.
+TEST(AdamW8bitTest, TheTableLookupGivesTheSearchsCode) {
+  for (bool is_signed : {true, false}) {
+    const auto& t = Thresholds(is_signed);
+    std::vector<float> probes = {0.f, -0.f, 1.f, -1.f, 1e-9f, -1e-9f, 0.5f, -0.5f};
+    for (float x : t) {
+      probes.push_back(x);
+      probes.push_back(std::nextafter(x, 2.f));
+      probes.push_back(std::nextafter(x, -2.f));
+    }
+    std::mt19937 rng(4);
+    std::uniform_real_distribution<float> exponent(-8.f, 0.f), sign(-1.f, 1.f);
+    for (int i = 0; i < 200000; ++i) probes.push_back(std::copysign(std::pow(10.f, exponent(rng)), sign(rng)));
+    for (float x : probes) {
+      if (!is_signed && x < 0) continue;
+      ASSERT_EQ(CodeOf(is_signed, x), q8::CodeBySearch(t.data(), x)) << x;
+    }
+  }
 }
 
 struct Problem {

@@ -19,8 +19,9 @@ uint16_t Bf16Bits(float x) {
 namespace {
 
 // One slice. No branches on data and no calls but sqrt (built with -fno-math-errno), so
-// GCC vectorises it.
-void Slice(float* __restrict master, float* __restrict m, float* __restrict v, uint16_t* __restrict weights,
+// GCC vectorises it; cloned for AVX-512 and AVX2 and picked at load time by the CPU (the
+// same bits on each: every operation is rounded on its own, no FMA).
+__attribute__((target_clones("avx512f", "avx2", "default"))) void Slice(float* __restrict master, float* __restrict m, float* __restrict v, uint16_t* __restrict weights,
            const float* __restrict grads, int64_t n, const HostAdamWParams& p, float c1, float c2) {
   const float decay = p.decay ? p.lr * p.weight_decay : 0.f;  // w -= 0 * w leaves a finite w as it was
   const float lr = p.lr, beta1 = p.beta1, beta2 = p.beta2, eps = p.eps, scale = p.grad_scale;

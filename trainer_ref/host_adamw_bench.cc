@@ -1,9 +1,11 @@
 // How fast AdamW runs on the host, for the choice between stepping DRAM-resident optimizer
-// state on the CPU or streaming it through the GPU: HostAdamW (fp32, vectorised, threaded)
-// side by side with the double-precision reference (AdamWStep, one thread), same arrays.
+// state on the CPU or streaming it through the GPU, against what the host's memory can do:
+// a STREAM-like triad (a = b + s c, all threads) in the same run, then HostAdamW (fp32
+// moments), HostAdamW8bit (8-bit moments) and the double-precision reference, same arrays.
 //   host_adamw_bench [ELEMENTS, default 2^26] [REPEATS, default 3]
-// Prints parameters/s and the memory traffic that implies (HostAdamW reads grads, master,
-// m, v and writes master, m, v and bf16 weights: 30 bytes a parameter).
+// Bytes a parameter: fp32 AdamW reads grads, master, m, v and writes master, m, v and the
+// bf16 weights (30 B); 8-bit reads grads, master and two codes, writes master, two codes and
+// the weights (18 B, plus a scale per 2048).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -11,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "trainer_ref/adamw8bit.h"
 #include "trainer_ref/host_adamw.h"
 #include "trainer_ref/optimizer.h"
 #include "trainer_ref/parallel.h"
@@ -27,6 +30,7 @@ int main(int argc, char** argv) {
   std::vector<float> master(n, 0.01f), m(n, 0.f), v(n, 0.f), grads(n);
   for (int64_t i = 0; i < n; ++i) grads[i] = static_cast<float>((i % 1000) - 500) * 1e-3f;
   std::vector<uint16_t> weights(n);
+  std::vector<uint8_t> m8(tt::Moment8bitBytes(n), 0), v8(tt::Moment8bitBytes(n), 0);
   auto best_of = [&](auto&& run) {
     double best = 1e30;
     for (int r = 0; r < repeats; ++r) {
@@ -36,10 +40,22 @@ int main(int argc, char** argv) {
     }
     return best;
   };
+  // The triad over three of the same arrays (12 bytes an element), threads as HostAdamW's.
+  const double triad = best_of([&](int) {
+    tt::ParallelFor(n, 1e9, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) master[i] = m[i] + 0.5f * v[i];
+    });
+  });
+  std::fill(master.begin(), master.end(), 0.01f);
   const double host = best_of([&](int step) {
     tt::HostAdamWParams p;
     p.step = step;
     tt::HostAdamW(master.data(), m.data(), v.data(), weights.data(), grads.data(), n, p);
+  });
+  const double host8 = best_of([&](int step) {
+    tt::HostAdamWParams p;
+    p.step = step;
+    tt::HostAdamW8bit(master.data(), m8.data(), v8.data(), weights.data(), grads.data(), n, p);
   });
   const double one = best_of([&](int step) {
     tt::HostAdamWParams p;
@@ -51,12 +67,18 @@ int main(int argc, char** argv) {
   });
   std::printf("AdamW on the host, %ld parameters, best of %d, %u hardware threads (HostAdamW uses %d)\n",
               static_cast<long>(n), repeats, std::thread::hardware_concurrency(), tt::CpuThreads());
-  auto line = [n](const char* what, double s) {
-    std::printf("  %-44s %8.1f ms  %7.2f G params/s  %6.1f GB/s\n", what, s * 1e3, n / s / 1e9, 30.0 * n / s / 1e9);
+  const double triad_gbs = 12.0 * n / triad / 1e9;
+  auto line = [n, triad_gbs](const char* what, double s, double bytes) {
+    const double gbs = bytes * n / s / 1e9;
+    std::printf("  %-46s %8.1f ms  %7.2f G params/s  %6.1f GB/s  %5.0f%% of the triad\n", what, s * 1e3, n / s / 1e9,
+                gbs, 100 * gbs / triad_gbs);
   };
-  line("HostAdamW (fp32, vectorised, all threads)", host);
-  line("HostAdamW (fp32, vectorised, one thread)", one);
-  line("AdamWStep reference (double, one thread)", reference);
-  std::printf("ratio: HostAdamW %.1fx the reference, %.1fx its own one-thread run\n", reference / host, one / host);
+  std::printf("  %-46s %8.1f ms  %29.1f GB/s\n", "triad a = b + s c (all threads)", triad * 1e3, triad_gbs);
+  line("HostAdamW (fp32 moments, all threads)", host, 30.0);
+  line("HostAdamW8bit (8-bit moments, all threads)", host8, 18.0);
+  line("HostAdamW (fp32 moments, one thread)", one, 30.0);
+  line("AdamWStep reference (double, one thread)", reference, 28.0);
+  std::printf("ratio: HostAdamW %.1fx the reference, %.1fx its own one-thread run; 8-bit %.2fx fp32's time\n",
+              reference / host, one / host, host8 / host);
   return 0;
 }

@@ -214,22 +214,29 @@ __global__ void FillKernel(float* master, Bf16* weights, int64_t count, float va
 
 __constant__ float kSignedMap[q8::kCodes];
 __constant__ float kUnsignedMap[q8::kCodes];
+__constant__ float kSignedThresholds[q8::kCodes - 1];
+__constant__ float kUnsignedThresholds[q8::kCodes - 1];
 
 // One quantization block per CUDA block (256 threads, 8 values each): dequantize, step,
 // requantize with the block's new absmax (adamw8bit_block.h, as the host does).
 __global__ void AdamW8bitKernel(float* master, uint8_t* m_codes, float* m_absmax, uint8_t* v_codes, float* v_absmax,
                                 Bf16* weights, const float* grads, int64_t n, q8::ElementStep step) {
   __shared__ float signed_map[q8::kCodes], unsigned_map[q8::kCodes];
+  __shared__ float signed_t[q8::kCodes - 1], unsigned_t[q8::kCodes - 1];
   __shared__ float new_m[q8::kQuantBlock], new_v[q8::kQuantBlock];
-  __shared__ float most[2][32];
+  __shared__ uint32_t most[2][32];
   for (int i = threadIdx.x; i < q8::kCodes; i += blockDim.x) {
     signed_map[i] = kSignedMap[i];
     unsigned_map[i] = kUnsignedMap[i];
+    if (i < q8::kCodes - 1) {
+      signed_t[i] = kSignedThresholds[i];
+      unsigned_t[i] = kUnsignedThresholds[i];
+    }
   }
   __syncthreads();
   const int64_t b = blockIdx.x, begin = b * q8::kQuantBlock;
   const int count = n - begin < q8::kQuantBlock ? static_cast<int>(n - begin) : q8::kQuantBlock;
-  float most_m = 0.f, most_v = 0.f;
+  uint32_t most_m = 0, most_v = 0;  // the magnitudes' bits: an integer max, exact in any order
   for (int i = threadIdx.x; i < count; i += blockDim.x) {
     float mi = q8::Mul(signed_map[m_codes[begin + i]], m_absmax[b]);
     float vi = q8::Mul(unsigned_map[v_codes[begin + i]], v_absmax[b]);
@@ -238,14 +245,12 @@ __global__ void AdamW8bitKernel(float* master, uint8_t* m_codes, float* m_absmax
     if (weights != nullptr) Store(weights, begin + i, w);
     new_m[i] = mi;
     new_v[i] = vi;
-    const float am = fabsf(mi);
-    most_m = am > most_m ? am : most_m;
-    most_v = vi > most_v ? vi : most_v;
+    most_m = max(most_m, q8::MagnitudeBits(mi));
+    most_v = max(most_v, q8::MagnitudeBits(vi));
   }
-  for (int o = 16; o > 0; o >>= 1) {  // max is exact in any order
-    const float om = __shfl_xor_sync(0xffffffffu, most_m, o), ov = __shfl_xor_sync(0xffffffffu, most_v, o);
-    most_m = om > most_m ? om : most_m;
-    most_v = ov > most_v ? ov : most_v;
+  for (int o = 16; o > 0; o >>= 1) {
+    most_m = max(most_m, __shfl_xor_sync(0xffffffffu, most_m, o));
+    most_v = max(most_v, __shfl_xor_sync(0xffffffffu, most_v, o));
   }
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   if (lane == 0) {
@@ -253,19 +258,22 @@ __global__ void AdamW8bitKernel(float* master, uint8_t* m_codes, float* m_absmax
     most[1][warp] = most_v;
   }
   __syncthreads();
-  most_m = 0.f;
-  most_v = 0.f;
+  most_m = 0;
+  most_v = 0;
   for (int w = 0; w < warps; ++w) {
-    most_m = most[0][w] > most_m ? most[0][w] : most_m;
-    most_v = most[1][w] > most_v ? most[1][w] : most_v;
+    most_m = max(most_m, most[0][w]);
+    most_v = max(most_v, most[1][w]);
   }
+  const float scale_m = q8::FromMagnitudeBits(most_m), scale_v = q8::FromMagnitudeBits(most_v);
+  __syncthreads();  // every thread has read the absmax it dequantized with
   if (threadIdx.x == 0) {
-    m_absmax[b] = most_m;
-    v_absmax[b] = most_v;
+    m_absmax[b] = scale_m;
+    v_absmax[b] = scale_v;
   }
+  const float inverse_m = q8::InverseScale(scale_m), inverse_v = q8::InverseScale(scale_v);
   for (int i = threadIdx.x; i < count; i += blockDim.x) {
-    m_codes[begin + i] = q8::Encode(signed_map, new_m[i], most_m);
-    v_codes[begin + i] = q8::Encode(unsigned_map, new_v[i], most_v);
+    m_codes[begin + i] = q8::CodeBySearch(signed_t, q8::Mul(new_m[i], inverse_m));
+    v_codes[begin + i] = q8::CodeBySearch(unsigned_t, q8::Mul(new_v[i], inverse_v));
   }
 }
 
@@ -577,6 +585,9 @@ cudaError_t AdamW8bit(float* master, void* m_bytes, void* v_bytes, Bf16* weights
   static const cudaError_t maps = [] {  // the maps, once per process
     cudaError_t e = cudaMemcpyToSymbol(kSignedMap, DynamicMap(true).data(), sizeof(float) * q8::kCodes);
     if (e == cudaSuccess) e = cudaMemcpyToSymbol(kUnsignedMap, DynamicMap(false).data(), sizeof(float) * q8::kCodes);
+    const size_t t = sizeof(float) * (q8::kCodes - 1);
+    if (e == cudaSuccess) e = cudaMemcpyToSymbol(kSignedThresholds, Thresholds(true).data(), t);
+    if (e == cudaSuccess) e = cudaMemcpyToSymbol(kUnsignedThresholds, Thresholds(false).data(), t);
     return e;
   }();
   if (maps != cudaSuccess) return maps;

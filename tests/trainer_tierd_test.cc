@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <set>
 #include <random>
 #include <string>
@@ -20,14 +21,21 @@
 namespace tierd {
 namespace {
 
+// The real tierd with a fake GPU, 16 MiB of DRAM and 96 MiB of NVMe, ready.
+std::unique_ptr<testing::Process> StartTierd(const std::string& runtime_dir) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  auto daemon = std::make_unique<testing::Process>(
+      "runtime/tierd", std::vector<std::string>{"--gpu=fake", "--gpu_bytes=16MiB", "--dram_bytes=16MiB",
+                                                std::string("--nvme_dir=") + (tmp ? tmp : "/tmp"),
+                                                "--nvme_bytes=96MiB", "--runtime_dir=" + runtime_dir});
+  EXPECT_NE(daemon->WaitForLine("tierd: ready", 20000), "") << daemon->output();
+  return daemon;
+}
+
 TEST(TrainerOnTierdTest, SameLossesAsPlainBuffersWhileTensorsMoveThroughNvme) {
   const std::string runtime_dir =
       "/tmp/tierd-train-" + std::to_string(getpid()) + "-" + std::to_string(std::random_device{}() % 100000);
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  testing::Process daemon("runtime/tierd", {"--gpu=fake", "--gpu_bytes=16MiB", "--dram_bytes=16MiB",
-                                            std::string("--nvme_dir=") + (tmp ? tmp : "/tmp"), "--nvme_bytes=96MiB",
-                                            "--runtime_dir=" + runtime_dir});
-  ASSERT_NE(daemon.WaitForLine("tierd: instance ", 20000), "") << daemon.output();
+  auto daemon = StartTierd(runtime_dir);
 
   const trainer::ModelConfig config = *trainer::ModelPreset("tiny");
   auto data = trainer::LoadDataset("embedded", config.vocab, 32, 0.1);
@@ -149,11 +157,7 @@ TEST(TrainerOnTierdTest, SameLossesAsPlainBuffersWhileTensorsMoveThroughNvme) {
 TEST(TrainerOnTierdTest, EightBitMomentsThroughTierdMatchPlainBuffers) {
   const std::string runtime_dir =
       "/tmp/tierd-train8-" + std::to_string(getpid()) + "-" + std::to_string(std::random_device{}() % 100000);
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  testing::Process daemon("runtime/tierd", {"--gpu=fake", "--gpu_bytes=16MiB", "--dram_bytes=16MiB",
-                                            std::string("--nvme_dir=") + (tmp ? tmp : "/tmp"), "--nvme_bytes=96MiB",
-                                            "--runtime_dir=" + runtime_dir});
-  ASSERT_NE(daemon.WaitForLine("tierd: ready", 20000), "") << daemon.output();
+  auto daemon = StartTierd(runtime_dir);
   const trainer::ModelConfig config = *trainer::ModelPreset("tiny");
   auto data = trainer::LoadDataset("embedded", config.vocab, 32, 0.1);
   ASSERT_TRUE(data.ok());
@@ -187,8 +191,8 @@ TEST(TrainerOnTierdTest, EightBitMomentsThroughTierdMatchPlainBuffers) {
   EXPECT_NE(traffic.find("dram->nvme"), std::string::npos) << traffic;
   on_tierd->reset();
   tierd_home->reset();
-  daemon.Signal(SIGTERM);
-  EXPECT_EQ(daemon.Wait(), 0) << daemon.output();
+  daemon->Signal(SIGTERM);
+  EXPECT_EQ(daemon->Wait(), 0) << daemon->output();
   rmdir(runtime_dir.c_str());
 }
 
@@ -209,9 +213,7 @@ TEST(TrainerOnTierdTest, AKilledRunWhoseStateIsOnNvmeResumesBitForBit) {
   const std::string runtime_dir = "/tmp/tierd-resume-" + tag;
   const char* tmp_env = std::getenv("TEST_TMPDIR");
   const std::string tmp = tmp_env ? tmp_env : "/tmp";
-  testing::Process daemon("runtime/tierd", {"--gpu=fake", "--gpu_bytes=16MiB", "--dram_bytes=16MiB",
-                                            "--nvme_dir=" + tmp, "--nvme_bytes=96MiB", "--runtime_dir=" + runtime_dir});
-  ASSERT_NE(daemon.WaitForLine("tierd: ready", 20000), "") << daemon.output();
+  auto daemon = StartTierd(runtime_dir);
   const std::vector<std::string> common = {"--device=cpu", "--steps=8", "--warmup=2", "--batch_size=2",
                                            "--seq_len=32", "--eval_every=0"};
   auto with = [&](std::vector<std::string> extra) {
@@ -241,8 +243,8 @@ TEST(TrainerOnTierdTest, AKilledRunWhoseStateIsOnNvmeResumesBitForBit) {
   const std::vector<std::string> want = Losses(plain_metrics), got = Losses(tierd_metrics);
   ASSERT_EQ(want.size(), 8u);
   EXPECT_EQ(got, want);
-  daemon.Signal(SIGTERM);
-  EXPECT_EQ(daemon.Wait(), 0) << daemon.output();
+  daemon->Signal(SIGTERM);
+  EXPECT_EQ(daemon->Wait(), 0) << daemon->output();
   std::system(("rm -rf " + ckpt + " " + plain_metrics + " " + tierd_metrics).c_str());
   rmdir(runtime_dir.c_str());
 }

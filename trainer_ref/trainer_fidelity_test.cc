@@ -6,27 +6,15 @@
 #include <string>
 
 #include "trainer_ref/trainer.h"
+#include "trainer_ref/trainer_test_util.h"
 
 namespace tierd::trainer {
 namespace {
 
-TrainOptions Small() {
-  TrainOptions o;
-  o.batch = 4;
-  o.seq = 32;
-  o.warmup = 5;
-  o.seed = 3;
-  return o;
-}
-
-std::unique_ptr<TensorHome> PlainHomeFor(const ModelConfig& config, const TrainOptions& o) {
-  return MakePlainHome(ParamLayout(config), SavedLayout(config, o.batch, o.seq, o.checkpointing), o.moments_8bit);
-}
-
 // 8-bit blockwise moments against fp32 ones: the tiny model, 300 steps, the same data and
 // seed; the final validation loss (32 held-out batches) within 1%, and the training loss (the
 // mean of the last 50 steps, noisier: 128 tokens a step) within 2%.
-// A checkpoint of the 8-bit state resumes bit for bit and refuses to load into an fp32 run.
+// A state with 8-bit moments refuses to load into an fp32 run.
 TEST(TrainerFidelityTest, EightBitMomentsTrainAsWellAsFp32) {
   const ModelConfig config = *ModelPreset("tiny");
   auto data = LoadDataset("embedded", config.vocab, 32, 0.1);

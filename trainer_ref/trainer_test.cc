@@ -10,24 +10,10 @@
 #include <fstream>
 
 #include "trainer_ref/checkpoint.h"
+#include "trainer_ref/trainer_test_util.h"
 
 namespace tierd::trainer {
 namespace {
-
-TrainOptions Small() {
-  TrainOptions o;
-  o.batch = 4;
-  o.seq = 32;
-  o.steps = 60;
-  o.warmup = 5;
-  o.seed = 3;
-  return o;
-}
-
-// Plain buffers for every tensor a trainer with these options leases.
-std::unique_ptr<TensorHome> PlainHomeFor(const ModelConfig& config, const TrainOptions& o) {
-  return MakePlainHome(ParamLayout(config), SavedLayout(config, o.batch, o.seq, o.checkpointing), o.moments_8bit);
-}
 
 TEST(TrainerTest, TheTinyModelLearnsTheEmbeddedCorpus) {
   const ModelConfig config = *ModelPreset("tiny");
@@ -48,12 +34,14 @@ TEST(TrainerTest, TheTinyModelLearnsTheEmbeddedCorpus) {
   EXPECT_LT(after, 0.6 * before) << "seed 3, 60 steps of 4 x 32 tokens";
 }
 
-TEST(TrainerTest, ResumingFromAStateContinuesTheExactCurve) {
+// With fp32 and with 8-bit moments.
+void CheckResume(bool moments_8bit) {
   const ModelConfig config = *ModelPreset("tiny");
   auto data = LoadDataset("embedded", config.vocab, 32, 0.1);
   ASSERT_TRUE(data.ok());
   TrainOptions o = Small();
   o.grad_accum = 2;
+  o.moments_8bit = moments_8bit;
   auto home_a = PlainHomeFor(config, o);
   auto straight = *Trainer::Create(config, o, *data, *home_a);
   std::vector<double> losses;
@@ -61,7 +49,9 @@ TEST(TrainerTest, ResumingFromAStateContinuesTheExactCurve) {
   auto home_b = PlainHomeFor(config, o);
   auto first = *Trainer::Create(config, o, *data, *home_b);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(first->Step()->loss, losses[i]);
-  const std::string dir = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
+  const std::string dir = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") +
+                          (moments_8bit ? "/resume8" : "/resume32");
+  std::system(("mkdir -p " + dir).c_str());
   auto path = WriteCheckpoint(dir, first->step(), *first->SaveState());
   ASSERT_TRUE(path.ok()) << path.status();
   auto home_c = PlainHomeFor(config, o);
@@ -74,6 +64,11 @@ TEST(TrainerTest, ResumingFromAStateContinuesTheExactCurve) {
   EXPECT_EQ(resumed->step(), 3);
   for (int i = 3; i < 6; ++i) EXPECT_EQ(resumed->Step()->loss, losses[i]) << "step " << i + 1;
   EXPECT_EQ(*resumed->SaveState(), *straight->SaveState()) << "bit-exact: weights, moments, data order";
+}
+
+TEST(TrainerTest, ResumingFromAStateContinuesTheExactCurve) {
+  CheckResume(/*moments_8bit=*/false);
+  CheckResume(/*moments_8bit=*/true);
 }
 
 TEST(TrainerTest, ANonFiniteGradientSkipsTheStepAndSaysWhere) {

@@ -66,8 +66,9 @@ struct DaemonOptions {
   // (prefetcher::TimeAwareStyles; planbench --time_aware), not only MIN and exclusive loads.
   bool planner_time_aware = false;
   // What a session's plan leaves free of its quotas for fragmentation (PlanningHeadroom):
-  // DRAM one of the largest tensors, not three, since the 7B trainer on the H200 ran 10%
-  // faster a step so (docs/runs/BENCHMARKS-history-2026-11-29-to-12-01.md, session 10).
+  // DRAM one of the largest tensors, not three: the tiers join fragmented room by moving
+  // copies, so more held back only shrinks what the plan can keep (the 7B trainer on the
+  // H200 ran 10% faster a step with one).
   PlanningHeadroom planner_headroom;
 };
 

@@ -27,9 +27,9 @@ namespace {
 // of the SIGBUS a touch would get. On the lent H200 box (a VM) mapping is what costs:
 // fallocate then cudaHostRegister (which maps the pages one by one on one thread) took
 // 1.9 + 5.0 s for 16 GiB; pages touched from 16 threads, then registered, 3.2 + 0.6 s
-// (tools/gpu_check/pin_bench). *supported is false where the kernel has no such advice
-// (before 5.14: nothing was done).
-absl::Status PopulateInParallel(uint8_t* base, uint64_t bytes, bool* supported) {
+// (tools/gpu_check/pin_bench). A kernel before 5.14 has no such advice: then nothing is done
+// here and the registration maps the pages itself, slowly.
+absl::Status PopulateInParallel(uint8_t* base, uint64_t bytes) {
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   const unsigned threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
   const uint64_t per = (bytes / threads + page - 1) / page * page;
@@ -43,10 +43,8 @@ absl::Status PopulateInParallel(uint8_t* base, uint64_t bytes, bool* supported) 
     });
   }
   for (std::thread& t : pool) t.join();
-  *supported = true;
   for (int error : errors) {
-    if (error == EINVAL) *supported = false;  // a kernel before 5.14
-    else if (error != 0) return absl::ResourceExhaustedError(std::strerror(error));
+    if (error != 0 && error != EINVAL) return absl::ResourceExhaustedError(std::strerror(error));
   }
   return absl::OkStatus();
 }
@@ -95,8 +93,7 @@ absl::StatusOr<std::unique_ptr<DramSegment>> DramSegment::Create(const std::stri
   }
   segment->base_ = static_cast<uint8_t*>(segment->handles_->region.get_address());
   if (gpu != nullptr && !gpu->is_fake()) {
-    bool supported = false;
-    if (absl::Status s = PopulateInParallel(segment->base_, bytes, &supported); !s.ok()) {
+    if (absl::Status s = PopulateInParallel(segment->base_, bytes); !s.ok()) {
       return cannot_reserve(std::string(s.message()));
     }
   }

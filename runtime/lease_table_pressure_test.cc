@@ -71,8 +71,8 @@ TEST_F(LeaseTableTest, AFragmentedDramJoinsFreeSpaceByMovingACopyNotBySpilling) 
 }
 
 // The same on the GPU: the copy moves within the region (device to device), not to DRAM.
-// (A client's split of the GPU by tensors it holds is what failed a 450 MiB workspace on the
-// H200 once, docs/runs/BENCHMARKS-history-2026-11-29-to-12-01.md, session 7.)
+// (A GPU split into pieces by tensors a client holds is how a 450 MiB workspace acquire
+// failed on the H200 with 1.44 GiB free in pieces of at most 410 MiB.)
 TEST_F(LeaseTableTest, AFragmentedGpuJoinsFreeSpaceByMovingACopyNotByEvicting) {
   auto table = Table();
   ExpectAFragmentedArenaJoinsFreeSpaceByMovingACopy(*this, *table, Place::kGpu, {4 * kMiB, 8 * kMiB, 8 * kMiB});

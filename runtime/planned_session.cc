@@ -117,7 +117,7 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
   // about one of the largest tensors free: in DRAM 3 made the 7B trainer's step 10% slower on
   // the H200 (same moves within DRAM); on the GPU 10% or 3 tensors (the old default) planned
   // 21.5 s a step against 18.6 at 3.5% or one tensor, and ran 22.7 s against 21.2 (5 laps
-  // each, docs/runs/BENCHMARKS-history-2026-11-29-to-12-01.md, session 11).
+  // each): headroom beyond what the joins need is room the plan cannot use.
   uint64_t largest = 0;
   for (const tp::GraphTensor& t : graph.tensors) largest = std::max(largest, t.bytes);
   const uint64_t dram_kept = static_cast<uint64_t>(std::max(0, headroom_of.dram_tensors)) * largest;

@@ -328,9 +328,8 @@ TEST_F(PlannerSimulation, AClientAheadOfTheLanesWaitsForThePlanNotTheDisk) { Run
 // Tiers that barely hold the state, near the H200's 7B run (GPU 22 and DRAM 64 GiB of 115;
 // this model needs NVMe at half its state to be plannable at those shares), the first
 // values made on the GPU, and the client ahead of the lanes: every acquire succeeds, every
-// read is right. (It does not reproduce the 7B run's failed first step, session 9 in
-// docs/runs/BENCHMARKS-history-2026-11-29-to-12-01.md: with the tiers' older joins it passes
-// too; its tensors are of nearly one size.)
+// read is right. (It does not reproduce the 7B run's failed first step on full tiers: with
+// the tiers' older joins it passes too, since its tensors are of nearly one size.)
 TEST_F(PlannerSimulation, TiersThatBarelyHoldTheStateServeEveryAcquire) { Run(true, {0.19, 0.56, 0.5}, true); }
 
 // DRAM below the GPU relocates copies against fragmentation, so a planned session keeps only

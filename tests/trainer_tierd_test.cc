@@ -32,6 +32,16 @@ std::unique_ptr<testing::Process> StartTierd(const std::string& runtime_dir) {
   return daemon;
 }
 
+// Five short steps of the tiny model: 2 x 32 tokens a micro-batch.
+trainer::TrainOptions FiveSteps() {
+  trainer::TrainOptions options;
+  options.batch = 2;
+  options.seq = 32;
+  options.steps = 5;
+  options.warmup = 2;
+  return options;
+}
+
 TEST(TrainerOnTierdTest, SameLossesAsPlainBuffersWhileTensorsMoveThroughNvme) {
   const std::string runtime_dir =
       "/tmp/tierd-train-" + std::to_string(getpid()) + "-" + std::to_string(std::random_device{}() % 100000);
@@ -40,12 +50,8 @@ TEST(TrainerOnTierdTest, SameLossesAsPlainBuffersWhileTensorsMoveThroughNvme) {
   const trainer::ModelConfig config = *trainer::ModelPreset("tiny");
   auto data = trainer::LoadDataset("embedded", config.vocab, 32, 0.1);
   ASSERT_TRUE(data.ok());
-  trainer::TrainOptions options;
-  options.batch = 2;
-  options.seq = 32;
+  trainer::TrainOptions options = FiveSteps();
   options.grad_accum = 2;
-  options.steps = 5;
-  options.warmup = 2;
   // The tiny model's state is 4 x 0.7 MiB, and its saved activations 0.7 MiB (2 layers of
   // 292 KiB, the head's 84 KiB); a 2 MiB DRAM quota holds a fraction of it. (At 1 MiB the
   // backward of a layer, 18 tensors and its activations held at once, does not find a
@@ -161,11 +167,7 @@ TEST(TrainerOnTierdTest, EightBitMomentsThroughTierdMatchPlainBuffers) {
   const trainer::ModelConfig config = *trainer::ModelPreset("tiny");
   auto data = trainer::LoadDataset("embedded", config.vocab, 32, 0.1);
   ASSERT_TRUE(data.ok());
-  trainer::TrainOptions options;
-  options.batch = 2;
-  options.seq = 32;
-  options.steps = 5;
-  options.warmup = 2;
+  trainer::TrainOptions options = FiveSteps();
   options.moments_8bit = true;
   ClientOptions client;
   client.runtime_dir = runtime_dir;

@@ -47,6 +47,8 @@ echo '{"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "int
 check "a shape the decoder cannot compute is refused by name" "grep -q 'grouped-query attention is not implemented' '$dir/e6.log'"
 "$bin" --model_config="$dir/nope.json" > "$dir/e7.log" 2>&1
 check "a missing config file is explained" "grep -q 'cannot be read' '$dir/e7.log'"
+"$bin" --device=cpu --print_device > "$dir/pd.log" 2>&1
+check "--print_device says the device and nothing else" "[ \"\$(cat '$dir/pd.log')\" = cpu ]"
 "$bin" --device=gpu --steps=1 > "$dir/e8.log" 2>&1 || true
 check "the device is said" "grep -q '^device: \|no GPU can be used' '$dir/e8.log'"
 

@@ -8,8 +8,10 @@
 
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
@@ -236,6 +238,56 @@ void CheckLayerMajor(bool checkpointing) {
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "gradient element " << i;
   EXPECT_EQ(*(*one_by_one)->GradNorm(), *(*layer_major)->GradNorm());
+}
+
+// A checkpoint of a trained model, loaded into a fresh one, continues bit for bit (the next
+// step's loss and the master weights); one of another shape is refused with both shapes.
+TEST(GpuModelTest, ACheckpointContinuesBitForBitAndRefusesAnotherShape) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device here: the GPU model is checked on the lent GPU machine";
+  const ModelConfig config{"ck", 2, 128, 2, 352, 512, 128};
+  const int batch = 2, seq = 64;
+  auto trained = GpuModel::Create(config, batch, seq);
+  auto fresh = GpuModel::Create(config, batch, seq);
+  ASSERT_TRUE(trained.ok() && fresh.ok());
+  std::mt19937_64 rng(41);
+  const Batch b = RandomBatch(batch * seq, config.vocab, rng);
+  auto step = [&](GpuModel& m, int at) -> double {
+    EXPECT_TRUE(m.ZeroGrads().ok());
+    auto loss = m.Forward(b.tokens.data(), b.targets.data());
+    EXPECT_TRUE(loss.ok()) << loss.status();
+    EXPECT_TRUE(m.Backward().ok());
+    EXPECT_TRUE(m.AdamWStep(1e-3, at, AdamWOptions{}, 1.0).ok());
+    return loss.ok() ? *loss : 0;
+  };
+  ASSERT_TRUE((*trained)->InitParams(2).ok());
+  ASSERT_TRUE((*fresh)->InitParams(9).ok());  // other weights, to be overwritten
+  for (int at = 1; at <= 2; ++at) step(**trained, at);
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(tmp ? tmp : "/tmp") + "/gpu-ckpt-" + std::to_string(getpid());
+  std::system(("mkdir -p " + dir).c_str());
+  auto writer = CheckpointWriter::Create(dir, 2);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  ASSERT_TRUE((*trained)->SaveState(**writer).ok());
+  auto path = (*writer)->Commit();
+  ASSERT_TRUE(path.ok()) << path.status();
+  auto reader = CheckpointReader::Open(*path);
+  ASSERT_TRUE(reader.ok());
+  ASSERT_TRUE((*fresh)->LoadState(**reader).ok());
+  EXPECT_EQ(step(**fresh, 3), step(**trained, 3));
+  std::vector<float> a, c;
+  ASSERT_TRUE((*trained)->GetParams(&a).ok());
+  ASSERT_TRUE((*fresh)->GetParams(&c).ok());
+  EXPECT_EQ(a, c);
+  ModelConfig wider = config;
+  wider.d_ff = 384;
+  auto other = GpuModel::Create(wider, batch, seq);
+  ASSERT_TRUE(other.ok());
+  auto again = CheckpointReader::Open(*path);
+  ASSERT_TRUE(again.ok());
+  const absl::Status refused = (*other)->LoadState(**again);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("another model shape"), absl::string_view::npos) << refused;
+  std::system(("rm -rf " + dir).c_str());
 }
 
 TEST(GpuModelTest, LayerMajorOrderGivesTheSameLossAndGradientsBitForBit) {

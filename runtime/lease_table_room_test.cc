@@ -1,0 +1,263 @@
+// LeaseTable's side of the planner, where copies go: the static GPU layout's offsets, copies
+// rehomed within the GPU (after the client's kernels on them), and room made on demand —
+// what the tiers tell of it, and one block of the copies used furthest in a fragmented GPU.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <vector>
+
+#include "runtime/lease_table_plan_test_util.h"
+
+namespace tierd {
+namespace {
+
+using testing::Spec;
+
+// The planner's static layout: copies made in the GPU go to the offset it names when that
+// range is free; when it is taken they go as high in the arena as they fit (the layout packs
+// from offset 0), and the tiers count both. Names the layout does not know are placed
+// online, uncounted.
+TEST_F(PlanMovesTest, CopiesGoToTheLayoutsOffsetsWhenTheRangeIsFree) {
+  UseLayout({{"a", 2 * kMiB}, {"b", 2 * kMiB}});
+  const TensorId a = LeaseWritten("a", 64 * 1024, 0x11);  // 256 KiB, overwritten at its planned place
+  EXPECT_EQ(OffsetOf(a), 2 * kMiB);
+  const TensorId b = LeaseWritten("b", 64 * 1024, 0x22);  // same range, taken by a: off plan, at the top
+  EXPECT_EQ(OffsetOf(b), 4 * kMiB - 256 * 1024);
+  const TensorId c = LeaseWritten("c", 64 * 1024, 0x33);  // not in the layout
+  LeaseStats stats = table_->Stats();
+  EXPECT_EQ(stats.planned_placements, 1u);
+  EXPECT_EQ(stats.off_plan_placements, 1u);
+  // a leaves; b's next copy in the GPU takes the planned range.
+  ASSERT_TRUE(table_->Demote(session_, a, Tier::kGpu, /*dead=*/false).ok());
+  ASSERT_TRUE(table_->Demote(session_, b, Tier::kGpu, /*dead=*/false).ok());
+  ASSERT_TRUE(table_->Prefetch(session_, b, Tier::kGpu, /*evict=*/false).ok());
+  EXPECT_EQ(OffsetOf(b), 2 * kMiB);
+  EXPECT_TRUE(Holds(b, 0x22));
+  EXPECT_TRUE(Holds(a, 0x11));  // fetched back, online: its range is b's now
+  EXPECT_TRUE(Holds(c, 0x33));
+  stats = table_->Stats();
+  EXPECT_EQ(stats.planned_placements, 2u);
+  EXPECT_EQ(stats.off_plan_placements, 2u);
+  EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
+  ASSERT_TRUE(table_->SetPlacementAdvisor(session_, nullptr).ok());
+}
+
+// A copy placed off the layout (its range was taken when it came) moves to its layout offset
+// when a client acquires it and that range is free: within the GPU, no host link used, the
+// bytes intact. Not while the range is taken, and never while the copy is acquired.
+TEST_F(PlanMovesTest, AnOffLayoutCopyMovesToItsOffsetWhenAcquiredIfTheRangeIsFree) {
+  UseLayout({{"a", 2 * kMiB}, {"b", 2 * kMiB}});
+  const TensorId a = LeaseWritten("a", 64 * 1024, 0x11);  // at 2 MiB
+  const TensorId b = LeaseWritten("b", 64 * 1024, 0x22);  // a holds the range: at the top
+  EXPECT_EQ(OffsetOf(b), 4 * kMiB - 256 * 1024) << "the range is a's: b stays";
+  EXPECT_EQ(table_->Stats().rehomed, 0u);
+  // Held by the client when the range comes free: it must not move under it.
+  auto held = table_->Acquire(session_, b, Access::kRead, Place::kGpu);
+  ASSERT_TRUE(held.ok()) << held.status();
+  ASSERT_TRUE(table_->Demote(session_, a, Tier::kGpu, /*dead=*/false).ok());
+  const uint64_t h2d_before = engine_.mover->Stats(Link::kDramToGpu).bytes;
+  auto again = table_->Acquire(session_, b, Access::kRead, Place::kGpu);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->offset, held->offset);
+  ASSERT_TRUE(table_->Release(session_, b).ok());
+  ASSERT_TRUE(table_->Release(session_, b).ok());
+  EXPECT_EQ(table_->Stats().rehomed, 0u);
+  // Idle and the range free: the next acquire finds it at 2 MiB.
+  EXPECT_EQ(OffsetOf(b), 2 * kMiB);
+  EXPECT_TRUE(Holds(b, 0x22));
+  const LeaseStats stats = table_->Stats();
+  EXPECT_EQ(stats.rehomed, 1u);
+  EXPECT_EQ(stats.gpu_relocations, 1u);
+  EXPECT_EQ(engine_.mover->Stats(Link::kDramToGpu).bytes, h2d_before) << "moved within the GPU, not fetched";
+  EXPECT_TRUE(Holds(a, 0x11));  // fetched back, online: its range is b's now
+  EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
+  ASSERT_TRUE(table_->SetPlacementAdvisor(session_, nullptr).ok());
+}
+
+// The client's kernel on a released tensor: its bytes land when the fence is waited for,
+// and the wait reports `status` (a kernel that faulted).
+class KernelFence : public GpuFence {
+ public:
+  KernelFence(uint8_t* bytes, uint64_t size, uint8_t fill, absl::Status status)
+      : bytes_(bytes), size_(size), fill_(fill), status_(std::move(status)) {}
+  absl::Status Wait() override {
+    std::memset(bytes_, fill_, size_);
+    return status_;
+  }
+  bool Passed() override { return passed_; }
+  void set_passed(bool passed) { passed_ = passed; }
+
+ private:
+  uint8_t* bytes_;
+  uint64_t size_;
+  uint8_t fill_;
+  absl::Status status_;
+  bool passed_ = true;
+};
+
+// Moving a copy within the GPU settles the client's kernels on it first (the bytes they
+// write move with it); if they failed, the acquire says so and the copy stays where it was;
+// the acquire after that moves it. While they may still run, the copy is not moved at all
+// (the acquire would wait for them).
+TEST_F(PlanMovesTest, ARehomeWaitsForTheClientsKernelsAndReportsTheirFailure) {
+  UseLayout({{"a", 2 * kMiB}, {"b", 2 * kMiB}});
+  const TensorId a = LeaseWritten("a", 64 * 1024, 0x11);
+  const TensorId b = LeaseWritten("b", 64 * 1024, 0x22);  // off the layout, at the top
+  for (const bool kernel_fails : {false, true}) {
+    SCOPED_TRACE(kernel_fails ? "the kernel fails" : "the kernel succeeds");
+    auto p = table_->Acquire(session_, b, Access::kWrite, Place::kGpu);
+    ASSERT_TRUE(p.ok()) << p.status();
+    const uint64_t at = p->offset;
+    ASSERT_NE(at, 2 * kMiB);
+    const uint8_t fill = kernel_fails ? 0x66 : 0x55;
+    auto fence = std::make_unique<KernelFence>(Pointer(*p), p->bytes, fill,
+                                               kernel_fails ? absl::InternalError("illegal address") : absl::OkStatus());
+    KernelFence* kernel = fence.get();
+    ASSERT_TRUE(table_->Release(session_, b, std::move(fence)).ok());
+    ASSERT_TRUE(table_->Demote(session_, a, Tier::kGpu, /*dead=*/false).ok());  // b's range is free
+    kernel->set_passed(false);  // still running: b stays where it is
+    EXPECT_EQ(OffsetOf(b), at);
+    kernel->set_passed(true);
+    auto moved = table_->Acquire(session_, b, Access::kRead, Place::kGpu);
+    if (kernel_fails) {
+      EXPECT_EQ(moved.status().code(), absl::StatusCode::kInternal) << moved.status();
+      EXPECT_NE(moved.status().message().find("the client's GPU work on 'b' failed"), absl::string_view::npos)
+          << moved.status();
+      EXPECT_EQ(table_->Stats().rehomed, 1u) << "nothing moved";
+      moved = table_->Acquire(session_, b, Access::kRead, Place::kGpu);  // reported once; now it moves
+    }
+    ASSERT_TRUE(moved.ok()) << moved.status();
+    EXPECT_EQ(moved->offset, 2 * kMiB);
+    ASSERT_TRUE(table_->Release(session_, b).ok());
+    EXPECT_TRUE(Holds(b, fill)) << "the kernel's bytes moved with the copy";
+    EXPECT_EQ(table_->Stats().rehomed, kernel_fails ? 2u : 1u);
+    // Back off the layout for the next round: a takes its range again, b is evicted and
+    // comes back to the top.
+    ASSERT_TRUE(table_->Demote(session_, b, Tier::kGpu, /*dead=*/false).ok());
+    EXPECT_TRUE(Holds(a, 0x11));
+    ASSERT_TRUE(table_->Prefetch(session_, b, Tier::kGpu, /*evict=*/false).ok());
+  }
+  EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
+  ASSERT_TRUE(table_->SetPlacementAdvisor(session_, nullptr).ok());
+}
+
+// The tiers say what they move on their own to make room (for the planner's record of the
+// session): a dirty victim written back from the GPU to DRAM with its bytes, a clean one
+// dropped (no bytes), in the order they happen; nothing once the observer is gone.
+TEST_F(PlanMovesTest, TheTiersTellTheMovesTheyMakeForRoom) {
+  std::vector<LeaseTable::RoomMove> told;
+  ASSERT_TRUE(table_->SetRoomObserver(session_, [&](const LeaseTable::RoomMove& m) { told.push_back(m); }).ok());
+  std::map<TensorId, uint8_t> fills;
+  for (int i = 0; i < 4; ++i) fills[LeaseWritten("g" + std::to_string(i), 256 * 1024, 10 + i)] = 10 + i;  // 4 MiB
+  ASSERT_TRUE(told.empty()) << "the GPU had room for all four";
+  const TensorId fifth = LeaseWritten("fifth", 256 * 1024, 9);
+  fills[fifth] = 9;
+  ASSERT_EQ(told.size(), 1u);
+  EXPECT_EQ(told[0].from, Tier::kGpu);
+  ASSERT_TRUE(told[0].to.has_value());
+  EXPECT_EQ(*told[0].to, Tier::kDram);
+  EXPECT_EQ(told[0].bytes, 1 * kMiB);
+  EXPECT_LE(told[0].start_nanos, told[0].end_nanos);
+  auto off_gpu = [&] {  // the one tensor not on the GPU (five of 1 MiB in 4 MiB)
+    TensorId out = 0;
+    for (const auto& [id, fill] : fills) {
+      if (!OnGpu(id)) out = id;
+    }
+    return out;
+  };
+  const TensorId first_out = off_gpu();
+  ASSERT_NE(first_out, 0u);
+  // Read back, it pushes another dirty one out and keeps a clean copy in DRAM...
+  EXPECT_TRUE(Holds(first_out, fills[first_out]));
+  ASSERT_EQ(told.size(), 2u);
+  EXPECT_EQ(told[1].to, std::optional<Tier>(Tier::kDram));
+  const TensorId second_out = off_gpu();
+  ASSERT_NE(second_out, 0u);
+  // ...which, clean, is the next to go: dropped, not written.
+  EXPECT_TRUE(Holds(second_out, fills[second_out]));
+  ASSERT_EQ(told.size(), 3u);
+  EXPECT_EQ(told[2].from, Tier::kGpu);
+  EXPECT_FALSE(told[2].to.has_value());
+  EXPECT_EQ(told[2].bytes, 0u);
+  EXPECT_GE(told[2].start_nanos, told[1].end_nanos);
+  ASSERT_TRUE(table_->SetRoomObserver(session_, nullptr).ok());
+  EXPECT_TRUE(Holds(first_out, fills[first_out]));
+  EXPECT_EQ(told.size(), 3u);
+  for (const auto& [id, fill] : fills) EXPECT_TRUE(Holds(id, fill)) << id;
+  EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
+}
+
+// Room made on demand in a fragmented GPU, when no join can gather it, is one block: of the
+// runs of copies side by side that make it with the free space around them, the one used
+// furthest goes. The GPU (4 MiB) holds [free 512K][A 1M][free 512K][B 1M][free 512K][C
+// 512K]: 1.5 MiB free, no block over 512 KiB, and no gap elsewhere that could take A or B.
+// By next use alone C (used last) would go first, joining only 1 MiB, then B; as one block
+// B alone goes, and the new tensor takes its place with the gaps beside it.
+TEST_F(PlanMovesTest, RoomInAFragmentedGpuIsMadeAsOneBlockOfTheCopiesUsedFurthest) {
+  const TensorId x0 = LeaseWritten("x0", 128 * 1024, 1);  // 512 KiB
+  const TensorId a = LeaseWritten("A", 256 * 1024, 2);    // 1 MiB
+  const TensorId x1 = LeaseWritten("x1", 128 * 1024, 3);
+  const TensorId b = LeaseWritten("B", 256 * 1024, 4);
+  const TensorId x2 = LeaseWritten("x2", 128 * 1024, 5);
+  const TensorId c = LeaseWritten("C", 128 * 1024, 6);
+  ASSERT_EQ(OffsetOf(a), 512 * kKiB) << "the premise: copies side by side from offset 0";
+  ASSERT_EQ(OffsetOf(b), 2 * kMiB);
+  ASSERT_EQ(OffsetOf(c), 3 * kMiB + 512 * kKiB);
+  for (TensorId x : {x0, x1, x2}) ASSERT_TRUE(table_->Demote(session_, x, Tier::kGpu, /*dead=*/false).ok());
+  const std::map<std::string, int64_t> next{{"A", 10}, {"B", 50}, {"C", 100}};
+  ASSERT_TRUE(table_
+                  ->SetEvictionAdvisor(session_,
+                                       [&next](const std::string& name) {
+                                         auto it = next.find(name);
+                                         return it == next.end() ? int64_t{0} : it->second;
+                                       })
+                  .ok());
+  std::vector<LeaseTable::RoomMove> told;
+  ASSERT_TRUE(table_->SetRoomObserver(session_, [&](const LeaseTable::RoomMove& m) { told.push_back(m); }).ok());
+  const TensorId big = LeaseWritten("big", 384 * 1024, 7);  // 1.5 MiB
+  ASSERT_EQ(told.size(), 1u) << "one copy makes the block";
+  EXPECT_EQ(told[0].name, "B") << "the run used furthest that holds 1.5 MiB with its gaps";
+  EXPECT_EQ(told[0].to, std::optional<Tier>(Tier::kDram));
+  EXPECT_EQ(OffsetOf(big), 1 * kMiB + 512 * kKiB) << "in B's place and the gap before it";
+  EXPECT_TRUE(OnGpu(a));
+  EXPECT_TRUE(OnGpu(c));
+  ASSERT_TRUE(table_->SetRoomObserver(session_, nullptr).ok());
+  ASSERT_TRUE(table_->SetEvictionAdvisor(session_, nullptr).ok());
+  const std::map<TensorId, uint8_t> fills{{x0, 1}, {a, 2}, {x1, 3}, {b, 4}, {x2, 5}, {c, 6}, {big, 7}};
+  for (const auto& [id, fill] : fills) EXPECT_TRUE(Holds(id, fill)) << id;
+  EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
+}
+
+// When the client holds the copies every such run needs, there is no block to make: the one
+// evictable copy goes by next use, and the acquire is refused with the numbers; nothing is lost.
+TEST_F(PlanMovesTest, AFragmentedGpuWhoseRunsTheClientHoldsRefusesWithTheNumbers) {
+  const TensorId x0 = LeaseWritten("x0", 128 * 1024, 1);
+  const TensorId a = LeaseWritten("A", 256 * 1024, 2);
+  const TensorId x1 = LeaseWritten("x1", 128 * 1024, 3);
+  const TensorId b = LeaseWritten("B", 256 * 1024, 4);
+  const TensorId x2 = LeaseWritten("x2", 128 * 1024, 5);
+  const TensorId c = LeaseWritten("C", 128 * 1024, 6);
+  ASSERT_EQ(OffsetOf(c), 3 * kMiB + 512 * kKiB) << "the premise: copies side by side from offset 0";
+  for (TensorId x : {x0, x1, x2}) ASSERT_TRUE(table_->Demote(session_, x, Tier::kGpu, /*dead=*/false).ok());
+  ASSERT_TRUE(table_->SetEvictionAdvisor(session_, [](const std::string&) { return int64_t{1}; }).ok());
+  ASSERT_TRUE(table_->Acquire(session_, a, Access::kRead, Place::kGpu).ok());
+  ASSERT_TRUE(table_->Acquire(session_, b, Access::kRead, Place::kGpu).ok());
+  auto big = table_->Lease(session_, Spec("big", 384 * 1024));  // 1.5 MiB
+  ASSERT_TRUE(big.ok()) << big.status();
+  auto placed = table_->Acquire(session_, *big, Access::kOverwrite, Place::kGpu);
+  ASSERT_FALSE(placed.ok());
+  EXPECT_TRUE(absl::IsResourceExhausted(placed.status())) << placed.status();
+  EXPECT_NE(placed.status().message().find("cannot place 1.50 MiB in gpu"), std::string::npos) << placed.status();
+  EXPECT_NE(placed.status().message().find("nothing there may be evicted"), std::string::npos) << placed.status();
+  EXPECT_FALSE(OnGpu(c)) << "C, the one copy free to go, went by next use";
+  ASSERT_TRUE(table_->Release(session_, a).ok());
+  ASSERT_TRUE(table_->Release(session_, b).ok());
+  ASSERT_TRUE(table_->SetEvictionAdvisor(session_, nullptr).ok());
+  const std::map<TensorId, uint8_t> fills{{x0, 1}, {a, 2}, {x1, 3}, {b, 4}, {x2, 5}, {c, 6}};
+  for (const auto& [id, fill] : fills) EXPECT_TRUE(Holds(id, fill)) << id;
+  EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
+}
+
+}  // namespace
+}  // namespace tierd

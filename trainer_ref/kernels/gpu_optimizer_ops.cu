@@ -1,0 +1,156 @@
+// The optimizer's kernels (AdamW with fp32 or 8-bit blockwise moments) and the initial
+// weights: see gpu_ops.h. Element-wise, grid-stride, except the 8-bit step (one CUDA block
+// per quantization block).
+#include <cuda_bf16.h>
+
+#include <cmath>
+
+#include "trainer_ref/adamw8bit.h"
+#include "trainer_ref/kernels/gpu_kernel_util.cuh"
+#include "trainer_ref/kernels/gpu_ops.h"
+#include "trainer_ref/kernels/init_normal.h"
+
+namespace tierd::trainer::gpu {
+namespace {
+
+__global__ void InitNormalKernel(float* master, Bf16* weights, int64_t begin, int64_t count, uint64_t seed,
+                                 uint64_t entry, double sigma) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x) {
+    const float x = InitNormalValue(seed, entry, static_cast<uint64_t>(begin + i), sigma);
+    master[i] = x;
+    Store(weights, i, x);
+  }
+}
+
+__global__ void FillKernel(float* master, Bf16* weights, int64_t count, float value) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x) {
+    master[i] = value;
+    Store(weights, i, value);
+  }
+}
+
+__constant__ float kSignedMap[q8::kCodes];
+__constant__ float kUnsignedMap[q8::kCodes];
+__constant__ float kSignedThresholds[q8::kCodes - 1];
+__constant__ float kUnsignedThresholds[q8::kCodes - 1];
+
+// One quantization block per CUDA block (256 threads, 8 values each): dequantize, step,
+// requantize with the block's new absmax (adamw8bit_block.h, as the host does).
+__global__ void AdamW8bitKernel(float* master, uint8_t* m_codes, float* m_absmax, uint8_t* v_codes, float* v_absmax,
+                                Bf16* weights, const float* grads, int64_t n, q8::ElementStep step) {
+  __shared__ float signed_map[q8::kCodes], unsigned_map[q8::kCodes];
+  __shared__ float signed_t[q8::kCodes - 1], unsigned_t[q8::kCodes - 1];
+  __shared__ float new_m[q8::kQuantBlock], new_v[q8::kQuantBlock];
+  __shared__ uint32_t most[2][32];
+  for (int i = threadIdx.x; i < q8::kCodes; i += blockDim.x) {
+    signed_map[i] = kSignedMap[i];
+    unsigned_map[i] = kUnsignedMap[i];
+    if (i < q8::kCodes - 1) {
+      signed_t[i] = kSignedThresholds[i];
+      unsigned_t[i] = kUnsignedThresholds[i];
+    }
+  }
+  __syncthreads();
+  const int64_t b = blockIdx.x, begin = b * q8::kQuantBlock;
+  const int count = n - begin < q8::kQuantBlock ? static_cast<int>(n - begin) : q8::kQuantBlock;
+  uint32_t most_m = 0, most_v = 0;  // the magnitudes' bits: an integer max, exact in any order
+  for (int i = threadIdx.x; i < count; i += blockDim.x) {
+    float mi = q8::Mul(signed_map[m_codes[begin + i]], m_absmax[b]);
+    float vi = q8::Mul(unsigned_map[v_codes[begin + i]], v_absmax[b]);
+    const float w = step(master[begin + i], grads[begin + i], mi, vi);
+    master[begin + i] = w;
+    if (weights != nullptr) Store(weights, begin + i, w);
+    new_m[i] = mi;
+    new_v[i] = vi;
+    most_m = max(most_m, q8::MagnitudeBits(mi));
+    most_v = max(most_v, q8::MagnitudeBits(vi));
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    most_m = max(most_m, __shfl_xor_sync(0xffffffffu, most_m, o));
+    most_v = max(most_v, __shfl_xor_sync(0xffffffffu, most_v, o));
+  }
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  if (lane == 0) {
+    most[0][warp] = most_m;
+    most[1][warp] = most_v;
+  }
+  __syncthreads();
+  most_m = 0;
+  most_v = 0;
+  for (int w = 0; w < warps; ++w) {
+    most_m = max(most_m, most[0][w]);
+    most_v = max(most_v, most[1][w]);
+  }
+  const float scale_m = q8::FromMagnitudeBits(most_m), scale_v = q8::FromMagnitudeBits(most_v);
+  __syncthreads();  // every thread has read the absmax it dequantized with
+  if (threadIdx.x == 0) {
+    m_absmax[b] = scale_m;
+    v_absmax[b] = scale_v;
+  }
+  const float inverse_m = q8::InverseScale(scale_m), inverse_v = q8::InverseScale(scale_v);
+  for (int i = threadIdx.x; i < count; i += blockDim.x) {
+    m_codes[begin + i] = q8::CodeBySearch(signed_t, q8::Mul(new_m[i], inverse_m));
+    v_codes[begin + i] = q8::CodeBySearch(unsigned_t, q8::Mul(new_v[i], inverse_v));
+  }
+}
+
+__global__ void AdamWKernel(float* master, float* m, float* v, Bf16* weights, const float* grads, int64_t n,
+                            AdamWParams p, float c1, float c2) {
+  // Every operation rounded on its own (the _rn intrinsics: no fused multiply-add), in the
+  // order HostAdamW computes them: the two optimizers give the same bits, so a run may
+  // step on the GPU or on the host and stay the same run.
+  const float decay = p.decay ? __fmul_rn(p.lr, p.weight_decay) : 0.f;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const float g = __fmul_rn(grads[i], p.grad_scale);
+    const float mi = __fadd_rn(__fmul_rn(p.beta1, m[i]), __fmul_rn(1.f - p.beta1, g));
+    const float vi = __fadd_rn(__fmul_rn(p.beta2, v[i]), __fmul_rn(__fmul_rn(1.f - p.beta2, g), g));
+    m[i] = mi;
+    v[i] = vi;
+    float w = master[i];
+    w = __fsub_rn(w, __fmul_rn(decay, w));
+    w = __fsub_rn(w, __fdiv_rn(__fmul_rn(p.lr, __fdiv_rn(mi, c1)), __fadd_rn(__fsqrt_rn(__fdiv_rn(vi, c2)), p.eps)));
+    master[i] = w;
+    Store(weights, i, w);
+  }
+}
+
+// Attention, one warp per row. Each lane holds D/32 (<= 8) elements of the row's vectors.
+}  // namespace
+
+void AdamW(float* master, float* m, float* v, Bf16* weights, const float* grads, int64_t n, const AdamWParams& p,
+           cudaStream_t stream) {
+  const float c1 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(p.step)));
+  const float c2 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(p.step)));
+  AdamWKernel<<<Blocks(n), kThreads, 0, stream>>>(master, m, v, weights, grads, n, p, c1, c2);
+}
+
+void InitNormal(float* master, Bf16* weights, int64_t begin, int64_t count, uint64_t seed, uint64_t entry, double sigma,
+                cudaStream_t stream) {
+  if (count > 0)
+    InitNormalKernel<<<Blocks(count), kThreads, 0, stream>>>(master, weights, begin, count, seed, entry, sigma);
+}
+
+void InitConstant(float* master, Bf16* weights, int64_t count, float value, cudaStream_t stream) {
+  if (count > 0) FillKernel<<<Blocks(count), kThreads, 0, stream>>>(master, weights, count, value);
+}
+
+cudaError_t AdamW8bit(float* master, void* m_bytes, void* v_bytes, Bf16* weights, const float* grads, int64_t n,
+                      const AdamWParams& p, cudaStream_t stream) {
+  static const cudaError_t maps = [] {  // the maps, once per process
+    cudaError_t e = cudaMemcpyToSymbol(kSignedMap, DynamicMap(true).data(), sizeof(float) * q8::kCodes);
+    if (e == cudaSuccess) e = cudaMemcpyToSymbol(kUnsignedMap, DynamicMap(false).data(), sizeof(float) * q8::kCodes);
+    const size_t t = sizeof(float) * (q8::kCodes - 1);
+    if (e == cudaSuccess) e = cudaMemcpyToSymbol(kSignedThresholds, Thresholds(true).data(), t);
+    if (e == cudaSuccess) e = cudaMemcpyToSymbol(kUnsignedThresholds, Thresholds(false).data(), t);
+    return e;
+  }();
+  if (maps != cudaSuccess) return maps;
+  if (n <= 0) return cudaSuccess;
+  const Moment8bit m = MomentAt(m_bytes, n), v = MomentAt(v_bytes, n);
+  AdamW8bitKernel<<<static_cast<unsigned>(QuantBlocks(n)), 256, 0, stream>>>(master, m.codes, m.absmax, v.codes,
+                                                                             v.absmax, weights, grads, n,
+                                                                             ElementStepFor(p));
+  return cudaGetLastError();
+}
+
+}  // namespace tierd::trainer::gpu

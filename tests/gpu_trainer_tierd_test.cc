@@ -104,7 +104,17 @@ void TrainSideBySide(tg::GpuModel& a, tg::GpuModel& b, const trainer::ModelConfi
     }
     for (int m = 0; m < 2; ++m) {
       ASSERT_TRUE(models[m]->ZeroGrads().ok());
-      for (const Batch& mb : batches) {
+      if (models[m]->layer_major_micro_batches() == micro_batches) {  // all micro-batches in one call
+        Batch all;
+        for (const Batch& mb : batches) {
+          all.tokens.insert(all.tokens.end(), mb.tokens.begin(), mb.tokens.end());
+          all.targets.insert(all.targets.end(), mb.targets.begin(), mb.targets.end());
+        }
+        auto loss = models[m]->ForwardBackwardLayerMajor(all.tokens.data(), all.targets.data());
+        ASSERT_TRUE(loss.ok()) << loss.status();
+        losses[m] = *loss;
+      }
+      for (const Batch& mb : models[m]->layer_major_micro_batches() > 0 ? std::vector<Batch>{} : batches) {
         auto loss = models[m]->Forward(mb.tokens.data(), mb.targets.data());
         ASSERT_TRUE(loss.ok()) << loss.status();
         losses[m] += *loss / micro_batches;
@@ -258,6 +268,60 @@ TEST_F(GpuTierdTest, TheOptimizerOnTheHostTracksTheGpu) {
   ASSERT_TRUE((*no_host)->InitParams(9).ok());
   const absl::Status refused = (*no_host)->AdamWStep(1e-3, 1, trainer::AdamWOptions{}, 1.0);
   EXPECT_EQ(refused.code(), absl::StatusCode::kUnimplemented) << refused;
+}
+
+// 8-bit blockwise moments (--opt=adamw8bit): the host steps them in tierd's DRAM tier, a
+// plain model steps them with the GPU kernel; the two give the same bits, so the training
+// is the same bit for bit, and the moments take a quarter of fp32's bytes.
+TEST_F(GpuTierdTest, EightBitMomentsOnTheHostTrainLikeOnTheGpu) {
+  const trainer::ModelConfig config = TestConfig();
+  const int batch = 4, seq = 128;
+  const tg::GpuHomeLayout fp32 = tg::GpuModel::HomeLayout(config, batch, seq);
+  const tg::GpuHomeLayout layout = tg::GpuModel::HomeLayout(config, batch, seq, false, 0, /*moments_8bit=*/true);
+  EXPECT_LT(layout.TotalOf(tg::Part::kAdamM), fp32.TotalOf(tg::Part::kAdamM) / 3);
+  const uint64_t state = layout.Total();
+  auto home = tg::MakeTierdGpuHome(layout, Options(state / 3, 2 * state, 2 * state));
+  ASSERT_TRUE(home.ok()) << home.status();
+  auto on_host = tg::GpuModel::Create(config, batch, seq, std::move(*home), false, 0, true);
+  auto on_gpu = tg::GpuModel::Create(config, batch, seq, nullptr, false, 0, true);
+  ASSERT_TRUE(on_host.ok()) << on_host.status();
+  ASSERT_TRUE(on_gpu.ok()) << on_gpu.status();
+  (*on_host)->SetOptimizerOnCpu(true);
+  ASSERT_TRUE((*on_host)->InitParams(9).ok());
+  ASSERT_TRUE((*on_gpu)->InitParams(9).ok());
+  ASSERT_TRUE((*on_host)->RegisterStep(2).ok());
+  TrainSideBySide(**on_host, **on_gpu, config, batch, seq, /*steps=*/4, "host AdamW 8-bit, GPU AdamW 8-bit");
+  EXPECT_GT((*on_host)->HostOptimizerSeconds(), 0.0) << "the host did the steps";
+  // A home of fp32 moments is not one for a model of 8-bit ones.
+  auto fp32_home = tg::MakePlainGpuHome(fp32);
+  ASSERT_TRUE(fp32_home.ok());
+  EXPECT_EQ(tg::GpuModel::Create(config, batch, seq, std::move(*fp32_home), false, 0, true).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// The GPU's AdamW deferred to the next forward (SetOptimizerDeferred: each group's update
+// queued just before its next use), 8-bit moments, layer-major over 2 micro-batches, through
+// tierd at a third of the state: the same training, bit for bit, as a plain model stepping
+// every group at the end of the step one micro-batch after the other.
+TEST_F(GpuTierdTest, TheGpuUpdateDeferredToTheNextForwardTrainsTheSame) {
+  const trainer::ModelConfig config = TestConfig();
+  const int batch = 4, seq = 128, micro = 2;
+  const tg::GpuHomeLayout layout = tg::GpuModel::HomeLayout(config, batch, seq, true, micro, true);
+  const uint64_t state = layout.Total();
+  auto home = tg::MakeTierdGpuHome(layout, Options(state / 3, 2 * state, 2 * state));
+  ASSERT_TRUE(home.ok()) << home.status();
+  auto deferred = tg::GpuModel::Create(config, batch, seq, std::move(*home), true, micro, true);
+  auto plain = tg::GpuModel::Create(config, batch, seq, nullptr, true, 0, true);
+  ASSERT_TRUE(deferred.ok()) << deferred.status();
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  (*deferred)->SetOptimizerDeferred(true);
+  ASSERT_TRUE((*deferred)->InitParams(5).ok());
+  ASSERT_TRUE((*plain)->InitParams(5).ok());
+  auto note = (*deferred)->RegisterStep(micro);
+  ASSERT_TRUE(note.ok()) << note.status();
+  TrainSideBySide(**deferred, **plain, config, batch, seq, /*steps=*/4,
+                  "deferred GPU AdamW 8-bit layer-major on tierd, plain GPU AdamW 8-bit");
+  std::printf("%s\n%s\n", note->c_str(), (*deferred)->home().Describe().c_str());
 }
 
 // A GPU quota below what one step of the model holds at once (a layer's four parts while

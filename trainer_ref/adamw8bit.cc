@@ -1,6 +1,7 @@
 #include "trainer_ref/adamw8bit.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -51,8 +52,11 @@ float SmallestWithKey(uint32_t key) {
   return (key >> 16) != 0 ? b : a;  // negative: the largest magnitude is the smallest
 }
 
-std::vector<uint8_t> MakeStartCodes(const std::array<float, q8::kCodes - 1>& thresholds) {
-  std::vector<uint8_t> start(kKeys);
+// Per key, the code of the smallest value with that key, as int32 so that a vector loop can
+// gather it (AVX2/AVX-512 gather 32-bit elements); the keys a normalized moment meets
+// (|x| <= 1, exponents of a few decades) are a few thousand of them, cache-resident.
+std::vector<int32_t> MakeStartCodes(const std::array<float, q8::kCodes - 1>& thresholds) {
+  std::vector<int32_t> start(kKeys);
   for (uint32_t key = 0; key < kKeys; ++key) {
     const float smallest = SmallestWithKey(key);
     start[key] = smallest != smallest ? 0 : q8::CodeBySearch(thresholds.data(), smallest);  // NaN keys: 0
@@ -60,20 +64,20 @@ std::vector<uint8_t> MakeStartCodes(const std::array<float, q8::kCodes - 1>& thr
   return start;
 }
 
-// A map's lookup: the start code per key, and its thresholds padded with a +inf so that the
-// compares after the start need no bound check; at most kComparesMax thresholds fall in
-// one key's range (checked when the table is made).
+// A map's lookup: the start code per key, and its thresholds padded with two +inf so that
+// the compares after the start need no bound check; at most kComparesMax thresholds fall
+// in one key's range (checked when the table is made).
 constexpr int kComparesMax = 2;
 struct CodeTable {
-  std::vector<uint8_t> start;
-  std::array<float, q8::kCodes> thresholds;  // + a +inf
+  std::vector<int32_t> start;
+  std::array<float, q8::kCodes + 1> thresholds;  // + two +inf
 };
 
 CodeTable MakeCodeTable(bool is_signed) {
   CodeTable table;
   table.start = MakeStartCodes(Thresholds(is_signed));
+  table.thresholds.fill(std::numeric_limits<float>::infinity());
   std::copy(Thresholds(is_signed).begin(), Thresholds(is_signed).end(), table.thresholds.begin());
-  table.thresholds.back() = std::numeric_limits<float>::infinity();
   for (uint32_t key = 0; key + 1 < kKeys; ++key) {  // thresholds between one key's smallest value and the next's
     if ((key >> 16) != ((key + 1) >> 16)) continue;  // the sign changes
     const int ahead = (key >> 16) ? table.start[key] - table.start[key + 1] : table.start[key + 1] - table.start[key];
@@ -82,13 +86,15 @@ CodeTable MakeCodeTable(bool is_signed) {
   return table;
 }
 
+// Branch-free, every load an int32 or float indexed by int32: a loop over it vectorises
+// into gathers.
+inline int32_t LookupCode(const int32_t* __restrict start_codes, const float* __restrict thresholds, float normalized) {
+  const int32_t start = start_codes[std::bit_cast<uint32_t>(normalized) >> kKeyShift];
+  return start + (thresholds[start] < normalized ? 1 : 0) + (thresholds[start + 1] < normalized ? 1 : 0);
+}
+
 inline uint8_t Lookup(const CodeTable& table, float normalized) {
-  uint32_t bits;
-  std::memcpy(&bits, &normalized, 4);
-  const int start = table.start[bits >> kKeyShift];
-  int code = start;  // thresholds ascend: the compares need not wait for each other
-  for (int k = 0; k < kComparesMax; ++k) code += table.thresholds[std::min(start + k, q8::kCodes - 1)] < normalized;
-  return static_cast<uint8_t>(code);
+  return static_cast<uint8_t>(LookupCode(table.start.data(), table.thresholds.data(), normalized));
 }
 
 const CodeTable& TableFor(bool is_signed) {
@@ -97,6 +103,13 @@ const CodeTable& TableFor(bool is_signed) {
   return is_signed ? signed_table : unsigned_table;
 }
 
+// The codes of `count` normalized values: a loop of its own, its pointers restrict (a byte
+// store may alias anything), so that it vectorises into gathers.
+__attribute__((target_clones("avx512f", "avx2", "default"))) void Codes(
+    const float* __restrict normalized, int64_t count, const int32_t* __restrict start,
+    const float* __restrict thresholds, uint8_t* __restrict codes) {
+  for (int64_t i = 0; i < count; ++i) codes[i] = static_cast<uint8_t>(LookupCode(start, thresholds, normalized[i]));
+}
 
 // Quantization blocks [first, last) of one step, in loops the compiler vectorises (cloned
 // per instruction set, as HostAdamW): dequantize; the AdamW arithmetic; the absmax; codes.
@@ -105,7 +118,10 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void StepBlocks(
     const float* __restrict grads, int64_t n, const q8::ElementStep& step) {
   const float* signed_map = DynamicMap(true).data();
   const float* unsigned_map = DynamicMap(false).data();
-  const CodeTable &signed_table = TableFor(true), &unsigned_table = TableFor(false);
+  const int32_t* m_start = TableFor(true).start.data();
+  const int32_t* v_start = TableFor(false).start.data();
+  const float* m_thresholds = TableFor(true).thresholds.data();
+  const float* v_thresholds = TableFor(false).thresholds.data();
   float mi[q8::kQuantBlock], vi[q8::kQuantBlock];
   for (int64_t b = first; b < last; ++b) {
     const int64_t begin = b * q8::kQuantBlock, count = std::min<int64_t>(q8::kQuantBlock, n - begin);
@@ -121,7 +137,8 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void StepBlocks(
     }
     for (int64_t i = 0; i < count; ++i) w[i] = s(w[i], g[i], mi[i], vi[i]);
     if (weights != nullptr) {
-      for (int64_t i = 0; i < count; ++i) weights[begin + i] = Bf16Bits(w[i]);
+      uint16_t* __restrict w16 = weights + begin;
+      for (int64_t i = 0; i < count; ++i) w16[i] = Bf16Bits(w[i]);
     }
     uint32_t most_m = 0, most_v = 0;
     for (int64_t i = 0; i < count; ++i) {
@@ -135,10 +152,8 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void StepBlocks(
       mi[i] = q8::Mul(mi[i], inverse_m);
       vi[i] = q8::Mul(vi[i], inverse_v);
     }
-    for (int64_t i = 0; i < count; ++i) {
-      m.codes[begin + i] = Lookup(signed_table, mi[i]);
-      v.codes[begin + i] = Lookup(unsigned_table, vi[i]);
-    }
+    Codes(mi, count, m_start, m_thresholds, m.codes + begin);
+    Codes(vi, count, v_start, v_thresholds, v.codes + begin);
   }
 }
 

@@ -7,15 +7,6 @@
 
 namespace tierd::trainer {
 
-uint16_t Bf16Bits(float x) {
-  uint32_t bits;
-  std::memcpy(&bits, &x, sizeof(bits));
-  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-  const uint32_t quiet_nan = (bits >> 16) | 0x40u;
-  // A select, not a branch: the loop that calls it vectorises.
-  return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
-}
-
 namespace {
 
 // One slice. No branches on data and no calls but sqrt (built with -fno-math-errno), so

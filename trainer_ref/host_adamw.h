@@ -6,6 +6,7 @@
 #ifndef TIERD_TRAINER_REF_HOST_ADAMW_H_
 #define TIERD_TRAINER_REF_HOST_ADAMW_H_
 
+#include <bit>
 #include <cstdint>
 
 namespace tierd::trainer {
@@ -24,7 +25,13 @@ void HostAdamW(float* master, float* m, float* v, uint16_t* weights_bf16, const 
                const HostAdamWParams& p, int threads = 0);
 
 // bf16 bits of x, rounded to nearest even (NaN stays a quiet NaN), as the GPU rounds.
-uint16_t Bf16Bits(float x);
+// Inline, a select and not a branch: the loops that call it vectorise.
+inline uint16_t Bf16Bits(float x) {
+  const uint32_t bits = std::bit_cast<uint32_t>(x);
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (bits >> 16) | 0x40u;
+  return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+}
 
 }  // namespace tierd::trainer
 

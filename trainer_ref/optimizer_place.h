@@ -24,6 +24,10 @@ struct OptimizerCostInputs {
   double host_params_per_s = 1e9;   // HostAdamW, measured (Calibrate)
   double gpu_params_per_s = 1e11;   // the GPU kernel: ~30 B a parameter at a few TB/s
   double forward_seconds = 0;       // the first micro-batch's forward: what the host step overlaps
+  bool gpu_overlaps_forward = false;  // the GPU's update deferred to the next forward (streams meanwhile)
+  double moment_bytes_per_param = 8;  // both moments: fp32 8, 8-bit blockwise ~2
+  double activation_bytes = 0;      // the saved activations (in state_bytes too): on the host
+                                    // path they share DRAM with the state beyond the GPU's quota
 };
 
 struct OptimizerChoice {
@@ -34,16 +38,18 @@ struct OptimizerChoice {
   std::string why;                          // one line, with the numbers
 };
 
-// GPU: the offloaded fraction f of master + moments (12 B a parameter) comes in and goes
-// out, both directions at once, plus the kernel; what fits neither the GPU nor DRAM goes
-// through NVMe both ways. CPU: gradients down (4 B), weights up (2 B), the host's
+// GPU: the offloaded fraction f of master + moments (4 B + the moments a parameter) comes
+// in and goes out, both directions at once (less the forward it overlaps when deferred),
+// plus the kernel; what fits neither the GPU nor
+// DRAM goes through NVMe both ways. CPU: gradients down (4 B), weights up (2 B), the host's
 // arithmetic less the forward it overlaps, and the NVMe round trip of what DRAM cannot
-// hold of the host's 18 B a parameter (master, moments, gradients, weights): the slowest
-// of these. The smaller estimate wins.
+// hold of the host's state (master, moments, gradients, weights: 10 B + the moments a
+// parameter) and the activations the GPU's quota cannot: the slowest of these. The smaller
+// estimate wins.
 OptimizerChoice ChooseOptimizerPlace(const OptimizerCostInputs& in);
 
 // HostAdamW's rate on this host: parameters a second over `elements` (best of two runs).
-double CalibrateHostAdamW(int64_t elements = int64_t{1} << 23);
+double CalibrateHostAdamW(int64_t elements = int64_t{1} << 23, bool moments_8bit = false);
 
 }  // namespace tierd::trainer
 

@@ -73,10 +73,35 @@ TEST(OptimizerPlaceTest, TheH200RunsItPredicts) {
   EXPECT_GT(b.cpu_seconds, 2 * b.gpu_seconds) << b.why;
 }
 
+// 8-bit moments shrink what either path moves (6 B a parameter of optimizer state, 12 on
+// the host with the gradients and weights); a GPU update deferred to the next forward hides
+// its streaming under that forward; the activations the GPU's quota cannot hold share DRAM
+// with the host's state.
+TEST(OptimizerPlaceTest, EightBitMomentsADeferredUpdateAndTheActivations) {
+  OptimizerCostInputs in = SevenB();
+  in.moment_bytes_per_param = 2;
+  in.state_bytes = 107e9;
+  const OptimizerChoice plain = ChooseOptimizerPlace(in);
+  EXPECT_NEAR(plain.gpu_seconds, 6 * 6.74e9 / 55e9 + 6.74e9 / 1e11, 1e-6);
+  in.gpu_overlaps_forward = true;
+  in.forward_seconds = 0.5;
+  const OptimizerChoice deferred = ChooseOptimizerPlace(in);
+  EXPECT_NEAR(deferred.gpu_seconds, 6 * 6.74e9 / 55e9 - 0.5 + 6.74e9 / 1e11, 1e-6);
+  EXPECT_NE(deferred.why.find("under the forward"), std::string::npos) << deferred.why;
+  in.forward_seconds = 3.0;  // longer than the streaming: only the kernel is left
+  EXPECT_NEAR(ChooseOptimizerPlace(in).gpu_seconds, 6.74e9 / 1e11, 1e-6);
+  in.dram_bytes = 90e9;
+  in.activation_bytes = 34e9;
+  in.gpu_bytes = 19e9;
+  EXPECT_NEAR(ChooseOptimizerPlace(in).cpu_nvme_bytes, 12 * 6.74e9 + (34e9 - 19e9) - 90e9, 1e-3);
+}
+
 TEST(OptimizerPlaceTest, CalibrationMeasuresSomething) {
-  const double rate = CalibrateHostAdamW(int64_t{1} << 16);
-  EXPECT_GT(rate, 1e6);   // a million parameters a second is far below any real host
-  EXPECT_LT(rate, 1e12);  // and a trillion far above
+  for (bool moments_8bit : {false, true}) {
+    const double rate = CalibrateHostAdamW(int64_t{1} << 16, moments_8bit);
+    EXPECT_GT(rate, 1e6);   // a million parameters a second is far below any real host
+    EXPECT_LT(rate, 1e12);  // and a trillion far above
+  }
 }
 
 }  // namespace

@@ -56,6 +56,7 @@ ABSL_DECLARE_FLAG(double, pcie_gbps);
 ABSL_DECLARE_FLAG(double, nvme_gbps);
 ABSL_DECLARE_FLAG(double, gpu_tflops);
 ABSL_DECLARE_FLAG(int, optimizer_chunks);
+ABSL_DECLARE_FLAG(bool, optimizer_deferred);
 ABSL_DECLARE_FLAG(std::string, step_order);
 ABSL_DECLARE_FLAG(bool, profile);
 ABSL_DECLARE_FLAG(int64_t, timing_skip);

@@ -7,7 +7,7 @@
 # --offload_policy=none (tierd-train --device=gpu), and with tierd (a fresh daemon on the GPU per
 # run) at each GPU budget in BUDGETS. One table at the end; logs in $OUT.
 # MODELS, BATCH, STEPS, SKIP (untimed warm-up steps), BUDGETS ("" skips the tierd runs), TIERD_DRAM, TIERD_NVME override
-# the defaults; TORCH_CKPT=" " skips the checkpointed baseline; TORCH=0 skips PyTorch;
+# the defaults; TORCH_RUNS picks PyTorch's rows (default "eager compile checkpointing"); TORCH=0 skips PyTorch;
 # NONE=0 skips our no-offload run (a 7B does not fit the H200 without offload); OURS_FLAGS
 # adds flags to our runs (e.g. --grad_checkpointing), TIERD_RUN_FLAGS to our tierd runs only. PyTorch runs at the largest batch that
 # fits (a power of two, probed first; TORCH_BATCH=N fixes it), ours at BATCH (default 8).
@@ -26,11 +26,13 @@ budgets="${BUDGETS-24GiB 40GiB}"; tierd_dram="${TIERD_DRAM:-100GiB}"; tierd_nvme
 nvme_dir=/var/tmp/tierd-bench-nvme; tierd_dir=/tmp/tierd-bench
 for m in $models; do
   if [ "${TORCH:-1}" = 1 ]; then
-    for ckpt in "" ${TORCH_CKPT:-"--checkpointing"}; do
-      echo "== pytorch $m $ckpt"
+    for run in ${TORCH_RUNS:-eager compile checkpointing}; do
+      flags=""; [ "$run" = compile ] && flags="--compile --timing_skip=4"
+      [ "$run" = checkpointing ] && flags="--checkpointing"
+      echo "== pytorch $m $run"
       python3 tools/bench/torch_baseline.py --model_size="$m" --batch_size="${TORCH_BATCH:-max}" --seq_len=$seq --steps="$steps" \
-        --data="$corpus/stdlib.txt" $ckpt 2>&1 | tee "$out/torch-$m$ckpt.log" | tail -n 3
-      tail -n 1 "$out/torch-$m$ckpt.log" | grep '^{' >> "$results"
+        --data="$corpus/stdlib.txt" $flags 2>&1 | tee "$out/torch-$m-$run.log" | tail -n 3
+      tail -n 1 "$out/torch-$m-$run.log" | grep '^{' >> "$results"
     done
   fi
   if [ "${NONE:-1}" = 1 ]; then
@@ -61,17 +63,19 @@ python3 - "$results" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 base = {r["model"]: r["tokens_per_s"] for r in rows if r["run"] == "pytorch"}
+compiled = {r["model"]: r["tokens_per_s"] for r in rows if r["run"] == "pytorch compiled"}
 gib = lambda b: f"{b / 2**30:.1f} GiB"
-print("| model | run | peak GPU memory | tokens/s | vs PyTorch | TFLOP/s (6N) | step s | host waited in acquire, s/step | GPU<-host, GPU->host per step | NVMe read, write per step | loss after the run |")
-print("|---|---|---|---|---|---|---|---|---|---|---|")
+print("| model | run | peak GPU memory | tokens/s | vs PyTorch eager | vs compiled | TFLOP/s (6N) | step s | host waited in acquire, s/step | GPU<-host, GPU->host per step | NVMe read, write per step | loss after the run |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 for r in rows:
     mem = gib(r.get("peak_gpu_bytes") or r.get("peak_alloc_bytes"))
     ratio = f'{r["tokens_per_s"] / base[r["model"]]:.2f}x' if base.get(r["model"]) else "-"
+    ratio_c = f'{r["tokens_per_s"] / compiled[r["model"]]:.2f}x' if compiled.get(r["model"]) else "-"
     moves = f'{gib(r["h2d_bytes"])}, {gib(r["d2h_bytes"])}' if "h2d_bytes" in r else "-"
     nvme = f'{gib(r["nvme_read_bytes"])}, {gib(r["nvme_write_bytes"])}' if "nvme_read_bytes" in r else "-"
     step = f'{r["step_seconds"]:.2f}' if "step_seconds" in r else "-"
     wait = f'{r["acquire_wait_seconds"]:.2f}' if "acquire_wait_seconds" in r else "-"
     run = r["run"] + (f' (batch {r["batch"]}' + (f' x {r["micro_batches"]} micro-batches' if r.get("micro_batches", 1) > 1 else "") + ")"
                       if "batch" in r else "")
-    print(f'| {r["model"]} | {run} | {mem} | {r["tokens_per_s"]:.0f} | {ratio} | {r["tflops_6n"]:.0f} | {step} | {wait} | {moves} | {nvme} | {r["final_loss"]:.3f} |')
+    print(f'| {r["model"]} | {run} | {mem} | {r["tokens_per_s"]:.0f} | {ratio} | {ratio_c} | {r["tflops_6n"]:.0f} | {step} | {wait} | {moves} | {nvme} | {r["final_loss"]:.3f} |')
 PY

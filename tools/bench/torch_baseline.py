@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """The PyTorch baseline of the benchmark harness: the same Llama-style decoder as the
-reference trainer (RMSNorm, RoPE, SwiGLU, untied head; presets as trainer_ref/model_config),
-bf16 autocast + fused AdamW, optionally activation checkpointing, trained on the bytes of a
-text file (byte tokens, as tierd-train's byte tokenizer). Prints one JSON line at the end:
-model, batch, checkpointing, tokens/s, TFLOP/s (6N), peak allocated GPU bytes, final loss.
+reference trainer (RMSNorm, RoPE, SwiGLU, untied head; presets as trainer_ref/model_config)
+written as PyTorch users write it at its best (fused QKV and gate/up projections,
+torch.nn.RMSNorm, RoPE tables computed once, SDPA), bf16 autocast + fused AdamW, optionally
+activation checkpointing and torch.compile, trained on the bytes of a text file (byte tokens,
+as tierd-train's byte tokenizer). Prints one JSON line at the end: model, batch,
+checkpointing, compile, tokens/s, TFLOP/s (6N), peak allocated GPU bytes, final loss.
 """
 import argparse
 import json
@@ -24,56 +26,59 @@ PRESETS = {  # layers, C, H, F, V
 }
 
 
-class RMSNorm(torch.nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.ones(c))
-
-    def forward(self, x):
-        return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5).to(x.dtype) * self.weight
+def rope_tables(t, d, base=10000.0, device="cuda"):
+    """cos and sin (T, D/2) of t * base^(-2i/D), computed once: pairs (2i, 2i+1) turn by them."""
+    inv = base ** (-torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)
+    ang = torch.arange(t, device=device, dtype=torch.float32)[:, None] * inv[None, :]
+    return ang.cos(), ang.sin()
 
 
-def rope(x, base=10000.0):  # x (B, H, T, D): pairs (2i, 2i+1) turn by t * base^(-2i/D)
-    b, h, t, d = x.shape
-    inv = base ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
-    ang = torch.arange(t, device=x.device, dtype=torch.float32)[:, None] * inv[None, :]
-    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+def rope(x, cos, sin):  # x (B, H, T, D)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     a, c = x[..., 0::2], x[..., 1::2]
     return torch.stack((a * cos - c * sin, a * sin + c * cos), dim=-1).flatten(-2)
 
 
 class Layer(torch.nn.Module):
+    """PyTorch at its best for this math: fused QKV and gate/up projections (one GEMM each),
+    torch.nn.RMSNorm, RoPE from precomputed tables, SDPA (flash attention)."""
+
     def __init__(self, c, h, f):
         super().__init__()
-        self.h = h
-        self.attn_norm, self.mlp_norm = RMSNorm(c), RMSNorm(c)
-        self.wq, self.wk, self.wv, self.wo = (torch.nn.Linear(c, c, bias=False) for _ in range(4))
-        self.w1, self.w3 = torch.nn.Linear(c, f, bias=False), torch.nn.Linear(c, f, bias=False)
+        self.h, self.f = h, f
+        self.attn_norm, self.mlp_norm = torch.nn.RMSNorm(c, eps=1e-5), torch.nn.RMSNorm(c, eps=1e-5)
+        self.wqkv = torch.nn.Linear(c, 3 * c, bias=False)
+        self.wo = torch.nn.Linear(c, c, bias=False)
+        self.w13 = torch.nn.Linear(c, 2 * f, bias=False)
         self.w2 = torch.nn.Linear(f, c, bias=False)
 
-    def forward(self, x):
+    def forward(self, x, cos, sin):
         b, t, c = x.shape
-        hx = self.attn_norm(x)
-        q, k, v = (w(hx).view(b, t, self.h, c // self.h).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
-        a = F.scaled_dot_product_attention(rope(q), rope(k), v, is_causal=True)
+        q, k, v = self.wqkv(self.attn_norm(x)).view(b, t, 3, self.h, c // self.h).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(rope(q, cos, sin), rope(k, cos, sin), v, is_causal=True)
         x = x + self.wo(a.transpose(1, 2).reshape(b, t, c))
-        hx = self.mlp_norm(x)
-        return x + self.w2(F.silu(self.w1(hx)) * self.w3(hx))
+        gate, up = self.w13(self.mlp_norm(x)).split(self.f, dim=-1)
+        return x + self.w2(F.silu(gate) * up)
 
 
 class Decoder(torch.nn.Module):
-    def __init__(self, layers, c, h, f, v, checkpointing):
+    def __init__(self, layers, c, h, f, v, checkpointing, seq_len):
         super().__init__()
         self.embed = torch.nn.Embedding(v, c)
         self.layers = torch.nn.ModuleList(Layer(c, h, f) for _ in range(layers))
-        self.norm = RMSNorm(c)
+        self.norm = torch.nn.RMSNorm(c, eps=1e-5)
         self.head = torch.nn.Linear(c, v, bias=False)
         self.checkpointing = checkpointing
+        cos, sin = rope_tables(seq_len, c // h, device="cpu")
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
     def forward(self, tokens, targets):
         x = self.embed(tokens)
+        t = tokens.shape[1]
+        cos, sin = self.cos[:t], self.sin[:t]
         for layer in self.layers:
-            x = checkpoint(layer, x, use_reentrant=False) if self.checkpointing else layer(x)
+            x = checkpoint(layer, x, cos, sin, use_reentrant=False) if self.checkpointing else layer(x, cos, sin)
         logits = self.head(self.norm(x))
         return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
 
@@ -117,6 +122,7 @@ def main():
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--timing_skip", type=int, default=3)
     p.add_argument("--checkpointing", action="store_true")
+    p.add_argument("--compile", action="store_true", help="torch.compile each layer and the head (warm-up steps compile)")
     p.add_argument("--data", required=True, help="a text file; its bytes are the tokens")
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--warmup", type=int, default=10, help="linear warmup, then cosine to lr/10 (as tierd-train)")
@@ -127,7 +133,7 @@ def main():
     layers, c, h, f, v = PRESETS[a.model_size]
     torch.manual_seed(a.seed)
     data = torch.frombuffer(bytearray(open(a.data, "rb").read()), dtype=torch.uint8).long()
-    model = Decoder(layers, c, h, f, v, a.checkpointing).cuda()
+    model = Decoder(layers, c, h, f, v, a.checkpointing, a.seq_len).cuda()
     if a.init == "tierd":  # as trainer_ref/model.cc: N(0, 0.02), output projections / sqrt(2 L), norms 1
         with torch.no_grad():
             for name, prm in model.named_parameters():
@@ -138,6 +144,9 @@ def main():
                     if name.endswith("wo.weight") or name.endswith("w2.weight"):
                         prm.mul_(1.0 / math.sqrt(2 * layers))
     params = sum(p.numel() for p in model.parameters())
+    if a.compile:  # per layer (as users do with checkpointing); the first steps compile, untimed
+        for layer in model.layers:
+            layer.compile()
     if a.batch_size == "max":
         a.batch_size = largest_batch(model, a.seq_len, v)
         print(f"torch: the largest batch that fits is {a.batch_size} x {a.seq_len}", flush=True)
@@ -172,7 +181,8 @@ def main():
             timed += dt
         print(f"torch step {step}: loss {loss:.4f} {dt * 1e3:.0f} ms", flush=True)
     tps = tokens * (a.steps - a.timing_skip) / timed if timed > 0 else 0.0
-    print(json.dumps({"run": "pytorch" + (" +ckpt" if a.checkpointing else ""), "model": a.model_size,
+    print(json.dumps({"run": "pytorch" + (" compiled" if a.compile else "") + (" +ckpt" if a.checkpointing else ""),
+                      "model": a.model_size,
                       "params": params, "batch": a.batch_size, "seq": a.seq_len, "tokens_per_s": tps,
                       "tflops_6n": 6 * params * tps / 1e12, "peak_alloc_bytes": torch.cuda.max_memory_allocated(),
                       "final_loss": loss}), flush=True)

@@ -73,7 +73,7 @@ constexpr uint64_t kChunkAlign = 256;  // a chunk holds whole blocks: offsets st
 
 int GpuHomeLayout::Chunks(int group, Part part) const {
   if (part == Part::kActs) return bytes[group][static_cast<int>(part)] > 0 ? std::max(1, act_slots) : 1;
-  if (!IsOptimizerState(part) || state_chunks <= 1) return 1;
+  if (!IsOptimizerState(part) || state_chunks <= 1 || moments_8bit) return 1;
   const uint64_t blocks = (bytes[group][static_cast<int>(part)] + kChunkAlign - 1) / kChunkAlign;
   return static_cast<int>(std::max<uint64_t>(1, std::min<uint64_t>(state_chunks, blocks)));
 }

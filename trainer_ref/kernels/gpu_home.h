@@ -45,10 +45,15 @@ struct GpuHomeLayout {
   // The saved activations of each layer in this many slots, one lease each: one per
   // micro-batch of a layer-major step (GpuModel::ForwardBackwardLayerMajor).
   int act_slots = 1;
+  // The moments as 8-bit blockwise codes (adamw8bit.h), one moment per tensor of the
+  // group, back to back in the group's order (GpuModel::MomentOffset): the two moment
+  // parts are then ~1/4 of fp32's bytes. Such state is one lease a part (no sub-groups).
+  bool moments_8bit = false;
   uint64_t Total() const;
   uint64_t TotalOf(Part part) const;
   // How many leases the part of a group is in: 1; for the optimizer's state state_chunks of
-  // whole 256-byte blocks (fewer when the group has fewer blocks); for the activations
+  // whole 256-byte blocks (fewer when the group has fewer blocks; 1 with 8-bit moments);
+  // for the activations
   // act_slots of equal size.
   int Chunks(int group, Part part) const;
   // Chunk `chunk`'s bytes [offset, offset + bytes) within the group's part.

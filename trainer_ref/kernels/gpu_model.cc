@@ -26,13 +26,15 @@ std::vector<std::pair<std::string, double>> GpuModel::TakeProfile() {
   return out;
 }
 
-GpuModel::GpuModel(const ModelConfig& config, int batch, int seq, bool checkpointing, int layer_major_micro_batches)
+GpuModel::GpuModel(const ModelConfig& config, int batch, int seq, bool checkpointing, int layer_major_micro_batches,
+                   bool moments_8bit)
     : config_(config),
       batch_(batch),
       seq_(seq),
       checkpointing_(checkpointing),
       layout_(ParamLayout(config)),
-      layer_major_(layer_major_micro_batches) {
+      layer_major_(layer_major_micro_batches),
+      moments_8bit_(moments_8bit) {
   const ParamEntries entries = ParamEntriesOf(config);
   embed_ = entries.embed;
   layers_ = entries.layers;

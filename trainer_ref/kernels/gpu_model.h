@@ -47,8 +47,10 @@ class GpuModel {
   // input (fp32) and its backward recomputes the rest into the workspace first.
   // Layer-major (layer_major_micro_batches K > 0): each layer saves what it keeps for each of
   // the step's K micro-batches (K slots of its activations part).
+  // moments_8bit: the Adam moments as 8-bit blockwise codes (--opt=adamw8bit; adamw8bit.h),
+  // each tensor's own at MomentOffset within its group's moment parts.
   static GpuHomeLayout HomeLayout(const ModelConfig& config, int batch, int seq, bool checkpointing = false,
-                                  int layer_major_micro_batches = 0);
+                                  int layer_major_micro_batches = 0, bool moments_8bit = false);
   // RESOURCE_EXHAUSTED with the bytes when the device has no room; FAILED_PRECONDITION
   // without a device; INVALID_ARGUMENT for a head size above 256. Without a home: plain
   // GPU buffers.
@@ -57,7 +59,8 @@ class GpuModel {
   static absl::StatusOr<std::unique_ptr<GpuModel>> Create(const ModelConfig& config, int batch, int seq,
                                                           std::unique_ptr<GpuHome> home = nullptr,
                                                           bool checkpointing = false,
-                                                          int layer_major_micro_batches = 0);
+                                                          int layer_major_micro_batches = 0,
+                                                          bool moments_8bit = false);
   ~GpuModel();
   GpuModel(const GpuModel&) = delete;
   GpuModel& operator=(const GpuModel&) = delete;
@@ -119,8 +122,15 @@ class GpuModel {
   // is done (the optimizer overlaps the GPU's forward). Any later use of a group's state
   // waits for its update; an error of the background step comes back from that wait.
   void SetOptimizerOnCpu(bool on) { optimizer_on_cpu_ = on; }
-  // Waits for the CPU optimizer's step in flight (nothing to do without one).
-  absl::Status FinishOptimizerStep() { return AwaitHostUpdate(-1); }
+  // The GPU's AdamWStep deferred: it only records the step, and each group's update is
+  // queued just before the group's next use (its next forward), so under tierd the state
+  // of group g streams in while the groups before it compute, instead of the whole state
+  // crossing PCIe at the end of the step with little to overlap. The same arithmetic, the
+  // same bits. Set before RegisterStep (the plan's op order differs).
+  void SetOptimizerDeferred(bool on) { defer_gpu_update_ = on; }
+  // Finishes the optimizer's step in flight: the CPU's (waited for), or the GPU's deferred
+  // updates (queued now). Nothing to do without one.
+  absl::Status FinishOptimizerStep();
   // Host seconds spent in the CPU optimizer's arithmetic (not waiting for tierd).
   double HostOptimizerSeconds() const { return host_optimizer_nanos_.load() * 1e-9; }
   // Where the GPU time goes: with profiling on, each kernel or GEMM is bracketed by CUDA
@@ -137,7 +147,12 @@ class GpuModel {
                                     int layer_major_micro_batches = 0);
 
  private:
-  GpuModel(const ModelConfig& config, int batch, int seq, bool checkpointing, int layer_major_micro_batches = 0);
+  GpuModel(const ModelConfig& config, int batch, int seq, bool checkpointing, int layer_major_micro_batches = 0,
+           bool moments_8bit = false);
+  // A moment of the group's tensors: its bytes (fp32, or Moment8bitBytes) and where they
+  // start within the group's moment part.
+  uint64_t MomentBytes(size_t entry) const;
+  uint64_t MomentOffset(size_t entry) const;
   absl::Status Allocate();
   static std::vector<std::pair<size_t, size_t>> WorkspacePlan(const ModelConfig& config, int batch, int seq,
                                                               bool checkpointing);
@@ -169,6 +184,13 @@ class GpuModel {
                             const std::function<absl::Status(void*, uint64_t, uint64_t)>& fn);
   absl::Status RefreshNorms(int g, uint64_t at, const void* p, uint64_t n);
   absl::Status HostAdamWStep(int group, bool zero_grads, const std::function<AdamWParams(size_t)>& params_for);
+  // One group's AdamW on the GPU (zero_grads: no backward reached it, its gradients are 0).
+  absl::Status GpuAdamWGroup(int group, bool zero_grads, const std::function<AdamWParams(size_t)>& params_for);
+  // The GPU's deferred update of `group` (-1: every group), if one is pending: queued now.
+  absl::Status ApplyPendingUpdates(int group);
+  // The optimizer's op of a group comes just before the group's first forward op (the host
+  // step, or the deferred GPU update), not after the last backward.
+  bool OptimizerInterleaved() const { return optimizer_on_cpu_ || defer_gpu_update_; }
   // Until the CPU optimizer's step in flight has updated `group` (-1: every group, and the
   // thread joined); reports its host op as progress first. The step's error, if any.
   absl::Status AwaitHostUpdate(int group);
@@ -222,13 +244,17 @@ class GpuModel {
   GpuHomeLayout home_layout_;
   // The optimizer state of group g, chunk by chunk: fn(first element, element count, master,
   // m, v) with the chunk's three parts acquired for the call (`access`) and released after.
+  // m and v: fp32 from `first`, or (8-bit moments, one chunk) the group's moment bytes.
   absl::Status ForEachStateChunk(int g, Access access,
-                                 const std::function<absl::Status(size_t, size_t, float*, float*, float*)>& fn);
+                                 const std::function<absl::Status(size_t, size_t, float*, void*, void*)>& fn);
+  // Zeroes a state chunk's moments (fn's m and v for n elements) on the stream.
+  absl::Status ZeroMoments(int g, size_t n, void* m, void* v);
   std::vector<bool> grads_zeroed_;        // group -> gradients already zeroed this step
   std::vector<size_t> norm_offset_;       // entry -> offset in norms_ (norm weights only)
   float* norms_ = nullptr;
   int micro_ = 0;                         // micro-batches done this step
   int layer_major_ = 0;                   // K micro-batches a step, layer-major; 0: one at a time
+  bool moments_8bit_ = false;
   struct MicroBatch {                     // layer-major: one micro-batch's buffers
     float *x = nullptr, *dx = nullptr;    // its residual stream and its gradient (N x C)
     int32_t *tokens = nullptr, *targets = nullptr, *token_index = nullptr;
@@ -238,6 +264,11 @@ class GpuModel {
   std::vector<MicroBatch> micro_batches_;
   double acquire_seconds_ = 0;
   bool optimizer_on_cpu_ = false;
+  bool defer_gpu_update_ = false;
+  // The GPU's deferred step: per group whether its update is pending and whether its
+  // gradients are zeros (taken at AdamWStep), and the step's parameters.
+  std::vector<char> pending_update_, pending_zero_grads_;
+  std::function<AdamWParams(size_t)> pending_params_;
   std::atomic<int64_t> host_optimizer_nanos_{0};
   // The CPU optimizer's step in flight: its thread, how many groups it has updated, its
   // status. Guarded by host_mutex_.

@@ -13,17 +13,17 @@
 namespace tierd::trainer::gpu {
 
 uint32_t GpuModel::LayerMajorForwardOp(int group) const {
-  return static_cast<uint32_t>(optimizer_on_cpu_ ? 2 * group + 1 : group);
+  return static_cast<uint32_t>(OptimizerInterleaved() ? 2 * group + 1 : group);
 }
 
 uint32_t GpuModel::LayerMajorBackwardOp(int group) const {
   const int groups = Groups();
   if (group == groups - 1) return LayerMajorForwardOp(group);  // the head: forward and backward in one op
-  return static_cast<uint32_t>((optimizer_on_cpu_ ? 2 * groups : groups) + (groups - 2 - group));
+  return static_cast<uint32_t>((OptimizerInterleaved() ? 2 * groups : groups) + (groups - 2 - group));
 }
 
 uint32_t GpuModel::LayerMajorOptimizerOp(int group) const {
-  return static_cast<uint32_t>(optimizer_on_cpu_ ? 2 * group : 2 * Groups() - 1 + group);
+  return static_cast<uint32_t>(OptimizerInterleaved() ? 2 * group : 2 * Groups() - 1 + group);
 }
 
 absl::Status GpuModel::UploadMicroBatches(const int32_t* tokens, const int32_t* targets,

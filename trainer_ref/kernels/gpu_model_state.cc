@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_format.h"
 #include "base/units.h"
+#include "trainer_ref/adamw8bit.h"
 #include "trainer_ref/kernels/gpu_model_internal.h"
 
 namespace tierd::trainer::gpu {
@@ -45,21 +46,39 @@ GpuModel::Acts GpuModel::ActsAt(void* base) const {
 }
 
 GpuHomeLayout GpuModel::HomeLayout(const ModelConfig& config, int batch, int seq, bool checkpointing,
-                                   int layer_major_micro_batches) {
-  GpuModel shape(config, batch, seq, checkpointing);  // host-side tables only
+                                   int layer_major_micro_batches, bool moments_8bit) {
+  GpuModel shape(config, batch, seq, checkpointing, 0, moments_8bit);  // host-side tables only
   GpuHomeLayout out;
   out.act_slots = std::max(1, layer_major_micro_batches);
+  out.moments_8bit = moments_8bit;
   for (int g = 0; g < shape.Groups(); ++g) {
-    uint64_t params = 0;
-    for (size_t e : shape.GroupEntries(g)) params += shape.layout_[e].count;
+    uint64_t params = 0, moment = 0;
+    for (size_t e : shape.GroupEntries(g)) {
+      params += shape.layout_[e].count;
+      moment += shape.MomentBytes(e);
+    }
     out.groups.push_back(g == 0 ? "embed" : g == shape.Groups() - 1 ? "final" : absl::StrFormat("layers.%d", g - 1));
     const bool layer = g >= 1 && g <= config.layers;
     const uint64_t saved = checkpointing ? Aligned(static_cast<uint64_t>(batch) * seq * config.d_model * 4)
                                          : ActsBytes(config, batch, seq);
-    out.bytes.push_back({params * 2, params * 4, params * 4, params * 4, params * 4,
+    out.bytes.push_back({params * 2, params * 4, params * 4, moment, moment,
                          layer ? saved * static_cast<uint64_t>(out.act_slots) : 0});
   }
   return out;
+}
+
+uint64_t GpuModel::MomentBytes(size_t entry) const {
+  const uint64_t n = layout_[entry].count;
+  return moments_8bit_ ? Moment8bitBytes(n) : n * sizeof(float);
+}
+
+uint64_t GpuModel::MomentOffset(size_t entry) const {
+  uint64_t at = 0;
+  for (size_t e : GroupEntries(group_of_[entry])) {
+    if (e == entry) return at;
+    at += MomentBytes(e);
+  }
+  return at;
 }
 
 template <typename T>
@@ -81,22 +100,24 @@ absl::StatusOr<T*> GpuModel::Take(size_t count) {
 
 absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::Create(const ModelConfig& config, int batch, int seq,
                                                            std::unique_ptr<GpuHome> home, bool checkpointing,
-                                                           int layer_major_micro_batches) {
+                                                           int layer_major_micro_batches, bool moments_8bit) {
   if (config.head_dim() > 256) {
     return absl::InvalidArgumentError(absl::StrFormat("head size %d: the attention kernel takes at most 256",
                                                       config.head_dim()));
   }
   if (layer_major_micro_batches < 0) return absl::InvalidArgumentError("a negative number of micro-batches");
-  std::unique_ptr<GpuModel> model(new GpuModel(config, batch, seq, checkpointing, layer_major_micro_batches));
+  std::unique_ptr<GpuModel> model(
+      new GpuModel(config, batch, seq, checkpointing, layer_major_micro_batches, moments_8bit));
   if (home == nullptr) {
-    auto plain = MakePlainGpuHome(HomeLayout(config, batch, seq, checkpointing, layer_major_micro_batches));
+    auto plain =
+        MakePlainGpuHome(HomeLayout(config, batch, seq, checkpointing, layer_major_micro_batches, moments_8bit));
     if (!plain.ok()) return plain.status();
     home = std::move(*plain);
   }
   // The home must be made for this model: the same groups and parts, in bytes.
-  const GpuHomeLayout own = HomeLayout(config, batch, seq, checkpointing, layer_major_micro_batches);
+  const GpuHomeLayout own = HomeLayout(config, batch, seq, checkpointing, layer_major_micro_batches, moments_8bit);
   if (home->layout().groups != own.groups || home->layout().bytes != own.bytes ||
-      home->layout().act_slots != own.act_slots) {
+      home->layout().act_slots != own.act_slots || home->layout().moments_8bit != own.moments_8bit) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "the home was made for another layout (%d groups, %s) than this model's (%d groups, %s)",
         home->layout().groups.size(), FormatBytes(home->layout().Total()), own.groups.size(),
@@ -200,6 +221,7 @@ absl::Status GpuModel::Allocate() {
 
 absl::Status GpuModel::Enter(int group, Part part, Access access, int chunk) {
   RETURN_IF_ERROR(AwaitHostUpdate(group));  // the CPU optimizer's step has updated it
+  RETURN_IF_ERROR(ApplyPendingUpdates(group));  // the GPU's deferred update is queued before this use
   const auto start = std::chrono::steady_clock::now();
   auto p = home_->Acquire(group, part, chunk, access);
   acquire_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -222,20 +244,27 @@ absl::Status GpuModel::Leave(int group, Part part) {
 }
 
 absl::Status GpuModel::ForEachStateChunk(
-    int g, Access access, const std::function<absl::Status(size_t, size_t, float*, float*, float*)>& fn) {
+    int g, Access access, const std::function<absl::Status(size_t, size_t, float*, void*, void*)>& fn) {
   constexpr Part kState[] = {Part::kMaster, Part::kAdamM, Part::kAdamV};
   for (int c = 0; c < home_layout_.Chunks(g, Part::kMaster); ++c) {
     for (Part part : kState) RETURN_IF_ERROR(Enter(g, part, access, c));
     const GpuHomeLayout::Range range = home_layout_.Chunk(g, Part::kMaster, c);
-    auto at = [&](Part part) { return static_cast<float*>(acquired_[g][static_cast<int>(part)]); };
-    const absl::Status s = fn(range.offset / sizeof(float), range.bytes / sizeof(float), at(Part::kMaster),
-                              at(Part::kAdamM), at(Part::kAdamV));
+    auto at = [&](Part part) { return acquired_[g][static_cast<int>(part)]; };
+    const absl::Status s = fn(range.offset / sizeof(float), range.bytes / sizeof(float),
+                              static_cast<float*>(at(Part::kMaster)), at(Part::kAdamM), at(Part::kAdamV));
     for (Part part : kState) {
       const absl::Status left = Leave(g, part);
       if (s.ok() && !left.ok()) return left;
     }
     RETURN_IF_ERROR(s);
   }
+  return absl::OkStatus();
+}
+
+absl::Status GpuModel::ZeroMoments(int g, size_t n, void* m, void* v) {
+  // All-zero bytes are a zero moment either way (8-bit: codes 0 scaled by an absmax of 0).
+  const uint64_t bytes = moments_8bit_ ? home_layout_.bytes[g][static_cast<int>(Part::kAdamM)] : n * sizeof(float);
+  for (void* moment : {m, v}) RETURN_IF_ERROR(Cuda(cudaMemsetAsync(moment, 0, bytes, stream_), "zero moments"));
   return absl::OkStatus();
 }
 
@@ -285,13 +314,10 @@ absl::Status GpuModel::SetGroup(int g, const float* params) {
                                        count * sizeof(Bf16), cudaMemcpyHostToDevice, stream_),
                        "upload weights"));
   RETURN_IF_ERROR(ForEachStateChunk(g, Access::kOverwrite,
-                                    [&](size_t first, size_t n, float* master, float* m, float* v) -> absl::Status {
+                                    [&](size_t first, size_t n, float* master, void* m, void* v) -> absl::Status {
     RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(master, params + first, n * sizeof(float), cudaMemcpyHostToDevice, stream_),
                          "upload master"));
-    for (float* moment : {m, v}) {
-      RETURN_IF_ERROR(Cuda(cudaMemsetAsync(moment, 0, n * sizeof(float), stream_), "zero moments"));
-    }
-    return absl::OkStatus();
+    return ZeroMoments(g, n, m, v);
   }));
   for (size_t e : GroupEntries(g)) {
     if (layout_[e].shape.size() != 1) continue;
@@ -322,7 +348,7 @@ absl::Status GpuModel::InitParams(uint64_t seed) {
     Bf16* weights = static_cast<Bf16*>(acquired_[g][static_cast<int>(Part::kWeights)]);
     const std::vector<size_t> entries = GroupEntries(g);
     RETURN_IF_ERROR(ForEachStateChunk(
-        g, Access::kOverwrite, [&](size_t first, size_t n, float* master, float* m, float* v) -> absl::Status {
+        g, Access::kOverwrite, [&](size_t first, size_t n, float* master, void* m, void* v) -> absl::Status {
           for (size_t e : entries) {
             const TensorLayout& t = layout_[e];
             const size_t lo = t.offset - group_offset_[g], from = std::max(lo, first),
@@ -338,9 +364,7 @@ absl::Status GpuModel::InitParams(uint64_t seed) {
             InitNormal(master + (from - first), weights + from, static_cast<int64_t>(from - lo),
                        static_cast<int64_t>(to - from), seed, e, sigma, stream_);
           }
-          for (float* moment : {m, v}) {
-            RETURN_IF_ERROR(Cuda(cudaMemsetAsync(moment, 0, n * sizeof(float), stream_), "zero moments"));
-          }
+          RETURN_IF_ERROR(ZeroMoments(g, n, m, v));
           return Cuda(cudaGetLastError(), "initial weights");
         }));
     for (size_t e : entries) {  // the resident norm weights: ones, as their master

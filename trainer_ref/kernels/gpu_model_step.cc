@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "trainer_ref/adamw8bit.h"
 #include "trainer_ref/host_adamw.h"
 #include "trainer_ref/kernels/gpu_model_internal.h"
 
@@ -17,22 +18,38 @@ namespace tierd::trainer::gpu {
 
 uint32_t GpuModel::ForwardOp(int micro, int group) const {
   const int groups = Groups();
-  if (!optimizer_on_cpu_) return static_cast<uint32_t>(micro * 2 * groups + group);
+  if (!OptimizerInterleaved()) return static_cast<uint32_t>(micro * 2 * groups + group);
   if (micro == 0) return static_cast<uint32_t>(2 * group + 1);  // after the group's optimizer op
   return static_cast<uint32_t>(3 * groups + (micro - 1) * 2 * groups + group);
 }
 
 uint32_t GpuModel::BackwardOp(int micro, int index) const {
   const int groups = Groups();
-  if (!optimizer_on_cpu_) return static_cast<uint32_t>(micro * 2 * groups + groups + index);
+  if (!OptimizerInterleaved()) return static_cast<uint32_t>(micro * 2 * groups + groups + index);
   if (micro == 0) return static_cast<uint32_t>(2 * groups + index);
   return static_cast<uint32_t>(3 * groups + (micro - 1) * 2 * groups + groups + index);
 }
 
 uint32_t GpuModel::OptimizerOp(int group, int micro_batches) const {
   if (layer_major_ > 0) return LayerMajorOptimizerOp(group);
-  if (optimizer_on_cpu_) return static_cast<uint32_t>(2 * group);
+  if (OptimizerInterleaved()) return static_cast<uint32_t>(2 * group);
   return static_cast<uint32_t>(micro_batches * 2 * Groups() + group);
+}
+
+absl::Status GpuModel::FinishOptimizerStep() {
+  RETURN_IF_ERROR(AwaitHostUpdate(-1));
+  return ApplyPendingUpdates(-1);
+}
+
+absl::Status GpuModel::ApplyPendingUpdates(int group) {
+  if (group < 0) {
+    for (int g = 0; g < static_cast<int>(pending_update_.size()); ++g) RETURN_IF_ERROR(ApplyPendingUpdates(g));
+    return absl::OkStatus();
+  }
+  if (group >= static_cast<int>(pending_update_.size()) || !pending_update_[group]) return absl::OkStatus();
+  pending_update_[group] = 0;  // first: the update's own acquires come through here
+  if (registered_) home_->OpBegin(OptimizerOp(group, registered_micro_batches_)).IgnoreError();
+  return GpuAdamWGroup(group, pending_zero_grads_[group], pending_params_);
 }
 
 absl::Status GpuModel::AwaitHostUpdate(int group) {
@@ -92,36 +109,65 @@ absl::Status GpuModel::AdamWStep(double lr, int64_t step, const AdamWOptions& op
     });
     return absl::OkStatus();
   }
+  RETURN_IF_ERROR(ApplyPendingUpdates(-1));  // a step before that no forward followed
+  if (defer_gpu_update_) {
+    pending_params_ = params_for;
+    pending_update_.assign(Groups(), 1);
+    pending_zero_grads_.assign(Groups(), 0);
+    for (int g = 0; g < Groups(); ++g) pending_zero_grads_[g] = !grads_zeroed_[g];
+    return absl::OkStatus();
+  }
   for (int g = 0; g < Groups(); ++g) {
     if (registered_) home_->OpBegin(OptimizerOp(g, registered_micro_batches_)).IgnoreError();
-    RETURN_IF_ERROR(EnterGrads(g));  // a group no backward reached this step has zero gradients
-    RETURN_IF_ERROR(Enter(g, Part::kWeights, Access::kOverwrite));  // written whole from the master copy
-    // Chunk by chunk (sub-groups of the state): each chunk's kernels are queued as soon as
-    // its parts are here, while the next chunk comes in.
-    RETURN_IF_ERROR(ForEachStateChunk(g, Access::kWrite, [&](size_t first, size_t n, float* master, float* m,
-                                                             float* v) -> absl::Status {
-      for (size_t e : GroupEntries(g)) {
-        const size_t begin = layout_[e].offset - group_offset_[g], end = begin + layout_[e].count;
-        const size_t lo = std::max(begin, first), hi = std::min(end, first + n);
-        if (lo >= hi) continue;  // the entry is in other chunks
-        const size_t at = lo - first;
-        Timed(kOptimizer, [&] {
-          AdamW(master + at, m + at, v + at, W(e) + (lo - begin), G(e) + (lo - begin), static_cast<int64_t>(hi - lo),
-                params_for(e), stream_);
-          return 0;
-        });
-        if (layout_[e].shape.size() == 1) {
-          RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(N(e) + (lo - begin), master + at, (hi - lo) * sizeof(float),
-                                               cudaMemcpyDeviceToDevice, stream_),
-                               "norm weights"));
-        }
-      }
-      return absl::OkStatus();
-    }));
-    for (Part part : {Part::kGrads, Part::kWeights}) RETURN_IF_ERROR(Leave(g, part));
+    RETURN_IF_ERROR(GpuAdamWGroup(g, !grads_zeroed_[g], params_for));
   }
   RETURN_IF_ERROR(Cuda(cudaGetLastError(), "adamw"));
   return Cuda(cudaStreamSynchronize(stream_), "adamw");
+}
+
+absl::Status GpuModel::GpuAdamWGroup(int g, bool zero_grads, const std::function<AdamWParams(size_t)>& params_for) {
+  if (zero_grads) {  // no backward reached the group this step: its gradients are zeros
+    RETURN_IF_ERROR(Enter(g, Part::kGrads, Access::kOverwrite));
+    RETURN_IF_ERROR(Cuda(cudaMemsetAsync(acquired_[g][static_cast<int>(Part::kGrads)], 0,
+                                         GroupCount(g) * sizeof(float), stream_),
+                         "zero grads"));
+  } else {
+    RETURN_IF_ERROR(Enter(g, Part::kGrads, Access::kRead));
+  }
+  RETURN_IF_ERROR(Enter(g, Part::kWeights, Access::kOverwrite));  // written whole from the master copy
+  // Chunk by chunk (sub-groups of the state): each chunk's kernels are queued as soon as
+  // its parts are here, while the next chunk comes in.
+  RETURN_IF_ERROR(ForEachStateChunk(g, Access::kWrite, [&](size_t first, size_t n, float* master, void* m,
+                                                           void* v) -> absl::Status {
+    for (size_t e : GroupEntries(g)) {
+      const size_t begin = layout_[e].offset - group_offset_[g], end = begin + layout_[e].count;
+      const size_t lo = std::max(begin, first), hi = std::min(end, first + n);
+      if (lo >= hi) continue;  // the entry is in other chunks
+      const size_t at = lo - first;
+      if (moments_8bit_) {  // one chunk: the entry whole, its moments at their offsets
+        RETURN_IF_ERROR(Timed(kOptimizer, [&] {
+          return Cuda(AdamW8bit(master + at, static_cast<unsigned char*>(m) + MomentOffset(e),
+                                static_cast<unsigned char*>(v) + MomentOffset(e), W(e), G(e),
+                                static_cast<int64_t>(layout_[e].count), params_for(e), stream_),
+                      "adamw8bit");
+        }));
+      } else {
+        Timed(kOptimizer, [&] {
+          AdamW(master + at, static_cast<float*>(m) + at, static_cast<float*>(v) + at, W(e) + (lo - begin),
+                G(e) + (lo - begin), static_cast<int64_t>(hi - lo), params_for(e), stream_);
+          return 0;
+        });
+      }
+      if (layout_[e].shape.size() == 1) {
+        RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(N(e) + (lo - begin), master + at, (hi - lo) * sizeof(float),
+                                             cudaMemcpyDeviceToDevice, stream_),
+                             "norm weights"));
+      }
+    }
+    return absl::OkStatus();
+  }));
+  for (Part part : {Part::kGrads, Part::kWeights}) RETURN_IF_ERROR(Leave(g, part));
+  return Cuda(cudaGetLastError(), "adamw");
 }
 
 absl::Status GpuModel::HostAdamWStep(int g, bool zeros, const std::function<AdamWParams(size_t)>& params_for) {
@@ -165,14 +211,14 @@ absl::Status GpuModel::HostAdamWStep(int g, bool zeros, const std::function<Adam
   // Chunk by chunk (sub-groups of the state), each released once it is updated.
   for (int c = 0; s.ok() && c < home_layout_.Chunks(g, Part::kMaster); ++c) {
     constexpr Part kState[3] = {Part::kMaster, Part::kAdamM, Part::kAdamV};
-    float* state[3] = {};
+    void* state[3] = {};
     for (int i = 0; i < 3 && s.ok(); ++i) {
       auto p = take(kState[i], c, Access::kWrite);
-      if (p.ok()) state[i] = static_cast<float*>(*p);
+      if (p.ok()) state[i] = *p;
       else s = p.status();
     }
     if (!s.ok()) break;
-    float *master = state[0], *m = state[1], *v = state[2];
+    auto* master = static_cast<float*>(state[0]);
     const GpuHomeLayout::Range range = home_layout_.Chunk(g, Part::kMaster, c);
     const size_t first = range.offset / sizeof(float), n = range.bytes / sizeof(float);
     const auto start = std::chrono::steady_clock::now();
@@ -181,7 +227,15 @@ absl::Status GpuModel::HostAdamWStep(int g, bool zeros, const std::function<Adam
       const size_t lo = std::max(begin, first), hi = std::min(end, first + n);
       if (lo >= hi) continue;  // the entry is in other chunks
       const size_t at = lo - first;
-      HostAdamW(master + at, m + at, v + at, weights + lo, grads + lo, static_cast<int64_t>(hi - lo), params_for(e));
+      const AdamWParams hp = params_for(e);
+      if (moments_8bit_) {  // one chunk: the entry whole, its moments at their offsets
+        HostAdamW8bit(master + at, static_cast<unsigned char*>(state[1]) + MomentOffset(e),
+                      static_cast<unsigned char*>(state[2]) + MomentOffset(e), weights + lo, grads + lo,
+                      static_cast<int64_t>(hi - lo), hp);
+      } else {
+        HostAdamW(master + at, static_cast<float*>(state[1]) + at, static_cast<float*>(state[2]) + at, weights + lo,
+                  grads + lo, static_cast<int64_t>(hi - lo), hp);
+      }
       if (layout_[e].shape.size() == 1) {  // the resident copy the kernels read, after they are done with it
         s = Cuda(cudaMemcpyAsync(N(e) + (lo - begin), master + at, (hi - lo) * sizeof(float), cudaMemcpyHostToDevice,
                                  host_stream_),

@@ -12,9 +12,11 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <vector>
 
+#include "trainer_ref/adamw8bit.h"
 #include "trainer_ref/model.h"
 #include "trainer_ref/optimizer.h"
 
@@ -287,6 +289,87 @@ TEST(GpuModelTest, ACheckpointContinuesBitForBitAndRefusesAnotherShape) {
   const absl::Status refused = (*other)->LoadState(**again);
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(refused.message().find("another model shape"), absl::string_view::npos) << refused;
+  std::system(("rm -rf " + dir).c_str());
+}
+
+// 8-bit blockwise moments on the GPU: three steps give, bit for bit, the master weights the
+// host's HostAdamW8bit makes from the same gradients, tensor by tensor (each tensor's
+// moments its own, as the CPU trainer keeps them); a checkpoint of such a model continues
+// bit for bit, and a model of fp32 moments refuses it.
+TEST(GpuModelTest, EightBitMomentsStepAsTheHostDoesAndCheckpoint) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device here: the GPU model is checked on the lent GPU machine";
+  const ModelConfig config{"q8", 2, 128, 2, 352, 512, 128};
+  const int batch = 2, seq = 64;
+  auto model = GpuModel::Create(config, batch, seq, nullptr, false, 0, /*moments_8bit=*/true);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_TRUE((*model)->InitParams(4).ok());
+  const std::vector<TensorLayout> layout = ParamLayout(config);
+  std::vector<float> master;
+  ASSERT_TRUE((*model)->GetParams(&master).ok());
+  std::vector<std::vector<uint8_t>> m, v;
+  for (const TensorLayout& t : layout) {
+    m.emplace_back(Moment8bitBytes(t.count), 0);
+    v.emplace_back(Moment8bitBytes(t.count), 0);
+  }
+  std::mt19937_64 rng(17);
+  const Batch b = RandomBatch(batch * seq, config.vocab, rng);
+  auto step = [&](GpuModel& gm, int at) {
+    EXPECT_TRUE(gm.ZeroGrads().ok());
+    auto loss = gm.Forward(b.tokens.data(), b.targets.data());
+    EXPECT_TRUE(loss.ok()) << loss.status();
+    EXPECT_TRUE(gm.Backward().ok());
+    EXPECT_TRUE(gm.AdamWStep(1e-3, at, AdamWOptions{}, 0.5).ok());
+    return loss.ok() ? *loss : 0.0;
+  };
+  for (int at = 1; at <= 3; ++at) {
+    ASSERT_TRUE((*model)->ZeroGrads().ok());
+    ASSERT_TRUE((*model)->Forward(b.tokens.data(), b.targets.data()).ok());
+    ASSERT_TRUE((*model)->Backward().ok());
+    std::vector<float> grads;
+    ASSERT_TRUE((*model)->GetGrads(&grads).ok());
+    ASSERT_TRUE((*model)->AdamWStep(1e-3, at, AdamWOptions{}, 0.5).ok());
+    for (size_t e = 0; e < layout.size(); ++e) {
+      const TensorLayout& t = layout[e];
+      HostAdamWParams p;
+      p.lr = 1e-3f;
+      p.step = at;
+      p.grad_scale = 0.5f;
+      p.decay = t.shape.size() > 1;
+      HostAdamW8bit(master.data() + t.offset, m[e].data(), v[e].data(), nullptr, grads.data() + t.offset,
+                    static_cast<int64_t>(t.count), p);
+    }
+    std::vector<float> got;
+    ASSERT_TRUE((*model)->GetParams(&got).ok());
+    size_t differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &master[i], 4) != 0;
+    ASSERT_EQ(differ, 0u) << "of " << got.size() << " master weights differ from the host's after step " << at;
+  }
+  // Checkpoint, load into a fresh 8-bit model: the next step is the same.
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(tmp ? tmp : "/tmp") + "/gpu-ckpt8-" + std::to_string(getpid());
+  std::system(("mkdir -p " + dir).c_str());
+  auto writer = CheckpointWriter::Create(dir, 2);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  ASSERT_TRUE((*model)->SaveState(**writer).ok());
+  auto path = (*writer)->Commit();
+  ASSERT_TRUE(path.ok()) << path.status();
+  auto fresh = GpuModel::Create(config, batch, seq, nullptr, false, 0, true);
+  ASSERT_TRUE(fresh.ok());
+  auto reader = CheckpointReader::Open(*path);
+  ASSERT_TRUE(reader.ok());
+  ASSERT_TRUE((*fresh)->LoadState(**reader).ok());
+  EXPECT_EQ(step(**fresh, 4), step(**model, 4));
+  std::vector<float> a, c;
+  ASSERT_TRUE((*model)->GetParams(&a).ok());
+  ASSERT_TRUE((*fresh)->GetParams(&c).ok());
+  EXPECT_EQ(a, c);
+  auto fp32 = GpuModel::Create(config, batch, seq);
+  ASSERT_TRUE(fp32.ok());
+  auto again = CheckpointReader::Open(*path);
+  ASSERT_TRUE(again.ok());
+  const absl::Status refused = (*fp32)->LoadState(**again);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_NE(refused.message().find("moments=8bit"), absl::string_view::npos) << refused;
   std::system(("rm -rf " + dir).c_str());
 }
 

@@ -130,12 +130,12 @@ absl::StatusOr<std::unique_ptr<GpuHome>> MakeHome(const RunSettings& s, const Gp
   const int chunks = layout.state_chunks;
   std::printf(
       "offload: tierd at %s; GPU budget %s = workspace %s + tierd's GPU quota %s, for a state of %s "
-      "(weights %s, master %s, gradients %s, moments %s, saved activations %s)%s\n",
+      "(weights %s, master %s, gradients %s, moments %s%s, saved activations %s)%s\n",
       client.runtime_dir.c_str(), FormatBytes(*budget).c_str(), FormatBytes(workspace).c_str(),
       FormatBytes(client.quota.gpu_bytes).c_str(), FormatBytes(layout.Total()).c_str(),
       FormatBytes(layout.TotalOf(Part::kWeights)).c_str(), FormatBytes(layout.TotalOf(Part::kMaster)).c_str(),
       FormatBytes(layout.TotalOf(Part::kGrads)).c_str(), FormatBytes(2 * layout.TotalOf(Part::kAdamM)).c_str(),
-      FormatBytes(layout.TotalOf(Part::kActs)).c_str(),
+      layout.moments_8bit ? " (8-bit)" : "", FormatBytes(layout.TotalOf(Part::kActs)).c_str(),
       chunks > 1 ? absl::StrFormat("; master weights and moments in %d sub-groups a layer (%s each)", chunks,
                                    FormatBytes(layout.Chunk(1, Part::kMaster, 0).bytes))
                        .c_str()
@@ -145,7 +145,7 @@ absl::StatusOr<std::unique_ptr<GpuHome>> MakeHome(const RunSettings& s, const Gp
 
 // gpu, cpu, or auto's choice with its reason printed.
 absl::StatusOr<bool> ChooseOptimizerOnCpu(const RunSettings& s, const GpuHomeLayout& layout, uint64_t gpu_quota,
-                                          uint64_t dram_quota) {
+                                          uint64_t dram_quota, int layer_major) {
   const std::string place = absl::GetFlag(FLAGS_optimizer_place);
   if (place != "gpu" && place != "cpu" && place != "auto") {
     return absl::InvalidArgumentError("--optimizer_place is gpu, cpu or auto, not '" + place + "'");
@@ -163,8 +163,13 @@ absl::StatusOr<bool> ChooseOptimizerOnCpu(const RunSettings& s, const GpuHomeLay
   costs.dram_bytes = static_cast<double>(dram_quota);
   costs.h2d_bytes_per_s = costs.d2h_bytes_per_s = absl::GetFlag(FLAGS_pcie_gbps) * 1e9;
   costs.nvme_bytes_per_s = absl::GetFlag(FLAGS_nvme_gbps) * 1e9;
-  costs.forward_seconds = 2.0 * s.config.Params() * s.batch * s.seq / (absl::GetFlag(FLAGS_gpu_tflops) * 1e12);
-  costs.host_params_per_s = CalibrateHostAdamW();
+  // What either optimizer overlaps: the forward of the first micro-batch, or layer-major all K.
+  costs.forward_seconds = 2.0 * s.config.Params() * s.batch * s.seq * std::max(1, layer_major) /
+                          (absl::GetFlag(FLAGS_gpu_tflops) * 1e12);
+  costs.gpu_overlaps_forward = absl::GetFlag(FLAGS_optimizer_deferred);
+  costs.host_params_per_s = CalibrateHostAdamW(int64_t{1} << 23, s.moments_8bit);
+  costs.moment_bytes_per_param = static_cast<double>(2 * layout.TotalOf(Part::kAdamM)) / s.config.Params();
+  costs.activation_bytes = static_cast<double>(layout.TotalOf(Part::kActs));
   const OptimizerChoice choice = ChooseOptimizerPlace(costs);
   std::printf("optimizer: %s\n", choice.why.c_str());
   return choice.on_cpu;
@@ -213,7 +218,7 @@ int GpuRun::Setup() {
   if (!data.ok()) return Fail(std::string(data.status().message()));
   data_ = std::make_unique<Dataset>(std::move(*data));
   startup_.Done("data");
-  GpuHomeLayout layout = GpuModel::HomeLayout(config, s_.batch, s_.seq, s_.checkpointing);
+  GpuHomeLayout layout = GpuModel::HomeLayout(config, s_.batch, s_.seq, s_.checkpointing, 0, s_.moments_8bit);
   const int chunks = absl::GetFlag(FLAGS_optimizer_chunks);
   if (chunks < 1 || chunks > 1024) {
     return Fail(absl::StrFormat("--optimizer_chunks=%d: give 1 (one lease per layer's state) up to 1024", chunks));
@@ -222,13 +227,17 @@ int GpuRun::Setup() {
     return Fail(
         "--optimizer_chunks leases the optimizer's state from tierd in pieces: it needs --offload_policy=tierd");
   }
+  if (chunks > 1 && s_.moments_8bit) {
+    return Fail("--optimizer_chunks with --opt=adamw8bit: 8-bit moments are one lease a layer (their blocks follow "
+                "the tensors, not the sub-groups); leave --optimizer_chunks at 1");
+  }
   layout.state_chunks = chunks;
   const std::string order = absl::GetFlag(FLAGS_step_order);
   if (order != "layer" && order != "micro") return Fail("--step_order is micro or layer, not '" + order + "'");
   const bool layer_major = order == "layer";
   layer_major_ = layer_major ? s_.accum : 0;
   if (layer_major) {
-    layout = GpuModel::HomeLayout(config, s_.batch, s_.seq, s_.checkpointing, layer_major_);
+    layout = GpuModel::HomeLayout(config, s_.batch, s_.seq, s_.checkpointing, layer_major_, s_.moments_8bit);
     layout.state_chunks = chunks;
     std::printf("step: layer-major over %d micro-batches (each layer's weights come twice a step, its gradients "
                 "leave once; it keeps an input per micro-batch)\n",
@@ -239,14 +248,19 @@ int GpuRun::Setup() {
   auto home = MakeHome(s_, layout, workspace, &gpu_quota, &dram_quota);
   if (!home.ok()) return Fail(std::string(home.status().message()));
   if (s_.tierd) startup_.Done("tierd session and leases");
-  auto model = GpuModel::Create(config, s_.batch, s_.seq, std::move(*home), s_.checkpointing, layer_major_);
+  auto model =
+      GpuModel::Create(config, s_.batch, s_.seq, std::move(*home), s_.checkpointing, layer_major_, s_.moments_8bit);
   if (!model.ok()) return Fail(std::string(model.status().message()));
   model_ = std::move(*model);
   startup_.Done("GPU workspace");
-  auto on_cpu = ChooseOptimizerOnCpu(s_, layout, gpu_quota, dram_quota);
+  auto on_cpu = ChooseOptimizerOnCpu(s_, layout, gpu_quota, dram_quota, layer_major_);
   if (!on_cpu.ok()) return Fail(std::string(on_cpu.status().message()));
   optimizer_on_cpu_ = *on_cpu;
   model_->SetOptimizerOnCpu(optimizer_on_cpu_);
+  if (s_.tierd && !optimizer_on_cpu_ && absl::GetFlag(FLAGS_optimizer_deferred)) {
+    model_->SetOptimizerDeferred(true);
+    std::printf("optimizer: on the GPU, each layer's update just before its next forward (--optimizer_deferred)\n");
+  }
   if (absl::GetFlag(FLAGS_optimizer_place) == "auto" && s_.tierd) startup_.Done("optimizer cost model");
   if (!ck_.dir.empty()) mkdir(ck_.dir.c_str(), 0755);
   if (s_.resume) {

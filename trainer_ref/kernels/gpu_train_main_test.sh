@@ -37,8 +37,8 @@ else
   check "no sub-groups at all" "refused 'optimizer_chunks=0: give 1'"
   run $d --optimizer_chunks=4
   check "sub-groups without tierd" "refused 'in pieces: it needs --offload_policy=tierd'"
-  run $d --opt=adamw8bit
-  check "8-bit moments are the CPU trainer's so far" "refused 'the GPU trainer keeps fp32 moments so far'"
+  run $d --opt=adamw8bit --offload_policy=tierd --optimizer_chunks=4 --tierd_dir="$dir/no-tierd-here"
+  check "8-bit moments are not leased in sub-groups" "refused 'optimizer_chunks with --opt=adamw8bit'"
   run $d --step_order=sideways
   check "an unknown step order" "refused 'step_order is micro or layer, not .sideways.'"
   run $d --precision=fp32

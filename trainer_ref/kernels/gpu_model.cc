@@ -73,6 +73,7 @@ std::vector<size_t> GpuModel::GroupEntries(int group) const {
 }
 
 GpuModel::~GpuModel() {
+  pending_update_.clear();  // a deferred GPU update nobody will read is not queued
   AwaitHostUpdate(-1).IgnoreError();
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   for (int g = 0; g < static_cast<int>(acquired_.size()); ++g) {

@@ -48,11 +48,14 @@ absl::Status GpuModel::ApplyPendingUpdates(int group) {
   }
   if (group >= static_cast<int>(pending_update_.size()) || !pending_update_[group]) return absl::OkStatus();
   pending_update_[group] = 0;  // first: the update's own acquires come through here
-  if (registered_) home_->OpBegin(OptimizerOp(group, registered_micro_batches_)).IgnoreError();
+  Progress(OptimizerOp(group, registered_micro_batches_));
   return GpuAdamWGroup(group, pending_zero_grads_[group], pending_params_);
 }
 
 absl::Status GpuModel::AwaitHostUpdate(int group) {
+  // The GPU's deferred update, if one is pending, is queued here too: before the group's
+  // forward reports its op, so the planner sees the optimizer's op first, as registered.
+  RETURN_IF_ERROR(ApplyPendingUpdates(group));
   if (!host_thread_.joinable()) return absl::OkStatus();
   std::unique_lock<std::mutex> lock(host_mutex_);
   const int need = group < 0 ? Groups() : group + 1;

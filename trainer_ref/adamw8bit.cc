@@ -133,9 +133,10 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void StepBlocks(
     const float m_scale = m.absmax[b], v_scale = v.absmax[b];
     for (int64_t i = 0; i < count; ++i) {
       mi[i] = q8::Mul(signed_map[m_codes[i]], m_scale);
-      vi[i] = q8::Mul(unsigned_map[v_codes[i]], v_scale);
+      vi[i] = q8::SecondMomentOf(q8::Mul(unsigned_map[v_codes[i]], v_scale));
     }
     for (int64_t i = 0; i < count; ++i) w[i] = s(w[i], g[i], mi[i], vi[i]);
+    for (int64_t i = 0; i < count; ++i) vi[i] = q8::RootToStore(vi[i]);  // v is kept as its root
     if (weights != nullptr) {
       uint16_t* __restrict w16 = weights + begin;
       for (int64_t i = 0; i < count; ++i) w16[i] = Bf16Bits(w[i]);

@@ -4,7 +4,8 @@
 // one's ~78 GB. The arithmetic is adamw8bit_block.h's, shared with the GPU kernel.
 //
 // A moment's bytes (Moment8bitBytes(n), all zero for a zero moment): n codes, padded to 16
-// bytes, then ceil(n / 2048) fp32 absmax values.
+// bytes, then ceil(n / 2048) fp32 absmax values. The second moment's bytes hold its square
+// root (adamw8bit_block.h says why): Dequantize8bit of them gives sqrt(v).
 #ifndef TIERD_TRAINER_REF_ADAMW8BIT_H_
 #define TIERD_TRAINER_REF_ADAMW8BIT_H_
 

@@ -30,6 +30,8 @@ class Held {
 };
 
 constexpr uint32_t kStateMagic = 0x74727333;  // "trs3": + the moments' format
+// The moments' formats: 0 fp32; 1 8-bit with v itself (refused); 2 8-bit with v's root.
+constexpr uint32_t kMoments8bitRoot = 2;
 
 }  // namespace
 
@@ -293,7 +295,7 @@ absl::StatusOr<std::string> Trainer::SaveState() {
   put(&step_, 8);
   put(&batches_drawn_, 8);
   put(&count, 8);
-  const uint32_t format = options_.moments_8bit ? 1 : 0;
+  const uint32_t format = options_.moments_8bit ? kMoments8bitRoot : 0;
   put(&format, 4);
   for (Kind k : {Kind::kParam, Kind::kAdamM, Kind::kAdamV}) {
     for (size_t e = 0; e < model_.layout().size(); ++e) {
@@ -330,7 +332,12 @@ absl::Status Trainer::LoadState(const std::string& bytes) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "the state holds %d parameters; model '%s' has %d (another --model_size?)", count, config_.name, expected));
   }
-  if (format != (options_.moments_8bit ? 1u : 0u)) {
+  if (format == 1) {
+    return absl::InvalidArgumentError(
+        "the state's 8-bit moments are of the first 8-bit format (the second moment itself, not its root): this "
+        "trainer cannot continue it; start afresh or use the build that wrote it");
+  }
+  if (format != (options_.moments_8bit ? kMoments8bitRoot : 0u)) {
     return absl::InvalidArgumentError(absl::StrFormat("the state's moments are %s; this run's are %s (--opt)",
                                                       format ? "8-bit" : "fp32",
                                                       options_.moments_8bit ? "8-bit" : "fp32"));

@@ -13,6 +13,7 @@ import math
 import time
 
 import torch
+import torch._dynamo
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
@@ -145,7 +146,6 @@ def main():
                         prm.mul_(1.0 / math.sqrt(2 * layers))
     params = sum(p.numel() for p in model.parameters())
     if a.compile:  # per layer (as users do with checkpointing); the first steps compile, untimed
-        import torch._dynamo
         torch._dynamo.config.cache_size_limit = 256  # one graph per layer must not fall back to eager
         torch._dynamo.config.accumulated_cache_size_limit = 4096
         for layer in model.layers:

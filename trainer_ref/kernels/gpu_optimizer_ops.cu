@@ -56,10 +56,11 @@ __global__ void AdamW8bitKernel(float* master, uint8_t* m_codes, float* m_absmax
   uint32_t most_m = 0, most_v = 0;  // the magnitudes' bits: an integer max, exact in any order
   for (int i = threadIdx.x; i < count; i += blockDim.x) {
     float mi = q8::Mul(signed_map[m_codes[begin + i]], m_absmax[b]);
-    float vi = q8::Mul(unsigned_map[v_codes[begin + i]], v_absmax[b]);
+    float vi = q8::SecondMomentOf(q8::Mul(unsigned_map[v_codes[begin + i]], v_absmax[b]));
     const float w = step(master[begin + i], grads[begin + i], mi, vi);
     master[begin + i] = w;
     if (weights != nullptr) Store(weights, begin + i, w);
+    vi = q8::RootToStore(vi);  // v is kept as its root
     new_m[i] = mi;
     new_v[i] = vi;
     most_m = max(most_m, q8::MagnitudeBits(mi));

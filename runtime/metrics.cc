@@ -1,6 +1,9 @@
 #include "runtime/metrics.h"
 
+#include <arpa/inet.h>
 #include <civetweb.h>
+
+#include "absl/strings/numbers.h"
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -118,8 +121,29 @@ int MetricsServer::Handle(mg_connection* connection, void* self) {
   return 200;
 }
 
+absl::Status CheckListenAddress(const std::string& address) {
+  // "PORT", "HOST:PORT" or "[IPv6]:PORT"; HOST a dotted IPv4 address or a name.
+  const size_t colon = address.rfind(':');
+  const std::string host = colon == std::string::npos ? "" : address.substr(0, colon);
+  const std::string port = colon == std::string::npos ? address : address.substr(colon + 1);
+  int number = -1;
+  if (!absl::SimpleAtoi(port, &number) || number < 0 || number > 65535) {
+    return absl::InvalidArgumentError(absl::StrFormat("'%s' is not a port (0-65535)", port));
+  }
+  if (!host.empty() && host.find_first_not_of("0123456789.") == std::string::npos) {
+    in_addr parsed{};
+    if (inet_pton(AF_INET, host.c_str(), &parsed) != 1) {
+      return absl::InvalidArgumentError(absl::StrFormat("'%s' is not an IPv4 address", host));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& address,
                                                                     std::function<std::string()> render) {
+  if (absl::Status valid = CheckListenAddress(address); !valid.ok()) {
+    return absl::InvalidArgumentError(absl::StrFormat("cannot serve metrics on %s: %s", address, valid.message()));
+  }
   std::unique_ptr<MetricsServer> server(new MetricsServer());
   server->render_ = std::move(render);
   mg_init_library(0);

@@ -17,6 +17,11 @@ namespace tierd {
 
 std::string RenderPrometheus(const v1::StatsReply& stats);
 
+// OK for an address a listener can be given ("PORT", "HOST:PORT"): INVALID_ARGUMENT naming
+// what is wrong (a port beyond 65535, a dotted host that is no IPv4 address) instead of a
+// failed bind blamed on a port in use.
+absl::Status CheckListenAddress(const std::string& address);
+
 class MetricsServer {
  public:
   // `address` as "127.0.0.1:9464" ("127.0.0.1:0" picks a free port). `render` is called

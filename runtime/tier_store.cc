@@ -144,6 +144,12 @@ absl::Status TierStore::DestroyArena(ArenaId id) {
     arenas_.erase(it);
     reserved_[Index(arena->tier)] -= arena->bytes;
   }
+  {
+    // What the arena still held leaves the tier with it (or the tier's use, and its peak,
+    // would count every closed session's bytes on top of the next one's).
+    absl::MutexLock lock(&arena->mutex);
+    used_bytes_[Index(arena->tier)].fetch_sub(arena->allocator->Stats().used_bytes);
+  }
   for (ArenaId& default_arena : default_arenas_) {
     if (default_arena == id) default_arena = kNoArena;
   }

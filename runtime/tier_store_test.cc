@@ -73,6 +73,25 @@ TEST(TierStoreTest, AllocationBeyondABudgetNamesTheTierAndTheNumbers) {
   EXPECT_EQ(store->Stats(Tier::kGpu).peak_used_bytes, 8 * kMiB);
 }
 
+// Sessions one after the other, each filling its arena and closing without freeing (its
+// arena destroyed whole): the tier's peak is one session's, never above the budget (it was
+// 2x, 3x: a destroyed arena's bytes stayed counted as used).
+TEST(TierStoreTest, AClosedSessionsBytesLeaveTheTiersUseAndPeak) {
+  auto gpu = CreateFakeGpu({});
+  TierStoreOptions options = SmallOptions("sequential");
+  options.default_arenas = false;
+  auto store = *TierStore::Open(options, *gpu);
+  const uint64_t budget = store->Stats(Tier::kDram).budget_bytes;
+  for (int session = 1; session <= 3; ++session) {
+    auto arena = store->CreateArena(Tier::kDram, budget, absl::StrFormat("session-%d", session));
+    ASSERT_TRUE(arena.ok()) << arena.status();
+    ASSERT_TRUE(store->Allocate(*arena, budget / 2).ok());
+    ASSERT_TRUE(store->Allocate(*arena, budget / 4).ok());
+    ASSERT_TRUE(store->DestroyArena(*arena).ok());
+    EXPECT_EQ(store->Stats(Tier::kDram).peak_used_bytes, budget / 2 + budget / 4) << "after session " << session;
+  }
+}
+
 TEST(TierStoreTest, ArenasAreCarvedFromTheNodeBudgetAndGiveItBack) {
   auto gpu = CreateFakeGpu({});
   TierStoreOptions options = SmallOptions("arenas");

@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "base/limits.h"
 #include "base/units.h"
 #include "runtime/config.h"
 #include "runtime/daemon.h"
@@ -60,6 +61,10 @@ absl::Status Override(DaemonOptions* options) {
   if (!absl::GetFlag(FLAGS_nvme_dir).empty()) options->store.nvme_directory = absl::GetFlag(FLAGS_nvme_dir);
   if (!absl::GetFlag(FLAGS_metrics).empty()) options->metrics_address = absl::GetFlag(FLAGS_metrics);
   if (!absl::GetFlag(FLAGS_grpc_tcp).empty()) options->grpc_tcp_address = absl::GetFlag(FLAGS_grpc_tcp);
+  if (absl::GetFlag(FLAGS_max_sessions) < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--max_sessions=%d: give at least 1 (unset: 64)", absl::GetFlag(FLAGS_max_sessions)));
+  }
   if (absl::GetFlag(FLAGS_max_sessions) > 0) options->max_sessions = absl::GetFlag(FLAGS_max_sessions);
   if (absl::GetFlag(FLAGS_planner_time_aware)) options->planner_time_aware = true;
   for (auto [flag, name, out] :
@@ -102,10 +107,39 @@ absl::Status Override(DaemonOptions* options) {
   return absl::OkStatus();
 }
 
+// What flags and config leave inconsistent: a default quota above a tier's budget (no
+// session could get it) is refused; budgets the tiers round up are said.
+// `quota_given`: the default quota came from --default_quota or the config (the built-in
+// one is not held against small budgets).
+absl::Status Check(const DaemonOptions& options, bool quota_given) {
+  const TierStoreOptions& store = options.store;
+  const SessionQuota& q = options.default_quota;
+  for (auto [name, quota, budget] : {std::tuple{"gpu", q.gpu_bytes, store.gpu_bytes},
+                                     std::tuple{"dram", q.dram_bytes, store.dram_bytes},
+                                     std::tuple{"nvme", q.nvme_bytes, store.nvme_bytes}}) {
+    if (quota_given && budget > 0 && quota > budget) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "the default quota's %s %s is above the %s tier's budget %s: no session could get it "
+          "(--default_quota or quotas.default, and the budgets)",
+          name, FormatBytes(quota), name, FormatBytes(budget)));
+    }
+  }
+  for (auto [name, bytes] : {std::pair{"dram", store.dram_bytes}, std::pair{"nvme", store.nvme_bytes}}) {
+    if (bytes % limits::kDirectIoAlignmentBytes == 0) continue;
+    const uint64_t up = (bytes / limits::kDirectIoAlignmentBytes + 1) * limits::kDirectIoAlignmentBytes;
+    std::printf("%s", absl::StrFormat("tierd: the %s budget %d bytes is rounded up to %s (that tier works in blocks of "
+                                      "%s)\n",
+                                      name, bytes, FormatBytes(up), FormatBytes(limits::kDirectIoAlignmentBytes))
+                          .c_str());
+  }
+  return absl::OkStatus();
+}
+
 int Main() {
   DaemonOptions options;
   options.store.dram_bytes = uint64_t{1} << 30;  // small, safe defaults
-  options.default_quota = {uint64_t{256} << 20, uint64_t{256} << 20, 0};
+  const SessionQuota builtin_quota = {uint64_t{256} << 20, uint64_t{256} << 20, 0};
+  options.default_quota = builtin_quota;
   if (!absl::GetFlag(FLAGS_config).empty()) {
     auto loaded = LoadConfig(absl::GetFlag(FLAGS_config));
     if (!loaded.ok()) {
@@ -115,6 +149,13 @@ int Main() {
     options = *loaded;
   }
   if (absl::Status s = Override(&options); !s.ok()) {
+    std::fprintf(stderr, "tierd: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  const SessionQuota& q = options.default_quota;
+  const bool quota_given = q.gpu_bytes != builtin_quota.gpu_bytes || q.dram_bytes != builtin_quota.dram_bytes ||
+                           q.nvme_bytes != builtin_quota.nvme_bytes;
+  if (absl::Status s = Check(options, quota_given); !s.ok()) {
     std::fprintf(stderr, "tierd: %s\n", std::string(s.message()).c_str());
     return 2;
   }

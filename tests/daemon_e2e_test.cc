@@ -552,6 +552,35 @@ TEST(DaemonStartTest, RefusesImpossibleConfigsWithTheNumbers) {
   EXPECT_NE(too_many.WaitForLine("tierd: --planner_dram_headroom_tensors must be 0 to 16 (tensors)", 10000), "")
       << too_many.output();
   EXPECT_EQ(too_many.Wait(), 2);
+  // Flags that made no sense and were taken silently: each refused, naming what is wrong.
+  Process negative("runtime/tierd", {"--gpu=fake", "--max_sessions=-1", "--runtime_dir=" + dir});
+  EXPECT_NE(negative.WaitForLine("tierd: --max_sessions=-1: give at least 1", 10000), "") << negative.output();
+  EXPECT_EQ(negative.Wait(), 2);
+  Process bad_metrics("runtime/tierd", {"--gpu=fake", "--dram_bytes=16MiB", "--metrics=999.1.1.1:99999",
+                                        "--runtime_dir=" + dir});
+  EXPECT_NE(bad_metrics.WaitForLine("tierd: cannot start: cannot serve metrics on 999.1.1.1:99999: '99999' is not a port",
+                                   10000), "")
+      << bad_metrics.output();
+  EXPECT_EQ(bad_metrics.Wait(), 1);
+  Process bad_host("runtime/tierd", {"--gpu=fake", "--dram_bytes=16MiB", "--metrics=999.1.1.1:9464",
+                                     "--runtime_dir=" + dir});
+  EXPECT_NE(bad_host.WaitForLine(
+                "tierd: cannot start: cannot serve metrics on 999.1.1.1:9464: '999.1.1.1' is not an IPv4 address", 10000), "") << bad_host.output();
+  EXPECT_EQ(bad_host.Wait(), 1);
+  Process big_quota("runtime/tierd", {"--gpu=fake", "--dram_bytes=16MiB", "--default_quota=0,32MiB,0",
+                                      "--runtime_dir=" + dir});
+  EXPECT_NE(big_quota.WaitForLine("tierd: the default quota's dram 32.0 MiB is above the dram tier's budget 16.0 MiB",
+                                  10000),
+            "")
+      << big_quota.output();
+  EXPECT_EQ(big_quota.Wait(), 2);
+  Process rounded("runtime/tierd", {"--gpu=fake", "--dram_bytes=16MiB", "--nvme_dir=/tmp", "--nvme_bytes=1000",
+                                    "--runtime_dir=" + dir});
+  EXPECT_NE(rounded.WaitForLine("tierd: the nvme budget 1000 bytes is rounded up to 4.00 KiB", 10000), "")
+      << rounded.output();
+  EXPECT_NE(rounded.WaitForLine("tierd: ready", 10000), "") << rounded.output();
+  rounded.Signal(SIGTERM);
+  EXPECT_EQ(rounded.Wait(), 0);
   Process bad_speed("tools/tierctl/tierctl", {"plan", "--model=tiny", "--nvme_write_gbps=-1"});
   EXPECT_NE(bad_speed.WaitForLine("tierctl: --nvme_write_gbps must be > 0", 10000), "") << bad_speed.output();
   EXPECT_EQ(bad_speed.Wait(), 2);

@@ -91,13 +91,15 @@ ABSL_FLAG(bool, optimizer_deferred, true,
 ABSL_FLAG(int, optimizer_chunks, 1,
           "GPU, --offload_policy=tierd: lease each layer's master weights and moments as this many sub-groups "
           "(DeepSpeed's sub-groups); 1: one lease per layer and part");
-ABSL_FLAG(std::string, step_order, "micro",
+ABSL_FLAG(std::string, step_order, "auto",
           "GPU: the order of a step's micro-batches. micro: one micro-batch's whole forward and backward after the "
-          "other; layer: layer-major, each layer's forward (then backward) for every micro-batch before the next "
+          "other; auto: layer under tierd when the larger state of layer-major (an input per micro-batch per layer) "
+          "fits the GPU quota and DRAM, else micro, and says why; layer: layer-major, each layer's forward (then backward) for every micro-batch before the next "
           "layer's, so its weights come to the GPU twice a step and its gradients leave once, whatever "
           "--grad_accum_steps is (each layer keeps an input per micro-batch). The same losses either way, bit for "
-          "bit. On the H200 at 7B in 24 GiB, layer moved 6x fewer bytes over PCIe but ran slower than micro: the "
-          "state and the kept inputs overflow DRAM onto NVMe (docs/BENCHMARKS.md)");
+          "bit. On the H200 at 7B in 24 GiB with --opt=adamw8bit, layer ran 0.90x of PyTorch with the whole GPU; "
+          "with fp32 moments its state and kept inputs overflow DRAM onto NVMe and micro is faster "
+          "(docs/BENCHMARKS.md)");
 ABSL_FLAG(bool, profile, false, "GPU: time every kernel and GEMM with CUDA events and say where each step's time goes");
 ABSL_FLAG(int64_t, timing_skip, 2, "GPU: steps left out of the tokens/s summary (warm-up)");
 

@@ -24,6 +24,7 @@
 #include "trainer_ref/optimizer_place.h"
 #include "trainer_ref/plot.h"
 #include "trainer_ref/run_report.h"
+#include "trainer_ref/step_order.h"
 
 namespace tierd::trainer::gpu {
 namespace {
@@ -99,6 +100,9 @@ absl::StatusOr<RunState> Resume(GpuModel& model, const RunSettings& s, Checkpoin
   return run;
 }
 
+// Without --tierd_dram the DRAM quota is what the state needs beyond the GPU, at most this.
+constexpr uint64_t kAutoDramCap = 64 * kGiB;
+
 // The home (plain GPU buffers or tierd) and what it says; the GPU quota for the cost model.
 absl::StatusOr<std::unique_ptr<GpuHome>> MakeHome(const RunSettings& s, const GpuHomeLayout& layout, uint64_t workspace,
                                                   uint64_t* gpu_quota, uint64_t* dram_quota) {
@@ -118,7 +122,7 @@ absl::StatusOr<std::unique_ptr<GpuHome>> MakeHome(const RunSettings& s, const Gp
   uint64_t dram = s.tierd_dram;
   if (dram == 0) {  // what the state needs beyond the GPU quota, with room to spare
     const uint64_t need = layout.Total() > gpu_bytes ? layout.Total() - gpu_bytes : 0;
-    dram = std::min<uint64_t>(64 * kGiB, (need + need / 4 + kGiB + kGiB - 1) / kGiB * kGiB);
+    dram = std::min<uint64_t>(kAutoDramCap, (need + need / 4 + kGiB + kGiB - 1) / kGiB * kGiB);
     std::printf("offload: DRAM quota %s (the state beyond the GPU quota, +25%% and 1 GiB; --tierd_dram to set)\n",
                 FormatBytes(dram).c_str());
   }
@@ -233,16 +237,33 @@ int GpuRun::Setup() {
   }
   layout.state_chunks = chunks;
   const std::string order = absl::GetFlag(FLAGS_step_order);
-  if (order != "layer" && order != "micro") return Fail("--step_order is micro or layer, not '" + order + "'");
-  const bool layer_major = order == "layer";
-  layer_major_ = layer_major ? s_.accum : 0;
-  if (layer_major) {
-    layout = GpuModel::HomeLayout(config, s_.batch, s_.seq, s_.checkpointing, layer_major_, s_.moments_8bit);
-    layout.state_chunks = chunks;
+  if (order != "layer" && order != "micro" && order != "auto") {
+    return Fail("--step_order is auto, micro or layer, not '" + order + "'");
+  }
+  GpuHomeLayout layered = GpuModel::HomeLayout(config, s_.batch, s_.seq, s_.checkpointing, s_.accum, s_.moments_8bit);
+  layered.state_chunks = chunks;
+  bool layer_major = order == "layer";
+  if (order == "auto") {
+    StepOrderInputs in;
+    in.tierd = s_.tierd;
+    in.micro_batches = s_.accum;
+    in.micro_state_bytes = static_cast<double>(layout.Total());
+    in.layer_state_bytes = static_cast<double>(layered.Total());
+    auto budget = ParseBytes(absl::GetFlag(FLAGS_gpu_budget));
+    const double workspace = static_cast<double>(
+        GpuModel::WorkspaceBytesFor(config, s_.batch, s_.seq, s_.checkpointing, s_.accum));
+    in.gpu_bytes = budget.ok() ? std::max(0.0, static_cast<double>(*budget) - workspace) : 0.0;
+    in.dram_bytes = static_cast<double>(s_.tierd_dram > 0 ? s_.tierd_dram : kAutoDramCap);
+    const StepOrderChoice choice = ChooseStepOrder(in);
+    layer_major = choice.layer_major;
+    std::printf("step: %s (--step_order=auto)\n", choice.why.c_str());
+  } else if (layer_major) {
     std::printf("step: layer-major over %d micro-batches (each layer's weights come twice a step, its gradients "
                 "leave once; it keeps an input per micro-batch)\n",
                 s_.accum);
   }
+  layer_major_ = layer_major ? s_.accum : 0;
+  if (layer_major) layout = layered;
   const uint64_t workspace = GpuModel::WorkspaceBytesFor(config, s_.batch, s_.seq, s_.checkpointing, layer_major_);
   uint64_t gpu_quota = 0, dram_quota = 0;
   auto home = MakeHome(s_, layout, workspace, &gpu_quota, &dram_quota);

@@ -40,7 +40,7 @@ else
   run $d --opt=adamw8bit --offload_policy=tierd --optimizer_chunks=4 --tierd_dir="$dir/no-tierd-here"
   check "8-bit moments are not leased in sub-groups" "refused 'optimizer_chunks with --opt=adamw8bit'"
   run $d --step_order=sideways
-  check "an unknown step order" "refused 'step_order is micro or layer, not .sideways.'"
+  check "an unknown step order" "refused 'step_order is auto, micro or layer, not .sideways.'"
   run $d --precision=fp32
   check "fp32 throughout is the CPU's" "refused 'the GPU trainer computes bf16'"
   run $d --eval_every=10 --steps=1

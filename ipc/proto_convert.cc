@@ -4,9 +4,21 @@
 
 namespace tierd::ipc {
 
+std::string BoundedMessage(absl::string_view message) {
+  if (message.size() <= kReplyMessageMax) return std::string(message);
+  // The head (what failed) and the tail (why), cut at character boundaries.
+  auto boundary = [&message](size_t at) {
+    while (at > 0 && at < message.size() && (static_cast<unsigned char>(message[at]) & 0xC0) == 0x80) --at;
+    return at;
+  };
+  const size_t head = boundary(kReplyMessageMax * 3 / 4);
+  const size_t tail = boundary(message.size() - kReplyMessageMax / 5);
+  return absl::StrFormat("%s [... %d bytes cut ...] %s", message.substr(0, head), tail - head, message.substr(tail));
+}
+
 grpc::Status ToGrpc(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), BoundedMessage(status.message()));
 }
 
 absl::Status FromGrpc(const grpc::Status& status) {

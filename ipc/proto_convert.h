@@ -12,6 +12,11 @@
 
 namespace tierd::ipc {
 
+// Error messages sent back are at most ~kReplyMessageMax bytes: a request can make one echo
+// a name of any length, and gRPC refuses trailing metadata above 8 KiB (the client then
+// sees "metadata size exceeds limit" instead of the error).
+inline constexpr size_t kReplyMessageMax = 1024;
+std::string BoundedMessage(absl::string_view message);
 grpc::Status ToGrpc(const absl::Status& status);
 absl::Status FromGrpc(const grpc::Status& status);
 

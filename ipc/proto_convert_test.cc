@@ -15,6 +15,35 @@ TEST(ProtoConvertTest, SpecsRoundTrip) {
   EXPECT_EQ(back->shape, spec.shape);
 }
 
+// A message echoing a 10 KB name is cut to its head and tail (under gRPC's 8 KiB metadata
+// limit), at character boundaries; short ones go back whole.
+TEST(ProtoConvertTest, ErrorRepliesAreBounded) {
+  EXPECT_EQ(ToGrpc(absl::NotFoundError("no lease named 'x'")).error_message(), "no lease named 'x'");
+  const std::string name(10000, 'n');
+  const std::string message = "AdminPin: no tensor named '" + name + "\xc3\xa9' in session 3";
+  const grpc::Status bounded = ToGrpc(absl::NotFoundError(message));
+  EXPECT_EQ(bounded.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_LE(bounded.error_message().size(), kReplyMessageMax + 64);
+  EXPECT_EQ(bounded.error_message().rfind("AdminPin: no tensor named 'nnn", 0), 0u) << bounded.error_message();
+  EXPECT_NE(bounded.error_message().find("bytes cut"), std::string::npos);
+  EXPECT_NE(bounded.error_message().find("' in session 3"), std::string::npos);
+  std::string accented;
+  for (int i = 0; i < 3000; ++i) accented += "\xc3\xa9";
+  for (const std::string prefix : {"", "a"}) {  // the cuts fall on a first byte, then on a second
+    const std::string m = BoundedMessage(prefix + accented);
+    ASSERT_LT(m.size(), kReplyMessageMax + 64);
+    for (size_t i = 0; i < m.size(); ++i) {
+      const auto c = static_cast<unsigned char>(m[i]);
+      if (c == 0xc3) {
+        EXPECT_EQ(static_cast<unsigned char>(m[i + 1]), 0xa9) << "a first byte cut from its second at " << i;
+      }
+      if (c == 0xa9) {
+        EXPECT_EQ(static_cast<unsigned char>(m[i - 1]), 0xc3) << "a second byte without its first at " << i;
+      }
+    }
+  }
+}
+
 TEST(ProtoConvertTest, UnknownAndUnspecifiedValuesAreInvalid) {
   v1::TensorSpec spec;
   spec.set_name("x");

@@ -124,8 +124,15 @@ grpc::Status TierdService::SessionUsage(grpc::ServerContext*, const v1::SessionU
   return grpc::Status::OK;
 }
 
-grpc::Status TierdService::ListLeases(grpc::ServerContext*, const v1::ListLeasesRequest* request,
+namespace {
+absl::Status OnlyOverUnixSocket(const grpc::ServerContext* context);
+}  // namespace
+
+grpc::Status TierdService::ListLeases(grpc::ServerContext* context, const v1::ListLeasesRequest* request,
                                       v1::ListLeasesReply* reply) {
+  // Tensor names, offsets and pins of every session: for the node's users (the Unix socket,
+  // 0600 or its group), never for whoever reaches the TCP port.
+  TIERD_RETURN_IF_ERROR(OnlyOverUnixSocket(context));
   std::optional<SessionId> only;
   if (request->session_id() != 0) only = request->session_id();
   for (const LeaseView& view : leases_.List(only)) {

@@ -90,10 +90,11 @@ absl::Status ParseRest(const YAML::Node& root, DaemonOptions* options) {
     }
   }
   if (const YAML::Node listen = root["listen"]) {
-    RETURN_IF_ERROR(CheckKeys(listen, "listen", {"runtime_dir", "grpc_tcp", "metrics"}));
+    RETURN_IF_ERROR(CheckKeys(listen, "listen", {"runtime_dir", "grpc_tcp", "grpc_tcp_public", "metrics"}));
     if (listen["metrics"]) options->metrics_address = listen["metrics"].as<std::string>();
     if (listen["runtime_dir"]) options->runtime_dir = listen["runtime_dir"].as<std::string>();
     if (listen["grpc_tcp"]) options->grpc_tcp_address = listen["grpc_tcp"].as<std::string>();
+    if (listen["grpc_tcp_public"]) options->grpc_tcp_public = listen["grpc_tcp_public"].as<bool>();
   }
   if (const YAML::Node security = root["security"]) {
     RETURN_IF_ERROR(CheckKeys(security, "security", {"allowed_uids", "socket_group"}));
@@ -195,8 +196,9 @@ std::string DescribeConfig(const DaemonOptions& o) {
   for (const PinRule& pin : o.pins) {
     absl::StrAppendFormat(&out, "  - {pattern: %s, tier: %s}\n", Quoted(pin.pattern), TierName(pin.tier));
   }
-  absl::StrAppendFormat(&out, "listen: {runtime_dir: %s, grpc_tcp: %s, metrics: %s}\n", Quoted(o.runtime_dir),
-                        Quoted(o.grpc_tcp_address), Quoted(o.metrics_address));
+  absl::StrAppendFormat(&out, "listen: {runtime_dir: %s, grpc_tcp: %s, grpc_tcp_public: %s, metrics: %s}\n",
+                        Quoted(o.runtime_dir), Quoted(o.grpc_tcp_address), o.grpc_tcp_public ? "true" : "false",
+                        Quoted(o.metrics_address));
   out += "security:\n  allowed_uids: [";
   bool first = true;
   for (uid_t uid : o.allowed_uids) {

@@ -134,6 +134,19 @@ absl::Status Daemon::StartServers() {
         "127.0.0.1:" + options_.grpc_tcp_address.substr(options_.grpc_tcp_address.rfind(':') + 1);
   }
   if (!options_.grpc_tcp_address.empty()) {
+    const std::string host = options_.grpc_tcp_address.substr(0, options_.grpc_tcp_address.rfind(':'));
+    const bool loopback = host == "127.0.0.1" || host == "localhost" || host == "[::1]" || host.rfind("127.", 0) == 0;
+    if (!loopback && !options_.grpc_tcp_public) {
+      return absl::PermissionDeniedError(absl::StrFormat(
+          "gRPC on %s would be reachable beyond this host, without encryption: tierd serves TCP on loopback only "
+          "unless told otherwise (--grpc_tcp_public, or listen.grpc_tcp_public: true in the config)",
+          options_.grpc_tcp_address));
+    }
+    if (!loopback) {
+      std::printf("tierd: warning: gRPC on %s is reachable beyond this host, unencrypted (--grpc_tcp_public); "
+                  "tensor listings and administration stay on the Unix socket\n",
+                  options_.grpc_tcp_address.c_str());
+    }
     builder.AddListeningPort(options_.grpc_tcp_address, grpc::InsecureServerCredentials(), &tcp_port);
   }
   builder.RegisterService(service_.get());

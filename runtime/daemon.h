@@ -50,6 +50,9 @@ struct DaemonOptions {
   std::string runtime_dir = "/tmp/tierd";
   // e.g. "127.0.0.1:7070"; a bare port (":7070" or "7070") binds loopback only; empty: off.
   std::string grpc_tcp_address;
+  // A TCP address beyond loopback is refused unless this is set (anyone who reaches it can
+  // open sessions' statistics and, with a token, their tensors).
+  bool grpc_tcp_public = false;
   std::string metrics_address;   // e.g. "127.0.0.1:9464" for Prometheus; empty: off
   std::set<uid_t> allowed_uids;  // empty: the daemon's own uid
   // With a group, the runtime directory becomes 0750 and both sockets 0660 of that group,

@@ -26,6 +26,9 @@ ABSL_FLAG(std::string, nvme_bytes, "", "NVMe tier budget, reserved at start");
 ABSL_FLAG(std::string, allowed_uids, "", "comma-separated uids that may open sessions (default: own uid)");
 ABSL_FLAG(int, socket_group, -1, "gid whose members may reach the sockets (0660); default private (0600)");
 ABSL_FLAG(std::string, grpc_tcp, "", "also serve gRPC on TCP; a bare port binds loopback only");
+ABSL_FLAG(bool, grpc_tcp_public, false,
+          "allow --grpc_tcp beyond loopback (unencrypted; tensor listings and administration stay on the Unix "
+          "socket)");
 ABSL_FLAG(int, max_sessions, 0, "client sessions served at once (default 64)");
 ABSL_FLAG(std::string, metrics, "", "serve Prometheus /metrics here, e.g. 127.0.0.1:9464");
 ABSL_FLAG(std::string, default_quota, "", "gpu,dram,nvme bytes for clients that ask none");
@@ -61,6 +64,7 @@ absl::Status Override(DaemonOptions* options) {
   if (!absl::GetFlag(FLAGS_nvme_dir).empty()) options->store.nvme_directory = absl::GetFlag(FLAGS_nvme_dir);
   if (!absl::GetFlag(FLAGS_metrics).empty()) options->metrics_address = absl::GetFlag(FLAGS_metrics);
   if (!absl::GetFlag(FLAGS_grpc_tcp).empty()) options->grpc_tcp_address = absl::GetFlag(FLAGS_grpc_tcp);
+  if (absl::GetFlag(FLAGS_grpc_tcp_public)) options->grpc_tcp_public = true;
   if (absl::GetFlag(FLAGS_max_sessions) < 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("--max_sessions=%d: give at least 1 (unset: 64)", absl::GetFlag(FLAGS_max_sessions)));

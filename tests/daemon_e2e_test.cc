@@ -521,9 +521,34 @@ TEST(DaemonStartTest, LimitsSessionsAndKeepsAdministrationOffTcp) {
   grpc::ClientContext context2;
   EXPECT_TRUE(tcp->Stats(&context2, empty, &stats).ok());
   EXPECT_EQ(stats.sessions(), 1u);
+  // Tensor names, offsets and pins are not served over TCP; over the Unix socket they are.
+  v1::ListLeasesRequest every;
+  v1::ListLeasesReply leases;
+  grpc::ClientContext context3;
+  EXPECT_EQ(tcp->ListLeases(&context3, every, &leases).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_TRUE((*first)->ListLeases(/*every_session=*/true).ok());
   first->reset();
   daemon.Signal(SIGTERM);
   EXPECT_EQ(daemon.Wait(), 0);
+  // A bind beyond loopback is refused unless allowed, and said when allowed.
+  Process wide("runtime/tierd", {"--gpu=fake", "--dram_bytes=16MiB", "--grpc_tcp=0.0.0.0:" + std::to_string(port),
+                                 "--runtime_dir=" + dir});
+  EXPECT_NE(wide.WaitForLine("tierd: cannot start: gRPC on 0.0.0.0:" + std::to_string(port) +
+                                 " would be reachable beyond this host",
+                             10000),
+            "")
+      << wide.output();
+  EXPECT_EQ(wide.Wait(), 1);
+  Process allowed("runtime/tierd", {"--gpu=fake", "--dram_bytes=16MiB", "--grpc_tcp=0.0.0.0:" + std::to_string(port),
+                                    "--grpc_tcp_public", "--runtime_dir=" + dir});
+  EXPECT_NE(allowed.WaitForLine("tierd: warning: gRPC on 0.0.0.0:" + std::to_string(port) +
+                                    " is reachable beyond this host",
+                                10000),
+            "")
+      << allowed.output();
+  EXPECT_NE(allowed.WaitForLine("tierd: ready", 10000), "") << allowed.output();
+  allowed.Signal(SIGTERM);
+  EXPECT_EQ(allowed.Wait(), 0);
   rmdir(dir.c_str());
 }
 

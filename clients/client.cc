@@ -42,9 +42,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   request.set_gpu_bytes(options.quota.gpu_bytes);
   request.set_dram_bytes(options.quota.dram_bytes);
   request.set_nvme_bytes(options.quota.nvme_bytes);
+  request.set_observer(options.observer);
 #ifdef TIERD_HAVE_CUDA
   int devices = 0;
-  if (options.use_ring && cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) {
+  if (options.use_ring && !options.observer && cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) {
     for (int i = 0; i < 32; ++i) {
       cudaEvent_t event;
       cudaIpcEventHandle_t handle;
@@ -382,11 +383,17 @@ absl::StatusOr<v1::StatsReply> Client::Stats() {
   return reply;
 }
 
+void Client::AddCallerMetadata(grpc::ClientContext* context) const {
+  context->AddMetadata(ipc::kSessionMetadata, std::to_string(session_id_));
+  context->AddMetadata(ipc::kTokenMetadata, token_);
+}
+
 absl::StatusOr<v1::ListLeasesReply> Client::ListLeases(bool every_session) {
   v1::ListLeasesRequest request;
   request.set_session_id(every_session ? 0 : session_id_);
   v1::ListLeasesReply reply;
   grpc::ClientContext context;
+  AddCallerMetadata(&context);
   if (absl::Status s = Checked(stub_->ListLeases(&context, request, &reply)); !s.ok()) return s;
   return reply;
 }

@@ -41,6 +41,9 @@ struct ClientOptions {
   SessionQuota quota;  // all zero: the daemon's default quota
   // Acquire/release through the shared-memory ring (microseconds) rather than gRPC.
   bool use_ring = true;
+  // An observer (tierctl, a watcher): leases nothing, holds no quota; its session only
+  // proves an allowed uid on listings and administration (AddCallerMetadata).
+  bool observer = false;
 };
 
 class Client {
@@ -84,6 +87,9 @@ class Client {
   absl::StatusOr<v1::SessionUsageReply> Usage(bool reset_peaks);
 
   uint64_t session_id() const { return session_id_; }
+  // The session's id and token on a gRPC call of administration or listing, which tierd
+  // serves only to a caller that said hello as an allowed uid.
+  void AddCallerMetadata(grpc::ClientContext* context) const;
   // False once tierd closed the session's socket (it died, was stopped, or ended it).
   bool SessionOpen();
   bool fake_gpu() const { return fake_gpu_; }

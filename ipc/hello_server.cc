@@ -69,12 +69,8 @@ void HelloServer::Accept() {
     close(fd);
     return;
   }
-  if (allowed_uids_.count(peer->uid) == 0) {
-    Refuse(fd, absl::StatusCode::kPermissionDenied,
-           absl::StrFormat("uid %d may not use this tierd (allowed_uids in its config)", peer->uid));
-    close(fd);
-    return;
-  }
+  // A uid that is not allowed is refused once its hello has arrived, not at once: a reply
+  // before the client finished sending made it fail with EPIPE instead of the reason.
   pending_[fd] = NowMs() + kHelloTimeoutMs;  // greeted when its hello arrives
 }
 
@@ -89,6 +85,12 @@ void HelloServer::Greet(int fd) {
     return;
   }
   for (int received : frame->fds) close(received);  // clients send none
+  if (allowed_uids_.count(peer->uid) == 0) {
+    Refuse(fd, absl::StatusCode::kPermissionDenied,
+           absl::StrFormat("uid %d may not use this tierd (security.allowed_uids in its config)", peer->uid));
+    close(fd);
+    return;
+  }
   tierd::v1::HelloRequest request;
   if (!request.ParseFromString(frame->payload)) {
     Refuse(fd, absl::StatusCode::kInvalidArgument, "the hello is not a HelloRequest");

@@ -33,6 +33,10 @@ namespace tierd::ipc {
 
 inline constexpr int kHelloTimeoutMs = 2000;
 inline constexpr uint32_t kProtocolVersion = 1;
+// The gRPC metadata of administration and listing calls: the caller's session (decimal) and
+// its token (binary), from a hello (HelloRequest.observer for one that leases nothing).
+inline constexpr char kSessionMetadata[] = "tierd-session";
+inline constexpr char kTokenMetadata[] = "tierd-token-bin";
 
 struct HelloGrant {
   uint64_t session_id = 0;

@@ -1,6 +1,9 @@
 #include "ipc/tierd_service.h"
 
+#include "ipc/hello_server.h"
 #include "ipc/proto_convert.h"
+
+#include "absl/strings/numbers.h"
 
 namespace tierd::ipc {
 
@@ -125,14 +128,14 @@ grpc::Status TierdService::SessionUsage(grpc::ServerContext*, const v1::SessionU
 }
 
 namespace {
-absl::Status OnlyOverUnixSocket(const grpc::ServerContext* context);
+absl::Status AdminCaller(const grpc::ServerContext* context, const SessionDirectory& sessions);
 }  // namespace
 
 grpc::Status TierdService::ListLeases(grpc::ServerContext* context, const v1::ListLeasesRequest* request,
                                       v1::ListLeasesReply* reply) {
-  // Tensor names, offsets and pins of every session: for the node's users (the Unix socket,
-  // 0600 or its group), never for whoever reaches the TCP port.
-  TIERD_RETURN_IF_ERROR(OnlyOverUnixSocket(context));
+  // Tensor names, offsets and pins of every session: for the node's allowed users (the Unix
+  // socket, with a token from a hello), never for whoever reaches the TCP port or the socket.
+  TIERD_RETURN_IF_ERROR(AdminCaller(context, sessions_));
   std::optional<SessionId> only;
   if (request->session_id() != 0) only = request->session_id();
   for (const LeaseView& view : leases_.List(only)) {
@@ -213,11 +216,32 @@ absl::Status OnlyOverUnixSocket(const grpc::ServerContext* context) {
       "administration is only allowed over tierd's Unix socket (peer " + context->peer() + ")");
 }
 
+// Over the Unix socket, with the metadata of a session opened by a hello: the hello checked
+// the caller's uid (SO_PEERCRED) against security.allowed_uids, which gRPC cannot do (a
+// member of the socket's group is not thereby allowed).
+absl::Status AdminCaller(const grpc::ServerContext* context, const SessionDirectory& sessions) {
+  if (absl::Status s = OnlyOverUnixSocket(context); !s.ok()) return s;
+  const auto& metadata = context->client_metadata();
+  const auto id = metadata.find(kSessionMetadata);
+  const auto token = metadata.find(kTokenMetadata);
+  uint64_t session = 0;
+  if (id == metadata.end() || token == metadata.end() ||
+      !absl::SimpleAtoi(absl::string_view(id->second.data(), id->second.size()), &session)) {
+    return absl::PermissionDeniedError(
+        "administration and listings need a session of an allowed uid: say hello on tierd's socket first "
+        "(tierctl does; an observer hello leases nothing) and send its id and token (security.allowed_uids)");
+  }
+  v1::SessionRef ref;
+  ref.set_session_id(session);
+  ref.set_token(std::string(token->second.data(), token->second.size()));
+  return sessions.Check(ref);
+}
+
 }  // namespace
 
 grpc::Status TierdService::AdminPin(grpc::ServerContext* context, const v1::AdminPinRequest* request,
                                     v1::Empty*) {
-  TIERD_RETURN_IF_ERROR(OnlyOverUnixSocket(context));
+  TIERD_RETURN_IF_ERROR(AdminCaller(context, sessions_));
   auto tensor = leases_.Find(request->session_id(), request->name());
   TIERD_RETURN_IF_ERROR(tensor.status());
   absl::Status changed;
@@ -234,7 +258,7 @@ grpc::Status TierdService::AdminPin(grpc::ServerContext* context, const v1::Admi
 
 grpc::Status TierdService::GetConfig(grpc::ServerContext* context, const v1::Empty*,
                                      v1::ConfigReply* reply) {
-  TIERD_RETURN_IF_ERROR(OnlyOverUnixSocket(context));
+  TIERD_RETURN_IF_ERROR(AdminCaller(context, sessions_));
   reply->set_text(config_text_);
   return grpc::Status::OK;
 }
@@ -257,7 +281,7 @@ grpc::Status TierdService::OpBegin(grpc::ServerContext*, const v1::OpBeginReques
 
 grpc::Status TierdService::GetPlan(grpc::ServerContext* context, const v1::GetPlanRequest* request,
                                    v1::PlanReply* reply) {
-  TIERD_RETURN_IF_ERROR(OnlyOverUnixSocket(context));
+  TIERD_RETURN_IF_ERROR(AdminCaller(context, sessions_));
   if (planner_ == nullptr) return ToGrpc(absl::UnimplementedError("this tierd has no planner"));
   auto plan = planner_->GetPlan(request->session_id(), request->explain(), request->trace(), request->graph());
   TIERD_RETURN_IF_ERROR(plan.status());

@@ -248,6 +248,25 @@ void Daemon::LogSessionOpened(SessionId id, const std::string& label, const Sess
 
 absl::StatusOr<ipc::HelloGrant> Daemon::OnHello(const ipc::PeerCredentials& peer,
                                                 const v1::HelloRequest& request) {
+  if (request.observer()) {
+    // A token and nothing else: the peer's uid was checked by the hello server.
+    if (observers_.size() >= kObserversMax) {
+      return absl::ResourceExhaustedError(
+          absl::StrFormat("tierd serves at most %d observers (tierctl, watchers) at once", kObserversMax));
+    }
+    auto token = RandomToken();
+    if (!token.ok()) return token.status();
+    const SessionId id = next_observer_++;
+    observers_.insert(id);
+    directory_->Add(id, *token);
+    ipc::HelloGrant grant;
+    grant.session_id = id;
+    grant.reply.set_session_id(id);
+    grant.reply.set_token(*token);
+    grant.reply.set_grpc_address(grpc_address_);
+    grant.reply.set_fake_gpu(gpu_.device->is_fake());
+    return grant;
+  }
   if (rings_.size() >= options_.max_sessions) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "tierd serves at most %d sessions at once (limits.sessions in its config)", options_.max_sessions));
@@ -368,6 +387,10 @@ ipc::RingMessage Daemon::ServeRing(SessionId session, const ipc::RingMessage& re
 }
 
 void Daemon::OnGoodbye(uint64_t session_id) {
+  if (observers_.erase(session_id) > 0) {
+    directory_->Remove(session_id);
+    return;
+  }
   rings_.erase(session_id);  // stops serving before the session's tensors go
   {
     absl::MutexLock lock(&recorders_mutex_);

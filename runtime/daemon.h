@@ -81,6 +81,8 @@ int SweepStaleSegments(const std::string& shm_directory);
 
 class PlannedSession;
 
+inline constexpr size_t kObserversMax = 64;
+
 class Daemon : public ipc::HelloHandler, public ipc::PlannerHooks {
  public:
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(const DaemonOptions& options);
@@ -144,6 +146,10 @@ class Daemon : public ipc::HelloHandler, public ipc::PlannerHooks {
   std::string grpc_path_;
   std::string grpc_address_;
   uint64_t hellos_ = 0;  // hello thread only
+  // Observer sessions (a token, nothing leased), by id; ids from kFirstObserverId up so
+  // they never meet the lease table's. Hello thread only.
+  std::set<SessionId> observers_;
+  SessionId next_observer_ = SessionId{1} << 48;
   int stale_segments_removed_ = 0;
   // Each session's hot-path server. Hello thread only (and the destructor after it).
   std::map<uint64_t, std::unique_ptr<ipc::RingServer>> rings_;

@@ -13,10 +13,14 @@
 #include <string>
 #include <vector>
 
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_format.h"
 #include "base/units.h"
 #include "clients/client.h"
 #include "clients/graph_spec.h"
 #include "prefetcher/synthetic.h"
+#include "proto/tierd.grpc.pb.h"
 
 namespace tierd {
 namespace {
@@ -177,10 +181,61 @@ int Churn(const std::string& dir) {
   }
 }
 
+// Tries what an administrator does, straight over tierd's gRPC socket (no hello: refused),
+// then as an observer (a hello: refused unless this uid is allowed). Prints one line per try,
+// "admin: <call>: <status>", and exits 0.
+int Admin(const std::string& dir) {
+  auto stub = v1::Tierd::NewStub(
+      grpc::CreateChannel("unix:" + dir + "/tierd.grpc.sock", grpc::InsecureChannelCredentials()));
+  v1::Empty empty;
+  v1::ConfigReply config;
+  grpc::ClientContext c1;
+  const grpc::Status got_config = stub->GetConfig(&c1, empty, &config);
+  std::printf("admin: GetConfig without a hello: %s\n", got_config.ok() ? "OK" : got_config.error_message().c_str());
+  v1::ListLeasesRequest every;
+  v1::ListLeasesReply leases;
+  grpc::ClientContext c2;
+  const grpc::Status listed = stub->ListLeases(&c2, every, &leases);
+  std::printf("admin: ListLeases without a hello: %s\n", listed.ok() ? "OK" : listed.error_message().c_str());
+  v1::AdminPinRequest pin;
+  pin.set_session_id(1);
+  pin.set_name("secret.w");
+  pin.set_tier(v1::TIER_NVME);
+  v1::Empty none;
+  grpc::ClientContext c3;
+  const grpc::Status pinned = stub->AdminPin(&c3, pin, &none);
+  std::printf("admin: AdminPin without a hello: %s\n", pinned.ok() ? "OK" : pinned.error_message().c_str());
+  ClientOptions observer;
+  observer.runtime_dir = dir;
+  observer.label = "admin";
+  observer.use_ring = false;
+  observer.observer = true;
+  auto session = Client::Connect(observer);
+  std::printf("admin: observer hello: %s\n", session.ok() ? "OK" : std::string(session.status().message()).c_str());
+  if (session.ok()) {
+    auto all = (*session)->ListLeases(/*every_session=*/true);
+    std::printf("admin: ListLeases as an observer: %s\n",
+                all.ok() ? absl::StrFormat("OK, %d leases", all->leases_size()).c_str()
+                         : std::string(all.status().message()).c_str());
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
 }  // namespace
 }  // namespace tierd
 
 int main(int argc, char** argv) {
+  // "admin-as UID": the administration calls as another user.
+  if (argc >= 4 && std::strcmp(argv[2], "admin-as") == 0) {
+    const unsigned id = std::stoul(argv[3]);
+    if (setgroups(0, nullptr) != 0 || setgid(id) != 0 || setuid(id) != 0) {
+      std::perror("client_worker: dropping privileges");
+      return 3;
+    }
+    return tierd::Admin(argv[1]);
+  }
+  if (argc >= 3 && std::strcmp(argv[2], "admin") == 0) return tierd::Admin(argv[1]);
   // "roundtrip-as UID SEED": drop to UID (and its gid = UID) first, like another user.
   if (argc >= 5 && std::strcmp(argv[2], "roundtrip-as") == 0) {
     const unsigned id = std::stoul(argv[3]);

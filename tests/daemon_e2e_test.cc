@@ -277,7 +277,7 @@ TEST_F(DaemonTest, TierctlAndPrometheusSeeWhatClientsDo) {
   EXPECT_NE(config.WaitForLine("  dram: {bytes: 16MiB", 10000), "") << config.output();
   EXPECT_EQ(config.Wait(), 0);
   Process nowhere("tools/tierctl/tierctl", {"--runtime_dir=/nonexistent", "stats"});
-  EXPECT_NE(nowhere.WaitForLine("tierctl: is tierd running", 10000), "") << nowhere.output();
+  EXPECT_NE(nowhere.WaitForLine("tierctl: cannot reach tierd at /nonexistent/tierd.sock", 10000), "") << nowhere.output();
   EXPECT_EQ(nowhere.Wait(), 1);
   const std::string scraped = Scrape();
   EXPECT_NE(scraped.find("tierd_sessions 1\n"), std::string::npos) << scraped;

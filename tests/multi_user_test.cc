@@ -61,9 +61,42 @@ TEST(MultiUserTest, OtherUsersNeedTheSocketGroupAndAnAllowedUid) {
     Process member("tests/client_worker", {shared_dir, "roundtrip-as", std::to_string(nobody), "5"});
     EXPECT_NE(member.WaitForLine("ok:", 20000), "") << member.output();
     EXPECT_EQ(member.Wait(), 0) << member.output();
+    // An allowed uid administers once it said hello (an observer session).
+    Process admin("tests/client_worker", {shared_dir, "admin-as", std::to_string(nobody)});
+    EXPECT_NE(admin.WaitForLine("admin: ListLeases as an observer: OK", 20000), "") << admin.output();
+    EXPECT_EQ(admin.Wait(), 0) << admin.output();
     daemon.Signal(SIGTERM);
     EXPECT_EQ(daemon.Wait(), 0);
   }
+  // A member of the socket's group whose uid is not allowed reaches the sockets but may do
+  // nothing: no session, no listing of others' tensors, no pinning them, no config.
+  const std::string group_dir = "/tmp/tierd-e2e-group-" + tag;
+  {
+    Process daemon("runtime/tierd", {"--gpu=fake", "--gpu_bytes=8MiB", "--dram_bytes=16MiB",
+                                     "--runtime_dir=" + group_dir, "--socket_group=" + std::to_string(nobody),
+                                     "--allowed_uids=0"});
+    ASSERT_NE(daemon.WaitForLine("tierd: ready", 10000), "") << daemon.output();
+    Process owner("tests/client_worker", {group_dir, "hold"});
+    ASSERT_NE(owner.WaitForLine("ready", 10000), "") << owner.output();
+    Process intruder("tests/client_worker", {group_dir, "admin-as", std::to_string(nobody)});
+    for (const char* call : {"GetConfig", "ListLeases", "AdminPin"}) {
+      EXPECT_NE(intruder.WaitForLine(std::string("admin: ") + call +
+                                         " without a hello: administration and listings need a session",
+                                     20000),
+                "")
+          << intruder.output();
+    }
+    EXPECT_NE(intruder.WaitForLine("admin: observer hello: tierd refused the session: uid 65534 may not use this tierd",
+                                   20000),
+              "")
+        << intruder.output();
+    EXPECT_EQ(intruder.Wait(), 0) << intruder.output();
+    owner.Signal(SIGKILL);
+    owner.Wait();
+    daemon.Signal(SIGTERM);
+    EXPECT_EQ(daemon.Wait(), 0);
+  }
+  rmdir(group_dir.c_str());
   rmdir(private_dir.c_str());
   rmdir(shared_dir.c_str());
 }

@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/units.h"
+#include "clients/client.h"
 #include "proto/tierd.grpc.pb.h"
 #include "tools/tierctl/plan_cmd.h"
 
@@ -34,6 +35,14 @@ namespace tierd {
 namespace {
 
 using v1::Tierd;
+
+// tierctl's observer session: it leases nothing, but proves to tierd that this uid is
+// allowed (its hello's SO_PEERCRED check), which listings and administration require.
+const Client* caller = nullptr;
+
+void Identify(grpc::ClientContext* context) {
+  if (caller != nullptr) caller->AddCallerMetadata(context);
+}
 
 int Fail(const grpc::Status& status) {
   std::fprintf(stderr, "tierctl: %s\n", status.error_message().c_str());
@@ -101,6 +110,7 @@ int Stats(Tierd::Stub& stub) {
   v1::Empty empty;
   v1::StatsReply stats;
   grpc::ClientContext context;
+  Identify(&context);
   if (auto s = stub.Stats(&context, empty, &stats); !s.ok()) return Fail(s);
   if (absl::GetFlag(FLAGS_json)) PrintJson(stats);
   else PrintStats(stats, nullptr, 0);
@@ -114,6 +124,8 @@ int Top(Tierd::Stub& stub) {
     v1::Empty empty;
     v1::StatsReply stats;
     grpc::ClientContext context;
+    Identify(&context);
+  Identify(&context);
     if (auto s = stub.Stats(&context, empty, &stats); !s.ok()) return Fail(s);
     if (isatty(1)) std::printf("\033[H\033[2J");
     PrintStats(stats, have_previous ? &previous : nullptr, absl::GetFlag(FLAGS_interval));
@@ -130,6 +142,7 @@ int Leases(Tierd::Stub& stub) {
   request.set_session_id(absl::GetFlag(FLAGS_session));
   v1::ListLeasesReply reply;
   grpc::ClientContext context;
+  Identify(&context);
   if (auto s = stub.ListLeases(&context, request, &reply); !s.ok()) return Fail(s);
   if (absl::GetFlag(FLAGS_json)) {
     PrintJson(reply);
@@ -164,6 +177,7 @@ int Map(Tierd::Stub& stub, const std::vector<char*>& args) {
   request.set_session_id(session);
   v1::ListLeasesReply reply;
   grpc::ClientContext context;
+  Identify(&context);
   if (auto s = stub.ListLeases(&context, request, &reply); !s.ok()) return Fail(s);
   struct Copy {
     uint64_t offset, bytes;
@@ -217,6 +231,7 @@ int Pin(Tierd::Stub& stub, const std::vector<char*>& args, bool pin) {
   }
   v1::Empty reply;
   grpc::ClientContext context;
+  Identify(&context);
   if (auto s = stub.AdminPin(&context, request, &reply); !s.ok()) return Fail(s);
   std::printf("%s %s of session %s\n", pin ? "pinned" : "unpinned", args[3], args[2]);
   return 0;
@@ -232,6 +247,7 @@ int SessionPlan(Tierd::Stub& stub, bool trace) {
   request.set_graph(!trace && absl::GetFlag(FLAGS_dump_graph));
   v1::PlanReply reply;
   grpc::ClientContext context;
+  Identify(&context);
   if (auto s = stub.GetPlan(&context, request, &reply); !s.ok()) return Fail(s);
   if (trace) {
     const std::string path = absl::GetFlag(FLAGS_out);
@@ -261,6 +277,7 @@ int Config(Tierd::Stub& stub) {
   v1::Empty empty;
   v1::ConfigReply reply;
   grpc::ClientContext context;
+  Identify(&context);
   if (auto s = stub.GetConfig(&context, empty, &reply); !s.ok()) return Fail(s);
   if (absl::GetFlag(FLAGS_json)) PrintJson(reply);
   else std::printf("%s", reply.text().c_str());
@@ -303,6 +320,17 @@ int main(int argc, char** argv) {
   if (planning && absl::GetFlag(FLAGS_session) == 0) {
     return tierd::RunPlanCommand(std::vector<std::string>(args.begin() + 1, args.end()));
   }
+  tierd::ClientOptions observer;
+  observer.runtime_dir = absl::GetFlag(FLAGS_runtime_dir);
+  observer.label = "tierctl";
+  observer.use_ring = false;
+  observer.observer = true;
+  auto session = tierd::Client::Connect(observer);
+  if (!session.ok()) {
+    std::fprintf(stderr, "tierctl: %s\n", std::string(session.status().message()).c_str());
+    return 1;
+  }
+  tierd::caller = session->get();
   auto stub = tierd::v1::Tierd::NewStub(grpc::CreateChannel(
       "unix:" + absl::GetFlag(FLAGS_runtime_dir) + "/tierd.grpc.sock", grpc::InsecureChannelCredentials()));
   if (planning) return tierd::SessionPlan(*stub, command == "trace");

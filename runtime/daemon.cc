@@ -1,6 +1,7 @@
 #include "runtime/daemon.h"
 
 #include <grpcpp/grpcpp.h>
+#include <malloc.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -397,13 +398,17 @@ void Daemon::OnGoodbye(uint64_t session_id) {
     recorders_.erase(session_id);
     RecordersChanged();
   }
+  bool had_plan = false;
   {
     absl::MutexLock lock(&planned_mutex_);
-    planned_.erase(session_id);  // stops its executor (it calls into the session)
+    had_plan = planned_.erase(session_id) > 0;  // stops its executor (it calls into the session)
   }
   release_events_.erase(session_id);
   directory_->Remove(session_id);
   leases_->CloseSession(session_id).IgnoreError();
+  // A plan's tables can be hundreds of MB; malloc keeps freed memory in its arenas unless
+  // asked, so a daemon that planned a big graph once would stay that large.
+  if (had_plan) malloc_trim(0);
 }
 
 }  // namespace tierd

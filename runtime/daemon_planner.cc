@@ -1,5 +1,6 @@
 // The daemon's planner hooks: a session registers its iteration graph, reports the op it
 // is about to run, and tierctl asks what the plan is and how the run compares with it.
+#include <limits>
 #include <map>
 #include <optional>
 
@@ -12,16 +13,30 @@ namespace {
 
 namespace tp = prefetcher;
 
-// Large enough for 13B-parameter graphs with long accumulation; a bound on what one
-// request can make the daemon allocate.
-constexpr int kGraphTensorsMax = 1 << 20;
-constexpr int kGraphOpsMax = 1 << 20;
+// What one RegisterGraph may ask, from the planner's measured cost (planbench, dev box, the
+// plan and its simulations): 7B with 128 micro-batches one after the other is ~8,600 ops
+// and plans in 3.9 s; 13B with 256 is ~21,000 ops, 15.6 s and 240 MB. A layer-major step is
+// ~3 ops a layer whatever the micro-batches. Beyond 16,384 ops a request could hold the
+// planner for tens of seconds and a GB (an outside probe: 40,000 random ops, 63 s, 1.8 GB).
+constexpr int kGraphTensorsMax = 65536;
+constexpr int kGraphOpsMax = 16384;
+constexpr int kGraphUsesMax = 1 << 20;  // tensor references over all ops
 
 absl::StatusOr<tp::Graph> GraphFromProto(const v1::GraphSpec& spec) {
   if (spec.tensors_size() > kGraphTensorsMax || spec.ops_size() > kGraphOpsMax) {
-    return absl::InvalidArgumentError(absl::StrFormat("a graph of %d tensors and %d ops; at most %d and %d",
-                                                      spec.tensors_size(), spec.ops_size(), kGraphTensorsMax,
-                                                      kGraphOpsMax));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "a graph of %d tensors and %d ops; tierd plans at most %d and %d (a layer-major step needs ~3 ops a "
+        "layer; one micro-batch after the other ~2 a layer per micro-batch)",
+        spec.tensors_size(), spec.ops_size(), kGraphTensorsMax, kGraphOpsMax));
+  }
+  int64_t uses = 0;
+  for (const v1::GraphOpSpec& o : spec.ops()) {
+    uses += o.reads_size() + o.writes_size() + o.overwrites_size() + o.host_reads_size() + o.host_writes_size() +
+            o.host_overwrites_size();
+  }
+  if (uses > kGraphUsesMax) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("the graph's ops use tensors %d times; tierd plans at most %d", uses, kGraphUsesMax));
   }
   tp::Graph g;
   g.host = spec.host();
@@ -34,7 +49,7 @@ absl::StatusOr<tp::Graph> GraphFromProto(const v1::GraphSpec& spec) {
   }
   for (const v1::GraphOpSpec& o : spec.ops()) {
     tp::GraphOp op{o.name(), {}, {}, o.seconds()};
-    if (!(o.seconds() >= 0)) {
+    if (!(o.seconds() >= 0) || o.seconds() == std::numeric_limits<double>::infinity()) {
       return absl::InvalidArgumentError(absl::StrFormat("op '%s' has a duration of %g s", o.name(), o.seconds()));
     }
     for (auto [names, list] : {std::pair{&o.reads(), &op.reads}, std::pair{&o.writes(), &op.writes},

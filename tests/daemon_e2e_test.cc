@@ -16,6 +16,7 @@
 #include <fstream>
 #include <cstdlib>
 #include <memory>
+#include <limits>
 #include <random>
 #include <string>
 #include <thread>
@@ -424,6 +425,19 @@ TEST_F(DaemonTest, BadGraphsAndProgressAreRefusedWithTheReason) {
   EXPECT_NE(twice.status().message().find("lists tensor 'w' twice"), absl::string_view::npos) << twice.status();
   EXPECT_EQ(client->RegisterGraph(graph({{"w", 4096}}, {"w"}, -1)).status().code(),
             absl::StatusCode::kInvalidArgument);
+  auto forever = client->RegisterGraph(graph({{"w", 4096}}, {"w"}, std::numeric_limits<double>::infinity()));
+  EXPECT_EQ(forever.status().code(), absl::StatusCode::kInvalidArgument) << forever.status();
+  EXPECT_NE(forever.status().message().find("has a duration of inf s"), absl::string_view::npos) << forever.status();
+  // A graph past the planner's bound is refused at once, with the numbers.
+  v1::GraphSpec wide = graph({{"w", 4096}}, {"w"}, 0.001);
+  for (int i = 1; i < 16385; ++i) *wide.add_ops() = wide.ops(0);
+  const auto started = std::chrono::steady_clock::now();
+  auto too_many = client->RegisterGraph(wide);
+  EXPECT_EQ(too_many.status().code(), absl::StatusCode::kInvalidArgument) << too_many.status();
+  EXPECT_NE(too_many.status().message().find("a graph of 1 tensors and 16385 ops; tierd plans at most 65536 and 16384"),
+            absl::string_view::npos)
+      << too_many.status();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), 5.0);
   auto too_big = client->RegisterGraph(graph({{"w", 4096}, {"huge", 64 * kMiB}}, {"w", "huge"}, 0.01));
   ASSERT_EQ(too_big.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(too_big.status().message().find("cannot plan this graph under the session's quotas"),

@@ -71,20 +71,32 @@ void HelloServer::Accept() {
   }
   // A uid that is not allowed is refused once its hello has arrived, not at once: a reply
   // before the client finished sending made it fail with EPIPE instead of the reason.
-  pending_[fd] = NowMs() + kHelloTimeoutMs;  // greeted when its hello arrives
+  pending_[fd] = {NowMs() + kHelloTimeoutMs, std::make_unique<FrameAssembly>()};  // greeted when whole
 }
 
-// The hello's first bytes have arrived: the rest of a small frame follows at once.
-void HelloServer::Greet(int fd) {
-  pending_.erase(fd);
+void HelloServer::Read(int fd) {
+  auto it = pending_.find(fd);
+  if (it == pending_.end()) return;
+  auto whole = it->second.hello->ReadAvailable(fd);
+  if (whole.ok() && !*whole) return;  // more to come (or the deadline)
+  if (!whole.ok()) {
+    Refuse(fd, whole.status().code(), std::string(whole.status().message()));
+    close(fd);
+    pending_.erase(it);
+    return;
+  }
+  Frame frame = it->second.hello->Take();
+  pending_.erase(it);
+  Greet(fd, std::move(frame));
+}
+
+void HelloServer::Greet(int fd, Frame hello) {
+  for (int received : hello.fds) close(received);  // clients send none
   auto peer = GetPeerCredentials(fd);
-  auto frame = ReceiveFrame(fd, /*timeout_ms=*/200);
-  if (!peer.ok() || !frame.ok()) {
-    if (!frame.ok()) Refuse(fd, frame.status().code(), std::string(frame.status().message()));
+  if (!peer.ok()) {
     close(fd);
     return;
   }
-  for (int received : frame->fds) close(received);  // clients send none
   if (allowed_uids_.count(peer->uid) == 0) {
     Refuse(fd, absl::StatusCode::kPermissionDenied,
            absl::StrFormat("uid %d may not use this tierd (security.allowed_uids in its config)", peer->uid));
@@ -92,7 +104,7 @@ void HelloServer::Greet(int fd) {
     return;
   }
   tierd::v1::HelloRequest request;
-  if (!request.ParseFromString(frame->payload)) {
+  if (!request.ParseFromString(hello.payload)) {
     Refuse(fd, absl::StatusCode::kInvalidArgument, "the hello is not a HelloRequest");
     close(fd);
     return;
@@ -124,19 +136,20 @@ void HelloServer::Greet(int fd) {
 void HelloServer::Run() {
   while (!stopping_) {
     std::vector<pollfd> fds = {{wake_read_, POLLIN, 0}, {listen_fd_, POLLIN, 0}};
-    for (const auto& [fd, deadline] : pending_) fds.push_back({fd, POLLIN, 0});
+    for (const auto& [fd, pending] : pending_) fds.push_back({fd, POLLIN, 0});
     const size_t first_session = fds.size();
     for (const auto& [fd, session] : sessions_) fds.push_back({fd, POLLIN, 0});
     int64_t wait_ms = -1;
-    for (const auto& [fd, deadline] : pending_) {
-      wait_ms = wait_ms < 0 ? deadline - NowMs() : std::min(wait_ms, deadline - NowMs());
+    for (const auto& [fd, pending] : pending_) {
+      const int64_t left = pending.deadline_ms - NowMs();
+      wait_ms = wait_ms < 0 ? left : std::min(wait_ms, left);
     }
     if (poll(fds.data(), fds.size(), wait_ms < 0 ? -1 : static_cast<int>(std::max<int64_t>(wait_ms, 0))) < 0) {
       continue;  // EINTR
     }
     if (fds[0].revents != 0) break;
     for (size_t i = 2; i < first_session; ++i) {
-      if (fds[i].revents != 0) Greet(fds[i].fd);
+      if (fds[i].revents != 0) Read(fds[i].fd);
     }
     for (size_t i = first_session; i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
@@ -152,7 +165,7 @@ void HelloServer::Run() {
     // Silent connections past their deadline go.
     const int64_t now = NowMs();
     for (auto it = pending_.begin(); it != pending_.end();) {
-      if (it->second > now) {
+      if (it->second.deadline_ms > now) {
         ++it;
         continue;
       }

@@ -71,7 +71,10 @@ class HelloServer {
         wake_write_(wake_write), allowed_uids_(std::move(uids)), handler_(handler) {}
   void Run();
   void Accept();
-  void Greet(int fd);
+  // Takes what the connection sent so far; greets it once its hello is whole. Never waits
+  // on one peer: a client that sends part of a frame and stops only holds its own slot.
+  void Read(int fd);
+  void Greet(int fd, Frame frame);
 
   const std::string path_;
   const int listen_fd_;
@@ -79,7 +82,11 @@ class HelloServer {
   const std::set<uid_t> allowed_uids_;
   HelloHandler& handler_;
   std::map<int, uint64_t> sessions_;  // connection fd -> session id (server thread only)
-  std::map<int, int64_t> pending_;    // connection fd -> deadline (ms, steady clock)
+  struct Pending {
+    int64_t deadline_ms;  // steady clock
+    std::unique_ptr<FrameAssembly> hello;
+  };
+  std::map<int, Pending> pending_;  // connections whose hello is not whole yet
   std::atomic<size_t> connected_{0};
   std::atomic<bool> stopping_{false};
   std::thread thread_;

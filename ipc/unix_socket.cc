@@ -159,6 +159,61 @@ absl::Status SendFrame(int fd, absl::string_view payload, const std::vector<int>
   return absl::OkStatus();
 }
 
+FrameAssembly::~FrameAssembly() { CloseAll(fds_); }
+
+absl::StatusOr<bool> FrameAssembly::ReadAvailable(int fd) {
+  for (;;) {
+    size_t need = 4;
+    if (bytes_.size() >= 4) {
+      uint32_t length = 0;
+      for (int i = 0; i < 4; ++i) length |= static_cast<uint32_t>(static_cast<uint8_t>(bytes_[i])) << (8 * i);
+      if (length > kFrameBytesMax) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("frame of %d bytes announced; at most %d allowed", length, kFrameBytesMax));
+      }
+      need = 4 + length;
+    }
+    if (bytes_.size() >= need) return true;
+    const size_t have = bytes_.size();
+    bytes_.resize(need);
+    iovec iov{bytes_.data() + have, need - have};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kFrameFdsMax)] = {};
+    msghdr message{};
+    message.msg_iov = &iov;
+    message.msg_iovlen = 1;
+    message.msg_control = control;
+    message.msg_controllen = sizeof(control);
+    const ssize_t n = recvmsg(fd, &message, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    const int error = errno;
+    bytes_.resize(have + (n > 0 ? static_cast<size_t>(n) : 0));
+    for (cmsghdr* c = CMSG_FIRSTHDR(&message); n > 0 && c != nullptr; c = CMSG_NXTHDR(&message, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int received;
+        std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        fds_.push_back(received);
+      }
+    }
+    if (fds_.size() > kFrameFdsMax) return absl::InvalidArgumentError("too many descriptors in a frame");
+    if (n == 0) return absl::UnavailableError("the peer closed the connection in the middle of a frame");
+    if (n < 0) {
+      if (error == EINTR) continue;
+      if (error == EAGAIN || error == EWOULDBLOCK) return false;
+      return Errno("recvmsg", error);
+    }
+  }
+}
+
+Frame FrameAssembly::Take() {
+  Frame frame;
+  frame.payload = bytes_.size() > 4 ? bytes_.substr(4) : std::string();
+  frame.fds = std::move(fds_);
+  fds_.clear();
+  bytes_.clear();
+  return frame;
+}
+
 absl::StatusOr<Frame> ReceiveFrame(int fd, int timeout_ms) {
   Frame frame;
   char header[4];

@@ -44,6 +44,26 @@ absl::Status SendFrame(int fd, absl::string_view payload, const std::vector<int>
 // UNAVAILABLE on a clean EOF before any byte (the peer went away).
 absl::StatusOr<Frame> ReceiveFrame(int fd, int timeout_ms);
 
+// A frame gathered without waiting, for a server that polls many peers: each call takes
+// what has arrived (never blocks, never reads past the frame) and says whether the frame
+// is whole. UNAVAILABLE when the peer closed first; INVALID_ARGUMENT for a frame over the
+// limits. The descriptors received are the assembly's until taken (closed with it).
+class FrameAssembly {
+ public:
+  FrameAssembly() = default;
+  FrameAssembly(const FrameAssembly&) = delete;
+  FrameAssembly& operator=(const FrameAssembly&) = delete;
+  ~FrameAssembly();
+  absl::StatusOr<bool> ReadAvailable(int fd);
+  // The whole frame (after ReadAvailable said true); the assembly is empty after.
+  Frame Take();
+  size_t bytes() const { return bytes_.size(); }
+
+ private:
+  std::string bytes_;  // the header, then the payload as it comes
+  std::vector<int> fds_;
+};
+
 }  // namespace tierd::ipc
 
 #endif  // TIERD_IPC_UNIX_SOCKET_H_

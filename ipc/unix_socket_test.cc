@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <thread>
+#include <vector>
 
 #include "absl/synchronization/notification.h"
 #include "ipc/hello_server.h"
@@ -143,6 +144,70 @@ TEST(HelloServerTest, GrantsChecksAndNoticesDeparture) {
   EXPECT_EQ(reply.message(), "no room");
   close(other);
   EXPECT_EQ(handler.sessions.load(), 1u);  // none of those made a session
+}
+
+// A frame that arrives a byte at a time is gathered without waiting: not whole until its
+// last byte, then its payload; descriptors come with it; a peer that closes mid-frame is
+// UNAVAILABLE.
+TEST(UnixSocketTest, AFrameIsAssembledFromWhatHasArrived) {
+  int pair[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, pair), 0);
+  FrameAssembly assembly;
+  auto none = assembly.ReadAvailable(pair[1]);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_FALSE(*none) << "nothing has arrived";
+  const char bytes[] = {5, 0, 0, 0, 'h', 'e', 'l', 'l', 'o'};
+  for (int i = 0; i < 9; ++i) {
+    ASSERT_EQ(send(pair[0], bytes + i, 1, 0), 1);
+    auto done = assembly.ReadAvailable(pair[1]);
+    ASSERT_TRUE(done.ok()) << done.status();
+    EXPECT_EQ(*done, i == 8) << "after byte " << i;
+  }
+  EXPECT_EQ(assembly.Take().payload, "hello");
+  int shared[2];
+  ASSERT_EQ(pipe(shared), 0);
+  ASSERT_TRUE(SendFrame(pair[0], "fd", {shared[0]}).ok());
+  FrameAssembly with_fd;
+  auto whole = with_fd.ReadAvailable(pair[1]);
+  ASSERT_TRUE(whole.ok() && *whole) << whole.status();
+  Frame frame = with_fd.Take();
+  EXPECT_EQ(frame.payload, "fd");
+  ASSERT_EQ(frame.fds.size(), 1u);
+  close(frame.fds[0]);
+  FrameAssembly cut;
+  ASSERT_EQ(send(pair[0], bytes, 3, 0), 3);
+  close(pair[0]);
+  EXPECT_EQ(cut.ReadAvailable(pair[1]).status().code(), absl::StatusCode::kUnavailable);
+  for (int fd : {pair[1], shared[0], shared[1]}) close(fd);
+}
+
+// Connections that send part of a hello and stop do not delay anyone else's hello: the
+// server reads what each sent without waiting on any (200 of them once cost 200 ms each).
+TEST(HelloServerTest, HalfSentHellosDoNotStallOthers) {
+  const std::string path = SocketPath("slow");
+  RecordingHandler handler;
+  auto server = HelloServer::Start(path, {}, handler);
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::vector<int> stalled;
+  for (int i = 0; i < 50; ++i) {
+    auto fd = ConnectUnix(path);
+    ASSERT_TRUE(fd.ok()) << fd.status();
+    ASSERT_EQ(send(*fd, "\x10", 1, 0), 1);  // one byte of a header
+    stalled.push_back(*fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the server has seen them all
+  tierd::v1::HelloRequest request;
+  request.set_protocol_version(kProtocolVersion);
+  request.set_label("trainer");
+  uint32_t fds = 0;
+  int connection = -1;
+  const auto start = std::chrono::steady_clock::now();
+  auto reply = Hello(path, request.SerializeAsString(), &fds, &connection);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(reply.code(), 0) << reply.message();
+  EXPECT_LT(seconds, 1.0) << "the hello waited behind the stalled connections (50 x 200 ms = 10 s before)";
+  close(connection);
+  for (int fd : stalled) close(fd);
 }
 
 TEST(HelloServerTest, RefusesUidsNotAllowed) {

@@ -4,6 +4,8 @@
 
 #include <fstream>
 #include <set>
+#include <stdexcept>
+#include <type_traits>
 #include <sstream>
 
 #include "absl/strings/str_format.h"
@@ -15,6 +17,32 @@ namespace {
 absl::Status Error(const YAML::Node& node, const std::string& what) {
   return absl::InvalidArgumentError(
       absl::StrFormat("config line %d: %s", node.Mark().line + 1, what));
+}
+
+// A value that is not of its key's type, said with the key, the type and the line (yaml-cpp
+// says only "bad conversion"); caught by ParseConfig.
+struct TypeError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+template <typename T>
+const char* TypeName() {
+  if constexpr (std::is_same_v<T, bool>) return "true or false";
+  else if constexpr (std::is_floating_point_v<T>) return "a number";
+  else if constexpr (std::is_integral_v<T> && std::is_unsigned_v<T>) return "a whole number >= 0";
+  else if constexpr (std::is_integral_v<T>) return "a whole number";
+  else return "a string";
+}
+
+template <typename T>
+T As(const YAML::Node& node, const std::string& key) {
+  try {
+    return node.as<T>();
+  } catch (const YAML::BadConversion&) {
+    const std::string value = node.IsScalar() ? "'" + node.Scalar() + "'" : node.IsSequence() ? "a list" : "a mapping";
+    throw TypeError(absl::StrFormat("config line %d: %s must be %s, not %s", node.Mark().line + 1, key,
+                                    TypeName<T>(), value));
+  }
 }
 
 absl::Status CheckKeys(const YAML::Node& map, const std::string& where,
@@ -33,7 +61,7 @@ absl::Status CheckKeys(const YAML::Node& map, const std::string& where,
 
 absl::Status ReadBytes(const YAML::Node& map, const char* key, uint64_t* out) {
   if (!map[key]) return absl::OkStatus();
-  auto bytes = ParseBytes(map[key].as<std::string>());
+  auto bytes = ParseBytes(As<std::string>(map[key], key));
   if (!bytes.ok()) return Error(map[key], std::string(key) + ": " + std::string(bytes.status().message()));
   *out = *bytes;
   return absl::OkStatus();
@@ -50,9 +78,9 @@ absl::Status ParseTiers(const YAML::Node& tiers, DaemonOptions* options) {
   if (const YAML::Node gpu = tiers["gpu"]) {
     RETURN_IF_ERROR(CheckKeys(gpu, "tiers.gpu", {"bytes", "device", "kind"}));
     RETURN_IF_ERROR(ReadBytes(gpu, "bytes", &options->store.gpu_bytes));
-    if (gpu["device"]) options->gpu.device_ordinal = gpu["device"].as<int>();
+    if (gpu["device"]) options->gpu.device_ordinal = As<int>(gpu["device"], "tiers.gpu.device");
     if (gpu["kind"]) {
-      const std::string kind = gpu["kind"].as<std::string>();
+      const std::string kind = As<std::string>(gpu["kind"], "tiers.gpu.kind");
       if (kind == "auto") options->gpu.choice = GpuChoice::kAuto;
       else if (kind == "cuda") options->gpu.choice = GpuChoice::kCuda;
       else if (kind == "fake") options->gpu.choice = GpuChoice::kFake;
@@ -68,8 +96,8 @@ absl::Status ParseTiers(const YAML::Node& tiers, DaemonOptions* options) {
     RETURN_IF_ERROR(CheckKeys(nvme, "tiers.nvme", {"bytes", "path", "queue_depth", "chunk"}));
     RETURN_IF_ERROR(ReadBytes(nvme, "bytes", &options->store.nvme_bytes));
     RETURN_IF_ERROR(ReadBytes(nvme, "chunk", &options->nvme_chunk_bytes));
-    if (nvme["path"]) options->store.nvme_directory = nvme["path"].as<std::string>();
-    if (nvme["queue_depth"]) options->nvme_queue_depth = nvme["queue_depth"].as<int>();
+    if (nvme["path"]) options->store.nvme_directory = As<std::string>(nvme["path"], "tiers.nvme.path");
+    if (nvme["queue_depth"]) options->nvme_queue_depth = As<int>(nvme["queue_depth"], "tiers.nvme.queue_depth");
   }
   return absl::OkStatus();
 }
@@ -80,8 +108,8 @@ absl::Status ParseRest(const YAML::Node& root, DaemonOptions* options) {
     for (const YAML::Node& pin : pins) {
       RETURN_IF_ERROR(CheckKeys(pin, "a pin", {"pattern", "tier"}));
       if (!pin["pattern"] || !pin["tier"]) return Error(pin, "a pin needs pattern and tier");
-      const std::string tier = pin["tier"].as<std::string>();
-      PinRule rule{pin["pattern"].as<std::string>(), Tier::kGpu};
+      const std::string tier = As<std::string>(pin["tier"], "pins[].tier");
+      PinRule rule{As<std::string>(pin["pattern"], "pins[].pattern"), Tier::kGpu};
       if (tier == "gpu") rule.tier = Tier::kGpu;
       else if (tier == "dram") rule.tier = Tier::kDram;
       else if (tier == "nvme") rule.tier = Tier::kNvme;
@@ -91,39 +119,39 @@ absl::Status ParseRest(const YAML::Node& root, DaemonOptions* options) {
   }
   if (const YAML::Node listen = root["listen"]) {
     RETURN_IF_ERROR(CheckKeys(listen, "listen", {"runtime_dir", "grpc_tcp", "grpc_tcp_public", "metrics"}));
-    if (listen["metrics"]) options->metrics_address = listen["metrics"].as<std::string>();
-    if (listen["runtime_dir"]) options->runtime_dir = listen["runtime_dir"].as<std::string>();
-    if (listen["grpc_tcp"]) options->grpc_tcp_address = listen["grpc_tcp"].as<std::string>();
-    if (listen["grpc_tcp_public"]) options->grpc_tcp_public = listen["grpc_tcp_public"].as<bool>();
+    if (listen["metrics"]) options->metrics_address = As<std::string>(listen["metrics"], "listen.metrics");
+    if (listen["runtime_dir"]) options->runtime_dir = As<std::string>(listen["runtime_dir"], "listen.runtime_dir");
+    if (listen["grpc_tcp"]) options->grpc_tcp_address = As<std::string>(listen["grpc_tcp"], "listen.grpc_tcp");
+    if (listen["grpc_tcp_public"]) options->grpc_tcp_public = As<bool>(listen["grpc_tcp_public"], "listen.grpc_tcp_public");
   }
   if (const YAML::Node security = root["security"]) {
     RETURN_IF_ERROR(CheckKeys(security, "security", {"allowed_uids", "socket_group"}));
-    if (security["socket_group"]) options->socket_group = security["socket_group"].as<gid_t>();
+    if (security["socket_group"]) options->socket_group = As<gid_t>(security["socket_group"], "security.socket_group");
     if (const YAML::Node uids = security["allowed_uids"]) {
-      for (const YAML::Node& uid : uids) options->allowed_uids.insert(uid.as<uid_t>());
+      for (const YAML::Node& uid : uids) options->allowed_uids.insert(As<uid_t>(uid, "security.allowed_uids[]"));
     }
   }
   if (const YAML::Node limits = root["limits"]) {
     RETURN_IF_ERROR(CheckKeys(limits, "limits", {"sessions"}));
-    if (limits["sessions"]) options->max_sessions = limits["sessions"].as<uint32_t>();
+    if (limits["sessions"]) options->max_sessions = As<uint32_t>(limits["sessions"], "limits.sessions");
     if (options->max_sessions == 0) return Error(limits["sessions"], "limits.sessions must be at least 1");
   }
   if (const YAML::Node planner = root["planner"]) {
     RETURN_IF_ERROR(CheckKeys(planner, "planner",
                               {"h2d_gbps", "d2h_gbps", "nvme_gbps", "time_aware", "gpu_headroom_fraction",
                                "gpu_headroom_tensors", "dram_headroom_tensors"}));
-    if (planner["time_aware"]) options->planner_time_aware = planner["time_aware"].as<bool>();
+    if (planner["time_aware"]) options->planner_time_aware = As<bool>(planner["time_aware"], "planner.time_aware");
     PlanningHeadroom& headroom = options->planner_headroom;
     for (auto [key, out] : {std::pair{"gpu_headroom_tensors", &headroom.gpu_tensors},
                             std::pair{"dram_headroom_tensors", &headroom.dram_tensors}}) {
       if (!planner[key]) continue;
-      *out = planner[key].as<int>();
+      *out = As<int>(planner[key], std::string("planner.") + key);
       if (*out < 0 || *out > 16) {
         return Error(planner[key], std::string("planner.") + key + " must be 0 to 16 (tensors)");
       }
     }
     if (planner["gpu_headroom_fraction"]) {
-      headroom.gpu_fraction = planner["gpu_headroom_fraction"].as<double>();
+      headroom.gpu_fraction = As<double>(planner["gpu_headroom_fraction"], "planner.gpu_headroom_fraction");
       if (!(headroom.gpu_fraction >= 0 && headroom.gpu_fraction <= 0.25)) {
         return Error(planner["gpu_headroom_fraction"],
                      "planner.gpu_headroom_fraction must be 0 to 0.25 (of the quota)");
@@ -133,7 +161,7 @@ absl::Status ParseRest(const YAML::Node& root, DaemonOptions* options) {
                             std::pair{"d2h_gbps", &options->planner_links.d2h_bytes_per_s},
                             std::pair{"nvme_gbps", &options->planner_links.nvme_read_bytes_per_s}}) {
       if (!planner[key]) continue;
-      const double gbps = planner[key].as<double>();
+      const double gbps = As<double>(planner[key], std::string("planner.") + key);
       if (!(gbps > 0)) return Error(planner[key], std::string("planner.") + key + " must be > 0 (GB/s)");
       *out = gbps * 1e9;
     }
@@ -159,6 +187,8 @@ absl::StatusOr<DaemonOptions> ParseConfig(const std::string& yaml_text) {
                               {"tiers", "pins", "listen", "security", "limits", "planner", "default_session_quota"}));
     if (root["tiers"]) RETURN_IF_ERROR(ParseTiers(root["tiers"], &options));
     RETURN_IF_ERROR(ParseRest(root, &options));
+  } catch (const TypeError& e) {
+    return absl::InvalidArgumentError(e.what());
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrFormat("config: %s", e.what()));
   }

@@ -74,6 +74,18 @@ TEST(ConfigTest, MistakesNameTheKeyAndLine) {
       << size.status().message();
   auto tier = ParseConfig("pins:\n  - {pattern: x, tier: moon}\n");
   EXPECT_NE(tier.status().message().find("gpu, dram or nvme"), absl::string_view::npos);
+  // A value of the wrong type names the key, the type wanted and the line (yaml-cpp alone
+  // said "bad conversion" at a line and column).
+  auto depth = ParseConfig("tiers:\n  nvme:\n    queue_depth: deep\n");
+  ASSERT_EQ(depth.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(depth.status().message(), "config line 3: tiers.nvme.queue_depth must be a whole number, not 'deep'");
+  auto sessions = ParseConfig("limits:\n  sessions: -2\n");
+  EXPECT_EQ(sessions.status().message(), "config line 2: limits.sessions must be a whole number >= 0, not '-2'");
+  auto flag = ParseConfig("planner: {time_aware: sometimes}\n");
+  EXPECT_EQ(flag.status().message(), "config line 1: planner.time_aware must be true or false, not 'sometimes'");
+  auto uids = ParseConfig("security:\n  allowed_uids: [0, root]\n");
+  EXPECT_EQ(uids.status().message(),
+            "config line 2: security.allowed_uids[] must be a whole number >= 0, not 'root'");
   auto broken = ParseConfig("tiers: [unclosed\n");
   EXPECT_EQ(broken.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(LoadConfig("/nonexistent.yaml").status().code(), absl::StatusCode::kNotFound);

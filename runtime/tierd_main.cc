@@ -5,6 +5,8 @@
 #include <string>
 #include <tuple>
 
+#include <google/protobuf/stubs/logging.h>
+
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -12,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "base/limits.h"
+#include "base/log_limiter.h"
 #include "base/units.h"
 #include "runtime/config.h"
 #include "runtime/daemon.h"
@@ -139,7 +142,20 @@ absl::Status Check(const DaemonOptions& options, bool quota_given) {
   return absl::OkStatus();
 }
 
+// protobuf logs a line for each request it cannot decode (invalid UTF-8 in a string, ...):
+// at most 10 a minute reach tierd's log, then how many were dropped.
+void ProtobufLog(google::protobuf::LogLevel level, const char* file, int line, const std::string& message) {
+  static LogLimiter limiter(RealClock(), 10, int64_t{60} * 1'000'000'000);
+  int64_t dropped = 0;
+  if (!limiter.Allow(&dropped)) return;
+  if (dropped > 0) std::fprintf(stderr, "tierd: protobuf: %ld more lines dropped (at most 10 a minute)\n",
+                                static_cast<long>(dropped));
+  std::fprintf(stderr, "tierd: protobuf %s: %s (%s:%d)\n", level >= google::protobuf::LOGLEVEL_ERROR ? "error" : "note",
+               message.c_str(), file, line);
+}
+
 int Main() {
+  google::protobuf::SetLogHandler(&ProtobufLog);
   DaemonOptions options;
   options.store.dram_bytes = uint64_t{1} << 30;  // small, safe defaults
   const SessionQuota builtin_quota = {uint64_t{256} << 20, uint64_t{256} << 20, 0};

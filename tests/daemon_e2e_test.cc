@@ -23,6 +23,7 @@
 
 #include "base/units.h"
 #include "clients/client.h"
+#include "ipc/hello_server.h"
 #include "ipc/unix_socket.h"
 #include "proto/tierd.grpc.pb.h"
 #include "tests/process.h"
@@ -203,6 +204,36 @@ TEST_F(DaemonTest, BadInputGetsClearErrorsAndHurtsNobody) {
   grpc::ClientContext context;
   const grpc::Status denied = stub->Unlease(&context, forged, &empty);
   EXPECT_EQ(denied.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  // Hellos protobuf cannot decode (a label that is not UTF-8), 30 of them: each refused, and
+  // at most 10 of protobuf's complaints a minute reach tierd's log.
+  v1::HelloRequest bad;
+  bad.set_protocol_version(ipc::kProtocolVersion);
+  bad.set_label("ok");
+  std::string bytes = bad.SerializeAsString();
+  bytes[bytes.size() - 1] = '\xff';  // the label's last byte
+  for (int i = 0; i < 30; ++i) {
+    auto flood = ipc::ConnectUnix(runtime_dir_ + "/tierd.sock");
+    ASSERT_TRUE(flood.ok());
+    ASSERT_TRUE(ipc::SendFrame(*flood, bytes).ok());
+    auto answer = ipc::ReceiveFrame(*flood, 5000);
+    ASSERT_TRUE(answer.ok()) << answer.status();
+    v1::HelloReply no;
+    ASSERT_TRUE(no.ParseFromString(answer->payload));
+    EXPECT_EQ(no.code(), static_cast<int>(absl::StatusCode::kInvalidArgument)) << no.message();
+    close(*flood);
+  }
+  EXPECT_NE(daemon_->WaitForLine("tierd: protobuf error: String field 'tierd.v1.HelloRequest.label' contains "
+                                 "invalid UTF-8",
+                                 5000),
+            "")
+      << "protobuf's complaint reaches the log";
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the rest of the log is read
+  const std::string log = daemon_->output();
+  int complaints = 0;
+  for (size_t at = log.find("tierd: protobuf"); at != std::string::npos; at = log.find("tierd: protobuf", at + 1)) {
+    ++complaints;
+  }
+  EXPECT_LE(complaints, 10) << log;
   // The session still works.
   EXPECT_TRUE(client->Acquire(t, Access::kWrite, Place::kGpu).ok());
   EXPECT_TRUE(client->Release(t).ok());

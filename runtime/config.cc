@@ -3,12 +3,14 @@
 #include <yaml-cpp/yaml.h>
 
 #include <fstream>
+#include <regex>
 #include <set>
 #include <stdexcept>
 #include <type_traits>
 #include <sstream>
 
 #include "absl/strings/str_format.h"
+#include "base/limits.h"
 #include "base/units.h"
 
 namespace tierd {
@@ -96,8 +98,21 @@ absl::Status ParseTiers(const YAML::Node& tiers, DaemonOptions* options) {
     RETURN_IF_ERROR(CheckKeys(nvme, "tiers.nvme", {"bytes", "path", "queue_depth", "chunk"}));
     RETURN_IF_ERROR(ReadBytes(nvme, "bytes", &options->store.nvme_bytes));
     RETURN_IF_ERROR(ReadBytes(nvme, "chunk", &options->nvme_chunk_bytes));
+    const uint64_t chunk = options->nvme_chunk_bytes;
+    if (nvme["chunk"] && (!IsPowerOfTwo(chunk) || chunk < limits::kNvmeChunkBytesMin ||
+                          chunk > limits::kNvmeChunkBytesMax)) {
+      return Error(nvme["chunk"], absl::StrFormat("tiers.nvme.chunk must be a power of two from %s to %s, not %s",
+                                                  FormatBytes(limits::kNvmeChunkBytesMin),
+                                                  FormatBytes(limits::kNvmeChunkBytesMax), FormatBytes(chunk)));
+    }
     if (nvme["path"]) options->store.nvme_directory = As<std::string>(nvme["path"], "tiers.nvme.path");
-    if (nvme["queue_depth"]) options->nvme_queue_depth = As<int>(nvme["queue_depth"], "tiers.nvme.queue_depth");
+    if (nvme["queue_depth"]) {
+      options->nvme_queue_depth = As<int>(nvme["queue_depth"], "tiers.nvme.queue_depth");
+      if (options->nvme_queue_depth < 1 || options->nvme_queue_depth > static_cast<int>(limits::kNvmeQueueDepthMax)) {
+        return Error(nvme["queue_depth"], absl::StrFormat("tiers.nvme.queue_depth must be 1 to %d, not %d",
+                                                          limits::kNvmeQueueDepthMax, options->nvme_queue_depth));
+      }
+    }
   }
   return absl::OkStatus();
 }
@@ -110,6 +125,12 @@ absl::Status ParseRest(const YAML::Node& root, DaemonOptions* options) {
       if (!pin["pattern"] || !pin["tier"]) return Error(pin, "a pin needs pattern and tier");
       const std::string tier = As<std::string>(pin["tier"], "pins[].tier");
       PinRule rule{As<std::string>(pin["pattern"], "pins[].pattern"), Tier::kGpu};
+      try {
+        std::regex(rule.pattern, std::regex::ECMAScript);
+      } catch (const std::regex_error& e) {
+        return Error(pin["pattern"], absl::StrFormat("pins[].pattern '%s' is not a regular expression (%s)",
+                                                     rule.pattern, e.what()));
+      }
       if (tier == "gpu") rule.tier = Tier::kGpu;
       else if (tier == "dram") rule.tier = Tier::kDram;
       else if (tier == "nvme") rule.tier = Tier::kNvme;

@@ -86,6 +86,17 @@ TEST(ConfigTest, MistakesNameTheKeyAndLine) {
   auto uids = ParseConfig("security:\n  allowed_uids: [0, root]\n");
   EXPECT_EQ(uids.status().message(),
             "config line 2: security.allowed_uids[] must be a whole number >= 0, not 'root'");
+  // What is checked after the types: with its line too.
+  auto chunk = ParseConfig("tiers:\n  nvme:\n    chunk: 3MiB\n");
+  EXPECT_EQ(chunk.status().message(),
+            "config line 3: tiers.nvme.chunk must be a power of two from 64.0 KiB to 64.0 MiB, not 3.00 MiB");
+  auto depth_big = ParseConfig("tiers:\n  nvme:\n    queue_depth: 100000\n");
+  EXPECT_EQ(depth_big.status().message(), "config line 3: tiers.nvme.queue_depth must be 1 to 64, not 100000");
+  auto regex = ParseConfig("pins:\n  - {pattern: 'layers.(3', tier: gpu}\n");
+  EXPECT_EQ(regex.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(regex.status().message().rfind("config line 2: pins[].pattern 'layers.(3' is not a regular expression", 0),
+            0u)
+      << regex.status().message();
   auto broken = ParseConfig("tiers: [unclosed\n");
   EXPECT_EQ(broken.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(LoadConfig("/nonexistent.yaml").status().code(), absl::StatusCode::kNotFound);

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <cstdlib>
 #include <memory>
@@ -21,6 +22,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/strings/str_format.h"
 #include "base/units.h"
 #include "clients/client.h"
 #include "ipc/hello_server.h"
@@ -416,6 +418,75 @@ TEST_F(DaemonTest, APlannedSessionWithItsOptimizerOnTheHostLosesNothing) {
 
 // The planner's entry points refuse bad graphs and out-of-order progress with the reason,
 // and the session goes on working.
+// RegisterGraph with graphs of random sizes and contents (a fixed seed): each one planned or
+// refused with INVALID_ARGUMENT or RESOURCE_EXHAUSTED, never anything else, promptly, and the
+// daemon and the session keep working. Sizes span empty graphs, up to 1,000 ops (kept small:
+// planning is timed in planbench, not here), and past the bounds (16,385 and 40,000 ops,
+// 65,537 tensors).
+TEST_F(DaemonTest, GraphsOfRandomSizesArePlannedOrRefusedNeverWorse) {
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  auto w = client->Lease({"w", TensorClass::kParam, DType::kF32, {1024}});
+  ASSERT_TRUE(w.ok());
+  std::mt19937_64 rng(2026);
+  const int ops_choices[] = {0, 1, 7, 60, 300, 1000, 16385, 40000};
+  const int tensor_choices[] = {0, 1, 5, 100, 1000, 65537};
+  int planned = 0, refused = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (int round = 0; round < 24; ++round) {
+    const int ops = ops_choices[rng() % 8];
+    const int tensors = tensor_choices[rng() % 6];
+    v1::GraphSpec spec;
+    for (int t = 0; t < tensors; ++t) {
+      auto* tensor = spec.add_tensors();
+      tensor->set_name("t" + std::to_string(t));
+      tensor->set_bytes(4096 * (1 + rng() % 64));  // up to 256 KiB; the GPU quota is 1 MiB
+    }
+    // One graph in four carries one flaw: a duration of inf, NaN or < 0, or an unknown tensor.
+    const int flaw = rng() % 4 == 0 ? static_cast<int>(rng() % 4) : -1;
+    const int flawed_op = ops > 0 ? static_cast<int>(rng() % ops) : 0;
+    for (int o = 0; o < ops; ++o) {
+      auto* op = spec.add_ops();
+      op->set_name("op" + std::to_string(o));
+      op->set_seconds(1e-4 * static_cast<double>(rng() % 100));
+      const int uses = tensors == 0 ? 0 : static_cast<int>(rng() % 4);
+      for (int u = 0; u < uses; ++u) {
+        (rng() % 2 ? op->add_reads() : op->add_writes())->assign("t" + std::to_string(rng() % tensors));
+      }
+      if (o != flawed_op) continue;
+      if (flaw == 0) op->set_seconds(std::numeric_limits<double>::infinity());
+      if (flaw == 1) op->set_seconds(std::nan(""));
+      if (flaw == 2) op->set_seconds(-1.0);
+      if (flaw == 3) op->add_reads("missing");
+    }
+    const auto sent = std::chrono::steady_clock::now();
+    auto plan = client->RegisterGraph(spec);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
+    SCOPED_TRACE(absl::StrFormat("round %d: %d ops, %d tensors: %s (%.2f s)", round, ops, tensors,
+                                 plan.ok() ? "planned" : plan.status().ToString(), seconds));
+    if (plan.ok()) {
+      ++planned;
+      EXPECT_LE(ops, 16384);
+    } else {
+      ++refused;
+      EXPECT_TRUE(absl::IsInvalidArgument(plan.status()) || absl::IsResourceExhausted(plan.status()))
+          << plan.status();
+      EXPECT_FALSE(plan.status().message().empty());
+      if (ops > 16384 || tensors > 65536) {
+        EXPECT_LT(seconds, 2.0) << "a graph past the bounds is refused before any planning";
+      }
+    }
+    auto stats = client->Stats();
+    ASSERT_TRUE(stats.ok()) << "the daemon answers after round " << round << ": " << stats.status();
+  }
+  std::printf("%d graphs planned, %d refused in %.1f s\n", planned, refused,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  EXPECT_GT(planned, 0);
+  EXPECT_GT(refused, 0);
+  EXPECT_TRUE(client->Acquire(*w, Access::kRead, Place::kGpu).ok()) << "the session still works";
+  ASSERT_TRUE(client->Release(*w).ok());
+}
+
 TEST_F(DaemonTest, BadGraphsAndProgressAreRefusedWithTheReason) {
   auto client = Connect();
   ASSERT_NE(client, nullptr);

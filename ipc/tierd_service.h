@@ -21,7 +21,6 @@ namespace tierd::ipc {
 
 inline constexpr size_t kSessionTokenBytes = 16;
 
-
 // Session id -> token. Thread-safe.
 class SessionDirectory {
  public:

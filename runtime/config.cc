@@ -5,9 +5,9 @@
 #include <fstream>
 #include <regex>
 #include <set>
+#include <sstream>
 #include <stdexcept>
 #include <type_traits>
-#include <sstream>
 
 #include "absl/strings/str_format.h"
 #include "base/limits.h"
@@ -42,8 +42,8 @@ T As(const YAML::Node& node, const std::string& key) {
     return node.as<T>();
   } catch (const YAML::BadConversion&) {
     const std::string value = node.IsScalar() ? "'" + node.Scalar() + "'" : node.IsSequence() ? "a list" : "a mapping";
-    throw TypeError(absl::StrFormat("config line %d: %s must be %s, not %s", node.Mark().line + 1, key,
-                                    TypeName<T>(), value));
+    throw TypeError(
+        absl::StrFormat("config line %d: %s must be %s, not %s", node.Mark().line + 1, key, TypeName<T>(), value));
   }
 }
 
@@ -99,8 +99,8 @@ absl::Status ParseTiers(const YAML::Node& tiers, DaemonOptions* options) {
     RETURN_IF_ERROR(ReadBytes(nvme, "bytes", &options->store.nvme_bytes));
     RETURN_IF_ERROR(ReadBytes(nvme, "chunk", &options->nvme_chunk_bytes));
     const uint64_t chunk = options->nvme_chunk_bytes;
-    if (nvme["chunk"] && (!IsPowerOfTwo(chunk) || chunk < limits::kNvmeChunkBytesMin ||
-                          chunk > limits::kNvmeChunkBytesMax)) {
+    if (nvme["chunk"] &&
+        (!IsPowerOfTwo(chunk) || chunk < limits::kNvmeChunkBytesMin || chunk > limits::kNvmeChunkBytesMax)) {
       return Error(nvme["chunk"], absl::StrFormat("tiers.nvme.chunk must be a power of two from %s to %s, not %s",
                                                   FormatBytes(limits::kNvmeChunkBytesMin),
                                                   FormatBytes(limits::kNvmeChunkBytesMax), FormatBytes(chunk)));
@@ -128,8 +128,8 @@ absl::Status ParseRest(const YAML::Node& root, DaemonOptions* options) {
       try {
         std::regex(rule.pattern, std::regex::ECMAScript);
       } catch (const std::regex_error& e) {
-        return Error(pin["pattern"], absl::StrFormat("pins[].pattern '%s' is not a regular expression (%s)",
-                                                     rule.pattern, e.what()));
+        return Error(pin["pattern"],
+                     absl::StrFormat("pins[].pattern '%s' is not a regular expression (%s)", rule.pattern, e.what()));
       }
       if (tier == "gpu") rule.tier = Tier::kGpu;
       else if (tier == "dram") rule.tier = Tier::kDram;
@@ -143,7 +143,8 @@ absl::Status ParseRest(const YAML::Node& root, DaemonOptions* options) {
     if (listen["metrics"]) options->metrics_address = As<std::string>(listen["metrics"], "listen.metrics");
     if (listen["runtime_dir"]) options->runtime_dir = As<std::string>(listen["runtime_dir"], "listen.runtime_dir");
     if (listen["grpc_tcp"]) options->grpc_tcp_address = As<std::string>(listen["grpc_tcp"], "listen.grpc_tcp");
-    if (listen["grpc_tcp_public"]) options->grpc_tcp_public = As<bool>(listen["grpc_tcp_public"], "listen.grpc_tcp_public");
+    if (listen["grpc_tcp_public"])
+      options->grpc_tcp_public = As<bool>(listen["grpc_tcp_public"], "listen.grpc_tcp_public");
   }
   if (const YAML::Node security = root["security"]) {
     RETURN_IF_ERROR(CheckKeys(security, "security", {"allowed_uids", "socket_group"}));

@@ -84,8 +84,7 @@ TEST(ConfigTest, MistakesNameTheKeyAndLine) {
   auto flag = ParseConfig("planner: {time_aware: sometimes}\n");
   EXPECT_EQ(flag.status().message(), "config line 1: planner.time_aware must be true or false, not 'sometimes'");
   auto uids = ParseConfig("security:\n  allowed_uids: [0, root]\n");
-  EXPECT_EQ(uids.status().message(),
-            "config line 2: security.allowed_uids[] must be a whole number >= 0, not 'root'");
+  EXPECT_EQ(uids.status().message(), "config line 2: security.allowed_uids[] must be a whole number >= 0, not 'root'");
   // What is checked after the types: with its line too.
   auto chunk = ParseConfig("tiers:\n  nvme:\n    chunk: 3MiB\n");
   EXPECT_EQ(chunk.status().message(),

@@ -144,9 +144,10 @@ absl::Status Daemon::StartServers() {
           options_.grpc_tcp_address));
     }
     if (!loopback) {
-      std::printf("tierd: warning: gRPC on %s is reachable beyond this host, unencrypted (--grpc_tcp_public); "
-                  "tensor listings and administration stay on the Unix socket\n",
-                  options_.grpc_tcp_address.c_str());
+      std::printf(
+          "tierd: warning: gRPC on %s is reachable beyond this host, unencrypted (--grpc_tcp_public); "
+          "tensor listings and administration stay on the Unix socket\n",
+          options_.grpc_tcp_address.c_str());
     }
     builder.AddListeningPort(options_.grpc_tcp_address, grpc::InsecureServerCredentials(), &tcp_port);
   }

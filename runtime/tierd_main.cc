@@ -121,14 +121,14 @@ absl::Status Override(DaemonOptions* options) {
 absl::Status Check(const DaemonOptions& options, bool quota_given) {
   const TierStoreOptions& store = options.store;
   const SessionQuota& q = options.default_quota;
-  for (auto [name, quota, budget] : {std::tuple{"gpu", q.gpu_bytes, store.gpu_bytes},
-                                     std::tuple{"dram", q.dram_bytes, store.dram_bytes},
-                                     std::tuple{"nvme", q.nvme_bytes, store.nvme_bytes}}) {
+  for (auto [name, quota, budget] :
+       {std::tuple{"gpu", q.gpu_bytes, store.gpu_bytes}, std::tuple{"dram", q.dram_bytes, store.dram_bytes},
+        std::tuple{"nvme", q.nvme_bytes, store.nvme_bytes}}) {
     if (quota_given && budget > 0 && quota > budget) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "the default quota's %s %s is above the %s tier's budget %s: no session could get it "
-          "(--default_quota or quotas.default, and the budgets)",
-          name, FormatBytes(quota), name, FormatBytes(budget)));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("the default quota's %s %s is above the %s tier's budget %s: no session could get it "
+                          "(--default_quota or quotas.default, and the budgets)",
+                          name, FormatBytes(quota), name, FormatBytes(budget)));
     }
   }
   for (auto [name, bytes] : {std::pair{"dram", store.dram_bytes}, std::pair{"nvme", store.nvme_bytes}}) {
@@ -148,8 +148,8 @@ void ProtobufLog(google::protobuf::LogLevel level, const char* file, int line, c
   static LogLimiter limiter(RealClock(), 10, int64_t{60} * 1'000'000'000);
   int64_t dropped = 0;
   if (!limiter.Allow(&dropped)) return;
-  if (dropped > 0) std::fprintf(stderr, "tierd: protobuf: %ld more lines dropped (at most 10 a minute)\n",
-                                static_cast<long>(dropped));
+  if (dropped > 0)
+    std::fprintf(stderr, "tierd: protobuf: %ld more lines dropped (at most 10 a minute)\n", static_cast<long>(dropped));
   std::fprintf(stderr, "tierd: protobuf %s: %s (%s:%d)\n", level >= google::protobuf::LOGLEVEL_ERROR ? "error" : "note",
                message.c_str(), file, line);
 }

@@ -185,8 +185,8 @@ int Churn(const std::string& dir) {
 // then as an observer (a hello: refused unless this uid is allowed). Prints one line per try,
 // "admin: <call>: <status>", and exits 0.
 int Admin(const std::string& dir) {
-  auto stub = v1::Tierd::NewStub(
-      grpc::CreateChannel("unix:" + dir + "/tierd.grpc.sock", grpc::InsecureChannelCredentials()));
+  auto stub =
+      v1::Tierd::NewStub(grpc::CreateChannel("unix:" + dir + "/tierd.grpc.sock", grpc::InsecureChannelCredentials()));
   v1::Empty empty;
   v1::ConfigReply config;
   grpc::ClientContext c1;

@@ -14,10 +14,10 @@
 
 #include <chrono>
 #include <cmath>
-#include <fstream>
 #include <cstdlib>
-#include <memory>
+#include <fstream>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -311,7 +311,8 @@ TEST_F(DaemonTest, TierctlAndPrometheusSeeWhatClientsDo) {
   EXPECT_NE(config.WaitForLine("  dram: {bytes: 16MiB", 10000), "") << config.output();
   EXPECT_EQ(config.Wait(), 0);
   Process nowhere("tools/tierctl/tierctl", {"--runtime_dir=/nonexistent", "stats"});
-  EXPECT_NE(nowhere.WaitForLine("tierctl: cannot reach tierd at /nonexistent/tierd.sock", 10000), "") << nowhere.output();
+  EXPECT_NE(nowhere.WaitForLine("tierctl: cannot reach tierd at /nonexistent/tierd.sock", 10000), "")
+      << nowhere.output();
   EXPECT_EQ(nowhere.Wait(), 1);
   const std::string scraped = Scrape();
   EXPECT_NE(scraped.find("tierd_sessions 1\n"), std::string::npos) << scraped;
@@ -469,8 +470,7 @@ TEST_F(DaemonTest, GraphsOfRandomSizesArePlannedOrRefusedNeverWorse) {
       EXPECT_LE(ops, 16384);
     } else {
       ++refused;
-      EXPECT_TRUE(absl::IsInvalidArgument(plan.status()) || absl::IsResourceExhausted(plan.status()))
-          << plan.status();
+      EXPECT_TRUE(absl::IsInvalidArgument(plan.status()) || absl::IsResourceExhausted(plan.status())) << plan.status();
       EXPECT_FALSE(plan.status().message().empty());
       if (ops > 16384 || tensors > 65536) {
         EXPECT_LT(seconds, 2.0) << "a graph past the bounds is refused before any planning";
@@ -649,17 +649,16 @@ TEST(DaemonStartTest, LimitsSessionsAndKeepsAdministrationOffTcp) {
   // A bind beyond loopback is refused unless allowed, and said when allowed.
   Process wide("runtime/tierd", {"--gpu=fake", "--dram_bytes=16MiB", "--grpc_tcp=0.0.0.0:" + std::to_string(port),
                                  "--runtime_dir=" + dir});
-  EXPECT_NE(wide.WaitForLine("tierd: cannot start: gRPC on 0.0.0.0:" + std::to_string(port) +
-                                 " would be reachable beyond this host",
-                             10000),
+  EXPECT_NE(wide.WaitForLine(
+                "tierd: cannot start: gRPC on 0.0.0.0:" + std::to_string(port) + " would be reachable beyond this host",
+                10000),
             "")
       << wide.output();
   EXPECT_EQ(wide.Wait(), 1);
   Process allowed("runtime/tierd", {"--gpu=fake", "--dram_bytes=16MiB", "--grpc_tcp=0.0.0.0:" + std::to_string(port),
                                     "--grpc_tcp_public", "--runtime_dir=" + dir});
-  EXPECT_NE(allowed.WaitForLine("tierd: warning: gRPC on 0.0.0.0:" + std::to_string(port) +
-                                    " is reachable beyond this host",
-                                10000),
+  EXPECT_NE(allowed.WaitForLine(
+                "tierd: warning: gRPC on 0.0.0.0:" + std::to_string(port) + " is reachable beyond this host", 10000),
             "")
       << allowed.output();
   EXPECT_NE(allowed.WaitForLine("tierd: ready", 10000), "") << allowed.output();
@@ -697,26 +696,30 @@ TEST(DaemonStartTest, RefusesImpossibleConfigsWithTheNumbers) {
   Process negative("runtime/tierd", {"--gpu=fake", "--max_sessions=-1", "--runtime_dir=" + dir});
   EXPECT_NE(negative.WaitForLine("tierd: --max_sessions=-1: give at least 1", 10000), "") << negative.output();
   EXPECT_EQ(negative.Wait(), 2);
-  Process bad_metrics("runtime/tierd", {"--gpu=fake", "--dram_bytes=16MiB", "--metrics=999.1.1.1:99999",
-                                        "--runtime_dir=" + dir});
-  EXPECT_NE(bad_metrics.WaitForLine("tierd: cannot start: cannot serve metrics on 999.1.1.1:99999: '99999' is not a port",
-                                   10000), "")
+  Process bad_metrics("runtime/tierd",
+                      {"--gpu=fake", "--dram_bytes=16MiB", "--metrics=999.1.1.1:99999", "--runtime_dir=" + dir});
+  EXPECT_NE(bad_metrics.WaitForLine(
+                "tierd: cannot start: cannot serve metrics on 999.1.1.1:99999: '99999' is not a port", 10000),
+            "")
       << bad_metrics.output();
   EXPECT_EQ(bad_metrics.Wait(), 1);
-  Process bad_host("runtime/tierd", {"--gpu=fake", "--dram_bytes=16MiB", "--metrics=999.1.1.1:9464",
-                                     "--runtime_dir=" + dir});
-  EXPECT_NE(bad_host.WaitForLine(
-                "tierd: cannot start: cannot serve metrics on 999.1.1.1:9464: '999.1.1.1' is not an IPv4 address", 10000), "") << bad_host.output();
+  Process bad_host("runtime/tierd",
+                   {"--gpu=fake", "--dram_bytes=16MiB", "--metrics=999.1.1.1:9464", "--runtime_dir=" + dir});
+  EXPECT_NE(
+      bad_host.WaitForLine(
+          "tierd: cannot start: cannot serve metrics on 999.1.1.1:9464: '999.1.1.1' is not an IPv4 address", 10000),
+      "")
+      << bad_host.output();
   EXPECT_EQ(bad_host.Wait(), 1);
-  Process big_quota("runtime/tierd", {"--gpu=fake", "--dram_bytes=16MiB", "--default_quota=0,32MiB,0",
-                                      "--runtime_dir=" + dir});
-  EXPECT_NE(big_quota.WaitForLine("tierd: the default quota's dram 32.0 MiB is above the dram tier's budget 16.0 MiB",
-                                  10000),
-            "")
+  Process big_quota("runtime/tierd",
+                    {"--gpu=fake", "--dram_bytes=16MiB", "--default_quota=0,32MiB,0", "--runtime_dir=" + dir});
+  EXPECT_NE(
+      big_quota.WaitForLine("tierd: the default quota's dram 32.0 MiB is above the dram tier's budget 16.0 MiB", 10000),
+      "")
       << big_quota.output();
   EXPECT_EQ(big_quota.Wait(), 2);
-  Process rounded("runtime/tierd", {"--gpu=fake", "--dram_bytes=16MiB", "--nvme_dir=/tmp", "--nvme_bytes=1000",
-                                    "--runtime_dir=" + dir});
+  Process rounded("runtime/tierd",
+                  {"--gpu=fake", "--dram_bytes=16MiB", "--nvme_dir=/tmp", "--nvme_bytes=1000", "--runtime_dir=" + dir});
   EXPECT_NE(rounded.WaitForLine("tierd: the nvme budget 1000 bytes is rounded up to 4.00 KiB", 10000), "")
       << rounded.output();
   EXPECT_NE(rounded.WaitForLine("tierd: ready", 10000), "") << rounded.output();

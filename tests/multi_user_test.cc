@@ -72,18 +72,18 @@ TEST(MultiUserTest, OtherUsersNeedTheSocketGroupAndAnAllowedUid) {
   // nothing: no session, no listing of others' tensors, no pinning them, no config.
   const std::string group_dir = "/tmp/tierd-e2e-group-" + tag;
   {
-    Process daemon("runtime/tierd", {"--gpu=fake", "--gpu_bytes=8MiB", "--dram_bytes=16MiB",
-                                     "--runtime_dir=" + group_dir, "--socket_group=" + std::to_string(nobody),
-                                     "--allowed_uids=0"});
+    Process daemon("runtime/tierd",
+                   {"--gpu=fake", "--gpu_bytes=8MiB", "--dram_bytes=16MiB", "--runtime_dir=" + group_dir,
+                    "--socket_group=" + std::to_string(nobody), "--allowed_uids=0"});
     ASSERT_NE(daemon.WaitForLine("tierd: ready", 10000), "") << daemon.output();
     Process owner("tests/client_worker", {group_dir, "hold"});
     ASSERT_NE(owner.WaitForLine("ready", 10000), "") << owner.output();
     Process intruder("tests/client_worker", {group_dir, "admin-as", std::to_string(nobody)});
     for (const char* call : {"GetConfig", "ListLeases", "AdminPin"}) {
-      EXPECT_NE(intruder.WaitForLine(std::string("admin: ") + call +
-                                         " without a hello: administration and listings need a session",
-                                     20000),
-                "")
+      EXPECT_NE(
+          intruder.WaitForLine(
+              std::string("admin: ") + call + " without a hello: administration and listings need a session", 20000),
+          "")
           << intruder.output();
     }
     EXPECT_NE(intruder.WaitForLine("admin: observer hello: tierd refused the session: uid 65534 may not use this tierd",

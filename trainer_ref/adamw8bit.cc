@@ -105,9 +105,10 @@ const CodeTable& TableFor(bool is_signed) {
 
 // The codes of `count` normalized values: a loop of its own, its pointers restrict (a byte
 // store may alias anything), so that it vectorises into gathers.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void Codes(
-    const float* __restrict normalized, int64_t count, const int32_t* __restrict start,
-    const float* __restrict thresholds, uint8_t* __restrict codes) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) void Codes(const float* __restrict normalized,
+                                                                        int64_t count, const int32_t* __restrict start,
+                                                                        const float* __restrict thresholds,
+                                                                        uint8_t* __restrict codes) {
   for (int64_t i = 0; i < count; ++i) codes[i] = static_cast<uint8_t>(LookupCode(start, thresholds, normalized[i]));
 }
 

@@ -22,9 +22,9 @@ OptimizerChoice ChooseOptimizerPlace(const OptimizerCostInputs& in) {
   out.cpu_nvme_bytes = std::max(0.0, host_state + std::max(0.0, in.activation_bytes - in.gpu_bytes) - dram);
   auto nvme_seconds = [&](double bytes) { return 2 * bytes / in.nvme_bytes_per_s; };  // out and back in
   const double streamed = std::max(moved / in.h2d_bytes_per_s, moved / in.d2h_bytes_per_s);
-  out.gpu_seconds = std::max(std::max(0.0, streamed - (in.gpu_overlaps_forward ? in.forward_seconds : 0.0)) +
-                                 in.params / in.gpu_params_per_s,
-                             nvme_seconds(out.gpu_nvme_bytes));
+  out.gpu_seconds = std::max(
+      std::max(0.0, streamed - (in.gpu_overlaps_forward ? in.forward_seconds : 0.0)) + in.params / in.gpu_params_per_s,
+      nvme_seconds(out.gpu_nvme_bytes));
   const double host = std::max(0.0, in.params / in.host_params_per_s - in.forward_seconds);
   out.cpu_seconds = std::max({4.0 * in.params / in.d2h_bytes_per_s, 2.0 * in.params / in.h2d_bytes_per_s, host,
                               nvme_seconds(out.cpu_nvme_bytes)});
@@ -34,9 +34,9 @@ OptimizerChoice ChooseOptimizerPlace(const OptimizerCostInputs& in) {
       "(%.1f GB each way over PCIe%s, %.1f GB through NVMe), on the host %.2f s (host AdamW %.2f G params/s less a "
       "%.2f s forward, gradients down %.1f GB, %.1f GB through NVMe) -> %s",
       100 * out.offloaded_fraction, optimizer_bytes / 1e9, out.gpu_seconds, moved / 1e9,
-      in.gpu_overlaps_forward ? " under the forward" : "", out.gpu_nvme_bytes / 1e9,
-      out.cpu_seconds, in.host_params_per_s / 1e9, in.forward_seconds, 4.0 * in.params / 1e9,
-      out.cpu_nvme_bytes / 1e9, out.on_cpu ? "cpu" : "gpu");
+      in.gpu_overlaps_forward ? " under the forward" : "", out.gpu_nvme_bytes / 1e9, out.cpu_seconds,
+      in.host_params_per_s / 1e9, in.forward_seconds, 4.0 * in.params / 1e9, out.cpu_nvme_bytes / 1e9,
+      out.on_cpu ? "cpu" : "gpu");
   return out;
 }
 

@@ -26,8 +26,8 @@ struct OptimizerCostInputs {
   double forward_seconds = 0;       // the first micro-batch's forward: what the host step overlaps
   bool gpu_overlaps_forward = false;  // the GPU's update deferred to the next forward (streams meanwhile)
   double moment_bytes_per_param = 8;  // both moments: fp32 8, 8-bit blockwise ~2
-  double activation_bytes = 0;      // the saved activations (in state_bytes too): on the host
-                                    // path they share DRAM with the state beyond the GPU's quota
+  double activation_bytes = 0;        // the saved activations (in state_bytes too): on the host
+                                      // path they share DRAM with the state beyond the GPU's quota
 };
 
 struct OptimizerChoice {

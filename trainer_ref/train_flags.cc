@@ -94,7 +94,8 @@ ABSL_FLAG(int, optimizer_chunks, 1,
 ABSL_FLAG(std::string, step_order, "auto",
           "GPU: the order of a step's micro-batches. micro: one micro-batch's whole forward and backward after the "
           "other; auto: layer under tierd when the larger state of layer-major (an input per micro-batch per layer) "
-          "fits the GPU quota and DRAM, else micro, and says why; layer: layer-major, each layer's forward (then backward) for every micro-batch before the next "
+          "fits the GPU quota and DRAM, else micro, and says why; layer: layer-major, each layer's forward (then "
+          "backward) for every micro-batch before the next "
           "layer's, so its weights come to the GPU twice a step and its gradients leave once, whatever "
           "--grad_accum_steps is (each layer keeps an input per micro-batch). The same losses either way, bit for "
           "bit. On the H200 at 7B in 24 GiB with --opt=adamw8bit, layer ran 0.90x of PyTorch with the whole GPU; "
@@ -247,8 +248,9 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   s.metrics = absl::GetFlag(FLAGS_metrics);
   s.plot = absl::GetFlag(FLAGS_plot);
   s.eval_every = absl::GetFlag(FLAGS_eval_every);
-  const std::vector<const char*> gpu_only = {"gpu_budget", "optimizer_place", "pcie_gbps", "nvme_gbps", "gpu_tflops",
-                                             "optimizer_chunks", "optimizer_deferred", "profile", "timing_skip", "step_order"};
+  const std::vector<const char*> gpu_only = {"gpu_budget",  "optimizer_place",  "pcie_gbps",          "nvme_gbps",
+                                             "gpu_tflops",  "optimizer_chunks", "optimizer_deferred", "profile",
+                                             "timing_skip", "step_order"};
   const std::vector<const char*> cpu_only = {"eval_every", "tierd_record"};
   for (const char* name : gpu ? cpu_only : gpu_only) {
     if (Given(name) && notes != nullptr) {

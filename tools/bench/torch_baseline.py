@@ -123,7 +123,8 @@ def main():
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--timing_skip", type=int, default=3)
     p.add_argument("--checkpointing", action="store_true")
-    p.add_argument("--compile", action="store_true", help="torch.compile each layer and the head (warm-up steps compile)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile each layer (the warm-up steps compile; --timing_skip must cover them)")
     p.add_argument("--data", required=True, help="a text file; its bytes are the tokens")
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--warmup", type=int, default=10, help="linear warmup, then cosine to lr/10 (as tierd-train)")

@@ -58,8 +58,7 @@ class GpuModel {
   // micro-batches (the workspace holds each micro-batch's residual stream and its gradient).
   static absl::StatusOr<std::unique_ptr<GpuModel>> Create(const ModelConfig& config, int batch, int seq,
                                                           std::unique_ptr<GpuHome> home = nullptr,
-                                                          bool checkpointing = false,
-                                                          int layer_major_micro_batches = 0,
+                                                          bool checkpointing = false, int layer_major_micro_batches = 0,
                                                           bool moments_8bit = false);
   ~GpuModel();
   GpuModel(const GpuModel&) = delete;

@@ -61,8 +61,8 @@ GpuHomeLayout GpuModel::HomeLayout(const ModelConfig& config, int batch, int seq
     const bool layer = g >= 1 && g <= config.layers;
     const uint64_t saved = checkpointing ? Aligned(static_cast<uint64_t>(batch) * seq * config.d_model * 4)
                                          : ActsBytes(config, batch, seq);
-    out.bytes.push_back({params * 2, params * 4, params * 4, moment, moment,
-                         layer ? saved * static_cast<uint64_t>(out.act_slots) : 0});
+    out.bytes.push_back(
+        {params * 2, params * 4, params * 4, moment, moment, layer ? saved * static_cast<uint64_t>(out.act_slots) : 0});
   }
   return out;
 }
@@ -243,8 +243,8 @@ absl::Status GpuModel::Leave(int group, Part part) {
   return home_->Release(group, part, acquired_chunk_[group][static_cast<int>(part)], stream_);
 }
 
-absl::Status GpuModel::ForEachStateChunk(
-    int g, Access access, const std::function<absl::Status(size_t, size_t, float*, void*, void*)>& fn) {
+absl::Status GpuModel::ForEachStateChunk(int g, Access access,
+                                         const std::function<absl::Status(size_t, size_t, float*, void*, void*)>& fn) {
   constexpr Part kState[] = {Part::kMaster, Part::kAdamM, Part::kAdamV};
   for (int c = 0; c < home_layout_.Chunks(g, Part::kMaster); ++c) {
     for (Part part : kState) RETURN_IF_ERROR(Enter(g, part, access, c));
@@ -313,12 +313,13 @@ absl::Status GpuModel::SetGroup(int g, const float* params) {
   RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(acquired_[g][static_cast<int>(Part::kWeights)], bits.data(),
                                        count * sizeof(Bf16), cudaMemcpyHostToDevice, stream_),
                        "upload weights"));
-  RETURN_IF_ERROR(ForEachStateChunk(g, Access::kOverwrite,
-                                    [&](size_t first, size_t n, float* master, void* m, void* v) -> absl::Status {
-    RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(master, params + first, n * sizeof(float), cudaMemcpyHostToDevice, stream_),
-                         "upload master"));
-    return ZeroMoments(g, n, m, v);
-  }));
+  RETURN_IF_ERROR(ForEachStateChunk(
+      g, Access::kOverwrite, [&](size_t first, size_t n, float* master, void* m, void* v) -> absl::Status {
+        RETURN_IF_ERROR(
+            Cuda(cudaMemcpyAsync(master, params + first, n * sizeof(float), cudaMemcpyHostToDevice, stream_),
+                 "upload master"));
+        return ZeroMoments(g, n, m, v);
+      }));
   for (size_t e : GroupEntries(g)) {
     if (layout_[e].shape.size() != 1) continue;
     RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(N(e), params + (layout_[e].offset - group_offset_[g]),

@@ -131,44 +131,44 @@ absl::Status GpuModel::AdamWStep(double lr, int64_t step, const AdamWOptions& op
 absl::Status GpuModel::GpuAdamWGroup(int g, bool zero_grads, const std::function<AdamWParams(size_t)>& params_for) {
   if (zero_grads) {  // no backward reached the group this step: its gradients are zeros
     RETURN_IF_ERROR(Enter(g, Part::kGrads, Access::kOverwrite));
-    RETURN_IF_ERROR(Cuda(cudaMemsetAsync(acquired_[g][static_cast<int>(Part::kGrads)], 0,
-                                         GroupCount(g) * sizeof(float), stream_),
-                         "zero grads"));
+    RETURN_IF_ERROR(
+        Cuda(cudaMemsetAsync(acquired_[g][static_cast<int>(Part::kGrads)], 0, GroupCount(g) * sizeof(float), stream_),
+             "zero grads"));
   } else {
     RETURN_IF_ERROR(Enter(g, Part::kGrads, Access::kRead));
   }
   RETURN_IF_ERROR(Enter(g, Part::kWeights, Access::kOverwrite));  // written whole from the master copy
   // Chunk by chunk (sub-groups of the state): each chunk's kernels are queued as soon as
   // its parts are here, while the next chunk comes in.
-  RETURN_IF_ERROR(ForEachStateChunk(g, Access::kWrite, [&](size_t first, size_t n, float* master, void* m,
-                                                           void* v) -> absl::Status {
-    for (size_t e : GroupEntries(g)) {
-      const size_t begin = layout_[e].offset - group_offset_[g], end = begin + layout_[e].count;
-      const size_t lo = std::max(begin, first), hi = std::min(end, first + n);
-      if (lo >= hi) continue;  // the entry is in other chunks
-      const size_t at = lo - first;
-      if (moments_8bit_) {  // one chunk: the entry whole, its moments at their offsets
-        RETURN_IF_ERROR(Timed(kOptimizer, [&] {
-          return Cuda(AdamW8bit(master + at, static_cast<unsigned char*>(m) + MomentOffset(e),
-                                static_cast<unsigned char*>(v) + MomentOffset(e), W(e), G(e),
-                                static_cast<int64_t>(layout_[e].count), params_for(e), stream_),
-                      "adamw8bit");
-        }));
-      } else {
-        Timed(kOptimizer, [&] {
-          AdamW(master + at, static_cast<float*>(m) + at, static_cast<float*>(v) + at, W(e) + (lo - begin),
-                G(e) + (lo - begin), static_cast<int64_t>(hi - lo), params_for(e), stream_);
-          return 0;
-        });
-      }
-      if (layout_[e].shape.size() == 1) {
-        RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(N(e) + (lo - begin), master + at, (hi - lo) * sizeof(float),
-                                             cudaMemcpyDeviceToDevice, stream_),
-                             "norm weights"));
-      }
-    }
-    return absl::OkStatus();
-  }));
+  RETURN_IF_ERROR(ForEachStateChunk(
+      g, Access::kWrite, [&](size_t first, size_t n, float* master, void* m, void* v) -> absl::Status {
+        for (size_t e : GroupEntries(g)) {
+          const size_t begin = layout_[e].offset - group_offset_[g], end = begin + layout_[e].count;
+          const size_t lo = std::max(begin, first), hi = std::min(end, first + n);
+          if (lo >= hi) continue;  // the entry is in other chunks
+          const size_t at = lo - first;
+          if (moments_8bit_) {  // one chunk: the entry whole, its moments at their offsets
+            RETURN_IF_ERROR(Timed(kOptimizer, [&] {
+              return Cuda(AdamW8bit(master + at, static_cast<unsigned char*>(m) + MomentOffset(e),
+                                    static_cast<unsigned char*>(v) + MomentOffset(e), W(e), G(e),
+                                    static_cast<int64_t>(layout_[e].count), params_for(e), stream_),
+                          "adamw8bit");
+            }));
+          } else {
+            Timed(kOptimizer, [&] {
+              AdamW(master + at, static_cast<float*>(m) + at, static_cast<float*>(v) + at, W(e) + (lo - begin),
+                    G(e) + (lo - begin), static_cast<int64_t>(hi - lo), params_for(e), stream_);
+              return 0;
+            });
+          }
+          if (layout_[e].shape.size() == 1) {
+            RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(N(e) + (lo - begin), master + at, (hi - lo) * sizeof(float),
+                                                 cudaMemcpyDeviceToDevice, stream_),
+                                 "norm weights"));
+          }
+        }
+        return absl::OkStatus();
+      }));
   for (Part part : {Part::kGrads, Part::kWeights}) RETURN_IF_ERROR(Leave(g, part));
   return Cuda(cudaGetLastError(), "adamw");
 }

@@ -168,8 +168,8 @@ absl::StatusOr<bool> ChooseOptimizerOnCpu(const RunSettings& s, const GpuHomeLay
   costs.h2d_bytes_per_s = costs.d2h_bytes_per_s = absl::GetFlag(FLAGS_pcie_gbps) * 1e9;
   costs.nvme_bytes_per_s = absl::GetFlag(FLAGS_nvme_gbps) * 1e9;
   // What either optimizer overlaps: the forward of the first micro-batch, or layer-major all K.
-  costs.forward_seconds = 2.0 * s.config.Params() * s.batch * s.seq * std::max(1, layer_major) /
-                          (absl::GetFlag(FLAGS_gpu_tflops) * 1e12);
+  costs.forward_seconds =
+      2.0 * s.config.Params() * s.batch * s.seq * std::max(1, layer_major) / (absl::GetFlag(FLAGS_gpu_tflops) * 1e12);
   costs.gpu_overlaps_forward = absl::GetFlag(FLAGS_optimizer_deferred);
   costs.host_params_per_s = CalibrateHostAdamW(int64_t{1} << 23, s.moments_8bit);
   costs.moment_bytes_per_param = static_cast<double>(2 * layout.TotalOf(Part::kAdamM)) / s.config.Params();
@@ -232,8 +232,9 @@ int GpuRun::Setup() {
         "--optimizer_chunks leases the optimizer's state from tierd in pieces: it needs --offload_policy=tierd");
   }
   if (chunks > 1 && s_.moments_8bit) {
-    return Fail("--optimizer_chunks with --opt=adamw8bit: 8-bit moments are one lease a layer (their blocks follow "
-                "the tensors, not the sub-groups); leave --optimizer_chunks at 1");
+    return Fail(
+        "--optimizer_chunks with --opt=adamw8bit: 8-bit moments are one lease a layer (their blocks follow "
+        "the tensors, not the sub-groups); leave --optimizer_chunks at 1");
   }
   layout.state_chunks = chunks;
   const std::string order = absl::GetFlag(FLAGS_step_order);
@@ -250,8 +251,8 @@ int GpuRun::Setup() {
     in.micro_state_bytes = static_cast<double>(layout.Total());
     in.layer_state_bytes = static_cast<double>(layered.Total());
     auto budget = ParseBytes(absl::GetFlag(FLAGS_gpu_budget));
-    const double workspace = static_cast<double>(
-        GpuModel::WorkspaceBytesFor(config, s_.batch, s_.seq, s_.checkpointing, s_.accum));
+    const double workspace =
+        static_cast<double>(GpuModel::WorkspaceBytesFor(config, s_.batch, s_.seq, s_.checkpointing, s_.accum));
     in.gpu_bytes = budget.ok() ? std::max(0.0, static_cast<double>(*budget) - workspace) : 0.0;
     in.dram_bytes = static_cast<double>(s_.tierd_dram > 0 ? s_.tierd_dram : kAutoDramCap);
     const StepOrderChoice choice = ChooseStepOrder(in);

@@ -87,7 +87,8 @@ CodeTable MakeCodeTable(bool is_signed) {
 }
 
 // Branch-free, every load an int32 or float indexed by int32: a loop over it vectorises
-// into gathers.
+// into gathers. The kComparesMax compares, written out.
+static_assert(kComparesMax == 2, "LookupCode makes two compares");
 inline int32_t LookupCode(const int32_t* __restrict start_codes, const float* __restrict thresholds, float normalized) {
   const int32_t start = start_codes[std::bit_cast<uint32_t>(normalized) >> kKeyShift];
   return start + (thresholds[start] < normalized ? 1 : 0) + (thresholds[start + 1] < normalized ? 1 : 0);

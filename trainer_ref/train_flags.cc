@@ -95,9 +95,9 @@ ABSL_FLAG(std::string, step_order, "auto",
           "GPU: the order of a step's micro-batches. micro: one micro-batch's whole forward and backward after the "
           "other; auto: layer under tierd when the larger state of layer-major (an input per micro-batch per layer) "
           "fits the GPU quota and DRAM, else micro, and says why; layer: layer-major, each layer's forward (then "
-          "backward) for every micro-batch before the next "
-          "layer's, so its weights come to the GPU twice a step and its gradients leave once, whatever "
-          "--grad_accum_steps is (each layer keeps an input per micro-batch). The same losses either way, bit for "
+          "backward) for every micro-batch before the next layer's, so its weights come to the GPU twice a step "
+          "and its gradients leave once, whatever --grad_accum_steps is (each layer keeps an input per "
+          "micro-batch). The same losses either way, bit for "
           "bit. On the H200 at 7B in 24 GiB with --opt=adamw8bit, layer ran 0.90x of PyTorch with the whole GPU; "
           "with fp32 moments its state and kept inputs overflow DRAM onto NVMe and micro is faster "
           "(docs/BENCHMARKS.md)");

@@ -71,6 +71,38 @@ TEST(TrainerTest, ResumingFromAStateContinuesTheExactCurve) {
   CheckResume(/*moments_8bit=*/true);
 }
 
+// A state's moments must be this run's: 8-bit into fp32 and back are refused, and so is a
+// state of the first 8-bit format (the second moment itself, before it was kept as its root).
+TEST(TrainerTest, AStateOfOtherMomentsIsRefusedByName) {
+  const ModelConfig config = *ModelPreset("tiny");
+  auto data = LoadDataset("embedded", config.vocab, 32, 0.1);
+  ASSERT_TRUE(data.ok());
+  TrainOptions eight = Small(), fp32 = Small();
+  eight.moments_8bit = true;
+  auto home8 = PlainHomeFor(config, eight);
+  auto home32 = PlainHomeFor(config, fp32);
+  auto with8 = *Trainer::Create(config, eight, *data, *home8);
+  auto with32 = *Trainer::Create(config, fp32, *data, *home32);
+  ASSERT_TRUE(with8->Step().ok());
+  const std::string state8 = *with8->SaveState();
+  const absl::Status mixed = with32->LoadState(state8);
+  EXPECT_EQ(mixed.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(mixed.message().find("the state's moments are 8-bit; this run's are fp32"), absl::string_view::npos)
+      << mixed;
+  ASSERT_TRUE(with32->Step().ok());
+  const absl::Status back = with8->LoadState(*with32->SaveState());
+  EXPECT_NE(back.message().find("the state's moments are fp32; this run's are 8-bit"), absl::string_view::npos)
+      << back;
+  // The header: magic (4), step (8), batches drawn (8), parameters (8), then the format (4).
+  std::string first_format = state8;
+  const uint32_t one = 1;
+  std::memcpy(first_format.data() + 28, &one, 4);
+  const absl::Status old = with8->LoadState(first_format);
+  EXPECT_EQ(old.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(old.message().find("first 8-bit format"), absl::string_view::npos) << old;
+  EXPECT_TRUE(with8->LoadState(state8).ok()) << "its own state loads";
+}
+
 TEST(TrainerTest, ANonFiniteGradientSkipsTheStepAndSaysWhere) {
   const ModelConfig config = *ModelPreset("tiny");
   auto data = LoadDataset("embedded", config.vocab, 32, 0.1);

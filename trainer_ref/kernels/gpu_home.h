@@ -53,8 +53,7 @@ struct GpuHomeLayout {
   uint64_t TotalOf(Part part) const;
   // How many leases the part of a group is in: 1; for the optimizer's state state_chunks of
   // whole 256-byte blocks (fewer when the group has fewer blocks; 1 with 8-bit moments);
-  // for the activations
-  // act_slots of equal size.
+  // for the activations act_slots of equal size.
   int Chunks(int group, Part part) const;
   // Chunk `chunk`'s bytes [offset, offset + bytes) within the group's part.
   struct Range {

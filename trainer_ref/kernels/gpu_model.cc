@@ -74,7 +74,7 @@ std::vector<size_t> GpuModel::GroupEntries(int group) const {
 
 GpuModel::~GpuModel() {
   pending_update_.clear();  // a deferred GPU update nobody will read is not queued
-  AwaitHostUpdate(-1).IgnoreError();
+  AwaitOptimizerUpdate(-1).IgnoreError();
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   for (int g = 0; g < static_cast<int>(acquired_.size()); ++g) {
     for (int k = 0; k < kParts; ++k) {
@@ -149,14 +149,14 @@ absl::StatusOr<double> GpuModel::Forward(const int32_t* tokens, const int32_t* t
                        "token index"));
   int counted = 0;
   for (int i = 0; i < n; ++i) counted += targets[i] >= 0;
-  RETURN_IF_ERROR(AwaitHostUpdate(0));  // (reports the optimizer's op before this one)
+  RETURN_IF_ERROR(AwaitOptimizerUpdate(0));  // (reports the optimizer's op before this one)
   Progress(ForwardOp(micro_, 0));
   RETURN_IF_ERROR(Enter(0, Part::kWeights, Access::kRead));
   Timed(kElementwise, [&] { EmbeddingForward(x_, tokens_, W(embed_), n, c, config_.vocab, stream_); return 0; });
   RETURN_IF_ERROR(Leave(0, Part::kWeights));
   for (int l = 0; l < config_.layers; ++l) {
     const int group = l + 1;
-    RETURN_IF_ERROR(AwaitHostUpdate(group));
+    RETURN_IF_ERROR(AwaitOptimizerUpdate(group));
     Progress(ForwardOp(micro_, group));
     RETURN_IF_ERROR(Enter(group, Part::kWeights, Access::kRead));
     RETURN_IF_ERROR(Enter(group, Part::kActs, Access::kOverwrite));
@@ -168,7 +168,7 @@ absl::StatusOr<double> GpuModel::Forward(const int32_t* tokens, const int32_t* t
     RETURN_IF_ERROR(Leave(group, Part::kActs));
   }
   const int last = Groups() - 1;
-  RETURN_IF_ERROR(AwaitHostUpdate(last));
+  RETURN_IF_ERROR(AwaitOptimizerUpdate(last));
   Progress(ForwardOp(micro_, last));
   RETURN_IF_ERROR(Enter(last, Part::kWeights, Access::kRead));
   RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(x_out_, x_, nc * sizeof(float), cudaMemcpyDeviceToDevice, stream_), "x_out"));
@@ -269,7 +269,7 @@ absl::Status GpuModel::Backward() {
   // Each group's sum of squared gradients is taken right after its backward (the norm).
   RETURN_IF_ERROR(Cuda(cudaMemsetAsync(norm_, 0, sizeof(float), stream_), "zero norm"));
   const int last = Groups() - 1;
-  RETURN_IF_ERROR(AwaitHostUpdate(-1));  // (a backward without its forward: the step done first)
+  RETURN_IF_ERROR(AwaitOptimizerUpdate(-1));  // (a backward without its forward: the step done first)
   Progress(BackwardOp(micro_, 0));
   RETURN_IF_ERROR(Enter(last, Part::kWeights, Access::kRead));
   RETURN_IF_ERROR(EnterGrads(last));

@@ -190,9 +190,10 @@ class GpuModel {
   // The optimizer's op of a group comes just before the group's first forward op (the host
   // step, or the deferred GPU update), not after the last backward.
   bool OptimizerInterleaved() const { return optimizer_on_cpu_ || defer_gpu_update_; }
-  // Until the CPU optimizer's step in flight has updated `group` (-1: every group, and the
-  // thread joined); reports its host op as progress first. The step's error, if any.
-  absl::Status AwaitHostUpdate(int group);
+  // Until the optimizer's step has updated `group` (-1: every group): the GPU's deferred
+  // update is queued, the CPU's step in flight waited for (-1: its thread joined); either
+  // reports its op as progress first. The step's error, if any.
+  absl::Status AwaitOptimizerUpdate(int group);
   // The step's op indices in the registered graph. On the GPU: per micro-batch its forward
   // ops, then its backward ops, then the optimizer's. On the CPU, the optimizer's op of a
   // group comes just before the first forward op of that group (it runs then, overlapped).

@@ -55,7 +55,7 @@ absl::StatusOr<double> GpuModel::ForwardBackwardLayerMajor(const int32_t* tokens
   RETURN_IF_ERROR(UploadMicroBatches(tokens, targets, &counted));
   RETURN_IF_ERROR(Cuda(cudaMemsetAsync(norm_, 0, sizeof(float), stream_), "zero norm"));
   // Forward: the embedding, then each layer, every micro-batch.
-  RETURN_IF_ERROR(AwaitHostUpdate(0));
+  RETURN_IF_ERROR(AwaitOptimizerUpdate(0));
   Progress(LayerMajorForwardOp(0));
   RETURN_IF_ERROR(Enter(0, Part::kWeights, Access::kRead));
   for (MicroBatch& mb : micro_batches_) {
@@ -67,7 +67,7 @@ absl::StatusOr<double> GpuModel::ForwardBackwardLayerMajor(const int32_t* tokens
   RETURN_IF_ERROR(Leave(0, Part::kWeights));
   for (int l = 0; l < config_.layers; ++l) {
     const int group = l + 1;
-    RETURN_IF_ERROR(AwaitHostUpdate(group));
+    RETURN_IF_ERROR(AwaitOptimizerUpdate(group));
     Progress(LayerMajorForwardOp(group));
     RETURN_IF_ERROR(Enter(group, Part::kWeights, Access::kRead));
     for (int m = 0; m < layer_major_; ++m) {
@@ -81,7 +81,7 @@ absl::StatusOr<double> GpuModel::ForwardBackwardLayerMajor(const int32_t* tokens
     RETURN_IF_ERROR(Leave(group, Part::kWeights));
   }
   // The head: forward, loss and backward, a micro-batch at a time.
-  RETURN_IF_ERROR(AwaitHostUpdate(last));
+  RETURN_IF_ERROR(AwaitOptimizerUpdate(last));
   Progress(LayerMajorForwardOp(last));
   RETURN_IF_ERROR(Enter(last, Part::kWeights, Access::kRead));
   RETURN_IF_ERROR(EnterGrads(last));

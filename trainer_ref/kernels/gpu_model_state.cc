@@ -220,8 +220,9 @@ absl::Status GpuModel::Allocate() {
 }
 
 absl::Status GpuModel::Enter(int group, Part part, Access access, int chunk) {
-  RETURN_IF_ERROR(AwaitHostUpdate(group));  // the CPU optimizer's step has updated it
-  RETURN_IF_ERROR(ApplyPendingUpdates(group));  // the GPU's deferred update is queued before this use
+  // The optimizer's step has updated the group: the CPU's waited for, the GPU's deferred
+  // update queued before this use.
+  RETURN_IF_ERROR(AwaitOptimizerUpdate(group));
   const auto start = std::chrono::steady_clock::now();
   auto p = home_->Acquire(group, part, chunk, access);
   acquire_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

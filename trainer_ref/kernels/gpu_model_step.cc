@@ -36,10 +36,7 @@ uint32_t GpuModel::OptimizerOp(int group, int micro_batches) const {
   return static_cast<uint32_t>(micro_batches * 2 * Groups() + group);
 }
 
-absl::Status GpuModel::FinishOptimizerStep() {
-  RETURN_IF_ERROR(AwaitHostUpdate(-1));
-  return ApplyPendingUpdates(-1);
-}
+absl::Status GpuModel::FinishOptimizerStep() { return AwaitOptimizerUpdate(-1); }
 
 absl::Status GpuModel::ApplyPendingUpdates(int group) {
   if (group < 0) {
@@ -52,7 +49,7 @@ absl::Status GpuModel::ApplyPendingUpdates(int group) {
   return GpuAdamWGroup(group, pending_zero_grads_[group], pending_params_);
 }
 
-absl::Status GpuModel::AwaitHostUpdate(int group) {
+absl::Status GpuModel::AwaitOptimizerUpdate(int group) {
   // The GPU's deferred update, if one is pending, is queued here too: before the group's
   // forward reports its op, so the planner sees the optimizer's op first, as registered.
   RETURN_IF_ERROR(ApplyPendingUpdates(group));
@@ -76,7 +73,7 @@ absl::Status GpuModel::AwaitHostUpdate(int group) {
 }
 
 absl::Status GpuModel::AdamWStep(double lr, int64_t step, const AdamWOptions& options, double grad_scale) {
-  RETURN_IF_ERROR(AwaitHostUpdate(-1));  // the step before, if it is still running
+  RETURN_IF_ERROR(AwaitOptimizerUpdate(-1));  // the step before, if it is still running
   auto params_for = [this, lr, step, options, grad_scale](size_t e) {
     AdamWParams p;
     p.lr = static_cast<float>(lr);
@@ -92,7 +89,7 @@ absl::Status GpuModel::AdamWStep(double lr, int64_t step, const AdamWOptions& op
   if (optimizer_on_cpu_) {
     if (!home_->HasHostTier()) return GpuHome::NoHostTier();
     // In the background, group by group in forward order; the next forward waits per
-    // group (AwaitHostUpdate). The gradients to zero are this step's: taken now.
+    // group (AwaitOptimizerUpdate). The gradients to zero are this step's: taken now.
     std::vector<bool> zero_grads(Groups());
     for (int g = 0; g < Groups(); ++g) zero_grads[g] = !grads_zeroed_[g];
     host_groups_done_ = 0;

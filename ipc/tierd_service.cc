@@ -33,6 +33,37 @@ absl::Status SessionDirectory::Check(const v1::SessionRef& ref) const {
   return absl::OkStatus();
 }
 
+namespace {
+
+absl::Status OnlyOverUnixSocket(const grpc::ServerContext* context) {
+  if (context->peer().rfind("unix:", 0) == 0) return absl::OkStatus();
+  return absl::PermissionDeniedError(
+      "administration is only allowed over tierd's Unix socket (peer " + context->peer() + ")");
+}
+
+// Over the Unix socket, with the metadata of a session opened by a hello: the hello checked
+// the caller's uid (SO_PEERCRED) against security.allowed_uids, which gRPC cannot do (a
+// member of the socket's group is not thereby allowed).
+absl::Status AdminCaller(const grpc::ServerContext* context, const SessionDirectory& sessions) {
+  if (absl::Status s = OnlyOverUnixSocket(context); !s.ok()) return s;
+  const auto& metadata = context->client_metadata();
+  const auto id = metadata.find(kSessionMetadata);
+  const auto token = metadata.find(kTokenMetadata);
+  uint64_t session = 0;
+  if (id == metadata.end() || token == metadata.end() ||
+      !absl::SimpleAtoi(absl::string_view(id->second.data(), id->second.size()), &session)) {
+    return absl::PermissionDeniedError(
+        "administration and listings need a session of an allowed uid: say hello on tierd's socket first "
+        "(tierctl does; an observer hello leases nothing) and send its id and token (security.allowed_uids)");
+  }
+  v1::SessionRef ref;
+  ref.set_session_id(session);
+  ref.set_token(std::string(token->second.data(), token->second.size()));
+  return sessions.Check(ref);
+}
+
+}  // namespace
+
 #define TIERD_RETURN_IF_ERROR(expression)                 \
   do {                                                    \
     const absl::Status tierd_status_ = (expression);      \
@@ -127,10 +158,6 @@ grpc::Status TierdService::SessionUsage(grpc::ServerContext*, const v1::SessionU
   return grpc::Status::OK;
 }
 
-namespace {
-absl::Status AdminCaller(const grpc::ServerContext* context, const SessionDirectory& sessions);
-}  // namespace
-
 grpc::Status TierdService::ListLeases(grpc::ServerContext* context, const v1::ListLeasesRequest* request,
                                       v1::ListLeasesReply* reply) {
   // Tensor names, offsets and pins of every session: for the node's allowed users (the Unix
@@ -207,37 +234,6 @@ grpc::Status TierdService::Health(grpc::ServerContext*, const v1::Empty*, v1::He
   reply->set_uptime_seconds((clock_.NowNanos() - started_nanos_) / 1e9);
   return grpc::Status::OK;
 }
-
-namespace {
-
-absl::Status OnlyOverUnixSocket(const grpc::ServerContext* context) {
-  if (context->peer().rfind("unix:", 0) == 0) return absl::OkStatus();
-  return absl::PermissionDeniedError(
-      "administration is only allowed over tierd's Unix socket (peer " + context->peer() + ")");
-}
-
-// Over the Unix socket, with the metadata of a session opened by a hello: the hello checked
-// the caller's uid (SO_PEERCRED) against security.allowed_uids, which gRPC cannot do (a
-// member of the socket's group is not thereby allowed).
-absl::Status AdminCaller(const grpc::ServerContext* context, const SessionDirectory& sessions) {
-  if (absl::Status s = OnlyOverUnixSocket(context); !s.ok()) return s;
-  const auto& metadata = context->client_metadata();
-  const auto id = metadata.find(kSessionMetadata);
-  const auto token = metadata.find(kTokenMetadata);
-  uint64_t session = 0;
-  if (id == metadata.end() || token == metadata.end() ||
-      !absl::SimpleAtoi(absl::string_view(id->second.data(), id->second.size()), &session)) {
-    return absl::PermissionDeniedError(
-        "administration and listings need a session of an allowed uid: say hello on tierd's socket first "
-        "(tierctl does; an observer hello leases nothing) and send its id and token (security.allowed_uids)");
-  }
-  v1::SessionRef ref;
-  ref.set_session_id(session);
-  ref.set_token(std::string(token->second.data(), token->second.size()));
-  return sessions.Check(ref);
-}
-
-}  // namespace
 
 grpc::Status TierdService::AdminPin(grpc::ServerContext* context, const v1::AdminPinRequest* request,
                                     v1::Empty*) {

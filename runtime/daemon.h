@@ -51,7 +51,7 @@ struct DaemonOptions {
   // e.g. "127.0.0.1:7070"; a bare port (":7070" or "7070") binds loopback only; empty: off.
   std::string grpc_tcp_address;
   // A TCP address beyond loopback is refused unless this is set (anyone who reaches it can
-  // open sessions' statistics and, with a token, their tensors).
+  // read the node's statistics, and with a session's token call on its tensors).
   bool grpc_tcp_public = false;
   std::string metrics_address;   // e.g. "127.0.0.1:9464" for Prometheus; empty: off
   std::set<uid_t> allowed_uids;  // empty: the daemon's own uid
@@ -82,6 +82,7 @@ int SweepStaleSegments(const std::string& shm_directory);
 class PlannedSession;
 
 inline constexpr size_t kObserversMax = 64;
+inline constexpr SessionId kFirstObserverId = SessionId{1} << 48;
 
 class Daemon : public ipc::HelloHandler, public ipc::PlannerHooks {
  public:
@@ -146,10 +147,10 @@ class Daemon : public ipc::HelloHandler, public ipc::PlannerHooks {
   std::string grpc_path_;
   std::string grpc_address_;
   uint64_t hellos_ = 0;  // hello thread only
-  // Observer sessions (a token, nothing leased), by id; ids from kFirstObserverId up so
-  // they never meet the lease table's. Hello thread only.
+  // Observer sessions (a token, nothing leased), by id; their ids start far above any the
+  // lease table hands out, so the two never meet. Hello thread only.
   std::set<SessionId> observers_;
-  SessionId next_observer_ = SessionId{1} << 48;
+  SessionId next_observer_ = kFirstObserverId;
   int stale_segments_removed_ = 0;
   // Each session's hot-path server. Hello thread only (and the destructor after it).
   std::map<uint64_t, std::unique_ptr<ipc::RingServer>> rings_;

@@ -4,7 +4,6 @@
 #include <civetweb.h>
 
 #include "absl/strings/numbers.h"
-
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 

@@ -127,7 +127,7 @@ absl::Status Check(const DaemonOptions& options, bool quota_given) {
     if (quota_given && budget > 0 && quota > budget) {
       return absl::InvalidArgumentError(
           absl::StrFormat("the default quota's %s %s is above the %s tier's budget %s: no session could get it "
-                          "(--default_quota or quotas.default, and the budgets)",
+                          "(--default_quota or default_session_quota in the config, and the budgets)",
                           name, FormatBytes(quota), name, FormatBytes(budget)));
     }
   }

@@ -125,7 +125,6 @@ int Top(Tierd::Stub& stub) {
     v1::StatsReply stats;
     grpc::ClientContext context;
     Identify(&context);
-    Identify(&context);
     if (auto s = stub.Stats(&context, empty, &stats); !s.ok()) return Fail(s);
     if (isatty(1)) std::printf("\033[H\033[2J");
     PrintStats(stats, have_previous ? &previous : nullptr, absl::GetFlag(FLAGS_interval));

@@ -242,6 +242,45 @@ void CheckLayerMajor(bool checkpointing) {
   EXPECT_EQ(*(*one_by_one)->GradNorm(), *(*layer_major)->GradNorm());
 }
 
+// One training step on batch `b` (step number `at`): its loss.
+double TrainStep(GpuModel& m, const Batch& b, int at, double grad_scale) {
+  EXPECT_TRUE(m.ZeroGrads().ok());
+  auto loss = m.Forward(b.tokens.data(), b.targets.data());
+  EXPECT_TRUE(loss.ok()) << loss.status();
+  EXPECT_TRUE(m.Backward().ok());
+  EXPECT_TRUE(m.AdamWStep(1e-3, at, AdamWOptions{}, grad_scale).ok());
+  return loss.ok() ? *loss : 0;
+}
+
+// `trained`'s state through a checkpoint file into `fresh`: the next step (`at`) of each has
+// the same loss and leaves the same master weights; `other` refuses the file, its message
+// holding `refusal`.
+void CheckCheckpointRoundTrip(GpuModel& trained, GpuModel& fresh, GpuModel& other, const Batch& b, int at,
+                              double grad_scale, const std::string& refusal) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(tmp ? tmp : "/tmp") + "/gpu-ckpt-" + std::to_string(getpid());
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  auto writer = CheckpointWriter::Create(dir, 2);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  ASSERT_TRUE(trained.SaveState(**writer).ok());
+  auto path = (*writer)->Commit();
+  ASSERT_TRUE(path.ok()) << path.status();
+  auto reader = CheckpointReader::Open(*path);
+  ASSERT_TRUE(reader.ok());
+  ASSERT_TRUE(fresh.LoadState(**reader).ok());
+  EXPECT_EQ(TrainStep(fresh, b, at, grad_scale), TrainStep(trained, b, at, grad_scale));
+  std::vector<float> a, c;
+  ASSERT_TRUE(trained.GetParams(&a).ok());
+  ASSERT_TRUE(fresh.GetParams(&c).ok());
+  EXPECT_EQ(a, c);
+  auto again = CheckpointReader::Open(*path);
+  ASSERT_TRUE(again.ok());
+  const absl::Status refused = other.LoadState(**again);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_NE(refused.message().find(refusal), absl::string_view::npos) << refused;
+  std::system(("rm -rf " + dir).c_str());
+}
+
 // A checkpoint of a trained model, loaded into a fresh one, continues bit for bit (the next
 // step's loss and the master weights); one of another shape is refused with both shapes.
 TEST(GpuModelTest, ACheckpointContinuesBitForBitAndRefusesAnotherShape) {
@@ -253,43 +292,14 @@ TEST(GpuModelTest, ACheckpointContinuesBitForBitAndRefusesAnotherShape) {
   ASSERT_TRUE(trained.ok() && fresh.ok());
   std::mt19937_64 rng(41);
   const Batch b = RandomBatch(batch * seq, config.vocab, rng);
-  auto step = [&](GpuModel& m, int at) -> double {
-    EXPECT_TRUE(m.ZeroGrads().ok());
-    auto loss = m.Forward(b.tokens.data(), b.targets.data());
-    EXPECT_TRUE(loss.ok()) << loss.status();
-    EXPECT_TRUE(m.Backward().ok());
-    EXPECT_TRUE(m.AdamWStep(1e-3, at, AdamWOptions{}, 1.0).ok());
-    return loss.ok() ? *loss : 0;
-  };
   ASSERT_TRUE((*trained)->InitParams(2).ok());
   ASSERT_TRUE((*fresh)->InitParams(9).ok());  // other weights, to be overwritten
-  for (int at = 1; at <= 2; ++at) step(**trained, at);
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string dir = std::string(tmp ? tmp : "/tmp") + "/gpu-ckpt-" + std::to_string(getpid());
-  std::system(("mkdir -p " + dir).c_str());
-  auto writer = CheckpointWriter::Create(dir, 2);
-  ASSERT_TRUE(writer.ok()) << writer.status();
-  ASSERT_TRUE((*trained)->SaveState(**writer).ok());
-  auto path = (*writer)->Commit();
-  ASSERT_TRUE(path.ok()) << path.status();
-  auto reader = CheckpointReader::Open(*path);
-  ASSERT_TRUE(reader.ok());
-  ASSERT_TRUE((*fresh)->LoadState(**reader).ok());
-  EXPECT_EQ(step(**fresh, 3), step(**trained, 3));
-  std::vector<float> a, c;
-  ASSERT_TRUE((*trained)->GetParams(&a).ok());
-  ASSERT_TRUE((*fresh)->GetParams(&c).ok());
-  EXPECT_EQ(a, c);
+  for (int at = 1; at <= 2; ++at) TrainStep(**trained, b, at, 1.0);
   ModelConfig wider = config;
   wider.d_ff = 384;
   auto other = GpuModel::Create(wider, batch, seq);
   ASSERT_TRUE(other.ok());
-  auto again = CheckpointReader::Open(*path);
-  ASSERT_TRUE(again.ok());
-  const absl::Status refused = (*other)->LoadState(**again);
-  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(refused.message().find("another model shape"), absl::string_view::npos) << refused;
-  std::system(("rm -rf " + dir).c_str());
+  CheckCheckpointRoundTrip(**trained, **fresh, **other, b, 3, 1.0, "another model shape");
 }
 
 // 8-bit blockwise moments on the GPU: three steps give, bit for bit, the master weights the
@@ -313,14 +323,6 @@ TEST(GpuModelTest, EightBitMomentsStepAsTheHostDoesAndCheckpoint) {
   }
   std::mt19937_64 rng(17);
   const Batch b = RandomBatch(batch * seq, config.vocab, rng);
-  auto step = [&](GpuModel& gm, int at) {
-    EXPECT_TRUE(gm.ZeroGrads().ok());
-    auto loss = gm.Forward(b.tokens.data(), b.targets.data());
-    EXPECT_TRUE(loss.ok()) << loss.status();
-    EXPECT_TRUE(gm.Backward().ok());
-    EXPECT_TRUE(gm.AdamWStep(1e-3, at, AdamWOptions{}, 0.5).ok());
-    return loss.ok() ? *loss : 0.0;
-  };
   for (int at = 1; at <= 3; ++at) {
     ASSERT_TRUE((*model)->ZeroGrads().ok());
     ASSERT_TRUE((*model)->Forward(b.tokens.data(), b.targets.data()).ok());
@@ -344,33 +346,11 @@ TEST(GpuModelTest, EightBitMomentsStepAsTheHostDoesAndCheckpoint) {
     for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &master[i], 4) != 0;
     ASSERT_EQ(differ, 0u) << "of " << got.size() << " master weights differ from the host's after step " << at;
   }
-  // Checkpoint, load into a fresh 8-bit model: the next step is the same.
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string dir = std::string(tmp ? tmp : "/tmp") + "/gpu-ckpt8-" + std::to_string(getpid());
-  std::system(("mkdir -p " + dir).c_str());
-  auto writer = CheckpointWriter::Create(dir, 2);
-  ASSERT_TRUE(writer.ok()) << writer.status();
-  ASSERT_TRUE((*model)->SaveState(**writer).ok());
-  auto path = (*writer)->Commit();
-  ASSERT_TRUE(path.ok()) << path.status();
+  // Checkpoint, load into a fresh 8-bit model: the next step is the same; fp32 moments refuse it.
   auto fresh = GpuModel::Create(config, batch, seq, nullptr, false, 0, true);
-  ASSERT_TRUE(fresh.ok());
-  auto reader = CheckpointReader::Open(*path);
-  ASSERT_TRUE(reader.ok());
-  ASSERT_TRUE((*fresh)->LoadState(**reader).ok());
-  EXPECT_EQ(step(**fresh, 4), step(**model, 4));
-  std::vector<float> a, c;
-  ASSERT_TRUE((*model)->GetParams(&a).ok());
-  ASSERT_TRUE((*fresh)->GetParams(&c).ok());
-  EXPECT_EQ(a, c);
   auto fp32 = GpuModel::Create(config, batch, seq);
-  ASSERT_TRUE(fp32.ok());
-  auto again = CheckpointReader::Open(*path);
-  ASSERT_TRUE(again.ok());
-  const absl::Status refused = (*fp32)->LoadState(**again);
-  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
-  EXPECT_NE(refused.message().find("moments=8bit"), absl::string_view::npos) << refused;
-  std::system(("rm -rf " + dir).c_str());
+  ASSERT_TRUE(fresh.ok() && fp32.ok());
+  CheckCheckpointRoundTrip(**model, **fresh, **fp32, b, 4, 0.5, "moments=8bit");
 }
 
 TEST(GpuModelTest, LayerMajorOrderGivesTheSameLossAndGradientsBitForBit) {

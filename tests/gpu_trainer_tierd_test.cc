@@ -68,6 +68,19 @@ class GpuTierdTest : public ::testing::Test {
     if (!watcher.ok()) return watcher.status();
     return (*watcher)->ListLeases(/*every_session=*/true);
   }
+  // A model with its state leased from this tierd, a third of it in the GPU quota.
+  std::unique_ptr<tg::GpuModel> OnTierd(const trainer::ModelConfig& config, int batch, int seq, bool checkpointing,
+                                        int layer_major, bool moments_8bit) const {
+    const tg::GpuHomeLayout layout =
+        tg::GpuModel::HomeLayout(config, batch, seq, checkpointing, layer_major, moments_8bit);
+    const uint64_t state = layout.Total();
+    auto home = tg::MakeTierdGpuHome(layout, Options(state / 3, 2 * state, 2 * state));
+    EXPECT_TRUE(home.ok()) << home.status();
+    if (!home.ok()) return nullptr;
+    auto model = tg::GpuModel::Create(config, batch, seq, std::move(*home), checkpointing, layer_major, moments_8bit);
+    EXPECT_TRUE(model.ok()) << model.status();
+    return model.ok() ? std::move(*model) : nullptr;
+  }
   ClientOptions Options(uint64_t gpu, uint64_t dram, uint64_t nvme) const {
     ClientOptions o;
     o.runtime_dir = runtime_dir_;
@@ -279,19 +292,16 @@ TEST_F(GpuTierdTest, EightBitMomentsOnTheHostTrainLikeOnTheGpu) {
   const tg::GpuHomeLayout fp32 = tg::GpuModel::HomeLayout(config, batch, seq);
   const tg::GpuHomeLayout layout = tg::GpuModel::HomeLayout(config, batch, seq, false, 0, /*moments_8bit=*/true);
   EXPECT_LT(layout.TotalOf(tg::Part::kAdamM), fp32.TotalOf(tg::Part::kAdamM) / 3);
-  const uint64_t state = layout.Total();
-  auto home = tg::MakeTierdGpuHome(layout, Options(state / 3, 2 * state, 2 * state));
-  ASSERT_TRUE(home.ok()) << home.status();
-  auto on_host = tg::GpuModel::Create(config, batch, seq, std::move(*home), false, 0, true);
+  auto on_host = OnTierd(config, batch, seq, false, 0, true);
   auto on_gpu = tg::GpuModel::Create(config, batch, seq, nullptr, false, 0, true);
-  ASSERT_TRUE(on_host.ok()) << on_host.status();
+  ASSERT_NE(on_host, nullptr);
   ASSERT_TRUE(on_gpu.ok()) << on_gpu.status();
-  (*on_host)->SetOptimizerOnCpu(true);
-  ASSERT_TRUE((*on_host)->InitParams(9).ok());
+  on_host->SetOptimizerOnCpu(true);
+  ASSERT_TRUE(on_host->InitParams(9).ok());
   ASSERT_TRUE((*on_gpu)->InitParams(9).ok());
-  ASSERT_TRUE((*on_host)->RegisterStep(2).ok());
-  TrainSideBySide(**on_host, **on_gpu, config, batch, seq, /*steps=*/4, "host AdamW 8-bit, GPU AdamW 8-bit");
-  EXPECT_GT((*on_host)->HostOptimizerSeconds(), 0.0) << "the host did the steps";
+  ASSERT_TRUE(on_host->RegisterStep(2).ok());
+  TrainSideBySide(*on_host, **on_gpu, config, batch, seq, /*steps=*/4, "host AdamW 8-bit, GPU AdamW 8-bit");
+  EXPECT_GT(on_host->HostOptimizerSeconds(), 0.0) << "the host did the steps";
   // A home of fp32 moments is not one for a model of 8-bit ones.
   auto fp32_home = tg::MakePlainGpuHome(fp32);
   ASSERT_TRUE(fp32_home.ok());
@@ -306,22 +316,18 @@ TEST_F(GpuTierdTest, EightBitMomentsOnTheHostTrainLikeOnTheGpu) {
 TEST_F(GpuTierdTest, TheGpuUpdateDeferredToTheNextForwardTrainsTheSame) {
   const trainer::ModelConfig config = TestConfig();
   const int batch = 4, seq = 128, micro = 2;
-  const tg::GpuHomeLayout layout = tg::GpuModel::HomeLayout(config, batch, seq, true, micro, true);
-  const uint64_t state = layout.Total();
-  auto home = tg::MakeTierdGpuHome(layout, Options(state / 3, 2 * state, 2 * state));
-  ASSERT_TRUE(home.ok()) << home.status();
-  auto deferred = tg::GpuModel::Create(config, batch, seq, std::move(*home), true, micro, true);
+  auto deferred = OnTierd(config, batch, seq, true, micro, true);
   auto plain = tg::GpuModel::Create(config, batch, seq, nullptr, true, 0, true);
-  ASSERT_TRUE(deferred.ok()) << deferred.status();
+  ASSERT_NE(deferred, nullptr);
   ASSERT_TRUE(plain.ok()) << plain.status();
-  (*deferred)->SetOptimizerDeferred(true);
-  ASSERT_TRUE((*deferred)->InitParams(5).ok());
+  deferred->SetOptimizerDeferred(true);
+  ASSERT_TRUE(deferred->InitParams(5).ok());
   ASSERT_TRUE((*plain)->InitParams(5).ok());
-  auto note = (*deferred)->RegisterStep(micro);
+  auto note = deferred->RegisterStep(micro);
   ASSERT_TRUE(note.ok()) << note.status();
-  TrainSideBySide(**deferred, **plain, config, batch, seq, /*steps=*/4,
+  TrainSideBySide(*deferred, **plain, config, batch, seq, /*steps=*/4,
                   "deferred GPU AdamW 8-bit layer-major on tierd, plain GPU AdamW 8-bit");
-  std::printf("%s\n%s\n", note->c_str(), (*deferred)->home().Describe().c_str());
+  std::printf("%s\n%s\n", note->c_str(), deferred->home().Describe().c_str());
 }
 
 // A GPU quota below what one step of the model holds at once (a layer's four parts while

@@ -42,6 +42,15 @@ TEST(ConfigTest, TheAnnotatedExampleParses) {
   ASSERT_TRUE(described.ok()) << described.status();
   EXPECT_TRUE(described->planner_time_aware);
   EXPECT_FALSE(ParseConfig("planner: {time_aware: sometimes}\n").ok());
+  // TCP beyond loopback, allowed in the config, survives the round trip (off unless said).
+  EXPECT_FALSE(options->grpc_tcp_public);
+  auto wide = ParseConfig("listen: {grpc_tcp: '0.0.0.0:7070', grpc_tcp_public: true}\n");
+  ASSERT_TRUE(wide.ok()) << wide.status();
+  EXPECT_TRUE(wide->grpc_tcp_public);
+  auto wide_again = ParseConfig(DescribeConfig(*wide));
+  ASSERT_TRUE(wide_again.ok()) << wide_again.status();
+  EXPECT_TRUE(wide_again->grpc_tcp_public);
+  EXPECT_EQ(wide_again->grpc_tcp_address, "0.0.0.0:7070");
   // The planning headroom: one tensor (and the GPU 3.5%) unless said, said back by DescribeConfig, bounded.
   EXPECT_EQ(options->planner_headroom.dram_tensors, 1);
   EXPECT_EQ(options->planner_headroom.gpu_tensors, 1);

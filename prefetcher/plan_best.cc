@@ -47,8 +47,9 @@ constexpr int kLayoutIterations = 5;
 // Fixed offsets for the plan's copies, from their times in the top tier in a simulated
 // steady-state iteration; used when they fit the arena (`limit` bytes).
 absl::StatusOr<Plan> WithLayout(const Graph& graph, Plan plan, const Budgets& budgets, const LinkModel& link,
-                                uint64_t limit) {
+                                uint64_t limit, const std::atomic<bool>* cancel) {
   SimOptions timed;
+  timed.cancel = cancel;
   timed.iterations = kLayoutIterations;
   timed.record_timeline = true;
   auto sim = SimulatePlan(graph, plan, budgets, link, timed);
@@ -66,17 +67,18 @@ absl::StatusOr<Plan> WithLayout(const Graph& graph, Plan plan, const Budgets& bu
 }  // namespace
 
 absl::StatusOr<Plan> MakePlan(const Graph& graph, const Budgets& budgets, uint64_t reserve_bytes,
-                              const PlanStyle& style) {
+                              const PlanStyle& style, const std::atomic<bool>* cancel) {
   if (reserve_bytes >= budgets.gpu) {
     return absl::InvalidArgumentError(absl::StrFormat("a prefetch reserve of %s leaves nothing of the GPU budget (%s)",
                                                       FormatBytes(reserve_bytes), FormatBytes(budgets.gpu)));
   }
-  auto gpu = PlanResidency(graph, budgets.gpu - reserve_bytes);
+  auto gpu = PlanResidency(graph, budgets.gpu - reserve_bytes, cancel);
   if (!gpu.ok()) return gpu.status();
   if (style.hoist_loads) HoistLoads(graph, *gpu, budgets.gpu - reserve_bytes);
   LowerTierOptions lower_options;
   lower_options.victim_slack = style.victim_slack;
   lower_options.exclusive_loads = style.exclusive_loads;
+  lower_options.cancel = cancel;
   auto lower = PlanLowerTiers(graph, *gpu, budgets.dram, budgets.nvme, lower_options);
   if (!lower.ok()) return lower.status();
   Plan plan{*std::move(gpu), *std::move(lower), reserve_bytes};
@@ -135,8 +137,9 @@ std::vector<ResidencyWindow> LapWindows(const Graph& graph, const Plan& plan, co
 
 absl::StatusOr<Plan> PlanBest(const Graph& graph, const Budgets& budgets, const LinkModel& link,
                               std::vector<PlanCandidate>* tried, uint64_t layout_limit_bytes,
-                              const std::vector<PlanStyle>& styles) {
-  auto base = MakePlan(graph, budgets, 0);
+                              const std::vector<PlanStyle>& styles, const std::atomic<bool>* cancel) {
+  auto cancelled = [cancel] { return cancel != nullptr && cancel->load(std::memory_order_relaxed); };
+  auto base = MakePlan(graph, budgets, 0, {}, cancel);
   if (!base.ok()) return base.status();
   uint64_t largest_op_load = 0;
   for (size_t i = 0; i < graph.ops.size(); ++i) {
@@ -147,6 +150,7 @@ absl::StatusOr<Plan> PlanBest(const Graph& graph, const Budgets& budgets, const 
   }
   SimOptions quick;
   quick.iterations = 3;
+  quick.cancel = cancel;
   // The fastest plan of each style.
   std::vector<std::pair<double, Plan>> fastest;
   for (const PlanStyle& style : styles) {
@@ -156,8 +160,10 @@ absl::StatusOr<Plan> PlanBest(const Graph& graph, const Budgets& budgets, const 
     auto try_reserve = [&](double factor) -> absl::StatusOr<bool> {
       const uint64_t reserve = static_cast<uint64_t>(factor * largest_op_load);
       if (factor > 0 && reserve == 0) return true;
+      if (cancelled()) return absl::CancelledError("planning was cancelled");
       const bool plain = !style.exclusive_loads && !style.hoist_loads && style.victim_slack == 0;
-      auto plan = factor == 0 && plain ? base : MakePlan(graph, budgets, reserve, style);
+      auto plan = factor == 0 && plain ? base : MakePlan(graph, budgets, reserve, style, cancel);
+      if (absl::IsCancelled(plan.status())) return plan.status();
       if (!plan.ok()) return false;
       auto sim = SimulatePlan(graph, *plan, budgets, link, quick);
       if (!sim.ok()) return sim.status();
@@ -196,7 +202,7 @@ absl::StatusOr<Plan> PlanBest(const Graph& graph, const Budgets& budgets, const 
   const uint64_t limit = layout_limit_bytes > 0 ? layout_limit_bytes : budgets.gpu;
   std::optional<Plan> chosen;
   for (auto& [step, plan] : fastest) {
-    auto laid_out = WithLayout(graph, std::move(plan), budgets, link, limit);
+    auto laid_out = WithLayout(graph, std::move(plan), budgets, link, limit, cancel);
     if (!laid_out.ok()) return laid_out.status();
     if (laid_out->layout_fits) return *std::move(laid_out);
     if (!chosen) chosen = *std::move(laid_out);

@@ -26,10 +26,13 @@ void Drop(const Graph& graph, State& state, TensorIndex t) {
 }
 
 // One lap over the ops from `state`; fills `plan` when it is not null.
-absl::Status Lap(const Graph& graph, uint64_t budget, const Oracle& oracle, State& state,
-                 ResidencyPlan* plan) {
+absl::Status Lap(const Graph& graph, uint64_t budget, const Oracle& oracle, State& state, ResidencyPlan* plan,
+                 const std::atomic<bool>* cancel) {
   const size_t ops = graph.ops.size();
   for (size_t i = 0; i < ops; ++i) {
+    if (cancel != nullptr && cancel->load(std::memory_order_relaxed)) {
+      return absl::CancelledError("planning was cancelled");
+    }
     const GraphOp& op = graph.ops[i];
     const size_t prev = (i + ops - 1) % ops;
     const std::vector<TensorIndex> needed = Touched(op);
@@ -109,7 +112,8 @@ absl::Status Lap(const Graph& graph, uint64_t budget, const Oracle& oracle, Stat
 
 }  // namespace
 
-absl::StatusOr<ResidencyPlan> PlanResidency(const Graph& graph, uint64_t gpu_budget_bytes) {
+absl::StatusOr<ResidencyPlan> PlanResidency(const Graph& graph, uint64_t gpu_budget_bytes,
+                                            const std::atomic<bool>* cancel) {
   if (absl::Status valid = ValidateGraph(graph); !valid.ok()) return valid;
   State state;
   state.resident.assign(graph.tensors.size(), false);
@@ -133,7 +137,7 @@ absl::StatusOr<ResidencyPlan> PlanResidency(const Graph& graph, uint64_t gpu_bud
   for (int lap = 0; lap < kLaps; ++lap) {
     const State before = state;
     plan = ResidencyPlan{};
-    if (absl::Status s = Lap(graph, gpu_budget_bytes, oracle, state, &plan); !s.ok()) return s;
+    if (absl::Status s = Lap(graph, gpu_budget_bytes, oracle, state, &plan, cancel); !s.ok()) return s;
     for (size_t t = 0; t < graph.tensors.size(); ++t) {
       if (before.resident[t]) plan.resident_at_start.push_back(static_cast<TensorIndex>(t));
     }
@@ -213,7 +217,7 @@ absl::StatusOr<ResidencyPlan> PlanResidencyFrom(const Graph& graph, uint64_t gpu
   }
   plan.dirty_at_start = state.dirty;
   const Oracle oracle{NextUseDistances(graph), DeadAfter(graph)};
-  if (absl::Status lap = Lap(graph, gpu_budget_bytes, oracle, state, &plan); !lap.ok()) return lap;
+  if (absl::Status lap = Lap(graph, gpu_budget_bytes, oracle, state, &plan, nullptr); !lap.ok()) return lap;
   return plan;
 }
 

@@ -18,6 +18,7 @@
 #ifndef TIERD_PREFETCHER_RESIDENCY_H_
 #define TIERD_PREFETCHER_RESIDENCY_H_
 
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -45,8 +46,10 @@ struct ResidencyPlan {
 };
 
 // RESOURCE_EXHAUSTED naming the op and the numbers when an op's tensors plus the pinned
-// ones do not fit the budget.
-absl::StatusOr<ResidencyPlan> PlanResidency(const Graph& graph, uint64_t gpu_budget_bytes);
+// ones do not fit the budget. `cancel`, once set by another thread, stops it at the next op
+// with CANCELLED.
+absl::StatusOr<ResidencyPlan> PlanResidency(const Graph& graph, uint64_t gpu_budget_bytes,
+                                            const std::atomic<bool>* cancel = nullptr);
 
 // One lap of the iteration from a given state (what is resident and dirty at its start),
 // not the steady state: MIN over a finite sequence, which the tests compare with brute

@@ -462,6 +462,9 @@ absl::StatusOr<SimResult> SimulatePlan(const Graph& graph, const Plan& plan, con
   for (int it = 0; it < options.iterations; ++it) {
     lower_pos = 0;
     for (uint32_t i = 0; i < ops; ++i) {
+      if (options.cancel != nullptr && options.cancel->load(std::memory_order_relaxed)) {
+        return absl::CancelledError("the simulation was cancelled");
+      }
       // GPU evictions: possible once the tensor's last use has finished.
       std::map<TensorIndex, int> write_back_task, dead_drop_task;
       for (const Eviction& e : plan.gpu.evictions[i]) {

@@ -19,6 +19,7 @@
 #ifndef TIERD_PREFETCHER_SIMULATE_H_
 #define TIERD_PREFETCHER_SIMULATE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -68,7 +69,7 @@ struct Plan {
   bool layout_fits = false;
 };
 absl::StatusOr<Plan> MakePlan(const Graph& graph, const Budgets& budgets, uint64_t reserve_bytes = 0,
-                              const PlanStyle& style = {});
+                              const PlanStyle& style = {}, const std::atomic<bool>* cancel = nullptr);
 
 enum class Track : uint8_t { kCompute, kH2D, kD2H, kNvme };
 const char* TrackName(Track track);
@@ -87,6 +88,8 @@ struct SimOptions {
   uint64_t seed = 1;
   double jitter = 0;        // op times and link speeds scaled by uniform(1-j, 1+j)
   bool record_timeline = false;
+  // Set (by another thread): the simulation stops at its next op with CANCELLED.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 // A copy's time in the top tier: from the start of its load (or alloc) to the end of its
@@ -149,9 +152,12 @@ struct PlanCandidate {
 };
 // `layout_limit_bytes`: the arena the static layout may fill (0: the GPU budget); a caller
 // that plans under its quota minus a headroom passes the whole quota.
+// `cancel`, once set (by another thread), stops it between plans and within simulations with
+// CANCELLED (a daemon's deadline).
 absl::StatusOr<Plan> PlanBest(const Graph& graph, const Budgets& budgets, const LinkModel& link,
                               std::vector<PlanCandidate>* tried = nullptr, uint64_t layout_limit_bytes = 0,
-                              const std::vector<PlanStyle>& styles = DaemonStyles());
+                              const std::vector<PlanStyle>& styles = DaemonStyles(),
+                              const std::atomic<bool>* cancel = nullptr);
 // Plain, exclusive loads, exclusive loads hoisted, and those with victims chosen by time too
 // (slack 0.25).
 const std::vector<PlanStyle>& TimeAwareStyles();

@@ -162,6 +162,9 @@ absl::StatusOr<LowerTierPlan> PlanLowerTiers(const Graph& graph, const Residency
     plan.dram_at_start = s.dram;
     plan.nvme_at_start = s.nvme;
     for (size_t p = lap_index * len; p < (lap_index + 1) * len; ++p) {
+      if (options.cancel != nullptr && options.cancel->load(std::memory_order_relaxed)) {
+        return absl::CancelledError("planning was cancelled");
+      }
       const LowerEvent& d = lap[p % len];
       const TensorIndex t = d.tensor;
       auto emit = [&](LowerKind kind, TensorIndex tensor) { plan.events.push_back({d.op, kind, tensor}); };

@@ -15,6 +15,7 @@
 #ifndef TIERD_PREFETCHER_TIERS_H_
 #define TIERD_PREFETCHER_TIERS_H_
 
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -73,6 +74,8 @@ struct LowerTierOptions {
   // free for stages that much earlier, at no cost in traffic (the write would make the copy
   // stale anyway). Off: the copy stays until the write.
   bool exclusive_loads = false;
+  // Once set (by another thread): stops at the next demand with CANCELLED.
+  const std::atomic<bool>* cancel = nullptr;
 };
 absl::StatusOr<LowerTierPlan> PlanLowerTiers(const Graph& graph, const ResidencyPlan& gpu_plan,
                                              uint64_t dram_budget_bytes, uint64_t nvme_budget_bytes,

@@ -161,7 +161,7 @@ absl::Status ParseRest(const YAML::Node& root, DaemonOptions* options) {
   if (const YAML::Node planner = root["planner"]) {
     RETURN_IF_ERROR(CheckKeys(planner, "planner",
                               {"h2d_gbps", "d2h_gbps", "nvme_gbps", "time_aware", "gpu_headroom_fraction",
-                               "gpu_headroom_tensors", "dram_headroom_tensors"}));
+                               "gpu_headroom_tensors", "dram_headroom_tensors", "deadline_s"}));
     if (planner["time_aware"]) options->planner_time_aware = As<bool>(planner["time_aware"], "planner.time_aware");
     PlanningHeadroom& headroom = options->planner_headroom;
     for (auto [key, out] : {std::pair{"gpu_headroom_tensors", &headroom.gpu_tensors},
@@ -170,6 +170,12 @@ absl::Status ParseRest(const YAML::Node& root, DaemonOptions* options) {
       *out = As<int>(planner[key], std::string("planner.") + key);
       if (*out < 0 || *out > 16) {
         return Error(planner[key], std::string("planner.") + key + " must be 0 to 16 (tensors)");
+      }
+    }
+    if (planner["deadline_s"]) {
+      options->planner_deadline_seconds = As<double>(planner["deadline_s"], "planner.deadline_s");
+      if (!(options->planner_deadline_seconds > 0 && options->planner_deadline_seconds <= 3600)) {
+        return Error(planner["deadline_s"], "planner.deadline_s must be above 0 and at most 3600 (seconds)");
       }
     }
     if (planner["gpu_headroom_fraction"]) {
@@ -260,13 +266,14 @@ std::string DescribeConfig(const DaemonOptions& o) {
   out += "]\n";
   if (o.socket_group) absl::StrAppendFormat(&out, "  socket_group: %d\n", *o.socket_group);
   absl::StrAppendFormat(&out, "limits: {sessions: %d}\n", o.max_sessions);
-  absl::StrAppendFormat(&out,
-                        "planner: {h2d_gbps: %.17g, d2h_gbps: %.17g, nvme_gbps: %.17g, time_aware: %s, "
-                        "gpu_headroom_fraction: %.17g, gpu_headroom_tensors: %d, dram_headroom_tensors: %d}\n",
-                        o.planner_links.h2d_bytes_per_s / 1e9, o.planner_links.d2h_bytes_per_s / 1e9,
-                        o.planner_links.nvme_read_bytes_per_s / 1e9, o.planner_time_aware ? "true" : "false",
-                        o.planner_headroom.gpu_fraction, o.planner_headroom.gpu_tensors,
-                        o.planner_headroom.dram_tensors);
+  absl::StrAppendFormat(
+      &out,
+      "planner: {h2d_gbps: %.17g, d2h_gbps: %.17g, nvme_gbps: %.17g, time_aware: %s, "
+      "gpu_headroom_fraction: %.17g, gpu_headroom_tensors: %d, dram_headroom_tensors: %d, deadline_s: %.17g}\n",
+      o.planner_links.h2d_bytes_per_s / 1e9, o.planner_links.d2h_bytes_per_s / 1e9,
+      o.planner_links.nvme_read_bytes_per_s / 1e9, o.planner_time_aware ? "true" : "false",
+      o.planner_headroom.gpu_fraction, o.planner_headroom.gpu_tensors, o.planner_headroom.dram_tensors,
+      o.planner_deadline_seconds);
   absl::StrAppendFormat(&out, "default_session_quota: {gpu: %s, dram: %s, nvme: %s}\n",
                         ExactBytes(o.default_quota.gpu_bytes), ExactBytes(o.default_quota.dram_bytes),
                         ExactBytes(o.default_quota.nvme_bytes));

@@ -64,7 +64,15 @@ TEST(ConfigTest, TheAnnotatedExampleParses) {
   EXPECT_EQ(said_back->planner_headroom.dram_tensors, 3);
   EXPECT_EQ(said_back->planner_headroom.gpu_tensors, 2);
   EXPECT_EQ(said_back->planner_headroom.gpu_fraction, 0.05);
+  EXPECT_EQ(said_back->planner_deadline_seconds, 60);
   EXPECT_FALSE(ParseConfig("planner: {gpu_headroom_fraction: 0.5}\n").ok());
+  auto deadline = ParseConfig("planner: {deadline_s: 2.5}\n");
+  ASSERT_TRUE(deadline.ok()) << deadline.status();
+  EXPECT_EQ(deadline->planner_deadline_seconds, 2.5);
+  auto no_time = ParseConfig("planner: {deadline_s: 0}\n");
+  ASSERT_FALSE(no_time.ok());
+  EXPECT_NE(no_time.status().message().find("planner.deadline_s must be above 0"), std::string::npos)
+      << no_time.status();
   auto too_many = ParseConfig("planner: {dram_headroom_tensors: 17}\n");
   ASSERT_FALSE(too_many.ok());
   EXPECT_NE(too_many.status().message().find("planner.dram_headroom_tensors must be 0 to 16"), std::string::npos)

@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "base/units.h"
 #include "ipc/tierd_service.h"
+#include "ipc/undecodable.h"
 #include "runtime/config.h"
 #include "runtime/uring_block_io.h"
 
@@ -152,6 +153,7 @@ absl::Status Daemon::StartServers() {
     builder.AddListeningPort(options_.grpc_tcp_address, grpc::InsecureServerCredentials(), &tcp_port);
   }
   builder.RegisterService(service_.get());
+  builder.experimental().SetInterceptorCreators(ipc::UndecodableRequestInterceptors());
   const mode_t old_mask = umask(0177);  // the gRPC socket is born 0600
   grpc_server_ = builder.BuildAndStart();
   umask(old_mask);
@@ -187,6 +189,8 @@ absl::Status Daemon::StartServers() {
 int Daemon::metrics_port() const { return metrics_ ? metrics_->port() : 0; }
 
 Daemon::~Daemon() {
+  // Graphs still being planned stop first, so their requests answer before gRPC drains.
+  StopPlanning();
   metrics_.reset();
   hello_server_.reset();  // ends every session (OnGoodbye), removes tierd.sock
   rings_.clear();
@@ -196,6 +200,7 @@ Daemon::~Daemon() {
     grpc_server_->Wait();
   }
   unlink(grpc_path_.c_str());
+  JoinPlanning(/*all=*/true);
   {
     absl::MutexLock lock(&planned_mutex_);
     planned_.clear();  // executors call into the lease table

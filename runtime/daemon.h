@@ -73,6 +73,10 @@ struct DaemonOptions {
   // copies, so more held back only shrinks what the plan can keep (the 7B trainer on the
   // H200 ran 10% faster a step with one).
   PlanningHeadroom planner_headroom;
+  // How long one graph may take to plan (RegisterGraph, or a recorded iteration): beyond it
+  // the planning stops and the request is refused with DEADLINE_EXCEEDED and the graph's size.
+  // The planner runs off the request thread, at most kPlanningMax graphs at once.
+  double planner_deadline_seconds = 60;
 };
 
 // Removes /dev/shm segments named "tierd-..." that no live process holds (left by a
@@ -82,6 +86,9 @@ int SweepStaleSegments(const std::string& shm_directory);
 class PlannedSession;
 
 inline constexpr size_t kObserversMax = 64;
+// Graphs planned at once (each on its own thread, two cores' worth of work at most per
+// client); one more is refused with RESOURCE_EXHAUSTED.
+inline constexpr size_t kPlanningMax = 4;
 inline constexpr SessionId kFirstObserverId = SessionId{1} << 48;
 
 class Daemon : public ipc::HelloHandler, public ipc::PlannerHooks {
@@ -132,6 +139,14 @@ class Daemon : public ipc::HelloHandler, public ipc::PlannerHooks {
   // previous plan): RegisterGraph's and a recording's common path.
   absl::StatusOr<v1::PlanReply> PlanGraph(SessionId session, prefetcher::Graph graph);
   bool HasPlan(SessionId session);
+  // Graphs being planned off their request threads (daemon_planner.cc); each job's thread is
+  // joined once done, by the next PlanGraph or the destructor (which cancels them first).
+  struct PlanningJob;
+  absl::Mutex planning_mutex_;
+  std::vector<std::shared_ptr<PlanningJob>> planning_ ABSL_GUARDED_BY(planning_mutex_);
+  bool planning_stopped_ ABSL_GUARDED_BY(planning_mutex_) = false;  // the destructor began
+  void JoinPlanning(bool all);
+  void StopPlanning();  // cancels them all and plans no more
   absl::Mutex recorders_mutex_;
   // Sessions that mark iterations instead of registering a graph.
   std::map<SessionId, std::unique_ptr<prefetcher::IterationRecorder>> recorders_ ABSL_GUARDED_BY(recorders_mutex_);

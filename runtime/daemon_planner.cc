@@ -1,10 +1,14 @@
 // The daemon's planner hooks: a session registers its iteration graph, reports the op it
 // is about to run, and tierctl asks what the plan is and how the run compares with it.
+#include <malloc.h>
+
 #include <limits>
 #include <map>
 #include <optional>
+#include <thread>
 
 #include "absl/strings/str_format.h"
+#include "base/units.h"
 #include "runtime/daemon.h"
 #include "runtime/planned_session.h"
 
@@ -21,6 +25,9 @@ namespace tp = prefetcher;
 constexpr int kGraphTensorsMax = 65536;
 constexpr int kGraphOpsMax = 16384;
 constexpr int kGraphUsesMax = 1 << 20;  // tensor references over all ops
+// The planner's next-use table holds 4 bytes per op and tensor: at most 256 MiB of it. 7B or
+// 13B with 128 micro-batches one after the other is ~40-60 M cells.
+constexpr int64_t kGraphCellsMax = int64_t{1} << 26;
 
 absl::StatusOr<tp::Graph> GraphFromProto(const v1::GraphSpec& spec) {
   if (spec.tensors_size() > kGraphTensorsMax || spec.ops_size() > kGraphOpsMax) {
@@ -28,6 +35,14 @@ absl::StatusOr<tp::Graph> GraphFromProto(const v1::GraphSpec& spec) {
         "a graph of %d tensors and %d ops; tierd plans at most %d and %d (a layer-major step needs ~3 ops a "
         "layer; one micro-batch after the other ~2 a layer per micro-batch)",
         spec.tensors_size(), spec.ops_size(), kGraphTensorsMax, kGraphOpsMax));
+  }
+  const int64_t cells = int64_t{spec.ops_size()} * spec.tensors_size();
+  if (cells > kGraphCellsMax) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "a graph of %d ops and %d tensors: the planner keeps a next use per op and tensor, %d of them (%s); tierd "
+        "plans at most %d (%s)",
+        spec.ops_size(), spec.tensors_size(), cells, FormatBytes(4 * cells), kGraphCellsMax,
+        FormatBytes(4 * kGraphCellsMax)));
   }
   int64_t uses = 0;
   for (const v1::GraphOpSpec& o : spec.ops()) {
@@ -104,6 +119,44 @@ absl::StatusOr<v1::PlanReply> Daemon::RegisterGraph(SessionId session, const v1:
   return PlanGraph(session, *std::move(graph));
 }
 
+// One graph being planned on its own thread. The request waits for it until the deadline;
+// past it, the request sets `cancel` and leaves, and the thread drops its draft soon after.
+struct Daemon::PlanningJob {
+  std::atomic<bool> cancel{false};
+  absl::Mutex mutex;
+  bool done ABSL_GUARDED_BY(mutex) = false;
+  absl::StatusOr<std::unique_ptr<PlannedSession::Draft>> draft ABSL_GUARDED_BY(mutex);
+  std::thread thread;
+};
+
+void Daemon::JoinPlanning(bool all) {
+  std::vector<std::shared_ptr<PlanningJob>> finished;
+  {
+    absl::MutexLock lock(&planning_mutex_);
+    for (auto it = planning_.begin(); it != planning_.end();) {
+      if (all) (*it)->cancel.store(true);
+      bool done = all;
+      if (!done) {
+        absl::MutexLock job_lock(&(*it)->mutex);
+        done = (*it)->done;
+      }
+      if (!done) {
+        ++it;
+        continue;
+      }
+      finished.push_back(*it);
+      it = planning_.erase(it);
+    }
+  }
+  for (auto& job : finished) job->thread.join();
+}
+
+void Daemon::StopPlanning() {
+  absl::MutexLock lock(&planning_mutex_);
+  planning_stopped_ = true;
+  for (auto& job : planning_) job->cancel.store(true);
+}
+
 absl::StatusOr<v1::PlanReply> Daemon::PlanGraph(SessionId session, tp::Graph graph) {
   // Tensors the tiers already keep on the GPU (config pins, tierctl pin) stay there in the plan.
   for (const LeaseView& view : leases_->List(session)) {
@@ -147,16 +200,61 @@ absl::StatusOr<v1::PlanReply> Daemon::PlanGraph(SessionId session, tp::Graph gra
     links.d2h_bytes_per_s = links.nvme_write_bytes_per_s;
     return links;
   };
+  PlanningOptions options;
+  options.links = host ? lowered(options_.planner_links) : options_.planner_links;
+  options.time_aware = options_.planner_time_aware;
+  options.headroom = options_.planner_headroom;
+  const size_t ops = graph.ops.size(), tensors = graph.tensors.size();
+
+  // The planning itself (seconds for thousands of ops) runs on its own thread, so a request
+  // never holds the daemon past the deadline, and a cancelled one frees its memory promptly.
+  JoinPlanning(/*all=*/false);
+  auto job = std::make_shared<PlanningJob>();
+  {
+    absl::MutexLock lock(&planning_mutex_);
+    if (planning_stopped_) return absl::UnavailableError("tierd is stopping");
+    if (planning_.size() >= kPlanningMax) {
+      return absl::ResourceExhaustedError(
+          absl::StrFormat("%d graphs are being planned, at most %d at once; register this one when one of them is done",
+                          planning_.size(), kPlanningMax));
+    }
+    options.cancel = &job->cancel;
+    job->thread = std::thread([job, graph = std::move(graph), budgets, options]() mutable {
+      auto draft = PlannedSession::Prepare(std::move(graph), budgets, options);
+      if (job->cancel.load()) {  // its request has gone: the memory goes back now
+        draft = absl::CancelledError("planning was cancelled");
+        malloc_trim(0);
+      }
+      absl::MutexLock lock(&job->mutex);
+      job->draft = std::move(draft);
+      job->done = true;
+    });
+    planning_.push_back(job);
+  }
+  const auto seconds = absl::Seconds(options_.planner_deadline_seconds);
+  absl::StatusOr<std::unique_ptr<PlannedSession::Draft>> draft;
+  {
+    absl::MutexLock lock(&job->mutex);
+    if (!job->mutex.AwaitWithTimeout(absl::Condition(&job->done), seconds)) {
+      job->cancel.store(true);
+      return absl::DeadlineExceededError(absl::StrFormat(
+          "planning a graph of %d ops and %d tensors took longer than %g s (planner.deadline_s, "
+          "--planner_deadline_s) and was stopped; a layer-major step is ~3 ops a layer, one micro-batch after the "
+          "other ~2 a layer per micro-batch",
+          ops, tensors, options_.planner_deadline_seconds));
+    }
+    draft = std::move(job->draft);
+  }
+  if (!draft.ok()) {
+    return absl::Status(draft.status().code(),
+                        "cannot plan this graph under the session's quotas: " + std::string(draft.status().message()));
+  }
   std::function<tp::LinkModel()> links_now = measured;
   if (host) links_now = [measured, lowered] { return lowered(measured()); };
-  auto planned = PlannedSession::Create(*leases_, session, std::move(graph), budgets,
-                                        host ? lowered(options_.planner_links) : options_.planner_links, RealClock(),
-                                        /*deterministic=*/false, links_now, options_.planner_time_aware,
-                                        options_.planner_headroom);
-  if (!planned.ok()) {
-    return absl::Status(planned.status().code(),
-                        "cannot plan this graph under the session's quotas: " + std::string(planned.status().message()));
-  }
+  options.measured_links = links_now;
+  options.cancel = nullptr;
+  auto planned = PlannedSession::Start(*leases_, session, *std::move(draft), RealClock(), options);
+  if (!planned.ok()) return planned.status();
   (*planned)->SetLinkBytes([mover] { return PlannedSession::MovedBy(*mover); });
   v1::PlanReply reply;
   FillReply(**planned, &reply);

@@ -103,12 +103,18 @@ constexpr int64_t kAwaitMaxNanos = 10'000'000'000;
 
 absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTable& leases, SessionId session,
                                                                        tp::Graph graph, const tp::Budgets& budgets,
-                                                                       const tp::LinkModel& links, Clock& clock,
-                                                                       bool deterministic,
-                                                                       std::function<tp::LinkModel()> measured_links,
-                                                                       bool time_aware, PlanningHeadroom headroom_of) {
+                                                                       Clock& clock, const PlanningOptions& options) {
+  auto draft = Prepare(std::move(graph), budgets, options);
+  if (!draft.ok()) return draft.status();
+  return Start(leases, session, *std::move(draft), clock, options);
+}
+
+absl::StatusOr<std::unique_ptr<PlannedSession::Draft>> PlannedSession::Prepare(tp::Graph graph,
+                                                                               const tp::Budgets& budgets,
+                                                                               const PlanningOptions& options) {
   if (absl::Status valid = tp::ValidateGraph(graph); !valid.ok()) return valid;
   const Tier top = graph.host ? Tier::kDram : Tier::kGpu;
+  const tp::LinkModel& links = options.links;
   // The tiers' allocators fragment, most when tensors are large next to the quota: plan
   // the top tier under its quota by a share of it or by some of the largest tensors (at
   // most a quarter of the quota), whichever is more (PlanningHeadroom), so the planned moves
@@ -120,6 +126,7 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
   // each): headroom beyond what the joins need is room the plan cannot use.
   uint64_t largest = 0;
   for (const tp::GraphTensor& t : graph.tensors) largest = std::max(largest, t.bytes);
+  const PlanningHeadroom& headroom_of = options.headroom;
   const uint64_t dram_kept = static_cast<uint64_t>(std::max(0, headroom_of.dram_tensors)) * largest;
   const uint64_t gpu_kept = static_cast<uint64_t>(std::max(0, headroom_of.gpu_tensors)) * largest;
   const double fraction = std::clamp(headroom_of.gpu_fraction, 0.0, 0.25);
@@ -130,8 +137,8 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
   };
   const tp::Budgets planning{headroom(budgets.gpu, /*relocates=*/false),
                              headroom(budgets.dram, /*relocates=*/top == Tier::kGpu), budgets.nvme};
-  const std::vector<tp::PlanStyle> styles = time_aware ? tp::TimeAwareStyles() : tp::DaemonStyles();
-  auto plan = tp::PlanBest(graph, planning, links, nullptr, budgets.gpu, styles);
+  const std::vector<tp::PlanStyle> styles = options.time_aware ? tp::TimeAwareStyles() : tp::DaemonStyles();
+  auto plan = tp::PlanBest(graph, planning, links, nullptr, budgets.gpu, styles, options.cancel);
   if (!plan.ok()) return plan.status();
   if (top == Tier::kDram && (plan->lower.nvme_read_bytes > 0 || plan->lower.nvme_write_bytes > 0)) {
     uint64_t total = 0;
@@ -141,11 +148,11 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
                         "of them (%s)",
                         FormatBytes(budgets.dram), FormatBytes(total)));
   }
-  tp::SimOptions options;
-  options.iterations = 3;
-  auto sim = tp::SimulatePlan(graph, *plan, planning, links, options);
+  tp::SimOptions sim_options;
+  sim_options.iterations = 3;
+  sim_options.cancel = options.cancel;
+  auto sim = tp::SimulatePlan(graph, *plan, planning, links, sim_options);
   if (!sim.ok()) return sim.status();
-  std::unique_ptr<PlannedSession> planned(new PlannedSession());
   auto prediction = std::make_shared<Prediction>();
   prediction->sim = *std::move(sim);
   prediction->links = links;
@@ -154,12 +161,34 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
   prediction->bound = tp::ComputeLowerBound(graph, links, budgets);
   prediction->style = tp::DescribeStyle(plan->style);
   prediction->reserve_bytes = plan->reserve_bytes;
+  auto draft = std::make_unique<Draft>();
+  draft->graph = std::move(graph);
+  draft->plan = *std::move(plan);
+  draft->budgets = budgets;
+  draft->planning = planning;
+  draft->styles = styles;
+  draft->prediction = std::move(prediction);
+  return draft;
+}
+
+absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Start(LeaseTable& leases, SessionId session,
+                                                                      std::unique_ptr<Draft> draft, Clock& clock,
+                                                                      const PlanningOptions& options) {
+  tp::Graph& graph = draft->graph;
+  const Tier top = graph.host ? Tier::kDram : Tier::kGpu;
+  const tp::Budgets budgets = draft->budgets;
+  const tp::Budgets planning = draft->planning;
+  const std::vector<tp::PlanStyle> styles = draft->styles;
+  const tp::LinkModel links = options.links;
+  const auto& measured_links = options.measured_links;
+  std::unique_ptr<PlannedSession> planned(new PlannedSession());
+  auto prediction = draft->prediction;
   planned->prediction_ = prediction;
-  planned->layout_ = plan->layout;
-  planned->layout_fits_ = plan->layout_fits;
+  planned->layout_ = draft->plan.layout;
+  planned->layout_fits_ = draft->plan.layout_fits;
   planned->quota_ = budgets.gpu;
   tp::ExecutorOptions executor_options;
-  executor_options.single_thread = deterministic;
+  executor_options.single_thread = options.deterministic;
   auto current_links = [links, measured_links] { return measured_links ? measured_links() : links; };
   executor_options.replanner = [planning, budgets, current_links, quota = budgets.gpu, styles,
                                  prediction](const tp::Graph& measured) -> absl::StatusOr<tp::Plan> {
@@ -205,7 +234,7 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTabl
   auto index = std::make_shared<std::unordered_map<std::string, tp::TensorIndex>>();
   for (tp::TensorIndex t = 0; t < graph.tensors.size(); ++t) (*index)[graph.tensors[t].name] = t;
   planned->executor_ =
-      std::make_unique<tp::Executor>(std::move(graph), *std::move(plan), *planned->ops_, clock, executor_options);
+      std::make_unique<tp::Executor>(std::move(graph), std::move(draft->plan), *planned->ops_, clock, executor_options);
   // Room made on demand goes to the tensor the graph uses furthest ahead.
   tp::Executor* executor = planned->executor_.get();
   absl::Status advised = leases.SetEvictionAdvisor(

@@ -10,10 +10,11 @@
 #define TIERD_RUNTIME_PLANNED_SESSION_H_
 
 #include <array>
+#include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -36,25 +37,43 @@ struct PlanningHeadroom {
   int dram_tensors = 1;
 };
 
+// How a session is planned besides its graph and quotas.
+struct PlanningOptions {
+  prefetcher::LinkModel links;  // the link speeds the first plan assumes
+  // One executor thread (tests).
+  bool deterministic = false;
+  // Set: replans use the links as measured, and a link more than 25% off the speed the plan
+  // assumed triggers one.
+  std::function<prefetcher::LinkModel()> measured_links;
+  // PlanBest also tries prefetcher::TimeAwareStyles (first plan and replans).
+  bool time_aware = false;
+  PlanningHeadroom headroom;  // what the plan leaves free of the quotas
+  // Set (by another thread) while Prepare runs: it stops soon with CANCELLED (a deadline).
+  const std::atomic<bool>* cancel = nullptr;
+};
+
 class PlannedSession {
  public:
-  // Plans `graph` (PlanBest) under `budgets` and `links`, simulates it for the prediction,
-  // and starts the executor (`deterministic`: one executor thread; for tests). With
-  // `measured_links`, replans use the links as measured, and a link more than 25% off the
-  // speed the plan assumed triggers one. The plan's errors (a graph that cannot fit, ...) come back as
-  // they are. Tensors of the graph need not be leased yet: moves of unleased ones are no-ops.
-  // A host graph (graph.host: the client acquires in DRAM) is planned one tier lower: then
+  // A plan made and simulated, not yet carried out: Prepare's pure part (no lease table, no
+  // threads), which may run anywhere and be abandoned.
+  struct Draft;
+  // Plans `graph` (PlanBest) under `budgets` and `options.links` and simulates it for the
+  // prediction. The plan's errors (a graph that cannot fit, ...) come back as they are. A
+  // host graph (graph.host: the client acquires in DRAM) is planned one tier lower: then
   // `budgets.gpu` is the DRAM quota, the links' DRAM->GPU/GPU->DRAM are NVMe read/write, and
-  // the NVMe quota must hold every tensor (nothing is planned below NVMe). `time_aware`:
-  // PlanBest also tries prefetcher::TimeAwareStyles (first plan and replans).
-  // `headroom`: what the plan leaves free of the quotas (PlanningHeadroom).
+  // the NVMe quota must hold every tensor (nothing is planned below NVMe).
+  static absl::StatusOr<std::unique_ptr<Draft>> Prepare(prefetcher::Graph graph, const prefetcher::Budgets& budgets,
+                                                        const PlanningOptions& options);
+  // Starts the draft's executor on the session's leases. Tensors of the graph need not be
+  // leased yet: moves of unleased ones are no-ops.
+  static absl::StatusOr<std::unique_ptr<PlannedSession>> Start(LeaseTable& leases, SessionId session,
+                                                               std::unique_ptr<Draft> draft, Clock& clock,
+                                                               const PlanningOptions& options);
+  // Prepare, then Start.
   static absl::StatusOr<std::unique_ptr<PlannedSession>> Create(LeaseTable& leases, SessionId session,
-                                                               prefetcher::Graph graph,
-                                                               const prefetcher::Budgets& budgets,
-                                                               const prefetcher::LinkModel& links, Clock& clock,
-                                                               bool deterministic = false,
-                                                               std::function<prefetcher::LinkModel()> measured_links = {},
-                                                               bool time_aware = false, PlanningHeadroom headroom = {});
+                                                                prefetcher::Graph graph,
+                                                                const prefetcher::Budgets& budgets, Clock& clock,
+                                                                const PlanningOptions& options);
   ~PlannedSession();
 
   absl::Status OpBegin(uint32_t op);
@@ -143,6 +162,15 @@ class PlannedSession {
   uint64_t quota_ = 0;
   LeaseTable* leases_ = nullptr;
   SessionId session_ = 0;
+};
+
+struct PlannedSession::Draft {
+  prefetcher::Graph graph;
+  prefetcher::Plan plan;
+  prefetcher::Budgets budgets;   // the quotas
+  prefetcher::Budgets planning;  // less their headroom
+  std::vector<prefetcher::PlanStyle> styles;
+  std::shared_ptr<Prediction> prediction;
 };
 
 }  // namespace tierd

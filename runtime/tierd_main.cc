@@ -47,6 +47,10 @@ ABSL_FLAG(double, planner_gpu_headroom_fraction, -1,
           "plan the GPU at least this share of its quota under it (default 0.035; the larger of the two holds, at most "
           "a quarter)");
 
+ABSL_FLAG(double, planner_deadline_s, -1,
+          "stop planning a session's graph after this many seconds and refuse it with the graph's size "
+          "(default 60)");
+
 namespace tierd {
 namespace {
 
@@ -86,6 +90,12 @@ absl::Status Override(DaemonOptions* options) {
   if (const double f = absl::GetFlag(FLAGS_planner_gpu_headroom_fraction); f >= 0) {
     if (f > 0.25) return absl::InvalidArgumentError("--planner_gpu_headroom_fraction must be 0 to 0.25 (of the quota)");
     options->planner_headroom.gpu_fraction = f;
+  }
+  if (const double d = absl::GetFlag(FLAGS_planner_deadline_s); d != -1) {
+    if (!(d > 0 && d <= 3600)) {
+      return absl::InvalidArgumentError(absl::StrFormat("--planner_deadline_s=%g: give 0 < seconds <= 3600", d));
+    }
+    options->planner_deadline_seconds = d;
   }
   if (absl::GetFlag(FLAGS_socket_group) >= 0) options->socket_group = absl::GetFlag(FLAGS_socket_group);
   if (!absl::GetFlag(FLAGS_allowed_uids).empty()) {

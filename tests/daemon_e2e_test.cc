@@ -131,6 +131,27 @@ TEST_F(DaemonTest, BadInputGetsClearErrorsAndHurtsNobody) {
   grpc::ClientContext context;
   const grpc::Status denied = stub->Unlease(&context, forged, &empty);
   EXPECT_EQ(denied.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  // A request gRPC cannot decode (a tensor name that is not UTF-8) is refused with a reason,
+  // not INTERNAL with none, and leases nothing.
+  {
+    const auto leases_before = client->ListLeases(/*every_session=*/false);
+    ASSERT_TRUE(leases_before.ok()) << leases_before.status();
+    v1::LeaseRequest undecodable;
+    undecodable.mutable_session()->set_session_id(client->session_id());
+    undecodable.mutable_spec()->set_name("caf\xe9");  // Latin-1, not UTF-8
+    undecodable.mutable_spec()->add_shape(4);
+    v1::LeaseReply reply;
+    grpc::ClientContext lease_context;
+    const grpc::Status refused = stub->Lease(&lease_context, undecodable, &reply);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << refused.error_message();
+    EXPECT_NE(refused.error_message().find("tierd could not decode this /tierd.v1.Tierd/Lease request: a string "
+                                           "field (a tensor or op name, a label) that is not valid UTF-8"),
+              std::string::npos)
+        << refused.error_message();
+    auto listed = client->ListLeases(/*every_session=*/false);
+    ASSERT_TRUE(listed.ok()) << listed.status();
+    EXPECT_EQ(listed->leases_size(), leases_before->leases_size()) << "nothing was leased";
+  }
   // Hellos protobuf cannot decode (a label that is not UTF-8), 30 of them: each refused, and
   // at most 10 of protobuf's complaints a minute reach tierd's log.
   v1::HelloRequest bad;

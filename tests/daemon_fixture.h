@@ -23,6 +23,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "base/units.h"
@@ -49,6 +50,7 @@ class DaemonTest : public ::testing::Test {
         std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()).find("Prometheus") !=
         std::string::npos;
     if (metrics) flags.push_back("--metrics=127.0.0.1:0");
+    for (const std::string& flag : ExtraFlags()) flags.push_back(flag);
     daemon_ = std::make_unique<Process>("runtime/tierd", flags);
     const std::string instance = daemon_->WaitForLine("tierd: instance ", 20000);
     ASSERT_NE(instance, "") << daemon_->output();
@@ -60,6 +62,8 @@ class DaemonTest : public ::testing::Test {
     }
     ASSERT_NE(daemon_->WaitForLine("tierd: ready", 20000), "") << daemon_->output();
   }
+  // A fixture derived for one setting adds its tierd flags here.
+  virtual std::vector<std::string> ExtraFlags() const { return {}; }
   void TearDown() override {
     if (daemon_ == nullptr) return;
     daemon_->Signal(SIGTERM);

@@ -124,7 +124,7 @@ TEST_F(DaemonTest, APlannedSessionWithItsOptimizerOnTheHostLosesNothing) {
 // refused with INVALID_ARGUMENT or RESOURCE_EXHAUSTED, never anything else, promptly, and the
 // daemon and the session keep working. Sizes span empty graphs, up to 1,000 ops (kept small:
 // planning is timed in planbench, not here), and past the bounds (16,385 and 40,000 ops,
-// 65,537 tensors).
+// 65,537 tensors, 1,000 ops of 65,537 tensors).
 TEST_F(DaemonTest, GraphsOfRandomSizesArePlannedOrRefusedNeverWorse) {
   auto client = Connect();
   ASSERT_NE(client, nullptr);
@@ -188,6 +188,67 @@ TEST_F(DaemonTest, GraphsOfRandomSizesArePlannedOrRefusedNeverWorse) {
   ASSERT_TRUE(client->Release(*w).ok());
 }
 
+// A daemon whose planner may take a third of a second a graph.
+class DaemonDeadlineTest : public DaemonTest {
+ protected:
+  std::vector<std::string> ExtraFlags() const override { return {"--planner_deadline_s=0.3"}; }
+};
+
+// A graph within the bounds that takes seconds to plan: the planning is stopped at the
+// deadline and the request refused with the graph's size; the session and the daemon go on,
+// and a small graph plans at once (the stopped planning does not hold a planner slot).
+TEST_F(DaemonDeadlineTest, AGraphPastThePlannersDeadlineIsStoppedAndRefused) {
+  auto client = Connect({2 * kMiB, 4 * kMiB, 16 * kMiB});
+  ASSERT_NE(client, nullptr);
+  auto w = client->Lease({"w", TensorClass::kParam, DType::kF32, {1024}});
+  ASSERT_TRUE(w.ok());
+  std::mt19937_64 rng(7);
+  v1::GraphSpec big;
+  constexpr int kTensors = 1000, kOps = 16384;
+  for (int t = 0; t < kTensors; ++t) {
+    auto* tensor = big.add_tensors();
+    tensor->set_name("t" + std::to_string(t));
+    tensor->set_bytes(4096);
+  }
+  for (int o = 0; o < kOps; ++o) {
+    auto* op = big.add_ops();
+    op->set_name("op" + std::to_string(o));
+    op->set_seconds(1e-4);
+    for (int u = 0; u < 3; ++u) op->add_reads("t" + std::to_string(rng() % kTensors));
+    op->add_writes("t" + std::to_string(rng() % kTensors));
+  }
+  // More refusals than the planner has slots: a stopped planning that went on would hold
+  // its slot, and the fifth would be refused for want of one.
+  for (int i = 0; i < 5; ++i) {  // tierd plans 4 graphs at once (kPlanningMax)
+    const auto sent = std::chrono::steady_clock::now();
+    auto refused = client->RegisterGraph(big);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
+    std::printf("the big graph answered in %.2f s: %s\n", seconds,
+                refused.ok() ? "planned" : refused.status().ToString().c_str());
+    ASSERT_FALSE(refused.ok()) << "planned in " << seconds << " s: make the graph harder to plan";
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kDeadlineExceeded) << refused.status();
+    EXPECT_NE(refused.status().message().find("16384 ops and 1000 tensors took longer than 0.3 s"), std::string::npos)
+        << refused.status();
+  }
+  // Several small graphs in a row: more than the planner's slots, so a stopped planning
+  // that held its slot would show.
+  v1::GraphSpec small;
+  auto* tensor = small.add_tensors();
+  tensor->set_name("w");
+  tensor->set_bytes(4096);
+  auto* op = small.add_ops();
+  op->set_name("use");
+  op->set_seconds(1e-3);
+  op->add_reads("w");
+  for (int i = 0; i < 6; ++i) {
+    auto plan = client->RegisterGraph(small);
+    ASSERT_TRUE(plan.ok()) << "small graph " << i << ": " << plan.status();
+  }
+  EXPECT_TRUE(client->OpBegin(0).ok());
+  EXPECT_TRUE(client->Acquire(*w, Access::kRead, Place::kGpu).ok()) << "the session still works";
+  ASSERT_TRUE(client->Release(*w).ok());
+}
+
 TEST_F(DaemonTest, BadGraphsAndProgressAreRefusedWithTheReason) {
   auto client = Connect();
   ASSERT_NE(client, nullptr);
@@ -240,6 +301,22 @@ TEST_F(DaemonTest, BadGraphsAndProgressAreRefusedWithTheReason) {
             absl::string_view::npos)
       << too_many.status();
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), 5.0);
+  // Ops and tensors each within bounds, but their product past what the planner's next-use
+  // table may hold (8,193 x 8,193 > 2^26).
+  v1::GraphSpec square = graph({{"w", 4096}}, {"w"}, 0.001);
+  for (int i = 1; i < 8193; ++i) {
+    *square.add_ops() = square.ops(0);
+    auto* t = square.add_tensors();
+    t->set_name("t" + std::to_string(i));
+    t->set_bytes(4096);
+  }
+  auto too_square = client->RegisterGraph(square);
+  EXPECT_EQ(too_square.status().code(), absl::StatusCode::kInvalidArgument) << too_square.status();
+  EXPECT_NE(too_square.status().message().find("a graph of 8193 ops and 8193 tensors: the planner keeps a next use "
+                                               "per op and tensor, 67125249 of them (256 MiB); tierd plans at most "
+                                               "67108864"),
+            absl::string_view::npos)
+      << too_square.status();
   auto too_big = client->RegisterGraph(graph({{"w", 4096}, {"huge", 64 * kMiB}}, {"w", "huge"}, 0.01));
   ASSERT_EQ(too_big.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(too_big.status().message().find("cannot plan this graph under the session's quotas"),

@@ -156,8 +156,8 @@ void PlannerSimulation::Run(bool race, Shares shares, bool tight, PlanningHeadro
     ASSERT_TRUE(leases.Release(*session, *id).ok());
   }
   const tp::LinkModel links;  // the lent machine's: 55 GB/s each way, 2 GB/s NVMe
-  auto planned = PlannedSession::Create(leases, *session, graph, budgets, links, fake, /*deterministic=*/!race, {},
-                                        /*time_aware=*/false, headroom);
+  auto planned = PlannedSession::Create(leases, *session, graph, budgets, fake,
+                                        {.links = links, .deterministic = !race, .headroom = headroom});
   ASSERT_TRUE(planned.ok()) << planned.status();
   const tp::SimResult& predicted = (*planned)->predicted();
   const LeaseStats created = leases.Stats();
@@ -378,8 +378,8 @@ TEST(PlannedSessionTest, DramBelowTheGpuIsPlannedToAFewTensorsOfItsQuota) {
   ASSERT_GT(dram_quota, 0u) << "no quota near " << high + 3 * largest << " tells the two headrooms apart";
   const tp::Budgets budgets{gpu_quota, dram_quota, 2 * total};
   Tiers tiers("headroom", budgets);
-  auto planned = PlannedSession::Create(*tiers.table, tiers.session, graph, budgets, links, tiers.fake,
-                                        /*deterministic=*/true, {}, /*time_aware=*/false, PlanningHeadroom{.dram_tensors = 3});
+  auto planned = PlannedSession::Create(*tiers.table, tiers.session, graph, budgets, tiers.fake,
+                                        {.links = links, .deterministic = true, .headroom = {.dram_tensors = 3}});
   ASSERT_TRUE(planned.ok()) << planned.status();
   EXPECT_EQ((*planned)->predicted().nvme_read_bytes, 0u) << (*planned)->Summary();
   EXPECT_EQ((*planned)->predicted().nvme_write_bytes, 0u);
@@ -391,9 +391,8 @@ TEST(PlannedSessionTest, DramBelowTheGpuIsPlannedToAFewTensorsOfItsQuota) {
   const tp::Budgets tight{gpu_quota, tighter, 2 * total};
   for (int kept : {1, 3}) {
     Tiers tight_tiers("headroom-" + std::to_string(kept), tight);
-    auto p = PlannedSession::Create(*tight_tiers.table, tight_tiers.session, graph, tight, links, tight_tiers.fake,
-                                    /*deterministic=*/true, {}, /*time_aware=*/false,
-                                    PlanningHeadroom{.dram_tensors = kept});
+    auto p = PlannedSession::Create(*tight_tiers.table, tight_tiers.session, graph, tight, tight_tiers.fake,
+                                    {.links = links, .deterministic = true, .headroom = {.dram_tensors = kept}});
     ASSERT_TRUE(p.ok()) << p.status();
     EXPECT_EQ((*p)->predicted().nvme_read_bytes == 0, kept == 1) << kept << " kept: " << (*p)->Summary();
     const std::string summary = (*p)->Summary();
@@ -404,9 +403,9 @@ TEST(PlannedSessionTest, DramBelowTheGpuIsPlannedToAFewTensorsOfItsQuota) {
   }
   // No GPU headroom asked: the GPU is planned to its whole quota.
   Tiers whole_tiers("headroom-gpu", tight);
-  auto whole = PlannedSession::Create(*whole_tiers.table, whole_tiers.session, graph, tight, links, whole_tiers.fake,
-                                      /*deterministic=*/true, {}, /*time_aware=*/false,
-                                      PlanningHeadroom{.gpu_fraction = 0, .gpu_tensors = 0});
+  auto whole = PlannedSession::Create(
+      *whole_tiers.table, whole_tiers.session, graph, tight, whole_tiers.fake,
+      {.links = links, .deterministic = true, .headroom = {.gpu_fraction = 0, .gpu_tensors = 0}});
   ASSERT_TRUE(whole.ok()) << whole.status();
   EXPECT_NE((*whole)->Summary().find(absl::StrFormat("planned under GPU %s and", FormatBytes(gpu_quota))),
             std::string::npos)
@@ -428,8 +427,8 @@ TEST(PlannedSessionTrace, ShowsTheTiersOwnWriteBacksForRoom) {
     ids.push_back(*table.Lease(tiers.session, {t.name, TensorClass::kParam, DType::kU8, {static_cast<int64_t>(t.bytes)}}));
   }
   const TensorId extra = *table.Lease(tiers.session, {"extra", TensorClass::kScratch, DType::kU8, {int64_t{3 * kMiB / 2}}});
-  auto planned = PlannedSession::Create(table, tiers.session, graph, budgets, tp::LinkModel{}, tiers.fake,
-                                        /*deterministic=*/true);
+  auto planned = PlannedSession::Create(table, tiers.session, graph, budgets, tiers.fake,
+                                        {.links = tp::LinkModel{}, .deterministic = true});
   ASSERT_TRUE(planned.ok()) << planned.status();
   std::vector<LeaseStats> lap_starts;
   for (int lap = 0; lap < 3; ++lap) {
@@ -483,8 +482,9 @@ TEST(PlannedSessionPrediction, FollowsAReplanAtTheLinksAsMeasured) {
   const tp::LinkModel links;  // 2 GB/s NVMe assumed
   tp::LinkModel slow = links;
   slow.nvme_read_bytes_per_s = slow.nvme_write_bytes_per_s = 0.5e9;  // and measured at a quarter
-  auto planned = PlannedSession::Create(*tiers.table, tiers.session, graph, budgets, links, tiers.fake,
-                                        /*deterministic=*/true, [slow] { return slow; });
+  auto planned =
+      PlannedSession::Create(*tiers.table, tiers.session, graph, budgets, tiers.fake,
+                             {.links = links, .deterministic = true, .measured_links = [slow] { return slow; }});
   ASSERT_TRUE(planned.ok()) << planned.status();
   const tp::SimResult first = (*planned)->predicted();
   ASSERT_GT(first.nvme_read_bytes, 0u) << "the premise: the plan uses NVMe";

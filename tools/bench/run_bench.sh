@@ -9,7 +9,9 @@
 # MODELS, BATCH, STEPS, SKIP (untimed warm-up steps), BUDGETS ("" skips the tierd runs), TIERD_DRAM, TIERD_NVME override
 # the defaults; TORCH_RUNS picks PyTorch's rows (default "eager compile checkpointing"); TORCH=0 skips PyTorch;
 # NONE=0 skips our no-offload run (a 7B does not fit the H200 without offload); OURS_FLAGS
-# adds flags to our runs (e.g. --grad_checkpointing), TIERD_RUN_FLAGS to our tierd runs only. PyTorch runs at the largest batch that
+# adds flags to our runs (e.g. --grad_checkpointing), TIERD_RUN_FLAGS to our tierd runs only. DEEPSPEED="2 3" adds
+# DeepSpeed's rows at those ZeRO stages with CPU offload (DS_BATCH x DS_ACCUM micro-batches; carry .whl: its sdist
+# and hjson, pydantic, pydantic-core, annotated-types, typing-inspection, typing-extensions wheels). PyTorch runs at the largest batch that
 # fits (a power of two, probed first; TORCH_BATCH=N fixes it), ours at BATCH (default 8).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -35,6 +37,19 @@ for m in $models; do
       tail -n 1 "$out/torch-$m-$run.log" | grep '^{' >> "$results"
     done
   fi
+  for stage in ${DEEPSPEED:-}; do
+    if ! python3 -c "import deepspeed" 2>/dev/null; then
+      [ -d .whl ] || { echo "DEEPSPEED=$stage: carry .whl (DeepSpeed's sdist and the wheels it lacks)"; exit 1; }
+      python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --target /tmp/site \
+        .whl/*.whl .whl/deepspeed-*.tar.gz || exit 1
+      export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+    fi
+    echo "== deepspeed $m ZeRO-$stage with CPU offload"
+    python3 tools/bench/deepspeed_baseline.py --model_size="$m" --micro_batch="${DS_BATCH:-$batch}" \
+      --grad_accum_steps="${DS_ACCUM:-1}" --stage="$stage" --steps="$steps" --timing_skip="${SKIP:-3}" \
+      --data="$corpus/stdlib.txt" 2>&1 | tee "$out/deepspeed-$m-$stage.log" | tail -n 3
+    grep '^{' "$out/deepspeed-$m-$stage.log" | tail -n 1 >> "$results"
+  done
   if [ "${NONE:-1}" = 1 ]; then
     echo "== tierd-train --device=gpu $m (--offload_policy=none)"
     .carry/bin/tierd-train --device=gpu --model_size="$m" --batch_size="$batch" --seq_len=$seq --steps="$steps" \

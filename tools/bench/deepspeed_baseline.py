@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""DeepSpeed in the benchmark harness, configured as its users configure it to train a model
+larger than their GPU on one GPU: bf16, ZeRO stage 2 with the optimizer offloaded to the CPU
+(DeepSpeedCPUAdam, pinned buffers, overlapped communication), or stage 3 with parameters
+offloaded too; activation checkpointing. The model is torch_baseline.py's (fused QKV and
+gate/up, torch.nn.RMSNorm, RoPE tables, SDPA), the data the same bytes. One process, world size
+1. Prints one JSON line at the end in torch_baseline.py's form (peak_alloc_bytes: the most GPU
+memory PyTorch held reserved, which DeepSpeed's buffers live in).
+
+DeepSpeed is not on the lent machine: carry its sdist and the wheels it lacks (see
+tools/bench/run_bench.sh's DEEPSPEED=1).
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_baseline import PRESETS, Decoder  # noqa: E402
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model_size", default="1.3b")
+    p.add_argument("--micro_batch", type=int, default=8, help="sequences per micro-batch")
+    p.add_argument("--grad_accum_steps", type=int, default=1, help="micro-batches per optimizer step")
+    p.add_argument("--seq_len", type=int, default=2048)
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--timing_skip", type=int, default=2)
+    p.add_argument("--stage", type=int, default=2, choices=[2, 3],
+                   help="2: optimizer state and step on the CPU; 3: parameters offloaded to the CPU too")
+    p.add_argument("--data", required=True, help="a text file; its bytes are the tokens")
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--seed", type=int, default=1)
+    a = p.parse_args()
+    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": "29533"}.items():
+        os.environ.setdefault(key, value)
+    import deepspeed  # noqa: E402  (after the environment: it reads it on import)
+
+    deepspeed.init_distributed()
+    layers, c, h, f, v = PRESETS[a.model_size]
+    torch.manual_seed(a.seed)
+    data = torch.frombuffer(bytearray(open(a.data, "rb").read()), dtype=torch.uint8).long()
+    zero = {"stage": a.stage, "offload_optimizer": {"device": "cpu", "pin_memory": True},
+            "overlap_comm": True, "contiguous_gradients": True,
+            "reduce_bucket_size": 5e8, "allgather_bucket_size": 5e8}
+    if a.stage == 3:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    config = {
+        "train_micro_batch_size_per_gpu": a.micro_batch,
+        "gradient_accumulation_steps": a.grad_accum_steps,
+        "bf16": {"enabled": True},
+        "zero_optimization": zero,
+        "optimizer": {"type": "AdamW", "params": {"lr": a.lr, "betas": [0.9, 0.95], "weight_decay": 0.1}},
+        "gradient_clipping": 1.0,
+        "steps_per_print": 10 ** 9,
+    }
+    # Stage 3 builds the model partitioned (its parameters never whole on the GPU).
+    if a.stage == 3:
+        with deepspeed.zero.Init(config_dict_or_path=config):
+            model = Decoder(layers, c, h, f, v, True, a.seq_len)
+    else:
+        model = Decoder(layers, c, h, f, v, True, a.seq_len)
+        with torch.no_grad():  # torch_baseline.py's --init=tierd: comparable losses
+            for name, prm in model.named_parameters():
+                if prm.dim() == 1:
+                    prm.fill_(1.0)
+                else:
+                    prm.normal_(0.0, 0.02)
+                    if name.endswith("wo.weight") or name.endswith("w2.weight"):
+                        prm.mul_(1.0 / math.sqrt(2 * layers))
+    params = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in model.parameters())
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    torch.cuda.reset_peak_memory_stats()
+    tokens = a.micro_batch * a.grad_accum_steps * a.seq_len
+    timed, loss = 0.0, float("nan")
+    for step in range(1, a.steps + 1):
+        torch.cuda.synchronize()
+        t0 = time.time()
+        total = 0.0
+        for _ in range(a.grad_accum_steps):
+            starts = torch.randint(0, len(data) - a.seq_len - 1, (a.micro_batch,))
+            batch = torch.stack([data[s:s + a.seq_len + 1] for s in starts.tolist()]).cuda()
+            out = engine(batch[:, :-1], batch[:, 1:])
+            engine.backward(out)
+            engine.step()
+            total += out.item()
+        loss = total / a.grad_accum_steps
+        torch.cuda.synchronize()
+        dt = time.time() - t0
+        if step > a.timing_skip:
+            timed += dt
+        print(f"deepspeed step {step}: loss {loss:.4f} {dt * 1e3:.0f} ms", flush=True)
+    tps = tokens * (a.steps - a.timing_skip) / timed if timed > 0 else 0.0
+    print(json.dumps({"run": f"deepspeed zero-{a.stage} offload +ckpt", "model": a.model_size, "params": params,
+                      "batch": a.micro_batch, "micro_batches": a.grad_accum_steps, "seq": a.seq_len,
+                      "tokens_per_s": tps, "tflops_6n": 6 * params * tps / 1e12,
+                      "peak_alloc_bytes": torch.cuda.max_memory_reserved(), "final_loss": loss}), flush=True)
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

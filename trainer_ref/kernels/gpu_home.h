@@ -107,6 +107,13 @@ class GpuHome {
 // RESOURCE_EXHAUSTED (with the bytes) when the device cannot hold it all.
 absl::StatusOr<std::unique_ptr<GpuHome>> MakePlainGpuHome(const GpuHomeLayout& layout);
 
+// Whether a tierd session's quotas hold the layout: RESOURCE_EXHAUSTED when the state is
+// larger than GPU + DRAM + NVMe together; a warning line when less than a tenth of them would
+// stay free (the tiers' allocators fragment around leases of up to the largest one's size,
+// and a copy may then find no room in any tier); "" otherwise.
+absl::StatusOr<std::string> CheckQuotasHold(const GpuHomeLayout& layout, uint64_t gpu_bytes, uint64_t dram_bytes,
+                                            uint64_t nvme_bytes);
+
 }  // namespace tierd::trainer::gpu
 
 #endif  // TIERD_TRAINER_REF_KERNELS_GPU_HOME_H_

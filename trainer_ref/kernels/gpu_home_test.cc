@@ -70,6 +70,30 @@ TEST(GpuHomeLayoutTest, OptimizerStateInSubGroupsTilesEachPartInAlignedChunks) {
               big.bytes[1][static_cast<int>(Part::kMaster)] / 16.0, 256.0);
 }
 
+// A tierd session's quotas against the 13B state at 4 x 2 micro-batches (158 GiB with 8-bit
+// moments): refused when they cannot hold it, a warning with the bytes to add when less than a
+// tenth stays free (44 GiB of NVMe: what failed on the H200 box), nothing with 58 GiB.
+TEST(GpuHomeLayoutTest, QuotasThatCannotHoldTheStateAreRefusedAndTightOnesWarned) {
+  const GpuHomeLayout layout = GpuModel::HomeLayout(*ModelPreset("13b"), 4, 2048, /*checkpointing=*/true,
+                                                    /*act_slots=*/2, /*moments_8bit=*/true);
+  const uint64_t state = layout.Total();
+  EXPECT_NEAR(static_cast<double>(state) / (1ull << 30), 158, 1.5);
+  const uint64_t gpu = 19 * (1ull << 30), dram = 100 * (1ull << 30);
+  auto refused = CheckQuotasHold(layout, gpu, dram, 20 * (1ull << 30));
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("more than the session's quotas hold (GPU 19.0 GiB + DRAM 100 GiB + "
+                                            "NVMe 20.0 GiB = 139 GiB): raise --tierd_nvme"),
+            std::string::npos)
+      << refused.status();
+  auto tight = CheckQuotasHold(layout, gpu, dram, 44 * (1ull << 30));
+  ASSERT_TRUE(tight.ok()) << tight.status();
+  EXPECT_NE(tight->find("offload: warning: the state (158 GiB) fills 97% of the session's quotas"), std::string::npos)
+      << *tight;
+  auto roomy = CheckQuotasHold(layout, gpu, dram, 58 * (1ull << 30));
+  ASSERT_TRUE(roomy.ok()) << roomy.status();
+  EXPECT_EQ(*roomy, "");
+}
+
 // 8-bit moments: each tensor's moment is Moment8bitBytes of its count, the group's the sum
 // (a 7B layer's two moments ~0.4 GB instead of 1.6), and the state is one lease a part.
 TEST(GpuHomeLayoutTest, EightBitMomentsTakeEachTensorsBlocksInOneLease) {

@@ -127,6 +127,9 @@ absl::StatusOr<std::unique_ptr<GpuHome>> MakeHome(const RunSettings& s, const Gp
                 FormatBytes(dram).c_str());
   }
   client.quota = {gpu_bytes, dram, s.tierd_nvme};
+  auto room = CheckQuotasHold(layout, gpu_bytes, dram, s.tierd_nvme);
+  if (!room.ok()) return room.status();
+  std::fputs(room->c_str(), stdout);
   *gpu_quota = client.quota.gpu_bytes;
   *dram_quota = client.quota.dram_bytes;
   auto made = MakeTierdGpuHome(layout, client);

@@ -44,7 +44,14 @@ Gemm::~Gemm() {
 
 absl::Status Gemm::Matmul(bool trans_a, bool trans_b, int m, int n, int k, const Bf16* a, int lda, const Bf16* b,
                           int ldb, void* d, bool d_fp32, int ldd, float beta, cudaStream_t stream) {
+  return MatmulOf({CUDA_R_16BF, CUDA_R_16BF}, trans_a, trans_b, m, n, k, a, lda, b, ldb, d, d_fp32, ldd, beta, stream);
+}
+
+absl::Status Gemm::MatmulOf(const Inputs& inputs, bool trans_a, bool trans_b, int m, int n, int k, const void* a,
+                            int lda, const void* b, int ldb, void* d, bool d_fp32, int ldd, float beta,
+                            cudaStream_t stream) {
   if (m == 0 || n == 0 || k == 0) return absl::OkStatus();
+  const auto a_type = static_cast<cudaDataType_t>(inputs.a_type), b_type = static_cast<cudaDataType_t>(inputs.b_type);
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
   cublasLtMatmulPreference_t pref = nullptr;
@@ -59,9 +66,23 @@ absl::Status Gemm::Matmul(bool trans_a, bool trans_b, int m, int n, int k, const
   const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   if (s.ok()) s = Check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)), "transa");
   if (s.ok()) s = Check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)), "transb");
+  if (s.ok() && inputs.a_scale != nullptr) {
+    s = Check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &inputs.a_scale,
+                                             sizeof(inputs.a_scale)),
+              "a scale");
+  }
+  if (s.ok() && inputs.b_scale != nullptr) {
+    s = Check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &inputs.b_scale,
+                                             sizeof(inputs.b_scale)),
+              "b scale");
+  }
+  if (s.ok() && inputs.fast_accumulation) {
+    const int8_t fast = 1;
+    s = Check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)), "fast accum");
+  }
   // Stored shapes (column major): A is m x k (k x m when transposed), B k x n (n x k).
-  if (s.ok()) s = Check(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, trans_a ? k : m, trans_a ? m : k, lda), "layout a");
-  if (s.ok()) s = Check(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, trans_b ? n : k, trans_b ? k : n, ldb), "layout b");
+  if (s.ok()) s = Check(cublasLtMatrixLayoutCreate(&la, a_type, trans_a ? k : m, trans_a ? m : k, lda), "layout a");
+  if (s.ok()) s = Check(cublasLtMatrixLayoutCreate(&lb, b_type, trans_b ? n : k, trans_b ? k : n, ldb), "layout b");
   if (s.ok()) s = Check(cublasLtMatrixLayoutCreate(&ld, d_fp32 ? CUDA_R_32F : CUDA_R_16BF, m, n, ldd), "layout d");
   if (s.ok()) s = Check(cublasLtMatmulPreferenceCreate(&pref), "preference");
   if (s.ok()) {
@@ -77,7 +98,8 @@ absl::Status Gemm::Matmul(bool trans_a, bool trans_b, int m, int n, int k, const
               "heuristic");
   }
   if (s.ok() && found == 0) {
-    s = absl::InternalError(absl::StrFormat("cuBLASLt has no algorithm for %dx%dx%d bf16", m, n, k));
+    s = absl::InternalError(
+        absl::StrFormat("cuBLASLt has no algorithm for %dx%dx%d %s", m, n, k, a_type == CUDA_R_16BF ? "bf16" : "fp8"));
   }
   const float alpha = 1.f;
   if (s.ok()) {
@@ -108,6 +130,21 @@ absl::Status Gemm::Backward(Bf16* din, float* dweight, const Bf16* dout, const B
     if (absl::Status s = Matmul(false, true, ic, oc, n, in, ic, dout, oc, dweight, true, ic, 1.f, stream); !s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+absl::Status Gemm::ForwardFp8(Bf16* out, const uint8_t* in, const uint8_t* weight, const float* in_scale_inv,
+                              const float* weight_scale_inv, int n, int ic, int oc, cudaStream_t stream,
+                              bool fast_accumulation, bool e5m2_in) {
+  if (ic % 16 != 0 || oc % 16 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("an FP8 matmul needs IC and OC multiples of 16, not %d and %d", ic, oc));
+  }
+  // As Forward: column-major out^T (OC x N) = weight (stored IC x OC, transposed) x in^T; the
+  // transposed-A, plain-B form is the one FP8 tensor cores take.
+  Inputs inputs{CUDA_R_8F_E4M3, e5m2_in ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3, weight_scale_inv, in_scale_inv,
+                fast_accumulation};
+  return MatmulOf(inputs, /*trans_a=*/true, /*trans_b=*/false, oc, n, ic, weight, ic, in, ic, out, /*d_fp32=*/false, oc,
+                  0.f, stream);
 }
 
 }  // namespace tierd::trainer::gpu

@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "absl/status/statusor.h"
@@ -29,6 +30,14 @@ class Gemm {
   // micro-batches without bf16 rounding) += dout^T x in. Either may be null.
   absl::Status Backward(Bf16* din, float* dweight, const Bf16* dout, const Bf16* in, const Bf16* weight, int n, int ic,
                         int oc, cudaStream_t stream);
+  // Forward from FP8 codes (QuantizeFp8): out (N, OC, bf16) = (in_scale_inv * in) x
+  // (weight_scale_inv * weight)^T, in and weight E4M3 (or E5M2 with e5m2_in: a gradient),
+  // the scale_invs device floats each in its own 16-byte-aligned slot (cuBLASLt refuses an
+  // FP8 matmul otherwise), fp32 accumulation (`fast_accumulation`: the tensor cores' faster,
+  // less exact one, as Transformer Engine's forward). IC and OC multiples of 16.
+  absl::Status ForwardFp8(Bf16* out, const uint8_t* in, const uint8_t* weight, const float* in_scale_inv,
+                          const float* weight_scale_inv, int n, int ic, int oc, cudaStream_t stream,
+                          bool fast_accumulation = false, bool e5m2_in = false);
 
  private:
   Gemm() = default;
@@ -36,6 +45,15 @@ class Gemm {
   // or (d_fp32) fp32.
   absl::Status Matmul(bool trans_a, bool trans_b, int m, int n, int k, const Bf16* a, int lda, const Bf16* b, int ldb,
                       void* d, bool d_fp32, int ldd, float beta, cudaStream_t stream);
+  // A and B of other types (FP8), with their dequantising scales.
+  struct Inputs {
+    int a_type = 0, b_type = 0;  // cudaDataType
+    const float* a_scale = nullptr;
+    const float* b_scale = nullptr;
+    bool fast_accumulation = false;
+  };
+  absl::Status MatmulOf(const Inputs& inputs, bool trans_a, bool trans_b, int m, int n, int k, const void* a, int lda,
+                        const void* b, int ldb, void* d, bool d_fp32, int ldd, float beta, cudaStream_t stream);
 
   void* handle_ = nullptr;  // cublasLtHandle_t
   void* workspace_ = nullptr;

@@ -18,9 +18,11 @@
 #include <string>
 #include <vector>
 
-#include "trainer_ref/cpu_ops.h"
 #include "trainer_ref/adamw8bit.h"
+#include "trainer_ref/cpu_ops.h"
+#include "trainer_ref/fp8.h"
 #include "trainer_ref/host_adamw.h"
+#include "trainer_ref/kernels/fp8_ops.h"
 #include "trainer_ref/kernels/gemm.h"
 #include "trainer_ref/kernels/init_normal.h"
 #include "trainer_ref/optimizer.h"
@@ -468,6 +470,88 @@ TEST(GpuOpsTest, MatmulForwardAndBackwardThroughCublasLt) {
   ASSERT_TRUE((*gemm)->Forward(d_out.get(), d_in.get(), d_w.get(), n, ic, oc, nullptr, /*accumulate=*/true).ok());
   for (float& x : out) x *= 2;
   EXPECT_EQ(CompareBf16(Floats(d_out.Host()), out, 2e-2f, "matmul out, accumulated"), 0);
+}
+
+// FP8: the largest |x| and the codes at a per-tensor scale give the CPU reference's bits
+// (trainer_ref/fp8.h) in both formats, saturation included; the FP8 GEMM equals the CPU's
+// product of the decoded codes times both scales (bf16 output tolerance), with and without
+// fast accumulation, and the E4M3 x E5M2 form a gradient takes.
+TEST(GpuOpsTest, Fp8CodesAndGemmMatchTheCpuReference) {
+  SKIP_WITHOUT_GPU();
+  auto gemm = Gemm::Create();
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  std::mt19937_64 rng(11);
+  const int n = 96, ic = 128, oc = 160;
+  Bf16Data in = Random(size_t{n} * ic, rng), w = Random(size_t{oc} * ic, rng, 0.05f);
+  in.bits[5] = ToBf16(40.0f);  // an outlier: the scale is set by it
+  in.values[5] = FromBf16(in.bits[5]);
+  Device<Bf16> d_in(in.bits), d_w(w.bits);
+  // The scales in 16-byte slots: amax in, amax w, scale in, scale w, scale_inv in, scale_inv w.
+  Device<float> slots{std::vector<float>(6 * 4, 0.f)};
+  float* slot = slots.get();
+  AbsMax(slot + 0, d_in.get(), in.bits.size(), nullptr);
+  AbsMax(slot + 4, d_w.get(), w.bits.size(), nullptr);
+  std::vector<float> host_slots = slots.Host();
+  float amax_in = 0, amax_w = 0;
+  for (float x : in.values) amax_in = std::max(amax_in, std::fabs(x));
+  for (float x : w.values) amax_w = std::max(amax_w, std::fabs(x));
+  EXPECT_EQ(host_slots[0], amax_in);
+  EXPECT_EQ(host_slots[4], amax_w);
+  for (bool e5m2 : {false, true}) {
+    SCOPED_TRACE(e5m2 ? "e5m2" : "e4m3");
+    const fp8::Format format = e5m2 ? fp8::Format::kE5M2 : fp8::Format::kE4M3;
+    fp8::DelayedScaling in_scale(format, 1), w_scale(fp8::Format::kE4M3, 1);
+    in_scale.Record(amax_in);
+    w_scale.Record(amax_w);
+    // One scale a tenth too large for `in`: its largest values saturate (on both sides).
+    const float scales[6] = {0, 0, in_scale.scale() * 1.1f, w_scale.scale(), 0, 0};
+    for (int i = 2; i < 4; ++i) host_slots[4 * i] = scales[i];
+    host_slots[4 * 4] = 1.0f / scales[2];
+    host_slots[4 * 5] = w_scale.scale_inv();
+    ASSERT_EQ(cudaMemcpy(slot, host_slots.data(), host_slots.size() * sizeof(float), cudaMemcpyHostToDevice),
+              cudaSuccess);
+    Device<uint8_t> q_in{std::vector<uint8_t>(in.bits.size())}, q_w{std::vector<uint8_t>(w.bits.size())};
+    QuantizeFp8(q_in.get(), d_in.get(), in.bits.size(), slot + 8, e5m2, nullptr);
+    QuantizeFp8(q_w.get(), d_w.get(), w.bits.size(), slot + 12, false, nullptr);
+    const std::vector<uint8_t> codes_in = q_in.Host(), codes_w = q_w.Host();
+    int off = 0, saturated = 0;
+    for (size_t i = 0; i < codes_in.size(); ++i) {
+      const uint8_t want = fp8::Encode(in.values[i] * scales[2], format);
+      saturated += std::fabs(fp8::Decode(want, format)) == fp8::MaxFinite(format);
+      if (codes_in[i] != want && off++ < 5) {
+        ADD_FAILURE() << "in[" << i << "] " << in.values[i] << ": gpu code " << int{codes_in[i]} << " cpu "
+                      << int{want};
+      }
+    }
+    for (size_t i = 0; i < codes_w.size(); ++i) {
+      const uint8_t want = fp8::Encode(w.values[i] * scales[3], fp8::Format::kE4M3);
+      if (codes_w[i] != want && off++ < 5) ADD_FAILURE() << "w[" << i << "]: gpu " << int{codes_w[i]};
+    }
+    EXPECT_EQ(off, 0);
+    EXPECT_GE(saturated, 1) << "the outlier saturates at a scale a tenth too large";
+    for (bool fast : {false, true}) {
+      SCOPED_TRACE(fast ? "fast accumulation" : "exact accumulation");
+      Device<Bf16> d_out{std::vector<Bf16>(size_t{n} * oc)};
+      absl::Status s =
+          (*gemm)->ForwardFp8(d_out.get(), q_in.get(), q_w.get(), slot + 16, slot + 20, n, ic, oc, nullptr, fast, e5m2);
+      ASSERT_TRUE(s.ok()) << s;
+      std::vector<float> want(size_t{n} * oc);
+      for (int r = 0; r < n; ++r) {
+        for (int o = 0; o < oc; ++o) {
+          double sum = 0;
+          for (int k = 0; k < ic; ++k) {
+            sum += double{fp8::Decode(codes_in[static_cast<size_t>(r) * ic + k], format)} *
+                   fp8::Decode(codes_w[static_cast<size_t>(o) * ic + k], fp8::Format::kE4M3);
+          }
+          want[static_cast<size_t>(r) * oc + o] = static_cast<float>(sum * host_slots[16] * host_slots[20]);
+        }
+      }
+      EXPECT_EQ(CompareBf16(Floats(d_out.Host()), want, 2e-2f, "fp8 matmul out"), 0);
+    }
+  }
+  Device<Bf16> odd{std::vector<Bf16>(size_t{n} * 24)};
+  EXPECT_EQ((*gemm)->ForwardFp8(odd.get(), nullptr, nullptr, slot, slot, n, 24, 24, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // Online softmax against the CPU's materialized probabilities. Gradients are sums over up to

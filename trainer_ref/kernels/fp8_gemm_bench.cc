@@ -1,0 +1,130 @@
+// FP8 against bf16 GEMMs at the model's shapes, side by side in one run on the GPU it finds:
+// the forward matmuls of a layer (fused QKV, the attention output, fused gate/up, down) for
+// 1.3B and 7B at 8 x 2048 tokens, each timed over 20 runs after 3 warm-up ones (CUDA events).
+// FP8 here is E4M3 x E4M3 with per-tensor scales and bf16 output (Gemm::ForwardFp8), with the
+// tensor cores' exact and fast accumulation; the conversion to FP8 is not in the time (a
+// weight is converted once a step, an activation once per GEMM that reads it).
+//   bazel run -c opt //trainer_ref/kernels:fp8_gemm_bench   (or .carry/bin/fp8_gemm_bench)
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "trainer_ref/kernels/fp8_ops.h"
+#include "trainer_ref/kernels/gemm.h"
+
+namespace tierd::trainer::gpu {
+namespace {
+
+template <typename T>
+bool Alloc(T** p, size_t bytes) {
+  return cudaMalloc(reinterpret_cast<void**>(p), bytes) == cudaSuccess;
+}
+
+struct Shape {
+  const char* model;
+  const char* what;
+  int n, ic, oc;
+};
+
+int Main() {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
+    std::fprintf(stderr, "fp8_gemm_bench: no CUDA device\n");
+    return 1;
+  }
+  auto gemm = Gemm::Create();
+  if (!gemm.ok()) {
+    std::fprintf(stderr, "fp8_gemm_bench: %s\n", std::string(gemm.status().message()).c_str());
+    return 1;
+  }
+  const std::vector<Shape> shapes = {
+      {"1.3b", "qkv", 16384, 2048, 6144},      {"1.3b", "out", 16384, 2048, 2048},
+      {"1.3b", "gate/up", 16384, 2048, 11008}, {"1.3b", "down", 16384, 5504, 2048},
+      {"7b", "qkv", 16384, 4096, 12288},       {"7b", "out", 16384, 4096, 4096},
+      {"7b", "gate/up", 16384, 4096, 22016},   {"7b", "down", 16384, 11008, 4096},
+  };
+  std::printf(
+      "FP8 (E4M3, per-tensor scales, bf16 out) vs bf16 GEMMs, cuBLASLt, on %s; out (N, OC) = in (N, IC) x W^T\n",
+      prop.name);
+  std::printf(
+      "| model | GEMM | N x IC x OC | bf16 TFLOP/s | fp8 TFLOP/s | fp8 fast-accum TFLOP/s | fp8 / bf16 | fast / bf16 "
+      "|\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  double total_bf16 = 0, total_fp8 = 0, total_fast = 0;
+  for (const Shape& s : shapes) {
+    const size_t in_n = size_t(s.n) * s.ic, w_n = size_t(s.oc) * s.ic, out_n = size_t(s.n) * s.oc;
+    Bf16 *in = nullptr, *w = nullptr, *out = nullptr;
+    uint8_t *q_in = nullptr, *q_w = nullptr;
+    float* slots = nullptr;
+    if (!Alloc(&in, in_n * 2) || !Alloc(&w, w_n * 2) || !Alloc(&out, out_n * 2) || !Alloc(&q_in, in_n) ||
+        !Alloc(&q_w, w_n) || !Alloc(&slots, 16 * sizeof(float))) {
+      std::fprintf(stderr, "fp8_gemm_bench: out of GPU memory\n");
+      return 1;
+    }
+    float* master = nullptr;  // InitNormal writes an fp32 copy beside the bf16 one
+    if (!Alloc(&master, std::max(in_n, w_n) * sizeof(float))) {
+      std::fprintf(stderr, "fp8_gemm_bench: out of GPU memory\n");
+      return 1;
+    }
+    InitNormal(master, in, 0, static_cast<int64_t>(in_n), 1, 1, 1.0, nullptr);
+    InitNormal(master, w, 0, static_cast<int64_t>(w_n), 1, 2, 0.02, nullptr);
+    cudaFree(master);
+    // Current scaling: amax, then scale = 448 / amax, and its inverse for the GEMM.
+    AbsMax(slots, in, in_n, nullptr);
+    AbsMax(slots + 4, w, w_n, nullptr);
+    float amax[8];
+    cudaMemcpy(amax, slots, sizeof(amax), cudaMemcpyDeviceToHost);
+    const float host[16] = {448.f / amax[0], 0, 0, 0, 448.f / amax[4], 0, 0, 0,
+                            amax[0] / 448.f, 0, 0, 0, amax[4] / 448.f, 0, 0, 0};
+    cudaMemcpy(slots, host, sizeof(host), cudaMemcpyHostToDevice);
+    QuantizeFp8(q_in, in, in_n, slots, false, nullptr);
+    QuantizeFp8(q_w, w, w_n, slots + 4, false, nullptr);
+    auto time = [&](auto&& run) {
+      for (int i = 0; i < 3; ++i) run();
+      cudaEventRecord(start);
+      for (int i = 0; i < 20; ++i) run();
+      cudaEventRecord(stop);
+      cudaEventSynchronize(stop);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, start, stop);
+      return ms / 20 / 1e3;
+    };
+    bool ok = true;
+    const double bf16 = time([&] { ok &= (*gemm)->Forward(out, in, w, s.n, s.ic, s.oc, nullptr).ok(); });
+    const double fp8 =
+        time([&] { ok &= (*gemm)->ForwardFp8(out, q_in, q_w, slots + 8, slots + 12, s.n, s.ic, s.oc, nullptr).ok(); });
+    const double fast = time(
+        [&] { ok &= (*gemm)->ForwardFp8(out, q_in, q_w, slots + 8, slots + 12, s.n, s.ic, s.oc, nullptr, true).ok(); });
+    if (!ok || cudaDeviceSynchronize() != cudaSuccess) {
+      std::fprintf(stderr, "fp8_gemm_bench: a GEMM failed at %s %s\n", s.model, s.what);
+      return 1;
+    }
+    const double flops = 2.0 * s.n * s.ic * s.oc;
+    total_bf16 += bf16;
+    total_fp8 += fp8;
+    total_fast += fast;
+    std::printf("| %s | %s | %d x %d x %d | %.0f | %.0f | %.0f | %.2fx | %.2fx |\n", s.model, s.what, s.n, s.ic, s.oc,
+                flops / bf16 / 1e12, flops / fp8 / 1e12, flops / fast / 1e12, bf16 / fp8, bf16 / fast);
+    cudaFree(in);
+    cudaFree(w);
+    cudaFree(out);
+    cudaFree(q_in);
+    cudaFree(q_w);
+    cudaFree(slots);
+  }
+  std::printf("all eight GEMMs: fp8 %.2fx of bf16's time-weighted speed, fast accumulation %.2fx\n",
+              total_bf16 / total_fp8, total_bf16 / total_fast);
+  return 0;
+}
+
+}  // namespace
+}  // namespace tierd::trainer::gpu
+
+int main() { return tierd::trainer::gpu::Main(); }

@@ -1,0 +1,46 @@
+#include <cuda_fp8.h>
+
+#include "trainer_ref/kernels/fp8_ops.h"
+#include "trainer_ref/kernels/gpu_kernel_util.cuh"
+
+namespace tierd::trainer::gpu {
+namespace {
+
+// Non-negative floats order as their bits: the block's largest |x| goes in with one atomicMax
+// on the bits, whatever the order blocks finish in. NaN (bits above +inf) wins, as it should.
+__global__ void AbsMaxKernel(unsigned int* amax_bits, const Bf16* in, int64_t n) {
+  __shared__ unsigned int block_max;
+  if (threadIdx.x == 0) block_max = 0;
+  __syncthreads();
+  unsigned int mine = 0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    mine = max(mine, __float_as_uint(fabsf(Load(in, i))));
+  }
+  atomicMax(&block_max, mine);
+  __syncthreads();
+  if (threadIdx.x == 0) atomicMax(amax_bits, block_max);
+}
+
+__global__ void QuantizeKernel(uint8_t* out, const Bf16* in, int64_t n, const float* scale, bool e5m2) {
+  const float s = *scale;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const float x = __fmul_rn(Load(in, i), s);  // one rounding, as the CPU reference's x * scale
+    out[i] = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3);
+  }
+}
+
+}  // namespace
+
+void AbsMax(float* amax, const Bf16* in, int64_t n, cudaStream_t stream) {
+  cudaMemsetAsync(amax, 0, sizeof(float), stream);
+  if (n == 0) return;
+  AbsMaxKernel<<<Blocks(n) < 1024 ? Blocks(n) : 1024, kThreads, 0, stream>>>(reinterpret_cast<unsigned int*>(amax), in,
+                                                                             n);
+}
+
+void QuantizeFp8(uint8_t* out, const Bf16* in, int64_t n, const float* scale, bool e5m2, cudaStream_t stream) {
+  if (n == 0) return;
+  QuantizeKernel<<<Blocks(n), kThreads, 0, stream>>>(out, in, n, scale, e5m2);
+}
+
+}  // namespace tierd::trainer::gpu

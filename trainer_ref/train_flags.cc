@@ -98,7 +98,7 @@ ABSL_FLAG(std::string, step_order, "auto",
           "backward) for every micro-batch before the next layer's, so its weights come to the GPU twice a step "
           "and its gradients leave once, whatever --grad_accum_steps is (each layer keeps an input per "
           "micro-batch). The same losses either way, bit for "
-          "bit. On the H200 at 7B in 24 GiB with --opt=adamw8bit, layer ran 0.90x of PyTorch with the whole GPU; "
+          "bit. On the H200 at 7B in 24 GiB with --opt=adamw8bit, layer ran 0.89-0.90x of PyTorch with the whole GPU; "
           "with fp32 moments its state and kept inputs overflow DRAM onto NVMe and micro is faster "
           "(docs/BENCHMARKS.md)");
 ABSL_FLAG(bool, profile, false, "GPU: time every kernel and GEMM with CUDA events and say where each step's time goes");

@@ -29,7 +29,35 @@ __global__ void QuantizeKernel(uint8_t* out, const Bf16* in, int64_t n, const fl
   }
 }
 
+// 32 x 32 tiles through shared memory: reads and writes both along rows.
+constexpr int kTile = 32;
+__global__ void QuantizeTransposedKernel(uint8_t* out, const Bf16* in, int rows, int cols, const float* scale,
+                                         bool e5m2) {
+  __shared__ uint8_t tile[kTile][kTile + 1];
+  const float s = *scale;
+  const int c0 = blockIdx.x * kTile, r0 = blockIdx.y * kTile;
+  for (int dy = threadIdx.y; dy < kTile; dy += blockDim.y) {
+    const int r = r0 + dy, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) {
+      const float x = __fmul_rn(Load(in, int64_t{r} * cols + c), s);
+      tile[dy][threadIdx.x] = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3);
+    }
+  }
+  __syncthreads();
+  for (int dy = threadIdx.y; dy < kTile; dy += blockDim.y) {
+    const int c = c0 + dy, r = r0 + threadIdx.x;  // out row c, column r
+    if (r < rows && c < cols) out[int64_t{c} * rows + r] = tile[threadIdx.x][dy];
+  }
+}
+
 }  // namespace
+
+void QuantizeFp8Transposed(uint8_t* out, const Bf16* in, int rows, int cols, const float* scale, bool e5m2,
+                           cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return;
+  const dim3 grid((cols + kTile - 1) / kTile, (rows + kTile - 1) / kTile), block(kTile, 8);
+  QuantizeTransposedKernel<<<grid, block, 0, stream>>>(out, in, rows, cols, scale, e5m2);
+}
 
 void AbsMax(float* amax, const Bf16* in, int64_t n, cudaStream_t stream) {
   cudaMemsetAsync(amax, 0, sizeof(float), stream);

@@ -19,6 +19,11 @@ void AbsMax(float* amax, const Bf16* in, int64_t n, cudaStream_t stream);
 // out[i] = the FP8 code of in[i] * *scale (round to nearest even, saturating to the largest
 // finite value, NaN kept): E4M3, or E5M2 with `e5m2`.
 void QuantizeFp8(uint8_t* out, const Bf16* in, int64_t n, const float* scale, bool e5m2, cudaStream_t stream);
+// The same for a row-major (rows, cols) matrix, written transposed: out (cols, rows). The
+// backward GEMMs read weights, inputs and output gradients transposed, and FP8 tensor cores
+// take only the transposed-A, plain-B form, so these copies are made as the codes are.
+void QuantizeFp8Transposed(uint8_t* out, const Bf16* in, int rows, int cols, const float* scale, bool e5m2,
+                           cudaStream_t stream);
 
 }  // namespace tierd::trainer::gpu
 

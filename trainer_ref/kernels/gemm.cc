@@ -147,4 +147,33 @@ absl::Status Gemm::ForwardFp8(Bf16* out, const uint8_t* in, const uint8_t* weigh
                   0.f, stream);
 }
 
+absl::Status Gemm::BackwardFp8(Bf16* din, float* dweight, const uint8_t* dout, const uint8_t* dout_t,
+                               const uint8_t* in_t, const uint8_t* weight_t, const float* dout_scale_inv,
+                               const float* in_scale_inv, const float* weight_scale_inv, int n, int ic, int oc,
+                               cudaStream_t stream) {
+  if (n % 16 != 0 || ic % 16 != 0 || oc % 16 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("an FP8 matmul needs N, IC and OC multiples of 16, not %d, %d and %d", n, ic, oc));
+  }
+  if (din != nullptr) {
+    // din^T (IC x N) += weight^T x dout^T: A = weight_t read transposed (stored OC x IC column
+    // major), B = dout (stored OC x N column major).
+    Inputs inputs{CUDA_R_8F_E4M3, CUDA_R_8F_E5M2, weight_scale_inv, dout_scale_inv};
+    if (absl::Status s = MatmulOf(inputs, true, false, ic, n, oc, weight_t, oc, dout, oc, din, false, ic, 1.f, stream);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (dweight != nullptr) {
+    // dweight^T (IC x OC) += in^T x dout: A = in_t read transposed (stored N x IC column
+    // major), B = dout_t (stored N x OC column major); fp32 out.
+    Inputs inputs{CUDA_R_8F_E4M3, CUDA_R_8F_E5M2, in_scale_inv, dout_scale_inv};
+    if (absl::Status s = MatmulOf(inputs, true, false, ic, oc, n, in_t, n, dout_t, n, dweight, true, ic, 1.f, stream);
+        !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace tierd::trainer::gpu

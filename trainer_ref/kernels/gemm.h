@@ -38,6 +38,14 @@ class Gemm {
   absl::Status ForwardFp8(Bf16* out, const uint8_t* in, const uint8_t* weight, const float* in_scale_inv,
                           const float* weight_scale_inv, int n, int ic, int oc, cudaStream_t stream,
                           bool fast_accumulation = false, bool e5m2_in = false);
+  // Backward from FP8 codes, as Backward: din (N, IC, bf16) += dout x weight and dweight
+  // (OC, IC, fp32) += dout^T x in, either may be null. The gradient in E5M2, the weight and
+  // input in E4M3, each transposed where the tensor cores want it (QuantizeFp8Transposed):
+  // weight_t (IC, OC), in_t (IC, N), dout (N, OC) and dout_t (OC, N). Each scale_inv in its
+  // own 16-byte slot; N, IC and OC multiples of 16.
+  absl::Status BackwardFp8(Bf16* din, float* dweight, const uint8_t* dout, const uint8_t* dout_t, const uint8_t* in_t,
+                           const uint8_t* weight_t, const float* dout_scale_inv, const float* in_scale_inv,
+                           const float* weight_scale_inv, int n, int ic, int oc, cudaStream_t stream);
 
  private:
   Gemm() = default;

@@ -554,6 +554,96 @@ TEST(GpuOpsTest, Fp8CodesAndGemmMatchTheCpuReference) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// The FP8 backward: transposed codes equal the CPU's codes transposed (a shape that is not a
+// multiple of the kernel's 32 x 32 tile, both formats), and din (bf16) and dweight (fp32)
+// accumulate the CPU's products of the decoded codes times both scales.
+TEST(GpuOpsTest, Fp8BackwardMatchesTheCpuReference) {
+  SKIP_WITHOUT_GPU();
+  auto gemm = Gemm::Create();
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  std::mt19937_64 rng(13);
+  const int n = 80, ic = 112, oc = 48;
+  const Bf16Data in = Random(size_t{n} * ic, rng), w = Random(size_t{oc} * ic, rng, 0.05f),
+                 dout = Random(size_t{n} * oc, rng, 1e-3f), din0 = Random(size_t{n} * ic, rng, 0.01f),
+                 dw0 = Random(size_t{oc} * ic, rng, 0.01f);
+  auto amax = [](const std::vector<float>& v) {
+    float m = 0;
+    for (float x : v) m = std::max(m, std::fabs(x));
+    return m;
+  };
+  fp8::DelayedScaling s_in(fp8::Format::kE4M3, 1), s_w(fp8::Format::kE4M3, 1), s_dout(fp8::Format::kE5M2, 1);
+  s_in.Record(amax(in.values));
+  s_w.Record(amax(w.values));
+  s_dout.Record(amax(dout.values));
+  // 16-byte slots: scales of dout, in, w; then their inverses.
+  std::vector<float> slots(6 * 4, 0.f);
+  slots[0] = s_dout.scale(), slots[4] = s_in.scale(), slots[8] = s_w.scale();
+  slots[12] = s_dout.scale_inv(), slots[16] = s_in.scale_inv(), slots[20] = s_w.scale_inv();
+  Device<float> d_slots(slots);
+  Device<Bf16> d_in(in.bits), d_w(w.bits), d_dout(dout.bits), d_din(din0.bits);
+  Device<float> d_dw(dw0.values);
+  Device<uint8_t> q_dout{std::vector<uint8_t>(size_t{n} * oc)}, q_dout_t{std::vector<uint8_t>(size_t{n} * oc)},
+      q_in_t{std::vector<uint8_t>(size_t{n} * ic)}, q_w_t{std::vector<uint8_t>(size_t{oc} * ic)};
+  float* slot = d_slots.get();
+  QuantizeFp8(q_dout.get(), d_dout.get(), size_t{n} * oc, slot + 0, /*e5m2=*/true, nullptr);
+  QuantizeFp8Transposed(q_dout_t.get(), d_dout.get(), n, oc, slot + 0, true, nullptr);
+  QuantizeFp8Transposed(q_in_t.get(), d_in.get(), n, ic, slot + 4, false, nullptr);
+  QuantizeFp8Transposed(q_w_t.get(), d_w.get(), oc, ic, slot + 8, false, nullptr);
+  // The codes, transposed, against the CPU's.
+  auto expect_transposed = [](const std::vector<uint8_t>& gpu, const std::vector<float>& values, int rows, int cols,
+                              float scale, fp8::Format format, const char* what) {
+    int off = 0;
+    for (int r = 0; r < rows; ++r) {
+      for (int c = 0; c < cols; ++c) {
+        const uint8_t want = fp8::Encode(values[static_cast<size_t>(r) * cols + c] * scale, format);
+        if (gpu[static_cast<size_t>(c) * rows + r] != want && off++ < 5) {
+          ADD_FAILURE() << what << " (" << r << ", " << c << "): gpu " << int{gpu[static_cast<size_t>(c) * rows + r]}
+                        << " cpu " << int{want};
+        }
+      }
+    }
+    return off;
+  };
+  const std::vector<uint8_t> dout_codes = q_dout.Host(), dout_t = q_dout_t.Host(), in_t = q_in_t.Host(),
+                             w_t = q_w_t.Host();
+  EXPECT_EQ(expect_transposed(dout_t, dout.values, n, oc, slots[0], fp8::Format::kE5M2, "dout^T"), 0);
+  EXPECT_EQ(expect_transposed(in_t, in.values, n, ic, slots[4], fp8::Format::kE4M3, "in^T"), 0);
+  EXPECT_EQ(expect_transposed(w_t, w.values, oc, ic, slots[8], fp8::Format::kE4M3, "w^T"), 0);
+  absl::Status s = (*gemm)->BackwardFp8(d_din.get(), d_dw.get(), q_dout.get(), q_dout_t.get(), q_in_t.get(),
+                                        q_w_t.get(), slot + 12, slot + 16, slot + 20, n, ic, oc, nullptr);
+  ASSERT_TRUE(s.ok()) << s;
+  // The reference on the decoded codes: din += dout x w, dw += dout^T x in.
+  auto d_of = [](uint8_t code, fp8::Format f) { return double{fp8::Decode(code, f)}; };
+  std::vector<float> din = din0.values, dw = dw0.values;
+  for (int r = 0; r < n; ++r) {
+    for (int i = 0; i < ic; ++i) {
+      double sum = 0;
+      for (int o = 0; o < oc; ++o) {
+        sum += d_of(dout_codes[static_cast<size_t>(r) * oc + o], fp8::Format::kE5M2) *
+               d_of(w_t[static_cast<size_t>(i) * oc + o], fp8::Format::kE4M3);
+      }
+      din[static_cast<size_t>(r) * ic + i] += static_cast<float>(sum * slots[12] * slots[20]);
+    }
+  }
+  for (int o = 0; o < oc; ++o) {
+    for (int i = 0; i < ic; ++i) {
+      double sum = 0;
+      for (int r = 0; r < n; ++r) {
+        sum += d_of(dout_t[static_cast<size_t>(o) * n + r], fp8::Format::kE5M2) *
+               d_of(in_t[static_cast<size_t>(i) * n + r], fp8::Format::kE4M3);
+      }
+      dw[static_cast<size_t>(o) * ic + i] += static_cast<float>(sum * slots[12] * slots[16]);
+    }
+  }
+  EXPECT_EQ(CompareBf16(Floats(d_din.Host()), din, 1e-4f, "fp8 din"), 0);
+  EXPECT_EQ(CompareF32(d_dw.Host(), dw, 1e-4f, 1e-6f, "fp8 dweight (fp32)"), 0);
+  EXPECT_EQ(
+      (*gemm)
+          ->BackwardFp8(nullptr, d_dw.get(), nullptr, nullptr, nullptr, nullptr, slot, slot, slot, 8, ic, oc, nullptr)
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+}
+
 // Online softmax against the CPU's materialized probabilities. Gradients are sums over up to
 // T rows of products of bf16 values: atol 2e-2 on values of order 1.
 TEST(GpuOpsTest, CausalAttentionForwardAndBackward) {

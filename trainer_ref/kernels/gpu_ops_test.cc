@@ -625,18 +625,33 @@ TEST(GpuOpsTest, Fp8BackwardMatchesTheCpuReference) {
       din[static_cast<size_t>(r) * ic + i] += static_cast<float>(sum * slots[12] * slots[20]);
     }
   }
+  // Hopper's FP8 tensor cores accumulate with about 14 bits of mantissa before cuBLASLt adds
+  // into fp32 (DeepSeek-V3's report, section 3.3): dweight, an fp32 output, is held to 2^-10
+  // of the sum of its terms' magnitudes (measured: ~4e-4 of it), not to fp32 rounding.
+  std::vector<float> dw_bound(dw.size());
   for (int o = 0; o < oc; ++o) {
     for (int i = 0; i < ic; ++i) {
-      double sum = 0;
+      double sum = 0, magnitude = 0;
       for (int r = 0; r < n; ++r) {
-        sum += d_of(dout_t[static_cast<size_t>(o) * n + r], fp8::Format::kE5M2) *
-               d_of(in_t[static_cast<size_t>(i) * n + r], fp8::Format::kE4M3);
+        const double term = d_of(dout_t[static_cast<size_t>(o) * n + r], fp8::Format::kE5M2) *
+                            d_of(in_t[static_cast<size_t>(i) * n + r], fp8::Format::kE4M3);
+        sum += term;
+        magnitude += std::fabs(term);
       }
       dw[static_cast<size_t>(o) * ic + i] += static_cast<float>(sum * slots[12] * slots[16]);
+      dw_bound[static_cast<size_t>(o) * ic + i] =
+          static_cast<float>(std::ldexp(magnitude * slots[12] * slots[16], -10));
     }
   }
   EXPECT_EQ(CompareBf16(Floats(d_din.Host()), din, 1e-4f, "fp8 din"), 0);
-  EXPECT_EQ(CompareF32(d_dw.Host(), dw, 1e-4f, 1e-6f, "fp8 dweight (fp32)"), 0);
+  const std::vector<float> gpu_dw = d_dw.Host();
+  int dw_off = 0;
+  for (size_t k = 0; k < dw.size(); ++k) {
+    if (!(std::fabs(gpu_dw[k] - dw[k]) <= dw_bound[k] + 1e-6f * std::fabs(dw[k])) && dw_off++ < 5) {
+      ADD_FAILURE() << "fp8 dweight[" << k << "]: gpu " << gpu_dw[k] << " cpu " << dw[k] << " bound " << dw_bound[k];
+    }
+  }
+  EXPECT_EQ(dw_off, 0);
   EXPECT_EQ(
       (*gemm)
           ->BackwardFp8(nullptr, d_dw.get(), nullptr, nullptr, nullptr, nullptr, slot, slot, slot, 8, ic, oc, nullptr)

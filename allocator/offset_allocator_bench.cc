@@ -1,5 +1,5 @@
 // Alloc+free pair latency with 10k live blocks: OffsetAllocator vs malloc/free on the
-// same size pattern. Target (issue 2): <= 100 ns per pair.
+// same size pattern. Target: <= 100 ns per pair.
 //   bazel run -c opt //allocator:offset_allocator_bench
 #include <benchmark/benchmark.h>
 

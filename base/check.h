@@ -1,4 +1,4 @@
-// Invariant checks. The three failure tiers of this project (STYLE.md):
+// Invariant checks. The three failure tiers of this project:
 //   1. The environment said no (full disk, bad request, no GPU): return absl::Status,
 //      with a message a user can act on. Never a CHECK.
 //   2. Our own invariant broke: TIERD_CHECK. On in every build, including release;

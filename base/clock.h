@@ -1,4 +1,4 @@
-// Time, injected (STYLE.md habit 2): policy code and fakes read a Clock&, so tests can
+// Time, injected: policy code and fakes read a Clock&, so tests can
 // run on a fake clock. RealClock is the steady monotonic clock.
 #ifndef TIERD_BASE_CLOCK_H_
 #define TIERD_BASE_CLOCK_H_

@@ -1,7 +1,7 @@
 // Residency planning: which tensors are in the GPU tier at each op of the (repeating)
 // iteration, under a byte budget, evicting by furthest next use (Belady's MIN, with the
 // future known because training repeats the same iteration). This is the first stage of
-// the planner (issue 4): it decides *what* moves; when to issue each move (from link
+// the planner: it decides *what* moves; when to issue each move (from link
 // bandwidths and op times) is the next stage.
 //
 // Invariants of a plan (checked by ReplayPlan):

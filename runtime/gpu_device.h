@@ -1,4 +1,4 @@
-// The GPU behind an interface (STYLE.md habit 1): the real one is CUDA (cuda_gpu.h),
+// The GPU behind an interface, so policy code runs without one: the real one is CUDA (cuda_gpu.h),
 // the fake one is host memory with a modelled link (fake_gpu.h). Policy code and the
 // mover see only this header.
 #ifndef TIERD_RUNTIME_GPU_DEVICE_H_

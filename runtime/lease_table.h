@@ -15,8 +15,8 @@
 // Acquire with the bytes elsewhere is a demand fetch (DRAM->GPU, or NVMe->DRAM->GPU):
 // counted as a stall with its time. Room is made by evicting the session's own
 // unacquired, unpinned tensors: clean copies (duplicated below) first, then the least
-// recently used, written back to the next tier down. (The planner of issue 4 replaces
-// this policy with one that moves bytes before they are needed.)
+// recently used, written back to the next tier down. (A session with a registered graph
+// replaces this policy with the planner's, which moves bytes before they are needed.)
 //
 // Thread-safety: thread-safe. Operations of one session are serialised by that session's
 // lock, except that a copy between tiers lets the lock go while the bytes move (the tensor

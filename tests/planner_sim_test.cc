@@ -1,4 +1,4 @@
-// The deterministic simulation of issue 4: a synthetic transformer training step (forward,
+// The planner's deterministic simulation: a synthetic transformer training step (forward,
 // backward, AdamW; weights, gradients, optimizer state, activations) runs for many
 // iterations through the real tiers — LeaseTable over a fake GPU, real shared memory and a
 // real O_DIRECT file through io_uring — with the executor following the plan, on a fake
@@ -314,7 +314,7 @@ TEST_F(PlannerSimulation, OptimizerStateInSubGroupsLosesNothingAndMatchesThePred
   Run(false, {}, false, {}, /*state_chunks=*/4);
 }
 
-// Planned with a tenth of the GPU kept free (the daemon's default before session 11), the
+// Planned with a tenth of the GPU kept free (the daemon's old default), the
 // static layout fits the quota: copies go to its offsets, with the same checks.
 TEST_F(PlannerSimulation, WithRoomForTheStaticLayoutCopiesGoToItsOffsets) {
   Run(false, {}, false, PlanningHeadroom{.gpu_fraction = 0.10, .gpu_tensors = 3});

@@ -1,6 +1,6 @@
 // The optimizer's CPU reference: AdamW with decoupled weight decay, clipping by the global
-// gradient norm, and a warmup + cosine learning-rate schedule. (A vectorised, threaded
-// AdamW on the DRAM tier is issue 6's; this is the plain oracle.)
+// gradient norm, and a warmup + cosine learning-rate schedule. (The vectorised, threaded
+// AdamW on the DRAM tier is host_adamw.h; this is the plain oracle.)
 #ifndef TIERD_TRAINER_REF_OPTIMIZER_H_
 #define TIERD_TRAINER_REF_OPTIMIZER_H_
 

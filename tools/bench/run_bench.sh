@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The benchmark harness of issue 6, on the lent GPU machine (carry .carry, made by
+# The benchmark harness, on the lent GPU machine (carry .carry, made by
 # tools/device/bundle.sh):  device run: command="tools/bench/run_bench.sh", carry=[".carry"]
 # Same call, same shapes (Llama-style, sequence 2048), same text (the bytes of Python's
 # standard library sources, on every machine with Python): the PyTorch baseline (bf16

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the lent GPU machine (carry .carry, made by tools/device/bundle.sh):
 #   device run: command="tools/device/fidelity_8bit.sh", carry=[".carry"]
-# The fidelity of 8-bit blockwise moments at 1.3B (issue 20's benchmark row): the same run
+# The fidelity of 8-bit blockwise moments at 1.3B (a benchmark row of docs/BENCHMARKS.md): the same run
 # twice — the Python-stdlib corpus, the same seed and data order, $STEPS steps (300) of
 # $BATCH (4) x 2048 tokens, the whole model on the GPU — with fp32 AdamW and with
 # --opt=adamw8bit; prints both runs' mean training loss over the last 50 steps and their

@@ -1,6 +1,6 @@
 // hotpath_bench: acquire+release round-trip latency of a resident tensor, through the
 // shared-memory ring vs through gRPC, with N client processes on one real tierd; and
-// gRPC lease+unlease throughput. Target (issue 3): ring median <= 5 us, p99 <= 50 us
+// gRPC lease+unlease throughput. Target: ring median <= 5 us, p99 <= 50 us
 // with 4 concurrent clients.
 //   hotpath_bench --tierd=bazel-bin/runtime/tierd --clients=4 --pairs=20000
 #include <signal.h>

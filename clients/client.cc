@@ -227,7 +227,12 @@ absl::StatusOr<ipc::RingMessage> Client::RingCall(const ipc::RingMessage& reques
     auto answer = ipc::RingPop(ring_->responses, ring_->closed, limits::kClientSessionCheckMs);
     if (answer.ok()) {
       if (answer->sequence != message.sequence) return absl::InternalError("ring answers out of order");
-      return *answer;
+      if (answer->code == 0) return *answer;
+      // Refused: why is in the segment, beside the answer (read under the lock, before
+      // another request can reuse its slot).
+      const int code = answer->code;
+      return absl::Status(code > 0 && code <= 16 ? static_cast<absl::StatusCode>(code) : absl::StatusCode::kUnknown,
+                          ipc::RingErrorText(*ring_, message.sequence));
     }
     if (absl::IsUnavailable(answer.status())) {  // tierd set the ring's closed flag
       lost_.store(true);
@@ -261,8 +266,6 @@ absl::StatusOr<void*> Client::Acquire(const Tensor& tensor, Access access, Place
   request.place = place == Place::kHost ? 1 : 0;
   auto answer = RingCall(request);
   if (!answer.ok()) return answer.status();
-  // The ring carries only the code: the control plane says why, in full.
-  if (answer->code != 0) return AcquireRpc(tensor, access, place);
   return PointerFor(tensor, place, answer->arena, answer->offset, answer->bytes);
 }
 
@@ -282,10 +285,7 @@ absl::Status Client::Release(const Tensor& tensor, void* cuda_stream) {
     request.op = static_cast<uint32_t>(ipc::RingOp::kRelease);
     request.tensor_id = tensor.id;
     request.event = index + 1;
-    auto answer = RingCall(request);
-    if (!answer.ok()) return answer.status();
-    if (answer->code != 0) return ReleaseRpc(tensor);  // for the words of the error
-    return absl::OkStatus();
+    return RingCall(request).status();
   }
   if (cudaStreamSynchronize(stream) != cudaSuccess) {
     return absl::InternalError("synchronising the stream before the release failed");
@@ -301,10 +301,7 @@ absl::Status Client::Release(const Tensor& tensor) {
   ipc::RingMessage request{};
   request.op = static_cast<uint32_t>(ipc::RingOp::kRelease);
   request.tensor_id = tensor.id;
-  auto answer = RingCall(request);
-  if (!answer.ok()) return answer.status();
-  if (answer->code != 0) return ReleaseRpc(tensor);
-  return absl::OkStatus();
+  return RingCall(request).status();
 }
 
 absl::StatusOr<void*> Client::AcquireRpc(const Tensor& tensor, Access access, Place place) {
@@ -348,11 +345,8 @@ absl::Status Client::OpBegin(uint32_t op) {
     ipc::RingMessage request{};
     request.op = static_cast<uint32_t>(ipc::RingOp::kOpBegin);
     request.tensor_id = op;
-    auto answer = RingCall(request);
-    if (!answer.ok()) return answer.status();
-    if (answer->code == 0) return absl::OkStatus();
+    return RingCall(request).status();
   }
-  // No ring, or it refused: the RPC says why.
   v1::OpBeginRequest request;
   *request.mutable_session() = Ref();
   request.set_op(op);

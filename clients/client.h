@@ -108,6 +108,7 @@ class Client {
   absl::StatusOr<void*> AcquireRpc(const Tensor& tensor, Access access, Place place);
   absl::Status ReleaseRpc(const Tensor& tensor);
   // One request, its answer. Serialised: the rings are single-producer, single-consumer.
+  // The answer, or the daemon's refusal with its code and words.
   absl::StatusOr<ipc::RingMessage> RingCall(const ipc::RingMessage& request);
   absl::StatusOr<void*> PointerFor(const Tensor& tensor, Place place, uint64_t arena,
                                    uint64_t offset, uint64_t bytes) const;

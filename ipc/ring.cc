@@ -7,10 +7,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <new>
+#include <string>
 
 #include "absl/strings/str_format.h"
 
@@ -96,7 +98,7 @@ absl::StatusOr<int> CreateRingSegment() {
   }
   auto* segment = new (base) RingSegment{};
   segment->magic = kRingMagic;
-  segment->version = 1;
+  segment->version = kRingVersion;
   munmap(base, sizeof(RingSegment));
   return fd;
 }
@@ -105,7 +107,7 @@ absl::StatusOr<RingSegment*> MapRingSegment(int fd) {
   void* base = mmap(nullptr, sizeof(RingSegment), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) return absl::InternalError(absl::StrFormat("mapping the ring: %s", std::strerror(errno)));
   auto* segment = static_cast<RingSegment*>(base);
-  if (segment->magic != kRingMagic || segment->version != 1) {
+  if (segment->magic != kRingMagic || segment->version != kRingVersion) {
     munmap(base, sizeof(RingSegment));
     return absl::FailedPreconditionError("not a tierd ring segment (or another version)");
   }
@@ -113,5 +115,17 @@ absl::StatusOr<RingSegment*> MapRingSegment(int fd) {
 }
 
 void UnmapRingSegment(RingSegment* segment) { munmap(segment, sizeof(RingSegment)); }
+
+void SetRingErrorText(RingSegment& segment, uint64_t sequence, absl::string_view text) {
+  char* slot = segment.errors[sequence % kRingSlots];
+  const size_t n = std::min<size_t>(text.size(), kRingErrorBytes - 1);
+  std::memcpy(slot, text.data(), n);
+  slot[n] = '\0';
+}
+
+std::string RingErrorText(const RingSegment& segment, uint64_t sequence) {
+  const char* slot = segment.errors[sequence % kRingSlots];
+  return std::string(slot, strnlen(slot, kRingErrorBytes));
+}
 
 }  // namespace tierd::ipc

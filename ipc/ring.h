@@ -16,14 +16,19 @@
 
 #include <atomic>
 #include <cstdint>
+#include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace tierd::ipc {
 
 inline constexpr uint32_t kRingSlots = 64;
 inline constexpr uint32_t kRingMagic = 0x74724731;  // "trG1"
 inline constexpr int kRingSpinIterations = 4000;     // ~10-40 us before sleeping
+inline constexpr uint32_t kRingVersion = 2;          // 2: the answers' error texts
+// An answer's error text: at most this many bytes with its terminating NUL.
+inline constexpr uint32_t kRingErrorBytes = 1024;
 
 // kOpBegin: the client is about to run op `tensor_id` of its registered graph.
 enum class RingOp : uint32_t { kAcquire = 1, kRelease = 2, kOpBegin = 3 };
@@ -57,6 +62,11 @@ struct RingSegment {
   std::atomic<uint32_t> closed;  // set by either side when leaving; wakes the other
   Ring requests;   // client -> daemon
   Ring responses;  // daemon -> client
+  // Why an answer with a nonzero code failed, NUL-terminated, in slot sequence % kRingSlots:
+  // written by the daemon before the answer's push publishes it, read by the client after
+  // its pop (at most kRingSlots requests are in flight, so no two share a slot). The client
+  // reads it without trusting it (RingErrorText bounds it), so it never asks again.
+  char errors[kRingSlots][kRingErrorBytes];
 };
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "rings need lock-free atomics");
 
@@ -67,6 +77,10 @@ bool RingPush(Ring& ring, const RingMessage& message);
 absl::StatusOr<RingMessage> RingPop(Ring& ring, const std::atomic<uint32_t>& closed, int timeout_ms);
 // Wakes a consumer sleeping on `ring` (after a push, or to make it see `closed`).
 void RingWake(Ring& ring);
+// The daemon's side: the error text of the answer to `sequence` (cut to fit its slot).
+void SetRingErrorText(RingSegment& segment, uint64_t sequence, absl::string_view text);
+// The client's side: that text, read within its slot whatever the bytes there.
+std::string RingErrorText(const RingSegment& segment, uint64_t sequence);
 
 // Creates a fresh segment in an anonymous memfd: returns the fd; the caller maps it.
 absl::StatusOr<int> CreateRingSegment();

@@ -24,7 +24,9 @@ void RingServer::Run() {
       if (request.status().code() == absl::StatusCode::kDataLoss) on_broken_(request.status());
       return;  // closed (by us or the client) or broken
     }
-    const RingMessage response = execute_(*request);
+    std::string error;
+    const RingMessage response = execute_(*request, &error);
+    if (response.code != 0) SetRingErrorText(*segment_, response.sequence, error);
     // The client consumes one answer per request; a full ring means it stopped reading.
     while (!RingPush(segment_->responses, response)) {
       if (stopping_ || segment_->closed.load() != 0) return;

@@ -6,6 +6,7 @@
 #define TIERD_IPC_RING_SERVER_H_
 
 #include <functional>
+#include <string>
 #include <thread>
 
 #include "ipc/ring.h"
@@ -14,7 +15,8 @@ namespace tierd::ipc {
 
 class RingServer {
  public:
-  using Execute = std::function<RingMessage(const RingMessage& request)>;
+  // The answer to `request`; with a nonzero code, `error` says why (sent in the segment).
+  using Execute = std::function<RingMessage(const RingMessage& request, std::string* error)>;
   using OnBroken = std::function<void(const absl::Status& why)>;
 
   // Takes ownership of the mapping `segment`.

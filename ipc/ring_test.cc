@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
+#include <string>
 #include <thread>
 
 #include "absl/synchronization/notification.h"
@@ -64,13 +66,16 @@ TEST(RingServerTest, AScribbledRingIsReportedAndNoLongerServed) {
   absl::Notification broken;
   absl::Status why;
   {
-    RingServer server(s, [&](const RingMessage& r) {
-      ++served;
-      return r;
-    }, [&](const absl::Status& status) {
-      why = status;
-      broken.Notify();
-    });
+    RingServer server(
+        s,
+        [&](const RingMessage& r, std::string*) {
+          ++served;
+          return r;
+        },
+        [&](const absl::Status& status) {
+          why = status;
+          broken.Notify();
+        });
     ASSERT_TRUE(RingPush((*mine)->requests, RingMessage{.sequence = 1}));
     ASSERT_TRUE(RingPop((*mine)->responses, (*mine)->closed, 5000).ok());
     (*mine)->requests.head.store((*mine)->requests.head.load() + 5 * kRingSlots);
@@ -89,11 +94,18 @@ TEST(RingTest, ServerAndClientInTwoProcesses) {
   int fd;
   RingSegment* s = Fresh(&fd);
   std::atomic<int> broken{0};
-  RingServer server(s, [](const RingMessage& r) {
-    RingMessage out = r;
-    out.offset = r.tensor_id * 3;
-    return out;
-  }, [&](const absl::Status&) { ++broken; });
+  RingServer server(
+      s,
+      [](const RingMessage& r, std::string* error) {
+        RingMessage out = r;
+        out.offset = r.tensor_id * 3;
+        if (r.tensor_id % 7 == 0) {  // refused, with a reason of its own
+          out.code = static_cast<int32_t>(absl::StatusCode::kNotFound);
+          *error = "no tensor " + std::to_string(r.tensor_id);
+        }
+        return out;
+      },
+      [&](const absl::Status&) { ++broken; });
   const pid_t child = fork();
   if (child == 0) {
     auto mine = MapRingSegment(fd);
@@ -103,6 +115,9 @@ TEST(RingTest, ServerAndClientInTwoProcesses) {
       if (i % 5000 == 0) usleep(20000);  // let the server fall asleep now and then
       auto answer = RingPop((*mine)->responses, (*mine)->closed, 5000);
       if (!answer.ok() || answer->sequence != i || answer->offset != i * 3) _exit(4);
+      const bool refused = i % 7 == 0;
+      if (answer->code != (refused ? static_cast<int32_t>(absl::StatusCode::kNotFound) : 0)) _exit(5);
+      if (refused && RingErrorText(**mine, i) != "no tensor " + std::to_string(i)) _exit(6);
     }
     _exit(0);
   }
@@ -111,6 +126,22 @@ TEST(RingTest, ServerAndClientInTwoProcesses) {
   EXPECT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0);
   EXPECT_EQ(broken.load(), 0);
+  close(fd);
+}
+
+// The error text travels beside the answer, cut to its slot, and is read within the slot
+// whatever the client finds there (no NUL: the whole slot, never past it).
+TEST(RingTest, ErrorTextsAreCutToTheirSlotAndReadWithinIt) {
+  int fd;
+  RingSegment* s = Fresh(&fd);
+  SetRingErrorText(*s, 3, "cannot place 1.18 GiB in gpu");
+  EXPECT_EQ(RingErrorText(*s, 3), "cannot place 1.18 GiB in gpu");
+  EXPECT_EQ(RingErrorText(*s, 3 + kRingSlots), "cannot place 1.18 GiB in gpu") << "slots repeat every kRingSlots";
+  SetRingErrorText(*s, 4, std::string(5000, 'x'));
+  EXPECT_EQ(RingErrorText(*s, 4), std::string(kRingErrorBytes - 1, 'x'));
+  std::memset(s->errors[5], 'y', kRingErrorBytes);  // a hostile peer: no terminator
+  EXPECT_EQ(RingErrorText(*s, 5), std::string(kRingErrorBytes, 'y'));
+  UnmapRingSegment(s);
   close(fd);
 }
 

@@ -340,7 +340,7 @@ absl::StatusOr<ipc::HelloGrant> Daemon::OnHello(const ipc::PeerCredentials& peer
     }
   }
   rings_[id] = std::make_unique<ipc::RingServer>(
-      *ring, [this, id](const ipc::RingMessage& request) { return ServeRing(id, request); },
+      *ring, [this, id](const ipc::RingMessage& request, std::string* error) { return ServeRing(id, request, error); },
       [label](const absl::Status& why) {
         std::fprintf(stderr, "tierd: session %s: hot-path ring broken (%s); it is no longer served\n",
                      label.c_str(), std::string(why.message()).c_str());
@@ -352,7 +352,7 @@ absl::StatusOr<ipc::HelloGrant> Daemon::OnHello(const ipc::PeerCredentials& peer
   return grant;
 }
 
-ipc::RingMessage Daemon::ServeRing(SessionId session, const ipc::RingMessage& request) {
+ipc::RingMessage Daemon::ServeRing(SessionId session, const ipc::RingMessage& request, std::string* error) {
   ipc::RingMessage response = request;
   absl::Status status;
   if (request.op == static_cast<uint32_t>(ipc::RingOp::kAcquire) && request.access <= 2 &&
@@ -390,6 +390,7 @@ ipc::RingMessage Daemon::ServeRing(SessionId session, const ipc::RingMessage& re
     status = absl::InvalidArgumentError("malformed ring request");
   }
   response.code = static_cast<int32_t>(status.code());
+  if (!status.ok()) *error = std::string(status.message());
   return response;
 }
 

@@ -123,7 +123,7 @@ class Daemon : public ipc::HelloHandler, public ipc::PlannerHooks {
   void LogSessionOpened(SessionId id, const std::string& label, const SessionQuota& quota, double seconds);
   Daemon() = default;
   absl::Status StartServers();
-  ipc::RingMessage ServeRing(SessionId session, const ipc::RingMessage& request);
+  ipc::RingMessage ServeRing(SessionId session, const ipc::RingMessage& request, std::string* error);
 
   DaemonOptions options_;
   OpenedGpu gpu_;

@@ -30,7 +30,7 @@ void IterationRecorder::Mark(int64_t nanos) {
   }
 }
 
-std::optional<uint32_t> IterationRecorder::Acquired(uint64_t tensor, Touch touch, bool host, int64_t nanos) {
+std::optional<uint32_t> IterationRecorder::Acquired(uint64_t tensor, Access touch, bool host, int64_t nanos) {
   const bool begins = BeginsOp();
   if (phase_ == Phase::kFollowing) {
     if (!begins || ops_.empty()) return std::nullopt;
@@ -46,7 +46,7 @@ std::optional<uint32_t> IterationRecorder::Acquired(uint64_t tensor, Touch touch
     if (seen.tensor != tensor) continue;
     // Acquired again within the op: the old value is needed if either acquire read it,
     // unless the op's first acquire already overwrote it.
-    if (seen.touch != Touch::kOverwrite && touch != Touch::kRead) seen.touch = Touch::kWrite;
+    if (seen.touch != Access::kOverwrite && touch != Access::kRead) seen.touch = Access::kWrite;
     return std::nullopt;
   }
   touched.push_back({tensor, touch, host});
@@ -83,12 +83,12 @@ absl::StatusOr<Graph> IterationRecorder::MakeGraph(
       }
       if (host && !graph.host) {
         // On the host in a GPU session: a host use, on the DRAM copy.
-        (touch == Touch::kRead    ? op.host_reads
-         : touch == Touch::kWrite ? op.host_writes
-                                  : op.host_overwrites)
+        (touch == Access::kRead    ? op.host_reads
+         : touch == Access::kWrite ? op.host_writes
+                                   : op.host_overwrites)
             .push_back(it->second);
       } else {
-        (touch == Touch::kRead ? op.reads : touch == Touch::kWrite ? op.writes : op.overwrites).push_back(it->second);
+        (touch == Access::kRead ? op.reads : touch == Access::kWrite ? op.writes : op.overwrites).push_back(it->second);
       }
       if (names.size() < 48) names += (names.empty() ? "" : ",") + graph.tensors[it->second].name;
     }

@@ -21,11 +21,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "base/access.h"
 #include "prefetcher/graph.h"
 
 namespace tierd::prefetcher {
-
-enum class Touch : uint8_t { kRead, kWrite, kOverwrite };
 
 class IterationRecorder {
  public:
@@ -35,7 +34,7 @@ class IterationRecorder {
   // (MakeGraph has it from then on), later ones restart the op count.
   void Mark(int64_t nanos);
   // While following: the index of the op this acquire begins, if it begins one.
-  std::optional<uint32_t> Acquired(uint64_t tensor, Touch touch, bool host, int64_t nanos);
+  std::optional<uint32_t> Acquired(uint64_t tensor, Access touch, bool host, int64_t nanos);
   void Released(uint64_t tensor);
 
   Phase phase() const { return phase_; }
@@ -56,7 +55,7 @@ class IterationRecorder {
     int64_t start_nanos = 0;
     struct Touched {
       uint64_t tensor;
-      Touch touch;
+      Access touch;
       bool host;  // acquired on the host
     };
     std::vector<Touched> touched;  // in first-acquire order, once each

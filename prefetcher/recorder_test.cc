@@ -22,19 +22,19 @@ std::optional<IterationRecorder::TensorInfo> Describe(uint64_t id) {
 // forward: (w0 read, act0 overwrite) then (w1 read); backward: (w0 read, act0 read, grad0
 // write); each op released whole before the next.
 void OneIteration(IterationRecorder& r, int64_t t0, std::vector<std::optional<uint32_t>>* begun = nullptr) {
-  auto acquire = [&](uint64_t id, Touch touch, int64_t at) {
+  auto acquire = [&](uint64_t id, Access touch, int64_t at) {
     auto op = r.Acquired(id, touch, /*host=*/false, at);
     if (begun != nullptr) begun->push_back(op);
   };
-  acquire(10, Touch::kRead, t0);
-  acquire(20, Touch::kOverwrite, t0 + 1 * kMs);
+  acquire(10, Access::kRead, t0);
+  acquire(20, Access::kOverwrite, t0 + 1 * kMs);
   r.Released(10);
   r.Released(20);
-  acquire(11, Touch::kRead, t0 + 5 * kMs);
+  acquire(11, Access::kRead, t0 + 5 * kMs);
   r.Released(11);
-  acquire(10, Touch::kRead, t0 + 7 * kMs);
-  acquire(20, Touch::kRead, t0 + 7 * kMs);
-  acquire(30, Touch::kWrite, t0 + 8 * kMs);
+  acquire(10, Access::kRead, t0 + 7 * kMs);
+  acquire(20, Access::kRead, t0 + 7 * kMs);
+  acquire(30, Access::kWrite, t0 + 8 * kMs);
   r.Released(30);
   r.Released(20);
   r.Released(10);
@@ -43,7 +43,7 @@ void OneIteration(IterationRecorder& r, int64_t t0, std::vector<std::optional<ui
 TEST(IterationRecorderTest, OpsAreRunsOfAcquiresBetweenReleases) {
   IterationRecorder r;
   EXPECT_EQ(r.phase(), IterationRecorder::Phase::kWaiting);
-  EXPECT_EQ(r.Acquired(10, Touch::kRead, false, 0), std::nullopt) << "nothing is recorded before the first mark";
+  EXPECT_EQ(r.Acquired(10, Access::kRead, false, 0), std::nullopt) << "nothing is recorded before the first mark";
   r.Released(10);
   r.Mark(100 * kMs);
   EXPECT_EQ(r.phase(), IterationRecorder::Phase::kRecording);
@@ -83,20 +83,20 @@ TEST(IterationRecorderTest, LaterIterationsAreNumberedByTheSameRule) {
   const std::vector<std::optional<uint32_t>> want = {0u, std::nullopt, 1u, 2u, std::nullopt, std::nullopt};
   EXPECT_EQ(begun, want);
   // A client that strays (an extra op) wraps around; the next mark puts it back at op 0.
-  EXPECT_EQ(r.Acquired(11, Touch::kRead, false, 0), 0u);
+  EXPECT_EQ(r.Acquired(11, Access::kRead, false, 0), 0u);
   r.Released(11);
   r.Mark(20 * kMs);
-  EXPECT_EQ(r.Acquired(10, Touch::kRead, false, 0), 0u);
+  EXPECT_EQ(r.Acquired(10, Access::kRead, false, 0), 0u);
   EXPECT_EQ(r.ops(), 3u) << "following does not record";
 }
 
 TEST(IterationRecorderTest, RepeatedAcquiresInOneOpMerge) {
   IterationRecorder r;
   r.Mark(0);
-  r.Acquired(10, Touch::kRead, true, 0);
-  r.Acquired(10, Touch::kWrite, true, 0);      // read, then changed: a read-modify-write
-  r.Acquired(20, Touch::kOverwrite, true, 0);
-  r.Acquired(20, Touch::kRead, true, 0);       // produced here first: still an overwrite
+  r.Acquired(10, Access::kRead, true, 0);
+  r.Acquired(10, Access::kWrite, true, 0);  // read, then changed: a read-modify-write
+  r.Acquired(20, Access::kOverwrite, true, 0);
+  r.Acquired(20, Access::kRead, true, 0);  // produced here first: still an overwrite
   r.Mark(kMs);
   auto graph = r.MakeGraph(Describe);
   ASSERT_TRUE(graph.ok()) << graph.status();
@@ -112,11 +112,11 @@ TEST(IterationRecorderTest, RepeatedAcquiresInOneOpMerge) {
 TEST(IterationRecorderTest, HostAcquiresInAGpuSessionAreHostUses) {
   IterationRecorder r;
   r.Mark(0);
-  r.Acquired(10, Touch::kRead, /*host=*/false, 1 * kMs);  // forward on the GPU
+  r.Acquired(10, Access::kRead, /*host=*/false, 1 * kMs);  // forward on the GPU
   r.Released(10);
-  r.Acquired(30, Touch::kRead, /*host=*/true, 2 * kMs);  // the optimizer on the host
-  r.Acquired(11, Touch::kWrite, /*host=*/true, 2 * kMs);
-  r.Acquired(10, Touch::kOverwrite, /*host=*/true, 2 * kMs);
+  r.Acquired(30, Access::kRead, /*host=*/true, 2 * kMs);  // the optimizer on the host
+  r.Acquired(11, Access::kWrite, /*host=*/true, 2 * kMs);
+  r.Acquired(10, Access::kOverwrite, /*host=*/true, 2 * kMs);
   r.Released(30);
   r.Released(11);
   r.Released(10);
@@ -146,7 +146,7 @@ TEST(IterationRecorderTest, RefusesAnEmptyOrUnknownRecording) {
   EXPECT_NE(none.status().message().find("acquired nothing"), std::string::npos) << none.status();
   IterationRecorder gone;
   gone.Mark(0);
-  gone.Acquired(99, Touch::kRead, false, 0);  // unleased before the graph is made
+  gone.Acquired(99, Access::kRead, false, 0);  // unleased before the graph is made
   gone.Mark(kMs);
   auto unknown = gone.MakeGraph(Describe);
   ASSERT_FALSE(unknown.ok());

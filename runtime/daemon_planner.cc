@@ -332,10 +332,7 @@ void Daemon::Acquired(SessionId session, TensorId tensor, Access access, Place p
     absl::MutexLock lock(&recorders_mutex_);
     auto it = recorders_.find(session);
     if (it == recorders_.end()) return;
-    const tp::Touch touch = access == Access::kRead    ? tp::Touch::kRead
-                            : access == Access::kWrite ? tp::Touch::kWrite
-                                                       : tp::Touch::kOverwrite;
-    op = it->second->Acquired(tensor, touch, place == Place::kHost, RealClock().NowNanos());
+    op = it->second->Acquired(tensor, access, place == Place::kHost, RealClock().NowNanos());
   }
   // Progress only steers the moves: a lost one costs a demand fetch, not a value.
   if (op.has_value()) OpBegin(session, *op).IgnoreError();

@@ -9,18 +9,12 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "base/access.h"
 
 namespace tierd {
 
 enum class TensorClass : uint8_t { kParam, kGrad, kOptState, kActivation, kScratch };
 enum class DType : uint8_t { kF32, kBF16, kF16, kF8E4M3, kF8E5M2, kI32, kI64, kU8 };
-
-// Where the client wants the bytes: in GPU memory (the GPU tier) or in host memory
-// (the DRAM tier, e.g. for a CPU optimizer step).
-enum class Place : uint8_t { kGpu, kHost };
-// kWrite: the client will change the bytes, so every other copy becomes stale.
-// kOverwrite: the client will write every byte without reading: nothing is fetched.
-enum class Access : uint8_t { kRead, kWrite, kOverwrite };
 
 const char* TensorClassName(TensorClass c);
 const char* DTypeName(DType d);

@@ -2,6 +2,7 @@
 // is about to run, and tierctl asks what the plan is and how the run compares with it.
 #include <malloc.h>
 
+#include <chrono>
 #include <limits>
 #include <map>
 #include <optional>
@@ -208,8 +209,22 @@ absl::StatusOr<v1::PlanReply> Daemon::PlanGraph(SessionId session, tp::Graph gra
 
   // The planning itself (seconds for thousands of ops) runs on its own thread, so a request
   // never holds the daemon past the deadline, and a cancelled one frees its memory promptly.
-  JoinPlanning(/*all=*/false);
   auto job = std::make_shared<PlanningJob>();
+  // Slots held by plannings already stopped free within moments: wait for one (2 s at most)
+  // rather than refuse, so a client that retries after a deadline is not turned away by the
+  // planning it abandoned.
+  const absl::Time wait_until = absl::Now() + absl::Seconds(2);
+  for (bool full = true; full;) {
+    JoinPlanning(/*all=*/false);
+    bool stopping = false;
+    {
+      absl::MutexLock lock(&planning_mutex_);
+      full = planning_.size() >= kPlanningMax;
+      for (const auto& running : planning_) stopping |= running->cancel.load();
+    }
+    if (full && (!stopping || absl::Now() >= wait_until)) break;  // refused below
+    if (full) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   {
     absl::MutexLock lock(&planning_mutex_);
     if (planning_stopped_) return absl::UnavailableError("tierd is stopping");

@@ -12,7 +12,6 @@ tools/bench/run_bench.sh's DEEPSPEED=1).
 """
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -20,7 +19,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_baseline import PRESETS, Decoder  # noqa: E402
+from torch_baseline import PRESETS, Decoder, init_like_tierd  # noqa: E402
 
 
 def main():
@@ -66,14 +65,7 @@ def main():
             model = Decoder(layers, c, h, f, v, True, a.seq_len)
     else:
         model = Decoder(layers, c, h, f, v, True, a.seq_len)
-        with torch.no_grad():  # torch_baseline.py's --init=tierd: comparable losses
-            for name, prm in model.named_parameters():
-                if prm.dim() == 1:
-                    prm.fill_(1.0)
-                else:
-                    prm.normal_(0.0, 0.02)
-                    if name.endswith("wo.weight") or name.endswith("w2.weight"):
-                        prm.mul_(1.0 / math.sqrt(2 * layers))
+        init_like_tierd(model, layers)
     params = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in model.parameters())
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     torch.cuda.reset_peak_memory_stats()

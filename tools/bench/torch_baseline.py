@@ -84,6 +84,18 @@ class Decoder(torch.nn.Module):
         return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
 
 
+def init_like_tierd(model, layers):
+    """As trainer_ref/model.cc: N(0, 0.02), output projections / sqrt(2 L), norms 1 (comparable losses)."""
+    with torch.no_grad():
+        for name, prm in model.named_parameters():
+            if prm.dim() == 1:
+                prm.fill_(1.0)
+            else:
+                prm.normal_(0.0, 0.02)
+                if name.endswith("wo.weight") or name.endswith("w2.weight"):
+                    prm.mul_(1.0 / math.sqrt(2 * layers))
+
+
 def largest_batch(model, seq_len, vocab, limit=64):
     """Doubles the batch from 1 while a whole step (forward, backward, AdamW with its state)
     fits. The probes' AdamW has lr 0 (the weights stay as initialised) and is dropped after,
@@ -136,15 +148,8 @@ def main():
     torch.manual_seed(a.seed)
     data = torch.frombuffer(bytearray(open(a.data, "rb").read()), dtype=torch.uint8).long()
     model = Decoder(layers, c, h, f, v, a.checkpointing, a.seq_len).cuda()
-    if a.init == "tierd":  # as trainer_ref/model.cc: N(0, 0.02), output projections / sqrt(2 L), norms 1
-        with torch.no_grad():
-            for name, prm in model.named_parameters():
-                if prm.dim() == 1:
-                    prm.fill_(1.0)
-                else:
-                    prm.normal_(0.0, 0.02)
-                    if name.endswith("wo.weight") or name.endswith("w2.weight"):
-                        prm.mul_(1.0 / math.sqrt(2 * layers))
+    if a.init == "tierd":
+        init_like_tierd(model, layers)
     params = sum(p.numel() for p in model.parameters())
     if a.compile:  # per layer (as users do with checkpointing); the first steps compile, untimed
         torch._dynamo.config.cache_size_limit = 256  # one graph per layer must not fall back to eager

@@ -12,6 +12,8 @@ export LD_LIBRARY_PATH="$PWD/.carry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:
 echo "== machine"; nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 echo "== gpu_ops_test"
 .carry/bin/gpu_ops_test 2>&1 | tee "$out/gpu_ops_test.log"; status=${PIPESTATUS[0]}
+echo "== fp8_ops_test"
+.carry/bin/fp8_ops_test 2>&1 | tee "$out/fp8_ops_test.log"; status=$(( status | ${PIPESTATUS[0]} ))
 echo "== gpu_model_test"
 .carry/bin/gpu_model_test 2>&1 | tee "$out/gpu_model_test.log"; status=$(( status | ${PIPESTATUS[0]} ))
 echo "== gpu_trainer_tierd_test"

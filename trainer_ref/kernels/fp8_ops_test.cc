@@ -1,0 +1,215 @@
+// The FP8 kernels and GEMMs against the CPU reference (trainer_ref/fp8.h) on random data:
+// codes bit for bit, GEMMs within the output's rounding (see each test for its bound).
+// Needs a CUDA device: without one every test is skipped (and says so).
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "trainer_ref/fp8.h"
+#include "trainer_ref/kernels/fp8_ops.h"
+#include "trainer_ref/kernels/gemm.h"
+#include "trainer_ref/kernels/gpu_test_util.h"
+
+namespace tierd::trainer::gpu {
+namespace {
+
+using testing::Bf16Data;
+using testing::CompareBf16;
+using testing::Device;
+using testing::Floats;
+using testing::HaveGpu;
+using testing::Random;
+
+// FP8: the largest |x| and the codes at a per-tensor scale give the CPU reference's bits
+// (trainer_ref/fp8.h) in both formats, saturation included; the FP8 GEMM equals the CPU's
+// product of the decoded codes times both scales (bf16 output tolerance), with and without
+// fast accumulation, and the E4M3 x E5M2 form a gradient takes.
+TEST(Fp8OpsTest, Fp8CodesAndGemmMatchTheCpuReference) {
+  SKIP_WITHOUT_GPU();
+  auto gemm = Gemm::Create();
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  std::mt19937_64 rng(11);
+  const int n = 96, ic = 128, oc = 160;
+  Bf16Data in = Random(size_t{n} * ic, rng), w = Random(size_t{oc} * ic, rng, 0.05f);
+  in.bits[5] = ToBf16(40.0f);  // an outlier: the scale is set by it
+  in.values[5] = FromBf16(in.bits[5]);
+  Device<Bf16> d_in(in.bits), d_w(w.bits);
+  // The scales in 16-byte slots: amax in, amax w, scale in, scale w, scale_inv in, scale_inv w.
+  Device<float> slots{std::vector<float>(6 * 4, 0.f)};
+  float* slot = slots.get();
+  AbsMax(slot + 0, d_in.get(), in.bits.size(), nullptr);
+  AbsMax(slot + 4, d_w.get(), w.bits.size(), nullptr);
+  std::vector<float> host_slots = slots.Host();
+  float amax_in = 0, amax_w = 0;
+  for (float x : in.values) amax_in = std::max(amax_in, std::fabs(x));
+  for (float x : w.values) amax_w = std::max(amax_w, std::fabs(x));
+  EXPECT_EQ(host_slots[0], amax_in);
+  EXPECT_EQ(host_slots[4], amax_w);
+  for (bool e5m2 : {false, true}) {
+    SCOPED_TRACE(e5m2 ? "e5m2" : "e4m3");
+    const fp8::Format format = e5m2 ? fp8::Format::kE5M2 : fp8::Format::kE4M3;
+    fp8::DelayedScaling in_scale(format, 1), w_scale(fp8::Format::kE4M3, 1);
+    in_scale.Record(amax_in);
+    w_scale.Record(amax_w);
+    // One scale a tenth too large for `in`: its largest values saturate (on both sides).
+    const float scales[6] = {0, 0, in_scale.scale() * 1.1f, w_scale.scale(), 0, 0};
+    for (int i = 2; i < 4; ++i) host_slots[4 * i] = scales[i];
+    host_slots[4 * 4] = 1.0f / scales[2];
+    host_slots[4 * 5] = w_scale.scale_inv();
+    ASSERT_EQ(cudaMemcpy(slot, host_slots.data(), host_slots.size() * sizeof(float), cudaMemcpyHostToDevice),
+              cudaSuccess);
+    Device<uint8_t> q_in{std::vector<uint8_t>(in.bits.size())}, q_w{std::vector<uint8_t>(w.bits.size())};
+    QuantizeFp8(q_in.get(), d_in.get(), in.bits.size(), slot + 8, e5m2, nullptr);
+    QuantizeFp8(q_w.get(), d_w.get(), w.bits.size(), slot + 12, false, nullptr);
+    const std::vector<uint8_t> codes_in = q_in.Host(), codes_w = q_w.Host();
+    int off = 0, saturated = 0;
+    for (size_t i = 0; i < codes_in.size(); ++i) {
+      const uint8_t want = fp8::Encode(in.values[i] * scales[2], format);
+      saturated += std::fabs(fp8::Decode(want, format)) == fp8::MaxFinite(format);
+      if (codes_in[i] != want && off++ < 5) {
+        ADD_FAILURE() << "in[" << i << "] " << in.values[i] << ": gpu code " << int{codes_in[i]} << " cpu "
+                      << int{want};
+      }
+    }
+    for (size_t i = 0; i < codes_w.size(); ++i) {
+      const uint8_t want = fp8::Encode(w.values[i] * scales[3], fp8::Format::kE4M3);
+      if (codes_w[i] != want && off++ < 5) ADD_FAILURE() << "w[" << i << "]: gpu " << int{codes_w[i]};
+    }
+    EXPECT_EQ(off, 0);
+    EXPECT_GE(saturated, 1) << "the outlier saturates at a scale a tenth too large";
+    for (bool fast : {false, true}) {
+      SCOPED_TRACE(fast ? "fast accumulation" : "exact accumulation");
+      Device<Bf16> d_out{std::vector<Bf16>(size_t{n} * oc)};
+      absl::Status s =
+          (*gemm)->ForwardFp8(d_out.get(), q_in.get(), q_w.get(), slot + 16, slot + 20, n, ic, oc, nullptr, fast, e5m2);
+      ASSERT_TRUE(s.ok()) << s;
+      std::vector<float> want(size_t{n} * oc);
+      for (int r = 0; r < n; ++r) {
+        for (int o = 0; o < oc; ++o) {
+          double sum = 0;
+          for (int k = 0; k < ic; ++k) {
+            sum += double{fp8::Decode(codes_in[static_cast<size_t>(r) * ic + k], format)} *
+                   fp8::Decode(codes_w[static_cast<size_t>(o) * ic + k], fp8::Format::kE4M3);
+          }
+          want[static_cast<size_t>(r) * oc + o] = static_cast<float>(sum * host_slots[16] * host_slots[20]);
+        }
+      }
+      EXPECT_EQ(CompareBf16(Floats(d_out.Host()), want, 2e-2f, "fp8 matmul out"), 0);
+    }
+  }
+  Device<Bf16> odd{std::vector<Bf16>(size_t{n} * 24)};
+  EXPECT_EQ((*gemm)->ForwardFp8(odd.get(), nullptr, nullptr, slot, slot, n, 24, 24, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// The FP8 backward: transposed codes equal the CPU's codes transposed (a shape that is not a
+// multiple of the kernel's 32 x 32 tile, both formats), and din (bf16) and dweight (fp32)
+// accumulate the CPU's products of the decoded codes times both scales.
+TEST(Fp8OpsTest, Fp8BackwardMatchesTheCpuReference) {
+  SKIP_WITHOUT_GPU();
+  auto gemm = Gemm::Create();
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  std::mt19937_64 rng(13);
+  const int n = 80, ic = 112, oc = 48;
+  const Bf16Data in = Random(size_t{n} * ic, rng), w = Random(size_t{oc} * ic, rng, 0.05f),
+                 dout = Random(size_t{n} * oc, rng, 1e-3f), din0 = Random(size_t{n} * ic, rng, 0.01f),
+                 dw0 = Random(size_t{oc} * ic, rng, 0.01f);
+  auto amax = [](const std::vector<float>& v) {
+    float m = 0;
+    for (float x : v) m = std::max(m, std::fabs(x));
+    return m;
+  };
+  fp8::DelayedScaling s_in(fp8::Format::kE4M3, 1), s_w(fp8::Format::kE4M3, 1), s_dout(fp8::Format::kE5M2, 1);
+  s_in.Record(amax(in.values));
+  s_w.Record(amax(w.values));
+  s_dout.Record(amax(dout.values));
+  // 16-byte slots: scales of dout, in, w; then their inverses.
+  std::vector<float> slots(6 * 4, 0.f);
+  slots[0] = s_dout.scale(), slots[4] = s_in.scale(), slots[8] = s_w.scale();
+  slots[12] = s_dout.scale_inv(), slots[16] = s_in.scale_inv(), slots[20] = s_w.scale_inv();
+  Device<float> d_slots(slots);
+  Device<Bf16> d_in(in.bits), d_w(w.bits), d_dout(dout.bits), d_din(din0.bits);
+  Device<float> d_dw(dw0.values);
+  Device<uint8_t> q_dout{std::vector<uint8_t>(size_t{n} * oc)}, q_dout_t{std::vector<uint8_t>(size_t{n} * oc)},
+      q_in_t{std::vector<uint8_t>(size_t{n} * ic)}, q_w_t{std::vector<uint8_t>(size_t{oc} * ic)};
+  float* slot = d_slots.get();
+  QuantizeFp8(q_dout.get(), d_dout.get(), size_t{n} * oc, slot + 0, /*e5m2=*/true, nullptr);
+  QuantizeFp8Transposed(q_dout_t.get(), d_dout.get(), n, oc, slot + 0, true, nullptr);
+  QuantizeFp8Transposed(q_in_t.get(), d_in.get(), n, ic, slot + 4, false, nullptr);
+  QuantizeFp8Transposed(q_w_t.get(), d_w.get(), oc, ic, slot + 8, false, nullptr);
+  // The codes, transposed, against the CPU's.
+  auto expect_transposed = [](const std::vector<uint8_t>& gpu, const std::vector<float>& values, int rows, int cols,
+                              float scale, fp8::Format format, const char* what) {
+    int off = 0;
+    for (int r = 0; r < rows; ++r) {
+      for (int c = 0; c < cols; ++c) {
+        const uint8_t want = fp8::Encode(values[static_cast<size_t>(r) * cols + c] * scale, format);
+        if (gpu[static_cast<size_t>(c) * rows + r] != want && off++ < 5) {
+          ADD_FAILURE() << what << " (" << r << ", " << c << "): gpu " << int{gpu[static_cast<size_t>(c) * rows + r]}
+                        << " cpu " << int{want};
+        }
+      }
+    }
+    return off;
+  };
+  const std::vector<uint8_t> dout_codes = q_dout.Host(), dout_t = q_dout_t.Host(), in_t = q_in_t.Host(),
+                             w_t = q_w_t.Host();
+  EXPECT_EQ(expect_transposed(dout_t, dout.values, n, oc, slots[0], fp8::Format::kE5M2, "dout^T"), 0);
+  EXPECT_EQ(expect_transposed(in_t, in.values, n, ic, slots[4], fp8::Format::kE4M3, "in^T"), 0);
+  EXPECT_EQ(expect_transposed(w_t, w.values, oc, ic, slots[8], fp8::Format::kE4M3, "w^T"), 0);
+  absl::Status s = (*gemm)->BackwardFp8(d_din.get(), d_dw.get(), q_dout.get(), q_dout_t.get(), q_in_t.get(),
+                                        q_w_t.get(), slot + 12, slot + 16, slot + 20, n, ic, oc, nullptr);
+  ASSERT_TRUE(s.ok()) << s;
+  // The reference on the decoded codes: din += dout x w, dw += dout^T x in.
+  auto d_of = [](uint8_t code, fp8::Format f) { return double{fp8::Decode(code, f)}; };
+  std::vector<float> din = din0.values, dw = dw0.values;
+  for (int r = 0; r < n; ++r) {
+    for (int i = 0; i < ic; ++i) {
+      double sum = 0;
+      for (int o = 0; o < oc; ++o) {
+        sum += d_of(dout_codes[static_cast<size_t>(r) * oc + o], fp8::Format::kE5M2) *
+               d_of(w_t[static_cast<size_t>(i) * oc + o], fp8::Format::kE4M3);
+      }
+      din[static_cast<size_t>(r) * ic + i] += static_cast<float>(sum * slots[12] * slots[20]);
+    }
+  }
+  // Hopper's FP8 tensor cores accumulate with about 14 bits of mantissa before cuBLASLt adds
+  // into fp32 (DeepSeek-V3's report, section 3.3): dweight, an fp32 output, is held to 2^-10
+  // of the sum of its terms' magnitudes (measured: ~4e-4 of it), not to fp32 rounding.
+  std::vector<float> dw_bound(dw.size());
+  for (int o = 0; o < oc; ++o) {
+    for (int i = 0; i < ic; ++i) {
+      double sum = 0, magnitude = 0;
+      for (int r = 0; r < n; ++r) {
+        const double term = d_of(dout_t[static_cast<size_t>(o) * n + r], fp8::Format::kE5M2) *
+                            d_of(in_t[static_cast<size_t>(i) * n + r], fp8::Format::kE4M3);
+        sum += term;
+        magnitude += std::fabs(term);
+      }
+      dw[static_cast<size_t>(o) * ic + i] += static_cast<float>(sum * slots[12] * slots[16]);
+      dw_bound[static_cast<size_t>(o) * ic + i] =
+          static_cast<float>(std::ldexp(magnitude * slots[12] * slots[16], -10));
+    }
+  }
+  EXPECT_EQ(CompareBf16(Floats(d_din.Host()), din, 1e-4f, "fp8 din"), 0);
+  const std::vector<float> gpu_dw = d_dw.Host();
+  int dw_off = 0;
+  for (size_t k = 0; k < dw.size(); ++k) {
+    if (!(std::fabs(gpu_dw[k] - dw[k]) <= dw_bound[k] + 1e-6f * std::fabs(dw[k])) && dw_off++ < 5) {
+      ADD_FAILURE() << "fp8 dweight[" << k << "]: gpu " << gpu_dw[k] << " cpu " << dw[k] << " bound " << dw_bound[k];
+    }
+  }
+  EXPECT_EQ(dw_off, 0);
+  EXPECT_EQ(
+      (*gemm)
+          ->BackwardFp8(nullptr, d_dw.get(), nullptr, nullptr, nullptr, nullptr, slot, slot, slot, 8, ic, oc, nullptr)
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tierd::trainer::gpu

@@ -70,6 +70,12 @@ float Decode(uint8_t code, Format format) {
   return sign * std::ldexp(1.0f + std::ldexp(static_cast<float>(mantissa), -f.mantissa_bits), exp_field - f.bias);
 }
 
+float CurrentScale(float amax, Format format) {
+  if (!(amax > 0) || !std::isfinite(amax)) return 1.0f;
+  const float scale = MaxFinite(format) / amax;
+  return std::isfinite(scale) ? scale : 1.0f;
+}
+
 DelayedScaling::DelayedScaling(Format format, int window, int margin)
     : format_(format), window_(std::max(1, window)), margin_(std::max(0, margin)) {}
 

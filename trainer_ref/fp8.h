@@ -28,6 +28,12 @@ float Decode(uint8_t code, Format format);
 inline float Round(float x, Format format) { return Decode(Encode(x, format), format); }
 const char* FormatName(Format format);
 
+// Current scaling's scale for a tensor whose largest |x| is `amax`: MaxFinite / amax (in
+// fp32, rounded once), so the tensor's largest value lands on the format's largest. An amax
+// of 0 (all zeros), not finite (an overflow upstream: the codes saturate or stay NaN and the
+// loss shows it) or so small that the quotient is not finite gives 1.
+float CurrentScale(float amax, Format format);
+
 // One tensor's scale: values are stored as code = Encode(x * scale) and read back as
 // Decode(code) * scale_inv. Delayed (Transformer Engine's recipe): each step records the
 // tensor's amax; the scale for the next step is MaxFinite / max(the last `window` amaxes) /

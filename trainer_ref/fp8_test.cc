@@ -120,5 +120,15 @@ TEST(DelayedScalingTest, TheScaleFollowsTheWindowsLargestAmax) {
   EXPECT_NE(margin.Describe().find("e5m2 scale 14336"), std::string::npos) << margin.Describe();
 }
 
+TEST(CurrentScaleTest, TheLargestValueLandsOnTheFormatsLargestAndDegenerateAmaxesGiveOne) {
+  EXPECT_EQ(CurrentScale(2.0f, Format::kE4M3), 224.0f);
+  EXPECT_EQ(CurrentScale(0.5f, Format::kE5M2), 114688.0f);
+  EXPECT_EQ(Round(3.0f * CurrentScale(3.0f, Format::kE4M3), Format::kE4M3), 448.0f) << "no saturation, no waste";
+  EXPECT_EQ(CurrentScale(0.0f, Format::kE4M3), 1.0f);
+  EXPECT_EQ(CurrentScale(std::numeric_limits<float>::infinity(), Format::kE4M3), 1.0f);
+  EXPECT_EQ(CurrentScale(std::numeric_limits<float>::quiet_NaN(), Format::kE5M2), 1.0f);
+  EXPECT_EQ(CurrentScale(std::numeric_limits<float>::denorm_min(), Format::kE4M3), 1.0f) << "448 / 1e-45 overflows";
+}
+
 }  // namespace
 }  // namespace tierd::trainer::fp8

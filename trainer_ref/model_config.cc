@@ -67,4 +67,19 @@ MemoryEstimate EstimateMemory(const ModelConfig& c, int batch, int seq, bool che
   return m;
 }
 
+std::string DescribePrecision(const ModelConfig& config, bool fp8) {
+  const std::string rest = "fp32 master weights, gradients, optimizer state, norms' statistics, softmax and loss";
+  if (!fp8)
+    return "bf16 weights, activations and matmuls (fp32 accumulation); " + rest + " (--precision=fp8: FP8 matmuls)";
+  const double c = config.d_model, f = config.d_ff;
+  const double linear = static_cast<double>(config.layers) * (4 * c * c + 3 * c * f);
+  const double head = c * config.vocab;  // the embedding is a lookup, not a matmul
+  return absl::StrFormat(
+      "fp8 for the %d layers' linear maps (%.0f%% of the parameters, %.0f%% of the matmul FLOPs outside attention; "
+      "E4M3 weights and activations, E5M2 gradients, each tensor at its current scale); bf16 for the embedding, "
+      "the head, attention and the element-wise kernels; %s",
+      config.layers, 100.0 * linear / static_cast<double>(config.Params()), 100.0 * linear / (linear + head),
+      rest.c_str());
+}
+
 }  // namespace tierd::trainer

@@ -38,6 +38,12 @@ absl::Status ValidateConfig(const ModelConfig& config);
 // A one-line description: "1.3b: 24 layers, d_model 2048, 16 heads, d_ff 5504, vocab 32000, 1.35B parameters".
 std::string DescribeConfig(const ModelConfig& config);
 
+// The precision policy in one line: which tensors compute at which precision. fp8: the
+// decoder layers' linear maps (their share of the parameters and of the matmul FLOPs said)
+// in FP8, everything else as bf16 with fp32 statistics, master weights, gradients and
+// optimizer state.
+std::string DescribePrecision(const ModelConfig& config, bool fp8);
+
 // Bytes of training state, mixed precision as the GPU trainer keeps it: bf16 weights and
 // gradients, fp32 master weights and two Adam moments (16 B/param); activations for one
 // micro-batch of `batch` x `seq` tokens, with or without activation checkpointing.

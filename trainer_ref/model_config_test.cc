@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+
 namespace tierd::trainer {
 namespace {
 
@@ -39,6 +41,19 @@ TEST(ModelConfigTest, MemoryOfTrainingStateIsSixteenBytesPerParameter) {
   EXPECT_EQ(full.weights_bytes + full.grads_bytes + full.master_bytes + full.adam_bytes, 16 * c.Params());
   EXPECT_LT(ckpt.activations_bytes, full.activations_bytes / 4);
   EXPECT_GT(full.total_bytes(), 100e9);  // a 7B step does not fit an 80 GB card without offload
+}
+
+TEST(ModelConfigTest, ThePrecisionPolicySaysWhatRunsInFp8AndItsShare) {
+  const ModelConfig c = *ModelPreset("7b");
+  const std::string fp8 = DescribePrecision(c, /*fp8=*/true);
+  // 7B: 32 x (4 x 4096^2 + 3 x 4096 x 11008) = 6.48B of 6.74B parameters; the head 0.13B.
+  EXPECT_NE(fp8.find("fp8 for the 32 layers' linear maps (96% of the parameters, 98% of the matmul FLOPs"),
+            std::string::npos)
+      << fp8;
+  EXPECT_NE(fp8.find("bf16 for the embedding, the head"), std::string::npos) << fp8;
+  const std::string bf16 = DescribePrecision(c, /*fp8=*/false);
+  EXPECT_EQ(bf16.find("fp8 for"), std::string::npos) << bf16;
+  EXPECT_NE(bf16.find("bf16 weights, activations and matmuls"), std::string::npos) << bf16;
 }
 
 }  // namespace

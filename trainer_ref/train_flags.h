@@ -79,6 +79,7 @@ struct RunSettings {
   uint64_t seed = 1;
   bool checkpointing = false;
   bool moments_8bit = false;  // --opt=adamw8bit
+  bool fp8 = false;           // --precision=fp8: the layers' matmuls in FP8 (GPU)
   bool tierd = false;         // --offload_policy=tierd
   std::string tierd_dir;
   uint64_t tierd_dram = 0, tierd_nvme = 0;  // tierd_dram 0 (GPU): sized from the state

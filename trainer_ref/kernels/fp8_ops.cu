@@ -50,7 +50,23 @@ __global__ void QuantizeTransposedKernel(uint8_t* out, const Bf16* in, int rows,
   }
 }
 
+__global__ void ScaleFromAmaxKernel(float* scale, float* scale_inv, const float* amax, float max_finite) {
+  // As fp8::CurrentScale: one fp32 division, and 1 for a degenerate amax.
+  const float a = *amax;
+  float s = 1.0f;
+  if (a > 0 && isfinite(a)) {
+    const float q = __fdiv_rn(max_finite, a);
+    if (isfinite(q)) s = q;
+  }
+  *scale = s;
+  *scale_inv = __fdiv_rn(1.0f, s);
+}
+
 }  // namespace
+
+void ScaleFromAmax(float* scale, float* scale_inv, const float* amax, bool e5m2, cudaStream_t stream) {
+  ScaleFromAmaxKernel<<<1, 1, 0, stream>>>(scale, scale_inv, amax, e5m2 ? 57344.0f : 448.0f);
+}
 
 void QuantizeFp8Transposed(uint8_t* out, const Bf16* in, int rows, int cols, const float* scale, bool e5m2,
                            cudaStream_t stream) {

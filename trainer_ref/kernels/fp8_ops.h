@@ -16,6 +16,9 @@ namespace tierd::trainer::gpu {
 // *amax = max |in[i]| over n bf16 values (0 for n = 0; NaN if any is NaN). Order-free, so
 // deterministic.
 void AbsMax(float* amax, const Bf16* in, int64_t n, cudaStream_t stream);
+// Current scaling: *scale = fp8::CurrentScale(*amax) (E4M3, or E5M2 with `e5m2`) and
+// *scale_inv = 1 / *scale, on the device (nothing for the host to wait on).
+void ScaleFromAmax(float* scale, float* scale_inv, const float* amax, bool e5m2, cudaStream_t stream);
 // out[i] = the FP8 code of in[i] * *scale (round to nearest even, saturating to the largest
 // finite value, NaN kept): E4M3, or E5M2 with `e5m2`.
 void QuantizeFp8(uint8_t* out, const Bf16* in, int64_t n, const float* scale, bool e5m2, cudaStream_t stream);

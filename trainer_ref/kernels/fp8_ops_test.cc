@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -209,6 +210,38 @@ TEST(Fp8OpsTest, Fp8BackwardMatchesTheCpuReference) {
           ->BackwardFp8(nullptr, d_dw.get(), nullptr, nullptr, nullptr, nullptr, slot, slot, slot, 8, ic, oc, nullptr)
           .code(),
       absl::StatusCode::kInvalidArgument);
+}
+
+// Current scaling on the device: the scale and its inverse from an amax, bit for bit the CPU
+// reference's (fp8::CurrentScale), over random amaxes of many decades and the degenerate ones.
+TEST(Fp8OpsTest, ScaleFromAmaxMatchesTheCpuReference) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(5);
+  std::vector<float> amaxes = {0.0f,
+                               std::numeric_limits<float>::infinity(),
+                               std::numeric_limits<float>::quiet_NaN(),
+                               std::numeric_limits<float>::denorm_min(),
+                               1e-30f,
+                               448.0f,
+                               3.0f};
+  std::uniform_real_distribution<float> exponent(-30.f, 30.f);
+  for (int i = 0; i < 200; ++i) amaxes.push_back(std::pow(2.0f, exponent(rng)) * 1.2345f);
+  Device<float> slot{std::vector<float>(4, 0.f)};
+  int off = 0;
+  for (bool e5m2 : {false, true}) {
+    const fp8::Format format = e5m2 ? fp8::Format::kE5M2 : fp8::Format::kE4M3;
+    for (float amax : amaxes) {
+      ASSERT_EQ(cudaMemcpy(slot.get() + 2, &amax, sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+      ScaleFromAmax(slot.get() + 1, slot.get(), slot.get() + 2, e5m2, nullptr);
+      const std::vector<float> got = slot.Host();
+      const float want = fp8::CurrentScale(amax, format);
+      if ((got[1] != want || got[0] != 1.0f / want) && off++ < 5) {
+        ADD_FAILURE() << fp8::FormatName(format) << " amax " << amax << ": gpu scale " << got[1] << " inverse "
+                      << got[0] << ", cpu " << want << " and " << 1.0f / want;
+      }
+    }
+  }
+  EXPECT_EQ(off, 0);
 }
 
 }  // namespace

@@ -103,14 +103,30 @@ absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x) {
   const int n = batch_ * seq_, c = config_.d_model, f = config_.d_ff, h = config_.heads, d = config_.head_dim();
   const size_t nc = static_cast<size_t>(n) * c;
   const Layer& w = layers_[l];
+  // out = in x W^T, in bf16 or (fp8_) from the codes of the last `cast` input.
+  Fp8Codes in8;
+  auto cast = [&](const Bf16* in, int cols) {
+    if (fp8_ != nullptr)
+      Timed(kFp8Cast, [&] {
+        in8 = fp8_->QuantizeInput(in, n, cols, stream_);
+        return 0;
+      });
+  };
+  auto linear = [&](Bf16* out, const Bf16* in, size_t e, LinearIndex k, int ic, int oc) {
+    return Timed(kGemm, [&] {
+      return fp8_ != nullptr ? fp8_->Forward(out, in8, k, W(e), n, ic, oc, stream_)
+                             : gemm_->Forward(out, in, W(e), n, ic, oc, stream_);
+    });
+  };
   RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(a.x_in, x, nc * sizeof(float), cudaMemcpyDeviceToDevice, stream_), "x_in"));
   Timed(kElementwise, [&] {
     RmsNormForward(a.h1, a.rstd1, x, N(w.attn_norm), n, c, static_cast<float>(config_.norm_eps), stream_);
     return 0;
   });
-  RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(a.q, a.h1, W(w.wq), n, c, c, stream_); }));
-  RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(a.k, a.h1, W(w.wk), n, c, c, stream_); }));
-  RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(a.v, a.h1, W(w.wv), n, c, c, stream_); }));
+  cast(a.h1, c);
+  RETURN_IF_ERROR(linear(a.q, a.h1, w.wq, kLinearQ, c, c));
+  RETURN_IF_ERROR(linear(a.k, a.h1, w.wk, kLinearK, c, c));
+  RETURN_IF_ERROR(linear(a.v, a.h1, w.wv, kLinearV, c, c));
   Timed(kElementwise, [&] {
     RopeForward(a.q, batch_, seq_, h, d, static_cast<float>(config_.rope_theta), stream_);
     return 0;
@@ -122,17 +138,20 @@ absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x) {
   RETURN_IF_ERROR(Timed(kAttention, [&] {
     return Cuda(AttentionForward(a.a, a.lse, a.q, a.k, a.v, batch_, seq_, h, d, stream_), "attention forward");
   }));
-  RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(tmp_, a.a, W(w.wo), n, c, c, stream_); }));
+  cast(a.a, c);
+  RETURN_IF_ERROR(linear(tmp_, a.a, w.wo, kLinearO, c, c));
   Timed(kElementwise, [&] { AddInto(x, tmp_, static_cast<int64_t>(nc), stream_); return 0; });
   RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(a.x_mid, x, nc * sizeof(float), cudaMemcpyDeviceToDevice, stream_), "x_mid"));
   Timed(kElementwise, [&] {
     RmsNormForward(a.h2, a.rstd2, x, N(w.mlp_norm), n, c, static_cast<float>(config_.norm_eps), stream_);
     return 0;
   });
-  RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(a.g, a.h2, W(w.w1), n, c, f, stream_); }));
-  RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(a.u, a.h2, W(w.w3), n, c, f, stream_); }));
+  cast(a.h2, c);
+  RETURN_IF_ERROR(linear(a.g, a.h2, w.w1, kLinearGate, c, f));
+  RETURN_IF_ERROR(linear(a.u, a.h2, w.w3, kLinearUp, c, f));
   Timed(kElementwise, [&] { SwiGluForward(a.s, a.g, a.u, n, f, stream_); return 0; });
-  RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(tmp_, a.s, W(w.w2), n, f, c, stream_); }));
+  cast(a.s, f);
+  RETURN_IF_ERROR(linear(tmp_, a.s, w.w2, kLinearDown, f, c));
   Timed(kElementwise, [&] { AddInto(x, tmp_, static_cast<int64_t>(nc), stream_); return 0; });
   return absl::OkStatus();
 }
@@ -196,21 +215,39 @@ absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx) {
   const size_t nc = static_cast<size_t>(n) * c, nf = static_cast<size_t>(n) * f;
   auto zero = [this](Bf16* p, size_t count) { return Cuda(cudaMemsetAsync(p, 0, count * sizeof(Bf16), stream_), "zero"); };
   const Layer& w = layers_[l];
+  // din += dout x W, dW += dout^T x in: bf16, or (fp8_) from the codes of the last `cast` input.
+  Fp8Codes in8_t;
+  auto cast = [&](const Bf16* in, int cols) {
+    if (fp8_ != nullptr)
+      Timed(kFp8Cast, [&] {
+        in8_t = fp8_->QuantizeInputTransposed(in, n, cols, stream_);
+        return 0;
+      });
+  };
+  auto linear = [&](Bf16* din, const Bf16* dout, const Bf16* in, size_t e, LinearIndex k, int ic, int oc) {
+    return Timed(kGemm, [&] {
+      return fp8_ != nullptr ? fp8_->Backward(din, G(e), dout, in8_t, k, W(e), n, ic, oc, stream_)
+                             : gemm_->Backward(din, G(e), dout, in, W(e), n, ic, oc, stream_);
+    });
+  };
   // x_out = x_mid + swiglu(h2 W1^T, h2 W3^T) W2^T
   Timed(kElementwise, [&] { ToBf16(dx16_, dx, static_cast<int64_t>(nc), stream_); return 0; });
   RETURN_IF_ERROR(zero(ds_, nf));
-  RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(ds_, G(w.w2), dx16_, a.s, W(w.w2), n, f, c, stream_); }));
+  cast(a.s, f);
+  RETURN_IF_ERROR(linear(ds_, dx16_, a.s, w.w2, kLinearDown, f, c));
   RETURN_IF_ERROR(zero(dg_, nf));
   RETURN_IF_ERROR(zero(du_, nf));
   Timed(kElementwise, [&] { SwiGluBackward(dg_, du_, ds_, a.g, a.u, n, f, stream_); return 0; });
   RETURN_IF_ERROR(zero(dh_, nc));
-  RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(dh_, G(w.w1), dg_, a.h2, W(w.w1), n, c, f, stream_); }));
-  RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(dh_, G(w.w3), du_, a.h2, W(w.w3), n, c, f, stream_); }));
+  cast(a.h2, c);
+  RETURN_IF_ERROR(linear(dh_, dg_, a.h2, w.w1, kLinearGate, c, f));
+  RETURN_IF_ERROR(linear(dh_, du_, a.h2, w.w3, kLinearUp, c, f));
   Timed(kElementwise, [&] { RmsNormBackward(dx, G(w.mlp_norm), dh_, a.x_mid, N(w.mlp_norm), a.rstd2, n, c, scratch_, stream_); return 0; });
   // x_mid = x_in + attention(rope(h1 Wq^T), rope(h1 Wk^T), h1 Wv^T) Wo^T
   Timed(kElementwise, [&] { ToBf16(dx16_, dx, static_cast<int64_t>(nc), stream_); return 0; });
   RETURN_IF_ERROR(zero(da_, nc));
-  RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(da_, G(w.wo), dx16_, a.a, W(w.wo), n, c, c, stream_); }));
+  cast(a.a, c);
+  RETURN_IF_ERROR(linear(da_, dx16_, a.a, w.wo, kLinearO, c, c));
   for (Bf16* p : {dq_, dk_, dv_}) RETURN_IF_ERROR(zero(p, nc));
   RETURN_IF_ERROR(Timed(kAttention, [&] {
     return Cuda(AttentionBackward(dq_, dk_, dv_, da_, a.a, a.lse, delta_, a.q, a.k, a.v, batch_, seq_, h, d, stream_),
@@ -225,9 +262,10 @@ absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx) {
     return 0;
   });
   RETURN_IF_ERROR(zero(dh_, nc));
-  RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(dh_, G(w.wq), dq_, a.h1, W(w.wq), n, c, c, stream_); }));
-  RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(dh_, G(w.wk), dk_, a.h1, W(w.wk), n, c, c, stream_); }));
-  RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Backward(dh_, G(w.wv), dv_, a.h1, W(w.wv), n, c, c, stream_); }));
+  cast(a.h1, c);
+  RETURN_IF_ERROR(linear(dh_, dq_, a.h1, w.wq, kLinearQ, c, c));
+  RETURN_IF_ERROR(linear(dh_, dk_, a.h1, w.wk, kLinearK, c, c));
+  RETURN_IF_ERROR(linear(dh_, dv_, a.h1, w.wv, kLinearV, c, c));
   Timed(kElementwise, [&] { RmsNormBackward(dx, G(w.attn_norm), dh_, a.x_in, N(w.attn_norm), a.rstd1, n, c, scratch_, stream_); return 0; });
   return absl::OkStatus();
 }

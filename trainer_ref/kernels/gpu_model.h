@@ -32,6 +32,7 @@
 #include "absl/status/statusor.h"
 #include "prefetcher/graph.h"
 #include "trainer_ref/checkpoint.h"
+#include "trainer_ref/kernels/fp8_linear.h"
 #include "trainer_ref/kernels/gemm.h"
 #include "trainer_ref/kernels/gpu_home.h"
 #include "trainer_ref/kernels/gpu_ops.h"
@@ -138,6 +139,15 @@ class GpuModel {
   // "optimizer".
   void EnableProfile(bool on) { profiling_ = on; }
   std::vector<std::pair<std::string, double>> TakeProfile();
+  // The decoder layers' seven linear maps in FP8 (fp8_linear.h: E4M3 weights and inputs,
+  // E5M2 output gradients, each at its current scale) instead of bf16; the embedding, the
+  // norms, attention, the element-wise kernels and the head stay bf16 with fp32 statistics,
+  // the master weights, gradients and optimizer fp32. Before the first step. INVALID_ARGUMENT
+  // for shapes FP8 tensor cores do not take (dimensions and batch x seq multiples of 16);
+  // RESOURCE_EXHAUSTED without room for its buffers (Fp8WorkspaceBytesFor).
+  absl::Status UseFp8();
+  bool fp8() const { return fp8_ != nullptr; }
+  static uint64_t Fp8WorkspaceBytesFor(const ModelConfig& config, int batch, int seq);
   // Device bytes this model holds: the home's own (plain: all the state) and the workspace.
   uint64_t DeviceBytes() const { return device_bytes_ + home_->OwnDeviceBytes(); }
   uint64_t WorkspaceBytes() const { return device_bytes_; }
@@ -281,6 +291,7 @@ class GpuModel {
   bool registered_ = false;
   int registered_micro_batches_ = 0;
   std::unique_ptr<Gemm> gemm_;
+  std::unique_ptr<Fp8Linear> fp8_;  // null: the layers' matmuls in bf16
   cudaStream_t stream_ = nullptr;
   std::vector<void*> allocations_;
   uint64_t device_bytes_ = 0;

@@ -13,9 +13,12 @@ inline absl::Status Cuda(cudaError_t error, const char* what) {
   return absl::InternalError(absl::StrFormat("CUDA %s: %s", what, cudaGetErrorString(error)));
 }
 
-enum Category { kGemm, kAttention, kElementwise, kLoss, kOptimizer, kCategories };
-inline const char* const kCategoryNames[kCategories] = {"gemm", "attention", "norm+elementwise", "loss",
-                                                        "optimizer"};
+enum Category { kGemm, kAttention, kElementwise, kLoss, kOptimizer, kFp8Cast, kCategories };
+inline const char* const kCategoryNames[kCategories] = {"gemm", "attention", "norm+elementwise",
+                                                        "loss", "optimizer", "fp8 casts"};
+
+// A decoder layer's linear maps, as Fp8Linear indexes them (GpuModel::UseFp8 gives the shapes).
+enum LinearIndex { kLinearQ, kLinearK, kLinearV, kLinearO, kLinearGate, kLinearUp, kLinearDown, kLinears };
 
 #define RETURN_IF_ERROR(expr)                            \
   do {                                                   \

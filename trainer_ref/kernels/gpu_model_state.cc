@@ -173,6 +173,41 @@ uint64_t GpuModel::WorkspaceBytesFor(const ModelConfig& config, int batch, int s
   return bytes;
 }
 
+namespace {
+
+Fp8Linear::Shapes LinearShapes(const ModelConfig& config) {
+  const int c = config.d_model, f = config.d_ff;
+  Fp8Linear::Shapes shapes(kLinears);
+  shapes[kLinearQ] = shapes[kLinearK] = shapes[kLinearV] = shapes[kLinearO] = {c, c};
+  shapes[kLinearGate] = shapes[kLinearUp] = {f, c};
+  shapes[kLinearDown] = {c, f};
+  return shapes;
+}
+
+}  // namespace
+
+uint64_t GpuModel::Fp8WorkspaceBytesFor(const ModelConfig& config, int batch, int seq) {
+  return Fp8Linear::BytesFor(int64_t{batch} * seq, LinearShapes(config));
+}
+
+absl::Status GpuModel::UseFp8() {
+  if (fp8_ != nullptr) return absl::OkStatus();
+  if (micro_ > 0) return absl::FailedPreconditionError("FP8 is chosen before the first step");
+  int major = 0, minor = 0, device = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (major * 10 + minor < 89) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "FP8 matmuls need FP8 tensor cores (compute capability 8.9 or later); this GPU is %d.%d", major, minor));
+  }
+  auto linear = Fp8Linear::Create(gemm_.get(), int64_t{batch_} * seq_, LinearShapes(config_));
+  if (!linear.ok()) return linear.status();
+  fp8_ = std::move(*linear);
+  device_bytes_ += Fp8WorkspaceBytesFor(config_, batch_, seq_);
+  return absl::OkStatus();
+}
+
 absl::Status GpuModel::Allocate() {
   RETURN_IF_ERROR(Cuda(cudaStreamCreate(&stream_), "stream"));
   RETURN_IF_ERROR(Cuda(cudaStreamCreate(&host_stream_), "host optimizer stream"));
@@ -231,6 +266,8 @@ absl::Status GpuModel::Enter(int group, Part part, Access access, int chunk) {
   }
   acquired_[group][static_cast<int>(part)] = *p;
   acquired_chunk_[group][static_cast<int>(part)] = chunk;
+  // Weights acquired anew may be new weights (an optimizer step) at an old address.
+  if (part == Part::kWeights && fp8_ != nullptr) fp8_->ForgetWeights();
   return absl::OkStatus();
 }
 

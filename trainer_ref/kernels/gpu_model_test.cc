@@ -194,7 +194,9 @@ TEST(GpuModelTest, CheckpointingGivesTheSameLossAndGradients) {
 // Layer-major order over K micro-batches: the same mean loss, gradients and gradient norm,
 // bit for bit, as K Forward/Backward pairs; with and without checkpointing; the model's home
 // holds each layer's saved tensor per micro-batch (K slots) and refuses a home made for one.
-void CheckLayerMajor(bool checkpointing) {
+// In FP8 too: there layer-major reuses a layer's weight codes over the K micro-batches that
+// one-by-one makes K times, so equal bits also say the kept codes are the right ones.
+void CheckLayerMajor(bool checkpointing, bool fp8 = false) {
   const ModelConfig config{"lm", 3, 128, 2, 352, 512, 128};  // head size 64: the tensor-core attention
   const int batch = 2, seq = 128, micro = 3, n = batch * seq;
   const GpuHomeLayout one = GpuModel::HomeLayout(config, batch, seq, checkpointing);
@@ -211,6 +213,12 @@ void CheckLayerMajor(bool checkpointing) {
   ASSERT_TRUE(one_by_one.ok()) << one_by_one.status();
   ASSERT_TRUE(layer_major.ok()) << layer_major.status();
   EXPECT_EQ((*layer_major)->WorkspaceBytes(), GpuModel::WorkspaceBytesFor(config, batch, seq, checkpointing, micro));
+  if (fp8) {
+    ASSERT_TRUE((*one_by_one)->UseFp8().ok());
+    ASSERT_TRUE((*layer_major)->UseFp8().ok());
+    EXPECT_EQ((*layer_major)->WorkspaceBytes(), GpuModel::WorkspaceBytesFor(config, batch, seq, checkpointing, micro) +
+                                                    GpuModel::Fp8WorkspaceBytesFor(config, batch, seq));
+  }
   std::mt19937_64 rng(33);
   std::vector<int32_t> tokens, targets;
   for (int m = 0; m < micro; ++m) {
@@ -357,6 +365,96 @@ TEST(GpuModelTest, LayerMajorOrderGivesTheSameLossAndGradientsBitForBit) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device here: the GPU model is checked on the lent GPU machine";
   CheckLayerMajor(/*checkpointing=*/true);
   CheckLayerMajor(/*checkpointing=*/false);
+  CheckLayerMajor(/*checkpointing=*/true, /*fp8=*/true);
+}
+
+// The layers' matmuls in FP8 (UseFp8) against the CPU model in fp32: FP8's rounding (E4M3:
+// 3 mantissa bits, a value's relative error up to 1/16; E5M2 gradients 1/8) is far coarser
+// than bf16's, so the bounds are: loss within 2%; every tensor's gradient within 25% relative
+// L2 error and the whole gradient's cosine with the CPU's at least 0.97; over 8 AdamW steps
+// the losses within 5% of the CPU's. And it is FP8 that ran: the gradients differ from the
+// bf16 model's by more than bf16's own error (0.5% relative L2).
+TEST(GpuModelTest, Fp8MatmulsTrackTheCpuModel) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device here: the GPU model is checked on the lent GPU machine";
+  const ModelConfig config = *ModelPreset("tiny");
+  const int batch = 2, seq = 32, n = batch * seq;
+  Model<float> cpu(config, batch, seq);
+  cpu.InitParams(11);
+  for (const TensorLayout& t : cpu.layout()) {
+    if (t.shape.size() < 2) continue;
+    for (size_t i = 0; i < t.count; ++i) cpu.params()[t.offset + i] = FromBf16(ToBf16(cpu.params()[t.offset + i]));
+  }
+  auto gpu = GpuModel::Create(config, batch, seq);
+  auto bf16 = GpuModel::Create(config, batch, seq);
+  ASSERT_TRUE(gpu.ok() && bf16.ok());
+  ASSERT_TRUE((*gpu)->UseFp8().ok());
+  EXPECT_TRUE((*gpu)->fp8());
+  EXPECT_FALSE((*bf16)->fp8());
+  ASSERT_TRUE((*gpu)->SetParams(cpu.params()).ok());
+  ASSERT_TRUE((*bf16)->SetParams(cpu.params()).ok());
+  std::mt19937_64 rng(12);
+  const Batch b = RandomBatch(n, config.vocab, rng);
+  cpu.ZeroGrads();
+  const double cpu_loss = cpu.Forward(b.tokens.data(), b.targets.data());
+  cpu.Backward();
+  std::vector<float> grads, bf16_grads;
+  double gpu_loss = 0;
+  for (GpuModel* m : {gpu->get(), bf16->get()}) {
+    ASSERT_TRUE(m->ZeroGrads().ok());
+    auto loss = m->Forward(b.tokens.data(), b.targets.data());
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    ASSERT_TRUE(m->Backward().ok());
+    ASSERT_TRUE(m->GetGrads(m == gpu->get() ? &grads : &bf16_grads).ok());
+    if (m == gpu->get()) gpu_loss = *loss;
+  }
+  EXPECT_NEAR(gpu_loss, cpu_loss, 0.02 * cpu_loss);
+  double worst = 0, dot = 0, gg = 0, cc = 0, off_bf16 = 0;
+  for (const TensorLayout& t : cpu.layout()) {
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < t.count; ++i) {
+      const double g = cpu.grads()[t.offset + i], x = grads[t.offset + i], y = bf16_grads[t.offset + i];
+      diff += (x - g) * (x - g);
+      norm += g * g;
+      dot += x * g;
+      gg += x * x;
+      cc += g * g;
+      off_bf16 += (x - y) * (x - y);
+    }
+    ASSERT_GT(norm, 0) << t.name;
+    worst = std::max(worst, std::sqrt(diff / norm));
+    EXPECT_LT(std::sqrt(diff / norm), 0.25) << t.name;
+  }
+  const double cosine = dot / std::sqrt(gg * cc), from_bf16 = std::sqrt(off_bf16 / cc);
+  EXPECT_GT(cosine, 0.97);
+  EXPECT_GT(from_bf16, 0.005) << "the FP8 model's gradients are the bf16 model's: FP8 did not run";
+  std::printf("fp8: loss cpu %.6f gpu %.6f; worst gradient relative L2 error %.4f, cosine %.5f, %.4f from bf16's\n",
+              cpu_loss, gpu_loss, worst, cosine, from_bf16);
+  AdamWOptions adam;
+  std::vector<float> m(cpu.params().size(), 0.f), v(cpu.params().size(), 0.f);
+  for (int step = 1; step <= 8; ++step) {
+    const Batch s = RandomBatch(n, config.vocab, rng);
+    cpu.ZeroGrads();
+    const double lc = cpu.Forward(s.tokens.data(), s.targets.data());
+    cpu.Backward();
+    for (const TensorLayout& t : cpu.layout()) {
+      AdamWStep(cpu.params().data() + t.offset, cpu.grads().data() + t.offset, m.data() + t.offset, v.data() + t.offset,
+                t.count, 3e-3, step, adam, /*decay=*/t.shape.size() > 1);
+    }
+    ASSERT_TRUE((*gpu)->ZeroGrads().ok());
+    auto lg = (*gpu)->Forward(s.tokens.data(), s.targets.data());
+    ASSERT_TRUE(lg.ok()) << lg.status();
+    ASSERT_TRUE((*gpu)->Backward().ok());
+    ASSERT_TRUE((*gpu)->AdamWStep(3e-3, step, adam, 1.0).ok());
+    std::printf("fp8 step %d: loss cpu %.5f gpu %.5f\n", step, lc, *lg);
+    EXPECT_NEAR(*lg, lc, 0.05 * lc) << "step " << step;
+  }
+  // Shapes FP8 tensor cores do not take are refused with the numbers.
+  const ModelConfig odd{"odd", 1, 72, 2, 200, 256, 64};
+  auto refused = GpuModel::Create(odd, 1, 24);
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  const absl::Status why = (*refused)->UseFp8();
+  EXPECT_EQ(why.code(), absl::StatusCode::kInvalidArgument) << why;
+  EXPECT_NE(why.message().find("24 rows"), absl::string_view::npos) << why;
 }
 
 }  // namespace

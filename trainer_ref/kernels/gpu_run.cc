@@ -255,7 +255,8 @@ int GpuRun::Setup() {
     in.layer_state_bytes = static_cast<double>(layered.Total());
     auto budget = ParseBytes(absl::GetFlag(FLAGS_gpu_budget));
     const double workspace =
-        static_cast<double>(GpuModel::WorkspaceBytesFor(config, s_.batch, s_.seq, s_.checkpointing, s_.accum));
+        static_cast<double>(GpuModel::WorkspaceBytesFor(config, s_.batch, s_.seq, s_.checkpointing, s_.accum) +
+                            (s_.fp8 ? GpuModel::Fp8WorkspaceBytesFor(config, s_.batch, s_.seq) : 0));
     in.gpu_bytes = budget.ok() ? std::max(0.0, static_cast<double>(*budget) - workspace) : 0.0;
     in.dram_bytes = static_cast<double>(s_.tierd_dram > 0 ? s_.tierd_dram : kAutoDramCap);
     const StepOrderChoice choice = ChooseStepOrder(in);
@@ -268,7 +269,8 @@ int GpuRun::Setup() {
   }
   layer_major_ = layer_major ? s_.accum : 0;
   if (layer_major) layout = layered;
-  const uint64_t workspace = GpuModel::WorkspaceBytesFor(config, s_.batch, s_.seq, s_.checkpointing, layer_major_);
+  const uint64_t workspace = GpuModel::WorkspaceBytesFor(config, s_.batch, s_.seq, s_.checkpointing, layer_major_) +
+                             (s_.fp8 ? GpuModel::Fp8WorkspaceBytesFor(config, s_.batch, s_.seq) : 0);
   uint64_t gpu_quota = 0, dram_quota = 0;
   auto home = MakeHome(s_, layout, workspace, &gpu_quota, &dram_quota);
   if (!home.ok()) return Fail(std::string(home.status().message()));
@@ -277,6 +279,10 @@ int GpuRun::Setup() {
       GpuModel::Create(config, s_.batch, s_.seq, std::move(*home), s_.checkpointing, layer_major_, s_.moments_8bit);
   if (!model.ok()) return Fail(std::string(model.status().message()));
   model_ = std::move(*model);
+  if (s_.fp8) {
+    if (absl::Status st = model_->UseFp8(); !st.ok()) return Fail("--precision=fp8: " + std::string(st.message()));
+  }
+  std::printf("precision: %s\n", DescribePrecision(config, s_.fp8).c_str());
   startup_.Done("GPU workspace");
   auto on_cpu = ChooseOptimizerOnCpu(s_, layout, gpu_quota, dram_quota, layer_major_);
   if (!on_cpu.ok()) return Fail(std::string(on_cpu.status().message()));
@@ -460,7 +466,8 @@ void GpuRun::Summary() {
       "\"final_loss\": %.6f, \"peak_gpu_bytes\": %lu, \"step_seconds\": %.4f, \"acquire_wait_seconds\": %.4f, "
       "\"h2d_bytes\": %.0f, \"d2h_bytes\": %.0f, \"nvme_read_bytes\": %.0f, \"nvme_write_bytes\": %.0f}\n",
       ((s_.tierd ? "tierd " + absl::GetFlag(FLAGS_gpu_budget) : std::string("none")) +
-       (s_.checkpointing ? " + checkpointing" : "") + (optimizer_on_cpu_ ? " + CPU AdamW" : ""))
+       (s_.checkpointing ? " + checkpointing" : "") + (optimizer_on_cpu_ ? " + CPU AdamW" : "") +
+       (s_.fp8 ? " + fp8" : ""))
           .c_str(),
       s_.config.name.c_str(), s_.batch, s_.accum, tps, 6.0 * params * tps / 1e12, last_loss_,
       static_cast<unsigned long>(memory_bytes), timed_seconds_ * per, timed_waits_ * per,

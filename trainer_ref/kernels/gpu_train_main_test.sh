@@ -43,9 +43,16 @@ else
   check "an unknown step order" "refused 'step_order is auto, micro or layer, not .sideways.'"
   run $d --precision=fp32
   check "fp32 throughout is the CPU's" "refused 'the GPU trainer computes bf16'"
+  run $d --precision=fp8 --steps=2 --batch_size=2 --seq_len=64
+  check "fp8 trains and says its policy" \
+    "grep -q '^precision: fp8 for the ' '$dir/out.log' && grep -q 'ours none + fp8' '$dir/out.log'"
+  run $d --precision=fp8 --batch_size=1 --seq_len=60 --steps=1
+  check "fp8 refuses rows FP8 tensor cores do not take" "refused 'multiple of 16'"
   run $d --eval_every=10 --steps=1
   check "a CPU-only flag is noted as ignored" "grep -q 'note: --eval_every is for the CPU trainer: ignored on the GPU' '$dir/out.log'"
 fi
+run --device=cpu --precision=fp8
+check "fp8 is the GPU's" "refused 'precision=fp8 is the GPU trainer.s'"
 run --batch_size=0
 check "a batch of nothing" "refused 'must be at least 1'"
 run --help

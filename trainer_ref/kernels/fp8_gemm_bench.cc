@@ -4,6 +4,10 @@
 // FP8 here is E4M3 x E4M3 with per-tensor scales and bf16 output (Gemm::ForwardFp8), with the
 // tensor cores' exact and fast accumulation; the conversion to FP8 is not in the time (a
 // weight is converted once a step, an activation once per GEMM that reads it).
+// Then what the trainer runs: one decoder layer's seven linear maps (q, k, v, o separate, gate,
+// up, down), forward and backward (din and the fp32 weight gradient), at 1.3B and 7B with the
+// rows of a micro-batch, in bf16 and through Fp8Linear with every conversion in the time:
+// weight codes made at each pass (one micro-batch at a time) or kept (layer-major).
 //   bazel run -c opt //trainer_ref/kernels:fp8_gemm_bench   (or .carry/bin/fp8_gemm_bench)
 #include <cuda_runtime_api.h>
 
@@ -13,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "trainer_ref/kernels/fp8_linear.h"
 #include "trainer_ref/kernels/fp8_ops.h"
 #include "trainer_ref/kernels/gemm.h"
 
@@ -29,6 +34,80 @@ struct Shape {
   const char* what;
   int n, ic, oc;
 };
+
+// One layer's linear maps forward and backward, bf16 against FP8; false on a failure.
+bool LayerBench(Gemm& gemm, const char* model, int n, int c, int f, cudaEvent_t start, cudaEvent_t stop) {
+  struct Linear {
+    int ic, oc, input;  // input: 0 h1, 1 attention out, 2 h2, 3 swiglu out
+  };
+  const Linear linears[7] = {{c, c, 0}, {c, c, 0}, {c, c, 0}, {c, c, 1}, {c, f, 2}, {c, f, 2}, {f, c, 3}};
+  Fp8Linear::Shapes shapes;
+  for (const Linear& l : linears) shapes.push_back({l.oc, l.ic});
+  auto fp8 = Fp8Linear::Create(&gemm, n, shapes);
+  if (!fp8.ok()) return false;
+  const size_t big = size_t(n) * f;
+  Bf16 *in[4] = {}, *out = nullptr, *dout = nullptr, *din = nullptr, *w[7] = {};
+  float *dw = nullptr, *master = nullptr;
+  bool ok = Alloc(&out, big * 2) && Alloc(&dout, big * 2) && Alloc(&din, big * 2) && Alloc(&dw, size_t(c) * f * 4) &&
+            Alloc(&master, size_t(c) * f * 4);
+  for (int i = 0; ok && i < 4; ++i) ok = Alloc(&in[i], (i == 3 ? big : size_t(n) * c) * 2);
+  for (int i = 0; ok && i < 7; ++i) ok = Alloc(&w[i], size_t(c) * f * 2);
+  if (!ok) return false;
+  for (int i = 0; i < 4; ++i) InitNormal(master, in[i], 0, int64_t(i == 3 ? big : size_t(n) * c), 1, 10 + i, 1.0, nullptr);
+  for (int i = 0; i < 7; ++i) InitNormal(master, w[i], 0, int64_t(c) * f, 1, 20 + i, 0.02, nullptr);
+  InitNormal(master, dout, 0, int64_t(big), 1, 30, 1e-3, nullptr);
+  cudaMemset(dw, 0, size_t(c) * f * 4);
+  auto time = [&](auto&& run) {
+    run();
+    cudaEventRecord(start);
+    for (int i = 0; i < 10; ++i) run();
+    cudaEventRecord(stop);
+    cudaEventSynchronize(stop);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    return ms / 10;
+  };
+  const double bf16 = time([&] {
+    for (int k = 0; k < 7; ++k) ok &= gemm.Forward(out, in[linears[k].input], w[k], n, linears[k].ic, linears[k].oc, nullptr).ok();
+    for (int k = 0; k < 7; ++k) {
+      ok &= gemm.Backward(din, dw, dout, in[linears[k].input], w[k], n, linears[k].ic, linears[k].oc, nullptr).ok();
+    }
+  });
+  auto fp8_pass = [&](bool forget) {
+    if (forget) (*fp8)->ForgetWeights();
+    Fp8Codes codes;
+    for (int k = 0; k < 7; ++k) {
+      if (k == 0 || linears[k].input != linears[k - 1].input) {
+        codes = (*fp8)->QuantizeInput(in[linears[k].input], n, linears[k].ic, nullptr);
+      }
+      ok &= (*fp8)->Forward(out, codes, k, w[k], n, linears[k].ic, linears[k].oc, nullptr).ok();
+    }
+    for (int k = 0; k < 7; ++k) {
+      if (k == 0 || linears[k].input != linears[k - 1].input) {
+        codes = (*fp8)->QuantizeInputTransposed(in[linears[k].input], n, linears[k].ic, nullptr);
+      }
+      ok &= (*fp8)->Backward(din, dw, dout, codes, k, w[k], n, linears[k].ic, linears[k].oc, nullptr).ok();
+    }
+  };
+  const double made = time([&] { fp8_pass(true); });
+  const double kept = time([&] { fp8_pass(false); });
+  // The conversions alone: the same calls' AbsMax/Quantize work, without the GEMMs.
+  const double casts = time([&] {
+    (*fp8)->ForgetWeights();
+    for (int k = 0; k < 4; ++k) (*fp8)->QuantizeInput(in[k], n, k == 3 ? f : c, nullptr);
+    for (int k = 0; k < 4; ++k) (*fp8)->QuantizeInputTransposed(in[k], n, k == 3 ? f : c, nullptr);
+  });
+  if (!ok || cudaDeviceSynchronize() != cudaSuccess) return false;
+  const double flops = 3 * 2.0 * n * (4.0 * c * c + 3.0 * c * f);
+  std::printf("| %s | %d | %.2f ms (%.0f TFLOP/s) | %.2f ms (%.2fx) | %.2f ms (%.2fx) | %.2f ms |\n", model, n, bf16,
+              flops / bf16 / 1e9, made, bf16 / made, kept, bf16 / kept, casts);
+  for (Bf16* p : {out, dout, din}) cudaFree(p);
+  for (Bf16* p : in) cudaFree(p);
+  for (Bf16* p : w) cudaFree(p);
+  cudaFree(dw);
+  cudaFree(master);
+  return true;
+}
 
 int Main() {
   cudaDeviceProp prop{};
@@ -121,6 +200,20 @@ int Main() {
   }
   std::printf("all eight GEMMs: fp8 %.2fx of bf16's time-weighted speed, fast accumulation %.2fx\n",
               total_bf16 / total_fp8, total_bf16 / total_fast);
+  std::printf(
+      "\nOne layer's seven linear maps, forward + backward (din, fp32 dweight), every FP8 conversion timed in\n"
+      "| model | rows | bf16 | fp8, weight codes made each pass | fp8, weight codes kept | input casts alone (4 plain, 4 transposed) |\n"
+      "|---|---|---|---|---|---|\n");
+  const struct {
+    const char* model;
+    int n, c, f;
+  } layers[] = {{"1.3b", 4096, 2048, 5504}, {"1.3b", 8192, 2048, 5504}, {"7b", 8192, 4096, 11008}};
+  for (const auto& l : layers) {
+    if (!LayerBench(**gemm, l.model, l.n, l.c, l.f, start, stop)) {
+      std::fprintf(stderr, "fp8_gemm_bench: the layer bench failed at %s, %d rows\n", l.model, l.n);
+      return 1;
+    }
+  }
   return 0;
 }
 

@@ -97,8 +97,11 @@ Fp8Codes Fp8Linear::Quantize(uint8_t* plain, uint8_t* transposed, int slot, cons
   float* s = Slot(slot);
   AbsMax(s + 2, in, static_cast<int64_t>(rows) * cols, stream);
   ScaleFromAmax(s + 1, s, s + 2, e5m2, stream);
-  if (plain != nullptr) QuantizeFp8(plain, in, static_cast<int64_t>(rows) * cols, s + 1, e5m2, stream);
-  if (transposed != nullptr) QuantizeFp8Transposed(transposed, in, rows, cols, s + 1, e5m2, stream);
+  if (transposed != nullptr) {
+    QuantizeFp8Transposed(transposed, in, rows, cols, s + 1, e5m2, stream, plain);  // both from one read
+  } else if (plain != nullptr) {
+    QuantizeFp8(plain, in, static_cast<int64_t>(rows) * cols, s + 1, e5m2, stream);
+  }
   return {plain != nullptr ? plain : transposed, s};
 }
 

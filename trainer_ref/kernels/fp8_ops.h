@@ -24,9 +24,10 @@ void ScaleFromAmax(float* scale, float* scale_inv, const float* amax, bool e5m2,
 void QuantizeFp8(uint8_t* out, const Bf16* in, int64_t n, const float* scale, bool e5m2, cudaStream_t stream);
 // The same for a row-major (rows, cols) matrix, written transposed: out (cols, rows). The
 // backward GEMMs read weights, inputs and output gradients transposed, and FP8 tensor cores
-// take only the transposed-A, plain-B form, so these copies are made as the codes are.
+// take only the transposed-A, plain-B form, so these copies are made as the codes are. With
+// `plain`, the untransposed codes too (QuantizeFp8's), from the same read of the input.
 void QuantizeFp8Transposed(uint8_t* out, const Bf16* in, int rows, int cols, const float* scale, bool e5m2,
-                           cudaStream_t stream);
+                           cudaStream_t stream, uint8_t* plain = nullptr);
 
 }  // namespace tierd::trainer::gpu
 

@@ -50,6 +50,10 @@ TEST(Fp8OpsTest, Fp8CodesAndGemmMatchTheCpuReference) {
   for (float x : w.values) amax_w = std::max(amax_w, std::fabs(x));
   EXPECT_EQ(host_slots[0], amax_in);
   EXPECT_EQ(host_slots[4], amax_w);
+  AbsMax(slot + 8, d_w.get() + 3, w.bits.size() - 5, nullptr);  // misaligned, an odd count: the scalar path
+  float amax_odd = 0;
+  for (size_t i = 3; i + 2 < w.values.size(); ++i) amax_odd = std::max(amax_odd, std::fabs(w.values[i]));
+  EXPECT_EQ(slots.Host()[8], amax_odd);
   for (bool e5m2 : {false, true}) {
     SCOPED_TRACE(e5m2 ? "e5m2" : "e4m3");
     const fp8::Format format = e5m2 ? fp8::Format::kE5M2 : fp8::Format::kE4M3;
@@ -82,6 +86,19 @@ TEST(Fp8OpsTest, Fp8CodesAndGemmMatchTheCpuReference) {
     }
     EXPECT_EQ(off, 0);
     EXPECT_GE(saturated, 1) << "the outlier saturates at a scale a tenth too large";
+    // Eight values a thread where aligned: from one element on (misaligned) and of a count
+    // that is no multiple of 8, every code is still the CPU's.
+    for (int from : {0, 1}) {
+      Device<uint8_t> q_odd{std::vector<uint8_t>(in.bits.size())};
+      QuantizeFp8(q_odd.get(), d_in.get() + from, in.bits.size() - 5, slot + 8, e5m2, nullptr);
+      const std::vector<uint8_t> odd = q_odd.Host();
+      for (size_t i = 0; i + 5 < in.bits.size(); ++i) {
+        if (odd[i] != fp8::Encode(in.values[i + from] * scales[2], format) && off++ < 5) {
+          ADD_FAILURE() << "from " << from << ", code " << i;
+        }
+      }
+    }
+    EXPECT_EQ(off, 0);
     for (bool fast : {false, true}) {
       SCOPED_TRACE(fast ? "fast accumulation" : "exact accumulation");
       Device<Bf16> d_out{std::vector<Bf16>(size_t{n} * oc)};
@@ -139,7 +156,8 @@ TEST(Fp8OpsTest, Fp8BackwardMatchesTheCpuReference) {
       q_in_t{std::vector<uint8_t>(size_t{n} * ic)}, q_w_t{std::vector<uint8_t>(size_t{oc} * ic)};
   float* slot = d_slots.get();
   QuantizeFp8(q_dout.get(), d_dout.get(), size_t{n} * oc, slot + 0, /*e5m2=*/true, nullptr);
-  QuantizeFp8Transposed(q_dout_t.get(), d_dout.get(), n, oc, slot + 0, true, nullptr);
+  Device<uint8_t> q_dout_both{std::vector<uint8_t>(size_t{n} * oc)};  // plain codes from the transposing kernel
+  QuantizeFp8Transposed(q_dout_t.get(), d_dout.get(), n, oc, slot + 0, true, nullptr, q_dout_both.get());
   QuantizeFp8Transposed(q_in_t.get(), d_in.get(), n, ic, slot + 4, false, nullptr);
   QuantizeFp8Transposed(q_w_t.get(), d_w.get(), oc, ic, slot + 8, false, nullptr);
   // The codes, transposed, against the CPU's.
@@ -160,6 +178,7 @@ TEST(Fp8OpsTest, Fp8BackwardMatchesTheCpuReference) {
   const std::vector<uint8_t> dout_codes = q_dout.Host(), dout_t = q_dout_t.Host(), in_t = q_in_t.Host(),
                              w_t = q_w_t.Host();
   EXPECT_EQ(expect_transposed(dout_t, dout.values, n, oc, slots[0], fp8::Format::kE5M2, "dout^T"), 0);
+  EXPECT_EQ(q_dout_both.Host(), dout_codes) << "the transposing kernel's plain codes are QuantizeFp8's";
   EXPECT_EQ(expect_transposed(in_t, in.values, n, ic, slots[4], fp8::Format::kE4M3, "in^T"), 0);
   EXPECT_EQ(expect_transposed(w_t, w.values, oc, ic, slots[8], fp8::Format::kE4M3, "w^T"), 0);
   absl::Status s = (*gemm)->BackwardFp8(d_din.get(), d_dw.get(), q_dout.get(), q_dout_t.get(), q_in_t.get(),

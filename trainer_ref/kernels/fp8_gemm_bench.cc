@@ -49,11 +49,12 @@ bool LayerBench(Gemm& gemm, const char* model, int n, int c, int f, cudaEvent_t 
   Bf16 *in[4] = {}, *out = nullptr, *dout = nullptr, *din = nullptr, *w[7] = {};
   float *dw = nullptr, *master = nullptr;
   bool ok = Alloc(&out, big * 2) && Alloc(&dout, big * 2) && Alloc(&din, big * 2) && Alloc(&dw, size_t(c) * f * 4) &&
-            Alloc(&master, size_t(c) * f * 4);
+            Alloc(&master, std::max(big, size_t(c) * f) * 4);  // InitNormal's fp32 copy of the largest
   for (int i = 0; ok && i < 4; ++i) ok = Alloc(&in[i], (i == 3 ? big : size_t(n) * c) * 2);
   for (int i = 0; ok && i < 7; ++i) ok = Alloc(&w[i], size_t(c) * f * 2);
   if (!ok) return false;
-  for (int i = 0; i < 4; ++i) InitNormal(master, in[i], 0, int64_t(i == 3 ? big : size_t(n) * c), 1, 10 + i, 1.0, nullptr);
+  for (int i = 0; i < 4; ++i)
+    InitNormal(master, in[i], 0, int64_t(i == 3 ? big : size_t(n) * c), 1, 10 + i, 1.0, nullptr);
   for (int i = 0; i < 7; ++i) InitNormal(master, w[i], 0, int64_t(c) * f, 1, 20 + i, 0.02, nullptr);
   InitNormal(master, dout, 0, int64_t(big), 1, 30, 1e-3, nullptr);
   cudaMemset(dw, 0, size_t(c) * f * 4);
@@ -68,7 +69,8 @@ bool LayerBench(Gemm& gemm, const char* model, int n, int c, int f, cudaEvent_t 
     return ms / 10;
   };
   const double bf16 = time([&] {
-    for (int k = 0; k < 7; ++k) ok &= gemm.Forward(out, in[linears[k].input], w[k], n, linears[k].ic, linears[k].oc, nullptr).ok();
+    for (int k = 0; k < 7; ++k)
+      ok &= gemm.Forward(out, in[linears[k].input], w[k], n, linears[k].ic, linears[k].oc, nullptr).ok();
     for (int k = 0; k < 7; ++k) {
       ok &= gemm.Backward(din, dw, dout, in[linears[k].input], w[k], n, linears[k].ic, linears[k].oc, nullptr).ok();
     }
@@ -202,7 +204,8 @@ int Main() {
               total_bf16 / total_fp8, total_bf16 / total_fast);
   std::printf(
       "\nOne layer's seven linear maps, forward + backward (din, fp32 dweight), every FP8 conversion timed in\n"
-      "| model | rows | bf16 | fp8, weight codes made each pass | fp8, weight codes kept | input casts alone (4 plain, 4 transposed) |\n"
+      "| model | rows | bf16 | fp8, weight codes made each pass | fp8, weight codes kept | input casts alone (4 plain, "
+      "4 transposed) |\n"
       "|---|---|---|---|---|---|\n");
   const struct {
     const char* model;

@@ -37,6 +37,18 @@ __device__ __forceinline__ uint8_t Fp8(float x, float scale, bool e5m2) {
   return __nv_cvt_float_to_fp8(__fmul_rn(x, scale), __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3);
 }
 
+// Eight bf16 values (one 16-byte load) to their eight codes (one 8-byte store), in order.
+__device__ __forceinline__ uint2 Pack8(const uint4& v, float scale, bool e5m2) {
+  const unsigned int words[4] = {v.x, v.y, v.z, v.w};
+  uint32_t packed[2] = {0, 0};
+  for (int k = 0; k < 8; ++k) {
+    const unsigned int w = words[k / 2];
+    const float x = __uint_as_float(k % 2 == 0 ? w << 16 : w & 0xffff0000u);
+    packed[k / 4] |= uint32_t{Fp8(x, scale, e5m2)} << (8 * (k % 4));
+  }
+  return make_uint2(packed[0], packed[1]);
+}
+
 // Eight values a thread where both sides allow (16-byte aligned in, 8-byte aligned out), the
 // rest one by one.
 __global__ void QuantizeKernel(uint8_t* out, const Bf16* in, int64_t n, const float* scale, bool e5m2) {
@@ -45,17 +57,38 @@ __global__ void QuantizeKernel(uint8_t* out, const Bf16* in, int64_t n, const fl
   const bool vector = reinterpret_cast<uintptr_t>(in) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0;
   const int64_t vectors = vector ? n / 8 : 0;
   for (int64_t i = first; i < vectors; i += stride) {
-    const uint4 v = reinterpret_cast<const uint4*>(in)[i];
-    const unsigned int words[4] = {v.x, v.y, v.z, v.w};
-    uint32_t packed[2] = {0, 0};
-    for (int k = 0; k < 8; ++k) {
-      const unsigned int w = words[k / 2];
-      const float x = __uint_as_float(k % 2 == 0 ? w << 16 : w & 0xffff0000u);
-      packed[k / 4] |= uint32_t{Fp8(x, s, e5m2)} << (8 * (k % 4));
-    }
-    reinterpret_cast<uint2*>(out)[i] = make_uint2(packed[0], packed[1]);
+    reinterpret_cast<uint2*>(out)[i] = Pack8(reinterpret_cast<const uint4*>(in)[i], s, e5m2);
   }
   for (int64_t i = vectors * 8 + first; i < n; i += stride) out[i] = Fp8(Load(in, i), s, e5m2);
+}
+
+// The transposing conversion for matrices of 64 x 64 tiles (every model shape): 16-byte loads
+// of eight values, the codes through shared memory, 16-byte stores of sixteen codes of an
+// output row; the plain codes, when asked for, as 8-byte stores from the loads.
+constexpr int kBigTile = 64, kBigThreads = 256;
+__global__ void QuantizeTransposed64Kernel(uint8_t* out, uint8_t* plain, const Bf16* in, int rows, int cols,
+                                           const float* scale, bool e5m2) {
+  __shared__ uint32_t tile[kBigTile][kBigTile / 4 + 1];  // [row][4 columns], padded against bank conflicts
+  const float s = *scale;
+  const int c0 = blockIdx.x * kBigTile, r0 = blockIdx.y * kBigTile;
+  for (int v = threadIdx.x; v < kBigTile * kBigTile / 8; v += kBigThreads) {
+    const int r = v / 8, c = (v % 8) * 8;
+    const int64_t at = int64_t{r0 + r} * cols + c0 + c;
+    const uint2 codes = Pack8(*reinterpret_cast<const uint4*>(in + at), s, e5m2);
+    tile[r][c / 4] = codes.x;
+    tile[r][c / 4 + 1] = codes.y;
+    if (plain != nullptr) *reinterpret_cast<uint2*>(plain + at) = codes;
+  }
+  __syncthreads();
+  for (int v = threadIdx.x; v < kBigTile * kBigTile / 16; v += kBigThreads) {
+    const int c = v / 4, r = (v % 4) * 16;  // output row c0 + c, its bytes r0 + r .. + 15
+    uint32_t w[4] = {0, 0, 0, 0};
+    for (int k = 0; k < 16; ++k) {
+      const uint32_t byte = (tile[r + k][c / 4] >> (8 * (c % 4))) & 0xffu;
+      w[k / 4] |= byte << (8 * (k % 4));
+    }
+    *reinterpret_cast<uint4*>(out + int64_t{c0 + c} * rows + r0 + r) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
 }
 
 // 32 x 32 tiles through shared memory: reads and writes both along rows. With `plain`, the
@@ -102,6 +135,13 @@ void ScaleFromAmax(float* scale, float* scale_inv, const float* amax, bool e5m2,
 void QuantizeFp8Transposed(uint8_t* out, const Bf16* in, int rows, int cols, const float* scale, bool e5m2,
                            cudaStream_t stream, uint8_t* plain) {
   if (rows == 0 || cols == 0) return;
+  const bool big = rows % kBigTile == 0 && cols % kBigTile == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(out) % 16 == 0 && reinterpret_cast<uintptr_t>(plain) % 8 == 0;
+  if (big) {
+    const dim3 grid(cols / kBigTile, rows / kBigTile);
+    QuantizeTransposed64Kernel<<<grid, kBigThreads, 0, stream>>>(out, plain, in, rows, cols, scale, e5m2);
+    return;
+  }
   const dim3 grid((cols + kTile - 1) / kTile, (rows + kTile - 1) / kTile), block(kTile, 8);
   QuantizeTransposedKernel<<<grid, block, 0, stream>>>(out, plain, in, rows, cols, scale, e5m2);
 }

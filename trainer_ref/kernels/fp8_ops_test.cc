@@ -231,6 +231,36 @@ TEST(Fp8OpsTest, Fp8BackwardMatchesTheCpuReference) {
       absl::StatusCode::kInvalidArgument);
 }
 
+// Matrices of 64 x 64 tiles (every model shape) take the transposing kernel's vectorised
+// path: its transposed and plain codes equal the CPU's, in both formats.
+TEST(Fp8OpsTest, TransposedCodesOfTileMultiplesMatchTheCpuReference) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(17);
+  const int rows = 192, cols = 320;
+  const Bf16Data in = Random(size_t{rows} * cols, rng);
+  Device<Bf16> d_in(in.bits);
+  Device<float> d_scale{std::vector<float>{3.5f}};
+  for (bool e5m2 : {false, true}) {
+    const fp8::Format format = e5m2 ? fp8::Format::kE5M2 : fp8::Format::kE4M3;
+    Device<uint8_t> t{std::vector<uint8_t>(in.bits.size())}, plain{std::vector<uint8_t>(in.bits.size())};
+    QuantizeFp8Transposed(t.get(), d_in.get(), rows, cols, d_scale.get(), e5m2, nullptr, plain.get());
+    const std::vector<uint8_t> got_t = t.Host(), got = plain.Host();
+    int off = 0;
+    for (int r = 0; r < rows; ++r) {
+      for (int c = 0; c < cols; ++c) {
+        const uint8_t want = fp8::Encode(in.values[static_cast<size_t>(r) * cols + c] * 3.5f, format);
+        if ((got_t[static_cast<size_t>(c) * rows + r] != want || got[static_cast<size_t>(r) * cols + c] != want) &&
+            off++ < 5) {
+          ADD_FAILURE() << fp8::FormatName(format) << " (" << r << ", " << c << "): transposed "
+                        << int{got_t[static_cast<size_t>(c) * rows + r]} << ", plain "
+                        << int{got[static_cast<size_t>(r) * cols + c]} << ", cpu " << int{want};
+        }
+      }
+    }
+    EXPECT_EQ(off, 0);
+  }
+}
+
 // Current scaling on the device: the scale and its inverse from an amax, bit for bit the CPU
 // reference's (fp8::CurrentScale), over random amaxes of many decades and the degenerate ones.
 TEST(Fp8OpsTest, ScaleFromAmaxMatchesTheCpuReference) {

@@ -178,7 +178,8 @@ int RunOnCpu(const RunSettings& s) {
     }
   }
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
-  auto val = trainer.ValidationLoss(8);
+  absl::StatusOr<double> val = -1.0;
+  if (s.eval_every >= 0) val = trainer.ValidationLoss(8);
   if (!val.ok()) return FailMidRun(std::string(val.status().message()), ck);
   if (!s.plot.empty()) {
     if (!s.tierd) curves.moved_bytes.clear();
@@ -187,8 +188,10 @@ int RunOnCpu(const RunSettings& s) {
     std::printf("plot: %s\n", s.plot.c_str());
   }
   const double steps_run = static_cast<double>(o.steps - first_step);
-  std::printf("done: %ld steps, final loss %.4f, validation loss %.4f, %.0f tokens/s; %s\n", static_cast<long>(o.steps),
-              last_loss, *val, tokens_per_step * steps_run / std::max(total, 1e-9), trainer.home().Describe().c_str());
+  const std::string validation = s.eval_every >= 0 ? absl::StrFormat(", validation loss %.4f", *val) : "";
+  std::printf("done: %ld steps, final loss %.4f%s, %.0f tokens/s; %s\n", static_cast<long>(o.steps), last_loss,
+              validation.c_str(), tokens_per_step * steps_run / std::max(total, 1e-9),
+              trainer.home().Describe().c_str());
   return 0;
 }
 

@@ -74,7 +74,8 @@ ABSL_FLAG(bool, resume, false,
 ABSL_FLAG(std::string, metrics, "", "a JSONL file: one line per step (loss, lr, grad norm, time, tokens)");
 ABSL_FLAG(std::string, plot, "",
           "a PNG at the end: loss per step (and validation loss, and tier traffic per step on the CPU)");
-ABSL_FLAG(int64_t, eval_every, 50, "CPU: steps between validation losses (0: only at the end)");
+ABSL_FLAG(int64_t, eval_every, 50,
+          "steps between validation losses, the mean of 8 held-out batches (0: only at the end; -1: none)");
 ABSL_FLAG(std::string, gpu_budget, "24GiB",
           "GPU, --offload_policy=tierd: the GPU memory this run may use, all of it: the trainer's workspace (one "
           "layer's scratch, the logits) and tierd's GPU quota for the session (the rest)");
@@ -254,7 +255,7 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   const std::vector<const char*> gpu_only = {"gpu_budget",  "optimizer_place",  "pcie_gbps",          "nvme_gbps",
                                              "gpu_tflops",  "optimizer_chunks", "optimizer_deferred", "profile",
                                              "timing_skip", "step_order"};
-  const std::vector<const char*> cpu_only = {"eval_every", "tierd_record"};
+  const std::vector<const char*> cpu_only = {"tierd_record"};
   for (const char* name : gpu ? cpu_only : gpu_only) {
     if (Given(name) && notes != nullptr) {
       notes->push_back(absl::StrFormat("--%s is for the %s trainer: ignored on the %s", name, gpu ? "CPU" : "GPU",

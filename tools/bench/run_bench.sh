@@ -53,7 +53,7 @@ for m in $models; do
   if [ "${NONE:-1}" = 1 ]; then
     echo "== tierd-train --device=gpu $m (--offload_policy=none)"
     .carry/bin/tierd-train --device=gpu --model_size="$m" --batch_size="$batch" --seq_len=$seq --steps="$steps" \
-      --timing_skip="${SKIP:-3}" --data="$corpus" --profile ${OURS_FLAGS:-} 2>&1 | tee "$out/ours-$m.log" | tail -n 4
+      --timing_skip="${SKIP:-3}" --eval_every=-1 --data="$corpus" --profile ${OURS_FLAGS:-} 2>&1 | tee "$out/ours-$m.log" | tail -n 4
     grep '^result: ' "$out/ours-$m.log" | sed 's/^result: //' >> "$results"
   fi
   for budget in $budgets; do
@@ -64,7 +64,7 @@ for m in $models; do
     tierd_pid=$!
     for _ in $(seq 300); do [ -S "$tierd_dir/tierd.grpc.sock" ] && break; sleep 0.1; done
     .carry/bin/tierd-train --device=gpu --model_size="$m" --batch_size="$batch" --seq_len=$seq --steps="$steps" \
-      --timing_skip="${SKIP:-3}" --data="$corpus" --profile --offload_policy=tierd --gpu_budget="$budget" \
+      --timing_skip="${SKIP:-3}" --eval_every=-1 --data="$corpus" --profile --offload_policy=tierd --gpu_budget="$budget" \
       --tierd_dir="$tierd_dir" --tierd_dram="$tierd_dram" --tierd_nvme="$tierd_nvme" ${OURS_FLAGS:-} \
       ${TIERD_RUN_FLAGS:-} 2>&1 |
       tee "$out/ours-$m-tierd-$budget.log" | tail -n 6

@@ -5,7 +5,8 @@
 # ways — the Python-stdlib corpus, the same seed and data order, $STEPS steps (300) of
 # $BATCH (4) x 2048 tokens, the whole model on the GPU — one per entry of RUNS ("name:flags",
 # flags comma-separated; default fp32 AdamW against --opt=adamw8bit); prints each run's mean
-# training loss over the last 50 steps and its difference from the first run's. MODEL
+# training loss over the last 50 steps and final validation loss (8 held-out batches), and
+# their differences from the first run's. MODEL
 # overrides 1.3b. E.g. RUNS="bf16: fp8:--precision=fp8 fp8-8bit:--precision=fp8,--opt=adamw8bit".
 # Logs and per-step metrics (JSONL) in $OUT.
 set -uo pipefail
@@ -23,18 +24,22 @@ for run in $runs; do
   echo "== $model, $steps steps, $name (${flags//,/ })"
   # shellcheck disable=SC2086  # the flags are words
   .carry/bin/tierd-train --device=gpu --model_size="$model" --batch_size="$batch" --seq_len=2048 --steps="$steps" \
-    --data="$corpus" --metrics="$out/metrics-$name.jsonl" ${flags//,/ } > "$out/fidelity-$name.log" 2>&1
+    --data="$corpus" --eval_every="${EVAL_EVERY:-100}" --metrics="$out/metrics-$name.jsonl" ${flags//,/ } > "$out/fidelity-$name.log" 2>&1
   echo "exit $?"; grep -E '^(done|precision)' "$out/fidelity-$name.log"
 done
 python3 - "$out" "${names[@]}" <<'PY'
 import json, sys
+def read(path):
+    rows = [json.loads(l) for l in open(path) if l.strip()]
+    return [r["loss"] for r in rows if "loss" in r], [r["validation_loss"] for r in rows if "validation_loss" in r]
 def last50(path):
-    losses = [json.loads(l)["loss"] for l in open(path) if l.strip()]
-    return sum(losses[-50:]) / len(losses[-50:]), len(losses)
+    losses, val = read(path)
+    return sum(losses[-50:]) / len(losses[-50:]), len(losses), val[-1] if val else float("nan")
 out, names = sys.argv[1], sys.argv[2:]
-base, n = last50(f"{out}/metrics-{names[0]}.jsonl")
-print(f"mean training loss over the last 50 of {n} steps: {names[0]} {base:.4f}")
+base, n, base_val = last50(f"{out}/metrics-{names[0]}.jsonl")
+print(f"mean training loss over the last 50 of {n} steps, final validation loss: {names[0]} {base:.4f}, {base_val:.4f}")
 for name in names[1:]:
-    loss, m = last50(f"{out}/metrics-{name}.jsonl")
-    print(f"  {name} {loss:.4f} ({100 * (loss - base) / base:+.2f}% of {names[0]}'s, {m} steps)")
+    loss, m, val = last50(f"{out}/metrics-{name}.jsonl")
+    print(f"  {name} {loss:.4f} ({100 * (loss - base) / base:+.2f}%), validation {val:.4f} "
+          f"({100 * (val - base_val) / base_val:+.2f}% of {names[0]}'s; {m} steps)")
 PY

@@ -24,7 +24,7 @@ dir=/tmp/tierd-7b; nvme=/var/tmp/tierd-7b-nvme; rm -rf "$nvme"; mkdir -p "$nvme"
   --runtime_dir="$dir" ${TIERD_FLAGS:-} > "$out/tierd-7b.log" 2>&1 &
 tierd_pid=$!
 for _ in $(seq 300); do [ -S "$dir/tierd.grpc.sock" ] && break; sleep 0.1; done
-.carry/bin/tierd-train --device=gpu --model_size=7b --batch_size=2 --seq_len=2048 --steps="$steps" --timing_skip=2 \
+.carry/bin/tierd-train --device=gpu --model_size=7b --batch_size=2 --seq_len=2048 --steps="$steps" --timing_skip=2 --eval_every=-1 \
   --data="$corpus" --profile --offload_policy=tierd --gpu_budget=24GiB --tierd_dir="$dir" --tierd_dram="$dram" \
   --tierd_nvme=40GiB --grad_checkpointing ${TRAIN_FLAGS:-} > "$out/train-7b.log" 2>&1 &
 train_pid=$!

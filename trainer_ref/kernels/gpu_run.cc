@@ -191,6 +191,9 @@ class GpuRun {
  private:
   int Setup();
   int Step(int64_t step);  // 0, or the exit status of a failure
+  // The mean loss of `batches` held-out batches, forward only, the same windows every time.
+  absl::StatusOr<double> ValidationLoss(int batches);
+  int Validate(int64_t step);  // prints, plots and records it; 0, or the exit status
   void Summary();
   std::string Progress(int64_t step, double loss, double lr, double grad_norm, double seconds,
                        const GpuHome::Traffic& after);
@@ -214,7 +217,7 @@ class GpuRun {
   RunCurves curves_;
   std::vector<int32_t> inputs_, targets_;
   std::vector<std::pair<std::string, double>> profile_;  // ms summed over the timed steps
-  double timed_seconds_ = 0, last_loss_ = 0, timed_waits_ = 0;
+  double timed_seconds_ = 0, last_loss_ = 0, timed_waits_ = 0, last_validation_ = 0;
   int64_t timed_steps_ = 0;
   GpuHome::Traffic before_, timed_from_, timed_to_;  // tierd's counters around the timed steps
 };
@@ -435,6 +438,9 @@ int GpuRun::Step(int64_t step) {
     metrics_.flush();
   }
   MaybeKillForTest(step);
+  if (s_.eval_every > 0 && step % s_.eval_every == 0 && step < s_.steps) {  // the last one: Run's
+    if (int failed = Validate(step); failed != 0) return failed;
+  }
   if (!ck_.dir.empty() && (step % s_.checkpoint_every == 0 || step == s_.steps)) {
     const auto saving = Clock::now();
     run_.losses = window_.values();
@@ -454,9 +460,10 @@ void GpuRun::Summary() {
   const auto [memory_bytes, memory] = GpuMemory(end);
   const double params = static_cast<double>(s_.config.Params());
   std::printf(
-      "done: %ld steps, final loss %.4f, %.0f tokens/s over %ld timed steps, %.0f TFLOP/s (6N), GPU memory %s\n",
-      static_cast<long>(s_.steps), last_loss_, tps, static_cast<long>(timed_steps_), 6.0 * params * tps / 1e12,
-      memory.c_str());
+      "done: %ld steps, final loss %.4f%s, %.0f tokens/s over %ld timed steps, %.0f TFLOP/s (6N), GPU memory %s\n",
+      static_cast<long>(s_.steps), last_loss_,
+      s_.eval_every >= 0 ? absl::StrFormat(", validation loss %.4f", last_validation_).c_str() : "", tps,
+      static_cast<long>(timed_steps_), 6.0 * params * tps / 1e12, memory.c_str());
   if (s_.tierd) std::printf("tierd: %s\n", model_->home().Describe().c_str());
   // One JSON line for the benchmark harness; bytes per link and waits per timed step.
   const double per = timed_steps_ > 0 ? 1.0 / timed_steps_ : 0.0;
@@ -493,6 +500,41 @@ void GpuRun::Summary() {
   }
 }
 
+absl::StatusOr<double> GpuRun::ValidationLoss(int batches) {
+  Batcher val(data_->val, s_.batch, s_.seq, /*seed=*/12345);  // the same windows every time
+  double total = 0;
+  for (int b = 0; b < batches; ++b) {
+    val.Next(inputs_.data(), targets_.data());
+    auto loss = model_->Forward(inputs_.data(), targets_.data());
+    if (!loss.ok()) return loss.status();
+    total += *loss;
+  }
+  return total / batches;
+}
+
+int GpuRun::Validate(int64_t step) {
+  // Outside the step's time; its moves are taken out of the timed steps' bytes too.
+  const GpuHome::Traffic from = Traffic();
+  auto val = ValidationLoss(8);
+  if (!val.ok()) return FailMidRun(absl::StrFormat("validation after step %d: %s", step, val.status().message()), ck_);
+  const GpuHome::Traffic to = Traffic();
+  if (step < s_.steps) {  // inside the timed steps' window (the last one's is already taken)
+    timed_from_.host_to_gpu += to.host_to_gpu - from.host_to_gpu;
+    timed_from_.gpu_to_host += to.gpu_to_host - from.gpu_to_host;
+    timed_from_.nvme_read += to.nvme_read - from.nvme_read;
+    timed_from_.nvme_write += to.nvme_write - from.nvme_write;
+  }
+  before_ = to;
+  last_validation_ = *val;
+  std::printf("validation loss %.4f\n", *val);
+  curves_.validation.push_back({static_cast<int>(curves_.loss.size()), *val});
+  if (metrics_) {
+    metrics_ << absl::StrFormat("{\"step\": %d, \"validation_loss\": %.6f}\n", step, *val);
+    metrics_.flush();
+  }
+  return 0;
+}
+
 int GpuRun::Run() {
   if (int failed = Setup(); failed != 0) return failed;
   before_ = Traffic();
@@ -503,6 +545,9 @@ int GpuRun::Run() {
   // anything reads the state. (Each timed step waited for the one before it, the first for
   // the untimed one's, so the timed seconds hold one optimizer step each.)
   if (absl::Status st = model_->FinishOptimizerStep(); !st.ok()) return FailMidRun(std::string(st.message()), ck_);
+  if (s_.eval_every >= 0) {
+    if (int failed = Validate(s_.steps); failed != 0) return failed;
+  }
   Summary();
   if (!s_.plot.empty()) {
     if (absl::Status st = WritePlot(s_.plot, curves_); !st.ok()) return Fail(std::string(st.message()));

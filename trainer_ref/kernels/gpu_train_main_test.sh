@@ -48,8 +48,11 @@ else
     "grep -q '^precision: fp8 for the ' '$dir/out.log' && grep -q 'ours none + fp8' '$dir/out.log'"
   run $d --precision=fp8 --batch_size=1 --seq_len=60 --steps=1
   check "fp8 refuses rows FP8 tensor cores do not take" "refused 'multiple of 16'"
-  run $d --eval_every=10 --steps=1
-  check "a CPU-only flag is noted as ignored" "grep -q 'note: --eval_every is for the CPU trainer: ignored on the GPU' '$dir/out.log'"
+  run $d --tierd_record --steps=1
+  check "a CPU-only flag is noted as ignored" "grep -q 'note: --tierd_record is for the CPU trainer: ignored on the GPU' '$dir/out.log'"
+  run $d --eval_every=2 --steps=4 --batch_size=2 --seq_len=64 --metrics="$dir/m.jsonl"
+  check "validation losses every 2 steps and at the end, in the metrics too" \
+    "[ \$(grep -c '^validation loss ' '$dir/out.log') = 2 ] && grep -q 'done: 4 steps, final loss [0-9.]*, validation loss ' '$dir/out.log' && [ \$(grep -c validation_loss '$dir/m.jsonl') = 2 ]"
 fi
 run --device=cpu --precision=fp8
 check "fp8 is the GPU's" "refused 'precision=fp8 is the GPU trainer.s'"

@@ -29,7 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "ipc/ring.h"
 #include "proto/tierd.grpc.pb.h"
-#include "runtime/lease_table.h"
+#include "runtime/session.h"
 #include "runtime/tensor.h"
 #include "runtime/tier.h"
 

@@ -42,19 +42,11 @@
 #include "absl/synchronization/mutex.h"
 #include "base/clock.h"
 #include "runtime/mover.h"
+#include "runtime/session.h"
 #include "runtime/tensor.h"
 #include "runtime/tier_store.h"
 
 namespace tierd {
-
-using SessionId = uint64_t;
-using TensorId = uint64_t;
-
-struct SessionQuota {
-  uint64_t gpu_bytes = 0;
-  uint64_t dram_bytes = 0;
-  uint64_t nvme_bytes = 0;
-};
 
 // A config pin: tensors whose name matches `pattern` (std::regex, full match) stay in
 // `tier` once there.

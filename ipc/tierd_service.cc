@@ -94,13 +94,8 @@ grpc::Status TierdService::Acquire(grpc::ServerContext*, const v1::AcquireReques
   TIERD_RETURN_IF_ERROR(access.status());
   auto place = FromProto(request->place());
   TIERD_RETURN_IF_ERROR(place.status());
-  const int64_t start = clock_.NowNanos();
-  auto placement = leases_.Acquire(request->session().session_id(), request->tensor_id(), *access, *place);
+  auto placement = hot_path_.Acquire(request->session().session_id(), request->tensor_id(), *access, *place);
   TIERD_RETURN_IF_ERROR(placement.status());
-  if (planner_ != nullptr) {
-    planner_->Acquired(request->session().session_id(), request->tensor_id(), *access, *place,
-                       clock_.NowNanos() - start);
-  }
   reply->set_tier(ToProto(placement->tier));
   reply->set_arena_id(placement->arena);
   reply->set_offset(placement->offset);
@@ -111,9 +106,7 @@ grpc::Status TierdService::Acquire(grpc::ServerContext*, const v1::AcquireReques
 
 grpc::Status TierdService::Release(grpc::ServerContext*, const v1::TensorRef* request, v1::Empty*) {
   TIERD_RETURN_IF_ERROR(sessions_.Check(request->session()));
-  const absl::Status released = leases_.Release(request->session().session_id(), request->tensor_id());
-  if (released.ok() && planner_ != nullptr) planner_->Released(request->session().session_id(), request->tensor_id());
-  return ToGrpc(released);
+  return ToGrpc(hot_path_.Release(request->session().session_id(), request->tensor_id()));
 }
 
 grpc::Status TierdService::MarkIteration(grpc::ServerContext*, const v1::MarkIterationRequest* request,
@@ -271,8 +264,7 @@ grpc::Status TierdService::RegisterGraph(grpc::ServerContext*, const v1::Registe
 
 grpc::Status TierdService::OpBegin(grpc::ServerContext*, const v1::OpBeginRequest* request, v1::Empty*) {
   TIERD_RETURN_IF_ERROR(sessions_.Check(request->session()));
-  if (planner_ == nullptr) return ToGrpc(absl::UnimplementedError("this tierd has no planner"));
-  return ToGrpc(planner_->OpBegin(request->session().session_id(), request->op()));
+  return ToGrpc(hot_path_.OpBegin(request->session().session_id(), request->op()));
 }
 
 grpc::Status TierdService::GetPlan(grpc::ServerContext* context, const v1::GetPlanRequest* request,

@@ -15,6 +15,7 @@
 #include "proto/tierd.grpc.pb.h"
 #include "runtime/lease_table.h"
 #include "runtime/mover.h"
+#include "runtime/session_service.h"
 #include "runtime/tier_store.h"
 
 namespace tierd::ipc {
@@ -34,31 +35,32 @@ class SessionDirectory {
   std::map<SessionId, std::string> tokens_ ABSL_GUARDED_BY(mutex_);
 };
 
-// The planner's entry points, implemented by the daemon (which owns the sessions' plans).
+// The planner's entry points, implemented by the daemon (which owns the sessions' plans);
+// the hot path's (acquires, releases, ops) go through SessionService.
 class PlannerHooks {
  public:
   virtual ~PlannerHooks() = default;
   virtual absl::StatusOr<v1::PlanReply> RegisterGraph(SessionId session, const v1::GraphSpec& graph) = 0;
-  virtual absl::Status OpBegin(SessionId session, uint32_t op) = 0;
   virtual absl::StatusOr<v1::PlanReply> GetPlan(SessionId session, const std::string& explain, bool trace,
                                                 bool graph) = 0;
   // A tensor of the session was pinned or unpinned: its plan must follow.
   virtual void PinsChanged(SessionId session) = 0;
   // An iteration boundary (the session records its iteration instead of registering it).
   virtual absl::StatusOr<v1::PlanReply> MarkIteration(SessionId session) = 0;
-  // Every successful acquire and release of the session, in order (for the recording).
-  // `waited_nanos`: how long the acquire took (a fetch, or a planned move it waited for):
-  // not part of the op's own time.
-  virtual void Acquired(SessionId session, TensorId tensor, Access access, Place place, int64_t waited_nanos) = 0;
-  virtual void Released(SessionId session, TensorId tensor) = 0;
 };
 
 class TierdService final : public v1::Tierd::Service {
  public:
-  TierdService(LeaseTable& leases, TierStore& store, Mover& mover, SessionDirectory& sessions,
+  TierdService(LeaseTable& leases, SessionService& hot_path, TierStore& store, Mover& mover, SessionDirectory& sessions,
                Clock& clock, std::string gpu_description)
-      : leases_(leases), store_(store), mover_(mover), sessions_(sessions), clock_(clock),
-        gpu_description_(std::move(gpu_description)), started_nanos_(clock.NowNanos()) {}
+      : leases_(leases),
+        hot_path_(hot_path),
+        store_(store),
+        mover_(mover),
+        sessions_(sessions),
+        clock_(clock),
+        gpu_description_(std::move(gpu_description)),
+        started_nanos_(clock.NowNanos()) {}
 
   grpc::Status Lease(grpc::ServerContext*, const v1::LeaseRequest*, v1::LeaseReply*) override;
   grpc::Status Unlease(grpc::ServerContext*, const v1::TensorRef*, v1::Empty*) override;
@@ -85,6 +87,7 @@ class TierdService final : public v1::Tierd::Service {
 
  private:
   LeaseTable& leases_;
+  SessionService& hot_path_;
   TierStore& store_;
   Mover& mover_;
   SessionDirectory& sessions_;

@@ -117,9 +117,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
 
 absl::Status Daemon::StartServers() {
   directory_ = std::make_unique<ipc::SessionDirectory>();
-  service_ = std::make_unique<ipc::TierdService>(*leases_, *store_, *mover_, *directory_, RealClock(),
+  hot_path_ = std::make_unique<SessionService>(*leases_, RealClock());
+  hot_path_->set_observer(this);  // before serving
+  service_ = std::make_unique<ipc::TierdService>(*leases_, *hot_path_, *store_, *mover_, *directory_, RealClock(),
                                                  gpu_.device->Describe());
-  service_->set_planner(this);  // before serving
+  service_->set_planner(this);
   hello_path_ = options_.runtime_dir + "/tierd.sock";
   grpc_path_ = options_.runtime_dir + "/tierd.grpc.sock";
   // The hello socket first: it refuses to start when another daemon owns the directory.
@@ -357,13 +359,10 @@ ipc::RingMessage Daemon::ServeRing(SessionId session, const ipc::RingMessage& re
   absl::Status status;
   if (request.op == static_cast<uint32_t>(ipc::RingOp::kAcquire) && request.access <= 2 &&
       request.place <= 1) {
-    const int64_t start = RealClock().NowNanos();
-    auto placement = leases_->Acquire(session, request.tensor_id, static_cast<Access>(request.access),
-                                      request.place ? Place::kHost : Place::kGpu);
+    auto placement = hot_path_->Acquire(session, request.tensor_id, static_cast<Access>(request.access),
+                                        request.place ? Place::kHost : Place::kGpu);
     status = placement.status();
     if (placement.ok()) {
-      Acquired(session, request.tensor_id, static_cast<Access>(request.access),
-               request.place ? Place::kHost : Place::kGpu, RealClock().NowNanos() - start);
       response.arena = placement->arena;
       response.offset = placement->offset;
       response.bytes = placement->bytes;
@@ -371,7 +370,7 @@ ipc::RingMessage Daemon::ServeRing(SessionId session, const ipc::RingMessage& re
     }
   } else if (request.op == static_cast<uint32_t>(ipc::RingOp::kOpBegin)) {
     status = request.tensor_id > UINT32_MAX ? absl::InvalidArgumentError("op index out of range")
-                                             : OpBegin(session, static_cast<uint32_t>(request.tensor_id));
+                                            : hot_path_->OpBegin(session, static_cast<uint32_t>(request.tensor_id));
   } else if (request.op == static_cast<uint32_t>(ipc::RingOp::kRelease)) {
     std::unique_ptr<GpuFence> fence;
     if (request.event != 0) {
@@ -384,8 +383,7 @@ ipc::RingMessage Daemon::ServeRing(SessionId session, const ipc::RingMessage& re
         else status = made.status();
       }
     }
-    if (status.ok()) status = leases_->Release(session, request.tensor_id, std::move(fence));
-    if (status.ok()) Released(session, request.tensor_id);
+    if (status.ok()) status = hot_path_->Release(session, request.tensor_id, std::move(fence));
   } else {
     status = absl::InvalidArgumentError("malformed ring request");
   }

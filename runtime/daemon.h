@@ -21,15 +21,16 @@
 #include "base/limits.h"
 #include "ipc/hello_server.h"
 #include "ipc/ring_server.h"
+#include "ipc/tierd_service.h"
+#include "prefetcher/recorder.h"
+#include "prefetcher/simulate.h"
 #include "runtime/gpu_factory.h"
 #include "runtime/lease_table.h"
 #include "runtime/metrics.h"
 #include "runtime/mover.h"
 #include "runtime/planned_session.h"
+#include "runtime/session_service.h"
 #include "runtime/tier_store.h"
-#include "prefetcher/recorder.h"
-#include "prefetcher/simulate.h"
-#include "ipc/tierd_service.h"
 
 namespace grpc {
 class Server;
@@ -91,7 +92,7 @@ inline constexpr size_t kObserversMax = 64;
 inline constexpr size_t kPlanningMax = 4;
 inline constexpr SessionId kFirstObserverId = SessionId{1} << 48;
 
-class Daemon : public ipc::HelloHandler, public ipc::PlannerHooks {
+class Daemon : public ipc::HelloHandler, public ipc::PlannerHooks, public HotPathObserver {
  public:
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(const DaemonOptions& options);
   // Ends every session, stops the servers, drains the mover, removes sockets and segments.
@@ -107,7 +108,8 @@ class Daemon : public ipc::HelloHandler, public ipc::PlannerHooks {
                                           const v1::HelloRequest& request) override;
   void OnGoodbye(uint64_t session_id) override;
 
-  // The planner (daemon_planner.cc): a session's graph, its progress, its plan.
+  // The planner (daemon_planner.cc): a session's graph, its progress (OpBegin, Acquired,
+  // Released: HotPathObserver, told by SessionService), its plan.
   absl::StatusOr<v1::PlanReply> RegisterGraph(SessionId session, const v1::GraphSpec& graph) override;
   absl::Status OpBegin(SessionId session, uint32_t op) override;
   absl::StatusOr<v1::PlanReply> GetPlan(SessionId session, const std::string& explain, bool trace,
@@ -130,6 +132,7 @@ class Daemon : public ipc::HelloHandler, public ipc::PlannerHooks {
   std::unique_ptr<TierStore> store_;
   std::unique_ptr<Mover> mover_;
   std::unique_ptr<LeaseTable> leases_;
+  std::unique_ptr<SessionService> hot_path_;  // the ring's and gRPC's acquires, releases and ops
   std::unique_ptr<ipc::SessionDirectory> directory_;
   std::unique_ptr<ipc::TierdService> service_;
   std::unique_ptr<grpc::Server> grpc_server_;

@@ -52,7 +52,7 @@ TEST_F(SessionServiceTest, ThePlannerHearsEachSuccessfulRequestOnceAndInOrder) {
   EXPECT_EQ(service.OpBegin(1, 0).code(), absl::StatusCode::kUnimplemented) << "no planner yet";
   Recorder recorder;
   service.set_observer(&recorder);
-  auto session = table->OpenSession("s", {});
+  auto session = table->OpenSession("s", {kMiB, kMiB, 4 * kMiB});
   ASSERT_TRUE(session.ok()) << session.status();
   auto tensor = table->Lease(*session, Spec("w", 1024));
   ASSERT_TRUE(tensor.ok()) << tensor.status();

@@ -61,6 +61,7 @@ TrainOptions OptionsFrom(const RunSettings& s) {
   o.clip = s.clip;
   o.adam.weight_decay = s.weight_decay;
   o.seed = s.seed;
+  o.data_seed = s.data_seed;
   o.checkpointing = s.checkpointing;
   o.plan = absl::GetFlag(FLAGS_tierd_plan);
   o.record_plan = absl::GetFlag(FLAGS_tierd_record);

@@ -40,6 +40,9 @@ ABSL_FLAG(double, lr, 0, "peak learning rate (0: 3e-3 on the CPU, 3e-4 on a GPU)
 ABSL_FLAG(double, clip, 1.0, "global gradient-norm clip (0: off)");
 ABSL_FLAG(double, weight_decay, 0.1, "AdamW's decoupled weight decay");
 ABSL_FLAG(uint64_t, seed, 1, "seed of the initial weights and the data order");
+ABSL_FLAG(uint64_t, data_seed, 0,
+          "seed of the data order alone (0: --seed's): two runs that differ only in it measure how far noise "
+          "alone moves a loss");
 ABSL_FLAG(std::string, precision, "auto",
           "auto: fp32 on the CPU; on a GPU bf16 weights and activations with fp32 master weights, gradients, "
           "optimizer state and accumulation (bf16 names the same). fp8 (GPU, compute capability 8.9+): the "
@@ -226,6 +229,7 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   s.clip = absl::GetFlag(FLAGS_clip);
   s.weight_decay = absl::GetFlag(FLAGS_weight_decay);
   s.seed = absl::GetFlag(FLAGS_seed);
+  s.data_seed = absl::GetFlag(FLAGS_data_seed) != 0 ? absl::GetFlag(FLAGS_data_seed) : s.seed;
   if (s.batch < 1 || s.seq < 1 || s.accum < 1 || s.steps < 1 ||
       (Given("batch_size") && s.batch != absl::GetFlag(FLAGS_batch_size)) ||
       (Given("steps") && s.steps != absl::GetFlag(FLAGS_steps))) {

@@ -33,6 +33,7 @@ ABSL_DECLARE_FLAG(double, lr);
 ABSL_DECLARE_FLAG(double, clip);
 ABSL_DECLARE_FLAG(double, weight_decay);
 ABSL_DECLARE_FLAG(uint64_t, seed);
+ABSL_DECLARE_FLAG(uint64_t, data_seed);
 ABSL_DECLARE_FLAG(std::string, precision);
 ABSL_DECLARE_FLAG(std::string, opt);
 ABSL_DECLARE_FLAG(std::string, grad_checkpointing);
@@ -77,6 +78,7 @@ struct RunSettings {
   int64_t steps = 0, warmup = 0;
   double lr = 0, clip = 1.0, weight_decay = 0.1;
   uint64_t seed = 1;
+  uint64_t data_seed = 1;  // --data_seed, or --seed's
   bool checkpointing = false;
   bool moments_8bit = false;  // --opt=adamw8bit
   bool fp8 = false;           // --precision=fp8: the layers' matmuls in FP8 (GPU)

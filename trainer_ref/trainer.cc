@@ -61,7 +61,7 @@ absl::Status Trainer::Init() {
   }
   for (const TensorLayout& t : model_.saved_layout()) largest = std::max(largest, t.count);
   scratch_.assign(largest, 0.f);
-  batcher_seed_ = options_.seed * 7919 + 1;
+  batcher_seed_ = (options_.data_seed != 0 ? options_.data_seed : options_.seed) * 7919 + 1;
   batcher_ = std::make_unique<Batcher>(data_.train, options_.batch, options_.seq, batcher_seed_);
   // The model reaches its tensors group by group, only while it computes with them.
   model_.SetGroupHooks(

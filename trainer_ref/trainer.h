@@ -29,6 +29,7 @@ struct TrainOptions {
   double clip = 1.0;  // global gradient norm; <= 0: off
   AdamWOptions adam;
   uint64_t seed = 1;
+  uint64_t data_seed = 0;      // of the data order; 0: seed's
   bool checkpointing = false;  // keep only each layer's input; recompute the rest in backward
   bool plan = true;            // register the step's graph with the home (tierd's planner)
   // Instead of registering it: mark each step's start, so tierd records the first step's

@@ -34,6 +34,33 @@ TEST(TrainerTest, TheTinyModelLearnsTheEmbeddedCorpus) {
   EXPECT_LT(after, 0.6 * before) << "seed 3, 60 steps of 4 x 32 tokens";
 }
 
+// --data_seed changes the data order alone: the same initial weights (the same validation
+// loss before any step), other batches (another first loss); naming --seed's own value
+// changes nothing at all.
+TEST(TrainerTest, TheDataSeedChangesTheBatchesAndNothingElse) {
+  const ModelConfig config = *ModelPreset("tiny");
+  auto data = LoadDataset("embedded", config.vocab, 32, 0.1);
+  ASSERT_TRUE(data.ok()) << data.status();
+  auto first_loss = [&](uint64_t data_seed, double* validation) {
+    TrainOptions o = Small();
+    o.data_seed = data_seed;
+    auto home = PlainHomeFor(config, o);
+    auto trainer = Trainer::Create(config, o, *data, *home);
+    EXPECT_TRUE(trainer.ok()) << trainer.status();
+    *validation = *(*trainer)->ValidationLoss(2);
+    auto r = (*trainer)->Step();
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->loss : 0.0;
+  };
+  double v_default = 0, v_same = 0, v_other = 0;
+  const double by_default = first_loss(0, &v_default);
+  const double same = first_loss(Small().seed, &v_same);
+  const double other = first_loss(Small().seed + 1, &v_other);
+  EXPECT_EQ(same, by_default);
+  EXPECT_NE(other, by_default);
+  EXPECT_EQ(v_other, v_default) << "the initial weights do not depend on the data seed";
+}
+
 // With fp32 and with 8-bit moments.
 void CheckResume(bool moments_8bit) {
   const ModelConfig config = *ModelPreset("tiny");

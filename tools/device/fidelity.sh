@@ -7,7 +7,10 @@
 # flags comma-separated; default fp32 AdamW against --opt=adamw8bit); prints each run's mean
 # training loss over the last 50 steps and final validation loss (8 held-out batches), and
 # their differences from the first run's. MODEL
-# overrides 1.3b. E.g. RUNS="bf16: fp8:--precision=fp8 fp8-8bit:--precision=fp8,--opt=adamw8bit".
+# overrides 1.3b; WARMUP sets --warmup (default: the trainer's 10 steps, where the loss spikes
+# early and two runs part for good). E.g. RUNS="bf16: fp8:--precision=fp8". The noise alone:
+# RUNS="bf16: bf16-data2:--data_seed=2 fp8:--precision=fp8 fp8-data2:--precision=fp8,--data_seed=2"
+# (another data order, the same initial weights): a precision's effect is what exceeds that spread.
 # Logs and per-step metrics (JSONL) in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -24,7 +27,7 @@ for run in $runs; do
   echo "== $model, $steps steps, $name (${flags//,/ })"
   # shellcheck disable=SC2086  # the flags are words
   .carry/bin/tierd-train --device=gpu --model_size="$model" --batch_size="$batch" --seq_len=2048 --steps="$steps" \
-    --data="$corpus" --eval_every="${EVAL_EVERY:-100}" --metrics="$out/metrics-$name.jsonl" ${flags//,/ } > "$out/fidelity-$name.log" 2>&1
+    --data="$corpus" --eval_every="${EVAL_EVERY:-100}" ${WARMUP:+--warmup=$WARMUP} --metrics="$out/metrics-$name.jsonl" ${flags//,/ } > "$out/fidelity-$name.log" 2>&1
   echo "exit $?"; grep -E '^(done|precision)' "$out/fidelity-$name.log"
 done
 python3 - "$out" "${names[@]}" <<'PY'

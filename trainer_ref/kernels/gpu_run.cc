@@ -329,7 +329,7 @@ int GpuRun::Setup() {
     metrics_ = std::move(*opened);
     if (!note.empty()) std::printf("%s\n", note.c_str());
   }
-  batcher_ = std::make_unique<Batcher>(data_->train, s_.batch, s_.seq, s_.seed * 7919 + 1);
+  batcher_ = std::make_unique<Batcher>(data_->train, s_.batch, s_.seq, s_.data_seed * 7919 + 1);
   batcher_->Skip(run_.batches_drawn);
   inputs_.resize(static_cast<size_t>(s_.batch) * s_.seq * std::max(1, layer_major_));
   targets_.resize(inputs_.size());

@@ -1,5 +1,8 @@
 #include "trainer_ref/model_config.h"
 
+#include <regex>
+
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace tierd::trainer {
@@ -67,19 +70,47 @@ MemoryEstimate EstimateMemory(const ModelConfig& c, int batch, int seq, bool che
   return m;
 }
 
-std::string DescribePrecision(const ModelConfig& config, bool fp8) {
+absl::StatusOr<std::vector<bool>> Fp8Layers(const ModelConfig& config, const std::string& bf16_layers) {
+  std::vector<bool> fp8(config.layers, true);
+  if (bf16_layers.empty()) return fp8;
+  std::regex pattern;
+  try {
+    pattern = std::regex(bf16_layers, std::regex::ECMAScript);
+  } catch (const std::regex_error& e) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--bf16_layers='%s' is not a regular expression (%s)", bf16_layers, e.what()));
+  }
+  for (int l = 0; l < config.layers; ++l) fp8[l] = !std::regex_match("layers." + std::to_string(l), pattern);
+  return fp8;
+}
+
+std::string DescribePrecision(const ModelConfig& config, const std::vector<bool>& fp8_layers) {
   const std::string rest = "fp32 master weights, gradients, optimizer state, norms' statistics, softmax and loss";
-  if (!fp8)
-    return "bf16 weights, activations and matmuls (fp32 accumulation); " + rest + " (--precision=fp8: FP8 matmuls)";
+  int count = 0;
+  std::string kept;
+  for (int l = 0; l < static_cast<int>(fp8_layers.size()); ++l) {
+    if (fp8_layers[l]) {
+      ++count;
+    } else {
+      absl::StrAppend(&kept, kept.empty() ? "" : ", ", "layers.", l);
+    }
+  }
+  if (count == 0) {
+    return "bf16 weights, activations and matmuls (fp32 accumulation); " + rest +
+           (fp8_layers.empty() ? " (--precision=fp8: FP8 matmuls)" : " (--bf16_layers matches every layer)");
+  }
   const double c = config.d_model, f = config.d_ff;
-  const double linear = static_cast<double>(config.layers) * (4 * c * c + 3 * c * f);
+  const double linear = static_cast<double>(count) * (4 * c * c + 3 * c * f);
+  const double all_linear = static_cast<double>(config.layers) * (4 * c * c + 3 * c * f);
   const double head = c * config.vocab;  // the embedding is a lookup, not a matmul
+  const std::string layers = count == config.layers ? absl::StrFormat("the %d layers'", count)
+                                                    : absl::StrFormat("%d of the %d layers'", count, config.layers);
   return absl::StrFormat(
-      "fp8 for the %d layers' linear maps (%.0f%% of the parameters, %.0f%% of the matmul FLOPs outside attention; "
-      "E4M3 weights and activations, E5M2 gradients, each tensor at its current scale); bf16 for the embedding, "
-      "the head, attention and the element-wise kernels; %s",
-      config.layers, 100.0 * linear / static_cast<double>(config.Params()), 100.0 * linear / (linear + head),
-      rest.c_str());
+      "fp8 for %s linear maps (%.0f%% of the parameters, %.0f%% of the matmul FLOPs outside attention; "
+      "E4M3 weights and activations, E5M2 gradients, each tensor at its current scale); bf16 for %sthe "
+      "embedding, the head, attention and the element-wise kernels; %s",
+      layers, 100.0 * linear / static_cast<double>(config.Params()), 100.0 * linear / (all_linear + head),
+      kept.empty() ? "" : kept + " (--bf16_layers), ", rest.c_str());
 }
 
 }  // namespace tierd::trainer

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -38,11 +39,17 @@ absl::Status ValidateConfig(const ModelConfig& config);
 // A one-line description: "1.3b: 24 layers, d_model 2048, 16 heads, d_ff 5504, vocab 32000, 1.35B parameters".
 std::string DescribeConfig(const ModelConfig& config);
 
-// The precision policy in one line: which tensors compute at which precision. fp8: the
-// decoder layers' linear maps (their share of the parameters and of the matmul FLOPs said)
-// in FP8, everything else as bf16 with fp32 statistics, master weights, gradients and
-// optimizer state.
-std::string DescribePrecision(const ModelConfig& config, bool fp8);
+// Which decoder layers run their linear maps in FP8 under --precision=fp8: all but those
+// whose name ("layers.0" ... "layers.<L-1>") fully matches `bf16_layers` (ECMAScript regex;
+// "" matches none), e.g. "layers\.(0|23)" keeps the first and last of 24 in bf16.
+// INVALID_ARGUMENT for a regex that does not parse.
+absl::StatusOr<std::vector<bool>> Fp8Layers(const ModelConfig& config, const std::string& bf16_layers);
+
+// The precision policy in one line: which tensors compute at which precision. With
+// `fp8_layers` (Fp8Layers; empty: bf16 throughout): those layers' linear maps (their share
+// of the parameters and of the matmul FLOPs said) in FP8, the layers kept in bf16 named,
+// everything else bf16 with fp32 statistics, master weights, gradients and optimizer state.
+std::string DescribePrecision(const ModelConfig& config, const std::vector<bool>& fp8_layers);
 
 // Bytes of training state, mixed precision as the GPU trainer keeps it: bf16 weights and
 // gradients, fp32 master weights and two Adam moments (16 B/param); activations for one

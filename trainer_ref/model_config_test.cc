@@ -45,15 +45,35 @@ TEST(ModelConfigTest, MemoryOfTrainingStateIsSixteenBytesPerParameter) {
 
 TEST(ModelConfigTest, ThePrecisionPolicySaysWhatRunsInFp8AndItsShare) {
   const ModelConfig c = *ModelPreset("7b");
-  const std::string fp8 = DescribePrecision(c, /*fp8=*/true);
+  const std::string fp8 = DescribePrecision(c, *Fp8Layers(c, ""));
   // 7B: 32 x (4 x 4096^2 + 3 x 4096 x 11008) = 6.48B of 6.74B parameters; the head 0.13B.
   EXPECT_NE(fp8.find("fp8 for the 32 layers' linear maps (96% of the parameters, 98% of the matmul FLOPs"),
             std::string::npos)
       << fp8;
   EXPECT_NE(fp8.find("bf16 for the embedding, the head"), std::string::npos) << fp8;
-  const std::string bf16 = DescribePrecision(c, /*fp8=*/false);
+  const std::string bf16 = DescribePrecision(c, {});
   EXPECT_EQ(bf16.find("fp8 for"), std::string::npos) << bf16;
   EXPECT_NE(bf16.find("bf16 weights, activations and matmuls"), std::string::npos) << bf16;
+}
+
+TEST(ModelConfigTest, Bf16LayersKeepTheLayersTheirRegexMatches) {
+  const ModelConfig c = *ModelPreset("7b");
+  auto ends = Fp8Layers(c, "layers\\.(0|31)");
+  ASSERT_TRUE(ends.ok()) << ends.status();
+  ASSERT_EQ(ends->size(), 32u);
+  EXPECT_FALSE((*ends)[0]);
+  EXPECT_FALSE((*ends)[31]);
+  for (int l = 1; l < 31; ++l) EXPECT_TRUE((*ends)[l]) << l;
+  EXPECT_TRUE((*Fp8Layers(c, "layers\\.3"))[30]) << "a full match: layers.30 is not layers.3";
+  const std::string two = DescribePrecision(c, *ends);
+  // 30 layers of 202.4M: 6.07B of 6.74B parameters.
+  EXPECT_NE(two.find("fp8 for 30 of the 32 layers' linear maps (90% of the parameters"), std::string::npos) << two;
+  EXPECT_NE(two.find("bf16 for layers.0, layers.31 (--bf16_layers), the embedding"), std::string::npos) << two;
+  const std::string none = DescribePrecision(c, *Fp8Layers(c, "layers\\..*"));
+  EXPECT_NE(none.find("--bf16_layers matches every layer"), std::string::npos) << none;
+  const auto bad = Fp8Layers(c, "layers.(0");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("is not a regular expression"), absl::string_view::npos) << bad.status();
 }
 
 }  // namespace

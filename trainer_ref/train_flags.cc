@@ -48,6 +48,9 @@ ABSL_FLAG(std::string, precision, "auto",
           "optimizer state and accumulation (bf16 names the same). fp8 (GPU, compute capability 8.9+): the "
           "decoder layers' matmuls in FP8 (E4M3 weights and activations, E5M2 gradients, each tensor scaled by "
           "its own largest value), the rest as bf16");
+ABSL_FLAG(std::string, bf16_layers, "",
+          "with --precision=fp8: the decoder layers to keep in bf16, a regex fully matching their names "
+          "(layers.0 ... layers.<L-1>), e.g. 'layers\\.(0|23)' for the first and last of 24");
 ABSL_FLAG(std::string, opt, "adamw",
           "the optimizer: adamw (decoupled weight decay, fp32 moments) or adamw8bit (the same with 8-bit blockwise "
           "moments: ~6 bytes of optimizer state a parameter instead of 12, on the GPU or the host)");
@@ -205,6 +208,9 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   if (absl::Status st = ReadPrecisionAndOptimizer(gpu); !st.ok()) return st;
   s.moments_8bit = absl::AsciiStrToLower(absl::GetFlag(FLAGS_opt)) != "adamw";
   s.fp8 = absl::AsciiStrToLower(absl::GetFlag(FLAGS_precision)) == "fp8";
+  s.bf16_layers = absl::GetFlag(FLAGS_bf16_layers);
+  if (!s.bf16_layers.empty() && !s.fp8)
+    return Bad("--bf16_layers chooses layers to keep out of --precision=fp8: give both");
   ShapeOverrides shape;
   shape.layers = absl::GetFlag(FLAGS_num_hidden_layers);
   shape.d_model = absl::GetFlag(FLAGS_hidden_size);

@@ -35,6 +35,7 @@ ABSL_DECLARE_FLAG(double, weight_decay);
 ABSL_DECLARE_FLAG(uint64_t, seed);
 ABSL_DECLARE_FLAG(uint64_t, data_seed);
 ABSL_DECLARE_FLAG(std::string, precision);
+ABSL_DECLARE_FLAG(std::string, bf16_layers);
 ABSL_DECLARE_FLAG(std::string, opt);
 ABSL_DECLARE_FLAG(std::string, grad_checkpointing);
 ABSL_DECLARE_FLAG(std::string, offload_policy);
@@ -82,6 +83,7 @@ struct RunSettings {
   bool checkpointing = false;
   bool moments_8bit = false;  // --opt=adamw8bit
   bool fp8 = false;           // --precision=fp8: the layers' matmuls in FP8 (GPU)
+  std::string bf16_layers;    // --bf16_layers: those layers' matmuls stay bf16
   bool tierd = false;         // --offload_policy=tierd
   std::string tierd_dir;
   uint64_t tierd_dram = 0, tierd_nvme = 0;  // tierd_dram 0 (GPU): sized from the state

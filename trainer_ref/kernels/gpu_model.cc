@@ -103,19 +103,20 @@ absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x) {
   const int n = batch_ * seq_, c = config_.d_model, f = config_.d_ff, h = config_.heads, d = config_.head_dim();
   const size_t nc = static_cast<size_t>(n) * c;
   const Layer& w = layers_[l];
-  // out = in x W^T, in bf16 or (fp8_) from the codes of the last `cast` input.
+  // out = in x W^T, in bf16 or (an FP8 layer) from the codes of the last `cast` input.
+  Fp8Linear* fp8 = fp8_ != nullptr && fp8_layer_[l] ? fp8_.get() : nullptr;
   Fp8Codes in8;
   auto cast = [&](const Bf16* in, int cols) {
-    if (fp8_ != nullptr)
-      Timed(kFp8Cast, [&] {
-        in8 = fp8_->QuantizeInput(in, n, cols, stream_);
-        return 0;
-      });
+    if (fp8 == nullptr) return;
+    Timed(kFp8Cast, [&] {
+      in8 = fp8->QuantizeInput(in, n, cols, stream_);
+      return 0;
+    });
   };
   auto linear = [&](Bf16* out, const Bf16* in, size_t e, LinearIndex k, int ic, int oc) {
     return Timed(kGemm, [&] {
-      return fp8_ != nullptr ? fp8_->Forward(out, in8, k, W(e), n, ic, oc, stream_)
-                             : gemm_->Forward(out, in, W(e), n, ic, oc, stream_);
+      return fp8 != nullptr ? fp8->Forward(out, in8, k, W(e), n, ic, oc, stream_)
+                            : gemm_->Forward(out, in, W(e), n, ic, oc, stream_);
     });
   };
   RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(a.x_in, x, nc * sizeof(float), cudaMemcpyDeviceToDevice, stream_), "x_in"));
@@ -215,19 +216,21 @@ absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx) {
   const size_t nc = static_cast<size_t>(n) * c, nf = static_cast<size_t>(n) * f;
   auto zero = [this](Bf16* p, size_t count) { return Cuda(cudaMemsetAsync(p, 0, count * sizeof(Bf16), stream_), "zero"); };
   const Layer& w = layers_[l];
-  // din += dout x W, dW += dout^T x in: bf16, or (fp8_) from the codes of the last `cast` input.
+  // din += dout x W, dW += dout^T x in: bf16, or (an FP8 layer) from the codes of the last
+  // `cast` input.
+  Fp8Linear* fp8 = fp8_ != nullptr && fp8_layer_[l] ? fp8_.get() : nullptr;
   Fp8Codes in8_t;
   auto cast = [&](const Bf16* in, int cols) {
-    if (fp8_ != nullptr)
-      Timed(kFp8Cast, [&] {
-        in8_t = fp8_->QuantizeInputTransposed(in, n, cols, stream_);
-        return 0;
-      });
+    if (fp8 == nullptr) return;
+    Timed(kFp8Cast, [&] {
+      in8_t = fp8->QuantizeInputTransposed(in, n, cols, stream_);
+      return 0;
+    });
   };
   auto linear = [&](Bf16* din, const Bf16* dout, const Bf16* in, size_t e, LinearIndex k, int ic, int oc) {
     return Timed(kGemm, [&] {
-      return fp8_ != nullptr ? fp8_->Backward(din, G(e), dout, in8_t, k, W(e), n, ic, oc, stream_)
-                             : gemm_->Backward(din, G(e), dout, in, W(e), n, ic, oc, stream_);
+      return fp8 != nullptr ? fp8->Backward(din, G(e), dout, in8_t, k, W(e), n, ic, oc, stream_)
+                            : gemm_->Backward(din, G(e), dout, in, W(e), n, ic, oc, stream_);
     });
   };
   // x_out = x_mid + swiglu(h2 W1^T, h2 W3^T) W2^T

@@ -145,7 +145,8 @@ class GpuModel {
   // the master weights, gradients and optimizer fp32. Before the first step. INVALID_ARGUMENT
   // for shapes FP8 tensor cores do not take (dimensions and batch x seq multiples of 16);
   // RESOURCE_EXHAUSTED without room for its buffers (Fp8WorkspaceBytesFor).
-  absl::Status UseFp8();
+  // `layers`: which decoder layers (Fp8Layers; empty: all).
+  absl::Status UseFp8(std::vector<bool> layers = {});
   bool fp8() const { return fp8_ != nullptr; }
   static uint64_t Fp8WorkspaceBytesFor(const ModelConfig& config, int batch, int seq);
   // Device bytes this model holds: the home's own (plain: all the state) and the workspace.
@@ -292,6 +293,7 @@ class GpuModel {
   int registered_micro_batches_ = 0;
   std::unique_ptr<Gemm> gemm_;
   std::unique_ptr<Fp8Linear> fp8_;  // null: the layers' matmuls in bf16
+  std::vector<bool> fp8_layer_;     // with fp8_: which layers use it
   cudaStream_t stream_ = nullptr;
   std::vector<void*> allocations_;
   uint64_t device_bytes_ = 0;

@@ -190,9 +190,14 @@ uint64_t GpuModel::Fp8WorkspaceBytesFor(const ModelConfig& config, int batch, in
   return Fp8Linear::BytesFor(int64_t{batch} * seq, LinearShapes(config));
 }
 
-absl::Status GpuModel::UseFp8() {
-  if (fp8_ != nullptr) return absl::OkStatus();
-  if (micro_ > 0) return absl::FailedPreconditionError("FP8 is chosen before the first step");
+absl::Status GpuModel::UseFp8(std::vector<bool> layers) {
+  if (layers.empty()) layers.assign(config_.layers, true);
+  if (static_cast<int>(layers.size()) != config_.layers) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("FP8 chosen for %d layers of a %d-layer model", layers.size(), config_.layers));
+  }
+  if (fp8_ != nullptr || micro_ > 0) return absl::FailedPreconditionError("FP8 is chosen once, before the first step");
+  fp8_layer_ = std::move(layers);
   int major = 0, minor = 0, device = 0;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);

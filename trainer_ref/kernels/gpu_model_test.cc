@@ -457,5 +457,42 @@ TEST(GpuModelTest, Fp8MatmulsTrackTheCpuModel) {
   EXPECT_NE(why.message().find("24 rows"), absl::string_view::npos) << why;
 }
 
+// --bf16_layers: a layer kept out of FP8 computes exactly as in the bf16 model. Every layer
+// kept: the same loss and gradients bit for bit; only the last in FP8: the first layer's
+// weight gradients still differ (the FP8 layer's backward feeds them), so it did run.
+TEST(GpuModelTest, LayersKeptOutOfFp8ComputeAsBf16) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device here: the GPU model is checked on the lent GPU machine";
+  const ModelConfig config = *ModelPreset("tiny");
+  const int batch = 2, seq = 32, n = batch * seq;
+  std::mt19937_64 rng(21);
+  const Batch b = RandomBatch(n, config.vocab, rng);
+  auto grads_of = [&](std::vector<bool> fp8_layers, double* loss) {
+    auto m = GpuModel::Create(config, batch, seq);
+    EXPECT_TRUE(m.ok()) << m.status();
+    if (!fp8_layers.empty()) EXPECT_TRUE((*m)->UseFp8(fp8_layers).ok());
+    EXPECT_TRUE((*m)->InitParams(3).ok());
+    EXPECT_TRUE((*m)->ZeroGrads().ok());
+    auto l = (*m)->Forward(b.tokens.data(), b.targets.data());
+    EXPECT_TRUE(l.ok()) << l.status();
+    *loss = l.ok() ? *l : 0;
+    EXPECT_TRUE((*m)->Backward().ok());
+    std::vector<float> g;
+    EXPECT_TRUE((*m)->GetGrads(&g).ok());
+    return g;
+  };
+  double bf16_loss = 0, kept_loss = 0, last_loss = 0;
+  const std::vector<float> bf16 = grads_of({}, &bf16_loss);
+  const std::vector<float> kept = grads_of(std::vector<bool>(config.layers, false), &kept_loss);
+  std::vector<bool> last_only(config.layers, false);
+  last_only.back() = true;
+  const std::vector<float> last = grads_of(last_only, &last_loss);
+  EXPECT_EQ(kept_loss, bf16_loss);
+  EXPECT_EQ(kept, bf16);
+  EXPECT_NE(last, bf16);
+  auto wrong = GpuModel::Create(config, batch, seq);
+  ASSERT_TRUE(wrong.ok());
+  EXPECT_EQ((*wrong)->UseFp8({true}).code(), absl::StatusCode::kInvalidArgument) << "one layer's choice for two";
+}
+
 }  // namespace
 }  // namespace tierd::trainer::gpu

@@ -282,10 +282,16 @@ int GpuRun::Setup() {
       GpuModel::Create(config, s_.batch, s_.seq, std::move(*home), s_.checkpointing, layer_major_, s_.moments_8bit);
   if (!model.ok()) return Fail(std::string(model.status().message()));
   model_ = std::move(*model);
+  std::vector<bool> fp8_layers;  // empty: bf16 throughout
   if (s_.fp8) {
-    if (absl::Status st = model_->UseFp8(); !st.ok()) return Fail("--precision=fp8: " + std::string(st.message()));
+    auto layers = Fp8Layers(config, s_.bf16_layers);
+    if (!layers.ok()) return Fail(std::string(layers.status().message()));
+    fp8_layers = *layers;
+    if (absl::Status st = model_->UseFp8(fp8_layers); !st.ok()) {
+      return Fail("--precision=fp8: " + std::string(st.message()));
+    }
   }
-  std::printf("precision: %s\n", DescribePrecision(config, s_.fp8).c_str());
+  std::printf("precision: %s\n", DescribePrecision(config, fp8_layers).c_str());
   startup_.Done("GPU workspace");
   auto on_cpu = ChooseOptimizerOnCpu(s_, layout, gpu_quota, dram_quota, layer_major_);
   if (!on_cpu.ok()) return Fail(std::string(on_cpu.status().message()));

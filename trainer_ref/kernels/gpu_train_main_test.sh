@@ -46,6 +46,10 @@ else
   run $d --precision=fp8 --steps=2 --batch_size=2 --seq_len=64
   check "fp8 trains and says its policy" \
     "grep -q '^precision: fp8 for the ' '$dir/out.log' && grep -q 'ours none + fp8' '$dir/out.log'"
+  run $d --precision=fp8 --bf16_layers='layers\.(0' --steps=1
+  check "a --bf16_layers that is no regex" "refused 'is not a regular expression'"
+  run $d --precision=fp8 --bf16_layers='layers\.0' --steps=1 --batch_size=2 --seq_len=64
+  check "the kept layers are said" "grep -q '^precision: fp8 for 1 of the 2 layers.*layers.0 (--bf16_layers)' '$dir/out.log'"
   run $d --precision=fp8 --batch_size=1 --seq_len=60 --steps=1
   check "fp8 refuses rows FP8 tensor cores do not take" "refused 'multiple of 16'"
   run $d --tierd_record --steps=1
@@ -54,6 +58,8 @@ else
   check "validation losses every 2 steps and at the end, in the metrics too" \
     "[ \$(grep -c '^validation loss ' '$dir/out.log') = 2 ] && grep -q 'done: 4 steps, final loss [0-9.]*, validation loss ' '$dir/out.log' && [ \$(grep -c validation_loss '$dir/m.jsonl') = 2 ]"
 fi
+run --bf16_layers='layers\.0'
+check "--bf16_layers without fp8" "refused 'bf16_layers chooses layers to keep out of --precision=fp8'"
 run --device=cpu --precision=fp8
 check "fp8 is the GPU's" "refused 'precision=fp8 is the GPU trainer.s'"
 run --batch_size=0

@@ -17,26 +17,16 @@
 #include <vector>
 
 #include "trainer_ref/adamw8bit.h"
+#include "trainer_ref/kernels/gpu_model_test_util.h"
 #include "trainer_ref/model.h"
 #include "trainer_ref/optimizer.h"
 
 namespace tierd::trainer::gpu {
 namespace {
 
-bool HaveGpu() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
-
-struct Batch {
-  std::vector<int32_t> tokens, targets;
-};
-Batch RandomBatch(int n, int vocab, std::mt19937_64& rng) {
-  Batch b;
-  for (int i = 0; i < n; ++i) b.tokens.push_back(static_cast<int32_t>(rng() % vocab));
-  for (int i = 0; i < n; ++i) b.targets.push_back(i % 17 == 5 ? -1 : static_cast<int32_t>(rng() % vocab));
-  return b;
-}
+using testing::Batch;
+using testing::HaveGpu;
+using testing::RandomBatch;
 
 TEST(GpuModelTest, ForwardBackwardAndTrainingTrackTheCpuModel) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device here: the GPU model is checked on the lent GPU machine";
@@ -366,132 +356,6 @@ TEST(GpuModelTest, LayerMajorOrderGivesTheSameLossAndGradientsBitForBit) {
   CheckLayerMajor(/*checkpointing=*/true);
   CheckLayerMajor(/*checkpointing=*/false);
   CheckLayerMajor(/*checkpointing=*/true, /*fp8=*/true);
-}
-
-// The layers' matmuls in FP8 (UseFp8) against the CPU model in fp32: FP8's rounding (E4M3:
-// 3 mantissa bits, a value's relative error up to 1/16; E5M2 gradients 1/8) is far coarser
-// than bf16's, so the bounds are: loss within 2%; every tensor's gradient within 25% relative
-// L2 error and the whole gradient's cosine with the CPU's at least 0.97; over 8 AdamW steps
-// the losses within 5% of the CPU's. And it is FP8 that ran: the gradients differ from the
-// bf16 model's by more than bf16's own error (0.5% relative L2).
-TEST(GpuModelTest, Fp8MatmulsTrackTheCpuModel) {
-  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device here: the GPU model is checked on the lent GPU machine";
-  const ModelConfig config = *ModelPreset("tiny");
-  const int batch = 2, seq = 32, n = batch * seq;
-  Model<float> cpu(config, batch, seq);
-  cpu.InitParams(11);
-  for (const TensorLayout& t : cpu.layout()) {
-    if (t.shape.size() < 2) continue;
-    for (size_t i = 0; i < t.count; ++i) cpu.params()[t.offset + i] = FromBf16(ToBf16(cpu.params()[t.offset + i]));
-  }
-  auto gpu = GpuModel::Create(config, batch, seq);
-  auto bf16 = GpuModel::Create(config, batch, seq);
-  ASSERT_TRUE(gpu.ok() && bf16.ok());
-  ASSERT_TRUE((*gpu)->UseFp8().ok());
-  EXPECT_TRUE((*gpu)->fp8());
-  EXPECT_FALSE((*bf16)->fp8());
-  ASSERT_TRUE((*gpu)->SetParams(cpu.params()).ok());
-  ASSERT_TRUE((*bf16)->SetParams(cpu.params()).ok());
-  std::mt19937_64 rng(12);
-  const Batch b = RandomBatch(n, config.vocab, rng);
-  cpu.ZeroGrads();
-  const double cpu_loss = cpu.Forward(b.tokens.data(), b.targets.data());
-  cpu.Backward();
-  std::vector<float> grads, bf16_grads;
-  double gpu_loss = 0;
-  for (GpuModel* m : {gpu->get(), bf16->get()}) {
-    ASSERT_TRUE(m->ZeroGrads().ok());
-    auto loss = m->Forward(b.tokens.data(), b.targets.data());
-    ASSERT_TRUE(loss.ok()) << loss.status();
-    ASSERT_TRUE(m->Backward().ok());
-    ASSERT_TRUE(m->GetGrads(m == gpu->get() ? &grads : &bf16_grads).ok());
-    if (m == gpu->get()) gpu_loss = *loss;
-  }
-  EXPECT_NEAR(gpu_loss, cpu_loss, 0.02 * cpu_loss);
-  double worst = 0, dot = 0, gg = 0, cc = 0, off_bf16 = 0;
-  for (const TensorLayout& t : cpu.layout()) {
-    double diff = 0, norm = 0;
-    for (size_t i = 0; i < t.count; ++i) {
-      const double g = cpu.grads()[t.offset + i], x = grads[t.offset + i], y = bf16_grads[t.offset + i];
-      diff += (x - g) * (x - g);
-      norm += g * g;
-      dot += x * g;
-      gg += x * x;
-      cc += g * g;
-      off_bf16 += (x - y) * (x - y);
-    }
-    ASSERT_GT(norm, 0) << t.name;
-    worst = std::max(worst, std::sqrt(diff / norm));
-    EXPECT_LT(std::sqrt(diff / norm), 0.25) << t.name;
-  }
-  const double cosine = dot / std::sqrt(gg * cc), from_bf16 = std::sqrt(off_bf16 / cc);
-  EXPECT_GT(cosine, 0.97);
-  EXPECT_GT(from_bf16, 0.005) << "the FP8 model's gradients are the bf16 model's: FP8 did not run";
-  std::printf("fp8: loss cpu %.6f gpu %.6f; worst gradient relative L2 error %.4f, cosine %.5f, %.4f from bf16's\n",
-              cpu_loss, gpu_loss, worst, cosine, from_bf16);
-  AdamWOptions adam;
-  std::vector<float> m(cpu.params().size(), 0.f), v(cpu.params().size(), 0.f);
-  for (int step = 1; step <= 8; ++step) {
-    const Batch s = RandomBatch(n, config.vocab, rng);
-    cpu.ZeroGrads();
-    const double lc = cpu.Forward(s.tokens.data(), s.targets.data());
-    cpu.Backward();
-    for (const TensorLayout& t : cpu.layout()) {
-      AdamWStep(cpu.params().data() + t.offset, cpu.grads().data() + t.offset, m.data() + t.offset, v.data() + t.offset,
-                t.count, 3e-3, step, adam, /*decay=*/t.shape.size() > 1);
-    }
-    ASSERT_TRUE((*gpu)->ZeroGrads().ok());
-    auto lg = (*gpu)->Forward(s.tokens.data(), s.targets.data());
-    ASSERT_TRUE(lg.ok()) << lg.status();
-    ASSERT_TRUE((*gpu)->Backward().ok());
-    ASSERT_TRUE((*gpu)->AdamWStep(3e-3, step, adam, 1.0).ok());
-    std::printf("fp8 step %d: loss cpu %.5f gpu %.5f\n", step, lc, *lg);
-    EXPECT_NEAR(*lg, lc, 0.05 * lc) << "step " << step;
-  }
-  // Shapes FP8 tensor cores do not take are refused with the numbers.
-  const ModelConfig odd{"odd", 1, 72, 2, 200, 256, 64};
-  auto refused = GpuModel::Create(odd, 1, 24);
-  ASSERT_TRUE(refused.ok()) << refused.status();
-  const absl::Status why = (*refused)->UseFp8();
-  EXPECT_EQ(why.code(), absl::StatusCode::kInvalidArgument) << why;
-  EXPECT_NE(why.message().find("24 rows"), absl::string_view::npos) << why;
-}
-
-// --bf16_layers: a layer kept out of FP8 computes exactly as in the bf16 model. Every layer
-// kept: the same loss and gradients bit for bit; only the last in FP8: the first layer's
-// weight gradients still differ (the FP8 layer's backward feeds them), so it did run.
-TEST(GpuModelTest, LayersKeptOutOfFp8ComputeAsBf16) {
-  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device here: the GPU model is checked on the lent GPU machine";
-  const ModelConfig config = *ModelPreset("tiny");
-  const int batch = 2, seq = 32, n = batch * seq;
-  std::mt19937_64 rng(21);
-  const Batch b = RandomBatch(n, config.vocab, rng);
-  auto grads_of = [&](std::vector<bool> fp8_layers, double* loss) {
-    auto m = GpuModel::Create(config, batch, seq);
-    EXPECT_TRUE(m.ok()) << m.status();
-    if (!fp8_layers.empty()) EXPECT_TRUE((*m)->UseFp8(fp8_layers).ok());
-    EXPECT_TRUE((*m)->InitParams(3).ok());
-    EXPECT_TRUE((*m)->ZeroGrads().ok());
-    auto l = (*m)->Forward(b.tokens.data(), b.targets.data());
-    EXPECT_TRUE(l.ok()) << l.status();
-    *loss = l.ok() ? *l : 0;
-    EXPECT_TRUE((*m)->Backward().ok());
-    std::vector<float> g;
-    EXPECT_TRUE((*m)->GetGrads(&g).ok());
-    return g;
-  };
-  double bf16_loss = 0, kept_loss = 0, last_loss = 0;
-  const std::vector<float> bf16 = grads_of({}, &bf16_loss);
-  const std::vector<float> kept = grads_of(std::vector<bool>(config.layers, false), &kept_loss);
-  std::vector<bool> last_only(config.layers, false);
-  last_only.back() = true;
-  const std::vector<float> last = grads_of(last_only, &last_loss);
-  EXPECT_EQ(kept_loss, bf16_loss);
-  EXPECT_EQ(kept, bf16);
-  EXPECT_NE(last, bf16);
-  auto wrong = GpuModel::Create(config, batch, seq);
-  ASSERT_TRUE(wrong.ok());
-  EXPECT_EQ((*wrong)->UseFp8({true}).code(), absl::StatusCode::kInvalidArgument) << "one layer's choice for two";
 }
 
 }  // namespace

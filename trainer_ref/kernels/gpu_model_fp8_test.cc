@@ -8,7 +8,8 @@
 #include <vector>
 
 #include "trainer_ref/kernels/gpu_model.h"
-#include "trainer_ref/kernels/gpu_model_test_util.h"
+#include "trainer_ref/kernels/gpu_model_test_oracle.h"
+#include "trainer_ref/kernels/gpu_test_util.h"
 #include "trainer_ref/model.h"
 #include "trainer_ref/optimizer.h"
 
@@ -16,7 +17,9 @@ namespace tierd::trainer::gpu {
 namespace {
 
 using testing::Batch;
+using testing::ExpectTrainingTracksTheCpu;
 using testing::HaveGpu;
+using testing::InitWithBf16Matrices;
 using testing::RandomBatch;
 
 // The layers' matmuls in FP8 (UseFp8) against the CPU model in fp32: FP8's rounding (E4M3:
@@ -30,11 +33,7 @@ TEST(GpuModelTest, Fp8MatmulsTrackTheCpuModel) {
   const ModelConfig config = *ModelPreset("tiny");
   const int batch = 2, seq = 32, n = batch * seq;
   Model<float> cpu(config, batch, seq);
-  cpu.InitParams(11);
-  for (const TensorLayout& t : cpu.layout()) {
-    if (t.shape.size() < 2) continue;
-    for (size_t i = 0; i < t.count; ++i) cpu.params()[t.offset + i] = FromBf16(ToBf16(cpu.params()[t.offset + i]));
-  }
+  InitWithBf16Matrices(cpu, 11);
   auto gpu = GpuModel::Create(config, batch, seq);
   auto bf16 = GpuModel::Create(config, batch, seq);
   ASSERT_TRUE(gpu.ok() && bf16.ok());
@@ -80,25 +79,7 @@ TEST(GpuModelTest, Fp8MatmulsTrackTheCpuModel) {
   EXPECT_GT(from_bf16, 0.005) << "the FP8 model's gradients are the bf16 model's: FP8 did not run";
   std::printf("fp8: loss cpu %.6f gpu %.6f; worst gradient relative L2 error %.4f, cosine %.5f, %.4f from bf16's\n",
               cpu_loss, gpu_loss, worst, cosine, from_bf16);
-  AdamWOptions adam;
-  std::vector<float> m(cpu.params().size(), 0.f), v(cpu.params().size(), 0.f);
-  for (int step = 1; step <= 8; ++step) {
-    const Batch s = RandomBatch(n, config.vocab, rng);
-    cpu.ZeroGrads();
-    const double lc = cpu.Forward(s.tokens.data(), s.targets.data());
-    cpu.Backward();
-    for (const TensorLayout& t : cpu.layout()) {
-      AdamWStep(cpu.params().data() + t.offset, cpu.grads().data() + t.offset, m.data() + t.offset, v.data() + t.offset,
-                t.count, 3e-3, step, adam, /*decay=*/t.shape.size() > 1);
-    }
-    ASSERT_TRUE((*gpu)->ZeroGrads().ok());
-    auto lg = (*gpu)->Forward(s.tokens.data(), s.targets.data());
-    ASSERT_TRUE(lg.ok()) << lg.status();
-    ASSERT_TRUE((*gpu)->Backward().ok());
-    ASSERT_TRUE((*gpu)->AdamWStep(3e-3, step, adam, 1.0).ok());
-    std::printf("fp8 step %d: loss cpu %.5f gpu %.5f\n", step, lc, *lg);
-    EXPECT_NEAR(*lg, lc, 0.05 * lc) << "step " << step;
-  }
+  ExpectTrainingTracksTheCpu(cpu, **gpu, n, rng, 0.05, "fp8 ");
   // Shapes FP8 tensor cores do not take are refused with the numbers.
   const ModelConfig odd{"odd", 1, 72, 2, 200, 256, 64};
   auto refused = GpuModel::Create(odd, 1, 24);

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "trainer_ref/adamw8bit.h"
-#include "trainer_ref/kernels/gpu_model_test_util.h"
+#include "trainer_ref/kernels/gpu_model_test_oracle.h"
 #include "trainer_ref/model.h"
 #include "trainer_ref/optimizer.h"
 
@@ -25,7 +25,9 @@ namespace tierd::trainer::gpu {
 namespace {
 
 using testing::Batch;
+using testing::ExpectTrainingTracksTheCpu;
 using testing::HaveGpu;
+using testing::InitWithBf16Matrices;
 using testing::RandomBatch;
 
 TEST(GpuModelTest, ForwardBackwardAndTrainingTrackTheCpuModel) {
@@ -33,14 +35,7 @@ TEST(GpuModelTest, ForwardBackwardAndTrainingTrackTheCpuModel) {
   const ModelConfig config = *ModelPreset("tiny");
   const int batch = 2, seq = 32, n = batch * seq;
   Model<float> cpu(config, batch, seq);
-  cpu.InitParams(11);
-  for (const TensorLayout& t : cpu.layout()) {
-    if (t.shape.size() < 2) continue;  // norm weights stay fp32 on the GPU too
-    for (size_t i = 0; i < t.count; ++i) {
-      float& x = cpu.params()[t.offset + i];
-      x = FromBf16(ToBf16(x));
-    }
-  }
+  InitWithBf16Matrices(cpu, 11);
   auto gpu = GpuModel::Create(config, batch, seq);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   ASSERT_TRUE((*gpu)->SetParams(cpu.params()).ok());
@@ -77,25 +72,7 @@ TEST(GpuModelTest, ForwardBackwardAndTrainingTrackTheCpuModel) {
               worst, cpu.layout().size());
 
   // Training: the same batches, AdamW on both.
-  AdamWOptions adam;
-  std::vector<float> m(cpu.params().size(), 0.f), v(cpu.params().size(), 0.f);
-  for (int step = 1; step <= 8; ++step) {
-    const Batch s = RandomBatch(n, config.vocab, rng);
-    cpu.ZeroGrads();
-    const double lc = cpu.Forward(s.tokens.data(), s.targets.data());
-    cpu.Backward();
-    for (const TensorLayout& t : cpu.layout()) {
-      AdamWStep(cpu.params().data() + t.offset, cpu.grads().data() + t.offset, m.data() + t.offset,
-                v.data() + t.offset, t.count, 3e-3, step, adam, /*decay=*/t.shape.size() > 1);
-    }
-    ASSERT_TRUE((*gpu)->ZeroGrads().ok());
-    auto lg = (*gpu)->Forward(s.tokens.data(), s.targets.data());
-    ASSERT_TRUE(lg.ok()) << lg.status();
-    ASSERT_TRUE((*gpu)->Backward().ok());
-    ASSERT_TRUE((*gpu)->AdamWStep(3e-3, step, adam, 1.0).ok());
-    std::printf("step %d: loss cpu %.5f gpu %.5f\n", step, lc, *lg);
-    EXPECT_NEAR(*lg, lc, 0.03 * lc) << "step " << step;
-  }
+  ExpectTrainingTracksTheCpu(cpu, **gpu, n, rng, 0.03, "");
   std::printf("device bytes held: %lu\n", static_cast<unsigned long>((*gpu)->DeviceBytes()));
 }
 

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <random>
 #include <string>
 #include <vector>
@@ -94,6 +95,17 @@ inline int CompareF32(const std::vector<float>& gpu, const std::vector<float>& c
     }
   }
   return off;
+}
+
+struct Batch {
+  std::vector<int32_t> tokens, targets;
+};
+// Random tokens and targets, every 17th target from the 5th on not counted (-1).
+inline Batch RandomBatch(int n, int vocab, std::mt19937_64& rng) {
+  Batch b;
+  for (int i = 0; i < n; ++i) b.tokens.push_back(static_cast<int32_t>(rng() % vocab));
+  for (int i = 0; i < n; ++i) b.targets.push_back(i % 17 == 5 ? -1 : static_cast<int32_t>(rng() % vocab));
+  return b;
 }
 
 }  // namespace tierd::trainer::gpu::testing

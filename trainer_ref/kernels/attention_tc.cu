@@ -159,10 +159,10 @@ __device__ __forceinline__ void RegsTimesRows(float (*acc)[4], const float (*p)[
   }
 }
 
-// out rows (bf16) from `first` += scale * acc (this warp's 16 x D accumulators).
+// out rows (bf16) from `first` = scale * acc (this warp's 16 x D accumulators).
 template <int D>
-__device__ void AddRowsToGlobal(Bf16* out, const float (*acc)[4], float scale, int bi, int first, int head, int t,
-                                int h) {
+__device__ void StoreRowsToGlobal(Bf16* out, const float (*acc)[4], float scale, int bi, int first, int head, int t,
+                                  int h) {
   const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -171,9 +171,7 @@ __device__ void AddRowsToGlobal(Bf16* out, const float (*acc)[4], float scale, i
     auto* o = reinterpret_cast<__nv_bfloat162*>(out + RowOf(bi, row, head, t, h, D));
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt) {
-      __nv_bfloat162& at = o[(dt * 8 + 2 * c) / 2];
-      const float2 old = __bfloat1622float2(at);
-      at = __floats2bfloat162_rn(old.x + acc[dt][2 * half] * scale, old.y + acc[dt][2 * half + 1] * scale);
+      o[(dt * 8 + 2 * c) / 2] = __floats2bfloat162_rn(acc[dt][2 * half] * scale, acc[dt][2 * half + 1] * scale);
     }
   }
 }
@@ -353,8 +351,8 @@ __global__ void __launch_bounds__(kWarps * 32) KeyKernel(Bf16* dk, Bf16* dv, con
     RegsTimesRows<D, kStep>(dk_acc, s, sm.q[buf]);  // dK_w += dS^T Q (scaled at the end)
     __syncthreads();
   }
-  AddRowsToGlobal<D>(dk, dk_acc, scale, bi, k0 + warp * 16, head, t, h);
-  AddRowsToGlobal<D>(dv, dv_acc, 1.f, bi, k0 + warp * 16, head, t, h);
+  StoreRowsToGlobal<D>(dk, dk_acc, scale, bi, k0 + warp * 16, head, t, h);
+  StoreRowsToGlobal<D>(dv, dv_acc, 1.f, bi, k0 + warp * 16, head, t, h);
 }
 
 template <int D>
@@ -418,7 +416,7 @@ __global__ void __launch_bounds__(kWarps * 32) QueryKernel(Bf16* dq, const Bf16*
     RegsTimesRows<D, kTile>(dq_acc, s, sm.k[buf]);  // dQ_w += dS K (scaled at the end)
     __syncthreads();
   }
-  AddRowsToGlobal<D>(dq, dq_acc, scale, bi, q0 + warp * 16, head, t, h);
+  StoreRowsToGlobal<D>(dq, dq_acc, scale, bi, q0 + warp * 16, head, t, h);
 }
 
 template <typename Kernel>

@@ -135,7 +135,7 @@ absl::Status Fp8Linear::Forward(Bf16* out, Fp8Codes in, int index, const Bf16* w
 }
 
 absl::Status Fp8Linear::Backward(Bf16* din, float* dweight, const Bf16* dout, Fp8Codes in_t, int index,
-                                 const Bf16* weight, int n, int ic, int oc, cudaStream_t stream) {
+                                 const Bf16* weight, int n, int ic, int oc, cudaStream_t stream, bool accumulate_din) {
   if (index < 0 || index >= static_cast<int>(weights_.size()) || weights_[index] != std::make_pair(oc, ic) ||
       n > rows_) {
     return absl::InvalidArgumentError(
@@ -145,7 +145,7 @@ absl::Status Fp8Linear::Backward(Bf16* din, float* dweight, const Bf16* dout, Fp
                               n, oc, /*e5m2=*/true, stream);
   const Fp8Codes w = din != nullptr ? WeightCodes(index, weight, /*transposed=*/true, stream) : Fp8Codes{};
   return gemm_->BackwardFp8(din, dweight, dout_, dout_t_, in_t.codes, w.codes, d.scale_inv, in_t.scale_inv, w.scale_inv,
-                            n, ic, oc, stream);
+                            n, ic, oc, stream, accumulate_din);
 }
 
 }  // namespace tierd::trainer::gpu

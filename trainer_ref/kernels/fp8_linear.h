@@ -56,10 +56,11 @@ class Fp8Linear {
   // out (n, oc) = in x W^T, W weight `index` of the layer, bf16 (oc, ic).
   absl::Status Forward(Bf16* out, Fp8Codes in, int index, const Bf16* weight, int n, int ic, int oc,
                        cudaStream_t stream);
-  // din (n, ic, bf16) += dout x W and dweight (oc, ic, fp32) += dout^T x in, either may be
-  // null; dout (n, oc) bf16, converted to E5M2 here; in_t from QuantizeInputTransposed.
+  // din (n, ic, bf16) += dout x W (`accumulate_din` false: =) and dweight (oc, ic, fp32) +=
+  // dout^T x in, either may be null; dout (n, oc) bf16, converted to E5M2 here; in_t from
+  // QuantizeInputTransposed.
   absl::Status Backward(Bf16* din, float* dweight, const Bf16* dout, Fp8Codes in_t, int index, const Bf16* weight,
-                        int n, int ic, int oc, cudaStream_t stream);
+                        int n, int ic, int oc, cudaStream_t stream, bool accumulate_din = true);
 
  private:
   Fp8Linear() = default;

@@ -120,10 +120,14 @@ absl::Status Gemm::Forward(Bf16* out, const Bf16* in, const Bf16* weight, int n,
 }
 
 absl::Status Gemm::Backward(Bf16* din, float* dweight, const Bf16* dout, const Bf16* in, const Bf16* weight, int n,
-                            int ic, int oc, cudaStream_t stream) {
+                            int ic, int oc, cudaStream_t stream, bool accumulate_din) {
   if (din != nullptr) {
     // din^T (IC x N) += weight^T (IC x OC, stored so) x dout^T (OC x N, stored so).
-    if (absl::Status s = Matmul(false, false, ic, n, oc, weight, ic, dout, oc, din, false, ic, 1.f, stream); !s.ok()) return s;
+    if (absl::Status s =
+            Matmul(false, false, ic, n, oc, weight, ic, dout, oc, din, false, ic, accumulate_din ? 1.f : 0.f, stream);
+        !s.ok()) {
+      return s;
+    }
   }
   if (dweight != nullptr) {
     // dweight^T (IC x OC) += in^T (IC x N, stored so) x dout (N x OC: dout^T stored, transposed).
@@ -150,7 +154,7 @@ absl::Status Gemm::ForwardFp8(Bf16* out, const uint8_t* in, const uint8_t* weigh
 absl::Status Gemm::BackwardFp8(Bf16* din, float* dweight, const uint8_t* dout, const uint8_t* dout_t,
                                const uint8_t* in_t, const uint8_t* weight_t, const float* dout_scale_inv,
                                const float* in_scale_inv, const float* weight_scale_inv, int n, int ic, int oc,
-                               cudaStream_t stream) {
+                               cudaStream_t stream, bool accumulate_din) {
   if (n % 16 != 0 || ic % 16 != 0 || oc % 16 != 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("an FP8 matmul needs N, IC and OC multiples of 16, not %d, %d and %d", n, ic, oc));
@@ -159,7 +163,8 @@ absl::Status Gemm::BackwardFp8(Bf16* din, float* dweight, const uint8_t* dout, c
     // din^T (IC x N) += weight^T x dout^T: A = weight_t read transposed (stored OC x IC column
     // major), B = dout (stored OC x N column major).
     Inputs inputs{CUDA_R_8F_E4M3, CUDA_R_8F_E5M2, weight_scale_inv, dout_scale_inv};
-    if (absl::Status s = MatmulOf(inputs, true, false, ic, n, oc, weight_t, oc, dout, oc, din, false, ic, 1.f, stream);
+    if (absl::Status s = MatmulOf(inputs, true, false, ic, n, oc, weight_t, oc, dout, oc, din, false, ic,
+                                  accumulate_din ? 1.f : 0.f, stream);
         !s.ok()) {
       return s;
     }

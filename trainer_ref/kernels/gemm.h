@@ -26,10 +26,11 @@ class Gemm {
   // out (N, OC) = in (N, IC) x weight^T, weight (OC, IC); `accumulate`: out += instead.
   absl::Status Forward(Bf16* out, const Bf16* in, const Bf16* weight, int n, int ic, int oc, cudaStream_t stream,
                        bool accumulate = false);
-  // din (N, IC, bf16) += dout x weight; dweight (OC, IC, fp32: gradients accumulate over
+  // din (N, IC, bf16) += dout x weight (`accumulate_din` false: din = ..., the first
+  // contribution, so din need not be zeroed); dweight (OC, IC, fp32: gradients accumulate over
   // micro-batches without bf16 rounding) += dout^T x in. Either may be null.
   absl::Status Backward(Bf16* din, float* dweight, const Bf16* dout, const Bf16* in, const Bf16* weight, int n, int ic,
-                        int oc, cudaStream_t stream);
+                        int oc, cudaStream_t stream, bool accumulate_din = true);
   // Forward from FP8 codes (QuantizeFp8): out (N, OC, bf16) = (in_scale_inv * in) x
   // (weight_scale_inv * weight)^T, in and weight E4M3 (or E5M2 with e5m2_in: a gradient),
   // the scale_invs device floats each in its own 16-byte-aligned slot (cuBLASLt refuses an
@@ -45,7 +46,8 @@ class Gemm {
   // own 16-byte slot; N, IC and OC multiples of 16.
   absl::Status BackwardFp8(Bf16* din, float* dweight, const uint8_t* dout, const uint8_t* dout_t, const uint8_t* in_t,
                            const uint8_t* weight_t, const float* dout_scale_inv, const float* in_scale_inv,
-                           const float* weight_scale_inv, int n, int ic, int oc, cudaStream_t stream);
+                           const float* weight_scale_inv, int n, int ic, int oc, cudaStream_t stream,
+                           bool accumulate_din = true);
 
  private:
   Gemm() = default;

@@ -213,8 +213,7 @@ absl::StatusOr<double> GpuModel::Forward(const int32_t* tokens, const int32_t* t
 // its input; the layer's weight gradients (acquired) are added into.
 absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx) {
   const int n = batch_ * seq_, c = config_.d_model, f = config_.d_ff, h = config_.heads, d = config_.head_dim();
-  const size_t nc = static_cast<size_t>(n) * c, nf = static_cast<size_t>(n) * f;
-  auto zero = [this](Bf16* p, size_t count) { return Cuda(cudaMemsetAsync(p, 0, count * sizeof(Bf16), stream_), "zero"); };
+  const size_t nc = static_cast<size_t>(n) * c;
   const Layer& w = layers_[l];
   // din += dout x W, dW += dout^T x in: bf16, or (an FP8 layer) from the codes of the last
   // `cast` input.
@@ -227,31 +226,35 @@ absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx) {
       return 0;
     });
   };
-  auto linear = [&](Bf16* din, const Bf16* dout, const Bf16* in, size_t e, LinearIndex k, int ic, int oc) {
+  // `first`: din's first contribution, written (din = ...) rather than added, so no zeroing.
+  auto linear = [&](Bf16* din, const Bf16* dout, const Bf16* in, size_t e, LinearIndex k, int ic, int oc, bool first) {
     return Timed(kGemm, [&] {
-      return fp8 != nullptr ? fp8->Backward(din, G(e), dout, in8_t, k, W(e), n, ic, oc, stream_)
-                            : gemm_->Backward(din, G(e), dout, in, W(e), n, ic, oc, stream_);
+      return fp8 != nullptr ? fp8->Backward(din, G(e), dout, in8_t, k, W(e), n, ic, oc, stream_, !first)
+                            : gemm_->Backward(din, G(e), dout, in, W(e), n, ic, oc, stream_, !first);
     });
   };
   // x_out = x_mid + swiglu(h2 W1^T, h2 W3^T) W2^T
-  Timed(kElementwise, [&] { ToBf16(dx16_, dx, static_cast<int64_t>(nc), stream_); return 0; });
-  RETURN_IF_ERROR(zero(ds_, nf));
+  Timed(kElementwise, [&] {
+    ToBf16(dx16_, dx, static_cast<int64_t>(nc), stream_);
+    return 0;
+  });
   cast(a.s, f);
-  RETURN_IF_ERROR(linear(ds_, dx16_, a.s, w.w2, kLinearDown, f, c));
-  RETURN_IF_ERROR(zero(dg_, nf));
-  RETURN_IF_ERROR(zero(du_, nf));
-  Timed(kElementwise, [&] { SwiGluBackward(dg_, du_, ds_, a.g, a.u, n, f, stream_); return 0; });
-  RETURN_IF_ERROR(zero(dh_, nc));
+  RETURN_IF_ERROR(linear(ds_, dx16_, a.s, w.w2, kLinearDown, f, c, /*first=*/true));
+  Timed(kElementwise, [&] {
+    SwiGluBackward(dg_, du_, ds_, a.g, a.u, n, f, stream_);
+    return 0;
+  });
   cast(a.h2, c);
-  RETURN_IF_ERROR(linear(dh_, dg_, a.h2, w.w1, kLinearGate, c, f));
-  RETURN_IF_ERROR(linear(dh_, du_, a.h2, w.w3, kLinearUp, c, f));
+  RETURN_IF_ERROR(linear(dh_, dg_, a.h2, w.w1, kLinearGate, c, f, /*first=*/true));
+  RETURN_IF_ERROR(linear(dh_, du_, a.h2, w.w3, kLinearUp, c, f, /*first=*/false));
   Timed(kElementwise, [&] { RmsNormBackward(dx, G(w.mlp_norm), dh_, a.x_mid, N(w.mlp_norm), a.rstd2, n, c, scratch_, stream_); return 0; });
   // x_mid = x_in + attention(rope(h1 Wq^T), rope(h1 Wk^T), h1 Wv^T) Wo^T
-  Timed(kElementwise, [&] { ToBf16(dx16_, dx, static_cast<int64_t>(nc), stream_); return 0; });
-  RETURN_IF_ERROR(zero(da_, nc));
+  Timed(kElementwise, [&] {
+    ToBf16(dx16_, dx, static_cast<int64_t>(nc), stream_);
+    return 0;
+  });
   cast(a.a, c);
-  RETURN_IF_ERROR(linear(da_, dx16_, a.a, w.wo, kLinearO, c, c));
-  for (Bf16* p : {dq_, dk_, dv_}) RETURN_IF_ERROR(zero(p, nc));
+  RETURN_IF_ERROR(linear(da_, dx16_, a.a, w.wo, kLinearO, c, c, /*first=*/true));
   RETURN_IF_ERROR(Timed(kAttention, [&] {
     return Cuda(AttentionBackward(dq_, dk_, dv_, da_, a.a, a.lse, delta_, a.q, a.k, a.v, batch_, seq_, h, d, stream_),
                 "attention backward");
@@ -264,11 +267,10 @@ absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx) {
     RopeBackward(dk_, batch_, seq_, h, d, static_cast<float>(config_.rope_theta), stream_);
     return 0;
   });
-  RETURN_IF_ERROR(zero(dh_, nc));
   cast(a.h1, c);
-  RETURN_IF_ERROR(linear(dh_, dq_, a.h1, w.wq, kLinearQ, c, c));
-  RETURN_IF_ERROR(linear(dh_, dk_, a.h1, w.wk, kLinearK, c, c));
-  RETURN_IF_ERROR(linear(dh_, dv_, a.h1, w.wv, kLinearV, c, c));
+  RETURN_IF_ERROR(linear(dh_, dq_, a.h1, w.wq, kLinearQ, c, c, /*first=*/true));
+  RETURN_IF_ERROR(linear(dh_, dk_, a.h1, w.wk, kLinearK, c, c, /*first=*/false));
+  RETURN_IF_ERROR(linear(dh_, dv_, a.h1, w.wv, kLinearV, c, c, /*first=*/false));
   Timed(kElementwise, [&] { RmsNormBackward(dx, G(w.attn_norm), dh_, a.x_in, N(w.attn_norm), a.rstd1, n, c, scratch_, stream_); return 0; });
   return absl::OkStatus();
 }

@@ -60,41 +60,98 @@ __global__ void EmbeddingBackwardKernel(float* dwte, const float* dout, const in
   dwte[int64_t{token} * c + col] += sum;
 }
 
-__global__ void RmsNormForwardKernel(Bf16* out, float* rstd, const float* in, const float* weight, int c, float eps) {
+// Row kernels: one block per row. With C a multiple of 4 and 16-byte-aligned rows (`vec`)
+// every access is a float4 (fp32) or four bf16, several in flight per thread; the scalar
+// loops are for other shapes. Both give the same values up to the order of the row's sum.
+__global__ void RmsNormForwardKernel(Bf16* out, float* rstd, const float* in, const float* weight, int c, float eps,
+                                     bool vec) {
   const int64_t row = blockIdx.x;
   const float* x = in + row * c;
   float sum = 0.f;
-  for (int j = threadIdx.x; j < c; j += blockDim.x) sum += x[j] * x[j];
+  if (vec) {
+    const auto* x4 = reinterpret_cast<const float4*>(x);
+    for (int j = threadIdx.x; j < c / 4; j += blockDim.x) {
+      const float4 v = x4[j];
+      sum += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+  } else {
+    for (int j = threadIdx.x; j < c; j += blockDim.x) sum += x[j] * x[j];
+  }
   sum = BlockSum(sum);
   const float r = rsqrtf(sum / c + eps);
   if (threadIdx.x == 0) rstd[row] = r;
-  for (int j = threadIdx.x; j < c; j += blockDim.x) Store(out, row * c + j, x[j] * r * weight[j]);
+  if (vec) {
+    const auto* x4 = reinterpret_cast<const float4*>(x);
+    const auto* w4 = reinterpret_cast<const float4*>(weight);
+    for (int j = threadIdx.x; j < c / 4; j += blockDim.x) {
+      const float4 v = x4[j], w = w4[j];
+      Store4(out + row * c + 4 * j, make_float4(v.x * r * w.x, v.y * r * w.y, v.z * r * w.z, v.w * r * w.w));
+    }
+  } else {
+    for (int j = threadIdx.x; j < c; j += blockDim.x) Store(out, row * c + j, x[j] * r * weight[j]);
+  }
 }
 
-__global__ void RmsNormBackwardKernel(float* din, const Bf16* dout, const float* in,
-                                      const float* weight, const float* rstd, int c) {
+__global__ void RmsNormBackwardKernel(float* din, const Bf16* dout, const float* in, const float* weight,
+                                      const float* rstd, int c, bool vec) {
   const int64_t row = blockIdx.x;
   const float* x = in + row * c;
   const Bf16* dy = dout + row * c;
+  float* dx = din + row * c;
   const float r = rstd[row];
   float dot = 0.f;
-  for (int j = threadIdx.x; j < c; j += blockDim.x) dot += Load(dy, j) * weight[j] * x[j];
-  const float mean = BlockSum(dot) / c;
-  for (int j = threadIdx.x; j < c; j += blockDim.x) {
-    const float dyj = Load(dy, j);
-    din[row * c + j] += r * (weight[j] * dyj - x[j] * r * r * mean);
+  if (vec) {
+    for (int j = threadIdx.x; j < c / 4; j += blockDim.x) {
+      const float4 d = Load4(dy + 4 * j), w = reinterpret_cast<const float4*>(weight)[j],
+                   v = reinterpret_cast<const float4*>(x)[j];
+      dot += d.x * w.x * v.x + d.y * w.y * v.y + d.z * w.z * v.z + d.w * w.w * v.w;
+    }
+  } else {
+    for (int j = threadIdx.x; j < c; j += blockDim.x) dot += Load(dy, j) * weight[j] * x[j];
+  }
+  const float mean = BlockSum(dot) / c, rrm = r * r * mean;
+  if (vec) {
+    for (int j = threadIdx.x; j < c / 4; j += blockDim.x) {
+      const float4 d = Load4(dy + 4 * j), w = reinterpret_cast<const float4*>(weight)[j],
+                   v = reinterpret_cast<const float4*>(x)[j];
+      float4& o = reinterpret_cast<float4*>(dx)[j];
+      float4 acc = o;
+      acc.x += r * (w.x * d.x - v.x * rrm);
+      acc.y += r * (w.y * d.y - v.y * rrm);
+      acc.z += r * (w.z * d.z - v.z * rrm);
+      acc.w += r * (w.w * d.w - v.w * rrm);
+      o = acc;
+    }
+  } else {
+    for (int j = threadIdx.x; j < c; j += blockDim.x) dx[j] += r * (weight[j] * Load(dy, j) - x[j] * rrm);
   }
 }
 
 constexpr int kNormRowsPerChunk = 64;
 
-// partial (chunks, C): each chunk of 64 rows' sum of dy * x * rstd per column, in row order.
+// partial (chunks, C): each chunk of 64 rows' sum of dy * x * rstd per column, in row order;
+// four adjacent columns a thread (`vec`, C a multiple of 4) or one.
 __global__ void RmsNormWeightPartialKernel(float* partial, const Bf16* dout, const float* in, const float* rstd, int n,
-                                           int c) {
+                                           int c, bool vec) {
   const int chunk = blockIdx.y;
-  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  const int lanes = vec ? 4 : 1;
+  const int j = (blockIdx.x * blockDim.x + threadIdx.x) * lanes;
   if (j >= c) return;
   const int end = min(n, (chunk + 1) * kNormRowsPerChunk);
+  if (vec) {
+    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int row = chunk * kNormRowsPerChunk; row < end; ++row) {
+      const int64_t at = int64_t{row} * c + j;
+      const float4 d = Load4(dout + at), v = *reinterpret_cast<const float4*>(in + at);
+      const float r = rstd[row];
+      sum.x += d.x * v.x * r;
+      sum.y += d.y * v.y * r;
+      sum.z += d.z * v.z * r;
+      sum.w += d.w * v.w * r;
+    }
+    *reinterpret_cast<float4*>(partial + int64_t{chunk} * c + j) = sum;
+    return;
+  }
   float sum = 0.f;
   for (int row = chunk * kNormRowsPerChunk; row < end; ++row) {
     const int64_t at = int64_t{row} * c + j;
@@ -111,55 +168,119 @@ __global__ void SumChunksIntoKernel(float* out, const float* partial, int chunks
   out[j] += sum;
 }
 
-// One thread per (row, head, pair): the pair turns by pos * base^(-2i/D) (sign -1: back).
-__global__ void RopeKernel(Bf16* x, int b, int t, int h, int d, float base, float sign) {
+// One block per row (token) of x (B*T, H, D): the row's D/2 angles pos * base^(-2i/D) once
+// into shared memory, then every head's pairs turn by them (sign -1: back); four pairs a
+// thread with 16-byte accesses (`vec`: D a multiple of 8, aligned) or one.
+__global__ void RopeKernel(Bf16* x, int t, int h, int d, float base, float sign, bool vec) {
+  extern __shared__ float trig[];  // cos[D/2] | sin[D/2]
   const int half = d / 2;
-  const int64_t total = int64_t{b} * t * h * half;
-  for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < total; k += int64_t{gridDim.x} * blockDim.x) {
-    const int i = static_cast<int>(k % half);
-    const int64_t row_head = k / half;  // row * h + head
-    const int pos = static_cast<int>((row_head / h) % t);
+  const int64_t row = blockIdx.x;
+  const int pos = static_cast<int>(row % t);
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
     const float angle = sign * pos * powf(base, -2.f * i / d);
-    float sn, cs;
-    sincosf(angle, &sn, &cs);
-    const int64_t at = row_head * d + 2 * i;
-    const float a = Load(x, at), c = Load(x, at + 1);
-    Store(x, at, a * cs - c * sn);
-    Store(x, at + 1, a * sn + c * cs);
+    sincosf(angle, &trig[half + i], &trig[i]);
+  }
+  __syncthreads();
+  Bf16* base_row = x + row * h * d;
+  if (vec) {
+    for (int k = threadIdx.x; k < h * d / 8; k += blockDim.x) {
+      Bf16* p = base_row + 8 * k;
+      const int i0 = (8 * k % d) / 2;
+      float v[8];
+      Load8(p, v);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float cs = trig[i0 + e], sn = trig[half + i0 + e], a = v[2 * e], b = v[2 * e + 1];
+        v[2 * e] = a * cs - b * sn;
+        v[2 * e + 1] = a * sn + b * cs;
+      }
+      Store8(p, v);
+    }
+    return;
+  }
+  for (int k = threadIdx.x; k < h * half; k += blockDim.x) {
+    const int i = k % half;
+    const int64_t at = int64_t{k / half} * d + 2 * i;
+    const float cs = trig[i], sn = trig[half + i], a = Load(base_row, at), b = Load(base_row, at + 1);
+    Store(base_row, at, a * cs - b * sn);
+    Store(base_row, at + 1, a * sn + b * cs);
   }
 }
 
 __device__ __forceinline__ float Sigmoid(float x) { return 1.f / (1.f + __expf(-x)); }
 
-__global__ void SwiGluForwardKernel(Bf16* out, const Bf16* gate, const Bf16* up, int64_t count) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x) {
+// Element-wise kernels: eight values a thread with 16-byte accesses over the whole groups
+// of eight when every pointer is aligned (`vec`), then one a thread for the rest.
+__global__ void SwiGluForwardKernel(Bf16* out, const Bf16* gate, const Bf16* up, int64_t count, bool vec) {
+  const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x, stride = int64_t{gridDim.x} * blockDim.x;
+  const int64_t groups = vec ? count / 8 : 0;
+  for (int64_t k = first; k < groups; k += stride) {
+    float g[8], u[8];
+    Load8(gate + 8 * k, g);
+    Load8(up + 8 * k, u);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) g[e] = g[e] * Sigmoid(g[e]) * u[e];
+    Store8(out + 8 * k, g);
+  }
+  for (int64_t i = groups * 8 + first; i < count; i += stride) {
     const float g = Load(gate, i);
     Store(out, i, g * Sigmoid(g) * Load(up, i));
   }
 }
 
 __global__ void SwiGluBackwardKernel(Bf16* dgate, Bf16* dup, const Bf16* dout, const Bf16* gate, const Bf16* up,
-                                     int64_t count) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x) {
+                                     int64_t count, bool vec) {
+  const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x, stride = int64_t{gridDim.x} * blockDim.x;
+  const int64_t groups = vec ? count / 8 : 0;
+  for (int64_t k = first; k < groups; k += stride) {
+    float g[8], u[8], dy[8], dg[8];
+    Load8(gate + 8 * k, g);
+    Load8(up + 8 * k, u);
+    Load8(dout + 8 * k, dy);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float s = Sigmoid(g[e]);
+      dg[e] = dy[e] * u[e] * s * (1.f + g[e] * (1.f - s));
+      u[e] = dy[e] * g[e] * s;  // du
+    }
+    Store8(dgate + 8 * k, dg);
+    Store8(dup + 8 * k, u);
+  }
+  for (int64_t i = groups * 8 + first; i < count; i += stride) {
     const float g = Load(gate, i), u = Load(up, i), dy = Load(dout, i), s = Sigmoid(g);
-    Store(dgate, i, Load(dgate, i) + dy * u * s * (1.f + g * (1.f - s)));
-    Store(dup, i, Load(dup, i) + dy * g * s);
+    Store(dgate, i, dy * u * s * (1.f + g * (1.f - s)));
+    Store(dup, i, dy * g * s);
   }
 }
 
-__global__ void AddIntoKernel(float* x, const Bf16* y, int64_t count) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x) {
-    x[i] += Load(y, i);
+__global__ void AddIntoKernel(float* x, const Bf16* y, int64_t count, bool vec) {
+  const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x, stride = int64_t{gridDim.x} * blockDim.x;
+  const int64_t groups = vec ? count / 8 : 0;
+  for (int64_t k = first; k < groups; k += stride) {
+    float v[8];
+    Load8(y + 8 * k, v);
+    auto* x4 = reinterpret_cast<float4*>(x + 8 * k);
+    float4 a = x4[0], b = x4[1];
+    a.x += v[0], a.y += v[1], a.z += v[2], a.w += v[3];
+    b.x += v[4], b.y += v[5], b.z += v[6], b.w += v[7];
+    x4[0] = a;
+    x4[1] = b;
   }
+  for (int64_t i = groups * 8 + first; i < count; i += stride) x[i] += Load(y, i);
 }
 
-__global__ void ToBf16Kernel(Bf16* out, const float* in, int64_t count) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x) {
-    Store(out, i, in[i]);
+__global__ void ToBf16Kernel(Bf16* out, const float* in, int64_t count, bool vec) {
+  const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x, stride = int64_t{gridDim.x} * blockDim.x;
+  const int64_t groups = vec ? count / 8 : 0;
+  for (int64_t k = first; k < groups; k += stride) {
+    const auto* in4 = reinterpret_cast<const float4*>(in + 8 * k);
+    const float4 a = in4[0], b = in4[1];
+    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    Store8(out + 8 * k, v);
   }
+  for (int64_t i = groups * 8 + first; i < count; i += stride) Store(out, i, in[i]);
 }
 
-// One block per row: max, sum of exp, the loss, then (softmax - onehot) / counted.
 __global__ void CrossEntropyKernel(float* losses, Bf16* dlogits, const Bf16* logits, const int32_t* targets, int v,
                                    int counted) {
   const int64_t row = blockIdx.x;
@@ -335,6 +456,10 @@ int RowThreads(int c) {
   return threads;
 }
 
+// A row kernel's block: with float4 accesses about four of them a thread (several loads in
+// flight each, and several blocks an SM), at most 256 threads.
+int VecRowThreads(int c, bool vec) { return vec ? std::min(256, RowThreads((c / 4 + 3) / 4)) : RowThreads(c); }
+
 }  // namespace
 
 void EmbeddingForward(float* out, const int32_t* tokens, const Bf16* wte, int n, int c, int v, cudaStream_t stream) {
@@ -378,7 +503,9 @@ void EmbeddingBackward(float* dwte, const float* dout, const int32_t* index, int
 
 void RmsNormForward(Bf16* out, float* rstd, const float* in, const float* weight, int n, int c, float eps,
                     cudaStream_t stream) {
-  if (n > 0) RmsNormForwardKernel<<<n, RowThreads(c), 0, stream>>>(out, rstd, in, weight, c, eps);
+  if (n <= 0) return;
+  const bool vec = c % 4 == 0 && Aligned16(in, weight) && Aligned16(out);
+  RmsNormForwardKernel<<<n, VecRowThreads(c, vec), 0, stream>>>(out, rstd, in, weight, c, eps, vec);
 }
 
 int64_t RmsNormScratchFloats(int n, int c) { return int64_t{(n + kNormRowsPerChunk - 1) / kNormRowsPerChunk} * c; }
@@ -386,35 +513,52 @@ int64_t RmsNormScratchFloats(int n, int c) { return int64_t{(n + kNormRowsPerChu
 void RmsNormBackward(float* din, float* dweight, const Bf16* dout, const float* in, const float* weight,
                      const float* rstd, int n, int c, float* scratch, cudaStream_t stream) {
   if (n <= 0) return;
-  RmsNormBackwardKernel<<<n, RowThreads(c), 0, stream>>>(din, dout, in, weight, rstd, c);
-  const int chunks = (n + kNormRowsPerChunk - 1) / kNormRowsPerChunk, column_blocks = (c + kThreads - 1) / kThreads;
-  RmsNormWeightPartialKernel<<<dim3(column_blocks, chunks), kThreads, 0, stream>>>(scratch, dout, in, rstd, n, c);
-  SumChunksIntoKernel<<<column_blocks, kThreads, 0, stream>>>(dweight, scratch, chunks, c);
+  const bool vec = c % 4 == 0 && Aligned16(din, in, weight, scratch) && Aligned16(dout);
+  RmsNormBackwardKernel<<<n, VecRowThreads(c, vec), 0, stream>>>(din, dout, in, weight, rstd, c, vec);
+  const int chunks = (n + kNormRowsPerChunk - 1) / kNormRowsPerChunk;
+  const int column_threads = vec ? c / 4 : c, column_blocks = (column_threads + kThreads - 1) / kThreads;
+  RmsNormWeightPartialKernel<<<dim3(column_blocks, chunks), kThreads, 0, stream>>>(scratch, dout, in, rstd, n, c, vec);
+  SumChunksIntoKernel<<<(c + kThreads - 1) / kThreads, kThreads, 0, stream>>>(dweight, scratch, chunks, c);
+}
+
+void Rope(Bf16* x, int b, int t, int h, int d, float base, float sign, cudaStream_t stream) {
+  const int64_t rows = int64_t{b} * t;
+  if (rows == 0) return;
+  const bool vec = d % 8 == 0 && Aligned16(x);
+  const int threads = std::min(kThreads, std::max(32, vec ? h * d / 8 : h * d / 2));
+  RopeKernel<<<static_cast<unsigned>(rows), threads, d * sizeof(float), stream>>>(x, t, h, d, base, sign, vec);
 }
 
 void RopeForward(Bf16* x, int b, int t, int h, int d, float base, cudaStream_t stream) {
-  RopeKernel<<<Blocks(int64_t{b} * t * h * (d / 2)), kThreads, 0, stream>>>(x, b, t, h, d, base, 1.f);
+  Rope(x, b, t, h, d, base, 1.f, stream);
 }
 
 void RopeBackward(Bf16* dx, int b, int t, int h, int d, float base, cudaStream_t stream) {
-  RopeKernel<<<Blocks(int64_t{b} * t * h * (d / 2)), kThreads, 0, stream>>>(dx, b, t, h, d, base, -1.f);
+  Rope(dx, b, t, h, d, base, -1.f, stream);
 }
 
 void SwiGluForward(Bf16* out, const Bf16* gate, const Bf16* up, int n, int f, cudaStream_t stream) {
-  SwiGluForwardKernel<<<Blocks(int64_t{n} * f), kThreads, 0, stream>>>(out, gate, up, int64_t{n} * f);
+  const int64_t count = int64_t{n} * f;
+  const bool vec = Aligned16(out, gate, up);
+  SwiGluForwardKernel<<<Blocks(vec ? count / 8 + count % 8 : count), kThreads, 0, stream>>>(out, gate, up, count, vec);
 }
 
 void SwiGluBackward(Bf16* dgate, Bf16* dup, const Bf16* dout, const Bf16* gate, const Bf16* up, int n, int f,
                     cudaStream_t stream) {
-  SwiGluBackwardKernel<<<Blocks(int64_t{n} * f), kThreads, 0, stream>>>(dgate, dup, dout, gate, up, int64_t{n} * f);
+  const int64_t count = int64_t{n} * f;
+  const bool vec = Aligned16(dgate, dup, dout, gate, up);
+  SwiGluBackwardKernel<<<Blocks(vec ? count / 8 + count % 8 : count), kThreads, 0, stream>>>(dgate, dup, dout, gate, up,
+                                                                                             count, vec);
 }
 
 void AddInto(float* x, const Bf16* y, int64_t count, cudaStream_t stream) {
-  AddIntoKernel<<<Blocks(count), kThreads, 0, stream>>>(x, y, count);
+  const bool vec = Aligned16(x) && Aligned16(y);
+  AddIntoKernel<<<Blocks(vec ? count / 8 + count % 8 : count), kThreads, 0, stream>>>(x, y, count, vec);
 }
 
 void ToBf16(Bf16* out, const float* in, int64_t count, cudaStream_t stream) {
-  ToBf16Kernel<<<Blocks(count), kThreads, 0, stream>>>(out, in, count);
+  const bool vec = Aligned16(out) && Aligned16(in);
+  ToBf16Kernel<<<Blocks(vec ? count / 8 + count % 8 : count), kThreads, 0, stream>>>(out, in, count, vec);
 }
 
 void CrossEntropy(float* losses, Bf16* dlogits, const Bf16* logits, const int32_t* targets, int n, int v,
@@ -439,6 +583,9 @@ cudaError_t AttentionBackward(Bf16* dq, Bf16* dk, Bf16* dv, const Bf16* dout, co
   if (rows == 0) return cudaSuccess;
   if (TensorCoreAttention(d)) return AttentionBackwardTc(dq, dk, dv, dout, out, lse, delta, q, k, v, b, t, h, d, stream);
   const float scale = 1.f / sqrtf(static_cast<float>(d));
+  for (Bf16* p : {dq, dk, dv}) {  // the warp kernels add into them
+    if (const cudaError_t e = cudaMemsetAsync(p, 0, rows * d * sizeof(Bf16), stream); e != cudaSuccess) return e;
+  }
   AttentionBackwardQueryKernel<<<WarpBlocks(rows), kThreads, 0, stream>>>(dq, dout, out, lse, q, k, v, b, t, h, d,
                                                                          scale);
   AttentionBackwardKeyKernel<<<WarpBlocks(rows), kThreads, 0, stream>>>(dk, dv, dout, out, lse, q, k, v, b, t, h, d,

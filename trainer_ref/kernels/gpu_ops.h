@@ -55,7 +55,7 @@ int64_t RmsNormScratchFloats(int n, int c);
 void RopeForward(Bf16* x, int b, int t, int h, int d, float base, cudaStream_t stream);
 void RopeBackward(Bf16* dx, int b, int t, int h, int d, float base, cudaStream_t stream);
 
-// out (N, F) = silu(gate) * up; backward adds into dgate and dup.
+// out (N, F) = silu(gate) * up; backward writes dgate and dup (nothing else adds into them).
 void SwiGluForward(Bf16* out, const Bf16* gate, const Bf16* up, int n, int f, cudaStream_t stream);
 void SwiGluBackward(Bf16* dgate, Bf16* dup, const Bf16* dout, const Bf16* gate, const Bf16* up, int n, int f,
                     cudaStream_t stream);
@@ -76,7 +76,7 @@ void CrossEntropy(float* losses, Bf16* dlogits, const Bf16* logits, const int32_
 // writes each row's log-sum-exp of its scaled scores, for backward. Scores are scaled by
 // 1/sqrt(D); softmax online in fp32. Head sizes 64 and 128 run on tensor cores
 // (attention_tc.cu, flash-style tiles); others (at most 256) one warp per query row.
-// Backward adds into dq, dk, dv, recomputing the probabilities from lse; every gradient row
+// Backward writes dq, dk, dv, recomputing the probabilities from lse; every gradient row
 // is summed in one place in a fixed order (deterministic, no atomics). `delta` is scratch of
 // B * H * T floats. The returned error is the launch's (cudaSuccess when queued).
 cudaError_t AttentionForward(Bf16* out, float* lse, const Bf16* q, const Bf16* k, const Bf16* v, int b, int t, int h,

@@ -111,7 +111,7 @@ TEST(GpuOpsTest, TokenSegmentsGroupRowsByTokenInOrder) {
 TEST(GpuOpsTest, RmsNormForwardAndBackward) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(2);
-  for (int c : {64, 1000, 4096}) {
+  for (int c : {64, 1000, 1001, 4096}) {  // 1001: the scalar loops (C not a multiple of 4)
     const int n = 133;  // three chunks of rows for the weight gradient, the last one short
     const std::vector<float> in = RandomFloats(size_t{n} * c, rng, 2.f), din0 = RandomFloats(size_t{n} * c, rng);
     const Bf16Data dout = Random(size_t{n} * c, rng);
@@ -143,18 +143,24 @@ TEST(GpuOpsTest, RmsNormForwardAndBackward) {
 TEST(GpuOpsTest, RopeForwardAndBackward) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(3);
-  const int b = 2, t = 37, h = 4, d = 32;
-  const Bf16Data x = Random(size_t{b} * t * h * d, rng);
-  Device<Bf16> d_x(x.bits);
-  RopeForward(d_x.get(), b, t, h, d, 10000.f, nullptr);
-  std::vector<float> cpu = x.values;
-  cpu::RopeForward(cpu.data(), b, t, h, d, 10000.f);
-  EXPECT_EQ(CompareBf16(Floats(d_x.Host()), cpu, 1e-3f, "rope forward"), 0);
-  Device<Bf16> d_dx(x.bits);
-  RopeBackward(d_dx.get(), b, t, h, d, 10000.f, nullptr);
-  std::vector<float> back = x.values;
-  cpu::RopeBackward(back.data(), b, t, h, d, 10000.f);
-  EXPECT_EQ(CompareBf16(Floats(d_dx.Host()), back, 1e-3f, "rope backward"), 0);
+  struct Shape {
+    int b, t, h, d;
+  };
+  for (const Shape& s : {Shape{2, 37, 4, 32}, Shape{2, 37, 3, 6}}) {  // 16-byte groups of pairs; single pairs
+    const int b = s.b, t = s.t, h = s.h, d = s.d;
+    const std::string at = " (D " + std::to_string(d) + ")";
+    const Bf16Data x = Random(static_cast<size_t>(b) * t * h * d, rng);
+    Device<Bf16> d_x(x.bits);
+    RopeForward(d_x.get(), b, t, h, d, 10000.f, nullptr);
+    std::vector<float> cpu = x.values;
+    cpu::RopeForward(cpu.data(), b, t, h, d, 10000.f);
+    EXPECT_EQ(CompareBf16(Floats(d_x.Host()), cpu, 1e-3f, "rope forward" + at), 0);
+    Device<Bf16> d_dx(x.bits);
+    RopeBackward(d_dx.get(), b, t, h, d, 10000.f, nullptr);
+    std::vector<float> back = x.values;
+    cpu::RopeBackward(back.data(), b, t, h, d, 10000.f);
+    EXPECT_EQ(CompareBf16(Floats(d_dx.Host()), back, 1e-3f, "rope backward" + at), 0);
+  }
 }
 
 TEST(GpuOpsTest, SwiGluAndAdd) {
@@ -164,11 +170,12 @@ TEST(GpuOpsTest, SwiGluAndAdd) {
   const size_t count = size_t{n} * f;
   const Bf16Data gate = Random(count, rng, 2.f), up = Random(count, rng), dout = Random(count, rng),
                  dgate0 = Random(count, rng), dup0 = Random(count, rng);
+  // The backward writes its outputs: what was there before (random here) must not show.
   Device<Bf16> d_gate(gate.bits), d_up(up.bits), d_out{std::vector<Bf16>(count)}, d_dout(dout.bits),
       d_dgate(dgate0.bits), d_dup(dup0.bits);
   SwiGluForward(d_out.get(), d_gate.get(), d_up.get(), n, f, nullptr);
   SwiGluBackward(d_dgate.get(), d_dup.get(), d_dout.get(), d_gate.get(), d_up.get(), n, f, nullptr);
-  std::vector<float> out(count), dgate = dgate0.values, dup = dup0.values;
+  std::vector<float> out(count), dgate(count, 0.f), dup(count, 0.f);
   cpu::SwiGluForward(out.data(), gate.values.data(), up.values.data(), n, f);
   cpu::SwiGluBackward(dgate.data(), dup.data(), dout.values.data(), gate.values.data(), up.values.data(), n, f);
   EXPECT_EQ(CompareBf16(Floats(d_out.Host()), out, 1e-4f, "swiglu out"), 0);
@@ -185,6 +192,40 @@ TEST(GpuOpsTest, SwiGluAndAdd) {
   ToBf16(d_x16.get(), d_x.get(), static_cast<int64_t>(count), nullptr);
   const std::vector<Bf16> x16 = d_x16.Host();
   for (size_t i = 0; i < count; ++i) ASSERT_EQ(x16[i], ToBf16(sum[i])) << "element " << i;
+}
+
+// The element-wise kernels take 16-byte accesses only when every pointer is aligned: one
+// element in, they take the one-value loop, with the same results.
+TEST(GpuOpsTest, ElementwiseKernelsOnUnalignedPointers) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(14);
+  const int n = 1, f = 999;
+  const size_t count = size_t{n} * f;
+  const Bf16Data gate = Random(count + 1, rng, 2.f), up = Random(count + 1, rng), dout = Random(count + 1, rng);
+  Device<Bf16> d_gate(gate.bits), d_up(up.bits), d_dout(dout.bits), d_out{std::vector<Bf16>(count + 1)},
+      d_dgate{std::vector<Bf16>(count + 1)}, d_dup{std::vector<Bf16>(count + 1)};
+  SwiGluForward(d_out.get() + 1, d_gate.get() + 1, d_up.get() + 1, n, f, nullptr);
+  SwiGluBackward(d_dgate.get() + 1, d_dup.get() + 1, d_dout.get() + 1, d_gate.get() + 1, d_up.get() + 1, n, f, nullptr);
+  std::vector<float> out(count), dgate(count, 0.f), dup(count, 0.f);
+  cpu::SwiGluForward(out.data(), gate.values.data() + 1, up.values.data() + 1, n, f);
+  cpu::SwiGluBackward(dgate.data(), dup.data(), dout.values.data() + 1, gate.values.data() + 1, up.values.data() + 1, n,
+                      f);
+  auto tail = [](const std::vector<Bf16>& v) { return Floats(std::vector<Bf16>(v.begin() + 1, v.end())); };
+  EXPECT_EQ(CompareBf16(tail(d_out.Host()), out, 1e-4f, "swiglu out (unaligned)"), 0);
+  EXPECT_EQ(CompareBf16(tail(d_dgate.Host()), dgate, 1e-3f, "swiglu dgate (unaligned)"), 0);
+  EXPECT_EQ(CompareBf16(tail(d_dup.Host()), dup, 1e-3f, "swiglu dup (unaligned)"), 0);
+  const std::vector<float> x0 = RandomFloats(count + 1, rng);
+  Device<float> d_x(x0);
+  AddInto(d_x.get() + 1, d_up.get() + 1, static_cast<int64_t>(count), nullptr);
+  Device<Bf16> d_x16{std::vector<Bf16>(count + 1)};
+  ToBf16(d_x16.get() + 1, d_x.get() + 1, static_cast<int64_t>(count), nullptr);
+  const std::vector<float> x = d_x.Host();
+  const std::vector<Bf16> x16 = d_x16.Host();
+  for (size_t i = 1; i <= count; ++i) {
+    ASSERT_EQ(x[i], x0[i] + up.values[i]) << "add into, element " << i;
+    ASSERT_EQ(x16[i], ToBf16(x[i])) << "to bf16, element " << i;
+  }
+  EXPECT_EQ(x[0], x0[0]) << "the element before the range was written";
 }
 
 TEST(GpuOpsTest, CrossEntropyLossAndGradient) {
@@ -399,6 +440,14 @@ TEST(GpuOpsTest, MatmulForwardAndBackwardThroughCublasLt) {
   ASSERT_TRUE((*gemm)->Forward(d_out.get(), d_in.get(), d_w.get(), n, ic, oc, nullptr, /*accumulate=*/true).ok());
   for (float& x : out) x *= 2;
   EXPECT_EQ(CompareBf16(Floats(d_out.Host()), out, 2e-2f, "matmul out, accumulated"), 0);
+  // A first contribution: din = dout x w, whatever din held (din0 + the first backward here).
+  ASSERT_TRUE((*gemm)
+                  ->Backward(d_din.get(), nullptr, d_dout.get(), d_in.get(), d_w.get(), n, ic, oc, nullptr,
+                             /*accumulate_din=*/false)
+                  .ok());
+  std::vector<float> din_only(size_t{n} * ic, 0.f), unused(size_t{oc} * ic, 0.f);
+  cpu::MatmulBackward(din_only.data(), unused.data(), dout.values.data(), in.values.data(), w.values.data(), n, ic, oc);
+  EXPECT_EQ(CompareBf16(Floats(d_din.Host()), din_only, 1e-2f, "matmul din, written"), 0);
 }
 
 // Online softmax against the CPU's materialized probabilities. Gradients are sums over up to
@@ -422,7 +471,8 @@ TEST(GpuOpsTest, CausalAttentionForwardAndBackward) {
     ASSERT_EQ(AttentionBackward(d_dq.get(), d_dk.get(), d_dv.get(), d_dout.get(), d_out.get(), d_lse.get(),
                                 d_delta.get(), d_q.get(), d_k.get(), d_v.get(), b, t, h, d, nullptr),
               cudaSuccess);
-    std::vector<float> out(count), att(size_t{b} * h * t * t), dq = dq0.values, dk = dk0.values, dv = dv0.values;
+    // The backward writes dq, dk, dv: the random values they held must not show.
+    std::vector<float> out(count), att(size_t{b} * h * t * t), dq(count, 0.f), dk(count, 0.f), dv(count, 0.f);
     cpu::AttentionForward(out.data(), att.data(), q.values.data(), k.values.data(), v.values.data(), b, t, h, d);
     cpu::AttentionBackward(dq.data(), dk.data(), dv.data(), dout.values.data(), att.data(), q.values.data(),
                            k.values.data(), v.values.data(), b, t, h, d);
@@ -431,8 +481,8 @@ TEST(GpuOpsTest, CausalAttentionForwardAndBackward) {
     EXPECT_EQ(CompareBf16(Floats(d_dq.Host()), dq, 2e-2f, "attention dq" + at), 0);
     EXPECT_EQ(CompareBf16(Floats(d_dk.Host()), dk, 2e-2f, "attention dk" + at), 0);
     EXPECT_EQ(CompareBf16(Floats(d_dv.Host()), dv, 2e-2f, "attention dv" + at), 0);
-    // Deterministic: the same backward again, from the same starting gradients, gives the
-    // same bits (no atomics, a fixed summation order).
+    // Deterministic: the same backward again gives the same bits (no atomics, a fixed
+    // summation order).
     Device<Bf16> again_dq(dq0.bits), again_dk(dk0.bits), again_dv(dv0.bits);
     ASSERT_EQ(AttentionBackward(again_dq.get(), again_dk.get(), again_dv.get(), d_dout.get(), d_out.get(),
                                 d_lse.get(), d_delta.get(), d_q.get(), d_k.get(), d_v.get(), b, t, h, d, nullptr),

@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""PyTorch's causal SDPA (the flash backend, bf16) at the shapes .carry/bin/attention_bench
+times ours at, the same FLOP count (forward 4 b h T^2 d / 2, backward 2.5 times that), each
+timed over 20 runs after 3 warm-up ones. Reads ours' JSON lines on stdin and prints a table
+with both and the ratio, so both sides come from the same call:
+  .carry/bin/attention_bench | python3 tools/bench/attention_torch.py
+"""
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+def timed(run):
+    for _ in range(3):
+        run()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(20):
+        run()
+    stop.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(stop) / 20
+
+
+def sdpa(b, t, h, d):
+    # Ours keeps (B, T, H, D) rows; the same layout here, viewed as (B, H, T, D).
+    q, k, v = (torch.randn(b, t, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2).requires_grad_()
+               for _ in range(3))
+    dout = torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        fwd = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        bwd = timed(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+    return fwd, bwd
+
+
+def main():
+    rows = [json.loads(line) for line in sys.stdin if line.startswith("{")]
+    print(f"causal attention, bf16, on {torch.cuda.get_device_name()}: ours (attention_tc.cu) vs PyTorch "
+          f"{torch.__version__} SDPA flash; TFLOP/s nominal (forward 4bhT^2d/2, backward 2.5x)")
+    print("| model | b x T x H x d | ours fwd | SDPA fwd | ours/SDPA | ours bwd | SDPA bwd | ours/SDPA |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        fwd, bwd = sdpa(r["b"], r["t"], r["h"], r["d"])
+        flops = 4.0 * r["b"] * r["h"] * r["t"] ** 2 * r["d"] / 2
+        tf, tb = flops / fwd / 1e9, 2.5 * flops / bwd / 1e9
+        print(f"| {r['model']} | {r['b']} x {r['t']} x {r['h']} x {r['d']} | {r['fwd_ms']:.2f} ms "
+              f"({r['fwd_tflops']:.0f} TFLOP/s) | {fwd:.2f} ms ({tf:.0f}) | {r['fwd_tflops'] / tf:.2f}x | "
+              f"{r['bwd_ms']:.2f} ms ({r['bwd_tflops']:.0f}) | {bwd:.2f} ms ({tb:.0f}) | {r['bwd_tflops'] / tb:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

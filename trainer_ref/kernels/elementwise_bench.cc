@@ -1,0 +1,120 @@
+// The trainer's element-wise and row kernels (gpu_ops.h) at a decoder layer's shapes, each
+// timed over 20 runs after 3 warm-up ones (CUDA events), with the bytes each must move at
+// least (every input read once, every output written once) and that rate against a
+// device-to-device cudaMemcpy measured in the same run: what share of the memory system each
+// kernel gets. Shapes: one micro-batch of 4 x 2048 tokens of 1.3B and 7B.
+//   bazel run -c opt //trainer_ref/kernels:elementwise_bench   (or .carry/bin/elementwise_bench)
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <functional>
+#include <vector>
+
+#include "trainer_ref/kernels/gpu_ops.h"
+
+namespace tierd::trainer::gpu {
+namespace {
+
+struct Buffers {
+  std::vector<void*> all;
+  void* Get(size_t bytes) {
+    void* p = nullptr;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) return nullptr;
+    cudaMemset(p, 0, bytes);
+    all.push_back(p);
+    return p;
+  }
+  ~Buffers() {
+    for (void* p : all) cudaFree(p);
+  }
+};
+
+double TimeMs(const std::function<void()>& run, cudaEvent_t start, cudaEvent_t stop) {
+  for (int i = 0; i < 3; ++i) run();
+  cudaEventRecord(start);
+  for (int i = 0; i < 20; ++i) run();
+  cudaEventRecord(stop);
+  cudaEventSynchronize(stop);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, start, stop);
+  return ms / 20;
+}
+
+bool Bench(const char* model, int b, int t, int c, int f, int heads, cudaEvent_t start, cudaEvent_t stop) {
+  const int n = b * t, d = c / heads;
+  const size_t nc = size_t(n) * c, nf = size_t(n) * f;
+  Buffers buf;
+  auto* x = static_cast<float*>(buf.Get(nc * 4));
+  auto* dx = static_cast<float*>(buf.Get(nc * 4));
+  auto* h = static_cast<Bf16*>(buf.Get(nc * 2));
+  auto* q = static_cast<Bf16*>(buf.Get(nc * 2));
+  auto* g = static_cast<Bf16*>(buf.Get(nf * 2));
+  auto* u = static_cast<Bf16*>(buf.Get(nf * 2));
+  auto* s = static_cast<Bf16*>(buf.Get(nf * 2));
+  auto* dg = static_cast<Bf16*>(buf.Get(nf * 2));
+  auto* du = static_cast<Bf16*>(buf.Get(nf * 2));
+  auto* rstd = static_cast<float*>(buf.Get(size_t(n) * 4));
+  auto* weight = static_cast<float*>(buf.Get(size_t(c) * 4));
+  auto* dweight = static_cast<float*>(buf.Get(size_t(c) * 4));
+  auto* scratch = static_cast<float*>(buf.Get(size_t(RmsNormScratchFloats(n, c)) * 4));
+  auto* master = static_cast<float*>(buf.Get(nf * 4));
+  if (master == nullptr) return false;
+  InitNormal(master, g, 0, int64_t(nf), 3, 1, 1.0, nullptr);
+  InitNormal(master, u, 0, int64_t(nf), 3, 2, 1.0, nullptr);
+  InitNormal(master, s, 0, int64_t(nf), 3, 3, 1.0, nullptr);
+  InitNormal(master, h, 0, int64_t(nc), 3, 4, 1.0, nullptr);
+  InitNormal(master, q, 0, int64_t(nc), 3, 5, 1.0, nullptr);
+  std::vector<float> ones(c, 1.f), xs(nc, 0.5f);
+  cudaMemcpy(weight, ones.data(), c * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(x, xs.data(), nc * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(dx, xs.data(), nc * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(rstd, xs.data(), size_t(n) * 4, cudaMemcpyHostToDevice);
+  const double copy_ms =
+      TimeMs([&] { cudaMemcpyAsync(dg, g, nf * 2, cudaMemcpyDeviceToDevice, nullptr); }, start, stop);
+  const double copy_gbs = 2.0 * nf * 2 / copy_ms / 1e6;
+  std::printf("\n%s, %d x %d tokens (C %d, F %d, %d heads of %d): device-to-device copy %.0f GB/s (read + write)\n",
+              model, b, t, c, f, heads, d, copy_gbs);
+  std::printf("| kernel | ms | GB moved (at least) | GB/s | vs copy |\n|---|---|---|---|---|\n");
+  double total_ms = 0;
+  auto row = [&](const char* name, double bytes, const std::function<void()>& run) {
+    const double ms = TimeMs(run, start, stop);
+    total_ms += ms;
+    std::printf("| %s | %.3f | %.3f | %.0f | %.2f |\n", name, ms, bytes / 1e9, bytes / ms / 1e6,
+                bytes / ms / 1e6 / copy_gbs);
+  };
+  row("RmsNormForward", nc * 4.0 + nc * 2, [&] { RmsNormForward(h, rstd, x, weight, n, c, 1e-5f, nullptr); });
+  row("RmsNormBackward (din and dweight)", nc * 4.0 * 3 + nc * 2,
+      [&] { RmsNormBackward(dx, dweight, h, x, weight, rstd, n, c, scratch, nullptr); });
+  row("RopeForward (q)", nc * 4.0, [&] { RopeForward(q, b, t, heads, d, 10000.f, nullptr); });
+  row("SwiGluForward", nf * 6.0, [&] { SwiGluForward(s, g, u, n, f, nullptr); });
+  row("SwiGluBackward (writes dg, du)", nf * 10.0, [&] { SwiGluBackward(dg, du, s, g, u, n, f, nullptr); });
+  row("AddInto (fp32 += bf16)", nc * 10.0, [&] { AddInto(x, h, int64_t(nc), nullptr); });
+  row("ToBf16", nc * 6.0, [&] { ToBf16(h, dx, int64_t(nc), nullptr); });
+  row("cudaMemsetAsync (bf16 N x F)", nf * 2.0, [&] { cudaMemsetAsync(dg, 0, nf * 2, nullptr); });
+  row("cudaMemcpyAsync (fp32 N x C)", nc * 8.0,
+      [&] { cudaMemcpyAsync(dx, x, nc * 4, cudaMemcpyDeviceToDevice, nullptr); });
+  std::printf("sum of the rows: %.3f ms\n", total_ms);
+  return cudaDeviceSynchronize() == cudaSuccess;
+}
+
+int Main() {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
+    std::fprintf(stderr, "elementwise_bench: no CUDA device\n");
+    return 1;
+  }
+  std::printf("element-wise and row kernels of the trainer on %s\n", prop.name);
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  if (!Bench("1.3b", 4, 2048, 2048, 5504, 16, start, stop) || !Bench("7b", 4, 2048, 4096, 11008, 32, start, stop)) {
+    std::fprintf(stderr, "elementwise_bench: CUDA failed (%s)\n", cudaGetErrorString(cudaGetLastError()));
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace tierd::trainer::gpu
+
+int main() { return tierd::trainer::gpu::Main(); }

@@ -101,7 +101,9 @@ TEST(GpuModelTest, LayersKeptOutOfFp8ComputeAsBf16) {
   auto grads_of = [&](std::vector<bool> fp8_layers, double* loss) {
     auto m = GpuModel::Create(config, batch, seq);
     EXPECT_TRUE(m.ok()) << m.status();
-    if (!fp8_layers.empty()) EXPECT_TRUE((*m)->UseFp8(fp8_layers).ok());
+    if (!fp8_layers.empty()) {
+      EXPECT_TRUE((*m)->UseFp8(fp8_layers).ok());
+    }
     EXPECT_TRUE((*m)->InitParams(3).ok());
     EXPECT_TRUE((*m)->ZeroGrads().ok());
     auto l = (*m)->Forward(b.tokens.data(), b.targets.data());

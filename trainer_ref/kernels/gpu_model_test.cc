@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <vector>
 
@@ -234,7 +235,8 @@ void CheckCheckpointRoundTrip(GpuModel& trained, GpuModel& fresh, GpuModel& othe
                               double grad_scale, const std::string& refusal) {
   const char* tmp = std::getenv("TEST_TMPDIR");
   const std::string dir = std::string(tmp ? tmp : "/tmp") + "/gpu-ckpt-" + std::to_string(getpid());
-  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
   auto writer = CheckpointWriter::Create(dir, 2);
   ASSERT_TRUE(writer.ok()) << writer.status();
   ASSERT_TRUE(trained.SaveState(**writer).ok());
@@ -253,7 +255,7 @@ void CheckCheckpointRoundTrip(GpuModel& trained, GpuModel& fresh, GpuModel& othe
   const absl::Status refused = other.LoadState(**again);
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
   EXPECT_NE(refused.message().find(refusal), absl::string_view::npos) << refused;
-  std::system(("rm -rf " + dir).c_str());
+  std::filesystem::remove_all(dir);
 }
 
 // A checkpoint of a trained model, loaded into a fresh one, continues bit for bit (the next

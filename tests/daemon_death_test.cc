@@ -32,9 +32,9 @@ class DaemonDeathTest : public ::testing::Test {
   std::unique_ptr<Process> Start() {
     const char* tmp = std::getenv("TEST_TMPDIR");
     auto daemon = std::make_unique<Process>(
-        "runtime/tierd", std::vector<std::string>{"--gpu=fake", "--gpu_bytes=16MiB", "--dram_bytes=16MiB",
-                                                  std::string("--nvme_dir=") + (tmp ? tmp : "/tmp"),
-                                                  "--nvme_bytes=96MiB", "--runtime_dir=" + runtime_dir_});
+        "server/tierd", std::vector<std::string>{"--gpu=fake", "--gpu_bytes=16MiB", "--dram_bytes=16MiB",
+                                                 std::string("--nvme_dir=") + (tmp ? tmp : "/tmp"),
+                                                 "--nvme_bytes=96MiB", "--runtime_dir=" + runtime_dir_});
     const std::string instance = daemon->WaitForLine("tierd: instance ", 20000);
     EXPECT_NE(instance, "") << daemon->output();
     if (instance.empty()) return nullptr;

@@ -51,7 +51,7 @@ class DaemonTest : public ::testing::Test {
         std::string::npos;
     if (metrics) flags.push_back("--metrics=127.0.0.1:0");
     for (const std::string& flag : ExtraFlags()) flags.push_back(flag);
-    daemon_ = std::make_unique<Process>("runtime/tierd", flags);
+    daemon_ = std::make_unique<Process>("server/tierd", flags);
     const std::string instance = daemon_->WaitForLine("tierd: instance ", 20000);
     ASSERT_NE(instance, "") << daemon_->output();
     instance_ = instance.substr(16, instance.find(' ', 16) - 16) + "-";

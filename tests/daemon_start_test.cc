@@ -43,7 +43,7 @@ TEST(DaemonStartTest, SweepsSegmentsOfADaemonThatDied) {
   close(stale_fd);
   ASSERT_EQ(flock(live_fd, LOCK_SH), 0);
   const std::string dir = "/tmp/tierd-e2e-sweep-" + tag;
-  Process daemon("runtime/tierd", {"--gpu=fake", "--dram_bytes=16MiB", "--runtime_dir=" + dir});
+  Process daemon("server/tierd", {"--gpu=fake", "--dram_bytes=16MiB", "--runtime_dir=" + dir});
   EXPECT_NE(daemon.WaitForLine("tierd: ready", 10000), "") << daemon.output();
   // (Another tierd starting at the same time on this machine may have swept it first.)
   EXPECT_NE(access(stale.c_str(), F_OK), 0) << daemon.output();
@@ -59,8 +59,8 @@ TEST(DaemonStartTest, LimitsSessionsAndKeepsAdministrationOffTcp) {
   const std::string dir =
       "/tmp/tierd-e2e-limits-" + std::to_string(getpid()) + "-" + std::to_string(std::random_device{}() % 100000);
   const int port = 20000 + std::random_device{}() % 20000;
-  Process daemon("runtime/tierd", {"--gpu=fake", "--dram_bytes=16MiB", "--max_sessions=1",
-                                   "--grpc_tcp=" + std::to_string(port), "--runtime_dir=" + dir});
+  Process daemon("server/tierd", {"--gpu=fake", "--dram_bytes=16MiB", "--max_sessions=1",
+                                  "--grpc_tcp=" + std::to_string(port), "--runtime_dir=" + dir});
   ASSERT_NE(daemon.WaitForLine("tierd: ready", 10000), "") << daemon.output();
   EXPECT_NE(daemon.output().find("and 127.0.0.1:" + std::to_string(port)), std::string::npos) << daemon.output();
   auto first = Client::Connect({dir, "first", {0, 1 * kMiB, 0}});
@@ -88,16 +88,16 @@ TEST(DaemonStartTest, LimitsSessionsAndKeepsAdministrationOffTcp) {
   daemon.Signal(SIGTERM);
   EXPECT_EQ(daemon.Wait(), 0);
   // A bind beyond loopback is refused unless allowed, and said when allowed.
-  Process wide("runtime/tierd", {"--gpu=fake", "--dram_bytes=16MiB", "--grpc_tcp=0.0.0.0:" + std::to_string(port),
-                                 "--runtime_dir=" + dir});
+  Process wide("server/tierd", {"--gpu=fake", "--dram_bytes=16MiB", "--grpc_tcp=0.0.0.0:" + std::to_string(port),
+                                "--runtime_dir=" + dir});
   EXPECT_NE(wide.WaitForLine(
                 "tierd: cannot start: gRPC on 0.0.0.0:" + std::to_string(port) + " would be reachable beyond this host",
                 10000),
             "")
       << wide.output();
   EXPECT_EQ(wide.Wait(), 1);
-  Process allowed("runtime/tierd", {"--gpu=fake", "--dram_bytes=16MiB", "--grpc_tcp=0.0.0.0:" + std::to_string(port),
-                                    "--grpc_tcp_public", "--runtime_dir=" + dir});
+  Process allowed("server/tierd", {"--gpu=fake", "--dram_bytes=16MiB", "--grpc_tcp=0.0.0.0:" + std::to_string(port),
+                                   "--grpc_tcp_public", "--runtime_dir=" + dir});
   EXPECT_NE(allowed.WaitForLine(
                 "tierd: warning: gRPC on 0.0.0.0:" + std::to_string(port) + " is reachable beyond this host", 10000),
             "")
@@ -111,43 +111,43 @@ TEST(DaemonStartTest, LimitsSessionsAndKeepsAdministrationOffTcp) {
 TEST(DaemonStartTest, RefusesImpossibleConfigsWithTheNumbers) {
   const std::string dir =
       "/tmp/tierd-e2e-refuse-" + std::to_string(getpid()) + "-" + std::to_string(std::random_device{}() % 100000);
-  Process too_much("runtime/tierd", {"--gpu=fake", "--dram_bytes=100TiB", "--runtime_dir=" + dir});
+  Process too_much("server/tierd", {"--gpu=fake", "--dram_bytes=100TiB", "--runtime_dir=" + dir});
   EXPECT_NE(too_much.WaitForLine("tierd: cannot start: dram tier: budget 100 TiB exceeds what this "
                                  "host can give",
                                  10000),
             "")
       << too_much.output();
   EXPECT_EQ(too_much.Wait(), 1);
-  Process bad_dir("runtime/tierd", {"--gpu=fake", "--dram_bytes=16MiB", "--nvme_dir=/nonexistent/x",
-                                    "--nvme_bytes=1GiB", "--runtime_dir=" + dir});
+  Process bad_dir("server/tierd", {"--gpu=fake", "--dram_bytes=16MiB", "--nvme_dir=/nonexistent/x", "--nvme_bytes=1GiB",
+                                   "--runtime_dir=" + dir});
   EXPECT_NE(bad_dir.WaitForLine("tierd: cannot start: nvme tier: /nonexistent/x does not exist", 10000), "")
       << bad_dir.output();
   EXPECT_EQ(bad_dir.Wait(), 1);
-  Process bad_flag("runtime/tierd", {"--gpu=quantum", "--runtime_dir=" + dir});
+  Process bad_flag("server/tierd", {"--gpu=quantum", "--runtime_dir=" + dir});
   EXPECT_NE(bad_flag.WaitForLine("tierd: --gpu must be auto, cuda or fake", 10000), "") << bad_flag.output();
   EXPECT_EQ(bad_flag.Wait(), 2);
   // The planner's headroom flags are bounded, with the bound in the message.
-  Process too_much_room("runtime/tierd", {"--gpu=fake", "--planner_gpu_headroom_fraction=0.5", "--runtime_dir=" + dir});
+  Process too_much_room("server/tierd", {"--gpu=fake", "--planner_gpu_headroom_fraction=0.5", "--runtime_dir=" + dir});
   EXPECT_NE(too_much_room.WaitForLine("tierd: --planner_gpu_headroom_fraction must be 0 to 0.25 (of the quota)", 10000),
             "")
       << too_much_room.output();
   EXPECT_EQ(too_much_room.Wait(), 2);
-  Process too_many("runtime/tierd", {"--gpu=fake", "--planner_dram_headroom_tensors=17", "--runtime_dir=" + dir});
+  Process too_many("server/tierd", {"--gpu=fake", "--planner_dram_headroom_tensors=17", "--runtime_dir=" + dir});
   EXPECT_NE(too_many.WaitForLine("tierd: --planner_dram_headroom_tensors must be 0 to 16 (tensors)", 10000), "")
       << too_many.output();
   EXPECT_EQ(too_many.Wait(), 2);
   // Flags that made no sense and were taken silently: each refused, naming what is wrong.
-  Process negative("runtime/tierd", {"--gpu=fake", "--max_sessions=-1", "--runtime_dir=" + dir});
+  Process negative("server/tierd", {"--gpu=fake", "--max_sessions=-1", "--runtime_dir=" + dir});
   EXPECT_NE(negative.WaitForLine("tierd: --max_sessions=-1: give at least 1", 10000), "") << negative.output();
   EXPECT_EQ(negative.Wait(), 2);
-  Process bad_metrics("runtime/tierd",
+  Process bad_metrics("server/tierd",
                       {"--gpu=fake", "--dram_bytes=16MiB", "--metrics=999.1.1.1:99999", "--runtime_dir=" + dir});
   EXPECT_NE(bad_metrics.WaitForLine(
                 "tierd: cannot start: cannot serve metrics on 999.1.1.1:99999: '99999' is not a port", 10000),
             "")
       << bad_metrics.output();
   EXPECT_EQ(bad_metrics.Wait(), 1);
-  Process bad_host("runtime/tierd",
+  Process bad_host("server/tierd",
                    {"--gpu=fake", "--dram_bytes=16MiB", "--metrics=999.1.1.1:9464", "--runtime_dir=" + dir});
   EXPECT_NE(
       bad_host.WaitForLine(
@@ -155,14 +155,14 @@ TEST(DaemonStartTest, RefusesImpossibleConfigsWithTheNumbers) {
       "")
       << bad_host.output();
   EXPECT_EQ(bad_host.Wait(), 1);
-  Process big_quota("runtime/tierd",
+  Process big_quota("server/tierd",
                     {"--gpu=fake", "--dram_bytes=16MiB", "--default_quota=0,32MiB,0", "--runtime_dir=" + dir});
   EXPECT_NE(
       big_quota.WaitForLine("tierd: the default quota's dram 32.0 MiB is above the dram tier's budget 16.0 MiB", 10000),
       "")
       << big_quota.output();
   EXPECT_EQ(big_quota.Wait(), 2);
-  Process rounded("runtime/tierd",
+  Process rounded("server/tierd",
                   {"--gpu=fake", "--dram_bytes=16MiB", "--nvme_dir=/tmp", "--nvme_bytes=1000", "--runtime_dir=" + dir});
   EXPECT_NE(rounded.WaitForLine("tierd: the nvme budget 1000 bytes is rounded up to 4.00 KiB", 10000), "")
       << rounded.output();

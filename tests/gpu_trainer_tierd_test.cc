@@ -6,7 +6,7 @@
 // sum with float atomics, whose order differs from run to run, so the bound is that noise
 // (1e-5 relative on losses, 1e-4 relative L2 on the final weights), far below any lost or
 // stale byte (a stale layer shows at percent level).
-// Needs a CUDA device and the tierd binary (TIERD_BIN, default runtime/tierd as in Bazel's
+// Needs a CUDA device and the tierd binary (TIERD_BIN, default server/tierd as in Bazel's
 // runfiles); skipped without a device. Run on the lent GPU machine by
 // tools/device/kernels_check.sh.
 #include <cuda_runtime_api.h>
@@ -42,7 +42,7 @@ bool HaveGpu() {
 
 const char* TierdBinary() {
   const char* bin = std::getenv("TIERD_BIN");
-  return bin != nullptr ? bin : "runtime/tierd";
+  return bin != nullptr ? bin : "server/tierd";
 }
 
 // Six layers of head size 64 (the tensor-core attention), small enough to run in seconds.

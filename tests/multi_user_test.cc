@@ -41,7 +41,8 @@ TEST(MultiUserTest, OtherUsersNeedTheSocketGroupAndAnAllowedUid) {
   const std::string tag = std::to_string(getpid()) + "-" + std::to_string(std::random_device{}() % 100000);
   const std::string private_dir = "/tmp/tierd-e2e-private-" + tag;
   {
-    Process daemon("runtime/tierd", {"--gpu=fake", "--gpu_bytes=8MiB", "--dram_bytes=16MiB", "--runtime_dir=" + private_dir});
+    Process daemon("server/tierd",
+                   {"--gpu=fake", "--gpu_bytes=8MiB", "--dram_bytes=16MiB", "--runtime_dir=" + private_dir});
     ASSERT_NE(daemon.WaitForLine("tierd: ready", 10000), "") << daemon.output();
     Process stranger("tests/client_worker", {private_dir, "roundtrip-as", std::to_string(nobody), "4"});
     EXPECT_NE(stranger.WaitForLine("client_worker: connect: UNAVAILABLE: cannot reach tierd", 10000), "")
@@ -53,10 +54,10 @@ TEST(MultiUserTest, OtherUsersNeedTheSocketGroupAndAnAllowedUid) {
   const std::string shared_dir = "/tmp/tierd-e2e-shared-" + tag;
   {
     const char* tmp = std::getenv("TEST_TMPDIR");
-    Process daemon("runtime/tierd", {"--gpu=fake", "--gpu_bytes=8MiB", "--dram_bytes=16MiB",
-                                     std::string("--nvme_dir=") + (tmp ? tmp : "/tmp"), "--nvme_bytes=32MiB",
-                                     "--runtime_dir=" + shared_dir, "--socket_group=" + std::to_string(nobody),
-                                     "--allowed_uids=0," + std::to_string(nobody)});
+    Process daemon("server/tierd", {"--gpu=fake", "--gpu_bytes=8MiB", "--dram_bytes=16MiB",
+                                    std::string("--nvme_dir=") + (tmp ? tmp : "/tmp"), "--nvme_bytes=32MiB",
+                                    "--runtime_dir=" + shared_dir, "--socket_group=" + std::to_string(nobody),
+                                    "--allowed_uids=0," + std::to_string(nobody)});
     ASSERT_NE(daemon.WaitForLine("tierd: ready", 10000), "") << daemon.output();
     Process member("tests/client_worker", {shared_dir, "roundtrip-as", std::to_string(nobody), "5"});
     EXPECT_NE(member.WaitForLine("ok:", 20000), "") << member.output();
@@ -72,7 +73,7 @@ TEST(MultiUserTest, OtherUsersNeedTheSocketGroupAndAnAllowedUid) {
   // nothing: no session, no listing of others' tensors, no pinning them, no config.
   const std::string group_dir = "/tmp/tierd-e2e-group-" + tag;
   {
-    Process daemon("runtime/tierd",
+    Process daemon("server/tierd",
                    {"--gpu=fake", "--gpu_bytes=8MiB", "--dram_bytes=16MiB", "--runtime_dir=" + group_dir,
                     "--socket_group=" + std::to_string(nobody), "--allowed_uids=0"});
     ASSERT_NE(daemon.WaitForLine("tierd: ready", 10000), "") << daemon.output();

@@ -23,9 +23,9 @@ TEST(RequestFuzzTest, RandomRequestsGetClearAnswersAndTheBooksBalance) {
   const std::string dir = "/tmp/tierd-fuzz-" + std::to_string(getpid()) + "-" +
                           std::to_string(std::random_device{}() % 100000);
   const char* tmp = std::getenv("TEST_TMPDIR");
-  Process daemon("runtime/tierd", {"--gpu=fake", "--gpu_bytes=8MiB", "--dram_bytes=8MiB",
-                                   std::string("--nvme_dir=") + (tmp ? tmp : "/tmp"), "--nvme_bytes=32MiB",
-                                   "--runtime_dir=" + dir});
+  Process daemon("server/tierd",
+                 {"--gpu=fake", "--gpu_bytes=8MiB", "--dram_bytes=8MiB",
+                  std::string("--nvme_dir=") + (tmp ? tmp : "/tmp"), "--nvme_bytes=32MiB", "--runtime_dir=" + dir});
   ASSERT_NE(daemon.WaitForLine("tierd: ready", 20000), "") << daemon.output();
   std::mt19937_64 rng(7);
 

@@ -25,9 +25,9 @@ namespace {
 std::unique_ptr<testing::Process> StartTierd(const std::string& runtime_dir) {
   const char* tmp = std::getenv("TEST_TMPDIR");
   auto daemon = std::make_unique<testing::Process>(
-      "runtime/tierd", std::vector<std::string>{"--gpu=fake", "--gpu_bytes=16MiB", "--dram_bytes=16MiB",
-                                                std::string("--nvme_dir=") + (tmp ? tmp : "/tmp"),
-                                                "--nvme_bytes=96MiB", "--runtime_dir=" + runtime_dir});
+      "server/tierd", std::vector<std::string>{"--gpu=fake", "--gpu_bytes=16MiB", "--dram_bytes=16MiB",
+                                               std::string("--nvme_dir=") + (tmp ? tmp : "/tmp"), "--nvme_bytes=96MiB",
+                                               "--runtime_dir=" + runtime_dir});
   EXPECT_NE(daemon->WaitForLine("tierd: ready", 20000), "") << daemon->output();
   return daemon;
 }

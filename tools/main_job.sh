@@ -16,7 +16,7 @@ find_bin() {  # bazel-bin/<package>/<name> or BIN_DIR/<name>
   for p in "$bin_dir/$1" "$bin_dir/$(basename "$1")"; do [ -x "$p" ] && { echo "$p"; return; }; done
   echo "main_job: no $1 under $bin_dir" >&2; exit 1
 }
-tierd=$(find_bin runtime/tierd); train=$(find_bin trainer_ref/tierd-train); tierctl=$(find_bin tools/tierctl/tierctl)
+tierd=$(find_bin server/tierd); train=$(find_bin trainer_ref/tierd-train); tierctl=$(find_bin tools/tierctl/tierctl)
 device=$("$train" --print_device)
 work="${TMPDIR:-/tmp}/tierd-main-$$"
 mkdir -p "$work/nvme"

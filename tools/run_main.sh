@@ -13,10 +13,10 @@ if [ "${TIERD_MAIN:-train}" = tierbench ]; then
   bazel build "${TIERD_BAZEL_FLAGS[@]}" -c opt //tools/tierbench 2>&1 | grep -E '^(ERROR|FAIL)' || true
   exec bazel-bin/tools/tierbench/tierbench "$@"
 fi
-echo "== building tierd and tierd-train (bazel build -c opt //runtime:tierd //trainer_ref:tierd-train //tools/tierctl)"
-bazel build "${TIERD_BAZEL_FLAGS[@]}" -c opt //runtime:tierd //trainer_ref:tierd-train //tools/tierctl 2>&1 \
+echo "== building tierd and tierd-train (bazel build -c opt //server:tierd //trainer_ref:tierd-train //tools/tierctl)"
+bazel build "${TIERD_BAZEL_FLAGS[@]}" -c opt //server:tierd //trainer_ref:tierd-train //tools/tierctl 2>&1 \
   | grep -E '^(ERROR|FAIL)|CPU-only' || true
-for b in bazel-bin/runtime/tierd bazel-bin/trainer_ref/tierd-train bazel-bin/tools/tierctl/tierctl; do
-  [ -x "$b" ] || { echo "build failed: rerun bazel build -c opt //runtime:tierd //trainer_ref:tierd-train //tools/tierctl"; exit 1; }
+for b in bazel-bin/server/tierd bazel-bin/trainer_ref/tierd-train bazel-bin/tools/tierctl/tierctl; do
+  [ -x "$b" ] || { echo "build failed: rerun bazel build -c opt //server:tierd //trainer_ref:tierd-train //tools/tierctl"; exit 1; }
 done
 exec tools/main_job.sh bazel-bin "$@"

@@ -2,7 +2,7 @@
 // shared-memory ring vs through gRPC, with N client processes on one real tierd; and
 // gRPC lease+unlease throughput. Target: ring median <= 5 us, p99 <= 50 us
 // with 4 concurrent clients.
-//   hotpath_bench --tierd=bazel-bin/runtime/tierd --clients=4 --pairs=20000
+//   hotpath_bench --tierd=bazel-bin/server/tierd --clients=4 --pairs=20000
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -21,7 +21,7 @@
 #include "base/units.h"
 #include "clients/client.h"
 
-ABSL_FLAG(std::string, tierd, "bazel-bin/runtime/tierd", "the tierd binary to start");
+ABSL_FLAG(std::string, tierd, "bazel-bin/server/tierd", "the tierd binary to start");
 ABSL_FLAG(std::string, gpu, "fake", "tierd's --gpu (fake, auto, cuda)");
 ABSL_FLAG(int, clients, 4, "concurrent client processes");
 ABSL_FLAG(int, pairs, 20000, "acquire+release pairs per client and path");

@@ -1,4 +1,4 @@
-#include "runtime/daemon.h"
+#include "server/daemon.h"
 
 #include <grpcpp/grpcpp.h>
 #include <malloc.h>
@@ -20,8 +20,8 @@
 #include "base/units.h"
 #include "ipc/tierd_service.h"
 #include "ipc/undecodable.h"
-#include "runtime/config.h"
 #include "runtime/uring_block_io.h"
+#include "server/config.h"
 
 namespace tierd {
 namespace {
@@ -30,8 +30,8 @@ namespace {
 std::string SafeLabel(const std::string& label) {
   std::string out;
   for (char c : label) {
-    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-        c == '_' || c == '-') {
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+        c == '-') {
       out += c;
     }
     if (out.size() == 24) break;
@@ -81,15 +81,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     daemon->options_.store.instance_name = absl::StrFormat("tierd-%d-%05d", getpid(), tag % 100000);
   }
   if (mkdir(options.runtime_dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "cannot create the runtime directory %s: %s", options.runtime_dir, std::strerror(errno)));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("cannot create the runtime directory %s: %s", options.runtime_dir, std::strerror(errno)));
   }
-  if (options.socket_group &&
-      (chown(options.runtime_dir.c_str(), static_cast<uid_t>(-1), *options.socket_group) != 0 ||
-       chmod(options.runtime_dir.c_str(), 0750) != 0)) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "cannot give the runtime directory %s to group %d: %s", options.runtime_dir,
-        *options.socket_group, std::strerror(errno)));
+  if (options.socket_group && (chown(options.runtime_dir.c_str(), static_cast<uid_t>(-1), *options.socket_group) != 0 ||
+                               chmod(options.runtime_dir.c_str(), 0750) != 0)) {
+    return absl::FailedPreconditionError(absl::StrFormat("cannot give the runtime directory %s to group %d: %s",
+                                                         options.runtime_dir, *options.socket_group,
+                                                         std::strerror(errno)));
   }
   auto gpu = OpenGpu(options.gpu);
   if (!gpu.ok()) return gpu.status();
@@ -104,8 +103,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     io = std::move(*uring);
   }
   auto mover = Mover::Create(*daemon->store_, std::move(io), RealClock(),
-                             {.register_nvme_buffers = false,
-                              .nvme_chunk_bytes = options.nvme_chunk_bytes});
+                             {.register_nvme_buffers = false, .nvme_chunk_bytes = options.nvme_chunk_bytes});
   if (!mover.ok()) return mover.status();
   daemon->mover_ = std::move(*mover);
   auto leases = LeaseTable::Create(*daemon->store_, *daemon->mover_, RealClock(), options.pins);
@@ -160,17 +158,17 @@ absl::Status Daemon::StartServers() {
   grpc_server_ = builder.BuildAndStart();
   umask(old_mask);
   if (grpc_server_ == nullptr || (!options_.grpc_tcp_address.empty() && tcp_port == 0)) {
-    return absl::UnavailableError(absl::StrFormat(
-        "cannot start the gRPC server on %s%s", grpc_path_,
-        options_.grpc_tcp_address.empty() ? "" : " and " + options_.grpc_tcp_address));
+    return absl::UnavailableError(
+        absl::StrFormat("cannot start the gRPC server on %s%s", grpc_path_,
+                        options_.grpc_tcp_address.empty() ? "" : " and " + options_.grpc_tcp_address));
   }
   grpc_address_ = "unix:" + grpc_path_;
   hello_server_ = std::move(*hello);
   if (options_.socket_group) {
     for (const std::string& path : {hello_path_, grpc_path_}) {
       if (chown(path.c_str(), static_cast<uid_t>(-1), *options_.socket_group) != 0 || chmod(path.c_str(), 0660) != 0) {
-        return absl::FailedPreconditionError(absl::StrFormat(
-            "cannot open %s to group %d: %s", path, *options_.socket_group, std::strerror(errno)));
+        return absl::FailedPreconditionError(
+            absl::StrFormat("cannot open %s to group %d: %s", path, *options_.socket_group, std::strerror(errno)));
       }
     }
   }
@@ -212,20 +210,17 @@ Daemon::~Daemon() {
 }
 
 std::string Daemon::Banner() const {
-  std::string out = absl::StrFormat("tierd: listening on %s (hello) and %s (gRPC)%s\n", hello_path_,
-                                    grpc_address_,
-                                    options_.grpc_tcp_address.empty()
-                                        ? ""
-                                        : " and " + options_.grpc_tcp_address);
-  out += absl::StrFormat("tierd: instance %s (shared memory /dev/shm/%s-*)\n",
-                         options_.store.instance_name, options_.store.instance_name);
+  std::string out = absl::StrFormat("tierd: listening on %s (hello) and %s (gRPC)%s\n", hello_path_, grpc_address_,
+                                    options_.grpc_tcp_address.empty() ? "" : " and " + options_.grpc_tcp_address);
+  out += absl::StrFormat("tierd: instance %s (shared memory /dev/shm/%s-*)\n", options_.store.instance_name,
+                         options_.store.instance_name);
   if (stale_segments_removed_ > 0) {
     out += absl::StrFormat("tierd: removed %d shared-memory segment(s) left by a tierd that died\n",
                            stale_segments_removed_);
   }
   if (metrics_) {
-    out += absl::StrFormat("tierd: metrics at http://%s/metrics (port %d)\n", options_.metrics_address,
-                           metrics_->port());
+    out +=
+        absl::StrFormat("tierd: metrics at http://%s/metrics (port %d)\n", options_.metrics_address, metrics_->port());
   }
   out += absl::StrFormat("tierd: gpu  %s%s\n", gpu_.device->Describe(),
                          gpu_.fallback_reason.empty() ? "" : " (" + gpu_.fallback_reason + ")");
@@ -255,8 +250,7 @@ void Daemon::LogSessionOpened(SessionId id, const std::string& label, const Sess
   std::fputs(line.c_str(), stderr);
 }
 
-absl::StatusOr<ipc::HelloGrant> Daemon::OnHello(const ipc::PeerCredentials& peer,
-                                                const v1::HelloRequest& request) {
+absl::StatusOr<ipc::HelloGrant> Daemon::OnHello(const ipc::PeerCredentials& peer, const v1::HelloRequest& request) {
   if (request.observer()) {
     // A token and nothing else: the peer's uid was checked by the hello server.
     if (observers_.size() >= kObserversMax) {
@@ -284,8 +278,7 @@ absl::StatusOr<ipc::HelloGrant> Daemon::OnHello(const ipc::PeerCredentials& peer
   if (quota.gpu_bytes == 0 && quota.dram_bytes == 0 && quota.nvme_bytes == 0) {
     quota = options_.default_quota;
   }
-  const std::string label =
-      absl::StrFormat("%s-%d-%d", SafeLabel(request.label()), peer.pid, ++hellos_);
+  const std::string label = absl::StrFormat("%s-%d-%d", SafeLabel(request.label()), peer.pid, ++hellos_);
   auto token = RandomToken();
   if (!token.ok()) return token.status();
   const auto opening = std::chrono::steady_clock::now();
@@ -335,8 +328,8 @@ absl::StatusOr<ipc::HelloGrant> Daemon::OnHello(const ipc::PeerCredentials& peer
         ipc::UnmapRingSegment(*ring);
         close(*ring_fd);
         leases_->CloseSession(id).IgnoreError();
-        return absl::Status(event.status().code(), "opening the client's release event: " +
-                                                       std::string(event.status().message()));
+        return absl::Status(event.status().code(),
+                            "opening the client's release event: " + std::string(event.status().message()));
       }
       events.push_back(std::move(*event));
     }
@@ -344,8 +337,8 @@ absl::StatusOr<ipc::HelloGrant> Daemon::OnHello(const ipc::PeerCredentials& peer
   rings_[id] = std::make_unique<ipc::RingServer>(
       *ring, [this, id](const ipc::RingMessage& request, std::string* error) { return ServeRing(id, request, error); },
       [label](const absl::Status& why) {
-        std::fprintf(stderr, "tierd: session %s: hot-path ring broken (%s); it is no longer served\n",
-                     label.c_str(), std::string(why.message()).c_str());
+        std::fprintf(stderr, "tierd: session %s: hot-path ring broken (%s); it is no longer served\n", label.c_str(),
+                     std::string(why.message()).c_str());
       });
   reply.set_has_ring(true);
   grant.fds.push_back(*ring_fd);
@@ -357,8 +350,7 @@ absl::StatusOr<ipc::HelloGrant> Daemon::OnHello(const ipc::PeerCredentials& peer
 ipc::RingMessage Daemon::ServeRing(SessionId session, const ipc::RingMessage& request, std::string* error) {
   ipc::RingMessage response = request;
   absl::Status status;
-  if (request.op == static_cast<uint32_t>(ipc::RingOp::kAcquire) && request.access <= 2 &&
-      request.place <= 1) {
+  if (request.op == static_cast<uint32_t>(ipc::RingOp::kAcquire) && request.access <= 2 && request.place <= 1) {
     auto placement = hot_path_->Acquire(session, request.tensor_id, static_cast<Access>(request.access),
                                         request.place ? Place::kHost : Place::kGpu);
     status = placement.status();

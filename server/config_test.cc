@@ -1,4 +1,4 @@
-#include "runtime/config.h"
+#include "server/config.h"
 
 #include <gtest/gtest.h>
 
@@ -82,12 +82,10 @@ TEST(ConfigTest, TheAnnotatedExampleParses) {
 TEST(ConfigTest, MistakesNameTheKeyAndLine) {
   auto typo = ParseConfig("tiers:\n  dram:\n    byts: 4GiB\n");
   ASSERT_EQ(typo.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(typo.status().message().find("line 3: unknown key 'byts' in tiers.dram"),
-            absl::string_view::npos)
+  EXPECT_NE(typo.status().message().find("line 3: unknown key 'byts' in tiers.dram"), absl::string_view::npos)
       << typo.status().message();
   auto size = ParseConfig("tiers:\n  gpu:\n    bytes: lots\n");
-  EXPECT_NE(size.status().message().find("line 3: bytes: 'lots' is not a byte size"),
-            absl::string_view::npos)
+  EXPECT_NE(size.status().message().find("line 3: bytes: 'lots' is not a byte size"), absl::string_view::npos)
       << size.status().message();
   auto tier = ParseConfig("pins:\n  - {pattern: x, tier: moon}\n");
   EXPECT_NE(tier.status().message().find("gpu, dram or nvme"), absl::string_view::npos);

@@ -16,8 +16,8 @@
 #include "base/limits.h"
 #include "base/log_limiter.h"
 #include "base/units.h"
-#include "runtime/config.h"
-#include "runtime/daemon.h"
+#include "server/config.h"
+#include "server/daemon.h"
 
 ABSL_FLAG(std::string, config, "", "YAML config file (example: tools/tierd.example.yaml)");
 ABSL_FLAG(std::string, runtime_dir, "", "where the sockets go (default /tmp/tierd)");
@@ -83,7 +83,8 @@ absl::Status Override(DaemonOptions* options) {
         std::tuple{absl::GetFlag(FLAGS_planner_gpu_headroom_tensors), "gpu", &options->planner_headroom.gpu_tensors}}) {
     if (flag < 0) continue;
     if (flag > 16) {
-      return absl::InvalidArgumentError(absl::StrFormat("--planner_%s_headroom_tensors must be 0 to 16 (tensors)", name));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("--planner_%s_headroom_tensors must be 0 to 16 (tensors)", name));
     }
     *out = flag;
   }
@@ -116,8 +117,7 @@ absl::Status Override(DaemonOptions* options) {
     std::vector<std::string> parts = absl::StrSplit(quota, ',');
     if (parts.size() != 3) return absl::InvalidArgumentError("--default_quota takes gpu,dram,nvme");
     SessionQuota& q = options->default_quota;
-    for (auto [text, out] : {std::pair{parts[0], &q.gpu_bytes}, {parts[1], &q.dram_bytes},
-                             {parts[2], &q.nvme_bytes}}) {
+    for (auto [text, out] : {std::pair{parts[0], &q.gpu_bytes}, {parts[1], &q.dram_bytes}, {parts[2], &q.nvme_bytes}}) {
       if (absl::Status s = bytes(text, out); !s.ok()) return s;
     }
   }

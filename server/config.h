@@ -7,7 +7,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "runtime/daemon.h"
+#include "server/daemon.h"
 
 namespace tierd {
 

@@ -1,4 +1,4 @@
-#include "runtime/metrics.h"
+#include "server/metrics.h"
 
 #include <arpa/inet.h>
 #include <civetweb.h>
@@ -12,10 +12,14 @@ namespace {
 
 const char* TierLabel(v1::Tier tier) {
   switch (tier) {
-    case v1::TIER_GPU: return "gpu";
-    case v1::TIER_DRAM: return "dram";
-    case v1::TIER_NVME: return "nvme";
-    default: return "unknown";
+    case v1::TIER_GPU:
+      return "gpu";
+    case v1::TIER_DRAM:
+      return "dram";
+    case v1::TIER_NVME:
+      return "nvme";
+    default:
+      return "unknown";
   }
 }
 
@@ -33,11 +37,16 @@ std::string RenderPrometheus(const v1::StatsReply& stats) {
     double (*value)(const v1::TierStats&);
   };
   const TierMetric tier_metrics[] = {
-      {"tierd_tier_budget_bytes", "Hard budget of the tier.", [](const v1::TierStats& t) { return double(t.budget_bytes()); }},
-      {"tierd_tier_reserved_bytes", "Bytes of the budget reserved by session arenas.", [](const v1::TierStats& t) { return double(t.reserved_bytes()); }},
-      {"tierd_tier_bytes", "Bytes allocated to tensors (real allocations, not reservations).", [](const v1::TierStats& t) { return double(t.used_bytes()); }},
-      {"tierd_tier_largest_free_block_bytes", "Largest free block in any arena of the tier.", [](const v1::TierStats& t) { return double(t.largest_free_block_bytes()); }},
-      {"tierd_fragmentation_ratio", "1 - largest free block / free bytes.", [](const v1::TierStats& t) { return t.fragmentation(); }},
+      {"tierd_tier_budget_bytes", "Hard budget of the tier.",
+       [](const v1::TierStats& t) { return double(t.budget_bytes()); }},
+      {"tierd_tier_reserved_bytes", "Bytes of the budget reserved by session arenas.",
+       [](const v1::TierStats& t) { return double(t.reserved_bytes()); }},
+      {"tierd_tier_bytes", "Bytes allocated to tensors (real allocations, not reservations).",
+       [](const v1::TierStats& t) { return double(t.used_bytes()); }},
+      {"tierd_tier_largest_free_block_bytes", "Largest free block in any arena of the tier.",
+       [](const v1::TierStats& t) { return double(t.largest_free_block_bytes()); }},
+      {"tierd_fragmentation_ratio", "1 - largest free block / free bytes.",
+       [](const v1::TierStats& t) { return t.fragmentation(); }},
   };
   for (const TierMetric& metric : tier_metrics) {
     Family(&out, metric.name, "gauge", metric.help);
@@ -51,10 +60,13 @@ std::string RenderPrometheus(const v1::StatsReply& stats) {
     double (*value)(const v1::LinkStats&);
   };
   const LinkMetric link_metrics[] = {
-      {"tierd_moved_bytes_total", "Bytes moved between tiers.", [](const v1::LinkStats& l) { return double(l.bytes()); }},
+      {"tierd_moved_bytes_total", "Bytes moved between tiers.",
+       [](const v1::LinkStats& l) { return double(l.bytes()); }},
       {"tierd_moves_total", "Moves completed.", [](const v1::LinkStats& l) { return double(l.moves()); }},
-      {"tierd_failed_moves_total", "Moves that failed (their source kept).", [](const v1::LinkStats& l) { return double(l.failed_moves()); }},
-      {"tierd_link_busy_seconds_total", "Time the link had a move in flight.", [](const v1::LinkStats& l) { return l.busy_seconds(); }},
+      {"tierd_failed_moves_total", "Moves that failed (their source kept).",
+       [](const v1::LinkStats& l) { return double(l.failed_moves()); }},
+      {"tierd_link_busy_seconds_total", "Time the link had a move in flight.",
+       [](const v1::LinkStats& l) { return l.busy_seconds(); }},
   };
   for (const LinkMetric& metric : link_metrics) {
     Family(&out, metric.name, "counter", metric.help);

@@ -1,4 +1,4 @@
-#include "runtime/config.h"
+#include "server/config.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -17,8 +17,7 @@ namespace tierd {
 namespace {
 
 absl::Status Error(const YAML::Node& node, const std::string& what) {
-  return absl::InvalidArgumentError(
-      absl::StrFormat("config line %d: %s", node.Mark().line + 1, what));
+  return absl::InvalidArgumentError(absl::StrFormat("config line %d: %s", node.Mark().line + 1, what));
 }
 
 // A value that is not of its key's type, said with the key, the type and the line (yaml-cpp
@@ -47,8 +46,7 @@ T As(const YAML::Node& node, const std::string& key) {
   }
 }
 
-absl::Status CheckKeys(const YAML::Node& map, const std::string& where,
-                       const std::set<std::string>& allowed) {
+absl::Status CheckKeys(const YAML::Node& map, const std::string& where, const std::set<std::string>& allowed) {
   if (!map.IsMap()) return Error(map, where + " must be a mapping");
   for (const auto& entry : map) {
     const std::string key = entry.first.as<std::string>();
@@ -69,10 +67,10 @@ absl::Status ReadBytes(const YAML::Node& map, const char* key, uint64_t* out) {
   return absl::OkStatus();
 }
 
-#define RETURN_IF_ERROR(expression)                  \
-  do {                                               \
-    const absl::Status status_ = (expression);       \
-    if (!status_.ok()) return status_;               \
+#define RETURN_IF_ERROR(expression)            \
+  do {                                         \
+    const absl::Status status_ = (expression); \
+    if (!status_.ok()) return status_;         \
   } while (0)
 
 absl::Status ParseTiers(const YAML::Node& tiers, DaemonOptions* options) {

@@ -10,8 +10,8 @@
 
 #include "absl/strings/str_format.h"
 #include "base/units.h"
-#include "runtime/daemon.h"
 #include "runtime/planned_session.h"
+#include "server/daemon.h"
 
 namespace tierd {
 namespace {
@@ -68,11 +68,10 @@ absl::StatusOr<tp::Graph> GraphFromProto(const v1::GraphSpec& spec) {
     if (!(o.seconds() >= 0) || o.seconds() == std::numeric_limits<double>::infinity()) {
       return absl::InvalidArgumentError(absl::StrFormat("op '%s' has a duration of %g s", o.name(), o.seconds()));
     }
-    for (auto [names, list] : {std::pair{&o.reads(), &op.reads}, std::pair{&o.writes(), &op.writes},
-                               std::pair{&o.overwrites(), &op.overwrites},
-                               std::pair{&o.host_reads(), &op.host_reads},
-                               std::pair{&o.host_writes(), &op.host_writes},
-                               std::pair{&o.host_overwrites(), &op.host_overwrites}}) {
+    for (auto [names, list] :
+         {std::pair{&o.reads(), &op.reads}, std::pair{&o.writes(), &op.writes},
+          std::pair{&o.overwrites(), &op.overwrites}, std::pair{&o.host_reads(), &op.host_reads},
+          std::pair{&o.host_writes(), &op.host_writes}, std::pair{&o.host_overwrites(), &op.host_overwrites}}) {
       for (const std::string& name : *names) {
         auto it = index.find(name);
         if (it == index.end()) {
@@ -388,8 +387,7 @@ void Daemon::PinsChanged(SessionId session) {
   planned->SetPinnedGpu(pinned_gpu);
 }
 
-absl::StatusOr<v1::PlanReply> Daemon::GetPlan(SessionId session, const std::string& explain, bool trace,
-                                                 bool graph) {
+absl::StatusOr<v1::PlanReply> Daemon::GetPlan(SessionId session, const std::string& explain, bool trace, bool graph) {
   std::shared_ptr<PlannedSession> planned;
   {
     absl::MutexLock lock(&planned_mutex_);

@@ -11,8 +11,8 @@
 
 #include <atomic>
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -26,11 +26,11 @@
 #include "prefetcher/simulate.h"
 #include "runtime/gpu_factory.h"
 #include "runtime/lease_table.h"
-#include "runtime/metrics.h"
 #include "runtime/mover.h"
 #include "runtime/planned_session.h"
 #include "runtime/session_service.h"
 #include "runtime/tier_store.h"
+#include "server/metrics.h"
 
 namespace grpc {
 class Server;
@@ -104,16 +104,14 @@ class Daemon : public ipc::HelloHandler, public ipc::PlannerHooks, public HotPat
   // Several lines: where it listens, the GPU, each tier's budget.
   std::string Banner() const;
 
-  absl::StatusOr<ipc::HelloGrant> OnHello(const ipc::PeerCredentials& peer,
-                                          const v1::HelloRequest& request) override;
+  absl::StatusOr<ipc::HelloGrant> OnHello(const ipc::PeerCredentials& peer, const v1::HelloRequest& request) override;
   void OnGoodbye(uint64_t session_id) override;
 
   // The planner (daemon_planner.cc): a session's graph, its progress (OpBegin, Acquired,
   // Released: HotPathObserver, told by SessionService), its plan.
   absl::StatusOr<v1::PlanReply> RegisterGraph(SessionId session, const v1::GraphSpec& graph) override;
   absl::Status OpBegin(SessionId session, uint32_t op) override;
-  absl::StatusOr<v1::PlanReply> GetPlan(SessionId session, const std::string& explain, bool trace,
-                                        bool graph) override;
+  absl::StatusOr<v1::PlanReply> GetPlan(SessionId session, const std::string& explain, bool trace, bool graph) override;
   void PinsChanged(SessionId session) override;
   absl::StatusOr<v1::PlanReply> MarkIteration(SessionId session) override;
   void Acquired(SessionId session, TensorId tensor, Access access, Place place, int64_t waited_nanos) override;

@@ -1,4 +1,4 @@
-// The GPU trainer (trainer_ref/kernels/gpu_model) with its weights, master weights,
+// The GPU trainer (trainer_ref/gpu/gpu_model) with its weights, master weights,
 // gradients, Adam moments and saved activations leased from the real tierd binary on the
 // real GPU, in a GPU quota about a third of the model's state: every step moves parts
 // GPU <-> DRAM (<-> NVMe) while the kernels run, and the run tracks the same model on plain
@@ -25,8 +25,8 @@
 #include "base/units.h"
 #include "clients/client.h"
 #include "tests/process.h"
-#include "trainer_ref/kernels/gpu_model.h"
-#include "trainer_ref/kernels/gpu_tierd_home.h"
+#include "trainer_ref/gpu/gpu_model.h"
+#include "trainer_ref/gpu/gpu_tierd_home.h"
 #include "trainer_ref/model.h"
 #include "trainer_ref/optimizer.h"
 

@@ -11,7 +11,7 @@
 #include "trainer_ref/train_flags.h"
 
 #ifdef TIERD_HAVE_CUDA
-#include "trainer_ref/kernels/gpu_run.h"
+#include "trainer_ref/gpu/gpu_run.h"
 #endif
 
 namespace tt = tierd::trainer;

@@ -2,7 +2,7 @@
 # Runs on the lent GPU machine (carry .carry, made by tools/device/bundle.sh):
 #   device run: command="tools/device/trainer_check.sh", carry=[".carry"]
 # What a user of tierd-train on a GPU meets first, each with a verdict line:
-#   1. the GPU flags' refusals (trainer_ref/kernels/gpu_train_main_test.sh, with the GPU);
+#   1. the GPU flags' refusals (trainer_ref/gpu/gpu_train_main_test.sh, with the GPU);
 #   2. kill -9 mid-run and --resume give the straight run's losses bit for bit: plain GPU
 #      buffers, and through tierd (state in its DRAM tier, AdamW on the host) in a budget
 #      smaller than the state;
@@ -34,7 +34,7 @@ want() { [[ "$checks" == *" $1 "* ]]; }
 
 if want 1; then
 echo "== 1. refusals"
-bash trainer_ref/kernels/gpu_train_main_test.sh "$bin" > "$out/refusals.log" 2>&1
+bash trainer_ref/gpu/gpu_train_main_test.sh "$bin" > "$out/refusals.log" 2>&1
 verdict "GPU flag refusals ($(tail -n 1 "$out/refusals.log"))" $?
 
 fi

@@ -1,4 +1,4 @@
-#include "trainer_ref/kernels/gpu_home.h"
+#include "trainer_ref/gpu/gpu_home.h"
 
 #include <algorithm>
 

@@ -9,8 +9,8 @@
 
 #include "absl/strings/str_format.h"
 #include "base/units.h"
-#include "trainer_ref/kernels/gpu_model.h"
-#include "trainer_ref/kernels/gpu_model_internal.h"
+#include "trainer_ref/gpu/gpu_model.h"
+#include "trainer_ref/gpu/gpu_model_internal.h"
 
 namespace tierd::trainer::gpu {
 namespace {

@@ -1,6 +1,6 @@
 // The GPU model's optimizer step (AdamW on the GPU, or on the host in the home's DRAM tier)
 // and the step as a graph for the planner.
-#include "trainer_ref/kernels/gpu_model.h"
+#include "trainer_ref/gpu/gpu_model.h"
 
 #include <algorithm>
 #include <array>
@@ -11,8 +11,8 @@
 
 #include "absl/strings/str_format.h"
 #include "trainer_ref/adamw8bit.h"
+#include "trainer_ref/gpu/gpu_model_internal.h"
 #include "trainer_ref/host_adamw.h"
-#include "trainer_ref/kernels/gpu_model_internal.h"
 
 namespace tierd::trainer::gpu {
 
@@ -293,7 +293,8 @@ prefetcher::Graph GpuModel::StepGraph(int micro_batches) const {
     const double k = layer_major_, recompute = checkpointing_ ? 1.0 : 0.0;
     graph.ops.resize(static_cast<size_t>(3 * Groups() - 1));
     for (int g = 0; g + 1 < Groups(); ++g) {
-      tp::GraphOp op{absl::StrFormat("%s.fwd", home.groups[g]), {at(g, Part::kWeights)}, {}, k * forward_seconds(g), {}};
+      tp::GraphOp op{
+          absl::StrFormat("%s.fwd", home.groups[g]), {at(g, Part::kWeights)}, {}, k * forward_seconds(g), {}};
       if (g > 0) op.overwrites = acts(g);
       graph.ops[LayerMajorForwardOp(g)] = std::move(op);
       tp::GraphOp back{absl::StrFormat("%s.bwd", home.groups[g]), {}, {}, k * (2 + recompute) * forward_seconds(g), {}};
@@ -306,26 +307,28 @@ prefetcher::Graph GpuModel::StepGraph(int micro_batches) const {
     }
     const int last = Groups() - 1;
     graph.ops[LayerMajorForwardOp(last)] = {absl::StrFormat("%s.fwd+bwd", home.groups[last]),
-                                            {at(last, Part::kWeights)}, {}, 3 * k * forward_seconds(last),
+                                            {at(last, Part::kWeights)},
+                                            {},
+                                            3 * k * forward_seconds(last),
                                             {at(last, Part::kGrads)}};
   } else {
-  // Each op at its index (ForwardOp, BackwardOp, OptimizerOp: the order they run in).
-  graph.ops.resize(static_cast<size_t>(Groups()) * (2 * micro_batches + 1));
-  for (int micro = 0; micro < micro_batches; ++micro) {
-    for (int g = 0; g < Groups(); ++g) {
-      tp::GraphOp op{absl::StrFormat("mb%d.%s.fwd", micro, home.groups[g]), {at(g, Part::kWeights)}, {},
-                     forward_seconds(g), {}};
-      if (home.bytes[g][static_cast<int>(Part::kActs)] > 0) op.overwrites.push_back(at(g, Part::kActs));
-      graph.ops[ForwardOp(micro, g)] = std::move(op);
+    // Each op at its index (ForwardOp, BackwardOp, OptimizerOp: the order they run in).
+    graph.ops.resize(static_cast<size_t>(Groups()) * (2 * micro_batches + 1));
+    for (int micro = 0; micro < micro_batches; ++micro) {
+      for (int g = 0; g < Groups(); ++g) {
+        tp::GraphOp op{
+            absl::StrFormat("mb%d.%s.fwd", micro, home.groups[g]), {at(g, Part::kWeights)}, {}, forward_seconds(g), {}};
+        if (home.bytes[g][static_cast<int>(Part::kActs)] > 0) op.overwrites.push_back(at(g, Part::kActs));
+        graph.ops[ForwardOp(micro, g)] = std::move(op);
+      }
+      for (int g = Groups(); g-- > 0;) {
+        tp::GraphOp op{absl::StrFormat("mb%d.%s.bwd", micro, home.groups[g]), {}, {}, 2 * forward_seconds(g), {}};
+        if (g > 0) op.reads.push_back(at(g, Part::kWeights));
+        if (home.bytes[g][static_cast<int>(Part::kActs)] > 0) op.reads.push_back(at(g, Part::kActs));
+        (micro == 0 ? op.overwrites : op.writes).push_back(at(g, Part::kGrads));
+        graph.ops[BackwardOp(micro, Groups() - 1 - g)] = std::move(op);
+      }
     }
-    for (int g = Groups(); g-- > 0;) {
-      tp::GraphOp op{absl::StrFormat("mb%d.%s.bwd", micro, home.groups[g]), {}, {}, 2 * forward_seconds(g), {}};
-      if (g > 0) op.reads.push_back(at(g, Part::kWeights));
-      if (home.bytes[g][static_cast<int>(Part::kActs)] > 0) op.reads.push_back(at(g, Part::kActs));
-      (micro == 0 ? op.overwrites : op.writes).push_back(at(g, Part::kGrads));
-      graph.ops[BackwardOp(micro, Groups() - 1 - g)] = std::move(op);
-    }
-  }
   }
   for (int g = 0; g < Groups(); ++g) {
     const uint64_t bytes = home.bytes[g][static_cast<int>(Part::kMaster)];

@@ -1,7 +1,7 @@
 // The GPU home's layout without a GPU: how the optimizer's state is cut into sub-groups
 // (chunks of whole 256-byte blocks that tile each part exactly), the names they are leased
 // under, and a model refusing a home made for another layout.
-#include "trainer_ref/kernels/gpu_home.h"
+#include "trainer_ref/gpu/gpu_home.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 #include <string>
 
 #include "trainer_ref/adamw8bit.h"
-#include "trainer_ref/kernels/gpu_model.h"
+#include "trainer_ref/gpu/gpu_model.h"
 #include "trainer_ref/model_config.h"
 
 namespace tierd::trainer::gpu {
@@ -166,8 +166,7 @@ TEST(GpuHomeLayoutTest, AModelRefusesAHomeMadeForAnotherLayout) {
   auto model = GpuModel::Create(config, 4, 128, std::make_unique<LayoutOnlyHome>(other));
   ASSERT_FALSE(model.ok());
   EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(model.status().message().find("the home was made for another layout"), std::string::npos)
-      << model.status();
+  EXPECT_NE(model.status().message().find("the home was made for another layout"), std::string::npos) << model.status();
 }
 
 }  // namespace

@@ -4,7 +4,7 @@
 #define TIERD_TRAINER_REF_KERNELS_GPU_MODEL_INTERNAL_H_
 
 #include "absl/strings/str_format.h"
-#include "trainer_ref/kernels/gpu_model.h"
+#include "trainer_ref/gpu/gpu_model.h"
 
 namespace tierd::trainer::gpu {
 
@@ -20,8 +20,8 @@ inline const char* const kCategoryNames[kCategories] = {"gemm", "attention", "no
 // A decoder layer's linear maps, as Fp8Linear indexes them (GpuModel::UseFp8 gives the shapes).
 enum LinearIndex { kLinearQ, kLinearK, kLinearV, kLinearO, kLinearGate, kLinearUp, kLinearDown, kLinears };
 
-#define RETURN_IF_ERROR(expr)                            \
-  do {                                                   \
+#define RETURN_IF_ERROR(expr)                          \
+  do {                                                 \
     if (absl::Status _s = (expr); !_s.ok()) return _s; \
   } while (0)
 

@@ -8,7 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "clients/client.h"
-#include "trainer_ref/kernels/gpu_home.h"
+#include "trainer_ref/gpu/gpu_home.h"
 
 namespace tierd::trainer::gpu {
 

@@ -1,4 +1,4 @@
-#include "trainer_ref/kernels/gpu_tierd_home.h"
+#include "trainer_ref/gpu/gpu_tierd_home.h"
 
 #include "absl/strings/str_format.h"
 #include "base/units.h"
@@ -10,11 +10,15 @@ namespace {
 TensorClass ClassOf(Part part) {
   switch (part) {
     case Part::kWeights:
-    case Part::kMaster: return TensorClass::kParam;
-    case Part::kGrads: return TensorClass::kGrad;
+    case Part::kMaster:
+      return TensorClass::kParam;
+    case Part::kGrads:
+      return TensorClass::kGrad;
     case Part::kAdamM:
-    case Part::kAdamV: return TensorClass::kOptState;
-    case Part::kActs: return TensorClass::kActivation;
+    case Part::kAdamV:
+      return TensorClass::kOptState;
+    case Part::kActs:
+      return TensorClass::kActivation;
   }
   return TensorClass::kScratch;
 }
@@ -34,7 +38,9 @@ class TierdGpuHome final : public GpuHome {
         const Part part = static_cast<Part>(k);
         const int group = static_cast<int>(g);
         for (int c = 0; c < layout.Chunks(group, part); ++c) {
-          auto lease = client_->Lease({PartName(layout, group, part, c), ClassOf(part), DType::kU8,
+          auto lease = client_->Lease({PartName(layout, group, part, c),
+                                       ClassOf(part),
+                                       DType::kU8,
                                        {static_cast<int64_t>(layout.Chunk(group, part, c).bytes)}});
           if (!lease.ok()) return lease.status();
           tensors_[g][k].push_back(*lease);
@@ -66,8 +72,8 @@ class TierdGpuHome final : public GpuHome {
   absl::StatusOr<std::string> RegisterGraph(const prefetcher::Graph& graph) override {
     auto reply = client_->RegisterGraph(ToGraphSpec(graph));
     if (!reply.ok()) return reply.status();
-    return absl::StrFormat("planned %d ops: predicted %.3f s a step, %.3f s of it waiting for moves",
-                           graph.ops.size(), reply->predicted_step_seconds(), reply->predicted_stall_seconds());
+    return absl::StrFormat("planned %d ops: predicted %.3f s a step, %.3f s of it waiting for moves", graph.ops.size(),
+                           reply->predicted_step_seconds(), reply->predicted_stall_seconds());
   }
   absl::Status OpBegin(uint32_t op) override { return client_->OpBegin(op); }
   uint64_t OwnDeviceBytes() const override { return 0; }
@@ -99,11 +105,11 @@ class TierdGpuHome final : public GpuHome {
   std::string Describe() override {
     auto t = Moved();
     if (!t.ok()) return "tierd: " + std::string(t.status().message());
-    return absl::StrFormat("tierd: dram->gpu %s, gpu->dram %s, nvme->dram %s, dram->nvme %s; GPU tier peak %s of %s; "
-                           "%d demand fetches",
-                           FormatBytes(t->host_to_gpu), FormatBytes(t->gpu_to_host), FormatBytes(t->nvme_read),
-                           FormatBytes(t->nvme_write), FormatBytes(t->gpu_peak), FormatBytes(t->gpu_quota),
-                           t->demand_fetches);
+    return absl::StrFormat(
+        "tierd: dram->gpu %s, gpu->dram %s, nvme->dram %s, dram->nvme %s; GPU tier peak %s of %s; "
+        "%d demand fetches",
+        FormatBytes(t->host_to_gpu), FormatBytes(t->gpu_to_host), FormatBytes(t->nvme_read), FormatBytes(t->nvme_write),
+        FormatBytes(t->gpu_peak), FormatBytes(t->gpu_quota), t->demand_fetches);
   }
 
  private:

@@ -7,8 +7,8 @@
 #include <random>
 #include <vector>
 
-#include "trainer_ref/kernels/gpu_model.h"
-#include "trainer_ref/kernels/gpu_model_test_oracle.h"
+#include "trainer_ref/gpu/gpu_model.h"
+#include "trainer_ref/gpu/gpu_model_test_oracle.h"
 #include "trainer_ref/kernels/gpu_test_util.h"
 #include "trainer_ref/model.h"
 #include "trainer_ref/optimizer.h"

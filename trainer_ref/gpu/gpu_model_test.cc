@@ -4,7 +4,7 @@
 //   loss within 1% relative; each parameter's gradient within 5% relative L2 error of the
 //   CPU's; over 8 AdamW steps the losses stay within 3% of the CPU's, step by step.
 // Needs a CUDA device (skipped without one; run on the lent GPU machine).
-#include "trainer_ref/kernels/gpu_model.h"
+#include "trainer_ref/gpu/gpu_model.h"
 
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "trainer_ref/adamw8bit.h"
-#include "trainer_ref/kernels/gpu_model_test_oracle.h"
+#include "trainer_ref/gpu/gpu_model_test_oracle.h"
 #include "trainer_ref/model.h"
 #include "trainer_ref/optimizer.h"
 

@@ -1,12 +1,12 @@
 // The GPU model's computation: forward, backward (with recomputation under activation
 // checkpointing), the gradient norm, and the profile of where the time went.
-#include "trainer_ref/kernels/gpu_model.h"
+#include "trainer_ref/gpu/gpu_model.h"
 
 #include <cmath>
 #include <vector>
 
 #include "absl/strings/str_format.h"
-#include "trainer_ref/kernels/gpu_model_internal.h"
+#include "trainer_ref/gpu/gpu_model_internal.h"
 
 namespace tierd::trainer::gpu {
 
@@ -141,7 +141,10 @@ absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x) {
   }));
   cast(a.a, c);
   RETURN_IF_ERROR(linear(tmp_, a.a, w.wo, kLinearO, c, c));
-  Timed(kElementwise, [&] { AddInto(x, tmp_, static_cast<int64_t>(nc), stream_); return 0; });
+  Timed(kElementwise, [&] {
+    AddInto(x, tmp_, static_cast<int64_t>(nc), stream_);
+    return 0;
+  });
   RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(a.x_mid, x, nc * sizeof(float), cudaMemcpyDeviceToDevice, stream_), "x_mid"));
   Timed(kElementwise, [&] {
     RmsNormForward(a.h2, a.rstd2, x, N(w.mlp_norm), n, c, static_cast<float>(config_.norm_eps), stream_);
@@ -150,19 +153,26 @@ absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x) {
   cast(a.h2, c);
   RETURN_IF_ERROR(linear(a.g, a.h2, w.w1, kLinearGate, c, f));
   RETURN_IF_ERROR(linear(a.u, a.h2, w.w3, kLinearUp, c, f));
-  Timed(kElementwise, [&] { SwiGluForward(a.s, a.g, a.u, n, f, stream_); return 0; });
+  Timed(kElementwise, [&] {
+    SwiGluForward(a.s, a.g, a.u, n, f, stream_);
+    return 0;
+  });
   cast(a.s, f);
   RETURN_IF_ERROR(linear(tmp_, a.s, w.w2, kLinearDown, f, c));
-  Timed(kElementwise, [&] { AddInto(x, tmp_, static_cast<int64_t>(nc), stream_); return 0; });
+  Timed(kElementwise, [&] {
+    AddInto(x, tmp_, static_cast<int64_t>(nc), stream_);
+    return 0;
+  });
   return absl::OkStatus();
 }
 
 absl::StatusOr<double> GpuModel::Forward(const int32_t* tokens, const int32_t* targets) {
   const int n = batch_ * seq_, c = config_.d_model;
   const size_t nc = static_cast<size_t>(n) * c;
-  RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(tokens_, tokens, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_), "tokens"));
-  RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(targets_, targets, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
-                       "targets"));
+  RETURN_IF_ERROR(
+      Cuda(cudaMemcpyAsync(tokens_, tokens, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_), "tokens"));
+  RETURN_IF_ERROR(
+      Cuda(cudaMemcpyAsync(targets_, targets, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_), "targets"));
   token_segments_ = SegmentTokens(tokens, n, config_.vocab);  // for the embedding's backward
   RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(token_index_, token_segments_.index.data(),
                                        token_segments_.index.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
@@ -172,7 +182,10 @@ absl::StatusOr<double> GpuModel::Forward(const int32_t* tokens, const int32_t* t
   RETURN_IF_ERROR(AwaitOptimizerUpdate(0));  // (reports the optimizer's op before this one)
   Progress(ForwardOp(micro_, 0));
   RETURN_IF_ERROR(Enter(0, Part::kWeights, Access::kRead));
-  Timed(kElementwise, [&] { EmbeddingForward(x_, tokens_, W(embed_), n, c, config_.vocab, stream_); return 0; });
+  Timed(kElementwise, [&] {
+    EmbeddingForward(x_, tokens_, W(embed_), n, c, config_.vocab, stream_);
+    return 0;
+  });
   RETURN_IF_ERROR(Leave(0, Part::kWeights));
   for (int l = 0; l < config_.layers; ++l) {
     const int group = l + 1;
@@ -198,10 +211,13 @@ absl::StatusOr<double> GpuModel::Forward(const int32_t* tokens, const int32_t* t
   });
   RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(logits_, xf_, W(head_), n, c, config_.vocab, stream_); }));
   RETURN_IF_ERROR(Leave(last, Part::kWeights));
-  Timed(kLoss, [&] { CrossEntropy(losses_, dlogits_, logits_, targets_, n, config_.vocab, counted, stream_); return 0; });
+  Timed(kLoss, [&] {
+    CrossEntropy(losses_, dlogits_, logits_, targets_, n, config_.vocab, counted, stream_);
+    return 0;
+  });
   RETURN_IF_ERROR(Cuda(cudaGetLastError(), "forward kernels"));
-  RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(host_losses_.data(), losses_, n * sizeof(float), cudaMemcpyDeviceToHost, stream_),
-                       "losses"));
+  RETURN_IF_ERROR(Cuda(
+      cudaMemcpyAsync(host_losses_.data(), losses_, n * sizeof(float), cudaMemcpyDeviceToHost, stream_), "losses"));
   RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream_), "forward"));
   double sum = 0;
   for (int i = 0; i < n; ++i) sum += host_losses_[i];
@@ -247,7 +263,10 @@ absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx) {
   cast(a.h2, c);
   RETURN_IF_ERROR(linear(dh_, dg_, a.h2, w.w1, kLinearGate, c, f, /*first=*/true));
   RETURN_IF_ERROR(linear(dh_, du_, a.h2, w.w3, kLinearUp, c, f, /*first=*/false));
-  Timed(kElementwise, [&] { RmsNormBackward(dx, G(w.mlp_norm), dh_, a.x_mid, N(w.mlp_norm), a.rstd2, n, c, scratch_, stream_); return 0; });
+  Timed(kElementwise, [&] {
+    RmsNormBackward(dx, G(w.mlp_norm), dh_, a.x_mid, N(w.mlp_norm), a.rstd2, n, c, scratch_, stream_);
+    return 0;
+  });
   // x_mid = x_in + attention(rope(h1 Wq^T), rope(h1 Wk^T), h1 Wv^T) Wo^T
   Timed(kElementwise, [&] {
     ToBf16(dx16_, dx, static_cast<int64_t>(nc), stream_);
@@ -271,7 +290,10 @@ absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx) {
   RETURN_IF_ERROR(linear(dh_, dq_, a.h1, w.wq, kLinearQ, c, c, /*first=*/true));
   RETURN_IF_ERROR(linear(dh_, dk_, a.h1, w.wk, kLinearK, c, c, /*first=*/false));
   RETURN_IF_ERROR(linear(dh_, dv_, a.h1, w.wv, kLinearV, c, c, /*first=*/false));
-  Timed(kElementwise, [&] { RmsNormBackward(dx, G(w.attn_norm), dh_, a.x_in, N(w.attn_norm), a.rstd1, n, c, scratch_, stream_); return 0; });
+  Timed(kElementwise, [&] {
+    RmsNormBackward(dx, G(w.attn_norm), dh_, a.x_in, N(w.attn_norm), a.rstd1, n, c, scratch_, stream_);
+    return 0;
+  });
   return absl::OkStatus();
 }
 
@@ -288,8 +310,8 @@ absl::StatusOr<GpuModel::Acts> GpuModel::ActsForBackward(int l, void* saved) {
   if (!checkpointing_) return a;
   // The layer's forward again, from its saved input, into the workspace.
   const size_t nc = static_cast<size_t>(batch_) * seq_ * config_.d_model;
-  RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(xr_, saved, nc * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
-                       "recompute input"));
+  RETURN_IF_ERROR(
+      Cuda(cudaMemcpyAsync(xr_, saved, nc * sizeof(float), cudaMemcpyDeviceToDevice, stream_), "recompute input"));
   RETURN_IF_ERROR(LayerForward(l, a, xr_));
   return a;
 }

@@ -1,4 +1,4 @@
-#include "trainer_ref/kernels/gpu_run.h"
+#include "trainer_ref/gpu/gpu_run.h"
 
 #include <cuda_runtime_api.h>
 #include <sys/stat.h>
@@ -18,8 +18,8 @@
 #include "clients/client.h"
 #include "trainer_ref/checkpoint.h"
 #include "trainer_ref/data.h"
-#include "trainer_ref/kernels/gpu_model.h"
-#include "trainer_ref/kernels/gpu_tierd_home.h"
+#include "trainer_ref/gpu/gpu_model.h"
+#include "trainer_ref/gpu/gpu_tierd_home.h"
 #include "trainer_ref/optimizer.h"
 #include "trainer_ref/optimizer_place.h"
 #include "trainer_ref/plot.h"
@@ -266,9 +266,10 @@ int GpuRun::Setup() {
     layer_major = choice.layer_major;
     std::printf("step: %s (--step_order=auto)\n", choice.why.c_str());
   } else if (layer_major) {
-    std::printf("step: layer-major over %d micro-batches (each layer's weights come twice a step, its gradients "
-                "leave once; it keeps an input per micro-batch)\n",
-                s_.accum);
+    std::printf(
+        "step: layer-major over %d micro-batches (each layer's weights come twice a step, its gradients "
+        "leave once; it keeps an input per micro-batch)\n",
+        s_.accum);
   }
   layer_major_ = layer_major ? s_.accum : 0;
   if (layer_major) layout = layered;

@@ -1,6 +1,6 @@
 // The GPU model's state: the home's layout and parts, the workspace, acquiring and
 // releasing parts around the kernels, and moving parameters in (initialisation) and out.
-#include "trainer_ref/kernels/gpu_model.h"
+#include "trainer_ref/gpu/gpu_model.h"
 
 #include <algorithm>
 #include <chrono>
@@ -12,7 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "base/units.h"
 #include "trainer_ref/adamw8bit.h"
-#include "trainer_ref/kernels/gpu_model_internal.h"
+#include "trainer_ref/gpu/gpu_model_internal.h"
 
 namespace tierd::trainer::gpu {
 
@@ -89,9 +89,9 @@ absl::StatusOr<T*> GpuModel::Take(size_t count) {
     cudaGetLastError();
     size_t free_bytes = 0, total = 0;
     cudaMemGetInfo(&free_bytes, &total);
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "the GPU model's workspace needs %s more (holds %s already); the device has %s free of %s",
-        FormatBytes(bytes), FormatBytes(device_bytes_), FormatBytes(free_bytes), FormatBytes(total)));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("the GPU model's workspace needs %s more (holds %s already); the device has %s free of %s",
+                        FormatBytes(bytes), FormatBytes(device_bytes_), FormatBytes(free_bytes), FormatBytes(total)));
   }
   allocations_.push_back(p);
   device_bytes_ += bytes;
@@ -102,8 +102,8 @@ absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::Create(const ModelConfig& co
                                                            std::unique_ptr<GpuHome> home, bool checkpointing,
                                                            int layer_major_micro_batches, bool moments_8bit) {
   if (config.head_dim() > 256) {
-    return absl::InvalidArgumentError(absl::StrFormat("head size %d: the attention kernel takes at most 256",
-                                                      config.head_dim()));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("head size %d: the attention kernel takes at most 256", config.head_dim()));
   }
   if (layer_major_micro_batches < 0) return absl::InvalidArgumentError("a negative number of micro-batches");
   std::unique_ptr<GpuModel> model(
@@ -118,10 +118,10 @@ absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::Create(const ModelConfig& co
   const GpuHomeLayout own = HomeLayout(config, batch, seq, checkpointing, layer_major_micro_batches, moments_8bit);
   if (home->layout().groups != own.groups || home->layout().bytes != own.bytes ||
       home->layout().act_slots != own.act_slots || home->layout().moments_8bit != own.moments_8bit) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "the home was made for another layout (%d groups, %s) than this model's (%d groups, %s)",
-        home->layout().groups.size(), FormatBytes(home->layout().Total()), own.groups.size(),
-        FormatBytes(own.Total())));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("the home was made for another layout (%d groups, %s) than this model's (%d groups, %s)",
+                        home->layout().groups.size(), FormatBytes(home->layout().Total()), own.groups.size(),
+                        FormatBytes(own.Total())));
   }
   model->home_layout_ = home->layout();
   model->home_ = std::move(home);
@@ -136,22 +136,21 @@ std::vector<std::pair<size_t, size_t>> GpuModel::WorkspacePlan(const ModelConfig
   const size_t lse = static_cast<size_t>(batch) * config.heads * seq;
   size_t norms = 0;
   for (const TensorLayout& t : ParamLayout(config)) norms += t.shape.size() == 1 ? t.count : 0;
-  std::vector<std::pair<size_t, size_t>> plan = {{norms, 4}};      // norms_
-  for (int i = 0; i < 9; ++i) plan.push_back({n * c, 2});          // tmp_ .. dv_
-  for (int i = 0; i < 3; ++i) plan.push_back({n * c, 4});          // x_, x_out_, dx_
-  for (int i = 0; i < 3; ++i) plan.push_back({n * f, 2});          // ds_, dg_, du_
-  for (int i = 0; i < 2; ++i) plan.push_back({n * v, 2});          // logits_, dlogits_
-  for (int i = 0; i < 2; ++i) plan.push_back({n, 4});              // rstd_f_, losses_
-  plan.push_back({1, 4});                                          // norm_
-  plan.push_back({lse, 4});                                        // delta_
-  for (int i = 0; i < 2; ++i) plan.push_back({n, 4});              // tokens_, targets_
-  plan.push_back({std::max<size_t>(RmsNormScratchFloats(static_cast<int>(n), static_cast<int>(c)),
-                                   kSumSquaresScratch),
-                  4});                                             // scratch_
-  plan.push_back({3 * n + 1, 4});                                  // token_index_
+  std::vector<std::pair<size_t, size_t>> plan = {{norms, 4}};  // norms_
+  for (int i = 0; i < 9; ++i) plan.push_back({n * c, 2});      // tmp_ .. dv_
+  for (int i = 0; i < 3; ++i) plan.push_back({n * c, 4});      // x_, x_out_, dx_
+  for (int i = 0; i < 3; ++i) plan.push_back({n * f, 2});      // ds_, dg_, du_
+  for (int i = 0; i < 2; ++i) plan.push_back({n * v, 2});      // logits_, dlogits_
+  for (int i = 0; i < 2; ++i) plan.push_back({n, 4});          // rstd_f_, losses_
+  plan.push_back({1, 4});                                      // norm_
+  plan.push_back({lse, 4});                                    // delta_
+  for (int i = 0; i < 2; ++i) plan.push_back({n, 4});          // tokens_, targets_
+  plan.push_back({std::max<size_t>(RmsNormScratchFloats(static_cast<int>(n), static_cast<int>(c)), kSumSquaresScratch),
+                  4});             // scratch_
+  plan.push_back({3 * n + 1, 4});  // token_index_
   if (checkpointing) {
-    plan.push_back({ActsBytes(config, batch, seq), 1});            // recompute_acts_
-    plan.push_back({n * c, 4});                                    // xr_
+    plan.push_back({ActsBytes(config, batch, seq), 1});  // recompute_acts_
+    plan.push_back({n * c, 4});                          // xr_
   }
   return plan;
 }
@@ -220,23 +219,21 @@ absl::Status GpuModel::Allocate() {
   if (!gemm.ok()) return gemm.status();
   gemm_ = std::move(*gemm);
   device_bytes_ += kGemmWorkspace;
-  void** targets[] = {reinterpret_cast<void**>(&norms_), reinterpret_cast<void**>(&tmp_),
-                      reinterpret_cast<void**>(&xf_),    reinterpret_cast<void**>(&dx16_),
-                      reinterpret_cast<void**>(&dxf_),   reinterpret_cast<void**>(&dh_),
-                      reinterpret_cast<void**>(&da_),    reinterpret_cast<void**>(&dq_),
-                      reinterpret_cast<void**>(&dk_),    reinterpret_cast<void**>(&dv_),
-                      reinterpret_cast<void**>(&x_),     reinterpret_cast<void**>(&x_out_),
-                      reinterpret_cast<void**>(&dx_),    reinterpret_cast<void**>(&ds_),
-                      reinterpret_cast<void**>(&dg_),    reinterpret_cast<void**>(&du_),
-                      reinterpret_cast<void**>(&logits_), reinterpret_cast<void**>(&dlogits_),
-                      reinterpret_cast<void**>(&rstd_f_), reinterpret_cast<void**>(&losses_),
-                      reinterpret_cast<void**>(&norm_),  reinterpret_cast<void**>(&delta_),
-                      reinterpret_cast<void**>(&tokens_), reinterpret_cast<void**>(&targets_),
-                      reinterpret_cast<void**>(&scratch_), reinterpret_cast<void**>(&token_index_),
-                      &recompute_acts_,                    reinterpret_cast<void**>(&xr_)};
+  void** targets[] = {
+      reinterpret_cast<void**>(&norms_),   reinterpret_cast<void**>(&tmp_),         reinterpret_cast<void**>(&xf_),
+      reinterpret_cast<void**>(&dx16_),    reinterpret_cast<void**>(&dxf_),         reinterpret_cast<void**>(&dh_),
+      reinterpret_cast<void**>(&da_),      reinterpret_cast<void**>(&dq_),          reinterpret_cast<void**>(&dk_),
+      reinterpret_cast<void**>(&dv_),      reinterpret_cast<void**>(&x_),           reinterpret_cast<void**>(&x_out_),
+      reinterpret_cast<void**>(&dx_),      reinterpret_cast<void**>(&ds_),          reinterpret_cast<void**>(&dg_),
+      reinterpret_cast<void**>(&du_),      reinterpret_cast<void**>(&logits_),      reinterpret_cast<void**>(&dlogits_),
+      reinterpret_cast<void**>(&rstd_f_),  reinterpret_cast<void**>(&losses_),      reinterpret_cast<void**>(&norm_),
+      reinterpret_cast<void**>(&delta_),   reinterpret_cast<void**>(&tokens_),      reinterpret_cast<void**>(&targets_),
+      reinterpret_cast<void**>(&scratch_), reinterpret_cast<void**>(&token_index_), &recompute_acts_,
+      reinterpret_cast<void**>(&xr_)};
   const auto plan = WorkspacePlan(config_, batch_, seq_, checkpointing_);
   static_assert(sizeof(targets) / sizeof(targets[0]) == 28);
-  if (plan.size() != (checkpointing_ ? 28u : 26u)) return absl::InternalError("the workspace plan and its buffers disagree");
+  if (plan.size() != (checkpointing_ ? 28u : 26u))
+    return absl::InternalError("the workspace plan and its buffers disagree");
   for (size_t i = 0; i < plan.size(); ++i) {
     auto p = Take<unsigned char>(plan[i].first * plan[i].second);
     if (!p.ok()) return p.status();
@@ -315,9 +312,9 @@ absl::Status GpuModel::EnterGrads(int group) {
   if (grads_zeroed_[group]) return Enter(group, Part::kGrads, Access::kWrite);
   RETURN_IF_ERROR(Enter(group, Part::kGrads, Access::kOverwrite));
   grads_zeroed_[group] = true;
-  return Cuda(cudaMemsetAsync(acquired_[group][static_cast<int>(Part::kGrads)], 0, GroupCount(group) * sizeof(float),
-                              stream_),
-              "zero grads");
+  return Cuda(
+      cudaMemsetAsync(acquired_[group][static_cast<int>(Part::kGrads)], 0, GroupCount(group) * sizeof(float), stream_),
+      "zero grads");
 }
 
 namespace {
@@ -375,8 +372,8 @@ absl::Status GpuModel::SetGroup(int g, const float* params) {
 
 absl::Status GpuModel::SetParams(const std::vector<float>& params) {
   if (params.size() != total_params_) {
-    return absl::InvalidArgumentError(absl::StrFormat("%d parameters given; the model has %d", params.size(),
-                                                      total_params_));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%d parameters given; the model has %d", params.size(), total_params_));
   }
   for (int g = 0; g < Groups(); ++g) RETURN_IF_ERROR(SetGroup(g, params.data() + group_offset_[g]));
   return absl::OkStatus();
@@ -429,10 +426,10 @@ absl::Status GpuModel::Download(Part part, std::vector<float>* out) {
     for (int c = 0; c < home_layout_.Chunks(g, part); ++c) {
       const GpuHomeLayout::Range range = home_layout_.Chunk(g, part, c);
       RETURN_IF_ERROR(Enter(g, part, Access::kRead, c));
-      RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(out->data() + group_offset_[g] + range.offset / sizeof(float),
-                                           acquired_[g][static_cast<int>(part)], range.bytes, cudaMemcpyDeviceToHost,
-                                           stream_),
-                           "download"));
+      RETURN_IF_ERROR(
+          Cuda(cudaMemcpyAsync(out->data() + group_offset_[g] + range.offset / sizeof(float),
+                               acquired_[g][static_cast<int>(part)], range.bytes, cudaMemcpyDeviceToHost, stream_),
+               "download"));
       RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream_), "download"));
       RETURN_IF_ERROR(Leave(g, part));
     }

@@ -7,8 +7,8 @@
 #include <cuda_runtime_api.h>
 
 #include "absl/strings/str_format.h"
-#include "trainer_ref/kernels/gpu_model.h"
-#include "trainer_ref/kernels/gpu_model_internal.h"
+#include "trainer_ref/gpu/gpu_model.h"
+#include "trainer_ref/gpu/gpu_model_internal.h"
 
 namespace tierd::trainer::gpu {
 
@@ -26,15 +26,15 @@ uint32_t GpuModel::LayerMajorOptimizerOp(int group) const {
   return static_cast<uint32_t>(OptimizerInterleaved() ? 2 * group : 2 * Groups() - 1 + group);
 }
 
-absl::Status GpuModel::UploadMicroBatches(const int32_t* tokens, const int32_t* targets,
-                                          std::vector<int>* counted) {
+absl::Status GpuModel::UploadMicroBatches(const int32_t* tokens, const int32_t* targets, std::vector<int>* counted) {
   const int n = batch_ * seq_;
   counted->assign(layer_major_, 0);
   for (int m = 0; m < layer_major_; ++m) {
     MicroBatch& mb = micro_batches_[m];
     const int32_t* in = tokens + static_cast<size_t>(m) * n;
     const int32_t* out = targets + static_cast<size_t>(m) * n;
-    RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(mb.tokens, in, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_), "tokens"));
+    RETURN_IF_ERROR(
+        Cuda(cudaMemcpyAsync(mb.tokens, in, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_), "tokens"));
     RETURN_IF_ERROR(
         Cuda(cudaMemcpyAsync(mb.targets, out, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_), "targets"));
     mb.segments = SegmentTokens(in, n, config_.vocab);  // for the embedding's backward
@@ -91,14 +91,13 @@ absl::StatusOr<double> GpuModel::ForwardBackwardLayerMajor(const int32_t* tokens
       RmsNormForward(xf_, rstd_f_, mb.x, N(final_norm_), n, c, static_cast<float>(config_.norm_eps), stream_);
       return 0;
     });
-    RETURN_IF_ERROR(
-        Timed(kGemm, [&] { return gemm_->Forward(logits_, xf_, W(head_), n, c, config_.vocab, stream_); }));
+    RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(logits_, xf_, W(head_), n, c, config_.vocab, stream_); }));
     Timed(kLoss, [&] {
       CrossEntropy(losses_, dlogits_, logits_, mb.targets, n, config_.vocab, counted[m], stream_);
       return 0;
     });
-    RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(mb.losses.data(), losses_, n * sizeof(float), cudaMemcpyDeviceToHost, stream_),
-                         "losses"));
+    RETURN_IF_ERROR(
+        Cuda(cudaMemcpyAsync(mb.losses.data(), losses_, n * sizeof(float), cudaMemcpyDeviceToHost, stream_), "losses"));
     RETURN_IF_ERROR(HeadBackward(mb.x, mb.dx));
   }
   AddSumOfSquares(last);

@@ -32,9 +32,9 @@
 #include "absl/status/statusor.h"
 #include "prefetcher/graph.h"
 #include "trainer_ref/checkpoint.h"
+#include "trainer_ref/gpu/gpu_home.h"
 #include "trainer_ref/kernels/fp8_linear.h"
 #include "trainer_ref/kernels/gemm.h"
-#include "trainer_ref/kernels/gpu_home.h"
 #include "trainer_ref/kernels/gpu_ops.h"
 #include "trainer_ref/model.h"
 #include "trainer_ref/optimizer.h"
@@ -185,9 +185,9 @@ class GpuModel {
   absl::Status EnterGrads(int group);  // kWrite, or the step's first touch: kOverwrite + zeros
   void Progress(uint32_t op);
   int Groups() const { return config_.layers + 2; }
-  std::vector<size_t> GroupEntries(int group) const;  // as Model::GroupEntries
-  size_t GroupCount(int group) const;                  // its parameters
-  absl::Status SetGroup(int group, const float* params);  // master, weights; moments zeroed
+  std::vector<size_t> GroupEntries(int group) const;          // as Model::GroupEntries
+  size_t GroupCount(int group) const;                         // its parameters
+  absl::Status SetGroup(int group, const float* params);      // master, weights; moments zeroed
   absl::Status Download(Part part, std::vector<float>* out);  // an fp32 part, ParamLayout order
   std::string ShapeRecord() const;
   absl::Status ForEachPiece(int g, Part part, int chunk, bool to_host, void* staging,
@@ -213,7 +213,7 @@ class GpuModel {
   uint32_t OptimizerOp(int group, int micro_batches) const;
 
   using Layer = LayerEntries;
-  struct Acts {  // per layer, kept from forward for backward (one part of the home)
+  struct Acts {           // per layer, kept from forward for backward (one part of the home)
     float *x_in, *x_mid;  // the residual stream, fp32
     Bf16 *h1, *q, *k, *v, *a, *h2, *g, *u, *s;
     float *rstd1, *rstd2, *lse;
@@ -247,9 +247,9 @@ class GpuModel {
   std::vector<Layer> layers_;
   size_t embed_ = 0, final_norm_ = 0, head_ = 0;
   std::unique_ptr<GpuHome> home_;
-  std::vector<int> group_of_;             // entry -> group
-  std::vector<size_t> group_offset_;      // group -> its first parameter's offset
-  std::vector<std::array<void*, kParts>> acquired_;  // group -> part -> pointer (null: not held)
+  std::vector<int> group_of_;                            // entry -> group
+  std::vector<size_t> group_offset_;                     // group -> its first parameter's offset
+  std::vector<std::array<void*, kParts>> acquired_;      // group -> part -> pointer (null: not held)
   std::vector<std::array<int, kParts>> acquired_chunk_;  // group -> part -> the chunk held
   // The home's layout (the model's own, in the home's sub-groups of optimizer state).
   GpuHomeLayout home_layout_;
@@ -260,17 +260,17 @@ class GpuModel {
                                  const std::function<absl::Status(size_t, size_t, float*, void*, void*)>& fn);
   // Zeroes a state chunk's moments (fn's m and v for n elements) on the stream.
   absl::Status ZeroMoments(int g, size_t n, void* m, void* v);
-  std::vector<bool> grads_zeroed_;        // group -> gradients already zeroed this step
-  std::vector<size_t> norm_offset_;       // entry -> offset in norms_ (norm weights only)
+  std::vector<bool> grads_zeroed_;   // group -> gradients already zeroed this step
+  std::vector<size_t> norm_offset_;  // entry -> offset in norms_ (norm weights only)
   float* norms_ = nullptr;
-  int micro_ = 0;                         // micro-batches done this step
-  int layer_major_ = 0;                   // K micro-batches a step, layer-major; 0: one at a time
+  int micro_ = 0;        // micro-batches done this step
+  int layer_major_ = 0;  // K micro-batches a step, layer-major; 0: one at a time
   bool moments_8bit_ = false;
-  struct MicroBatch {                     // layer-major: one micro-batch's buffers
-    float *x = nullptr, *dx = nullptr;    // its residual stream and its gradient (N x C)
+  struct MicroBatch {                   // layer-major: one micro-batch's buffers
+    float *x = nullptr, *dx = nullptr;  // its residual stream and its gradient (N x C)
     int32_t *tokens = nullptr, *targets = nullptr, *token_index = nullptr;
-    TokenSegments segments;               // the token index's host side
-    std::vector<float> losses;            // (N) each row's loss, read back
+    TokenSegments segments;     // the token index's host side
+    std::vector<float> losses;  // (N) each row's loss, read back
   };
   std::vector<MicroBatch> micro_batches_;
   double acquire_seconds_ = 0;
@@ -301,9 +301,9 @@ class GpuModel {
   float *x_ = nullptr, *x_out_ = nullptr, *dx_ = nullptr;  // residual stream and its gradient, fp32
   Bf16 *tmp_ = nullptr, *xf_ = nullptr, *logits_ = nullptr, *dlogits_ = nullptr, *dx16_ = nullptr;
   float *rstd_f_ = nullptr, *losses_ = nullptr, *norm_ = nullptr, *delta_ = nullptr;
-  float* scratch_ = nullptr;         // the deterministic reductions' partial sums
-  int32_t* token_index_ = nullptr;   // this micro-batch's rows grouped by token (SegmentTokens)
-  TokenSegments token_segments_;     // its host side (kept until the upload is done)
+  float* scratch_ = nullptr;        // the deterministic reductions' partial sums
+  int32_t* token_index_ = nullptr;  // this micro-batch's rows grouped by token (SegmentTokens)
+  TokenSegments token_segments_;    // its host side (kept until the upload is done)
   Bf16 *dxf_ = nullptr, *dh_ = nullptr, *da_ = nullptr, *dq_ = nullptr, *dk_ = nullptr, *dv_ = nullptr, *ds_ = nullptr,
        *dg_ = nullptr, *du_ = nullptr;
   int32_t *tokens_ = nullptr, *targets_ = nullptr;

@@ -7,6 +7,12 @@ set -u
 bin="$1"
 dir="${TEST_TMPDIR:-/tmp}/gpu_train_main_test.$$"
 mkdir -p "$dir"
+"$bin" --help > "$dir/help.log" 2>&1
+if [ $? -ge 126 ]; then  # not found, not executable, or a shared library missing: say so, not 21 failures
+  echo "cannot run $bin: $(head -n 3 "$dir/help.log")"
+  echo "0 passed, 1 failed"
+  exit 1
+fi
 pass=0; fail=0
 check() { if eval "$2"; then pass=$((pass+1)); else fail=$((fail+1)); echo "FAILED: $1"; cat "$dir/out.log"; fi; }
 run() { "$bin" "$@" > "$dir/out.log" 2>&1; echo $? > "$dir/rc"; }

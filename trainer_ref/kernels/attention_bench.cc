@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "trainer_ref/kernels/attention_tc.h"
+#include "trainer_ref/kernels/bench_timer.h"
 #include "trainer_ref/kernels/gpu_ops.h"
 
 namespace tierd::trainer::gpu {
@@ -38,16 +39,7 @@ bool Bench(const Shape& s, cudaEvent_t start, cudaEvent_t stop) {
   int entry = 1;
   for (Bf16* p : {q, k, v, dout}) InitNormal(master, p, 0, int64_t(n), 7, entry++, 1.0, nullptr);
   bool ok = true;
-  auto time = [&](auto&& run) {
-    for (int i = 0; i < 3; ++i) run();
-    cudaEventRecord(start);
-    for (int i = 0; i < 20; ++i) run();
-    cudaEventRecord(stop);
-    cudaEventSynchronize(stop);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    return ms / 20;
-  };
+  auto time = [&](auto&& run) { return MeanMs(run, start, stop); };
   const double fwd =
       time([&] { ok &= AttentionForwardTc(out, lse, q, k, v, s.b, s.t, s.h, s.d, nullptr) == cudaSuccess; });
   const double bwd_only = time([&] {

@@ -10,6 +10,7 @@
 #include <functional>
 #include <vector>
 
+#include "trainer_ref/kernels/bench_timer.h"
 #include "trainer_ref/kernels/gpu_ops.h"
 
 namespace tierd::trainer::gpu {
@@ -28,17 +29,6 @@ struct Buffers {
     for (void* p : all) cudaFree(p);
   }
 };
-
-double TimeMs(const std::function<void()>& run, cudaEvent_t start, cudaEvent_t stop) {
-  for (int i = 0; i < 3; ++i) run();
-  cudaEventRecord(start);
-  for (int i = 0; i < 20; ++i) run();
-  cudaEventRecord(stop);
-  cudaEventSynchronize(stop);
-  float ms = 0;
-  cudaEventElapsedTime(&ms, start, stop);
-  return ms / 20;
-}
 
 bool Bench(const char* model, int b, int t, int c, int f, int heads, cudaEvent_t start, cudaEvent_t stop) {
   const int n = b * t, d = c / heads;
@@ -70,14 +60,14 @@ bool Bench(const char* model, int b, int t, int c, int f, int heads, cudaEvent_t
   cudaMemcpy(dx, xs.data(), nc * 4, cudaMemcpyHostToDevice);
   cudaMemcpy(rstd, xs.data(), size_t(n) * 4, cudaMemcpyHostToDevice);
   const double copy_ms =
-      TimeMs([&] { cudaMemcpyAsync(dg, g, nf * 2, cudaMemcpyDeviceToDevice, nullptr); }, start, stop);
+      MeanMs([&] { cudaMemcpyAsync(dg, g, nf * 2, cudaMemcpyDeviceToDevice, nullptr); }, start, stop);
   const double copy_gbs = 2.0 * nf * 2 / copy_ms / 1e6;
   std::printf("\n%s, %d x %d tokens (C %d, F %d, %d heads of %d): device-to-device copy %.0f GB/s (read + write)\n",
               model, b, t, c, f, heads, d, copy_gbs);
   std::printf("| kernel | ms | GB moved (at least) | GB/s | vs copy |\n|---|---|---|---|---|\n");
   double total_ms = 0;
   auto row = [&](const char* name, double bytes, const std::function<void()>& run) {
-    const double ms = TimeMs(run, start, stop);
+    const double ms = MeanMs(run, start, stop);
     total_ms += ms;
     std::printf("| %s | %.3f | %.3f | %.0f | %.2f |\n", name, ms, bytes / 1e9, bytes / ms / 1e6,
                 bytes / ms / 1e6 / copy_gbs);

@@ -69,15 +69,14 @@ class GpuTierdTest : public ::testing::Test {
     return (*watcher)->ListLeases(/*every_session=*/true);
   }
   // A model with its state leased from this tierd, a third of it in the GPU quota.
-  std::unique_ptr<tg::GpuModel> OnTierd(const trainer::ModelConfig& config, int batch, int seq, bool checkpointing,
-                                        int layer_major, bool moments_8bit) const {
-    const tg::GpuHomeLayout layout =
-        tg::GpuModel::HomeLayout(config, batch, seq, checkpointing, layer_major, moments_8bit);
-    const uint64_t state = layout.Total();
-    auto home = tg::MakeTierdGpuHome(layout, Options(state / 3, 2 * state, 2 * state));
+  std::unique_ptr<tg::GpuModel> OnTierd(const trainer::ModelConfig& config, int batch, int seq,
+                                        const tg::StateOptions& state) const {
+    const tg::GpuHomeLayout layout = tg::GpuModel::HomeLayout(config, batch, seq, state);
+    const uint64_t bytes = layout.Total();
+    auto home = tg::MakeTierdGpuHome(layout, Options(bytes / 3, 2 * bytes, 2 * bytes));
     EXPECT_TRUE(home.ok()) << home.status();
     if (!home.ok()) return nullptr;
-    auto model = tg::GpuModel::Create(config, batch, seq, std::move(*home), checkpointing, layer_major, moments_8bit);
+    auto model = tg::GpuModel::Create(config, batch, seq, std::move(*home), state);
     EXPECT_TRUE(model.ok()) << model.status();
     return model.ok() ? std::move(*model) : nullptr;
   }
@@ -290,10 +289,10 @@ TEST_F(GpuTierdTest, EightBitMomentsOnTheHostTrainLikeOnTheGpu) {
   const trainer::ModelConfig config = TestConfig();
   const int batch = 4, seq = 128;
   const tg::GpuHomeLayout fp32 = tg::GpuModel::HomeLayout(config, batch, seq);
-  const tg::GpuHomeLayout layout = tg::GpuModel::HomeLayout(config, batch, seq, false, 0, /*moments_8bit=*/true);
+  const tg::GpuHomeLayout layout = tg::GpuModel::HomeLayout(config, batch, seq, {.moments_8bit = true});
   EXPECT_LT(layout.TotalOf(tg::Part::kAdamM), fp32.TotalOf(tg::Part::kAdamM) / 3);
-  auto on_host = OnTierd(config, batch, seq, false, 0, true);
-  auto on_gpu = tg::GpuModel::Create(config, batch, seq, nullptr, false, 0, true);
+  auto on_host = OnTierd(config, batch, seq, {.moments_8bit = true});
+  auto on_gpu = tg::GpuModel::Create(config, batch, seq, nullptr, {.moments_8bit = true});
   ASSERT_NE(on_host, nullptr);
   ASSERT_TRUE(on_gpu.ok()) << on_gpu.status();
   on_host->SetOptimizerOnCpu(true);
@@ -305,7 +304,7 @@ TEST_F(GpuTierdTest, EightBitMomentsOnTheHostTrainLikeOnTheGpu) {
   // A home of fp32 moments is not one for a model of 8-bit ones.
   auto fp32_home = tg::MakePlainGpuHome(fp32);
   ASSERT_TRUE(fp32_home.ok());
-  EXPECT_EQ(tg::GpuModel::Create(config, batch, seq, std::move(*fp32_home), false, 0, true).status().code(),
+  EXPECT_EQ(tg::GpuModel::Create(config, batch, seq, std::move(*fp32_home), {.moments_8bit = true}).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
@@ -316,8 +315,9 @@ TEST_F(GpuTierdTest, EightBitMomentsOnTheHostTrainLikeOnTheGpu) {
 TEST_F(GpuTierdTest, TheGpuUpdateDeferredToTheNextForwardTrainsTheSame) {
   const trainer::ModelConfig config = TestConfig();
   const int batch = 4, seq = 128, micro = 2;
-  auto deferred = OnTierd(config, batch, seq, true, micro, true);
-  auto plain = tg::GpuModel::Create(config, batch, seq, nullptr, true, 0, true);
+  auto deferred =
+      OnTierd(config, batch, seq, {.checkpointing = true, .layer_major_micro_batches = micro, .moments_8bit = true});
+  auto plain = tg::GpuModel::Create(config, batch, seq, nullptr, {.checkpointing = true, .moments_8bit = true});
   ASSERT_NE(deferred, nullptr);
   ASSERT_TRUE(plain.ok()) << plain.status();
   deferred->SetOptimizerDeferred(true);
@@ -328,6 +328,32 @@ TEST_F(GpuTierdTest, TheGpuUpdateDeferredToTheNextForwardTrainsTheSame) {
   TrainSideBySide(*deferred, **plain, config, batch, seq, /*steps=*/4,
                   "deferred GPU AdamW 8-bit layer-major on tierd, plain GPU AdamW 8-bit");
   std::printf("%s\n%s\n", note->c_str(), deferred->home().Describe().c_str());
+}
+
+// The compact state through tierd (bf16 gradients, no weights parts: each use of a layer's
+// weights reads its master copy), with the GPU's update deferred, layer-major over 2
+// micro-batches, at a third of the state in the GPU quota: the same training, bit for bit, as
+// a plain compact model stepping at the end of each step.
+TEST_F(GpuTierdTest, TheCompactStateTrainsThroughTierdAsOnPlainBuffers) {
+  const trainer::ModelConfig config = TestConfig();
+  const int batch = 4, seq = 128, micro = 2;
+  const tg::StateOptions state{
+      .checkpointing = true, .layer_major_micro_batches = micro, .moments_8bit = true, .compact = true};
+  auto deferred = OnTierd(config, batch, seq, state);
+  auto plain = tg::GpuModel::Create(config, batch, seq, nullptr, state);
+  ASSERT_NE(deferred, nullptr);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  deferred->SetOptimizerDeferred(true);
+  ASSERT_TRUE(deferred->InitParams(6).ok());
+  ASSERT_TRUE((*plain)->InitParams(6).ok());
+  auto note = deferred->RegisterStep(micro);
+  ASSERT_TRUE(note.ok()) << note.status();
+  TrainSideBySide(*deferred, **plain, config, batch, seq, /*steps=*/4,
+                  "compact state, deferred GPU AdamW 8-bit layer-major on tierd; plain compact layer-major");
+  std::printf("%s\n%s\n", note->c_str(), deferred->home().Describe().c_str());
+  // The host's optimizer writes bf16 weights, which the compact state does not keep.
+  deferred->SetOptimizerOnCpu(true);
+  EXPECT_EQ(deferred->AdamWStep(1e-3, 9, trainer::AdamWOptions{}, 1.0).code(), absl::StatusCode::kFailedPrecondition);
 }
 
 // A GPU quota below what one step of the model holds at once (a layer's four parts while

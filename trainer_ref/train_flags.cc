@@ -100,6 +100,13 @@ ABSL_FLAG(bool, optimizer_deferred, true,
 ABSL_FLAG(int, optimizer_chunks, 1,
           "GPU, --offload_policy=tierd: lease each layer's master weights and moments as this many sub-groups "
           "(DeepSpeed's sub-groups); 1: one lease per layer and part");
+ABSL_FLAG(std::string, compact_state, "auto",
+          "GPU: keep 4 bytes a parameter less. on: each layer's gradients accumulate in fp32 on the GPU and are kept "
+          "as bf16 (rounded once) when its backward is done, and no bf16 weight copy is kept (the GPU rounds the "
+          "fp32 master copy when a layer is used; 2 bytes a parameter more over PCIe in the backward). Needs the "
+          "optimizer on the GPU and one backward per layer a step (--step_order=layer, or one micro-batch). off: "
+          "fp32 gradients and a bf16 weight copy. auto: on under tierd when the full state does not fit the GPU "
+          "and DRAM quotas (so it would spill to NVMe) and the step allows it; says why");
 ABSL_FLAG(std::string, step_order, "auto",
           "GPU: the order of a step's micro-batches. micro: one micro-batch's whole forward and backward after the "
           "other; auto: layer under tierd when the larger state of layer-major (an input per micro-batch per layer) "
@@ -264,7 +271,7 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   s.eval_every = absl::GetFlag(FLAGS_eval_every);
   const std::vector<const char*> gpu_only = {"gpu_budget",  "optimizer_place",  "pcie_gbps",          "nvme_gbps",
                                              "gpu_tflops",  "optimizer_chunks", "optimizer_deferred", "profile",
-                                             "timing_skip", "step_order"};
+                                             "timing_skip", "step_order",       "compact_state"};
   const std::vector<const char*> cpu_only = {"tierd_record"};
   for (const char* name : gpu ? cpu_only : gpu_only) {
     if (Given(name) && notes != nullptr) {

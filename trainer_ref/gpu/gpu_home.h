@@ -49,6 +49,8 @@ struct GpuHomeLayout {
   // group, back to back in the group's order (GpuModel::MomentOffset): the two moment
   // parts are then ~1/4 of fp32's bytes. Such state is one lease a part (no sub-groups).
   bool moments_8bit = false;
+  // The compact state (StateOptions::compact): no weights parts (0 bytes), bf16 gradients.
+  bool compact = false;
   uint64_t Total() const;
   uint64_t TotalOf(Part part) const;
   // How many leases the part of a group is in: 1; for the optimizer's state state_chunks of

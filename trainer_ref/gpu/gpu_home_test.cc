@@ -62,7 +62,7 @@ TEST(GpuHomeLayoutTest, OptimizerStateInSubGroupsTilesEachPartInAlignedChunks) {
     EXPECT_EQ(layout.Chunks(1, Part::kAdamM), std::min(chunks, 3140));
   }
   // The 7B shape: a layer's 772 MiB of master weights in 16 chunks of ~48 MiB.
-  GpuHomeLayout big = GpuModel::HomeLayout(*ModelPreset("7b"), 2, 2048, /*checkpointing=*/true);
+  GpuHomeLayout big = GpuModel::HomeLayout(*ModelPreset("7b"), 2, 2048, {.checkpointing = true});
   big.state_chunks = 16;
   ExpectChunksTile(big);
   EXPECT_EQ(big.Chunks(1, Part::kMaster), 16);
@@ -74,8 +74,8 @@ TEST(GpuHomeLayoutTest, OptimizerStateInSubGroupsTilesEachPartInAlignedChunks) {
 // moments): refused when they cannot hold it, a warning with the bytes to add when less than a
 // tenth stays free (44 GiB of NVMe: what failed on the H200 box), nothing with 58 GiB.
 TEST(GpuHomeLayoutTest, QuotasThatCannotHoldTheStateAreRefusedAndTightOnesWarned) {
-  const GpuHomeLayout layout = GpuModel::HomeLayout(*ModelPreset("13b"), 4, 2048, /*checkpointing=*/true,
-                                                    /*act_slots=*/2, /*moments_8bit=*/true);
+  const GpuHomeLayout layout = GpuModel::HomeLayout(
+      *ModelPreset("13b"), 4, 2048, {.checkpointing = true, .layer_major_micro_batches = 2, .moments_8bit = true});
   const uint64_t state = layout.Total();
   EXPECT_NEAR(static_cast<double>(state) / (1ull << 30), 158, 1.5);
   const uint64_t gpu = 19 * (1ull << 30), dram = 100 * (1ull << 30);
@@ -94,12 +94,33 @@ TEST(GpuHomeLayoutTest, QuotasThatCannotHoldTheStateAreRefusedAndTightOnesWarned
   EXPECT_EQ(*roomy, "");
 }
 
+// The compact state of the same 13B step: no weights parts, bf16 gradients, 4 bytes a
+// parameter less (~48 GiB), so GPU 19 GiB + DRAM 100 GiB hold it with no NVMe at all.
+TEST(GpuHomeLayoutTest, TheCompactStateOf13BFitsTheGpuAndDramQuotas) {
+  const StateOptions full_state{.checkpointing = true, .layer_major_micro_batches = 2, .moments_8bit = true};
+  StateOptions compact_state = full_state;
+  compact_state.compact = true;
+  const ModelConfig config = *ModelPreset("13b");
+  const GpuHomeLayout full = GpuModel::HomeLayout(config, 4, 2048, full_state);
+  const GpuHomeLayout layout = GpuModel::HomeLayout(config, 4, 2048, compact_state);
+  EXPECT_TRUE(layout.compact);
+  EXPECT_EQ(layout.TotalOf(Part::kWeights), 0u);
+  EXPECT_EQ(2 * layout.TotalOf(Part::kGrads), full.TotalOf(Part::kGrads));
+  for (Part part : {Part::kMaster, Part::kAdamM, Part::kAdamV, Part::kActs}) {
+    EXPECT_EQ(layout.TotalOf(part), full.TotalOf(part));
+  }
+  EXPECT_EQ(full.Total() - layout.Total(), 4 * static_cast<uint64_t>(config.Params()));
+  EXPECT_NEAR(static_cast<double>(layout.Total()) / (1ull << 30), 110, 1.5);
+  auto room = CheckQuotasHold(layout, 19 * (1ull << 30), 100 * (1ull << 30), 0);
+  EXPECT_TRUE(room.ok()) << room.status();
+}
+
 // 8-bit moments: each tensor's moment is Moment8bitBytes of its count, the group's the sum
 // (a 7B layer's two moments ~0.4 GB instead of 1.6), and the state is one lease a part.
 TEST(GpuHomeLayoutTest, EightBitMomentsTakeEachTensorsBlocksInOneLease) {
   const ModelConfig config = *ModelPreset("7b");
-  GpuHomeLayout fp32 = GpuModel::HomeLayout(config, 4, 2048, true);
-  GpuHomeLayout q8 = GpuModel::HomeLayout(config, 4, 2048, true, 0, /*moments_8bit=*/true);
+  GpuHomeLayout fp32 = GpuModel::HomeLayout(config, 4, 2048, {.checkpointing = true});
+  GpuHomeLayout q8 = GpuModel::HomeLayout(config, 4, 2048, {.checkpointing = true, .moments_8bit = true});
   EXPECT_TRUE(q8.moments_8bit);
   const uint64_t c = config.d_model, f = config.d_ff;
   const uint64_t layer = 2 * Moment8bitBytes(c) + 4 * Moment8bitBytes(c * c) + 3 * Moment8bitBytes(c * f);

@@ -26,15 +26,15 @@ std::vector<std::pair<std::string, double>> GpuModel::TakeProfile() {
   return out;
 }
 
-GpuModel::GpuModel(const ModelConfig& config, int batch, int seq, bool checkpointing, int layer_major_micro_batches,
-                   bool moments_8bit)
+GpuModel::GpuModel(const ModelConfig& config, int batch, int seq, const StateOptions& state)
     : config_(config),
       batch_(batch),
       seq_(seq),
-      checkpointing_(checkpointing),
+      checkpointing_(state.checkpointing),
       layout_(ParamLayout(config)),
-      layer_major_(layer_major_micro_batches),
-      moments_8bit_(moments_8bit) {
+      layer_major_(state.layer_major_micro_batches),
+      moments_8bit_(state.moments_8bit),
+      compact_(state.compact) {
   const ParamEntries entries = ParamEntriesOf(config);
   embed_ = entries.embed;
   layers_ = entries.layers;
@@ -299,8 +299,7 @@ absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx) {
 
 void GpuModel::AddSumOfSquares(int group) {
   Timed(kOptimizer, [&] {
-    SumSquares(static_cast<float*>(acquired_[group][static_cast<int>(Part::kGrads)]),
-               static_cast<int64_t>(GroupCount(group)), norm_, scratch_, stream_);
+    SumSquares(GradsOf(group), static_cast<int64_t>(GroupCount(group)), norm_, scratch_, stream_);
     return 0;
   });
 }

@@ -41,26 +41,39 @@
 
 namespace tierd::trainer::gpu {
 
+// How the model keeps its state; the home's layout follows from it.
+struct StateOptions {
+  // Activation checkpointing: a layer saves only its input (fp32) and its backward
+  // recomputes the rest into the workspace first.
+  bool checkpointing = false;
+  // K > 0: the step runs layer-major over K micro-batches (ForwardBackwardLayerMajor); each
+  // layer saves what it keeps for each of them (K slots of its activations part) and the
+  // workspace holds each micro-batch's residual stream and its gradient.
+  int layer_major_micro_batches = 0;
+  // The Adam moments as 8-bit blockwise codes (--opt=adamw8bit; adamw8bit.h), each tensor's
+  // own at MomentOffset within its group's moment parts.
+  bool moments_8bit = false;
+  // 4 bytes a parameter less to keep (--state=compact), for a state that does not fit the
+  // GPU and DRAM otherwise. A group's gradients accumulate in fp32 in a workspace of one group
+  // and are kept as bf16 (rounded once) when its backward is done; no bf16 weight copy is
+  // kept: when a group is used its fp32 master copy is rounded into a workspace of one group
+  // (the same bits a kept copy would hold). Costs 2 bytes a parameter more over PCIe in the
+  // backward (master instead of bf16 weights). Needs one backward per group a step
+  // (layer-major, or one micro-batch) and the optimizer on the GPU.
+  bool compact = false;
+};
+
 class GpuModel {
  public:
   // The parts the model keeps in its home, by group (0 the embedding, 1..L the layers, L + 1
-  // the final norm and the head). With activation checkpointing a layer saves only its
-  // input (fp32) and its backward recomputes the rest into the workspace first.
-  // Layer-major (layer_major_micro_batches K > 0): each layer saves what it keeps for each of
-  // the step's K micro-batches (K slots of its activations part).
-  // moments_8bit: the Adam moments as 8-bit blockwise codes (--opt=adamw8bit; adamw8bit.h),
-  // each tensor's own at MomentOffset within its group's moment parts.
-  static GpuHomeLayout HomeLayout(const ModelConfig& config, int batch, int seq, bool checkpointing = false,
-                                  int layer_major_micro_batches = 0, bool moments_8bit = false);
+  // the final norm and the head), for the state kept as `state` says.
+  static GpuHomeLayout HomeLayout(const ModelConfig& config, int batch, int seq, const StateOptions& state = {});
   // RESOURCE_EXHAUSTED with the bytes when the device has no room; FAILED_PRECONDITION
   // without a device; INVALID_ARGUMENT for a head size above 256. Without a home: plain
   // GPU buffers.
-  // layer_major_micro_batches K > 0: the step runs as ForwardBackwardLayerMajor over K
-  // micro-batches (the workspace holds each micro-batch's residual stream and its gradient).
   static absl::StatusOr<std::unique_ptr<GpuModel>> Create(const ModelConfig& config, int batch, int seq,
                                                           std::unique_ptr<GpuHome> home = nullptr,
-                                                          bool checkpointing = false, int layer_major_micro_batches = 0,
-                                                          bool moments_8bit = false);
+                                                          const StateOptions& state = {});
   ~GpuModel();
   GpuModel(const GpuModel&) = delete;
   GpuModel& operator=(const GpuModel&) = delete;
@@ -153,12 +166,12 @@ class GpuModel {
   uint64_t DeviceBytes() const { return device_bytes_ + home_->OwnDeviceBytes(); }
   uint64_t WorkspaceBytes() const { return device_bytes_; }
   // The same before the model exists (to size a GPU budget's share for tierd).
-  static uint64_t WorkspaceBytesFor(const ModelConfig& config, int batch, int seq, bool checkpointing = false,
-                                    int layer_major_micro_batches = 0);
+  static uint64_t WorkspaceBytesFor(const ModelConfig& config, int batch, int seq, const StateOptions& state = {});
+  bool compact() const { return compact_; }
 
  private:
-  GpuModel(const ModelConfig& config, int batch, int seq, bool checkpointing, int layer_major_micro_batches = 0,
-           bool moments_8bit = false);
+  GpuModel(const ModelConfig& config, int batch, int seq, const StateOptions& state);
+  size_t MaxGroupCount() const;  // the most parameters of one group (the compact state's workspaces)
   // A moment of the group's tensors: its bytes (fp32, or Moment8bitBytes) and where they
   // start within the group's moment part.
   uint64_t MomentBytes(size_t entry) const;
@@ -174,7 +187,12 @@ class GpuModel {
   absl::StatusOr<T*> Take(size_t count);
   // The pointers of an entry inside its group's acquired parts (weights, gradients).
   Bf16* W(size_t entry) const;
-  float* G(size_t entry) const;
+  float* G(size_t entry) const;  // fp32, where the backward accumulates them
+  // The group's gradients as accumulated (fp32): its part, or the compact state's workspace.
+  float* GradsOf(int group) const;
+  // The compact state: the group's weights, its master copy rounded into weights_ws_ (not
+  // again while weights_group_ is the group; kOverwrite: the caller writes them whole).
+  absl::Status EnterDerivedWeights(int group, Access access);
   float* N(size_t entry) const { return norms_ + norm_offset_[entry]; }  // resident norm weights
   // Acquires chunk `chunk` of the part (0 for one-lease parts; optimizer state in
   // sub-groups: GpuHomeLayout::Chunk) into acquired_; one chunk of a part at a time.
@@ -266,6 +284,12 @@ class GpuModel {
   int micro_ = 0;        // micro-batches done this step
   int layer_major_ = 0;  // K micro-batches a step, layer-major; 0: one at a time
   bool moments_8bit_ = false;
+  bool compact_ = false;
+  // The compact state's workspaces (one group each): the gradients of the group whose
+  // backward is running (accumulating_group_, fp32), and the bf16 weights of weights_group_.
+  float* grad_acc_ = nullptr;
+  Bf16* weights_ws_ = nullptr;
+  int accumulating_group_ = -1, weights_group_ = -1;
   struct MicroBatch {                   // layer-major: one micro-batch's buffers
     float *x = nullptr, *dx = nullptr;  // its residual stream and its gradient (N x C)
     int32_t *tokens = nullptr, *targets = nullptr, *token_index = nullptr;

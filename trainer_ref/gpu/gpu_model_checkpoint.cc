@@ -29,10 +29,12 @@ struct Staging {
 }  // namespace
 
 std::string GpuModel::ShapeRecord() const {
-  // The moments' format is part of the shape: their records differ in bytes and meaning.
-  return absl::StrFormat("layers=%d d_model=%d heads=%d d_ff=%d vocab=%d norm_eps=%.9g rope_theta=%.9g params=%d%s",
+  // The moments' format and the compact state (no weights records) are part of the shape:
+  // their records differ in bytes and meaning.
+  return absl::StrFormat("layers=%d d_model=%d heads=%d d_ff=%d vocab=%d norm_eps=%.9g rope_theta=%.9g params=%d%s%s",
                          config_.layers, config_.d_model, config_.heads, config_.d_ff, config_.vocab, config_.norm_eps,
-                         config_.rope_theta, total_params_, moments_8bit_ ? " moments=8bit-root-v" : "");
+                         config_.rope_theta, total_params_, moments_8bit_ ? " moments=8bit-root-v" : "",
+                         compact_ ? " state=compact" : "");
 }
 
 // fn(host pointer to bytes [at, at + n) of the chunk, n) over the chunk in pieces; the piece is
@@ -78,6 +80,7 @@ absl::Status GpuModel::SaveState(CheckpointWriter& writer) {
   if (!home_->HasHostTier()) RETURN_IF_ERROR(Cuda(cudaMallocHost(&staging.bytes, kStagingBytes), "staging buffer"));
   for (int g = 0; g < Groups(); ++g) {
     for (Part part : kSavedParts) {
+      if (home_layout_.bytes[g][static_cast<int>(part)] == 0) continue;  // the compact state's weights
       RETURN_IF_ERROR(
           writer.BeginRecord(PartName(home_layout_, g, part), home_layout_.bytes[g][static_cast<int>(part)]));
       for (int c = 0; c < home_layout_.Chunks(g, part); ++c) {
@@ -100,8 +103,10 @@ absl::Status GpuModel::LoadState(CheckpointReader& reader) {
   }
   Staging staging;
   if (!home_->HasHostTier()) RETURN_IF_ERROR(Cuda(cudaMallocHost(&staging.bytes, kStagingBytes), "staging buffer"));
+  weights_group_ = -1;  // the compact state's weights are the master copy's, read anew
   for (int g = 0; g < Groups(); ++g) {
     for (Part part : kSavedParts) {
+      if (home_layout_.bytes[g][static_cast<int>(part)] == 0) continue;
       RETURN_IF_ERROR(
           reader.BeginRecord(PartName(home_layout_, g, part), home_layout_.bytes[g][static_cast<int>(part)]));
       for (int c = 0; c < home_layout_.Chunks(g, part); ++c) {

@@ -45,12 +45,12 @@ GpuModel::Acts GpuModel::ActsAt(void* base) const {
   return a;
 }
 
-GpuHomeLayout GpuModel::HomeLayout(const ModelConfig& config, int batch, int seq, bool checkpointing,
-                                   int layer_major_micro_batches, bool moments_8bit) {
-  GpuModel shape(config, batch, seq, checkpointing, 0, moments_8bit);  // host-side tables only
+GpuHomeLayout GpuModel::HomeLayout(const ModelConfig& config, int batch, int seq, const StateOptions& state) {
+  GpuModel shape(config, batch, seq, state);  // host-side tables only
   GpuHomeLayout out;
-  out.act_slots = std::max(1, layer_major_micro_batches);
-  out.moments_8bit = moments_8bit;
+  out.act_slots = std::max(1, state.layer_major_micro_batches);
+  out.moments_8bit = state.moments_8bit;
+  out.compact = state.compact;
   for (int g = 0; g < shape.Groups(); ++g) {
     uint64_t params = 0, moment = 0;
     for (size_t e : shape.GroupEntries(g)) {
@@ -59,10 +59,11 @@ GpuHomeLayout GpuModel::HomeLayout(const ModelConfig& config, int batch, int seq
     }
     out.groups.push_back(g == 0 ? "embed" : g == shape.Groups() - 1 ? "final" : absl::StrFormat("layers.%d", g - 1));
     const bool layer = g >= 1 && g <= config.layers;
-    const uint64_t saved = checkpointing ? Aligned(static_cast<uint64_t>(batch) * seq * config.d_model * 4)
-                                         : ActsBytes(config, batch, seq);
+    const uint64_t saved = state.checkpointing ? Aligned(static_cast<uint64_t>(batch) * seq * config.d_model * 4)
+                                               : ActsBytes(config, batch, seq);
+    const uint64_t weights = state.compact ? 0 : params * 2, grads = params * (state.compact ? 2 : 4);
     out.bytes.push_back(
-        {params * 2, params * 4, params * 4, moment, moment, layer ? saved * static_cast<uint64_t>(out.act_slots) : 0});
+        {weights, params * 4, grads, moment, moment, layer ? saved * static_cast<uint64_t>(out.act_slots) : 0});
   }
   return out;
 }
@@ -99,25 +100,23 @@ absl::StatusOr<T*> GpuModel::Take(size_t count) {
 }
 
 absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::Create(const ModelConfig& config, int batch, int seq,
-                                                           std::unique_ptr<GpuHome> home, bool checkpointing,
-                                                           int layer_major_micro_batches, bool moments_8bit) {
+                                                           std::unique_ptr<GpuHome> home, const StateOptions& state) {
   if (config.head_dim() > 256) {
     return absl::InvalidArgumentError(
         absl::StrFormat("head size %d: the attention kernel takes at most 256", config.head_dim()));
   }
-  if (layer_major_micro_batches < 0) return absl::InvalidArgumentError("a negative number of micro-batches");
-  std::unique_ptr<GpuModel> model(
-      new GpuModel(config, batch, seq, checkpointing, layer_major_micro_batches, moments_8bit));
+  if (state.layer_major_micro_batches < 0) return absl::InvalidArgumentError("a negative number of micro-batches");
+  std::unique_ptr<GpuModel> model(new GpuModel(config, batch, seq, state));
   if (home == nullptr) {
-    auto plain =
-        MakePlainGpuHome(HomeLayout(config, batch, seq, checkpointing, layer_major_micro_batches, moments_8bit));
+    auto plain = MakePlainGpuHome(HomeLayout(config, batch, seq, state));
     if (!plain.ok()) return plain.status();
     home = std::move(*plain);
   }
   // The home must be made for this model: the same groups and parts, in bytes.
-  const GpuHomeLayout own = HomeLayout(config, batch, seq, checkpointing, layer_major_micro_batches, moments_8bit);
+  const GpuHomeLayout own = HomeLayout(config, batch, seq, state);
   if (home->layout().groups != own.groups || home->layout().bytes != own.bytes ||
-      home->layout().act_slots != own.act_slots || home->layout().moments_8bit != own.moments_8bit) {
+      home->layout().act_slots != own.act_slots || home->layout().moments_8bit != own.moments_8bit ||
+      home->layout().compact != own.compact) {
     return absl::InvalidArgumentError(
         absl::StrFormat("the home was made for another layout (%d groups, %s) than this model's (%d groups, %s)",
                         home->layout().groups.size(), FormatBytes(home->layout().Total()), own.groups.size(),
@@ -160,16 +159,24 @@ std::vector<std::pair<size_t, size_t>> GpuModel::MicroBatchPlan(const ModelConfi
   return {{n * c, 4}, {n * c, 4}, {n, 4}, {n, 4}, {3 * n + 1, 4}};  // x, dx, tokens, targets, token index
 }
 
-uint64_t GpuModel::WorkspaceBytesFor(const ModelConfig& config, int batch, int seq, bool checkpointing,
-                                     int layer_major_micro_batches) {
+uint64_t GpuModel::WorkspaceBytesFor(const ModelConfig& config, int batch, int seq, const StateOptions& state) {
   uint64_t bytes = kGemmWorkspace;
-  for (const auto& [count, size] : WorkspacePlan(config, batch, seq, checkpointing)) {
+  for (const auto& [count, size] : WorkspacePlan(config, batch, seq, state.checkpointing)) {
     bytes += std::max<size_t>(count * size, 1);
   }
   for (const auto& [count, size] : MicroBatchPlan(config, batch, seq)) {
-    bytes += static_cast<uint64_t>(layer_major_micro_batches) * count * size;
+    bytes += static_cast<uint64_t>(state.layer_major_micro_batches) * count * size;
+  }
+  if (state.compact) {  // grad_acc_ (fp32) and weights_ws_ (bf16), one group each
+    bytes += GpuModel(config, batch, seq, state).MaxGroupCount() * (sizeof(float) + sizeof(Bf16));
   }
   return bytes;
+}
+
+size_t GpuModel::MaxGroupCount() const {
+  size_t most = 0;
+  for (int g = 0; g < Groups(); ++g) most = std::max(most, GroupCount(g));
+  return most;
 }
 
 namespace {
@@ -253,6 +260,14 @@ absl::Status GpuModel::Allocate() {
     }
     mb.losses.resize(static_cast<size_t>(batch_) * seq_);
   }
+  if (compact_) {
+    auto acc = Take<float>(MaxGroupCount());
+    if (!acc.ok()) return acc.status();
+    grad_acc_ = *acc;
+    auto ws = Take<Bf16>(MaxGroupCount());
+    if (!ws.ok()) return ws.status();
+    weights_ws_ = *ws;
+  }
   return ZeroGrads();
 }
 
@@ -260,6 +275,7 @@ absl::Status GpuModel::Enter(int group, Part part, Access access, int chunk) {
   // The optimizer's step has updated the group: the CPU's waited for, the GPU's deferred
   // update queued before this use.
   RETURN_IF_ERROR(AwaitOptimizerUpdate(group));
+  if (compact_ && part == Part::kWeights) return EnterDerivedWeights(group, access);
   const auto start = std::chrono::steady_clock::now();
   auto p = home_->Acquire(group, part, chunk, access);
   acquire_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -273,12 +289,47 @@ absl::Status GpuModel::Enter(int group, Part part, Access access, int chunk) {
   return absl::OkStatus();
 }
 
+absl::Status GpuModel::EnterDerivedWeights(int group, Access access) {
+  if (access != Access::kOverwrite && weights_group_ != group) {
+    weights_group_ = -1;  // overwritten from here on
+    for (int c = 0; c < home_layout_.Chunks(group, Part::kMaster); ++c) {
+      RETURN_IF_ERROR(Enter(group, Part::kMaster, Access::kRead, c));
+      const GpuHomeLayout::Range range = home_layout_.Chunk(group, Part::kMaster, c);
+      Timed(kElementwise, [&] {
+        ToBf16(weights_ws_ + range.offset / sizeof(float),
+               static_cast<float*>(acquired_[group][static_cast<int>(Part::kMaster)]),
+               static_cast<int64_t>(range.bytes / sizeof(float)), stream_);
+        return 0;
+      });
+      RETURN_IF_ERROR(Leave(group, Part::kMaster));
+    }
+  }
+  weights_group_ = group;
+  acquired_[group][static_cast<int>(Part::kWeights)] = weights_ws_;
+  acquired_chunk_[group][static_cast<int>(Part::kWeights)] = 0;
+  if (fp8_ != nullptr) fp8_->ForgetWeights();  // the same address, other weights
+  return absl::OkStatus();
+}
+
 absl::Status GpuModel::AcquireError(const absl::Status& why, int group, Part part, int chunk, const char* where) const {
   return absl::Status(why.code(), absl::StrFormat("acquiring %s%s: %s", PartName(home_layout_, group, part, chunk),
                                                   where, why.message()));
 }
 
 absl::Status GpuModel::Leave(int group, Part part) {
+  if (compact_ && part == Part::kWeights) {  // the workspace: nothing leased
+    acquired_[group][static_cast<int>(part)] = nullptr;
+    return absl::OkStatus();
+  }
+  if (compact_ && part == Part::kGrads && accumulating_group_ == group) {
+    // The group's backward is done: its gradients are kept as bf16, rounded once.
+    Timed(kElementwise, [&] {
+      ToBf16(static_cast<Bf16*>(acquired_[group][static_cast<int>(part)]), grad_acc_,
+             static_cast<int64_t>(GroupCount(group)), stream_);
+      return 0;
+    });
+    accumulating_group_ = -1;
+  }
   acquired_[group][static_cast<int>(part)] = nullptr;
   return home_->Release(group, part, acquired_chunk_[group][static_cast<int>(part)], stream_);
 }
@@ -309,6 +360,18 @@ absl::Status GpuModel::ZeroMoments(int g, size_t n, void* m, void* v) {
 }
 
 absl::Status GpuModel::EnterGrads(int group) {
+  if (compact_) {
+    if (grads_zeroed_[group]) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "the compact state keeps %s's gradients as bf16 once its backward is done, so it takes one backward per "
+          "group a step: step layer-major (--step_order=layer) or with one micro-batch, or keep the full state",
+          home_layout_.groups[group]));
+    }
+    RETURN_IF_ERROR(Enter(group, Part::kGrads, Access::kOverwrite));  // written whole when the backward is done
+    grads_zeroed_[group] = true;
+    accumulating_group_ = group;
+    return Cuda(cudaMemsetAsync(grad_acc_, 0, GroupCount(group) * sizeof(float), stream_), "zero grads");
+  }
   if (grads_zeroed_[group]) return Enter(group, Part::kGrads, Access::kWrite);
   RETURN_IF_ERROR(Enter(group, Part::kGrads, Access::kOverwrite));
   grads_zeroed_[group] = true;
@@ -335,8 +398,12 @@ Bf16* GpuModel::W(size_t entry) const {
 }
 float* GpuModel::G(size_t entry) const {
   const int g = group_of_[entry];
-  return Inside<float>(acquired_[g][static_cast<int>(Part::kGrads)], layout_[entry].offset - group_offset_[g],
-                       "gradients", layout_[entry].name);
+  return Inside<float>(GradsOf(g), layout_[entry].offset - group_offset_[g], "gradients", layout_[entry].name);
+}
+
+float* GpuModel::GradsOf(int group) const {
+  if (compact_) return accumulating_group_ == group ? grad_acc_ : nullptr;
+  return static_cast<float*>(acquired_[group][static_cast<int>(Part::kGrads)]);
 }
 
 size_t GpuModel::GroupCount(int group) const {
@@ -423,6 +490,17 @@ absl::Status GpuModel::Download(Part part, std::vector<float>* out) {
   out->assign(total_params_, 0.f);
   for (int g = 0; g < Groups(); ++g) {
     if (part == Part::kGrads && !grads_zeroed_[g]) continue;  // no backward reached it this step: zeros
+    if (compact_ && part == Part::kGrads) {                   // bf16
+      std::vector<Bf16> bits(GroupCount(g));
+      RETURN_IF_ERROR(Enter(g, part, Access::kRead));
+      RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(bits.data(), acquired_[g][static_cast<int>(part)],
+                                           bits.size() * sizeof(Bf16), cudaMemcpyDeviceToHost, stream_),
+                           "download"));
+      RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream_), "download"));
+      RETURN_IF_ERROR(Leave(g, part));
+      for (size_t i = 0; i < bits.size(); ++i) (*out)[group_offset_[g] + i] = FromBf16(bits[i]);
+      continue;
+    }
     for (int c = 0; c < home_layout_.Chunks(g, part); ++c) {
       const GpuHomeLayout::Range range = home_layout_.Chunk(g, part, c);
       RETURN_IF_ERROR(Enter(g, part, Access::kRead, c));

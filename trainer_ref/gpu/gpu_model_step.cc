@@ -88,6 +88,10 @@ absl::Status GpuModel::AdamWStep(double lr, int64_t step, const AdamWOptions& op
   };
   if (optimizer_on_cpu_) {
     if (!home_->HasHostTier()) return GpuHome::NoHostTier();
+    if (compact_) {
+      return absl::FailedPreconditionError(
+          "the host's optimizer writes the bf16 weights the compact state does not keep: step it on the GPU");
+    }
     // In the background, group by group in forward order; the next forward waits per
     // group (AwaitOptimizerUpdate). The gradients to zero are this step's: taken now.
     std::vector<bool> zero_grads(Groups());
@@ -128,13 +132,16 @@ absl::Status GpuModel::AdamWStep(double lr, int64_t step, const AdamWOptions& op
 absl::Status GpuModel::GpuAdamWGroup(int g, bool zero_grads, const std::function<AdamWParams(size_t)>& params_for) {
   if (zero_grads) {  // no backward reached the group this step: its gradients are zeros
     RETURN_IF_ERROR(Enter(g, Part::kGrads, Access::kOverwrite));
-    RETURN_IF_ERROR(
-        Cuda(cudaMemsetAsync(acquired_[g][static_cast<int>(Part::kGrads)], 0, GroupCount(g) * sizeof(float), stream_),
-             "zero grads"));
+    RETURN_IF_ERROR(Cuda(cudaMemsetAsync(acquired_[g][static_cast<int>(Part::kGrads)], 0,
+                                         GroupCount(g) * (compact_ ? sizeof(Bf16) : sizeof(float)), stream_),
+                         "zero grads"));
   } else {
     RETURN_IF_ERROR(Enter(g, Part::kGrads, Access::kRead));
   }
   RETURN_IF_ERROR(Enter(g, Part::kWeights, Access::kOverwrite));  // written whole from the master copy
+  // The gradients as kept: fp32, or the compact state's bf16.
+  void* grads = acquired_[g][static_cast<int>(Part::kGrads)];
+  auto grads_of = [&](size_t e) { return layout_[e].offset - group_offset_[g]; };
   // Chunk by chunk (sub-groups of the state): each chunk's kernels are queued as soon as
   // its parts are here, while the next chunk comes in.
   RETURN_IF_ERROR(ForEachStateChunk(
@@ -146,15 +153,29 @@ absl::Status GpuModel::GpuAdamWGroup(int g, bool zero_grads, const std::function
           const size_t at = lo - first;
           if (moments_8bit_) {  // one chunk: the entry whole, its moments at their offsets
             RETURN_IF_ERROR(Timed(kOptimizer, [&] {
-              return Cuda(AdamW8bit(master + at, static_cast<unsigned char*>(m) + MomentOffset(e),
-                                    static_cast<unsigned char*>(v) + MomentOffset(e), W(e), G(e),
-                                    static_cast<int64_t>(layout_[e].count), params_for(e), stream_),
+              auto* m8 = static_cast<unsigned char*>(m) + MomentOffset(e);
+              auto* v8 = static_cast<unsigned char*>(v) + MomentOffset(e);
+              const auto count = static_cast<int64_t>(layout_[e].count);
+              return Cuda(compact_
+                              ? AdamW8bit(master + at, m8, v8, W(e), static_cast<const Bf16*>(grads) + grads_of(e),
+                                          count, params_for(e), stream_)
+                              : AdamW8bit(master + at, m8, v8, W(e), static_cast<const float*>(grads) + grads_of(e),
+                                          count, params_for(e), stream_),
                           "adamw8bit");
             }));
           } else {
             Timed(kOptimizer, [&] {
-              AdamW(master + at, static_cast<float*>(m) + at, static_cast<float*>(v) + at, W(e) + (lo - begin),
-                    G(e) + (lo - begin), static_cast<int64_t>(hi - lo), params_for(e), stream_);
+              float* mf = static_cast<float*>(m) + at;
+              float* vf = static_cast<float*>(v) + at;
+              const size_t from = grads_of(e) + (lo - begin);
+              const auto count = static_cast<int64_t>(hi - lo);
+              if (compact_) {
+                AdamW(master + at, mf, vf, W(e) + (lo - begin), static_cast<const Bf16*>(grads) + from, count,
+                      params_for(e), stream_);
+              } else {
+                AdamW(master + at, mf, vf, W(e) + (lo - begin), static_cast<const float*>(grads) + from, count,
+                      params_for(e), stream_);
+              }
               return 0;
             });
           }
@@ -269,6 +290,12 @@ prefetcher::Graph GpuModel::StepGraph(int micro_batches) const {
     }
   }
   auto at = [&index](int g, Part part) { return index[g][static_cast<int>(part)].front(); };
+  // What a use of a group's bf16 weights reads: its weights part, or (the compact state)
+  // its master copy, rounded on the GPU.
+  auto weights = [&index, this](int g) {
+    return compact_ ? index[g][static_cast<int>(Part::kMaster)]
+                    : std::vector<tp::TensorIndex>{index[g][static_cast<int>(Part::kWeights)].front()};
+  };
   auto state = [&index](int g) {  // master weights and moments, every chunk
     std::vector<tp::TensorIndex> all;
     for (Part part : {Part::kMaster, Part::kAdamM, Part::kAdamV}) {
@@ -293,21 +320,20 @@ prefetcher::Graph GpuModel::StepGraph(int micro_batches) const {
     const double k = layer_major_, recompute = checkpointing_ ? 1.0 : 0.0;
     graph.ops.resize(static_cast<size_t>(3 * Groups() - 1));
     for (int g = 0; g + 1 < Groups(); ++g) {
-      tp::GraphOp op{
-          absl::StrFormat("%s.fwd", home.groups[g]), {at(g, Part::kWeights)}, {}, k * forward_seconds(g), {}};
+      tp::GraphOp op{absl::StrFormat("%s.fwd", home.groups[g]), weights(g), {}, k * forward_seconds(g), {}};
       if (g > 0) op.overwrites = acts(g);
       graph.ops[LayerMajorForwardOp(g)] = std::move(op);
       tp::GraphOp back{absl::StrFormat("%s.bwd", home.groups[g]), {}, {}, k * (2 + recompute) * forward_seconds(g), {}};
       if (g > 0) {
         back.reads = acts(g);
-        back.reads.push_back(at(g, Part::kWeights));
+        for (tp::TensorIndex t : weights(g)) back.reads.push_back(t);
       }
       back.overwrites.push_back(at(g, Part::kGrads));
       graph.ops[LayerMajorBackwardOp(g)] = std::move(back);
     }
     const int last = Groups() - 1;
     graph.ops[LayerMajorForwardOp(last)] = {absl::StrFormat("%s.fwd+bwd", home.groups[last]),
-                                            {at(last, Part::kWeights)},
+                                            weights(last),
                                             {},
                                             3 * k * forward_seconds(last),
                                             {at(last, Part::kGrads)}};
@@ -316,14 +342,15 @@ prefetcher::Graph GpuModel::StepGraph(int micro_batches) const {
     graph.ops.resize(static_cast<size_t>(Groups()) * (2 * micro_batches + 1));
     for (int micro = 0; micro < micro_batches; ++micro) {
       for (int g = 0; g < Groups(); ++g) {
-        tp::GraphOp op{
-            absl::StrFormat("mb%d.%s.fwd", micro, home.groups[g]), {at(g, Part::kWeights)}, {}, forward_seconds(g), {}};
+        tp::GraphOp op{absl::StrFormat("mb%d.%s.fwd", micro, home.groups[g]), weights(g), {}, forward_seconds(g), {}};
         if (home.bytes[g][static_cast<int>(Part::kActs)] > 0) op.overwrites.push_back(at(g, Part::kActs));
         graph.ops[ForwardOp(micro, g)] = std::move(op);
       }
       for (int g = Groups(); g-- > 0;) {
         tp::GraphOp op{absl::StrFormat("mb%d.%s.bwd", micro, home.groups[g]), {}, {}, 2 * forward_seconds(g), {}};
-        if (g > 0) op.reads.push_back(at(g, Part::kWeights));
+        if (g > 0) {
+          for (tp::TensorIndex t : weights(g)) op.reads.push_back(t);
+        }
         if (home.bytes[g][static_cast<int>(Part::kActs)] > 0) op.reads.push_back(at(g, Part::kActs));
         (micro == 0 ? op.overwrites : op.writes).push_back(at(g, Part::kGrads));
         graph.ops[BackwardOp(micro, Groups() - 1 - g)] = std::move(op);
@@ -344,11 +371,8 @@ prefetcher::Graph GpuModel::StepGraph(int micro_batches) const {
       op.host_overwrites = {at(g, Part::kWeights)};
       continue;
     }
-    op = {absl::StrFormat("adamw.%s", home.groups[g]),
-          {at(g, Part::kGrads)},
-          state(g),
-          7.5 * bytes / 3e12,
-          {at(g, Part::kWeights)}};
+    op = {absl::StrFormat("adamw.%s", home.groups[g]), {at(g, Part::kGrads)}, state(g), 7.5 * bytes / 3e12, {}};
+    if (!compact_) op.overwrites.push_back(at(g, Part::kWeights));  // compact: into the workspace
   }
   return graph;
 }

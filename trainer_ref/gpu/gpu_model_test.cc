@@ -123,13 +123,13 @@ TEST(GpuModelTest, CheckpointingGivesTheSameLossAndGradients) {
   const ModelConfig config{"ckpt", 3, 128, 2, 352, 512, 128};  // head size 64: the tensor-core attention
   const int batch = 2, seq = 128;
   const GpuHomeLayout full = GpuModel::HomeLayout(config, batch, seq);
-  const GpuHomeLayout ckpt = GpuModel::HomeLayout(config, batch, seq, /*checkpointing=*/true);
+  const GpuHomeLayout ckpt = GpuModel::HomeLayout(config, batch, seq, {.checkpointing = true});
   EXPECT_LT(ckpt.TotalOf(Part::kActs) * 5, full.TotalOf(Part::kActs)) << "saves a fifth or less";
   auto plain = GpuModel::Create(config, batch, seq);
-  auto recomputing = GpuModel::Create(config, batch, seq, nullptr, /*checkpointing=*/true);
+  auto recomputing = GpuModel::Create(config, batch, seq, nullptr, {.checkpointing = true});
   ASSERT_TRUE(plain.ok()) << plain.status();
   ASSERT_TRUE(recomputing.ok()) << recomputing.status();
-  EXPECT_EQ((*recomputing)->WorkspaceBytes(), GpuModel::WorkspaceBytesFor(config, batch, seq, true));
+  EXPECT_EQ((*recomputing)->WorkspaceBytes(), GpuModel::WorkspaceBytesFor(config, batch, seq, {.checkpointing = true}));
   std::mt19937_64 rng(21);
   const Batch b = RandomBatch(batch * seq, config.vocab, rng);
   std::vector<float> grads[2];
@@ -167,24 +167,25 @@ TEST(GpuModelTest, CheckpointingGivesTheSameLossAndGradients) {
 void CheckLayerMajor(bool checkpointing, bool fp8 = false) {
   const ModelConfig config{"lm", 3, 128, 2, 352, 512, 128};  // head size 64: the tensor-core attention
   const int batch = 2, seq = 128, micro = 3, n = batch * seq;
-  const GpuHomeLayout one = GpuModel::HomeLayout(config, batch, seq, checkpointing);
-  const GpuHomeLayout slots = GpuModel::HomeLayout(config, batch, seq, checkpointing, micro);
+  const StateOptions layered{.checkpointing = checkpointing, .layer_major_micro_batches = micro};
+  const GpuHomeLayout one = GpuModel::HomeLayout(config, batch, seq, {.checkpointing = checkpointing});
+  const GpuHomeLayout slots = GpuModel::HomeLayout(config, batch, seq, layered);
   EXPECT_EQ(slots.TotalOf(Part::kActs), micro * one.TotalOf(Part::kActs));
   EXPECT_EQ(slots.Chunks(1, Part::kActs), micro);
   EXPECT_EQ(PartName(slots, 1, Part::kActs, 2), "act.layers.0.2");
   auto wrong_home = MakePlainGpuHome(one);
   ASSERT_TRUE(wrong_home.ok());
-  EXPECT_EQ(GpuModel::Create(config, batch, seq, std::move(*wrong_home), checkpointing, micro).status().code(),
+  EXPECT_EQ(GpuModel::Create(config, batch, seq, std::move(*wrong_home), layered).status().code(),
             absl::StatusCode::kInvalidArgument);
-  auto one_by_one = GpuModel::Create(config, batch, seq, nullptr, checkpointing);
-  auto layer_major = GpuModel::Create(config, batch, seq, nullptr, checkpointing, micro);
+  auto one_by_one = GpuModel::Create(config, batch, seq, nullptr, {.checkpointing = checkpointing});
+  auto layer_major = GpuModel::Create(config, batch, seq, nullptr, layered);
   ASSERT_TRUE(one_by_one.ok()) << one_by_one.status();
   ASSERT_TRUE(layer_major.ok()) << layer_major.status();
-  EXPECT_EQ((*layer_major)->WorkspaceBytes(), GpuModel::WorkspaceBytesFor(config, batch, seq, checkpointing, micro));
+  EXPECT_EQ((*layer_major)->WorkspaceBytes(), GpuModel::WorkspaceBytesFor(config, batch, seq, layered));
   if (fp8) {
     ASSERT_TRUE((*one_by_one)->UseFp8().ok());
     ASSERT_TRUE((*layer_major)->UseFp8().ok());
-    EXPECT_EQ((*layer_major)->WorkspaceBytes(), GpuModel::WorkspaceBytesFor(config, batch, seq, checkpointing, micro) +
+    EXPECT_EQ((*layer_major)->WorkspaceBytes(), GpuModel::WorkspaceBytesFor(config, batch, seq, layered) +
                                                     GpuModel::Fp8WorkspaceBytesFor(config, batch, seq));
   }
   std::mt19937_64 rng(33);
@@ -287,7 +288,7 @@ TEST(GpuModelTest, EightBitMomentsStepAsTheHostDoesAndCheckpoint) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device here: the GPU model is checked on the lent GPU machine";
   const ModelConfig config{"q8", 2, 128, 2, 352, 512, 128};
   const int batch = 2, seq = 64;
-  auto model = GpuModel::Create(config, batch, seq, nullptr, false, 0, /*moments_8bit=*/true);
+  auto model = GpuModel::Create(config, batch, seq, nullptr, {.moments_8bit = true});
   ASSERT_TRUE(model.ok()) << model.status();
   ASSERT_TRUE((*model)->InitParams(4).ok());
   const std::vector<TensorLayout> layout = ParamLayout(config);
@@ -324,10 +325,95 @@ TEST(GpuModelTest, EightBitMomentsStepAsTheHostDoesAndCheckpoint) {
     ASSERT_EQ(differ, 0u) << "of " << got.size() << " master weights differ from the host's after step " << at;
   }
   // Checkpoint, load into a fresh 8-bit model: the next step is the same; fp32 moments refuse it.
-  auto fresh = GpuModel::Create(config, batch, seq, nullptr, false, 0, true);
+  auto fresh = GpuModel::Create(config, batch, seq, nullptr, {.moments_8bit = true});
   auto fp32 = GpuModel::Create(config, batch, seq);
   ASSERT_TRUE(fresh.ok() && fp32.ok());
   CheckCheckpointRoundTrip(**model, **fresh, **fp32, b, 4, 0.5, "moments=8bit");
+}
+
+// The compact state (StateOptions::compact: gradients kept as bf16 after accumulating in
+// fp32, no bf16 weight copy kept): from the same weights, the same loss and gradient norm as
+// the full state, and its gradients rounded once, bit for bit; three steps give the master
+// weights the host's AdamW makes from those gradients; a checkpoint continues bit for bit and
+// a full-state model refuses it; a second backward in one step is refused with the reason.
+TEST(GpuModelTest, TheCompactStateKeepsGradientsRoundedOnceAndWeightsFromTheMaster) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device here: the GPU model is checked on the lent GPU machine";
+  const ModelConfig config{"cs", 2, 128, 2, 352, 512, 128};
+  const int batch = 2, seq = 64;
+  const StateOptions compact_state{.moments_8bit = true, .compact = true};
+  const GpuHomeLayout full_layout = GpuModel::HomeLayout(config, batch, seq, {.moments_8bit = true});
+  const GpuHomeLayout layout = GpuModel::HomeLayout(config, batch, seq, compact_state);
+  EXPECT_EQ(layout.TotalOf(Part::kWeights), 0u);
+  EXPECT_EQ(2 * layout.TotalOf(Part::kGrads), full_layout.TotalOf(Part::kGrads));
+  auto full = GpuModel::Create(config, batch, seq, nullptr, {.moments_8bit = true});
+  auto model = GpuModel::Create(config, batch, seq, nullptr, compact_state);
+  ASSERT_TRUE(full.ok()) << full.status();
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_TRUE((*full)->InitParams(4).ok());
+  ASSERT_TRUE((*model)->InitParams(4).ok());
+  std::mt19937_64 rng(19);
+  const Batch b = RandomBatch(batch * seq, config.vocab, rng);
+  std::vector<float> master;
+  ASSERT_TRUE((*model)->GetParams(&master).ok());
+  const std::vector<TensorLayout> params = ParamLayout(config);
+  std::vector<std::vector<uint8_t>> m, v;
+  for (const TensorLayout& t : params) {
+    m.emplace_back(Moment8bitBytes(t.count), 0);
+    v.emplace_back(Moment8bitBytes(t.count), 0);
+  }
+  for (int at = 1; at <= 3; ++at) {
+    ASSERT_TRUE((*model)->ZeroGrads().ok());
+    auto loss = (*model)->Forward(b.tokens.data(), b.targets.data());
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    ASSERT_TRUE((*model)->Backward().ok());
+    std::vector<float> grads;
+    ASSERT_TRUE((*model)->GetGrads(&grads).ok());
+    if (at == 1) {  // the same weights as the full state's: the same sums
+      ASSERT_TRUE((*full)->ZeroGrads().ok());
+      auto full_loss = (*full)->Forward(b.tokens.data(), b.targets.data());
+      ASSERT_TRUE(full_loss.ok());
+      ASSERT_TRUE((*full)->Backward().ok());
+      EXPECT_EQ(*loss, *full_loss);
+      EXPECT_EQ(*(*model)->GradNorm(), *(*full)->GradNorm());
+      std::vector<float> full_grads;
+      ASSERT_TRUE((*full)->GetGrads(&full_grads).ok());
+      ASSERT_EQ(grads.size(), full_grads.size());
+      size_t differ = 0, nonzero = 0;
+      for (size_t i = 0; i < grads.size(); ++i) {
+        differ += grads[i] != FromBf16(ToBf16(full_grads[i]));
+        nonzero += grads[i] != 0;
+      }
+      EXPECT_EQ(differ, 0u) << "of " << grads.size() << " gradients are not the full state's rounded once";
+      EXPECT_GT(nonzero, grads.size() / 2);
+    }
+    ASSERT_TRUE((*model)->AdamWStep(1e-3, at, AdamWOptions{}, 0.5).ok());
+    for (size_t e = 0; e < params.size(); ++e) {
+      const TensorLayout& t = params[e];
+      HostAdamWParams p;
+      p.lr = 1e-3f;
+      p.step = at;
+      p.grad_scale = 0.5f;
+      p.decay = t.shape.size() > 1;
+      HostAdamW8bit(master.data() + t.offset, m[e].data(), v[e].data(), nullptr, grads.data() + t.offset,
+                    static_cast<int64_t>(t.count), p);
+    }
+    std::vector<float> got;
+    ASSERT_TRUE((*model)->GetParams(&got).ok());
+    size_t differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &master[i], 4) != 0;
+    ASSERT_EQ(differ, 0u) << "of " << got.size() << " master weights differ from the host's after step " << at;
+  }
+  auto fresh = GpuModel::Create(config, batch, seq, nullptr, compact_state);
+  ASSERT_TRUE(fresh.ok());
+  ASSERT_TRUE((*fresh)->InitParams(8).ok());  // other weights, to be overwritten
+  CheckCheckpointRoundTrip(**model, **fresh, **full, b, 4, 0.5, "state=compact");
+  // Two backwards in a step would round the first's gradients before the second adds to them.
+  ASSERT_TRUE((*fresh)->ZeroGrads().ok());
+  for (int micro = 0; micro < 2; ++micro) ASSERT_TRUE((*fresh)->Forward(b.tokens.data(), b.targets.data()).ok());
+  ASSERT_TRUE((*fresh)->Backward().ok());
+  const absl::Status second = (*fresh)->Backward();
+  EXPECT_EQ(second.code(), absl::StatusCode::kFailedPrecondition) << second;
+  EXPECT_NE(second.message().find("--step_order=layer"), std::string::npos) << second;
 }
 
 TEST(GpuModelTest, LayerMajorOrderGivesTheSameLossAndGradientsBitForBit) {

@@ -17,6 +17,7 @@
 #include "base/units.h"
 #include "clients/client.h"
 #include "trainer_ref/checkpoint.h"
+#include "trainer_ref/compact_state.h"
 #include "trainer_ref/data.h"
 #include "trainer_ref/gpu/gpu_model.h"
 #include "trainer_ref/gpu/gpu_tierd_home.h"
@@ -140,9 +141,11 @@ absl::StatusOr<std::unique_ptr<GpuHome>> MakeHome(const RunSettings& s, const Gp
       "(weights %s, master %s, gradients %s, moments %s%s, saved activations %s)%s\n",
       client.runtime_dir.c_str(), FormatBytes(*budget).c_str(), FormatBytes(workspace).c_str(),
       FormatBytes(client.quota.gpu_bytes).c_str(), FormatBytes(layout.Total()).c_str(),
-      FormatBytes(layout.TotalOf(Part::kWeights)).c_str(), FormatBytes(layout.TotalOf(Part::kMaster)).c_str(),
-      FormatBytes(layout.TotalOf(Part::kGrads)).c_str(), FormatBytes(2 * layout.TotalOf(Part::kAdamM)).c_str(),
-      layout.moments_8bit ? " (8-bit)" : "", FormatBytes(layout.TotalOf(Part::kActs)).c_str(),
+      layout.compact ? "from the master" : FormatBytes(layout.TotalOf(Part::kWeights)).c_str(),
+      FormatBytes(layout.TotalOf(Part::kMaster)).c_str(),
+      (FormatBytes(layout.TotalOf(Part::kGrads)) + (layout.compact ? " bf16" : "")).c_str(),
+      FormatBytes(2 * layout.TotalOf(Part::kAdamM)).c_str(), layout.moments_8bit ? " (8-bit)" : "",
+      FormatBytes(layout.TotalOf(Part::kActs)).c_str(),
       chunks > 1 ? absl::StrFormat("; master weights and moments in %d sub-groups a layer (%s each)", chunks,
                                    FormatBytes(layout.Chunk(1, Part::kMaster, 0).bytes))
                        .c_str()
@@ -156,6 +159,12 @@ absl::StatusOr<bool> ChooseOptimizerOnCpu(const RunSettings& s, const GpuHomeLay
   const std::string place = absl::GetFlag(FLAGS_optimizer_place);
   if (place != "gpu" && place != "cpu" && place != "auto") {
     return absl::InvalidArgumentError("--optimizer_place is gpu, cpu or auto, not '" + place + "'");
+  }
+  if (layout.compact) {  // ChooseCompactState refused cpu already
+    if (place == "auto" && s.tierd) {
+      std::printf("optimizer: on the GPU (the compact state keeps no bf16 weight copy for the host's step to write)\n");
+    }
+    return false;
   }
   if (place == "cpu" && !s.tierd) {
     return absl::InvalidArgumentError(
@@ -228,7 +237,8 @@ int GpuRun::Setup() {
   if (!data.ok()) return Fail(std::string(data.status().message()));
   data_ = std::make_unique<Dataset>(std::move(*data));
   startup_.Done("data");
-  GpuHomeLayout layout = GpuModel::HomeLayout(config, s_.batch, s_.seq, s_.checkpointing, 0, s_.moments_8bit);
+  GpuHomeLayout layout = GpuModel::HomeLayout(config, s_.batch, s_.seq,
+                                              {.checkpointing = s_.checkpointing, .moments_8bit = s_.moments_8bit});
   const int chunks = absl::GetFlag(FLAGS_optimizer_chunks);
   if (chunks < 1 || chunks > 1024) {
     return Fail(absl::StrFormat("--optimizer_chunks=%d: give 1 (one lease per layer's state) up to 1024", chunks));
@@ -247,7 +257,9 @@ int GpuRun::Setup() {
   if (order != "layer" && order != "micro" && order != "auto") {
     return Fail("--step_order is auto, micro or layer, not '" + order + "'");
   }
-  GpuHomeLayout layered = GpuModel::HomeLayout(config, s_.batch, s_.seq, s_.checkpointing, s_.accum, s_.moments_8bit);
+  GpuHomeLayout layered = GpuModel::HomeLayout(
+      config, s_.batch, s_.seq,
+      {.checkpointing = s_.checkpointing, .layer_major_micro_batches = s_.accum, .moments_8bit = s_.moments_8bit});
   layered.state_chunks = chunks;
   bool layer_major = order == "layer";
   if (order == "auto") {
@@ -257,9 +269,10 @@ int GpuRun::Setup() {
     in.micro_state_bytes = static_cast<double>(layout.Total());
     in.layer_state_bytes = static_cast<double>(layered.Total());
     auto budget = ParseBytes(absl::GetFlag(FLAGS_gpu_budget));
-    const double workspace =
-        static_cast<double>(GpuModel::WorkspaceBytesFor(config, s_.batch, s_.seq, s_.checkpointing, s_.accum) +
-                            (s_.fp8 ? GpuModel::Fp8WorkspaceBytesFor(config, s_.batch, s_.seq) : 0));
+    const double workspace = static_cast<double>(
+        GpuModel::WorkspaceBytesFor(config, s_.batch, s_.seq,
+                                    {.checkpointing = s_.checkpointing, .layer_major_micro_batches = s_.accum}) +
+        (s_.fp8 ? GpuModel::Fp8WorkspaceBytesFor(config, s_.batch, s_.seq) : 0));
     in.gpu_bytes = budget.ok() ? std::max(0.0, static_cast<double>(*budget) - workspace) : 0.0;
     in.dram_bytes = static_cast<double>(s_.tierd_dram > 0 ? s_.tierd_dram : kAutoDramCap);
     const StepOrderChoice choice = ChooseStepOrder(in);
@@ -273,14 +286,40 @@ int GpuRun::Setup() {
   }
   layer_major_ = layer_major ? s_.accum : 0;
   if (layer_major) layout = layered;
-  const uint64_t workspace = GpuModel::WorkspaceBytesFor(config, s_.batch, s_.seq, s_.checkpointing, layer_major_) +
-                             (s_.fp8 ? GpuModel::Fp8WorkspaceBytesFor(config, s_.batch, s_.seq) : 0);
+  StateOptions state{
+      .checkpointing = s_.checkpointing, .layer_major_micro_batches = layer_major_, .moments_8bit = s_.moments_8bit};
+  const uint64_t fp8_workspace = s_.fp8 ? GpuModel::Fp8WorkspaceBytesFor(config, s_.batch, s_.seq) : 0;
+  {
+    StateOptions compact = state;
+    compact.compact = true;
+    GpuHomeLayout compact_layout = GpuModel::HomeLayout(config, s_.batch, s_.seq, compact);
+    compact_layout.state_chunks = chunks;
+    CompactStateInputs in;
+    in.flag = absl::GetFlag(FLAGS_compact_state);
+    in.tierd = s_.tierd;
+    in.one_backward_per_group = layer_major_ > 0 || s_.accum == 1;
+    in.optimizer_on_cpu = absl::GetFlag(FLAGS_optimizer_place) == "cpu";
+    in.full_bytes = static_cast<double>(layout.Total());
+    in.compact_bytes = static_cast<double>(compact_layout.Total());
+    auto budget = ParseBytes(absl::GetFlag(FLAGS_gpu_budget));
+    const double full_workspace =
+        static_cast<double>(GpuModel::WorkspaceBytesFor(config, s_.batch, s_.seq, state) + fp8_workspace);
+    in.gpu_bytes = budget.ok() ? std::max(0.0, static_cast<double>(*budget) - full_workspace) : 0.0;
+    in.dram_bytes = static_cast<double>(s_.tierd_dram > 0 ? s_.tierd_dram : kAutoDramCap);
+    auto choice = ChooseCompactState(in);
+    if (!choice.ok()) return Fail(std::string(choice.status().message()));
+    if (!choice->why.empty()) std::printf("%s\n", choice->why.c_str());
+    if (choice->compact) {
+      state.compact = true;
+      layout = compact_layout;
+    }
+  }
+  const uint64_t workspace = GpuModel::WorkspaceBytesFor(config, s_.batch, s_.seq, state) + fp8_workspace;
   uint64_t gpu_quota = 0, dram_quota = 0;
   auto home = MakeHome(s_, layout, workspace, &gpu_quota, &dram_quota);
   if (!home.ok()) return Fail(std::string(home.status().message()));
   if (s_.tierd) startup_.Done("tierd session and leases");
-  auto model =
-      GpuModel::Create(config, s_.batch, s_.seq, std::move(*home), s_.checkpointing, layer_major_, s_.moments_8bit);
+  auto model = GpuModel::Create(config, s_.batch, s_.seq, std::move(*home), state);
   if (!model.ok()) return Fail(std::string(model.status().message()));
   model_ = std::move(*model);
   std::vector<bool> fp8_layers;  // empty: bf16 throughout

@@ -47,6 +47,13 @@ else
   check "8-bit moments are not leased in sub-groups" "refused 'optimizer_chunks with --opt=adamw8bit'"
   run $d --step_order=sideways
   check "an unknown step order" "refused 'step_order is auto, micro or layer, not .sideways.'"
+  run $d --compact_state=yes
+  check "an unknown compact state" "refused 'compact_state is auto, on or off, not .yes.'"
+  run $d --compact_state=on --grad_accum_steps=2 --step_order=micro
+  check "the compact state needs one backward per layer" "refused 'compact_state=on needs one backward per layer'"
+  run $d --compact_state=on --steps=2 --batch_size=2 --seq_len=64
+  check "the compact state trains and says so" \
+    "grep -q '^state: compact, ' '$dir/out.log' && grep -q 'ours none' '$dir/out.log'"
   run $d --precision=fp32
   check "fp32 throughout is the CPU's" "refused 'the GPU trainer computes bf16'"
   run $d --precision=fp8 --steps=2 --batch_size=2 --seq_len=64

@@ -94,6 +94,10 @@ cudaError_t AttentionBackward(Bf16* dq, Bf16* dk, Bf16* dv, const Bf16* dout, co
 using AdamWParams = ::tierd::trainer::HostAdamWParams;
 void AdamW(float* master, float* m, float* v, Bf16* weights, const float* grads, int64_t n, const AdamWParams& p,
            cudaStream_t stream);
+// The same from bf16 gradients (the compact state's): each read as the fp32 it rounds, so the
+// bits are those of the fp32 overload given the rounded values.
+void AdamW(float* master, float* m, float* v, Bf16* weights, const Bf16* grads, int64_t n, const AdamWParams& p,
+           cudaStream_t stream);
 
 // Initial weights: master[0, count) (fp32) and weights[0, count) (bf16, rounded from it) =
 // elements [begin, begin + count) of the tensor with stream id `entry`, N(0, sigma)
@@ -107,6 +111,8 @@ void InitConstant(float* master, Bf16* weights, int64_t count, float value, cuda
 // bits. The returned error is the launch's.
 cudaError_t AdamW8bit(float* master, void* m_bytes, void* v_bytes, Bf16* weights, const float* grads, int64_t n,
                       const AdamWParams& p, cudaStream_t stream);
+cudaError_t AdamW8bit(float* master, void* m_bytes, void* v_bytes, Bf16* weights, const Bf16* grads, int64_t n,
+                      const AdamWParams& p, cudaStream_t stream);  // bf16 gradients, as AdamW's
 
 // *out (one fp32 on the device) += the sum of squares of x (n values): for the global
 // gradient norm. Per-block partial sums into `scratch` (kSumSquaresScratch floats), then

@@ -398,6 +398,54 @@ TEST(GpuOpsTest, AdamW8bitGivesTheHostsBits) {
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(w[i], weights[i]) << i;
 }
 
+// bf16 gradients (the compact state keeps them so after accumulating in fp32): both steps,
+// fp32 and 8-bit moments, give the host's bits for the fp32 values the bf16 ones round to.
+TEST(GpuOpsTest, AdamWFromBf16GradientsGivesTheHostsBitsOfTheRoundedValues) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(23);
+  std::normal_distribution<float> normal(0, 1);
+  const int64_t n = 3 * 2048 + 517;
+  std::vector<float> master(n), rounded(n), m(n), v(n);
+  std::vector<Bf16> grads(n);
+  for (int64_t i = 0; i < n; ++i) {
+    master[i] = 0.02f * normal(rng);
+    grads[i] = ToBf16(3e-3f * normal(rng) * (1 + i % 7));
+    rounded[i] = FromBf16(grads[i]);
+    m[i] = 1e-3f * normal(rng);
+    v[i] = 1e-6f * std::fabs(normal(rng)) + 1e-9f;
+  }
+  AdamWParams p;
+  p.lr = 2e-3f;
+  p.step = 4;
+  p.grad_scale = 0.7f;
+  {
+    Device<float> d_master(master), d_m(m), d_v(v);
+    Device<Bf16> d_g(grads), d_w{std::vector<Bf16>(n)};
+    AdamW(d_master.get(), d_m.get(), d_v.get(), d_w.get(), d_g.get(), n, p, nullptr);
+    std::vector<float> h_master = master, h_m = m, h_v = v;
+    std::vector<uint16_t> h_w(n);
+    HostAdamW(h_master.data(), h_m.data(), h_v.data(), h_w.data(), rounded.data(), n, p);
+    EXPECT_EQ(d_master.Host(), h_master);
+    EXPECT_EQ(d_m.Host(), h_m);
+    EXPECT_EQ(d_v.Host(), h_v);
+    EXPECT_EQ(d_w.Host(), h_w);
+  }
+  const uint64_t bytes = Moment8bitBytes(n);
+  std::vector<uint8_t> m8(bytes), v8(bytes);
+  Quantize8bit(m.data(), n, true, m8.data());
+  Quantize8bit(v.data(), n, false, v8.data());
+  Device<float> d_master(master);
+  Device<uint8_t> d_m(m8), d_v(v8);
+  Device<Bf16> d_g(grads), d_w{std::vector<Bf16>(n)};
+  ASSERT_EQ(AdamW8bit(d_master.get(), d_m.get(), d_v.get(), d_w.get(), d_g.get(), n, p, nullptr), cudaSuccess);
+  std::vector<uint16_t> h_w(n);
+  HostAdamW8bit(master.data(), m8.data(), v8.data(), h_w.data(), rounded.data(), n, p);
+  EXPECT_EQ(d_master.Host(), master);
+  EXPECT_EQ(d_m.Host(), m8);
+  EXPECT_EQ(d_v.Host(), v8);
+  EXPECT_EQ(d_w.Host(), h_w);
+}
+
 TEST(GpuOpsTest, SumOfSquaresForTheGradientNorm) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(9);

@@ -34,10 +34,16 @@ __constant__ float kUnsignedMap[q8::kCodes];
 __constant__ float kSignedThresholds[q8::kCodes - 1];
 __constant__ float kUnsignedThresholds[q8::kCodes - 1];
 
+// A gradient as fp32: stored fp32, or bf16 (the compact state's, rounded once after fp32
+// accumulation).
+__device__ __forceinline__ float GradAt(const float* g, int64_t i) { return g[i]; }
+__device__ __forceinline__ float GradAt(const Bf16* g, int64_t i) { return Load(g, i); }
+
 // One quantization block per CUDA block (256 threads, 8 values each): dequantize, step,
 // requantize with the block's new absmax (adamw8bit_block.h, as the host does).
+template <typename G>
 __global__ void AdamW8bitKernel(float* master, uint8_t* m_codes, float* m_absmax, uint8_t* v_codes, float* v_absmax,
-                                Bf16* weights, const float* grads, int64_t n, q8::ElementStep step) {
+                                Bf16* weights, const G* grads, int64_t n, q8::ElementStep step) {
   __shared__ float signed_map[q8::kCodes], unsigned_map[q8::kCodes];
   __shared__ float signed_t[q8::kCodes - 1], unsigned_t[q8::kCodes - 1];
   __shared__ float new_m[q8::kQuantBlock], new_v[q8::kQuantBlock];
@@ -57,7 +63,7 @@ __global__ void AdamW8bitKernel(float* master, uint8_t* m_codes, float* m_absmax
   for (int i = threadIdx.x; i < count; i += blockDim.x) {
     float mi = q8::Mul(signed_map[m_codes[begin + i]], m_absmax[b]);
     float vi = q8::SecondMomentOf(q8::Mul(unsigned_map[v_codes[begin + i]], v_absmax[b]));
-    const float w = step(master[begin + i], grads[begin + i], mi, vi);
+    const float w = step(master[begin + i], GradAt(grads, begin + i), mi, vi);
     master[begin + i] = w;
     if (weights != nullptr) Store(weights, begin + i, w);
     vi = q8::RootToStore(vi);  // v is kept as its root
@@ -95,14 +101,15 @@ __global__ void AdamW8bitKernel(float* master, uint8_t* m_codes, float* m_absmax
   }
 }
 
-__global__ void AdamWKernel(float* master, float* m, float* v, Bf16* weights, const float* grads, int64_t n,
-                            AdamWParams p, float c1, float c2) {
+template <typename G>
+__global__ void AdamWKernel(float* master, float* m, float* v, Bf16* weights, const G* grads, int64_t n, AdamWParams p,
+                            float c1, float c2) {
   // Every operation rounded on its own (the _rn intrinsics: no fused multiply-add), in the
   // order HostAdamW computes them: the two optimizers give the same bits, so a run may
   // step on the GPU or on the host and stay the same run.
   const float decay = p.decay ? __fmul_rn(p.lr, p.weight_decay) : 0.f;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    const float g = __fmul_rn(grads[i], p.grad_scale);
+    const float g = __fmul_rn(GradAt(grads, i), p.grad_scale);
     const float mi = __fadd_rn(__fmul_rn(p.beta1, m[i]), __fmul_rn(1.f - p.beta1, g));
     const float vi = __fadd_rn(__fmul_rn(p.beta2, v[i]), __fmul_rn(__fmul_rn(1.f - p.beta2, g), g));
     m[i] = mi;
@@ -115,28 +122,17 @@ __global__ void AdamWKernel(float* master, float* m, float* v, Bf16* weights, co
   }
 }
 
-// Attention, one warp per row. Each lane holds D/32 (<= 8) elements of the row's vectors.
-}  // namespace
-
-void AdamW(float* master, float* m, float* v, Bf16* weights, const float* grads, int64_t n, const AdamWParams& p,
-           cudaStream_t stream) {
+template <typename G>
+void LaunchAdamW(float* master, float* m, float* v, Bf16* weights, const G* grads, int64_t n, const AdamWParams& p,
+                 cudaStream_t stream) {
   const float c1 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(p.step)));
   const float c2 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(p.step)));
   AdamWKernel<<<Blocks(n), kThreads, 0, stream>>>(master, m, v, weights, grads, n, p, c1, c2);
 }
 
-void InitNormal(float* master, Bf16* weights, int64_t begin, int64_t count, uint64_t seed, uint64_t entry, double sigma,
-                cudaStream_t stream) {
-  if (count > 0)
-    InitNormalKernel<<<Blocks(count), kThreads, 0, stream>>>(master, weights, begin, count, seed, entry, sigma);
-}
-
-void InitConstant(float* master, Bf16* weights, int64_t count, float value, cudaStream_t stream) {
-  if (count > 0) FillKernel<<<Blocks(count), kThreads, 0, stream>>>(master, weights, count, value);
-}
-
-cudaError_t AdamW8bit(float* master, void* m_bytes, void* v_bytes, Bf16* weights, const float* grads, int64_t n,
-                      const AdamWParams& p, cudaStream_t stream) {
+template <typename G>
+cudaError_t LaunchAdamW8bit(float* master, void* m_bytes, void* v_bytes, Bf16* weights, const G* grads, int64_t n,
+                            const AdamWParams& p, cudaStream_t stream) {
   static const cudaError_t maps = [] {  // the maps, once per process
     cudaError_t e = cudaMemcpyToSymbol(kSignedMap, DynamicMap(true).data(), sizeof(float) * q8::kCodes);
     if (e == cudaSuccess) e = cudaMemcpyToSymbol(kUnsignedMap, DynamicMap(false).data(), sizeof(float) * q8::kCodes);
@@ -152,6 +148,38 @@ cudaError_t AdamW8bit(float* master, void* m_bytes, void* v_bytes, Bf16* weights
                                                                              v.absmax, weights, grads, n,
                                                                              ElementStepFor(p));
   return cudaGetLastError();
+}
+
+}  // namespace
+
+void AdamW(float* master, float* m, float* v, Bf16* weights, const float* grads, int64_t n, const AdamWParams& p,
+           cudaStream_t stream) {
+  LaunchAdamW(master, m, v, weights, grads, n, p, stream);
+}
+
+void AdamW(float* master, float* m, float* v, Bf16* weights, const Bf16* grads, int64_t n, const AdamWParams& p,
+           cudaStream_t stream) {
+  LaunchAdamW(master, m, v, weights, grads, n, p, stream);
+}
+
+void InitNormal(float* master, Bf16* weights, int64_t begin, int64_t count, uint64_t seed, uint64_t entry, double sigma,
+                cudaStream_t stream) {
+  if (count > 0)
+    InitNormalKernel<<<Blocks(count), kThreads, 0, stream>>>(master, weights, begin, count, seed, entry, sigma);
+}
+
+void InitConstant(float* master, Bf16* weights, int64_t count, float value, cudaStream_t stream) {
+  if (count > 0) FillKernel<<<Blocks(count), kThreads, 0, stream>>>(master, weights, count, value);
+}
+
+cudaError_t AdamW8bit(float* master, void* m_bytes, void* v_bytes, Bf16* weights, const float* grads, int64_t n,
+                      const AdamWParams& p, cudaStream_t stream) {
+  return LaunchAdamW8bit(master, m_bytes, v_bytes, weights, grads, n, p, stream);
+}
+
+cudaError_t AdamW8bit(float* master, void* m_bytes, void* v_bytes, Bf16* weights, const Bf16* grads, int64_t n,
+                      const AdamWParams& p, cudaStream_t stream) {
+  return LaunchAdamW8bit(master, m_bytes, v_bytes, weights, grads, n, p, stream);
 }
 
 }  // namespace tierd::trainer::gpu

@@ -12,7 +12,8 @@
 # adds flags to our runs (e.g. --grad_checkpointing), TIERD_RUN_FLAGS to our tierd runs only. DEEPSPEED="2 3" adds
 # DeepSpeed's rows at those ZeRO stages with CPU offload (DS_BATCH x DS_ACCUM micro-batches; carry .whl: its sdist
 # and hjson, pydantic, pydantic-core, annotated-types, typing-inspection, typing-extensions wheels). PyTorch runs at the largest batch that
-# fits (a power of two, probed first; TORCH_BATCH=N fixes it), ours at BATCH (default 8).
+# fits (a power of two, probed first; TORCH_BATCH=N fixes it), ours at BATCH (default 8). PROFILE=0 runs ours without
+# --profile (no per-step breakdown, none of its CUDA events).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-/tmp/tierd-out}"
@@ -26,6 +27,7 @@ echo "== machine: $(nvidia-smi --query-gpu=name,memory.total --format=csv,nohead
 results="$out/bench.jsonl"; : > "$results"
 budgets="${BUDGETS-24GiB 40GiB}"; tierd_dram="${TIERD_DRAM:-100GiB}"; tierd_nvme="${TIERD_NVME:-40GiB}"
 nvme_dir=/var/tmp/tierd-bench-nvme; tierd_dir=/tmp/tierd-bench
+profile="--profile"; [ "${PROFILE:-1}" = 0 ] && profile=""  # PROFILE=0: no CUDA events around each kernel
 for m in $models; do
   if [ "${TORCH:-1}" = 1 ]; then
     for run in ${TORCH_RUNS:-eager compile checkpointing}; do
@@ -53,7 +55,7 @@ for m in $models; do
   if [ "${NONE:-1}" = 1 ]; then
     echo "== tierd-train --device=gpu $m (--offload_policy=none)"
     .carry/bin/tierd-train --device=gpu --model_size="$m" --batch_size="$batch" --seq_len=$seq --steps="$steps" \
-      --timing_skip="${SKIP:-3}" --eval_every=-1 --data="$corpus" --profile ${OURS_FLAGS:-} 2>&1 | tee "$out/ours-$m.log" | tail -n 4
+      --timing_skip="${SKIP:-3}" --eval_every=-1 --data="$corpus" $profile ${OURS_FLAGS:-} 2>&1 | tee "$out/ours-$m.log" | tail -n 4
     grep '^result: ' "$out/ours-$m.log" | sed 's/^result: //' >> "$results"
   fi
   for budget in $budgets; do
@@ -64,7 +66,7 @@ for m in $models; do
     tierd_pid=$!
     for _ in $(seq 300); do [ -S "$tierd_dir/tierd.grpc.sock" ] && break; sleep 0.1; done
     .carry/bin/tierd-train --device=gpu --model_size="$m" --batch_size="$batch" --seq_len=$seq --steps="$steps" \
-      --timing_skip="${SKIP:-3}" --eval_every=-1 --data="$corpus" --profile --offload_policy=tierd --gpu_budget="$budget" \
+      --timing_skip="${SKIP:-3}" --eval_every=-1 --data="$corpus" $profile --offload_policy=tierd --gpu_budget="$budget" \
       --tierd_dir="$tierd_dir" --tierd_dram="$tierd_dram" --tierd_nvme="$tierd_nvme" ${OURS_FLAGS:-} \
       ${TIERD_RUN_FLAGS:-} 2>&1 |
       tee "$out/ours-$m-tierd-$budget.log" | tail -n 6

@@ -84,6 +84,7 @@ GpuModel::~GpuModel() {
   gemm_.reset();
   home_.reset();
   for (void* p : allocations_) cudaFree(p);
+  for (float* p : loss_rows_) cudaFreeHost(p);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
   if (host_stream_ != nullptr) cudaStreamDestroy(host_stream_);
 }
@@ -91,6 +92,7 @@ GpuModel::~GpuModel() {
 absl::Status GpuModel::ZeroGrads() {
   grads_zeroed_.assign(Groups(), false);
   micro_ = 0;
+  losses_queued_ = 0;
   return absl::OkStatus();
 }
 
@@ -167,6 +169,37 @@ absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x) {
 }
 
 absl::StatusOr<double> GpuModel::Forward(const int32_t* tokens, const int32_t* targets) {
+  RETURN_IF_ERROR(ForwardQueued(tokens, targets));
+  RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream_), "forward"));
+  return MicroBatchLoss(micro_);
+}
+
+absl::StatusOr<float*> GpuModel::LossSlot(int micro) {
+  const size_t n = static_cast<size_t>(batch_) * seq_;
+  while (static_cast<int>(loss_rows_.size()) <= micro) {
+    void* p = nullptr;
+    RETURN_IF_ERROR(Cuda(cudaMallocHost(&p, n * sizeof(float)), "pinned losses"));
+    loss_rows_.push_back(static_cast<float*>(p));
+    loss_counted_.push_back(0);
+  }
+  return loss_rows_[micro];
+}
+
+double GpuModel::MicroBatchLoss(int micro) const {
+  const int n = batch_ * seq_;
+  double sum = 0;
+  for (int i = 0; i < n; ++i) sum += loss_rows_[micro][i];
+  return loss_counted_[micro] > 0 ? sum / loss_counted_[micro] : 0.0;
+}
+
+absl::StatusOr<double> GpuModel::TakeLoss() {
+  RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream_), "losses"));
+  double loss = 0;
+  for (int m = 0; m < losses_queued_; ++m) loss += MicroBatchLoss(m) / losses_queued_;
+  return loss;
+}
+
+absl::Status GpuModel::ForwardQueued(const int32_t* tokens, const int32_t* targets) {
   const int n = batch_ * seq_, c = config_.d_model;
   const size_t nc = static_cast<size_t>(n) * c;
   RETURN_IF_ERROR(
@@ -216,12 +249,11 @@ absl::StatusOr<double> GpuModel::Forward(const int32_t* tokens, const int32_t* t
     return 0;
   });
   RETURN_IF_ERROR(Cuda(cudaGetLastError(), "forward kernels"));
-  RETURN_IF_ERROR(Cuda(
-      cudaMemcpyAsync(host_losses_.data(), losses_, n * sizeof(float), cudaMemcpyDeviceToHost, stream_), "losses"));
-  RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream_), "forward"));
-  double sum = 0;
-  for (int i = 0; i < n; ++i) sum += host_losses_[i];
-  return counted > 0 ? sum / counted : 0.0;
+  auto slot = LossSlot(micro_);
+  if (!slot.ok()) return slot.status();
+  loss_counted_[micro_] = counted;
+  losses_queued_ = std::max(losses_queued_, micro_ + 1);
+  return Cuda(cudaMemcpyAsync(*slot, losses_, n * sizeof(float), cudaMemcpyDeviceToHost, stream_), "losses");
 }
 
 // Layer l's backward from its activations `a` (saved, or recomputed into the workspace): dx

@@ -92,6 +92,14 @@ class GpuModel {
   absl::Status ZeroGrads();
   // The mean loss over the counted targets; keeps what backward needs (and dlogits).
   absl::StatusOr<double> Forward(const int32_t* tokens, const int32_t* targets);
+  // Forward without waiting for the GPU: the micro-batch's row losses come back into pinned
+  // host memory with the stream and are read at TakeLoss, so the host goes on queueing the
+  // backward (and the next micro-batch) while the GPU computes; a wait per micro-batch
+  // drained the GPU's queue each time. The same arithmetic as Forward.
+  absl::Status ForwardQueued(const int32_t* tokens, const int32_t* targets);
+  // Waits for the GPU: the mean of the losses of the micro-batches forwarded since ZeroGrads
+  // (each the mean over its counted rows, summed in micro-batch order as loss += l / K).
+  absl::StatusOr<double> TakeLoss();
   absl::Status Backward();  // adds into the gradients
   // A whole step's forward and backward over the K micro-batches the model was made for
   // (tokens and targets: K x batch x seq), layer-major: each group's forward for every
@@ -293,8 +301,7 @@ class GpuModel {
   struct MicroBatch {                   // layer-major: one micro-batch's buffers
     float *x = nullptr, *dx = nullptr;  // its residual stream and its gradient (N x C)
     int32_t *tokens = nullptr, *targets = nullptr, *token_index = nullptr;
-    TokenSegments segments;     // the token index's host side
-    std::vector<float> losses;  // (N) each row's loss, read back
+    TokenSegments segments;  // the token index's host side
   };
   std::vector<MicroBatch> micro_batches_;
   double acquire_seconds_ = 0;
@@ -331,7 +338,13 @@ class GpuModel {
   Bf16 *dxf_ = nullptr, *dh_ = nullptr, *da_ = nullptr, *dq_ = nullptr, *dk_ = nullptr, *dv_ = nullptr, *ds_ = nullptr,
        *dg_ = nullptr, *du_ = nullptr;
   int32_t *tokens_ = nullptr, *targets_ = nullptr;
-  std::vector<float> host_losses_;
+  // Per micro-batch of a step, its rows' losses (pinned, N floats, read back with the stream)
+  // and its counted targets; losses_queued_ of them hold this step's.
+  std::vector<float*> loss_rows_;
+  std::vector<int> loss_counted_;
+  int losses_queued_ = 0;
+  absl::StatusOr<float*> LossSlot(int micro);  // pinned, made on first use
+  double MicroBatchLoss(int micro) const;      // after the stream's wait
   template <typename Fn>
   auto Timed(int category, Fn&& fn);
   bool profiling_ = false;

@@ -53,6 +53,12 @@ absl::StatusOr<double> GpuModel::ForwardBackwardLayerMajor(const int32_t* tokens
   const int n = batch_ * seq_, c = config_.d_model, last = Groups() - 1;
   std::vector<int> counted;
   RETURN_IF_ERROR(UploadMicroBatches(tokens, targets, &counted));
+  for (int m = 0; m < layer_major_; ++m) {
+    auto slot = LossSlot(m);
+    if (!slot.ok()) return slot.status();
+    loss_counted_[m] = counted[m];
+  }
+  losses_queued_ = layer_major_;
   RETURN_IF_ERROR(Cuda(cudaMemsetAsync(norm_, 0, sizeof(float), stream_), "zero norm"));
   // Forward: the embedding, then each layer, every micro-batch.
   RETURN_IF_ERROR(AwaitOptimizerUpdate(0));
@@ -97,7 +103,7 @@ absl::StatusOr<double> GpuModel::ForwardBackwardLayerMajor(const int32_t* tokens
       return 0;
     });
     RETURN_IF_ERROR(
-        Cuda(cudaMemcpyAsync(mb.losses.data(), losses_, n * sizeof(float), cudaMemcpyDeviceToHost, stream_), "losses"));
+        Cuda(cudaMemcpyAsync(loss_rows_[m], losses_, n * sizeof(float), cudaMemcpyDeviceToHost, stream_), "losses"));
     RETURN_IF_ERROR(HeadBackward(mb.x, mb.dx));
   }
   AddSumOfSquares(last);
@@ -132,14 +138,7 @@ absl::StatusOr<double> GpuModel::ForwardBackwardLayerMajor(const int32_t* tokens
   RETURN_IF_ERROR(Leave(0, Part::kGrads));
   micro_ = layer_major_;
   RETURN_IF_ERROR(Cuda(cudaGetLastError(), "layer-major step"));
-  RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream_), "layer-major step"));
-  double loss = 0;  // as the one-at-a-time loop sums it
-  for (int m = 0; m < layer_major_; ++m) {
-    double sum = 0;
-    for (int i = 0; i < n; ++i) sum += micro_batches_[m].losses[i];
-    loss += (counted[m] > 0 ? sum / counted[m] : 0.0) / layer_major_;
-  }
-  return loss;
+  return TakeLoss();  // as the one-at-a-time loop sums it
 }
 
 }  // namespace tierd::trainer::gpu

@@ -246,7 +246,6 @@ absl::Status GpuModel::Allocate() {
     if (!p.ok()) return p.status();
     *targets[i] = *p;
   }
-  host_losses_.resize(static_cast<size_t>(batch_) * seq_);
   micro_batches_.resize(static_cast<size_t>(layer_major_));
   for (MicroBatch& mb : micro_batches_) {
     const auto plan = MicroBatchPlan(config_, batch_, seq_);
@@ -258,7 +257,6 @@ absl::Status GpuModel::Allocate() {
       if (!p.ok()) return p.status();
       *targets[i] = *p;
     }
-    mb.losses.resize(static_cast<size_t>(batch_) * seq_);
   }
   if (compact_) {
     auto acc = Take<float>(MaxGroupCount());

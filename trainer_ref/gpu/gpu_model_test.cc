@@ -217,6 +217,17 @@ void CheckLayerMajor(bool checkpointing, bool fp8 = false) {
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "gradient element " << i;
   EXPECT_EQ(*(*one_by_one)->GradNorm(), *(*layer_major)->GradNorm());
+  // The same micro-batches queued without a wait each (ForwardQueued), the losses taken once.
+  ASSERT_TRUE((*one_by_one)->ZeroGrads().ok());
+  for (int m = 0; m < micro; ++m) {
+    ASSERT_TRUE((*one_by_one)->ForwardQueued(tokens.data() + m * n, targets.data() + m * n).ok());
+    ASSERT_TRUE((*one_by_one)->Backward().ok());
+  }
+  auto queued = (*one_by_one)->TakeLoss();
+  ASSERT_TRUE(queued.ok()) << queued.status();
+  EXPECT_EQ(*queued, want);
+  ASSERT_TRUE((*one_by_one)->GetGrads(&a).ok());
+  EXPECT_EQ(a, b);
 }
 
 // One training step on batch `b` (step number `at`): its loss.

@@ -435,12 +435,17 @@ int GpuRun::Step(int64_t step) {
   for (int micro = 0; layer_major_ == 0 && micro < s_.accum; ++micro) {
     batcher_->Next(inputs_.data(), targets_.data());
     ++run_.batches_drawn;
-    auto l = model_->Forward(inputs_.data(), targets_.data());
-    if (!l.ok()) return FailMidRun(absl::StrFormat("step %d: %s", step, l.status().message()), ck_);
-    loss += *l / s_.accum;
+    if (absl::Status st = model_->ForwardQueued(inputs_.data(), targets_.data()); !st.ok()) {
+      return FailMidRun(absl::StrFormat("step %d: %s", step, st.message()), ck_);
+    }
     if (absl::Status st = model_->Backward(); !st.ok()) {
       return FailMidRun(absl::StrFormat("step %d: %s", step, st.message()), ck_);
     }
+  }
+  if (layer_major_ == 0) {  // the losses come back with the stream: one wait a step
+    auto l = model_->TakeLoss();
+    if (!l.ok()) return FailMidRun(absl::StrFormat("step %d: %s", step, l.status().message()), ck_);
+    loss = *l;
   }
   auto norm = model_->GradNorm();
   if (!norm.ok()) return FailMidRun(std::string(norm.status().message()), ck_);

@@ -229,9 +229,12 @@ class CudaImportedEvent final : public ImportedEvent {
   cudaEvent_t event;
 };
 
+// A client's release event, made into the daemon's own: waited for on the device's one gate
+// stream and marked there, so fences pass in the order they were made.
 class CudaFence final : public GpuFence {
  public:
-  CudaFence(int device, cudaEvent_t done) : device_(device), done_(done) {}
+  CudaFence(int device, cudaEvent_t done, const void* gate, uint64_t sequence)
+      : device_(device), done_(done), gate_(gate), sequence_(sequence) {}
   ~CudaFence() override {
     cudaSetDevice(device_);
     cudaEventDestroy(done_);
@@ -245,10 +248,17 @@ class CudaFence final : public GpuFence {
     cudaSetDevice(device_);
     return cudaEventQuery(done_) != cudaErrorNotReady;  // done, or failed (Wait says how)
   }
+  // The gate stream reaches this fence's mark only after every wait queued on it before.
+  bool Covers(const GpuFence& older) const override {
+    const auto* o = dynamic_cast<const CudaFence*>(&older);
+    return o != nullptr && o->gate_ == gate_ && o->sequence_ < sequence_;
+  }
 
  private:
   int device_;
   cudaEvent_t done_;
+  const void* gate_;   // the device whose gate stream marked it
+  uint64_t sequence_;  // its place in that stream's order
 };
 
 class CudaGpu final : public GpuDevice {
@@ -338,7 +348,7 @@ class CudaGpu final : public GpuDevice {
       cudaEventDestroy(done);
       return CudaError(error, "cudaEventRecord on the gate stream");
     }
-    return std::unique_ptr<GpuFence>(new CudaFence(device_, done));
+    return std::unique_ptr<GpuFence>(new CudaFence(device_, done, this, ++fences_made_));
   }
 
  private:
@@ -346,6 +356,7 @@ class CudaGpu final : public GpuDevice {
   const cudaDeviceProp properties_;
   absl::Mutex gate_mutex_;
   cudaStream_t gate_ ABSL_GUARDED_BY(gate_mutex_) = nullptr;
+  uint64_t fences_made_ ABSL_GUARDED_BY(gate_mutex_) = 0;
 };
 
 }  // namespace

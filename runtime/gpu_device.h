@@ -63,6 +63,12 @@ class GpuFence {
   virtual absl::Status Wait() = 0;
   // Whether Wait would return at once (the work is over, or failed); false when unknown.
   virtual bool Passed() { return false; }
+  // Whether this fence passing implies `older` has passed (fences chained in one order), so
+  // a tensor released twice with work in flight keeps this one without waiting for `older`.
+  virtual bool Covers(const GpuFence& older) const {
+    (void)older;
+    return false;
+  }
 };
 
 // Another process's interprocess event, opened in this one (cudaIpcOpenEventHandle).

@@ -116,9 +116,10 @@ absl::Status LeaseTable::ReleaseLocked(Session& s, Tensor& t, std::unique_ptr<Gp
   --t.acquired;
   t.last_use = ++s.tick;
   if (gpu_fence != nullptr) {
-    // A newer fence covers the older one only if both came from one stream: keep both
-    // ordered by waiting for the older one now (rare: two releases with work in flight).
-    if (t.gpu_fence != nullptr) {
+    // Two releases with work in flight (a layer's weights after its forward, then after its
+    // backward): the newer fence stands for both when it passes only after the older one
+    // (Covers); otherwise the older one is waited for now.
+    if (t.gpu_fence != nullptr && !gpu_fence->Covers(*t.gpu_fence)) {
       if (absl::Status settled = SettleGpuCopy(t); !settled.ok()) return settled;
     }
     t.gpu_fence = std::move(gpu_fence);

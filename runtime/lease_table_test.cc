@@ -163,6 +163,49 @@ TEST_F(LeaseTableTest, ReleaseWithAFenceIsWaitedForBeforeTheGpuCopyIsMovedOrReus
   EXPECT_TRUE(table->Validate().ok()) << table->Validate();
 }
 
+// Fences passed in the order they were made (as the daemon's CUDA fences on its gate stream):
+// the later covers the earlier.
+class OrderedFence : public GpuFence {
+ public:
+  OrderedFence(int sequence, std::atomic<int>* waits) : sequence_(sequence), waits_(waits) {}
+  absl::Status Wait() override {
+    ++*waits_;
+    return absl::OkStatus();
+  }
+  bool Covers(const GpuFence& older) const override {
+    const auto* o = dynamic_cast<const OrderedFence*>(&older);
+    return o != nullptr && o->sequence_ < sequence_;
+  }
+
+ private:
+  int sequence_;
+  std::atomic<int>* waits_;
+};
+
+// A tensor released twice with work in flight: a fence that covers the older one replaces it
+// and the release does not block; one that does not waits for the older one first.
+TEST_F(LeaseTableTest, ASecondReleaseWaitsForTheFirstFenceOnlyWhenTheNewOneDoesNotCoverIt) {
+  auto table = Table();
+  auto s = *table->OpenSession("fences", {2 * kMiB, 8 * kMiB, 0});
+  auto a = *table->Lease(s, Spec("a", 256 * 1024));
+  std::atomic<int> first{0}, second{0}, late{0};
+  ASSERT_TRUE(table->Acquire(s, a, Access::kWrite, Place::kGpu).ok());
+  ASSERT_TRUE(table->Release(s, a, std::make_unique<OrderedFence>(1, &first)).ok());
+  auto p = table->Acquire(s, a, Access::kRead, Place::kGpu);
+  ASSERT_TRUE(p.ok());
+  ASSERT_TRUE(table->Release(s, a, std::make_unique<OrderedFence>(2, &second)).ok());
+  EXPECT_EQ(first.load(), 0) << "the second release waited for a fence the new one covers";
+  ASSERT_TRUE(table->Acquire(s, a, Access::kRead, Place::kGpu).ok());
+  ASSERT_TRUE(table->Release(s, a, std::make_unique<LateKernelFence>(Pointer(*p), p->bytes, &late)).ok());
+  EXPECT_EQ(second.load(), 1) << "a fence of another order: the older one is waited for first";
+  EXPECT_EQ(late.load(), 0);
+  // The fence kept is the newest: moving the tensor away waits for it.
+  ASSERT_TRUE(table->Acquire(s, a, Access::kRead, Place::kHost).ok());
+  EXPECT_EQ(late.load(), 1);
+  ASSERT_TRUE(table->Release(s, a).ok());
+  EXPECT_TRUE(table->Validate().ok()) << table->Validate();
+}
+
 TEST_F(LeaseTableTest, PinnedTensorsStayInTheirTier) {
   EXPECT_EQ(LeaseTable::Create(*engine_.store, *engine_.mover, RealClock(), {{"embed[", Tier::kGpu}})
                 .status().code(),

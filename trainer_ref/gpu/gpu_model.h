@@ -132,6 +132,8 @@ class GpuModel {
   // Host seconds spent waiting in the home's Acquire (tierd fetching a part that was not
   // on the GPU yet), since the model was made.
   double AcquireSeconds() const { return acquire_seconds_; }
+  // ... and in its Release (tierd answering; it may wait for the part's earlier GPU work).
+  double ReleaseSeconds() const { return release_seconds_; }
   // AdamW on every tensor (norm weights not decayed), gradients scaled by grad_scale first.
   absl::Status AdamWStep(double lr, int64_t step, const AdamWOptions& options, double grad_scale);
   // Where AdamWStep runs: on the GPU (the state comes to the GPU and goes back), or on the
@@ -304,7 +306,7 @@ class GpuModel {
     TokenSegments segments;  // the token index's host side
   };
   std::vector<MicroBatch> micro_batches_;
-  double acquire_seconds_ = 0;
+  double acquire_seconds_ = 0, release_seconds_ = 0;
   bool optimizer_on_cpu_ = false;
   bool defer_gpu_update_ = false;
   // The GPU's deferred step: per group whether its update is pending and whether its

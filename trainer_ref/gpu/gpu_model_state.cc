@@ -329,7 +329,10 @@ absl::Status GpuModel::Leave(int group, Part part) {
     accumulating_group_ = -1;
   }
   acquired_[group][static_cast<int>(part)] = nullptr;
-  return home_->Release(group, part, acquired_chunk_[group][static_cast<int>(part)], stream_);
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status released = home_->Release(group, part, acquired_chunk_[group][static_cast<int>(part)], stream_);
+  release_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return released;
 }
 
 absl::Status GpuModel::ForEachStateChunk(int g, Access access,

@@ -226,7 +226,7 @@ class GpuRun {
   RunCurves curves_;
   std::vector<int32_t> inputs_, targets_;
   std::vector<std::pair<std::string, double>> profile_;  // ms summed over the timed steps
-  double timed_seconds_ = 0, last_loss_ = 0, timed_waits_ = 0, last_validation_ = 0;
+  double timed_seconds_ = 0, last_loss_ = 0, timed_waits_ = 0, timed_releases_ = 0, last_validation_ = 0;
   int64_t timed_steps_ = 0;
   GpuHome::Traffic before_, timed_from_, timed_to_;  // tierd's counters around the timed steps
 };
@@ -419,7 +419,7 @@ std::string GpuRun::Progress(int64_t step, double loss, double lr, double grad_n
 
 int GpuRun::Step(int64_t step) {
   const auto t0 = Clock::now();
-  const double waited0 = model_->AcquireSeconds();
+  const double waited0 = model_->AcquireSeconds(), released0 = model_->ReleaseSeconds();
   const int64_t first_timed = curves_.first_step + absl::GetFlag(FLAGS_timing_skip);
   if (step == first_timed) timed_from_ = before_;
   if (absl::Status st = model_->ZeroGrads(); !st.ok()) return FailMidRun(std::string(st.message()), ck_);
@@ -469,6 +469,7 @@ int GpuRun::Step(int64_t step) {
   if (step >= first_timed) {
     timed_seconds_ += seconds;
     timed_waits_ += waited;
+    timed_releases_ += model_->ReleaseSeconds() - released0;
     timed_to_ = after;
     ++timed_steps_;
     if (profile_.empty()) profile_.assign(spent.size(), {"", 0.0});
@@ -541,7 +542,8 @@ void GpuRun::Summary() {
     }
     line += absl::StrFormat(" the GPU idle (waiting for the host, moves, syncs) %.0f ms", step_ms - kernels);
     if (s_.tierd)
-      line += absl::StrFormat("; the host waited in tierd's acquire %.0f ms", timed_waits_ * 1e3 / timed_steps_);
+      line += absl::StrFormat("; the host waited in tierd's acquire %.0f ms and release %.0f ms",
+                              timed_waits_ * 1e3 / timed_steps_, timed_releases_ * 1e3 / timed_steps_);
     if (optimizer_on_cpu_) {
       line += absl::StrFormat(
           "; AdamW on the host %.0f ms a step (over the run)",

@@ -1,7 +1,9 @@
 // hotpath_bench: acquire+release round-trip latency of a resident tensor, through the
 // shared-memory ring vs through gRPC, with N client processes on one real tierd; and
 // gRPC lease+unlease throughput. Target: ring median <= 5 us, p99 <= 50 us
-// with 4 concurrent clients.
+// with 4 concurrent clients. With --gpu=cuda also the release a GPU trainer makes after
+// queueing its kernels (Release with a CUDA stream: the client records its interprocess event,
+// the daemon makes a fence of it), on an idle stream, so what is timed is the calls alone.
 //   hotpath_bench --tierd=bazel-bin/server/tierd --clients=4 --pairs=20000
 #include <signal.h>
 #include <sys/wait.h>
@@ -20,6 +22,9 @@
 #include "absl/strings/str_format.h"
 #include "base/units.h"
 #include "clients/client.h"
+#ifdef TIERD_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 ABSL_FLAG(std::string, tierd, "bazel-bin/server/tierd", "the tierd binary to start");
 ABSL_FLAG(std::string, gpu, "fake", "tierd's --gpu (fake, auto, cuda)");
@@ -34,13 +39,15 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Times `pairs` acquire+release round trips of one resident tensor; nanoseconds each.
-std::vector<uint32_t> TimePairs(Client& client, const Client::Tensor& tensor, Place place, int pairs) {
+// `stream`: released after the work queued there (a CUDA stream), or plainly (null).
+std::vector<uint32_t> TimePairs(Client& client, const Client::Tensor& tensor, Place place, int pairs,
+                                void* stream = nullptr) {
   std::vector<uint32_t> samples;
   samples.reserve(pairs);
   for (int i = 0; i < pairs + 1000; ++i) {  // the first 1000 warm up
     const auto start = Clock::now();
     auto p = client.Acquire(tensor, Access::kRead, place);
-    auto r = client.Release(tensor);
+    auto r = stream != nullptr ? client.Release(tensor, stream) : client.Release(tensor);
     const auto nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
     if (!p.ok() || !r.ok()) {
       std::fprintf(stderr, "worker: %s\n", (!p.ok() ? p.status() : r).ToString().c_str());
@@ -54,6 +61,27 @@ std::vector<uint32_t> TimePairs(Client& client, const Client::Tensor& tensor, Pl
 int Worker(const std::string& dir, const std::string& out, int pairs) {
   const Place place = absl::GetFlag(FLAGS_gpu) == "fake" ? Place::kHost : Place::kGpu;
   std::ofstream file(out, std::ios::binary);
+  void* stream = nullptr;
+#ifdef TIERD_HAVE_CUDA
+  if (place == Place::kGpu) {
+    cudaStream_t s = nullptr;
+    if (cudaStreamCreate(&s) != cudaSuccess) return 1;
+    stream = s;
+  }
+#endif
+  {  // the ring, releases with a stream (none without CUDA: an empty sample)
+    std::vector<uint32_t> samples;
+    if (stream != nullptr) {
+      auto client = Client::Connect({dir, "fenced", {4 * kMiB, 4 * kMiB, 0}, true});
+      if (!client.ok()) return 1;
+      auto tensor = (*client)->Lease({"hot", TensorClass::kParam, DType::kF32, {1024}});
+      if (!tensor.ok()) return 1;
+      samples = TimePairs(**client, *tensor, place, pairs / 4, stream);
+    }
+    const uint32_t count = samples.size();
+    file.write(reinterpret_cast<const char*>(&count), 4);
+    file.write(reinterpret_cast<const char*>(samples.data()), 4 * count);
+  }
   for (bool ring : {true, false}) {
     auto client = Client::Connect({dir, ring ? "ring" : "grpc", {4 * kMiB, 4 * kMiB, 0}, ring});
     if (!client.ok()) {
@@ -116,11 +144,11 @@ int Driver() {
     waitpid(pid, &status, 0);
     failed += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   }
-  std::vector<uint32_t> ring, grpc;
+  std::vector<uint32_t> fenced, ring, grpc;
   double lease_seconds = 0;
   for (int c = 0; c < clients && failed == 0; ++c) {
     std::ifstream file(dir + "/samples." + std::to_string(c), std::ios::binary);
-    for (auto* v : {&ring, &grpc}) {
+    for (auto* v : {&fenced, &ring, &grpc}) {
       uint32_t count = 0;
       file.read(reinterpret_cast<char*>(&count), 4);
       const size_t old = v->size();
@@ -143,11 +171,12 @@ int Driver() {
   std::printf("hotpath_bench: acquire+release of a resident tensor, ring vs gRPC, same run\n");
   std::printf("machine: %s, %ld cores; tierd --gpu=%s; %d client processes at once\n\n", host,
               sysconf(_SC_NPROCESSORS_ONLN), absl::GetFlag(FLAGS_gpu).c_str(), clients);
-  std::printf("%-6s %9s %9s %9s %9s %9s\n", "path", "pairs", "p50 us", "p99 us", "p99.9 us", "max us");
-  for (auto [name, v] : {std::pair{"ring", &ring}, {"gRPC", &grpc}}) {
+  std::printf("%-30s %9s %9s %9s %9s %9s\n", "path", "pairs", "p50 us", "p99 us", "p99.9 us", "max us");
+  for (auto [name, v] : {std::pair{"ring", &ring}, {"gRPC", &grpc}, {"ring, release after GPU work", &fenced}}) {
     const size_t n = v->size();
+    if (n == 0) continue;  // (the fenced path: CUDA only)
     const double p50 = Percentile(*v, 0.5), p99 = Percentile(*v, 0.99), p999 = Percentile(*v, 0.999);
-    std::printf("%-6s %9zu %9.1f %9.1f %9.1f %9.1f\n", name, n, p50, p99, p999,
+    std::printf("%-30s %9zu %9.1f %9.1f %9.1f %9.1f\n", name, n, p50, p99, p999,
                 *std::max_element(v->begin(), v->end()) / 1000.0);
   }
   std::printf("\nring p50 / gRPC p50 = %.3f\n", Percentile(ring, 0.5) / Percentile(grpc, 0.5));

@@ -17,6 +17,9 @@ struct StepOrderInputs {
   int micro_batches = 1;         // K, --grad_accum_steps
   double micro_state_bytes = 0;  // the home's bytes one micro-batch at a time
   double layer_state_bytes = 0;  // ... layer-major (K inputs kept per layer)
+  // ... layer-major with the compact state (compact_state.h); 0 where it cannot be kept (the
+  // host's optimizer, or --compact_state=off). Layer-major then also goes when only it fits.
+  double layer_compact_state_bytes = 0;
   double gpu_bytes = 0;          // tierd's GPU quota
   double dram_bytes = 0;         // tierd's DRAM quota (0: unbounded)
 };

@@ -34,6 +34,28 @@ TEST(StepOrderTest, SevenBWithFp32MomentsStaysOneMicroBatchAtATime) {
   EXPECT_NE(c.why.find("more than DRAM's"), std::string::npos) << c.why;
 }
 
+// 13B in 24 GiB at 4 x 3 with 8-bit moments: the full layer-major state (164 GiB) overflows
+// GPU + DRAM, the compact one (116 GiB) does not: layer-major, and it says why; without the
+// compact state (the host's optimizer, or --compact_state=off), one micro-batch at a time.
+TEST(StepOrderTest, ThirteenBGoesLayerMajorWhenTheCompactStateFits) {
+  StepOrderInputs in;
+  in.tierd = true;
+  in.micro_batches = 3;
+  in.micro_state_bytes = 152 * kGiB;
+  in.layer_state_bytes = 164.3 * kGiB;
+  in.layer_compact_state_bytes = 115.8 * kGiB;
+  in.gpu_bytes = 16.9 * kGiB;
+  in.dram_bytes = 100 * kGiB;
+  StepOrderChoice c = ChooseStepOrder(in);
+  EXPECT_TRUE(c.layer_major) << c.why;
+  EXPECT_NE(c.why.find("with the compact state"), std::string::npos) << c.why;
+  in.layer_compact_state_bytes = 0;
+  c = ChooseStepOrder(in);
+  EXPECT_FALSE(c.layer_major) << c.why;
+  in.layer_compact_state_bytes = 130 * kGiB;  // beyond DRAM as well
+  EXPECT_FALSE(ChooseStepOrder(in).layer_major);
+}
+
 TEST(StepOrderTest, NothingToChooseWithoutTierdOrWithOneMicroBatch) {
   StepOrderInputs in = SevenB(6.3);
   in.tierd = false;

@@ -110,7 +110,8 @@ ABSL_FLAG(std::string, compact_state, "auto",
 ABSL_FLAG(std::string, step_order, "auto",
           "GPU: the order of a step's micro-batches. micro: one micro-batch's whole forward and backward after the "
           "other; auto: layer under tierd when the larger state of layer-major (an input per micro-batch per layer) "
-          "fits the GPU quota and DRAM, else micro, and says why; layer: layer-major, each layer's forward (then "
+          "fits the GPU quota and DRAM (in the compact state if only that fits: --compact_state), else micro, and says "
+          "why; layer: layer-major, each layer's forward (then "
           "backward) for every micro-batch before the next layer's, so its weights come to the GPU twice a step "
           "and its gradients leave once, whatever --grad_accum_steps is (each layer keeps an input per "
           "micro-batch). The same losses either way, bit for "

@@ -268,6 +268,14 @@ int GpuRun::Setup() {
     in.micro_batches = s_.accum;
     in.micro_state_bytes = static_cast<double>(layout.Total());
     in.layer_state_bytes = static_cast<double>(layered.Total());
+    if (absl::GetFlag(FLAGS_compact_state) != "off" && absl::GetFlag(FLAGS_optimizer_place) != "cpu") {
+      in.layer_compact_state_bytes = static_cast<double>(GpuModel::HomeLayout(config, s_.batch, s_.seq,
+                                                                              {.checkpointing = s_.checkpointing,
+                                                                               .layer_major_micro_batches = s_.accum,
+                                                                               .moments_8bit = s_.moments_8bit,
+                                                                               .compact = true})
+                                                             .Total());
+    }
     auto budget = ParseBytes(absl::GetFlag(FLAGS_gpu_budget));
     const double workspace = static_cast<double>(
         GpuModel::WorkspaceBytesFor(config, s_.batch, s_.seq,

@@ -191,6 +191,111 @@ absl::StatusOr<bool> ChooseOptimizerOnCpu(const RunSettings& s, const GpuHomeLay
   return choice.on_cpu;
 }
 
+// --step_order=auto's choice (step_order.h), said in a line: layer-major when its state (full,
+// or compact where the run may keep it so) fits the GPU quota and DRAM.
+bool AutoLayerMajor(const RunSettings& s, const GpuHomeLayout& layout, const GpuHomeLayout& layered,
+                    uint64_t fp8_workspace) {
+  const ModelConfig& config = s.config;
+  StepOrderInputs in;
+  in.tierd = s.tierd;
+  in.micro_batches = s.accum;
+  in.micro_state_bytes = static_cast<double>(layout.Total());
+  in.layer_state_bytes = static_cast<double>(layered.Total());
+  if (absl::GetFlag(FLAGS_compact_state) != "off" && absl::GetFlag(FLAGS_optimizer_place) != "cpu") {
+    in.layer_compact_state_bytes = static_cast<double>(GpuModel::HomeLayout(config, s.batch, s.seq,
+                                                                            {.checkpointing = s.checkpointing,
+                                                                             .layer_major_micro_batches = s.accum,
+                                                                             .moments_8bit = s.moments_8bit,
+                                                                             .compact = true})
+                                                           .Total());
+  }
+  auto budget = ParseBytes(absl::GetFlag(FLAGS_gpu_budget));
+  const double workspace = static_cast<double>(
+      GpuModel::WorkspaceBytesFor(config, s.batch, s.seq,
+                                  {.checkpointing = s.checkpointing, .layer_major_micro_batches = s.accum}) +
+      fp8_workspace);
+  in.gpu_bytes = budget.ok() ? std::max(0.0, static_cast<double>(*budget) - workspace) : 0.0;
+  in.dram_bytes = static_cast<double>(s.tierd_dram > 0 ? s.tierd_dram : kAutoDramCap);
+  const StepOrderChoice choice = ChooseStepOrder(in);
+  std::printf("step: %s (--step_order=auto)\n", choice.why.c_str());
+  return choice.layer_major;
+}
+
+// The state's form for the run's flags: the step order (--step_order) and whether the state
+// is kept compact (--compact_state), each choice said in a line; INVALID_ARGUMENT for flags
+// that do not go together. `fp8_workspace`: the FP8 maps' extra GPU bytes.
+struct StateChoice {
+  StateOptions state;
+  GpuHomeLayout layout;
+};
+
+absl::StatusOr<StateChoice> ChooseState(const RunSettings& s, uint64_t fp8_workspace) {
+  const ModelConfig& config = s.config;
+  GpuHomeLayout layout =
+      GpuModel::HomeLayout(config, s.batch, s.seq, {.checkpointing = s.checkpointing, .moments_8bit = s.moments_8bit});
+  const int chunks = absl::GetFlag(FLAGS_optimizer_chunks);
+  if (chunks < 1 || chunks > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--optimizer_chunks=%d: give 1 (one lease per layer's state) up to 1024", chunks));
+  }
+  if (chunks > 1 && !s.tierd) {
+    return absl::InvalidArgumentError(
+        "--optimizer_chunks leases the optimizer's state from tierd in pieces: it needs --offload_policy=tierd");
+  }
+  if (chunks > 1 && s.moments_8bit) {
+    return absl::InvalidArgumentError(
+        "--optimizer_chunks with --opt=adamw8bit: 8-bit moments are one lease a layer (their blocks follow "
+        "the tensors, not the sub-groups); leave --optimizer_chunks at 1");
+  }
+  layout.state_chunks = chunks;
+  const std::string order = absl::GetFlag(FLAGS_step_order);
+  if (order != "layer" && order != "micro" && order != "auto") {
+    return absl::InvalidArgumentError("--step_order is auto, micro or layer, not '" + order + "'");
+  }
+  GpuHomeLayout layered = GpuModel::HomeLayout(
+      config, s.batch, s.seq,
+      {.checkpointing = s.checkpointing, .layer_major_micro_batches = s.accum, .moments_8bit = s.moments_8bit});
+  layered.state_chunks = chunks;
+  const bool layer_major = order == "layer" || (order == "auto" && AutoLayerMajor(s, layout, layered, fp8_workspace));
+  if (order == "layer") {
+    std::printf(
+        "step: layer-major over %d micro-batches (each layer's weights come twice a step, its gradients "
+        "leave once; it keeps an input per micro-batch)\n",
+        s.accum);
+  }
+  const int layer_major_micro_batches = layer_major ? s.accum : 0;
+  if (layer_major) layout = layered;
+  StateOptions state{.checkpointing = s.checkpointing,
+                     .layer_major_micro_batches = layer_major_micro_batches,
+                     .moments_8bit = s.moments_8bit};
+  {
+    StateOptions compact = state;
+    compact.compact = true;
+    GpuHomeLayout compact_layout = GpuModel::HomeLayout(config, s.batch, s.seq, compact);
+    compact_layout.state_chunks = chunks;
+    CompactStateInputs in;
+    in.flag = absl::GetFlag(FLAGS_compact_state);
+    in.tierd = s.tierd;
+    in.one_backward_per_group = layer_major_micro_batches > 0 || s.accum == 1;
+    in.optimizer_on_cpu = absl::GetFlag(FLAGS_optimizer_place) == "cpu";
+    in.full_bytes = static_cast<double>(layout.Total());
+    in.compact_bytes = static_cast<double>(compact_layout.Total());
+    auto budget = ParseBytes(absl::GetFlag(FLAGS_gpu_budget));
+    const double full_workspace =
+        static_cast<double>(GpuModel::WorkspaceBytesFor(config, s.batch, s.seq, state) + fp8_workspace);
+    in.gpu_bytes = budget.ok() ? std::max(0.0, static_cast<double>(*budget) - full_workspace) : 0.0;
+    in.dram_bytes = static_cast<double>(s.tierd_dram > 0 ? s.tierd_dram : kAutoDramCap);
+    auto choice = ChooseCompactState(in);
+    if (!choice.ok()) return choice.status();
+    if (!choice->why.empty()) std::printf("%s\n", choice->why.c_str());
+    if (choice->compact) {
+      state.compact = true;
+      layout = compact_layout;
+    }
+  }
+  return StateChoice{state, layout};
+}
+
 // One run: set up, the steps, the summary. Members hold what the phases share.
 class GpuRun {
  public:
@@ -237,91 +342,12 @@ int GpuRun::Setup() {
   if (!data.ok()) return Fail(std::string(data.status().message()));
   data_ = std::make_unique<Dataset>(std::move(*data));
   startup_.Done("data");
-  GpuHomeLayout layout = GpuModel::HomeLayout(config, s_.batch, s_.seq,
-                                              {.checkpointing = s_.checkpointing, .moments_8bit = s_.moments_8bit});
-  const int chunks = absl::GetFlag(FLAGS_optimizer_chunks);
-  if (chunks < 1 || chunks > 1024) {
-    return Fail(absl::StrFormat("--optimizer_chunks=%d: give 1 (one lease per layer's state) up to 1024", chunks));
-  }
-  if (chunks > 1 && !s_.tierd) {
-    return Fail(
-        "--optimizer_chunks leases the optimizer's state from tierd in pieces: it needs --offload_policy=tierd");
-  }
-  if (chunks > 1 && s_.moments_8bit) {
-    return Fail(
-        "--optimizer_chunks with --opt=adamw8bit: 8-bit moments are one lease a layer (their blocks follow "
-        "the tensors, not the sub-groups); leave --optimizer_chunks at 1");
-  }
-  layout.state_chunks = chunks;
-  const std::string order = absl::GetFlag(FLAGS_step_order);
-  if (order != "layer" && order != "micro" && order != "auto") {
-    return Fail("--step_order is auto, micro or layer, not '" + order + "'");
-  }
-  GpuHomeLayout layered = GpuModel::HomeLayout(
-      config, s_.batch, s_.seq,
-      {.checkpointing = s_.checkpointing, .layer_major_micro_batches = s_.accum, .moments_8bit = s_.moments_8bit});
-  layered.state_chunks = chunks;
-  bool layer_major = order == "layer";
-  if (order == "auto") {
-    StepOrderInputs in;
-    in.tierd = s_.tierd;
-    in.micro_batches = s_.accum;
-    in.micro_state_bytes = static_cast<double>(layout.Total());
-    in.layer_state_bytes = static_cast<double>(layered.Total());
-    if (absl::GetFlag(FLAGS_compact_state) != "off" && absl::GetFlag(FLAGS_optimizer_place) != "cpu") {
-      in.layer_compact_state_bytes = static_cast<double>(GpuModel::HomeLayout(config, s_.batch, s_.seq,
-                                                                              {.checkpointing = s_.checkpointing,
-                                                                               .layer_major_micro_batches = s_.accum,
-                                                                               .moments_8bit = s_.moments_8bit,
-                                                                               .compact = true})
-                                                             .Total());
-    }
-    auto budget = ParseBytes(absl::GetFlag(FLAGS_gpu_budget));
-    const double workspace = static_cast<double>(
-        GpuModel::WorkspaceBytesFor(config, s_.batch, s_.seq,
-                                    {.checkpointing = s_.checkpointing, .layer_major_micro_batches = s_.accum}) +
-        (s_.fp8 ? GpuModel::Fp8WorkspaceBytesFor(config, s_.batch, s_.seq) : 0));
-    in.gpu_bytes = budget.ok() ? std::max(0.0, static_cast<double>(*budget) - workspace) : 0.0;
-    in.dram_bytes = static_cast<double>(s_.tierd_dram > 0 ? s_.tierd_dram : kAutoDramCap);
-    const StepOrderChoice choice = ChooseStepOrder(in);
-    layer_major = choice.layer_major;
-    std::printf("step: %s (--step_order=auto)\n", choice.why.c_str());
-  } else if (layer_major) {
-    std::printf(
-        "step: layer-major over %d micro-batches (each layer's weights come twice a step, its gradients "
-        "leave once; it keeps an input per micro-batch)\n",
-        s_.accum);
-  }
-  layer_major_ = layer_major ? s_.accum : 0;
-  if (layer_major) layout = layered;
-  StateOptions state{
-      .checkpointing = s_.checkpointing, .layer_major_micro_batches = layer_major_, .moments_8bit = s_.moments_8bit};
   const uint64_t fp8_workspace = s_.fp8 ? GpuModel::Fp8WorkspaceBytesFor(config, s_.batch, s_.seq) : 0;
-  {
-    StateOptions compact = state;
-    compact.compact = true;
-    GpuHomeLayout compact_layout = GpuModel::HomeLayout(config, s_.batch, s_.seq, compact);
-    compact_layout.state_chunks = chunks;
-    CompactStateInputs in;
-    in.flag = absl::GetFlag(FLAGS_compact_state);
-    in.tierd = s_.tierd;
-    in.one_backward_per_group = layer_major_ > 0 || s_.accum == 1;
-    in.optimizer_on_cpu = absl::GetFlag(FLAGS_optimizer_place) == "cpu";
-    in.full_bytes = static_cast<double>(layout.Total());
-    in.compact_bytes = static_cast<double>(compact_layout.Total());
-    auto budget = ParseBytes(absl::GetFlag(FLAGS_gpu_budget));
-    const double full_workspace =
-        static_cast<double>(GpuModel::WorkspaceBytesFor(config, s_.batch, s_.seq, state) + fp8_workspace);
-    in.gpu_bytes = budget.ok() ? std::max(0.0, static_cast<double>(*budget) - full_workspace) : 0.0;
-    in.dram_bytes = static_cast<double>(s_.tierd_dram > 0 ? s_.tierd_dram : kAutoDramCap);
-    auto choice = ChooseCompactState(in);
-    if (!choice.ok()) return Fail(std::string(choice.status().message()));
-    if (!choice->why.empty()) std::printf("%s\n", choice->why.c_str());
-    if (choice->compact) {
-      state.compact = true;
-      layout = compact_layout;
-    }
-  }
+  auto chosen = ChooseState(s_, fp8_workspace);
+  if (!chosen.ok()) return Fail(std::string(chosen.status().message()));
+  const StateOptions state = chosen->state;
+  const GpuHomeLayout& layout = chosen->layout;
+  layer_major_ = state.layer_major_micro_batches;
   const uint64_t workspace = GpuModel::WorkspaceBytesFor(config, s_.batch, s_.seq, state) + fp8_workspace;
   uint64_t gpu_quota = 0, dram_quota = 0;
   auto home = MakeHome(s_, layout, workspace, &gpu_quota, &dram_quota);

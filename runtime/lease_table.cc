@@ -173,6 +173,9 @@ absl::StatusOr<TensorId> LeaseTable::Lease(SessionId session_id, const TensorSpe
         absl::StrFormat("session '%s' already leases a tensor named '%s'", s.label, spec.name));
   }
   auto tensor = std::make_unique<Tensor>();
+  tensor->id = s.next_tensor++;
+  // The planner hears of it first: its layout may have a place for it.
+  if (s.planner != nullptr) s.planner->Leased(tensor->id, spec.name);
   tensor->spec = spec;
   tensor->bytes = *bytes;
   tensor->pinned = PinFor(spec.name);
@@ -182,7 +185,7 @@ absl::StatusOr<TensorId> LeaseTable::Lease(SessionId session_id, const TensorSpe
                                            : PreferredTiers(spec.tensor_class);
   std::vector<std::string> refusals;
   for (Tier tier : order) {
-    auto extent = AllocateIn(s, tier, *bytes, /*evict=*/tensor->pinned.has_value(), &spec.name);
+    auto extent = AllocateIn(s, tier, *bytes, /*evict=*/tensor->pinned.has_value(), tensor->id);
     if (extent.ok()) {
       tensor->copies[static_cast<int>(tier)] = *extent;
       break;
@@ -190,13 +193,13 @@ absl::StatusOr<TensorId> LeaseTable::Lease(SessionId session_id, const TensorSpe
     refusals.push_back(std::string(extent.status().message()));
   }
   if (tensor->CopyCount() == 0) {
+    if (s.planner != nullptr) s.planner->Unleased(tensor->id);
     std::string why;
     for (const std::string& r : refusals) why += "\n  " + r;
     return absl::ResourceExhaustedError(absl::StrFormat(
         "cannot lease '%s' (%s): no tier of session '%s' has room:%s", spec.name,
         FormatBytes(*bytes), s.label, why));
   }
-  tensor->id = s.next_tensor++;
   const TensorId id = tensor->id;
   s.by_name[spec.name] = id;
   s.tensors[id] = std::move(tensor);
@@ -214,6 +217,7 @@ absl::Status LeaseTable::Unlease(SessionId session_id, TensorId id) {
     for (Tier tier : {Tier::kGpu, Tier::kDram, Tier::kNvme}) DropCopy(s, t, tier);
     s.by_name.erase(t.spec.name);
     s.tensors.erase(id);  // `t` is gone from here on
+    if (s.planner != nullptr) s.planner->Unleased(id);
     absl::MutexLock stats_lock(&stats_mutex_);
     --stats_.leases;
     return absl::OkStatus();

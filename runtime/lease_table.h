@@ -43,6 +43,7 @@
 #include "base/clock.h"
 #include "runtime/mover.h"
 #include "runtime/session.h"
+#include "runtime/session_planner.h"
 #include "runtime/tensor.h"
 #include "runtime/tier_store.h"
 
@@ -153,41 +154,12 @@ class LeaseTable {
   absl::Status Demote(SessionId session, TensorId tensor, Tier from, bool dead,
                       int64_t unless_written_since = INT64_MAX);
 
-  // With a registered graph, the planner knows when each tensor is next used: room made on
-  // demand (a miss, an overwrite with no room reserved) then goes to the tensor used
-  // furthest in the future (MIN), not the least recently used. The advisor returns how many
-  // ops away the named tensor's next use is (larger: evict sooner); it must not call back
-  // into the table. nullptr: least recently used again.
-  using EvictionAdvisor = std::function<int64_t(const std::string& name)>;
-  absl::Status SetEvictionAdvisor(SessionId session, EvictionAdvisor advisor);
-  // Where the planner's static layout puts the named tensor in `tier`'s arena now, if it has
-  // a place for it: a copy made there (load, demand fetch, room for an overwrite) goes to
-  // that offset when the range is free, otherwise where the online allocator finds room
-  // (counted as off plan). Must not call back into the table. nullptr: online only.
-  using PlacementAdvisor = std::function<std::optional<uint64_t>(const std::string& name, Tier tier)>;
-  absl::Status SetPlacementAdvisor(SessionId session, PlacementAdvisor advisor);
-
-  // With a registered graph, a tensor acquired where it is not may be on its way there by
-  // the plan: the waiter is called (with no lock held) before the acquire fetches it on
-  // demand or makes room for it, and returns once the planned move is done or it gives up;
-  // then the acquire goes on as usual (a hit, or a demand fetch). nullptr: no waiting.
-  using MissWaiter = std::function<void(const std::string& name, Tier tier)>;
-  absl::Status SetMissWaiter(SessionId session, MissWaiter waiter);
-
-  // Told of every copy the tiers move or drop on their own to make room (a victim written
-  // back or dropped, a full NVMe's copy of a tensor held above dropped): what a plan did not
-  // move but the run paid for. `to`: where its bytes went (nullopt: dropped, another copy
-  // holds them or it was never written); `bytes` moved (0 for a drop); the wall-clock nanos of the move. Called with
-  // the session's lock held: it must not call back into the table, and should only record.
-  struct RoomMove {
-    std::string name;
-    Tier from = Tier::kGpu;
-    std::optional<Tier> to;
-    uint64_t bytes = 0;
-    int64_t start_nanos = 0, end_nanos = 0;
-  };
-  using RoomObserver = std::function<void(const RoomMove& move)>;
-  absl::Status SetRoomObserver(SessionId session, RoomObserver observer);
+  // The session's planner (session_planner.h), when a graph is registered: room made on
+  // demand goes to the tensor it uses furthest ahead (not the least recently used), copies
+  // go where its layout puts them, an acquire of a tensor the plan is moving waits for that
+  // move, and the moves the tiers make on their own for room are told to it. It is told of
+  // the session's tensors at once and of each one leased or unleased later. nullptr: none.
+  absl::Status SetPlanner(SessionId session, std::shared_ptr<SessionPlanner> planner);
 
   // Moves the tensor into `tier` (if not there) and keeps it there.
   absl::Status Pin(SessionId session, TensorId tensor, Tier tier);
@@ -210,8 +182,9 @@ class LeaseTable {
   template <typename Result, typename Fn>
   Result OnTensor(SessionId session, TensorId tensor, Fn&& fn);
   absl::StatusOr<Tensor*> GetTensor(Session& s, TensorId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
-  // `name`: the tensor the room is for, when the placement advisor may know its offset.
-  absl::StatusOr<Extent> AllocateIn(Session& s, Tier tier, uint64_t bytes, bool evict, const std::string* name = nullptr)
+  // `tensor`: the one the room is for, when the planner's layout may have an offset for it.
+  absl::StatusOr<Extent> AllocateIn(Session& s, Tier tier, uint64_t bytes, bool evict,
+                                    std::optional<TensorId> tensor = std::nullopt)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   uint64_t UsedIn(Session& s, Tier tier) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   void NotePeak(Session& s, Tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
@@ -221,7 +194,7 @@ class LeaseTable {
   // and returns OK, so the caller tries another.
   absl::Status EvictOne(Session& s, Tier tier, std::set<const Tensor*>& refused)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
-  // With the planner's advisor, room for `bytes` in a GPU or DRAM arena that has the free
+  // With the planner's order of uses, room for `bytes` in a GPU or DRAM arena that has the free
   // bytes but no block for them (and no join made one): of the runs of evictable copies side
   // by side whose range, with the free space on either side, holds `bytes`, the one whose
   // soonest next use is furthest (then the fewest dirty bytes) loses its furthest-used copy
@@ -245,6 +218,8 @@ class LeaseTable {
   // tensor that a tier above holds the same bytes of (the planner's furthest next use,
   // else the least recently used; none in flight). False when there is none.
   bool DropNvmeDuplicate(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
+  // Room goes by the planner's next uses (else clean first, then least recently used).
+  static bool RanksUses(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   // A fragmented GPU or DRAM arena (the free bytes suffice, no free block does): moves the
   // fewest bytes of idle copies side by side (up to 4) whose free neighbours and themselves
   // make `bytes`, into free blocks elsewhere in the arena (within the session's segment or

@@ -10,18 +10,16 @@ namespace tierd {
 absl::StatusOr<Placement> LeaseTable::Acquire(SessionId session_id, TensorId id, Access access,
                                               Place place) {
   const Tier tier = place == Place::kGpu ? Tier::kGpu : Tier::kDram;
-  MissWaiter waiter;
-  std::string name;
+  std::shared_ptr<SessionPlanner> planner;
   auto first = OnTensor<absl::StatusOr<Placement>>(session_id, id, [&](Session& s, Tensor& t) {
-    if (s.miss_waiter && !t.Has(tier) && t.acquired == 0 && !t.pinned) {
-      waiter = s.miss_waiter;  // not here yet: the plan may be moving it (waited for below, unlocked)
-      name = t.spec.name;
+    if (s.planner != nullptr && !t.Has(tier) && t.acquired == 0 && !t.pinned) {
+      planner = s.planner;  // not here yet: the plan may be moving it (waited for below, unlocked)
       return absl::StatusOr<Placement>(Placement{});
     }
     return AcquireLocked(s, t, access, place);
   });
-  if (!waiter) return first;
-  waiter(name, tier);
+  if (planner == nullptr) return first;
+  planner->AwaitPlannedMove(id, tier);
   return OnTensor<absl::StatusOr<Placement>>(session_id, id, [&](Session& s, Tensor& t) {
     return AcquireLocked(s, t, access, place);
   });
@@ -54,7 +52,7 @@ absl::StatusOr<Placement> LeaseTable::AcquireLocked(Session& s, Tensor& t, Acces
     absl::Status status;
     if (!t.written) {
       // Nothing to fetch: take room here and drop the empty copies elsewhere.
-      auto extent = AllocateIn(s, tier, t.bytes, /*evict=*/true, &t.spec.name);
+      auto extent = AllocateIn(s, tier, t.bytes, /*evict=*/true, t.id);
       if (extent.ok()) {
         for (Tier other : {Tier::kGpu, Tier::kDram, Tier::kNvme}) DropCopy(s, t, other);
         t.copies[static_cast<int>(tier)] = *extent;
@@ -145,7 +143,7 @@ absl::Status LeaseTable::Prefetch(SessionId session_id, TensorId id, Tier tier, 
     if (!t.written) {
       if (tier == Tier::kNvme) return absl::OkStatus();  // nothing to keep a copy of
       // Holds no value: reserve room here for the overwrite to come; the empty copies go.
-      auto extent = AllocateIn(s, tier, t.bytes, evict, &t.spec.name);
+      auto extent = AllocateIn(s, tier, t.bytes, evict, t.id);
       if (!extent.ok()) return extent.status();
       for (Tier other : {Tier::kGpu, Tier::kDram, Tier::kNvme}) DropCopy(s, t, other);
       t.copies[static_cast<int>(tier)] = *extent;
@@ -193,7 +191,7 @@ absl::Status LeaseTable::Demote(SessionId session_id, TensorId id, Tier from, bo
       // plan that copy's trip to NVMe and back.
       if (!t.written) {
         // Holds nothing yet: re-home it below without moving bytes (invariant 2).
-        auto extent = AllocateIn(s, below, t.bytes, /*evict=*/false, &t.spec.name);
+        auto extent = AllocateIn(s, below, t.bytes, /*evict=*/false, t.id);
         if (!extent.ok()) return extent.status();
         t.copies[static_cast<int>(below)] = *extent;
       } else {
@@ -220,20 +218,12 @@ absl::Status LeaseTable::WithSessionLocked(SessionId session_id, absl::FunctionR
   return absl::OkStatus();
 }
 
-absl::Status LeaseTable::SetEvictionAdvisor(SessionId session_id, EvictionAdvisor advisor) {
-  return WithSessionLocked(session_id, [&](Session& s) { s.advisor = std::move(advisor); });
-}
-
-absl::Status LeaseTable::SetMissWaiter(SessionId session_id, MissWaiter waiter) {
-  return WithSessionLocked(session_id, [&](Session& s) { s.miss_waiter = std::move(waiter); });
-}
-
-absl::Status LeaseTable::SetRoomObserver(SessionId session_id, RoomObserver observer) {
-  return WithSessionLocked(session_id, [&](Session& s) { s.room_observer = std::move(observer); });
-}
-
-absl::Status LeaseTable::SetPlacementAdvisor(SessionId session_id, PlacementAdvisor advisor) {
-  return WithSessionLocked(session_id, [&](Session& s) { s.placement = std::move(advisor); });
+absl::Status LeaseTable::SetPlanner(SessionId session_id, std::shared_ptr<SessionPlanner> planner) {
+  return WithSessionLocked(session_id, [&](Session& s) {
+    s.planner = std::move(planner);
+    if (s.planner == nullptr) return;
+    for (const auto& [id, t] : s.tensors) s.planner->Leased(id, t->spec.name);
+  });
 }
 
 absl::Status LeaseTable::Pin(SessionId session_id, TensorId id, Tier tier) {

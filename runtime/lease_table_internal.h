@@ -55,10 +55,9 @@ struct LeaseTable::Session {
   bool closed ABSL_GUARDED_BY(mutex) = false;
   int moving ABSL_GUARDED_BY(mutex) = 0;             // copies in flight (lock let go)
   uint64_t moves_done ABSL_GUARDED_BY(mutex) = 0;    // copies finished, to wake waiters
-  EvictionAdvisor advisor ABSL_GUARDED_BY(mutex);     // from the planner, when a graph is registered
-  PlacementAdvisor placement ABSL_GUARDED_BY(mutex);  // the planner's static layout, likewise
-  MissWaiter miss_waiter ABSL_GUARDED_BY(mutex);      // the planner's queued moves, likewise
-  RoomObserver room_observer ABSL_GUARDED_BY(mutex);  // the planner's record of the session
+  // The planner, when a graph is registered (shared: an acquire waiting for a planned move
+  // keeps it while the lock is let go).
+  std::shared_ptr<SessionPlanner> planner ABSL_GUARDED_BY(mutex);
 
   ArenaId ArenaOf(Tier tier) const { return tier == Tier::kGpu ? gpu_arena : dram_arena; }
 };

@@ -47,10 +47,10 @@ std::string LeaseTable::Occupancy(Session& s, Tier tier) const {
 }
 
 absl::StatusOr<Extent> LeaseTable::AllocateIn(Session& s, Tier tier, uint64_t bytes, bool evict,
-                                              const std::string* name) {
+                                              std::optional<TensorId> tensor) {
   bool off_plan = false;
-  if (name != nullptr && s.placement && tier != Tier::kNvme && s.ArenaOf(tier) != kNoArena) {
-    if (const std::optional<uint64_t> at = s.placement(*name, tier)) {
+  if (tensor && s.planner != nullptr && tier != Tier::kNvme && s.ArenaOf(tier) != kNoArena) {
+    if (const std::optional<uint64_t> at = s.planner->LayoutOffset(*tensor, tier)) {
       auto placed = store_.AllocateAt(s.ArenaOf(tier), *at, bytes);
       absl::MutexLock stats_lock(&stats_mutex_);
       // Taken (a copy that has not left yet, or one placed off plan): the online allocator,
@@ -111,7 +111,7 @@ absl::StatusOr<Extent> LeaseTable::AllocateIn(Session& s, Tier tier, uint64_t by
       }
     }
     if (!evict) return extent;
-    // With the planner's advisor and enough free bytes that no join could gather, the room
+    // With the planner and enough free bytes that no join could gather, the room
     // is made as one block (the copies side by side used furthest); otherwise, or when no
     // such run holds it, one victim at a time.
     absl::Status evicted = EvictForBlock(s, tier, bytes, refused);
@@ -285,10 +285,10 @@ absl::Status LeaseTable::MoveWithin([[maybe_unused]] Session& s, Tensor& t, Tier
 }
 
 absl::Status LeaseTable::Rehome(Session& s, Tensor& t) {
-  if (!s.placement || !t.Has(Tier::kGpu) || t.acquired > 0 || t.busy > 0) return absl::OkStatus();
+  if (s.planner == nullptr || !t.Has(Tier::kGpu) || t.acquired > 0 || t.busy > 0) return absl::OkStatus();
   // The client's kernels on it still running: not worth blocking its acquire for.
   if (t.gpu_fence != nullptr && !t.gpu_fence->Passed()) return absl::OkStatus();
-  const std::optional<uint64_t> at = s.placement(t.spec.name, Tier::kGpu);
+  const std::optional<uint64_t> at = s.planner->LayoutOffset(t.id, Tier::kGpu);
   if (!at || *at == t.copies[static_cast<int>(Tier::kGpu)]->offset()) return absl::OkStatus();
   auto to = store_.AllocateAt(s.ArenaOf(Tier::kGpu), *at, t.bytes);
   if (!to.ok()) return absl::OkStatus();  // still taken (or overlapping its own range): it stays
@@ -298,6 +298,8 @@ absl::Status LeaseTable::Rehome(Session& s, Tensor& t) {
   return absl::OkStatus();
 }
 
+bool LeaseTable::RanksUses(Session& s) { return s.planner != nullptr && s.planner->RanksUses(); }
+
 bool LeaseTable::DropNvmeDuplicate(Session& s) {
   Tensor* victim = nullptr;
   int64_t victim_next = 0;
@@ -305,7 +307,7 @@ bool LeaseTable::DropNvmeDuplicate(Session& s) {
     if (!t->Has(Tier::kNvme) || t->CopyCount() < 2 || t->busy > 0) continue;
     // The planner's furthest next use first (its copy above is the last to need a
     // write-back), else the least recently used.
-    const int64_t next = s.advisor ? s.advisor(t->spec.name) : -static_cast<int64_t>(t->last_use);
+    const int64_t next = RanksUses(s) ? s.planner->NextUse(t->id) : -static_cast<int64_t>(t->last_use);
     if (victim == nullptr || next > victim_next) {
       victim = t.get();
       victim_next = next;
@@ -313,9 +315,9 @@ bool LeaseTable::DropNvmeDuplicate(Session& s) {
   }
   if (victim == nullptr) return false;
   DropCopy(s, *victim, Tier::kNvme);
-  if (s.room_observer) {
+  if (s.planner != nullptr) {
     const int64_t now = clock_.NowNanos();
-    s.room_observer({victim->spec.name, Tier::kNvme, std::nullopt, 0, now, now});
+    s.planner->ObserveRoomMove({victim->id, victim->spec.name, Tier::kNvme, std::nullopt, 0, now, now});
   }
   absl::MutexLock stats_lock(&stats_mutex_);
   ++stats_.nvme_duplicates_dropped;
@@ -336,7 +338,9 @@ std::vector<LeaseTable::HeldCopy> LeaseTable::CopiesByOffset(Session& s, Tier ti
 }
 
 absl::Status LeaseTable::EvictForBlock(Session& s, Tier tier, uint64_t bytes, std::set<const Tensor*>& refused) {
-  if (!s.advisor || tier == Tier::kNvme || s.ArenaOf(tier) == kNoArena) return absl::NotFoundError("no advisor");
+  if (!RanksUses(s) || tier == Tier::kNvme || s.ArenaOf(tier) == kNoArena) {
+    return absl::NotFoundError("no order of uses");
+  }
   const AllocatorStats arena = store_.ArenaStats(s.ArenaOf(tier));
   // Too few free bytes: the furthest next use goes first (EvictOne), as MIN says; a run
   // would take copies used sooner for room the joins may still make.
@@ -346,7 +350,7 @@ absl::Status LeaseTable::EvictForBlock(Session& s, Tier tier, uint64_t bytes, st
   struct Copy {
     bool evictable;
     bool clean;
-    int64_t next;  // ops to its next use (the advisor's)
+    int64_t next;  // ops to its next use (the planner.s)
   };
   std::vector<Copy> copies;
   copies.reserve(held.size());
@@ -354,7 +358,7 @@ absl::Status LeaseTable::EvictForBlock(Session& s, Tier tier, uint64_t bytes, st
     const Tensor& t = *h.tensor;
     const bool evictable = t.busy == 0 && t.pinned != tier && refused.count(&t) == 0 &&
                            !(t.acquired > 0 && t.acquired_tier == tier);
-    copies.push_back({evictable, t.CopyCount() > 1 || !t.written, evictable ? s.advisor(t.spec.name) : 0});
+    copies.push_back({evictable, t.CopyCount() > 1 || !t.written, evictable ? s.planner->NextUse(t.id) : 0});
   }
   // The run i..j leaves free, when evicted, from the end of copy i-1 to the start of copy j+1.
   auto from = [&](size_t i) { return i == 0 ? uint64_t{0} : held[i - 1].end; };
@@ -400,9 +404,9 @@ absl::Status LeaseTable::EvictOne(Session& s, Tier tier, std::set<const Tensor*>
     if (!t->Has(tier) || t->busy > 0 || t->pinned == tier || refused.count(t.get()) > 0) continue;
     if (t->acquired > 0 && t->acquired_tier == tier) continue;
     const bool clean = t->CopyCount() > 1 || !t->written;
-    if (s.advisor) {
+    if (RanksUses(s)) {
       // The planner's knowledge: the furthest next use goes first (clean first on ties).
-      const int64_t next = s.advisor(t->spec.name);
+      const int64_t next = s.planner->NextUse(t->id);
       if (victim == nullptr || next > victim_next || (next == victim_next && clean && !victim_clean)) {
         victim = t.get();
         victim_clean = clean;
@@ -456,7 +460,7 @@ absl::Status LeaseTable::EvictCopy(Session& s, Tier tier, Tensor& t, bool clean,
     // (invariant 2): re-home it in a lower tier without moving bytes.
     const std::optional<Tier> below = Below(tier);
     if (!below) return absl::ResourceExhaustedError("no tier below");
-    auto extent = AllocateIn(s, *below, victim->bytes, /*evict=*/true, &victim->spec.name);
+    auto extent = AllocateIn(s, *below, victim->bytes, /*evict=*/true, victim->id);
     if (absl::IsResourceExhausted(extent.status())) {
       refused.insert(victim);
       return absl::OkStatus();
@@ -464,8 +468,9 @@ absl::Status LeaseTable::EvictCopy(Session& s, Tier tier, Tensor& t, bool clean,
     if (!extent.ok()) return extent.status();
     victim->copies[static_cast<int>(*below)] = *extent;
   }
-  if (s.room_observer) {
-    s.room_observer({victim->spec.name, tier, went, went ? victim->bytes : 0, start, clock_.NowNanos()});
+  if (s.planner != nullptr) {
+    s.planner->ObserveRoomMove(
+        {victim->id, victim->spec.name, tier, went, went ? victim->bytes : 0, start, clock_.NowNanos()});
   }
   {
     absl::MutexLock lock(&stats_mutex_);
@@ -485,7 +490,7 @@ absl::Status LeaseTable::CopyTo(Session& s, Tensor& t, Tier tier, bool evict) {
   } else {
     if (!t.Has(Tier::kDram)) {
       // Staging through DRAM makes room there as `evict` says (a demand fetch: the planner's
-      // advisor, if any, picks what goes; a planned load: free room only, the plan stages).
+      // planner, if any, picks what goes; a planned load: free room only, the plan stages).
       if (absl::Status staged = CopyTo(s, t, Tier::kDram, evict); !staged.ok()) return staged;
     }
     source = Tier::kDram;
@@ -497,7 +502,7 @@ absl::Status LeaseTable::CopyTo(Session& s, Tensor& t, Tier tier, bool evict) {
                                               std::string(settled.message()));
     }
   }
-  auto destination = AllocateIn(s, tier, t.bytes, evict, &t.spec.name);
+  auto destination = AllocateIn(s, tier, t.bytes, evict, t.id);
   if (!destination.ok()) return destination.status();
   // The bytes move without the session lock: t is busy, so nobody frees its source or
   // picks it as a victim, and the destination is ours.

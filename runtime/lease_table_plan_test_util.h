@@ -8,6 +8,7 @@
 
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -19,6 +20,31 @@
 #include "runtime/mover_test_util.h"
 
 namespace tierd {
+
+// A planner for the tests, by tensor name (the table tells it each name's id): any of next
+// uses, layout offsets and a record of the tiers' moves for room; without next uses the
+// tiers make room least-recently-used.
+class NamedPlanner final : public SessionPlanner {
+ public:
+  std::function<int64_t(const std::string& name)> next_use;
+  std::function<std::optional<uint64_t>(const std::string& name, Tier tier)> layout;
+  std::function<void(const RoomMove& move)> room;
+
+  void Leased(TensorId tensor, const std::string& name) override { names_[tensor] = name; }
+  void Unleased(TensorId tensor) override { names_.erase(tensor); }
+  int64_t NextUse(TensorId tensor) override { return next_use(names_[tensor]); }
+  bool RanksUses() const override { return next_use != nullptr; }
+  std::optional<uint64_t> LayoutOffset(TensorId tensor, Tier tier) override {
+    return layout ? layout(names_[tensor], tier) : std::nullopt;
+  }
+  void AwaitPlannedMove(TensorId, Tier) override {}
+  void ObserveRoomMove(const RoomMove& move) override {
+    if (room) room(move);
+  }
+
+ private:
+  std::map<TensorId, std::string> names_;
+};
 
 // A clock whose sleeps (the fake GPU's modelled link time) block while the gate is shut:
 // a copy in flight stays in flight until the test opens it. Deterministic, no timing.
@@ -99,17 +125,16 @@ class PlanMovesTest : public ::testing::Test {
     EXPECT_TRUE(table_->Release(session_, id).ok());
     return offset;
   }
-  // The planner's static layout, as the placement advisor: GPU offsets by name.
+  // The planner's static layout: GPU offsets by name.
   void UseLayout(std::map<std::string, uint64_t> layout) {
     layout_ = std::move(layout);
-    ASSERT_TRUE(table_
-                    ->SetPlacementAdvisor(session_,
-                                          [this](const std::string& name, Tier tier) -> std::optional<uint64_t> {
-                                            auto it = layout_.find(name);
-                                            if (tier != Tier::kGpu || it == layout_.end()) return std::nullopt;
-                                            return it->second;
-                                          })
-                    .ok());
+    auto planner = std::make_shared<NamedPlanner>();
+    planner->layout = [this](const std::string& name, Tier tier) -> std::optional<uint64_t> {
+      auto it = layout_.find(name);
+      if (tier != Tier::kGpu || it == layout_.end()) return std::nullopt;
+      return it->second;
+    };
+    ASSERT_TRUE(table_->SetPlanner(session_, planner).ok());
   }
   bool OnGpu(TensorId id) {
     for (const LeaseView& v : table_->List(session_)) {

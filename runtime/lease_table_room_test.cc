@@ -40,7 +40,7 @@ TEST_F(PlanMovesTest, CopiesGoToTheLayoutsOffsetsWhenTheRangeIsFree) {
   EXPECT_EQ(stats.planned_placements, 2u);
   EXPECT_EQ(stats.off_plan_placements, 2u);
   EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
-  ASSERT_TRUE(table_->SetPlacementAdvisor(session_, nullptr).ok());
+  ASSERT_TRUE(table_->SetPlanner(session_, nullptr).ok());
 }
 
 // A copy placed off the layout (its range was taken when it came) moves to its layout offset
@@ -72,7 +72,7 @@ TEST_F(PlanMovesTest, AnOffLayoutCopyMovesToItsOffsetWhenAcquiredIfTheRangeIsFre
   EXPECT_EQ(engine_.mover->Stats(Link::kDramToGpu).bytes, h2d_before) << "moved within the GPU, not fetched";
   EXPECT_TRUE(Holds(a, 0x11));  // fetched back, online: its range is b's now
   EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
-  ASSERT_TRUE(table_->SetPlacementAdvisor(session_, nullptr).ok());
+  ASSERT_TRUE(table_->SetPlanner(session_, nullptr).ok());
 }
 
 // The client's kernel on a released tensor: its bytes land when the fence is waited for,
@@ -139,15 +139,17 @@ TEST_F(PlanMovesTest, ARehomeWaitsForTheClientsKernelsAndReportsTheirFailure) {
     ASSERT_TRUE(table_->Prefetch(session_, b, Tier::kGpu, /*evict=*/false).ok());
   }
   EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
-  ASSERT_TRUE(table_->SetPlacementAdvisor(session_, nullptr).ok());
+  ASSERT_TRUE(table_->SetPlanner(session_, nullptr).ok());
 }
 
 // The tiers say what they move on their own to make room (for the planner's record of the
 // session): a dirty victim written back from the GPU to DRAM with its bytes, a clean one
 // dropped (no bytes), in the order they happen; nothing once the observer is gone.
 TEST_F(PlanMovesTest, TheTiersTellTheMovesTheyMakeForRoom) {
-  std::vector<LeaseTable::RoomMove> told;
-  ASSERT_TRUE(table_->SetRoomObserver(session_, [&](const LeaseTable::RoomMove& m) { told.push_back(m); }).ok());
+  std::vector<RoomMove> told;
+  auto planner = std::make_shared<NamedPlanner>();
+  planner->room = [&](const RoomMove& m) { told.push_back(m); };
+  ASSERT_TRUE(table_->SetPlanner(session_, planner).ok());
   std::map<TensorId, uint8_t> fills;
   for (int i = 0; i < 4; ++i) fills[LeaseWritten("g" + std::to_string(i), 256 * 1024, 10 + i)] = 10 + i;  // 4 MiB
   ASSERT_TRUE(told.empty()) << "the GPU had room for all four";
@@ -181,7 +183,7 @@ TEST_F(PlanMovesTest, TheTiersTellTheMovesTheyMakeForRoom) {
   EXPECT_FALSE(told[2].to.has_value());
   EXPECT_EQ(told[2].bytes, 0u);
   EXPECT_GE(told[2].start_nanos, told[1].end_nanos);
-  ASSERT_TRUE(table_->SetRoomObserver(session_, nullptr).ok());
+  ASSERT_TRUE(table_->SetPlanner(session_, nullptr).ok());
   EXPECT_TRUE(Holds(first_out, fills[first_out]));
   EXPECT_EQ(told.size(), 3u);
   for (const auto& [id, fill] : fills) EXPECT_TRUE(Holds(id, fill)) << id;
@@ -206,15 +208,14 @@ TEST_F(PlanMovesTest, RoomInAFragmentedGpuIsMadeAsOneBlockOfTheCopiesUsedFurthes
   ASSERT_EQ(OffsetOf(c), 3 * kMiB + 512 * kKiB);
   for (TensorId x : {x0, x1, x2}) ASSERT_TRUE(table_->Demote(session_, x, Tier::kGpu, /*dead=*/false).ok());
   const std::map<std::string, int64_t> next{{"A", 10}, {"B", 50}, {"C", 100}};
-  ASSERT_TRUE(table_
-                  ->SetEvictionAdvisor(session_,
-                                       [&next](const std::string& name) {
-                                         auto it = next.find(name);
-                                         return it == next.end() ? int64_t{0} : it->second;
-                                       })
-                  .ok());
-  std::vector<LeaseTable::RoomMove> told;
-  ASSERT_TRUE(table_->SetRoomObserver(session_, [&](const LeaseTable::RoomMove& m) { told.push_back(m); }).ok());
+  std::vector<RoomMove> told;
+  auto planner = std::make_shared<NamedPlanner>();
+  planner->next_use = [&next](const std::string& name) {
+    auto it = next.find(name);
+    return it == next.end() ? int64_t{0} : it->second;
+  };
+  planner->room = [&](const RoomMove& m) { told.push_back(m); };
+  ASSERT_TRUE(table_->SetPlanner(session_, planner).ok());
   const TensorId big = LeaseWritten("big", 384 * 1024, 7);  // 1.5 MiB
   ASSERT_EQ(told.size(), 1u) << "one copy makes the block";
   EXPECT_EQ(told[0].name, "B") << "the run used furthest that holds 1.5 MiB with its gaps";
@@ -222,8 +223,7 @@ TEST_F(PlanMovesTest, RoomInAFragmentedGpuIsMadeAsOneBlockOfTheCopiesUsedFurthes
   EXPECT_EQ(OffsetOf(big), 1 * kMiB + 512 * kKiB) << "in B's place and the gap before it";
   EXPECT_TRUE(OnGpu(a));
   EXPECT_TRUE(OnGpu(c));
-  ASSERT_TRUE(table_->SetRoomObserver(session_, nullptr).ok());
-  ASSERT_TRUE(table_->SetEvictionAdvisor(session_, nullptr).ok());
+  ASSERT_TRUE(table_->SetPlanner(session_, nullptr).ok());
   const std::map<TensorId, uint8_t> fills{{x0, 1}, {a, 2}, {x1, 3}, {b, 4}, {x2, 5}, {c, 6}, {big, 7}};
   for (const auto& [id, fill] : fills) EXPECT_TRUE(Holds(id, fill)) << id;
   EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
@@ -240,7 +240,9 @@ TEST_F(PlanMovesTest, AFragmentedGpuWhoseRunsTheClientHoldsRefusesWithTheNumbers
   const TensorId c = LeaseWritten("C", 128 * 1024, 6);
   ASSERT_EQ(OffsetOf(c), 3 * kMiB + 512 * kKiB) << "the premise: copies side by side from offset 0";
   for (TensorId x : {x0, x1, x2}) ASSERT_TRUE(table_->Demote(session_, x, Tier::kGpu, /*dead=*/false).ok());
-  ASSERT_TRUE(table_->SetEvictionAdvisor(session_, [](const std::string&) { return int64_t{1}; }).ok());
+  auto planner = std::make_shared<NamedPlanner>();
+  planner->next_use = [](const std::string&) { return int64_t{1}; };
+  ASSERT_TRUE(table_->SetPlanner(session_, planner).ok());
   ASSERT_TRUE(table_->Acquire(session_, a, Access::kRead, Place::kGpu).ok());
   ASSERT_TRUE(table_->Acquire(session_, b, Access::kRead, Place::kGpu).ok());
   auto big = table_->Lease(session_, Spec("big", 384 * 1024));  // 1.5 MiB
@@ -253,7 +255,7 @@ TEST_F(PlanMovesTest, AFragmentedGpuWhoseRunsTheClientHoldsRefusesWithTheNumbers
   EXPECT_FALSE(OnGpu(c)) << "C, the one copy free to go, went by next use";
   ASSERT_TRUE(table_->Release(session_, a).ok());
   ASSERT_TRUE(table_->Release(session_, b).ok());
-  ASSERT_TRUE(table_->SetEvictionAdvisor(session_, nullptr).ok());
+  ASSERT_TRUE(table_->SetPlanner(session_, nullptr).ok());
   const std::map<TensorId, uint8_t> fills{{x0, 1}, {a, 2}, {x1, 3}, {b, 4}, {x2, 5}, {c, 6}};
   for (const auto& [id, fill] : fills) EXPECT_TRUE(Holds(id, fill)) << id;
   EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();

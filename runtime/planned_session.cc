@@ -101,6 +101,88 @@ constexpr int64_t kAwaitStuckNanos = 50'000'000;
 constexpr int64_t kAwaitMaxNanos = 10'000'000'000;
 }  // namespace
 
+// The planner as the tiers see it (session_planner.h): the graph's tensors by the table's
+// ids, told as they are leased. All but AwaitPlannedMove run under the session's lock; the id
+// map has its own leaf lock since AwaitPlannedMove reads it without that one.
+class PlannedSession::TierHooks final : public SessionPlanner {
+ public:
+  TierHooks(tp::Executor* executor, std::unordered_map<std::string, tp::TensorIndex> index, Tier top,
+            std::shared_ptr<WaitGate> gate, std::shared_ptr<RoomRecord> room)
+      : executor_(executor), index_(std::move(index)), top_(top), gate_(std::move(gate)), room_(std::move(room)) {}
+
+  void Leased(TensorId tensor, const std::string& name) override {
+    auto it = index_.find(name);
+    if (it == index_.end()) return;  // not in the graph
+    std::lock_guard<std::mutex> lock(mutex_);
+    by_id_[tensor] = it->second;
+  }
+  void Unleased(TensorId tensor) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    by_id_.erase(tensor);
+  }
+  int64_t NextUse(TensorId tensor) override {
+    const std::optional<tp::TensorIndex> t = IndexOf(tensor);
+    return t ? executor_->NextUse(*t) : INT64_MAX / 2;
+  }
+  // Copies made in the top tier go where the plan's static layout puts them, if free.
+  std::optional<uint64_t> LayoutOffset(TensorId tensor, Tier tier) override {
+    if (tier != top_) return std::nullopt;
+    const std::optional<tp::TensorIndex> t = IndexOf(tensor);
+    return t ? executor_->LayoutOffset(*t) : std::nullopt;
+  }
+  // An acquire that finds its tensor elsewhere waits for the plan's move of it, if queued.
+  void AwaitPlannedMove(TensorId tensor, Tier tier) override {
+    if (tier != top_) return;
+    const std::optional<tp::TensorIndex> t = IndexOf(tensor);
+    if (!t) return;
+    tp::Executor* executor = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(gate_->mutex);
+      if (gate_->executor == nullptr) return;
+      executor = gate_->executor;
+      ++gate_->active;
+    }
+    executor->AwaitPlannedLoad(*t, kAwaitStuckNanos, kAwaitMaxNanos);
+    std::lock_guard<std::mutex> lock(gate_->mutex);
+    if (--gate_->active == 0) gate_->idle.notify_all();
+  }
+  // What the tiers move on their own for room: counted and kept for the trace.
+  void ObserveRoomMove(const RoomMove& m) override {
+    std::lock_guard<std::mutex> lock(room_->mutex);
+    if (!m.to) {  // a drop moves no bytes: counted, not drawn
+      ++(m.from == Tier::kNvme ? room_->counts.nvme_dropped : room_->counts.dropped);
+      return;
+    }
+    if (*m.to == Tier::kDram) {
+      ++room_->counts.to_dram;
+      room_->counts.to_dram_bytes += m.bytes;
+    } else {
+      ++room_->counts.to_nvme;
+      room_->counts.to_nvme_bytes += m.bytes;
+    }
+    if (room_->latest.size() >= kRoomMovesKept) {
+      room_->latest.erase(room_->latest.begin(), room_->latest.begin() + kRoomMovesKept / 2);
+    }
+    room_->latest.push_back(m);
+  }
+
+ private:
+  std::optional<tp::TensorIndex> IndexOf(TensorId tensor) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = by_id_.find(tensor);
+    if (it == by_id_.end()) return std::nullopt;
+    return it->second;
+  }
+
+  tp::Executor* const executor_;  // outlives the hooks: the session unhooks them first
+  const std::unordered_map<std::string, tp::TensorIndex> index_;
+  const Tier top_;
+  const std::shared_ptr<WaitGate> gate_;
+  const std::shared_ptr<RoomRecord> room_;
+  std::mutex mutex_;
+  std::unordered_map<TensorId, tp::TensorIndex> by_id_;
+};
+
 absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Create(LeaseTable& leases, SessionId session,
                                                                        tp::Graph graph, const tp::Budgets& budgets,
                                                                        Clock& clock, const PlanningOptions& options) {
@@ -230,81 +312,25 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Start(LeaseTable
   std::vector<std::string> names;
   for (const tp::GraphTensor& t : graph.tensors) names.push_back(t.name);
   planned->ops_ = std::make_unique<Ops>(leases, session, std::move(names), top);
-  // The tiers name tensors; the executor indexes them: one map for the three hooks below.
-  auto index = std::make_shared<std::unordered_map<std::string, tp::TensorIndex>>();
-  for (tp::TensorIndex t = 0; t < graph.tensors.size(); ++t) (*index)[graph.tensors[t].name] = t;
+  std::unordered_map<std::string, tp::TensorIndex> index;
+  for (tp::TensorIndex t = 0; t < graph.tensors.size(); ++t) index[graph.tensors[t].name] = t;
   planned->executor_ =
       std::make_unique<tp::Executor>(std::move(graph), std::move(draft->plan), *planned->ops_, clock, executor_options);
-  // Room made on demand goes to the tensor the graph uses furthest ahead.
-  tp::Executor* executor = planned->executor_.get();
-  absl::Status advised = leases.SetEvictionAdvisor(
-      session, [executor, index](const std::string& name) -> int64_t {
-        auto it = index->find(name);
-        return it == index->end() ? INT64_MAX / 2 : executor->NextUse(it->second);
-      });
-  if (!advised.ok()) return advised;
-  // Copies made in the top tier go where the plan's static layout puts them, if free.
-  absl::Status placed = leases.SetPlacementAdvisor(
-      session, [executor, top, index](const std::string& name, Tier tier) -> std::optional<uint64_t> {
-        if (tier != top) return std::nullopt;
-        auto it = index->find(name);
-        return it == index->end() ? std::nullopt : executor->LayoutOffset(it->second);
-      });
-  if (!placed.ok()) return placed;
   planned->leases_ = &leases;
   planned->session_ = session;
-  // An acquire that finds its tensor elsewhere waits for the plan's move of it, if queued.
   planned->gate_ = std::make_shared<WaitGate>();
-  planned->gate_->executor = executor;
-  absl::Status waiting = leases.SetMissWaiter(
-      session, [gate = planned->gate_, top, index](const std::string& name, Tier tier) {
-        if (tier != top) return;
-        auto it = index->find(name);
-        if (it == index->end()) return;
-        tp::Executor* executor = nullptr;
-        {
-          std::lock_guard<std::mutex> lock(gate->mutex);
-          if (gate->executor == nullptr) return;
-          executor = gate->executor;
-          ++gate->active;
-        }
-        executor->AwaitPlannedLoad(it->second, kAwaitStuckNanos, kAwaitMaxNanos);
-        std::lock_guard<std::mutex> lock(gate->mutex);
-        if (--gate->active == 0) gate->idle.notify_all();
-      });
-  if (!waiting.ok()) return waiting;
-  // What the tiers move on their own for room: counted and kept for the trace.
-  absl::Status observed = leases.SetRoomObserver(session, [room = planned->room_](const LeaseTable::RoomMove& m) {
-    std::lock_guard<std::mutex> lock(room->mutex);
-    if (!m.to) {  // a drop moves no bytes: counted, not drawn
-      ++(m.from == Tier::kNvme ? room->counts.nvme_dropped : room->counts.dropped);
-      return;
-    }
-    if (*m.to == Tier::kDram) {
-      ++room->counts.to_dram;
-      room->counts.to_dram_bytes += m.bytes;
-    } else {
-      ++room->counts.to_nvme;
-      room->counts.to_nvme_bytes += m.bytes;
-    }
-    if (room->latest.size() >= kRoomMovesKept) {
-      room->latest.erase(room->latest.begin(), room->latest.begin() + kRoomMovesKept / 2);
-    }
-    room->latest.push_back(m);
-  });
-  if (!observed.ok()) return observed;
+  planned->gate_->executor = planned->executor_.get();
+  absl::Status hooked = leases.SetPlanner(
+      session,
+      std::make_shared<TierHooks>(planned->executor_.get(), std::move(index), top, planned->gate_, planned->room_));
+  if (!hooked.ok()) return hooked;
   return planned;
 }
 
 PlannedSession::~PlannedSession() {
-  // The advisor points into the executor: the tiers stop asking it first (the session may
+  // The hooks point into the executor: the tiers stop asking them first (the session may
   // be closed already, which is fine).
-  if (leases_ != nullptr) {
-    leases_->SetEvictionAdvisor(session_, nullptr).IgnoreError();
-    leases_->SetPlacementAdvisor(session_, nullptr).IgnoreError();
-    leases_->SetMissWaiter(session_, nullptr).IgnoreError();
-    leases_->SetRoomObserver(session_, nullptr).IgnoreError();
-  }
+  if (leases_ != nullptr) leases_->SetPlanner(session_, nullptr).IgnoreError();
   if (gate_ != nullptr) {
     std::unique_lock<std::mutex> lock(gate_->mutex);
     gate_->executor = nullptr;  // no new waits
@@ -511,13 +537,13 @@ std::string PlannedSession::TraceJson() const {
     if (e.track == tp::Track::kCompute) ops.push_back(&e);
   }
   std::sort(ops.begin(), ops.end(), [](const auto* a, const auto* b) { return a->start < b->start; });
-  std::vector<LeaseTable::RoomMove> moves;
+  std::vector<RoomMove> moves;
   {
     std::lock_guard<std::mutex> lock(room_->mutex);
     moves = room_->latest;
   }
   std::vector<tp::TimelineEvent> for_room;  // apart: `ops` points into `timeline`
-  for (const LeaseTable::RoomMove& m : moves) {
+  for (const RoomMove& m : moves) {
     const double start = m.start_nanos * 1e-9, end = m.end_nanos * 1e-9;
     if (ops.empty() || end < ops.front()->start) continue;  // before the recorded laps
     auto after = std::upper_bound(ops.begin(), ops.end(), start,

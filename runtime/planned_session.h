@@ -105,7 +105,7 @@ class PlannedSession {
   // The graph the plan in force was made with (op times as measured once replanned) as YAML,
   // headed by the links it assumed, for `tierctl plan --graph` offline.
   std::string GraphYaml() const;
-  // The tiers' own moves for room since the plan was made (LeaseTable::RoomObserver).
+  // The tiers' own moves for room since the plan was made (SessionPlanner::ObserveRoomMove).
   struct RoomCounts {
     uint64_t to_dram = 0, to_dram_bytes = 0, to_nvme = 0, to_nvme_bytes = 0, dropped = 0, nvme_dropped = 0;
   };
@@ -121,12 +121,13 @@ class PlannedSession {
 
  private:
   class Ops;
+  class TierHooks;
   struct WaitGate;
-  // The tiers' own moves for room (LeaseTable::RoomObserver), counted, and the latest kept
-  // for the trace; written under the session's lock, so its own lock is a leaf.
+  // The tiers' own moves for room (SessionPlanner::ObserveRoomMove), counted, and the latest
+  // kept for the trace; written under the session's lock, so its own lock is a leaf.
   struct RoomRecord {
     std::mutex mutex;
-    std::vector<LeaseTable::RoomMove> latest;  // at most kRoomMovesKept, oldest first
+    std::vector<RoomMove> latest;  // at most kRoomMovesKept, oldest first
     RoomCounts counts;
   };
   static constexpr size_t kRoomMovesKept = 20000;

@@ -94,235 +94,294 @@ struct LowerState {
   uint64_t dram_bytes = 0, nvme_bytes = 0;
 };
 
+// MIN at the DRAM level over the demands of the GPU plan and the host ops (PlanLowerTiers):
+// lap after lap from the state the last one ended in, until a lap ends as it began.
+class LowerTierPlanner {
+ public:
+  LowerTierPlanner(const Graph& graph, const ResidencyPlan& gpu, uint64_t dram_budget, const LowerTierOptions& options)
+      : graph_(graph),
+        options_(options),
+        dram_budget_(dram_budget),
+        n_(graph.tensors.size()),
+        lap_(Demands(graph, gpu)),
+        len_(lap_.size()) {
+    exclusive_.assign(len_, false);
+    for (size_t j = 0; j < len_; ++j) {
+      exclusive_[j] = options.exclusive_loads && lap_[j].kind == LowerKind::kRead &&
+                      LoadIsForAWrite(graph, gpu, lap_[j].op, lap_[j].tensor);
+    }
+    // gap_[j]: how many positions after demand j the same tensor is demanded again (cyclic).
+    gap_.assign(len_, 0);
+    std::vector<size_t> seen(n_, kNever);
+    for (size_t p = 2 * len_; p-- > 0;) {
+      const TensorIndex t = lap_[p % len_].tensor;
+      if (p < len_) gap_[p] = seen[t] - p;
+      seen[t] = p;
+    }
+    cur_next_ = seen;
+    busy_op_.assign(n_, -1);
+    s_.dram.assign(n_, false);
+    s_.nvme.assign(n_, false);
+    std::vector<bool> gpu_resident_start(n_, false);
+    for (TensorIndex t : gpu.resident_at_start) gpu_resident_start[t] = true;
+    for (size_t t = 0; t < n_; ++t) {
+      // Bytes start on NVMe unless the GPU holds the only copy or the tensor lives there.
+      const bool gpu_dirty_start = gpu_resident_start[t] && gpu.dirty_at_start[t];
+      if (!gpu_dirty_start && !graph.tensors[t].pinned_gpu) {
+        s_.nvme[t] = true;
+        s_.nvme_bytes += Bytes(t);
+      }
+    }
+  }
+
+  size_t len() const { return len_; }
+  LowerTierPlan& plan() { return plan_; }
+  uint64_t nvme_bytes() const { return s_.nvme_bytes; }
+
+  // Lap `index` into a fresh plan: true when it ends in the state it began with.
+  absl::StatusOr<bool> Lap(int index) {
+    const LowerState lap_start = s_;
+    plan_ = LowerTierPlan{};
+    plan_.dram_at_start = s_.dram;
+    plan_.nvme_at_start = s_.nvme;
+    for (size_t p = index * len_; p < (index + 1) * len_; ++p) {
+      if (options_.cancel != nullptr && options_.cancel->load(std::memory_order_relaxed)) {
+        return absl::CancelledError("planning was cancelled");
+      }
+      if (absl::Status s = Demand(p); !s.ok()) return s;
+      plan_.peak_dram_bytes = std::max(plan_.peak_dram_bytes, s_.dram_bytes);
+      plan_.peak_nvme_bytes = std::max(plan_.peak_nvme_bytes, s_.nvme_bytes);
+    }
+    return s_.dram == lap_start.dram && s_.nvme == lap_start.nvme;
+  }
+
+  // From the state the last lap ends in (E) back to the one it started from (S), with moves
+  // at the end of its last op: room first (copies down, drops), then stages.
+  absl::Status CloseLap() {
+    const uint32_t last = static_cast<uint32_t>(graph_.ops.size() - 1);
+    const std::vector<bool> s_dram = plan_.dram_at_start, s_nvme = plan_.nvme_at_start;
+    auto emit = [&](LowerKind kind, size_t t) { plan_.events.push_back({last, kind, static_cast<TensorIndex>(t)}); };
+    auto push_down = [&](size_t t) {
+      emit(LowerKind::kPushDown, t);  // the DRAM copy goes with it
+      plan_.nvme_write_bytes += Bytes(t);
+      if (!s_.nvme[t]) s_.nvme_bytes += Bytes(t);
+      s_.nvme[t] = true;
+      s_.dram[t] = false;
+      s_.dram_bytes -= Bytes(t);
+    };
+    for (size_t t = 0; t < n_; ++t) {
+      if (!s_.dram[t]) continue;
+      if (s_nvme[t] && !s_.nvme[t]) {
+        push_down(t);  // S wants the NVMe copy; the stage below restores DRAM if S has it too
+      } else if (!s_dram[t]) {
+        if (!s_.nvme[t] && s_nvme[t]) {
+          push_down(t);
+        } else {
+          emit(LowerKind::kDrop, t);  // NVMe has it, or S keeps nothing of it below
+          s_.dram[t] = false;
+          s_.dram_bytes -= Bytes(t);
+        }
+      }
+    }
+    plan_.peak_nvme_bytes = std::max(plan_.peak_nvme_bytes, s_.nvme_bytes);
+    for (size_t t = 0; t < n_; ++t) {
+      if (s_dram[t] && !s_.dram[t]) {
+        if (!s_.nvme[t]) {
+          return absl::InternalError(absl::StrFormat("closing the lap: '%s' must be in DRAM but no tier below holds it",
+                                                     graph_.tensors[t].name));
+        }
+        emit(LowerKind::kStage, t);
+        plan_.nvme_read_bytes += Bytes(t);
+        s_.dram[t] = true;
+        s_.dram_bytes += Bytes(t);
+      }
+      if (s_.nvme[t] && !s_nvme[t]) {
+        emit(LowerKind::kDropNvme, t);
+        s_.nvme[t] = false;
+        s_.nvme_bytes -= Bytes(t);
+      }
+    }
+    if (s_.dram != s_dram || s_.nvme != s_nvme) {
+      return absl::InternalError("closing the lap did not reach the state it started from");
+    }
+    plan_.peak_dram_bytes = std::max(plan_.peak_dram_bytes, s_.dram_bytes);
+    plan_.peak_nvme_bytes = std::max(plan_.peak_nvme_bytes, s_.nvme_bytes);
+    return absl::OkStatus();
+  }
+
+ private:
+  uint64_t Bytes(size_t t) const { return graph_.tensors[t].bytes; }
+  // The op (lap * ops + op) position p is in: a copy the current op's moves still use is no victim.
+  int64_t OpAt(size_t p, uint32_t op) const { return static_cast<int64_t>(p / len_ * graph_.ops.size() + op); }
+  bool IsDead(size_t t) const {
+    const LowerKind next = cur_next_[t] == kNever ? LowerKind::kInvalidate : lap_[cur_next_[t] % len_].kind;
+    return next == LowerKind::kInvalidate || next == LowerKind::kHostOverwrite || next == LowerKind::kDiscard;
+  }
+  void Emit(uint32_t op, LowerKind kind, TensorIndex tensor) { plan_.events.push_back({op, kind, tensor}); }
+
+  // With victim slack: MIN's victim needs a push-down; any DRAM copy that also needs one, is
+  // no smaller and is next used at least (1 - slack) as far ahead will do about as well for
+  // traffic. Take the one demanded longest ago: an idle copy, whose push-down and the stage
+  // that brings it back fall in other parts of the lap than the burst MIN's victim is in.
+  int IdlerVictim(int min_victim, TensorIndex demanding, size_t p, uint32_t op) const {
+    const int64_t now = OpAt(p, op);
+    const double far = static_cast<double>(cur_next_[min_victim] - p);
+    int best = min_victim;
+    for (size_t v = 0; v < n_; ++v) {
+      if (!s_.dram[v] || s_.nvme[v] || v == demanding || busy_op_[v] == now || IsDead(v)) continue;
+      const double ahead = static_cast<double>(cur_next_[v] - p);
+      if (Bytes(v) < Bytes(min_victim) || ahead < (1 - options_.victim_slack) * far) continue;
+      if (busy_op_[v] < busy_op_[best]) best = static_cast<int>(v);
+    }
+    return best;
+  }
+
+  // Room in DRAM for demand d's tensor: MIN's victims (dead values first) pushed down or dropped.
+  absl::Status MakeRoom(size_t p, const LowerEvent& d) {
+    const TensorIndex t = d.tensor;
+    if (Bytes(t) > dram_budget_) {
+      return absl::ResourceExhaustedError(absl::StrFormat("tensor '%s' (%s) does not fit the DRAM budget of %s",
+                                                          graph_.tensors[t].name, FormatBytes(Bytes(t)),
+                                                          FormatBytes(dram_budget_)));
+    }
+    while (s_.dram_bytes + Bytes(t) > dram_budget_) {
+      int victim = -1;
+      for (size_t v = 0; v < n_; ++v) {
+        if (!s_.dram[v] || v == t || busy_op_[v] == OpAt(p, d.op)) continue;
+        if (victim < 0) {
+          victim = static_cast<int>(v);
+          continue;
+        }
+        const bool dv = IsDead(v), dw = IsDead(victim);
+        if ((dv && !dw) || (dv == dw && cur_next_[v] > cur_next_[victim])) victim = static_cast<int>(v);
+      }
+      if (victim >= 0 && options_.victim_slack > 0 && !IsDead(victim) && !s_.nvme[victim]) {
+        victim = IdlerVictim(victim, t, p, d.op);
+      }
+      if (victim < 0) {
+        return absl::ResourceExhaustedError(
+            absl::StrFormat("op %d ('%s') needs %s in DRAM at once for its own moves; the DRAM budget is %s", d.op,
+                            graph_.ops[d.op].name, FormatBytes(s_.dram_bytes + Bytes(t)), FormatBytes(dram_budget_)));
+      }
+      const TensorIndex v = static_cast<TensorIndex>(victim);
+      if (!s_.nvme[v] && !IsDead(v)) {
+        Emit(d.op, LowerKind::kPushDown, v);
+        s_.nvme[v] = true;
+        s_.nvme_bytes += Bytes(v);
+        plan_.nvme_write_bytes += Bytes(v);
+      } else {
+        Emit(d.op, LowerKind::kDrop, v);
+      }
+      s_.dram[v] = false;
+      s_.dram_bytes -= Bytes(v);
+    }
+    return absl::OkStatus();
+  }
+
+  // The demand at absolute position p: room made, then its effect on the tiers below.
+  absl::Status Demand(size_t p) {
+    const LowerEvent& d = lap_[p % len_];
+    const TensorIndex t = d.tensor;
+    cur_next_[t] = p + gap_[p % len_];
+    const bool needs_room = d.kind != LowerKind::kInvalidate && d.kind != LowerKind::kDiscard && !s_.dram[t];
+    if (needs_room) {
+      if (absl::Status room = MakeRoom(p, d); !room.ok()) return room;
+    }
+    busy_op_[t] = OpAt(p, d.op);
+    switch (d.kind) {
+      case LowerKind::kRead:
+      case LowerKind::kHostRead:
+      case LowerKind::kHostWrite:
+        if (!s_.dram[t]) {
+          if (!s_.nvme[t]) {
+            return absl::InternalError(absl::StrFormat("op %d %s '%s' but no tier below holds it", d.op,
+                                                       d.kind == LowerKind::kRead ? "loads" : "uses on the host",
+                                                       graph_.tensors[t].name));
+          }
+          Emit(d.op, LowerKind::kStage, t);
+          plan_.nvme_read_bytes += Bytes(t);
+          s_.dram[t] = true;
+          s_.dram_bytes += Bytes(t);
+        }
+        if (d.kind == LowerKind::kHostWrite && s_.nvme[t]) {
+          s_.nvme[t] = false;
+          s_.nvme_bytes -= Bytes(t);
+        }
+        Emit(d.op, d.kind, t);
+        if (d.kind == LowerKind::kRead && exclusive_[p % len_]) {
+          // The GPU changes it before it could drop it clean: the DRAM copy is of no more
+          // use once the load has landed (the NVMe copy, if any, goes with the write).
+          Emit(d.op, LowerKind::kDrop, t);
+          s_.dram[t] = false;
+          s_.dram_bytes -= Bytes(t);
+        }
+        break;
+      case LowerKind::kWriteBack:
+      case LowerKind::kHostOverwrite:  // (room made above, nothing read into it)
+        // DRAM holds the only up-to-date copy.
+        if (!s_.dram[t]) {
+          s_.dram[t] = true;
+          s_.dram_bytes += Bytes(t);
+        }
+        if (s_.nvme[t]) {
+          s_.nvme[t] = false;
+          s_.nvme_bytes -= Bytes(t);
+        }
+        Emit(d.op, d.kind, t);
+        break;
+      case LowerKind::kInvalidate:
+      case LowerKind::kDiscard:
+        if (s_.dram[t]) s_.dram_bytes -= Bytes(t);
+        if (s_.nvme[t]) s_.nvme_bytes -= Bytes(t);
+        s_.dram[t] = s_.nvme[t] = false;
+        Emit(d.op, d.kind, t);
+        break;
+      default:
+        break;
+    }
+    return absl::OkStatus();
+  }
+
+  const Graph& graph_;
+  const LowerTierOptions& options_;
+  const uint64_t dram_budget_;
+  const size_t n_;
+  const std::vector<LowerEvent> lap_;
+  const size_t len_;
+  std::vector<bool> exclusive_;  // per demand: a load whose DRAM copy goes once it lands
+  std::vector<size_t> gap_;
+  std::vector<size_t> cur_next_;  // per tensor: the absolute position of its next demand
+  std::vector<int64_t> busy_op_;  // per tensor: the op of its latest demand
+  LowerState s_;
+  LowerTierPlan plan_;
+};
+
 }  // namespace
 
 absl::StatusOr<LowerTierPlan> PlanLowerTiers(const Graph& graph, const ResidencyPlan& gpu, uint64_t dram_budget,
                                              uint64_t nvme_budget, const LowerTierOptions& options) {
-  const size_t n = graph.tensors.size();
-  const std::vector<LowerEvent> lap = Demands(graph, gpu);
-  std::vector<bool> exclusive(lap.size(), false);
-  for (size_t j = 0; j < lap.size(); ++j) {
-    exclusive[j] = options.exclusive_loads && lap[j].kind == LowerKind::kRead &&
-                   LoadIsForAWrite(graph, gpu, lap[j].op, lap[j].tensor);
-  }
-  // gap[j]: how many positions after demand j the same tensor is demanded again (cyclic).
-  const size_t len = lap.size();
-  std::vector<size_t> gap(len, 0), seen(n, kNever);
-  for (size_t p = 2 * len; p-- > 0;) {
-    const TensorIndex t = lap[p % len].tensor;
-    if (p < len) gap[p] = seen[t] - p;
-    seen[t] = p;
-  }
-  std::vector<size_t> cur_next = seen;  // per tensor: the absolute position of its next demand
-  // Per tensor: the op (lap * ops + op) of its latest demand. A copy the current op's moves
-  // are still using (read by one of its loads, just written back) is not a victim.
-  std::vector<int64_t> busy_op(n, -1);
-  LowerState s;
-  s.dram.assign(n, false);
-  s.nvme.assign(n, false);
-  std::vector<bool> gpu_dirty_start(n, false), gpu_resident_start(n, false);
-  for (TensorIndex t : gpu.resident_at_start) gpu_resident_start[t] = true;
-  for (size_t t = 0; t < n; ++t) {
-    gpu_dirty_start[t] = gpu_resident_start[t] && gpu.dirty_at_start[t];
-    // Bytes start on NVMe unless the GPU holds the only copy or the tensor lives there.
-    if (!gpu_dirty_start[t] && !graph.tensors[t].pinned_gpu) {
-      s.nvme[t] = true;
-      s.nvme_bytes += graph.tensors[t].bytes;
-    }
-  }
-  LowerTierPlan plan;
-  auto bytes = [&](TensorIndex t) { return graph.tensors[t].bytes; };
-  auto is_dead = [&](size_t t) {
-    const LowerKind next = cur_next[t] == kNever ? LowerKind::kInvalidate : lap[cur_next[t] % len].kind;
-    return next == LowerKind::kInvalidate || next == LowerKind::kHostOverwrite || next == LowerKind::kDiscard;
-  };
-  // With victim slack: MIN's victim needs a push-down; any DRAM copy that also needs one, is no
-  // smaller and is next used at least (1 - slack) as far ahead will do about as well for
-  // traffic. Take the one demanded longest ago: an idle copy, whose push-down and the stage
-  // that brings it back fall in other parts of the lap than the burst MIN's victim is in.
-  auto idler_victim = [&](int min_victim, TensorIndex demanding, size_t p, uint32_t op) {
-    const int64_t now = static_cast<int64_t>(p / len * graph.ops.size() + op);
-    const double far = static_cast<double>(cur_next[min_victim] - p);
-    int best = min_victim;
-    for (size_t v = 0; v < n; ++v) {
-      if (!s.dram[v] || s.nvme[v] || v == demanding || busy_op[v] == now || is_dead(v)) continue;
-      const double ahead = static_cast<double>(cur_next[v] - p);
-      if (bytes(v) < bytes(min_victim) || ahead < (1 - options.victim_slack) * far) continue;
-      if (busy_op[v] < busy_op[best]) best = static_cast<int>(v);
-    }
-    return best;
-  };
-  // Lap until the state entering a lap repeats (then the events are a cycle the executor
-  // can replay every iteration).
+  LowerTierPlanner planner(graph, gpu, dram_budget, options);
+  // Lap until the state entering a lap repeats (then the events are a cycle the executor can
+  // replay every iteration); else the last lap is closed by hand.
   constexpr int kLaps = 12;
   bool settled = false;
-  for (int lap_index = 0; lap_index < kLaps && !settled; ++lap_index) {
-    const LowerState lap_start = s;
-    plan = LowerTierPlan{};
-    plan.dram_at_start = s.dram;
-    plan.nvme_at_start = s.nvme;
-    for (size_t p = lap_index * len; p < (lap_index + 1) * len; ++p) {
-      if (options.cancel != nullptr && options.cancel->load(std::memory_order_relaxed)) {
-        return absl::CancelledError("planning was cancelled");
-      }
-      const LowerEvent& d = lap[p % len];
-      const TensorIndex t = d.tensor;
-      auto emit = [&](LowerKind kind, TensorIndex tensor) { plan.events.push_back({d.op, kind, tensor}); };
-      cur_next[t] = p + gap[p % len];
-      const bool needs_room = d.kind != LowerKind::kInvalidate && d.kind != LowerKind::kDiscard && !s.dram[t];
-      if (needs_room && bytes(t) > dram_budget) {
-        return absl::ResourceExhaustedError(absl::StrFormat("tensor '%s' (%s) does not fit the DRAM budget of %s",
-                                                            graph.tensors[t].name, FormatBytes(bytes(t)),
-                                                            FormatBytes(dram_budget)));
-      }
-      while (needs_room && s.dram_bytes + bytes(t) > dram_budget) {
-        int victim = -1;
-        for (size_t v = 0; v < n; ++v) {
-          if (!s.dram[v] || v == t || busy_op[v] == static_cast<int64_t>(p / len * graph.ops.size() + d.op)) continue;
-          if (victim < 0) {
-            victim = static_cast<int>(v);
-            continue;
-          }
-          const bool dv = is_dead(v), dw = is_dead(victim);
-          if ((dv && !dw) || (dv == dw && cur_next[v] > cur_next[victim])) victim = static_cast<int>(v);
-        }
-        if (victim >= 0 && options.victim_slack > 0 && !is_dead(victim) && !s.nvme[victim]) {
-          victim = idler_victim(victim, t, p, d.op);
-        }
-        if (victim < 0) {
-          return absl::ResourceExhaustedError(
-              absl::StrFormat("op %d ('%s') needs %s in DRAM at once for its own moves; the DRAM budget is %s", d.op,
-                              graph.ops[d.op].name, FormatBytes(s.dram_bytes + bytes(t)), FormatBytes(dram_budget)));
-        }
-        const TensorIndex v = static_cast<TensorIndex>(victim);
-        if (!s.nvme[v] && !is_dead(v)) {
-          emit(LowerKind::kPushDown, v);
-          s.nvme[v] = true;
-          s.nvme_bytes += bytes(v);
-          plan.nvme_write_bytes += bytes(v);
-        } else {
-          emit(LowerKind::kDrop, v);
-        }
-        s.dram[v] = false;
-        s.dram_bytes -= bytes(v);
-      }
-      busy_op[t] = static_cast<int64_t>(p / len * graph.ops.size() + d.op);
-      switch (d.kind) {
-        case LowerKind::kRead:
-        case LowerKind::kHostRead:
-        case LowerKind::kHostWrite:
-          if (!s.dram[t]) {
-            if (!s.nvme[t]) {
-              return absl::InternalError(absl::StrFormat("op %d %s '%s' but no tier below holds it", d.op,
-                                                         d.kind == LowerKind::kRead ? "loads" : "uses on the host",
-                                                         graph.tensors[t].name));
-            }
-            emit(LowerKind::kStage, t);
-            plan.nvme_read_bytes += bytes(t);
-            s.dram[t] = true;
-            s.dram_bytes += bytes(t);
-          }
-          if (d.kind == LowerKind::kHostWrite && s.nvme[t]) {
-            s.nvme[t] = false;
-            s.nvme_bytes -= bytes(t);
-          }
-          emit(d.kind, t);
-          if (d.kind == LowerKind::kRead && exclusive[p % len]) {
-            // The GPU changes it before it could drop it clean: the DRAM copy is of no more
-            // use once the load has landed (the NVMe copy, if any, goes with the write).
-            emit(LowerKind::kDrop, t);
-            s.dram[t] = false;
-            s.dram_bytes -= bytes(t);
-          }
-          break;
-        case LowerKind::kWriteBack:
-        case LowerKind::kHostOverwrite:  // (room made above, nothing read into it)
-          // DRAM holds the only up-to-date copy.
-          if (!s.dram[t]) {
-            s.dram[t] = true;
-            s.dram_bytes += bytes(t);
-          }
-          if (s.nvme[t]) {
-            s.nvme[t] = false;
-            s.nvme_bytes -= bytes(t);
-          }
-          emit(d.kind, t);
-          break;
-        case LowerKind::kInvalidate:
-        case LowerKind::kDiscard:
-          if (s.dram[t]) s.dram_bytes -= bytes(t);
-          if (s.nvme[t]) s.nvme_bytes -= bytes(t);
-          s.dram[t] = s.nvme[t] = false;
-          emit(d.kind, t);
-          break;
-        default:
-          break;
-      }
-      plan.peak_dram_bytes = std::max(plan.peak_dram_bytes, s.dram_bytes);
-      plan.peak_nvme_bytes = std::max(plan.peak_nvme_bytes, s.nvme_bytes);
-    }
-    settled = s.dram == lap_start.dram && s.nvme == lap_start.nvme;
+  for (int lap = 0; lap < kLaps && !settled; ++lap) {
+    auto ended = planner.Lap(lap);
+    if (!ended.ok()) return ended.status();
+    settled = *ended;
   }
-  if (!settled && len > 0) {
-    // Close the lap: from the state it ends in (E) back to the one it started from (S),
-    // with moves at the end of the last op. Room first (copies down, drops), then stages.
-    const uint32_t last = static_cast<uint32_t>(graph.ops.size() - 1);
-    const std::vector<bool> s_dram = plan.dram_at_start, s_nvme = plan.nvme_at_start;
-    auto emit = [&](LowerKind kind, size_t t) { plan.events.push_back({last, kind, static_cast<TensorIndex>(t)}); };
-    auto push_down = [&](size_t t) {
-      emit(LowerKind::kPushDown, t);  // the DRAM copy goes with it
-      plan.nvme_write_bytes += bytes(t);
-      if (!s.nvme[t]) s.nvme_bytes += bytes(t);
-      s.nvme[t] = true;
-      s.dram[t] = false;
-      s.dram_bytes -= bytes(t);
-    };
-    for (size_t t = 0; t < n; ++t) {
-      if (!s.dram[t]) continue;
-      if (s_nvme[t] && !s.nvme[t]) {
-        push_down(t);  // S wants the NVMe copy; the stage below restores DRAM if S has it too
-      } else if (!s_dram[t]) {
-        if (!s.nvme[t] && s_nvme[t]) {
-          push_down(t);
-        } else {
-          emit(LowerKind::kDrop, t);  // NVMe has it, or S keeps nothing of it below
-          s.dram[t] = false;
-          s.dram_bytes -= bytes(t);
-        }
-      }
-    }
-    plan.peak_nvme_bytes = std::max(plan.peak_nvme_bytes, s.nvme_bytes);
-    for (size_t t = 0; t < n; ++t) {
-      if (s_dram[t] && !s.dram[t]) {
-        if (!s.nvme[t]) {
-          return absl::InternalError(absl::StrFormat(
-              "closing the lap: '%s' must be in DRAM but no tier below holds it", graph.tensors[t].name));
-        }
-        emit(LowerKind::kStage, t);
-        plan.nvme_read_bytes += bytes(t);
-        s.dram[t] = true;
-        s.dram_bytes += bytes(t);
-      }
-      if (s.nvme[t] && !s_nvme[t]) {
-        emit(LowerKind::kDropNvme, t);
-        s.nvme[t] = false;
-        s.nvme_bytes -= bytes(t);
-      }
-    }
-    if (s.dram != s_dram || s.nvme != s_nvme) {
-      return absl::InternalError("closing the lap did not reach the state it started from");
-    }
-    plan.peak_dram_bytes = std::max(plan.peak_dram_bytes, s.dram_bytes);
-    plan.peak_nvme_bytes = std::max(plan.peak_nvme_bytes, s.nvme_bytes);
+  if (!settled && planner.len() > 0) {
+    if (absl::Status closed = planner.CloseLap(); !closed.ok()) return closed;
   }
-  if (len == 0) plan.peak_nvme_bytes = s.nvme_bytes;
+  LowerTierPlan& plan = planner.plan();
+  if (planner.len() == 0) plan.peak_nvme_bytes = planner.nvme_bytes();
   HoistStages(graph, plan, dram_budget);
   if (plan.peak_nvme_bytes > nvme_budget) {
     return absl::ResourceExhaustedError(
         absl::StrFormat("the tiers below the GPU need %s of NVMe at the peak (DRAM budget %s); the NVMe budget is %s",
                         FormatBytes(plan.peak_nvme_bytes), FormatBytes(dram_budget), FormatBytes(nvme_budget)));
   }
-  return plan;
+  return std::move(plan);
 }
 
 namespace {

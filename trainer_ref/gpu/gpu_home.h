@@ -7,8 +7,8 @@
 // on, so a home smaller than the whole (tierd's GPU tier) can move the rest away meanwhile.
 //   plain: one cudaMalloc per part, always there (--offload_policy=none).
 //   tierd: each part leased from tierd by name (gpu_tierd_home.h).
-#ifndef TIERD_TRAINER_REF_KERNELS_GPU_HOME_H_
-#define TIERD_TRAINER_REF_KERNELS_GPU_HOME_H_
+#ifndef TIERD_TRAINER_REF_GPU_GPU_HOME_H_
+#define TIERD_TRAINER_REF_GPU_GPU_HOME_H_
 
 #include <cuda_runtime_api.h>
 
@@ -118,4 +118,4 @@ absl::StatusOr<std::string> CheckQuotasHold(const GpuHomeLayout& layout, uint64_
 
 }  // namespace tierd::trainer::gpu
 
-#endif  // TIERD_TRAINER_REF_KERNELS_GPU_HOME_H_
+#endif  // TIERD_TRAINER_REF_GPU_GPU_HOME_H_

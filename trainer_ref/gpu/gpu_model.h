@@ -4,6 +4,10 @@
 // directly), fp32 gradients and Adam moments; activations bf16 with fp32 statistics, kept
 // per layer for backward. Everything on one stream; only Forward's loss waits for it.
 //
+// The compact state (StateOptions::compact) keeps bf16 gradients and no bf16 weight copy:
+// each layer's gradients accumulate in an fp32 workspace and its weights are rounded from the
+// master copy into another when it is used.
+//
 // The state (weights, master weights, gradients, moments, saved activations) lives in a
 // GpuHome (gpu_home.h): plain buffers (the whole model in GPU memory), or leased from tierd
 // group by group. The model acquires a group's parts just before it queues the group's
@@ -12,8 +16,8 @@
 // device outside the home: the workspace of one layer's forward/backward, the logits and a
 // resident fp32 copy of the norm weights (read by forward and backward; refreshed from the
 // master copy by the optimizer step).
-#ifndef TIERD_TRAINER_REF_KERNELS_GPU_MODEL_H_
-#define TIERD_TRAINER_REF_KERNELS_GPU_MODEL_H_
+#ifndef TIERD_TRAINER_REF_GPU_GPU_MODEL_H_
+#define TIERD_TRAINER_REF_GPU_GPU_MODEL_H_
 
 #include <cuda_runtime_api.h>
 
@@ -359,4 +363,4 @@ class GpuModel {
 
 }  // namespace tierd::trainer::gpu
 
-#endif  // TIERD_TRAINER_REF_KERNELS_GPU_MODEL_H_
+#endif  // TIERD_TRAINER_REF_GPU_GPU_MODEL_H_

@@ -1,7 +1,7 @@
 // Shared by gpu_model*.cc (not part of the model's interface): CUDA errors as statuses, the
 // profile's categories, the constants of the model's math, and Timed.
-#ifndef TIERD_TRAINER_REF_KERNELS_GPU_MODEL_INTERNAL_H_
-#define TIERD_TRAINER_REF_KERNELS_GPU_MODEL_INTERNAL_H_
+#ifndef TIERD_TRAINER_REF_GPU_GPU_MODEL_INTERNAL_H_
+#define TIERD_TRAINER_REF_GPU_GPU_MODEL_INTERNAL_H_
 
 #include "absl/strings/str_format.h"
 #include "trainer_ref/gpu/gpu_model.h"
@@ -40,4 +40,4 @@ auto GpuModel::Timed(int category, Fn&& fn) {
 
 }  // namespace tierd::trainer::gpu
 
-#endif  // TIERD_TRAINER_REF_KERNELS_GPU_MODEL_INTERNAL_H_
+#endif  // TIERD_TRAINER_REF_GPU_GPU_MODEL_INTERNAL_H_

@@ -1,7 +1,7 @@
 // The GPU model's tests against the CPU model (the oracle): the same initial parameters,
 // and training both side by side.
-#ifndef TIERD_TRAINER_REF_KERNELS_GPU_MODEL_TEST_ORACLE_H_
-#define TIERD_TRAINER_REF_KERNELS_GPU_MODEL_TEST_ORACLE_H_
+#ifndef TIERD_TRAINER_REF_GPU_GPU_MODEL_TEST_ORACLE_H_
+#define TIERD_TRAINER_REF_GPU_GPU_MODEL_TEST_ORACLE_H_
 
 #include <gtest/gtest.h>
 
@@ -53,4 +53,4 @@ inline void ExpectTrainingTracksTheCpu(Model<float>& cpu, GpuModel& gpu, int n, 
 
 }  // namespace tierd::trainer::gpu::testing
 
-#endif  // TIERD_TRAINER_REF_KERNELS_GPU_MODEL_TEST_ORACLE_H_
+#endif  // TIERD_TRAINER_REF_GPU_GPU_MODEL_TEST_ORACLE_H_

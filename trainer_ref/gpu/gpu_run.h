@@ -1,6 +1,6 @@
 // The reference trainer on one GPU: tierd-train --device=gpu (or auto, with a GPU there).
-#ifndef TIERD_TRAINER_REF_KERNELS_GPU_RUN_H_
-#define TIERD_TRAINER_REF_KERNELS_GPU_RUN_H_
+#ifndef TIERD_TRAINER_REF_GPU_GPU_RUN_H_
+#define TIERD_TRAINER_REF_GPU_GPU_RUN_H_
 
 #include <string>
 
@@ -17,4 +17,4 @@ int RunOnGpu(const RunSettings& settings);
 
 }  // namespace tierd::trainer::gpu
 
-#endif  // TIERD_TRAINER_REF_KERNELS_GPU_RUN_H_
+#endif  // TIERD_TRAINER_REF_GPU_GPU_RUN_H_

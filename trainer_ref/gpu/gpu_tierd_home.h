@@ -1,8 +1,8 @@
 // The GPU model's state leased from tierd (see gpu_home.h): every (group, part) a tensor of
 // the session, acquired on the GPU, released with the model's stream (CUDA IPC events:
 // no device-wide sync), the step's ops registered so the planner moves parts ahead of use.
-#ifndef TIERD_TRAINER_REF_KERNELS_GPU_TIERD_HOME_H_
-#define TIERD_TRAINER_REF_KERNELS_GPU_TIERD_HOME_H_
+#ifndef TIERD_TRAINER_REF_GPU_GPU_TIERD_HOME_H_
+#define TIERD_TRAINER_REF_GPU_GPU_TIERD_HOME_H_
 
 #include <memory>
 
@@ -18,4 +18,4 @@ absl::StatusOr<std::unique_ptr<GpuHome>> MakeTierdGpuHome(const GpuHomeLayout& l
 
 }  // namespace tierd::trainer::gpu
 
-#endif  // TIERD_TRAINER_REF_KERNELS_GPU_TIERD_HOME_H_
+#endif  // TIERD_TRAINER_REF_GPU_GPU_TIERD_HOME_H_

@@ -11,6 +11,7 @@
 #include "base/units.h"
 #include "runtime/lease_table.h"
 #include "runtime/lease_table_internal.h"
+#include "runtime/room_policy.h"
 
 namespace tierd {
 namespace {
@@ -346,81 +347,33 @@ absl::Status LeaseTable::EvictForBlock(Session& s, Tier tier, uint64_t bytes, st
   // would take copies used sooner for room the joins may still make.
   if (arena.free_bytes < bytes) return absl::NotFoundError("too few free bytes");
   const std::vector<HeldCopy> held = CopiesByOffset(s, tier);
-  const uint64_t region = arena.region_bytes;
-  struct Copy {
-    bool evictable;
-    bool clean;
-    int64_t next;  // ops to its next use (the planner.s)
-  };
-  std::vector<Copy> copies;
-  copies.reserve(held.size());
+  std::vector<HeldRange> ranges;
+  ranges.reserve(held.size());
   for (const HeldCopy& h : held) {
     const Tensor& t = *h.tensor;
     const bool evictable = t.busy == 0 && t.pinned != tier && refused.count(&t) == 0 &&
                            !(t.acquired > 0 && t.acquired_tier == tier);
-    copies.push_back({evictable, t.CopyCount() > 1 || !t.written, evictable ? s.planner->NextUse(t.id) : 0});
+    ranges.push_back(
+        {h.begin, h.end, evictable, t.CopyCount() > 1 || !t.written, evictable ? s.planner->NextUse(t.id) : 0});
   }
-  // The run i..j leaves free, when evicted, from the end of copy i-1 to the start of copy j+1.
-  auto from = [&](size_t i) { return i == 0 ? uint64_t{0} : held[i - 1].end; };
-  auto to = [&](size_t j) { return j + 1 < held.size() ? held[j + 1].begin : region; };
-  bool found = false;
-  int64_t best_soonest = 0;
-  uint64_t best_dirty = 0;
-  size_t best_i = 0, best_j = 0;
-  for (size_t i = 0; i < held.size(); ++i) {
-    int64_t soonest = INT64_MAX;
-    uint64_t dirty = 0;
-    for (size_t j = i; j < held.size() && copies[j].evictable; ++j) {  // the shortest run from i that holds it
-      soonest = std::min(soonest, copies[j].next);
-      if (!copies[j].clean) dirty += held[j].end - held[j].begin;
-      if (found && soonest < best_soonest) break;  // only worse from here
-      if (to(j) - from(i) < bytes) continue;
-      if (!found || soonest > best_soonest || (soonest == best_soonest && dirty < best_dirty)) {
-        found = true;
-        best_soonest = soonest;
-        best_dirty = dirty;
-        best_i = i;
-        best_j = j;
-      }
-      break;
-    }
-  }
-  if (!found) return absl::NotFoundError("no run of evictable copies side by side holds it");
-  size_t victim = best_i;  // the run's furthest-used copy, clean first on ties
-  for (size_t k = best_i; k <= best_j; ++k) {
-    if (copies[k].next > copies[victim].next || (copies[k].next == copies[victim].next && copies[k].clean &&
-                                                 !copies[victim].clean)) {
-      victim = k;
-    }
-  }
-  return EvictCopy(s, tier, *held[victim].tensor, copies[victim].clean, refused);
+  const std::optional<size_t> victim = PickForBlock(ranges, arena.region_bytes, bytes);
+  if (!victim) return absl::NotFoundError("no run of evictable copies side by side holds it");
+  return EvictCopy(s, tier, *held[*victim].tensor, ranges[*victim].clean, refused);
 }
 
 absl::Status LeaseTable::EvictOne(Session& s, Tier tier, std::set<const Tensor*>& refused) {
-  Tensor* victim = nullptr;
-  bool victim_clean = false;
-  int64_t victim_next = 0;
+  std::vector<Tensor*> tensors;
+  std::vector<RoomCandidate> candidates;
+  const bool ranked = RanksUses(s);
   for (const auto& [id, t] : s.tensors) {
     if (!t->Has(tier) || t->busy > 0 || t->pinned == tier || refused.count(t.get()) > 0) continue;
     if (t->acquired > 0 && t->acquired_tier == tier) continue;
-    const bool clean = t->CopyCount() > 1 || !t->written;
-    if (RanksUses(s)) {
-      // The planner's knowledge: the furthest next use goes first (clean first on ties).
-      const int64_t next = s.planner->NextUse(t->id);
-      if (victim == nullptr || next > victim_next || (next == victim_next && clean && !victim_clean)) {
-        victim = t.get();
-        victim_clean = clean;
-        victim_next = next;
-      }
-      continue;
-    }
-    // Clean copies first (dropping them costs nothing), then the least recently used.
-    if (victim == nullptr || (clean && !victim_clean) ||
-        (clean == victim_clean && t->last_use < victim->last_use)) {
-      victim = t.get();
-      victim_clean = clean;
-    }
+    tensors.push_back(t.get());
+    candidates.push_back({t->CopyCount() > 1 || !t->written, ranked ? s.planner->NextUse(t->id) : 0, t->last_use});
   }
+  const std::optional<size_t> picked = PickVictim(candidates, ranked);
+  Tensor* victim = picked ? tensors[*picked] : nullptr;
+  const bool victim_clean = picked && candidates[*picked].clean;
   if (victim == nullptr) {
     // Copies in flight will land (or fail) and free their hold: wait for one, then retry.
     if (s.moving > 0) {

@@ -1,0 +1,57 @@
+#include "runtime/room_policy.h"
+
+#include <gtest/gtest.h>
+
+namespace tierd {
+namespace {
+
+TEST(RoomPolicyTest, RankedTheFurthestNextUseGoesCleanFirstOnTies) {
+  const std::vector<RoomCandidate> c = {{false, 5, 1}, {false, 9, 2}, {false, 9, 3}, {true, 9, 4}, {true, 2, 0}};
+  EXPECT_EQ(PickVictim(c, /*ranked=*/true), 3u) << "next use 9, and clean";
+  const std::vector<RoomCandidate> tie = {{false, 9, 7}, {false, 9, 1}};
+  EXPECT_EQ(PickVictim(tie, true), 0u) << "an exact tie keeps the earliest";
+}
+
+TEST(RoomPolicyTest, UnrankedCleanCopiesGoFirstThenTheLeastRecentlyUsed) {
+  const std::vector<RoomCandidate> c = {{false, 0, 1}, {true, 0, 9}, {true, 0, 4}, {false, 0, 0}};
+  EXPECT_EQ(PickVictim(c, /*ranked=*/false), 2u) << "clean, and used longest ago of the clean ones";
+  const std::vector<RoomCandidate> dirty = {{false, 0, 8}, {false, 0, 3}, {false, 0, 5}};
+  EXPECT_EQ(PickVictim(dirty, false), 1u);
+  EXPECT_EQ(PickVictim({}, false), std::nullopt);
+}
+
+// An arena of 4 MiB: [free 512K][A 1M][free 512K][B 1M][free 512K][C 512K], room for 1.5 MiB:
+// by next use alone C (furthest) would go, joining only 1 MiB; as one block, B (with the
+// gaps on either side) holds it, and of the runs that do, B's soonest next use is furthest.
+TEST(RoomPolicyTest, TheBlockComesFromTheRunUsedFurthestThatHoldsIt) {
+  constexpr uint64_t K = 1024;
+  std::vector<HeldRange> held = {{512 * K, 1536 * K, true, false, 10},
+                                 {2048 * K, 3072 * K, true, false, 50},
+                                 {3584 * K, 4096 * K, true, false, 100}};
+  EXPECT_EQ(PickForBlock(held, 4096 * K, 1536 * K), 1u);
+  // B pinned (not evictable): the run of A alone holds it too (512K + 1M + 512K): A goes.
+  held[1].evictable = false;
+  EXPECT_EQ(PickForBlock(held, 4096 * K, 1536 * K), 0u);
+  // A held as well: C alone leaves 1 MiB; no run holds 1.5 MiB.
+  held[0].evictable = false;
+  EXPECT_EQ(PickForBlock(held, 4096 * K, 1536 * K), std::nullopt);
+}
+
+// Two runs with the same soonest use: the one with fewer dirty bytes; within the run, the
+// furthest-used copy, clean first on ties.
+TEST(RoomPolicyTest, TiesGoToTheRunWithFewerDirtyBytesThenItsFurthestCleanCopy) {
+  std::vector<HeldRange> held = {{0, 100, true, false, 7},
+                                 {100, 200, true, false, 9},
+                                 {300, 400, true, true, 7},
+                                 {400, 500, true, true, 9},
+                                 {500, 600, true, false, 9}};
+  // 200 bytes: the run 0..1 (dirty 200) or 2..3 (clean) both have soonest use 7.
+  EXPECT_EQ(PickForBlock(held, 600, 300), 3u) << "the clean run, its copy used at 9";
+  // Copy 2 used at 9 too: the runs 1..2 (dirty 100) and 2..3 (clean) both have soonest use 9;
+  // 2..3 wins on dirty bytes, and within it 2 and 3 tie (9, clean): the earlier goes.
+  held[2].next_use = 9;
+  EXPECT_EQ(PickForBlock(held, 600, 300), 2u);
+}
+
+}  // namespace
+}  // namespace tierd

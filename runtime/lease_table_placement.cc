@@ -137,86 +137,20 @@ absl::StatusOr<uint64_t> LeaseTable::Relocate(Session& s, Tier tier, uint64_t by
   // The arena's copies by offset and the gaps between them. A move in flight may hold a
   // range no copy records yet: AllocateAt checks every range before it is taken.
   const std::vector<HeldCopy> held = CopiesByOffset(s, tier);
-  // Gap k lies before held[k] (k == held.size(): after the last copy).
-  auto gap_begin = [&](size_t k) { return k == 0 ? 0 : held[k - 1].end; };
-  auto gap_end = [&](size_t k) { return k < held.size() ? held[k].begin : stats.region_bytes; };
-  auto idle = [&](size_t k) {
-    const Tensor& t = *held[k].tensor;
-    return t.busy == 0 && t.acquired == 0 && !t.pinned.has_value();  // hands off the others
-  };
-  // A window of up to kMaxMoves idle copies side by side whose range, with the gaps on
-  // either side, holds `bytes`; its copies go into the gaps outside it (largest first, each
-  // into the smallest that holds it). The window that moves the fewest bytes wins.
-  constexpr size_t kMaxMoves = 4;
-  struct Move {
-    size_t copy;
-    uint64_t to;
-  };
-  std::vector<Move> best;
-  uint64_t best_moved = UINT64_MAX, best_begin = 0;
-  // In DRAM the window's copies may instead slide together to its low end (memmove: the
-  // ranges may overlap), joining the gaps inside it: no gap elsewhere need hold them.
-  bool best_slides = false;
-  size_t slide_from = 0, slide_to = 0;
-  for (size_t i = 0; i < held.size(); ++i) {
-    for (size_t j = i; j < held.size() && j < i + 2 * kMaxMoves && idle(j); ++j) {
-      const uint64_t span = gap_end(j + 1) - gap_begin(i);
-      if (span < bytes) continue;  // widen the window
-      uint64_t moved = 0;
-      std::vector<size_t> copies;
-      for (size_t k = i; k <= j; ++k) {
-        copies.push_back(k);
-        moved += held[k].end - held[k].begin;
-      }
-      if (moved >= best_moved) break;
-      if (tier == Tier::kDram && span - moved >= bytes) {
-        best.clear();
-        best_slides = true;
-        slide_from = i;
-        slide_to = j;
-        best_moved = moved;
-        break;
-      }
-      if (j >= i + kMaxMoves) continue;  // (wider windows only slide)
-      std::sort(copies.begin(), copies.end(), [&](size_t a, size_t b) {
-        return held[a].end - held[a].begin > held[b].end - held[b].begin;
-      });
-      std::map<size_t, uint64_t> next_free;  // gaps outside the window used so far: where the next copy goes
-      std::vector<Move> moves;
-      for (size_t c : copies) {
-        const uint64_t size = held[c].end - held[c].begin;
-        size_t pick = SIZE_MAX;
-        uint64_t pick_room = UINT64_MAX;
-        for (size_t k = 0; k <= held.size(); ++k) {
-          if (k >= i && k <= j + 1) continue;  // inside the window
-          const auto used = next_free.find(k);
-          const uint64_t from = used == next_free.end() ? gap_begin(k) : used->second;
-          const uint64_t room = gap_end(k) - from;
-          if (room >= size && room < pick_room) {
-            pick = k;
-            pick_room = room;
-          }
-        }
-        if (pick == SIZE_MAX) break;
-        const auto used = next_free.find(pick);
-        const uint64_t to = used == next_free.end() ? gap_begin(pick) : used->second;
-        moves.push_back({c, to});
-        next_free[pick] = to + size;
-      }
-      if (moves.size() == copies.size()) {
-        best = std::move(moves);
-        best_slides = false;
-        best_moved = moved;
-        best_begin = gap_begin(i);
-        break;  // a wider window from i only moves more
-      }
-      // (In DRAM a wider window may still slide.)
-      if (tier != Tier::kDram) break;
-    }
+  std::vector<HeldRange> ranges;
+  ranges.reserve(held.size());
+  for (const HeldCopy& h : held) {
+    const Tensor& t = *h.tensor;
+    ranges.push_back({h.begin, h.end, t.busy == 0 && t.acquired == 0 && !t.pinned.has_value()});  // idle
   }
-  if (best_slides) {
-    uint64_t cursor = gap_begin(slide_from);
-    for (size_t k = slide_from; k <= slide_to; ++k) {
+  const std::optional<JoinPlan> join = PlanJoin(ranges, stats.region_bytes, bytes, /*may_slide=*/tier == Tier::kDram);
+  if (!join) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("no move of up to %d idle copies side by side joins enough free space", kMaxJoinMoves));
+  }
+  if (join->slide) {
+    uint64_t cursor = join->first == 0 ? 0 : held[join->first - 1].end;
+    for (size_t k = join->first; k <= join->last; ++k) {
       Tensor& t = *held[k].tensor;
       if (held[k].begin != cursor) {
         if (absl::Status slid = SlideWithin(s, t, tier, cursor); !slid.ok()) return slid;
@@ -225,15 +159,13 @@ absl::StatusOr<uint64_t> LeaseTable::Relocate(Session& s, Tier tier, uint64_t by
     }
     return cursor;  // the joined block: from the last slid copy's end to the window's end
   }
-  if (best.empty()) return absl::ResourceExhaustedError(absl::StrFormat(
-      "no move of up to %d idle copies side by side joins enough free space", kMaxMoves));
-  for (const Move& m : best) {
+  for (const JoinPlan::Move& m : join->moves) {
     Tensor& t = *held[m.copy].tensor;
     auto to = store_.AllocateAt(arena, m.to, t.bytes);
     if (!to.ok()) return to.status();  // taken by a move in flight: the moves so far stand
     if (absl::Status moved = MoveWithin(s, t, tier, *to); !moved.ok()) return moved;
   }
-  return best_begin;  // the joined block's start
+  return join->begin;  // the joined block's start
 }
 
 absl::Status LeaseTable::SlideWithin([[maybe_unused]] Session& s, Tensor& t, Tier tier, uint64_t to_offset) {

@@ -39,6 +39,27 @@ struct HeldRange {
 // goes on with what is left of the run.
 std::optional<size_t> PickForBlock(const std::vector<HeldRange>& held, uint64_t region, uint64_t bytes);
 
+// A fragmented arena (the free bytes suffice, no free block does): how to join free space by
+// moving copies within the arena instead of writing anything to the tier below. `held`: the
+// arena's copies by offset (`evictable` read as "idle": free to move). A window of up to
+// kMaxJoinMoves idle copies side by side whose range, with the gaps on either side, holds
+// `bytes` has its copies moved into the gaps outside it (largest first, each into the
+// smallest gap that holds it); with `may_slide` (DRAM: a memmove, the ranges may overlap) a
+// window of up to twice as many may instead slide together to its low end, joining the gaps
+// inside it. The window that moves the fewest bytes wins. nullopt when no window joins enough.
+inline constexpr size_t kMaxJoinMoves = 4;
+struct JoinPlan {
+  bool slide = false;
+  size_t first = 0, last = 0;  // slide: the window's copies [first, last], slid from its low end
+  struct Move {
+    size_t copy;  // its index in `held`
+    uint64_t to;  // its new offset
+  };
+  std::vector<Move> moves;  // not sliding: each copy's new place
+  uint64_t begin = 0;       // not sliding: where the joined block starts
+};
+std::optional<JoinPlan> PlanJoin(const std::vector<HeldRange>& held, uint64_t region, uint64_t bytes, bool may_slide);
+
 }  // namespace tierd
 
 #endif  // TIERD_RUNTIME_ROOM_POLICY_H_

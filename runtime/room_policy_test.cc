@@ -53,5 +53,32 @@ TEST(RoomPolicyTest, TiesGoToTheRunWithFewerDirtyBytesThenItsFurthestCleanCopy) 
   EXPECT_EQ(PickForBlock(held, 600, 300), 2u);
 }
 
+// Gaps of 10 around idle A and C and held B, D, E: 30 bytes come from moving A (10) into the
+// smallest gap outside its window that holds it, joining [0, 30); C's window moves no fewer.
+TEST(RoomPolicyTest, AJoinMovesTheFewestBytesIntoGapsOutsideTheWindow) {
+  const std::vector<HeldRange> held = {
+      {10, 20, true}, {30, 40, false}, {50, 60, true}, {70, 80, false}, {90, 95, false}};
+  const std::optional<JoinPlan> join = PlanJoin(held, 100, 30, /*may_slide=*/false);
+  ASSERT_TRUE(join.has_value());
+  EXPECT_FALSE(join->slide);
+  ASSERT_EQ(join->moves.size(), 1u);
+  EXPECT_EQ(join->moves[0].copy, 0u);
+  EXPECT_EQ(join->moves[0].to, 40u) << "the first smallest gap outside the window that holds 10";
+  EXPECT_EQ(join->begin, 0u);
+  EXPECT_FALSE(PlanJoin(held, 100, 31, false).has_value()) << "no window of idle copies spans 31";
+}
+
+// No gap outside any window holds its copies; in DRAM the window of A and B slides to its low
+// end, joining the gaps inside it (15 bytes); on the GPU nothing joins.
+TEST(RoomPolicyTest, InDramAWindowSlidesTogetherWhereNoGapTakesItsCopies) {
+  const std::vector<HeldRange> held = {{5, 15, true}, {20, 30, true}, {35, 40, true}};
+  const std::optional<JoinPlan> join = PlanJoin(held, 40, 15, /*may_slide=*/true);
+  ASSERT_TRUE(join.has_value());
+  EXPECT_TRUE(join->slide);
+  EXPECT_EQ(join->first, 0u);
+  EXPECT_EQ(join->last, 1u);
+  EXPECT_FALSE(PlanJoin(held, 40, 15, /*may_slide=*/false).has_value());
+}
+
 }  // namespace
 }  // namespace tierd

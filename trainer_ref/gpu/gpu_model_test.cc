@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -291,6 +292,48 @@ TEST(GpuModelTest, ACheckpointContinuesBitForBitAndRefusesAnotherShape) {
   CheckCheckpointRoundTrip(**trained, **fresh, **other, b, 3, 1.0, "another model shape");
 }
 
+// The host's AdamW8bit over a model's parameters, tensor by tensor (each tensor's moments its
+// own, as the CPU trainer keeps them): the reference the GPU's 8-bit steps are checked against.
+class HostAdamW8bitReference {
+ public:
+  HostAdamW8bitReference(const ModelConfig& config, std::vector<float> master)
+      : layout_(ParamLayout(config)), master_(std::move(master)) {
+    for (const TensorLayout& t : layout_) {
+      m_.emplace_back(Moment8bitBytes(t.count), 0);
+      v_.emplace_back(Moment8bitBytes(t.count), 0);
+    }
+  }
+  // Step `at` from `grads`, as GpuModel::AdamWStep(lr, at, AdamWOptions{}, grad_scale).
+  void Step(const std::vector<float>& grads, int at, float lr, float grad_scale) {
+    for (size_t e = 0; e < layout_.size(); ++e) {
+      const TensorLayout& t = layout_[e];
+      HostAdamWParams p;
+      p.lr = lr;
+      p.step = at;
+      p.grad_scale = grad_scale;
+      p.decay = t.shape.size() > 1;
+      HostAdamW8bit(master_.data() + t.offset, m_[e].data(), v_[e].data(), nullptr, grads.data() + t.offset,
+                    static_cast<int64_t>(t.count), p);
+    }
+  }
+  // How many of the model's master weights differ from the host's in some bit.
+  size_t Differ(GpuModel& model) const {
+    std::vector<float> got;
+    EXPECT_TRUE(model.GetParams(&got).ok());
+    EXPECT_EQ(got.size(), master_.size());
+    size_t differ = got.size() == master_.size() ? 0 : got.size() + master_.size();
+    for (size_t i = 0; i < std::min(got.size(), master_.size()); ++i) {
+      differ += std::memcmp(&got[i], &master_[i], sizeof(float)) != 0;
+    }
+    return differ;
+  }
+
+ private:
+  std::vector<TensorLayout> layout_;
+  std::vector<float> master_;
+  std::vector<std::vector<uint8_t>> m_, v_;
+};
+
 // 8-bit blockwise moments on the GPU: three steps give, bit for bit, the master weights the
 // host's HostAdamW8bit makes from the same gradients, tensor by tensor (each tensor's
 // moments its own, as the CPU trainer keeps them); a checkpoint of such a model continues
@@ -302,14 +345,9 @@ TEST(GpuModelTest, EightBitMomentsStepAsTheHostDoesAndCheckpoint) {
   auto model = GpuModel::Create(config, batch, seq, nullptr, {.moments_8bit = true});
   ASSERT_TRUE(model.ok()) << model.status();
   ASSERT_TRUE((*model)->InitParams(4).ok());
-  const std::vector<TensorLayout> layout = ParamLayout(config);
   std::vector<float> master;
   ASSERT_TRUE((*model)->GetParams(&master).ok());
-  std::vector<std::vector<uint8_t>> m, v;
-  for (const TensorLayout& t : layout) {
-    m.emplace_back(Moment8bitBytes(t.count), 0);
-    v.emplace_back(Moment8bitBytes(t.count), 0);
-  }
+  HostAdamW8bitReference host(config, std::move(master));
   std::mt19937_64 rng(17);
   const Batch b = RandomBatch(batch * seq, config.vocab, rng);
   for (int at = 1; at <= 3; ++at) {
@@ -319,21 +357,8 @@ TEST(GpuModelTest, EightBitMomentsStepAsTheHostDoesAndCheckpoint) {
     std::vector<float> grads;
     ASSERT_TRUE((*model)->GetGrads(&grads).ok());
     ASSERT_TRUE((*model)->AdamWStep(1e-3, at, AdamWOptions{}, 0.5).ok());
-    for (size_t e = 0; e < layout.size(); ++e) {
-      const TensorLayout& t = layout[e];
-      HostAdamWParams p;
-      p.lr = 1e-3f;
-      p.step = at;
-      p.grad_scale = 0.5f;
-      p.decay = t.shape.size() > 1;
-      HostAdamW8bit(master.data() + t.offset, m[e].data(), v[e].data(), nullptr, grads.data() + t.offset,
-                    static_cast<int64_t>(t.count), p);
-    }
-    std::vector<float> got;
-    ASSERT_TRUE((*model)->GetParams(&got).ok());
-    size_t differ = 0;
-    for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &master[i], 4) != 0;
-    ASSERT_EQ(differ, 0u) << "of " << got.size() << " master weights differ from the host's after step " << at;
+    host.Step(grads, at, 1e-3f, 0.5f);
+    ASSERT_EQ(host.Differ(**model), 0u) << "master weights differ from the host's after step " << at;
   }
   // Checkpoint, load into a fresh 8-bit model: the next step is the same; fp32 moments refuse it.
   auto fresh = GpuModel::Create(config, batch, seq, nullptr, {.moments_8bit = true});
@@ -366,12 +391,7 @@ TEST(GpuModelTest, TheCompactStateKeepsGradientsRoundedOnceAndWeightsFromTheMast
   const Batch b = RandomBatch(batch * seq, config.vocab, rng);
   std::vector<float> master;
   ASSERT_TRUE((*model)->GetParams(&master).ok());
-  const std::vector<TensorLayout> params = ParamLayout(config);
-  std::vector<std::vector<uint8_t>> m, v;
-  for (const TensorLayout& t : params) {
-    m.emplace_back(Moment8bitBytes(t.count), 0);
-    v.emplace_back(Moment8bitBytes(t.count), 0);
-  }
+  HostAdamW8bitReference host(config, std::move(master));
   for (int at = 1; at <= 3; ++at) {
     ASSERT_TRUE((*model)->ZeroGrads().ok());
     auto loss = (*model)->Forward(b.tokens.data(), b.targets.data());
@@ -398,21 +418,8 @@ TEST(GpuModelTest, TheCompactStateKeepsGradientsRoundedOnceAndWeightsFromTheMast
       EXPECT_GT(nonzero, grads.size() / 2);
     }
     ASSERT_TRUE((*model)->AdamWStep(1e-3, at, AdamWOptions{}, 0.5).ok());
-    for (size_t e = 0; e < params.size(); ++e) {
-      const TensorLayout& t = params[e];
-      HostAdamWParams p;
-      p.lr = 1e-3f;
-      p.step = at;
-      p.grad_scale = 0.5f;
-      p.decay = t.shape.size() > 1;
-      HostAdamW8bit(master.data() + t.offset, m[e].data(), v[e].data(), nullptr, grads.data() + t.offset,
-                    static_cast<int64_t>(t.count), p);
-    }
-    std::vector<float> got;
-    ASSERT_TRUE((*model)->GetParams(&got).ok());
-    size_t differ = 0;
-    for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &master[i], 4) != 0;
-    ASSERT_EQ(differ, 0u) << "of " << got.size() << " master weights differ from the host's after step " << at;
+    host.Step(grads, at, 1e-3f, 0.5f);
+    ASSERT_EQ(host.Differ(**model), 0u) << "master weights differ from the host's after step " << at;
   }
   auto fresh = GpuModel::Create(config, batch, seq, nullptr, compact_state);
   ASSERT_TRUE(fresh.ok());

@@ -1,0 +1,213 @@
+// How a GPU run keeps its state (gpu_run_state.h): the home, the step order, the compact
+// state and the optimizer's place, each choice said in a line.
+#include "trainer_ref/gpu/gpu_run_state.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_format.h"
+#include "base/units.h"
+#include "clients/client.h"
+#include "trainer_ref/compact_state.h"
+#include "trainer_ref/gpu/gpu_tierd_home.h"
+#include "trainer_ref/optimizer_place.h"
+#include "trainer_ref/step_order.h"
+
+namespace tierd::trainer::gpu {
+namespace {
+
+// Without --tierd_dram the DRAM quota is what the state needs beyond the GPU, at most this.
+constexpr uint64_t kAutoDramCap = 64 * kGiB;
+
+}  // namespace
+
+// The home (plain GPU buffers or tierd) and what it says; the GPU quota for the cost model.
+absl::StatusOr<std::unique_ptr<GpuHome>> MakeHome(const RunSettings& s, const GpuHomeLayout& layout, uint64_t workspace,
+                                                  uint64_t* gpu_quota, uint64_t* dram_quota) {
+  if (!s.tierd) return std::unique_ptr<GpuHome>();
+  auto budget = ParseBytes(absl::GetFlag(FLAGS_gpu_budget));
+  if (!budget.ok()) return absl::InvalidArgumentError("--gpu_budget: a size like 24GiB");
+  if (*budget <= workspace) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--gpu_budget %s leaves nothing for tierd: the trainer's workspace alone is %s for %d x %d tokens (a smaller "
+        "--batch_size or --seq_len shrinks it)",
+        FormatBytes(*budget), FormatBytes(workspace), s.batch, s.seq));
+  }
+  ClientOptions client;
+  client.runtime_dir = s.tierd_dir;
+  client.label = "tierd-train";
+  const uint64_t gpu_bytes = *budget - workspace;
+  uint64_t dram = s.tierd_dram;
+  if (dram == 0) {  // what the state needs beyond the GPU quota, with room to spare
+    const uint64_t need = layout.Total() > gpu_bytes ? layout.Total() - gpu_bytes : 0;
+    dram = std::min<uint64_t>(kAutoDramCap, (need + need / 4 + kGiB + kGiB - 1) / kGiB * kGiB);
+    std::printf("offload: DRAM quota %s (the state beyond the GPU quota, +25%% and 1 GiB; --tierd_dram to set)\n",
+                FormatBytes(dram).c_str());
+  }
+  client.quota = {gpu_bytes, dram, s.tierd_nvme};
+  auto room = CheckQuotasHold(layout, gpu_bytes, dram, s.tierd_nvme);
+  if (!room.ok()) return room.status();
+  std::fputs(room->c_str(), stdout);
+  *gpu_quota = client.quota.gpu_bytes;
+  *dram_quota = client.quota.dram_bytes;
+  auto made = MakeTierdGpuHome(layout, client);
+  if (!made.ok()) return absl::Status(made.status().code(), "tierd: " + std::string(made.status().message()));
+  const int chunks = layout.state_chunks;
+  std::printf(
+      "offload: tierd at %s; GPU budget %s = workspace %s + tierd's GPU quota %s, for a state of %s "
+      "(weights %s, master %s, gradients %s, moments %s%s, saved activations %s)%s\n",
+      client.runtime_dir.c_str(), FormatBytes(*budget).c_str(), FormatBytes(workspace).c_str(),
+      FormatBytes(client.quota.gpu_bytes).c_str(), FormatBytes(layout.Total()).c_str(),
+      layout.compact ? "from the master" : FormatBytes(layout.TotalOf(Part::kWeights)).c_str(),
+      FormatBytes(layout.TotalOf(Part::kMaster)).c_str(),
+      (FormatBytes(layout.TotalOf(Part::kGrads)) + (layout.compact ? " bf16" : "")).c_str(),
+      FormatBytes(2 * layout.TotalOf(Part::kAdamM)).c_str(), layout.moments_8bit ? " (8-bit)" : "",
+      FormatBytes(layout.TotalOf(Part::kActs)).c_str(),
+      chunks > 1 ? absl::StrFormat("; master weights and moments in %d sub-groups a layer (%s each)", chunks,
+                                   FormatBytes(layout.Chunk(1, Part::kMaster, 0).bytes))
+                       .c_str()
+                 : "");
+  return made;
+}
+
+// gpu, cpu, or auto's choice with its reason printed.
+absl::StatusOr<bool> ChooseOptimizerOnCpu(const RunSettings& s, const GpuHomeLayout& layout, uint64_t gpu_quota,
+                                          uint64_t dram_quota, int layer_major) {
+  const std::string place = absl::GetFlag(FLAGS_optimizer_place);
+  if (place != "gpu" && place != "cpu" && place != "auto") {
+    return absl::InvalidArgumentError("--optimizer_place is gpu, cpu or auto, not '" + place + "'");
+  }
+  if (layout.compact) {  // ChooseCompactState refused cpu already
+    if (place == "auto" && s.tierd) {
+      std::printf("optimizer: on the GPU (the compact state keeps no bf16 weight copy for the host's step to write)\n");
+    }
+    return false;
+  }
+  if (place == "cpu" && !s.tierd) {
+    return absl::InvalidArgumentError(
+        "--optimizer_place=cpu steps the state on the host, where tierd keeps it in DRAM: it needs "
+        "--offload_policy=tierd");
+  }
+  if (place != "auto" || !s.tierd) return place == "cpu";
+  OptimizerCostInputs costs;
+  costs.params = static_cast<double>(s.config.Params());
+  costs.state_bytes = static_cast<double>(layout.Total());
+  costs.gpu_bytes = static_cast<double>(gpu_quota);
+  costs.dram_bytes = static_cast<double>(dram_quota);
+  costs.h2d_bytes_per_s = costs.d2h_bytes_per_s = absl::GetFlag(FLAGS_pcie_gbps) * 1e9;
+  costs.nvme_bytes_per_s = absl::GetFlag(FLAGS_nvme_gbps) * 1e9;
+  // What either optimizer overlaps: the forward of the first micro-batch, or layer-major all K.
+  costs.forward_seconds =
+      2.0 * s.config.Params() * s.batch * s.seq * std::max(1, layer_major) / (absl::GetFlag(FLAGS_gpu_tflops) * 1e12);
+  costs.gpu_overlaps_forward = absl::GetFlag(FLAGS_optimizer_deferred);
+  costs.host_params_per_s = CalibrateHostAdamW(int64_t{1} << 23, s.moments_8bit);
+  costs.moment_bytes_per_param = static_cast<double>(2 * layout.TotalOf(Part::kAdamM)) / s.config.Params();
+  costs.activation_bytes = static_cast<double>(layout.TotalOf(Part::kActs));
+  const OptimizerChoice choice = ChooseOptimizerPlace(costs);
+  std::printf("optimizer: %s\n", choice.why.c_str());
+  return choice.on_cpu;
+}
+
+namespace {
+
+// --step_order=auto's choice (step_order.h), said in a line: layer-major when its state (full,
+// or compact where the run may keep it so) fits the GPU quota and DRAM.
+bool AutoLayerMajor(const RunSettings& s, const GpuHomeLayout& layout, const GpuHomeLayout& layered,
+                    uint64_t fp8_workspace) {
+  const ModelConfig& config = s.config;
+  StepOrderInputs in;
+  in.tierd = s.tierd;
+  in.micro_batches = s.accum;
+  in.micro_state_bytes = static_cast<double>(layout.Total());
+  in.layer_state_bytes = static_cast<double>(layered.Total());
+  if (absl::GetFlag(FLAGS_compact_state) != "off" && absl::GetFlag(FLAGS_optimizer_place) != "cpu") {
+    in.layer_compact_state_bytes = static_cast<double>(GpuModel::HomeLayout(config, s.batch, s.seq,
+                                                                            {.checkpointing = s.checkpointing,
+                                                                             .layer_major_micro_batches = s.accum,
+                                                                             .moments_8bit = s.moments_8bit,
+                                                                             .compact = true})
+                                                           .Total());
+  }
+  auto budget = ParseBytes(absl::GetFlag(FLAGS_gpu_budget));
+  const double workspace = static_cast<double>(
+      GpuModel::WorkspaceBytesFor(config, s.batch, s.seq,
+                                  {.checkpointing = s.checkpointing, .layer_major_micro_batches = s.accum}) +
+      fp8_workspace);
+  in.gpu_bytes = budget.ok() ? std::max(0.0, static_cast<double>(*budget) - workspace) : 0.0;
+  in.dram_bytes = static_cast<double>(s.tierd_dram > 0 ? s.tierd_dram : kAutoDramCap);
+  const StepOrderChoice choice = ChooseStepOrder(in);
+  std::printf("step: %s (--step_order=auto)\n", choice.why.c_str());
+  return choice.layer_major;
+}
+
+}  // namespace
+
+absl::StatusOr<StateChoice> ChooseState(const RunSettings& s, uint64_t fp8_workspace) {
+  const ModelConfig& config = s.config;
+  GpuHomeLayout layout =
+      GpuModel::HomeLayout(config, s.batch, s.seq, {.checkpointing = s.checkpointing, .moments_8bit = s.moments_8bit});
+  const int chunks = absl::GetFlag(FLAGS_optimizer_chunks);
+  if (chunks < 1 || chunks > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--optimizer_chunks=%d: give 1 (one lease per layer's state) up to 1024", chunks));
+  }
+  if (chunks > 1 && !s.tierd) {
+    return absl::InvalidArgumentError(
+        "--optimizer_chunks leases the optimizer's state from tierd in pieces: it needs --offload_policy=tierd");
+  }
+  if (chunks > 1 && s.moments_8bit) {
+    return absl::InvalidArgumentError(
+        "--optimizer_chunks with --opt=adamw8bit: 8-bit moments are one lease a layer (their blocks follow "
+        "the tensors, not the sub-groups); leave --optimizer_chunks at 1");
+  }
+  layout.state_chunks = chunks;
+  const std::string order = absl::GetFlag(FLAGS_step_order);
+  if (order != "layer" && order != "micro" && order != "auto") {
+    return absl::InvalidArgumentError("--step_order is auto, micro or layer, not '" + order + "'");
+  }
+  GpuHomeLayout layered = GpuModel::HomeLayout(
+      config, s.batch, s.seq,
+      {.checkpointing = s.checkpointing, .layer_major_micro_batches = s.accum, .moments_8bit = s.moments_8bit});
+  layered.state_chunks = chunks;
+  const bool layer_major = order == "layer" || (order == "auto" && AutoLayerMajor(s, layout, layered, fp8_workspace));
+  if (order == "layer") {
+    std::printf(
+        "step: layer-major over %d micro-batches (each layer's weights come twice a step, its gradients "
+        "leave once; it keeps an input per micro-batch)\n",
+        s.accum);
+  }
+  const int layer_major_micro_batches = layer_major ? s.accum : 0;
+  if (layer_major) layout = layered;
+  StateOptions state{.checkpointing = s.checkpointing,
+                     .layer_major_micro_batches = layer_major_micro_batches,
+                     .moments_8bit = s.moments_8bit};
+  {
+    StateOptions compact = state;
+    compact.compact = true;
+    GpuHomeLayout compact_layout = GpuModel::HomeLayout(config, s.batch, s.seq, compact);
+    compact_layout.state_chunks = chunks;
+    CompactStateInputs in;
+    in.flag = absl::GetFlag(FLAGS_compact_state);
+    in.tierd = s.tierd;
+    in.one_backward_per_group = layer_major_micro_batches > 0 || s.accum == 1;
+    in.optimizer_on_cpu = absl::GetFlag(FLAGS_optimizer_place) == "cpu";
+    in.full_bytes = static_cast<double>(layout.Total());
+    in.compact_bytes = static_cast<double>(compact_layout.Total());
+    auto budget = ParseBytes(absl::GetFlag(FLAGS_gpu_budget));
+    const double full_workspace =
+        static_cast<double>(GpuModel::WorkspaceBytesFor(config, s.batch, s.seq, state) + fp8_workspace);
+    in.gpu_bytes = budget.ok() ? std::max(0.0, static_cast<double>(*budget) - full_workspace) : 0.0;
+    in.dram_bytes = static_cast<double>(s.tierd_dram > 0 ? s.tierd_dram : kAutoDramCap);
+    auto choice = ChooseCompactState(in);
+    if (!choice.ok()) return choice.status();
+    if (!choice->why.empty()) std::printf("%s\n", choice->why.c_str());
+    if (choice->compact) {
+      state.compact = true;
+      layout = compact_layout;
+    }
+  }
+  return StateChoice{state, layout};
+}
+
+}  // namespace tierd::trainer::gpu

@@ -1,0 +1,36 @@
+// How a GPU run keeps its state, from its flags: where it lives (plain GPU buffers or tierd),
+// the step order, whether it is kept compact, and where the optimizer runs. Each choice is
+// said in a line; flags that do not go together are INVALID_ARGUMENT with the reason.
+#ifndef TIERD_TRAINER_REF_GPU_GPU_RUN_STATE_H_
+#define TIERD_TRAINER_REF_GPU_GPU_RUN_STATE_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "trainer_ref/gpu/gpu_home.h"
+#include "trainer_ref/gpu/gpu_model.h"
+#include "trainer_ref/train_flags.h"
+
+namespace tierd::trainer::gpu {
+
+// The state's form: the step order (--step_order) and whether it is kept compact
+// (--compact_state). `fp8_workspace`: the FP8 maps' extra GPU bytes.
+struct StateChoice {
+  StateOptions state;
+  GpuHomeLayout layout;
+};
+absl::StatusOr<StateChoice> ChooseState(const RunSettings& s, uint64_t fp8_workspace);
+
+// The home (plain GPU buffers, or leased from tierd with a GPU quota of --gpu_budget less
+// `workspace`) and what it says; the quotas, for the optimizer's cost model. Null without tierd.
+absl::StatusOr<std::unique_ptr<GpuHome>> MakeHome(const RunSettings& s, const GpuHomeLayout& layout, uint64_t workspace,
+                                                  uint64_t* gpu_quota, uint64_t* dram_quota);
+
+// --optimizer_place: gpu, cpu, or auto's choice (a cost model) with its reason printed.
+absl::StatusOr<bool> ChooseOptimizerOnCpu(const RunSettings& s, const GpuHomeLayout& layout, uint64_t gpu_quota,
+                                          uint64_t dram_quota, int layer_major);
+
+}  // namespace tierd::trainer::gpu
+
+#endif  // TIERD_TRAINER_REF_GPU_GPU_RUN_STATE_H_

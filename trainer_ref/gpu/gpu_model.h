@@ -181,7 +181,6 @@ class GpuModel {
   uint64_t WorkspaceBytes() const { return device_bytes_; }
   // The same before the model exists (to size a GPU budget's share for tierd).
   static uint64_t WorkspaceBytesFor(const ModelConfig& config, int batch, int seq, const StateOptions& state = {});
-  bool compact() const { return compact_; }
 
  private:
   GpuModel(const ModelConfig& config, int batch, int seq, const StateOptions& state);

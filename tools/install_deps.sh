@@ -7,7 +7,7 @@ packages=(
   bazel-bootstrap bazel-rules-java bazel-rules-proto bazel-skylib
   g++ pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  liburing-dev libboost-dev libcivetweb-dev libgtest-dev libbenchmark-dev libyaml-cpp-dev zlib1g-dev
+  liburing-dev libopenmpi-dev openmpi-bin libboost-dev libcivetweb-dev libgtest-dev libbenchmark-dev libyaml-cpp-dev zlib1g-dev
 )
 
 missing=()

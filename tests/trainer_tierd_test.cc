@@ -60,10 +60,9 @@ TEST(TrainerOnTierdTest, SameLossesAsPlainBuffersWhileTensorsMoveThroughNvme) {
   client.runtime_dir = runtime_dir;
   client.label = "trainer";
   client.quota = {0, 2 * kMiB, 32 * kMiB};
-  const auto saved = trainer::SavedLayout(config, options.batch, options.seq, options.checkpointing);
-  auto tierd_home = trainer::MakeTierdHome(trainer::ParamLayout(config), saved, client);
+  auto tierd_home = trainer::MakeTierdHome(trainer::HomeShapeFor(config, options), client);
   ASSERT_TRUE(tierd_home.ok()) << tierd_home.status();
-  auto plain_home = trainer::MakePlainHome(trainer::ParamLayout(config), saved);
+  auto plain_home = trainer::MakePlainHome(trainer::HomeShapeFor(config, options));
   auto on_tierd = trainer::Trainer::Create(config, options, *data, **tierd_home);
   auto plain = trainer::Trainer::Create(config, options, *data, *plain_home);
   ASSERT_TRUE(on_tierd.ok()) << on_tierd.status();
@@ -112,7 +111,7 @@ TEST(TrainerOnTierdTest, SameLossesAsPlainBuffersWhileTensorsMoveThroughNvme) {
   };
   auto start = [&](const std::string& label, void (*adjust)(trainer::TrainOptions&), OnTierd* out) {
     client.label = label;
-    auto home = trainer::MakeTierdHome(trainer::ParamLayout(config), saved, client);
+    auto home = trainer::MakeTierdHome(trainer::HomeShapeFor(config, options), client);
     ASSERT_TRUE(home.ok()) << home.status();
     out->home = std::move(*home);
     trainer::TrainOptions adjusted = options;
@@ -173,10 +172,9 @@ TEST(TrainerOnTierdTest, EightBitMomentsThroughTierdMatchPlainBuffers) {
   client.runtime_dir = runtime_dir;
   client.label = "eight-bit";
   client.quota = {0, 2 * kMiB, 32 * kMiB};
-  const auto saved = trainer::SavedLayout(config, options.batch, options.seq, options.checkpointing);
-  auto tierd_home = trainer::MakeTierdHome(trainer::ParamLayout(config), saved, client, /*moments_8bit=*/true);
+  auto tierd_home = trainer::MakeTierdHome(trainer::HomeShapeFor(config, options), client);
   ASSERT_TRUE(tierd_home.ok()) << tierd_home.status();
-  auto plain_home = trainer::MakePlainHome(trainer::ParamLayout(config), saved, /*moments_8bit=*/true);
+  auto plain_home = trainer::MakePlainHome(trainer::HomeShapeFor(config, options));
   auto on_tierd = trainer::Trainer::Create(config, options, *data, **tierd_home);
   auto plain = trainer::Trainer::Create(config, options, *data, *plain_home);
   ASSERT_TRUE(on_tierd.ok()) << on_tierd.status();

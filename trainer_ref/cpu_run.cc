@@ -11,6 +11,7 @@
 #include "base/units.h"
 #include "clients/client.h"
 #include "trainer_ref/checkpoint.h"
+#include "trainer_ref/cpu_data_parallel.h"
 #include "trainer_ref/plot.h"
 #include "trainer_ref/run_report.h"
 #include "trainer_ref/trainer.h"
@@ -31,8 +32,11 @@ absl::StatusOr<std::string> Save(Trainer& trainer, const LossWindow& window, con
   return path;
 }
 
-absl::Status Resume(Trainer& trainer, LossWindow& window, const RunSettings& s, CheckpointTrail& ck) {
-  auto reader = OpenNewestCheckpoint(s.checkpoint_dir);
+absl::Status Resume(Trainer& trainer, LossWindow& window, const RunSettings& s, CheckpointTrail& ck,
+                    comm::Communicator* comm) {
+  auto path = AgreedCheckpoint(comm, s.checkpoint_dir);
+  if (!path.ok()) return path.status();
+  auto reader = CheckpointReader::Open(*path);
   if (!reader.ok()) return reader.status();
   auto state = (*reader)->ReadString("state");
   if (!state.ok()) return state.status();
@@ -46,7 +50,32 @@ absl::Status Resume(Trainer& trainer, LossWindow& window, const RunSettings& s, 
   ck.last_path = (*reader)->path();
   ck.last_step = trainer.step();
   std::printf("resumed from %s at step %ld\n", ck.last_path.c_str(), static_cast<long>(trainer.step()));
+  SetStopAdvice(CheckpointAdvice(ck.dir, ck.last_path, ck.last_step));
   return absl::OkStatus();
+}
+
+std::string DescribeSync(Trainer& trainer, const TrainOptions& o) {
+  const GradSync& sync = trainer.sync();
+  std::string how = o.dp.zero2 ? "ZeRO-2 (gradients reduce-scattered, each rank steps 1/N of the state, "
+                                 "parameters all-gathered)"
+                               : "dense (gradients all-reduced)";
+  if (sync.sparse()) {
+    int64_t sparse = 0, elements = 0, sent = 0;
+    for (size_t e = 0; e < trainer.layout().size(); ++e) {
+      elements += static_cast<int64_t>(trainer.layout()[e].count);
+      if (sync.SparseK(e) > 0) ++sparse;
+      sent += sync.SparseK(e) > 0 ? sync.SparseK(e) : static_cast<int64_t>(trainer.layout()[e].count);
+    }
+    how = absl::StrFormat(
+        "sparse %s: %d of %d tensors TopK (%.1f%% of the elements a step, index + bf16), the "
+        "rest in residuals; the others dense",
+        o.dp.sparse_update ? "updates" : "gradients", sparse, trainer.layout().size(),
+        100.0 * sent / std::max<int64_t>(elements, 1));
+    if (o.dp.sparse_warmup > 0)
+      how += absl::StrFormat("; dense at first, down to that over %d steps", o.dp.sparse_warmup);
+  }
+  if (o.dp.sync_every > 1) how += absl::StrFormat("; local steps, parameters averaged every %d", o.dp.sync_every);
+  return how;
 }
 
 TrainOptions OptionsFrom(const RunSettings& s) {
@@ -66,12 +95,14 @@ TrainOptions OptionsFrom(const RunSettings& s) {
   o.plan = absl::GetFlag(FLAGS_tierd_plan);
   o.record_plan = absl::GetFlag(FLAGS_tierd_record);
   o.moments_8bit = s.moments_8bit;
+  o.lion = s.lion;
   return o;
 }
 
 }  // namespace
 
-int RunOnCpu(const RunSettings& s) {
+int RunOnCpu(const RunSettings& settings) {
+  RunSettings s = settings;
   const ModelConfig& config = s.config;
   if (config.Params() > 50'000'000) {
     return Fail(
@@ -79,45 +110,68 @@ int RunOnCpu(const RunSettings& s) {
                         "or a GPU)",
                         config.name, config.Params() / 1e9));
   }
-  const TrainOptions o = OptionsFrom(s);
+  comm::LaunchInfo launch;
+  auto comm = MakeCpuCommunicator(s, &launch);
+  if (!comm.ok()) return Fail(std::string(comm.status().message()));
+  TrainOptions o = OptionsFrom(s);
+  o.dp = DataParallelFrom(s, comm->get());
+  const int rank = o.dp.rank(), ranks = o.dp.ranks();
+  const bool lead = rank == 0;  // prints the steps and writes the metrics and the plot
+  CheckpointTrail ck{s.checkpoint_dir, "", 0};
+  if (!ck.dir.empty()) mkdir(ck.dir.c_str(), 0755);
+  if (ranks > 1) {
+    InstallStopHandler(rank, ranks);
+    std::printf("rank %d: %s\n", rank, launch.Describe().c_str());
+    // Each rank keeps its own state (its moments' slice with ZeRO-2, its residuals).
+    if (!s.checkpoint_dir.empty()) s.checkpoint_dir += absl::StrFormat("/rank-%d", rank);
+  }
   auto data = LoadDataset(s.data, config.vocab, o.seq, 0.05);
   if (!data.ok()) return Fail(std::string(data.status().message()));
   std::unique_ptr<TensorHome> home;
-  const auto saved = SavedLayout(config, o.batch, o.seq, o.checkpointing);
   if (s.tierd) {
     ClientOptions client;
     client.runtime_dir = s.tierd_dir;
-    client.label = "tierd-train";
+    client.label = ranks > 1 ? absl::StrFormat("tierd-train-rank-%d", rank) : "tierd-train";
     client.quota = {0, s.tierd_dram, s.tierd_nvme};
-    auto made = MakeTierdHome(ParamLayout(config), saved, client, o.moments_8bit);
+    auto made = MakeTierdHome(HomeShapeFor(config, o), client);
     if (!made.ok()) return Fail("tierd: " + std::string(made.status().message()));
     home = std::move(*made);
+    std::printf("%stierd session %s: quotas DRAM %s, NVMe %s (each rank its own, out of the node's budgets)\n",
+                ranks > 1 ? absl::StrFormat("rank %d: ", rank).c_str() : "", client.label.c_str(),
+                FormatBytes(s.tierd_dram).c_str(), FormatBytes(s.tierd_nvme).c_str());
   } else {
-    home = MakePlainHome(ParamLayout(config), saved, o.moments_8bit);
+    home = MakePlainHome(HomeShapeFor(config, o));
   }
   auto created = Trainer::Create(config, o, *data, *home);
   if (!created.ok()) return Fail(std::string(created.status().message()));
   Trainer& trainer = **created;
-  if (!trainer.plan_note().empty()) std::printf("tierd: %s\n", trainer.plan_note().c_str());
-  CheckpointTrail ck{s.checkpoint_dir, "", 0};
-  if (!ck.dir.empty()) mkdir(ck.dir.c_str(), 0755);
+  if (!trainer.plan_note().empty() && lead) std::printf("tierd: %s\n", trainer.plan_note().c_str());
+  if (!s.checkpoint_dir.empty()) mkdir(s.checkpoint_dir.c_str(), 0755);
   LossWindow window;
   if (s.resume) {
-    if (absl::Status st = Resume(trainer, window, s, ck); !st.ok()) return Fail(std::string(st.message()));
+    if (absl::Status st = Resume(trainer, window, s, ck, comm->get()); !st.ok()) return Fail(std::string(st.message()));
   }
   std::ofstream metrics;
-  if (!s.metrics.empty()) {
+  if (!s.metrics.empty() && lead) {
     std::string note;
     auto opened = OpenMetrics(s.metrics, s.resume ? trainer.step() : 0, &note);
     if (!opened.ok()) return Fail(std::string(opened.status().message()));
     metrics = std::move(*opened);
     if (!note.empty()) std::printf("%s\n", note.c_str());
   }
-  std::printf(
-      "model %s; data %s; %d x %d tokens x %d micro-batches per step; offload: %s%s\n", DescribeConfig(config).c_str(),
-      data->source.c_str(), o.batch, o.seq, o.grad_accum, s.tierd ? "tierd" : "none",
-      ck.dir.empty() ? "" : absl::StrFormat("; checkpoint every %d steps in %s", s.checkpoint_every, ck.dir).c_str());
-  const double tokens_per_step = static_cast<double>(o.batch) * o.seq * o.grad_accum;
+  if (lead) {
+    std::printf(
+        "model %s; data %s; %d x %d tokens x %d micro-batches per step%s; offload: %s%s\n",
+        DescribeConfig(config).c_str(), data->source.c_str(), o.batch, o.seq, o.grad_accum,
+        ranks > 1 ? absl::StrFormat(" x %d ranks", ranks).c_str() : "", s.tierd ? "tierd" : "none",
+        ck.dir.empty() ? "" : absl::StrFormat("; checkpoint every %d steps in %s", s.checkpoint_every, ck.dir).c_str());
+    if (ranks > 1) std::printf("data-parallel: %s\n", DescribeSync(trainer, o).c_str());
+  }
+  const double tokens_per_step = static_cast<double>(o.batch) * o.seq * o.grad_accum * ranks;
+  const comm::CommStats none;
+  const comm::CommStats* traffic_of = ranks > 1 ? &(*comm)->stats() : &none;
+  comm::CommStats comm_before = *traffic_of;
+  const comm::CommStats comm_start = *traffic_of;
   const auto run_start = std::chrono::steady_clock::now();
   const int64_t first_step = trainer.step();
   double last_loss = 0;
@@ -136,6 +190,10 @@ int RunOnCpu(const RunSettings& s) {
     }
     const StepResult& r = *stepped;
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const comm::CommStats comm_now = *traffic_of;
+    const double comm_seconds = comm_now.seconds - comm_before.seconds;
+    const double sent = comm_now.bytes_sent - comm_before.bytes_sent;
+    comm_before = comm_now;
     if (r.skipped) {
       std::printf("step %ld skipped: %s\n", static_cast<long>(r.step), r.why.c_str());
       continue;
@@ -151,23 +209,33 @@ int RunOnCpu(const RunSettings& s) {
     const std::string traffic = s.tierd ? "  tiers moved " + FormatBytes(moved_step) : "";
     const std::string ckpt_note =
         ck.dir.empty() ? "" : absl::StrFormat("  ckpt %d (every %d)", ck.last_step, s.checkpoint_every);
-    std::printf(
-        "step %5ld/%ld  loss %.4f  (last %zu: mean %.4f, sd %.4f)  lr %.2e  |g| %.3f  %.0f ms  %.0f tok/s%s%s\n",
-        static_cast<long>(r.step), static_cast<long>(o.steps), r.loss, window.size(), window.mean(), window.sd(), r.lr,
-        r.grad_norm, seconds * 1e3, tokens_per_step / seconds, traffic.c_str(), ckpt_note.c_str());
-    std::fflush(stdout);
+    // Data-parallel: this rank's time in collectives and bytes it put on the wire.
+    const std::string comm_note = ranks > 1 ? absl::StrFormat("  comm %.0f ms (%.0f%%) sent %s%s", comm_seconds * 1e3,
+                                                              100 * comm_seconds / std::max(seconds, 1e-9),
+                                                              FormatBytes(sent), r.synced ? "" : " (local step)")
+                                            : "";
+    if (lead) {
+      std::printf(
+          "step %5ld/%ld  loss %.4f  (last %zu: mean %.4f, sd %.4f)  lr %.2e  |g| %.3f  %.0f ms  %.0f tok/s%s%s%s\n",
+          static_cast<long>(r.step), static_cast<long>(o.steps), r.loss, window.size(), window.mean(), window.sd(),
+          r.lr, r.grad_norm, seconds * 1e3, tokens_per_step / seconds, traffic.c_str(), comm_note.c_str(),
+          ckpt_note.c_str());
+      std::fflush(stdout);
+    }
     if (metrics) {
+      const std::string dp =
+          ranks > 1 ? absl::StrFormat(", \"comm_seconds\": %.6f, \"bytes_sent\": %.0f", comm_seconds, sent) : "";
       metrics << absl::StrFormat(
           "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6f, \"seconds\": %.6f, \"tokens\": %.0f, "
-          "\"moved_bytes\": %d}\n",
-          r.step, r.loss, r.lr, r.grad_norm, seconds, tokens_per_step, moved_step);
+          "\"moved_bytes\": %d%s}\n",
+          r.step, r.loss, r.lr, r.grad_norm, seconds, tokens_per_step, moved_step, dp);
       metrics.flush();
     }
     MaybeKillForTest(r.step);
     if (s.eval_every > 0 && r.step % s.eval_every == 0) {
       auto val = trainer.ValidationLoss(8);
       if (!val.ok()) return FailMidRun(std::string(val.status().message()), ck);
-      std::printf("validation loss %.4f\n", *val);
+      if (lead) std::printf("validation loss %.4f\n", *val);
       curves.validation.push_back({static_cast<int>(curves.loss.size()), *val});
     }
     if (!ck.dir.empty() && (r.step % s.checkpoint_every == 0 || r.step == o.steps)) {
@@ -175,13 +243,15 @@ int RunOnCpu(const RunSettings& s) {
       if (!path.ok()) return FailMidRun("checkpoint: " + std::string(path.status().message()), ck);
       ck.last_path = *path;
       ck.last_step = r.step;
-      std::printf("checkpoint %s\n", path->c_str());
+      if (lead) std::printf("checkpoint %s\n", path->c_str());
+      SetStopAdvice(CheckpointAdvice(ck.dir, ck.last_path, ck.last_step));
     }
   }
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
   absl::StatusOr<double> val = -1.0;
   if (s.eval_every >= 0) val = trainer.ValidationLoss(8);
   if (!val.ok()) return FailMidRun(std::string(val.status().message()), ck);
+  if (!lead) return 0;  // rank 0 reports the run
   if (!s.plot.empty()) {
     if (!s.tierd) curves.moved_bytes.clear();
     curves.title = absl::StrFormat("tierd-train, model %s on the CPU%s", config.name, s.tierd ? " through tierd" : "");
@@ -193,6 +263,17 @@ int RunOnCpu(const RunSettings& s) {
   std::printf("done: %ld steps, final loss %.4f%s, %.0f tokens/s; %s\n", static_cast<long>(o.steps), last_loss,
               validation.c_str(), tokens_per_step * steps_run / std::max(total, 1e-9),
               trainer.home().Describe().c_str());
+  if (ranks > 1) {
+    const double sent = (traffic_of->bytes_sent - comm_start.bytes_sent) / std::max(steps_run, 1.0);
+    const double dense = trainer.sync().DenseBytesPerStep();
+    std::printf(
+        "data-parallel: %d ranks; rank 0 in collectives %.2f s of %.2f s (%.0f%%); sent %s a step, a dense "
+        "all-reduce of every gradient %s (%.1f%%)\n",
+        ranks, traffic_of->seconds - comm_start.seconds, total,
+        100 * (traffic_of->seconds - comm_start.seconds) / std::max(total, 1e-9),
+        FormatBytes(static_cast<uint64_t>(sent)).c_str(), FormatBytes(static_cast<uint64_t>(dense)).c_str(),
+        100 * sent / std::max(dense, 1.0));
+  }
   return 0;
 }
 

@@ -21,6 +21,17 @@ void AdamWStep(float* params, const float* grads, float* m, float* v, size_t n, 
   }
 }
 
+void LionStep(float* params, const float* grads, float* m, size_t n, double lr, const LionOptions& options,
+              bool decay) {
+  const double b1 = options.beta1, b2 = options.beta2, wd = decay ? options.weight_decay : 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    const double g = grads[i], c = b1 * m[i] + (1 - b1) * g;
+    const double sign = c > 0 ? 1.0 : c < 0 ? -1.0 : 0.0;
+    params[i] = static_cast<float>(params[i] - lr * (sign + wd * params[i]));
+    m[i] = static_cast<float>(b2 * m[i] + (1 - b2) * g);
+  }
+}
+
 double GlobalNorm(const float* grads, size_t n) {
   double sum = 0;
   for (size_t i = 0; i < n; ++i) sum += static_cast<double>(grads[i]) * grads[i];

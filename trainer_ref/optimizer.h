@@ -19,6 +19,17 @@ struct AdamWOptions {
 void AdamWStep(float* params, const float* grads, float* m, float* v, size_t n, double lr, int64_t step,
                const AdamWOptions& options, bool decay);
 
+// Lion (Chen et al., 2023, "Symbolic Discovery of Optimization Algorithms"): one moment, and
+// an update of the same size for every element, the sign of a mix of the moment and the
+// gradient:  c = b1 m + (1 - b1) g;  p -= lr (sign(c) + wd p);  m = b2 m + (1 - b2) g.
+// A step's size does not follow the gradient's scale, so an element whose gradient arrives
+// in bursts (a sparse sync's residual, sent every few steps) moves as often as a dense one.
+// Its learning rate is typically 3-10x below AdamW's, its weight decay as much above.
+struct LionOptions {
+  double beta1 = 0.9, beta2 = 0.99, weight_decay = 0.1;
+};
+void LionStep(float* params, const float* grads, float* m, size_t n, double lr, const LionOptions& options, bool decay);
+
 // The global L2 norm of all gradients, and the factor (<= 1) that brings it to max_norm
 // (1 when it is already within; also 1 for max_norm <= 0, which turns clipping off).
 double GlobalNorm(const float* grads, size_t n);

@@ -9,14 +9,14 @@
 namespace tierd::trainer {
 namespace {
 
-const char* const kPrefix[] = {"", "grad.", "opt.m.", "opt.v.", ""};
+const char* const kPrefix[kKinds] = {"", "grad.", "opt.m.", "opt.v.", "", "ef."};
 
 class PlainHome final : public TensorHome {
  public:
-  PlainHome(const std::vector<TensorLayout>& layout, const std::vector<TensorLayout>& saved, bool moments_8bit) {
-    for (int k = 0; k < 5; ++k) {
-      for (const TensorLayout& t : k == 4 ? saved : layout) {
-        buffers_[k].emplace_back((TensorBytes(t, Kind(k), moments_8bit) + 3) / 4, 0.f);
+  explicit PlainHome(const HomeShape& shape) {
+    for (int k = 0; k < kKinds; ++k) {
+      for (const TensorLayout& t : shape.Of(Kind(k))) {
+        buffers_[k].emplace_back((TensorBytes(t, Kind(k), shape.moments_8bit) + 3) / 4, 0.f);
       }
     }
   }
@@ -28,23 +28,22 @@ class PlainHome final : public TensorHome {
   uint64_t MovedBytes() override { return 0; }
 
  private:
-  std::vector<std::vector<float>> buffers_[5];
+  std::vector<std::vector<float>> buffers_[kKinds];
 };
 
 class TierdHome final : public TensorHome {
  public:
-  absl::Status Init(const std::vector<TensorLayout>& layout, const std::vector<TensorLayout>& saved,
-                    const ClientOptions& options, bool moments_8bit) {
+  absl::Status Init(const HomeShape& shape, const ClientOptions& options) {
     auto client = Client::Connect(options);
     if (!client.ok()) return client.status();
     client_ = std::move(*client);
-    for (int k = 0; k < 5; ++k) {
-      for (const TensorLayout& t : k == 4 ? saved : layout) {
-        const TensorClass cls = k == 0   ? TensorClass::kParam
-                                : k == 1 ? TensorClass::kGrad
-                                : k == 4 ? TensorClass::kActivation
-                                         : TensorClass::kOptState;
-        const bool bytes = moments_8bit && (k == 2 || k == 3);
+    for (int k = 0; k < kKinds; ++k) {
+      for (const TensorLayout& t : shape.Of(Kind(k))) {
+        const TensorClass cls = k == 0             ? TensorClass::kParam
+                                : k == 1 || k == 5 ? TensorClass::kGrad
+                                : k == 4           ? TensorClass::kActivation
+                                                   : TensorClass::kOptState;
+        const bool bytes = shape.moments_8bit && (k == 2 || k == 3);
         TensorSpec spec{kPrefix[k] + t.name, cls, bytes ? DType::kU8 : DType::kF32,
                         {static_cast<int64_t>(bytes ? TensorBytes(t, Kind(k), true) : t.count)}};
         auto lease = client_->Lease(spec);
@@ -105,7 +104,7 @@ class TierdHome final : public TensorHome {
 
  private:
   std::unique_ptr<Client> client_;
-  std::vector<Client::Tensor> tensors_[5];
+  std::vector<Client::Tensor> tensors_[kKinds];
 };
 
 }  // namespace
@@ -121,16 +120,29 @@ uint64_t TensorBytes(const TensorLayout& t, Kind kind, bool moments_8bit) {
   return moment && moments_8bit ? Moment8bitBytes(t.count) : t.count * sizeof(float);
 }
 
-std::unique_ptr<TensorHome> MakePlainHome(const std::vector<TensorLayout>& layout,
-                                          const std::vector<TensorLayout>& saved, bool moments_8bit) {
-  return std::make_unique<PlainHome>(layout, saved, moments_8bit);
+const std::vector<TensorLayout>& HomeShape::Of(Kind kind) const {
+  static const std::vector<TensorLayout> kNone;
+  switch (kind) {
+    case Kind::kAdamM:
+      return MomentLayout();
+    case Kind::kAdamV:
+      return second_moment ? MomentLayout() : kNone;
+    case Kind::kSaved:
+      return saved;
+    case Kind::kResidual:
+      return residuals ? layout : kNone;
+    case Kind::kParam:
+    case Kind::kGrad:
+      break;
+  }
+  return layout;
 }
 
-absl::StatusOr<std::unique_ptr<TensorHome>> MakeTierdHome(const std::vector<TensorLayout>& layout,
-                                                         const std::vector<TensorLayout>& saved,
-                                                         const ClientOptions& options, bool moments_8bit) {
+std::unique_ptr<TensorHome> MakePlainHome(const HomeShape& shape) { return std::make_unique<PlainHome>(shape); }
+
+absl::StatusOr<std::unique_ptr<TensorHome>> MakeTierdHome(const HomeShape& shape, const ClientOptions& options) {
   auto home = std::make_unique<TierdHome>();
-  if (absl::Status s = home->Init(layout, saved, options, moments_8bit); !s.ok()) return s;
+  if (absl::Status s = home->Init(shape, options); !s.ok()) return s;
   return std::unique_ptr<TensorHome>(std::move(home));
 }
 

@@ -6,7 +6,7 @@
 //   PlainHome: plain buffers in this process (--offload_policy=none, the baseline).
 //   TierdHome: every tensor leased from tierd by name ("layers.3.attn.wq",
 //              "grad.layers.3.attn.wq", "opt.m.layers.3.attn.wq", "opt.v.layers.3.attn.wq",
-//              and the saved activations "act.layers.3", "act.head").
+//              the saved activations "act.layers.3", "act.head", residuals "ef.layers.3.attn.wq").
 #ifndef TIERD_TRAINER_REF_TENSOR_HOME_H_
 #define TIERD_TRAINER_REF_TENSOR_HOME_H_
 
@@ -28,7 +28,24 @@ struct ClientOptions;
 namespace tierd::trainer {
 
 // kSaved: a saved activation; its entry indexes the saved layout, not the parameters'.
-enum class Kind { kParam = 0, kGrad = 1, kAdamM = 2, kAdamV = 3, kSaved = 4 };
+// kResidual: the part of a gradient a sparse data-parallel sync has not sent yet (error
+// feedback), kept between steps.
+enum class Kind { kParam = 0, kGrad = 1, kAdamM = 2, kAdamV = 3, kSaved = 4, kResidual = 5 };
+constexpr int kKinds = 6;
+
+// What a home holds: per parameter tensor its parameter, gradient and moments; the saved
+// activations; with ZeRO-2 the moments of this rank's slice of each tensor only; with a
+// sparse sync a residual per tensor.
+struct HomeShape {
+  std::vector<TensorLayout> layout, saved;
+  bool moments_8bit = false;
+  std::vector<TensorLayout> moments;  // count: this rank's slice (ZeRO-2); empty: the layout's
+  bool residuals = false;
+  bool second_moment = true;  // false: Lion keeps one moment
+  const std::vector<TensorLayout>& MomentLayout() const { return moments.empty() ? layout : moments; }
+  // The tensors of a kind: the layout's, the moments', the saved ones, or none.
+  const std::vector<TensorLayout>& Of(Kind kind) const;
+};
 
 class TensorHome {
  public:
@@ -57,13 +74,10 @@ class TensorHome {
 // A tensor's bytes: count floats, but Moment8bitBytes(count) for a moment when moments_8bit.
 uint64_t TensorBytes(const TensorLayout& t, Kind kind, bool moments_8bit);
 
-std::unique_ptr<TensorHome> MakePlainHome(const std::vector<TensorLayout>& layout,
-                                          const std::vector<TensorLayout>& saved, bool moments_8bit = false);
+std::unique_ptr<TensorHome> MakePlainHome(const HomeShape& shape);
 
 // Connects to the tierd at `runtime_dir` with these quotas and leases every tensor.
-absl::StatusOr<std::unique_ptr<TensorHome>> MakeTierdHome(const std::vector<TensorLayout>& layout,
-                                                         const std::vector<TensorLayout>& saved,
-                                                         const ClientOptions& options, bool moments_8bit = false);
+absl::StatusOr<std::unique_ptr<TensorHome>> MakeTierdHome(const HomeShape& shape, const ClientOptions& options);
 
 }  // namespace tierd::trainer
 

@@ -10,7 +10,9 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "base/units.h"
 #include "trainer_ref/model_config_file.h"
 
@@ -53,7 +55,9 @@ ABSL_FLAG(std::string, bf16_layers, "",
           "(layers.0 ... layers.<L-1>), e.g. 'layers\\.(0|23)' for the first and last of 24");
 ABSL_FLAG(std::string, opt, "adamw",
           "the optimizer: adamw (decoupled weight decay, fp32 moments) or adamw8bit (the same with 8-bit blockwise "
-          "moments: ~6 bytes of optimizer state a parameter instead of 12, on the GPU or the host)");
+          "moments: ~6 bytes of optimizer state a parameter instead of 12, on the GPU or the host), or lion (CPU: one "
+          "moment, every element moved by the sign of a mix of moment and gradient; give it a 3-10x smaller --lr "
+          "and larger --weight_decay than AdamW; suits --sparse_grad_ratio, whose gradients arrive in bursts)");
 ABSL_FLAG(std::string, grad_checkpointing, "none",
           "none | full: keep only each layer's input from forward and recompute the rest in backward (about a "
           "third more compute; saved activations shrink ~10x). A bare --grad_checkpointing means full");
@@ -82,6 +86,33 @@ ABSL_FLAG(std::string, plot, "",
           "a PNG at the end: loss per step (and validation loss, and tier traffic per step on the CPU)");
 ABSL_FLAG(int64_t, eval_every, 50,
           "steps between validation losses, the mean of 8 held-out batches (0: only at the end; -1: none)");
+ABSL_FLAG(int, zero, 0,
+          "data-parallel runs (started by mpirun or srun): 0, every rank keeps the whole optimizer state and "
+          "gradients are all-reduced; 2 (ZeRO-2), gradients are reduce-scattered, each rank keeps and steps the "
+          "moments of its 1/N slice of every tensor, and the parameters are all-gathered after");
+ABSL_FLAG(double, sparse_grad_ratio, 0,
+          "data-parallel: the fraction of each gradient tensor's elements sent a step (TopK by magnitude, as "
+          "index + bf16 value); the rest accumulates in a residual per tensor (a tierd tensor with "
+          "--offload_policy=tierd) and goes out when it has grown. 0 or 1: dense. Sparse updates train best with "
+          "1/3-1/2 of the dense learning rate");
+ABSL_FLAG(std::string, sparse_grad_ratio_by, "",
+          "per-tensor fractions, 'REGEX=R,REGEX=R': the first regex that matches a tensor's whole name wins, e.g. "
+          "'tok_emb=1,.*norm.*=1' keeps the embedding and norms dense");
+ABSL_FLAG(std::string, sparse_sync, "gradient",
+          "data-parallel, --sparse_grad_ratio: what the TopK and the residual are over. gradient: the gradient; "
+          "every rank then steps the same optimizer on the sparse mean. update: each rank steps its own moments on "
+          "its own gradient and the ranks exchange the TopK of the change (with AdamW a sparse gradient's bursts "
+          "inflate the second moment, so an element sent every k-th step moves ~1/sqrt(k) as far; the update "
+          "avoids that)");
+ABSL_FLAG(int, sparse_warmup, 0,
+          "data-parallel, --sparse_grad_ratio: steps over which the fraction sent falls geometrically from 1 "
+          "(dense) to the ratio (Deep Gradient Compression's warm-up)");
+ABSL_FLAG(int, sync_every, 1,
+          "data-parallel, dense: K > 1 lets each rank step on its own gradients and averages the ranks' parameters "
+          "every K steps (local steps, 1/K of the traffic)");
+ABSL_FLAG(double, comm_timeout, 120,
+          "data-parallel: seconds a collective may wait for the other ranks before the run fails saying so "
+          "(a rank that died or hangs)");
 ABSL_FLAG(std::string, gpu_budget, "24GiB",
           "GPU, --offload_policy=tierd: the GPU memory this run may use, all of it: the trainer's workspace (one "
           "layer's scratch, the logits) and tierd's GPU quota for the session (the rest)");
@@ -149,9 +180,10 @@ absl::Status ReadPrecisionAndOptimizer(bool gpu) {
   }
   if (precision == "bf16" && !gpu) return Bad("--precision=bf16 is the GPU trainer's; the CPU reference is fp32");
   const std::string opt = absl::AsciiStrToLower(absl::GetFlag(FLAGS_opt));
-  if (opt != "adamw" && opt != "adamw8bit" && opt != "adamw_8bit") {
-    return Bad("--opt is adamw or adamw8bit, not '" + absl::GetFlag(FLAGS_opt) + "'");
+  if (opt != "adamw" && opt != "adamw8bit" && opt != "adamw_8bit" && opt != "lion") {
+    return Bad("--opt is adamw, adamw8bit or lion, not '" + absl::GetFlag(FLAGS_opt) + "'");
   }
+  if (opt == "lion" && gpu) return Bad("--opt=lion is the CPU trainer's for now (--device=cpu); the GPU's is AdamW");
   return absl::OkStatus();
 }
 
@@ -161,6 +193,37 @@ absl::StatusOr<bool> ReadCheckpointing() {
   if (value == "full" || value == "true" || value == "1" || value == "yes") return true;
   if (value == "dynamic") return Bad("--grad_checkpointing=dynamic is not implemented yet: none or full");
   return Bad("--grad_checkpointing is none or full, not '" + value + "'");
+}
+
+absl::Status ReadDataParallel(RunSettings& s) {
+  s.zero = absl::GetFlag(FLAGS_zero);
+  if (s.zero != 0 && s.zero != 2) {
+    return Bad(
+        absl::StrFormat("--zero is 0 (each rank keeps the whole state) or 2 (optimizer state and "
+                        "gradients sharded), not %d",
+                        s.zero));
+  }
+  s.sparse_ratio = absl::GetFlag(FLAGS_sparse_grad_ratio);
+  s.sync_every = absl::GetFlag(FLAGS_sync_every);
+  s.sparse_warmup = absl::GetFlag(FLAGS_sparse_warmup);
+  const std::string sparse_sync = absl::GetFlag(FLAGS_sparse_sync);
+  if (sparse_sync != "gradient" && sparse_sync != "update") {
+    return Bad("--sparse_sync is gradient or update, not '" + sparse_sync + "'");
+  }
+  s.sparse_update = sparse_sync == "update";
+  if (s.sparse_warmup < 0) return Bad("--sparse_warmup: steps, 0 or more");
+  s.comm_timeout = absl::GetFlag(FLAGS_comm_timeout);
+  if (!(s.comm_timeout > 0)) return Bad("--comm_timeout: seconds, more than 0");
+  const std::string by = absl::GetFlag(FLAGS_sparse_grad_ratio_by);
+  for (absl::string_view part : absl::StrSplit(by, ',', absl::SkipEmpty())) {
+    const size_t eq = part.rfind('=');
+    double ratio = 0;
+    if (eq == absl::string_view::npos || eq == 0 || !absl::SimpleAtod(part.substr(eq + 1), &ratio)) {
+      return Bad(absl::StrFormat("--sparse_grad_ratio_by: '%s' is not REGEX=FRACTION", part));
+    }
+    s.sparse_ratio_by.emplace_back(std::string(part.substr(0, eq)), ratio);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ReadTierd(bool gpu, RunSettings& s) {
@@ -214,7 +277,9 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   RunSettings s;
   s.gpu = gpu;
   if (absl::Status st = ReadPrecisionAndOptimizer(gpu); !st.ok()) return st;
-  s.moments_8bit = absl::AsciiStrToLower(absl::GetFlag(FLAGS_opt)) != "adamw";
+  const std::string opt = absl::AsciiStrToLower(absl::GetFlag(FLAGS_opt));
+  s.lion = opt == "lion";
+  s.moments_8bit = opt == "adamw8bit" || opt == "adamw_8bit";
   s.fp8 = absl::AsciiStrToLower(absl::GetFlag(FLAGS_precision)) == "fp8";
   s.bf16_layers = absl::GetFlag(FLAGS_bf16_layers);
   if (!s.bf16_layers.empty() && !s.fp8)
@@ -260,6 +325,7 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   if (!checkpointing.ok()) return checkpointing.status();
   s.checkpointing = *checkpointing;
   if (absl::Status st = ReadTierd(gpu, s); !st.ok()) return st;
+  if (absl::Status st = ReadDataParallel(s); !st.ok()) return st;
   s.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   s.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   s.checkpoint_keep = absl::GetFlag(FLAGS_checkpoint_keep);
@@ -273,7 +339,9 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   const std::vector<const char*> gpu_only = {"gpu_budget",  "optimizer_place",  "pcie_gbps",          "nvme_gbps",
                                              "gpu_tflops",  "optimizer_chunks", "optimizer_deferred", "profile",
                                              "timing_skip", "step_order",       "compact_state"};
-  const std::vector<const char*> cpu_only = {"tierd_record"};
+  const std::vector<const char*> cpu_only = {"tierd_record",         "zero",       "sparse_grad_ratio",
+                                             "sparse_grad_ratio_by", "sync_every", "comm_timeout",
+                                             "sparse_warmup",        "sparse_sync"};
   for (const char* name : gpu ? cpu_only : gpu_only) {
     if (Given(name) && notes != nullptr) {
       notes->push_back(absl::StrFormat("--%s is for the %s trainer: ignored on the %s", name, gpu ? "CPU" : "GPU",

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/declare.h"
@@ -83,6 +84,7 @@ struct RunSettings {
   uint64_t data_seed = 1;  // --data_seed, or --seed's
   bool checkpointing = false;
   bool moments_8bit = false;  // --opt=adamw8bit
+  bool lion = false;          // --opt=lion
   bool fp8 = false;           // --precision=fp8: the layers' matmuls in FP8 (GPU)
   std::string bf16_layers;    // --bf16_layers: those layers' matmuls stay bf16
   bool tierd = false;         // --offload_policy=tierd
@@ -94,6 +96,14 @@ struct RunSettings {
   bool resume = false;
   std::string metrics, plot;
   int64_t eval_every = 50;
+  // Data parallelism (the ranks come from the launcher's environment).
+  int zero = 0;             // 0 or 2
+  double sparse_ratio = 0;  // 0: dense
+  std::vector<std::pair<std::string, double>> sparse_ratio_by;
+  int sync_every = 1;
+  int sparse_warmup = 0;
+  bool sparse_update = false;  // --sparse_sync=update
+  double comm_timeout = 120;   // seconds
 };
 
 // INVALID_ARGUMENT saying which flag and what it takes. `notes` gets one line per flag given

@@ -7,6 +7,7 @@
 #include "absl/debugging/failure_signal_handler.h"
 #include "absl/debugging/symbolize.h"
 #include "absl/flags/flag.h"
+#include "comm/launch_env.h"
 #include "trainer_ref/cpu_run.h"
 #include "trainer_ref/train_flags.h"
 
@@ -77,7 +78,17 @@ int main(int argc, char** argv) {
     return 1;
   }
 #ifdef TIERD_HAVE_CUDA
-  if (gpu) return tt::gpu::RunOnGpu(*settings);
+  if (gpu) {
+    // Data parallelism is the CPU trainer's so far (MPI); one GPU rank per process is not built.
+    if (auto launch = tierd::comm::LaunchFromEnv(); launch.ok() && launch->size > 1) {
+      std::fprintf(stderr,
+                   "tierd-train: %s: the GPU trainer trains one process; data-parallel training runs on the CPU "
+                   "trainer for now (--device=cpu)\n",
+                   launch->Describe().c_str());
+      return 1;
+    }
+    return tt::gpu::RunOnGpu(*settings);
+  }
 #endif
   return tt::RunOnCpu(*settings);
 }

@@ -1,11 +1,13 @@
 #include "trainer_ref/trainer.h"
 
+#include <array>
 #include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_format.h"
 #include "trainer_ref/adamw8bit.h"
 #include "trainer_ref/host_adamw.h"
+#include "trainer_ref/host_lion.h"
 
 namespace tierd::trainer {
 namespace {
@@ -29,18 +31,54 @@ class Held {
   std::vector<Kind> kinds_;
 };
 
-constexpr uint32_t kStateMagic = 0x74727333;  // "trs3": + the moments' format
+constexpr uint32_t kStateMagic = 0x74727334;    // "trs4": + the data-parallel layout
+constexpr uint32_t kStateMagicV3 = 0x74727333;  // "trs3": one process, no residuals
 // The moments' formats: 0 fp32; 1 8-bit with v itself (refused); 2 8-bit with v's root.
 constexpr uint32_t kMoments8bitRoot = 2;
+constexpr uint32_t kLionMoment = 3;  // Lion's one fp32 moment
+// What a state holds, in order (a kind the run does not have, none: residuals without a
+// sparse sync).
+constexpr Kind kStateKinds[] = {Kind::kParam, Kind::kAdamM, Kind::kAdamV, Kind::kResidual};
 
 }  // namespace
 
+namespace {
+// 8-bit moments quantise in blocks: a ZeRO-2 slice holds whole blocks.
+int64_t SliceAlign(const TrainOptions& options) { return options.moments_8bit ? q8::kQuantBlock : 1; }
+}  // namespace
+
+HomeShape HomeShapeFor(const ModelConfig& config, const TrainOptions& options) {
+  HomeShape shape;
+  shape.layout = ParamLayout(config);
+  shape.saved = SavedLayout(config, options.batch, options.seq, options.checkpointing);
+  shape.moments_8bit = options.moments_8bit;
+  auto sync = GradSync::Create(options.dp, shape.layout, SliceAlign(options));
+  if (sync.ok() && options.dp.zero2) {
+    shape.moments = shape.layout;
+    for (size_t e = 0; e < shape.layout.size(); ++e) {
+      const auto [lo, hi] = sync->Owned(e);
+      shape.moments[e].count = static_cast<size_t>(hi - lo);
+    }
+  }
+  shape.residuals = sync.ok() && sync->sparse();
+  shape.second_moment = !options.lion;
+  return shape;
+}
+
 Trainer::Trainer(const ModelConfig& config, const TrainOptions& options, const Dataset& data, TensorHome& home)
-    : config_(config), options_(options), data_(data), home_(home), model_(config, options.batch, options.seq, options.checkpointing) {}
+    : config_(config),
+      options_(options),
+      shape_(HomeShapeFor(config, options)),
+      data_(data),
+      home_(home),
+      model_(config, options.batch, options.seq, options.checkpointing) {}
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& config, const TrainOptions& options,
                                                         const Dataset& data, TensorHome& home) {
   std::unique_ptr<Trainer> t(new Trainer(config, options, data, home));
+  auto sync = GradSync::Create(options.dp, t->shape_.layout, SliceAlign(options));
+  if (!sync.ok()) return sync.status();
+  t->sync_ = std::move(*sync);
   if (absl::Status s = t->Init(); !s.ok()) return s;
   return t;
 }
@@ -52,11 +90,12 @@ absl::Status Trainer::Init() {
     const TensorLayout& t = model_.layout()[e];
     largest = std::max(largest, t.count);
     Held held(home_, e);
-    for (Kind k : {Kind::kParam, Kind::kGrad, Kind::kAdamM, Kind::kAdamV}) {
+    for (Kind k : {Kind::kParam, Kind::kGrad, Kind::kAdamM, Kind::kAdamV, Kind::kResidual}) {
+      if (shape_.Of(k).empty()) continue;
       auto p = held.Get(k, Access::kOverwrite);
       if (!p.ok()) return p.status();
       if (k == Kind::kParam) std::memcpy(*p, model_.params().data() + t.offset, t.count * sizeof(float));
-      else std::memset(*p, 0, TensorBytes(t, k, options_.moments_8bit));  // zero bytes: zero 8-bit moments too
+      else std::memset(*p, 0, TensorBytes(shape_.Of(k)[e], k, options_.moments_8bit));  // zero 8-bit moments too
     }
   }
   for (const TensorLayout& t : model_.saved_layout()) largest = std::max(largest, t.count);
@@ -124,19 +163,21 @@ prefetcher::Graph Trainer::StepGraph() const {
   const auto& saved = model_.saved_layout();
   tp::Graph g;
   g.host = true;  // this trainer computes on the CPU: its tensors are acquired in DRAM
-  auto tensor = [&](size_t entry, Kind kind) {
-    return static_cast<tp::TensorIndex>(kind == Kind::kSaved ? 4 * layout.size() + entry
-                                                             : static_cast<size_t>(kind) * layout.size() + entry);
-  };
-  for (Kind kind : {Kind::kParam, Kind::kGrad, Kind::kAdamM, Kind::kAdamV}) {
-    for (size_t e = 0; e < layout.size(); ++e) {
+  // The home's tensors, kind by kind (those a run has: no second moment for Lion, residuals
+  // only with a sparse sync); tensor(e, kind) is one's index.
+  std::array<size_t, kKinds> base{};
+  for (Kind kind : {Kind::kParam, Kind::kGrad, Kind::kAdamM, Kind::kAdamV, Kind::kSaved, Kind::kResidual}) {
+    base[static_cast<int>(kind)] = g.tensors.size();
+    const auto& of = shape_.Of(kind);
+    for (size_t e = 0; e < of.size(); ++e) {
       g.tensors.push_back(
-          {TensorHome::Name(layout, saved, e, kind), TensorBytes(layout[e], kind, options_.moments_8bit), false});
+          {TensorHome::Name(layout, saved, e, kind), TensorBytes(of[e], kind, options_.moments_8bit), false});
     }
   }
-  for (size_t s = 0; s < saved.size(); ++s) {
-    g.tensors.push_back({TensorHome::Name(layout, saved, s, Kind::kSaved), saved[s].count * sizeof(float), false});
-  }
+  auto tensor = [&](size_t entry, Kind kind) {
+    return static_cast<tp::TensorIndex>(base[static_cast<int>(kind)] + entry);
+  };
+  const bool residuals = !shape_.Of(Kind::kResidual).empty();
   const double tokens = static_cast<double>(options_.batch) * options_.seq;
   auto stream = [](size_t floats) { return floats * 4.0 * 4 / 5e9; };  // a few passes at 5 GB/s
   for (size_t e = 0; e < layout.size(); ++e) {
@@ -165,13 +206,17 @@ prefetcher::Graph Trainer::StepGraph() const {
     }
   }
   for (size_t e = 0; e < layout.size(); ++e) {
-    g.ops.push_back({"scale." + layout[e].name, {}, {tensor(e, Kind::kGrad)}, stream(layout[e].count)});
+    tp::GraphOp op{"scale." + layout[e].name, {}, {tensor(e, Kind::kGrad)}, stream(layout[e].count)};
+    if (residuals) op.writes.push_back(tensor(e, Kind::kResidual));
+    g.ops.push_back(std::move(op));
   }
   for (size_t e = 0; e < layout.size(); ++e) {
-    g.ops.push_back({"adamw." + layout[e].name,
-                     {},
-                     {tensor(e, Kind::kParam), tensor(e, Kind::kGrad), tensor(e, Kind::kAdamM), tensor(e, Kind::kAdamV)},
-                     stream(4 * layout[e].count)});
+    tp::GraphOp op{(options_.lion ? "lion." : "adamw.") + layout[e].name,
+                   {},
+                   {tensor(e, Kind::kParam), tensor(e, Kind::kGrad), tensor(e, Kind::kAdamM)},
+                   stream(4 * layout[e].count)};
+    if (!shape_.Of(Kind::kAdamV).empty()) op.writes.push_back(tensor(e, Kind::kAdamV));
+    g.ops.push_back(std::move(op));
   }
   return g;
 }
@@ -205,40 +250,49 @@ absl::StatusOr<StepResult> Trainer::Step() {
     if (!g.ok()) return g.status();
     std::memset(*g, 0, layout[e].count * sizeof(float));
   }
-  const int n = options_.batch * options_.seq;
-  std::vector<int32_t> inputs(n), targets(n);
-  for (int micro = 0; micro < options_.grad_accum; ++micro) {
-    micro_ = micro;
-    batcher_->Next(inputs.data(), targets.data());
-    ++batches_drawn_;
-    auto loss = ForwardBackward(inputs.data(), targets.data(), /*backward=*/true);
-    if (!loss.ok()) return loss.status();
-    r.loss += *loss / options_.grad_accum;
-    if (!std::isfinite(*loss)) {
-      r.skipped = true;
-      r.why = absl::StrFormat("the loss of micro-batch %d is %g", micro, *loss);
-      break;
-    }
-  }
+  if (auto drawn = MicroBatches(r); !drawn.ok()) return drawn.status();
+  if (absl::Status s = AgreeOnLoss(r); !s.ok()) return s;
   r.lr = LearningRate(step_, options_.warmup, options_.steps, options_.lr, options_.min_lr);
-  // The mean over micro-batches; every value finite; the global norm.
-  double sum_squares = 0;
+  // The ranks agree on each gradient (this rank keeps its slice with ZeRO-2); every value
+  // finite; the global norm. Every tensor is synced even after a non-finite one: the other
+  // ranks are in the same collectives.
+  const int sync_every = options_.dp.sync_every;
+  const bool local = sync_every > 1;
+  const bool update_mode = sync_.sparse() && options_.dp.sparse_update;
+  sync_.BeginStep(step_ + 1);
+  r.synced = !local;
+  double sum_squares = 0, non_finite = 0;
   for (size_t e = 0; e < layout.size() && !r.skipped; ++e) {
     Progress(ScaleOp(e));
     Held held(home_, e);
     auto g = held.Get(Kind::kGrad, Access::kWrite);
     if (!g.ok()) return g.status();
-    for (size_t i = 0; i < layout[e].count; ++i) {
-      float& x = (*g)[i];
-      x /= options_.grad_accum;
+    absl::StatusOr<float*> residual = nullptr;
+    if (sync_.SparseK(e) > 0) residual = held.Get(Kind::kResidual, Access::kWrite);
+    if (!residual.ok()) return residual.status();
+    const bool own = local || (update_mode && sync_.SparseK(e) > 0);  // this rank's gradient only
+    if (absl::Status s = sync_.Sync(e, *g, *residual, options_.grad_accum, own); !s.ok()) return s;
+    const auto [lo, hi] = sync_.Owned(e);
+    for (int64_t i = lo; i < hi; ++i) {
+      const float x = (*g)[i];
       if (!std::isfinite(x)) {
-        r.skipped = true;
-        r.why = absl::StrFormat("the gradient of '%s' is %g at element %d", layout[e].name, x, i);
+        if (non_finite++ == 0)
+          r.why = absl::StrFormat("the gradient of '%s' is %g at element %d", layout[e].name, x, i);
         break;
       }
       sum_squares += static_cast<double>(x) * x;
     }
   }
+  // With ZeRO-2 each rank saw its slices only; with local steps its own gradients: the
+  // ranks agree on skipping (and ZeRO-2 on the norm).
+  if ((options_.dp.zero2 || local || update_mode) && options_.dp.ranks() > 1 && !r.skipped) {
+    double parts[2] = {options_.dp.zero2 ? sum_squares : 0.0, non_finite};
+    if (absl::Status s = options_.dp.comm->AllReduce(parts, 2); !s.ok()) return s;
+    if (options_.dp.zero2) sum_squares = parts[0];
+    if (non_finite == 0 && parts[1] > 0) r.why = "a gradient on another rank is not finite";
+    non_finite = parts[1];
+  }
+  r.skipped = r.skipped || non_finite > 0;
   ++step_;
   if (r.skipped) return r;
   r.grad_norm = std::sqrt(sum_squares);
@@ -250,26 +304,94 @@ absl::StatusOr<StepResult> Trainer::Step() {
     auto p = held.Get(Kind::kParam, Access::kWrite);
     auto g = p.ok() ? held.Get(Kind::kGrad, Access::kWrite) : p;
     auto m = g.ok() ? held.Get(Kind::kAdamM, Access::kWrite) : g;
-    auto v = m.ok() ? held.Get(Kind::kAdamV, Access::kWrite) : m;
-    if (!v.ok()) return v.status();
-    // On the DRAM tier where the state lives: vectorised, on the host's threads, fp32 as on
-    // the GPU (the double-precision AdamWStep stays the tests' reference).
-    HostAdamWParams hp;
-    hp.lr = static_cast<float>(r.lr);
-    hp.beta1 = static_cast<float>(options_.adam.beta1);
-    hp.beta2 = static_cast<float>(options_.adam.beta2);
-    hp.eps = static_cast<float>(options_.adam.eps);
-    hp.weight_decay = static_cast<float>(options_.adam.weight_decay);
-    hp.step = step_;
-    hp.grad_scale = static_cast<float>(clip);
-    hp.decay = t.shape.size() > 1;
-    if (options_.moments_8bit) {
-      HostAdamW8bit(*p, *m, *v, /*weights_bf16=*/nullptr, *g, static_cast<int64_t>(t.count), hp);
+    if (!m.ok()) return m.status();
+    const auto [lo, hi] = sync_.Owned(e);
+    const bool sparse_update = update_mode && sync_.SparseK(e) > 0;
+    std::vector<float> before;
+    if (sparse_update) before.assign(*p, *p + t.count);
+    if (options_.lion) {  // with ZeRO-2 this rank's slice only; its moment holds that slice
+      HostLionParams hl;
+      hl.lr = static_cast<float>(r.lr);
+      hl.beta1 = static_cast<float>(options_.lion_options.beta1);
+      hl.beta2 = static_cast<float>(options_.lion_options.beta2);
+      hl.weight_decay = static_cast<float>(options_.adam.weight_decay);
+      hl.grad_scale = static_cast<float>(clip);
+      hl.decay = t.shape.size() > 1;
+      HostLion(*p + lo, *m, *g + lo, hi - lo, hl);
     } else {
-      HostAdamW(*p, *m, *v, /*weights_bf16=*/nullptr, *g, static_cast<int64_t>(t.count), hp);
+      auto v = held.Get(Kind::kAdamV, Access::kWrite);
+      if (!v.ok()) return v.status();
+      // On the DRAM tier where the state lives: vectorised, on the host's threads, fp32 as on
+      // the GPU (the double-precision AdamWStep stays the tests' reference). With ZeRO-2 this
+      // rank's slice only; its moments hold that slice.
+      HostAdamWParams hp;
+      hp.lr = static_cast<float>(r.lr);
+      hp.beta1 = static_cast<float>(options_.adam.beta1);
+      hp.beta2 = static_cast<float>(options_.adam.beta2);
+      hp.eps = static_cast<float>(options_.adam.eps);
+      hp.weight_decay = static_cast<float>(options_.adam.weight_decay);
+      hp.step = step_;
+      hp.grad_scale = static_cast<float>(clip);
+      hp.decay = t.shape.size() > 1;
+      if (options_.moments_8bit) {
+        HostAdamW8bit(*p + lo, *m, *v, /*weights_bf16=*/nullptr, *g + lo, hi - lo, hp);
+      } else {
+        HostAdamW(*p + lo, *m, *v, /*weights_bf16=*/nullptr, *g + lo, hi - lo, hp);
+      }
+    }
+    if (sparse_update) {
+      auto residual = held.Get(Kind::kResidual, Access::kWrite);
+      if (!residual.ok()) return residual.status();
+      if (absl::Status s = sync_.SparseUpdate(e, *p, before.data(), *residual); !s.ok()) return s;
+    }
+    if (absl::Status s = sync_.GatherParams(e, *p); !s.ok()) return s;
+    if (local && step_ % sync_every == 0) {  // local steps: the ranks' parameters averaged
+      if (absl::Status s = sync_.AverageParams(e, *p); !s.ok()) return s;
+      r.synced = true;
     }
   }
   return r;
+}
+
+absl::StatusOr<double> Trainer::MicroBatches(StepResult& r) {
+  // Rank k of N takes micro-batches k*A .. k*A+A-1 of the N*A the step draws: the order one
+  // process with N*A micro-batches would take them in.
+  const int ranks = options_.dp.ranks(), rank = options_.dp.rank(), micros = options_.grad_accum;
+  if (ranks > 1) batcher_->Skip(static_cast<int64_t>(rank) * micros);
+  const int n = options_.batch * options_.seq;
+  std::vector<int32_t> inputs(n), targets(n);
+  int drawn = 0;
+  for (int micro = 0; micro < micros; ++micro) {
+    micro_ = micro;
+    batcher_->Next(inputs.data(), targets.data());
+    ++drawn;
+    auto loss = ForwardBackward(inputs.data(), targets.data(), /*backward=*/true);
+    if (!loss.ok()) return loss.status();
+    r.loss += *loss / micros;
+    if (!std::isfinite(*loss)) {
+      r.skipped = true;
+      r.why = absl::StrFormat("the loss of micro-batch %d is %g", micro, *loss);
+      break;
+    }
+  }
+  if (ranks > 1) {  // every rank ends the step at the same place in the data
+    batcher_->Skip(static_cast<int64_t>(micros - drawn) + static_cast<int64_t>(ranks - 1 - rank) * micros);
+    drawn = ranks * micros;
+  }
+  batches_drawn_ += drawn;
+  return r.loss;
+}
+
+absl::Status Trainer::AgreeOnLoss(StepResult& r) {
+  if (options_.dp.ranks() == 1) return absl::OkStatus();
+  double parts[2] = {r.loss, r.skipped ? 1.0 : 0.0};
+  if (absl::Status s = options_.dp.comm->AllReduce(parts, 2); !s.ok()) return s;
+  r.loss = parts[0] / options_.dp.ranks();
+  if (!r.skipped && parts[1] > 0) {
+    r.skipped = true;
+    r.why = "a micro-batch's loss on another rank is not finite";
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<double> Trainer::ValidationLoss(int batches) {
@@ -286,6 +408,12 @@ absl::StatusOr<double> Trainer::ValidationLoss(int batches) {
   return total / batches;
 }
 
+uint32_t Trainer::MomentsFormat() const {
+  return options_.lion ? kLionMoment : options_.moments_8bit ? kMoments8bitRoot : 0u;
+}
+
+uint32_t Trainer::DpFlags() const { return (options_.dp.zero2 ? 1u : 0u) | (sync_.sparse() ? 2u : 0u); }
+
 absl::StatusOr<std::string> Trainer::SaveState() {
   std::string out;
   auto put = [&out](const void* p, size_t n) { out.append(static_cast<const char*>(p), n); };
@@ -295,14 +423,17 @@ absl::StatusOr<std::string> Trainer::SaveState() {
   put(&step_, 8);
   put(&batches_drawn_, 8);
   put(&count, 8);
-  const uint32_t format = options_.moments_8bit ? kMoments8bitRoot : 0;
+  const uint32_t format = MomentsFormat();
   put(&format, 4);
-  for (Kind k : {Kind::kParam, Kind::kAdamM, Kind::kAdamV}) {
-    for (size_t e = 0; e < model_.layout().size(); ++e) {
+  const uint32_t dp[3] = {static_cast<uint32_t>(options_.dp.ranks()), static_cast<uint32_t>(options_.dp.rank()),
+                          DpFlags()};
+  put(dp, sizeof(dp));
+  for (Kind k : kStateKinds) {
+    for (size_t e = 0; e < shape_.Of(k).size(); ++e) {
       Held held(home_, e);
       auto p = held.Get(k, Access::kRead);
       if (!p.ok()) return p.status();
-      put(*p, TensorBytes(model_.layout()[e], k, options_.moments_8bit));
+      put(*p, TensorBytes(shape_.Of(k)[e], k, options_.moments_8bit));
     }
   }
   return out;
@@ -320,13 +451,25 @@ absl::Status Trainer::LoadState(const std::string& bytes) {
   int64_t step = 0, drawn = 0;
   uint64_t count = 0, expected = 0, state_bytes = 0;
   uint32_t format = 0;
-  for (const TensorLayout& t : model_.layout()) {
-    expected += t.count;
-    for (Kind k : {Kind::kParam, Kind::kAdamM, Kind::kAdamV}) state_bytes += TensorBytes(t, k, options_.moments_8bit);
+  for (const TensorLayout& t : model_.layout()) expected += t.count;
+  for (Kind k : kStateKinds) {
+    for (const TensorLayout& t : shape_.Of(k)) state_bytes += TensorBytes(t, k, options_.moments_8bit);
   }
-  if (!take(&magic, 4) || magic != kStateMagic) return absl::InvalidArgumentError("not a trainer state (bad magic)");
+  if (!take(&magic, 4) || (magic != kStateMagic && magic != kStateMagicV3)) {
+    return absl::InvalidArgumentError("not a trainer state (bad magic)");
+  }
   if (!take(&step, 8) || !take(&drawn, 8) || !take(&count, 8) || !take(&format, 4)) {
     return absl::InvalidArgumentError("trainer state truncated in its header");
+  }
+  uint32_t dp[3] = {1, 0, 0};  // a state of the first format: one process
+  if (magic == kStateMagic && !take(dp, sizeof(dp))) return absl::InvalidArgumentError("trainer state truncated");
+  if (dp[0] != static_cast<uint32_t>(options_.dp.ranks()) || dp[1] != static_cast<uint32_t>(options_.dp.rank()) ||
+      dp[2] != DpFlags()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the state is rank %d of %d%s%s; this run is rank %d of %d%s%s: resume with the ranks and sync it was "
+        "saved with",
+        dp[1], dp[0], dp[2] & 1 ? ", ZeRO-2" : "", dp[2] & 2 ? ", sparse sync" : "", options_.dp.rank(),
+        options_.dp.ranks(), options_.dp.zero2 ? ", ZeRO-2" : "", sync_.sparse() ? ", sparse sync" : ""));
   }
   if (count != expected) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -337,21 +480,21 @@ absl::Status Trainer::LoadState(const std::string& bytes) {
         "the state's 8-bit moments are of the first 8-bit format (the second moment itself, not its root): this "
         "trainer cannot continue it; start afresh or use the build that wrote it");
   }
-  if (format != (options_.moments_8bit ? kMoments8bitRoot : 0u)) {
-    return absl::InvalidArgumentError(absl::StrFormat("the state's moments are %s; this run's are %s (--opt)",
-                                                      format ? "8-bit" : "fp32",
-                                                      options_.moments_8bit ? "8-bit" : "fp32"));
+  if (format != MomentsFormat()) {
+    auto name = [](uint32_t f) { return f == kLionMoment ? "Lion's" : f == kMoments8bitRoot ? "8-bit" : "fp32"; };
+    return absl::InvalidArgumentError(
+        absl::StrFormat("the state's moments are %s; this run's are %s (--opt)", name(format), name(MomentsFormat())));
   }
   if (bytes.size() != at + state_bytes) {
     return absl::InvalidArgumentError(
         absl::StrFormat("trainer state of %d bytes; %d expected", bytes.size(), at + state_bytes));
   }
-  for (Kind k : {Kind::kParam, Kind::kAdamM, Kind::kAdamV}) {
-    for (size_t e = 0; e < model_.layout().size(); ++e) {
+  for (Kind k : kStateKinds) {
+    for (size_t e = 0; e < shape_.Of(k).size(); ++e) {
       Held held(home_, e);
       auto p = held.Get(k, Access::kOverwrite);
       if (!p.ok()) return p.status();
-      take(*p, TensorBytes(model_.layout()[e], k, options_.moments_8bit));
+      take(*p, TensorBytes(shape_.Of(k)[e], k, options_.moments_8bit));
     }
   }
   step_ = step;

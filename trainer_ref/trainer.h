@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "trainer_ref/data.h"
+#include "trainer_ref/grad_sync.h"
 #include "trainer_ref/model.h"
 #include "trainer_ref/optimizer.h"
 #include "trainer_ref/tensor_home.h"
@@ -38,7 +39,18 @@ struct TrainOptions {
   bool record_plan = false;
   // AdamW's moments in 8 bits, blockwise (adamw8bit.h; the home must be made the same way).
   bool moments_8bit = false;
+  // Lion instead of AdamW (one moment; betas from lion, weight decay from adam).
+  bool lion = false;
+  LionOptions lion_options;
+  // Data parallelism: this process is one of dp.ranks(); each step it takes its share of the
+  // global batch (the micro-batches one process with ranks x grad_accum would take, in rank
+  // order) and the ranks agree on the gradient before the optimizer steps (grad_sync.h).
+  DataParallelOptions dp;
 };
+
+// The tensors a trainer with these options leases: with ZeRO-2 the moments of this rank's
+// slices, with a sparse sync a residual per tensor.
+HomeShape HomeShapeFor(const ModelConfig& config, const TrainOptions& options);
 
 struct StepResult {
   int64_t step = 0;       // the step just taken (1-based)
@@ -47,6 +59,7 @@ struct StepResult {
   double lr = 0;
   bool skipped = false;   // not finite: the parameters were left as they were
   std::string why;        // for a skipped step: where the first non-finite value was
+  bool synced = true;     // the ranks agreed (false: a local step between syncs)
 };
 
 class Trainer {
@@ -63,6 +76,7 @@ class Trainer {
   int64_t step() const { return step_; }
   const std::vector<TensorLayout>& layout() const { return model_.layout(); }
   TensorHome& home() { return home_; }
+  const GradSync& sync() const { return sync_; }
   // What registering the step's graph with the home gave: the planner's prediction, why
   // there is no plan (tensors then move on demand), or "" for a home without a planner.
   const std::string& plan_note() const { return plan_note_; }
@@ -87,8 +101,18 @@ class Trainer {
   // Forward (and backward) with each group's tensors acquired only while it runs.
   absl::StatusOr<double> ForwardBackward(const int32_t* inputs, const int32_t* targets, bool backward);
 
+  // Draws this rank's micro-batches of the step (skipping the other ranks').
+  absl::StatusOr<double> MicroBatches(StepResult& r);
+  // The ranks agree on the loss and on whether a step is skipped.
+  absl::Status AgreeOnLoss(StepResult& r);
+  uint32_t DpFlags() const;
+  uint32_t MomentsFormat()
+      const;  // a state's moments: fp32, 8-bit, Lion's  // a state's data-parallel layout: 1 ZeRO-2, 2 residuals
+
   ModelConfig config_;
   TrainOptions options_;
+  HomeShape shape_;
+  GradSync sync_;
   const Dataset& data_;
   TensorHome& home_;
   Model<float> model_;

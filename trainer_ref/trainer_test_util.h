@@ -20,7 +20,7 @@ inline TrainOptions Small() {
 
 // Plain buffers for every tensor a trainer with these options leases.
 inline std::unique_ptr<TensorHome> PlainHomeFor(const ModelConfig& config, const TrainOptions& o) {
-  return MakePlainHome(ParamLayout(config), SavedLayout(config, o.batch, o.seq, o.checkpointing), o.moments_8bit);
+  return MakePlainHome(HomeShapeFor(config, o));
 }
 
 }  // namespace tierd::trainer

@@ -252,6 +252,18 @@ int RunOnCpu(const RunSettings& settings) {
   if (s.eval_every >= 0) val = trainer.ValidationLoss(8);
   if (!val.ok()) return FailMidRun(std::string(val.status().message()), ck);
   if (!lead) return 0;  // rank 0 reports the run
+  std::string compared;
+  if (!s.compare_metrics.empty()) {
+    auto reference = ReadLossCurve(s.compare_metrics);
+    if (!reference.ok()) return Fail(std::string(reference.status().message()));
+    curves.reference = *reference;
+    curves.reference_name = "loss of " + s.compare_metrics.substr(s.compare_metrics.rfind('/') + 1);
+    if (static_cast<int64_t>(reference->size()) >= o.steps) {
+      const double theirs = (*reference)[o.steps - 1];
+      compared = absl::StrFormat("; %s at step %d: %.4f (this run %+.1f%%)", s.compare_metrics, o.steps, theirs,
+                                 100 * (last_loss - theirs) / theirs);
+    }
+  }
   if (!s.plot.empty()) {
     if (!s.tierd) curves.moved_bytes.clear();
     curves.title = absl::StrFormat("tierd-train, model %s on the CPU%s", config.name, s.tierd ? " through tierd" : "");
@@ -260,9 +272,9 @@ int RunOnCpu(const RunSettings& settings) {
   }
   const double steps_run = static_cast<double>(o.steps - first_step);
   const std::string validation = s.eval_every >= 0 ? absl::StrFormat(", validation loss %.4f", *val) : "";
-  std::printf("done: %ld steps, final loss %.4f%s, %.0f tokens/s; %s\n", static_cast<long>(o.steps), last_loss,
+  std::printf("done: %ld steps, final loss %.4f%s, %.0f tokens/s; %s%s\n", static_cast<long>(o.steps), last_loss,
               validation.c_str(), tokens_per_step * steps_run / std::max(total, 1e-9),
-              trainer.home().Describe().c_str());
+              trainer.home().Describe().c_str(), compared.c_str());
   if (ranks > 1) {
     const double sent = (traffic_of->bytes_sent - comm_start.bytes_sent) / std::max(steps_run, 1.0);
     const double dense = trainer.sync().DenseBytesPerStep();

@@ -62,6 +62,9 @@ dense_last=$(tail -1 "$dir/dense40.jsonl" | sed -E 's/.*"loss": ([^,]*).*/\1/')
 check "TopK 5% sends $sparse_bytes B a step, <= 10% of dense's $dense_bytes B" \
   "[ \"\$(lines $dir/sparse.jsonl)\" = 40 ] && [ \$((sparse_bytes * 10)) -le $dense_bytes ]"
 check "TopK 5% trains: loss $first -> $last in 40 steps (dense: $dense_last)" "awk 'BEGIN { exit !($last < $first - 1) }'"
+dp 2 $sparse --compare_metrics="$dir/dense40.jsonl" --plot="$dir/sparse.png" > "$dir/compare.log" 2>&1
+check "--compare_metrics: the dense run's final loss beside this one's, and a plot" \
+  "grep -q 'dense40.jsonl at step 40: ' '$dir/compare.log' && [ -s '$dir/sparse.png' ]"
 check "the sync is described" "grep -q 'sparse gradients: 21 of 21 tensors TopK (5.0% of the elements' '$dir/sparse.log'"
 dp 2 $sparse --sparse_sync=update --sparse_grad_ratio_by='.*norm.*=1' --opt=lion --lr=1e-3 --sparse_warmup=10 \
   --metrics="$dir/update.jsonl" > "$dir/update.log" 2>&1

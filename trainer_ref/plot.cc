@@ -89,7 +89,8 @@ struct Color {
   unsigned char r, g, b;
 };
 constexpr Color kBlack{0, 0, 0}, kAxis{96, 96, 96}, kGrid{225, 225, 225};
-constexpr Color kLossColor{30, 80, 220}, kValidationColor{220, 40, 40}, kTrafficColor{40, 160, 60};
+constexpr Color kLossColor{30, 80, 220}, kValidationColor{220, 40, 40}, kTrafficColor{40, 160, 60},
+    kReferenceColor{150, 150, 150};
 
 class Canvas {
  public:
@@ -223,9 +224,15 @@ absl::Status WritePlot(const std::string& path, const RunCurves& curves, int wid
   double lo = 1e300, hi = -1e300;
   for (double l : curves.loss) lo = std::min(lo, l), hi = std::max(hi, l);
   for (const auto& [step, l] : curves.validation) lo = std::min(lo, l), hi = std::max(hi, l);
+  // The reference over this run's steps only.
+  const std::vector<double> reference(
+      curves.reference.begin() + std::min<int64_t>(int64_t(curves.reference.size()), curves.first_step - 1),
+      curves.reference.begin() + std::min<int64_t>(int64_t(curves.reference.size()), last_step));
+  for (double l : reference) lo = std::min(lo, l), hi = std::max(hi, l);
   if (lo > hi) lo = 0, hi = 1;
   const Panel loss = DrawAxes(canvas, left, top, right, loss_bottom, x_lo, x_hi, lo, hi, 1.0,
                               "loss (cross-entropy, nats per token)", "step");
+  if (!reference.empty()) DrawSeries(canvas, loss, reference, curves.first_step, kReferenceColor);
   DrawSeries(canvas, loss, curves.loss, curves.first_step, kLossColor);
   for (const auto& [step, l] : curves.validation) {
     const int x = loss.X(double(curves.first_step + step - 1)), y = loss.Y(l);
@@ -233,7 +240,9 @@ absl::Status WritePlot(const std::string& path, const RunCurves& curves, int wid
   }
   std::vector<std::pair<std::string, Color>> dots;
   if (!curves.validation.empty()) dots.push_back({"validation loss", kValidationColor});
-  DrawLegend(canvas, loss, {{"training loss", kLossColor}}, dots);
+  std::vector<std::pair<std::string, Color>> lines = {{"training loss", kLossColor}};
+  if (!reference.empty()) lines.push_back({curves.reference_name, kReferenceColor});
+  DrawLegend(canvas, loss, lines, dots);
   if (traffic) {
     const double most = *std::max_element(curves.moved_bytes.begin(), curves.moved_bytes.end());
     const double divisor = most >= 1e9 ? 1e9 : most >= 1e6 ? 1e6 : most >= 1e3 ? 1e3 : 1;

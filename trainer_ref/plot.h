@@ -22,6 +22,10 @@ struct RunCurves {
   std::vector<double> loss;                        // per step
   std::vector<std::pair<int, double>> validation;  // (step, loss)
   std::vector<double> moved_bytes;                 // per step; empty: no panel
+  // Another run's training loss per step from step 1 (e.g. the dense run a sparse one is
+  // held against), drawn in grey under this run's; empty: none.
+  std::vector<double> reference;
+  std::string reference_name;
 };
 
 absl::Status WritePlot(const std::string& path, const RunCurves& curves, int width = 960, int height = 600);

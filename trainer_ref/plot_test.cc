@@ -78,6 +78,28 @@ TEST(PlotTest, APlotIsAValidPngWithTheCurvesDrawn) {
   EXPECT_FALSE(WritePlot("/nonexistent/dir/run.png", curves).ok());
 }
 
+// Another run's loss (--compare_metrics) is drawn in grey over this run's steps only.
+TEST(PlotTest, AReferenceRunIsDrawnInGrey) {
+  RunCurves curves;
+  for (int i = 0; i < 100; ++i) curves.loss.push_back(5.0 - i * 0.02);
+  const std::string dir = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
+  auto grey_pixels = [&](const RunCurves& c) {
+    EXPECT_TRUE(WritePlot(dir + "/ref.png", c, 320, 240).ok());
+    std::ifstream in(dir + "/ref.png", std::ios::binary);
+    std::stringstream bytes;
+    bytes << in.rdbuf();
+    int width = 0, height = 0;
+    const std::vector<unsigned char> rgb = Decode(bytes.str(), &width, &height);
+    int grey = 0;
+    for (size_t i = 0; i < rgb.size(); i += 3) grey += rgb[i] == 150 && rgb[i + 1] == 150 && rgb[i + 2] == 150;
+    return grey;
+  };
+  EXPECT_EQ(grey_pixels(curves), 0);
+  for (int i = 0; i < 300; ++i) curves.reference.push_back(4.0 - i * 0.01);  // longer than this run
+  curves.reference_name = "dense";
+  EXPECT_GT(grey_pixels(curves), 200) << "the reference curve and its legend";
+}
+
 int BlackIn(const std::vector<unsigned char>& rgb, int width, int x0, int y0, int x1, int y1) {
   int n = 0;
   for (int y = y0; y < y1; ++y) {

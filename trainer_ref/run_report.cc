@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <sstream>
 
 #include "absl/strings/numbers.h"
@@ -72,6 +73,27 @@ absl::StatusOr<std::ofstream> OpenMetrics(const std::string& path, int64_t resum
   std::ofstream out(path, std::ios::app);
   if (!out) return absl::InvalidArgumentError("cannot open --metrics " + path);
   return out;
+}
+
+absl::StatusOr<std::vector<double>> ReadLossCurve(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrFormat("--compare_metrics: cannot read '%s'", path));
+  std::vector<double> loss;
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    const size_t at = line.find("\"loss\": ");
+    if (line.find("\"validation_loss\"") != std::string::npos || line.empty()) continue;
+    double value = 0;
+    const size_t end = at == std::string::npos ? at : line.find_first_of(",}", at);
+    if (at == std::string::npos || end == std::string::npos ||
+        !absl::SimpleAtod(line.substr(at + 8, end - at - 8), &value)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--compare_metrics: '%s' line %d has no \"loss\": not a tierd-train metrics file", path, number));
+    }
+    loss.push_back(value);
+  }
+  if (loss.empty()) return absl::InvalidArgumentError(absl::StrFormat("--compare_metrics: '%s' has no steps", path));
+  return loss;
 }
 
 std::string CheckpointAdvice(const std::string& dir, const std::string& last_path, int64_t last_step) {

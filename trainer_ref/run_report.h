@@ -36,6 +36,10 @@ class LossWindow {
 // removed first, so the file holds each step once; `*note` says how many.
 absl::StatusOr<std::ofstream> OpenMetrics(const std::string& path, int64_t resumed_step, std::string* note);
 
+// The training loss per step of another run's metrics file (its validation lines skipped), to
+// draw beside this run's (--compare_metrics). Errors name the file and the line.
+absl::StatusOr<std::vector<double>> ReadLossCurve(const std::string& path);
+
 // Where the run's work is safe: "last checkpoint DIR/ckpt-00000100.bin (step 100); continue
 // with --checkpoint_dir=DIR --resume", or that there is none and how to have one.
 std::string CheckpointAdvice(const std::string& dir, const std::string& last_path, int64_t last_step);

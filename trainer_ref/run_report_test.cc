@@ -49,6 +49,21 @@ TEST(RunReportTest, MetricsAreRewoundToTheResumedStep) {
   unlink(path.c_str());
 }
 
+TEST(RunReportTest, ALossCurveIsReadFromAnotherRunsMetrics) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(tmp ? tmp : "/tmp") + "/other." + std::to_string(getpid()) + ".jsonl";
+  std::ofstream(path) << "{\"step\": 1, \"loss\": 5.5, \"lr\": 0.1}\n{\"step\": 1, \"validation_loss\": 9.0}\n"
+                         "{\"step\": 2, \"loss\": 4.25}\n";
+  auto curve = ReadLossCurve(path);
+  ASSERT_TRUE(curve.ok()) << curve.status();
+  EXPECT_EQ(*curve, (std::vector<double>{5.5, 4.25}));
+  std::ofstream(path) << "{\"step\": 1, \"loss\": 5.5}\nnot json\n";
+  EXPECT_EQ(ReadLossCurve(path).status().message(),
+            "--compare_metrics: '" + path + "' line 2 has no \"loss\": not a tierd-train metrics file");
+  EXPECT_EQ(ReadLossCurve("/nonexistent/m.jsonl").status().code(), absl::StatusCode::kNotFound);
+  unlink(path.c_str());
+}
+
 TEST(RunReportTest, AdviceSaysWhereTheWorkIsSafe) {
   EXPECT_NE(CheckpointAdvice("", "", 0).find("no checkpoint was kept"), std::string::npos);
   EXPECT_NE(CheckpointAdvice("ck", "", 0).find("no checkpoint was written in ck"), std::string::npos);

@@ -84,6 +84,9 @@ ABSL_FLAG(bool, resume, false,
 ABSL_FLAG(std::string, metrics, "", "a JSONL file: one line per step (loss, lr, grad norm, time, tokens)");
 ABSL_FLAG(std::string, plot, "",
           "a PNG at the end: loss per step (and validation loss, and tier traffic per step on the CPU)");
+ABSL_FLAG(std::string, compare_metrics, "",
+          "CPU: another run's --metrics file (e.g. the dense run a --sparse_grad_ratio run is held against): its "
+          "loss is drawn in grey on --plot and the final losses compared at the end");
 ABSL_FLAG(int64_t, eval_every, 50,
           "steps between validation losses, the mean of 8 held-out batches (0: only at the end; -1: none)");
 ABSL_FLAG(int, zero, 0,
@@ -335,13 +338,14 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
     return Bad("--checkpoint_every and --checkpoint_keep: at least 1");
   s.metrics = absl::GetFlag(FLAGS_metrics);
   s.plot = absl::GetFlag(FLAGS_plot);
+  s.compare_metrics = absl::GetFlag(FLAGS_compare_metrics);
   s.eval_every = absl::GetFlag(FLAGS_eval_every);
   const std::vector<const char*> gpu_only = {"gpu_budget",  "optimizer_place",  "pcie_gbps",          "nvme_gbps",
                                              "gpu_tflops",  "optimizer_chunks", "optimizer_deferred", "profile",
                                              "timing_skip", "step_order",       "compact_state"};
-  const std::vector<const char*> cpu_only = {"tierd_record",         "zero",       "sparse_grad_ratio",
-                                             "sparse_grad_ratio_by", "sync_every", "comm_timeout",
-                                             "sparse_warmup",        "sparse_sync"};
+  const std::vector<const char*> cpu_only = {"tierd_record",         "zero",        "sparse_grad_ratio",
+                                             "sparse_grad_ratio_by", "sync_every",  "comm_timeout",
+                                             "sparse_warmup",        "sparse_sync", "compare_metrics"};
   for (const char* name : gpu ? cpu_only : gpu_only) {
     if (Given(name) && notes != nullptr) {
       notes->push_back(absl::StrFormat("--%s is for the %s trainer: ignored on the %s", name, gpu ? "CPU" : "GPU",

@@ -95,6 +95,7 @@ struct RunSettings {
   int checkpoint_keep = 2;
   bool resume = false;
   std::string metrics, plot;
+  std::string compare_metrics;  // another run's metrics, drawn and compared
   int64_t eval_every = 50;
   // Data parallelism (the ranks come from the launcher's environment).
   int zero = 0;             // 0 or 2

@@ -1,5 +1,7 @@
 #include "clients/client.h"
 
+#include <chrono>
+
 #include <grpcpp/grpcpp.h>
 #include <poll.h>
 #include <sys/mman.h>
@@ -216,6 +218,18 @@ absl::Status Client::Checked(const grpc::Status& status) {
 absl::StatusOr<ipc::RingMessage> Client::RingCall(const ipc::RingMessage& request) {
   absl::MutexLock lock(&ring_mutex_);
   if (!SessionOpen()) return SessionLost();
+  const auto start = std::chrono::steady_clock::now();
+  struct Timed {  // adds the call's time to its kind, however it returns
+    RingTimes& t;
+    uint32_t op;
+    std::chrono::steady_clock::time_point start;
+    ~Timed() {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (op == static_cast<uint32_t>(ipc::RingOp::kAcquire)) ++t.acquires, t.acquire_seconds += s;
+      if (op == static_cast<uint32_t>(ipc::RingOp::kRelease)) ++t.releases, t.release_seconds += s;
+      if (op == static_cast<uint32_t>(ipc::RingOp::kOpBegin)) ++t.op_begins, t.op_begin_seconds += s;
+    }
+  } timed{ring_times_, request.op, start};
   ipc::RingMessage message = request;
   message.sequence = ++ring_sequence_;
   if (!ipc::RingPush(ring_->requests, message)) {
@@ -278,9 +292,14 @@ absl::Status Client::Release(const Tensor& tensor, void* cuda_stream) {
       absl::MutexLock lock(&ring_mutex_);
       index = next_release_event_++ % release_events_.size();
     }
-    if (cudaEventRecord(static_cast<cudaEvent_t>(release_events_[index]), stream) != cudaSuccess) {
-      return absl::InternalError("recording the release event on the stream failed");
+    const auto start = std::chrono::steady_clock::now();
+    const cudaError_t recorded = cudaEventRecord(static_cast<cudaEvent_t>(release_events_[index]), stream);
+    {
+      absl::MutexLock lock(&ring_mutex_);
+      ring_times_.event_record_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
+    if (recorded != cudaSuccess) return absl::InternalError("recording the release event on the stream failed");
     ipc::RingMessage request{};
     request.op = static_cast<uint32_t>(ipc::RingOp::kRelease);
     request.tensor_id = tensor.id;
@@ -294,6 +313,11 @@ absl::Status Client::Release(const Tensor& tensor, void* cuda_stream) {
   (void)cuda_stream;
 #endif
   return Release(tensor);
+}
+
+Client::RingTimes Client::ring_times() const {
+  absl::MutexLock lock(&ring_mutex_);
+  return ring_times_;
 }
 
 absl::Status Client::Release(const Tensor& tensor) {

@@ -67,6 +67,13 @@ class Client {
   // tierd waits for that work (CUDA IPC event) before it moves or reuses the tensor's GPU
   // memory. Without a real GPU or the ring it synchronises the stream, then releases.
   absl::Status Release(const Tensor& tensor, void* cuda_stream);
+  // This process's time in the hot path's ring calls (request to answer) by kind, and in
+  // recording release events on streams.
+  struct RingTimes {
+    int64_t acquires = 0, releases = 0, op_begins = 0;
+    double acquire_seconds = 0, release_seconds = 0, op_begin_seconds = 0, event_record_seconds = 0;
+  };
+  RingTimes ring_times() const;
   // The planner: register the iteration (the ops in order, the tensors each reads, writes
   // and overwrites, by lease name) and get the plan's prediction back; then say which op
   // is about to run (through the ring: microseconds) so tierd moves bytes ahead of it.
@@ -113,6 +120,7 @@ class Client {
   absl::StatusOr<void*> PointerFor(const Tensor& tensor, Place place, uint64_t arena,
                                    uint64_t offset, uint64_t bytes) const;
 
+  RingTimes ring_times_ ABSL_GUARDED_BY(ring_mutex_);
   int hello_fd_ = -1;
   std::string socket_path_;
   std::atomic<bool> lost_{false};
@@ -129,7 +137,7 @@ class Client {
   // Interprocess events shared with tierd at hello (CUDA builds with a GPU), used in turn.
   std::vector<void*> release_events_;  // cudaEvent_t
   uint32_t next_release_event_ ABSL_GUARDED_BY(ring_mutex_) = 0;
-  absl::Mutex ring_mutex_;
+  mutable absl::Mutex ring_mutex_;
   uint64_t ring_sequence_ ABSL_GUARDED_BY(ring_mutex_) = 0;
 };
 

@@ -101,6 +101,10 @@ struct LeaseStats {
   uint64_t rehomed = 0;              // ... of them, the moves to the layout's offset
   // NVMe copies dropped to make room there on demand (a tier above held the same bytes).
   uint64_t nvme_duplicates_dropped = 0;
+  // Where a release's time goes: waiting for the session's lock (and for a move of the
+  // tensor to land), and waiting for an older GPU fence its new one does not cover.
+  uint64_t releases = 0, fence_waits = 0;
+  int64_t release_lock_nanos = 0, release_fence_wait_nanos = 0, release_nanos = 0;
 };
 
 class LeaseTable {
@@ -248,6 +252,11 @@ class LeaseTable {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   // Waits for the client's pending GPU work on t's GPU copy, if any.
   absl::Status SettleGpuCopy(Tensor& t);
+  // The same with s.mutex let go while the GPU works (the caller holds t.busy, so nobody else
+  // touches t): the session's other acquires and releases go on meanwhile. A planned move
+  // of a tensor whose kernels are still queued would otherwise hold every request of the
+  // session until the GPU caught up with the host.
+  absl::Status SettleGpuCopyUnlocked(Session& s, Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   // Lets s.mutex go while the bytes move; the caller holds t.busy.
   absl::Status CopyTo(Session& s, Tensor& t, Tier tier, bool evict = true) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   void DropCopy(Session& s, Tensor& t, Tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);

@@ -94,15 +94,34 @@ absl::StatusOr<Placement> LeaseTable::AcquireLocked(Session& s, Tensor& t, Acces
 }
 
 absl::Status LeaseTable::Release(SessionId session_id, TensorId id, std::unique_ptr<GpuFence> gpu_fence) {
-  return OnTensor<absl::Status>(session_id, id, [&](Session& s, Tensor& t) {
+  const int64_t start = clock_.NowNanos();
+  int64_t locked = 0;
+  absl::Status released = OnTensor<absl::Status>(session_id, id, [&](Session& s, Tensor& t) {
+    locked = clock_.NowNanos();
     return ReleaseLocked(s, t, std::move(gpu_fence));
   });
+  const int64_t end = clock_.NowNanos();
+  absl::MutexLock stats_lock(&stats_mutex_);
+  ++stats_.releases;
+  stats_.release_nanos += end - start;
+  if (locked > 0) stats_.release_lock_nanos += locked - start;
+  return released;
 }
 
 absl::Status LeaseTable::SettleGpuCopy(Tensor& t) {
   if (t.gpu_fence == nullptr) return absl::OkStatus();
   absl::Status status = t.gpu_fence->Wait();
   t.gpu_fence.reset();
+  return status;
+}
+
+absl::Status LeaseTable::SettleGpuCopyUnlocked(Session& s, Tensor& t) {
+  if (t.gpu_fence == nullptr) return absl::OkStatus();
+  std::unique_ptr<GpuFence> fence = std::move(t.gpu_fence);
+  if (fence->Passed()) return absl::OkStatus();
+  s.mutex.Unlock();
+  absl::Status status = fence->Wait();
+  s.mutex.Lock();
   return status;
 }
 
@@ -118,7 +137,12 @@ absl::Status LeaseTable::ReleaseLocked(Session& s, Tensor& t, std::unique_ptr<Gp
     // backward): the newer fence stands for both when it passes only after the older one
     // (Covers); otherwise the older one is waited for now.
     if (t.gpu_fence != nullptr && !gpu_fence->Covers(*t.gpu_fence)) {
-      if (absl::Status settled = SettleGpuCopy(t); !settled.ok()) return settled;
+      const int64_t start = clock_.NowNanos();
+      absl::Status settled = SettleGpuCopy(t);
+      absl::MutexLock stats_lock(&stats_mutex_);
+      ++stats_.fence_waits;
+      stats_.release_fence_wait_nanos += clock_.NowNanos() - start;
+      if (!settled.ok()) return settled;
     }
     t.gpu_fence = std::move(gpu_fence);
   }
@@ -174,6 +198,11 @@ absl::Status LeaseTable::Demote(SessionId session_id, TensorId id, Tier from, bo
         return absl::FailedPreconditionError(absl::StrFormat(
             "'%s' was written after the plan found its value dead: the client is past that point", t.spec.name));
       }
+      // The client's kernels may still use the GPU copy: wait for them without the lock (the
+      // memory is reused only after; their failure is the client's to hear of).
+      ++t.busy;
+      SettleGpuCopyUnlocked(s, t).IgnoreError();
+      --t.busy;
       for (Tier tier : {Tier::kGpu, Tier::kDram, Tier::kNvme}) DropCopy(s, t, tier);
       t.discarded = true;
       t.written = false;

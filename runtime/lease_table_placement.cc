@@ -382,7 +382,7 @@ absl::Status LeaseTable::CopyTo(Session& s, Tensor& t, Tier tier, bool evict) {
   }
   TIERD_CHECK(t.Has(*source));
   if (*source == Tier::kGpu) {
-    if (absl::Status settled = SettleGpuCopy(t); !settled.ok()) {
+    if (absl::Status settled = SettleGpuCopyUnlocked(s, t); !settled.ok()) {
       return absl::Status(settled.code(), "the client's GPU work on '" + t.spec.name + "' failed: " +
                                               std::string(settled.message()));
     }

@@ -206,6 +206,69 @@ TEST_F(LeaseTableTest, ASecondReleaseWaitsForTheFirstFenceOnlyWhenTheNewOneDoesN
   EXPECT_TRUE(table->Validate().ok()) << table->Validate();
 }
 
+// A fence whose kernels finish only when the test says so.
+class GatedFence : public GpuFence {
+ public:
+  explicit GatedFence(std::atomic<bool>* open) : open_(open) {}
+  absl::Status Wait() override {
+    while (!open_->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return absl::OkStatus();
+  }
+  bool Passed() override { return open_->load(); }
+
+ private:
+  std::atomic<bool>* open_;
+};
+
+// A planned discard or write-back of a tensor whose kernels are still queued waits for them
+// without the session's lock: the session's other requests go on meanwhile (they would
+// otherwise wait for the GPU to catch up with the host at every planned move).
+TEST_F(LeaseTableTest, APlannedMoveWaitingForTheGpuDoesNotHoldTheSessionsOtherRequests) {
+  auto table = Table();
+  auto s = *table->OpenSession("gated", {4 * kMiB, 8 * kMiB, 0});  // a, b and c fit the GPU
+  auto a = *table->Lease(s, Spec("a", 256 * 1024));
+  auto b = *table->Lease(s, Spec("b", 256 * 1024));
+  auto c = *table->Lease(s, Spec("c", 256 * 1024));
+  Write(*table, s, b, 2);
+  for (TensorId t : {a, c}) {
+    ASSERT_TRUE(table->Acquire(s, t, Access::kWrite, Place::kGpu).ok());
+  }
+  std::atomic<bool> a_done{false}, c_done{false};
+  ASSERT_TRUE(table->Release(s, a, std::make_unique<GatedFence>(&a_done)).ok());
+  ASSERT_TRUE(table->Release(s, c, std::make_unique<GatedFence>(&c_done)).ok());
+  std::atomic<bool> discarded{false}, written_back{false};
+  std::thread planner([&] {
+    EXPECT_TRUE(table->Demote(s, a, Tier::kGpu, /*dead=*/true).ok());
+    discarded = true;
+  });
+  std::thread writer([&] {
+    EXPECT_TRUE(table->Demote(s, c, Tier::kGpu, /*dead=*/false).ok());
+    written_back = true;
+  });
+  // Meanwhile another tensor of the session is acquired and released, while a's and c's
+  // kernels have not finished (a watchdog opens the gates if that blocks, so a failure ends).
+  std::atomic<bool> served{false};
+  std::thread watchdog([&] {
+    for (int i = 0; i < 5000 && !served.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    a_done = true;
+    c_done = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the planner's threads are waiting
+  EXPECT_TRUE(table->Acquire(s, b, Access::kRead, Place::kGpu).ok());
+  EXPECT_TRUE(table->Release(s, b).ok());
+  const bool before_the_gpu = !a_done.load() && !c_done.load();
+  served = true;
+  EXPECT_TRUE(before_the_gpu) << "b's acquire waited for a's and c's kernels";
+  EXPECT_FALSE(discarded.load()) << "a's copy was dropped before its kernels finished";
+  EXPECT_FALSE(written_back.load()) << "c was written back before its kernels finished";
+  watchdog.join();
+  planner.join();
+  writer.join();
+  EXPECT_TRUE(discarded.load());
+  EXPECT_TRUE(written_back.load());
+  EXPECT_TRUE(table->Validate().ok()) << table->Validate();
+}
+
 TEST_F(LeaseTableTest, PinnedTensorsStayInTheirTier) {
   EXPECT_EQ(LeaseTable::Create(*engine_.store, *engine_.mover, RealClock(), {{"embed[", Tier::kGpu}})
                 .status().code(),

@@ -103,6 +103,9 @@ class Daemon : public ipc::HelloHandler, public ipc::PlannerHooks, public HotPat
   int metrics_port() const;
   // Several lines: where it listens, the GPU, each tier's budget.
   std::string Banner() const;
+  // The hot path's requests served so far and the daemon's time in each (the ring's GPU
+  // fences apart), for the log at shutdown.
+  std::string HotPathSummary() const;
 
   absl::StatusOr<ipc::HelloGrant> OnHello(const ipc::PeerCredentials& peer, const v1::HelloRequest& request) override;
   void OnGoodbye(uint64_t session_id) override;
@@ -130,6 +133,7 @@ class Daemon : public ipc::HelloHandler, public ipc::PlannerHooks, public HotPat
   std::unique_ptr<TierStore> store_;
   std::unique_ptr<Mover> mover_;
   std::unique_ptr<LeaseTable> leases_;
+  std::atomic<int64_t> fences_{0}, fence_nanos_{0};  // ring releases' FenceAfter
   std::unique_ptr<SessionService> hot_path_;  // the ring's and gRPC's acquires, releases and ops
   std::unique_ptr<ipc::SessionDirectory> directory_;
   std::unique_ptr<ipc::TierdService> service_;

@@ -205,6 +205,7 @@ int Main() {
   int received = 0;
   sigwait(&signals, &received);
   std::printf("tierd: %s: ending sessions, draining moves\n", received == SIGTERM ? "SIGTERM" : "SIGINT");
+  std::printf("tierd: %s\n", (*daemon)->HotPathSummary().c_str());
   std::fflush(stdout);
   daemon->reset();
   std::printf("tierd: stopped\n");

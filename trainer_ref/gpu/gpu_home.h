@@ -104,6 +104,8 @@ class GpuHome {
   // session's GPU arena, peaks reset at each call), for a peak per step.
   virtual absl::StatusOr<uint64_t> TakeGpuPeak() { return OwnDeviceBytes(); }
   virtual std::string Describe() = 0;
+  // tierd: this process's time in the hot path's ring calls over the run, by kind; "" else.
+  virtual std::string HotPathNote() { return ""; }
 };
 
 // RESOURCE_EXHAUSTED (with the bytes) when the device cannot hold it all.

@@ -386,6 +386,8 @@ void GpuRun::Summary() {
     }
     std::printf("%s\n", line.c_str());
   }
+  if (s_.tierd)
+    std::printf("tierd ring calls of this process (over the run): %s\n", model_->home().HotPathNote().c_str());
 }
 
 absl::StatusOr<double> GpuRun::ValidationLoss(int batches) {

@@ -25,6 +25,16 @@ TensorClass ClassOf(Part part) {
 
 class TierdGpuHome final : public GpuHome {
  public:
+  std::string HotPathNote() override {
+    const Client::RingTimes t = client_->ring_times();
+    auto one = [](const char* name, int64_t n, double seconds) {
+      return absl::StrFormat("%s %d x %.1f us", name, n, n > 0 ? seconds / n * 1e6 : 0.0);
+    };
+    return one("acquire", t.acquires, t.acquire_seconds) + ", " + one("release", t.releases, t.release_seconds) +
+           absl::StrFormat(" (+ %.1f us recording its event)",
+                           t.releases > 0 ? t.event_record_seconds / t.releases * 1e6 : 0.0) +
+           ", " + one("op begin", t.op_begins, t.op_begin_seconds);
+  }
   absl::Status Init(const GpuHomeLayout& layout, const ClientOptions& options) {
     auto client = Client::Connect(options);
     if (!client.ok()) return client.status();

@@ -105,6 +105,9 @@ struct LeaseStats {
   // tensor to land), and waiting for an older GPU fence its new one does not cover.
   uint64_t releases = 0, fence_waits = 0;
   int64_t release_lock_nanos = 0, release_fence_wait_nanos = 0, release_nanos = 0;
+  // How long each kind of request held a session's lock (acquire, release, a planned load, a
+  // planned move away, other), in all and at most at once.
+  std::array<int64_t, 5> held_nanos = {}, held_max_nanos = {};
 };
 
 class LeaseTable {
@@ -250,6 +253,8 @@ class LeaseTable {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   absl::Status ReleaseLocked(Session& s, Tensor& t, std::unique_ptr<GpuFence> gpu_fence)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
+  // Counts the stretch s.mutex was held since s.held_since (before letting it go).
+  void NoteHeld(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   // Waits for the client's pending GPU work on t's GPU copy, if any.
   absl::Status SettleGpuCopy(Tensor& t);
   // The same with s.mutex let go while the GPU works (the caller holds t.busy, so nobody else

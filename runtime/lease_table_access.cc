@@ -9,6 +9,7 @@ namespace tierd {
 
 absl::StatusOr<Placement> LeaseTable::Acquire(SessionId session_id, TensorId id, Access access,
                                               Place place) {
+  HoldScope hold(HoldKind::kAcquire);
   const Tier tier = place == Place::kGpu ? Tier::kGpu : Tier::kDram;
   std::shared_ptr<SessionPlanner> planner;
   auto first = OnTensor<absl::StatusOr<Placement>>(session_id, id, [&](Session& s, Tensor& t) {
@@ -94,6 +95,7 @@ absl::StatusOr<Placement> LeaseTable::AcquireLocked(Session& s, Tensor& t, Acces
 }
 
 absl::Status LeaseTable::Release(SessionId session_id, TensorId id, std::unique_ptr<GpuFence> gpu_fence) {
+  HoldScope hold(HoldKind::kRelease);
   const int64_t start = clock_.NowNanos();
   int64_t locked = 0;
   absl::Status released = OnTensor<absl::Status>(session_id, id, [&](Session& s, Tensor& t) {
@@ -119,10 +121,20 @@ absl::Status LeaseTable::SettleGpuCopyUnlocked(Session& s, Tensor& t) {
   if (t.gpu_fence == nullptr) return absl::OkStatus();
   std::unique_ptr<GpuFence> fence = std::move(t.gpu_fence);
   if (fence->Passed()) return absl::OkStatus();
+  NoteHeld(s);
   s.mutex.Unlock();
   absl::Status status = fence->Wait();
   s.mutex.Lock();
+  s.held_since = clock_.NowNanos();
   return status;
+}
+
+void LeaseTable::NoteHeld(Session& s) {
+  const int64_t held = clock_.NowNanos() - s.held_since;
+  const int kind = static_cast<int>(current_hold);
+  absl::MutexLock stats_lock(&stats_mutex_);
+  stats_.held_nanos[kind] += held;
+  stats_.held_max_nanos[kind] = std::max(stats_.held_max_nanos[kind], held);
 }
 
 absl::Status LeaseTable::ReleaseLocked(Session& s, Tensor& t, std::unique_ptr<GpuFence> gpu_fence) {
@@ -157,6 +169,7 @@ absl::Status LeaseTable::ReleaseLocked(Session& s, Tensor& t, std::unique_ptr<Gp
 }
 
 absl::Status LeaseTable::Prefetch(SessionId session_id, TensorId id, Tier tier, bool evict) {
+  HoldScope hold(HoldKind::kPrefetch);
   return OnTensor<absl::Status>(session_id, id, [&](Session& s, Tensor& t) -> absl::Status {
     // Brought in for a use soon: the least-recently-used fallback must not pick it first.
     t.last_use = ++s.tick;
@@ -187,6 +200,7 @@ absl::Status LeaseTable::Prefetch(SessionId session_id, TensorId id, Tier tier, 
 
 absl::Status LeaseTable::Demote(SessionId session_id, TensorId id, Tier from, bool dead,
                                int64_t unless_written_since) {
+  HoldScope hold(HoldKind::kDemote);
   return OnTensor<absl::Status>(session_id, id, [&](Session& s, Tensor& t) -> absl::Status {
     if (t.acquired > 0) {
       return absl::FailedPreconditionError(absl::StrFormat("'%s' is acquired", t.spec.name));

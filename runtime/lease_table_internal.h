@@ -39,8 +39,19 @@ struct LeaseTable::Tensor {
   }
 };
 
+// Which request holds a session's lock (for LeaseStats::held_nanos): each entry point names
+// itself for the calls it makes on its thread.
+enum class HoldKind { kAcquire = 0, kRelease = 1, kPrefetch = 2, kDemote = 3, kOther = 4 };
+inline thread_local HoldKind current_hold = HoldKind::kOther;
+struct HoldScope {
+  explicit HoldScope(HoldKind kind) : saved(current_hold) { current_hold = kind; }
+  ~HoldScope() { current_hold = saved; }
+  HoldKind saved;
+};
+
 struct LeaseTable::Session {
   absl::Mutex mutex;
+  int64_t held_since ABSL_GUARDED_BY(mutex) = 0;  // when this hold of the lock began
   SessionId id = 0;
   std::string label;
   SessionQuota quota;
@@ -74,7 +85,10 @@ Result LeaseTable::OnTensor(SessionId session_id, TensorId tensor_id, Fn&& fn) {
   Tensor* t = *tensor;
   s.mutex.Await(absl::Condition(+[](Tensor* x) { return x->busy == 0; }, t));
   if (s.closed) return absl::NotFoundError("the session closed");
-  return fn(s, *t);
+  s.held_since = clock_.NowNanos();
+  Result result = fn(s, *t);
+  NoteHeld(s);
+  return result;
 }
 
 }  // namespace tierd

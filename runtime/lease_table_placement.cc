@@ -393,9 +393,11 @@ absl::Status LeaseTable::CopyTo(Session& s, Tensor& t, Tier tier, bool evict) {
   // picks it as a victim, and the destination is ours.
   const Extent source_extent = *t.copies[static_cast<int>(*source)];
   ++s.moving;
+  NoteHeld(s);
   s.mutex.Unlock();
   absl::Status moved = mover_.MoveAndWait(source_extent, *destination, t.bytes);
   s.mutex.Lock();
+  s.held_since = clock_.NowNanos();
   --s.moving;
   ++s.moves_done;
   if (!moved.ok()) {

@@ -395,10 +395,19 @@ std::string Daemon::HotPathSummary() const {
   const LeaseStats l = leases_->Stats();
   const double n = static_cast<double>(std::max<uint64_t>(l.releases, 1));
   return absl::StrFormat(
-      "hot path served: %s; GPU fences for ring releases %d x %.1f us; a release in the lease table %.1f us, of it "
-      "%.1f us for the session's lock, and %d waits for an older fence (%.1f ms in all)",
-      hot_path_->times().Describe(), fences, fences > 0 ? fence_nanos_.load() * 1e-3 / fences : 0.0,
-      l.release_nanos * 1e-3 / n, l.release_lock_nanos * 1e-3 / n, l.fence_waits, l.release_fence_wait_nanos * 1e-6);
+             "hot path served: %s; GPU fences for ring releases %d x %.1f us; a release in the lease table %.1f us, of "
+             "it "
+             "%.1f us for the session's lock, and %d waits for an older fence (%.1f ms in all)",
+             hot_path_->times().Describe(), fences, fences > 0 ? fence_nanos_.load() * 1e-3 / fences : 0.0,
+             l.release_nanos * 1e-3 / n, l.release_lock_nanos * 1e-3 / n, l.fence_waits,
+             l.release_fence_wait_nanos * 1e-6) +
+         absl::StrFormat(
+             "; the sessions' locks held by acquires %.0f ms (at most %.0f us at once), releases %.0f ms "
+             "(%.0f us), planned loads %.0f ms (%.0f us), planned moves away %.0f ms (%.0f us), other %.0f "
+             "ms (%.0f us)",
+             l.held_nanos[0] * 1e-6, l.held_max_nanos[0] * 1e-3, l.held_nanos[1] * 1e-6, l.held_max_nanos[1] * 1e-3,
+             l.held_nanos[2] * 1e-6, l.held_max_nanos[2] * 1e-3, l.held_nanos[3] * 1e-6, l.held_max_nanos[3] * 1e-3,
+             l.held_nanos[4] * 1e-6, l.held_max_nanos[4] * 1e-3);
 }
 
 void Daemon::OnGoodbye(uint64_t session_id) {

@@ -36,9 +36,10 @@ fi
 tierd_pid=$!
 stop() { kill -TERM "$tierd_pid" 2>/dev/null && wait "$tierd_pid" 2>/dev/null; rm -rf "$work"; }
 trap stop EXIT
-for _ in $(seq 300); do [ -S "$work/run/tierd.grpc.sock" ] && break; kill -0 "$tierd_pid" 2>/dev/null || break; sleep 0.1; done
-[ -S "$work/run/tierd.grpc.sock" ] || { cat "$work/tierd.log"; echo "tierd did not start"; exit 1; }
-grep '^tierd:' "$work/tierd.log" | head -6
+# Ready when it says so (its log is flushed then; the socket appears a little earlier).
+for _ in $(seq 300); do grep -q '^tierd: ready' "$work/tierd.log" && break; kill -0 "$tierd_pid" 2>/dev/null || break; sleep 0.1; done
+grep -q '^tierd: ready' "$work/tierd.log" || { cat "$work/tierd.log"; echo "tierd did not start"; exit 1; }
+grep '^tierd:' "$work/tierd.log" | head -6 || true
 echo "== training (tierd-train --offload_policy=tierd ${train_flags[*]} $*)"
 "$train" --offload_policy=tierd --tierd_dir="$work/run" "${train_flags[@]}" --metrics="$metrics" --plot="$plot" "$@"
 echo "== tierd after the run"

@@ -108,6 +108,7 @@ struct LeaseStats {
   // How long each kind of request held a session's lock (acquire, release, a planned load, a
   // planned move away, other), in all and at most at once.
   std::array<int64_t, 5> held_nanos = {}, held_max_nanos = {};
+  std::array<int64_t, 3> relocate_nanos = {};  // joining free space within a tier, by tier (lock held)
 };
 
 class LeaseTable {

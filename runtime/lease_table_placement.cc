@@ -103,7 +103,13 @@ absl::StatusOr<Extent> LeaseTable::AllocateIn(Session& s, Tier tier, uint64_t by
     if (extent.ok() || extent.status().code() != absl::StatusCode::kResourceExhausted) return extent;
     if (relocations_left-- > 0) {
       // Fragmented: join free space by moving one copy within the tier, not by spilling.
-      if (auto joined = Relocate(s, tier, bytes); joined.ok()) {
+      const int64_t relocating = clock_.NowNanos();
+      auto joined = Relocate(s, tier, bytes);
+      {
+        absl::MutexLock stats_lock(&stats_mutex_);
+        stats_.relocate_nanos[static_cast<int>(tier)] += clock_.NowNanos() - relocating;
+      }
+      if (joined.ok()) {
         extent = store_.AllocateAt(s.ArenaOf(tier), *joined, bytes);
         if (extent.ok()) {
           NotePeak(s, tier);
@@ -141,7 +147,10 @@ absl::StatusOr<uint64_t> LeaseTable::Relocate(Session& s, Tier tier, uint64_t by
   ranges.reserve(held.size());
   for (const HeldCopy& h : held) {
     const Tensor& t = *h.tensor;
-    ranges.push_back({h.begin, h.end, t.busy == 0 && t.acquired == 0 && !t.pinned.has_value()});  // idle
+    // Idle: not in use, and on the GPU not touched by queued kernels either (moving it would
+    // wait for them with the session's lock held).
+    const bool settled = tier != Tier::kGpu || t.gpu_fence == nullptr || t.gpu_fence->Passed();
+    ranges.push_back({h.begin, h.end, t.busy == 0 && t.acquired == 0 && !t.pinned.has_value() && settled});
   }
   const std::optional<JoinPlan> join = PlanJoin(ranges, stats.region_bytes, bytes, /*may_slide=*/tier == Tier::kDram);
   if (!join) {

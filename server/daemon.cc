@@ -407,7 +407,9 @@ std::string Daemon::HotPathSummary() const {
              "ms (%.0f us)",
              l.held_nanos[0] * 1e-6, l.held_max_nanos[0] * 1e-3, l.held_nanos[1] * 1e-6, l.held_max_nanos[1] * 1e-3,
              l.held_nanos[2] * 1e-6, l.held_max_nanos[2] * 1e-3, l.held_nanos[3] * 1e-6, l.held_max_nanos[3] * 1e-3,
-             l.held_nanos[4] * 1e-6, l.held_max_nanos[4] * 1e-3);
+             l.held_nanos[4] * 1e-6, l.held_max_nanos[4] * 1e-3) +
+         absl::StrFormat("; joining free space within the GPU %.0f ms, within DRAM %.0f ms (%d and %d copies moved)",
+                         l.relocate_nanos[0] * 1e-6, l.relocate_nanos[1] * 1e-6, l.gpu_relocations, l.relocations);
 }
 
 void Daemon::OnGoodbye(uint64_t session_id) {

@@ -1,5 +1,6 @@
 #include "trainer_ref/trainer.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -57,7 +58,9 @@ HomeShape HomeShapeFor(const ModelConfig& config, const TrainOptions& options) {
     shape.moments = shape.layout;
     for (size_t e = 0; e < shape.layout.size(); ++e) {
       const auto [lo, hi] = sync->Owned(e);
-      shape.moments[e].count = static_cast<size_t>(hi - lo);
+      // A tensor smaller than a slice's alignment leaves some ranks nothing: they keep a
+      // one-element placeholder (no empty tensors to lease, copy or zero).
+      shape.moments[e].count = std::max<size_t>(1, static_cast<size_t>(hi - lo));
     }
   }
   shape.residuals = sync.ok() && sync->sparse();

@@ -24,7 +24,9 @@ TEST(SlicesTest, CoverTheTensorOnceInRankOrderWithAlignedBoundaries) {
       for (int r = 0; r < ranks; ++r) {
         EXPECT_EQ(s.offset[r], at) << total << " " << ranks << " " << r;
         EXPECT_GE(s.count[r], 0);
-        if (r + 1 < ranks && s.offset[r] + s.count[r] < total) EXPECT_EQ((s.offset[r] + s.count[r]) % 64, 0);
+        if (r + 1 < ranks && s.offset[r] + s.count[r] < total) {
+          EXPECT_EQ((s.offset[r] + s.count[r]) % 64, 0);
+        }
         at += s.count[r];
       }
       EXPECT_EQ(at, total) << total << " " << ranks;

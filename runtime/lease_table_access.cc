@@ -103,10 +103,9 @@ absl::Status LeaseTable::Release(SessionId session_id, TensorId id, std::unique_
     return ReleaseLocked(s, t, std::move(gpu_fence));
   });
   const int64_t end = clock_.NowNanos();
-  absl::MutexLock stats_lock(&stats_mutex_);
-  ++stats_.releases;
-  stats_.release_nanos += end - start;
-  if (locked > 0) stats_.release_lock_nanos += locked - start;
+  timings_.releases.fetch_add(1, std::memory_order_relaxed);
+  timings_.release_nanos.fetch_add(end - start, std::memory_order_relaxed);
+  if (locked > 0) timings_.release_lock_nanos.fetch_add(locked - start, std::memory_order_relaxed);
   return released;
 }
 
@@ -132,9 +131,11 @@ absl::Status LeaseTable::SettleGpuCopyUnlocked(Session& s, Tensor& t) {
 void LeaseTable::NoteHeld(Session& s) {
   const int64_t held = clock_.NowNanos() - s.held_since;
   const int kind = static_cast<int>(current_hold);
-  absl::MutexLock stats_lock(&stats_mutex_);
-  stats_.held_nanos[kind] += held;
-  stats_.held_max_nanos[kind] = std::max(stats_.held_max_nanos[kind], held);
+  timings_.held_nanos[kind].fetch_add(held, std::memory_order_relaxed);
+  std::atomic<int64_t>& most = timings_.held_max_nanos[kind];
+  for (int64_t seen = most.load(std::memory_order_relaxed);
+       held > seen && !most.compare_exchange_weak(seen, held, std::memory_order_relaxed);) {
+  }
 }
 
 absl::Status LeaseTable::ReleaseLocked(Session& s, Tensor& t, std::unique_ptr<GpuFence> gpu_fence) {
@@ -151,9 +152,8 @@ absl::Status LeaseTable::ReleaseLocked(Session& s, Tensor& t, std::unique_ptr<Gp
     if (t.gpu_fence != nullptr && !gpu_fence->Covers(*t.gpu_fence)) {
       const int64_t start = clock_.NowNanos();
       absl::Status settled = SettleGpuCopy(t);
-      absl::MutexLock stats_lock(&stats_mutex_);
-      ++stats_.fence_waits;
-      stats_.release_fence_wait_nanos += clock_.NowNanos() - start;
+      timings_.fence_waits.fetch_add(1, std::memory_order_relaxed);
+      timings_.release_fence_wait_nanos.fetch_add(clock_.NowNanos() - start, std::memory_order_relaxed);
       if (!settled.ok()) return settled;
     }
     t.gpu_fence = std::move(gpu_fence);
@@ -318,8 +318,23 @@ std::vector<LeaseView> LeaseTable::List(std::optional<SessionId> only) const {
 }
 
 LeaseStats LeaseTable::Stats() const {
-  absl::MutexLock lock(&stats_mutex_);
-  return stats_;
+  LeaseStats out;
+  {
+    absl::MutexLock lock(&stats_mutex_);
+    out = stats_;
+  }
+  const Timings& t = timings_;
+  out.releases = t.releases.load();
+  out.fence_waits = t.fence_waits.load();
+  out.release_nanos = t.release_nanos.load();
+  out.release_lock_nanos = t.release_lock_nanos.load();
+  out.release_fence_wait_nanos = t.release_fence_wait_nanos.load();
+  for (size_t k = 0; k < out.held_nanos.size(); ++k) {
+    out.held_nanos[k] = t.held_nanos[k].load();
+    out.held_max_nanos[k] = t.held_max_nanos[k].load();
+  }
+  for (size_t k = 0; k < out.relocate_nanos.size(); ++k) out.relocate_nanos[k] = t.relocate_nanos[k].load();
+  return out;
 }
 
 absl::Status LeaseTable::Validate() const {

@@ -105,10 +105,8 @@ absl::StatusOr<Extent> LeaseTable::AllocateIn(Session& s, Tier tier, uint64_t by
       // Fragmented: join free space by moving one copy within the tier, not by spilling.
       const int64_t relocating = clock_.NowNanos();
       auto joined = Relocate(s, tier, bytes);
-      {
-        absl::MutexLock stats_lock(&stats_mutex_);
-        stats_.relocate_nanos[static_cast<int>(tier)] += clock_.NowNanos() - relocating;
-      }
+      timings_.relocate_nanos[static_cast<int>(tier)].fetch_add(clock_.NowNanos() - relocating,
+                                                                std::memory_order_relaxed);
       if (joined.ok()) {
         extent = store_.AllocateAt(s.ArenaOf(tier), *joined, bytes);
         if (extent.ok()) {

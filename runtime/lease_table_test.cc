@@ -203,6 +203,10 @@ TEST_F(LeaseTableTest, ASecondReleaseWaitsForTheFirstFenceOnlyWhenTheNewOneDoesN
   ASSERT_TRUE(table->Acquire(s, a, Access::kRead, Place::kHost).ok());
   EXPECT_EQ(late.load(), 1);
   ASSERT_TRUE(table->Release(s, a).ok());
+  const LeaseStats stats = table->Stats();
+  EXPECT_EQ(stats.releases, 4u);
+  EXPECT_EQ(stats.fence_waits, 1u) << "only the release whose fence did not cover the older one waited";
+  EXPECT_GE(stats.release_nanos, stats.release_lock_nanos);
   EXPECT_TRUE(table->Validate().ok()) << table->Validate();
 }
 

@@ -125,30 +125,36 @@ std::pair<int64_t, int64_t> GradSync::Owned(size_t e) const {
   return {s.offset[r], s.offset[r] + s.count[r]};
 }
 
+absl::Status GradSync::ExchangeTopK(size_t e, float* residual, float* mean) {
+  const int64_t count = static_cast<int64_t>(layout_[e].count), k = KNow(e);
+  const int ranks = options_.ranks();
+  mine_.resize(static_cast<size_t>(k) * kSparseEntryBytes);
+  all_.resize(mine_.size() * ranks);
+  TopKPack(residual, count, k, mine_.data());
+  if (options_.comm != nullptr) {
+    if (absl::Status s = options_.comm->AllGatherBytes(mine_.data(), all_.data(), static_cast<int64_t>(mine_.size()));
+        !s.ok()) {
+      return s;
+    }
+  } else {
+    all_ = mine_;
+  }
+  std::fill(mean, mean + count, 0.f);
+  for (int r = 0; r < ranks; ++r) UnpackAdd(all_.data() + r * mine_.size(), k, mean);
+  const float over = 1.0f / static_cast<float>(ranks);
+  for (int64_t i = 0; i < count; ++i) mean[i] *= over;
+  return absl::OkStatus();
+}
+
 absl::Status GradSync::Sync(size_t e, float* g, float* residual, int micro_batches, bool local) {
   const int64_t count = static_cast<int64_t>(layout_[e].count);
-  const int ranks = options_.ranks();
-  comm::Communicator* c = options_.comm;
   if (k_[e] > 0 && !local) {
-    const int64_t k = KNow(e);
     const float mean = 1.0f / static_cast<float>(micro_batches);
     for (int64_t i = 0; i < count; ++i) residual[i] += g[i] * mean;
-    mine_.resize(static_cast<size_t>(k) * kSparseEntryBytes);
-    all_.resize(mine_.size() * ranks);
-    TopKPack(residual, count, k, mine_.data());
-    if (c != nullptr) {
-      if (absl::Status s = c->AllGatherBytes(mine_.data(), all_.data(), static_cast<int64_t>(mine_.size())); !s.ok()) {
-        return s;
-      }
-    } else {
-      all_ = mine_;
-    }
-    std::fill(g, g + count, 0.f);
-    for (int r = 0; r < ranks; ++r) UnpackAdd(all_.data() + r * mine_.size(), k, g);
-    const float over = 1.0f / static_cast<float>(ranks);
-    for (int64_t i = 0; i < count; ++i) g[i] *= over;
-    return absl::OkStatus();
+    return ExchangeTopK(e, residual, g);
   }
+  const int ranks = options_.ranks();
+  comm::Communicator* c = options_.comm;
   int divisor = micro_batches;
   if (c != nullptr && ranks > 1 && !local) {
     absl::Status s = options_.zero2 ? c->ReduceScatterSum(g, slices_[e]) : c->AllReduce(g, count);
@@ -161,24 +167,11 @@ absl::Status GradSync::Sync(size_t e, float* g, float* residual, int micro_batch
 }
 
 absl::Status GradSync::SparseUpdate(size_t e, float* params, const float* before, float* residual) {
-  const int64_t count = static_cast<int64_t>(layout_[e].count), k = KNow(e);
-  const int ranks = options_.ranks();
+  const int64_t count = static_cast<int64_t>(layout_[e].count);
   for (int64_t i = 0; i < count; ++i) residual[i] += params[i] - before[i];
-  mine_.resize(static_cast<size_t>(k) * kSparseEntryBytes);
-  all_.resize(mine_.size() * ranks);
-  TopKPack(residual, count, k, mine_.data());
-  if (options_.comm != nullptr) {
-    if (absl::Status s = options_.comm->AllGatherBytes(mine_.data(), all_.data(), static_cast<int64_t>(mine_.size()));
-        !s.ok()) {
-      return s;
-    }
-  } else {
-    all_ = mine_;
-  }
-  std::vector<float> sum(static_cast<size_t>(count), 0.f);
-  for (int r = 0; r < ranks; ++r) UnpackAdd(all_.data() + r * mine_.size(), k, sum.data());
-  const float over = 1.0f / static_cast<float>(ranks);
-  for (int64_t i = 0; i < count; ++i) params[i] = before[i] + sum[i] * over;
+  // params becomes the mean of what the ranks sent, then is added to `before`.
+  if (absl::Status s = ExchangeTopK(e, residual, params); !s.ok()) return s;
+  for (int64_t i = 0; i < count; ++i) params[i] += before[i];
   return absl::OkStatus();
 }
 

@@ -91,6 +91,10 @@ class GradSync {
   double DenseBytesPerStep() const;
 
  private:
+  // TopK of `residual` (what was sent leaves it), gathered from every rank; `mean` gets the
+  // mean over the ranks of what they sent.
+  absl::Status ExchangeTopK(size_t e, float* residual, float* mean);
+
   DataParallelOptions options_;
   std::vector<TensorLayout> layout_;
   std::vector<comm::Slices> slices_;

@@ -96,6 +96,18 @@ TEST(GradSyncTest, RatiosByPatternAndTheirErrors) {
   ASSERT_TRUE(sync->Sync(0, g.data(), residual.data(), 1, false).ok());
   for (int i = 0; i < 5000; ++i) EXPECT_FLOAT_EQ(g[i] + residual[i], original[i]);
 
+  // Update mode, one process: the change applied is what was sent; the rest stays behind.
+  std::vector<float> before = Random(5000, 4), params = before, update_residual(5000, 0.f);
+  const std::vector<float> change = Random(5000, 5);
+  for (int i = 0; i < 5000; ++i) params[i] += 0.01f * change[i];
+  ASSERT_TRUE(sync->SparseUpdate(0, params.data(), before.data(), update_residual.data()).ok());
+  int moved = 0;
+  for (int i = 0; i < 5000; ++i) {
+    EXPECT_NEAR(params[i] - before[i] + update_residual[i], 0.01f * change[i], 1e-6f) << i;
+    moved += params[i] != before[i];
+  }
+  EXPECT_EQ(moved, 50) << "1% of tok_emb's elements";
+
   o.sparse_ratio_by = {{"(", 1}};
   EXPECT_EQ(GradSync::Create(o, Layout()).status().code(), absl::StatusCode::kInvalidArgument);
   o.sparse_ratio_by = {};

@@ -102,7 +102,7 @@ class Trainer {
   absl::StatusOr<double> ForwardBackward(const int32_t* inputs, const int32_t* targets, bool backward);
 
   // Draws this rank's micro-batches of the step (skipping the other ranks').
-  absl::StatusOr<double> MicroBatches(StepResult& r);
+  absl::Status MicroBatches(StepResult& r);
   // The ranks agree on the loss and on whether a step is skipped.
   absl::Status AgreeOnLoss(StepResult& r);
   uint32_t DpFlags() const;

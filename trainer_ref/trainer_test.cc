@@ -130,6 +130,42 @@ TEST(TrainerTest, AStateOfOtherMomentsIsRefusedByName) {
   EXPECT_TRUE(with8->LoadState(state8).ok()) << "its own state loads";
 }
 
+// A state saved with a sparse sync (residuals) or Lion (one moment) is refused by a run
+// without, naming what differs; a state of the format before data parallelism (no ranks in
+// its header) still loads into a one-process run, bit for bit.
+TEST(TrainerTest, AStateOfAnotherSyncOrOptimizerIsRefusedAndTheOldFormatLoads) {
+  const ModelConfig config = *ModelPreset("tiny");
+  auto data = LoadDataset("embedded", config.vocab, 32, 0.1);
+  ASSERT_TRUE(data.ok());
+  TrainOptions dense = Small(), sparse = Small(), lion = Small();
+  sparse.dp.sparse_ratio = 0.05;
+  lion.lion = true;
+  auto dense_home = PlainHomeFor(config, dense), sparse_home = PlainHomeFor(config, sparse),
+       lion_home = PlainHomeFor(config, lion);
+  auto with_dense = *Trainer::Create(config, dense, *data, *dense_home);
+  auto with_sparse = *Trainer::Create(config, sparse, *data, *sparse_home);
+  auto with_lion = *Trainer::Create(config, lion, *data, *lion_home);
+  ASSERT_TRUE(with_sparse->Step().ok());
+  const absl::Status from_sparse = with_dense->LoadState(*with_sparse->SaveState());
+  EXPECT_EQ(from_sparse.message(),
+            "the state is rank 0 of 1, sparse sync; this run is rank 0 of 1: resume with the ranks and sync it was "
+            "saved with");
+  ASSERT_TRUE(with_lion->Step().ok());
+  const absl::Status from_lion = with_dense->LoadState(*with_lion->SaveState());
+  EXPECT_NE(from_lion.message().find("the state's moments are Lion's; this run's are fp32"), absl::string_view::npos)
+      << from_lion;
+  // The first format: magic "trs3" and no data-parallel header (12 bytes after the format).
+  ASSERT_TRUE(with_dense->Step().ok());
+  const std::string now = *with_dense->SaveState();
+  std::string old = now.substr(0, 32) + now.substr(44);
+  const uint32_t v3 = 0x74727333;
+  std::memcpy(old.data(), &v3, 4);
+  auto home = PlainHomeFor(config, dense);
+  auto resumed = *Trainer::Create(config, dense, *data, *home);
+  ASSERT_TRUE(resumed->LoadState(old).ok());
+  EXPECT_EQ(*resumed->SaveState(), now);
+}
+
 TEST(TrainerTest, ANonFiniteGradientSkipsTheStepAndSaysWhere) {
   const ModelConfig config = *ModelPreset("tiny");
   auto data = LoadDataset("embedded", config.vocab, 32, 0.1);

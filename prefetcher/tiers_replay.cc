@@ -84,15 +84,12 @@ absl::Status ReplayLowerTiers(const Graph& graph, const ResidencyPlan& gpu, cons
           s.dram[t] = false;
           s.dram_bytes -= b;
           break;
-        case LowerKind::kInvalidate:
-          if (s.dram[t]) s.dram_bytes -= b;
-          if (s.nvme[t]) s.nvme_bytes -= b;
-          s.dram[t] = s.nvme[t] = false;
-          break;
         case LowerKind::kDiscard:
           if (!dead_after[(i + ops - 1) % ops][t]) {
             return fail(i, "discards '" + graph.tensors[t].name + "', whose value is needed later");
           }
+          [[fallthrough]];
+        case LowerKind::kInvalidate:  // both copies below the GPU go
           if (s.dram[t]) s.dram_bytes -= b;
           if (s.nvme[t]) s.nvme_bytes -= b;
           s.dram[t] = s.nvme[t] = false;

@@ -78,6 +78,13 @@ TEST_F(SessionServiceTest, ThePlannerHearsEachSuccessfulRequestOnceAndInOrder) {
       "op " + s + " 99",
   };
   EXPECT_EQ(recorder.heard, want);
+  // Every request is timed, refused or not (the unplanned op begin never reached a planner).
+  const HotPathTimes times = service.times();
+  EXPECT_EQ(times.acquires, 2);
+  EXPECT_EQ(times.releases, 2);
+  EXPECT_EQ(times.op_begins, 2);
+  EXPECT_GT(times.acquire_seconds, 0);  // the stepping clock moves at each reading
+  EXPECT_EQ(times.Describe().rfind("acquire 2 x ", 0), 0u) << times.Describe();
 }
 
 }  // namespace

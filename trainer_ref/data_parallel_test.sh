@@ -101,6 +101,9 @@ check "one process cannot resume a 2-rank run's checkpoints, and is told how" \
   "grep -q 'holds a data-parallel run.s checkpoints' '$dir/one-resume.log'"
 RANK=0 WORLD_SIZE=2 "$bin" $common > "$dir/torchrun.log" 2>&1
 check "torchrun's environment on the CPU trainer: use mpirun" "grep -q 'start them with mpirun -np 2' '$dir/torchrun.log'"
+dp 2 --resume --checkpoint_dir="$dir/empty" > "$dir/no-ckpt.log" 2>&1
+check "2 ranks resuming where no rank has a checkpoint: said, not a hang" \
+  "grep -q 'some rank has no checkpoint that verifies' '$dir/no-ckpt.log'"
 "$bin" $common --zero=3 > "$dir/zero3.log" 2>&1
 check "--zero=3 is refused with the stages there are" "grep -q 'zero is 0 (each rank keeps the whole state) or 2' '$dir/zero3.log'"
 dp 2 --zero=2 --sparse_grad_ratio=0.05 > "$dir/both.log" 2>&1

@@ -31,6 +31,9 @@ else
   d="--device=gpu"
   run $d --offload_policy=tiered --tierd_dir="$dir/no-tierd-here"
   check "tiered is tierd: no daemon there is explained" "refused '^tierd-train: tierd: '"
+  RANK=0 WORLD_SIZE=2 run $d --steps=1
+  check "the GPU trainer started as one of two ranks says where data parallelism is" \
+    "refused 'launched by torchrun: the GPU trainer trains one process; data-parallel training runs on the CPU'"
   run $d --optimizer_place=host
   check "an unknown optimizer place" "refused 'is gpu, cpu or auto, not .host.'"
   run $d --optimizer_place=cpu

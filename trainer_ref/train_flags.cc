@@ -96,8 +96,8 @@ ABSL_FLAG(int, zero, 0,
 ABSL_FLAG(double, sparse_grad_ratio, 0,
           "data-parallel: the fraction of each gradient tensor's elements sent a step (TopK by magnitude, as "
           "index + bf16 value); the rest accumulates in a residual per tensor (a tierd tensor with "
-          "--offload_policy=tierd) and goes out when it has grown. 0 or 1: dense. Sparse updates train best with "
-          "1/3-1/2 of the dense learning rate");
+          "--offload_policy=tierd) and goes out when it has grown. 0 or 1: dense. How far from dense it trains, "
+          "and why: docs/BENCHMARKS.md (data-parallel on the CPU)");
 ABSL_FLAG(std::string, sparse_grad_ratio_by, "",
           "per-tensor fractions, 'REGEX=R,REGEX=R': the first regex that matches a tensor's whole name wins, e.g. "
           "'tok_emb=1,.*norm.*=1' keeps the embedding and norms dense");

@@ -24,6 +24,8 @@ Layout LayoutOf(Format format) {
 
 float MaxFinite(Format format) { return LayoutOf(format).max_finite; }
 
+float MinNormal(Format format) { return std::ldexp(1.0f, 1 - LayoutOf(format).bias); }
+
 const char* FormatName(Format format) { return format == Format::kE4M3 ? "e4m3" : "e5m2"; }
 
 uint8_t Encode(float x, Format format) {
@@ -84,12 +86,18 @@ void DelayedScaling::Record(float amax) {
     ++non_finite_;
     return;  // the scale stays: one overflow must not wipe the history
   }
-  // Would this step's values, at the scale they were stored with, have saturated?
-  saturated_in_a_row_ = amax * scale_ > MaxFinite(format_) ? saturated_in_a_row_ + 1 : 0;
+  // Would this step's values, at the scale they were stored with, have saturated, or has the
+  // largest of them fallen below the smallest normal value?
+  const float scaled = amax * scale_;
+  saturated_in_a_row_ = has_scale_ && scaled > MaxFinite(format_) ? saturated_in_a_row_ + 1 : 0;
+  underflow_in_a_row_ = has_scale_ && amax > 0 && scaled < MinNormal(format_) ? underflow_in_a_row_ + 1 : 0;
   history_.push_back(amax);
   if (static_cast<int>(history_.size()) > window_) history_.pop_front();
   const float most = *std::max_element(history_.begin(), history_.end());
-  if (most > 0) scale_ = std::ldexp(MaxFinite(format_) / most, -margin_);
+  if (most > 0) {
+    scale_ = std::ldexp(MaxFinite(format_) / most, -margin_);
+    has_scale_ = true;
+  }
 }
 
 std::string DelayedScaling::Describe() const {

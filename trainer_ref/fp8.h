@@ -19,6 +19,9 @@ enum class Format { kE4M3, kE5M2 };
 
 // The largest finite value: 448 (E4M3), 57344 (E5M2).
 float MaxFinite(Format format);
+// The smallest normal value: 2^-6 (E4M3), 2^-14 (E5M2). Below it a value keeps fewer
+// significant bits (subnormal codes) and below half the smallest subnormal it is 0.
+float MinNormal(Format format);
 // The code of `x` (rounded to nearest even; beyond the largest finite, saturated to it,
 // infinities included; NaN to a NaN code).
 uint8_t Encode(float x, Format format);
@@ -39,6 +42,10 @@ float CurrentScale(float amax, Format format);
 // tensor's amax; the scale for the next step is MaxFinite / max(the last `window` amaxes) /
 // 2^margin. An amax of 0 or not finite keeps the previous scale (and counts as an overflow
 // when not finite). Current scaling is the same with a window of one, recorded before use.
+// Until a positive amax has been recorded (has_scale) the scale is 1 and means nothing: a
+// trainer converts at the current scale then, and no saturation or underflow is counted.
+// This is the reference the GPU's scaling state (fp8_ops.h: UpdateDelayedScaling) is tested
+// against, bit for bit.
 class DelayedScaling {
  public:
   explicit DelayedScaling(Format format, int window = 16, int margin = 0);
@@ -46,11 +53,15 @@ class DelayedScaling {
   void Record(float amax);
   float scale() const { return scale_; }
   float scale_inv() const { return 1.0f / scale_; }
-  // Steps whose amax was not finite (an overflow upstream), and steps in a row where the
-  // scaled amax would have saturated the format (the window's max fell behind a growing
-  // tensor): what a precision policy falls back on.
+  bool has_scale() const { return has_scale_; }
+  // Steps whose amax was not finite (an overflow upstream); steps in a row where the scaled
+  // amax would have saturated the format (the window's max fell behind a growing tensor);
+  // steps in a row where it fell below the format's smallest normal value (a tensor that
+  // shrank past what its window's max allows: every value lost precision). What a precision
+  // policy falls back on.
   int non_finite() const { return non_finite_; }
   int saturated_in_a_row() const { return saturated_in_a_row_; }
+  int underflow_in_a_row() const { return underflow_in_a_row_; }
   std::string Describe() const;
 
  private:
@@ -58,7 +69,8 @@ class DelayedScaling {
   int window_, margin_;
   std::deque<float> history_;
   float scale_ = 1.0f;
-  int non_finite_ = 0, saturated_in_a_row_ = 0;
+  bool has_scale_ = false;
+  int non_finite_ = 0, saturated_in_a_row_ = 0, underflow_in_a_row_ = 0;
 };
 
 }  // namespace tierd::trainer::fp8

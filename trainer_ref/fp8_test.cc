@@ -120,6 +120,33 @@ TEST(DelayedScalingTest, TheScaleFollowsTheWindowsLargestAmax) {
   EXPECT_NE(margin.Describe().find("e5m2 scale 14336"), std::string::npos) << margin.Describe();
 }
 
+TEST(DelayedScalingTest, SaturationAndUnderflowCountOnlyOnceTheScaleMeansSomething) {
+  DelayedScaling s(Format::kE4M3, /*window=*/2);
+  EXPECT_FALSE(s.has_scale());
+  s.Record(1000.0f);  // at the placeholder scale 1 it would saturate: not counted
+  EXPECT_EQ(s.saturated_in_a_row(), 0);
+  EXPECT_TRUE(s.has_scale());
+  EXPECT_EQ(s.scale(), 0.448f);
+  // The tensor shrinks 2^20-fold: at 0.448 its largest value is below E4M3's smallest normal.
+  const float tiny = std::ldexp(1000.0f, -20);
+  s.Record(tiny);
+  EXPECT_EQ(s.underflow_in_a_row(), 1);
+  EXPECT_EQ(s.scale(), 0.448f) << "1000 is still in the window of 2";
+  s.Record(tiny);
+  EXPECT_EQ(s.underflow_in_a_row(), 2);
+  EXPECT_EQ(s.scale(), 448.0f / tiny) << "the window is now tiny, tiny";
+  s.Record(tiny);
+  EXPECT_EQ(s.underflow_in_a_row(), 0);
+  s.Record(0.0f);  // an all-zero tensor neither underflows nor saturates
+  EXPECT_EQ(s.underflow_in_a_row() + s.saturated_in_a_row(), 0);
+  s.Record(2 * tiny);  // at 448 / tiny: 896 > 448
+  EXPECT_EQ(s.saturated_in_a_row(), 1);
+  s.Record(4 * tiny);  // at 448 / (2 tiny): 896 again
+  EXPECT_EQ(s.saturated_in_a_row(), 2);
+  EXPECT_EQ(MinNormal(Format::kE4M3), 1.0f / 64);
+  EXPECT_EQ(MinNormal(Format::kE5M2), 1.0f / 16384);
+}
+
 TEST(CurrentScaleTest, TheLargestValueLandsOnTheFormatsLargestAndDegenerateAmaxesGiveOne) {
   EXPECT_EQ(CurrentScale(2.0f, Format::kE4M3), 224.0f);
   EXPECT_EQ(CurrentScale(0.5f, Format::kE5M2), 114688.0f);

@@ -84,7 +84,8 @@ absl::StatusOr<std::vector<bool>> Fp8Layers(const ModelConfig& config, const std
   return fp8;
 }
 
-std::string DescribePrecision(const ModelConfig& config, const std::vector<bool>& fp8_layers) {
+std::string DescribePrecision(const ModelConfig& config, const std::vector<bool>& fp8_layers,
+                              const std::string& scaling) {
   const std::string rest = "fp32 master weights, gradients, optimizer state, norms' statistics, softmax and loss";
   int count = 0;
   std::string kept;
@@ -107,9 +108,9 @@ std::string DescribePrecision(const ModelConfig& config, const std::vector<bool>
                                                     : absl::StrFormat("%d of the %d layers'", count, config.layers);
   return absl::StrFormat(
       "fp8 for %s linear maps (%.0f%% of the parameters, %.0f%% of the matmul FLOPs outside attention; "
-      "E4M3 weights and activations, E5M2 gradients, each tensor at its current scale); bf16 for %sthe "
-      "embedding, the head, attention and the element-wise kernels; %s",
-      layers, 100.0 * linear / static_cast<double>(config.Params()), 100.0 * linear / (all_linear + head),
+      "E4M3 weights and activations, E5M2 gradients, %s); bf16 for %sthe embedding, the head, attention and the "
+      "element-wise kernels; %s",
+      layers, 100.0 * linear / static_cast<double>(config.Params()), 100.0 * linear / (all_linear + head), scaling,
       kept.empty() ? "" : kept + " (--bf16_layers), ", rest.c_str());
 }
 

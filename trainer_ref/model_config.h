@@ -49,7 +49,9 @@ absl::StatusOr<std::vector<bool>> Fp8Layers(const ModelConfig& config, const std
 // `fp8_layers` (Fp8Layers; empty: bf16 throughout): those layers' linear maps (their share
 // of the parameters and of the matmul FLOPs said) in FP8, the layers kept in bf16 named,
 // everything else bf16 with fp32 statistics, master weights, gradients and optimizer state.
-std::string DescribePrecision(const ModelConfig& config, const std::vector<bool>& fp8_layers);
+// `scaling`: how the FP8 tensors are scaled, in words.
+std::string DescribePrecision(const ModelConfig& config, const std::vector<bool>& fp8_layers,
+                              const std::string& scaling = "each tensor at its current scale");
 
 // Bytes of training state, mixed precision as the GPU trainer keeps it: bf16 weights and
 // gradients, fp32 master weights and two Adam moments (16 B/param); activations for one

@@ -48,8 +48,19 @@ ABSL_FLAG(uint64_t, data_seed, 0,
 ABSL_FLAG(std::string, precision, "auto",
           "auto: fp32 on the CPU; on a GPU bf16 weights and activations with fp32 master weights, gradients, "
           "optimizer state and accumulation (bf16 names the same). fp8 (GPU, compute capability 8.9+): the "
-          "decoder layers' matmuls in FP8 (E4M3 weights and activations, E5M2 gradients, each tensor scaled by "
-          "its own largest value), the rest as bf16");
+          "decoder layers' matmuls in FP8 (E4M3 weights and activations, E5M2 gradients, each tensor of each layer "
+          "at its own scale: see --fp8_scaling), the rest as bf16");
+ABSL_FLAG(std::string, fp8_scaling, "delayed",
+          "with --precision=fp8, how each tensor's scale is chosen. delayed (Transformer Engine's recipe): from "
+          "the tensor's largest |x| over the last --fp8_window steps, so a conversion reads the tensor once; "
+          "current: from its largest |x| now, read first (exact for this tensor, one more read of it)");
+ABSL_FLAG(int32_t, fp8_window, 16, "with --fp8_scaling=delayed: the steps of amax history a scale is taken from");
+ABSL_FLAG(int32_t, fp8_margin, 0,
+          "with --fp8_scaling=delayed: scales are 2^-margin of what the history allows (headroom for growth)");
+ABSL_FLAG(int32_t, fp8_fallback_after, 4,
+          "with --precision=fp8: a layer one of whose tensors overflows (a non-finite largest value) this many "
+          "steps, or under delayed scaling saturates or underflows the format this many steps in a row, runs in "
+          "bf16 from then on, and the progress line says so (0: never)");
 ABSL_FLAG(std::string, bf16_layers, "",
           "with --precision=fp8: the decoder layers to keep in bf16, a regex fully matching their names "
           "(layers.0 ... layers.<L-1>), e.g. 'layers\\.(0|23)' for the first and last of 24");
@@ -287,6 +298,17 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   s.bf16_layers = absl::GetFlag(FLAGS_bf16_layers);
   if (!s.bf16_layers.empty() && !s.fp8)
     return Bad("--bf16_layers chooses layers to keep out of --precision=fp8: give both");
+  const std::string scaling = absl::AsciiStrToLower(absl::GetFlag(FLAGS_fp8_scaling));
+  if (scaling != "delayed" && scaling != "current") {
+    return Bad("--fp8_scaling is delayed or current, not '" + scaling + "'");
+  }
+  s.fp8_delayed = scaling == "delayed";
+  s.fp8_window = absl::GetFlag(FLAGS_fp8_window);
+  s.fp8_margin = absl::GetFlag(FLAGS_fp8_margin);
+  s.fp8_fallback_after = absl::GetFlag(FLAGS_fp8_fallback_after);
+  if (s.fp8_window < 1 || s.fp8_window > 1024) return Bad("--fp8_window is 1..1024 steps");
+  if (s.fp8_margin < 0 || s.fp8_margin > 32) return Bad("--fp8_margin is 0..32 (a power of two of headroom)");
+  if (s.fp8_fallback_after < 0) return Bad("--fp8_fallback_after is a count of steps (0: never fall back)");
   ShapeOverrides shape;
   shape.layers = absl::GetFlag(FLAGS_num_hidden_layers);
   shape.d_model = absl::GetFlag(FLAGS_hidden_size);

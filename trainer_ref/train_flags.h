@@ -37,6 +37,10 @@ ABSL_DECLARE_FLAG(uint64_t, seed);
 ABSL_DECLARE_FLAG(uint64_t, data_seed);
 ABSL_DECLARE_FLAG(std::string, precision);
 ABSL_DECLARE_FLAG(std::string, bf16_layers);
+ABSL_DECLARE_FLAG(std::string, fp8_scaling);
+ABSL_DECLARE_FLAG(int32_t, fp8_window);
+ABSL_DECLARE_FLAG(int32_t, fp8_margin);
+ABSL_DECLARE_FLAG(int32_t, fp8_fallback_after);
 ABSL_DECLARE_FLAG(std::string, opt);
 ABSL_DECLARE_FLAG(std::string, grad_checkpointing);
 ABSL_DECLARE_FLAG(std::string, offload_policy);
@@ -87,6 +91,9 @@ struct RunSettings {
   bool lion = false;          // --opt=lion
   bool fp8 = false;           // --precision=fp8: the layers' matmuls in FP8 (GPU)
   std::string bf16_layers;    // --bf16_layers: those layers' matmuls stay bf16
+  bool fp8_delayed = true;    // --fp8_scaling
+  int fp8_window = 16, fp8_margin = 0;
+  int fp8_fallback_after = 4;  // 0: never
   bool tierd = false;         // --offload_policy=tierd
   std::string tierd_dir;
   uint64_t tierd_dram = 0, tierd_nvme = 0;  // tierd_dram 0 (GPU): sized from the state

@@ -108,16 +108,17 @@ absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x) {
   // out = in x W^T, in bf16 or (an FP8 layer) from the codes of the last `cast` input.
   Fp8Linear* fp8 = fp8_ != nullptr && fp8_layer_[l] ? fp8_.get() : nullptr;
   Fp8Codes in8;
-  auto cast = [&](const Bf16* in, int cols) {
+  // `first`: the first linear map reading `in` (its scale is the input's).
+  auto cast = [&](const Bf16* in, LinearIndex first, int cols) {
     if (fp8 == nullptr) return;
     Timed(kFp8Cast, [&] {
-      in8 = fp8->QuantizeInput(in, n, cols, stream_);
+      in8 = fp8->QuantizeInput(l, first, in, n, cols, stream_);
       return 0;
     });
   };
   auto linear = [&](Bf16* out, const Bf16* in, size_t e, LinearIndex k, int ic, int oc) {
     return Timed(kGemm, [&] {
-      return fp8 != nullptr ? fp8->Forward(out, in8, k, W(e), n, ic, oc, stream_)
+      return fp8 != nullptr ? fp8->Forward(out, in8, l, k, W(e), n, ic, oc, stream_)
                             : gemm_->Forward(out, in, W(e), n, ic, oc, stream_);
     });
   };
@@ -126,7 +127,7 @@ absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x) {
     RmsNormForward(a.h1, a.rstd1, x, N(w.attn_norm), n, c, static_cast<float>(config_.norm_eps), stream_);
     return 0;
   });
-  cast(a.h1, c);
+  cast(a.h1, kLinearQ, c);
   RETURN_IF_ERROR(linear(a.q, a.h1, w.wq, kLinearQ, c, c));
   RETURN_IF_ERROR(linear(a.k, a.h1, w.wk, kLinearK, c, c));
   RETURN_IF_ERROR(linear(a.v, a.h1, w.wv, kLinearV, c, c));
@@ -141,7 +142,7 @@ absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x) {
   RETURN_IF_ERROR(Timed(kAttention, [&] {
     return Cuda(AttentionForward(a.a, a.lse, a.q, a.k, a.v, batch_, seq_, h, d, stream_), "attention forward");
   }));
-  cast(a.a, c);
+  cast(a.a, kLinearO, c);
   RETURN_IF_ERROR(linear(tmp_, a.a, w.wo, kLinearO, c, c));
   Timed(kElementwise, [&] {
     AddInto(x, tmp_, static_cast<int64_t>(nc), stream_);
@@ -152,14 +153,14 @@ absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x) {
     RmsNormForward(a.h2, a.rstd2, x, N(w.mlp_norm), n, c, static_cast<float>(config_.norm_eps), stream_);
     return 0;
   });
-  cast(a.h2, c);
+  cast(a.h2, kLinearGate, c);
   RETURN_IF_ERROR(linear(a.g, a.h2, w.w1, kLinearGate, c, f));
   RETURN_IF_ERROR(linear(a.u, a.h2, w.w3, kLinearUp, c, f));
   Timed(kElementwise, [&] {
     SwiGluForward(a.s, a.g, a.u, n, f, stream_);
     return 0;
   });
-  cast(a.s, f);
+  cast(a.s, kLinearDown, f);
   RETURN_IF_ERROR(linear(tmp_, a.s, w.w2, kLinearDown, f, c));
   Timed(kElementwise, [&] {
     AddInto(x, tmp_, static_cast<int64_t>(nc), stream_);
@@ -267,17 +268,17 @@ absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx) {
   // `cast` input.
   Fp8Linear* fp8 = fp8_ != nullptr && fp8_layer_[l] ? fp8_.get() : nullptr;
   Fp8Codes in8_t;
-  auto cast = [&](const Bf16* in, int cols) {
+  auto cast = [&](const Bf16* in, LinearIndex first, int cols) {
     if (fp8 == nullptr) return;
     Timed(kFp8Cast, [&] {
-      in8_t = fp8->QuantizeInputTransposed(in, n, cols, stream_);
+      in8_t = fp8->QuantizeInputTransposed(l, first, in, n, cols, stream_);
       return 0;
     });
   };
   // `first`: din's first contribution, written (din = ...) rather than added, so no zeroing.
   auto linear = [&](Bf16* din, const Bf16* dout, const Bf16* in, size_t e, LinearIndex k, int ic, int oc, bool first) {
     return Timed(kGemm, [&] {
-      return fp8 != nullptr ? fp8->Backward(din, G(e), dout, in8_t, k, W(e), n, ic, oc, stream_, !first)
+      return fp8 != nullptr ? fp8->Backward(din, G(e), dout, in8_t, l, k, W(e), n, ic, oc, stream_, !first)
                             : gemm_->Backward(din, G(e), dout, in, W(e), n, ic, oc, stream_, !first);
     });
   };
@@ -286,13 +287,13 @@ absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx) {
     ToBf16(dx16_, dx, static_cast<int64_t>(nc), stream_);
     return 0;
   });
-  cast(a.s, f);
+  cast(a.s, kLinearDown, f);
   RETURN_IF_ERROR(linear(ds_, dx16_, a.s, w.w2, kLinearDown, f, c, /*first=*/true));
   Timed(kElementwise, [&] {
     SwiGluBackward(dg_, du_, ds_, a.g, a.u, n, f, stream_);
     return 0;
   });
-  cast(a.h2, c);
+  cast(a.h2, kLinearGate, c);
   RETURN_IF_ERROR(linear(dh_, dg_, a.h2, w.w1, kLinearGate, c, f, /*first=*/true));
   RETURN_IF_ERROR(linear(dh_, du_, a.h2, w.w3, kLinearUp, c, f, /*first=*/false));
   Timed(kElementwise, [&] {
@@ -304,7 +305,7 @@ absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx) {
     ToBf16(dx16_, dx, static_cast<int64_t>(nc), stream_);
     return 0;
   });
-  cast(a.a, c);
+  cast(a.a, kLinearO, c);
   RETURN_IF_ERROR(linear(da_, dx16_, a.a, w.wo, kLinearO, c, c, /*first=*/true));
   RETURN_IF_ERROR(Timed(kAttention, [&] {
     return Cuda(AttentionBackward(dq_, dk_, dv_, da_, a.a, a.lse, delta_, a.q, a.k, a.v, batch_, seq_, h, d, stream_),
@@ -318,7 +319,7 @@ absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx) {
     RopeBackward(dk_, batch_, seq_, h, d, static_cast<float>(config_.rope_theta), stream_);
     return 0;
   });
-  cast(a.h1, c);
+  cast(a.h1, kLinearQ, c);
   RETURN_IF_ERROR(linear(dh_, dq_, a.h1, w.wq, kLinearQ, c, c, /*first=*/true));
   RETURN_IF_ERROR(linear(dh_, dk_, a.h1, w.wk, kLinearK, c, c, /*first=*/false));
   RETURN_IF_ERROR(linear(dh_, dv_, a.h1, w.wv, kLinearV, c, c, /*first=*/false));

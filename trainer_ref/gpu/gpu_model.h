@@ -167,15 +167,32 @@ class GpuModel {
   void EnableProfile(bool on) { profiling_ = on; }
   std::vector<std::pair<std::string, double>> TakeProfile();
   // The decoder layers' seven linear maps in FP8 (fp8_linear.h: E4M3 weights and inputs,
-  // E5M2 output gradients, each at its current scale) instead of bf16; the embedding, the
-  // norms, attention, the element-wise kernels and the head stay bf16 with fp32 statistics,
-  // the master weights, gradients and optimizer fp32. Before the first step. INVALID_ARGUMENT
-  // for shapes FP8 tensor cores do not take (dimensions and batch x seq multiples of 16);
-  // RESOURCE_EXHAUSTED without room for its buffers (Fp8WorkspaceBytesFor).
-  // `layers`: which decoder layers (Fp8Layers; empty: all).
-  absl::Status UseFp8(std::vector<bool> layers = {});
+  // E5M2 output gradients, each tensor of each layer at its own scale, delayed or current)
+  // instead of bf16; the embedding, the norms, attention, the element-wise kernels and the
+  // head stay bf16 with fp32 statistics, the master weights, gradients and optimizer fp32.
+  // Before the first step. INVALID_ARGUMENT for shapes FP8 tensor cores do not take
+  // (dimensions and batch x seq multiples of 16) or a bad window; RESOURCE_EXHAUSTED without
+  // room for its buffers (Fp8WorkspaceBytesFor). `layers`: which decoder layers (Fp8Layers;
+  // empty: all).
+  absl::Status UseFp8(std::vector<bool> layers = {}, const Fp8ScalingOptions& scaling = {});
   bool fp8() const { return fp8_ != nullptr; }
-  static uint64_t Fp8WorkspaceBytesFor(const ModelConfig& config, int batch, int seq);
+  static uint64_t Fp8WorkspaceBytesFor(const ModelConfig& config, int batch, int seq,
+                                       const Fp8ScalingOptions& scaling = {});
+  // The end of a step's forward and backward (before AdamWStep): each FP8 tensor's largest
+  // |x| of the step goes into its history and (delayed scaling) sets the next step's scale.
+  // Nothing without FP8. A step loop that never calls it keeps converting at current scales.
+  void EndFp8Step();
+  // The FP8 layers whose tensors' scaling went wrong `in_a_row` steps in a row as of the last
+  // EndFp8Step (Fp8Linear::Trouble) fall back to bf16 from the next step on, for the rest of
+  // the run (a checkpoint keeps the choice); one line each says which layer and why. Waits for
+  // the last EndFp8Step's state to reach the host (one small copy, queued with it).
+  std::vector<std::string> Fp8FallBack(int in_a_row);
+  // Which decoder layers run their matmuls in FP8 now (empty without FP8).
+  const std::vector<bool>& fp8_layers() const { return fp8_layer_; }
+  // Off: FP8 conversions do not feed the scales' history (forward-only validation passes).
+  void SetFp8Recording(bool on) {
+    if (fp8_ != nullptr) fp8_->set_recording(on);
+  }
   // Device bytes this model holds: the home's own (plain: all the state) and the workspace.
   uint64_t DeviceBytes() const { return device_bytes_ + home_->OwnDeviceBytes(); }
   uint64_t WorkspaceBytes() const { return device_bytes_; }
@@ -221,6 +238,8 @@ class GpuModel {
   absl::Status SetGroup(int group, const float* params);      // master, weights; moments zeroed
   absl::Status Download(Part part, std::vector<float>* out);  // an fp32 part, ParamLayout order
   std::string ShapeRecord() const;
+  // The "fp8" record after the groups', if the checkpoint has one (FP8 layers and scales).
+  absl::Status LoadFp8State(CheckpointReader& reader);
   absl::Status ForEachPiece(int g, Part part, int chunk, bool to_host, void* staging,
                             const std::function<absl::Status(void*, uint64_t, uint64_t)>& fn);
   absl::Status RefreshNorms(int g, uint64_t at, const void* p, uint64_t n);

@@ -90,6 +90,32 @@ absl::Status GpuModel::SaveState(CheckpointWriter& writer) {
       RETURN_IF_ERROR(writer.EndRecord());
     }
   }
+  if (fp8_ != nullptr) {  // which layers are FP8 now, and every tensor's scaling state
+    std::string record = "layers=";
+    for (bool on : fp8_layer_) record += on ? '1' : '0';
+    record += ';';
+    auto state = fp8_->SaveState(stream_);
+    if (!state.ok()) return state.status();
+    record += *state;
+    RETURN_IF_ERROR(writer.Append("fp8", record.data(), record.size()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GpuModel::LoadFp8State(CheckpointReader& reader) {
+  auto next = reader.Peek();
+  // A checkpoint of a bf16 run, or of one before FP8 scaling was saved: the scales start afresh.
+  if (!next.ok() || next->first != "fp8") return absl::OkStatus();
+  auto record = reader.ReadString("fp8");
+  if (!record.ok()) return record.status();
+  const size_t end = record->find(';');
+  if (record->rfind("layers=", 0) != 0 || end != 7 + fp8_layer_.size() || record->find_first_not_of("01", 7) != end) {
+    return absl::DataLossError(absl::StrFormat(
+        "checkpoint '%s': the FP8 record's layers are malformed (%d layers here)", reader.path(), fp8_layer_.size()));
+  }
+  RETURN_IF_ERROR(fp8_->RestoreState(record->substr(end + 1), stream_));
+  // Layers that fell back stay bf16; --bf16_layers may have added more since.
+  for (size_t l = 0; l < fp8_layer_.size(); ++l) fp8_layer_[l] = fp8_layer_[l] && (*record)[7 + l] == '1';
   return absl::OkStatus();
 }
 
@@ -122,6 +148,7 @@ absl::Status GpuModel::LoadState(CheckpointReader& reader) {
     }
     grads_zeroed_[g] = false;
   }
+  if (fp8_ != nullptr) RETURN_IF_ERROR(LoadFp8State(reader));
   return Cuda(cudaStreamSynchronize(stream_), "checkpoint load");
 }
 

@@ -2,10 +2,17 @@
 // the bf16 GPU model. Part of gpu_model_test (one binary to carry); needs a CUDA device.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <random>
+#include <string>
 #include <vector>
+
+#include "trainer_ref/checkpoint.h"
 
 #include "trainer_ref/gpu/gpu_model.h"
 #include "trainer_ref/gpu/gpu_model_test_oracle.h"
@@ -126,6 +133,101 @@ TEST(GpuModelTest, LayersKeptOutOfFp8ComputeAsBf16) {
   auto wrong = GpuModel::Create(config, batch, seq);
   ASSERT_TRUE(wrong.ok());
   EXPECT_EQ((*wrong)->UseFp8({true}).code(), absl::StatusCode::kInvalidArgument) << "one layer's choice for two";
+}
+
+// A step as the trainer runs one: forward, backward, the FP8 step end, AdamW.
+double Fp8TrainStep(GpuModel& m, const Batch& b, int at) {
+  EXPECT_TRUE(m.ZeroGrads().ok());
+  auto loss = m.Forward(b.tokens.data(), b.targets.data());
+  EXPECT_TRUE(loss.ok()) << loss.status();
+  EXPECT_TRUE(m.Backward().ok());
+  m.EndFp8Step();
+  EXPECT_TRUE(m.AdamWStep(1e-3, at, AdamWOptions{}, 1.0).ok());
+  return loss.ok() ? *loss : 0;
+}
+
+// Delayed scaling in the model: its first step converts at the current scales (the same loss,
+// bit for bit, as current scaling's), later ones at the window's and stay within 2% of
+// current scaling's losses. A checkpoint carries the scales: a fresh model continues bit for
+// bit, and a model of current scaling refuses the file. A layer whose input then jumps 64-fold
+// (its norm's weights scaled) saturates at the delayed scale and falls back to bf16, with the
+// reason; the checkpoint keeps the fallback.
+TEST(GpuModelTest, DelayedFp8ScalingTrainsCheckpointsAndFallsBack) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device here: the GPU model is checked on the lent GPU machine";
+  const ModelConfig config = *ModelPreset("tiny");
+  const int batch = 2, seq = 32, n = batch * seq;
+  Fp8ScalingOptions delayed_options, current_options;
+  current_options.delayed = false;
+  auto make = [&](const Fp8ScalingOptions& o) {
+    auto m = GpuModel::Create(config, batch, seq);
+    EXPECT_TRUE(m.ok()) << m.status();
+    EXPECT_TRUE((*m)->UseFp8({}, o).ok());
+    EXPECT_TRUE((*m)->InitParams(5).ok());
+    return std::move(*m);
+  };
+  auto delayed = make(delayed_options), current = make(current_options);
+  std::mt19937_64 rng(51);
+  std::vector<Batch> batches;
+  for (int i = 0; i < 6; ++i) batches.push_back(RandomBatch(n, config.vocab, rng));
+  EXPECT_EQ(Fp8TrainStep(*delayed, batches[0], 1), Fp8TrainStep(*current, batches[0], 1));
+  for (int at = 2; at <= 3; ++at) {
+    const double d = Fp8TrainStep(*delayed, batches[at - 1], at), c = Fp8TrainStep(*current, batches[at - 1], at);
+    EXPECT_NEAR(d, c, 0.02 * c) << "step " << at;
+  }
+  EXPECT_TRUE(delayed->Fp8FallBack(1).empty()) << "a steady model saturates nothing";
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(tmp ? tmp : "/tmp") + "/fp8-ckpt-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto save = [&](GpuModel& m, int step) {
+    auto writer = CheckpointWriter::Create(dir, step);
+    EXPECT_TRUE(writer.ok()) << writer.status();
+    EXPECT_TRUE(m.SaveState(**writer).ok());
+    auto path = (*writer)->Commit();
+    EXPECT_TRUE(path.ok()) << path.status();
+    return *path;
+  };
+  const std::string path = save(*delayed, 3);
+  auto fresh = make(delayed_options);
+  auto reader = CheckpointReader::Open(path);
+  ASSERT_TRUE(reader.ok());
+  ASSERT_TRUE(fresh->LoadState(**reader).ok());
+  EXPECT_EQ(Fp8TrainStep(*fresh, batches[3], 4), Fp8TrainStep(*delayed, batches[3], 4));
+  std::vector<float> a, b;
+  ASSERT_TRUE(fresh->GetParams(&a).ok());
+  ASSERT_TRUE(delayed->GetParams(&b).ok());
+  EXPECT_EQ(a, b);
+  auto other = make(current_options);
+  auto again = CheckpointReader::Open(path);
+  ASSERT_TRUE(again.ok());
+  const absl::Status refused = other->LoadState(**again);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_NE(refused.message().find("--fp8_scaling"), absl::string_view::npos) << refused;
+  // Layer 0's attention norm weights x 64: its q, k, v input jumps past its delayed scale.
+  const std::vector<TensorLayout> layout = ParamLayout(config);
+  for (const TensorLayout& t : layout) {
+    if (t.name != "layers.0.attn_norm.w") continue;
+    for (size_t i = 0; i < t.count; ++i) b[t.offset + i] *= 64.0f;
+  }
+  ASSERT_TRUE(delayed->SetParams(b).ok());
+  Fp8TrainStep(*delayed, batches[4], 5);
+  const std::vector<std::string> lines = delayed->Fp8FallBack(1);
+  ASSERT_FALSE(lines.empty());
+  EXPECT_EQ(lines[0].rfind("layer 0 falls back to bf16: the attention norm's output (the q, k, v input) saturated 1 "
+                           "steps in a row",
+                           0),
+            0u)
+      << lines[0];
+  EXPECT_FALSE(delayed->fp8_layers()[0]);
+  EXPECT_TRUE(delayed->Fp8FallBack(1).empty()) << "a layer falls back once";
+  const std::string after = save(*delayed, 5);
+  auto resumed = make(delayed_options);
+  auto third = CheckpointReader::Open(after);
+  ASSERT_TRUE(third.ok());
+  ASSERT_TRUE(resumed->LoadState(**third).ok());
+  EXPECT_EQ(resumed->fp8_layers(), delayed->fp8_layers());
+  EXPECT_EQ(Fp8TrainStep(*resumed, batches[5], 6), Fp8TrainStep(*delayed, batches[5], 6));
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

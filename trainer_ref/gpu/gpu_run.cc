@@ -50,6 +50,26 @@ struct RunState {
   std::vector<double> losses;  // the loss window's
 };
 
+Fp8ScalingOptions Fp8Scaling(const RunSettings& s) {
+  Fp8ScalingOptions o;
+  o.delayed = s.fp8_delayed;
+  o.window = s.fp8_window;
+  o.margin = s.fp8_margin;
+  return o;
+}
+
+std::string DescribeFp8Scaling(const RunSettings& s) {
+  std::string fallback = s.fp8_fallback_after == 0
+                             ? "no fallback"
+                             : absl::StrFormat("a layer falls back to bf16 after %d steps of overflow%s",
+                                               s.fp8_fallback_after, s.fp8_delayed ? ", saturation or underflow" : "");
+  if (!s.fp8_delayed) return "each tensor of each layer at its current scale (--fp8_scaling=current); " + fallback;
+  return absl::StrFormat(
+      "each tensor of each layer at a scale from its largest |x| over the last %d steps (delayed scaling%s; the "
+      "first step at current scales); %s",
+      s.fp8_window, s.fp8_margin > 0 ? absl::StrFormat(", margin 2^-%d", s.fp8_margin) : "", fallback);
+}
+
 std::string EncodeRun(const RunState& r) {
   std::string out = absl::StrFormat("step=%d batches=%d losses=%d;", r.step, r.batches_drawn, r.losses.size());
   out.append(reinterpret_cast<const char*>(r.losses.data()), r.losses.size() * sizeof(double));
@@ -143,7 +163,7 @@ int GpuRun::Setup() {
   if (!data.ok()) return Fail(std::string(data.status().message()));
   data_ = std::make_unique<Dataset>(std::move(*data));
   startup_.Done("data");
-  const uint64_t fp8_workspace = s_.fp8 ? GpuModel::Fp8WorkspaceBytesFor(config, s_.batch, s_.seq) : 0;
+  const uint64_t fp8_workspace = s_.fp8 ? GpuModel::Fp8WorkspaceBytesFor(config, s_.batch, s_.seq, Fp8Scaling(s_)) : 0;
   auto chosen = ChooseState(s_, fp8_workspace);
   if (!chosen.ok()) return Fail(std::string(chosen.status().message()));
   const StateOptions state = chosen->state;
@@ -162,11 +182,11 @@ int GpuRun::Setup() {
     auto layers = Fp8Layers(config, s_.bf16_layers);
     if (!layers.ok()) return Fail(std::string(layers.status().message()));
     fp8_layers = *layers;
-    if (absl::Status st = model_->UseFp8(fp8_layers); !st.ok()) {
+    if (absl::Status st = model_->UseFp8(fp8_layers, Fp8Scaling(s_)); !st.ok()) {
       return Fail("--precision=fp8: " + std::string(st.message()));
     }
   }
-  std::printf("precision: %s\n", DescribePrecision(config, fp8_layers).c_str());
+  std::printf("precision: %s\n", DescribePrecision(config, fp8_layers, DescribeFp8Scaling(s_)).c_str());
   startup_.Done("GPU workspace");
   auto on_cpu = ChooseOptimizerOnCpu(s_, layout, gpu_quota, dram_quota, layer_major_);
   if (!on_cpu.ok()) return Fail(std::string(on_cpu.status().message()));
@@ -277,6 +297,7 @@ int GpuRun::Step(int64_t step) {
       return FailMidRun(absl::StrFormat("step %d: %s", step, st.message()), ck_);
     }
   }
+  model_->EndFp8Step();     // queued before the waits below, so its small copy comes back with them
   if (layer_major_ == 0) {  // the losses come back with the stream: one wait a step
     auto l = model_->TakeLoss();
     if (!l.ok()) return FailMidRun(absl::StrFormat("step %d: %s", step, l.status().message()), ck_);
@@ -284,6 +305,12 @@ int GpuRun::Step(int64_t step) {
   }
   auto norm = model_->GradNorm();
   if (!norm.ok()) return FailMidRun(std::string(norm.status().message()), ck_);
+  std::string fell_back;  // for the progress line; each layer's reason on a line of its own now
+  for (const std::string& why : model_->Fp8FallBack(s_.fp8_fallback_after)) {
+    std::printf("fp8 after step %ld: %s\n", static_cast<long>(step), why.c_str());
+    absl::StrAppend(&fell_back, fell_back.empty() ? "  fp8: fell back to bf16: " : ", ",
+                    why.substr(0, why.find(' ', 6)));
+  }
   const double grad_norm = *norm / s_.accum;
   const double lr = LearningRate(step - 1, s_.warmup, s_.steps, s_.lr, s_.lr / 10);
   run_.step = step;
@@ -315,6 +342,7 @@ int GpuRun::Step(int64_t step) {
   curves_.loss.push_back(loss);
   std::string line = Progress(step, loss, lr, grad_norm, seconds, after);
   if (s_.tierd) line += absl::StrFormat(", waited %.0f ms", waited * 1e3);
+  line += fell_back;
   std::printf("%s\n", line.c_str());
   before_ = after;
   if (metrics_) {
@@ -405,7 +433,9 @@ absl::StatusOr<double> GpuRun::ValidationLoss(int batches) {
 int GpuRun::Validate(int64_t step) {
   // Outside the step's time; its moves are taken out of the timed steps' bytes too.
   const GpuHome::Traffic from = Traffic();
+  model_->SetFp8Recording(false);  // held-out batches must not steer the training's FP8 scales
   auto val = ValidationLoss(8);
+  model_->SetFp8Recording(true);
   if (!val.ok()) return FailMidRun(absl::StrFormat("validation after step %d: %s", step, val.status().message()), ck_);
   const GpuHome::Traffic to = Traffic();
   if (step < s_.steps) {  // inside the timed steps' window (the last one's is already taken)

@@ -60,8 +60,11 @@ else
   run $d --precision=fp32
   check "fp32 throughout is the CPU's" "refused 'the GPU trainer computes bf16'"
   run $d --precision=fp8 --steps=2 --batch_size=2 --seq_len=64
-  check "fp8 trains and says its policy" \
-    "grep -q '^precision: fp8 for the ' '$dir/out.log' && grep -q 'ours none + fp8' '$dir/out.log'"
+  check "fp8 trains and says its policy, delayed scaling by default" \
+    "grep -q '^precision: fp8 for the .*(delayed scaling; the first step at current scales); a layer falls back to bf16 after 4 steps' '$dir/out.log' && grep -q 'ours none + fp8' '$dir/out.log'"
+  run $d --precision=fp8 --fp8_scaling=current --fp8_fallback_after=0 --steps=2 --batch_size=2 --seq_len=64
+  check "current scaling trains and says so" \
+    "grep -q '^precision: fp8 for the .*at its current scale (--fp8_scaling=current); no fallback' '$dir/out.log' && grep -q 'ours none + fp8' '$dir/out.log'"
   run $d --precision=fp8 --bf16_layers='layers\.(0' --steps=1
   check "a --bf16_layers that is no regex" "refused 'is not a regular expression'"
   run $d --precision=fp8 --bf16_layers='layers\.0' --steps=1 --batch_size=2 --seq_len=64
@@ -78,6 +81,10 @@ run --bf16_layers='layers\.0'
 check "--bf16_layers without fp8" "refused 'bf16_layers chooses layers to keep out of --precision=fp8'"
 run --device=cpu --precision=fp8
 check "fp8 is the GPU's" "refused 'precision=fp8 is the GPU trainer.s'"
+run --fp8_scaling=sometimes
+check "an unknown FP8 scaling" "refused 'fp8_scaling is delayed or current, not .sometimes.'"
+run --fp8_window=0
+check "an amax window of no steps" "refused 'fp8_window is 1..1024 steps'"
 run --batch_size=0
 check "a batch of nothing" "refused 'must be at least 1'"
 run --help

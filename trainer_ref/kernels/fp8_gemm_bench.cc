@@ -7,7 +7,9 @@
 // Then what the trainer runs: one decoder layer's seven linear maps (q, k, v, o separate, gate,
 // up, down), forward and backward (din and the fp32 weight gradient), at 1.3B and 7B with the
 // rows of a micro-batch, in bf16 and through Fp8Linear with every conversion in the time:
-// weight codes made at each pass (one micro-batch at a time) or kept (layer-major).
+// weight codes made at each pass (one micro-batch at a time) or kept (layer-major), each with
+// current scaling (every conversion reads its tensor twice: largest |x|, then codes) and
+// delayed scaling (once: the scale from earlier steps' amaxes).
 //   bazel run -c opt //trainer_ref/kernels:fp8_gemm_bench   (or .carry/bin/fp8_gemm_bench)
 #include <cuda_runtime_api.h>
 
@@ -43,8 +45,11 @@ bool LayerBench(Gemm& gemm, const char* model, int n, int c, int f, cudaEvent_t 
   const Linear linears[7] = {{c, c, 0}, {c, c, 0}, {c, c, 0}, {c, c, 1}, {c, f, 2}, {c, f, 2}, {f, c, 3}};
   Fp8Linear::Shapes shapes;
   for (const Linear& l : linears) shapes.push_back({l.oc, l.ic});
-  auto fp8 = Fp8Linear::Create(&gemm, n, shapes);
-  if (!fp8.ok()) return false;
+  Fp8ScalingOptions current_scaling, delayed_scaling;
+  current_scaling.delayed = false;
+  auto current = Fp8Linear::Create(&gemm, n, shapes, 1, current_scaling);
+  auto delayed = Fp8Linear::Create(&gemm, n, shapes, 1, delayed_scaling);
+  if (!current.ok() || !delayed.ok()) return false;
   const size_t big = size_t(n) * f;
   Bf16 *in[4] = {}, *out = nullptr, *dout = nullptr, *din = nullptr, *w[7] = {};
   float *dw = nullptr, *master = nullptr;
@@ -75,34 +80,43 @@ bool LayerBench(Gemm& gemm, const char* model, int n, int c, int f, cudaEvent_t 
       ok &= gemm.Backward(din, dw, dout, in[linears[k].input], w[k], n, linears[k].ic, linears[k].oc, nullptr).ok();
     }
   });
-  auto fp8_pass = [&](bool forget) {
-    if (forget) (*fp8)->ForgetWeights();
+  auto fp8_pass = [&](Fp8Linear& fp8, bool forget) {
+    if (forget) fp8.ForgetWeights();
     Fp8Codes codes;
     for (int k = 0; k < 7; ++k) {
       if (k == 0 || linears[k].input != linears[k - 1].input) {
-        codes = (*fp8)->QuantizeInput(in[linears[k].input], n, linears[k].ic, nullptr);
+        codes = fp8.QuantizeInput(0, k, in[linears[k].input], n, linears[k].ic, nullptr);
       }
-      ok &= (*fp8)->Forward(out, codes, k, w[k], n, linears[k].ic, linears[k].oc, nullptr).ok();
+      ok &= fp8.Forward(out, codes, 0, k, w[k], n, linears[k].ic, linears[k].oc, nullptr).ok();
     }
     for (int k = 0; k < 7; ++k) {
       if (k == 0 || linears[k].input != linears[k - 1].input) {
-        codes = (*fp8)->QuantizeInputTransposed(in[linears[k].input], n, linears[k].ic, nullptr);
+        codes = fp8.QuantizeInputTransposed(0, k, in[linears[k].input], n, linears[k].ic, nullptr);
       }
-      ok &= (*fp8)->Backward(din, dw, dout, codes, k, w[k], n, linears[k].ic, linears[k].oc, nullptr).ok();
+      ok &= fp8.Backward(din, dw, dout, codes, 0, k, w[k], n, linears[k].ic, linears[k].oc, nullptr).ok();
     }
   };
-  const double made = time([&] { fp8_pass(true); });
-  const double kept = time([&] { fp8_pass(false); });
-  // The conversions alone: the same calls' AbsMax/Quantize work, without the GEMMs.
-  const double casts = time([&] {
-    (*fp8)->ForgetWeights();
-    for (int k = 0; k < 4; ++k) (*fp8)->QuantizeInput(in[k], n, k == 3 ? f : c, nullptr);
-    for (int k = 0; k < 4; ++k) (*fp8)->QuantizeInputTransposed(in[k], n, k == 3 ? f : c, nullptr);
-  });
+  // Delayed scaling converts at the current scale until its first step has been recorded.
+  fp8_pass(**delayed, true);
+  (*delayed)->EndStep(nullptr);
+  double made[2], kept[2], casts[2];
+  for (int mode = 0; mode < 2; ++mode) {
+    Fp8Linear& fp8 = mode == 0 ? **current : **delayed;
+    made[mode] = time([&] { fp8_pass(fp8, true); });
+    kept[mode] = time([&] { fp8_pass(fp8, false); });
+    // The conversions alone: the same calls' work on the inputs, without the GEMMs.
+    casts[mode] = time([&] {
+      for (int k = 0; k < 4; ++k) fp8.QuantizeInput(0, k, in[k], n, k == 3 ? f : c, nullptr);
+      for (int k = 0; k < 4; ++k) fp8.QuantizeInputTransposed(0, k, in[k], n, k == 3 ? f : c, nullptr);
+    });
+  }
   if (!ok || cudaDeviceSynchronize() != cudaSuccess) return false;
   const double flops = 3 * 2.0 * n * (4.0 * c * c + 3.0 * c * f);
-  std::printf("| %s | %d | %.2f ms (%.0f TFLOP/s) | %.2f ms (%.2fx) | %.2f ms (%.2fx) | %.2f ms |\n", model, n, bf16,
-              flops / bf16 / 1e9, made, bf16 / made, kept, bf16 / kept, casts);
+  std::printf(
+      "| %s | %d | %.2f ms (%.0f TFLOP/s) | %.2f ms (%.2fx) | %.2f ms (%.2fx) | %.2f ms | %.2f ms (%.2fx) | "
+      "%.2f ms (%.2fx) | %.2f ms |\n",
+      model, n, bf16, flops / bf16 / 1e9, made[0], bf16 / made[0], kept[0], bf16 / kept[0], casts[0], made[1],
+      bf16 / made[1], kept[1], bf16 / kept[1], casts[1]);
   for (Bf16* p : {out, dout, din}) cudaFree(p);
   for (Bf16* p : in) cudaFree(p);
   for (Bf16* p : w) cudaFree(p);
@@ -204,9 +218,10 @@ int Main() {
               total_bf16 / total_fp8, total_bf16 / total_fast);
   std::printf(
       "\nOne layer's seven linear maps, forward + backward (din, fp32 dweight), every FP8 conversion timed in\n"
-      "| model | rows | bf16 | fp8, weight codes made each pass | fp8, weight codes kept | input casts alone (4 plain, "
-      "4 transposed) |\n"
-      "|---|---|---|---|---|---|\n");
+      "| model | rows | bf16 | current scaling: fp8, weight codes made each pass | weight codes kept | input casts "
+      "alone (4 plain, 4 transposed) | delayed scaling: fp8, weight codes made each pass | weight codes kept | input "
+      "casts alone |\n"
+      "|---|---|---|---|---|---|---|---|---|\n");
   const struct {
     const char* model;
     int n, c, f;

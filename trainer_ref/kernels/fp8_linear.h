@@ -1,9 +1,15 @@
-// A decoder layer's linear maps (nn.Linear without bias) in FP8: the precision policy's
+// The decoder layers' linear maps (nn.Linear without bias) in FP8: the precision policy's
 // lowest level, for the GEMMs that carry almost all of a step's FLOPs. Weights and inputs go
 // in as E4M3, output gradients as E5M2; outputs stay bf16 and weight gradients fp32
-// (accumulated over micro-batches, as Gemm::Backward). Each tensor is scaled by its own
-// largest |x| just before it is converted (current scaling: AbsMax, ScaleFromAmax and
-// Quantize on the stream), so no scale history is kept and the host never waits.
+// (accumulated over micro-batches, as Gemm::Backward). Each tensor of each layer — a linear
+// map's input, its output gradient, its weight — has its own scale, in one of two modes:
+//  - delayed (Transformer Engine's recipe, the default): the scale comes from the largest |x|
+//    the tensor had over the last `window` steps (fp8.h: DelayedScaling), so a conversion is
+//    one read of the tensor, which also takes this step's largest |x| for the history;
+//  - current: each conversion first reads the tensor for its largest |x| (AbsMax,
+//    ScaleFromAmax, then the conversion), two reads, exact for this tensor.
+// Delayed scaling converts at the current scale until the first EndStep (no history yet).
+// Everything stays on the stream: the host never waits, except in Health and the state calls.
 //
 // The codes of a layer's weights are made at their first use and kept while the same
 // weights are in use: under layer-major micro-batching a layer's K micro-batches share them,
@@ -18,10 +24,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "trainer_ref/kernels/fp8_ops.h"
 #include "trainer_ref/kernels/gemm.h"
 #include "trainer_ref/kernels/gpu_ops.h"
 
@@ -33,55 +41,116 @@ struct Fp8Codes {
   const float* scale_inv = nullptr;
 };
 
+struct Fp8ScalingOptions {
+  bool delayed = true;  // false: current scaling
+  int window = 16;      // delayed: steps of amax history
+  int margin = 0;       // delayed: the scale is 2^-margin of what the history allows
+};
+
+// What a tensor's scale did wrong, as of the last EndStep: its amax was not finite (an
+// overflow upstream; cumulative), or, under delayed scaling, its values saturated the format
+// or fell below its smallest normal value so many steps in a row.
+struct Fp8Trouble {
+  enum Role { kInput, kOutputGradient, kWeight };
+  int layer = 0, index = 0;  // index: the linear map (for an input: the first map reading it)
+  Role role = kInput;
+  int non_finite = 0, saturated_in_a_row = 0, underflow_in_a_row = 0;
+  float amax = 0, scale = 1;  // the last recorded amax and the scale it was stored at
+};
+
 class Fp8Linear {
  public:
   // The layer's weights, by index: (out features, in features) each.
   using Shapes = std::vector<std::pair<int, int>>;
-  // Device bytes for up to `rows` rows and layers of these weights.
-  static uint64_t BytesFor(int64_t rows, const Shapes& weights);
+  // Device bytes for up to `rows` rows and `layers` layers of these weights.
+  static uint64_t BytesFor(int64_t rows, const Shapes& weights, int layers = 1, const Fp8ScalingOptions& scaling = {});
   // INVALID_ARGUMENT unless every dimension and `rows` is a multiple of 16 (FP8 tensor cores
-  // take no other); RESOURCE_EXHAUSTED with the bytes when the device has no room.
-  static absl::StatusOr<std::unique_ptr<Fp8Linear>> Create(Gemm* gemm, int64_t rows, const Shapes& weights);
+  // take no other) and the window is 1..1024; RESOURCE_EXHAUSTED with the bytes when the
+  // device has no room.
+  static absl::StatusOr<std::unique_ptr<Fp8Linear>> Create(Gemm* gemm, int64_t rows, const Shapes& weights,
+                                                           int layers = 1, const Fp8ScalingOptions& scaling = {});
   ~Fp8Linear();
   Fp8Linear(const Fp8Linear&) = delete;
   Fp8Linear& operator=(const Fp8Linear&) = delete;
 
   // The weights' codes are made again at their next use.
   void ForgetWeights();
-  // `in` (rows x cols, bf16) as E4M3 codes for Forward, valid until the next QuantizeInput
-  // or QuantizeInputTransposed (one buffer: a layer's forward and backward do not overlap).
-  Fp8Codes QuantizeInput(const Bf16* in, int rows, int cols, cudaStream_t stream);
+  // `in` (rows x cols, bf16), the input of layer `layer`'s linear map `index` (and of the maps
+  // after it that read the same tensor), as E4M3 codes for Forward, valid until the next
+  // QuantizeInput or QuantizeInputTransposed (one buffer: a layer's forward and backward do
+  // not overlap).
+  Fp8Codes QuantizeInput(int layer, int index, const Bf16* in, int rows, int cols, cudaStream_t stream);
   // The same, transposed (cols x rows): what Backward's weight gradient reads.
-  Fp8Codes QuantizeInputTransposed(const Bf16* in, int rows, int cols, cudaStream_t stream);
-  // out (n, oc) = in x W^T, W weight `index` of the layer, bf16 (oc, ic).
-  absl::Status Forward(Bf16* out, Fp8Codes in, int index, const Bf16* weight, int n, int ic, int oc,
+  Fp8Codes QuantizeInputTransposed(int layer, int index, const Bf16* in, int rows, int cols, cudaStream_t stream);
+  // out (n, oc) = in x W^T, W weight `index` of layer `layer`, bf16 (oc, ic).
+  absl::Status Forward(Bf16* out, Fp8Codes in, int layer, int index, const Bf16* weight, int n, int ic, int oc,
                        cudaStream_t stream);
   // din (n, ic, bf16) += dout x W (`accumulate_din` false: =) and dweight (oc, ic, fp32) +=
   // dout^T x in, either may be null; dout (n, oc) bf16, converted to E5M2 here; in_t from
   // QuantizeInputTransposed.
-  absl::Status Backward(Bf16* din, float* dweight, const Bf16* dout, Fp8Codes in_t, int index, const Bf16* weight,
-                        int n, int ic, int oc, cudaStream_t stream, bool accumulate_din = true);
+  absl::Status Backward(Bf16* din, float* dweight, const Bf16* dout, Fp8Codes in_t, int layer, int index,
+                        const Bf16* weight, int n, int ic, int oc, cudaStream_t stream, bool accumulate_din = true);
+  // The end of a training step, after its last backward is queued: each tensor's largest |x|
+  // of the step goes into its history and, under delayed scaling, sets the next step's scale;
+  // the weights' codes are made anew (their scales may have changed). The states come back to
+  // the host with the stream, for Trouble.
+  void EndStep(cudaStream_t stream);
+  // Off: conversions do not record amaxes (a validation pass must not steer the training's
+  // scales). On by default.
+  void set_recording(bool on) { recording_ = on; }
+  // The tensors whose scaling went wrong `in_a_row` steps in a row as of the last EndStep (a
+  // non-finite amax counts as soon as `in_a_row` of them were seen; saturation and underflow
+  // only under delayed scaling, where the scale can fall behind the tensor). Waits for the
+  // last EndStep's copy.
+  std::vector<Fp8Trouble> Trouble(int in_a_row);
+  const Fp8ScalingOptions& scaling() const { return scaling_; }
+  // Steps recorded so far (EndStep calls); delayed scaling uses its history from the first.
+  int64_t steps() const { return steps_; }
+  // Every tensor's scaling state (history included) as bytes, for a checkpoint; waits for
+  // the stream. RestoreState puts it back (INVALID_ARGUMENT for a state of another shape,
+  // mode or window, saying which), so a resumed run converts with the same scales.
+  absl::StatusOr<std::string> SaveState(cudaStream_t stream);
+  absl::Status RestoreState(const std::string& bytes, cudaStream_t stream);
 
  private:
   Fp8Linear() = default;
-  // A scale slot: scale_inv (16-byte aligned, as cuBLASLt wants it), scale, amax, padding.
+  // A tensor's scale slot: scale_inv (16-byte aligned, as cuBLASLt wants it), scale, the
+  // step's running amax, and this conversion's amax (current scaling).
+  int SlotIndex(int layer, Fp8Trouble::Role role, int index) const {
+    return (layer * 3 + static_cast<int>(role)) * static_cast<int>(weights_.size()) + index;
+  }
   float* Slot(int i) const { return slots_ + 4 * i; }
-  // Codes of `in` at its current scale, into `out`, with slot `slot`: plain and/or transposed.
+  int Tensors() const { return layers_ * 3 * static_cast<int>(weights_.size()); }
+  // Codes of `in` at its tensor's scale, into `out`, with slot `slot`: plain and/or transposed.
   Fp8Codes Quantize(uint8_t* plain, uint8_t* transposed, int slot, const Bf16* in, int rows, int cols, bool e5m2,
                     cudaStream_t stream);
-  Fp8Codes WeightCodes(int index, const Bf16* weight, bool transposed, cudaStream_t stream);
+  Fp8Codes WeightCodes(int layer, int index, const Bf16* weight, bool transposed, cudaStream_t stream);
+  absl::Status CheckCall(const char* what, int layer, int index, int n, int ic, int oc) const;
+  std::string StateHeader() const;
 
   Gemm* gemm_ = nullptr;
   int64_t rows_ = 0;
+  int layers_ = 1;
+  Fp8ScalingOptions scaling_;
   Shapes weights_;
   std::vector<uint64_t> weight_offset_;
   int64_t max_features_ = 0;
   std::vector<void*> allocations_;
-  uint8_t *weight_codes_ = nullptr, *weight_codes_t_ = nullptr;  // every weight's, at weight_offset_
+  uint8_t *weight_codes_ = nullptr, *weight_codes_t_ = nullptr;  // one layer's weights', at weight_offset_
   uint8_t *in_ = nullptr, *dout_ = nullptr, *dout_t_ = nullptr;  // rows x max_features each
   float* slots_ = nullptr;
-  // Per weight and form (plain, transposed): the bf16 tensor its codes were made from.
-  std::vector<std::pair<const Bf16*, const Bf16*>> made_from_;
+  float* history_ = nullptr;                // Tensors() x window
+  Fp8ScalingState* states_ = nullptr;       // Tensors()
+  Fp8ScalingState* host_states_ = nullptr;  // pinned, copied at EndStep
+  cudaEvent_t states_copied_ = nullptr;
+  bool recording_ = true;
+  int64_t steps_ = 0;
+  // Per weight and form (plain, transposed): the layer and bf16 tensor its codes were made from.
+  struct Made {
+    int layer = -1;
+    const Bf16* from = nullptr;
+  };
+  std::vector<std::pair<Made, Made>> made_from_;
 };
 
 }  // namespace tierd::trainer::gpu

@@ -6,6 +6,23 @@
 namespace tierd::trainer::gpu {
 namespace {
 
+// |x|'s bits of the two bf16 values in a word, the larger (non-negative floats order as their
+// bits; NaN's above infinity's).
+__device__ __forceinline__ unsigned int AbsBits2(unsigned int w) { return max((w & 0x7fffu) << 16, w & 0x7fff0000u); }
+
+// The block's largest |x| bits (each thread's `mine`) into *amax_bits with one atomicMax;
+// every thread of the block must call it. Nothing with a null amax_bits.
+__device__ __forceinline__ void BlockAmax(unsigned int* amax_bits, unsigned int mine) {
+  if (amax_bits == nullptr) return;
+  __shared__ unsigned int block_max;
+  if (threadIdx.x == 0 && threadIdx.y == 0) block_max = 0;
+  __syncthreads();
+  for (int offset = 16; offset > 0; offset /= 2) mine = max(mine, __shfl_xor_sync(0xffffffffu, mine, offset));
+  if ((threadIdx.x + threadIdx.y * blockDim.x) % 32 == 0) atomicMax(&block_max, mine);
+  __syncthreads();
+  if (threadIdx.x == 0 && threadIdx.y == 0) atomicMax(amax_bits, block_max);
+}
+
 // Non-negative floats order as their bits: the block's largest |x| goes in with one atomicMax
 // on the bits, whatever the order blocks finish in. NaN (bits above +inf) wins, as it should.
 // Eight values a load where the tensor allows (16-byte aligned), the rest one by one.
@@ -20,10 +37,7 @@ __global__ void AbsMaxKernel(unsigned int* amax_bits, const Bf16* in, int64_t n)
   for (int64_t i = first; i < vectors; i += stride) {
     const uint4 v = reinterpret_cast<const uint4*>(in)[i];
     const unsigned int words[4] = {v.x, v.y, v.z, v.w};
-    for (unsigned int w : words) {  // two bf16 a word: |x|'s bits are the bf16 bits without the sign, shifted
-      mine = max(mine, (w & 0x7fffu) << 16);
-      mine = max(mine, (w & 0x7fff0000u));
-    }
+    for (unsigned int w : words) mine = max(mine, AbsBits2(w));  // |x|'s bits: the bf16 bits without the sign
   }
   for (int64_t i = vectors * 8 + first; i < n; i += stride) mine = max(mine, __float_as_uint(fabsf(Load(in, i))));
   for (int offset = 16; offset > 0; offset /= 2) mine = max(mine, __shfl_xor_sync(0xffffffffu, mine, offset));
@@ -50,16 +64,25 @@ __device__ __forceinline__ uint2 Pack8(const uint4& v, float scale, bool e5m2) {
 }
 
 // Eight values a thread where both sides allow (16-byte aligned in, 8-byte aligned out), the
-// rest one by one.
-__global__ void QuantizeKernel(uint8_t* out, const Bf16* in, int64_t n, const float* scale, bool e5m2) {
+// rest one by one. With amax_bits, the input's largest |x| from the same loads.
+__global__ void QuantizeKernel(uint8_t* out, const Bf16* in, int64_t n, const float* scale, bool e5m2,
+                               unsigned int* amax_bits) {
   const float s = *scale;
   const int64_t stride = int64_t{gridDim.x} * blockDim.x, first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   const bool vector = reinterpret_cast<uintptr_t>(in) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0;
   const int64_t vectors = vector ? n / 8 : 0;
+  unsigned int mine = 0;
   for (int64_t i = first; i < vectors; i += stride) {
-    reinterpret_cast<uint2*>(out)[i] = Pack8(reinterpret_cast<const uint4*>(in)[i], s, e5m2);
+    const uint4 v = reinterpret_cast<const uint4*>(in)[i];
+    mine = max(mine, max(max(AbsBits2(v.x), AbsBits2(v.y)), max(AbsBits2(v.z), AbsBits2(v.w))));
+    reinterpret_cast<uint2*>(out)[i] = Pack8(v, s, e5m2);
   }
-  for (int64_t i = vectors * 8 + first; i < n; i += stride) out[i] = Fp8(Load(in, i), s, e5m2);
+  for (int64_t i = vectors * 8 + first; i < n; i += stride) {
+    const float x = Load(in, i);
+    mine = max(mine, __float_as_uint(fabsf(x)));
+    out[i] = Fp8(x, s, e5m2);
+  }
+  BlockAmax(amax_bits, mine);
 }
 
 // The transposing conversion for matrices of 64 x 64 tiles (every model shape): 16-byte loads
@@ -67,14 +90,17 @@ __global__ void QuantizeKernel(uint8_t* out, const Bf16* in, int64_t n, const fl
 // output row; the plain codes, when asked for, as 8-byte stores from the loads.
 constexpr int kBigTile = 64, kBigThreads = 256;
 __global__ void QuantizeTransposed64Kernel(uint8_t* out, uint8_t* plain, const Bf16* in, int rows, int cols,
-                                           const float* scale, bool e5m2) {
+                                           const float* scale, bool e5m2, unsigned int* amax_bits) {
   __shared__ uint32_t tile[kBigTile][kBigTile / 4 + 1];  // [row][4 columns], padded against bank conflicts
   const float s = *scale;
   const int c0 = blockIdx.x * kBigTile, r0 = blockIdx.y * kBigTile;
+  unsigned int mine = 0;
   for (int v = threadIdx.x; v < kBigTile * kBigTile / 8; v += kBigThreads) {
     const int r = v / 8, c = (v % 8) * 8;
     const int64_t at = int64_t{r0 + r} * cols + c0 + c;
-    const uint2 codes = Pack8(*reinterpret_cast<const uint4*>(in + at), s, e5m2);
+    const uint4 x = *reinterpret_cast<const uint4*>(in + at);
+    mine = max(mine, max(max(AbsBits2(x.x), AbsBits2(x.y)), max(AbsBits2(x.z), AbsBits2(x.w))));
+    const uint2 codes = Pack8(x, s, e5m2);
     tile[r][c / 4] = codes.x;
     tile[r][c / 4 + 1] = codes.y;
     if (plain != nullptr) *reinterpret_cast<uint2*>(plain + at) = codes;
@@ -89,20 +115,24 @@ __global__ void QuantizeTransposed64Kernel(uint8_t* out, uint8_t* plain, const B
     }
     *reinterpret_cast<uint4*>(out + int64_t{c0 + c} * rows + r0 + r) = make_uint4(w[0], w[1], w[2], w[3]);
   }
+  BlockAmax(amax_bits, mine);
 }
 
 // 32 x 32 tiles through shared memory: reads and writes both along rows. With `plain`, the
 // codes are also written untransposed (one read of the input for both).
 constexpr int kTile = 32;
 __global__ void QuantizeTransposedKernel(uint8_t* out, uint8_t* plain, const Bf16* in, int rows, int cols,
-                                         const float* scale, bool e5m2) {
+                                         const float* scale, bool e5m2, unsigned int* amax_bits) {
   __shared__ uint8_t tile[kTile][kTile + 1];
   const float s = *scale;
   const int c0 = blockIdx.x * kTile, r0 = blockIdx.y * kTile;
+  unsigned int mine = 0;
   for (int dy = threadIdx.y; dy < kTile; dy += blockDim.y) {
     const int r = r0 + dy, c = c0 + threadIdx.x;
     if (r < rows && c < cols) {
-      const uint8_t code = Fp8(Load(in, int64_t{r} * cols + c), s, e5m2);
+      const float x = Load(in, int64_t{r} * cols + c);
+      mine = max(mine, __float_as_uint(fabsf(x)));
+      const uint8_t code = Fp8(x, s, e5m2);
       tile[dy][threadIdx.x] = code;
       if (plain != nullptr) plain[int64_t{r} * cols + c] = code;
     }
@@ -112,6 +142,7 @@ __global__ void QuantizeTransposedKernel(uint8_t* out, uint8_t* plain, const Bf1
     const int c = c0 + dy, r = r0 + threadIdx.x;  // out row c, column r
     if (r < rows && c < cols) out[int64_t{c} * rows + r] = tile[threadIdx.x][dy];
   }
+  BlockAmax(amax_bits, mine);
 }
 
 __global__ void ScaleFromAmaxKernel(float* scale, float* scale_inv, const float* amax, float max_finite) {
@@ -126,24 +157,67 @@ __global__ void ScaleFromAmaxKernel(float* scale, float* scale_inv, const float*
   *scale_inv = __fdiv_rn(1.0f, s);
 }
 
+// One thread a tensor: fp8::DelayedScaling::Record's arithmetic, step for step (the same fp32
+// operations, rounded the same way), on the tensor's running amax, which is then reset.
+__global__ void UpdateDelayedScalingKernel(float* slots, float* history, Fp8ScalingState* states, int tensors,
+                                           int window, int margin, bool set_scales) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= tensors) return;
+  Fp8ScalingState& st = states[t];
+  float* slot = slots + 4 * t;
+  const float amax = slot[2];
+  slot[2] = 0.0f;
+  st.last_amax = amax;
+  const float max_finite = st.e5m2 ? 57344.0f : 448.0f, min_normal = st.e5m2 ? 0x1p-14f : 0x1p-6f;
+  if (!isfinite(amax)) {
+    ++st.non_finite;
+  } else {
+    const float scaled = __fmul_rn(amax, st.scale);
+    st.saturated_in_a_row = st.has_scale && scaled > max_finite ? st.saturated_in_a_row + 1 : 0;
+    st.underflow_in_a_row = st.has_scale && amax > 0 && scaled < min_normal ? st.underflow_in_a_row + 1 : 0;
+    float* h = history + int64_t{t} * window;
+    h[st.next] = amax;
+    st.next = (st.next + 1) % window;
+    st.count = min(st.count + 1, window);
+    float most = 0.0f;
+    for (int i = 0; i < st.count; ++i) most = fmaxf(most, h[i]);
+    if (most > 0) {
+      st.scale = ldexpf(__fdiv_rn(max_finite, most), -margin);
+      st.has_scale = 1;
+    }
+  }
+  if (set_scales && st.has_scale) {
+    slot[1] = st.scale;
+    slot[0] = __fdiv_rn(1.0f, st.scale);
+  }
+}
+
 }  // namespace
+
+void UpdateDelayedScaling(float* slots, float* history, Fp8ScalingState* states, int tensors, int window, int margin,
+                          bool set_scales, cudaStream_t stream) {
+  if (tensors <= 0) return;
+  UpdateDelayedScalingKernel<<<(tensors + 127) / 128, 128, 0, stream>>>(slots, history, states, tensors,
+                                                                        window < 1 ? 1 : window, margin, set_scales);
+}
 
 void ScaleFromAmax(float* scale, float* scale_inv, const float* amax, bool e5m2, cudaStream_t stream) {
   ScaleFromAmaxKernel<<<1, 1, 0, stream>>>(scale, scale_inv, amax, e5m2 ? 57344.0f : 448.0f);
 }
 
 void QuantizeFp8Transposed(uint8_t* out, const Bf16* in, int rows, int cols, const float* scale, bool e5m2,
-                           cudaStream_t stream, uint8_t* plain) {
+                           cudaStream_t stream, uint8_t* plain, float* amax) {
   if (rows == 0 || cols == 0) return;
+  auto* amax_bits = reinterpret_cast<unsigned int*>(amax);
   const bool big = rows % kBigTile == 0 && cols % kBigTile == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(out) % 16 == 0 && reinterpret_cast<uintptr_t>(plain) % 8 == 0;
   if (big) {
     const dim3 grid(cols / kBigTile, rows / kBigTile);
-    QuantizeTransposed64Kernel<<<grid, kBigThreads, 0, stream>>>(out, plain, in, rows, cols, scale, e5m2);
+    QuantizeTransposed64Kernel<<<grid, kBigThreads, 0, stream>>>(out, plain, in, rows, cols, scale, e5m2, amax_bits);
     return;
   }
   const dim3 grid((cols + kTile - 1) / kTile, (rows + kTile - 1) / kTile), block(kTile, 8);
-  QuantizeTransposedKernel<<<grid, block, 0, stream>>>(out, plain, in, rows, cols, scale, e5m2);
+  QuantizeTransposedKernel<<<grid, block, 0, stream>>>(out, plain, in, rows, cols, scale, e5m2, amax_bits);
 }
 
 void AbsMax(float* amax, const Bf16* in, int64_t n, cudaStream_t stream) {
@@ -153,9 +227,10 @@ void AbsMax(float* amax, const Bf16* in, int64_t n, cudaStream_t stream) {
                                                                              n);
 }
 
-void QuantizeFp8(uint8_t* out, const Bf16* in, int64_t n, const float* scale, bool e5m2, cudaStream_t stream) {
+void QuantizeFp8(uint8_t* out, const Bf16* in, int64_t n, const float* scale, bool e5m2, cudaStream_t stream,
+                 float* amax) {
   if (n == 0) return;
-  QuantizeKernel<<<Blocks(n), kThreads, 0, stream>>>(out, in, n, scale, e5m2);
+  QuantizeKernel<<<Blocks(n), kThreads, 0, stream>>>(out, in, n, scale, e5m2, reinterpret_cast<unsigned int*>(amax));
 }
 
 }  // namespace tierd::trainer::gpu

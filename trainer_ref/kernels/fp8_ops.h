@@ -20,14 +20,38 @@ void AbsMax(float* amax, const Bf16* in, int64_t n, cudaStream_t stream);
 // *scale_inv = 1 / *scale, on the device (nothing for the host to wait on).
 void ScaleFromAmax(float* scale, float* scale_inv, const float* amax, bool e5m2, cudaStream_t stream);
 // out[i] = the FP8 code of in[i] * *scale (round to nearest even, saturating to the largest
-// finite value, NaN kept): E4M3, or E5M2 with `e5m2`.
-void QuantizeFp8(uint8_t* out, const Bf16* in, int64_t n, const float* scale, bool e5m2, cudaStream_t stream);
+// finite value, NaN kept): E4M3, or E5M2 with `e5m2`. With `amax`, the input's largest |x| is
+// taken from the same reads and folded into *amax (max with what is there: a step's running
+// amax, as delayed scaling records it).
+void QuantizeFp8(uint8_t* out, const Bf16* in, int64_t n, const float* scale, bool e5m2, cudaStream_t stream,
+                 float* amax = nullptr);
 // The same for a row-major (rows, cols) matrix, written transposed: out (cols, rows). The
 // backward GEMMs read weights, inputs and output gradients transposed, and FP8 tensor cores
 // take only the transposed-A, plain-B form, so these copies are made as the codes are. With
 // `plain`, the untransposed codes too (QuantizeFp8's), from the same read of the input.
 void QuantizeFp8Transposed(uint8_t* out, const Bf16* in, int rows, int cols, const float* scale, bool e5m2,
-                           cudaStream_t stream, uint8_t* plain = nullptr);
+                           cudaStream_t stream, uint8_t* plain = nullptr, float* amax = nullptr);
+
+// Delayed scaling's state of one tensor on the device, as fp8::DelayedScaling keeps it: the
+// scale the window's amaxes give (1 until has_scale), where the next amax goes in the ring of
+// the last `window`, and what a precision policy reads (overflows, saturation, underflow).
+struct Fp8ScalingState {
+  float scale = 1.0f;
+  float last_amax = 0.0f;  // the amax recorded last
+  int32_t count = 0, next = 0;
+  int32_t non_finite = 0, saturated_in_a_row = 0, underflow_in_a_row = 0;
+  int32_t has_scale = 0;
+  int32_t e5m2 = 0;  // the tensor's format (E4M3 otherwise)
+};
+
+// The end of a step for `tensors` tensors: tensor t's running amax (slots[4 t + 2], reset to 0
+// here) is recorded in its state and its history (`window` floats at history + t * window), as
+// fp8::DelayedScaling::Record does, bit for bit. With `set_scales` each tensor with a scale has
+// it written to its slot for the next step's conversions (slots[4 t + 1] = scale, slots[4 t] =
+// 1 / scale: delayed scaling); without, the slots are left to the conversions' own (current
+// scaling), and the states only count.
+void UpdateDelayedScaling(float* slots, float* history, Fp8ScalingState* states, int tensors, int window, int margin,
+                          bool set_scales, cudaStream_t stream);
 
 }  // namespace tierd::trainer::gpu
 

@@ -89,7 +89,7 @@ void DelayedScaling::Record(float amax) {
   // Would this step's values, at the scale they were stored with, have saturated, or has the
   // largest of them fallen below the smallest normal value?
   const float scaled = amax * scale_;
-  saturated_in_a_row_ = has_scale_ && scaled > MaxFinite(format_) ? saturated_in_a_row_ + 1 : 0;
+  saturated_in_a_row_ = has_scale_ && scaled > 2 * MaxFinite(format_) ? saturated_in_a_row_ + 1 : 0;
   underflow_in_a_row_ = has_scale_ && amax > 0 && scaled < MinNormal(format_) ? underflow_in_a_row_ + 1 : 0;
   history_.push_back(amax);
   if (static_cast<int>(history_.size()) > window_) history_.pop_front();

@@ -55,7 +55,10 @@ class DelayedScaling {
   float scale_inv() const { return 1.0f / scale_; }
   bool has_scale() const { return has_scale_; }
   // Steps whose amax was not finite (an overflow upstream); steps in a row where the scaled
-  // amax would have saturated the format (the window's max fell behind a growing tensor);
+  // amax was more than twice the format's largest value, so the largest values were cut to
+  // less than half (the window's max fell behind a growing tensor; a tensor that merely grows
+  // a little, as weights do in training, clips its largest value by about as much as FP8
+  // rounds it, which is not counted);
   // steps in a row where it fell below the format's smallest normal value (a tensor that
   // shrank past what its window's max allows: every value lost precision). What a precision
   // policy falls back on.

@@ -109,10 +109,12 @@ TEST(DelayedScalingTest, TheScaleFollowsTheWindowsLargestAmax) {
   EXPECT_EQ(s.scale(), 448.0f) << "an overflow keeps the scale";
   EXPECT_EQ(s.non_finite(), 1);
   // A tensor growing past what its window saw: its scaled amax would saturate.
-  s.Record(4.0f);  // at scale 448: 1792 > 448
+  s.Record(4.0f);  // at scale 448: 1792 > 2 x 448
   EXPECT_EQ(s.saturated_in_a_row(), 1);
   EXPECT_EQ(s.scale(), 112.0f);
   s.Record(4.0f);  // at 112: exactly 448, fits
+  EXPECT_EQ(s.saturated_in_a_row(), 0);
+  s.Record(7.0f);  // at 112: 784, past 448 but less than twice: not counted
   EXPECT_EQ(s.saturated_in_a_row(), 0);
   DelayedScaling margin(Format::kE5M2, 16, /*margin=*/2);
   margin.Record(1.0f);
@@ -139,9 +141,9 @@ TEST(DelayedScalingTest, SaturationAndUnderflowCountOnlyOnceTheScaleMeansSomethi
   EXPECT_EQ(s.underflow_in_a_row(), 0);
   s.Record(0.0f);  // an all-zero tensor neither underflows nor saturates
   EXPECT_EQ(s.underflow_in_a_row() + s.saturated_in_a_row(), 0);
-  s.Record(2 * tiny);  // at 448 / tiny: 896 > 448
+  s.Record(3 * tiny);  // at 448 / tiny: 1344 > 2 x 448
   EXPECT_EQ(s.saturated_in_a_row(), 1);
-  s.Record(4 * tiny);  // at 448 / (2 tiny): 896 again
+  s.Record(9 * tiny);  // at 448 / (3 tiny): 1344 again
   EXPECT_EQ(s.saturated_in_a_row(), 2);
   EXPECT_EQ(MinNormal(Format::kE4M3), 1.0f / 64);
   EXPECT_EQ(MinNormal(Format::kE5M2), 1.0f / 16384);

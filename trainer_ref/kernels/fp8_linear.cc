@@ -131,11 +131,12 @@ void Fp8Linear::ForgetWeights() { made_from_.assign(weights_.size(), {}); }
 Fp8Codes Fp8Linear::Quantize(uint8_t* plain, uint8_t* transposed, int slot, const Bf16* in, int rows, int cols,
                              bool e5m2, cudaStream_t stream) {
   float* s = Slot(slot);
-  if (!scaling_.delayed || steps_ == 0) {  // current scaling: this tensor's own largest |x| first
+  float* amax = recording_ ? s + 2 : nullptr;  // the step's running amax
+  if (!scaling_.delayed || steps_ == 0) {      // current scaling: this tensor's own largest |x| first
     AbsMax(s + 3, in, static_cast<int64_t>(rows) * cols, stream);
-    ScaleFromAmax(s + 1, s, s + 3, e5m2, stream);
+    ScaleFromAmax(s + 1, s, s + 3, e5m2, stream, amax);
+    amax = nullptr;  // taken already
   }
-  float* amax = recording_ ? s + 2 : nullptr;
   if (transposed != nullptr) {
     QuantizeFp8Transposed(transposed, in, rows, cols, s + 1, e5m2, stream, plain, amax);  // both from one read
   } else if (plain != nullptr) {

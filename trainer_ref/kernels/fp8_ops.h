@@ -17,8 +17,10 @@ namespace tierd::trainer::gpu {
 // deterministic.
 void AbsMax(float* amax, const Bf16* in, int64_t n, cudaStream_t stream);
 // Current scaling: *scale = fp8::CurrentScale(*amax) (E4M3, or E5M2 with `e5m2`) and
-// *scale_inv = 1 / *scale, on the device (nothing for the host to wait on).
-void ScaleFromAmax(float* scale, float* scale_inv, const float* amax, bool e5m2, cudaStream_t stream);
+// *scale_inv = 1 / *scale, on the device (nothing for the host to wait on). With
+// `running_amax`, *amax is also folded into it (a step's running amax, as QuantizeFp8 folds).
+void ScaleFromAmax(float* scale, float* scale_inv, const float* amax, bool e5m2, cudaStream_t stream,
+                   float* running_amax = nullptr);
 // out[i] = the FP8 code of in[i] * *scale (round to nearest even, saturating to the largest
 // finite value, NaN kept): E4M3, or E5M2 with `e5m2`. With `amax`, the input's largest |x| is
 // taken from the same reads and folded into *amax (max with what is there: a step's running

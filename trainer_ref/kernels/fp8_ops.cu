@@ -10,22 +10,15 @@ namespace {
 // bits; NaN's above infinity's).
 __device__ __forceinline__ unsigned int AbsBits2(unsigned int w) { return max((w & 0x7fffu) << 16, w & 0x7fff0000u); }
 
-// The block's largest |x| bits (each thread's `mine`) into *amax_bits with one atomicMax;
-// every thread of the block must call it. Nothing with a null amax_bits.
-__device__ __forceinline__ void BlockAmax(unsigned int* amax_bits, unsigned int mine) {
+// The warp's largest |x| bits (each thread's `mine`) into *amax_bits; every thread of a warp
+// that is not done must call it. Nothing with a null amax_bits. No shared memory and no block
+// barrier, so the conversions keep their speed; only a warp above what is there already sends
+// an atomic (tens of thousands of blocks on one address serialise in L2: ~20 us a conversion
+// of 8M values, measured). The max only grows, so a stale read costs an atomic, never a value.
+__device__ __forceinline__ void WarpAmax(unsigned int* amax_bits, unsigned int mine) {
   if (amax_bits == nullptr) return;
-  __shared__ unsigned int block_max;
-  if (threadIdx.x == 0 && threadIdx.y == 0) block_max = 0;
-  __syncthreads();
   for (int offset = 16; offset > 0; offset /= 2) mine = max(mine, __shfl_xor_sync(0xffffffffu, mine, offset));
-  if ((threadIdx.x + threadIdx.y * blockDim.x) % 32 == 0) atomicMax(&block_max, mine);
-  __syncthreads();
-  // Tens of thousands of blocks on one address serialise in L2 (~20 us a conversion of 8M
-  // values, measured): only a block above what is there already goes in. The max only grows,
-  // so a stale read costs an atomic, never a wrong result.
-  if (threadIdx.x == 0 && threadIdx.y == 0 && block_max > *reinterpret_cast<volatile unsigned int*>(amax_bits)) {
-    atomicMax(amax_bits, block_max);
-  }
+  if ((threadIdx.x + threadIdx.y * blockDim.x) % 32 == 0 && mine > *amax_bits) atomicMax(amax_bits, mine);
 }
 
 // Non-negative floats order as their bits: the block's largest |x| goes in with one atomicMax
@@ -87,7 +80,7 @@ __global__ void QuantizeKernel(uint8_t* out, const Bf16* in, int64_t n, const fl
     mine = max(mine, __float_as_uint(fabsf(x)));
     out[i] = Fp8(x, s, e5m2);
   }
-  BlockAmax(amax_bits, mine);
+  WarpAmax(amax_bits, mine);
 }
 
 // The transposing conversion for matrices of 64 x 64 tiles (every model shape): 16-byte loads
@@ -120,7 +113,7 @@ __global__ void QuantizeTransposed64Kernel(uint8_t* out, uint8_t* plain, const B
     }
     *reinterpret_cast<uint4*>(out + int64_t{c0 + c} * rows + r0 + r) = make_uint4(w[0], w[1], w[2], w[3]);
   }
-  BlockAmax(amax_bits, mine);
+  WarpAmax(amax_bits, mine);
 }
 
 // 32 x 32 tiles through shared memory: reads and writes both along rows. With `plain`, the
@@ -147,14 +140,14 @@ __global__ void QuantizeTransposedKernel(uint8_t* out, uint8_t* plain, const Bf1
     const int c = c0 + dy, r = r0 + threadIdx.x;  // out row c, column r
     if (r < rows && c < cols) out[int64_t{c} * rows + r] = tile[threadIdx.x][dy];
   }
-  BlockAmax(amax_bits, mine);
+  WarpAmax(amax_bits, mine);
 }
 
 __global__ void ScaleFromAmaxKernel(float* scale, float* scale_inv, const float* amax, float max_finite,
                                     float* running_amax) {
   // As fp8::CurrentScale: one fp32 division, and 1 for a degenerate amax.
   const float a = *amax;
-  if (running_amax != nullptr) {  // as the bits of |x| order (NaN above infinity), as BlockAmax's
+  if (running_amax != nullptr) {  // as the bits of |x| order (NaN above infinity), as WarpAmax's
     auto* bits = reinterpret_cast<unsigned int*>(running_amax);
     *bits = max(*bits, __float_as_uint(a));
   }
@@ -241,7 +234,9 @@ void AbsMax(float* amax, const Bf16* in, int64_t n, cudaStream_t stream) {
 void QuantizeFp8(uint8_t* out, const Bf16* in, int64_t n, const float* scale, bool e5m2, cudaStream_t stream,
                  float* amax) {
   if (n == 0) return;
-  QuantizeKernel<<<Blocks(n), kThreads, 0, stream>>>(out, in, n, scale, e5m2, reinterpret_cast<unsigned int*>(amax));
+  // Eight values a thread: a thread a value would leave seven of eight idle.
+  QuantizeKernel<<<Blocks((n + 7) / 8), kThreads, 0, stream>>>(out, in, n, scale, e5m2,
+                                                               reinterpret_cast<unsigned int*>(amax));
 }
 
 }  // namespace tierd::trainer::gpu

@@ -308,6 +308,33 @@ TEST_F(GpuTierdTest, EightBitMomentsOnTheHostTrainLikeOnTheGpu) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Lion (--opt=lion): the host steps it in tierd's DRAM tier, a plain model with the GPU kernel;
+// the two give the same bits, so the training is the same bit for bit. Its state has no
+// second moment: no "opt.v." lease at all.
+TEST_F(GpuTierdTest, LionOnTheHostTrainsLikeOnTheGpu) {
+  const trainer::ModelConfig config = TestConfig();
+  const int batch = 4, seq = 128;
+  auto on_host = OnTierd(config, batch, seq, {.lion = true});
+  auto on_gpu = tg::GpuModel::Create(config, batch, seq, nullptr, {.lion = true});
+  ASSERT_NE(on_host, nullptr);
+  ASSERT_TRUE(on_gpu.ok()) << on_gpu.status();
+  on_host->SetOptimizerOnCpu(true);
+  ASSERT_TRUE(on_host->InitParams(9).ok());
+  ASSERT_TRUE((*on_gpu)->InitParams(9).ok());
+  ASSERT_TRUE(on_host->RegisterStep(2).ok());
+  TrainSideBySide(*on_host, **on_gpu, config, batch, seq, /*steps=*/4, "host Lion, GPU Lion");
+  EXPECT_GT(on_host->HostOptimizerSeconds(), 0.0) << "the host did the steps";
+  auto leases = EveryLease();
+  ASSERT_TRUE(leases.ok()) << leases.status();
+  int moments = 0;
+  for (const auto& lease : leases->leases()) {
+    const std::string& name = lease.spec().name();
+    EXPECT_NE(name.rfind("opt.v.", 0), 0u) << name;
+    moments += name.rfind("opt.m.", 0) == 0;
+  }
+  EXPECT_EQ(moments, config.layers + 2);
+}
+
 // The GPU's AdamW deferred to the next forward (SetOptimizerDeferred: each group's update
 // queued just before its next use), 8-bit moments, layer-major over 2 micro-batches, through
 // tierd at a third of the state: the same training, bit for bit, as a plain model stepping

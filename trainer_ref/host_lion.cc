@@ -1,10 +1,12 @@
 #include "trainer_ref/host_lion.h"
 
+#include "trainer_ref/host_adamw.h"
 #include "trainer_ref/parallel.h"
 
 namespace tierd::trainer {
 
-void HostLion(float* master, float* m, const float* grads, int64_t n, const HostLionParams& p, int threads) {
+void HostLion(float* master, float* m, const float* grads, int64_t n, const HostLionParams& p, int threads,
+              uint16_t* weights_bf16) {
   const float b1 = p.beta1, b2 = p.beta2, wd = p.decay ? p.weight_decay : 0.f, lr = p.lr, scale = p.grad_scale;
   ParallelFor(
       n, 8.0 * n,
@@ -14,6 +16,7 @@ void HostLion(float* master, float* m, const float* grads, int64_t n, const Host
           const float sign = c > 0.f ? 1.f : (c < 0.f ? -1.f : 0.f);
           master[i] -= lr * (sign + wd * master[i]);
           m[i] = b2 * m[i] + (1.f - b2) * g;
+          if (weights_bf16 != nullptr) weights_bf16[i] = Bf16Bits(master[i]);
         }
       },
       threads);

@@ -13,8 +13,12 @@ struct HostLionParams {
   bool decay = true;       // false for norm weights
 };
 
-// master and m updated in place from grads. `threads` 0: CpuThreads().
-void HostLion(float* master, float* m, const float* grads, int64_t n, const HostLionParams& p, int threads = 0);
+// master and m updated in place from grads; when `weights_bf16` is not null it receives the
+// new master rounded to bf16 (as the GPU's weights are). Every operation rounded on its own
+// (built with -ffp-contract=off), so the GPU's Lion kernel gives the same bits. `threads` 0:
+// CpuThreads().
+void HostLion(float* master, float* m, const float* grads, int64_t n, const HostLionParams& p, int threads = 0,
+              uint16_t* weights_bf16 = nullptr);
 
 }  // namespace tierd::trainer
 

@@ -65,6 +65,10 @@ struct StateOptions {
   // backward (master instead of bf16 weights). Needs one backward per group a step
   // (layer-major, or one micro-batch) and the optimizer on the GPU.
   bool compact = false;
+  // Lion instead of AdamW (optimizer.h's LionStep; --opt=lion): one fp32 moment, so the
+  // second moment's part is empty (8 bytes of optimizer state a parameter with the master).
+  // AdamWStep then steps Lion, reading beta1, beta2 and weight_decay of its options as Lion's.
+  bool lion = false;
 };
 
 class GpuModel {
@@ -317,6 +321,7 @@ class GpuModel {
   int layer_major_ = 0;  // K micro-batches a step, layer-major; 0: one at a time
   bool moments_8bit_ = false;
   bool compact_ = false;
+  bool lion_ = false;
   // The compact state's workspaces (one group each): the gradients of the group whose
   // backward is running (accumulating_group_, fp32), and the bf16 weights of weights_group_.
   float* grad_acc_ = nullptr;

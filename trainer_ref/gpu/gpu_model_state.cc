@@ -62,8 +62,8 @@ GpuHomeLayout GpuModel::HomeLayout(const ModelConfig& config, int batch, int seq
     const uint64_t saved = state.checkpointing ? Aligned(static_cast<uint64_t>(batch) * seq * config.d_model * 4)
                                                : ActsBytes(config, batch, seq);
     const uint64_t weights = state.compact ? 0 : params * 2, grads = params * (state.compact ? 2 : 4);
-    out.bytes.push_back(
-        {weights, params * 4, grads, moment, moment, layer ? saved * static_cast<uint64_t>(out.act_slots) : 0});
+    out.bytes.push_back({weights, params * 4, grads, moment, state.lion ? 0 : moment,
+                         layer ? saved * static_cast<uint64_t>(out.act_slots) : 0});
   }
   return out;
 }
@@ -106,6 +106,10 @@ absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::Create(const ModelConfig& co
         absl::StrFormat("head size %d: the attention kernel takes at most 256", config.head_dim()));
   }
   if (state.layer_major_micro_batches < 0) return absl::InvalidArgumentError("a negative number of micro-batches");
+  if (state.lion && state.moments_8bit) {
+    return absl::InvalidArgumentError(
+        "Lion keeps its one moment in fp32 (4 bytes a parameter); 8-bit moments are AdamW's (--opt=adamw8bit)");
+  }
   std::unique_ptr<GpuModel> model(new GpuModel(config, batch, seq, state));
   if (home == nullptr) {
     auto plain = MakePlainGpuHome(HomeLayout(config, batch, seq, state));
@@ -376,13 +380,18 @@ absl::Status GpuModel::Leave(int group, Part part) {
 absl::Status GpuModel::ForEachStateChunk(int g, Access access,
                                          const std::function<absl::Status(size_t, size_t, float*, void*, void*)>& fn) {
   constexpr Part kState[] = {Part::kMaster, Part::kAdamM, Part::kAdamV};
+  // Lion's second-moment part is empty: not held, passed as null.
+  auto kept = [&](Part part) { return home_layout_.bytes[g][static_cast<int>(part)] > 0; };
   for (int c = 0; c < home_layout_.Chunks(g, Part::kMaster); ++c) {
-    for (Part part : kState) RETURN_IF_ERROR(Enter(g, part, access, c));
+    for (Part part : kState) {
+      if (kept(part)) RETURN_IF_ERROR(Enter(g, part, access, c));
+    }
     const GpuHomeLayout::Range range = home_layout_.Chunk(g, Part::kMaster, c);
-    auto at = [&](Part part) { return acquired_[g][static_cast<int>(part)]; };
+    auto at = [&](Part part) { return kept(part) ? acquired_[g][static_cast<int>(part)] : nullptr; };
     const absl::Status s = fn(range.offset / sizeof(float), range.bytes / sizeof(float),
                               static_cast<float*>(at(Part::kMaster)), at(Part::kAdamM), at(Part::kAdamV));
     for (Part part : kState) {
+      if (!kept(part)) continue;
       const absl::Status left = Leave(g, part);
       if (s.ok() && !left.ok()) return left;
     }
@@ -394,7 +403,9 @@ absl::Status GpuModel::ForEachStateChunk(int g, Access access,
 absl::Status GpuModel::ZeroMoments(int g, size_t n, void* m, void* v) {
   // All-zero bytes are a zero moment either way (8-bit: codes 0 scaled by an absmax of 0).
   const uint64_t bytes = moments_8bit_ ? home_layout_.bytes[g][static_cast<int>(Part::kAdamM)] : n * sizeof(float);
-  for (void* moment : {m, v}) RETURN_IF_ERROR(Cuda(cudaMemsetAsync(moment, 0, bytes, stream_), "zero moments"));
+  for (void* moment : {m, v}) {
+    if (moment != nullptr) RETURN_IF_ERROR(Cuda(cudaMemsetAsync(moment, 0, bytes, stream_), "zero moments"));
+  }
   return absl::OkStatus();
 }
 

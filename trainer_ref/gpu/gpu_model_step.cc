@@ -13,6 +13,7 @@
 #include "trainer_ref/adamw8bit.h"
 #include "trainer_ref/gpu/gpu_model_internal.h"
 #include "trainer_ref/host_adamw.h"
+#include "trainer_ref/host_lion.h"
 
 namespace tierd::trainer::gpu {
 
@@ -151,7 +152,21 @@ absl::Status GpuModel::GpuAdamWGroup(int g, bool zero_grads, const std::function
           const size_t lo = std::max(begin, first), hi = std::min(end, first + n);
           if (lo >= hi) continue;  // the entry is in other chunks
           const size_t at = lo - first;
-          if (moments_8bit_) {  // one chunk: the entry whole, its moments at their offsets
+          if (lion_) {
+            Timed(kOptimizer, [&] {
+              float* mf = static_cast<float*>(m) + at;
+              const size_t from = grads_of(e) + (lo - begin);
+              const auto count = static_cast<int64_t>(hi - lo);
+              if (compact_) {
+                Lion(master + at, mf, W(e) + (lo - begin), static_cast<const Bf16*>(grads) + from, count, params_for(e),
+                     stream_);
+              } else {
+                Lion(master + at, mf, W(e) + (lo - begin), static_cast<const float*>(grads) + from, count,
+                     params_for(e), stream_);
+              }
+              return 0;
+            });
+          } else if (moments_8bit_) {  // one chunk: the entry whole, its moments at their offsets
             RETURN_IF_ERROR(Timed(kOptimizer, [&] {
               auto* m8 = static_cast<unsigned char*>(m) + MomentOffset(e);
               auto* v8 = static_cast<unsigned char*>(v) + MomentOffset(e);
@@ -234,6 +249,7 @@ absl::Status GpuModel::HostAdamWStep(int g, bool zeros, const std::function<Adam
     constexpr Part kState[3] = {Part::kMaster, Part::kAdamM, Part::kAdamV};
     void* state[3] = {};
     for (int i = 0; i < 3 && s.ok(); ++i) {
+      if (home_layout_.bytes[g][static_cast<int>(kState[i])] == 0) continue;  // Lion's second moment
       auto p = take(kState[i], c, Access::kWrite);
       if (p.ok()) state[i] = *p;
       else s = p.status();
@@ -249,7 +265,17 @@ absl::Status GpuModel::HostAdamWStep(int g, bool zeros, const std::function<Adam
       if (lo >= hi) continue;  // the entry is in other chunks
       const size_t at = lo - first;
       const AdamWParams hp = params_for(e);
-      if (moments_8bit_) {  // one chunk: the entry whole, its moments at their offsets
+      if (lion_) {
+        HostLionParams lp;
+        lp.lr = hp.lr;
+        lp.beta1 = hp.beta1;
+        lp.beta2 = hp.beta2;
+        lp.weight_decay = hp.weight_decay;
+        lp.grad_scale = hp.grad_scale;
+        lp.decay = hp.decay;
+        HostLion(master + at, static_cast<float*>(state[1]) + at, grads + lo, static_cast<int64_t>(hi - lo), lp, 0,
+                 weights + lo);
+      } else if (moments_8bit_) {  // one chunk: the entry whole, its moments at their offsets
         HostAdamW8bit(master + at, static_cast<unsigned char*>(state[1]) + MomentOffset(e),
                       static_cast<unsigned char*>(state[2]) + MomentOffset(e), weights + lo, grads + lo,
                       static_cast<int64_t>(hi - lo), hp);

@@ -318,8 +318,13 @@ int GpuRun::Step(int64_t step) {
     std::printf("step %ld skipped: loss %g, gradient norm %g\n", static_cast<long>(step), loss, grad_norm);
     return 0;
   }
-  AdamWOptions adam;
+  AdamWOptions adam;  // with --opt=lion, Lion's betas (the model steps Lion from them)
   adam.weight_decay = s_.weight_decay;
+  if (s_.lion) {
+    const LionOptions lion;
+    adam.beta1 = lion.beta1;
+    adam.beta2 = lion.beta2;
+  }
   const double scale = ClipFactor(grad_norm, s_.clip) / s_.accum;
   if (absl::Status st = model_->AdamWStep(lr, step, adam, scale); !st.ok()) {
     return FailMidRun(absl::StrFormat("step %d: %s", step, st.message()), ck_);

@@ -62,7 +62,10 @@ absl::StatusOr<std::unique_ptr<GpuHome>> MakeHome(const RunSettings& s, const Gp
       layout.compact ? "from the master" : FormatBytes(layout.TotalOf(Part::kWeights)).c_str(),
       FormatBytes(layout.TotalOf(Part::kMaster)).c_str(),
       (FormatBytes(layout.TotalOf(Part::kGrads)) + (layout.compact ? " bf16" : "")).c_str(),
-      FormatBytes(2 * layout.TotalOf(Part::kAdamM)).c_str(), layout.moments_8bit ? " (8-bit)" : "",
+      FormatBytes(layout.TotalOf(Part::kAdamM) + layout.TotalOf(Part::kAdamV)).c_str(),
+      layout.moments_8bit                 ? " (8-bit)"
+      : layout.TotalOf(Part::kAdamV) == 0 ? " (Lion's one)"
+                                          : "",
       FormatBytes(layout.TotalOf(Part::kActs)).c_str(),
       chunks > 1 ? absl::StrFormat("; master weights and moments in %d sub-groups a layer (%s each)", chunks,
                                    FormatBytes(layout.Chunk(1, Part::kMaster, 0).bytes))
@@ -102,7 +105,8 @@ absl::StatusOr<bool> ChooseOptimizerOnCpu(const RunSettings& s, const GpuHomeLay
       2.0 * s.config.Params() * s.batch * s.seq * std::max(1, layer_major) / (absl::GetFlag(FLAGS_gpu_tflops) * 1e12);
   costs.gpu_overlaps_forward = absl::GetFlag(FLAGS_optimizer_deferred);
   costs.host_params_per_s = CalibrateHostAdamW(int64_t{1} << 23, s.moments_8bit);
-  costs.moment_bytes_per_param = static_cast<double>(2 * layout.TotalOf(Part::kAdamM)) / s.config.Params();
+  costs.moment_bytes_per_param =
+      static_cast<double>(layout.TotalOf(Part::kAdamM) + layout.TotalOf(Part::kAdamV)) / s.config.Params();
   costs.activation_bytes = static_cast<double>(layout.TotalOf(Part::kActs));
   const OptimizerChoice choice = ChooseOptimizerPlace(costs);
   std::printf("optimizer: %s\n", choice.why.c_str());
@@ -126,7 +130,8 @@ bool AutoLayerMajor(const RunSettings& s, const GpuHomeLayout& layout, const Gpu
                                                                             {.checkpointing = s.checkpointing,
                                                                              .layer_major_micro_batches = s.accum,
                                                                              .moments_8bit = s.moments_8bit,
-                                                                             .compact = true})
+                                                                             .compact = true,
+                                                                             .lion = s.lion})
                                                            .Total());
   }
   auto budget = ParseBytes(absl::GetFlag(FLAGS_gpu_budget));
@@ -145,8 +150,8 @@ bool AutoLayerMajor(const RunSettings& s, const GpuHomeLayout& layout, const Gpu
 
 absl::StatusOr<StateChoice> ChooseState(const RunSettings& s, uint64_t fp8_workspace) {
   const ModelConfig& config = s.config;
-  GpuHomeLayout layout =
-      GpuModel::HomeLayout(config, s.batch, s.seq, {.checkpointing = s.checkpointing, .moments_8bit = s.moments_8bit});
+  GpuHomeLayout layout = GpuModel::HomeLayout(
+      config, s.batch, s.seq, {.checkpointing = s.checkpointing, .moments_8bit = s.moments_8bit, .lion = s.lion});
   const int chunks = absl::GetFlag(FLAGS_optimizer_chunks);
   if (chunks < 1 || chunks > 1024) {
     return absl::InvalidArgumentError(
@@ -166,9 +171,11 @@ absl::StatusOr<StateChoice> ChooseState(const RunSettings& s, uint64_t fp8_works
   if (order != "layer" && order != "micro" && order != "auto") {
     return absl::InvalidArgumentError("--step_order is auto, micro or layer, not '" + order + "'");
   }
-  GpuHomeLayout layered = GpuModel::HomeLayout(
-      config, s.batch, s.seq,
-      {.checkpointing = s.checkpointing, .layer_major_micro_batches = s.accum, .moments_8bit = s.moments_8bit});
+  GpuHomeLayout layered = GpuModel::HomeLayout(config, s.batch, s.seq,
+                                               {.checkpointing = s.checkpointing,
+                                                .layer_major_micro_batches = s.accum,
+                                                .moments_8bit = s.moments_8bit,
+                                                .lion = s.lion});
   layered.state_chunks = chunks;
   const bool layer_major = order == "layer" || (order == "auto" && AutoLayerMajor(s, layout, layered, fp8_workspace));
   if (order == "layer") {
@@ -181,7 +188,8 @@ absl::StatusOr<StateChoice> ChooseState(const RunSettings& s, uint64_t fp8_works
   if (layer_major) layout = layered;
   StateOptions state{.checkpointing = s.checkpointing,
                      .layer_major_micro_batches = layer_major_micro_batches,
-                     .moments_8bit = s.moments_8bit};
+                     .moments_8bit = s.moments_8bit,
+                     .lion = s.lion};
   {
     StateOptions compact = state;
     compact.compact = true;

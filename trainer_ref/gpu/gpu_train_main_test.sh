@@ -57,6 +57,8 @@ else
   run $d --compact_state=on --steps=2 --batch_size=2 --seq_len=64
   check "the compact state trains and says so" \
     "grep -q '^state: compact, ' '$dir/out.log' && grep -q 'ours none' '$dir/out.log'"
+  run $d --opt=Lion --steps=2 --batch_size=2 --seq_len=64
+  check "Lion trains on the GPU (its name as users write it)" "grep -q 'ours none' '$dir/out.log' && grep -q 'lr 1.00e-05' '$dir/out.log'"
   run $d --precision=fp32
   check "fp32 throughout is the CPU's" "refused 'the GPU trainer computes bf16'"
   run $d --precision=fp8 --steps=2 --batch_size=2 --seq_len=64

@@ -99,6 +99,15 @@ void AdamW(float* master, float* m, float* v, Bf16* weights, const float* grads,
 void AdamW(float* master, float* m, float* v, Bf16* weights, const Bf16* grads, int64_t n, const AdamWParams& p,
            cudaStream_t stream);
 
+// Lion (optimizer.h's LionStep) on `n` parameters: fp32 master and its one moment m updated in
+// place from grads scaled by grad_scale, the bf16 weights written from the new master. Reads
+// lr, beta1, beta2, weight_decay, grad_scale and decay of `p` (Lion's betas: 0.9, 0.99). The
+// host's HostLion (host_lion.h) arithmetic, operation for operation: the same bits.
+void Lion(float* master, float* m, Bf16* weights, const float* grads, int64_t n, const AdamWParams& p,
+          cudaStream_t stream);
+void Lion(float* master, float* m, Bf16* weights, const Bf16* grads, int64_t n, const AdamWParams& p,
+          cudaStream_t stream);  // bf16 gradients (the compact state's)
+
 // Initial weights: master[0, count) (fp32) and weights[0, count) (bf16, rounded from it) =
 // elements [begin, begin + count) of the tensor with stream id `entry`, N(0, sigma)
 // (InitNormalValue in init_normal.h is the CPU reference). InitConstant writes `value`.

@@ -21,6 +21,7 @@
 #include "trainer_ref/adamw8bit.h"
 #include "trainer_ref/cpu_ops.h"
 #include "trainer_ref/host_adamw.h"
+#include "trainer_ref/host_lion.h"
 #include "trainer_ref/kernels/gemm.h"
 #include "trainer_ref/kernels/gpu_test_util.h"
 #include "trainer_ref/kernels/init_normal.h"
@@ -324,6 +325,77 @@ TEST(GpuOpsTest, AdamWOnTheHostGivesTheKernelsBits) {
                 std::memcmp(&g_v[i], &h_v[i], 4) != 0 || g_w[i] != h_w[i];
     }
     EXPECT_EQ(differ, 0) << "of " << n << " elements differ in some bit (decay " << decay << ")";
+  }
+}
+
+// Lion on the GPU and on the host (host_lion, for state in DRAM) give the same bits, from
+// fp32 and from bf16 gradients, with and without decay, including elements whose mix of
+// moment and gradient is exactly zero (sign 0); and both track optimizer.h's LionStep (in
+// double) to fp32 rounding.
+TEST(GpuOpsTest, LionGivesTheHostsBitsAndTracksTheReference) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(26);
+  const int64_t n = 100003;
+  std::normal_distribution<float> normal(0.f, 0.02f);
+  std::vector<float> grads(n), master(n), m(n);
+  for (int64_t i = 0; i < n; ++i) {
+    grads[i] = normal(rng) * 3.f;
+    master[i] = normal(rng);
+    m[i] = normal(rng) * 0.1f;
+  }
+  for (int64_t i = 0; i < 100; ++i) grads[i] = m[i] = 0.f;  // c = 0: no sign, only decay
+  std::vector<Bf16> grads16(n);
+  for (int64_t i = 0; i < n; ++i) grads16[i] = ToBf16(grads[i]);
+  for (bool bf16 : {false, true}) {
+    for (bool decay : {true, false}) {
+      SCOPED_TRACE(std::string(bf16 ? "bf16" : "fp32") + " gradients, decay " + (decay ? "on" : "off"));
+      AdamWParams p;
+      p.lr = 1e-4f;
+      p.beta1 = 0.9f;
+      p.beta2 = 0.99f;
+      p.weight_decay = 0.3f;
+      p.grad_scale = 0.37f;
+      p.decay = decay;
+      Device<float> d_master(master), d_m(m), d_g(grads);
+      Device<Bf16> d_g16(grads16), d_w{std::vector<Bf16>(n)};
+      if (bf16) {
+        Lion(d_master.get(), d_m.get(), d_w.get(), d_g16.get(), n, p, nullptr);
+      } else {
+        Lion(d_master.get(), d_m.get(), d_w.get(), d_g.get(), n, p, nullptr);
+      }
+      std::vector<float> h_master = master, h_m = m, g = grads;
+      if (bf16) {
+        for (int64_t i = 0; i < n; ++i) g[i] = FromBf16(grads16[i]);
+      }
+      std::vector<uint16_t> h_w(n);
+      HostLionParams hp;
+      hp.lr = p.lr;
+      hp.beta1 = p.beta1;
+      hp.beta2 = p.beta2;
+      hp.weight_decay = p.weight_decay;
+      hp.grad_scale = p.grad_scale;
+      hp.decay = decay;
+      HostLion(h_master.data(), h_m.data(), g.data(), n, hp, 0, h_w.data());
+      const std::vector<float> g_master = d_master.Host(), g_m = d_m.Host();
+      const std::vector<Bf16> g_w = d_w.Host();
+      int64_t differ = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        differ += std::memcmp(&g_master[i], &h_master[i], 4) != 0 || std::memcmp(&g_m[i], &h_m[i], 4) != 0 ||
+                  g_w[i] != h_w[i];
+      }
+      EXPECT_EQ(differ, 0) << "of " << n << " elements differ in some bit";
+      // The reference, in double: the same values up to fp32 rounding.
+      std::vector<float> r_master = master, r_m = m, scaled(n);
+      for (int64_t i = 0; i < n; ++i) scaled[i] = g[i] * p.grad_scale;
+      LionOptions o;
+      o.beta1 = p.beta1;
+      o.beta2 = p.beta2;
+      o.weight_decay = p.weight_decay;
+      LionStep(r_master.data(), scaled.data(), r_m.data(), n, p.lr, o, decay);
+      EXPECT_EQ(CompareF32(g_master, r_master, 1e-6f, 1e-9f, "lion master"), 0);
+      EXPECT_EQ(CompareF32(g_m, r_m, 1e-5f, 1e-9f, "lion m"), 0);
+      if (!decay) EXPECT_EQ(g_master[5], master[5]) << "c = 0 and no decay: the weight does not move";
+    }
   }
 }
 

@@ -123,6 +123,23 @@ __global__ void AdamWKernel(float* master, float* m, float* v, Bf16* weights, co
 }
 
 template <typename G>
+__global__ void LionKernel(float* master, float* m, Bf16* weights, const G* grads, int64_t n, AdamWParams p) {
+  // HostLion's operations in its order, each rounded on its own.
+  const float wd = p.decay ? p.weight_decay : 0.f, one_minus_b1 = 1.f - p.beta1, one_minus_b2 = 1.f - p.beta2;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const float g = __fmul_rn(GradAt(grads, i), p.grad_scale);
+    const float mi = m[i];
+    const float c = __fadd_rn(__fmul_rn(p.beta1, mi), __fmul_rn(one_minus_b1, g));
+    const float sign = c > 0.f ? 1.f : (c < 0.f ? -1.f : 0.f);
+    float w = master[i];
+    w = __fsub_rn(w, __fmul_rn(p.lr, __fadd_rn(sign, __fmul_rn(wd, w))));
+    master[i] = w;
+    m[i] = __fadd_rn(__fmul_rn(p.beta2, mi), __fmul_rn(one_minus_b2, g));
+    Store(weights, i, w);
+  }
+}
+
+template <typename G>
 void LaunchAdamW(float* master, float* m, float* v, Bf16* weights, const G* grads, int64_t n, const AdamWParams& p,
                  cudaStream_t stream) {
   const float c1 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(p.step)));
@@ -160,6 +177,16 @@ void AdamW(float* master, float* m, float* v, Bf16* weights, const float* grads,
 void AdamW(float* master, float* m, float* v, Bf16* weights, const Bf16* grads, int64_t n, const AdamWParams& p,
            cudaStream_t stream) {
   LaunchAdamW(master, m, v, weights, grads, n, p, stream);
+}
+
+void Lion(float* master, float* m, Bf16* weights, const float* grads, int64_t n, const AdamWParams& p,
+          cudaStream_t stream) {
+  if (n > 0) LionKernel<<<Blocks(n), kThreads, 0, stream>>>(master, m, weights, grads, n, p);
+}
+
+void Lion(float* master, float* m, Bf16* weights, const Bf16* grads, int64_t n, const AdamWParams& p,
+          cudaStream_t stream) {
+  if (n > 0) LionKernel<<<Blocks(n), kThreads, 0, stream>>>(master, m, weights, grads, n, p);
 }
 
 void InitNormal(float* master, Bf16* weights, int64_t begin, int64_t count, uint64_t seed, uint64_t entry, double sigma,

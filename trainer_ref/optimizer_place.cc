@@ -31,10 +31,10 @@ OptimizerChoice ChooseOptimizerPlace(const OptimizerCostInputs& in) {
   out.on_cpu = out.cpu_seconds < out.gpu_seconds;
   out.why = absl::StrFormat(
       "%.0f%% of master weights and moments (%.1f GB) cannot stay on the GPU: through the GPU %.2f s a step "
-      "(%.1f GB each way over PCIe%s, %.1f GB through NVMe), on the host %.2f s (host AdamW %.2f G params/s less a "
+      "(%.1f GB each way over PCIe%s, %.1f GB through NVMe), on the host %.2f s (host %s %.2f G params/s less a "
       "%.2f s forward, gradients down %.1f GB, %.1f GB through NVMe) -> %s",
       100 * out.offloaded_fraction, optimizer_bytes / 1e9, out.gpu_seconds, moved / 1e9,
-      in.gpu_overlaps_forward ? " under the forward" : "", out.gpu_nvme_bytes / 1e9, out.cpu_seconds,
+      in.gpu_overlaps_forward ? " under the forward" : "", out.gpu_nvme_bytes / 1e9, out.cpu_seconds, in.host_optimizer,
       in.host_params_per_s / 1e9, in.forward_seconds, 4.0 * in.params / 1e9, out.cpu_nvme_bytes / 1e9,
       out.on_cpu ? "cpu" : "gpu");
   return out;

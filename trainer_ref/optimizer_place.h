@@ -22,6 +22,7 @@ struct OptimizerCostInputs {
   double d2h_bytes_per_s = 55e9;    // GPU -> host
   double nvme_bytes_per_s = 2e9;    // reads and writes sharing the device
   double host_params_per_s = 1e9;   // HostAdamW, measured (Calibrate)
+  const char* host_optimizer = "AdamW";  // its name, for the line that explains the choice
   double gpu_params_per_s = 1e11;   // the GPU kernel: ~30 B a parameter at a few TB/s
   double forward_seconds = 0;       // the first micro-batch's forward: what the host step overlaps
   bool gpu_overlaps_forward = false;  // the GPU's update deferred to the next forward (streams meanwhile)

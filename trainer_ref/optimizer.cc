@@ -1,6 +1,8 @@
 #include "trainer_ref/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace tierd::trainer {
 
@@ -29,6 +31,52 @@ void LionStep(float* params, const float* grads, float* m, size_t n, double lr, 
     const double sign = c > 0 ? 1.0 : c < 0 ? -1.0 : 0.0;
     params[i] = static_cast<float>(params[i] - lr * (sign + wd * params[i]));
     m[i] = static_cast<float>(b2 * m[i] + (1 - b2) * g);
+  }
+}
+
+void AdafactorStep(float* params, const float* grads, float* state, size_t rows, size_t cols, double lr, int64_t step,
+                   const AdafactorOptions& options, bool decay) {
+  const double b2 = 1.0 - std::pow(static_cast<double>(step), options.decay_rate), eps1 = options.eps1;
+  const size_t n = cols == 0 ? rows : rows * cols;
+  std::vector<double> u(n);
+  if (cols == 0) {
+    for (size_t i = 0; i < n; ++i) {
+      const double g = grads[i];
+      state[i] = static_cast<float>(b2 * state[i] + (1 - b2) * (g * g + eps1));
+      u[i] = g / std::sqrt(static_cast<double>(state[i]));
+    }
+  } else {
+    float* r = state;
+    float* c = state + rows;
+    std::vector<double> row(rows, 0.0), col(cols, 0.0);
+    for (size_t i = 0; i < rows; ++i) {
+      for (size_t j = 0; j < cols; ++j) {
+        const double g = grads[i * cols + j], a = g * g + eps1;
+        row[i] += a;
+        col[j] += a;
+      }
+    }
+    double mean_r = 0;
+    for (size_t i = 0; i < rows; ++i) {
+      r[i] = static_cast<float>(b2 * r[i] + (1 - b2) * row[i] / static_cast<double>(cols));
+      mean_r += r[i];
+    }
+    mean_r /= static_cast<double>(rows);
+    for (size_t j = 0; j < cols; ++j)
+      c[j] = static_cast<float>(b2 * c[j] + (1 - b2) * col[j] / static_cast<double>(rows));
+    for (size_t i = 0; i < rows; ++i) {
+      for (size_t j = 0; j < cols; ++j) {
+        u[i * cols + j] = grads[i * cols + j] / std::sqrt(static_cast<double>(r[i]) / mean_r * c[j]);
+      }
+    }
+  }
+  double sum = 0;
+  for (double x : u) sum += x * x;
+  const double rms = std::sqrt(sum / static_cast<double>(n)), scale = 1.0 / std::max(1.0, rms / options.clip_threshold);
+  const double wd = decay ? options.weight_decay : 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    const double p = params[i] - lr * wd * params[i];
+    params[i] = static_cast<float>(p - lr * scale * u[i]);
   }
 }
 

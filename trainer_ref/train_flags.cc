@@ -69,8 +69,10 @@ ABSL_FLAG(std::string, opt, "adamw",
           "moments: ~6 bytes of optimizer state a parameter instead of 12, on the GPU or the host), or lion (one fp32 "
           "moment, 8 bytes of state a parameter with the master, on the CPU, the GPU or its host; every element moved "
           "by the sign of a mix of moment and gradient, so its --lr defaults to a third of AdamW's and it likes a "
-          "larger --weight_decay; suits --sparse_grad_ratio, whose gradients arrive in bursts). Names as written "
-          "elsewhere (AdamW, Lion) are taken too");
+          "larger --weight_decay; suits --sparse_grad_ratio, whose gradients arrive in bursts), or adafactor (GPU "
+          "trainer: no first moment and each matrix's second moment factored into row and column means, ~4 bytes "
+          "of state a parameter; external learning rate as AdamW's, update clipped to RMS 1). Names as written "
+          "elsewhere (AdamW, Lion, Adafactor) are taken too");
 ABSL_FLAG(std::string, grad_checkpointing, "none",
           "none | full: keep only each layer's input from forward and recompute the rest in backward (about a "
           "third more compute; saved activations shrink ~10x). A bare --grad_checkpointing means full");
@@ -196,8 +198,13 @@ absl::Status ReadPrecisionAndOptimizer(bool gpu) {
   }
   if (precision == "bf16" && !gpu) return Bad("--precision=bf16 is the GPU trainer's; the CPU reference is fp32");
   const std::string opt = absl::AsciiStrToLower(absl::GetFlag(FLAGS_opt));
-  if (opt != "adamw" && opt != "adamw8bit" && opt != "adamw_8bit" && opt != "lion") {
-    return Bad("--opt is adamw, adamw8bit or lion, not '" + absl::GetFlag(FLAGS_opt) + "'");
+  if (opt != "adamw" && opt != "adamw8bit" && opt != "adamw_8bit" && opt != "lion" && opt != "adafactor") {
+    return Bad("--opt is adamw, adamw8bit, lion or adafactor, not '" + absl::GetFlag(FLAGS_opt) + "'");
+  }
+  if (opt == "adafactor" && !gpu) {
+    return Bad(
+        "--opt=adafactor is the GPU trainer's (on the GPU or its host); the CPU reference trains with adamw, "
+        "adamw8bit or lion");
   }
   return absl::OkStatus();
 }
@@ -294,6 +301,7 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   if (absl::Status st = ReadPrecisionAndOptimizer(gpu); !st.ok()) return st;
   const std::string opt = absl::AsciiStrToLower(absl::GetFlag(FLAGS_opt));
   s.lion = opt == "lion";
+  s.adafactor = opt == "adafactor";
   s.moments_8bit = opt == "adamw8bit" || opt == "adamw_8bit";
   s.fp8 = absl::AsciiStrToLower(absl::GetFlag(FLAGS_precision)) == "fp8";
   s.bf16_layers = absl::GetFlag(FLAGS_bf16_layers);

@@ -89,6 +89,7 @@ struct RunSettings {
   bool checkpointing = false;
   bool moments_8bit = false;  // --opt=adamw8bit
   bool lion = false;          // --opt=lion
+  bool adafactor = false;     // --opt=adafactor (GPU)
   bool fp8 = false;           // --precision=fp8: the layers' matmuls in FP8 (GPU)
   std::string bf16_layers;    // --bf16_layers: those layers' matmuls stay bf16
   bool fp8_delayed = true;    // --fp8_scaling

@@ -53,7 +53,7 @@ check "--print_device says the device and nothing else" "[ \"\$(cat '$dir/pd.log
 check "the device is said" "grep -q '^device: \|no GPU can be used' '$dir/e8.log'"
 
 "$bin" --opt=sgd > "$dir/e0.log" 2>&1
-check "an unknown optimizer is explained" "grep -q \"opt is adamw, adamw8bit or lion, not 'sgd'\" '$dir/e0.log'"
+check "an unknown optimizer is explained" "grep -q \"opt is adamw, adamw8bit, lion or adafactor, not 'sgd'\" '$dir/e0.log'"
 "$bin" $common --opt=AdamW8bit --offload_policy=none --metrics="$dir/q.jsonl" > "$dir/q.log" 2>&1
 check "8-bit moments train (names as users write them)" "grep -q '^done: 6 steps' '$dir/q.log'"
 "$bin" --model_size=70b > "$dir/e1.log" 2>&1

@@ -35,7 +35,8 @@ GpuModel::GpuModel(const ModelConfig& config, int batch, int seq, const StateOpt
       layer_major_(state.layer_major_micro_batches),
       moments_8bit_(state.moments_8bit),
       compact_(state.compact),
-      lion_(state.lion) {
+      lion_(state.lion),
+      adafactor_(state.adafactor) {
   const ParamEntries entries = ParamEntriesOf(config);
   embed_ = entries.embed;
   layers_ = entries.layers;

@@ -69,6 +69,12 @@ struct StateOptions {
   // second moment's part is empty (8 bytes of optimizer state a parameter with the master).
   // AdamWStep then steps Lion, reading beta1, beta2 and weight_decay of its options as Lion's.
   bool lion = false;
+  // Adafactor instead (optimizer.h's AdafactorStep with its default decay rate, eps1 and clip
+  // threshold; --opt=adafactor): no first moment and a matrix's second moment factored into
+  // its row and column means, so the state is a few floats a row and column (the moments' part
+  // holds it, the second part is empty; ~4 bytes a parameter of master alone). AdamWStep steps
+  // it, reading weight_decay of its options.
+  bool adafactor = false;
 };
 
 class GpuModel {
@@ -322,6 +328,10 @@ class GpuModel {
   bool moments_8bit_ = false;
   bool compact_ = false;
   bool lion_ = false;
+  bool adafactor_ = false;
+  float* adafactor_scratch_ = nullptr;  // AdafactorScratchFloats of the widest matrix
+  // Adafactor's tensor shape: rows, cols (cols 0: a vector).
+  std::pair<int64_t, int64_t> FactoredShape(size_t entry) const;
   // The compact state's workspaces (one group each): the gradients of the group whose
   // backward is running (accumulating_group_, fp32), and the bf16 weights of weights_group_.
   float* grad_acc_ = nullptr;

@@ -34,7 +34,10 @@ std::string GpuModel::ShapeRecord() const {
   return absl::StrFormat("layers=%d d_model=%d heads=%d d_ff=%d vocab=%d norm_eps=%.9g rope_theta=%.9g params=%d%s%s%s",
                          config_.layers, config_.d_model, config_.heads, config_.d_ff, config_.vocab, config_.norm_eps,
                          config_.rope_theta, total_params_, moments_8bit_ ? " moments=8bit-root-v" : "",
-                         compact_ ? " state=compact" : "", lion_ ? " optimizer=lion" : "");
+                         compact_ ? " state=compact" : "",
+                         lion_        ? " optimizer=lion"
+                         : adafactor_ ? " optimizer=adafactor"
+                                      : "");
 }
 
 // fn(host pointer to bytes [at, at + n) of the chunk, n) over the chunk in pieces; the piece is

@@ -62,7 +62,7 @@ GpuHomeLayout GpuModel::HomeLayout(const ModelConfig& config, int batch, int seq
     const uint64_t saved = state.checkpointing ? Aligned(static_cast<uint64_t>(batch) * seq * config.d_model * 4)
                                                : ActsBytes(config, batch, seq);
     const uint64_t weights = state.compact ? 0 : params * 2, grads = params * (state.compact ? 2 : 4);
-    out.bytes.push_back({weights, params * 4, grads, moment, state.lion ? 0 : moment,
+    out.bytes.push_back({weights, params * 4, grads, moment, state.lion || state.adafactor ? 0 : moment,
                          layer ? saved * static_cast<uint64_t>(out.act_slots) : 0});
   }
   return out;
@@ -70,7 +70,17 @@ GpuHomeLayout GpuModel::HomeLayout(const ModelConfig& config, int batch, int seq
 
 uint64_t GpuModel::MomentBytes(size_t entry) const {
   const uint64_t n = layout_[entry].count;
+  if (adafactor_) {
+    const auto [rows, cols] = FactoredShape(entry);
+    return AdafactorStateCount(static_cast<size_t>(rows), static_cast<size_t>(cols)) * sizeof(float);
+  }
   return moments_8bit_ ? Moment8bitBytes(n) : n * sizeof(float);
+}
+
+std::pair<int64_t, int64_t> GpuModel::FactoredShape(size_t entry) const {
+  const TensorLayout& t = layout_[entry];
+  if (t.shape.size() == 2) return {static_cast<int64_t>(t.shape[0]), static_cast<int64_t>(t.shape[1])};
+  return {static_cast<int64_t>(t.count), 0};
 }
 
 uint64_t GpuModel::MomentOffset(size_t entry) const {
@@ -106,10 +116,12 @@ absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::Create(const ModelConfig& co
         absl::StrFormat("head size %d: the attention kernel takes at most 256", config.head_dim()));
   }
   if (state.layer_major_micro_batches < 0) return absl::InvalidArgumentError("a negative number of micro-batches");
-  if (state.lion && state.moments_8bit) {
+  if ((state.lion || state.adafactor) && state.moments_8bit) {
     return absl::InvalidArgumentError(
-        "Lion keeps its one moment in fp32 (4 bytes a parameter); 8-bit moments are AdamW's (--opt=adamw8bit)");
+        "8-bit moments are AdamW's (--opt=adamw8bit): Lion keeps its one moment in fp32, Adafactor its factored "
+        "second moment");
   }
+  if (state.lion && state.adafactor) return absl::InvalidArgumentError("one optimizer: Lion or Adafactor");
   std::unique_ptr<GpuModel> model(new GpuModel(config, batch, seq, state));
   if (home == nullptr) {
     auto plain = MakePlainGpuHome(HomeLayout(config, batch, seq, state));
@@ -300,6 +312,13 @@ absl::Status GpuModel::Allocate() {
       *targets[i] = *p;
     }
   }
+  if (adafactor_) {
+    int64_t widest = 0;
+    for (size_t e = 0; e < layout_.size(); ++e) widest = std::max(widest, FactoredShape(e).second);
+    auto scratch = Take<float>(static_cast<size_t>(AdafactorScratchFloats(widest)));
+    if (!scratch.ok()) return scratch.status();
+    adafactor_scratch_ = *scratch;
+  }
   if (compact_) {
     auto acc = Take<float>(MaxGroupCount());
     if (!acc.ok()) return acc.status();
@@ -402,7 +421,8 @@ absl::Status GpuModel::ForEachStateChunk(int g, Access access,
 
 absl::Status GpuModel::ZeroMoments(int g, size_t n, void* m, void* v) {
   // All-zero bytes are a zero moment either way (8-bit: codes 0 scaled by an absmax of 0).
-  const uint64_t bytes = moments_8bit_ ? home_layout_.bytes[g][static_cast<int>(Part::kAdamM)] : n * sizeof(float);
+  const uint64_t bytes =
+      moments_8bit_ || adafactor_ ? home_layout_.bytes[g][static_cast<int>(Part::kAdamM)] : n * sizeof(float);
   for (void* moment : {m, v}) {
     if (moment != nullptr) RETURN_IF_ERROR(Cuda(cudaMemsetAsync(moment, 0, bytes, stream_), "zero moments"));
   }

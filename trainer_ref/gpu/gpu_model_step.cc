@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <vector>
@@ -12,10 +13,31 @@
 #include "absl/strings/str_format.h"
 #include "trainer_ref/adamw8bit.h"
 #include "trainer_ref/gpu/gpu_model_internal.h"
+#include "trainer_ref/host_adafactor.h"
 #include "trainer_ref/host_adamw.h"
 #include "trainer_ref/host_lion.h"
+#include "trainer_ref/optimizer.h"
 
 namespace tierd::trainer::gpu {
+
+namespace {
+
+// Adafactor's per-step parameters from the step's: its decay rate, eps1 and clip threshold are
+// optimizer.h's defaults; beta2t from the step count.
+AdafactorParams AdafactorParamsOf(const AdamWParams& p) {
+  const AdafactorOptions defaults;
+  AdafactorParams a;
+  a.lr = p.lr;
+  a.beta2t = static_cast<float>(1.0 - std::pow(static_cast<double>(p.step), defaults.decay_rate));
+  a.eps1 = static_cast<float>(defaults.eps1);
+  a.clip_threshold = static_cast<float>(defaults.clip_threshold);
+  a.weight_decay = p.weight_decay;
+  a.grad_scale = p.grad_scale;
+  a.decay = p.decay;
+  return a;
+}
+
+}  // namespace
 
 uint32_t GpuModel::ForwardOp(int micro, int group) const {
   const int groups = Groups();
@@ -152,7 +174,18 @@ absl::Status GpuModel::GpuAdamWGroup(int g, bool zero_grads, const std::function
           const size_t lo = std::max(begin, first), hi = std::min(end, first + n);
           if (lo >= hi) continue;  // the entry is in other chunks
           const size_t at = lo - first;
-          if (lion_) {
+          if (adafactor_) {  // one chunk: the tensor whole, its factored state at its offset
+            RETURN_IF_ERROR(Timed(kOptimizer, [&] {
+              const auto [rows, cols] = FactoredShape(e);
+              auto* state = reinterpret_cast<float*>(static_cast<unsigned char*>(m) + MomentOffset(e));
+              const AdafactorParams ap = AdafactorParamsOf(params_for(e));
+              return Cuda(compact_ ? Adafactor(master + at, state, W(e), static_cast<const Bf16*>(grads) + grads_of(e),
+                                               rows, cols, ap, adafactor_scratch_, stream_)
+                                   : Adafactor(master + at, state, W(e), static_cast<const float*>(grads) + grads_of(e),
+                                               rows, cols, ap, adafactor_scratch_, stream_),
+                          "adafactor");
+            }));
+          } else if (lion_) {
             Timed(kOptimizer, [&] {
               float* mf = static_cast<float*>(m) + at;
               const size_t from = grads_of(e) + (lo - begin);
@@ -265,7 +298,20 @@ absl::Status GpuModel::HostAdamWStep(int g, bool zeros, const std::function<Adam
       if (lo >= hi) continue;  // the entry is in other chunks
       const size_t at = lo - first;
       const AdamWParams hp = params_for(e);
-      if (lion_) {
+      if (adafactor_) {  // one chunk: the tensor whole
+        const auto [rows, cols] = FactoredShape(e);
+        const AdafactorParams ap = AdafactorParamsOf(hp);
+        HostAdafactorParams hap;
+        hap.lr = ap.lr;
+        hap.beta2t = ap.beta2t;
+        hap.eps1 = ap.eps1;
+        hap.clip_threshold = ap.clip_threshold;
+        hap.weight_decay = ap.weight_decay;
+        hap.grad_scale = ap.grad_scale;
+        hap.decay = ap.decay;
+        HostAdafactor(master + at, reinterpret_cast<float*>(static_cast<unsigned char*>(state[1]) + MomentOffset(e)),
+                      grads + lo, rows, cols, hap, weights + lo);
+      } else if (lion_) {
         HostLionParams lp;
         lp.lr = hp.lr;
         lp.beta1 = hp.beta1;

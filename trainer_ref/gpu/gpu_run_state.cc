@@ -106,7 +106,10 @@ absl::StatusOr<bool> ChooseOptimizerOnCpu(const RunSettings& s, const GpuHomeLay
   costs.gpu_overlaps_forward = absl::GetFlag(FLAGS_optimizer_deferred);
   // Lion's host loop reads and writes a moment fewer than fp32 AdamW's: AdamW's speed bounds it from below.
   costs.host_params_per_s = CalibrateHostAdamW(int64_t{1} << 23, s.moments_8bit);
-  costs.host_optimizer = s.lion ? "Lion (at fp32 AdamW's measured speed)" : s.moments_8bit ? "AdamW 8-bit" : "AdamW";
+  costs.host_optimizer = s.lion           ? "Lion (at fp32 AdamW's measured speed)"
+                         : s.adafactor    ? "Adafactor (at fp32 AdamW's measured speed)"
+                         : s.moments_8bit ? "AdamW 8-bit"
+                                          : "AdamW";
   costs.moment_bytes_per_param =
       static_cast<double>(layout.TotalOf(Part::kAdamM) + layout.TotalOf(Part::kAdamV)) / s.config.Params();
   costs.activation_bytes = static_cast<double>(layout.TotalOf(Part::kActs));
@@ -133,7 +136,8 @@ bool AutoLayerMajor(const RunSettings& s, const GpuHomeLayout& layout, const Gpu
                                                                              .layer_major_micro_batches = s.accum,
                                                                              .moments_8bit = s.moments_8bit,
                                                                              .compact = true,
-                                                                             .lion = s.lion})
+                                                                             .lion = s.lion,
+                                                                             .adafactor = s.adafactor})
                                                            .Total());
   }
   auto budget = ParseBytes(absl::GetFlag(FLAGS_gpu_budget));
@@ -153,7 +157,8 @@ bool AutoLayerMajor(const RunSettings& s, const GpuHomeLayout& layout, const Gpu
 absl::StatusOr<StateChoice> ChooseState(const RunSettings& s, uint64_t fp8_workspace) {
   const ModelConfig& config = s.config;
   GpuHomeLayout layout = GpuModel::HomeLayout(
-      config, s.batch, s.seq, {.checkpointing = s.checkpointing, .moments_8bit = s.moments_8bit, .lion = s.lion});
+      config, s.batch, s.seq,
+      {.checkpointing = s.checkpointing, .moments_8bit = s.moments_8bit, .lion = s.lion, .adafactor = s.adafactor});
   const int chunks = absl::GetFlag(FLAGS_optimizer_chunks);
   if (chunks < 1 || chunks > 1024) {
     return absl::InvalidArgumentError(
@@ -162,6 +167,11 @@ absl::StatusOr<StateChoice> ChooseState(const RunSettings& s, uint64_t fp8_works
   if (chunks > 1 && !s.tierd) {
     return absl::InvalidArgumentError(
         "--optimizer_chunks leases the optimizer's state from tierd in pieces: it needs --offload_policy=tierd");
+  }
+  if (chunks > 1 && s.adafactor) {
+    return absl::InvalidArgumentError(
+        "--optimizer_chunks with --opt=adafactor: a matrix's factored state needs the whole matrix at once; leave "
+        "--optimizer_chunks at 1");
   }
   if (chunks > 1 && s.moments_8bit) {
     return absl::InvalidArgumentError(
@@ -177,7 +187,8 @@ absl::StatusOr<StateChoice> ChooseState(const RunSettings& s, uint64_t fp8_works
                                                {.checkpointing = s.checkpointing,
                                                 .layer_major_micro_batches = s.accum,
                                                 .moments_8bit = s.moments_8bit,
-                                                .lion = s.lion});
+                                                .lion = s.lion,
+                                                .adafactor = s.adafactor});
   layered.state_chunks = chunks;
   const bool layer_major = order == "layer" || (order == "auto" && AutoLayerMajor(s, layout, layered, fp8_workspace));
   if (order == "layer") {
@@ -191,7 +202,8 @@ absl::StatusOr<StateChoice> ChooseState(const RunSettings& s, uint64_t fp8_works
   StateOptions state{.checkpointing = s.checkpointing,
                      .layer_major_micro_batches = layer_major_micro_batches,
                      .moments_8bit = s.moments_8bit,
-                     .lion = s.lion};
+                     .lion = s.lion,
+                     .adafactor = s.adafactor};
   {
     StateOptions compact = state;
     compact.compact = true;

@@ -59,6 +59,10 @@ else
     "grep -q '^state: compact, ' '$dir/out.log' && grep -q 'ours none' '$dir/out.log'"
   run $d --opt=Lion --steps=2 --batch_size=2 --seq_len=64
   check "Lion trains on the GPU (its name as users write it)" "grep -q 'ours none' '$dir/out.log' && grep -q 'lr 1.00e-05' '$dir/out.log'"
+  run $d --opt=Adafactor --steps=2 --batch_size=2 --seq_len=64
+  check "Adafactor trains on the GPU" "grep -q 'ours none' '$dir/out.log'"
+  run $d --opt=adafactor --offload_policy=tierd --optimizer_chunks=4 --tierd_dir="$dir/no-tierd-here"
+  check "Adafactor's factored state is one lease a layer" "refused 'optimizer_chunks with --opt=adafactor'"
   run $d --precision=fp32
   check "fp32 throughout is the CPU's" "refused 'the GPU trainer computes bf16'"
   run $d --precision=fp8 --steps=2 --batch_size=2 --seq_len=64
@@ -87,6 +91,8 @@ run --fp8_scaling=sometimes
 check "an unknown FP8 scaling" "refused 'fp8_scaling is delayed or current, not .sometimes.'"
 run --fp8_window=0
 check "an amax window of no steps" "refused 'fp8_window is 1..1024 steps'"
+run --device=cpu --opt=adafactor
+check "Adafactor is the GPU trainer's" "refused 'opt=adafactor is the GPU trainer.s'"
 run --batch_size=0
 check "a batch of nothing" "refused 'must be at least 1'"
 run --help

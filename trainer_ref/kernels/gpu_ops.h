@@ -108,6 +108,23 @@ void Lion(float* master, float* m, Bf16* weights, const float* grads, int64_t n,
 void Lion(float* master, float* m, Bf16* weights, const Bf16* grads, int64_t n, const AdamWParams& p,
           cudaStream_t stream);  // bf16 gradients (the compact state's)
 
+// Adafactor (optimizer.h's AdafactorStep, the reference) on one tensor: a matrix of rows x
+// cols (its state: R, rows floats, then C, cols floats) or a vector of `rows` values (cols 0;
+// its state: V, rows floats); master and state updated in place from grads scaled by
+// grad_scale, the bf16 weights written from the new master. beta2t: 1 - step^decay_rate,
+// from the host. fp32 throughout with every sum in a fixed order: deterministic, within
+// fp32 rounding of the reference (the host's HostAdafactor sums in another order). `scratch`:
+// AdafactorScratchFloats(cols) floats on the device. The returned error is the launch's.
+struct AdafactorParams {
+  float lr = 1e-3f, beta2t = 0.f, eps1 = 1e-30f, clip_threshold = 1.f, weight_decay = 0.1f, grad_scale = 1.f;
+  bool decay = true;
+};
+int64_t AdafactorScratchFloats(int64_t cols);
+cudaError_t Adafactor(float* master, float* state, Bf16* weights, const float* grads, int64_t rows, int64_t cols,
+                      const AdafactorParams& p, float* scratch, cudaStream_t stream);
+cudaError_t Adafactor(float* master, float* state, Bf16* weights, const Bf16* grads, int64_t rows, int64_t cols,
+                      const AdafactorParams& p, float* scratch, cudaStream_t stream);
+
 // Initial weights: master[0, count) (fp32) and weights[0, count) (bf16, rounded from it) =
 // elements [begin, begin + count) of the tensor with stream id `entry`, N(0, sigma)
 // (InitNormalValue in init_normal.h is the CPU reference). InitConstant writes `value`.

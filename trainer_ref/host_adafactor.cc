@@ -38,20 +38,20 @@ void HostAdafactor(float* master, float* state, const float* grads, int64_t rows
         rows, 4.0 * n,
         [&](int64_t begin, int64_t end) {
           for (int64_t i = begin; i < end; ++i) {
-            float sum = 0.f;
+            double sum = 0;
             for (int64_t j = 0; j < cols; ++j) sum += square(i * cols + j);
-            r[i] = b2 * r[i] + keep * (sum / static_cast<float>(cols));
+            r[i] = b2 * r[i] + keep * static_cast<float>(sum / static_cast<double>(cols));
           }
         },
         threads);
     // Column sums over fixed row ranges, then the ranges in order.
     const int64_t pieces = std::min(kPieces, rows), per = (rows + pieces - 1) / pieces;
-    std::vector<float> partial(static_cast<size_t>(pieces * cols), 0.f);
+    std::vector<double> partial(static_cast<size_t>(pieces * cols), 0.0);
     ParallelFor(
         pieces, 4.0 * n,
         [&](int64_t begin, int64_t end) {
           for (int64_t piece = begin; piece < end; ++piece) {
-            float* out = partial.data() + piece * cols;
+            double* out = partial.data() + piece * cols;
             for (int64_t i = piece * per; i < std::min(rows, (piece + 1) * per); ++i) {
               for (int64_t j = 0; j < cols; ++j) out[j] += square(i * cols + j);
             }
@@ -59,13 +59,13 @@ void HostAdafactor(float* master, float* state, const float* grads, int64_t rows
         },
         threads);
     for (int64_t j = 0; j < cols; ++j) {
-      float sum = 0.f;
+      double sum = 0;
       for (int64_t piece = 0; piece < pieces; ++piece) sum += partial[piece * cols + j];
-      c[j] = b2 * c[j] + keep * (sum / static_cast<float>(rows));
+      c[j] = b2 * c[j] + keep * static_cast<float>(sum / static_cast<double>(rows));
     }
-    float sum = 0.f;
+    double sum = 0;
     for (int64_t i = 0; i < rows; ++i) sum += r[i];
-    mean_r = sum / static_cast<float>(rows);
+    mean_r = static_cast<float>(sum / static_cast<double>(rows));
   }
   auto update = [&](int64_t k) {
     const float g = grads[k] * scale;
@@ -73,23 +73,23 @@ void HostAdafactor(float* master, float* state, const float* grads, int64_t rows
     return g / std::sqrt(state[k / cols] / mean_r * state[rows + k % cols]);
   };
   const int64_t pieces = std::min(kPieces, n), per = (n + pieces - 1) / pieces;
-  std::vector<float> squares(static_cast<size_t>(pieces), 0.f);
+  std::vector<double> squares(static_cast<size_t>(pieces), 0.0);
   ParallelFor(
       pieces, 6.0 * n,
       [&](int64_t begin, int64_t end) {
         for (int64_t piece = begin; piece < end; ++piece) {
-          float sum = 0.f;
+          double sum = 0;
           for (int64_t k = piece * per; k < std::min(n, (piece + 1) * per); ++k) {
             const float u = update(k);
-            sum += u * u;
+            sum += static_cast<double>(u) * u;
           }
           squares[piece] = sum;
         }
       },
       threads);
-  float total = 0.f;
-  for (float s : squares) total += s;
-  const float rms = std::sqrt(total / static_cast<float>(n));
+  double total = 0;
+  for (double s : squares) total += s;
+  const float rms = static_cast<float>(std::sqrt(total / static_cast<double>(n)));
   const float step = p.lr * (1.f / std::max(1.f, rms / p.clip_threshold));
   const float decay = p.decay ? p.lr * p.weight_decay : 0.f;
   ParallelFor(

@@ -63,9 +63,10 @@ absl::StatusOr<std::unique_ptr<GpuHome>> MakeHome(const RunSettings& s, const Gp
       FormatBytes(layout.TotalOf(Part::kMaster)).c_str(),
       (FormatBytes(layout.TotalOf(Part::kGrads)) + (layout.compact ? " bf16" : "")).c_str(),
       FormatBytes(layout.TotalOf(Part::kAdamM) + layout.TotalOf(Part::kAdamV)).c_str(),
-      layout.moments_8bit                 ? " (8-bit)"
-      : layout.TotalOf(Part::kAdamV) == 0 ? " (Lion's one)"
-                                          : "",
+      layout.moments_8bit ? " (8-bit)"
+      : s.adafactor       ? " (Adafactor's factored)"
+      : s.lion            ? " (Lion's one)"
+                          : "",
       FormatBytes(layout.TotalOf(Part::kActs)).c_str(),
       chunks > 1 ? absl::StrFormat("; master weights and moments in %d sub-groups a layer (%s each)", chunks,
                                    FormatBytes(layout.Chunk(1, Part::kMaster, 0).bytes))

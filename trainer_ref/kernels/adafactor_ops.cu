@@ -1,6 +1,7 @@
 // Adafactor on the GPU (gpu_ops.h; optimizer.h's AdafactorStep is the reference): a few
 // kernels a tensor, every sum in a fixed order (per-block trees and ordered partials, no
-// atomics), so a run repeats bit for bit.
+// atomics), so a run repeats bit for bit. Sums accumulate in double (a column of the
+// embedding is 32000 values): the memory traffic, not the arithmetic, sets their time.
 #include "trainer_ref/kernels/gpu_kernel_util.cuh"
 #include "trainer_ref/kernels/gpu_ops.h"
 
@@ -15,15 +16,15 @@ __device__ __forceinline__ float GradOf(const float* g, int64_t i, float scale) 
 __device__ __forceinline__ float GradOf(const Bf16* g, int64_t i, float scale) { return __fmul_rn(Load(g, i), scale); }
 
 // The block's sum of `x` in a fixed tree; every thread gets it.
-__device__ float BlockSum(float x) {
-  __shared__ float sums[kBlock];
+__device__ double BlockSum(double x) {
+  __shared__ double sums[kBlock];
   sums[threadIdx.x] = x;
   __syncthreads();
   for (int stride = kBlock / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) sums[threadIdx.x] = __fadd_rn(sums[threadIdx.x], sums[threadIdx.x + stride]);
+    if (threadIdx.x < stride) sums[threadIdx.x] = __dadd_rn(sums[threadIdx.x], sums[threadIdx.x + stride]);
     __syncthreads();
   }
-  const float total = sums[0];
+  const double total = sums[0];
   __syncthreads();
   return total;
 }
@@ -45,29 +46,30 @@ __global__ void RowKernel(float* r, const G* grads, int64_t cols, AdafactorParam
 
 // Column sums over row range blockIdx.y into partial[blockIdx.y][j].
 template <typename G>
-__global__ void ColumnPartialKernel(float* partial, const G* grads, int64_t rows, int64_t cols, AdafactorParams p) {
+__global__ void ColumnPartialKernel(double* partial, const G* grads, int64_t rows, int64_t cols, AdafactorParams p) {
   const int64_t j = blockIdx.x * int64_t{kBlock} + threadIdx.x;
   if (j >= cols) return;
   const int64_t per = (rows + kRowChunks - 1) / kRowChunks, from = blockIdx.y * per, to = min(rows, from + per);
-  float sum = 0.f;
-  for (int64_t i = from; i < to; ++i) sum = __fadd_rn(sum, Square(GradOf(grads, i * cols + j, p.grad_scale), p.eps1));
+  double sum = 0;
+  for (int64_t i = from; i < to; ++i) sum = __dadd_rn(sum, Square(GradOf(grads, i * cols + j, p.grad_scale), p.eps1));
   partial[blockIdx.y * cols + j] = sum;
 }
 
-__global__ void ColumnKernel(float* c, const float* partial, int64_t rows, int64_t cols, AdafactorParams p) {
+__global__ void ColumnKernel(float* c, const double* partial, int64_t rows, int64_t cols, AdafactorParams p) {
   const int64_t j = blockIdx.x * int64_t{kBlock} + threadIdx.x;
   if (j >= cols) return;
-  float sum = 0.f;
-  for (int k = 0; k < kRowChunks; ++k) sum = __fadd_rn(sum, partial[k * cols + j]);
-  c[j] = __fadd_rn(__fmul_rn(p.beta2t, c[j]), __fmul_rn(1.f - p.beta2t, __fdiv_rn(sum, static_cast<float>(rows))));
+  double sum = 0;
+  for (int k = 0; k < kRowChunks; ++k) sum = __dadd_rn(sum, partial[k * cols + j]);
+  const float mean = static_cast<float>(__ddiv_rn(sum, static_cast<double>(rows)));
+  c[j] = __fadd_rn(__fmul_rn(p.beta2t, c[j]), __fmul_rn(1.f - p.beta2t, mean));
 }
 
 // scalars[0] = mean(R) (one block).
 __global__ void MeanKernel(float* scalars, const float* r, int64_t rows) {
-  float sum = 0.f;
-  for (int64_t i = threadIdx.x; i < rows; i += kBlock) sum = __fadd_rn(sum, r[i]);
-  const float total = BlockSum(sum);
-  if (threadIdx.x == 0) scalars[0] = __fdiv_rn(total, static_cast<float>(rows));
+  double sum = 0;
+  for (int64_t i = threadIdx.x; i < rows; i += kBlock) sum = __dadd_rn(sum, r[i]);
+  const double total = BlockSum(sum);
+  if (threadIdx.x == 0) scalars[0] = static_cast<float>(__ddiv_rn(total, static_cast<double>(rows)));
 }
 
 // The update of element k before clipping: g / sqrt(R_i C_j / mean(R)), or (a vector) g / sqrt(V_k).
@@ -91,26 +93,26 @@ __global__ void VectorKernel(float* v, const G* grads, int64_t n, AdafactorParam
 
 // partial[block] = the block's sum of u^2 over its fixed share of the elements.
 template <typename G>
-__global__ void SquaresKernel(float* partial, const G* grads, const float* state, const float* scalars, int64_t rows,
+__global__ void SquaresKernel(double* partial, const G* grads, const float* state, const float* scalars, int64_t rows,
                               int64_t cols, AdafactorParams p) {
   const int64_t n = cols == 0 ? rows : rows * cols;
   const float mean_r = cols == 0 ? 1.f : scalars[0];
-  float sum = 0.f;
+  double sum = 0;
   for (int64_t k = blockIdx.x * int64_t{kBlock} + threadIdx.x; k < n; k += int64_t{kPartialBlocks} * kBlock) {
     const float u = Update(grads, state, cols == 0 ? n : rows, cols, mean_r, k, p);
-    sum = __fadd_rn(sum, __fmul_rn(u, u));
+    sum = __dadd_rn(sum, __dmul_rn(u, u));
   }
-  const float total = BlockSum(sum);
+  const double total = BlockSum(sum);
   if (threadIdx.x == 0) partial[blockIdx.x] = total;
 }
 
 // scalars[1] = 1 / max(1, RMS(u) / clip) from the ordered partials (one block).
-__global__ void ClipKernel(float* scalars, const float* partial, int64_t n, AdafactorParams p) {
-  float sum = 0.f;
-  for (int b = threadIdx.x; b < kPartialBlocks; b += kBlock) sum = __fadd_rn(sum, partial[b]);
-  const float total = BlockSum(sum);
+__global__ void ClipKernel(float* scalars, const double* partial, int64_t n, AdafactorParams p) {
+  double sum = 0;
+  for (int b = threadIdx.x; b < kPartialBlocks; b += kBlock) sum = __dadd_rn(sum, partial[b]);
+  const double total = BlockSum(sum);
   if (threadIdx.x == 0) {
-    const float rms = __fsqrt_rn(__fdiv_rn(total, static_cast<float>(n)));
+    const float rms = static_cast<float>(__dsqrt_rn(__ddiv_rn(total, static_cast<double>(n))));
     scalars[1] = __fdiv_rn(1.f, fmaxf(1.f, __fdiv_rn(rms, p.clip_threshold)));
   }
 }
@@ -136,9 +138,9 @@ cudaError_t LaunchAdafactor(float* master, float* state, Bf16* weights, const G*
                             const AdafactorParams& p, float* scratch, cudaStream_t stream) {
   const int64_t n = cols == 0 ? rows : rows * cols;
   if (n <= 0) return cudaSuccess;
-  float* col_partial = scratch;  // kRowChunks x cols
-  float* partial = scratch + int64_t{kRowChunks} * cols;
-  float* scalars = partial + kPartialBlocks;
+  double* col_partial = reinterpret_cast<double*>(scratch);  // kRowChunks x cols
+  double* partial = col_partial + int64_t{kRowChunks} * cols;
+  float* scalars = reinterpret_cast<float*>(partial + kPartialBlocks);
   if (cols == 0) {
     VectorKernel<<<Blocks(n), kBlock, 0, stream>>>(state, grads, n, p);
   } else {
@@ -156,7 +158,7 @@ cudaError_t LaunchAdafactor(float* master, float* state, Bf16* weights, const G*
 
 }  // namespace
 
-int64_t AdafactorScratchFloats(int64_t cols) { return int64_t{kRowChunks} * cols + kPartialBlocks + 4; }
+int64_t AdafactorScratchFloats(int64_t cols) { return 2 * (int64_t{kRowChunks} * cols + kPartialBlocks) + 4; }
 
 cudaError_t Adafactor(float* master, float* state, Bf16* weights, const float* grads, int64_t rows, int64_t cols,
                       const AdafactorParams& p, float* scratch, cudaStream_t stream) {

@@ -367,6 +367,18 @@ TEST_F(GpuTierdTest, AdafactorOnTheHostTrainsLikeOnTheGpu) {
     }
     std::printf("step %d: loss %.7f %.7f (host Adafactor, GPU Adafactor)\n", step, losses[0], losses[1]);
     EXPECT_NEAR(losses[0], losses[1], 1e-5 * losses[1]) << "step " << step;
+    std::vector<float> ha, ga;
+    ASSERT_TRUE(on_host->GetParams(&ha).ok());
+    ASSERT_TRUE((*on_gpu)->GetParams(&ga).ok());
+    for (const trainer::TensorLayout& t : trainer::ParamLayout(config)) {  // where they part, if they do
+      double worst = 0;
+      size_t differ = 0;
+      for (size_t i = t.offset; i < t.offset + t.count; ++i) {
+        worst = std::max(worst, static_cast<double>(std::fabs(ha[i] - ga[i])));
+        differ += ha[i] != ga[i];
+      }
+      if (differ > 0) std::printf("  step %d %s: %zu of %zu differ, by at most %.3g\n", step, t.name.c_str(), differ, t.count, worst);
+    }
   }
   std::vector<float> pa, pb;
   ASSERT_TRUE(on_host->GetParams(&pa).ok());

@@ -55,5 +55,38 @@ TEST(HostAdafactorTest, TracksTheReferenceAndIgnoresTheThreadCount) {
   }
 }
 
+// The embedding's and the head's kind of gradient: most rows zero (tokens not in the batch)
+// or many decades below the others (rare tokens in the head): against the reference, to 1e-6.
+TEST(HostAdafactorTest, SparseAndSkewedRowsTrackTheReference) {
+  std::mt19937_64 rng(8);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  const int64_t rows = 512, cols = 128, n = rows * cols;
+  std::vector<float> master(n), state(rows + cols, 0.f), ref_state = state;
+  for (float& w : master) w = normal(rng) * 0.02f;
+  std::vector<float> ref = master;
+  AdafactorOptions o;
+  for (int step = 1; step <= 4; ++step) {
+    std::vector<float> g(n, 0.f);
+    for (int64_t i = 0; i < rows; ++i) {
+      const bool used = i % 5 == step % 5 || i < 8;
+      const float row_scale = std::pow(10.f, -static_cast<float>(i % 9));
+      for (int64_t j = 0; j < cols; ++j) g[i * cols + j] = used ? normal(rng) * row_scale : 0.f;
+    }
+    HostAdafactorParams p;
+    p.lr = 1e-3f;
+    p.beta2t = static_cast<float>(1.0 - std::pow(step, o.decay_rate));
+    HostAdafactor(master.data(), state.data(), g.data(), rows, cols, p);
+    AdafactorStep(ref.data(), g.data(), ref_state.data(), rows, cols, 1e-3, step, o, true);
+  }
+  int64_t off = 0;
+  double worst = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = std::fabs(master[i] - ref[i]);
+    worst = std::max(worst, d);
+    off += d > 1e-6 * std::fabs(ref[i]) + 1e-8;
+  }
+  EXPECT_EQ(off, 0) << "of " << n << " master weights off the reference, by at most " << worst;
+}
+
 }  // namespace
 }  // namespace tierd::trainer

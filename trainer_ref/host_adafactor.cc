@@ -1,6 +1,7 @@
 #include "trainer_ref/host_adafactor.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <vector>
 
@@ -10,7 +11,20 @@
 namespace tierd::trainer {
 namespace {
 
-constexpr int64_t kPieces = 64;  // the fixed pieces sums are taken over
+// The GPU kernels' shapes (kernels/adafactor_ops.cu), which the sums below follow step for
+// step: blocks of 256 lanes, each lane summing every 256th value in order, then a tree over
+// the lanes (strides 128, 64, ..., 1); column sums over 32 row ranges, then the ranges in
+// order; the update's sum of squares over 1024 blocks of 256 lanes, each lane taking every
+// (1024 x 256)th value, then the blocks 4 to a lane.
+constexpr int kLanes = 256, kRowChunks = 32, kPartialBlocks = 1024;
+using Lanes = std::array<double, kLanes>;
+
+double TreeSum(Lanes& lanes) {
+  for (int stride = kLanes / 2; stride > 0; stride /= 2) {
+    for (int t = 0; t < stride; ++t) lanes[t] += lanes[t + stride];
+  }
+  return lanes[0];
+}
 
 }  // namespace
 
@@ -38,58 +52,58 @@ void HostAdafactor(float* master, float* state, const float* grads, int64_t rows
         rows, 4.0 * n,
         [&](int64_t begin, int64_t end) {
           for (int64_t i = begin; i < end; ++i) {
-            double sum = 0;
-            for (int64_t j = 0; j < cols; ++j) sum += square(i * cols + j);
-            r[i] = b2 * r[i] + keep * static_cast<float>(sum / static_cast<double>(cols));
+            Lanes lanes{};
+            for (int64_t j = 0; j < cols; ++j) lanes[j % kLanes] += square(i * cols + j);
+            const float mean = static_cast<float>(TreeSum(lanes) / static_cast<double>(cols));
+            r[i] = b2 * r[i] + keep * mean;
           }
         },
         threads);
-    // Column sums over fixed row ranges, then the ranges in order.
-    const int64_t pieces = std::min(kPieces, rows), per = (rows + pieces - 1) / pieces;
-    std::vector<double> partial(static_cast<size_t>(pieces * cols), 0.0);
+    const int64_t per = (rows + kRowChunks - 1) / kRowChunks;
     ParallelFor(
-        pieces, 4.0 * n,
+        cols, 4.0 * n,
         [&](int64_t begin, int64_t end) {
-          for (int64_t piece = begin; piece < end; ++piece) {
-            double* out = partial.data() + piece * cols;
-            for (int64_t i = piece * per; i < std::min(rows, (piece + 1) * per); ++i) {
-              for (int64_t j = 0; j < cols; ++j) out[j] += square(i * cols + j);
+          for (int64_t j = begin; j < end; ++j) {
+            double sum = 0;
+            for (int chunk = 0; chunk < kRowChunks; ++chunk) {
+              double part = 0;
+              for (int64_t i = chunk * per; i < std::min(rows, (chunk + 1) * per); ++i) part += square(i * cols + j);
+              sum += part;
             }
+            const float mean = static_cast<float>(sum / static_cast<double>(rows));
+            c[j] = b2 * c[j] + keep * mean;
           }
         },
         threads);
-    for (int64_t j = 0; j < cols; ++j) {
-      double sum = 0;
-      for (int64_t piece = 0; piece < pieces; ++piece) sum += partial[piece * cols + j];
-      c[j] = b2 * c[j] + keep * static_cast<float>(sum / static_cast<double>(rows));
-    }
-    double sum = 0;
-    for (int64_t i = 0; i < rows; ++i) sum += r[i];
-    mean_r = static_cast<float>(sum / static_cast<double>(rows));
+    Lanes lanes{};
+    for (int64_t i = 0; i < rows; ++i) lanes[i % kLanes] += r[i];
+    mean_r = static_cast<float>(TreeSum(lanes) / static_cast<double>(rows));
   }
   auto update = [&](int64_t k) {
     const float g = grads[k] * scale;
     if (cols == 0) return g / std::sqrt(state[k]);
     return g / std::sqrt(state[k / cols] / mean_r * state[rows + k % cols]);
   };
-  const int64_t pieces = std::min(kPieces, n), per = (n + pieces - 1) / pieces;
-  std::vector<double> squares(static_cast<size_t>(pieces), 0.0);
+  std::vector<double> partial(kPartialBlocks);
+  constexpr int64_t kStride = int64_t{kPartialBlocks} * kLanes;
   ParallelFor(
-      pieces, 6.0 * n,
+      kPartialBlocks, 6.0 * n,
       [&](int64_t begin, int64_t end) {
-        for (int64_t piece = begin; piece < end; ++piece) {
-          double sum = 0;
-          for (int64_t k = piece * per; k < std::min(n, (piece + 1) * per); ++k) {
-            const float u = update(k);
-            sum += static_cast<double>(u) * u;
+        for (int64_t block = begin; block < end; ++block) {
+          Lanes lanes{};
+          for (int t = 0; t < kLanes; ++t) {
+            for (int64_t k = block * kLanes + t; k < n; k += kStride) {
+              const double u = update(k);
+              lanes[t] += u * u;
+            }
           }
-          squares[piece] = sum;
+          partial[block] = TreeSum(lanes);
         }
       },
       threads);
-  double total = 0;
-  for (double s : squares) total += s;
-  const float rms = static_cast<float>(std::sqrt(total / static_cast<double>(n)));
+  Lanes lanes{};
+  for (int b = 0; b < kPartialBlocks; ++b) lanes[b % kLanes] += partial[b];
+  const float rms = static_cast<float>(std::sqrt(TreeSum(lanes) / static_cast<double>(n)));
   const float step = p.lr * (1.f / std::max(1.f, rms / p.clip_threshold));
   const float decay = p.decay ? p.lr * p.weight_decay : 0.f;
   ParallelFor(
@@ -97,8 +111,8 @@ void HostAdafactor(float* master, float* state, const float* grads, int64_t rows
       [&](int64_t begin, int64_t end) {
         for (int64_t k = begin; k < end; ++k) {
           float w = master[k];
-          w -= decay * w;
-          w -= step * update(k);
+          w = w - decay * w;
+          w = w - step * update(k);
           master[k] = w;
           if (weights_bf16 != nullptr) weights_bf16[k] = Bf16Bits(w);
         }

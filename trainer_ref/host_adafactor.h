@@ -1,9 +1,9 @@
 // Adafactor on the host, for the state in the DRAM tier (the GPU trainer's --optimizer_place=cpu):
-// optimizer.h's AdafactorStep in fp32 on the host's threads, its sums in
-// double. Every sum is taken over fixed pieces and the pieces added in order, so the result
-// does not depend on the thread count; it is within fp32 rounding of the reference and of the
-// GPU kernel (whose sums run in another order: not the same bits, unlike AdamW's and Lion's
-// host loops).
+// optimizer.h's AdafactorStep in fp32, its sums in double, on the host's threads. Every sum
+// follows the GPU kernels' order step for step (their 256-lane blocks and trees; built with
+// -ffp-contract=off, every operation rounded on its own), so the host and the GPU give the
+// same bits and a run may step either place and stay the same run; and the result does not
+// depend on the thread count.
 #ifndef TIERD_TRAINER_REF_HOST_ADAFACTOR_H_
 #define TIERD_TRAINER_REF_HOST_ADAFACTOR_H_
 

@@ -96,6 +96,7 @@ TrainOptions OptionsFrom(const RunSettings& s) {
   o.record_plan = absl::GetFlag(FLAGS_tierd_record);
   o.moments_8bit = s.moments_8bit;
   o.lion = s.lion;
+  o.adafactor = s.adafactor;
   return o;
 }
 

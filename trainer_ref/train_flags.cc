@@ -69,8 +69,9 @@ ABSL_FLAG(std::string, opt, "adamw",
           "moments: ~6 bytes of optimizer state a parameter instead of 12, on the GPU or the host), or lion (one fp32 "
           "moment, 8 bytes of state a parameter with the master, on the CPU, the GPU or its host; every element moved "
           "by the sign of a mix of moment and gradient, so its --lr defaults to a third of AdamW's and it likes a "
-          "larger --weight_decay; suits --sparse_grad_ratio, whose gradients arrive in bursts), or adafactor (GPU "
-          "trainer: no first moment and each matrix's second moment factored into row and column means, ~4 bytes "
+          "larger --weight_decay; suits --sparse_grad_ratio, whose gradients arrive in bursts), or adafactor (both "
+          "trainers, not with --zero=2: no first moment and each matrix's second moment factored into row and column "
+          "means, ~4 bytes "
           "of state a parameter; external learning rate as AdamW's, update clipped to RMS 1). Names as written "
           "elsewhere (AdamW, Lion, Adafactor) are taken too");
 ABSL_FLAG(std::string, grad_checkpointing, "none",
@@ -201,11 +202,7 @@ absl::Status ReadPrecisionAndOptimizer(bool gpu) {
   if (opt != "adamw" && opt != "adamw8bit" && opt != "adamw_8bit" && opt != "lion" && opt != "adafactor") {
     return Bad("--opt is adamw, adamw8bit, lion or adafactor, not '" + absl::GetFlag(FLAGS_opt) + "'");
   }
-  if (opt == "adafactor" && !gpu) {
-    return Bad(
-        "--opt=adafactor is the GPU trainer's (on the GPU or its host); the CPU reference trains with adamw, "
-        "adamw8bit or lion");
-  }
+
   return absl::OkStatus();
 }
 

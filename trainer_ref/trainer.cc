@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_format.h"
 #include "trainer_ref/adamw8bit.h"
+#include "trainer_ref/host_adafactor.h"
 #include "trainer_ref/host_adamw.h"
 #include "trainer_ref/host_lion.h"
 
@@ -37,6 +38,7 @@ constexpr uint32_t kStateMagicV3 = 0x74727333;  // "trs3": one process, no resid
 // The moments' formats: 0 fp32; 1 8-bit with v itself (refused); 2 8-bit with v's root.
 constexpr uint32_t kMoments8bitRoot = 2;
 constexpr uint32_t kLionMoment = 3;  // Lion's one fp32 moment
+constexpr uint32_t kAdafactorState = 4;  // Adafactor's row and column means (a vector's own)
 // What a state holds, in order (a kind the run does not have, none: residuals without a
 // sparse sync).
 constexpr Kind kStateKinds[] = {Kind::kParam, Kind::kAdamM, Kind::kAdamV, Kind::kResidual};
@@ -63,8 +65,12 @@ HomeShape HomeShapeFor(const ModelConfig& config, const TrainOptions& options) {
       shape.moments[e].count = std::max<size_t>(1, static_cast<size_t>(hi - lo));
     }
   }
+  if (options.adafactor) {  // each tensor's state: rows + cols floats, or a vector's n
+    shape.moments = shape.layout;
+    for (TensorLayout& t : shape.moments) t.count = t.shape.size() == 2 ? t.shape[0] + t.shape[1] : t.count;
+  }
   shape.residuals = sync.ok() && sync->sparse();
-  shape.second_moment = !options.lion;
+  shape.second_moment = !options.lion && !options.adafactor;
   return shape;
 }
 
@@ -78,6 +84,11 @@ Trainer::Trainer(const ModelConfig& config, const TrainOptions& options, const D
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& config, const TrainOptions& options,
                                                         const Dataset& data, TensorHome& home) {
+  if (options.adafactor && (options.dp.zero2 || options.lion || options.moments_8bit)) {
+    return absl::InvalidArgumentError(
+        "--opt=adafactor keeps each matrix's row and column means whole: not with --zero=2 (its slices cut "
+        "matrices), nor with another optimizer's moments");
+  }
   std::unique_ptr<Trainer> t(new Trainer(config, options, data, home));
   auto sync = GradSync::Create(options.dp, t->shape_.layout, SliceAlign(options));
   if (!sync.ok()) return sync.status();
@@ -214,7 +225,10 @@ prefetcher::Graph Trainer::StepGraph() const {
     g.ops.push_back(std::move(op));
   }
   for (size_t e = 0; e < layout.size(); ++e) {
-    tp::GraphOp op{(options_.lion ? "lion." : "adamw.") + layout[e].name,
+    tp::GraphOp op{(options_.lion        ? "lion."
+                    : options_.adafactor ? "adafactor."
+                                         : "adamw.") +
+                       layout[e].name,
                    {},
                    {tensor(e, Kind::kParam), tensor(e, Kind::kGrad), tensor(e, Kind::kAdamM)},
                    stream(4 * layout[e].count)};
@@ -312,7 +326,17 @@ absl::StatusOr<StepResult> Trainer::Step() {
     const bool sparse_update = update_mode && sync_.SparseK(e) > 0;
     std::vector<float> before;
     if (sparse_update) before.assign(*p, *p + t.count);
-    if (options_.lion) {  // with ZeRO-2 this rank's slice only; its moment holds that slice
+    if (options_.adafactor) {  // the whole tensor (no ZeRO-2): its row and column means
+      const bool matrix = t.shape.size() == 2;
+      HostAdafactorParams ha;
+      ha.lr = static_cast<float>(r.lr);
+      ha.beta2t = static_cast<float>(1.0 - std::pow(static_cast<double>(step_), AdafactorOptions{}.decay_rate));
+      ha.weight_decay = static_cast<float>(options_.adam.weight_decay);
+      ha.grad_scale = static_cast<float>(clip);
+      ha.decay = matrix;
+      HostAdafactor(*p, *m, *g, matrix ? static_cast<int64_t>(t.shape[0]) : static_cast<int64_t>(t.count),
+                    matrix ? static_cast<int64_t>(t.shape[1]) : 0, ha);
+    } else if (options_.lion) {  // with ZeRO-2 this rank's slice only; its moment holds that slice
       HostLionParams hl;
       hl.lr = static_cast<float>(r.lr);
       hl.beta1 = static_cast<float>(options_.lion_options.beta1);
@@ -412,7 +436,10 @@ absl::StatusOr<double> Trainer::ValidationLoss(int batches) {
 }
 
 uint32_t Trainer::MomentsFormat() const {
-  return options_.lion ? kLionMoment : options_.moments_8bit ? kMoments8bitRoot : 0u;
+  return options_.lion           ? kLionMoment
+         : options_.adafactor    ? kAdafactorState
+         : options_.moments_8bit ? kMoments8bitRoot
+                                 : 0u;
 }
 
 uint32_t Trainer::DpFlags() const { return (options_.dp.zero2 ? 1u : 0u) | (sync_.sparse() ? 2u : 0u); }
@@ -484,7 +511,12 @@ absl::Status Trainer::LoadState(const std::string& bytes) {
         "trainer cannot continue it; start afresh or use the build that wrote it");
   }
   if (format != MomentsFormat()) {
-    auto name = [](uint32_t f) { return f == kLionMoment ? "Lion's" : f == kMoments8bitRoot ? "8-bit" : "fp32"; };
+    auto name = [](uint32_t f) {
+      return f == kLionMoment        ? "Lion's"
+             : f == kAdafactorState  ? "Adafactor's"
+             : f == kMoments8bitRoot ? "8-bit"
+                                     : "fp32";
+    };
     return absl::InvalidArgumentError(
         absl::StrFormat("the state's moments are %s; this run's are %s (--opt)", name(format), name(MomentsFormat())));
   }

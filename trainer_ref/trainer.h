@@ -42,6 +42,9 @@ struct TrainOptions {
   // Lion instead of AdamW (one moment; betas from lion, weight decay from adam).
   bool lion = false;
   LionOptions lion_options;
+  // Adafactor instead (optimizer.h; no first moment, each matrix's second moment as its row and
+  // column means; weight decay from adam; not with ZeRO-2, whose slices cut matrices).
+  bool adafactor = false;
   // Data parallelism: this process is one of dp.ranks(); each step it takes its share of the
   // global batch (the micro-batches one process with ranks x grad_accum would take, in rank
   // order) and the ranks agree on the gradient before the optimizer steps (grad_sync.h).

@@ -91,8 +91,8 @@ run --fp8_scaling=sometimes
 check "an unknown FP8 scaling" "refused 'fp8_scaling is delayed or current, not .sometimes.'"
 run --fp8_window=0
 check "an amax window of no steps" "refused 'fp8_window is 1..1024 steps'"
-run --device=cpu --opt=adafactor
-check "Adafactor is the GPU trainer's" "refused 'opt=adafactor is the GPU trainer.s'"
+run --device=cpu --opt=Adafactor --steps=3 --eval_every=0
+check "Adafactor trains on the CPU too" "[ \"\$(cat '$dir/rc')\" = 0 ]"
 run --batch_size=0
 check "a batch of nothing" "refused 'must be at least 1'"
 run --help

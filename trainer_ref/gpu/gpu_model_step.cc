@@ -300,17 +300,8 @@ absl::Status GpuModel::HostAdamWStep(int g, bool zeros, const std::function<Adam
       const AdamWParams hp = params_for(e);
       if (adafactor_) {  // one chunk: the tensor whole
         const auto [rows, cols] = FactoredShape(e);
-        const AdafactorParams ap = AdafactorParamsOf(hp);
-        HostAdafactorParams hap;
-        hap.lr = ap.lr;
-        hap.beta2t = ap.beta2t;
-        hap.eps1 = ap.eps1;
-        hap.clip_threshold = ap.clip_threshold;
-        hap.weight_decay = ap.weight_decay;
-        hap.grad_scale = ap.grad_scale;
-        hap.decay = ap.decay;
         HostAdafactor(master + at, reinterpret_cast<float*>(static_cast<unsigned char*>(state[1]) + MomentOffset(e)),
-                      grads + lo, rows, cols, hap, weights + lo);
+                      grads + lo, rows, cols, AdafactorParamsOf(hp), weights + lo);
       } else if (lion_) {
         HostLionParams lp;
         lp.lr = hp.lr;

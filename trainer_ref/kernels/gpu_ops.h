@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "trainer_ref/host_adafactor.h"
 #include "trainer_ref/host_adamw.h"
 
 namespace tierd::trainer::gpu {
@@ -115,10 +116,7 @@ void Lion(float* master, float* m, Bf16* weights, const Bf16* grads, int64_t n, 
 // from the host. fp32 throughout with every sum in a fixed order: deterministic, within
 // fp32 rounding of the reference (the host's HostAdafactor sums in another order). `scratch`:
 // AdafactorScratchFloats(cols) floats on the device. The returned error is the launch's.
-struct AdafactorParams {
-  float lr = 1e-3f, beta2t = 0.f, eps1 = 1e-30f, clip_threshold = 1.f, weight_decay = 0.1f, grad_scale = 1.f;
-  bool decay = true;
-};
+using AdafactorParams = ::tierd::trainer::HostAdafactorParams;
 int64_t AdafactorScratchFloats(int64_t cols);
 cudaError_t Adafactor(float* master, float* state, Bf16* weights, const float* grads, int64_t rows, int64_t cols,
                       const AdafactorParams& p, float* scratch, cudaStream_t stream);

@@ -46,10 +46,12 @@ ABSL_FLAG(uint64_t, data_seed, 0,
           "seed of the data order alone (0: --seed's): two runs that differ only in it measure how far noise "
           "alone moves a loss");
 ABSL_FLAG(std::string, precision, "auto",
-          "auto: fp32 on the CPU; on a GPU bf16 weights and activations with fp32 master weights, gradients, "
-          "optimizer state and accumulation (bf16 names the same). fp8 (GPU, compute capability 8.9+): the "
-          "decoder layers' matmuls in FP8 (E4M3 weights and activations, E5M2 gradients, each tensor of each layer "
-          "at its own scale: see --fp8_scaling), the rest as bf16");
+          "auto: fp32 on the CPU; on a GPU three levels by tensor class: FP8 for the decoder layers' matmuls where "
+          "the GPU has FP8 tensor cores (compute capability 8.9+) and the shapes are multiples of 16, bf16 for "
+          "weights, activations and the other matmuls, fp32 for master weights, gradients, optimizer state, norms' "
+          "statistics, softmax, loss and every accumulation; one line at start says which and why. bf16: the same "
+          "without FP8. fp8: FP8 or refuse (E4M3 weights and activations, E5M2 gradients, each tensor of each "
+          "layer at its own scale: see --fp8_scaling; layers kept out by --bf16_layers). fp32: the CPU's");
 ABSL_FLAG(std::string, fp8_scaling, "delayed",
           "with --precision=fp8, how each tensor's scale is chosen. delayed (Transformer Engine's recipe): from "
           "the tensor's largest |x| over the last --fp8_window steps, so a conversion reads the tensor once; "
@@ -62,7 +64,7 @@ ABSL_FLAG(int32_t, fp8_fallback_after, 4,
           "steps, or under delayed scaling saturates or underflows the format this many steps in a row, runs in "
           "bf16 from then on, and the progress line says so (0: never)");
 ABSL_FLAG(std::string, bf16_layers, "",
-          "with --precision=fp8: the decoder layers to keep in bf16, a regex fully matching their names "
+          "with --precision=fp8 or auto: the decoder layers to keep in bf16, a regex fully matching their names "
           "(layers.0 ... layers.<L-1>), e.g. 'layers\\.(0|23)' for the first and last of 24");
 ABSL_FLAG(std::string, opt, "adamw",
           "the optimizer: adamw (decoupled weight decay, fp32 moments) or adamw8bit (the same with 8-bit blockwise "
@@ -76,7 +78,10 @@ ABSL_FLAG(std::string, opt, "adamw",
           "elsewhere (AdamW, Lion, Adafactor) are taken too");
 ABSL_FLAG(std::string, grad_checkpointing, "none",
           "none | full: keep only each layer's input from forward and recompute the rest in backward (about a "
-          "third more compute; saved activations shrink ~10x). A bare --grad_checkpointing means full");
+          "third more compute; saved activations shrink ~10x) | dynamic (GPU): layer by layer, keep the "
+          "activations where they fit beside the state under the GPU budget (or the device's free memory), "
+          "recompute the rest, offload them through tierd where PCIe beats the recompute; one line says what it "
+          "chose and the predicted step of each way. A bare --grad_checkpointing means full");
 ABSL_FLAG(std::string, offload_policy, "none",
           "none: plain buffers (the baseline); tierd (or tiered): every parameter, gradient, optimizer moment and "
           "saved activation leased from the tierd at --tierd_dir by name, acquired only while an op uses it");
@@ -206,12 +211,21 @@ absl::Status ReadPrecisionAndOptimizer(bool gpu) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool> ReadCheckpointing() {
+absl::Status ReadCheckpointing(RunSettings& s) {
   const std::string value = absl::AsciiStrToLower(absl::GetFlag(FLAGS_grad_checkpointing));
-  if (value == "none" || value == "false" || value == "0" || value == "no") return false;
-  if (value == "full" || value == "true" || value == "1" || value == "yes") return true;
-  if (value == "dynamic") return Bad("--grad_checkpointing=dynamic is not implemented yet: none or full");
-  return Bad("--grad_checkpointing is none or full, not '" + value + "'");
+  if (value == "none" || value == "false" || value == "0" || value == "no") return absl::OkStatus();
+  s.checkpointing = true;
+  if (value == "full" || value == "true" || value == "1" || value == "yes") return absl::OkStatus();
+  if (value == "dynamic") {
+    if (!s.gpu) {
+      return Bad(
+          "--grad_checkpointing=dynamic chooses under a GPU's memory (--device=gpu); the CPU trainer takes "
+          "none or full");
+    }
+    s.dynamic_checkpointing = true;
+    return absl::OkStatus();
+  }
+  return Bad("--grad_checkpointing is none, full or dynamic, not '" + value + "'");
 }
 
 absl::Status ReadDataParallel(RunSettings& s) {
@@ -300,10 +314,12 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   s.lion = opt == "lion";
   s.adafactor = opt == "adafactor";
   s.moments_8bit = opt == "adamw8bit" || opt == "adamw_8bit";
-  s.fp8 = absl::AsciiStrToLower(absl::GetFlag(FLAGS_precision)) == "fp8";
+  const std::string precision = absl::AsciiStrToLower(absl::GetFlag(FLAGS_precision));
+  s.fp8 = precision == "fp8";
+  s.precision_auto = gpu && precision == "auto";
   s.bf16_layers = absl::GetFlag(FLAGS_bf16_layers);
-  if (!s.bf16_layers.empty() && !s.fp8)
-    return Bad("--bf16_layers chooses layers to keep out of --precision=fp8: give both");
+  if (!s.bf16_layers.empty() && !s.fp8 && !s.precision_auto)
+    return Bad("--bf16_layers chooses layers to keep out of FP8: give it with --precision=fp8 or auto (GPU)");
   const std::string scaling = absl::AsciiStrToLower(absl::GetFlag(FLAGS_fp8_scaling));
   if (scaling != "delayed" && scaling != "current") {
     return Bad("--fp8_scaling is delayed or current, not '" + scaling + "'");
@@ -353,9 +369,7 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   if (!(s.lr > 0) || (Given("lr") && !(absl::GetFlag(FLAGS_lr) > 0)) || s.clip < 0 || s.weight_decay < 0) {
     return Bad("--lr must be positive; --clip and --weight_decay not negative");
   }
-  auto checkpointing = ReadCheckpointing();
-  if (!checkpointing.ok()) return checkpointing.status();
-  s.checkpointing = *checkpointing;
+  if (absl::Status st = ReadCheckpointing(s); !st.ok()) return st;
   if (absl::Status st = ReadTierd(gpu, s); !st.ok()) return st;
   if (absl::Status st = ReadDataParallel(s); !st.ok()) return st;
   s.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);

@@ -87,10 +87,12 @@ struct RunSettings {
   uint64_t seed = 1;
   uint64_t data_seed = 1;  // --data_seed, or --seed's
   bool checkpointing = false;
+  bool dynamic_checkpointing = false;  // with checkpointing: the layers that fit keep theirs (GPU)
   bool moments_8bit = false;  // --opt=adamw8bit
   bool lion = false;          // --opt=lion
   bool adafactor = false;     // --opt=adafactor (GPU)
   bool fp8 = false;           // --precision=fp8: the layers' matmuls in FP8 (GPU)
+  bool precision_auto = false;  // --precision=auto on a GPU: FP8 where the GPU and the shapes allow it
   std::string bf16_layers;    // --bf16_layers: those layers' matmuls stay bf16
   bool fp8_delayed = true;    // --fp8_scaling
   int fp8_window = 16, fp8_margin = 0;

@@ -2,6 +2,7 @@
 // checkpointing), the gradient norm, and the profile of where the time went.
 #include "trainer_ref/gpu/gpu_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -31,6 +32,7 @@ GpuModel::GpuModel(const ModelConfig& config, int batch, int seq, const StateOpt
       batch_(batch),
       seq_(seq),
       checkpointing_(state.checkpointing),
+      kept_layers_(std::clamp(state.kept_layers, 0, config.layers)),
       layout_(ParamLayout(config)),
       layer_major_(state.layer_major_micro_batches),
       moments_8bit_(state.moments_8bit),
@@ -230,8 +232,8 @@ absl::Status GpuModel::ForwardQueued(const int32_t* tokens, const int32_t* targe
     RETURN_IF_ERROR(Enter(group, Part::kWeights, Access::kRead));
     RETURN_IF_ERROR(Enter(group, Part::kActs, Access::kOverwrite));
     void* saved = acquired_[group][static_cast<int>(Part::kActs)];
-    Acts a = ActsAt(checkpointing_ ? recompute_acts_ : saved);
-    if (checkpointing_) a.x_in = static_cast<float*>(saved);  // the layer's input is all it keeps
+    Acts a = ActsAt(Recomputes(l) ? recompute_acts_ : saved);
+    if (Recomputes(l)) a.x_in = static_cast<float*>(saved);  // the layer's input is all it keeps
     RETURN_IF_ERROR(LayerForward(l, a, x_));
     RETURN_IF_ERROR(Leave(group, Part::kWeights));
     RETURN_IF_ERROR(Leave(group, Part::kActs));
@@ -340,8 +342,8 @@ void GpuModel::AddSumOfSquares(int group) {
 }
 
 absl::StatusOr<GpuModel::Acts> GpuModel::ActsForBackward(int l, void* saved) {
-  Acts a = ActsAt(checkpointing_ ? recompute_acts_ : saved);
-  if (!checkpointing_) return a;
+  Acts a = ActsAt(Recomputes(l) ? recompute_acts_ : saved);
+  if (!Recomputes(l)) return a;
   // The layer's forward again, from its saved input, into the workspace.
   const size_t nc = static_cast<size_t>(batch_) * seq_ * config_.d_model;
   RETURN_IF_ERROR(

@@ -50,6 +50,9 @@ struct StateOptions {
   // Activation checkpointing: a layer saves only its input (fp32) and its backward
   // recomputes the rest into the workspace first.
   bool checkpointing = false;
+  // With checkpointing (--grad_checkpointing=dynamic): the last kept_layers layers keep every
+  // activation their backward reads all the same (no recompute); the others recompute.
+  int kept_layers = 0;
   // K > 0: the step runs layer-major over K micro-batches (ForwardBackwardLayerMajor); each
   // layer saves what it keeps for each of them (K slots of its activations part) and the
   // workspace holds each micro-batch's residual stream and its gradient.
@@ -217,8 +220,9 @@ class GpuModel {
   uint64_t MomentBytes(size_t entry) const;
   uint64_t MomentOffset(size_t entry) const;
   absl::Status Allocate();
+  // `recompute`: some layer recomputes (the workspace holds one layer's activations for it).
   static std::vector<std::pair<size_t, size_t>> WorkspacePlan(const ModelConfig& config, int batch, int seq,
-                                                              bool checkpointing);
+                                                              bool recompute);
   // Layer-major: per micro-batch its residual stream and gradient (fp32 N x C each), tokens,
   // targets (N each) and token index (3 N + 1), all int32 or fp32: element counts and sizes.
   static std::vector<std::pair<size_t, size_t>> MicroBatchPlan(const ModelConfig& config, int batch, int seq);
@@ -301,6 +305,10 @@ class GpuModel {
   ModelConfig config_;
   int batch_, seq_;
   bool checkpointing_;
+  int kept_layers_ = 0;
+  // Whether layer l keeps only its input and recomputes the rest in its backward.
+  bool Recomputes(int l) const { return checkpointing_ && l < config_.layers - kept_layers_; }
+  bool AnyRecomputes() const { return checkpointing_ && kept_layers_ < config_.layers; }
   void* recompute_acts_ = nullptr;  // checkpointing: one layer's activations, recomputed
   float* xr_ = nullptr;             // checkpointing: the recomputed layer's residual stream
   std::vector<TensorLayout> layout_;

@@ -59,8 +59,9 @@ GpuHomeLayout GpuModel::HomeLayout(const ModelConfig& config, int batch, int seq
     }
     out.groups.push_back(g == 0 ? "embed" : g == shape.Groups() - 1 ? "final" : absl::StrFormat("layers.%d", g - 1));
     const bool layer = g >= 1 && g <= config.layers;
-    const uint64_t saved = state.checkpointing ? Aligned(static_cast<uint64_t>(batch) * seq * config.d_model * 4)
-                                               : ActsBytes(config, batch, seq);
+    const uint64_t saved = layer && shape.Recomputes(g - 1)
+                               ? Aligned(static_cast<uint64_t>(batch) * seq * config.d_model * 4)
+                               : ActsBytes(config, batch, seq);
     const uint64_t weights = state.compact ? 0 : params * 2, grads = params * (state.compact ? 2 : 4);
     out.bytes.push_back({weights, params * 4, grads, moment, state.lion || state.adafactor ? 0 : moment,
                          layer ? saved * static_cast<uint64_t>(out.act_slots) : 0});
@@ -146,7 +147,7 @@ absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::Create(const ModelConfig& co
 
 // The workspace, in the order Allocate takes it: element count and size of each buffer.
 std::vector<std::pair<size_t, size_t>> GpuModel::WorkspacePlan(const ModelConfig& config, int batch, int seq,
-                                                               bool checkpointing) {
+                                                               bool recompute) {
   const size_t n = static_cast<size_t>(batch) * seq, c = config.d_model, f = config.d_ff, v = config.vocab;
   const size_t lse = static_cast<size_t>(batch) * config.heads * seq;
   size_t norms = 0;
@@ -163,7 +164,7 @@ std::vector<std::pair<size_t, size_t>> GpuModel::WorkspacePlan(const ModelConfig
   plan.push_back({std::max<size_t>(RmsNormScratchFloats(static_cast<int>(n), static_cast<int>(c)), kSumSquaresScratch),
                   4});             // scratch_
   plan.push_back({3 * n + 1, 4});  // token_index_
-  if (checkpointing) {
+  if (recompute) {
     plan.push_back({ActsBytes(config, batch, seq), 1});  // recompute_acts_
     plan.push_back({n * c, 4});                          // xr_
   }
@@ -177,7 +178,8 @@ std::vector<std::pair<size_t, size_t>> GpuModel::MicroBatchPlan(const ModelConfi
 
 uint64_t GpuModel::WorkspaceBytesFor(const ModelConfig& config, int batch, int seq, const StateOptions& state) {
   uint64_t bytes = kGemmWorkspace;
-  for (const auto& [count, size] : WorkspacePlan(config, batch, seq, state.checkpointing)) {
+  const bool recompute = state.checkpointing && state.kept_layers < config.layers;
+  for (const auto& [count, size] : WorkspacePlan(config, batch, seq, recompute)) {
     bytes += std::max<size_t>(count * size, 1);
   }
   for (const auto& [count, size] : MicroBatchPlan(config, batch, seq)) {
@@ -291,9 +293,9 @@ absl::Status GpuModel::Allocate() {
       reinterpret_cast<void**>(&delta_),   reinterpret_cast<void**>(&tokens_),      reinterpret_cast<void**>(&targets_),
       reinterpret_cast<void**>(&scratch_), reinterpret_cast<void**>(&token_index_), &recompute_acts_,
       reinterpret_cast<void**>(&xr_)};
-  const auto plan = WorkspacePlan(config_, batch_, seq_, checkpointing_);
+  const auto plan = WorkspacePlan(config_, batch_, seq_, AnyRecomputes());
   static_assert(sizeof(targets) / sizeof(targets[0]) == 28);
-  if (plan.size() != (checkpointing_ ? 28u : 26u))
+  if (plan.size() != (AnyRecomputes() ? 28u : 26u))
     return absl::InternalError("the workspace plan and its buffers disagree");
   for (size_t i = 0; i < plan.size(); ++i) {
     auto p = Take<unsigned char>(plan[i].first * plan[i].second);

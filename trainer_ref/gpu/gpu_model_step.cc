@@ -377,16 +377,19 @@ prefetcher::Graph GpuModel::StepGraph(int micro_batches) const {
     return (2 * tokens * params + attention) / 300e12;
   };
   const auto acts = [&](int g) { return index[g][static_cast<int>(Part::kActs)]; };
+  // A layer's backward is two of its forwards, three where it recomputes its activations.
+  const auto backward_forwards = [&](int g) { return g >= 1 && g <= config_.layers && Recomputes(g - 1) ? 3.0 : 2.0; };
   if (layer_major_ > 0) {
     // Layer-major (ForwardBackwardLayerMajor): each group's forward for every micro-batch,
     // the head's forward and backward, each group's backward; then the optimizer's ops.
-    const double k = layer_major_, recompute = checkpointing_ ? 1.0 : 0.0;
+    const double k = layer_major_;
     graph.ops.resize(static_cast<size_t>(3 * Groups() - 1));
     for (int g = 0; g + 1 < Groups(); ++g) {
       tp::GraphOp op{absl::StrFormat("%s.fwd", home.groups[g]), weights(g), {}, k * forward_seconds(g), {}};
       if (g > 0) op.overwrites = acts(g);
       graph.ops[LayerMajorForwardOp(g)] = std::move(op);
-      tp::GraphOp back{absl::StrFormat("%s.bwd", home.groups[g]), {}, {}, k * (2 + recompute) * forward_seconds(g), {}};
+      tp::GraphOp back{
+          absl::StrFormat("%s.bwd", home.groups[g]), {}, {}, k * backward_forwards(g) * forward_seconds(g), {}};
       if (g > 0) {
         back.reads = acts(g);
         for (tp::TensorIndex t : weights(g)) back.reads.push_back(t);
@@ -410,7 +413,11 @@ prefetcher::Graph GpuModel::StepGraph(int micro_batches) const {
         graph.ops[ForwardOp(micro, g)] = std::move(op);
       }
       for (int g = Groups(); g-- > 0;) {
-        tp::GraphOp op{absl::StrFormat("mb%d.%s.bwd", micro, home.groups[g]), {}, {}, 2 * forward_seconds(g), {}};
+        tp::GraphOp op{absl::StrFormat("mb%d.%s.bwd", micro, home.groups[g]),
+                       {},
+                       {},
+                       backward_forwards(g) * forward_seconds(g),
+                       {}};
         if (g > 0) {
           for (tp::TensorIndex t : weights(g)) op.reads.push_back(t);
         }

@@ -126,17 +126,29 @@ TEST(GpuModelTest, CheckpointingGivesTheSameLossAndGradients) {
   const GpuHomeLayout full = GpuModel::HomeLayout(config, batch, seq);
   const GpuHomeLayout ckpt = GpuModel::HomeLayout(config, batch, seq, {.checkpointing = true});
   EXPECT_LT(ckpt.TotalOf(Part::kActs) * 5, full.TotalOf(Part::kActs)) << "saves a fifth or less";
+  // --grad_checkpointing=dynamic's split: the last layer keeps everything, the others their input.
+  const StateOptions split{.checkpointing = true, .kept_layers = 1};
+  const GpuHomeLayout dynamic = GpuModel::HomeLayout(config, batch, seq, split);
+  EXPECT_EQ(dynamic.bytes[1][static_cast<int>(Part::kActs)], ckpt.bytes[1][static_cast<int>(Part::kActs)]);
+  EXPECT_EQ(dynamic.bytes[3][static_cast<int>(Part::kActs)], full.bytes[3][static_cast<int>(Part::kActs)]);
+  const StateOptions all_kept{.checkpointing = true, .kept_layers = 3};
+  EXPECT_EQ(GpuModel::HomeLayout(config, batch, seq, all_kept).TotalOf(Part::kActs), full.TotalOf(Part::kActs));
+  EXPECT_EQ(GpuModel::WorkspaceBytesFor(config, batch, seq, all_kept), GpuModel::WorkspaceBytesFor(config, batch, seq))
+      << "nothing recomputes: no recompute buffers";
   auto plain = GpuModel::Create(config, batch, seq);
   auto recomputing = GpuModel::Create(config, batch, seq, nullptr, {.checkpointing = true});
+  auto partly = GpuModel::Create(config, batch, seq, nullptr, split);
   ASSERT_TRUE(plain.ok()) << plain.status();
   ASSERT_TRUE(recomputing.ok()) << recomputing.status();
+  ASSERT_TRUE(partly.ok()) << partly.status();
   EXPECT_EQ((*recomputing)->WorkspaceBytes(), GpuModel::WorkspaceBytesFor(config, batch, seq, {.checkpointing = true}));
+  EXPECT_EQ((*partly)->WorkspaceBytes(), (*recomputing)->WorkspaceBytes());
   std::mt19937_64 rng(21);
   const Batch b = RandomBatch(batch * seq, config.vocab, rng);
-  std::vector<float> grads[2];
-  double losses[2];
-  GpuModel* models[2] = {plain->get(), recomputing->get()};
-  for (int m = 0; m < 2; ++m) {
+  std::vector<float> grads[3];
+  double losses[3];
+  GpuModel* models[3] = {plain->get(), recomputing->get(), partly->get()};
+  for (int m = 0; m < 3; ++m) {
     ASSERT_TRUE(models[m]->InitParams(3).ok());
     ASSERT_TRUE(models[m]->ZeroGrads().ok());
     for (int micro = 0; micro < 2; ++micro) {  // accumulation over two micro-batches
@@ -148,15 +160,18 @@ TEST(GpuModelTest, CheckpointingGivesTheSameLossAndGradients) {
     ASSERT_TRUE(models[m]->GetGrads(&grads[m]).ok());
   }
   EXPECT_EQ(losses[0], losses[1]) << "the forward is the same computation";
-  for (const TensorLayout& t : ParamLayout(config)) {
-    double diff = 0, norm = 0;
-    for (size_t i = 0; i < t.count; ++i) {
-      const double x = grads[0][t.offset + i], y = grads[1][t.offset + i];
-      diff += (x - y) * (x - y);
-      norm += x * x;
+  EXPECT_EQ(losses[0], losses[2]);
+  for (int m = 1; m < 3; ++m) {
+    for (const TensorLayout& t : ParamLayout(config)) {
+      double diff = 0, norm = 0;
+      for (size_t i = 0; i < t.count; ++i) {
+        const double x = grads[0][t.offset + i], y = grads[m][t.offset + i];
+        diff += (x - y) * (x - y);
+        norm += x * x;
+      }
+      ASSERT_GT(norm, 0) << t.name;
+      EXPECT_LT(std::sqrt(diff / norm), 1e-5) << t.name << (m == 1 ? " (full)" : " (dynamic)");
     }
-    ASSERT_GT(norm, 0) << t.name;
-    EXPECT_LT(std::sqrt(diff / norm), 1e-5) << t.name;
   }
 }
 
@@ -165,11 +180,14 @@ TEST(GpuModelTest, CheckpointingGivesTheSameLossAndGradients) {
 // holds each layer's saved tensor per micro-batch (K slots) and refuses a home made for one.
 // In FP8 too: there layer-major reuses a layer's weight codes over the K micro-batches that
 // one-by-one makes K times, so equal bits also say the kept codes are the right ones.
-void CheckLayerMajor(bool checkpointing, bool fp8 = false) {
+// kept_layers: with checkpointing, the last layers that keep everything (dynamic's split).
+void CheckLayerMajor(bool checkpointing, bool fp8 = false, int kept_layers = 0) {
   const ModelConfig config{"lm", 3, 128, 2, 352, 512, 128};  // head size 64: the tensor-core attention
   const int batch = 2, seq = 128, micro = 3, n = batch * seq;
-  const StateOptions layered{.checkpointing = checkpointing, .layer_major_micro_batches = micro};
-  const GpuHomeLayout one = GpuModel::HomeLayout(config, batch, seq, {.checkpointing = checkpointing});
+  const StateOptions layered{
+      .checkpointing = checkpointing, .kept_layers = kept_layers, .layer_major_micro_batches = micro};
+  const StateOptions one_state{.checkpointing = checkpointing, .kept_layers = kept_layers};
+  const GpuHomeLayout one = GpuModel::HomeLayout(config, batch, seq, one_state);
   const GpuHomeLayout slots = GpuModel::HomeLayout(config, batch, seq, layered);
   EXPECT_EQ(slots.TotalOf(Part::kActs), micro * one.TotalOf(Part::kActs));
   EXPECT_EQ(slots.Chunks(1, Part::kActs), micro);
@@ -178,7 +196,7 @@ void CheckLayerMajor(bool checkpointing, bool fp8 = false) {
   ASSERT_TRUE(wrong_home.ok());
   EXPECT_EQ(GpuModel::Create(config, batch, seq, std::move(*wrong_home), layered).status().code(),
             absl::StatusCode::kInvalidArgument);
-  auto one_by_one = GpuModel::Create(config, batch, seq, nullptr, {.checkpointing = checkpointing});
+  auto one_by_one = GpuModel::Create(config, batch, seq, nullptr, one_state);
   auto layer_major = GpuModel::Create(config, batch, seq, nullptr, layered);
   ASSERT_TRUE(one_by_one.ok()) << one_by_one.status();
   ASSERT_TRUE(layer_major.ok()) << layer_major.status();
@@ -439,6 +457,7 @@ TEST(GpuModelTest, LayerMajorOrderGivesTheSameLossAndGradientsBitForBit) {
   CheckLayerMajor(/*checkpointing=*/true);
   CheckLayerMajor(/*checkpointing=*/false);
   CheckLayerMajor(/*checkpointing=*/true, /*fp8=*/true);
+  CheckLayerMajor(/*checkpointing=*/true, /*fp8=*/false, /*kept_layers=*/2);  // --grad_checkpointing=dynamic
 }
 
 }  // namespace

@@ -70,6 +70,32 @@ std::string DescribeFp8Scaling(const RunSettings& s) {
       s.fp8_window, s.fp8_margin > 0 ? absl::StrFormat(", margin 2^-%d", s.fp8_margin) : "", fallback);
 }
 
+// --precision=auto: FP8 for the layers' matmuls where this GPU has FP8 tensor cores and the
+// matmuls' dimensions suit them (multiples of 16), else bf16; `why` says which held.
+bool AutoFp8(const RunSettings& s, std::string* why) {
+  cudaDeviceProp prop{};
+  int device = 0;
+  cudaGetDevice(&device);
+  cudaGetDeviceProperties(&prop, device);
+  const int cc = prop.major * 10 + prop.minor;
+  if (cc < 89) {
+    *why = absl::StrFormat("bf16: this GPU (compute capability %d.%d) has no FP8 tensor cores (8.9 or later)",
+                           prop.major, prop.minor);
+    return false;
+  }
+  const int64_t rows = int64_t{s.batch} * s.seq;
+  if (rows % 16 != 0 || s.config.d_model % 16 != 0 || s.config.d_ff % 16 != 0) {
+    *why = absl::StrFormat(
+        "bf16: FP8 tensor cores take dimensions in multiples of 16, and these are %d rows (batch x sequence), "
+        "d_model %d, d_ff %d",
+        rows, s.config.d_model, s.config.d_ff);
+    return false;
+  }
+  *why = absl::StrFormat("fp8 on this GPU (compute capability %d.%d); --precision=bf16 keeps every matmul in bf16",
+                         prop.major, prop.minor);
+  return true;
+}
+
 std::string EncodeRun(const RunState& r) {
   std::string out = absl::StrFormat("step=%d batches=%d losses=%d;", r.step, r.batches_drawn, r.losses.size());
   out.append(reinterpret_cast<const char*>(r.losses.data()), r.losses.size() * sizeof(double));
@@ -145,6 +171,7 @@ class GpuRun {
   std::unique_ptr<Dataset> data_;
   std::unique_ptr<Batcher> batcher_;
   bool optimizer_on_cpu_ = false;
+  bool fp8_ = false;     // the layers' matmuls in FP8 (--precision=fp8, or auto's choice)
   int layer_major_ = 0;  // K micro-batches a step in layer-major order; 0: one after the other
   RunState run_;
   LossWindow window_;
@@ -163,7 +190,10 @@ int GpuRun::Setup() {
   if (!data.ok()) return Fail(std::string(data.status().message()));
   data_ = std::make_unique<Dataset>(std::move(*data));
   startup_.Done("data");
-  const uint64_t fp8_workspace = s_.fp8 ? GpuModel::Fp8WorkspaceBytesFor(config, s_.batch, s_.seq, Fp8Scaling(s_)) : 0;
+  fp8_ = s_.fp8;
+  std::string auto_why;
+  if (s_.precision_auto) fp8_ = AutoFp8(s_, &auto_why);
+  const uint64_t fp8_workspace = fp8_ ? GpuModel::Fp8WorkspaceBytesFor(config, s_.batch, s_.seq, Fp8Scaling(s_)) : 0;
   auto chosen = ChooseState(s_, fp8_workspace);
   if (!chosen.ok()) return Fail(std::string(chosen.status().message()));
   const StateOptions state = chosen->state;
@@ -178,7 +208,7 @@ int GpuRun::Setup() {
   if (!model.ok()) return Fail(std::string(model.status().message()));
   model_ = std::move(*model);
   std::vector<bool> fp8_layers;  // empty: bf16 throughout
-  if (s_.fp8) {
+  if (fp8_) {
     auto layers = Fp8Layers(config, s_.bf16_layers);
     if (!layers.ok()) return Fail(std::string(layers.status().message()));
     fp8_layers = *layers;
@@ -186,7 +216,13 @@ int GpuRun::Setup() {
       return Fail("--precision=fp8: " + std::string(st.message()));
     }
   }
-  std::printf("precision: %s\n", DescribePrecision(config, fp8_layers, DescribeFp8Scaling(s_)).c_str());
+  std::printf("precision: %s%s%s\n", DescribePrecision(config, fp8_layers, DescribeFp8Scaling(s_)).c_str(),
+              fp8_ ? absl::StrFormat("; the FP8 codes take %s of GPU workspace, nothing is kept in FP8 between "
+                                     "steps",
+                                     FormatBytes(fp8_workspace))
+                         .c_str()
+                   : "",
+              s_.precision_auto ? absl::StrFormat(" (--precision=auto: %s)", auto_why).c_str() : "");
   startup_.Done("GPU workspace");
   auto on_cpu = ChooseOptimizerOnCpu(s_, layout, gpu_quota, dram_quota, layer_major_);
   if (!on_cpu.ok()) return Fail(std::string(on_cpu.status().message()));
@@ -394,7 +430,7 @@ void GpuRun::Summary() {
       "\"h2d_bytes\": %.0f, \"d2h_bytes\": %.0f, \"nvme_read_bytes\": %.0f, \"nvme_write_bytes\": %.0f}\n",
       ((s_.tierd ? "tierd " + absl::GetFlag(FLAGS_gpu_budget) : std::string("none")) +
        (s_.checkpointing ? " + checkpointing" : "") + (optimizer_on_cpu_ ? " + CPU AdamW" : "") +
-       (s_.fp8 ? " + fp8" : ""))
+       (fp8_ ? " + fp8" : ""))
           .c_str(),
       s_.config.name.c_str(), s_.batch, s_.accum, tps, 6.0 * params * tps / 1e12, last_loss_,
       static_cast<unsigned long>(memory_bytes), timed_seconds_ * per, timed_waits_ * per,

@@ -5,10 +5,13 @@
 #include <algorithm>
 #include <cstdio>
 
+#include <cuda_runtime.h>
+
 #include "absl/flags/flag.h"
 #include "absl/strings/str_format.h"
 #include "base/units.h"
 #include "clients/client.h"
+#include "trainer_ref/checkpoint_policy.h"
 #include "trainer_ref/compact_state.h"
 #include "trainer_ref/gpu/gpu_tierd_home.h"
 #include "trainer_ref/optimizer_place.h"
@@ -155,6 +158,52 @@ bool AutoLayerMajor(const RunSettings& s, const GpuHomeLayout& layout, const Gpu
 
 }  // namespace
 
+namespace {
+
+// --grad_checkpointing=dynamic: how many of the last layers keep their activations
+// (checkpoint_policy.h), from the state as chosen so far (every layer recomputing), the room
+// (tierd's GPU quota, or the device's free memory) and a FLOP count at --gpu_tflops.
+absl::StatusOr<int> ChooseKeptLayers(const RunSettings& s, const StateOptions& state, const GpuHomeLayout& layout,
+                                     uint64_t fp8_workspace) {
+  const ModelConfig& config = s.config;
+  StateOptions keeping = state;
+  keeping.kept_layers = config.layers;
+  const GpuHomeLayout kept = GpuModel::HomeLayout(config, s.batch, s.seq, keeping);
+  const int acts = static_cast<int>(Part::kActs);
+  CheckpointInputs in;
+  in.layers = config.layers;
+  in.kept_layer_bytes = static_cast<double>(kept.bytes[1][acts]);
+  in.recompute_layer_bytes = static_cast<double>(layout.bytes[1][acts]);
+  in.other_bytes = static_cast<double>(layout.Total() - layout.TotalOf(Part::kActs));
+  const double workspace =
+      static_cast<double>(GpuModel::WorkspaceBytesFor(config, s.batch, s.seq, state) + fp8_workspace);
+  if (s.tierd) {
+    auto budget = ParseBytes(absl::GetFlag(FLAGS_gpu_budget));
+    if (!budget.ok()) return absl::InvalidArgumentError("--gpu_budget: a size like 24GiB");
+    in.gpu_bytes = std::max(0.0, static_cast<double>(*budget) - workspace);
+  } else {
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+      return absl::FailedPreconditionError("--grad_checkpointing=dynamic: cannot read the GPU's free memory");
+    }
+    // A twentieth kept back for what the libraries allocate on their own (cuBLAS, the context's growth).
+    in.gpu_bytes = std::max(0.0, 0.95 * static_cast<double>(free) - workspace);
+  }
+  const double tokens = static_cast<double>(s.batch) * s.seq * std::max(1, s.accum);
+  const double flops = absl::GetFlag(FLAGS_gpu_tflops) * 1e12;
+  const double layer_params = static_cast<double>(config.LayerParams());
+  in.layer_forward_seconds = (2 * layer_params + 2.0 * s.seq * config.d_model) * tokens / flops;
+  in.step_seconds = 3 * (2.0 * config.Params() + 2.0 * s.seq * config.d_model * config.layers) * tokens / flops;
+  in.pcie_bytes_per_s = absl::GetFlag(FLAGS_pcie_gbps) * 1e9;
+  in.tierd = s.tierd;
+  const CheckpointChoice choice = ChooseCheckpointing(in);
+  std::printf("%s (at --gpu_tflops=%g, --pcie_gbps=%g)\n", choice.why.c_str(), absl::GetFlag(FLAGS_gpu_tflops),
+              absl::GetFlag(FLAGS_pcie_gbps));
+  return choice.kept_layers;
+}
+
+}  // namespace
+
 absl::StatusOr<StateChoice> ChooseState(const RunSettings& s, uint64_t fp8_workspace) {
   const ModelConfig& config = s.config;
   GpuHomeLayout layout = GpuModel::HomeLayout(
@@ -229,6 +278,14 @@ absl::StatusOr<StateChoice> ChooseState(const RunSettings& s, uint64_t fp8_works
       state.compact = true;
       layout = compact_layout;
     }
+  }
+  if (s.dynamic_checkpointing) {
+    auto kept = ChooseKeptLayers(s, state, layout, fp8_workspace);
+    if (!kept.ok()) return kept.status();
+    state.kept_layers = *kept;
+    const int chunks_then = layout.state_chunks;
+    layout = GpuModel::HomeLayout(config, s.batch, s.seq, state);
+    layout.state_chunks = chunks_then;
   }
   return StateChoice{state, layout};
 }

@@ -75,16 +75,25 @@ else
   check "a --bf16_layers that is no regex" "refused 'is not a regular expression'"
   run $d --precision=fp8 --bf16_layers='layers\.0' --steps=1 --batch_size=2 --seq_len=64
   check "the kept layers are said" "grep -q '^precision: fp8 for 1 of the 2 layers.*layers.0 (--bf16_layers)' '$dir/out.log'"
+  run $d --steps=1 --batch_size=2 --seq_len=64
+  check "auto precision is fp8 on an FP8 GPU, and says why" \
+    "grep -q '^precision: fp8 for the .*(--precision=auto: fp8 on this GPU (compute capability' '$dir/out.log' && grep -q 'ours none + fp8' '$dir/out.log'"
+  run $d --steps=1 --batch_size=1 --seq_len=60
+  check "auto precision is bf16 for shapes FP8 cannot take, and says why" \
+    "grep -q '^precision: bf16 .*(--precision=auto: bf16: FP8 tensor cores take dimensions in multiples of 16, and these are 60 rows' '$dir/out.log'"
   run $d --precision=fp8 --batch_size=1 --seq_len=60 --steps=1
   check "fp8 refuses rows FP8 tensor cores do not take" "refused 'multiple of 16'"
+  run $d --grad_checkpointing=dynamic --steps=2 --batch_size=2 --seq_len=64
+  check "dynamic checkpointing keeps every layer's activations where the GPU has room, and says why" \
+    "grep -q '^checkpointing: dynamic: every layer keeps its activations (.*Predicted step: dynamic ' '$dir/out.log' && grep -q 'ours none' '$dir/out.log'"
   run $d --tierd_record --steps=1
   check "a CPU-only flag is noted as ignored" "grep -q 'note: --tierd_record is for the CPU trainer: ignored on the GPU' '$dir/out.log'"
   run $d --eval_every=2 --steps=4 --batch_size=2 --seq_len=64 --metrics="$dir/m.jsonl"
   check "validation losses every 2 steps and at the end, in the metrics too" \
     "[ \$(grep -c '^validation loss ' '$dir/out.log') = 2 ] && grep -q 'done: 4 steps, final loss [0-9.]*, validation loss ' '$dir/out.log' && [ \$(grep -c validation_loss '$dir/m.jsonl') = 2 ]"
 fi
-run --bf16_layers='layers\.0'
-check "--bf16_layers without fp8" "refused 'bf16_layers chooses layers to keep out of --precision=fp8'"
+run --device=cpu --bf16_layers='layers\.0'
+check "--bf16_layers without fp8" "refused 'bf16_layers chooses layers to keep out of FP8: give it with --precision=fp8 or auto'"
 run --device=cpu --precision=fp8
 check "fp8 is the GPU's" "refused 'precision=fp8 is the GPU trainer.s'"
 run --fp8_scaling=sometimes
@@ -93,6 +102,12 @@ run --fp8_window=0
 check "an amax window of no steps" "refused 'fp8_window is 1..1024 steps'"
 run --device=cpu --opt=Adafactor --steps=3 --eval_every=0
 check "Adafactor trains on the CPU too" "[ \"\$(cat '$dir/rc')\" = 0 ]"
+run --fp8_margin=40
+check "an FP8 margin past any range" "refused 'fp8_margin is 0..32'"
+run --device=cpu --grad_checkpointing=dynamic
+check "dynamic checkpointing is the GPU trainer's" "refused 'grad_checkpointing=dynamic chooses under a GPU.s memory'"
+run --grad_checkpointing=sometimes
+check "an unknown checkpointing" "refused 'grad_checkpointing is none, full or dynamic, not .sometimes.'"
 run --batch_size=0
 check "a batch of nothing" "refused 'must be at least 1'"
 run --help

@@ -11,7 +11,8 @@
 # early and two runs part for good). E.g. RUNS="bf16: fp8:--precision=fp8". The noise alone:
 # RUNS="bf16: bf16-data2:--data_seed=2 fp8:--precision=fp8 fp8-data2:--precision=fp8,--data_seed=2"
 # (another data order, the same initial weights): a precision's effect is what exceeds that spread.
-# Logs and per-step metrics (JSONL) in $OUT.
+# NOISE names the run that differs from the first only in its data order (the noise floor).
+# Logs and per-step metrics (JSONL) in $OUT; the table and plot by tools/fidelity_report.py.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-/tmp/tierd-out}"; mkdir -p "$out"
@@ -30,19 +31,7 @@ for run in $runs; do
     --data="$corpus" --eval_every="${EVAL_EVERY:-100}" ${WARMUP:+--warmup=$WARMUP} --metrics="$out/metrics-$name.jsonl" ${flags//,/ } > "$out/fidelity-$name.log" 2>&1
   echo "exit $?"; grep -E '^(done|precision)' "$out/fidelity-$name.log"
 done
-python3 - "$out" "${names[@]}" <<'PY'
-import json, sys
-def read(path):
-    rows = [json.loads(l) for l in open(path) if l.strip()]
-    return [r["loss"] for r in rows if "loss" in r], [r["validation_loss"] for r in rows if "validation_loss" in r]
-def last50(path):
-    losses, val = read(path)
-    return sum(losses[-50:]) / len(losses[-50:]), len(losses), val[-1] if val else float("nan")
-out, names = sys.argv[1], sys.argv[2:]
-base, n, base_val = last50(f"{out}/metrics-{names[0]}.jsonl")
-print(f"mean training loss over the last 50 of {n} steps, final validation loss: {names[0]} {base:.4f}, {base_val:.4f}")
-for name in names[1:]:
-    loss, m, val = last50(f"{out}/metrics-{name}.jsonl")
-    print(f"  {name} {loss:.4f} ({100 * (loss - base) / base:+.2f}%), validation {val:.4f} "
-          f"({100 * (val - base_val) / base_val:+.2f}% of {names[0]}'s; {m} steps)")
-PY
+specs=(); for name in "${names[@]}"; do specs+=("$name=$out/metrics-$name.jsonl"); done
+# The table (and, where matplotlib is installed, the curves); the first run is the baseline.
+png=(); python3 -c 'import matplotlib' 2>/dev/null && png=(--png="$out/fidelity.png")
+python3 tools/fidelity_report.py ${NOISE:+--noise=$NOISE} "${png[@]}" "${specs[@]}"

@@ -84,6 +84,21 @@ absl::StatusOr<std::vector<bool>> Fp8Layers(const ModelConfig& config, const std
   return fp8;
 }
 
+AutoPrecision ChooseAutoPrecision(const ModelConfig& config, int64_t rows, int cc_major, int cc_minor) {
+  if (cc_major * 10 + cc_minor < 89) {
+    return {false, absl::StrFormat("bf16: this GPU (compute capability %d.%d) has no FP8 tensor cores (8.9 or later)",
+                                   cc_major, cc_minor)};
+  }
+  if (rows % 16 != 0 || config.d_model % 16 != 0 || config.d_ff % 16 != 0) {
+    return {false, absl::StrFormat("bf16: FP8 tensor cores take dimensions in multiples of 16, and these are %d rows "
+                                   "(batch x sequence), d_model %d, d_ff %d",
+                                   rows, config.d_model, config.d_ff)};
+  }
+  return {true, absl::StrFormat("fp8 on this GPU (compute capability %d.%d); --precision=bf16 keeps every matmul in "
+                                "bf16",
+                                cc_major, cc_minor)};
+}
+
 std::string DescribePrecision(const ModelConfig& config, const std::vector<bool>& fp8_layers,
                               const std::string& scaling) {
   const std::string rest = "fp32 master weights, gradients, optimizer state, norms' statistics, softmax and loss";

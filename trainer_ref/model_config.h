@@ -45,6 +45,15 @@ std::string DescribeConfig(const ModelConfig& config);
 // INVALID_ARGUMENT for a regex that does not parse.
 absl::StatusOr<std::vector<bool>> Fp8Layers(const ModelConfig& config, const std::string& bf16_layers);
 
+// --precision=auto on a GPU: FP8 for the layers' matmuls where the GPU has FP8 tensor cores
+// (compute capability 8.9 or later) and every matmul dimension is a multiple of 16 (`rows`:
+// batch x sequence), else bf16; `why` says which held, in words for the precision line.
+struct AutoPrecision {
+  bool fp8 = false;
+  std::string why;
+};
+AutoPrecision ChooseAutoPrecision(const ModelConfig& config, int64_t rows, int cc_major, int cc_minor);
+
 // The precision policy in one line: which tensors compute at which precision. With
 // `fp8_layers` (Fp8Layers; empty: bf16 throughout): those layers' linear maps (their share
 // of the parameters and of the matmul FLOPs said) in FP8, the layers kept in bf16 named,

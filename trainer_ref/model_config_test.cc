@@ -56,6 +56,25 @@ TEST(ModelConfigTest, ThePrecisionPolicySaysWhatRunsInFp8AndItsShare) {
   EXPECT_NE(bf16.find("bf16 weights, activations and matmuls"), std::string::npos) << bf16;
 }
 
+TEST(ModelConfigTest, AutoPrecisionIsFp8WhereTheGpuAndTheShapesTakeIt) {
+  const ModelConfig c = *ModelPreset("1.3b");
+  AutoPrecision h200 = ChooseAutoPrecision(c, 4 * 2048, 9, 0);
+  EXPECT_TRUE(h200.fp8);
+  EXPECT_EQ(h200.why, "fp8 on this GPU (compute capability 9.0); --precision=bf16 keeps every matmul in bf16");
+  EXPECT_TRUE(ChooseAutoPrecision(c, 4 * 2048, 8, 9).fp8) << "Ada (8.9) has FP8 tensor cores";
+  const AutoPrecision a100 = ChooseAutoPrecision(c, 4 * 2048, 8, 0);
+  EXPECT_FALSE(a100.fp8);
+  EXPECT_EQ(a100.why, "bf16: this GPU (compute capability 8.0) has no FP8 tensor cores (8.9 or later)");
+  const AutoPrecision odd_rows = ChooseAutoPrecision(c, 60, 9, 0);
+  EXPECT_FALSE(odd_rows.fp8);
+  EXPECT_NE(odd_rows.why.find("multiples of 16, and these are 60 rows (batch x sequence), d_model 2048, d_ff 5504"),
+            std::string::npos)
+      << odd_rows.why;
+  ModelConfig odd_ff = c;
+  odd_ff.d_ff = 5500;
+  EXPECT_FALSE(ChooseAutoPrecision(odd_ff, 4 * 2048, 9, 0).fp8);
+}
+
 TEST(ModelConfigTest, Bf16LayersKeepTheLayersTheirRegexMatches) {
   const ModelConfig c = *ModelPreset("7b");
   auto ends = Fp8Layers(c, "layers\\.(0|31)");

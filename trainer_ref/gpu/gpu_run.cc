@@ -70,30 +70,15 @@ std::string DescribeFp8Scaling(const RunSettings& s) {
       s.fp8_window, s.fp8_margin > 0 ? absl::StrFormat(", margin 2^-%d", s.fp8_margin) : "", fallback);
 }
 
-// --precision=auto: FP8 for the layers' matmuls where this GPU has FP8 tensor cores and the
-// matmuls' dimensions suit them (multiples of 16), else bf16; `why` says which held.
+// --precision=auto's choice for this GPU (ChooseAutoPrecision).
 bool AutoFp8(const RunSettings& s, std::string* why) {
   cudaDeviceProp prop{};
   int device = 0;
   cudaGetDevice(&device);
   cudaGetDeviceProperties(&prop, device);
-  const int cc = prop.major * 10 + prop.minor;
-  if (cc < 89) {
-    *why = absl::StrFormat("bf16: this GPU (compute capability %d.%d) has no FP8 tensor cores (8.9 or later)",
-                           prop.major, prop.minor);
-    return false;
-  }
-  const int64_t rows = int64_t{s.batch} * s.seq;
-  if (rows % 16 != 0 || s.config.d_model % 16 != 0 || s.config.d_ff % 16 != 0) {
-    *why = absl::StrFormat(
-        "bf16: FP8 tensor cores take dimensions in multiples of 16, and these are %d rows (batch x sequence), "
-        "d_model %d, d_ff %d",
-        rows, s.config.d_model, s.config.d_ff);
-    return false;
-  }
-  *why = absl::StrFormat("fp8 on this GPU (compute capability %d.%d); --precision=bf16 keeps every matmul in bf16",
-                         prop.major, prop.minor);
-  return true;
+  const AutoPrecision choice = ChooseAutoPrecision(s.config, int64_t{s.batch} * s.seq, prop.major, prop.minor);
+  *why = choice.why;
+  return choice.fp8;
 }
 
 std::string EncodeRun(const RunState& r) {

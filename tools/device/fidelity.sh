@@ -19,14 +19,14 @@ out="${OUT:-/tmp/tierd-out}"; mkdir -p "$out"
 export LD_LIBRARY_PATH="$PWD/.carry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 model="${MODEL:-1.3b}"; steps="${STEPS:-300}"; batch="${BATCH:-4}"
 runs="${RUNS:-adamw:--opt=adamw adamw8bit:--opt=adamw8bit}"
-# CORPUS=all: every .py under the standard library but its tests, recursively (11 MB with
-# Debian's 3.11: 1000 steps of 8k tokens stay under one epoch), in a folder of its own; the
+# CORPUS=all: every .py under the standard library but its tests and installed packages, recursively (~12 MB with
+# Python 3.11: 1000 steps of 8k tokens stay under one epoch), in a folder of its own; the
 # default is the top folder (~4.7 MB: 1000 steps see it almost twice).
 corpus=/tmp/tierd-bench-corpus; [ "${CORPUS:-top}" = all ] && corpus=/tmp/tierd-bench-corpus-all
 mkdir -p "$corpus"
 py_lib=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
 depth=(-maxdepth 1); [ "${CORPUS:-top}" = all ] && depth=()
-find "$py_lib" "${depth[@]}" -name '*.py' -not -path '*/test*' | sort | xargs cat > "$corpus/stdlib.txt"
+find "$py_lib" "${depth[@]}" -name '*.py' -not -path '*/test*' -not -path '*-packages/*' | sort | xargs cat > "$corpus/stdlib.txt"
 echo "== corpus: $(du -h "$corpus/stdlib.txt" | cut -f1) of Python sources (CORPUS=${CORPUS:-top})"
 names=()
 for run in $runs; do

@@ -53,14 +53,15 @@ ABSL_FLAG(std::string, precision, "auto",
           "without FP8. fp8: FP8 or refuse (E4M3 weights and activations, E5M2 gradients, each tensor of each "
           "layer at its own scale: see --fp8_scaling; layers kept out by --bf16_layers). fp32: the CPU's");
 ABSL_FLAG(std::string, fp8_scaling, "delayed",
-          "with --precision=fp8, how each tensor's scale is chosen. delayed (Transformer Engine's recipe): from "
+          "with FP8 matmuls (--precision=fp8, or auto on an FP8 GPU), how each tensor's scale is chosen. delayed "
+          "(Transformer Engine's recipe): from "
           "the tensor's largest |x| over the last --fp8_window steps, so a conversion reads the tensor once; "
           "current: from its largest |x| now, read first (exact for this tensor, one more read of it)");
 ABSL_FLAG(int32_t, fp8_window, 16, "with --fp8_scaling=delayed: the steps of amax history a scale is taken from");
 ABSL_FLAG(int32_t, fp8_margin, 0,
           "with --fp8_scaling=delayed: scales are 2^-margin of what the history allows (headroom for growth)");
 ABSL_FLAG(int32_t, fp8_fallback_after, 4,
-          "with --precision=fp8: a layer one of whose tensors overflows (a non-finite largest value) this many "
+          "with FP8 matmuls: a layer one of whose tensors overflows (a non-finite largest value) this many "
           "steps, or under delayed scaling saturates or underflows the format this many steps in a row, runs in "
           "bf16 from then on, and the progress line says so (0: never)");
 ABSL_FLAG(std::string, bf16_layers, "",
@@ -207,7 +208,6 @@ absl::Status ReadPrecisionAndOptimizer(bool gpu) {
   if (opt != "adamw" && opt != "adamw8bit" && opt != "adamw_8bit" && opt != "lion" && opt != "adafactor") {
     return Bad("--opt is adamw, adamw8bit, lion or adafactor, not '" + absl::GetFlag(FLAGS_opt) + "'");
   }
-
   return absl::OkStatus();
 }
 

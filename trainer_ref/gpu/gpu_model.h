@@ -308,7 +308,12 @@ class GpuModel {
   int kept_layers_ = 0;
   // Whether layer l keeps only its input and recomputes the rest in its backward.
   bool Recomputes(int l) const { return checkpointing_ && l < config_.layers - kept_layers_; }
-  bool AnyRecomputes() const { return checkpointing_ && kept_layers_ < config_.layers; }
+  bool AnyRecomputes() const {
+    return AnyRecomputes(config_, {.checkpointing = checkpointing_, .kept_layers = kept_layers_});
+  }
+  static bool AnyRecomputes(const ModelConfig& config, const StateOptions& state) {
+    return state.checkpointing && state.kept_layers < config.layers;
+  }
   void* recompute_acts_ = nullptr;  // checkpointing: one layer's activations, recomputed
   float* xr_ = nullptr;             // checkpointing: the recomputed layer's residual stream
   std::vector<TensorLayout> layout_;

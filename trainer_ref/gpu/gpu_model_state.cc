@@ -178,8 +178,7 @@ std::vector<std::pair<size_t, size_t>> GpuModel::MicroBatchPlan(const ModelConfi
 
 uint64_t GpuModel::WorkspaceBytesFor(const ModelConfig& config, int batch, int seq, const StateOptions& state) {
   uint64_t bytes = kGemmWorkspace;
-  const bool recompute = state.checkpointing && state.kept_layers < config.layers;
-  for (const auto& [count, size] : WorkspacePlan(config, batch, seq, recompute)) {
+  for (const auto& [count, size] : WorkspacePlan(config, batch, seq, AnyRecomputes(config, state))) {
     bytes += std::max<size_t>(count * size, 1);
   }
   for (const auto& [count, size] : MicroBatchPlan(config, batch, seq)) {

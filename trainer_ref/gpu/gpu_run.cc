@@ -198,7 +198,8 @@ int GpuRun::Setup() {
     if (!layers.ok()) return Fail(std::string(layers.status().message()));
     fp8_layers = *layers;
     if (absl::Status st = model_->UseFp8(fp8_layers, Fp8Scaling(s_)); !st.ok()) {
-      return Fail("--precision=fp8: " + std::string(st.message()));
+      return Fail(std::string(s_.precision_auto ? "--precision=auto chose FP8, but: " : "--precision=fp8: ") +
+                  std::string(st.message()));
     }
   }
   std::printf("precision: %s%s%s\n", DescribePrecision(config, fp8_layers, DescribeFp8Scaling(s_)).c_str(),

@@ -156,10 +156,6 @@ bool AutoLayerMajor(const RunSettings& s, const GpuHomeLayout& layout, const Gpu
   return choice.layer_major;
 }
 
-}  // namespace
-
-namespace {
-
 // --grad_checkpointing=dynamic: how many of the last layers keep their activations
 // (checkpoint_policy.h), from the state as chosen so far (every layer recomputing), the room
 // (tierd's GPU quota, or the device's free memory) and a FLOP count at --gpu_tflops.

@@ -52,9 +52,7 @@ float SmallestWithKey(uint32_t key) {
   return (key >> 16) != 0 ? b : a;  // negative: the largest magnitude is the smallest
 }
 
-// Per key, the code of the smallest value with that key, as int32 so that a vector loop can
-// gather it (AVX2/AVX-512 gather 32-bit elements); the keys a normalized moment meets
-// (|x| <= 1, exponents of a few decades) are a few thousand of them, cache-resident.
+// Per key, the code of the smallest value with that key (the count of thresholds below it).
 std::vector<int32_t> MakeStartCodes(const std::array<float, q8::kCodes - 1>& thresholds) {
   std::vector<int32_t> start(kKeys);
   for (uint32_t key = 0; key < kKeys; ++key) {
@@ -64,53 +62,56 @@ std::vector<int32_t> MakeStartCodes(const std::array<float, q8::kCodes - 1>& thr
   return start;
 }
 
-// A map's lookup: the start code per key, and its thresholds padded with two +inf so that
-// the compares after the start need no bound check; at most kComparesMax thresholds fall
-// in one key's range (checked when the table is made).
-constexpr int kComparesMax = 2;
-struct CodeTable {
-  std::vector<int32_t> start;
-  std::array<float, q8::kCodes + 1> thresholds;  // + two +inf
-};
+// A map's lookup in one int32 per key, so that a vectorised loop makes one gather a value:
+// the key's start code above kLowBits bits that order the key's values and its threshold.
+// The maps put at most one threshold among the values of a key (checked when the table is
+// made), and the values of a key differ only in their low kLowBits bits, which order them
+// as the values for positive keys and in reverse for negative ones; so a value x's code is
+// the start plus one where the key's threshold t < x, that is where x's ordering bits exceed
+// t's. A key without a threshold stores the largest ordering bits, which nothing exceeds.
+constexpr int kLowBits = kKeyShift;
+constexpr uint32_t kLowMask = (uint32_t{1} << kLowBits) - 1;
 
-CodeTable MakeCodeTable(bool is_signed) {
-  CodeTable table;
-  table.start = MakeStartCodes(Thresholds(is_signed));
-  table.thresholds.fill(std::numeric_limits<float>::infinity());
-  std::copy(Thresholds(is_signed).begin(), Thresholds(is_signed).end(), table.thresholds.begin());
-  for (uint32_t key = 0; key + 1 < kKeys; ++key) {  // thresholds between one key's smallest value and the next's
-    if ((key >> 16) != ((key + 1) >> 16)) continue;  // the sign changes
-    const int ahead = (key >> 16) ? table.start[key] - table.start[key + 1] : table.start[key + 1] - table.start[key];
-    if (ahead > kComparesMax) std::abort();  // the maps' spacing guarantees it; a changed map must keep it
+// The bits of x (of key k) that order the values of k ascending: the low bits, reversed when
+// x is negative.
+inline uint32_t OrderingBits(uint32_t bits) {
+  return (bits & kLowMask) ^ (static_cast<uint32_t>(static_cast<int32_t>(bits) >> 31) & kLowMask);
+}
+
+std::vector<int32_t> MakeCodeTable(const std::array<float, q8::kCodes - 1>& thresholds) {
+  const std::vector<int32_t> start = MakeStartCodes(thresholds);
+  std::vector<uint32_t> threshold_bits(kKeys, kLowMask);
+  for (float t : thresholds) {
+    const uint32_t bits = std::bit_cast<uint32_t>(t), key = bits >> kKeyShift;
+    if (threshold_bits[key] != kLowMask) std::abort();  // two in one key: a changed map needs more key bits
+    threshold_bits[key] = OrderingBits(bits);           // the key's last value: nothing exceeds it, as if absent
+  }
+  std::vector<int32_t> table(kKeys);
+  for (uint32_t key = 0; key < kKeys; ++key) {
+    table[key] = static_cast<int32_t>((static_cast<uint32_t>(start[key]) << kLowBits) | threshold_bits[key]);
   }
   return table;
 }
 
-// Branch-free, every load an int32 or float indexed by int32: a loop over it vectorises
-// into gathers. The kComparesMax compares, written out.
-static_assert(kComparesMax == 2, "LookupCode makes two compares");
-inline int32_t LookupCode(const int32_t* __restrict start_codes, const float* __restrict thresholds, float normalized) {
-  const int32_t start = start_codes[std::bit_cast<uint32_t>(normalized) >> kKeyShift];
-  return start + (thresholds[start] < normalized ? 1 : 0) + (thresholds[start + 1] < normalized ? 1 : 0);
+// Branch-free, one int32 load indexed by int32: a loop over it vectorises into one gather.
+inline int32_t LookupCode(const int32_t* __restrict table, float normalized) {
+  const uint32_t bits = std::bit_cast<uint32_t>(normalized);
+  const uint32_t entry = static_cast<uint32_t>(table[bits >> kKeyShift]);
+  return static_cast<int32_t>((entry >> kLowBits) + (OrderingBits(bits) > (entry & kLowMask) ? 1u : 0u));
 }
 
-inline uint8_t Lookup(const CodeTable& table, float normalized) {
-  return static_cast<uint8_t>(LookupCode(table.start.data(), table.thresholds.data(), normalized));
-}
-
-const CodeTable& TableFor(bool is_signed) {
-  static const CodeTable signed_table = MakeCodeTable(true);
-  static const CodeTable unsigned_table = MakeCodeTable(false);
-  return is_signed ? signed_table : unsigned_table;
+const int32_t* TableFor(bool is_signed) {
+  static const std::vector<int32_t> signed_table = MakeCodeTable(Thresholds(true));
+  static const std::vector<int32_t> unsigned_table = MakeCodeTable(Thresholds(false));
+  return is_signed ? signed_table.data() : unsigned_table.data();
 }
 
 // The codes of `count` normalized values: a loop of its own, its pointers restrict (a byte
 // store may alias anything), so that it vectorises into gathers.
 __attribute__((target_clones("avx512f", "avx2", "default"))) void Codes(const float* __restrict normalized,
-                                                                        int64_t count, const int32_t* __restrict start,
-                                                                        const float* __restrict thresholds,
+                                                                        int64_t count, const int32_t* __restrict table,
                                                                         uint8_t* __restrict codes) {
-  for (int64_t i = 0; i < count; ++i) codes[i] = static_cast<uint8_t>(LookupCode(start, thresholds, normalized[i]));
+  for (int64_t i = 0; i < count; ++i) codes[i] = static_cast<uint8_t>(LookupCode(table, normalized[i]));
 }
 
 // Quantization blocks [first, last) of one step, in loops the compiler vectorises (cloned
@@ -120,10 +121,8 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void StepBlocks(
     const float* __restrict grads, int64_t n, const q8::ElementStep& step) {
   const float* signed_map = DynamicMap(true).data();
   const float* unsigned_map = DynamicMap(false).data();
-  const int32_t* m_start = TableFor(true).start.data();
-  const int32_t* v_start = TableFor(false).start.data();
-  const float* m_thresholds = TableFor(true).thresholds.data();
-  const float* v_thresholds = TableFor(false).thresholds.data();
+  const int32_t* m_table = TableFor(true);
+  const int32_t* v_table = TableFor(false);
   float mi[q8::kQuantBlock], vi[q8::kQuantBlock];
   for (int64_t b = first; b < last; ++b) {
     const int64_t begin = b * q8::kQuantBlock, count = std::min<int64_t>(q8::kQuantBlock, n - begin);
@@ -155,8 +154,8 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void StepBlocks(
       mi[i] = q8::Mul(mi[i], inverse_m);
       vi[i] = q8::Mul(vi[i], inverse_v);
     }
-    Codes(mi, count, m_start, m_thresholds, m.codes + begin);
-    Codes(vi, count, v_start, v_thresholds, v.codes + begin);
+    Codes(mi, count, m_table, m.codes + begin);
+    Codes(vi, count, v_table, v.codes + begin);
   }
 }
 
@@ -174,7 +173,9 @@ const std::array<float, q8::kCodes - 1>& Thresholds(bool is_signed) {
   return is_signed ? signed_t : unsigned_t;
 }
 
-uint8_t CodeOf(bool is_signed, float normalized) { return Lookup(TableFor(is_signed), normalized); }
+uint8_t CodeOf(bool is_signed, float normalized) {
+  return static_cast<uint8_t>(LookupCode(TableFor(is_signed), normalized));
+}
 
 uint64_t Moment8bitBytes(uint64_t n) { return (n + 15) / 16 * 16 + 4 * QuantBlocks(n); }
 

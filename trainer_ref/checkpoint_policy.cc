@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include <vector>
+
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace tierd::trainer {
 namespace {
@@ -52,21 +55,53 @@ CheckpointChoice ChooseCheckpointing(const CheckpointInputs& in) {
         GiB(all_recompute), GiB(in.gpu_bytes));
   } else {
     const double room = in.gpu_bytes - all_recompute;
-    out.kept_layers = extra > 0 ? static_cast<int>(std::min<double>(l, std::floor(room / extra))) : l;
+    const double lean_extra = in.lean_layer_bytes - in.recompute_layer_bytes;  // what a lean keep adds a layer
+    if (extra <= 0 || room >= l * extra) {
+      out.kept_layers = l;
+    } else if (in.lean_layer_bytes <= 0 || lean_extra <= 0 || lean_extra >= extra) {
+      out.kept_layers = static_cast<int>(std::floor(room / extra));
+    } else {
+      // As many layers as fit keep lean; the room left over turns the last of them into full keeps.
+      const int keeping = static_cast<int>(std::min<double>(l, std::floor(room / lean_extra)));
+      const double left = room - keeping * lean_extra;
+      out.kept_layers = static_cast<int>(std::min<double>(keeping, std::floor(left / (extra - lean_extra))));
+      out.lean_layers = keeping - out.kept_layers;
+    }
     how = absl::StrFormat("%s of room beside the state and every layer's input, %s more a layer kept", GiB(room),
                           GiB(extra));
+    if (out.lean_layers > 0) absl::StrAppendFormat(&how, " (%s kept lean)", GiB(lean_extra));
   }
-  const int recomputing = l - out.kept_layers;
-  const double dynamic_step = in.step_seconds + recomputing * in.layer_forward_seconds;
+  const int recomputing = l - out.kept_layers - out.lean_layers;
+  const double dynamic_step =
+      in.step_seconds + recomputing * in.layer_forward_seconds + out.lean_layers * in.lean_layer_seconds;
   std::string split;
-  if (recomputing == 0) {
+  if (recomputing == 0 && out.lean_layers == 0) {
     split = absl::StrFormat("every layer keeps its activations (%s)", GiB(l * in.kept_layer_bytes));
-  } else if (out.kept_layers == 0) {
+  } else if (out.kept_layers == 0 && out.lean_layers == 0) {
     split = "every layer recomputes its activations from its input";
   } else {
-    split = absl::StrFormat("%s keep their activations (%s), %s recompute theirs from their input",
-                            LayerRange(recomputing, l - 1), GiB(out.kept_layers * in.kept_layer_bytes),
-                            LayerRange(0, recomputing - 1));
+    // "layers 3-5 keep their", "layer 5 keeps its".
+    auto subject = [](int first, int last, const char* verb) {
+      return absl::StrFormat("%s %s%s %s", LayerRange(first, last), verb, first == last ? "s" : "",
+                             first == last ? "its" : "their");
+    };
+    std::vector<std::string> parts;
+    if (out.kept_layers > 0) {
+      parts.push_back(absl::StrFormat("%s activations (%s)", subject(l - out.kept_layers, l - 1, "keep"),
+                                      GiB(out.kept_layers * in.kept_layer_bytes)));
+    }
+    if (out.lean_layers > 0) {
+      parts.push_back(
+          absl::StrFormat("%s activations but the norms' and SwiGLU's outputs (%s; %.1f ms a layer to "
+                          "recompute those)",
+                          subject(recomputing, l - out.kept_layers - 1, "keep"),
+                          GiB(out.lean_layers * in.lean_layer_bytes), 1e3 * in.lean_layer_seconds));
+    }
+    if (recomputing > 0) {
+      parts.push_back(absl::StrFormat("%s activations from %s input", subject(0, recomputing - 1, "recompute"),
+                                      recomputing == 1 ? "its" : "their"));
+    }
+    split = absl::StrJoin(parts, ", ");
   }
   out.why = absl::StrFormat(
       "checkpointing: dynamic: %s: %s; %s. Predicted step: dynamic %.3f s, full checkpointing "

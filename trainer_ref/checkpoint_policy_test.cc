@@ -28,7 +28,7 @@ TEST(CheckpointPolicyTest, TheLastLayersKeepWhatFitsBesideTheState) {
   // 21 - 15 - 24 x 0.125 = 3 GiB of room, 1.125 GiB more a layer kept: 2 layers.
   const CheckpointChoice choice = ChooseCheckpointing(Step());
   EXPECT_EQ(choice.kept_layers, 2);
-  EXPECT_NE(choice.why.find("layers 22-23 keep their activations (2.50 GiB), layers 0-21 recompute theirs"),
+  EXPECT_NE(choice.why.find("layers 22-23 keep their activations (2.50 GiB), layers 0-21 recompute their activations"),
             std::string::npos)
       << choice.why;
   EXPECT_NE(choice.why.find("3.00 GiB of room beside the state and every layer's input, 1.12 GiB more a layer kept"),
@@ -65,6 +65,38 @@ TEST(CheckpointPolicyTest, EveryLayerKeepsWhenAllFitsAndNoneWhenTheStateAloneDoe
   CheckpointInputs one_short = Step();
   one_short.gpu_bytes = 20.25 * kGiB - 1;  // just under 2 layers' worth of room (2 x 1.125 GiB)
   EXPECT_EQ(ChooseCheckpointing(one_short).kept_layers, 1);
+}
+
+// A lean keep (all but the element-wise outputs: 0.925 of the layer's 1.25 GiB, 0.8 GiB more
+// than its input) fits more layers than a full one; the room left turns the last into full keeps.
+TEST(CheckpointPolicyTest, LayersKeepLeanWhereNotAllFitAndTheRoomLeftKeepsTheLastFully) {
+  CheckpointInputs in = Step();
+  in.lean_layer_bytes = 0.925 * kGiB;
+  in.lean_layer_seconds = 0.0001;
+  // 3 GiB of room: 3 lean (2.4 GiB), 0.6 GiB left, 0.325 GiB more to keep one of them fully: 1.
+  CheckpointChoice choice = ChooseCheckpointing(in);
+  EXPECT_EQ(choice.kept_layers, 1);
+  EXPECT_EQ(choice.lean_layers, 2);
+  EXPECT_NE(choice.why.find("layer 23 keeps its activations (1.25 GiB), layers 21-22 keep their activations but the "
+                            "norms' and SwiGLU's outputs (1.85 GiB; 0.1 ms a layer to recompute those), layers 0-20 "
+                            "recompute their activations from their input"),
+            std::string::npos)
+      << choice.why;
+  // 0.36 + 21 x 2.5 ms + 2 x 0.1 ms, against 2 full keeps' 0.415 s.
+  EXPECT_NE(choice.why.find("Predicted step: dynamic 0.413 s, full checkpointing 0.420 s"), std::string::npos)
+      << choice.why;
+
+  in.gpu_bytes = 38 * kGiB;  // 20 GiB of room: all 24 lean (19.2 GiB), 0.8 GiB left: 2 of them kept fully
+  choice = ChooseCheckpointing(in);
+  EXPECT_EQ(choice.kept_layers, 2);
+  EXPECT_EQ(choice.lean_layers, 22);
+  EXPECT_NE(choice.why.find("layers 0-21 keep their activations but"), std::string::npos) << choice.why;
+  EXPECT_EQ(choice.why.find("recompute their activations from"), std::string::npos) << choice.why;
+
+  in.gpu_bytes = 60 * kGiB;  // everything fits: nothing lean
+  choice = ChooseCheckpointing(in);
+  EXPECT_EQ(choice.kept_layers, 24);
+  EXPECT_EQ(choice.lean_layers, 0);
 }
 
 TEST(CheckpointPolicyTest, OffloadingIsChosenOnlyWhereTheLinkBeatsTheRecomputeAndTierdCanMoveIt) {

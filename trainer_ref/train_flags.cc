@@ -79,10 +79,12 @@ ABSL_FLAG(std::string, opt, "adamw",
           "elsewhere (AdamW, Lion, Adafactor) are taken too");
 ABSL_FLAG(std::string, grad_checkpointing, "none",
           "none | full: keep only each layer's input from forward and recompute the rest in backward (about a "
-          "third more compute; saved activations shrink ~10x) | dynamic (GPU): layer by layer, keep the "
-          "activations where they fit beside the state under the GPU budget (or the device's free memory), "
-          "recompute the rest, offload them through tierd where PCIe beats the recompute; one line says what it "
-          "chose and the predicted step of each way. A bare --grad_checkpointing means full");
+          "third more compute; saved activations shrink ~10x) | dynamic (GPU): layer by layer and tensor by tensor, "
+          "keep the activations where they fit beside the state under the GPU budget (or the device's free "
+          "memory), then layers that keep all but their norms' and SwiGLU's outputs (recomputed by a few "
+          "element-wise kernels, ~a quarter of a layer's bytes), recompute the rest, offload them through tierd "
+          "where PCIe beats the recompute; one line says what it chose and the predicted step of each way. A bare "
+          "--grad_checkpointing means full");
 ABSL_FLAG(std::string, offload_policy, "none",
           "none: plain buffers (the baseline); tierd (or tiered): every parameter, gradient, optimizer moment and "
           "saved activation leased from the tierd at --tierd_dir by name, acquired only while an op uses it");

@@ -33,6 +33,7 @@ GpuModel::GpuModel(const ModelConfig& config, int batch, int seq, const StateOpt
       seq_(seq),
       checkpointing_(state.checkpointing),
       kept_layers_(std::clamp(state.kept_layers, 0, config.layers)),
+      lean_layers_(std::clamp(state.lean_layers, 0, config.layers - kept_layers_)),
       layout_(ParamLayout(config)),
       layer_major_(state.layer_major_micro_batches),
       moments_8bit_(state.moments_8bit),
@@ -231,10 +232,7 @@ absl::Status GpuModel::ForwardQueued(const int32_t* tokens, const int32_t* targe
     Progress(ForwardOp(micro_, group));
     RETURN_IF_ERROR(Enter(group, Part::kWeights, Access::kRead));
     RETURN_IF_ERROR(Enter(group, Part::kActs, Access::kOverwrite));
-    void* saved = acquired_[group][static_cast<int>(Part::kActs)];
-    Acts a = ActsAt(Recomputes(l) ? recompute_acts_ : saved);
-    if (Recomputes(l)) a.x_in = static_cast<float*>(saved);  // the layer's input is all it keeps
-    RETURN_IF_ERROR(LayerForward(l, a, x_));
+    RETURN_IF_ERROR(LayerForward(l, ActsForForward(l, acquired_[group][static_cast<int>(Part::kActs)]), x_));
     RETURN_IF_ERROR(Leave(group, Part::kWeights));
     RETURN_IF_ERROR(Leave(group, Part::kActs));
   }
@@ -341,7 +339,30 @@ void GpuModel::AddSumOfSquares(int group) {
   });
 }
 
+GpuModel::Acts GpuModel::ActsForForward(int l, void* saved) const {
+  if (Lean(l)) return LeanActsAt(saved);
+  if (!Recomputes(l)) return ActsAt(saved);
+  Acts a = ActsAt(recompute_acts_);
+  a.x_in = static_cast<float*>(saved);  // the layer's input is all it keeps
+  return a;
+}
+
 absl::StatusOr<GpuModel::Acts> GpuModel::ActsForBackward(int l, void* saved) {
+  if (Lean(l)) {
+    // The element-wise outputs again, by the forward's kernels from the forward's inputs: the
+    // same bits. The norms' statistics are kept; their recomputed copies go to the workspace.
+    const int n = batch_ * seq_, c = config_.d_model, f = config_.d_ff;
+    const Layer& w = layers_[l];
+    const Acts a = LeanActsAt(saved);
+    const Acts scratch = ActsAt(recompute_acts_);
+    Timed(kElementwise, [&] {
+      RmsNormForward(a.h1, scratch.rstd1, a.x_in, N(w.attn_norm), n, c, static_cast<float>(config_.norm_eps), stream_);
+      RmsNormForward(a.h2, scratch.rstd2, a.x_mid, N(w.mlp_norm), n, c, static_cast<float>(config_.norm_eps), stream_);
+      SwiGluForward(a.s, a.g, a.u, n, f, stream_);
+      return 0;
+    });
+    return a;
+  }
   Acts a = ActsAt(Recomputes(l) ? recompute_acts_ : saved);
   if (!Recomputes(l)) return a;
   // The layer's forward again, from its saved input, into the workspace.

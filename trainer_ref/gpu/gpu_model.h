@@ -51,8 +51,12 @@ struct StateOptions {
   // recomputes the rest into the workspace first.
   bool checkpointing = false;
   // With checkpointing (--grad_checkpointing=dynamic): the last kept_layers layers keep every
-  // activation their backward reads all the same (no recompute); the others recompute.
+  // activation their backward reads all the same (no recompute); the lean_layers before them
+  // keep all but their element-wise outputs (the two norms' and SwiGLU's, ~a quarter of a
+  // layer's bytes), which their backward recomputes from what they keep (a few element-wise
+  // kernels, the same bits); the others keep their input and recompute the whole layer.
   int kept_layers = 0;
+  int lean_layers = 0;
   // K > 0: the step runs layer-major over K micro-batches (ForwardBackwardLayerMajor); each
   // layer saves what it keeps for each of them (K slots of its activations part) and the
   // workspace holds each micro-batch's residual stream and its gradient.
@@ -283,6 +287,10 @@ class GpuModel {
     float *rstd1, *rstd2, *lse;
   };
   Acts ActsAt(void* base) const;
+  // A lean layer's: what it keeps at `base`, its element-wise outputs in the workspace.
+  Acts LeanActsAt(void* base) const;
+  // What layer l's forward writes into: its saved part (kActs lease) and the workspace.
+  Acts ActsForForward(int layer, void* saved) const;
   // One layer's forward from the residual stream `x` (updated in place), saving into `a`.
   absl::Status LayerForward(int layer, const Acts& a, float* x);
   // Layer l's backward from `a`: dx from the gradient of its output to that of its input.
@@ -301,13 +309,17 @@ class GpuModel {
   uint32_t LayerMajorOptimizerOp(int group) const;
   absl::Status UploadMicroBatches(const int32_t* tokens, const int32_t* targets, std::vector<int>* counted);
   static uint64_t ActsBytes(const ModelConfig& config, int batch, int seq);
+  static uint64_t LeanActsBytes(const ModelConfig& config, int batch, int seq);
 
   ModelConfig config_;
   int batch_, seq_;
   bool checkpointing_;
-  int kept_layers_ = 0;
+  int kept_layers_ = 0, lean_layers_ = 0;
   // Whether layer l keeps only its input and recomputes the rest in its backward.
-  bool Recomputes(int l) const { return checkpointing_ && l < config_.layers - kept_layers_; }
+  bool Recomputes(int l) const { return checkpointing_ && l < config_.layers - kept_layers_ - lean_layers_; }
+  // Whether layer l keeps all but its element-wise outputs (recomputed in its backward).
+  bool Lean(int l) const { return checkpointing_ && !Recomputes(l) && l < config_.layers - kept_layers_; }
+  // Some layer recomputes something: the workspace holds a layer's activations for it.
   bool AnyRecomputes() const {
     return AnyRecomputes(config_, {.checkpointing = checkpointing_, .kept_layers = kept_layers_});
   }

@@ -78,10 +78,8 @@ absl::StatusOr<double> GpuModel::ForwardBackwardLayerMajor(const int32_t* tokens
     RETURN_IF_ERROR(Enter(group, Part::kWeights, Access::kRead));
     for (int m = 0; m < layer_major_; ++m) {
       RETURN_IF_ERROR(Enter(group, Part::kActs, Access::kOverwrite, m));
-      void* saved = acquired_[group][static_cast<int>(Part::kActs)];
-      Acts a = ActsAt(Recomputes(l) ? recompute_acts_ : saved);
-      if (Recomputes(l)) a.x_in = static_cast<float*>(saved);  // the layer's input is all it keeps
-      RETURN_IF_ERROR(LayerForward(l, a, micro_batches_[m].x));
+      RETURN_IF_ERROR(
+          LayerForward(l, ActsForForward(l, acquired_[group][static_cast<int>(Part::kActs)]), micro_batches_[m].x));
       RETURN_IF_ERROR(Leave(group, Part::kActs));
     }
     RETURN_IF_ERROR(Leave(group, Part::kWeights));

@@ -28,6 +28,33 @@ uint64_t GpuModel::ActsBytes(const ModelConfig& config, int batch, int seq) {
          Aligned(lse * 4);
 }
 
+// Without h1, h2 and s (bf16: two n x c, one n x f).
+uint64_t GpuModel::LeanActsBytes(const ModelConfig& config, int batch, int seq) {
+  const uint64_t n = static_cast<uint64_t>(batch) * seq, c = config.d_model, f = config.d_ff;
+  return ActsBytes(config, batch, seq) - 2 * Aligned(n * c * 2) - Aligned(n * f * 2);
+}
+
+GpuModel::Acts GpuModel::LeanActsAt(void* base) const {
+  const uint64_t n = static_cast<uint64_t>(batch_) * seq_, c = config_.d_model, f = config_.d_ff;
+  auto* at = static_cast<unsigned char*>(base);
+  auto take = [&at](uint64_t bytes) {
+    void* p = at;
+    at += Aligned(bytes);
+    return p;
+  };
+  const Acts work = ActsAt(recompute_acts_);
+  Acts a;
+  a.h1 = work.h1;
+  a.h2 = work.h2;
+  a.s = work.s;
+  for (Bf16** p : {&a.q, &a.k, &a.v, &a.a}) *p = static_cast<Bf16*>(take(n * c * 2));
+  for (float** p : {&a.x_in, &a.x_mid}) *p = static_cast<float*>(take(n * c * 4));
+  for (Bf16** p : {&a.g, &a.u}) *p = static_cast<Bf16*>(take(n * f * 2));
+  for (float** p : {&a.rstd1, &a.rstd2}) *p = static_cast<float*>(take(n * 4));
+  a.lse = static_cast<float*>(take(static_cast<uint64_t>(batch_) * config_.heads * seq_ * 4));
+  return a;
+}
+
 GpuModel::Acts GpuModel::ActsAt(void* base) const {
   const uint64_t n = static_cast<uint64_t>(batch_) * seq_, c = config_.d_model, f = config_.d_ff;
   auto* at = static_cast<unsigned char*>(base);
@@ -61,7 +88,8 @@ GpuHomeLayout GpuModel::HomeLayout(const ModelConfig& config, int batch, int seq
     const bool layer = g >= 1 && g <= config.layers;
     const uint64_t saved = layer && shape.Recomputes(g - 1)
                                ? Aligned(static_cast<uint64_t>(batch) * seq * config.d_model * 4)
-                               : ActsBytes(config, batch, seq);
+                           : layer && shape.Lean(g - 1) ? LeanActsBytes(config, batch, seq)
+                                                        : ActsBytes(config, batch, seq);
     const uint64_t weights = state.compact ? 0 : params * 2, grads = params * (state.compact ? 2 : 4);
     out.bytes.push_back({weights, params * 4, grads, moment, state.lion || state.adafactor ? 0 : moment,
                          layer ? saved * static_cast<uint64_t>(out.act_slots) : 0});

@@ -135,9 +135,20 @@ TEST(GpuModelTest, CheckpointingGivesTheSameLossAndGradients) {
   EXPECT_EQ(GpuModel::HomeLayout(config, batch, seq, all_kept).TotalOf(Part::kActs), full.TotalOf(Part::kActs));
   EXPECT_EQ(GpuModel::WorkspaceBytesFor(config, batch, seq, all_kept), GpuModel::WorkspaceBytesFor(config, batch, seq))
       << "nothing recomputes: no recompute buffers";
+  // Per saved tensor: layer 0 recomputes, layer 1 keeps lean (all but its norms' and SwiGLU's
+  // outputs), layer 2 keeps everything.
+  const StateOptions lean{.checkpointing = true, .kept_layers = 1, .lean_layers = 1};
+  const GpuHomeLayout leaning = GpuModel::HomeLayout(config, batch, seq, lean);
+  const int acts = static_cast<int>(Part::kActs);
+  EXPECT_EQ(leaning.bytes[1][acts], ckpt.bytes[1][acts]);
+  EXPECT_EQ(leaning.bytes[3][acts], full.bytes[3][acts]);
+  // Two n x c and one n x f bf16 tensors fewer (256-byte aligned sizes here).
+  EXPECT_EQ(leaning.bytes[2][acts], full.bytes[2][acts] - 2 * (batch * seq * 128 * 2) - batch * seq * 352 * 2);
   auto plain = GpuModel::Create(config, batch, seq);
   auto recomputing = GpuModel::Create(config, batch, seq, nullptr, {.checkpointing = true});
   auto partly = GpuModel::Create(config, batch, seq, nullptr, split);
+  auto lean_model = GpuModel::Create(config, batch, seq, nullptr, lean);
+  ASSERT_TRUE(lean_model.ok()) << lean_model.status();
   ASSERT_TRUE(plain.ok()) << plain.status();
   ASSERT_TRUE(recomputing.ok()) << recomputing.status();
   ASSERT_TRUE(partly.ok()) << partly.status();
@@ -145,10 +156,12 @@ TEST(GpuModelTest, CheckpointingGivesTheSameLossAndGradients) {
   EXPECT_EQ((*partly)->WorkspaceBytes(), (*recomputing)->WorkspaceBytes());
   std::mt19937_64 rng(21);
   const Batch b = RandomBatch(batch * seq, config.vocab, rng);
-  std::vector<float> grads[3];
-  double losses[3];
-  GpuModel* models[3] = {plain->get(), recomputing->get(), partly->get()};
-  for (int m = 0; m < 3; ++m) {
+  constexpr int kModels = 4;
+  std::vector<float> grads[kModels];
+  double losses[kModels];
+  GpuModel* models[kModels] = {plain->get(), recomputing->get(), partly->get(), lean_model->get()};
+  const char* names[kModels] = {"plain", "full", "dynamic", "dynamic with a lean layer"};
+  for (int m = 0; m < kModels; ++m) {
     ASSERT_TRUE(models[m]->InitParams(3).ok());
     ASSERT_TRUE(models[m]->ZeroGrads().ok());
     for (int micro = 0; micro < 2; ++micro) {  // accumulation over two micro-batches
@@ -161,7 +174,8 @@ TEST(GpuModelTest, CheckpointingGivesTheSameLossAndGradients) {
   }
   EXPECT_EQ(losses[0], losses[1]) << "the forward is the same computation";
   EXPECT_EQ(losses[0], losses[2]);
-  for (int m = 1; m < 3; ++m) {
+  EXPECT_EQ(losses[0], losses[3]);
+  for (int m = 1; m < kModels; ++m) {
     for (const TensorLayout& t : ParamLayout(config)) {
       double diff = 0, norm = 0;
       for (size_t i = 0; i < t.count; ++i) {
@@ -170,7 +184,7 @@ TEST(GpuModelTest, CheckpointingGivesTheSameLossAndGradients) {
         norm += x * x;
       }
       ASSERT_GT(norm, 0) << t.name;
-      EXPECT_LT(std::sqrt(diff / norm), 1e-5) << t.name << (m == 1 ? " (full)" : " (dynamic)");
+      EXPECT_LT(std::sqrt(diff / norm), 1e-5) << t.name << " (" << names[m] << ")";
     }
   }
 }
@@ -180,13 +194,16 @@ TEST(GpuModelTest, CheckpointingGivesTheSameLossAndGradients) {
 // holds each layer's saved tensor per micro-batch (K slots) and refuses a home made for one.
 // In FP8 too: there layer-major reuses a layer's weight codes over the K micro-batches that
 // one-by-one makes K times, so equal bits also say the kept codes are the right ones.
-// kept_layers: with checkpointing, the last layers that keep everything (dynamic's split).
-void CheckLayerMajor(bool checkpointing, bool fp8 = false, int kept_layers = 0) {
+// kept_layers, lean_layers: with checkpointing, the last layers that keep everything and the
+// ones before them that keep lean (dynamic's split).
+void CheckLayerMajor(bool checkpointing, bool fp8 = false, int kept_layers = 0, int lean_layers = 0) {
   const ModelConfig config{"lm", 3, 128, 2, 352, 512, 128};  // head size 64: the tensor-core attention
   const int batch = 2, seq = 128, micro = 3, n = batch * seq;
-  const StateOptions layered{
-      .checkpointing = checkpointing, .kept_layers = kept_layers, .layer_major_micro_batches = micro};
-  const StateOptions one_state{.checkpointing = checkpointing, .kept_layers = kept_layers};
+  const StateOptions layered{.checkpointing = checkpointing,
+                             .kept_layers = kept_layers,
+                             .lean_layers = lean_layers,
+                             .layer_major_micro_batches = micro};
+  const StateOptions one_state{.checkpointing = checkpointing, .kept_layers = kept_layers, .lean_layers = lean_layers};
   const GpuHomeLayout one = GpuModel::HomeLayout(config, batch, seq, one_state);
   const GpuHomeLayout slots = GpuModel::HomeLayout(config, batch, seq, layered);
   EXPECT_EQ(slots.TotalOf(Part::kActs), micro * one.TotalOf(Part::kActs));
@@ -458,6 +475,8 @@ TEST(GpuModelTest, LayerMajorOrderGivesTheSameLossAndGradientsBitForBit) {
   CheckLayerMajor(/*checkpointing=*/false);
   CheckLayerMajor(/*checkpointing=*/true, /*fp8=*/true);
   CheckLayerMajor(/*checkpointing=*/true, /*fp8=*/false, /*kept_layers=*/2);  // --grad_checkpointing=dynamic
+  CheckLayerMajor(/*checkpointing=*/true, /*fp8=*/false, /*kept_layers=*/1, /*lean_layers=*/1);
+  CheckLayerMajor(/*checkpointing=*/true, /*fp8=*/true, /*kept_layers=*/0, /*lean_layers=*/2);
 }
 
 }  // namespace

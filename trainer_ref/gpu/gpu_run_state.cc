@@ -156,19 +156,28 @@ bool AutoLayerMajor(const RunSettings& s, const GpuHomeLayout& layout, const Gpu
   return choice.layer_major;
 }
 
-// --grad_checkpointing=dynamic: how many of the last layers keep their activations
-// (checkpoint_policy.h), from the state as chosen so far (every layer recomputing), the room
-// (tierd's GPU quota, or the device's free memory) and a FLOP count at --gpu_tflops.
-absl::StatusOr<int> ChooseKeptLayers(const RunSettings& s, const StateOptions& state, const GpuHomeLayout& layout,
-                                     uint64_t fp8_workspace) {
+// Bytes a second element-wise kernels move on an H100/H200-class GPU (about two thirds of its
+// HBM's peak): what the lean keep's recompute is estimated at.
+constexpr double kElementwiseBytesPerSecond = 2.5e12;
+
+// --grad_checkpointing=dynamic: how many of the last layers keep their activations, and how
+// many before them keep lean (checkpoint_policy.h), from the state as chosen so far (every
+// layer recomputing), the room (tierd's GPU quota, or the device's free memory) and a FLOP
+// count at --gpu_tflops.
+absl::StatusOr<CheckpointChoice> ChooseKeptLayers(const RunSettings& s, const StateOptions& state,
+                                                  const GpuHomeLayout& layout, uint64_t fp8_workspace) {
   const ModelConfig& config = s.config;
   StateOptions keeping = state;
   keeping.kept_layers = config.layers;
   const GpuHomeLayout kept = GpuModel::HomeLayout(config, s.batch, s.seq, keeping);
+  StateOptions lean = state;
+  lean.lean_layers = config.layers;
+  const GpuHomeLayout leaning = GpuModel::HomeLayout(config, s.batch, s.seq, lean);
   const int acts = static_cast<int>(Part::kActs);
   CheckpointInputs in;
   in.layers = config.layers;
   in.kept_layer_bytes = static_cast<double>(kept.bytes[1][acts]);
+  in.lean_layer_bytes = static_cast<double>(leaning.bytes[1][acts]);
   in.recompute_layer_bytes = static_cast<double>(layout.bytes[1][acts]);
   in.other_bytes = static_cast<double>(layout.Total() - layout.TotalOf(Part::kActs));
   const double workspace =
@@ -189,13 +198,15 @@ absl::StatusOr<int> ChooseKeptLayers(const RunSettings& s, const StateOptions& s
   const double flops = absl::GetFlag(FLAGS_gpu_tflops) * 1e12;
   const double layer_params = static_cast<double>(config.LayerParams());
   in.layer_forward_seconds = (2 * layer_params + 2.0 * s.seq * config.d_model) * tokens / flops;
+  // Two norms (fp32 in, bf16 out) and SwiGLU (two bf16 in, one out) a token.
+  in.lean_layer_seconds = (12.0 * config.d_model + 6.0 * config.d_ff) * tokens / kElementwiseBytesPerSecond;
   in.step_seconds = 3 * (2.0 * config.Params() + 2.0 * s.seq * config.d_model * config.layers) * tokens / flops;
   in.pcie_bytes_per_s = absl::GetFlag(FLAGS_pcie_gbps) * 1e9;
   in.tierd = s.tierd;
   const CheckpointChoice choice = ChooseCheckpointing(in);
   std::printf("%s (at --gpu_tflops=%g, --pcie_gbps=%g)\n", choice.why.c_str(), absl::GetFlag(FLAGS_gpu_tflops),
               absl::GetFlag(FLAGS_pcie_gbps));
-  return choice.kept_layers;
+  return choice;
 }
 
 }  // namespace
@@ -278,7 +289,8 @@ absl::StatusOr<StateChoice> ChooseState(const RunSettings& s, uint64_t fp8_works
   if (s.dynamic_checkpointing) {
     auto kept = ChooseKeptLayers(s, state, layout, fp8_workspace);
     if (!kept.ok()) return kept.status();
-    state.kept_layers = *kept;
+    state.kept_layers = kept->kept_layers;
+    state.lean_layers = kept->lean_layers;
     const int chunks_then = layout.state_chunks;
     layout = GpuModel::HomeLayout(config, s.batch, s.seq, state);
     layout.state_chunks = chunks_then;

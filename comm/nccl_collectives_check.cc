@@ -117,8 +117,10 @@ int main() {
   bool ok = true;
   for (int k = 0; k < n; ++k) ok = ok && both[3 + 3 * k] == k && both[4 + 3 * k] == 7 * k && both[5 + 3 * k] == -k;
   Expect(ok, r, "byte gather: every rank's block in rank order");
+  double host = r + 1.0;  // host memory: staged through the GPU
+  Expect(c.AllReduce(&host, 1).ok() && host == n * (n + 1) / 2.0, r, "all-reduce of a host value");
   Expect(c.Barrier().ok(), r, "barrier");
-  Expect(c.stats().calls == 13 && (c.stats().bytes_sent > 0) == (n > 1), r, "traffic counted for every call");
+  Expect(c.stats().calls == 14 && (c.stats().bytes_sent > 0) == (n > 1), r, "traffic counted for every call");
   std::printf("rank %d of %d: %d passed, %d failed\n", r, n, passed, failed);
   return failed == 0 ? 0 : 1;
 }

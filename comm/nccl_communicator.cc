@@ -6,6 +6,7 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -113,6 +114,8 @@ class NcclCommunicator final : public Communicator {
       : api_(api), options_(options), rank_(rank), size_(size), device_(device) {}
   ~NcclCommunicator() override {
     cudaSetDevice(device_);
+    if (staging_ != nullptr) cudaFree(staging_);
+    if (pinned_ != nullptr) cudaFreeHost(pinned_);
     if (comm_ != nullptr) broken_ ? api_.CommAbort(comm_) : api_.CommDestroy(comm_);
     if (done_ != nullptr) cudaEventDestroy(done_);
     if (scratch_ != nullptr) cudaFree(scratch_);
@@ -153,12 +156,10 @@ class NcclCommunicator final : public Communicator {
   std::string name() const override { return "nccl"; }
 
   absl::Status AllReduce(float* data, int64_t count, ReduceOp op) override {
-    return Run("all-reduce", count * 4.0, 2.0 * (size_ - 1) / size_,
-               [&] { return api_.AllReduce(data, data, count, ncclFloat, ToNccl(op), comm_, stream_); });
+    return AllReduceAny(data, count, op, ncclFloat);
   }
   absl::Status AllReduce(double* data, int64_t count, ReduceOp op) override {
-    return Run("all-reduce", count * 8.0, 2.0 * (size_ - 1) / size_,
-               [&] { return api_.AllReduce(data, data, count, ncclDouble, ToNccl(op), comm_, stream_); });
+    return AllReduceAny(data, count, op, ncclDouble);
   }
   absl::Status ReduceScatterSum(float* data, const Slices& slices) override {
     int64_t total = 0;
@@ -206,6 +207,50 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  static bool OnDevice(const void* p) {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+  }
+
+  // Device memory as it is; host memory (a trainer's scalars: a loss, a step) through a
+  // device buffer and pinned memory, so that waiting stays this class's, with its deadline.
+  template <typename T>
+  absl::Status AllReduceAny(T* data, int64_t count, ReduceOp op, ncclDataType_t type) {
+    const double bytes = static_cast<double>(count) * sizeof(T);
+    if (OnDevice(data)) {
+      return Run("all-reduce", bytes, 2.0 * (size_ - 1) / size_,
+                 [&] { return api_.AllReduce(data, data, count, type, ToNccl(op), comm_, stream_); });
+    }
+    const size_t size = static_cast<size_t>(bytes);
+    if (size > staged_) {
+      if (staging_ != nullptr) cudaFree(staging_);
+      if (pinned_ != nullptr) cudaFreeHost(pinned_);
+      staging_ = pinned_ = nullptr;
+      staged_ = 0;
+      if (cudaError_t e = cudaMalloc(&staging_, size); e != cudaSuccess) return Error("cudaMalloc", e);
+      if (cudaError_t e = cudaMallocHost(&pinned_, size); e != cudaSuccess) return Error("cudaMallocHost", e);
+      staged_ = size;
+    }
+    std::memcpy(pinned_, data, size);
+    absl::Status s = Run("all-reduce", bytes, 2.0 * (size_ - 1) / size_, [&] {
+      if (cudaMemcpyAsync(staging_, pinned_, size, cudaMemcpyHostToDevice, stream_) != cudaSuccess) {
+        return ncclUnhandledCudaError;
+      }
+      const ncclResult_t r = api_.AllReduce(staging_, staging_, count, type, ToNccl(op), comm_, stream_);
+      if (r == ncclSuccess &&
+          cudaMemcpyAsync(pinned_, staging_, size, cudaMemcpyDeviceToHost, stream_) != cudaSuccess) {
+        return ncclUnhandledCudaError;
+      }
+      return r;
+    });
+    if (s.ok()) std::memcpy(data, pinned_, size);
+    return s;
+  }
+
   absl::Status Error(const char* what, cudaError_t e) const {
     return absl::InternalError(absl::StrFormat("rank %d: %s: %s", rank_, what, cudaGetErrorString(e)));
   }
@@ -273,6 +318,8 @@ class NcclCommunicator final : public Communicator {
   bool own_stream_ = false;
   cudaEvent_t done_ = nullptr;
   float* scratch_ = nullptr;
+  void *staging_ = nullptr, *pinned_ = nullptr;  // host data's way through the GPU
+  size_t staged_ = 0;
   ncclComm_t comm_ = nullptr;
   bool broken_ = false;
 };

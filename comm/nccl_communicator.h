@@ -1,7 +1,8 @@
 // The NCCL backend: GPU ranks, one a GPU, started by any launcher that sets the ranks'
 // environment (torchrun, mpirun or srun with MASTER_ADDR/MASTER_PORT exported): rank 0 makes
 // NCCL's id and hands it to the others at MASTER_ADDR:MASTER_PORT (rendezvous.h). Every
-// pointer a collective takes is device memory on the rank's GPU. A collective is queued on
+// pointer a collective takes is device memory on the rank's GPU, but AllReduce's, which may
+// also be host memory (a loss, a step number: copied through the GPU). A collective is queued on
 // the rank's stream (after what is queued there) and waited for with a deadline, so a rank
 // whose peer died or hangs gets an error that says which call, how many bytes and how long
 // it waited (NCCL aborted), instead of hanging.

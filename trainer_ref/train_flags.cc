@@ -388,9 +388,10 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   const std::vector<const char*> gpu_only = {"gpu_budget",  "optimizer_place",  "pcie_gbps",          "nvme_gbps",
                                              "gpu_tflops",  "optimizer_chunks", "optimizer_deferred", "profile",
                                              "timing_skip", "step_order",       "compact_state"};
-  const std::vector<const char*> cpu_only = {"tierd_record",         "zero",        "sparse_grad_ratio",
-                                             "sparse_grad_ratio_by", "sync_every",  "comm_timeout",
-                                             "sparse_warmup",        "sparse_sync", "compare_metrics"};
+  // (The GPU trainer's ranks sync dense: with more than one it refuses the sparse and ZeRO flags.)
+  const std::vector<const char*> cpu_only = {"tierd_record",         "zero",           "sparse_grad_ratio",
+                                             "sparse_grad_ratio_by", "sync_every",     "sparse_warmup",
+                                             "sparse_sync",          "compare_metrics"};
   for (const char* name : gpu ? cpu_only : gpu_only) {
     if (Given(name) && notes != nullptr) {
       notes->push_back(absl::StrFormat("--%s is for the %s trainer: ignored on the %s", name, gpu ? "CPU" : "GPU",

@@ -79,15 +79,7 @@ int main(int argc, char** argv) {
   }
 #ifdef TIERD_HAVE_CUDA
   if (gpu) {
-    // Data parallelism is the CPU trainer's so far (MPI); one GPU rank per process is not built.
-    if (auto launch = tierd::comm::LaunchFromEnv(); launch.ok() && launch->size > 1) {
-      std::fprintf(stderr,
-                   "tierd-train: %s: the GPU trainer trains one process; data-parallel training runs on the CPU "
-                   "trainer for now (--device=cpu)\n",
-                   launch->Describe().c_str());
-      return 1;
-    }
-    return tt::gpu::RunOnGpu(*settings);
+    return tt::gpu::RunOnGpu(*settings);  // data-parallel GPU ranks too (NCCL)
   }
 #endif
   return tt::RunOnCpu(*settings);

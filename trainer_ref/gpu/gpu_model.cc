@@ -332,6 +332,11 @@ absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx) {
   return absl::OkStatus();
 }
 
+absl::Status GpuModel::SumOverRanks(int group, bool last) {
+  if (dp_ == nullptr || !last) return absl::OkStatus();
+  return Timed(kComm, [&] { return dp_->AllReduce(GradsOf(group), static_cast<int64_t>(GroupCount(group))); });
+}
+
 void GpuModel::AddSumOfSquares(int group) {
   Timed(kOptimizer, [&] {
     SumSquares(GradsOf(group), static_cast<int64_t>(GroupCount(group)), norm_, scratch_, stream_);
@@ -396,6 +401,8 @@ absl::Status GpuModel::Backward() {
   RETURN_IF_ERROR(Enter(last, Part::kWeights, Access::kRead));
   RETURN_IF_ERROR(EnterGrads(last));
   RETURN_IF_ERROR(HeadBackward(x_out_, dx_));
+  const bool last_micro_batch = micro_ + 1 >= dp_micro_batches_;
+  RETURN_IF_ERROR(SumOverRanks(last, last_micro_batch));
   AddSumOfSquares(last);
   RETURN_IF_ERROR(Leave(last, Part::kWeights));
   RETURN_IF_ERROR(Leave(last, Part::kGrads));
@@ -408,6 +415,7 @@ absl::Status GpuModel::Backward() {
     auto a = ActsForBackward(l, acquired_[group][static_cast<int>(Part::kActs)]);
     if (!a.ok()) return a.status();
     RETURN_IF_ERROR(LayerBackward(l, *a, dx_));
+    RETURN_IF_ERROR(SumOverRanks(group, last_micro_batch));
     AddSumOfSquares(group);
     RETURN_IF_ERROR(Leave(group, Part::kWeights));
     RETURN_IF_ERROR(Leave(group, Part::kActs));
@@ -420,6 +428,7 @@ absl::Status GpuModel::Backward() {
                       stream_);
     return 0;
   });
+  RETURN_IF_ERROR(SumOverRanks(0, last_micro_batch));
   AddSumOfSquares(0);
   RETURN_IF_ERROR(Leave(0, Part::kGrads));
   ++micro_;

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "comm/communicator.h"
 #include "prefetcher/graph.h"
 #include "trainer_ref/checkpoint.h"
 #include "trainer_ref/gpu/gpu_home.h"
@@ -166,6 +167,15 @@ class GpuModel {
   // is done (the optimizer overlaps the GPU's forward). Any later use of a group's state
   // waits for its update; an error of the background step comes back from that wait.
   void SetOptimizerOnCpu(bool on) { optimizer_on_cpu_ = on; }
+  cudaStream_t stream() const { return stream_; }
+  // Data-parallel GPU ranks (comm: NCCL, device memory): after the last of a step's
+  // `micro_batches` backwards reaches a group, the group's gradient becomes the sum over the
+  // ranks (an all-reduce queued on the model's stream), before its norm is taken and it is
+  // stepped or leaves the GPU; the step's scale divides by ranks x micro-batches. Null: one rank.
+  void SetDataParallel(comm::Communicator* comm, int micro_batches) {
+    dp_ = comm != nullptr && comm->size() > 1 ? comm : nullptr;
+    dp_micro_batches_ = std::max(1, micro_batches);
+  }
   // The GPU's AdamWStep deferred: it only records the step, and each group's update is
   // queued just before the group's next use (its next forward), so under tierd the state
   // of group g streams in while the groups before it compute, instead of the whole state
@@ -301,6 +311,9 @@ class GpuModel {
   absl::Status HeadBackward(const float* x_out, float* dx);
   // The group's (acquired) gradients' sum of squares into norm_.
   void AddSumOfSquares(int group);
+  // Data-parallel: the group's gradient summed over the ranks, when `last` is the step's last
+  // backward over it (SetDataParallel). Nothing with one rank.
+  absl::Status SumOverRanks(int group, bool last);
   // Layer-major op indices: forward of groups 0..L, the head (forward and backward), then
   // backward of layers L-1..0 and the embedding, then the optimizer's ops (on the host,
   // each group's comes just before its forward).
@@ -315,6 +328,8 @@ class GpuModel {
   int batch_, seq_;
   bool checkpointing_;
   int kept_layers_ = 0, lean_layers_ = 0;
+  comm::Communicator* dp_ = nullptr;
+  int dp_micro_batches_ = 1;
   // Whether layer l keeps only its input and recomputes the rest in its backward.
   bool Recomputes(int l) const { return checkpointing_ && l < config_.layers - kept_layers_ - lean_layers_; }
   // Whether layer l keeps all but its element-wise outputs (recomputed in its backward).

@@ -13,9 +13,9 @@ inline absl::Status Cuda(cudaError_t error, const char* what) {
   return absl::InternalError(absl::StrFormat("CUDA %s: %s", what, cudaGetErrorString(error)));
 }
 
-enum Category { kGemm, kAttention, kElementwise, kLoss, kOptimizer, kFp8Cast, kCategories };
-inline const char* const kCategoryNames[kCategories] = {"gemm", "attention", "norm+elementwise",
-                                                        "loss", "optimizer", "fp8 casts"};
+enum Category { kGemm, kAttention, kElementwise, kLoss, kOptimizer, kFp8Cast, kComm, kCategories };
+inline const char* const kCategoryNames[kCategories] = {"gemm",      "attention", "norm+elementwise",    "loss",
+                                                        "optimizer", "fp8 casts", "ranks' gradient sums"};
 
 // A decoder layer's linear maps, as Fp8Linear indexes them (GpuModel::UseFp8 gives the shapes).
 enum LinearIndex { kLinearQ, kLinearK, kLinearV, kLinearO, kLinearGate, kLinearUp, kLinearDown, kLinears };

@@ -104,6 +104,7 @@ absl::StatusOr<double> GpuModel::ForwardBackwardLayerMajor(const int32_t* tokens
         Cuda(cudaMemcpyAsync(loss_rows_[m], losses_, n * sizeof(float), cudaMemcpyDeviceToHost, stream_), "losses"));
     RETURN_IF_ERROR(HeadBackward(mb.x, mb.dx));
   }
+  RETURN_IF_ERROR(SumOverRanks(last, /*last=*/true));
   AddSumOfSquares(last);
   RETURN_IF_ERROR(Leave(last, Part::kWeights));
   RETURN_IF_ERROR(Leave(last, Part::kGrads));
@@ -120,6 +121,7 @@ absl::StatusOr<double> GpuModel::ForwardBackwardLayerMajor(const int32_t* tokens
       RETURN_IF_ERROR(LayerBackward(l, *a, micro_batches_[m].dx));
       RETURN_IF_ERROR(Leave(group, Part::kActs));
     }
+    RETURN_IF_ERROR(SumOverRanks(group, /*last=*/true));
     AddSumOfSquares(group);
     RETURN_IF_ERROR(Leave(group, Part::kWeights));
     RETURN_IF_ERROR(Leave(group, Part::kGrads));
@@ -132,6 +134,7 @@ absl::StatusOr<double> GpuModel::ForwardBackwardLayerMajor(const int32_t* tokens
       return 0;
     });
   }
+  RETURN_IF_ERROR(SumOverRanks(0, /*last=*/true));
   AddSumOfSquares(0);
   RETURN_IF_ERROR(Leave(0, Part::kGrads));
   micro_ = layer_major_;

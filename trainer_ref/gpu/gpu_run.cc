@@ -15,6 +15,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/units.h"
+#include "comm/launch_env.h"
+#include "comm/nccl_communicator.h"
 #include "trainer_ref/checkpoint.h"
 #include "trainer_ref/data.h"
 #include "trainer_ref/gpu/gpu_model.h"
@@ -149,7 +151,18 @@ class GpuRun {
     return t.ok() ? *t : GpuHome::Traffic{};
   }
 
+  // Data-parallel GPU ranks (one a GPU, from the launcher's environment): NCCL, the
+  // gradients summed each step; rank 0 prints, writes the metrics and the checkpoints (every
+  // rank holds the same state) and every rank resumes from them.
+  int SetupRanks();
+  int ConnectRanks();
+
   const RunSettings& s_;
+  comm::LaunchInfo launch_;
+  std::unique_ptr<comm::Communicator> comm_;
+  int ranks_ = 1, device_ = 0;
+  bool lead_ = true;
+  double comm_seconds_before_ = 0, comm_bytes_before_ = 0;
   CheckpointTrail ck_;
   Startup startup_;
   std::unique_ptr<GpuModel> model_;
@@ -169,8 +182,55 @@ class GpuRun {
   GpuHome::Traffic before_, timed_from_, timed_to_;  // tierd's counters around the timed steps
 };
 
+int GpuRun::SetupRanks() {
+  auto launch = comm::LaunchFromEnv();
+  if (!launch.ok()) return Fail(std::string(launch.status().message()));
+  launch_ = *launch;
+  ranks_ = launch_.size;
+  lead_ = launch_.rank == 0;
+  if (ranks_ == 1) return 0;
+  if (s_.tierd) {
+    return Fail(absl::StrFormat(
+        "%s: data-parallel GPU ranks through tierd are not built (one tierd drives one GPU's tier); train the ranks "
+        "with --offload_policy=none, each on its own GPU, or one rank through tierd",
+        launch_.Describe()));
+  }
+  if (s_.zero != 0 || s_.sparse_ratio > 0 || !s_.sparse_ratio_by.empty() || s_.sync_every > 1) {
+    return Fail(absl::StrFormat(
+        "%s: GPU ranks sum every gradient (dense); --zero, --sparse_grad_ratio and --sync_every are the CPU "
+        "trainer's (--device=cpu under mpirun)",
+        launch_.Describe()));
+  }
+  int devices = 0;
+  cudaGetDeviceCount(&devices);
+  device_ = launch_.local_rank % std::max(1, devices);
+  if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) {
+    return Fail(absl::StrFormat("rank %d: GPU %d: %s", launch_.rank, device_, cudaGetErrorString(e)));
+  }
+  return 0;
+}
+
+int GpuRun::ConnectRanks() {
+  if (ranks_ == 1) return 0;
+  auto made = comm::MakeNcclCommunicator(
+      launch_, {.timeout_seconds = s_.comm_timeout, .device = device_, .stream = model_->stream()});
+  if (!made.ok()) return Fail(std::string(made.status().message()));
+  comm_ = std::move(*made);
+  model_->SetDataParallel(comm_.get(), layer_major_ > 0 ? 1 : s_.accum);
+  auto version = comm::NcclVersion();
+  std::printf("data-parallel: %s on GPU %d, %s; each step sums every gradient over the %d ranks (dense)%s\n",
+              launch_.Describe().c_str(), device_, version.ok() ? version->c_str() : "NCCL", ranks_,
+              lead_ ? "" : "; rank 0 reports the run");
+  if (!lead_) {  // the same state on every rank: one report
+    std::fflush(stdout);
+    if (std::freopen("/dev/null", "w", stdout) == nullptr) return Fail("cannot quiet this rank's output");
+  }
+  return 0;
+}
+
 int GpuRun::Setup() {
   const ModelConfig& config = s_.config;
+  if (int failed = SetupRanks(); failed != 0) return failed;
   auto data = LoadDataset(s_.data, config.vocab, s_.seq, 0.05);
   if (!data.ok()) return Fail(std::string(data.status().message()));
   data_ = std::make_unique<Dataset>(std::move(*data));
@@ -192,6 +252,7 @@ int GpuRun::Setup() {
   auto model = GpuModel::Create(config, s_.batch, s_.seq, std::move(*home), state);
   if (!model.ok()) return Fail(std::string(model.status().message()));
   model_ = std::move(*model);
+  if (int failed = ConnectRanks(); failed != 0) return failed;
   std::vector<bool> fp8_layers;  // empty: bf16 throughout
   if (fp8_) {
     auto layers = Fp8Layers(config, s_.bf16_layers);
@@ -232,9 +293,10 @@ int GpuRun::Setup() {
     startup_.Done("initial weights");
   }
   cudaDeviceProp prop{};
-  cudaGetDeviceProperties(&prop, 0);
-  std::printf("model %s on %s; %d x %d tokens x %d micro-batches per step%s; GPU memory held %s%s\n",
+  cudaGetDeviceProperties(&prop, device_);
+  std::printf("model %s on %s; %d x %d tokens x %d micro-batches%s per step%s; GPU memory held %s%s\n",
               DescribeConfig(config).c_str(), prop.name, s_.batch, s_.seq, s_.accum,
+              ranks_ > 1 ? absl::StrFormat(" x %d ranks", ranks_).c_str() : "",
               s_.checkpointing ? " (activation checkpointing)" : "", FormatBytes(model_->DeviceBytes()).c_str(),
               ck_.dir.empty()
                   ? ""
@@ -245,7 +307,7 @@ int GpuRun::Setup() {
     std::printf("tierd: %s\n", note->c_str());
     startup_.Done("planning the step");
   }
-  if (!s_.metrics.empty()) {
+  if (!s_.metrics.empty() && lead_) {
     std::string note;
     auto opened = OpenMetrics(s_.metrics, run_.step, &note);
     if (!opened.ok()) return Fail(std::string(opened.status().message()));
@@ -286,7 +348,7 @@ std::string GpuRun::Progress(int64_t step, double loss, double lr, double grad_n
   }
   const std::string ckpt =
       ck_.dir.empty() ? "" : absl::StrFormat("  ckpt %d (every %d)", ck_.last_step, s_.checkpoint_every);
-  const double tokens = static_cast<double>(s_.batch) * s_.seq * s_.accum;
+  const double tokens = static_cast<double>(s_.batch) * s_.seq * s_.accum * ranks_;  // every rank's
   return absl::StrFormat(
       "step %5d/%d  loss %.4f  (last %d: mean %.4f, sd %.4f)  lr %.2e  |g| %.3f  %.0f ms  %.0f tok/s"
       "  GPU %s%s%s",
@@ -301,6 +363,8 @@ int GpuRun::Step(int64_t step) {
   if (step == first_timed) timed_from_ = before_;
   if (absl::Status st = model_->ZeroGrads(); !st.ok()) return FailMidRun(std::string(st.message()), ck_);
   double loss = 0;
+  // Data-parallel: rank r takes micro-batches [r K, r K + K) of the ranks' N K in a step.
+  if (ranks_ > 1) batcher_->Skip(static_cast<int64_t>(launch_.rank) * s_.accum);
   if (layer_major_ > 0) {
     const size_t n = static_cast<size_t>(s_.batch) * s_.seq;
     for (int micro = 0; micro < s_.accum; ++micro) batcher_->Next(&inputs_[micro * n], &targets_[micro * n]);
@@ -319,11 +383,19 @@ int GpuRun::Step(int64_t step) {
       return FailMidRun(absl::StrFormat("step %d: %s", step, st.message()), ck_);
     }
   }
+  if (ranks_ > 1) {  // every rank ends the step at the same place in the data
+    batcher_->Skip(static_cast<int64_t>(ranks_ - 1 - launch_.rank) * s_.accum);
+    run_.batches_drawn += static_cast<int64_t>(ranks_ - 1) * s_.accum;
+  }
   model_->EndFp8Step();     // queued before the waits below, so its small copy comes back with them
   if (layer_major_ == 0) {  // the losses come back with the stream: one wait a step
     auto l = model_->TakeLoss();
     if (!l.ok()) return FailMidRun(absl::StrFormat("step %d: %s", step, l.status().message()), ck_);
     loss = *l;
+  }
+  if (comm_ != nullptr) {  // the step's loss: the mean of the ranks' (each the mean of its micro-batches)
+    if (absl::Status st = comm_->AllReduce(&loss, 1); !st.ok()) return FailMidRun(std::string(st.message()), ck_);
+    loss /= ranks_;
   }
   auto norm = model_->GradNorm();
   if (!norm.ok()) return FailMidRun(std::string(norm.status().message()), ck_);
@@ -333,7 +405,7 @@ int GpuRun::Step(int64_t step) {
     absl::StrAppend(&fell_back, fell_back.empty() ? "  fp8: fell back to bf16: " : ", ",
                     why.substr(0, why.find(' ', 6)));
   }
-  const double grad_norm = *norm / s_.accum;
+  const double grad_norm = *norm / (s_.accum * ranks_);  // the gradients are summed over both
   const double lr = LearningRate(step - 1, s_.warmup, s_.steps, s_.lr, s_.lr / 10);
   run_.step = step;
   if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
@@ -347,7 +419,7 @@ int GpuRun::Step(int64_t step) {
     adam.beta1 = lion.beta1;
     adam.beta2 = lion.beta2;
   }
-  const double scale = ClipFactor(grad_norm, s_.clip) / s_.accum;
+  const double scale = ClipFactor(grad_norm, s_.clip) / (s_.accum * ranks_);
   if (absl::Status st = model_->AdamWStep(lr, step, adam, scale); !st.ok()) {
     return FailMidRun(absl::StrFormat("step %d: %s", step, st.message()), ck_);
   }
@@ -369,6 +441,14 @@ int GpuRun::Step(int64_t step) {
   curves_.loss.push_back(loss);
   std::string line = Progress(step, loss, lr, grad_norm, seconds, after);
   if (s_.tierd) line += absl::StrFormat(", waited %.0f ms", waited * 1e3);
+  if (comm_ != nullptr) {  // this rank's time in the gradients' sums (it waits for them) and bytes sent
+    const comm::CommStats& c = comm_->stats();
+    line += absl::StrFormat("  comm %.0f ms (%.0f%%) sent %s", (c.seconds - comm_seconds_before_) * 1e3,
+                            100 * (c.seconds - comm_seconds_before_) / std::max(seconds, 1e-9),
+                            FormatBytes(static_cast<uint64_t>(c.bytes_sent - comm_bytes_before_)));
+    comm_seconds_before_ = c.seconds;
+    comm_bytes_before_ = c.bytes_sent;
+  }
   line += fell_back;
   std::printf("%s\n", line.c_str());
   before_ = after;
@@ -376,14 +456,14 @@ int GpuRun::Step(int64_t step) {
     metrics_ << absl::StrFormat(
         "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6f, \"seconds\": %.6f, "
         "\"tokens\": %.0f}\n",
-        step, loss, lr, grad_norm, seconds, static_cast<double>(s_.batch) * s_.seq * s_.accum);
+        step, loss, lr, grad_norm, seconds, static_cast<double>(s_.batch) * s_.seq * s_.accum * ranks_);
     metrics_.flush();
   }
   MaybeKillForTest(step);
   if (s_.eval_every > 0 && step % s_.eval_every == 0 && step < s_.steps) {  // the last one: Run's
     if (int failed = Validate(step); failed != 0) return failed;
   }
-  if (!ck_.dir.empty() && (step % s_.checkpoint_every == 0 || step == s_.steps)) {
+  if (!ck_.dir.empty() && lead_ && (step % s_.checkpoint_every == 0 || step == s_.steps)) {
     const auto saving = Clock::now();
     run_.losses = window_.values();
     auto path = SaveCheckpoint(*model_, run_, s_);
@@ -396,7 +476,7 @@ int GpuRun::Step(int64_t step) {
 }
 
 void GpuRun::Summary() {
-  const double tokens_per_step = static_cast<double>(s_.batch) * s_.seq * s_.accum;
+  const double tokens_per_step = static_cast<double>(s_.batch) * s_.seq * s_.accum * ranks_;
   const double tps = timed_steps_ > 0 ? tokens_per_step * timed_steps_ / timed_seconds_ : 0;
   const GpuHome::Traffic end = Traffic();
   const auto [memory_bytes, memory] = GpuMemory(end);

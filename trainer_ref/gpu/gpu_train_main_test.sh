@@ -31,9 +31,16 @@ else
   d="--device=gpu"
   run $d --offload_policy=tiered --tierd_dir="$dir/no-tierd-here"
   check "tiered is tierd: no daemon there is explained" "refused '^tierd-train: tierd: '"
-  RANK=0 WORLD_SIZE=2 run $d --steps=1
-  check "the GPU trainer started as one of two ranks says where data parallelism is" \
-    "refused 'launched by torchrun: the GPU trainer trains one process; data-parallel training runs on the CPU'"
+  RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29731 run $d --steps=1 --comm_timeout=2 --seq_len=64
+  check "rank 0 of two GPU ranks whose peer never comes says so within --comm_timeout" \
+    "refused 'rank 0: 0 of the other 1 ranks came to MASTER_ADDR:MASTER_PORT = 127.0.0.1:29731 within 2 s'"
+  RANK=1 WORLD_SIZE=2 run $d --steps=1 --seq_len=64
+  check "a GPU rank without the rendezvous address says what to export" "refused 'export MASTER_ADDR='"
+  RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29732 run $d --offload_policy=tierd --tierd_dir="$dir/none"
+  check "GPU ranks through tierd are refused with what to do instead" \
+    "refused 'data-parallel GPU ranks through tierd are not built'"
+  RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29733 run $d --sparse_grad_ratio=0.05
+  check "the sparse sync is the CPU trainer's" "refused 'GPU ranks sum every gradient (dense)'"
   run $d --optimizer_place=host
   check "an unknown optimizer place" "refused 'is gpu, cpu or auto, not .host.'"
   run $d --optimizer_place=cpu

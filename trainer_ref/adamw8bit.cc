@@ -1,10 +1,15 @@
 #include "trainer_ref/adamw8bit.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string>
 
 #include "trainer_ref/parallel.h"
 
@@ -106,12 +111,116 @@ const int32_t* TableFor(bool is_signed) {
   return is_signed ? signed_table.data() : unsigned_table.data();
 }
 
-// The codes of `count` normalized values: a loop of its own, its pointers restrict (a byte
-// store may alias anything), so that it vectorises into gathers.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void Codes(const float* __restrict normalized,
-                                                                        int64_t count, const int32_t* __restrict table,
-                                                                        uint8_t* __restrict codes) {
+// The table lookups of a step, written with gathers: GCC does not vectorise them into gather
+// instructions by itself (it loads lane by lane), and the lookups are most of the 8-bit
+// step's time. Each has a plain loop (any x86-64) and AVX2 and AVX-512 versions, picked once
+// at run time; all give the plain loop's values (the same loads, the same integer and float
+// operations, each rounded once).
+void CodesPlain(const float* __restrict normalized, int64_t count, const int32_t* __restrict table,
+                uint8_t* __restrict codes) {
   for (int64_t i = 0; i < count; ++i) codes[i] = static_cast<uint8_t>(LookupCode(table, normalized[i]));
+}
+
+// values[i] = map[codes[i]] * scale, squared where `square` (the second moment from its root).
+void DequantizePlain(const uint8_t* __restrict codes, int64_t count, const float* __restrict map, float scale,
+                     bool square, float* __restrict values) {
+  for (int64_t i = 0; i < count; ++i) {
+    const float x = q8::Mul(map[codes[i]], scale);
+    values[i] = square ? q8::SecondMomentOf(x) : x;
+  }
+}
+
+__attribute__((target("avx2"))) void CodesAvx2(const float* __restrict normalized, int64_t count,
+                                               const int32_t* __restrict table, uint8_t* __restrict codes) {
+  const __m256i low = _mm256_set1_epi32(static_cast<int32_t>(kLowMask));
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(normalized + i));
+    const __m256i entry = _mm256_i32gather_epi32(table, _mm256_srli_epi32(bits, kKeyShift), 4);
+    const __m256i order =
+        _mm256_xor_si256(_mm256_and_si256(bits, low), _mm256_and_si256(_mm256_srai_epi32(bits, 31), low));
+    // start + (order > the key's threshold bits): the compare is all ones (-1) where it holds
+    const __m256i code =
+        _mm256_sub_epi32(_mm256_srli_epi32(entry, kLowBits), _mm256_cmpgt_epi32(order, _mm256_and_si256(entry, low)));
+    const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(code), _mm256_extracti128_si256(code, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + i), _mm_packus_epi16(words, words));
+  }
+  CodesPlain(normalized + i, count - i, table, codes + i);
+}
+
+__attribute__((target("avx2"))) void DequantizeAvx2(const uint8_t* __restrict codes, int64_t count,
+                                                    const float* __restrict map, float scale, bool square,
+                                                    float* __restrict values) {
+  const __m256 s = _mm256_set1_ps(scale);
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    const __m256i index = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i)));
+    __m256 x = _mm256_mul_ps(_mm256_i32gather_ps(map, index, 4), s);
+    if (square) x = _mm256_mul_ps(x, x);
+    _mm256_storeu_ps(values + i, x);
+  }
+  DequantizePlain(codes + i, count - i, map, scale, square, values + i);
+}
+
+__attribute__((target("avx512f"))) void CodesAvx512(const float* __restrict normalized, int64_t count,
+                                                    const int32_t* __restrict table, uint8_t* __restrict codes) {
+  const __m512i low = _mm512_set1_epi32(static_cast<int32_t>(kLowMask));
+  int64_t i = 0;
+  for (; i + 16 <= count; i += 16) {
+    const __m512i bits = _mm512_loadu_si512(normalized + i);
+    const __m512i entry = _mm512_i32gather_epi32(_mm512_srli_epi32(bits, kKeyShift), table, 4);
+    const __m512i order =
+        _mm512_xor_si512(_mm512_and_si512(bits, low), _mm512_and_si512(_mm512_srai_epi32(bits, 31), low));
+    const __mmask16 above = _mm512_cmpgt_epi32_mask(order, _mm512_and_si512(entry, low));
+    const __m512i start = _mm512_srli_epi32(entry, kLowBits);
+    const __m512i code = _mm512_mask_add_epi32(start, above, start, _mm512_set1_epi32(1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm512_cvtepi32_epi8(code));
+  }
+  CodesPlain(normalized + i, count - i, table, codes + i);
+}
+
+__attribute__((target("avx512f"))) void DequantizeAvx512(const uint8_t* __restrict codes, int64_t count,
+                                                         const float* __restrict map, float scale, bool square,
+                                                         float* __restrict values) {
+  const __m512 s = _mm512_set1_ps(scale);
+  int64_t i = 0;
+  for (; i + 16 <= count; i += 16) {
+    const __m512i index = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i)));
+    __m512 x = _mm512_mul_ps(_mm512_i32gather_ps(index, map, 4), s);
+    if (square) x = _mm512_mul_ps(x, x);
+    _mm512_storeu_ps(values + i, x);
+  }
+  DequantizePlain(codes + i, count - i, map, scale, square, values + i);
+}
+
+struct Lookups {
+  void (*codes)(const float*, int64_t, const int32_t*, uint8_t*);
+  void (*dequantize)(const uint8_t*, int64_t, const float*, float, bool, float*);
+  const char* name;
+};
+
+constexpr Lookups kPaths[] = {{CodesPlain, DequantizePlain, "plain"},
+                              {CodesAvx2, DequantizeAvx2, "avx2"},
+                              {CodesAvx512, DequantizeAvx512, "avx512"}};
+
+// The best path the CPU has at or below `want` ("" or "avx512": the best; "avx2"; "plain").
+int PathUpTo(const std::string& want) {
+  if (__builtin_cpu_supports("avx512f") && (want.empty() || want == "avx512")) return 2;
+  if (__builtin_cpu_supports("avx2") && want != "plain") return 1;
+  return 0;
+}
+
+// Chosen at first use; TIERD_HOST_SIMD=plain|avx2 takes a lesser path than the CPU's best.
+std::atomic<int> path{-1};
+const Lookups& TheLookups() {
+  int p = path.load(std::memory_order_relaxed);
+  if (p < 0) {
+    const char* forced = std::getenv("TIERD_HOST_SIMD");
+    int expected = -1;
+    path.compare_exchange_strong(expected, PathUpTo(forced != nullptr ? forced : ""));
+    p = path.load(std::memory_order_relaxed);
+  }
+  return kPaths[p];
 }
 
 // Quantization blocks [first, last) of one step, in loops the compiler vectorises (cloned
@@ -123,6 +232,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void StepBlocks(
   const float* unsigned_map = DynamicMap(false).data();
   const int32_t* m_table = TableFor(true);
   const int32_t* v_table = TableFor(false);
+  const Lookups& lookup = TheLookups();
   float mi[q8::kQuantBlock], vi[q8::kQuantBlock];
   for (int64_t b = first; b < last; ++b) {
     const int64_t begin = b * q8::kQuantBlock, count = std::min<int64_t>(q8::kQuantBlock, n - begin);
@@ -131,11 +241,8 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void StepBlocks(
     float* __restrict w = master + begin;
     const float* __restrict g = grads + begin;
     const q8::ElementStep s = step;  // a local copy: no aliasing with the stores for the compiler to fear
-    const float m_scale = m.absmax[b], v_scale = v.absmax[b];
-    for (int64_t i = 0; i < count; ++i) {
-      mi[i] = q8::Mul(signed_map[m_codes[i]], m_scale);
-      vi[i] = q8::SecondMomentOf(q8::Mul(unsigned_map[v_codes[i]], v_scale));
-    }
+    lookup.dequantize(m_codes, count, signed_map, m.absmax[b], /*square=*/false, mi);
+    lookup.dequantize(v_codes, count, unsigned_map, v.absmax[b], /*square=*/true, vi);  // v from its root
     for (int64_t i = 0; i < count; ++i) w[i] = s(w[i], g[i], mi[i], vi[i]);
     for (int64_t i = 0; i < count; ++i) vi[i] = q8::RootToStore(vi[i]);  // v is kept as its root
     if (weights != nullptr) {
@@ -154,8 +261,8 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void StepBlocks(
       mi[i] = q8::Mul(mi[i], inverse_m);
       vi[i] = q8::Mul(vi[i], inverse_v);
     }
-    Codes(mi, count, m_table, m.codes + begin);
-    Codes(vi, count, v_table, v.codes + begin);
+    lookup.codes(mi, count, m_table, m.codes + begin);
+    lookup.codes(vi, count, v_table, v.codes + begin);
   }
 }
 
@@ -184,22 +291,35 @@ Moment8bit MomentAt(void* bytes, uint64_t n) {
   return {base, reinterpret_cast<float*>(base + (n + 15) / 16 * 16)};
 }
 
+const char* HostLookupPath() { return TheLookups().name; }
+
+const char* UseHostLookupPath(const std::string& want) {
+  path.store(PathUpTo(want), std::memory_order_relaxed);
+  return TheLookups().name;
+}
+
 void Quantize8bit(const float* values, uint64_t n, bool is_signed, void* bytes) {
   const Moment8bit out = MomentAt(bytes, n);
+  std::vector<float> normalized(q8::kQuantBlock);
   for (uint64_t b = 0; b < QuantBlocks(n); ++b) {
     const uint64_t begin = b * q8::kQuantBlock, end = std::min<uint64_t>(n, begin + q8::kQuantBlock);
     uint32_t most = 0;
     for (uint64_t i = begin; i < end; ++i) most = std::max(most, q8::MagnitudeBits(values[i]));
     out.absmax[b] = q8::FromMagnitudeBits(most);
     const float inverse = q8::InverseScale(out.absmax[b]);
-    for (uint64_t i = begin; i < end; ++i) out.codes[i] = CodeOf(is_signed, q8::Mul(values[i], inverse));
+    for (uint64_t i = begin; i < end; ++i) normalized[i - begin] = q8::Mul(values[i], inverse);
+    TheLookups().codes(normalized.data(), static_cast<int64_t>(end - begin), TableFor(is_signed), out.codes + begin);
   }
 }
 
 void Dequantize8bit(const void* bytes, uint64_t n, bool is_signed, float* values) {
   const Moment8bit in = MomentAt(const_cast<void*>(bytes), n);
   const float* map = DynamicMap(is_signed).data();
-  for (uint64_t i = 0; i < n; ++i) values[i] = q8::Mul(map[in.codes[i]], in.absmax[i / q8::kQuantBlock]);
+  for (uint64_t b = 0; b < QuantBlocks(n); ++b) {
+    const uint64_t begin = b * q8::kQuantBlock, end = std::min<uint64_t>(n, begin + q8::kQuantBlock);
+    TheLookups().dequantize(in.codes + begin, static_cast<int64_t>(end - begin), map, in.absmax[b], false,
+                            values + begin);
+  }
 }
 
 q8::ElementStep ElementStepFor(const HostAdamWParams& p) {

@@ -11,6 +11,7 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "trainer_ref/adamw8bit_block.h"
@@ -22,9 +23,16 @@ namespace tierd::trainer {
 // both hold 0 and 1. Its 255 thresholds: the midpoints of neighbouring values.
 const std::array<float, q8::kCodes>& DynamicMap(bool is_signed);
 const std::array<float, q8::kCodes - 1>& Thresholds(bool is_signed);
-// A normalized value's code (q8::CodeBySearch's count) through a table of 2^17 starting
-// codes keyed by the value's sign, exponent and top 8 mantissa bits, then a compare or two.
+// A normalized value's code (q8::CodeBySearch's count) through a table of 2^17 entries keyed
+// by the value's sign, exponent and top 8 mantissa bits (the key's first code and its one
+// threshold's low bits), then one integer compare.
 uint8_t CodeOf(bool is_signed, float normalized);
+// Which instruction set the host's table lookups (quantizing, dequantizing) run with: "avx512",
+// "avx2" or "plain" (TIERD_HOST_SIMD=plain|avx2 picks a lesser one).
+const char* HostLookupPath();
+// Takes the best path the CPU has at or below `want` ("avx512", "avx2", "plain"); returns its
+// name. For benchmarks: not while a step runs.
+const char* UseHostLookupPath(const std::string& want);
 
 uint64_t Moment8bitBytes(uint64_t n);
 inline uint64_t QuantBlocks(uint64_t n) { return (n + q8::kQuantBlock - 1) / q8::kQuantBlock; }

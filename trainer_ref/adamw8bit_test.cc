@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <vector>
 
@@ -89,6 +90,38 @@ TEST(AdamW8bitTest, TheTableLookupGivesTheSearchsCode) {
       if (!is_signed && x < 0) continue;
       ASSERT_EQ(CodeOf(is_signed, x), q8::CodeBySearch(t.data(), x)) << x;
     }
+  }
+}
+
+// Quantizing and dequantizing whole tensors go through the vectorised lookups (AVX2 or
+// AVX-512 where the CPU has them): every code is the search's, every value map x scale, also
+// in the tails shorter than a vector and across block boundaries.
+TEST(AdamW8bitTest, TheVectorisedLookupsGiveTheSearchsCodesAndTheMapsValues) {
+  std::printf("host lookups: %s\n", HostLookupPath());
+  for (bool is_signed : {true, false}) {
+    const auto& t = Thresholds(is_signed);
+    const auto& map = DynamicMap(is_signed);
+    std::mt19937 rng(8);
+    std::uniform_real_distribution<float> exponent(-9.f, 0.f), sign(-1.f, 1.f);
+    const uint64_t n = 2 * q8::kQuantBlock + 37;
+    std::vector<float> values(n);
+    for (uint64_t i = 0; i < n; ++i) {
+      const float magnitude = std::pow(10.f, exponent(rng));
+      values[i] = is_signed ? std::copysign(magnitude, sign(rng)) : magnitude;
+    }
+    values[5] = 0.f;
+    values[6] = is_signed ? -0.f : 0.f;
+    values[q8::kQuantBlock + 3] = t[100];  // a threshold itself (a tie goes to the lower code)
+    std::vector<uint8_t> bytes(Moment8bitBytes(n));
+    Quantize8bit(values.data(), n, is_signed, bytes.data());
+    const Moment8bit q = MomentAt(bytes.data(), n);
+    for (uint64_t i = 0; i < n; ++i) {
+      const float inverse = q8::InverseScale(q.absmax[i / q8::kQuantBlock]);
+      ASSERT_EQ(q.codes[i], q8::CodeBySearch(t.data(), q8::Mul(values[i], inverse))) << i << " " << values[i];
+    }
+    std::vector<float> back(n);
+    Dequantize8bit(bytes.data(), n, is_signed, back.data());
+    for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(back[i], q8::Mul(map[q.codes[i]], q.absmax[i / q8::kQuantBlock])) << i;
   }
 }
 

@@ -60,6 +60,23 @@ TEST(LaunchEnvTest, ReadsEachLauncher) {
   EXPECT_EQ(torch->local_size, 8);  // no LOCAL_WORLD_SIZE: all of them
   EXPECT_EQ(torch->master_addr, "10.0.0.1");
   EXPECT_EQ(torch->master_port, 29500);
+  EXPECT_EQ(torch->rendezvous_port, 29500) << "not under torchrun's agent: the port as given";
+  // Under torchrun's agent (TORCHELASTIC_RUN_ID) its own store holds MASTER_PORT: the GPU
+  // ranks meet on the next port, or on TIERD_RDZV_PORT.
+  auto agent = LaunchFromEnv(From({{"RANK", "0"},
+                                   {"WORLD_SIZE", "2"},
+                                   {"MASTER_ADDR", "127.0.0.1"},
+                                   {"MASTER_PORT", "29500"},
+                                   {"TORCHELASTIC_RUN_ID", "none"}}));
+  ASSERT_TRUE(agent.ok());
+  EXPECT_EQ(agent->rendezvous_port, 29501);
+  auto chosen = LaunchFromEnv(From({{"RANK", "0"},
+                                    {"WORLD_SIZE", "2"},
+                                    {"MASTER_PORT", "29500"},
+                                    {"TORCHELASTIC_RUN_ID", "none"},
+                                    {"TIERD_RDZV_PORT", "31000"}}));
+  ASSERT_TRUE(chosen.ok());
+  EXPECT_EQ(chosen->rendezvous_port, 31000);
   auto slurm = LaunchFromEnv(From({{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "3"}, {"SLURM_LOCALID", "0"}}));
   ASSERT_TRUE(slurm.ok());
   EXPECT_EQ(slurm->launcher, "srun");

@@ -58,6 +58,11 @@ absl::StatusOr<LaunchInfo> LaunchFromEnv(const GetEnv& getenv) {
     }
     if (const char* a = getenv("MASTER_ADDR")) info.master_addr = a;
     if (absl::Status s = ReadInt(getenv, "MASTER_PORT", 0, &info.master_port); !s.ok()) return s;
+    const bool torch_agent = getenv("TORCHELASTIC_RUN_ID") != nullptr;  // set by torchrun for its workers
+    info.rendezvous_port = info.master_port > 0 && torch_agent ? info.master_port + 1 : info.master_port;
+    if (absl::Status s = ReadInt(getenv, "TIERD_RDZV_PORT", info.rendezvous_port, &info.rendezvous_port); !s.ok()) {
+      return s;
+    }
     return info;
   }
   return info;

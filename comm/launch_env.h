@@ -18,6 +18,9 @@ struct LaunchInfo {
   int local_rank = 0, local_size = 1;  // on this node
   std::string master_addr;             // torchrun's rendezvous, when set
   int master_port = 0;
+  // Where GPU ranks meet to share NCCL's id (rendezvous.h): TIERD_RDZV_PORT when set; under
+  // torchrun MASTER_PORT + 1 (torchrun's own store listens on MASTER_PORT); else MASTER_PORT.
+  int rendezvous_port = 0;
   std::string Describe() const;  // "rank 1 of 4 (local 1 of 2), launched by mpirun"
 };
 

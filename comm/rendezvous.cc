@@ -88,7 +88,11 @@ absl::Status ReadAll(int fd, void* data, size_t size, Clock::time_point deadline
 }
 
 std::string Where(const LaunchInfo& launch) {
-  return absl::StrFormat("MASTER_ADDR:MASTER_PORT = %s:%d", launch.master_addr, launch.master_port);
+  if (launch.rendezvous_port == launch.master_port) {
+    return absl::StrFormat("MASTER_ADDR:MASTER_PORT = %s:%d", launch.master_addr, launch.master_port);
+  }
+  return absl::StrFormat("MASTER_ADDR %s, port %d (MASTER_PORT %d is the launcher's; TIERD_RDZV_PORT sets ours)",
+                         launch.master_addr, launch.rendezvous_port, launch.master_port);
 }
 
 absl::StatusOr<std::string> Serve(const LaunchInfo& launch, const std::string& bytes, const RendezvousOptions& o) {
@@ -107,19 +111,20 @@ absl::StatusOr<std::string> Serve(const LaunchInfo& launch, const std::string& b
     sockaddr_in6 addr{};
     addr.sin6_family = AF_INET6;
     addr.sin6_addr = in6addr_any;
-    addr.sin6_port = htons(static_cast<uint16_t>(launch.master_port));
+    addr.sin6_port = htons(static_cast<uint16_t>(launch.rendezvous_port));
     rc = bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
   } else {
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_addr.s_addr = htonl(INADDR_ANY);
-    addr.sin_port = htons(static_cast<uint16_t>(launch.master_port));
+    addr.sin_port = htons(static_cast<uint16_t>(launch.rendezvous_port));
     rc = bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
   }
   if (rc != 0 || listen(listener.get(), launch.size) != 0) {
     return absl::UnavailableError(
-        absl::StrFormat("rank 0 cannot listen on port %d (%s): %s; another job may hold it: give a free MASTER_PORT",
-                        launch.master_port, Where(launch), std::strerror(errno)));
+        absl::StrFormat("rank 0 cannot listen on port %d (%s): %s; another job may hold it: give a free MASTER_PORT "
+                        "(or TIERD_RDZV_PORT)",
+                        launch.rendezvous_port, Where(launch), std::strerror(errno)));
   }
   std::vector<Fd> peers;
   for (int met = 1; met < launch.size; ++met) {
@@ -158,7 +163,7 @@ absl::StatusOr<std::string> Fetch(const LaunchInfo& launch, const RendezvousOpti
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
-  const std::string port = std::to_string(launch.master_port);
+  const std::string port = std::to_string(launch.rendezvous_port);
   if (int rc = getaddrinfo(launch.master_addr.c_str(), port.c_str(), &hints, &found); rc != 0) {
     return absl::InvalidArgumentError(absl::StrFormat("rank %d: MASTER_ADDR=%s does not resolve: %s", launch.rank,
                                                       launch.master_addr, gai_strerror(rc)));
@@ -203,11 +208,11 @@ absl::StatusOr<std::string> Fetch(const LaunchInfo& launch, const RendezvousOpti
 absl::StatusOr<std::string> ShareFromRankZero(const LaunchInfo& launch, const std::string& bytes,
                                               const RendezvousOptions& options) {
   if (launch.size <= 1) return bytes;
-  if (launch.master_addr.empty() || launch.master_port <= 0 || launch.master_port > 65535) {
+  if (launch.master_addr.empty() || launch.rendezvous_port <= 0 || launch.rendezvous_port > 65535) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "rank %d of %d: GPU ranks meet at MASTER_ADDR:MASTER_PORT (torchrun sets them; under mpirun or srun, "
         "export MASTER_ADDR=<rank 0's host> MASTER_PORT=<a free port>); have '%s' and %d",
-        launch.rank, launch.size, launch.master_addr, launch.master_port));
+        launch.rank, launch.size, launch.master_addr, launch.rendezvous_port));
   }
   if (bytes.size() > kMaxPayload) return absl::InvalidArgumentError("rendezvous payload over 1 MiB");
   return launch.rank == 0 ? Serve(launch, bytes, options) : Fetch(launch, options);

@@ -1,6 +1,7 @@
 // The one exchange GPU ranks need before NCCL can connect them: rank 0's bytes (NCCL's unique
-// id) handed to every other rank, over TCP at the launcher's MASTER_ADDR:MASTER_PORT, as
-// torchrun's ranks meet. Rank 0 listens there; the others connect (retrying while rank 0 is
+// id) handed to every other rank, over TCP at the launcher's MASTER_ADDR and
+// LaunchInfo::rendezvous_port (MASTER_PORT, or the port after it under torchrun, whose own
+// store holds MASTER_PORT). Rank 0 listens there; the others connect (retrying while rank 0 is
 // still starting) and read the bytes; nothing else crosses. One process: the bytes as given.
 #ifndef TIERD_COMM_RENDEZVOUS_H_
 #define TIERD_COMM_RENDEZVOUS_H_

@@ -33,6 +33,7 @@ LaunchInfo Rank(int rank, int size, int port) {
   l.size = size;
   l.master_addr = "127.0.0.1";
   l.master_port = port;
+  l.rendezvous_port = port;
   return l;
 }
 

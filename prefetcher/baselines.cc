@@ -329,7 +329,7 @@ LowerBound ComputeLowerBound(const Graph& graph, const LinkModel& link, const Bu
   LowerBound lb;
   for (const GraphOp& op : graph.ops) lb.compute_seconds += op.seconds;
   lb.step_seconds = lb.compute_seconds;
-  const size_t ops = graph.ops.size(), n = graph.tensors.size();
+  const size_t ops = graph.ops.size();
   uint64_t pinned = 0;
   for (const GraphTensor& t : graph.tensors) pinned += t.pinned_gpu ? t.bytes : 0;
   const uint64_t gpu_room = budgets.gpu > pinned ? budgets.gpu - pinned : 0;

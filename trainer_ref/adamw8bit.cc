@@ -162,6 +162,10 @@ __attribute__((target("avx2"))) void DequantizeAvx2(const uint8_t* __restrict co
   DequantizePlain(codes + i, count - i, map, scale, square, values + i);
 }
 
+// GCC 12's AVX-512 headers start some intrinsics from a self-initialised "undefined" vector,
+// which -Wmaybe-uninitialized flags wherever they are inlined: not a fault of this code.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 __attribute__((target("avx512f"))) void CodesAvx512(const float* __restrict normalized, int64_t count,
                                                     const int32_t* __restrict table, uint8_t* __restrict codes) {
   const __m512i low = _mm512_set1_epi32(static_cast<int32_t>(kLowMask));
@@ -192,6 +196,8 @@ __attribute__((target("avx512f"))) void DequantizeAvx512(const uint8_t* __restri
   }
   DequantizePlain(codes + i, count - i, map, scale, square, values + i);
 }
+
+#pragma GCC diagnostic pop
 
 struct Lookups {
   void (*codes)(const float*, int64_t, const int32_t*, uint8_t*);

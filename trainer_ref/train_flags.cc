@@ -77,6 +77,9 @@ ABSL_FLAG(std::string, opt, "adamw",
           "means, ~4 bytes "
           "of state a parameter; external learning rate as AdamW's, update clipped to RMS 1). Names as written "
           "elsewhere (AdamW, Lion, Adafactor) are taken too");
+ABSL_FLAG(int64_t, adamw8bit_min_size, 0,
+          "GPU, --opt=adamw8bit: tensors of fewer values keep fp32 moments (bitsandbytes' min_8bit_size is 4096: "
+          "the norms' weights); 0: every tensor 8-bit. Checkpoints record it");
 ABSL_FLAG(std::string, grad_checkpointing, "none",
           "none | full: keep only each layer's input from forward and recompute the rest in backward (about a "
           "third more compute; saved activations shrink ~10x) | dynamic (GPU): layer by layer and tensor by tensor, "
@@ -316,6 +319,9 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   s.lion = opt == "lion";
   s.adafactor = opt == "adafactor";
   s.moments_8bit = opt == "adamw8bit" || opt == "adamw_8bit";
+  s.moments_8bit_min = absl::GetFlag(FLAGS_adamw8bit_min_size);
+  if (s.moments_8bit_min < 0) return Bad("--adamw8bit_min_size: 0 (every tensor 8-bit) or a count of values");
+  if (s.moments_8bit_min > 0 && !s.moments_8bit) return Bad("--adamw8bit_min_size goes with --opt=adamw8bit");
   const std::string precision = absl::AsciiStrToLower(absl::GetFlag(FLAGS_precision));
   s.fp8 = precision == "fp8";
   s.precision_auto = gpu && precision == "auto";
@@ -385,9 +391,9 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   s.plot = absl::GetFlag(FLAGS_plot);
   s.compare_metrics = absl::GetFlag(FLAGS_compare_metrics);
   s.eval_every = absl::GetFlag(FLAGS_eval_every);
-  const std::vector<const char*> gpu_only = {"gpu_budget",  "optimizer_place",  "pcie_gbps",          "nvme_gbps",
-                                             "gpu_tflops",  "optimizer_chunks", "optimizer_deferred", "profile",
-                                             "timing_skip", "step_order",       "compact_state"};
+  const std::vector<const char*> gpu_only = {
+      "gpu_budget",         "optimizer_place", "pcie_gbps",   "nvme_gbps",  "gpu_tflops",    "optimizer_chunks",
+      "optimizer_deferred", "profile",         "timing_skip", "step_order", "compact_state", "adamw8bit_min_size"};
   // (The GPU trainer's ranks sync dense: with more than one it refuses the sparse and ZeRO flags.)
   const std::vector<const char*> cpu_only = {"tierd_record",         "zero",           "sparse_grad_ratio",
                                              "sparse_grad_ratio_by", "sync_every",     "sparse_warmup",

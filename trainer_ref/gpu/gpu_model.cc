@@ -37,6 +37,7 @@ GpuModel::GpuModel(const ModelConfig& config, int batch, int seq, const StateOpt
       layout_(ParamLayout(config)),
       layer_major_(state.layer_major_micro_batches),
       moments_8bit_(state.moments_8bit),
+      moments_8bit_min_(std::max<int64_t>(0, state.moments_8bit_min)),
       compact_(state.compact),
       lion_(state.lion),
       adafactor_(state.adafactor) {

@@ -65,6 +65,9 @@ struct StateOptions {
   // The Adam moments as 8-bit blockwise codes (--opt=adamw8bit; adamw8bit.h), each tensor's
   // own at MomentOffset within its group's moment parts.
   bool moments_8bit = false;
+  // With moments_8bit: tensors of fewer values keep fp32 moments (bitsandbytes' min_8bit_size,
+  // 4096 there; the norms' weights), at their MomentOffset all the same. 0: every tensor 8-bit.
+  int64_t moments_8bit_min = 0;
   // 4 bytes a parameter less to keep (--state=compact), for a state that does not fit the
   // GPU and DRAM otherwise. A group's gradients accumulate in fp32 in a workspace of one group
   // and are kept as bf16 (rounded once) when its backward is done; no bf16 weight copy is
@@ -366,6 +369,17 @@ class GpuModel {
   int micro_ = 0;        // micro-batches done this step
   int layer_major_ = 0;  // K micro-batches a step, layer-major; 0: one at a time
   bool moments_8bit_ = false;
+  int64_t moments_8bit_min_ = 0;
+  // Whether entry e's moments are 8-bit codes (else fp32, also within an 8-bit state).
+  bool Moments8bit(size_t e) const {
+    return moments_8bit_ && static_cast<int64_t>(layout_[e].count) >= moments_8bit_min_;
+  }
+  // Entry e's fp32 moment (m or v) within its group's moment part `part`, chunk offset `at`.
+  float* FloatMoment(void* part, size_t e, size_t at) const {
+    return moments_8bit_ ? reinterpret_cast<float*>(static_cast<unsigned char*>(part) + MomentOffset(e)) +
+                               (at - (layout_[e].offset - group_offset_[group_of_[e]]))
+                         : static_cast<float*>(part) + at;
+  }
   bool compact_ = false;
   bool lion_ = false;
   bool adafactor_ = false;

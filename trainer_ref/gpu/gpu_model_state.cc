@@ -103,7 +103,7 @@ uint64_t GpuModel::MomentBytes(size_t entry) const {
     const auto [rows, cols] = FactoredShape(entry);
     return AdafactorStateCount(static_cast<size_t>(rows), static_cast<size_t>(cols)) * sizeof(float);
   }
-  return moments_8bit_ ? Moment8bitBytes(n) : n * sizeof(float);
+  return Moments8bit(entry) ? Moment8bitBytes(n) : n * sizeof(float);
 }
 
 std::pair<int64_t, int64_t> GpuModel::FactoredShape(size_t entry) const {

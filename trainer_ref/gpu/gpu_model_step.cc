@@ -199,7 +199,7 @@ absl::Status GpuModel::GpuAdamWGroup(int g, bool zero_grads, const std::function
               }
               return 0;
             });
-          } else if (moments_8bit_) {  // one chunk: the entry whole, its moments at their offsets
+          } else if (Moments8bit(e)) {  // one chunk: the entry whole, its moments at their offsets
             RETURN_IF_ERROR(Timed(kOptimizer, [&] {
               auto* m8 = static_cast<unsigned char*>(m) + MomentOffset(e);
               auto* v8 = static_cast<unsigned char*>(v) + MomentOffset(e);
@@ -213,8 +213,8 @@ absl::Status GpuModel::GpuAdamWGroup(int g, bool zero_grads, const std::function
             }));
           } else {
             Timed(kOptimizer, [&] {
-              float* mf = static_cast<float*>(m) + at;
-              float* vf = static_cast<float*>(v) + at;
+              float* mf = FloatMoment(m, e, at);
+              float* vf = FloatMoment(v, e, at);
               const size_t from = grads_of(e) + (lo - begin);
               const auto count = static_cast<int64_t>(hi - lo);
               if (compact_) {
@@ -312,13 +312,13 @@ absl::Status GpuModel::HostAdamWStep(int g, bool zeros, const std::function<Adam
         lp.decay = hp.decay;
         HostLion(master + at, static_cast<float*>(state[1]) + at, grads + lo, static_cast<int64_t>(hi - lo), lp, 0,
                  weights + lo);
-      } else if (moments_8bit_) {  // one chunk: the entry whole, its moments at their offsets
+      } else if (Moments8bit(e)) {  // one chunk: the entry whole, its moments at their offsets
         HostAdamW8bit(master + at, static_cast<unsigned char*>(state[1]) + MomentOffset(e),
                       static_cast<unsigned char*>(state[2]) + MomentOffset(e), weights + lo, grads + lo,
                       static_cast<int64_t>(hi - lo), hp);
       } else {
-        HostAdamW(master + at, static_cast<float*>(state[1]) + at, static_cast<float*>(state[2]) + at, weights + lo,
-                  grads + lo, static_cast<int64_t>(hi - lo), hp);
+        HostAdamW(master + at, FloatMoment(state[1], e, at), FloatMoment(state[2], e, at), weights + lo, grads + lo,
+                  static_cast<int64_t>(hi - lo), hp);
       }
       if (layout_[e].shape.size() == 1) {  // the resident copy the kernels read, after they are done with it
         s = Cuda(cudaMemcpyAsync(N(e) + (lo - begin), master + at, (hi - lo) * sizeof(float), cudaMemcpyHostToDevice,

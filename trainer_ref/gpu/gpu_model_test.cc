@@ -329,13 +329,16 @@ TEST(GpuModelTest, ACheckpointContinuesBitForBitAndRefusesAnotherShape) {
 
 // The host's AdamW8bit over a model's parameters, tensor by tensor (each tensor's moments its
 // own, as the CPU trainer keeps them): the reference the GPU's 8-bit steps are checked against.
+// Tensors of fewer than `fp32_under` values step with fp32 moments (HostAdamW) instead.
 class HostAdamW8bitReference {
  public:
-  HostAdamW8bitReference(const ModelConfig& config, std::vector<float> master)
-      : layout_(ParamLayout(config)), master_(std::move(master)) {
+  HostAdamW8bitReference(const ModelConfig& config, std::vector<float> master, int64_t fp32_under = 0)
+      : layout_(ParamLayout(config)), master_(std::move(master)), fp32_under_(fp32_under) {
     for (const TensorLayout& t : layout_) {
       m_.emplace_back(Moment8bitBytes(t.count), 0);
       v_.emplace_back(Moment8bitBytes(t.count), 0);
+      m32_.emplace_back(t.count, 0.f);
+      v32_.emplace_back(t.count, 0.f);
     }
   }
   // Step `at` from `grads`, as GpuModel::AdamWStep(lr, at, AdamWOptions{}, grad_scale).
@@ -347,6 +350,11 @@ class HostAdamW8bitReference {
       p.step = at;
       p.grad_scale = grad_scale;
       p.decay = t.shape.size() > 1;
+      if (static_cast<int64_t>(t.count) < fp32_under_) {
+        HostAdamW(master_.data() + t.offset, m32_[e].data(), v32_[e].data(), nullptr, grads.data() + t.offset,
+                  static_cast<int64_t>(t.count), p);
+        continue;
+      }
       HostAdamW8bit(master_.data() + t.offset, m_[e].data(), v_[e].data(), nullptr, grads.data() + t.offset,
                     static_cast<int64_t>(t.count), p);
     }
@@ -366,7 +374,9 @@ class HostAdamW8bitReference {
  private:
   std::vector<TensorLayout> layout_;
   std::vector<float> master_;
+  int64_t fp32_under_;
   std::vector<std::vector<uint8_t>> m_, v_;
+  std::vector<std::vector<float>> m32_, v32_;
 };
 
 // 8-bit blockwise moments on the GPU: three steps give, bit for bit, the master weights the
@@ -400,6 +410,44 @@ TEST(GpuModelTest, EightBitMomentsStepAsTheHostDoesAndCheckpoint) {
   auto fp32 = GpuModel::Create(config, batch, seq);
   ASSERT_TRUE(fresh.ok() && fp32.ok());
   CheckCheckpointRoundTrip(**model, **fresh, **fp32, b, 4, 0.5, "moments=8bit");
+}
+
+// --adamw8bit_min_size: tensors under it (here the norms' 128 values) keep fp32 moments within
+// the 8-bit state: their moment parts grow by what fp32 costs, three steps give the host's
+// master weights bit for bit (8-bit for the matrices, fp32 AdamW for the norms), a checkpoint
+// continues bit for bit and a model whose every tensor is 8-bit refuses it.
+TEST(GpuModelTest, SmallTensorsKeepFp32MomentsBesideEightBitOnes) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device here: the GPU model is checked on the lent GPU machine";
+  const ModelConfig config{"q8", 2, 128, 2, 352, 512, 128};
+  const int batch = 2, seq = 64;
+  const StateOptions mixed{.moments_8bit = true, .moments_8bit_min = 4096};
+  const GpuHomeLayout all8 = GpuModel::HomeLayout(config, batch, seq, {.moments_8bit = true});
+  const GpuHomeLayout some32 = GpuModel::HomeLayout(config, batch, seq, mixed);
+  const int m = static_cast<int>(Part::kAdamM);
+  // A layer's two norms: 2 x (128 x 4) fp32 bytes instead of 2 x Moment8bitBytes(128).
+  EXPECT_EQ(some32.bytes[1][m], all8.bytes[1][m] + 2 * (128 * 4 - Moment8bitBytes(128)));
+  auto model = GpuModel::Create(config, batch, seq, nullptr, mixed);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_TRUE((*model)->InitParams(4).ok());
+  std::vector<float> master;
+  ASSERT_TRUE((*model)->GetParams(&master).ok());
+  HostAdamW8bitReference host(config, std::move(master), /*fp32_under=*/4096);
+  std::mt19937_64 rng(19);
+  const Batch b = RandomBatch(batch * seq, config.vocab, rng);
+  for (int at = 1; at <= 3; ++at) {
+    ASSERT_TRUE((*model)->ZeroGrads().ok());
+    ASSERT_TRUE((*model)->Forward(b.tokens.data(), b.targets.data()).ok());
+    ASSERT_TRUE((*model)->Backward().ok());
+    std::vector<float> grads;
+    ASSERT_TRUE((*model)->GetGrads(&grads).ok());
+    ASSERT_TRUE((*model)->AdamWStep(1e-3, at, AdamWOptions{}, 0.5).ok());
+    host.Step(grads, at, 1e-3f, 0.5f);
+    ASSERT_EQ(host.Differ(**model), 0u) << "master weights differ from the host's after step " << at;
+  }
+  auto fresh = GpuModel::Create(config, batch, seq, nullptr, mixed);
+  auto every8 = GpuModel::Create(config, batch, seq, nullptr, {.moments_8bit = true});
+  ASSERT_TRUE(fresh.ok() && every8.ok());
+  CheckCheckpointRoundTrip(**model, **fresh, **every8, b, 4, 0.5, "moments-fp32-under=4096");
 }
 
 // The compact state (StateOptions::compact: gradients kept as bf16 after accumulating in

@@ -139,6 +139,7 @@ bool AutoLayerMajor(const RunSettings& s, const GpuHomeLayout& layout, const Gpu
                                                                             {.checkpointing = s.checkpointing,
                                                                              .layer_major_micro_batches = s.accum,
                                                                              .moments_8bit = s.moments_8bit,
+                                                                             .moments_8bit_min = s.moments_8bit_min,
                                                                              .compact = true,
                                                                              .lion = s.lion,
                                                                              .adafactor = s.adafactor})
@@ -213,9 +214,12 @@ absl::StatusOr<CheckpointChoice> ChooseKeptLayers(const RunSettings& s, const St
 
 absl::StatusOr<StateChoice> ChooseState(const RunSettings& s, uint64_t fp8_workspace) {
   const ModelConfig& config = s.config;
-  GpuHomeLayout layout = GpuModel::HomeLayout(
-      config, s.batch, s.seq,
-      {.checkpointing = s.checkpointing, .moments_8bit = s.moments_8bit, .lion = s.lion, .adafactor = s.adafactor});
+  GpuHomeLayout layout = GpuModel::HomeLayout(config, s.batch, s.seq,
+                                              {.checkpointing = s.checkpointing,
+                                               .moments_8bit = s.moments_8bit,
+                                               .moments_8bit_min = s.moments_8bit_min,
+                                               .lion = s.lion,
+                                               .adafactor = s.adafactor});
   const int chunks = absl::GetFlag(FLAGS_optimizer_chunks);
   if (chunks < 1 || chunks > 1024) {
     return absl::InvalidArgumentError(
@@ -244,6 +248,7 @@ absl::StatusOr<StateChoice> ChooseState(const RunSettings& s, uint64_t fp8_works
                                                {.checkpointing = s.checkpointing,
                                                 .layer_major_micro_batches = s.accum,
                                                 .moments_8bit = s.moments_8bit,
+                                                .moments_8bit_min = s.moments_8bit_min,
                                                 .lion = s.lion,
                                                 .adafactor = s.adafactor});
   layered.state_chunks = chunks;
@@ -259,6 +264,7 @@ absl::StatusOr<StateChoice> ChooseState(const RunSettings& s, uint64_t fp8_works
   StateOptions state{.checkpointing = s.checkpointing,
                      .layer_major_micro_batches = layer_major_micro_batches,
                      .moments_8bit = s.moments_8bit,
+                     .moments_8bit_min = s.moments_8bit_min,
                      .lion = s.lion,
                      .adafactor = s.adafactor};
   {

@@ -346,7 +346,7 @@ void GpuModel::AddSumOfSquares(int group) {
 }
 
 GpuModel::Acts GpuModel::ActsForForward(int l, void* saved) const {
-  if (Lean(l)) return LeanActsAt(saved);
+  if (Lean(l)) return ActsAt(saved, /*lean=*/true);
   if (!Recomputes(l)) return ActsAt(saved);
   Acts a = ActsAt(recompute_acts_);
   a.x_in = static_cast<float*>(saved);  // the layer's input is all it keeps
@@ -359,7 +359,7 @@ absl::StatusOr<GpuModel::Acts> GpuModel::ActsForBackward(int l, void* saved) {
     // same bits. The norms' statistics are kept; their recomputed copies go to the workspace.
     const int n = batch_ * seq_, c = config_.d_model, f = config_.d_ff;
     const Layer& w = layers_[l];
-    const Acts a = LeanActsAt(saved);
+    const Acts a = ActsAt(saved, /*lean=*/true);
     const Acts scratch = ActsAt(recompute_acts_);
     Timed(kElementwise, [&] {
       RmsNormForward(a.h1, scratch.rstd1, a.x_in, N(w.attn_norm), n, c, static_cast<float>(config_.norm_eps), stream_);

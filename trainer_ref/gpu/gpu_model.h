@@ -299,9 +299,9 @@ class GpuModel {
     Bf16 *h1, *q, *k, *v, *a, *h2, *g, *u, *s;
     float *rstd1, *rstd2, *lse;
   };
-  Acts ActsAt(void* base) const;
-  // A lean layer's: what it keeps at `base`, its element-wise outputs in the workspace.
-  Acts LeanActsAt(void* base) const;
+  // lean: a lean layer's, what it keeps at `base` and its element-wise outputs (h1, h2, s) in
+  // the recompute workspace.
+  Acts ActsAt(void* base, bool lean = false) const;
   // What layer l's forward writes into: its saved part (kActs lease) and the workspace.
   Acts ActsForForward(int layer, void* saved) const;
   // One layer's forward from the residual stream `x` (updated in place), saving into `a`.

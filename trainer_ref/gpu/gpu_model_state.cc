@@ -34,7 +34,7 @@ uint64_t GpuModel::LeanActsBytes(const ModelConfig& config, int batch, int seq) 
   return ActsBytes(config, batch, seq) - 2 * Aligned(n * c * 2) - Aligned(n * f * 2);
 }
 
-GpuModel::Acts GpuModel::LeanActsAt(void* base) const {
+GpuModel::Acts GpuModel::ActsAt(void* base, bool lean) const {
   const uint64_t n = static_cast<uint64_t>(batch_) * seq_, c = config_.d_model, f = config_.d_ff;
   auto* at = static_cast<unsigned char*>(base);
   auto take = [&at](uint64_t bytes) {
@@ -42,31 +42,18 @@ GpuModel::Acts GpuModel::LeanActsAt(void* base) const {
     at += Aligned(bytes);
     return p;
   };
-  const Acts work = ActsAt(recompute_acts_);
-  Acts a;
-  a.h1 = work.h1;
-  a.h2 = work.h2;
-  a.s = work.s;
-  for (Bf16** p : {&a.q, &a.k, &a.v, &a.a}) *p = static_cast<Bf16*>(take(n * c * 2));
-  for (float** p : {&a.x_in, &a.x_mid}) *p = static_cast<float*>(take(n * c * 4));
-  for (Bf16** p : {&a.g, &a.u}) *p = static_cast<Bf16*>(take(n * f * 2));
-  for (float** p : {&a.rstd1, &a.rstd2}) *p = static_cast<float*>(take(n * 4));
-  a.lse = static_cast<float*>(take(static_cast<uint64_t>(batch_) * config_.heads * seq_ * 4));
-  return a;
-}
-
-GpuModel::Acts GpuModel::ActsAt(void* base) const {
-  const uint64_t n = static_cast<uint64_t>(batch_) * seq_, c = config_.d_model, f = config_.d_ff;
-  auto* at = static_cast<unsigned char*>(base);
-  auto take = [&at](uint64_t bytes) {
-    void* p = at;
-    at += Aligned(bytes);
-    return p;
+  // A lean layer's element-wise outputs are in the recompute workspace, not with what it keeps.
+  const Acts work = lean ? ActsAt(recompute_acts_) : Acts{};
+  auto bf16 = [&](Bf16** p, uint64_t count, Bf16* elsewhere) {
+    *p = elsewhere != nullptr ? elsewhere : static_cast<Bf16*>(take(count * 2));
   };
   Acts a;
-  for (Bf16** p : {&a.h1, &a.q, &a.k, &a.v, &a.a, &a.h2}) *p = static_cast<Bf16*>(take(n * c * 2));
+  bf16(&a.h1, n * c, work.h1);
+  for (Bf16** p : {&a.q, &a.k, &a.v, &a.a}) bf16(p, n * c, nullptr);
+  bf16(&a.h2, n * c, work.h2);
   for (float** p : {&a.x_in, &a.x_mid}) *p = static_cast<float*>(take(n * c * 4));
-  for (Bf16** p : {&a.g, &a.u, &a.s}) *p = static_cast<Bf16*>(take(n * f * 2));
+  for (Bf16** p : {&a.g, &a.u}) bf16(p, n * f, nullptr);
+  bf16(&a.s, n * f, work.s);
   for (float** p : {&a.rstd1, &a.rstd2}) *p = static_cast<float*>(take(n * 4));
   a.lse = static_cast<float*>(take(static_cast<uint64_t>(batch_) * config_.heads * seq_ * 4));
   return a;

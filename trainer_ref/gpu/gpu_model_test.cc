@@ -379,6 +379,21 @@ class HostAdamW8bitReference {
   std::vector<std::vector<float>> m32_, v32_;
 };
 
+// Three steps of `model` on `b`, each against `host` stepping the same gradients: the master
+// weights the same to the bit after every step.
+void StepBesideHost(GpuModel& model, HostAdamW8bitReference& host, const Batch& b) {
+  for (int at = 1; at <= 3; ++at) {
+    ASSERT_TRUE(model.ZeroGrads().ok());
+    ASSERT_TRUE(model.Forward(b.tokens.data(), b.targets.data()).ok());
+    ASSERT_TRUE(model.Backward().ok());
+    std::vector<float> grads;
+    ASSERT_TRUE(model.GetGrads(&grads).ok());
+    ASSERT_TRUE(model.AdamWStep(1e-3, at, AdamWOptions{}, 0.5).ok());
+    host.Step(grads, at, 1e-3f, 0.5f);
+    ASSERT_EQ(host.Differ(model), 0u) << "master weights differ from the host's after step " << at;
+  }
+}
+
 // 8-bit blockwise moments on the GPU: three steps give, bit for bit, the master weights the
 // host's HostAdamW8bit makes from the same gradients, tensor by tensor (each tensor's
 // moments its own, as the CPU trainer keeps them); a checkpoint of such a model continues
@@ -395,16 +410,7 @@ TEST(GpuModelTest, EightBitMomentsStepAsTheHostDoesAndCheckpoint) {
   HostAdamW8bitReference host(config, std::move(master));
   std::mt19937_64 rng(17);
   const Batch b = RandomBatch(batch * seq, config.vocab, rng);
-  for (int at = 1; at <= 3; ++at) {
-    ASSERT_TRUE((*model)->ZeroGrads().ok());
-    ASSERT_TRUE((*model)->Forward(b.tokens.data(), b.targets.data()).ok());
-    ASSERT_TRUE((*model)->Backward().ok());
-    std::vector<float> grads;
-    ASSERT_TRUE((*model)->GetGrads(&grads).ok());
-    ASSERT_TRUE((*model)->AdamWStep(1e-3, at, AdamWOptions{}, 0.5).ok());
-    host.Step(grads, at, 1e-3f, 0.5f);
-    ASSERT_EQ(host.Differ(**model), 0u) << "master weights differ from the host's after step " << at;
-  }
+  ASSERT_NO_FATAL_FAILURE(StepBesideHost(**model, host, b));
   // Checkpoint, load into a fresh 8-bit model: the next step is the same; fp32 moments refuse it.
   auto fresh = GpuModel::Create(config, batch, seq, nullptr, {.moments_8bit = true});
   auto fp32 = GpuModel::Create(config, batch, seq);
@@ -434,16 +440,7 @@ TEST(GpuModelTest, SmallTensorsKeepFp32MomentsBesideEightBitOnes) {
   HostAdamW8bitReference host(config, std::move(master), /*fp32_under=*/4096);
   std::mt19937_64 rng(19);
   const Batch b = RandomBatch(batch * seq, config.vocab, rng);
-  for (int at = 1; at <= 3; ++at) {
-    ASSERT_TRUE((*model)->ZeroGrads().ok());
-    ASSERT_TRUE((*model)->Forward(b.tokens.data(), b.targets.data()).ok());
-    ASSERT_TRUE((*model)->Backward().ok());
-    std::vector<float> grads;
-    ASSERT_TRUE((*model)->GetGrads(&grads).ok());
-    ASSERT_TRUE((*model)->AdamWStep(1e-3, at, AdamWOptions{}, 0.5).ok());
-    host.Step(grads, at, 1e-3f, 0.5f);
-    ASSERT_EQ(host.Differ(**model), 0u) << "master weights differ from the host's after step " << at;
-  }
+  ASSERT_NO_FATAL_FAILURE(StepBesideHost(**model, host, b));
   auto fresh = GpuModel::Create(config, batch, seq, nullptr, mixed);
   auto every8 = GpuModel::Create(config, batch, seq, nullptr, {.moments_8bit = true});
   ASSERT_TRUE(fresh.ok() && every8.ok());

@@ -20,6 +20,7 @@
 #include "trainer_ref/checkpoint.h"
 #include "trainer_ref/data.h"
 #include "trainer_ref/gpu/gpu_model.h"
+#include "trainer_ref/gpu/gpu_run_checkpoint.h"
 #include "trainer_ref/gpu/gpu_run_state.h"
 #include "trainer_ref/optimizer.h"
 #include "trainer_ref/plot.h"
@@ -44,91 +45,6 @@ struct Startup {
     return absl::StrFormat("startup: %.1f s (%s)", Since(start), absl::StrJoin(phases, ", "));
   }
 };
-
-// The run's state beyond the model: what a checkpoint carries besides the tensors.
-struct RunState {
-  int64_t step = 0;            // optimizer steps done
-  int64_t batches_drawn = 0;   // micro-batches taken from the data
-  std::vector<double> losses;  // the loss window's
-};
-
-Fp8ScalingOptions Fp8Scaling(const RunSettings& s) {
-  Fp8ScalingOptions o;
-  o.delayed = s.fp8_delayed;
-  o.window = s.fp8_window;
-  o.margin = s.fp8_margin;
-  return o;
-}
-
-std::string DescribeFp8Scaling(const RunSettings& s) {
-  std::string fallback = s.fp8_fallback_after == 0
-                             ? "no fallback"
-                             : absl::StrFormat("a layer falls back to bf16 after %d steps of overflow%s",
-                                               s.fp8_fallback_after, s.fp8_delayed ? ", saturation or underflow" : "");
-  if (!s.fp8_delayed) return "each tensor of each layer at its current scale (--fp8_scaling=current); " + fallback;
-  return absl::StrFormat(
-      "each tensor of each layer at a scale from its largest |x| over the last %d steps (delayed scaling%s; the "
-      "first step at current scales); %s",
-      s.fp8_window, s.fp8_margin > 0 ? absl::StrFormat(", margin 2^-%d", s.fp8_margin) : "", fallback);
-}
-
-// --precision=auto's choice for this GPU (ChooseAutoPrecision).
-bool AutoFp8(const RunSettings& s, std::string* why) {
-  cudaDeviceProp prop{};
-  int device = 0;
-  cudaGetDevice(&device);
-  cudaGetDeviceProperties(&prop, device);
-  const AutoPrecision choice = ChooseAutoPrecision(s.config, int64_t{s.batch} * s.seq, prop.major, prop.minor);
-  *why = choice.why;
-  return choice.fp8;
-}
-
-std::string EncodeRun(const RunState& r) {
-  std::string out = absl::StrFormat("step=%d batches=%d losses=%d;", r.step, r.batches_drawn, r.losses.size());
-  out.append(reinterpret_cast<const char*>(r.losses.data()), r.losses.size() * sizeof(double));
-  return out;
-}
-
-absl::StatusOr<RunState> DecodeRun(const std::string& bytes) {
-  RunState r;
-  long long step = 0, drawn = 0;
-  size_t count = 0;
-  int used = 0;
-  if (std::sscanf(bytes.c_str(), "step=%lld batches=%lld losses=%zu;%n", &step, &drawn, &count, &used) != 3 ||
-      used <= 0 || bytes.size() != static_cast<size_t>(used) + count * sizeof(double)) {
-    return absl::DataLossError("the checkpoint's run record is malformed");
-  }
-  r.step = step;
-  r.batches_drawn = drawn;
-  r.losses.resize(count);
-  std::memcpy(r.losses.data(), bytes.data() + used, count * sizeof(double));
-  return r;
-}
-
-absl::StatusOr<std::string> SaveCheckpoint(GpuModel& model, const RunState& run, const RunSettings& s) {
-  auto writer = CheckpointWriter::Create(s.checkpoint_dir, run.step);
-  if (!writer.ok()) return writer.status();
-  const std::string encoded = EncodeRun(run);
-  if (absl::Status st = (*writer)->Append("run", encoded.data(), encoded.size()); !st.ok()) return st;
-  if (absl::Status st = model.SaveState(**writer); !st.ok()) return st;
-  auto path = (*writer)->Commit();
-  if (path.ok()) PruneCheckpoints(s.checkpoint_dir, s.checkpoint_keep);
-  return path;
-}
-
-// The run and the model's state from the newest checkpoint that verifies.
-absl::StatusOr<RunState> Resume(GpuModel& model, const RunSettings& s, CheckpointTrail& ck) {
-  auto reader = OpenNewestCheckpoint(s.checkpoint_dir);
-  if (!reader.ok()) return reader.status();
-  auto encoded = (*reader)->ReadString("run");
-  if (!encoded.ok()) return encoded.status();
-  auto run = DecodeRun(*encoded);
-  if (!run.ok()) return run.status();
-  if (absl::Status st = model.LoadState(**reader); !st.ok()) return st;
-  ck.last_path = (*reader)->path();
-  ck.last_step = run->step;
-  return run;
-}
 
 // One run: set up, the steps, the summary. Members hold what the phases share.
 class GpuRun {

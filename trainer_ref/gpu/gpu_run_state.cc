@@ -14,6 +14,7 @@
 #include "trainer_ref/checkpoint_policy.h"
 #include "trainer_ref/compact_state.h"
 #include "trainer_ref/gpu/gpu_tierd_home.h"
+#include "trainer_ref/model_config.h"
 #include "trainer_ref/optimizer_place.h"
 #include "trainer_ref/step_order.h"
 
@@ -302,6 +303,37 @@ absl::StatusOr<StateChoice> ChooseState(const RunSettings& s, uint64_t fp8_works
     layout.state_chunks = chunks_then;
   }
   return StateChoice{state, layout};
+}
+
+Fp8ScalingOptions Fp8Scaling(const RunSettings& s) {
+  Fp8ScalingOptions o;
+  o.delayed = s.fp8_delayed;
+  o.window = s.fp8_window;
+  o.margin = s.fp8_margin;
+  return o;
+}
+
+std::string DescribeFp8Scaling(const RunSettings& s) {
+  std::string fallback = s.fp8_fallback_after == 0
+                             ? "no fallback"
+                             : absl::StrFormat("a layer falls back to bf16 after %d steps of overflow%s",
+                                               s.fp8_fallback_after, s.fp8_delayed ? ", saturation or underflow" : "");
+  if (!s.fp8_delayed) return "each tensor of each layer at its current scale (--fp8_scaling=current); " + fallback;
+  return absl::StrFormat(
+      "each tensor of each layer at a scale from its largest |x| over the last %d steps (delayed scaling%s; the "
+      "first step at current scales); %s",
+      s.fp8_window, s.fp8_margin > 0 ? absl::StrFormat(", margin 2^-%d", s.fp8_margin) : "", fallback);
+}
+
+// --precision=auto's choice for this GPU (ChooseAutoPrecision).
+bool AutoFp8(const RunSettings& s, std::string* why) {
+  cudaDeviceProp prop{};
+  int device = 0;
+  cudaGetDevice(&device);
+  cudaGetDeviceProperties(&prop, device);
+  const AutoPrecision choice = ChooseAutoPrecision(s.config, int64_t{s.batch} * s.seq, prop.major, prop.minor);
+  *why = choice.why;
+  return choice.fp8;
 }
 
 }  // namespace tierd::trainer::gpu

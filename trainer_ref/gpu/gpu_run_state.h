@@ -1,11 +1,12 @@
 // How a GPU run keeps its state, from its flags: where it lives (plain GPU buffers or tierd),
-// the step order, whether it is kept compact, and where the optimizer runs. Each choice is
+// the step order, whether it is kept compact, where the optimizer runs, and FP8's settings. Each choice is
 // said in a line; flags that do not go together are INVALID_ARGUMENT with the reason.
 #ifndef TIERD_TRAINER_REF_GPU_GPU_RUN_STATE_H_
 #define TIERD_TRAINER_REF_GPU_GPU_RUN_STATE_H_
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "trainer_ref/gpu/gpu_home.h"
@@ -30,6 +31,12 @@ absl::StatusOr<std::unique_ptr<GpuHome>> MakeHome(const RunSettings& s, const Gp
 // --optimizer_place: gpu, cpu, or auto's choice (a cost model) with its reason printed.
 absl::StatusOr<bool> ChooseOptimizerOnCpu(const RunSettings& s, const GpuHomeLayout& layout, uint64_t gpu_quota,
                                           uint64_t dram_quota, int layer_major);
+
+// The FP8 flags as the model takes them, and said in words for the precision line.
+Fp8ScalingOptions Fp8Scaling(const RunSettings& s);
+std::string DescribeFp8Scaling(const RunSettings& s);
+// --precision=auto's choice for this GPU (ChooseAutoPrecision); `why` says it.
+bool AutoFp8(const RunSettings& s, std::string* why);
 
 }  // namespace tierd::trainer::gpu
 

@@ -1,0 +1,155 @@
+// The GPU model's sizes and places: a layer's saved activations (full, lean, or its input),
+// the home's layout by group and part, each tensor's moments within its group, and the
+// workspace's buffers. Host-side arithmetic only: a model made for its tables (HomeLayout)
+// allocates nothing.
+#include <algorithm>
+
+#include "trainer_ref/adamw8bit.h"
+#include "trainer_ref/gpu/gpu_model.h"
+#include "trainer_ref/gpu/gpu_model_internal.h"
+
+namespace tierd::trainer::gpu {
+
+namespace {
+constexpr uint64_t kAlign = 256;
+uint64_t Aligned(uint64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+}  // namespace
+
+uint64_t GpuModel::ActsBytes(const ModelConfig& config, int batch, int seq) {
+  const uint64_t n = static_cast<uint64_t>(batch) * seq, c = config.d_model, f = config.d_ff;
+  const uint64_t lse = static_cast<uint64_t>(batch) * config.heads * seq;
+  return 6 * Aligned(n * c * 2) + 2 * Aligned(n * c * 4) + 3 * Aligned(n * f * 2) + 2 * Aligned(n * 4) +
+         Aligned(lse * 4);
+}
+
+// Without h1, h2 and s (bf16: two n x c, one n x f).
+uint64_t GpuModel::LeanActsBytes(const ModelConfig& config, int batch, int seq) {
+  const uint64_t n = static_cast<uint64_t>(batch) * seq, c = config.d_model, f = config.d_ff;
+  return ActsBytes(config, batch, seq) - 2 * Aligned(n * c * 2) - Aligned(n * f * 2);
+}
+
+GpuModel::Acts GpuModel::ActsAt(void* base, bool lean) const {
+  const uint64_t n = static_cast<uint64_t>(batch_) * seq_, c = config_.d_model, f = config_.d_ff;
+  auto* at = static_cast<unsigned char*>(base);
+  auto take = [&at](uint64_t bytes) {
+    void* p = at;
+    at += Aligned(bytes);
+    return p;
+  };
+  // A lean layer's element-wise outputs are in the recompute workspace, not with what it keeps.
+  const Acts work = lean ? ActsAt(recompute_acts_) : Acts{};
+  auto bf16 = [&](Bf16** p, uint64_t count, Bf16* elsewhere) {
+    *p = elsewhere != nullptr ? elsewhere : static_cast<Bf16*>(take(count * 2));
+  };
+  Acts a;
+  bf16(&a.h1, n * c, work.h1);
+  for (Bf16** p : {&a.q, &a.k, &a.v, &a.a}) bf16(p, n * c, nullptr);
+  bf16(&a.h2, n * c, work.h2);
+  for (float** p : {&a.x_in, &a.x_mid}) *p = static_cast<float*>(take(n * c * 4));
+  for (Bf16** p : {&a.g, &a.u}) bf16(p, n * f, nullptr);
+  bf16(&a.s, n * f, work.s);
+  for (float** p : {&a.rstd1, &a.rstd2}) *p = static_cast<float*>(take(n * 4));
+  a.lse = static_cast<float*>(take(static_cast<uint64_t>(batch_) * config_.heads * seq_ * 4));
+  return a;
+}
+
+GpuHomeLayout GpuModel::HomeLayout(const ModelConfig& config, int batch, int seq, const StateOptions& state) {
+  GpuModel shape(config, batch, seq, state);  // host-side tables only
+  GpuHomeLayout out;
+  out.act_slots = std::max(1, state.layer_major_micro_batches);
+  out.moments_8bit = state.moments_8bit;
+  out.compact = state.compact;
+  for (int g = 0; g < shape.Groups(); ++g) {
+    uint64_t params = 0, moment = 0;
+    for (size_t e : shape.GroupEntries(g)) {
+      params += shape.layout_[e].count;
+      moment += shape.MomentBytes(e);
+    }
+    out.groups.push_back(g == 0 ? "embed" : g == shape.Groups() - 1 ? "final" : absl::StrFormat("layers.%d", g - 1));
+    const bool layer = g >= 1 && g <= config.layers;
+    const uint64_t saved = layer && shape.Recomputes(g - 1)
+                               ? Aligned(static_cast<uint64_t>(batch) * seq * config.d_model * 4)
+                           : layer && shape.Lean(g - 1) ? LeanActsBytes(config, batch, seq)
+                                                        : ActsBytes(config, batch, seq);
+    const uint64_t weights = state.compact ? 0 : params * 2, grads = params * (state.compact ? 2 : 4);
+    out.bytes.push_back({weights, params * 4, grads, moment, state.lion || state.adafactor ? 0 : moment,
+                         layer ? saved * static_cast<uint64_t>(out.act_slots) : 0});
+  }
+  return out;
+}
+
+uint64_t GpuModel::MomentBytes(size_t entry) const {
+  const uint64_t n = layout_[entry].count;
+  if (adafactor_) {
+    const auto [rows, cols] = FactoredShape(entry);
+    return AdafactorStateCount(static_cast<size_t>(rows), static_cast<size_t>(cols)) * sizeof(float);
+  }
+  return Moments8bit(entry) ? Moment8bitBytes(n) : n * sizeof(float);
+}
+
+std::pair<int64_t, int64_t> GpuModel::FactoredShape(size_t entry) const {
+  const TensorLayout& t = layout_[entry];
+  if (t.shape.size() == 2) return {static_cast<int64_t>(t.shape[0]), static_cast<int64_t>(t.shape[1])};
+  return {static_cast<int64_t>(t.count), 0};
+}
+
+uint64_t GpuModel::MomentOffset(size_t entry) const {
+  uint64_t at = 0;
+  for (size_t e : GroupEntries(group_of_[entry])) {
+    if (e == entry) return at;
+    at += MomentBytes(e);
+  }
+  return at;
+}
+
+std::vector<std::pair<size_t, size_t>> GpuModel::WorkspacePlan(const ModelConfig& config, int batch, int seq,
+                                                               bool recompute) {
+  const size_t n = static_cast<size_t>(batch) * seq, c = config.d_model, f = config.d_ff, v = config.vocab;
+  const size_t lse = static_cast<size_t>(batch) * config.heads * seq;
+  size_t norms = 0;
+  for (const TensorLayout& t : ParamLayout(config)) norms += t.shape.size() == 1 ? t.count : 0;
+  std::vector<std::pair<size_t, size_t>> plan = {{norms, 4}};  // norms_
+  for (int i = 0; i < 9; ++i) plan.push_back({n * c, 2});      // tmp_ .. dv_
+  for (int i = 0; i < 3; ++i) plan.push_back({n * c, 4});      // x_, x_out_, dx_
+  for (int i = 0; i < 3; ++i) plan.push_back({n * f, 2});      // ds_, dg_, du_
+  for (int i = 0; i < 2; ++i) plan.push_back({n * v, 2});      // logits_, dlogits_
+  for (int i = 0; i < 2; ++i) plan.push_back({n, 4});          // rstd_f_, losses_
+  plan.push_back({1, 4});                                      // norm_
+  plan.push_back({lse, 4});                                    // delta_
+  for (int i = 0; i < 2; ++i) plan.push_back({n, 4});          // tokens_, targets_
+  plan.push_back({std::max<size_t>(RmsNormScratchFloats(static_cast<int>(n), static_cast<int>(c)), kSumSquaresScratch),
+                  4});             // scratch_
+  plan.push_back({3 * n + 1, 4});  // token_index_
+  if (recompute) {
+    plan.push_back({ActsBytes(config, batch, seq), 1});  // recompute_acts_
+    plan.push_back({n * c, 4});                          // xr_
+  }
+  return plan;
+}
+
+std::vector<std::pair<size_t, size_t>> GpuModel::MicroBatchPlan(const ModelConfig& config, int batch, int seq) {
+  const size_t n = static_cast<size_t>(batch) * seq, c = config.d_model;
+  return {{n * c, 4}, {n * c, 4}, {n, 4}, {n, 4}, {3 * n + 1, 4}};  // x, dx, tokens, targets, token index
+}
+
+uint64_t GpuModel::WorkspaceBytesFor(const ModelConfig& config, int batch, int seq, const StateOptions& state) {
+  uint64_t bytes = kGemmWorkspace;
+  for (const auto& [count, size] : WorkspacePlan(config, batch, seq, AnyRecomputes(config, state))) {
+    bytes += std::max<size_t>(count * size, 1);
+  }
+  for (const auto& [count, size] : MicroBatchPlan(config, batch, seq)) {
+    bytes += static_cast<uint64_t>(state.layer_major_micro_batches) * count * size;
+  }
+  if (state.compact) {  // grad_acc_ (fp32) and weights_ws_ (bf16), one group each
+    bytes += GpuModel(config, batch, seq, state).MaxGroupCount() * (sizeof(float) + sizeof(Bf16));
+  }
+  return bytes;
+}
+
+size_t GpuModel::MaxGroupCount() const {
+  size_t most = 0;
+  for (int g = 0; g < Groups(); ++g) most = std::max(most, GroupCount(g));
+  return most;
+}
+
+}  // namespace tierd::trainer::gpu

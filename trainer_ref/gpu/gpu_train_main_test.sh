@@ -113,6 +113,10 @@ run --fp8_margin=40
 check "an FP8 margin past any range" "refused 'fp8_margin is 0..32'"
 run --device=cpu --grad_checkpointing=dynamic
 check "dynamic checkpointing is the GPU trainer's" "refused 'grad_checkpointing=dynamic chooses under a GPU.s memory'"
+run --adamw8bit_min_size=-1
+check "a negative 8-bit size floor" "refused 'adamw8bit_min_size: 0 (every tensor 8-bit) or a count of values'"
+run --adamw8bit_min_size=4096
+check "the 8-bit size floor without 8-bit moments" "refused 'adamw8bit_min_size goes with --opt=adamw8bit'"
 run --grad_checkpointing=sometimes
 check "an unknown checkpointing" "refused 'grad_checkpointing is none, full or dynamic, not .sometimes.'"
 run --batch_size=0

@@ -1,10 +1,10 @@
 // AdamW with 8-bit blockwise moments on the host (--opt=adamw8bit): the optimizer state of
 // a parameter is its fp32 master weight (4 B) and two one-byte moment codes plus, per block
-// of 2048, two fp32 scales — ~6 B instead of 12, so a 7B model's state is ~42 GB and a 13B
+// of 256 (q8::kQuantBlock), two fp32 scales — ~6 B instead of 12, so a 7B model's state is ~42 GB and a 13B
 // one's ~78 GB. The arithmetic is adamw8bit_block.h's, shared with the GPU kernel.
 //
 // A moment's bytes (Moment8bitBytes(n), all zero for a zero moment): n codes, padded to 16
-// bytes, then ceil(n / 2048) fp32 absmax values. The second moment's bytes hold its square
+// bytes, then ceil(n / 256) fp32 absmax values. The second moment's bytes hold its square
 // root (adamw8bit_block.h says why): Dequantize8bit of them gives sqrt(v).
 #ifndef TIERD_TRAINER_REF_ADAMW8BIT_H_
 #define TIERD_TRAINER_REF_ADAMW8BIT_H_

@@ -36,7 +36,12 @@
 
 namespace tierd::trainer::q8 {
 
-inline constexpr int kQuantBlock = 2048;
+// 256, as bitsandbytes' 8-bit optimizers: with blocks of 2048 (a row of a 1.3B model's
+// matrix) an outlier feature sets the absmax of the whole row, the other values sit in the
+// map's coarse lower decades, and nearest rounding cannot follow their second moment down as
+// their gradients shrink (sqrt(v) drifts high, the update low): at 1.3B over 1000 steps the
+// training loss ended +10% above fp32 moments' (docs/BENCHMARKS.md, "8-bit moments").
+inline constexpr int kQuantBlock = 256;
 inline constexpr int kCodes = 256;
 
 #ifdef __CUDA_ARCH__

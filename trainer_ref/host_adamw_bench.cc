@@ -5,7 +5,7 @@
 //   host_adamw_bench [ELEMENTS, default 2^26] [REPEATS, default 3]
 // Bytes a parameter: fp32 AdamW reads grads, master, m, v and writes master, m, v and the
 // bf16 weights (30 B); 8-bit reads grads, master and two codes, writes master, two codes and
-// the weights (18 B, plus a scale per 2048).
+// the weights (18 B, plus a scale per 256).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

@@ -79,7 +79,8 @@ ABSL_FLAG(std::string, opt, "adamw",
           "elsewhere (AdamW, Lion, Adafactor) are taken too");
 ABSL_FLAG(int64_t, adamw8bit_min_size, 0,
           "GPU, --opt=adamw8bit: tensors of fewer values keep fp32 moments (bitsandbytes' min_8bit_size is 4096: "
-          "the norms' weights); 0: every tensor 8-bit. Checkpoints record it");
+          "the norms' weights); 0: every tensor 8-bit (with blocks of 256 the 1.3B fidelity run found no gain from "
+          "4096: docs/BENCHMARKS.md). Checkpoints record it");
 ABSL_FLAG(std::string, grad_checkpointing, "none",
           "none | full: keep only each layer's input from forward and recompute the rest in backward (about a "
           "third more compute; saved activations shrink ~10x) | dynamic (GPU): layer by layer and tensor by tensor, "
@@ -321,7 +322,9 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   s.moments_8bit = opt == "adamw8bit" || opt == "adamw_8bit";
   s.moments_8bit_min = absl::GetFlag(FLAGS_adamw8bit_min_size);
   if (s.moments_8bit_min < 0) return Bad("--adamw8bit_min_size: 0 (every tensor 8-bit) or a count of values");
-  if (s.moments_8bit_min > 0 && !s.moments_8bit) return Bad("--adamw8bit_min_size goes with --opt=adamw8bit");
+  if (Given("adamw8bit_min_size") && s.moments_8bit_min > 0 && !s.moments_8bit)
+    return Bad("--adamw8bit_min_size goes with --opt=adamw8bit");
+  if (!s.moments_8bit) s.moments_8bit_min = 0;
   const std::string precision = absl::AsciiStrToLower(absl::GetFlag(FLAGS_precision));
   s.fp8 = precision == "fp8";
   s.precision_auto = gpu && precision == "auto";

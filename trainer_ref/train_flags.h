@@ -89,7 +89,7 @@ struct RunSettings {
   bool checkpointing = false;
   bool dynamic_checkpointing = false;  // with checkpointing: the layers that fit keep theirs (GPU)
   bool moments_8bit = false;  // --opt=adamw8bit
-  int64_t moments_8bit_min = 0;  // --adamw8bit_min_size (GPU trainer)
+  int64_t moments_8bit_min = 0;  // --adamw8bit_min_size (GPU trainer; 0 without --opt=adamw8bit)
   bool lion = false;          // --opt=lion
   bool adafactor = false;     // --opt=adafactor (GPU)
   bool fp8 = false;           // --precision=fp8: the layers' matmuls in FP8 (GPU)

@@ -35,8 +35,10 @@ class Held {
 
 constexpr uint32_t kStateMagic = 0x74727334;    // "trs4": + the data-parallel layout
 constexpr uint32_t kStateMagicV3 = 0x74727333;  // "trs3": one process, no residuals
-// The moments' formats: 0 fp32; 1 8-bit with v itself (refused); 2 8-bit with v's root.
-constexpr uint32_t kMoments8bitRoot = 2;
+// The moments' formats: 0 fp32; 1 8-bit with v itself (refused); 2 8-bit with v's root in
+// blocks of 2048 (refused); 5 the same in blocks of q8::kQuantBlock (256).
+constexpr uint32_t kMoments8bitRoot2048 = 2;
+constexpr uint32_t kMoments8bitRoot = 5;
 constexpr uint32_t kLionMoment = 3;  // Lion's one fp32 moment
 constexpr uint32_t kAdafactorState = 4;  // Adafactor's row and column means (a vector's own)
 // What a state holds, in order (a kind the run does not have, none: residuals without a
@@ -505,10 +507,11 @@ absl::Status Trainer::LoadState(const std::string& bytes) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "the state holds %d parameters; model '%s' has %d (another --model_size?)", count, config_.name, expected));
   }
-  if (format == 1) {
-    return absl::InvalidArgumentError(
-        "the state's 8-bit moments are of the first 8-bit format (the second moment itself, not its root): this "
-        "trainer cannot continue it; start afresh or use the build that wrote it");
+  if (format == 1 || format == kMoments8bitRoot2048) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the state's 8-bit moments are of an earlier 8-bit format (%s; this build quantizes in blocks of %d): this "
+        "trainer cannot continue it; start afresh or use the build that wrote it",
+        format == 1 ? "the second moment itself, not its root" : "blocks of 2048", q8::kQuantBlock));
   }
   if (format != MomentsFormat()) {
     auto name = [](uint32_t f) {

@@ -152,7 +152,8 @@ TEST(TrainerTest, ResumingFromAStateContinuesTheExactCurve) {
 }
 
 // A state's moments must be this run's: 8-bit into fp32 and back are refused, and so is a
-// state of the first 8-bit format (the second moment itself, before it was kept as its root).
+// state of an earlier 8-bit format (the second moment itself, before it was kept as its root;
+// blocks of 2048, before they were 256).
 TEST(TrainerTest, AStateOfOtherMomentsIsRefusedByName) {
   const ModelConfig config = *ModelPreset("tiny");
   auto data = LoadDataset("embedded", config.vocab, 32, 0.1);
@@ -179,7 +180,15 @@ TEST(TrainerTest, AStateOfOtherMomentsIsRefusedByName) {
   std::memcpy(first_format.data() + 28, &one, 4);
   const absl::Status old = with8->LoadState(first_format);
   EXPECT_EQ(old.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(old.message().find("first 8-bit format"), absl::string_view::npos) << old;
+  EXPECT_NE(old.message().find("earlier 8-bit format (the second moment itself"), absl::string_view::npos) << old;
+  // The root's format in blocks of 2048, before the blocks were 256.
+  const uint32_t two = 2;
+  std::memcpy(first_format.data() + 28, &two, 4);
+  const absl::Status blocks = with8->LoadState(first_format);
+  EXPECT_EQ(blocks.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(blocks.message().find("earlier 8-bit format (blocks of 2048; this build quantizes in blocks of 256)"),
+            absl::string_view::npos)
+      << blocks;
   EXPECT_TRUE(with8->LoadState(state8).ok()) << "its own state loads";
 }
 

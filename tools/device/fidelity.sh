@@ -11,6 +11,8 @@
 # early and two runs part for good). E.g. RUNS="bf16: fp8:--precision=fp8". The noise alone:
 # RUNS="bf16: bf16-data2:--data_seed=2 fp8:--precision=fp8 fp8-data2:--precision=fp8,--data_seed=2"
 # (another data order, the same initial weights): a precision's effect is what exceeds that spread.
+# A run's name may say which binary of .carry/bin trains it: "b256@tierd-train-b256:--opt=adamw8bit"
+# (a build variant beside the default one, in the same call).
 # NOISE names the run that differs from the first only in its data order (the noise floor).
 # Logs and per-step metrics (JSONL) in $OUT; the table and plot by tools/fidelity_report.py.
 set -uo pipefail
@@ -30,10 +32,12 @@ find "$py_lib" "${depth[@]}" -name '*.py' -not -path '*/test*' -not -path '*-pac
 echo "== corpus: $(du -h "$corpus/stdlib.txt" | cut -f1) of Python sources (CORPUS=${CORPUS:-top})"
 names=()
 for run in $runs; do
-  name="${run%%:*}"; flags="${run#*:}"; names+=("$name")
-  echo "== $model, $steps steps, $name (${flags//,/ })"
+  name="${run%%:*}"; flags="${run#*:}"
+  binary=tierd-train; [[ "$name" == *@* ]] && binary="${name#*@}" && name="${name%%@*}"
+  names+=("$name")
+  echo "== $model, $steps steps, $name (${flags//,/ }; .carry/bin/$binary)"
   # shellcheck disable=SC2086  # the flags are words
-  .carry/bin/tierd-train --device=gpu --model_size="$model" --batch_size="$batch" --seq_len=2048 --steps="$steps" \
+  ".carry/bin/$binary" --device=gpu --model_size="$model" --batch_size="$batch" --seq_len=2048 --steps="$steps" \
     --data="$corpus" --eval_every="${EVAL_EVERY:-100}" ${WARMUP:+--warmup=$WARMUP} --metrics="$out/metrics-$name.jsonl" ${flags//,/ } > "$out/fidelity-$name.log" 2>&1
   echo "exit $?"; grep -E '^(done|precision)' "$out/fidelity-$name.log"
 done

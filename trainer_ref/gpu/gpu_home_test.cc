@@ -131,9 +131,9 @@ TEST(GpuHomeLayoutTest, EightBitMomentsTakeEachTensorsBlocksInOneLease) {
   for (Part part : {Part::kWeights, Part::kMaster, Part::kGrads, Part::kActs}) {
     EXPECT_EQ(q8.TotalOf(part), fp32.TotalOf(part));
   }
-  // ~1.0 byte a value and 4 bytes a block of 2048, against 4 bytes a value.
-  EXPECT_NEAR(static_cast<double>(q8.TotalOf(Part::kAdamM)) / fp32.TotalOf(Part::kAdamM), 0.25 * (1 + 4.0 / 2048),
-              1e-4);
+  // ~1.0 byte a value and 4 bytes a block of q8::kQuantBlock, against 4 bytes a value.
+  EXPECT_NEAR(static_cast<double>(q8.TotalOf(Part::kAdamM)) / fp32.TotalOf(Part::kAdamM),
+              0.25 * (1 + 4.0 / q8::kQuantBlock), 1e-4);
   q8.state_chunks = 8;
   EXPECT_EQ(q8.Chunks(1, Part::kMaster), 1);
   EXPECT_EQ(q8.Chunks(1, Part::kAdamM), 1);

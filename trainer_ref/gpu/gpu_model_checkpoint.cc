@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_format.h"
 #include "base/units.h"
+#include "trainer_ref/adamw8bit_block.h"
 #include "trainer_ref/gpu/gpu_model.h"
 #include "trainer_ref/gpu/gpu_model_internal.h"
 
@@ -34,7 +35,7 @@ std::string GpuModel::ShapeRecord() const {
   return absl::StrFormat(
       "layers=%d d_model=%d heads=%d d_ff=%d vocab=%d norm_eps=%.9g rope_theta=%.9g params=%d%s%s%s%s", config_.layers,
       config_.d_model, config_.heads, config_.d_ff, config_.vocab, config_.norm_eps, config_.rope_theta, total_params_,
-      moments_8bit_ ? " moments=8bit-root-v" : "",
+      moments_8bit_ ? absl::StrFormat(" moments=8bit-root-v-blocks-%d", q8::kQuantBlock).c_str() : "",
       moments_8bit_ && moments_8bit_min_ > 0 ? absl::StrFormat(" moments-fp32-under=%d", moments_8bit_min_).c_str()
                                              : "",
       compact_ ? " state=compact" : "",

@@ -360,12 +360,12 @@ TEST(GpuOpsTest, InitialWeightsMatchTheHostsValues) {
 
 // AdamW with 8-bit blockwise moments: the kernel gives the host's HostAdamW8bit bits (master,
 // bf16 weights, codes and scales) over three steps from random moments, on a size that ends
-// mid-block.
+// mid-block in a CUDA block whose last warps have no quantization block.
 TEST(GpuOpsTest, AdamW8bitGivesTheHostsBits) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(17);
   std::normal_distribution<float> normal(0, 1);
-  const int64_t n = 5 * 2048 + 999;
+  const int64_t n = 45 * q8::kQuantBlock + 99;
   std::vector<float> master(n), grads(n), m0(n), v0(n);
   for (int64_t i = 0; i < n; ++i) {
     master[i] = 0.02f * normal(rng);

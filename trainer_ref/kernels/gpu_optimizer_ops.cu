@@ -39,15 +39,18 @@ __constant__ float kUnsignedThresholds[q8::kCodes - 1];
 __device__ __forceinline__ float GradAt(const float* g, int64_t i) { return g[i]; }
 __device__ __forceinline__ float GradAt(const Bf16* g, int64_t i) { return Load(g, i); }
 
-// One quantization block per CUDA block (256 threads, 8 values each): dequantize, step,
-// requantize with the block's new absmax (adamw8bit_block.h, as the host does).
+// A warp per quantization block (kQuantBlock / 32 values a lane, held in registers), eight
+// blocks per CUDA block so that the maps copied to shared memory serve 2048 values: dequantize,
+// step, requantize with the block's new absmax (adamw8bit_block.h, as the host does).
+constexpr int kQ8BlocksPerCta = 8;
+constexpr int kQ8PerLane = q8::kQuantBlock / 32;
+static_assert(q8::kQuantBlock % 32 == 0, "a quantization block is whole warps' worth of values");
+
 template <typename G>
 __global__ void AdamW8bitKernel(float* master, uint8_t* m_codes, float* m_absmax, uint8_t* v_codes, float* v_absmax,
                                 Bf16* weights, const G* grads, int64_t n, q8::ElementStep step) {
   __shared__ float signed_map[q8::kCodes], unsigned_map[q8::kCodes];
   __shared__ float signed_t[q8::kCodes - 1], unsigned_t[q8::kCodes - 1];
-  __shared__ float new_m[q8::kQuantBlock], new_v[q8::kQuantBlock];
-  __shared__ uint32_t most[2][32];
   for (int i = threadIdx.x; i < q8::kCodes; i += blockDim.x) {
     signed_map[i] = kSignedMap[i];
     unsigned_map[i] = kUnsignedMap[i];
@@ -57,47 +60,45 @@ __global__ void AdamW8bitKernel(float* master, uint8_t* m_codes, float* m_absmax
     }
   }
   __syncthreads();
-  const int64_t b = blockIdx.x, begin = b * q8::kQuantBlock;
+  const int lane = threadIdx.x % 32;
+  const int64_t b = int64_t{blockIdx.x} * kQ8BlocksPerCta + threadIdx.x / 32, begin = b * q8::kQuantBlock;
+  if (begin >= n) return;  // no __syncthreads below: a warp past the end may leave
   const int count = n - begin < q8::kQuantBlock ? static_cast<int>(n - begin) : q8::kQuantBlock;
+  const float old_m = m_absmax[b], old_v = v_absmax[b];
+  float new_m[kQ8PerLane], new_v[kQ8PerLane];
   uint32_t most_m = 0, most_v = 0;  // the magnitudes' bits: an integer max, exact in any order
-  for (int i = threadIdx.x; i < count; i += blockDim.x) {
-    float mi = q8::Mul(signed_map[m_codes[begin + i]], m_absmax[b]);
-    float vi = q8::SecondMomentOf(q8::Mul(unsigned_map[v_codes[begin + i]], v_absmax[b]));
+#pragma unroll
+  for (int j = 0; j < kQ8PerLane; ++j) {
+    const int i = lane + 32 * j;
+    new_m[j] = new_v[j] = 0.f;
+    if (i >= count) continue;
+    float mi = q8::Mul(signed_map[m_codes[begin + i]], old_m);
+    float vi = q8::SecondMomentOf(q8::Mul(unsigned_map[v_codes[begin + i]], old_v));
     const float w = step(master[begin + i], GradAt(grads, begin + i), mi, vi);
     master[begin + i] = w;
     if (weights != nullptr) Store(weights, begin + i, w);
     vi = q8::RootToStore(vi);  // v is kept as its root
-    new_m[i] = mi;
-    new_v[i] = vi;
+    new_m[j] = mi;
+    new_v[j] = vi;
     most_m = max(most_m, q8::MagnitudeBits(mi));
     most_v = max(most_v, q8::MagnitudeBits(vi));
   }
-  for (int o = 16; o > 0; o >>= 1) {
+  for (int o = 16; o > 0; o >>= 1) {  // every lane has read the old absmax before the shuffles
     most_m = max(most_m, __shfl_xor_sync(0xffffffffu, most_m, o));
     most_v = max(most_v, __shfl_xor_sync(0xffffffffu, most_v, o));
   }
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  if (lane == 0) {
-    most[0][warp] = most_m;
-    most[1][warp] = most_v;
-  }
-  __syncthreads();
-  most_m = 0;
-  most_v = 0;
-  for (int w = 0; w < warps; ++w) {
-    most_m = max(most_m, most[0][w]);
-    most_v = max(most_v, most[1][w]);
-  }
   const float scale_m = q8::FromMagnitudeBits(most_m), scale_v = q8::FromMagnitudeBits(most_v);
-  __syncthreads();  // every thread has read the absmax it dequantized with
-  if (threadIdx.x == 0) {
+  if (lane == 0) {
     m_absmax[b] = scale_m;
     v_absmax[b] = scale_v;
   }
   const float inverse_m = q8::InverseScale(scale_m), inverse_v = q8::InverseScale(scale_v);
-  for (int i = threadIdx.x; i < count; i += blockDim.x) {
-    m_codes[begin + i] = q8::CodeBySearch(signed_t, q8::Mul(new_m[i], inverse_m));
-    v_codes[begin + i] = q8::CodeBySearch(unsigned_t, q8::Mul(new_v[i], inverse_v));
+#pragma unroll
+  for (int j = 0; j < kQ8PerLane; ++j) {
+    const int i = lane + 32 * j;
+    if (i >= count) continue;
+    m_codes[begin + i] = q8::CodeBySearch(signed_t, q8::Mul(new_m[j], inverse_m));
+    v_codes[begin + i] = q8::CodeBySearch(unsigned_t, q8::Mul(new_v[j], inverse_v));
   }
 }
 
@@ -161,9 +162,9 @@ cudaError_t LaunchAdamW8bit(float* master, void* m_bytes, void* v_bytes, Bf16* w
   if (maps != cudaSuccess) return maps;
   if (n <= 0) return cudaSuccess;
   const Moment8bit m = MomentAt(m_bytes, n), v = MomentAt(v_bytes, n);
-  AdamW8bitKernel<<<static_cast<unsigned>(QuantBlocks(n)), 256, 0, stream>>>(master, m.codes, m.absmax, v.codes,
-                                                                             v.absmax, weights, grads, n,
-                                                                             ElementStepFor(p));
+  AdamW8bitKernel<<<static_cast<unsigned>((QuantBlocks(n) + kQ8BlocksPerCta - 1) / kQ8BlocksPerCta),
+                    32 * kQ8BlocksPerCta, 0, stream>>>(master, m.codes, m.absmax, v.codes, v.absmax, weights, grads, n,
+                                                       ElementStepFor(p));
   return cudaGetLastError();
 }
 

@@ -2,7 +2,8 @@
 // timed over 20 runs after 3 warm-up ones (CUDA events), with the bytes each must move at
 // least (every input read once, every output written once) and that rate against a
 // device-to-device cudaMemcpy measured in the same run: what share of the memory system each
-// kernel gets. Shapes: one micro-batch of 4 x 2048 tokens of 1.3B and 7B.
+// kernel gets. Shapes: one micro-batch of 4 x 2048 tokens of 1.3B and 7B; the optimizer's
+// kernels on one MLP weight matrix.
 //   bazel run -c opt //trainer_ref/kernels:elementwise_bench   (or .carry/bin/elementwise_bench)
 #include <cuda_runtime_api.h>
 
@@ -10,6 +11,7 @@
 #include <functional>
 #include <vector>
 
+#include "trainer_ref/adamw8bit.h"
 #include "trainer_ref/kernels/bench_timer.h"
 #include "trainer_ref/kernels/gpu_ops.h"
 
@@ -83,6 +85,23 @@ bool Bench(const char* model, int b, int t, int c, int f, int heads, cudaEvent_t
   row("cudaMemsetAsync (bf16 N x F)", nf * 2.0, [&] { cudaMemsetAsync(dg, 0, nf * 2, nullptr); });
   row("cudaMemcpyAsync (fp32 N x C)", nc * 8.0,
       [&] { cudaMemcpyAsync(dx, x, nc * 4, cudaMemcpyDeviceToDevice, nullptr); });
+  // The optimizer on one F x C weight matrix: fp32 AdamW reads the gradient, master and both
+  // moments and writes the master, the moments and the bf16 weights (30 B a value); 8-bit
+  // moments make that 18 B (and a scale per block).
+  const int64_t w = int64_t(f) * c;
+  auto* grads = static_cast<float*>(buf.Get(w * 4));
+  auto* m = static_cast<float*>(buf.Get(w * 4));
+  auto* v = static_cast<float*>(buf.Get(w * 4));
+  auto* weights = static_cast<Bf16*>(buf.Get(w * 2));
+  void* m8 = buf.Get(Moment8bitBytes(w));
+  void* v8 = buf.Get(Moment8bitBytes(w));
+  if (v8 == nullptr) return false;
+  InitNormal(master, weights, 0, w, 7, 6, 1e-3, nullptr);  // master (nf >= w values) and the weights
+  cudaMemcpy(grads, master, w * 4, cudaMemcpyDeviceToDevice);
+  AdamWParams p;
+  row("AdamW (F x C, fp32 moments)", w * 30.0, [&] { AdamW(master, m, v, weights, grads, w, p, nullptr); });
+  row("AdamW8bit (F x C, 8-bit moments)", w * 18.0,
+      [&] { AdamW8bit(master, m8, v8, weights, grads, w, p, nullptr); });
   std::printf("sum of the rows: %.3f ms\n", total_ms);
   return cudaDeviceSynchronize() == cudaSuccess;
 }

@@ -71,6 +71,7 @@ DataParallelOptions DataParallelFrom(const RunSettings& s, comm::Communicator* c
   DataParallelOptions dp;
   dp.comm = comm;
   dp.zero2 = s.zero == 2;
+  dp.zero3 = s.zero == 3;
   dp.sparse_ratio = s.sparse_ratio;
   dp.sparse_ratio_by = s.sparse_ratio_by;
   dp.sync_every = s.sync_every;

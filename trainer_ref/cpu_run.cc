@@ -59,6 +59,18 @@ std::string DescribeSync(Trainer& trainer, const TrainOptions& o) {
   std::string how = o.dp.zero2 ? "ZeRO-2 (gradients reduce-scattered, each rank steps 1/N of the state, "
                                  "parameters all-gathered)"
                                : "dense (gradients all-reduced)";
+  if (o.dp.zero3) {
+    int64_t kept = 0, whole = 0;
+    for (size_t e = 0; e < trainer.layout().size(); ++e) {
+      const auto [lo, hi] = sync.Owned(e);
+      kept += hi - lo;
+      whole += static_cast<int64_t>(trainer.layout()[e].count);
+    }
+    how = absl::StrFormat(
+        "ZeRO-3 (gradients reduce-scattered, each rank steps 1/N of the state and keeps %d of the %d parameters, "
+        "all-gathering each tensor as the forward and the backward reach it)",
+        kept, whole);
+  }
   if (sync.sparse()) {
     int64_t sparse = 0, elements = 0, sent = 0;
     for (size_t e = 0; e < trainer.layout().size(); ++e) {

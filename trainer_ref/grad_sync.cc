@@ -68,14 +68,16 @@ absl::StatusOr<GradSync> GradSync::Create(const DataParallelOptions& options, co
   if (options.sync_every < 1) {
     return absl::InvalidArgumentError(absl::StrFormat("--sync_every=%d: at least 1", options.sync_every));
   }
-  if (options.zero2 && options.sparse()) {
-    return absl::InvalidArgumentError(
-        "--zero=2 with --sparse_grad_ratio: ZeRO-2 reduce-scatters dense slices; use one or the other");
+  const int stage = options.zero3 ? 3 : 2;
+  if (options.sharded() && options.sparse()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--zero=%d with --sparse_grad_ratio: ZeRO-%d reduce-scatters dense slices; use one or the other", stage,
+        stage));
   }
-  if (options.sync_every > 1 && (options.zero2 || options.sparse())) {
+  if (options.sync_every > 1 && (options.sharded() || options.sparse())) {
     return absl::InvalidArgumentError(
         "--sync_every > 1 averages whole parameters between local steps: it goes with the dense sync only "
-        "(not --zero=2 or --sparse_grad_ratio)");
+        "(not --zero=2 or 3, nor --sparse_grad_ratio)");
   }
   GradSync s;
   s.options_ = options;
@@ -96,7 +98,8 @@ absl::StatusOr<GradSync> GradSync::Create(const DataParallelOptions& options, co
   const int ranks = options.ranks();
   for (const TensorLayout& t : layout) {
     const int64_t count = static_cast<int64_t>(t.count);
-    s.slices_.push_back(options.zero2 ? comm::Slices::Even(count, ranks, slice_align) : comm::Slices::Even(count, 1));
+    s.slices_.push_back(options.sharded() ? comm::Slices::Even(count, ranks, slice_align)
+                                          : comm::Slices::Even(count, 1));
     double ratio = options.sparse_ratio;
     for (const auto& [re, r] : patterns) {
       if (std::regex_match(t.name, re)) {
@@ -121,7 +124,7 @@ int64_t GradSync::KNow(size_t e) const {
 
 std::pair<int64_t, int64_t> GradSync::Owned(size_t e) const {
   const comm::Slices& s = slices_[e];
-  const int r = options_.zero2 ? options_.rank() : 0;
+  const int r = options_.sharded() ? options_.rank() : 0;
   return {s.offset[r], s.offset[r] + s.count[r]};
 }
 
@@ -157,7 +160,7 @@ absl::Status GradSync::Sync(size_t e, float* g, float* residual, int micro_batch
   comm::Communicator* c = options_.comm;
   int divisor = micro_batches;
   if (c != nullptr && ranks > 1 && !local) {
-    absl::Status s = options_.zero2 ? c->ReduceScatterSum(g, slices_[e]) : c->AllReduce(g, count);
+    absl::Status s = options_.sharded() ? c->ReduceScatterSum(g, slices_[e]) : c->AllReduce(g, count);
     if (!s.ok()) return s;
     divisor *= ranks;
   }
@@ -178,6 +181,13 @@ absl::Status GradSync::SparseUpdate(size_t e, float* params, const float* before
 absl::Status GradSync::GatherParams(size_t e, float* params) {
   if (!options_.zero2 || options_.ranks() == 1) return absl::OkStatus();
   return options_.comm->AllGather(params, slices_[e]);
+}
+
+absl::Status GradSync::GatherFull(size_t e, const float* slice, float* full) {
+  const auto [lo, hi] = Owned(e);
+  std::copy(slice, slice + (hi - lo), full + lo);
+  if (options_.ranks() == 1) return absl::OkStatus();
+  return options_.comm->AllGather(full, slices_[e]);
 }
 
 absl::Status GradSync::AverageParams(size_t e, float* params) {

@@ -3,6 +3,9 @@
 //   dense    all-reduce, then the mean over every rank's micro-batches;
 //   ZeRO-2   reduce-scatter: a rank ends with the mean of its slice only (it steps that
 //            slice's moments, then the parameters are all-gathered);
+//   ZeRO-3   the same, but a rank keeps only its slice of the parameters too: each tensor
+//            is all-gathered when a forward or backward reaches it (GatherFull) and
+//            dropped when it leaves;
 //   sparse   TopK: the rank adds its mean gradient to the tensor's residual, sends the k
 //            entries of largest magnitude as (index, bf16 value), keeps the rest (and the
 //            rounding of what it sent) in the residual, and every rank sums all ranks'
@@ -28,6 +31,8 @@ namespace tierd::trainer {
 struct DataParallelOptions {
   comm::Communicator* comm = nullptr;  // null: one process
   bool zero2 = false;
+  bool zero3 = false;  // ZeRO-2's slices, and the parameters sharded too
+  bool sharded() const { return zero2 || zero3; }
   // In (0, 1): the fraction of each tensor's elements sent a step; 0 or 1: dense. The first
   // pattern (a regex over the whole tensor name) that matches sets a tensor's own fraction.
   double sparse_ratio = 0;
@@ -65,7 +70,7 @@ class GradSync {
   static absl::StatusOr<GradSync> Create(const DataParallelOptions& options, const std::vector<TensorLayout>& layout,
                                          int64_t slice_align = 1);
 
-  // The slice of tensor e this rank steps: all of it but with ZeRO-2.
+  // The slice of tensor e this rank steps: all of it but with ZeRO-2 and 3.
   const comm::Slices& slices(size_t e) const { return slices_[e]; }
   std::pair<int64_t, int64_t> Owned(size_t e) const;
   // Elements of tensor e sent sparsely a step (0: dense), at its ratio; KNow: at the step
@@ -83,8 +88,12 @@ class GradSync {
   // `params`; the ranks exchange the TopK of (that change + the residual) and every rank
   // applies the mean of what was sent to `before`, into params.
   absl::Status SparseUpdate(size_t e, float* params, const float* before, float* residual);
-  // After the optimizer stepped Owned(e) of the parameters: every rank gets every slice.
+  // After the optimizer stepped Owned(e) of the parameters: every rank gets every slice
+  // (ZeRO-2; nothing to do otherwise).
   absl::Status GatherParams(size_t e, float* params);
+  // ZeRO-3: tensor e whole into `full` from every rank's slice (this rank's: `slice`, its
+  // Owned(e) elements).
+  absl::Status GatherFull(size_t e, const float* slice, float* full);
   // Every sync_every steps with local steps: the ranks' parameters averaged.
   absl::Status AverageParams(size_t e, float* params);
   // What a dense all-reduce of every gradient would put on the wire from this rank a step.

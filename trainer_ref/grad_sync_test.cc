@@ -118,8 +118,25 @@ TEST(GradSyncTest, RatiosByPatternAndTheirErrors) {
   o.zero2 = true;
   EXPECT_EQ(GradSync::Create(o, Layout()).status().code(), absl::StatusCode::kInvalidArgument);
   o.zero2 = false;
+  o.zero3 = true;
+  EXPECT_EQ(GradSync::Create(o, Layout()).status().message(),
+            "--zero=3 with --sparse_grad_ratio: ZeRO-3 reduce-scatters dense slices; use one or the other");
+  o.zero3 = false;
   o.sync_every = 4;
   EXPECT_EQ(GradSync::Create(o, Layout()).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// ZeRO-3 in one process: the one slice is the whole tensor, and gathering it copies it.
+TEST(GradSyncTest, ZeroThreeInOneProcessGathersTheWholeTensorFromItsSlice) {
+  DataParallelOptions o;
+  o.zero3 = true;
+  auto sync = GradSync::Create(o, Layout());
+  ASSERT_TRUE(sync.ok()) << sync.status();
+  EXPECT_EQ(sync->Owned(1), std::make_pair(int64_t{0}, int64_t{4096}));
+  const std::vector<float> slice = Random(4096, 6);
+  std::vector<float> full(4096, 0.f);
+  ASSERT_TRUE(sync->GatherFull(1, slice.data(), full.data()).ok());
+  EXPECT_EQ(full, slice);
 }
 
 }  // namespace

@@ -132,6 +132,8 @@ const std::vector<TensorLayout>& HomeShape::Of(Kind kind) const {
     case Kind::kResidual:
       return residuals ? layout : kNone;
     case Kind::kParam:
+      if (!params.empty()) return params;
+      break;
     case Kind::kGrad:
       break;
   }

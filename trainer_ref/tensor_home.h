@@ -39,7 +39,8 @@ constexpr int kKinds = 6;
 struct HomeShape {
   std::vector<TensorLayout> layout, saved;
   bool moments_8bit = false;
-  std::vector<TensorLayout> moments;  // count: this rank's slice (ZeRO-2); empty: the layout's
+  std::vector<TensorLayout> moments;  // count: this rank's slice (ZeRO-2 and 3); empty: the layout's
+  std::vector<TensorLayout> params;   // count: this rank's slice (ZeRO-3); empty: the layout's
   bool residuals = false;
   bool second_moment = true;  // false: Lion keeps one moment
   const std::vector<TensorLayout>& MomentLayout() const { return moments.empty() ? layout : moments; }

@@ -120,7 +120,9 @@ ABSL_FLAG(int64_t, eval_every, 50,
 ABSL_FLAG(int, zero, 0,
           "data-parallel runs (started by mpirun or srun): 0, every rank keeps the whole optimizer state and "
           "gradients are all-reduced; 2 (ZeRO-2), gradients are reduce-scattered, each rank keeps and steps the "
-          "moments of its 1/N slice of every tensor, and the parameters are all-gathered after");
+          "moments of its 1/N slice of every tensor, and the parameters are all-gathered after; 3 (ZeRO-3), the "
+          "same, but a rank keeps only its slice of the parameters too and all-gathers each tensor when the "
+          "forward or backward reaches it (1.5x ZeRO-2's bytes on the wire a step, 1/N of the parameters' memory)");
 ABSL_FLAG(double, sparse_grad_ratio, 0,
           "data-parallel: the fraction of each gradient tensor's elements sent a step (TopK by magnitude, as "
           "index + bf16 value); the rest accumulates in a residual per tensor (a tierd tensor with "
@@ -236,10 +238,10 @@ absl::Status ReadCheckpointing(RunSettings& s) {
 
 absl::Status ReadDataParallel(RunSettings& s) {
   s.zero = absl::GetFlag(FLAGS_zero);
-  if (s.zero != 0 && s.zero != 2) {
+  if (s.zero != 0 && s.zero != 2 && s.zero != 3) {
     return Bad(
-        absl::StrFormat("--zero is 0 (each rank keeps the whole state) or 2 (optimizer state and "
-                        "gradients sharded), not %d",
+        absl::StrFormat("--zero is 0 (each rank keeps the whole state), 2 (optimizer state and gradients "
+                        "sharded) or 3 (the parameters too), not %d",
                         s.zero));
   }
   s.sparse_ratio = absl::GetFlag(FLAGS_sparse_grad_ratio);

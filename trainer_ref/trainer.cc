@@ -58,7 +58,7 @@ HomeShape HomeShapeFor(const ModelConfig& config, const TrainOptions& options) {
   shape.saved = SavedLayout(config, options.batch, options.seq, options.checkpointing);
   shape.moments_8bit = options.moments_8bit;
   auto sync = GradSync::Create(options.dp, shape.layout, SliceAlign(options));
-  if (sync.ok() && options.dp.zero2) {
+  if (sync.ok() && options.dp.sharded()) {
     shape.moments = shape.layout;
     for (size_t e = 0; e < shape.layout.size(); ++e) {
       const auto [lo, hi] = sync->Owned(e);
@@ -66,6 +66,7 @@ HomeShape HomeShapeFor(const ModelConfig& config, const TrainOptions& options) {
       // one-element placeholder (no empty tensors to lease, copy or zero).
       shape.moments[e].count = std::max<size_t>(1, static_cast<size_t>(hi - lo));
     }
+    if (options.dp.zero3) shape.params = shape.moments;  // the parameters' slices are the moments'
   }
   if (options.adafactor) {  // each tensor's state: rows + cols floats, or a vector's n
     shape.moments = shape.layout;
@@ -86,9 +87,9 @@ Trainer::Trainer(const ModelConfig& config, const TrainOptions& options, const D
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& config, const TrainOptions& options,
                                                         const Dataset& data, TensorHome& home) {
-  if (options.adafactor && (options.dp.zero2 || options.lion || options.moments_8bit)) {
+  if (options.adafactor && (options.dp.sharded() || options.lion || options.moments_8bit)) {
     return absl::InvalidArgumentError(
-        "--opt=adafactor keeps each matrix's row and column means whole: not with --zero=2 (its slices cut "
+        "--opt=adafactor keeps each matrix's row and column means whole: not with --zero=2 or 3 (their slices cut "
         "matrices), nor with another optimizer's moments");
   }
   std::unique_ptr<Trainer> t(new Trainer(config, options, data, home));
@@ -110,12 +111,20 @@ absl::Status Trainer::Init() {
       if (shape_.Of(k).empty()) continue;
       auto p = held.Get(k, Access::kOverwrite);
       if (!p.ok()) return p.status();
-      if (k == Kind::kParam) std::memcpy(*p, model_.params().data() + t.offset, t.count * sizeof(float));
-      else std::memset(*p, 0, TensorBytes(shape_.Of(k)[e], k, options_.moments_8bit));  // zero 8-bit moments too
+      if (k == Kind::kParam && options_.dp.zero3) {  // this rank's slice
+        const auto [lo, hi] = sync_.Owned(e);
+        std::memcpy(*p, model_.params().data() + t.offset + lo, (hi - lo) * sizeof(float));
+      } else if (k == Kind::kParam) {
+        std::memcpy(*p, model_.params().data() + t.offset, t.count * sizeof(float));
+      } else std::memset(*p, 0, TensorBytes(shape_.Of(k)[e], k, options_.moments_8bit));  // zero 8-bit moments too
     }
   }
   for (const TensorLayout& t : model_.saved_layout()) largest = std::max(largest, t.count);
   scratch_.assign(largest, 0.f);
+  // ZeRO-3: the model's own copy of the parameters goes; a tensor is whole only while a
+  // forward or backward is inside its group (gathered_).
+  if (options_.dp.zero3) std::vector<float>().swap(model_.params());
+  gathered_.resize(options_.dp.zero3 ? model_.layout().size() : 0);
   batcher_seed_ = (options_.data_seed != 0 ? options_.data_seed : options_.seed) * 7919 + 1;
   batcher_ = std::make_unique<Batcher>(data_.train, options_.batch, options_.seq, batcher_seed_);
   // The model reaches its tensors group by group, only while it computes with them.
@@ -127,6 +136,12 @@ absl::Status Trainer::Init() {
           absl::StatusOr<float*> g = backward ? home_.Acquire(e, Kind::kGrad, Access::kWrite)
                                               : absl::StatusOr<float*>(nullptr);
           if ((!p.ok() || !g.ok()) && hook_error_.ok()) hook_error_ = !p.ok() ? p.status() : g.status();
+          if (p.ok() && options_.dp.zero3) {  // every rank's slice into the whole tensor
+            gathered_[e].resize(model_.layout()[e].count);
+            if (absl::Status s = sync_.GatherFull(e, *p, gathered_[e].data()); !s.ok() && hook_error_.ok())
+              hook_error_ = s;
+            p = gathered_[e].data();
+          }
           model_.Bind(e, p.ok() ? *p : scratch_.data(), g.ok() && *g != nullptr ? *g : scratch_.data());
         }
         // Forward writes the group's saved activations whole; backward reads them.
@@ -141,6 +156,7 @@ absl::Status Trainer::Init() {
           home_.Release(e, Kind::kParam).IgnoreError();
           if (backward) home_.Release(e, Kind::kGrad).IgnoreError();
           model_.Bind(e, nullptr, nullptr);
+          if (options_.dp.zero3) std::vector<float>().swap(gathered_[e]);
         }
         if (const int saved = model_.SavedOf(group); saved >= 0) {
           home_.Release(saved, Kind::kSaved).IgnoreError();
@@ -302,12 +318,12 @@ absl::StatusOr<StepResult> Trainer::Step() {
       sum_squares += static_cast<double>(x) * x;
     }
   }
-  // With ZeRO-2 each rank saw its slices only; with local steps its own gradients: the
+  // With ZeRO-2 and 3 each rank saw its slices only; with local steps its own gradients: the
   // ranks agree on skipping (and ZeRO-2 on the norm).
-  if ((options_.dp.zero2 || local || update_mode) && options_.dp.ranks() > 1 && !r.skipped) {
-    double parts[2] = {options_.dp.zero2 ? sum_squares : 0.0, non_finite};
+  if ((options_.dp.sharded() || local || update_mode) && options_.dp.ranks() > 1 && !r.skipped) {
+    double parts[2] = {options_.dp.sharded() ? sum_squares : 0.0, non_finite};
     if (absl::Status s = options_.dp.comm->AllReduce(parts, 2); !s.ok()) return s;
-    if (options_.dp.zero2) sum_squares = parts[0];
+    if (options_.dp.sharded()) sum_squares = parts[0];
     if (non_finite == 0 && parts[1] > 0) r.why = "a gradient on another rank is not finite";
     non_finite = parts[1];
   }
@@ -325,6 +341,9 @@ absl::StatusOr<StepResult> Trainer::Step() {
     auto m = g.ok() ? held.Get(Kind::kAdamM, Access::kWrite) : g;
     if (!m.ok()) return m.status();
     const auto [lo, hi] = sync_.Owned(e);
+    // The parameters of the owned slice: at its offset in the whole tensor, or (ZeRO-3) the
+    // slice is all this rank keeps.
+    float* const owned = options_.dp.zero3 ? *p : *p + lo;
     const bool sparse_update = update_mode && sync_.SparseK(e) > 0;
     std::vector<float> before;
     if (sparse_update) before.assign(*p, *p + t.count);
@@ -338,7 +357,7 @@ absl::StatusOr<StepResult> Trainer::Step() {
       ha.decay = matrix;
       HostAdafactor(*p, *m, *g, matrix ? static_cast<int64_t>(t.shape[0]) : static_cast<int64_t>(t.count),
                     matrix ? static_cast<int64_t>(t.shape[1]) : 0, ha);
-    } else if (options_.lion) {  // with ZeRO-2 this rank's slice only; its moment holds that slice
+    } else if (options_.lion) {  // with ZeRO-2 and 3 this rank's slice only; its moment holds that slice
       HostLionParams hl;
       hl.lr = static_cast<float>(r.lr);
       hl.beta1 = static_cast<float>(options_.lion_options.beta1);
@@ -346,13 +365,13 @@ absl::StatusOr<StepResult> Trainer::Step() {
       hl.weight_decay = static_cast<float>(options_.adam.weight_decay);
       hl.grad_scale = static_cast<float>(clip);
       hl.decay = t.shape.size() > 1;
-      HostLion(*p + lo, *m, *g + lo, hi - lo, hl);
+      HostLion(owned, *m, *g + lo, hi - lo, hl);
     } else {
       auto v = held.Get(Kind::kAdamV, Access::kWrite);
       if (!v.ok()) return v.status();
       // On the DRAM tier where the state lives: vectorised, on the host's threads, fp32 as on
-      // the GPU (the double-precision AdamWStep stays the tests' reference). With ZeRO-2 this
-      // rank's slice only; its moments hold that slice.
+      // the GPU (the double-precision AdamWStep stays the tests' reference). With ZeRO-2 and 3
+      // this rank's slice only; its moments hold that slice.
       HostAdamWParams hp;
       hp.lr = static_cast<float>(r.lr);
       hp.beta1 = static_cast<float>(options_.adam.beta1);
@@ -363,9 +382,9 @@ absl::StatusOr<StepResult> Trainer::Step() {
       hp.grad_scale = static_cast<float>(clip);
       hp.decay = t.shape.size() > 1;
       if (options_.moments_8bit) {
-        HostAdamW8bit(*p + lo, *m, *v, /*weights_bf16=*/nullptr, *g + lo, hi - lo, hp);
+        HostAdamW8bit(owned, *m, *v, /*weights_bf16=*/nullptr, *g + lo, hi - lo, hp);
       } else {
-        HostAdamW(*p + lo, *m, *v, /*weights_bf16=*/nullptr, *g + lo, hi - lo, hp);
+        HostAdamW(owned, *m, *v, /*weights_bf16=*/nullptr, *g + lo, hi - lo, hp);
       }
     }
     if (sparse_update) {
@@ -444,7 +463,9 @@ uint32_t Trainer::MomentsFormat() const {
                                  : 0u;
 }
 
-uint32_t Trainer::DpFlags() const { return (options_.dp.zero2 ? 1u : 0u) | (sync_.sparse() ? 2u : 0u); }
+uint32_t Trainer::DpFlags() const {
+  return (options_.dp.zero2 ? 1u : 0u) | (sync_.sparse() ? 2u : 0u) | (options_.dp.zero3 ? 4u : 0u);
+}
 
 absl::StatusOr<std::string> Trainer::SaveState() {
   std::string out;
@@ -500,8 +521,15 @@ absl::Status Trainer::LoadState(const std::string& bytes) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "the state is rank %d of %d%s%s; this run is rank %d of %d%s%s: resume with the ranks and sync it was "
         "saved with",
-        dp[1], dp[0], dp[2] & 1 ? ", ZeRO-2" : "", dp[2] & 2 ? ", sparse sync" : "", options_.dp.rank(),
-        options_.dp.ranks(), options_.dp.zero2 ? ", ZeRO-2" : "", sync_.sparse() ? ", sparse sync" : ""));
+        dp[1], dp[0],
+        dp[2] & 1   ? ", ZeRO-2"
+        : dp[2] & 4 ? ", ZeRO-3"
+                    : "",
+        dp[2] & 2 ? ", sparse sync" : "", options_.dp.rank(), options_.dp.ranks(),
+        options_.dp.zero2   ? ", ZeRO-2"
+        : options_.dp.zero3 ? ", ZeRO-3"
+                            : "",
+        sync_.sparse() ? ", sparse sync" : ""));
   }
   if (count != expected) {
     return absl::InvalidArgumentError(absl::StrFormat(

@@ -131,6 +131,7 @@ class Trainer {
   int micro_ = 0;
   absl::Status hook_error_;           // the first acquire that failed inside forward/backward
   std::vector<float> scratch_;        // stands in for a tensor whose acquire failed
+  std::vector<std::vector<float>> gathered_;  // ZeRO-3: the tensors a group has whole while inside it
 };
 
 }  // namespace tierd::trainer

@@ -102,6 +102,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
 
 absl::Status Trainer::Init() {
   model_.InitParams(options_.seed);
+  // The model's own flat buffers are not where it computes here: its group hooks bind the
+  // home's tensors. The gradients' go now, the parameters' once copied into the home.
+  std::vector<float>().swap(model_.grads());
   size_t largest = 0;
   for (size_t e = 0; e < model_.layout().size(); ++e) {
     const TensorLayout& t = model_.layout()[e];
@@ -121,9 +124,8 @@ absl::Status Trainer::Init() {
   }
   for (const TensorLayout& t : model_.saved_layout()) largest = std::max(largest, t.count);
   scratch_.assign(largest, 0.f);
-  // ZeRO-3: the model's own copy of the parameters goes; a tensor is whole only while a
-  // forward or backward is inside its group (gathered_).
-  if (options_.dp.zero3) std::vector<float>().swap(model_.params());
+  // ZeRO-3: a tensor is whole only while a forward or backward is inside its group (gathered_).
+  std::vector<float>().swap(model_.params());
   gathered_.resize(options_.dp.zero3 ? model_.layout().size() : 0);
   batcher_seed_ = (options_.data_seed != 0 ? options_.data_seed : options_.seed) * 7919 + 1;
   batcher_ = std::make_unique<Batcher>(data_.train, options_.batch, options_.seq, batcher_seed_);

@@ -14,7 +14,8 @@
 # A run's name may say which binary of .carry/bin trains it: "b256@tierd-train-b256:--opt=adamw8bit"
 # (a build variant beside the default one, in the same call).
 # NOISE names the run that differs from the first only in its data order (the noise floor).
-# Logs and per-step metrics (JSONL) in $OUT; the table and plot by tools/fidelity_report.py.
+# Logs and per-step metrics (JSONL) in $OUT, packed into $OUT/fidelity.tgz (PACK=0: loose);
+# the table and plot by tools/fidelity_report.py.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-/tmp/tierd-out}"; mkdir -p "$out"
@@ -45,3 +46,11 @@ specs=(); for name in "${names[@]}"; do specs+=("$name=$out/metrics-$name.jsonl"
 # The table (and, where matplotlib is installed, the curves); the first run is the baseline.
 png=(); python3 -c 'import matplotlib' 2>/dev/null && png=(--png="$out/fidelity.png")
 python3 tools/fidelity_report.py ${NOISE:+--noise=$NOISE} "${png[@]}" "${specs[@]}"
+# The device brings back at most 8 files a call: the logs, metrics and plot go in one archive
+# (PACK=0 leaves them loose).
+if [ "${PACK:-1}" != 0 ]; then
+  files=(); for name in "${names[@]}"; do files+=("fidelity-$name.log" "metrics-$name.jsonl"); done
+  [ -f "$out/fidelity.png" ] && files+=(fidelity.png)
+  tar czf "$out/fidelity.tgz" -C "$out" "${files[@]}" && (cd "$out" && rm -f "${files[@]}") &&
+    echo "logs, metrics and plot: $out/fidelity.tgz"
+fi

@@ -49,7 +49,10 @@ python3 tools/fidelity_report.py ${NOISE:+--noise=$NOISE} "${png[@]}" "${specs[@
 # The device brings back at most 8 files a call: the logs, metrics and plot go in one archive
 # (PACK=0 leaves them loose).
 if [ "${PACK:-1}" != 0 ]; then
-  files=(); for name in "${names[@]}"; do files+=("fidelity-$name.log" "metrics-$name.jsonl"); done
+  files=()  # those there are (a run that failed has no metrics)
+  for name in "${names[@]}"; do
+    for f in "fidelity-$name.log" "metrics-$name.jsonl"; do [ -f "$out/$f" ] && files+=("$f"); done
+  done
   [ -f "$out/fidelity.png" ] && files+=(fidelity.png)
   tar czf "$out/fidelity.tgz" -C "$out" "${files[@]}" && (cd "$out" && rm -f "${files[@]}") &&
     echo "logs, metrics and plot: $out/fidelity.tgz"

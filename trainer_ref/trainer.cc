@@ -114,12 +114,12 @@ absl::Status Trainer::Init() {
       if (shape_.Of(k).empty()) continue;
       auto p = held.Get(k, Access::kOverwrite);
       if (!p.ok()) return p.status();
-      if (k == Kind::kParam && options_.dp.zero3) {  // this rank's slice
-        const auto [lo, hi] = sync_.Owned(e);
+      if (k != Kind::kParam) {
+        std::memset(*p, 0, TensorBytes(shape_.Of(k)[e], k, options_.moments_8bit));  // zero 8-bit moments too
+      } else {  // the whole tensor, or with ZeRO-3 this rank's slice
+        const auto [lo, hi] = options_.dp.zero3 ? sync_.Owned(e) : std::pair<int64_t, int64_t>(0, t.count);
         std::memcpy(*p, model_.params().data() + t.offset + lo, (hi - lo) * sizeof(float));
-      } else if (k == Kind::kParam) {
-        std::memcpy(*p, model_.params().data() + t.offset, t.count * sizeof(float));
-      } else std::memset(*p, 0, TensorBytes(shape_.Of(k)[e], k, options_.moments_8bit));  // zero 8-bit moments too
+      }
     }
   }
   for (const TensorLayout& t : model_.saved_layout()) largest = std::max(largest, t.count);

@@ -77,6 +77,7 @@ DataParallelOptions DataParallelFrom(const RunSettings& s, comm::Communicator* c
   dp.sync_every = s.sync_every;
   dp.sparse_warmup = s.sparse_warmup;
   dp.sparse_update = s.sparse_update;
+  dp.sparse_momentum = s.sparse_momentum;
   return dp;
 }
 

@@ -81,10 +81,15 @@ std::string DescribeSync(Trainer& trainer, const TrainOptions& o) {
     how = absl::StrFormat(
         "sparse %s: %d of %d tensors TopK (%.1f%% of the elements a step, index + bf16), the "
         "rest in residuals; the others dense",
-        o.dp.sparse_update ? "updates" : "gradients", sparse, trainer.layout().size(),
-        100.0 * sent / std::max<int64_t>(elements, 1));
-    if (o.dp.sparse_warmup > 0)
+        o.dp.sparse_update     ? "updates"
+        : o.dp.sparse_momentum ? "momenta"
+                               : "gradients",
+        sparse, trainer.layout().size(), 100.0 * sent / std::max<int64_t>(elements, 1));
+    if (o.dp.sparse_momentum) {
+      how += absl::StrFormat("; dense AdamW for %d steps, then its second moment frozen", o.dp.sparse_warmup);
+    } else if (o.dp.sparse_warmup > 0) {
       how += absl::StrFormat("; dense at first, down to that over %d steps", o.dp.sparse_warmup);
+    }
   }
   if (o.dp.sync_every > 1) how += absl::StrFormat("; local steps, parameters averaged every %d", o.dp.sync_every);
   return how;

@@ -98,6 +98,33 @@ dp 2 $sparse --sparse_sync=update --sparse_grad_ratio_by='.*norm.*=1' --opt=lion
 check "sparse updates with Lion, dense norms and a warm-up run 40 steps" \
   "[ \"\$(lines $dir/update.jsonl)\" = 40 ] && grep -q 'sparse updates: 16 of 21 tensors' '$dir/update.log'"
 
+# 3b. Momentum mode (--sparse_sync=momentum): dense AdamW through the warm-up (the same bits
+#     as dense), then each rank's momentum TopK'd over the frozen second moment: it sends what
+#     TopK sends, trains, and resumes bit for bit (velocity, residual and frozen v are state).
+#     How close to dense it ends over 600 steps is a benchmark (docs/BENCHMARKS.md).
+dp 2 $sparse --sparse_sync=momentum --sparse_warmup=10 --metrics="$dir/momentum.jsonl" > "$dir/momentum.log" 2>&1
+mom_first=$(head -1 "$dir/momentum.jsonl" | sed -E 's/.*"loss": ([^,]*).*/\1/')
+mom_last=$(tail -1 "$dir/momentum.jsonl" | sed -E 's/.*"loss": ([^,]*).*/\1/')
+mom_bytes=$(tail -1 "$dir/momentum.jsonl" | sed -E 's/.*"bytes_sent": ([0-9.]+).*/\1/')
+check "momentum mode: the warm-up's 10 steps are dense's, bit for bit" \
+  "diff <(fields $dir/dense40.jsonl | head -10) <(fields $dir/momentum.jsonl | head -10) > /dev/null"
+check "momentum mode then sends $mom_bytes B a step, <= 10% of dense's $dense_bytes B" \
+  "[ \"\$(lines $dir/momentum.jsonl)\" = 40 ] && awk 'BEGIN { exit !($mom_bytes * 10 <= $dense_bytes) }'"
+check "momentum mode trains: loss $mom_first -> $mom_last in 40 steps (dense: $dense_last)" \
+  "awk 'BEGIN { exit !($mom_last < $mom_first - 1) }'"
+check "momentum mode is described" "grep -q 'sparse momenta: 21 of 21 tensors TopK .* dense AdamW for 10 steps, then its second moment frozen' '$dir/momentum.log'"
+ckm="--checkpoint_dir=$dir/ckm --checkpoint_every=4"
+mom="--sparse_grad_ratio=0.05 --sparse_sync=momentum --sparse_warmup=3"
+dp 2 $mom --metrics="$dir/mom-straight.jsonl" > /dev/null 2>&1
+"$mpirun" -np 2 env TIERD_TRAIN_SIGKILL_AT_STEP=7 "$bin" $common $mom $ckm > /dev/null 2>&1  # both killed at 7
+dp 2 $mom $ckm --resume --metrics="$dir/mom-resumed.jsonl" > "$dir/mom-resumed.log" 2>&1
+check "momentum mode resumes from step 4 and continues the straight run bit for bit" \
+  "grep -q 'at step 4' '$dir/mom-resumed.log' && diff <(fields $dir/mom-straight.jsonl | tail -6) <(fields $dir/mom-resumed.jsonl) > /dev/null"
+dp 2 --sparse_grad_ratio=0.05 --sparse_sync=momentum > "$dir/mom-nowarm.log" 2>&1
+check "momentum mode without a warm-up is refused, saying why" "grep -q 'give --sparse_warmup=N' '$dir/mom-nowarm.log'"
+dp 2 $mom --opt=adamw8bit > "$dir/mom-8bit.log" 2>&1
+check "momentum mode with 8-bit moments is refused" "grep -q 'momentum works on AdamW.s fp32 moments' '$dir/mom-8bit.log'"
+
 # 4. Local steps: the parameters averaged every 4 steps, a quarter of the traffic.
 dp 2 --sync_every=4 --steps=8 --metrics="$dir/local.jsonl" > "$dir/local.log" 2>&1
 check "--sync_every=4 sends a quarter of dense's bytes" \

@@ -74,6 +74,11 @@ absl::StatusOr<GradSync> GradSync::Create(const DataParallelOptions& options, co
         "--zero=%d with --sparse_grad_ratio: ZeRO-%d reduce-scatters dense slices; use one or the other", stage,
         stage));
   }
+  if (options.sparse_momentum && (options.sparse_update || options.sparse_warmup <= 0)) {
+    return absl::InvalidArgumentError(
+        "--sparse_sync=momentum freezes AdamW's second moment after a dense warm-up: give --sparse_warmup=N "
+        "(steps; e.g. a tenth of the run)");
+  }
   if (options.sync_every > 1 && (options.sharded() || options.sparse())) {
     return absl::InvalidArgumentError(
         "--sync_every > 1 averages whole parameters between local steps: it goes with the dense sync only "
@@ -116,7 +121,8 @@ absl::StatusOr<GradSync> GradSync::Create(const DataParallelOptions& options, co
 
 int64_t GradSync::KNow(size_t e) const {
   const int64_t count = static_cast<int64_t>(layout_[e].count);
-  if (k_[e] == 0 || options_.sparse_warmup <= 0 || step_ > options_.sparse_warmup) return k_[e];
+  if (k_[e] == 0 || options_.sparse_warmup <= 0 || step_ > options_.sparse_warmup || options_.sparse_momentum)
+    return k_[e];
   const double ratio = static_cast<double>(k_[e]) / static_cast<double>(count);
   const double now = std::pow(ratio, static_cast<double>(step_ - 1) / options_.sparse_warmup);
   return std::clamp<int64_t>(std::llround(now * count), k_[e], count);
@@ -149,9 +155,16 @@ absl::Status GradSync::ExchangeTopK(size_t e, float* residual, float* mean) {
   return absl::OkStatus();
 }
 
+absl::Status GradSync::SparseMomentum(size_t e, const float* velocity, float* residual, float* mean) {
+  const int64_t count = static_cast<int64_t>(layout_[e].count);
+  for (int64_t i = 0; i < count; ++i) residual[i] += velocity[i];
+  return ExchangeTopK(e, residual, mean);
+}
+
 absl::Status GradSync::Sync(size_t e, float* g, float* residual, int micro_batches, bool local) {
   const int64_t count = static_cast<int64_t>(layout_[e].count);
-  if (k_[e] > 0 && !local) {
+  const bool warming = options_.sparse_momentum && step_ <= options_.sparse_warmup;  // dense
+  if (k_[e] > 0 && !local && !warming) {
     const float mean = 1.0f / static_cast<float>(micro_batches);
     for (int64_t i = 0; i < count; ++i) residual[i] += g[i] * mean;
     return ExchangeTopK(e, residual, g);

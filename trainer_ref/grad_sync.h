@@ -12,6 +12,8 @@
 //            entries over N: error feedback, so nothing is dropped, only delayed;
 //   update   (sparse_update) the same TopK and residual, over each rank's optimizer update
 //            instead of its gradient: the gradient stays the rank's own;
+//   momentum (sparse_momentum) after a dense warm-up, the TopK of each rank's accumulated
+//            momentum, over a frozen second moment (MomentumPhase);
 //   local    a local step between syncs: the rank's own mean, nothing sent.
 // With one process (LocalCommunicator) dense and ZeRO-2 are the plain mean.
 #ifndef TIERD_TRAINER_REF_GRAD_SYNC_H_
@@ -43,6 +45,12 @@ struct DataParallelOptions {
   // AdamW the bursts a sparse gradient arrives in inflate the second moment: an element sent
   // every k-th step moves ~1/sqrt(k) as far, which the update mode avoids.
   bool sparse_update = false;
+  // Momentum (AdamW): dense for sparse_warmup steps; then the second moment is frozen, each
+  // rank adds its own momentum (of its own gradient) to the residual and the ranks exchange
+  // its TopK, applied as the update's numerator over the frozen second moment. With the
+  // denominator fixed the update is linear in the momentum, so what error feedback delays
+  // arrives whole (1-bit Adam's argument); a bursty sparse gradient never reaches v.
+  bool sparse_momentum = false;
   // Steps over which the sent fraction falls from 1 (dense) to its ratio, geometrically
   // (Deep Gradient Compression's warm-up): the early steps, where gradients change fastest,
   // are not delayed.
@@ -78,12 +86,17 @@ class GradSync {
   int64_t SparseK(size_t e) const { return k_[e]; }
   int64_t KNow(size_t e) const;
   void BeginStep(int64_t step) { step_ = step; }
+  // Momentum mode past its dense warm-up (the step BeginStep named).
+  bool MomentumPhase() const { return sparse_ && options_.sparse_momentum && step_ > options_.sparse_warmup; }
   bool sparse() const { return sparse_; }
 
   // g: tensor e's gradient summed over this rank's `micro_batches`; residual: its residual
   // (sparse only, else unused). Afterwards g over Owned(e) holds the step's mean gradient.
   // local: a local step (sync_every > 1 and not a sync step).
   absl::Status Sync(size_t e, float* g, float* residual, int micro_batches, bool local);
+  // Momentum mode: `velocity` (this rank's momentum of tensor e) is added to the residual, whose
+  // TopK the ranks exchange; `mean` gets the mean of what they sent.
+  absl::Status SparseMomentum(size_t e, const float* velocity, float* residual, float* mean);
   // Update mode: the optimizer stepped tensor e on this rank's own gradient from `before` to
   // `params`; the ranks exchange the TopK of (that change + the residual) and every rank
   // applies the mean of what was sent to `before`, into params.

@@ -136,10 +136,13 @@ ABSL_FLAG(std::string, sparse_sync, "gradient",
           "every rank then steps the same optimizer on the sparse mean. update: each rank steps its own moments on "
           "its own gradient and the ranks exchange the TopK of the change (with AdamW a sparse gradient's bursts "
           "inflate the second moment, so an element sent every k-th step moves ~1/sqrt(k) as far; the update "
-          "avoids that)");
+          "avoids that). momentum (AdamW, with --sparse_warmup=N): dense AdamW for N steps, then the second moment "
+          "is frozen and each rank adds its own momentum to the residual and sends its TopK, applied over the "
+          "frozen second moment (1-bit Adam's scheme, with TopK; Deep Gradient Compression's momentum correction)");
 ABSL_FLAG(int, sparse_warmup, 0,
           "data-parallel, --sparse_grad_ratio: steps over which the fraction sent falls geometrically from 1 "
-          "(dense) to the ratio (Deep Gradient Compression's warm-up)");
+          "(dense) to the ratio (Deep Gradient Compression's warm-up); with --sparse_sync=momentum, the dense "
+          "steps before the second moment is frozen");
 ABSL_FLAG(int, sync_every, 1,
           "data-parallel, dense: K > 1 lets each rank step on its own gradients and averages the ranks' parameters "
           "every K steps (local steps, 1/K of the traffic)");
@@ -248,10 +251,11 @@ absl::Status ReadDataParallel(RunSettings& s) {
   s.sync_every = absl::GetFlag(FLAGS_sync_every);
   s.sparse_warmup = absl::GetFlag(FLAGS_sparse_warmup);
   const std::string sparse_sync = absl::GetFlag(FLAGS_sparse_sync);
-  if (sparse_sync != "gradient" && sparse_sync != "update") {
-    return Bad("--sparse_sync is gradient or update, not '" + sparse_sync + "'");
+  if (sparse_sync != "gradient" && sparse_sync != "update" && sparse_sync != "momentum") {
+    return Bad("--sparse_sync is gradient, update or momentum, not '" + sparse_sync + "'");
   }
   s.sparse_update = sparse_sync == "update";
+  s.sparse_momentum = sparse_sync == "momentum";
   if (s.sparse_warmup < 0) return Bad("--sparse_warmup: steps, 0 or more");
   s.comm_timeout = absl::GetFlag(FLAGS_comm_timeout);
   if (!(s.comm_timeout > 0)) return Bad("--comm_timeout: seconds, more than 0");

@@ -114,7 +114,8 @@ struct RunSettings {
   std::vector<std::pair<std::string, double>> sparse_ratio_by;
   int sync_every = 1;
   int sparse_warmup = 0;
-  bool sparse_update = false;  // --sparse_sync=update
+  bool sparse_update = false;    // --sparse_sync=update
+  bool sparse_momentum = false;  // --sparse_sync=momentum
   double comm_timeout = 120;   // seconds
 };
 

@@ -87,6 +87,11 @@ Trainer::Trainer(const ModelConfig& config, const TrainOptions& options, const D
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& config, const TrainOptions& options,
                                                         const Dataset& data, TensorHome& home) {
+  if (options.dp.sparse_momentum && (options.lion || options.adafactor || options.moments_8bit)) {
+    return absl::InvalidArgumentError(
+        "--sparse_sync=momentum works on AdamW's fp32 moments (--opt=adamw): the TopK of the momentum over a frozen "
+        "second moment");
+  }
   if (options.adafactor && (options.dp.sharded() || options.lion || options.moments_8bit)) {
     return absl::InvalidArgumentError(
         "--opt=adafactor keeps each matrix's row and column means whole: not with --zero=2 or 3 (their slices cut "
@@ -297,6 +302,7 @@ absl::StatusOr<StepResult> Trainer::Step() {
   const bool local = sync_every > 1;
   const bool update_mode = sync_.sparse() && options_.dp.sparse_update;
   sync_.BeginStep(step_ + 1);
+  const bool momentum_phase = sync_.MomentumPhase();
   r.synced = !local;
   double sum_squares = 0, non_finite = 0;
   for (size_t e = 0; e < layout.size() && !r.skipped; ++e) {
@@ -307,7 +313,7 @@ absl::StatusOr<StepResult> Trainer::Step() {
     absl::StatusOr<float*> residual = nullptr;
     if (sync_.SparseK(e) > 0) residual = held.Get(Kind::kResidual, Access::kWrite);
     if (!residual.ok()) return residual.status();
-    const bool own = local || (update_mode && sync_.SparseK(e) > 0);  // this rank's gradient only
+    const bool own = local || ((update_mode || momentum_phase) && sync_.SparseK(e) > 0);  // this rank's only
     if (absl::Status s = sync_.Sync(e, *g, *residual, options_.grad_accum, own); !s.ok()) return s;
     const auto [lo, hi] = sync_.Owned(e);
     for (int64_t i = lo; i < hi; ++i) {
@@ -322,7 +328,7 @@ absl::StatusOr<StepResult> Trainer::Step() {
   }
   // With ZeRO-2 and 3 each rank saw its slices only; with local steps its own gradients: the
   // ranks agree on skipping (and ZeRO-2 on the norm).
-  if ((options_.dp.sharded() || local || update_mode) && options_.dp.ranks() > 1 && !r.skipped) {
+  if ((options_.dp.sharded() || local || update_mode || momentum_phase) && options_.dp.ranks() > 1 && !r.skipped) {
     double parts[2] = {options_.dp.sharded() ? sum_squares : 0.0, non_finite};
     if (absl::Status s = options_.dp.comm->AllReduce(parts, 2); !s.ok()) return s;
     if (options_.dp.sharded()) sum_squares = parts[0];
@@ -359,6 +365,25 @@ absl::StatusOr<StepResult> Trainer::Step() {
       ha.decay = matrix;
       HostAdafactor(*p, *m, *g, matrix ? static_cast<int64_t>(t.shape[0]) : static_cast<int64_t>(t.count),
                     matrix ? static_cast<int64_t>(t.shape[1]) : 0, ha);
+    } else if (momentum_phase && sync_.SparseK(e) > 0) {
+      // This rank's momentum of its own gradient into the residual, the ranks' TopK of it
+      // exchanged, applied over the second moment frozen at the end of the warm-up.
+      auto v = held.Get(Kind::kAdamV, Access::kRead);
+      auto residual = v.ok() ? held.Get(Kind::kResidual, Access::kWrite) : v;
+      if (!residual.ok()) return residual.status();
+      const float beta1 = static_cast<float>(options_.adam.beta1), scale = static_cast<float>(clip);
+      float* u = *m;
+      for (size_t i = 0; i < t.count; ++i) u[i] = beta1 * u[i] + (1.f - beta1) * ((*g)[i] * scale);
+      std::vector<float>& mean = MomentumScratch(t.count);
+      if (absl::Status s = sync_.SparseMomentum(e, u, *residual, mean.data()); !s.ok()) return s;
+      const float lr = static_cast<float>(r.lr), eps = static_cast<float>(options_.adam.eps);
+      const float c1 = 1.f - std::pow(beta1, static_cast<float>(step_));
+      const float c2 = 1.f - std::pow(static_cast<float>(options_.adam.beta2), static_cast<float>(step_));
+      const float decay = t.shape.size() > 1 ? lr * static_cast<float>(options_.adam.weight_decay) : 0.f;
+      for (size_t i = 0; i < t.count; ++i) {
+        (*p)[i] -= decay * (*p)[i];
+        (*p)[i] -= lr * (mean[i] / c1) / (std::sqrt((*v)[i] / c2) + eps);
+      }
     } else if (options_.lion) {  // with ZeRO-2 and 3 this rank's slice only; its moment holds that slice
       HostLionParams hl;
       hl.lr = static_cast<float>(r.lr);

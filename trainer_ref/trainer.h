@@ -132,6 +132,11 @@ class Trainer {
   absl::Status hook_error_;           // the first acquire that failed inside forward/backward
   std::vector<float> scratch_;        // stands in for a tensor whose acquire failed
   std::vector<std::vector<float>> gathered_;  // ZeRO-3: the tensors a group has whole while inside it
+  std::vector<float> momentum_mean_;          // --sparse_sync=momentum: the ranks' mean of what they sent
+  std::vector<float>& MomentumScratch(size_t n) {
+    if (momentum_mean_.size() < n) momentum_mean_.resize(n);
+    return momentum_mean_;
+  }
 };
 
 }  // namespace tierd::trainer

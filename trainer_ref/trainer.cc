@@ -490,9 +490,25 @@ uint32_t Trainer::MomentsFormat() const {
                                  : 0u;
 }
 
+// The sync's part of a state's header: 1 ZeRO-2, 4 ZeRO-3; 2 sparse, with 8 in update mode and
+// 16 in momentum mode (a rank's own moments, which another mode would take for the shared ones).
 uint32_t Trainer::DpFlags() const {
-  return (options_.dp.zero2 ? 1u : 0u) | (sync_.sparse() ? 2u : 0u) | (options_.dp.zero3 ? 4u : 0u);
+  const bool sparse = sync_.sparse();
+  return (options_.dp.zero2 ? 1u : 0u) | (sparse ? 2u : 0u) | (options_.dp.zero3 ? 4u : 0u) |
+         (sparse && options_.dp.sparse_update ? 8u : 0u) | (sparse && options_.dp.sparse_momentum ? 16u : 0u);
 }
+
+namespace {
+std::string DescribeDpFlags(uint32_t flags) {
+  return std::string(flags & 1   ? ", ZeRO-2"
+                     : flags & 4 ? ", ZeRO-3"
+                                 : "") +
+         (flags & 16  ? ", sparse sync of momenta"
+          : flags & 8 ? ", sparse sync of updates"
+          : flags & 2 ? ", sparse sync of gradients"
+                      : "");
+}
+}  // namespace
 
 absl::StatusOr<std::string> Trainer::SaveState() {
   std::string out;
@@ -546,17 +562,9 @@ absl::Status Trainer::LoadState(const std::string& bytes) {
   if (dp[0] != static_cast<uint32_t>(options_.dp.ranks()) || dp[1] != static_cast<uint32_t>(options_.dp.rank()) ||
       dp[2] != DpFlags()) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "the state is rank %d of %d%s%s; this run is rank %d of %d%s%s: resume with the ranks and sync it was "
-        "saved with",
-        dp[1], dp[0],
-        dp[2] & 1   ? ", ZeRO-2"
-        : dp[2] & 4 ? ", ZeRO-3"
-                    : "",
-        dp[2] & 2 ? ", sparse sync" : "", options_.dp.rank(), options_.dp.ranks(),
-        options_.dp.zero2   ? ", ZeRO-2"
-        : options_.dp.zero3 ? ", ZeRO-3"
-                            : "",
-        sync_.sparse() ? ", sparse sync" : ""));
+        "the state is rank %d of %d%s; this run is rank %d of %d%s: resume with the ranks and sync it was saved "
+        "with",
+        dp[1], dp[0], DescribeDpFlags(dp[2]), options_.dp.rank(), options_.dp.ranks(), DescribeDpFlags(DpFlags())));
   }
   if (count != expected) {
     return absl::InvalidArgumentError(absl::StrFormat(

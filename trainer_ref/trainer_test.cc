@@ -192,8 +192,8 @@ TEST(TrainerTest, AStateOfOtherMomentsIsRefusedByName) {
   EXPECT_TRUE(with8->LoadState(state8).ok()) << "its own state loads";
 }
 
-// A state saved with a sparse sync (residuals) or Lion (one moment) is refused by a run
-// without, naming what differs; a state of the format before data parallelism (no ranks in
+// A state saved with a sparse sync (residuals), or in another sparse mode, or with Lion (one
+// moment) is refused by a run without, naming what differs; a state of the format before data parallelism (no ranks in
 // its header) still loads into a one-process run, bit for bit.
 TEST(TrainerTest, AStateOfAnotherSyncOrOptimizerIsRefusedAndTheOldFormatLoads) {
   const ModelConfig config = *ModelPreset("tiny");
@@ -210,8 +210,21 @@ TEST(TrainerTest, AStateOfAnotherSyncOrOptimizerIsRefusedAndTheOldFormatLoads) {
   ASSERT_TRUE(with_sparse->Step().ok());
   const absl::Status from_sparse = with_dense->LoadState(*with_sparse->SaveState());
   EXPECT_EQ(from_sparse.message(),
-            "the state is rank 0 of 1, sparse sync; this run is rank 0 of 1: resume with the ranks and sync it was "
-            "saved with");
+            "the state is rank 0 of 1, sparse sync of gradients; this run is rank 0 of 1: resume with the ranks and "
+            "sync it was saved with");
+  // The momentum mode's moments are each rank's own: another sparse mode must not take them.
+  TrainOptions momentum = sparse;
+  momentum.dp.sparse_momentum = true;
+  momentum.dp.sparse_warmup = 1;
+  auto momentum_home = PlainHomeFor(config, momentum);
+  auto with_momentum = *Trainer::Create(config, momentum, *data, *momentum_home);
+  ASSERT_TRUE(with_momentum->Step().ok());
+  ASSERT_TRUE(with_momentum->Step().ok());  // past the warm-up
+  const absl::Status from_momentum = with_sparse->LoadState(*with_momentum->SaveState());
+  EXPECT_NE(from_momentum.message().find("the state is rank 0 of 1, sparse sync of momenta; this run is rank 0 of 1, "
+                                         "sparse sync of gradients"),
+            absl::string_view::npos)
+      << from_momentum;
   ASSERT_TRUE(with_lion->Step().ok());
   const absl::Status from_lion = with_dense->LoadState(*with_lion->SaveState());
   EXPECT_NE(from_lion.message().find("the state's moments are Lion's; this run's are fp32"), absl::string_view::npos)

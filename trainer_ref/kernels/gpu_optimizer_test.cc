@@ -92,7 +92,9 @@ TEST(GpuOpsTest, LionGivesTheHostsBitsAndTracksTheReference) {
       LionStep(r_master.data(), scaled.data(), r_m.data(), n, p.lr, o, decay);
       EXPECT_EQ(CompareF32(g_master, r_master, 1e-6f, 1e-9f, "lion master"), 0);
       EXPECT_EQ(CompareF32(g_m, r_m, 1e-5f, 1e-9f, "lion m"), 0);
-      if (!decay) EXPECT_EQ(g_master[5], master[5]) << "c = 0 and no decay: the weight does not move";
+      if (!decay) {
+        EXPECT_EQ(g_master[5], master[5]) << "c = 0 and no decay: the weight does not move";
+      }
     }
   }
 }

@@ -32,12 +32,31 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void Slice(float* _
   }
 }
 
+float BiasCorrection(float beta, int64_t step) {
+  return static_cast<float>(1.0 - std::pow(static_cast<double>(beta), static_cast<double>(step)));
+}
+
 }  // namespace
+
+void HostMomentum(float* m, const float* grads, int64_t n, const HostAdamWParams& p) {
+  const float beta1 = p.beta1, scale = p.grad_scale;
+  for (int64_t i = 0; i < n; ++i) m[i] = beta1 * m[i] + (1.f - beta1) * (grads[i] * scale);
+}
+
+void HostAdamWFromMoments(float* master, const float* m_used, const float* v, int64_t n, const HostAdamWParams& p) {
+  const float c1 = BiasCorrection(p.beta1, p.step), c2 = BiasCorrection(p.beta2, p.step);
+  const float decay = p.decay ? p.lr * p.weight_decay : 0.f, lr = p.lr, eps = p.eps;
+  for (int64_t i = 0; i < n; ++i) {
+    float w = master[i];
+    w -= decay * w;
+    w -= lr * (m_used[i] / c1) / (std::sqrt(v[i] / c2) + eps);
+    master[i] = w;
+  }
+}
 
 void HostAdamW(float* master, float* m, float* v, uint16_t* weights_bf16, const float* grads, int64_t n,
                const HostAdamWParams& p, int threads) {
-  const float c1 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(p.step)));
-  const float c2 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(p.step)));
+  const float c1 = BiasCorrection(p.beta1, p.step), c2 = BiasCorrection(p.beta2, p.step);
   ParallelFor(
       n, 20.0 * n,
       [&](int64_t begin, int64_t end) {

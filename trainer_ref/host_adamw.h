@@ -24,6 +24,14 @@ struct HostAdamWParams {
 void HostAdamW(float* master, float* m, float* v, uint16_t* weights_bf16, const float* grads, int64_t n,
                const HostAdamWParams& p, int threads = 0);
 
+// HostAdamW in two halves, for a step whose first moment is exchanged between them (the
+// trainer's --sparse_sync=momentum) and whose second moment stays as it is: the first
+// moment m from grads, as HostAdamW updates it; then the master weights from a first
+// moment `m_used` and an unchanged v, as HostAdamW steps them. The same operations, so with
+// m_used = m and v = HostAdamW's new v, the same bits as HostAdamW.
+void HostMomentum(float* m, const float* grads, int64_t n, const HostAdamWParams& p);
+void HostAdamWFromMoments(float* master, const float* m_used, const float* v, int64_t n, const HostAdamWParams& p);
+
 // bf16 bits of x, rounded to nearest even (NaN stays a quiet NaN), as the GPU rounds.
 // Inline, a select and not a branch: the loops that call it vectorise.
 inline uint16_t Bf16Bits(float x) {

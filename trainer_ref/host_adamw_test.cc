@@ -76,6 +76,31 @@ TEST(HostAdamWTest, MatchesTheReference) {
   }
 }
 
+// The two halves (the momentum sparse sync's) give HostAdamW's bits when the first moment
+// used is their own and v is HostAdamW's new one; with another m they step by it.
+TEST(HostAdamWTest, ItsTwoHalvesGiveItsBits) {
+  const size_t n = 4099;
+  for (bool decay : {true, false}) {
+    State whole = Random(n, 21), halves = whole;
+    HostAdamWParams p;
+    p.lr = 3e-3f;
+    p.step = 5;
+    p.grad_scale = 0.37f;
+    p.decay = decay;
+    HostAdamW(whole.master.data(), whole.m.data(), whole.v.data(), nullptr, whole.grads.data(), n, p);
+    HostMomentum(halves.m.data(), halves.grads.data(), n, p);
+    EXPECT_EQ(halves.m, whole.m);
+    HostAdamWFromMoments(halves.master.data(), halves.m.data(), whole.v.data(), n, p);
+    EXPECT_EQ(halves.master, whole.master);
+    // A first moment of zeros leaves only the decay.
+    const std::vector<float> zeros(n, 0.f), before = halves.master;
+    HostAdamWFromMoments(halves.master.data(), zeros.data(), whole.v.data(), n, p);
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(halves.master[i], decay ? before[i] - p.lr * p.weight_decay * before[i] : before[i]) << i;
+    }
+  }
+}
+
 TEST(HostAdamWTest, ThreadCountDoesNotChangeABit) {
   const size_t n = (size_t{1} << 20) + 3;  // large enough to be split, not a multiple
   State one = Random(n, 5), many = one;

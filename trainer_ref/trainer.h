@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "trainer_ref/data.h"
 #include "trainer_ref/grad_sync.h"
+#include "trainer_ref/host_adamw.h"
 #include "trainer_ref/model.h"
 #include "trainer_ref/optimizer.h"
 #include "trainer_ref/tensor_home.h"
@@ -108,9 +109,15 @@ class Trainer {
   absl::Status MicroBatches(StepResult& r);
   // The ranks agree on the loss and on whether a step is skipped.
   absl::Status AgreeOnLoss(StepResult& r);
-  uint32_t DpFlags() const;
-  uint32_t MomentsFormat()
-      const;  // a state's moments: fp32, 8-bit, Lion's  // a state's data-parallel layout: 1 ZeRO-2, 2 residuals
+  // How this step syncs: a local step (no sync), sparse updates, momentum past its warm-up.
+  struct SyncModes {
+    bool local = false, update = false, momentum = false;
+  };
+  // Tensor e's optimizer step (its slice with ZeRO), after the ranks agreed on its gradient.
+  absl::Status UpdateTensor(size_t e, double clip, const SyncModes& modes, StepResult& r);
+  HostAdamWParams AdamParams(double lr, double clip, const TensorLayout& t) const;
+  uint32_t DpFlags() const;        // a state's data-parallel layout (trainer_state.cc)
+  uint32_t MomentsFormat() const;  // a state's moments: fp32, 8-bit, Lion's, Adafactor's
 
   ModelConfig config_;
   TrainOptions options_;

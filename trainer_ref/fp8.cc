@@ -81,6 +81,14 @@ float CurrentScale(float amax, Format format) {
 DelayedScaling::DelayedScaling(Format format, int window, int margin)
     : format_(format), window_(std::max(1, window)), margin_(std::max(0, margin)) {}
 
+DelayedScaling DelayedScaling::Fixed(Format format, float scale) {
+  DelayedScaling s(format, 1, 0);
+  s.scale_ = scale;
+  s.has_scale_ = true;
+  s.fixed_ = true;
+  return s;
+}
+
 void DelayedScaling::Record(float amax) {
   if (!std::isfinite(amax)) {
     ++non_finite_;
@@ -94,7 +102,7 @@ void DelayedScaling::Record(float amax) {
   history_.push_back(amax);
   if (static_cast<int>(history_.size()) > window_) history_.pop_front();
   const float most = *std::max_element(history_.begin(), history_.end());
-  if (most > 0) {
+  if (most > 0 && !fixed_) {
     scale_ = std::ldexp(MaxFinite(format_) / most, -margin_);
     has_scale_ = true;
   }
@@ -103,6 +111,7 @@ void DelayedScaling::Record(float amax) {
 std::string DelayedScaling::Describe() const {
   float most = 0;
   for (float a : history_) most = std::max(most, a);
+  if (fixed_) return absl::StrFormat("%s fixed scale %g (last amax %g)", FormatName(format_), scale_, most);
   return absl::StrFormat("%s scale %g (amax %g over %d step(s), window %d, margin %d)", FormatName(format_), scale_,
                          most, history_.size(), window_, margin_);
 }

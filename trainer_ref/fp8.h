@@ -49,6 +49,10 @@ float CurrentScale(float amax, Format format);
 class DelayedScaling {
  public:
   explicit DelayedScaling(Format format, int window = 16, int margin = 0);
+  // Fixed scaling (a debugging mode): the scale is `scale` from the start and never moves;
+  // Record still keeps the history and counts overflows, saturation and underflow against it,
+  // so a scale that does not suit the tensor shows.
+  static DelayedScaling Fixed(Format format, float scale);
   // The amax this step's tensor had (before scaling); updates the scale for the next step.
   void Record(float amax);
   float scale() const { return scale_; }
@@ -73,6 +77,7 @@ class DelayedScaling {
   std::deque<float> history_;
   float scale_ = 1.0f;
   bool has_scale_ = false;
+  bool fixed_ = false;
   int non_finite_ = 0, saturated_in_a_row_ = 0, underflow_in_a_row_ = 0;
 };
 

@@ -122,6 +122,28 @@ TEST(DelayedScalingTest, TheScaleFollowsTheWindowsLargestAmax) {
   EXPECT_NE(margin.Describe().find("e5m2 scale 14336"), std::string::npos) << margin.Describe();
 }
 
+// --fp8_scaling=fixed: the scale is the one given from the first step to the last, whatever
+// the tensor does, and what it does to that scale is counted from the first step.
+TEST(DelayedScalingTest, AFixedScaleNeverMovesAndItsMisfitsAreCounted) {
+  DelayedScaling s = DelayedScaling::Fixed(Format::kE4M3, 4.0f);
+  EXPECT_TRUE(s.has_scale());
+  EXPECT_EQ(s.scale(), 4.0f);
+  EXPECT_EQ(s.scale_inv(), 0.25f);
+  s.Record(500.0f);  // 2000 at scale 4: past twice 448, counted at once
+  EXPECT_EQ(s.saturated_in_a_row(), 1);
+  EXPECT_EQ(s.scale(), 4.0f) << "a delayed scale would have moved to 448 / 500";
+  s.Record(500.0f);
+  EXPECT_EQ(s.saturated_in_a_row(), 2);
+  s.Record(1.0f);  // fits
+  EXPECT_EQ(s.saturated_in_a_row(), 0);
+  s.Record(0x1p-10f);  // 2^-8 at scale 4: below E4M3's smallest normal 2^-6
+  EXPECT_EQ(s.underflow_in_a_row(), 1);
+  s.Record(std::numeric_limits<float>::quiet_NaN());
+  EXPECT_EQ(s.non_finite(), 1);
+  EXPECT_EQ(s.scale(), 4.0f);
+  EXPECT_NE(s.Describe().find("e4m3 fixed scale 4"), std::string::npos) << s.Describe();
+}
+
 TEST(DelayedScalingTest, SaturationAndUnderflowCountOnlyOnceTheScaleMeansSomething) {
   DelayedScaling s(Format::kE4M3, /*window=*/2);
   EXPECT_FALSE(s.has_scale());

@@ -56,7 +56,16 @@ ABSL_FLAG(std::string, fp8_scaling, "delayed",
           "with FP8 matmuls (--precision=fp8, or auto on an FP8 GPU), how each tensor's scale is chosen. delayed "
           "(Transformer Engine's recipe): from "
           "the tensor's largest |x| over the last --fp8_window steps, so a conversion reads the tensor once; "
-          "current: from its largest |x| now, read first (exact for this tensor, one more read of it)");
+          "current: from its largest |x| now, read first (exact for this tensor, one more read of it); fixed (for "
+          "debugging): every weight and input at --fp8_fixed_scale and every output gradient at "
+          "--fp8_fixed_grad_scale for the whole run (code = value x scale), their saturation and underflow "
+          "reported as under delayed scaling");
+ABSL_FLAG(double, fp8_fixed_scale, 1.0,
+          "with --fp8_scaling=fixed: the scale of the E4M3 tensors (weights and inputs; 448 / scale is the largest "
+          "value kept)");
+ABSL_FLAG(double, fp8_fixed_grad_scale, 1.0,
+          "with --fp8_scaling=fixed: the scale of the E5M2 tensors (the linear maps' output gradients; 57344 / scale "
+          "is the largest value kept)");
 ABSL_FLAG(int32_t, fp8_window, 16, "with --fp8_scaling=delayed: the steps of amax history a scale is taken from");
 ABSL_FLAG(int32_t, fp8_margin, 0,
           "with --fp8_scaling=delayed: scales are 2^-margin of what the history allows (headroom for growth)");
@@ -338,10 +347,24 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   if (!s.bf16_layers.empty() && !s.fp8 && !s.precision_auto)
     return Bad("--bf16_layers chooses layers to keep out of FP8: give it with --precision=fp8 or auto (GPU)");
   const std::string scaling = absl::AsciiStrToLower(absl::GetFlag(FLAGS_fp8_scaling));
-  if (scaling != "delayed" && scaling != "current") {
-    return Bad("--fp8_scaling is delayed or current, not '" + scaling + "'");
+  if (scaling != "delayed" && scaling != "current" && scaling != "fixed") {
+    return Bad("--fp8_scaling is delayed, current or fixed, not '" + scaling + "'");
   }
   s.fp8_delayed = scaling == "delayed";
+  if ((Given("fp8_fixed_scale") || Given("fp8_fixed_grad_scale")) && scaling != "fixed") {
+    return Bad("--fp8_fixed_scale and --fp8_fixed_grad_scale go with --fp8_scaling=fixed");
+  }
+  if (scaling == "fixed") {
+    const double scale = absl::GetFlag(FLAGS_fp8_fixed_scale), grad = absl::GetFlag(FLAGS_fp8_fixed_grad_scale);
+    const auto good = [](double x) { return x >= 0x1p-100 && x <= 0x1p100; };  // finite in fp32 both ways
+    if (!good(scale) || !good(grad)) {
+      return Bad(absl::StrFormat(
+          "--fp8_fixed_scale and --fp8_fixed_grad_scale are positive scales between 2^-100 and 2^100 (got %g and %g)",
+          scale, grad));
+    }
+    s.fp8_fixed_scale = static_cast<float>(scale);
+    s.fp8_fixed_grad_scale = static_cast<float>(grad);
+  }
   s.fp8_window = absl::GetFlag(FLAGS_fp8_window);
   s.fp8_margin = absl::GetFlag(FLAGS_fp8_margin);
   s.fp8_fallback_after = absl::GetFlag(FLAGS_fp8_fallback_after);

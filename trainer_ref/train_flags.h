@@ -96,6 +96,8 @@ struct RunSettings {
   bool precision_auto = false;  // --precision=auto on a GPU: FP8 where the GPU and the shapes allow it
   std::string bf16_layers;    // --bf16_layers: those layers' matmuls stay bf16
   bool fp8_delayed = true;    // --fp8_scaling
+  // --fp8_scaling=fixed: --fp8_fixed_scale (E4M3 tensors) and --fp8_fixed_grad_scale (E5M2); 0 otherwise.
+  float fp8_fixed_scale = 0, fp8_fixed_grad_scale = 0;
   int fp8_window = 16, fp8_margin = 0;
   int fp8_fallback_after = 4;  // 0: never
   bool tierd = false;         // --offload_policy=tierd

@@ -310,14 +310,23 @@ Fp8ScalingOptions Fp8Scaling(const RunSettings& s) {
   o.delayed = s.fp8_delayed;
   o.window = s.fp8_window;
   o.margin = s.fp8_margin;
+  o.fixed_scale = s.fp8_fixed_scale;
+  o.fixed_grad_scale = s.fp8_fixed_grad_scale;
   return o;
 }
 
 std::string DescribeFp8Scaling(const RunSettings& s) {
-  std::string fallback = s.fp8_fallback_after == 0
-                             ? "no fallback"
-                             : absl::StrFormat("a layer falls back to bf16 after %d steps of overflow%s",
-                                               s.fp8_fallback_after, s.fp8_delayed ? ", saturation or underflow" : "");
+  std::string fallback =
+      s.fp8_fallback_after == 0
+          ? "no fallback"
+          : absl::StrFormat("a layer falls back to bf16 after %d steps of overflow%s", s.fp8_fallback_after,
+                            s.fp8_delayed || s.fp8_fixed_scale > 0 ? ", saturation or underflow" : "");
+  if (s.fp8_fixed_scale > 0) {
+    return absl::StrFormat(
+        "every weight and input at the fixed scale %g and every output gradient at %g, for the whole run "
+        "(--fp8_scaling=fixed, a debugging mode; their largest |x| is still tracked); %s",
+        s.fp8_fixed_scale, s.fp8_fixed_grad_scale, fallback);
+  }
   if (!s.fp8_delayed) return "each tensor of each layer at its current scale (--fp8_scaling=current); " + fallback;
   return absl::StrFormat(
       "each tensor of each layer at a scale from its largest |x| over the last %d steps (delayed scaling%s; the "

@@ -78,6 +78,9 @@ else
   run $d --precision=fp8 --fp8_scaling=current --fp8_fallback_after=0 --steps=2 --batch_size=2 --seq_len=64
   check "current scaling trains and says so" \
     "grep -q '^precision: fp8 for the .*at its current scale (--fp8_scaling=current); no fallback' '$dir/out.log' && grep -q 'ours none + fp8' '$dir/out.log'"
+  run $d --precision=fp8 --fp8_scaling=fixed --fp8_fixed_scale=16 --fp8_fixed_grad_scale=4096 --steps=2 --batch_size=2 --seq_len=64
+  check "fixed scaling trains and says its scales" \
+    "grep -q '^precision: fp8 for the .*every weight and input at the fixed scale 16 and every output gradient at 4096, for the whole run (--fp8_scaling=fixed' '$dir/out.log' && grep -q 'ours none + fp8' '$dir/out.log'"
   run $d --precision=fp8 --bf16_layers='layers\.(0' --steps=1
   check "a --bf16_layers that is no regex" "refused 'is not a regular expression'"
   run $d --precision=fp8 --bf16_layers='layers\.0' --steps=1 --batch_size=2 --seq_len=64
@@ -104,7 +107,11 @@ check "--bf16_layers without fp8" "refused 'bf16_layers chooses layers to keep o
 run --device=cpu --precision=fp8
 check "fp8 is the GPU's" "refused 'precision=fp8 is the GPU trainer.s'"
 run --fp8_scaling=sometimes
-check "an unknown FP8 scaling" "refused 'fp8_scaling is delayed or current, not .sometimes.'"
+check "an unknown FP8 scaling" "refused 'fp8_scaling is delayed, current or fixed, not .sometimes.'"
+run --fp8_scaling=fixed --fp8_fixed_scale=0
+check "a fixed FP8 scale of 0" "refused 'fp8_fixed_scale and --fp8_fixed_grad_scale are positive scales between 2^-100 and 2^100 (got 0 and 1)'"
+run --fp8_fixed_grad_scale=2
+check "a fixed FP8 scale without fixed scaling" "refused 'fp8_fixed_scale and --fp8_fixed_grad_scale go with --fp8_scaling=fixed'"
 run --fp8_window=0
 check "an amax window of no steps" "refused 'fp8_window is 1..1024 steps'"
 run --device=cpu --opt=Adafactor --steps=3 --eval_every=0

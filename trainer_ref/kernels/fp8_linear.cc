@@ -1,6 +1,7 @@
 #include "trainer_ref/kernels/fp8_linear.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 
@@ -54,6 +55,13 @@ absl::StatusOr<std::unique_ptr<Fp8Linear>> Fp8Linear::Create(Gemm* gemm, int64_t
     return absl::InvalidArgumentError(absl::StrFormat(
         "FP8 matmuls need every dimension a multiple of 16: %d rows (batch x sequence), weights%s", rows, shapes));
   }
+  const auto good_scale = [](float s) { return s > 0 && std::isfinite(s) && std::isfinite(1.0f / s); };
+  if (scaling.fixed_scale != 0 && (!good_scale(scaling.fixed_scale) || !good_scale(scaling.fixed_grad_scale))) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "FP8 fixed scaling: scales that are positive, finite and have a finite inverse (got %g for weights and "
+        "inputs, %g for gradients)",
+        scaling.fixed_scale, scaling.fixed_grad_scale));
+  }
   if (scaling.window < 1 || scaling.window > kMaxWindow || scaling.margin < 0 || scaling.margin > 32 || layers < 1) {
     return absl::InvalidArgumentError(
         absl::StrFormat("FP8 scaling: an amax window of 1..%d steps and a margin of 0..32 (got %d and %d, %d layers)",
@@ -100,13 +108,22 @@ absl::StatusOr<std::unique_ptr<Fp8Linear>> Fp8Linear::Create(Gemm* gemm, int64_t
     return absl::ResourceExhaustedError("no pinned host memory for the FP8 scaling states");
   }
   // Scale 1 in every slot until a conversion or EndStep writes one (zeros would read as "scale
-  // 0"); running amaxes 0; each tensor's format: output gradients E5M2, the rest E4M3.
+  // 0"); running amaxes 0; each tensor's format: output gradients E5M2, the rest E4M3. Fixed
+  // scaling: each tensor's scale, for good.
   std::vector<float> slots(s.slots / sizeof(float), 0.0f);
   for (int t = 0; t < tensors; ++t) slots[4 * t] = slots[4 * t + 1] = 1.0f;
   std::vector<Fp8ScalingState> states(tensors);
   for (int l = 0; l < layers; ++l) {
     for (int k = 0; k < static_cast<int>(weights.size()); ++k) {
       states[linear->SlotIndex(l, Fp8Trouble::kOutputGradient, k)].e5m2 = 1;
+    }
+  }
+  if (scaling.fixed()) {
+    for (int t = 0; t < tensors; ++t) {
+      const float scale = states[t].e5m2 ? scaling.fixed_grad_scale : scaling.fixed_scale;
+      states[t].scale = slots[4 * t + 1] = scale;
+      slots[4 * t] = 1.0f / scale;
+      states[t].has_scale = 1;
     }
   }
   std::memcpy(linear->host_states_, states.data(), tensors * sizeof(Fp8ScalingState));
@@ -132,7 +149,8 @@ Fp8Codes Fp8Linear::Quantize(uint8_t* plain, uint8_t* transposed, int slot, cons
                              bool e5m2, cudaStream_t stream) {
   float* s = Slot(slot);
   float* amax = recording_ ? s + 2 : nullptr;  // the step's running amax
-  if (!scaling_.delayed || steps_ == 0) {      // current scaling: this tensor's own largest |x| first
+  // Current scaling (and delayed scaling's first step): this tensor's own largest |x| first.
+  if (!scaling_.fixed() && (!scaling_.delayed || steps_ == 0)) {
     AbsMax(s + 3, in, static_cast<int64_t>(rows) * cols, stream);
     ScaleFromAmax(s + 1, s, s + 3, e5m2, stream, amax);
     amax = nullptr;  // taken already
@@ -193,7 +211,8 @@ absl::Status Fp8Linear::Backward(Bf16* din, float* dweight, const Bf16* dout, Fp
 
 void Fp8Linear::EndStep(cudaStream_t stream) {
   const int tensors = Tensors();
-  UpdateDelayedScaling(slots_, history_, states_, tensors, scaling_.window, scaling_.margin, scaling_.delayed, stream);
+  UpdateDelayedScaling(slots_, history_, states_, tensors, scaling_.window, scaling_.margin,
+                       scaling_.delayed || scaling_.fixed(), stream, scaling_.fixed());
   cudaMemcpyAsync(host_states_, states_, tensors * sizeof(Fp8ScalingState), cudaMemcpyDeviceToHost, stream);
   cudaEventRecord(states_copied_, stream);
   ++steps_;
@@ -204,15 +223,16 @@ std::vector<Fp8Trouble> Fp8Linear::Trouble(int in_a_row) {
   std::vector<Fp8Trouble> trouble;
   if (in_a_row <= 0 || cudaEventSynchronize(states_copied_) != cudaSuccess) return trouble;
   const int maps = static_cast<int>(weights_.size());
+  const bool scale_can_miss = scaling_.delayed || scaling_.fixed();  // current scaling fits each tensor
   for (int l = 0; l < layers_; ++l) {
     for (int role = 0; role < 3; ++role) {
       for (int k = 0; k < maps; ++k) {
         const Fp8ScalingState& st = host_states_[SlotIndex(l, static_cast<Fp8Trouble::Role>(role), k)];
         const bool bad = st.non_finite >= in_a_row ||
-                         (scaling_.delayed && (st.saturated_in_a_row >= in_a_row || st.underflow_in_a_row >= in_a_row));
+                         (scale_can_miss && (st.saturated_in_a_row >= in_a_row || st.underflow_in_a_row >= in_a_row));
         if (!bad) continue;
         trouble.push_back({l, k, static_cast<Fp8Trouble::Role>(role), st.non_finite,
-                           scaling_.delayed ? st.saturated_in_a_row : 0, scaling_.delayed ? st.underflow_in_a_row : 0,
+                           scale_can_miss ? st.saturated_in_a_row : 0, scale_can_miss ? st.underflow_in_a_row : 0,
                            st.last_amax, st.scale});
       }
     }
@@ -220,9 +240,13 @@ std::vector<Fp8Trouble> Fp8Linear::Trouble(int in_a_row) {
   return trouble;
 }
 
+const char* Fp8Linear::ModeName() const {
+  return scaling_.fixed() ? "fixed" : scaling_.delayed ? "delayed" : "current";
+}
+
 std::string Fp8Linear::StateHeader() const {
-  return absl::StrFormat("fp8-scaling v1 %s window=%d margin=%d tensors=%d steps=%d;",
-                         scaling_.delayed ? "delayed" : "current", scaling_.window, scaling_.margin, Tensors(), steps_);
+  return absl::StrFormat("fp8-scaling v1 %s window=%d margin=%d tensors=%d steps=%d;", ModeName(), scaling_.window,
+                         scaling_.margin, Tensors(), steps_);
 }
 
 absl::StatusOr<std::string> Fp8Linear::SaveState(cudaStream_t stream) {
@@ -254,8 +278,8 @@ absl::Status Fp8Linear::RestoreState(const std::string& bytes, cudaStream_t stre
     return absl::DataLossError("the FP8 scaling record's header is malformed");
   }
   const std::string saved(bytes, 0, header_end);
-  const bool delayed = std::strcmp(mode, "delayed") == 0;
-  if (delayed != scaling_.delayed || window != scaling_.window || margin != scaling_.margin || tensors != Tensors()) {
+  if (std::strcmp(mode, ModeName()) != 0 || window != scaling_.window || margin != scaling_.margin ||
+      tensors != Tensors()) {
     return absl::InvalidArgumentError(
         absl::StrFormat("the checkpoint's FP8 scaling (%s) is not this run's (%s): resume with the same --fp8_scaling, "
                         "--fp8_window, --fp8_margin and layers",
@@ -269,6 +293,19 @@ absl::Status Fp8Linear::RestoreState(const std::string& bytes, cudaStream_t stre
                                                header_end + 1 + slot_bytes + history_bytes + state_bytes));
   }
   const char* p = bytes.data() + header_end + 1;
+  if (scaling_.fixed()) {  // the scales are the run's flags: another run's would be taken silently
+    for (int t = 0; t < tensors; ++t) {
+      Fp8ScalingState st;
+      std::memcpy(&st, p + slot_bytes + history_bytes + t * sizeof(Fp8ScalingState), sizeof(st));
+      const float want = st.e5m2 ? scaling_.fixed_grad_scale : scaling_.fixed_scale;
+      if (st.scale != want) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "the checkpoint's fixed FP8 scale of tensor %d (%s) is %g, this run's %g: resume with the same "
+            "--fp8_fixed_scale and --fp8_fixed_grad_scale",
+            t, st.e5m2 ? "E5M2" : "E4M3", st.scale, want));
+      }
+    }
+  }
   std::memcpy(host_states_, p + slot_bytes + history_bytes, state_bytes);
   if (cudaMemcpyAsync(slots_, p, slot_bytes, cudaMemcpyHostToDevice, stream) != cudaSuccess ||
       cudaMemcpyAsync(history_, p + slot_bytes, history_bytes, cudaMemcpyHostToDevice, stream) != cudaSuccess ||

@@ -7,7 +7,8 @@
 //    the tensor had over the last `window` steps (fp8.h: DelayedScaling), so a conversion is
 //    one read of the tensor, which also takes this step's largest |x| for the history;
 //  - current: each conversion first reads the tensor for its largest |x| (AbsMax,
-//    ScaleFromAmax, then the conversion), two reads, exact for this tensor.
+//    ScaleFromAmax, then the conversion), two reads, exact for this tensor;
+//  - fixed (for debugging): one scale per format for the whole run, set by the caller.
 // Delayed scaling converts at the current scale until the first EndStep (no history yet).
 // Everything stays on the stream: the host never waits, except in Health and the state calls.
 //
@@ -45,10 +46,15 @@ struct Fp8ScalingOptions {
   bool delayed = true;  // false: current scaling
   int window = 16;      // delayed: steps of amax history
   int margin = 0;       // delayed: the scale is 2^-margin of what the history allows
+  // > 0: fixed scaling (a debugging mode; `delayed` then does not matter): every E4M3 tensor
+  // (weights, inputs) at fixed_scale, every E5M2 one (output gradients) at fixed_grad_scale,
+  // for the whole run; amaxes are still recorded, so saturation and underflow are reported.
+  float fixed_scale = 0, fixed_grad_scale = 0;
+  bool fixed() const { return fixed_scale > 0; }
 };
 
 // What a tensor's scale did wrong, as of the last EndStep: its amax was not finite (an
-// overflow upstream; cumulative), or, under delayed scaling, its values saturated the format
+// overflow upstream; cumulative), or, under delayed or fixed scaling, its values saturated the format
 // or fell below its smallest normal value so many steps in a row.
 struct Fp8Trouble {
   enum Role { kInput, kOutputGradient, kWeight };
@@ -127,6 +133,7 @@ class Fp8Linear {
   Fp8Codes WeightCodes(int layer, int index, const Bf16* weight, bool transposed, cudaStream_t stream);
   absl::Status CheckCall(const char* what, int layer, int index, int n, int ic, int oc) const;
   std::string StateHeader() const;
+  const char* ModeName() const;  // delayed, current or fixed, as the state's header says
 
   Gemm* gemm_ = nullptr;
   int64_t rows_ = 0;

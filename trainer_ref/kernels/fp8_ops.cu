@@ -163,7 +163,7 @@ __global__ void ScaleFromAmaxKernel(float* scale, float* scale_inv, const float*
 // One thread a tensor: fp8::DelayedScaling::Record's arithmetic, step for step (the same fp32
 // operations, rounded the same way), on the tensor's running amax, which is then reset.
 __global__ void UpdateDelayedScalingKernel(float* slots, float* history, Fp8ScalingState* states, int tensors,
-                                           int window, int margin, bool set_scales) {
+                                           int window, int margin, bool set_scales, bool fixed_scales) {
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= tensors) return;
   Fp8ScalingState& st = states[t];
@@ -184,7 +184,7 @@ __global__ void UpdateDelayedScalingKernel(float* slots, float* history, Fp8Scal
     st.count = min(st.count + 1, window);
     float most = 0.0f;
     for (int i = 0; i < st.count; ++i) most = fmaxf(most, h[i]);
-    if (most > 0) {
+    if (most > 0 && !fixed_scales) {
       st.scale = ldexpf(__fdiv_rn(max_finite, most), -margin);
       st.has_scale = 1;
     }
@@ -198,10 +198,10 @@ __global__ void UpdateDelayedScalingKernel(float* slots, float* history, Fp8Scal
 }  // namespace
 
 void UpdateDelayedScaling(float* slots, float* history, Fp8ScalingState* states, int tensors, int window, int margin,
-                          bool set_scales, cudaStream_t stream) {
+                          bool set_scales, cudaStream_t stream, bool fixed_scales) {
   if (tensors <= 0) return;
-  UpdateDelayedScalingKernel<<<(tensors + 127) / 128, 128, 0, stream>>>(slots, history, states, tensors,
-                                                                        window < 1 ? 1 : window, margin, set_scales);
+  UpdateDelayedScalingKernel<<<(tensors + 127) / 128, 128, 0, stream>>>(
+      slots, history, states, tensors, window < 1 ? 1 : window, margin, set_scales, fixed_scales);
 }
 
 void ScaleFromAmax(float* scale, float* scale_inv, const float* amax, bool e5m2, cudaStream_t stream,

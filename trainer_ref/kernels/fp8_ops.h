@@ -51,9 +51,10 @@ struct Fp8ScalingState {
 // fp8::DelayedScaling::Record does, bit for bit. With `set_scales` each tensor with a scale has
 // it written to its slot for the next step's conversions (slots[4 t + 1] = scale, slots[4 t] =
 // 1 / scale: delayed scaling); without, the slots are left to the conversions' own (current
-// scaling), and the states only count.
+// scaling), and the states only count. With `fixed_scales` no state's scale moves (the caller
+// set them: fp8::DelayedScaling::Fixed); the history and the counts are kept as ever.
 void UpdateDelayedScaling(float* slots, float* history, Fp8ScalingState* states, int tensors, int window, int margin,
-                          bool set_scales, cudaStream_t stream);
+                          bool set_scales, cudaStream_t stream, bool fixed_scales = false);
 
 }  // namespace tierd::trainer::gpu
 

@@ -90,17 +90,27 @@ TEST(Fp8ScalingTest, ConversionsTakeTheLargestValueOnTheWay) {
 // amaxes (decades apart, zeros, infinities, NaNs, sudden growth and collapse), both formats,
 // a window of 5 and a margin of 1: every scale bit for bit, every count, the slots' scales
 // and inverses written for delayed scaling and left alone for current, the running amax reset.
+// Fixed scaling (0.5 for E4M3, 1024 for E5M2) against fp8::DelayedScaling::Fixed: no scale
+// moves, the counts are the reference's.
 TEST(Fp8ScalingTest, TheGpusDelayedScalingIsTheCpuReferenceBitForBit) {
   SKIP_WITHOUT_GPU();
   const int tensors = 40, window = 5, margin = 1, steps = 60;
-  for (bool set_scales : {true, false}) {
-    SCOPED_TRACE(set_scales ? "delayed" : "current");
+  for (const char* mode : {"delayed", "current", "fixed"}) {
+    SCOPED_TRACE(mode);
+    const bool fixed = std::string(mode) == "fixed", set_scales = std::string(mode) != "current";
     std::mt19937_64 rng(31);
     std::vector<fp8::DelayedScaling> cpu;
     std::vector<Fp8ScalingState> init(tensors);
     for (int t = 0; t < tensors; ++t) {
       init[t].e5m2 = t % 3 == 0;
-      cpu.emplace_back(t % 3 == 0 ? fp8::Format::kE5M2 : fp8::Format::kE4M3, window, margin);
+      const fp8::Format format = t % 3 == 0 ? fp8::Format::kE5M2 : fp8::Format::kE4M3;
+      if (fixed) {
+        init[t].scale = t % 3 == 0 ? 1024.0f : 0.5f;
+        init[t].has_scale = 1;
+        cpu.push_back(fp8::DelayedScaling::Fixed(format, init[t].scale));
+      } else {
+        cpu.emplace_back(format, window, margin);
+      }
     }
     std::vector<float> slots(4 * tensors, 0.0f);
     for (int t = 0; t < tensors; ++t) slots[4 * t] = slots[4 * t + 1] = 7.0f;  // what a conversion left
@@ -125,8 +135,8 @@ TEST(Fp8ScalingTest, TheGpusDelayedScalingIsTheCpuReferenceBitForBit) {
       }
       ASSERT_EQ(cudaMemcpy(d_slots.get(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice),
                 cudaSuccess);
-      UpdateDelayedScaling(d_slots.get(), d_history.get(), d_states.get(), tensors, window, margin, set_scales,
-                           nullptr);
+      UpdateDelayedScaling(d_slots.get(), d_history.get(), d_states.get(), tensors, window, margin, set_scales, nullptr,
+                           fixed);
       const std::vector<Fp8ScalingState> got = d_states.Host();
       const std::vector<float> after = d_slots.Host();
       for (int t = 0; t < tensors; ++t) {
@@ -245,6 +255,81 @@ TEST(Fp8ScalingTest, DelayedAndCurrentScalingAgreeOnASteadyTensorAndTroubleIsRep
   EXPECT_EQ((*restored)->RestoreState("garbage", nullptr).code(), absl::StatusCode::kDataLoss);
   other.window = 0;
   EXPECT_EQ(Fp8Linear::Create(gemm->get(), n, shapes, 2, other).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Fixed scaling (--fp8_scaling=fixed): at the scales current scaling would pick for these
+// tensors (the weight made to share the input's largest |x|, as one E4M3 scale serves both),
+// the same outputs bit for bit; when the input then grows 4-fold a step, the scale stays and
+// Trouble names the input's saturation. A fixed state restores only under the same scales,
+// and scales that are not positive and finite are refused.
+TEST(Fp8ScalingTest, AFixedScaleConvertsLikeTheCurrentOneItEqualsAndNeverMoves) {
+  SKIP_WITHOUT_GPU();
+  auto gemm = Gemm::Create();
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  const int n = 64, ic = 128, oc = 96;
+  std::mt19937_64 rng(43);
+  Bf16Data in = Random(static_cast<size_t>(n) * ic, rng), w = Random(static_cast<size_t>(oc) * ic, rng, 0.05f),
+           dout = Random(static_cast<size_t>(n) * oc, rng, 1e-3f);
+  const float in_amax = AbsMaxOf(in.values);
+  w.bits[5] = ToBf16(-in_amax);  // exact: in_amax is a bf16 value
+  w.values[5] = -in_amax;
+  ASSERT_EQ(AbsMaxOf(w.values), in_amax);
+  Device<Bf16> d_in(in.bits), d_w(w.bits), d_dout(dout.bits);
+  const Fp8Linear::Shapes shapes = {{oc, ic}};
+  Fp8ScalingOptions current_options, fixed_options;
+  current_options.delayed = false;
+  fixed_options.fixed_scale = fp8::CurrentScale(in_amax, fp8::Format::kE4M3);
+  fixed_options.fixed_grad_scale = fp8::CurrentScale(AbsMaxOf(dout.values), fp8::Format::kE5M2);
+  auto current = Fp8Linear::Create(gemm->get(), n, shapes, 1, current_options);
+  auto fixed = Fp8Linear::Create(gemm->get(), n, shapes, 1, fixed_options);
+  ASSERT_TRUE(current.ok() && fixed.ok());
+  const LinearRun want = RunLinear(**current, d_in, d_w, d_dout, n, ic, oc);
+  for (int step = 0; step < 2; ++step) {
+    const LinearRun got = RunLinear(**fixed, d_in, d_w, d_dout, n, ic, oc);
+    EXPECT_EQ(got.out, want.out) << "step " << step;
+    EXPECT_EQ(got.din, want.din) << "step " << step;
+    EXPECT_EQ(got.dw, want.dw) << "step " << step;
+    (*fixed)->EndStep(nullptr);
+  }
+  EXPECT_TRUE((*fixed)->Trouble(1).empty());
+  auto saved = (*fixed)->SaveState(nullptr);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_NE(saved->find("fp8-scaling v1 fixed "), std::string::npos);
+  // The input grows 4-fold a step; the codes stay at the fixed scale, so the largest values
+  // are cut: the forward's output stops following the input.
+  for (int step = 0; step < 3; ++step) {
+    for (Bf16& b : in.bits) b = ToBf16(FromBf16(b) * 4.0f);
+    ASSERT_EQ(cudaMemcpy(d_in.get(), in.bits.data(), in.bits.size() * sizeof(Bf16), cudaMemcpyHostToDevice),
+              cudaSuccess);
+    RunLinear(**fixed, d_in, d_w, d_dout, n, ic, oc);
+    (*fixed)->EndStep(nullptr);
+  }
+  const std::vector<Fp8Trouble> trouble = (*fixed)->Trouble(3);
+  ASSERT_EQ(trouble.size(), 1u);
+  EXPECT_EQ(trouble[0].role, Fp8Trouble::kInput);
+  EXPECT_EQ(trouble[0].saturated_in_a_row, 3);
+  EXPECT_EQ(trouble[0].scale, fixed_options.fixed_scale) << "the scale never moved";
+  // Restores: under the same scales, yes; under others or another mode, refused by name.
+  auto same = Fp8Linear::Create(gemm->get(), n, shapes, 1, fixed_options);
+  ASSERT_TRUE(same.ok());
+  EXPECT_TRUE((*same)->RestoreState(*saved, nullptr).ok());
+  Fp8ScalingOptions other = fixed_options;
+  other.fixed_grad_scale *= 2;
+  auto elsewhere = Fp8Linear::Create(gemm->get(), n, shapes, 1, other);
+  ASSERT_TRUE(elsewhere.ok());
+  const absl::Status refused = (*elsewhere)->RestoreState(*saved, nullptr);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("--fp8_fixed_grad_scale"), std::string::npos) << refused;
+  auto delayed = Fp8Linear::Create(gemm->get(), n, shapes, 1, Fp8ScalingOptions{});
+  ASSERT_TRUE(delayed.ok());
+  EXPECT_EQ((*delayed)->RestoreState(*saved, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  for (float bad : {-1.0f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(), 1e-45f}) {
+    Fp8ScalingOptions o;
+    o.fixed_scale = 1.0f;
+    o.fixed_grad_scale = bad;
+    EXPECT_EQ(Fp8Linear::Create(gemm->get(), n, shapes, 1, o).status().code(), absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
 }
 
 }  // namespace

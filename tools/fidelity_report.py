@@ -122,6 +122,8 @@ def draw(args, runs):
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 8), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
     fig.suptitle(args.title)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    if len(runs) > len(colors):  # more runs than the default cycle's 10: one colour each all the same
+        colors = [plt.get_cmap("tab20")(k) for k in range(20)]
     base_val = dict(runs[0][2])
     lows = []
     for i, (name, steps, val) in enumerate(runs):

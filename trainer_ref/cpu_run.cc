@@ -168,6 +168,7 @@ int RunOnCpu(const RunSettings& settings) {
   if (!trainer.plan_note().empty() && lead) std::printf("tierd: %s\n", trainer.plan_note().c_str());
   if (!s.checkpoint_dir.empty()) mkdir(s.checkpoint_dir.c_str(), 0755);
   LossWindow window;
+  SpikeGuard spikes(s.loss_spike_sds);
   if (s.resume) {
     if (absl::Status st = Resume(trainer, window, s, ck, comm->get()); !st.ok()) return Fail(std::string(st.message()));
   }
@@ -224,6 +225,8 @@ int RunOnCpu(const RunSettings& settings) {
     const uint64_t moved_step = moved - moved_before;
     curves.moved_bytes.push_back(static_cast<double>(moved_step));
     moved_before = moved;
+    const double spike = spikes.Check(r.step, r.loss, window);
+    const std::string spike_note = spikes.Words(spike);
     window.Add(r.loss);
     // Tier traffic of the step: bytes tierd moved between its tiers (all links).
     const std::string traffic = s.tierd ? "  tiers moved " + FormatBytes(moved_step) : "";
@@ -236,15 +239,16 @@ int RunOnCpu(const RunSettings& settings) {
                                             : "";
     if (lead) {
       std::printf(
-          "step %5ld/%ld  loss %.4f  (last %zu: mean %.4f, sd %.4f)  lr %.2e  |g| %.3f  %.0f ms  %.0f tok/s%s%s%s\n",
+          "step %5ld/%ld  loss %.4f  (last %zu: mean %.4f, sd %.4f)  lr %.2e  |g| %.3f  %.0f ms  %.0f tok/s%s%s%s%s\n",
           static_cast<long>(r.step), static_cast<long>(o.steps), r.loss, window.size(), window.mean(), window.sd(),
           r.lr, r.grad_norm, seconds * 1e3, tokens_per_step / seconds, traffic.c_str(), comm_note.c_str(),
-          ckpt_note.c_str());
+          ckpt_note.c_str(), spike_note.c_str());
       std::fflush(stdout);
     }
     if (metrics) {
-      const std::string dp =
+      std::string dp =
           ranks > 1 ? absl::StrFormat(", \"comm_seconds\": %.6f, \"bytes_sent\": %.0f", comm_seconds, sent) : "";
+      if (spike > 0) absl::StrAppendFormat(&dp, ", \"loss_spike_sds\": %.2f", spike);
       metrics << absl::StrFormat(
           "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6f, \"seconds\": %.6f, \"tokens\": %.0f, "
           "\"moved_bytes\": %d%s}\n",
@@ -292,9 +296,9 @@ int RunOnCpu(const RunSettings& settings) {
   }
   const double steps_run = static_cast<double>(o.steps - first_step);
   const std::string validation = s.eval_every >= 0 ? absl::StrFormat(", validation loss %.4f", *val) : "";
-  std::printf("done: %ld steps, final loss %.4f%s, %.0f tokens/s; %s%s\n", static_cast<long>(o.steps), last_loss,
+  std::printf("done: %ld steps, final loss %.4f%s, %.0f tokens/s; %s%s%s\n", static_cast<long>(o.steps), last_loss,
               validation.c_str(), tokens_per_step * steps_run / std::max(total, 1e-9),
-              trainer.home().Describe().c_str(), compared.c_str());
+              trainer.home().Describe().c_str(), compared.c_str(), spikes.Summary().c_str());
   if (ranks > 1) {
     const double sent = (traffic_of->bytes_sent - comm_start.bytes_sent) / std::max(steps_run, 1.0);
     const double dense = trainer.sync().DenseBytesPerStep();

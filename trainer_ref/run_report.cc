@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace tierd::trainer {
@@ -35,6 +36,41 @@ double LossWindow::sd() const {
 void LossWindow::Restore(const std::vector<double>& values) {
   losses_.clear();
   for (double v : values) Add(v);
+}
+
+double SpikeGuard::Check(int64_t step, double loss, const LossWindow& window) {
+  if (sds_ <= 0 || window.size() < kMinSteps || !std::isfinite(loss)) return 0;
+  const std::vector<double> w = window.values();
+  level_ = 0;
+  for (size_t i = w.size() - kLevelSteps; i < w.size(); ++i) level_ += w[i];
+  level_ /= kLevelSteps;
+  double mean_diff = 0, var = 0;
+  for (size_t i = 1; i < w.size(); ++i) mean_diff += w[i] - w[i - 1];
+  mean_diff /= static_cast<double>(w.size() - 1);
+  for (size_t i = 1; i < w.size(); ++i) var += (w[i] - w[i - 1] - mean_diff) * (w[i] - w[i - 1] - mean_diff);
+  noise_ = std::max(std::sqrt(var / static_cast<double>(w.size() - 1) / 2), 1e-3 * std::fabs(level_));
+  window_steps_ = w.size();
+  if (!(noise_ > 0)) return 0;
+  const double above = (loss - level_) / noise_;
+  if (!(above > sds_)) return 0;
+  steps_.push_back(step);
+  return above;
+}
+
+std::string SpikeGuard::Words(double sds) const {
+  if (sds <= 0) return "";
+  return absl::StrFormat(
+      "  loss spike: %.1f sd above the last %d steps' mean %.4f (noise sd %.4f over the last %d steps)", sds,
+      kLevelSteps, level_, noise_, window_steps_);
+}
+
+std::string SpikeGuard::Summary() const {
+  if (steps_.empty()) return "";
+  std::string which;
+  for (size_t i = 0; i < steps_.size() && i < 10; ++i) absl::StrAppend(&which, i == 0 ? "" : ", ", steps_[i]);
+  if (steps_.size() > 10) absl::StrAppend(&which, ", ...");
+  return absl::StrFormat("; %d loss spike%s flagged (step%s %s)", steps_.size(), steps_.size() == 1 ? "" : "s",
+                         steps_.size() == 1 ? "" : "s", which);
 }
 
 absl::StatusOr<std::ofstream> OpenMetrics(const std::string& path, int64_t resumed_step, std::string* note) {

@@ -1,4 +1,5 @@
-// What both trainers' main loops share: the loss window of the progress line, the metrics
+// What both trainers' main loops share: the loss window of the progress line and its spike
+// guard, the metrics
 // file (rewound on resume), and the words for a run that stops with an error (where its
 // last checkpoint is).
 #ifndef TIERD_TRAINER_REF_RUN_REPORT_H_
@@ -9,6 +10,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -29,6 +31,35 @@ class LossWindow {
 
  private:
   std::deque<double> losses_;
+};
+
+// The users' loss-spike guard: a step's loss is compared with the (up to) 100 before it, once
+// kMinSteps of them are there: how far it is above their recent level (the mean of the last
+// kLevelSteps) in units of their step-to-step noise (the standard deviation of the window's
+// successive differences over sqrt 2, which a falling trend does not inflate as it does the
+// window's own standard deviation: early in training that is mostly the fall). Past `sds` the
+// step is flagged on its progress line and in its metrics line, and counted for the run's last
+// line. The noise is floored at 0.1% of the level, so a flat loss that ticks up is no spike.
+// sds 0: off.
+class SpikeGuard {
+ public:
+  static constexpr size_t kMinSteps = 20, kLevelSteps = 10;
+  explicit SpikeGuard(double sds) : sds_(sds) {}
+  // Before `loss` joins `window`: how many noise deviations above the recent level the loss is,
+  // if that is a spike (0 otherwise); a spike is remembered for Summary, and Words says it.
+  double Check(int64_t step, double loss, const LossWindow& window);
+  // For the progress line: "  loss spike: 37.0 sd above the last 10 steps' mean 0.6100 (noise
+  // sd 0.0900 over the last 50 steps)" for the last Check, or "" when it was no spike.
+  std::string Words(double sds) const;
+  // For the run's last line: "; 2 loss spikes flagged (steps 31, 57)" (the first 10), or "".
+  std::string Summary() const;
+  const std::vector<int64_t>& steps() const { return steps_; }
+
+ private:
+  double sds_;
+  std::vector<int64_t> steps_;
+  double level_ = 0, noise_ = 0;  // the last Check's
+  size_t window_steps_ = 0;
 };
 
 // Opens `path` for appending one JSON line per step. On resume at `resumed_step` (> 0), the

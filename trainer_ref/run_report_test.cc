@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -19,6 +20,52 @@ TEST(RunReportTest, TheLossWindowKeepsTheLastHundred) {
   LossWindow restored;
   restored.Restore(window.values());
   EXPECT_EQ(restored.values(), window.values());
+}
+
+// The guard's units: 21 losses alternating 1.5 and 2.5 have a recent level of 2 and
+// step-to-step differences of +-1, so a noise of 1 / sqrt 2; 5 of those above the level is a
+// spike at 4, 3.9 is not, nor a fall, a non-finite loss, anything before 20 steps or with the
+// guard at 0. A window falling steeply (its plain sd 1.4, mostly the fall) still flags a loss
+// well above its recent level, where its plain mean and sd would put that loss below the mean;
+// a flat window's noise is floored at 0.1% of its level.
+TEST(RunReportTest, ALossFarAboveTheRecentLevelIsASpike) {
+  LossWindow window;
+  SpikeGuard guard(4.0);
+  for (int i = 0; i < 19; ++i) window.Add(i % 2 ? 2.5 : 1.5);
+  EXPECT_EQ(guard.Check(20, 100.0, window), 0) << "19 steps: too few to judge";
+  window.Add(2.5);
+  window.Add(1.5);
+  const double noise = 1 / std::sqrt(2.0);
+  EXPECT_EQ(guard.Check(22, 2 + 3.9 * noise, window), 0);
+  EXPECT_NEAR(guard.Check(23, 2 + 5 * noise, window), 5.0, 1e-9);
+  EXPECT_EQ(guard.Words(5.0),
+            "  loss spike: 5.0 sd above the last 10 steps' mean 2.0000 (noise sd 0.7071 over the last 21 steps)");
+  EXPECT_EQ(guard.Words(0), "");
+  EXPECT_EQ(guard.Check(24, -50.0, window), 0) << "a fall is no spike";
+  EXPECT_EQ(guard.Check(25, std::nan(""), window), 0) << "a non-finite loss is the skip's to report";
+  EXPECT_EQ(guard.steps(), (std::vector<int64_t>{23}));
+  EXPECT_EQ(guard.Summary(), "; 1 loss spike flagged (step 23)");
+
+  LossWindow falling;
+  for (int i = 0; i < 100; ++i) falling.Add(6 - 0.05 * i + (i % 2 ? 0.05 : -0.05));
+  ASSERT_GT(falling.sd(), 1.4);
+  ASSERT_GT(falling.mean(), 3.0);
+  SpikeGuard trend(4.0);
+  EXPECT_EQ(trend.Check(101, 1.0, falling), 0) << "the next step of the fall";
+  EXPECT_GT(trend.Check(102, 2.0, falling), 9.0) << "0.7 above the recent level, 10 noise deviations";
+  EXPECT_EQ(trend.Summary(), "; 1 loss spike flagged (step 102)");
+
+  LossWindow flat;
+  for (int i = 0; i < 30; ++i) flat.Add(2.0);
+  SpikeGuard flat_guard(4.0);
+  EXPECT_EQ(flat_guard.Check(31, 2.005, flat), 0) << "2.5 sd of the 0.1% floor";
+  EXPECT_NEAR(flat_guard.Check(32, 2.01, flat), 5.0, 1e-9);
+  SpikeGuard off(0);
+  EXPECT_EQ(off.Check(33, 1e9, window), 0);
+  EXPECT_EQ(off.Summary(), "");
+  // Ten and more: the first ten steps named.
+  for (int k = 0; k < 11; ++k) flat_guard.Check(40 + k, 3.0, flat);
+  EXPECT_EQ(flat_guard.Summary(), "; 12 loss spikes flagged (steps 32, 40, 41, 42, 43, 44, 45, 46, 47, 48, ...)");
 }
 
 std::string Read(const std::string& path) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <set>
 
 #include "absl/flags/flag.h"
@@ -40,6 +41,10 @@ ABSL_FLAG(int64_t, steps, 0, "optimizer steps (0: 200 on the CPU, 50 on a GPU)")
 ABSL_FLAG(int64_t, warmup, -1, "linear warmup steps, then cosine decay to lr / 10 (-1: 20 on the CPU, 10 on a GPU)");
 ABSL_FLAG(double, lr, 0, "peak learning rate (0: 3e-3 on the CPU, 3e-4 on a GPU; a third of that with --opt=lion)");
 ABSL_FLAG(double, clip, 1.0, "global gradient-norm clip (0: off)");
+ABSL_FLAG(double, loss_spike_sds, 4.0,
+          "flag a step whose loss is more than this many standard deviations above the mean of the last 100 "
+          "steps' (once 20 are there) on its progress line and in --metrics, and count them in the last line "
+          "(0: off)");
 ABSL_FLAG(double, weight_decay, 0.1, "AdamW's decoupled weight decay");
 ABSL_FLAG(uint64_t, seed, 1, "seed of the initial weights and the data order");
 ABSL_FLAG(uint64_t, data_seed, 0,
@@ -394,6 +399,10 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   // Lion's updates are the sign's, a size for every element: a third of AdamW's rate by default.
   s.lr = absl::GetFlag(FLAGS_lr) != 0 ? absl::GetFlag(FLAGS_lr) : (gpu ? 3e-4 : 3e-3) / (opt == "lion" ? 3 : 1);
   s.clip = absl::GetFlag(FLAGS_clip);
+  s.loss_spike_sds = absl::GetFlag(FLAGS_loss_spike_sds);
+  if (!(s.loss_spike_sds >= 0) || !std::isfinite(s.loss_spike_sds)) {
+    return Bad("--loss_spike_sds is a number of standard deviations, 0 or more (0: no spike guard)");
+  }
   s.weight_decay = absl::GetFlag(FLAGS_weight_decay);
   s.seed = absl::GetFlag(FLAGS_seed);
   s.data_seed = absl::GetFlag(FLAGS_data_seed) != 0 ? absl::GetFlag(FLAGS_data_seed) : s.seed;

@@ -84,6 +84,7 @@ struct RunSettings {
   int batch = 0, seq = 0, accum = 1;
   int64_t steps = 0, warmup = 0;
   double lr = 0, clip = 1.0, weight_decay = 0.1;
+  double loss_spike_sds = 4.0;  // --loss_spike_sds (0: off)
   uint64_t seed = 1;
   uint64_t data_seed = 1;  // --data_seed, or --seed's
   bool checkpointing = false;

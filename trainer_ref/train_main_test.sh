@@ -66,6 +66,25 @@ check "a model too big for the CPU is refused with its size" "grep -q '6.74B par
 check "no tierd to talk to is explained" "grep -q 'tierd-train: tierd: ' '$dir/e4.log'"
 "$bin" --resume > "$dir/e5.log" 2>&1
 check "--resume without a directory is explained" "grep -q 'resume needs --checkpoint_dir' '$dir/e5.log'"
+"$bin" --loss_spike_sds=-1 > "$dir/e7.log" 2>&1
+check "a negative spike threshold is explained" "grep -q 'loss_spike_sds is a number of standard deviations, 0 or more' '$dir/e7.log'"
+
+# The loss-spike guard on a real spike: a text that repeats one sentence but for 40 characters
+# of noise after each 1000 (a fixed LCG), so the model learns the sentence and the step that
+# draws a window of noise jumps far above the recent losses. A healthy run flags nothing.
+x=7
+for i in $(seq 40); do
+  yes "the quick brown fox jumps over the lazy dog. " | head -c 1000
+  for j in $(seq 40); do x=$(( (x * 1103515245 + 12345) % 2147483648 )); printf "\\$(printf %o $((33 + (x >> 16) % 90)))"; done
+done > "$dir/spiky.txt"
+"$bin" --data="$dir/spiky.txt" --steps=60 --warmup=2 --batch_size=2 --seq_len=32 --eval_every=0 \
+  --metrics="$dir/spiky.jsonl" > "$dir/spiky.log" 2>&1
+check "a loss spike is flagged on its progress line, in the metrics and in the last line" \
+  "grep -q '^step .*  loss spike: [0-9.]* sd above the last 10 steps. mean' '$dir/spiky.log' && grep -q '\"loss_spike_sds\": ' '$dir/spiky.jsonl' && grep -q '^done: 60 steps.*; [0-9]* loss spikes* flagged (steps* ' '$dir/spiky.log'"
+check "a healthy run flags no spike" "! grep -q 'loss spike' '$dir/a.log'"
+"$bin" --data="$dir/spiky.txt" --steps=60 --warmup=2 --batch_size=2 --seq_len=32 --eval_every=0 --loss_spike_sds=0 \
+  > "$dir/spiky0.log" 2>&1
+check "--loss_spike_sds=0 turns the guard off" "grep -q '^done: 60 steps' '$dir/spiky0.log' && ! grep -q 'loss spike' '$dir/spiky0.log'"
 rm -rf "$dir"
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -49,7 +49,7 @@ struct Startup {
 // One run: set up, the steps, the summary. Members hold what the phases share.
 class GpuRun {
  public:
-  explicit GpuRun(const RunSettings& s) : s_(s), ck_{s.checkpoint_dir, "", 0} {}
+  explicit GpuRun(const RunSettings& s) : s_(s), ck_{s.checkpoint_dir, "", 0}, spikes_(s.loss_spike_sds) {}
   int Run();
 
  private:
@@ -89,6 +89,7 @@ class GpuRun {
   int layer_major_ = 0;  // K micro-batches a step in layer-major order; 0: one after the other
   RunState run_;
   LossWindow window_;
+  SpikeGuard spikes_;
   std::ofstream metrics_;
   RunCurves curves_;
   std::vector<int32_t> inputs_, targets_;
@@ -353,6 +354,8 @@ int GpuRun::Step(int64_t step) {
     for (size_t k = 0; k < spent.size(); ++k) profile_[k] = {spent[k].first, profile_[k].second + spent[k].second};
   }
   last_loss_ = loss;
+  const double spike = spikes_.Check(step, loss, window_);
+  const std::string spike_note = spikes_.Words(spike);
   window_.Add(loss);
   curves_.loss.push_back(loss);
   std::string line = Progress(step, loss, lr, grad_norm, seconds, after);
@@ -365,14 +368,15 @@ int GpuRun::Step(int64_t step) {
     comm_seconds_before_ = c.seconds;
     comm_bytes_before_ = c.bytes_sent;
   }
-  line += fell_back;
+  line += fell_back + spike_note;
   std::printf("%s\n", line.c_str());
   before_ = after;
   if (metrics_) {
     metrics_ << absl::StrFormat(
         "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6f, \"seconds\": %.6f, "
-        "\"tokens\": %.0f}\n",
-        step, loss, lr, grad_norm, seconds, static_cast<double>(s_.batch) * s_.seq * s_.accum * ranks_);
+        "\"tokens\": %.0f%s}\n",
+        step, loss, lr, grad_norm, seconds, static_cast<double>(s_.batch) * s_.seq * s_.accum * ranks_,
+        spike > 0 ? absl::StrFormat(", \"loss_spike_sds\": %.2f", spike) : "");
     metrics_.flush();
   }
   MaybeKillForTest(step);
@@ -398,10 +402,10 @@ void GpuRun::Summary() {
   const auto [memory_bytes, memory] = GpuMemory(end);
   const double params = static_cast<double>(s_.config.Params());
   std::printf(
-      "done: %ld steps, final loss %.4f%s, %.0f tokens/s over %ld timed steps, %.0f TFLOP/s (6N), GPU memory %s\n",
+      "done: %ld steps, final loss %.4f%s, %.0f tokens/s over %ld timed steps, %.0f TFLOP/s (6N), GPU memory %s%s\n",
       static_cast<long>(s_.steps), last_loss_,
       s_.eval_every >= 0 ? absl::StrFormat(", validation loss %.4f", last_validation_).c_str() : "", tps,
-      static_cast<long>(timed_steps_), 6.0 * params * tps / 1e12, memory.c_str());
+      static_cast<long>(timed_steps_), 6.0 * params * tps / 1e12, memory.c_str(), spikes_.Summary().c_str());
   if (s_.tierd) std::printf("tierd: %s\n", model_->home().Describe().c_str());
   // One JSON line for the benchmark harness; bytes per link and waits per timed step.
   const double per = timed_steps_ > 0 ? 1.0 / timed_steps_ : 0.0;

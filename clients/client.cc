@@ -364,6 +364,18 @@ absl::StatusOr<v1::PlanReply> Client::MarkIteration() {
   return reply;
 }
 
+absl::Status Client::ReportStep(int64_t step, double loss, double seconds, double tokens) {
+  v1::StepReport request;
+  *request.mutable_session() = Ref();
+  request.set_step(step);
+  request.set_loss(loss);
+  request.set_step_seconds(seconds);
+  request.set_tokens(tokens);
+  v1::Empty reply;
+  grpc::ClientContext context;
+  return Checked(stub_->ReportStep(&context, request, &reply));
+}
+
 absl::Status Client::OpBegin(uint32_t op) {
   if (ring_ != nullptr) {
     ipc::RingMessage request{};

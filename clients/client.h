@@ -85,6 +85,10 @@ class Client {
   // the second mark, and follows the ops as they are acquired from then on. The reply says
   // which: recording, or the plan's prediction.
   absl::StatusOr<v1::PlanReply> MarkIteration();
+  // After each training step: its number (from 1), loss (not finite: a skipped step), seconds
+  // and tokens. tierctl stats and Prometheus then show the session's step time, tokens/s and
+  // the mean and variance of its last 100 losses beside the tiers'.
+  absl::Status ReportStep(int64_t step, double loss, double seconds, double tokens);
   absl::Status Pin(const Tensor& tensor, Tier tier);
   absl::Status Unpin(const Tensor& tensor);
   absl::StatusOr<v1::StatsReply> Stats();

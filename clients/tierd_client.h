@@ -49,6 +49,9 @@ int tierd_unpin(tierd_client* client, uint64_t tensor);
 /* Call at the start of every iteration: tierd records the first one (its acquires and
  * releases) and moves tensors ahead of the ops of the following ones. */
 int tierd_mark_iteration(tierd_client* client);
+/* After each training step: its number (from 1), loss (NaN: a skipped step), seconds and
+ * tokens; `tierctl stats` and Prometheus show the session's step time and loss variance. */
+int tierd_report_step(tierd_client* client, int64_t step, double loss, double seconds, double tokens);
 /* The message of the last failed call on this client ("" after a success). */
 const char* tierd_last_error(const tierd_client* client);
 void tierd_close(tierd_client* client);

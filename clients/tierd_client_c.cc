@@ -104,6 +104,11 @@ int tierd_unpin(tierd_client* c, uint64_t tensor) {
   return Report(c, c->client->Unpin(*known));
 }
 
+int tierd_report_step(tierd_client* c, int64_t step, double loss, double seconds, double tokens) {
+  if (c == nullptr || !c->client) return static_cast<int>(absl::StatusCode::kFailedPrecondition);
+  return Report(c, c->client->ReportStep(step, loss, seconds, tokens));
+}
+
 int tierd_mark_iteration(tierd_client* c) {
   if (c == nullptr || !c->client) return static_cast<int>(absl::StatusCode::kFailedPrecondition);
   return Report(c, c->client->MarkIteration().status());

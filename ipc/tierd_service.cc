@@ -119,6 +119,12 @@ grpc::Status TierdService::MarkIteration(grpc::ServerContext*, const v1::MarkIte
   return grpc::Status::OK;
 }
 
+grpc::Status TierdService::ReportStep(grpc::ServerContext*, const v1::StepReport* request, v1::Empty*) {
+  TIERD_RETURN_IF_ERROR(sessions_.Check(request->session()));
+  TIERD_RETURN_IF_ERROR(steps_.Report(request->session().session_id(), *request));
+  return grpc::Status::OK;
+}
+
 grpc::Status TierdService::Pin(grpc::ServerContext*, const v1::PinRequest* request, v1::Empty*) {
   TIERD_RETURN_IF_ERROR(sessions_.Check(request->session()));
   auto tier = FromProto(request->tier());
@@ -217,6 +223,7 @@ grpc::Status TierdService::Stats(grpc::ServerContext*, const v1::Empty*, v1::Sta
   reply->set_gpu_relocations(leases.gpu_relocations);
   reply->set_rehomed(leases.rehomed);
   reply->set_nvme_duplicates_dropped(leases.nvme_duplicates_dropped);
+  for (v1::SessionSteps& s : steps_.Snapshot()) *reply->add_session_steps() = std::move(s);
   reply->set_gpu(gpu_description_);
   reply->set_uptime_seconds((clock_.NowNanos() - started_nanos_) / 1e9);
   return grpc::Status::OK;

@@ -12,6 +12,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "base/clock.h"
+#include "ipc/step_board.h"
 #include "proto/tierd.grpc.pb.h"
 #include "runtime/lease_table.h"
 #include "runtime/mover.h"
@@ -72,6 +73,7 @@ class TierdService final : public v1::Tierd::Service {
   grpc::Status ListLeases(grpc::ServerContext*, const v1::ListLeasesRequest*,
                           v1::ListLeasesReply*) override;
   grpc::Status Stats(grpc::ServerContext*, const v1::Empty*, v1::StatsReply*) override;
+  grpc::Status ReportStep(grpc::ServerContext*, const v1::StepReport*, v1::Empty*) override;
   grpc::Status SessionUsage(grpc::ServerContext*, const v1::SessionUsageRequest*, v1::SessionUsageReply*) override;
   grpc::Status Health(grpc::ServerContext*, const v1::Empty*, v1::HealthReply*) override;
   grpc::Status AdminPin(grpc::ServerContext*, const v1::AdminPinRequest*, v1::Empty*) override;
@@ -84,6 +86,8 @@ class TierdService final : public v1::Tierd::Service {
   void set_config_text(std::string text) { config_text_ = std::move(text); }
   // Set once, before serving; without it the planner calls are UNIMPLEMENTED.
   void set_planner(PlannerHooks* planner) { planner_ = planner; }
+  // The session has ended: its steps leave Stats.
+  void SessionEnded(SessionId session) { steps_.Forget(session); }
 
  private:
   LeaseTable& leases_;
@@ -96,6 +100,7 @@ class TierdService final : public v1::Tierd::Service {
   const int64_t started_nanos_;
   std::string config_text_;
   PlannerHooks* planner_ = nullptr;
+  StepBoard steps_;
 };
 
 }  // namespace tierd::ipc

@@ -430,6 +430,7 @@ void Daemon::OnGoodbye(uint64_t session_id) {
   }
   release_events_.erase(session_id);
   directory_->Remove(session_id);
+  service_->SessionEnded(session_id);
   leases_->CloseSession(session_id).IgnoreError();
   // A plan's tables can be hundreds of MB; malloc keeps freed memory in its arenas unless
   // asked, so a daemon that planned a big graph once would stay that large.

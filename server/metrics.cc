@@ -119,6 +119,35 @@ std::string RenderPrometheus(const v1::StatsReply& stats) {
   absl::StrAppendFormat(&out, "tierd_leases %d\n", stats.leases());
   Family(&out, "tierd_uptime_seconds", "gauge", "Seconds since tierd started.");
   absl::StrAppendFormat(&out, "tierd_uptime_seconds %.3f\n", stats.uptime_seconds());
+  // The sessions' training, as their trainers report it (ReportStep), one series a session.
+  struct StepGauge {
+    const char* name;
+    const char* help;
+    double (*value)(const v1::SessionSteps&);
+  };
+  const StepGauge step_gauges[] = {
+      {"tierd_session_step", "The last step a session's trainer reported.",
+       [](const v1::SessionSteps& s) { return static_cast<double>(s.step()); }},
+      {"tierd_session_step_seconds", "The time of that step.",
+       [](const v1::SessionSteps& s) { return s.step_seconds(); }},
+      {"tierd_session_tokens_per_second", "Tokens a second in that step.",
+       [](const v1::SessionSteps& s) { return s.tokens_per_second(); }},
+      {"tierd_session_loss", "The last finite loss reported.", [](const v1::SessionSteps& s) { return s.loss(); }},
+      {"tierd_session_loss_mean", "The mean of the last (up to) 100 finite losses.",
+       [](const v1::SessionSteps& s) { return s.loss_mean(); }},
+      {"tierd_session_loss_sd", "Their standard deviation (the loss's variance, as its root).",
+       [](const v1::SessionSteps& s) { return s.loss_sd(); }},
+      {"tierd_session_skipped_steps", "Steps reported with a non-finite loss.",
+       [](const v1::SessionSteps& s) { return static_cast<double>(s.skipped_steps()); }},
+  };
+  if (stats.session_steps_size() > 0) {
+    for (const StepGauge& g : step_gauges) {
+      Family(&out, g.name, "gauge", g.help);
+      for (const auto& s : stats.session_steps()) {
+        absl::StrAppendFormat(&out, "%s{session=\"%d\"} %.9g\n", g.name, s.session_id(), g.value(s));
+      }
+    }
+  }
   return out;
 }
 

@@ -35,6 +35,10 @@ int main(int argc, char** argv) {
   if (strstr(tierd_last_error(c), "not positive") == NULL) return 1;
   if (tierd_release(c, t) != 9 || strstr(tierd_last_error(c), "not acquired") == NULL) return 1;
   if (tierd_acquire(c, 12345, TIERD_ACCESS_READ, TIERD_PLACE_HOST, &p) != 5) return 1;
+  /* A step report; one with a negative step is refused as bad input (3). */
+  if (tierd_report_step(c, 1, 2.5, 0.25, 1024) != 0) return 1;
+  if (tierd_report_step(c, -1, 2.5, 0.25, 1024) != 3 || strstr(tierd_last_error(c), "step of 1 or more") == NULL)
+    return 1;
   if (tierd_unlease(c, t) != 0) return 1;
   tierd_close(c);
   printf("c client ok\n");

@@ -254,6 +254,46 @@ TEST_F(DaemonTest, TierctlAndPrometheusSeeWhatClientsDo) {
   Process bad_pin("tools/tierctl/tierctl", {dir, "pin", std::to_string(client->session_id()), "nope", "gpu"});
   EXPECT_NE(bad_pin.WaitForLine("tierctl: no tensor named 'nope'", 10000), "") << bad_pin.output();
   EXPECT_EQ(bad_pin.Wait(), 1);
+  // The session's training as its trainer reports it: three steps, one skipped (NaN), then the
+  // mean and standard deviation of the finite losses, the last step's time and tokens/s, in
+  // Stats, tierctl's table and Prometheus; bad reports and another's token are refused.
+  ASSERT_TRUE(client->ReportStep(1, 3.0, 0.5, 1000).ok());
+  ASSERT_TRUE(client->ReportStep(2, std::nan(""), 0.5, 1000).ok());
+  ASSERT_TRUE(client->ReportStep(3, 1.0, 0.25, 1000).ok());
+  EXPECT_EQ(client->ReportStep(4, 1.0, -1, 1000).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client->ReportStep(0, 1.0, 1, 1000).code(), absl::StatusCode::kInvalidArgument);
+  {
+    v1::StepReport forged;
+    forged.mutable_session()->set_session_id(client->session_id());
+    forged.mutable_session()->set_token("not the token");
+    forged.set_step(5);
+    v1::Empty empty;
+    grpc::ClientContext context;
+    auto channel = grpc::CreateChannel("unix:" + runtime_dir_ + "/tierd.grpc.sock", grpc::InsecureChannelCredentials());
+    EXPECT_EQ(v1::Tierd::NewStub(channel)->ReportStep(&context, forged, &empty).error_code(),
+              grpc::StatusCode::PERMISSION_DENIED);
+  }
+  auto with_steps = client->Stats();
+  ASSERT_TRUE(with_steps.ok());
+  ASSERT_EQ(with_steps->session_steps_size(), 1);
+  const v1::SessionSteps& steps = with_steps->session_steps(0);
+  EXPECT_EQ(steps.session_id(), client->session_id());
+  EXPECT_EQ(steps.step(), 3);
+  EXPECT_EQ(steps.loss(), 1.0);
+  EXPECT_EQ(steps.loss_mean(), 2.0);
+  EXPECT_EQ(steps.loss_sd(), 1.0);
+  EXPECT_EQ(steps.window(), 2u);
+  EXPECT_EQ(steps.step_seconds(), 0.25);
+  EXPECT_EQ(steps.tokens_per_second(), 4000.0);
+  EXPECT_EQ(steps.skipped_steps(), 1u);
+  EXPECT_EQ(steps.reports(), 3u);
+  Process table("tools/tierctl/tierctl", {dir, "stats"});
+  EXPECT_NE(table.WaitForLine(absl::StrFormat("%-8d %8d %10.3f %10.0f %8.4f %12s %8.4f %8d", client->session_id(), 3,
+                                              0.25, 4000.0, 1.0, "2.0000 (2)", 1.0, 1),
+                              10000),
+            "")
+      << table.output();
+  EXPECT_EQ(table.Wait(), 0);
   Process stats("tools/tierctl/tierctl", {dir, "stats", "--json"});
   EXPECT_NE(stats.WaitForLine(" \"sessions\": \"1\"", 10000), "") << stats.output();
   EXPECT_EQ(stats.Wait(), 0);
@@ -276,6 +316,20 @@ TEST_F(DaemonTest, TierctlAndPrometheusSeeWhatClientsDo) {
   EXPECT_NE(scraped.find("tierd_gpu_relocations_total{why=\"rehome\"} 0\n"), std::string::npos)
       << "no layout: nothing moved to one";
   EXPECT_NE(scraped.find("tierd_nvme_duplicates_dropped_total 0\n"), std::string::npos) << scraped;
+  const std::string session = "{session=\"" + std::to_string(client->session_id()) + "\"} ";
+  EXPECT_NE(scraped.find("tierd_session_step" + session + "3\n"), std::string::npos) << scraped;
+  EXPECT_NE(scraped.find("tierd_session_step_seconds" + session + "0.25\n"), std::string::npos) << scraped;
+  EXPECT_NE(scraped.find("tierd_session_loss_mean" + session + "2\n"), std::string::npos) << scraped;
+  EXPECT_NE(scraped.find("tierd_session_loss_sd" + session + "1\n"), std::string::npos) << scraped;
+  EXPECT_NE(scraped.find("tierd_session_skipped_steps" + session + "1\n"), std::string::npos) << scraped;
+  // The session gone, its steps go with it.
+  client.reset();
+  auto observer = Connect();
+  ASSERT_NE(observer, nullptr);
+  ASSERT_TRUE(WaitForSessions(*observer, 1));
+  auto after = observer->Stats();
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->session_steps_size(), 0);
 }
 
 }  // namespace

@@ -4,12 +4,13 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
-#include <set>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -197,6 +198,46 @@ TEST(TrainerOnTierdTest, EightBitMomentsThroughTierdMatchPlainBuffers) {
 }
 
 // The metrics lines without what differs between runs that compute the same (time, bytes moved).
+// tierd-train through tierd reports each step (ReportStep): a watcher sees the trainer's session
+// in tierd's Stats while it runs — its step, loss, the mean and deviation of its losses, the
+// step's seconds and tokens/s — the users' "step time, loss variance" beside the tiers'.
+TEST(TrainerOnTierdTest, TheTrainersStepsAreInTierdsStats) {
+  const std::string runtime_dir =
+      "/tmp/tierd-steps-" + std::to_string(getpid()) + "-" + std::to_string(std::random_device{}() % 100000);
+  auto daemon = StartTierd(runtime_dir);
+  testing::Process run(
+      "trainer_ref/tierd-train",
+      {"--device=cpu", "--steps=100000", "--batch_size=2", "--seq_len=32", "--eval_every=0", "--offload_policy=tierd",
+       "--tierd_dir=" + runtime_dir, "--tierd_dram=4MiB", "--tierd_nvme=32MiB"});
+  ClientOptions watcher_options;
+  watcher_options.runtime_dir = runtime_dir;
+  watcher_options.label = "watcher";
+  watcher_options.quota = {0, 1 * kMiB, 1 * kMiB};
+  auto watcher = Client::Connect(watcher_options);
+  ASSERT_TRUE(watcher.ok()) << watcher.status();
+  v1::SessionSteps seen;
+  for (int tries = 0; tries < 600 && seen.step() < 5; ++tries) {  // up to a minute
+    auto stats = (*watcher)->Stats();
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    if (stats->session_steps_size() == 1) seen = stats->session_steps(0);
+    if (seen.step() < 5) usleep(100 * 1000);
+  }
+  run.Signal(SIGKILL);
+  run.Wait();
+  ASSERT_GE(seen.step(), 5) << run.output();
+  EXPECT_NE(seen.session_id(), (*watcher)->session_id());
+  EXPECT_EQ(seen.window(), std::min<int64_t>(seen.step(), 100)) << "every step's loss, none skipped";
+  EXPECT_EQ(seen.skipped_steps(), 0u);
+  EXPECT_GT(seen.loss(), 0.5);
+  EXPECT_LT(seen.loss(), 10);
+  EXPECT_GT(seen.loss_sd(), 0) << "the tiny model's loss moves from step to step";
+  EXPECT_GT(seen.step_seconds(), 0);
+  EXPECT_NEAR(seen.tokens_per_second() * seen.step_seconds(), 64, 1e-6) << "2 x 32 tokens a step";
+  daemon->Signal(SIGTERM);
+  EXPECT_EQ(daemon->Wait(), 0) << daemon->output();
+  rmdir(runtime_dir.c_str());
+}
+
 std::vector<std::string> Losses(const std::string& path) {
   std::vector<std::string> out;
   std::ifstream in(path);

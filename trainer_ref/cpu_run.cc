@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <string>
 
@@ -215,6 +216,12 @@ int RunOnCpu(const RunSettings& settings) {
     const double comm_seconds = comm_now.seconds - comm_before.seconds;
     const double sent = comm_now.bytes_sent - comm_before.bytes_sent;
     comm_before = comm_now;
+    // For tierd's statistics (tierctl stats, Prometheus): this rank's step.
+    if (absl::Status st =
+            trainer.home().ReportStep(r.step, r.skipped ? std::nan("") : r.loss, seconds, tokens_per_step / ranks);
+        !st.ok()) {
+      return FailMidRun("tierd: the step's report: " + std::string(st.message()), ck);
+    }
     if (r.skipped) {
       std::printf("step %ld skipped: %s\n", static_cast<long>(r.step), r.why.c_str());
       continue;

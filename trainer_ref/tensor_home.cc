@@ -84,6 +84,9 @@ class TierdHome final : public TensorHome {
                            FormatBytes(reply->predicted_h2d_bytes()), FormatBytes(reply->predicted_d2h_bytes()));
   }
   absl::Status OpBegin(uint32_t op) override { return client_->OpBegin(op); }
+  absl::Status ReportStep(int64_t step, double loss, double seconds, double tokens) override {
+    return client_->ReportStep(step, loss, seconds, tokens);
+  }
   absl::StatusOr<std::string> MarkIteration() override {
     auto reply = client_->MarkIteration();
     if (!reply.ok()) return reply.status();

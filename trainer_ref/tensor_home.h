@@ -67,6 +67,9 @@ class TensorHome {
   // Or, without a graph: the start of each step; the home records the first step and plans
   // from it (tierd's MarkIteration). Returns what it did in words ("" without a planner).
   virtual absl::StatusOr<std::string> MarkIteration() { return std::string(); }
+  // After a step: its loss (not finite: skipped), seconds and tokens, for tierd's statistics
+  // (tierctl stats, Prometheus). Nothing without tierd.
+  virtual absl::Status ReportStep(int64_t, double, double, double) { return absl::OkStatus(); }
   // The name this home leases a tensor under.
   static std::string Name(const std::vector<TensorLayout>& layout, const std::vector<TensorLayout>& saved,
                           size_t entry, Kind kind);

@@ -104,6 +104,15 @@ void PrintStats(const v1::StatsReply& stats, const v1::StatsReply* previous, dou
               static_cast<unsigned long>(stats.evictions_explicit()), static_cast<unsigned long>(stats.writebacks()),
               static_cast<unsigned long>(stats.relocations()), static_cast<unsigned long>(stats.gpu_relocations()),
               static_cast<unsigned long>(stats.rehomed()), static_cast<unsigned long>(stats.nvme_duplicates_dropped()));
+  if (stats.session_steps_size() == 0) return;
+  std::printf("\n%-8s %8s %10s %10s %8s %12s %12s %8s\n", "session", "step", "step s", "tokens/s", "loss", "loss mean",
+              "loss sd", "skipped");
+  for (const auto& s : stats.session_steps()) {
+    std::printf("%-8lu %8ld %10.3f %10.0f %8.4f %12s %8.4f %8lu\n", static_cast<unsigned long>(s.session_id()),
+                static_cast<long>(s.step()), s.step_seconds(), s.tokens_per_second(), s.loss(),
+                absl::StrFormat("%.4f (%u)", s.loss_mean(), s.window()).c_str(), s.loss_sd(),
+                static_cast<unsigned long>(s.skipped_steps()));
+  }
 }
 
 int Stats(Tierd::Stub& stub) {

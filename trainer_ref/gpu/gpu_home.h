@@ -91,6 +91,9 @@ class GpuHome {
   // prediction in words; "" for a home without a planner), then the op about to run.
   virtual absl::StatusOr<std::string> RegisterGraph(const prefetcher::Graph&) { return std::string(); }
   virtual absl::Status OpBegin(uint32_t) { return absl::OkStatus(); }
+  // After a step: its loss (not finite: skipped), seconds and tokens, for tierd's statistics
+  // (tierctl stats, Prometheus). Nothing without tierd.
+  virtual absl::Status ReportStep(int64_t, double, double, double) { return absl::OkStatus(); }
   // Device bytes this home allocated itself (the plain home: everything; tierd: none, its
   // GPU tier is the daemon's and reported by Traffic).
   virtual uint64_t OwnDeviceBytes() const = 0;

@@ -86,6 +86,9 @@ class TierdGpuHome final : public GpuHome {
                            reply->predicted_step_seconds(), reply->predicted_stall_seconds());
   }
   absl::Status OpBegin(uint32_t op) override { return client_->OpBegin(op); }
+  absl::Status ReportStep(int64_t step, double loss, double seconds, double tokens) override {
+    return client_->ReportStep(step, loss, seconds, tokens);
+  }
   uint64_t OwnDeviceBytes() const override { return 0; }
   absl::StatusOr<Traffic> Moved() override {
     auto stats = client_->Stats();

@@ -170,6 +170,7 @@ int RunOnCpu(const RunSettings& settings) {
   if (!s.checkpoint_dir.empty()) mkdir(s.checkpoint_dir.c_str(), 0755);
   LossWindow window;
   SpikeGuard spikes(s.loss_spike_sds);
+  StepReporter reporter;
   if (s.resume) {
     if (absl::Status st = Resume(trainer, window, s, ck, comm->get()); !st.ok()) return Fail(std::string(st.message()));
   }
@@ -217,11 +218,9 @@ int RunOnCpu(const RunSettings& settings) {
     const double sent = comm_now.bytes_sent - comm_before.bytes_sent;
     comm_before = comm_now;
     // For tierd's statistics (tierctl stats, Prometheus): this rank's step.
-    if (absl::Status st =
-            trainer.home().ReportStep(r.step, r.skipped ? std::nan("") : r.loss, seconds, tokens_per_step / ranks);
-        !st.ok()) {
-      return FailMidRun("tierd: the step's report: " + std::string(st.message()), ck);
-    }
+    reporter.Send([&] {
+      return trainer.home().ReportStep(r.step, r.skipped ? std::nan("") : r.loss, seconds, tokens_per_step / ranks);
+    });
     if (r.skipped) {
       std::printf("step %ld skipped: %s\n", static_cast<long>(r.step), r.why.c_str());
       continue;

@@ -73,6 +73,15 @@ std::string SpikeGuard::Summary() const {
                          steps_.size() == 1 ? "" : "s", which);
 }
 
+void StepReporter::Send(const std::function<absl::Status()>& report) {
+  if (!on_) return;
+  if (absl::Status st = report(); !st.ok()) {
+    on_ = false;
+    std::printf("note: tierd did not take the step's report (%s): its statistics will not show this run's steps\n",
+                std::string(st.message()).c_str());
+  }
+}
+
 absl::StatusOr<std::ofstream> OpenMetrics(const std::string& path, int64_t resumed_step, std::string* note) {
   if (resumed_step > 0) {
     std::ifstream in(path);

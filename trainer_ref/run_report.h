@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <deque>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -60,6 +61,18 @@ class SpikeGuard {
   std::vector<int64_t> steps_;
   double level_ = 0, noise_ = 0;  // the last Check's
   size_t window_steps_ = 0;
+};
+
+// Each step's report to tierd's statistics (a home's ReportStep: tierctl stats, Prometheus),
+// until one fails: the first failure is said once and reporting stops, the run goes on (a tierd
+// without ReportStep; one that is going away fails the run's next acquire, which says so).
+class StepReporter {
+ public:
+  void Send(const std::function<absl::Status()>& report);
+  bool on() const { return on_; }
+
+ private:
+  bool on_ = true;
 };
 
 // Opens `path` for appending one JSON line per step. On resume at `resumed_step` (> 0), the

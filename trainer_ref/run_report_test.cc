@@ -68,6 +68,33 @@ TEST(RunReportTest, ALossFarAboveTheRecentLevelIsASpike) {
   EXPECT_EQ(flat_guard.Summary(), "; 12 loss spikes flagged (steps 32, 40, 41, 42, 43, 44, 45, 46, 47, 48, ...)");
 }
 
+// Reports go on while they are taken; the first refusal is said and ends them (the run goes
+// on), so an older tierd costs one line, not the run.
+TEST(RunReportTest, StepReportsStopAtTheFirstRefusal) {
+  StepReporter reporter;
+  int calls = 0;
+  reporter.Send([&] {
+    ++calls;
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(reporter.on());
+  testing::internal::CaptureStdout();
+  reporter.Send([&] {
+    ++calls;
+    return absl::UnimplementedError("unknown method ReportStep");
+  });
+  reporter.Send([&] {
+    ++calls;
+    return absl::OkStatus();
+  });
+  const std::string said = testing::internal::GetCapturedStdout();
+  EXPECT_EQ(calls, 2);
+  EXPECT_FALSE(reporter.on());
+  EXPECT_EQ(said,
+            "note: tierd did not take the step's report (unknown method ReportStep): its statistics will not show this "
+            "run's steps\n");
+}
+
 std::string Read(const std::string& path) {
   std::ifstream in(path);
   std::stringstream s;

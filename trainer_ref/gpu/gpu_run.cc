@@ -90,6 +90,7 @@ class GpuRun {
   RunState run_;
   LossWindow window_;
   SpikeGuard spikes_;
+  StepReporter reporter_;
   std::ofstream metrics_;
   RunCurves curves_;
   std::vector<int32_t> inputs_, targets_;
@@ -328,9 +329,7 @@ int GpuRun::Step(int64_t step) {
   const double step_tokens = static_cast<double>(s_.batch) * s_.seq * s_.accum;  // this rank's
   if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
     std::printf("step %ld skipped: loss %g, gradient norm %g\n", static_cast<long>(step), loss, grad_norm);
-    if (absl::Status st = model_->home().ReportStep(step, std::nan(""), Since(t0), step_tokens); !st.ok()) {
-      return FailMidRun("tierd: the step's report: " + std::string(st.message()), ck_);
-    }
+    reporter_.Send([&] { return model_->home().ReportStep(step, std::nan(""), Since(t0), step_tokens); });
     return 0;
   }
   AdamWOptions adam;  // with --opt=lion, Lion's betas (the model steps Lion from them)
@@ -345,9 +344,7 @@ int GpuRun::Step(int64_t step) {
     return FailMidRun(absl::StrFormat("step %d: %s", step, st.message()), ck_);
   }
   const double seconds = Since(t0);
-  if (absl::Status st = model_->home().ReportStep(step, loss, seconds, step_tokens); !st.ok()) {
-    return FailMidRun("tierd: the step's report: " + std::string(st.message()), ck_);
-  }
+  reporter_.Send([&] { return model_->home().ReportStep(step, loss, seconds, step_tokens); });
   const auto spent = model_->TakeProfile();
   const double waited = model_->AcquireSeconds() - waited0;
   const GpuHome::Traffic after = Traffic();

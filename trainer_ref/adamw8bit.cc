@@ -44,10 +44,12 @@ std::array<float, q8::kCodes - 1> MakeThresholds(const std::array<float, q8::kCo
   return t;
 }
 
-// Keys: a float's top 17 bits (sign, exponent, 8 mantissa bits). Per key, the code of the
-// smallest value with that key: the count of thresholds below it.
-constexpr int kKeyShift = 15;
-constexpr uint32_t kKeys = uint32_t{1} << (32 - kKeyShift);
+// Keys: a float's top 17 bits (sign, exponent, 8 mantissa bits; adamw8bit_block.h).
+using q8::kKeyShift;
+using q8::kLowBits;
+using q8::kLowMask;
+using q8::OrderingBits;
+constexpr uint32_t kKeys = q8::kTableKeys;
 
 float SmallestWithKey(uint32_t key) {
   const uint32_t low = key << kKeyShift, high = low | ((uint32_t{1} << kKeyShift) - 1);
@@ -67,22 +69,8 @@ std::vector<int32_t> MakeStartCodes(const std::array<float, q8::kCodes - 1>& thr
   return start;
 }
 
-// A map's lookup in one int32 per key, so that a vectorised loop makes one gather a value:
-// the key's start code above kLowBits bits that order the key's values and its threshold.
-// The maps put at most one threshold among the values of a key (checked when the table is
-// made), and the values of a key differ only in their low kLowBits bits, which order them
-// as the values for positive keys and in reverse for negative ones; so a value x's code is
-// the start plus one where the key's threshold t < x, that is where x's ordering bits exceed
-// t's. A key without a threshold stores the largest ordering bits, which nothing exceeds.
-constexpr int kLowBits = kKeyShift;
-constexpr uint32_t kLowMask = (uint32_t{1} << kLowBits) - 1;
-
-// The bits of x (of key k) that order the values of k ascending: the low bits, reversed when
-// x is negative.
-inline uint32_t OrderingBits(uint32_t bits) {
-  return (bits & kLowMask) ^ (static_cast<uint32_t>(static_cast<int32_t>(bits) >> 31) & kLowMask);
-}
-
+// A map's lookup in one int32 per key (q8::CodeByTable), so that a vectorised loop makes one
+// gather a value.
 std::vector<int32_t> MakeCodeTable(const std::array<float, q8::kCodes - 1>& thresholds) {
   const std::vector<int32_t> start = MakeStartCodes(thresholds);
   std::vector<uint32_t> threshold_bits(kKeys, kLowMask);
@@ -100,9 +88,7 @@ std::vector<int32_t> MakeCodeTable(const std::array<float, q8::kCodes - 1>& thre
 
 // Branch-free, one int32 load indexed by int32: a loop over it vectorises into one gather.
 inline int32_t LookupCode(const int32_t* __restrict table, float normalized) {
-  const uint32_t bits = std::bit_cast<uint32_t>(normalized);
-  const uint32_t entry = static_cast<uint32_t>(table[bits >> kKeyShift]);
-  return static_cast<int32_t>((entry >> kLowBits) + (OrderingBits(bits) > (entry & kLowMask) ? 1u : 0u));
+  return q8::CodeByTable(table, normalized);
 }
 
 const int32_t* TableFor(bool is_signed) {
@@ -285,6 +271,8 @@ const std::array<float, q8::kCodes - 1>& Thresholds(bool is_signed) {
   static const std::array<float, q8::kCodes - 1> unsigned_t = MakeThresholds(DynamicMap(false));
   return is_signed ? signed_t : unsigned_t;
 }
+
+const int32_t* CodeTable(bool is_signed) { return TableFor(is_signed); }
 
 uint8_t CodeOf(bool is_signed, float normalized) {
   return static_cast<uint8_t>(LookupCode(TableFor(is_signed), normalized));

@@ -27,6 +27,9 @@ const std::array<float, q8::kCodes - 1>& Thresholds(bool is_signed);
 // by the value's sign, exponent and top 8 mantissa bits (the key's first code and its one
 // threshold's low bits), then one integer compare.
 uint8_t CodeOf(bool is_signed, float normalized);
+// That table (q8::kTableKeys entries, q8::CodeByTable reads it), made once per process: what
+// the GPU's table path copies to the device.
+const int32_t* CodeTable(bool is_signed);
 // Which instruction set the host's table lookups (quantizing, dequantizing) run with: "avx512",
 // "avx2" or "plain" (TIERD_HOST_SIMD=plain|avx2 picks a lesser one).
 const char* HostLookupPath();

@@ -58,8 +58,8 @@ inline float Div(float a, float b) { return a / b; }
 inline float Sqrt(float a) { return std::sqrt(a); }
 #endif
 
-// The number of the kCodes - 1 ascending thresholds below x: x's code. (The host finds it
-// through a table keyed by x's top bits, adamw8bit.cc; the same count.)
+// The number of the kCodes - 1 ascending thresholds below x: x's code. (CodeByTable below
+// finds the same count with one load.)
 TIERD_Q8_HD inline uint8_t CodeBySearch(const float* thresholds, float x) {
   int lo = 0, hi = kCodes - 1;  // the first threshold >= x, or kCodes - 1
   while (lo < hi) {
@@ -71,6 +71,46 @@ TIERD_Q8_HD inline uint8_t CodeBySearch(const float* thresholds, float x) {
     }
   }
   return static_cast<uint8_t>(lo);
+}
+
+// The same count through a table of kTableKeys int32 entries keyed by a float's top 17 bits
+// (sign, exponent, 8 mantissa bits): the key's start code (the code of its smallest value)
+// above kLowBits bits that order the key's values and its threshold's. The maps put at most one
+// threshold among the values of a key (MakeCodeTable checks), and the values of a key differ only
+// in their low kLowBits bits, which order them as the values for positive keys and in reverse
+// for negative ones; so x's code is the start plus one where the key's threshold t < x, that is
+// where x's ordering bits exceed t's. A key without a threshold stores the largest ordering
+// bits, which nothing exceeds. One load and one compare: the host's vectorised loops gather it;
+// the GPU's table path reads it from device memory (adamw8bit.h: CodeTable).
+inline constexpr int kKeyShift = 15;
+inline constexpr uint32_t kTableKeys = uint32_t{1} << (32 - kKeyShift);
+inline constexpr int kLowBits = kKeyShift;
+inline constexpr uint32_t kLowMask = (uint32_t{1} << kLowBits) - 1;
+
+// The bits of x that order the values of its key ascending: the low bits, reversed when x is
+// negative.
+TIERD_Q8_HD inline uint32_t OrderingBits(uint32_t bits) {
+  return (bits & kLowMask) ^ (static_cast<uint32_t>(static_cast<int32_t>(bits) >> 31) & kLowMask);
+}
+
+TIERD_Q8_HD inline uint32_t FloatBits(float x) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(x);
+#else
+  uint32_t bits;
+  __builtin_memcpy(&bits, &x, 4);
+  return bits;
+#endif
+}
+
+TIERD_Q8_HD inline int32_t CodeByTable(const int32_t* __restrict table, float x) {
+  const uint32_t bits = FloatBits(x);
+#ifdef __CUDA_ARCH__
+  const uint32_t entry = static_cast<uint32_t>(__ldg(table + (bits >> kKeyShift)));
+#else
+  const uint32_t entry = static_cast<uint32_t>(table[bits >> kKeyShift]);
+#endif
+  return static_cast<int32_t>((entry >> kLowBits) + (OrderingBits(bits) > (entry & kLowMask) ? 1u : 0u));
 }
 
 // A block's absmax is the largest of its values' magnitudes compared as the bit patterns of

@@ -75,6 +75,7 @@ TEST(AdamW8bitTest, QuantizationPicksTheNearestCode) {
 // themselves and their neighbours, zeros of both signs, the ends, and random values across
 // every decade.
 TEST(AdamW8bitTest, TheTableLookupGivesTheSearchsCode) {
+  EXPECT_EQ(q8::kTableKeys, 1u << 17);
   for (bool is_signed : {true, false}) {
     const auto& t = Thresholds(is_signed);
     std::vector<float> probes = {0.f, -0.f, 1.f, -1.f, 1e-9f, -1e-9f, 0.5f, -0.5f};
@@ -89,6 +90,8 @@ TEST(AdamW8bitTest, TheTableLookupGivesTheSearchsCode) {
     for (float x : probes) {
       if (!is_signed && x < 0) continue;
       ASSERT_EQ(CodeOf(is_signed, x), q8::CodeBySearch(t.data(), x)) << x;
+      // The table the GPU's table path copies to the device, read as its kernel reads it.
+      ASSERT_EQ(q8::CodeByTable(CodeTable(is_signed), x), q8::CodeBySearch(t.data(), x)) << x;
     }
   }
 }

@@ -100,7 +100,13 @@ bool Bench(const char* model, int b, int t, int c, int f, int heads, cudaEvent_t
   cudaMemcpy(grads, master, w * 4, cudaMemcpyDeviceToDevice);
   AdamWParams p;
   row("AdamW (F x C, fp32 moments)", w * 30.0, [&] { AdamW(master, m, v, weights, grads, w, p, nullptr); });
-  row("AdamW8bit (F x C, 8-bit moments)", w * 18.0, [&] { AdamW8bit(master, m8, v8, weights, grads, w, p, nullptr); });
+  UseGpuCodePath("search");
+  row("AdamW8bit (F x C, 8-bit moments; codes by search)", w * 18.0,
+      [&] { AdamW8bit(master, m8, v8, weights, grads, w, p, nullptr); });
+  UseGpuCodePath("table");
+  row("AdamW8bit (the same, codes by table)", w * 18.0,
+      [&] { AdamW8bit(master, m8, v8, weights, grads, w, p, nullptr); });
+  UseGpuCodePath("search");
   std::printf("sum of the rows: %.3f ms\n", total_ms);
   return cudaDeviceSynchronize() == cudaSuccess;
 }

@@ -15,6 +15,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "trainer_ref/host_adafactor.h"
@@ -137,6 +138,13 @@ cudaError_t AdamW8bit(float* master, void* m_bytes, void* v_bytes, Bf16* weights
                       const AdamWParams& p, cudaStream_t stream);
 cudaError_t AdamW8bit(float* master, void* m_bytes, void* v_bytes, Bf16* weights, const Bf16* grads, int64_t n,
                       const AdamWParams& p, cudaStream_t stream);  // bf16 gradients, as AdamW's
+// How AdamW8bit finds each new code, the same codes either way: "search" (a binary search over
+// the 255 thresholds in shared memory, 8 dependent loads a value: the default), or "table" (the
+// host's table of 2^17 entries a map, 1 MiB for both in device memory, read once a value:
+// q8::CodeByTable). TIERD_GPU_Q8_CODES=table picks it for a run; UseGpuCodePath for benchmarks
+// and tests, not while a step is queued. Returns the path in use.
+const char* GpuCodePath();
+const char* UseGpuCodePath(const std::string& want);
 
 // *out (one fp32 on the device) += the sum of squares of x (n values): for the global
 // gradient norm. Per-block partial sums into `scratch` (kSumSquaresScratch floats), then

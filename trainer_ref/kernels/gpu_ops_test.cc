@@ -358,11 +358,8 @@ TEST(GpuOpsTest, InitialWeightsMatchTheHostsValues) {
   EXPECT_EQ(ones[1000], m[1000]) << "nothing written past the count";
 }
 
-// AdamW with 8-bit blockwise moments: the kernel gives the host's HostAdamW8bit bits (master,
-// bf16 weights, codes and scales) over three steps from random moments, on a size that ends
-// mid-block in a CUDA block whose last warps have no quantization block.
-TEST(GpuOpsTest, AdamW8bitGivesTheHostsBits) {
-  SKIP_WITHOUT_GPU();
+// Three 8-bit steps on the GPU and on the host from the same random state: the same bits.
+void AdamW8bitAgainstTheHost() {
   std::mt19937 rng(17);
   std::normal_distribution<float> normal(0, 1);
   const int64_t n = 45 * q8::kQuantBlock + 99;
@@ -396,6 +393,21 @@ TEST(GpuOpsTest, AdamW8bitGivesTheHostsBits) {
   EXPECT_EQ(d_v.Host(), v);
   const std::vector<Bf16> w = d_weights.Host();
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(w[i], weights[i]) << i;
+}
+
+// AdamW with 8-bit blockwise moments: the kernel gives the host's HostAdamW8bit bits (master,
+// bf16 weights, codes and scales) over three steps from random moments, on a size that ends
+// mid-block in a CUDA block whose last warps have no quantization block; both ways of finding
+// the codes (GpuCodePath: the search, the tables).
+TEST(GpuOpsTest, AdamW8bitGivesTheHostsBits) {
+  SKIP_WITHOUT_GPU();
+  const std::string was = GpuCodePath();
+  for (const char* path : {"search", "table"}) {
+    SCOPED_TRACE(path);
+    ASSERT_EQ(std::string(UseGpuCodePath(path)), path);
+    AdamW8bitAgainstTheHost();
+  }
+  UseGpuCodePath(was);
 }
 
 // bf16 gradients (the compact state keeps them so after accumulating in fp32): both steps,

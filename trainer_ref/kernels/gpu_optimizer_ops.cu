@@ -1,9 +1,14 @@
 // The optimizer's kernels (AdamW with fp32 or 8-bit blockwise moments) and the initial
-// weights: see gpu_ops.h. Element-wise, grid-stride, except the 8-bit step (one CUDA block
-// per quantization block).
+// weights: see gpu_ops.h. Element-wise, grid-stride, except the 8-bit step (a warp per
+// quantization block).
 #include <cuda_bf16.h>
 
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
 
 #include "trainer_ref/adamw8bit.h"
 #include "trainer_ref/kernels/gpu_kernel_util.cuh"
@@ -46,15 +51,17 @@ constexpr int kQ8BlocksPerCta = 8;
 constexpr int kQ8PerLane = q8::kQuantBlock / 32;
 static_assert(q8::kQuantBlock % 32 == 0, "a quantization block is whole warps' worth of values");
 
-template <typename G>
+// kByTable: codes from the tables (m_table, v_table: q8::CodeByTable), else by the search.
+template <typename G, bool kByTable>
 __global__ void AdamW8bitKernel(float* master, uint8_t* m_codes, float* m_absmax, uint8_t* v_codes, float* v_absmax,
-                                Bf16* weights, const G* grads, int64_t n, q8::ElementStep step) {
+                                Bf16* weights, const G* grads, int64_t n, q8::ElementStep step,
+                                const int32_t* __restrict m_table, const int32_t* __restrict v_table) {
   __shared__ float signed_map[q8::kCodes], unsigned_map[q8::kCodes];
-  __shared__ float signed_t[q8::kCodes - 1], unsigned_t[q8::kCodes - 1];
+  __shared__ float signed_t[kByTable ? 1 : q8::kCodes - 1], unsigned_t[kByTable ? 1 : q8::kCodes - 1];
   for (int i = threadIdx.x; i < q8::kCodes; i += blockDim.x) {
     signed_map[i] = kSignedMap[i];
     unsigned_map[i] = kUnsignedMap[i];
-    if (i < q8::kCodes - 1) {
+    if (!kByTable && i < q8::kCodes - 1) {
       signed_t[i] = kSignedThresholds[i];
       unsigned_t[i] = kUnsignedThresholds[i];
     }
@@ -97,8 +104,14 @@ __global__ void AdamW8bitKernel(float* master, uint8_t* m_codes, float* m_absmax
   for (int j = 0; j < kQ8PerLane; ++j) {
     const int i = lane + 32 * j;
     if (i >= count) continue;
-    m_codes[begin + i] = q8::CodeBySearch(signed_t, q8::Mul(new_m[j], inverse_m));
-    v_codes[begin + i] = q8::CodeBySearch(unsigned_t, q8::Mul(new_v[j], inverse_v));
+    const float nm = q8::Mul(new_m[j], inverse_m), nv = q8::Mul(new_v[j], inverse_v);
+    if (kByTable) {
+      m_codes[begin + i] = static_cast<uint8_t>(q8::CodeByTable(m_table, nm));
+      v_codes[begin + i] = static_cast<uint8_t>(q8::CodeByTable(v_table, nv));
+    } else {
+      m_codes[begin + i] = q8::CodeBySearch(signed_t, nm);
+      v_codes[begin + i] = q8::CodeBySearch(unsigned_t, nv);
+    }
   }
 }
 
@@ -148,6 +161,51 @@ void LaunchAdamW(float* master, float* m, float* v, Bf16* weights, const G* grad
   AdamWKernel<<<Blocks(n), kThreads, 0, stream>>>(master, m, v, weights, grads, n, p, c1, c2);
 }
 
+// The code path (GpuCodePath): -1 until first asked (TIERD_GPU_Q8_CODES), then one of these.
+constexpr int kBySearchPath = 0, kByTablePath = 1;
+std::atomic<int> code_path{-1};
+
+int CodePathNamed(const std::string& name) { return name == "table" ? kByTablePath : kBySearchPath; }
+
+void ChooseCodePath() {
+  if (code_path.load(std::memory_order_relaxed) >= 0) return;
+  const char* forced = std::getenv("TIERD_GPU_Q8_CODES");
+  int unset = -1;
+  code_path.compare_exchange_strong(unset, CodePathNamed(forced != nullptr ? forced : ""));
+}
+
+// The host's code tables on the device, uploaded once per device at first use (2 x 512 KiB).
+struct CodeTables {
+  cudaError_t status = cudaSuccess;
+  const int32_t* signed_table = nullptr;
+  const int32_t* unsigned_table = nullptr;
+  bool ok() const { return status == cudaSuccess; }
+};
+CodeTables DeviceCodeTables() {
+  static std::mutex mutex;
+  static std::map<int, CodeTables> per_device;
+  int device = 0;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return {e};
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = per_device.find(device);
+  if (it != per_device.end()) return it->second;
+  const size_t bytes = sizeof(int32_t) * q8::kTableKeys;
+  int32_t* d = nullptr;
+  CodeTables t;
+  t.status = cudaMalloc(&d, 2 * bytes);
+  if (t.status == cudaSuccess) t.status = cudaMemcpy(d, CodeTable(true), bytes, cudaMemcpyHostToDevice);
+  if (t.status == cudaSuccess)
+    t.status = cudaMemcpy(d + q8::kTableKeys, CodeTable(false), bytes, cudaMemcpyHostToDevice);
+  if (t.status != cudaSuccess) {
+    cudaFree(d);
+    return t;  // not kept: the next step tries again
+  }
+  t.signed_table = d;
+  t.unsigned_table = d + q8::kTableKeys;
+  per_device[device] = t;
+  return t;
+}
+
 template <typename G>
 cudaError_t LaunchAdamW8bit(float* master, void* m_bytes, void* v_bytes, Bf16* weights, const G* grads, int64_t n,
                             const AdamWParams& p, cudaStream_t stream) {
@@ -160,11 +218,20 @@ cudaError_t LaunchAdamW8bit(float* master, void* m_bytes, void* v_bytes, Bf16* w
     return e;
   }();
   if (maps != cudaSuccess) return maps;
+  ChooseCodePath();
   if (n <= 0) return cudaSuccess;
   const Moment8bit m = MomentAt(m_bytes, n), v = MomentAt(v_bytes, n);
-  AdamW8bitKernel<<<static_cast<unsigned>((QuantBlocks(n) + kQ8BlocksPerCta - 1) / kQ8BlocksPerCta),
-                    32 * kQ8BlocksPerCta, 0, stream>>>(master, m.codes, m.absmax, v.codes, v.absmax, weights, grads, n,
-                                                       ElementStepFor(p));
+  const unsigned grid = static_cast<unsigned>((QuantBlocks(n) + kQ8BlocksPerCta - 1) / kQ8BlocksPerCta);
+  if (code_path.load(std::memory_order_relaxed) == kByTablePath) {
+    auto tables = DeviceCodeTables();
+    if (!tables.ok()) return tables.status;
+    AdamW8bitKernel<G, true><<<grid, 32 * kQ8BlocksPerCta, 0, stream>>>(master, m.codes, m.absmax, v.codes, v.absmax,
+                                                                        weights, grads, n, ElementStepFor(p),
+                                                                        tables.signed_table, tables.unsigned_table);
+  } else {
+    AdamW8bitKernel<G, false><<<grid, 32 * kQ8BlocksPerCta, 0, stream>>>(
+        master, m.codes, m.absmax, v.codes, v.absmax, weights, grads, n, ElementStepFor(p), nullptr, nullptr);
+  }
   return cudaGetLastError();
 }
 
@@ -198,6 +265,16 @@ void InitNormal(float* master, Bf16* weights, int64_t begin, int64_t count, uint
 
 void InitConstant(float* master, Bf16* weights, int64_t count, float value, cudaStream_t stream) {
   if (count > 0) FillKernel<<<Blocks(count), kThreads, 0, stream>>>(master, weights, count, value);
+}
+
+const char* GpuCodePath() {
+  ChooseCodePath();
+  return code_path.load(std::memory_order_relaxed) == kByTablePath ? "table" : "search";
+}
+
+const char* UseGpuCodePath(const std::string& want) {
+  code_path.store(CodePathNamed(want), std::memory_order_relaxed);
+  return GpuCodePath();
 }
 
 cudaError_t AdamW8bit(float* master, void* m_bytes, void* v_bytes, Bf16* weights, const float* grads, int64_t n,

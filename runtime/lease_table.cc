@@ -18,9 +18,9 @@ std::vector<Tier> PreferredTiers(TensorClass c) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<LeaseTable>> LeaseTable::Create(TierStore& store, Mover& mover,
-                                                               Clock& clock,
-                                                               std::vector<PinRule> pins) {
+absl::StatusOr<std::unique_ptr<LeaseTable>> LeaseTable::Create(TierStore& store, Mover& mover, Clock& clock,
+                                                               std::vector<PinRule> pins,
+                                                               std::vector<PriorityRule> priorities) {
   std::unique_ptr<LeaseTable> table(new LeaseTable(store, mover, clock));
   for (const PinRule& rule : pins) {
     try {
@@ -30,7 +30,22 @@ absl::StatusOr<std::unique_ptr<LeaseTable>> LeaseTable::Create(TierStore& store,
           absl::StrFormat("pin pattern '%s' is not a valid regular expression: %s", rule.pattern, e.what()));
     }
   }
+  for (const PriorityRule& rule : priorities) {
+    try {
+      table->priorities_.emplace_back(std::regex(rule.pattern, std::regex::ECMAScript), rule.priority);
+    } catch (const std::regex_error& e) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "eviction priority pattern '%s' is not a valid regular expression: %s", rule.pattern, e.what()));
+    }
+  }
   return table;
+}
+
+int LeaseTable::PriorityFor(const std::string& name) const {
+  for (const auto& [pattern, priority] : priorities_) {
+    if (std::regex_match(name, pattern)) return priority;
+  }
+  return 0;
 }
 
 LeaseTable::~LeaseTable() {
@@ -179,6 +194,7 @@ absl::StatusOr<TensorId> LeaseTable::Lease(SessionId session_id, const TensorSpe
   tensor->spec = spec;
   tensor->bytes = *bytes;
   tensor->pinned = PinFor(spec.name);
+  tensor->priority = PriorityFor(spec.name);
   // A pinned lease goes to its tier (evicting if it must); others take the first
   // preferred tier with room, without disturbing anything.
   std::vector<Tier> order = tensor->pinned ? std::vector<Tier>{*tensor->pinned}

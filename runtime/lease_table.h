@@ -57,6 +57,16 @@ struct PinRule {
   Tier tier = Tier::kGpu;
 };
 
+// A config eviction priority: tensors whose name matches `pattern` (the first rule that
+// matches) have `priority` (others 0). When tierd itself must pick a copy to make room, a lower
+// priority goes first, whatever else ranks the copies (the planner's next use, clean before
+// dirty, the least recently used), so a layer of priority 1 leaves a tier only when nothing of
+// priority 0 can. Softer than a pin: nothing is held where it cannot fit.
+struct PriorityRule {
+  std::string pattern;
+  int priority = 0;
+};
+
 // Where an acquired tensor's bytes are: the arena is the session's own (its GPU region or
 // its DRAM segment), so the client's pointer is its mapping of that arena + offset.
 struct Placement {
@@ -74,6 +84,7 @@ struct LeaseView {
   uint64_t bytes = 0;
   std::array<bool, kTierCount> copies{};
   std::optional<Tier> pinned;
+  int priority = 0;  // its eviction priority (PriorityRule)
   uint32_t acquired = 0;
   // Where each copy starts in its tier (the session's GPU or DRAM arena; NVMe: the file),
   // and its size there (rounded up to the allocator's alignment); 0 where there is none.
@@ -115,9 +126,9 @@ struct LeaseStats {
 class LeaseTable {
  public:
   // `store`, `mover` and `clock` must outlive the table. Invalid pin patterns are an error.
-  static absl::StatusOr<std::unique_ptr<LeaseTable>> Create(TierStore& store, Mover& mover,
-                                                            Clock& clock,
-                                                            std::vector<PinRule> pins);
+  static absl::StatusOr<std::unique_ptr<LeaseTable>> Create(TierStore& store, Mover& mover, Clock& clock,
+                                                            std::vector<PinRule> pins,
+                                                            std::vector<PriorityRule> priorities = {});
   ~LeaseTable();
 
   // Creates the session's GPU and DRAM arenas (quota bytes each; 0 = none).
@@ -274,6 +285,8 @@ class LeaseTable {
   Mover& mover_;
   Clock& clock_;
   std::vector<std::pair<std::regex, Tier>> pins_;
+  std::vector<std::pair<std::regex, int>> priorities_;
+  int PriorityFor(const std::string& name) const;
 
   mutable absl::Mutex mutex_;
   // shared_ptr: an operation in flight keeps its session alive while CloseSession runs.

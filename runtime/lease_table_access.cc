@@ -303,7 +303,7 @@ std::vector<LeaseView> LeaseTable::List(std::optional<SessionId> only) const {
   for (const auto& session : sessions) {
     absl::MutexLock lock(&session->mutex);
     for (const auto& [id, t] : session->tensors) {
-      LeaseView view{session->id, id, t->spec, t->bytes, {}, t->pinned, t->acquired};
+      LeaseView view{session->id, id, t->spec, t->bytes, {}, t->pinned, t->priority, t->acquired};
       for (int i = 0; i < kTierCount; ++i) {
         view.copies[i] = t->copies[i].has_value();
         if (view.copies[i]) {

@@ -18,6 +18,7 @@ struct LeaseTable::Tensor {
   uint64_t bytes = 0;
   std::array<std::optional<Extent>, kTierCount> copies;  // invariant 1
   std::optional<Tier> pinned;
+  int priority = 0;  // eviction priority (PriorityRule): a lower one goes first
   uint32_t acquired = 0;
   Tier acquired_tier = Tier::kGpu;
   bool written = false;   // some copy holds bytes the client wrote

@@ -1,6 +1,7 @@
 // LeaseTable's placement machinery: allocating in a session's tiers, evicting to make
 // room, copying a tensor between tiers through the Mover.
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <map>
 #include <set>
@@ -245,10 +246,11 @@ bool LeaseTable::DropNvmeDuplicate(Session& s) {
   int64_t victim_next = 0;
   for (const auto& [id, t] : s.tensors) {
     if (!t->Has(Tier::kNvme) || t->CopyCount() < 2 || t->busy > 0) continue;
-    // The planner's furthest next use first (its copy above is the last to need a
-    // write-back), else the least recently used.
+    // The lowest eviction priority, then the planner's furthest next use (its copy above is
+    // the last to need a write-back), else the least recently used.
     const int64_t next = RanksUses(s) ? s.planner->NextUse(t->id) : -static_cast<int64_t>(t->last_use);
-    if (victim == nullptr || next > victim_next) {
+    if (victim == nullptr || t->priority < victim->priority ||
+        (t->priority == victim->priority && next > victim_next)) {
       victim = t.get();
       victim_next = next;
     }
@@ -286,12 +288,20 @@ absl::Status LeaseTable::EvictForBlock(Session& s, Tier tier, uint64_t bytes, st
   // would take copies used sooner for room the joins may still make.
   if (arena.free_bytes < bytes) return absl::NotFoundError("too few free bytes");
   const std::vector<HeldCopy> held = CopiesByOffset(s, tier);
+  auto may_go = [&](const Tensor& t) {
+    return t.busy == 0 && t.pinned != tier && refused.count(&t) == 0 && !(t.acquired > 0 && t.acquired_tier == tier);
+  };
+  // Eviction priorities: a run is made of copies of the lowest priority that may go (if none
+  // holds the block, EvictOne takes them one by one, lowest priority first).
+  int lowest = INT_MAX;
+  for (const HeldCopy& h : held) {
+    if (may_go(*h.tensor)) lowest = std::min(lowest, h.tensor->priority);
+  }
   std::vector<HeldRange> ranges;
   ranges.reserve(held.size());
   for (const HeldCopy& h : held) {
     const Tensor& t = *h.tensor;
-    const bool evictable = t.busy == 0 && t.pinned != tier && refused.count(&t) == 0 &&
-                           !(t.acquired > 0 && t.acquired_tier == tier);
+    const bool evictable = may_go(t) && t.priority == lowest;
     ranges.push_back(
         {h.begin, h.end, evictable, t.CopyCount() > 1 || !t.written, evictable ? s.planner->NextUse(t.id) : 0});
   }
@@ -308,7 +318,8 @@ absl::Status LeaseTable::EvictOne(Session& s, Tier tier, std::set<const Tensor*>
     if (!t->Has(tier) || t->busy > 0 || t->pinned == tier || refused.count(t.get()) > 0) continue;
     if (t->acquired > 0 && t->acquired_tier == tier) continue;
     tensors.push_back(t.get());
-    candidates.push_back({t->CopyCount() > 1 || !t->written, ranked ? s.planner->NextUse(t->id) : 0, t->last_use});
+    candidates.push_back(
+        {t->CopyCount() > 1 || !t->written, ranked ? s.planner->NextUse(t->id) : 0, t->last_use, t->priority});
   }
   const std::optional<size_t> picked = PickVictim(candidates, ranked);
   Tensor* victim = picked ? tensors[*picked] : nullptr;

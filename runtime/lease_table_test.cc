@@ -302,6 +302,44 @@ TEST_F(LeaseTableTest, PinnedTensorsStayInTheirTier) {
   EXPECT_TRUE(table->Validate().ok()) << table->Validate();
 }
 
+// Eviction priorities: in a 3 MiB GPU quota, the tensor written first would be the least
+// recently used victim; with priority 1 it stays on the GPU while five later ones of priority 0
+// come and go (and without the rule it leaves). Softer than a pin: when only copies of priority 1
+// are there, one of them makes room. A bad pattern is refused.
+TEST_F(LeaseTableTest, ALowerEvictionPriorityLeavesFirst) {
+  EXPECT_EQ(LeaseTable::Create(*engine_.store, *engine_.mover, RealClock(), {}, {{"layers[", 1}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const uint64_t mib_floats = 256 * 1024;
+  for (bool ruled : {true, false}) {
+    SCOPED_TRACE(ruled ? "with the rule" : "without");
+    auto table = ruled ? Table({}, {{"layers\\.hot\\..*", 1}}) : Table();
+    auto s = *table->OpenSession("priorities", {3 * kMiB, 8 * kMiB, 16 * kMiB});
+    auto hot = *table->Lease(s, Spec("layers.hot.w", mib_floats));
+    Write(*table, s, hot, 3);
+    for (int i = 0; i < 5; ++i) {
+      const TensorId t = *table->Lease(s, Spec("layers." + std::to_string(i) + ".w", mib_floats));
+      Write(*table, s, t, 40 + i);
+    }
+    bool on_gpu = false;
+    for (const LeaseView& view : table->List(s)) {
+      if (view.spec.name != "layers.hot.w") continue;
+      on_gpu = view.copies[static_cast<int>(Tier::kGpu)];
+      EXPECT_EQ(view.priority, ruled ? 1 : 0);
+    }
+    EXPECT_EQ(on_gpu, ruled) << "the least recently used tensor stays only with its priority";
+    EXPECT_TRUE(Holds(*table, s, hot, 3, Place::kGpu));
+    EXPECT_TRUE(table->Validate().ok()) << table->Validate();
+  }
+  // Only priority 1 on the GPU: a newcomer of priority 0 still finds room.
+  auto table = Table({}, {{"hot\\..*", 1}});
+  auto s = *table->OpenSession("all hot", {3 * kMiB, 8 * kMiB, 16 * kMiB});
+  for (int i = 0; i < 3; ++i) Write(*table, s, *table->Lease(s, Spec("hot." + std::to_string(i), mib_floats)), 60 + i);
+  const TensorId cold = *table->Lease(s, Spec("cold", mib_floats));
+  Write(*table, s, cold, 70);
+  EXPECT_TRUE(Holds(*table, s, cold, 70, Place::kGpu));
+  EXPECT_TRUE(table->Validate().ok()) << table->Validate();
+}
+
 TEST_F(LeaseTableTest, SessionsAreIsolatedAndGiveTheirBudgetBack) {
   auto table = Table();
   auto a = *table->OpenSession("a", {8 * kMiB, 8 * kMiB, 16 * kMiB});

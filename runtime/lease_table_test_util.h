@@ -29,8 +29,9 @@ class LeaseTableTest : public ::testing::Test {
     engine_ = MakeDaemonEngine(::testing::UnitTest::GetInstance()->current_test_info()->name(),
                                16 * kMiB, 16 * kMiB, 64 * kMiB);
   }
-  std::unique_ptr<LeaseTable> Table(std::vector<PinRule> pins = {}) {
-    auto table = LeaseTable::Create(*engine_.store, *engine_.mover, RealClock(), std::move(pins));
+  std::unique_ptr<LeaseTable> Table(std::vector<PinRule> pins = {}, std::vector<PriorityRule> priorities = {}) {
+    auto table =
+        LeaseTable::Create(*engine_.store, *engine_.mover, RealClock(), std::move(pins), std::move(priorities));
     EXPECT_TRUE(table.ok()) << table.status();
     return std::move(*table);
   }

@@ -15,8 +15,9 @@ std::optional<size_t> PickVictim(const std::vector<RoomCandidate>& candidates, b
       continue;
     }
     const RoomCandidate& v = candidates[*victim];
-    const bool better = ranked ? c.next_use > v.next_use || (c.next_use == v.next_use && c.clean && !v.clean)
-                               : (c.clean && !v.clean) || (c.clean == v.clean && c.last_use < v.last_use);
+    const bool better = c.priority != v.priority ? c.priority < v.priority
+                        : ranked ? c.next_use > v.next_use || (c.next_use == v.next_use && c.clean && !v.clean)
+                                 : (c.clean && !v.clean) || (c.clean == v.clean && c.last_use < v.last_use);
     if (better) victim = k;
   }
   return victim;

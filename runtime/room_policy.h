@@ -16,11 +16,13 @@ struct RoomCandidate {
   bool clean = false;     // another tier holds its bytes, or it holds none: dropping it costs nothing
   int64_t next_use = 0;   // ops to its next use (the planner's), when ranked
   uint64_t last_use = 0;  // the session's tick of its last acquire or release
+  int priority = 0;       // its eviction priority (PriorityRule): a lower one goes first
 };
 
-// The victim among `candidates` (its index; nullopt when there is none). `ranked` (the
-// planner knows next uses, MIN): the furthest next use, clean first on ties. Unranked: clean
-// copies first, then the least recently used. Ties keep the earliest candidate.
+// The victim among `candidates` (its index; nullopt when there is none): the lowest eviction
+// priority first; among those, `ranked` (the planner knows next uses, MIN): the furthest next
+// use, clean first on ties; unranked: clean copies first, then the least recently used. Ties
+// keep the earliest candidate.
 std::optional<size_t> PickVictim(const std::vector<RoomCandidate>& candidates, bool ranked);
 
 // A copy in an arena, by offset (the arena's copies sorted by `begin`).

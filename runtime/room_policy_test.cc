@@ -12,6 +12,17 @@ TEST(RoomPolicyTest, RankedTheFurthestNextUseGoesCleanFirstOnTies) {
   EXPECT_EQ(PickVictim(tie, true), 0u) << "an exact tie keeps the earliest";
 }
 
+// A lower eviction priority goes first, ahead of every other ranking (the furthest next use,
+// clean, the least recently used); within one priority those rank as before.
+TEST(RoomPolicyTest, TheLowestEvictionPriorityGoesFirst) {
+  const std::vector<RoomCandidate> ranked = {{true, 90, 1, 1}, {false, 5, 2, 0}, {false, 7, 3, 0}, {true, 99, 0, 2}};
+  EXPECT_EQ(PickVictim(ranked, /*ranked=*/true), 2u) << "priority 0, and of those the furthest next use";
+  const std::vector<RoomCandidate> unranked = {{true, 0, 1, 1}, {false, 0, 9, 0}, {false, 0, 4, 0}};
+  EXPECT_EQ(PickVictim(unranked, /*ranked=*/false), 2u) << "priority 0 though dirty, then the least recently used";
+  const std::vector<RoomCandidate> negative = {{true, 0, 1, 0}, {false, 0, 9, -3}};
+  EXPECT_EQ(PickVictim(negative, false), 1u) << "a negative priority goes before the default";
+}
+
 TEST(RoomPolicyTest, UnrankedCleanCopiesGoFirstThenTheLeastRecentlyUsed) {
   const std::vector<RoomCandidate> c = {{false, 0, 1}, {true, 0, 9}, {true, 0, 4}, {false, 0, 0}};
   EXPECT_EQ(PickVictim(c, /*ranked=*/false), 2u) << "clean, and used longest ago of the clean ones";

@@ -136,6 +136,26 @@ absl::Status ParseRest(const YAML::Node& root, DaemonOptions* options) {
       options->pins.push_back(rule);
     }
   }
+  if (const YAML::Node priorities = root["priorities"]) {
+    if (!priorities.IsSequence()) return Error(priorities, "priorities must be a list of {pattern, priority}");
+    for (const YAML::Node& entry : priorities) {
+      RETURN_IF_ERROR(CheckKeys(entry, "a priority", {"pattern", "priority"}));
+      if (!entry["pattern"] || !entry["priority"]) return Error(entry, "a priority needs pattern and priority");
+      PriorityRule rule{As<std::string>(entry["pattern"], "priorities[].pattern"), 0};
+      try {
+        std::regex(rule.pattern, std::regex::ECMAScript);
+      } catch (const std::regex_error& e) {
+        return Error(entry["pattern"], absl::StrFormat("priorities[].pattern '%s' is not a regular expression (%s)",
+                                                       rule.pattern, e.what()));
+      }
+      int priority = 0;
+      if (!YAML::convert<int>::decode(entry["priority"], priority) || priority < -1000 || priority > 1000) {
+        return Error(entry["priority"], "a priority is a whole number from -1000 to 1000 (higher: evicted later)");
+      }
+      rule.priority = priority;
+      options->priorities.push_back(rule);
+    }
+  }
   if (const YAML::Node listen = root["listen"]) {
     RETURN_IF_ERROR(CheckKeys(listen, "listen", {"runtime_dir", "grpc_tcp", "grpc_tcp_public", "metrics"}));
     if (listen["metrics"]) options->metrics_address = As<std::string>(listen["metrics"], "listen.metrics");
@@ -209,8 +229,9 @@ absl::StatusOr<DaemonOptions> ParseConfig(const std::string& yaml_text) {
   try {
     const YAML::Node root = YAML::Load(yaml_text);
     if (root.IsNull()) return options;
-    RETURN_IF_ERROR(CheckKeys(root, "the config",
-                              {"tiers", "pins", "listen", "security", "limits", "planner", "default_session_quota"}));
+    RETURN_IF_ERROR(
+        CheckKeys(root, "the config",
+                  {"tiers", "pins", "priorities", "listen", "security", "limits", "planner", "default_session_quota"}));
     if (root["tiers"]) RETURN_IF_ERROR(ParseTiers(root["tiers"], &options));
     RETURN_IF_ERROR(ParseRest(root, &options));
   } catch (const TypeError& e) {
@@ -251,6 +272,10 @@ std::string DescribeConfig(const DaemonOptions& o) {
   out += o.pins.empty() ? "pins: []\n" : "pins:\n";
   for (const PinRule& pin : o.pins) {
     absl::StrAppendFormat(&out, "  - {pattern: %s, tier: %s}\n", Quoted(pin.pattern), TierName(pin.tier));
+  }
+  out += o.priorities.empty() ? "priorities: []\n" : "priorities:\n";
+  for (const PriorityRule& rule : o.priorities) {
+    absl::StrAppendFormat(&out, "  - {pattern: %s, priority: %d}\n", Quoted(rule.pattern), rule.priority);
   }
   absl::StrAppendFormat(&out, "listen: {runtime_dir: %s, grpc_tcp: %s, grpc_tcp_public: %s, metrics: %s}\n",
                         Quoted(o.runtime_dir), Quoted(o.grpc_tcp_address), o.grpc_tcp_public ? "true" : "false",

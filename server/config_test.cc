@@ -22,6 +22,9 @@ TEST(ConfigTest, TheAnnotatedExampleParses) {
   ASSERT_EQ(options->pins.size(), 2u);
   EXPECT_EQ(options->pins[0].pattern, "embed\\..*");
   EXPECT_EQ(options->pins[0].tier, Tier::kGpu);
+  ASSERT_EQ(options->priorities.size(), 1u);
+  EXPECT_EQ(options->priorities[0].pattern, "layers\\.(30|31)\\..*");
+  EXPECT_EQ(options->priorities[0].priority, 1);
   EXPECT_EQ(options->runtime_dir, "/run/tierd");
   EXPECT_EQ(options->allowed_uids.count(1000), 1u);
   EXPECT_EQ(options->default_quota.dram_bytes, 32 * kGiB);
@@ -32,6 +35,17 @@ TEST(ConfigTest, TheAnnotatedExampleParses) {
   EXPECT_EQ(again->store.nvme_bytes, options->store.nvme_bytes);
   EXPECT_EQ(again->pins.size(), 2u);
   EXPECT_EQ(again->pins[1].pattern, options->pins[1].pattern);
+  ASSERT_EQ(again->priorities.size(), 1u);
+  EXPECT_EQ(again->priorities[0].pattern, options->priorities[0].pattern);
+  EXPECT_EQ(again->priorities[0].priority, 1);
+  // Priorities: whole numbers in range, patterns that are regular expressions.
+  EXPECT_TRUE(ParseConfig("priorities: [{pattern: 'a.*', priority: -2}]\n").ok());
+  for (const char* bad :
+       {"priorities: [{pattern: 'a.*', priority: high}]\n", "priorities: [{pattern: 'a.*', priority: 5000}]\n",
+        "priorities: [{pattern: 'a[', priority: 1}]\n", "priorities: [{pattern: 'a.*'}]\n",
+        "priorities: {pattern: 'a.*', priority: 1}\n"}) {
+    EXPECT_FALSE(ParseConfig(bad).ok()) << bad;
+  }
   EXPECT_EQ(again->allowed_uids, options->allowed_uids);
   EXPECT_FALSE(options->planner_time_aware);
   // The planner's time-aware styles, switched on, survive the round trip; a word is refused.

@@ -106,7 +106,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
                              {.register_nvme_buffers = false, .nvme_chunk_bytes = options.nvme_chunk_bytes});
   if (!mover.ok()) return mover.status();
   daemon->mover_ = std::move(*mover);
-  auto leases = LeaseTable::Create(*daemon->store_, *daemon->mover_, RealClock(), options.pins);
+  auto leases = LeaseTable::Create(*daemon->store_, *daemon->mover_, RealClock(), options.pins, options.priorities);
   if (!leases.ok()) return leases.status();
   daemon->leases_ = std::move(*leases);
   if (absl::Status status = daemon->StartServers(); !status.ok()) return status;

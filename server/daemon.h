@@ -60,6 +60,7 @@ struct DaemonOptions {
   // so allowed users of other uids (members of it) can connect; without, all is private.
   std::optional<gid_t> socket_group;
   std::vector<PinRule> pins;
+  std::vector<PriorityRule> priorities;  // eviction priorities by name (config `priorities:`)
   // Used for a hello that asks for no quota at all.
   SessionQuota default_quota;
   // Sessions served at once; one more hello is refused with RESOURCE_EXHAUSTED.

@@ -177,6 +177,9 @@ grpc::Status TierdService::ListLeases(grpc::ServerContext* context, const v1::Li
       info->add_extents(view.extents[static_cast<int>(tier)]);
     }
     if (view.pinned) info->set_pinned(ToProto(*view.pinned));
+    info->add_refetches(view.refetches[static_cast<int>(Tier::kGpu)]);
+    info->add_refetches(view.refetches[static_cast<int>(Tier::kDram)]);
+    info->set_thrash_locked(view.thrash_locked);
     info->set_acquired(view.acquired);
   }
   return grpc::Status::OK;
@@ -223,6 +226,8 @@ grpc::Status TierdService::Stats(grpc::ServerContext*, const v1::Empty*, v1::Sta
   reply->set_gpu_relocations(leases.gpu_relocations);
   reply->set_rehomed(leases.rehomed);
   reply->set_nvme_duplicates_dropped(leases.nvme_duplicates_dropped);
+  reply->set_refetches(leases.refetches);
+  reply->set_thrash_locks(leases.thrash_locks);
   for (v1::SessionSteps& s : steps_.Snapshot()) *reply->add_session_steps() = std::move(s);
   reply->set_gpu(gpu_description_);
   reply->set_uptime_seconds((clock_.NowNanos() - started_nanos_) / 1e9);

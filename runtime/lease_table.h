@@ -67,6 +67,20 @@ struct PriorityRule {
   int priority = 0;
 };
 
+// Thrashing: a tensor whose copy tierd evicted from a tier to make room and that an acquire then
+// fetched back into that tier has been refetched (counted per tensor and tier, shown by
+// tierctl leases). With `lock`, during a session's warm-up (its first `warmup_acquires`
+// acquires) a tensor refetched `refetches` times into the GPU or DRAM tier is locked there (a
+// pin, for the rest of the session) while the session's locked bytes in that tier stay within
+// `max_locked_fraction` of its quota there: what thrashes in the warm-up stops moving. Not for
+// sessions with a plan (the planner orders their moves; a pin of its own would contradict it).
+struct ThrashOptions {
+  bool lock = false;
+  uint64_t warmup_acquires = 2000;
+  uint32_t refetches = 3;
+  double max_locked_fraction = 0.5;
+};
+
 // Where an acquired tensor's bytes are: the arena is the session's own (its GPU region or
 // its DRAM segment), so the client's pointer is its mapping of that arena + offset.
 struct Placement {
@@ -89,6 +103,8 @@ struct LeaseView {
   // Where each copy starts in its tier (the session's GPU or DRAM arena; NVMe: the file),
   // and its size there (rounded up to the allocator's alignment); 0 where there is none.
   std::array<uint64_t, kTierCount> offsets{}, extents{};
+  std::array<uint32_t, kTierCount> refetches{};  // ThrashOptions: fetched back after eviction for room
+  bool thrash_locked = false;                    // pinned by the thrash lock
 };
 
 struct LeaseStats {
@@ -113,6 +129,8 @@ struct LeaseStats {
   uint64_t rehomed = 0;              // ... of them, the moves to the layout's offset
   // NVMe copies dropped to make room there on demand (a tier above held the same bytes).
   uint64_t nvme_duplicates_dropped = 0;
+  uint64_t refetches = 0;     // fetches back into a tier a copy was evicted from for room
+  uint64_t thrash_locks = 0;  // tensors the thrash lock pinned
   // Where a release's time goes: waiting for the session's lock (and for a move of the
   // tensor to land), and waiting for an older GPU fence its new one does not cover.
   uint64_t releases = 0, fence_waits = 0;
@@ -130,6 +148,8 @@ class LeaseTable {
                                                             std::vector<PinRule> pins,
                                                             std::vector<PriorityRule> priorities = {});
   ~LeaseTable();
+  // Before the first session opens.
+  void SetThrashOptions(const ThrashOptions& options) { thrash_ = options; }
 
   // Creates the session's GPU and DRAM arenas (quota bytes each; 0 = none).
   // RESOURCE_EXHAUSTED when the node budget cannot give the quota.
@@ -286,6 +306,10 @@ class LeaseTable {
   Clock& clock_;
   std::vector<std::pair<std::regex, Tier>> pins_;
   std::vector<std::pair<std::regex, int>> priorities_;
+  ThrashOptions thrash_;
+  // After a fetch into `tier`: counts a refetch, and (ThrashOptions::lock) locks a thrashing
+  // tensor in the warm-up.
+  void NoteFetch(Session& s, Tensor& t, Tier tier);
   int PriorityFor(const std::string& name) const;
 
   mutable absl::Mutex mutex_;

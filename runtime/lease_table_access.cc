@@ -66,11 +66,15 @@ absl::StatusOr<Placement> LeaseTable::AcquireLocked(Session& s, Tensor& t, Acces
     --t.busy;
     if (!status.ok()) return status;
     if (placement.fetched) {
-      absl::MutexLock stats_lock(&stats_mutex_);
-      ++stats_.stalls;
-      stats_.stall_nanos += clock_.NowNanos() - start;
+      {
+        absl::MutexLock stats_lock(&stats_mutex_);
+        ++stats_.stalls;
+        stats_.stall_nanos += clock_.NowNanos() - start;
+      }
+      NoteFetch(s, t, tier);
     }
   }
+  ++s.acquires;
   if (!placement.fetched) {
     absl::MutexLock stats_lock(&stats_mutex_);
     ++stats_.acquire_hits;
@@ -92,6 +96,27 @@ absl::StatusOr<Placement> LeaseTable::AcquireLocked(Session& s, Tensor& t, Acces
   placement.offset = copy.offset();
   placement.bytes = t.bytes;
   return placement;
+}
+
+void LeaseTable::NoteFetch(Session& s, Tensor& t, Tier tier) {
+  const int k = static_cast<int>(tier);
+  if (!t.evicted_for_room[k]) return;
+  t.evicted_for_room[k] = false;
+  ++t.refetches[k];
+  bool locked = false;
+  if (thrash_.lock && tier != Tier::kNvme && !t.pinned && s.acquires < thrash_.warmup_acquires &&
+      t.refetches[k] >= thrash_.refetches && !RanksUses(s)) {
+    const uint64_t quota = tier == Tier::kGpu ? s.quota.gpu_bytes : s.quota.dram_bytes;
+    if (static_cast<double>(s.thrash_locked_bytes[k] + t.bytes) <= thrash_.max_locked_fraction * quota) {
+      t.pinned = tier;
+      t.thrash_locked = true;
+      s.thrash_locked_bytes[k] += t.bytes;
+      locked = true;
+    }
+  }
+  absl::MutexLock stats_lock(&stats_mutex_);
+  ++stats_.refetches;
+  if (locked) ++stats_.thrash_locks;
 }
 
 absl::Status LeaseTable::Release(SessionId session_id, TensorId id, std::unique_ptr<GpuFence> gpu_fence) {
@@ -285,7 +310,9 @@ absl::Status LeaseTable::Pin(SessionId session_id, TensorId id, Tier tier) {
 }
 
 absl::Status LeaseTable::Unpin(SessionId session_id, TensorId id) {
-  return OnTensor<absl::Status>(session_id, id, [](Session&, Tensor& t) {
+  return OnTensor<absl::Status>(session_id, id, [](Session& s, Tensor& t) {
+    if (t.thrash_locked && t.pinned) s.thrash_locked_bytes[static_cast<int>(*t.pinned)] -= t.bytes;
+    t.thrash_locked = false;
     t.pinned.reset();
     return absl::OkStatus();
   });
@@ -304,6 +331,8 @@ std::vector<LeaseView> LeaseTable::List(std::optional<SessionId> only) const {
     absl::MutexLock lock(&session->mutex);
     for (const auto& [id, t] : session->tensors) {
       LeaseView view{session->id, id, t->spec, t->bytes, {}, t->pinned, t->priority, t->acquired};
+      view.refetches = t->refetches;
+      view.thrash_locked = t->thrash_locked;
       for (int i = 0; i < kTierCount; ++i) {
         view.copies[i] = t->copies[i].has_value();
         if (view.copies[i]) {

@@ -19,6 +19,11 @@ struct LeaseTable::Tensor {
   std::array<std::optional<Extent>, kTierCount> copies;  // invariant 1
   std::optional<Tier> pinned;
   int priority = 0;  // eviction priority (PriorityRule): a lower one goes first
+  // ThrashOptions: per tier, whether its copy there was evicted for room since it was last
+  // fetched there, and how often it was fetched back after that.
+  std::array<bool, kTierCount> evicted_for_room{};
+  std::array<uint32_t, kTierCount> refetches{};
+  bool thrash_locked = false;
   uint32_t acquired = 0;
   Tier acquired_tier = Tier::kGpu;
   bool written = false;   // some copy holds bytes the client wrote
@@ -64,6 +69,8 @@ struct LeaseTable::Session {
   std::map<std::string, TensorId> by_name ABSL_GUARDED_BY(mutex);
   TensorId next_tensor ABSL_GUARDED_BY(mutex) = 1;
   uint64_t tick ABSL_GUARDED_BY(mutex) = 0;
+  uint64_t acquires ABSL_GUARDED_BY(mutex) = 0;  // ThrashOptions' warm-up
+  std::array<uint64_t, kTierCount> thrash_locked_bytes ABSL_GUARDED_BY(mutex) = {};
   bool closed ABSL_GUARDED_BY(mutex) = false;
   int moving ABSL_GUARDED_BY(mutex) = 0;             // copies in flight (lock let go)
   uint64_t moves_done ABSL_GUARDED_BY(mutex) = 0;    // copies finished, to wake waiters

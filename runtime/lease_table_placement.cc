@@ -381,6 +381,7 @@ absl::Status LeaseTable::EvictCopy(Session& s, Tier tier, Tensor& t, bool clean,
     if (!victim_clean) ++stats_.writebacks;
   }
   DropCopy(s, *victim, tier);
+  victim->evicted_for_room[static_cast<int>(tier)] = true;
   return absl::OkStatus();
 }
 

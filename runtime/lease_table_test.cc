@@ -340,6 +340,60 @@ TEST_F(LeaseTableTest, ALowerEvictionPriorityLeavesFirst) {
   EXPECT_TRUE(table->Validate().ok()) << table->Validate();
 }
 
+// Thrashing: three 1 MiB tensors read in turn on a 2 MiB GPU quota evict each other (each
+// read back is a refetch, counted per tensor and tier). With the thrash lock (2 refetches, a
+// warm-up of 100 acquires, half the quota), the first to reach 2 refetches is pinned on the GPU
+// and stops moving; the other two go on thrashing in the rest, and neither is locked (a second
+// 1 MiB would pass half the quota); the bytes stay right; an unpin ends the lock.
+TEST_F(LeaseTableTest, ATensorThatThrashesInTheWarmUpIsLockedWhereItThrashed) {
+  const uint64_t mib_floats = 256 * 1024;
+  for (bool lock : {false, true}) {
+    SCOPED_TRACE(lock ? "lock" : "count only");
+    auto table = Table();
+    ThrashOptions options;
+    options.lock = lock;
+    options.warmup_acquires = 100;
+    options.refetches = 2;
+    options.max_locked_fraction = 0.5;
+    table->SetThrashOptions(options);
+    auto s = *table->OpenSession("thrash", {2 * kMiB, 8 * kMiB, 16 * kMiB});
+    std::vector<TensorId> t;
+    for (int i = 0; i < 3; ++i) {
+      t.push_back(*table->Lease(s, Spec("layers." + std::to_string(i), mib_floats)));
+      Write(*table, s, t.back(), 80 + i);
+    }
+    for (int round = 0; round < 4; ++round) {
+      for (int i = 0; i < 3; ++i) ASSERT_TRUE(Holds(*table, s, t[i], 80 + i, Place::kGpu)) << round << " " << i;
+    }
+    std::vector<LeaseView> views = table->List(s);
+    ASSERT_EQ(views.size(), 3u);
+    const int gpu = static_cast<int>(Tier::kGpu);
+    if (!lock) {
+      // Clean copies go first: layers.0 and 1, read back (a copy in DRAM too), evict each
+      // other every time; layers.2, dirty since its write, never leaves.
+      EXPECT_GE(views[0].refetches[gpu], 3u);
+      EXPECT_GE(views[1].refetches[gpu], 3u);
+      EXPECT_EQ(views[2].refetches[gpu], 0u);
+      for (const LeaseView& v : views) EXPECT_FALSE(v.pinned || v.thrash_locked) << v.spec.name;
+      EXPECT_EQ(table->Stats().thrash_locks, 0u);
+      EXPECT_EQ(table->Stats().refetches, views[0].refetches[gpu] + views[1].refetches[gpu]);
+      continue;
+    }
+    EXPECT_TRUE(views[0].thrash_locked) << "layers.0 reached 2 refetches first";
+    EXPECT_EQ(views[0].pinned, Tier::kGpu);
+    EXPECT_EQ(views[0].refetches[gpu], 2u) << "locked, it stopped moving";
+    for (int i : {1, 2}) {
+      EXPECT_FALSE(views[i].thrash_locked) << "a second 1 MiB would pass half of the 2 MiB quota";
+      EXPECT_FALSE(views[i].pinned);
+      EXPECT_GE(views[i].refetches[gpu], 3u) << "the other two share the rest and go on thrashing";
+    }
+    EXPECT_EQ(table->Stats().thrash_locks, 1u);
+    EXPECT_TRUE(table->Validate().ok()) << table->Validate();
+    ASSERT_TRUE(table->Unpin(s, t[0]).ok());
+    EXPECT_FALSE(table->List(s)[0].thrash_locked);
+  }
+}
+
 TEST_F(LeaseTableTest, SessionsAreIsolatedAndGiveTheirBudgetBack) {
   auto table = Table();
   auto a = *table->OpenSession("a", {8 * kMiB, 8 * kMiB, 16 * kMiB});

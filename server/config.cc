@@ -176,6 +176,22 @@ absl::Status ParseRest(const YAML::Node& root, DaemonOptions* options) {
     if (limits["sessions"]) options->max_sessions = As<uint32_t>(limits["sessions"], "limits.sessions");
     if (options->max_sessions == 0) return Error(limits["sessions"], "limits.sessions must be at least 1");
   }
+  if (const YAML::Node thrash = root["thrash"]) {
+    RETURN_IF_ERROR(CheckKeys(thrash, "thrash", {"lock", "warmup_acquires", "refetches", "max_locked_fraction"}));
+    ThrashOptions& t = options->thrash;
+    if (thrash["lock"]) t.lock = As<bool>(thrash["lock"], "thrash.lock");
+    if (thrash["warmup_acquires"])
+      t.warmup_acquires = As<uint64_t>(thrash["warmup_acquires"], "thrash.warmup_acquires");
+    if (thrash["refetches"]) t.refetches = As<uint32_t>(thrash["refetches"], "thrash.refetches");
+    if (thrash["max_locked_fraction"]) {
+      t.max_locked_fraction = As<double>(thrash["max_locked_fraction"], "thrash.max_locked_fraction");
+    }
+    if (t.refetches < 1) return Error(thrash["refetches"], "thrash.refetches must be at least 1");
+    if (!(t.max_locked_fraction > 0 && t.max_locked_fraction <= 1)) {
+      return Error(thrash["max_locked_fraction"],
+                   "thrash.max_locked_fraction is a share of a quota, above 0 and at most 1");
+    }
+  }
   if (const YAML::Node planner = root["planner"]) {
     RETURN_IF_ERROR(CheckKeys(planner, "planner",
                               {"h2d_gbps", "d2h_gbps", "nvme_gbps", "time_aware", "gpu_headroom_fraction",
@@ -229,9 +245,9 @@ absl::StatusOr<DaemonOptions> ParseConfig(const std::string& yaml_text) {
   try {
     const YAML::Node root = YAML::Load(yaml_text);
     if (root.IsNull()) return options;
-    RETURN_IF_ERROR(
-        CheckKeys(root, "the config",
-                  {"tiers", "pins", "priorities", "listen", "security", "limits", "planner", "default_session_quota"}));
+    RETURN_IF_ERROR(CheckKeys(
+        root, "the config",
+        {"tiers", "pins", "priorities", "listen", "security", "limits", "thrash", "planner", "default_session_quota"}));
     if (root["tiers"]) RETURN_IF_ERROR(ParseTiers(root["tiers"], &options));
     RETURN_IF_ERROR(ParseRest(root, &options));
   } catch (const TypeError& e) {
@@ -289,6 +305,9 @@ std::string DescribeConfig(const DaemonOptions& o) {
   out += "]\n";
   if (o.socket_group) absl::StrAppendFormat(&out, "  socket_group: %d\n", *o.socket_group);
   absl::StrAppendFormat(&out, "limits: {sessions: %d}\n", o.max_sessions);
+  absl::StrAppendFormat(&out, "thrash: {lock: %s, warmup_acquires: %d, refetches: %d, max_locked_fraction: %.17g}\n",
+                        o.thrash.lock ? "true" : "false", o.thrash.warmup_acquires, o.thrash.refetches,
+                        o.thrash.max_locked_fraction);
   absl::StrAppendFormat(
       &out,
       "planner: {h2d_gbps: %.17g, d2h_gbps: %.17g, nvme_gbps: %.17g, time_aware: %s, "

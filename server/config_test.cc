@@ -38,6 +38,21 @@ TEST(ConfigTest, TheAnnotatedExampleParses) {
   ASSERT_EQ(again->priorities.size(), 1u);
   EXPECT_EQ(again->priorities[0].pattern, options->priorities[0].pattern);
   EXPECT_EQ(again->priorities[0].priority, 1);
+  // The thrash lock: off unless said, its numbers said back, bounded.
+  EXPECT_FALSE(options->thrash.lock);
+  EXPECT_EQ(options->thrash.refetches, 3u);
+  auto thrash = ParseConfig("thrash: {lock: true, warmup_acquires: 50, refetches: 2, max_locked_fraction: 0.25}\n");
+  ASSERT_TRUE(thrash.ok()) << thrash.status();
+  auto thrash_again = ParseConfig(DescribeConfig(*thrash));
+  ASSERT_TRUE(thrash_again.ok()) << thrash_again.status();
+  EXPECT_TRUE(thrash_again->thrash.lock);
+  EXPECT_EQ(thrash_again->thrash.warmup_acquires, 50u);
+  EXPECT_EQ(thrash_again->thrash.refetches, 2u);
+  EXPECT_EQ(thrash_again->thrash.max_locked_fraction, 0.25);
+  for (const char* bad : {"thrash: {refetches: 0}\n", "thrash: {max_locked_fraction: 1.5}\n", "thrash: {lock: maybe}\n",
+                          "thrash: {locks: true}\n"}) {
+    EXPECT_FALSE(ParseConfig(bad).ok()) << bad;
+  }
   // Priorities: whole numbers in range, patterns that are regular expressions.
   EXPECT_TRUE(ParseConfig("priorities: [{pattern: 'a.*', priority: -2}]\n").ok());
   for (const char* bad :

@@ -109,6 +109,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   auto leases = LeaseTable::Create(*daemon->store_, *daemon->mover_, RealClock(), options.pins, options.priorities);
   if (!leases.ok()) return leases.status();
   daemon->leases_ = std::move(*leases);
+  daemon->leases_->SetThrashOptions(options.thrash);
   if (absl::Status status = daemon->StartServers(); !status.ok()) return status;
   return daemon;
 }

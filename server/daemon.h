@@ -61,6 +61,7 @@ struct DaemonOptions {
   std::optional<gid_t> socket_group;
   std::vector<PinRule> pins;
   std::vector<PriorityRule> priorities;  // eviction priorities by name (config `priorities:`)
+  ThrashOptions thrash;                  // config `thrash:`
   // Used for a hello that asks for no quota at all.
   SessionQuota default_quota;
   // Sessions served at once; one more hello is refused with RESOURCE_EXHAUSTED.

@@ -113,6 +113,11 @@ std::string RenderPrometheus(const v1::StatsReply& stats) {
   Family(&out, "tierd_nvme_duplicates_dropped_total", "counter",
          "NVMe copies dropped to make room there on demand: a tier above held the same bytes.");
   absl::StrAppendFormat(&out, "tierd_nvme_duplicates_dropped_total %d\n", stats.nvme_duplicates_dropped());
+  Family(&out, "tierd_refetches_total", "counter",
+         "Fetches back into a tier a copy was evicted from to make room (thrashing).");
+  absl::StrAppendFormat(&out, "tierd_refetches_total %d\n", stats.refetches());
+  Family(&out, "tierd_thrash_locks_total", "counter", "Tensors the thrash lock pinned where they thrashed.");
+  absl::StrAppendFormat(&out, "tierd_thrash_locks_total %d\n", stats.thrash_locks());
   Family(&out, "tierd_sessions", "gauge", "Connected client sessions.");
   absl::StrAppendFormat(&out, "tierd_sessions %d\n", stats.sessions());
   Family(&out, "tierd_leases", "gauge", "Leased tensors.");

@@ -156,16 +156,16 @@ int Leases(Tierd::Stub& stub) {
     PrintJson(reply);
     return 0;
   }
-  std::printf("%-8s %-32s %-10s %-7s %-16s %10s %-14s %-6s %s\n", "session", "name", "class", "dtype", "shape",
-              "bytes", "copies", "pinned", "acquired");
+  std::printf("%-8s %-32s %-10s %-7s %-16s %10s %-14s %-6s %-8s %s\n", "session", "name", "class", "dtype", "shape",
+              "bytes", "copies", "pinned", "acquired", "refetched gpu,dram");
   for (const auto& l : reply.leases()) {
     std::vector<std::string> copies;
     for (int t : l.copies()) copies.push_back(TierName(static_cast<v1::Tier>(t)));
-    std::printf("%-8lu %-32s %-10s %-7s %-16s %10s %-14s %-6s %u\n", static_cast<unsigned long>(l.session_id()),
+    std::printf("%-8lu %-32s %-10s %-7s %-16s %10s %-14s %-6s %-8u %s%s\n", static_cast<unsigned long>(l.session_id()),
                 l.spec().name().c_str(), v1::TensorClass_Name(l.spec().tensor_class()).substr(13).c_str(),
-                v1::DType_Name(l.spec().dtype()).substr(6).c_str(),
-                absl::StrJoin(l.spec().shape(), "x").c_str(), FormatBytes(l.bytes()).c_str(),
-                absl::StrJoin(copies, ",").c_str(), TierName(l.pinned()), l.acquired());
+                v1::DType_Name(l.spec().dtype()).substr(6).c_str(), absl::StrJoin(l.spec().shape(), "x").c_str(),
+                FormatBytes(l.bytes()).c_str(), absl::StrJoin(copies, ",").c_str(), TierName(l.pinned()), l.acquired(),
+                absl::StrJoin(l.refetches(), ",").c_str(), l.thrash_locked() ? " (locked: it thrashed)" : "");
   }
   return 0;
 }

@@ -307,9 +307,9 @@ class LeaseTable {
   std::vector<std::pair<std::regex, Tier>> pins_;
   std::vector<std::pair<std::regex, int>> priorities_;
   ThrashOptions thrash_;
-  // After a fetch into `tier`: counts a refetch, and (ThrashOptions::lock) locks a thrashing
-  // tensor in the warm-up.
-  void NoteFetch(Session& s, Tensor& t, Tier tier);
+  // After a demand fetch back into `tier` of a copy evicted from it for room: counts the
+  // refetch, and (ThrashOptions::lock) locks a thrashing tensor in the warm-up.
+  void NoteRefetch(Session& s, Tensor& t, Tier tier);
   int PriorityFor(const std::string& name) const;
 
   mutable absl::Mutex mutex_;

@@ -51,6 +51,7 @@ absl::StatusOr<Placement> LeaseTable::AcquireLocked(Session& s, Tensor& t, Acces
     ++t.busy;
     const int64_t start = clock_.NowNanos();
     absl::Status status;
+    bool refetch = false;  // its copy here was evicted for room: a demand fetch brings it back
     if (!t.written) {
       // Nothing to fetch: take room here and drop the empty copies elsewhere.
       auto extent = AllocateIn(s, tier, t.bytes, /*evict=*/true, t.id);
@@ -60,6 +61,7 @@ absl::StatusOr<Placement> LeaseTable::AcquireLocked(Session& s, Tensor& t, Acces
       }
       status = extent.status();
     } else {
+      refetch = t.evicted_for_room[static_cast<int>(tier)];  // CopyTo clears it
       status = CopyTo(s, t, tier);
       placement.fetched = status.ok();
     }
@@ -71,7 +73,7 @@ absl::StatusOr<Placement> LeaseTable::AcquireLocked(Session& s, Tensor& t, Acces
         ++stats_.stalls;
         stats_.stall_nanos += clock_.NowNanos() - start;
       }
-      NoteFetch(s, t, tier);
+      if (refetch) NoteRefetch(s, t, tier);
     }
   }
   ++s.acquires;
@@ -98,10 +100,8 @@ absl::StatusOr<Placement> LeaseTable::AcquireLocked(Session& s, Tensor& t, Acces
   return placement;
 }
 
-void LeaseTable::NoteFetch(Session& s, Tensor& t, Tier tier) {
+void LeaseTable::NoteRefetch(Session& s, Tensor& t, Tier tier) {
   const int k = static_cast<int>(tier);
-  if (!t.evicted_for_room[k]) return;
-  t.evicted_for_room[k] = false;
   ++t.refetches[k];
   bool locked = false;
   if (thrash_.lock && tier != Tier::kNvme && !t.pinned && s.acquires < thrash_.warmup_acquires &&

@@ -19,8 +19,8 @@ struct LeaseTable::Tensor {
   std::array<std::optional<Extent>, kTierCount> copies;  // invariant 1
   std::optional<Tier> pinned;
   int priority = 0;  // eviction priority (PriorityRule): a lower one goes first
-  // ThrashOptions: per tier, whether its copy there was evicted for room since it was last
-  // fetched there, and how often it was fetched back after that.
+  // ThrashOptions: per tier, whether its copy there was evicted for room and has not come back
+  // since, and how often a demand fetch brought it back after such an eviction.
   std::array<bool, kTierCount> evicted_for_room{};
   std::array<uint32_t, kTierCount> refetches{};
   bool thrash_locked = false;

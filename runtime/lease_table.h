@@ -143,7 +143,8 @@ struct LeaseStats {
 
 class LeaseTable {
  public:
-  // `store`, `mover` and `clock` must outlive the table. Invalid pin patterns are an error.
+  // `store`, `mover` and `clock` must outlive the table. Invalid pin or priority patterns are
+  // an error.
   static absl::StatusOr<std::unique_ptr<LeaseTable>> Create(TierStore& store, Mover& mover, Clock& clock,
                                                             std::vector<PinRule> pins,
                                                             std::vector<PriorityRule> priorities = {});

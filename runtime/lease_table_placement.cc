@@ -427,7 +427,7 @@ absl::Status LeaseTable::CopyTo(Session& s, Tensor& t, Tier tier, bool evict) {
                                                       TierName(*source), TierName(tier), moved.message()));
   }
   t.copies[static_cast<int>(tier)] = *destination;
-  t.evicted_for_room[static_cast<int>(tier)] = false;  // back, whoever brought it (NoteFetch counts demand)
+  t.evicted_for_room[static_cast<int>(tier)] = false;  // back, whoever brought it (NoteRefetch counts demand)
   return absl::OkStatus();
 }
 

@@ -33,6 +33,17 @@ std::unique_ptr<testing::Process> StartTierd(const std::string& runtime_dir) {
   return daemon;
 }
 
+// A session of its own on that tierd, leasing nothing: to look at the others.
+std::unique_ptr<Client> Watcher(const std::string& runtime_dir) {
+  ClientOptions options;
+  options.runtime_dir = runtime_dir;
+  options.label = "watcher";
+  options.quota = {0, 1 * kMiB, 1 * kMiB};
+  auto watcher = Client::Connect(options);
+  EXPECT_TRUE(watcher.ok()) << watcher.status();
+  return watcher.ok() ? std::move(*watcher) : nullptr;
+}
+
 // Five short steps of the tiny model: 2 x 32 tokens a micro-batch.
 trainer::TrainOptions FiveSteps() {
   trainer::TrainOptions options;
@@ -86,13 +97,9 @@ TEST(TrainerOnTierdTest, SameLossesAsPlainBuffersWhileTensorsMoveThroughNvme) {
   EXPECT_NE(traffic.find("nvme->dram"), std::string::npos) << traffic;
   std::printf("%s\n", traffic.c_str());
   // The saved activations are tierd's tensors too.
-  ClientOptions watcher_options;
-  watcher_options.runtime_dir = runtime_dir;
-  watcher_options.label = "watcher";
-  watcher_options.quota = {0, 1 * kMiB, 1 * kMiB};
-  auto watcher = Client::Connect(watcher_options);
-  ASSERT_TRUE(watcher.ok()) << watcher.status();
-  auto leases = (*watcher)->ListLeases(/*every_session=*/true);
+  auto watcher = Watcher(runtime_dir);
+  ASSERT_NE(watcher, nullptr);
+  auto leases = watcher->ListLeases(/*every_session=*/true);
   ASSERT_TRUE(leases.ok()) << leases.status();
   std::set<std::string> activations;
   for (const auto& lease : leases->leases()) {
@@ -102,7 +109,7 @@ TEST(TrainerOnTierdTest, SameLossesAsPlainBuffersWhileTensorsMoveThroughNvme) {
 
   // The same run without the plan: every tensor fetched when acquired. The planned run
   // fetched on demand far less (the executor moved them ahead of the ops).
-  auto planned_stats = (*watcher)->Stats();
+  auto planned_stats = watcher->Stats();
   ASSERT_TRUE(planned_stats.ok());
   const uint64_t planned_fetches = planned_stats->stalls();
   // A trainer on its own tierd session (label), with `options` changed by `adjust`.
@@ -126,7 +133,7 @@ TEST(TrainerOnTierdTest, SameLossesAsPlainBuffersWhileTensorsMoveThroughNvme) {
   ASSERT_NE(unplanned.trainer, nullptr);
   for (int step = 0; step < 5; ++step) ASSERT_TRUE(unplanned.trainer->Step().ok());
   EXPECT_EQ(*unplanned.trainer->SaveState(), *(*plain)->SaveState());
-  auto unplanned_stats = (*watcher)->Stats();
+  auto unplanned_stats = watcher->Stats();
   ASSERT_TRUE(unplanned_stats.ok());
   const uint64_t unplanned_fetches = unplanned_stats->stalls() - planned_fetches;
   std::printf("demand fetches: %d with the plan, %d without\n", static_cast<int>(planned_fetches),
@@ -150,7 +157,7 @@ TEST(TrainerOnTierdTest, SameLossesAsPlainBuffersWhileTensorsMoveThroughNvme) {
   std::printf("%s\n", recorded->plan_note().c_str());
   for (int step = 2; step < 5; ++step) ASSERT_TRUE(recorded->Step().ok());
   EXPECT_EQ(*recorded->SaveState(), *(*plain)->SaveState());
-  auto recorded_stats = (*watcher)->Stats();
+  auto recorded_stats = watcher->Stats();
   ASSERT_TRUE(recorded_stats.ok());
   const uint64_t recorded_fetches = recorded_stats->stalls() - unplanned_stats->stalls();
   std::printf("demand fetches: %d with the recorded plan (its first step recording, unplanned)\n",
@@ -197,7 +204,6 @@ TEST(TrainerOnTierdTest, EightBitMomentsThroughTierdMatchPlainBuffers) {
   rmdir(runtime_dir.c_str());
 }
 
-// The metrics lines without what differs between runs that compute the same (time, bytes moved).
 // tierd-train through tierd reports each step (ReportStep): a watcher sees the trainer's session
 // in tierd's Stats while it runs — its step, loss, the mean and deviation of its losses, the
 // step's seconds and tokens/s — the users' "step time, loss variance" beside the tiers'.
@@ -209,15 +215,11 @@ TEST(TrainerOnTierdTest, TheTrainersStepsAreInTierdsStats) {
       "trainer_ref/tierd-train",
       {"--device=cpu", "--steps=100000", "--batch_size=2", "--seq_len=32", "--eval_every=0", "--offload_policy=tierd",
        "--tierd_dir=" + runtime_dir, "--tierd_dram=4MiB", "--tierd_nvme=32MiB"});
-  ClientOptions watcher_options;
-  watcher_options.runtime_dir = runtime_dir;
-  watcher_options.label = "watcher";
-  watcher_options.quota = {0, 1 * kMiB, 1 * kMiB};
-  auto watcher = Client::Connect(watcher_options);
-  ASSERT_TRUE(watcher.ok()) << watcher.status();
+  auto watcher = Watcher(runtime_dir);
+  ASSERT_NE(watcher, nullptr);
   v1::SessionSteps seen;
   for (int tries = 0; tries < 600 && seen.step() < 5; ++tries) {  // up to a minute
-    auto stats = (*watcher)->Stats();
+    auto stats = watcher->Stats();
     ASSERT_TRUE(stats.ok()) << stats.status();
     if (stats->session_steps_size() == 1) seen = stats->session_steps(0);
     if (seen.step() < 5) usleep(100 * 1000);
@@ -225,7 +227,7 @@ TEST(TrainerOnTierdTest, TheTrainersStepsAreInTierdsStats) {
   run.Signal(SIGKILL);
   run.Wait();
   ASSERT_GE(seen.step(), 5) << run.output();
-  EXPECT_NE(seen.session_id(), (*watcher)->session_id());
+  EXPECT_NE(seen.session_id(), watcher->session_id());
   EXPECT_EQ(seen.window(), std::min<int64_t>(seen.step(), 100)) << "every step's loss, none skipped";
   EXPECT_EQ(seen.skipped_steps(), 0u);
   EXPECT_GT(seen.loss(), 0.5);
@@ -238,6 +240,7 @@ TEST(TrainerOnTierdTest, TheTrainersStepsAreInTierdsStats) {
   rmdir(runtime_dir.c_str());
 }
 
+// The metrics lines without what differs between runs that compute the same (time, bytes moved).
 std::vector<std::string> Losses(const std::string& path) {
   std::vector<std::string> out;
   std::ifstream in(path);

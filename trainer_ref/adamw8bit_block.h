@@ -116,15 +116,7 @@ TIERD_Q8_HD inline int32_t CodeByTable(const int32_t* __restrict table, float x)
 // A block's absmax is the largest of its values' magnitudes compared as the bit patterns of
 // |x| (positive floats order as their bits): an integer max, exact in any order and simple
 // to vectorise.
-TIERD_Q8_HD inline uint32_t MagnitudeBits(float x) {
-#ifdef __CUDA_ARCH__
-  return __float_as_uint(x) & 0x7fffffffu;
-#else
-  uint32_t bits;
-  __builtin_memcpy(&bits, &x, 4);
-  return bits & 0x7fffffffu;
-#endif
-}
+TIERD_Q8_HD inline uint32_t MagnitudeBits(float x) { return FloatBits(x) & 0x7fffffffu; }
 TIERD_Q8_HD inline float FromMagnitudeBits(uint32_t bits) {
 #ifdef __CUDA_ARCH__
   return __uint_as_float(bits);

@@ -42,9 +42,10 @@ ABSL_FLAG(int64_t, warmup, -1, "linear warmup steps, then cosine decay to lr / 1
 ABSL_FLAG(double, lr, 0, "peak learning rate (0: 3e-3 on the CPU, 3e-4 on a GPU; a third of that with --opt=lion)");
 ABSL_FLAG(double, clip, 1.0, "global gradient-norm clip (0: off)");
 ABSL_FLAG(double, loss_spike_sds, 4.0,
-          "flag a step whose loss is more than this many standard deviations above the mean of the last 100 "
-          "steps' (once 20 are there) on its progress line and in --metrics, and count them in the last line "
-          "(0: off)");
+          "flag a step whose loss is more than this many noise deviations above the mean of the last 10 steps' "
+          "(the noise: the standard deviation of the last 100 steps' step-to-step changes over sqrt 2, so a "
+          "falling loss does not hide a spike; once 20 steps are there) on its progress line and in --metrics, "
+          "and count them in the last line (0: off)");
 ABSL_FLAG(double, weight_decay, 0.1, "AdamW's decoupled weight decay");
 ABSL_FLAG(uint64_t, seed, 1, "seed of the initial weights and the data order");
 ABSL_FLAG(uint64_t, data_seed, 0,

@@ -38,8 +38,14 @@ TEST(ConfigTest, TheAnnotatedExampleParses) {
   ASSERT_EQ(again->priorities.size(), 1u);
   EXPECT_EQ(again->priorities[0].pattern, options->priorities[0].pattern);
   EXPECT_EQ(again->priorities[0].priority, 1);
-  // The thrash lock: off unless said, its numbers said back, bounded.
-  EXPECT_FALSE(options->thrash.lock);
+  // The thrash lock: on unless said off, its numbers said back, bounded.
+  EXPECT_TRUE(options->thrash.lock);
+  auto unsaid = ParseConfig("limits: {sessions: 8}\n");
+  ASSERT_TRUE(unsaid.ok()) << unsaid.status();
+  EXPECT_TRUE(unsaid->thrash.lock);
+  auto unlocked = ParseConfig("thrash: {lock: false}\n");
+  ASSERT_TRUE(unlocked.ok()) << unlocked.status();
+  EXPECT_FALSE(unlocked->thrash.lock);
   EXPECT_EQ(options->thrash.refetches, 3u);
   auto thrash = ParseConfig("thrash: {lock: true, warmup_acquires: 50, refetches: 2, max_locked_fraction: 0.25}\n");
   ASSERT_TRUE(thrash.ok()) << thrash.status();

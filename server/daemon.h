@@ -61,7 +61,9 @@ struct DaemonOptions {
   std::optional<gid_t> socket_group;
   std::vector<PinRule> pins;
   std::vector<PriorityRule> priorities;  // eviction priorities by name (config `priorities:`)
-  ThrashOptions thrash;                  // config `thrash:`
+  // config `thrash:`; the lock on by default in the daemon (the library's default is off): on
+  // tierd's online policy it took a 1.3B run at 11 GiB from 21,267 to 23,610 tokens/s.
+  ThrashOptions thrash = ThrashOptions{.lock = true};
   // Used for a hello that asks for no quota at all.
   SessionQuota default_quota;
   // Sessions served at once; one more hello is refused with RESOURCE_EXHAUSTED.

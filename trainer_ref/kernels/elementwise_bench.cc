@@ -106,7 +106,6 @@ bool Bench(const char* model, int b, int t, int c, int f, int heads, cudaEvent_t
   UseGpuCodePath("table");
   row("AdamW8bit (the same, codes by table)", w * 18.0,
       [&] { AdamW8bit(master, m8, v8, weights, grads, w, p, nullptr); });
-  UseGpuCodePath("search");
   std::printf("sum of the rows: %.3f ms\n", total_ms);
   return cudaDeviceSynchronize() == cudaSuccess;
 }

@@ -138,11 +138,12 @@ cudaError_t AdamW8bit(float* master, void* m_bytes, void* v_bytes, Bf16* weights
                       const AdamWParams& p, cudaStream_t stream);
 cudaError_t AdamW8bit(float* master, void* m_bytes, void* v_bytes, Bf16* weights, const Bf16* grads, int64_t n,
                       const AdamWParams& p, cudaStream_t stream);  // bf16 gradients, as AdamW's
-// How AdamW8bit finds each new code, the same codes either way: "search" (a binary search over
-// the 255 thresholds in shared memory, 8 dependent loads a value: the default), or "table" (the
-// host's table of 2^17 entries a map, 1 MiB for both in device memory, read once a value:
-// q8::CodeByTable). TIERD_GPU_Q8_CODES=table picks it for a run; UseGpuCodePath for benchmarks
-// and tests, not while a step is queued. Returns the path in use.
+// How AdamW8bit finds each new code, the same codes either way: "table" (the host's table of
+// 2^17 entries a map, 1 MiB for both in device memory, read once a value: q8::CodeByTable; the
+// default, 1.66x the search's rate on the H200) or "search" (a binary search over the 255
+// thresholds in shared memory, 8 dependent loads a value). TIERD_GPU_Q8_CODES=search picks it
+// for a run; UseGpuCodePath for benchmarks and tests, not while a step is queued. Returns the
+// path in use.
 const char* GpuCodePath();
 const char* UseGpuCodePath(const std::string& want);
 

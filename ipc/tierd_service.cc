@@ -228,6 +228,7 @@ grpc::Status TierdService::Stats(grpc::ServerContext*, const v1::Empty*, v1::Sta
   reply->set_nvme_duplicates_dropped(leases.nvme_duplicates_dropped);
   reply->set_refetches(leases.refetches);
   reply->set_thrash_locks(leases.thrash_locks);
+  reply->set_thrash_unlocks(leases.thrash_unlocks);
   for (v1::SessionSteps& s : steps_.Snapshot()) *reply->add_session_steps() = std::move(s);
   reply->set_gpu(gpu_description_);
   reply->set_uptime_seconds((clock_.NowNanos() - started_nanos_) / 1e9);

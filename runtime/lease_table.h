@@ -74,6 +74,8 @@ struct PriorityRule {
 // pin, for the rest of the session) while the session's locked bytes in that tier stay within
 // `max_locked_fraction` of its quota there: what thrashes in the warm-up stops moving. Not for
 // sessions with a plan (the planner orders their moves; a pin of its own would contradict it).
+// Softer than a client's pin: when a placement finds nothing else to evict, a lock is let go
+// (the largest first) rather than the placement failing, and that tensor is not locked again.
 struct ThrashOptions {
   bool lock = false;
   uint64_t warmup_acquires = 2000;
@@ -131,6 +133,7 @@ struct LeaseStats {
   uint64_t nvme_duplicates_dropped = 0;
   uint64_t refetches = 0;     // fetches back into a tier a copy was evicted from for room
   uint64_t thrash_locks = 0;  // tensors the thrash lock pinned
+  uint64_t thrash_unlocks = 0;  // of them, let go because a placement needed their room
   // Where a release's time goes: waiting for the session's lock (and for a move of the
   // tensor to land), and waiting for an older GPU fence its new one does not cover.
   uint64_t releases = 0, fence_waits = 0;

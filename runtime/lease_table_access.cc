@@ -104,7 +104,7 @@ void LeaseTable::NoteRefetch(Session& s, Tensor& t, Tier tier) {
   const int k = static_cast<int>(tier);
   ++t.refetches[k];
   bool locked = false;
-  if (thrash_.lock && tier != Tier::kNvme && !t.pinned && s.acquires < thrash_.warmup_acquires &&
+  if (thrash_.lock && tier != Tier::kNvme && !t.pinned && !t.lock_given_up && s.acquires < thrash_.warmup_acquires &&
       t.refetches[k] >= thrash_.refetches && !RanksUses(s)) {
     const uint64_t quota = tier == Tier::kGpu ? s.quota.gpu_bytes : s.quota.dram_bytes;
     if (static_cast<double>(s.thrash_locked_bytes[k] + t.bytes) <= thrash_.max_locked_fraction * quota) {

@@ -24,6 +24,7 @@ struct LeaseTable::Tensor {
   std::array<bool, kTierCount> evicted_for_room{};
   std::array<uint32_t, kTierCount> refetches{};
   bool thrash_locked = false;
+  bool lock_given_up = false;  // its thrash lock was let go for room: never locked again
   uint32_t acquired = 0;
   Tier acquired_tier = Tier::kGpu;
   bool written = false;   // some copy holds bytes the client wrote

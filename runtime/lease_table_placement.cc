@@ -336,6 +336,23 @@ absl::Status LeaseTable::EvictOne(Session& s, Tier tier, std::set<const Tensor*>
           +[](Wait* w) ABSL_NO_THREAD_SAFETY_ANALYSIS { return w->s->moves_done != w->seen || w->s->closed; }, &wait));
       return absl::OkStatus();  // the caller tries to allocate again
     }
+    // A thrash lock is the daemon's own guess, softer than the client's pin: it never makes
+    // a placement fail. Let one go (the largest, for the most room), then retry.
+    Tensor* locked = nullptr;
+    for (const auto& [id, t] : s.tensors) {
+      if (!t->thrash_locked || t->pinned != tier || t->busy > 0 || refused.count(t.get()) > 0) continue;
+      if (t->acquired > 0 && t->acquired_tier == tier) continue;
+      if (locked == nullptr || t->bytes > locked->bytes) locked = t.get();
+    }
+    if (locked != nullptr) {
+      s.thrash_locked_bytes[static_cast<int>(tier)] -= locked->bytes;
+      locked->thrash_locked = false;
+      locked->lock_given_up = true;
+      locked->pinned.reset();
+      absl::MutexLock stats_lock(&stats_mutex_);
+      ++stats_.thrash_unlocks;
+      return absl::OkStatus();
+    }
     return absl::ResourceExhaustedError("nothing there may be evicted");
   }
   return EvictCopy(s, tier, *victim, victim_clean, refused);

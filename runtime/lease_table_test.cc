@@ -394,6 +394,38 @@ TEST_F(LeaseTableTest, ATensorThatThrashesInTheWarmUpIsLockedWhereItThrashed) {
   }
 }
 
+// A thrash lock never makes a placement fail: with locks allowed the whole quota (fraction 1)
+// and one refetch enough, four 1 MiB tensors read in turn on 3 MiB of GPU end with every byte
+// there locked; the next one's fetch finds nothing else to evict, so a lock is let go (counted,
+// that tensor never locked again) and every read still gets its bytes.
+TEST_F(LeaseTableTest, AThrashLockIsLetGoRatherThanAPlacementFailing) {
+  const uint64_t mib_floats = 256 * 1024;
+  auto table = Table();
+  ThrashOptions options;
+  options.lock = true;
+  options.warmup_acquires = 1000;
+  options.refetches = 1;
+  options.max_locked_fraction = 1.0;
+  table->SetThrashOptions(options);
+  auto s = *table->OpenSession("locks", {3 * kMiB, 8 * kMiB, 16 * kMiB});
+  std::vector<TensorId> t;
+  for (int i = 0; i < 4; ++i) {
+    t.push_back(*table->Lease(s, Spec("layers." + std::to_string(i), mib_floats)));
+    Write(*table, s, t.back(), 40 + i);
+  }
+  for (int round = 0; round < 6; ++round) {
+    for (int i = 0; i < 4; ++i) ASSERT_TRUE(Holds(*table, s, t[i], 40 + i, Place::kGpu)) << round << " " << i;
+  }
+  const auto stats = table->Stats();
+  EXPECT_GE(stats.thrash_locks, 3u) << "the quota's worth got locked";
+  EXPECT_GE(stats.thrash_unlocks, 1u) << "and a lock was let go for the fourth";
+  EXPECT_LE(stats.thrash_locks, 3u + stats.thrash_unlocks);
+  uint64_t locked = 0;
+  for (const LeaseView& v : table->List(s)) locked += v.thrash_locked ? v.bytes : 0;
+  EXPECT_LE(locked, 3 * kMiB);
+  EXPECT_TRUE(table->Validate().ok()) << table->Validate();
+}
+
 TEST_F(LeaseTableTest, SessionsAreIsolatedAndGiveTheirBudgetBack) {
   auto table = Table();
   auto a = *table->OpenSession("a", {8 * kMiB, 8 * kMiB, 16 * kMiB});

@@ -118,6 +118,9 @@ std::string RenderPrometheus(const v1::StatsReply& stats) {
   absl::StrAppendFormat(&out, "tierd_refetches_total %d\n", stats.refetches());
   Family(&out, "tierd_thrash_locks_total", "counter", "Tensors the thrash lock pinned where they thrashed.");
   absl::StrAppendFormat(&out, "tierd_thrash_locks_total %d\n", stats.thrash_locks());
+  Family(&out, "tierd_thrash_unlocks_total", "counter",
+         "Thrash locks let go because a placement needed their room (a lock never makes one fail).");
+  absl::StrAppendFormat(&out, "tierd_thrash_unlocks_total %d\n", stats.thrash_unlocks());
   Family(&out, "tierd_sessions", "gauge", "Connected client sessions.");
   absl::StrAppendFormat(&out, "tierd_sessions %d\n", stats.sessions());
   Family(&out, "tierd_leases", "gauge", "Leased tensors.");

@@ -131,7 +131,10 @@ TEST(TrainerOnTierdTest, SameLossesAsPlainBuffersWhileTensorsMoveThroughNvme) {
   OnTierd unplanned;
   start("unplanned", [](trainer::TrainOptions& o) { o.plan = false; }, &unplanned);
   ASSERT_NE(unplanned.trainer, nullptr);
-  for (int step = 0; step < 5; ++step) ASSERT_TRUE(unplanned.trainer->Step().ok());
+  for (int step = 0; step < 5; ++step) {
+    auto st = unplanned.trainer->Step();
+    ASSERT_TRUE(st.ok()) << "step " << step << ": " << st.status();
+  }
   EXPECT_EQ(*unplanned.trainer->SaveState(), *(*plain)->SaveState());
   auto unplanned_stats = watcher->Stats();
   ASSERT_TRUE(unplanned_stats.ok());

@@ -83,8 +83,8 @@ base = {r["model"]: r["tokens_per_s"] for r in rows if r["run"] == "pytorch"}
 compiled = {r["model"]: r["tokens_per_s"] for r in rows if r["run"] == "pytorch compiled"}
 deepspeed = {r["model"]: r["tokens_per_s"] for r in rows if r["run"].startswith("deepspeed")}
 gib = lambda b: f"{b / 2**30:.1f} GiB"
-print("| model | run | peak GPU memory | tokens/s | vs PyTorch eager | vs compiled | vs DeepSpeed | TFLOP/s (6N) | step s | host waited in acquire, s/step | GPU<-host, GPU->host per step | NVMe read, write per step | loss after the run |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+print("| model | run | peak GPU memory | tokens/s | vs PyTorch eager | vs compiled | vs DeepSpeed | TFLOP/s (6N) | step s | host waited in acquire, s/step | GPU<-host, GPU->host per step | NVMe read, write per step | GPU-Util (NVML); PCIe busy in, out | loss after the run |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for r in rows:
     mem = gib(r.get("peak_gpu_bytes") or r.get("peak_alloc_bytes"))
     ratio = f'{r["tokens_per_s"] / base[r["model"]]:.2f}x' if base.get(r["model"]) else "-"
@@ -94,7 +94,11 @@ for r in rows:
     nvme = f'{gib(r["nvme_read_bytes"])}, {gib(r["nvme_write_bytes"])}' if "nvme_read_bytes" in r else "-"
     step = f'{r["step_seconds"]:.2f}' if "step_seconds" in r else "-"
     wait = f'{r["acquire_wait_seconds"]:.2f}' if "acquire_wait_seconds" in r else "-"
+    use = f'{r["gpu_util"]:.0f}%' if r.get("gpu_util", -1) >= 0 else "-"
+    if r.get("h2d_bytes"):
+        use += f'; {100 * r.get("pcie_in_busy", 0):.0f}%, {100 * r.get("pcie_out_busy", 0):.0f}%'
+
     run = r["run"] + (f' (batch {r["batch"]}' + (f' x {r["micro_batches"]} micro-batches' if r.get("micro_batches", 1) > 1 else "") + ")"
                       if "batch" in r else "")
-    print(f'| {r["model"]} | {run} | {mem} | {r["tokens_per_s"]:.0f} | {ratio} | {ratio_c} | {ratio_d} | {r["tflops_6n"]:.0f} | {step} | {wait} | {moves} | {nvme} | {r["final_loss"]:.3f} |')
+    print(f'| {r["model"]} | {run} | {mem} | {r["tokens_per_s"]:.0f} | {ratio} | {ratio_c} | {ratio_d} | {r["tflops_6n"]:.0f} | {step} | {wait} | {moves} | {nvme} | {use} | {r["final_loss"]:.3f} |')
 PY

@@ -101,6 +101,8 @@ class GpuHome {
   struct Traffic {
     uint64_t host_to_gpu = 0, gpu_to_host = 0, nvme_read = 0, nvme_write = 0;
     uint64_t gpu_peak = 0, gpu_quota = 0, demand_fetches = 0;
+    // Seconds each PCIe direction had a copy in flight (tierd's links, every session's).
+    double host_to_gpu_busy = 0, gpu_to_host_busy = 0;
   };
   virtual absl::StatusOr<Traffic> Moved() { return Traffic{}; }
   // The most GPU memory this home held since the last call (allocated bytes; tierd: this

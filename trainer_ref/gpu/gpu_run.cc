@@ -9,7 +9,9 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_format.h"
@@ -17,6 +19,7 @@
 #include "base/units.h"
 #include "comm/launch_env.h"
 #include "comm/nccl_communicator.h"
+#include "runtime/gpu_utilisation.h"
 #include "trainer_ref/checkpoint.h"
 #include "trainer_ref/data.h"
 #include "trainer_ref/gpu/gpu_model.h"
@@ -47,6 +50,13 @@ struct Startup {
 };
 
 // One run: set up, the steps, the summary. Members hold what the phases share.
+// The share of `seconds` each PCIe direction had a copy in flight between two readings of
+// tierd's links (at most 1: the readings and the step's clock are a few microseconds apart).
+std::pair<double, double> PcieBusy(const GpuHome::Traffic& from, const GpuHome::Traffic& to, double seconds) {
+  auto share = [&](double busy) { return std::clamp(busy / std::max(seconds, 1e-9), 0.0, 1.0); };
+  return {share(to.host_to_gpu_busy - from.host_to_gpu_busy), share(to.gpu_to_host_busy - from.gpu_to_host_busy)};
+}
+
 class GpuRun {
  public:
   explicit GpuRun(const RunSettings& s) : s_(s), ck_{s.checkpoint_dir, "", 0}, spikes_(s.loss_spike_sds) {}
@@ -60,7 +70,7 @@ class GpuRun {
   int Validate(int64_t step);  // prints, plots and records it; 0, or the exit status
   void Summary();
   std::string Progress(int64_t step, double loss, double lr, double grad_norm, double seconds,
-                       const GpuHome::Traffic& after);
+                       const GpuHome::Traffic& after, std::optional<double> util);
   std::pair<uint64_t, std::string> GpuMemory(const GpuHome::Traffic& t) const;
   GpuHome::Traffic Traffic() {
     auto t = model_->home().Moved();
@@ -95,6 +105,9 @@ class GpuRun {
   RunCurves curves_;
   std::vector<int32_t> inputs_, targets_;
   std::vector<std::pair<std::string, double>> profile_;  // ms summed over the timed steps
+  std::unique_ptr<GpuUtilisation> util_;                 // NVML's GPU-Util (null: no NVML)
+  double util_sum_ = 0;                                  // over the timed steps that had a sample
+  int64_t util_steps_ = 0;
   double timed_seconds_ = 0, last_loss_ = 0, timed_waits_ = 0, timed_releases_ = 0, last_validation_ = 0;
   int64_t timed_steps_ = 0;
   GpuHome::Traffic before_, timed_from_, timed_to_;  // tierd's counters around the timed steps
@@ -219,6 +232,15 @@ int GpuRun::Setup() {
               ck_.dir.empty()
                   ? ""
                   : absl::StrFormat("; checkpoint every %d steps in %s", s_.checkpoint_every, ck_.dir).c_str());
+  char bus_id[64] = {};
+  auto util = cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), device_) == cudaSuccess
+                  ? GpuUtilisation::Open(bus_id)
+                  : absl::UnavailableError("CUDA gave no PCI bus id for the GPU");
+  if (util.ok()) {
+    util_ = std::move(*util);
+  } else {
+    std::printf("GPU-Util: not shown (%s)\n", std::string(util.status().message()).c_str());
+  }
   if (s_.tierd && absl::GetFlag(FLAGS_tierd_plan)) {
     auto note = model_->RegisterStep(s_.accum);
     if (!note.ok()) return Fail("registering the step with tierd: " + std::string(note.status().message()));
@@ -254,7 +276,7 @@ std::pair<uint64_t, std::string> GpuRun::GpuMemory(const GpuHome::Traffic& t) co
 }
 
 std::string GpuRun::Progress(int64_t step, double loss, double lr, double grad_norm, double seconds,
-                             const GpuHome::Traffic& after) {
+                             const GpuHome::Traffic& after, std::optional<double> util) {
   std::string moves;
   if (s_.tierd) {
     auto step_peak = model_->home().TakeGpuPeak();
@@ -263,15 +285,17 @@ std::string GpuRun::Progress(int64_t step, double loss, double lr, double grad_n
         "  moved in %s out %s (NVMe r %s w %s)", FormatBytes(after.host_to_gpu - before_.host_to_gpu),
         FormatBytes(after.gpu_to_host - before_.gpu_to_host), FormatBytes(after.nvme_read - before_.nvme_read),
         FormatBytes(after.nvme_write - before_.nvme_write));
+    const auto [in, out] = PcieBusy(before_, after, seconds);
+    moves += absl::StrFormat(", PCIe busy in %.0f%% out %.0f%%", 100 * in, 100 * out);
   }
   const std::string ckpt =
       ck_.dir.empty() ? "" : absl::StrFormat("  ckpt %d (every %d)", ck_.last_step, s_.checkpoint_every);
   const double tokens = static_cast<double>(s_.batch) * s_.seq * s_.accum * ranks_;  // every rank's
   return absl::StrFormat(
-      "step %5d/%d  loss %.4f  (last %d: mean %.4f, sd %.4f)  lr %.2e  |g| %.3f  %.0f ms  %.0f tok/s"
+      "step %5d/%d  loss %.4f  (last %d: mean %.4f, sd %.4f)  lr %.2e  |g| %.3f  %.0f ms  %.0f tok/s%s"
       "  GPU %s%s%s",
       step, s_.steps, loss, window_.size(), window_.mean(), window_.sd(), lr, grad_norm, seconds * 1e3,
-      tokens / seconds, GpuMemory(after).second, moves, ckpt);
+      tokens / seconds, util ? absl::StrFormat("  GPU-Util %.0f%%", *util) : "", GpuMemory(after).second, moves, ckpt);
 }
 
 int GpuRun::Step(int64_t step) {
@@ -348,7 +372,13 @@ int GpuRun::Step(int64_t step) {
   const auto spent = model_->TakeProfile();
   const double waited = model_->AcquireSeconds() - waited0;
   const GpuHome::Traffic after = Traffic();
+  const std::optional<double> util = util_ ? util_->SinceLast() : std::nullopt;
+  const std::pair<double, double> busy = PcieBusy(before_, after, seconds);
   if (step >= first_timed) {
+    if (util) {
+      util_sum_ += *util;
+      ++util_steps_;
+    }
     timed_seconds_ += seconds;
     timed_waits_ += waited;
     timed_releases_ += model_->ReleaseSeconds() - released0;
@@ -362,7 +392,7 @@ int GpuRun::Step(int64_t step) {
   const std::string spike_note = spikes_.Words(spike);
   window_.Add(loss);
   curves_.loss.push_back(loss);
-  std::string line = Progress(step, loss, lr, grad_norm, seconds, after);
+  std::string line = Progress(step, loss, lr, grad_norm, seconds, after, util);
   if (s_.tierd) line += absl::StrFormat(", waited %.0f ms", waited * 1e3);
   if (comm_ != nullptr) {  // this rank's time in the gradients' sums (it waits for them) and bytes sent
     const comm::CommStats& c = comm_->stats();
@@ -376,11 +406,15 @@ int GpuRun::Step(int64_t step) {
   std::printf("%s\n", line.c_str());
   before_ = after;
   if (metrics_) {
+    std::string more;
+    if (util) absl::StrAppendFormat(&more, ", \"gpu_util\": %.1f", *util);
+    if (s_.tierd)
+      absl::StrAppendFormat(&more, ", \"pcie_in_busy\": %.4f, \"pcie_out_busy\": %.4f", busy.first, busy.second);
+    if (spike > 0) absl::StrAppendFormat(&more, ", \"loss_spike_sds\": %.2f", spike);
     metrics_ << absl::StrFormat(
         "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6f, \"seconds\": %.6f, "
         "\"tokens\": %.0f%s}\n",
-        step, loss, lr, grad_norm, seconds, static_cast<double>(s_.batch) * s_.seq * s_.accum * ranks_,
-        spike > 0 ? absl::StrFormat(", \"loss_spike_sds\": %.2f", spike) : "");
+        step, loss, lr, grad_norm, seconds, static_cast<double>(s_.batch) * s_.seq * s_.accum * ranks_, more);
     metrics_.flush();
   }
   MaybeKillForTest(step);
@@ -405,11 +439,18 @@ void GpuRun::Summary() {
   const GpuHome::Traffic end = Traffic();
   const auto [memory_bytes, memory] = GpuMemory(end);
   const double params = static_cast<double>(s_.config.Params());
+  const double util = util_steps_ > 0 ? util_sum_ / util_steps_ : -1;  // -1: not measured
+  const auto [in_busy, out_busy] = PcieBusy(timed_from_, timed_to_, timed_seconds_);
+  std::string use;
+  if (util >= 0) absl::StrAppendFormat(&use, ", GPU-Util %.0f%%", util);
+  if (s_.tierd && timed_steps_ > 0)
+    absl::StrAppendFormat(&use, ", PCIe busy in %.0f%% out %.0f%%", 100 * in_busy, 100 * out_busy);
   std::printf(
-      "done: %ld steps, final loss %.4f%s, %.0f tokens/s over %ld timed steps, %.0f TFLOP/s (6N), GPU memory %s%s\n",
+      "done: %ld steps, final loss %.4f%s, %.0f tokens/s over %ld timed steps, %.0f TFLOP/s (6N)%s, GPU memory %s%s\n",
       static_cast<long>(s_.steps), last_loss_,
       s_.eval_every >= 0 ? absl::StrFormat(", validation loss %.4f", last_validation_).c_str() : "", tps,
-      static_cast<long>(timed_steps_), 6.0 * params * tps / 1e12, memory.c_str(), spikes_.Summary().c_str());
+      static_cast<long>(timed_steps_), 6.0 * params * tps / 1e12, use.c_str(), memory.c_str(),
+      spikes_.Summary().c_str());
   if (s_.tierd) std::printf("tierd: %s\n", model_->home().Describe().c_str());
   // One JSON line for the benchmark harness; bytes per link and waits per timed step.
   const double per = timed_steps_ > 0 ? 1.0 / timed_steps_ : 0.0;
@@ -417,7 +458,8 @@ void GpuRun::Summary() {
       "result: {\"run\": \"ours %s\", \"model\": \"%s\", \"batch\": %d, \"micro_batches\": %d, "
       "\"tokens_per_s\": %.1f, \"tflops_6n\": %.1f, "
       "\"final_loss\": %.6f, \"peak_gpu_bytes\": %lu, \"step_seconds\": %.4f, \"acquire_wait_seconds\": %.4f, "
-      "\"h2d_bytes\": %.0f, \"d2h_bytes\": %.0f, \"nvme_read_bytes\": %.0f, \"nvme_write_bytes\": %.0f}\n",
+      "\"h2d_bytes\": %.0f, \"d2h_bytes\": %.0f, \"nvme_read_bytes\": %.0f, \"nvme_write_bytes\": %.0f, "
+      "\"gpu_util\": %.1f, \"pcie_in_busy\": %.4f, \"pcie_out_busy\": %.4f}\n",
       ((s_.tierd ? "tierd " + absl::GetFlag(FLAGS_gpu_budget) : std::string("none")) +
        (s_.checkpointing ? " + checkpointing" : "") + (optimizer_on_cpu_ ? " + CPU AdamW" : "") +
        (fp8_ ? " + fp8" : ""))
@@ -425,7 +467,8 @@ void GpuRun::Summary() {
       s_.config.name.c_str(), s_.batch, s_.accum, tps, 6.0 * params * tps / 1e12, last_loss_,
       static_cast<unsigned long>(memory_bytes), timed_seconds_ * per, timed_waits_ * per,
       (timed_to_.host_to_gpu - timed_from_.host_to_gpu) * per, (timed_to_.gpu_to_host - timed_from_.gpu_to_host) * per,
-      (timed_to_.nvme_read - timed_from_.nvme_read) * per, (timed_to_.nvme_write - timed_from_.nvme_write) * per);
+      (timed_to_.nvme_read - timed_from_.nvme_read) * per, (timed_to_.nvme_write - timed_from_.nvme_write) * per, util,
+      in_busy, out_busy);
   if (absl::GetFlag(FLAGS_profile) && timed_steps_ > 0) {
     const double step_ms = timed_seconds_ * 1e3 / timed_steps_;
     std::string line = absl::StrFormat("where a step's %.0f ms go:", step_ms);

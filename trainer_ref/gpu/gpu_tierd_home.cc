@@ -95,8 +95,14 @@ class TierdGpuHome final : public GpuHome {
     if (!stats.ok()) return stats.status();
     Traffic t;
     for (const auto& link : stats->links()) {
-      if (link.link() == "dram->gpu") t.host_to_gpu = link.bytes();
-      if (link.link() == "gpu->dram") t.gpu_to_host = link.bytes();
+      if (link.link() == "dram->gpu") {
+        t.host_to_gpu = link.bytes();
+        t.host_to_gpu_busy = link.busy_seconds();
+      }
+      if (link.link() == "gpu->dram") {
+        t.gpu_to_host = link.bytes();
+        t.gpu_to_host_busy = link.busy_seconds();
+      }
       if (link.link() == "nvme->dram") t.nvme_read = link.bytes();
       if (link.link() == "dram->nvme") t.nvme_write = link.bytes();
     }

@@ -101,6 +101,15 @@ else
   run $d --eval_every=2 --steps=4 --batch_size=2 --seq_len=64 --metrics="$dir/m.jsonl"
   check "validation losses every 2 steps and at the end, in the metrics too" \
     "[ \$(grep -c '^validation loss ' '$dir/out.log') = 2 ] && grep -q 'done: 4 steps, final loss [0-9.]*, validation loss ' '$dir/out.log' && [ \$(grep -c validation_loss '$dir/m.jsonl') = 2 ]"
+  # GPU-Util from NVML (the driver's library): on steps, in the metrics and the done line, a
+  # percentage; without NVML one line that says why.
+  run $d --steps=12 --timing_skip=2 --batch_size=8 --seq_len=512 --eval_every=-1 --metrics="$dir/u.jsonl"
+  if grep -q '^GPU-Util: not shown (' "$dir/out.log"; then
+    check "no NVML: GPU-Util is not shown, and the line says why" "grep -q '^GPU-Util: not shown (.*NVML' '$dir/out.log'"
+  else
+    check "GPU-Util on the steps, in the metrics and the done line, 0-100%" \
+      "grep -qE '^step .* tok/s  GPU-Util [0-9]+%  GPU ' '$dir/out.log' && grep -qE '^done: .*, GPU-Util [0-9]+%, GPU memory' '$dir/out.log' && python3 -c \"import json,sys; u=[json.loads(l).get('gpu_util') for l in open('$dir/u.jsonl')]; u=[x for x in u if x is not None]; sys.exit(0 if u and all(0 <= x <= 100 for x in u) else 1)\""
+  fi
 fi
 run --device=cpu --bf16_layers='layers\.0'
 check "--bf16_layers without fp8" "refused 'bf16_layers chooses layers to keep out of FP8: give it with --precision=fp8 or auto'"

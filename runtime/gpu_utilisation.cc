@@ -1,0 +1,167 @@
+#include "runtime/gpu_utilisation.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+
+namespace tierd {
+namespace {
+
+// NVML's C ABI, declared here so that the build needs no NVML header (the toolkit may lack it;
+// a CPU-only machine has neither): the names, values and layouts of nvml.h.
+using NvmlReturn = int;                    // nvmlReturn_t; NVML_SUCCESS = 0
+using NvmlDevice = struct NvmlDevice_*;    // nvmlDevice_t
+constexpr int kGpuUtilisationSamples = 1;  // NVML_GPU_UTILIZATION_SAMPLES
+enum NvmlValueType {
+  kDouble = 0,
+  kUnsignedInt = 1,
+  kUnsignedLong = 2,
+  kUnsignedLongLong = 3,
+  kSignedLongLong = 4,
+  kSignedInt = 5
+};
+union NvmlValue {  // nvmlValue_t
+  double d;
+  unsigned int ui;
+  unsigned long ul;
+  unsigned long long ull;
+  long long sll;
+  int si;
+};
+struct NvmlSample {  // nvmlSample_t
+  unsigned long long time_stamp;
+  NvmlValue value;
+};
+struct NvmlUtilisation {  // nvmlUtilization_t
+  unsigned int gpu;
+  unsigned int memory;
+};
+constexpr NvmlReturn kNotFound = 6;  // NVML_ERROR_NOT_FOUND
+
+double AsPercent(NvmlValueType type, const NvmlValue& v) {
+  switch (type) {
+    case kDouble:
+      return v.d;
+    case kUnsignedInt:
+      return v.ui;
+    case kUnsignedLong:
+      return static_cast<double>(v.ul);
+    case kUnsignedLongLong:
+      return static_cast<double>(v.ull);
+    case kSignedLongLong:
+      return static_cast<double>(v.sll);
+    case kSignedInt:
+      return v.si;
+  }
+  return v.ui;
+}
+
+class Nvml final : public GpuUtilisation {
+ public:
+  ~Nvml() override {
+    if (shutdown_ != nullptr) shutdown_();
+    if (library_ != nullptr) dlclose(library_);
+  }
+
+  static absl::StatusOr<std::unique_ptr<GpuUtilisation>> Open(const std::string& pci_bus_id) {
+    auto n = std::unique_ptr<Nvml>(new Nvml);
+    n->library_ = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (n->library_ == nullptr) {
+      return absl::UnavailableError(
+          absl::StrFormat("no NVML (libnvidia-ml.so.1, part of the NVIDIA driver): %s", dlerror()));
+    }
+    auto init = n->Symbol<NvmlReturn (*)()>("nvmlInit_v2");
+    n->shutdown_ = n->Symbol<NvmlReturn (*)()>("nvmlShutdown");
+    n->error_string_ = n->Symbol<const char* (*)(NvmlReturn)>("nvmlErrorString");
+    auto by_bus = n->Symbol<NvmlReturn (*)(const char*, NvmlDevice*)>("nvmlDeviceGetHandleByPciBusId_v2");
+    n->samples_ =
+        n->Symbol<NvmlReturn (*)(NvmlDevice, int, unsigned long long, NvmlValueType*, unsigned int*, NvmlSample*)>(
+            "nvmlDeviceGetSamples");
+    if (init == nullptr || n->shutdown_ == nullptr || n->error_string_ == nullptr || by_bus == nullptr ||
+        n->samples_ == nullptr) {
+      n->shutdown_ = nullptr;
+      return absl::UnavailableError("NVML lacks nvmlInit_v2, nvmlDeviceGetHandleByPciBusId_v2 or nvmlDeviceGetSamples");
+    }
+    if (NvmlReturn r = init(); r != 0) {
+      const std::string why = n->error_string_(r);
+      n->shutdown_ = nullptr;  // not initialised: nothing to shut down
+      return absl::UnavailableError("NVML did not start: " + why);
+    }
+    if (NvmlReturn r = by_bus(pci_bus_id.c_str(), &n->device_); r != 0) {
+      return absl::UnavailableError(
+          absl::StrFormat("NVML knows no GPU at PCI bus id %s: %s", pci_bus_id, n->error_string_(r)));
+    }
+    n->rates_ = n->Symbol<NvmlReturn (*)(NvmlDevice, NvmlUtilisation*)>("nvmlDeviceGetUtilizationRates");
+    // Start at the newest sample there is, so that the first call covers only what follows.
+    uint64_t latest = 0;
+    for (const UtilisationSample& s : n->Read()) latest = std::max(latest, s.time_us);
+    n->since_us_ = latest;
+    return std::unique_ptr<GpuUtilisation>(std::move(n));
+  }
+
+  std::optional<double> SinceLast() override {
+    if (!samples_unsupported_) return MeanUtilisationSince(Read(), &since_us_);
+    NvmlUtilisation u{};  // a driver without samples: the last period's figure
+    if (rates_ == nullptr || rates_(device_, &u) != 0) return std::nullopt;
+    return u.gpu;
+  }
+
+ private:
+  Nvml() = default;
+  template <typename F>
+  F Symbol(const char* name) {
+    return reinterpret_cast<F>(dlsym(library_, name));
+  }
+  // The samples after since_us_ (the driver keeps a few seconds of them). NOT_FOUND: none is
+  // newer; any other error: this driver keeps none, and SinceLast reads the last period's.
+  std::vector<UtilisationSample> Read() {
+    NvmlValueType type = kUnsignedInt;
+    unsigned int count = 0;
+    NvmlReturn r = samples_(device_, kGpuUtilisationSamples, since_us_, &type, &count, nullptr);
+    if (r != 0 && r != kNotFound) samples_unsupported_ = true;
+    if (r != 0 || count == 0) return {};
+    std::vector<NvmlSample> raw(count);
+    if (samples_(device_, kGpuUtilisationSamples, since_us_, &type, &count, raw.data()) != 0) return {};
+    std::vector<UtilisationSample> out;
+    out.reserve(count);
+    for (unsigned int i = 0; i < count && i < raw.size(); ++i) {
+      out.push_back({raw[i].time_stamp, AsPercent(type, raw[i].value)});
+    }
+    return out;
+  }
+
+  void* library_ = nullptr;
+  NvmlReturn (*shutdown_)() = nullptr;
+  const char* (*error_string_)(NvmlReturn) = nullptr;
+  NvmlReturn (*samples_)(NvmlDevice, int, unsigned long long, NvmlValueType*, unsigned int*, NvmlSample*) = nullptr;
+  NvmlReturn (*rates_)(NvmlDevice, NvmlUtilisation*) = nullptr;
+  NvmlDevice device_ = nullptr;
+  uint64_t since_us_ = 0;
+  bool samples_unsupported_ = false;
+};
+
+}  // namespace
+
+std::optional<double> MeanUtilisationSince(const std::vector<UtilisationSample>& samples, uint64_t* since_us) {
+  double sum = 0;
+  int n = 0;
+  uint64_t latest = *since_us;
+  for (const UtilisationSample& s : samples) {
+    if (s.time_us <= *since_us) continue;
+    sum += s.percent;
+    ++n;
+    latest = std::max(latest, s.time_us);
+  }
+  if (n == 0) return std::nullopt;
+  *since_us = latest;
+  return sum / n;
+}
+
+absl::StatusOr<std::unique_ptr<GpuUtilisation>> GpuUtilisation::Open(const std::string& pci_bus_id) {
+  return Nvml::Open(pci_bus_id);
+}
+
+}  // namespace tierd

@@ -1,0 +1,42 @@
+#ifndef TIERD_RUNTIME_GPU_UTILISATION_H_
+#define TIERD_RUNTIME_GPU_UTILISATION_H_
+
+// A GPU's utilisation as the driver samples it (NVML's "GPU utilization": the share of each
+// sample period, 1/6 s to 1 s, in which a kernel ran; what nvidia-smi shows). NVML is opened
+// with dlopen (libnvidia-ml.so.1 comes with the driver, not the toolkit), so the build needs
+// nothing and a machine without the driver gets a clear UNAVAILABLE. The figure is the
+// device's, every process on it included: on a shared GPU it is not one job's.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace tierd {
+
+struct UtilisationSample {
+  uint64_t time_us = 0;  // the end of the sample's period (host clock, microseconds)
+  double percent = 0;
+};
+
+// The mean of the samples after *since_us (their periods ended after it), and *since_us moved
+// to the latest of them; nullopt (and *since_us unchanged) when none is newer.
+std::optional<double> MeanUtilisationSince(const std::vector<UtilisationSample>& samples, uint64_t* since_us);
+
+class GpuUtilisation {
+ public:
+  // The GPU at a PCI bus id as cudaDeviceGetPCIBusId writes it ("0000:3B:00.0"). UNAVAILABLE
+  // with the reason when there is no NVML (no NVIDIA driver) or it does not know the device.
+  static absl::StatusOr<std::unique_ptr<GpuUtilisation>> Open(const std::string& pci_bus_id);
+  virtual ~GpuUtilisation() = default;
+  // The mean utilisation (percent) of the samples since the last call (since Open, the first
+  // time); nullopt when no new sample came (an interval shorter than the sample period).
+  virtual std::optional<double> SinceLast() = 0;
+};
+
+}  // namespace tierd
+
+#endif  // TIERD_RUNTIME_GPU_UTILISATION_H_

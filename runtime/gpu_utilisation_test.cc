@@ -1,0 +1,36 @@
+#include "runtime/gpu_utilisation.h"
+
+#include <gtest/gtest.h>
+
+namespace tierd {
+namespace {
+
+// The mean covers only the samples whose periods ended after the last one seen, in any order,
+// and moves the mark to the newest; with none newer it says nothing and keeps the mark.
+TEST(GpuUtilisationTest, TheMeanCoversOnlyTheSamplesSinceTheLastOneSeen) {
+  uint64_t since = 1000;
+  std::vector<UtilisationSample> samples = {{900, 10}, {1200, 90}, {1000, 50}, {1100, 70}};
+  auto mean = MeanUtilisationSince(samples, &since);
+  ASSERT_TRUE(mean.has_value());
+  EXPECT_DOUBLE_EQ(*mean, 80.0);  // 90 and 70; 900 and 1000 were seen before
+  EXPECT_EQ(since, 1200u);
+  EXPECT_FALSE(MeanUtilisationSince(samples, &since).has_value()) << "nothing newer than 1200";
+  EXPECT_EQ(since, 1200u);
+  EXPECT_FALSE(MeanUtilisationSince({}, &since).has_value());
+  samples.push_back({1400, 0});
+  mean = MeanUtilisationSince(samples, &since);
+  ASSERT_TRUE(mean.has_value());
+  EXPECT_DOUBLE_EQ(*mean, 0.0);
+  EXPECT_EQ(since, 1400u);
+}
+
+// No GPU at this bus id: without NVML (no driver) or with it, UNAVAILABLE and the reason.
+TEST(GpuUtilisationTest, AGpuNvmlCannotSeeIsUnavailableWithTheReason) {
+  auto util = GpuUtilisation::Open("0000:FE:1F.7");
+  ASSERT_FALSE(util.ok());
+  EXPECT_EQ(util.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(util.status().message().find("NVML"), std::string::npos) << util.status();
+}
+
+}  // namespace
+}  // namespace tierd

@@ -21,7 +21,8 @@ verdict() { if [ "$2" = 0 ]; then pass=$((pass+1)); echo "PASS: $1"; else fail=$
 port=$((29600 + RANDOM % 300))
 
 .carry/bin/nccl_collectives_check > "$out/nccl-1.log" 2>&1
-verdict "1 rank: $(tail -n 1 "$out/nccl-1.log")" $?
+rc_=$?
+verdict "1 rank: $(tail -n 1 "$out/nccl-1.log")" $rc_
 
 if [ "$gpus" -ge 2 ]; then
   for n in 2 4; do
@@ -36,7 +37,8 @@ else
     > "$out/nccl-2-on-1.log" 2>&1
   rc=$?
   [ "$rc" != 124 ] && grep -q "ncclCommInitRank" "$out/nccl-2-on-1.log"
-  verdict "2 ranks on 1 GPU end with NCCL's refusal, not a hang (exit $rc): $(grep -m1 -o 'ncclCommInitRank: .*' "$out/nccl-2-on-1.log" | cut -c1-120)" $?
+  rc_=$?
+  verdict "2 ranks on 1 GPU end with NCCL's refusal, not a hang (exit $rc): $(grep -m1 -o 'ncclCommInitRank: .*' "$out/nccl-2-on-1.log" | cut -c1-120)" $rc_
 fi
 
 if [ "$gpus" -ge 2 ]; then
@@ -53,7 +55,8 @@ worst = max(abs(x - y) / abs(x) for x, y in zip(a, b)) if a and len(a) == len(b)
 print(f"{len(a)} and {len(b)} steps; worst relative loss difference {worst:.2e}")
 sys.exit(0 if worst < 1e-4 else 1)
 PY
-  verdict "2 ranks x 1 micro-batch = 1 process x 2: $(cat "$out/dp-compare.log")" $?
+  rc_=$?
+  verdict "2 ranks x 1 micro-batch = 1 process x 2: $(cat "$out/dp-compare.log")" $rc_
   model="${MODEL:-350m}"
   common="--device=gpu --model_size=$model --steps=8 --timing_skip=3 --eval_every=-1 --batch_size=4 --grad_accum_steps=2"
   $bin $common > "$out/speed-one.log" 2>&1

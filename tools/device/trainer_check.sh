@@ -35,7 +35,9 @@ want() { [[ "$checks" == *" $1 "* ]]; }
 if want 1; then
 echo "== 1. refusals"
 bash trainer_ref/gpu/gpu_train_main_test.sh "$bin" > "$out/refusals.log" 2>&1
-verdict "GPU flag refusals ($(tail -n 1 "$out/refusals.log"))" $?
+rc_=$?
+grep -A12 '^FAILED: ' "$out/refusals.log" | cut -c1-400
+verdict "GPU flag refusals ($(tail -n 1 "$out/refusals.log"))" $rc_
 
 fi
 if want 2; then

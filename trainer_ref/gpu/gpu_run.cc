@@ -105,9 +105,9 @@ class GpuRun {
   RunCurves curves_;
   std::vector<int32_t> inputs_, targets_;
   std::vector<std::pair<std::string, double>> profile_;  // ms summed over the timed steps
-  std::unique_ptr<GpuUtilisation> util_;                 // NVML's GPU-Util (null: no NVML)
-  double util_sum_ = 0;                                  // over the timed steps that had a sample
-  int64_t util_steps_ = 0;
+  // NVML's GPU-Util (null: no NVML): each step's, and the timed steps' (opened as they begin).
+  std::unique_ptr<GpuUtilisation> util_, timed_util_;
+  std::string bus_id_;
   double timed_seconds_ = 0, last_loss_ = 0, timed_waits_ = 0, timed_releases_ = 0, last_validation_ = 0;
   int64_t timed_steps_ = 0;
   GpuHome::Traffic before_, timed_from_, timed_to_;  // tierd's counters around the timed steps
@@ -233,9 +233,9 @@ int GpuRun::Setup() {
                   ? ""
                   : absl::StrFormat("; checkpoint every %d steps in %s", s_.checkpoint_every, ck_.dir).c_str());
   char bus_id[64] = {};
-  auto util = cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), device_) == cudaSuccess
-                  ? GpuUtilisation::Open(bus_id)
-                  : absl::UnavailableError("CUDA gave no PCI bus id for the GPU");
+  if (cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), device_) == cudaSuccess) bus_id_ = bus_id;
+  auto util =
+      bus_id_.empty() ? absl::UnavailableError("CUDA gave no PCI bus id for the GPU") : GpuUtilisation::Open(bus_id_);
   if (util.ok()) {
     util_ = std::move(*util);
   } else {
@@ -302,7 +302,10 @@ int GpuRun::Step(int64_t step) {
   const auto t0 = Clock::now();
   const double waited0 = model_->AcquireSeconds(), released0 = model_->ReleaseSeconds();
   const int64_t first_timed = curves_.first_step + absl::GetFlag(FLAGS_timing_skip);
-  if (step == first_timed) timed_from_ = before_;
+  if (step == first_timed) {
+    timed_from_ = before_;
+    if (util_) timed_util_ = GpuUtilisation::Open(bus_id_).value_or(nullptr);
+  }
   if (absl::Status st = model_->ZeroGrads(); !st.ok()) return FailMidRun(std::string(st.message()), ck_);
   double loss = 0;
   // Data-parallel: rank r takes micro-batches [r K, r K + K) of the ranks' N K in a step.
@@ -375,10 +378,6 @@ int GpuRun::Step(int64_t step) {
   const std::optional<double> util = util_ ? util_->SinceLast() : std::nullopt;
   const std::pair<double, double> busy = PcieBusy(before_, after, seconds);
   if (step >= first_timed) {
-    if (util) {
-      util_sum_ += *util;
-      ++util_steps_;
-    }
     timed_seconds_ += seconds;
     timed_waits_ += waited;
     timed_releases_ += model_->ReleaseSeconds() - released0;
@@ -439,7 +438,8 @@ void GpuRun::Summary() {
   const GpuHome::Traffic end = Traffic();
   const auto [memory_bytes, memory] = GpuMemory(end);
   const double params = static_cast<double>(s_.config.Params());
-  const double util = util_steps_ > 0 ? util_sum_ / util_steps_ : -1;  // -1: not measured
+  // The samples over the timed steps (none when they took less than NVML's sample period).
+  const double util = timed_util_ ? timed_util_->SinceLast().value_or(-1) : -1;  // -1: not measured
   const auto [in_busy, out_busy] = PcieBusy(timed_from_, timed_to_, timed_seconds_);
   std::string use;
   if (util >= 0) absl::StrAppendFormat(&use, ", GPU-Util %.0f%%", util);

@@ -103,7 +103,7 @@ else
     "[ \$(grep -c '^validation loss ' '$dir/out.log') = 2 ] && grep -q 'done: 4 steps, final loss [0-9.]*, validation loss ' '$dir/out.log' && [ \$(grep -c validation_loss '$dir/m.jsonl') = 2 ]"
   # GPU-Util from NVML (the driver's library): on steps, in the metrics and the done line, a
   # percentage; without NVML one line that says why.
-  run $d --steps=12 --timing_skip=2 --batch_size=8 --seq_len=512 --eval_every=-1 --metrics="$dir/u.jsonl"
+  run $d --model_size=1.3b --steps=24 --timing_skip=2 --batch_size=4 --seq_len=512 --eval_every=-1 --metrics="$dir/u.jsonl"
   if grep -q '^GPU-Util: not shown (' "$dir/out.log"; then
     check "no NVML: GPU-Util is not shown, and the line says why" "grep -q '^GPU-Util: not shown (.*NVML' '$dir/out.log'"
   else

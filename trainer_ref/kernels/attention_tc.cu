@@ -454,10 +454,7 @@ __device__ __forceinline__ void StoreRelease(int* p, int v) {
   asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 
-// Ordered = false (the "atomic" path, for measurement only): every tile adds its share with
-// fp32 atomics, in whatever order the tiles come (FlashAttention-2's way; not reproducible bit
-// for bit), and a second kernel rounds the sums to bf16 dq.
-template <int D, bool Ordered>
+template <int D>
 __global__ void __launch_bounds__(kWarps * 32)
     FusedBackwardKernel(Bf16* dq, Bf16* dk, Bf16* dv, float* dq_acc, int* turns, const Bf16* dout, const float* lse,
                         const float* delta, const Bf16* q, const Bf16* k, const Bf16* v, int t, int h, float scale) {
@@ -543,22 +540,6 @@ __global__ void __launch_bounds__(kWarps * 32)
         Mma(part[2 * j], fa, fb[0], fb[1]);
         Mma(part[2 * j + 1], fa, fb[2], fb[3]);
       }
-    }
-    if constexpr (!Ordered) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int row = q_first + rt * 16 + g + 8 * r;
-        if (row >= t) continue;
-        float* const acc_row = head_acc + int64_t{row} * D + dim0;
-#pragma unroll
-        for (int nt = 0; nt < kDims / 8; ++nt) {
-          float* const at = acc_row + nt * 8 + 2 * c;  // two scalar atomics: float2's needs sm_90 only
-          atomicAdd(at, part[nt][2 * r]);
-          atomicAdd(at + 1, part[nt][2 * r + 1]);
-        }
-      }
-      __syncthreads();
-      continue;
     }
     // The turn of this tile for the step: the tiles after it that reach these queries first.
     const int step_index = q_first / kStep, turn = (q_first + kStep - 1) / kTile - kt;
@@ -690,43 +671,23 @@ cudaError_t Backward(Bf16* dq, Bf16* dk, Bf16* dv, const Bf16* dout, const float
   return Launch(QueryKernel<D>, sizeof(QuerySmem<D>), grid, stream, dq, dout, lse, delta, q, k, v, t, h, scale);
 }
 
-// dq (B, T, H, D, bf16) = scale * acc (B, H, T, D, fp32).
-__global__ void RoundDqKernel(Bf16* dq, const float* acc, int t, int h, int d, int64_t n, float scale) {
-  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (i >= n) return;
-  const int di = static_cast<int>(i % d);
-  const int64_t row = i / d;  // (bi, head, ti)
-  const int ti = static_cast<int>(row % t), head = static_cast<int>((row / t) % h),
-            bi = static_cast<int>(row / (int64_t{t} * h));
-  reinterpret_cast<__nv_bfloat16*>(dq)[RowOf(bi, ti, head, t, h, d) + di] = __float2bfloat16_rn(acc[i] * scale);
-}
-
-template <int D, bool Ordered>
+template <int D>
 cudaError_t FusedBackward(Bf16* dq, Bf16* dk, Bf16* dv, const Bf16* dout, const float* lse, float* scratch,
                           const Bf16* q, const Bf16* k, const Bf16* v, int b, int t, int h, cudaStream_t stream) {
   const int64_t rows = int64_t{b} * h * t;
-  const float scale = 1.f / sqrtf(static_cast<float>(D));
   float* const dq_acc = scratch + rows;
   int* const turns = reinterpret_cast<int*>(dq_acc + rows * D);
   const int64_t counters = int64_t{b} * h * ((t + kKeyStep<D> - 1) / kKeyStep<D>);
-  cudaError_t e = Ordered ? cudaMemsetAsync(turns, 0, counters * sizeof(int), stream)
-                          : cudaMemsetAsync(dq_acc, 0, rows * D * sizeof(float), stream);
-  if (e != cudaSuccess) return e;
+  if (const cudaError_t e = cudaMemsetAsync(turns, 0, counters * sizeof(int), stream); e != cudaSuccess) return e;
   const dim3 grid((t + kTile - 1) / kTile, h, b);
-  e = Launch(FusedBackwardKernel<D, Ordered>, sizeof(FusedSmem<D>), grid, stream, dq, dk, dv, dq_acc, turns, dout, lse,
-             static_cast<const float*>(scratch), q, k, v, t, h, scale);
-  if (e != cudaSuccess || Ordered) return e;
-  RoundDqKernel<<<static_cast<unsigned>((rows * D + 255) / 256), 256, 0, stream>>>(dq, dq_acc, t, h, D, rows * D,
-                                                                                   scale);
-  return cudaPeekAtLastError();
+  return Launch(FusedBackwardKernel<D>, sizeof(FusedSmem<D>), grid, stream, dq, dk, dv, dq_acc, turns, dout, lse,
+                static_cast<const float*>(scratch), q, k, v, t, h, 1.f / sqrtf(static_cast<float>(D)));
 }
 
 // The backward in use (AttentionBackwardPath): -1 until first asked (TIERD_ATTENTION_BACKWARD).
 std::atomic<int> backward_path{-1};
-constexpr int kSplitPath = 0, kFusedPath = 1, kAtomicPath = 2;
-int BackwardPathNamed(const std::string& name) {
-  return name == "fused" ? kFusedPath : name == "atomic" ? kAtomicPath : kSplitPath;
-}
+constexpr int kSplitPath = 0, kFusedPath = 1;
+int BackwardPathNamed(const std::string& name) { return name == "fused" ? kFusedPath : kSplitPath; }
 
 }  // namespace
 
@@ -736,8 +697,7 @@ const char* AttentionBackwardPath() {
     int unset = -1;
     backward_path.compare_exchange_strong(unset, BackwardPathNamed(forced != nullptr ? forced : ""));
   }
-  const int path = backward_path.load(std::memory_order_relaxed);
-  return path == kFusedPath ? "fused" : path == kAtomicPath ? "atomic" : "split";
+  return backward_path.load(std::memory_order_relaxed) == kFusedPath ? "fused" : "split";
 }
 
 const char* UseAttentionBackwardPath(const std::string& want) {
@@ -747,7 +707,6 @@ const char* UseAttentionBackwardPath(const std::string& want) {
 
 size_t AttentionTcScratchFloats(int b, int t, int h, int d) {
   const size_t rows = size_t(b) * h * t, step = d == 128 ? kKeyStep<128> : kKeyStep<64>;
-  if (std::string(AttentionBackwardPath()) == "split") return rows;  // delta only
   return rows + rows * d + size_t(b) * h * ((t + step - 1) / step);
 }
 
@@ -763,14 +722,9 @@ cudaError_t AttentionBackwardTc(Bf16* dq, Bf16* dk, Bf16* dv, const Bf16* dout, 
                                 cudaStream_t stream) {
   const int64_t rows = int64_t{b} * h * t;
   DeltaKernel<<<static_cast<int>((rows * 32 + 255) / 256), 256, 0, stream>>>(delta, dout, out, b, t, h, d);
-  const std::string path = AttentionBackwardPath();
-  if (path == "fused") {
-    return d == 64 ? FusedBackward<64, true>(dq, dk, dv, dout, lse, delta, q, k, v, b, t, h, stream)
-                   : FusedBackward<128, true>(dq, dk, dv, dout, lse, delta, q, k, v, b, t, h, stream);
-  }
-  if (path == "atomic") {
-    return d == 64 ? FusedBackward<64, false>(dq, dk, dv, dout, lse, delta, q, k, v, b, t, h, stream)
-                   : FusedBackward<128, false>(dq, dk, dv, dout, lse, delta, q, k, v, b, t, h, stream);
+  if (std::string(AttentionBackwardPath()) == "fused") {
+    return d == 64 ? FusedBackward<64>(dq, dk, dv, dout, lse, delta, q, k, v, b, t, h, stream)
+                   : FusedBackward<128>(dq, dk, dv, dout, lse, delta, q, k, v, b, t, h, stream);
   }
   return d == 64 ? Backward<64>(dq, dk, dv, dout, lse, delta, q, k, v, b, t, h, stream)
                  : Backward<128>(dq, dk, dv, dout, lse, delta, q, k, v, b, t, h, stream);

@@ -20,10 +20,8 @@ cudaError_t AttentionForwardTc(Bf16* out, float* lse, const Bf16* q, const Bf16*
 size_t AttentionTcScratchFloats(int b, int t, int h, int d);
 // Which backward runs: "split" (a key kernel for dK, dV and a query kernel for dQ, S and dP
 // computed in both) or "fused" (one kernel, dQ summed across key tiles in a fixed order). The
-// same contract and both deterministic; or "atomic" (the fused kernel adding dQ with fp32
-// atomics: not reproducible bit for bit, for measurement only). TIERD_ATTENTION_BACKWARD picks
-// it for a run; UseAttentionBackwardPath for tests and benchmarks, not while a backward is
-// queued (the scratch's size depends on it: the split path needs delta only).
+// same contract and both deterministic. TIERD_ATTENTION_BACKWARD picks it for a run;
+// UseAttentionBackwardPath for tests and benchmarks, not while a backward is queued.
 const char* AttentionBackwardPath();
 const char* UseAttentionBackwardPath(const std::string& want);
 cudaError_t AttentionBackwardTc(Bf16* dq, Bf16* dk, Bf16* dv, const Bf16* dout, const Bf16* out, const float* lse,

@@ -41,7 +41,7 @@ def main():
     rows = [json.loads(line) for line in sys.stdin if line.startswith("{")]
     print(f"causal attention, bf16, on {torch.cuda.get_device_name()}: ours (attention_tc.cu) vs PyTorch "
           f"{torch.__version__} SDPA flash; TFLOP/s nominal (forward 4bhT^2d/2, backward 2.5x)")
-    print("| model | b x T x H x d | ours fwd | SDPA fwd | ours/SDPA | ours bwd (path) | SDPA bwd | ours/SDPA |")
+    print("| model | b x T x H x d | ours fwd | SDPA fwd | ours/SDPA | ours bwd | SDPA bwd | ours/SDPA |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         fwd, bwd = sdpa(r["b"], r["t"], r["h"], r["d"])
@@ -49,8 +49,7 @@ def main():
         tf, tb = flops / fwd / 1e9, 2.5 * flops / bwd / 1e9
         print(f"| {r['model']} | {r['b']} x {r['t']} x {r['h']} x {r['d']} | {r['fwd_ms']:.2f} ms "
               f"({r['fwd_tflops']:.0f} TFLOP/s) | {fwd:.2f} ms ({tf:.0f}) | {r['fwd_tflops'] / tf:.2f}x | "
-              f"{r['bwd_ms']:.2f} ms ({r['bwd_tflops']:.0f}; {r.get('backward', 'split')}) | {bwd:.2f} ms ({tb:.0f}) | "
-              f"{r['bwd_tflops'] / tb:.2f}x |")
+              f"{r['bwd_ms']:.2f} ms ({r['bwd_tflops']:.0f}) | {bwd:.2f} ms ({tb:.0f}) | {r['bwd_tflops'] / tb:.2f}x |")
 
 
 if __name__ == "__main__":

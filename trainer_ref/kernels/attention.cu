@@ -159,10 +159,6 @@ cudaError_t AttentionForward(Bf16* out, float* lse, const Bf16* q, const Bf16* k
   return cudaPeekAtLastError();
 }
 
-size_t AttentionBackwardScratchFloats(int b, int t, int h, int d) {
-  return TensorCoreAttention(d) ? AttentionTcScratchFloats(b, t, h, d) : size_t(b) * h * t;
-}
-
 cudaError_t AttentionBackward(Bf16* dq, Bf16* dk, Bf16* dv, const Bf16* dout, const Bf16* out, const float* lse,
                               float* delta, const Bf16* q, const Bf16* k, const Bf16* v, int b, int t, int h, int d,
                               cudaStream_t stream) {

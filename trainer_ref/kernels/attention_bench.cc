@@ -9,7 +9,6 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
-#include <string>
 #include <vector>
 
 #include "trainer_ref/kernels/attention_tc.h"
@@ -33,7 +32,7 @@ bool Bench(const Shape& s, cudaEvent_t start, cudaEvent_t stop) {
     if (cudaMalloc(reinterpret_cast<void**>(p), n * 2) != cudaSuccess) return false;
   }
   if (cudaMalloc(reinterpret_cast<void**>(&lse), rows * 4) != cudaSuccess ||
-      cudaMalloc(reinterpret_cast<void**>(&delta), AttentionTcScratchFloats(s.b, s.t, s.h, s.d) * 4) != cudaSuccess ||
+      cudaMalloc(reinterpret_cast<void**>(&delta), rows * 4) != cudaSuccess ||
       cudaMalloc(reinterpret_cast<void**>(&master), n * 4) != cudaSuccess) {
     return false;
   }
@@ -43,20 +42,15 @@ bool Bench(const Shape& s, cudaEvent_t start, cudaEvent_t stop) {
   auto time = [&](auto&& run) { return MeanMs(run, start, stop); };
   const double fwd =
       time([&] { ok &= AttentionForwardTc(out, lse, q, k, v, s.b, s.t, s.h, s.d, nullptr) == cudaSuccess; });
+  const double bwd_only = time([&] {
+    ok &= AttentionBackwardTc(dq, dk, dv, dout, out, lse, delta, q, k, v, s.b, s.t, s.h, s.d, nullptr) == cudaSuccess;
+  });
+  ok &= cudaDeviceSynchronize() == cudaSuccess;
   const double flops = 4.0 * s.b * s.h * double(s.t) * s.t * s.d / 2;
-  const std::string was = AttentionBackwardPath();
-  for (const char* path : {"split", "fused"}) {
-    UseAttentionBackwardPath(path);
-    const double bwd_only = time([&] {
-      ok &= AttentionBackwardTc(dq, dk, dv, dout, out, lse, delta, q, k, v, s.b, s.t, s.h, s.d, nullptr) == cudaSuccess;
-    });
-    ok &= cudaDeviceSynchronize() == cudaSuccess;
-    std::printf(
-        "{\"impl\":\"ours\",\"backward\":\"%s\",\"model\":\"%s\",\"b\":%d,\"t\":%d,\"h\":%d,\"d\":%d,"
-        "\"fwd_ms\":%.3f,\"bwd_ms\":%.3f,\"fwd_tflops\":%.1f,\"bwd_tflops\":%.1f}\n",
-        path, s.model, s.b, s.t, s.h, s.d, fwd, bwd_only, flops / fwd / 1e9, 2.5 * flops / bwd_only / 1e9);
-  }
-  UseAttentionBackwardPath(was);
+  std::printf(
+      "{\"impl\":\"ours\",\"model\":\"%s\",\"b\":%d,\"t\":%d,\"h\":%d,\"d\":%d,\"fwd_ms\":%.3f,\"bwd_ms\":%.3f,"
+      "\"fwd_tflops\":%.1f,\"bwd_tflops\":%.1f}\n",
+      s.model, s.b, s.t, s.h, s.d, fwd, bwd_only, flops / fwd / 1e9, 2.5 * flops / bwd_only / 1e9);
   for (Bf16** p : bf) cudaFree(*p);
   cudaFree(lse);
   cudaFree(delta);

@@ -15,10 +15,7 @@
 // of two adjacent n-tiles are, packed to bf16, the A fragment of one k-step.
 #include <cuda_bf16.h>
 
-#include <atomic>
 #include <cstdint>
-#include <cstdlib>
-#include <string>
 
 #include "trainer_ref/kernels/attention_tc.h"
 
@@ -117,14 +114,6 @@ __device__ __forceinline__ void LoadBFromRowsN(uint32_t b[4], const __nv_bfloat1
 __device__ __forceinline__ void LoadBFromRowsK(uint32_t b[4], const __nv_bfloat16* p, int ld) {
   const int lane = threadIdx.x % 32;
   LdMatrixX4Trans(b, p + (((lane / 8) % 2) * 8 + lane % 8) * ld + (lane / 16) * 8);
-}
-
-// The A fragment (rows m 0..15, columns k 0..15) when A[m][k] = M[k][m], M row-major at `p`
-// (its rows k 0..15, columns m 0..15): the transposing load, matrices (m 0-7, k 0-7),
-// (m 8-15, k 0-7), (m 0-7, k 8-15), (m 8-15, k 8-15) in a0..a3's order.
-__device__ __forceinline__ void LoadAFromRowsK(uint32_t a[4], const __nv_bfloat16* p, int ld) {
-  const int lane = threadIdx.x % 32;
-  LdMatrixX4Trans(a, p + ((lane / 16) * 8 + lane % 8) * ld + ((lane / 8) % 2) * 8);
 }
 
 // C fragments of n-tiles 2j and 2j + 1 as the bf16 A fragment of k-step j.
@@ -429,157 +418,6 @@ __global__ void __launch_bounds__(kWarps * 32) KeyKernel(Bf16* dk, Bf16* dv, con
   StoreRowsToGlobal<D>(dv, dv_acc, 1.f, bi, k0 + warp * 16, head, t, h);
 }
 
-// The fused backward: the key kernel's loop, which also turns each step's dS into that
-// step's share of dQ (dS K, from dS^T through shared memory) and adds it to an fp32 dQ row in
-// global memory in a fixed order, so that S and dP are computed once (5 matmuls of the
-// forward's size where the split kernels do 7) and the sum stays deterministic. For a query
-// step the key tiles at or before it add in descending order: the diagonal tile stores, the
-// next ones add, tile 0 (the last) writes dq in bf16. A tile waits for the tile after it; a
-// tile after it started as early (the grid runs a head's tiles side by side, tile 0 first
-// only in launch order), so in steady state nobody waits: tile kt reaches a query step two
-// of its own steps after tile kt + 1 did. Progress needs a head's ceil(T / 64) tiles to be
-// resident at once at worst (32 at T = 2048, against 132 SMs).
-template <int D>
-struct FusedSmem {
-  KeySmem<D> key;
-  __nv_bfloat16 ds[kTile * (kKeyStep<D> + 8)];  // the step's dS^T (keys x queries), bf16
-};
-
-__device__ __forceinline__ int LoadAcquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void StoreRelease(int* p, int v) {
-  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
-
-template <int D>
-__global__ void __launch_bounds__(kWarps * 32)
-    FusedBackwardKernel(Bf16* dq, Bf16* dk, Bf16* dv, float* dq_acc, int* turns, const Bf16* dout, const float* lse,
-                        const float* delta, const Bf16* q, const Bf16* k, const Bf16* v, int t, int h, float scale) {
-  constexpr int kStep = kKeyStep<D>;
-  constexpr int kLdS = kStep + 8;
-  constexpr int kRowTiles = kStep / 16;            // the step's 16-query tiles: 2 (D 128) or 4 (D 64)
-  constexpr int kDims = D / (kWarps / kRowTiles);  // the dims of dQ a warp sums: 64
-  extern __shared__ __align__(128) unsigned char raw[];
-  auto& fs = *reinterpret_cast<FusedSmem<D>*>(raw);
-  auto& sm = fs.key;
-  const int kt = blockIdx.x, k0 = kt * kTile, head = blockIdx.y, bi = blockIdx.z;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-  const int64_t stats = (int64_t{bi} * h + head) * t;
-  const float scale2 = scale * kLog2e;
-  int* const head_turns = turns + (int64_t{bi} * h + head) * ((t + kStep - 1) / kStep);
-  float* const head_acc = dq_acc + stats * D;  // (B, H, T, D)
-  const int rt = warp % kRowTiles, dim0 = (warp / kRowTiles) * kDims;
-  auto load_step = [&](int buf, int first) {
-    LoadRows<D, kStep>(sm.q[buf], q, bi, first, head, t, h);
-    LoadRows<D, kStep>(sm.dout[buf], dout, bi, first, head, t, h);
-    LoadFloats(sm.lse[buf], lse, stats, first, kStep, t);
-    LoadFloats(sm.delta[buf], delta, stats, first, kStep, t);
-  };
-  LoadRows<D, kTile>(sm.k, k, bi, k0, head, t, h);
-  LoadRows<D, kTile>(sm.v, v, bi, k0, head, t, h);
-  load_step(0, k0);
-  CpAsyncCommit();
-  float dk_acc[D / 8][4] = {}, dv_acc[D / 8][4] = {};
-  const int key0 = k0 + warp * 16 + g;  // and key0 + 8
-  const int steps = (t - k0 + kStep - 1) / kStep;
-  for (int i = 0; i < steps; ++i) {
-    const int q_first = k0 + i * kStep, buf = i % 2;
-    if (i + 1 < steps) {
-      load_step(buf ^ 1, q_first + kStep);
-      CpAsyncCommit();
-      CpAsyncWait<1>();
-    } else {
-      CpAsyncWait<0>();
-    }
-    __syncthreads();
-    float s[kStep / 8][4] = {};
-    RowsTimesRowsT<D, kStep>(s, sm.k + warp * 16 * kLd<D>, sm.q[buf]);
-#pragma unroll
-    for (int nt = 0; nt < kStep / 8; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = nt * 8 + 2 * c + (e & 1), query = q_first + col, key = key0 + (e >= 2 ? 8 : 0);
-        s[nt][e] = query >= key && query < t ? exp2f(s[nt][e] * scale2 - sm.lse[buf][col] * kLog2e) : 0.f;
-      }
-    }
-    RegsTimesRows<D, kStep>(dv_acc, s, sm.dout[buf]);  // dV_w += P^T dO
-    {
-      float dp[kStep / 8][4] = {};
-      RowsTimesRowsT<D, kStep>(dp, sm.v + warp * 16 * kLd<D>, sm.dout[buf]);
-#pragma unroll
-      for (int nt = 0; nt < kStep / 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[nt][e] *= dp[nt][e] - sm.delta[buf][nt * 8 + 2 * c + (e & 1)];
-      }
-    }
-    RegsTimesRows<D, kStep>(dk_acc, s, sm.q[buf]);  // dK_w += dS^T Q (scaled at the end)
-    // dS^T (the bf16 values dK's product used) to shared memory, for dQ's A operand.
-#pragma unroll
-    for (int nt = 0; nt < kStep / 8; ++nt) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        *reinterpret_cast<uint32_t*>(&fs.ds[(warp * 16 + g + 8 * r) * kLdS + nt * 8 + 2 * c]) =
-            Pack(s[nt][2 * r], s[nt][2 * r + 1]);
-      }
-    }
-    __syncthreads();
-    // This tile's share of dQ for query rows [16 rt, 16 rt + 16) of the step, dims
-    // [dim0, dim0 + kDims): dS (queries x 64 keys) K (64 keys x D).
-    float part[kDims / 8][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < kTile / 16; ++kk) {
-      uint32_t fa[4];
-      LoadAFromRowsK(fa, fs.ds + kk * 16 * kLdS + rt * 16, kLdS);
-#pragma unroll
-      for (int j = 0; j < kDims / 16; ++j) {
-        uint32_t fb[4];
-        LoadBFromRowsK(fb, sm.k + kk * 16 * kLd<D> + dim0 + j * 16, kLd<D>);
-        Mma(part[2 * j], fa, fb[0], fb[1]);
-        Mma(part[2 * j + 1], fa, fb[2], fb[3]);
-      }
-    }
-    // The turn of this tile for the step: the tiles after it that reach these queries first.
-    const int step_index = q_first / kStep, turn = (q_first + kStep - 1) / kTile - kt;
-    if (threadIdx.x == 0 && turn > 0) {
-      while (LoadAcquire(head_turns + step_index) != turn) {
-      }
-    }
-    __syncthreads();
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = q_first + rt * 16 + g + 8 * r;
-      if (row >= t) continue;
-      float* const acc_row = head_acc + int64_t{row} * D + dim0;
-      auto* const out_row = reinterpret_cast<__nv_bfloat162*>(dq + RowOf(bi, row, head, t, h, D) + dim0);
-#pragma unroll
-      for (int nt = 0; nt < kDims / 8; ++nt) {
-        const int col = nt * 8 + 2 * c;
-        float2 sum = make_float2(part[nt][2 * r], part[nt][2 * r + 1]);
-        if (turn > 0) {
-          const float2 before = __ldcg(reinterpret_cast<const float2*>(acc_row + col));
-          sum = make_float2(before.x + sum.x, before.y + sum.y);
-        }
-        if (kt == 0) {
-          out_row[col / 2] = __floats2bfloat162_rn(sum.x * scale, sum.y * scale);
-        } else {
-          __stcg(reinterpret_cast<float2*>(acc_row + col), sum);
-        }
-      }
-    }
-    if (kt > 0) {
-      __threadfence();
-      __syncthreads();
-      if (threadIdx.x == 0) StoreRelease(head_turns + step_index, turn + 1);
-    }
-    __syncthreads();
-  }
-  StoreRowsToGlobal<D>(dk, dk_acc, scale, bi, k0 + warp * 16, head, t, h);
-  StoreRowsToGlobal<D>(dv, dv_acc, 1.f, bi, k0 + warp * 16, head, t, h);
-}
-
 template <int D>
 struct QuerySmem {
   __nv_bfloat16 q[kTile * kLd<D>], dout[kTile * kLd<D>];
@@ -671,44 +509,7 @@ cudaError_t Backward(Bf16* dq, Bf16* dk, Bf16* dv, const Bf16* dout, const float
   return Launch(QueryKernel<D>, sizeof(QuerySmem<D>), grid, stream, dq, dout, lse, delta, q, k, v, t, h, scale);
 }
 
-template <int D>
-cudaError_t FusedBackward(Bf16* dq, Bf16* dk, Bf16* dv, const Bf16* dout, const float* lse, float* scratch,
-                          const Bf16* q, const Bf16* k, const Bf16* v, int b, int t, int h, cudaStream_t stream) {
-  const int64_t rows = int64_t{b} * h * t;
-  float* const dq_acc = scratch + rows;
-  int* const turns = reinterpret_cast<int*>(dq_acc + rows * D);
-  const int64_t counters = int64_t{b} * h * ((t + kKeyStep<D> - 1) / kKeyStep<D>);
-  if (const cudaError_t e = cudaMemsetAsync(turns, 0, counters * sizeof(int), stream); e != cudaSuccess) return e;
-  const dim3 grid((t + kTile - 1) / kTile, h, b);
-  return Launch(FusedBackwardKernel<D>, sizeof(FusedSmem<D>), grid, stream, dq, dk, dv, dq_acc, turns, dout, lse,
-                static_cast<const float*>(scratch), q, k, v, t, h, 1.f / sqrtf(static_cast<float>(D)));
-}
-
-// The backward in use (AttentionBackwardPath): -1 until first asked (TIERD_ATTENTION_BACKWARD).
-std::atomic<int> backward_path{-1};
-constexpr int kSplitPath = 0, kFusedPath = 1;
-int BackwardPathNamed(const std::string& name) { return name == "fused" ? kFusedPath : kSplitPath; }
-
 }  // namespace
-
-const char* AttentionBackwardPath() {
-  if (backward_path.load(std::memory_order_relaxed) < 0) {
-    const char* forced = std::getenv("TIERD_ATTENTION_BACKWARD");
-    int unset = -1;
-    backward_path.compare_exchange_strong(unset, BackwardPathNamed(forced != nullptr ? forced : ""));
-  }
-  return backward_path.load(std::memory_order_relaxed) == kFusedPath ? "fused" : "split";
-}
-
-const char* UseAttentionBackwardPath(const std::string& want) {
-  backward_path.store(BackwardPathNamed(want), std::memory_order_relaxed);
-  return AttentionBackwardPath();
-}
-
-size_t AttentionTcScratchFloats(int b, int t, int h, int d) {
-  const size_t rows = size_t(b) * h * t, step = d == 128 ? kKeyStep<128> : kKeyStep<64>;
-  return rows + rows * d + size_t(b) * h * ((t + step - 1) / step);
-}
 
 bool TensorCoreAttention(int d) { return d == 64 || d == 128; }
 
@@ -722,10 +523,6 @@ cudaError_t AttentionBackwardTc(Bf16* dq, Bf16* dk, Bf16* dv, const Bf16* dout, 
                                 cudaStream_t stream) {
   const int64_t rows = int64_t{b} * h * t;
   DeltaKernel<<<static_cast<int>((rows * 32 + 255) / 256), 256, 0, stream>>>(delta, dout, out, b, t, h, d);
-  if (std::string(AttentionBackwardPath()) == "fused") {
-    return d == 64 ? FusedBackward<64>(dq, dk, dv, dout, lse, delta, q, k, v, b, t, h, stream)
-                   : FusedBackward<128>(dq, dk, dv, dout, lse, delta, q, k, v, b, t, h, stream);
-  }
   return d == 64 ? Backward<64>(dq, dk, dv, dout, lse, delta, q, k, v, b, t, h, stream)
                  : Backward<128>(dq, dk, dv, dout, lse, delta, q, k, v, b, t, h, stream);
 }

@@ -79,10 +79,8 @@ void CrossEntropy(float* losses, Bf16* dlogits, const Bf16* logits, const int32_
 // 1/sqrt(D); softmax online in fp32. Head sizes 64 and 128 run on tensor cores
 // (attention_tc.cu, flash-style tiles); others (at most 256) one warp per query row.
 // Backward writes dq, dk, dv, recomputing the probabilities from lse; every gradient row
-// is summed in a fixed order (deterministic, no atomics). `delta` is scratch of
-// AttentionBackwardScratchFloats(b, t, h, d) floats. The returned error is the launch's
-// (cudaSuccess when queued).
-size_t AttentionBackwardScratchFloats(int b, int t, int h, int d);
+// is summed in one place in a fixed order (deterministic, no atomics). `delta` is scratch of
+// B * H * T floats. The returned error is the launch's (cudaSuccess when queued).
 cudaError_t AttentionForward(Bf16* out, float* lse, const Bf16* q, const Bf16* k, const Bf16* v, int b, int t, int h,
                              int d, cudaStream_t stream);
 cudaError_t AttentionBackward(Bf16* dq, Bf16* dk, Bf16* dv, const Bf16* dout, const Bf16* out, const float* lse,

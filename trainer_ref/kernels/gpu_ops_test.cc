@@ -21,7 +21,6 @@
 #include "trainer_ref/adamw8bit.h"
 #include "trainer_ref/cpu_ops.h"
 #include "trainer_ref/host_adamw.h"
-#include "trainer_ref/kernels/attention_tc.h"
 #include "trainer_ref/kernels/gemm.h"
 #include "trainer_ref/kernels/gpu_test_util.h"
 #include "trainer_ref/kernels/init_normal.h"
@@ -519,45 +518,38 @@ TEST(GpuOpsTest, CausalAttentionForwardAndBackward) {
   // 16 and 32: the warp-per-row kernels; 64 and 128: tensor cores, with T = 300 spanning
   // five 64-row tiles (the last one partial) so the causal masks at tile edges and the
   // double-buffered tile loads are covered.
-  const std::string was = UseAttentionBackwardPath("split");
-  for (const std::string path : {"split", "fused"}) {
-    ASSERT_EQ(std::string(UseAttentionBackwardPath(path)), path);
-    for (int d : {16, 32, 64, 128}) {
-      if (path == "fused" && d < 64) continue;  // the warp kernels have one backward
-      const int b = 2, t = d >= 64 ? 300 : 70, h = 3;
-      const size_t count = size_t{b} * t * h * d;
-      const Bf16Data q = Random(count, rng), k = Random(count, rng), v = Random(count, rng), dout = Random(count, rng),
-                     dq0 = Random(count, rng), dk0 = Random(count, rng), dv0 = Random(count, rng);
-      Device<Bf16> d_q(q.bits), d_k(k.bits), d_v(v.bits), d_out{std::vector<Bf16>(count)}, d_dout(dout.bits),
-          d_dq(dq0.bits), d_dk(dk0.bits), d_dv(dv0.bits);
-      Device<float> d_lse{std::vector<float>(size_t{b} * h * t)},
-          d_delta{std::vector<float>(AttentionBackwardScratchFloats(b, t, h, d))};
-      ASSERT_EQ(AttentionForward(d_out.get(), d_lse.get(), d_q.get(), d_k.get(), d_v.get(), b, t, h, d, nullptr),
-                cudaSuccess);
-      ASSERT_EQ(AttentionBackward(d_dq.get(), d_dk.get(), d_dv.get(), d_dout.get(), d_out.get(), d_lse.get(),
-                                  d_delta.get(), d_q.get(), d_k.get(), d_v.get(), b, t, h, d, nullptr),
-                cudaSuccess);
-      // The backward writes dq, dk, dv: the random values they held must not show.
-      std::vector<float> out(count), att(size_t{b} * h * t * t), dq(count, 0.f), dk(count, 0.f), dv(count, 0.f);
-      cpu::AttentionForward(out.data(), att.data(), q.values.data(), k.values.data(), v.values.data(), b, t, h, d);
-      cpu::AttentionBackward(dq.data(), dk.data(), dv.data(), dout.values.data(), att.data(), q.values.data(),
-                             k.values.data(), v.values.data(), b, t, h, d);
-      const std::string at = " (D " + std::to_string(d) + ", " + path + ")";
-      EXPECT_EQ(CompareBf16(Floats(d_out.Host()), out, 1e-2f, "attention out" + at), 0);
-      EXPECT_EQ(CompareBf16(Floats(d_dq.Host()), dq, 2e-2f, "attention dq" + at), 0);
-      EXPECT_EQ(CompareBf16(Floats(d_dk.Host()), dk, 2e-2f, "attention dk" + at), 0);
-      EXPECT_EQ(CompareBf16(Floats(d_dv.Host()), dv, 2e-2f, "attention dv" + at), 0);
-      // Deterministic: the same backward again gives the same bits (no atomics, a fixed
-      // summation order).
-      Device<Bf16> again_dq(dq0.bits), again_dk(dk0.bits), again_dv(dv0.bits);
-      ASSERT_EQ(AttentionBackward(again_dq.get(), again_dk.get(), again_dv.get(), d_dout.get(), d_out.get(),
-                                  d_lse.get(), d_delta.get(), d_q.get(), d_k.get(), d_v.get(), b, t, h, d, nullptr),
-                cudaSuccess);
-      EXPECT_TRUE(again_dq.Host() == d_dq.Host() && again_dk.Host() == d_dk.Host() && again_dv.Host() == d_dv.Host())
-          << "attention backward not reproducible bit for bit" << at;
-    }
+  for (int d : {16, 32, 64, 128}) {
+    const int b = 2, t = d >= 64 ? 300 : 70, h = 3;
+    const size_t count = size_t{b} * t * h * d;
+    const Bf16Data q = Random(count, rng), k = Random(count, rng), v = Random(count, rng), dout = Random(count, rng),
+                   dq0 = Random(count, rng), dk0 = Random(count, rng), dv0 = Random(count, rng);
+    Device<Bf16> d_q(q.bits), d_k(k.bits), d_v(v.bits), d_out{std::vector<Bf16>(count)}, d_dout(dout.bits),
+        d_dq(dq0.bits), d_dk(dk0.bits), d_dv(dv0.bits);
+    Device<float> d_lse{std::vector<float>(size_t{b} * h * t)}, d_delta{std::vector<float>(size_t{b} * h * t)};
+    ASSERT_EQ(AttentionForward(d_out.get(), d_lse.get(), d_q.get(), d_k.get(), d_v.get(), b, t, h, d, nullptr),
+              cudaSuccess);
+    ASSERT_EQ(AttentionBackward(d_dq.get(), d_dk.get(), d_dv.get(), d_dout.get(), d_out.get(), d_lse.get(),
+                                d_delta.get(), d_q.get(), d_k.get(), d_v.get(), b, t, h, d, nullptr),
+              cudaSuccess);
+    // The backward writes dq, dk, dv: the random values they held must not show.
+    std::vector<float> out(count), att(size_t{b} * h * t * t), dq(count, 0.f), dk(count, 0.f), dv(count, 0.f);
+    cpu::AttentionForward(out.data(), att.data(), q.values.data(), k.values.data(), v.values.data(), b, t, h, d);
+    cpu::AttentionBackward(dq.data(), dk.data(), dv.data(), dout.values.data(), att.data(), q.values.data(),
+                           k.values.data(), v.values.data(), b, t, h, d);
+    const std::string at = " (D " + std::to_string(d) + ")";
+    EXPECT_EQ(CompareBf16(Floats(d_out.Host()), out, 1e-2f, "attention out" + at), 0);
+    EXPECT_EQ(CompareBf16(Floats(d_dq.Host()), dq, 2e-2f, "attention dq" + at), 0);
+    EXPECT_EQ(CompareBf16(Floats(d_dk.Host()), dk, 2e-2f, "attention dk" + at), 0);
+    EXPECT_EQ(CompareBf16(Floats(d_dv.Host()), dv, 2e-2f, "attention dv" + at), 0);
+    // Deterministic: the same backward again gives the same bits (no atomics, a fixed
+    // summation order).
+    Device<Bf16> again_dq(dq0.bits), again_dk(dk0.bits), again_dv(dv0.bits);
+    ASSERT_EQ(AttentionBackward(again_dq.get(), again_dk.get(), again_dv.get(), d_dout.get(), d_out.get(),
+                                d_lse.get(), d_delta.get(), d_q.get(), d_k.get(), d_v.get(), b, t, h, d, nullptr),
+              cudaSuccess);
+    EXPECT_TRUE(again_dq.Host() == d_dq.Host() && again_dk.Host() == d_dk.Host() && again_dv.Host() == d_dv.Host())
+        << "attention backward not reproducible bit for bit" << at;
   }
-  UseAttentionBackwardPath(was);
 }
 
 }  // namespace

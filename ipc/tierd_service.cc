@@ -232,6 +232,9 @@ grpc::Status TierdService::Stats(grpc::ServerContext*, const v1::Empty*, v1::Sta
   for (v1::SessionSteps& s : steps_.Snapshot()) *reply->add_session_steps() = std::move(s);
   reply->set_gpu(gpu_description_);
   reply->set_uptime_seconds((clock_.NowNanos() - started_nanos_) / 1e9);
+  if (gpu_utilisation_ != nullptr) {
+    if (std::optional<double> util = gpu_utilisation_->Recent(1.0)) reply->set_gpu_utilisation_percent(*util);
+  }
   return grpc::Status::OK;
 }
 

@@ -14,6 +14,7 @@
 #include "base/clock.h"
 #include "ipc/step_board.h"
 #include "proto/tierd.grpc.pb.h"
+#include "runtime/gpu_utilisation.h"
 #include "runtime/lease_table.h"
 #include "runtime/mover.h"
 #include "runtime/session_service.h"
@@ -86,6 +87,8 @@ class TierdService final : public v1::Tierd::Service {
   void set_config_text(std::string text) { config_text_ = std::move(text); }
   // Set once, before serving; without it the planner calls are UNIMPLEMENTED.
   void set_planner(PlannerHooks* planner) { planner_ = planner; }
+  // Set once, before serving: the GPU's utilisation for Stats (none: not reported).
+  void set_gpu_utilisation(GpuUtilisation* util) { gpu_utilisation_ = util; }
   // The session has ended: its steps leave Stats.
   void SessionEnded(SessionId session) { steps_.Forget(session); }
 
@@ -100,6 +103,7 @@ class TierdService final : public v1::Tierd::Service {
   const int64_t started_nanos_;
   std::string config_text_;
   PlannerHooks* planner_ = nullptr;
+  GpuUtilisation* gpu_utilisation_ = nullptr;
   StepBoard steps_;
 };
 

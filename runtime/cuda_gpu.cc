@@ -272,6 +272,10 @@ class CudaGpu final : public GpuDevice {
                            FormatBytes(properties_.totalGlobalMem));
   }
   bool is_fake() const override { return false; }
+  std::string PciBusId() const override {
+    char id[64] = {};
+    return cudaDeviceGetPCIBusId(id, sizeof(id), device_) == cudaSuccess ? std::string(id) : std::string();
+  }
 
   absl::StatusOr<uint64_t> FreeBytes() override {
     cudaSetDevice(device_);

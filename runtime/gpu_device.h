@@ -83,6 +83,8 @@ class GpuDevice {
   // "NVIDIA H200, sm_90, 139.8 GiB" or "fake GPU (host memory, link 55.0 GB/s)".
   virtual std::string Describe() const = 0;
   virtual bool is_fake() const = 0;
+  // Its PCI bus id as cudaDeviceGetPCIBusId writes it (for NVML); "" on the fake GPU.
+  virtual std::string PciBusId() const { return ""; }
   // Device memory free now (what a new region could get).
   virtual absl::StatusOr<uint64_t> FreeBytes() = 0;
   // RESOURCE_EXHAUSTED, naming the numbers, when `bytes` exceed free memory.

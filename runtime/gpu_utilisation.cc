@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
@@ -97,13 +98,22 @@ class Nvml final : public GpuUtilisation {
     n->rates_ = n->Symbol<NvmlReturn (*)(NvmlDevice, NvmlUtilisation*)>("nvmlDeviceGetUtilizationRates");
     // Start at the newest sample there is, so that the first call covers only what follows.
     uint64_t latest = 0;
-    for (const UtilisationSample& s : n->Read()) latest = std::max(latest, s.time_us);
+    for (const UtilisationSample& s : n->Read(0)) latest = std::max(latest, s.time_us);
     n->since_us_ = latest;
     return std::unique_ptr<GpuUtilisation>(std::move(n));
   }
 
+  std::optional<double> Recent(double seconds) override {
+    if (!samples_unsupported_) {
+      return MeanUtilisationWithin(Read(0), static_cast<uint64_t>(std::max(0.0, seconds) * 1e6));
+    }
+    NvmlUtilisation u{};
+    if (rates_ == nullptr || rates_(device_, &u) != 0) return std::nullopt;
+    return u.gpu;
+  }
+
   std::optional<double> SinceLast() override {
-    if (!samples_unsupported_) return MeanUtilisationSince(Read(), &since_us_);
+    if (!samples_unsupported_) return MeanUtilisationSince(Read(since_us_), &since_us_);
     NvmlUtilisation u{};  // a driver without samples: the last period's figure
     if (rates_ == nullptr || rates_(device_, &u) != 0) return std::nullopt;
     return u.gpu;
@@ -115,16 +125,16 @@ class Nvml final : public GpuUtilisation {
   F Symbol(const char* name) {
     return reinterpret_cast<F>(dlsym(library_, name));
   }
-  // The samples after since_us_ (the driver keeps a few seconds of them). NOT_FOUND: none is
-  // newer; any other error: this driver keeps none, and SinceLast reads the last period's.
-  std::vector<UtilisationSample> Read() {
+  // The samples after since_us (the driver keeps a few seconds of them). NOT_FOUND: none is
+  // newer; any other error: this driver keeps none, and the callers read the last period's.
+  std::vector<UtilisationSample> Read(uint64_t since_us) {
     NvmlValueType type = kUnsignedInt;
     unsigned int count = 0;
-    NvmlReturn r = samples_(device_, kGpuUtilisationSamples, since_us_, &type, &count, nullptr);
+    NvmlReturn r = samples_(device_, kGpuUtilisationSamples, since_us, &type, &count, nullptr);
     if (r != 0 && r != kNotFound) samples_unsupported_ = true;
     if (r != 0 || count == 0) return {};
     std::vector<NvmlSample> raw(count);
-    if (samples_(device_, kGpuUtilisationSamples, since_us_, &type, &count, raw.data()) != 0) return {};
+    if (samples_(device_, kGpuUtilisationSamples, since_us, &type, &count, raw.data()) != 0) return {};
     std::vector<UtilisationSample> out;
     out.reserve(count);
     for (unsigned int i = 0; i < count && i < raw.size(); ++i) {
@@ -140,7 +150,7 @@ class Nvml final : public GpuUtilisation {
   NvmlReturn (*rates_)(NvmlDevice, NvmlUtilisation*) = nullptr;
   NvmlDevice device_ = nullptr;
   uint64_t since_us_ = 0;
-  bool samples_unsupported_ = false;
+  std::atomic<bool> samples_unsupported_{false};
 };
 
 }  // namespace
@@ -157,6 +167,20 @@ std::optional<double> MeanUtilisationSince(const std::vector<UtilisationSample>&
   }
   if (n == 0) return std::nullopt;
   *since_us = latest;
+  return sum / n;
+}
+
+std::optional<double> MeanUtilisationWithin(const std::vector<UtilisationSample>& samples, uint64_t window_us) {
+  uint64_t newest = 0;
+  for (const UtilisationSample& s : samples) newest = std::max(newest, s.time_us);
+  double sum = 0;
+  int n = 0;
+  for (const UtilisationSample& s : samples) {
+    if (s.time_us + window_us < newest) continue;
+    sum += s.percent;
+    ++n;
+  }
+  if (n == 0) return std::nullopt;
   return sum / n;
 }
 

@@ -25,6 +25,9 @@ struct UtilisationSample {
 // The mean of the samples after *since_us (their periods ended after it), and *since_us moved
 // to the latest of them; nullopt (and *since_us unchanged) when none is newer.
 std::optional<double> MeanUtilisationSince(const std::vector<UtilisationSample>& samples, uint64_t* since_us);
+// The mean of the samples within `window_us` of the newest (its period included); nullopt when
+// there are none.
+std::optional<double> MeanUtilisationWithin(const std::vector<UtilisationSample>& samples, uint64_t window_us);
 
 class GpuUtilisation {
  public:
@@ -35,6 +38,9 @@ class GpuUtilisation {
   // The mean utilisation (percent) of the samples since the last call (since Open, the first
   // time); nullopt when no new sample came (an interval shorter than the sample period).
   virtual std::optional<double> SinceLast() = 0;
+  // The mean over the driver's samples of about the last `seconds` (at least the newest
+  // sample's period); no state: safe from several threads at once.
+  virtual std::optional<double> Recent(double seconds) = 0;
 };
 
 }  // namespace tierd

@@ -121,6 +121,15 @@ absl::Status Daemon::StartServers() {
   service_ = std::make_unique<ipc::TierdService>(*leases_, *hot_path_, *store_, *mover_, *directory_, RealClock(),
                                                  gpu_.device->Describe());
   service_->set_planner(this);
+  if (const std::string bus = gpu_.device->PciBusId(); !bus.empty()) {
+    auto util = GpuUtilisation::Open(bus);
+    if (util.ok()) {
+      gpu_utilisation_ = std::move(*util);
+      service_->set_gpu_utilisation(gpu_utilisation_.get());
+    } else {
+      std::fprintf(stderr, "tierd: GPU-Util not reported (%s)\n", std::string(util.status().message()).c_str());
+    }
+  }
   hello_path_ = options_.runtime_dir + "/tierd.sock";
   grpc_path_ = options_.runtime_dir + "/tierd.grpc.sock";
   // The hello socket first: it refuses to start when another daemon owns the directory.

@@ -25,6 +25,7 @@
 #include "prefetcher/recorder.h"
 #include "prefetcher/simulate.h"
 #include "runtime/gpu_factory.h"
+#include "runtime/gpu_utilisation.h"
 #include "runtime/lease_table.h"
 #include "runtime/mover.h"
 #include "runtime/planned_session.h"
@@ -134,6 +135,7 @@ class Daemon : public ipc::HelloHandler, public ipc::PlannerHooks, public HotPat
 
   DaemonOptions options_;
   OpenedGpu gpu_;
+  std::unique_ptr<GpuUtilisation> gpu_utilisation_;  // null: no NVML, or the fake GPU
   std::unique_ptr<TierStore> store_;
   std::unique_ptr<Mover> mover_;
   std::unique_ptr<LeaseTable> leases_;

@@ -125,6 +125,11 @@ std::string RenderPrometheus(const v1::StatsReply& stats) {
   absl::StrAppendFormat(&out, "tierd_sessions %d\n", stats.sessions());
   Family(&out, "tierd_leases", "gauge", "Leased tensors.");
   absl::StrAppendFormat(&out, "tierd_leases %d\n", stats.leases());
+  if (stats.has_gpu_utilisation_percent()) {
+    Family(&out, "tierd_gpu_utilisation_percent", "gauge",
+           "The GPU's utilisation over about the last second (NVML: the share of time a kernel ran, every process's).");
+    absl::StrAppendFormat(&out, "tierd_gpu_utilisation_percent %.1f\n", stats.gpu_utilisation_percent());
+  }
   Family(&out, "tierd_uptime_seconds", "gauge", "Seconds since tierd started.");
   absl::StrAppendFormat(&out, "tierd_uptime_seconds %.3f\n", stats.uptime_seconds());
   // The sessions' training, as their trainers report it (ReportStep), one series a session.

@@ -318,6 +318,9 @@ TEST_F(DaemonTest, TierctlAndPrometheusSeeWhatClientsDo) {
   EXPECT_NE(scraped.find("tierd_nvme_duplicates_dropped_total 0\n"), std::string::npos) << scraped;
   EXPECT_NE(scraped.find("tierd_refetches_total 0\n"), std::string::npos) << "nothing was evicted for room";
   EXPECT_NE(scraped.find("tierd_thrash_locks_total 0\n"), std::string::npos) << scraped;
+  EXPECT_NE(scraped.find("tierd_thrash_unlocks_total 0\n"), std::string::npos) << scraped;
+  // The fake GPU has no NVML figure: no gauge rather than a made-up 0.
+  EXPECT_EQ(scraped.find("tierd_gpu_utilisation_percent"), std::string::npos) << scraped;
   const std::string session = "{session=\"" + std::to_string(client->session_id()) + "\"} ";
   EXPECT_NE(scraped.find("tierd_session_step" + session + "3\n"), std::string::npos) << scraped;
   EXPECT_NE(scraped.find("tierd_session_step_seconds" + session + "0.25\n"), std::string::npos) << scraped;

@@ -72,9 +72,11 @@ const char* TierName(v1::Tier tier) {
 }
 
 void PrintStats(const v1::StatsReply& stats, const v1::StatsReply* previous, double seconds) {
-  std::printf("tierd on %s, up %.1f s: %lu session(s), %lu lease(s)\n\n", stats.gpu().c_str(),
-              stats.uptime_seconds(), static_cast<unsigned long>(stats.sessions()),
-              static_cast<unsigned long>(stats.leases()));
+  std::printf("tierd on %s, up %.1f s: %lu session(s), %lu lease(s)%s\n\n", stats.gpu().c_str(), stats.uptime_seconds(),
+              static_cast<unsigned long>(stats.sessions()), static_cast<unsigned long>(stats.leases()),
+              stats.has_gpu_utilisation_percent()
+                  ? absl::StrFormat(", GPU-Util %.0f%% (the last second)", stats.gpu_utilisation_percent()).c_str()
+                  : "");
   std::printf("%-5s %12s %12s %12s %12s %14s %6s\n", "tier", "budget", "reserved", "used", "peak", "largest free",
               "frag");
   for (const auto& t : stats.tiers()) {

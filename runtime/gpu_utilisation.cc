@@ -96,27 +96,25 @@ class Nvml final : public GpuUtilisation {
           absl::StrFormat("NVML knows no GPU at PCI bus id %s: %s", pci_bus_id, n->error_string_(r)));
     }
     n->rates_ = n->Symbol<NvmlReturn (*)(NvmlDevice, NvmlUtilisation*)>("nvmlDeviceGetUtilizationRates");
-    // Start at the newest sample there is, so that the first call covers only what follows.
-    uint64_t latest = 0;
-    for (const UtilisationSample& s : n->Read(0)) latest = std::max(latest, s.time_us);
-    n->since_us_ = latest;
     return std::unique_ptr<GpuUtilisation>(std::move(n));
+  }
+
+  uint64_t Mark() override {
+    uint64_t latest = 0;
+    for (const UtilisationSample& s : Read(0)) latest = std::max(latest, s.time_us);
+    return latest;
+  }
+
+  std::optional<double> Since(uint64_t* mark) override {
+    if (!samples_unsupported_) return MeanUtilisationSince(Read(*mark), mark);
+    return LastPeriod();
   }
 
   std::optional<double> Recent(double seconds) override {
     if (!samples_unsupported_) {
       return MeanUtilisationWithin(Read(0), static_cast<uint64_t>(std::max(0.0, seconds) * 1e6));
     }
-    NvmlUtilisation u{};
-    if (rates_ == nullptr || rates_(device_, &u) != 0) return std::nullopt;
-    return u.gpu;
-  }
-
-  std::optional<double> SinceLast() override {
-    if (!samples_unsupported_) return MeanUtilisationSince(Read(since_us_), &since_us_);
-    NvmlUtilisation u{};  // a driver without samples: the last period's figure
-    if (rates_ == nullptr || rates_(device_, &u) != 0) return std::nullopt;
-    return u.gpu;
+    return LastPeriod();
   }
 
  private:
@@ -124,6 +122,12 @@ class Nvml final : public GpuUtilisation {
   template <typename F>
   F Symbol(const char* name) {
     return reinterpret_cast<F>(dlsym(library_, name));
+  }
+  // A driver that keeps no samples: the figure of its last sample period.
+  std::optional<double> LastPeriod() {
+    NvmlUtilisation u{};
+    if (rates_ == nullptr || rates_(device_, &u) != 0) return std::nullopt;
+    return u.gpu;
   }
   // The samples after since_us (the driver keeps a few seconds of them). NOT_FOUND: none is
   // newer; any other error: this driver keeps none, and the callers read the last period's.
@@ -149,7 +153,6 @@ class Nvml final : public GpuUtilisation {
   NvmlReturn (*samples_)(NvmlDevice, int, unsigned long long, NvmlValueType*, unsigned int*, NvmlSample*) = nullptr;
   NvmlReturn (*rates_)(NvmlDevice, NvmlUtilisation*) = nullptr;
   NvmlDevice device_ = nullptr;
-  uint64_t since_us_ = 0;
   std::atomic<bool> samples_unsupported_{false};
 };
 

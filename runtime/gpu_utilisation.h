@@ -35,9 +35,12 @@ class GpuUtilisation {
   // with the reason when there is no NVML (no NVIDIA driver) or it does not know the device.
   static absl::StatusOr<std::unique_ptr<GpuUtilisation>> Open(const std::string& pci_bus_id);
   virtual ~GpuUtilisation() = default;
-  // The mean utilisation (percent) of the samples since the last call (since Open, the first
-  // time); nullopt when no new sample came (an interval shorter than the sample period).
-  virtual std::optional<double> SinceLast() = 0;
+  // Where the driver's samples end now: a mark for Since.
+  virtual uint64_t Mark() = 0;
+  // The mean utilisation (percent) of the samples after *mark, and *mark moved past them;
+  // nullopt when no new sample came (an interval shorter than the sample period). Several
+  // marks may follow one GPU (each step's, a run's).
+  virtual std::optional<double> Since(uint64_t* mark) = 0;
   // The mean over the driver's samples of about the last `seconds` (at least the newest
   // sample's period); no state: safe from several threads at once.
   virtual std::optional<double> Recent(double seconds) = 0;

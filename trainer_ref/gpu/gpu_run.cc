@@ -49,7 +49,6 @@ struct Startup {
   }
 };
 
-// One run: set up, the steps, the summary. Members hold what the phases share.
 // The share of `seconds` each PCIe direction had a copy in flight between two readings of
 // tierd's links (at most 1: the readings and the step's clock are a few microseconds apart).
 std::pair<double, double> PcieBusy(const GpuHome::Traffic& from, const GpuHome::Traffic& to, double seconds) {
@@ -57,6 +56,7 @@ std::pair<double, double> PcieBusy(const GpuHome::Traffic& from, const GpuHome::
   return {share(to.host_to_gpu_busy - from.host_to_gpu_busy), share(to.gpu_to_host_busy - from.gpu_to_host_busy)};
 }
 
+// One run: set up, the steps, the summary. Members hold what the phases share.
 class GpuRun {
  public:
   explicit GpuRun(const RunSettings& s) : s_(s), ck_{s.checkpoint_dir, "", 0}, spikes_(s.loss_spike_sds) {}
@@ -105,9 +105,9 @@ class GpuRun {
   RunCurves curves_;
   std::vector<int32_t> inputs_, targets_;
   std::vector<std::pair<std::string, double>> profile_;  // ms summed over the timed steps
-  // NVML's GPU-Util (null: no NVML): each step's, and the timed steps' (opened as they begin).
-  std::unique_ptr<GpuUtilisation> util_, timed_util_;
-  std::string bus_id_;
+  // NVML's GPU-Util (null: no NVML), with marks where each step's and the timed steps' samples begin.
+  std::unique_ptr<GpuUtilisation> util_;
+  uint64_t step_mark_ = 0, timed_mark_ = 0;
   double timed_seconds_ = 0, last_loss_ = 0, timed_waits_ = 0, timed_releases_ = 0, last_validation_ = 0;
   int64_t timed_steps_ = 0;
   GpuHome::Traffic before_, timed_from_, timed_to_;  // tierd's counters around the timed steps
@@ -233,11 +233,12 @@ int GpuRun::Setup() {
                   ? ""
                   : absl::StrFormat("; checkpoint every %d steps in %s", s_.checkpoint_every, ck_.dir).c_str());
   char bus_id[64] = {};
-  if (cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), device_) == cudaSuccess) bus_id_ = bus_id;
-  auto util =
-      bus_id_.empty() ? absl::UnavailableError("CUDA gave no PCI bus id for the GPU") : GpuUtilisation::Open(bus_id_);
+  auto util = cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), device_) == cudaSuccess
+                  ? GpuUtilisation::Open(bus_id)
+                  : absl::UnavailableError("CUDA gave no PCI bus id for the GPU");
   if (util.ok()) {
     util_ = std::move(*util);
+    step_mark_ = util_->Mark();
   } else {
     std::printf("GPU-Util: not shown (%s)\n", std::string(util.status().message()).c_str());
   }
@@ -304,7 +305,7 @@ int GpuRun::Step(int64_t step) {
   const int64_t first_timed = curves_.first_step + absl::GetFlag(FLAGS_timing_skip);
   if (step == first_timed) {
     timed_from_ = before_;
-    if (util_) timed_util_ = GpuUtilisation::Open(bus_id_).value_or(nullptr);
+    timed_mark_ = step_mark_;  // where the last step's samples ended
   }
   if (absl::Status st = model_->ZeroGrads(); !st.ok()) return FailMidRun(std::string(st.message()), ck_);
   double loss = 0;
@@ -375,7 +376,7 @@ int GpuRun::Step(int64_t step) {
   const auto spent = model_->TakeProfile();
   const double waited = model_->AcquireSeconds() - waited0;
   const GpuHome::Traffic after = Traffic();
-  const std::optional<double> util = util_ ? util_->SinceLast() : std::nullopt;
+  const std::optional<double> util = util_ ? util_->Since(&step_mark_) : std::nullopt;
   const std::pair<double, double> busy = PcieBusy(before_, after, seconds);
   if (step >= first_timed) {
     timed_seconds_ += seconds;
@@ -439,7 +440,7 @@ void GpuRun::Summary() {
   const auto [memory_bytes, memory] = GpuMemory(end);
   const double params = static_cast<double>(s_.config.Params());
   // The samples over the timed steps (none when they took less than NVML's sample period).
-  const double util = timed_util_ ? timed_util_->SinceLast().value_or(-1) : -1;  // -1: not measured
+  const double util = util_ && timed_steps_ > 0 ? util_->Since(&timed_mark_).value_or(-1) : -1;  // -1: not measured
   const auto [in_busy, out_busy] = PcieBusy(timed_from_, timed_to_, timed_seconds_);
   std::string use;
   if (util >= 0) absl::StrAppendFormat(&use, ", GPU-Util %.0f%%", util);

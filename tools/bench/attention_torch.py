@@ -50,7 +50,15 @@ def main():
         print(f"| {r['model']} | {r['b']} x {r['t']} x {r['h']} x {r['d']} | {r['fwd_ms']:.2f} ms "
               f"({r['fwd_tflops']:.0f} TFLOP/s) | {fwd:.2f} ms ({tf:.0f}) | {r['fwd_tflops'] / tf:.2f}x | "
               f"{r['bwd_ms']:.2f} ms ({r['bwd_tflops']:.0f}) | {bwd:.2f} ms ({tb:.0f}) | {r['bwd_tflops'] / tb:.2f}x |")
-
+    if rows and "keys_ms" in rows[0]:
+        print("\nours' backward kernel by kernel, ms: with dS (the key kernel writes dS, bf16, and dQ = dS K; "
+              "as used) and the previous design (the query kernel computes S and dP again)")
+        print("| model | b x T x H x d | delta | keys + dS | dQ from dS | keys | dQ recomputing | dS scratch |")
+        print("|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['model']} | {r['b']} x {r['t']} x {r['h']} x {r['d']} | {r['delta_ms']:.3f} | "
+                  f"{r['keys_ms']:.3f} | {r['queries_ms']:.3f} | {r['keys_recompute_ms']:.3f} | "
+                  f"{r['queries_recompute_ms']:.3f} | {r['scratch_mib']:.0f} MiB |")
 
 if __name__ == "__main__":
     main()

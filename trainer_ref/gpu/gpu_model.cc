@@ -311,7 +311,9 @@ absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx) {
   cast(a.a, kLinearO, c);
   RETURN_IF_ERROR(linear(da_, dx16_, a.a, w.wo, kLinearO, c, c, /*first=*/true));
   RETURN_IF_ERROR(Timed(kAttention, [&] {
-    return Cuda(AttentionBackward(dq_, dk_, dv_, da_, a.a, a.lse, delta_, a.q, a.k, a.v, batch_, seq_, h, d, stream_),
+    return Cuda(AttentionBackward(dq_, dk_, dv_, da_, a.a, a.lse, attention_scratch_,
+                                  AttentionBackwardScratchBytes(batch_, seq_, h, d), a.q, a.k, a.v, batch_, seq_, h, d,
+                                  stream_),
                 "attention backward");
   }));
   Timed(kElementwise, [&] {

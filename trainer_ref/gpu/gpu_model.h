@@ -424,7 +424,8 @@ class GpuModel {
   size_t total_params_ = 0;
   float *x_ = nullptr, *x_out_ = nullptr, *dx_ = nullptr;  // residual stream and its gradient, fp32
   Bf16 *tmp_ = nullptr, *xf_ = nullptr, *logits_ = nullptr, *dlogits_ = nullptr, *dx16_ = nullptr;
-  float *rstd_f_ = nullptr, *losses_ = nullptr, *norm_ = nullptr, *delta_ = nullptr;
+  float *rstd_f_ = nullptr, *losses_ = nullptr, *norm_ = nullptr;
+  unsigned char* attention_scratch_ = nullptr;  // AttentionBackwardScratchBytes: delta, dS
   float* scratch_ = nullptr;        // the deterministic reductions' partial sums
   int32_t* token_index_ = nullptr;  // this micro-batch's rows grouped by token (SegmentTokens)
   TokenSegments token_segments_;    // its host side (kept until the upload is done)

@@ -105,7 +105,6 @@ uint64_t GpuModel::MomentOffset(size_t entry) const {
 std::vector<std::pair<size_t, size_t>> GpuModel::WorkspacePlan(const ModelConfig& config, int batch, int seq,
                                                                bool recompute) {
   const size_t n = static_cast<size_t>(batch) * seq, c = config.d_model, f = config.d_ff, v = config.vocab;
-  const size_t lse = static_cast<size_t>(batch) * config.heads * seq;
   size_t norms = 0;
   for (const TensorLayout& t : ParamLayout(config)) norms += t.shape.size() == 1 ? t.count : 0;
   std::vector<std::pair<size_t, size_t>> plan = {{norms, 4}};  // norms_
@@ -115,7 +114,8 @@ std::vector<std::pair<size_t, size_t>> GpuModel::WorkspacePlan(const ModelConfig
   for (int i = 0; i < 2; ++i) plan.push_back({n * v, 2});      // logits_, dlogits_
   for (int i = 0; i < 2; ++i) plan.push_back({n, 4});          // rstd_f_, losses_
   plan.push_back({1, 4});                                      // norm_
-  plan.push_back({lse, 4});                                    // delta_
+  plan.push_back({static_cast<size_t>(AttentionBackwardScratchBytes(batch, seq, config.heads, config.head_dim())),
+                  1});                                         // attention_scratch_
   for (int i = 0; i < 2; ++i) plan.push_back({n, 4});          // tokens_, targets_
   plan.push_back({std::max<size_t>(RmsNormScratchFloats(static_cast<int>(n), static_cast<int>(c)), kSumSquaresScratch),
                   4});             // scratch_

@@ -155,17 +155,34 @@ absl::Status GpuModel::Allocate() {
   if (!gemm.ok()) return gemm.status();
   gemm_ = std::move(*gemm);
   device_bytes_ += kGemmWorkspace;
-  void** targets[] = {
-      reinterpret_cast<void**>(&norms_),   reinterpret_cast<void**>(&tmp_),         reinterpret_cast<void**>(&xf_),
-      reinterpret_cast<void**>(&dx16_),    reinterpret_cast<void**>(&dxf_),         reinterpret_cast<void**>(&dh_),
-      reinterpret_cast<void**>(&da_),      reinterpret_cast<void**>(&dq_),          reinterpret_cast<void**>(&dk_),
-      reinterpret_cast<void**>(&dv_),      reinterpret_cast<void**>(&x_),           reinterpret_cast<void**>(&x_out_),
-      reinterpret_cast<void**>(&dx_),      reinterpret_cast<void**>(&ds_),          reinterpret_cast<void**>(&dg_),
-      reinterpret_cast<void**>(&du_),      reinterpret_cast<void**>(&logits_),      reinterpret_cast<void**>(&dlogits_),
-      reinterpret_cast<void**>(&rstd_f_),  reinterpret_cast<void**>(&losses_),      reinterpret_cast<void**>(&norm_),
-      reinterpret_cast<void**>(&delta_),   reinterpret_cast<void**>(&tokens_),      reinterpret_cast<void**>(&targets_),
-      reinterpret_cast<void**>(&scratch_), reinterpret_cast<void**>(&token_index_), &recompute_acts_,
-      reinterpret_cast<void**>(&xr_)};
+  void** targets[] = {reinterpret_cast<void**>(&norms_),
+                      reinterpret_cast<void**>(&tmp_),
+                      reinterpret_cast<void**>(&xf_),
+                      reinterpret_cast<void**>(&dx16_),
+                      reinterpret_cast<void**>(&dxf_),
+                      reinterpret_cast<void**>(&dh_),
+                      reinterpret_cast<void**>(&da_),
+                      reinterpret_cast<void**>(&dq_),
+                      reinterpret_cast<void**>(&dk_),
+                      reinterpret_cast<void**>(&dv_),
+                      reinterpret_cast<void**>(&x_),
+                      reinterpret_cast<void**>(&x_out_),
+                      reinterpret_cast<void**>(&dx_),
+                      reinterpret_cast<void**>(&ds_),
+                      reinterpret_cast<void**>(&dg_),
+                      reinterpret_cast<void**>(&du_),
+                      reinterpret_cast<void**>(&logits_),
+                      reinterpret_cast<void**>(&dlogits_),
+                      reinterpret_cast<void**>(&rstd_f_),
+                      reinterpret_cast<void**>(&losses_),
+                      reinterpret_cast<void**>(&norm_),
+                      reinterpret_cast<void**>(&attention_scratch_),
+                      reinterpret_cast<void**>(&tokens_),
+                      reinterpret_cast<void**>(&targets_),
+                      reinterpret_cast<void**>(&scratch_),
+                      reinterpret_cast<void**>(&token_index_),
+                      &recompute_acts_,
+                      reinterpret_cast<void**>(&xr_)};
   const auto plan = WorkspacePlan(config_, batch_, seq_, AnyRecomputes());
   static_assert(sizeof(targets) / sizeof(targets[0]) == 28);
   if (plan.size() != (AnyRecomputes() ? 28u : 26u))

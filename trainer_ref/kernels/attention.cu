@@ -160,12 +160,13 @@ cudaError_t AttentionForward(Bf16* out, float* lse, const Bf16* q, const Bf16* k
 }
 
 cudaError_t AttentionBackward(Bf16* dq, Bf16* dk, Bf16* dv, const Bf16* dout, const Bf16* out, const float* lse,
-                              float* delta, const Bf16* q, const Bf16* k, const Bf16* v, int b, int t, int h, int d,
-                              cudaStream_t stream) {
+                              void* scratch, int64_t scratch_bytes, const Bf16* q, const Bf16* k, const Bf16* v, int b,
+                              int t, int h, int d, cudaStream_t stream) {
   const int64_t rows = int64_t{b} * h * t;
   if (rows == 0) return cudaSuccess;
-  if (TensorCoreAttention(d))
-    return AttentionBackwardTc(dq, dk, dv, dout, out, lse, delta, q, k, v, b, t, h, d, stream);
+  if (TensorCoreAttention(d)) {
+    return AttentionBackwardTc(dq, dk, dv, dout, out, lse, scratch, scratch_bytes, q, k, v, b, t, h, d, stream);
+  }
   const float scale = 1.f / sqrtf(static_cast<float>(d));
   for (Bf16* p : {dq, dk, dv}) {  // the warp kernels add into them
     if (const cudaError_t e = cudaMemsetAsync(p, 0, rows * d * sizeof(Bf16), stream); e != cudaSuccess) return e;

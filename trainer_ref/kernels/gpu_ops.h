@@ -79,13 +79,18 @@ void CrossEntropy(float* losses, Bf16* dlogits, const Bf16* logits, const int32_
 // 1/sqrt(D); softmax online in fp32. Head sizes 64 and 128 run on tensor cores
 // (attention_tc.cu, flash-style tiles); others (at most 256) one warp per query row.
 // Backward writes dq, dk, dv, recomputing the probabilities from lse; every gradient row
-// is summed in one place in a fixed order (deterministic, no atomics). `delta` is scratch of
-// B * H * T floats. The returned error is the launch's (cudaSuccess when queued).
+// is summed in one place in a fixed order (deterministic, no atomics). `scratch` holds
+// AttentionBackwardScratchBytes (or more): rowsum(dO * O), and on tensor cores dS (bf16) for
+// as many sequences at a time as it holds, so dQ needs no second S and dP. The returned error is
+// the launch's (cudaSuccess when queued; cudaErrorInvalidValue for too small a scratch).
 cudaError_t AttentionForward(Bf16* out, float* lse, const Bf16* q, const Bf16* k, const Bf16* v, int b, int t, int h,
                              int d, cudaStream_t stream);
+// `sequences_at_once`: room for at most that many sequences' dS (0: the fewest equal passes
+// over the batch that keep dS within 512 MiB, at least one sequence a pass).
+int64_t AttentionBackwardScratchBytes(int b, int t, int h, int d, int sequences_at_once = 0);
 cudaError_t AttentionBackward(Bf16* dq, Bf16* dk, Bf16* dv, const Bf16* dout, const Bf16* out, const float* lse,
-                              float* delta, const Bf16* q, const Bf16* k, const Bf16* v, int b, int t, int h, int d,
-                              cudaStream_t stream);
+                              void* scratch, int64_t scratch_bytes, const Bf16* q, const Bf16* k, const Bf16* v, int b,
+                              int t, int h, int d, cudaStream_t stream);
 
 // AdamW on `n` parameters: fp32 master, m, v updated in place from grads (fp32) scaled by
 // grad_scale (the clip factor / accumulation divisor); the bf16 weights the model reads

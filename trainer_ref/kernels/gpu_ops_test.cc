@@ -525,11 +525,13 @@ TEST(GpuOpsTest, CausalAttentionForwardAndBackward) {
                    dq0 = Random(count, rng), dk0 = Random(count, rng), dv0 = Random(count, rng);
     Device<Bf16> d_q(q.bits), d_k(k.bits), d_v(v.bits), d_out{std::vector<Bf16>(count)}, d_dout(dout.bits),
         d_dq(dq0.bits), d_dk(dk0.bits), d_dv(dv0.bits);
-    Device<float> d_lse{std::vector<float>(size_t{b} * h * t)}, d_delta{std::vector<float>(size_t{b} * h * t)};
+    Device<float> d_lse{std::vector<float>(size_t{b} * h * t)};
+    const int64_t scratch_bytes = AttentionBackwardScratchBytes(b, t, h, d);
+    Device<unsigned char> scratch{std::vector<unsigned char>(static_cast<size_t>(scratch_bytes))};
     ASSERT_EQ(AttentionForward(d_out.get(), d_lse.get(), d_q.get(), d_k.get(), d_v.get(), b, t, h, d, nullptr),
               cudaSuccess);
     ASSERT_EQ(AttentionBackward(d_dq.get(), d_dk.get(), d_dv.get(), d_dout.get(), d_out.get(), d_lse.get(),
-                                d_delta.get(), d_q.get(), d_k.get(), d_v.get(), b, t, h, d, nullptr),
+                                scratch.get(), scratch_bytes, d_q.get(), d_k.get(), d_v.get(), b, t, h, d, nullptr),
               cudaSuccess);
     // The backward writes dq, dk, dv: the random values they held must not show.
     std::vector<float> out(count), att(size_t{b} * h * t * t), dq(count, 0.f), dk(count, 0.f), dv(count, 0.f);
@@ -542,13 +544,26 @@ TEST(GpuOpsTest, CausalAttentionForwardAndBackward) {
     EXPECT_EQ(CompareBf16(Floats(d_dk.Host()), dk, 2e-2f, "attention dk" + at), 0);
     EXPECT_EQ(CompareBf16(Floats(d_dv.Host()), dv, 2e-2f, "attention dv" + at), 0);
     // Deterministic: the same backward again gives the same bits (no atomics, a fixed
-    // summation order).
-    Device<Bf16> again_dq(dq0.bits), again_dk(dk0.bits), again_dv(dv0.bits);
-    ASSERT_EQ(AttentionBackward(again_dq.get(), again_dk.get(), again_dv.get(), d_dout.get(), d_out.get(),
-                                d_lse.get(), d_delta.get(), d_q.get(), d_k.get(), d_v.get(), b, t, h, d, nullptr),
-              cudaSuccess);
-    EXPECT_TRUE(again_dq.Host() == d_dq.Host() && again_dk.Host() == d_dk.Host() && again_dv.Host() == d_dv.Host())
-        << "attention backward not reproducible bit for bit" << at;
+    // summation order), and so does one with room for one sequence's dS at a time (two
+    // passes over the batch through the same scratch).
+    const int64_t one_at_a_time = AttentionBackwardScratchBytes(b, t, h, d, /*sequences_at_once=*/1);
+    for (const int64_t bytes : {scratch_bytes, one_at_a_time}) {
+      Device<Bf16> again_dq(dq0.bits), again_dk(dk0.bits), again_dv(dv0.bits);
+      ASSERT_EQ(
+          AttentionBackward(again_dq.get(), again_dk.get(), again_dv.get(), d_dout.get(), d_out.get(), d_lse.get(),
+                            scratch.get(), bytes, d_q.get(), d_k.get(), d_v.get(), b, t, h, d, nullptr),
+          cudaSuccess);
+      EXPECT_TRUE(again_dq.Host() == d_dq.Host() && again_dk.Host() == d_dk.Host() && again_dv.Host() == d_dv.Host())
+          << "attention backward not reproducible bit for bit with " << bytes << " bytes of scratch" << at;
+    }
+    if (d >= 64) {  // tensor cores: the scratch holds dS, and less than one sequence's is refused
+      EXPECT_LT(one_at_a_time, scratch_bytes) << at;
+      EXPECT_EQ(
+          AttentionBackward(d_dq.get(), d_dk.get(), d_dv.get(), d_dout.get(), d_out.get(), d_lse.get(), scratch.get(),
+                            one_at_a_time - 1, d_q.get(), d_k.get(), d_v.get(), b, t, h, d, nullptr),
+          cudaErrorInvalidValue)
+          << at;
+    }
   }
 }
 

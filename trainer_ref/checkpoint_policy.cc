@@ -51,7 +51,7 @@ CheckpointChoice ChooseCheckpointing(const CheckpointInputs& in) {
     out.kept_layers = 0;
     how = absl::StrFormat(
         "the state with every layer recomputing (%s) is more than the room (%s): keeping would "
-        "push state off the GPU, so no layer keeps in the room",
+        "push state off the GPU, so every layer recomputes",
         GiB(all_recompute), GiB(in.gpu_bytes));
   } else {
     const double room = in.gpu_bytes - all_recompute;
@@ -70,33 +70,6 @@ CheckpointChoice ChooseCheckpointing(const CheckpointInputs& in) {
     how = absl::StrFormat("%s of room beside the state and every layer's input, %s more a layer kept", GiB(room),
                           GiB(extra));
     if (out.lean_layers > 0) absl::StrAppendFormat(&how, " (%s kept lean)", GiB(lean_extra));
-  }
-  if (in.tierd && in.link_share > 0 && in.pcie_bytes_per_s > 0 && extra > 0 && out.kept_layers + out.lean_layers < l) {
-    // Each layer offloaded instead of recomputed adds `extra` each way over the link and takes
-    // one forward off the step, so the step it must hide under shrinks: the most layers whose
-    // activations, with the state that does not fit, fill at most link_share of it.
-    const double state_stream = std::max(0.0, in.other_bytes + l * in.recompute_layer_bytes - in.gpu_bytes);
-    const int recomputing = l - out.kept_layers - out.lean_layers;
-    auto step_with = [&](int offloaded) {
-      return in.step_seconds + (recomputing - offloaded) * in.layer_forward_seconds +
-             out.lean_layers * in.lean_layer_seconds;
-    };
-    int offloaded = 0;
-    while (offloaded < recomputing &&
-           state_stream + (offloaded + 1) * extra <= in.link_share * in.pcie_bytes_per_s * step_with(offloaded + 1)) {
-      ++offloaded;
-    }
-    if (offloaded > 0) {
-      out.kept_layers += offloaded;
-      out.offloaded_layers = offloaded;
-      absl::StrAppendFormat(&how,
-                            "; %d %s keep%s beyond it and tierd moves them out and back under the compute (%s "
-                            "each way with the %s of state that streams: %.0f%% of the link's %.3f s, at most %.0f%%)",
-                            offloaded, offloaded == 1 ? "layer" : "layers", offloaded == 1 ? "s its" : " theirs",
-                            GiB(offloaded * extra), GiB(state_stream),
-                            100 * (state_stream + offloaded * extra) / (in.pcie_bytes_per_s * step_with(offloaded)),
-                            step_with(offloaded), 100 * in.link_share);
-    }
   }
   const int recomputing = l - out.kept_layers - out.lean_layers;
   const double dynamic_step =

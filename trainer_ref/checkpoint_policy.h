@@ -36,17 +36,11 @@ struct CheckpointInputs {
   double layer_forward_seconds = 0;  // one layer's forward over a step's micro-batches: what a recompute costs
   double step_seconds = 0;           // the step's compute without any recompute
   double pcie_bytes_per_s = 0;       // each way, for the offload alternative
-  // > 0 (with tierd): layers that do not fit may also keep their activations and have tierd
-  // move them out and back while the GPU computes, as many as fill this share of the link's
-  // time a step each way beside the state that streams (the layers still recomputing set the
-  // step's length). 0: offload only where the link moves a layer faster than it recomputes.
-  double link_share = 0;
-  bool tierd = false;  // without it nothing can be offloaded: what does not fit fails
+  bool tierd = false;                // without it nothing can be offloaded: what does not fit fails
 };
 
 struct CheckpointChoice {
-  int kept_layers = 0;       // the last kept_layers layers keep their activations
-  int offloaded_layers = 0;  // of them, how many beyond what fits (tierd moves them under the compute)
+  int kept_layers = 0;  // the last kept_layers layers keep their activations
   int lean_layers = 0;  // the lean_layers before them keep lean; the others recompute
   std::string why;      // one line: the choice, its bytes and the predicted step of each alternative
 };

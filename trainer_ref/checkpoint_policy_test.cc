@@ -113,37 +113,5 @@ TEST(CheckpointPolicyTest, OffloadingIsChosenOnlyWhereTheLinkBeatsTheRecomputeAn
   EXPECT_NE(choice.why.find("none does not fit (24.00 GiB over)"), std::string::npos) << choice.why;
 }
 
-// The state streams (25 GiB beside 21 GiB of room: 7 GiB each way with every layer
-// recomputing); at half the link, each layer offloaded adds 1.125 GiB each way and takes 2.5 ms
-// off the step: 3 layers fit under 50% of 55 GB/s for 0.4125 s (11.14 of 11.34 GB), a 4th not.
-TEST(CheckpointPolicyTest, LayersOffloadUnderTheComputeUpToTheLinksShare) {
-  CheckpointInputs streaming = Step();
-  streaming.other_bytes = 25 * kGiB;
-  CheckpointChoice choice = ChooseCheckpointing(streaming);
-  EXPECT_EQ(choice.kept_layers, 0) << "link_share 0: the serial comparison alone, " << choice.why;
-  EXPECT_EQ(choice.offloaded_layers, 0);
-
-  streaming.link_share = 0.5;
-  choice = ChooseCheckpointing(streaming);
-  EXPECT_EQ(choice.offloaded_layers, 3) << choice.why;
-  EXPECT_EQ(choice.kept_layers, 3);
-  EXPECT_NE(choice.why.find("layers 21-23 keep their activations (3.75 GiB), layers 0-20 recompute"), std::string::npos)
-      << choice.why;
-  EXPECT_NE(choice.why.find("no layer keeps in the room; 3 layers keep theirs beyond it and tierd moves them out and "
-                            "back under the compute (3.38 GiB each way with the 7.00 GiB of state that streams: 49% "
-                            "of the link's 0.412 s, at most 50%)"),
-            std::string::npos)
-      << choice.why;
-  EXPECT_NE(choice.why.find("Predicted step: dynamic 0.412 s"), std::string::npos) << choice.why;
-
-  // The whole link: 11 layers (7 + 11 x 1.125 = 19.4 GiB = 20.8 GB in 0.3925 s at 55 GB/s:
-  // 21.6 GB), not 12 (22.0 GB against 21.5).
-  streaming.link_share = 1;
-  EXPECT_EQ(ChooseCheckpointing(streaming).offloaded_layers, 11);
-
-  streaming.tierd = false;  // nothing would move them
-  EXPECT_EQ(ChooseCheckpointing(streaming).offloaded_layers, 0);
-}
-
 }  // namespace
 }  // namespace tierd::trainer

@@ -173,11 +173,6 @@ ABSL_FLAG(std::string, optimizer_place, "auto",
           "or auto (with tierd, a cost model from the sizes, quotas, --pcie_gbps, --nvme_gbps, --gpu_tflops and "
           "the host's AdamW rate measured at start picks one and says why; without tierd, gpu)");
 ABSL_FLAG(double, pcie_gbps, 55, "GPU: the host<->GPU link each way in GB/s, for --optimizer_place=auto");
-ABSL_FLAG(double, offload_link_share, 0,
-          "GPU, --grad_checkpointing=dynamic with tierd: layers that do not fit may keep their activations and "
-          "have tierd move them out and back under the compute instead of recomputing, as many as fill this share "
-          "(0..1) of the link's time a step each way, beside the state that streams (at --pcie_gbps and "
-          "--gpu_tflops); 0: offload only where the link moves a layer faster than the GPU recomputes it");
 ABSL_FLAG(double, nvme_gbps, 2, "GPU: NVMe GB/s, reads and writes sharing it, for --optimizer_place=auto");
 ABSL_FLAG(double, gpu_tflops, 300, "GPU: sustained bf16 TFLOP/s, for --optimizer_place=auto");
 ABSL_FLAG(bool, optimizer_deferred, true,
@@ -439,9 +434,8 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   s.compare_metrics = absl::GetFlag(FLAGS_compare_metrics);
   s.eval_every = absl::GetFlag(FLAGS_eval_every);
   const std::vector<const char*> gpu_only = {
-      "gpu_budget", "offload_link_share", "optimizer_place",    "pcie_gbps", "nvme_gbps",
-      "gpu_tflops", "optimizer_chunks",   "optimizer_deferred", "profile",   "timing_skip",
-      "step_order", "compact_state",      "adamw8bit_min_size"};
+      "gpu_budget",         "optimizer_place", "pcie_gbps",   "nvme_gbps",  "gpu_tflops",    "optimizer_chunks",
+      "optimizer_deferred", "profile",         "timing_skip", "step_order", "compact_state", "adamw8bit_min_size"};
   // (The GPU trainer's ranks sync dense: with more than one it refuses the sparse and ZeRO flags.)
   const std::vector<const char*> cpu_only = {"tierd_record",         "zero",           "sparse_grad_ratio",
                                              "sparse_grad_ratio_by", "sync_every",     "sparse_warmup",

@@ -61,7 +61,6 @@ ABSL_DECLARE_FLAG(std::string, gpu_budget);
 ABSL_DECLARE_FLAG(std::string, optimizer_place);
 ABSL_DECLARE_FLAG(std::string, compact_state);
 ABSL_DECLARE_FLAG(double, pcie_gbps);
-ABSL_DECLARE_FLAG(double, offload_link_share);
 ABSL_DECLARE_FLAG(double, nvme_gbps);
 ABSL_DECLARE_FLAG(double, gpu_tflops);
 ABSL_DECLARE_FLAG(int, optimizer_chunks);

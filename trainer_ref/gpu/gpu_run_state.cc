@@ -204,11 +204,6 @@ absl::StatusOr<CheckpointChoice> ChooseKeptLayers(const RunSettings& s, const St
   in.lean_layer_seconds = (12.0 * config.d_model + 6.0 * config.d_ff) * tokens / kElementwiseBytesPerSecond;
   in.step_seconds = 3 * (2.0 * config.Params() + 2.0 * s.seq * config.d_model * config.layers) * tokens / flops;
   in.pcie_bytes_per_s = absl::GetFlag(FLAGS_pcie_gbps) * 1e9;
-  in.link_share = absl::GetFlag(FLAGS_offload_link_share);
-  if (!(in.link_share >= 0 && in.link_share <= 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("--offload_link_share=%g: a share of the link's time, 0 to 1", in.link_share));
-  }
   in.tierd = s.tierd;
   const CheckpointChoice choice = ChooseCheckpointing(in);
   std::printf("%s (at --gpu_tflops=%g, --pcie_gbps=%g)\n", choice.why.c_str(), absl::GetFlag(FLAGS_gpu_tflops),

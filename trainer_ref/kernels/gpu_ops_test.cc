@@ -21,6 +21,7 @@
 #include "trainer_ref/adamw8bit.h"
 #include "trainer_ref/cpu_ops.h"
 #include "trainer_ref/host_adamw.h"
+#include "trainer_ref/kernels/attention_tc.h"
 #include "trainer_ref/kernels/gemm.h"
 #include "trainer_ref/kernels/gpu_test_util.h"
 #include "trainer_ref/kernels/init_normal.h"
@@ -555,6 +556,19 @@ TEST(GpuOpsTest, CausalAttentionForwardAndBackward) {
           cudaSuccess);
       EXPECT_TRUE(again_dq.Host() == d_dq.Host() && again_dk.Host() == d_dk.Host() && again_dv.Host() == d_dv.Host())
           << "attention backward not reproducible bit for bit with " << bytes << " bytes of scratch" << at;
+    }
+    if (d >= 64) {
+      // The previous design, kept for attention_bench and TIERD_ATTENTION_DQ=recompute: dQ
+      // from S and dP computed again, against the same reference; dK and dV are the same bits.
+      Device<Bf16> re_dq(dq0.bits), re_dk(dk0.bits), re_dv(dv0.bits);
+      for (auto part : {AttentionBackwardPart::kDelta, AttentionBackwardPart::kKeys, AttentionBackwardPart::kQueries}) {
+        ASSERT_EQ(AttentionBackwardPartTc(part, /*recompute_dq=*/true, re_dq.get(), re_dk.get(), re_dv.get(),
+                                          d_dout.get(), d_out.get(), d_lse.get(), scratch.get(), scratch_bytes,
+                                          d_q.get(), d_k.get(), d_v.get(), b, t, h, d, nullptr),
+                  cudaSuccess);
+      }
+      EXPECT_EQ(CompareBf16(Floats(re_dq.Host()), dq, 2e-2f, "attention dq, recomputing S and dP" + at), 0);
+      EXPECT_TRUE(re_dk.Host() == d_dk.Host() && re_dv.Host() == d_dv.Host()) << at;
     }
     if (d >= 64) {  // tensor cores: the scratch holds dS, and less than one sequence's is refused
       EXPECT_LT(one_at_a_time, scratch_bytes) << at;

@@ -6,9 +6,11 @@
 //   forward:  per (batch, head, 64-query tile), 4 warps of 16 query rows; the score tile
 //             S = Q K^T stays in registers and becomes P's A operand without a round trip.
 //   backward: delta_i = dO_i . O_i; then per 64-key tile dK, dV (looping over the query
-//             steps at or after it), and per 64-query tile dQ (looping over the key tiles at
-//             or before it): every gradient row is summed in one block, in a fixed order
-//             (deterministic, no atomics), at the price of computing S and dP twice.
+//             steps at or after it), writing each step's dS (bf16) into the scratch; then per
+//             128-query tile dQ = dS K (looping over the key tiles at or before it): every
+//             gradient row is summed in one block, in a fixed order (deterministic, no
+//             atomics), and S and dP are computed once, at the price of dS's round trip
+//             through memory (the causal half, bf16: 132 MiB for 2 x 2048 x 16 heads).
 // Fragment layouts (PTX ISA, mma.m16n8k16): lane = 4 * g + c. A (16 x 16, row): a0 (g, 2c..),
 // a1 (g + 8, 2c..), a2 (g, 2c + 8..), a3 (g + 8, 2c + 8..). B (16 x 8, col): b0 (k 2c.., n g),
 // b1 (k 2c + 8.., n g). C (16 x 8): c0, c1 (g, 2c..), c2, c3 (g + 8, 2c..). So C fragments

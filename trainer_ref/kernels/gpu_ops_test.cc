@@ -511,6 +511,25 @@ TEST(GpuOpsTest, MatmulForwardAndBackwardThroughCublasLt) {
   EXPECT_EQ(CompareBf16(Floats(d_din.Host()), din_only, 1e-2f, "matmul din, written"), 0);
 }
 
+// The attention scratch (host arithmetic, no GPU needed): delta's B H T floats (256-byte
+// aligned), then dS (bf16, 64 x 64 tiles of the causal half: 528 a head at T = 2048) for the
+// sequences of one pass, the fewest equal passes within 512 MiB.
+TEST(GpuOpsTest, AttentionScratchHoldsOnePassOfEqualPasses) {
+  const int64_t mib = int64_t{1} << 20, tile_bytes = 64 * 64 * 2;
+  // 1.3B's micro-batch: 2 sequences x 16 heads, 66 MiB each: one pass of both.
+  const int64_t per_1_3b = 16 * 528 * tile_bytes;
+  EXPECT_EQ(AttentionBackwardScratchBytes(2, 2048, 16, 128), 2 * 16 * 2048 * 4 + 2 * per_1_3b);
+  EXPECT_EQ(2 * per_1_3b, 132 * mib);
+  // 7B's: 4 x 32 heads, 132 MiB each; 3 would fit in 512 MiB, so two passes of 2, not 3 + 1.
+  const int64_t per_7b = 32 * 528 * tile_bytes;
+  EXPECT_EQ(AttentionBackwardScratchBytes(4, 2048, 32, 128), 4 * 32 * 2048 * 4 + 2 * per_7b);
+  // Asked for at most one sequence at a time; and T not a multiple of 64 (5 tiles: 15 a head).
+  EXPECT_EQ(AttentionBackwardScratchBytes(4, 2048, 32, 128, 1), 4 * 32 * 2048 * 4 + per_7b);
+  EXPECT_EQ(AttentionBackwardScratchBytes(2, 300, 3, 64), 7424 /* 7200 rounded up to 256 */ + 2 * 3 * 15 * tile_bytes);
+  // Head sizes off the tensor cores keep delta only.
+  EXPECT_EQ(AttentionBackwardScratchBytes(2, 70, 3, 32), 1792 /* 1680 rounded up */);
+}
+
 // Online softmax against the CPU's materialized probabilities. Gradients are sums over up to
 // T rows of products of bf16 values: atol 2e-2 on values of order 1.
 TEST(GpuOpsTest, CausalAttentionForwardAndBackward) {

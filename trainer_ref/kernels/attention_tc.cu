@@ -615,7 +615,7 @@ cudaError_t Forward(Bf16* out, float* lse, const Bf16* q, const Bf16* k, const B
 // The scratch: delta (B H T floats), then dS^T for the sequences of one pass over the batch:
 // as few passes as keep it within kDsBudget (at least one sequence a pass), of equal size
 // (each pass's kernels end in a tail where the GPU is partly idle: 7B's 4 sequences run in 2
-// passes of 2, 266 MiB, not 3 + 1).
+// passes of 2, 264 MiB, not 3 + 1).
 constexpr int64_t kDsBudget = int64_t{512} << 20;
 
 // Sequences a pass when `fit` sequences' dS fit: the fewest passes, of equal size.

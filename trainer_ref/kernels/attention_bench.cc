@@ -1,10 +1,11 @@
 // Our causal attention kernels (attention_tc.cu) at the models' shapes on the GPU it finds:
 // forward and backward, and the backward kernel by kernel (delta; the key kernel, writing dS;
 // the dQ kernel; and the previous design's key and query kernels, the query kernel computing
-// S and dP again), each timed over 20 runs after 3 warm-up ones (CUDA events). TFLOP/s are nominal causal FLOPs, as
-// FlashAttention counts them: forward 4 b h T^2 d / 2, backward 2.5 times that. One JSON line per shape, for
-// tools/device/attention_bench.sh, which runs PyTorch's SDPA (flash) at the same shapes in the same call and prints the
-// ratio.
+// S and dP again), each timed over 20 runs after 3 warm-up ones (CUDA events). TFLOP/s are
+// nominal causal FLOPs, as FlashAttention counts them: forward 4 b h T^2 d / 2, backward 2.5
+// times that. One JSON line per shape, for tools/bench/attention_torch.py, which times
+// PyTorch's SDPA (flash) at the same shapes in the same call and prints the ratio:
+//   .carry/bin/attention_bench | python3 tools/bench/attention_torch.py
 //   bazel run -c opt //trainer_ref/kernels:attention_bench   (or .carry/bin/attention_bench)
 #include <cuda_runtime_api.h>
 

@@ -1,6 +1,6 @@
-// Every GPU kernel against the CPU reference (trainer_ref/cpu_ops, optimizer) on random
-// inputs, never zeros. Inputs are rounded to bf16 first and the reference runs in fp32 on
-// the rounded values, so what is compared is the kernel's arithmetic and its output
+// The GPU's kernels against the CPU reference (trainer_ref/cpu_ops) on random inputs, never
+// zeros (attention: gpu_attention_test.cc; the optimizers: gpu_optimizer_test.cc). Inputs are rounded to bf16 first and
+// the reference runs in fp32 on the rounded values, so what is compared is the kernel's arithmetic and its output
 // rounding. Tolerances, per output dtype:
 //   bf16 outputs:   |gpu - cpu| <= 2^-7 |cpu| + atol (one bf16 rounding is <= 2^-9 relative;
 //                   a value summed in fp32 then rounded once stays well inside 2^-7)
@@ -12,20 +12,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "trainer_ref/adamw8bit.h"
 #include "trainer_ref/cpu_ops.h"
-#include "trainer_ref/host_adamw.h"
-#include "trainer_ref/kernels/attention_tc.h"
 #include "trainer_ref/kernels/gemm.h"
 #include "trainer_ref/kernels/gpu_test_util.h"
 #include "trainer_ref/kernels/init_normal.h"
-#include "trainer_ref/optimizer.h"
 
 namespace tierd::trainer::gpu {
 namespace {
@@ -256,78 +251,6 @@ TEST(GpuOpsTest, CrossEntropyLossAndGradient) {
   }
 }
 
-TEST(GpuOpsTest, AdamWMatchesTheCpuOptimizer) {
-  SKIP_WITHOUT_GPU();
-  std::mt19937_64 rng(6);
-  const int64_t n = 10007;
-  std::normal_distribution<float> normal(0.f, 0.02f);
-  std::vector<float> grads(n);
-  for (float& g : grads) g = normal(rng) * 0.5f;
-  std::vector<float> master(n), m(n), v(n);
-  for (int64_t i = 0; i < n; ++i) {
-    master[i] = normal(rng);
-    m[i] = normal(rng) * 0.1f;
-    v[i] = std::fabs(normal(rng)) * 1e-3f + 1e-6f;
-  }
-  AdamWParams p;
-  p.lr = 3e-4f;
-  p.step = 7;
-  p.grad_scale = 0.5f;
-  Device<float> d_master(master), d_m(m), d_v(v);
-  Device<Bf16> d_w{std::vector<Bf16>(n)};
-  Device<float> d_g(grads);
-  AdamW(d_master.get(), d_m.get(), d_v.get(), d_w.get(), d_g.get(), n, p, nullptr);
-  std::vector<float> g(n);
-  for (int64_t i = 0; i < n; ++i) g[i] = grads[i] * p.grad_scale;
-  AdamWOptions o;
-  o.beta1 = p.beta1;
-  o.beta2 = p.beta2;
-  o.eps = p.eps;
-  o.weight_decay = p.weight_decay;
-  AdamWStep(master.data(), g.data(), m.data(), v.data(), n, p.lr, p.step, o, /*decay=*/true);
-  EXPECT_EQ(CompareF32(d_master.Host(), master, 1e-5f, 1e-7f, "master"), 0);
-  EXPECT_EQ(CompareF32(d_m.Host(), m, 1e-5f, 1e-9f, "m"), 0);
-  EXPECT_EQ(CompareF32(d_v.Host(), v, 1e-5f, 1e-12f, "v"), 0);
-  EXPECT_EQ(CompareBf16(Floats(d_w.Host()), master, 0.f, "bf16 weights"), 0);
-}
-
-// The host optimizer (trainer_ref/host_adamw, for state that lives in DRAM) and the kernel
-// give the same bits: a run may step either place and stay the same run.
-TEST(GpuOpsTest, AdamWOnTheHostGivesTheKernelsBits) {
-  SKIP_WITHOUT_GPU();
-  std::mt19937_64 rng(16);
-  const int64_t n = 100003;
-  std::normal_distribution<float> normal(0.f, 0.02f);
-  std::vector<float> grads(n), master(n), m(n), v(n);
-  for (int64_t i = 0; i < n; ++i) {
-    grads[i] = normal(rng) * 3.f;
-    master[i] = normal(rng);
-    m[i] = normal(rng) * 0.1f;
-    v[i] = std::fabs(normal(rng)) * 1e-3f + 1e-7f;
-  }
-  for (bool decay : {true, false}) {
-    AdamWParams p;
-    p.lr = 1e-3f;
-    p.step = 3;
-    p.grad_scale = 0.37f;
-    p.decay = decay;
-    Device<float> d_master(master), d_m(m), d_v(v), d_g(grads);
-    Device<Bf16> d_w{std::vector<Bf16>(n)};
-    AdamW(d_master.get(), d_m.get(), d_v.get(), d_w.get(), d_g.get(), n, p, nullptr);
-    std::vector<float> h_master = master, h_m = m, h_v = v;
-    std::vector<uint16_t> h_w(n);
-    HostAdamW(h_master.data(), h_m.data(), h_v.data(), h_w.data(), grads.data(), n, p);
-    const std::vector<float> g_master = d_master.Host(), g_m = d_m.Host(), g_v = d_v.Host();
-    const std::vector<Bf16> g_w = d_w.Host();
-    int64_t differ = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      differ += std::memcmp(&g_master[i], &h_master[i], 4) != 0 || std::memcmp(&g_m[i], &h_m[i], 4) != 0 ||
-                std::memcmp(&g_v[i], &h_v[i], 4) != 0 || g_w[i] != h_w[i];
-    }
-    EXPECT_EQ(differ, 0) << "of " << n << " elements differ in some bit (decay " << decay << ")";
-  }
-}
-
 // The initial weights: every element equals the host's InitNormalValue (double-precision
 // log/sin/cos on either side: at most an ulp of fp32 apart), bf16 weights the master's
 // rounding, a range that starts mid-slice and crosses slices; constants exactly.
@@ -357,106 +280,6 @@ TEST(GpuOpsTest, InitialWeightsMatchTheHostsValues) {
   const std::vector<Bf16> one_bits = weights.Host();
   for (int i = 0; i < 1000; ++i) ASSERT_TRUE(ones[i] == 1.f && one_bits[i] == ToBf16(1.f)) << i;
   EXPECT_EQ(ones[1000], m[1000]) << "nothing written past the count";
-}
-
-// Three 8-bit steps on the GPU and on the host from the same random state: the same bits.
-void AdamW8bitAgainstTheHost() {
-  std::mt19937 rng(17);
-  std::normal_distribution<float> normal(0, 1);
-  const int64_t n = 45 * q8::kQuantBlock + 99;
-  std::vector<float> master(n), grads(n), m0(n), v0(n);
-  for (int64_t i = 0; i < n; ++i) {
-    master[i] = 0.02f * normal(rng);
-    grads[i] = 1e-2f * normal(rng) * (1 + i % 13);
-    m0[i] = 1e-3f * normal(rng);
-    v0[i] = 1e-6f * std::fabs(normal(rng));
-  }
-  const uint64_t bytes = Moment8bitBytes(n);
-  std::vector<uint8_t> m(bytes), v(bytes);
-  Quantize8bit(m0.data(), n, true, m.data());
-  Quantize8bit(v0.data(), n, false, v.data());
-  Device<float> d_master(master), d_grads(grads);
-  Device<uint8_t> d_m(m), d_v(v);
-  Device<Bf16> d_weights(std::vector<Bf16>(n, 0));
-  std::vector<uint16_t> weights(n);
-  AdamWParams p;
-  p.lr = 3e-3f;
-  p.grad_scale = 0.5f;
-  for (int step = 1; step <= 3; ++step) {
-    p.step = step;
-    p.decay = step != 2;
-    ASSERT_EQ(AdamW8bit(d_master.get(), d_m.get(), d_v.get(), d_weights.get(), d_grads.get(), n, p, nullptr),
-              cudaSuccess);
-    HostAdamW8bit(master.data(), m.data(), v.data(), weights.data(), grads.data(), n, p);
-  }
-  EXPECT_EQ(d_master.Host(), master);
-  EXPECT_EQ(d_m.Host(), m);
-  EXPECT_EQ(d_v.Host(), v);
-  const std::vector<Bf16> w = d_weights.Host();
-  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(w[i], weights[i]) << i;
-}
-
-// AdamW with 8-bit blockwise moments: the kernel gives the host's HostAdamW8bit bits (master,
-// bf16 weights, codes and scales) over three steps from random moments, on a size that ends
-// mid-block in a CUDA block whose last warps have no quantization block; both ways of finding
-// the codes (GpuCodePath: the search, the tables).
-TEST(GpuOpsTest, AdamW8bitGivesTheHostsBits) {
-  SKIP_WITHOUT_GPU();
-  const std::string was = GpuCodePath();
-  for (const char* path : {"search", "table"}) {
-    SCOPED_TRACE(path);
-    ASSERT_EQ(std::string(UseGpuCodePath(path)), path);
-    AdamW8bitAgainstTheHost();
-  }
-  UseGpuCodePath(was);
-}
-
-// bf16 gradients (the compact state keeps them so after accumulating in fp32): both steps,
-// fp32 and 8-bit moments, give the host's bits for the fp32 values the bf16 ones round to.
-TEST(GpuOpsTest, AdamWFromBf16GradientsGivesTheHostsBitsOfTheRoundedValues) {
-  SKIP_WITHOUT_GPU();
-  std::mt19937 rng(23);
-  std::normal_distribution<float> normal(0, 1);
-  const int64_t n = 3 * 2048 + 517;
-  std::vector<float> master(n), rounded(n), m(n), v(n);
-  std::vector<Bf16> grads(n);
-  for (int64_t i = 0; i < n; ++i) {
-    master[i] = 0.02f * normal(rng);
-    grads[i] = ToBf16(3e-3f * normal(rng) * (1 + i % 7));
-    rounded[i] = FromBf16(grads[i]);
-    m[i] = 1e-3f * normal(rng);
-    v[i] = 1e-6f * std::fabs(normal(rng)) + 1e-9f;
-  }
-  AdamWParams p;
-  p.lr = 2e-3f;
-  p.step = 4;
-  p.grad_scale = 0.7f;
-  {
-    Device<float> d_master(master), d_m(m), d_v(v);
-    Device<Bf16> d_g(grads), d_w{std::vector<Bf16>(n)};
-    AdamW(d_master.get(), d_m.get(), d_v.get(), d_w.get(), d_g.get(), n, p, nullptr);
-    std::vector<float> h_master = master, h_m = m, h_v = v;
-    std::vector<uint16_t> h_w(n);
-    HostAdamW(h_master.data(), h_m.data(), h_v.data(), h_w.data(), rounded.data(), n, p);
-    EXPECT_EQ(d_master.Host(), h_master);
-    EXPECT_EQ(d_m.Host(), h_m);
-    EXPECT_EQ(d_v.Host(), h_v);
-    EXPECT_EQ(d_w.Host(), h_w);
-  }
-  const uint64_t bytes = Moment8bitBytes(n);
-  std::vector<uint8_t> m8(bytes), v8(bytes);
-  Quantize8bit(m.data(), n, true, m8.data());
-  Quantize8bit(v.data(), n, false, v8.data());
-  Device<float> d_master(master);
-  Device<uint8_t> d_m(m8), d_v(v8);
-  Device<Bf16> d_g(grads), d_w{std::vector<Bf16>(n)};
-  ASSERT_EQ(AdamW8bit(d_master.get(), d_m.get(), d_v.get(), d_w.get(), d_g.get(), n, p, nullptr), cudaSuccess);
-  std::vector<uint16_t> h_w(n);
-  HostAdamW8bit(master.data(), m8.data(), v8.data(), h_w.data(), rounded.data(), n, p);
-  EXPECT_EQ(d_master.Host(), master);
-  EXPECT_EQ(d_m.Host(), m8);
-  EXPECT_EQ(d_v.Host(), v8);
-  EXPECT_EQ(d_w.Host(), h_w);
 }
 
 TEST(GpuOpsTest, SumOfSquaresForTheGradientNorm) {
@@ -509,95 +332,6 @@ TEST(GpuOpsTest, MatmulForwardAndBackwardThroughCublasLt) {
   std::vector<float> din_only(size_t{n} * ic, 0.f), unused(size_t{oc} * ic, 0.f);
   cpu::MatmulBackward(din_only.data(), unused.data(), dout.values.data(), in.values.data(), w.values.data(), n, ic, oc);
   EXPECT_EQ(CompareBf16(Floats(d_din.Host()), din_only, 1e-2f, "matmul din, written"), 0);
-}
-
-// The attention scratch (host arithmetic, no GPU needed): delta's B H T floats (256-byte
-// aligned), then dS (bf16, 64 x 64 tiles of the causal half: 528 a head at T = 2048) for the
-// sequences of one pass, the fewest equal passes within 512 MiB.
-TEST(GpuOpsTest, AttentionScratchHoldsOnePassOfEqualPasses) {
-  const int64_t mib = int64_t{1} << 20, tile_bytes = 64 * 64 * 2;
-  // 1.3B's micro-batch: 2 sequences x 16 heads, 66 MiB each: one pass of both.
-  const int64_t per_1_3b = 16 * 528 * tile_bytes;
-  EXPECT_EQ(AttentionBackwardScratchBytes(2, 2048, 16, 128), 2 * 16 * 2048 * 4 + 2 * per_1_3b);
-  EXPECT_EQ(2 * per_1_3b, 132 * mib);
-  // 7B's: 4 x 32 heads, 132 MiB each; 3 would fit in 512 MiB, so two passes of 2, not 3 + 1.
-  const int64_t per_7b = 32 * 528 * tile_bytes;
-  EXPECT_EQ(AttentionBackwardScratchBytes(4, 2048, 32, 128), 4 * 32 * 2048 * 4 + 2 * per_7b);
-  // Asked for at most one sequence at a time; and T not a multiple of 64 (5 tiles: 15 a head).
-  EXPECT_EQ(AttentionBackwardScratchBytes(4, 2048, 32, 128, 1), 4 * 32 * 2048 * 4 + per_7b);
-  EXPECT_EQ(AttentionBackwardScratchBytes(2, 300, 3, 64), 7424 /* 7200 rounded up to 256 */ + 2 * 3 * 15 * tile_bytes);
-  // Head sizes off the tensor cores keep delta only.
-  EXPECT_EQ(AttentionBackwardScratchBytes(2, 70, 3, 32), 1792 /* 1680 rounded up */);
-}
-
-// Online softmax against the CPU's materialized probabilities. Gradients are sums over up to
-// T rows of products of bf16 values: atol 2e-2 on values of order 1.
-TEST(GpuOpsTest, CausalAttentionForwardAndBackward) {
-  SKIP_WITHOUT_GPU();
-  std::mt19937_64 rng(8);
-  // 16 and 32: the warp-per-row kernels; 64 and 128: tensor cores, with T = 300 spanning
-  // five 64-row tiles (the last one partial) so the causal masks at tile edges and the
-  // double-buffered tile loads are covered.
-  for (int d : {16, 32, 64, 128}) {
-    const int b = 2, t = d >= 64 ? 300 : 70, h = 3;
-    const size_t count = size_t{b} * t * h * d;
-    const Bf16Data q = Random(count, rng), k = Random(count, rng), v = Random(count, rng), dout = Random(count, rng),
-                   dq0 = Random(count, rng), dk0 = Random(count, rng), dv0 = Random(count, rng);
-    Device<Bf16> d_q(q.bits), d_k(k.bits), d_v(v.bits), d_out{std::vector<Bf16>(count)}, d_dout(dout.bits),
-        d_dq(dq0.bits), d_dk(dk0.bits), d_dv(dv0.bits);
-    Device<float> d_lse{std::vector<float>(size_t{b} * h * t)};
-    const int64_t scratch_bytes = AttentionBackwardScratchBytes(b, t, h, d);
-    Device<unsigned char> scratch{std::vector<unsigned char>(static_cast<size_t>(scratch_bytes))};
-    ASSERT_EQ(AttentionForward(d_out.get(), d_lse.get(), d_q.get(), d_k.get(), d_v.get(), b, t, h, d, nullptr),
-              cudaSuccess);
-    ASSERT_EQ(AttentionBackward(d_dq.get(), d_dk.get(), d_dv.get(), d_dout.get(), d_out.get(), d_lse.get(),
-                                scratch.get(), scratch_bytes, d_q.get(), d_k.get(), d_v.get(), b, t, h, d, nullptr),
-              cudaSuccess);
-    // The backward writes dq, dk, dv: the random values they held must not show.
-    std::vector<float> out(count), att(size_t{b} * h * t * t), dq(count, 0.f), dk(count, 0.f), dv(count, 0.f);
-    cpu::AttentionForward(out.data(), att.data(), q.values.data(), k.values.data(), v.values.data(), b, t, h, d);
-    cpu::AttentionBackward(dq.data(), dk.data(), dv.data(), dout.values.data(), att.data(), q.values.data(),
-                           k.values.data(), v.values.data(), b, t, h, d);
-    const std::string at = " (D " + std::to_string(d) + ")";
-    EXPECT_EQ(CompareBf16(Floats(d_out.Host()), out, 1e-2f, "attention out" + at), 0);
-    EXPECT_EQ(CompareBf16(Floats(d_dq.Host()), dq, 2e-2f, "attention dq" + at), 0);
-    EXPECT_EQ(CompareBf16(Floats(d_dk.Host()), dk, 2e-2f, "attention dk" + at), 0);
-    EXPECT_EQ(CompareBf16(Floats(d_dv.Host()), dv, 2e-2f, "attention dv" + at), 0);
-    // Deterministic: the same backward again gives the same bits (no atomics, a fixed
-    // summation order), and so does one with room for one sequence's dS at a time (two
-    // passes over the batch through the same scratch).
-    const int64_t one_at_a_time = AttentionBackwardScratchBytes(b, t, h, d, /*sequences_at_once=*/1);
-    for (const int64_t bytes : {scratch_bytes, one_at_a_time}) {
-      Device<Bf16> again_dq(dq0.bits), again_dk(dk0.bits), again_dv(dv0.bits);
-      ASSERT_EQ(
-          AttentionBackward(again_dq.get(), again_dk.get(), again_dv.get(), d_dout.get(), d_out.get(), d_lse.get(),
-                            scratch.get(), bytes, d_q.get(), d_k.get(), d_v.get(), b, t, h, d, nullptr),
-          cudaSuccess);
-      EXPECT_TRUE(again_dq.Host() == d_dq.Host() && again_dk.Host() == d_dk.Host() && again_dv.Host() == d_dv.Host())
-          << "attention backward not reproducible bit for bit with " << bytes << " bytes of scratch" << at;
-    }
-    if (d >= 64) {
-      // The previous design, kept for attention_bench and TIERD_ATTENTION_DQ=recompute: dQ
-      // from S and dP computed again, against the same reference; dK and dV are the same bits.
-      Device<Bf16> re_dq(dq0.bits), re_dk(dk0.bits), re_dv(dv0.bits);
-      for (auto part : {AttentionBackwardPart::kDelta, AttentionBackwardPart::kKeys, AttentionBackwardPart::kQueries}) {
-        ASSERT_EQ(AttentionBackwardPartTc(part, /*recompute_dq=*/true, re_dq.get(), re_dk.get(), re_dv.get(),
-                                          d_dout.get(), d_out.get(), d_lse.get(), scratch.get(), scratch_bytes,
-                                          d_q.get(), d_k.get(), d_v.get(), b, t, h, d, nullptr),
-                  cudaSuccess);
-      }
-      EXPECT_EQ(CompareBf16(Floats(re_dq.Host()), dq, 2e-2f, "attention dq, recomputing S and dP" + at), 0);
-      EXPECT_TRUE(re_dk.Host() == d_dk.Host() && re_dv.Host() == d_dv.Host()) << at;
-    }
-    if (d >= 64) {  // tensor cores: the scratch holds dS, and less than one sequence's is refused
-      EXPECT_LT(one_at_a_time, scratch_bytes) << at;
-      EXPECT_EQ(
-          AttentionBackward(d_dq.get(), d_dk.get(), d_dv.get(), d_dout.get(), d_out.get(), d_lse.get(), scratch.get(),
-                            one_at_a_time - 1, d_q.get(), d_k.get(), d_v.get(), b, t, h, d, nullptr),
-          cudaErrorInvalidValue)
-          << at;
-    }
-  }
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
-// Lion and Adafactor on the GPU against the host's loops and optimizer.h's references, on random
-// data (AdamW's kernels are checked in gpu_ops_test.cc). Part of gpu_ops_test (one binary to
-// carry); needs a CUDA device.
+// The optimizers' kernels (AdamW with fp32 and 8-bit moments, Lion, Adafactor) against the
+// host's loops and optimizer.h's references, on random data. Part of gpu_ops_test (one binary
+// to carry); needs a CUDA device.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -11,7 +11,9 @@
 #include <utility>
 #include <vector>
 
+#include "trainer_ref/adamw8bit.h"
 #include "trainer_ref/host_adafactor.h"
+#include "trainer_ref/host_adamw.h"
 #include "trainer_ref/host_lion.h"
 #include "trainer_ref/kernels/gpu_ops.h"
 #include "trainer_ref/kernels/gpu_test_util.h"
@@ -20,11 +22,13 @@
 namespace tierd::trainer::gpu {
 namespace {
 
+using testing::Bf16Data;
 using testing::CompareBf16;
 using testing::CompareF32;
 using testing::Device;
 using testing::Floats;
 using testing::HaveGpu;
+using testing::Random;
 
 // Lion on the GPU and on the host (host_lion, for state in DRAM) give the same bits, from
 // fp32 and from bf16 gradients, with and without decay, including elements whose mix of
@@ -160,6 +164,178 @@ TEST(GpuOpsTest, AdafactorTracksTheReferenceAndRepeatsBitForBit) {
       EXPECT_EQ(CompareBf16(Floats(d_w.Host()), got, 0.f, "bf16 weights"), 0);
     }
   }
+}
+
+TEST(GpuOpsTest, AdamWMatchesTheCpuOptimizer) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(6);
+  const int64_t n = 10007;
+  std::normal_distribution<float> normal(0.f, 0.02f);
+  std::vector<float> grads(n);
+  for (float& g : grads) g = normal(rng) * 0.5f;
+  std::vector<float> master(n), m(n), v(n);
+  for (int64_t i = 0; i < n; ++i) {
+    master[i] = normal(rng);
+    m[i] = normal(rng) * 0.1f;
+    v[i] = std::fabs(normal(rng)) * 1e-3f + 1e-6f;
+  }
+  AdamWParams p;
+  p.lr = 3e-4f;
+  p.step = 7;
+  p.grad_scale = 0.5f;
+  Device<float> d_master(master), d_m(m), d_v(v);
+  Device<Bf16> d_w{std::vector<Bf16>(n)};
+  Device<float> d_g(grads);
+  AdamW(d_master.get(), d_m.get(), d_v.get(), d_w.get(), d_g.get(), n, p, nullptr);
+  std::vector<float> g(n);
+  for (int64_t i = 0; i < n; ++i) g[i] = grads[i] * p.grad_scale;
+  AdamWOptions o;
+  o.beta1 = p.beta1;
+  o.beta2 = p.beta2;
+  o.eps = p.eps;
+  o.weight_decay = p.weight_decay;
+  AdamWStep(master.data(), g.data(), m.data(), v.data(), n, p.lr, p.step, o, /*decay=*/true);
+  EXPECT_EQ(CompareF32(d_master.Host(), master, 1e-5f, 1e-7f, "master"), 0);
+  EXPECT_EQ(CompareF32(d_m.Host(), m, 1e-5f, 1e-9f, "m"), 0);
+  EXPECT_EQ(CompareF32(d_v.Host(), v, 1e-5f, 1e-12f, "v"), 0);
+  EXPECT_EQ(CompareBf16(Floats(d_w.Host()), master, 0.f, "bf16 weights"), 0);
+}
+
+// The host optimizer (trainer_ref/host_adamw, for state that lives in DRAM) and the kernel
+// give the same bits: a run may step either place and stay the same run.
+TEST(GpuOpsTest, AdamWOnTheHostGivesTheKernelsBits) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(16);
+  const int64_t n = 100003;
+  std::normal_distribution<float> normal(0.f, 0.02f);
+  std::vector<float> grads(n), master(n), m(n), v(n);
+  for (int64_t i = 0; i < n; ++i) {
+    grads[i] = normal(rng) * 3.f;
+    master[i] = normal(rng);
+    m[i] = normal(rng) * 0.1f;
+    v[i] = std::fabs(normal(rng)) * 1e-3f + 1e-7f;
+  }
+  for (bool decay : {true, false}) {
+    AdamWParams p;
+    p.lr = 1e-3f;
+    p.step = 3;
+    p.grad_scale = 0.37f;
+    p.decay = decay;
+    Device<float> d_master(master), d_m(m), d_v(v), d_g(grads);
+    Device<Bf16> d_w{std::vector<Bf16>(n)};
+    AdamW(d_master.get(), d_m.get(), d_v.get(), d_w.get(), d_g.get(), n, p, nullptr);
+    std::vector<float> h_master = master, h_m = m, h_v = v;
+    std::vector<uint16_t> h_w(n);
+    HostAdamW(h_master.data(), h_m.data(), h_v.data(), h_w.data(), grads.data(), n, p);
+    const std::vector<float> g_master = d_master.Host(), g_m = d_m.Host(), g_v = d_v.Host();
+    const std::vector<Bf16> g_w = d_w.Host();
+    int64_t differ = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      differ += std::memcmp(&g_master[i], &h_master[i], 4) != 0 || std::memcmp(&g_m[i], &h_m[i], 4) != 0 ||
+                std::memcmp(&g_v[i], &h_v[i], 4) != 0 || g_w[i] != h_w[i];
+    }
+    EXPECT_EQ(differ, 0) << "of " << n << " elements differ in some bit (decay " << decay << ")";
+  }
+}
+
+// Three 8-bit steps on the GPU and on the host from the same random state: the same bits.
+void AdamW8bitAgainstTheHost() {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal(0, 1);
+  const int64_t n = 45 * q8::kQuantBlock + 99;
+  std::vector<float> master(n), grads(n), m0(n), v0(n);
+  for (int64_t i = 0; i < n; ++i) {
+    master[i] = 0.02f * normal(rng);
+    grads[i] = 1e-2f * normal(rng) * (1 + i % 13);
+    m0[i] = 1e-3f * normal(rng);
+    v0[i] = 1e-6f * std::fabs(normal(rng));
+  }
+  const uint64_t bytes = Moment8bitBytes(n);
+  std::vector<uint8_t> m(bytes), v(bytes);
+  Quantize8bit(m0.data(), n, true, m.data());
+  Quantize8bit(v0.data(), n, false, v.data());
+  Device<float> d_master(master), d_grads(grads);
+  Device<uint8_t> d_m(m), d_v(v);
+  Device<Bf16> d_weights(std::vector<Bf16>(n, 0));
+  std::vector<uint16_t> weights(n);
+  AdamWParams p;
+  p.lr = 3e-3f;
+  p.grad_scale = 0.5f;
+  for (int step = 1; step <= 3; ++step) {
+    p.step = step;
+    p.decay = step != 2;
+    ASSERT_EQ(AdamW8bit(d_master.get(), d_m.get(), d_v.get(), d_weights.get(), d_grads.get(), n, p, nullptr),
+              cudaSuccess);
+    HostAdamW8bit(master.data(), m.data(), v.data(), weights.data(), grads.data(), n, p);
+  }
+  EXPECT_EQ(d_master.Host(), master);
+  EXPECT_EQ(d_m.Host(), m);
+  EXPECT_EQ(d_v.Host(), v);
+  const std::vector<Bf16> w = d_weights.Host();
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(w[i], weights[i]) << i;
+}
+
+// AdamW with 8-bit blockwise moments: the kernel gives the host's HostAdamW8bit bits (master,
+// bf16 weights, codes and scales) over three steps from random moments, on a size that ends
+// mid-block in a CUDA block whose last warps have no quantization block; both ways of finding
+// the codes (GpuCodePath: the search, the tables).
+TEST(GpuOpsTest, AdamW8bitGivesTheHostsBits) {
+  SKIP_WITHOUT_GPU();
+  const std::string was = GpuCodePath();
+  for (const char* path : {"search", "table"}) {
+    SCOPED_TRACE(path);
+    ASSERT_EQ(std::string(UseGpuCodePath(path)), path);
+    AdamW8bitAgainstTheHost();
+  }
+  UseGpuCodePath(was);
+}
+
+// bf16 gradients (the compact state keeps them so after accumulating in fp32): both steps,
+// fp32 and 8-bit moments, give the host's bits for the fp32 values the bf16 ones round to.
+TEST(GpuOpsTest, AdamWFromBf16GradientsGivesTheHostsBitsOfTheRoundedValues) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(23);
+  std::normal_distribution<float> normal(0, 1);
+  const int64_t n = 3 * 2048 + 517;
+  std::vector<float> master(n), rounded(n), m(n), v(n);
+  std::vector<Bf16> grads(n);
+  for (int64_t i = 0; i < n; ++i) {
+    master[i] = 0.02f * normal(rng);
+    grads[i] = ToBf16(3e-3f * normal(rng) * (1 + i % 7));
+    rounded[i] = FromBf16(grads[i]);
+    m[i] = 1e-3f * normal(rng);
+    v[i] = 1e-6f * std::fabs(normal(rng)) + 1e-9f;
+  }
+  AdamWParams p;
+  p.lr = 2e-3f;
+  p.step = 4;
+  p.grad_scale = 0.7f;
+  {
+    Device<float> d_master(master), d_m(m), d_v(v);
+    Device<Bf16> d_g(grads), d_w{std::vector<Bf16>(n)};
+    AdamW(d_master.get(), d_m.get(), d_v.get(), d_w.get(), d_g.get(), n, p, nullptr);
+    std::vector<float> h_master = master, h_m = m, h_v = v;
+    std::vector<uint16_t> h_w(n);
+    HostAdamW(h_master.data(), h_m.data(), h_v.data(), h_w.data(), rounded.data(), n, p);
+    EXPECT_EQ(d_master.Host(), h_master);
+    EXPECT_EQ(d_m.Host(), h_m);
+    EXPECT_EQ(d_v.Host(), h_v);
+    EXPECT_EQ(d_w.Host(), h_w);
+  }
+  const uint64_t bytes = Moment8bitBytes(n);
+  std::vector<uint8_t> m8(bytes), v8(bytes);
+  Quantize8bit(m.data(), n, true, m8.data());
+  Quantize8bit(v.data(), n, false, v8.data());
+  Device<float> d_master(master);
+  Device<uint8_t> d_m(m8), d_v(v8);
+  Device<Bf16> d_g(grads), d_w{std::vector<Bf16>(n)};
+  ASSERT_EQ(AdamW8bit(d_master.get(), d_m.get(), d_v.get(), d_w.get(), d_g.get(), n, p, nullptr), cudaSuccess);
+  std::vector<uint16_t> h_w(n);
+  HostAdamW8bit(master.data(), m8.data(), v8.data(), h_w.data(), rounded.data(), n, p);
+  EXPECT_EQ(d_master.Host(), master);
+  EXPECT_EQ(d_m.Host(), m8);
+  EXPECT_EQ(d_v.Host(), v8);
+  EXPECT_EQ(d_w.Host(), h_w);
 }
 
 }  // namespace

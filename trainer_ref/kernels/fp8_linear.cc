@@ -182,6 +182,17 @@ Fp8Codes Fp8Linear::WeightCodes(int layer, int index, const Bf16* weight, bool t
   return Quantize(transposed ? nullptr : codes, transposed ? codes : nullptr, slot, weight, out, in, false, stream);
 }
 
+Fp8Codes Fp8Linear::TransposedCodes(int layer, int index, Fp8Codes weight, cudaStream_t stream) {
+  uint8_t* codes = weight_codes_t_ + weight_offset_[index];
+  Made& made = made_from_[index].second;
+  if (made.layer != layer || made.from != weight.codes) {
+    made = {layer, weight.codes};
+    const auto [out, in] = weights_[index];
+    TransposeFp8(codes, weight.codes, out, in, stream);
+  }
+  return {codes, weight.scale_inv};
+}
+
 absl::Status Fp8Linear::CheckCall(const char* what, int layer, int index, int n, int ic, int oc) const {
   if (layer < 0 || layer >= layers_ || index < 0 || index >= static_cast<int>(weights_.size()) ||
       weights_[index] != std::make_pair(oc, ic) || n > rows_) {
@@ -199,12 +210,31 @@ absl::Status Fp8Linear::Forward(Bf16* out, Fp8Codes in, int layer, int index, co
   return gemm_->ForwardFp8(out, in.codes, w.codes, in.scale_inv, w.scale_inv, n, ic, oc, stream);
 }
 
+absl::Status Fp8Linear::ForwardFromCodes(Bf16* out, Fp8Codes in, int layer, int index, Fp8Codes weight, int n, int ic,
+                                         int oc, cudaStream_t stream) {
+  if (absl::Status st = CheckCall("forward", layer, index, n, ic, oc); !st.ok()) return st;
+  return gemm_->ForwardFp8(out, in.codes, weight.codes, in.scale_inv, weight.scale_inv, n, ic, oc, stream);
+}
+
 absl::Status Fp8Linear::Backward(Bf16* din, float* dweight, const Bf16* dout, Fp8Codes in_t, int layer, int index,
                                  const Bf16* weight, int n, int ic, int oc, cudaStream_t stream, bool accumulate_din) {
   if (absl::Status st = CheckCall("backward", layer, index, n, ic, oc); !st.ok()) return st;
+  const Fp8Codes w = din != nullptr ? WeightCodes(layer, index, weight, /*transposed=*/true, stream) : Fp8Codes{};
+  return BackwardWith(din, dweight, dout, in_t, layer, index, w, n, ic, oc, stream, accumulate_din);
+}
+
+absl::Status Fp8Linear::BackwardFromCodes(Bf16* din, float* dweight, const Bf16* dout, Fp8Codes in_t, int layer,
+                                          int index, Fp8Codes weight, int n, int ic, int oc, cudaStream_t stream,
+                                          bool accumulate_din) {
+  if (absl::Status st = CheckCall("backward", layer, index, n, ic, oc); !st.ok()) return st;
+  const Fp8Codes w = din != nullptr ? TransposedCodes(layer, index, weight, stream) : Fp8Codes{};
+  return BackwardWith(din, dweight, dout, in_t, layer, index, w, n, ic, oc, stream, accumulate_din);
+}
+
+absl::Status Fp8Linear::BackwardWith(Bf16* din, float* dweight, const Bf16* dout, Fp8Codes in_t, int layer, int index,
+                                     Fp8Codes w, int n, int ic, int oc, cudaStream_t stream, bool accumulate_din) {
   const Fp8Codes d = Quantize(din != nullptr ? dout_ : nullptr, dweight != nullptr ? dout_t_ : nullptr,
                               SlotIndex(layer, Fp8Trouble::kOutputGradient, index), dout, n, oc, /*e5m2=*/true, stream);
-  const Fp8Codes w = din != nullptr ? WeightCodes(layer, index, weight, /*transposed=*/true, stream) : Fp8Codes{};
   return gemm_->BackwardFp8(din, dweight, dout_, dout_t_, in_t.codes, w.codes, d.scale_inv, in_t.scale_inv, w.scale_inv,
                             n, ic, oc, stream, accumulate_din);
 }

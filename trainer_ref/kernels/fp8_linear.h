@@ -96,6 +96,16 @@ class Fp8Linear {
   // QuantizeInputTransposed.
   absl::Status Backward(Bf16* din, float* dweight, const Bf16* dout, Fp8Codes in_t, int layer, int index,
                         const Bf16* weight, int n, int ic, int oc, cudaStream_t stream, bool accumulate_din = true);
+  // Forward and Backward from a weight's codes made elsewhere instead of its bf16 values: E4M3,
+  // (oc, ic), read back with *weight.scale_inv (the host's optimizer step writes them at
+  // current scaling, fp8_codes.h, so the GPU fetches 1 byte a parameter instead of 2). The
+  // weight's own scale is then not used or recorded. Backward transposes the codes once per
+  // (layer, codes) until ForgetWeights, as it keeps its own.
+  absl::Status ForwardFromCodes(Bf16* out, Fp8Codes in, int layer, int index, Fp8Codes weight, int n, int ic, int oc,
+                                cudaStream_t stream);
+  absl::Status BackwardFromCodes(Bf16* din, float* dweight, const Bf16* dout, Fp8Codes in_t, int layer, int index,
+                                 Fp8Codes weight, int n, int ic, int oc, cudaStream_t stream,
+                                 bool accumulate_din = true);
   // The end of a training step, after its last backward is queued: each tensor's largest |x|
   // of the step goes into its history and, under delayed scaling, sets the next step's scale;
   // the weights' codes are made anew (their scales may have changed). The states come back to
@@ -131,6 +141,11 @@ class Fp8Linear {
   Fp8Codes Quantize(uint8_t* plain, uint8_t* transposed, int slot, const Bf16* in, int rows, int cols, bool e5m2,
                     cudaStream_t stream);
   Fp8Codes WeightCodes(int layer, int index, const Bf16* weight, bool transposed, cudaStream_t stream);
+  // The transposed codes of codes made elsewhere (ForwardFromCodes).
+  Fp8Codes TransposedCodes(int layer, int index, Fp8Codes weight, cudaStream_t stream);
+  // The backward's GEMMs once the weight's transposed codes `w` are known (unused without din).
+  absl::Status BackwardWith(Bf16* din, float* dweight, const Bf16* dout, Fp8Codes in_t, int layer, int index,
+                            Fp8Codes w, int n, int ic, int oc, cudaStream_t stream, bool accumulate_din);
   absl::Status CheckCall(const char* what, int layer, int index, int n, int ic, int oc) const;
   std::string StateHeader() const;
   const char* ModeName() const;  // delayed, current or fixed, as the state's header says
@@ -152,10 +167,11 @@ class Fp8Linear {
   cudaEvent_t states_copied_ = nullptr;
   bool recording_ = true;
   int64_t steps_ = 0;
-  // Per weight and form (plain, transposed): the layer and bf16 tensor its codes were made from.
+  // Per weight and form (plain, transposed): the layer and tensor (bf16 weights, or codes made
+  // elsewhere) its codes were made from.
   struct Made {
     int layer = -1;
-    const Bf16* from = nullptr;
+    const void* from = nullptr;
   };
   std::vector<std::pair<Made, Made>> made_from_;
 };

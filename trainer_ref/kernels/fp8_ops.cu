@@ -143,6 +143,35 @@ __global__ void QuantizeTransposedKernel(uint8_t* out, uint8_t* plain, const Bf1
   WarpAmax(amax_bits, mine);
 }
 
+// FP8 codes transposed as bytes (TransposeFp8). 64 x 64 tiles where the shape and pointers
+// allow: each thread loads 16 codes of an input row and stores 16 of an output row.
+__global__ void TransposeCodes64Kernel(uint8_t* out, const uint8_t* in, int rows, int cols) {
+  __shared__ __align__(16) uint8_t tile[kBigTile][kBigTile + 16];  // rows stay 16-byte aligned
+  const int r0 = blockIdx.y * kBigTile, c0 = blockIdx.x * kBigTile;
+  const int t = threadIdx.x, part = t % 4, line = t / 4;
+  *reinterpret_cast<uint4*>(&tile[line][16 * part]) =
+      *reinterpret_cast<const uint4*>(in + int64_t{r0 + line} * cols + c0 + 16 * part);
+  __syncthreads();
+  uint32_t packed[4] = {0, 0, 0, 0};
+  for (int i = 0; i < 16; ++i) packed[i / 4] |= uint32_t{tile[16 * part + i][line]} << (8 * (i % 4));
+  *reinterpret_cast<uint4*>(out + int64_t{c0 + line} * rows + r0 + 16 * part) =
+      make_uint4(packed[0], packed[1], packed[2], packed[3]);
+}
+
+__global__ void TransposeCodesKernel(uint8_t* out, const uint8_t* in, int rows, int cols) {
+  __shared__ uint8_t tile[kTile][kTile + 1];
+  const int c0 = blockIdx.x * kTile, r0 = blockIdx.y * kTile;
+  for (int dy = threadIdx.y; dy < kTile; dy += blockDim.y) {
+    const int r = r0 + dy, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) tile[dy][threadIdx.x] = in[int64_t{r} * cols + c];
+  }
+  __syncthreads();
+  for (int dy = threadIdx.y; dy < kTile; dy += blockDim.y) {
+    const int c = c0 + dy, r = r0 + threadIdx.x;
+    if (r < rows && c < cols) out[int64_t{c} * rows + r] = tile[threadIdx.x][dy];
+  }
+}
+
 __global__ void ScaleFromAmaxKernel(float* scale, float* scale_inv, const float* amax, float max_finite,
                                     float* running_amax) {
   // As fp8::CurrentScale: one fp32 division, and 1 for a degenerate amax.
@@ -222,6 +251,17 @@ void QuantizeFp8Transposed(uint8_t* out, const Bf16* in, int rows, int cols, con
   }
   const dim3 grid((cols + kTile - 1) / kTile, (rows + kTile - 1) / kTile), block(kTile, 8);
   QuantizeTransposedKernel<<<grid, block, 0, stream>>>(out, plain, in, rows, cols, scale, e5m2, amax_bits);
+}
+
+void TransposeFp8(uint8_t* out, const uint8_t* in, int rows, int cols, cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return;
+  if (rows % kBigTile == 0 && cols % kBigTile == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(out) % 16 == 0) {
+    TransposeCodes64Kernel<<<dim3(cols / kBigTile, rows / kBigTile), kBigThreads, 0, stream>>>(out, in, rows, cols);
+    return;
+  }
+  const dim3 grid((cols + kTile - 1) / kTile, (rows + kTile - 1) / kTile), block(kTile, 8);
+  TransposeCodesKernel<<<grid, block, 0, stream>>>(out, in, rows, cols);
 }
 
 void AbsMax(float* amax, const Bf16* in, int64_t n, cudaStream_t stream) {

@@ -34,6 +34,10 @@ void QuantizeFp8(uint8_t* out, const Bf16* in, int64_t n, const float* scale, bo
 void QuantizeFp8Transposed(uint8_t* out, const Bf16* in, int rows, int cols, const float* scale, bool e5m2,
                            cudaStream_t stream, uint8_t* plain = nullptr, float* amax = nullptr);
 
+// out (cols, rows) = in (rows, cols) transposed, as bytes: the transposed FP8 codes the
+// backward reads, made from plain ones another party encoded (the host's optimizer step).
+void TransposeFp8(uint8_t* out, const uint8_t* in, int rows, int cols, cudaStream_t stream);
+
 // Delayed scaling's state of one tensor on the device, as fp8::DelayedScaling keeps it: the
 // scale the window's amaxes give (1 until has_scale), where the next amax goes in the ring of
 // the last `window`, and what a precision policy reads (overflows, saturation, underflow).

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "trainer_ref/fp8.h"
+#include "trainer_ref/fp8_codes.h"
 #include "trainer_ref/kernels/fp8_ops.h"
 #include "trainer_ref/kernels/gemm.h"
 #include "trainer_ref/kernels/gpu_test_util.h"
@@ -259,6 +260,58 @@ TEST(Fp8OpsTest, TransposedCodesOfTileMultiplesMatchTheCpuReference) {
     }
     EXPECT_EQ(off, 0);
   }
+}
+
+// Codes transposed as bytes: the CPU's transpose, on the 64 x 64 tile path and on the general
+// one (a shape of 16s, a misaligned pointer).
+TEST(Fp8OpsTest, TransposedCodesMatchTheCpuTranspose) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(23);
+  struct Case {
+    int rows, cols, offset;
+  };
+  for (const Case& k : {Case{192, 320, 0}, Case{48, 80, 0}, Case{128, 64, 3}}) {
+    SCOPED_TRACE(::testing::Message() << k.rows << "x" << k.cols << " at +" << k.offset);
+    std::vector<uint8_t> in(static_cast<size_t>(k.rows) * k.cols + k.offset);
+    for (auto& b : in) b = static_cast<uint8_t>(rng());
+    Device<uint8_t> d_in(in), d_out{std::vector<uint8_t>(static_cast<size_t>(k.rows) * k.cols, 0)};
+    TransposeFp8(d_out.get(), d_in.get() + k.offset, k.rows, k.cols, nullptr);
+    const std::vector<uint8_t> got = d_out.Host();
+    int off = 0;
+    for (int r = 0; r < k.rows; ++r) {
+      for (int c = 0; c < k.cols; ++c) {
+        const uint8_t want = in[k.offset + static_cast<size_t>(r) * k.cols + c],
+                      have = got[static_cast<size_t>(c) * k.rows + r];
+        if (have != want && off++ < 5)
+          ADD_FAILURE() << "(" << r << ", " << c << "): " << int{have} << " not " << int{want};
+      }
+    }
+    EXPECT_EQ(off, 0);
+  }
+}
+
+// The host's codes of a weight (fp8_codes.h, what its optimizer step writes) are the GPU's own:
+// AbsMax, ScaleFromAmax and QuantizeFp8 at current scaling give the same codes and scale_inv.
+TEST(Fp8OpsTest, HostMadeWeightCodesAreTheGpusCurrentScaledCodes) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(29);
+  const int rows = 256, cols = 384;
+  Bf16Data w = Random(size_t{rows} * cols, rng, 0.02f);
+  w.bits[777] = ToBf16(-0.3f);  // the largest, so the scale is not the mean's
+  Device<Bf16> d_w(w.bits);
+  Device<float> slot{std::vector<float>(4, 0.f)};
+  Device<uint8_t> codes{std::vector<uint8_t>(w.bits.size())};
+  AbsMax(slot.get() + 3, d_w.get(), static_cast<int64_t>(w.bits.size()), nullptr);
+  ScaleFromAmax(slot.get() + 1, slot.get(), slot.get() + 3, /*e5m2=*/false, nullptr);
+  QuantizeFp8(codes.get(), d_w.get(), static_cast<int64_t>(w.bits.size()), slot.get() + 1, false, nullptr);
+  std::vector<uint8_t> host(w.bits.size());
+  const fp8::Fp8Scaled s =
+      fp8::EncodeE4M3CurrentScaled(w.bits.data(), static_cast<int64_t>(w.bits.size()), host.data());
+  const std::vector<float> got = slot.Host();
+  EXPECT_EQ(got[0], s.scale_inv);
+  EXPECT_EQ(got[1], s.scale);
+  EXPECT_EQ(got[3], s.amax);
+  EXPECT_EQ(codes.Host(), host);
 }
 
 // Current scaling on the device: the scale and its inverse from an amax, bit for bit the CPU

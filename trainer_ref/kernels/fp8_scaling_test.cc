@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "trainer_ref/fp8.h"
+#include "trainer_ref/fp8_codes.h"
 #include "trainer_ref/kernels/fp8_linear.h"
 #include "trainer_ref/kernels/fp8_ops.h"
 #include "trainer_ref/kernels/gemm.h"
@@ -181,6 +182,60 @@ LinearRun RunLinear(Fp8Linear& fp8, Device<Bf16>& in, Device<Bf16>& w, Device<Bf
   const Fp8Codes codes_t = fp8.QuantizeInputTransposed(0, 0, in.get(), n, ic, nullptr);
   EXPECT_TRUE(fp8.Backward(din.get(), dw.get(), dout.get(), codes_t, 0, 0, w.get(), n, ic, oc, nullptr, false).ok());
   return {out.Host(), din.Host(), dw.Host()};
+}
+
+// Weights as codes made on the host (fp8_codes.h, what the host's optimizer step writes):
+// forward and backward give current scaling's outputs from the bf16 weights, bit for bit. Two
+// weights in turn at the same device address, with ForgetWeights between (an optimizer step),
+// each gives its own results: the kept transposed codes are made anew.
+TEST(Fp8ScalingTest, HostMadeWeightCodesGiveTheBf16WeightsResults) {
+  SKIP_WITHOUT_GPU();
+  auto gemm = Gemm::Create();
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  const int n = 64, ic = 192, oc = 128;
+  std::mt19937_64 rng(43);
+  Bf16Data in = Random(static_cast<size_t>(n) * ic, rng), dout = Random(static_cast<size_t>(n) * oc, rng, 1e-3f);
+  Device<Bf16> d_in(in.bits), d_dout(dout.bits);
+  const Fp8Linear::Shapes shapes = {{oc, ic}};
+  Fp8ScalingOptions current_options;
+  current_options.delayed = false;
+  auto from_bf16 = Fp8Linear::Create(gemm->get(), n, shapes, 1, current_options);
+  auto from_codes = Fp8Linear::Create(gemm->get(), n, shapes, 1, current_options);
+  ASSERT_TRUE(from_bf16.ok() && from_codes.ok());
+  Device<uint8_t> d_codes{std::vector<uint8_t>(static_cast<size_t>(oc) * ic)};
+  Device<float> d_scale_inv{std::vector<float>(4, 0.0f)};
+  for (float spread : {0.05f, 0.7f}) {
+    SCOPED_TRACE(spread);
+    Bf16Data w = Random(static_cast<size_t>(oc) * ic, rng, spread);
+    Device<Bf16> d_w(w.bits);
+    (*from_bf16)->ForgetWeights();
+    const LinearRun want = RunLinear(**from_bf16, d_in, d_w, d_dout, n, ic, oc);
+    std::vector<uint8_t> codes(w.bits.size());
+    const fp8::Fp8Scaled scaled =
+        fp8::EncodeE4M3CurrentScaled(w.bits.data(), static_cast<int64_t>(w.bits.size()), codes.data());
+    ASSERT_EQ(cudaMemcpy(d_codes.get(), codes.data(), codes.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(d_scale_inv.get(), &scaled.scale_inv, sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+    (*from_codes)->ForgetWeights();
+    const Fp8Codes weight{d_codes.get(), d_scale_inv.get()};
+    Device<Bf16> out{std::vector<Bf16>(static_cast<size_t>(n) * oc)},
+        din{std::vector<Bf16>(static_cast<size_t>(n) * ic)};
+    Device<float> dw{std::vector<float>(static_cast<size_t>(oc) * ic, 0.0f)};
+    const Fp8Codes in8 = (*from_codes)->QuantizeInput(0, 0, d_in.get(), n, ic, nullptr);
+    ASSERT_TRUE((*from_codes)->ForwardFromCodes(out.get(), in8, 0, 0, weight, n, ic, oc, nullptr).ok());
+    const Fp8Codes in8_t = (*from_codes)->QuantizeInputTransposed(0, 0, d_in.get(), n, ic, nullptr);
+    ASSERT_TRUE(
+        (*from_codes)
+            ->BackwardFromCodes(din.get(), dw.get(), d_dout.get(), in8_t, 0, 0, weight, n, ic, oc, nullptr, false)
+            .ok());
+    EXPECT_EQ(out.Host(), want.out);
+    EXPECT_EQ(din.Host(), want.din);
+    EXPECT_EQ(dw.Host(), want.dw);
+  }
+  // A call for a shape the maps were not made for is refused, as with bf16 weights.
+  EXPECT_EQ((*from_codes)
+                ->ForwardFromCodes(nullptr, {}, 0, 0, {d_codes.get(), d_scale_inv.get()}, n, ic, oc + 16, nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // Fp8Linear's modes: delayed scaling converts at the current scale until its first EndStep,

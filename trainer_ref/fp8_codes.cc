@@ -7,6 +7,25 @@
 #include "trainer_ref/parallel.h"
 
 namespace tierd::trainer::fp8 {
+namespace {
+
+// The loops on their own, restrict pointers and values in registers: through the lambda's
+// captures the byte stores may alias the pointers, and the loop is not vectorised (2 ns a
+// value instead of a fraction of one).
+uint32_t LargestBits(const uint16_t* __restrict in, int64_t n) {
+  uint32_t m = 0;
+  for (int64_t i = 0; i < n; ++i) m = std::max<uint32_t>(m, in[i] & 0x7fffu);
+  return m;
+}
+
+// At one scale a code depends only on the value's 15 magnitude bits (the sign is copied):
+// a table of 32768 codes, made once per tensor, turns the encoding into a load a value
+// (0.56 ns against 1.7 for EncodeE4M3's arithmetic with SSE2's integer ops, dev box).
+void EncodeSlice(const uint16_t* __restrict in, uint8_t* __restrict out, int64_t n, const uint8_t* __restrict table) {
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(table[in[i] & 0x7fffu] | ((in[i] >> 8) & 0x80u));
+}
+
+}  // namespace
 
 Fp8Scaled EncodeE4M3CurrentScaled(const uint16_t* bf16, int64_t n, uint8_t* codes, int threads) {
   // The largest |x| as the largest magnitude bits (non-negative values order as their bits,
@@ -15,8 +34,7 @@ Fp8Scaled EncodeE4M3CurrentScaled(const uint16_t* bf16, int64_t n, uint8_t* code
   ParallelFor(
       n, static_cast<double>(n),
       [&](int64_t begin, int64_t end) {
-        uint32_t m = 0;
-        for (int64_t i = begin; i < end; ++i) m = std::max<uint32_t>(m, bf16[i] & 0x7fffu);
+        const uint32_t m = LargestBits(bf16 + begin, end - begin);
         uint32_t seen = largest.load();
         while (m > seen && !largest.compare_exchange_weak(seen, m)) {
         }
@@ -26,15 +44,11 @@ Fp8Scaled EncodeE4M3CurrentScaled(const uint16_t* bf16, int64_t n, uint8_t* code
   s.amax = std::bit_cast<float>(largest.load() << 16);
   s.scale = CurrentScale(s.amax, Format::kE4M3);
   s.scale_inv = 1.0f / s.scale;
-  const float scale = s.scale;
+  uint8_t table[32768];
+  for (uint32_t b = 0; b < 32768; ++b) table[b] = EncodeE4M3(std::bit_cast<float>(b << 16) * s.scale);
   ParallelFor(
       n, static_cast<double>(n),
-      [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) {
-          codes[i] = EncodeE4M3(std::bit_cast<float>(static_cast<uint32_t>(bf16[i]) << 16) * scale);
-        }
-      },
-      threads);
+      [&](int64_t begin, int64_t end) { EncodeSlice(bf16 + begin, codes + begin, end - begin, table); }, threads);
   return s;
 }
 

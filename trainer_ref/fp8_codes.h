@@ -25,9 +25,13 @@ inline uint8_t EncodeE4M3(float y) {
   // fp32 addition of 2^23 (round to nearest even), read back from the sum's mantissa.
   const float steps = std::bit_cast<float>(abs) * 512.0f + 8388608.0f;
   const uint32_t subnormal = std::bit_cast<uint32_t>(steps) - 0x4b000000u;
-  uint32_t code = abs < 0x3c800000u ? subnormal : normal;  // 2^-6
-  code = abs >= 0x43e00000u ? 0x7eu : code;                // 448 and beyond, infinity included
-  code = abs > 0x7f800000u ? 0x7fu : code;                 // NaN
+  // The choices as masks (GCC 12 keeps ?: here as branches, and the loop scalar).
+  const uint32_t below = 0u - static_cast<uint32_t>(abs < 0x3c800000u);       // 2^-6
+  const uint32_t saturated = 0u - static_cast<uint32_t>(abs >= 0x43e00000u);  // 448 and beyond, infinity too
+  const uint32_t nan = 0u - static_cast<uint32_t>(abs > 0x7f800000u);
+  uint32_t code = (subnormal & below) | (normal & ~below);
+  code = (0x7eu & saturated) | (code & ~saturated);
+  code = (0x7fu & nan) | (code & ~nan);
   return static_cast<uint8_t>(sign | code);
 }
 

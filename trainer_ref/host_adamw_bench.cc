@@ -5,7 +5,7 @@
 //   host_adamw_bench [ELEMENTS, default 2^26] [REPEATS, default 3]
 // Bytes a parameter: fp32 AdamW reads grads, master, m, v and writes master, m, v and the
 // bf16 weights (30 B); 8-bit reads grads, master and two codes, writes master, two codes and
-// the weights (18 B, plus a scale per 256).
+// the weights (18 B, plus a scale per 256). Then the FP8 codes of the bf16 weights (5 B).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "trainer_ref/adamw8bit.h"
+#include "trainer_ref/fp8_codes.h"
 #include "trainer_ref/host_adamw.h"
 #include "trainer_ref/optimizer.h"
 #include "trainer_ref/parallel.h"
@@ -77,6 +78,11 @@ int main(int argc, char** argv) {
     p.step = step;
     tt::HostAdamW(master.data(), m.data(), v.data(), weights.data(), grads.data(), n, p, /*threads=*/1);
   });
+  // The FP8 codes the step writes beside the weights with --fp8_weight_codes (fp8_codes.h):
+  // a pass for the largest |x|, a pass of table lookups (5 bytes a parameter).
+  std::vector<uint8_t> codes(n);
+  const double encode = best_of([&](int) { tt::fp8::EncodeE4M3CurrentScaled(weights.data(), n, codes.data()); });
+  const double encode1 = best_of([&](int) { tt::fp8::EncodeE4M3CurrentScaled(weights.data(), n, codes.data(), 1); });
   const double reference = best_of([&](int step) {
     tt::AdamWStep(master.data(), grads.data(), m.data(), v.data(), n, 1e-3, step, tt::AdamWOptions{}, true);
   });
@@ -95,6 +101,8 @@ int main(int argc, char** argv) {
   line("HostAdamW (fp32 moments, one thread)", one, 30.0);
   line("HostAdamW8bit (8-bit moments, one thread)", one8, 18.0);
   line("AdamWStep reference (double, one thread)", reference, 28.0);
+  line("FP8 weight codes from bf16 (all threads)", encode, 5.0);
+  line("FP8 weight codes from bf16 (one thread)", encode1, 5.0);
   std::printf(
       "ratio: HostAdamW %.1fx the reference, %.1fx its own one-thread run; 8-bit %.2fx fp32's time, %.1fx its "
       "own one-thread run, %.2fx its plain loops' speed\n",

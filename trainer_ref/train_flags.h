@@ -59,6 +59,7 @@ ABSL_DECLARE_FLAG(int64_t, eval_every);
 // The GPU trainer's own.
 ABSL_DECLARE_FLAG(std::string, gpu_budget);
 ABSL_DECLARE_FLAG(std::string, optimizer_place);
+ABSL_DECLARE_FLAG(bool, fp8_weight_codes);
 ABSL_DECLARE_FLAG(std::string, compact_state);
 ABSL_DECLARE_FLAG(double, pcie_gbps);
 ABSL_DECLARE_FLAG(double, nvme_gbps);

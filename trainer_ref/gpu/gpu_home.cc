@@ -93,9 +93,11 @@ GpuHomeLayout::Range GpuHomeLayout::Chunk(int group, Part part, int chunk) const
 }
 
 std::string PartName(const GpuHomeLayout& layout, int group, Part part, int chunk) {
-  static const char* const kPrefix[kParts] = {"", "master.", "grad.", "opt.m.", "opt.v.", "act."};
+  static const char* const kPrefix[kParts] = {"", "master.", "grad.", "opt.m.", "opt.v.", "act.", ""};
   const std::string& g = layout.groups[group];
-  const std::string name = part == Part::kWeights ? g + ".w" : kPrefix[static_cast<int>(part)] + g;
+  const std::string name = part == Part::kWeights       ? g + ".w"
+                           : part == Part::kWeightCodes ? g + ".w8"
+                                                        : kPrefix[static_cast<int>(part)] + g;
   return layout.Chunks(group, part) > 1 ? absl::StrFormat("%s.%d", name, chunk) : name;
 }
 

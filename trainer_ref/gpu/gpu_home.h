@@ -1,8 +1,9 @@
 // Where the GPU model's state lives between uses: the GPU counterpart of tensor_home.h.
 // The model's tensors come in groups — 0: the embedding, 1..L: the layers, L + 1: the
-// final norm and the head (as Model::GroupEntries) — and each group has six parts: its bf16
-// weights, fp32 master weights, fp32 gradients, the two fp32 Adam moments, and (layers
-// only) the activations its forward saves for backward. The model acquires a part for as
+// final norm and the head (as Model::GroupEntries) — and each group has up to seven parts:
+// its bf16 weights, fp32 master weights, fp32 gradients, the two fp32 Adam moments, (layers
+// only) the activations its forward saves for backward, and (FP8 layers whose optimizer runs
+// on the host) the FP8 codes of its weights. The model acquires a part for as
 // long as the kernels it queues use it and releases it with the stream those kernels run
 // on, so a home smaller than the whole (tierd's GPU tier) can move the rest away meanwhile.
 //   plain: one cudaMalloc per part, always there (--offload_policy=none).
@@ -24,8 +25,8 @@
 
 namespace tierd::trainer::gpu {
 
-enum class Part { kWeights = 0, kMaster, kGrads, kAdamM, kAdamV, kActs };
-constexpr int kParts = 6;
+enum class Part { kWeights = 0, kMaster, kGrads, kAdamM, kAdamV, kActs, kWeightCodes };
+constexpr int kParts = 7;
 
 // Master weights and the two moments: what the optimizer step reads and writes, and what
 // may be leased in sub-groups.
@@ -64,7 +65,7 @@ struct GpuHomeLayout {
   Range Chunk(int group, Part part, int chunk) const;
 };
 
-// The name a part is leased under: "layers.3.w", "master.layers.3", "grad.layers.3",
+// The name a part is leased under: "layers.3.w", "layers.3.w8" (FP8 codes), "master.layers.3", "grad.layers.3",
 // "opt.m.layers.3", "opt.v.layers.3", "act.layers.3"; a chunk of state in sub-groups adds
 // its index: "opt.m.layers.3.5".
 std::string PartName(const GpuHomeLayout& layout, int group, Part part, int chunk = 0);

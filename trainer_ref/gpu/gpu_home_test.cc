@@ -181,6 +181,31 @@ class LayoutOnlyHome final : public GpuHome {
   GpuHomeLayout layout_;
 };
 
+// FP8 weight codes (--fp8_weight_codes): a part per layer, none for the embedding and the head,
+// of a 16-byte scale slot per linear map and each map's codes 256-byte aligned: ~1 byte a
+// weight of the layer's seven matrices, about half its bf16 part. Leased as "layers.3.w8".
+// Not with the compact state, which keeps no bf16 weights for the host to write them from.
+TEST(GpuHomeLayoutTest, FP8WeightCodesAreAPartPerLayerOfAByteAWeight) {
+  const ModelConfig config{"test6", 6, 128, 2, 352, 512, 128};
+  const GpuHomeLayout plain = GpuModel::HomeLayout(config, 4, 128);
+  const GpuHomeLayout coded = GpuModel::HomeLayout(config, 4, 128, {.fp8_weight_codes = true});
+  const int codes = static_cast<int>(Part::kWeightCodes);
+  const uint64_t matrices = 4 * 128 * 128 + 3 * 128 * 352;
+  EXPECT_EQ(GpuModel::WeightCodesBytes(config), 256 + matrices);  // every matrix a multiple of 256 here
+  EXPECT_EQ(coded.bytes.front()[codes], 0u);
+  EXPECT_EQ(coded.bytes.back()[codes], 0u);
+  for (int g = 1; g <= config.layers; ++g) {
+    EXPECT_EQ(coded.bytes[g][codes], GpuModel::WeightCodesBytes(config));
+    EXPECT_EQ(plain.bytes[g][codes], 0u);
+    EXPECT_LT(coded.bytes[g][codes], coded.bytes[g][static_cast<int>(Part::kWeights)] * 0.51);
+  }
+  EXPECT_EQ(coded.Total(), plain.Total() + config.layers * GpuModel::WeightCodesBytes(config));
+  EXPECT_EQ(PartName(coded, 4, Part::kWeightCodes), "layers.3.w8");
+  auto refused = GpuModel::Create(config, 4, 128, nullptr, {.compact = true, .fp8_weight_codes = true});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(GpuHomeLayoutTest, AModelRefusesAHomeMadeForAnotherLayout) {
   const ModelConfig config{"test6", 6, 128, 2, 352, 512, 128};
   GpuHomeLayout other = GpuModel::HomeLayout(config, 4, 64);  // another sequence length: other activations

@@ -61,6 +61,8 @@ GpuModel::GpuModel(const ModelConfig& config, int batch, int seq, const StateOpt
   acquired_.assign(Groups(), {});
   acquired_chunk_.assign(Groups(), {});
   grads_zeroed_.assign(Groups(), false);
+  weight_codes_ = state.fp8_weight_codes;
+  codes_current_.assign(Groups(), 0);
   norm_offset_.assign(layout_.size(), 0);
   size_t norms = 0;
   for (size_t e = 0; e < layout_.size(); ++e) {
@@ -111,8 +113,10 @@ absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x) {
   const int n = batch_ * seq_, c = config_.d_model, f = config_.d_ff, h = config_.heads, d = config_.head_dim();
   const size_t nc = static_cast<size_t>(n) * c;
   const Layer& w = layers_[l];
-  // out = in x W^T, in bf16 or (an FP8 layer) from the codes of the last `cast` input.
+  // out = in x W^T, in bf16 or (an FP8 layer) from the codes of the last `cast` input and
+  // those of the weights (made from the bf16 ones, or read from the codes part).
   Fp8Linear* fp8 = fp8_ != nullptr && fp8_layer_[l] ? fp8_.get() : nullptr;
+  const bool codes = fp8 != nullptr && ReadsCodes(l + 1);
   Fp8Codes in8;
   // `first`: the first linear map reading `in` (its scale is the input's).
   auto cast = [&](const Bf16* in, LinearIndex first, int cols) {
@@ -124,8 +128,9 @@ absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x) {
   };
   auto linear = [&](Bf16* out, const Bf16* in, size_t e, LinearIndex k, int ic, int oc) {
     return Timed(kGemm, [&] {
-      return fp8 != nullptr ? fp8->Forward(out, in8, l, k, W(e), n, ic, oc, stream_)
-                            : gemm_->Forward(out, in, W(e), n, ic, oc, stream_);
+      return codes            ? fp8->ForwardFromCodes(out, in8, l, k, CodesOf(l, k), n, ic, oc, stream_)
+             : fp8 != nullptr ? fp8->Forward(out, in8, l, k, W(e), n, ic, oc, stream_)
+                              : gemm_->Forward(out, in, W(e), n, ic, oc, stream_);
     });
   };
   RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(a.x_in, x, nc * sizeof(float), cudaMemcpyDeviceToDevice, stream_), "x_in"));
@@ -231,10 +236,10 @@ absl::Status GpuModel::ForwardQueued(const int32_t* tokens, const int32_t* targe
     const int group = l + 1;
     RETURN_IF_ERROR(AwaitOptimizerUpdate(group));
     Progress(ForwardOp(micro_, group));
-    RETURN_IF_ERROR(Enter(group, Part::kWeights, Access::kRead));
+    RETURN_IF_ERROR(EnterLayerWeights(group));
     RETURN_IF_ERROR(Enter(group, Part::kActs, Access::kOverwrite));
     RETURN_IF_ERROR(LayerForward(l, ActsForForward(l, acquired_[group][static_cast<int>(Part::kActs)]), x_));
-    RETURN_IF_ERROR(Leave(group, Part::kWeights));
+    RETURN_IF_ERROR(LeaveLayerWeights(group));
     RETURN_IF_ERROR(Leave(group, Part::kActs));
   }
   const int last = Groups() - 1;
@@ -270,6 +275,7 @@ absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx) {
   // din += dout x W, dW += dout^T x in: bf16, or (an FP8 layer) from the codes of the last
   // `cast` input.
   Fp8Linear* fp8 = fp8_ != nullptr && fp8_layer_[l] ? fp8_.get() : nullptr;
+  const bool codes = fp8 != nullptr && ReadsCodes(l + 1);
   Fp8Codes in8_t;
   auto cast = [&](const Bf16* in, LinearIndex first, int cols) {
     if (fp8 == nullptr) return;
@@ -281,8 +287,9 @@ absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx) {
   // `first`: din's first contribution, written (din = ...) rather than added, so no zeroing.
   auto linear = [&](Bf16* din, const Bf16* dout, const Bf16* in, size_t e, LinearIndex k, int ic, int oc, bool first) {
     return Timed(kGemm, [&] {
-      return fp8 != nullptr ? fp8->Backward(din, G(e), dout, in8_t, l, k, W(e), n, ic, oc, stream_, !first)
-                            : gemm_->Backward(din, G(e), dout, in, W(e), n, ic, oc, stream_, !first);
+      return codes ? fp8->BackwardFromCodes(din, G(e), dout, in8_t, l, k, CodesOf(l, k), n, ic, oc, stream_, !first)
+             : fp8 != nullptr ? fp8->Backward(din, G(e), dout, in8_t, l, k, W(e), n, ic, oc, stream_, !first)
+                              : gemm_->Backward(din, G(e), dout, in, W(e), n, ic, oc, stream_, !first);
     });
   };
   // x_out = x_mid + swiglu(h2 W1^T, h2 W3^T) W2^T
@@ -412,7 +419,7 @@ absl::Status GpuModel::Backward() {
   for (int l = config_.layers; l-- > 0;) {
     const int group = l + 1;
     Progress(BackwardOp(micro_, last - group));
-    RETURN_IF_ERROR(Enter(group, Part::kWeights, Access::kRead));
+    RETURN_IF_ERROR(EnterLayerWeights(group));
     RETURN_IF_ERROR(Enter(group, Part::kActs, Access::kRead));
     RETURN_IF_ERROR(EnterGrads(group));
     auto a = ActsForBackward(l, acquired_[group][static_cast<int>(Part::kActs)]);
@@ -420,7 +427,7 @@ absl::Status GpuModel::Backward() {
     RETURN_IF_ERROR(LayerBackward(l, *a, dx_));
     RETURN_IF_ERROR(SumOverRanks(group, last_micro_batch));
     AddSumOfSquares(group);
-    RETURN_IF_ERROR(Leave(group, Part::kWeights));
+    RETURN_IF_ERROR(LeaveLayerWeights(group));
     RETURN_IF_ERROR(Leave(group, Part::kActs));
     RETURN_IF_ERROR(Leave(group, Part::kGrads));
   }

@@ -86,6 +86,16 @@ struct StateOptions {
   // holds it, the second part is empty; ~4 bytes a parameter of master alone). AdamWStep steps
   // it, reading weight_decay of its options.
   bool adafactor = false;
+  // The FP8 layers' weights also as E4M3 codes (--fp8_weight_codes; for the optimizer on the
+  // host): a part per layer, "layers.3.w8", that the host's optimizer step writes beside the
+  // bf16 weights, each matrix at current scaling from its exact largest |x| (fp8_codes.h), and
+  // that the layer's FP8 matmuls read instead of the bf16 part, so a step's weights cost 1
+  // byte a parameter over PCIe instead of 2. The weights' codes are then current-scaled (the
+  // inputs and gradients keep their scaling). A layer that falls back to bf16 reads its bf16
+  // part again. Where the bf16 weights change otherwise (new parameters, a checkpoint loaded,
+  // the GPU's optimizer) the codes are made again on the GPU at the layer's next use, from the
+  // bf16 part: the same bits.
+  bool fp8_weight_codes = false;
 };
 
 class GpuModel {
@@ -190,6 +200,8 @@ class GpuModel {
   absl::Status FinishOptimizerStep();
   // Host seconds spent in the CPU optimizer's arithmetic (not waiting for tierd).
   double HostOptimizerSeconds() const { return host_optimizer_nanos_.load() * 1e-9; }
+  // ... of it writing FP8 weight codes (StateOptions::fp8_weight_codes).
+  double HostCodesSeconds() const { return host_codes_nanos_.load() * 1e-9; }
   // Where the GPU time goes: with profiling on, each kernel or GEMM is bracketed by CUDA
   // events (costly; for measurement runs) and TakeProfile returns the milliseconds per
   // category since the last call: "gemm", "attention", "norm+elementwise", "loss",
@@ -219,6 +231,10 @@ class GpuModel {
   std::vector<std::string> Fp8FallBack(int in_a_row);
   // Which decoder layers run their matmuls in FP8 now (empty without FP8).
   const std::vector<bool>& fp8_layers() const { return fp8_layer_; }
+  // How many layers' matmuls read FP8 codes of their weights (StateOptions::fp8_weight_codes).
+  int LayersReadingWeightCodes() const;
+  // The bytes of a layer's codes part (StateOptions::fp8_weight_codes).
+  static uint64_t WeightCodesBytes(const ModelConfig& config) { return WeightCodesOffset(config, -1); }
   // Off: FP8 conversions do not feed the scales' history (forward-only validation passes).
   void SetFp8Recording(bool on) {
     if (fp8_ != nullptr) fp8_->set_recording(on);
@@ -274,7 +290,9 @@ class GpuModel {
   absl::Status ForEachPiece(int g, Part part, int chunk, bool to_host, void* staging,
                             const std::function<absl::Status(void*, uint64_t, uint64_t)>& fn);
   absl::Status RefreshNorms(int g, uint64_t at, const void* p, uint64_t n);
-  absl::Status HostAdamWStep(int group, bool zero_grads, const std::function<AdamWParams(size_t)>& params_for);
+  // `codes`: the group's FP8 weight codes are written too (EncodeWeightCodesOnHost).
+  absl::Status HostAdamWStep(int group, bool zero_grads, bool codes,
+                             const std::function<AdamWParams(size_t)>& params_for);
   // One group's AdamW on the GPU (zero_grads: no backward reached it, its gradients are 0).
   absl::Status GpuAdamWGroup(int group, bool zero_grads, const std::function<AdamWParams(size_t)>& params_for);
   // The GPU's deferred update of `group` (-1: every group), if one is pending: queued now.
@@ -344,6 +362,25 @@ class GpuModel {
   static bool AnyRecomputes(const ModelConfig& config, const StateOptions& state) {
     return state.checkpointing && state.kept_layers < config.layers;
   }
+  // FP8 weight codes (StateOptions::fp8_weight_codes). A layer's codes part: a 16-byte slot
+  // per linear map (scale_inv, scale, amax; cuBLASLt reads scale_inv 16-byte aligned), then
+  // each map's codes, 256-byte aligned, in LinearIndex order. `index` -1: the part's bytes.
+  static uint64_t WeightCodesOffset(const ModelConfig& config, int index);
+  bool weight_codes_ = false;
+  // Per group: its codes part holds the codes of its bf16 weights as they are now. Written by
+  // the host's optimizer thread for the groups it steps (read after AwaitOptimizerUpdate).
+  std::vector<char> codes_current_;
+  // Whether the group's matmuls read its codes part now (an FP8 layer with a codes part).
+  bool ReadsCodes(int group) const;
+  size_t LinearEntry(int layer, int index) const;  // the parameter entry of linear map `index`
+  Fp8Codes CodesOf(int layer, int index) const;    // in the acquired codes part
+  // A layer's weights for its matmuls (the bf16 part, or the codes part, made first if stale).
+  absl::Status EnterLayerWeights(int group);
+  absl::Status LeaveLayerWeights(int group);
+  // The group's codes from its bf16 part, on the GPU (AbsMax, ScaleFromAmax, QuantizeFp8).
+  absl::Status MakeWeightCodes(int group);
+  // The host's optimizer step: the group's codes from its new bf16 weights (host pointers).
+  absl::Status EncodeWeightCodesOnHost(int group, const Bf16* weights);
   void* recompute_acts_ = nullptr;  // checkpointing: one layer's activations, recomputed
   float* xr_ = nullptr;             // checkpointing: the recomputed layer's residual stream
   std::vector<TensorLayout> layout_;
@@ -404,7 +441,7 @@ class GpuModel {
   // gradients are zeros (taken at AdamWStep), and the step's parameters.
   std::vector<char> pending_update_, pending_zero_grads_;
   std::function<AdamWParams(size_t)> pending_params_;
-  std::atomic<int64_t> host_optimizer_nanos_{0};
+  std::atomic<int64_t> host_optimizer_nanos_{0}, host_codes_nanos_{0};
   // The CPU optimizer's step in flight: its thread, how many groups it has updated, its
   // status. Guarded by host_mutex_.
   std::thread host_thread_;

@@ -19,6 +19,8 @@ inline const char* const kCategoryNames[kCategories] = {"gemm",      "attention"
 
 // A decoder layer's linear maps, as Fp8Linear indexes them (GpuModel::UseFp8 gives the shapes).
 enum LinearIndex { kLinearQ, kLinearK, kLinearV, kLinearO, kLinearGate, kLinearUp, kLinearDown, kLinears };
+// Their shapes, (out features, in features), by LinearIndex.
+Fp8Linear::Shapes LinearShapes(const ModelConfig& config);
 
 #define RETURN_IF_ERROR(expr)                          \
   do {                                                 \

@@ -75,14 +75,14 @@ absl::StatusOr<double> GpuModel::ForwardBackwardLayerMajor(const int32_t* tokens
     const int group = l + 1;
     RETURN_IF_ERROR(AwaitOptimizerUpdate(group));
     Progress(LayerMajorForwardOp(group));
-    RETURN_IF_ERROR(Enter(group, Part::kWeights, Access::kRead));
+    RETURN_IF_ERROR(EnterLayerWeights(group));
     for (int m = 0; m < layer_major_; ++m) {
       RETURN_IF_ERROR(Enter(group, Part::kActs, Access::kOverwrite, m));
       RETURN_IF_ERROR(
           LayerForward(l, ActsForForward(l, acquired_[group][static_cast<int>(Part::kActs)]), micro_batches_[m].x));
       RETURN_IF_ERROR(Leave(group, Part::kActs));
     }
-    RETURN_IF_ERROR(Leave(group, Part::kWeights));
+    RETURN_IF_ERROR(LeaveLayerWeights(group));
   }
   // The head: forward, loss and backward, a micro-batch at a time.
   RETURN_IF_ERROR(AwaitOptimizerUpdate(last));
@@ -112,7 +112,7 @@ absl::StatusOr<double> GpuModel::ForwardBackwardLayerMajor(const int32_t* tokens
   for (int l = config_.layers; l-- > 0;) {
     const int group = l + 1;
     Progress(LayerMajorBackwardOp(group));
-    RETURN_IF_ERROR(Enter(group, Part::kWeights, Access::kRead));
+    RETURN_IF_ERROR(EnterLayerWeights(group));
     RETURN_IF_ERROR(EnterGrads(group));
     for (int m = 0; m < layer_major_; ++m) {
       RETURN_IF_ERROR(Enter(group, Part::kActs, Access::kRead, m));
@@ -123,7 +123,7 @@ absl::StatusOr<double> GpuModel::ForwardBackwardLayerMajor(const int32_t* tokens
     }
     RETURN_IF_ERROR(SumOverRanks(group, /*last=*/true));
     AddSumOfSquares(group);
-    RETURN_IF_ERROR(Leave(group, Part::kWeights));
+    RETURN_IF_ERROR(LeaveLayerWeights(group));
     RETURN_IF_ERROR(Leave(group, Part::kGrads));
   }
   Progress(LayerMajorBackwardOp(0));

@@ -47,6 +47,11 @@ absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::Create(const ModelConfig& co
         "second moment");
   }
   if (state.lion && state.adafactor) return absl::InvalidArgumentError("one optimizer: Lion or Adafactor");
+  if (state.fp8_weight_codes && state.compact) {
+    return absl::InvalidArgumentError(
+        "FP8 weight codes are written by the host's optimizer beside the bf16 weights, which the compact state does "
+        "not keep");
+  }
   std::unique_ptr<GpuModel> model(new GpuModel(config, batch, seq, state));
   if (home == nullptr) {
     auto plain = MakePlainGpuHome(HomeLayout(config, batch, seq, state));
@@ -69,9 +74,6 @@ absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::Create(const ModelConfig& co
   return model;
 }
 
-// The workspace, in the order Allocate takes it: element count and size of each buffer.
-namespace {
-
 Fp8Linear::Shapes LinearShapes(const ModelConfig& config) {
   const int c = config.d_model, f = config.d_ff;
   Fp8Linear::Shapes shapes(kLinears);
@@ -80,8 +82,6 @@ Fp8Linear::Shapes LinearShapes(const ModelConfig& config) {
   shapes[kLinearDown] = {c, f};
   return shapes;
 }
-
-}  // namespace
 
 uint64_t GpuModel::Fp8WorkspaceBytesFor(const ModelConfig& config, int batch, int seq,
                                         const Fp8ScalingOptions& scaling) {
@@ -236,7 +236,9 @@ absl::Status GpuModel::Enter(int group, Part part, Access access, int chunk) {
   acquired_[group][static_cast<int>(part)] = *p;
   acquired_chunk_[group][static_cast<int>(part)] = chunk;
   // Weights acquired anew may be new weights (an optimizer step) at an old address.
-  if (part == Part::kWeights && fp8_ != nullptr) fp8_->ForgetWeights();
+  if ((part == Part::kWeights || part == Part::kWeightCodes) && fp8_ != nullptr) fp8_->ForgetWeights();
+  // bf16 weights written here are no longer what the codes were made from.
+  if (part == Part::kWeights && access != Access::kRead) codes_current_[group] = 0;
   return absl::OkStatus();
 }
 

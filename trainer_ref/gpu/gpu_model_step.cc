@@ -117,12 +117,16 @@ absl::Status GpuModel::AdamWStep(double lr, int64_t step, const AdamWOptions& op
     }
     // In the background, group by group in forward order; the next forward waits per
     // group (AwaitOptimizerUpdate). The gradients to zero are this step's: taken now.
-    std::vector<bool> zero_grads(Groups());
-    for (int g = 0; g < Groups(); ++g) zero_grads[g] = !grads_zeroed_[g];
+    // So are the groups whose FP8 weight codes it writes (fp8_layer_ may change between steps).
+    std::vector<bool> zero_grads(Groups()), codes(Groups());
+    for (int g = 0; g < Groups(); ++g) {
+      zero_grads[g] = !grads_zeroed_[g];
+      codes[g] = ReadsCodes(g);
+    }
     host_groups_done_ = 0;
-    host_thread_ = std::thread([this, zero_grads, params_for] {
+    host_thread_ = std::thread([this, zero_grads, codes, params_for] {
       for (int g = 0; g < Groups(); ++g) {
-        const absl::Status s = HostAdamWStep(g, zero_grads[g], params_for);
+        const absl::Status s = HostAdamWStep(g, zero_grads[g], codes[g], params_for);
         std::lock_guard<std::mutex> lock(host_mutex_);
         if (!s.ok()) {
           host_status_ = s;
@@ -239,7 +243,8 @@ absl::Status GpuModel::GpuAdamWGroup(int g, bool zero_grads, const std::function
   return Cuda(cudaGetLastError(), "adamw");
 }
 
-absl::Status GpuModel::HostAdamWStep(int g, bool zeros, const std::function<AdamWParams(size_t)>& params_for) {
+absl::Status GpuModel::HostAdamWStep(int g, bool zeros, bool codes,
+                                     const std::function<AdamWParams(size_t)>& params_for) {
   // The group's parts in the DRAM tier: tierd brings the gradients down from the GPU (after
   // the kernels that wrote them: their release fence) and drops the GPU copies of what the
   // host writes, so the next forward fetches the new weights. On the optimizer's thread:
@@ -333,6 +338,14 @@ absl::Status GpuModel::HostAdamWStep(int g, bool zeros, const std::function<Adam
     const absl::Status released = release(2);
     if (s.ok()) s = released;
   }
+  if (s.ok() && codes) {  // from the new bf16 weights, whole (each matrix's scale from all of it)
+    const auto start = std::chrono::steady_clock::now();
+    s = EncodeWeightCodesOnHost(g, weights);
+    const int64_t nanos =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+    host_optimizer_nanos_ += nanos;
+    host_codes_nanos_ += nanos;
+  }
   const absl::Status released = release(0);
   return s.ok() ? released : s;
 }
@@ -353,9 +366,10 @@ prefetcher::Graph GpuModel::StepGraph(int micro_batches) const {
     }
   }
   auto at = [&index](int g, Part part) { return index[g][static_cast<int>(part)].front(); };
-  // What a use of a group's bf16 weights reads: its weights part, or (the compact state)
-  // its master copy, rounded on the GPU.
+  // What a use of a group's weights reads: its weights part, its FP8 codes part (a layer
+  // reading codes), or (the compact state) its master copy, rounded on the GPU.
   auto weights = [&index, this](int g) {
+    if (ReadsCodes(g)) return std::vector<tp::TensorIndex>{index[g][static_cast<int>(Part::kWeightCodes)].front()};
     return compact_ ? index[g][static_cast<int>(Part::kMaster)]
                     : std::vector<tp::TensorIndex>{index[g][static_cast<int>(Part::kWeights)].front()};
   };
@@ -434,11 +448,12 @@ prefetcher::Graph GpuModel::StepGraph(int micro_batches) const {
       // On the host, on the DRAM copies, before the group's next forward (overlapping the
       // forward of the groups before it): the gradients come down (written back after the
       // backward), master and moments are updated where they live, and the bf16 weights
-      // are written whole (their GPU copy dropped; the forward loads the new ones).
+      // (and FP8 codes) are written whole (their GPU copy dropped; the forward loads the new ones).
       op = {absl::StrFormat("adamw.cpu.%s", home.groups[g]), {}, {}, bytes / 4 / 2e9, {}};
       op.host_reads = {at(g, Part::kGrads)};
       op.host_writes = state(g);
       op.host_overwrites = {at(g, Part::kWeights)};
+      if (ReadsCodes(g)) op.host_overwrites.push_back(at(g, Part::kWeightCodes));
       continue;
     }
     op = {absl::StrFormat("adamw.%s", home.groups[g]), {at(g, Part::kGrads)}, state(g), 7.5 * bytes / 3e12, {}};

@@ -206,6 +206,19 @@ int GpuRun::Setup() {
   if (!on_cpu.ok()) return Fail(std::string(on_cpu.status().message()));
   optimizer_on_cpu_ = *on_cpu;
   model_->SetOptimizerOnCpu(optimizer_on_cpu_);
+  if (const int coded = model_->LayersReadingWeightCodes(); coded > 0) {
+    const uint64_t codes = GpuModel::WeightCodesBytes(config) * coded,
+                   bf16 = layout.bytes[1][static_cast<int>(Part::kWeights)] * coded;
+    std::printf(
+        "FP8 weight codes: the host's optimizer also writes the %d FP8 layers' weights as E4M3 codes (current "
+        "scaling), which their matmuls read: %s a pass over PCIe instead of %s of bf16 (--fp8_weight_codes)\n",
+        coded, FormatBytes(codes).c_str(), FormatBytes(bf16).c_str());
+  } else if (fp8_ && optimizer_on_cpu_ && absl::GetFlag(FLAGS_fp8_weight_codes) &&
+             absl::GetFlag(FLAGS_optimizer_place) == "auto") {
+    std::printf(
+        "FP8 weight codes: not written (the host's optimizer writes them when --optimizer_place=cpu is given, "
+        "known before the state is laid out)\n");
+  }
   if (s_.tierd && !optimizer_on_cpu_ && absl::GetFlag(FLAGS_optimizer_deferred)) {
     model_->SetOptimizerDeferred(true);
     std::printf("optimizer: on the GPU, each layer's update just before its next forward (--optimizer_deferred)\n");
@@ -453,6 +466,15 @@ void GpuRun::Summary() {
       static_cast<long>(timed_steps_), 6.0 * params * tps / 1e12, use.c_str(), memory.c_str(),
       spikes_.Summary().c_str());
   if (s_.tierd) std::printf("tierd: %s\n", model_->home().Describe().c_str());
+  if (optimizer_on_cpu_) {
+    const double steps = static_cast<double>(std::max<int64_t>(1, s_.steps - curves_.first_step + 1));
+    std::printf(
+        "host optimizer: %.0f ms of arithmetic a step (over the run)%s\n", model_->HostOptimizerSeconds() * 1e3 / steps,
+        model_->LayersReadingWeightCodes() > 0
+            ? absl::StrFormat(", %.0f ms of it writing the FP8 weight codes", model_->HostCodesSeconds() * 1e3 / steps)
+                  .c_str()
+            : "");
+  }
   // One JSON line for the benchmark harness; bytes per link and waits per timed step.
   const double per = timed_steps_ > 0 ? 1.0 / timed_steps_ : 0.0;
   std::printf(

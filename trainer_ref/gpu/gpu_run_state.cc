@@ -302,6 +302,15 @@ absl::StatusOr<StateChoice> ChooseState(const RunSettings& s, uint64_t fp8_works
     layout = GpuModel::HomeLayout(config, s.batch, s.seq, state);
     layout.state_chunks = chunks_then;
   }
+  // The host's optimizer writes the FP8 layers' weight codes (a part of ~1 byte a parameter
+  // more in DRAM), so the GPU fetches them instead of the bf16 weights.
+  if (fp8_workspace > 0 && s.tierd && !state.compact && absl::GetFlag(FLAGS_fp8_weight_codes) &&
+      absl::GetFlag(FLAGS_optimizer_place) == "cpu") {
+    state.fp8_weight_codes = true;
+    const int chunks_then = layout.state_chunks;
+    layout = GpuModel::HomeLayout(config, s.batch, s.seq, state);
+    layout.state_chunks = chunks_then;
+  }
   return StateChoice{state, layout};
 }
 

@@ -10,6 +10,7 @@ namespace {
 TensorClass ClassOf(Part part) {
   switch (part) {
     case Part::kWeights:
+    case Part::kWeightCodes:
     case Part::kMaster:
       return TensorClass::kParam;
     case Part::kGrads:

@@ -1,0 +1,111 @@
+// The FP8 layers' weights as E4M3 codes (StateOptions::fp8_weight_codes): the part's layout,
+// which layers read it, and where its codes are made — by the host's optimizer step after
+// each update, or on the GPU from the bf16 part when that changed some other way.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "trainer_ref/fp8_codes.h"
+#include "trainer_ref/gpu/gpu_model.h"
+#include "trainer_ref/gpu/gpu_model_internal.h"
+#include "trainer_ref/kernels/fp8_ops.h"
+
+namespace tierd::trainer::gpu {
+namespace {
+
+constexpr uint64_t kCodesAlign = 256;
+constexpr uint64_t kSlotBytes = 16;  // scale_inv, scale, amax, (unused)
+
+uint64_t AlignCodes(uint64_t bytes) { return (bytes + kCodesAlign - 1) / kCodesAlign * kCodesAlign; }
+
+}  // namespace
+
+uint64_t GpuModel::WeightCodesOffset(const ModelConfig& config, int index) {
+  const Fp8Linear::Shapes shapes = LinearShapes(config);
+  uint64_t at = AlignCodes(kLinears * kSlotBytes);
+  for (int k = 0; k < kLinears; ++k) {
+    if (k == index) return at;
+    at += AlignCodes(static_cast<uint64_t>(shapes[k].first) * shapes[k].second);
+  }
+  return at;
+}
+
+int GpuModel::LayersReadingWeightCodes() const {
+  int n = 0;
+  for (int l = 0; l < config_.layers; ++l) n += ReadsCodes(l + 1);
+  return n;
+}
+
+bool GpuModel::ReadsCodes(int group) const {
+  return weight_codes_ && fp8_ != nullptr && group >= 1 && group <= config_.layers && fp8_layer_[group - 1] &&
+         home_layout_.bytes[group][static_cast<int>(Part::kWeightCodes)] > 0;
+}
+
+size_t GpuModel::LinearEntry(int layer, int index) const {
+  const Layer& w = layers_[layer];
+  const size_t entries[kLinears] = {w.wq, w.wk, w.wv, w.wo, w.w1, w.w3, w.w2};
+  return entries[index];
+}
+
+Fp8Codes GpuModel::CodesOf(int layer, int index) const {
+  auto* base = static_cast<unsigned char*>(acquired_[layer + 1][static_cast<int>(Part::kWeightCodes)]);
+  if (base == nullptr) {
+    std::fprintf(stderr, "GpuModel: the FP8 weight codes of layer %d used without being acquired\n", layer);
+    std::abort();
+  }
+  return {base + WeightCodesOffset(config_, index), reinterpret_cast<const float*>(base + index * kSlotBytes)};
+}
+
+absl::Status GpuModel::EnterLayerWeights(int group) {
+  if (!ReadsCodes(group)) return Enter(group, Part::kWeights, Access::kRead);
+  RETURN_IF_ERROR(AwaitOptimizerUpdate(group));  // the host's step may be writing them
+  if (!codes_current_[group]) RETURN_IF_ERROR(MakeWeightCodes(group));
+  return Enter(group, Part::kWeightCodes, Access::kRead);
+}
+
+absl::Status GpuModel::LeaveLayerWeights(int group) {
+  return Leave(group,
+               acquired_[group][static_cast<int>(Part::kWeightCodes)] != nullptr ? Part::kWeightCodes : Part::kWeights);
+}
+
+absl::Status GpuModel::MakeWeightCodes(int group) {
+  RETURN_IF_ERROR(Enter(group, Part::kWeights, Access::kRead));
+  RETURN_IF_ERROR(Enter(group, Part::kWeightCodes, Access::kOverwrite));
+  auto* base = static_cast<unsigned char*>(acquired_[group][static_cast<int>(Part::kWeightCodes)]);
+  for (int k = 0; k < kLinears; ++k) {
+    const size_t e = LinearEntry(group - 1, k);
+    auto* slot = reinterpret_cast<float*>(base + k * kSlotBytes);
+    Timed(kFp8Cast, [&] {
+      AbsMax(slot + 2, W(e), static_cast<int64_t>(layout_[e].count), stream_);
+      ScaleFromAmax(slot + 1, slot, slot + 2, /*e5m2=*/false, stream_);
+      QuantizeFp8(base + WeightCodesOffset(config_, k), W(e), static_cast<int64_t>(layout_[e].count), slot + 1,
+                  /*e5m2=*/false, stream_);
+      return 0;
+    });
+  }
+  RETURN_IF_ERROR(Cuda(cudaGetLastError(), "FP8 weight codes"));
+  RETURN_IF_ERROR(Leave(group, Part::kWeightCodes));
+  RETURN_IF_ERROR(Leave(group, Part::kWeights));
+  codes_current_[group] = 1;
+  return absl::OkStatus();
+}
+
+absl::Status GpuModel::EncodeWeightCodesOnHost(int group, const Bf16* weights) {
+  auto codes = home_->AcquireHost(group, Part::kWeightCodes, 0, Access::kOverwrite);
+  if (!codes.ok()) return AcquireError(codes.status(), group, Part::kWeightCodes, 0, " on the host");
+  auto* base = static_cast<unsigned char*>(*codes);
+  for (int k = 0; k < kLinears; ++k) {
+    const size_t e = LinearEntry(group - 1, k);
+    const fp8::Fp8Scaled s =
+        fp8::EncodeE4M3CurrentScaled(weights + (layout_[e].offset - group_offset_[group]),
+                                     static_cast<int64_t>(layout_[e].count), base + WeightCodesOffset(config_, k));
+    const float slot[4] = {s.scale_inv, s.scale, s.amax, 0.0f};
+    std::memcpy(base + k * kSlotBytes, slot, sizeof(slot));
+  }
+  RETURN_IF_ERROR(home_->ReleaseHost(group, Part::kWeightCodes, 0));
+  codes_current_[group] = 1;
+  return absl::OkStatus();
+}
+
+}  // namespace tierd::trainer::gpu

@@ -12,7 +12,8 @@
 # adds flags to our runs (e.g. --grad_checkpointing), TIERD_RUN_FLAGS to our tierd runs only. DEEPSPEED="2 3" adds
 # DeepSpeed's rows at those ZeRO stages with CPU offload (DS_BATCH x DS_ACCUM micro-batches; carry .whl: its sdist
 # and hjson, pydantic, pydantic-core, annotated-types, typing-inspection, typing-extensions wheels). PyTorch runs at the largest batch that
-# fits (a power of two, probed first; TORCH_BATCH=N fixes it), ours at BATCH (default 8). PROFILE=0 runs ours without
+# fits (a power of two, probed first; TORCH_BATCH=N fixes it, TORCH_ACCUM=K accumulates K of them a step), ours at
+# BATCH (default 8). PROFILE=0 runs ours without
 # --profile (no per-step breakdown, none of its CUDA events).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -35,6 +36,7 @@ for m in $models; do
       [ "$run" = checkpointing ] && flags="--checkpointing"
       echo "== pytorch $m $run"
       python3 tools/bench/torch_baseline.py --model_size="$m" --batch_size="${TORCH_BATCH:-max}" --seq_len=$seq --steps="$steps" \
+        --grad_accum_steps="${TORCH_ACCUM:-1}" \
         --data="$corpus/stdlib.txt" $flags 2>&1 | tee "$out/torch-$m-$run.log" | tail -n 3
       tail -n 1 "$out/torch-$m-$run.log" | grep '^{' >> "$results"
     done

@@ -133,6 +133,8 @@ def main():
                    help="sequences per step, or 'max': the largest power of two (from 1, at most 64) whose step fits")
     p.add_argument("--seq_len", type=int, default=2048)
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--grad_accum_steps", type=int, default=1,
+                   help="micro-batches of --batch_size a step, gradients accumulated (as tierd-train's flag)")
     p.add_argument("--timing_skip", type=int, default=3)
     p.add_argument("--checkpointing", action="store_true")
     p.add_argument("--compile", action="store_true",
@@ -163,14 +165,23 @@ def main():
         a.batch_size = int(a.batch_size)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     torch.cuda.reset_peak_memory_stats()
-    timed, tokens, loss = 0.0, a.batch_size * a.seq_len, float("nan")
+    accum = max(1, a.grad_accum_steps)
+    timed, tokens, loss = 0.0, a.batch_size * a.seq_len * accum, float("nan")
     for step in range(1, a.steps + 1):
-        starts = torch.randint(0, len(data) - a.seq_len - 1, (a.batch_size,))
-        batch = torch.stack([data[s:s + a.seq_len + 1] for s in starts.tolist()]).cuda()
+        batches = []
+        for _ in range(accum):
+            starts = torch.randint(0, len(data) - a.seq_len - 1, (a.batch_size,))
+            batches.append(torch.stack([data[s:s + a.seq_len + 1] for s in starts.tolist()]).cuda())
         torch.cuda.synchronize()
         t0 = time.time()
+        total = 0.0
+        for batch in batches[:-1]:  # each micro-batch's gradients added into .grad, scaled by 1/K
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                part = model(batch[:, :-1], batch[:, 1:]) / accum
+            part.backward()
+            total = total + part.detach()
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            out = model(batch[:, :-1], batch[:, 1:])
+            out = model(batches[-1][:, :-1], batches[-1][:, 1:]) / accum
         s = step - 1  # tierd-train's LearningRate(step, warmup, steps, lr, lr / 10)
         if s < a.warmup:
             lr = a.lr * (s + 1) / a.warmup
@@ -184,15 +195,16 @@ def main():
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        loss = out.item()  # waits for the step
+        loss = (total + out.detach()).item()  # waits for the step
         dt = time.time() - t0
         if step > a.timing_skip:
             timed += dt
         print(f"torch step {step}: loss {loss:.4f} {dt * 1e3:.0f} ms", flush=True)
     tps = tokens * (a.steps - a.timing_skip) / timed if timed > 0 else 0.0
-    print(json.dumps({"run": "pytorch" + (" compiled" if a.compile else "") + (" +ckpt" if a.checkpointing else ""),
+    print(json.dumps({"run": "pytorch" + (" compiled" if a.compile else "") + (" +ckpt" if a.checkpointing else "")
+                      + (f" {a.batch_size} x {accum} accumulated" if accum > 1 else ""),
                       "model": a.model_size,
-                      "params": params, "batch": a.batch_size, "seq": a.seq_len, "tokens_per_s": tps,
+                      "params": params, "batch": a.batch_size * accum, "seq": a.seq_len, "tokens_per_s": tps,
                       "tflops_6n": 6 * params * tps / 1e12, "peak_alloc_bytes": torch.cuda.max_memory_allocated(),
                       "final_loss": loss}), flush=True)
 

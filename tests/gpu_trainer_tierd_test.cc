@@ -14,11 +14,12 @@
 #include <unistd.h>
 
 #include <cmath>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -523,6 +524,18 @@ TEST_F(GpuTierdTest, FP8WeightCodesFromTheHostTrainLikeTheGpusOwn) {
   EXPECT_EQ(reads["layers.3.w"], 0);
   EXPECT_GT(reads["layers.0.w"], 0);
   EXPECT_EQ(reads.count("layers.0.w8"), 0u);
+  // The host's step rewrites the codes whole, but only updates the bf16 weights no GPU op of a
+  // coded layer reads: were they "overwritten", the plan would take them for dead between
+  // steps and drop them (a checkpoint, a fall back to bf16 read them).
+  std::set<std::string> host_writes, host_overwrites;
+  for (const auto& op : graph.ops) {
+    for (auto t : op.host_writes) host_writes.insert(graph.tensors[t].name);
+    for (auto t : op.host_overwrites) host_overwrites.insert(graph.tensors[t].name);
+  }
+  EXPECT_EQ(host_writes.count("layers.3.w"), 1u);
+  EXPECT_EQ(host_overwrites.count("layers.3.w"), 0u);
+  EXPECT_EQ(host_overwrites.count("layers.3.w8"), 1u);
+  EXPECT_EQ(host_overwrites.count("layers.0.w"), 1u);
   TrainSideBySide(*models[0], *models[1], config, batch, seq, steps,
                   "FP8 layers from host-made codes, layer-major; from the GPU's own codes");
 }

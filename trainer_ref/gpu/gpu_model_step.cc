@@ -449,11 +449,18 @@ prefetcher::Graph GpuModel::StepGraph(int micro_batches) const {
       // forward of the groups before it): the gradients come down (written back after the
       // backward), master and moments are updated where they live, and the bf16 weights
       // (and FP8 codes) are written whole (their GPU copy dropped; the forward loads the new ones).
+      // A layer reading codes never reads its bf16 weights in the step, which the plan would
+      // then take for dead between the host's writes; they are kept (a checkpoint, a fall back
+      // to bf16 and remaking the codes read them): "written", not "overwritten".
       op = {absl::StrFormat("adamw.cpu.%s", home.groups[g]), {}, {}, bytes / 4 / 2e9, {}};
       op.host_reads = {at(g, Part::kGrads)};
       op.host_writes = state(g);
-      op.host_overwrites = {at(g, Part::kWeights)};
-      if (ReadsCodes(g)) op.host_overwrites.push_back(at(g, Part::kWeightCodes));
+      if (ReadsCodes(g)) {
+        op.host_writes.push_back(at(g, Part::kWeights));
+        op.host_overwrites = {at(g, Part::kWeightCodes)};
+      } else {
+        op.host_overwrites = {at(g, Part::kWeights)};
+      }
       continue;
     }
     op = {absl::StrFormat("adamw.%s", home.groups[g]), {at(g, Part::kGrads)}, state(g), 7.5 * bytes / 3e12, {}};

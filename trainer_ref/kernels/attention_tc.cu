@@ -96,15 +96,10 @@ __global__ void __launch_bounds__(kWarps * 32) ForwardKernel(Bf16* out, float* l
   for (int i = 0; i < M; ++i) m[i][0] = m[i][1] = -INFINITY, l[i][0] = l[i][1] = 0.f;
   for (int kt = 0; kt <= last_tile; ++kt) {
     const int k0 = kt * kTile, buf = kt % 2;
-    if (kt < last_tile) {
+    NextTileThenWait(kt < last_tile, [&] {
       LoadRows<D, kTile>(sm.k[buf ^ 1], k, bi, k0 + kTile, head, t, h);
       LoadRows<D, kTile>(sm.v[buf ^ 1], v, bi, k0 + kTile, head, t, h);
-      CpAsyncCommit();
-      CpAsyncWait<1>();
-    } else {
-      CpAsyncWait<0>();
-    }
-    __syncthreads();
+    });
     if (k0 <= warp_row0 + 16 * M - 1) {  // else every key here is after every row of this warp
       float s[M][kTile / 8][4] = {};
       TilesTimesRowsT<D, kTile, M>(s, sm.q + warp * 16 * M * kLd<D>, sm.k[buf]);

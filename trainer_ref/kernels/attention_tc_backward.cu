@@ -93,14 +93,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int steps = (t - k0 + kStep - 1) / kStep;
   for (int i = 0; i < steps; ++i) {
     const int q_first = k0 + i * kStep, buf = i % 2;
-    if (i + 1 < steps) {
-      load_step(buf ^ 1, q_first + kStep);
-      CpAsyncCommit();
-      CpAsyncWait<1>();
-    } else {
-      CpAsyncWait<0>();
-    }
-    __syncthreads();
+    NextTileThenWait(i + 1 < steps, [&] { load_step(buf ^ 1, q_first + kStep); });
     // S^T (16 keys x kStep queries) = K_w Q^T, then P^T = exp(S^T scale - lse) where
     // query >= key (in place).
     float s[kStep / 8][4] = {};
@@ -186,14 +179,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   float dq_acc[M][D / 8][4] = {};
   for (int kt = 0; kt <= last_tile; ++kt) {
     const int buf = kt % 2;
-    if (kt < last_tile) {
-      load(buf ^ 1, kt + 1);
-      CpAsyncCommit();
-      CpAsyncWait<1>();
-    } else {
-      CpAsyncWait<0>();
-    }
-    __syncthreads();
+    NextTileThenWait(kt < last_tile, [&] { load(buf ^ 1, kt + 1); });
     if (kt * kTile <= warp_row0 + 16 * M - 1) {  // else every key here is after every row of this warp
 #pragma unroll
       for (int j = 0; j < kTile / 16; ++j) {
@@ -250,15 +236,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   float row_lse[2], row_delta[2];
   for (int kt = 0; kt <= qt; ++kt) {
     const int k0 = kt * kTile, buf = kt % 2;
-    if (kt < qt) {
+    NextTileThenWait(kt < qt, [&] {
       LoadRows<D, kTile>(sm.k[buf ^ 1], k, bi, k0 + kTile, head, t, h);
       LoadRows<D, kTile>(sm.v[buf ^ 1], v, bi, k0 + kTile, head, t, h);
-      CpAsyncCommit();
-      CpAsyncWait<1>();
-    } else {
-      CpAsyncWait<0>();
-    }
-    __syncthreads();
+    });
     if (kt == 0) {
       for (int r = 0; r < 2; ++r) {
         row_lse[r] = sm.lse[warp * 16 + g + 8 * r] * kLog2e;

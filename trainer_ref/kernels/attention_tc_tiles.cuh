@@ -47,6 +47,20 @@ __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// A double-buffered loop's turn: when there is a next tile, its loads (`load_next`: cp.async
+// into the other buffer) are issued before this tile's are waited for; then the block meets.
+template <typename LoadNext>
+__device__ __forceinline__ void NextTileThenWait(bool has_next, LoadNext&& load_next) {
+  if (has_next) {
+    load_next();
+    CpAsyncCommit();
+    CpAsyncWait<1>();
+  } else {
+    CpAsyncWait<0>();
+  }
+  __syncthreads();
+}
+
 // Rows [first, first + Rows) of one head into shared memory (row length kLd<D>), 16 bytes per
 // copy; rows at or beyond T are zero-filled.
 template <int D, int Rows>

@@ -1,9 +1,6 @@
 // The FP8 layers' weights as E4M3 codes (StateOptions::fp8_weight_codes): the part's layout,
 // which layers read it, and where its codes are made — by the host's optimizer step after
 // each update, or on the GPU from the bf16 part when that changed some other way.
-#include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 
 #include "trainer_ref/fp8_codes.h"
@@ -49,11 +46,8 @@ size_t GpuModel::LinearEntry(int layer, int index) const {
 }
 
 Fp8Codes GpuModel::CodesOf(int layer, int index) const {
-  auto* base = static_cast<unsigned char*>(acquired_[layer + 1][static_cast<int>(Part::kWeightCodes)]);
-  if (base == nullptr) {
-    std::fprintf(stderr, "GpuModel: the FP8 weight codes of layer %d used without being acquired\n", layer);
-    std::abort();
-  }
+  auto* base = Inside<unsigned char>(acquired_[layer + 1][static_cast<int>(Part::kWeightCodes)], 0, "FP8 weight codes",
+                                     layout_[LinearEntry(layer, index)].name);
   return {base + WeightCodesOffset(config_, index), reinterpret_cast<const float*>(base + index * kSlotBytes)};
 }
 

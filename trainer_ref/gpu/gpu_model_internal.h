@@ -3,6 +3,10 @@
 #ifndef TIERD_TRAINER_REF_GPU_GPU_MODEL_INTERNAL_H_
 #define TIERD_TRAINER_REF_GPU_GPU_MODEL_INTERNAL_H_
 
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
 #include "absl/strings/str_format.h"
 #include "trainer_ref/gpu/gpu_model.h"
 
@@ -21,6 +25,16 @@ inline const char* const kCategoryNames[kCategories] = {"gemm",      "attention"
 enum LinearIndex { kLinearQ, kLinearK, kLinearV, kLinearO, kLinearGate, kLinearUp, kLinearDown, kLinears };
 // Their shapes, (out features, in features), by LinearIndex.
 Fp8Linear::Shapes LinearShapes(const ModelConfig& config);
+
+// `base` + offset elements, or (a part used without being acquired: a bug) abort naming it.
+template <typename T>
+T* Inside(void* base, size_t offset, const char* what, const std::string& name) {
+  if (base == nullptr) {
+    std::fprintf(stderr, "GpuModel: %s of %s used without being acquired\n", what, name.c_str());
+    std::abort();
+  }
+  return static_cast<T*>(base) + offset;
+}
 
 #define RETURN_IF_ERROR(expr)                          \
   do {                                                 \

@@ -344,17 +344,6 @@ absl::Status GpuModel::EnterGrads(int group) {
       "zero grads");
 }
 
-namespace {
-template <typename T>
-T* Inside(void* base, size_t offset, const char* what, const std::string& name) {
-  if (base == nullptr) {
-    std::fprintf(stderr, "GpuModel: %s of %s used without being acquired\n", what, name.c_str());
-    std::abort();
-  }
-  return static_cast<T*>(base) + offset;
-}
-}  // namespace
-
 Bf16* GpuModel::W(size_t entry) const {
   const int g = group_of_[entry];
   return Inside<Bf16>(acquired_[g][static_cast<int>(Part::kWeights)], layout_[entry].offset - group_offset_[g],

@@ -98,17 +98,31 @@ void MatmulBackward(T* din, T* dweight, const T* dout, const T* in, const T* wei
   });
 }
 
+template <typename T>
+void BiasForward(T* out, const T* bias, int n, int oc) {
+  for (int i = 0; i < n; ++i) {
+    for (int o = 0; o < oc; ++o) out[int64_t{i} * oc + o] += bias[o];
+  }
+}
+
+template <typename T>
+void BiasBackward(T* dbias, const T* dout, int n, int oc) {
+  for (int i = 0; i < n; ++i) {
+    for (int o = 0; o < oc; ++o) dbias[o] += dout[int64_t{i} * oc + o];
+  }
+}
+
 namespace {
 
 // Turns each (2i, 2i+1) pair by +/- its angle.
 template <typename T>
-void Rotate(T* x, int b, int t, int h, int d, T base, T sign) {
+void Rotate(T* x, int b, int t, int h, int d, const double* inv_freq, T sign) {
   for (int row = 0; row < b * t; ++row) {
     const int pos = row % t;
     for (int head = 0; head < h; ++head) {
       T* v = x + (int64_t{row} * h + head) * d;
       for (int i = 0; i < d / 2; ++i) {
-        const T angle = sign * pos * std::pow(base, -T(2 * i) / d);
+        const T angle = sign * T(pos * inv_freq[i]);
         const T cs = std::cos(angle), sn = std::sin(angle);
         const T a = v[2 * i], c = v[2 * i + 1];
         v[2 * i] = a * cs - c * sn;
@@ -121,27 +135,28 @@ void Rotate(T* x, int b, int t, int h, int d, T base, T sign) {
 }  // namespace
 
 template <typename T>
-void RopeForward(T* x, int b, int t, int h, int d, T base) {
-  Rotate(x, b, t, h, d, base, T(1));
+void RopeForward(T* x, int b, int t, int h, int d, const double* inv_freq) {
+  Rotate(x, b, t, h, d, inv_freq, T(1));
 }
 
 template <typename T>
-void RopeBackward(T* dx, int b, int t, int h, int d, T base) {
-  Rotate(dx, b, t, h, d, base, T(-1));  // the transpose of a rotation is the opposite one
+void RopeBackward(T* dx, int b, int t, int h, int d, const double* inv_freq) {
+  Rotate(dx, b, t, h, d, inv_freq, T(-1));  // the transpose of a rotation is the opposite one
 }
 
 template <typename T>
-void AttentionForward(T* out, T* att, const T* q, const T* k, const T* v, int b, int t, int h, int d) {
-  const int c = h * d;
+void AttentionForward(T* out, T* att, const T* q, const T* k, const T* v, int b, int t, int h, int kv_heads, int d) {
+  const int c = h * d, ckv = kv_heads * d, group = h / kv_heads;
   const T scale = T(1) / std::sqrt(T(d));
   for (int bi = 0; bi < b; ++bi) {
     for (int hi = 0; hi < h; ++hi) {
+      const int hk = hi / group;
       for (int ti = 0; ti < t; ++ti) {
         const T* qv = q + (int64_t{bi} * t + ti) * c + hi * d;
         T* p = att + ((int64_t{bi} * h + hi) * t + ti) * t;
         T max = -INFINITY;
         for (int tj = 0; tj <= ti; ++tj) {
-          const T* kv = k + (int64_t{bi} * t + tj) * c + hi * d;
+          const T* kv = k + (int64_t{bi} * t + tj) * ckv + hk * d;
           T s = 0;
           for (int e = 0; e < d; ++e) s += qv[e] * kv[e];
           p[tj] = s * scale;
@@ -154,7 +169,7 @@ void AttentionForward(T* out, T* att, const T* q, const T* k, const T* v, int b,
         T* o = out + (int64_t{bi} * t + ti) * c + hi * d;
         std::fill(o, o + d, T(0));
         for (int tj = 0; tj <= ti; ++tj) {
-          const T* vv = v + (int64_t{bi} * t + tj) * c + hi * d;
+          const T* vv = v + (int64_t{bi} * t + tj) * ckv + hk * d;
           for (int e = 0; e < d; ++e) o[e] += p[tj] * vv[e];
         }
       }
@@ -164,20 +179,21 @@ void AttentionForward(T* out, T* att, const T* q, const T* k, const T* v, int b,
 
 template <typename T>
 void AttentionBackward(T* dq, T* dk, T* dv, const T* dout, const T* att, const T* q, const T* k, const T* v, int b,
-                       int t, int h, int d) {
-  const int c = h * d;
+                       int t, int h, int kv_heads, int d) {
+  const int c = h * d, ckv = kv_heads * d, group = h / kv_heads;
   const T scale = T(1) / std::sqrt(T(d));
   std::vector<T> dp(t);
   for (int bi = 0; bi < b; ++bi) {
     for (int hi = 0; hi < h; ++hi) {
+      const int hk = hi / group;
       for (int ti = 0; ti < t; ++ti) {
         const T* p = att + ((int64_t{bi} * h + hi) * t + ti) * t;
         const T* go = dout + (int64_t{bi} * t + ti) * c + hi * d;
         // out_t = sum_j p_j v_j: dv_j += p_j go, dp_j = go . v_j
         T pdp = 0;
         for (int tj = 0; tj <= ti; ++tj) {
-          const T* vv = v + (int64_t{bi} * t + tj) * c + hi * d;
-          T* dvv = dv + (int64_t{bi} * t + tj) * c + hi * d;
+          const T* vv = v + (int64_t{bi} * t + tj) * ckv + hk * d;
+          T* dvv = dv + (int64_t{bi} * t + tj) * ckv + hk * d;
           T s = 0;
           for (int e = 0; e < d; ++e) {
             dvv[e] += p[tj] * go[e];
@@ -191,8 +207,8 @@ void AttentionBackward(T* dq, T* dk, T* dv, const T* dout, const T* att, const T
         T* dqv = dq + (int64_t{bi} * t + ti) * c + hi * d;
         for (int tj = 0; tj <= ti; ++tj) {
           const T ds = p[tj] * (dp[tj] - pdp) * scale;
-          const T* kv = k + (int64_t{bi} * t + tj) * c + hi * d;
-          T* dkv = dk + (int64_t{bi} * t + tj) * c + hi * d;
+          const T* kv = k + (int64_t{bi} * t + tj) * ckv + hk * d;
+          T* dkv = dk + (int64_t{bi} * t + tj) * ckv + hk * d;
           for (int e = 0; e < d; ++e) {
             dqv[e] += ds * kv[e];
             dkv[e] += ds * qv[e];
@@ -225,9 +241,7 @@ void SwiGluBackward(T* dgate, T* dup, const T* dout, const T* gate, const T* up,
 }
 
 template <typename T>
-T CrossEntropyForward(const T* logits, const int32_t* targets, int n, int v) {
-  T total = 0;
-  int counted = 0;
+T CrossEntropySum(const T* logits, const int32_t* targets, int n, int v, T total) {
   for (int i = 0; i < n; ++i) {
     if (targets[i] < 0) continue;
     const T* z = logits + int64_t{i} * v;
@@ -235,15 +249,26 @@ T CrossEntropyForward(const T* logits, const int32_t* targets, int n, int v) {
     T sum = 0;
     for (int j = 0; j < v; ++j) sum += std::exp(z[j] - max);
     total += std::log(sum) + max - z[targets[i]];
-    ++counted;
   }
-  return counted == 0 ? T(0) : total / counted;
+  return total;
+}
+
+template <typename T>
+T CrossEntropyForward(const T* logits, const int32_t* targets, int n, int v) {
+  int counted = 0;
+  for (int i = 0; i < n; ++i) counted += targets[i] >= 0;
+  return counted == 0 ? T(0) : CrossEntropySum(logits, targets, n, v, T(0)) / counted;
 }
 
 template <typename T>
 void CrossEntropyBackward(T* dlogits, const T* logits, const int32_t* targets, int n, int v) {
   int counted = 0;
   for (int i = 0; i < n; ++i) counted += targets[i] >= 0;
+  CrossEntropyBackward(dlogits, logits, targets, n, v, counted);
+}
+
+template <typename T>
+void CrossEntropyBackward(T* dlogits, const T* logits, const int32_t* targets, int n, int v, int counted) {
   for (int i = 0; i < n; ++i) {
     T* dz = dlogits + int64_t{i} * v;
     if (targets[i] < 0 || counted == 0) {
@@ -266,15 +291,19 @@ void CrossEntropyBackward(T* dlogits, const T* logits, const int32_t* targets, i
   template void RmsNormBackward<T>(T*, T*, const T*, const T*, const T*, const T*, int, int);                     \
   template void MatmulForward<T>(T*, const T*, const T*, int, int, int);                                          \
   template void MatmulBackward<T>(T*, T*, const T*, const T*, const T*, int, int, int);                           \
-  template void RopeForward<T>(T*, int, int, int, int, T);                                                        \
-  template void RopeBackward<T>(T*, int, int, int, int, T);                                                       \
-  template void AttentionForward<T>(T*, T*, const T*, const T*, const T*, int, int, int, int);                    \
+  template void BiasForward<T>(T*, const T*, int, int);                                                          \
+  template void BiasBackward<T>(T*, const T*, int, int);                                                          \
+  template void RopeForward<T>(T*, int, int, int, int, const double*);                                            \
+  template void RopeBackward<T>(T*, int, int, int, int, const double*);                                           \
+  template void AttentionForward<T>(T*, T*, const T*, const T*, const T*, int, int, int, int, int);               \
   template void AttentionBackward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, int, int, int, \
-                                     int);                                                                        \
+                                     int, int);                                                                   \
   template void SwiGluForward<T>(T*, const T*, const T*, int, int);                                               \
   template void SwiGluBackward<T>(T*, T*, const T*, const T*, const T*, int, int);                                \
   template T CrossEntropyForward<T>(const T*, const int32_t*, int, int);                                          \
-  template void CrossEntropyBackward<T>(T*, const T*, const int32_t*, int, int);
+  template void CrossEntropyBackward<T>(T*, const T*, const int32_t*, int, int);                                  \
+  template T CrossEntropySum<T>(const T*, const int32_t*, int, int, T);                                           \
+  template void CrossEntropyBackward<T>(T*, const T*, const int32_t*, int, int, int);
 
 TIERD_INSTANTIATE(float)
 TIERD_INSTANTIATE(double)

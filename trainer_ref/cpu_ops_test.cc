@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <random>
@@ -84,17 +85,36 @@ TEST(CpuOpsTest, MatmulGradient) {
                 });
 }
 
+// theta^(-2i/D): RoPE's unscaled inverse frequencies.
+Vec Frequencies(int d, double theta = 10000.0) {
+  Vec f(d / 2);
+  for (int i = 0; i < d / 2; ++i) f[i] = std::pow(theta, -2.0 * i / d);
+  return f;
+}
+
+TEST(CpuOpsTest, BiasGradient) {
+  const int n = 3, oc = 5;
+  Vec bias = Random(oc, 21), base = Random(n * oc, 22);
+  CheckGradient({&bias}, n * oc,
+                [&](Vec& out) {
+                  out = base;
+                  BiasForward(out.data(), bias.data(), n, oc);
+                },
+                [&](const Vec& dout, std::vector<Vec>& g) { BiasBackward(g[0].data(), dout.data(), n, oc); });
+}
+
 TEST(CpuOpsTest, RopeGradient) {
   const int b = 2, t = 3, h = 2, d = 4;
   Vec x = Random(b * t * h * d, 6);
+  const Vec freq = Frequencies(d);
   CheckGradient({&x}, x.size(),
                 [&](Vec& out) {
                   out = x;
-                  RopeForward(out.data(), b, t, h, d, 10000.0);
+                  RopeForward(out.data(), b, t, h, d, freq.data());
                 },
                 [&](const Vec& dout, std::vector<Vec>& g) {
                   Vec turned = dout;
-                  RopeBackward(turned.data(), b, t, h, d, 10000.0);
+                  RopeBackward(turned.data(), b, t, h, d, freq.data());
                   for (size_t i = 0; i < turned.size(); ++i) g[0][i] += turned[i];
                 });
 }
@@ -102,7 +122,8 @@ TEST(CpuOpsTest, RopeGradient) {
 TEST(CpuOpsTest, RopeKeepsPositionZeroAndNorms) {
   const int b = 1, t = 4, h = 1, d = 8;
   Vec x = Random(t * d, 7), y = x;
-  RopeForward(y.data(), b, t, h, d, 10000.0);
+  const Vec freq = Frequencies(d);
+  RopeForward(y.data(), b, t, h, d, freq.data());
   for (int e = 0; e < d; ++e) EXPECT_DOUBLE_EQ(y[e], x[e]) << "position 0 does not turn";
   for (int row = 0; row < t; ++row) {
     for (int i = 0; i < d / 2; ++i) {
@@ -118,10 +139,10 @@ TEST(CpuOpsTest, AttentionGradientAndCausality) {
   Vec q = Random(b * t * c, 8), k = Random(b * t * c, 9), v = Random(b * t * c, 10);
   Vec att(b * h * t * t);
   CheckGradient({&q, &k, &v}, b * t * c,
-                [&](Vec& out) { AttentionForward(out.data(), att.data(), q.data(), k.data(), v.data(), b, t, h, d); },
+                [&](Vec& out) { AttentionForward(out.data(), att.data(), q.data(), k.data(), v.data(), b, t, h, h, d); },
                 [&](const Vec& dout, std::vector<Vec>& g) {
                   AttentionBackward(g[0].data(), g[1].data(), g[2].data(), dout.data(), att.data(), q.data(), k.data(),
-                                    v.data(), b, t, h, d);
+                                    v.data(), b, t, h, h, d);
                 });
   for (int row = 0; row < b * h * t; ++row) {
     const int ti = row % t;
@@ -133,6 +154,37 @@ TEST(CpuOpsTest, AttentionGradientAndCausality) {
       sum += att[row * t + tj];
     }
     EXPECT_NEAR(sum, 1.0, 1e-12);
+  }
+}
+
+// Grouped-query attention: its gradients by finite differences, and its output equal to
+// multi-head attention's with each key/value head repeated for its group of query heads.
+TEST(CpuOpsTest, GroupedQueryAttentionGradientAndRepeatedHeads) {
+  const int b = 2, t = 4, h = 4, d = 2;
+  for (int kv : {1, 2}) {
+    const int c = h * d, ckv = kv * d;
+    Vec q = Random(b * t * c, 30 + kv), k = Random(b * t * ckv, 40 + kv), v = Random(b * t * ckv, 50 + kv);
+    Vec att(b * h * t * t);
+    CheckGradient(
+        {&q, &k, &v}, b * t * c,
+        [&](Vec& out) { AttentionForward(out.data(), att.data(), q.data(), k.data(), v.data(), b, t, h, kv, d); },
+        [&](const Vec& dout, std::vector<Vec>& g) {
+          AttentionBackward(g[0].data(), g[1].data(), g[2].data(), dout.data(), att.data(), q.data(), k.data(),
+                            v.data(), b, t, h, kv, d);
+        });
+    Vec k_full(b * t * c), v_full(b * t * c);
+    for (int row = 0; row < b * t; ++row) {
+      for (int hi = 0; hi < h; ++hi) {
+        for (int e = 0; e < d; ++e) {
+          k_full[row * c + hi * d + e] = k[row * ckv + (hi / (h / kv)) * d + e];
+          v_full[row * c + hi * d + e] = v[row * ckv + (hi / (h / kv)) * d + e];
+        }
+      }
+    }
+    Vec grouped(b * t * c), full(b * t * c), att_full(att.size());
+    AttentionForward(grouped.data(), att.data(), q.data(), k.data(), v.data(), b, t, h, kv, d);
+    AttentionForward(full.data(), att_full.data(), q.data(), k_full.data(), v_full.data(), b, t, h, h, d);
+    EXPECT_EQ(grouped, full) << kv << " key/value heads";
   }
 }
 
@@ -158,16 +210,28 @@ TEST(CpuOpsTest, CrossEntropyGradientWithAnIgnoredRow) {
   // Uniform logits: the loss is log(V).
   Vec flat(n * v, 0.5);
   EXPECT_NEAR(CrossEntropyForward(flat.data(), targets.data(), n, v), std::log(6.0), 1e-12);
+  // A block of rows at a time (the head's chunks): the same sum and the same gradients, bit for bit.
+  double total = 0;
+  for (int row = 0; row < n; row += 3) total = CrossEntropySum(logits.data() + row * v, targets.data() + row,
+                                                               std::min(3, n - row), v, total);
+  EXPECT_EQ(total / 3, CrossEntropyForward(logits.data(), targets.data(), n, v));
+  Vec whole(n * v), blocks(n * v);
+  CrossEntropyBackward(whole.data(), logits.data(), targets.data(), n, v);
+  for (int row = 0; row < n; row += 3) {
+    CrossEntropyBackward(blocks.data() + row * v, logits.data() + row * v, targets.data() + row, std::min(3, n - row),
+                         v, /*counted=*/3);
+  }
+  EXPECT_EQ(blocks, whole);
 }
 
 TEST(CpuOpsTest, FloatAgreesWithDouble) {
   const int b = 2, t = 5, h = 2, d = 4, c = h * d;
   Vec q = Random(b * t * c, 14), k = Random(b * t * c, 15), v = Random(b * t * c, 16);
   Vec out(b * t * c), att(b * h * t * t);
-  AttentionForward(out.data(), att.data(), q.data(), k.data(), v.data(), b, t, h, d);
+  AttentionForward(out.data(), att.data(), q.data(), k.data(), v.data(), b, t, h, h, d);
   std::vector<float> qf(q.begin(), q.end()), kf(k.begin(), k.end()), vf(v.begin(), v.end());
   std::vector<float> outf(out.size()), attf(att.size());
-  AttentionForward(outf.data(), attf.data(), qf.data(), kf.data(), vf.data(), b, t, h, d);
+  AttentionForward(outf.data(), attf.data(), qf.data(), kf.data(), vf.data(), b, t, h, h, d);
   for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(outf[i], out[i], 1e-5) << i;
 }
 

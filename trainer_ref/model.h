@@ -3,10 +3,15 @@
 // buffer each, laid out by ParamLayout (named tensors, in the names tierd leases them by:
 // "embed.w", "layers.3.attn.wq", "final_norm.w", "head.w", ...).
 //
-// Per layer (pre-norm):  h = rmsnorm(x) ; q,k,v = h Wq^T, h Wk^T, h Wv^T ; rope(q, k)
-//                        x += attention(q, k, v) Wo^T
+// Per layer (pre-norm):  h = rmsnorm(x) ; q,k,v = h Wq^T (+ bq), h Wk^T (+ bk), h Wv^T (+ bv)
+//                        rope(q, k) ; x += attention(q, k, v) Wo^T
 //                        h = rmsnorm(x) ; x += (silu(h W1^T) * h W3^T) W2^T
-// Then loss = cross_entropy(rmsnorm(x) Head^T, targets).
+// Then loss = cross_entropy(rmsnorm(x) Head^T, targets), Head the embedding's matrix when the
+// config ties them. q has H heads, k and v KV heads (grouped-query attention).
+//
+// RoPE rotates the pairs (2i, 2i+1) of a head; Hugging Face's Llama rotates (i, i + D/2), which
+// is the same map once each head's rows of Wq and Wk (and bq, bk) are permuted: the loader and
+// exporter (trainer_ref/hf) permute them, and the attention scores do not change.
 //
 // What forward keeps for backward (saved activations) is tensors too, one per group that
 // has any, named like the parameters: "act.layers.3" (everything layer 3's backward reads;
@@ -33,24 +38,37 @@ struct TensorLayout {
 };
 std::vector<TensorLayout> ParamLayout(const ModelConfig& config);
 // Where each tensor is in ParamLayout's order: indices into it, per layer and for the rest.
+// bq, bk, bv are kNoEntry without biases; head is embed when the embeddings are tied.
+constexpr size_t kNoEntry = ~size_t{0};
 struct LayerEntries {
   size_t attn_norm, wq, wk, wv, wo, mlp_norm, w1, w3, w2;
+  size_t bq = kNoEntry, bk = kNoEntry, bv = kNoEntry;
 };
 struct ParamEntries {
   size_t embed = 0, final_norm = 0, head = 0;
   std::vector<LayerEntries> layers;
 };
+// The head's logits are computed this many rows at a time (all of them when they fit
+// kLogitsChunkElements), so a large vocabulary's logits never exist whole.
+constexpr size_t kLogitsChunkElements = size_t{1} << 24;
+int HeadRowsAtOnce(const ModelConfig& config, int rows, size_t chunk_elements = kLogitsChunkElements);
 ParamEntries ParamEntriesOf(const ModelConfig& config);
+// A q/k/v bias ("layers.3.attn.bq"): 1-D like the norm weights, but initialised to zeros.
+bool IsBias(const TensorLayout& t);
 // The saved activations of a model for micro-batches of `batch` x `seq` (offsets are 0:
 // each is its own tensor): "act.layers.0" .. "act.layers.{L-1}", then "act.head".
-std::vector<TensorLayout> SavedLayout(const ModelConfig& config, int batch, int seq, bool checkpointing);
+std::vector<TensorLayout> SavedLayout(const ModelConfig& config, int batch, int seq, bool checkpointing,
+                                      size_t logits_chunk_elements = kLogitsChunkElements);
 
 template <typename T>
 class Model {
  public:
   // For micro-batches of `batch` sequences of `seq` tokens (seq <= config.max_seq).
   // `checkpointing`: keep only each layer's input; backward recomputes the layer's forward.
-  Model(const ModelConfig& config, int batch, int seq, bool checkpointing = false);
+  // `logits_chunk_elements`: the head's logits a chunk of rows of at most this many at a time
+  // (smaller in tests, to see the chunks).
+  Model(const ModelConfig& config, int batch, int seq, bool checkpointing = false,
+        size_t logits_chunk_elements = kLogitsChunkElements);
 
   // Weights ~ N(0, 0.02) (output projections scaled by 1/sqrt(2 layers)), norms 1.
   void InitParams(uint64_t seed);
@@ -72,8 +90,9 @@ class Model {
 
   // Where the tensors live. By default in params()/grads(), the flat buffers. A caller
   // that keeps them elsewhere (tierd's tiers) hooks each group of tensors — 0: the
-  // embedding, 1..layers: a layer, layers + 1: the final norm and the head — as forward
-  // and backward reach and leave it, and binds each entry's pointers in its `enter` hook.
+  // embedding, 1..layers: a layer, layers + 1: the final norm and the head (the embedding's
+  // matrix when tied) — as forward and backward reach and leave it, and binds each entry's
+  // pointers in its `enter` hook. GroupEntries are the tensors a group's computation uses.
   using GroupHook = std::function<void(int group, bool backward)>;
   void SetGroupHooks(GroupHook enter, GroupHook leave) {
     enter_ = std::move(enter);
@@ -109,8 +128,11 @@ class Model {
     T *x_in, *h1, *rstd1, *q, *k, *v, *att, *a, *x_mid, *h2, *rstd2, *g, *u, *s;
   };
   struct HeadActs {
-    T *x_out, *xf, *rstd_f, *logits;
+    T *x_out, *xf, *rstd_f;
+    T* logits;  // all rows' when they fit one chunk (HeadRowsAtOnce), else null: recomputed
   };
+  // The head from its saved input: the loss over the micro-batch (chunk by chunk).
+  T HeadLoss(const HeadActs& hd, const int32_t* targets);
   size_t LayerActsCount() const;
   LayerActs CarveLayer(T* base) const;
   HeadActs CarveHead(T* base) const;
@@ -118,7 +140,7 @@ class Model {
   void LayerForward(const Layer& w, const LayerActs& a, std::vector<T>& x, std::vector<T>& tmp);
   // Buffers of one layer's backward.
   struct BackwardScratch {
-    BackwardScratch(size_t nc, size_t nf);
+    BackwardScratch(size_t nc, size_t nf, size_t nq, size_t nk);
     std::vector<T> ds, dg, du, dh, da, dq, dk, dv, x, tmp;
   };
   // dx (the gradient of the head's input) from the head's saved activations; adds into the
@@ -141,6 +163,9 @@ class Model {
   std::vector<std::vector<T>> saved_storage_;  // the default home of the saved tensors
   std::vector<T*> saved_;                      // where each is now
   std::vector<T> recompute_;                   // one layer's activations, recomputed (checkpointing)
+  std::vector<double> inv_freq_;               // RoPE's (RopeInverseFrequencies)
+  int head_rows_ = 0;                          // HeadRowsAtOnce
+  std::vector<T> logits_chunk_, dlogits_chunk_;  // head_rows_ x V
   std::vector<int32_t> tokens_, targets_;
 };
 

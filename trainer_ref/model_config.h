@@ -1,5 +1,6 @@
-// Shapes of the reference trainer's GPT-style decoder (Llama-style: RMSNorm, RoPE, causal
-// multi-head attention, SwiGLU MLP, untied output head) and what they cost in memory.
+// Shapes of the reference trainer's GPT-style decoder (the Llama family: RMSNorm, RoPE, causal
+// attention with grouped-query heads, SwiGLU MLP; optionally q/k/v biases as Qwen2 has them
+// and an output head tied to the embedding) and what they cost in memory.
 #ifndef TIERD_TRAINER_REF_MODEL_CONFIG_H_
 #define TIERD_TRAINER_REF_MODEL_CONFIG_H_
 
@@ -11,30 +12,66 @@
 
 namespace tierd::trainer {
 
+// How RoPE's frequencies are rescaled for long contexts (Hugging Face's rope_scaling):
+//   linear: every frequency divided by `factor` (positions interpolated);
+//   llama3: Llama 3.1's: wavelengths above original_max_position / low_freq_factor divided
+//           by `factor`, below original_max_position / high_freq_factor kept, a smooth blend
+//           between.
+struct RopeScaling {
+  enum class Type { kNone, kLinear, kLlama3 };
+  Type type = Type::kNone;
+  double factor = 1.0;
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;
+  int original_max_position = 8192;
+};
+
 struct ModelConfig {
   std::string name;
   int layers = 0;
   int d_model = 0;  // C
-  int heads = 0;    // H; head size C / H
+  int heads = 0;    // H query heads of head_dim() each
   int d_ff = 0;     // the MLP's hidden width (SwiGLU: two up projections of this width)
   int vocab = 0;    // V
   int max_seq = 0;  // T at most (RoPE needs no table of positions)
   double norm_eps = 1e-5;       // RMSNorm's epsilon
   double rope_theta = 10000.0;  // RoPE's base
+  // Grouped-query attention: KV heads of keys and values, each shared by H / KV query heads
+  // (1: multi-query). 0: as many as the query heads.
+  int kv_heads = 0;
+  // The head size when it is not C / H (Hugging Face's head_dim). 0: C / H.
+  int head_size = 0;
+  bool tied_embeddings = false;  // the head reads (and trains) the embedding's matrix
+  bool qkv_bias = false;         // q, k and v projections with biases (Qwen2)
+  RopeScaling rope_scaling;
+  // Attention restricted to the last `sliding_window` positions (Mistral v0.1); 0: none.
+  // The decoder computes full causal attention, so sequences longer than it are refused.
+  int sliding_window = 0;
 
-  int head_dim() const { return d_model / heads; }
-  // Per layer: attention (wq, wk, wv, wo: 4 C^2), MLP (w1, w3: C x F up, w2: F x C down),
-  // two RMSNorm weights (2 C). Plus token embedding (V C), final norm (C), head (V C).
+  int head_dim() const { return head_size > 0 ? head_size : d_model / heads; }
+  int kv_head_count() const { return kv_heads > 0 ? kv_heads : heads; }
+  int q_dim() const { return heads * head_dim(); }          // width of q and of attention's output
+  int kv_dim() const { return kv_head_count() * head_dim(); }  // width of k and v
+  // Per layer: attention (wq: QD x C, wk and wv: KD x C, wo: C x QD, and with biases QD + 2 KD),
+  // MLP (w1, w3: F x C up, w2: C x F down), two RMSNorm weights (2 C). Plus the token embedding
+  // (V C), the final norm (C) and, untied, the head (V C).
   uint64_t LayerParams() const;
   uint64_t Params() const;
 };
 
+// RoPE's inverse frequencies, head_dim() / 2 of them: theta^(-2i / D), rescaled as
+// rope_scaling says. Pair i of each head turns by position x inv_freq[i].
+std::vector<double> RopeInverseFrequencies(const ModelConfig& config);
+
 // tiny (runs in seconds on two cores; byte-level vocabulary), 124m, 350m, 1.3b, 7b, 13b.
 // INVALID_ARGUMENT naming the presets otherwise.
 absl::StatusOr<ModelConfig> ModelPreset(const std::string& name);
-// INVALID_ARGUMENT when a dimension is not positive or the heads do not divide d_model
-// evenly into an even head size (RoPE rotates pairs).
+// INVALID_ARGUMENT when a dimension is not positive, the head size is odd (RoPE rotates
+// pairs), KV heads do not divide the heads, or the RoPE scaling is out of range.
 absl::Status ValidateConfig(const ModelConfig& config);
+
+// The family's choices beyond the base shape, for checkpoints' shape records: "" for a plain
+// Llama-style model, else e.g. " kv_heads=8 head_dim=128 qkv_bias tied rope=llama3,8,1,4,8192".
+std::string FamilyRecord(const ModelConfig& config);
 
 // A one-line description: "1.3b: 24 layers, d_model 2048, 16 heads, d_ff 5504, vocab 32000, 1.35B parameters".
 std::string DescribeConfig(const ModelConfig& config);

@@ -30,11 +30,43 @@ TEST(ModelTest, LayoutNamesEveryTensorOnceInOrder) {
   EXPECT_EQ(offset, ModelPreset("tiny")->Params());
 }
 
-// The whole model's gradient (every parameter) against central differences, in double.
-TEST(ModelTest, WholeModelGradientMatchesFiniteDifferences) {
-  const ModelConfig config = Small();
+// The Llama family's variations on Small(): grouped-query attention (2 key/value heads of 4),
+// a head size other than C / H, q/k/v biases, tied embeddings, llama3-scaled RoPE.
+ModelConfig Family() {
+  ModelConfig c{"family", 2, 8, 4, 12, 11, 5};
+  c.kv_heads = 2;
+  c.head_size = 4;  // q: 16 wide, k and v: 8
+  c.qkv_bias = true;
+  c.tied_embeddings = true;
+  c.rope_theta = 500;
+  c.rope_scaling = {RopeScaling::Type::kLlama3, 4.0, 1.0, 4.0, 2};
+  return c;
+}
+
+TEST(ModelTest, TheFamilysLayoutHasBiasesNarrowKeysAndNoHead) {
+  const ModelConfig c = Family();
+  ASSERT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+  const auto layout = ParamLayout(c);
+  const ParamEntries e = ParamEntriesOf(c);
+  EXPECT_EQ(layout[e.layers[0].wq].shape, (std::vector<int64_t>{16, 8}));
+  EXPECT_EQ(layout[e.layers[0].wk].shape, (std::vector<int64_t>{8, 8}));
+  EXPECT_EQ(layout[e.layers[0].wo].shape, (std::vector<int64_t>{8, 16}));
+  EXPECT_EQ(layout[e.layers[1].bv].name, "layers.1.attn.bv");
+  EXPECT_TRUE(IsBias(layout[e.layers[1].bv]));
+  EXPECT_EQ(e.head, e.embed) << "tied: the head is the embedding's matrix";
+  EXPECT_EQ(layout.back().name, "final_norm.w");
+  EXPECT_EQ(layout.back().offset + layout.back().count, c.Params());
+}
+
+// The whole model's gradient (every parameter) against central differences, in double: the
+// plain model, the family's variations, and the head's logits in chunks of 3 rows.
+class ModelGradientTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(ModelGradientTest, WholeModelGradientMatchesFiniteDifferences) {
+  const ModelConfig config = GetParam() == 0 ? Small() : Family();
   const int batch = 2, seq = 5, n = batch * seq;
-  Model<double> model(config, batch, seq);
+  Model<double> model(config, batch, seq, /*checkpointing=*/false,
+                      GetParam() == 2 ? 3 * static_cast<size_t>(config.vocab) : kLogitsChunkElements);
   model.InitParams(7);
   // Larger weights than the init so every path carries signal.
   std::mt19937_64 rng(8);
@@ -63,6 +95,30 @@ TEST(ModelTest, WholeModelGradientMatchesFiniteDifferences) {
     ASSERT_NEAR(analytic[i], numeric, 1e-6 * std::max(1.0, std::abs(numeric))) << "parameter " << i;
   }
   std::printf("worst relative error over %zu parameters: %.3g\n", model.params().size(), worst);
+}
+
+INSTANTIATE_TEST_SUITE_P(PlainFamilyAndChunkedHead, ModelGradientTest, ::testing::Values(0, 1, 2));
+
+// The head's logits a chunk of rows at a time give the whole head's loss and gradients, bit
+// for bit (the same sums in the same order), and the saved head then keeps no logits.
+TEST(ModelTest, ChunkedLogitsGiveTheWholeHeadsBits) {
+  const ModelConfig config = *ModelPreset("tiny");
+  const int batch = 2, seq = 16, n = batch * seq;
+  const size_t chunk = 5 * static_cast<size_t>(config.vocab);  // 5 rows: 7 chunks, the last partial
+  Model<float> whole(config, batch, seq), chunked(config, batch, seq, false, chunk);
+  whole.InitParams(3);
+  chunked.InitParams(3);
+  const std::vector<int32_t> tokens = Tokens(n, config.vocab, 31);
+  std::vector<int32_t> targets = Tokens(n, config.vocab, 32);
+  targets[7] = -1;
+  whole.ZeroGrads();
+  chunked.ZeroGrads();
+  EXPECT_EQ(whole.Forward(tokens.data(), targets.data()), chunked.Forward(tokens.data(), targets.data()));
+  whole.Backward();
+  chunked.Backward();
+  EXPECT_EQ(whole.grads(), chunked.grads());
+  EXPECT_EQ(chunked.saved_layout().back().count + static_cast<size_t>(n) * config.vocab,
+            whole.saved_layout().back().count);
 }
 
 TEST(ModelTest, InitialLossIsAboutLogVocabAndGradientDescentLowersIt) {

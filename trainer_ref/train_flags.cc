@@ -24,11 +24,16 @@ ABSL_FLAG(bool, print_device, false, "print the device --device picks here (gpu 
 ABSL_FLAG(std::string, model_size, "tiny", "a preset: tiny | 124m | 350m | 1.3b | 7b | 13b (--model_config wins)");
 ABSL_FLAG(std::string, model_config, "",
           "a model config file (JSON, as Hugging Face writes them: hidden_size, num_hidden_layers, "
-          "num_attention_heads, intermediate_size, vocab_size, max_position_embeddings; rms_norm_eps and rope_theta "
-          "if given) instead of a preset");
+          "num_attention_heads, intermediate_size, vocab_size, max_position_embeddings; if given rms_norm_eps, "
+          "rope_theta, num_key_value_heads, head_dim, tie_word_embeddings, rope_scaling of type linear or llama3; "
+          "model_type llama, mistral or qwen2 (q/k/v biases)) instead of a preset");
 ABSL_FLAG(int, hidden_size, 0, "override the model's width (d_model); 0: the preset's or file's");
 ABSL_FLAG(int, num_hidden_layers, 0, "override the number of layers; 0: keep");
 ABSL_FLAG(int, num_attention_heads, 0, "override the number of attention heads; 0: keep");
+ABSL_FLAG(int, num_key_value_heads, 0,
+          "override the number of key/value heads (grouped-query attention: it divides the heads; 1: multi-query); "
+          "0: keep");
+ABSL_FLAG(int, head_dim, 0, "override the head size (when not hidden_size / heads); 0: keep");
 ABSL_FLAG(int, intermediate_size, 0, "override the MLP's hidden width; 0: keep");
 ABSL_FLAG(int, vocab_size, 0, "override the vocabulary size; 0: keep");
 ABSL_FLAG(int, max_position_embeddings, 0, "override the longest sequence; 0: keep");
@@ -387,6 +392,8 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   shape.layers = absl::GetFlag(FLAGS_num_hidden_layers);
   shape.d_model = absl::GetFlag(FLAGS_hidden_size);
   shape.heads = absl::GetFlag(FLAGS_num_attention_heads);
+  shape.kv_heads = absl::GetFlag(FLAGS_num_key_value_heads);
+  shape.head_dim = absl::GetFlag(FLAGS_head_dim);
   shape.d_ff = absl::GetFlag(FLAGS_intermediate_size);
   shape.vocab = absl::GetFlag(FLAGS_vocab_size);
   shape.max_seq = absl::GetFlag(FLAGS_max_position_embeddings);
@@ -421,6 +428,11 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   if (s.seq > s.config.max_seq) {
     return Bad(absl::StrFormat("--seq_len %d is longer than model %s's %d (max_position_embeddings)", s.seq,
                                s.config.name, s.config.max_seq));
+  }
+  if (s.config.sliding_window > 0 && s.seq > s.config.sliding_window) {
+    return Bad(absl::StrFormat("--seq_len %d is longer than model %s's sliding window of %d positions; attention here "
+                               "is full causal attention, which equals the window's only for sequences within it",
+                               s.seq, s.config.name, s.config.sliding_window));
   }
   if (!(s.lr > 0) || (Given("lr") && !(absl::GetFlag(FLAGS_lr) > 0)) || s.clip < 0 || s.weight_decay < 0) {
     return Bad("--lr must be positive; --clip and --weight_decay not negative");

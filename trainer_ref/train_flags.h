@@ -21,6 +21,8 @@ ABSL_DECLARE_FLAG(std::string, model_config);
 ABSL_DECLARE_FLAG(int, hidden_size);
 ABSL_DECLARE_FLAG(int, num_hidden_layers);
 ABSL_DECLARE_FLAG(int, num_attention_heads);
+ABSL_DECLARE_FLAG(int, num_key_value_heads);
+ABSL_DECLARE_FLAG(int, head_dim);
 ABSL_DECLARE_FLAG(int, intermediate_size);
 ABSL_DECLARE_FLAG(int, vocab_size);
 ABSL_DECLARE_FLAG(int, max_position_embeddings);

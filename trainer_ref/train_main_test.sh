@@ -42,9 +42,14 @@ check "a model shape from a config file trains" "grep -q 'model small: 3 layers,
   awk '/^step +1\//{a=\$4} /^step +20\//{b=\$4} END{exit !(a > b + 0.5)}' '$dir/m.log'"
 "$bin" --model_size=tiny --num_hidden_layers=1 --hidden_size=32 --steps=2 --eval_every=0 > "$dir/m2.log" 2>&1
 check "dimensions from flags override the preset" "grep -q 'model tiny+num_hidden_layers=1,hidden_size=32: 1 layers, d_model 32' '$dir/m2.log'"
-echo '{"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 176, "vocab_size": 256, "max_position_embeddings": 64, "num_key_value_heads": 2}' > "$dir/gqa.json"
-"$bin" --model_config="$dir/gqa.json" > "$dir/e6.log" 2>&1
-check "a shape the decoder cannot compute is refused by name" "grep -q 'grouped-query attention is not implemented' '$dir/e6.log'"
+echo '{"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 176, "vocab_size": 256, "max_position_embeddings": 64, "rope_scaling": {"type": "yarn", "factor": 4.0}}' > "$dir/yarn.json"
+"$bin" --model_config="$dir/yarn.json" > "$dir/e6.log" 2>&1
+check "a shape the decoder cannot compute is refused by name" "grep -q \"RoPE scaling of type 'yarn' is not computed\" '$dir/e6.log'"
+echo '{"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 176, "vocab_size": 256, "max_position_embeddings": 64, "tie_word_embeddings": true, "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 32}}' > "$dir/family.json"
+"$bin" --model_config="$dir/family.json" --steps=20 --warmup=2 --eval_every=0 > "$dir/m3.log" 2>&1
+check "grouped-query attention, q/k/v biases, tied embeddings and llama3 RoPE train" \
+  "grep -q '4 heads (2 key/value), d_ff 176, vocab 256, q/k/v biases, tied embeddings, RoPE llama3 x8' '$dir/m3.log' && \
+  awk '/^step +1\//{a=\$4} /^step +20\//{b=\$4} END{exit !(a > b + 0.5)}' '$dir/m3.log'"
 "$bin" --model_config="$dir/nope.json" > "$dir/e7.log" 2>&1
 check "a missing config file is explained" "grep -q 'cannot be read' '$dir/e7.log'"
 "$bin" --device=cpu --print_device > "$dir/pd.log" 2>&1

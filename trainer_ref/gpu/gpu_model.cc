@@ -63,6 +63,8 @@ GpuModel::GpuModel(const ModelConfig& config, int batch, int seq, const StateOpt
   grads_zeroed_.assign(Groups(), false);
   weight_codes_ = state.fp8_weight_codes;
   codes_current_.assign(Groups(), 0);
+  head_rows_ = HeadRows(config, batch, seq);
+  rope_ = RopeFrequenciesOf(RopeInverseFrequencies(config));
   norm_offset_.assign(layout_.size(), 0);
   size_t norms = 0;
   for (size_t e = 0; e < layout_.size(); ++e) {
@@ -75,9 +77,31 @@ GpuModel::GpuModel(const ModelConfig& config, int batch, int seq, const StateOpt
 
 std::vector<size_t> GpuModel::GroupEntries(int group) const {
   if (group == 0) return {embed_};
-  if (group == Groups() - 1) return {final_norm_, head_};
+  if (group == Groups() - 1) {  // tied: the head's matrix is the embedding group's
+    return config_.tied_embeddings ? std::vector<size_t>{final_norm_} : std::vector<size_t>{final_norm_, head_};
+  }
   const Layer& w = layers_[group - 1];
+  if (config_.qkv_bias) return {w.attn_norm, w.wq, w.wk, w.wv, w.bq, w.bk, w.bv, w.wo, w.mlp_norm, w.w1, w.w3, w.w2};
   return {w.attn_norm, w.wq, w.wk, w.wv, w.wo, w.mlp_norm, w.w1, w.w3, w.w2};
+}
+
+int GpuModel::HeadRows(const ModelConfig& config, int batch, int seq) {
+  const uint64_t n = static_cast<uint64_t>(batch) * seq, row_bytes = uint64_t{2} * config.vocab;
+  if (n * row_bytes <= kWholeLogitsBytes) return static_cast<int>(n);
+  const uint64_t rows = std::max<uint64_t>(64, kLogitsChunkBytes / row_bytes / 64 * 64);
+  return static_cast<int>(std::min(rows, n));
+}
+
+absl::Status GpuModel::EnterTiedHead(bool backward) {
+  if (!config_.tied_embeddings) return absl::OkStatus();
+  RETURN_IF_ERROR(Enter(0, Part::kWeights, Access::kRead));
+  return backward ? EnterGrads(0) : absl::OkStatus();
+}
+
+absl::Status GpuModel::LeaveTiedHead(bool backward) {
+  if (!config_.tied_embeddings) return absl::OkStatus();
+  RETURN_IF_ERROR(Leave(0, Part::kWeights));
+  return backward ? Leave(0, Part::kGrads) : absl::OkStatus();
 }
 
 GpuModel::~GpuModel() {
@@ -111,6 +135,7 @@ void GpuModel::Progress(uint32_t op) {
 
 absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x) {
   const int n = batch_ * seq_, c = config_.d_model, f = config_.d_ff, h = config_.heads, d = config_.head_dim();
+  const int kvh = config_.kv_head_count(), qd = config_.q_dim(), kd = config_.kv_dim();
   const size_t nc = static_cast<size_t>(n) * c;
   const Layer& w = layers_[l];
   // out = in x W^T, in bf16 or (an FP8 layer) from the codes of the last `cast` input and
@@ -139,22 +164,32 @@ absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x) {
     return 0;
   });
   cast(a.h1, kLinearQ, c);
-  RETURN_IF_ERROR(linear(a.q, a.h1, w.wq, kLinearQ, c, c));
-  RETURN_IF_ERROR(linear(a.k, a.h1, w.wk, kLinearK, c, c));
-  RETURN_IF_ERROR(linear(a.v, a.h1, w.wv, kLinearV, c, c));
+  RETURN_IF_ERROR(linear(a.q, a.h1, w.wq, kLinearQ, c, qd));
+  RETURN_IF_ERROR(linear(a.k, a.h1, w.wk, kLinearK, c, kd));
+  RETURN_IF_ERROR(linear(a.v, a.h1, w.wv, kLinearV, c, kd));
+  if (config_.qkv_bias) {
+    Timed(kElementwise, [&] {
+      BiasForward(a.q, N(w.bq), n, qd, stream_);
+      BiasForward(a.k, N(w.bk), n, kd, stream_);
+      BiasForward(a.v, N(w.bv), n, kd, stream_);
+      return 0;
+    });
+  }
   Timed(kElementwise, [&] {
-    RopeForward(a.q, batch_, seq_, h, d, static_cast<float>(config_.rope_theta), stream_);
-    return 0;
-  });
-  Timed(kElementwise, [&] {
-    RopeForward(a.k, batch_, seq_, h, d, static_cast<float>(config_.rope_theta), stream_);
+    RopeForward(a.q, batch_, seq_, h, d, rope_, stream_);
+    RopeForward(a.k, batch_, seq_, kvh, d, rope_, stream_);
     return 0;
   });
   RETURN_IF_ERROR(Timed(kAttention, [&] {
-    return Cuda(AttentionForward(a.a, a.lse, a.q, a.k, a.v, batch_, seq_, h, d, stream_), "attention forward");
+    if (!Grouped()) {
+      return Cuda(AttentionForward(a.a, a.lse, a.q, a.k, a.v, batch_, seq_, h, d, stream_), "attention forward");
+    }
+    RepeatKvHeads(k_full_, a.k, n, h, kvh, d, stream_);
+    RepeatKvHeads(v_full_, a.v, n, h, kvh, d, stream_);
+    return Cuda(AttentionForward(a.a, a.lse, a.q, k_full_, v_full_, batch_, seq_, h, d, stream_), "attention forward");
   }));
-  cast(a.a, kLinearO, c);
-  RETURN_IF_ERROR(linear(tmp_, a.a, w.wo, kLinearO, c, c));
+  cast(a.a, kLinearO, qd);
+  RETURN_IF_ERROR(linear(tmp_, a.a, w.wo, kLinearO, qd, c));
   Timed(kElementwise, [&] {
     AddInto(x, tmp_, static_cast<int64_t>(nc), stream_);
     return 0;
@@ -224,6 +259,7 @@ absl::Status GpuModel::ForwardQueued(const int32_t* tokens, const int32_t* targe
                        "token index"));
   int counted = 0;
   for (int i = 0; i < n; ++i) counted += targets[i] >= 0;
+  head_counted_ = counted;
   RETURN_IF_ERROR(AwaitOptimizerUpdate(0));  // (reports the optimizer's op before this one)
   Progress(ForwardOp(micro_, 0));
   RETURN_IF_ERROR(Enter(0, Part::kWeights, Access::kRead));
@@ -246,17 +282,11 @@ absl::Status GpuModel::ForwardQueued(const int32_t* tokens, const int32_t* targe
   RETURN_IF_ERROR(AwaitOptimizerUpdate(last));
   Progress(ForwardOp(micro_, last));
   RETURN_IF_ERROR(Enter(last, Part::kWeights, Access::kRead));
+  RETURN_IF_ERROR(EnterTiedHead(/*backward=*/false));
   RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(x_out_, x_, nc * sizeof(float), cudaMemcpyDeviceToDevice, stream_), "x_out"));
-  Timed(kElementwise, [&] {
-    RmsNormForward(xf_, rstd_f_, x_, N(final_norm_), n, c, static_cast<float>(config_.norm_eps), stream_);
-    return 0;
-  });
-  RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(logits_, xf_, W(head_), n, c, config_.vocab, stream_); }));
+  RETURN_IF_ERROR(HeadForward(x_, targets_, counted));
+  RETURN_IF_ERROR(LeaveTiedHead(/*backward=*/false));
   RETURN_IF_ERROR(Leave(last, Part::kWeights));
-  Timed(kLoss, [&] {
-    CrossEntropy(losses_, dlogits_, logits_, targets_, n, config_.vocab, counted, stream_);
-    return 0;
-  });
   RETURN_IF_ERROR(Cuda(cudaGetLastError(), "forward kernels"));
   auto slot = LossSlot(micro_);
   if (!slot.ok()) return slot.status();
@@ -265,11 +295,32 @@ absl::Status GpuModel::ForwardQueued(const int32_t* tokens, const int32_t* targe
   return Cuda(cudaMemcpyAsync(*slot, losses_, n * sizeof(float), cudaMemcpyDeviceToHost, stream_), "losses");
 }
 
+absl::Status GpuModel::HeadForward(const float* x, const int32_t* targets, int counted) {
+  const int n = batch_ * seq_, c = config_.d_model, v = config_.vocab;
+  Timed(kElementwise, [&] {
+    RmsNormForward(xf_, rstd_f_, x, N(final_norm_), n, c, static_cast<float>(config_.norm_eps), stream_);
+    return 0;
+  });
+  for (int row = 0; row < n; row += head_rows_) {
+    const int rows = std::min(head_rows_, n - row);
+    RETURN_IF_ERROR(Timed(kGemm, [&] {
+      return gemm_->Forward(logits_, xf_ + static_cast<size_t>(row) * c, W(head_), rows, c, v, stream_);
+    }));
+    Timed(kLoss, [&] {  // unchunked, the gradient too (the backward's); chunked, it is made there
+      CrossEntropy(losses_ + row, HeadChunked() ? nullptr : dlogits_, logits_, targets + row, rows, v, counted,
+                   stream_);
+      return 0;
+    });
+  }
+  return absl::OkStatus();
+}
+
 // Layer l's backward from its activations `a` (saved, or recomputed into the workspace): dx
 // (fp32, the residual stream's gradient) turns from that of the layer's output into that of
 // its input; the layer's weight gradients (acquired) are added into.
 absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx) {
   const int n = batch_ * seq_, c = config_.d_model, f = config_.d_ff, h = config_.heads, d = config_.head_dim();
+  const int kvh = config_.kv_head_count(), qd = config_.q_dim(), kd = config_.kv_dim();
   const size_t nc = static_cast<size_t>(n) * c;
   const Layer& w = layers_[l];
   // din += dout x W, dW += dout^T x in: bf16, or (an FP8 layer) from the codes of the last
@@ -315,26 +366,38 @@ absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx) {
     ToBf16(dx16_, dx, static_cast<int64_t>(nc), stream_);
     return 0;
   });
-  cast(a.a, kLinearO, c);
-  RETURN_IF_ERROR(linear(da_, dx16_, a.a, w.wo, kLinearO, c, c, /*first=*/true));
+  cast(a.a, kLinearO, qd);
+  RETURN_IF_ERROR(linear(da_, dx16_, a.a, w.wo, kLinearO, qd, c, /*first=*/true));
+  const int64_t scratch_bytes = AttentionBackwardScratchBytes(batch_, seq_, h, d);
   RETURN_IF_ERROR(Timed(kAttention, [&] {
-    return Cuda(AttentionBackward(dq_, dk_, dv_, da_, a.a, a.lse, attention_scratch_,
-                                  AttentionBackwardScratchBytes(batch_, seq_, h, d), a.q, a.k, a.v, batch_, seq_, h, d,
-                                  stream_),
-                "attention backward");
+    if (!Grouped()) {
+      return Cuda(AttentionBackward(dq_, dk_, dv_, da_, a.a, a.lse, attention_scratch_, scratch_bytes, a.q, a.k, a.v,
+                                    batch_, seq_, h, d, stream_),
+                  "attention backward");
+    }
+    RepeatKvHeads(k_full_, a.k, n, h, kvh, d, stream_);
+    RepeatKvHeads(v_full_, a.v, n, h, kvh, d, stream_);
+    RETURN_IF_ERROR(Cuda(AttentionBackward(dq_, dk_full_, dv_full_, da_, a.a, a.lse, attention_scratch_, scratch_bytes,
+                                           a.q, k_full_, v_full_, batch_, seq_, h, d, stream_),
+                         "attention backward"));
+    SumKvHeadGroups(dk_, dk_full_, n, h, kvh, d, stream_);
+    SumKvHeadGroups(dv_, dv_full_, n, h, kvh, d, stream_);
+    return absl::OkStatus();
   }));
   Timed(kElementwise, [&] {
-    RopeBackward(dq_, batch_, seq_, h, d, static_cast<float>(config_.rope_theta), stream_);
-    return 0;
-  });
-  Timed(kElementwise, [&] {
-    RopeBackward(dk_, batch_, seq_, h, d, static_cast<float>(config_.rope_theta), stream_);
+    RopeBackward(dq_, batch_, seq_, h, d, rope_, stream_);
+    RopeBackward(dk_, batch_, seq_, kvh, d, rope_, stream_);
+    if (config_.qkv_bias) {
+      BiasBackward(G(w.bq), dq_, n, qd, scratch_, stream_);
+      BiasBackward(G(w.bk), dk_, n, kd, scratch_, stream_);
+      BiasBackward(G(w.bv), dv_, n, kd, scratch_, stream_);
+    }
     return 0;
   });
   cast(a.h1, kLinearQ, c);
-  RETURN_IF_ERROR(linear(dh_, dq_, a.h1, w.wq, kLinearQ, c, c, /*first=*/true));
-  RETURN_IF_ERROR(linear(dh_, dk_, a.h1, w.wk, kLinearK, c, c, /*first=*/false));
-  RETURN_IF_ERROR(linear(dh_, dv_, a.h1, w.wv, kLinearV, c, c, /*first=*/false));
+  RETURN_IF_ERROR(linear(dh_, dq_, a.h1, w.wq, kLinearQ, c, qd, /*first=*/true));
+  RETURN_IF_ERROR(linear(dh_, dk_, a.h1, w.wk, kLinearK, c, kd, /*first=*/false));
+  RETURN_IF_ERROR(linear(dh_, dv_, a.h1, w.wv, kLinearV, c, kd, /*first=*/false));
   Timed(kElementwise, [&] {
     RmsNormBackward(dx, G(w.attn_norm), dh_, a.x_in, N(w.attn_norm), a.rstd1, n, c, scratch_, stream_);
     return 0;
@@ -388,12 +451,30 @@ absl::StatusOr<GpuModel::Acts> GpuModel::ActsForBackward(int l, void* saved) {
   return a;
 }
 
-absl::Status GpuModel::HeadBackward(const float* x_out, float* dx) {
-  const int n = batch_ * seq_, c = config_.d_model;
+absl::Status GpuModel::HeadBackward(const float* x_out, float* dx, const int32_t* targets, int counted) {
+  const int n = batch_ * seq_, c = config_.d_model, v = config_.vocab;
   const size_t nc = static_cast<size_t>(n) * c;
-  RETURN_IF_ERROR(Cuda(cudaMemsetAsync(dxf_, 0, nc * sizeof(Bf16), stream_), "zero"));
-  RETURN_IF_ERROR(Timed(
-      kGemm, [&] { return gemm_->Backward(dxf_, G(head_), dlogits_, xf_, W(head_), n, c, config_.vocab, stream_); }));
+  if (!HeadChunked()) {
+    RETURN_IF_ERROR(Cuda(cudaMemsetAsync(dxf_, 0, nc * sizeof(Bf16), stream_), "zero"));
+    RETURN_IF_ERROR(
+        Timed(kGemm, [&] { return gemm_->Backward(dxf_, G(head_), dlogits_, xf_, W(head_), n, c, v, stream_); }));
+  } else {
+    // The logits again, a chunk of rows at a time: its gradient, then its rows of dxf (written)
+    // and its share of the head's gradient (added, in the rows' order).
+    for (int row = 0; row < n; row += head_rows_) {
+      const int rows = std::min(head_rows_, n - row);
+      const Bf16* xf = xf_ + static_cast<size_t>(row) * c;
+      RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(logits_, xf, W(head_), rows, c, v, stream_); }));
+      Timed(kLoss, [&] {
+        CrossEntropy(losses_ + row, dlogits_, logits_, targets + row, rows, v, counted, stream_);
+        return 0;
+      });
+      RETURN_IF_ERROR(Timed(kGemm, [&] {
+        return gemm_->Backward(dxf_ + static_cast<size_t>(row) * c, G(head_), dlogits_, xf, W(head_), rows, c, v,
+                               stream_, /*accumulate_din=*/false);
+      }));
+    }
+  }
   RETURN_IF_ERROR(Cuda(cudaMemsetAsync(dx, 0, nc * sizeof(float), stream_), "zero dx"));
   Timed(kElementwise, [&] {
     RmsNormBackward(dx, G(final_norm_), dxf_, x_out, N(final_norm_), rstd_f_, n, c, scratch_, stream_);
@@ -410,7 +491,9 @@ absl::Status GpuModel::Backward() {
   Progress(BackwardOp(micro_, 0));
   RETURN_IF_ERROR(Enter(last, Part::kWeights, Access::kRead));
   RETURN_IF_ERROR(EnterGrads(last));
-  RETURN_IF_ERROR(HeadBackward(x_out_, dx_));
+  RETURN_IF_ERROR(EnterTiedHead(/*backward=*/true));
+  RETURN_IF_ERROR(HeadBackward(x_out_, dx_, targets_, head_counted_));
+  RETURN_IF_ERROR(LeaveTiedHead(/*backward=*/true));
   const bool last_micro_batch = micro_ + 1 >= dp_micro_batches_;
   RETURN_IF_ERROR(SumOverRanks(last, last_micro_batch));
   AddSumOfSquares(last);

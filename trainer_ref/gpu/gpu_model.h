@@ -1,5 +1,9 @@
 // The reference decoder on the GPU: the same layers, names and layout as trainer_ref/model
-// (the CPU oracle), computed by the kernels of gpu_ops.h and cuBLASLt (gemm.h). Storage:
+// (the CPU oracle), computed by the kernels of gpu_ops.h and cuBLASLt (gemm.h). Grouped-query
+// attention runs the multi-head kernels over key/value heads repeated into the workspace (and
+// sums each group's gradients back); a large vocabulary's logits are made a chunk of rows at a
+// time and made again in the backward (HeadRows), so they never exist whole; with tied
+// embeddings the head reads and trains the embedding group's matrix. Storage:
 // weights bf16 (what the GEMMs read), fp32 master weights (norm weights are read from them
 // directly), fp32 gradients and Adam moments; activations bf16 with fp32 statistics, kept
 // per layer for backward. Everything on one stream; only Forward's loss waits for it.
@@ -259,6 +263,22 @@ class GpuModel {
   // Layer-major: per micro-batch its residual stream and gradient (fp32 N x C each), tokens,
   // targets (N each) and token index (3 N + 1), all int32 or fp32: element counts and sizes.
   static std::vector<std::pair<size_t, size_t>> MicroBatchPlan(const ModelConfig& config, int batch, int seq);
+  // The head's logits for this many rows at a time: all N = batch x seq when N x V bf16 values
+  // fit kWholeLogitsBytes (the forward keeps them and their gradient for the backward), else
+  // multiples of 64 rows within kLogitsChunkBytes (the backward makes them again).
+  static constexpr uint64_t kWholeLogitsBytes = uint64_t{1} << 30, kLogitsChunkBytes = uint64_t{256} << 20;
+  static int HeadRows(const ModelConfig& config, int batch, int seq);
+  bool HeadChunked() const { return head_rows_ < batch_ * seq_; }
+  // The head over a micro-batch's last residual stream x (N x C, fp32): the final norm into
+  // xf_ (kept for the backward), then each row's loss into losses_, a chunk of rows at a time;
+  // unchunked, dlogits_ too. The head's weights acquired.
+  absl::Status HeadForward(const float* x, const int32_t* targets, int counted);
+  // The group whose weights part holds the head's matrix: the last, or with tied embeddings 0.
+  int HeadWeightsGroup() const { return config_.tied_embeddings ? 0 : Groups() - 1; }
+  // With tied embeddings, the head also holds the embedding group's weights (and gradients in
+  // a backward) around its kernels.
+  absl::Status EnterTiedHead(bool backward);
+  absl::Status LeaveTiedHead(bool backward);
   static constexpr size_t kGemmWorkspace = size_t{32} << 20;
   template <typename T>
   absl::StatusOr<T*> Take(size_t count);
@@ -328,8 +348,9 @@ class GpuModel {
   absl::Status LayerBackward(int layer, const Acts& a, float* dx);
   // The activations layer l's backward reads: what it saved, or recomputed from its input.
   absl::StatusOr<Acts> ActsForBackward(int layer, void* saved);
-  // The head's backward from dlogits_ (the final norm's input x_out): dx written.
-  absl::Status HeadBackward(const float* x_out, float* dx);
+  // The head's backward (the final norm's input x_out, the micro-batch's targets and counted
+  // rows): from dlogits_, or unchunked the logits again chunk by chunk; dx written.
+  absl::Status HeadBackward(const float* x_out, float* dx, const int32_t* targets, int counted);
   // The group's (acquired) gradients' sum of squares into norm_.
   void AddSumOfSquares(int group);
   // Data-parallel: the group's gradient summed over the ranks, when `last` is the step's last
@@ -404,6 +425,13 @@ class GpuModel {
   std::vector<size_t> norm_offset_;  // entry -> offset in norms_ (norm weights only)
   float* norms_ = nullptr;
   int micro_ = 0;        // micro-batches done this step
+  int head_rows_ = 0;    // HeadRows
+  int head_counted_ = 0;  // the last ForwardQueued's counted rows (its backward's divisor)
+  RopeFrequencies rope_;  // RoPE's inverse frequencies (RopeInverseFrequencies)
+  // Grouped-query attention (KV < H): keys and values repeated to H heads, and their
+  // gradients over H heads before each group is summed (N x H*D, bf16 each); null otherwise.
+  Bf16 *k_full_ = nullptr, *v_full_ = nullptr, *dk_full_ = nullptr, *dv_full_ = nullptr;
+  bool Grouped() const { return config_.kv_head_count() != config_.heads; }
   int layer_major_ = 0;  // K micro-batches a step, layer-major; 0: one at a time
   bool moments_8bit_ = false;
   int64_t moments_8bit_min_ = 0;

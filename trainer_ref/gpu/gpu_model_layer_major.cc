@@ -89,21 +89,15 @@ absl::StatusOr<double> GpuModel::ForwardBackwardLayerMajor(const int32_t* tokens
   Progress(LayerMajorForwardOp(last));
   RETURN_IF_ERROR(Enter(last, Part::kWeights, Access::kRead));
   RETURN_IF_ERROR(EnterGrads(last));
+  RETURN_IF_ERROR(EnterTiedHead(/*backward=*/true));
   for (int m = 0; m < layer_major_; ++m) {
     MicroBatch& mb = micro_batches_[m];
-    Timed(kElementwise, [&] {
-      RmsNormForward(xf_, rstd_f_, mb.x, N(final_norm_), n, c, static_cast<float>(config_.norm_eps), stream_);
-      return 0;
-    });
-    RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(logits_, xf_, W(head_), n, c, config_.vocab, stream_); }));
-    Timed(kLoss, [&] {
-      CrossEntropy(losses_, dlogits_, logits_, mb.targets, n, config_.vocab, counted[m], stream_);
-      return 0;
-    });
+    RETURN_IF_ERROR(HeadForward(mb.x, mb.targets, counted[m]));
     RETURN_IF_ERROR(
         Cuda(cudaMemcpyAsync(loss_rows_[m], losses_, n * sizeof(float), cudaMemcpyDeviceToHost, stream_), "losses"));
-    RETURN_IF_ERROR(HeadBackward(mb.x, mb.dx));
+    RETURN_IF_ERROR(HeadBackward(mb.x, mb.dx, mb.targets, counted[m]));
   }
+  RETURN_IF_ERROR(LeaveTiedHead(/*backward=*/true));
   RETURN_IF_ERROR(SumOverRanks(last, /*last=*/true));
   AddSumOfSquares(last);
   RETURN_IF_ERROR(Leave(last, Part::kWeights));

@@ -17,9 +17,10 @@ uint64_t Aligned(uint64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign
 
 uint64_t GpuModel::ActsBytes(const ModelConfig& config, int batch, int seq) {
   const uint64_t n = static_cast<uint64_t>(batch) * seq, c = config.d_model, f = config.d_ff;
+  const uint64_t qd = config.q_dim(), kd = config.kv_dim();
   const uint64_t lse = static_cast<uint64_t>(batch) * config.heads * seq;
-  return 6 * Aligned(n * c * 2) + 2 * Aligned(n * c * 4) + 3 * Aligned(n * f * 2) + 2 * Aligned(n * 4) +
-         Aligned(lse * 4);
+  return 2 * Aligned(n * c * 2) + 2 * Aligned(n * qd * 2) + 2 * Aligned(n * kd * 2) + 2 * Aligned(n * c * 4) +
+         3 * Aligned(n * f * 2) + 2 * Aligned(n * 4) + Aligned(lse * 4);
 }
 
 // Without h1, h2 and s (bf16: two n x c, one n x f).
@@ -30,6 +31,7 @@ uint64_t GpuModel::LeanActsBytes(const ModelConfig& config, int batch, int seq) 
 
 GpuModel::Acts GpuModel::ActsAt(void* base, bool lean) const {
   const uint64_t n = static_cast<uint64_t>(batch_) * seq_, c = config_.d_model, f = config_.d_ff;
+  const uint64_t qd = config_.q_dim(), kd = config_.kv_dim();
   auto* at = static_cast<unsigned char*>(base);
   auto take = [&at](uint64_t bytes) {
     void* p = at;
@@ -43,7 +45,9 @@ GpuModel::Acts GpuModel::ActsAt(void* base, bool lean) const {
   };
   Acts a;
   bf16(&a.h1, n * c, work.h1);
-  for (Bf16** p : {&a.q, &a.k, &a.v, &a.a}) bf16(p, n * c, nullptr);
+  bf16(&a.q, n * qd, nullptr);
+  for (Bf16** p : {&a.k, &a.v}) bf16(p, n * kd, nullptr);
+  bf16(&a.a, n * qd, nullptr);
   bf16(&a.h2, n * c, work.h2);
   for (float** p : {&a.x_in, &a.x_mid}) *p = static_cast<float*>(take(n * c * 4));
   for (Bf16** p : {&a.g, &a.u}) bf16(p, n * f, nullptr);
@@ -106,21 +110,30 @@ uint64_t GpuModel::MomentOffset(size_t entry) const {
 std::vector<std::pair<size_t, size_t>> GpuModel::WorkspacePlan(const ModelConfig& config, int batch, int seq,
                                                                bool recompute) {
   const size_t n = static_cast<size_t>(batch) * seq, c = config.d_model, f = config.d_ff, v = config.vocab;
+  const size_t qd = config.q_dim(), kd = config.kv_dim();
   size_t norms = 0;
   for (const TensorLayout& t : ParamLayout(config)) norms += t.shape.size() == 1 ? t.count : 0;
   std::vector<std::pair<size_t, size_t>> plan = {{norms, 4}};  // norms_
-  for (int i = 0; i < 9; ++i) plan.push_back({n * c, 2});      // tmp_ .. dv_
+  for (int i = 0; i < 5; ++i) plan.push_back({n * c, 2});      // tmp_, xf_, dx16_, dxf_, dh_
+  for (int i = 0; i < 2; ++i) plan.push_back({n * qd, 2});     // da_, dq_
+  for (int i = 0; i < 2; ++i) plan.push_back({n * kd, 2});     // dk_, dv_
   for (int i = 0; i < 3; ++i) plan.push_back({n * c, 4});      // x_, x_out_, dx_
   for (int i = 0; i < 3; ++i) plan.push_back({n * f, 2});      // ds_, dg_, du_
-  for (int i = 0; i < 2; ++i) plan.push_back({n * v, 2});      // logits_, dlogits_
-  for (int i = 0; i < 2; ++i) plan.push_back({n, 4});          // rstd_f_, losses_
-  plan.push_back({1, 4});                                      // norm_
+  const size_t head_rows = static_cast<size_t>(HeadRows(config, batch, seq));
+  for (int i = 0; i < 2; ++i) plan.push_back({head_rows * v, 2});  // logits_, dlogits_
+  for (int i = 0; i < 2; ++i) plan.push_back({n, 4});              // rstd_f_, losses_
+  plan.push_back({1, 4});                                          // norm_
   plan.push_back({static_cast<size_t>(AttentionBackwardScratchBytes(batch, seq, config.heads, config.head_dim())),
-                  1});                                         // attention_scratch_
-  for (int i = 0; i < 2; ++i) plan.push_back({n, 4});          // tokens_, targets_
-  plan.push_back({std::max<size_t>(RmsNormScratchFloats(static_cast<int>(n), static_cast<int>(c)), kSumSquaresScratch),
+                  1});                                             // attention_scratch_
+  for (int i = 0; i < 2; ++i) plan.push_back({n, 4});              // tokens_, targets_
+  const auto rows = static_cast<int>(n);
+  plan.push_back({std::max<size_t>({static_cast<size_t>(RmsNormScratchFloats(rows, static_cast<int>(c))),
+                                    static_cast<size_t>(BiasScratchFloats(rows, static_cast<int>(qd))),
+                                    static_cast<size_t>(kSumSquaresScratch)}),
                   4});             // scratch_
   plan.push_back({3 * n + 1, 4});  // token_index_
+  const bool grouped = config.kv_head_count() != config.heads;
+  for (int i = 0; i < 4; ++i) plan.push_back({grouped ? n * qd : 0, 2});  // k_full_, v_full_, dk_full_, dv_full_
   if (recompute) {
     plan.push_back({ActsBytes(config, batch, seq), 1});  // recompute_acts_
     plan.push_back({n * c, 4});                          // xr_

@@ -47,6 +47,11 @@ absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::Create(const ModelConfig& co
         "second moment");
   }
   if (state.lion && state.adafactor) return absl::InvalidArgumentError("one optimizer: Lion or Adafactor");
+  if (config.tied_embeddings && state.compact) {
+    return absl::InvalidArgumentError(
+        "the compact state takes one backward per group a step, and with tied embeddings the embedding's matrix "
+        "has two (the head's and the embedding's): keep the full state (tied models are small; it fits)");
+  }
   if (state.fp8_weight_codes && state.compact) {
     return absl::InvalidArgumentError(
         "FP8 weight codes are written by the host's optimizer beside the bf16 weights, which the compact state does "
@@ -75,9 +80,11 @@ absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::Create(const ModelConfig& co
 }
 
 Fp8Linear::Shapes LinearShapes(const ModelConfig& config) {
-  const int c = config.d_model, f = config.d_ff;
+  const int c = config.d_model, f = config.d_ff, qd = config.q_dim(), kd = config.kv_dim();
   Fp8Linear::Shapes shapes(kLinears);
-  shapes[kLinearQ] = shapes[kLinearK] = shapes[kLinearV] = shapes[kLinearO] = {c, c};
+  shapes[kLinearQ] = {qd, c};
+  shapes[kLinearK] = shapes[kLinearV] = {kd, c};
+  shapes[kLinearO] = {c, qd};
   shapes[kLinearGate] = shapes[kLinearUp] = {f, c};
   shapes[kLinearDown] = {c, f};
   return shapes;
@@ -181,11 +188,15 @@ absl::Status GpuModel::Allocate() {
                       reinterpret_cast<void**>(&targets_),
                       reinterpret_cast<void**>(&scratch_),
                       reinterpret_cast<void**>(&token_index_),
+                      reinterpret_cast<void**>(&k_full_),
+                      reinterpret_cast<void**>(&v_full_),
+                      reinterpret_cast<void**>(&dk_full_),
+                      reinterpret_cast<void**>(&dv_full_),
                       &recompute_acts_,
                       reinterpret_cast<void**>(&xr_)};
   const auto plan = WorkspacePlan(config_, batch_, seq_, AnyRecomputes());
-  static_assert(sizeof(targets) / sizeof(targets[0]) == 28);
-  if (plan.size() != (AnyRecomputes() ? 28u : 26u))
+  static_assert(sizeof(targets) / sizeof(targets[0]) == 32);
+  if (plan.size() != (AnyRecomputes() ? 32u : 30u))
     return absl::InternalError("the workspace plan and its buffers disagree");
   for (size_t i = 0; i < plan.size(); ++i) {
     auto p = Take<unsigned char>(plan[i].first * plan[i].second);
@@ -404,6 +415,7 @@ absl::Status GpuModel::InitParams(uint64_t seed) {
   // streams (init_normal.h): no host arithmetic, nothing uploaded (a 7B model's state is
   // ~100 GB; made on the host it took minutes).
   const std::vector<float> ones(static_cast<size_t>(config_.d_model), 1.f);
+  const std::vector<float> zeros(static_cast<size_t>(std::max(config_.q_dim(), config_.kv_dim())), 0.f);
   for (int g = 0; g < Groups(); ++g) {
     RETURN_IF_ERROR(Enter(g, Part::kWeights, Access::kOverwrite));
     Bf16* weights = static_cast<Bf16*>(acquired_[g][static_cast<int>(Part::kWeights)]);
@@ -415,8 +427,9 @@ absl::Status GpuModel::InitParams(uint64_t seed) {
             const size_t lo = t.offset - group_offset_[g], from = std::max(lo, first),
                          to = std::min(lo + t.count, first + n);
             if (from >= to) continue;
-            if (t.shape.size() == 1) {
-              InitConstant(master + (from - first), weights + from, static_cast<int64_t>(to - from), 1.f, stream_);
+            if (t.shape.size() == 1) {  // norm weights 1, biases 0
+              InitConstant(master + (from - first), weights + from, static_cast<int64_t>(to - from),
+                           IsBias(t) ? 0.f : 1.f, stream_);
               continue;
             }
             const bool residual_out =
@@ -428,15 +441,16 @@ absl::Status GpuModel::InitParams(uint64_t seed) {
           RETURN_IF_ERROR(ZeroMoments(g, n, m, v));
           return Cuda(cudaGetLastError(), "initial weights");
         }));
-    for (size_t e : entries) {  // the resident norm weights: ones, as their master
+    for (size_t e : entries) {  // the resident norm weights and biases: ones and zeros, as their master
       if (layout_[e].shape.size() != 1) continue;
+      const float* values = IsBias(layout_[e]) ? zeros.data() : ones.data();
       RETURN_IF_ERROR(
-          Cuda(cudaMemcpyAsync(N(e), ones.data(), layout_[e].count * sizeof(float), cudaMemcpyHostToDevice, stream_),
+          Cuda(cudaMemcpyAsync(N(e), values, layout_[e].count * sizeof(float), cudaMemcpyHostToDevice, stream_),
                "norm weights"));
     }
     RETURN_IF_ERROR(Leave(g, Part::kWeights));
   }
-  return Cuda(cudaStreamSynchronize(stream_), "initial weights");  // `ones` is read by now
+  return Cuda(cudaStreamSynchronize(stream_), "initial weights");  // `ones` and `zeros` are read by now
 }
 
 absl::Status GpuModel::Download(Part part, std::vector<float>* out) {

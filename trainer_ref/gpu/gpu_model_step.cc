@@ -384,8 +384,11 @@ prefetcher::Graph GpuModel::StepGraph(int micro_batches) const {
   // Estimated seconds (measured times replace them in the daemon): the GEMM and attention
   // flops at 300 TFLOP/s, the optimizer's bytes at 3 TB/s.
   const double tokens = static_cast<double>(batch_) * seq_;
+  const int last = Groups() - 1;
+  const bool tied = config_.tied_embeddings;
   auto forward_seconds = [&](int g) {
-    const double params = static_cast<double>(GroupCount(g));
+    const double params = static_cast<double>(GroupCount(g)) +
+                          (g == last && tied ? static_cast<double>(config_.vocab) * config_.d_model : 0.0);
     if (g == 0) return tokens * config_.d_model * 4 / 3e12;
     const double attention = g == Groups() - 1 ? 0.0 : 2.0 * tokens * seq_ * config_.d_model;
     return (2 * tokens * params + attention) / 300e12;
@@ -408,21 +411,26 @@ prefetcher::Graph GpuModel::StepGraph(int micro_batches) const {
         back.reads = acts(g);
         for (tp::TensorIndex t : weights(g)) back.reads.push_back(t);
       }
-      back.overwrites.push_back(at(g, Part::kGrads));
+      // Tied: the head's backward touched the embedding's gradients first.
+      (g == 0 && tied ? back.writes : back.overwrites).push_back(at(g, Part::kGrads));
       graph.ops[LayerMajorBackwardOp(g)] = std::move(back);
     }
-    const int last = Groups() - 1;
-    graph.ops[LayerMajorForwardOp(last)] = {absl::StrFormat("%s.fwd+bwd", home.groups[last]),
-                                            weights(last),
-                                            {},
-                                            3 * k * forward_seconds(last),
-                                            {at(last, Part::kGrads)}};
+    tp::GraphOp head{absl::StrFormat("%s.fwd+bwd", home.groups[last]), weights(last), {}, 3 * k * forward_seconds(last),
+                     {at(last, Part::kGrads)}};
+    if (tied) {
+      for (tp::TensorIndex t : weights(0)) head.reads.push_back(t);
+      head.overwrites.push_back(at(0, Part::kGrads));
+    }
+    graph.ops[LayerMajorForwardOp(last)] = std::move(head);
   } else {
     // Each op at its index (ForwardOp, BackwardOp, OptimizerOp: the order they run in).
     graph.ops.resize(static_cast<size_t>(Groups()) * (2 * micro_batches + 1));
     for (int micro = 0; micro < micro_batches; ++micro) {
       for (int g = 0; g < Groups(); ++g) {
         tp::GraphOp op{absl::StrFormat("mb%d.%s.fwd", micro, home.groups[g]), weights(g), {}, forward_seconds(g), {}};
+        if (g == last && tied) {
+          for (tp::TensorIndex t : weights(0)) op.reads.push_back(t);
+        }
         if (home.bytes[g][static_cast<int>(Part::kActs)] > 0) op.overwrites.push_back(at(g, Part::kActs));
         graph.ops[ForwardOp(micro, g)] = std::move(op);
       }
@@ -436,7 +444,13 @@ prefetcher::Graph GpuModel::StepGraph(int micro_batches) const {
           for (tp::TensorIndex t : weights(g)) op.reads.push_back(t);
         }
         if (home.bytes[g][static_cast<int>(Part::kActs)] > 0) op.reads.push_back(at(g, Part::kActs));
-        (micro == 0 ? op.overwrites : op.writes).push_back(at(g, Part::kGrads));
+        // Tied: the head's backward touches the embedding's gradients first, then the embedding's.
+        const bool first_touch = micro == 0 && !(g == 0 && tied);
+        (first_touch ? op.overwrites : op.writes).push_back(at(g, Part::kGrads));
+        if (g == last && tied) {
+          for (tp::TensorIndex t : weights(0)) op.reads.push_back(t);
+          (micro == 0 ? op.overwrites : op.writes).push_back(at(0, Part::kGrads));
+        }
         graph.ops[BackwardOp(micro, Groups() - 1 - g)] = std::move(op);
       }
     }

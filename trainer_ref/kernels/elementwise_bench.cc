@@ -7,6 +7,7 @@
 //   bazel run -c opt //trainer_ref/kernels:elementwise_bench   (or .carry/bin/elementwise_bench)
 #include <cuda_runtime_api.h>
 
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <vector>
@@ -77,7 +78,10 @@ bool Bench(const char* model, int b, int t, int c, int f, int heads, cudaEvent_t
   row("RmsNormForward", nc * 4.0 + nc * 2, [&] { RmsNormForward(h, rstd, x, weight, n, c, 1e-5f, nullptr); });
   row("RmsNormBackward (din and dweight)", nc * 4.0 * 3 + nc * 2,
       [&] { RmsNormBackward(dx, dweight, h, x, weight, rstd, n, c, scratch, nullptr); });
-  row("RopeForward (q)", nc * 4.0, [&] { RopeForward(q, b, t, heads, d, 10000.f, nullptr); });
+  std::vector<double> inv_freq(d / 2);
+  for (int i = 0; i < d / 2; ++i) inv_freq[i] = std::pow(10000.0, -2.0 * i / d);
+  const RopeFrequencies freq = RopeFrequenciesOf(inv_freq);
+  row("RopeForward (q)", nc * 4.0, [&] { RopeForward(q, b, t, heads, d, freq, nullptr); });
   row("SwiGluForward", nf * 6.0, [&] { SwiGluForward(s, g, u, n, f, nullptr); });
   row("SwiGluBackward (writes dg, du)", nf * 10.0, [&] { SwiGluBackward(dg, du, s, g, u, n, f, nullptr); });
   row("AddInto (fp32 += bf16)", nc * 10.0, [&] { AddInto(x, h, int64_t(nc), nullptr); });

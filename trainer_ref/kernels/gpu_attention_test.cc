@@ -58,7 +58,7 @@ TEST(GpuOpsTest, CausalAttentionForwardAndBackward) {
     Device<Bf16> d_q(q.bits), d_k(k.bits), d_v(v.bits), d_out{std::vector<Bf16>(count)}, d_dout(dout.bits),
         d_dq(dq0.bits), d_dk(dk0.bits), d_dv(dv0.bits);
     Device<float> d_lse{std::vector<float>(size_t{b} * h * t)};
-    const int64_t scratch_bytes = AttentionBackwardScratchBytes(b, t, h, d);
+    const int64_t scratch_bytes = AttentionBackwardScratchBytes(b, t, h, h, d);
     Device<unsigned char> scratch{std::vector<unsigned char>(static_cast<size_t>(scratch_bytes))};
     ASSERT_EQ(AttentionForward(d_out.get(), d_lse.get(), d_q.get(), d_k.get(), d_v.get(), b, t, h, d, nullptr),
               cudaSuccess);
@@ -67,9 +67,9 @@ TEST(GpuOpsTest, CausalAttentionForwardAndBackward) {
               cudaSuccess);
     // The backward writes dq, dk, dv: the random values they held must not show.
     std::vector<float> out(count), att(size_t{b} * h * t * t), dq(count, 0.f), dk(count, 0.f), dv(count, 0.f);
-    cpu::AttentionForward(out.data(), att.data(), q.values.data(), k.values.data(), v.values.data(), b, t, h, d);
+    cpu::AttentionForward(out.data(), att.data(), q.values.data(), k.values.data(), v.values.data(), b, t, h, h, d);
     cpu::AttentionBackward(dq.data(), dk.data(), dv.data(), dout.values.data(), att.data(), q.values.data(),
-                           k.values.data(), v.values.data(), b, t, h, d);
+                           k.values.data(), v.values.data(), b, t, h, h, d);
     const std::string at = " (D " + std::to_string(d) + ")";
     EXPECT_EQ(CompareBf16(Floats(d_out.Host()), out, 1e-2f, "attention out" + at), 0);
     EXPECT_EQ(CompareBf16(Floats(d_dq.Host()), dq, 2e-2f, "attention dq" + at), 0);

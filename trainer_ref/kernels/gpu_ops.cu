@@ -168,16 +168,16 @@ __global__ void SumChunksIntoKernel(float* out, const float* partial, int chunks
   out[j] += sum;
 }
 
-// One block per row (token) of x (B*T, H, D): the row's D/2 angles pos * base^(-2i/D) once
+// One block per row (token) of x (B*T, H, D): the row's D/2 angles pos * inv_freq[i] once
 // into shared memory, then every head's pairs turn by them (sign -1: back); four pairs a
 // thread with 16-byte accesses (`vec`: D a multiple of 8, aligned) or one.
-__global__ void RopeKernel(Bf16* x, int t, int h, int d, float base, float sign, bool vec) {
+__global__ void RopeKernel(Bf16* x, int t, int h, int d, RopeFrequencies freq, float sign, bool vec) {
   extern __shared__ float trig[];  // cos[D/2] | sin[D/2]
   const int half = d / 2;
   const int64_t row = blockIdx.x;
   const int pos = static_cast<int>(row % t);
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    const float angle = sign * pos * powf(base, -2.f * i / d);
+    const float angle = sign * pos * freq.inv_freq[i];
     sincosf(angle, &trig[half + i], &trig[i]);
   }
   __syncthreads();
@@ -389,20 +389,28 @@ void RmsNormBackward(float* din, float* dweight, const Bf16* dout, const float* 
   SumChunksIntoKernel<<<(c + kThreads - 1) / kThreads, kThreads, 0, stream>>>(dweight, scratch, chunks, c);
 }
 
-void Rope(Bf16* x, int b, int t, int h, int d, float base, float sign, cudaStream_t stream) {
+void Rope(Bf16* x, int b, int t, int h, int d, const RopeFrequencies& freq, float sign, cudaStream_t stream) {
   const int64_t rows = int64_t{b} * t;
   if (rows == 0) return;
   const bool vec = d % 8 == 0 && Aligned16(x);
   const int threads = std::min(kThreads, std::max(32, vec ? h * d / 8 : h * d / 2));
-  RopeKernel<<<static_cast<unsigned>(rows), threads, d * sizeof(float), stream>>>(x, t, h, d, base, sign, vec);
+  RopeKernel<<<static_cast<unsigned>(rows), threads, d * sizeof(float), stream>>>(x, t, h, d, freq, sign, vec);
 }
 
-void RopeForward(Bf16* x, int b, int t, int h, int d, float base, cudaStream_t stream) {
-  Rope(x, b, t, h, d, base, 1.f, stream);
+RopeFrequencies RopeFrequenciesOf(const std::vector<double>& inv_freq) {
+  RopeFrequencies out;
+  for (size_t i = 0; i < inv_freq.size() && i < RopeFrequencies::kMaxPairs; ++i) {
+    out.inv_freq[i] = static_cast<float>(inv_freq[i]);
+  }
+  return out;
 }
 
-void RopeBackward(Bf16* dx, int b, int t, int h, int d, float base, cudaStream_t stream) {
-  Rope(dx, b, t, h, d, base, -1.f, stream);
+void RopeForward(Bf16* x, int b, int t, int h, int d, const RopeFrequencies& freq, cudaStream_t stream) {
+  Rope(x, b, t, h, d, freq, 1.f, stream);
+}
+
+void RopeBackward(Bf16* dx, int b, int t, int h, int d, const RopeFrequencies& freq, cudaStream_t stream) {
+  Rope(dx, b, t, h, d, freq, -1.f, stream);
 }
 
 void SwiGluForward(Bf16* out, const Bf16* gate, const Bf16* up, int n, int f, cudaStream_t stream) {

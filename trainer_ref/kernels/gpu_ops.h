@@ -53,9 +53,30 @@ void RmsNormBackward(float* din, float* dweight, const Bf16* dout, const float* 
                      const float* rstd, int n, int c, float* scratch, cudaStream_t stream);
 int64_t RmsNormScratchFloats(int n, int c);
 
+// RoPE's inverse frequencies (RopeInverseFrequencies: D/2 of them, head sizes up to 256), passed
+// to the kernel by value.
+struct RopeFrequencies {
+  static constexpr int kMaxPairs = 128;
+  float inv_freq[kMaxPairs] = {};
+};
+RopeFrequencies RopeFrequenciesOf(const std::vector<double>& inv_freq);
 // Rotary embedding in place on x (B*T, H, D), as cpu::RopeForward; backward turns back.
-void RopeForward(Bf16* x, int b, int t, int h, int d, float base, cudaStream_t stream);
-void RopeBackward(Bf16* dx, int b, int t, int h, int d, float base, cudaStream_t stream);
+void RopeForward(Bf16* x, int b, int t, int h, int d, const RopeFrequencies& freq, cudaStream_t stream);
+void RopeBackward(Bf16* dx, int b, int t, int h, int d, const RopeFrequencies& freq, cudaStream_t stream);
+
+// q/k/v biases (gpu_family_ops.cu). out (N, OC, bf16) += bias (OC, fp32), each value rounded
+// once; dbias (OC, fp32) += dout (N, OC) summed over the rows: partial sums per 64 rows into
+// `scratch` (BiasScratchFloats), then summed in order (deterministic).
+void BiasForward(Bf16* out, const float* bias, int n, int oc, cudaStream_t stream);
+void BiasBackward(float* dbias, const Bf16* dout, int n, int oc, float* scratch, cudaStream_t stream);
+int64_t BiasScratchFloats(int n, int oc);
+
+// Grouped-query attention on the kernels of multi-head attention (gpu_family_ops.cu): kv
+// (N, KV*D) repeated to full (N, H*D), each key/value head for its H/KV query heads
+// (head h reads head h / (H/KV)); and back, dkv (N, KV*D) = the sum of each group's heads of
+// dfull (N, H*D) in head order, in fp32, rounded once (writes).
+void RepeatKvHeads(Bf16* full, const Bf16* kv, int n, int h, int kv_heads, int d, cudaStream_t stream);
+void SumKvHeadGroups(Bf16* dkv, const Bf16* dfull, int n, int h, int kv_heads, int d, cudaStream_t stream);
 
 // out (N, F) = silu(gate) * up; backward writes dgate and dup (nothing else adds into them).
 void SwiGluForward(Bf16* out, const Bf16* gate, const Bf16* up, int n, int f, cudaStream_t stream);

@@ -21,6 +21,7 @@
 #include "trainer_ref/kernels/gemm.h"
 #include "trainer_ref/kernels/gpu_test_util.h"
 #include "trainer_ref/kernels/init_normal.h"
+#include "trainer_ref/model_config.h"
 
 namespace tierd::trainer::gpu {
 namespace {
@@ -142,19 +143,27 @@ TEST(GpuOpsTest, RopeForwardAndBackward) {
   struct Shape {
     int b, t, h, d;
   };
-  for (const Shape& s : {Shape{2, 37, 4, 32}, Shape{2, 37, 3, 6}}) {  // 16-byte groups of pairs; single pairs
+  // 16-byte groups of pairs; single pairs; Llama 3.1's scaled frequencies (llama3, factor 8).
+  for (const Shape& s : {Shape{2, 37, 4, 32}, Shape{2, 37, 3, 6}, Shape{1, 300, 2, 128}}) {
     const int b = s.b, t = s.t, h = s.h, d = s.d;
     const std::string at = " (D " + std::to_string(d) + ")";
+    ModelConfig config{"rope", 1, h * d, h, 16, 16, t};
+    if (d == 128) {
+      config.rope_theta = 500000;
+      config.rope_scaling = {RopeScaling::Type::kLlama3, 8.0, 1.0, 4.0, 64};
+    }
+    const std::vector<double> freq = RopeInverseFrequencies(config);
+    const RopeFrequencies table = RopeFrequenciesOf(freq);
     const Bf16Data x = Random(static_cast<size_t>(b) * t * h * d, rng);
     Device<Bf16> d_x(x.bits);
-    RopeForward(d_x.get(), b, t, h, d, 10000.f, nullptr);
+    RopeForward(d_x.get(), b, t, h, d, table, nullptr);
     std::vector<float> cpu = x.values;
-    cpu::RopeForward(cpu.data(), b, t, h, d, 10000.f);
+    cpu::RopeForward(cpu.data(), b, t, h, d, freq.data());
     EXPECT_EQ(CompareBf16(Floats(d_x.Host()), cpu, 1e-3f, "rope forward" + at), 0);
     Device<Bf16> d_dx(x.bits);
-    RopeBackward(d_dx.get(), b, t, h, d, 10000.f, nullptr);
+    RopeBackward(d_dx.get(), b, t, h, d, table, nullptr);
     std::vector<float> back = x.values;
-    cpu::RopeBackward(back.data(), b, t, h, d, 10000.f);
+    cpu::RopeBackward(back.data(), b, t, h, d, freq.data());
     EXPECT_EQ(CompareBf16(Floats(d_dx.Host()), back, 1e-3f, "rope backward" + at), 0);
   }
 }

@@ -166,6 +166,16 @@ void Model<T>::InitParams(uint64_t seed) {
 }
 
 template <typename T>
+void Model<T>::LastLogits(std::vector<T>* out) {
+  const int n = batch_ * seq_, last = config_.layers + 1;
+  out->assign(static_cast<size_t>(n) * config_.vocab, T(0));
+  Enter(last, false);
+  const HeadActs hd = CarveHead(saved_[SavedOf(last)]);
+  cpu::MatmulForward(out->data(), hd.xf, P(head_), n, config_.d_model, config_.vocab);
+  Leave(last, false);
+}
+
+template <typename T>
 void Model<T>::ZeroGrads() {
   std::fill(grads_.begin(), grads_.end(), T(0));
 }

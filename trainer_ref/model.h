@@ -87,6 +87,8 @@ class Model {
   // Keeps every micro-batch's layer inputs (checkpointing) or activations meanwhile.
   std::vector<T> ForwardBackwardLayerMajor(const int32_t* tokens, const int32_t* targets, int micro_batches);
   void ZeroGrads();
+  // The logits (N x V) of the last Forward, made again from its saved head input.
+  void LastLogits(std::vector<T>* out);
 
   // Where the tensors live. By default in params()/grads(), the flat buffers. A caller
   // that keeps them elsewhere (tierd's tiers) hooks each group of tensors — 0: the

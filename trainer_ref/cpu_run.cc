@@ -13,6 +13,7 @@
 #include "clients/client.h"
 #include "trainer_ref/checkpoint.h"
 #include "trainer_ref/cpu_data_parallel.h"
+#include "trainer_ref/hf/hf_checkpoint.h"
 #include "trainer_ref/plot.h"
 #include "trainer_ref/run_report.h"
 #include "trainer_ref/trainer.h"
@@ -163,6 +164,23 @@ int RunOnCpu(const RunSettings& settings) {
   } else {
     home = MakePlainHome(HomeShapeFor(config, o));
   }
+  std::unique_ptr<hf::HfCheckpointReader> init_from;
+  if (!s.init_from.empty()) {
+    auto reader = hf::HfCheckpointReader::Open(s.init_from, config);
+    if (!reader.ok()) return Fail(std::string(reader.status().message()));
+    init_from = std::move(*reader);
+    o.init_params = [&init_from, &config](std::vector<float>* params) {
+      const std::vector<TensorLayout> layout = ParamLayout(config);
+      for (size_t e = 0; e < layout.size(); ++e) {
+        if (absl::Status st = init_from->Read(e, params->data() + layout[e].offset); !st.ok()) return st;
+      }
+      return absl::OkStatus();
+    };
+  }
+  if (!s.export_dir.empty() && o.dp.zero3) {
+    return Fail("--export with --zero=3: each rank holds a slice of each parameter; export from a dense or ZeRO-2 run");
+  }
+  const auto init_start = std::chrono::steady_clock::now();
   auto created = Trainer::Create(config, o, *data, *home);
   if (!created.ok()) return Fail(std::string(created.status().message()));
   Trainer& trainer = **created;
@@ -189,6 +207,11 @@ int RunOnCpu(const RunSettings& settings) {
         ranks > 1 ? absl::StrFormat(" x %d ranks", ranks).c_str() : "", s.tierd ? "tierd" : "none",
         ck.dir.empty() ? "" : absl::StrFormat("; checkpoint every %d steps in %s", s.checkpoint_every, ck.dir).c_str());
     if (ranks > 1) std::printf("data-parallel: %s\n", DescribeSync(trainer, o).c_str());
+    if (init_from != nullptr) {
+      std::printf("init: weights of %s (%s) in %.1f s\n", s.init_from.c_str(), init_from->Describe().c_str(),
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - init_start).count());
+    }
+    std::printf("schedule: %s\n", s.schedule_note.c_str());
   }
   const double tokens_per_step = static_cast<double>(o.batch) * o.seq * o.grad_accum * ranks;
   const comm::CommStats none;
@@ -281,6 +304,10 @@ int RunOnCpu(const RunSettings& settings) {
   absl::StatusOr<double> val = -1.0;
   if (s.eval_every >= 0) val = trainer.ValidationLoss(8);
   if (!val.ok()) return FailMidRun(std::string(val.status().message()), ck);
+  if (!s.validation_out.empty() && lead) {
+    const absl::Status st = WriteValidationWindows(s.validation_out, data->val, o.batch, o.seq, 8, trainer.step(), *val);
+    if (!st.ok()) return FailMidRun(std::string(st.message()), ck);
+  }
   if (!lead) return 0;  // rank 0 reports the run
   std::string compared;
   if (!s.compare_metrics.empty()) {
@@ -305,6 +332,17 @@ int RunOnCpu(const RunSettings& settings) {
   std::printf("done: %ld steps, final loss %.4f%s, %.0f tokens/s; %s%s%s\n", static_cast<long>(o.steps), last_loss,
               validation.c_str(), tokens_per_step * steps_run / std::max(total, 1e-9),
               trainer.home().Describe().c_str(), compared.c_str(), spikes.Summary().c_str());
+  if (!s.export_dir.empty()) {
+    hf::ExportOptions eo;
+    eo.dtype = s.export_fp32 ? hf::Dtype::kF32 : hf::Dtype::kBF16;
+    eo.max_shard_bytes = s.export_shard_bytes;
+    eo.source_dir = s.init_from;
+    eo.progress = [](const std::string& line) { std::printf("%s\n", line.c_str()); };
+    const absl::Status exported = hf::ExportHfCheckpoint(
+        config, s.export_dir, [&trainer](size_t e, float* out) { return trainer.ReadParam(e, out); }, eo);
+    if (!exported.ok()) return FailMidRun("export: " + std::string(exported.message()), ck);
+    std::printf("exported: %s (a Hugging Face checkpoint, %s)\n", s.export_dir.c_str(), s.export_fp32 ? "fp32" : "bf16");
+  }
   if (ranks > 1) {
     const double sent = (traffic_of->bytes_sent - comm_start.bytes_sent) / std::max(steps_run, 1.0);
     const double dense = trainer.sync().DenseBytesPerStep();

@@ -4,11 +4,13 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace tierd::trainer {
 
@@ -147,6 +149,30 @@ void Batcher::Next(int32_t* inputs, int32_t* targets) {
     std::copy(tokens_.begin() + start, tokens_.begin() + start + seq_, inputs + int64_t{b} * seq_);
     std::copy(tokens_.begin() + start + 1, tokens_.begin() + start + 1 + seq_, targets + int64_t{b} * seq_);
   }
+}
+
+absl::Status WriteValidationWindows(const std::string& path, const std::vector<int32_t>& val, int batch, int seq,
+                                    int batches, int64_t step, double loss) {
+  Batcher windows(val, batch, seq, kValidationSeed);
+  std::vector<int32_t> inputs(static_cast<size_t>(batch) * seq), targets(inputs.size());
+  std::string out = absl::StrFormat("{\"step\": %d, \"validation_loss\": %.9g, \"batch\": %d, \"seq\": %d, \"batches\": [",
+                                    step, loss, batch, seq);
+  for (int b = 0; b < batches; ++b) {
+    windows.Next(inputs.data(), targets.data());
+    absl::StrAppend(&out, b == 0 ? "" : ",", "\n{\"inputs\": [", absl::StrJoin(inputs, ","), "], \"targets\": [",
+                    absl::StrJoin(targets, ","), "]}");
+  }
+  out += "\n]}\n";
+  const std::string partial = path + ".partial";
+  std::FILE* f = std::fopen(partial.c_str(), "wb");
+  if (f == nullptr) return absl::PermissionDeniedError(absl::StrFormat("cannot write '%s'", partial));
+  const bool written = std::fwrite(out.data(), 1, out.size(), f) == out.size();
+  const bool closed = std::fclose(f) == 0;
+  if (!written || !closed || std::rename(partial.c_str(), path.c_str()) != 0) {
+    std::remove(partial.c_str());
+    return absl::ResourceExhaustedError(absl::StrFormat("writing '%s' failed (disk full?)", path));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace tierd::trainer

@@ -49,6 +49,17 @@ class Batcher {
   std::mt19937_64 rng_;
 };
 
+// The held-out windows a validation loss is taken over: `batches` batches of a Batcher over
+// the validation tokens with this seed, the same every time.
+inline constexpr uint64_t kValidationSeed = 12345;
+
+// --validation_out: those windows and the loss the trainer took over them, as JSON
+// ({"step", "validation_loss", "batch", "seq", "batches": [{"inputs": [...], "targets":
+// [...]}]}), for checking an exported model against it elsewhere (tools/hf/check_export.py).
+// Written aside and renamed.
+absl::Status WriteValidationWindows(const std::string& path, const std::vector<int32_t>& val, int batch, int seq,
+                                    int batches, int64_t step, double loss);
+
 }  // namespace tierd::trainer
 
 #endif  // TIERD_TRAINER_REF_DATA_H_

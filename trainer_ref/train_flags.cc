@@ -15,7 +15,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "base/units.h"
+#include "trainer_ref/hf/hf_checkpoint.h"
 #include "trainer_ref/model_config_file.h"
+#include "trainer_ref/schedule.h"
 
 ABSL_FLAG(std::string, device, "auto",
           "auto: the GPU when a usable CUDA GPU is there (and the binary was built with CUDA), else the CPU "
@@ -37,14 +39,33 @@ ABSL_FLAG(int, head_dim, 0, "override the head size (when not hidden_size / head
 ABSL_FLAG(int, intermediate_size, 0, "override the MLP's hidden width; 0: keep");
 ABSL_FLAG(int, vocab_size, 0, "override the vocabulary size; 0: keep");
 ABSL_FLAG(int, max_position_embeddings, 0, "override the longest sequence; 0: keep");
+ABSL_FLAG(std::string, init_from, "",
+          "fine-tune a Hugging Face checkpoint: a directory with config.json and model.safetensors (or shards and "
+          "model.safetensors.index.json) of a Llama, Mistral or Qwen2 model, bf16/fp16/fp32; the shape comes from "
+          "its config.json, the weights are read tensor by tensor into the run's tiers, and the default schedule "
+          "becomes a fine-tuning one (lr 2e-5, warmup 3%)");
+ABSL_FLAG(std::string, export, "",
+          "at the end of the run, write the trained weights as a Hugging Face checkpoint into this new (or empty) "
+          "directory: sharded safetensors + index, config.json and the --init_from checkpoint's tokenizer files, "
+          "loadable by transformers and vLLM as is");
+ABSL_FLAG(std::string, export_dtype, "bf16", "the exported weights' dtype: bf16 (rounded from the fp32 master) or fp32");
+ABSL_FLAG(std::string, export_shard_size, "5GiB", "the exported checkpoint's shards, at most this big each");
+ABSL_FLAG(std::string, validation_out, "",
+          "after the last validation, write its held-out windows and loss to this JSON file (checked against an "
+          "export by tools/hf/check_export.py)");
 ABSL_FLAG(std::string, data, "embedded",
           "embedded | a directory of .txt | FILE.u16 / FILE.u32 token shards | any file (bytes)");
 ABSL_FLAG(int, batch_size, 0, "sequences per micro-batch (0: 4 on the CPU, 8 on a GPU)");
 ABSL_FLAG(int, seq_len, 0, "tokens per sequence (0: on the CPU 64, on a GPU the model's longest up to 2048)");
 ABSL_FLAG(int, grad_accum_steps, 1, "micro-batches per optimizer step");
 ABSL_FLAG(int64_t, steps, 0, "optimizer steps (0: 200 on the CPU, 50 on a GPU)");
-ABSL_FLAG(int64_t, warmup, -1, "linear warmup steps, then cosine decay to lr / 10 (-1: 20 on the CPU, 10 on a GPU)");
-ABSL_FLAG(double, lr, 0, "peak learning rate (0: 3e-3 on the CPU, 3e-4 on a GPU; a third of that with --opt=lion)");
+ABSL_FLAG(int64_t, warmup, -1,
+          "linear warmup steps, then cosine decay to lr / 10 (-1: chosen and said at startup: 3% of the steps with "
+          "--init_from; from scratch on a GPU 10 a billion parameters; 20 on the CPU)");
+ABSL_FLAG(double, lr, 0,
+          "peak learning rate (0: chosen and said at startup: 2e-5 with --init_from; from scratch on a GPU "
+          "GPT-3's rate for the model's size, 6e-4 at 125M to 1e-4 at 13B; 3e-3 on the CPU; a third of that with "
+          "--opt=lion)");
 ABSL_FLAG(double, clip, 1.0, "global gradient-norm clip (0: off)");
 ABSL_FLAG(double, loss_spike_sds, 4.0,
           "flag a step whose loss is more than this many noise deviations above the mean of the last 10 steps' "
@@ -344,6 +365,41 @@ void ParseTrainerFlags(int argc, char** argv, const char* usage) {
   absl::ParseCommandLine(argc, pointers.data());
 }
 
+absl::StatusOr<ModelConfig> ReadModelFlags(std::string* init_from) {
+  ShapeOverrides shape;
+  shape.layers = absl::GetFlag(FLAGS_num_hidden_layers);
+  shape.d_model = absl::GetFlag(FLAGS_hidden_size);
+  shape.heads = absl::GetFlag(FLAGS_num_attention_heads);
+  shape.kv_heads = absl::GetFlag(FLAGS_num_key_value_heads);
+  shape.head_dim = absl::GetFlag(FLAGS_head_dim);
+  shape.d_ff = absl::GetFlag(FLAGS_intermediate_size);
+  shape.vocab = absl::GetFlag(FLAGS_vocab_size);
+  shape.max_seq = absl::GetFlag(FLAGS_max_position_embeddings);
+  if (Given("model_size") && !absl::GetFlag(FLAGS_model_config).empty()) {
+    return Bad("give --model_size (a preset) or --model_config (a file), not both");
+  }
+  std::string from = absl::GetFlag(FLAGS_init_from);
+  while (from.size() > 1 && from.back() == '/') from.pop_back();
+  if (!from.empty()) {
+    for (const char* flag : {"model_size", "model_config", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                             "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size",
+                             "max_position_embeddings"}) {
+      if (Given(flag)) {
+        return Bad(absl::StrFormat("--init_from takes the model's shape from %s/config.json: give no --%s",
+                                   from, flag));
+      }
+    }
+  }
+  auto config = from.empty()
+                    ? ResolveModelConfig(absl::GetFlag(FLAGS_model_size), absl::GetFlag(FLAGS_model_config), shape)
+                    : ModelConfigFromFile(from + "/config.json");
+  if (!config.ok()) return config.status();
+  ModelConfig out = *config;
+  if (!from.empty()) out.name = from.substr(from.find_last_of('/') + 1);
+  *init_from = from;
+  return out;
+}
+
 absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* notes) {
   RunSettings s;
   s.gpu = gpu;
@@ -388,30 +444,32 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   if (s.fp8_window < 1 || s.fp8_window > 1024) return Bad("--fp8_window is 1..1024 steps");
   if (s.fp8_margin < 0 || s.fp8_margin > 32) return Bad("--fp8_margin is 0..32 (a power of two of headroom)");
   if (s.fp8_fallback_after < 0) return Bad("--fp8_fallback_after is a count of steps (0: never fall back)");
-  ShapeOverrides shape;
-  shape.layers = absl::GetFlag(FLAGS_num_hidden_layers);
-  shape.d_model = absl::GetFlag(FLAGS_hidden_size);
-  shape.heads = absl::GetFlag(FLAGS_num_attention_heads);
-  shape.kv_heads = absl::GetFlag(FLAGS_num_key_value_heads);
-  shape.head_dim = absl::GetFlag(FLAGS_head_dim);
-  shape.d_ff = absl::GetFlag(FLAGS_intermediate_size);
-  shape.vocab = absl::GetFlag(FLAGS_vocab_size);
-  shape.max_seq = absl::GetFlag(FLAGS_max_position_embeddings);
-  if (Given("model_size") && !absl::GetFlag(FLAGS_model_config).empty()) {
-    return Bad("give --model_size (a preset) or --model_config (a file), not both");
-  }
-  auto config = ResolveModelConfig(absl::GetFlag(FLAGS_model_size), absl::GetFlag(FLAGS_model_config), shape);
+  auto config = ReadModelFlags(&s.init_from);
   if (!config.ok()) return config.status();
   s.config = *config;
+  s.export_dir = absl::GetFlag(FLAGS_export);
+  s.validation_out = absl::GetFlag(FLAGS_validation_out);
+  const std::string export_dtype = absl::AsciiStrToLower(absl::GetFlag(FLAGS_export_dtype));
+  if (export_dtype != "bf16" && export_dtype != "fp32") return Bad("--export_dtype is bf16 or fp32");
+  s.export_fp32 = export_dtype == "fp32";
+  auto shard = ParseBytes(absl::GetFlag(FLAGS_export_shard_size));
+  if (!shard.ok() || *shard < (uint64_t{1} << 20)) return Bad("--export_shard_size is a size of at least 1MiB (5GiB)");
+  s.export_shard_bytes = *shard;
+  if (!s.export_dir.empty()) {
+    if (absl::Status st = hf::CheckExportDir(s.export_dir); !st.ok()) return st;
+  }
   s.data = absl::GetFlag(FLAGS_data);
   s.batch = absl::GetFlag(FLAGS_batch_size) != 0 ? absl::GetFlag(FLAGS_batch_size) : (gpu ? 8 : 4);
   const int seq_flag = absl::GetFlag(FLAGS_seq_len);
   s.seq = seq_flag != 0 ? seq_flag : std::min(s.config.max_seq, gpu ? 2048 : 64);
   s.accum = absl::GetFlag(FLAGS_grad_accum_steps);
   s.steps = absl::GetFlag(FLAGS_steps) != 0 ? absl::GetFlag(FLAGS_steps) : (gpu ? 50 : 200);
-  s.warmup = absl::GetFlag(FLAGS_warmup) >= 0 ? absl::GetFlag(FLAGS_warmup) : (gpu ? 10 : 20);
   // Lion's updates are the sign's, a size for every element: a third of AdamW's rate by default.
-  s.lr = absl::GetFlag(FLAGS_lr) != 0 ? absl::GetFlag(FLAGS_lr) : (gpu ? 3e-4 : 3e-3) / (opt == "lion" ? 3 : 1);
+  const Schedule schedule = ChooseSchedule(s.config, s.steps, !s.init_from.empty(), gpu, opt == "lion",
+                                           absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_warmup));
+  s.lr = schedule.lr;
+  s.warmup = schedule.warmup;
+  s.schedule_note = schedule.why;
   s.clip = absl::GetFlag(FLAGS_clip);
   s.loss_spike_sds = absl::GetFlag(FLAGS_loss_spike_sds);
   if (!(s.loss_spike_sds >= 0) || !std::isfinite(s.loss_spike_sds)) {
@@ -434,8 +492,9 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
                                "is full causal attention, which equals the window's only for sequences within it",
                                s.seq, s.config.name, s.config.sliding_window));
   }
-  if (!(s.lr > 0) || (Given("lr") && !(absl::GetFlag(FLAGS_lr) > 0)) || s.clip < 0 || s.weight_decay < 0) {
-    return Bad("--lr must be positive; --clip and --weight_decay not negative");
+  if (!(s.lr > 0) || (Given("lr") && !(absl::GetFlag(FLAGS_lr) > 0)) || s.clip < 0 || s.weight_decay < 0 ||
+      s.warmup < 0 || (Given("warmup") && absl::GetFlag(FLAGS_warmup) < 0)) {
+    return Bad("--lr must be positive; --clip, --weight_decay and --warmup not negative");
   }
   if (absl::Status st = ReadCheckpointing(s); !st.ok()) return st;
   if (absl::Status st = ReadTierd(gpu, s); !st.ok()) return st;
@@ -451,6 +510,7 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   s.plot = absl::GetFlag(FLAGS_plot);
   s.compare_metrics = absl::GetFlag(FLAGS_compare_metrics);
   s.eval_every = absl::GetFlag(FLAGS_eval_every);
+  if (!s.validation_out.empty() && s.eval_every < 0) return Bad("--validation_out needs a validation (--eval_every >= 0)");
   const std::vector<const char*> gpu_only = {
       "gpu_budget",         "optimizer_place", "pcie_gbps",   "nvme_gbps",  "gpu_tflops",    "optimizer_chunks",
       "optimizer_deferred", "profile",         "timing_skip", "step_order", "compact_state", "adamw8bit_min_size"};

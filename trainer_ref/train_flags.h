@@ -27,6 +27,10 @@ ABSL_DECLARE_FLAG(int, intermediate_size);
 ABSL_DECLARE_FLAG(int, vocab_size);
 ABSL_DECLARE_FLAG(int, max_position_embeddings);
 ABSL_DECLARE_FLAG(std::string, data);
+ABSL_DECLARE_FLAG(std::string, init_from);
+ABSL_DECLARE_FLAG(std::string, export);
+ABSL_DECLARE_FLAG(std::string, export_dtype);
+ABSL_DECLARE_FLAG(std::string, export_shard_size);
 ABSL_DECLARE_FLAG(int, batch_size);
 ABSL_DECLARE_FLAG(int, seq_len);
 ABSL_DECLARE_FLAG(int, grad_accum_steps);
@@ -83,6 +87,12 @@ void ParseTrainerFlags(int argc, char** argv, const char* usage);
 struct RunSettings {
   bool gpu = false;
   ModelConfig config;
+  std::string init_from;   // --init_from: a Hugging Face checkpoint directory ("": initialised by seed)
+  std::string export_dir;  // --export ("": none)
+  bool export_fp32 = false;
+  uint64_t export_shard_bytes = uint64_t{5} << 30;
+  std::string validation_out;  // --validation_out ("": none)
+  std::string schedule_note;  // the learning-rate schedule and why (ChooseSchedule)
   std::string data;
   int batch = 0, seq = 0, accum = 1;
   int64_t steps = 0, warmup = 0;
@@ -124,6 +134,10 @@ struct RunSettings {
   bool sparse_momentum = false;  // --sparse_sync=momentum
   double comm_timeout = 120;   // seconds
 };
+
+// The model's shape from the flags: --init_from's config.json, or a preset or --model_config
+// with single dimensions overridden. `init_from`: --init_from ("" without it).
+absl::StatusOr<ModelConfig> ReadModelFlags(std::string* init_from);
 
 // INVALID_ARGUMENT saying which flag and what it takes. `notes` gets one line per flag given
 // that the device ignores.

@@ -8,12 +8,19 @@
 #include "absl/debugging/symbolize.h"
 #include "absl/flags/flag.h"
 #include "comm/launch_env.h"
+#include "absl/strings/str_format.h"
+#include "base/units.h"
 #include "trainer_ref/cpu_run.h"
+#include "trainer_ref/export_checkpoint.h"
 #include "trainer_ref/train_flags.h"
 
 #ifdef TIERD_HAVE_CUDA
 #include "trainer_ref/gpu/gpu_run.h"
 #endif
+
+ABSL_FLAG(std::string, checkpoint, "",
+          "tierd-train export: the checkpoint to export (a file, or a --checkpoint_dir: its newest that verifies)");
+ABSL_FLAG(std::string, to, "", "tierd-train export: the new (or empty) directory the Hugging Face checkpoint goes to");
 
 namespace tt = tierd::trainer;
 
@@ -27,8 +34,51 @@ constexpr char kUsage[] =
     "  tierd-train --checkpoint_dir=ckpt --resume      continue exactly where a killed run stopped\n"
     "  tierd --gpu=cuda --gpu_bytes=24GiB --dram_bytes=100GiB --nvme_dir=/var/tmp/tierd --nvme_bytes=64GiB &\n"
     "  tierd-train --model_size=7b --batch_size=2 --offload_policy=tierd --gpu_budget=24GiB --tierd_dram=90GiB\n"
+    "  tierd-train --init_from=Llama-3.1-8B --data=shards/ --offload_policy=tierd --gpu_budget=22GiB --export=tuned\n"
+    "  tierd-train export --checkpoint=ckpt --to=tuned --init_from=Llama-3.1-8B   a checkpoint's weights as HF's\n"
     "Each step prints loss, its spread over the last 100 steps, step time, tokens/s (on a GPU the memory held and,\n"
     "with tierd, the bytes moved each way). Flags take dashes or underscores (--model-size = --model_size).";
+
+// tierd-train export --checkpoint=PATH --to=DIR and the run's model flags (--init_from, or
+// --model_size / --model_config ...): no GPU, the state never whole in memory.
+int RunExport() {
+  std::string init_from;
+  auto config = tt::ReadModelFlags(&init_from);
+  if (!config.ok()) {
+    std::fprintf(stderr, "tierd-train export: %s\n", std::string(config.status().message()).c_str());
+    return 1;
+  }
+  const std::string checkpoint = absl::GetFlag(FLAGS_checkpoint), to = absl::GetFlag(FLAGS_to);
+  if (checkpoint.empty() || to.empty()) {
+    std::fprintf(stderr,
+                 "tierd-train export: give --checkpoint=FILE_OR_DIR --to=NEW_DIR and the run's model flags "
+                 "(--init_from=DIR, or --model_size / --model_config)\n");
+    return 1;
+  }
+  tt::hf::ExportOptions options;
+  options.source_dir = init_from;
+  const std::string dtype = absl::GetFlag(FLAGS_export_dtype);
+  if (dtype != "bf16" && dtype != "fp32") {
+    std::fprintf(stderr, "tierd-train export: --export_dtype is bf16 or fp32\n");
+    return 1;
+  }
+  options.dtype = dtype == "fp32" ? tt::hf::Dtype::kF32 : tt::hf::Dtype::kBF16;
+  auto shard = tierd::ParseBytes(absl::GetFlag(FLAGS_export_shard_size));
+  if (!shard.ok()) {
+    std::fprintf(stderr, "tierd-train export: --export_shard_size: %s\n", std::string(shard.status().message()).c_str());
+    return 1;
+  }
+  options.max_shard_bytes = *shard;
+  options.progress = [](const std::string& line) { std::printf("%s\n", line.c_str()); };
+  std::printf("export: model %s from %s\n", tt::DescribeConfig(*config).c_str(), checkpoint.c_str());
+  const absl::Status st = tt::ExportTrainerCheckpoint(*config, checkpoint, to, options);
+  if (!st.ok()) {
+    std::fprintf(stderr, "tierd-train export: %s\n", std::string(st.message()).c_str());
+    return 1;
+  }
+  std::printf("exported: %s (a Hugging Face checkpoint, %s)\n", to.c_str(), dtype.c_str());
+  return 0;
+}
 
 // The device to train on, said once; false with a message when --device=gpu cannot be had.
 bool PickDevice(bool* gpu) {
@@ -63,6 +113,11 @@ int main(int argc, char** argv) {
   absl::InitializeSymbolizer(argv[0]);
   absl::InstallFailureSignalHandler({});  // a crash prints its stack
   setvbuf(stdout, nullptr, _IOLBF, 0);    // lines reach a pipe (tee) as they are printed
+  if (argc > 1 && std::string(argv[1]) == "export") {  // the subcommand: its own flags after it
+    argv[1] = argv[0];
+    tt::ParseTrainerFlags(argc - 1, argv + 1, kUsage);
+    return RunExport();
+  }
   tt::ParseTrainerFlags(argc, argv, kUsage);
   bool gpu = false;
   if (!PickDevice(&gpu)) return 1;

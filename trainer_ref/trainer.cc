@@ -16,6 +16,17 @@ namespace {
 int64_t SliceAlign(const TrainOptions& options) { return options.moments_8bit ? q8::kQuantBlock : 1; }
 }  // namespace
 
+absl::Status Trainer::ReadParam(size_t entry, float* out) {
+  if (options_.dp.zero3) {
+    return absl::FailedPreconditionError("with ZeRO-3 each rank holds a slice of each parameter: no export");
+  }
+  Held held(home_, entry);
+  auto p = held.Get(Kind::kParam, Access::kRead);
+  if (!p.ok()) return p.status();
+  std::memcpy(out, *p, model_.layout()[entry].count * sizeof(float));
+  return absl::OkStatus();
+}
+
 HomeShape HomeShapeFor(const ModelConfig& config, const TrainOptions& options) {
   HomeShape shape;
   shape.layout = ParamLayout(config);
@@ -71,6 +82,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
 
 absl::Status Trainer::Init() {
   model_.InitParams(options_.seed);
+  if (options_.init_params) {
+    if (absl::Status s = options_.init_params(&model_.params()); !s.ok()) return s;
+  }
   // The model's own flat buffers are not where it computes here: its group hooks bind the
   // home's tensors. The gradients' go now, the parameters' once copied into the home.
   std::vector<float>().swap(model_.grads());
@@ -235,7 +249,7 @@ absl::StatusOr<double> Trainer::ForwardBackward(const int32_t* inputs, const int
 }
 
 absl::StatusOr<double> Trainer::ValidationLoss(int batches) {
-  Batcher val(data_.val, options_.batch, options_.seq, /*seed=*/12345);
+  Batcher val(data_.val, options_.batch, options_.seq, kValidationSeed);
   const int n = options_.batch * options_.seq;
   std::vector<int32_t> inputs(n), targets(n);
   double total = 0;

@@ -7,6 +7,7 @@
 #define TIERD_TRAINER_REF_TRAINER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,6 +47,9 @@ struct TrainOptions {
   // Adafactor instead (optimizer.h; no first moment, each matrix's second moment as its row and
   // column means; weight decay from adam; not with ZeRO-2, whose slices cut matrices).
   bool adafactor = false;
+  // Initial weights other than the seeded ones (--init_from): fills the model's flat
+  // parameters (ParamLayout order) before they go into the home. Null: the seed's.
+  std::function<absl::Status(std::vector<float>* params)> init_params;
   // Data parallelism: this process is one of dp.ranks(); each step it takes its share of the
   // global batch (the micro-batches one process with ranks x grad_accum would take, in rank
   // order) and the ranks agree on the gradient before the optimizer steps (grad_sync.h).
@@ -94,6 +98,10 @@ class Trainer {
   uint32_t GroupOp(int micro, int group, bool backward) const;
   uint32_t ScaleOp(size_t entry) const;
   uint32_t AdamOp(size_t entry) const;
+
+  // The parameter `entry` (ParamLayout order) whole, into out (its count floats): for an
+  // export. FAILED_PRECONDITION with ZeRO-3 (each rank holds a slice).
+  absl::Status ReadParam(size_t entry, float* out);
 
   // Everything a resume needs: step, parameters, moments, the data order.
   absl::StatusOr<std::string> SaveState();

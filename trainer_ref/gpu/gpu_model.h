@@ -120,6 +120,15 @@ class GpuModel {
   // fp32 parameters in ParamLayout order: the master copy, and the bf16 weights from it.
   absl::Status SetParams(const std::vector<float>& params);
   absl::Status GetParams(std::vector<float>* params);  // the fp32 master copy
+  // Parameters from elsewhere (--init_from's checkpoint), group by group: `read` gives entry e
+  // of ParamLayout (its count floats); the master copy and bf16 weights are set from them,
+  // the moments zeroed. One group's floats are in host memory at a time.
+  absl::Status LoadParams(const std::function<absl::Status(size_t entry, float* out)>& read);
+  // The fp32 master copy of one group's parameters (its entries back to back, in
+  // ParamLayout order from the group's first), for an export a group at a time.
+  absl::Status GroupParams(int group, std::vector<float>* out);
+  int GroupOf(size_t entry) const { return group_of_[entry]; }
+  size_t GroupFirst(int group) const { return group_offset_[group]; }
   // The CPU model's initial distribution (N(0, 0.02); attention and MLP output projections
   // scaled by 1 / sqrt(2 L); norm weights 1), not its values: made group by group on the
   // host's threads from per-slice counter-based streams, so a 7B model needs neither one

@@ -484,6 +484,32 @@ absl::Status GpuModel::Download(Part part, std::vector<float>* out) {
 
 absl::Status GpuModel::GetParams(std::vector<float>* params) { return Download(Part::kMaster, params); }
 
+absl::Status GpuModel::LoadParams(const std::function<absl::Status(size_t entry, float* out)>& read) {
+  std::vector<float> values;
+  for (int g = 0; g < Groups(); ++g) {
+    values.assign(GroupCount(g), 0.f);
+    for (size_t e : GroupEntries(g)) RETURN_IF_ERROR(read(e, values.data() + (layout_[e].offset - group_offset_[g])));
+    RETURN_IF_ERROR(SetGroup(g, values.data()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GpuModel::GroupParams(int g, std::vector<float>* out) {
+  RETURN_IF_ERROR(AwaitOptimizerUpdate(-1));
+  out->assign(GroupCount(g), 0.f);
+  for (int c = 0; c < home_layout_.Chunks(g, Part::kMaster); ++c) {
+    const GpuHomeLayout::Range range = home_layout_.Chunk(g, Part::kMaster, c);
+    RETURN_IF_ERROR(Enter(g, Part::kMaster, Access::kRead, c));
+    RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(out->data() + range.offset / sizeof(float),
+                                         acquired_[g][static_cast<int>(Part::kMaster)], range.bytes,
+                                         cudaMemcpyDeviceToHost, stream_),
+                         "download"));
+    RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream_), "download"));
+    RETURN_IF_ERROR(Leave(g, Part::kMaster));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status GpuModel::GetGrads(std::vector<float>* grads) { return Download(Part::kGrads, grads); }
 
 }  // namespace tierd::trainer::gpu

@@ -25,6 +25,7 @@
 #include "trainer_ref/gpu/gpu_model.h"
 #include "trainer_ref/gpu/gpu_run_checkpoint.h"
 #include "trainer_ref/gpu/gpu_run_state.h"
+#include "trainer_ref/hf/hf_checkpoint.h"
 #include "trainer_ref/optimizer.h"
 #include "trainer_ref/plot.h"
 #include "trainer_ref/run_report.h"
@@ -69,6 +70,7 @@ class GpuRun {
   absl::StatusOr<double> ValidationLoss(int batches);
   int Validate(int64_t step);  // prints, plots and records it; 0, or the exit status
   void Summary();
+  int Export();  // --export: the master weights as a Hugging Face checkpoint
   std::string Progress(int64_t step, double loss, double lr, double grad_norm, double seconds,
                        const GpuHome::Traffic& after, std::optional<double> util);
   std::pair<uint64_t, std::string> GpuMemory(const GpuHome::Traffic& t) const;
@@ -232,10 +234,20 @@ int GpuRun::Setup() {
     window_.Restore(run_.losses);
     std::printf("resumed from %s at step %ld\n", ck_.last_path.c_str(), static_cast<long>(run_.step));
     startup_.Done("checkpoint load");
+  } else if (!s_.init_from.empty()) {
+    // The checkpoint's tensors, a group at a time, into the model's home (tierd's tiers).
+    auto reader = hf::HfCheckpointReader::Open(s_.init_from, config);
+    if (!reader.ok()) return Fail(std::string(reader.status().message()));
+    if (absl::Status st = model_->LoadParams([&](size_t e, float* out) { return (*reader)->Read(e, out); }); !st.ok()) {
+      return Fail("loading " + s_.init_from + ": " + std::string(st.message()));
+    }
+    std::printf("init: weights of %s (%s)\n", s_.init_from.c_str(), (*reader)->Describe().c_str());
+    startup_.Done("reading --init_from");
   } else {
     if (absl::Status st = model_->InitParams(s_.seed); !st.ok()) return Fail(std::string(st.message()));
     startup_.Done("initial weights");
   }
+  std::printf("schedule: %s\n", s_.schedule_note.c_str());
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, device_);
   std::printf("model %s on %s; %d x %d tokens x %d micro-batches%s per step%s; GPU memory held %s%s\n",
@@ -516,7 +528,7 @@ void GpuRun::Summary() {
 }
 
 absl::StatusOr<double> GpuRun::ValidationLoss(int batches) {
-  Batcher val(data_->val, s_.batch, s_.seq, /*seed=*/12345);  // the same windows every time
+  Batcher val(data_->val, s_.batch, s_.seq, kValidationSeed);  // the same windows every time
   double total = 0;
   for (int b = 0; b < batches; ++b) {
     val.Next(inputs_.data(), targets_.data());
@@ -552,6 +564,34 @@ int GpuRun::Validate(int64_t step) {
   return 0;
 }
 
+int GpuRun::Export() {
+  const auto start = Clock::now();
+  hf::ExportOptions eo;
+  eo.dtype = s_.export_fp32 ? hf::Dtype::kF32 : hf::Dtype::kBF16;
+  eo.max_shard_bytes = s_.export_shard_bytes;
+  eo.source_dir = s_.init_from;
+  eo.progress = [](const std::string& line) { std::printf("%s\n", line.c_str()); };
+  // The master copy a group at a time (the export reads the entries in layout order).
+  int held = -1;
+  std::vector<float> group;
+  const std::vector<TensorLayout> layout = ParamLayout(s_.config);
+  auto read = [&](size_t e, float* out) -> absl::Status {
+    const int g = model_->GroupOf(e);
+    if (g != held) {
+      if (absl::Status st = model_->GroupParams(g, &group); !st.ok()) return st;
+      held = g;
+    }
+    const TensorLayout& t = layout[e];
+    std::copy_n(group.data() + (t.offset - model_->GroupFirst(g)), t.count, out);
+    return absl::OkStatus();
+  };
+  const absl::Status exported = hf::ExportHfCheckpoint(s_.config, s_.export_dir, read, eo);
+  if (!exported.ok()) return FailMidRun("export: " + std::string(exported.message()), ck_);
+  std::printf("exported: %s (a Hugging Face checkpoint, %s) in %.1f s\n", s_.export_dir.c_str(),
+              s_.export_fp32 ? "fp32" : "bf16", Since(start));
+  return 0;
+}
+
 int GpuRun::Run() {
   if (int failed = Setup(); failed != 0) return failed;
   before_ = Traffic();
@@ -565,7 +605,15 @@ int GpuRun::Run() {
   if (s_.eval_every >= 0) {
     if (int failed = Validate(s_.steps); failed != 0) return failed;
   }
+  if (!s_.validation_out.empty() && lead_) {
+    const absl::Status st =
+        WriteValidationWindows(s_.validation_out, data_->val, s_.batch, s_.seq, 8, s_.steps, last_validation_);
+    if (!st.ok()) return FailMidRun(std::string(st.message()), ck_);
+  }
   Summary();
+  if (!s_.export_dir.empty() && lead_) {
+    if (int failed = Export(); failed != 0) return failed;
+  }
   if (!s_.plot.empty()) {
     if (absl::Status st = WritePlot(s_.plot, curves_); !st.ok()) return Fail(std::string(st.message()));
     std::printf("plot: %s\n", s_.plot.c_str());

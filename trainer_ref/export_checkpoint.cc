@@ -1,0 +1,167 @@
+#include "trainer_ref/export_checkpoint.h"
+
+#include <sys/stat.h>
+
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
+#include "trainer_ref/checkpoint.h"
+#include "trainer_ref/model.h"
+
+namespace tierd::trainer {
+namespace {
+
+constexpr uint32_t kStateMagicV4 = 0x74727334, kStateMagicV3 = 0x74727333;  // trainer_state.cc's
+
+// The groups of the GPU trainer's checkpoint, as its home names them (gpu_home.h), with
+// their first entry and parameter count in ParamLayout order.
+struct Group {
+  std::string name;
+  size_t first_entry = 0, entries = 0;
+  uint64_t first = 0, count = 0;  // parameters
+};
+
+std::vector<Group> GroupsOf(const ModelConfig& config) {
+  const std::vector<TensorLayout> layout = ParamLayout(config);
+  const ParamEntries e = ParamEntriesOf(config);
+  std::vector<Group> groups;
+  auto add = [&](const std::string& name, size_t from, size_t to) {  // entries [from, to)
+    Group g{name, from, to - from, layout[from].offset, 0};
+    for (size_t i = from; i < to; ++i) g.count += layout[i].count;
+    groups.push_back(g);
+  };
+  add("embed", e.embed, e.embed + 1);
+  for (int l = 0; l < config.layers; ++l) {
+    const size_t from = e.layers[l].attn_norm;
+    add(absl::StrFormat("layers.%d", l), from, l + 1 < config.layers ? e.layers[l + 1].attn_norm : e.final_norm);
+  }
+  add("final", e.final_norm, layout.size());
+  return groups;
+}
+
+absl::Status Skip(CheckpointReader& reader, const std::string& name, uint64_t bytes) {
+  if (absl::Status s = reader.BeginRecord(name, bytes); !s.ok()) return s;
+  std::vector<char> scratch(std::min<uint64_t>(bytes, uint64_t{64} << 20));
+  for (uint64_t left = bytes; left > 0;) {
+    const uint64_t n = std::min<uint64_t>(left, scratch.size());
+    if (absl::Status s = reader.ReadPiece(scratch.data(), n); !s.ok()) return s;
+    left -= n;
+  }
+  return reader.EndRecord();
+}
+
+absl::StatusOr<std::string> PickCheckpoint(const std::string& checkpoint) {
+  struct stat st {};
+  if (::stat(checkpoint.c_str(), &st) != 0) {
+    return absl::NotFoundError(absl::StrFormat("--checkpoint '%s' does not exist", checkpoint));
+  }
+  if (!S_ISDIR(st.st_mode)) return checkpoint;
+  std::string skipped;
+  auto latest = LatestCheckpoint(checkpoint, &skipped);
+  if (latest.ok() && !skipped.empty()) std::printf("export: %s\n", skipped.c_str());
+  return latest;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<float>> ParamsOfTrainerState(const std::string& state, uint64_t count) {
+  size_t at = 0;
+  auto take = [&](void* p, size_t n) {
+    if (at + n > state.size()) return false;
+    std::memcpy(p, state.data() + at, n);
+    at += n;
+    return true;
+  };
+  uint32_t magic = 0, format = 0, dp[3] = {1, 0, 0};
+  int64_t step = 0, drawn = 0;
+  uint64_t held = 0;
+  if (!take(&magic, 4) || (magic != kStateMagicV4 && magic != kStateMagicV3) || !take(&step, 8) ||
+      !take(&drawn, 8) || !take(&held, 8) || !take(&format, 4) || (magic == kStateMagicV4 && !take(dp, sizeof(dp)))) {
+    return absl::InvalidArgumentError("not a trainer state (bad magic, or cut in its header)");
+  }
+  if ((dp[2] & 4) != 0 && dp[0] > 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "a ZeRO-3 rank's state (rank %d of %d) holds a slice of each parameter; export from a dense or ZeRO-2 run",
+        dp[1], dp[0]));
+  }
+  if (held != count) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("the state holds %d parameters; this model has %d (other model flags?)", held, count));
+  }
+  std::vector<float> params(count);
+  if (!take(params.data(), count * sizeof(float))) return absl::InvalidArgumentError("the trainer state is cut short");
+  return params;
+}
+
+absl::Status ExportTrainerCheckpoint(const ModelConfig& config, const std::string& checkpoint, const std::string& to,
+                                     const hf::ExportOptions& options) {
+  if (absl::Status s = hf::CheckExportDir(to); !s.ok()) return s;
+  auto path = PickCheckpoint(checkpoint);
+  if (!path.ok()) return path.status();
+  auto reader = CheckpointReader::Open(*path);
+  if (!reader.ok()) return reader.status();
+  auto first = (*reader)->Peek();
+  if (!first.ok()) return first.status();
+  const std::vector<TensorLayout> layout = ParamLayout(config);
+  const uint64_t count = layout.back().offset + layout.back().count;
+  if (first->first == "state") {  // the CPU trainer's: one record
+    auto state = (*reader)->ReadString("state");
+    if (!state.ok()) return state.status();
+    auto params = ParamsOfTrainerState(*state, count);
+    if (!params.ok()) return absl::Status(params.status().code(), *path + ": " + std::string(params.status().message()));
+    return hf::ExportHfCheckpoint(
+        config, to,
+        [&](size_t e, float* out) {
+          std::memcpy(out, params->data() + layout[e].offset, layout[e].count * sizeof(float));
+          return absl::OkStatus();
+        },
+        options);
+  }
+  if (first->first != "model") {
+    return absl::InvalidArgumentError(absl::StrFormat("'%s' is no trainer checkpoint tierd-train wrote", *path));
+  }
+  auto shape = (*reader)->ReadString("model");
+  if (!shape.ok()) return shape.status();
+  const std::string want = absl::StrFormat("layers=%d d_model=%d heads=%d d_ff=%d vocab=%d ", config.layers,
+                                           config.d_model, config.heads, config.d_ff, config.vocab);
+  const std::string family = FamilyRecord(config);
+  if (!absl::StartsWith(*shape, want) || (!family.empty() && shape->find(family) == std::string::npos) ||
+      shape->find(absl::StrFormat(" params=%d", count)) == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "'%s' is a checkpoint of a model with %s; the flags give %s%sparams=%d: give the run's model flags (or "
+        "--init_from)",
+        *path, *shape, want, family.empty() ? "" : family.substr(1) + " ", count));
+  }
+  // A group's master record at a time, in the order the export asks for them (layout order).
+  const std::vector<Group> groups = GroupsOf(config);
+  size_t next_group = 0;
+  std::vector<float> values;
+  int held = -1;
+  auto read = [&](size_t e, float* out) -> absl::Status {
+    size_t g = 0;
+    while (g + 1 < groups.size() && groups[g + 1].first_entry <= e) ++g;
+    while (held != static_cast<int>(g)) {
+      auto next = (*reader)->Peek();
+      if (!next.ok()) return next.status();
+      const std::string master = "master." + groups[next_group].name;
+      if (next->first != master && next->first != master + ".0") {
+        if (absl::Status s = Skip(**reader, next->first, next->second); !s.ok()) return s;
+        continue;
+      }
+      if (next->second != groups[next_group].count * sizeof(float)) {
+        return absl::InvalidArgumentError(absl::StrFormat("%s: record %s has %d bytes; %d parameters expected", *path,
+                                                          next->first, next->second, groups[next_group].count));
+      }
+      values.resize(groups[next_group].count);
+      if (absl::Status s = (*reader)->Read(next->first, values.data(), next->second); !s.ok()) return s;
+      held = static_cast<int>(next_group++);
+    }
+    std::memcpy(out, values.data() + (layout[e].offset - groups[g].first), layout[e].count * sizeof(float));
+    return absl::OkStatus();
+  };
+  return hf::ExportHfCheckpoint(config, to, read, options);
+}
+
+}  // namespace tierd::trainer

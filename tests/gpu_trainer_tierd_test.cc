@@ -429,6 +429,51 @@ TEST_F(GpuTierdTest, TheCompactStateTrainsThroughTierdAsOnPlainBuffers) {
   EXPECT_EQ(deferred->AdamWStep(1e-3, 9, trainer::AdamWOptions{}, 1.0).code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// The Llama family through tierd: grouped-query attention (4 query heads of 64 over 2
+// key/value heads), q/k/v biases, tied embeddings (the head acquires the embedding group's
+// weights and gradients) and llama3 RoPE, the head's logits in chunks of 128 rows,
+// layer-major over 2 micro-batches, with the GPU's update deferred or AdamW on the host: the
+// same training, bit for bit, as the same model on plain buffers (layer-major too: tied, the
+// embedding's gradient sums the head's and the embedding's in the step's order), and the
+// registered graph names the embedding group's parts in the head's op.
+TEST_F(GpuTierdTest, TheLlamaFamilyTrainsThroughTierdAsOnPlainBuffers) {
+  trainer::ModelConfig config = TestConfig();
+  config.heads = 4;
+  config.kv_heads = 2;
+  config.head_size = 64;
+  config.qkv_bias = true;
+  config.tied_embeddings = true;
+  config.rope_theta = 500000;
+  config.rope_scaling = {trainer::RopeScaling::Type::kLlama3, 8.0, 1.0, 4.0, 32};
+  const int batch = 4, seq = 128, micro = 2;
+  for (const bool host : {false, true}) {
+    const tg::StateOptions state{.checkpointing = true, .layer_major_micro_batches = micro, .head_rows = 128};
+    auto tierd = OnTierd(config, batch, seq, state);
+    auto plain = tg::GpuModel::Create(config, batch, seq, nullptr, state);
+    ASSERT_NE(tierd, nullptr);
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    if (host) {
+      tierd->SetOptimizerOnCpu(true);
+    } else {
+      tierd->SetOptimizerDeferred(true);
+    }
+    ASSERT_TRUE(tierd->InitParams(8).ok());
+    ASSERT_TRUE((*plain)->InitParams(8).ok());
+    auto note = tierd->RegisterStep(micro);
+    ASSERT_TRUE(note.ok()) << note.status();
+    const prefetcher::Graph graph = tierd->StepGraph(micro);
+    bool head_reads_embedding = false;
+    for (const auto& op : graph.ops) {
+      if (op.name.rfind("final.", 0) != 0) continue;
+      for (auto t : op.reads) head_reads_embedding |= graph.tensors[t].name == "embed.w";
+    }
+    EXPECT_TRUE(head_reads_embedding) << "tied: the head's op reads the embedding's weights";
+    TrainSideBySide(*tierd, **plain, config, batch, seq, /*steps=*/3,
+                    host ? "family on tierd with AdamW on the host; plain" : "family on tierd, deferred GPU AdamW; plain");
+    std::printf("%s\n", tierd->home().Describe().c_str());
+  }
+}
+
 // A GPU quota below what one step of the model holds at once (a layer's four parts while
 // its parameters are set: weights, master weights and the two moments) fails with an error
 // that names the part and says why, not a crash or a hang.

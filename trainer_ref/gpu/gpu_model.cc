@@ -63,7 +63,7 @@ GpuModel::GpuModel(const ModelConfig& config, int batch, int seq, const StateOpt
   grads_zeroed_.assign(Groups(), false);
   weight_codes_ = state.fp8_weight_codes;
   codes_current_.assign(Groups(), 0);
-  head_rows_ = HeadRows(config, batch, seq);
+  head_rows_ = HeadRows(config, batch, seq, state.head_rows);
   rope_ = RopeFrequenciesOf(RopeInverseFrequencies(config));
   norm_offset_.assign(layout_.size(), 0);
   size_t norms = 0;
@@ -85,8 +85,9 @@ std::vector<size_t> GpuModel::GroupEntries(int group) const {
   return {w.attn_norm, w.wq, w.wk, w.wv, w.wo, w.mlp_norm, w.w1, w.w3, w.w2};
 }
 
-int GpuModel::HeadRows(const ModelConfig& config, int batch, int seq) {
+int GpuModel::HeadRows(const ModelConfig& config, int batch, int seq, int asked) {
   const uint64_t n = static_cast<uint64_t>(batch) * seq, row_bytes = uint64_t{2} * config.vocab;
+  if (asked > 0) return static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(asked), n));
   if (n * row_bytes <= kWholeLogitsBytes) return static_cast<int>(n);
   const uint64_t rows = std::max<uint64_t>(64, kLogitsChunkBytes / row_bytes / 64 * 64);
   return static_cast<int>(std::min(rows, n));
@@ -526,6 +527,18 @@ absl::Status GpuModel::Backward() {
   RETURN_IF_ERROR(Leave(0, Part::kGrads));
   ++micro_;
   return Cuda(cudaGetLastError(), "backward kernels");
+}
+
+absl::Status GpuModel::LastLogits(std::vector<float>* out) {
+  if (HeadChunked()) return absl::FailedPreconditionError("the logits were made in chunks, never whole");
+  const size_t count = static_cast<size_t>(batch_) * seq_ * config_.vocab;
+  std::vector<Bf16> bits(count);
+  RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(bits.data(), logits_, count * sizeof(Bf16), cudaMemcpyDeviceToHost, stream_),
+                       "logits"));
+  RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream_), "logits"));
+  out->resize(count);
+  for (size_t i = 0; i < count; ++i) (*out)[i] = FromBf16(bits[i]);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<double> GpuModel::GradNorm() {

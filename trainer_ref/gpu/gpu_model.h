@@ -100,6 +100,9 @@ struct StateOptions {
   // the GPU's optimizer) the codes are made again on the GPU at the layer's next use, from the
   // bf16 part: the same bits.
   bool fp8_weight_codes = false;
+  // The head's logits this many rows at a time (0: HeadRows's choice; tests set it smaller to
+  // see the chunks at small shapes).
+  int head_rows = 0;
 };
 
 class GpuModel {
@@ -161,6 +164,8 @@ class GpuModel {
   absl::StatusOr<double> ForwardBackwardLayerMajor(const int32_t* tokens, const int32_t* targets);
   int layer_major_micro_batches() const { return layer_major_; }
   absl::Status GetGrads(std::vector<float>* grads);  // fp32, ParamLayout order
+  // The last Forward's logits (N x V, from bf16), when they were made whole (not chunked).
+  absl::Status LastLogits(std::vector<float>* out);
   // The state a step needs — bf16 weights, fp32 master weights, both moments — group by
   // group into checkpoint records (and a "model" record of the shape), wherever the home
   // keeps it; the host's optimizer step in flight is finished first. LoadState reads the
@@ -268,7 +273,7 @@ class GpuModel {
   absl::Status Allocate();
   // `recompute`: some layer recomputes (the workspace holds one layer's activations for it).
   static std::vector<std::pair<size_t, size_t>> WorkspacePlan(const ModelConfig& config, int batch, int seq,
-                                                              bool recompute);
+                                                              bool recompute, int head_rows);
   // Layer-major: per micro-batch its residual stream and gradient (fp32 N x C each), tokens,
   // targets (N each) and token index (3 N + 1), all int32 or fp32: element counts and sizes.
   static std::vector<std::pair<size_t, size_t>> MicroBatchPlan(const ModelConfig& config, int batch, int seq);
@@ -276,7 +281,7 @@ class GpuModel {
   // fit kWholeLogitsBytes (the forward keeps them and their gradient for the backward), else
   // multiples of 64 rows within kLogitsChunkBytes (the backward makes them again).
   static constexpr uint64_t kWholeLogitsBytes = uint64_t{1} << 30, kLogitsChunkBytes = uint64_t{256} << 20;
-  static int HeadRows(const ModelConfig& config, int batch, int seq);
+  static int HeadRows(const ModelConfig& config, int batch, int seq, int asked = 0);
   bool HeadChunked() const { return head_rows_ < batch_ * seq_; }
   // The head over a micro-batch's last residual stream x (N x C, fp32): the final norm into
   // xf_ (kept for the backward), then each row's loss into losses_, a chunk of rows at a time;

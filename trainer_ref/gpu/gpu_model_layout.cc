@@ -108,7 +108,7 @@ uint64_t GpuModel::MomentOffset(size_t entry) const {
 }
 
 std::vector<std::pair<size_t, size_t>> GpuModel::WorkspacePlan(const ModelConfig& config, int batch, int seq,
-                                                               bool recompute) {
+                                                               bool recompute, int head_rows_asked) {
   const size_t n = static_cast<size_t>(batch) * seq, c = config.d_model, f = config.d_ff, v = config.vocab;
   const size_t qd = config.q_dim(), kd = config.kv_dim();
   size_t norms = 0;
@@ -119,7 +119,7 @@ std::vector<std::pair<size_t, size_t>> GpuModel::WorkspacePlan(const ModelConfig
   for (int i = 0; i < 2; ++i) plan.push_back({n * kd, 2});     // dk_, dv_
   for (int i = 0; i < 3; ++i) plan.push_back({n * c, 4});      // x_, x_out_, dx_
   for (int i = 0; i < 3; ++i) plan.push_back({n * f, 2});      // ds_, dg_, du_
-  const size_t head_rows = static_cast<size_t>(HeadRows(config, batch, seq));
+  const size_t head_rows = static_cast<size_t>(HeadRows(config, batch, seq, head_rows_asked));
   for (int i = 0; i < 2; ++i) plan.push_back({head_rows * v, 2});  // logits_, dlogits_
   for (int i = 0; i < 2; ++i) plan.push_back({n, 4});              // rstd_f_, losses_
   plan.push_back({1, 4});                                          // norm_
@@ -148,7 +148,7 @@ std::vector<std::pair<size_t, size_t>> GpuModel::MicroBatchPlan(const ModelConfi
 
 uint64_t GpuModel::WorkspaceBytesFor(const ModelConfig& config, int batch, int seq, const StateOptions& state) {
   uint64_t bytes = kGemmWorkspace;
-  for (const auto& [count, size] : WorkspacePlan(config, batch, seq, AnyRecomputes(config, state))) {
+  for (const auto& [count, size] : WorkspacePlan(config, batch, seq, AnyRecomputes(config, state), state.head_rows)) {
     bytes += std::max<size_t>(count * size, 1);
   }
   for (const auto& [count, size] : MicroBatchPlan(config, batch, seq)) {

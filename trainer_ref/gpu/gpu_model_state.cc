@@ -194,7 +194,7 @@ absl::Status GpuModel::Allocate() {
                       reinterpret_cast<void**>(&dv_full_),
                       &recompute_acts_,
                       reinterpret_cast<void**>(&xr_)};
-  const auto plan = WorkspacePlan(config_, batch_, seq_, AnyRecomputes());
+  const auto plan = WorkspacePlan(config_, batch_, seq_, AnyRecomputes(), head_rows_);
   static_assert(sizeof(targets) / sizeof(targets[0]) == 32);
   if (plan.size() != (AnyRecomputes() ? 32u : 30u))
     return absl::InternalError("the workspace plan and its buffers disagree");

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <fstream>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
@@ -41,6 +42,13 @@ struct NvmlUtilisation {  // nvmlUtilization_t
   unsigned int memory;
 };
 constexpr NvmlReturn kNotFound = 6;  // NVML_ERROR_NOT_FOUND
+constexpr NvmlReturn kInsufficientSize = 7;  // NVML_ERROR_INSUFFICIENT_SIZE
+struct NvmlProcessInfo {  // nvmlProcessInfo_t (the _v2 and _v3 calls' layout)
+  unsigned int pid;
+  unsigned long long used_gpu_memory;
+  unsigned int gpu_instance_id;
+  unsigned int compute_instance_id;
+};
 
 double AsPercent(NvmlValueType type, const NvmlValue& v) {
   switch (type) {
@@ -96,6 +104,12 @@ class Nvml final : public GpuUtilisation {
           absl::StrFormat("NVML knows no GPU at PCI bus id %s: %s", pci_bus_id, n->error_string_(r)));
     }
     n->rates_ = n->Symbol<NvmlReturn (*)(NvmlDevice, NvmlUtilisation*)>("nvmlDeviceGetUtilizationRates");
+    n->processes_ = n->Symbol<NvmlReturn (*)(NvmlDevice, unsigned int*, NvmlProcessInfo*)>(
+        "nvmlDeviceGetComputeRunningProcesses_v3");
+    if (n->processes_ == nullptr) {
+      n->processes_ = n->Symbol<NvmlReturn (*)(NvmlDevice, unsigned int*, NvmlProcessInfo*)>(
+          "nvmlDeviceGetComputeRunningProcesses_v2");
+    }
     return std::unique_ptr<GpuUtilisation>(std::move(n));
   }
 
@@ -108,6 +122,28 @@ class Nvml final : public GpuUtilisation {
   std::optional<double> Since(uint64_t* mark) override {
     if (!samples_unsupported_) return MeanUtilisationSince(Read(*mark), mark);
     return LastPeriod();
+  }
+
+  absl::StatusOr<std::vector<std::pair<uint32_t, uint64_t>>> ProcessMemory() override {
+    if (processes_ == nullptr) return absl::UnavailableError("NVML lacks nvmlDeviceGetComputeRunningProcesses");
+    std::vector<NvmlProcessInfo> info(64);
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      unsigned int count = static_cast<unsigned int>(info.size());
+      const NvmlReturn r = processes_(device_, &count, info.data());
+      if (r == kInsufficientSize) {
+        info.resize(count + 16);
+        continue;
+      }
+      if (r != 0) return absl::UnavailableError(std::string("NVML's process list: ") + error_string_(r));
+      std::vector<std::pair<uint32_t, uint64_t>> out;
+      for (unsigned int i = 0; i < count; ++i) {
+        // A driver that cannot say a process's memory (NVML_VALUE_NOT_AVAILABLE) gives all ones.
+        if (info[i].used_gpu_memory == ~0ull) return absl::UnavailableError("NVML does not say processes' memory here");
+        out.emplace_back(info[i].pid, info[i].used_gpu_memory);
+      }
+      return out;
+    }
+    return absl::UnavailableError("NVML's process list kept growing");
   }
 
   std::optional<double> Recent(double seconds) override {
@@ -152,6 +188,7 @@ class Nvml final : public GpuUtilisation {
   const char* (*error_string_)(NvmlReturn) = nullptr;
   NvmlReturn (*samples_)(NvmlDevice, int, unsigned long long, NvmlValueType*, unsigned int*, NvmlSample*) = nullptr;
   NvmlReturn (*rates_)(NvmlDevice, NvmlUtilisation*) = nullptr;
+  NvmlReturn (*processes_)(NvmlDevice, unsigned int*, NvmlProcessInfo*) = nullptr;
   NvmlDevice device_ = nullptr;
   std::atomic<bool> samples_unsupported_{false};
 };
@@ -189,6 +226,22 @@ std::optional<double> MeanUtilisationWithin(const std::vector<UtilisationSample>
 
 absl::StatusOr<std::unique_ptr<GpuUtilisation>> GpuUtilisation::Open(const std::string& pci_bus_id) {
   return Nvml::Open(pci_bus_id);
+}
+
+uint64_t ProcessBytes(const std::vector<std::pair<uint32_t, uint64_t>>& processes, uint32_t pid) {
+  uint64_t bytes = 0;
+  for (const auto& [p, b] : processes) bytes += p == pid ? b : 0;
+  return bytes;
+}
+
+uint64_t NamedProcessesBytes(const std::vector<std::pair<uint32_t, uint64_t>>& processes, const std::string& name) {
+  uint64_t bytes = 0;
+  for (const auto& [pid, b] : processes) {
+    std::ifstream comm(absl::StrFormat("/proc/%d/comm", pid));
+    std::string line;
+    if (std::getline(comm, line) && line == name) bytes += b;
+  }
+  return bytes;
 }
 
 }  // namespace tierd

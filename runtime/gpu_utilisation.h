@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -44,7 +45,16 @@ class GpuUtilisation {
   // The mean over the driver's samples of about the last `seconds` (at least the newest
   // sample's period); no state: safe from several threads at once.
   virtual std::optional<double> Recent(double seconds) = 0;
+  // The GPU memory each compute process on the device holds, as nvidia-smi lists it (its
+  // allocations, its CUDA context included): pid -> bytes. UNAVAILABLE where the driver
+  // does not say (some virtualised setups).
+  virtual absl::StatusOr<std::vector<std::pair<uint32_t, uint64_t>>> ProcessMemory() = 0;
 };
+
+// Of `processes` (ProcessMemory's), the bytes of this process and those of the processes
+// whose name (/proc/PID/comm) is `name` ("tierd"), summed.
+uint64_t ProcessBytes(const std::vector<std::pair<uint32_t, uint64_t>>& processes, uint32_t pid);
+uint64_t NamedProcessesBytes(const std::vector<std::pair<uint32_t, uint64_t>>& processes, const std::string& name);
 
 }  // namespace tierd
 

@@ -42,7 +42,7 @@ def main():
     import deepspeed  # noqa: E402  (after the environment: it reads it on import)
 
     deepspeed.init_distributed()
-    layers, c, h, f, v = PRESETS[a.model_size]
+    layers, c, h, f, v, kv = PRESETS[a.model_size]
     torch.manual_seed(a.seed)
     data = torch.frombuffer(bytearray(open(a.data, "rb").read()), dtype=torch.uint8).long()
     zero = {"stage": a.stage, "offload_optimizer": {"device": "cpu", "pin_memory": True},
@@ -62,9 +62,9 @@ def main():
     # Stage 3 builds the model partitioned (its parameters never whole on the GPU).
     if a.stage == 3:
         with deepspeed.zero.Init(config_dict_or_path=config):
-            model = Decoder(layers, c, h, f, v, True, a.seq_len)
+            model = Decoder(layers, c, h, f, v, True, a.seq_len, kv)
     else:
-        model = Decoder(layers, c, h, f, v, True, a.seq_len)
+        model = Decoder(layers, c, h, f, v, True, a.seq_len, kv)
         init_like_tierd(model, layers)
     params = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in model.parameters())
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)

@@ -4,8 +4,12 @@ reference trainer (RMSNorm, RoPE, SwiGLU, untied head; presets as trainer_ref/mo
 written as PyTorch users write it at its best (fused QKV and gate/up projections,
 torch.nn.RMSNorm, RoPE tables computed once, SDPA), bf16 autocast + fused AdamW, optionally
 activation checkpointing and torch.compile, trained on the bytes of a text file (byte tokens,
-as tierd-train's byte tokenizer). Prints one JSON line at the end: model, batch,
-checkpointing, compile, tokens/s, TFLOP/s (6N), peak allocated GPU bytes, final loss.
+as tierd-train's byte tokenizer). Grouped-query attention through SDPA's enable_gqa (the
+llama3-8b preset: Llama 3.1 8B's shape, 8 key/value heads, a 128256-token vocabulary).
+--float8: torchao's float8 training (tensorwise scaling, the recipe torchtitan ships) on the
+decoder layers' linear maps, the head left in bf16, with torch.compile. Prints one JSON line
+at the end: model, batch, checkpointing, compile, tokens/s, TFLOP/s (6N), peak allocated GPU
+bytes, final loss.
 """
 import argparse
 import json
@@ -17,13 +21,14 @@ import torch._dynamo
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-PRESETS = {  # layers, C, H, F, V
-    "tiny": (2, 64, 4, 176, 256),
-    "124m": (12, 768, 12, 2048, 32000),
-    "350m": (24, 1024, 16, 2816, 32000),
-    "1.3b": (24, 2048, 16, 5504, 32000),
-    "7b": (32, 4096, 32, 11008, 32000),
-    "13b": (40, 5120, 40, 13824, 32000),
+PRESETS = {  # layers, C, H, F, V, key/value heads (None: H)
+    "tiny": (2, 64, 4, 176, 256, None),
+    "124m": (12, 768, 12, 2048, 32000, None),
+    "350m": (24, 1024, 16, 2816, 32000, None),
+    "1.3b": (24, 2048, 16, 5504, 32000, None),
+    "7b": (32, 4096, 32, 11008, 32000, None),
+    "13b": (40, 5120, 40, 13824, 32000, None),
+    "llama3-8b": (32, 4096, 32, 14336, 128256, 8),
 }
 
 
@@ -44,29 +49,38 @@ class Layer(torch.nn.Module):
     """PyTorch at its best for this math: fused QKV and gate/up projections (one GEMM each),
     torch.nn.RMSNorm, RoPE from precomputed tables, SDPA (flash attention)."""
 
-    def __init__(self, c, h, f):
+    def __init__(self, c, h, f, kv):
         super().__init__()
-        self.h, self.f = h, f
+        self.h, self.f, self.kv = h, f, kv
         self.attn_norm, self.mlp_norm = torch.nn.RMSNorm(c, eps=1e-5), torch.nn.RMSNorm(c, eps=1e-5)
-        self.wqkv = torch.nn.Linear(c, 3 * c, bias=False)
+        self.wqkv = torch.nn.Linear(c, c + 2 * kv * (c // h), bias=False)
         self.wo = torch.nn.Linear(c, c, bias=False)
         self.w13 = torch.nn.Linear(c, 2 * f, bias=False)
         self.w2 = torch.nn.Linear(f, c, bias=False)
 
     def forward(self, x, cos, sin):
         b, t, c = x.shape
-        q, k, v = self.wqkv(self.attn_norm(x)).view(b, t, 3, self.h, c // self.h).permute(2, 0, 3, 1, 4)
-        a = F.scaled_dot_product_attention(rope(q, cos, sin), rope(k, cos, sin), v, is_causal=True)
+        d = c // self.h
+        if self.kv == self.h:
+            q, k, v = self.wqkv(self.attn_norm(x)).view(b, t, 3, self.h, d).permute(2, 0, 3, 1, 4)
+            a = F.scaled_dot_product_attention(rope(q, cos, sin), rope(k, cos, sin), v, is_causal=True)
+        else:
+            q, k, v = self.wqkv(self.attn_norm(x)).split([c, self.kv * d, self.kv * d], dim=-1)
+            q = q.view(b, t, self.h, d).transpose(1, 2)
+            k = k.view(b, t, self.kv, d).transpose(1, 2)
+            v = v.view(b, t, self.kv, d).transpose(1, 2)
+            a = F.scaled_dot_product_attention(rope(q, cos, sin), rope(k, cos, sin), v, is_causal=True,
+                                               enable_gqa=True)
         x = x + self.wo(a.transpose(1, 2).reshape(b, t, c))
         gate, up = self.w13(self.mlp_norm(x)).split(self.f, dim=-1)
         return x + self.w2(F.silu(gate) * up)
 
 
 class Decoder(torch.nn.Module):
-    def __init__(self, layers, c, h, f, v, checkpointing, seq_len):
+    def __init__(self, layers, c, h, f, v, checkpointing, seq_len, kv=None):
         super().__init__()
         self.embed = torch.nn.Embedding(v, c)
-        self.layers = torch.nn.ModuleList(Layer(c, h, f) for _ in range(layers))
+        self.layers = torch.nn.ModuleList(Layer(c, h, f, kv or h) for _ in range(layers))
         self.norm = torch.nn.RMSNorm(c, eps=1e-5)
         self.head = torch.nn.Linear(c, v, bias=False)
         self.checkpointing = checkpointing
@@ -139,6 +153,9 @@ def main():
     p.add_argument("--checkpointing", action="store_true")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile each layer (the warm-up steps compile; --timing_skip must cover them)")
+    p.add_argument("--float8", action="store_true",
+                   help="torchao float8 training (tensorwise) on the layers' linear maps, the head in bf16; "
+                        "implies --compile (torchao on PYTHONPATH: its pure-Python wheel)")
     p.add_argument("--data", required=True, help="a text file; its bytes are the tokens")
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--warmup", type=int, default=10, help="linear warmup, then cosine to lr/10 (as tierd-train)")
@@ -146,13 +163,17 @@ def main():
     p.add_argument("--init", default="tierd", choices=["tierd", "torch"],
                    help="tierd: the reference trainer's initialisation (comparable losses); torch: PyTorch's defaults")
     a = p.parse_args()
-    layers, c, h, f, v = PRESETS[a.model_size]
+    layers, c, h, f, v, kv = PRESETS[a.model_size]
     torch.manual_seed(a.seed)
     data = torch.frombuffer(bytearray(open(a.data, "rb").read()), dtype=torch.uint8).long()
-    model = Decoder(layers, c, h, f, v, a.checkpointing, a.seq_len).cuda()
+    model = Decoder(layers, c, h, f, v, a.checkpointing, a.seq_len, kv).cuda()
     if a.init == "tierd":
         init_like_tierd(model, layers)
     params = sum(p.numel() for p in model.parameters())
+    if a.float8:  # before compile, as torchao's README does it
+        from torchao.float8 import convert_to_float8_training
+        convert_to_float8_training(model.layers, module_filter_fn=lambda mod, fqn: isinstance(mod, torch.nn.Linear))
+        a.compile = True
     if a.compile:  # per layer (as users do with checkpointing); the first steps compile, untimed
         torch._dynamo.config.cache_size_limit = 256  # one graph per layer must not fall back to eager
         torch._dynamo.config.accumulated_cache_size_limit = 4096
@@ -201,7 +222,8 @@ def main():
             timed += dt
         print(f"torch step {step}: loss {loss:.4f} {dt * 1e3:.0f} ms", flush=True)
     tps = tokens * (a.steps - a.timing_skip) / timed if timed > 0 else 0.0
-    print(json.dumps({"run": "pytorch" + (" compiled" if a.compile else "") + (" +ckpt" if a.checkpointing else "")
+    print(json.dumps({"run": "pytorch" + (" float8" if a.float8 else "") + (" compiled" if a.compile else "")
+                      + (" +ckpt" if a.checkpointing else "")
                       + (f" {a.batch_size} x {accum} accumulated" if accum > 1 else ""),
                       "model": a.model_size,
                       "params": params, "batch": a.batch_size * accum, "seq": a.seq_len, "tokens_per_s": tps,

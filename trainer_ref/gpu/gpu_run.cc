@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -112,6 +113,7 @@ class GpuRun {
   uint64_t step_mark_ = 0, timed_mark_ = 0;
   double timed_seconds_ = 0, last_loss_ = 0, timed_waits_ = 0, timed_releases_ = 0, last_validation_ = 0;
   int64_t timed_steps_ = 0;
+  uint64_t device_bytes_ = 0;  // NVML's figure for this process and tierd at the end of the run
   GpuHome::Traffic before_, timed_from_, timed_to_;  // tierd's counters around the timed steps
 };
 
@@ -478,6 +480,25 @@ void GpuRun::Summary() {
       static_cast<long>(timed_steps_), 6.0 * params * tps / 1e12, use.c_str(), memory.c_str(),
       spikes_.Summary().c_str());
   if (s_.tierd) std::printf("tierd: %s\n", model_->home().Describe().c_str());
+  if (util_) {  // what nvidia-smi lists for the run's processes now (the state and contexts all held)
+    auto processes = util_->ProcessMemory();
+    if (processes.ok()) {
+      const uint64_t own = ProcessBytes(*processes, static_cast<uint32_t>(getpid()));
+      const uint64_t daemon = s_.tierd ? NamedProcessesBytes(*processes, "tierd") : 0;
+      auto budget = ParseBytes(absl::GetFlag(FLAGS_gpu_budget));
+      std::printf("device memory (NVML, as nvidia-smi lists it): this process %s%s = %s%s\n", FormatBytes(own).c_str(),
+                  s_.tierd ? absl::StrFormat(" + tierd %s", FormatBytes(daemon)).c_str() : "",
+                  FormatBytes(own + daemon).c_str(),
+                  s_.tierd && budget.ok()
+                      ? absl::StrFormat(" of the %s budget%s", FormatBytes(*budget),
+                                        own + daemon > *budget ? " (OVER IT)" : "")
+                            .c_str()
+                      : "");
+      device_bytes_ = own + daemon;
+    } else {
+      std::printf("device memory: not listed (%s)\n", std::string(processes.status().message()).c_str());
+    }
+  }
   if (optimizer_on_cpu_) {
     const double steps = static_cast<double>(std::max<int64_t>(1, s_.steps - curves_.first_step + 1));
     std::printf(
@@ -494,7 +515,7 @@ void GpuRun::Summary() {
       "\"tokens_per_s\": %.1f, \"tflops_6n\": %.1f, "
       "\"final_loss\": %.6f, \"peak_gpu_bytes\": %lu, \"step_seconds\": %.4f, \"acquire_wait_seconds\": %.4f, "
       "\"h2d_bytes\": %.0f, \"d2h_bytes\": %.0f, \"nvme_read_bytes\": %.0f, \"nvme_write_bytes\": %.0f, "
-      "\"gpu_util\": %.1f, \"pcie_in_busy\": %.4f, \"pcie_out_busy\": %.4f}\n",
+      "\"gpu_util\": %.1f, \"pcie_in_busy\": %.4f, \"pcie_out_busy\": %.4f, \"device_bytes\": %lu}\n",
       ((s_.tierd ? "tierd " + absl::GetFlag(FLAGS_gpu_budget) : std::string("none")) +
        (s_.checkpointing ? " + checkpointing" : "") + (optimizer_on_cpu_ ? " + CPU AdamW" : "") +
        (fp8_ ? " + fp8" : ""))
@@ -503,7 +524,7 @@ void GpuRun::Summary() {
       static_cast<unsigned long>(memory_bytes), timed_seconds_ * per, timed_waits_ * per,
       (timed_to_.host_to_gpu - timed_from_.host_to_gpu) * per, (timed_to_.gpu_to_host - timed_from_.gpu_to_host) * per,
       (timed_to_.nvme_read - timed_from_.nvme_read) * per, (timed_to_.nvme_write - timed_from_.nvme_write) * per, util,
-      in_busy, out_busy);
+      in_busy, out_busy, static_cast<unsigned long>(device_bytes_));
   if (absl::GetFlag(FLAGS_profile) && timed_steps_ > 0) {
     const double step_ms = timed_seconds_ * 1e3 / timed_steps_;
     std::string line = absl::StrFormat("where a step's %.0f ms go:", step_ms);

@@ -4,12 +4,14 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <unistd.h>
 
 #include <cuda_runtime.h>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_format.h"
 #include "base/units.h"
+#include "runtime/gpu_utilisation.h"
 #include "clients/client.h"
 #include "trainer_ref/checkpoint_policy.h"
 #include "trainer_ref/compact_state.h"
@@ -23,8 +25,50 @@ namespace {
 
 // Without --tierd_dram the DRAM quota is what the state needs beyond the GPU, at most this.
 constexpr uint64_t kAutoDramCap = 64 * kGiB;
+// Beyond the contexts measured at startup: the kernels CUDA loads as they are first used
+// (cuBLASLt's among them) and cudaMalloc's rounding of the workspace's buffers.
+constexpr uint64_t kContextGrowth = 384 * kMiB;
+// Without NVML's per-process figures: what two processes' contexts took on the H200 box.
+constexpr uint64_t kContextsAssumed = 1 * kGiB;
 
 }  // namespace
+
+ContextBytes MeasureContexts(const std::string& tierd_dir) {
+  ContextBytes c;
+  int device = 0;
+  char bus_id[64] = {};
+  cudaGetDevice(&device);
+  auto nvml = cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), device) == cudaSuccess
+                  ? GpuUtilisation::Open(bus_id)
+                  : absl::UnavailableError("CUDA gave no PCI bus id for the GPU");
+  auto processes = nvml.ok() ? (*nvml)->ProcessMemory() : nvml.status();
+  if (!processes.ok()) {
+    c.total = kContextsAssumed;
+    c.how = absl::StrFormat("CUDA contexts %s (assumed: %s)", FormatBytes(c.total), processes.status().message());
+    return c;
+  }
+  c.own = ProcessBytes(*processes, static_cast<uint32_t>(getpid()));
+  const uint64_t daemon = NamedProcessesBytes(*processes, "tierd");
+  // tierd's GPU regions are sessions' quotas (other runs'), not its overhead.
+  uint64_t regions = 0;
+  ClientOptions watch;
+  watch.runtime_dir = tierd_dir;
+  watch.label = "tierd-train (budget)";
+  watch.observer = true;
+  if (auto client = Client::Connect(watch); client.ok()) {
+    if (auto stats = (*client)->Stats(); stats.ok()) {
+      for (const auto& tier : stats->tiers()) {
+        if (tier.tier() == v1::TIER_GPU) regions += tier.reserved_bytes();
+      }
+    }
+  }
+  c.tierd = daemon > regions ? daemon - regions : 0;
+  c.total = c.own + c.tierd + kContextGrowth;
+  c.how = absl::StrFormat("CUDA contexts %s (this process %s and tierd %s as NVML counts them, + %s for kernels "
+                          "loaded when first used)",
+                          FormatBytes(c.total), FormatBytes(c.own), FormatBytes(c.tierd), FormatBytes(kContextGrowth));
+  return c;
+}
 
 // The home (plain GPU buffers or tierd) and what it says; the GPU quota for the cost model.
 absl::StatusOr<std::unique_ptr<GpuHome>> MakeHome(const RunSettings& s, const GpuHomeLayout& layout, uint64_t workspace,
@@ -32,16 +76,19 @@ absl::StatusOr<std::unique_ptr<GpuHome>> MakeHome(const RunSettings& s, const Gp
   if (!s.tierd) return std::unique_ptr<GpuHome>();
   auto budget = ParseBytes(absl::GetFlag(FLAGS_gpu_budget));
   if (!budget.ok()) return absl::InvalidArgumentError("--gpu_budget: a size like 24GiB");
-  if (*budget <= workspace) {
+  // The budget is the device memory the run takes as nvidia-smi counts it: both processes'
+  // CUDA contexts, the trainer's workspace and tierd's GPU quota for the session.
+  const ContextBytes contexts = MeasureContexts(s.tierd_dir);
+  if (*budget <= workspace + contexts.total) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "--gpu_budget %s leaves nothing for tierd: the trainer's workspace alone is %s for %d x %d tokens (a smaller "
-        "--batch_size or --seq_len shrinks it)",
-        FormatBytes(*budget), FormatBytes(workspace), s.batch, s.seq));
+        "--gpu_budget %s leaves nothing for tierd: the trainer's workspace is %s for %d x %d tokens and the %s (a "
+        "smaller --batch_size or --seq_len shrinks the workspace)",
+        FormatBytes(*budget), FormatBytes(workspace), s.batch, s.seq, contexts.how));
   }
   ClientOptions client;
   client.runtime_dir = s.tierd_dir;
   client.label = "tierd-train";
-  const uint64_t gpu_bytes = *budget - workspace;
+  const uint64_t gpu_bytes = *budget - workspace - contexts.total;
   uint64_t dram = s.tierd_dram;
   if (dram == 0) {  // what the state needs beyond the GPU quota, with room to spare
     const uint64_t need = layout.Total() > gpu_bytes ? layout.Total() - gpu_bytes : 0;
@@ -59,9 +106,10 @@ absl::StatusOr<std::unique_ptr<GpuHome>> MakeHome(const RunSettings& s, const Gp
   if (!made.ok()) return absl::Status(made.status().code(), "tierd: " + std::string(made.status().message()));
   const int chunks = layout.state_chunks;
   std::printf(
-      "offload: tierd at %s; GPU budget %s = workspace %s + tierd's GPU quota %s, for a state of %s "
+      "offload: tierd at %s; GPU budget %s (the device memory of this process and tierd, as nvidia-smi counts "
+      "it) = %s + workspace %s + tierd's GPU quota %s, for a state of %s "
       "(weights %s, master %s, gradients %s, moments %s%s, saved activations %s)%s\n",
-      client.runtime_dir.c_str(), FormatBytes(*budget).c_str(), FormatBytes(workspace).c_str(),
+      client.runtime_dir.c_str(), FormatBytes(*budget).c_str(), contexts.how.c_str(), FormatBytes(workspace).c_str(),
       FormatBytes(client.quota.gpu_bytes).c_str(), FormatBytes(layout.Total()).c_str(),
       layout.compact ? "from the master" : FormatBytes(layout.TotalOf(Part::kWeights)).c_str(),
       FormatBytes(layout.TotalOf(Part::kMaster)).c_str(),
@@ -135,7 +183,8 @@ bool AutoLayerMajor(const RunSettings& s, const GpuHomeLayout& layout, const Gpu
   in.micro_batches = s.accum;
   in.micro_state_bytes = static_cast<double>(layout.Total());
   in.layer_state_bytes = static_cast<double>(layered.Total());
-  if (absl::GetFlag(FLAGS_compact_state) != "off" && absl::GetFlag(FLAGS_optimizer_place) != "cpu") {
+  if (absl::GetFlag(FLAGS_compact_state) != "off" && absl::GetFlag(FLAGS_optimizer_place) != "cpu" &&
+      !config.tied_embeddings) {
     in.layer_compact_state_bytes = static_cast<double>(GpuModel::HomeLayout(config, s.batch, s.seq,
                                                                             {.checkpointing = s.checkpointing,
                                                                              .layer_major_micro_batches = s.accum,
@@ -276,7 +325,8 @@ absl::StatusOr<StateChoice> ChooseState(const RunSettings& s, uint64_t fp8_works
     CompactStateInputs in;
     in.flag = absl::GetFlag(FLAGS_compact_state);
     in.tierd = s.tierd;
-    in.one_backward_per_group = layer_major_micro_batches > 0 || s.accum == 1;
+    // Tied embeddings: the embedding's matrix has two backwards a step (the head's, the embedding's).
+    in.one_backward_per_group = (layer_major_micro_batches > 0 || s.accum == 1) && !config.tied_embeddings;
     in.optimizer_on_cpu = absl::GetFlag(FLAGS_optimizer_place) == "cpu";
     in.full_bytes = static_cast<double>(layout.Total());
     in.compact_bytes = static_cast<double>(compact_layout.Total());

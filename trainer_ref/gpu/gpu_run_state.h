@@ -25,6 +25,15 @@ absl::StatusOr<StateChoice> ChooseState(const RunSettings& s, uint64_t fp8_works
 
 // The home (plain GPU buffers, or leased from tierd with a GPU quota of --gpu_budget less
 // `workspace`) and what it says; the quotas, for the optimizer's cost model. Null without tierd.
+// What the CUDA contexts of the run's processes take of the device, measured through NVML's
+// per-process figures (this process's, and tierd's beyond its sessions' regions) plus room for
+// kernels loaded as they are first used; an assumed 1 GiB without NVML. `how` says which.
+struct ContextBytes {
+  uint64_t own = 0, tierd = 0, total = 0;
+  std::string how;
+};
+ContextBytes MeasureContexts(const std::string& tierd_dir);
+
 absl::StatusOr<std::unique_ptr<GpuHome>> MakeHome(const RunSettings& s, const GpuHomeLayout& layout, uint64_t workspace,
                                                   uint64_t* gpu_quota, uint64_t* dram_quota);
 

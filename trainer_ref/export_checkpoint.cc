@@ -104,6 +104,11 @@ absl::Status ExportTrainerCheckpoint(const ModelConfig& config, const std::strin
   if (!reader.ok()) return reader.status();
   auto first = (*reader)->Peek();
   if (!first.ok()) return first.status();
+  if (first->first == "run") {  // the GPU trainer's: the run's state, then the model's records
+    if (absl::Status s = Skip(**reader, first->first, first->second); !s.ok()) return s;
+    first = (*reader)->Peek();
+    if (!first.ok()) return first.status();
+  }
   const std::vector<TensorLayout> layout = ParamLayout(config);
   const uint64_t count = layout.back().offset + layout.back().count;
   if (first->first == "state") {  // the CPU trainer's: one record

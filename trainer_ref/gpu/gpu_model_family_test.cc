@@ -56,7 +56,9 @@ void InitFamily(Model<float>& cpu, uint64_t seed) {
   }
 }
 
-// Per tensor relative L2 error of the GPU's gradients against the CPU's; the worst.
+// Per tensor relative L2 error of the GPU's gradients against the CPU's; the worst. A bias's
+// gradient is a sum over the rows of a bf16 gradient whose terms largely cancel, so its
+// relative error is that of a small sum of rounded terms: twice the bound.
 double WorstGradientError(const Model<float>& cpu, const std::vector<float>& grads, double bound) {
   double worst = 0;
   for (const TensorLayout& t : cpu.layout()) {
@@ -69,7 +71,7 @@ double WorstGradientError(const Model<float>& cpu, const std::vector<float>& gra
     EXPECT_GT(norm, 0) << t.name << ": the CPU gradient is zero, so the check would be empty";
     const double rel = std::sqrt(diff / std::max(norm, 1e-30));
     worst = std::max(worst, rel);
-    EXPECT_LT(rel, bound) << t.name;
+    EXPECT_LT(rel, IsBias(t) ? 2 * bound : bound) << t.name;
   }
   return worst;
 }

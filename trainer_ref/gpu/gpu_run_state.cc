@@ -38,6 +38,7 @@ ContextBytes MeasureContexts(const std::string& tierd_dir) {
   int device = 0;
   char bus_id[64] = {};
   cudaGetDevice(&device);
+  cudaFree(nullptr);  // this process's context exists now, so NVML lists it
   auto nvml = cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), device) == cudaSuccess
                   ? GpuUtilisation::Open(bus_id)
                   : absl::UnavailableError("CUDA gave no PCI bus id for the GPU");

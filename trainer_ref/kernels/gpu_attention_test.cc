@@ -58,7 +58,7 @@ TEST(GpuOpsTest, CausalAttentionForwardAndBackward) {
     Device<Bf16> d_q(q.bits), d_k(k.bits), d_v(v.bits), d_out{std::vector<Bf16>(count)}, d_dout(dout.bits),
         d_dq(dq0.bits), d_dk(dk0.bits), d_dv(dv0.bits);
     Device<float> d_lse{std::vector<float>(size_t{b} * h * t)};
-    const int64_t scratch_bytes = AttentionBackwardScratchBytes(b, t, h, h, d);
+    const int64_t scratch_bytes = AttentionBackwardScratchBytes(b, t, h, d);
     Device<unsigned char> scratch{std::vector<unsigned char>(static_cast<size_t>(scratch_bytes))};
     ASSERT_EQ(AttentionForward(d_out.get(), d_lse.get(), d_q.get(), d_k.get(), d_v.get(), b, t, h, d, nullptr),
               cudaSuccess);

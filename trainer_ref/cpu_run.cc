@@ -305,7 +305,7 @@ int RunOnCpu(const RunSettings& settings) {
   if (s.eval_every >= 0) val = trainer.ValidationLoss(8);
   if (!val.ok()) return FailMidRun(std::string(val.status().message()), ck);
   if (!s.validation_out.empty() && lead) {
-    const absl::Status st = WriteValidationWindows(s.validation_out, data->val, o.batch, o.seq, 8, trainer.step(), *val);
+    const absl::Status st = WriteValidationWindows(s.validation_out, data->val, o.batch, o.seq, 8, trainer.step(), *val, &data->val_mask);
     if (!st.ok()) return FailMidRun(std::string(st.message()), ck);
   }
   if (!lead) return 0;  // rank 0 reports the run

@@ -4,9 +4,14 @@
 // Sources (`--data`):
 //   "embedded"          a deterministic synthetic corpus built in (no download): sentences
 //                       from a small grammar, so a tiny model visibly learns it;
-//   a directory         every *.txt file in it (sorted by name), as bytes;
+//   a directory of shards  tools/tokenize.py's output: index.json naming shard-N.u32 files
+//                       (or, without an index, every *.u32 / *.u16 file, sorted by name);
+//   a directory         else every *.txt file in it (sorted by name), as bytes;
 //   FILE.u16 / FILE.u32 little-endian token ids of that width (pre-tokenized shards);
 //   any other file      its bytes.
+// A shard FILE.u32 may have a loss mask beside it, FILE.mask: a byte per token, 1 where the
+// token is trained as a target, 0 where it is not (an instruction's prompt: only responses
+// are learned). Targets not trained are -1 in the batches (counted by no loss).
 #ifndef TIERD_TRAINER_REF_DATA_H_
 #define TIERD_TRAINER_REF_DATA_H_
 
@@ -23,6 +28,8 @@ inline constexpr int kByteVocab = 256;
 
 struct Dataset {
   std::vector<int32_t> train, val;
+  // Per token whether it is trained as a target (1) or not (0), or empty: every token is.
+  std::vector<uint8_t> train_mask, val_mask;
   std::string source;  // what was read, for the progress line
 };
 
@@ -34,17 +41,19 @@ std::string EmbeddedCorpus();
 // splits at least seq + 1), DATA_LOSS (a read that came up short).
 absl::StatusOr<Dataset> LoadDataset(const std::string& source, int vocab, int seq, double val_fraction);
 
-// Random windows of seq + 1 tokens: inputs are the first seq, targets the last seq.
-// Deterministic for a seed.
+// Random windows of seq + 1 tokens: inputs are the first seq, targets the last seq (-1 where
+// `mask` says a token is not trained). Deterministic for a seed.
 class Batcher {
  public:
-  Batcher(const std::vector<int32_t>& tokens, int batch, int seq, uint64_t seed);
+  Batcher(const std::vector<int32_t>& tokens, int batch, int seq, uint64_t seed,
+          const std::vector<uint8_t>* mask = nullptr);
   void Next(int32_t* inputs, int32_t* targets);  // each batch * seq
   // As if Next had been called `batches` times (a resumed run continues the same order).
   void Skip(int64_t batches) { rng_.discard(static_cast<uint64_t>(batches) * batch_); }
 
  private:
   const std::vector<int32_t>& tokens_;
+  const std::vector<uint8_t>* mask_;  // null or empty: every target trained
   int batch_, seq_;
   std::mt19937_64 rng_;
 };
@@ -58,7 +67,7 @@ inline constexpr uint64_t kValidationSeed = 12345;
 // [...]}]}), for checking an exported model against it elsewhere (tools/hf/check_export.py).
 // Written aside and renamed.
 absl::Status WriteValidationWindows(const std::string& path, const std::vector<int32_t>& val, int batch, int seq,
-                                    int batches, int64_t step, double loss);
+                                    int batches, int64_t step, double loss, const std::vector<uint8_t>* mask = nullptr);
 
 }  // namespace tierd::trainer
 

@@ -114,5 +114,72 @@ TEST(DataTest, SkippingBatchesContinuesTheSameOrder) {
   }
 }
 
+// A directory of shards as tools/tokenize.py writes it: index.json naming shard-N.u32 files, a
+// loss mask beside one of them. The shards concatenate in the index's order; the mask covers
+// the tokens of every shard (all trained where a shard has none); the batches' targets are -1
+// where the mask says not trained, and the same windows as without a mask otherwise.
+TEST(DataTest, ShardDirectoriesWithLossMasks) {
+  const std::string dir = Dir() + "/shards";
+  mkdir(dir.c_str(), 0700);
+  auto u32 = [](const std::vector<uint32_t>& ids) {
+    return std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * 4);
+  };
+  std::vector<uint32_t> a(100), b(60);
+  for (uint32_t i = 0; i < a.size(); ++i) a[i] = i % 500;
+  for (uint32_t i = 0; i < b.size(); ++i) b[i] = 1000 + i;
+  Write(dir + "/shard-00001.u32", u32(b));  // named second by the index though first by name
+  Write(dir + "/shard-00000.u32", u32(a));
+  std::string mask(60, '\0');
+  for (int i = 30; i < 60; ++i) mask[i] = 1;  // the second half of shard 1: a response
+  Write(dir + "/shard-00001.mask", mask);
+  Write(dir + "/index.json", R"({"vocab_size": 2000, "shards": [{"file": "shard-00000.u32", "tokens": 100},
+                                  {"file": "shard-00001.u32", "tokens": 60}]})");
+  auto d = LoadDataset(dir, 2000, 8, 0.25);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(d->train.size() + d->val.size(), 160u);
+  EXPECT_EQ(d->train[0], 0);
+  EXPECT_EQ(d->val.back(), 1059) << "the index's order: shard 0 then shard 1";
+  ASSERT_EQ(d->train_mask.size(), d->train.size());
+  ASSERT_EQ(d->val_mask.size(), d->val.size());
+  EXPECT_EQ(d->train_mask[5], 1) << "a shard without a mask is all trained";
+  EXPECT_EQ(d->train_mask[100], 0);
+  EXPECT_EQ(d->val_mask.back(), 1);
+  EXPECT_NE(d->source.find("% of them trained (a loss mask)"), std::string::npos) << d->source;
+  // The batches: masked targets are -1, the rest the tokens; the windows those of no mask.
+  Batcher masked(d->train, 4, 8, 3, &d->train_mask), plain(d->train, 4, 8, 3);
+  std::vector<int32_t> in(32), tg(32), in2(32), tg2(32);
+  int ignored = 0;
+  for (int round = 0; round < 20; ++round) {
+    masked.Next(in.data(), tg.data());
+    plain.Next(in2.data(), tg2.data());
+    EXPECT_EQ(in, in2);
+    for (int j = 0; j < 32; ++j) {
+      if (tg[j] < 0) {
+        ++ignored;
+        EXPECT_GE(tg2[j], 1000) << "only shard 1's prompt half is masked";
+        EXPECT_LT(tg2[j], 1030);
+      } else {
+        EXPECT_EQ(tg[j], tg2[j]);
+      }
+    }
+  }
+  EXPECT_GT(ignored, 0);
+  // A mask of the wrong length, or with a byte other than 0 and 1, is refused naming it.
+  Write(dir + "/shard-00001.mask", std::string(59, '\1'));
+  auto short_mask = LoadDataset(dir, 2000, 8, 0.25);
+  EXPECT_EQ(short_mask.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(short_mask.status().message().find("has 59 bytes for the 60 tokens"), absl::string_view::npos)
+      << short_mask.status();
+  Write(dir + "/shard-00001.mask", std::string(60, '\2'));
+  auto bad = LoadDataset(dir, 2000, 8, 0.25);
+  EXPECT_NE(bad.status().message().find("byte 0 is 2; a loss mask holds 0"), absl::string_view::npos) << bad.status();
+  // A token outside the vocabulary, named with its shard and position.
+  Write(dir + "/shard-00001.mask", mask);
+  auto small = LoadDataset(dir, 1030, 8, 0.25);
+  EXPECT_NE(small.status().message().find("shard-00001.u32': token 1030 at position 30 is outside"),
+            absl::string_view::npos)
+      << small.status();
+}
+
 }  // namespace
 }  // namespace tierd::trainer

@@ -111,7 +111,7 @@ absl::Status Trainer::Init() {
   std::vector<float>().swap(model_.params());
   gathered_.resize(options_.dp.zero3 ? model_.layout().size() : 0);
   batcher_seed_ = (options_.data_seed != 0 ? options_.data_seed : options_.seed) * 7919 + 1;
-  batcher_ = std::make_unique<Batcher>(data_.train, options_.batch, options_.seq, batcher_seed_);
+  batcher_ = std::make_unique<Batcher>(data_.train, options_.batch, options_.seq, batcher_seed_, &data_.train_mask);
   // The model reaches its tensors group by group, only while it computes with them.
   model_.SetGroupHooks(
       [this](int group, bool backward) {
@@ -249,7 +249,7 @@ absl::StatusOr<double> Trainer::ForwardBackward(const int32_t* inputs, const int
 }
 
 absl::StatusOr<double> Trainer::ValidationLoss(int batches) {
-  Batcher val(data_.val, options_.batch, options_.seq, kValidationSeed);
+  Batcher val(data_.val, options_.batch, options_.seq, kValidationSeed, &data_.val_mask);
   const int n = options_.batch * options_.seq;
   std::vector<int32_t> inputs(n), targets(n);
   double total = 0;

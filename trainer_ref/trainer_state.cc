@@ -142,7 +142,7 @@ absl::Status Trainer::LoadState(const std::string& bytes) {
   }
   step_ = step;
   // The data order continues where it was.
-  batcher_ = std::make_unique<Batcher>(data_.train, options_.batch, options_.seq, batcher_seed_);
+  batcher_ = std::make_unique<Batcher>(data_.train, options_.batch, options_.seq, batcher_seed_, &data_.train_mask);
   batcher_->Skip(drawn);
   batches_drawn_ = drawn;
   return absl::OkStatus();

@@ -18,6 +18,8 @@ The fixtures:
            window longer than the sequence, fp16 weights                (Mistral, Nemo-like)
   qwen2    q/k/v biases, tied embeddings, grouped-query attention, linear RoPE scaling,
            fp32 weights                                                  (Qwen2 / 2.5)
+  tokenizer  a byte-level BPE of 320 tokens trained by `tokenizers` on a short text, with
+           BOS/EOS and a Llama-3-style chat template (tools/tokenize.py's test)
 """
 import json
 import os
@@ -66,10 +68,38 @@ def hub_style(config_path):
         json.dump(config, f, indent=2, sort_keys=True)
 
 
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|start|>{{ m['role'] }}<|sep|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start|>assistant<|sep|>{% endif %}")
+
+
+def tokenizer_fixture():
+    """A byte-level BPE trained on a short text (320 tokens: what the fixtures' models take)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    where = os.path.join(OUT, "tokenizer")
+    os.makedirs(where)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    special = ["<|bos|>", "<|eos|>", "<|start|>", "<|sep|>", "<|end|>"]
+    text = ["the cat sees the red ball in the garden.", "a dog finds an apple near the sea.",
+            "what is two and two? it is four.", "hello, how are you? i am well, thank you."] * 50
+    tok.train_from_iterator(text, trainers.BpeTrainer(vocab_size=320, special_tokens=special,
+                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(os.path.join(where, "tokenizer.json"))
+    with open(os.path.join(where, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|bos|>", "eos_token": "<|eos|>",
+                   "chat_template": CHAT_TEMPLATE, "clean_up_tokenization_spaces": False}, f, indent=1)
+    print(f"tokenizer: {tok.get_vocab_size()} tokens")
+
+
 def main():
     torch.manual_seed(0)
-    shutil.rmtree(OUT, ignore_errors=True)
-    os.makedirs(OUT)
+    os.makedirs(OUT, exist_ok=True)
+    for old in os.listdir(OUT):  # the fixtures, not the BUILD file beside them
+        if os.path.isdir(os.path.join(OUT, old)):
+            shutil.rmtree(os.path.join(OUT, old))
+    tokenizer_fixture()
     for name, cls, config, dtype, shard in fixtures():
         torch.manual_seed(sum(map(ord, name)))
         model = cls(config).to(torch.float32).eval()

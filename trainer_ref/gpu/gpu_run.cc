@@ -282,7 +282,7 @@ int GpuRun::Setup() {
     metrics_ = std::move(*opened);
     if (!note.empty()) std::printf("%s\n", note.c_str());
   }
-  batcher_ = std::make_unique<Batcher>(data_->train, s_.batch, s_.seq, s_.data_seed * 7919 + 1);
+  batcher_ = std::make_unique<Batcher>(data_->train, s_.batch, s_.seq, s_.data_seed * 7919 + 1, &data_->train_mask);
   batcher_->Skip(run_.batches_drawn);
   inputs_.resize(static_cast<size_t>(s_.batch) * s_.seq * std::max(1, layer_major_));
   targets_.resize(inputs_.size());
@@ -549,7 +549,7 @@ void GpuRun::Summary() {
 }
 
 absl::StatusOr<double> GpuRun::ValidationLoss(int batches) {
-  Batcher val(data_->val, s_.batch, s_.seq, kValidationSeed);  // the same windows every time
+  Batcher val(data_->val, s_.batch, s_.seq, kValidationSeed, &data_->val_mask);  // the same windows every time
   double total = 0;
   for (int b = 0; b < batches; ++b) {
     val.Next(inputs_.data(), targets_.data());
@@ -628,7 +628,8 @@ int GpuRun::Run() {
   }
   if (!s_.validation_out.empty() && lead_) {
     const absl::Status st =
-        WriteValidationWindows(s_.validation_out, data_->val, s_.batch, s_.seq, 8, s_.steps, last_validation_);
+        WriteValidationWindows(s_.validation_out, data_->val, s_.batch, s_.seq, 8, s_.steps, last_validation_,
+                               &data_->val_mask);
     if (!st.ok()) return FailMidRun(std::string(st.message()), ck_);
   }
   Summary();

@@ -21,12 +21,18 @@ that has untrained tokens (a byte a token: 1 trained as a target, 0 not) and DIR
 (the tokenizer, its vocabulary size, BOS/EOS ids, each shard's tokens, trained tokens and
 documents). A progress bar on stderr.
 """
-import argparse
-import array
-import json
 import os
 import sys
-import time
+
+# This file's name is the standard library's `tokenize` too: with its folder first on the path,
+# transformers' `import tokenize` would find this script. The folder goes off the path first.
+_here = {os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.realpath(__file__))}
+sys.path = [p for p in sys.path if os.path.realpath(p or ".") not in _here and os.path.abspath(p or ".") not in _here]
+
+import argparse  # noqa: E402
+import array  # noqa: E402
+import json  # noqa: E402
+import time  # noqa: E402
 
 
 class ByteTokenizer:

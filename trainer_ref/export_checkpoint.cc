@@ -9,11 +9,10 @@
 #include "absl/strings/str_format.h"
 #include "trainer_ref/checkpoint.h"
 #include "trainer_ref/model.h"
+#include "trainer_ref/trainer_state_format.h"
 
 namespace tierd::trainer {
 namespace {
-
-constexpr uint32_t kStateMagicV4 = 0x74727334, kStateMagicV3 = 0x74727333;  // trainer_state.cc's
 
 // The groups of the GPU trainer's checkpoint, as its home names them (gpu_home.h), with
 // their first entry and parameter count in ParamLayout order.
@@ -67,31 +66,22 @@ absl::StatusOr<std::string> PickCheckpoint(const std::string& checkpoint) {
 }  // namespace
 
 absl::StatusOr<std::vector<float>> ParamsOfTrainerState(const std::string& state, uint64_t count) {
-  size_t at = 0;
-  auto take = [&](void* p, size_t n) {
-    if (at + n > state.size()) return false;
-    std::memcpy(p, state.data() + at, n);
-    at += n;
-    return true;
-  };
-  uint32_t magic = 0, format = 0, dp[3] = {1, 0, 0};
-  int64_t step = 0, drawn = 0;
-  uint64_t held = 0;
-  if (!take(&magic, 4) || (magic != kStateMagicV4 && magic != kStateMagicV3) || !take(&step, 8) ||
-      !take(&drawn, 8) || !take(&held, 8) || !take(&format, 4) || (magic == kStateMagicV4 && !take(dp, sizeof(dp)))) {
-    return absl::InvalidArgumentError("not a trainer state (bad magic, or cut in its header)");
-  }
-  if ((dp[2] & 4) != 0 && dp[0] > 1) {
+  auto h = ReadTrainerStateHeader(state);
+  if (!h.ok()) return h.status();
+  if ((h->dp[2] & kStateZero3) != 0 && h->dp[0] > 1) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "a ZeRO-3 rank's state (rank %d of %d) holds a slice of each parameter; export from a dense or ZeRO-2 run",
-        dp[1], dp[0]));
+        h->dp[1], h->dp[0]));
   }
-  if (held != count) {
+  if (h->count != count) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("the state holds %d parameters; this model has %d (other model flags?)", held, count));
+        absl::StrFormat("the state holds %d parameters; this model has %d (other model flags?)", h->count, count));
+  }
+  if (h->bytes + count * sizeof(float) > state.size()) {
+    return absl::InvalidArgumentError("the trainer state is cut short");
   }
   std::vector<float> params(count);
-  if (!take(params.data(), count * sizeof(float))) return absl::InvalidArgumentError("the trainer state is cut short");
+  std::memcpy(params.data(), state.data() + h->bytes, count * sizeof(float));
   return params;
 }
 

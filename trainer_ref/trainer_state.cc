@@ -7,12 +7,11 @@
 #include "trainer_ref/adamw8bit.h"
 #include "trainer_ref/trainer.h"
 #include "trainer_ref/trainer_internal.h"
+#include "trainer_ref/trainer_state_format.h"
 
 namespace tierd::trainer {
 namespace {
 
-constexpr uint32_t kStateMagic = 0x74727334;    // "trs4": + the data-parallel layout
-constexpr uint32_t kStateMagicV3 = 0x74727333;  // "trs3": one process, no residuals
 // The moments' formats: 0 fp32; 1 8-bit with v itself (refused); 2 8-bit with v's root in
 // blocks of 2048 (refused); 5 the same in blocks of q8::kQuantBlock (256).
 constexpr uint32_t kMoments8bitRoot2048 = 2;
@@ -78,29 +77,24 @@ absl::StatusOr<std::string> Trainer::SaveState() {
 }
 
 absl::Status Trainer::LoadState(const std::string& bytes) {
-  size_t at = 0;
+  auto header = ReadTrainerStateHeader(bytes);
+  if (!header.ok()) return header.status();
+  size_t at = header->bytes;
   auto take = [&](void* p, size_t n) {
     if (at + n > bytes.size()) return false;
     std::memcpy(p, bytes.data() + at, n);
     at += n;
     return true;
   };
-  uint32_t magic = 0;
-  int64_t step = 0, drawn = 0;
-  uint64_t count = 0, expected = 0, state_bytes = 0;
-  uint32_t format = 0;
+  const int64_t step = header->step, drawn = header->drawn;
+  const uint64_t count = header->count;
+  const uint32_t format = header->format;
+  const uint32_t* dp = header->dp;
+  uint64_t expected = 0, state_bytes = 0;
   for (const TensorLayout& t : model_.layout()) expected += t.count;
   for (Kind k : kStateKinds) {
     for (const TensorLayout& t : shape_.Of(k)) state_bytes += TensorBytes(t, k, options_.moments_8bit);
   }
-  if (!take(&magic, 4) || (magic != kStateMagic && magic != kStateMagicV3)) {
-    return absl::InvalidArgumentError("not a trainer state (bad magic)");
-  }
-  if (!take(&step, 8) || !take(&drawn, 8) || !take(&count, 8) || !take(&format, 4)) {
-    return absl::InvalidArgumentError("trainer state truncated in its header");
-  }
-  uint32_t dp[3] = {1, 0, 0};  // a state of the first format: one process
-  if (magic == kStateMagic && !take(dp, sizeof(dp))) return absl::InvalidArgumentError("trainer state truncated");
   if (dp[0] != static_cast<uint32_t>(options_.dp.ranks()) || dp[1] != static_cast<uint32_t>(options_.dp.rank()) ||
       dp[2] != DpFlags()) {
     return absl::InvalidArgumentError(absl::StrFormat(

@@ -28,14 +28,6 @@ __global__ void BiasPartialKernel(float* partial, const Bf16* dout, int n, int o
   partial[int64_t{chunk} * oc + j] = sum;
 }
 
-__global__ void BiasSumChunksKernel(float* dbias, const float* partial, int chunks, int oc) {
-  const int j = blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= oc) return;
-  float sum = 0.f;
-  for (int k = 0; k < chunks; ++k) sum += partial[int64_t{k} * oc + j];
-  dbias[j] += sum;
-}
-
 // One thread per value of full (N, H*D): the value of its key/value head.
 __global__ void RepeatKvKernel(Bf16* full, const Bf16* kv, int64_t count, int h, int group, int d) {
   const int qd = h * d, kd = h / group * d;
@@ -73,7 +65,7 @@ void BiasBackward(float* dbias, const Bf16* dout, int n, int oc, float* scratch,
   if (n <= 0 || oc <= 0) return;
   const int chunks = (n + kBiasRowsPerChunk - 1) / kBiasRowsPerChunk, blocks = (oc + kThreads - 1) / kThreads;
   BiasPartialKernel<<<dim3(blocks, chunks), kThreads, 0, stream>>>(scratch, dout, n, oc);
-  BiasSumChunksKernel<<<blocks, kThreads, 0, stream>>>(dbias, scratch, chunks, oc);
+  SumRowChunksInto(dbias, scratch, chunks, oc, stream);
 }
 
 void RepeatKvHeads(Bf16* full, const Bf16* kv, int n, int h, int kv_heads, int d, cudaStream_t stream) {

@@ -59,6 +59,10 @@ inline bool Aligned16(const P*... p) {
   return ((reinterpret_cast<uintptr_t>(p) % 16 == 0) && ...);
 }
 
+// out (C, fp32) += the sum over `chunks` rows of partial (chunks, C), in row order: the second
+// half of a deterministic column sum (gpu_ops.cu).
+void SumRowChunksInto(float* out, const float* partial, int chunks, int c, cudaStream_t stream);
+
 inline int Blocks(int64_t count) {
   const int64_t blocks = (count + kThreads - 1) / kThreads;
   return static_cast<int>(blocks < 65535 * 16 ? (blocks > 0 ? blocks : 1) : 65535 * 16);

@@ -160,13 +160,6 @@ __global__ void RmsNormWeightPartialKernel(float* partial, const Bf16* dout, con
   partial[int64_t{chunk} * c + j] = sum;
 }
 
-__global__ void SumChunksIntoKernel(float* out, const float* partial, int chunks, int c) {
-  const int j = blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= c) return;
-  float sum = 0.f;
-  for (int k = 0; k < chunks; ++k) sum += partial[int64_t{k} * c + j];
-  out[j] += sum;
-}
 
 // One block per row (token) of x (B*T, H, D): the row's D/2 angles pos * inv_freq[i] once
 // into shared memory, then every head's pairs turn by them (sign -1: back); four pairs a
@@ -330,6 +323,20 @@ int VecRowThreads(int c, bool vec) { return vec ? std::min(256, RowThreads((c / 
 
 }  // namespace
 
+namespace {
+__global__ void SumChunksIntoKernel(float* out, const float* partial, int chunks, int c) {
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= c) return;
+  float sum = 0.f;
+  for (int k = 0; k < chunks; ++k) sum += partial[int64_t{k} * c + j];
+  out[j] += sum;
+}
+}  // namespace
+
+void SumRowChunksInto(float* out, const float* partial, int chunks, int c, cudaStream_t stream) {
+  SumChunksIntoKernel<<<(c + kThreads - 1) / kThreads, kThreads, 0, stream>>>(out, partial, chunks, c);
+}
+
 void EmbeddingForward(float* out, const int32_t* tokens, const Bf16* wte, int n, int c, int v, cudaStream_t stream) {
   EmbeddingForwardKernel<<<Blocks(int64_t{n} * c), kThreads, 0, stream>>>(out, tokens, wte, n, c, v);
 }
@@ -386,7 +393,7 @@ void RmsNormBackward(float* din, float* dweight, const Bf16* dout, const float* 
   const int chunks = (n + kNormRowsPerChunk - 1) / kNormRowsPerChunk;
   const int column_threads = vec ? c / 4 : c, column_blocks = (column_threads + kThreads - 1) / kThreads;
   RmsNormWeightPartialKernel<<<dim3(column_blocks, chunks), kThreads, 0, stream>>>(scratch, dout, in, rstd, n, c, vec);
-  SumChunksIntoKernel<<<(c + kThreads - 1) / kThreads, kThreads, 0, stream>>>(dweight, scratch, chunks, c);
+  SumRowChunksInto(dweight, scratch, chunks, c, stream);
 }
 
 void Rope(Bf16* x, int b, int t, int h, int d, const RopeFrequencies& freq, float sign, cudaStream_t stream) {

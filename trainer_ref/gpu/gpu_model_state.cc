@@ -13,6 +13,8 @@
 #include "absl/strings/str_format.h"
 #include "base/units.h"
 #include "trainer_ref/adamw8bit.h"
+#include "trainer_ref/host_adamw.h"
+#include "trainer_ref/parallel.h"
 #include "trainer_ref/gpu/gpu_model_internal.h"
 
 namespace tierd::trainer::gpu {
@@ -379,7 +381,9 @@ size_t GpuModel::GroupCount(int group) const {
 absl::Status GpuModel::SetGroup(int g, const float* params) {
   const size_t count = GroupCount(g);
   std::vector<Bf16> bits(count);
-  for (size_t i = 0; i < count; ++i) bits[i] = ToBf16(params[i]);
+  ParallelFor(static_cast<int64_t>(count), static_cast<double>(count), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) bits[i] = Bf16Bits(params[i]);  // the device's rounding
+  });
   RETURN_IF_ERROR(Enter(g, Part::kWeights, Access::kOverwrite));
   RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(acquired_[g][static_cast<int>(Part::kWeights)], bits.data(),
                                        count * sizeof(Bf16), cudaMemcpyHostToDevice, stream_),

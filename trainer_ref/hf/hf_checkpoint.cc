@@ -16,6 +16,7 @@
 #include "base/units.h"
 #include "trainer_ref/hf/json.h"
 #include "trainer_ref/host_adamw.h"
+#include "trainer_ref/parallel.h"
 
 namespace tierd::trainer::hf {
 namespace {
@@ -194,16 +195,16 @@ absl::Status HfCheckpointReader::Read(size_t entry, float* out) const {
   if (entry >= layout_.size()) return absl::OutOfRangeError(absl::StrFormat("entry %d of %d", entry, layout_.size()));
   const TensorLayout& t = layout_[entry];
   const auto [file, tensor] = where_[entry];
+  // Row by row on the host's threads (a 7-8B checkpoint holds 8e9 values to convert).
   const int heads = RopeHeads(config_, t.name);
-  if (heads == 0) {
-    file->ReadFloats(*tensor, 0, t.count, out);
-  } else {
-    const int64_t rows = t.shape[0], width = t.shape.size() > 1 ? t.shape[1] : 1, d = rows / heads;
-    for (int64_t row = 0; row < rows; ++row) {
-      file->ReadFloats(*tensor, static_cast<uint64_t>(HfRowOf(row, d) * width), static_cast<uint64_t>(width),
-                       out + row * width);
+  const int64_t width = t.shape.size() > 1 ? t.shape[1] : 1;  // a vector: a value a row
+  const int64_t rows = static_cast<int64_t>(t.count) / width, d = heads > 0 ? rows / heads : 1;
+  ParallelFor(rows, static_cast<double>(t.count), [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t from = heads > 0 ? HfRowOf(row, d) : row;
+      file->ReadFloats(*tensor, static_cast<uint64_t>(from * width), static_cast<uint64_t>(width), out + row * width);
     }
-  }
+  });
   file->DoneWith(*tensor);
   return absl::OkStatus();
 }
@@ -309,19 +310,21 @@ absl::Status ExportHfCheckpoint(const ModelConfig& config, const std::string& di
       bytes.resize(t.count * value_bytes);
       const int heads = RopeHeads(config, t.name);
       const int64_t width = t.shape.size() > 1 ? t.shape[1] : 1, d = heads > 0 ? t.shape[0] / heads : 1;
-      for (int64_t row = 0; row < static_cast<int64_t>(t.count / width); ++row) {
-        const int64_t to = heads > 0 ? HfRowOf(row, d) : row;  // back to Hugging Face's row order
-        for (int64_t k = 0; k < width; ++k) {
-          const float x = values[row * width + k];
-          unsigned char* p = bytes.data() + (to * width + k) * value_bytes;
-          if (options.dtype == Dtype::kF32) {
-            std::memcpy(p, &x, 4);
-          } else {  // bf16, rounded to nearest even (fp16 is read, not written)
-            const uint16_t b = Bf16Bits(x);
-            p[0] = static_cast<unsigned char>(b), p[1] = static_cast<unsigned char>(b >> 8);
+      ParallelFor(static_cast<int64_t>(t.count / width), static_cast<double>(t.count), [&](int64_t begin, int64_t end) {
+        for (int64_t row = begin; row < end; ++row) {
+          const int64_t to = heads > 0 ? HfRowOf(row, d) : row;  // back to Hugging Face's row order
+          for (int64_t k = 0; k < width; ++k) {
+            const float x = values[row * width + k];
+            unsigned char* p = bytes.data() + (to * width + k) * value_bytes;
+            if (options.dtype == Dtype::kF32) {
+              std::memcpy(p, &x, 4);
+            } else {  // bf16, rounded to nearest even (fp16 is read, not written)
+              const uint16_t b = Bf16Bits(x);
+              p[0] = static_cast<unsigned char>(b), p[1] = static_cast<unsigned char>(b >> 8);
+            }
           }
         }
-      }
+      });
       if (absl::Status st = (*writer)->Write(bytes.data(), bytes.size()); !st.ok()) return st;
     }
     if (absl::Status st = (*writer)->Finish(); !st.ok()) return st;

@@ -14,29 +14,22 @@
 namespace tierd::trainer {
 namespace {
 
-// The groups of the GPU trainer's checkpoint, as its home names them (gpu_home.h), with
-// their first entry and parameter count in ParamLayout order.
+// A group of the GPU trainer's checkpoint (ParamGroups): its master record holds the
+// parameters [first, first + count) of ParamLayout's flat order.
 struct Group {
   std::string name;
-  size_t first_entry = 0, entries = 0;
-  uint64_t first = 0, count = 0;  // parameters
+  size_t first_entry = 0;
+  uint64_t first = 0, count = 0;
 };
 
 std::vector<Group> GroupsOf(const ModelConfig& config) {
   const std::vector<TensorLayout> layout = ParamLayout(config);
-  const ParamEntries e = ParamEntriesOf(config);
   std::vector<Group> groups;
-  auto add = [&](const std::string& name, size_t from, size_t to) {  // entries [from, to)
-    Group g{name, from, to - from, layout[from].offset, 0};
-    for (size_t i = from; i < to; ++i) g.count += layout[i].count;
-    groups.push_back(g);
-  };
-  add("embed", e.embed, e.embed + 1);
-  for (int l = 0; l < config.layers; ++l) {
-    const size_t from = e.layers[l].attn_norm;
-    add(absl::StrFormat("layers.%d", l), from, l + 1 < config.layers ? e.layers[l + 1].attn_norm : e.final_norm);
+  for (const ParamGroup& g : ParamGroups(config)) {
+    Group out{g.name, g.entries.front(), layout[g.entries.front()].offset, 0};
+    for (size_t e : g.entries) out.count += layout[e].count;
+    groups.push_back(out);
   }
-  add("final", e.final_norm, layout.size());
   return groups;
 }
 

@@ -61,6 +61,24 @@ ParamEntries ParamEntriesOf(const ModelConfig& config) {
   return out;
 }
 
+std::vector<ParamGroup> ParamGroups(const ModelConfig& config) {
+  const ParamEntries e = ParamEntriesOf(config);
+  const size_t entries = ParamLayout(config).size();
+  std::vector<ParamGroup> out;
+  auto range = [](size_t from, size_t to) {  // entries [from, to)
+    std::vector<size_t> v;
+    for (size_t i = from; i < to; ++i) v.push_back(i);
+    return v;
+  };
+  out.push_back({"embed", {e.embed}});
+  for (int l = 0; l < config.layers; ++l) {
+    const size_t to = l + 1 < config.layers ? e.layers[l + 1].attn_norm : e.final_norm;
+    out.push_back({absl::StrFormat("layers.%d", l), range(e.layers[l].attn_norm, to)});
+  }
+  out.push_back({"final", range(e.final_norm, entries)});  // the head too, untied
+  return out;
+}
+
 bool IsBias(const TensorLayout& t) { return t.name.find(".attn.b") != std::string::npos; }
 
 int HeadRowsAtOnce(const ModelConfig& config, int rows, size_t chunk_elements) {
@@ -79,6 +97,7 @@ Model<T>::Model(const ModelConfig& config, int batch, int seq, bool checkpointin
   layers_ = entries.layers;
   final_norm_ = entries.final_norm;
   head_ = entries.head;
+  groups_ = ParamGroups(config);
   for (const TensorLayout& t : layout_) {
     p_.push_back(params_.data() + t.offset);
     g_.push_back(grads_.data() + t.offset);
@@ -394,11 +413,9 @@ std::vector<T> Model<T>::ForwardBackwardLayerMajor(const int32_t* tokens, const 
 
 template <typename T>
 std::vector<size_t> Model<T>::GroupEntries(int group) const {
-  if (group == 0) return {embed_};
-  if (group == config_.layers + 1) return {final_norm_, head_};  // head_ is embed_ when tied
-  const Layer& w = layers_[group - 1];
-  if (config_.qkv_bias) return {w.attn_norm, w.wq, w.wk, w.wv, w.bq, w.bk, w.bv, w.wo, w.mlp_norm, w.w1, w.w3, w.w2};
-  return {w.attn_norm, w.wq, w.wk, w.wv, w.wo, w.mlp_norm, w.w1, w.w3, w.w2};
+  std::vector<size_t> entries = groups_[group].entries;
+  if (group == config_.layers + 1 && config_.tied_embeddings) entries.push_back(embed_);  // the head reads it
+  return entries;
 }
 
 template <typename T>

@@ -53,6 +53,16 @@ struct ParamEntries {
 constexpr size_t kLogitsChunkElements = size_t{1} << 24;
 int HeadRowsAtOnce(const ModelConfig& config, int rows, size_t chunk_elements = kLogitsChunkElements);
 ParamEntries ParamEntriesOf(const ModelConfig& config);
+// The parameters in the groups the trainers lease, step and checkpoint them by: 0 the
+// embedding ("embed"), 1..L the layers ("layers.N"), L + 1 the final norm and the head
+// ("final"; tied, the head's matrix is the embedding's and group 0 holds it). Each group's
+// entries are ParamLayout's, in its order and contiguous.
+struct ParamGroup {
+  std::string name;
+  std::vector<size_t> entries;
+};
+std::vector<ParamGroup> ParamGroups(const ModelConfig& config);
+
 // A q/k/v bias ("layers.3.attn.bq"): 1-D like the norm weights, but initialised to zeros.
 bool IsBias(const TensorLayout& t);
 // The saved activations of a model for micro-batches of `batch` x `seq` (offsets are 0:
@@ -94,7 +104,8 @@ class Model {
   // that keeps them elsewhere (tierd's tiers) hooks each group of tensors — 0: the
   // embedding, 1..layers: a layer, layers + 1: the final norm and the head (the embedding's
   // matrix when tied) — as forward and backward reach and leave it, and binds each entry's
-  // pointers in its `enter` hook. GroupEntries are the tensors a group's computation uses.
+  // pointers in its `enter` hook. GroupEntries are the tensors a group's computation uses:
+  // ParamGroups' entries, and for the head's group with tied embeddings the embedding's matrix.
   using GroupHook = std::function<void(int group, bool backward)>;
   void SetGroupHooks(GroupHook enter, GroupHook leave) {
     enter_ = std::move(enter);
@@ -160,6 +171,7 @@ class Model {
   GroupHook enter_, leave_;
   size_t embed_ = 0, final_norm_ = 0, head_ = 0;
   std::vector<Layer> layers_;
+  std::vector<ParamGroup> groups_;  // ParamGroups
   bool checkpointing_ = false;
   std::vector<TensorLayout> saved_layout_;
   std::vector<std::vector<T>> saved_storage_;  // the default home of the saved tensors

@@ -58,6 +58,26 @@ TEST(ModelTest, TheFamilysLayoutHasBiasesNarrowKeysAndNoHead) {
   EXPECT_EQ(layout.back().offset + layout.back().count, c.Params());
 }
 
+// The groups every trainer leases by: each entry in exactly one, in layout order; the head in
+// "final" untied, in "embed" (its matrix) tied; a layer's biases in its group.
+TEST(ModelTest, ParamGroupsCoverTheLayoutInOrder) {
+  for (const ModelConfig& c : {*ModelPreset("tiny"), Family()}) {
+    const std::vector<ParamGroup> groups = ParamGroups(c);
+    const auto layout = ParamLayout(c);
+    ASSERT_EQ(groups.size(), static_cast<size_t>(c.layers + 2));
+    EXPECT_EQ(groups[0].name, "embed");
+    EXPECT_EQ(groups[1].name, "layers.0");
+    EXPECT_EQ(groups.back().name, "final");
+    size_t next = 0;
+    for (const ParamGroup& g : groups) {
+      for (size_t e : g.entries) EXPECT_EQ(e, next++) << g.name;
+    }
+    EXPECT_EQ(next, layout.size());
+    EXPECT_EQ(groups.back().entries.size(), c.tied_embeddings ? 1u : 2u);
+    EXPECT_EQ(groups[2].entries.size(), c.qkv_bias ? 12u : 9u);
+  }
+}
+
 // The whole model's gradient (every parameter) against central differences, in double: the
 // plain model, the family's variations, and the head's logits in chunks of 3 rows.
 class ModelGradientTest : public ::testing::TestWithParam<int> {};

@@ -46,6 +46,7 @@ GpuModel::GpuModel(const ModelConfig& config, int batch, int seq, const StateOpt
   layers_ = entries.layers;
   final_norm_ = entries.final_norm;
   head_ = entries.head;
+  groups_ = ParamGroups(config);
   total_params_ = layout_.back().offset + layout_.back().count;
   group_of_.assign(layout_.size(), 0);
   group_offset_.assign(Groups(), 0);
@@ -75,15 +76,7 @@ GpuModel::GpuModel(const ModelConfig& config, int batch, int seq, const StateOpt
   }
 }
 
-std::vector<size_t> GpuModel::GroupEntries(int group) const {
-  if (group == 0) return {embed_};
-  if (group == Groups() - 1) {  // tied: the head's matrix is the embedding group's
-    return config_.tied_embeddings ? std::vector<size_t>{final_norm_} : std::vector<size_t>{final_norm_, head_};
-  }
-  const Layer& w = layers_[group - 1];
-  if (config_.qkv_bias) return {w.attn_norm, w.wq, w.wk, w.wv, w.bq, w.bk, w.bv, w.wo, w.mlp_norm, w.w1, w.w3, w.w2};
-  return {w.attn_norm, w.wq, w.wk, w.wv, w.wo, w.mlp_norm, w.w1, w.w3, w.w2};
-}
+std::vector<size_t> GpuModel::GroupEntries(int group) const { return groups_[group].entries; }
 
 int GpuModel::HeadRows(const ModelConfig& config, int batch, int seq, int asked) {
   const uint64_t n = static_cast<uint64_t>(batch) * seq, row_bytes = uint64_t{2} * config.vocab;

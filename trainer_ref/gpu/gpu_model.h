@@ -420,6 +420,7 @@ class GpuModel {
   float* xr_ = nullptr;             // checkpointing: the recomputed layer's residual stream
   std::vector<TensorLayout> layout_;
   std::vector<Layer> layers_;
+  std::vector<ParamGroup> groups_;  // ParamGroups: each group's entries and name
   size_t embed_ = 0, final_norm_ = 0, head_ = 0;
   std::unique_ptr<GpuHome> home_;
   std::vector<int> group_of_;                            // entry -> group

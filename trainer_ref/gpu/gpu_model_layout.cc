@@ -69,7 +69,7 @@ GpuHomeLayout GpuModel::HomeLayout(const ModelConfig& config, int batch, int seq
       params += shape.layout_[e].count;
       moment += shape.MomentBytes(e);
     }
-    out.groups.push_back(g == 0 ? "embed" : g == shape.Groups() - 1 ? "final" : absl::StrFormat("layers.%d", g - 1));
+    out.groups.push_back(shape.groups_[g].name);
     const bool layer = g >= 1 && g <= config.layers;
     const uint64_t saved = layer && shape.Recomputes(g - 1)
                                ? Aligned(static_cast<uint64_t>(batch) * seq * config.d_model * 4)

@@ -4,13 +4,12 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
-#include <fstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "trainer_ref/file_io.h"
 #include "trainer_ref/hf/json.h"
 
 namespace tierd::trainer {
@@ -40,19 +39,6 @@ std::string EmbeddedCorpus() {
 
 namespace {
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrFormat("cannot read '%s': %s", path, std::strerror(errno)));
-  in.seekg(0, std::ios::end);
-  const std::streamoff size = in.tellg();
-  in.seekg(0);
-  std::string bytes(static_cast<size_t>(std::max<std::streamoff>(size, 0)), '\0');
-  if (!in.read(bytes.data(), size)) {
-    return absl::DataLossError(absl::StrFormat("'%s': read fewer than its %d bytes", path, size));
-  }
-  return bytes;
-}
-
 std::vector<int32_t> Bytes(const std::string& text) {
   std::vector<int32_t> t(text.size());
   for (size_t i = 0; i < text.size(); ++i) t[i] = static_cast<unsigned char>(text[i]);
@@ -60,7 +46,7 @@ std::vector<int32_t> Bytes(const std::string& text) {
 }
 
 absl::StatusOr<std::vector<int32_t>> Shard(const std::string& path, int width, int vocab) {
-  auto bytes = ReadFile(path);
+  auto bytes = ReadWholeFile(path);
   if (!bytes.ok()) return bytes.status();
   if (bytes->size() % width != 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -86,7 +72,7 @@ absl::StatusOr<std::vector<uint8_t>> ShardMask(const std::string& shard, size_t 
   const std::string path = shard.substr(0, shard.rfind('.')) + ".mask";
   struct stat st;
   if (stat(path.c_str(), &st) != 0) return std::vector<uint8_t>();
-  auto bytes = ReadFile(path);
+  auto bytes = ReadWholeFile(path);
   if (!bytes.ok()) return bytes.status();
   if (bytes->size() != tokens) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -112,7 +98,7 @@ struct Tokens {
 // every .u32 / .u16 file sorted by name; with their masks. NOT_FOUND: no shards there.
 absl::StatusOr<Tokens> ShardDirectory(const std::string& dir, int vocab) {
   std::vector<std::string> files;
-  if (auto index = ReadFile(dir + "/index.json"); index.ok()) {
+  if (auto index = ReadWholeFile(dir + "/index.json"); index.ok()) {
     auto json = hf::ParseJson(*index);
     const hf::JsonValue* shards = json.ok() ? json->Find("shards") : nullptr;
     if (shards == nullptr || shards->kind != hf::JsonValue::Kind::kArray) {
@@ -168,7 +154,7 @@ absl::StatusOr<std::vector<int32_t>> TextDirectory(const std::string& dir) {
   std::sort(files.begin(), files.end());
   std::string all;
   for (const std::string& f : files) {
-    auto text = ReadFile(f);
+    auto text = ReadWholeFile(f);
     if (!text.ok()) return text.status();
     all += *text;
   }
@@ -207,7 +193,7 @@ absl::StatusOr<Dataset> LoadDataset(const std::string& source, int vocab, int se
       mask = std::move(*m);
     }
   } else {
-    auto text = ReadFile(source);
+    auto text = ReadWholeFile(source);
     if (!text.ok()) return text.status();
     tokens = Bytes(*text);
   }
@@ -269,16 +255,7 @@ absl::Status WriteValidationWindows(const std::string& path, const std::vector<i
                     absl::StrJoin(targets, ","), "]}");
   }
   out += "\n]}\n";
-  const std::string partial = path + ".partial";
-  std::FILE* f = std::fopen(partial.c_str(), "wb");
-  if (f == nullptr) return absl::PermissionDeniedError(absl::StrFormat("cannot write '%s'", partial));
-  const bool written = std::fwrite(out.data(), 1, out.size(), f) == out.size();
-  const bool closed = std::fclose(f) == 0;
-  if (!written || !closed || std::rename(partial.c_str(), path.c_str()) != 0) {
-    std::remove(partial.c_str());
-    return absl::ResourceExhaustedError(absl::StrFormat("writing '%s' failed (disk full?)", path));
-  }
-  return absl::OkStatus();
+  return WriteFileAside(path, out);
 }
 
 }  // namespace tierd::trainer

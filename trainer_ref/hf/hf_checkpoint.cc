@@ -4,16 +4,15 @@
 #include <dirent.h>
 
 #include <algorithm>
-#include <fstream>
 #include <map>
 #include <set>
-#include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "base/units.h"
+#include "trainer_ref/file_io.h"
 #include "trainer_ref/hf/json.h"
 #include "trainer_ref/host_adamw.h"
 #include "trainer_ref/parallel.h"
@@ -60,28 +59,6 @@ bool Exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
-absl::StatusOr<std::string> ReadText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrFormat("'%s' cannot be read", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-absl::Status WriteText(const std::string& path, const std::string& text) {
-  const std::string partial = path + ".partial";
-  std::FILE* f = std::fopen(partial.c_str(), "wb");
-  if (f == nullptr) return absl::PermissionDeniedError(absl::StrFormat("cannot create '%s'", partial));
-  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0 &&
-                  ::fsync(::fileno(f)) == 0;
-  std::fclose(f);
-  if (!ok || std::rename(partial.c_str(), path.c_str()) != 0) {
-    std::remove(partial.c_str());
-    return absl::ResourceExhaustedError(absl::StrFormat("writing '%s' failed (disk full?)", path));
-  }
-  return absl::OkStatus();
-}
-
 // The files a checkpoint's shards are in: the index's, or model.safetensors.
 absl::StatusOr<std::vector<std::string>> ShardFiles(const std::string& dir, std::map<std::string, std::string>* map) {
   const std::string index = dir + "/model.safetensors.index.json";
@@ -92,7 +69,7 @@ absl::StatusOr<std::vector<std::string>> ShardFiles(const std::string& dir, std:
         "transformers' save_pretrained writes safetensors)",
         dir));
   }
-  auto text = ReadText(index);
+  auto text = ReadWholeFile(index);
   if (!text.ok()) return text.status();
   auto json = ParseJson(*text);
   if (!json.ok()) return absl::DataLossError(absl::StrFormat("'%s' %s", index, json.status().message()));
@@ -338,21 +315,21 @@ absl::Status ExportHfCheckpoint(const ModelConfig& config, const std::string& di
     for (const auto& [name, file] : weight_map) entries.push_back(absl::StrFormat("    %s: %s", JsonQuote(name), JsonQuote(file)));
     const std::string index = absl::StrFormat("{\n  \"metadata\": {\"total_size\": %d},\n  \"weight_map\": {\n%s\n  }\n}\n",
                                               total, absl::StrJoin(entries, ",\n"));
-    if (absl::Status st = WriteText(dir + "/model.safetensors.index.json", index); !st.ok()) return st;
+    if (absl::Status st = WriteFileAside(dir + "/model.safetensors.index.json", index); !st.ok()) return st;
   }
   std::string config_json = HfConfigJson(config);
   if (!options.source_dir.empty()) {
-    auto source = ReadText(options.source_dir + "/config.json");
+    auto source = ReadWholeFile(options.source_dir + "/config.json");
     if (source.ok()) config_json = *source;
   }
-  if (absl::Status st = WriteText(dir + "/config.json", config_json); !st.ok()) return st;
+  if (absl::Status st = WriteFileAside(dir + "/config.json", config_json); !st.ok()) return st;
   if (!options.source_dir.empty()) {
     for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                              "generation_config.json", "vocab.json", "merges.txt", "added_tokens.json",
                              "chat_template.jinja", "chat_template.json"}) {
-      auto text = ReadText(options.source_dir + "/" + name);
+      auto text = ReadWholeFile(options.source_dir + "/" + name);
       if (!text.ok()) continue;  // not every model has every file
-      if (absl::Status st = WriteText(dir + "/" + name, *text); !st.ok()) return st;
+      if (absl::Status st = WriteFileAside(dir + "/" + name, *text); !st.ok()) return st;
     }
   }
   return absl::OkStatus();

@@ -52,6 +52,8 @@ cp "$fixtures/qwen2/model.safetensors" "$dir/cut/"
 "$bin" $common --init_from="$dir/cut" > "$dir/e5.log" 2>&1
 check "weights of another shape are refused naming the tensor and both shapes" \
   "grep -q \"'model.layers.0.mlp.gate_proj.weight' is \\[128, 64\\] there; this config needs \\[192, 64\\]\" '$dir/e5.log'"
+"$bin" $common --init_from="$fixtures/llama3" --eval_every=-1 --validation_out="$dir/v.json" > "$dir/e7.log" 2>&1
+check "--validation_out without a validation is refused" "grep -q 'validation_out needs a validation' '$dir/e7.log'"
 "$bin" export --checkpoint="$dir/ck" --to="$dir/out3" --model_size=tiny > "$dir/e6.log" 2>&1
 check "exporting a checkpoint as another model is refused" "grep -q 'the state holds .* parameters; this model has' '$dir/e6.log'"
 

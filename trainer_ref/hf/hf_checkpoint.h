@@ -47,7 +47,6 @@ class HfCheckpointReader {
   absl::Status Read(size_t entry, float* out) const;
   // "4 files, 221.8 KB, bf16" for the startup line.
   std::string Describe() const;
-  uint64_t FileBytes() const { return file_bytes_; }
 
  private:
   HfCheckpointReader() = default;

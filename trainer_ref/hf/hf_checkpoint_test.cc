@@ -6,6 +6,8 @@
 
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -277,6 +279,34 @@ TEST(HfCheckpointTest, WhatIsWrongWithACheckpointIsRefusedByName) {
   EXPECT_NE(lied.status().message().find("puts 'model.norm.weight' in 'model-00001-of-00004.safetensors'"),
             absl::string_view::npos)
       << lied.status();
+}
+
+// A disk that fills up under an export (a file size limit stands in for it): RESOURCE_EXHAUSTED
+// naming the shard, and no shard, partial file or index left behind.
+TEST(HfCheckpointTest, AnExportOntoAFullDiskSaysSoAndLeavesNoShard) {
+  auto loaded = Load(Fixture("llama2"));  // 0.5 MB of fp32
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const std::vector<TensorLayout> layout = ParamLayout(loaded->config);
+  const std::string dir = TempDir("full");
+  rlimit old{};
+  getrlimit(RLIMIT_FSIZE, &old);
+  signal(SIGXFSZ, SIG_IGN);  // a write past the limit fails with EFBIG instead of killing the test
+  rlimit small = old;
+  small.rlim_cur = 64 << 10;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  ExportOptions options;
+  options.dtype = Dtype::kF32;
+  const absl::Status full = ExportHfCheckpoint(
+      loaded->config, dir,
+      [&](size_t e, float* out) {
+        std::copy_n(loaded->params.data() + layout[e].offset, layout[e].count, out);
+        return absl::OkStatus();
+      },
+      options);
+  setrlimit(RLIMIT_FSIZE, &old);
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+  EXPECT_NE(full.message().find(dir + "/model.safetensors"), absl::string_view::npos) << full;
+  EXPECT_TRUE(Files(dir).empty()) << "left behind: " << Files(dir).size() << " files";
 }
 
 TEST(HfCheckpointTest, AnExportNeverOverwrites) {

@@ -239,7 +239,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
     return absl::PermissionDeniedError(absl::StrFormat("cannot create '%s': %s", w->partial_, std::strerror(errno)));
   }
   // Room for the whole file now, so a full disk is said before any work is spent on it.
-  if (const int e = ::posix_fallocate(::fileno(w->file_), 0, static_cast<off_t>(w->Bytes())); e == ENOSPC) {
+  if (const int e = ::posix_fallocate(::fileno(w->file_), 0, static_cast<off_t>(w->Bytes()));
+      e == ENOSPC || e == EFBIG) {
     return absl::ResourceExhaustedError(absl::StrFormat("no room on the disk for '%s' (%d bytes)", path, w->Bytes()));
   }
   unsigned char length[8];

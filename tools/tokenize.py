@@ -115,25 +115,32 @@ def pieces(tok, record):
     return out, True
 
 
-def documents(paths):
+def input_files(paths):
+    """The files to read: each file given, and a directory's .txt and .jsonl files by name."""
     for path in paths:
-        files = [os.path.join(path, f) for f in sorted(os.listdir(path))] if os.path.isdir(path) else [path]
-        for file in files:
-            if file.endswith(".txt"):
-                with open(file, encoding="utf-8", errors="replace") as f:
-                    yield file, 0, {"text": f.read()}
-            elif file.endswith(".jsonl"):
-                with open(file, encoding="utf-8") as f:
-                    for number, line in enumerate(f, 1):
-                        if line.strip():
-                            try:
-                                yield file, number, json.loads(line)
-                            except json.JSONDecodeError as e:
-                                raise SystemExit(f"tokenize: {file}, line {number}: not JSON ({e})")
-            elif os.path.isdir(path):
-                continue  # other files in a directory are not text
-            else:
-                raise SystemExit(f"tokenize: {file}: give .txt or .jsonl files")
+        if not os.path.isdir(path):
+            yield path
+            continue
+        for name in sorted(os.listdir(path)):
+            if name.endswith((".txt", ".jsonl")):
+                yield os.path.join(path, name)
+
+
+def documents(paths):
+    for file in input_files(paths):
+        if file.endswith(".txt"):
+            with open(file, encoding="utf-8", errors="replace") as f:
+                yield file, 0, {"text": f.read()}
+        elif file.endswith(".jsonl"):
+            with open(file, encoding="utf-8") as f:
+                for number, line in enumerate(f, 1):
+                    if line.strip():
+                        try:
+                            yield file, number, json.loads(line)
+                        except json.JSONDecodeError as e:
+                            raise SystemExit(f"tokenize: {file}, line {number}: not JSON ({e})")
+        else:
+            raise SystemExit(f"tokenize: {file}: give .txt or .jsonl files")
 
 
 class Shards:
@@ -180,9 +187,7 @@ def main():
     tok = ByteTokenizer() if a.tokenizer == "bytes" else HfTokenizer(a.tokenizer)
     bos = None if a.no_bos else tok.bos_id
     eos = None if a.no_eos else tok.eos_id
-    total_bytes = sum(os.path.getsize(os.path.join(d, f)) if os.path.isdir(d) else 0
-                      for d in a.inputs if os.path.isdir(d) for f in os.listdir(d)) + \
-        sum(os.path.getsize(f) for f in a.inputs if os.path.isfile(f))
+    total_bytes = sum(os.path.getsize(f) for f in input_files(a.inputs) if os.path.isfile(f))
     try:
         from tqdm import tqdm
         bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="tokenize", file=sys.stderr)

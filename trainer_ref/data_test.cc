@@ -173,6 +173,13 @@ TEST(DataTest, ShardDirectoriesWithLossMasks) {
   Write(dir + "/shard-00001.mask", std::string(60, '\2'));
   auto bad = LoadDataset(dir, 2000, 8, 0.25);
   EXPECT_NE(bad.status().message().find("byte 0 is 2; a loss mask holds 0"), absl::string_view::npos) << bad.status();
+  // An index.json that is not a shard index is refused, not read as some other layout.
+  const std::string other = Dir() + "/not-an-index";
+  mkdir(other.c_str(), 0700);
+  Write(other + "/index.json", R"({"files": ["a.u32"]})");
+  auto not_index = LoadDataset(other, 2000, 8, 0.25);
+  EXPECT_EQ(not_index.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(not_index.status().message().find("is not a shard index"), absl::string_view::npos) << not_index.status();
   // A token outside the vocabulary, named with its shard and position.
   Write(dir + "/shard-00001.mask", mask);
   auto small = LoadDataset(dir, 1030, 8, 0.25);

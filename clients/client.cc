@@ -16,13 +16,14 @@
 #include "base/limits.h"
 #include "base/units.h"
 #include "ipc/hello_server.h"
+#include "ipc/hot_path_wire.h"
 #include "ipc/proto_convert.h"
 #include "ipc/unix_socket.h"
 
 #ifdef TIERD_HAVE_CUDA
 #include <cuda_runtime.h>
 
-#include "runtime/cuda_gpu.h"
+#include "ipc/gpu_import.h"
 #endif
 
 namespace tierd {
@@ -273,12 +274,8 @@ absl::StatusOr<void*> Client::PointerFor(const Tensor& tensor, Place place, uint
 
 absl::StatusOr<void*> Client::Acquire(const Tensor& tensor, Access access, Place place) {
   if (ring_ == nullptr) return AcquireRpc(tensor, access, place);
-  ipc::RingMessage request{};
-  request.op = static_cast<uint32_t>(ipc::RingOp::kAcquire);
-  request.tensor_id = tensor.id;
-  request.access = static_cast<uint8_t>(access);  // 0 read, 1 write, 2 overwrite
-  request.place = place == Place::kHost ? 1 : 0;
-  auto answer = RingCall(request);
+  auto answer = RingCall(ipc::ToRing(
+      {.kind = ipc::HotPathKind::kAcquire, .tensor = tensor.id, .access = access, .place = place}));
   if (!answer.ok()) return answer.status();
   return PointerFor(tensor, place, answer->arena, answer->offset, answer->bytes);
 }
@@ -300,11 +297,8 @@ absl::Status Client::Release(const Tensor& tensor, void* cuda_stream) {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
     if (recorded != cudaSuccess) return absl::InternalError("recording the release event on the stream failed");
-    ipc::RingMessage request{};
-    request.op = static_cast<uint32_t>(ipc::RingOp::kRelease);
-    request.tensor_id = tensor.id;
-    request.event = index + 1;
-    return RingCall(request).status();
+    return RingCall(ipc::ToRing({.kind = ipc::HotPathKind::kRelease, .tensor = tensor.id, .release_event = index + 1}))
+        .status();
   }
   if (cudaStreamSynchronize(stream) != cudaSuccess) {
     return absl::InternalError("synchronising the stream before the release failed");
@@ -322,19 +316,13 @@ Client::RingTimes Client::ring_times() const {
 
 absl::Status Client::Release(const Tensor& tensor) {
   if (ring_ == nullptr) return ReleaseRpc(tensor);
-  ipc::RingMessage request{};
-  request.op = static_cast<uint32_t>(ipc::RingOp::kRelease);
-  request.tensor_id = tensor.id;
-  return RingCall(request).status();
+  return RingCall(ipc::ToRing({.kind = ipc::HotPathKind::kRelease, .tensor = tensor.id})).status();
 }
 
 absl::StatusOr<void*> Client::AcquireRpc(const Tensor& tensor, Access access, Place place) {
-  v1::AcquireRequest request;
+  v1::AcquireRequest request = ipc::ToAcquireRequest(
+      {.kind = ipc::HotPathKind::kAcquire, .tensor = tensor.id, .access = access, .place = place});
   *request.mutable_session() = Ref();
-  request.set_tensor_id(tensor.id);
-  request.set_access(access == Access::kWrite ? v1::ACCESS_WRITE
-                     : access == Access::kOverwrite ? v1::ACCESS_OVERWRITE : v1::ACCESS_READ);
-  request.set_place(place == Place::kGpu ? v1::PLACE_GPU : v1::PLACE_HOST);
   v1::AcquireReply reply;
   grpc::ClientContext context;
   if (absl::Status s = Checked(stub_->Acquire(&context, request, &reply)); !s.ok()) return s;
@@ -378,10 +366,7 @@ absl::Status Client::ReportStep(int64_t step, double loss, double seconds, doubl
 
 absl::Status Client::OpBegin(uint32_t op) {
   if (ring_ != nullptr) {
-    ipc::RingMessage request{};
-    request.op = static_cast<uint32_t>(ipc::RingOp::kOpBegin);
-    request.tensor_id = op;
-    return RingCall(request).status();
+    return RingCall(ipc::ToRing({.kind = ipc::HotPathKind::kOpBegin, .op = op})).status();
   }
   v1::OpBeginRequest request;
   *request.mutable_session() = Ref();

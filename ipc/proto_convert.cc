@@ -103,11 +103,25 @@ absl::StatusOr<Place> FromProto(v1::Place place) {
   return absl::InvalidArgumentError("place must be PLACE_GPU or PLACE_HOST");
 }
 
+v1::Place ToProto(Place place) { return place == Place::kHost ? v1::PLACE_HOST : v1::PLACE_GPU; }
+
+v1::Access ToProto(Access access) {
+  switch (access) {
+    case Access::kRead:
+      return v1::ACCESS_READ;
+    case Access::kWrite:
+      return v1::ACCESS_WRITE;
+    case Access::kOverwrite:
+      return v1::ACCESS_OVERWRITE;
+  }
+  return v1::ACCESS_READ;
+}
+
 absl::StatusOr<Access> FromProto(v1::Access access) {
   if (access == v1::ACCESS_READ) return Access::kRead;
   if (access == v1::ACCESS_WRITE) return Access::kWrite;
   if (access == v1::ACCESS_OVERWRITE) return Access::kOverwrite;
-  return absl::InvalidArgumentError("access must be ACCESS_READ or ACCESS_WRITE");
+  return absl::InvalidArgumentError("access must be ACCESS_READ, ACCESS_WRITE or ACCESS_OVERWRITE");
 }
 
 }  // namespace tierd::ipc

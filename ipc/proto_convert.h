@@ -9,6 +9,7 @@
 #include "proto/tierd.pb.h"
 #include "runtime/tensor.h"
 #include "runtime/tier.h"
+#include "base/access.h"
 
 namespace tierd::ipc {
 
@@ -25,7 +26,9 @@ v1::Tier ToProto(Tier tier);
 absl::StatusOr<TensorSpec> FromProto(const v1::TensorSpec& spec);
 v1::TensorSpec ToProto(const TensorSpec& spec);
 absl::StatusOr<Place> FromProto(v1::Place place);
+v1::Place ToProto(Place place);
 absl::StatusOr<Access> FromProto(v1::Access access);
+v1::Access ToProto(Access access);
 
 }  // namespace tierd::ipc
 

@@ -1,5 +1,7 @@
 #include "ipc/tierd_service.h"
 
+#include "ipc/hot_path_door.h"
+
 #include "ipc/hello_server.h"
 #include "ipc/proto_convert.h"
 
@@ -90,23 +92,17 @@ grpc::Status TierdService::Unlease(grpc::ServerContext*, const v1::TensorRef* re
 grpc::Status TierdService::Acquire(grpc::ServerContext*, const v1::AcquireRequest* request,
                                    v1::AcquireReply* reply) {
   TIERD_RETURN_IF_ERROR(sessions_.Check(request->session()));
-  auto access = FromProto(request->access());
-  TIERD_RETURN_IF_ERROR(access.status());
-  auto place = FromProto(request->place());
-  TIERD_RETURN_IF_ERROR(place.status());
-  auto placement = hot_path_.Acquire(request->session().session_id(), request->tensor_id(), *access, *place);
+  auto decoded = FromProto(*request);
+  TIERD_RETURN_IF_ERROR(decoded.status());
+  auto placement = Serve(hot_path_, request->session().session_id(), *decoded);
   TIERD_RETURN_IF_ERROR(placement.status());
-  reply->set_tier(ToProto(placement->tier));
-  reply->set_arena_id(placement->arena);
-  reply->set_offset(placement->offset);
-  reply->set_bytes(placement->bytes);
-  reply->set_fetched(placement->fetched);
+  ToReply(*placement, reply);
   return grpc::Status::OK;
 }
 
 grpc::Status TierdService::Release(grpc::ServerContext*, const v1::TensorRef* request, v1::Empty*) {
   TIERD_RETURN_IF_ERROR(sessions_.Check(request->session()));
-  return ToGrpc(hot_path_.Release(request->session().session_id(), request->tensor_id()));
+  return ToGrpc(Serve(hot_path_, request->session().session_id(), ReleaseFromProto(*request)).status());
 }
 
 grpc::Status TierdService::MarkIteration(grpc::ServerContext*, const v1::MarkIterationRequest* request,
@@ -280,7 +276,7 @@ grpc::Status TierdService::RegisterGraph(grpc::ServerContext*, const v1::Registe
 
 grpc::Status TierdService::OpBegin(grpc::ServerContext*, const v1::OpBeginRequest* request, v1::Empty*) {
   TIERD_RETURN_IF_ERROR(sessions_.Check(request->session()));
-  return ToGrpc(hot_path_.OpBegin(request->session().session_id(), request->op()));
+  return ToGrpc(Serve(hot_path_, request->session().session_id(), OpBeginFromProto(*request)).status());
 }
 
 grpc::Status TierdService::GetPlan(grpc::ServerContext* context, const v1::GetPlanRequest* request,

@@ -14,7 +14,7 @@
 #include "base/clock.h"
 #include "ipc/step_board.h"
 #include "proto/tierd.grpc.pb.h"
-#include "runtime/gpu_utilisation.h"
+#include "base/gpu_utilisation.h"
 #include "runtime/lease_table.h"
 #include "runtime/mover.h"
 #include "runtime/session_service.h"

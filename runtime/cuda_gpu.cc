@@ -15,73 +15,17 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "base/units.h"
+#include "runtime/cuda_vmm.h"
 
 namespace tierd {
 namespace {
 
-absl::Status CudaError(cudaError_t error, const char* what) {
-  return absl::InternalError(
-      absl::StrFormat("%s: %s (%s)", what, cudaGetErrorString(error), cudaGetErrorName(error)));
-}
+using cuda::CudaError;
+using cuda::DriverError;
+using cuda::GetVmm;
+using cuda::MapHandle;
+using cuda::Vmm;
 
-#define TIERD_CUDA_RETURN_IF_ERROR(call)                          \
-  do {                                                            \
-    const cudaError_t tierd_cuda_error_ = (call);                 \
-    if (tierd_cuda_error_ != cudaSuccess) return CudaError(tierd_cuda_error_, #call); \
-  } while (0)
-
-// The driver's virtual-memory API (cuMemCreate and friends), reached through the runtime's
-// entry-point lookup so nothing links libcuda directly.
-struct Vmm {
-  CUresult (*create)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long) = nullptr;
-  CUresult (*release)(CUmemGenericAllocationHandle) = nullptr;
-  CUresult (*reserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long) = nullptr;
-  CUresult (*free_address)(CUdeviceptr, size_t) = nullptr;
-  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long) = nullptr;
-  CUresult (*unmap)(CUdeviceptr, size_t) = nullptr;
-  CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) = nullptr;
-  CUresult (*export_handle)(void*, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long) = nullptr;
-  CUresult (*import_handle)(CUmemGenericAllocationHandle*, void*, CUmemAllocationHandleType) = nullptr;
-  CUresult (*granularity)(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags) = nullptr;
-};
-
-absl::StatusOr<const Vmm*> GetVmm() {
-  static const absl::StatusOr<Vmm> vmm = []() -> absl::StatusOr<Vmm> {
-    Vmm v;
-    const std::pair<const char*, void**> symbols[] = {
-        {"cuMemCreate", reinterpret_cast<void**>(&v.create)},
-        {"cuMemRelease", reinterpret_cast<void**>(&v.release)},
-        {"cuMemAddressReserve", reinterpret_cast<void**>(&v.reserve)},
-        {"cuMemAddressFree", reinterpret_cast<void**>(&v.free_address)},
-        {"cuMemMap", reinterpret_cast<void**>(&v.map)},
-        {"cuMemUnmap", reinterpret_cast<void**>(&v.unmap)},
-        {"cuMemSetAccess", reinterpret_cast<void**>(&v.set_access)},
-        {"cuMemExportToShareableHandle", reinterpret_cast<void**>(&v.export_handle)},
-        {"cuMemImportFromShareableHandle", reinterpret_cast<void**>(&v.import_handle)},
-        {"cuMemGetAllocationGranularity", reinterpret_cast<void**>(&v.granularity)},
-    };
-    for (const auto& [name, slot] : symbols) {
-      cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-      const cudaError_t error = cudaGetDriverEntryPointByVersion(name, slot, 12000, cudaEnableDefault, &found);
-      if (error != cudaSuccess || found != cudaDriverEntryPointSuccess || *slot == nullptr) {
-        return absl::FailedPreconditionError(absl::StrFormat("the CUDA driver has no %s (needs CUDA 12+)", name));
-      }
-    }
-    return v;
-  }();
-  if (!vmm.ok()) return vmm.status();
-  return &*vmm;
-}
-
-absl::Status DriverError(CUresult result, const char* what) {
-  return absl::InternalError(absl::StrFormat("%s: CUDA driver error %d", what, static_cast<int>(result)));
-}
-
-#define TIERD_CU_RETURN_IF_ERROR(call)                                          \
-  do {                                                                          \
-    const CUresult tierd_cu_result_ = (call);                                   \
-    if (tierd_cu_result_ != CUDA_SUCCESS) return DriverError(tierd_cu_result_, #call); \
-  } while (0)
 
 CUmemAllocationProp RegionProps(int device) {
   CUmemAllocationProp prop = {};
@@ -90,28 +34,6 @@ CUmemAllocationProp RegionProps(int device) {
   prop.location.id = device;
   prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   return prop;
-}
-
-// Reserves an address range for `bytes` (a multiple of the granularity), maps `handle` there
-// and gives `device` read-write access. On failure nothing stays reserved or mapped.
-absl::StatusOr<CUdeviceptr> MapHandle(const Vmm& vmm, CUmemGenericAllocationHandle handle, uint64_t bytes,
-                                      int device) {
-  CUdeviceptr address = 0;
-  TIERD_CU_RETURN_IF_ERROR(vmm.reserve(&address, bytes, 0, 0, 0));
-  if (const CUresult r = vmm.map(address, bytes, 0, handle, 0); r != CUDA_SUCCESS) {
-    vmm.free_address(address, bytes);
-    return DriverError(r, "cuMemMap");
-  }
-  CUmemAccessDesc access = {};
-  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  access.location.id = device;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  if (const CUresult r = vmm.set_access(address, bytes, &access, 1); r != CUDA_SUCCESS) {
-    vmm.unmap(address, bytes);
-    vmm.free_address(address, bytes);
-    return DriverError(r, "cuMemSetAccess");
-  }
-  return address;
 }
 
 // One physical allocation (cuMemCreate), mapped in the daemon and exported as a POSIX fd.
@@ -380,54 +302,6 @@ absl::StatusOr<std::unique_ptr<GpuDevice>> CreateCudaGpu(int device_ordinal) {
   TIERD_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&properties, device_ordinal));
   TIERD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_ordinal));
   return std::unique_ptr<GpuDevice>(new CudaGpu(device_ordinal, properties));
-}
-
-namespace {
-absl::Mutex imported_mutex;
-// Imported regions: address -> mapped bytes (for the unmap).
-std::map<CUdeviceptr, uint64_t>& Imported() ABSL_EXCLUSIVE_LOCKS_REQUIRED(imported_mutex) {
-  static auto* imported = new std::map<CUdeviceptr, uint64_t>();
-  return *imported;
-}
-}  // namespace
-
-absl::StatusOr<void*> ImportGpuRegion(int device_ordinal, const GpuRegionExport& exported) {
-  auto vmm = GetVmm();
-  if (!vmm.ok()) {
-    close(exported.pool_fd);
-    return vmm.status();
-  }
-  TIERD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_ordinal));
-  uint64_t mapped = 0;
-  std::memcpy(&mapped, exported.pointer_data.data(), sizeof(mapped));
-  CUmemGenericAllocationHandle handle = 0;
-  const CUresult imported = (*vmm)->import_handle(
-      &handle, reinterpret_cast<void*>(static_cast<intptr_t>(exported.pool_fd)), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-  close(exported.pool_fd);
-  if (imported != CUDA_SUCCESS) return DriverError(imported, "cuMemImportFromShareableHandle");
-  auto base = MapHandle(**vmm, handle, mapped, device_ordinal);
-  (*vmm)->release(handle);  // the mapping keeps the memory until it is unmapped
-  if (!base.ok()) return base.status();
-  absl::MutexLock lock(&imported_mutex);
-  Imported()[*base] = mapped;
-  return reinterpret_cast<void*>(*base);
-}
-
-absl::Status ReleaseImportedGpuRegion(void* address) {
-  auto vmm = GetVmm();
-  if (!vmm.ok()) return vmm.status();
-  const auto base = reinterpret_cast<CUdeviceptr>(address);
-  uint64_t mapped = 0;
-  {
-    absl::MutexLock lock(&imported_mutex);
-    auto it = Imported().find(base);
-    if (it == Imported().end()) return absl::NotFoundError("not an imported GPU region");
-    mapped = it->second;
-    Imported().erase(it);
-  }
-  TIERD_CU_RETURN_IF_ERROR((*vmm)->unmap(base, mapped));
-  TIERD_CU_RETURN_IF_ERROR((*vmm)->free_address(base, mapped));
-  return absl::OkStatus();
 }
 
 }  // namespace tierd

@@ -1,5 +1,6 @@
 // The real GPU: CUDA runtime API. Only built when the CUDA toolkit is present
-// (TIERD_HAVE_CUDA); callers reach it through OpenGpu() in gpu_factory.h.
+// (TIERD_HAVE_CUDA); callers reach it through OpenGpu() in gpu_factory.h. A client maps a
+// region this exports through ipc/gpu_import.h.
 //
 // Each GPU region (a session's arena) is one physical allocation of the driver's
 // virtual-memory API (cuMemCreate) with the POSIX-fd handle type, so that another process
@@ -19,12 +20,6 @@ namespace tierd {
 // NOT_FOUND when there is no usable CUDA device (no driver, no GPU); the message
 // carries the CUDA error so the caller can say why it fell back to the fake GPU.
 absl::StatusOr<std::unique_ptr<GpuDevice>> CreateCudaGpu(int device_ordinal);
-
-// In a client process: maps a region exported by GpuRegion::Export(). Takes ownership
-// of export.pool_fd. Returns the device address of the region in this process.
-// The mapping lives until ReleaseImportedGpuRegion (or process exit).
-absl::StatusOr<void*> ImportGpuRegion(int device_ordinal, const GpuRegionExport& exported);
-absl::Status ReleaseImportedGpuRegion(void* address);
 
 }  // namespace tierd
 

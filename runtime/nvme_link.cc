@@ -8,7 +8,7 @@
 #include "base/check.h"
 #include "base/limits.h"
 #include "base/units.h"
-#include "runtime/crc32c.h"
+#include "base/crc32c.h"
 
 namespace tierd {
 namespace {

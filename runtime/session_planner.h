@@ -1,6 +1,6 @@
 // What a session's planner tells the tiers and is told by them, keyed by the table's
 // TensorId: one interface between LeaseTable (the records and the room-making) and the
-// planner that knows the session's graph (runtime/planned_session). Set with
+// planner that knows the session's graph (server/planned_session). Set with
 // LeaseTable::SetPlanner; without one the tiers make room least-recently-used.
 //
 // Every call but AwaitPlannedMove comes with the session's lock held: it must not call back

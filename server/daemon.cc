@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_format.h"
 #include "base/units.h"
+#include "ipc/hot_path_door.h"
 #include "ipc/tierd_service.h"
 #include "ipc/undecodable.h"
 #include "runtime/uring_block_io.h"
@@ -357,47 +358,35 @@ absl::StatusOr<ipc::HelloGrant> Daemon::OnHello(const ipc::PeerCredentials& peer
   return grant;
 }
 
-ipc::RingMessage Daemon::ServeRing(SessionId session, const ipc::RingMessage& request, std::string* error) {
-  ipc::RingMessage response = request;
-  absl::Status status;
-  if (request.op == static_cast<uint32_t>(ipc::RingOp::kAcquire) && request.access <= 2 && request.place <= 1) {
-    auto placement = hot_path_->Acquire(session, request.tensor_id, static_cast<Access>(request.access),
-                                        request.place ? Place::kHost : Place::kGpu);
-    status = placement.status();
-    if (placement.ok()) {
-      response.arena = placement->arena;
-      response.offset = placement->offset;
-      response.bytes = placement->bytes;
-      response.fetched = placement->fetched;
-    }
-  } else if (request.op == static_cast<uint32_t>(ipc::RingOp::kOpBegin)) {
-    status = request.tensor_id > UINT32_MAX ? absl::InvalidArgumentError("op index out of range")
-                                            : hot_path_->OpBegin(session, static_cast<uint32_t>(request.tensor_id));
-  } else if (request.op == static_cast<uint32_t>(ipc::RingOp::kRelease)) {
-    std::unique_ptr<GpuFence> fence;
-    if (request.event != 0) {
-      auto events = release_events_.find(session);
-      if (events == release_events_.end() || request.event > events->second.size()) {
-        status = absl::InvalidArgumentError("release names an event the session did not share");
-      } else {
-        const auto fence_start = std::chrono::steady_clock::now();
-        auto made = gpu_.device->FenceAfter(*events->second[request.event - 1]);
-        fences_.fetch_add(1, std::memory_order_relaxed);
-        fence_nanos_.fetch_add(
-            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - fence_start)
-                .count(),
-            std::memory_order_relaxed);
-        if (made.ok()) fence = std::move(*made);
-        else status = made.status();
-      }
-    }
-    if (status.ok()) status = hot_path_->Release(session, request.tensor_id, std::move(fence));
-  } else {
-    status = absl::InvalidArgumentError("malformed ring request");
+ipc::RingMessage Daemon::ServeRing(SessionId session, const ipc::RingMessage& message, std::string* error) {
+  ipc::RingMessage response = message;
+  auto request = ipc::FromRing(message);
+  if (!request.ok()) {
+    ipc::AnswerOnRing(request.status(), &response, error);
+    return response;
   }
-  response.code = static_cast<int32_t>(status.code());
-  if (!status.ok()) *error = std::string(status.message());
+  auto fence = ReleaseFence(session, request->release_event);
+  if (!fence.ok()) {
+    ipc::AnswerOnRing(fence.status(), &response, error);
+    return response;
+  }
+  ipc::AnswerOnRing(ipc::Serve(*hot_path_, session, *request, std::move(*fence)), &response, error);
   return response;
+}
+
+absl::StatusOr<std::unique_ptr<GpuFence>> Daemon::ReleaseFence(SessionId session, uint64_t event) {
+  if (event == 0) return nullptr;
+  auto events = release_events_.find(session);
+  if (events == release_events_.end() || event > events->second.size()) {
+    return absl::InvalidArgumentError("release names an event the session did not share");
+  }
+  const auto fence_start = std::chrono::steady_clock::now();
+  auto made = gpu_.device->FenceAfter(*events->second[event - 1]);
+  fences_.fetch_add(1, std::memory_order_relaxed);
+  fence_nanos_.fetch_add(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - fence_start).count(),
+      std::memory_order_relaxed);
+  return made;
 }
 
 std::string Daemon::HotPathSummary() const {

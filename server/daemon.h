@@ -25,10 +25,10 @@
 #include "prefetcher/recorder.h"
 #include "prefetcher/simulate.h"
 #include "runtime/gpu_factory.h"
-#include "runtime/gpu_utilisation.h"
+#include "base/gpu_utilisation.h"
 #include "runtime/lease_table.h"
 #include "runtime/mover.h"
-#include "runtime/planned_session.h"
+#include "server/planned_session.h"
 #include "runtime/session_service.h"
 #include "runtime/tier_store.h"
 #include "server/metrics.h"
@@ -132,6 +132,9 @@ class Daemon : public ipc::HelloHandler, public ipc::PlannerHooks, public HotPat
   Daemon() = default;
   absl::Status StartServers();
   ipc::RingMessage ServeRing(SessionId session, const ipc::RingMessage& request, std::string* error);
+  // A ring release's wait for the client's GPU work: 1 + the index of the event it shared at its
+  // hello, recorded after that work (0: none, nullptr).
+  absl::StatusOr<std::unique_ptr<GpuFence>> ReleaseFence(SessionId session, uint64_t event);
 
   DaemonOptions options_;
   OpenedGpu gpu_;

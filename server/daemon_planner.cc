@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_format.h"
 #include "base/units.h"
-#include "runtime/planned_session.h"
+#include "server/planned_session.h"
 #include "server/daemon.h"
 
 namespace tierd {

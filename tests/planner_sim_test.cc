@@ -22,7 +22,7 @@
 #include "prefetcher/synthetic.h"
 #include "runtime/lease_table.h"
 #include "runtime/mover_test_util.h"
-#include "runtime/planned_session.h"
+#include "server/planned_session.h"
 
 namespace tierd {
 namespace {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
-#include "runtime/crc32c.h"
+#include "base/crc32c.h"
 
 namespace tierd::trainer {
 namespace {

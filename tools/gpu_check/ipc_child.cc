@@ -6,7 +6,7 @@
 #include <cstring>
 #include <vector>
 
-#include "runtime/cuda_gpu.h"
+#include "ipc/gpu_import.h"
 #include "tools/gpu_check/check_util.h"
 #include "tools/gpu_check/kernels.h"
 

@@ -16,7 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "base/clock.h"
 #include "base/units.h"
-#include "runtime/crc32c.h"
+#include "base/crc32c.h"
 #include "runtime/gpu_factory.h"
 #include "runtime/mover.h"
 #include "runtime/tier_store.h"

@@ -24,7 +24,7 @@
 #include "base/units.h"
 #include "comm/launch_env.h"
 #include "comm/nccl_communicator.h"
-#include "runtime/gpu_utilisation.h"
+#include "base/gpu_utilisation.h"
 #include "trainer_ref/checkpoint.h"
 #include "trainer_ref/data.h"
 #include "trainer_ref/gpu/gpu_model.h"

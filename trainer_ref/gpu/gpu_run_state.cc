@@ -11,7 +11,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_format.h"
 #include "base/units.h"
-#include "runtime/gpu_utilisation.h"
+#include "base/gpu_utilisation.h"
 #include "clients/client.h"
 #include "trainer_ref/checkpoint_policy.h"
 #include "trainer_ref/compact_state.h"

@@ -1,5 +1,5 @@
-#ifndef TIERD_RUNTIME_GPU_UTILISATION_H_
-#define TIERD_RUNTIME_GPU_UTILISATION_H_
+#ifndef TIERD_BASE_GPU_UTILISATION_H_
+#define TIERD_BASE_GPU_UTILISATION_H_
 
 // A GPU's utilisation as the driver samples it (NVML's "GPU utilization": the share of each
 // sample period, 1/6 s to 1 s, in which a kernel ran; what nvidia-smi shows). NVML is opened
@@ -58,4 +58,4 @@ uint64_t NamedProcessesBytes(const std::vector<std::pair<uint32_t, uint64_t>>& p
 
 }  // namespace tierd
 
-#endif  // TIERD_RUNTIME_GPU_UTILISATION_H_
+#endif  // TIERD_BASE_GPU_UTILISATION_H_

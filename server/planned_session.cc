@@ -1,4 +1,4 @@
-#include "runtime/planned_session.h"
+#include "server/planned_session.h"
 
 #include <algorithm>
 #include <cmath>

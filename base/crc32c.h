@@ -1,8 +1,8 @@
 // CRC32C (Castagnoli), the checksum of NVMe pages: computed before a write, verified
 // after the read. Uses the SSE4.2 crc32 instruction when the CPU has it (~8 GB/s a
 // core, several times the NVMe link), a table otherwise.
-#ifndef TIERD_RUNTIME_CRC32C_H_
-#define TIERD_RUNTIME_CRC32C_H_
+#ifndef TIERD_BASE_CRC32C_H_
+#define TIERD_BASE_CRC32C_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -17,4 +17,4 @@ uint32_t Crc32cPortable(uint32_t crc, const void* data, size_t bytes);
 
 }  // namespace tierd
 
-#endif  // TIERD_RUNTIME_CRC32C_H_
+#endif  // TIERD_BASE_CRC32C_H_

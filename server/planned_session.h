@@ -6,8 +6,8 @@
 // fetching it on demand.
 //
 // Thread-safety: thread-safe.
-#ifndef TIERD_RUNTIME_PLANNED_SESSION_H_
-#define TIERD_RUNTIME_PLANNED_SESSION_H_
+#ifndef TIERD_SERVER_PLANNED_SESSION_H_
+#define TIERD_SERVER_PLANNED_SESSION_H_
 
 #include <array>
 #include <atomic>
@@ -176,4 +176,4 @@ struct PlannedSession::Draft {
 
 }  // namespace tierd
 
-#endif  // TIERD_RUNTIME_PLANNED_SESSION_H_
+#endif  // TIERD_SERVER_PLANNED_SESSION_H_

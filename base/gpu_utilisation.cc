@@ -1,4 +1,4 @@
-#include "runtime/gpu_utilisation.h"
+#include "base/gpu_utilisation.h"
 
 #include <dlfcn.h>
 

@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <string>
 
-#include "absl/flags/flag.h"
 #include "absl/strings/str_format.h"
 #include "base/units.h"
 #include "clients/client.h"
@@ -111,8 +110,8 @@ TrainOptions OptionsFrom(const RunSettings& s) {
   o.seed = s.seed;
   o.data_seed = s.data_seed;
   o.checkpointing = s.checkpointing;
-  o.plan = absl::GetFlag(FLAGS_tierd_plan);
-  o.record_plan = absl::GetFlag(FLAGS_tierd_record);
+  o.plan = s.tierd_plan;
+  o.record_plan = s.tierd_record;
   o.moments_8bit = s.moments_8bit;
   o.lion = s.lion;
   o.adafactor = s.adafactor;

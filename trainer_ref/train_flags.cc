@@ -50,6 +50,9 @@ ABSL_FLAG(std::string, export, "",
           "loadable by transformers and vLLM as is");
 ABSL_FLAG(std::string, export_dtype, "bf16", "the exported weights' dtype: bf16 (rounded from the fp32 master) or fp32");
 ABSL_FLAG(std::string, export_shard_size, "5GiB", "the exported checkpoint's shards, at most this big each");
+ABSL_FLAG(std::string, checkpoint, "",
+          "tierd-train export: the checkpoint to export (a file, or a --checkpoint_dir: its newest that verifies)");
+ABSL_FLAG(std::string, to, "", "tierd-train export: the new (or empty) directory the Hugging Face checkpoint goes to");
 ABSL_FLAG(std::string, validation_out, "",
           "after the last validation, write its held-out windows and loss to this JSON file (checked against an "
           "export by tools/hf/check_export.py)");
@@ -121,7 +124,7 @@ ABSL_FLAG(std::string, opt, "adamw",
 ABSL_FLAG(int64_t, adamw8bit_min_size, 0,
           "GPU, --opt=adamw8bit: tensors of fewer values keep fp32 moments (bitsandbytes' min_8bit_size is 4096: "
           "the norms' weights); 0: every tensor 8-bit (with blocks of 256 the 1.3B fidelity run found no gain from "
-          "4096: docs/BENCHMARKS.md). Checkpoints record it");
+          "4096: docs/runs/BENCHMARKS-history-2026-12-02-to-12-04.md). Checkpoints record it");
 ABSL_FLAG(std::string, grad_checkpointing, "none",
           "none | full: keep only each layer's input from forward and recompute the rest in backward (about a "
           "third more compute; saved activations shrink ~10x) | dynamic (GPU): layer by layer and tensor by tensor, "
@@ -511,6 +514,25 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   s.compare_metrics = absl::GetFlag(FLAGS_compare_metrics);
   s.eval_every = absl::GetFlag(FLAGS_eval_every);
   if (!s.validation_out.empty() && s.eval_every < 0) return Bad("--validation_out needs a validation (--eval_every >= 0)");
+  s.tierd_plan = absl::GetFlag(FLAGS_tierd_plan);
+  s.tierd_record = absl::GetFlag(FLAGS_tierd_record);
+  s.gpu_budget_text = absl::GetFlag(FLAGS_gpu_budget);
+  if (auto budget = ParseBytes(s.gpu_budget_text); budget.ok()) {
+    s.gpu_budget = *budget;
+  } else if (gpu && s.tierd) {
+    return Bad("--gpu_budget: a size like 24GiB");
+  }
+  s.optimizer_place = absl::GetFlag(FLAGS_optimizer_place);
+  s.optimizer_deferred = absl::GetFlag(FLAGS_optimizer_deferred);
+  s.fp8_weight_codes = absl::GetFlag(FLAGS_fp8_weight_codes);
+  s.compact_state = absl::GetFlag(FLAGS_compact_state);
+  s.step_order = absl::GetFlag(FLAGS_step_order);
+  s.optimizer_chunks = absl::GetFlag(FLAGS_optimizer_chunks);
+  s.pcie_gbps = absl::GetFlag(FLAGS_pcie_gbps);
+  s.nvme_gbps = absl::GetFlag(FLAGS_nvme_gbps);
+  s.gpu_tflops = absl::GetFlag(FLAGS_gpu_tflops);
+  s.profile = absl::GetFlag(FLAGS_profile);
+  s.timing_skip = absl::GetFlag(FLAGS_timing_skip);
   const std::vector<const char*> gpu_only = {
       "gpu_budget",         "optimizer_place", "pcie_gbps",   "nvme_gbps",  "gpu_tflops",    "optimizer_chunks",
       "optimizer_deferred", "profile",         "timing_skip", "step_order", "compact_state", "adamw8bit_min_size"};
@@ -525,6 +547,26 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
     }
   }
   return s;
+}
+
+DeviceFlags ReadDeviceFlags() { return {absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_print_device)}; }
+
+absl::StatusOr<ExportFlags> ReadExportFlags() {
+  ExportFlags f;
+  f.checkpoint = absl::GetFlag(FLAGS_checkpoint);
+  f.to = absl::GetFlag(FLAGS_to);
+  if (f.checkpoint.empty() || f.to.empty()) {
+    return absl::InvalidArgumentError(
+        "give --checkpoint=FILE_OR_DIR --to=NEW_DIR and the run's model flags (--init_from=DIR, or --model_size / "
+        "--model_config)");
+  }
+  const std::string dtype = absl::GetFlag(FLAGS_export_dtype);
+  if (dtype != "bf16" && dtype != "fp32") return absl::InvalidArgumentError("--export_dtype is bf16 or fp32");
+  f.fp32 = dtype == "fp32";
+  auto shard = ParseBytes(absl::GetFlag(FLAGS_export_shard_size));
+  if (!shard.ok()) return absl::InvalidArgumentError("--export_shard_size: " + std::string(shard.status().message()));
+  f.shard_bytes = *shard;
+  return f;
 }
 
 }  // namespace tierd::trainer

@@ -133,6 +133,21 @@ struct RunSettings {
   bool sparse_update = false;    // --sparse_sync=update
   bool sparse_momentum = false;  // --sparse_sync=momentum
   double comm_timeout = 120;   // seconds
+  // tierd's planner (--tierd_plan: register the step's graph; --tierd_record: CPU, record it).
+  bool tierd_plan = true, tierd_record = false;
+  // The GPU trainer's own, as given: "auto" here is resolved by the GPU run (gpu/gpu_run_state.h),
+  // which says each choice and why.
+  uint64_t gpu_budget = 0;      // --gpu_budget in bytes (0: not a size, refused where tierd needs one)
+  std::string gpu_budget_text;  // as written
+  std::string optimizer_place = "auto";  // gpu | cpu | auto
+  bool optimizer_deferred = true;
+  bool fp8_weight_codes = false;
+  std::string compact_state = "auto";    // on | off | auto
+  std::string step_order = "auto";       // micro | layer | auto
+  int optimizer_chunks = 1;
+  double pcie_gbps = 55, nvme_gbps = 2, gpu_tflops = 300;  // the cost models' machine
+  bool profile = false;
+  int64_t timing_skip = 2;
 };
 
 // The model's shape from the flags: --init_from's config.json, or a preset or --model_config
@@ -140,8 +155,23 @@ struct RunSettings {
 absl::StatusOr<ModelConfig> ReadModelFlags(std::string* init_from);
 
 // INVALID_ARGUMENT saying which flag and what it takes. `notes` gets one line per flag given
-// that the device ignores.
+// that the device ignores. The only reader of the trainer's flags besides the two below.
 absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* notes);
+
+// --device (auto | gpu | cpu) and --print_device, for the choice of trainer before its settings.
+struct DeviceFlags {
+  std::string device;
+  bool print_device = false;
+};
+DeviceFlags ReadDeviceFlags();
+
+// `tierd-train export`'s own: --checkpoint, --to, --export_dtype, --export_shard_size.
+struct ExportFlags {
+  std::string checkpoint, to;
+  bool fp32 = false;
+  uint64_t shard_bytes = 0;
+};
+absl::StatusOr<ExportFlags> ReadExportFlags();
 
 }  // namespace tierd::trainer
 

@@ -18,9 +18,6 @@
 #include "trainer_ref/gpu/gpu_run.h"
 #endif
 
-ABSL_FLAG(std::string, checkpoint, "",
-          "tierd-train export: the checkpoint to export (a file, or a --checkpoint_dir: its newest that verifies)");
-ABSL_FLAG(std::string, to, "", "tierd-train export: the new (or empty) directory the Hugging Face checkpoint goes to");
 
 namespace tt = tierd::trainer;
 
@@ -48,27 +45,18 @@ int RunExport() {
     std::fprintf(stderr, "tierd-train export: %s\n", std::string(config.status().message()).c_str());
     return 1;
   }
-  const std::string checkpoint = absl::GetFlag(FLAGS_checkpoint), to = absl::GetFlag(FLAGS_to);
-  if (checkpoint.empty() || to.empty()) {
-    std::fprintf(stderr,
-                 "tierd-train export: give --checkpoint=FILE_OR_DIR --to=NEW_DIR and the run's model flags "
-                 "(--init_from=DIR, or --model_size / --model_config)\n");
+  auto flags = tt::ReadExportFlags();
+  if (!flags.ok()) {
+    std::fprintf(stderr, "tierd-train export: %s\n", std::string(flags.status().message()).c_str());
     return 1;
   }
+  const std::string& checkpoint = flags->checkpoint;
+  const std::string& to = flags->to;
+  const std::string dtype = flags->fp32 ? "fp32" : "bf16";
   tt::hf::ExportOptions options;
   options.source_dir = init_from;
-  const std::string dtype = absl::GetFlag(FLAGS_export_dtype);
-  if (dtype != "bf16" && dtype != "fp32") {
-    std::fprintf(stderr, "tierd-train export: --export_dtype is bf16 or fp32\n");
-    return 1;
-  }
-  options.dtype = dtype == "fp32" ? tt::hf::Dtype::kF32 : tt::hf::Dtype::kBF16;
-  auto shard = tierd::ParseBytes(absl::GetFlag(FLAGS_export_shard_size));
-  if (!shard.ok()) {
-    std::fprintf(stderr, "tierd-train export: --export_shard_size: %s\n", std::string(shard.status().message()).c_str());
-    return 1;
-  }
-  options.max_shard_bytes = *shard;
+  options.dtype = flags->fp32 ? tt::hf::Dtype::kF32 : tt::hf::Dtype::kBF16;
+  options.max_shard_bytes = flags->shard_bytes;
   options.progress = [](const std::string& line) { std::printf("%s\n", line.c_str()); };
   std::printf("export: model %s from %s\n", tt::DescribeConfig(*config).c_str(), checkpoint.c_str());
   const absl::Status st = tt::ExportTrainerCheckpoint(*config, checkpoint, to, options);
@@ -82,7 +70,8 @@ int RunExport() {
 
 // The device to train on, said once; false with a message when --device=gpu cannot be had.
 bool PickDevice(bool* gpu) {
-  const std::string device = absl::GetFlag(FLAGS_device);
+  const tt::DeviceFlags flags = tt::ReadDeviceFlags();
+  const std::string& device = flags.device;
   if (device != "auto" && device != "gpu" && device != "cpu") {
     std::fprintf(stderr, "tierd-train: --device is auto, gpu or cpu, not '%s'\n", device.c_str());
     return false;
@@ -97,7 +86,7 @@ bool PickDevice(bool* gpu) {
     return false;
   }
   *gpu = usable;
-  if (absl::GetFlag(FLAGS_print_device)) return true;
+  if (flags.print_device) return true;
   if (device == "cpu") {
     std::printf("device: CPU (--device=cpu)\n");
   } else {
@@ -121,7 +110,7 @@ int main(int argc, char** argv) {
   tt::ParseTrainerFlags(argc, argv, kUsage);
   bool gpu = false;
   if (!PickDevice(&gpu)) return 1;
-  if (absl::GetFlag(FLAGS_print_device)) {
+  if (tt::ReadDeviceFlags().print_device) {
     std::printf("%s\n", gpu ? "gpu" : "cpu");
     return 0;
   }

@@ -48,7 +48,7 @@ std::string GpuRun::Progress(int64_t step, double loss, double lr, double grad_n
 int GpuRun::Step(int64_t step) {
   const auto t0 = Clock::now();
   const double waited0 = model_->AcquireSeconds(), released0 = model_->ReleaseSeconds();
-  const int64_t first_timed = curves_.first_step + absl::GetFlag(FLAGS_timing_skip);
+  const int64_t first_timed = curves_.first_step + s_.timing_skip;
   if (step == first_timed) {
     timed_from_ = before_;
     timed_mark_ = step_mark_;  // where the last step's samples ended

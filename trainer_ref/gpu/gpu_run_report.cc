@@ -29,13 +29,12 @@ void GpuRun::Summary() {
     if (processes.ok()) {
       const uint64_t own = ProcessBytes(*processes, static_cast<uint32_t>(getpid()));
       const uint64_t daemon = s_.tierd ? NamedProcessesBytes(*processes, "tierd") : 0;
-      auto budget = ParseBytes(absl::GetFlag(FLAGS_gpu_budget));
       std::printf("device memory (NVML, as nvidia-smi lists it): this process %s%s = %s%s\n", FormatBytes(own).c_str(),
                   s_.tierd ? absl::StrFormat(" + tierd %s", FormatBytes(daemon)).c_str() : "",
                   FormatBytes(own + daemon).c_str(),
-                  s_.tierd && budget.ok()
-                      ? absl::StrFormat(" of the %s budget%s", FormatBytes(*budget),
-                                        own + daemon > *budget ? " (OVER IT)" : "")
+                  s_.tierd && s_.gpu_budget > 0
+                      ? absl::StrFormat(" of the %s budget%s", FormatBytes(s_.gpu_budget),
+                                        own + daemon > s_.gpu_budget ? " (OVER IT)" : "")
                             .c_str()
                       : "");
       device_bytes_ = own + daemon;
@@ -60,7 +59,7 @@ void GpuRun::Summary() {
       "\"final_loss\": %.6f, \"peak_gpu_bytes\": %lu, \"step_seconds\": %.4f, \"acquire_wait_seconds\": %.4f, "
       "\"h2d_bytes\": %.0f, \"d2h_bytes\": %.0f, \"nvme_read_bytes\": %.0f, \"nvme_write_bytes\": %.0f, "
       "\"gpu_util\": %.1f, \"pcie_in_busy\": %.4f, \"pcie_out_busy\": %.4f, \"device_bytes\": %lu}\n",
-      ((s_.tierd ? "tierd " + absl::GetFlag(FLAGS_gpu_budget) : std::string("none")) +
+      ((s_.tierd ? "tierd " + s_.gpu_budget_text : std::string("none")) +
        (s_.checkpointing ? " + checkpointing" : "") + (optimizer_on_cpu_ ? " + CPU AdamW" : "") +
        (fp8_ ? " + fp8" : ""))
           .c_str(),
@@ -69,7 +68,7 @@ void GpuRun::Summary() {
       (timed_to_.host_to_gpu - timed_from_.host_to_gpu) * per, (timed_to_.gpu_to_host - timed_from_.gpu_to_host) * per,
       (timed_to_.nvme_read - timed_from_.nvme_read) * per, (timed_to_.nvme_write - timed_from_.nvme_write) * per, util,
       in_busy, out_busy, static_cast<unsigned long>(device_bytes_));
-  if (absl::GetFlag(FLAGS_profile) && timed_steps_ > 0) {
+  if (s_.profile && timed_steps_ > 0) {
     const double step_ms = timed_seconds_ * 1e3 / timed_steps_;
     std::string line = absl::StrFormat("where a step's %.0f ms go:", step_ms);
     double kernels = 0;

@@ -104,17 +104,17 @@ int GpuRun::Setup() {
         "FP8 weight codes: the host's optimizer also writes the %d FP8 layers' weights as E4M3 codes (current "
         "scaling), which their matmuls read: %s a pass over PCIe instead of %s of bf16 (--fp8_weight_codes)\n",
         coded, FormatBytes(codes).c_str(), FormatBytes(bf16).c_str());
-  } else if (fp8_ && optimizer_on_cpu_ && absl::GetFlag(FLAGS_fp8_weight_codes) &&
-             absl::GetFlag(FLAGS_optimizer_place) == "auto") {
+  } else if (fp8_ && optimizer_on_cpu_ && s_.fp8_weight_codes &&
+             s_.optimizer_place == "auto") {
     std::printf(
         "FP8 weight codes: not written (the host's optimizer writes them when --optimizer_place=cpu is given, "
         "known before the state is laid out)\n");
   }
-  if (s_.tierd && !optimizer_on_cpu_ && absl::GetFlag(FLAGS_optimizer_deferred)) {
+  if (s_.tierd && !optimizer_on_cpu_ && s_.optimizer_deferred) {
     model_->SetOptimizerDeferred(true);
     std::printf("optimizer: on the GPU, each layer's update just before its next forward (--optimizer_deferred)\n");
   }
-  if (absl::GetFlag(FLAGS_optimizer_place) == "auto" && s_.tierd) startup_.Done("optimizer cost model");
+  if (s_.optimizer_place == "auto" && s_.tierd) startup_.Done("optimizer cost model");
   if (!ck_.dir.empty()) mkdir(ck_.dir.c_str(), 0755);
   if (s_.resume) {
     auto resumed = Resume(*model_, s_, ck_);
@@ -156,7 +156,7 @@ int GpuRun::Setup() {
   } else {
     std::printf("GPU-Util: not shown (%s)\n", std::string(util.status().message()).c_str());
   }
-  if (s_.tierd && absl::GetFlag(FLAGS_tierd_plan)) {
+  if (s_.tierd && s_.tierd_plan) {
     auto note = model_->RegisterStep(s_.accum);
     if (!note.ok()) return Fail("registering the step with tierd: " + std::string(note.status().message()));
     std::printf("tierd: %s\n", note->c_str());
@@ -173,7 +173,7 @@ int GpuRun::Setup() {
   batcher_->Skip(run_.batches_drawn);
   inputs_.resize(static_cast<size_t>(s_.batch) * s_.seq * std::max(1, layer_major_));
   targets_.resize(inputs_.size());
-  model_->EnableProfile(absl::GetFlag(FLAGS_profile));
+  model_->EnableProfile(s_.profile);
   curves_.first_step = run_.step + 1;
   curves_.title =
       absl::StrFormat("tierd-train, model %s on %s%s", config.name, prop.name, s_.tierd ? " through tierd" : "");

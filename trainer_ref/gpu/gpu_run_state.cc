@@ -8,7 +8,6 @@
 
 #include <cuda_runtime.h>
 
-#include "absl/flags/flag.h"
 #include "absl/strings/str_format.h"
 #include "base/units.h"
 #include "base/gpu_utilisation.h"
@@ -77,21 +76,20 @@ ContextBytes MeasureContexts(const std::string& tierd_dir) {
 absl::StatusOr<std::unique_ptr<GpuHome>> MakeHome(const RunSettings& s, const GpuHomeLayout& layout, uint64_t workspace,
                                                   uint64_t* gpu_quota, uint64_t* dram_quota) {
   if (!s.tierd) return std::unique_ptr<GpuHome>();
-  auto budget = ParseBytes(absl::GetFlag(FLAGS_gpu_budget));
-  if (!budget.ok()) return absl::InvalidArgumentError("--gpu_budget: a size like 24GiB");
+  const uint64_t budget = s.gpu_budget;  // ReadRunSettings refused a --gpu_budget that is not a size
   // The budget is the device memory the run takes as nvidia-smi counts it: both processes'
   // CUDA contexts, the trainer's workspace and tierd's GPU quota for the session.
   const ContextBytes contexts = MeasureContexts(s.tierd_dir);
-  if (*budget <= workspace + contexts.total) {
+  if (budget <= workspace + contexts.total) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "--gpu_budget %s leaves nothing for tierd: the trainer's workspace is %s for %d x %d tokens and the %s (a "
         "smaller --batch_size or --seq_len shrinks the workspace)",
-        FormatBytes(*budget), FormatBytes(workspace), s.batch, s.seq, contexts.how));
+        FormatBytes(budget), FormatBytes(workspace), s.batch, s.seq, contexts.how));
   }
   ClientOptions client;
   client.runtime_dir = s.tierd_dir;
   client.label = "tierd-train";
-  const uint64_t gpu_bytes = *budget - workspace - contexts.total;
+  const uint64_t gpu_bytes = budget - workspace - contexts.total;
   uint64_t dram = s.tierd_dram;
   if (dram == 0) {  // what the state needs beyond the GPU quota, with room to spare
     const uint64_t need = layout.Total() > gpu_bytes ? layout.Total() - gpu_bytes : 0;
@@ -112,7 +110,7 @@ absl::StatusOr<std::unique_ptr<GpuHome>> MakeHome(const RunSettings& s, const Gp
       "offload: tierd at %s; GPU budget %s (the device memory of this process and tierd, as nvidia-smi counts "
       "it) = %s + workspace %s + tierd's GPU quota %s, for a state of %s "
       "(weights %s, master %s, gradients %s, moments %s%s, saved activations %s)%s\n",
-      client.runtime_dir.c_str(), FormatBytes(*budget).c_str(), contexts.how.c_str(), FormatBytes(workspace).c_str(),
+      client.runtime_dir.c_str(), FormatBytes(budget).c_str(), contexts.how.c_str(), FormatBytes(workspace).c_str(),
       FormatBytes(client.quota.gpu_bytes).c_str(), FormatBytes(layout.Total()).c_str(),
       layout.compact ? "from the master" : FormatBytes(layout.TotalOf(Part::kWeights)).c_str(),
       FormatBytes(layout.TotalOf(Part::kMaster)).c_str(),
@@ -133,7 +131,7 @@ absl::StatusOr<std::unique_ptr<GpuHome>> MakeHome(const RunSettings& s, const Gp
 // gpu, cpu, or auto's choice with its reason printed.
 absl::StatusOr<bool> ChooseOptimizerOnCpu(const RunSettings& s, const GpuHomeLayout& layout, uint64_t gpu_quota,
                                           uint64_t dram_quota, int layer_major) {
-  const std::string place = absl::GetFlag(FLAGS_optimizer_place);
+  const std::string& place = s.optimizer_place;
   if (place != "gpu" && place != "cpu" && place != "auto") {
     return absl::InvalidArgumentError("--optimizer_place is gpu, cpu or auto, not '" + place + "'");
   }
@@ -154,12 +152,12 @@ absl::StatusOr<bool> ChooseOptimizerOnCpu(const RunSettings& s, const GpuHomeLay
   costs.state_bytes = static_cast<double>(layout.Total());
   costs.gpu_bytes = static_cast<double>(gpu_quota);
   costs.dram_bytes = static_cast<double>(dram_quota);
-  costs.h2d_bytes_per_s = costs.d2h_bytes_per_s = absl::GetFlag(FLAGS_pcie_gbps) * 1e9;
-  costs.nvme_bytes_per_s = absl::GetFlag(FLAGS_nvme_gbps) * 1e9;
+  costs.h2d_bytes_per_s = costs.d2h_bytes_per_s = s.pcie_gbps * 1e9;
+  costs.nvme_bytes_per_s = s.nvme_gbps * 1e9;
   // What either optimizer overlaps: the forward of the first micro-batch, or layer-major all K.
   costs.forward_seconds =
-      2.0 * s.config.Params() * s.batch * s.seq * std::max(1, layer_major) / (absl::GetFlag(FLAGS_gpu_tflops) * 1e12);
-  costs.gpu_overlaps_forward = absl::GetFlag(FLAGS_optimizer_deferred);
+      2.0 * s.config.Params() * s.batch * s.seq * std::max(1, layer_major) / (s.gpu_tflops * 1e12);
+  costs.gpu_overlaps_forward = s.optimizer_deferred;
   // Lion's host loop reads and writes a moment fewer than fp32 AdamW's: AdamW's speed bounds it from below.
   costs.host_params_per_s = CalibrateHostAdamW(int64_t{1} << 23, s.moments_8bit);
   costs.host_optimizer = s.lion           ? "Lion (at fp32 AdamW's measured speed)"
@@ -186,7 +184,7 @@ bool AutoLayerMajor(const RunSettings& s, const GpuHomeLayout& layout, const Gpu
   in.micro_batches = s.accum;
   in.micro_state_bytes = static_cast<double>(layout.Total());
   in.layer_state_bytes = static_cast<double>(layered.Total());
-  if (absl::GetFlag(FLAGS_compact_state) != "off" && absl::GetFlag(FLAGS_optimizer_place) != "cpu" &&
+  if (s.compact_state != "off" && s.optimizer_place != "cpu" &&
       !config.tied_embeddings) {
     in.layer_compact_state_bytes = static_cast<double>(GpuModel::HomeLayout(config, s.batch, s.seq,
                                                                             {.checkpointing = s.checkpointing,
@@ -198,12 +196,11 @@ bool AutoLayerMajor(const RunSettings& s, const GpuHomeLayout& layout, const Gpu
                                                                              .adafactor = s.adafactor})
                                                            .Total());
   }
-  auto budget = ParseBytes(absl::GetFlag(FLAGS_gpu_budget));
   const double workspace = static_cast<double>(
       GpuModel::WorkspaceBytesFor(config, s.batch, s.seq,
                                   {.checkpointing = s.checkpointing, .layer_major_micro_batches = s.accum}) +
       fp8_workspace);
-  in.gpu_bytes = budget.ok() ? std::max(0.0, static_cast<double>(*budget) - workspace) : 0.0;
+  in.gpu_bytes = s.gpu_budget > 0 ? std::max(0.0, static_cast<double>(s.gpu_budget) - workspace) : 0.0;
   in.dram_bytes = static_cast<double>(s.tierd_dram > 0 ? s.tierd_dram : kAutoDramCap);
   const StepOrderChoice choice = ChooseStepOrder(in);
   std::printf("step: %s (--step_order=auto)\n", choice.why.c_str());
@@ -237,9 +234,7 @@ absl::StatusOr<CheckpointChoice> ChooseKeptLayers(const RunSettings& s, const St
   const double workspace =
       static_cast<double>(GpuModel::WorkspaceBytesFor(config, s.batch, s.seq, state) + fp8_workspace);
   if (s.tierd) {
-    auto budget = ParseBytes(absl::GetFlag(FLAGS_gpu_budget));
-    if (!budget.ok()) return absl::InvalidArgumentError("--gpu_budget: a size like 24GiB");
-    in.gpu_bytes = std::max(0.0, static_cast<double>(*budget) - workspace);
+    in.gpu_bytes = std::max(0.0, static_cast<double>(s.gpu_budget) - workspace);
   } else {
     size_t free = 0, total = 0;
     if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
@@ -249,17 +244,16 @@ absl::StatusOr<CheckpointChoice> ChooseKeptLayers(const RunSettings& s, const St
     in.gpu_bytes = std::max(0.0, 0.95 * static_cast<double>(free) - workspace);
   }
   const double tokens = static_cast<double>(s.batch) * s.seq * std::max(1, s.accum);
-  const double flops = absl::GetFlag(FLAGS_gpu_tflops) * 1e12;
+  const double flops = s.gpu_tflops * 1e12;
   const double layer_params = static_cast<double>(config.LayerParams());
   in.layer_forward_seconds = (2 * layer_params + 2.0 * s.seq * config.d_model) * tokens / flops;
   // Two norms (fp32 in, bf16 out) and SwiGLU (two bf16 in, one out) a token.
   in.lean_layer_seconds = (12.0 * config.d_model + 6.0 * config.d_ff) * tokens / kElementwiseBytesPerSecond;
   in.step_seconds = 3 * (2.0 * config.Params() + 2.0 * s.seq * config.d_model * config.layers) * tokens / flops;
-  in.pcie_bytes_per_s = absl::GetFlag(FLAGS_pcie_gbps) * 1e9;
+  in.pcie_bytes_per_s = s.pcie_gbps * 1e9;
   in.tierd = s.tierd;
   const CheckpointChoice choice = ChooseCheckpointing(in);
-  std::printf("%s (at --gpu_tflops=%g, --pcie_gbps=%g)\n", choice.why.c_str(), absl::GetFlag(FLAGS_gpu_tflops),
-              absl::GetFlag(FLAGS_pcie_gbps));
+  std::printf("%s (at --gpu_tflops=%g, --pcie_gbps=%g)\n", choice.why.c_str(), s.gpu_tflops, s.pcie_gbps);
   return choice;
 }
 
@@ -273,7 +267,7 @@ absl::StatusOr<StateChoice> ChooseState(const RunSettings& s, uint64_t fp8_works
                                                .moments_8bit_min = s.moments_8bit_min,
                                                .lion = s.lion,
                                                .adafactor = s.adafactor});
-  const int chunks = absl::GetFlag(FLAGS_optimizer_chunks);
+  const int chunks = s.optimizer_chunks;
   if (chunks < 1 || chunks > 1024) {
     return absl::InvalidArgumentError(
         absl::StrFormat("--optimizer_chunks=%d: give 1 (one lease per layer's state) up to 1024", chunks));
@@ -293,7 +287,7 @@ absl::StatusOr<StateChoice> ChooseState(const RunSettings& s, uint64_t fp8_works
         "the tensors, not the sub-groups); leave --optimizer_chunks at 1");
   }
   layout.state_chunks = chunks;
-  const std::string order = absl::GetFlag(FLAGS_step_order);
+  const std::string& order = s.step_order;
   if (order != "layer" && order != "micro" && order != "auto") {
     return absl::InvalidArgumentError("--step_order is auto, micro or layer, not '" + order + "'");
   }
@@ -326,17 +320,17 @@ absl::StatusOr<StateChoice> ChooseState(const RunSettings& s, uint64_t fp8_works
     GpuHomeLayout compact_layout = GpuModel::HomeLayout(config, s.batch, s.seq, compact);
     compact_layout.state_chunks = chunks;
     CompactStateInputs in;
-    in.flag = absl::GetFlag(FLAGS_compact_state);
+    in.flag = s.compact_state;
     in.tierd = s.tierd;
     // Tied embeddings: the embedding's matrix has two backwards a step (the head's, the embedding's).
     in.one_backward_per_group = (layer_major_micro_batches > 0 || s.accum == 1) && !config.tied_embeddings;
-    in.optimizer_on_cpu = absl::GetFlag(FLAGS_optimizer_place) == "cpu";
+    in.optimizer_on_cpu = s.optimizer_place == "cpu";
     in.full_bytes = static_cast<double>(layout.Total());
     in.compact_bytes = static_cast<double>(compact_layout.Total());
-    auto budget = ParseBytes(absl::GetFlag(FLAGS_gpu_budget));
     const double full_workspace =
         static_cast<double>(GpuModel::WorkspaceBytesFor(config, s.batch, s.seq, state) + fp8_workspace);
-    in.gpu_bytes = budget.ok() ? std::max(0.0, static_cast<double>(*budget) - full_workspace) : 0.0;
+    in.gpu_bytes =
+        s.gpu_budget > 0 ? std::max(0.0, static_cast<double>(s.gpu_budget) - full_workspace) : 0.0;
     in.dram_bytes = static_cast<double>(s.tierd_dram > 0 ? s.tierd_dram : kAutoDramCap);
     auto choice = ChooseCompactState(in);
     if (!choice.ok()) return choice.status();
@@ -357,8 +351,8 @@ absl::StatusOr<StateChoice> ChooseState(const RunSettings& s, uint64_t fp8_works
   }
   // The host's optimizer writes the FP8 layers' weight codes (a part of ~1 byte a parameter
   // more in DRAM), so the GPU fetches them instead of the bf16 weights.
-  if (fp8_workspace > 0 && s.tierd && !state.compact && absl::GetFlag(FLAGS_fp8_weight_codes) &&
-      absl::GetFlag(FLAGS_optimizer_place) == "cpu") {
+  if (fp8_workspace > 0 && s.tierd && !state.compact && s.fp8_weight_codes &&
+      s.optimizer_place == "cpu") {
     state.fp8_weight_codes = true;
     const int chunks_then = layout.state_chunks;
     layout = GpuModel::HomeLayout(config, s.batch, s.seq, state);

@@ -40,11 +40,11 @@ if [ "$device" = gpu ]; then
     "$small --precision=bf16 --opt=adafactor"
     "$small --precision=bf16 --grad_checkpointing=full --grad_accum_steps=2"
     "--model_config=$work/family.json --batch_size=4 --seq_len=64 --precision=bf16"
-    "$small --precision=fp8 $tierd_flags --gpu_budget=2GiB"
-    "$small --precision=fp8 $tierd_flags --gpu_budget=2GiB --optimizer_place=cpu"
-    "$small --precision=fp8 $tierd_flags --gpu_budget=2GiB --optimizer_place=gpu --optimizer_deferred=false"
-    "$small --precision=bf16 $tierd_flags --gpu_budget=2GiB --compact_state=on --step_order=layer --grad_accum_steps=2"
-    "$small --precision=fp8 $tierd_flags --gpu_budget=2GiB --grad_checkpointing=dynamic"
+    "$small --precision=fp8 $tierd_flags --gpu_budget=3GiB"
+    "$small --precision=fp8 $tierd_flags --gpu_budget=3GiB --optimizer_place=cpu"
+    "$small --precision=fp8 $tierd_flags --gpu_budget=3GiB --optimizer_place=gpu --optimizer_deferred=false"
+    "$small --precision=bf16 $tierd_flags --gpu_budget=3GiB --compact_state=on --step_order=layer --grad_accum_steps=2"
+    "$small --precision=fp8 $tierd_flags --gpu_budget=3GiB --grad_checkpointing=dynamic"
   )
 else
   common="--device=cpu --steps=6 --warmup=2 --batch_size=2 --seq_len=32 --eval_every=3 --seed=7"

@@ -247,7 +247,10 @@ TEST(TrainerOnTierdTest, TheTrainersStepsAreInTierdsStats) {
 std::vector<std::string> Losses(const std::string& path) {
   std::vector<std::string> out;
   std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) out.push_back(line.substr(0, line.find(", \"seconds\"")));
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("{\"plan\": ", 0) == 0) continue;  // the run plan says how, and the two runs differ there
+    out.push_back(line.substr(0, line.find(", \"seconds\"")));
+  }
   return out;
 }
 

@@ -30,9 +30,11 @@ def main():
         for number, line in enumerate(f, 1):
             if line.strip():
                 try:
-                    rows.append(json.loads(line))
+                    row = json.loads(line)
                 except json.JSONDecodeError as e:
                     sys.exit(f"plot_metrics: {args.metrics}:{number}: not JSON ({e})")
+                if "step" in row:  # the run plan's line says how the run was made, not a step
+                    rows.append(row)
     if not rows:
         sys.exit(f"plot_metrics: {args.metrics} has no steps")
     steps = [r["step"] for r in rows]

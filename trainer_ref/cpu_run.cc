@@ -14,6 +14,7 @@
 #include "trainer_ref/cpu_data_parallel.h"
 #include "trainer_ref/hf/hf_checkpoint.h"
 #include "trainer_ref/plot.h"
+#include "trainer_ref/run_plan.h"
 #include "trainer_ref/run_report.h"
 #include "trainer_ref/trainer.h"
 
@@ -191,10 +192,23 @@ int RunOnCpu(const RunSettings& settings) {
   if (s.resume) {
     if (absl::Status st = Resume(trainer, window, s, ck, comm->get()); !st.ok()) return Fail(std::string(st.message()));
   }
+  RunPlan plan;
+  plan.Add("device", "cpu (the fp32 reference)", s.Given("device") ? "--device" : "auto: no usable GPU");
+  AddCommonRows(s, &plan);
+  plan.Add("activations", s.checkpointing ? "full checkpointing (each layer's input kept)" : "all kept",
+           s.Given("grad_checkpointing") ? "--grad_checkpointing" : "default");
+  if (s.tierd) {
+    plan.Add("tierd quotas", absl::StrFormat("DRAM %s, NVMe %s", FormatBytes(s.tierd_dram), FormatBytes(s.tierd_nvme)),
+             s.Given("tierd_dram") || s.Given("tierd_nvme") ? "--tierd_dram, --tierd_nvme" : "default");
+    plan.Add("tierd plan", s.tierd_plan ? "the step's graph registered" : "none (tierd's online policy)",
+             s.Given("tierd_plan") ? "--tierd_plan" : "default");
+  }
+  if (ranks > 1) plan.Add("data-parallel", DescribeSync(trainer, o), "the launcher's ranks");
+  if (lead) std::fputs(plan.Table().c_str(), stdout);
   std::ofstream metrics;
   if (!s.metrics.empty() && lead) {
     std::string note;
-    auto opened = OpenMetrics(s.metrics, s.resume ? trainer.step() : 0, &note);
+    auto opened = OpenMetrics(s.metrics, s.resume ? trainer.step() : 0, &note, plan.JsonLine());
     if (!opened.ok()) return Fail(std::string(opened.status().message()));
     metrics = std::move(*opened);
     if (!note.empty()) std::printf("%s\n", note.c_str());

@@ -10,7 +10,8 @@ pass=0 fail=0
 check() { if eval "$2"; then pass=$((pass+1)); echo "PASS: $1"; else fail=$((fail+1)); echo "FAIL: $1"; fi; }
 common="--device=cpu --steps=10 --warmup=2 --batch_size=2 --seq_len=32 --eval_every=-1"
 # The step's numbers a run must share with another (not its time, tokens or bytes).
-fields() { sed -E 's/, "seconds": [^,]*//; s/, "tokens": [^,]*//; s/, "comm_seconds": [^,]*//; s/, "bytes_sent": [^}]*//' "$1"; }
+# The steps' lines (not the run plan's) without what differs between runs that compute the same.
+fields() { grep -v '^{"plan": ' "$1" | sed -E 's/, "seconds": [^,]*//; s/, "tokens": [^,]*//; s/, "comm_seconds": [^,]*//; s/, "bytes_sent": [^}]*//'; }
 # The largest relative difference of loss and grad_norm between two metrics files.
 max_rel() {
   paste -d' ' <(sed -E 's/.*"loss": ([^,]*).*"grad_norm": ([^,]*).*/\1 \2/' "$1") \
@@ -18,7 +19,7 @@ max_rel() {
     awk 'function a(x) { return x < 0 ? -x : x } { for (i = 1; i <= 2; i++) { d = a($i - $(i+2)) / a($(i+2)); if (d > m) m = d } }
          END { printf "%.2g\n", m + 0 }'
 }
-lines() { wc -l < "$1"; }
+lines() { grep -c '^{"step": ' "$1"; }
 bytes() { sed -E 's/.*"bytes_sent": ([0-9.]+).*/\1/' "$1" | awk '{ s += $1 } END { printf "%.0f\n", s / NR }'; }
 dp() { local n=$1; shift; "$mpirun" -np "$n" "$bin" $common "$@"; }
 
@@ -84,7 +85,7 @@ sparse="--steps=40 --sparse_grad_ratio=0.05"
 dp 2 --steps=40 --metrics="$dir/dense40.jsonl" > /dev/null 2>&1
 dp 2 $sparse --metrics="$dir/sparse.jsonl" > "$dir/sparse.log" 2>&1
 dense_bytes=$(bytes "$dir/dense40.jsonl"); sparse_bytes=$(bytes "$dir/sparse.jsonl")
-first=$(head -1 "$dir/sparse.jsonl" | sed -E 's/.*"loss": ([^,]*).*/\1/'); last=$(tail -1 "$dir/sparse.jsonl" | sed -E 's/.*"loss": ([^,]*).*/\1/')
+first=$(grep -m1 "^{\"step\": " "$dir/sparse.jsonl" | sed -E 's/.*"loss": ([^,]*).*/\1/'); last=$(tail -1 "$dir/sparse.jsonl" | sed -E 's/.*"loss": ([^,]*).*/\1/')
 dense_last=$(tail -1 "$dir/dense40.jsonl" | sed -E 's/.*"loss": ([^,]*).*/\1/')
 check "TopK 5% sends $sparse_bytes B a step, <= 10% of dense's $dense_bytes B" \
   "[ \"\$(lines $dir/sparse.jsonl)\" = 40 ] && [ \$((sparse_bytes * 10)) -le $dense_bytes ]"
@@ -103,7 +104,7 @@ check "sparse updates with Lion, dense norms and a warm-up run 40 steps" \
 #     TopK sends, trains, and resumes bit for bit (velocity, residual and frozen v are state).
 #     How close to dense it ends over 600 steps is a benchmark (docs/BENCHMARKS.md).
 dp 2 $sparse --sparse_sync=momentum --sparse_warmup=10 --metrics="$dir/momentum.jsonl" > "$dir/momentum.log" 2>&1
-mom_first=$(head -1 "$dir/momentum.jsonl" | sed -E 's/.*"loss": ([^,]*).*/\1/')
+mom_first=$(grep -m1 "^{\"step\": " "$dir/momentum.jsonl" | sed -E 's/.*"loss": ([^,]*).*/\1/')
 mom_last=$(tail -1 "$dir/momentum.jsonl" | sed -E 's/.*"loss": ([^,]*).*/\1/')
 mom_bytes=$(tail -1 "$dir/momentum.jsonl" | sed -E 's/.*"bytes_sent": ([0-9.]+).*/\1/')
 check "momentum mode: the warm-up's 10 steps are dense's, bit for bit" \

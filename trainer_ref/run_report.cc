@@ -82,7 +82,8 @@ void StepReporter::Send(const std::function<absl::Status()>& report) {
   }
 }
 
-absl::StatusOr<std::ofstream> OpenMetrics(const std::string& path, int64_t resumed_step, std::string* note) {
+absl::StatusOr<std::ofstream> OpenMetrics(const std::string& path, int64_t resumed_step, std::string* note,
+                                          const std::string& plan_line) {
   if (resumed_step > 0) {
     std::ifstream in(path);
     if (in) {
@@ -115,8 +116,20 @@ absl::StatusOr<std::ofstream> OpenMetrics(const std::string& path, int64_t resum
       }
     }
   }
+  std::string last_plan;
+  {
+    std::ifstream in(path);
+    std::string line;
+    while (in && std::getline(in, line)) {
+      if (line.rfind("{\"plan\": ", 0) == 0) last_plan = line + "\n";
+    }
+  }
   std::ofstream out(path, std::ios::app);
   if (!out) return absl::InvalidArgumentError("cannot open --metrics " + path);
+  if (!plan_line.empty() && plan_line != last_plan) {
+    out << plan_line;
+    out.flush();
+  }
   return out;
 }
 
@@ -127,7 +140,9 @@ absl::StatusOr<std::vector<double>> ReadLossCurve(const std::string& path) {
   std::string line;
   for (int number = 1; std::getline(in, line); ++number) {
     const size_t at = line.find("\"loss\": ");
-    if (line.find("\"validation_loss\"") != std::string::npos || line.empty()) continue;
+    if (line.find("\"validation_loss\"") != std::string::npos || line.empty() || line.rfind("{\"plan\": ", 0) == 0) {
+      continue;
+    }
     double value = 0;
     const size_t end = at == std::string::npos ? at : line.find_first_of(",}", at);
     if (at == std::string::npos || end == std::string::npos ||

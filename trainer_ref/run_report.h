@@ -77,8 +77,11 @@ class StepReporter {
 
 // Opens `path` for appending one JSON line per step. On resume at `resumed_step` (> 0), the
 // lines of later steps (written by the run that was stopped after its last checkpoint) are
-// removed first, so the file holds each step once; `*note` says how many.
-absl::StatusOr<std::ofstream> OpenMetrics(const std::string& path, int64_t resumed_step, std::string* note);
+// removed first, so the file holds each step once; `*note` says how many. `plan_line`
+// (RunPlan::JsonLine) is written first unless the file's last plan line is the same (a resume
+// of the same run).
+absl::StatusOr<std::ofstream> OpenMetrics(const std::string& path, int64_t resumed_step, std::string* note,
+                                          const std::string& plan_line = "");
 
 // The training loss per step of another run's metrics file (its validation lines skipped), to
 // draw beside this run's (--compare_metrics). Errors name the file and the line.

@@ -1,4 +1,5 @@
 #include "trainer_ref/run_report.h"
+#include "trainer_ref/run_plan.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -121,6 +122,44 @@ TEST(RunReportTest, MetricsAreRewoundToTheResumedStep) {
   EXPECT_EQ(note, "");
   EXPECT_FALSE(OpenMetrics("/nonexistent/dir/m.jsonl", 0, &note).ok());
   unlink(path.c_str());
+}
+
+// The plan goes first into a new file; a resume of the same run does not repeat it, a
+// different plan (the same file, other settings) is written before its steps.
+TEST(RunReportTest, ThePlanLineIsWrittenOncePerPlan) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(tmp ? tmp : "/tmp") + "/planned." + std::to_string(getpid()) + ".jsonl";
+  unlink(path.c_str());
+  const std::string plan = "{\"plan\": {\"device\": \"cpu\"}}\n", other = "{\"plan\": {\"device\": \"gpu\"}}\n";
+  std::string note;
+  {
+    auto out = OpenMetrics(path, 0, &note, plan);
+    ASSERT_TRUE(out.ok()) << out.status();
+    *out << "{\"step\": 1, \"loss\": 2.5}\n{\"step\": 2, \"loss\": 2.4}\n";
+  }
+  {
+    auto out = OpenMetrics(path, 1, &note, plan);  // resumed at step 1: step 2 goes, the plan stays once
+    ASSERT_TRUE(out.ok()) << out.status();
+    *out << "{\"step\": 2, \"loss\": 2.4}\n";
+  }
+  EXPECT_EQ(Read(path), plan + "{\"step\": 1, \"loss\": 2.5}\n{\"step\": 2, \"loss\": 2.4}\n");
+  { auto out = OpenMetrics(path, 0, &note, other); }
+  EXPECT_EQ(Read(path), plan + "{\"step\": 1, \"loss\": 2.5}\n{\"step\": 2, \"loss\": 2.4}\n" + other);
+  auto curve = ReadLossCurve(path);  // another run's plan lines are not steps
+  ASSERT_TRUE(curve.ok()) << curve.status();
+  EXPECT_EQ(*curve, (std::vector<double>{2.5, 2.4}));
+  unlink(path.c_str());
+}
+
+TEST(RunReportTest, ThePlanIsATableAndAJsonLine) {
+  RunPlan plan;
+  plan.Add("device", "gpu", "--device");
+  plan.Add("precision", "fp8 \"delayed\"", "auto: compute capability 9.0");
+  EXPECT_EQ(plan.Table(),
+            "run plan:\n"
+            "  device     gpu            --device\n"
+            "  precision  fp8 \"delayed\"  auto: compute capability 9.0\n");
+  EXPECT_EQ(plan.JsonLine(), "{\"plan\": {\"device\": \"gpu\", \"precision\": \"fp8 \\\"delayed\\\"\"}}\n");
 }
 
 TEST(RunReportTest, ALossCurveIsReadFromAnotherRunsMetrics) {

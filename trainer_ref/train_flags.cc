@@ -406,6 +406,7 @@ absl::StatusOr<ModelConfig> ReadModelFlags(std::string* init_from) {
 absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* notes) {
   RunSettings s;
   s.gpu = gpu;
+  s.given = GivenFlags();
   if (absl::Status st = ReadPrecisionAndOptimizer(gpu); !st.ok()) return st;
   const std::string opt = absl::AsciiStrToLower(absl::GetFlag(FLAGS_opt));
   s.lion = opt == "lion";

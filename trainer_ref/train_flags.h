@@ -6,6 +6,7 @@
 #define TIERD_TRAINER_REF_TRAIN_FLAGS_H_
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -86,6 +87,8 @@ void ParseTrainerFlags(int argc, char** argv, const char* usage);
 // What both trainers read, resolved for a device and checked.
 struct RunSettings {
   bool gpu = false;
+  std::set<std::string> given;  // the flags the command line named (underscored)
+  bool Given(const std::string& flag) const { return given.count(flag) > 0; }
   ModelConfig config;
   std::string init_from;   // --init_from: a Hugging Face checkpoint directory ("": initialised by seed)
   std::string export_dir;  // --export ("": none)

@@ -7,7 +7,8 @@ dir="${TEST_TMPDIR:-/tmp}/train_main_test.$$"
 mkdir -p "$dir"
 pass=0; fail=0
 check() { if eval "$2"; then pass=$((pass+1)); else fail=$((fail+1)); echo "FAILED: $1"; fi; }
-fields() { sed -E 's/, "seconds": [^,]*//; s/, "tokens": [^}]*//' "$1"; }
+# The steps' lines (not the run plan's) without what differs between runs that compute the same.
+fields() { grep -v '^{"plan": ' "$1" | sed -E 's/, "seconds": [^,]*//; s/, "tokens": [^}]*//'; }
 
 common="--steps=6 --warmup=2 --batch_size=2 --seq_len=32 --eval_every=0"
 "$bin" $common --metrics="$dir/a.jsonl" > "$dir/a.log" 2>&1
@@ -23,6 +24,10 @@ check "the run was killed by SIGKILL at step 5" "[ $rc = 137 ] && ! grep -q '^do
 check "the resume says where it starts" "grep -q 'resumed from .*ckpt-00000004.bin at step 4' '$dir/b2.log'"
 check "the killed run's step 5 is dropped from the metrics" "grep -q 'lines after step 4 (the stopped run.s) removed' '$dir/b2.log'"
 check "the resumed curve is the straight one, bit for bit" "diff <(fields '$dir/a.jsonl') <(fields '$dir/b.jsonl') > /dev/null"
+check "the run plan is a table at startup and the metrics' first line, with no auto left" \
+  "[ \$(grep -c '^run plan:' '$dir/a.log') = 1 ] && head -1 '$dir/a.jsonl' | grep -q '^{\"plan\": {\"device\": \"cpu' && \
+   ! grep -q '\"auto\"' '$dir/a.jsonl' && grep -q '^  optimizer  *AdamW  *default$' '$dir/a.log'"
+check "a resume of the same run does not repeat its plan line" "[ \$(grep -c '^{\"plan\": ' '$dir/b.jsonl') = 1 ]"
 check "two checkpoints are kept" "[ \$(ls '$dir/ck' | grep -c '^ckpt-.*\\.bin\$') = 2 ]"
 printf 'garbage' > "$dir/ck/ckpt-00000009.bin"
 "$bin" $common --checkpoint_dir="$dir/ck" --resume > "$dir/b4.log" 2>&1

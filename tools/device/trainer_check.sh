@@ -20,7 +20,7 @@ bin=.carry/bin/tierd-train
 work=/var/tmp/trainer-check; rm -rf "$work"; mkdir -p "$work"
 pass=0; fail=0
 verdict() { if [ "$2" = 0 ]; then pass=$((pass+1)); echo "PASS: $1"; else fail=$((fail+1)); echo "FAIL: $1"; fi; }
-fields() { sed -E 's/, "seconds": [^,]*//; s/, "tokens": [^}]*//' "$1"; }
+fields() { grep -v '^{"plan": ' "$1" | sed -E 's/, "seconds": [^,]*//; s/, "tokens": [^}]*//'; }
 start_tierd() {  # $1: runtime dir, $2: GPU bytes, $3: DRAM bytes
   rm -rf "$work/nvme-$(basename "$1")"; mkdir -p "$work/nvme-$(basename "$1")"
   .carry/bin/tierd --gpu=cuda --gpu_bytes="$2" --dram_bytes="$3" --nvme_dir="$work/nvme-$(basename "$1")" \
@@ -53,7 +53,7 @@ resume_pair() {  # $1: name, rest: flags
     > "$out/$name-resumed.log" 2>&1
   grep -E '^(resumed|checkpoint|startup)' "$out/$name-resumed.log" "$out/$name-killed.log"
   [ "$killed" = 137 ] && grep -q 'resumed from .*ckpt-00000008.bin at step 8' "$out/$name-resumed.log" &&
-    [ "$(wc -l < "$work/$name.jsonl")" = 12 ] && diff <(fields "$work/$name-straight.jsonl") <(fields "$work/$name.jsonl")
+    [ "$(grep -c '^{"step": ' "$work/$name.jsonl")" = 12 ] && diff <(fields "$work/$name-straight.jsonl") <(fields "$work/$name.jsonl")
 }
 resume_pair plain
 verdict "plain GPU buffers: killed at step 10, resumed from step 8, 12 losses equal the straight run's" $?

@@ -18,7 +18,6 @@
 #include <string>
 #include <utility>
 
-#include "absl/flags/flag.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/units.h"
@@ -97,6 +96,7 @@ class GpuRun {
   std::unique_ptr<GpuModel> model_;
   std::unique_ptr<Dataset> data_;
   std::unique_ptr<Batcher> batcher_;
+  GpuPlan plan_;  // every choice, made once (ResolveGpuPlan)
   bool optimizer_on_cpu_ = false;
   bool fp8_ = false;     // the layers' matmuls in FP8 (--precision=fp8, or auto's choice)
   int layer_major_ = 0;  // K micro-batches a step in layer-major order; 0: one after the other

@@ -57,18 +57,16 @@ int GpuRun::Setup() {
   if (!data.ok()) return Fail(std::string(data.status().message()));
   data_ = std::make_unique<Dataset>(std::move(*data));
   startup_.Done("data");
-  fp8_ = s_.fp8;
-  std::string auto_why;
-  if (s_.precision_auto) fp8_ = AutoFp8(s_, &auto_why);
-  const uint64_t fp8_workspace = fp8_ ? GpuModel::Fp8WorkspaceBytesFor(config, s_.batch, s_.seq, Fp8Scaling(s_)) : 0;
-  auto chosen = ChooseState(s_, fp8_workspace);
-  if (!chosen.ok()) return Fail(std::string(chosen.status().message()));
-  const StateOptions state = chosen->state;
-  const GpuHomeLayout& layout = chosen->layout;
+  // Every choice made once, before anything is allocated (gpu_run_state.h).
+  auto resolved = ResolveGpuPlan(s_);
+  if (!resolved.ok()) return Fail(std::string(resolved.status().message()));
+  plan_ = std::move(*resolved);
+  startup_.Done("the run's choices");
+  fp8_ = plan_.fp8;
+  const StateOptions& state = plan_.state;
+  const GpuHomeLayout& layout = plan_.layout;
   layer_major_ = state.layer_major_micro_batches;
-  const uint64_t workspace = GpuModel::WorkspaceBytesFor(config, s_.batch, s_.seq, state) + fp8_workspace;
-  uint64_t gpu_quota = 0, dram_quota = 0;
-  auto home = MakeHome(s_, layout, workspace, &gpu_quota, &dram_quota);
+  auto home = MakeHome(s_, plan_);
   if (!home.ok()) return Fail(std::string(home.status().message()));
   if (s_.tierd) startup_.Done("tierd session and leases");
   auto model = GpuModel::Create(config, s_.batch, s_.seq, std::move(*home), state);
@@ -88,14 +86,12 @@ int GpuRun::Setup() {
   std::printf("precision: %s%s%s\n", DescribePrecision(config, fp8_layers, DescribeFp8Scaling(s_)).c_str(),
               fp8_ ? absl::StrFormat("; the FP8 codes take %s of GPU workspace, nothing is kept in FP8 between "
                                      "steps",
-                                     FormatBytes(fp8_workspace))
+                                     FormatBytes(plan_.fp8_workspace))
                          .c_str()
                    : "",
-              s_.precision_auto ? absl::StrFormat(" (--precision=auto: %s)", auto_why).c_str() : "");
+              s_.precision_auto ? absl::StrFormat(" (--precision=auto: %s)", plan_.fp8_why).c_str() : "");
   startup_.Done("GPU workspace");
-  auto on_cpu = ChooseOptimizerOnCpu(s_, layout, gpu_quota, dram_quota, layer_major_);
-  if (!on_cpu.ok()) return Fail(std::string(on_cpu.status().message()));
-  optimizer_on_cpu_ = *on_cpu;
+  optimizer_on_cpu_ = plan_.optimizer_on_cpu;
   model_->SetOptimizerOnCpu(optimizer_on_cpu_);
   if (const int coded = model_->LayersReadingWeightCodes(); coded > 0) {
     const uint64_t codes = GpuModel::WeightCodesBytes(config) * coded,
@@ -104,17 +100,15 @@ int GpuRun::Setup() {
         "FP8 weight codes: the host's optimizer also writes the %d FP8 layers' weights as E4M3 codes (current "
         "scaling), which their matmuls read: %s a pass over PCIe instead of %s of bf16 (--fp8_weight_codes)\n",
         coded, FormatBytes(codes).c_str(), FormatBytes(bf16).c_str());
-  } else if (fp8_ && optimizer_on_cpu_ && s_.fp8_weight_codes &&
-             s_.optimizer_place == "auto") {
+  } else if (fp8_ && optimizer_on_cpu_ && s_.fp8_weight_codes && s_.optimizer_place == "auto") {
     std::printf(
         "FP8 weight codes: not written (the host's optimizer writes them when --optimizer_place=cpu is given, "
         "known before the state is laid out)\n");
   }
-  if (s_.tierd && !optimizer_on_cpu_ && s_.optimizer_deferred) {
+  if (plan_.optimizer_deferred) {
     model_->SetOptimizerDeferred(true);
     std::printf("optimizer: on the GPU, each layer's update just before its next forward (--optimizer_deferred)\n");
   }
-  if (s_.optimizer_place == "auto" && s_.tierd) startup_.Done("optimizer cost model");
   if (!ck_.dir.empty()) mkdir(ck_.dir.c_str(), 0755);
   if (s_.resume) {
     auto resumed = Resume(*model_, s_, ck_);
@@ -164,7 +158,7 @@ int GpuRun::Setup() {
   }
   if (!s_.metrics.empty() && lead_) {
     std::string note;
-    auto opened = OpenMetrics(s_.metrics, run_.step, &note);
+    auto opened = OpenMetrics(s_.metrics, run_.step, &note, plan_.table.JsonLine());
     if (!opened.ok()) return Fail(std::string(opened.status().message()));
     metrics_ = std::move(*opened);
     if (!note.empty()) std::printf("%s\n", note.c_str());
@@ -177,6 +171,7 @@ int GpuRun::Setup() {
   curves_.first_step = run_.step + 1;
   curves_.title =
       absl::StrFormat("tierd-train, model %s on %s%s", config.name, prop.name, s_.tierd ? " through tierd" : "");
+  std::fputs(plan_.table.Table().c_str(), stdout);
   std::printf("%s\n", startup_.Line().c_str());
   return 0;
 }

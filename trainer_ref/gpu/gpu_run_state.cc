@@ -17,6 +17,7 @@
 #include "trainer_ref/gpu/gpu_tierd_home.h"
 #include "trainer_ref/model_config.h"
 #include "trainer_ref/optimizer_place.h"
+#include "trainer_ref/run_plan.h"
 #include "trainer_ref/step_order.h"
 
 namespace tierd::trainer::gpu {
@@ -72,37 +73,42 @@ ContextBytes MeasureContexts(const std::string& tierd_dir) {
   return c;
 }
 
-// The home (plain GPU buffers or tierd) and what it says; the GPU quota for the cost model.
-absl::StatusOr<std::unique_ptr<GpuHome>> MakeHome(const RunSettings& s, const GpuHomeLayout& layout, uint64_t workspace,
-                                                  uint64_t* gpu_quota, uint64_t* dram_quota) {
-  if (!s.tierd) return std::unique_ptr<GpuHome>();
+absl::StatusOr<Quotas> ChooseQuotas(const RunSettings& s, const GpuHomeLayout& layout, uint64_t workspace) {
+  Quotas q;
   const uint64_t budget = s.gpu_budget;  // ReadRunSettings refused a --gpu_budget that is not a size
   // The budget is the device memory the run takes as nvidia-smi counts it: both processes'
   // CUDA contexts, the trainer's workspace and tierd's GPU quota for the session.
-  const ContextBytes contexts = MeasureContexts(s.tierd_dir);
-  if (budget <= workspace + contexts.total) {
+  q.contexts = MeasureContexts(s.tierd_dir);
+  if (budget <= workspace + q.contexts.total) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "--gpu_budget %s leaves nothing for tierd: the trainer's workspace is %s for %d x %d tokens and the %s (a "
         "smaller --batch_size or --seq_len shrinks the workspace)",
-        FormatBytes(budget), FormatBytes(workspace), s.batch, s.seq, contexts.how));
+        FormatBytes(budget), FormatBytes(workspace), s.batch, s.seq, q.contexts.how));
   }
+  q.gpu = budget - workspace - q.contexts.total;
+  q.dram = s.tierd_dram;
+  if (q.dram == 0) {  // what the state needs beyond the GPU quota, with room to spare
+    const uint64_t need = layout.Total() > q.gpu ? layout.Total() - q.gpu : 0;
+    q.dram = std::min<uint64_t>(kAutoDramCap, (need + need / 4 + kGiB + kGiB - 1) / kGiB * kGiB);
+    std::printf("offload: DRAM quota %s (the state beyond the GPU quota, +25%% and 1 GiB; --tierd_dram to set)\n",
+                FormatBytes(q.dram).c_str());
+  }
+  q.nvme = s.tierd_nvme;
+  auto room = CheckQuotasHold(layout, q.gpu, q.dram, q.nvme);
+  if (!room.ok()) return room.status();
+  q.room = *room;
+  return q;
+}
+
+absl::StatusOr<std::unique_ptr<GpuHome>> MakeHome(const RunSettings& s, const GpuPlan& plan) {
+  if (!s.tierd) return std::unique_ptr<GpuHome>();
+  const GpuHomeLayout& layout = plan.layout;
+  const Quotas& q = plan.quotas;
   ClientOptions client;
   client.runtime_dir = s.tierd_dir;
   client.label = "tierd-train";
-  const uint64_t gpu_bytes = budget - workspace - contexts.total;
-  uint64_t dram = s.tierd_dram;
-  if (dram == 0) {  // what the state needs beyond the GPU quota, with room to spare
-    const uint64_t need = layout.Total() > gpu_bytes ? layout.Total() - gpu_bytes : 0;
-    dram = std::min<uint64_t>(kAutoDramCap, (need + need / 4 + kGiB + kGiB - 1) / kGiB * kGiB);
-    std::printf("offload: DRAM quota %s (the state beyond the GPU quota, +25%% and 1 GiB; --tierd_dram to set)\n",
-                FormatBytes(dram).c_str());
-  }
-  client.quota = {gpu_bytes, dram, s.tierd_nvme};
-  auto room = CheckQuotasHold(layout, gpu_bytes, dram, s.tierd_nvme);
-  if (!room.ok()) return room.status();
-  std::fputs(room->c_str(), stdout);
-  *gpu_quota = client.quota.gpu_bytes;
-  *dram_quota = client.quota.dram_bytes;
+  client.quota = {q.gpu, q.dram, q.nvme};
+  std::fputs(q.room.c_str(), stdout);
   auto made = MakeTierdGpuHome(layout, client);
   if (!made.ok()) return absl::Status(made.status().code(), "tierd: " + std::string(made.status().message()));
   const int chunks = layout.state_chunks;
@@ -110,8 +116,8 @@ absl::StatusOr<std::unique_ptr<GpuHome>> MakeHome(const RunSettings& s, const Gp
       "offload: tierd at %s; GPU budget %s (the device memory of this process and tierd, as nvidia-smi counts "
       "it) = %s + workspace %s + tierd's GPU quota %s, for a state of %s "
       "(weights %s, master %s, gradients %s, moments %s%s, saved activations %s)%s\n",
-      client.runtime_dir.c_str(), FormatBytes(budget).c_str(), contexts.how.c_str(), FormatBytes(workspace).c_str(),
-      FormatBytes(client.quota.gpu_bytes).c_str(), FormatBytes(layout.Total()).c_str(),
+      client.runtime_dir.c_str(), FormatBytes(s.gpu_budget).c_str(), q.contexts.how.c_str(),
+      FormatBytes(plan.workspace).c_str(), FormatBytes(q.gpu).c_str(), FormatBytes(layout.Total()).c_str(),
       layout.compact ? "from the master" : FormatBytes(layout.TotalOf(Part::kWeights)).c_str(),
       FormatBytes(layout.TotalOf(Part::kMaster)).c_str(),
       (FormatBytes(layout.TotalOf(Part::kGrads)) + (layout.compact ? " bf16" : "")).c_str(),
@@ -358,7 +364,13 @@ absl::StatusOr<StateChoice> ChooseState(const RunSettings& s, uint64_t fp8_works
     layout = GpuModel::HomeLayout(config, s.batch, s.seq, state);
     layout.state_chunks = chunks_then;
   }
-  return StateChoice{state, layout};
+  StateChoice out{state, layout};
+  out.step_source = order == "auto" ? "auto" : "--step_order";
+  out.state_source = s.compact_state == "auto" ? "auto" : "--compact_state";
+  out.activations_source = s.dynamic_checkpointing        ? "auto (--grad_checkpointing=dynamic)"
+                           : s.Given("grad_checkpointing") ? "--grad_checkpointing"
+                                                           : "default";
+  return out;
 }
 
 Fp8ScalingOptions Fp8Scaling(const RunSettings& s) {
@@ -388,6 +400,83 @@ std::string DescribeFp8Scaling(const RunSettings& s) {
       "each tensor of each layer at a scale from its largest |x| over the last %d steps (delayed scaling%s; the "
       "first step at current scales); %s",
       s.fp8_window, s.fp8_margin > 0 ? absl::StrFormat(", margin 2^-%d", s.fp8_margin) : "", fallback);
+}
+
+absl::StatusOr<GpuPlan> ResolveGpuPlan(const RunSettings& s) {
+  GpuPlan plan;
+  const ModelConfig& config = s.config;
+  cudaDeviceProp prop{};
+  int device = 0;
+  cudaGetDevice(&device);
+  cudaGetDeviceProperties(&prop, device);
+  plan.fp8 = s.fp8;
+  if (s.precision_auto) plan.fp8 = AutoFp8(s, &plan.fp8_why);
+  plan.fp8_workspace = plan.fp8 ? GpuModel::Fp8WorkspaceBytesFor(config, s.batch, s.seq, Fp8Scaling(s)) : 0;
+  auto chosen = ChooseState(s, plan.fp8_workspace);
+  if (!chosen.ok()) return chosen.status();
+  plan.state = chosen->state;
+  plan.layout = chosen->layout;
+  plan.workspace = GpuModel::WorkspaceBytesFor(config, s.batch, s.seq, plan.state) + plan.fp8_workspace;
+  if (s.tierd) {
+    auto quotas = ChooseQuotas(s, plan.layout, plan.workspace);
+    if (!quotas.ok()) return quotas.status();
+    plan.quotas = *quotas;
+  }
+  auto on_cpu = ChooseOptimizerOnCpu(s, plan.layout, plan.quotas.gpu, plan.quotas.dram,
+                                     plan.state.layer_major_micro_batches);
+  if (!on_cpu.ok()) return on_cpu.status();
+  plan.optimizer_on_cpu = *on_cpu;
+  plan.optimizer_deferred = s.tierd && !plan.optimizer_on_cpu && s.optimizer_deferred;
+
+  RunPlan& t = plan.table;
+  t.Add("device", absl::StrFormat("GPU %d: %s (compute capability %d.%d)", device, prop.name, prop.major, prop.minor),
+        s.Given("device") ? "--device" : "auto");
+  t.Add("precision",
+        plan.fp8 ? std::string("fp8 matmuls in the decoder layers") + (s.bf16_layers.empty() ? "" : " but " +
+                                                                             s.bf16_layers) + ", bf16 elsewhere"
+                 : "bf16, fp32 master weights",
+        s.precision_auto ? "auto (said above)" : "--precision");
+  AddCommonRows(s, &t);
+  const StateOptions& st = plan.state;
+  t.Add("step order",
+        st.layer_major_micro_batches > 0
+            ? absl::StrFormat("layer-major over %d micro-batches", st.layer_major_micro_batches)
+            : "one micro-batch after the other",
+        chosen->step_source);
+  t.Add("state",
+        st.compact ? "compact (bf16 gradients, no bf16 weight copy)" : "full (fp32 gradients, a bf16 weight copy)",
+        chosen->state_source);
+  const int recompute = config.layers - st.kept_layers - st.lean_layers;
+  t.Add("activations",
+        !s.checkpointing ? std::string("all kept")
+        : s.dynamic_checkpointing
+            ? absl::StrFormat("%d layers keep, %d keep lean, %d recompute", st.kept_layers, st.lean_layers, recompute)
+            : std::string("full checkpointing (each layer's input kept)"),
+        chosen->activations_source);
+  t.Add("optimizer step",
+        plan.optimizer_on_cpu  ? std::string("on the host, in tierd's DRAM") +
+                                     (st.fp8_weight_codes ? ", writing FP8 weight codes" : "")
+        : plan.optimizer_deferred ? "on the GPU, each layer's update before its next forward"
+                                  : "on the GPU, at the step's end",
+        s.optimizer_place == "auto" && s.tierd ? "auto (said above)"
+        : s.Given("optimizer_place")           ? "--optimizer_place"
+                                               : "default");
+  if (s.tierd) {
+    const Quotas& q = plan.quotas;
+    t.Add("GPU budget",
+          absl::StrFormat("%s = contexts %s + workspace %s + tierd's GPU quota %s", FormatBytes(s.gpu_budget),
+                          FormatBytes(q.contexts.total), FormatBytes(plan.workspace), FormatBytes(q.gpu)),
+          s.Given("gpu_budget") ? "--gpu_budget" : "default");
+    t.Add("tierd DRAM, NVMe", absl::StrFormat("%s, %s", FormatBytes(q.dram), FormatBytes(q.nvme)),
+          s.Given("tierd_dram") ? "--tierd_dram" : "auto (the state beyond the GPU quota)");
+    t.Add("tierd plan", s.tierd_plan ? "the step's graph registered" : "none (tierd's online policy)",
+          s.Given("tierd_plan") ? "--tierd_plan" : "default");
+  } else {
+    t.Add("GPU memory", absl::StrFormat("plain buffers: state %s + workspace %s", FormatBytes(plan.layout.Total()),
+                                        FormatBytes(plan.workspace)),
+          "the state as laid out");
+  }
+  return plan;
 }
 
 // --precision=auto's choice for this GPU (ChooseAutoPrecision).

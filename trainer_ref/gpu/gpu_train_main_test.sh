@@ -64,6 +64,11 @@ else
   run $d --compact_state=on --steps=2 --batch_size=2 --seq_len=64
   check "the compact state trains and says so" \
     "grep -q '^state: compact, ' '$dir/out.log' && grep -q 'ours none' '$dir/out.log'"
+  run $d --compact_state=on --steps=2 --batch_size=2 --seq_len=64 --metrics="$dir/plan.jsonl"
+  check "the run plan is one table with nothing left auto, and the metrics' first line" \
+    "[ \$(grep -c '^run plan:' '$dir/out.log') = 1 ] && grep -q '^  state  *compact (bf16 gradients' '$dir/out.log' && \
+     grep -q '^  device  *GPU 0: ' '$dir/out.log' && head -1 '$dir/plan.jsonl' | grep -q '^{\"plan\": {\"device\": \"GPU 0' && \
+     ! head -1 '$dir/plan.jsonl' | grep -q ': \"auto'"
   run $d --opt=Lion --steps=2 --batch_size=2 --seq_len=64
   check "Lion trains on the GPU (its name as users write it)" "grep -q 'ours none' '$dir/out.log' && grep -q 'lr 1.00e-05' '$dir/out.log'"
   run $d --opt=Adafactor --steps=2 --batch_size=2 --seq_len=64

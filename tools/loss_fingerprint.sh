@@ -45,6 +45,12 @@ if [ "$device" = gpu ]; then
     "$small --precision=fp8 $tierd_flags --gpu_budget=3GiB --optimizer_place=gpu --optimizer_deferred=false"
     "$small --precision=bf16 $tierd_flags --gpu_budget=3GiB --compact_state=on --step_order=layer --grad_accum_steps=2"
     "$small --precision=fp8 $tierd_flags --gpu_budget=3GiB --grad_checkpointing=dynamic"
+    "$small --precision=bf16 $tierd_flags --gpu_budget=3GiB --optimizer_place=cpu --opt=lion"
+    "$small --precision=bf16 $tierd_flags --gpu_budget=3GiB --optimizer_place=cpu --opt=adafactor"
+    "$small --precision=bf16 $tierd_flags --gpu_budget=3GiB --optimizer_place=cpu --opt=adamw8bit --adamw8bit_min_size=4096"
+    "$small --precision=bf16 $tierd_flags --gpu_budget=3GiB --compact_state=on --step_order=layer --grad_accum_steps=2 --opt=lion"
+    "$small --precision=bf16 $tierd_flags --gpu_budget=3GiB --compact_state=on --step_order=layer --grad_accum_steps=2 --opt=adafactor"
+    "$small --precision=fp8 $tierd_flags --gpu_budget=3GiB --compact_state=on --step_order=layer --grad_accum_steps=2 --opt=adamw8bit --adamw8bit_min_size=4096"
   )
 else
   common="--device=cpu --steps=6 --warmup=2 --batch_size=2 --seq_len=32 --eval_every=3 --seed=7"

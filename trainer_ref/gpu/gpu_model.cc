@@ -36,11 +36,11 @@ GpuModel::GpuModel(const ModelConfig& config, int batch, int seq, const StateOpt
       lean_layers_(std::clamp(state.lean_layers, 0, config.layers - kept_layers_)),
       layout_(ParamLayout(config)),
       layer_major_(state.layer_major_micro_batches),
-      moments_8bit_(state.moments_8bit),
-      moments_8bit_min_(std::max<int64_t>(0, state.moments_8bit_min)),
-      compact_(state.compact),
-      lion_(state.lion),
-      adafactor_(state.adafactor) {
+      optimizer_(MakeGpuOptimizer({.lion = state.lion,
+                                   .adafactor = state.adafactor,
+                                   .moments_8bit = state.moments_8bit,
+                                   .moments_8bit_min = state.moments_8bit_min})),
+      compact_(state.compact) {
   const ParamEntries entries = ParamEntriesOf(config);
   embed_ = entries.embed;
   layers_ = entries.layers;

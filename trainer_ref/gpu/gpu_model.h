@@ -42,6 +42,7 @@
 #include "prefetcher/graph.h"
 #include "trainer_ref/checkpoint.h"
 #include "trainer_ref/gpu/gpu_home.h"
+#include "trainer_ref/gpu/gpu_optimizer.h"
 #include "trainer_ref/kernels/fp8_linear.h"
 #include "trainer_ref/kernels/gemm.h"
 #include "trainer_ref/kernels/gpu_ops.h"
@@ -448,24 +449,18 @@ class GpuModel {
   Bf16 *k_full_ = nullptr, *v_full_ = nullptr, *dk_full_ = nullptr, *dv_full_ = nullptr;
   bool Grouped() const { return config_.kv_head_count() != config_.heads; }
   int layer_major_ = 0;  // K micro-batches a step, layer-major; 0: one at a time
-  bool moments_8bit_ = false;
-  int64_t moments_8bit_min_ = 0;
-  // Whether entry e's moments are 8-bit codes (else fp32, also within an 8-bit state).
-  bool Moments8bit(size_t e) const {
-    return moments_8bit_ && static_cast<int64_t>(layout_[e].count) >= moments_8bit_min_;
-  }
-  // Entry e's fp32 moment (m or v) within its group's moment part `part`, chunk offset `at`.
-  float* FloatMoment(void* part, size_t e, size_t at) const {
-    return moments_8bit_ ? reinterpret_cast<float*>(static_cast<unsigned char*>(part) + MomentOffset(e)) +
-                               (at - (layout_[e].offset - group_offset_[group_of_[e]]))
-                         : static_cast<float*>(part) + at;
+  // The optimizer (gpu_optimizer.h): its state's bytes and places, its GPU and host steps.
+  std::unique_ptr<GpuOptimizer> optimizer_;
+  // Entry e's state within a chunk of its group's state part `part` (null: none), the
+  // chunk's values starting at `at`: indexed as the master weights, or the tensor's own at
+  // its offset (GpuOptimizer::StateAtTensorOffsets).
+  void* StateAt(void* part, size_t e, size_t at) const {
+    if (part == nullptr) return nullptr;
+    if (!optimizer_->StateAtTensorOffsets()) return static_cast<float*>(part) + at;
+    return static_cast<unsigned char*>(part) + MomentOffset(e);
   }
   bool compact_ = false;
-  bool lion_ = false;
-  bool adafactor_ = false;
-  float* adafactor_scratch_ = nullptr;  // AdafactorScratchFloats of the widest matrix
-  // Adafactor's tensor shape: rows, cols (cols 0: a vector).
-  std::pair<int64_t, int64_t> FactoredShape(size_t entry) const;
+  float* optimizer_scratch_ = nullptr;  // GpuOptimizer::ScratchFloats
   // The compact state's workspaces (one group each): the gradients of the group whose
   // backward is running (accumulating_group_, fp32), and the bf16 weights of weights_group_.
   float* grad_acc_ = nullptr;

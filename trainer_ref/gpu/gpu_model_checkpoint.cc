@@ -33,16 +33,10 @@ std::string GpuModel::ShapeRecord() const {
   // The moments' format and the compact state (no weights records) are part of the shape:
   // their records differ in bytes and meaning.
   return absl::StrFormat(
-      "layers=%d d_model=%d heads=%d d_ff=%d vocab=%d norm_eps=%.9g rope_theta=%.9g params=%d%s%s%s%s%s",
+      "layers=%d d_model=%d heads=%d d_ff=%d vocab=%d norm_eps=%.9g rope_theta=%.9g params=%d%s%s%s%s",
       config_.layers, config_.d_model, config_.heads, config_.d_ff, config_.vocab, config_.norm_eps,
       config_.rope_theta, total_params_, FamilyRecord(config_),
-      moments_8bit_ ? absl::StrFormat(" moments=8bit-root-v-blocks-%d", q8::kQuantBlock).c_str() : "",
-      moments_8bit_ && moments_8bit_min_ > 0 ? absl::StrFormat(" moments-fp32-under=%d", moments_8bit_min_).c_str()
-                                             : "",
-      compact_ ? " state=compact" : "",
-      lion_        ? " optimizer=lion"
-      : adafactor_ ? " optimizer=adafactor"
-                   : "");
+      optimizer_->MomentsRecord(), compact_ ? " state=compact" : "", optimizer_->OptimizerRecord());
 }
 
 // fn(host pointer to bytes [at, at + n) of the chunk, n) over the chunk in pieces; the piece is

@@ -77,26 +77,13 @@ GpuHomeLayout GpuModel::HomeLayout(const ModelConfig& config, int batch, int seq
                                                         : ActsBytes(config, batch, seq);
     const uint64_t weights = state.compact ? 0 : params * 2, grads = params * (state.compact ? 2 : 4);
     const uint64_t codes = layer && state.fp8_weight_codes && !state.compact ? WeightCodesBytes(config) : 0;
-    out.bytes.push_back({weights, params * 4, grads, moment, state.lion || state.adafactor ? 0 : moment,
+    out.bytes.push_back({weights, params * 4, grads, moment, shape.optimizer_->HasSecondPart() ? moment : 0,
                          layer ? saved * static_cast<uint64_t>(out.act_slots) : 0, codes});
   }
   return out;
 }
 
-uint64_t GpuModel::MomentBytes(size_t entry) const {
-  const uint64_t n = layout_[entry].count;
-  if (adafactor_) {
-    const auto [rows, cols] = FactoredShape(entry);
-    return AdafactorStateCount(static_cast<size_t>(rows), static_cast<size_t>(cols)) * sizeof(float);
-  }
-  return Moments8bit(entry) ? Moment8bitBytes(n) : n * sizeof(float);
-}
-
-std::pair<int64_t, int64_t> GpuModel::FactoredShape(size_t entry) const {
-  const TensorLayout& t = layout_[entry];
-  if (t.shape.size() == 2) return {static_cast<int64_t>(t.shape[0]), static_cast<int64_t>(t.shape[1])};
-  return {static_cast<int64_t>(t.count), 0};
-}
+uint64_t GpuModel::MomentBytes(size_t entry) const { return optimizer_->StateBytes(layout_[entry]); }
 
 uint64_t GpuModel::MomentOffset(size_t entry) const {
   uint64_t at = 0;

@@ -217,12 +217,10 @@ absl::Status GpuModel::Allocate() {
       *targets[i] = *p;
     }
   }
-  if (adafactor_) {
-    int64_t widest = 0;
-    for (size_t e = 0; e < layout_.size(); ++e) widest = std::max(widest, FactoredShape(e).second);
-    auto scratch = Take<float>(static_cast<size_t>(AdafactorScratchFloats(widest)));
+  if (const int64_t floats = optimizer_->ScratchFloats(layout_); floats > 0) {
+    auto scratch = Take<float>(static_cast<size_t>(floats));
     if (!scratch.ok()) return scratch.status();
-    adafactor_scratch_ = *scratch;
+    optimizer_scratch_ = *scratch;
   }
   if (compact_) {
     auto acc = Take<float>(MaxGroupCount());
@@ -329,7 +327,7 @@ absl::Status GpuModel::ForEachStateChunk(int g, Access access,
 absl::Status GpuModel::ZeroMoments(int g, size_t n, void* m, void* v) {
   // All-zero bytes are a zero moment either way (8-bit: codes 0 scaled by an absmax of 0).
   const uint64_t bytes =
-      moments_8bit_ || adafactor_ ? home_layout_.bytes[g][static_cast<int>(Part::kAdamM)] : n * sizeof(float);
+      optimizer_->StateAtTensorOffsets() ? home_layout_.bytes[g][static_cast<int>(Part::kAdamM)] : n * sizeof(float);
   for (void* moment : {m, v}) {
     if (moment != nullptr) RETURN_IF_ERROR(Cuda(cudaMemsetAsync(moment, 0, bytes, stream_), "zero moments"));
   }

@@ -11,33 +11,11 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
-#include "trainer_ref/adamw8bit.h"
 #include "trainer_ref/gpu/gpu_model_internal.h"
-#include "trainer_ref/host_adafactor.h"
 #include "trainer_ref/host_adamw.h"
-#include "trainer_ref/host_lion.h"
-#include "trainer_ref/optimizer.h"
 
 namespace tierd::trainer::gpu {
 
-namespace {
-
-// Adafactor's per-step parameters from the step's: its decay rate, eps1 and clip threshold are
-// optimizer.h's defaults; beta2t from the step count.
-AdafactorParams AdafactorParamsOf(const AdamWParams& p) {
-  const AdafactorOptions defaults;
-  AdafactorParams a;
-  a.lr = p.lr;
-  a.beta2t = static_cast<float>(1.0 - std::pow(static_cast<double>(p.step), defaults.decay_rate));
-  a.eps1 = static_cast<float>(defaults.eps1);
-  a.clip_threshold = static_cast<float>(defaults.clip_threshold);
-  a.weight_decay = p.weight_decay;
-  a.grad_scale = p.grad_scale;
-  a.decay = p.decay;
-  return a;
-}
-
-}  // namespace
 
 uint32_t GpuModel::ForwardOp(int micro, int group) const {
   const int groups = Groups();
@@ -178,59 +156,22 @@ absl::Status GpuModel::GpuAdamWGroup(int g, bool zero_grads, const std::function
           const size_t lo = std::max(begin, first), hi = std::min(end, first + n);
           if (lo >= hi) continue;  // the entry is in other chunks
           const size_t at = lo - first;
-          if (adafactor_) {  // one chunk: the tensor whole, its factored state at its offset
-            RETURN_IF_ERROR(Timed(kOptimizer, [&] {
-              const auto [rows, cols] = FactoredShape(e);
-              auto* state = reinterpret_cast<float*>(static_cast<unsigned char*>(m) + MomentOffset(e));
-              const AdafactorParams ap = AdafactorParamsOf(params_for(e));
-              return Cuda(compact_ ? Adafactor(master + at, state, W(e), static_cast<const Bf16*>(grads) + grads_of(e),
-                                               rows, cols, ap, adafactor_scratch_, stream_)
-                                   : Adafactor(master + at, state, W(e), static_cast<const float*>(grads) + grads_of(e),
-                                               rows, cols, ap, adafactor_scratch_, stream_),
-                          "adafactor");
-            }));
-          } else if (lion_) {
-            Timed(kOptimizer, [&] {
-              float* mf = static_cast<float*>(m) + at;
-              const size_t from = grads_of(e) + (lo - begin);
-              const auto count = static_cast<int64_t>(hi - lo);
-              if (compact_) {
-                Lion(master + at, mf, W(e) + (lo - begin), static_cast<const Bf16*>(grads) + from, count, params_for(e),
-                     stream_);
-              } else {
-                Lion(master + at, mf, W(e) + (lo - begin), static_cast<const float*>(grads) + from, count,
-                     params_for(e), stream_);
-              }
-              return 0;
-            });
-          } else if (Moments8bit(e)) {  // one chunk: the entry whole, its moments at their offsets
-            RETURN_IF_ERROR(Timed(kOptimizer, [&] {
-              auto* m8 = static_cast<unsigned char*>(m) + MomentOffset(e);
-              auto* v8 = static_cast<unsigned char*>(v) + MomentOffset(e);
-              const auto count = static_cast<int64_t>(layout_[e].count);
-              return Cuda(compact_
-                              ? AdamW8bit(master + at, m8, v8, W(e), static_cast<const Bf16*>(grads) + grads_of(e),
-                                          count, params_for(e), stream_)
-                              : AdamW8bit(master + at, m8, v8, W(e), static_cast<const float*>(grads) + grads_of(e),
-                                          count, params_for(e), stream_),
-                          "adamw8bit");
-            }));
+          // The values [lo, hi): the whole tensor where its state is at its offset (one chunk).
+          TensorUpdate u;
+          u.tensor = &layout_[e];
+          u.count = static_cast<int64_t>(hi - lo);
+          u.master = master + at;
+          u.m = StateAt(m, e, at);
+          u.v = StateAt(v, e, at);
+          u.weights = W(e) + (lo - begin);
+          const size_t from = grads_of(e) + (lo - begin);
+          if (compact_) {
+            u.grads_bf16 = static_cast<const Bf16*>(grads) + from;
           } else {
-            Timed(kOptimizer, [&] {
-              float* mf = FloatMoment(m, e, at);
-              float* vf = FloatMoment(v, e, at);
-              const size_t from = grads_of(e) + (lo - begin);
-              const auto count = static_cast<int64_t>(hi - lo);
-              if (compact_) {
-                AdamW(master + at, mf, vf, W(e) + (lo - begin), static_cast<const Bf16*>(grads) + from, count,
-                      params_for(e), stream_);
-              } else {
-                AdamW(master + at, mf, vf, W(e) + (lo - begin), static_cast<const float*>(grads) + from, count,
-                      params_for(e), stream_);
-              }
-              return 0;
-            });
+            u.grads = static_cast<const float*>(grads) + from;
           }
+          u.params = params_for(e);
+          RETURN_IF_ERROR(Timed(kOptimizer, [&] { return optimizer_->StepGpu(u, optimizer_scratch_, stream_); }));
           if (layout_[e].shape.size() == 1) {
             RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(N(e) + (lo - begin), master + at, (hi - lo) * sizeof(float),
                                                  cudaMemcpyDeviceToDevice, stream_),
@@ -302,29 +243,16 @@ absl::Status GpuModel::HostAdamWStep(int g, bool zeros, bool codes,
       const size_t lo = std::max(begin, first), hi = std::min(end, first + n);
       if (lo >= hi) continue;  // the entry is in other chunks
       const size_t at = lo - first;
-      const AdamWParams hp = params_for(e);
-      if (adafactor_) {  // one chunk: the tensor whole
-        const auto [rows, cols] = FactoredShape(e);
-        HostAdafactor(master + at, reinterpret_cast<float*>(static_cast<unsigned char*>(state[1]) + MomentOffset(e)),
-                      grads + lo, rows, cols, AdafactorParamsOf(hp), weights + lo);
-      } else if (lion_) {
-        HostLionParams lp;
-        lp.lr = hp.lr;
-        lp.beta1 = hp.beta1;
-        lp.beta2 = hp.beta2;
-        lp.weight_decay = hp.weight_decay;
-        lp.grad_scale = hp.grad_scale;
-        lp.decay = hp.decay;
-        HostLion(master + at, static_cast<float*>(state[1]) + at, grads + lo, static_cast<int64_t>(hi - lo), lp, 0,
-                 weights + lo);
-      } else if (Moments8bit(e)) {  // one chunk: the entry whole, its moments at their offsets
-        HostAdamW8bit(master + at, static_cast<unsigned char*>(state[1]) + MomentOffset(e),
-                      static_cast<unsigned char*>(state[2]) + MomentOffset(e), weights + lo, grads + lo,
-                      static_cast<int64_t>(hi - lo), hp);
-      } else {
-        HostAdamW(master + at, FloatMoment(state[1], e, at), FloatMoment(state[2], e, at), weights + lo, grads + lo,
-                  static_cast<int64_t>(hi - lo), hp);
-      }
+      TensorUpdate u;
+      u.tensor = &layout_[e];
+      u.count = static_cast<int64_t>(hi - lo);
+      u.master = master + at;
+      u.m = StateAt(state[1], e, at);
+      u.v = StateAt(state[2], e, at);
+      u.weights = weights + lo;
+      u.grads = grads + lo;
+      u.params = params_for(e);
+      optimizer_->StepHost(u);
       if (layout_[e].shape.size() == 1) {  // the resident copy the kernels read, after they are done with it
         s = Cuda(cudaMemcpyAsync(N(e) + (lo - begin), master + at, (hi - lo) * sizeof(float), cudaMemcpyHostToDevice,
                                  host_stream_),

@@ -1,6 +1,7 @@
 // The GPU trainer's optimizers behind one interface: what state each keeps for a tensor (in
 // the group's two state parts, kAdamM and kAdamV), how the GPU and the host step a tensor's
-// values (the same bits either way), and what the checkpoint's shape record says of it. One
+// values (the same bits either way, but for Adafactor's matrices: their row and column sums
+// run in another order, a few ulps apart), and what the checkpoint's shape record says of it. One
 // file each: AdamW (fp32 moments), AdamW with 8-bit moments, Lion, Adafactor. GpuModel holds
 // one and never asks which it is.
 #ifndef TIERD_TRAINER_REF_GPU_GPU_OPTIMIZER_H_
@@ -49,7 +50,7 @@ class GpuOptimizer {
   virtual int64_t ScratchFloats(const std::vector<TensorLayout>&) const { return 0; }
   // Queues the update on `stream`; the launch's error.
   virtual absl::Status StepGpu(const TensorUpdate& u, float* scratch, cudaStream_t stream) const = 0;
-  // The same update on the host, the same bits.
+  // The same update on the host: the same bits (Adafactor's matrices: a few ulps apart).
   virtual void StepHost(const TensorUpdate& u) const = 0;
   // What the checkpoint's shape record says of the state's format and of the optimizer; both
   // "" for AdamW with fp32 moments. (Two pieces: the record puts the compact state between.)

@@ -17,11 +17,22 @@
 #include "trainer_ref/gpu/gpu_tierd_home.h"
 #include "trainer_ref/model_config.h"
 #include "trainer_ref/optimizer_place.h"
-#include "trainer_ref/run_plan.h"
 #include "trainer_ref/step_order.h"
 
 namespace tierd::trainer::gpu {
 namespace {
+
+// The state's form as the settings give it, before the step order, the compact state and
+// the kept activations are chosen: the one place settings become StateOptions.
+StateOptions BaseState(const RunSettings& s, int layer_major_micro_batches = 0, bool compact = false) {
+  return {.checkpointing = s.checkpointing,
+          .layer_major_micro_batches = layer_major_micro_batches,
+          .moments_8bit = s.moments_8bit,
+          .moments_8bit_min = s.moments_8bit_min,
+          .compact = compact,
+          .lion = s.lion,
+          .adafactor = s.adafactor};
+}
 
 // Without --tierd_dram the DRAM quota is what the state needs beyond the GPU, at most this.
 constexpr uint64_t kAutoDramCap = 64 * kGiB;
@@ -192,15 +203,8 @@ bool AutoLayerMajor(const RunSettings& s, const GpuHomeLayout& layout, const Gpu
   in.layer_state_bytes = static_cast<double>(layered.Total());
   if (s.compact_state != "off" && s.optimizer_place != "cpu" &&
       !config.tied_embeddings) {
-    in.layer_compact_state_bytes = static_cast<double>(GpuModel::HomeLayout(config, s.batch, s.seq,
-                                                                            {.checkpointing = s.checkpointing,
-                                                                             .layer_major_micro_batches = s.accum,
-                                                                             .moments_8bit = s.moments_8bit,
-                                                                             .moments_8bit_min = s.moments_8bit_min,
-                                                                             .compact = true,
-                                                                             .lion = s.lion,
-                                                                             .adafactor = s.adafactor})
-                                                           .Total());
+    in.layer_compact_state_bytes = static_cast<double>(
+        GpuModel::HomeLayout(config, s.batch, s.seq, BaseState(s, s.accum, /*compact=*/true)).Total());
   }
   const double workspace = static_cast<double>(
       GpuModel::WorkspaceBytesFor(config, s.batch, s.seq,
@@ -267,12 +271,7 @@ absl::StatusOr<CheckpointChoice> ChooseKeptLayers(const RunSettings& s, const St
 
 absl::StatusOr<StateChoice> ChooseState(const RunSettings& s, uint64_t fp8_workspace) {
   const ModelConfig& config = s.config;
-  GpuHomeLayout layout = GpuModel::HomeLayout(config, s.batch, s.seq,
-                                              {.checkpointing = s.checkpointing,
-                                               .moments_8bit = s.moments_8bit,
-                                               .moments_8bit_min = s.moments_8bit_min,
-                                               .lion = s.lion,
-                                               .adafactor = s.adafactor});
+  GpuHomeLayout layout = GpuModel::HomeLayout(config, s.batch, s.seq, BaseState(s));
   const int chunks = s.optimizer_chunks;
   if (chunks < 1 || chunks > 1024) {
     return absl::InvalidArgumentError(
@@ -297,13 +296,7 @@ absl::StatusOr<StateChoice> ChooseState(const RunSettings& s, uint64_t fp8_works
   if (order != "layer" && order != "micro" && order != "auto") {
     return absl::InvalidArgumentError("--step_order is auto, micro or layer, not '" + order + "'");
   }
-  GpuHomeLayout layered = GpuModel::HomeLayout(config, s.batch, s.seq,
-                                               {.checkpointing = s.checkpointing,
-                                                .layer_major_micro_batches = s.accum,
-                                                .moments_8bit = s.moments_8bit,
-                                                .moments_8bit_min = s.moments_8bit_min,
-                                                .lion = s.lion,
-                                                .adafactor = s.adafactor});
+  GpuHomeLayout layered = GpuModel::HomeLayout(config, s.batch, s.seq, BaseState(s, s.accum));
   layered.state_chunks = chunks;
   const bool layer_major = order == "layer" || (order == "auto" && AutoLayerMajor(s, layout, layered, fp8_workspace));
   if (order == "layer") {
@@ -314,12 +307,7 @@ absl::StatusOr<StateChoice> ChooseState(const RunSettings& s, uint64_t fp8_works
   }
   const int layer_major_micro_batches = layer_major ? s.accum : 0;
   if (layer_major) layout = layered;
-  StateOptions state{.checkpointing = s.checkpointing,
-                     .layer_major_micro_batches = layer_major_micro_batches,
-                     .moments_8bit = s.moments_8bit,
-                     .moments_8bit_min = s.moments_8bit_min,
-                     .lion = s.lion,
-                     .adafactor = s.adafactor};
+  StateOptions state = BaseState(s, layer_major_micro_batches);
   {
     StateOptions compact = state;
     compact.compact = true;
@@ -400,83 +388,6 @@ std::string DescribeFp8Scaling(const RunSettings& s) {
       "each tensor of each layer at a scale from its largest |x| over the last %d steps (delayed scaling%s; the "
       "first step at current scales); %s",
       s.fp8_window, s.fp8_margin > 0 ? absl::StrFormat(", margin 2^-%d", s.fp8_margin) : "", fallback);
-}
-
-absl::StatusOr<GpuPlan> ResolveGpuPlan(const RunSettings& s) {
-  GpuPlan plan;
-  const ModelConfig& config = s.config;
-  cudaDeviceProp prop{};
-  int device = 0;
-  cudaGetDevice(&device);
-  cudaGetDeviceProperties(&prop, device);
-  plan.fp8 = s.fp8;
-  if (s.precision_auto) plan.fp8 = AutoFp8(s, &plan.fp8_why);
-  plan.fp8_workspace = plan.fp8 ? GpuModel::Fp8WorkspaceBytesFor(config, s.batch, s.seq, Fp8Scaling(s)) : 0;
-  auto chosen = ChooseState(s, plan.fp8_workspace);
-  if (!chosen.ok()) return chosen.status();
-  plan.state = chosen->state;
-  plan.layout = chosen->layout;
-  plan.workspace = GpuModel::WorkspaceBytesFor(config, s.batch, s.seq, plan.state) + plan.fp8_workspace;
-  if (s.tierd) {
-    auto quotas = ChooseQuotas(s, plan.layout, plan.workspace);
-    if (!quotas.ok()) return quotas.status();
-    plan.quotas = *quotas;
-  }
-  auto on_cpu = ChooseOptimizerOnCpu(s, plan.layout, plan.quotas.gpu, plan.quotas.dram,
-                                     plan.state.layer_major_micro_batches);
-  if (!on_cpu.ok()) return on_cpu.status();
-  plan.optimizer_on_cpu = *on_cpu;
-  plan.optimizer_deferred = s.tierd && !plan.optimizer_on_cpu && s.optimizer_deferred;
-
-  RunPlan& t = plan.table;
-  t.Add("device", absl::StrFormat("GPU %d: %s (compute capability %d.%d)", device, prop.name, prop.major, prop.minor),
-        s.Given("device") ? "--device" : "auto");
-  t.Add("precision",
-        plan.fp8 ? std::string("fp8 matmuls in the decoder layers") + (s.bf16_layers.empty() ? "" : " but " +
-                                                                             s.bf16_layers) + ", bf16 elsewhere"
-                 : "bf16, fp32 master weights",
-        s.precision_auto ? "auto (said above)" : "--precision");
-  AddCommonRows(s, &t);
-  const StateOptions& st = plan.state;
-  t.Add("step order",
-        st.layer_major_micro_batches > 0
-            ? absl::StrFormat("layer-major over %d micro-batches", st.layer_major_micro_batches)
-            : "one micro-batch after the other",
-        chosen->step_source);
-  t.Add("state",
-        st.compact ? "compact (bf16 gradients, no bf16 weight copy)" : "full (fp32 gradients, a bf16 weight copy)",
-        chosen->state_source);
-  const int recompute = config.layers - st.kept_layers - st.lean_layers;
-  t.Add("activations",
-        !s.checkpointing ? std::string("all kept")
-        : s.dynamic_checkpointing
-            ? absl::StrFormat("%d layers keep, %d keep lean, %d recompute", st.kept_layers, st.lean_layers, recompute)
-            : std::string("full checkpointing (each layer's input kept)"),
-        chosen->activations_source);
-  t.Add("optimizer step",
-        plan.optimizer_on_cpu  ? std::string("on the host, in tierd's DRAM") +
-                                     (st.fp8_weight_codes ? ", writing FP8 weight codes" : "")
-        : plan.optimizer_deferred ? "on the GPU, each layer's update before its next forward"
-                                  : "on the GPU, at the step's end",
-        s.optimizer_place == "auto" && s.tierd ? "auto (said above)"
-        : s.Given("optimizer_place")           ? "--optimizer_place"
-                                               : "default");
-  if (s.tierd) {
-    const Quotas& q = plan.quotas;
-    t.Add("GPU budget",
-          absl::StrFormat("%s = contexts %s + workspace %s + tierd's GPU quota %s", FormatBytes(s.gpu_budget),
-                          FormatBytes(q.contexts.total), FormatBytes(plan.workspace), FormatBytes(q.gpu)),
-          s.Given("gpu_budget") ? "--gpu_budget" : "default");
-    t.Add("tierd DRAM, NVMe", absl::StrFormat("%s, %s", FormatBytes(q.dram), FormatBytes(q.nvme)),
-          s.Given("tierd_dram") ? "--tierd_dram" : "auto (the state beyond the GPU quota)");
-    t.Add("tierd plan", s.tierd_plan ? "the step's graph registered" : "none (tierd's online policy)",
-          s.Given("tierd_plan") ? "--tierd_plan" : "default");
-  } else {
-    t.Add("GPU memory", absl::StrFormat("plain buffers: state %s + workspace %s", FormatBytes(plan.layout.Total()),
-                                        FormatBytes(plan.workspace)),
-          "the state as laid out");
-  }
-  return plan;
 }
 
 // --precision=auto's choice for this GPU (ChooseAutoPrecision).

@@ -7,7 +7,8 @@
 # --offload_policy=none (tierd-train --device=gpu), and with tierd (a fresh daemon on the GPU per
 # run) at each GPU budget in BUDGETS. One table at the end; logs in $OUT.
 # MODELS, BATCH, STEPS, SKIP (untimed warm-up steps), BUDGETS ("" skips the tierd runs), TIERD_DRAM, TIERD_NVME override
-# the defaults; TORCH_RUNS picks PyTorch's rows (default "eager compile checkpointing"); TORCH=0 skips PyTorch;
+# the defaults; TORCH_RUNS picks PyTorch's rows (default "eager compile checkpointing"; float8: torchao's float8
+# training + torch.compile, carry .whl with torchao's wheel); TORCH=0 skips PyTorch;
 # NONE=0 skips our no-offload run (a 7B does not fit the H200 without offload); OURS_FLAGS
 # adds flags to our runs (e.g. --grad_checkpointing), TIERD_RUN_FLAGS to our tierd runs only. DEEPSPEED="2 3" adds
 # DeepSpeed's rows at those ZeRO stages with CPU offload (DS_BATCH x DS_ACCUM micro-batches; carry .whl: its sdist
@@ -34,6 +35,12 @@ for m in $models; do
     for run in ${TORCH_RUNS:-eager compile checkpointing}; do
       flags=""; [ "$run" = compile ] && flags="--compile --timing_skip=4"
       [ "$run" = checkpointing ] && flags="--checkpointing"
+      [ "$run" = float8 ] && flags="--float8 --timing_skip=4"
+      if [ "$run" = float8 ] && ! python3 -c "import torchao" 2> /dev/null; then
+        [ -d .whl ] || { echo "TORCH_RUNS=float8: carry .whl (torchao's pure-Python wheel; see docs/BENCHMARKS.md)"; exit 1; }
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/torchao-*.whl &&
+          export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+      fi
       echo "== pytorch $m $run"
       python3 tools/bench/torch_baseline.py --model_size="$m" --batch_size="${TORCH_BATCH:-max}" --seq_len=$seq --steps="$steps" \
         --grad_accum_steps="${TORCH_ACCUM:-1}" \

@@ -35,6 +35,10 @@
 
 namespace tierd {
 
+namespace testing {
+class ClientRingPeer;  // tests: ring messages a well-behaved client never sends
+}  // namespace testing
+
 struct ClientOptions {
   std::string runtime_dir = "/tmp/tierd";
   std::string label = "client";
@@ -106,6 +110,7 @@ class Client {
   bool fake_gpu() const { return fake_gpu_; }
 
  private:
+  friend class testing::ClientRingPeer;
   Client() = default;
   absl::Status MapArenas(const v1::HelloReply& reply, std::vector<int>& fds);
   // The error every call returns once the session is gone.

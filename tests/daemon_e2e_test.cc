@@ -20,12 +20,24 @@
 #include "base/units.h"
 #include "clients/client.h"
 #include "ipc/hello_server.h"
+#include "ipc/hot_path_wire.h"
 #include "ipc/unix_socket.h"
 #include "proto/tierd.grpc.pb.h"
 #include "tests/daemon_fixture.h"
 #include "tests/process.h"
 
 namespace tierd {
+namespace testing {
+
+// Sends a raw ring message on a client's session: what only a broken or hostile client sends.
+class ClientRingPeer {
+ public:
+  static absl::Status Send(Client& client, const ipc::RingMessage& message) {
+    return client.RingCall(message).status();
+  }
+};
+
+}  // namespace testing
 namespace {
 
 using testing::CountShm;
@@ -124,6 +136,26 @@ TEST_F(DaemonTest, BadInputGetsClearErrorsAndHurtsNobody) {
   const absl::Status unknown = client->Acquire(Client::Tensor{999, 4, "nope"}, Access::kRead, Place::kGpu).status();
   EXPECT_EQ(unknown.code(), absl::StatusCode::kNotFound);
   EXPECT_NE(unknown.message().find("has no tensor 999"), absl::string_view::npos) << unknown;
+  // Ring messages a client built with ipc::ToRing never sends: each refused naming what is
+  // wrong, and the ring still serves the session after them.
+  {
+    ipc::RingMessage m = ipc::ToRing({.kind = ipc::HotPathKind::kAcquire, .tensor = t.id});
+    m.access = 3;
+    absl::Status s = testing::ClientRingPeer::Send(*client, m);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("malformed ring request: access 3"), absl::string_view::npos) << s;
+    m.access = 0;
+    m.op = 9;
+    s = testing::ClientRingPeer::Send(*client, m);
+    EXPECT_NE(s.message().find("malformed ring request: op 9"), absl::string_view::npos) << s;
+    // A release naming a GPU event the session never shared (the fake GPU shares none).
+    s = testing::ClientRingPeer::Send(
+        *client, ipc::ToRing({.kind = ipc::HotPathKind::kRelease, .tensor = t.id, .release_event = 7}));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("release names an event the session did not share"), absl::string_view::npos) << s;
+    ASSERT_TRUE(client->Acquire(t, Access::kWrite, Place::kHost).ok());
+    EXPECT_TRUE(client->Release(t).ok());
+  }
   // gRPC with another session's id and a forged token.
   auto channel = grpc::CreateChannel("unix:" + runtime_dir_ + "/tierd.grpc.sock", grpc::InsecureChannelCredentials());
   auto stub = v1::Tierd::NewStub(channel);

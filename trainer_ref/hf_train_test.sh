@@ -56,6 +56,12 @@ check "weights of another shape are refused naming the tensor and both shapes" \
 check "--validation_out without a validation is refused" "grep -q 'validation_out needs a validation' '$dir/e7.log'"
 "$bin" export --checkpoint="$dir/ck" --to="$dir/out3" --model_size=tiny > "$dir/e6.log" 2>&1
 check "exporting a checkpoint as another model is refused" "grep -q 'the state holds .* parameters; this model has' '$dir/e6.log'"
+"$bin" export --checkpoint="$dir/ck" --init_from="$fixtures/llama3" > "$dir/e8.log" 2>&1
+check "export without --to says what it takes" "grep -q '^tierd-train export: give --checkpoint=FILE_OR_DIR --to=NEW_DIR' '$dir/e8.log'"
+"$bin" export --checkpoint="$dir/ck" --to="$dir/out4" --init_from="$fixtures/llama3" --export_dtype=fp16 > "$dir/e9.log" 2>&1
+check "export to a dtype it does not write is refused" "grep -q '^tierd-train export: --export_dtype is bf16 or fp32' '$dir/e9.log' && [ ! -e '$dir/out4' ]"
+"$bin" export --checkpoint="$dir/ck" --to="$dir/out4" --init_from="$fixtures/llama3" --export_shard_size=huge > "$dir/e10.log" 2>&1
+check "a shard size that is not a size is refused" "grep -q '^tierd-train export: --export_shard_size: ' '$dir/e10.log' && [ ! -e '$dir/out4' ]"
 
 if python3 -c "import torch, transformers" 2> /dev/null; then
   python3 "$tools/check_export.py" --export "$dir/out" --validation "$dir/val.json" --dtype fp32 --tolerance 0.005 \

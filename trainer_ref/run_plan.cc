@@ -5,27 +5,11 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_replace.h"
 #include "base/units.h"
+#include "trainer_ref/hf/json.h"
 #include "trainer_ref/model_config.h"
 
 namespace tierd::trainer {
-namespace {
-
-std::string JsonString(const std::string& text) {
-  std::string out = "\"";
-  for (char c : text) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) {
-      out += absl::StrFormat("\\u%04x", c);
-      continue;
-    }
-    out += c;
-  }
-  return out + "\"";
-}
-
-}  // namespace
 
 void RunPlan::Add(std::string setting, std::string value, std::string source) {
   rows.push_back({std::move(setting), std::move(value), std::move(source)});
@@ -50,7 +34,7 @@ std::string RunPlan::JsonLine() const {
   std::string out = "{\"plan\": {";
   for (size_t i = 0; i < rows.size(); ++i) {
     if (i > 0) out += ", ";
-    out += JsonString(rows[i].setting) + ": " + JsonString(rows[i].value);
+    out += hf::JsonQuote(rows[i].setting) + ": " + hf::JsonQuote(rows[i].value);
   }
   return out + "}}\n";
 }

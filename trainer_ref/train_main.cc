@@ -69,8 +69,7 @@ int RunExport() {
 }
 
 // The device to train on, said once; false with a message when --device=gpu cannot be had.
-bool PickDevice(bool* gpu) {
-  const tt::DeviceFlags flags = tt::ReadDeviceFlags();
+bool PickDevice(const tt::DeviceFlags& flags, bool* gpu) {
   const std::string& device = flags.device;
   if (device != "auto" && device != "gpu" && device != "cpu") {
     std::fprintf(stderr, "tierd-train: --device is auto, gpu or cpu, not '%s'\n", device.c_str());
@@ -109,8 +108,9 @@ int main(int argc, char** argv) {
   }
   tt::ParseTrainerFlags(argc, argv, kUsage);
   bool gpu = false;
-  if (!PickDevice(&gpu)) return 1;
-  if (tt::ReadDeviceFlags().print_device) {
+  const tt::DeviceFlags device = tt::ReadDeviceFlags();
+  if (!PickDevice(device, &gpu)) return 1;
+  if (device.print_device) {
     std::printf("%s\n", gpu ? "gpu" : "cpu");
     return 0;
   }

@@ -15,6 +15,7 @@
 # Both print JSON result lines (also in $OUT/llama3-8b.jsonl).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+source tools/bench/torchao_env.sh
 out="${OUT:-/tmp/tierd-out}"; mkdir -p "$out"
 export LD_LIBRARY_PATH="$PWD/.carry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export PYTHONUNBUFFERED=1
@@ -58,10 +59,7 @@ if [ "${PHASE:-ours}" = ours ]; then
 fi
 
 if [ "${PHASE:-ours}" = torch ]; then
-  if ! python3 -c "import torchao" 2>/dev/null && [ -d .whl ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/torchao-*.whl &&
-      export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
-  fi
+  if [[ " ${TORCH_RUNS:-eager compile float8} " == *" float8 "* ]]; then use_torchao || exit 1; fi
   for run in ${TORCH_RUNS:-eager compile float8}; do
     flags="--timing_skip=$skip"
     [ "$run" = compile ] && flags="--compile --timing_skip=$(( skip > 4 ? skip : 4 ))"

@@ -18,6 +18,7 @@
 # --profile (no per-step breakdown, none of its CUDA events).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+source tools/bench/torchao_env.sh
 out="${OUT:-/tmp/tierd-out}"
 mkdir -p "$out"
 export LD_LIBRARY_PATH="$PWD/.carry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
@@ -36,11 +37,7 @@ for m in $models; do
       flags=""; [ "$run" = compile ] && flags="--compile --timing_skip=4"
       [ "$run" = checkpointing ] && flags="--checkpointing"
       [ "$run" = float8 ] && flags="--float8 --timing_skip=4"
-      if [ "$run" = float8 ] && ! python3 -c "import torchao" 2> /dev/null; then
-        [ -d .whl ] || { echo "TORCH_RUNS=float8: carry .whl (torchao's pure-Python wheel; see docs/BENCHMARKS.md)"; exit 1; }
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/torchao-*.whl &&
-          export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
-      fi
+      if [ "$run" = float8 ]; then use_torchao || exit 1; fi
       echo "== pytorch $m $run"
       python3 tools/bench/torch_baseline.py --model_size="$m" --batch_size="${TORCH_BATCH:-max}" --seq_len=$seq --steps="$steps" \
         --grad_accum_steps="${TORCH_ACCUM:-1}" \

@@ -5,7 +5,6 @@
 #include "absl/strings/str_format.h"
 #include "trainer_ref/adamw8bit.h"
 #include "trainer_ref/gpu/gpu_optimizer.h"
-#include "trainer_ref/host_adamw.h"
 
 namespace tierd::trainer::gpu {
 namespace {

@@ -59,7 +59,7 @@ struct GpuPlan {
   GpuHomeLayout layout;
   Quotas quotas;  // through tierd
   bool optimizer_on_cpu = false;
-  bool optimizer_deferred = false;  // AdamW on the GPU under tierd: each layer's update before its next forward
+  bool optimizer_deferred = false;  // the optimizer on the GPU under tierd: each layer's update before its next forward
   RunPlan table;
 };
 absl::StatusOr<GpuPlan> ResolveGpuPlan(const RunSettings& s);

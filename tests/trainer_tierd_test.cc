@@ -17,6 +17,7 @@
 #include "base/units.h"
 #include "clients/client.h"
 #include "tests/process.h"
+#include "trainer_ref/home/tierd_home.h"
 #include "trainer_ref/trainer.h"
 
 namespace tierd {
@@ -72,9 +73,9 @@ TEST(TrainerOnTierdTest, SameLossesAsPlainBuffersWhileTensorsMoveThroughNvme) {
   client.runtime_dir = runtime_dir;
   client.label = "trainer";
   client.quota = {0, 2 * kMiB, 32 * kMiB};
-  auto tierd_home = trainer::MakeTierdHome(trainer::HomeShapeFor(config, options), client);
+  auto tierd_home = trainer::MakeTierdHome(trainer::HomeShapeFor(config, options).Table(), client);
   ASSERT_TRUE(tierd_home.ok()) << tierd_home.status();
-  auto plain_home = trainer::MakePlainHome(trainer::HomeShapeFor(config, options));
+  auto plain_home = trainer::MakePlainHome(trainer::HomeShapeFor(config, options).Table()).value();
   auto on_tierd = trainer::Trainer::Create(config, options, *data, **tierd_home);
   auto plain = trainer::Trainer::Create(config, options, *data, *plain_home);
   ASSERT_TRUE(on_tierd.ok()) << on_tierd.status();
@@ -114,12 +115,12 @@ TEST(TrainerOnTierdTest, SameLossesAsPlainBuffersWhileTensorsMoveThroughNvme) {
   const uint64_t planned_fetches = planned_stats->stalls();
   // A trainer on its own tierd session (label), with `options` changed by `adjust`.
   struct OnTierd {
-    std::unique_ptr<trainer::TensorHome> home;
+    std::unique_ptr<trainer::Home> home;
     std::unique_ptr<trainer::Trainer> trainer;  // destroyed first: it uses the home
   };
   auto start = [&](const std::string& label, void (*adjust)(trainer::TrainOptions&), OnTierd* out) {
     client.label = label;
-    auto home = trainer::MakeTierdHome(trainer::HomeShapeFor(config, options), client);
+    auto home = trainer::MakeTierdHome(trainer::HomeShapeFor(config, options).Table(), client);
     ASSERT_TRUE(home.ok()) << home.status();
     out->home = std::move(*home);
     trainer::TrainOptions adjusted = options;
@@ -183,9 +184,9 @@ TEST(TrainerOnTierdTest, EightBitMomentsThroughTierdMatchPlainBuffers) {
   client.runtime_dir = runtime_dir;
   client.label = "eight-bit";
   client.quota = {0, 2 * kMiB, 32 * kMiB};
-  auto tierd_home = trainer::MakeTierdHome(trainer::HomeShapeFor(config, options), client);
+  auto tierd_home = trainer::MakeTierdHome(trainer::HomeShapeFor(config, options).Table(), client);
   ASSERT_TRUE(tierd_home.ok()) << tierd_home.status();
-  auto plain_home = trainer::MakePlainHome(trainer::HomeShapeFor(config, options));
+  auto plain_home = trainer::MakePlainHome(trainer::HomeShapeFor(config, options).Table()).value();
   auto on_tierd = trainer::Trainer::Create(config, options, *data, **tierd_home);
   auto plain = trainer::Trainer::Create(config, options, *data, *plain_home);
   ASSERT_TRUE(on_tierd.ok()) << on_tierd.status();

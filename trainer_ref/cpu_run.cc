@@ -13,6 +13,7 @@
 #include "trainer_ref/checkpoint.h"
 #include "trainer_ref/cpu_data_parallel.h"
 #include "trainer_ref/hf/hf_checkpoint.h"
+#include "trainer_ref/home/tierd_home.h"
 #include "trainer_ref/plot.h"
 #include "trainer_ref/run_plan.h"
 #include "trainer_ref/run_report.h"
@@ -20,6 +21,12 @@
 
 namespace tierd::trainer {
 namespace {
+
+// Every link's bytes so far (0 for plain buffers, or when tierd does not answer).
+uint64_t MovedBytes(Home& home) {
+  auto t = home.Moved();
+  return t.ok() ? t->all_links : 0;
+}
 
 absl::StatusOr<std::string> Save(Trainer& trainer, const LossWindow& window, const RunSettings& s) {
   auto state = trainer.SaveState();
@@ -149,20 +156,22 @@ int RunOnCpu(const RunSettings& settings) {
   }
   auto data = LoadDataset(s.data, config.vocab, o.seq, 0.05);
   if (!data.ok()) return Fail(std::string(data.status().message()));
-  std::unique_ptr<TensorHome> home;
+  std::unique_ptr<Home> home;
   if (s.tierd) {
     ClientOptions client;
     client.runtime_dir = s.tierd_dir;
     client.label = ranks > 1 ? absl::StrFormat("tierd-train-rank-%d", rank) : "tierd-train";
     client.quota = {0, s.tierd_dram, s.tierd_nvme};
-    auto made = MakeTierdHome(HomeShapeFor(config, o), client);
+    auto made = MakeTierdHome(HomeShapeFor(config, o).Table(), client);
     if (!made.ok()) return Fail("tierd: " + std::string(made.status().message()));
     home = std::move(*made);
     std::printf("%stierd session %s: quotas DRAM %s, NVMe %s (each rank its own, out of the node's budgets)\n",
                 ranks > 1 ? absl::StrFormat("rank %d: ", rank).c_str() : "", client.label.c_str(),
                 FormatBytes(s.tierd_dram).c_str(), FormatBytes(s.tierd_nvme).c_str());
   } else {
-    home = MakePlainHome(HomeShapeFor(config, o));
+    auto made = MakePlainHome(HomeShapeFor(config, o).Table());
+    if (!made.ok()) return Fail(std::string(made.status().message()));
+    home = std::move(*made);
   }
   std::unique_ptr<hf::HfCheckpointReader> init_from;
   if (!s.init_from.empty()) {
@@ -235,7 +244,7 @@ int RunOnCpu(const RunSettings& settings) {
   const int64_t first_step = trainer.step();
   double last_loss = 0;
   RunCurves curves;
-  uint64_t moved_before = trainer.home().MovedBytes();
+  uint64_t moved_before = MovedBytes(trainer.home());
   std::string plan_note = trainer.plan_note();
   while (trainer.step() < o.steps) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -263,7 +272,7 @@ int RunOnCpu(const RunSettings& settings) {
     }
     last_loss = r.loss;
     curves.loss.push_back(r.loss);
-    const uint64_t moved = trainer.home().MovedBytes();
+    const uint64_t moved = MovedBytes(trainer.home());
     const uint64_t moved_step = moved - moved_before;
     curves.moved_bytes.push_back(static_cast<double>(moved_step));
     moved_before = moved;

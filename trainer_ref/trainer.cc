@@ -52,7 +52,7 @@ HomeShape HomeShapeFor(const ModelConfig& config, const TrainOptions& options) {
   return shape;
 }
 
-Trainer::Trainer(const ModelConfig& config, const TrainOptions& options, const Dataset& data, TensorHome& home)
+Trainer::Trainer(const ModelConfig& config, const TrainOptions& options, const Dataset& data, TensorHome home)
     : config_(config),
       options_(options),
       shape_(HomeShapeFor(config, options)),
@@ -61,7 +61,7 @@ Trainer::Trainer(const ModelConfig& config, const TrainOptions& options, const D
       model_(config, options.batch, options.seq, options.checkpointing) {}
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& config, const TrainOptions& options,
-                                                        const Dataset& data, TensorHome& home) {
+                                                        const Dataset& data, Home& home) {
   if (options.dp.sparse_momentum && (options.lion || options.adafactor || options.moments_8bit)) {
     return absl::InvalidArgumentError(
         "--sparse_sync=momentum works on AdamW's fp32 moments (--opt=adamw): the TopK of the momentum over a frozen "
@@ -72,7 +72,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& conf
         "--opt=adafactor keeps each matrix's row and column means whole: not with --zero=2 or 3 (their slices cut "
         "matrices), nor with another optimizer's moments");
   }
-  std::unique_ptr<Trainer> t(new Trainer(config, options, data, home));
+  auto view = TensorHome::Over(HomeShapeFor(config, options), home);
+  if (!view.ok()) return view.status();
+  std::unique_ptr<Trainer> t(new Trainer(config, options, data, *view));
   auto sync = GradSync::Create(options.dp, t->shape_.layout, SliceAlign(options));
   if (!sync.ok()) return sync.status();
   t->sync_ = std::move(*sync);
@@ -150,7 +152,7 @@ absl::Status Trainer::Init() {
       });
   // The planner moves tensors ahead of the ops; without it they move on demand.
   if (!options_.plan || options_.record_plan) return absl::OkStatus();
-  auto planned = home_.RegisterGraph(StepGraph());
+  auto planned = home_.home().RegisterGraph(StepGraph());
   plan_note_ = planned.ok() ? *planned : "no plan (" + std::string(planned.status().message()) + "): tensors move on demand";
   registered_ = planned.ok();
   return absl::OkStatus();
@@ -171,7 +173,7 @@ uint32_t Trainer::AdamOp(size_t entry) const { return ScaleOp(entry) + static_ca
 
 void Trainer::Progress(uint32_t op) {
   // Progress only steers the moves: a lost message costs a demand fetch, not a value.
-  if (in_step_ && registered_) home_.OpBegin(op).IgnoreError();
+  if (in_step_ && registered_) home_.home().OpBegin(op).IgnoreError();
 }
 
 prefetcher::Graph Trainer::StepGraph() const {

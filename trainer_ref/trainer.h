@@ -2,7 +2,7 @@
 // gradient accumulation, global-norm clipping, AdamW on a warmup + cosine schedule, a guard
 // that skips a step whose loss or gradients are not finite (and says where), and state that
 // can be checkpointed and resumed bit-exactly. Every tensor of the model's state lives in a
-// TensorHome (plain buffers, or tierd) and is acquired only while an op uses it.
+// home (home/home.h: plain buffers, or tierd) and is acquired only while an op uses it.
 #ifndef TIERD_TRAINER_REF_TRAINER_H_
 #define TIERD_TRAINER_REF_TRAINER_H_
 
@@ -72,10 +72,11 @@ struct StepResult {
 
 class Trainer {
  public:
-  // Writes the initial weights (seeded) and zero moments into `home`, which must outlive
-  // the trainer. An error of the home (a tierd that refuses) comes back as it is.
+  // Writes the initial weights (seeded) and zero moments into `home`, which must be made for
+  // HomeShapeFor(config, options).Table() (INVALID_ARGUMENT else) and outlive the trainer.
+  // An error of the home (a tierd that refuses) comes back as it is.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const ModelConfig& config, const TrainOptions& options,
-                                                         const Dataset& data, TensorHome& home);
+                                                         const Dataset& data, Home& home);
 
   // An error of the home mid-step (tierd gone, out of room) ends training: the state in
   // the home may hold part of a step; the last checkpoint does not.
@@ -83,7 +84,7 @@ class Trainer {
   absl::StatusOr<double> ValidationLoss(int batches);  // mean loss on held-out windows
   int64_t step() const { return step_; }
   const std::vector<TensorLayout>& layout() const { return model_.layout(); }
-  TensorHome& home() { return home_; }
+  Home& home() { return home_.home(); }
   const GradSync& sync() const { return sync_; }
   // What registering the step's graph with the home gave: the planner's prediction, why
   // there is no plan (tensors then move on demand), or "" for a home without a planner.
@@ -108,7 +109,7 @@ class Trainer {
   absl::Status LoadState(const std::string& bytes);
 
  private:
-  Trainer(const ModelConfig& config, const TrainOptions& options, const Dataset& data, TensorHome& home);
+  Trainer(const ModelConfig& config, const TrainOptions& options, const Dataset& data, TensorHome home);
   absl::Status Init();
   // Forward (and backward) with each group's tensors acquired only while it runs.
   absl::StatusOr<double> ForwardBackward(const int32_t* inputs, const int32_t* targets, bool backward);
@@ -132,7 +133,7 @@ class Trainer {
   HomeShape shape_;
   GradSync sync_;
   const Dataset& data_;
-  TensorHome& home_;
+  TensorHome home_;
   Model<float> model_;
   std::unique_ptr<Batcher> batcher_;
   uint64_t batcher_seed_ = 0;

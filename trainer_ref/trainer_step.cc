@@ -18,7 +18,7 @@ absl::StatusOr<StepResult> Trainer::Step() {
   r.step = step_ + 1;
   if (options_.record_plan) {
     // Recording only steers the moves: a refusal leaves the tensors moving on demand.
-    auto note = home_.MarkIteration();
+    auto note = home_.home().MarkIteration();
     if (!note.ok())
       plan_note_ = "no recorded plan (" + std::string(note.status().message()) + "): tensors move on demand";
     else if (!note->empty()) plan_note_ = *note;

@@ -250,10 +250,12 @@ TEST(TrainerTest, ANonFiniteGradientSkipsTheStepAndSaysWhere) {
   auto trainer = *Trainer::Create(config, o, *data, *home);
   const std::string before = *trainer->SaveState();
   {
-    auto wq = home->Acquire(2, Kind::kParam, Access::kWrite);  // layers.0.attn.wq
+    auto view = TensorHome::Over(HomeShapeFor(config, o), *home);
+    ASSERT_TRUE(view.ok()) << view.status();
+    auto wq = view->Acquire(2, Kind::kParam, Access::kWrite);  // layers.0.attn.wq
     ASSERT_TRUE(wq.ok());
     (*wq)[5] = NAN;
-    ASSERT_TRUE(home->Release(2, Kind::kParam).ok());
+    ASSERT_TRUE(view->Release(2, Kind::kParam).ok());
   }
   const std::string poisoned = *trainer->SaveState();
   auto r = trainer->Step();
@@ -267,19 +269,20 @@ TEST(TrainerTest, ANonFiniteGradientSkipsTheStepAndSaysWhere) {
 }
 
 // A home that stops serving after some acquires (tierd gone, say).
-class FailingHome final : public TensorHome {
+class FailingHome final : public Home {
  public:
-  FailingHome(std::unique_ptr<TensorHome> inner, int allowed) : inner_(std::move(inner)), allowed_(allowed) {}
-  absl::StatusOr<float*> Acquire(size_t entry, Kind kind, Access access) override {
+  FailingHome(std::unique_ptr<Home> inner, int allowed) : inner_(std::move(inner)), allowed_(allowed) {}
+  const HomeTable& table() const override { return inner_->table(); }
+  bool Holds(Place place) const override { return inner_->Holds(place); }
+  absl::StatusOr<void*> Acquire(size_t index, Access access, Place place) override {
     if (allowed_-- <= 0) return absl::UnavailableError("tierd went away");
-    return inner_->Acquire(entry, kind, access);
+    return inner_->Acquire(index, access, place);
   }
-  absl::Status Release(size_t entry, Kind kind) override { return inner_->Release(entry, kind); }
+  absl::Status Release(size_t index, void* stream) override { return inner_->Release(index, stream); }
   std::string Describe() override { return "failing"; }
-  uint64_t MovedBytes() override { return 0; }
 
  private:
-  std::unique_ptr<TensorHome> inner_;
+  std::unique_ptr<Home> inner_;
   int allowed_;
 };
 
@@ -299,6 +302,25 @@ TEST(TrainerTest, AHomeThatFailsMidStepEndsTheStepWithItsError) {
   FailingHome refuses_at_once(PlainHomeFor(config, o), 0);
   EXPECT_EQ(Trainer::Create(config, Small(), *data, refuses_at_once).status().code(),
             absl::StatusCode::kUnavailable);
+}
+
+// A home is made for one trainer's tensors: a trainer with other options (8-bit moments are
+// smaller) refuses it, naming the first tensor that differs, and writes nothing into it.
+TEST(TrainerTest, AHomeMadeForOtherOptionsIsRefused) {
+  const ModelConfig config = *ModelPreset("tiny");
+  auto data = LoadDataset("embedded", config.vocab, 32, 0.1);
+  ASSERT_TRUE(data.ok());
+  TrainOptions eight = Small();
+  eight.moments_8bit = true;
+  auto home = PlainHomeFor(config, Small());
+  auto refused = Trainer::Create(config, eight, *data, *home);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_NE(refused.status().message().find("the home was made for another layout"), absl::string_view::npos)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("opt.m."), absl::string_view::npos) << refused.status();
+  auto p = home->Acquire(0, Access::kRead, Place::kHost);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(static_cast<float*>(*p)[0], 0.f) << "nothing was written";
 }
 
 // The step graph the trainer registers has the ops the trainer reports, at the indices it

@@ -19,8 +19,8 @@ inline TrainOptions Small() {
 }
 
 // Plain buffers for every tensor a trainer with these options leases.
-inline std::unique_ptr<TensorHome> PlainHomeFor(const ModelConfig& config, const TrainOptions& o) {
-  return MakePlainHome(HomeShapeFor(config, o));
+inline std::unique_ptr<Home> PlainHomeFor(const ModelConfig& config, const TrainOptions& o) {
+  return MakePlainHome(HomeShapeFor(config, o).Table()).value();
 }
 
 }  // namespace tierd::trainer

@@ -8,52 +8,80 @@
 namespace tierd::trainer::gpu {
 namespace {
 
-class PlainGpuHome final : public GpuHome {
- public:
-  ~PlainGpuHome() override {
-    for (auto& parts : pointers_) {
-      for (void* p : parts) cudaFree(p);
-    }
+TensorClass ClassOf(Part part) {
+  switch (part) {
+    case Part::kWeights:
+    case Part::kWeightCodes:
+    case Part::kMaster:
+      return TensorClass::kParam;
+    case Part::kGrads:
+      return TensorClass::kGrad;
+    case Part::kAdamM:
+    case Part::kAdamV:
+      return TensorClass::kOptState;
+    case Part::kActs:
+      return TensorClass::kActivation;
   }
-  absl::Status Init(const GpuHomeLayout& layout) {
-    layout_ = layout;
-    pointers_.resize(layout.groups.size());
-    for (size_t g = 0; g < layout.groups.size(); ++g) {
-      for (int k = 0; k < kParts; ++k) {
-        const uint64_t bytes = layout.bytes[g][k];
-        pointers_[g][k] = nullptr;
-        if (bytes == 0) continue;
-        if (cudaMalloc(&pointers_[g][k], bytes) != cudaSuccess) {
-          cudaGetLastError();
-          size_t free_bytes = 0, total = 0;
-          cudaMemGetInfo(&free_bytes, &total);
-          return absl::ResourceExhaustedError(absl::StrFormat(
-              "the model's state needs %s on the GPU (%s for %s); it holds %s and the device has %s free of %s "
-              "(train through tierd: --offload_policy=tierd)",
-              FormatBytes(layout.Total()), FormatBytes(bytes), PartName(layout, static_cast<int>(g), Part(k)),
-              FormatBytes(held_), FormatBytes(free_bytes), FormatBytes(total)));
-        }
-        held_ += bytes;
-      }
-    }
-    return absl::OkStatus();
-  }
-  const GpuHomeLayout& layout() const override { return layout_; }
-  absl::StatusOr<void*> Acquire(int group, Part part, int chunk, Access) override {
-    return static_cast<unsigned char*>(pointers_[group][static_cast<int>(part)]) +
-           layout_.Chunk(group, part, chunk).offset;
-  }
-  absl::Status Release(int, Part, int, cudaStream_t) override { return absl::OkStatus(); }
-  uint64_t OwnDeviceBytes() const override { return held_; }
-  std::string Describe() override { return "plain GPU buffers (no offload)"; }
-
- private:
-  GpuHomeLayout layout_;
-  std::vector<std::array<void*, kParts>> pointers_;
-  uint64_t held_ = 0;
-};
+  return TensorClass::kScratch;
+}
 
 }  // namespace
+
+PlainMemory DeviceMemory() {
+  PlainMemory m;
+  m.place = Place::kGpu;
+  m.describe = "plain GPU buffers (no offload)";
+  m.allocate = [](const HomeTensor& t, uint64_t held, uint64_t total) -> absl::StatusOr<void*> {
+    void* p = nullptr;
+    if (cudaMalloc(&p, t.bytes) != cudaSuccess) {
+      cudaGetLastError();
+      size_t free_bytes = 0, device = 0;
+      cudaMemGetInfo(&free_bytes, &device);
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "the model's state needs %s on the GPU (%s for %s); it holds %s and the device has %s free of %s "
+          "(train through tierd: --offload_policy=tierd)",
+          FormatBytes(total), FormatBytes(t.bytes), t.name, FormatBytes(held), FormatBytes(free_bytes),
+          FormatBytes(device)));
+    }
+    return p;
+  };
+  m.free = [](void* p) { cudaFree(p); };
+  return m;
+}
+
+GpuHome::GpuHome(GpuHomeLayout layout, std::unique_ptr<Home> home)
+    : layout_(std::move(layout)), home_(std::move(home)), first_(layout_.groups.size()) {
+  size_t index = 0;
+  for (size_t g = 0; g < layout_.groups.size(); ++g) {
+    for (int k = 0; k < kParts; ++k) {
+      first_[g][k] = index;
+      if (layout_.bytes[g][k] > 0) index += layout_.Chunks(static_cast<int>(g), Part(k));
+    }
+  }
+}
+
+absl::StatusOr<std::unique_ptr<GpuHome>> GpuHome::Over(GpuHomeLayout layout, std::unique_ptr<Home> home) {
+  if (absl::Status s = CheckTable(home->table(), layout.Table(), "its layout's"); !s.ok()) return s;
+  return std::unique_ptr<GpuHome>(new GpuHome(std::move(layout), std::move(home)));
+}
+
+absl::StatusOr<void*> GpuHome::Acquire(int group, Part part, int chunk, Access access) {
+  return home_->Acquire(Index(group, part, chunk), access, Place::kGpu);
+}
+
+absl::Status GpuHome::Release(int group, Part part, int chunk, cudaStream_t stream) {
+  return home_->Release(Index(group, part, chunk), stream);
+}
+
+absl::StatusOr<void*> GpuHome::AcquireHost(int group, Part part, int chunk, Access access) {
+  if (!HasHostTier()) return NoHostTier();
+  return home_->Acquire(Index(group, part, chunk), access, Place::kHost);
+}
+
+absl::Status GpuHome::ReleaseHost(int group, Part part, int chunk) {
+  if (!HasHostTier()) return NoHostTier();
+  return home_->Release(Index(group, part, chunk));
+}
 
 uint64_t GpuHomeLayout::Total() const {
   uint64_t sum = 0;
@@ -90,6 +118,19 @@ GpuHomeLayout::Range GpuHomeLayout::Chunk(int group, Part part, int chunk) const
   const uint64_t first = c * per + std::min(c, extra), count = per + (c < extra ? 1 : 0);
   const uint64_t begin = first * kChunkAlign;
   return {begin, std::min(total, begin + count * kChunkAlign) - begin};
+}
+
+HomeTable GpuHomeLayout::Table() const {
+  HomeTable table;
+  for (int g = 0; g < static_cast<int>(groups.size()); ++g) {
+    for (int k = 0; k < kParts; ++k) {
+      if (bytes[g][k] == 0) continue;
+      for (int c = 0; c < Chunks(g, Part(k)); ++c) {
+        table.push_back({PartName(*this, g, Part(k), c), ClassOf(Part(k)), Chunk(g, Part(k), c).bytes});
+      }
+    }
+  }
+  return table;
 }
 
 std::string PartName(const GpuHomeLayout& layout, int group, Part part, int chunk) {
@@ -131,9 +172,9 @@ absl::StatusOr<std::string> CheckQuotasHold(const GpuHomeLayout& layout, uint64_
 }
 
 absl::StatusOr<std::unique_ptr<GpuHome>> MakePlainGpuHome(const GpuHomeLayout& layout) {
-  auto home = std::make_unique<PlainGpuHome>();
-  if (absl::Status s = home->Init(layout); !s.ok()) return s;
-  return home;
+  auto home = MakePlainHome(layout.Table(), DeviceMemory());
+  if (!home.ok()) return home.status();
+  return GpuHome::Over(layout, std::move(*home));
 }
 
 }  // namespace tierd::trainer::gpu

@@ -1,13 +1,13 @@
-// Where the GPU model's state lives between uses: the GPU counterpart of tensor_home.h.
-// The model's tensors come in groups — 0: the embedding, 1..L: the layers, L + 1: the
-// final norm and the head (as Model::GroupEntries) — and each group has up to seven parts:
-// its bf16 weights, fp32 master weights, fp32 gradients, the two fp32 Adam moments, (layers
-// only) the activations its forward saves for backward, and (FP8 layers whose optimizer runs
-// on the host) the FP8 codes of its weights. The model acquires a part for as
-// long as the kernels it queues use it and releases it with the stream those kernels run
-// on, so a home smaller than the whole (tierd's GPU tier) can move the rest away meanwhile.
-//   plain: one cudaMalloc per part, always there (--offload_policy=none).
-//   tierd: each part leased from tierd by name (gpu_tierd_home.h).
+// The GPU model's state in a home (home/home.h), by (group, part, chunk). The model's
+// tensors come in groups — 0: the embedding, 1..L: the layers, L + 1: the final norm and the
+// head (as Model::GroupEntries) — and each group has up to seven parts: its bf16 weights,
+// fp32 master weights, fp32 gradients, the two fp32 Adam moments, (layers only) the
+// activations its forward saves for backward, and (FP8 layers whose optimizer runs on the
+// host) the FP8 codes of its weights. The model acquires a part on the GPU for as long as
+// the kernels it queues use it and releases it with the stream those kernels run on, so a
+// home smaller than the whole (tierd's GPU tier) can move the rest away meanwhile.
+//   plain: every part in its own cudaMalloc, always there (--offload_policy=none);
+//   tierd: every part leased from tierd by name (gpu_tierd_home.h).
 #ifndef TIERD_TRAINER_REF_GPU_GPU_HOME_H_
 #define TIERD_TRAINER_REF_GPU_GPU_HOME_H_
 
@@ -20,8 +20,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "prefetcher/graph.h"
-#include "runtime/tensor.h"
+#include "trainer_ref/home/home.h"
 
 namespace tierd::trainer::gpu {
 
@@ -63,6 +62,9 @@ struct GpuHomeLayout {
     uint64_t offset = 0, bytes = 0;
   };
   Range Chunk(int group, Part part, int chunk) const;
+  // The home's table: every chunk of every part of every group that has bytes, in that
+  // order, by its PartName.
+  HomeTable Table() const;
 };
 
 // The name a part is leased under: "layers.3.w", "layers.3.w8" (FP8 codes), "master.layers.3", "grad.layers.3",
@@ -70,49 +72,40 @@ struct GpuHomeLayout {
 // its index: "opt.m.layers.3.5".
 std::string PartName(const GpuHomeLayout& layout, int group, Part part, int chunk = 0);
 
+// The model's view of a home made for a layout: (group, part, chunk) -> the home's tensor.
 class GpuHome {
  public:
-  virtual ~GpuHome() = default;
+  // INVALID_ARGUMENT when the home's table is not layout.Table().
+  static absl::StatusOr<std::unique_ptr<GpuHome>> Over(GpuHomeLayout layout, std::unique_ptr<Home> home);
   // The layout the home was made for (the model checks it against its own).
-  virtual const GpuHomeLayout& layout() const = 0;
+  const GpuHomeLayout& layout() const { return layout_; }
+  // The home itself: its planner, statistics and traffic.
+  Home& home() { return *home_; }
   // A device pointer to chunk `chunk` of the part (0 for parts in one lease), valid until
   // Release. kOverwrite: nothing is fetched.
-  virtual absl::StatusOr<void*> Acquire(int group, Part part, int chunk, Access access) = 0;
+  absl::StatusOr<void*> Acquire(int group, Part part, int chunk, Access access);
   // After the work queued on `stream` (tierd waits for it before it moves the bytes).
-  virtual absl::Status Release(int group, Part part, int chunk, cudaStream_t stream) = 0;
+  absl::Status Release(int group, Part part, int chunk, cudaStream_t stream);
   // A host pointer to the chunk in the DRAM tier (for the optimizer step on the CPU), valid
-  // until ReleaseHost. UNIMPLEMENTED for a home without one (plain GPU buffers).
-  virtual absl::StatusOr<void*> AcquireHost(int, Part, int, Access) { return NoHostTier(); }
-  virtual bool HasHostTier() const { return false; }
+  // until ReleaseHost. NoHostTier() for a home without one (plain GPU buffers).
+  absl::StatusOr<void*> AcquireHost(int group, Part part, int chunk, Access access);
+  absl::Status ReleaseHost(int group, Part part, int chunk);
+  bool HasHostTier() const { return home_->Holds(Place::kHost); }
   static absl::Status NoHostTier() {
     return absl::UnimplementedError("this home has no host tier: the CPU optimizer needs tierd's DRAM tier");
   }
-  virtual absl::Status ReleaseHost(int, Part, int) { return absl::UnimplementedError("this home has no host tier"); }
-  // The planner: the step as ops over the parts' names, registered once (returns the
-  // prediction in words; "" for a home without a planner), then the op about to run.
-  virtual absl::StatusOr<std::string> RegisterGraph(const prefetcher::Graph&) { return std::string(); }
-  virtual absl::Status OpBegin(uint32_t) { return absl::OkStatus(); }
-  // After a step: its loss (not finite: skipped), seconds and tokens, for tierd's statistics
-  // (tierctl stats, Prometheus). Nothing without tierd.
-  virtual absl::Status ReportStep(int64_t, double, double, double) { return absl::OkStatus(); }
-  // Device bytes this home allocated itself (the plain home: everything; tierd: none, its
-  // GPU tier is the daemon's and reported by Traffic).
-  virtual uint64_t OwnDeviceBytes() const = 0;
-  // Bytes moved per link so far, the GPU tier's peak use, demand fetches ("" when plain).
-  struct Traffic {
-    uint64_t host_to_gpu = 0, gpu_to_host = 0, nvme_read = 0, nvme_write = 0;
-    uint64_t gpu_peak = 0, gpu_quota = 0, demand_fetches = 0;
-    // Seconds each PCIe direction had a copy in flight (tierd's links, every session's).
-    double host_to_gpu_busy = 0, gpu_to_host_busy = 0;
-  };
-  virtual absl::StatusOr<Traffic> Moved() { return Traffic{}; }
-  // The most GPU memory this home held since the last call (allocated bytes; tierd: this
-  // session's GPU arena, peaks reset at each call), for a peak per step.
-  virtual absl::StatusOr<uint64_t> TakeGpuPeak() { return OwnDeviceBytes(); }
-  virtual std::string Describe() = 0;
-  // tierd: this process's time in the hot path's ring calls over the run, by kind; "" else.
-  virtual std::string HotPathNote() { return ""; }
+
+ private:
+  GpuHome(GpuHomeLayout layout, std::unique_ptr<Home> home);
+  size_t Index(int group, Part part, int chunk) const { return first_[group][static_cast<int>(part)] + chunk; }
+  GpuHomeLayout layout_;
+  std::unique_ptr<Home> home_;
+  std::vector<std::array<size_t, kParts>> first_;  // the table index of each part's chunk 0
 };
+
+// Every part's device memory in its own cudaMalloc; an allocation that fails says how much
+// the state needs, what the device has free and what to do.
+PlainMemory DeviceMemory();
 
 // RESOURCE_EXHAUSTED (with the bytes) when the device cannot hold it all.
 absl::StatusOr<std::unique_ptr<GpuHome>> MakePlainGpuHome(const GpuHomeLayout& layout);

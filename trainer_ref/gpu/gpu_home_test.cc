@@ -166,20 +166,94 @@ TEST(GpuHomeLayoutTest, ChunksAreLeasedUnderNamesOfTheirOwn) {
   EXPECT_EQ(layout.Chunk(1, Part::kAdamV, 2).bytes, 4000u - 11 * 256);
 }
 
-// A home that only has a layout: enough for GpuModel::Create to look at before it touches
+// A home that only has a table: enough for GpuModel::Create to look at before it touches
 // the device.
-class LayoutOnlyHome final : public GpuHome {
+class TableOnlyHome final : public Home {
  public:
-  explicit LayoutOnlyHome(GpuHomeLayout layout) : layout_(std::move(layout)) {}
-  const GpuHomeLayout& layout() const override { return layout_; }
-  absl::StatusOr<void*> Acquire(int, Part, int, Access) override { return absl::InternalError("not here"); }
-  absl::Status Release(int, Part, int, cudaStream_t) override { return absl::OkStatus(); }
-  uint64_t OwnDeviceBytes() const override { return 0; }
-  std::string Describe() override { return "layout only"; }
+  explicit TableOnlyHome(HomeTable table) : table_(std::move(table)) {}
+  const HomeTable& table() const override { return table_; }
+  bool Holds(Place) const override { return false; }
+  absl::StatusOr<void*> Acquire(size_t, Access, Place) override { return absl::InternalError("not here"); }
+  absl::Status Release(size_t, void*) override { return absl::OkStatus(); }
+  std::string Describe() override { return "table only"; }
 
  private:
-  GpuHomeLayout layout_;
+  HomeTable table_;
 };
+
+std::unique_ptr<GpuHome> LayoutOnlyHome(const GpuHomeLayout& layout) {
+  return GpuHome::Over(layout, std::make_unique<TableOnlyHome>(layout.Table())).value();
+}
+
+// A home that records which of its tensors was asked for, where, and with which stream.
+class RecordingHome final : public Home {
+ public:
+  explicit RecordingHome(HomeTable table) : table_(std::move(table)) {}
+  const HomeTable& table() const override { return table_; }
+  bool Holds(Place) const override { return true; }
+  absl::StatusOr<void*> Acquire(size_t index, Access, Place place) override {
+    last = table_.at(index).name;
+    last_place = place;
+    return reinterpret_cast<void*>(index + 1);
+  }
+  absl::Status Release(size_t index, void* stream) override {
+    last = table_.at(index).name;
+    last_stream = stream;
+    return absl::OkStatus();
+  }
+  std::string Describe() override { return "recording"; }
+  std::string last;
+  Place last_place = Place::kHost;
+  void* last_stream = nullptr;
+
+ private:
+  HomeTable table_;
+};
+
+// The layout's table holds every chunk of every part once, under its PartName, with its
+// bytes; the model's (group, part, chunk) reaches exactly that tensor of the home, on the
+// GPU or (for the host's optimizer) on the host, and its release carries the stream.
+TEST(GpuHomeLayoutTest, EachChunkIsTheHomesTensorOfItsName) {
+  const ModelConfig config{"test6", 6, 128, 2, 352, 512, 128};
+  GpuHomeLayout layout = GpuModel::HomeLayout(config, 4, 128, {.fp8_weight_codes = true});
+  layout.state_chunks = 3;
+  const HomeTable table = layout.Table();
+  EXPECT_EQ(TableBytes(table), layout.Total());
+  auto owned = std::make_unique<RecordingHome>(table);
+  RecordingHome* home = owned.get();
+  auto view = GpuHome::Over(layout, std::move(owned));
+  ASSERT_TRUE(view.ok()) << view.status();
+  size_t chunks = 0;
+  for (int g = 0; g < static_cast<int>(layout.groups.size()); ++g) {
+    for (int k = 0; k < kParts; ++k) {
+      if (layout.bytes[g][k] == 0) continue;
+      for (int c = 0; c < layout.Chunks(g, Part(k)); ++c, ++chunks) {
+        ASSERT_TRUE((*view)->Acquire(g, Part(k), c, Access::kRead).ok());
+        EXPECT_EQ(home->last, PartName(layout, g, Part(k), c));
+        EXPECT_EQ(home->last_place, Place::kGpu);
+        ASSERT_TRUE((*view)->AcquireHost(g, Part(k), c, Access::kRead).ok());
+        EXPECT_EQ(home->last_place, Place::kHost);
+        ASSERT_TRUE((*view)->Release(g, Part(k), c, reinterpret_cast<cudaStream_t>(0x40)).ok());
+        EXPECT_EQ(home->last_stream, reinterpret_cast<void*>(0x40));
+        ASSERT_TRUE((*view)->ReleaseHost(g, Part(k), c).ok());
+        EXPECT_EQ(home->last_stream, nullptr);
+      }
+    }
+  }
+  EXPECT_EQ(chunks, table.size());
+  // A home of the same parts in other sub-groups is another table.
+  GpuHomeLayout four = layout;
+  four.state_chunks = 4;
+  auto refused = GpuHome::Over(four, std::make_unique<RecordingHome>(table));
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("the home was made for another layout"), std::string::npos)
+      << refused.status();
+  // A home without a host tier says so when the host's optimizer asks for one.
+  auto table_only = LayoutOnlyHome(layout);
+  EXPECT_FALSE(table_only->HasHostTier());
+  EXPECT_EQ(table_only->AcquireHost(1, Part::kMaster, 0, Access::kRead).status().code(),
+            absl::StatusCode::kUnimplemented);
+}
 
 // FP8 weight codes (--fp8_weight_codes): a part per layer, none for the embedding and the head,
 // of a 16-byte scale slot per linear map and each map's codes 256-byte aligned: ~1 byte a
@@ -209,7 +283,7 @@ TEST(GpuHomeLayoutTest, FP8WeightCodesAreAPartPerLayerOfAByteAWeight) {
 TEST(GpuHomeLayoutTest, AModelRefusesAHomeMadeForAnotherLayout) {
   const ModelConfig config{"test6", 6, 128, 2, 352, 512, 128};
   GpuHomeLayout other = GpuModel::HomeLayout(config, 4, 64);  // another sequence length: other activations
-  auto model = GpuModel::Create(config, 4, 128, std::make_unique<LayoutOnlyHome>(other));
+  auto model = GpuModel::Create(config, 4, 128, LayoutOnlyHome(other));
   ASSERT_FALSE(model.ok());
   EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(model.status().message().find("the home was made for another layout"), std::string::npos) << model.status();

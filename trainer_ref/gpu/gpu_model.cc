@@ -124,7 +124,7 @@ absl::Status GpuModel::ZeroGrads() {
 
 void GpuModel::Progress(uint32_t op) {
   // Progress only steers the moves: a lost message costs a demand fetch, not a value.
-  if (registered_ && micro_ < registered_micro_batches_) home_->OpBegin(op).IgnoreError();
+  if (registered_ && micro_ < registered_micro_batches_) home_->home().OpBegin(op).IgnoreError();
 }
 
 absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x) {

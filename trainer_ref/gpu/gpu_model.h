@@ -182,7 +182,7 @@ class GpuModel {
   // Returns the planner's prediction in words ("" for a home without one).
   absl::StatusOr<std::string> RegisterStep(int micro_batches);
   prefetcher::Graph StepGraph(int micro_batches) const;
-  GpuHome& home() { return *home_; }
+  Home& home() { return home_->home(); }
   // Host seconds spent waiting in the home's Acquire (tierd fetching a part that was not
   // on the GPU yet), since the model was made.
   double AcquireSeconds() const { return acquire_seconds_; }
@@ -259,7 +259,7 @@ class GpuModel {
     if (fp8_ != nullptr) fp8_->set_recording(on);
   }
   // Device bytes this model holds: the home's own (plain: all the state) and the workspace.
-  uint64_t DeviceBytes() const { return device_bytes_ + home_->OwnDeviceBytes(); }
+  uint64_t DeviceBytes() const { return device_bytes_ + home_->home().OwnDeviceBytes(); }
   uint64_t WorkspaceBytes() const { return device_bytes_; }
   // The same before the model exists (to size a GPU budget's share for tierd).
   static uint64_t WorkspaceBytesFor(const ModelConfig& config, int batch, int seq, const StateOptions& state = {});

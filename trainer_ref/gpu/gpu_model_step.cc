@@ -127,7 +127,7 @@ absl::Status GpuModel::AdamWStep(double lr, int64_t step, const AdamWOptions& op
     return absl::OkStatus();
   }
   for (int g = 0; g < Groups(); ++g) {
-    if (registered_) home_->OpBegin(OptimizerOp(g, registered_micro_batches_)).IgnoreError();
+    if (registered_) home_->home().OpBegin(OptimizerOp(g, registered_micro_batches_)).IgnoreError();
     RETURN_IF_ERROR(GpuAdamWGroup(g, !grads_zeroed_[g], params_for));
   }
   RETURN_IF_ERROR(Cuda(cudaGetLastError(), "adamw"));
@@ -412,7 +412,7 @@ prefetcher::Graph GpuModel::StepGraph(int micro_batches) const {
 }
 
 absl::StatusOr<std::string> GpuModel::RegisterStep(int micro_batches) {
-  auto note = home_->RegisterGraph(StepGraph(micro_batches));
+  auto note = home_->home().RegisterGraph(StepGraph(micro_batches));
   if (!note.ok()) return note.status();
   registered_ = !note->empty();
   registered_micro_batches_ = micro_batches;

@@ -8,12 +8,12 @@ namespace tierd::trainer::gpu {
 
 // The share of `seconds` each PCIe direction had a copy in flight between two readings of
 // tierd's links (at most 1: the readings and the step's clock are a few microseconds apart).
-std::pair<double, double> PcieBusy(const GpuHome::Traffic& from, const GpuHome::Traffic& to, double seconds) {
+std::pair<double, double> PcieBusy(const HomeTraffic& from, const HomeTraffic& to, double seconds) {
   auto share = [&](double busy) { return std::clamp(busy / std::max(seconds, 1e-9), 0.0, 1.0); };
   return {share(to.host_to_gpu_busy - from.host_to_gpu_busy), share(to.gpu_to_host_busy - from.gpu_to_host_busy)};
 }
 
-std::pair<uint64_t, std::string> GpuRun::GpuMemory(const GpuHome::Traffic& t) const {
+std::pair<uint64_t, std::string> GpuRun::GpuMemory(const HomeTraffic& t) const {
   // What the model allocated itself (plain: everything), plus with tierd the most its GPU
   // tier has held (since the daemon started: one run per daemon).
   const uint64_t own = model_->DeviceBytes();
@@ -23,7 +23,7 @@ std::pair<uint64_t, std::string> GpuRun::GpuMemory(const GpuHome::Traffic& t) co
 }
 
 std::string GpuRun::Progress(int64_t step, double loss, double lr, double grad_norm, double seconds,
-                             const GpuHome::Traffic& after, std::optional<double> util) {
+                             const HomeTraffic& after, std::optional<double> util) {
   std::string moves;
   if (s_.tierd) {
     auto step_peak = model_->home().TakeGpuPeak();
@@ -121,7 +121,7 @@ int GpuRun::Step(int64_t step) {
   reporter_.Send([&] { return model_->home().ReportStep(step, loss, seconds, step_tokens); });
   const auto spent = model_->TakeProfile();
   const double waited = model_->AcquireSeconds() - waited0;
-  const GpuHome::Traffic after = Traffic();
+  const HomeTraffic after = Traffic();
   const std::optional<double> util = util_ ? util_->Since(&step_mark_) : std::nullopt;
   const std::pair<double, double> busy = PcieBusy(before_, after, seconds);
   if (step >= first_timed) {

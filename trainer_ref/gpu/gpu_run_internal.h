@@ -55,7 +55,7 @@ struct Startup {
 
 // The share of `seconds` each PCIe direction had a copy in flight between two readings of
 // tierd's links (at most 1: the readings and the step's clock are a few microseconds apart).
-std::pair<double, double> PcieBusy(const GpuHome::Traffic& from, const GpuHome::Traffic& to, double seconds);
+std::pair<double, double> PcieBusy(const HomeTraffic& from, const HomeTraffic& to, double seconds);
 
 // One run: set up, the steps, the summary. Members hold what the phases share.
 class GpuRun {
@@ -72,11 +72,11 @@ class GpuRun {
   void Summary();
   int Export();  // --export: the master weights as a Hugging Face checkpoint
   std::string Progress(int64_t step, double loss, double lr, double grad_norm, double seconds,
-                       const GpuHome::Traffic& after, std::optional<double> util);
-  std::pair<uint64_t, std::string> GpuMemory(const GpuHome::Traffic& t) const;
-  GpuHome::Traffic Traffic() {
+                       const HomeTraffic& after, std::optional<double> util);
+  std::pair<uint64_t, std::string> GpuMemory(const HomeTraffic& t) const;
+  HomeTraffic Traffic() {
     auto t = model_->home().Moved();
-    return t.ok() ? *t : GpuHome::Traffic{};
+    return t.ok() ? *t : HomeTraffic{};
   }
 
   // Data-parallel GPU ranks (one a GPU, from the launcher's environment): NCCL, the
@@ -114,7 +114,7 @@ class GpuRun {
   double timed_seconds_ = 0, last_loss_ = 0, timed_waits_ = 0, timed_releases_ = 0, last_validation_ = 0;
   int64_t timed_steps_ = 0;
   uint64_t device_bytes_ = 0;  // NVML's figure for this process and tierd at the end of the run
-  GpuHome::Traffic before_, timed_from_, timed_to_;  // tierd's counters around the timed steps
+  HomeTraffic before_, timed_from_, timed_to_;  // tierd's counters around the timed steps
 };
 
 }  // namespace tierd::trainer::gpu

@@ -7,7 +7,7 @@ namespace tierd::trainer::gpu {
 void GpuRun::Summary() {
   const double tokens_per_step = static_cast<double>(s_.batch) * s_.seq * s_.accum * ranks_;
   const double tps = timed_steps_ > 0 ? tokens_per_step * timed_steps_ / timed_seconds_ : 0;
-  const GpuHome::Traffic end = Traffic();
+  const HomeTraffic end = Traffic();
   const auto [memory_bytes, memory] = GpuMemory(end);
   const double params = static_cast<double>(s_.config.Params());
   // The samples over the timed steps (none when they took less than NVML's sample period).
@@ -105,12 +105,12 @@ absl::StatusOr<double> GpuRun::ValidationLoss(int batches) {
 
 int GpuRun::Validate(int64_t step) {
   // Outside the step's time; its moves are taken out of the timed steps' bytes too.
-  const GpuHome::Traffic from = Traffic();
+  const HomeTraffic from = Traffic();
   model_->SetFp8Recording(false);  // held-out batches must not steer the training's FP8 scales
   auto val = ValidationLoss(8);
   model_->SetFp8Recording(true);
   if (!val.ok()) return FailMidRun(absl::StrFormat("validation after step %d: %s", step, val.status().message()), ck_);
-  const GpuHome::Traffic to = Traffic();
+  const HomeTraffic to = Traffic();
   if (step < s_.steps) {  // inside the timed steps' window (the last one's is already taken)
     timed_from_.host_to_gpu += to.host_to_gpu - from.host_to_gpu;
     timed_from_.gpu_to_host += to.gpu_to_host - from.gpu_to_host;

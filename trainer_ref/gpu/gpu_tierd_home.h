@@ -1,6 +1,6 @@
-// The GPU model's state leased from tierd (see gpu_home.h): every (group, part) a tensor of
-// the session, acquired on the GPU, released with the model's stream (CUDA IPC events:
-// no device-wide sync), the step's ops registered so the planner moves parts ahead of use.
+// The GPU model's state leased from tierd (gpu_home.h over home/tierd_home.h): every chunk
+// of every part a tensor of the session, acquired on the GPU (or, for the host's optimizer,
+// in the DRAM tier), released with the model's stream.
 #ifndef TIERD_TRAINER_REF_GPU_GPU_TIERD_HOME_H_
 #define TIERD_TRAINER_REF_GPU_GPU_TIERD_HOME_H_
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <set>
 
 #include "absl/flags/flag.h"
@@ -214,6 +215,13 @@ ABSL_FLAG(bool, optimizer_deferred, true,
           "GPU, --offload_policy=tierd, AdamW on the GPU: each layer's update runs just before the layer's next "
           "forward (its master weights and moments stream in while the layers before it compute) instead of all "
           "layers at the end of the step; the same arithmetic and bits");
+ABSL_FLAG(int, gemm_candidates, 1,
+          "GPU: time this many of cuBLASLt's candidate algorithms at each GEMM shape's first call (3 runs each, into "
+          "a scratch output the size of the GEMM's) and keep the fastest; 1: cuBLASLt's heuristic first choice, "
+          "untimed. Choices are cached in --gemm_cache_dir, so a resumed run takes the same ones (the same bits)");
+ABSL_FLAG(std::string, gemm_cache_dir, "",
+          "GPU: where --gemm_candidates' choices are kept, a file per GPU model and cuBLASLt version (default: "
+          "$XDG_CACHE_HOME/tierd, else ~/.cache/tierd; the file is made when first searched)");
 ABSL_FLAG(int, optimizer_chunks, 1,
           "GPU, --offload_policy=tierd: lease each layer's master weights and moments as this many sub-groups "
           "(DeepSpeed's sub-groups); 1: one lease per layer and part");
@@ -529,6 +537,19 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   s.compact_state = absl::GetFlag(FLAGS_compact_state);
   s.step_order = absl::GetFlag(FLAGS_step_order);
   s.optimizer_chunks = absl::GetFlag(FLAGS_optimizer_chunks);
+  s.gemm_candidates = absl::GetFlag(FLAGS_gemm_candidates);
+  if (s.gemm_candidates < 1 || s.gemm_candidates > 64) {
+    return Bad(absl::StrFormat("--gemm_candidates=%d: 1 (cuBLASLt's heuristic first choice) up to 64",
+                               s.gemm_candidates));
+  }
+  s.gemm_cache_dir = absl::GetFlag(FLAGS_gemm_cache_dir);
+  if (s.gemm_cache_dir.empty()) {
+    const char* xdg = std::getenv("XDG_CACHE_HOME");
+    const char* home = std::getenv("HOME");
+    s.gemm_cache_dir = xdg != nullptr && *xdg != 0 ? std::string(xdg) + "/tierd"
+                       : home != nullptr           ? std::string(home) + "/.cache/tierd"
+                                                   : "/tmp/tierd-cache";
+  }
   s.pcie_gbps = absl::GetFlag(FLAGS_pcie_gbps);
   s.nvme_gbps = absl::GetFlag(FLAGS_nvme_gbps);
   s.gpu_tflops = absl::GetFlag(FLAGS_gpu_tflops);
@@ -536,7 +557,8 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   s.timing_skip = absl::GetFlag(FLAGS_timing_skip);
   const std::vector<const char*> gpu_only = {
       "gpu_budget",         "optimizer_place", "pcie_gbps",   "nvme_gbps",  "gpu_tflops",    "optimizer_chunks",
-      "optimizer_deferred", "profile",         "timing_skip", "step_order", "compact_state", "adamw8bit_min_size"};
+      "optimizer_deferred", "profile",         "timing_skip", "step_order", "compact_state", "adamw8bit_min_size",
+      "gemm_candidates",    "gemm_cache_dir"};
   // (The GPU trainer's ranks sync dense: with more than one it refuses the sparse and ZeRO flags.)
   const std::vector<const char*> cpu_only = {"tierd_record",         "zero",           "sparse_grad_ratio",
                                              "sparse_grad_ratio_by", "sync_every",     "sparse_warmup",

@@ -72,6 +72,8 @@ ABSL_DECLARE_FLAG(double, pcie_gbps);
 ABSL_DECLARE_FLAG(double, nvme_gbps);
 ABSL_DECLARE_FLAG(double, gpu_tflops);
 ABSL_DECLARE_FLAG(int, optimizer_chunks);
+ABSL_DECLARE_FLAG(int, gemm_candidates);
+ABSL_DECLARE_FLAG(std::string, gemm_cache_dir);
 ABSL_DECLARE_FLAG(bool, optimizer_deferred);
 ABSL_DECLARE_FLAG(std::string, step_order);
 ABSL_DECLARE_FLAG(bool, profile);
@@ -148,6 +150,8 @@ struct RunSettings {
   std::string compact_state = "auto";    // on | off | auto
   std::string step_order = "auto";       // micro | layer | auto
   int optimizer_chunks = 1;
+  int gemm_candidates = 1;     // --gemm_candidates
+  std::string gemm_cache_dir;  // --gemm_cache_dir, or its default resolved
   double pcie_gbps = 55, nvme_gbps = 2, gpu_tflops = 300;  // the cost models' machine
   bool profile = false;
   int64_t timing_skip = 2;

@@ -15,7 +15,8 @@
 # and hjson, pydantic, pydantic-core, annotated-types, typing-inspection, typing-extensions wheels). PyTorch runs at the largest batch that
 # fits (a power of two, probed first; TORCH_BATCH=N fixes it, TORCH_ACCUM=K accumulates K of them a step), ours at
 # BATCH (default 8). PROFILE=0 runs ours without
-# --profile (no per-step breakdown, none of its CUDA events).
+# --profile (no per-step breakdown, none of its CUDA events) and PyTorch without its profiled
+# extra step; with it, a second table gives each run's GPU time and TFLOP/s by kernel class.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/bench/torchao_env.sh
@@ -28,9 +29,11 @@ py_lib=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
 find "$py_lib" -maxdepth 1 -name '*.py' | sort | xargs cat > "$corpus/stdlib.txt"
 echo "== machine: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader); corpus $(du -h "$corpus/stdlib.txt" | cut -f1)"
 results="$out/bench.jsonl"; : > "$results"
+profiles="$out/profile.jsonl"; : > "$profiles"
 budgets="${BUDGETS-24GiB 40GiB}"; tierd_dram="${TIERD_DRAM:-100GiB}"; tierd_nvme="${TIERD_NVME:-40GiB}"
 nvme_dir=/var/tmp/tierd-bench-nvme; tierd_dir=/tmp/tierd-bench
 profile="--profile"; [ "${PROFILE:-1}" = 0 ] && profile=""  # PROFILE=0: no CUDA events around each kernel
+keep_profile() { grep '^profile: ' "$1" | sed 's/^profile: //' >> "$profiles"; }
 for m in $models; do
   if [ "${TORCH:-1}" = 1 ]; then
     for run in ${TORCH_RUNS:-eager compile checkpointing}; do
@@ -41,8 +44,9 @@ for m in $models; do
       echo "== pytorch $m $run"
       python3 tools/bench/torch_baseline.py --model_size="$m" --batch_size="${TORCH_BATCH:-max}" --seq_len=$seq --steps="$steps" \
         --grad_accum_steps="${TORCH_ACCUM:-1}" \
-        --data="$corpus/stdlib.txt" $flags 2>&1 | tee "$out/torch-$m-$run.log" | tail -n 3
+        --data="$corpus/stdlib.txt" $flags $profile 2>&1 | tee "$out/torch-$m-$run.log" | tail -n 3
       tail -n 1 "$out/torch-$m-$run.log" | grep '^{' >> "$results"
+      keep_profile "$out/torch-$m-$run.log"
     done
   fi
   for stage in ${DEEPSPEED:-}; do
@@ -63,6 +67,7 @@ for m in $models; do
     .carry/bin/tierd-train --device=gpu --model_size="$m" --batch_size="$batch" --seq_len=$seq --steps="$steps" \
       --timing_skip="${SKIP:-3}" --eval_every=-1 --data="$corpus" $profile ${OURS_FLAGS:-} 2>&1 | tee "$out/ours-$m.log" | tail -n 4
     grep '^result: ' "$out/ours-$m.log" | sed 's/^result: //' >> "$results"
+    keep_profile "$out/ours-$m.log"
   fi
   for budget in $budgets; do
     echo "== tierd-train --device=gpu $m (--offload_policy=tierd, GPU budget $budget)"
@@ -77,6 +82,7 @@ for m in $models; do
       ${TIERD_RUN_FLAGS:-} 2>&1 |
       tee "$out/ours-$m-tierd-$budget.log" | tail -n 6
     grep '^result: ' "$out/ours-$m-tierd-$budget.log" | sed 's/^result: //' >> "$results"
+    keep_profile "$out/ours-$m-tierd-$budget.log"
     kill -TERM $tierd_pid; wait $tierd_pid
     tail -n 3 "$out/tierd-$m-$budget.log"
   done
@@ -87,15 +93,17 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 base = {r["model"]: r["tokens_per_s"] for r in rows if r["run"] == "pytorch"}
 compiled = {r["model"]: r["tokens_per_s"] for r in rows if r["run"] == "pytorch compiled"}
+float8 = {r["model"]: r["tokens_per_s"] for r in rows if r["run"].startswith("pytorch float8")}
 deepspeed = {r["model"]: r["tokens_per_s"] for r in rows if r["run"].startswith("deepspeed")}
 gib = lambda b: f"{b / 2**30:.1f} GiB"
-print("| model | run | peak GPU memory | tokens/s | vs PyTorch eager | vs compiled | vs DeepSpeed | TFLOP/s (6N) | step s | host waited in acquire, s/step | GPU<-host, GPU->host per step | NVMe read, write per step | GPU-Util (NVML); PCIe busy in, out | loss after the run |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+print("| model | run | peak GPU memory | tokens/s | vs PyTorch eager | vs compiled | vs float8 + compile | vs DeepSpeed | TFLOP/s (6N) | step s | host waited in acquire, s/step | GPU<-host, GPU->host per step | NVMe read, write per step | GPU-Util (NVML); PCIe busy in, out | loss after the run |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for r in rows:
     mem = gib(r.get("peak_gpu_bytes") or r.get("peak_alloc_bytes"))
     ratio = f'{r["tokens_per_s"] / base[r["model"]]:.2f}x' if base.get(r["model"]) else "-"
     ratio_c = f'{r["tokens_per_s"] / compiled[r["model"]]:.2f}x' if compiled.get(r["model"]) else "-"
     ratio_d = f'{r["tokens_per_s"] / deepspeed[r["model"]]:.2f}x' if deepspeed.get(r["model"]) else "-"
+    ratio_8 = f'{r["tokens_per_s"] / float8[r["model"]]:.2f}x' if float8.get(r["model"]) else "-"
     moves = f'{gib(r["h2d_bytes"])}, {gib(r["d2h_bytes"])}' if "h2d_bytes" in r else "-"
     nvme = f'{gib(r["nvme_read_bytes"])}, {gib(r["nvme_write_bytes"])}' if "nvme_read_bytes" in r else "-"
     step = f'{r["step_seconds"]:.2f}' if "step_seconds" in r else "-"
@@ -106,5 +114,19 @@ for r in rows:
 
     run = r["run"] + (f' (batch {r["batch"]}' + (f' x {r["micro_batches"]} micro-batches' if r.get("micro_batches", 1) > 1 else "") + ")"
                       if "batch" in r else "")
-    print(f'| {r["model"]} | {run} | {mem} | {r["tokens_per_s"]:.0f} | {ratio} | {ratio_c} | {ratio_d} | {r["tflops_6n"]:.0f} | {step} | {wait} | {moves} | {nvme} | {use} | {r["final_loss"]:.3f} |')
+    print(f'| {r["model"]} | {run} | {mem} | {r["tokens_per_s"]:.0f} | {ratio} | {ratio_c} | {ratio_8} | {ratio_d} | {r["tflops_6n"]:.0f} | {step} | {wait} | {moves} | {nvme} | {use} | {r["final_loss"]:.3f} |')
+PY
+echo "== where the GPU time goes (ms a step, and TFLOP/s of the work done: recomputed forwards count)"
+python3 - "$profiles" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+classes = ["gemm", "attention", "norm+elementwise", "loss", "optimizer", "fp8 casts", "ranks' gradient sums", "idle"]
+print("| model | run | step ms | " + " | ".join(c.replace("ranks' gradient sums", "comm") for c in classes) + " |")
+print("|---|---|---|" + "---|" * len(classes))
+for r in rows:
+    cells = []
+    for c in classes:
+        e = r.get(c)
+        cells.append("-" if e is None else f'{e["ms"]:.0f}' + (f' ({e["tflops"]:.0f} TF/s)' if e.get("tflops") else ""))
+    print(f'| {r["model"]} | {r["run"]} | {r["step_ms"]:.0f} | ' + " | ".join(cells) + " |")
 PY

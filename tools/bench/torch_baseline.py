@@ -9,11 +9,14 @@ llama3-8b preset: Llama 3.1 8B's shape, 8 key/value heads, a 128256-token vocabu
 --float8: torchao's float8 training (tensorwise scaling, the recipe torchtitan ships) on the
 decoder layers' linear maps, the head left in bf16, with torch.compile. Prints one JSON line
 at the end: model, batch, checkpointing, compile, tokens/s, TFLOP/s (6N), peak allocated GPU
-bytes, final loss.
+bytes, final loss. --profile: the last step under torch.profiler, its GPU time by kernel class
+(the classes of tierd-train --profile: gemm, attention, norm+elementwise, loss, optimizer,
+fp8 casts; idle the rest of the step) with each class's TFLOP/s, as one "profile:" line.
 """
 import argparse
 import json
 import math
+import re
 import time
 
 import torch
@@ -140,6 +143,59 @@ def largest_batch(model, seq_len, vocab, limit=64):
     return best
 
 
+# Kernel names to tierd-train's profile classes, first match wins. cuBLAS(Lt) and CUTLASS
+# kernels, Triton's matmul templates and torch._scaled_mm are GEMMs; SDPA's flash and
+# memory-efficient kernels attention; torch.compile's fused Triton kernels that take an amax
+# or write float8 are torchao's casts; the rest is element-wise work (norms, RoPE, SwiGLU,
+# residual adds, casts to bf16, fused by torch.compile or not).
+CLASSES = [
+    ("attention", re.compile(r"flash|fmha|attention|sdpa|efficient_attention", re.I)),
+    ("gemm", re.compile(r"gemm|cutlass|xmma|nvjet|cublas|sm90_|sm80_|_mm_|tem_fused|scaled_mm|matmul", re.I)),
+    ("optimizer", re.compile(r"adam|multi_tensor|foreach", re.I)),
+    ("loss", re.compile(r"cross_entropy|nll_loss|log_softmax", re.I)),
+    ("fp8 casts", re.compile(r"amax|float8|fp8|e4m3|e5m2", re.I)),
+]
+ORDER = ["gemm", "attention", "norm+elementwise", "loss", "optimizer", "fp8 casts"]
+
+
+def kernel_class(name):
+    for cls, pattern in CLASSES:
+        if pattern.search(name):
+            return cls
+    return "norm+elementwise"
+
+
+def profile_line(prof, step_ms, run, model_size, flops):
+    """One "profile:" JSON line: each class's GPU milliseconds and TFLOP/s in the step."""
+    ms = {c: 0.0 for c in ORDER}
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        us = getattr(e, "device_time", None)
+        if us is None:
+            us = e.cuda_time
+        ms[kernel_class(e.name)] += us / 1e3
+    out = {"run": run, "model": model_size, "step_ms": round(step_ms, 2)}
+    for c in ORDER:
+        out[c] = {"ms": round(ms[c], 2), "tflops": round(flops.get(c, 0) / (ms[c] * 1e-3) / 1e12, 1) if ms[c] else 0}
+    out["idle"] = {"ms": round(max(0.0, step_ms - sum(ms.values())), 2), "tflops": 0}
+    return "profile: " + json.dumps(out)
+
+
+def step_flops(layers, c, h, f, v, kv, tokens, seq_len, checkpointing):
+    """The step's GEMM and attention floating-point operations, as tierd-train counts them:
+    each linear map 2mnk forward and twice that backward, causal attention 2 b h s^2 d forward
+    and 2.5 times that backward; a checkpointed layer's forward twice."""
+    d = c // h
+    kvd = (kv or h) * d
+    layer_weights = c * c + 2 * c * kvd + c * c + 3 * c * f
+    passes = 4 if checkpointing else 3  # forward, backward (2x), the recomputed forward
+    gemm = 2.0 * tokens * (layers * layer_weights * passes + c * v * 3)
+    fwd_attention = 2.0 * (tokens / seq_len) * h * seq_len * seq_len * d
+    attention = layers * fwd_attention * (2.5 + (2 if checkpointing else 1))
+    return {"gemm": gemm, "attention": attention}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--model_size", default="1.3b")
@@ -160,6 +216,8 @@ def main():
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--warmup", type=int, default=10, help="linear warmup, then cosine to lr/10 (as tierd-train)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--profile", action="store_true",
+                   help="the last step under torch.profiler: GPU time and TFLOP/s by kernel class (one line)")
     p.add_argument("--init", default="tierd", choices=["tierd", "torch"],
                    help="tierd: the reference trainer's initialisation (comparable losses); torch: PyTorch's defaults")
     a = p.parse_args()
@@ -188,12 +246,19 @@ def main():
     torch.cuda.reset_peak_memory_stats()
     accum = max(1, a.grad_accum_steps)
     timed, tokens, loss = 0.0, a.batch_size * a.seq_len * accum, float("nan")
-    for step in range(1, a.steps + 1):
+    final_loss = float("nan")
+    # --profile: one step more, under the profiler, outside the timing and the reported loss.
+    for step in range(1, a.steps + 1 + (1 if a.profile else 0)):
         batches = []
         for _ in range(accum):
             starts = torch.randint(0, len(data) - a.seq_len - 1, (a.batch_size,))
             batches.append(torch.stack([data[s:s + a.seq_len + 1] for s in starts.tolist()]).cuda())
         torch.cuda.synchronize()
+        prof = None
+        if a.profile and step == a.steps + 1:
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                      torch.profiler.ProfilerActivity.CUDA])
+            prof.__enter__()
         t0 = time.time()
         total = 0.0
         for batch in batches[:-1]:  # each micro-batch's gradients added into .grad, scaled by 1/K
@@ -218,7 +283,14 @@ def main():
         opt.zero_grad(set_to_none=True)
         loss = (total + out.detach()).item()  # waits for the step
         dt = time.time() - t0
-        if step > a.timing_skip:
+        if step == a.steps:
+            final_loss = loss
+        if prof is not None:
+            prof.__exit__(None, None, None)
+            run = "pytorch" + (" float8" if a.float8 else "") + (" compiled" if a.compile else "")
+            flops = step_flops(layers, c, h, f, v, kv, tokens, a.seq_len, a.checkpointing)
+            print(profile_line(prof, dt * 1e3, run, a.model_size, flops), flush=True)
+        if a.timing_skip < step <= a.steps:
             timed += dt
         print(f"torch step {step}: loss {loss:.4f} {dt * 1e3:.0f} ms", flush=True)
     tps = tokens * (a.steps - a.timing_skip) / timed if timed > 0 else 0.0
@@ -228,7 +300,7 @@ def main():
                       "model": a.model_size,
                       "params": params, "batch": a.batch_size * accum, "seq": a.seq_len, "tokens_per_s": tps,
                       "tflops_6n": 6 * params * tps / 1e12, "peak_alloc_bytes": torch.cuda.max_memory_allocated(),
-                      "final_loss": loss}), flush=True)
+                      "final_loss": final_loss}), flush=True)
 
 
 if __name__ == "__main__":

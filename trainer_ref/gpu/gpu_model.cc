@@ -11,7 +11,7 @@
 
 namespace tierd::trainer::gpu {
 
-std::vector<std::pair<std::string, double>> GpuModel::TakeProfile() {
+std::vector<GpuModel::ProfileEntry> GpuModel::TakeProfile() {
   cudaStreamSynchronize(stream_);
   double ms[kCategories] = {};
   for (const Span& s : spans_) {
@@ -22,8 +22,10 @@ std::vector<std::pair<std::string, double>> GpuModel::TakeProfile() {
     cudaEventDestroy(s.end);
   }
   spans_.clear();
-  std::vector<std::pair<std::string, double>> out;
-  for (int c = 0; c < kCategories; ++c) out.push_back({kCategoryNames[c], ms[c]});
+  flops_.resize(kCategories, 0.0);
+  std::vector<ProfileEntry> out;
+  for (int c = 0; c < kCategories; ++c) out.push_back({kCategoryNames[c], ms[c], flops_[c]});
+  flops_.assign(kCategories, 0.0);
   return out;
 }
 
@@ -40,7 +42,9 @@ GpuModel::GpuModel(const ModelConfig& config, int batch, int seq, const StateOpt
                                    .adafactor = state.adafactor,
                                    .moments_8bit = state.moments_8bit,
                                    .moments_8bit_min = state.moments_8bit_min})),
-      compact_(state.compact) {
+      compact_(state.compact),
+      gemm_candidates_(state.gemm_candidates),
+      gemm_cache_dir_(state.gemm_cache_dir) {
   const ParamEntries entries = ParamEntriesOf(config);
   embed_ = entries.embed;
   layers_ = entries.layers;
@@ -146,7 +150,7 @@ absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x) {
     });
   };
   auto linear = [&](Bf16* out, const Bf16* in, size_t e, LinearIndex k, int ic, int oc) {
-    return Timed(kGemm, [&] {
+    return TimedFlops(kGemm, 2.0 * n * ic * oc, [&] {
       return codes            ? fp8->ForwardFromCodes(out, in8, l, k, CodesOf(l, k), n, ic, oc, stream_)
              : fp8 != nullptr ? fp8->Forward(out, in8, l, k, W(e), n, ic, oc, stream_)
                               : gemm_->Forward(out, in, W(e), n, ic, oc, stream_);
@@ -174,7 +178,7 @@ absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x) {
     RopeForward(a.k, batch_, seq_, kvh, d, rope_, stream_);
     return 0;
   });
-  RETURN_IF_ERROR(Timed(kAttention, [&] {
+  RETURN_IF_ERROR(TimedFlops(kAttention, AttentionFlops(batch_, seq_, h, d, false), [&] {
     if (!Grouped()) {
       return Cuda(AttentionForward(a.a, a.lse, a.q, a.k, a.v, batch_, seq_, h, d, stream_), "attention forward");
     }
@@ -297,7 +301,7 @@ absl::Status GpuModel::HeadForward(const float* x, const int32_t* targets, int c
   });
   for (int row = 0; row < n; row += head_rows_) {
     const int rows = std::min(head_rows_, n - row);
-    RETURN_IF_ERROR(Timed(kGemm, [&] {
+    RETURN_IF_ERROR(TimedFlops(kGemm, 2.0 * rows * c * v, [&] {
       return gemm_->Forward(logits_, xf_ + static_cast<size_t>(row) * c, W(head_), rows, c, v, stream_);
     }));
     Timed(kLoss, [&] {  // unchunked, the gradient too (the backward's); chunked, it is made there
@@ -331,7 +335,7 @@ absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx) {
   };
   // `first`: din's first contribution, written (din = ...) rather than added, so no zeroing.
   auto linear = [&](Bf16* din, const Bf16* dout, const Bf16* in, size_t e, LinearIndex k, int ic, int oc, bool first) {
-    return Timed(kGemm, [&] {
+    return TimedFlops(kGemm, 4.0 * n * ic * oc, [&] {
       return codes ? fp8->BackwardFromCodes(din, G(e), dout, in8_t, l, k, CodesOf(l, k), n, ic, oc, stream_, !first)
              : fp8 != nullptr ? fp8->Backward(din, G(e), dout, in8_t, l, k, W(e), n, ic, oc, stream_, !first)
                               : gemm_->Backward(din, G(e), dout, in, W(e), n, ic, oc, stream_, !first);
@@ -363,7 +367,7 @@ absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx) {
   cast(a.a, kLinearO, qd);
   RETURN_IF_ERROR(linear(da_, dx16_, a.a, w.wo, kLinearO, qd, c, /*first=*/true));
   const int64_t scratch_bytes = AttentionBackwardScratchBytes(batch_, seq_, h, d);
-  RETURN_IF_ERROR(Timed(kAttention, [&] {
+  RETURN_IF_ERROR(TimedFlops(kAttention, AttentionFlops(batch_, seq_, h, d, true), [&] {
     if (!Grouped()) {
       return Cuda(AttentionBackward(dq_, dk_, dv_, da_, a.a, a.lse, attention_scratch_, scratch_bytes, a.q, a.k, a.v,
                                     batch_, seq_, h, d, stream_),
@@ -451,19 +455,21 @@ absl::Status GpuModel::HeadBackward(const float* x_out, float* dx, const int32_t
   if (!HeadChunked()) {
     RETURN_IF_ERROR(Cuda(cudaMemsetAsync(dxf_, 0, nc * sizeof(Bf16), stream_), "zero"));
     RETURN_IF_ERROR(
-        Timed(kGemm, [&] { return gemm_->Backward(dxf_, G(head_), dlogits_, xf_, W(head_), n, c, v, stream_); }));
+        TimedFlops(kGemm, 4.0 * n * c * v,
+                   [&] { return gemm_->Backward(dxf_, G(head_), dlogits_, xf_, W(head_), n, c, v, stream_); }));
   } else {
     // The logits again, a chunk of rows at a time: its gradient, then its rows of dxf (written)
     // and its share of the head's gradient (added, in the rows' order).
     for (int row = 0; row < n; row += head_rows_) {
       const int rows = std::min(head_rows_, n - row);
       const Bf16* xf = xf_ + static_cast<size_t>(row) * c;
-      RETURN_IF_ERROR(Timed(kGemm, [&] { return gemm_->Forward(logits_, xf, W(head_), rows, c, v, stream_); }));
+      RETURN_IF_ERROR(TimedFlops(kGemm, 2.0 * rows * c * v,
+                                 [&] { return gemm_->Forward(logits_, xf, W(head_), rows, c, v, stream_); }));
       Timed(kLoss, [&] {
         CrossEntropy(losses_ + row, dlogits_, logits_, targets + row, rows, v, counted, stream_);
         return 0;
       });
-      RETURN_IF_ERROR(Timed(kGemm, [&] {
+      RETURN_IF_ERROR(TimedFlops(kGemm, 4.0 * rows * c * v, [&] {
         return gemm_->Backward(dxf_ + static_cast<size_t>(row) * c, G(head_), dlogits_, xf, W(head_), rows, c, v,
                                stream_, /*accumulate_din=*/false);
       }));

@@ -101,6 +101,10 @@ struct StateOptions {
   // the GPU's optimizer) the codes are made again on the GPU at the layer's next use, from the
   // bf16 part: the same bits.
   bool fp8_weight_codes = false;
+  // Not the state's but the model's GEMMs (Gemm's GemmOptions): how many of cuBLASLt's
+  // candidates a new shape's first call times, and where the choices are cached.
+  int gemm_candidates = 1;
+  std::string gemm_cache_dir;
   // The head's logits this many rows at a time (0: HeadRows's choice; tests set it smaller to
   // see the chunks at small shapes).
   int head_rows = 0;
@@ -222,11 +226,18 @@ class GpuModel {
   // ... of it writing FP8 weight codes (StateOptions::fp8_weight_codes).
   double HostCodesSeconds() const { return host_codes_nanos_.load() * 1e-9; }
   // Where the GPU time goes: with profiling on, each kernel or GEMM is bracketed by CUDA
-  // events (costly; for measurement runs) and TakeProfile returns the milliseconds per
-  // category since the last call: "gemm", "attention", "norm+elementwise", "loss",
-  // "optimizer".
+  // events (costly; for measurement runs) and TakeProfile returns, per category since the
+  // last call ("gemm", "attention", "norm+elementwise", "loss", "optimizer", "fp8 casts",
+  // "comm"), the milliseconds and the floating-point operations of the GEMMs and attention
+  // queued in them (the work done, recomputed forwards included; 0 for the others).
   void EnableProfile(bool on) { profiling_ = on; }
-  std::vector<std::pair<std::string, double>> TakeProfile();
+  // The GEMM shapes planned so far and how each algorithm was chosen (Gemm::DescribePlans).
+  std::vector<std::string> GemmPlans() const { return gemm_->DescribePlans(); }
+  struct ProfileEntry {
+    std::string name;
+    double ms = 0, flops = 0;
+  };
+  std::vector<ProfileEntry> TakeProfile();
   // The decoder layers' seven linear maps in FP8 (fp8_linear.h: E4M3 weights and inputs,
   // E5M2 output gradients, each tensor of each layer at its own scale, delayed or current)
   // instead of bf16; the embedding, the norms, attention, the element-wise kernels and the
@@ -460,6 +471,8 @@ class GpuModel {
     return static_cast<unsigned char*>(part) + MomentOffset(e);
   }
   bool compact_ = false;
+  int gemm_candidates_ = 1;
+  std::string gemm_cache_dir_;
   float* optimizer_scratch_ = nullptr;  // GpuOptimizer::ScratchFloats
   // The compact state's workspaces (one group each): the gradients of the group whose
   // backward is running (accumulating_group_, fp32), and the bf16 weights of weights_group_.
@@ -516,7 +529,11 @@ class GpuModel {
   double MicroBatchLoss(int micro) const;      // after the stream's wait
   template <typename Fn>
   auto Timed(int category, Fn&& fn);
+  // Timed, counting `flops` to the category (a GEMM's 2mnk, attention's matmuls).
+  template <typename Fn>
+  auto TimedFlops(int category, double flops, Fn&& fn);
   bool profiling_ = false;
+  std::vector<double> flops_;  // by category, since the last TakeProfile
   struct Span {
     int category;
     cudaEvent_t start, end;

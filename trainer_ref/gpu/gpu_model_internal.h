@@ -54,6 +54,23 @@ auto GpuModel::Timed(int category, Fn&& fn) {
   return result;
 }
 
+template <typename Fn>
+auto GpuModel::TimedFlops(int category, double flops, Fn&& fn) {
+  if (profiling_) {
+    flops_.resize(kCategories, 0.0);
+    flops_[category] += flops;
+  }
+  return Timed(category, std::forward<Fn>(fn));
+}
+
+// The floating-point operations of causal attention over `batch` sequences of `seq` with
+// `heads` query heads of `head_dim`: QK^T and PV, each 2 s^2 d a head, half of it under the
+// mask; its backward does 2.5 times that (S again, dV, dP, dQ, dK), as FlashAttention counts.
+inline double AttentionFlops(int batch, int seq, int heads, int head_dim, bool backward) {
+  const double forward = 2.0 * batch * heads * static_cast<double>(seq) * seq * head_dim;
+  return backward ? 2.5 * forward : forward;
+}
+
 }  // namespace tierd::trainer::gpu
 
 #endif  // TIERD_TRAINER_REF_GPU_GPU_MODEL_INTERNAL_H_

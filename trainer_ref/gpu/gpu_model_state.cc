@@ -160,7 +160,8 @@ std::vector<std::string> GpuModel::Fp8FallBack(int in_a_row) {
 absl::Status GpuModel::Allocate() {
   RETURN_IF_ERROR(Cuda(cudaStreamCreate(&stream_), "stream"));
   RETURN_IF_ERROR(Cuda(cudaStreamCreate(&host_stream_), "host optimizer stream"));
-  auto gemm = Gemm::Create(kGemmWorkspace);
+  auto gemm = Gemm::Create(
+      {.workspace_bytes = kGemmWorkspace, .candidates = gemm_candidates_, .cache_dir = gemm_cache_dir_});
   if (!gemm.ok()) return gemm.status();
   gemm_ = std::move(*gemm);
   device_bytes_ += kGemmWorkspace;

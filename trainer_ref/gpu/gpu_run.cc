@@ -130,8 +130,10 @@ int GpuRun::Step(int64_t step) {
     timed_releases_ += model_->ReleaseSeconds() - released0;
     timed_to_ = after;
     ++timed_steps_;
-    if (profile_.empty()) profile_.assign(spent.size(), {"", 0.0});
-    for (size_t k = 0; k < spent.size(); ++k) profile_[k] = {spent[k].first, profile_[k].second + spent[k].second};
+    if (profile_.empty()) profile_.assign(spent.size(), {});
+    for (size_t k = 0; k < spent.size(); ++k) {
+      profile_[k] = {spent[k].name, profile_[k].ms + spent[k].ms, profile_[k].flops + spent[k].flops};
+    }
   }
   last_loss_ = loss;
   const double spike = spikes_.Check(step, loss, window_);

@@ -107,7 +107,7 @@ class GpuRun {
   std::ofstream metrics_;
   RunCurves curves_;
   std::vector<int32_t> inputs_, targets_;
-  std::vector<std::pair<std::string, double>> profile_;  // ms summed over the timed steps
+  std::vector<GpuModel::ProfileEntry> profile_;  // ms and FLOPs summed over the timed steps
   // NVML's GPU-Util (null: no NVML), with marks where each step's and the timed steps' samples begin.
   std::unique_ptr<GpuUtilisation> util_;
   uint64_t step_mark_ = 0, timed_mark_ = 0;

@@ -78,7 +78,14 @@ absl::StatusOr<GpuPlan> ResolveGpuPlan(const RunSettings& s) {
           s.Given("tierd_dram") ? "--tierd_dram" : "auto (the state beyond the GPU quota)");
     t.Add("tierd plan", s.tierd_plan ? "the step's graph registered" : "none (tierd's online policy)",
           s.Given("tierd_plan") ? "--tierd_plan" : "default");
-  } else {
+  }
+  t.Add("GEMM algorithms",
+        s.gemm_candidates > 1
+            ? absl::StrFormat("the fastest of cuBLASLt's first %d a shape, cached in %s", s.gemm_candidates,
+                              s.gemm_cache_dir)
+            : std::string("cuBLASLt's heuristic first choice"),
+        s.Given("gemm_candidates") ? "--gemm_candidates" : "default");
+  if (!s.tierd) {
     t.Add("GPU memory", absl::StrFormat("plain buffers: state %s + workspace %s", FormatBytes(plan.layout.Total()),
                                         FormatBytes(plan.workspace)),
           "the state as laid out");

@@ -53,16 +53,16 @@ void GpuRun::Summary() {
   }
   // One JSON line for the benchmark harness; bytes per link and waits per timed step.
   const double per = timed_steps_ > 0 ? 1.0 / timed_steps_ : 0.0;
+  const std::string run = "ours " + (s_.tierd ? "tierd " + s_.gpu_budget_text : std::string("none")) +
+                          (s_.checkpointing ? " + checkpointing" : "") + (optimizer_on_cpu_ ? " + CPU AdamW" : "") +
+                          (fp8_ ? " + fp8" : "");
   std::printf(
-      "result: {\"run\": \"ours %s\", \"model\": \"%s\", \"batch\": %d, \"micro_batches\": %d, "
+      "result: {\"run\": \"%s\", \"model\": \"%s\", \"batch\": %d, \"micro_batches\": %d, "
       "\"tokens_per_s\": %.1f, \"tflops_6n\": %.1f, "
       "\"final_loss\": %.6f, \"peak_gpu_bytes\": %lu, \"step_seconds\": %.4f, \"acquire_wait_seconds\": %.4f, "
       "\"h2d_bytes\": %.0f, \"d2h_bytes\": %.0f, \"nvme_read_bytes\": %.0f, \"nvme_write_bytes\": %.0f, "
       "\"gpu_util\": %.1f, \"pcie_in_busy\": %.4f, \"pcie_out_busy\": %.4f, \"device_bytes\": %lu}\n",
-      ((s_.tierd ? "tierd " + s_.gpu_budget_text : std::string("none")) +
-       (s_.checkpointing ? " + checkpointing" : "") + (optimizer_on_cpu_ ? " + CPU AdamW" : "") +
-       (fp8_ ? " + fp8" : ""))
-          .c_str(),
+      run.c_str(),
       s_.config.name.c_str(), s_.batch, s_.accum, tps, 6.0 * params * tps / 1e12, last_loss_,
       static_cast<unsigned long>(memory_bytes), timed_seconds_ * per, timed_waits_ * per,
       (timed_to_.host_to_gpu - timed_from_.host_to_gpu) * per, (timed_to_.gpu_to_host - timed_from_.gpu_to_host) * per,
@@ -72,8 +72,9 @@ void GpuRun::Summary() {
     const double step_ms = timed_seconds_ * 1e3 / timed_steps_;
     std::string line = absl::StrFormat("where a step's %.0f ms go:", step_ms);
     double kernels = 0;
-    for (const auto& [name, ms] : profile_) {
-      line += absl::StrFormat(" %s %.0f ms (%.0f%%),", name, ms / timed_steps_, 100 * ms / timed_steps_ / step_ms);
+    for (const auto& [name, ms, flops] : profile_) {
+      line += absl::StrFormat(" %s %.0f ms (%.0f%%%s),", name, ms / timed_steps_, 100 * ms / timed_steps_ / step_ms,
+                              flops > 0 && ms > 0 ? absl::StrFormat(", %.0f TFLOP/s", flops / (ms * 1e-3) / 1e12) : "");
       kernels += ms / timed_steps_;
     }
     line += absl::StrFormat(" the GPU idle (waiting for the host, moves, syncs) %.0f ms", step_ms - kernels);
@@ -86,6 +87,19 @@ void GpuRun::Summary() {
           model_->HostOptimizerSeconds() * 1e3 / std::max<int64_t>(1, s_.steps - curves_.first_step + 1));
     }
     std::printf("%s\n", line.c_str());
+    // The same as one JSON line, for the benchmark harness's table beside PyTorch's profile.
+    std::string json = absl::StrFormat("profile: {\"run\": \"%s\", \"model\": \"%s\", \"step_ms\": %.2f", run,
+                                       s_.config.name, step_ms);
+    for (const auto& [name, ms, flops] : profile_) {
+      json += absl::StrFormat(", \"%s\": {\"ms\": %.2f, \"tflops\": %.1f}", name, ms / timed_steps_,
+                              ms > 0 ? flops / (ms * 1e-3) / 1e12 : 0.0);
+    }
+    json += absl::StrFormat(", \"idle\": {\"ms\": %.2f, \"tflops\": 0}}", step_ms - kernels);
+    std::printf("%s\n", json.c_str());
+    if (s_.gemm_candidates > 1) {
+      std::printf("GEMM shapes and their algorithms (--gemm_candidates=%d):\n", s_.gemm_candidates);
+      for (const std::string& plan : model_->GemmPlans()) std::printf("  %s\n", plan.c_str());
+    }
   }
   if (s_.tierd)
     std::printf("tierd ring calls of this process (over the run): %s\n", model_->home().HotPathNote().c_str());

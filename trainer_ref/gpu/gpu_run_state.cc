@@ -31,7 +31,9 @@ StateOptions BaseState(const RunSettings& s, int layer_major_micro_batches = 0, 
           .moments_8bit_min = s.moments_8bit_min,
           .compact = compact,
           .lion = s.lion,
-          .adafactor = s.adafactor};
+          .adafactor = s.adafactor,
+          .gemm_candidates = s.gemm_candidates,
+          .gemm_cache_dir = s.gemm_cache_dir};
 }
 
 // Without --tierd_dram the DRAM quota is what the state needs beyond the GPU, at most this.

@@ -113,7 +113,8 @@ int Main() {
   cudaEventCreate(&stop);
   // The trainer's micro-batches: 1.3B at 2 and 4 sequences, 7B at 4; head size 128.
   for (const Shape& s :
-       {Shape{"1.3b", 2, 2048, 16, 128}, Shape{"1.3b", 4, 2048, 16, 128}, Shape{"7b", 4, 2048, 32, 128}}) {
+       {Shape{"1.3b", 2, 2048, 16, 128}, Shape{"1.3b", 4, 2048, 16, 128}, Shape{"1.3b", 8, 2048, 16, 128},
+        Shape{"7b", 4, 2048, 32, 128}}) {
     if (!Bench(s, start, stop)) {
       std::fprintf(stderr, "attention_bench: CUDA failed at %s (%s)\n", s.model,
                    cudaGetErrorString(cudaGetLastError()));

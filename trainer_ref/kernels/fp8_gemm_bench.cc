@@ -225,13 +225,32 @@ int Main() {
   const struct {
     const char* model;
     int n, c, f;
-  } layers[] = {{"1.3b", 4096, 2048, 5504}, {"1.3b", 8192, 2048, 5504}, {"7b", 8192, 4096, 11008}};
+  } layers[] = {{"1.3b", 4096, 2048, 5504}, {"1.3b", 16384, 2048, 5504}, {"7b", 8192, 4096, 11008}};
   for (const auto& l : layers) {
     if (!LayerBench(**gemm, l.model, l.n, l.c, l.f, start, stop)) {
       std::fprintf(stderr, "fp8_gemm_bench: the layer bench failed at %s, %d rows\n", l.model, l.n);
       return 1;
     }
   }
+  // The same layers with each GEMM shape's algorithm the fastest of cuBLASLt's first 8
+  // candidates (timed at the shape's first call), side by side with the rows above.
+  GemmOptions searched_options;
+  searched_options.candidates = 8;
+  auto searched = Gemm::Create(searched_options);
+  if (!searched.ok()) {
+    std::fprintf(stderr, "fp8_gemm_bench: %s\n", std::string(searched.status().message()).c_str());
+    return 1;
+  }
+  std::printf("\nThe same, each shape's algorithm the fastest of cuBLASLt's first %d candidates:\n",
+              searched_options.candidates);
+  for (const auto& l : layers) {
+    if (!LayerBench(**searched, l.model, l.n, l.c, l.f, start, stop)) {
+      std::fprintf(stderr, "fp8_gemm_bench: the searched layer bench failed at %s, %d rows\n", l.model, l.n);
+      return 1;
+    }
+  }
+  std::printf("\nThe shapes' choices (time of the fastest and of the heuristic's first, 3 runs each):\n");
+  for (const std::string& line : (*searched)->DescribePlans()) std::printf("  %s\n", line.c_str());
   return 0;
 }
 

@@ -10,9 +10,11 @@
 
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -341,6 +343,84 @@ TEST(GpuOpsTest, MatmulForwardAndBackwardThroughCublasLt) {
   std::vector<float> din_only(size_t{n} * ic, 0.f), unused(size_t{oc} * ic, 0.f);
   cpu::MatmulBackward(din_only.data(), unused.data(), dout.values.data(), in.values.data(), w.values.data(), n, ic, oc);
   EXPECT_EQ(CompareBf16(Floats(d_din.Host()), din_only, 1e-2f, "matmul din, written"), 0);
+}
+
+// With a timed search (GemmOptions::candidates), the first call of each shape tries the
+// heuristic's candidates into a scratch output: the results are the CPU reference's still,
+// an accumulating call's output holds its old values plus the product (the candidates did
+// not write into it), and each shape is planned once however often it is called.
+TEST(GpuOpsTest, SearchedGemmPlansEachShapeOnceAndLeavesTheOutputAlone) {
+  EXPECT_EQ(Gemm::Create(GemmOptions{.candidates = 0}).status().code(), absl::StatusCode::kInvalidArgument);
+  SKIP_WITHOUT_GPU();
+  auto gemm = Gemm::Create(GemmOptions{.candidates = 8});
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  std::mt19937_64 rng(11);
+  const int n = 256, ic = 192, oc = 320;
+  const Bf16Data in = Random(size_t{n} * ic, rng), w = Random(size_t{oc} * ic, rng, 0.1f),
+                 dout = Random(size_t{n} * oc, rng), din0 = Random(size_t{n} * ic, rng),
+                 dw0 = Random(size_t{oc} * ic, rng);
+  Device<Bf16> d_in(in.bits), d_w(w.bits), d_out{std::vector<Bf16>(size_t{n} * oc)}, d_dout(dout.bits),
+      d_din(din0.bits);
+  Device<float> d_dw(dw0.values);
+  for (int twice = 0; twice < 2; ++twice) {
+    ASSERT_TRUE((*gemm)->Forward(d_out.get(), d_in.get(), d_w.get(), n, ic, oc, nullptr).ok());
+  }
+  ASSERT_TRUE((*gemm)->Backward(d_din.get(), d_dw.get(), d_dout.get(), d_in.get(), d_w.get(), n, ic, oc, nullptr).ok());
+  std::vector<float> out(size_t{n} * oc), din = din0.values, dw = dw0.values;
+  cpu::MatmulForward(out.data(), in.values.data(), w.values.data(), n, ic, oc);
+  cpu::MatmulBackward(din.data(), dw.data(), dout.values.data(), in.values.data(), w.values.data(), n, ic, oc);
+  EXPECT_EQ(CompareBf16(Floats(d_out.Host()), out, 1e-2f, "searched matmul out"), 0);
+  EXPECT_EQ(CompareBf16(Floats(d_din.Host()), din, 1e-2f, "searched matmul din (accumulated)"), 0);
+  EXPECT_EQ(CompareF32(d_dw.Host(), dw, 1e-4f, 1e-4f, "searched matmul dweight (accumulated, fp32)"), 0);
+  EXPECT_EQ((*gemm)->plans(), 3u) << "forward, din, dweight";
+  ASSERT_TRUE((*gemm)->Forward(d_out.get(), d_in.get(), d_w.get(), n, ic, oc, nullptr).ok());
+  EXPECT_EQ((*gemm)->plans(), 3u);
+  for (const std::string& line : (*gemm)->DescribePlans()) std::printf("%s\n", line.c_str());
+}
+
+// The searched choices go to a cache file; a second Gemm (the next process: a resumed run)
+// takes them from it without timing and gives the same bits. A line that does not parse is
+// skipped and counted, the others still used.
+TEST(GpuOpsTest, SearchedChoicesAreCachedOnDiskAndGiveTheSameBits) {
+  SKIP_WITHOUT_GPU();
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/gemm-cache-" + std::to_string(getpid());
+  GemmOptions options{.candidates = 4, .cache_dir = dir};
+  std::mt19937_64 rng(12);
+  const int n = 128, ic = 256, oc = 192;
+  const Bf16Data in = Random(size_t{n} * ic, rng), w = Random(size_t{oc} * ic, rng, 0.1f),
+                 dout = Random(size_t{n} * oc, rng);
+  Device<Bf16> d_in(in.bits), d_w(w.bits), d_dout(dout.bits);
+  auto run = [&](Gemm& gemm) {
+    Device<Bf16> out{std::vector<Bf16>(size_t{n} * oc)}, din{std::vector<Bf16>(size_t{n} * ic)};
+    Device<float> dw{std::vector<float>(size_t{oc} * ic)};
+    EXPECT_TRUE(gemm.Forward(out.get(), d_in.get(), d_w.get(), n, ic, oc, nullptr).ok());
+    EXPECT_TRUE(gemm.Backward(din.get(), dw.get(), d_dout.get(), d_in.get(), d_w.get(), n, ic, oc, nullptr).ok());
+    std::vector<float> bits = Floats(out.Host());
+    for (float x : Floats(din.Host())) bits.push_back(x);
+    for (float x : dw.Host()) bits.push_back(x);
+    return bits;
+  };
+  auto first = Gemm::Create(options);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const std::vector<float> searched = run(**first);
+  EXPECT_EQ((*first)->cache_hits(), 0);
+  const std::string file = (*first)->cache_file();
+  ASSERT_NE(file.find("best-of-4"), std::string::npos) << file;
+  {
+    std::ofstream append(file, std::ios::app);
+    append << "not a line of the cache\n";
+  }
+  auto second = Gemm::Create(options);
+  ASSERT_TRUE(second.ok());
+  const std::vector<float> again = run(**second);
+  EXPECT_EQ((*second)->cache_hits(), 3) << "forward, din, dweight from the file";
+  EXPECT_EQ((*second)->cache_lines_skipped(), 1);
+  ASSERT_EQ(searched.size(), again.size());
+  EXPECT_EQ(std::memcmp(searched.data(), again.data(), searched.size() * sizeof(float)), 0);
+  for (const std::string& line : (*second)->DescribePlans()) {
+    EXPECT_NE(line.find("from the cache file"), std::string::npos) << line;
+  }
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 
 With a toolkit (nvcc + cuda_runtime.h under TIERD_CUDA_PATH, default
 /usr/local/cuda): cc_library targets for the headers, cudart and cuBLASLt, and
-HAS_CUDA = True in @local_cuda//:defs.bzl. Without one: the same targets, empty,
+HAS_CUDA = True in @local_cuda//:defs.bzl (HAS_CUDNN too when cudnn.h is beside
+the toolkit's headers: cuDNN's attention is built). Without one: the same targets, empty,
 HAS_CUDA = False, and one message at fetch time saying the build is CPU-only
 (the fake GPU is used at run time).
 """
@@ -56,7 +57,10 @@ def _cuda_configure_impl(rctx):
               "building CPU-only; the fake GPU will stand in for the GPU tier.")
         rctx.file("BUILD.bazel", _EMPTY_BUILD.format(path = path))
     rctx.file("WORKSPACE", "workspace(name = %r)\n" % rctx.name)
-    rctx.file("defs.bzl", "HAS_CUDA = %s\nCUDA_PATH = %r\n" % (has_cuda, path))
+    # cuDNN's header beside the toolkit's: cuDNN's fused attention is built (and loaded at run
+    # time where libcudnn.so.9 is found); without it, our own attention kernels only.
+    has_cudnn = has_cuda and rctx.path(path + "/include/cudnn.h").exists
+    rctx.file("defs.bzl", "HAS_CUDA = %s\nHAS_CUDNN = %s\nCUDA_PATH = %r\n" % (has_cuda, has_cudnn, path))
 
 cuda_configure = repository_rule(
     implementation = _cuda_configure_impl,

@@ -215,6 +215,11 @@ ABSL_FLAG(bool, optimizer_deferred, true,
           "GPU, --offload_policy=tierd, AdamW on the GPU: each layer's update runs just before the layer's next "
           "forward (its master weights and moments stream in while the layers before it compute) instead of all "
           "layers at the end of the step; the same arithmetic and bits");
+ABSL_FLAG(std::string, attention, "auto",
+          "GPU: attention's kernels. cudnn: cuDNN 9's fused attention (libcudnn.so.9 on the library path, opened at "
+          "run time; its Hopper kernels, 2-3x ours on an H200), its deterministic backward; ours: our "
+          "FlashAttention-2-style kernels; auto: cuDNN's when it opens and takes the shape, else ours (the log says "
+          "which and why)");
 ABSL_FLAG(int, gemm_candidates, 1,
           "GPU: time this many of cuBLASLt's candidate algorithms at each GEMM shape's first call (3 runs each, into "
           "a scratch output the size of the GEMM's) and keep the fastest; 1: cuBLASLt's heuristic first choice, "
@@ -537,6 +542,10 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   s.compact_state = absl::GetFlag(FLAGS_compact_state);
   s.step_order = absl::GetFlag(FLAGS_step_order);
   s.optimizer_chunks = absl::GetFlag(FLAGS_optimizer_chunks);
+  s.attention = absl::GetFlag(FLAGS_attention);
+  if (s.attention != "auto" && s.attention != "cudnn" && s.attention != "ours") {
+    return Bad("--attention is auto, cudnn or ours, not '" + s.attention + "'");
+  }
   s.gemm_candidates = absl::GetFlag(FLAGS_gemm_candidates);
   if (s.gemm_candidates < 1 || s.gemm_candidates > 64) {
     return Bad(absl::StrFormat("--gemm_candidates=%d: 1 (cuBLASLt's heuristic first choice) up to 64",
@@ -558,7 +567,7 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   const std::vector<const char*> gpu_only = {
       "gpu_budget",         "optimizer_place", "pcie_gbps",   "nvme_gbps",  "gpu_tflops",    "optimizer_chunks",
       "optimizer_deferred", "profile",         "timing_skip", "step_order", "compact_state", "adamw8bit_min_size",
-      "gemm_candidates",    "gemm_cache_dir"};
+      "gemm_candidates",    "gemm_cache_dir",  "attention"};
   // (The GPU trainer's ranks sync dense: with more than one it refuses the sparse and ZeRO flags.)
   const std::vector<const char*> cpu_only = {"tierd_record",         "zero",           "sparse_grad_ratio",
                                              "sparse_grad_ratio_by", "sync_every",     "sparse_warmup",

@@ -57,11 +57,11 @@ resume_pair() {  # $1: name, rest: flags
 }
 resume_pair plain
 verdict "plain GPU buffers: killed at step 10, resumed from step 8, 12 losses equal the straight run's" $?
-start_tierd "$work/run-resume" 2GiB 16GiB
-resume_pair tierd --offload_policy=tierd --tierd_dir="$work/run-resume" --gpu_budget=2GiB --tierd_dram=8GiB \
+start_tierd "$work/run-resume" 3GiB 16GiB
+resume_pair tierd --offload_policy=tierd --tierd_dir="$work/run-resume" --gpu_budget=3GiB --tierd_dram=8GiB \
   --tierd_nvme=8GiB --optimizer_place=cpu
-verdict "through tierd (2 GiB GPU budget, AdamW on the host): the same" $?
-resume_pair codes --offload_policy=tierd --tierd_dir="$work/run-resume" --gpu_budget=2GiB --tierd_dram=8GiB \
+verdict "through tierd (3 GiB GPU budget, AdamW on the host): the same" $?
+resume_pair codes --offload_policy=tierd --tierd_dir="$work/run-resume" --gpu_budget=3GiB --tierd_dram=8GiB \
   --tierd_nvme=8GiB --optimizer_place=cpu --precision=fp8 --fp8_weight_codes
 verdict "through tierd, FP8 weight codes written by the host's AdamW (remade on the GPU after the resume): the same" $?
 grep -h '^FP8 weight codes' "$out/codes-resumed.log"
@@ -119,7 +119,7 @@ echo "== 6. layer-major through tierd = one micro-batch after the other on plain
 lm="--device=gpu --model_size=124m --batch_size=2 --seq_len=512 --grad_accum_steps=3 --steps=6 --warmup=2 --grad_checkpointing"
 $bin $lm --step_order=micro --metrics="$work/micro.jsonl" > "$out/lm-micro.log" 2>&1
 start_tierd "$work/run-lm" 2GiB 16GiB
-$bin $lm --step_order=layer --offload_policy=tierd --tierd_dir="$work/run-lm" --gpu_budget=2GiB --tierd_dram=8GiB \
+$bin $lm --step_order=layer --offload_policy=tierd --tierd_dir="$work/run-lm" --gpu_budget=3GiB --tierd_dram=8GiB \
   --tierd_nvme=8GiB --optimizer_place=cpu --metrics="$work/layer.jsonl" > "$out/lm-layer.log" 2>&1
 grep -E '^(step|done|tierd: planned)' "$out/lm-layer.log" | cut -c1-220
 kill -TERM $tierd_pid; wait $tierd_pid

@@ -8,6 +8,9 @@
 
 #include "absl/strings/str_format.h"
 #include "trainer_ref/gpu/gpu_model_internal.h"
+#ifdef TIERD_HAVE_CUDNN
+#include "trainer_ref/kernels/cudnn_attention.h"
+#endif
 
 namespace tierd::trainer::gpu {
 
@@ -44,7 +47,8 @@ GpuModel::GpuModel(const ModelConfig& config, int batch, int seq, const StateOpt
                                    .moments_8bit_min = state.moments_8bit_min})),
       compact_(state.compact),
       gemm_candidates_(state.gemm_candidates),
-      gemm_cache_dir_(state.gemm_cache_dir) {
+      gemm_cache_dir_(state.gemm_cache_dir),
+      attention_mode_(state.attention) {
   const ParamEntries entries = ParamEntriesOf(config);
   embed_ = entries.embed;
   layers_ = entries.layers;
@@ -112,6 +116,7 @@ GpuModel::~GpuModel() {
     }
   }
   gemm_.reset();
+  cudnn_attention_.reset();
   home_.reset();
   for (void* p : allocations_) cudaFree(p);
   for (float* p : loss_rows_) cudaFreeHost(p);
@@ -179,6 +184,9 @@ absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x) {
     return 0;
   });
   RETURN_IF_ERROR(TimedFlops(kAttention, AttentionFlops(batch_, seq_, h, d, false), [&] {
+    if (cudnn_attention_ != nullptr) {  // its workspace: ours' backward scratch, free in the forward
+      return cudnn_attention_->Forward(a.a, a.lse, a.q, a.k, a.v, attention_scratch_, stream_);
+    }
     if (!Grouped()) {
       return Cuda(AttentionForward(a.a, a.lse, a.q, a.k, a.v, batch_, seq_, h, d, stream_), "attention forward");
     }
@@ -368,6 +376,9 @@ absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx) {
   RETURN_IF_ERROR(linear(da_, dx16_, a.a, w.wo, kLinearO, qd, c, /*first=*/true));
   const int64_t scratch_bytes = AttentionBackwardScratchBytes(batch_, seq_, h, d);
   RETURN_IF_ERROR(TimedFlops(kAttention, AttentionFlops(batch_, seq_, h, d, true), [&] {
+    if (cudnn_attention_ != nullptr) {  // dK, dV of the key/value heads directly
+      return cudnn_attention_->Backward(dq_, dk_, dv_, da_, a.a, a.lse, a.q, a.k, a.v, attention_scratch_, stream_);
+    }
     if (!Grouped()) {
       return Cuda(AttentionBackward(dq_, dk_, dv_, da_, a.a, a.lse, attention_scratch_, scratch_bytes, a.q, a.k, a.v,
                                     batch_, seq_, h, d, stream_),

@@ -51,6 +51,8 @@
 
 namespace tierd::trainer::gpu {
 
+class CudnnAttention;
+
 // How the model keeps its state; the home's layout follows from it.
 struct StateOptions {
   // Activation checkpointing: a layer saves only its input (fp32) and its backward
@@ -105,6 +107,10 @@ struct StateOptions {
   // candidates a new shape's first call times, and where the choices are cached.
   int gemm_candidates = 1;
   std::string gemm_cache_dir;
+  // Attention's kernels: "cudnn" (cuDNN's fused attention, libcudnn.so.9 opened at run time;
+  // Create fails without it), "ours" (attention_tc.h), "auto" (cuDNN when it opens and takes
+  // the shape in the workspace ours would use, else ours; attention_note() says which, why).
+  std::string attention = "ours";
   // The head's logits this many rows at a time (0: HeadRows's choice; tests set it smaller to
   // see the chunks at small shapes).
   int head_rows = 0;
@@ -233,6 +239,8 @@ class GpuModel {
   void EnableProfile(bool on) { profiling_ = on; }
   // The GEMM shapes planned so far and how each algorithm was chosen (Gemm::DescribePlans).
   std::vector<std::string> GemmPlans() const { return gemm_->DescribePlans(); }
+  // Which attention kernels run, and why (StateOptions::attention).
+  const std::string& attention_note() const { return attention_note_; }
   struct ProfileEntry {
     std::string name;
     double ms = 0, flops = 0;
@@ -285,7 +293,7 @@ class GpuModel {
   absl::Status Allocate();
   // `recompute`: some layer recomputes (the workspace holds one layer's activations for it).
   static std::vector<std::pair<size_t, size_t>> WorkspacePlan(const ModelConfig& config, int batch, int seq,
-                                                              bool recompute, int head_rows);
+                                                              bool recompute, int head_rows, bool cudnn_attention);
   // Layer-major: per micro-batch its residual stream and gradient (fp32 N x C each), tokens,
   // targets (N each) and token index (3 N + 1), all int32 or fp32: element counts and sizes.
   static std::vector<std::pair<size_t, size_t>> MicroBatchPlan(const ModelConfig& config, int batch, int seq);
@@ -473,6 +481,12 @@ class GpuModel {
   bool compact_ = false;
   int gemm_candidates_ = 1;
   std::string gemm_cache_dir_;
+  std::string attention_mode_;
+  std::string attention_note_;
+  std::unique_ptr<CudnnAttention> cudnn_attention_;  // null: ours
+  absl::Status ChooseAttention(int64_t workspace_bytes);
+  // Whether the workspace makes room for cuDNN's attention: not "ours", and libcudnn.so.9 opens.
+  static bool MayUseCudnnAttention(const std::string& attention);
   float* optimizer_scratch_ = nullptr;  // GpuOptimizer::ScratchFloats
   // The compact state's workspaces (one group each): the gradients of the group whose
   // backward is running (accumulating_group_, fp32), and the bf16 weights of weights_group_.

@@ -95,7 +95,8 @@ uint64_t GpuModel::MomentOffset(size_t entry) const {
 }
 
 std::vector<std::pair<size_t, size_t>> GpuModel::WorkspacePlan(const ModelConfig& config, int batch, int seq,
-                                                               bool recompute, int head_rows_asked) {
+                                                               bool recompute, int head_rows_asked,
+                                                               bool cudnn_attention) {
   const size_t n = static_cast<size_t>(batch) * seq, c = config.d_model, f = config.d_ff, v = config.vocab;
   const size_t qd = config.q_dim(), kd = config.kv_dim();
   size_t norms = 0;
@@ -110,8 +111,14 @@ std::vector<std::pair<size_t, size_t>> GpuModel::WorkspacePlan(const ModelConfig
   for (int i = 0; i < 2; ++i) plan.push_back({head_rows * v, 2});  // logits_, dlogits_
   for (int i = 0; i < 2; ++i) plan.push_back({n, 4});              // rstd_f_, losses_
   plan.push_back({1, 4});                                          // norm_
-  plan.push_back({static_cast<size_t>(AttentionBackwardScratchBytes(batch, seq, config.heads, config.head_dim())),
-                  1});                                             // attention_scratch_
+  // attention_scratch_: ours' backward scratch, or room for cuDNN's workspace, which its
+  // deterministic backward sizes at up to 8 times dQ in fp32 (H200, cuDNN 9.19: 2.6x at 300
+  // tokens, 5x at 2 x 512, 8x at 1.3B's 2 x 2048; ChooseAttention keeps ours when it wants more).
+  const size_t cudnn_room = cudnn_attention ? 8 * n * qd * 4 + (size_t{8} << 20) : 0;
+  plan.push_back({std::max(static_cast<size_t>(AttentionBackwardScratchBytes(batch, seq, config.heads,
+                                                                             config.head_dim())),
+                           cudnn_room),
+                  1});
   for (int i = 0; i < 2; ++i) plan.push_back({n, 4});              // tokens_, targets_
   const auto rows = static_cast<int>(n);
   plan.push_back({std::max<size_t>({static_cast<size_t>(RmsNormScratchFloats(rows, static_cast<int>(c))),
@@ -135,7 +142,8 @@ std::vector<std::pair<size_t, size_t>> GpuModel::MicroBatchPlan(const ModelConfi
 
 uint64_t GpuModel::WorkspaceBytesFor(const ModelConfig& config, int batch, int seq, const StateOptions& state) {
   uint64_t bytes = kGemmWorkspace;
-  for (const auto& [count, size] : WorkspacePlan(config, batch, seq, AnyRecomputes(config, state), state.head_rows)) {
+  for (const auto& [count, size] : WorkspacePlan(config, batch, seq, AnyRecomputes(config, state), state.head_rows,
+                                                 MayUseCudnnAttention(state.attention))) {
     bytes += std::max<size_t>(count * size, 1);
   }
   for (const auto& [count, size] : MicroBatchPlan(config, batch, seq)) {

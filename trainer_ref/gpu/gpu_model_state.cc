@@ -13,6 +13,9 @@
 #include "absl/strings/str_format.h"
 #include "base/units.h"
 #include "trainer_ref/adamw8bit.h"
+#ifdef TIERD_HAVE_CUDNN
+#include "trainer_ref/kernels/cudnn_attention.h"
+#endif
 #include "trainer_ref/host_adamw.h"
 #include "trainer_ref/parallel.h"
 #include "trainer_ref/gpu/gpu_model_internal.h"
@@ -157,6 +160,49 @@ std::vector<std::string> GpuModel::Fp8FallBack(int in_a_row) {
   return lines;
 }
 
+bool GpuModel::MayUseCudnnAttention(const std::string& attention) {
+#ifdef TIERD_HAVE_CUDNN
+  return attention != "ours" && CudnnAttention::Loadable();
+#else
+  (void)attention;
+  return false;
+#endif
+}
+
+absl::Status GpuModel::ChooseAttention(int64_t workspace_bytes) {
+  if (attention_mode_ != "auto" && attention_mode_ != "cudnn" && attention_mode_ != "ours") {
+    return absl::InvalidArgumentError("attention is auto, cudnn or ours, not '" + attention_mode_ + "'");
+  }
+  const std::string ours = "ours (FlashAttention-2-style, attention_tc)";
+  if (attention_mode_ == "ours") {
+    attention_note_ = ours;
+    return absl::OkStatus();
+  }
+#ifdef TIERD_HAVE_CUDNN
+  auto made = CudnnAttention::Create({.batch = batch_,
+                                      .seq = seq_,
+                                      .heads = config_.heads,
+                                      .kv_heads = config_.kv_head_count(),
+                                      .head_dim = config_.head_dim()});
+  std::string why;
+  if (!made.ok()) {
+    why = std::string(made.status().message());
+  } else if ((*made)->workspace_bytes() > workspace_bytes) {
+    why = absl::StrFormat("cuDNN attention wants %s of workspace, more than ours' %s", FormatBytes((*made)->workspace_bytes()),
+                          FormatBytes(workspace_bytes));
+  } else {
+    cudnn_attention_ = std::move(*made);
+    attention_note_ = cudnn_attention_->Describe() + " (deterministic backward)";
+    return absl::OkStatus();
+  }
+#else
+  const std::string why = "this build has no cuDNN (cudnn.h was not beside the CUDA toolkit's headers)";
+#endif
+  if (attention_mode_ == "cudnn") return absl::FailedPreconditionError("--attention=cudnn: " + why);
+  attention_note_ = ours + "; not cuDNN's: " + why;
+  return absl::OkStatus();
+}
+
 absl::Status GpuModel::Allocate() {
   RETURN_IF_ERROR(Cuda(cudaStreamCreate(&stream_), "stream"));
   RETURN_IF_ERROR(Cuda(cudaStreamCreate(&host_stream_), "host optimizer stream"));
@@ -197,9 +243,12 @@ absl::Status GpuModel::Allocate() {
                       reinterpret_cast<void**>(&dv_full_),
                       &recompute_acts_,
                       reinterpret_cast<void**>(&xr_)};
-  const auto plan = WorkspacePlan(config_, batch_, seq_, AnyRecomputes(), head_rows_);
+  constexpr size_t kAttentionScratchIndex = 21;  // attention_scratch_'s place in targets[] below
+  const auto plan =
+      WorkspacePlan(config_, batch_, seq_, AnyRecomputes(), head_rows_, MayUseCudnnAttention(attention_mode_));
   static_assert(sizeof(targets) / sizeof(targets[0]) == 32);
-  if (plan.size() != (AnyRecomputes() ? 32u : 30u))
+  if (plan.size() != (AnyRecomputes() ? 32u : 30u) ||
+      targets[kAttentionScratchIndex] != reinterpret_cast<void**>(&attention_scratch_))
     return absl::InternalError("the workspace plan and its buffers disagree");
   for (size_t i = 0; i < plan.size(); ++i) {
     auto p = Take<unsigned char>(plan[i].first * plan[i].second);
@@ -218,6 +267,7 @@ absl::Status GpuModel::Allocate() {
       *targets[i] = *p;
     }
   }
+  RETURN_IF_ERROR(ChooseAttention(static_cast<int64_t>(plan[kAttentionScratchIndex].first)));
   if (const int64_t floats = optimizer_->ScratchFloats(layout_); floats > 0) {
     auto scratch = Take<float>(static_cast<size_t>(floats));
     if (!scratch.ok()) return scratch.status();

@@ -79,6 +79,11 @@ absl::StatusOr<GpuPlan> ResolveGpuPlan(const RunSettings& s) {
     t.Add("tierd plan", s.tierd_plan ? "the step's graph registered" : "none (tierd's online policy)",
           s.Given("tierd_plan") ? "--tierd_plan" : "default");
   }
+  t.Add("attention",
+        s.attention == "auto"    ? std::string("cuDNN's fused attention if libcudnn.so.9 opens, else ours")
+        : s.attention == "cudnn" ? std::string("cuDNN's fused attention")
+                                 : std::string("ours (FlashAttention-2-style)"),
+        s.Given("attention") ? "--attention" : "default");
   t.Add("GEMM algorithms",
         s.gemm_candidates > 1
             ? absl::StrFormat("the fastest of cuBLASLt's first %d a shape, cached in %s", s.gemm_candidates,

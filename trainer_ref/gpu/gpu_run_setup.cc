@@ -83,6 +83,7 @@ int GpuRun::Setup() {
                   std::string(st.message()));
     }
   }
+  std::printf("attention: %s\n", model_->attention_note().c_str());
   std::printf("precision: %s%s%s\n", DescribePrecision(config, fp8_layers, DescribeFp8Scaling(s_)).c_str(),
               fp8_ ? absl::StrFormat("; the FP8 codes take %s of GPU workspace, nothing is kept in FP8 between "
                                      "steps",

@@ -33,7 +33,8 @@ StateOptions BaseState(const RunSettings& s, int layer_major_micro_batches = 0, 
           .lion = s.lion,
           .adafactor = s.adafactor,
           .gemm_candidates = s.gemm_candidates,
-          .gemm_cache_dir = s.gemm_cache_dir};
+          .gemm_cache_dir = s.gemm_cache_dir,
+          .attention = s.attention};
 }
 
 // Without --tierd_dram the DRAM quota is what the state needs beyond the GPU, at most this.

@@ -6,7 +6,7 @@
 # autocast + fused AdamW, with and without activation checkpointing) and our trainer with
 # --offload_policy=none (tierd-train --device=gpu), and with tierd (a fresh daemon on the GPU per
 # run) at each GPU budget in BUDGETS. One table at the end; logs in $OUT.
-# MODELS, BATCH, STEPS, SKIP (untimed warm-up steps), BUDGETS ("" skips the tierd runs), TIERD_DRAM, TIERD_NVME override
+# MODELS (presets, or config.json paths: a shape of your own, both sides read it), BATCH, STEPS, SKIP (untimed warm-up steps), BUDGETS ("" skips the tierd runs), TIERD_DRAM, TIERD_NVME override
 # the defaults; TORCH_RUNS picks PyTorch's rows (default "eager compile checkpointing"; float8: torchao's float8
 # training + torch.compile, carry .whl with torchao's wheel); TORCH=0 skips PyTorch;
 # NONE=0 skips our no-offload run (a 7B does not fit the H200 without offload); OURS_FLAGS
@@ -34,7 +34,10 @@ budgets="${BUDGETS-24GiB 40GiB}"; tierd_dram="${TIERD_DRAM:-100GiB}"; tierd_nvme
 nvme_dir=/var/tmp/tierd-bench-nvme; tierd_dir=/tmp/tierd-bench
 profile="--profile"; [ "${PROFILE:-1}" = 0 ] && profile=""  # PROFILE=0: no CUDA events around each kernel
 keep_profile() { grep '^profile: ' "$1" | sed 's/^profile: //' >> "$profiles"; }
-for m in $models; do
+for spec in $models; do
+  # A preset name, or a config.json (a shape of one's own: both sides read it; named by its file).
+  if [[ "$spec" == *.json ]]; then model_flag="--model_config=$spec"; m=$(basename "$spec" .json)
+  else model_flag="--model_size=$spec"; m="$spec"; fi
   if [ "${TORCH:-1}" = 1 ]; then
     for run in ${TORCH_RUNS:-eager compile checkpointing}; do
       flags=""; [ "$run" = compile ] && flags="--compile --timing_skip=4"
@@ -42,7 +45,7 @@ for m in $models; do
       [ "$run" = float8 ] && flags="--float8 --timing_skip=4"
       if [ "$run" = float8 ]; then use_torchao || exit 1; fi
       echo "== pytorch $m $run"
-      python3 tools/bench/torch_baseline.py --model_size="$m" --batch_size="${TORCH_BATCH:-max}" --seq_len=$seq --steps="$steps" \
+      python3 tools/bench/torch_baseline.py "$model_flag" --batch_size="${TORCH_BATCH:-max}" --seq_len=$seq --steps="$steps" \
         --grad_accum_steps="${TORCH_ACCUM:-1}" \
         --data="$corpus/stdlib.txt" $flags $profile 2>&1 | tee "$out/torch-$m-$run.log" | tail -n 3
       tail -n 1 "$out/torch-$m-$run.log" | grep '^{' >> "$results"
@@ -50,6 +53,7 @@ for m in $models; do
     done
   fi
   for stage in ${DEEPSPEED:-}; do
+    if [[ "$spec" == *.json ]]; then echo "DEEPSPEED: presets only, not $spec"; continue; fi
     if ! python3 -c "import deepspeed" 2>/dev/null; then
       [ -d .whl ] || { echo "DEEPSPEED=$stage: carry .whl (DeepSpeed's sdist and the wheels it lacks)"; exit 1; }
       python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --target /tmp/site \
@@ -64,7 +68,7 @@ for m in $models; do
   done
   if [ "${NONE:-1}" = 1 ]; then
     echo "== tierd-train --device=gpu $m (--offload_policy=none)"
-    .carry/bin/tierd-train --device=gpu --model_size="$m" --batch_size="$batch" --seq_len=$seq --steps="$steps" \
+    .carry/bin/tierd-train --device=gpu "$model_flag" --batch_size="$batch" --seq_len=$seq --steps="$steps" \
       --timing_skip="${SKIP:-3}" --eval_every=-1 --data="$corpus" $profile ${OURS_FLAGS:-} 2>&1 | tee "$out/ours-$m.log" | tail -n 4
     grep '^result: ' "$out/ours-$m.log" | sed 's/^result: //' >> "$results"
     keep_profile "$out/ours-$m.log"
@@ -76,7 +80,7 @@ for m in $models; do
       --nvme_bytes="$tierd_nvme" --runtime_dir="$tierd_dir" > "$out/tierd-$m-$budget.log" 2>&1 &
     tierd_pid=$!
     for _ in $(seq 300); do [ -S "$tierd_dir/tierd.grpc.sock" ] && break; sleep 0.1; done
-    .carry/bin/tierd-train --device=gpu --model_size="$m" --batch_size="$batch" --seq_len=$seq --steps="$steps" \
+    .carry/bin/tierd-train --device=gpu "$model_flag" --batch_size="$batch" --seq_len=$seq --steps="$steps" \
       --timing_skip="${SKIP:-3}" --eval_every=-1 --data="$corpus" $profile --offload_policy=tierd --gpu_budget="$budget" \
       --tierd_dir="$tierd_dir" --tierd_dram="$tierd_dram" --tierd_nvme="$tierd_nvme" ${OURS_FLAGS:-} \
       ${TIERD_RUN_FLAGS:-} 2>&1 |

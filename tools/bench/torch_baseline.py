@@ -16,6 +16,7 @@ fp8 casts; idle the rest of the step) with each class's TFLOP/s, as one "profile
 import argparse
 import json
 import math
+import os
 import re
 import time
 
@@ -199,6 +200,10 @@ def step_flops(layers, c, h, f, v, kv, tokens, seq_len, checkpointing):
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--model_size", default="1.3b")
+    p.add_argument("--model_config", default="",
+                   help="a Hugging Face config.json (as tierd-train --model_config): its layers, hidden size, heads, "
+                        "key/value heads, intermediate size and vocabulary instead of --model_size; the model is "
+                        "named by the file (model.json: 'model'), as tierd-train names it")
     p.add_argument("--batch_size", default="8",
                    help="sequences per step, or 'max': the largest power of two (from 1, at most 64) whose step fits")
     p.add_argument("--seq_len", type=int, default=2048)
@@ -221,7 +226,17 @@ def main():
     p.add_argument("--init", default="tierd", choices=["tierd", "torch"],
                    help="tierd: the reference trainer's initialisation (comparable losses); torch: PyTorch's defaults")
     a = p.parse_args()
+    if a.model_config:
+        with open(a.model_config) as f_:
+            cfg = json.load(f_)
+        kv_heads = cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+        PRESETS[a.model_config] = (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_attention_heads"],
+                                   cfg["intermediate_size"], cfg["vocab_size"],
+                                   None if kv_heads == cfg["num_attention_heads"] else kv_heads)
+        a.model_size = a.model_config
     layers, c, h, f, v, kv = PRESETS[a.model_size]
+    if a.model_config:
+        a.model_size = os.path.splitext(os.path.basename(a.model_config))[0]
     torch.manual_seed(a.seed)
     data = torch.frombuffer(bytearray(open(a.data, "rb").read()), dtype=torch.uint8).long()
     model = Decoder(layers, c, h, f, v, a.checkpointing, a.seq_len, kv).cuda()

@@ -166,8 +166,12 @@ absl::Status CudnnAttention::Forward(Bf16* out, float* stats, const Bf16* q, con
   std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<Bf16*>(q)}, {kK, const_cast<Bf16*>(k)},
                                              {kV, const_cast<Bf16*>(v)}, {kO, out},
                                              {kStats, stats}};
-  if (auto e = impl_->forward->execute(impl_->handle, pack, workspace); e.is_bad()) {
-    return absl::InternalError(std::string("cuDNN attention forward: ") + e.get_message());
+  try {  // the dynamic-loading shim throws for a symbol it cannot find
+    if (auto e = impl_->forward->execute(impl_->handle, pack, workspace); e.is_bad()) {
+      return absl::InternalError(std::string("cuDNN attention forward: ") + e.get_message());
+    }
+  } catch (const std::exception& e) {
+    return absl::InternalError(std::string("cuDNN attention forward: ") + e.what());
   }
   return absl::OkStatus();
 }
@@ -182,8 +186,12 @@ absl::Status CudnnAttention::Backward(Bf16* dq, Bf16* dk, Bf16* dv, const Bf16* 
       {kQ, const_cast<Bf16*>(q)},     {kK, const_cast<Bf16*>(k)},       {kV, const_cast<Bf16*>(v)},
       {kO, const_cast<Bf16*>(out)},   {kDO, const_cast<Bf16*>(dout)},   {kStats, const_cast<float*>(stats)},
       {kDQ, dq},                      {kDK, dk},                        {kDV, dv}};
-  if (auto e = impl_->backward->execute(impl_->handle, pack, workspace); e.is_bad()) {
-    return absl::InternalError(std::string("cuDNN attention backward: ") + e.get_message());
+  try {
+    if (auto e = impl_->backward->execute(impl_->handle, pack, workspace); e.is_bad()) {
+      return absl::InternalError(std::string("cuDNN attention backward: ") + e.get_message());
+    }
+  } catch (const std::exception& e) {
+    return absl::InternalError(std::string("cuDNN attention backward: ") + e.what());
   }
   return absl::OkStatus();
 }

@@ -32,6 +32,15 @@ fe::graph::Tensor_attributes Rows(const char* name, int64_t uid, const CudnnAtte
       .set_stride({t * heads * d, d, heads * d, 1});
 }
 
+// A graph of bf16 tensors, fp32 inside.
+std::shared_ptr<fe::graph::Graph> NewGraph() {
+  auto graph = std::make_shared<fe::graph::Graph>();
+  graph->set_io_data_type(fe::DataType_t::BFLOAT16)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  return graph;
+}
+
 absl::Status Unavailable(const std::string& what, fe::error_t e) {
   return absl::UnavailableError(absl::StrFormat("cuDNN attention: %s: %s", what, e.get_message()));
 }
@@ -72,10 +81,7 @@ absl::StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(const Sha
     }
     const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
     // Forward: O and the softmax statistics.
-    auto forward = std::make_shared<fe::graph::Graph>();
-    forward->set_io_data_type(fe::DataType_t::BFLOAT16)
-        .set_intermediate_data_type(fe::DataType_t::FLOAT)
-        .set_compute_data_type(fe::DataType_t::FLOAT);
+    auto forward = NewGraph();
     auto q = forward->tensor(Rows("Q", kQ, s, s.heads));
     auto k = forward->tensor(Rows("K", kK, s, s.kv_heads));
     auto v = forward->tensor(Rows("V", kV, s, s.kv_heads));
@@ -89,10 +95,7 @@ absl::StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(const Sha
     o->set_output(true).set_uid(kO).set_dim({s.batch, h, t, d}).set_stride({t * h * d, d, h * d, 1});
     stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT);
     // Backward: dQ, dK, dV from O, dO and the statistics.
-    auto backward = std::make_shared<fe::graph::Graph>();
-    backward->set_io_data_type(fe::DataType_t::BFLOAT16)
-        .set_intermediate_data_type(fe::DataType_t::FLOAT)
-        .set_compute_data_type(fe::DataType_t::FLOAT);
+    auto backward = NewGraph();
     auto bq = backward->tensor(Rows("Q", kQ, s, s.heads));
     auto bk = backward->tensor(Rows("K", kK, s, s.kv_heads));
     auto bv = backward->tensor(Rows("V", kV, s, s.kv_heads));

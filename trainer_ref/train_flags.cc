@@ -219,7 +219,8 @@ ABSL_FLAG(std::string, attention, "auto",
           "GPU: attention's kernels. cudnn: cuDNN 9's fused attention (libcudnn.so.9 on the library path, opened at "
           "run time; its Hopper kernels, 2-3x ours on an H200), its deterministic backward; ours: our "
           "FlashAttention-2-style kernels; auto: cuDNN's when it opens and takes the shape, else ours (the log says "
-          "which and why)");
+          "which and why); cudnn-fast: cuDNN's with its non-deterministic backward (atomic adds into dQ: faster, "
+          "but two runs, or a run and its --resume, no longer give the same bits)");
 ABSL_FLAG(int, gemm_candidates, 1,
           "GPU: time this many of cuBLASLt's candidate algorithms at each GEMM shape's first call (3 runs each, into "
           "a scratch output the size of the GEMM's) and keep the fastest; 1: cuBLASLt's heuristic first choice, "
@@ -543,8 +544,8 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   s.step_order = absl::GetFlag(FLAGS_step_order);
   s.optimizer_chunks = absl::GetFlag(FLAGS_optimizer_chunks);
   s.attention = absl::GetFlag(FLAGS_attention);
-  if (s.attention != "auto" && s.attention != "cudnn" && s.attention != "ours") {
-    return Bad("--attention is auto, cudnn or ours, not '" + s.attention + "'");
+  if (s.attention != "auto" && s.attention != "cudnn" && s.attention != "cudnn-fast" && s.attention != "ours") {
+    return Bad("--attention is auto, cudnn, cudnn-fast or ours, not '" + s.attention + "'");
   }
   s.gemm_candidates = absl::GetFlag(FLAGS_gemm_candidates);
   if (s.gemm_candidates < 1 || s.gemm_candidates > 64) {

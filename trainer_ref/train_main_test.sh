@@ -77,7 +77,7 @@ check "no tierd to talk to is explained" "grep -q 'tierd-train: tierd: ' '$dir/e
 "$bin" --resume > "$dir/e5.log" 2>&1
 check "--resume without a directory is explained" "grep -q 'resume needs --checkpoint_dir' '$dir/e5.log'"
 "$bin" --attention=flash > "$dir/e10.log" 2>&1
-check "an unknown attention is explained" "grep -q \"attention is auto, cudnn or ours, not 'flash'\" '$dir/e10.log'"
+check "an unknown attention is explained" "grep -q \"attention is auto, cudnn, cudnn-fast or ours, not 'flash'\" '$dir/e10.log'"
 "$bin" --gemm_candidates=0 > "$dir/e9.log" 2>&1
 check "no GEMM candidates to time is explained" "grep -q 'gemm_candidates=0: 1 (cuBLASLt.s heuristic first choice) up to 64' '$dir/e9.log'"
 "$bin" --loss_spike_sds=-1 > "$dir/e7.log" 2>&1

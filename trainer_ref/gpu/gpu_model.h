@@ -108,8 +108,9 @@ struct StateOptions {
   int gemm_candidates = 1;
   std::string gemm_cache_dir;
   // Attention's kernels: "cudnn" (cuDNN's fused attention, libcudnn.so.9 opened at run time;
-  // Create fails without it), "ours" (attention_tc.h), "auto" (cuDNN when it opens and takes
-  // the shape in the workspace ours would use, else ours; attention_note() says which, why).
+  // Create fails without it), "cudnn-fast" (the same with its non-deterministic backward),
+  // "ours" (attention_tc.h), "auto" (cuDNN when it opens and takes the shape in the workspace
+  // ours would use, else ours; attention_note() says which, why).
   std::string attention = "ours";
   // The head's logits this many rows at a time (0: HeadRows's choice; tests set it smaller to
   // see the chunks at small shapes).

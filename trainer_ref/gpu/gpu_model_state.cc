@@ -170,8 +170,9 @@ bool GpuModel::MayUseCudnnAttention(const std::string& attention) {
 }
 
 absl::Status GpuModel::ChooseAttention(int64_t workspace_bytes) {
-  if (attention_mode_ != "auto" && attention_mode_ != "cudnn" && attention_mode_ != "ours") {
-    return absl::InvalidArgumentError("attention is auto, cudnn or ours, not '" + attention_mode_ + "'");
+  if (attention_mode_ != "auto" && attention_mode_ != "cudnn" && attention_mode_ != "cudnn-fast" &&
+      attention_mode_ != "ours") {
+    return absl::InvalidArgumentError("attention is auto, cudnn, cudnn-fast or ours, not '" + attention_mode_ + "'");
   }
   const std::string ours = "ours (FlashAttention-2-style, attention_tc)";
   if (attention_mode_ == "ours") {
@@ -183,7 +184,8 @@ absl::Status GpuModel::ChooseAttention(int64_t workspace_bytes) {
                                       .seq = seq_,
                                       .heads = config_.heads,
                                       .kv_heads = config_.kv_head_count(),
-                                      .head_dim = config_.head_dim()});
+                                      .head_dim = config_.head_dim()},
+                                     /*deterministic=*/attention_mode_ != "cudnn-fast");
   std::string why;
   if (!made.ok()) {
     why = std::string(made.status().message());
@@ -192,13 +194,15 @@ absl::Status GpuModel::ChooseAttention(int64_t workspace_bytes) {
                           FormatBytes(workspace_bytes));
   } else {
     cudnn_attention_ = std::move(*made);
-    attention_note_ = cudnn_attention_->Describe() + " (deterministic backward)";
+    attention_note_ = cudnn_attention_->Describe() +
+                      (attention_mode_ == "cudnn-fast" ? " (non-deterministic backward: runs differ in their last bits)"
+                                                       : " (deterministic backward)");
     return absl::OkStatus();
   }
 #else
   const std::string why = "this build has no cuDNN (cudnn.h was not beside the CUDA toolkit's headers)";
 #endif
-  if (attention_mode_ == "cudnn") return absl::FailedPreconditionError("--attention=cudnn: " + why);
+  if (attention_mode_ != "auto") return absl::FailedPreconditionError("--attention=" + attention_mode_ + ": " + why);
   attention_note_ = ours + "; not cuDNN's: " + why;
   return absl::OkStatus();
 }

@@ -81,8 +81,9 @@ absl::StatusOr<GpuPlan> ResolveGpuPlan(const RunSettings& s) {
   }
   t.Add("attention",
         s.attention == "auto"    ? std::string("cuDNN's fused attention if libcudnn.so.9 opens, else ours")
-        : s.attention == "cudnn" ? std::string("cuDNN's fused attention")
-                                 : std::string("ours (FlashAttention-2-style)"),
+        : s.attention == "cudnn"      ? std::string("cuDNN's fused attention")
+        : s.attention == "cudnn-fast" ? std::string("cuDNN's fused attention, non-deterministic backward")
+                                      : std::string("ours (FlashAttention-2-style)"),
         s.Given("attention") ? "--attention" : "default");
   t.Add("GEMM algorithms",
         s.gemm_candidates > 1

@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   bazel-bootstrap bazel-rules-java bazel-rules-proto bazel-skylib
-  g++ pkg-config python3
+  g++ pkg-config python3 python3-dev pybind11-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   liburing-dev libopenmpi-dev openmpi-bin libboost-dev libcivetweb-dev libgtest-dev libbenchmark-dev libyaml-cpp-dev zlib1g-dev
 )

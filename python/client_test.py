@@ -1,0 +1,126 @@
+"""The tierd package's client against the real daemon (fake GPU), without torch: leases,
+bytes written and read back through the buffer protocol, DLPack's device, statistics, and
+the errors (bad input, a full quota, no tierd, a tierd that dies mid-session)."""
+import os
+import signal
+import subprocess
+import tempfile
+import time
+import unittest
+
+import tierd
+import test_util
+
+
+class ClientTest(unittest.TestCase):
+    def setUp(self):
+        self.client = tierd.connect(label="client-test", gpu="8MiB", dram="16MiB", nvme="32MiB")
+
+    def tearDown(self):
+        self.client.close()
+
+    def test_bytes_written_on_the_host_read_back(self):
+        t = self.client.lease("w", (1000,), dtype="float32", tensor_class="param")
+        self.assertEqual((t.name, t.nbytes, t.dtype, t.shape), ("w", 4000, "f32", (1000,)))
+        pattern = bytes((i * 7 + 3) % 256 for i in range(4000))
+        view = self.client.acquire(t, access="overwrite", place="host")
+        self.assertFalse(view.on_gpu)
+        self.assertEqual(view.__dlpack_device__(), (1, 0))  # kDLCPU
+        memoryview(view)[:] = pattern
+        self.client.release(t)
+        # Through the (fake) GPU tier and back: the same bytes.
+        self.client.acquire(t, access="read", place="gpu")
+        self.client.release(t)
+        view = self.client.acquire(t, access="read", place="host")
+        self.assertEqual(bytes(memoryview(view)), pattern)
+        self.client.release(t)
+
+    def test_the_sessions_usage_and_the_tiers_statistics(self):
+        t = self.client.lease("a", (256, 1024), dtype="bfloat16")
+        self.client.acquire(t, access="overwrite", place="host")
+        self.client.release(t)
+        dram = [t for t in self.client.usage()["tiers"] if t["tier"] == "TIER_DRAM"][0]
+        self.assertEqual(dram["quota_bytes"], 16 << 20)
+        self.assertGreaterEqual(dram["peak_bytes"], 512 << 10)  # 256 x 1024 bf16
+        stats = self.client.stats()
+        self.assertGreaterEqual(stats["sessions"], 1)
+        self.assertEqual([t["tier"] for t in stats["tiers"]], ["TIER_GPU", "TIER_DRAM", "TIER_NVME"])
+        self.assertIn("fake GPU", stats["gpu"])
+        leases = self.client.leases()["leases"]
+        self.assertEqual([(l["spec"]["name"], l["spec"]["shape"], l["bytes"]) for l in leases],
+                         [("a", [256, 1024], 512 << 10)])
+
+    def test_bad_input_is_refused_with_the_reason(self):
+        with self.assertRaisesRegex(ValueError, "tierd has no dtype 'complex64'"):
+            self.client.lease("x", (4,), dtype="complex64")
+        with self.assertRaises(tierd.TierdError) as e:
+            self.client.lease("x", (4,), tensor_class="weights")
+        self.assertEqual(e.exception.code, "INVALID_ARGUMENT")
+        self.assertIn("unknown tensor class 'weights'", str(e.exception))
+        t = self.client.lease("y", (4,))
+        with self.assertRaises(tierd.TierdError) as e:
+            self.client.acquire(t, access="borrow")
+        self.assertEqual(e.exception.code, "INVALID_ARGUMENT")
+        with self.assertRaises(tierd.TierdError) as e:
+            self.client.lease("y", (4,))  # the name is taken
+        self.assertNotEqual(e.exception.code, "OK")
+        with self.assertRaisesRegex(ValueError, "not a size"):
+            tierd.parse_bytes("lots")
+        self.assertEqual(tierd.parse_bytes("1.5GiB"), 3 << 29)
+
+    def test_a_full_quota_says_so_with_the_numbers(self):
+        with self.assertRaises(tierd.TierdError) as e:  # 64 MiB: more than any tier of the session holds
+            self.client.lease("big", (64 << 20,), dtype="uint8")
+        self.assertEqual(e.exception.code, "RESOURCE_EXHAUSTED", str(e.exception))
+        self.assertIn("cannot lease 'big' (64.0 MiB)", str(e.exception))
+        self.assertIn("nvme quota 32.0 MiB", str(e.exception))
+        self.client.lease("fits", (1 << 20,), dtype="uint8")  # and the session goes on
+
+    def test_a_closed_client_refuses_calls(self):
+        self.client.close()
+        with self.assertRaises(tierd.TierdError) as e:
+            self.client.stats()
+        self.assertEqual(e.exception.code, "FAILED_PRECONDITION")
+
+
+class NoTierdTest(unittest.TestCase):
+    def test_no_tierd_names_the_socket(self):
+        start = time.monotonic()
+        with self.assertRaises(tierd.TierdError) as e:
+            tierd.connect(runtime_dir="/nonexistent/tierd-dir")
+        self.assertEqual(e.exception.code, "UNAVAILABLE")
+        self.assertIn("/nonexistent/tierd-dir/tierd.sock", str(e.exception))
+        self.assertLess(time.monotonic() - start, 5)
+
+    def test_a_tierd_that_dies_fails_the_next_call_within_seconds(self):
+        scratch = tempfile.mkdtemp(dir=os.environ.get("TIERD_SCRATCH"))
+        runtime = tempfile.mkdtemp(prefix="/tmp/tierd-py-dies-")
+        log = open(os.path.join(scratch, "tierd.log"), "w")
+        daemon = subprocess.Popen([os.environ["TIERD_BIN"], "--gpu=fake", "--gpu_bytes=16MiB", "--dram_bytes=16MiB",
+                                   f"--nvme_dir={scratch}", "--nvme_bytes=16MiB", f"--runtime_dir={runtime}"],
+                                  stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 10
+            while not os.path.exists(os.path.join(runtime, "tierd.sock")) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            client = tierd.connect(runtime_dir=runtime, label="doomed", gpu="1MiB", dram="1MiB", nvme="1MiB")
+            t = client.lease("w", (16,), dtype="f32")
+            daemon.send_signal(signal.SIGKILL)
+            daemon.wait()
+            start = time.monotonic()
+            with self.assertRaises(tierd.TierdError) as e:
+                client.acquire(t, access="overwrite", place="host")
+            self.assertEqual(e.exception.code, "UNAVAILABLE", str(e.exception))
+            self.assertIn(runtime, str(e.exception))
+            self.assertLess(time.monotonic() - start, 10)
+            self.assertFalse(client.session_open())
+            client.close()
+        finally:
+            if daemon.poll() is None:
+                daemon.kill()
+                daemon.wait()
+            subprocess.run(["rm", "-rf", runtime])
+
+
+if __name__ == "__main__":
+    test_util.main()

@@ -1,0 +1,210 @@
+"""tierd.torch.OffloadOptimizer against torch's own optimizer and against itself, on the CPU
+(torch's CPU build or any other; the daemon on its fake GPU): AdamW's steps, clipping by global
+norm, micro-batches accumulated on the host, bf16 weights from the fp32 master, a checkpoint that
+resumes bit for bit, a non-finite gradient skipped, 8-bit AdamW and Lion, overlap on and off.
+Without torch every case is reported skipped, saying so."""
+import copy
+import io
+import unittest
+import warnings
+
+import test_util
+
+try:
+    import torch
+    import tierd.torch as tt
+    WHY_NOT = None
+except ImportError as e:  # a Python without torch (e.g. Debian's, in CI): the cases say so
+    WHY_NOT = f"torch is not importable here: {e}"
+
+
+def model(seed=0, dtype=None):
+    torch.manual_seed(seed)
+    m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+    return m.to(dtype) if dtype is not None else m
+
+
+def batches(count, seed=1, dtype=torch.float32 if WHY_NOT is None else None):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(8, 16, generator=g).to(dtype), torch.randn(8, 4, generator=g).to(dtype))
+            for _ in range(count)]
+
+
+def learnable_batches(count, seed=3):
+    """Targets a small network can learn: y = tanh(x A) B."""
+    g = torch.Generator().manual_seed(seed)
+    a, b = torch.randn(16, 8, generator=g), torch.randn(8, 4, generator=g)
+    xs = [torch.randn(8, 16, generator=g) for _ in range(count)]
+    return [(x, torch.tanh(x @ a) @ b) for x in xs]
+
+
+def loss_of(m, batch):
+    x, y = batch
+    return torch.nn.functional.mse_loss(m(x).float(), y.float())
+
+
+@unittest.skipIf(WHY_NOT is not None, WHY_NOT or "")
+class OffloadOptimizerTest(unittest.TestCase):
+    def setUp(self):
+        self.opened = []
+
+    def tearDown(self):
+        for opt in self.opened:
+            opt.close()
+
+    def offload(self, params, **kw):
+        opt = tt.OffloadOptimizer(params, dram="16MiB", nvme="16MiB", **kw)
+        self.opened.append(opt)
+        return opt
+
+    def train(self, m, opt, data, accumulate=1):
+        losses = []
+        for i in range(0, len(data), accumulate):
+            total = 0.0
+            for batch in data[i:i + accumulate]:
+                loss = loss_of(m, batch) / accumulate
+                loss.backward()
+                total += loss.item()
+            opt.step()
+            opt.zero_grad()
+            losses.append(total)
+        if hasattr(opt, "synchronize"):
+            opt.synchronize()  # the last step's weights, read outside a forward
+        return losses
+
+    def assertClose(self, a, b, tolerance):
+        for (name, x), y in zip(a.named_parameters(), b.parameters()):
+            err = (x.detach().float() - y.detach().float()).abs().max().item()
+            scale = y.detach().float().abs().max().item()
+            self.assertLessEqual(err, tolerance * scale, f"{name}: {err} against {scale}")
+
+    def test_adamw_follows_torchs(self):
+        ours, theirs = model(), model()
+        data = batches(6)
+        self.train(ours, self.offload(ours.parameters(), lr=1e-2, weight_decay=0.1), data)
+        self.train(theirs, torch.optim.AdamW(theirs.parameters(), lr=1e-2, weight_decay=0.1), data)
+        self.assertClose(ours, theirs, 1e-5)
+        self.assertFalse(all(torch.equal(a, b) for a, b in zip(ours.parameters(), model().parameters())))
+
+    def test_clipping_by_global_norm_follows_torchs(self):
+        ours, theirs = model(), model()
+        data = batches(5)
+        opt = self.offload(ours.parameters(), lr=1e-2, max_grad_norm=0.05)
+        self.train(ours, opt, data)
+        ref = torch.optim.AdamW(theirs.parameters(), lr=1e-2)
+        norms = []
+        for batch in data:
+            loss_of(theirs, batch).backward()
+            norms.append(torch.nn.utils.clip_grad_norm_(theirs.parameters(), 0.05).item())
+            ref.step()
+            ref.zero_grad()
+        self.assertGreater(min(norms), 0.05)  # the clip did act
+        self.assertAlmostEqual(opt.last_grad_norm, norms[-1], delta=1e-4 * norms[-1])
+        self.assertClose(ours, theirs, 1e-5)
+
+    def test_micro_batches_accumulate_on_the_host(self):
+        ours, theirs = model(), model()
+        data = batches(6)
+        self.train(ours, self.offload(ours.parameters(), lr=1e-2), data, accumulate=3)
+        self.train(theirs, torch.optim.AdamW(theirs.parameters(), lr=1e-2), data, accumulate=3)
+        self.assertClose(ours, theirs, 1e-5)
+        self.assertTrue(all(p.grad is None for p in ours.parameters()))  # nothing kept beside the weights
+
+    def test_bf16_weights_are_the_fp32_master_rounded(self):
+        m = model(dtype=torch.bfloat16)
+        opt = self.offload(m.parameters(), lr=1e-3)
+        self.train(m, opt, batches(3, dtype=torch.bfloat16))
+        state = opt.state_dict()["state"]
+        for s, p in zip(opt._slots, m.parameters()):
+            master = state[s.index]["master"]
+            self.assertTrue(torch.equal(master.to(torch.bfloat16), p.detach().reshape(-1)))
+            self.assertFalse(torch.equal(master, p.detach().reshape(-1).float()))  # more bits than the weights
+
+    def test_a_checkpoint_resumes_bit_for_bit(self):
+        for opt_name in ("adamw", "adamw8bit", "lion"):
+            data = batches(6, dtype=torch.bfloat16)
+            straight = model(dtype=torch.bfloat16)
+            opt = self.offload(straight.parameters(), opt=opt_name, lr=1e-3, max_grad_norm=1.0)
+            self.train(straight, opt, data[:3])
+            buffer = io.BytesIO()
+            torch.save({"model": straight.state_dict(), "opt": opt.state_dict()}, buffer)
+            self.train(straight, opt, data[3:])
+
+            resumed = model(seed=7, dtype=torch.bfloat16)
+            opt2 = self.offload(resumed.parameters(), opt=opt_name, lr=1e-3, max_grad_norm=1.0,
+                                name=f"resumed-{opt_name}")
+            buffer.seek(0)
+            saved = torch.load(buffer)
+            resumed.load_state_dict(saved["model"])
+            opt2.load_state_dict(saved["opt"])
+            self.train(resumed, opt2, data[3:])
+            for a, b in zip(straight.parameters(), resumed.parameters()):
+                self.assertTrue(torch.equal(a, b), opt_name)
+
+    def test_a_non_finite_gradient_skips_the_step(self):
+        m = model()
+        before = copy.deepcopy(m)
+        opt = self.offload(m.parameters(), lr=1e-2)
+        x, y = batches(1)[0]
+        x[0, 0] = float("nan")
+        loss_of(m, (x, y)).backward()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            opt.step()
+        self.assertEqual(opt.skipped_steps, 1)
+        self.assertTrue(any("step skipped" in str(w.message) for w in caught))
+        for a, b in zip(m.parameters(), before.parameters()):
+            self.assertTrue(torch.equal(a, b))
+        self.train(m, opt, batches(2))  # and it goes on
+        self.assertTrue(all(torch.isfinite(p).all() for p in m.parameters()))
+
+    def test_8bit_adamw_and_lion_learn(self):
+        data = learnable_batches(60)
+        for opt_name, lr in (("adamw", 1e-2), ("adamw8bit", 1e-2), ("lion", 5e-3)):
+            m = model()
+            start = sum(loss_of(m, b).item() for b in data[:8])
+            self.train(m, self.offload(m.parameters(), opt=opt_name, lr=lr, weight_decay=0.0, name=opt_name), data)
+            end = sum(loss_of(m, b).item() for b in data[:8])
+            self.assertLess(end, 0.5 * start, opt_name)
+
+    def test_lion_follows_its_definition(self):
+        m = model()
+        ref = copy.deepcopy(m)
+        data = batches(3)
+        self.train(m, self.offload(m.parameters(), opt="lion", lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1), data)
+        moments = [torch.zeros_like(p) for p in ref.parameters()]
+        for batch in data:
+            loss_of(ref, batch).backward()
+            with torch.no_grad():
+                for p, mom in zip(ref.parameters(), moments):
+                    update = torch.sign(0.9 * mom + 0.1 * p.grad)
+                    p.mul_(1 - 1e-3 * 0.1).add_(update, alpha=-1e-3)
+                    mom.mul_(0.99).add_(p.grad, alpha=0.01)
+                    p.grad = None
+        self.assertClose(m, ref, 1e-5)
+
+    def test_overlap_changes_no_bits(self):
+        data = batches(4)
+        a, b = model(), model()
+        self.train(a, self.offload(a.parameters(), lr=1e-2, overlap=True, name="a"), data)
+        self.train(b, self.offload(b.parameters(), lr=1e-2, overlap=False, name="b"), data)
+        for x, y in zip(a.parameters(), b.parameters()):
+            self.assertTrue(torch.equal(x, y))
+
+    def test_bad_settings_and_checkpoints_are_refused(self):
+        m = model()
+        with self.assertRaisesRegex(ValueError, "adamw, adamw8bit or lion, not 'sgd'"):
+            tt.OffloadOptimizer(m.parameters(), opt="sgd")
+        with self.assertRaisesRegex(ValueError, "max_grad_norm must be positive"):
+            tt.OffloadOptimizer(m.parameters(), max_grad_norm=0)
+        opt = self.offload(m.parameters(), opt="adamw")
+        other = self.offload(model().parameters(), opt="lion", name="other")
+        with self.assertRaisesRegex(ValueError, "of a lion optimizer, not adamw"):
+            opt.load_state_dict(other.state_dict())
+        small = self.offload(torch.nn.Linear(3, 3).parameters(), name="small")
+        with self.assertRaisesRegex(ValueError, "holds 2 parameters' state, this optimizer 4"):
+            opt.load_state_dict(small.state_dict())
+
+
+if __name__ == "__main__":
+    test_util.main()

@@ -1,0 +1,58 @@
+"""Runs a test file's unittest cases and writes them to the JUnit XML report Bazel reads
+(TIERD_XML), so each case counts, and a skip says why."""
+import os
+import sys
+import time
+import unittest
+from xml.sax.saxutils import quoteattr
+
+
+class _Result(unittest.TextTestResult):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.cases = []
+
+    def startTest(self, test):
+        self._start = time.monotonic()
+        super().startTest(test)
+
+    def _record(self, test, kind, text=""):
+        self.cases.append((test, kind, text, time.monotonic() - self._start))
+
+    def addSuccess(self, test):
+        super().addSuccess(test)
+        self._record(test, "ok")
+
+    def addFailure(self, test, err):
+        super().addFailure(test, err)
+        self._record(test, "failure", self._exc_info_to_string(err, test))
+
+    def addError(self, test, err):
+        super().addError(test, err)
+        self._record(test, "failure", self._exc_info_to_string(err, test))
+
+    def addSkip(self, test, reason):
+        super().addSkip(test, reason)
+        self._record(test, "skipped", reason)
+
+
+def main():
+    suite = unittest.defaultTestLoader.loadTestsFromModule(sys.modules["__main__"])
+    runner = unittest.TextTestRunner(resultclass=_Result, verbosity=2, stream=sys.stdout)
+    result = runner.run(suite)
+    path = os.environ.get("TIERD_XML")
+    if path:
+        name = os.path.splitext(os.path.basename(sys.argv[0]))[0]
+        with open(path, "w") as f:
+            f.write(f'<testsuites><testsuite name="{name}" tests="{len(result.cases)}">\n')
+            for test, kind, text, seconds in result.cases:
+                result_attr = "skipped" if kind == "skipped" else "completed"
+                f.write(f'<testcase name={quoteattr(test.id().split(".")[-1])} classname={quoteattr(name)} '
+                        f'time="{seconds:.3f}" result="{result_attr}">')
+                if kind == "failure":
+                    f.write(f'<failure message={quoteattr(text[-2000:])}/>')
+                elif kind == "skipped":
+                    f.write(f'<skipped message={quoteattr(text)}/>')
+                f.write('</testcase>\n')
+            f.write('</testsuite></testsuites>\n')
+    sys.exit(0 if result.wasSuccessful() else 1)

@@ -1,0 +1,389 @@
+"""PyTorch on tierd: leases as tensors, and an optimizer whose state lives in tierd's tiers.
+
+    opt = tierd.torch.OffloadOptimizer(model.parameters(), opt="adamw", lr=3e-4, max_grad_norm=1.0,
+                                       dram="48GiB", nvme="200GiB")
+    for batch in data:
+        loss = model(batch).loss
+        loss.backward()          # each gradient leaves the GPU as soon as it is accumulated
+        opt.step()               # clip by global norm, step on the host, weights back ahead of the forward
+        opt.zero_grad()
+
+Nothing here is compiled against torch: tensors cross by DLPack, so any torch 2.x works.
+"""
+
+import math
+import queue
+import threading
+import warnings
+
+import torch
+
+import tierd
+from tierd import _tierd
+
+__all__ = ["as_tensor", "OffloadOptimizer"]
+
+_FP8 = {"f8e4m3": "float8_e4m3fn", "f8e5m2": "float8_e5m2"}
+
+
+def as_tensor(view):
+    """A torch tensor over an acquired View's bytes (no copy; valid until the lease's release)."""
+    t = torch.utils.dlpack.from_dlpack(view)
+    if view.dtype in _FP8 and hasattr(torch, _FP8[view.dtype]):
+        t = t.view(getattr(torch, _FP8[view.dtype]))
+    return t
+
+
+class _Slot:
+    """One parameter's leases (master weights, moments, gradient accumulator, all in DRAM/NVMe
+    through tierd) and its pinned staging buffers (gradient in, weights out)."""
+
+    def __init__(self, index, param, client, opt, prefix):
+        self.index, self.param, self.n = index, param, param.numel()
+        n = self.n
+        name = f"{prefix}.{index}"
+        self.master = client.lease(f"{name}.master", (n,), "f32", "opt_state")
+        if opt == "adamw8bit":
+            moment = (_tierd.moment8bit_bytes(n),)
+            self.moments = [client.lease(f"{name}.m", moment, "u8", "opt_state"),
+                            client.lease(f"{name}.v", moment, "u8", "opt_state")]
+        elif opt == "adamw":
+            self.moments = [client.lease(f"{name}.m", (n,), "f32", "opt_state"),
+                            client.lease(f"{name}.v", (n,), "f32", "opt_state")]
+        else:  # lion
+            self.moments = [client.lease(f"{name}.m", (n,), "f32", "opt_state")]
+        self.grad = client.lease(f"{name}.grad", (n,), "f32", "grad")
+        pin = param.is_cuda
+        self.grad_in = torch.empty(n, dtype=param.dtype, pin_memory=pin)
+        self.weights_out = torch.empty(n, dtype=param.dtype, pin_memory=pin)
+        self.has_grad = False      # a gradient arrived since the last step
+        self.sum_squares = 0.0     # of the accumulated gradient, as of its last arrival
+        self.step = 0
+        self.consumed = threading.Event()  # grad_in is free: its last gradient was accumulated
+        self.consumed.set()
+        self.weights_ready = None  # set when the host has stepped it (overlap=True)
+        self.copied_back = None    # the new weights' copy to the GPU (a CUDA event)
+
+
+class OffloadOptimizer(torch.optim.Optimizer):
+    """AdamW, 8-bit AdamW or Lion with fp32 master weights and moments in tierd's DRAM tier
+    (spilling to NVMe under the session's DRAM quota), stepped on the host by the reference
+    trainer's vectorised optimizers (the same bits as its host step).
+
+    Each parameter's gradient leaves the GPU as soon as autograd has accumulated it (its
+    post-accumulate hook; the GPU copy is freed), and is added into an fp32 accumulator on the
+    host by a worker thread, so micro-batches accumulate there. step() clips by the global norm
+    (max_grad_norm; a non-finite norm skips the step with a warning, nothing is changed), steps
+    each parameter on the host and copies its new weights back to the GPU. With overlap=True
+    step() returns at once: the host steps the parameters in order while the next forward runs,
+    and each module's forward waits only for its own parameters' new weights. Code that reads
+    parameters outside their modules' forward (or takes the model's state_dict) calls
+    synchronize() first.
+
+    state_dict() / load_state_dict() hold the master weights and moments (CPU tensors), so a
+    checkpoint resumes with the same bits.
+    """
+
+    def __init__(self, params, opt="adamw", lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
+                 max_grad_norm=None, client=None, runtime_dir=None, label="offload-optimizer", dram=0, nvme=0,
+                 threads=0, overlap=True, name="opt"):
+        if opt not in ("adamw", "adamw8bit", "lion"):
+            raise ValueError(f"opt is adamw, adamw8bit or lion, not {opt!r}")
+        if max_grad_norm is not None and not max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm must be positive (or None: no clipping), not {max_grad_norm}")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+        self.opt, self.max_grad_norm, self.threads, self.overlap = opt, max_grad_norm, threads, overlap
+        self.client = client or tierd.connect(runtime_dir, label, gpu="1MiB", dram=dram or "1GiB",
+                                              nvme=nvme or "1GiB")
+        self.skipped_steps = 0
+        self.last_grad_norm = float("nan")
+        self._slots, self._by_param = [], {}
+        for group in self.param_groups:
+            for p in group["params"]:
+                if not p.requires_grad or id(p) in self._by_param:
+                    continue
+                slot = _Slot(len(self._slots), p, self.client, opt, name)
+                slot.group = group
+                self._slots.append(slot)
+                self._by_param[id(p)] = slot
+                self._fill_state(slot, p.detach())
+        cuda = any(s.param.is_cuda for s in self._slots)
+        self._d2h = torch.cuda.Stream() if cuda else None
+        self._h2d = torch.cuda.Stream() if cuda else None
+        self._arrivals = queue.Queue()
+        self._worker_error = None
+        self._worker = threading.Thread(target=self._accumulate_loop, name="tierd-grads", daemon=True)
+        self._worker.start()
+        self._updates = None  # the thread stepping the parameters (overlap=True)
+        self._hooks = [s.param.register_post_accumulate_grad_hook(self._gradient_ready) for s in self._slots]
+        self._pre_hook = torch.nn.modules.module.register_module_forward_pre_hook(self._before_forward)
+
+    # ---- leases as tensors, each held only while used, so tierd may move it in between ----
+
+    def _held(self, tensor, access):
+        return _Held(self.client, tensor, access)
+
+    def _fill_state(self, slot, weights, moments=None, master=None):
+        with self._held(slot.master, "overwrite") as m:
+            m.copy_(master if master is not None else weights.reshape(-1).float())
+        for k, lease in enumerate(slot.moments):
+            with self._held(lease, "overwrite") as t:
+                if moments is None:
+                    t.zero_()
+                else:
+                    t.copy_(moments[k])
+
+    # ---- gradients: off the GPU at once, accumulated on the host ----
+
+    def _gradient_ready(self, p):
+        slot = self._by_param[id(p)]
+        g = p.grad
+        slot.consumed.wait()  # the last micro-batch's gradient is out of grad_in
+        slot.consumed.clear()
+        if g.is_cuda:
+            self._d2h.wait_stream(torch.cuda.current_stream(g.device))
+            with torch.cuda.stream(self._d2h):
+                slot.grad_in.copy_(g.reshape(-1), non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(self._d2h)
+            g.record_stream(self._d2h)  # the caching allocator keeps it until the copy is done
+        else:
+            slot.grad_in.copy_(g.reshape(-1))
+            event = None
+        p.grad = None
+        first = not slot.has_grad
+        slot.has_grad = True
+        self._arrivals.put((slot, event, first))
+
+    def _accumulate_loop(self):
+        while True:
+            item = self._arrivals.get()
+            try:
+                if item is None:
+                    return
+                slot, event, first = item
+                if self._worker_error is None:
+                    if event is not None:
+                        event.synchronize()
+                    dtype = tierd.dtype_name(slot.grad_in.dtype)
+                    with self._held(slot.grad, "overwrite" if first else "write") as acc:
+                        source = slot.grad_in if dtype in ("f32", "bf16") else slot.grad_in.float()
+                        slot.sum_squares = _tierd.accumulate(acc.data_ptr(), source.data_ptr(),
+                                                             "bf16" if dtype == "bf16" else "f32", slot.n, first,
+                                                             self.threads)
+            except BaseException as e:  # said at the next step()
+                self._worker_error = e
+            finally:
+                if item is not None:
+                    item[0].consumed.set()
+                self._arrivals.task_done()
+
+    def _drain(self):
+        self._arrivals.join()
+        if self._worker_error is not None:
+            e, self._worker_error = self._worker_error, None
+            raise RuntimeError(f"tierd.torch: a gradient could not be accumulated on the host: {e}") from e
+
+    # ---- the step ----
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.synchronize()
+        self._drain()
+        stepped = [s for s in self._slots if s.has_grad]
+        norm = math.sqrt(sum(s.sum_squares for s in stepped))
+        self.last_grad_norm = norm
+        if not math.isfinite(norm):
+            self.skipped_steps += 1
+            warnings.warn(f"tierd.torch: the gradients' norm is {norm}: step skipped, nothing changed "
+                          f"({self.skipped_steps} skipped so far)")
+            self._forget_gradients()
+            return loss
+        scale = 1.0
+        if self.max_grad_norm is not None:
+            scale = min(1.0, self.max_grad_norm / (norm + 1e-6))
+        for s in stepped:
+            s.step += 1
+        if self.overlap:
+            self._updates = threading.Thread(target=self._update_all, args=(stepped, scale), daemon=True)
+            self._update_error = None
+            for s in stepped:
+                s.weights_ready = threading.Event()
+            self._updates.start()
+        else:
+            self._update_all(stepped, scale)
+            self.synchronize()
+        return loss
+
+    def _update_all(self, slots, scale):
+        try:
+            for s in slots:
+                self._update(s, scale)
+                if isinstance(s.weights_ready, threading.Event):
+                    s.weights_ready.set()
+        except BaseException as e:
+            self._update_error = e
+            for s in slots:
+                if isinstance(s.weights_ready, threading.Event):
+                    s.weights_ready.set()
+
+    def _update(self, s, scale):
+        g = s.group
+        lr, (beta1, beta2), eps, wd = g["lr"], g["betas"], g["eps"], g["weight_decay"]
+        bf16_out = s.weights_out.dtype == torch.bfloat16
+        with self._held(s.master, "write") as master, self._held(s.grad, "read") as grad:
+            moments = [self._held(m, "write") for m in s.moments]
+            try:
+                ptrs = [m.__enter__().data_ptr() for m in moments]
+                out = s.weights_out.data_ptr() if bf16_out else 0
+                if self.opt == "lion":
+                    _tierd.lion(master.data_ptr(), ptrs[0], out, grad.data_ptr(), s.n, lr, beta1, beta2, wd, scale,
+                                wd > 0, self.threads)
+                else:
+                    step = _tierd.adamw if self.opt == "adamw" else _tierd.adamw8bit
+                    step(master.data_ptr(), ptrs[0], ptrs[1], out, grad.data_ptr(), s.n, lr, beta1, beta2, eps, wd,
+                         s.step, scale, wd > 0, self.threads)
+            finally:
+                for m in moments:
+                    m.__exit__(None, None, None)
+            if not bf16_out:
+                s.weights_out.copy_(master)
+        s.has_grad = False
+        self._weights_to_device(s)
+
+    def _weights_to_device(self, s):
+        p = s.param
+        if p.is_cuda:
+            with torch.cuda.stream(self._h2d):
+                p.data.view(-1).copy_(s.weights_out, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(self._h2d)
+            s.copied_back = event
+        else:
+            p.data.view(-1).copy_(s.weights_out)
+            s.copied_back = None
+
+    def _wait_for(self, s):
+        ready = s.weights_ready
+        if ready is None:
+            return
+        if isinstance(ready, threading.Event):
+            ready.wait()
+            if getattr(self, "_update_error", None) is not None:
+                e, self._update_error = self._update_error, None
+                raise RuntimeError(f"tierd.torch: the host's optimizer step failed: {e}") from e
+        if getattr(s, "copied_back", None) is not None:
+            torch.cuda.current_stream(s.param.device).wait_event(s.copied_back)
+            s.copied_back = None
+        s.weights_ready = None
+
+    def _before_forward(self, module, args):
+        if self._updates is None:
+            return
+        for p in module.parameters(recurse=False):
+            s = self._by_param.get(id(p))
+            if s is not None and s.weights_ready is not None:
+                self._wait_for(s)
+
+    def synchronize(self):
+        """Wait until the last step's new weights are all on the device (the current stream)."""
+        if self._updates is None:
+            for s in self._slots:
+                if getattr(s, "copied_back", None) is not None:
+                    torch.cuda.current_stream(s.param.device).wait_event(s.copied_back)
+                    s.copied_back = None
+            return
+        for s in self._slots:
+            self._wait_for(s)
+        self._updates.join()
+        self._updates = None
+
+    def _forget_gradients(self):
+        for s in self._slots:
+            s.has_grad = False
+
+    def zero_grad(self, set_to_none=True):
+        """Gradients live on the host between steps; a step consumes them. This drops any that
+        arrived since (a micro-batch thrown away)."""
+        self._drain()
+        self._forget_gradients()
+        for s in self._slots:
+            s.param.grad = None
+
+    # ---- checkpoints ----
+
+    def state_dict(self):
+        self.synchronize()
+        self._drain()
+        state = {}
+        for s in self._slots:
+            with self._held(s.master, "read") as m:
+                entry = {"step": s.step, "master": m.clone()}
+            entry["moments"] = []
+            for lease in s.moments:
+                with self._held(lease, "read") as t:
+                    entry["moments"].append(t.clone())
+            state[s.index] = entry
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
+        for g, group in zip(groups, self.param_groups):
+            g["params"] = [self._by_param[id(p)].index for p in group["params"] if id(p) in self._by_param]
+        return {"state": state, "param_groups": groups,
+                "tierd": {"opt": self.opt, "max_grad_norm": self.max_grad_norm, "skipped_steps": self.skipped_steps}}
+
+    def load_state_dict(self, state_dict):
+        self.synchronize()
+        self._drain()
+        saved = state_dict.get("tierd", {})
+        if saved.get("opt", self.opt) != self.opt:
+            raise ValueError(f"this checkpoint is of a {saved['opt']} optimizer, not {self.opt}")
+        if len(state_dict["state"]) != len(self._slots):
+            raise ValueError(f"this checkpoint holds {len(state_dict['state'])} parameters' state, this optimizer "
+                             f"{len(self._slots)}")
+        for s in self._slots:
+            entry = state_dict["state"][s.index]
+            if entry["master"].numel() != s.n:
+                raise ValueError(f"parameter {s.index}: the checkpoint has {entry['master'].numel()} values, the "
+                                 f"model {s.n}")
+        for s in self._slots:
+            entry = state_dict["state"][s.index]
+            self._fill_state(s, None, entry["moments"], entry["master"])
+            s.step = entry["step"]
+            s.has_grad = False
+            with self._held(s.master, "read") as m:
+                s.weights_out.copy_(m)
+            self._weights_to_device(s)
+        for g, saved_group in zip(self.param_groups, state_dict["param_groups"]):
+            g.update({k: v for k, v in saved_group.items() if k != "params"})
+        self.skipped_steps = saved.get("skipped_steps", 0)
+        self.synchronize()
+
+    def close(self):
+        """Ends the optimizer's tierd session (its leases go with it) and removes its hooks."""
+        self.synchronize()
+        self._arrivals.put(None)
+        self._worker.join()
+        for h in self._hooks:
+            h.remove()
+        self._pre_hook.remove()
+        self.client.close()
+
+
+class _Held:
+    """A lease acquired on the host as a flat torch tensor for a `with` block, then released."""
+
+    def __init__(self, client, tensor, access):
+        self.client, self.tensor, self.access = client, tensor, access
+
+    def __enter__(self):
+        view = self.client.acquire(self.tensor, self.access, "host")
+        self.t = as_tensor(view).reshape(-1)
+        return self.t
+
+    def __exit__(self, *exc):
+        del self.t
+        self.client.release(self.tensor)
+        return False

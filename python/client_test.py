@@ -45,7 +45,7 @@ class ClientTest(unittest.TestCase):
         stats = self.client.stats()
         self.assertGreaterEqual(stats["sessions"], 1)
         self.assertEqual([t["tier"] for t in stats["tiers"]], ["TIER_GPU", "TIER_DRAM", "TIER_NVME"])
-        self.assertIn("fake GPU", stats["gpu"])
+        self.assertEqual("fake GPU" in stats["gpu"], self.client.fake_gpu, stats["gpu"])
         leases = self.client.leases()["leases"]
         self.assertEqual([(l["spec"]["name"], l["spec"]["shape"], l["bytes"]) for l in leases],
                          [("a", [256, 1024], 512 << 10)])

@@ -191,6 +191,29 @@ class OffloadOptimizerTest(unittest.TestCase):
         for x, y in zip(a.parameters(), b.parameters()):
             self.assertTrue(torch.equal(x, y))
 
+    def test_on_the_gpu_it_follows_torchs(self):
+        if not torch.cuda.is_available():
+            self.skipTest("no CUDA device (the lent GPU machine runs this case)")
+        ours, theirs = model().cuda(), model().cuda()
+        data = [(x.cuda(), y.cuda()) for x, y in batches(8)]
+        opt = self.offload(ours.parameters(), lr=1e-2, max_grad_norm=0.05, name="gpu")
+        self.train(ours, opt, data, accumulate=2)
+        ref = torch.optim.AdamW(theirs.parameters(), lr=1e-2)
+        for i in range(0, len(data), 2):
+            for batch in data[i:i + 2]:
+                (loss_of(theirs, batch) / 2).backward()
+            torch.nn.utils.clip_grad_norm_(theirs.parameters(), 0.05)
+            ref.step()
+            ref.zero_grad()
+        self.assertClose(ours, theirs, 1e-5)
+        self.assertTrue(all(p.grad is None and p.is_cuda for p in ours.parameters()))
+        bf16 = model(dtype=torch.bfloat16).cuda()
+        opt = self.offload(bf16.parameters(), lr=1e-3, name="gpu-bf16")
+        self.train(bf16, opt, [(x.cuda(), y.cuda()) for x, y in batches(3, dtype=torch.bfloat16)])
+        state = opt.state_dict()["state"]
+        for s, p in zip(opt._slots, bf16.parameters()):
+            self.assertTrue(torch.equal(state[s.index]["master"].to(torch.bfloat16), p.detach().reshape(-1).cpu()))
+
     def test_bad_settings_and_checkpoints_are_refused(self):
         m = model()
         with self.assertRaisesRegex(ValueError, "adamw, adamw8bit or lion, not 'sgd'"):

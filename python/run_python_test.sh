@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A Python test of the tierd package against the real daemon: $1 the interpreter the
 # extension was built for, $2 the test file, $3 tierd, $4 _tierd.so, [--asan]. Puts the
-# package in a scratch site directory, starts tierd on its fake GPU (real shared memory,
+# package in a scratch site directory, starts tierd on its fake GPU (TIERD_TEST_GPU=cuda on a
+# machine with one: tools/device/python_check.sh) (real shared memory,
 # real io_uring files), runs the file (its cases go to the XML report), stops tierd and
 # fails if it did not exit cleanly.
 set -uo pipefail
@@ -21,7 +22,7 @@ cp "$(dirname "$test_file")"/test_util.py "$test_file" "$site/"
 cp "$extension" "$site/tierd/_tierd.so"
 runtime=$(mktemp -d /tmp/tierd-py-XXXXXX)  # short: a Unix socket's path has 107 bytes
 mkdir -p "$scratch/nvme"; : > "$scratch/tierd.log"
-"$tierd_bin" --gpu=fake --gpu_bytes=64MiB --dram_bytes=256MiB --nvme_dir="$scratch/nvme" --nvme_bytes=512MiB \
+"$tierd_bin" --gpu="${TIERD_TEST_GPU:-fake}" --gpu_bytes=64MiB --dram_bytes=256MiB --nvme_dir="$scratch/nvme" --nvme_bytes=512MiB \
   --runtime_dir="$runtime" > "$scratch/tierd.log" 2>&1 &
 pid=$!
 for _ in $(seq 200); do grep -q "tierd: ready" "$scratch/tierd.log" && break; sleep 0.05; done

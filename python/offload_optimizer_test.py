@@ -103,12 +103,38 @@ class OffloadOptimizerTest(unittest.TestCase):
         self.assertClose(ours, theirs, 1e-5)
 
     def test_micro_batches_accumulate_on_the_host(self):
-        ours, theirs = model(), model()
         data = batches(6)
-        self.train(ours, self.offload(ours.parameters(), lr=1e-2), data, accumulate=3)
+        theirs = model()
         self.train(theirs, torch.optim.AdamW(theirs.parameters(), lr=1e-2), data, accumulate=3)
-        self.assertClose(ours, theirs, 1e-5)
-        self.assertTrue(all(p.grad is None for p in ours.parameters()))  # nothing kept beside the weights
+        # Without clipping each update starts in the backward of the third micro-batch; with a
+        # clip (never reached here) at step().
+        for clip in (None, 100.0):
+            ours = model()
+            opt = self.offload(ours.parameters(), lr=1e-2, accumulation_steps=3, max_grad_norm=clip,
+                               name=f"accumulated-{clip}")
+            self.train(ours, opt, data, accumulate=3)
+            self.assertClose(ours, theirs, 1e-5)
+            self.assertTrue(all(p.grad is None for p in ours.parameters()))  # nothing kept beside the weights
+
+    def test_without_clipping_updates_start_in_the_backward(self):
+        m = model()
+        before = copy.deepcopy(m)
+        opt = self.offload(m.parameters(), lr=1e-2)
+        loss_of(m, batches(1)[0]).backward()
+        opt._arrivals.join()
+        opt._updates.join()  # step() not called yet: the updates ran off the backward's hooks
+        self.assertFalse(any(torch.equal(a, b) for a, b in zip(m.parameters(), before.parameters())))
+        opt.step()
+        opt.synchronize()
+        ref = copy.deepcopy(before)
+        self.train(ref, torch.optim.AdamW(ref.parameters(), lr=1e-2), batches(1))
+        self.assertClose(m, ref, 1e-5)
+
+    def test_more_micro_batches_than_said_is_an_error(self):
+        m = model()
+        opt = self.offload(m.parameters(), lr=1e-2)  # accumulation_steps=1, no clipping
+        with self.assertRaisesRegex(RuntimeError, "pass accumulation_steps=<micro-batches a step>"):
+            self.train(m, opt, batches(2), accumulate=2)
 
     def test_bf16_weights_are_the_fp32_master_rounded(self):
         m = model(dtype=torch.bfloat16)
@@ -142,21 +168,25 @@ class OffloadOptimizerTest(unittest.TestCase):
                 self.assertTrue(torch.equal(a, b), opt_name)
 
     def test_a_non_finite_gradient_skips_the_step(self):
-        m = model()
-        before = copy.deepcopy(m)
-        opt = self.offload(m.parameters(), lr=1e-2)
-        x, y = batches(1)[0]
-        x[0, 0] = float("nan")
-        loss_of(m, (x, y)).backward()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            opt.step()
-        self.assertEqual(opt.skipped_steps, 1)
-        self.assertTrue(any("step skipped" in str(w.message) for w in caught))
-        for a, b in zip(m.parameters(), before.parameters()):
-            self.assertTrue(torch.equal(a, b))
-        self.train(m, opt, batches(2))  # and it goes on
-        self.assertTrue(all(torch.isfinite(p).all() for p in m.parameters()))
+        for clip in (1.0, None):  # the whole step skipped; without clipping, each parameter's update
+            m = model()
+            before = copy.deepcopy(m)
+            opt = self.offload(m.parameters(), lr=1e-2, max_grad_norm=clip, name=f"nan-{clip}")
+            x, y = batches(1)[0]
+            x[0, 0] = float("nan")
+            loss_of(m, (x, y)).backward()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                opt.step()
+                opt.synchronize()
+            said = "step skipped" if clip else "had non-finite gradients: their weights were kept"
+            self.assertTrue(any(said in str(w.message) for w in caught), [str(w.message) for w in caught])
+            self.assertEqual(opt.skipped_steps, 1 if clip else 0)
+            for a, b in zip(m.parameters(), before.parameters()):
+                self.assertTrue(torch.equal(a, b))
+            self.train(m, opt, batches(2))  # and it goes on
+            self.assertTrue(all(torch.isfinite(p).all() for p in m.parameters()))
+            self.assertFalse(any(torch.equal(a, b) for a, b in zip(m.parameters(), before.parameters())))
 
     def test_8bit_adamw_and_lion_learn(self):
         data = learnable_batches(60)

@@ -56,12 +56,15 @@ class _Slot:
         pin = param.is_cuda
         self.grad_in = torch.empty(n, dtype=param.dtype, pin_memory=pin)
         self.weights_out = torch.empty(n, dtype=param.dtype, pin_memory=pin)
-        self.has_grad = False      # a gradient arrived since the last step
+        self.arrivals = 0          # gradients accumulated since the last update
+        self.updated_early = False  # its update of this step started in the backward (no clipping)
         self.sum_squares = 0.0     # of the accumulated gradient, as of its last arrival
         self.step = 0
         self.consumed = threading.Event()  # grad_in is free: its last gradient was accumulated
         self.consumed.set()
-        self.weights_ready = None  # set when the host has stepped it (overlap=True)
+        self.weights_ready = threading.Event()  # no update of it queued or running
+        self.weights_ready.set()
+        self.read_until = None     # the compute stream's use of the old weights (a CUDA event)
         self.copied_back = None    # the new weights' copy to the GPU (a CUDA event)
 
 
@@ -71,28 +74,35 @@ class OffloadOptimizer(torch.optim.Optimizer):
     trainer's vectorised optimizers (the same bits as its host step).
 
     Each parameter's gradient leaves the GPU as soon as autograd has accumulated it (its
-    post-accumulate hook; the GPU copy is freed), and is added into an fp32 accumulator on the
-    host by a worker thread, so micro-batches accumulate there. step() clips by the global norm
-    (max_grad_norm; a non-finite norm skips the step with a warning, nothing is changed), steps
-    each parameter on the host and copies its new weights back to the GPU. With overlap=True
-    step() returns at once: the host steps the parameters in order while the next forward runs,
-    and each module's forward waits only for its own parameters' new weights. Code that reads
-    parameters outside their modules' forward (or takes the model's state_dict) calls
-    synchronize() first.
+    post-accumulate hook; the GPU copy is freed) and is added into an fp32 accumulator on the
+    host by a worker thread, so micro-batches accumulate there. Updates run on another host
+    thread, in the order the parameters were given, and each new weight is copied back to the
+    GPU at once; a module's forward waits only for its own parameters (with overlap=True; code
+    that reads parameters outside their modules' forward, or saves the model, calls
+    synchronize() first). When they start:
+      - max_grad_norm set: at step(), once every gradient is in (the global norm needs them
+        all); the update then runs under the next forward. A non-finite norm skips the step
+        with a warning, nothing changed.
+      - max_grad_norm None: as soon as a parameter's accumulation_steps-th gradient of the step
+        is in, under the rest of the backward (torchao's CPUOffloadOptimizer's overlap). A
+        parameter whose gradient is not finite keeps its weights (warned at step()).
 
     state_dict() / load_state_dict() hold the master weights and moments (CPU tensors), so a
     checkpoint resumes with the same bits.
     """
 
     def __init__(self, params, opt="adamw", lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
-                 max_grad_norm=None, client=None, runtime_dir=None, label="offload-optimizer", dram=0, nvme=0,
-                 threads=0, overlap=True, name="opt"):
+                 max_grad_norm=None, accumulation_steps=1, client=None, runtime_dir=None,
+                 label="offload-optimizer", dram=0, nvme=0, threads=0, overlap=True, name="opt"):
         if opt not in ("adamw", "adamw8bit", "lion"):
             raise ValueError(f"opt is adamw, adamw8bit or lion, not {opt!r}")
         if max_grad_norm is not None and not max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be positive (or None: no clipping), not {max_grad_norm}")
+        if int(accumulation_steps) < 1:
+            raise ValueError(f"accumulation_steps counts micro-batches a step, from 1, not {accumulation_steps}")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
         self.opt, self.max_grad_norm, self.threads, self.overlap = opt, max_grad_norm, threads, overlap
+        self.accumulation_steps = int(accumulation_steps)
         self.client = client or tierd.connect(runtime_dir, label, gpu="1MiB", dram=dram or "1GiB",
                                               nvme=nvme or "1GiB")
         self.skipped_steps = 0
@@ -110,11 +120,13 @@ class OffloadOptimizer(torch.optim.Optimizer):
         cuda = any(s.param.is_cuda for s in self._slots)
         self._d2h = torch.cuda.Stream() if cuda else None
         self._h2d = torch.cuda.Stream() if cuda else None
-        self._arrivals = queue.Queue()
-        self._worker_error = None
-        self._worker = threading.Thread(target=self._accumulate_loop, name="tierd-grads", daemon=True)
-        self._worker.start()
-        self._updates = None  # the thread stepping the parameters (overlap=True)
+        self._errors = []           # from the worker threads, raised at the next step() or synchronize()
+        self._skipped_params = 0    # non-finite gradients without clipping, since the last step()
+        self._arrivals, self._updates = queue.Queue(), queue.Queue()
+        self._workers = [threading.Thread(target=self._accumulate_loop, name="tierd-grads", daemon=True),
+                         threading.Thread(target=self._update_loop, name="tierd-updates", daemon=True)]
+        for w in self._workers:
+            w.start()
         self._hooks = [s.param.register_post_accumulate_grad_hook(self._gradient_ready) for s in self._slots]
         self._pre_hook = torch.nn.modules.module.register_module_forward_pre_hook(self._before_forward)
 
@@ -133,6 +145,12 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 else:
                     t.copy_(moments[k])
 
+    def _raise_errors(self):
+        if self._errors:
+            e = self._errors[0]
+            self._errors.clear()
+            raise RuntimeError(f"tierd.torch: the optimizer's host work failed: {e}") from e
+
     # ---- gradients: off the GPU at once, accumulated on the host ----
 
     def _gradient_ready(self, p):
@@ -141,7 +159,10 @@ class OffloadOptimizer(torch.optim.Optimizer):
         slot.consumed.wait()  # the last micro-batch's gradient is out of grad_in
         slot.consumed.clear()
         if g.is_cuda:
-            self._d2h.wait_stream(torch.cuda.current_stream(g.device))
+            compute = torch.cuda.current_stream(g.device)
+            slot.read_until = torch.cuda.Event()
+            slot.read_until.record(compute)  # kernels queued so far may still read the old weights
+            self._d2h.wait_stream(compute)
             with torch.cuda.stream(self._d2h):
                 slot.grad_in.copy_(g.reshape(-1), non_blocking=True)
                 event = torch.cuda.Event()
@@ -151,9 +172,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             slot.grad_in.copy_(g.reshape(-1))
             event = None
         p.grad = None
-        first = not slot.has_grad
-        slot.has_grad = True
-        self._arrivals.put((slot, event, first))
+        self._arrivals.put((slot, event))
 
     def _accumulate_loop(self):
         while True:
@@ -161,80 +180,63 @@ class OffloadOptimizer(torch.optim.Optimizer):
             try:
                 if item is None:
                     return
-                slot, event, first = item
-                if self._worker_error is None:
-                    if event is not None:
-                        event.synchronize()
-                    dtype = tierd.dtype_name(slot.grad_in.dtype)
-                    with self._held(slot.grad, "overwrite" if first else "write") as acc:
-                        source = slot.grad_in if dtype in ("f32", "bf16") else slot.grad_in.float()
-                        slot.sum_squares = _tierd.accumulate(acc.data_ptr(), source.data_ptr(),
-                                                             "bf16" if dtype == "bf16" else "f32", slot.n, first,
-                                                             self.threads)
-            except BaseException as e:  # said at the next step()
-                self._worker_error = e
+                slot, event = item
+                if event is not None:
+                    event.synchronize()
+                self._accumulate(slot)
+            except BaseException as e:
+                self._errors.append(e)
             finally:
                 if item is not None:
                     item[0].consumed.set()
                 self._arrivals.task_done()
 
-    def _drain(self):
-        self._arrivals.join()
-        if self._worker_error is not None:
-            e, self._worker_error = self._worker_error, None
-            raise RuntimeError(f"tierd.torch: a gradient could not be accumulated on the host: {e}") from e
+    def _accumulate(self, slot):
+        if slot.updated_early:
+            raise RuntimeError(f"parameter {slot.index} ({tuple(slot.param.shape)}) got gradient "
+                               f"{slot.arrivals + 1} of a step with accumulation_steps={self.accumulation_steps}, "
+                               "after its update: pass accumulation_steps=<micro-batches a step>")
+        dtype = tierd.dtype_name(slot.grad_in.dtype)
+        first = slot.arrivals == 0
+        with self._held(slot.grad, "overwrite" if first else "write") as acc:
+            source = slot.grad_in if dtype in ("f32", "bf16") else slot.grad_in.float()
+            slot.sum_squares = _tierd.accumulate(acc.data_ptr(), source.data_ptr(),
+                                                 "bf16" if dtype == "bf16" else "f32", slot.n, first, self.threads)
+        slot.arrivals += 1
+        if self.max_grad_norm is None and slot.arrivals == self.accumulation_steps:
+            slot.updated_early = True
+            if math.isfinite(slot.sum_squares):
+                self._queue_update(slot, 1.0)
+            else:
+                self._skipped_params += 1
+                slot.arrivals = 0
 
-    # ---- the step ----
+    # ---- updates: on the host, in order, each weight back to the GPU at once ----
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        self.synchronize()
-        self._drain()
-        stepped = [s for s in self._slots if s.has_grad]
-        norm = math.sqrt(sum(s.sum_squares for s in stepped))
-        self.last_grad_norm = norm
-        if not math.isfinite(norm):
-            self.skipped_steps += 1
-            warnings.warn(f"tierd.torch: the gradients' norm is {norm}: step skipped, nothing changed "
-                          f"({self.skipped_steps} skipped so far)")
-            self._forget_gradients()
-            return loss
-        scale = 1.0
-        if self.max_grad_norm is not None:
-            scale = min(1.0, self.max_grad_norm / (norm + 1e-6))
-        for s in stepped:
-            s.step += 1
-        if self.overlap:
-            self._updates = threading.Thread(target=self._update_all, args=(stepped, scale), daemon=True)
-            self._update_error = None
-            for s in stepped:
-                s.weights_ready = threading.Event()
-            self._updates.start()
-        else:
-            self._update_all(stepped, scale)
-            self.synchronize()
-        return loss
+    def _queue_update(self, slot, scale):
+        slot.arrivals = 0  # the accumulator is the update's until it is done
+        slot.weights_ready.clear()
+        self._updates.put((slot, scale))
 
-    def _update_all(self, slots, scale):
-        try:
-            for s in slots:
-                self._update(s, scale)
-                if isinstance(s.weights_ready, threading.Event):
-                    s.weights_ready.set()
-        except BaseException as e:
-            self._update_error = e
-            for s in slots:
-                if isinstance(s.weights_ready, threading.Event):
-                    s.weights_ready.set()
+    def _update_loop(self):
+        while True:
+            item = self._updates.get()
+            try:
+                if item is None:
+                    return
+                self._update(*item)
+            except BaseException as e:
+                self._errors.append(e)
+            finally:
+                if item is not None:
+                    item[0].weights_ready.set()
+                self._updates.task_done()
 
     def _update(self, s, scale):
         g = s.group
         lr, (beta1, beta2), eps, wd = g["lr"], g["betas"], g["eps"], g["weight_decay"]
         bf16_out = s.weights_out.dtype == torch.bfloat16
+        s.step += 1
         with self._held(s.master, "write") as master, self._held(s.grad, "read") as grad:
             moments = [self._held(m, "write") for m in s.moments]
             try:
@@ -252,73 +254,93 @@ class OffloadOptimizer(torch.optim.Optimizer):
                     m.__exit__(None, None, None)
             if not bf16_out:
                 s.weights_out.copy_(master)
-        s.has_grad = False
         self._weights_to_device(s)
 
     def _weights_to_device(self, s):
         p = s.param
         if p.is_cuda:
             with torch.cuda.stream(self._h2d):
+                if s.read_until is not None:
+                    self._h2d.wait_event(s.read_until)  # no kernel still reads the old weights
                 p.data.view(-1).copy_(s.weights_out, non_blocking=True)
                 event = torch.cuda.Event()
                 event.record(self._h2d)
             s.copied_back = event
         else:
             p.data.view(-1).copy_(s.weights_out)
-            s.copied_back = None
 
     def _wait_for(self, s):
-        ready = s.weights_ready
-        if ready is None:
-            return
-        if isinstance(ready, threading.Event):
-            ready.wait()
-            if getattr(self, "_update_error", None) is not None:
-                e, self._update_error = self._update_error, None
-                raise RuntimeError(f"tierd.torch: the host's optimizer step failed: {e}") from e
-        if getattr(s, "copied_back", None) is not None:
-            torch.cuda.current_stream(s.param.device).wait_event(s.copied_back)
-            s.copied_back = None
-        s.weights_ready = None
+        s.weights_ready.wait()
+        event, s.copied_back = s.copied_back, None
+        if event is not None:
+            torch.cuda.current_stream(s.param.device).wait_event(event)
 
     def _before_forward(self, module, args):
-        if self._updates is None:
-            return
         for p in module.parameters(recurse=False):
             s = self._by_param.get(id(p))
-            if s is not None and s.weights_ready is not None:
+            if s is not None and (s.copied_back is not None or not s.weights_ready.is_set()):
                 self._wait_for(s)
 
     def synchronize(self):
-        """Wait until the last step's new weights are all on the device (the current stream)."""
-        if self._updates is None:
-            for s in self._slots:
-                if getattr(s, "copied_back", None) is not None:
-                    torch.cuda.current_stream(s.param.device).wait_event(s.copied_back)
-                    s.copied_back = None
-            return
+        """Wait until every queued update is done and its weights are on the device (ordered
+        before the current stream's next work)."""
+        self._updates.join()
         for s in self._slots:
             self._wait_for(s)
-        self._updates.join()
-        self._updates = None
+        self._raise_errors()
 
-    def _forget_gradients(self):
+    # ---- the step ----
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._arrivals.join()  # every gradient of the step accumulated
+        self._raise_errors()
+        if self._h2d is not None:
+            self._h2d.wait_stream(torch.cuda.current_stream())
+        arrived = [s for s in self._slots if s.arrivals > 0]
+        norm = math.sqrt(sum(s.sum_squares for s in self._slots if s.arrivals > 0 or s.updated_early))
         for s in self._slots:
-            s.has_grad = False
+            s.updated_early = False
+        self.last_grad_norm = norm
+        if self.max_grad_norm is None:
+            if self._skipped_params:
+                warnings.warn(f"tierd.torch: {self._skipped_params} parameters had non-finite gradients: their "
+                              "weights were kept this step")
+                self._skipped_params = 0
+            for s in arrived:  # fewer micro-batches than accumulation_steps: their updates start now
+                self._queue_update(s, 1.0)
+        elif not math.isfinite(norm):
+            self.skipped_steps += 1
+            warnings.warn(f"tierd.torch: the gradients' norm is {norm}: step skipped, nothing changed "
+                          f"({self.skipped_steps} skipped so far)")
+            for s in arrived:
+                s.arrivals = 0
+        else:
+            scale = min(1.0, self.max_grad_norm / (norm + 1e-6))
+            for s in arrived:
+                self._queue_update(s, scale)
+        if not self.overlap:
+            self.synchronize()
+        return loss
 
     def zero_grad(self, set_to_none=True):
-        """Gradients live on the host between steps; a step consumes them. This drops any that
-        arrived since (a micro-batch thrown away)."""
-        self._drain()
-        self._forget_gradients()
+        """Gradients live on the host between steps, and a step consumes them; this drops any
+        that arrived since (a micro-batch thrown away)."""
+        self._arrivals.join()
         for s in self._slots:
+            if s.weights_ready.is_set():
+                s.arrivals = 0
             s.param.grad = None
 
     # ---- checkpoints ----
 
     def state_dict(self):
+        self._arrivals.join()
         self.synchronize()
-        self._drain()
         state = {}
         for s in self._slots:
             with self._held(s.master, "read") as m:
@@ -335,8 +357,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 "tierd": {"opt": self.opt, "max_grad_norm": self.max_grad_norm, "skipped_steps": self.skipped_steps}}
 
     def load_state_dict(self, state_dict):
+        self._arrivals.join()
         self.synchronize()
-        self._drain()
         saved = state_dict.get("tierd", {})
         if saved.get("opt", self.opt) != self.opt:
             raise ValueError(f"this checkpoint is of a {saved['opt']} optimizer, not {self.opt}")
@@ -348,11 +370,12 @@ class OffloadOptimizer(torch.optim.Optimizer):
             if entry["master"].numel() != s.n:
                 raise ValueError(f"parameter {s.index}: the checkpoint has {entry['master'].numel()} values, the "
                                  f"model {s.n}")
+        if self._h2d is not None:
+            self._h2d.wait_stream(torch.cuda.current_stream())
         for s in self._slots:
             entry = state_dict["state"][s.index]
             self._fill_state(s, None, entry["moments"], entry["master"])
-            s.step = entry["step"]
-            s.has_grad = False
+            s.step, s.arrivals, s.read_until = entry["step"], 0, None
             with self._held(s.master, "read") as m:
                 s.weights_out.copy_(m)
             self._weights_to_device(s)
@@ -363,9 +386,12 @@ class OffloadOptimizer(torch.optim.Optimizer):
 
     def close(self):
         """Ends the optimizer's tierd session (its leases go with it) and removes its hooks."""
+        self._arrivals.join()
         self.synchronize()
         self._arrivals.put(None)
-        self._worker.join()
+        self._updates.put(None)
+        for w in self._workers:
+            w.join()
         for h in self._hooks:
             h.remove()
         self._pre_hook.remove()

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -108,6 +109,10 @@ class Client {
   // False once tierd closed the session's socket (it died, was stopped, or ended it).
   bool SessionOpen();
   bool fake_gpu() const { return fake_gpu_; }
+  // This process's mapping of the session's DRAM arena (every host pointer Acquire returns lies
+  // in it), fixed while the client lives: a caller may register it with CUDA once, so copies
+  // between the GPU and acquired host tensors run at pinned speed.
+  std::pair<void*, uint64_t> dram_arena() const { return {dram_base_, dram_bytes_}; }
 
  private:
   friend class testing::ClientRingPeer;

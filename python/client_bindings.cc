@@ -235,6 +235,10 @@ class PyClient {
 
   bool SessionOpen() { return client_ != nullptr && client_->SessionOpen(); }
   bool FakeGpu() { return Open().fake_gpu(); }
+  py::tuple DramArena() {
+    const auto [base, bytes] = Open().dram_arena();
+    return py::make_tuple(reinterpret_cast<uintptr_t>(base), bytes);
+  }
   uint64_t SessionId() { return Open().session_id(); }
   void Close() {
     py::gil_scoped_release unlocked;
@@ -324,6 +328,9 @@ void AddClient(py::module_& m) {
       .def("ring_times", &PyClient::RingTimes)
       .def("session_open", &PyClient::SessionOpen)
       .def_property_readonly("fake_gpu", &PyClient::FakeGpu)
+      .def("dram_arena", &PyClient::DramArena,
+           "(address, bytes) of this process's mapping of the session's DRAM arena, where every host pointer "
+           "acquire returns lies, fixed while the client lives (e.g. for cudaHostRegister)")
       .def_property_readonly("session_id", &PyClient::SessionId)
       .def("close", &PyClient::Close);
 }

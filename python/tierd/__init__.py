@@ -121,6 +121,11 @@ class Client:
         """True when tierd runs on its fake GPU (no CUDA): "gpu" places are host memory then."""
         return self._client.fake_gpu
 
+    def dram_arena(self):
+        """(address, bytes) of this process's mapping of the session's DRAM arena: every host
+        pointer acquire returns lies in it, fixed while the client lives."""
+        return self._client.dram_arena()
+
     @property
     def session_id(self):
         return self._client.session_id

@@ -53,9 +53,9 @@ class _Slot:
         else:  # lion
             self.moments = [client.lease(f"{name}.m", (n,), "f32", "opt_state")]
         self.grad = client.lease(f"{name}.grad", (n,), "f32", "grad")
-        pin = param.is_cuda
-        self.grad_in = torch.empty(n, dtype=param.dtype, pin_memory=pin)
-        self.weights_out = torch.empty(n, dtype=param.dtype, pin_memory=pin)
+        self.pin = param.is_cuda
+        self._grad_in = self._weights_out = None  # made at first use: the pinned arena may make them unneeded
+        self.norm_in = torch.empty(1, dtype=torch.float32, pin_memory=self.pin)  # the gradient's norm, from the GPU
         self.arrivals = 0          # gradients accumulated since the last update
         self.updated_early = False  # its update of this step started in the backward (no clipping)
         self.sum_squares = 0.0     # of the accumulated gradient, as of its last arrival
@@ -66,6 +66,18 @@ class _Slot:
         self.weights_ready.set()
         self.read_until = None     # the compute stream's use of the old weights (a CUDA event)
         self.copied_back = None    # the new weights' copy to the GPU (a CUDA event)
+
+    @property
+    def grad_in(self):  # (n,) param.dtype, pinned: a gradient on its way to the accumulator
+        if self._grad_in is None:
+            self._grad_in = torch.empty(self.n, dtype=self.param.dtype, pin_memory=self.pin)
+        return self._grad_in
+
+    @property
+    def weights_out(self):  # (n,) param.dtype, pinned: new weights on their way to the GPU
+        if self._weights_out is None:
+            self._weights_out = torch.empty(self.n, dtype=self.param.dtype, pin_memory=self.pin)
+        return self._weights_out
 
 
 class OffloadOptimizer(torch.optim.Optimizer):
@@ -120,6 +132,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
         cuda = any(s.param.is_cuda for s in self._slots)
         self._d2h = torch.cuda.Stream() if cuda else None
         self._h2d = torch.cuda.Stream() if cuda else None
+        self._registered = self._pin_arena() if cuda else None
+        self._release_later = []    # (copy's event, master lease): acquired until its copy to the GPU is done
         self._errors = []           # from the worker threads, raised at the next step() or synchronize()
         self._skipped_params = 0    # non-finite gradients without clipping, since the last step()
         self._arrivals, self._updates = queue.Queue(), queue.Queue()
@@ -129,6 +143,17 @@ class OffloadOptimizer(torch.optim.Optimizer):
             w.start()
         self._hooks = [s.param.register_post_accumulate_grad_hook(self._gradient_ready) for s in self._slots]
         self._pre_hook = torch.nn.modules.module.register_module_forward_pre_hook(self._before_forward)
+
+    def _pin_arena(self):
+        """Registers the session's DRAM arena with CUDA, so gradients land straight in their fp32
+        accumulators and fp32 weights leave straight from the master copy, at pinned speed."""
+        base, size = self.client.dram_arena()
+        rc = torch.cuda.cudart().cudaHostRegister(base, size, 0)
+        if int(rc) != 0:
+            warnings.warn(f"tierd.torch: CUDA could not pin the session's DRAM arena ({size / 2**30:.1f} GiB, error "
+                          f"{int(rc)}): gradients and weights go through pinned staging buffers instead")
+            return None
+        return base
 
     # ---- leases as tensors, each held only while used, so tierd may move it in between ----
 
@@ -158,13 +183,23 @@ class OffloadOptimizer(torch.optim.Optimizer):
         g = p.grad
         slot.consumed.wait()  # the last micro-batch's gradient is out of grad_in
         slot.consumed.clear()
+        direct = False
         if g.is_cuda:
             compute = torch.cuda.current_stream(g.device)
             slot.read_until = torch.cuda.Event()
             slot.read_until.record(compute)  # kernels queued so far may still read the old weights
             self._d2h.wait_stream(compute)
+            # The step's first fp32 gradient goes straight into its accumulator (the arena is pinned),
+            # its norm taken on the GPU: no pass over it on the host.
+            direct = self._registered is not None and g.dtype == torch.float32 and slot.arrivals == 0
             with torch.cuda.stream(self._d2h):
-                slot.grad_in.copy_(g.reshape(-1), non_blocking=True)
+                if direct:
+                    accumulator = as_tensor(self.client.acquire(slot.grad, "overwrite", "host"))
+                    norm = torch.linalg.vector_norm(g.reshape(-1), dtype=torch.float32)
+                    accumulator.copy_(g.reshape(-1), non_blocking=True)
+                    slot.norm_in.copy_(norm.reshape(1), non_blocking=True)
+                else:
+                    slot.grad_in.copy_(g.reshape(-1), non_blocking=True)
                 event = torch.cuda.Event()
                 event.record(self._d2h)
             g.record_stream(self._d2h)  # the caching allocator keeps it until the copy is done
@@ -172,7 +207,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             slot.grad_in.copy_(g.reshape(-1))
             event = None
         p.grad = None
-        self._arrivals.put((slot, event))
+        self._arrivals.put((slot, event, direct))
 
     def _accumulate_loop(self):
         while True:
@@ -180,10 +215,14 @@ class OffloadOptimizer(torch.optim.Optimizer):
             try:
                 if item is None:
                     return
-                slot, event = item
+                slot, event, direct = item
                 if event is not None:
                     event.synchronize()
-                self._accumulate(slot)
+                if direct:
+                    self.client.release(slot.grad)
+                    self._arrived(slot, float(slot.norm_in[0]) ** 2)
+                else:
+                    self._accumulate(slot)
             except BaseException as e:
                 self._errors.append(e)
             finally:
@@ -193,15 +232,22 @@ class OffloadOptimizer(torch.optim.Optimizer):
 
     def _accumulate(self, slot):
         if slot.updated_early:
-            raise RuntimeError(f"parameter {slot.index} ({tuple(slot.param.shape)}) got gradient "
-                               f"{slot.arrivals + 1} of a step with accumulation_steps={self.accumulation_steps}, "
-                               "after its update: pass accumulation_steps=<micro-batches a step>")
+            self._arrived(slot, 0.0)  # raises: the update has already used the accumulator
         dtype = tierd.dtype_name(slot.grad_in.dtype)
         first = slot.arrivals == 0
         with self._held(slot.grad, "overwrite" if first else "write") as acc:
             source = slot.grad_in if dtype in ("f32", "bf16") else slot.grad_in.float()
-            slot.sum_squares = _tierd.accumulate(acc.data_ptr(), source.data_ptr(),
-                                                 "bf16" if dtype == "bf16" else "f32", slot.n, first, self.threads)
+            sum_squares = _tierd.accumulate(acc.data_ptr(), source.data_ptr(), "bf16" if dtype == "bf16" else "f32",
+                                            slot.n, first, self.threads)
+        self._arrived(slot, sum_squares)
+
+    def _arrived(self, slot, sum_squares):
+        """A gradient is in the slot's accumulator, whose sum of squares is now `sum_squares`."""
+        if slot.updated_early:
+            raise RuntimeError(f"parameter {slot.index} ({tuple(slot.param.shape)}) got gradient "
+                               f"{slot.arrivals + 1} of a step with accumulation_steps={self.accumulation_steps}, "
+                               "after its update: pass accumulation_steps=<micro-batches a step>")
+        slot.sum_squares = sum_squares
         slot.arrivals += 1
         if self.max_grad_norm is None and slot.arrivals == self.accumulation_steps:
             slot.updated_early = True
@@ -235,39 +281,62 @@ class OffloadOptimizer(torch.optim.Optimizer):
     def _update(self, s, scale):
         g = s.group
         lr, (beta1, beta2), eps, wd = g["lr"], g["betas"], g["eps"], g["weight_decay"]
-        bf16_out = s.weights_out.dtype == torch.bfloat16
+        bf16_out = s.param.dtype == torch.bfloat16
         s.step += 1
-        with self._held(s.master, "write") as master, self._held(s.grad, "read") as grad:
-            moments = [self._held(m, "write") for m in s.moments]
-            try:
-                ptrs = [m.__enter__().data_ptr() for m in moments]
-                out = s.weights_out.data_ptr() if bf16_out else 0
-                if self.opt == "lion":
-                    _tierd.lion(master.data_ptr(), ptrs[0], out, grad.data_ptr(), s.n, lr, beta1, beta2, wd, scale,
-                                wd > 0, self.threads)
-                else:
-                    step = _tierd.adamw if self.opt == "adamw" else _tierd.adamw8bit
-                    step(master.data_ptr(), ptrs[0], ptrs[1], out, grad.data_ptr(), s.n, lr, beta1, beta2, eps, wd,
-                         s.step, scale, wd > 0, self.threads)
-            finally:
-                for m in moments:
-                    m.__exit__(None, None, None)
-            if not bf16_out:
-                s.weights_out.copy_(master)
+        # fp32 weights leave straight from the master copy (the arena is pinned), which stays
+        # acquired until that copy is done.
+        direct = self._registered is not None and s.param.is_cuda and s.param.dtype == torch.float32
+        master = as_tensor(self.client.acquire(s.master, "write", "host")).reshape(-1)
+        try:
+            with self._held(s.grad, "read") as grad:
+                moments = [self._held(m, "write") for m in s.moments]
+                try:
+                    ptrs = [m.__enter__().data_ptr() for m in moments]
+                    out = s.weights_out.data_ptr() if bf16_out and not direct else 0
+                    if self.opt == "lion":
+                        _tierd.lion(master.data_ptr(), ptrs[0], out, grad.data_ptr(), s.n, lr, beta1, beta2, wd, scale,
+                                    wd > 0, self.threads)
+                    else:
+                        step = _tierd.adamw if self.opt == "adamw" else _tierd.adamw8bit
+                        step(master.data_ptr(), ptrs[0], ptrs[1], out, grad.data_ptr(), s.n, lr, beta1, beta2, eps, wd,
+                             s.step, scale, wd > 0, self.threads)
+                finally:
+                    for m in moments:
+                        m.__exit__(None, None, None)
+        except BaseException:
+            del master
+            self.client.release(s.master)
+            raise
+        if direct:
+            self._weights_to_device(s, source=master)
+            self._release_later.append((s.copied_back, s.master))
+            while len(self._release_later) > 4:
+                self._release_copied()
+            return
+        if not bf16_out:
+            s.weights_out.copy_(master)
+        del master
+        self.client.release(s.master)
         self._weights_to_device(s)
 
-    def _weights_to_device(self, s):
+    def _release_copied(self):
+        event, lease = self._release_later.pop(0)
+        event.synchronize()
+        self.client.release(lease)
+
+    def _weights_to_device(self, s, source=None):
         p = s.param
+        source = s.weights_out if source is None else source
         if p.is_cuda:
             with torch.cuda.stream(self._h2d):
                 if s.read_until is not None:
                     self._h2d.wait_event(s.read_until)  # no kernel still reads the old weights
-                p.data.view(-1).copy_(s.weights_out, non_blocking=True)
+                p.data.view(-1).copy_(source, non_blocking=True)
                 event = torch.cuda.Event()
                 event.record(self._h2d)
             s.copied_back = event
         else:
-            p.data.view(-1).copy_(s.weights_out)
+            p.data.view(-1).copy_(source)
 
     def _wait_for(self, s):
         s.weights_ready.wait()
@@ -285,6 +354,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
         """Wait until every queued update is done and its weights are on the device (ordered
         before the current stream's next work)."""
         self._updates.join()
+        while self._release_later:
+            self._release_copied()
         for s in self._slots:
             self._wait_for(s)
         self._raise_errors()
@@ -395,6 +466,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
         for h in self._hooks:
             h.remove()
         self._pre_hook.remove()
+        if self._registered is not None:
+            torch.cuda.cudart().cudaHostUnregister(self._registered)
+            self._registered = None
         self.client.close()
 
 
@@ -410,6 +484,7 @@ class _Held:
         return self.t
 
     def __exit__(self, *exc):
-        del self.t
-        self.client.release(self.tensor)
+        if hasattr(self, "t"):  # acquired
+            del self.t
+            self.client.release(self.tensor)
         return False

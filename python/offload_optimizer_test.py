@@ -5,6 +5,9 @@ resumes bit for bit, a non-finite gradient skipped, 8-bit AdamW and Lion, overla
 Without torch every case is reported skipped, saying so."""
 import copy
 import io
+import os
+import subprocess
+import sys
 import unittest
 import warnings
 
@@ -243,6 +246,22 @@ class OffloadOptimizerTest(unittest.TestCase):
         state = opt.state_dict()["state"]
         for s, p in zip(opt._slots, bf16.parameters()):
             self.assertTrue(torch.equal(state[s.index]["master"].to(torch.bfloat16), p.detach().reshape(-1).cpu()))
+
+    def test_the_example_trains_a_transformers_llama(self):
+        try:
+            import transformers  # noqa: F401
+        except ImportError as e:
+            self.skipTest(f"transformers is not importable here: {e}")
+        example = os.path.join(os.environ["TEST_SRCDIR"], os.environ["TEST_WORKSPACE"], "examples",
+                               "offload_optimizer.py")
+        done = subprocess.run([sys.executable, example, "--steps", "12", "--dram", "32MiB", "--nvme", "32MiB"], capture_output=True, text=True,
+                              timeout=300, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+        self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
+        losses = [float(line.split("loss ")[1].split(",")[0]) for line in done.stdout.splitlines()
+                  if line.startswith("step ")]
+        self.assertEqual(len(losses), 12, done.stdout)
+        self.assertLess(losses[-1], losses[0] - 0.1, done.stdout)  # it learns
+        self.assertIn("saved /tmp/offload_example.pt", done.stdout)
 
     def test_bad_settings_and_checkpoints_are_refused(self):
         m = model()

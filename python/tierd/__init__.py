@@ -21,6 +21,8 @@ import re
 from tierd._tierd import TierdError, Tensor, View  # noqa: F401  (re-exported)
 from tierd import _tierd
 
+__version__ = "0.1.0"
+
 __all__ = ["connect", "Client", "TierdError", "Tensor", "View", "parse_bytes"]
 
 _UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,

@@ -5,7 +5,13 @@ fused AdamW with everything on the GPU, then OffloadOptimizer (master weights an
 tierd's DRAM tier, stepped on the host). Prints each run's tokens/s, peak GPU memory and
 losses, then the ratio. Needs a running tierd (TIERD_DIR) and the tierd package on PYTHONPATH.
 
-  python3 tools/bench/offload_optimizer_bench.py --model_size=1.3b --batch_size=8 --opt=adamw
+  python3 tools/bench/offload_optimizer_bench.py --model_size=1.3b --batch_size=8 \
+      --variants="adamw:clip adamw:noclip adamw8bit:clip adamw8bit:noclip" [--hf]
+
+--hf trains transformers' LlamaForCausalLM of the same shape (random weights, SDPA attention)
+instead of our benchmark decoder. Each variant is opt:clip (clipping by global norm at 1.0: the
+update waits for every gradient) or opt:noclip (no clipping on either side: each update starts in
+the backward).
 """
 import argparse
 import os
@@ -20,24 +26,49 @@ from torch_baseline import PRESETS, Decoder  # noqa: E402
 import tierd.torch as tt  # noqa: E402
 
 
-def run(name, make_opt, a, data):
+def make_model(a):
     layers, c, h, f, v, kv = PRESETS[a.model_size]
     torch.manual_seed(0)
-    model = Decoder(layers, c, h, f, v, a.checkpointing, a.seq_len, kv).cuda()
+    if not a.hf:
+        return Decoder(layers, c, h, f, v, a.checkpointing, a.seq_len, kv).cuda()
+    import transformers
+    config = transformers.LlamaConfig(hidden_size=c, intermediate_size=f, num_hidden_layers=layers,
+                                      num_attention_heads=h, num_key_value_heads=kv or h, vocab_size=v,
+                                      max_position_embeddings=a.seq_len, tie_word_embeddings=False)
+    model = transformers.LlamaForCausalLM(config).cuda()
+    if a.checkpointing:
+        model.gradient_checkpointing_enable()
+    return model
+
+
+def forward(model, batch, a):
+    if not a.hf:
+        return model(batch[:, :-1], batch[:, 1:])
+    return model(input_ids=batch[:, :-1], labels=batch[:, :-1]).loss
+
+
+def run(name, make_opt, clip, a, data):
+    model = make_model(a)
     opt = make_opt(model)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     g = torch.Generator().manual_seed(1)
     timed, losses = 0.0, []
     for step in range(a.steps):
-        starts = torch.randint(0, len(data) - a.seq_len - 1, (a.batch_size,), generator=g)
-        batch = torch.stack([data[s:s + a.seq_len + 1] for s in starts.tolist()]).cuda()
+        micro = []
+        for _ in range(a.grad_accum):
+            starts = torch.randint(0, len(data) - a.seq_len - 1, (a.batch_size,), generator=g)
+            micro.append(torch.stack([data[s:s + a.seq_len + 1] for s in starts.tolist()]).cuda())
         torch.cuda.synchronize()
         t0 = time.time()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(batch[:, :-1], batch[:, 1:])
-        loss.backward()
-        if not isinstance(opt, tt.OffloadOptimizer):
+        total = 0.0
+        for batch in micro:
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = forward(model, batch, a) / a.grad_accum
+            loss.backward()
+            total += loss.detach()
+        loss = total
+        if clip and not isinstance(opt, tt.OffloadOptimizer):
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -48,7 +79,7 @@ def run(name, make_opt, a, data):
     if isinstance(opt, tt.OffloadOptimizer):
         opt.synchronize()
         opt.close()
-    tps = a.batch_size * a.seq_len * (a.steps - a.skip) / timed
+    tps = a.batch_size * a.grad_accum * a.seq_len * (a.steps - a.skip) / timed
     peak = torch.cuda.max_memory_allocated() / 2**30
     print(f"{name}: {tps:,.0f} tokens/s, peak allocated {peak:.1f} GiB, losses "
           + " ".join(f"{x:.4f}" for x in losses), flush=True)
@@ -63,24 +94,35 @@ def main():
     p.add_argument("--batch_size", type=int, default=8)
     p.add_argument("--seq_len", type=int, default=2048)
     p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--grad_accum", type=int, default=1, help="micro-batches of --batch_size a step")
     p.add_argument("--skip", type=int, default=3, help="untimed first steps")
-    p.add_argument("--opt", default="adamw", choices=["adamw", "adamw8bit", "lion"])
+    p.add_argument("--variants", default="adamw:clip", help="opt:clip or opt:noclip, opt adamw, adamw8bit or lion")
+    p.add_argument("--hf", action="store_true", help="transformers' LlamaForCausalLM of the same shape")
     p.add_argument("--checkpointing", action="store_true")
     p.add_argument("--dram", default="64GiB", help="the optimizer's tierd DRAM quota")
     a = p.parse_args()
     py_lib = os.path.dirname(os.__file__)
     text = b"".join(open(os.path.join(py_lib, n), "rb").read() for n in sorted(os.listdir(py_lib)) if n.endswith(".py"))
     data = torch.frombuffer(bytearray(text), dtype=torch.uint8).long()
-    print(f"machine: {torch.cuda.get_device_name()}; model {a.model_size}, batch {a.batch_size} x {a.seq_len}, "
-          f"bf16 autocast, fp32 weights, clipping at 1.0; host threads {tt._tierd.cpu_threads()}", flush=True)
-    base, base_losses = run("PyTorch fused AdamW on the GPU", lambda m: torch.optim.AdamW(
-        m.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True), a, data)
-    ours, our_losses = run(f"tierd OffloadOptimizer ({a.opt}, state in tierd's DRAM tier)", lambda m: tt.OffloadOptimizer(
-        m.parameters(), opt=a.opt, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, max_grad_norm=1.0, dram=a.dram,
-        nvme="4GiB"), a, data)
-    worst = max(abs(x - y) / abs(y) for x, y in zip(our_losses, base_losses))
-    print(f"ratio: OffloadOptimizer {ours / base:.2f}x of PyTorch fused AdamW's tokens/s; losses within "
-          f"{100 * worst:.3f}% of its", flush=True)
+    print(f"machine: {torch.cuda.get_device_name()}; {'transformers LlamaForCausalLM' if a.hf else 'our decoder'} "
+          f"{a.model_size}, batch {a.batch_size} x {a.seq_len} x {a.grad_accum} micro-batches, bf16 autocast, fp32 weights; host threads "
+          f"{tt._tierd.cpu_threads()}", flush=True)
+    baselines = {}
+    for variant in a.variants.split():
+        opt_name, mode = variant.split(":")
+        clip = mode == "clip"
+        if clip not in baselines:
+            baselines[clip] = run(f"PyTorch fused AdamW on the GPU{', clipping at 1.0' if clip else ''}",
+                                  lambda m: torch.optim.AdamW(m.parameters(), lr=3e-4, betas=(0.9, 0.95),
+                                                              weight_decay=0.1, fused=True), clip, a, data)
+        base, base_losses = baselines[clip]
+        ours, our_losses = run(f"tierd OffloadOptimizer {variant}", lambda m: tt.OffloadOptimizer(
+            m.parameters(), opt=opt_name, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1,
+            max_grad_norm=1.0 if clip else None, accumulation_steps=a.grad_accum, dram=a.dram, nvme="4GiB", name=variant.replace(":", "-")),
+            clip, a, data)
+        worst = max(abs(x - y) / abs(y) for x, y in zip(our_losses, base_losses))
+        print(f"ratio: OffloadOptimizer {variant} {ours / base:.2f}x of PyTorch fused AdamW's tokens/s; losses "
+              f"within {100 * worst:.3f}% of its", flush=True)
 
 
 if __name__ == "__main__":

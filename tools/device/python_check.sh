@@ -24,6 +24,6 @@ pid=$!
 for _ in $(seq 300); do [ -S "$runtime/tierd.grpc.sock" ] && break; sleep 0.1; done
 site=$(mktemp -d); mkdir -p "$site/tierd"; cp python/tierd/*.py "$site/tierd/"; cp .carry/python/_tierd.so "$site/tierd/"
 PYTHONPATH="$site" TIERD_DIR="$runtime" python3 tools/bench/offload_optimizer_bench.py --model_size="${MODEL:-1.3b}" \
-  --batch_size="${BATCH:-8}" --opt="${OPT:-adamw}" --dram="${BENCH_DRAM:-64GiB}" 2>&1 | tee "$out/bench.log" || status=1
+  --batch_size="${BATCH:-8}" --variants="${VARIANTS:-adamw:clip}" --grad_accum="${ACCUM:-1}" ${HF:+--hf} --dram="${BENCH_DRAM:-64GiB}" 2>&1 | tee "$out/bench.log" || status=1
 kill -TERM $pid; wait $pid
 exit $status

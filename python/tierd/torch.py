@@ -20,8 +20,9 @@ import torch
 
 import tierd
 from tierd import _tierd
+from tierd.offload import offload  # noqa: F401  (tierd.torch.offload)
 
-__all__ = ["as_tensor", "OffloadOptimizer"]
+__all__ = ["as_tensor", "OffloadOptimizer", "offload"]
 
 _FP8 = {"f8e4m3": "float8_e4m3fn", "f8e5m2": "float8_e5m2"}
 
@@ -115,6 +116,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
         self.opt, self.max_grad_norm, self.threads, self.overlap = opt, max_grad_norm, threads, overlap
         self.accumulation_steps = int(accumulation_steps)
+        self._own_client = client is None  # closed with the optimizer; a client given stays open
         self.client = client or tierd.connect(runtime_dir, label, gpu="1MiB", dram=dram or "1GiB",
                                               nvme=nvme or "1GiB")
         self.skipped_steps = 0
@@ -128,7 +130,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 slot.group = group
                 self._slots.append(slot)
                 self._by_param[id(p)] = slot
-                self._fill_state(slot, p.detach())
+                offloaded = getattr(p, "_tierd_offload", None)  # its weights live in a lease (offload())
+                self._fill_state(slot, offloaded[0].state_of(offloaded[1]) if offloaded else p.detach())
         cuda = any(s.param.is_cuda for s in self._slots)
         self._d2h = torch.cuda.Stream() if cuda else None
         self._h2d = torch.cuda.Stream() if cuda else None
@@ -181,6 +184,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
     def _gradient_ready(self, p):
         slot = self._by_param[id(p)]
         g = p.grad
+        if g is None:  # another hook took it
+            return
         slot.consumed.wait()  # the last micro-batch's gradient is out of grad_in
         slot.consumed.clear()
         direct = False
@@ -285,7 +290,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
         s.step += 1
         # fp32 weights leave straight from the master copy (the arena is pinned), which stays
         # acquired until that copy is done.
-        direct = self._registered is not None and s.param.is_cuda and s.param.dtype == torch.float32
+        offloaded = getattr(s.param, "_tierd_offload", None)
+        direct = (self._registered is not None and s.param.is_cuda and s.param.dtype == torch.float32
+                  and offloaded is None)
         master = as_tensor(self.client.acquire(s.master, "write", "host")).reshape(-1)
         try:
             with self._held(s.grad, "read") as grad:
@@ -319,12 +326,20 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self.client.release(s.master)
         self._weights_to_device(s)
 
+    def _weights_to_device(self, s, source=None):
+        offloaded = getattr(s.param, "_tierd_offload", None)
+        if offloaded is not None:  # into its lease: tierd brings it to the GPU for the next forward
+            source = s.weights_out if source is None else source
+            offloaded[0].write_weights(offloaded[1], lambda host: host.copy_(source))
+            return
+        self._copy_to_param(s, source)
+
     def _release_copied(self):
         event, lease = self._release_later.pop(0)
         event.synchronize()
         self.client.release(lease)
 
-    def _weights_to_device(self, s, source=None):
+    def _copy_to_param(self, s, source=None):
         p = s.param
         source = s.weights_out if source is None else source
         if p.is_cuda:
@@ -456,7 +471,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self.synchronize()
 
     def close(self):
-        """Ends the optimizer's tierd session (its leases go with it) and removes its hooks."""
+        """Removes its hooks and ends its tierd session (its leases go with it), unless the client
+        was given: then its leases are given back and the client stays open."""
         self._arrivals.join()
         self.synchronize()
         self._arrivals.put(None)
@@ -469,7 +485,12 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if self._registered is not None:
             torch.cuda.cudart().cudaHostUnregister(self._registered)
             self._registered = None
-        self.client.close()
+        if self._own_client:
+            self.client.close()
+            return
+        for s in self._slots:
+            for lease in [s.master, s.grad] + s.moments:
+                self.client.unlease(lease)
 
 
 class _Held:

@@ -1,0 +1,156 @@
+"""tierd.torch.offload(model): parameters in tierd's leases, acquired around each module's forward
+and again for the backward, against the same model trained with its parameters in place (the
+daemon on its fake GPU: "gpu" leases are host memory there, so the model runs on the CPU; the
+lent GPU machine runs the CUDA case). Without torch every case is reported skipped."""
+import copy
+import unittest
+
+import test_util
+
+try:
+    import torch
+    import tierd
+    import tierd.torch as tt
+    WHY_NOT = None
+except ImportError as e:
+    WHY_NOT = f"torch is not importable here: {e}"
+
+
+class TinyLm(torch.nn.Module if WHY_NOT is None else object):
+    """Embedding, two blocks, a norm and a head tied to the embedding (one parameter, two modules)."""
+
+    def __init__(self, vocab=64, d=32):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, d)
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(), torch.nn.Linear(4 * d, d))
+            for _ in range(2))
+        self.norm = torch.nn.LayerNorm(d)
+        self.head = torch.nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = x + block(x)
+        return self.head(self.norm(x))
+
+
+def data(steps, seed=5):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(steps):
+        t = torch.randint(0, 64, (4, 18), generator=g)
+        t[:, 1::2] = t[:, ::2]
+        out.append(t)
+    return out
+
+
+def loss_of(model, tokens):
+    logits = model(tokens[:, :-1])
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+
+
+@unittest.skipIf(WHY_NOT is not None, WHY_NOT or "")
+class OffloadTest(unittest.TestCase):
+    def setUp(self):
+        self.closing = []
+
+    def tearDown(self):
+        for c in reversed(self.closing):
+            c()
+
+    def session(self, label):
+        client = tierd.connect(label=label, gpu="4MiB", dram="16MiB", nvme="16MiB")
+        self.closing.append(client.close)
+        return client
+
+    def trained(self, model, tokens, offloaded=None, accumulate=1, clip=1.0, name="opt"):
+        client = offloaded.client if offloaded else self.session(f"plain-{name}")
+        opt = tt.OffloadOptimizer(model.parameters(), lr=3e-3, max_grad_norm=clip, accumulation_steps=accumulate,
+                                  client=client, name=name)
+        losses = []
+        for i in range(0, len(tokens), accumulate):
+            total = 0.0
+            for t in tokens[i:i + accumulate]:
+                loss = loss_of(model, t) / accumulate
+                loss.backward()
+                total += loss.item()
+            opt.step()
+            opt.zero_grad()
+            losses.append(total)
+        opt.close()  # its hooks go; the client (the offloaded model's too) stays
+        return losses, opt
+
+    def test_an_offloaded_model_trains_as_the_same_model_in_place(self):
+        torch.manual_seed(0)
+        plain = TinyLm()
+        moved = copy.deepcopy(plain)
+        weights = tt.offload(moved, client=self.session("offloaded"))
+        tokens = data(6)
+        for accumulate, clip in ((1, 1.0), (2, None)):  # updates at step(); and started in the backward
+            want, _ = self.trained(plain, tokens, accumulate=accumulate, clip=clip, name=f"p{accumulate}")
+            got, _ = self.trained(moved, tokens, weights, accumulate=accumulate, clip=clip, name=f"o{accumulate}")
+            self.assertEqual(got, want)  # the same optimizer, the same math: the same bits
+            state = weights.state_dict()
+            for name, p in plain.named_parameters():
+                self.assertTrue(torch.equal(state[name], p.detach()), name)
+        self.assertLess(want[-1], want[0])
+
+    def test_between_uses_the_parameters_hold_no_memory(self):
+        model = TinyLm()
+        weights = tt.offload(model, client=self.session("idle"))
+        self.trained(model, data(2), weights)
+        for slot in weights._slots:
+            self.assertEqual(slot.uses, 0, slot.name)
+            self.assertEqual(slot.param.stride(), tuple(0 for _ in slot.shape), slot.name)  # the placeholder
+        self.assertEqual(len(weights._slots), 11)  # the tied head counted once
+
+    def test_a_forward_without_gradients_and_close(self):
+        torch.manual_seed(1)
+        plain = TinyLm()
+        moved = copy.deepcopy(plain)
+        weights = tt.offload(moved, client=self.session("eval"))
+        tokens = data(1)[0]
+        with torch.no_grad():
+            self.assertTrue(torch.equal(moved(tokens), plain(tokens)))
+        weights.close()
+        self.assertTrue(torch.equal(moved(tokens), plain(tokens)))
+        self.assertTrue(all(p.stride() != (0,) * p.dim() for p in moved.parameters()))
+
+    def test_a_frozen_parameter_is_released_after_the_backward(self):
+        model = TinyLm()
+        model.norm.weight.requires_grad_(False)
+        weights = tt.offload(model, client=self.session("frozen"))
+        loss_of(model, data(1)[0]).backward()
+        self.assertEqual([s.uses for s in weights._slots], [0] * len(weights._slots))
+
+    def test_a_checkpoint_of_the_weights_loads_back(self):
+        model = TinyLm()
+        weights = tt.offload(model, client=self.session("ckpt"))
+        state = weights.state_dict()
+        other = TinyLm()
+        other_weights = tt.offload(other, client=self.session("ckpt2"))
+        other_weights.load_state_dict(state)
+        tokens = data(1)[0]
+        with torch.no_grad():
+            self.assertTrue(torch.equal(model(tokens), other(tokens)))
+        with self.assertRaisesRegex(ValueError, "the state's shape"):
+            other_weights.load_state_dict(dict(state, **{"norm.weight": torch.zeros(3)}))
+
+    def test_on_the_gpu_it_trains_as_in_place(self):
+        if not torch.cuda.is_available():
+            self.skipTest("no CUDA device (the lent GPU machine runs this case)")
+        torch.manual_seed(2)
+        plain = TinyLm().cuda()
+        moved = copy.deepcopy(plain)
+        weights = tt.offload(moved, client=self.session("gpu"))
+        tokens = [t.cuda() for t in data(4)]
+        want, _ = self.trained(plain, tokens, name="gpu-plain")
+        got, _ = self.trained(moved, tokens, weights, name="gpu-moved")
+        self.assertEqual(got, want)
+        self.assertTrue(all(p.is_cuda for p in moved.parameters()))
+
+
+if __name__ == "__main__":
+    test_util.main()

@@ -1,0 +1,221 @@
+"""tierd.torch.offload(model): the model's parameters live in tierd, not in the GPU's memory.
+
+    model = LlamaForCausalLM(config)                       # on the GPU, or built on the CPU
+    weights = tierd.torch.offload(model, gpu="16GiB", dram="96GiB", nvme="200GiB")
+    opt = tierd.torch.OffloadOptimizer(model.parameters(), client=weights.client, ...)
+
+Each parameter becomes a lease of tierd's (class param, its dtype and shape), filled from the
+model once. A module's parameters are acquired on the GPU just before its forward and released
+after it; the tensors autograd saves for the backward are packed as references to their leases
+(torch.autograd.graph.saved_tensors_hooks) and acquired again when the backward unpacks them, and
+released once the parameter's gradient is accumulated. Between uses a parameter is a one-element
+placeholder expanded to its shape: the GPU holds only what tierd keeps there, within the session's
+GPU quota; tierd moves the rest when it is acquired (its online policy). OffloadOptimizer writes
+each new weight into its lease.
+
+Not yet: tierd's planner moving the weights ahead of need (a mark_iteration at each forward
+recorded a micro-batch, and the optimizer's writes from its own threads fall anywhere in it, so the
+recorded iteration does not repeat: the step's order has to be registered instead), activation
+checkpointing inside an offloaded model, torch.compile of its modules.
+"""
+
+import threading
+
+import torch
+
+from tierd import _tierd  # noqa: F401  (the extension loads with the package)
+
+
+class _Param:
+    """One parameter's lease and its uses (forward and backward) under way."""
+
+    def __init__(self, param, lease, name):
+        self.param, self.lease, self.name = param, lease, name
+        self.shape, self.dtype = tuple(param.shape), param.dtype
+        self.uses = 0             # acquisitions of the lease not yet released
+        self.backward_uses = 0    # of those, by the backward's unpacking
+        self.tensor = None        # the lease's bytes while acquired
+        self.idle = threading.Event()
+        self.idle.set()
+        self.placeholder = torch.empty(1, dtype=param.dtype, device=param.device).expand(param.shape)
+
+
+class _Saved:
+    """What autograd keeps instead of a tensor that is a parameter's bytes (or a view of them)."""
+
+    __slots__ = ("slot", "shape", "stride", "offset")
+
+    def __init__(self, slot, t):
+        self.slot, self.shape, self.stride, self.offset = slot, t.shape, t.stride(), t.storage_offset()
+
+
+class Offloaded:
+    """The handle offload() returns: the session (client), the parameters' leases, and the
+    model's weights as CPU tensors (state_dict) while they live in tierd."""
+
+    def __init__(self, model, client, name, place):
+        self.model, self.client, self.place = model, client, place
+        self._lock = threading.Lock()
+        self._slots, self._by_param, self._by_pointer = [], {}, {}
+        self._handles = []
+        for fqn, p in model.named_parameters(remove_duplicate=True):
+            lease = client.lease(f"{name}.{fqn}", tuple(p.shape) or (1,), str(p.dtype), "param")
+            slot = _Param(p, lease, fqn)
+            with torch.no_grad():
+                host = torch.utils.dlpack.from_dlpack(client.acquire(lease, "overwrite", "host"))
+                host.view(p.dtype).reshape(p.shape).copy_(p.detach().cpu())
+                del host
+            client.release(lease)
+            p.data = slot.placeholder
+            p._tierd_offload = (self, slot)
+            self._slots.append(slot)
+            self._by_param[id(p)] = slot
+            if p.requires_grad:
+                self._handles.append(p.register_post_accumulate_grad_hook(self._gradient_accumulated))
+        for module in model.modules():
+            if any(id(p) in self._by_param for p in module.parameters(recurse=False)):
+                self._handles.append(module.register_forward_pre_hook(self._before))
+                self._handles.append(module.register_forward_hook(self._after))
+        self._handles.append(model.register_forward_pre_hook(self._model_before))
+        self._handles.append(model.register_forward_hook(self._model_after))
+        self._saving = []
+
+    # ---- acquire and release, counted ----
+
+    def _use(self, slot):
+        with self._lock:
+            slot.uses += 1
+            if slot.uses > 1:
+                return slot.tensor
+            slot.idle.clear()
+        view = self.client.acquire(slot.lease, "read", self.place)
+        t = torch.utils.dlpack.from_dlpack(view).view(slot.dtype).reshape(slot.shape)
+        if t.device != slot.param.device:
+            raise RuntimeError(f"tierd.torch.offload: {slot.name} came back on {t.device}, the model is on "
+                               f"{slot.param.device} (tierd's GPU is {'fake' if self.client.fake_gpu else 'real'})")
+        with self._lock:
+            slot.tensor = t
+            self._by_pointer[t.untyped_storage().data_ptr()] = slot
+            slot.param.data = t
+        return t
+
+    def _unuse(self, slot, count=1):
+        with self._lock:
+            slot.uses -= count
+            if slot.uses > 0:
+                return
+            self._by_pointer.pop(slot.tensor.untyped_storage().data_ptr(), None)
+            slot.param.data = slot.placeholder
+            slot.tensor = None
+        stream = torch.cuda.current_stream(slot.param.device) if slot.param.is_cuda else None
+        self.client.release(slot.lease, stream)  # after the kernels queued so far that read it
+        slot.idle.set()
+
+    # ---- the hooks ----
+
+    def _model_before(self, module, args):
+        if torch.is_grad_enabled():
+            hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+            hooks.__enter__()
+            self._saving.append(hooks)
+
+    def _model_after(self, module, args, out):
+        if self._saving:
+            self._saving.pop().__exit__(None, None, None)
+
+    def _before(self, module, args):
+        for p in module.parameters(recurse=False):
+            slot = self._by_param.get(id(p))
+            if slot is not None:
+                self._use(slot)
+
+    def _after(self, module, args, out):
+        for p in module.parameters(recurse=False):
+            slot = self._by_param.get(id(p))
+            if slot is not None:
+                self._unuse(slot)
+
+    def _pack(self, t):
+        if t.device == torch.device("meta") or t.numel() == 0:
+            return t
+        slot = self._by_pointer.get(t.untyped_storage().data_ptr())
+        return t if slot is None else _Saved(slot, t)
+
+    def _unpack(self, saved):
+        if not isinstance(saved, _Saved):
+            return saved
+        slot = saved.slot
+        base = self._use(slot)
+        with self._lock:
+            slot.backward_uses += 1
+            if slot.backward_uses == 1 and not slot.param.requires_grad:
+                torch.autograd.Variable._execution_engine.queue_callback(lambda: self._backward_done(slot))
+        return torch.as_strided(base, saved.shape, saved.stride, saved.offset)
+
+    def _gradient_accumulated(self, p):
+        self._backward_done(self._by_param[id(p)])
+
+    def _backward_done(self, slot):
+        with self._lock:
+            count, slot.backward_uses = slot.backward_uses, 0
+        if count:
+            self._unuse(slot, count)
+
+    # ---- the weights, for the optimizer and for checkpoints ----
+
+    def state_of(self, slot):
+        """A parameter's current values, a CPU tensor of its shape."""
+        host = torch.utils.dlpack.from_dlpack(self.client.acquire(slot.lease, "read", "host"))
+        try:
+            return host.view(slot.dtype).reshape(slot.shape).clone()
+        finally:
+            del host
+            self.client.release(slot.lease)
+
+    def write_weights(self, slot, write):
+        """write(host_tensor) fills the parameter's lease on the host (the optimizer's new
+        weights); waits until no forward or backward holds it."""
+        slot.idle.wait()
+        host = torch.utils.dlpack.from_dlpack(self.client.acquire(slot.lease, "overwrite", "host"))
+        try:
+            write(host.view(slot.dtype).reshape(-1))
+        finally:
+            del host
+            self.client.release(slot.lease)
+
+    def state_dict(self):
+        """The parameters' current values, as CPU tensors by name (the model's own state_dict
+        would give the placeholders)."""
+        return {slot.name: self.state_of(slot) for slot in self._slots}
+
+    def load_state_dict(self, state):
+        missing = [s.name for s in self._slots if s.name not in state]
+        if missing:
+            raise KeyError(f"tierd.torch.offload: the state has no {missing[:3]}{' ...' if len(missing) > 3 else ''}")
+        for slot in self._slots:
+            value = state[slot.name]
+            if tuple(value.shape) != slot.shape:
+                raise ValueError(f"{slot.name}: the state's shape {tuple(value.shape)} is not the model's {slot.shape}")
+            self.write_weights(slot, lambda host, v=value: host.copy_(v.reshape(-1).to(slot.dtype)))
+
+    def close(self):
+        """Puts the weights back into the model's own tensors (on its device) and ends the hooks;
+        the leases go with the client's session."""
+        values = self.state_dict()
+        for h in self._handles:
+            h.remove()
+        for slot in self._slots:
+            slot.param.data = values[slot.name].to(slot.param.device)
+            del slot.param._tierd_offload
+
+
+def offload(model, client=None, runtime_dir=None, label="offloaded-model", gpu=0, dram=0, nvme=0, name="model"):
+    """Moves `model`'s parameters into tierd (a session of its own unless `client` is given:
+    gpu, dram and nvme are its quotas, "16GiB" or bytes). Returns the Offloaded handle; pass
+    its .client to OffloadOptimizer so the optimizer writes the new weights into the leases."""
+    import tierd
+    if client is None:
+        client = tierd.connect(runtime_dir, label, gpu=gpu or "1GiB", dram=dram or "1GiB", nvme=nvme or "1GiB")
+    device = next(model.parameters()).device
+    place = "gpu" if device.type == "cuda" or client.fake_gpu else "host"
+    return Offloaded(model, client, name, place)

@@ -30,12 +30,15 @@ def make_model(a):
     layers, c, h, f, v, kv = PRESETS[a.model_size]
     torch.manual_seed(0)
     if not a.hf:
-        return Decoder(layers, c, h, f, v, a.checkpointing, a.seq_len, kv).cuda()
+        model = Decoder(layers, c, h, f, v, a.checkpointing, a.seq_len, kv).cuda()
+        return model.to(torch.bfloat16) if a.bf16 else model
     import transformers
     config = transformers.LlamaConfig(hidden_size=c, intermediate_size=f, num_hidden_layers=layers,
                                       num_attention_heads=h, num_key_value_heads=kv or h, vocab_size=v,
                                       max_position_embeddings=a.seq_len, tie_word_embeddings=False)
     model = transformers.LlamaForCausalLM(config).cuda()
+    if a.bf16:
+        model = model.to(torch.bfloat16)
     if a.checkpointing:
         model.gradient_checkpointing_enable()
     return model
@@ -47,9 +50,13 @@ def forward(model, batch, a):
     return model(input_ids=batch[:, :-1], labels=batch[:, :-1]).loss
 
 
-def run(name, make_opt, clip, a, data):
+def run(name, make_opt, clip, a, data, offload=False):
     model = make_model(a)
-    opt = make_opt(model)
+    weights = None
+    if offload:  # the parameters into tierd: the GPU keeps what the session's GPU quota holds
+        weights = tt.offload(model, gpu=a.gpu_quota, dram=a.dram, nvme="8GiB")
+        torch.cuda.empty_cache()
+    opt = make_opt(model) if weights is None else make_opt(model, weights.client)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     g = torch.Generator().manual_seed(1)
@@ -79,6 +86,8 @@ def run(name, make_opt, clip, a, data):
     if isinstance(opt, tt.OffloadOptimizer):
         opt.synchronize()
         opt.close()
+    if weights is not None:
+        weights.client.close()
     tps = a.batch_size * a.grad_accum * a.seq_len * (a.steps - a.skip) / timed
     peak = torch.cuda.max_memory_allocated() / 2**30
     print(f"{name}: {tps:,.0f} tokens/s, peak allocated {peak:.1f} GiB, losses "
@@ -98,6 +107,9 @@ def main():
     p.add_argument("--skip", type=int, default=3, help="untimed first steps")
     p.add_argument("--variants", default="adamw:clip", help="opt:clip or opt:noclip, opt adamw, adamw8bit or lion")
     p.add_argument("--hf", action="store_true", help="transformers' LlamaForCausalLM of the same shape")
+    p.add_argument("--bf16", action="store_true", help="bf16 weights (pure bf16 training) instead of fp32 + autocast")
+    p.add_argument("--no_baseline", action="store_true", help="ours only (a model the GPU cannot hold otherwise)")
+    p.add_argument("--gpu_quota", default="4GiB", help="offload variants: the session's GPU quota for the weights")
     p.add_argument("--checkpointing", action="store_true")
     p.add_argument("--dram", default="64GiB", help="the optimizer's tierd DRAM quota")
     a = p.parse_args()
@@ -109,21 +121,25 @@ def main():
           f"{tt._tierd.cpu_threads()}", flush=True)
     baselines = {}
     for variant in a.variants.split():
-        opt_name, mode = variant.split(":")
-        clip = mode == "clip"
-        if clip not in baselines:
+        opt_name, mode, *where = variant.split(":")
+        clip, offload = mode == "clip", where == ["offload"]
+        if clip not in baselines and not a.no_baseline:
             baselines[clip] = run(f"PyTorch fused AdamW on the GPU{', clipping at 1.0' if clip else ''}",
                                   lambda m: torch.optim.AdamW(m.parameters(), lr=3e-4, betas=(0.9, 0.95),
                                                               weight_decay=0.1, fused=True), clip, a, data)
+
+        def make(m, client=None):
+            return tt.OffloadOptimizer(m.parameters(), opt=opt_name, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1,
+                                       max_grad_norm=1.0 if clip else None, accumulation_steps=a.grad_accum,
+                                       dram=a.dram, nvme="4GiB", client=client, name=variant.replace(":", "-"))
+        torch.cuda.reset_peak_memory_stats()
+        ours, our_losses = run(f"tierd OffloadOptimizer {variant}", make, clip, a, data, offload=offload)
+        if a.no_baseline:
+            continue
         base, base_losses = baselines[clip]
-        ours, our_losses = run(f"tierd OffloadOptimizer {variant}", lambda m: tt.OffloadOptimizer(
-            m.parameters(), opt=opt_name, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1,
-            max_grad_norm=1.0 if clip else None, accumulation_steps=a.grad_accum, dram=a.dram, nvme="4GiB", name=variant.replace(":", "-")),
-            clip, a, data)
         worst = max(abs(x - y) / abs(y) for x, y in zip(our_losses, base_losses))
         print(f"ratio: OffloadOptimizer {variant} {ours / base:.2f}x of PyTorch fused AdamW's tokens/s; losses "
               f"within {100 * worst:.3f}% of its", flush=True)
-
 
 if __name__ == "__main__":
     main()

@@ -252,8 +252,7 @@ class OffloadOptimizerTest(unittest.TestCase):
             import transformers  # noqa: F401
         except ImportError as e:
             self.skipTest(f"transformers is not importable here: {e}")
-        example = os.path.join(os.environ["TEST_SRCDIR"], os.environ["TEST_WORKSPACE"], "examples",
-                               "offload_optimizer.py")
+        example = os.path.join(os.environ["TIERD_EXAMPLES"], "offload_optimizer.py")  # run_python_test.sh
         done = subprocess.run([sys.executable, example, "--steps", "12", "--dram", "32MiB", "--nvme", "32MiB"], capture_output=True, text=True,
                               timeout=300, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
         self.assertEqual(done.returncode, 0, done.stdout + done.stderr)

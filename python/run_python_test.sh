@@ -27,7 +27,9 @@ mkdir -p "$scratch/nvme"; : > "$scratch/tierd.log"
 pid=$!
 for _ in $(seq 200); do grep -q "tierd: ready" "$scratch/tierd.log" && break; sleep 0.05; done
 if ! grep -q "tierd: ready" "$scratch/tierd.log"; then echo "tierd did not start:"; cat "$scratch/tierd.log"; exit 1; fi
+examples="$(cd "$(dirname "$test_file")/../examples" && pwd)"
 PYTHONPATH="$site" TIERD_DIR="$runtime" TIERD_BIN="$tierd_bin" TIERD_XML="$xml" TIERD_SCRATCH="$scratch" \
+  TIERD_EXAMPLES="$examples" \
   "$python" "$site/$(basename "$test_file")"
 status=$?
 if kill -0 $pid 2>/dev/null; then

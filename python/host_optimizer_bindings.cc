@@ -94,7 +94,10 @@ void AddHostOptimizers(py::module_& m) {
                                 [](float x) { return x; });
         }
         if (src_dtype == "bf16") {
-          return AccumulateInto(out, Pointer<const uint16_t>(src, "the gradient"), n, overwrite, threads, Bf16ToFloat);
+          // A lambda, not the function's address: the conversion inlines and the loop vectorises
+          // (through a function pointer it ran 7x slower than the fp32 loop).
+          return AccumulateInto(out, Pointer<const uint16_t>(src, "the gradient"), n, overwrite, threads,
+                                [](uint16_t bits) { return Bf16ToFloat(bits); });
         }
         ThrowStatus(absl::InvalidArgumentError("gradients are f32 or bf16, not " + src_dtype));
       },

@@ -19,8 +19,9 @@ except ImportError as e:
 class TinyLm(torch.nn.Module if WHY_NOT is None else object):
     """Embedding, two blocks, a norm and a head tied to the embedding (one parameter, two modules)."""
 
-    def __init__(self, vocab=64, d=32):
+    def __init__(self, vocab=64, d=32, checkpointing=False):
         super().__init__()
+        self.checkpointing = checkpointing
         self.embed = torch.nn.Embedding(vocab, d)
         self.blocks = torch.nn.ModuleList(
             torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(), torch.nn.Linear(4 * d, d))
@@ -32,7 +33,10 @@ class TinyLm(torch.nn.Module if WHY_NOT is None else object):
     def forward(self, tokens):
         x = self.embed(tokens)
         for block in self.blocks:
-            x = x + block(x)
+            if self.checkpointing:
+                x = x + torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = x + block(x)
         return self.head(self.norm(x))
 
 
@@ -97,6 +101,17 @@ class OffloadTest(unittest.TestCase):
                 self.assertTrue(torch.equal(state[name], p.detach()), name)
         self.assertLess(want[-1], want[0])
 
+    def test_activation_checkpointing_recomputes_with_the_leases(self):
+        torch.manual_seed(3)
+        plain = TinyLm(checkpointing=True)
+        moved = copy.deepcopy(plain)
+        weights = tt.offload(moved, client=self.session("checkpointed"))
+        tokens = data(4)
+        want, _ = self.trained(plain, tokens, name="ckpt-plain")
+        got, _ = self.trained(moved, tokens, weights, name="ckpt-moved")
+        self.assertEqual(got, want)
+        self.assertEqual([s.uses for s in weights._slots], [0] * len(weights._slots))
+
     def test_between_uses_the_parameters_hold_no_memory(self):
         model = TinyLm()
         weights = tt.offload(model, client=self.session("idle"))
@@ -117,6 +132,16 @@ class OffloadTest(unittest.TestCase):
         weights.close()
         self.assertTrue(torch.equal(moved(tokens), plain(tokens)))
         self.assertTrue(all(p.stride() != (0,) * p.dim() for p in moved.parameters()))
+
+    def test_a_forward_that_raises_releases_what_it_held(self):
+        model = TinyLm()
+        weights = tt.offload(model, client=self.session("raises"))
+        with self.assertRaises(IndexError):
+            model(torch.full((2, 4), 999))  # no such token
+        self.assertEqual([s.uses for s in weights._slots], [0] * len(weights._slots))
+        self.assertEqual(weights._saving, [])
+        loss_of(model, data(1)[0]).backward()  # and the next one works
+        self.assertEqual([s.uses for s in weights._slots], [0] * len(weights._slots))
 
     def test_a_frozen_parameter_is_released_after_the_backward(self):
         model = TinyLm()

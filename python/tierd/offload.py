@@ -13,10 +13,13 @@ placeholder expanded to its shape: the GPU holds only what tierd keeps there, wi
 GPU quota; tierd moves the rest when it is acquired (its online policy). OffloadOptimizer writes
 each new weight into its lease.
 
+Activation checkpointing (torch.utils.checkpoint, non-reentrant) works: a module's forward run
+again by the backward keeps its weights acquired until their gradients are in.
+
 Not yet: tierd's planner moving the weights ahead of need (a mark_iteration at each forward
 recorded a micro-batch, and the optimizer's writes from its own threads fall anywhere in it, so the
-recorded iteration does not repeat: the step's order has to be registered instead), activation
-checkpointing inside an offloaded model, torch.compile of its modules.
+recorded iteration does not repeat: the step's order has to be registered instead), torch.compile
+of an offloaded model's modules.
 """
 
 import threading
@@ -75,9 +78,10 @@ class Offloaded:
         for module in model.modules():
             if any(id(p) in self._by_param for p in module.parameters(recurse=False)):
                 self._handles.append(module.register_forward_pre_hook(self._before))
-                self._handles.append(module.register_forward_hook(self._after))
+                # always_call: a forward that raises still releases what it acquired
+                self._handles.append(module.register_forward_hook(self._after, always_call=True))
         self._handles.append(model.register_forward_pre_hook(self._model_before))
-        self._handles.append(model.register_forward_hook(self._model_after))
+        self._handles.append(model.register_forward_hook(self._model_after, always_call=True))
         self._saving = []
 
     # ---- acquire and release, counted ----
@@ -124,16 +128,32 @@ class Offloaded:
             self._saving.pop().__exit__(None, None, None)
 
     def _before(self, module, args):
+        # A forward run by the backward (activation checkpointing's recomputation) saves the
+        # weights themselves, outside our hooks, and may stop before its end (checkpoint's early
+        # stop): its uses count as the backward's, released once the gradient is in.
+        recomputing = torch.is_grad_enabled() and torch._C._current_graph_task_id() != -1
         for p in module.parameters(recurse=False):
             slot = self._by_param.get(id(p))
-            if slot is not None:
-                self._use(slot)
+            if slot is None:
+                continue
+            self._use(slot)
+            if recomputing:
+                self._count_backward_use(slot)
 
     def _after(self, module, args, out):
+        if torch.is_grad_enabled() and torch._C._current_graph_task_id() != -1:
+            return  # recomputing: released with the gradient
         for p in module.parameters(recurse=False):
             slot = self._by_param.get(id(p))
             if slot is not None:
                 self._unuse(slot)
+
+    def _count_backward_use(self, slot):
+        with self._lock:
+            slot.backward_uses += 1
+            frozen = slot.backward_uses == 1 and not slot.param.requires_grad
+        if frozen:  # no gradient hook will come: the end of the backward releases it
+            torch.autograd.Variable._execution_engine.queue_callback(lambda: self._backward_done(slot))
 
     def _pack(self, t):
         if t.device == torch.device("meta") or t.numel() == 0:
@@ -146,10 +166,7 @@ class Offloaded:
             return saved
         slot = saved.slot
         base = self._use(slot)
-        with self._lock:
-            slot.backward_uses += 1
-            if slot.backward_uses == 1 and not slot.param.requires_grad:
-                torch.autograd.Variable._execution_engine.queue_callback(lambda: self._backward_done(slot))
+        self._count_backward_use(slot)
         return torch.as_strided(base, saved.shape, saved.stride, saved.offset)
 
     def _gradient_accumulated(self, p):
@@ -175,7 +192,9 @@ class Offloaded:
     def write_weights(self, slot, write):
         """write(host_tensor) fills the parameter's lease on the host (the optimizer's new
         weights); waits until no forward or backward holds it."""
-        slot.idle.wait()
+        if not slot.idle.wait(timeout=600):
+            raise RuntimeError(f"tierd.torch.offload: {slot.name} is still held by a forward or backward "
+                               f"({slot.uses} uses) after 10 minutes: a backward that never ran to its end?")
         host = torch.utils.dlpack.from_dlpack(self.client.acquire(slot.lease, "overwrite", "host"))
         try:
             write(host.view(slot.dtype).reshape(-1))

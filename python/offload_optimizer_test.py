@@ -119,6 +119,26 @@ class OffloadOptimizerTest(unittest.TestCase):
             self.assertClose(ours, theirs, 1e-5)
             self.assertTrue(all(p.grad is None for p in ours.parameters()))  # nothing kept beside the weights
 
+    def test_a_learning_rate_schedule_and_parameter_groups_follow_torchs(self):
+        ours, theirs = model(), model()
+        data = batches(6)
+
+        def groups(m):  # biases without weight decay, as users write it
+            return [{"params": [p for n, p in m.named_parameters() if n.endswith("weight")], "weight_decay": 0.1},
+                    {"params": [p for n, p in m.named_parameters() if n.endswith("bias")], "weight_decay": 0.0}]
+        opt = self.offload(groups(ours), lr=1e-2)
+        ref = torch.optim.AdamW(groups(theirs), lr=1e-2)
+        for o, m in ((opt, ours), (ref, theirs)):
+            schedule = torch.optim.lr_scheduler.LambdaLR(o, lambda step: 1.0 / (1 + step))
+            for batch in data:
+                loss_of(m, batch).backward()
+                o.step()
+                o.zero_grad()
+                schedule.step()
+        opt.synchronize()
+        self.assertAlmostEqual(opt.param_groups[0]["lr"], 1e-2 / 7)
+        self.assertClose(ours, theirs, 1e-5)
+
     def test_without_clipping_updates_start_in_the_backward(self):
         m = model()
         before = copy.deepcopy(m)

@@ -98,7 +98,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
         with a warning, nothing changed.
       - max_grad_norm None: as soon as a parameter's accumulation_steps-th gradient of the step
         is in, under the rest of the backward (torchao's CPUOffloadOptimizer's overlap). A
-        parameter whose gradient is not finite keeps its weights (warned at step()).
+        parameter whose gradient is not finite keeps its weights (warned at step()). The
+        learning rate (and the group's other settings) are read then: set them before the
+        backward (an LR scheduler stepped after step() does that).
 
     state_dict() / load_state_dict() hold the master weights and moments (CPU tensors), so a
     checkpoint resumes with the same bits.
@@ -267,7 +269,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
     def _queue_update(self, slot, scale):
         slot.arrivals = 0  # the accumulator is the update's until it is done
         slot.weights_ready.clear()
-        self._updates.put((slot, scale))
+        g = slot.group  # the group's settings now: a scheduler may change them before the update runs
+        self._updates.put((slot, scale, (g["lr"], tuple(g["betas"]), g["eps"], g["weight_decay"])))
 
     def _update_loop(self):
         while True:
@@ -283,9 +286,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
                     item[0].weights_ready.set()
                 self._updates.task_done()
 
-    def _update(self, s, scale):
-        g = s.group
-        lr, (beta1, beta2), eps, wd = g["lr"], g["betas"], g["eps"], g["weight_decay"]
+    def _update(self, s, scale, settings):
+        lr, (beta1, beta2), eps, wd = settings
         bf16_out = s.param.dtype == torch.bfloat16
         s.step += 1
         # fp32 weights leave straight from the master copy (the arena is pinned), which stays

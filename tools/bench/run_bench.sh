@@ -14,7 +14,8 @@
 # DeepSpeed's rows at those ZeRO stages with CPU offload (DS_BATCH x DS_ACCUM micro-batches; carry .whl: its sdist
 # and hjson, pydantic, pydantic-core, annotated-types, typing-inspection, typing-extensions wheels). PyTorch runs at the largest batch that
 # fits (a power of two, probed first; TORCH_BATCH=N fixes it, TORCH_ACCUM=K accumulates K of them a step), ours at
-# BATCH (default 8). PROFILE=0 runs ours without
+# BATCH (default 8). FSDP2=1 adds PyTorch FSDP2 with CPU offload (FSDP2_BATCH x FSDP2_ACCUM, FSDP2_FLAGS
+# e.g. --checkpointing; presets only). PROFILE=0 runs ours without
 # --profile (no per-step breakdown, none of its CUDA events) and PyTorch without its profiled
 # extra step; with it, a second table gives each run's GPU time and TFLOP/s by kernel class.
 set -uo pipefail
@@ -66,6 +67,14 @@ for spec in $models; do
       --data="$corpus/stdlib.txt" 2>&1 | tee "$out/deepspeed-$m-$stage.log" | tail -n 3
     grep '^{' "$out/deepspeed-$m-$stage.log" | tail -n 1 >> "$results"
   done
+  if [ "${FSDP2:-0}" = 1 ] && [[ "$spec" == *.json ]]; then echo "FSDP2: presets only, not $spec"; fi
+  if [ "${FSDP2:-0}" = 1 ] && [[ "$spec" != *.json ]]; then  # PyTorch FSDP2 + CPUOffloadPolicy (fsdp2_baseline.py)
+    echo "== fsdp2 $m with CPU offload"
+    python3 tools/bench/fsdp2_baseline.py "$model_flag" --batch_size="${FSDP2_BATCH:-$batch}" \
+      --grad_accum_steps="${FSDP2_ACCUM:-1}" --steps="$steps" --timing_skip="${SKIP:-3}" ${FSDP2_FLAGS:-} \
+      --data="$corpus/stdlib.txt" 2>&1 | tee "$out/fsdp2-$m.log" | tail -n 3
+    grep '^{' "$out/fsdp2-$m.log" | tail -n 1 >> "$results"
+  fi
   if [ "${NONE:-1}" = 1 ]; then
     echo "== tierd-train --device=gpu $m (--offload_policy=none)"
     .carry/bin/tierd-train --device=gpu "$model_flag" --batch_size="$batch" --seq_len=$seq --steps="$steps" \

@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""PyTorch FSDP2 with CPU offload in the benchmark harness, configured as its documentation
+configures it to train a model larger than the GPU on one GPU: each decoder layer and the
+whole model `fully_shard`ed with `CPUOffloadPolicy(pin_memory=True)` (parameters, gradients and
+the optimizer's state on the host; the optimizer steps there), bf16 compute with fp32 gradient
+reduction (`MixedPrecisionPolicy`), AdamW, clipping at 1.0, activation checkpointing optional. The
+model is torch_baseline.py's, the data the same bytes. One process, world size 1 (a gloo+nccl
+group on 127.0.0.1). Prints one JSON line at the end in torch_baseline.py's form (peak_alloc_bytes:
+the most GPU memory PyTorch held reserved).
+
+  python3 tools/bench/fsdp2_baseline.py --model_size=1.3b --batch_size=8 --data=FILE
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_baseline import PRESETS, Decoder, init_like_tierd  # noqa: E402
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model_size", default="1.3b", choices=sorted(PRESETS))
+    p.add_argument("--batch_size", type=int, default=8)
+    p.add_argument("--grad_accum_steps", type=int, default=1)
+    p.add_argument("--seq_len", type=int, default=2048)
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--timing_skip", type=int, default=2)
+    p.add_argument("--checkpointing", action="store_true")
+    p.add_argument("--data", required=True, help="a text file; its bytes are the tokens")
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--seed", type=int, default=1)
+    a = p.parse_args()
+    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": "29534"}.items():
+        os.environ.setdefault(key, value)
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    torch.distributed.init_process_group("cpu:gloo,cuda:nccl")
+    torch.cuda.set_device(0)
+    layers, c, h, f, v, kv = PRESETS[a.model_size]
+    torch.manual_seed(a.seed)
+    data = torch.frombuffer(bytearray(open(a.data, "rb").read()), dtype=torch.uint8).long()
+    model = Decoder(layers, c, h, f, v, a.checkpointing, a.seq_len, kv)  # built on the host: it may not fit the GPU
+    init_like_tierd(model, layers)
+    params = sum(x.numel() for x in model.parameters())
+    policy = dict(offload_policy=CPUOffloadPolicy(pin_memory=True),
+                  mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+    for layer in model.layers:
+        fully_shard(layer, **policy)
+    fully_shard(model, **policy)
+    model.cos, model.sin = model.cos.cuda(), model.sin.cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    torch.cuda.reset_peak_memory_stats()
+    tokens = a.batch_size * a.grad_accum_steps * a.seq_len
+    timed, loss = 0.0, float("nan")
+    for step in range(1, a.steps + 1):
+        torch.cuda.synchronize()
+        t0 = time.time()
+        total = 0.0
+        for _ in range(a.grad_accum_steps):
+            starts = torch.randint(0, len(data) - a.seq_len - 1, (a.batch_size,))
+            batch = torch.stack([data[s:s + a.seq_len + 1] for s in starts.tolist()]).cuda()
+            out = model(batch[:, :-1], batch[:, 1:]) / a.grad_accum_steps
+            out.backward()
+            total += out.item()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss = total
+        torch.cuda.synchronize()
+        dt = time.time() - t0
+        if step > a.timing_skip:
+            timed += dt
+        print(f"fsdp2 step {step}: loss {loss:.4f} {dt * 1e3:.0f} ms", flush=True)
+    tps = tokens * (a.steps - a.timing_skip) / timed if timed > 0 else 0.0
+    print(json.dumps({"run": "fsdp2 cpu offload" + (" +ckpt" if a.checkpointing else ""), "model": a.model_size,
+                      "params": params, "batch": a.batch_size, "micro_batches": a.grad_accum_steps,
+                      "seq": a.seq_len, "tokens_per_s": tps, "tflops_6n": 6 * params * tps / 1e12,
+                      "peak_alloc_bytes": torch.cuda.max_memory_reserved(), "final_loss": loss}), flush=True)
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

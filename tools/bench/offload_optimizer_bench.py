@@ -15,6 +15,7 @@ the backward).
 """
 import argparse
 import os
+import subprocess
 import sys
 import time
 
@@ -50,6 +51,17 @@ def forward(model, batch, a):
     return model(input_ids=batch[:, :-1], labels=batch[:, :-1]).loss
 
 
+def nvml_mib():
+    """(this process, every process) GPU memory in MiB as nvidia-smi lists it (tierd included)."""
+    try:
+        rows = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=30).stdout.split("\n")
+    except (OSError, subprocess.SubprocessError):
+        return float("nan"), float("nan")
+    used = {int(r.split(",")[0]): float(r.split(",")[1]) for r in rows if r.strip()}
+    return used.get(os.getpid(), 0.0), sum(used.values())
+
+
 def run(name, make_opt, clip, a, data, offload=False):
     model = make_model(a)
     weights = None
@@ -83,6 +95,8 @@ def run(name, make_opt, clip, a, data, offload=False):
         torch.cuda.synchronize()
         if step >= a.skip:
             timed += time.time() - t0
+        if step == a.steps - 1:
+            mine, every = nvml_mib()
     if isinstance(opt, tt.OffloadOptimizer):
         opt.synchronize()
         opt.close()
@@ -90,7 +104,8 @@ def run(name, make_opt, clip, a, data, offload=False):
         weights.client.close()
     tps = a.batch_size * a.grad_accum * a.seq_len * (a.steps - a.skip) / timed
     peak = torch.cuda.max_memory_allocated() / 2**30
-    print(f"{name}: {tps:,.0f} tokens/s, peak allocated {peak:.1f} GiB, losses "
+    print(f"{name}: {tps:,.0f} tokens/s, peak allocated {peak:.1f} GiB, nvidia-smi {mine / 1024:.1f} GiB this "
+          f"process, {every / 1024:.1f} GiB every process (tierd's too), losses "
           + " ".join(f"{x:.4f}" for x in losses), flush=True)
     del model, opt
     torch.cuda.empty_cache()

@@ -6,7 +6,7 @@ leave the GPU as each one is ready; the host steps them with tierd's vectorised 
 weights come back before the next forward needs them.
 
     tierd --dram_bytes=48GiB --nvme_dir=/var/tmp --nvme_bytes=64GiB &      # once per node
-    pip install dist/tierd-*.whl transformers                             # tools/python/build_wheel.sh
+    pip install dist/tierd-*.whl transformers           # in a venv; the wheel: tools/python/build_wheel.sh
     python3 examples/offload_optimizer.py --layers 24 --hidden 2048 --steps 20
 
 Without a GPU it runs on the CPU (tiny by default), which is how its test runs it.

@@ -192,6 +192,29 @@ class PyClient {
     return Json(Value(std::move(reply)));
   }
 
+  // The iteration's graph as GraphSpec's JSON (proto/tierd.proto), the plan's prediction back.
+  std::string RegisterGraph(const std::string& graph_json) {
+    v1::GraphSpec graph;
+    if (const auto parsed = google::protobuf::util::JsonStringToMessage(graph_json, &graph); !parsed.ok()) {
+      ThrowStatus(absl::InvalidArgumentError("the graph is not GraphSpec's JSON: " + parsed.ToString()));
+    }
+    absl::StatusOr<v1::PlanReply> reply;
+    {
+      py::gil_scoped_release unlocked;
+      reply = Open().RegisterGraph(graph);
+    }
+    return Json(Value(std::move(reply)));
+  }
+
+  void OpBegin(uint32_t op) {
+    absl::Status status;
+    {
+      py::gil_scoped_release unlocked;
+      status = Open().OpBegin(op);
+    }
+    Check(status);
+  }
+
   void ReportStep(int64_t step, double loss, double seconds, double tokens) {
     Check(Open().ReportStep(step, loss, seconds, tokens));
   }
@@ -320,6 +343,8 @@ void AddClient(py::module_& m) {
       .def("pin", &PyClient::Pin)
       .def("unpin", &PyClient::Unpin)
       .def("mark_iteration", &PyClient::MarkIteration)
+      .def("register_graph_json", &PyClient::RegisterGraph, py::arg("graph_json"))
+      .def("op_begin", &PyClient::OpBegin, py::arg("op"))
       .def("report_step", &PyClient::ReportStep, py::arg("step"), py::arg("loss"), py::arg("seconds"),
            py::arg("tokens"))
       .def("stats_json", &PyClient::Stats)

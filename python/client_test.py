@@ -50,6 +50,29 @@ class ClientTest(unittest.TestCase):
         self.assertEqual([(l["spec"]["name"], l["spec"]["shape"], l["bytes"]) for l in leases],
                          [("a", [256, 1024], 512 << 10)])
 
+    def test_a_registered_graph_is_planned_and_followed(self):
+        names = [f"layer{i}" for i in range(4)]
+        leases = [self.client.lease(n, (256, 1024), dtype="bf16") for n in names]  # 512 KiB each
+        for t in leases:
+            self.client.acquire(t, access="overwrite", place="host")
+            self.client.release(t)
+        ops = [{"name": f"forward {n}", "seconds": 0.001, "reads": [n]} for n in names]
+        ops += [{"name": f"backward {n}", "seconds": 0.002, "reads": [n]} for n in reversed(names)]
+        plan = self.client.register_graph([{"name": n, "bytes": 512 << 10} for n in names], ops)
+        self.assertGreater(plan["predicted_step_seconds"], 0.0089, plan)  # at least the ops' own time
+        self.assertIn("summary", plan)
+        for i, op in enumerate(ops):  # one iteration, as a trainer would run it
+            self.client.op_begin(i)
+            t = leases[names.index(op["reads"][0])]
+            self.client.acquire(t, access="read", place="gpu")
+            self.client.release(t)
+        with self.assertRaises(tierd.TierdError) as e:  # an op reading a tensor the graph does not list
+            self.client.register_graph([{"name": "layer0", "bytes": 512 << 10}], [{"name": "x", "reads": ["ghost"]}])
+        self.assertEqual(e.exception.code, "INVALID_ARGUMENT", str(e.exception))
+        self.assertIn("ghost", str(e.exception))
+        with self.assertRaisesRegex(tierd.TierdError, "GraphSpec's JSON"):
+            self.client._client.register_graph_json("{not json")
+
     def test_bad_input_is_refused_with_the_reason(self):
         with self.assertRaisesRegex(ValueError, "tierd has no dtype 'complex64'"):
             self.client.lease("x", (4,), dtype="complex64")

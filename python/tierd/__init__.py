@@ -104,6 +104,19 @@ class Client:
         """Call at each iteration's start: tierd records the first, then moves tensors ahead of use."""
         return _numbers(json.loads(self._client.mark_iteration()))
 
+    def register_graph(self, tensors, ops, host=False):
+        """The iteration's graph, so tierd's planner moves tensors ahead of each op: `tensors` a
+        list of {"name", "bytes", optionally "pinned"} (the leases), `ops` in order, each {"name",
+        "seconds", and lists "reads", "writes", "overwrites" of lease names (on the GPU), and
+        "host_reads", "host_writes", "host_overwrites" (on the host)}. Returns the plan's
+        prediction. Then call op_begin(i) as op i starts, every iteration."""
+        graph = {"tensors": tensors, "ops": ops, "host": host}
+        return _numbers(json.loads(self._client.register_graph_json(json.dumps(graph))))
+
+    def op_begin(self, op):
+        """Op `op` of the registered graph starts now (microseconds, through the ring)."""
+        self._client.op_begin(int(op))
+
     def report_step(self, step, loss, seconds, tokens):
         self._client.report_step(int(step), float(loss), float(seconds), float(tokens))
 

@@ -4,6 +4,7 @@ daemon on its fake GPU: "gpu" leases are host memory there, so the model runs on
 lent GPU machine runs the CUDA case). Without torch every case is reported skipped."""
 import copy
 import unittest
+import warnings
 
 import test_util
 
@@ -111,6 +112,39 @@ class OffloadTest(unittest.TestCase):
         got, _ = self.trained(moved, tokens, weights, name="ckpt-moved")
         self.assertEqual(got, want)
         self.assertEqual([s.uses for s in weights._slots], [0] * len(weights._slots))
+
+    def test_the_planner_follows_the_first_iterations_order(self):
+        torch.manual_seed(4)
+        plain = TinyLm()
+        moved = copy.deepcopy(plain)
+        weights = tt.offload(moved, client=self.session("planned"), plan=True)
+        tokens = data(5)
+        want, _ = self.trained(plain, tokens, name="plan-plain")
+        # The optimizer's own leases in a session of their own: its writes are not in the graph.
+        opt = tt.OffloadOptimizer(moved.parameters(), lr=3e-3, max_grad_norm=1.0, client=self.session("plan-opt"),
+                                  name="plan-moved")
+        got = []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for t in tokens:
+                loss = loss_of(moved, t)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                got.append(loss.item())
+            opt.close()
+        self.assertEqual(got, want)  # the plan moves bytes, not values
+        self.assertEqual(weights.plan.state, "following", [str(w.message) for w in caught])
+        kinds = [key[0] for key, _, _ in weights.plan.ops]  # 7 module forwards, then the saved weights' backward uses
+        self.assertEqual(kinds, ["forward"] * 7 + ["backward"] * (len(kinds) - 7))
+        self.assertGreaterEqual(len(kinds), 7 + 5)  # the four block weights and the tied head at least
+        self.assertGreater(weights.plan.prediction["predicted_step_seconds"], 0)
+        self.assertEqual(weights.plan.position, len(weights.plan.ops))  # the last iteration followed to its end
+        self.assertFalse(any("departs" in str(w.message) for w in caught))
+        moved.checkpointing = True  # another order: recomputations in the backward
+        with self.assertWarnsRegex(UserWarning, "departs from the first's"):
+            loss_of(moved, tokens[0]).backward()
+        self.assertEqual(weights.plan.state, "off")
 
     def test_between_uses_the_parameters_hold_no_memory(self):
         model = TinyLm()

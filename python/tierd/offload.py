@@ -16,13 +16,18 @@ each new weight into its lease.
 Activation checkpointing (torch.utils.checkpoint, non-reentrant) works: a module's forward run
 again by the backward keeps its weights acquired until their gradients are in.
 
-Not yet: tierd's planner moving the weights ahead of need (a mark_iteration at each forward
-recorded a micro-batch, and the optimizer's writes from its own threads fall anywhere in it, so the
-recorded iteration does not repeat: the step's order has to be registered instead), torch.compile
-of an offloaded model's modules.
+plan=True registers the first iteration's order of parameter uses as tierd's graph (one op per
+module forward and per backward use, timed) and says each op's start from then on, so tierd moves
+the weights ahead of need (mark_iteration's recording did not work here: the optimizer's writes,
+from its own threads, fell anywhere in the recorded iteration). Tested on the CPU's fake GPU; not
+yet measured on a GPU, so it is not the default.
+
+Not yet: torch.compile of an offloaded model's modules.
 """
 
 import threading
+import time
+import warnings
 
 import torch
 
@@ -43,6 +48,48 @@ class _Param:
         self.placeholder = torch.empty(1, dtype=param.dtype, device=param.device).expand(param.shape)
 
 
+class _StepPlan:
+    """tierd's planner for an offloaded model: the first iteration (a forward with gradients and
+    its backward) is recorded as the order of the parameters' uses, one op per module forward and
+    per backward use, timed; at the second it is registered as the session's graph, and from then
+    on each op's start is said (op_begin) so tierd moves weights ahead of it. An iteration whose
+    order departs from the first's stops the following (said once): tierd's online policy goes on."""
+
+    def __init__(self, client):
+        self.client, self.state, self.ops, self.position = client, "idle", [], 0
+        self.prediction = None
+
+    def iteration(self, slots):
+        if self.state == "idle":
+            self.state, self.ops = "recording", []
+        elif self.state == "recording":
+            self._register(slots)
+        self.position = 0
+
+    def op(self, key, slots):
+        if self.state == "recording":
+            self.ops.append((key, [s.lease.name for s in slots], time.perf_counter()))
+        elif self.state == "following":
+            if self.position < len(self.ops) and self.ops[self.position][0] == key:
+                self.client.op_begin(self.position)
+                self.position += 1
+            else:
+                self.state = "off"
+                warnings.warn(f"tierd.torch.offload: this iteration's order of parameter uses departs from the "
+                              f"first's at op {self.position} ({key[0]}): tierd's plan is no longer followed")
+
+    def _register(self, slots):
+        self.state = "off"
+        if not self.ops:
+            return
+        starts = [t for _, _, t in self.ops] + [time.perf_counter()]
+        ops = [{"name": f"{key[0]} {key[1]}", "seconds": max(1e-6, starts[i + 1] - starts[i]), "reads": names}
+               for i, (key, names, _) in enumerate(self.ops)]
+        tensors = [{"name": s.lease.name, "bytes": s.lease.nbytes} for s in slots]
+        self.prediction = self.client.register_graph(tensors, ops)
+        self.state = "following"
+
+
 class _Saved:
     """What autograd keeps instead of a tensor that is a parameter's bytes (or a view of them)."""
 
@@ -56,8 +103,10 @@ class Offloaded:
     """The handle offload() returns: the session (client), the parameters' leases, and the
     model's weights as CPU tensors (state_dict) while they live in tierd."""
 
-    def __init__(self, model, client, name, place):
+    def __init__(self, model, client, name, place, plan=False):
         self.model, self.client, self.place = model, client, place
+        self.plan = _StepPlan(client) if plan else None
+        self._names = {id(m): n or "model" for n, m in model.named_modules()}
         self._lock = threading.Lock()
         self._slots, self._by_param, self._by_pointer = [], {}, {}
         self._handles = []
@@ -122,6 +171,8 @@ class Offloaded:
             hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
             hooks.__enter__()
             self._saving.append(hooks)
+            if self.plan is not None:
+                self.plan.iteration(self._slots)
 
     def _model_after(self, module, args, out):
         if self._saving:
@@ -132,10 +183,10 @@ class Offloaded:
         # weights themselves, outside our hooks, and may stop before its end (checkpoint's early
         # stop): its uses count as the backward's, released once the gradient is in.
         recomputing = torch.is_grad_enabled() and torch._C._current_graph_task_id() != -1
-        for p in module.parameters(recurse=False):
-            slot = self._by_param.get(id(p))
-            if slot is None:
-                continue
+        slots = [self._by_param[id(p)] for p in module.parameters(recurse=False) if id(p) in self._by_param]
+        if self.plan is not None and torch.is_grad_enabled() and slots:
+            self.plan.op(("recompute" if recomputing else "forward", self._names.get(id(module), "?")), slots)
+        for slot in slots:
             self._use(slot)
             if recomputing:
                 self._count_backward_use(slot)
@@ -165,6 +216,8 @@ class Offloaded:
         if not isinstance(saved, _Saved):
             return saved
         slot = saved.slot
+        if self.plan is not None:
+            self.plan.op(("backward", slot.name), [slot])
         base = self._use(slot)
         self._count_backward_use(slot)
         return torch.as_strided(base, saved.shape, saved.stride, saved.offset)
@@ -228,13 +281,17 @@ class Offloaded:
             del slot.param._tierd_offload
 
 
-def offload(model, client=None, runtime_dir=None, label="offloaded-model", gpu=0, dram=0, nvme=0, name="model"):
+def offload(model, client=None, runtime_dir=None, label="offloaded-model", gpu=0, dram=0, nvme=0, name="model",
+            plan=False):
     """Moves `model`'s parameters into tierd (a session of its own unless `client` is given:
     gpu, dram and nvme are its quotas, "16GiB" or bytes). Returns the Offloaded handle; pass
-    its .client to OffloadOptimizer so the optimizer writes the new weights into the leases."""
+    its .client to OffloadOptimizer so the optimizer writes the new weights into the leases.
+    plan=True: tierd's planner moves the weights ahead of their uses, from the first iteration's
+    order (a separate session for the optimizer's own leases then: its writes are not in the
+    graph); tested on the CPU's fake GPU, not yet measured on a GPU."""
     import tierd
     if client is None:
         client = tierd.connect(runtime_dir, label, gpu=gpu or "1GiB", dram=dram or "1GiB", nvme=nvme or "1GiB")
     device = next(model.parameters()).device
     place = "gpu" if device.type == "cuda" or client.fake_gpu else "host"
-    return Offloaded(model, client, name, place)
+    return Offloaded(model, client, name, place, plan)

@@ -84,10 +84,17 @@ class OffloadOptimizerTest(unittest.TestCase):
     def test_adamw_follows_torchs(self):
         ours, theirs = model(), model()
         data = batches(6)
-        self.train(ours, self.offload(ours.parameters(), lr=1e-2, weight_decay=0.1), data)
+        opt = self.offload(ours.parameters(), lr=1e-2, weight_decay=0.1)
+        self.train(ours, opt, data)
         self.train(theirs, torch.optim.AdamW(theirs.parameters(), lr=1e-2, weight_decay=0.1), data)
         self.assertClose(ours, theirs, 1e-5)
         self.assertFalse(all(torch.equal(a, b) for a, b in zip(ours.parameters(), model().parameters())))
+        t = opt.timings()  # where the time went, for the benchmarks
+        self.assertEqual(set(t), {"hook_waited", "copy_waited", "accumulating", "updating", "forward_waited",
+                                  "step_waited"})
+        self.assertGreater(t["updating"], 0)
+        self.assertGreater(t["accumulating"], 0)
+        self.assertTrue(all(v >= 0 for v in t.values()), t)
 
     def test_clipping_by_global_norm_follows_torchs(self):
         ours, theirs = model(), model()

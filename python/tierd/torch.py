@@ -14,6 +14,7 @@ Nothing here is compiled against torch: tensors cross by DLPack, so any torch 2.
 import math
 import queue
 import threading
+import time
 import warnings
 
 import torch
@@ -140,6 +141,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._registered = self._pin_arena() if cuda else None
         self._release_later = []    # (copy's event, master lease): acquired until its copy to the GPU is done
         self._errors = []           # from the worker threads, raised at the next step() or synchronize()
+        # Seconds since construction, by where they went (timings()): each key written by one thread.
+        self._seconds = dict.fromkeys(("hook_waited", "copy_waited", "accumulating", "updating",
+                                       "forward_waited", "step_waited"), 0.0)
         self._skipped_params = 0    # non-finite gradients without clipping, since the last step()
         self._arrivals, self._updates = queue.Queue(), queue.Queue()
         self._workers = [threading.Thread(target=self._accumulate_loop, name="tierd-grads", daemon=True),
@@ -188,7 +192,10 @@ class OffloadOptimizer(torch.optim.Optimizer):
         g = p.grad
         if g is None:  # another hook took it
             return
-        slot.consumed.wait()  # the last micro-batch's gradient is out of grad_in
+        if not slot.consumed.is_set():
+            start = time.perf_counter()
+            slot.consumed.wait()  # the last micro-batch's gradient is out of grad_in
+            self._seconds["hook_waited"] += time.perf_counter() - start
         slot.consumed.clear()
         direct = False
         if g.is_cuda:
@@ -223,13 +230,17 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 if item is None:
                     return
                 slot, event, direct = item
+                start = time.perf_counter()
                 if event is not None:
                     event.synchronize()
+                copied = time.perf_counter()
                 if direct:
                     self.client.release(slot.grad)
                     self._arrived(slot, float(slot.norm_in[0]) ** 2)
                 else:
                     self._accumulate(slot)
+                self._seconds["copy_waited"] += copied - start
+                self._seconds["accumulating"] += time.perf_counter() - copied
             except BaseException as e:
                 self._errors.append(e)
             finally:
@@ -278,7 +289,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
             try:
                 if item is None:
                     return
+                start = time.perf_counter()
                 self._update(*item)
+                self._seconds["updating"] += time.perf_counter() - start
             except BaseException as e:
                 self._errors.append(e)
             finally:
@@ -365,7 +378,17 @@ class OffloadOptimizer(torch.optim.Optimizer):
         for p in module.parameters(recurse=False):
             s = self._by_param.get(id(p))
             if s is not None and (s.copied_back is not None or not s.weights_ready.is_set()):
+                start = time.perf_counter()
                 self._wait_for(s)
+                self._seconds["forward_waited"] += time.perf_counter() - start
+
+    def timings(self):
+        """Seconds since construction by where they went, to find what bounds a step: the
+        backward's hooks waiting for a slot's last gradient to leave its staging buffer
+        (hook_waited), the gradient thread waiting for copies off the GPU (copy_waited) and adding
+        them up (accumulating), the update thread stepping (updating), forwards waiting for their
+        parameters' updates (forward_waited), step() waiting for the gradients (step_waited)."""
+        return dict(self._seconds)
 
     def synchronize(self):
         """Wait until every queued update is done and its weights are on the device (ordered
@@ -385,7 +408,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        start = time.perf_counter()
         self._arrivals.join()  # every gradient of the step accumulated
+        self._seconds["step_waited"] += time.perf_counter() - start
         self._raise_errors()
         if self._h2d is not None:
             self._h2d.wait_stream(torch.cuda.current_stream())

@@ -99,6 +99,8 @@ def run(name, make_opt, clip, a, data, offload=False):
             mine, every = nvml_mib()
     if isinstance(opt, tt.OffloadOptimizer):
         opt.synchronize()
+        print("  where the host's time went, s a step: " + ", ".join(
+            f"{k} {v / a.steps:.3f}" for k, v in opt.timings().items()), flush=True)
         opt.close()
     if weights is not None:
         weights.client.close()

@@ -72,6 +72,32 @@ double AccumulateInto(float* dst, const Src* src, int64_t n, bool overwrite, int
   return total;
 }
 
+// Runs step(offset, count, fp32 gradients) over n values in chunks, each chunk's bf16 gradients
+// widened into a buffer of its thread's first (exact: a bf16 is an fp32's upper half), the chunks
+// split over the threads. The steps go element by element, so the bits are those of one step over
+// the whole widened array, without the fp32 copy's pass through memory.
+constexpr int64_t kGradChunk = 1 << 14;
+template <typename Step>
+void OverBf16Grads(const uint16_t* grads, int64_t n, int threads, Step step) {
+  const int64_t chunks = (n + kGradChunk - 1) / kGradChunk;
+  trainer::ParallelFor(
+      chunks, static_cast<double>(n),
+      [&](int64_t first, int64_t last) {
+        std::vector<float> wide(static_cast<size_t>(kGradChunk));
+        for (int64_t c = first; c < last; ++c) {
+          const int64_t begin = c * kGradChunk, count = std::min(kGradChunk, n - begin);
+          for (int64_t i = 0; i < count; ++i) wide[static_cast<size_t>(i)] = Bf16ToFloat(grads[begin + i]);
+          step(begin, count, wide.data());
+        }
+      },
+      threads);
+}
+
+bool Bf16Grads(const std::string& dtype) {
+  if (dtype != "f32" && dtype != "bf16") ThrowStatus(absl::InvalidArgumentError("gradients are f32 or bf16, not " + dtype));
+  return dtype == "bf16";
+}
+
 trainer::HostAdamWParams AdamWParams(float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step,
                                      float grad_scale, bool decay) {
   if (step < 1) ThrowStatus(absl::InvalidArgumentError("the step counts from 1 (bias correction)"));
@@ -107,19 +133,28 @@ void AddHostOptimizers(py::module_& m) {
       "adamw",
       [](uintptr_t master, uintptr_t m1, uintptr_t v, uintptr_t weights_bf16, uintptr_t grads, int64_t n, float lr,
          float beta1, float beta2, float eps, float weight_decay, int64_t step, float grad_scale, bool decay,
-         int threads) {
+         int threads, const std::string& grads_dtype) {
         CheckCount(n);
         const auto p = AdamWParams(lr, beta1, beta2, eps, weight_decay, step, grad_scale, decay);
         float *w = Pointer<float>(master, "master"), *mm = Pointer<float>(m1, "m"), *vv = Pointer<float>(v, "v");
+        auto* out = reinterpret_cast<uint16_t*>(weights_bf16);
+        if (Bf16Grads(grads_dtype)) {
+          const uint16_t* g = Pointer<const uint16_t>(grads, "grads");
+          py::gil_scoped_release unlocked;
+          OverBf16Grads(g, n, threads, [&](int64_t at, int64_t count, const float* wide) {
+            trainer::HostAdamW(w + at, mm + at, vv + at, out != nullptr ? out + at : nullptr, wide, count, p, 1);
+          });
+          return;
+        }
         const float* g = Pointer<const float>(grads, "grads");
         py::gil_scoped_release unlocked;
-        trainer::HostAdamW(w, mm, vv, reinterpret_cast<uint16_t*>(weights_bf16), g, n, p, threads);
+        trainer::HostAdamW(w, mm, vv, out, g, n, p, threads);
       },
       py::arg("master"), py::arg("m"), py::arg("v"), py::arg("weights_bf16"), py::arg("grads"), py::arg("n"),
       py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("step"),
-      py::arg("grad_scale"), py::arg("decay"), py::arg("threads") = 0,
-      "AdamW (trainer_ref/host_adamw.h) on fp32 master, m, v in place; weights_bf16 (0: none) gets the new master "
-      "rounded to bf16");
+      py::arg("grad_scale"), py::arg("decay"), py::arg("threads") = 0, py::arg("grads_dtype") = "f32",
+      "AdamW (trainer_ref/host_adamw.h) on fp32 master, m, v in place from f32 or bf16 gradients; weights_bf16 (0: "
+      "none) gets the new master rounded to bf16");
   m.def("moment8bit_bytes", [](uint64_t n) { return trainer::Moment8bitBytes(n); },
         "bytes of one 8-bit moment of n values (codes and block scales)");
   m.def(
@@ -143,18 +178,28 @@ void AddHostOptimizers(py::module_& m) {
   m.def(
       "lion",
       [](uintptr_t master, uintptr_t m1, uintptr_t weights_bf16, uintptr_t grads, int64_t n, float lr, float beta1,
-         float beta2, float weight_decay, float grad_scale, bool decay, int threads) {
+         float beta2, float weight_decay, float grad_scale, bool decay, int threads, const std::string& grads_dtype) {
         CheckCount(n);
         const trainer::HostLionParams p{.lr = lr, .beta1 = beta1, .beta2 = beta2, .weight_decay = weight_decay,
                                         .grad_scale = grad_scale, .decay = decay};
         float *w = Pointer<float>(master, "master"), *mm = Pointer<float>(m1, "m");
+        auto* out = reinterpret_cast<uint16_t*>(weights_bf16);
+        if (Bf16Grads(grads_dtype)) {
+          const uint16_t* g = Pointer<const uint16_t>(grads, "grads");
+          py::gil_scoped_release unlocked;
+          OverBf16Grads(g, n, threads, [&](int64_t at, int64_t count, const float* wide) {
+            trainer::HostLion(w + at, mm + at, wide, count, p, 1, out != nullptr ? out + at : nullptr);
+          });
+          return;
+        }
         const float* g = Pointer<const float>(grads, "grads");
         py::gil_scoped_release unlocked;
-        trainer::HostLion(w, mm, g, n, p, threads, reinterpret_cast<uint16_t*>(weights_bf16));
+        trainer::HostLion(w, mm, g, n, p, threads, out);
       },
       py::arg("master"), py::arg("m"), py::arg("weights_bf16"), py::arg("grads"), py::arg("n"), py::arg("lr"),
       py::arg("beta1"), py::arg("beta2"), py::arg("weight_decay"), py::arg("grad_scale"), py::arg("decay"),
-      py::arg("threads") = 0, "Lion (trainer_ref/host_lion.h) on fp32 master and m in place");
+      py::arg("threads") = 0, py::arg("grads_dtype") = "f32",
+      "Lion (trainer_ref/host_lion.h) on fp32 master and m in place from f32 or bf16 gradients");
 }
 
 }  // namespace tierd::python

@@ -146,6 +146,33 @@ class OffloadOptimizerTest(unittest.TestCase):
         self.assertAlmostEqual(opt.param_groups[0]["lr"], 1e-2 / 7)
         self.assertClose(ours, theirs, 1e-5)
 
+    def test_bf16_gradients_give_the_bits_of_their_fp32_widening(self):
+        from tierd import _tierd
+        g = torch.Generator().manual_seed(9)
+        n = 3 * 16384 + 7  # across the widening's chunks, and a ragged end
+        grads16 = torch.randn(n, generator=g).to(torch.bfloat16)
+        start = {k: torch.randn(n, generator=g) for k in ("master", "m")}
+        start["v"] = torch.rand(n, generator=g)
+        for opt_name in ("adamw", "lion"):
+            results = []
+            for dtype, grads in (("f32", grads16.float()), ("bf16", grads16)):
+                t = {k: v.clone() for k, v in start.items()}
+                out = torch.empty(n, dtype=torch.bfloat16)
+                if opt_name == "adamw":
+                    _tierd.adamw(t["master"].data_ptr(), t["m"].data_ptr(), t["v"].data_ptr(), out.data_ptr(),
+                                 grads.data_ptr(), n, 1e-3, 0.9, 0.95, 1e-8, 0.1, 3, 0.5, True, 0, dtype)
+                else:
+                    _tierd.lion(t["master"].data_ptr(), t["m"].data_ptr(), out.data_ptr(), grads.data_ptr(), n, 1e-3,
+                                0.9, 0.99, 0.1, 0.5, True, 0, dtype)
+                results.append((t, out))
+            (a, out_a), (b, out_b) = results
+            for k in a:
+                self.assertTrue(torch.equal(a[k], b[k]), f"{opt_name} {k}")
+            self.assertTrue(torch.equal(out_a, out_b), opt_name)
+            self.assertFalse(torch.equal(a["master"], start["master"]))  # it did step
+        with self.assertRaisesRegex(Exception, "gradients are f32 or bf16, not f16"):
+            _tierd.adamw(1, 1, 1, 0, 1, 1, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1, 1.0, True, 0, "f16")
+
     def test_without_clipping_updates_start_in_the_backward(self):
         m = model()
         before = copy.deepcopy(m)

@@ -40,7 +40,7 @@ class _Slot:
     """One parameter's leases (master weights, moments, gradient accumulator, all in DRAM/NVMe
     through tierd) and its pinned staging buffers (gradient in, weights out)."""
 
-    def __init__(self, index, param, client, opt, prefix):
+    def __init__(self, index, param, client, opt, prefix, accumulation_steps):
         self.index, self.param, self.n = index, param, param.numel()
         n = self.n
         name = f"{prefix}.{index}"
@@ -54,7 +54,11 @@ class _Slot:
                             client.lease(f"{name}.v", (n,), "f32", "opt_state")]
         else:  # lion
             self.moments = [client.lease(f"{name}.m", (n,), "f32", "opt_state")]
-        self.grad = client.lease(f"{name}.grad", (n,), "f32", "grad")
+        # One bf16 gradient a step (bf16 weights, no accumulation): kept as it came, and the update
+        # widens it as it reads it (AdamW, Lion); else an fp32 accumulator.
+        self.grad_dtype = ("bf16" if param.dtype == torch.bfloat16 and accumulation_steps == 1 and opt != "adamw8bit"
+                           else "f32")
+        self.grad = client.lease(f"{name}.grad", (n,), self.grad_dtype, "grad")
         self.pin = param.is_cuda
         self._grad_in = self._weights_out = None  # made at first use: the pinned arena may make them unneeded
         self.norm_in = torch.empty(1, dtype=torch.float32, pin_memory=self.pin)  # the gradient's norm, from the GPU
@@ -129,7 +133,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             for p in group["params"]:
                 if not p.requires_grad or id(p) in self._by_param:
                     continue
-                slot = _Slot(len(self._slots), p, self.client, opt, name)
+                slot = _Slot(len(self._slots), p, self.client, opt, name, self.accumulation_steps)
                 slot.group = group
                 self._slots.append(slot)
                 self._by_param[id(p)] = slot
@@ -204,8 +208,10 @@ class OffloadOptimizer(torch.optim.Optimizer):
             slot.read_until.record(compute)  # kernels queued so far may still read the old weights
             self._d2h.wait_stream(compute)
             # The step's first fp32 gradient goes straight into its accumulator (the arena is pinned),
-            # its norm taken on the GPU: no pass over it on the host.
-            direct = self._registered is not None and g.dtype == torch.float32 and slot.arrivals == 0
+            # a bf16 one kept as bf16 into its lease; the norm taken on the GPU: no pass over it on
+            # the host.
+            direct = slot.grad_dtype == "bf16" or (
+                self._registered is not None and g.dtype == torch.float32 and slot.arrivals == 0)
             with torch.cuda.stream(self._d2h):
                 if direct:
                     accumulator = as_tensor(self.client.acquire(slot.grad, "overwrite", "host"))
@@ -217,6 +223,11 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 event = torch.cuda.Event()
                 event.record(self._d2h)
             g.record_stream(self._d2h)  # the caching allocator keeps it until the copy is done
+        elif slot.grad_dtype == "bf16":
+            direct, event = True, None
+            accumulator = as_tensor(self.client.acquire(slot.grad, "overwrite", "host"))
+            accumulator.copy_(g.reshape(-1))
+            slot.norm_in.copy_(torch.linalg.vector_norm(g.reshape(-1), dtype=torch.float32).reshape(1))
         else:
             slot.grad_in.copy_(g.reshape(-1))
             event = None
@@ -317,11 +328,14 @@ class OffloadOptimizer(torch.optim.Optimizer):
                     out = s.weights_out.data_ptr() if bf16_out and not direct else 0
                     if self.opt == "lion":
                         _tierd.lion(master.data_ptr(), ptrs[0], out, grad.data_ptr(), s.n, lr, beta1, beta2, wd, scale,
-                                    wd > 0, self.threads)
+                                    wd > 0, self.threads, s.grad_dtype)
                     else:
-                        step = _tierd.adamw if self.opt == "adamw" else _tierd.adamw8bit
-                        step(master.data_ptr(), ptrs[0], ptrs[1], out, grad.data_ptr(), s.n, lr, beta1, beta2, eps, wd,
-                             s.step, scale, wd > 0, self.threads)
+                        if self.opt == "adamw":
+                            _tierd.adamw(master.data_ptr(), ptrs[0], ptrs[1], out, grad.data_ptr(), s.n, lr, beta1,
+                                         beta2, eps, wd, s.step, scale, wd > 0, self.threads, s.grad_dtype)
+                        else:  # 8-bit: fp32 gradients only
+                            _tierd.adamw8bit(master.data_ptr(), ptrs[0], ptrs[1], out, grad.data_ptr(), s.n, lr, beta1,
+                                             beta2, eps, wd, s.step, scale, wd > 0, self.threads)
                 finally:
                     for m in moments:
                         m.__exit__(None, None, None)

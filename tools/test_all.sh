@@ -36,18 +36,21 @@ count_run() {  # $1: label; counts the reports under bazel-testlogs from the las
   passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
 }
 
-run_pass() {  # $1: label, rest: extra bazel flags
-  local label=$1; shift
+run_pass() {  # $1: label, $2: target patterns left out ("" none), rest: extra bazel flags
+  local label=$1 skip=$2; shift 2
   local log
   log=$(mktemp)
-  echo "== $label: bazel test //... $*"
-  bazel test "${TIERD_BAZEL_FLAGS[@]}" "$@" --keep_going --test_summary=short //... 2>&1 | tee "$log" |
+  echo "== $label: bazel test //... $skip $*"
+  # shellcheck disable=SC2086  # $skip: zero or more patterns
+  bazel test "${TIERD_BAZEL_FLAGS[@]}" "$@" --keep_going --test_summary=short -- //... $skip 2>&1 | tee "$log" |
     grep -vE '^(\[|Loading|Analyzing|INFO: From|\(|  /)' || true
   count_run "$label" "$log"
   rm -f "$log"
 }
 
-run_pass "tests" 
-run_pass "tests under ASan+UBSan" --config=asan
+run_pass "tests" ""
+# The Python package's extension cannot load into an uninstrumented interpreter: under ASan its
+# tests could only report skipped, and building them took minutes.
+run_pass "tests under ASan+UBSan" "-//python/..." --config=asan
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -61,16 +61,7 @@ class OffloadOptimizerTest(unittest.TestCase):
         return opt
 
     def train(self, m, opt, data, accumulate=1):
-        losses = []
-        for i in range(0, len(data), accumulate):
-            total = 0.0
-            for batch in data[i:i + accumulate]:
-                loss = loss_of(m, batch) / accumulate
-                loss.backward()
-                total += loss.item()
-            opt.step()
-            opt.zero_grad()
-            losses.append(total)
+        losses = test_util.train_steps(m, opt, data, loss_of, accumulate)
         if hasattr(opt, "synchronize"):
             opt.synchronize()  # the last step's weights, read outside a forward
         return losses
@@ -329,6 +320,10 @@ class OffloadOptimizerTest(unittest.TestCase):
         small = self.offload(torch.nn.Linear(3, 3).parameters(), name="small")
         with self.assertRaisesRegex(ValueError, "holds 2 parameters' state, this optimizer 4"):
             opt.load_state_dict(small.state_dict())
+        wrong = opt.state_dict()
+        wrong["state"][0]["master"] = torch.zeros(5)
+        with self.assertRaisesRegex(ValueError, "parameter 0: the checkpoint has 5 values, the model 512"):
+            opt.load_state_dict(wrong)
 
 
 if __name__ == "__main__":

@@ -74,16 +74,7 @@ class OffloadTest(unittest.TestCase):
         client = offloaded.client if offloaded else self.session(f"plain-{name}")
         opt = tt.OffloadOptimizer(model.parameters(), lr=3e-3, max_grad_norm=clip, accumulation_steps=accumulate,
                                   client=client, name=name)
-        losses = []
-        for i in range(0, len(tokens), accumulate):
-            total = 0.0
-            for t in tokens[i:i + accumulate]:
-                loss = loss_of(model, t) / accumulate
-                loss.backward()
-                total += loss.item()
-            opt.step()
-            opt.zero_grad()
-            losses.append(total)
+        losses = test_util.train_steps(model, opt, tokens, loss_of, accumulate)
         opt.close()  # its hooks go; the client (the offloaded model's too) stays
         return losses, opt
 
@@ -123,15 +114,9 @@ class OffloadTest(unittest.TestCase):
         # The optimizer's own leases in a session of their own: its writes are not in the graph.
         opt = tt.OffloadOptimizer(moved.parameters(), lr=3e-3, max_grad_norm=1.0, client=self.session("plan-opt"),
                                   name="plan-moved")
-        got = []
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            for t in tokens:
-                loss = loss_of(moved, t)
-                loss.backward()
-                opt.step()
-                opt.zero_grad()
-                got.append(loss.item())
+            got = test_util.train_steps(moved, opt, tokens, loss_of)
             opt.close()
         self.assertEqual(got, want)  # the plan moves bytes, not values
         self.assertEqual(weights.plan.state, "following", [str(w.message) for w in caught])
@@ -196,6 +181,8 @@ class OffloadTest(unittest.TestCase):
             self.assertTrue(torch.equal(model(tokens), other(tokens)))
         with self.assertRaisesRegex(ValueError, "the state's shape"):
             other_weights.load_state_dict(dict(state, **{"norm.weight": torch.zeros(3)}))
+        with self.assertRaisesRegex(KeyError, "the state has no"):
+            other_weights.load_state_dict({k: v for k, v in state.items() if k != "norm.bias"})
 
     def test_on_the_gpu_it_trains_as_in_place(self):
         if not torch.cuda.is_available():

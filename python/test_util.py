@@ -1,5 +1,5 @@
 """Runs a test file's unittest cases and writes them to the JUnit XML report Bazel reads
-(TIERD_XML), so each case counts, and a skip says why."""
+(TIERD_XML), so each case counts, and a skip says why; and the training loop the tests share."""
 import os
 import sys
 import time
@@ -34,6 +34,22 @@ class _Result(unittest.TextTestResult):
     def addSkip(self, test, reason):
         super().addSkip(test, reason)
         self._record(test, "skipped", reason)
+
+
+def train_steps(model, opt, batches, loss_of, accumulate=1):
+    """The training loop the tests share: `accumulate` micro-batches a step (each loss divided by
+    it), opt.step(), opt.zero_grad(); returns each step's summed loss."""
+    losses = []
+    for i in range(0, len(batches), accumulate):
+        total = 0.0
+        for batch in batches[i:i + accumulate]:
+            loss = loss_of(model, batch) / accumulate
+            loss.backward()
+            total += loss.item()
+        opt.step()
+        opt.zero_grad()
+        losses.append(total)
+    return losses
 
 
 def main():

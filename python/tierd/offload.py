@@ -31,8 +31,6 @@ import warnings
 
 import torch
 
-from tierd import _tierd  # noqa: F401  (the extension loads with the package)
-
 
 class _Param:
     """One parameter's lease and its uses (forward and backward) under way."""

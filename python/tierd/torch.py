@@ -11,6 +11,7 @@
 Nothing here is compiled against torch: tensors cross by DLPack, so any torch 2.x works.
 """
 
+import contextlib
 import math
 import queue
 import threading
@@ -150,8 +151,11 @@ class OffloadOptimizer(torch.optim.Optimizer):
                                        "forward_waited", "step_waited"), 0.0)
         self._skipped_params = 0    # non-finite gradients without clipping, since the last step()
         self._arrivals, self._updates = queue.Queue(), queue.Queue()
-        self._workers = [threading.Thread(target=self._accumulate_loop, name="tierd-grads", daemon=True),
-                         threading.Thread(target=self._update_loop, name="tierd-updates", daemon=True)]
+        self._workers = [
+            threading.Thread(target=self._serve, name="tierd-grads", daemon=True,
+                             args=(self._arrivals, self._take_gradient, lambda item: item[0].consumed.set())),
+            threading.Thread(target=self._serve, name="tierd-updates", daemon=True,
+                             args=(self._updates, self._run_update, lambda item: item[0].weights_ready.set()))]
         for w in self._workers:
             w.start()
         self._hooks = [s.param.register_post_accumulate_grad_hook(self._gradient_ready) for s in self._slots]
@@ -234,30 +238,35 @@ class OffloadOptimizer(torch.optim.Optimizer):
         p.grad = None
         self._arrivals.put((slot, event, direct))
 
-    def _accumulate_loop(self):
+    def _serve(self, items, handle, done):
+        """A worker thread's loop: handle(item) for each item of the queue until None; an error is
+        kept for the next step() or synchronize(); done(item) whatever happened."""
         while True:
-            item = self._arrivals.get()
+            item = items.get()
             try:
                 if item is None:
                     return
-                slot, event, direct = item
-                start = time.perf_counter()
-                if event is not None:
-                    event.synchronize()
-                copied = time.perf_counter()
-                if direct:
-                    self.client.release(slot.grad)
-                    self._arrived(slot, float(slot.norm_in[0]) ** 2)
-                else:
-                    self._accumulate(slot)
-                self._seconds["copy_waited"] += copied - start
-                self._seconds["accumulating"] += time.perf_counter() - copied
+                handle(item)
             except BaseException as e:
                 self._errors.append(e)
             finally:
                 if item is not None:
-                    item[0].consumed.set()
-                self._arrivals.task_done()
+                    done(item)
+                items.task_done()
+
+    def _take_gradient(self, item):
+        slot, event, direct = item
+        start = time.perf_counter()
+        if event is not None:
+            event.synchronize()
+        copied = time.perf_counter()
+        if direct:
+            self.client.release(slot.grad)
+            self._arrived(slot, float(slot.norm_in[0]) ** 2)
+        else:
+            self._accumulate(slot)
+        self._seconds["copy_waited"] += copied - start
+        self._seconds["accumulating"] += time.perf_counter() - copied
 
     def _accumulate(self, slot):
         if slot.updated_early:
@@ -294,21 +303,10 @@ class OffloadOptimizer(torch.optim.Optimizer):
         g = slot.group  # the group's settings now: a scheduler may change them before the update runs
         self._updates.put((slot, scale, (g["lr"], tuple(g["betas"]), g["eps"], g["weight_decay"])))
 
-    def _update_loop(self):
-        while True:
-            item = self._updates.get()
-            try:
-                if item is None:
-                    return
-                start = time.perf_counter()
-                self._update(*item)
-                self._seconds["updating"] += time.perf_counter() - start
-            except BaseException as e:
-                self._errors.append(e)
-            finally:
-                if item is not None:
-                    item[0].weights_ready.set()
-                self._updates.task_done()
+    def _run_update(self, item):
+        start = time.perf_counter()
+        self._update(*item)
+        self._seconds["updating"] += time.perf_counter() - start
 
     def _update(self, s, scale, settings):
         lr, (beta1, beta2), eps, wd = settings
@@ -321,26 +319,21 @@ class OffloadOptimizer(torch.optim.Optimizer):
                   and offloaded is None)
         master = as_tensor(self.client.acquire(s.master, "write", "host")).reshape(-1)
         try:
-            with self._held(s.grad, "read") as grad:
-                moments = [self._held(m, "write") for m in s.moments]
-                try:
-                    ptrs = [m.__enter__().data_ptr() for m in moments]
-                    out = s.weights_out.data_ptr() if bf16_out and not direct else 0
-                    if self.opt == "lion":
-                        _tierd.lion(master.data_ptr(), ptrs[0], out, grad.data_ptr(), s.n, lr, beta1, beta2, wd, scale,
-                                    wd > 0, self.threads, s.grad_dtype)
-                    else:
-                        if self.opt == "adamw":
-                            _tierd.adamw(master.data_ptr(), ptrs[0], ptrs[1], out, grad.data_ptr(), s.n, lr, beta1,
-                                         beta2, eps, wd, s.step, scale, wd > 0, self.threads, s.grad_dtype)
-                        else:  # 8-bit: fp32 gradients only
-                            _tierd.adamw8bit(master.data_ptr(), ptrs[0], ptrs[1], out, grad.data_ptr(), s.n, lr, beta1,
-                                             beta2, eps, wd, s.step, scale, wd > 0, self.threads)
-                finally:
-                    for m in moments:
-                        m.__exit__(None, None, None)
+            with contextlib.ExitStack() as held:
+                grad = held.enter_context(self._held(s.grad, "read")).data_ptr()
+                m, *v = [held.enter_context(self._held(lease, "write")).data_ptr() for lease in s.moments]
+                out = s.weights_out.data_ptr() if bf16_out and not direct else 0
+                decay = wd > 0
+                if self.opt == "lion":
+                    _tierd.lion(master.data_ptr(), m, out, grad, s.n, lr, beta1, beta2, wd, scale, decay, self.threads,
+                                s.grad_dtype)
+                elif self.opt == "adamw":
+                    _tierd.adamw(master.data_ptr(), m, v[0], out, grad, s.n, lr, beta1, beta2, eps, wd, s.step, scale,
+                                 decay, self.threads, s.grad_dtype)
+                else:  # 8-bit: fp32 gradients only
+                    _tierd.adamw8bit(master.data_ptr(), m, v[0], out, grad, s.n, lr, beta1, beta2, eps, wd, s.step,
+                                     scale, decay, self.threads)
         except BaseException:
-            del master
             self.client.release(s.master)
             raise
         if direct:

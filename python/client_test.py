@@ -73,6 +73,25 @@ class ClientTest(unittest.TestCase):
         with self.assertRaisesRegex(tierd.TierdError, "GraphSpec's JSON"):
             self.client._client.register_graph_json("{not json")
 
+    def test_pins_steps_and_the_processs_own_figures(self):
+        t = self.client.lease("pinned", (1024,), dtype="f32")
+        self.client.acquire(t, access="overwrite", place="host")
+        self.client.release(t)
+        self.client.pin(t, "dram")
+        pinned = [l for l in self.client.leases()["leases"] if l["spec"]["name"] == "pinned"][0]
+        self.assertIn("TIER_DRAM", str(pinned))
+        self.client.unpin(t)
+        with self.assertRaises(tierd.TierdError) as e:
+            self.client.pin(t, "tape")
+        self.assertEqual(e.exception.code, "INVALID_ARGUMENT")
+        self.assertIn("tier is gpu, dram or nvme, not 'tape'", str(e.exception))
+        self.client.report_step(1, 2.5, 0.1, 4096)
+        times = self.client._client.ring_times()
+        self.assertGreaterEqual(times["acquires"], 1)  # the acquire above went through the ring
+        base, size = self.client.dram_arena()
+        self.assertNotEqual(base, 0)
+        self.assertEqual(size, 16 << 20)  # the session's DRAM quota, mapped here
+
     def test_bad_input_is_refused_with_the_reason(self):
         with self.assertRaisesRegex(ValueError, "tierd has no dtype 'complex64'"):
             self.client.lease("x", (4,), dtype="complex64")

@@ -21,12 +21,6 @@ for target in "${targets[@]}"; do
   [ -f "$path" ] || path="$path/$(basename "$path")"
   cp -L "$path" .carry/bin/
 done
-# Every resolved library except the C runtime, libstdc++/libgcc and the CUDA/driver libraries.
-skip='^(linux-vdso|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|ld-linux|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libnvidia)'
-for binary in .carry/bin/*; do
-  ldd "$binary" | awk '/=> \// {print $1, $3}'
-done | sort -u | while read -r name path; do
-  [[ "$name" =~ $skip ]] || cp -L "$path" .carry/lib/
-done
+tools/collect_libs.sh .carry/lib .carry/bin/*
 du -sh .carry
 echo "carry .carry; on the device: tools/device/gpu_check.sh"

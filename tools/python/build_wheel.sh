@@ -17,15 +17,7 @@ mkdir -p "$stage/tierd/.libs"
 cp python/tierd/*.py "$stage/tierd/"
 cp -L bazel-bin/python/_tierd.so "$stage/tierd/_tierd.so"
 chmod u+w "$stage/tierd/_tierd.so"
-# Every resolved library except glibc's, libstdc++/libgcc (any Linux with a C++ toolchain's
-# runtime has them) and the driver (libcuda: the machine's own).
-skip='^(linux-vdso|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|ld-linux|libstdc\+\+|libgcc_s|libcuda\.so)'
-ldd "$stage/tierd/_tierd.so" | awk '/=> \// {print $1, $3}' | while read -r name path; do
-  [[ "$name" =~ $skip ]] || cp -L "$path" "$stage/tierd/.libs/"
-done
-if ldd "$stage/tierd/_tierd.so" | grep -q 'not found'; then
-  echo "build_wheel: unresolved libraries:"; ldd "$stage/tierd/_tierd.so" | grep 'not found'; exit 1
-fi
+WITH_CUDA_RUNTIME=1 tools/collect_libs.sh "$stage/tierd/.libs" "$stage/tierd/_tierd.so"
 mkdir -p dist
 "$python" - "$stage" "$version" dist <<'PY'
 import base64, hashlib, os, sys, sysconfig, zipfile

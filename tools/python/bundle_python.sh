@@ -12,10 +12,5 @@ bazel build "${TIERD_BAZEL_FLAGS[@]}" -c opt --repo_env=TIERD_PYTHON="$python" /
 mkdir -p .carry/python .carry/bin .carry/lib
 cp -fL bazel-bin/python/_tierd.so .carry/python/_tierd.so
 cp -fL bazel-bin/server/tierd .carry/bin/tierd
-skip='^(linux-vdso|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|ld-linux|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libnvidia)'
-for binary in .carry/python/_tierd.so .carry/bin/tierd; do
-  ldd "$binary" | awk '/=> \// {print $1, $3}'
-done | sort -u | while read -r name path; do
-  [[ "$name" =~ $skip ]] || cp -fL "$path" .carry/lib/
-done
+tools/collect_libs.sh .carry/lib .carry/python/_tierd.so .carry/bin/tierd
 du -sh .carry

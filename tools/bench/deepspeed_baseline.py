@@ -14,12 +14,11 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_baseline import PRESETS, Decoder, init_like_tierd  # noqa: E402
+from torch_baseline import PRESETS, Decoder, init_like_tierd, random_batch, timed_steps  # noqa: E402
 
 
 def main():
@@ -70,24 +69,18 @@ def main():
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     torch.cuda.reset_peak_memory_stats()
     tokens = a.micro_batch * a.grad_accum_steps * a.seq_len
-    timed, loss = 0.0, float("nan")
-    for step in range(1, a.steps + 1):
-        torch.cuda.synchronize()
-        t0 = time.time()
+
+    def one_step():
         total = 0.0
         for _ in range(a.grad_accum_steps):
-            starts = torch.randint(0, len(data) - a.seq_len - 1, (a.micro_batch,))
-            batch = torch.stack([data[s:s + a.seq_len + 1] for s in starts.tolist()]).cuda()
+            batch = random_batch(data, a.micro_batch, a.seq_len)
             out = engine(batch[:, :-1], batch[:, 1:])
             engine.backward(out)
             engine.step()
             total += out.item()
-        loss = total / a.grad_accum_steps
-        torch.cuda.synchronize()
-        dt = time.time() - t0
-        if step > a.timing_skip:
-            timed += dt
-        print(f"deepspeed step {step}: loss {loss:.4f} {dt * 1e3:.0f} ms", flush=True)
+        return total / a.grad_accum_steps
+
+    timed, loss = timed_steps(a.steps, a.timing_skip, one_step, "deepspeed")
     tps = tokens * (a.steps - a.timing_skip) / timed if timed > 0 else 0.0
     print(json.dumps({"run": f"deepspeed zero-{a.stage} offload +ckpt", "model": a.model_size, "params": params,
                       "batch": a.micro_batch, "micro_batches": a.grad_accum_steps, "seq": a.seq_len,

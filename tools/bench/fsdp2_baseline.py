@@ -14,12 +14,11 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_baseline import PRESETS, Decoder, init_like_tierd  # noqa: E402
+from torch_baseline import PRESETS, Decoder, init_like_tierd, random_batch, timed_steps  # noqa: E402
 
 
 def main():
@@ -57,26 +56,19 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1)
     torch.cuda.reset_peak_memory_stats()
     tokens = a.batch_size * a.grad_accum_steps * a.seq_len
-    timed, loss = 0.0, float("nan")
-    for step in range(1, a.steps + 1):
-        torch.cuda.synchronize()
-        t0 = time.time()
+    def one_step():
         total = 0.0
         for _ in range(a.grad_accum_steps):
-            starts = torch.randint(0, len(data) - a.seq_len - 1, (a.batch_size,))
-            batch = torch.stack([data[s:s + a.seq_len + 1] for s in starts.tolist()]).cuda()
+            batch = random_batch(data, a.batch_size, a.seq_len)
             out = model(batch[:, :-1], batch[:, 1:]) / a.grad_accum_steps
             out.backward()
             total += out.item()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        loss = total
-        torch.cuda.synchronize()
-        dt = time.time() - t0
-        if step > a.timing_skip:
-            timed += dt
-        print(f"fsdp2 step {step}: loss {loss:.4f} {dt * 1e3:.0f} ms", flush=True)
+        return total
+
+    timed, loss = timed_steps(a.steps, a.timing_skip, one_step, "fsdp2")
     tps = tokens * (a.steps - a.timing_skip) / timed if timed > 0 else 0.0
     print(json.dumps({"run": "fsdp2 cpu offload" + (" +ckpt" if a.checkpointing else ""), "model": a.model_size,
                       "params": params, "batch": a.batch_size, "micro_batches": a.grad_accum_steps,

@@ -22,7 +22,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_baseline import PRESETS, Decoder  # noqa: E402
+from torch_baseline import PRESETS, Decoder, random_batch  # noqa: E402
 
 import tierd.torch as tt  # noqa: E402
 
@@ -76,8 +76,7 @@ def run(name, make_opt, clip, a, data, offload=False):
     for step in range(a.steps):
         micro = []
         for _ in range(a.grad_accum):
-            starts = torch.randint(0, len(data) - a.seq_len - 1, (a.batch_size,), generator=g)
-            micro.append(torch.stack([data[s:s + a.seq_len + 1] for s in starts.tolist()]).cuda())
+            micro.append(random_batch(data, a.batch_size, a.seq_len, generator=g))
         torch.cuda.synchronize()
         t0 = time.time()
         total = 0.0

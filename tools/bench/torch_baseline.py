@@ -114,6 +114,28 @@ def init_like_tierd(model, layers):
                     prm.mul_(1.0 / math.sqrt(2 * layers))
 
 
+def random_batch(data, batch_size, seq_len, generator=None):
+    """batch_size windows of seq_len + 1 tokens at random places in data, on the GPU."""
+    starts = torch.randint(0, len(data) - seq_len - 1, (batch_size,), generator=generator)
+    return torch.stack([data[s:s + seq_len + 1] for s in starts.tolist()]).cuda()
+
+
+def timed_steps(steps, timing_skip, one_step, label):
+    """Runs one_step() (returns the step's loss) `steps` times, each between GPU syncs, printing
+    each; returns (seconds of the steps after the first timing_skip, the last loss)."""
+    timed, loss = 0.0, float("nan")
+    for step in range(1, steps + 1):
+        torch.cuda.synchronize()
+        t0 = time.time()
+        loss = one_step()
+        torch.cuda.synchronize()
+        dt = time.time() - t0
+        if step > timing_skip:
+            timed += dt
+        print(f"{label} step {step}: loss {loss:.4f} {dt * 1e3:.0f} ms", flush=True)
+    return timed, loss
+
+
 def largest_batch(model, seq_len, vocab, limit=64):
     """Doubles the batch from 1 while a whole step (forward, backward, AdamW with its state)
     fits. The probes' AdamW has lr 0 (the weights stay as initialised) and is dropped after,

@@ -34,8 +34,8 @@ while IFS='|' read -r label batch flags; do
   if ! grep -q '^result: ' "${log:-/dev/null}"; then echo "FAIL: $label"; tail -n 8 "$dir.txt"; status=1; continue; fi
   grep -h '^activations\|^optimizer:\|^device memory' "$log" | cut -c1-240
   nvml=$(grep -o 'this process [^=]*= [0-9.]* GiB' "$log" | grep -o '= [0-9.]* GiB' | tr -d '= ')
-  grep '^result: ' "$log" | sed 's/^result: //' |
-    python3 -c "import json,sys; r=json.loads(sys.stdin.read()); r['label']='$label'; r['nvml']='$nvml'; print(json.dumps(r))" \
+  grep '^result: ' "$log" | sed 's/^result: //' | LABEL="$label" NVML="$nvml" python3 -c \
+    "import json, os, sys; r = json.loads(sys.stdin.read()); r.update(label=os.environ['LABEL'], nvml=os.environ['NVML']); print(json.dumps(r))" \
     >> "$out/sweep.jsonl"
   cp "$log" "$out/sweep-$n.log" 2>/dev/null
 done <<< "$([ "${SWEEP:-1}" = 1 ] && echo "${CONFIGS:-$default_configs}")"

@@ -124,10 +124,27 @@ class LowerTierPlanner {
     s_.nvme.assign(n_, false);
     std::vector<bool> gpu_resident_start(n_, false);
     for (TensorIndex t : gpu.resident_at_start) gpu_resident_start[t] = true;
-    for (size_t t = 0; t < n_; ++t) {
-      // Bytes start on NVMe unless the GPU holds the only copy or the tensor lives there.
+    // Bytes start below the GPU unless the GPU holds the only copy or the tensor lives there:
+    // in DRAM while the budget holds them, in the order the lap first wants them there, the
+    // rest on NVMe. (All on NVMe made a model that fits DRAM keep an NVMe copy of every
+    // tensor for ever: nothing ever needs the room, so nothing drops them.)
+    std::vector<size_t> first_demand(n_, kNever);
+    for (size_t j = 0; j < len_; ++j) {
+      const LowerKind k = lap_[j].kind;
+      if (k == LowerKind::kRead || k == LowerKind::kHostRead || k == LowerKind::kHostWrite) {
+        first_demand[lap_[j].tensor] = std::min(first_demand[lap_[j].tensor], j);
+      }
+    }
+    std::vector<size_t> order(n_);
+    for (size_t t = 0; t < n_; ++t) order[t] = t;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return first_demand[a] < first_demand[b]; });
+    for (size_t t : order) {
       const bool gpu_dirty_start = gpu_resident_start[t] && gpu.dirty_at_start[t];
-      if (!gpu_dirty_start && !graph.tensors[t].pinned_gpu) {
+      if (gpu_dirty_start || graph.tensors[t].pinned_gpu) continue;
+      if (s_.dram_bytes + Bytes(t) <= dram_budget_) {
+        s_.dram[t] = true;
+        s_.dram_bytes += Bytes(t);
+      } else {
         s_.nvme[t] = true;
         s_.nvme_bytes += Bytes(t);
       }

@@ -42,6 +42,28 @@ TEST(TiersTest, RoomyDramMeansNoNvmeTrafficInTheSteadyState) {
   EXPECT_GT(gpu->bytes_loaded, 0u);
 }
 
+// An offloaded model's weights (read on the GPU, written by no op of the graph) that DRAM
+// holds need no NVMe at all: not even a copy kept from the start.
+TEST(TiersTest, ReadOnlyWeightsThatFitDramNeedNoNvme) {
+  Graph g;
+  for (int l = 0; l < 6; ++l) g.tensors.push_back({"w" + std::to_string(l), 100, false});
+  for (int l = 0; l < 6; ++l) g.ops.push_back({"fwd" + std::to_string(l), {static_cast<TensorIndex>(l)}, {}, 1});
+  for (int l = 6; l-- > 0;) g.ops.push_back({"bwd" + std::to_string(l), {static_cast<TensorIndex>(l)}, {}, 1});
+  auto gpu = PlanResidency(g, 250);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  auto lower = PlanLowerTiers(g, *gpu, 600, 0);
+  ASSERT_TRUE(lower.ok()) << lower.status();
+  EXPECT_TRUE(ReplayLowerTiers(g, *gpu, *lower, 600, 0).ok());
+  EXPECT_EQ(lower->peak_nvme_bytes, 0u);
+  EXPECT_EQ(lower->nvme_read_bytes + lower->nvme_write_bytes, 0u);
+  // DRAM for half of them: the rest start on NVMe and are read from there.
+  auto half = PlanLowerTiers(g, *gpu, 300, 1 << 20);
+  ASSERT_TRUE(half.ok()) << half.status();
+  EXPECT_TRUE(ReplayLowerTiers(g, *gpu, *half, 300, 1 << 20).ok());
+  EXPECT_GT(half->peak_nvme_bytes, 0u);
+  EXPECT_LE(half->peak_dram_bytes, 300u);
+}
+
 TEST(TiersTest, TightDramSpillsToNvmeAndLosesNothing) {
   Graph g = TinyTraining(4, 100);
   auto gpu = PlanResidency(g, 500);

@@ -144,12 +144,18 @@ class OffloadOptimizerTest(unittest.TestCase):
         grads16 = torch.randn(n, generator=g).to(torch.bfloat16)
         start = {k: torch.randn(n, generator=g) for k in ("master", "m")}
         start["v"] = torch.rand(n, generator=g)
-        for opt_name in ("adamw", "lion"):
+        moment_bytes = _tierd.moment8bit_bytes(n)
+        for opt_name in ("adamw", "lion", "adamw8bit"):
             results = []
             for dtype, grads in (("f32", grads16.float()), ("bf16", grads16)):
                 t = {k: v.clone() for k, v in start.items()}
+                t["m8"], t["v8"] = torch.zeros(moment_bytes, dtype=torch.uint8), torch.zeros(moment_bytes, dtype=torch.uint8)
                 out = torch.empty(n, dtype=torch.bfloat16)
-                if opt_name == "adamw":
+                if opt_name == "adamw8bit":  # two steps: the second from moments the first made
+                    for step in (1, 2):
+                        _tierd.adamw8bit(t["master"].data_ptr(), t["m8"].data_ptr(), t["v8"].data_ptr(), out.data_ptr(),
+                                         grads.data_ptr(), n, 1e-3, 0.9, 0.95, 1e-8, 0.1, step, 0.5, True, 0, dtype)
+                elif opt_name == "adamw":
                     _tierd.adamw(t["master"].data_ptr(), t["m"].data_ptr(), t["v"].data_ptr(), out.data_ptr(),
                                  grads.data_ptr(), n, 1e-3, 0.9, 0.95, 1e-8, 0.1, 3, 0.5, True, 0, dtype)
                 else:

@@ -131,6 +131,28 @@ class OffloadTest(unittest.TestCase):
             loss_of(moved, tokens[0]).backward()
         self.assertEqual(weights.plan.state, "off")
 
+    def test_a_plan_tierd_refuses_leaves_training_to_the_online_policy(self):
+        torch.manual_seed(6)
+        plain = TinyLm()
+        moved = copy.deepcopy(plain)
+        client = self.session("refused")
+        weights = tt.offload(moved, client=client, plan=True)
+
+        def refuse(tensors, ops, host=False):  # as a 7B's graph under a too-small NVMe quota was refused
+            raise tierd.TierdError("cannot plan this graph under the session's quotas: the tiers below the GPU "
+                                   "need 12.6 GiB of NVMe at the peak (DRAM budget 79.8 GiB); the NVMe budget is 8.00 GiB")
+
+        client.register_graph = refuse
+        tokens = data(4)
+        want, _ = self.trained(plain, tokens, name="refused-plain")
+        opt = tt.OffloadOptimizer(moved.parameters(), lr=3e-3, max_grad_norm=1.0, client=self.session("refused-opt"),
+                                  name="refused-moved")
+        with self.assertWarnsRegex(UserWarning, "cannot plan this model's steps .*12.6 GiB of NVMe.*online policy"):
+            got = test_util.train_steps(moved, opt, tokens, loss_of)
+        opt.close()
+        self.assertEqual(got, want)
+        self.assertEqual(weights.plan.state, "off")
+
     def test_between_uses_the_parameters_hold_no_memory(self):
         model = TinyLm()
         weights = tt.offload(model, client=self.session("idle"))

@@ -219,19 +219,23 @@ const Lookups& TheLookups() {
 // per instruction set, as HostAdamW): dequantize; the AdamW arithmetic; the absmax; codes.
 __attribute__((target_clones("avx512f", "avx2", "default"))) void StepBlocks(
     int64_t first, int64_t last, float* __restrict master, Moment8bit m, Moment8bit v, uint16_t* __restrict weights,
-    const float* __restrict grads, int64_t n, const q8::ElementStep& step) {
+    const float* __restrict grads, const uint16_t* __restrict grads_bf16, int64_t n, const q8::ElementStep& step) {
   const float* signed_map = DynamicMap(true).data();
   const float* unsigned_map = DynamicMap(false).data();
   const int32_t* m_table = TableFor(true);
   const int32_t* v_table = TableFor(false);
   const Lookups& lookup = TheLookups();
-  float mi[q8::kQuantBlock], vi[q8::kQuantBlock];
+  float mi[q8::kQuantBlock], vi[q8::kQuantBlock], gi[q8::kQuantBlock];
   for (int64_t b = first; b < last; ++b) {
     const int64_t begin = b * q8::kQuantBlock, count = std::min<int64_t>(q8::kQuantBlock, n - begin);
     const uint8_t* __restrict m_codes = m.codes + begin;
     const uint8_t* __restrict v_codes = v.codes + begin;
     float* __restrict w = master + begin;
     const float* __restrict g = grads + begin;
+    if (grads_bf16 != nullptr) {  // widened a block at a time: exact (a bf16 is an fp32's upper half)
+      for (int64_t i = 0; i < count; ++i) gi[i] = Bf16Float(grads_bf16[begin + i]);
+      g = gi;
+    }
     const q8::ElementStep s = step;  // a local copy: no aliasing with the stores for the compiler to fear
     lookup.dequantize(m_codes, count, signed_map, m.absmax[b], /*square=*/false, mi);
     lookup.dequantize(v_codes, count, unsigned_map, v.absmax[b], /*square=*/true, vi);  // v from its root
@@ -336,7 +340,19 @@ void HostAdamW8bit(float* master, void* m_bytes, void* v_bytes, uint16_t* weight
   const int64_t blocks = static_cast<int64_t>(QuantBlocks(n));
   ParallelFor(
       blocks, 60.0 * n,
-      [&](int64_t first, int64_t last) { StepBlocks(first, last, master, m, v, weights_bf16, grads, n, step); },
+      [&](int64_t first, int64_t last) { StepBlocks(first, last, master, m, v, weights_bf16, grads, nullptr, n, step); },
+      threads);
+}
+
+void HostAdamW8bitFromBf16(float* master, void* m_bytes, void* v_bytes, uint16_t* weights_bf16,
+                           const uint16_t* grads_bf16, int64_t n, const HostAdamWParams& p, int threads) {
+  const q8::ElementStep step = ElementStepFor(p);
+  const Moment8bit m = MomentAt(m_bytes, n), v = MomentAt(v_bytes, n);
+  ParallelFor(
+      static_cast<int64_t>(QuantBlocks(n)), 60.0 * n,
+      [&](int64_t first, int64_t last) {
+        StepBlocks(first, last, master, m, v, weights_bf16, nullptr, grads_bf16, n, step);
+      },
       threads);
 }
 

@@ -57,6 +57,11 @@ void Dequantize8bit(const void* bytes, uint64_t n, bool is_signed, float* values
 void HostAdamW8bit(float* master, void* m_bytes, void* v_bytes, uint16_t* weights_bf16, const float* grads,
                    int64_t n, const HostAdamWParams& p, int threads = 0);
 
+// The same step from bf16 gradients, each block widened as it is read: the bits of
+// HostAdamW8bit on the widened array, without a pass through an fp32 copy.
+void HostAdamW8bitFromBf16(float* master, void* m_bytes, void* v_bytes, uint16_t* weights_bf16,
+                           const uint16_t* grads_bf16, int64_t n, const HostAdamWParams& p, int threads = 0);
+
 // The per-element arithmetic's parameters for a step (bias corrections included).
 q8::ElementStep ElementStepFor(const HostAdamWParams& p);
 

@@ -230,5 +230,30 @@ TEST(AdamW8bitTest, ResultsDoNotDependOnTheThreadCount) {
   EXPECT_EQ(v1, v4);
 }
 
+TEST(AdamW8bitTest, Bf16GradientsGiveTheBitsOfTheirFp32Widening) {
+  const int64_t n = 9 * q8::kQuantBlock + 77;  // a ragged last block
+  Problem a = RandomProblem(n, 11);
+  std::vector<uint16_t> bf16(static_cast<size_t>(n));
+  std::vector<float> widened(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    bf16[i] = Bf16Bits(a.grads[i]);
+    widened[i] = Bf16Float(bf16[i]);
+  }
+  std::vector<float> from32 = a.master, from16 = a.master;
+  std::vector<uint8_t> m32(Moment8bitBytes(n), 0), v32(Moment8bitBytes(n), 0), m16 = m32, v16 = v32;
+  std::vector<uint16_t> w32(static_cast<size_t>(n)), w16(static_cast<size_t>(n));
+  HostAdamWParams p;
+  for (int step = 1; step <= 3; ++step) {
+    p.step = step;
+    HostAdamW8bit(from32.data(), m32.data(), v32.data(), w32.data(), widened.data(), n, p, 3);
+    HostAdamW8bitFromBf16(from16.data(), m16.data(), v16.data(), w16.data(), bf16.data(), n, p, 2);
+  }
+  EXPECT_EQ(from32, from16);
+  EXPECT_EQ(m32, m16);
+  EXPECT_EQ(v32, v16);
+  EXPECT_EQ(w32, w16);
+  EXPECT_NE(from16, a.master);
+}
+
 }  // namespace
 }  // namespace tierd::trainer

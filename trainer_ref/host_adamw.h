@@ -41,6 +41,9 @@ inline uint16_t Bf16Bits(float x) {
   return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
 
+// The fp32 value of bf16 bits (exact: a bf16 is an fp32's upper half). Inline for the same reason.
+inline float Bf16Float(uint16_t bits) { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
+
 }  // namespace tierd::trainer
 
 #endif  // TIERD_TRAINER_REF_HOST_ADAMW_H_

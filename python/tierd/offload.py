@@ -31,6 +31,8 @@ import warnings
 
 import torch
 
+import tierd
+
 
 class _Param:
     """One parameter's lease and its uses (forward and backward) under way."""
@@ -84,7 +86,12 @@ class _StepPlan:
         ops = [{"name": f"{key[0]} {key[1]}", "seconds": max(1e-6, starts[i + 1] - starts[i]), "reads": names}
                for i, (key, names, _) in enumerate(self.ops)]
         tensors = [{"name": s.lease.name, "bytes": s.lease.nbytes} for s in slots]
-        self.prediction = self.client.register_graph(tensors, ops)
+        try:
+            self.prediction = self.client.register_graph(tensors, ops)
+        except tierd.TierdError as e:  # training goes on under tierd's online policy
+            warnings.warn(f"tierd.torch.offload: tierd cannot plan this model's steps ({e}); its online policy "
+                          "moves the weights instead")
+            return
         self.state = "following"
 
 

@@ -11,12 +11,14 @@
 Nothing here is compiled against torch: tensors cross by DLPack, so any torch 2.x works.
 """
 
+import atexit
 import contextlib
 import math
 import queue
 import threading
 import time
 import warnings
+import weakref
 
 import torch
 
@@ -56,9 +58,8 @@ class _Slot:
         else:  # lion
             self.moments = [client.lease(f"{name}.m", (n,), "f32", "opt_state")]
         # One bf16 gradient a step (bf16 weights, no accumulation): kept as it came, and the update
-        # widens it as it reads it (AdamW, Lion); else an fp32 accumulator.
-        self.grad_dtype = ("bf16" if param.dtype == torch.bfloat16 and accumulation_steps == 1 and opt != "adamw8bit"
-                           else "f32")
+        # widens it as it reads it; else an fp32 accumulator.
+        self.grad_dtype = "bf16" if param.dtype == torch.bfloat16 and accumulation_steps == 1 else "f32"
         self.grad = client.lease(f"{name}.grad", (n,), self.grad_dtype, "grad")
         self.pin = param.is_cuda
         self._grad_in = self._weights_out = None  # made at first use: the pinned arena may make them unneeded
@@ -158,6 +159,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
                              args=(self._updates, self._run_update, lambda item: item[0].weights_ready.set()))]
         for w in self._workers:
             w.start()
+        _live.add(self)
         self._hooks = [s.param.register_post_accumulate_grad_hook(self._gradient_ready) for s in self._slots]
         self._pre_hook = torch.nn.modules.module.register_module_forward_pre_hook(self._before_forward)
 
@@ -330,9 +332,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 elif self.opt == "adamw":
                     _tierd.adamw(master.data_ptr(), m, v[0], out, grad, s.n, lr, beta1, beta2, eps, wd, s.step, scale,
                                  decay, self.threads, s.grad_dtype)
-                else:  # 8-bit: fp32 gradients only
+                else:
                     _tierd.adamw8bit(master.data_ptr(), m, v[0], out, grad, s.n, lr, beta1, beta2, eps, wd, s.step,
-                                     scale, decay, self.threads)
+                                     scale, decay, self.threads, s.grad_dtype)
         except BaseException:
             self.client.release(s.master)
             raise
@@ -509,10 +511,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         was given: then its leases are given back and the client stays open."""
         self._arrivals.join()
         self.synchronize()
-        self._arrivals.put(None)
-        self._updates.put(None)
-        for w in self._workers:
-            w.join()
+        self._stop_workers()
         for h in self._hooks:
             h.remove()
         self._pre_hook.remove()
@@ -525,6 +524,29 @@ class OffloadOptimizer(torch.optim.Optimizer):
         for s in self._slots:
             for lease in [s.master, s.grad] + s.moments:
                 self.client.unlease(lease)
+
+
+    def _stop_workers(self):
+        """Its threads end once the work queued is done (each queue's last item)."""
+        if all(not w.is_alive() for w in self._workers):
+            return
+        self._arrivals.put(None)
+        self._updates.put(None)
+        for w in self._workers:
+            w.join()
+
+
+# The workers are daemon threads (a script that forgets close() still exits), so at exit they
+# are stopped while Python still runs: one stopped by the interpreter inside a host step would
+# unwind through its C++ thread pool and abort the process ("terminate called without an active
+# exception") after, say, an exception in the training loop.
+_live = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_at_exit():
+    for opt in list(_live):
+        opt._stop_workers()
 
 
 class _Held:

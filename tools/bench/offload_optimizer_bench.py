@@ -11,38 +11,29 @@ losses, then the ratio. Needs a running tierd (TIERD_DIR) and the tierd package 
 --hf trains transformers' LlamaForCausalLM of the same shape (random weights, SDPA attention)
 instead of our benchmark decoder. Each variant is opt:clip (clipping by global norm at 1.0: the
 update waits for every gradient) or opt:noclip (no clipping on either side: each update starts in
-the backward).
+the backward); opt:mode:offload also puts the parameters in tierd (tierd.torch.offload, a GPU quota
+of --gpu_quota), opt:mode:offload:plan with tierd's planner following the first step's order.
 """
 import argparse
 import os
-import subprocess
 import sys
 import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_baseline import PRESETS, Decoder, random_batch  # noqa: E402
+from torch_baseline import PRESETS, Decoder, hf_llama, nvml_mib, random_batch  # noqa: E402
 
 import tierd.torch as tt  # noqa: E402
 
 
 def make_model(a):
-    layers, c, h, f, v, kv = PRESETS[a.model_size]
     torch.manual_seed(0)
-    if not a.hf:
-        model = Decoder(layers, c, h, f, v, a.checkpointing, a.seq_len, kv).cuda()
-        return model.to(torch.bfloat16) if a.bf16 else model
-    import transformers
-    config = transformers.LlamaConfig(hidden_size=c, intermediate_size=f, num_hidden_layers=layers,
-                                      num_attention_heads=h, num_key_value_heads=kv or h, vocab_size=v,
-                                      max_position_embeddings=a.seq_len, tie_word_embeddings=False)
-    model = transformers.LlamaForCausalLM(config).cuda()
-    if a.bf16:
-        model = model.to(torch.bfloat16)
-    if a.checkpointing:
-        model.gradient_checkpointing_enable()
-    return model
+    dtype = torch.bfloat16 if a.bf16 else torch.float32
+    if a.hf:
+        return hf_llama(a.model_size, a.seq_len, a.checkpointing, dtype)
+    layers, c, h, f, v, kv = PRESETS[a.model_size]
+    return Decoder(layers, c, h, f, v, a.checkpointing, a.seq_len, kv).cuda().to(dtype)
 
 
 def forward(model, batch, a):
@@ -51,28 +42,17 @@ def forward(model, batch, a):
     return model(input_ids=batch[:, :-1], labels=batch[:, :-1]).loss
 
 
-def nvml_mib():
-    """(this process, every process) GPU memory in MiB as nvidia-smi lists it (tierd included)."""
-    try:
-        rows = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True, timeout=30).stdout.split("\n")
-    except (OSError, subprocess.SubprocessError):
-        return float("nan"), float("nan")
-    used = {int(r.split(",")[0]): float(r.split(",")[1]) for r in rows if r.strip()}
-    return used.get(os.getpid(), 0.0), sum(used.values())
-
-
-def run(name, make_opt, clip, a, data, offload=False):
+def run(name, make_opt, clip, a, data, offload=None):
     model = make_model(a)
     weights = None
     if offload:  # the parameters into tierd: the GPU keeps what the session's GPU quota holds
-        weights = tt.offload(model, gpu=a.gpu_quota, dram=a.dram, nvme="8GiB")
+        weights = tt.offload(model, gpu=a.gpu_quota, dram=a.dram, nvme="8GiB", plan=offload == "plan")
         torch.cuda.empty_cache()
     opt = make_opt(model) if weights is None else make_opt(model, weights.client)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     g = torch.Generator().manual_seed(1)
-    timed, losses = 0.0, []
+    timed, losses, seconds = 0.0, [], []
     for step in range(a.steps):
         micro = []
         for _ in range(a.grad_accum):
@@ -92,8 +72,9 @@ def run(name, make_opt, clip, a, data, offload=False):
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
         torch.cuda.synchronize()
+        seconds.append(time.time() - t0)
         if step >= a.skip:
-            timed += time.time() - t0
+            timed += seconds[-1]
         if step == a.steps - 1:
             mine, every = nvml_mib()
     if isinstance(opt, tt.OffloadOptimizer):
@@ -107,7 +88,7 @@ def run(name, make_opt, clip, a, data, offload=False):
     peak = torch.cuda.max_memory_allocated() / 2**30
     print(f"{name}: {tps:,.0f} tokens/s, peak allocated {peak:.1f} GiB, nvidia-smi {mine / 1024:.1f} GiB this "
           f"process, {every / 1024:.1f} GiB every process (tierd's too), losses "
-          + " ".join(f"{x:.4f}" for x in losses), flush=True)
+          + " ".join(f"{x:.4f}" for x in losses) + "; step s " + " ".join(f"{x:.2f}" for x in seconds), flush=True)
     del model, opt
     torch.cuda.empty_cache()
     return tps, losses
@@ -121,7 +102,7 @@ def main():
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--grad_accum", type=int, default=1, help="micro-batches of --batch_size a step")
     p.add_argument("--skip", type=int, default=3, help="untimed first steps")
-    p.add_argument("--variants", default="adamw:clip", help="opt:clip or opt:noclip, opt adamw, adamw8bit or lion")
+    p.add_argument("--variants", default="adamw:clip", help="opt:clip|noclip[:offload[:plan]], opt adamw, adamw8bit or lion; several apart by spaces or commas")
     p.add_argument("--hf", action="store_true", help="transformers' LlamaForCausalLM of the same shape")
     p.add_argument("--bf16", action="store_true", help="bf16 weights (pure bf16 training) instead of fp32 + autocast")
     p.add_argument("--no_baseline", action="store_true", help="ours only (a model the GPU cannot hold otherwise)")
@@ -136,9 +117,10 @@ def main():
           f"{a.model_size}, batch {a.batch_size} x {a.seq_len} x {a.grad_accum} micro-batches, bf16 autocast, fp32 weights; host threads "
           f"{tt._tierd.cpu_threads()}", flush=True)
     baselines = {}
-    for variant in a.variants.split():
+    for variant in a.variants.replace(",", " ").split():  # commas: one word for a shell variable
         opt_name, mode, *where = variant.split(":")
-        clip, offload = mode == "clip", where == ["offload"]
+        clip = mode == "clip"
+        offload = None if not where else "plan" if where == ["offload", "plan"] else "online"
         if clip not in baselines and not a.no_baseline:
             baselines[clip] = run(f"PyTorch fused AdamW on the GPU{', clipping at 1.0' if clip else ''}",
                                   lambda m: torch.optim.AdamW(m.parameters(), lr=3e-4, betas=(0.9, 0.95),

@@ -120,6 +120,36 @@ def random_batch(data, batch_size, seq_len, generator=None):
     return torch.stack([data[s:s + seq_len + 1] for s in starts.tolist()]).cuda()
 
 
+def hf_llama(preset, seq_len, checkpointing=False, dtype=torch.float32, device="cuda"):
+    """transformers' LlamaForCausalLM of a preset's shape (random weights, SDPA attention, untied
+    head); activation checkpointing non-reentrant (what tierd.torch.offload supports; the
+    reentrant form also runs every layer's forward twice)."""
+    import transformers
+    layers, c, h, f, v, kv = PRESETS[preset]
+    config = transformers.LlamaConfig(hidden_size=c, intermediate_size=f, num_hidden_layers=layers,
+                                      num_attention_heads=h, num_key_value_heads=kv or h, vocab_size=v,
+                                      max_position_embeddings=seq_len, tie_word_embeddings=False,
+                                      attn_implementation="sdpa")
+    with torch.device(device):  # built where it runs: a 7B built on the host first takes minutes
+        model = transformers.LlamaForCausalLM(config).to(dtype)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def nvml_mib(pid=None):
+    """(pid's, every process's) GPU memory in MiB as nvidia-smi lists it: CUDA contexts and other
+    processes (a tierd daemon) included. NaN where nvidia-smi cannot be run."""
+    import subprocess
+    try:
+        rows = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=30).stdout.split("\n")
+    except (OSError, subprocess.SubprocessError):
+        return float("nan"), float("nan")
+    used = {int(r.split(",")[0]): float(r.split(",")[1]) for r in rows if r.strip()}
+    return used.get(pid or os.getpid(), 0.0), sum(used.values())
+
+
 def timed_steps(steps, timing_skip, one_step, label):
     """Runs one_step() (returns the step's loss) `steps` times, each between GPU syncs, printing
     each; returns (seconds of the steps after the first timing_skip, the last loss)."""

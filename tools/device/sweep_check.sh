@@ -2,7 +2,7 @@
 # Runs on the lent GPU machine (carry .carry; .whl with torchao's wheel for PEERS):
 #   device run: command="tools/device/sweep_check.sh", carry=[".carry", ".whl"]
 # Which of our settings is fastest for one model in one budget, side by side in one call:
-# each line of CONFIGS ("label|micro-batch|flags") is a run of ours only (tierd, fp8, 8-bit
+# each line of CONFIGS ("label|micro-batch|flags[|tierd daemon flags]") is a run of ours only (tierd, fp8, 8-bit
 # AdamW, no profiling), and one table says tokens/s, the step, how long the host waited for
 # tierd's moves, the bytes moved and the GPU memory NVML saw. Then PEERS (model specs: presets
 # or config.json paths) run torchao float8 + compile against ours with PEER_FLAGS at
@@ -24,12 +24,12 @@ dynamic cudnn-fast|2|--grad_accum_steps=4 --step_order=micro --grad_checkpointin
 echo "== machine: $(nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader); model $model, budget $budget"
 : > "$out/sweep.jsonl"
 n=0
-while IFS='|' read -r label batch flags; do
+while IFS='|' read -r label batch flags daemon_flags; do
   [ -z "$label" ] && continue
   n=$((n + 1)); dir="$work/$n"
-  echo "== $label: batch $batch $flags"
+  echo "== $label: batch $batch $flags${daemon_flags:+; tierd $daemon_flags}"
   env OUT="$dir" MODELS="$model" NONE=0 TORCH=0 PROFILE=0 BUDGETS="$budget" BATCH="$batch" STEPS="${STEPS:-8}" SKIP=3 \
-    TIERD_DRAM="${TIERD_DRAM:-32GiB}" TIERD_RUN_FLAGS="$base $flags" tools/bench/run_bench.sh > "$dir.txt" 2>&1 || status=1
+    TIERD_DRAM="${TIERD_DRAM:-32GiB}" TIERD_RUN_FLAGS="$base $flags" TIERD_DAEMON_FLAGS="${daemon_flags:-}" tools/bench/run_bench.sh > "$dir.txt" 2>&1 || status=1
   log=$(ls "$dir"/ours-*-tierd-*.log 2>/dev/null | head -n 1)
   if ! grep -q '^result: ' "${log:-/dev/null}"; then echo "FAIL: $label"; tail -n 8 "$dir.txt"; status=1; continue; fi
   grep -h '^activations\|^optimizer:\|^device memory' "$log" | cut -c1-240

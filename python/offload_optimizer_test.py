@@ -8,6 +8,7 @@ import io
 import os
 import subprocess
 import sys
+import types
 import unittest
 import warnings
 
@@ -169,6 +170,15 @@ class OffloadOptimizerTest(unittest.TestCase):
             self.assertFalse(torch.equal(a["master"], start["master"]))  # it did step
         with self.assertRaisesRegex(Exception, "gradients are f32 or bf16, not f16"):
             _tierd.adamw(1, 1, 1, 0, 1, 1, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1, 1.0, True, 0, "f16")
+
+    def test_waiting_updates_run_in_the_models_order(self):
+        from tierd.torch import _ForwardOrder
+        waiting = _ForwardOrder()
+        slots = {i: types.SimpleNamespace(index=i) for i in (5, 3, 9, 1)}
+        for i in (9, 5, None, 3, 1):  # as a backward queues them (last layer first), the end among them
+            waiting.put(None if i is None else (slots[i], 1.0, ()))
+        taken = [waiting.get() for _ in range(5)]
+        self.assertEqual([None if t is None else t[0].index for t in taken], [1, 3, 5, 9, None])
 
     def test_without_clipping_updates_start_in_the_backward(self):
         m = model()

@@ -3,6 +3,7 @@
 #define TIERD_TRAINER_REF_PARALLEL_H_
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <thread>
@@ -21,10 +22,12 @@ inline int CpuThreads() {
   return threads;
 }
 
-// Runs fn(begin, end) over [0, count) in contiguous chunks on up to `threads` threads
-// (0: CpuThreads()) when the work is large enough to pay for them (2e5 units). Every
-// element is computed by one thread in the order a serial loop would, so results do not
-// depend on the thread count.
+// Runs fn(begin, end) over [0, count) on up to `threads` threads (0: CpuThreads()) when the
+// work is large enough to pay for them (2e5 units): the range cut into 8 pieces a thread,
+// which the threads take in turn, so a thread the OS descheduled (the cores shared with the
+// trainer's own threads, a CUDA driver spinning) delays one piece, not a fixed share of the
+// whole. Every element is computed by one thread in the order a serial loop would, so results
+// do not depend on the thread count.
 template <typename Fn>
 void ParallelFor(int64_t count, double work, Fn&& fn, int threads = 0) {
   const int64_t wanted = work < 2e5 ? 1 : (threads > 0 ? threads : CpuThreads());
@@ -33,16 +36,19 @@ void ParallelFor(int64_t count, double work, Fn&& fn, int threads = 0) {
     fn(int64_t{0}, count);
     return;
   }
+  const int64_t pieces = std::min<int64_t>(count, used * 8);
+  std::atomic<int64_t> next{0};
+  auto take = [&] {
+    for (int64_t k = next.fetch_add(1); k < pieces; k = next.fetch_add(1)) {
+      const int64_t begin = count * k / pieces, end = count * (k + 1) / pieces;
+      if (begin < end) fn(begin, end);
+    }
+  };
   std::vector<std::thread> pool;
-  const int64_t chunk = (count + used - 1) / used;
-  for (int64_t t = 1; t < used; ++t) {
-    const int64_t begin = t * chunk, end = std::min(count, begin + chunk);
-    if (begin < end) pool.emplace_back([&fn, begin, end] { fn(begin, end); });
-  }
-  fn(int64_t{0}, std::min(count, chunk));
+  for (int64_t t = 1; t < used; ++t) pool.emplace_back(take);
+  take();
   for (std::thread& th : pool) th.join();
 }
-
 }  // namespace tierd::trainer
 
 #endif  // TIERD_TRAINER_REF_PARALLEL_H_

@@ -13,6 +13,7 @@ Nothing here is compiled against torch: tensors cross by DLPack, so any torch 2.
 
 import atexit
 import contextlib
+import itertools
 import math
 import queue
 import threading
@@ -151,7 +152,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._seconds = dict.fromkeys(("hook_waited", "copy_waited", "accumulating", "updating",
                                        "forward_waited", "step_waited"), 0.0)
         self._skipped_params = 0    # non-finite gradients without clipping, since the last step()
-        self._arrivals, self._updates = queue.Queue(), queue.Queue()
+        self._arrivals, self._updates = queue.Queue(), _ForwardOrder()
         self._workers = [
             threading.Thread(target=self._serve, name="tierd-grads", daemon=True,
                              args=(self._arrivals, self._take_gradient, lambda item: item[0].consumed.set())),
@@ -226,7 +227,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
                     slot.norm_in.copy_(norm.reshape(1), non_blocking=True)
                 else:
                     slot.grad_in.copy_(g.reshape(-1), non_blocking=True)
-                event = torch.cuda.Event()
+                event = torch.cuda.Event(blocking=True)  # its waiter sleeps: spinning took a core the host step uses
                 event.record(self._d2h)
             g.record_stream(self._d2h)  # the caching allocator keeps it until the copy is done
         elif slot.grad_dtype == "bf16":
@@ -371,7 +372,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 if s.read_until is not None:
                     self._h2d.wait_event(s.read_until)  # no kernel still reads the old weights
                 p.data.view(-1).copy_(source, non_blocking=True)
-                event = torch.cuda.Event()
+                event = torch.cuda.Event(blocking=True)
                 event.record(self._h2d)
             s.copied_back = event
         else:
@@ -547,6 +548,23 @@ _live = weakref.WeakSet()
 def _stop_at_exit():
     for opt in list(_live):
         opt._stop_workers()
+
+
+class _ForwardOrder(queue.PriorityQueue):
+    """The updates waiting, taken by their parameter's place in the model (the next forward's order)
+    rather than as the backward queued them (last layer first): when the backward ends with updates
+    still waiting, the first layers' come first, so the next forward starts while the rest run.
+    None, the end, comes after everything queued."""
+
+    def __init__(self):
+        super().__init__()
+        self._queued = itertools.count()
+
+    def put(self, item):
+        super().put((math.inf if item is None else item[0].index, next(self._queued), item))
+
+    def get(self):
+        return super().get()[2]
 
 
 class _Held:

@@ -109,6 +109,9 @@ def main():
     p.add_argument("--gpu_quota", default="4GiB", help="offload variants: the session's GPU quota for the weights")
     p.add_argument("--checkpointing", action="store_true")
     p.add_argument("--dram", default="64GiB", help="the optimizer's tierd DRAM quota")
+    p.add_argument("--switch_intervals", default="",
+                   help="each of our variants once per value of sys.setswitchinterval (seconds, apart by commas; "
+                        "Python's default 0.005): how long the optimizer's threads wait for the GIL")
     a = p.parse_args()
     py_lib = os.path.dirname(os.__file__)
     text = b"".join(open(os.path.join(py_lib, n), "rb").read() for n in sorted(os.listdir(py_lib)) if n.endswith(".py"))
@@ -130,14 +133,19 @@ def main():
             return tt.OffloadOptimizer(m.parameters(), opt=opt_name, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1,
                                        max_grad_norm=1.0 if clip else None, accumulation_steps=a.grad_accum,
                                        dram=a.dram, nvme="4GiB", client=client, name=variant.replace(":", "-"))
-        torch.cuda.reset_peak_memory_stats()
-        ours, our_losses = run(f"tierd OffloadOptimizer {variant}", make, clip, a, data, offload=offload)
-        if a.no_baseline:
-            continue
-        base, base_losses = baselines[clip]
-        worst = max(abs(x - y) / abs(y) for x, y in zip(our_losses, base_losses))
-        print(f"ratio: OffloadOptimizer {variant} {ours / base:.2f}x of PyTorch fused AdamW's tokens/s; losses "
-              f"within {100 * worst:.3f}% of its", flush=True)
+        default_interval = sys.getswitchinterval()
+        for interval in [float(x) for x in a.switch_intervals.split(",") if x] or [default_interval]:
+            sys.setswitchinterval(interval)
+            label = variant + (f", switch interval {interval * 1e3:g} ms" if a.switch_intervals else "")
+            torch.cuda.reset_peak_memory_stats()
+            ours, our_losses = run(f"tierd OffloadOptimizer {label}", make, clip, a, data, offload=offload)
+            sys.setswitchinterval(default_interval)
+            if a.no_baseline:
+                continue
+            base, base_losses = baselines[clip]
+            worst = max(abs(x - y) / abs(y) for x, y in zip(our_losses, base_losses))
+            print(f"ratio: OffloadOptimizer {label} {ours / base:.2f}x of PyTorch fused AdamW's tokens/s; losses "
+                  f"within {100 * worst:.3f}% of its", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -3,6 +3,9 @@
 # collects them, with the shared libraries that machine lacks (abseil, Google
 # Benchmark, ...; glibc, libstdc++ and CUDA's own libraries are there), into .carry/.
 # Then, with the device tool: run(command="tools/device/gpu_check.sh", carry=[".carry"]).
+# BUNDLE_TARGETS="//server:tierd //trainer_ref:tierd-train" bundles only those: the device tool
+# carries 64 MiB in all (the checkout's files included), and all of them with the Python
+# extension (tools/python/bundle_python.sh, run after this) are more.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tools/bazel_env.sh
@@ -12,6 +15,7 @@ targets=(//tools/tierbench //tools/gpu_check:gpu_ipc_check //tools/gpu_check:pin
          //trainer_ref/gpu:gpu_model_test //trainer_ref:tierd-train
          //tests:gpu_trainer_tierd_test //trainer_ref/kernels:cudnn_attention_test //trainer_ref:host_adamw_bench //trainer_ref/kernels:fp8_gemm_bench //trainer_ref/kernels:fp8_ops_test
          //trainer_ref/kernels:attention_bench //trainer_ref/kernels:elementwise_bench //comm:nccl_collectives_check //trainer_ref:adamw8bit_test)
+[ -n "${BUNDLE_TARGETS:-}" ] && read -r -a targets <<< "$BUNDLE_TARGETS"
 bazel build "${TIERD_BAZEL_FLAGS[@]}" -c opt "${targets[@]}"
 rm -rf .carry
 mkdir -p .carry/bin .carry/lib

@@ -6,14 +6,15 @@
 #    OffloadOptimizer with its GPU case (CUDA parameters against torch's AdamW);
 # 2. tools/bench/offload_optimizer_bench.py: the same loop with PyTorch's fused AdamW and with
 #    OffloadOptimizer, side by side (MODEL, BATCH, VARIANTS, ACCUM, HF, BENCH_FLAGS); BENCH2_FLAGS: a
-#    second run of it with those flags.
+#    second run of it with those flags. SKIP_TESTS=1: the benchmarks only. AFTER: a command run
+#    last, with the daemon stopped (a peer's run in the same call).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-/tmp/tierd-out}"; mkdir -p "$out"
 export LD_LIBRARY_PATH="$PWD/.carry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 status=0
 echo "== machine: $(nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader); $(python3 --version)"
-for t in client_test offload_optimizer_test offload_test; do
+for t in $([ "${SKIP_TESTS:-0}" = 1 ] || echo client_test offload_optimizer_test offload_test); do
   TEST_TMPDIR=$(mktemp -d) XML_OUTPUT_FILE="$out/$t.xml" TIERD_TEST_GPU=cuda \
     python/run_python_test.sh python3 "python/$t.py" .carry/bin/tierd .carry/python/_tierd.so > "$out/$t.log" 2>&1 || status=1
   tail -n 4 "$out/$t.log"
@@ -31,4 +32,5 @@ if [ -n "${BENCH2_FLAGS:-}" ]; then  # a second run in the same call (e.g. 7B of
     tee "$out/bench2.log" || status=1
 fi
 kill -TERM $pid; wait $pid
+if [ -n "${AFTER:-}" ]; then bash -c "$AFTER" || status=1; fi
 exit $status

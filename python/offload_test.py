@@ -153,6 +153,36 @@ class OffloadTest(unittest.TestCase):
         self.assertEqual(got, want)
         self.assertEqual(weights.plan.state, "off")
 
+    def test_compiled_blocks_train_as_the_same_compiled_model_in_place(self):
+        # units: each block's parameters acquired around its call, outside the compiled code (in
+        # place: m.compile(); or the wrapper torch.compile(m) returns), with clipping and without,
+        # with activation checkpointing. Both sides compiled alike: the same graphs, the same bits.
+        for form, checkpointing, clip in (("in-place", False, 1.0), ("wrapper", True, None)):
+            torch.manual_seed(7)
+            plain = TinyLm(checkpointing=checkpointing)
+            moved = copy.deepcopy(plain)
+            for m in (plain, moved):
+                for i, block in enumerate(m.blocks):
+                    if form == "in-place":
+                        block.compile()
+                    else:
+                        m.blocks[i] = torch.compile(block)
+            units = moved.blocks if form == "in-place" else torch.nn.Sequential
+            weights = tt.offload(moved, client=self.session(f"compiled-{form}"), units=units)
+            self.assertEqual(len(weights._hook_slots), 2 + 3)  # the blocks, the embedding (tied), the norm
+            tokens = data(4)
+            want, _ = self.trained(plain, tokens, clip=clip, name=f"c-plain-{form}")
+            got, _ = self.trained(moved, tokens, weights, clip=clip, name=f"c-moved-{form}")
+            self.assertEqual(got, want, form)
+            self.assertEqual([s.uses for s in weights._slots], [0] * len(weights._slots))
+
+    def test_units_are_modules_of_the_model(self):
+        model = TinyLm()
+        with self.assertRaisesRegex(ValueError, "no module of class"):
+            tt.offload(model, client=self.session("units-class"), units=torch.nn.GRU)
+        with self.assertRaisesRegex(ValueError, "units are modules of the model"):
+            tt.offload(TinyLm(), client=self.session("units-foreign"), units=[torch.nn.Linear(2, 2)])
+
     def test_between_uses_the_parameters_hold_no_memory(self):
         model = TinyLm()
         weights = tt.offload(model, client=self.session("idle"))

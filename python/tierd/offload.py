@@ -22,7 +22,13 @@ the weights ahead of need (mark_iteration's recording did not work here: the opt
 from its own threads, fell anywhere in the recorded iteration). Tested on the CPU's fake GPU; not
 yet measured on a GPU, so it is not the default.
 
-Not yet: torch.compile of an offloaded model's modules.
+torch.compile of the model's blocks works with units= (the blocks, a ModuleList of them, or their
+class): a unit acquires its whole subtree's parameters in hooks that run eagerly around the
+compiled code (graph breaks at the unit's edges only), so its body compiles as the same block in
+place would; the same bits as the compiled model in place (tested on the CPU, both m.compile() and
+torch.compile(m)). Without units, each module holding parameters is acquired on its own, which
+inside a compiled block is a graph break at every such module. torch.compile of the whole model
+is not supported (the hooks at the model's edges would then run traced).
 """
 
 import threading
@@ -108,13 +114,14 @@ class Offloaded:
     """The handle offload() returns: the session (client), the parameters' leases, and the
     model's weights as CPU tensors (state_dict) while they live in tierd."""
 
-    def __init__(self, model, client, name, place, plan=False):
+    def __init__(self, model, client, name, place, plan=False, units=None):
         self.model, self.client, self.place = model, client, place
         self.plan = _StepPlan(client) if plan else None
         self._names = {id(m): n or "model" for n, m in model.named_modules()}
         self._lock = threading.Lock()
         self._slots, self._by_param, self._by_pointer = [], {}, {}
         self._handles = []
+        self.waits = []  # fn(slots) before slots are acquired for a forward: an optimizer's updates still to come
         for fqn, p in model.named_parameters(remove_duplicate=True):
             lease = client.lease(f"{name}.{fqn}", tuple(p.shape) or (1,), str(p.dtype), "param")
             slot = _Param(p, lease, fqn)
@@ -129,13 +136,29 @@ class Offloaded:
             self._by_param[id(p)] = slot
             if p.requires_grad:
                 self._handles.append(p.register_post_accumulate_grad_hook(self._gradient_accumulated))
+        # Which modules acquire which parameters: each unit its whole subtree's, any other module
+        # its own (those not inside a unit).
+        self._hook_slots = {}
+        inside = set()
+        for unit in _units_of(model, units):
+            slots = list({id(s): s for p in unit.parameters() if (s := self._by_param.get(id(p))) is not None}.values())
+            self._hook_slots[unit] = slots
+            inside.update(id(m) for m in unit.modules())
         for module in model.modules():
-            if any(id(p) in self._by_param for p in module.parameters(recurse=False)):
-                self._handles.append(module.register_forward_pre_hook(self._before))
-                # always_call: a forward that raises still releases what it acquired
-                self._handles.append(module.register_forward_hook(self._after, always_call=True))
-        self._handles.append(model.register_forward_pre_hook(self._model_before))
-        self._handles.append(model.register_forward_hook(self._model_after, always_call=True))
+            if id(module) in inside:
+                continue
+            slots = [self._by_param[id(p)] for p in module.parameters(recurse=False) if id(p) in self._by_param]
+            if slots:
+                self._hook_slots[module] = slots
+        # The hooks run eagerly even inside a region torch.compile traces: there they are graph
+        # breaks (at a unit's edges, so the unit's body compiles whole).
+        before, after = torch._dynamo.disable(self._before), torch._dynamo.disable(self._after)
+        for module in self._hook_slots:
+            self._handles.append(module.register_forward_pre_hook(before))
+            # always_call: a forward that raises still releases what it acquired
+            self._handles.append(module.register_forward_hook(after, always_call=True))
+        self._handles.append(model.register_forward_pre_hook(torch._dynamo.disable(self._model_before)))
+        self._handles.append(model.register_forward_hook(torch._dynamo.disable(self._model_after), always_call=True))
         self._saving = []
 
     # ---- acquire and release, counted ----
@@ -173,7 +196,8 @@ class Offloaded:
 
     def _model_before(self, module, args):
         if torch.is_grad_enabled():
-            hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+            hooks = torch.autograd.graph.saved_tensors_hooks(torch._dynamo.disable(self._pack),
+                                                             torch._dynamo.disable(self._unpack))
             hooks.__enter__()
             self._saving.append(hooks)
             if self.plan is not None:
@@ -188,7 +212,10 @@ class Offloaded:
         # weights themselves, outside our hooks, and may stop before its end (checkpoint's early
         # stop): its uses count as the backward's, released once the gradient is in.
         recomputing = torch.is_grad_enabled() and torch._C._current_graph_task_id() != -1
-        slots = [self._by_param[id(p)] for p in module.parameters(recurse=False) if id(p) in self._by_param]
+        slots = self._hook_slots[module]
+        if not recomputing:
+            for wait in self.waits:
+                wait(slots)
         if self.plan is not None and torch.is_grad_enabled() and slots:
             self.plan.op(("recompute" if recomputing else "forward", self._names.get(id(module), "?")), slots)
         for slot in slots:
@@ -199,10 +226,8 @@ class Offloaded:
     def _after(self, module, args, out):
         if torch.is_grad_enabled() and torch._C._current_graph_task_id() != -1:
             return  # recomputing: released with the gradient
-        for p in module.parameters(recurse=False):
-            slot = self._by_param.get(id(p))
-            if slot is not None:
-                self._unuse(slot)
+        for slot in self._hook_slots[module]:
+            self._unuse(slot)
 
     def _count_backward_use(self, slot):
         with self._lock:
@@ -287,16 +312,40 @@ class Offloaded:
 
 
 def offload(model, client=None, runtime_dir=None, label="offloaded-model", gpu=0, dram=0, nvme=0, name="model",
-            plan=False):
+            plan=False, units=None):
     """Moves `model`'s parameters into tierd (a session of its own unless `client` is given:
     gpu, dram and nvme are its quotas, "16GiB" or bytes). Returns the Offloaded handle; pass
     its .client to OffloadOptimizer so the optimizer writes the new weights into the leases.
     plan=True: tierd's planner moves the weights ahead of their uses, from the first iteration's
     order (a separate session for the optimizer's own leases then: its writes are not in the
-    graph); tested on the CPU's fake GPU, not yet measured on a GPU."""
+    graph). units: the modules whose parameters are acquired together, each around its own
+    forward (e.g. the decoder layers: a list or ModuleList of them, or their class), as torch.compile
+    of each unit needs; any other module acquires its own parameters."""
     import tierd
     if client is None:
         client = tierd.connect(runtime_dir, label, gpu=gpu or "1GiB", dram=dram or "1GiB", nvme=nvme or "1GiB")
     device = next(model.parameters()).device
     place = "gpu" if device.type == "cuda" or client.fake_gpu else "host"
-    return Offloaded(model, client, name, place, plan)
+    return Offloaded(model, client, name, place, plan, units)
+
+
+def _units_of(model, units):
+    """The unit modules: `units` itself (modules), or model's outermost modules of that class
+    (a class or a tuple of them)."""
+    if units is None:
+        return []
+    if isinstance(units, type) or (isinstance(units, tuple) and all(isinstance(u, type) for u in units)):
+        found, inside = [], set()
+        for m in model.modules():
+            if id(m) not in inside and isinstance(m, units):
+                found.append(m)
+                inside.update(id(x) for x in m.modules())
+        if not found:
+            raise ValueError(f"tierd.torch.offload: the model has no module of class {units}")
+        return found
+    found = list(units)
+    owned = {id(m) for m in model.modules()}
+    for m in found:
+        if not isinstance(m, torch.nn.Module) or id(m) not in owned:
+            raise ValueError(f"tierd.torch.offload: units are modules of the model, not {type(m).__name__}")
+    return found

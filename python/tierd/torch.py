@@ -163,6 +163,11 @@ class OffloadOptimizer(torch.optim.Optimizer):
         _live.add(self)
         self._hooks = [s.param.register_post_accumulate_grad_hook(self._gradient_ready) for s in self._slots]
         self._pre_hook = torch.nn.modules.module.register_module_forward_pre_hook(self._before_forward)
+        # An offloaded model acquires a unit's parameters before its inner modules' forwards (and
+        # this hook) run: it waits for their updates first, through this.
+        self._offloads = {id(h): h for s in self._slots if (h := getattr(s.param, "_tierd_offload", (None,))[0])}
+        for handle in self._offloads.values():
+            handle.waits.append(self._wait_for_offloaded)
 
     def _pin_arena(self):
         """Registers the session's DRAM arena with CUDA, so gradients land straight in their fp32
@@ -385,11 +390,21 @@ class OffloadOptimizer(torch.optim.Optimizer):
             torch.cuda.current_stream(s.param.device).wait_event(event)
 
     def _before_forward(self, module, args):
-        for p in module.parameters(recurse=False):
+        if torch.compiler.is_compiling():
+            return  # traced into a compiled module: the eager call around it waited (below)
+        for p in _params_used_by(module):
             s = self._by_param.get(id(p))
             if s is not None and (s.copied_back is not None or not s.weights_ready.is_set()):
                 start = time.perf_counter()
                 self._wait_for(s)
+                self._seconds["forward_waited"] += time.perf_counter() - start
+
+    def _wait_for_offloaded(self, offload_slots):
+        for o in offload_slots:
+            s = self._by_param.get(id(o.param))
+            if s is not None and not s.weights_ready.is_set():
+                start = time.perf_counter()
+                s.weights_ready.wait()
                 self._seconds["forward_waited"] += time.perf_counter() - start
 
     def timings(self):
@@ -516,6 +531,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
         for h in self._hooks:
             h.remove()
         self._pre_hook.remove()
+        for handle in self._offloads.values():
+            handle.waits.remove(self._wait_for_offloaded)
         if self._registered is not None:
             torch.cuda.cudart().cudaHostUnregister(self._registered)
             self._registered = None
@@ -548,6 +565,33 @@ _live = weakref.WeakSet()
 def _stop_at_exit():
     for opt in list(_live):
         opt._stop_workers()
+
+
+def _compiled(module):
+    return getattr(module, "_compiled_call_impl", None) is not None or isinstance(module, _optimized_module())
+
+
+def _optimized_module():
+    from torch._dynamo.eval_frame import OptimizedModule
+    return OptimizedModule
+
+
+def _params_used_by(module):
+    """The parameters a module's forward reads that no hook of ours will see run eagerly: its own,
+    and, of a module torch.compile runs (the wrapper torch.compile(m) returns, or a child compiled
+    in place by m.compile(), directly or in a ModuleList or ModuleDict, whose call runs compiled
+    from this module's forward), all of them."""
+    if isinstance(module, _optimized_module()):
+        return list(module.parameters())
+    found = list(module.parameters(recurse=False))
+    children = list(module.children())
+    while children:
+        child = children.pop()
+        if _compiled(child):
+            found.extend(child.parameters())
+        elif isinstance(child, (torch.nn.ModuleList, torch.nn.ModuleDict)):  # never called: its members are
+            children.extend(child.children())
+    return found
 
 
 class _ForwardOrder(queue.PriorityQueue):

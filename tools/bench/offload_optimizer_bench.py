@@ -31,9 +31,18 @@ def make_model(a):
     torch.manual_seed(0)
     dtype = torch.bfloat16 if a.bf16 else torch.float32
     if a.hf:
-        return hf_llama(a.model_size, a.seq_len, a.checkpointing, dtype)
-    layers, c, h, f, v, kv = PRESETS[a.model_size]
-    return Decoder(layers, c, h, f, v, a.checkpointing, a.seq_len, kv).cuda().to(dtype)
+        model = hf_llama(a.model_size, a.seq_len, a.checkpointing, dtype)
+    else:
+        layers, c, h, f, v, kv = PRESETS[a.model_size]
+        model = Decoder(layers, c, h, f, v, a.checkpointing, a.seq_len, kv).cuda().to(dtype)
+    if a.compile_layers:  # every run alike, the baseline too
+        for layer in decoder_layers(model, a):
+            layer.compile()
+    return model
+
+
+def decoder_layers(model, a):
+    return model.model.layers if a.hf else model.layers
 
 
 def forward(model, batch, a):
@@ -46,7 +55,8 @@ def run(name, make_opt, clip, a, data, offload=None):
     model = make_model(a)
     weights = None
     if offload:  # the parameters into tierd: the GPU keeps what the session's GPU quota holds
-        weights = tt.offload(model, gpu=a.gpu_quota, dram=a.dram, nvme="8GiB", plan=offload == "plan")
+        weights = tt.offload(model, gpu=a.gpu_quota, dram=a.dram, nvme="8GiB", plan=offload == "plan",
+                             units=decoder_layers(model, a))  # each layer's weights acquired together
         torch.cuda.empty_cache()
     opt = make_opt(model) if weights is None else make_opt(model, weights.client)
     torch.cuda.synchronize()
@@ -108,6 +118,7 @@ def main():
     p.add_argument("--no_baseline", action="store_true", help="ours only (a model the GPU cannot hold otherwise)")
     p.add_argument("--gpu_quota", default="4GiB", help="offload variants: the session's GPU quota for the weights")
     p.add_argument("--checkpointing", action="store_true")
+    p.add_argument("--compile_layers", action="store_true", help="torch.compile each decoder layer (in place), in every run")
     p.add_argument("--dram", default="64GiB", help="the optimizer's tierd DRAM quota")
     p.add_argument("--switch_intervals", default="",
                    help="each of our variants once per value of sys.setswitchinterval (seconds, apart by commas; "

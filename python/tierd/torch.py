@@ -390,7 +390,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             torch.cuda.current_stream(s.param.device).wait_event(event)
 
     def _before_forward(self, module, args):
-        if torch.compiler.is_compiling():
+        if _is_compiling():
             return  # traced into a compiled module: the eager call around it waited (below)
         for p in _params_used_by(module):
             s = self._by_param.get(id(p))
@@ -565,6 +565,10 @@ _live = weakref.WeakSet()
 def _stop_at_exit():
     for opt in list(_live):
         opt._stop_workers()
+
+
+# torch.compiler.is_compiling from torch 2.3; before it, no compiled module calls our hooks traced.
+_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
 
 
 def _compiled(module):

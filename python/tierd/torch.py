@@ -567,7 +567,8 @@ def _stop_at_exit():
         opt._stop_workers()
 
 
-# torch.compiler.is_compiling from torch 2.3; before it, no compiled module calls our hooks traced.
+# torch.compiler.is_compiling from torch 2.3; before it the hook is traced as it is (guards on each
+# parameter it reads, so more recompiles), still correct.
 _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
 
 

@@ -6,7 +6,7 @@
 #    OffloadOptimizer with its GPU case (CUDA parameters against torch's AdamW);
 # 2. tools/bench/offload_optimizer_bench.py: the same loop with PyTorch's fused AdamW and with
 #    OffloadOptimizer, side by side (MODEL, BATCH, VARIANTS, ACCUM, HF, BENCH_FLAGS); BENCH2_FLAGS: a
-#    second run of it with those flags. SKIP_TESTS=1: the benchmarks only. AFTER: a command run
+#    second run of it with those flags. SKIP_TESTS=1: the benchmarks only; BENCH=0: not the first. AFTER: a command run
 #    last, with the daemon stopped (a peer's run in the same call).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -25,8 +25,11 @@ runtime=/tmp/tierd-pybench; rm -rf "$runtime" /var/tmp/tierd-pybench-nvme; mkdir
 pid=$!
 for _ in $(seq 300); do [ -S "$runtime/tierd.grpc.sock" ] && break; sleep 0.1; done
 site=$(mktemp -d); mkdir -p "$site/tierd"; cp python/tierd/*.py "$site/tierd/"; cp .carry/python/_tierd.so "$site/tierd/"
-PYTHONPATH="$site" TIERD_DIR="$runtime" python3 tools/bench/offload_optimizer_bench.py --model_size="${MODEL:-1.3b}" \
-  --batch_size="${BATCH:-8}" --variants="${VARIANTS:-adamw:clip}" --grad_accum="${ACCUM:-1}" ${HF:+--hf} --dram="${BENCH_DRAM:-64GiB}" ${BENCH_FLAGS:-} 2>&1 | tee "$out/bench.log" || status=1
+if [ "${BENCH:-1}" = 1 ]; then
+  PYTHONPATH="$site" TIERD_DIR="$runtime" python3 tools/bench/offload_optimizer_bench.py --model_size="${MODEL:-1.3b}" \
+    --batch_size="${BATCH:-8}" --variants="${VARIANTS:-adamw:clip}" --grad_accum="${ACCUM:-1}" ${HF:+--hf} \
+    --dram="${BENCH_DRAM:-64GiB}" ${BENCH_FLAGS:-} 2>&1 | tee "$out/bench.log" || status=1
+fi
 if [ -n "${BENCH2_FLAGS:-}" ]; then  # a second run in the same call (e.g. 7B offloaded, ours only)
   PYTHONPATH="$site" TIERD_DIR="$runtime" python3 tools/bench/offload_optimizer_bench.py $BENCH2_FLAGS 2>&1 |
     tee "$out/bench2.log" || status=1

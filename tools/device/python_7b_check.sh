@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Runs on the lent GPU machine: issue 44's 7B target in one call (carry .carry from
+# tools/python/bundle_python.sh; .whl with DeepSpeed's sdist and wheels for DEEPSPEED=1):
+#   device run: command="tools/device/python_7b_check.sh", carry=[".carry"]
+# transformers' LlamaForCausalLM at the 7B shape, bf16 weights, BATCH x 2048 tokens a step,
+# activation checkpointing, by a plain PyTorch loop:
+# 1. through tierd: tierd.torch.offload(model, units=each decoder layer) with a QUOTA GPU quota
+#    for the weights and the 8-bit OffloadOptimizer (fp32 master on the host), no clipping;
+#    COMPILE=1 compiles each layer;
+# 2. PyTorch FSDP2 + CPUOffloadPolicy, pure bf16 (fp32 state, ~108 GB, does not fit a 125 GiB
+#    host), the same model, batch and checkpointing;
+# 3. DEEPSPEED=1: DeepSpeed ZeRO-3 with parameters and optimizer offloaded (run_bench.sh's row,
+#    our decoder of the same shape), or how it ended.
+# Then one table: tokens/s, nvidia-smi's GPU memory over every process, and our ratio to each.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out="${OUT:-/tmp/tierd-out}"; mkdir -p "$out"
+batch="${BATCH:-4}"; steps="${STEPS:-6}"; status=0
+corpus=/tmp/tierd-7b-corpus.txt
+find "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')" -maxdepth 1 -name '*.py' | sort |
+  xargs cat > "$corpus"
+# One tierd session holds the weights (13.5 GB) and the optimizer's state and gradients (~54 GB):
+# its DRAM quota must hold both, or tierd compacts DRAM on every acquire (2026-12-04, call4).
+SKIP_TESTS=1 BENCH=0 TIERD_GPU="${TIERD_GPU:-10GiB}" TIERD_DRAM="${TIERD_DRAM:-90GiB}" \
+  BENCH2_FLAGS="--hf --model_size=7b --batch_size=$batch --checkpointing --steps=$steps --skip=2 --bf16 --no_baseline \
+  --variants=adamw8bit:noclip:offload --dram=${SESSION_DRAM:-80GiB} --gpu_quota=${QUOTA:-8GiB} ${COMPILE:+--compile_layers}" \
+  AFTER="timeout ${PEER_TIMEOUT:-400} python3 tools/bench/fsdp2_baseline.py --hf --bf16 --model_size=7b --batch_size=$batch \
+  --checkpointing --steps=4 --timing_skip=1 --data=$corpus 2>&1 | grep -v Warn | tee $out/fsdp2.log | tail -n 5" \
+  tools/device/python_check.sh || status=1
+if [ "${DEEPSPEED:-0}" = 1 ]; then
+  free -g | head -n 2
+  OUT="$out/deepspeed" MODELS=7b TORCH=0 NONE=0 BUDGETS="" DEEPSPEED=3 DS_BATCH="$batch" STEPS=4 SKIP=1 \
+    timeout "${PEER_TIMEOUT:-400}" tools/bench/run_bench.sh > "$out/deepspeed.log" 2>&1
+  echo "deepspeed: exit $? (137: killed, as by the OOM killer; 124: out of time)"; tail -n 4 "$out/deepspeed.log"
+fi
+python3 - "$out" <<'PY'
+import json, re, sys
+out = sys.argv[1]
+rows = []
+ours = re.search(r"^tierd OffloadOptimizer .*?: ([\d,]+) tokens/s.*?([\d.]+) GiB every process", open(f"{out}/bench2.log").read(), re.M)
+if ours:
+    rows.append(("tierd (offload + 8-bit OffloadOptimizer)", float(ours.group(1).replace(",", "")), float(ours.group(2))))
+for name, path in (("FSDP2 CPU offload, pure bf16", "fsdp2.log"), ("DeepSpeed ZeRO-3 offload", "deepspeed/bench.jsonl")):
+    try:
+        line = [l for l in open(f"{out}/{path}") if l.startswith("{")][-1]
+        r = json.loads(line)
+        rows.append((name, r["tokens_per_s"], r.get("nvml_all_mib", float("nan")) / 1024))
+    except (OSError, IndexError):
+        rows.append((name, None, None))
+print("| run (7B, the same call) | tokens/s | GPU GiB, every process | ours against it |")
+print("|---|---|---|---|")
+for i, (name, tps, gib) in enumerate(rows):
+    ratio = f"{rows[0][1] / tps:.2f}x" if ours and tps and i > 0 else "-"
+    print(f"| {name} | {f'{tps:,.0f}' if tps else 'no result'} | {f'{gib:.1f}' if gib else '-'} | {ratio} |")
+PY
+exit $status

@@ -13,6 +13,7 @@ Nothing here is compiled against torch: tensors cross by DLPack, so any torch 2.
 
 import atexit
 import contextlib
+import functools
 import itertools
 import math
 import queue
@@ -576,7 +577,8 @@ def _compiled(module):
     return getattr(module, "_compiled_call_impl", None) is not None or isinstance(module, _optimized_module())
 
 
-def _optimized_module():
+@functools.lru_cache(maxsize=None)
+def _optimized_module():  # the class torch.compile(module) returns, imported once, on first use
     from torch._dynamo.eval_frame import OptimizedModule
     return OptimizedModule
 

@@ -59,6 +59,9 @@ def run(name, make_opt, clip, a, data, offload=None):
                              units=decoder_layers(model, a))  # each layer's weights acquired together
         torch.cuda.empty_cache()
     opt = make_opt(model) if weights is None else make_opt(model, weights.client)
+    # A linear warm-up (both sides alike): without one a random model's loss spikes in the first
+    # steps at lr 3e-4, and the runs' losses then say little about each other.
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / a.warmup)) if a.warmup else None
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     g = torch.Generator().manual_seed(1)
@@ -80,6 +83,8 @@ def run(name, make_opt, clip, a, data, offload=None):
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if sched is not None:
+            sched.step()
         losses.append(loss.item())
         torch.cuda.synchronize()
         seconds.append(time.time() - t0)
@@ -112,6 +117,7 @@ def main():
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--grad_accum", type=int, default=1, help="micro-batches of --batch_size a step")
     p.add_argument("--skip", type=int, default=3, help="untimed first steps")
+    p.add_argument("--warmup", type=int, default=0, help="steps of linear learning-rate warm-up (0: none)")
     p.add_argument("--variants", default="adamw:clip", help="opt:clip|noclip[:offload[:plan]], opt adamw, adamw8bit or lion; several apart by spaces or commas")
     p.add_argument("--hf", action="store_true", help="transformers' LlamaForCausalLM of the same shape")
     p.add_argument("--bf16", action="store_true", help="bf16 weights (pure bf16 training) instead of fp32 + autocast")

@@ -22,7 +22,7 @@ find "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')" 
 # One tierd session holds the weights (13.5 GB) and the optimizer's state and gradients (~54 GB):
 # its DRAM quota must hold both, or tierd compacts DRAM on every acquire (2026-12-04, call4).
 SKIP_TESTS=1 BENCH=0 TIERD_GPU="${TIERD_GPU:-10GiB}" TIERD_DRAM="${TIERD_DRAM:-90GiB}" \
-  BENCH2_FLAGS="--hf --model_size=7b --batch_size=$batch --checkpointing --steps=$steps --skip=2 --bf16 --no_baseline \
+  BENCH2_FLAGS="--hf --model_size=7b --batch_size=$batch --checkpointing --steps=$steps --skip=2 --warmup=${WARMUP:-10} --bf16 --no_baseline \
   --variants=adamw8bit:noclip:offload --dram=${SESSION_DRAM:-80GiB} --gpu_quota=${QUOTA:-8GiB} ${COMPILE:+--compile_layers}" \
   AFTER="timeout ${PEER_TIMEOUT:-400} python3 tools/bench/fsdp2_baseline.py --hf --bf16 --model_size=7b --batch_size=$batch \
   --checkpointing --steps=4 --timing_skip=1 --data=$corpus 2>&1 | grep -v Warn | tee $out/fsdp2.log | tail -n 5" \

@@ -38,6 +38,7 @@ def main():
     p.add_argument("--data", required=True, help="a text file; its bytes are the tokens")
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--warmup", type=int, default=0, help="steps of linear learning-rate warm-up (0: none)")
     a = p.parse_args()
     for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                        "MASTER_PORT": "29534"}.items():
@@ -72,6 +73,7 @@ def main():
             owner = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
             owner._buffers[name.rsplit(".", 1)[-1]] = buf.cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / a.warmup)) if a.warmup else None
     torch.cuda.reset_peak_memory_stats()
     tokens = a.batch_size * a.grad_accum_steps * a.seq_len
     def one_step():
@@ -87,6 +89,8 @@ def main():
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if sched is not None:
+            sched.step()
         return total
 
     timed, loss = timed_steps(a.steps, a.timing_skip, one_step, "fsdp2")

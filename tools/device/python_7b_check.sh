@@ -25,7 +25,7 @@ SKIP_TESTS=1 BENCH=0 TIERD_GPU="${TIERD_GPU:-10GiB}" TIERD_DRAM="${TIERD_DRAM:-9
   BENCH2_FLAGS="--hf --model_size=7b --batch_size=$batch --checkpointing --steps=$steps --skip=2 --warmup=${WARMUP:-10} --bf16 --no_baseline \
   --variants=adamw8bit:noclip:offload --dram=${SESSION_DRAM:-80GiB} --gpu_quota=${QUOTA:-8GiB} ${COMPILE:+--compile_layers}" \
   AFTER="timeout ${PEER_TIMEOUT:-400} python3 tools/bench/fsdp2_baseline.py --hf --bf16 --model_size=7b --batch_size=$batch \
-  --checkpointing --steps=4 --timing_skip=1 --data=$corpus 2>&1 | grep -v Warn | tee $out/fsdp2.log | tail -n 5" \
+  --checkpointing --steps=4 --timing_skip=1 --warmup=${WARMUP:-10} --data=$corpus 2>&1 | grep -v Warn | tee $out/fsdp2.log | tail -n 5" \
   tools/device/python_check.sh || status=1
 if [ "${DEEPSPEED:-0}" = 1 ]; then
   free -g | head -n 2

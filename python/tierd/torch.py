@@ -150,7 +150,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._release_later = []    # (copy's event, master lease): acquired until its copy to the GPU is done
         self._errors = []           # from the worker threads, raised at the next step() or synchronize()
         # Seconds since construction, by where they went (timings()): each key written by one thread.
-        self._seconds = dict.fromkeys(("hook_waited", "copy_waited", "accumulating", "updating",
+        self._seconds = dict.fromkeys(("hook_waited", "copy_waited", "accumulating", "updating", "update_kernels",
                                        "forward_waited", "step_waited"), 0.0)
         self._skipped_params = 0    # non-finite gradients without clipping, since the last step()
         self._arrivals, self._updates = queue.Queue(), _ForwardOrder()
@@ -333,6 +333,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 m, *v = [held.enter_context(self._held(lease, "write")).data_ptr() for lease in s.moments]
                 out = s.weights_out.data_ptr() if bf16_out and not direct else 0
                 decay = wd > 0
+                kernel_start = time.perf_counter()
                 if self.opt == "lion":
                     _tierd.lion(master.data_ptr(), m, out, grad, s.n, lr, beta1, beta2, wd, scale, decay, self.threads,
                                 s.grad_dtype)
@@ -342,6 +343,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 else:
                     _tierd.adamw8bit(master.data_ptr(), m, v[0], out, grad, s.n, lr, beta1, beta2, eps, wd, s.step,
                                      scale, decay, self.threads, s.grad_dtype)
+                self._seconds["update_kernels"] += time.perf_counter() - kernel_start
         except BaseException:
             self.client.release(s.master)
             raise
@@ -412,7 +414,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
         """Seconds since construction by where they went, to find what bounds a step: the
         backward's hooks waiting for a slot's last gradient to leave its staging buffer
         (hook_waited), the gradient thread waiting for copies off the GPU (copy_waited) and adding
-        them up (accumulating), the update thread stepping (updating), forwards waiting for their
+        them up (accumulating), the update thread stepping (updating; of it, update_kernels in the host's
+        optimizer kernels themselves, the rest acquiring leases and queueing copies), forwards waiting for their
         parameters' updates (forward_waited), step() waiting for the gradients (step_waited)."""
         return dict(self._seconds)
 

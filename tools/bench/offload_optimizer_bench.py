@@ -27,9 +27,9 @@ from torch_baseline import PRESETS, Decoder, hf_llama, nvml_mib, random_batch  #
 import tierd.torch as tt  # noqa: E402
 
 
-def make_model(a):
+def make_model(a, baseline=False):
     torch.manual_seed(0)
-    dtype = torch.bfloat16 if a.bf16 else torch.float32
+    dtype = torch.bfloat16 if a.bf16 and not (baseline and a.baseline_fp32) else torch.float32
     if a.hf:
         model = hf_llama(a.model_size, a.seq_len, a.checkpointing, dtype)
     else:
@@ -51,8 +51,8 @@ def forward(model, batch, a):
     return model(input_ids=batch[:, :-1], labels=batch[:, :-1]).loss
 
 
-def run(name, make_opt, clip, a, data, offload=None):
-    model = make_model(a)
+def run(name, make_opt, clip, a, data, offload=None, baseline=False):
+    model = make_model(a, baseline)
     weights = None
     if offload:  # the parameters into tierd: the GPU keeps what the session's GPU quota holds
         weights = tt.offload(model, gpu=a.gpu_quota, dram=a.dram, nvme="8GiB", plan=offload == "plan",
@@ -121,6 +121,10 @@ def main():
     p.add_argument("--variants", default="adamw:clip", help="opt:clip|noclip[:offload[:plan]], opt adamw, adamw8bit or lion; several apart by spaces or commas")
     p.add_argument("--hf", action="store_true", help="transformers' LlamaForCausalLM of the same shape")
     p.add_argument("--bf16", action="store_true", help="bf16 weights (pure bf16 training) instead of fp32 + autocast")
+    p.add_argument("--baseline_fp32", action="store_true",
+                   help="with --bf16: the loop without offload trains fp32 weights under bf16 autocast (PyTorch's "
+                        "mixed precision, fp32 master weights on the GPU) while ours keeps bf16 weights on the GPU and "
+                        "fp32 master weights on the host: the same arithmetic, so their losses should agree")
     p.add_argument("--no_baseline", action="store_true", help="ours only (a model the GPU cannot hold otherwise)")
     p.add_argument("--gpu_quota", default="4GiB", help="offload variants: the session's GPU quota for the weights")
     p.add_argument("--checkpointing", action="store_true")
@@ -134,7 +138,8 @@ def main():
     text = b"".join(open(os.path.join(py_lib, n), "rb").read() for n in sorted(os.listdir(py_lib)) if n.endswith(".py"))
     data = torch.frombuffer(bytearray(text), dtype=torch.uint8).long()
     print(f"machine: {torch.cuda.get_device_name()}; {'transformers LlamaForCausalLM' if a.hf else 'our decoder'} "
-          f"{a.model_size}, batch {a.batch_size} x {a.seq_len} x {a.grad_accum} micro-batches, bf16 autocast, fp32 weights; host threads "
+          f"{a.model_size}, batch {a.batch_size} x {a.seq_len} x {a.grad_accum} micro-batches, bf16 autocast, "
+          f"{'bf16 weights' if a.bf16 else 'fp32 weights'}{' (fp32 without offload)' if a.baseline_fp32 else ''}; host threads "
           f"{tt._tierd.cpu_threads()}", flush=True)
     baselines = {}
     for variant in a.variants.replace(",", " ").split():  # commas: one word for a shell variable
@@ -142,9 +147,10 @@ def main():
         clip = mode == "clip"
         offload = None if not where else "plan" if where == ["offload", "plan"] else "online"
         if clip not in baselines and not a.no_baseline:
-            baselines[clip] = run(f"PyTorch fused AdamW on the GPU{', clipping at 1.0' if clip else ''}",
+            baselines[clip] = run(f"PyTorch fused AdamW on the GPU{' (fp32 weights)' if a.baseline_fp32 else ''}"
+                                  f"{', clipping at 1.0' if clip else ''}",
                                   lambda m: torch.optim.AdamW(m.parameters(), lr=3e-4, betas=(0.9, 0.95),
-                                                              weight_decay=0.1, fused=True), clip, a, data)
+                                                              weight_decay=0.1, fused=True), clip, a, data, baseline=True)
 
         def make(m, client=None):
             return tt.OffloadOptimizer(m.parameters(), opt=opt_name, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1,

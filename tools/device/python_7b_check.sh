@@ -15,14 +15,17 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-/tmp/tierd-out}"; mkdir -p "$out"
-batch="${BATCH:-4}"; steps="${STEPS:-6}"; status=0
+batch="${BATCH:-4}"; steps="${STEPS:-20}"; status=0
+# LOSSES=1 (default): first the same loop without offload with the whole GPU, fp32 weights under bf16
+# autocast and PyTorch's fused AdamW (~110 GB at 7B), for the losses of every step beside ours.
+baseline=$([ "${LOSSES:-1}" = 1 ] && echo --baseline_fp32 || echo --no_baseline)
 corpus=/tmp/tierd-7b-corpus.txt
 find "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')" -maxdepth 1 -name '*.py' | sort |
   xargs cat > "$corpus"
 # One tierd session holds the weights (13.5 GB) and the optimizer's state and gradients (~54 GB):
 # its DRAM quota must hold both, or tierd compacts DRAM on every acquire (2026-12-04, call4).
 SKIP_TESTS=1 BENCH=0 TIERD_GPU="${TIERD_GPU:-10GiB}" TIERD_DRAM="${TIERD_DRAM:-90GiB}" \
-  BENCH2_FLAGS="--hf --model_size=7b --batch_size=$batch --checkpointing --steps=$steps --skip=2 --warmup=${WARMUP:-10} --bf16 --no_baseline \
+  BENCH2_FLAGS="--hf --model_size=7b --batch_size=$batch --checkpointing --steps=$steps --skip=2 --warmup=${WARMUP:-10} --bf16 $baseline \
   --variants=adamw8bit:noclip:offload --dram=${SESSION_DRAM:-80GiB} --gpu_quota=${QUOTA:-8GiB} ${COMPILE:+--compile_layers}" \
   AFTER="timeout ${PEER_TIMEOUT:-400} python3 tools/bench/fsdp2_baseline.py --hf --bf16 --model_size=7b --batch_size=$batch \
   --checkpointing --steps=4 --timing_skip=1 --warmup=${WARMUP:-10} --data=$corpus 2>&1 | grep -v Warn | tee $out/fsdp2.log | tail -n 5" \
@@ -37,7 +40,10 @@ python3 - "$out" <<'PY'
 import json, re, sys
 out = sys.argv[1]
 rows = []
-ours = re.search(r"^tierd OffloadOptimizer .*?: ([\d,]+) tokens/s.*?([\d.]+) GiB every process", open(f"{out}/bench2.log").read(), re.M)
+bench2 = open(f"{out}/bench2.log").read()
+base = re.search(r"^PyTorch fused AdamW on the GPU.*?: ([\d,]+) tokens/s.*?([\d.]+) GiB every process", bench2, re.M)
+agree = re.search(r"^ratio: .*", bench2, re.M)
+ours = re.search(r"^tierd OffloadOptimizer .*?: ([\d,]+) tokens/s.*?([\d.]+) GiB every process", bench2, re.M)
 if ours:
     rows.append(("tierd (offload + 8-bit OffloadOptimizer)", float(ours.group(1).replace(",", "")), float(ours.group(2))))
 for name, path in (("FSDP2 CPU offload, pure bf16", "fsdp2.log"), ("DeepSpeed ZeRO-3 offload", "deepspeed/bench.jsonl")):
@@ -47,10 +53,15 @@ for name, path in (("FSDP2 CPU offload, pure bf16", "fsdp2.log"), ("DeepSpeed Ze
         rows.append((name, r["tokens_per_s"], r.get("nvml_all_mib", float("nan")) / 1024))
     except (OSError, IndexError):
         rows.append((name, None, None))
+if base:
+    rows.append(("PyTorch without offload, fp32 weights + bf16 autocast, fused AdamW, whole GPU",
+                 float(base.group(1).replace(",", "")), float(base.group(2))))
 print("| run (7B, the same call) | tokens/s | GPU GiB, every process | ours against it |")
 print("|---|---|---|---|")
 for i, (name, tps, gib) in enumerate(rows):
     ratio = f"{rows[0][1] / tps:.2f}x" if ours and tps and i > 0 else "-"
     print(f"| {name} | {f'{tps:,.0f}' if tps else 'no result'} | {f'{gib:.1f}' if gib else '-'} | {ratio} |")
+if agree:
+    print(agree.group(0))
 PY
 exit $status

@@ -217,37 +217,58 @@ absl::Status Client::Checked(const grpc::Status& status) {
 }
 
 absl::StatusOr<ipc::RingMessage> Client::RingCall(const ipc::RingMessage& request) {
+  return std::move(RingCalls({request})[0]);
+}
+
+std::vector<absl::StatusOr<ipc::RingMessage>> Client::RingCalls(const std::vector<ipc::RingMessage>& requests) {
+  std::vector<absl::StatusOr<ipc::RingMessage>> answers;
+  answers.reserve(requests.size());
   absl::MutexLock lock(&ring_mutex_);
-  if (!SessionOpen()) return SessionLost();
-  const auto start = std::chrono::steady_clock::now();
-  struct Timed {  // adds the call's time to its kind, however it returns
-    RingTimes& t;
-    uint32_t op;
-    std::chrono::steady_clock::time_point start;
-    ~Timed() {
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!SessionOpen()) {
+    while (answers.size() < requests.size()) answers.push_back(SessionLost());
+    return answers;
+  }
+  for (size_t first = 0; first < requests.size(); first += ipc::kRingSlots) {
+    const size_t count = std::min<size_t>(ipc::kRingSlots, requests.size() - first);
+    const auto start = std::chrono::steady_clock::now();
+    size_t pushed = 0;
+    for (; pushed < count; ++pushed) {
+      ipc::RingMessage message = requests[first + pushed];
+      message.sequence = ++ring_sequence_;
+      if (!ipc::RingPush(ring_->requests, message)) break;
+    }
+    // Every pushed request is answered before the next exchange (the rings stay in step).
+    for (size_t k = 0; k < count; ++k) {
+      answers.push_back(k < pushed ? RingAnswer(ring_sequence_ - pushed + 1 + k)
+                                   : absl::InternalError("the hot-path ring is full: tierd stopped serving this session"));
+    }
+    // Each request's share of the exchange, by kind.
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / count;
+    for (size_t k = 0; k < count; ++k) {
+      const uint32_t op = requests[first + k].op;
+      RingTimes& t = ring_times_;
       if (op == static_cast<uint32_t>(ipc::RingOp::kAcquire)) ++t.acquires, t.acquire_seconds += s;
       if (op == static_cast<uint32_t>(ipc::RingOp::kRelease)) ++t.releases, t.release_seconds += s;
       if (op == static_cast<uint32_t>(ipc::RingOp::kOpBegin)) ++t.op_begins, t.op_begin_seconds += s;
     }
-  } timed{ring_times_, request.op, start};
-  ipc::RingMessage message = request;
-  message.sequence = ++ring_sequence_;
-  if (!ipc::RingPush(ring_->requests, message)) {
-    return absl::InternalError("the hot-path ring is full: tierd stopped serving this session");
   }
+  return answers;
+}
+
+absl::StatusOr<ipc::RingMessage> Client::RingAnswer(uint64_t sequence) {
+  if (lost_.load()) return SessionLost();
   // Waits as long as the operation takes (a demand fetch from NVMe can take seconds), but
   // not for a tierd that died: SIGKILL leaves the ring's closed flag unset, the socket tells.
   for (;;) {
     auto answer = ipc::RingPop(ring_->responses, ring_->closed, limits::kClientSessionCheckMs);
     if (answer.ok()) {
-      if (answer->sequence != message.sequence) return absl::InternalError("ring answers out of order");
+      if (answer->sequence != sequence) return absl::InternalError("ring answers out of order");
       if (answer->code == 0) return *answer;
       // Refused: why is in the segment, beside the answer (read under the lock, before
       // another request can reuse its slot).
       const int code = answer->code;
       return absl::Status(code > 0 && code <= 16 ? static_cast<absl::StatusCode>(code) : absl::StatusCode::kUnknown,
-                          ipc::RingErrorText(*ring_, message.sequence));
+                          ipc::RingErrorText(*ring_, sequence));
     }
     if (absl::IsUnavailable(answer.status())) {  // tierd set the ring's closed flag
       lost_.store(true);
@@ -317,6 +338,64 @@ Client::RingTimes Client::ring_times() const {
 absl::Status Client::Release(const Tensor& tensor) {
   if (ring_ == nullptr) return ReleaseRpc(tensor);
   return RingCall(ipc::ToRing({.kind = ipc::HotPathKind::kRelease, .tensor = tensor.id})).status();
+}
+
+absl::StatusOr<std::vector<void*>> Client::AcquireAll(const std::vector<AcquireItem>& items, Place place) {
+  std::vector<void*> pointers(items.size(), nullptr);
+  std::vector<absl::StatusOr<void*>> got;
+  got.reserve(items.size());
+  if (ring_ == nullptr) {
+    for (const AcquireItem& item : items) {
+      got.push_back(AcquireRpc(*item.tensor, item.access, place));
+      if (!got.back().ok()) break;  // nothing more asked: the rest would be released again
+    }
+  } else {
+    std::vector<ipc::RingMessage> requests;
+    requests.reserve(items.size());
+    for (const AcquireItem& item : items) {
+      requests.push_back(ipc::ToRing(
+          {.kind = ipc::HotPathKind::kAcquire, .tensor = item.tensor->id, .access = item.access, .place = place}));
+    }
+    std::vector<absl::StatusOr<ipc::RingMessage>> answers = RingCalls(requests);
+    for (size_t k = 0; k < answers.size(); ++k) {
+      if (!answers[k].ok()) {
+        got.push_back(answers[k].status());
+        continue;
+      }
+      got.push_back(PointerFor(*items[k].tensor, place, answers[k]->arena, answers[k]->offset, answers[k]->bytes));
+      if (!got.back().ok()) {  // granted, but unusable here: tierd still counts it acquired
+        (void)Release(*items[k].tensor);
+      }
+    }
+  }
+  absl::Status first = absl::OkStatus();
+  std::vector<const Tensor*> granted;
+  for (size_t k = 0; k < got.size(); ++k) {
+    if (got[k].ok()) {
+      pointers[k] = *got[k];
+      granted.push_back(items[k].tensor);
+    } else if (first.ok()) {
+      first = got[k].status();
+    }
+  }
+  if (first.ok()) return pointers;
+  (void)ReleaseAll(granted);  // all or none
+  return first;
+}
+
+absl::Status Client::ReleaseAll(const std::vector<const Tensor*>& tensors) {
+  absl::Status first = absl::OkStatus();
+  if (ring_ == nullptr) {
+    for (const Tensor* tensor : tensors) first.Update(ReleaseRpc(*tensor));
+    return first;
+  }
+  std::vector<ipc::RingMessage> requests;
+  requests.reserve(tensors.size());
+  for (const Tensor* tensor : tensors) {
+    requests.push_back(ipc::ToRing({.kind = ipc::HotPathKind::kRelease, .tensor = tensor->id}));
+  }
+  for (const auto& answer : RingCalls(requests)) first.Update(answer.status());
+  return first;
 }
 
 absl::StatusOr<void*> Client::AcquireRpc(const Tensor& tensor, Access access, Place place) {

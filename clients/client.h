@@ -24,6 +24,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -72,6 +73,18 @@ class Client {
   // tierd waits for that work (CUDA IPC event) before it moves or reuses the tensor's GPU
   // memory. Without a real GPU or the ring it synchronises the stream, then releases.
   absl::Status Release(const Tensor& tensor, void* cuda_stream);
+  // Several tensors at `place` in one exchange with tierd: through the ring, the requests are
+  // pushed together and the answers read together, so n tensors cost about one round trip
+  // (a host optimizer's update acquires a weight, its gradient and its moments at once). The
+  // pointers come back in order. All or none: where tierd refuses one, the ones it granted are
+  // released again and the first refusal is returned.
+  struct AcquireItem {
+    const Tensor* tensor;
+    Access access;
+  };
+  absl::StatusOr<std::vector<void*>> AcquireAll(const std::vector<AcquireItem>& items, Place place);
+  // Release(t) for each, in one exchange; every one is tried, the first error returned.
+  absl::Status ReleaseAll(const std::vector<const Tensor*>& tensors);
   // This process's time in the hot path's ring calls (request to answer) by kind, and in
   // recording release events on streams.
   struct RingTimes {
@@ -131,6 +144,11 @@ class Client {
   // One request, its answer. Serialised: the rings are single-producer, single-consumer.
   // The answer, or the daemon's refusal with its code and words.
   absl::StatusOr<ipc::RingMessage> RingCall(const ipc::RingMessage& request);
+  // Requests in one exchange (pushed kRingSlots at most at a time, answers read in order):
+  // each one's answer or refusal.
+  std::vector<absl::StatusOr<ipc::RingMessage>> RingCalls(const std::vector<ipc::RingMessage>& requests);
+  // The answer to the request numbered `sequence`, the next on the response ring.
+  absl::StatusOr<ipc::RingMessage> RingAnswer(uint64_t sequence) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ring_mutex_);
   absl::StatusOr<void*> PointerFor(const Tensor& tensor, Place place, uint64_t arena,
                                    uint64_t offset, uint64_t bytes) const;
 

@@ -169,6 +169,45 @@ class PyClient {
                 where == Place::kGpu && !client_->fake_gpu(), t.tensor.name};
   }
 
+  // Several in one exchange with tierd (Client::AcquireAll): all or none.
+  std::vector<View> AcquireAll(const std::vector<PyTensor>& tensors, const std::vector<std::string>& accesses,
+                               const std::string& place) {
+    if (accesses.size() != tensors.size()) {
+      ThrowStatus(absl::InvalidArgumentError(absl::StrFormat("acquire_all: %d tensors but %d accesses", tensors.size(),
+                                                             accesses.size())));
+    }
+    const Place where = ParsePlace(place);
+    std::vector<Client::AcquireItem> items;
+    items.reserve(tensors.size());
+    for (size_t k = 0; k < tensors.size(); ++k) items.push_back({&tensors[k].tensor, ParseAccess(accesses[k])});
+    absl::StatusOr<std::vector<void*>> pointers;
+    {
+      py::gil_scoped_release unlocked;
+      pointers = Open().AcquireAll(items, where);
+    }
+    std::vector<void*> got = Value(std::move(pointers));
+    std::vector<View> views;
+    views.reserve(got.size());
+    for (size_t k = 0; k < got.size(); ++k) {
+      const PyTensor& t = tensors[k];
+      views.push_back(View{got[k], t.tensor.bytes, t.dtype, t.shape, where == Place::kGpu && !client_->fake_gpu(),
+                           t.tensor.name});
+    }
+    return views;
+  }
+
+  void ReleaseAll(const std::vector<PyTensor>& tensors) {
+    std::vector<const Client::Tensor*> all;
+    all.reserve(tensors.size());
+    for (const PyTensor& t : tensors) all.push_back(&t.tensor);
+    absl::Status status;
+    {
+      py::gil_scoped_release unlocked;
+      status = Open().ReleaseAll(all);
+    }
+    Check(status);
+  }
+
   // cuda_stream: a cudaStream_t as an integer (torch.cuda.Stream.cuda_stream); 0: now.
   void Release(const PyTensor& t, uintptr_t cuda_stream) {
     absl::Status status;
@@ -319,6 +358,7 @@ void AddClient(py::module_& m) {
                    "memoryview(view) in host memory.")
       .def_property_readonly("data_ptr", [](const View& v) { return reinterpret_cast<uintptr_t>(v.data); })
       .def_property_readonly("nbytes", [](const View& v) { return v.bytes; })
+      .def_property_readonly("ptr", [](const View& v) { return reinterpret_cast<uintptr_t>(v.data); })
       .def_property_readonly("on_gpu", [](const View& v) { return v.on_gpu; })
       .def_property_readonly("dtype", [](const View& v) { return std::string(DTypeName(v.dtype)); })
       .def_property_readonly("shape", [](const View& v) { return py::tuple(py::cast(v.shape)); })
@@ -340,6 +380,8 @@ void AddClient(py::module_& m) {
       .def("unlease", &PyClient::Unlease)
       .def("acquire", &PyClient::Acquire, py::arg("tensor"), py::arg("access") = "read", py::arg("place") = "gpu")
       .def("release", &PyClient::Release, py::arg("tensor"), py::arg("cuda_stream") = 0)
+      .def("acquire_all", &PyClient::AcquireAll, py::arg("tensors"), py::arg("accesses"), py::arg("place") = "host")
+      .def("release_all", &PyClient::ReleaseAll, py::arg("tensors"))
       .def("pin", &PyClient::Pin)
       .def("unpin", &PyClient::Unpin)
       .def("mark_iteration", &PyClient::MarkIteration)

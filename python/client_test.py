@@ -35,6 +35,29 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(bytes(memoryview(view)), pattern)
         self.client.release(t)
 
+    def test_several_acquired_in_one_exchange_all_or_none(self):
+        ts = [self.client.lease(f"many{i}", (100,), dtype="float32", tensor_class="opt_state") for i in range(5)]
+        views = self.client.acquire_all([(t, "overwrite") for t in ts])
+        self.assertEqual([v.nbytes for v in views], [400] * 5)
+        for i, v in enumerate(views):
+            memoryview(v)[:] = bytes([i]) * 400
+            self.assertNotEqual(v.ptr, 0)
+        self.client.release_all(ts)
+        for i, t in enumerate(ts):  # one by one: what was written through acquire_all
+            self.assertEqual(bytes(memoryview(self.client.acquire(t, "read", "host"))), bytes([i]) * 400)
+            self.client.release(t)
+        gone = self.client.lease("gone", (4,))
+        self.client.unlease(gone)
+        with self.assertRaises(tierd.TierdError) as e:
+            self.client.acquire_all([(ts[0], "read"), (gone, "read"), (ts[1], "write")])
+        self.assertEqual(e.exception.code, "NOT_FOUND")
+        for t in ts[:2]:  # released again: nothing is left acquired by the refused call
+            with self.assertRaises(tierd.TierdError) as e:
+                self.client.release(t)
+            self.assertEqual(e.exception.code, "FAILED_PRECONDITION")
+        with self.assertRaises(tierd.TierdError):
+            self.client.acquire_all([(ts[0], "read")], place="attic")
+
     def test_the_sessions_usage_and_the_tiers_statistics(self):
         t = self.client.lease("a", (256, 1024), dtype="bfloat16")
         self.client.acquire(t, access="overwrite", place="host")

@@ -223,6 +223,65 @@ TEST_F(DaemonTest, BadInputGetsClearErrorsAndHurtsNobody) {
   EXPECT_TRUE(client->Release(t).ok());
 }
 
+// AcquireAll/ReleaseAll: many tensors in one exchange (more than the ring's slots), the same
+// bytes as one by one, and all or none: a refusal releases what was granted with it. Through
+// the ring and through gRPC alike.
+TEST_F(DaemonTest, SeveralTensorsAreAcquiredInOneExchangeAllOrNone) {
+  for (const bool use_ring : {true, false}) {
+    SCOPED_TRACE(use_ring ? "ring" : "gRPC");
+    auto connected = Client::Connect({runtime_dir_, "many", {1 * kMiB, 1 * kMiB, 4 * kMiB}, use_ring});
+    ASSERT_TRUE(connected.ok()) << connected.status();
+    Client& client = **connected;
+    constexpr int kTensors = ipc::kRingSlots + 6;
+    std::vector<Client::Tensor> tensors;
+    std::vector<Client::AcquireItem> items;
+    std::vector<const Client::Tensor*> all;
+    for (int i = 0; i < kTensors; ++i) {
+      auto t = client.Lease({absl::StrFormat("t%d", i), TensorClass::kOptState, DType::kF32, {256}});
+      ASSERT_TRUE(t.ok()) << t.status();
+      tensors.push_back(*t);
+    }
+    for (const auto& t : tensors) {
+      items.push_back({&t, Access::kOverwrite});
+      all.push_back(&t);
+    }
+    auto pointers = client.AcquireAll(items, Place::kHost);
+    ASSERT_TRUE(pointers.ok()) << pointers.status();
+    ASSERT_EQ(pointers->size(), tensors.size());
+    for (int i = 0; i < kTensors; ++i) {
+      float* values = static_cast<float*>((*pointers)[i]);
+      for (int k = 0; k < 256; ++k) values[k] = static_cast<float>(i * 1000 + k);
+    }
+    ASSERT_TRUE(client.ReleaseAll(all).ok());
+    for (int i = 0; i < kTensors; ++i) {  // one by one: the bytes written through AcquireAll
+      auto p = client.Acquire(tensors[i], Access::kRead, Place::kHost);
+      ASSERT_TRUE(p.ok()) << p.status();
+      EXPECT_EQ(static_cast<float*>(*p)[255], static_cast<float>(i * 1000 + 255));
+      ASSERT_TRUE(client.Release(tensors[i]).ok());
+    }
+    // One refusal among them: its error, and the others are not left acquired.
+    const Client::Tensor unknown{999, 1024, "nope"};
+    auto refused = client.AcquireAll({{&tensors[0], Access::kRead}, {&unknown, Access::kRead}, {&tensors[1], Access::kWrite}},
+                                     Place::kHost);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kNotFound);
+    EXPECT_NE(refused.status().message().find("has no tensor 999"), absl::string_view::npos) << refused.status();
+    EXPECT_EQ(client.Release(tensors[0]).code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(client.Release(tensors[1]).code(), absl::StatusCode::kFailedPrecondition);
+    // Releasing one that is not held fails, and still releases the rest.
+    ASSERT_TRUE(client.AcquireAll({{&tensors[2], Access::kRead}, {&tensors[3], Access::kRead}}, Place::kHost).ok());
+    const absl::Status partly = client.ReleaseAll({&tensors[2], &tensors[4], &tensors[3]});
+    EXPECT_EQ(partly.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(partly.message().find("'t4'"), absl::string_view::npos) << partly;
+    EXPECT_EQ(client.Release(tensors[3]).code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(client.AcquireAll({}, Place::kHost).ok());  // nothing asked: nothing to do
+    if (use_ring) {
+      const Client::RingTimes t = client.ring_times();
+      EXPECT_GE(t.acquires, 2 * kTensors);
+      EXPECT_GE(t.releases, 2 * kTensors);
+    }
+  }
+}
+
 TEST_F(DaemonTest, TheCInterfaceWorksFromPlainC) {
   Process c("tests/c_client_smoke", {runtime_dir_});
   EXPECT_NE(c.WaitForLine("c client ok", 10000), "") << c.output();

@@ -93,6 +93,18 @@ class Client:
         handle = getattr(stream, "cuda_stream", stream) or 0
         self._client.release(tensor, int(handle))
 
+    def acquire_all(self, items, place="host"):
+        """Several tensors in one exchange with tierd (about one round trip, not one each): items
+        are (tensor, access) pairs; their Views come back in order. All or none: if tierd refuses
+        one, the others are released again and the refusal raised."""
+        items = list(items)
+        return self._client.acquire_all([t for t, _ in items], [a for _, a in items], place)
+
+    def release_all(self, tensors):
+        """release() of each, now, in one exchange; every one is released that can be, then the
+        first refusal raised."""
+        self._client.release_all(list(tensors))
+
     def pin(self, tensor, tier):
         """Keep the tensor in `tier` (gpu, dram or nvme) until unpin."""
         self._client.pin(tensor, tier)

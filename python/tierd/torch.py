@@ -12,7 +12,6 @@ Nothing here is compiled against torch: tensors cross by DLPack, so any torch 2.
 """
 
 import atexit
-import contextlib
 import functools
 import itertools
 import math
@@ -326,28 +325,31 @@ class OffloadOptimizer(torch.optim.Optimizer):
         offloaded = getattr(s.param, "_tierd_offload", None)
         direct = (self._registered is not None and s.param.is_cuda and s.param.dtype == torch.float32
                   and offloaded is None)
-        master = as_tensor(self.client.acquire(s.master, "write", "host")).reshape(-1)
+        # The master weight, the gradient and the moments in one exchange with tierd.
+        views = self.client.acquire_all([(s.master, "write"), (s.grad, "read")] + [(x, "write") for x in s.moments])
+        master = as_tensor(views[0]).reshape(-1)
         try:
-            with contextlib.ExitStack() as held:
-                grad = held.enter_context(self._held(s.grad, "read")).data_ptr()
-                m, *v = [held.enter_context(self._held(lease, "write")).data_ptr() for lease in s.moments]
-                out = s.weights_out.data_ptr() if bf16_out and not direct else 0
-                decay = wd > 0
-                kernel_start = time.perf_counter()
-                if self.opt == "lion":
-                    _tierd.lion(master.data_ptr(), m, out, grad, s.n, lr, beta1, beta2, wd, scale, decay, self.threads,
-                                s.grad_dtype)
-                elif self.opt == "adamw":
-                    _tierd.adamw(master.data_ptr(), m, v[0], out, grad, s.n, lr, beta1, beta2, eps, wd, s.step, scale,
-                                 decay, self.threads, s.grad_dtype)
-                else:
-                    _tierd.adamw8bit(master.data_ptr(), m, v[0], out, grad, s.n, lr, beta1, beta2, eps, wd, s.step,
-                                     scale, decay, self.threads, s.grad_dtype)
-                self._seconds["update_kernels"] += time.perf_counter() - kernel_start
+            grad, m, *v = [x.ptr for x in views[1:]]
+            out = s.weights_out.data_ptr() if bf16_out and not direct else 0
+            decay = wd > 0
+            kernel_start = time.perf_counter()
+            if self.opt == "lion":
+                _tierd.lion(master.data_ptr(), m, out, grad, s.n, lr, beta1, beta2, wd, scale, decay, self.threads,
+                            s.grad_dtype)
+            elif self.opt == "adamw":
+                _tierd.adamw(master.data_ptr(), m, v[0], out, grad, s.n, lr, beta1, beta2, eps, wd, s.step, scale,
+                             decay, self.threads, s.grad_dtype)
+            else:
+                _tierd.adamw8bit(master.data_ptr(), m, v[0], out, grad, s.n, lr, beta1, beta2, eps, wd, s.step,
+                                 scale, decay, self.threads, s.grad_dtype)
+            self._seconds["update_kernels"] += time.perf_counter() - kernel_start
         except BaseException:
-            self.client.release(s.master)
+            del master, views
+            self.client.release_all([s.master, s.grad] + s.moments)
             raise
+        del views
         if direct:
+            self.client.release_all([s.grad] + s.moments)  # the master: once its weights have left
             self._weights_to_device(s, source=master)
             self._release_later.append((s.copied_back, s.master))
             while len(self._release_later) > 4:
@@ -356,7 +358,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if not bf16_out:
             s.weights_out.copy_(master)
         del master
-        self.client.release(s.master)
+        self.client.release_all([s.master, s.grad] + s.moments)
         self._weights_to_device(s)
 
     def _weights_to_device(self, s, source=None):

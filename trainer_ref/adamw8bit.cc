@@ -183,6 +183,71 @@ __attribute__((target("avx512f"))) void DequantizeAvx512(const uint8_t* __restri
   DequantizePlain(codes + i, count - i, map, scale, square, values + i);
 }
 
+// Dequantizing without gathers (AVX-512 VBMI: Ice Lake, Sapphire Rapids, Zen 4): the map's 256
+// values kept as four 256-byte planes (byte k of every value) in sixteen registers, and 64 codes
+// looked up at once, a byte plane at a time, by two 128-byte table permutes and a blend on the
+// code's top bit; four unpacks then put each value's bytes back together. Gathers load one lane
+// at a time (16 loads a vector), and these lookups were a quarter of the 8-bit step's time.
+struct MapPlanes {
+  alignas(64) uint8_t bytes[4][q8::kCodes];
+};
+
+MapPlanes MakePlanes(const float* map) {
+  MapPlanes planes;
+  for (int i = 0; i < q8::kCodes; ++i) {
+    const uint32_t bits = std::bit_cast<uint32_t>(map[i]);
+    for (int k = 0; k < 4; ++k) planes.bytes[k][i] = static_cast<uint8_t>(bits >> (8 * k));
+  }
+  return planes;
+}
+
+// The planes of one of the two maps; null for any other table.
+const MapPlanes* PlanesOf(const float* map);
+
+// The unpacks interleave within 128-bit lanes: output vector q's value 4L + e (lane L, e < 4)
+// comes from the permuted codes' byte 16L + 4q + e, so that byte takes code 16q + 4L + e.
+constexpr std::array<uint8_t, 64> MakeLaneOrder() {
+  std::array<uint8_t, 64> order{};
+  for (int i = 0; i < 64; ++i) order[i] = static_cast<uint8_t>(16 * ((i / 4) % 4) + 4 * (i / 16) + i % 4);
+  return order;
+}
+alignas(64) constexpr std::array<uint8_t, 64> kLaneOrder = MakeLaneOrder();
+
+__attribute__((target("avx512f,avx512bw,avx512vbmi"))) void DequantizeVbmi(const uint8_t* __restrict codes,
+                                                                           int64_t count, const float* __restrict map,
+                                                                           float scale, bool square,
+                                                                           float* __restrict values) {
+  const MapPlanes* planes = PlanesOf(map);
+  if (planes == nullptr) return DequantizeAvx512(codes, count, map, scale, square, values);
+  __m512i table[4][4];
+  for (int k = 0; k < 4; ++k) {
+    for (int j = 0; j < 4; ++j) table[k][j] = _mm512_load_si512(planes->bytes[k] + 64 * j);
+  }
+  const __m512i order = _mm512_load_si512(kLaneOrder.data());
+  const __m512 s = _mm512_set1_ps(scale);
+  int64_t i = 0;
+  for (; i + 64 <= count; i += 64) {
+    const __m512i index = _mm512_permutexvar_epi8(order, _mm512_loadu_si512(codes + i));
+    const __mmask64 upper = _mm512_movepi8_mask(index);  // codes 128..255: the planes' second half
+    __m512i plane[4];
+    for (int k = 0; k < 4; ++k) {
+      const __m512i lower_half = _mm512_permutex2var_epi8(table[k][0], index, table[k][1]);
+      const __m512i upper_half = _mm512_permutex2var_epi8(table[k][2], index, table[k][3]);
+      plane[k] = _mm512_mask_blend_epi8(upper, lower_half, upper_half);
+    }
+    const __m512i low01 = _mm512_unpacklo_epi8(plane[0], plane[1]), high01 = _mm512_unpackhi_epi8(plane[0], plane[1]);
+    const __m512i low23 = _mm512_unpacklo_epi8(plane[2], plane[3]), high23 = _mm512_unpackhi_epi8(plane[2], plane[3]);
+    const __m512i words[4] = {_mm512_unpacklo_epi16(low01, low23), _mm512_unpackhi_epi16(low01, low23),
+                              _mm512_unpacklo_epi16(high01, high23), _mm512_unpackhi_epi16(high01, high23)};
+    for (int q = 0; q < 4; ++q) {
+      __m512 x = _mm512_mul_ps(_mm512_castsi512_ps(words[q]), s);
+      if (square) x = _mm512_mul_ps(x, x);
+      _mm512_storeu_ps(values + i + 16 * q, x);
+    }
+  }
+  DequantizeAvx512(codes + i, count - i, map, scale, square, values + i);
+}
+
 #pragma GCC diagnostic pop
 
 struct Lookups {
@@ -193,11 +258,16 @@ struct Lookups {
 
 constexpr Lookups kPaths[] = {{CodesPlain, DequantizePlain, "plain"},
                               {CodesAvx2, DequantizeAvx2, "avx2"},
-                              {CodesAvx512, DequantizeAvx512, "avx512"}};
+                              {CodesAvx512, DequantizeAvx512, "avx512"},
+                              {CodesAvx512, DequantizeVbmi, "avx512vbmi"}};
 
-// The best path the CPU has at or below `want` ("" or "avx512": the best; "avx2"; "plain").
+// The best path the CPU has at or below `want` ("" or "avx512vbmi": the best; "avx512"; "avx2";
+// "plain").
 int PathUpTo(const std::string& want) {
-  if (__builtin_cpu_supports("avx512f") && (want.empty() || want == "avx512")) return 2;
+  const bool vbmi = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                    __builtin_cpu_supports("avx512vbmi");
+  if (vbmi && (want.empty() || want == "avx512vbmi")) return 3;
+  if (__builtin_cpu_supports("avx512f") && (want.empty() || want == "avx512" || want == "avx512vbmi")) return 2;
   if (__builtin_cpu_supports("avx2") && want != "plain") return 1;
   return 0;
 }
@@ -277,6 +347,16 @@ const std::array<float, q8::kCodes - 1>& Thresholds(bool is_signed) {
 }
 
 const int32_t* CodeTable(bool is_signed) { return TableFor(is_signed); }
+
+namespace {
+const MapPlanes* PlanesOf(const float* map) {
+  static const MapPlanes signed_planes = MakePlanes(DynamicMap(true).data());
+  static const MapPlanes unsigned_planes = MakePlanes(DynamicMap(false).data());
+  if (map == DynamicMap(true).data()) return &signed_planes;
+  if (map == DynamicMap(false).data()) return &unsigned_planes;
+  return nullptr;
+}
+}  // namespace
 
 uint8_t CodeOf(bool is_signed, float normalized) {
   return static_cast<uint8_t>(LookupCode(TableFor(is_signed), normalized));

@@ -30,11 +30,12 @@ uint8_t CodeOf(bool is_signed, float normalized);
 // That table (q8::kTableKeys entries, q8::CodeByTable reads it), made once per process: what
 // the GPU's table path copies to the device.
 const int32_t* CodeTable(bool is_signed);
-// Which instruction set the host's table lookups (quantizing, dequantizing) run with: "avx512",
-// "avx2" or "plain" (TIERD_HOST_SIMD=plain|avx2 picks a lesser one).
+// Which instruction set the host's table lookups (quantizing, dequantizing) run with:
+// "avx512vbmi" (dequantizing by byte permutes), "avx512", "avx2" or "plain"
+// (TIERD_HOST_SIMD=plain|avx2|avx512 picks a lesser one). Every path gives the same bits.
 const char* HostLookupPath();
-// Takes the best path the CPU has at or below `want` ("avx512", "avx2", "plain"); returns its
-// name. For benchmarks: not while a step runs.
+// Takes the best path the CPU has at or below `want` ("avx512vbmi", "avx512", "avx2", "plain");
+// returns its name. For benchmarks: not while a step runs.
 const char* UseHostLookupPath(const std::string& want);
 
 uint64_t Moment8bitBytes(uint64_t n);

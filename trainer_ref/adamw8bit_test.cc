@@ -96,36 +96,47 @@ TEST(AdamW8bitTest, TheTableLookupGivesTheSearchsCode) {
   }
 }
 
-// Quantizing and dequantizing whole tensors go through the vectorised lookups (AVX2 or
-// AVX-512 where the CPU has them): every code is the search's, every value map x scale, also
-// in the tails shorter than a vector and across block boundaries.
-TEST(AdamW8bitTest, TheVectorisedLookupsGiveTheSearchsCodesAndTheMapsValues) {
-  std::printf("host lookups: %s\n", HostLookupPath());
-  for (bool is_signed : {true, false}) {
-    const auto& t = Thresholds(is_signed);
-    const auto& map = DynamicMap(is_signed);
-    std::mt19937 rng(8);
-    std::uniform_real_distribution<float> exponent(-9.f, 0.f), sign(-1.f, 1.f);
-    const uint64_t n = 2 * q8::kQuantBlock + 37;
-    std::vector<float> values(n);
-    for (uint64_t i = 0; i < n; ++i) {
-      const float magnitude = std::pow(10.f, exponent(rng));
-      values[i] = is_signed ? std::copysign(magnitude, sign(rng)) : magnitude;
+// Quantizing and dequantizing whole tensors go through the vectorised lookups (AVX2, AVX-512's
+// gathers, AVX-512 VBMI's byte permutes, each where the CPU has it): on every path every code is
+// the search's, every value map x scale, also in the tails shorter than a vector and across block
+// boundaries.
+TEST(AdamW8bitTest, EveryLookupPathGivesTheSearchsCodesAndTheMapsValues) {
+  std::printf("host lookups by default: %s\n", HostLookupPath());
+  for (const char* want : {"plain", "avx2", "avx512", "avx512vbmi"}) {
+    const std::string path = UseHostLookupPath(want);
+    SCOPED_TRACE(path);
+    if (path != want) std::printf("this CPU has no %s path (runs %s)\n", want, path.c_str());
+    for (bool is_signed : {true, false}) {
+      const auto& t = Thresholds(is_signed);
+      const auto& map = DynamicMap(is_signed);
+      std::mt19937 rng(8);
+      std::uniform_real_distribution<float> exponent(-9.f, 0.f), sign(-1.f, 1.f);
+      const uint64_t n = 2 * q8::kQuantBlock + 37;
+      std::vector<float> values(n);
+      for (uint64_t i = 0; i < n; ++i) {
+        const float magnitude = std::pow(10.f, exponent(rng));
+        values[i] = is_signed ? std::copysign(magnitude, sign(rng)) : magnitude;
+      }
+      values[5] = 0.f;
+      values[6] = is_signed ? -0.f : 0.f;
+      values[q8::kQuantBlock + 3] = t[100];  // a threshold itself (a tie goes to the lower code)
+      values[q8::kQuantBlock + 4] = is_signed ? -1.f : 1.f;  // codes 0 and 255: the planes' ends
+      values[q8::kQuantBlock + 70] = is_signed ? 1.f : 0.f;
+      std::vector<uint8_t> bytes(Moment8bitBytes(n));
+      Quantize8bit(values.data(), n, is_signed, bytes.data());
+      const Moment8bit q = MomentAt(bytes.data(), n);
+      for (uint64_t i = 0; i < n; ++i) {
+        const float inverse = q8::InverseScale(q.absmax[i / q8::kQuantBlock]);
+        ASSERT_EQ(q.codes[i], q8::CodeBySearch(t.data(), q8::Mul(values[i], inverse))) << i << " " << values[i];
+      }
+      // Every code in every position of a 64-code vector, dequantized.
+      for (uint64_t i = 0; i < n; ++i) q.codes[i] = static_cast<uint8_t>((i * 37 + i / 64) % 256);
+      std::vector<float> back(n);
+      Dequantize8bit(bytes.data(), n, is_signed, back.data());
+      for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(back[i], q8::Mul(map[q.codes[i]], q.absmax[i / q8::kQuantBlock])) << i;
     }
-    values[5] = 0.f;
-    values[6] = is_signed ? -0.f : 0.f;
-    values[q8::kQuantBlock + 3] = t[100];  // a threshold itself (a tie goes to the lower code)
-    std::vector<uint8_t> bytes(Moment8bitBytes(n));
-    Quantize8bit(values.data(), n, is_signed, bytes.data());
-    const Moment8bit q = MomentAt(bytes.data(), n);
-    for (uint64_t i = 0; i < n; ++i) {
-      const float inverse = q8::InverseScale(q.absmax[i / q8::kQuantBlock]);
-      ASSERT_EQ(q.codes[i], q8::CodeBySearch(t.data(), q8::Mul(values[i], inverse))) << i << " " << values[i];
-    }
-    std::vector<float> back(n);
-    Dequantize8bit(bytes.data(), n, is_signed, back.data());
-    for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(back[i], q8::Mul(map[q.codes[i]], q.absmax[i / q8::kQuantBlock])) << i;
   }
+  UseHostLookupPath("");
 }
 
 struct Problem {
@@ -228,6 +239,38 @@ TEST(AdamW8bitTest, ResultsDoNotDependOnTheThreadCount) {
   EXPECT_EQ(one, many);
   EXPECT_EQ(m1, m4);
   EXPECT_EQ(v1, v4);
+}
+
+TEST(AdamW8bitTest, EveryLookupPathStepsToThePlainLoopsBits) {
+  const int64_t n = 5 * q8::kQuantBlock + 101;
+  const Problem a = RandomProblem(n, 13);
+  struct Run {
+    std::vector<float> master;
+    std::vector<uint8_t> m, v;
+    std::vector<uint16_t> weights;
+  };
+  auto run = [&](const char* path) {
+    UseHostLookupPath(path);
+    Run r{a.master, std::vector<uint8_t>(Moment8bitBytes(n), 0), std::vector<uint8_t>(Moment8bitBytes(n), 0),
+          std::vector<uint16_t>(static_cast<size_t>(n))};
+    HostAdamWParams p;
+    for (int step = 1; step <= 4; ++step) {
+      p.step = step;
+      HostAdamW8bit(r.master.data(), r.m.data(), r.v.data(), r.weights.data(), a.grads.data(), n, p, 2);
+    }
+    return r;
+  };
+  const Run plain = run("plain");
+  for (const char* path : {"avx2", "avx512", "avx512vbmi"}) {
+    SCOPED_TRACE(path);
+    const Run r = run(path);
+    EXPECT_EQ(r.master, plain.master);
+    EXPECT_EQ(r.m, plain.m);
+    EXPECT_EQ(r.v, plain.v);
+    EXPECT_EQ(r.weights, plain.weights);
+  }
+  UseHostLookupPath("");
+  EXPECT_NE(plain.master, a.master);
 }
 
 TEST(AdamW8bitTest, Bf16GradientsGiveTheBitsOfTheirFp32Widening) {

@@ -383,6 +383,43 @@ absl::StatusOr<std::vector<void*>> Client::AcquireAll(const std::vector<AcquireI
   return first;
 }
 
+absl::Status Client::ReleaseAll(const std::vector<const Tensor*>& tensors, void* cuda_stream) {
+#ifdef TIERD_HAVE_CUDA
+  auto stream = static_cast<cudaStream_t>(cuda_stream);
+  if (ring_ != nullptr && !fake_gpu_ && !release_events_.empty()) {
+    if (tensors.empty()) return absl::OkStatus();
+    uint32_t index;
+    {
+      absl::MutexLock lock(&ring_mutex_);
+      index = next_release_event_++ % release_events_.size();
+    }
+    const auto start = std::chrono::steady_clock::now();
+    const cudaError_t recorded = cudaEventRecord(static_cast<cudaEvent_t>(release_events_[index]), stream);
+    {
+      absl::MutexLock lock(&ring_mutex_);
+      ring_times_.event_record_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+    if (recorded != cudaSuccess) return absl::InternalError("recording the release event on the stream failed");
+    std::vector<ipc::RingMessage> requests;
+    requests.reserve(tensors.size());
+    for (const Tensor* tensor : tensors) {
+      requests.push_back(
+          ipc::ToRing({.kind = ipc::HotPathKind::kRelease, .tensor = tensor->id, .release_event = index + 1}));
+    }
+    absl::Status first = absl::OkStatus();
+    for (const auto& answer : RingCalls(requests)) first.Update(answer.status());
+    return first;
+  }
+  if (cudaStreamSynchronize(stream) != cudaSuccess) {
+    return absl::InternalError("synchronising the stream before the release failed");
+  }
+#else
+  (void)cuda_stream;
+#endif
+  return ReleaseAll(tensors);
+}
+
 absl::Status Client::ReleaseAll(const std::vector<const Tensor*>& tensors) {
   absl::Status first = absl::OkStatus();
   if (ring_ == nullptr) {

@@ -85,6 +85,8 @@ class Client {
   absl::StatusOr<std::vector<void*>> AcquireAll(const std::vector<AcquireItem>& items, Place place);
   // Release(t) for each, in one exchange; every one is tried, the first error returned.
   absl::Status ReleaseAll(const std::vector<const Tensor*>& tensors);
+  // Release(t, cuda_stream) for each: one event recorded on the stream covers them all.
+  absl::Status ReleaseAll(const std::vector<const Tensor*>& tensors, void* cuda_stream);
   // This process's time in the hot path's ring calls (request to answer) by kind, and in
   // recording release events on streams.
   struct RingTimes {

@@ -196,14 +196,14 @@ class PyClient {
     return views;
   }
 
-  void ReleaseAll(const std::vector<PyTensor>& tensors) {
+  void ReleaseAll(const std::vector<PyTensor>& tensors, uintptr_t cuda_stream) {
     std::vector<const Client::Tensor*> all;
     all.reserve(tensors.size());
     for (const PyTensor& t : tensors) all.push_back(&t.tensor);
     absl::Status status;
     {
       py::gil_scoped_release unlocked;
-      status = Open().ReleaseAll(all);
+      status = cuda_stream != 0 ? Open().ReleaseAll(all, reinterpret_cast<void*>(cuda_stream)) : Open().ReleaseAll(all);
     }
     Check(status);
   }
@@ -381,7 +381,7 @@ void AddClient(py::module_& m) {
       .def("acquire", &PyClient::Acquire, py::arg("tensor"), py::arg("access") = "read", py::arg("place") = "gpu")
       .def("release", &PyClient::Release, py::arg("tensor"), py::arg("cuda_stream") = 0)
       .def("acquire_all", &PyClient::AcquireAll, py::arg("tensors"), py::arg("accesses"), py::arg("place") = "host")
-      .def("release_all", &PyClient::ReleaseAll, py::arg("tensors"))
+      .def("release_all", &PyClient::ReleaseAll, py::arg("tensors"), py::arg("cuda_stream") = 0)
       .def("pin", &PyClient::Pin)
       .def("unpin", &PyClient::Unpin)
       .def("mark_iteration", &PyClient::MarkIteration)

@@ -214,6 +214,22 @@ class OffloadTest(unittest.TestCase):
         loss_of(model, data(1)[0]).backward()  # and the next one works
         self.assertEqual([s.uses for s in weights._slots], [0] * len(weights._slots))
 
+    def test_a_refused_acquire_raises_tierds_error_and_holds_nothing(self):
+        model = TinyLm()
+        weights = tt.offload(model, client=self.session("refused"), units=list(model.blocks))
+        block = [s for s in weights._slots if s.name.startswith("blocks.0.")]
+        self.assertGreater(len(block), 2)  # a unit's parameters, acquired in one exchange
+        weights.client.unlease(block[1].lease)  # tierd no longer knows it: its acquire is refused
+        with self.assertRaises(tierd.TierdError) as e:
+            loss_of(model, data(1)[0])
+        self.assertEqual(e.exception.code, "NOT_FOUND")
+        self.assertEqual([s.uses for s in weights._slots], [0] * len(weights._slots))
+        self.assertTrue(all(s.idle.is_set() for s in weights._slots))
+        for slot in (block[0], block[2]):  # granted beside the refused one, then released again
+            with self.assertRaises(tierd.TierdError) as e:
+                weights.client.release(slot.lease)
+            self.assertEqual(e.exception.code, "FAILED_PRECONDITION")
+
     def test_a_frozen_parameter_is_released_after_the_backward(self):
         model = TinyLm()
         model.norm.weight.requires_grad_(False)

@@ -100,10 +100,11 @@ class Client:
         items = list(items)
         return self._client.acquire_all([t for t, _ in items], [a for _, a in items], place)
 
-    def release_all(self, tensors):
-        """release() of each, now, in one exchange; every one is released that can be, then the
-        first refusal raised."""
-        self._client.release_all(list(tensors))
+    def release_all(self, tensors, stream=None):
+        """release() of each in one exchange (after `stream`'s queued work, as release()); every
+        one is released that can be, then the first refusal raised."""
+        handle = getattr(stream, "cuda_stream", stream) or 0
+        self._client.release_all(list(tensors), int(handle))
 
     def pin(self, tensor, tier):
         """Keep the tensor in `tier` (gpu, dram or nvme) until unpin."""

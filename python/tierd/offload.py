@@ -164,33 +164,60 @@ class Offloaded:
     # ---- acquire and release, counted ----
 
     def _use(self, slot):
+        self._use_all([slot])
+        return slot.tensor
+
+    def _use_all(self, slots):
+        """A use of each slot; those not held yet acquired in one exchange with tierd. Where the
+        acquire fails, the uses stay counted (without bytes): the forward hook that always runs
+        after a failed forward takes them back."""
+        fresh = []
         with self._lock:
-            slot.uses += 1
-            if slot.uses > 1:
-                return slot.tensor
-            slot.idle.clear()
-        view = self.client.acquire(slot.lease, "read", self.place)
-        t = torch.utils.dlpack.from_dlpack(view).view(slot.dtype).reshape(slot.shape)
-        if t.device != slot.param.device:
-            raise RuntimeError(f"tierd.torch.offload: {slot.name} came back on {t.device}, the model is on "
-                               f"{slot.param.device} (tierd's GPU is {'fake' if self.client.fake_gpu else 'real'})")
-        with self._lock:
-            slot.tensor = t
-            self._by_pointer[t.untyped_storage().data_ptr()] = slot
-            slot.param.data = t
-        return t
+            for slot in slots:
+                slot.uses += 1
+                if slot.uses == 1:
+                    slot.idle.clear()
+                    fresh.append(slot)
+        if not fresh:
+            return
+        views = self.client.acquire_all([(slot.lease, "read") for slot in fresh], self.place)
+        for slot, view in zip(fresh, views):
+            t = torch.utils.dlpack.from_dlpack(view).view(slot.dtype).reshape(slot.shape)
+            if t.device != slot.param.device:
+                raise RuntimeError(f"tierd.torch.offload: {slot.name} came back on {t.device}, the model is on "
+                                   f"{slot.param.device} (tierd's GPU is {'fake' if self.client.fake_gpu else 'real'})")
+            with self._lock:
+                slot.tensor = t
+                self._by_pointer[t.untyped_storage().data_ptr()] = slot
+                slot.param.data = t
 
     def _unuse(self, slot, count=1):
+        self._unuse_all([slot], count)
+
+    def _unuse_all(self, slots, count=1):
+        """Ends `count` uses of each slot; those no longer used released in one exchange, after
+        the kernels queued so far that read them."""
+        done = []
         with self._lock:
-            slot.uses -= count
-            if slot.uses > 0:
-                return
-            self._by_pointer.pop(slot.tensor.untyped_storage().data_ptr(), None)
-            slot.param.data = slot.placeholder
-            slot.tensor = None
-        stream = torch.cuda.current_stream(slot.param.device) if slot.param.is_cuda else None
-        self.client.release(slot.lease, stream)  # after the kernels queued so far that read it
-        slot.idle.set()
+            for slot in slots:
+                slot.uses -= count
+                if slot.uses > 0:
+                    continue
+                if slot.tensor is None:  # its acquire failed: nothing to release
+                    slot.idle.set()
+                    continue
+                self._by_pointer.pop(slot.tensor.untyped_storage().data_ptr(), None)
+                slot.param.data = slot.placeholder
+                slot.tensor = None
+                done.append(slot)
+        if not done:
+            return
+        stream = torch.cuda.current_stream(done[0].param.device) if done[0].param.is_cuda else None
+        try:
+            self.client.release_all([slot.lease for slot in done], stream)
+        finally:
+            for slot in done:
+                slot.idle.set()
 
     # ---- the hooks ----
 
@@ -218,16 +245,15 @@ class Offloaded:
                 wait(slots)
         if self.plan is not None and torch.is_grad_enabled() and slots:
             self.plan.op(("recompute" if recomputing else "forward", self._names.get(id(module), "?")), slots)
-        for slot in slots:
-            self._use(slot)
-            if recomputing:
+        self._use_all(slots)
+        if recomputing:
+            for slot in slots:
                 self._count_backward_use(slot)
 
     def _after(self, module, args, out):
         if torch.is_grad_enabled() and torch._C._current_graph_task_id() != -1:
             return  # recomputing: released with the gradient
-        for slot in self._hook_slots[module]:
-            self._unuse(slot)
+        self._unuse_all(self._hook_slots[module])
 
     def _count_backward_use(self, slot):
         with self._lock:

@@ -70,10 +70,10 @@ class OffloadTest(unittest.TestCase):
         self.closing.append(client.close)
         return client
 
-    def trained(self, model, tokens, offloaded=None, accumulate=1, clip=1.0, name="opt"):
+    def trained(self, model, tokens, offloaded=None, accumulate=1, clip=1.0, name="opt", opt="adamw"):
         client = offloaded.client if offloaded else self.session(f"plain-{name}")
-        opt = tt.OffloadOptimizer(model.parameters(), lr=3e-3, max_grad_norm=clip, accumulation_steps=accumulate,
-                                  client=client, name=name)
+        opt = tt.OffloadOptimizer(model.parameters(), opt=opt, lr=3e-3, max_grad_norm=clip,
+                                  accumulation_steps=accumulate, client=client, name=name)
         losses = test_util.train_steps(model, opt, tokens, loss_of, accumulate)
         opt.close()  # its hooks go; the client (the offloaded model's too) stays
         return losses, opt
@@ -92,6 +92,26 @@ class OffloadTest(unittest.TestCase):
             for name, p in plain.named_parameters():
                 self.assertTrue(torch.equal(state[name], p.detach()), name)
         self.assertLess(want[-1], want[0])
+
+    def test_a_bf16_model_offloaded_trains_as_in_place(self):
+        # bf16 weights: each update writes the new weights straight into the parameter's lease.
+        for opt in ("adamw", "adamw8bit"):
+            torch.manual_seed(0)
+            plain = TinyLm().to(torch.bfloat16)
+            moved = copy.deepcopy(plain)
+            before = {name: p.detach().clone() for name, p in plain.named_parameters()}
+            weights = tt.offload(moved, client=self.session(f"bf16-{opt}"), units=list(moved.blocks))
+            tokens = data(4)
+            for clip in (None, 1.0):
+                want, _ = self.trained(plain, tokens, clip=clip, name=f"p-{opt}-{clip}", opt=opt)
+                got, _ = self.trained(moved, tokens, weights, clip=clip, name=f"o-{opt}-{clip}", opt=opt)
+                self.assertEqual(got, want, opt)
+                state = weights.state_dict()
+                for name, p in plain.named_parameters():
+                    self.assertEqual(state[name].dtype, torch.bfloat16)
+                    self.assertTrue(torch.equal(state[name], p.detach()), f"{opt} {name}")
+            moved_any = [name for name in before if not torch.equal(weights.state_dict()[name], before[name])]
+            self.assertEqual(len(moved_any), len(before), opt)  # every weight was updated
 
     def test_activation_checkpointing_recomputes_with_the_leases(self):
         torch.manual_seed(3)

@@ -298,12 +298,16 @@ class Offloaded:
             del host
             self.client.release(slot.lease)
 
-    def write_weights(self, slot, write):
-        """write(host_tensor) fills the parameter's lease on the host (the optimizer's new
-        weights); waits until no forward or backward holds it."""
+    def wait_idle(self, slot):
+        """Waits until no forward or backward holds the parameter's lease (before it is overwritten)."""
         if not slot.idle.wait(timeout=600):
             raise RuntimeError(f"tierd.torch.offload: {slot.name} is still held by a forward or backward "
                                f"({slot.uses} uses) after 10 minutes: a backward that never ran to its end?")
+
+    def write_weights(self, slot, write):
+        """write(host_tensor) fills the parameter's lease on the host (the optimizer's new
+        weights); waits until no forward or backward holds it."""
+        self.wait_idle(slot)
         host = torch.utils.dlpack.from_dlpack(self.client.acquire(slot.lease, "overwrite", "host"))
         try:
             write(host.view(slot.dtype).reshape(-1))

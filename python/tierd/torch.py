@@ -325,12 +325,21 @@ class OffloadOptimizer(torch.optim.Optimizer):
         offloaded = getattr(s.param, "_tierd_offload", None)
         direct = (self._registered is not None and s.param.is_cuda and s.param.dtype == torch.float32
                   and offloaded is None)
-        # The master weight, the gradient and the moments in one exchange with tierd.
-        views = self.client.acquire_all([(s.master, "write"), (s.grad, "read")] + [(x, "write") for x in s.moments])
+        # An offloaded bf16 parameter's new weights go straight into its lease (no staging copy),
+        # where it shares the optimizer's session.
+        into_lease = offloaded is not None and bf16_out and offloaded[0].client is self.client
+        items = [(s.master, "write"), (s.grad, "read")] + [(x, "write") for x in s.moments]
+        if into_lease:
+            offloaded[0].wait_idle(offloaded[1])
+            items.append((offloaded[1].lease, "overwrite"))
+        # The master weight, the gradient, the moments (and the weights' lease) in one exchange.
+        views = self.client.acquire_all(items)
         master = as_tensor(views[0]).reshape(-1)
+        held = [s.master, s.grad] + s.moments + ([offloaded[1].lease] if into_lease else [])
         try:
-            grad, m, *v = [x.ptr for x in views[1:]]
-            out = s.weights_out.data_ptr() if bf16_out and not direct else 0
+            grad = views[1].ptr
+            m, *v = [x.ptr for x in views[2:2 + len(s.moments)]]
+            out = views[-1].ptr if into_lease else s.weights_out.data_ptr() if bf16_out and not direct else 0
             decay = wd > 0
             kernel_start = time.perf_counter()
             if self.opt == "lion":
@@ -345,9 +354,13 @@ class OffloadOptimizer(torch.optim.Optimizer):
             self._seconds["update_kernels"] += time.perf_counter() - kernel_start
         except BaseException:
             del master, views
-            self.client.release_all([s.master, s.grad] + s.moments)
+            self.client.release_all(held)
             raise
         del views
+        if into_lease:  # tierd brings them to the GPU for the next forward
+            del master
+            self.client.release_all(held)
+            return
         if direct:
             self.client.release_all([s.grad] + s.moments)  # the master: once its weights have left
             self._weights_to_device(s, source=master)

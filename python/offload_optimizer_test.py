@@ -16,6 +16,7 @@ import test_util
 
 try:
     import torch
+    import tierd
     import tierd.torch as tt
     WHY_NOT = None
 except ImportError as e:  # a Python without torch (e.g. Debian's, in CI): the cases say so
@@ -343,6 +344,16 @@ class OffloadOptimizerTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "parameter 0: the checkpoint has 5 values, the model 512"):
             opt.load_state_dict(wrong)
 
+
+    def test_a_quota_too_small_for_the_state_says_what_it_needs(self):
+        big = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 256))  # 131,584 values
+        with self.assertRaises(tierd.TierdError) as e:
+            tt.OffloadOptimizer(big.parameters(), dram="64KiB", nvme="64KiB")
+        text = str(e.exception)
+        self.assertEqual(e.exception.code, "RESOURCE_EXHAUSTED", text)
+        self.assertIn("the state of 4 parameters (131,584 values) needs 2.01 MiB", text)  # 4 + 8 + 4 B a value
+        self.assertIn("dram=/nvme= set the quota", text)
+        self.assertRegex(text, "quota 64.0 KiB")  # tierd's own words follow
 
 if __name__ == "__main__":
     test_util.main()

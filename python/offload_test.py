@@ -250,6 +250,19 @@ class OffloadTest(unittest.TestCase):
                 weights.client.release(slot.lease)
             self.assertEqual(e.exception.code, "FAILED_PRECONDITION")
 
+    def test_a_unit_larger_than_the_gpu_quota_is_named(self):
+        model = TinyLm()
+        client = tierd.connect(label="tiny-gpu", gpu="4KiB", dram="16MiB", nvme="16MiB")
+        self.closing.append(client.close)
+        weights = tt.offload(model, client=client, units=list(model.blocks))
+        with self.assertRaises(tierd.TierdError) as e:
+            loss_of(model, data(1)[0])
+        text = str(e.exception)
+        self.assertEqual(e.exception.code, "RESOURCE_EXHAUSTED", text)
+        self.assertRegex(text, r"the forward of '\S+' needs \d+ parameters .* at once")
+        self.assertIn("must fit the session's GPU quota together", text)
+        self.assertEqual([s.uses for s in weights._slots], [0] * len(weights._slots))
+
     def test_a_frozen_parameter_is_released_after_the_backward(self):
         model = TinyLm()
         model.norm.weight.requires_grad_(False)

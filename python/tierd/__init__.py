@@ -45,6 +45,13 @@ def _numbers(value, key=""):
     return value
 
 
+def _error_in_context(error, text):
+    """A TierdError saying `text` before tierd's own words, with the same code."""
+    wrapped = TierdError(f"{text}: {error}")
+    wrapped.code, wrapped.status = getattr(error, "code", "UNKNOWN"), getattr(error, "status", 2)
+    return wrapped
+
+
 def parse_bytes(size):
     """8 << 30, "8GiB", "512MiB", "1.5GB" -> bytes (an int)."""
     if isinstance(size, int):

@@ -31,6 +31,7 @@ inside a compiled block is a graph break at every such module. torch.compile of 
 is not supported (the hooks at the model's edges would then run traced).
 """
 
+import math
 import threading
 import time
 import warnings
@@ -122,8 +123,16 @@ class Offloaded:
         self._slots, self._by_param, self._by_pointer = [], {}, {}
         self._handles = []
         self.waits = []  # fn(slots) before slots are acquired for a forward: an optimizer's updates still to come
-        for fqn, p in model.named_parameters(remove_duplicate=True):
-            lease = client.lease(f"{name}.{fqn}", tuple(p.shape) or (1,), str(p.dtype), "param")
+        named = list(model.named_parameters(remove_duplicate=True))
+        for fqn, p in named:
+            try:
+                lease = client.lease(f"{name}.{fqn}", tuple(p.shape) or (1,), str(p.dtype), "param")
+            except tierd.TierdError as e:
+                total = sum(q.numel() * q.element_size() for _, q in named)
+                raise tierd._error_in_context(
+                    e, f"tierd.torch.offload: the model's {len(named)} parameters need {total / 2**20:,.1f} MiB in the "
+                       f"session's tiers; leasing {fqn} ({len(self._slots)} leased before it) failed "
+                       "(gpu=/dram=/nvme= set the quotas)") from e
             slot = _Param(p, lease, fqn)
             with torch.no_grad():
                 host = torch.utils.dlpack.from_dlpack(client.acquire(lease, "overwrite", "host"))
@@ -163,11 +172,11 @@ class Offloaded:
 
     # ---- acquire and release, counted ----
 
-    def _use(self, slot):
-        self._use_all([slot])
+    def _use(self, slot, what):
+        self._use_all([slot], what)
         return slot.tensor
 
-    def _use_all(self, slots):
+    def _use_all(self, slots, what):
         """A use of each slot; those not held yet acquired in one exchange with tierd. Where the
         acquire fails, the uses stay counted (without bytes): the forward hook that always runs
         after a failed forward takes them back."""
@@ -180,7 +189,14 @@ class Offloaded:
                     fresh.append(slot)
         if not fresh:
             return
-        views = self.client.acquire_all([(slot.lease, "read") for slot in fresh], self.place)
+        try:
+            views = self.client.acquire_all([(slot.lease, "read") for slot in fresh], self.place)
+        except tierd.TierdError as e:
+            size = sum(math.prod(slot.shape) * slot.dtype.itemsize for slot in fresh)
+            raise tierd._error_in_context(
+                e, f"tierd.torch.offload: {what} needs {len(fresh)} parameters ({size / 2**20:,.1f} MiB) on the "
+                   f"{self.place} at once ({fresh[0].name}{', ...' if len(fresh) > 1 else ''}); a unit's parameters "
+                   "must fit the session's GPU quota together (gpu=, or smaller units)") from e
         for slot, view in zip(fresh, views):
             t = torch.utils.dlpack.from_dlpack(view).view(slot.dtype).reshape(slot.shape)
             if t.device != slot.param.device:
@@ -245,7 +261,8 @@ class Offloaded:
                 wait(slots)
         if self.plan is not None and torch.is_grad_enabled() and slots:
             self.plan.op(("recompute" if recomputing else "forward", self._names.get(id(module), "?")), slots)
-        self._use_all(slots)
+        self._use_all(slots, f"the {'recomputed ' if recomputing else ''}forward of "
+                             f"'{self._names.get(id(module), type(module).__name__)}'")
         if recomputing:
             for slot in slots:
                 self._count_backward_use(slot)
@@ -274,7 +291,7 @@ class Offloaded:
         slot = saved.slot
         if self.plan is not None:
             self.plan.op(("backward", slot.name), [slot])
-        base = self._use(slot)
+        base = self._use(slot, f"the backward of {slot.name}")
         self._count_backward_use(slot)
         return torch.as_strided(base, saved.shape, saved.stride, saved.offset)
 

@@ -40,6 +40,13 @@ def as_tensor(view):
     return t
 
 
+def _size(n):
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
 class _Slot:
     """One parameter's leases (master weights, moments, gradient accumulator, all in DRAM/NVMe
     through tierd) and its pinned staging buffers (gradient in, weights out)."""
@@ -132,16 +139,22 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self.skipped_steps = 0
         self.last_grad_norm = float("nan")
         self._slots, self._by_param = [], {}
-        for group in self.param_groups:
-            for p in group["params"]:
-                if not p.requires_grad or id(p) in self._by_param:
-                    continue
-                slot = _Slot(len(self._slots), p, self.client, opt, name, self.accumulation_steps)
-                slot.group = group
-                self._slots.append(slot)
-                self._by_param[id(p)] = slot
-                offloaded = getattr(p, "_tierd_offload", None)  # its weights live in a lease (offload())
-                self._fill_state(slot, offloaded[0].state_of(offloaded[1]) if offloaded else p.detach())
+        try:
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if not p.requires_grad or id(p) in self._by_param:
+                        continue
+                    slot = _Slot(len(self._slots), p, self.client, opt, name, self.accumulation_steps)
+                    slot.group = group
+                    self._slots.append(slot)
+                    self._by_param[id(p)] = slot
+                    offloaded = getattr(p, "_tierd_offload", None)  # its weights live in a lease (offload())
+                    self._fill_state(slot, offloaded[0].state_of(offloaded[1]) if offloaded else p.detach())
+        except tierd.TierdError as e:
+            text = self._state_needs(opt, len(self._slots))
+            if self._own_client:
+                self.client.close()
+            raise tierd._error_in_context(e, text) from e
         cuda = any(s.param.is_cuda for s in self._slots)
         self._d2h = torch.cuda.Stream() if cuda else None
         self._h2d = torch.cuda.Stream() if cuda else None
@@ -168,6 +181,18 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._offloads = {id(h): h for s in self._slots if (h := getattr(s.param, "_tierd_offload", (None,))[0])}
         for handle in self._offloads.values():
             handle.waits.append(self._wait_for_offloaded)
+
+    def _state_needs(self, opt, leased):
+        """What the whole state asks of tierd, for an error: parameters, values, bytes."""
+        params = list({id(p): p for g in self.param_groups for p in g["params"] if p.requires_grad}.values())
+        values = sum(p.numel() for p in params)
+        moments = {"adamw": 8.0, "adamw8bit": 2.0 + 8.0 / 256, "lion": 4.0}[opt]
+        grad = sum(p.numel() * (2 if p.dtype == torch.bfloat16 and self.accumulation_steps == 1 else 4) for p in params)
+        total = values * (4 + moments) + grad
+        return (f"tierd.torch.OffloadOptimizer ({opt}): the state of {len(params)} parameters ({values:,} values) "
+                f"needs {_size(total)} of the session's DRAM and NVMe quota (an fp32 master weight, "
+                f"{moments:g} B of moments and a {'bf16' if grad < 4 * values else 'fp32'} gradient a value); "
+                f"leasing parameter {leased} of them failed (dram=/nvme= set the quota)")
 
     def _pin_arena(self):
         """Registers the session's DRAM arena with CUDA, so gradients land straight in their fp32

@@ -317,14 +317,19 @@ class OffloadOptimizerTest(unittest.TestCase):
         except ImportError as e:
             self.skipTest(f"transformers is not importable here: {e}")
         example = os.path.join(os.environ["TIERD_EXAMPLES"], "offload_optimizer.py")  # run_python_test.sh
-        done = subprocess.run([sys.executable, example, "--steps", "12", "--dram", "32MiB", "--nvme", "32MiB"], capture_output=True, text=True,
-                              timeout=300, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
-        self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
-        losses = [float(line.split("loss ")[1].split(",")[0]) for line in done.stdout.splitlines()
-                  if line.startswith("step ")]
-        self.assertEqual(len(losses), 12, done.stdout)
-        self.assertLess(losses[-1], losses[0] - 0.1, done.stdout)  # it learns
-        self.assertIn("saved /tmp/offload_example.pt", done.stdout)
+        # As given, and with the weights in tierd too (bf16, checkpointing, 8-bit AdamW).
+        for extra in ([], ["--offload_weights", "4MiB", "--opt", "adamw8bit", "--clip", "0", "--accumulate", "1"]):
+            done = subprocess.run([sys.executable, example, "--steps", "12", "--dram", "32MiB", "--nvme", "32MiB"] + extra,
+                                  capture_output=True, text=True, timeout=300,
+                                  env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+            self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
+            losses = [float(line.split("loss ")[1].split(",")[0]) for line in done.stdout.splitlines()
+                      if line.startswith("step ")]
+            self.assertEqual(len(losses), 12, done.stdout)
+            self.assertLess(losses[-1], losses[0] - 0.1, done.stdout)  # it learns
+            self.assertIn("saved /tmp/offload_example.pt", done.stdout)
+            saved = torch.load("/tmp/offload_example.pt")["model"]
+            self.assertEqual(saved["model.embed_tokens.weight"].shape, (256, 64))  # weights, not placeholders
 
     def test_bad_settings_and_checkpoints_are_refused(self):
         m = model()

@@ -3,9 +3,11 @@
 larger than their GPU on one GPU: bf16, ZeRO stage 2 with the optimizer offloaded to the CPU
 (DeepSpeedCPUAdam, pinned buffers, overlapped communication), or stage 3 with parameters
 offloaded too; activation checkpointing. The model is torch_baseline.py's (fused QKV and
-gate/up, torch.nn.RMSNorm, RoPE tables, SDPA), the data the same bytes. One process, world size
-1. Prints one JSON line at the end in torch_baseline.py's form (peak_alloc_bytes: the most GPU
-memory PyTorch held reserved, which DeepSpeed's buffers live in).
+gate/up, torch.nn.RMSNorm, RoPE tables, SDPA), or with --hf transformers' LlamaForCausalLM of the
+same shape (as a Hugging Face user trains it with DeepSpeed); the data the same bytes. One process,
+world size 1. Prints one JSON line at the end in torch_baseline.py's form (peak_alloc_bytes: the
+most GPU memory PyTorch held reserved, which DeepSpeed's buffers live in; nvml_all_mib: nvidia-smi's
+figure for every process).
 
 DeepSpeed is not on the lent machine: carry its sdist and the wheels it lacks (see
 tools/bench/run_bench.sh's DEEPSPEED=1).
@@ -18,7 +20,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_baseline import PRESETS, Decoder, init_like_tierd, random_batch, timed_steps  # noqa: E402
+from torch_baseline import PRESETS, Decoder, hf_llama, init_like_tierd, nvml_mib, random_batch, timed_steps  # noqa: E402
 
 
 def main():
@@ -34,6 +36,7 @@ def main():
     p.add_argument("--data", required=True, help="a text file; its bytes are the tokens")
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--hf", action="store_true", help="transformers' LlamaForCausalLM of the preset's shape")
     a = p.parse_args()
     for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                        "MASTER_PORT": "29533"}.items():
@@ -58,13 +61,19 @@ def main():
         "gradient_clipping": 1.0,
         "steps_per_print": 10 ** 9,
     }
+    def build():
+        if a.hf:  # on the host: DeepSpeed moves (stage 2) or partitions (stage 3) it
+            return hf_llama(a.model_size, a.seq_len, checkpointing=True, device="cpu")
+        return Decoder(layers, c, h, f, v, True, a.seq_len, kv)
+
     # Stage 3 builds the model partitioned (its parameters never whole on the GPU).
     if a.stage == 3:
         with deepspeed.zero.Init(config_dict_or_path=config):
-            model = Decoder(layers, c, h, f, v, True, a.seq_len, kv)
+            model = build()
     else:
-        model = Decoder(layers, c, h, f, v, True, a.seq_len, kv)
-        init_like_tierd(model, layers)
+        model = build()
+        if not a.hf:
+            init_like_tierd(model, layers)
     params = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in model.parameters())
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     torch.cuda.reset_peak_memory_stats()
@@ -74,15 +83,18 @@ def main():
         total = 0.0
         for _ in range(a.grad_accum_steps):
             batch = random_batch(data, a.micro_batch, a.seq_len)
-            out = engine(batch[:, :-1], batch[:, 1:])
+            out = (engine(input_ids=batch[:, :-1], labels=batch[:, :-1]).loss if a.hf
+                   else engine(batch[:, :-1], batch[:, 1:]))
             engine.backward(out)
             engine.step()
             total += out.item()
         return total / a.grad_accum_steps
 
     timed, loss = timed_steps(a.steps, a.timing_skip, one_step, "deepspeed")
+    mine, every = nvml_mib()
     tps = tokens * (a.steps - a.timing_skip) / timed if timed > 0 else 0.0
-    print(json.dumps({"run": f"deepspeed zero-{a.stage} offload +ckpt", "model": a.model_size, "params": params,
+    print(json.dumps({"run": f"deepspeed zero-{a.stage} offload{' hf' if a.hf else ''} +ckpt", "model": a.model_size,
+                      "params": params, "nvml_mib": mine, "nvml_all_mib": every,
                       "batch": a.micro_batch, "micro_batches": a.grad_accum_steps, "seq": a.seq_len,
                       "tokens_per_s": tps, "tflops_6n": 6 * params * tps / 1e12,
                       "peak_alloc_bytes": torch.cuda.max_memory_reserved(), "final_loss": loss}), flush=True)

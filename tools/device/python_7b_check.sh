@@ -9,8 +9,8 @@
 #    COMPILE=1 compiles each layer;
 # 2. PyTorch FSDP2 + CPUOffloadPolicy, pure bf16 (fp32 state, ~108 GB, does not fit a 125 GiB
 #    host), the same model, batch and checkpointing;
-# 3. DEEPSPEED=1: DeepSpeed ZeRO-3 with parameters and optimizer offloaded (run_bench.sh's row,
-#    our decoder of the same shape), or how it ended.
+# 3. DEEPSPEED=1: DeepSpeed ZeRO-3 with parameters and optimizer offloaded, the same transformers
+#    Llama (deepspeed_baseline.py --hf), or how it ended.
 # Then one table: tokens/s, nvidia-smi's GPU memory over every process, and our ratio to each.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -28,13 +28,20 @@ SKIP_TESTS=1 BENCH=0 TIERD_GPU="${TIERD_GPU:-10GiB}" TIERD_DRAM="${TIERD_DRAM:-9
   BENCH2_FLAGS="--hf --model_size=7b --batch_size=$batch --checkpointing --steps=$steps --skip=2 --warmup=${WARMUP:-10} --bf16 $baseline \
   --variants=adamw8bit:noclip:offload --dram=${SESSION_DRAM:-80GiB} --gpu_quota=${QUOTA:-8GiB} ${COMPILE:+--compile_layers}" \
   AFTER="timeout ${PEER_TIMEOUT:-400} python3 tools/bench/fsdp2_baseline.py --hf --bf16 --model_size=7b --batch_size=$batch \
-  --checkpointing --steps=4 --timing_skip=1 --warmup=${WARMUP:-10} --data=$corpus 2>&1 | grep -v Warn | tee $out/fsdp2.log | tail -n 5" \
+  --checkpointing --steps=4 --timing_skip=1 --warmup=${WARMUP:-10} --data=$corpus > $out/fsdp2.raw 2>&1; \
+  echo \$? > $out/fsdp2.exit; grep -v Warn $out/fsdp2.raw | tee $out/fsdp2.log | tail -n 5" \
   tools/device/python_check.sh || status=1
-if [ "${DEEPSPEED:-0}" = 1 ]; then
+if [ "${DEEPSPEED:-0}" = 1 ]; then  # DeepSpeed ZeRO-3, parameters and optimizer offloaded, the same transformers Llama
   free -g | head -n 2
-  OUT="$out/deepspeed" MODELS=7b TORCH=0 NONE=0 BUDGETS="" DEEPSPEED=3 DS_BATCH="$batch" STEPS=4 SKIP=1 \
-    timeout "${PEER_TIMEOUT:-400}" tools/bench/run_bench.sh > "$out/deepspeed.log" 2>&1
-  echo "deepspeed: exit $? (137: killed, as by the OOM killer; 124: out of time)"; tail -n 4 "$out/deepspeed.log"
+  if ! python3 -c "import deepspeed" 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --target /tmp/site \
+      .whl/*.whl .whl/deepspeed-*.tar.gz && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+  fi
+  timeout "${PEER_TIMEOUT:-400}" python3 tools/bench/deepspeed_baseline.py --hf --model_size=7b --micro_batch="$batch" \
+    --stage=3 --steps=4 --timing_skip=1 --data="$corpus" > "$out/deepspeed.log" 2>&1
+  code=$?; echo "$code" > "$out/deepspeed.exit"
+  echo "deepspeed: exit $code (137: killed, as by the OOM killer; 124: out of time)"; grep -v Warn "$out/deepspeed.log" | tail -n 4
+  free -g | head -n 2
 fi
 python3 - "$out" <<'PY'
 import json, re, sys
@@ -46,13 +53,18 @@ agree = re.search(r"^ratio: .*", bench2, re.M)
 ours = re.search(r"^tierd OffloadOptimizer .*?: ([\d,]+) tokens/s.*?([\d.]+) GiB every process", bench2, re.M)
 if ours:
     rows.append(("tierd (offload + 8-bit OffloadOptimizer)", float(ours.group(1).replace(",", "")), float(ours.group(2))))
-for name, path in (("FSDP2 CPU offload, pure bf16", "fsdp2.log"), ("DeepSpeed ZeRO-3 offload", "deepspeed/bench.jsonl")):
+for name, path in (("FSDP2 CPU offload, pure bf16", "fsdp2.log"), ("DeepSpeed ZeRO-3 offload", "deepspeed.log")):
     try:
         line = [l for l in open(f"{out}/{path}") if l.startswith("{")][-1]
         r = json.loads(line)
         rows.append((name, r["tokens_per_s"], r.get("nvml_all_mib", float("nan")) / 1024))
     except (OSError, IndexError):
-        rows.append((name, None, None))
+        try:
+            code = int(open(f"{out}/{path.split('.')[0]}.exit").read())
+            how = {137: "killed (the OOM killer?)", 124: "out of time"}.get(code, "failed")
+            rows.append((f"{name}: {how}, exit {code}", None, None))
+        except (OSError, ValueError):
+            rows.append((name, None, None))
 if base:
     rows.append(("PyTorch without offload, fp32 weights + bf16 autocast, fused AdamW, whole GPU",
                  float(base.group(1).replace(",", "")), float(base.group(2))))

@@ -231,15 +231,17 @@ std::vector<absl::StatusOr<ipc::RingMessage>> Client::RingCalls(const std::vecto
   for (size_t first = 0; first < requests.size(); first += ipc::kRingSlots) {
     const size_t count = std::min<size_t>(ipc::kRingSlots, requests.size() - first);
     const auto start = std::chrono::steady_clock::now();
+    const uint64_t first_sequence = ring_sequence_ + 1;
     size_t pushed = 0;
     for (; pushed < count; ++pushed) {
       ipc::RingMessage message = requests[first + pushed];
-      message.sequence = ++ring_sequence_;
+      message.sequence = first_sequence + pushed;
       if (!ipc::RingPush(ring_->requests, message)) break;
+      ring_sequence_ = message.sequence;
     }
     // Every pushed request is answered before the next exchange (the rings stay in step).
     for (size_t k = 0; k < count; ++k) {
-      answers.push_back(k < pushed ? RingAnswer(ring_sequence_ - pushed + 1 + k)
+      answers.push_back(k < pushed ? RingAnswer(first_sequence + k)
                                    : absl::InternalError("the hot-path ring is full: tierd stopped serving this session"));
     }
     // Each request's share of the exchange, by kind.

@@ -304,32 +304,7 @@ absl::StatusOr<void*> Client::Acquire(const Tensor& tensor, Access access, Place
 }
 
 absl::Status Client::Release(const Tensor& tensor, void* cuda_stream) {
-#ifdef TIERD_HAVE_CUDA
-  auto stream = static_cast<cudaStream_t>(cuda_stream);
-  if (ring_ != nullptr && !fake_gpu_ && !release_events_.empty()) {
-    uint32_t index;
-    {
-      absl::MutexLock lock(&ring_mutex_);
-      index = next_release_event_++ % release_events_.size();
-    }
-    const auto start = std::chrono::steady_clock::now();
-    const cudaError_t recorded = cudaEventRecord(static_cast<cudaEvent_t>(release_events_[index]), stream);
-    {
-      absl::MutexLock lock(&ring_mutex_);
-      ring_times_.event_record_seconds +=
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    }
-    if (recorded != cudaSuccess) return absl::InternalError("recording the release event on the stream failed");
-    return RingCall(ipc::ToRing({.kind = ipc::HotPathKind::kRelease, .tensor = tensor.id, .release_event = index + 1}))
-        .status();
-  }
-  if (cudaStreamSynchronize(stream) != cudaSuccess) {
-    return absl::InternalError("synchronising the stream before the release failed");
-  }
-#else
-  (void)cuda_stream;
-#endif
-  return Release(tensor);
+  return ReleaseAll({&tensor}, cuda_stream);
 }
 
 Client::RingTimes Client::ring_times() const {

@@ -17,16 +17,26 @@ except ImportError as e:
     WHY_NOT = f"torch is not importable here: {e}"
 
 
+class SelfCheckpointedBlock(torch.nn.Sequential if WHY_NOT is None else object):
+    """A block that checkpoints its own forward, its module hooks outside the checkpoint (as
+    transformers 5's layers do): the backward recomputes it without running them."""
+
+    def forward(self, x):
+        return torch.utils.checkpoint.checkpoint(super().forward, x, use_reentrant=False)
+
+
 class TinyLm(torch.nn.Module if WHY_NOT is None else object):
-    """Embedding, two blocks, a norm and a head tied to the embedding (one parameter, two modules)."""
+    """Embedding, two blocks, a norm and a head tied to the embedding (one parameter, two modules).
+    checkpointing: True, each block through torch.utils.checkpoint; "inside", blocks that
+    checkpoint their own forward."""
 
     def __init__(self, vocab=64, d=32, checkpointing=False):
         super().__init__()
-        self.checkpointing = checkpointing
+        self.checkpointing = checkpointing is True
         self.embed = torch.nn.Embedding(vocab, d)
+        block = SelfCheckpointedBlock if checkpointing == "inside" else torch.nn.Sequential
         self.blocks = torch.nn.ModuleList(
-            torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(), torch.nn.Linear(4 * d, d))
-            for _ in range(2))
+            block(torch.nn.Linear(d, 4 * d), torch.nn.GELU(), torch.nn.Linear(4 * d, d)) for _ in range(2))
         self.norm = torch.nn.LayerNorm(d)
         self.head = torch.nn.Linear(d, vocab, bias=False)
         self.head.weight = self.embed.weight
@@ -123,6 +133,24 @@ class OffloadTest(unittest.TestCase):
         got, _ = self.trained(moved, tokens, weights, name="ckpt-moved")
         self.assertEqual(got, want)
         self.assertEqual([s.uses for s in weights._slots], [0] * len(weights._slots))
+
+    def test_a_unit_that_checkpoints_its_own_forward_recomputes_with_the_leases(self):
+        # Its hooks stay outside the checkpoint: the unit's weights are acquired again when its
+        # output's gradient arrives, before the recomputation, not left as placeholders.
+        for units in (True, False):
+            torch.manual_seed(3)
+            plain = TinyLm(checkpointing="inside")
+            moved = copy.deepcopy(plain)
+            weights = tt.offload(moved, client=self.session(f"inside-{units}"),
+                                 units=list(moved.blocks) if units else None)
+            tokens = data(4)
+            want, _ = self.trained(plain, tokens, name=f"inside-plain-{units}")
+            got, _ = self.trained(moved, tokens, weights, name=f"inside-moved-{units}")
+            self.assertEqual(got, want, f"units {units}")
+            state = weights.state_dict()
+            for name, p in plain.named_parameters():
+                self.assertTrue(torch.equal(state[name], p.detach()), f"units {units}: {name}")
+            self.assertEqual([s.uses for s in weights._slots], [0] * len(weights._slots))
 
     def test_the_planner_follows_the_first_iterations_order(self):
         torch.manual_seed(4)

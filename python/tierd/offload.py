@@ -149,9 +149,11 @@ class Offloaded:
         # its own (those not inside a unit).
         self._hook_slots = {}
         inside = set()
+        self._units = set()
         for unit in _units_of(model, units):
             slots = list({id(s): s for p in unit.parameters() if (s := self._by_param.get(id(p))) is not None}.values())
             self._hook_slots[unit] = slots
+            self._units.add(id(unit))
             inside.update(id(m) for m in unit.modules())
         for module in model.modules():
             if id(module) in inside:
@@ -270,7 +272,30 @@ class Offloaded:
     def _after(self, module, args, out):
         if torch.is_grad_enabled() and torch._C._current_graph_task_id() != -1:
             return  # recomputing: released with the gradient
-        self._unuse_all(self._hook_slots[module])
+        slots = self._hook_slots[module]
+        if id(module) in self._units and torch.is_grad_enabled():
+            self._acquire_before_backward(module, out, slots)
+        self._unuse_all(slots)
+
+    def _acquire_before_backward(self, module, out, slots):
+        """A unit may checkpoint its own forward with its hooks outside the checkpoint (transformers
+        5 checkpoints a layer's `forward`, as FSDP2 wants): the backward then recomputes it without
+        running them, on the placeholders. So the unit's parameters are acquired again when the
+        gradient of its output arrives, before its backward (and any recomputation) starts, as
+        FSDP2 gathers its parameters; counted as backward uses, released with their gradients."""
+        outputs = [t for t in _tensors_in(out) if t.requires_grad]
+        if not outputs:
+            return
+        name = self._names.get(id(module), type(module).__name__)
+
+        def acquire(_grads):
+            if self.plan is not None:
+                self.plan.op(("backward of unit", name), slots)
+            self._use_all(slots, f"the backward of '{name}'")
+            for slot in slots:
+                self._count_backward_use(slot)
+
+        torch.autograd.graph.register_multi_grad_hook(outputs, torch._dynamo.disable(acquire), mode="any")
 
     def _count_backward_use(self, slot):
         with self._lock:
@@ -373,6 +398,18 @@ def offload(model, client=None, runtime_dir=None, label="offloaded-model", gpu=0
     device = next(model.parameters()).device
     place = "gpu" if device.type == "cuda" or client.fake_gpu else "host"
     return Offloaded(model, client, name, place, plan, units)
+
+
+def _tensors_in(value):
+    """The tensors in a module's output: a tensor, or nested tuples, lists and dicts of them (a
+    transformers ModelOutput is a dict)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors_in(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors_in(v)]
+    return []
 
 
 def _units_of(model, units):

@@ -152,6 +152,16 @@ class OffloadTest(unittest.TestCase):
                 self.assertTrue(torch.equal(state[name], p.detach()), f"units {units}: {name}")
             self.assertEqual([s.uses for s in weights._slots], [0] * len(weights._slots))
 
+    def test_a_units_parameter_the_forward_did_not_use_is_released(self):
+        model = TinyLm(checkpointing="inside")
+        model.blocks[0].append(torch.nn.Linear(32, 32))  # in the unit, never called
+        model.blocks[0].forward = lambda x, block=model.blocks[0]: torch.utils.checkpoint.checkpoint(
+            lambda y: block[2](block[1](block[0](y))), x, use_reentrant=False)
+        weights = tt.offload(model, client=self.session("unused"), units=list(model.blocks))
+        loss_of(model, data(1)[0]).backward()
+        self.assertEqual([s.uses for s in weights._slots], [0] * len(weights._slots))
+        self.assertTrue(all(s.idle.is_set() for s in weights._slots))
+
     def test_the_planner_follows_the_first_iterations_order(self):
         torch.manual_seed(4)
         plain = TinyLm()

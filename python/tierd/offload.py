@@ -294,6 +294,10 @@ class Offloaded:
             self._use_all(slots, f"the backward of '{name}'")
             for slot in slots:
                 self._count_backward_use(slot)
+            # A parameter the forward did not use gets no gradient (and no post-accumulate hook):
+            # whatever is still counted at the end of the backward is released then.
+            torch.autograd.Variable._execution_engine.queue_callback(
+                lambda: [self._backward_done(slot) for slot in slots])
 
         torch.autograd.graph.register_multi_grad_hook(outputs, torch._dynamo.disable(acquire), mode="any")
 

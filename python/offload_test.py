@@ -162,6 +162,19 @@ class OffloadTest(unittest.TestCase):
         self.assertEqual([s.uses for s in weights._slots], [0] * len(weights._slots))
         self.assertTrue(all(s.idle.is_set() for s in weights._slots))
 
+    def test_a_refused_acquire_in_the_backward_holds_nothing(self):
+        model = TinyLm(checkpointing="inside")
+        weights = tt.offload(model, client=self.session("refused-backward"), units=list(model.blocks))
+        loss = loss_of(model, data(1)[0])
+        gone = [s for s in weights._slots if s.name.startswith("blocks.1.")][0]
+        weights.client.unlease(gone.lease)  # the backward's acquire of block 1 is refused
+        with self.assertRaises(tierd.TierdError) as e:
+            loss.backward()
+        self.assertEqual(e.exception.code, "NOT_FOUND")
+        self.assertIn("the backward of 'blocks.1'", str(e.exception))
+        self.assertEqual([s.uses for s in weights._slots], [0] * len(weights._slots))
+        self.assertTrue(all(s.idle.is_set() for s in weights._slots))
+
     def test_the_planner_follows_the_first_iterations_order(self):
         torch.manual_seed(4)
         plain = TinyLm()

@@ -291,7 +291,12 @@ class Offloaded:
         def acquire(_grads):
             if self.plan is not None:
                 self.plan.op(("backward of unit", name), slots)
-            self._use_all(slots, f"the backward of '{name}'")
+            try:
+                self._use_all(slots, f"the backward of '{name}'")
+            except BaseException:
+                self._unuse_all(slots)  # no forward hook comes after a backward to take the uses back
+                self._end_failed_backward()
+                raise
             for slot in slots:
                 self._count_backward_use(slot)
             # A parameter the forward did not use gets no gradient (and no post-accumulate hook):
@@ -320,9 +325,20 @@ class Offloaded:
         slot = saved.slot
         if self.plan is not None:
             self.plan.op(("backward", slot.name), [slot])
-        base = self._use(slot, f"the backward of {slot.name}")
+        try:
+            base = self._use(slot, f"the backward of {slot.name}")
+        except BaseException:
+            self._unuse(slot)
+            self._end_failed_backward()
+            raise
         self._count_backward_use(slot)
         return torch.as_strided(base, saved.shape, saved.stride, saved.offset)
+
+    def _end_failed_backward(self):
+        """The backward stops with an error: no more gradients will come, so what it acquired is
+        released now."""
+        for slot in self._slots:
+            self._backward_done(slot)
 
     def _gradient_accumulated(self, p):
         self._backward_done(self._by_param[id(p)])

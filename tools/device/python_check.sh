@@ -13,7 +13,8 @@ cd "$(dirname "$0")/../.."
 out="${OUT:-/tmp/tierd-out}"; mkdir -p "$out"
 export LD_LIBRARY_PATH="$PWD/.carry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 status=0
-echo "== machine: $(nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader); $(python3 --version)"
+echo "== machine: $(nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader); $(python3 --version);" \
+  "$(python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' 2>&1 | tail -n 1)"
 for t in $([ "${SKIP_TESTS:-0}" = 1 ] || echo client_test offload_optimizer_test offload_test); do
   TEST_TMPDIR=$(mktemp -d) XML_OUTPUT_FILE="$out/$t.xml" TIERD_TEST_GPU=cuda \
     python/run_python_test.sh python3 "python/$t.py" .carry/bin/tierd .carry/python/_tierd.so > "$out/$t.log" 2>&1 || status=1

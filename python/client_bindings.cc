@@ -358,7 +358,6 @@ void AddClient(py::module_& m) {
                    "memoryview(view) in host memory.")
       .def_property_readonly("data_ptr", [](const View& v) { return reinterpret_cast<uintptr_t>(v.data); })
       .def_property_readonly("nbytes", [](const View& v) { return v.bytes; })
-      .def_property_readonly("ptr", [](const View& v) { return reinterpret_cast<uintptr_t>(v.data); })
       .def_property_readonly("on_gpu", [](const View& v) { return v.on_gpu; })
       .def_property_readonly("dtype", [](const View& v) { return std::string(DTypeName(v.dtype)); })
       .def_property_readonly("shape", [](const View& v) { return py::tuple(py::cast(v.shape)); })

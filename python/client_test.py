@@ -41,7 +41,7 @@ class ClientTest(unittest.TestCase):
         self.assertEqual([v.nbytes for v in views], [400] * 5)
         for i, v in enumerate(views):
             memoryview(v)[:] = bytes([i]) * 400
-            self.assertNotEqual(v.ptr, 0)
+            self.assertNotEqual(v.data_ptr, 0)
         self.client.release_all(ts)
         for i, t in enumerate(ts):  # one by one: what was written through acquire_all
             self.assertEqual(bytes(memoryview(self.client.acquire(t, "read", "host"))), bytes([i]) * 400)

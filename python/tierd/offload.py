@@ -20,7 +20,7 @@ plan=True registers the first iteration's order of parameter uses as tierd's gra
 module forward and per backward use, timed) and says each op's start from then on, so tierd moves
 the weights ahead of need (mark_iteration's recording did not work here: the optimizer's writes,
 from its own threads, fell anywhere in the recorded iteration). On the H200 box it gave 1.10x at
-1.3B and nothing at 7B, where the host's optimizer step is the step (2026-12-04); not the default.
+1.3B (2026-12-04; 7B not yet measured validly); not the default.
 
 torch.compile of the model's blocks works with units= (the blocks, a ModuleList of them, or their
 class): a unit acquires its whole subtree's parameters in hooks that run eagerly around the

@@ -362,9 +362,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
         master = as_tensor(views[0]).reshape(-1)
         held = [s.master, s.grad] + s.moments + ([offloaded[1].lease] if into_lease else [])
         try:
-            grad = views[1].ptr
-            m, *v = [x.ptr for x in views[2:2 + len(s.moments)]]
-            out = views[-1].ptr if into_lease else s.weights_out.data_ptr() if bf16_out and not direct else 0
+            grad = views[1].data_ptr
+            m, *v = [x.data_ptr for x in views[2:2 + len(s.moments)]]
+            out = views[-1].data_ptr if into_lease else s.weights_out.data_ptr() if bf16_out and not direct else 0
             decay = wd > 0
             kernel_start = time.perf_counter()
             if self.opt == "lion":
@@ -586,7 +586,6 @@ class OffloadOptimizer(torch.optim.Optimizer):
         for s in self._slots:
             for lease in [s.master, s.grad] + s.moments:
                 self.client.unlease(lease)
-
 
     def _stop_workers(self):
         """Its threads end once the work queued is done (each queue's last item)."""

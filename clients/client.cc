@@ -312,10 +312,7 @@ Client::RingTimes Client::ring_times() const {
   return ring_times_;
 }
 
-absl::Status Client::Release(const Tensor& tensor) {
-  if (ring_ == nullptr) return ReleaseRpc(tensor);
-  return RingCall(ipc::ToRing({.kind = ipc::HotPathKind::kRelease, .tensor = tensor.id})).status();
-}
+absl::Status Client::Release(const Tensor& tensor) { return ReleaseAll({&tensor}); }
 
 absl::StatusOr<std::vector<void*>> Client::AcquireAll(const std::vector<AcquireItem>& items, Place place) {
   std::vector<void*> pointers(items.size(), nullptr);
@@ -378,15 +375,7 @@ absl::Status Client::ReleaseAll(const std::vector<const Tensor*>& tensors, void*
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
     if (recorded != cudaSuccess) return absl::InternalError("recording the release event on the stream failed");
-    std::vector<ipc::RingMessage> requests;
-    requests.reserve(tensors.size());
-    for (const Tensor* tensor : tensors) {
-      requests.push_back(
-          ipc::ToRing({.kind = ipc::HotPathKind::kRelease, .tensor = tensor->id, .release_event = index + 1}));
-    }
-    absl::Status first = absl::OkStatus();
-    for (const auto& answer : RingCalls(requests)) first.Update(answer.status());
-    return first;
+    return ReleaseOnRing(tensors, index + 1);
   }
   if (cudaStreamSynchronize(stream) != cudaSuccess) {
     return absl::InternalError("synchronising the stream before the release failed");
@@ -398,16 +387,20 @@ absl::Status Client::ReleaseAll(const std::vector<const Tensor*>& tensors, void*
 }
 
 absl::Status Client::ReleaseAll(const std::vector<const Tensor*>& tensors) {
+  if (ring_ != nullptr) return ReleaseOnRing(tensors, 0);
   absl::Status first = absl::OkStatus();
-  if (ring_ == nullptr) {
-    for (const Tensor* tensor : tensors) first.Update(ReleaseRpc(*tensor));
-    return first;
-  }
+  for (const Tensor* tensor : tensors) first.Update(ReleaseRpc(*tensor));
+  return first;
+}
+
+absl::Status Client::ReleaseOnRing(const std::vector<const Tensor*>& tensors, uint64_t release_event) {
   std::vector<ipc::RingMessage> requests;
   requests.reserve(tensors.size());
   for (const Tensor* tensor : tensors) {
-    requests.push_back(ipc::ToRing({.kind = ipc::HotPathKind::kRelease, .tensor = tensor->id}));
+    requests.push_back(
+        ipc::ToRing({.kind = ipc::HotPathKind::kRelease, .tensor = tensor->id, .release_event = release_event}));
   }
+  absl::Status first = absl::OkStatus();
   for (const auto& answer : RingCalls(requests)) first.Update(answer.status());
   return first;
 }

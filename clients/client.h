@@ -151,6 +151,8 @@ class Client {
   std::vector<absl::StatusOr<ipc::RingMessage>> RingCalls(const std::vector<ipc::RingMessage>& requests);
   // The answer to the request numbered `sequence`, the next on the response ring.
   absl::StatusOr<ipc::RingMessage> RingAnswer(uint64_t sequence) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ring_mutex_);
+  // Releases in one ring exchange, each naming `release_event` (1 + a shared event's index; 0: none).
+  absl::Status ReleaseOnRing(const std::vector<const Tensor*>& tensors, uint64_t release_event);
   absl::StatusOr<void*> PointerFor(const Tensor& tensor, Place place, uint64_t arena,
                                    uint64_t offset, uint64_t bytes) const;
 

@@ -202,7 +202,13 @@ MapPlanes MakePlanes(const float* map) {
 }
 
 // The planes of one of the two maps; null for any other table.
-const MapPlanes* PlanesOf(const float* map);
+const MapPlanes* PlanesOf(const float* map) {
+  static const MapPlanes signed_planes = MakePlanes(DynamicMap(true).data());
+  static const MapPlanes unsigned_planes = MakePlanes(DynamicMap(false).data());
+  if (map == DynamicMap(true).data()) return &signed_planes;
+  if (map == DynamicMap(false).data()) return &unsigned_planes;
+  return nullptr;
+}
 
 // The unpacks interleave within 128-bit lanes: output vector q's value 4L + e (lane L, e < 4)
 // comes from the permuted codes' byte 16L + 4q + e, so that byte takes code 16q + 4L + e.
@@ -348,16 +354,6 @@ const std::array<float, q8::kCodes - 1>& Thresholds(bool is_signed) {
 
 const int32_t* CodeTable(bool is_signed) { return TableFor(is_signed); }
 
-namespace {
-const MapPlanes* PlanesOf(const float* map) {
-  static const MapPlanes signed_planes = MakePlanes(DynamicMap(true).data());
-  static const MapPlanes unsigned_planes = MakePlanes(DynamicMap(false).data());
-  if (map == DynamicMap(true).data()) return &signed_planes;
-  if (map == DynamicMap(false).data()) return &unsigned_planes;
-  return nullptr;
-}
-}  // namespace
-
 uint8_t CodeOf(bool is_signed, float normalized) {
   return static_cast<uint8_t>(LookupCode(TableFor(is_signed), normalized));
 }
@@ -413,27 +409,29 @@ q8::ElementStep ElementStepFor(const HostAdamWParams& p) {
   return s;
 }
 
-void HostAdamW8bit(float* master, void* m_bytes, void* v_bytes, uint16_t* weights_bf16, const float* grads,
-                   int64_t n, const HostAdamWParams& p, int threads) {
-  const q8::ElementStep step = ElementStepFor(p);
-  const Moment8bit m = MomentAt(m_bytes, n), v = MomentAt(v_bytes, n);
-  const int64_t blocks = static_cast<int64_t>(QuantBlocks(n));
-  ParallelFor(
-      blocks, 60.0 * n,
-      [&](int64_t first, int64_t last) { StepBlocks(first, last, master, m, v, weights_bf16, grads, nullptr, n, step); },
-      threads);
-}
-
-void HostAdamW8bitFromBf16(float* master, void* m_bytes, void* v_bytes, uint16_t* weights_bf16,
-                           const uint16_t* grads_bf16, int64_t n, const HostAdamWParams& p, int threads) {
+namespace {
+// The step over every block, the gradients as fp32 or as bf16 (one of the two null).
+void Step8bit(float* master, void* m_bytes, void* v_bytes, uint16_t* weights_bf16, const float* grads,
+              const uint16_t* grads_bf16, int64_t n, const HostAdamWParams& p, int threads) {
   const q8::ElementStep step = ElementStepFor(p);
   const Moment8bit m = MomentAt(m_bytes, n), v = MomentAt(v_bytes, n);
   ParallelFor(
       static_cast<int64_t>(QuantBlocks(n)), 60.0 * n,
       [&](int64_t first, int64_t last) {
-        StepBlocks(first, last, master, m, v, weights_bf16, nullptr, grads_bf16, n, step);
+        StepBlocks(first, last, master, m, v, weights_bf16, grads, grads_bf16, n, step);
       },
       threads);
+}
+}  // namespace
+
+void HostAdamW8bit(float* master, void* m_bytes, void* v_bytes, uint16_t* weights_bf16, const float* grads,
+                   int64_t n, const HostAdamWParams& p, int threads) {
+  Step8bit(master, m_bytes, v_bytes, weights_bf16, grads, nullptr, n, p, threads);
+}
+
+void HostAdamW8bitFromBf16(float* master, void* m_bytes, void* v_bytes, uint16_t* weights_bf16,
+                           const uint16_t* grads_bf16, int64_t n, const HostAdamWParams& p, int threads) {
+  Step8bit(master, m_bytes, v_bytes, weights_bf16, nullptr, grads_bf16, n, p, threads);
 }
 
 }  // namespace tierd::trainer

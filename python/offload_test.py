@@ -152,6 +152,34 @@ class OffloadTest(unittest.TestCase):
                 self.assertTrue(torch.equal(state[name], p.detach()), f"units {units}: {name}")
             self.assertEqual([s.uses for s in weights._slots], [0] * len(weights._slots))
 
+    def test_a_transformers_llama_with_checkpointing_trains_as_in_place(self):
+        # transformers 5 checkpoints each decoder layer's forward with the module hooks outside.
+        try:
+            import transformers
+        except ImportError as e:
+            self.skipTest(f"transformers is not importable here: {e}")
+        torch.manual_seed(0)
+        config = transformers.LlamaConfig(hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, vocab_size=64,
+                                          max_position_embeddings=32)
+        plain = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+        plain.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        moved = copy.deepcopy(plain)
+        layer = transformers.models.llama.modeling_llama.LlamaDecoderLayer
+        weights = tt.offload(moved, client=self.session("llama"), units=layer)
+        tokens = data(4)
+        llama_loss = lambda m, t: m(input_ids=t, labels=t).loss  # noqa: E731
+        want = test_util.train_steps(plain, self._opt(plain, self.session("llama-plain")), tokens, llama_loss)
+        got = test_util.train_steps(moved, self._opt(moved, weights.client), tokens, llama_loss)
+        self.assertEqual(got, want)
+        self.assertLess(want[-1], want[0])
+        self.assertEqual([s.uses for s in weights._slots], [0] * len(weights._slots))
+
+    def _opt(self, model, client):
+        opt = tt.OffloadOptimizer(model.parameters(), lr=3e-3, max_grad_norm=1.0, client=client, name="llama")
+        self.closing.append(opt.close)  # closed before its client (tearDown goes in reverse)
+        return opt
+
     def test_a_units_parameter_the_forward_did_not_use_is_released(self):
         model = TinyLm(checkpointing="inside")
         model.blocks[0].append(torch.nn.Linear(32, 32))  # in the unit, never called

@@ -57,6 +57,9 @@ class ClientTest(unittest.TestCase):
             self.assertEqual(e.exception.code, "FAILED_PRECONDITION")
         with self.assertRaises(tierd.TierdError):
             self.client.acquire_all([(ts[0], "read")], place="attic")
+        with self.assertRaises(tierd.TierdError) as e:  # the extension's own check, past the wrapper
+            self.client._client.acquire_all(ts[:2], ["read"], "host")
+        self.assertIn("2 tensors but 1 accesses", str(e.exception))
 
     def test_the_sessions_usage_and_the_tiers_statistics(self):
         t = self.client.lease("a", (256, 1024), dtype="bfloat16")

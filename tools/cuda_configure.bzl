@@ -5,7 +5,9 @@ With a toolkit (nvcc + cuda_runtime.h under TIERD_CUDA_PATH, default
 HAS_CUDA = True in @local_cuda//:defs.bzl (HAS_CUDNN too when cudnn.h is beside
 the toolkit's headers: cuDNN's attention is built). Without one: the same targets, empty,
 HAS_CUDA = False, and one message at fetch time saying the build is CPU-only
-(the fake GPU is used at run time).
+(the fake GPU is used at run time). TIERD_CUDA_PATH=none leaves a toolkit out on purpose
+(tools/test_all.sh's sanitizer pass: ASan does not instrument device code, and no GPU test
+runs where CI runs, so compiling every kernel again there bought nothing).
 """
 
 _REAL_BUILD = """package(default_visibility = ["//visibility:public"])
@@ -45,6 +47,12 @@ cc_library(name = "cublasLt")
 
 def _cuda_configure_impl(rctx):
     path = rctx.os.environ.get("TIERD_CUDA_PATH", "") or "/usr/local/cuda"
+    if path == "none":
+        print("tierd: TIERD_CUDA_PATH=none: building CPU-only on purpose (fake GPU).")
+        rctx.file("BUILD.bazel", _EMPTY_BUILD.format(path = path))
+        rctx.file("WORKSPACE", "workspace(name = %r)\n" % rctx.name)
+        rctx.file("defs.bzl", "HAS_CUDA = False\nHAS_CUDNN = False\nCUDA_PATH = %r\n" % path)
+        return
     nvcc = rctx.path(path + "/bin/nvcc")
     header = rctx.path(path + "/include/cuda_runtime.h")
     has_cuda = nvcc.exists and header.exists

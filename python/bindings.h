@@ -36,6 +36,7 @@ T Value(absl::StatusOr<T>&& value) {
 
 void AddClient(pybind11::module_& m);          // client_bindings.cc
 void AddHostOptimizers(pybind11::module_& m);  // host_optimizer_bindings.cc
+void AddGpuOptimizers(pybind11::module_& m);   // gpu_optimizer_bindings.cc
 
 }  // namespace tierd::python
 

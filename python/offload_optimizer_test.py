@@ -311,6 +311,75 @@ class OffloadOptimizerTest(unittest.TestCase):
         for s, p in zip(opt._slots, bf16.parameters()):
             self.assertTrue(torch.equal(state[s.index]["master"].to(torch.bfloat16), p.detach().reshape(-1).cpu()))
 
+    def test_a_share_stepped_on_the_gpu_gives_the_host_steps_bits(self):
+        # Where a parameter is stepped changes no bit: the GPU's kernels are the host's arithmetic.
+        # On a machine without CUDA the share is stepped on tierd's fake GPU (host memory, the
+        # host's kernel) and this checks the path around it: the gradient kept in its lease on the
+        # GPU tier, its norm in the clip, the state acquired there, the weights written back.
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        for opt_name in ("adamw", "adamw8bit", "lion"):
+            for dtype in (torch.float32, torch.bfloat16):
+                for clip, accumulate in ((None, 1), (0.05, 2)):
+                    data = [(x.to(device), y.to(device)) for x, y in batches(6, dtype=dtype)]
+                    runs = []
+                    for share in (0.0, 0.8):
+                        m = model(dtype=dtype).to(device)
+                        opt = self.offload(m.parameters(), opt=opt_name, lr=1e-2, max_grad_norm=clip,
+                                           accumulation_steps=accumulate, gpu_share=share,
+                                           name=f"share-{opt_name}-{dtype}-{clip}-{share}")
+                        losses = self.train(m, opt, data, accumulate=accumulate)
+                        runs.append((m, losses, opt))
+                    (host, host_losses, _), (split, split_losses, opt) = runs
+                    what = f"{opt_name}, {dtype}, clip {clip}, {accumulate} micro-batches"
+                    self.assertEqual(opt.gpu_values, 512 + 32, what)  # the first Linear's weight and bias
+                    self.assertEqual(host_losses, split_losses, what)
+                    for a, b in zip(host.parameters(), split.parameters()):
+                        self.assertTrue(torch.equal(a, b), what)
+                    self.assertTrue(all(p.grad is None for p in split.parameters()), what)
+                    # The share's state lives in tierd's GPU tier, the rest in DRAM.
+                    tiers = {lease["spec"]["name"]: lease["copies"] for lease in opt.client.leases()["leases"]}
+                    prefix = f"share-{opt_name}-{dtype}-{clip}-0.8"
+                    self.assertEqual(tiers[f"{prefix}.0.master"], ["TIER_GPU"], (what, tiers))
+                    self.assertEqual(tiers[f"{prefix}.2.master"], ["TIER_DRAM"], (what, tiers))
+                    for _, _, done in runs:  # each session's DRAM arena back before the next pair's
+                        self.opened.remove(done)
+                        done.close()
+
+    def test_a_checkpoint_moves_between_gpu_shares(self):
+        # Where parameters are stepped is not in the checkpoint: a run that stepped 80% on the GPU
+        # resumes on the host alone (and back) with the straight run's bits.
+        data = batches(6, dtype=torch.bfloat16)
+        straight = model(dtype=torch.bfloat16)
+        opt = self.offload(straight.parameters(), opt="adamw8bit", lr=1e-3, max_grad_norm=1.0, gpu_share=0.8,
+                           name="moves-straight")
+        self.train(straight, opt, data[:3])
+        saved = {"model": copy.deepcopy(straight.state_dict()), "opt": opt.state_dict()}
+        self.train(straight, opt, data[3:])
+        for share in (0.0, 1.0):
+            resumed = model(seed=7, dtype=torch.bfloat16)
+            opt2 = self.offload(resumed.parameters(), opt="adamw8bit", lr=1e-3, max_grad_norm=1.0, gpu_share=share,
+                                name=f"moves-{share}")
+            resumed.load_state_dict(saved["model"])
+            opt2.load_state_dict(saved["opt"])
+            self.train(resumed, opt2, data[3:])
+            for a, b in zip(straight.parameters(), resumed.parameters()):
+                self.assertTrue(torch.equal(a, b), share)
+
+    def test_gpu_share_settings_are_checked(self):
+        m = model()
+        with self.assertRaisesRegex(ValueError, "gpu_share is the fraction .* from 0 to 1, not 1.5"):
+            tt.OffloadOptimizer(m.parameters(), gpu_share=1.5)
+        # A GPU quota smaller than one parameter's gradient there: the backward says what it needs
+        # (clipping: no update starts in the backward, so this is the first refusal).
+        opt = self.offload(m.parameters(), gpu_share=1.0, gpu="1KiB", max_grad_norm=1.0, name="tiny-gpu")
+        with self.assertRaises(tierd.TierdError) as e:
+            self.train(m, opt, batches(1))
+        text = str(e.exception)
+        self.assertEqual(e.exception.code, "RESOURCE_EXHAUSTED", text)
+        self.assertRegex(text, r"parameter \d \(\(\d+(, \d+)?\)\) is stepped on the GPU \(gpu_share\), and tierd "
+                               r"could not place its gradient there: its state and gradient need [0-9.]+ KiB of the "
+                               r"session's GPU quota at once \(gpu= sets it\)")
+
     def test_the_example_trains_a_transformers_llama(self):
         try:
             import transformers  # noqa: F401
@@ -318,7 +387,9 @@ class OffloadOptimizerTest(unittest.TestCase):
             self.skipTest(f"transformers is not importable here: {e}")
         example = os.path.join(os.environ["TIERD_EXAMPLES"], "offload_optimizer.py")  # run_python_test.sh
         # As given, and with the weights in tierd too (bf16, checkpointing, 8-bit AdamW).
-        for extra in ([], ["--offload_weights", "4MiB", "--opt", "adamw8bit", "--clip", "0", "--accumulate", "1"]):
+        # The second with a share of the parameters stepped on (tierd's fake) GPU.
+        for extra in ([], ["--offload_weights", "4MiB", "--opt", "adamw8bit", "--clip", "0", "--accumulate", "1",
+                           "--gpu_share", "0.5"]):
             done = subprocess.run([sys.executable, example, "--steps", "12", "--dram", "32MiB", "--nvme", "32MiB"] + extra,
                                   capture_output=True, text=True, timeout=300,
                                   env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
@@ -328,6 +399,8 @@ class OffloadOptimizerTest(unittest.TestCase):
             self.assertEqual(len(losses), 12, done.stdout)
             self.assertLess(losses[-1], losses[0] - 0.1, done.stdout)  # it learns
             self.assertIn("saved /tmp/offload_example.pt", done.stdout)
+            if "--gpu_share" in extra:
+                self.assertRegex(done.stdout, r"; 5\d% of them stepped on the GPU")
             saved = torch.load("/tmp/offload_example.pt")["model"]
             self.assertEqual(saved["model.embed_tokens.weight"].shape, (256, 64))  # weights, not placeholders
 

@@ -80,10 +80,10 @@ class OffloadTest(unittest.TestCase):
         self.closing.append(client.close)
         return client
 
-    def trained(self, model, tokens, offloaded=None, accumulate=1, clip=1.0, name="opt", opt="adamw"):
+    def trained(self, model, tokens, offloaded=None, accumulate=1, clip=1.0, name="opt", opt="adamw", gpu_share=0.0):
         client = offloaded.client if offloaded else self.session(f"plain-{name}")
         opt = tt.OffloadOptimizer(model.parameters(), opt=opt, lr=3e-3, max_grad_norm=clip,
-                                  accumulation_steps=accumulate, client=client, name=name)
+                                  accumulation_steps=accumulate, client=client, name=name, gpu_share=gpu_share)
         losses = test_util.train_steps(model, opt, tokens, loss_of, accumulate)
         opt.close()  # its hooks go; the client (the offloaded model's too) stays
         return losses, opt
@@ -122,6 +122,24 @@ class OffloadTest(unittest.TestCase):
                     self.assertTrue(torch.equal(state[name], p.detach()), f"{opt} {name}")
             moved_any = [name for name in before if not torch.equal(weights.state_dict()[name], before[name])]
             self.assertEqual(len(moved_any), len(before), opt)  # every weight was updated
+
+    def test_an_offloaded_share_stepped_on_the_gpu_trains_as_in_place(self):
+        # Stepped on (tierd's fake) GPU, the new weights go straight into the leases there; the
+        # forward after waits for them (on a real GPU: for the step's kernel, through its stream).
+        torch.manual_seed(0)
+        plain = TinyLm().to(torch.bfloat16)
+        moved = copy.deepcopy(plain)
+        weights = tt.offload(moved, client=self.session("share"), units=list(moved.blocks))
+        tokens = data(4)
+        for clip in (None, 1.0):
+            want, _ = self.trained(plain, tokens, clip=clip, name=f"p-share-{clip}", opt="adamw8bit")
+            got, opt = self.trained(moved, tokens, weights, clip=clip, name=f"o-share-{clip}", opt="adamw8bit",
+                                    gpu_share=0.6)
+            self.assertGreater(opt.gpu_values, 0)
+            self.assertEqual(got, want, clip)
+            state = weights.state_dict()
+            for name, p in plain.named_parameters():
+                self.assertTrue(torch.equal(state[name], p.detach()), f"{clip} {name}")
 
     def test_activation_checkpointing_recomputes_with_the_leases(self):
         torch.manual_seed(3)
@@ -376,6 +394,15 @@ class OffloadTest(unittest.TestCase):
         got, _ = self.trained(moved, tokens, weights, name="gpu-moved")
         self.assertEqual(got, want)
         self.assertTrue(all(p.is_cuda for p in moved.parameters()))
+        # bf16, a share stepped on the GPU: its kernel writes the leases there, the next forward waits for it.
+        plain = plain.to(torch.bfloat16)
+        moved = copy.deepcopy(plain)
+        weights = tt.offload(moved, client=self.session("gpu-share"), units=list(moved.blocks))
+        want, _ = self.trained(plain, tokens, name="gpu-share-plain", clip=None, opt="adamw8bit")
+        got, opt = self.trained(moved, tokens, weights, name="gpu-share-moved", clip=None, opt="adamw8bit",
+                                gpu_share=0.6)
+        self.assertGreater(opt.gpu_values, 0)
+        self.assertEqual(got, want)
 
 
 if __name__ == "__main__":

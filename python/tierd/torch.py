@@ -51,8 +51,9 @@ class _Slot:
     """One parameter's leases (master weights, moments, gradient accumulator, all in DRAM/NVMe
     through tierd) and its pinned staging buffers (gradient in, weights out)."""
 
-    def __init__(self, index, param, client, opt, prefix, accumulation_steps):
+    def __init__(self, index, param, client, opt, prefix, accumulation_steps, on_gpu=False):
         self.index, self.param, self.n = index, param, param.numel()
+        self.on_gpu = on_gpu  # stepped on the GPU (gpu_share): its leases are acquired there
         n = self.n
         name = f"{prefix}.{index}"
         self.master = client.lease(f"{name}.master", (n,), "f32", "opt_state")
@@ -71,7 +72,7 @@ class _Slot:
         self.grad = client.lease(f"{name}.grad", (n,), self.grad_dtype, "grad")
         self.pin = param.is_cuda
         self._grad_in = self._weights_out = None  # made at first use: the pinned arena may make them unneeded
-        self.norm_in = torch.empty(1, dtype=torch.float32, pin_memory=self.pin)  # the gradient's norm, from the GPU
+        self.norm_in = torch.empty(1, dtype=torch.float64, pin_memory=self.pin)  # the gradient's norm, from the GPU
         self.arrivals = 0          # gradients accumulated since the last update
         self.updated_early = False  # its update of this step started in the backward (no clipping)
         self.sum_squares = 0.0     # of the accumulated gradient, as of its last arrival
@@ -117,34 +118,51 @@ class OffloadOptimizer(torch.optim.Optimizer):
         learning rate (and the group's other settings) are read then: set them before the
         backward (an LR scheduler stepped after step() does that).
 
+    gpu_share: the fraction of the parameters' values stepped on the GPU instead (whole
+    parameters in the order given, from the first, until they hold at least that share): their
+    master weights, moments and gradients are tierd leases acquired on the GPU, stepped there by
+    the reference trainer's GPU kernels (the host step's arithmetic: the same bits), and their
+    gradients never leave the GPU. The host's work shrinks by that share, for GPU memory: by
+    default (gpu=0) the session's GPU quota holds their state, so it stays there; a smaller gpu=
+    makes tierd move it in and out around each step (PCIe instead of host arithmetic). With a
+    client given, its quotas apply.
+
     state_dict() / load_state_dict() hold the master weights and moments (CPU tensors), so a
     checkpoint resumes with the same bits.
     """
 
     def __init__(self, params, opt="adamw", lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
                  max_grad_norm=None, accumulation_steps=1, client=None, runtime_dir=None,
-                 label="offload-optimizer", dram=0, nvme=0, threads=0, overlap=True, name="opt"):
+                 label="offload-optimizer", dram=0, nvme=0, threads=0, overlap=True, name="opt", gpu_share=0.0,
+                 gpu=0):
         if opt not in ("adamw", "adamw8bit", "lion"):
             raise ValueError(f"opt is adamw, adamw8bit or lion, not {opt!r}")
         if max_grad_norm is not None and not max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be positive (or None: no clipping), not {max_grad_norm}")
         if int(accumulation_steps) < 1:
             raise ValueError(f"accumulation_steps counts micro-batches a step, from 1, not {accumulation_steps}")
+        if not 0.0 <= float(gpu_share) <= 1.0:
+            raise ValueError(f"gpu_share is the fraction of the parameters' values stepped on the GPU, from 0 to 1, "
+                             f"not {gpu_share}")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
         self.opt, self.max_grad_norm, self.threads, self.overlap = opt, max_grad_norm, threads, overlap
         self.accumulation_steps = int(accumulation_steps)
+        on_gpu = self._gpu_share(float(gpu_share), client)
         self._own_client = client is None  # closed with the optimizer; a client given stays open
-        self.client = client or tierd.connect(runtime_dir, label, gpu="1MiB", dram=dram or "1GiB",
+        gpu_quota = gpu or self._gpu_state_bytes(opt, on_gpu) + (1 << 20)
+        self.client = client or tierd.connect(runtime_dir, label, gpu=gpu_quota, dram=dram or "1GiB",
                                               nvme=nvme or "1GiB")
         self.skipped_steps = 0
         self.last_grad_norm = float("nan")
         self._slots, self._by_param = [], {}
         try:
+            self._check_gpu_share(on_gpu)
             for group in self.param_groups:
                 for p in group["params"]:
                     if not p.requires_grad or id(p) in self._by_param:
                         continue
-                    slot = _Slot(len(self._slots), p, self.client, opt, name, self.accumulation_steps)
+                    slot = _Slot(len(self._slots), p, self.client, opt, name, self.accumulation_steps,
+                                 on_gpu=id(p) in on_gpu)
                     slot.group = group
                     self._slots.append(slot)
                     self._by_param[id(p)] = slot
@@ -155,9 +173,15 @@ class OffloadOptimizer(torch.optim.Optimizer):
             if self._own_client:
                 self.client.close()
             raise tierd._error_in_context(e, text) from e
+        except BaseException:
+            if self._own_client:
+                self.client.close()
+            raise
+        self.gpu_values = sum(s.n for s in self._slots if s.on_gpu)  # stepped on the GPU (gpu_share)
         cuda = any(s.param.is_cuda for s in self._slots)
         self._d2h = torch.cuda.Stream() if cuda else None
         self._h2d = torch.cuda.Stream() if cuda else None
+        self._gpu_steps = torch.cuda.Stream() if cuda and self.gpu_values else None
         self._registered = self._pin_arena() if cuda else None
         self._release_later = []    # (copy's event, master lease): acquired until its copy to the GPU is done
         self._errors = []           # from the worker threads, raised at the next step() or synchronize()
@@ -182,9 +206,62 @@ class OffloadOptimizer(torch.optim.Optimizer):
         for handle in self._offloads.values():
             handle.waits.append(self._wait_for_offloaded)
 
+    def _trainable(self):
+        return list({id(p): p for g in self.param_groups for p in g["params"] if p.requires_grad}.values())
+
+    def _gpu_share(self, share, client):
+        """The ids of the parameters stepped on the GPU: whole parameters in the order given, from
+        the first, until they hold at least `share` of the values. Left on the host: a parameter
+        that is not contiguous or not bf16/fp32, and one offload() holds in another session or as
+        fp32 (its weights are not the step's to write there)."""
+        params = self._trainable()
+        total, chosen, taken = sum(p.numel() for p in params), set(), 0
+        for p in params:
+            if taken >= share * total or share == 0:
+                break
+            offloaded = getattr(p, "_tierd_offload", None)  # its weights in a lease, p a placeholder
+            if offloaded is None and (not p.is_contiguous() or p.dtype not in (torch.bfloat16, torch.float32)):
+                continue
+            if offloaded is not None and (p.dtype != torch.bfloat16 or offloaded[0].client is not client):
+                continue
+            chosen.add(id(p))
+            taken += p.numel()
+        return chosen
+
+    def _gpu_state_bytes(self, opt, on_gpu):
+        """The GPU quota that keeps the state of the parameters stepped there resident: each lease
+        rounded up to 4 KiB."""
+        def page(n):
+            return -(-n // 4096) * 4096
+        total = 0
+        for p in self._trainable():
+            if id(p) in on_gpu:
+                n = p.numel()
+                moment = _tierd.moment8bit_bytes(n) if opt == "adamw8bit" else 4 * n
+                grad = 2 * n if p.dtype == torch.bfloat16 and self.accumulation_steps == 1 else 4 * n
+                total += page(4 * n) + page(moment) * (1 if opt == "lion" else 2) + page(grad)
+        return total
+
+    def _check_gpu_share(self, on_gpu):
+        """The GPU a parameter is stepped on is tierd's: a CUDA model needs a real GPU behind tierd
+        and an extension built with CUDA; a CPU model, tierd's fake GPU (tests, machines without one)."""
+        for p in self._trainable():
+            if id(p) not in on_gpu:
+                continue
+            if p.is_cuda and self.client.fake_gpu:
+                raise ValueError("gpu_share: the parameters are on a CUDA device but tierd's GPU is its fake one "
+                                 "(a tierd built without CUDA, or one that found no GPU): nothing can be stepped on "
+                                 "the GPU through it; use gpu_share=0")
+            if p.is_cuda and not _tierd.has_cuda:
+                raise ValueError("gpu_share: this tierd package was built without a CUDA toolkit, so it has no GPU "
+                                 "steps; rebuild it where nvcc is, or use gpu_share=0")
+            if not p.is_cuda and not self.client.fake_gpu:
+                raise ValueError(f"gpu_share: the parameters are on {p.device}, not a CUDA device: a GPU step would "
+                                 "leave their weights on the GPU; move the model to CUDA or use gpu_share=0")
+
     def _state_needs(self, opt, leased):
         """What the whole state asks of tierd, for an error: parameters, values, bytes."""
-        params = list({id(p): p for g in self.param_groups for p in g["params"] if p.requires_grad}.values())
+        params = self._trainable()
         values = sum(p.numel() for p in params)
         moments = {"adamw": 8.0, "adamw8bit": 2.0 + 8.0 / 256, "lion": 4.0}[opt]
         grad = sum(p.numel() * (2 if p.dtype == torch.bfloat16 and self.accumulation_steps == 1 else 4) for p in params)
@@ -224,7 +301,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if self._errors:
             e = self._errors[0]
             self._errors.clear()
-            raise RuntimeError(f"tierd.torch: the optimizer's host work failed: {e}") from e
+            raise RuntimeError(f"tierd.torch: the optimizer's work in its threads failed: {e}") from e
 
     # ---- gradients: off the GPU at once, accumulated on the host ----
 
@@ -238,6 +315,10 @@ class OffloadOptimizer(torch.optim.Optimizer):
             slot.consumed.wait()  # the last micro-batch's gradient is out of grad_in
             self._seconds["hook_waited"] += time.perf_counter() - start
         slot.consumed.clear()
+        if slot.on_gpu:
+            self._gradient_on_gpu(slot, g)
+            p.grad = None
+            return
         direct = False
         if g.is_cuda:
             compute = torch.cuda.current_stream(g.device)
@@ -269,7 +350,49 @@ class OffloadOptimizer(torch.optim.Optimizer):
             slot.grad_in.copy_(g.reshape(-1))
             event = None
         p.grad = None
-        self._arrivals.put((slot, event, direct))
+        self._arrivals.put((slot, event, "direct" if direct else "staged"))
+
+    def _gradient_on_gpu(self, slot, g):
+        """A gradient of a parameter stepped on the GPU goes into its accumulator lease there (copied,
+        or added in fp32), on the compute stream; only its norm leaves the GPU, taken as the host
+        path takes it (fp32 from a bf16 or first direct gradient, else float64 as the host's sums)."""
+        if slot.updated_early:  # more micro-batches than said: _arrived says so, the lease untouched
+            self._arrivals.put((slot, None, "late"))
+            return
+        first = slot.arrivals == 0
+        try:
+            acc = as_tensor(self.client.acquire(slot.grad, "overwrite" if first else "write", "gpu"))
+        except tierd.TierdError as e:
+            raise self._gpu_quota_error(e, slot, "its gradient") from e
+        wide = slot.grad_dtype == "bf16" or (g.is_cuda and self._registered is not None and first)
+        compute = torch.cuda.current_stream(g.device) if g.is_cuda else None
+        if compute is not None:
+            self._wait_for(slot)  # its last update (on the GPU steps' stream) has read the accumulator
+            slot.read_until = torch.cuda.Event()
+            slot.read_until.record(compute)  # kernels queued so far may still read the old weights
+        source = g.reshape(-1)
+        if first:
+            acc.copy_(source)
+        else:
+            acc.add_(source)
+        norm = torch.linalg.vector_norm(acc, dtype=torch.float32 if wide else torch.float64)
+        slot.norm_in.copy_(norm.double().reshape(1), non_blocking=compute is not None)
+        del acc
+        event = None
+        if compute is not None:
+            event = torch.cuda.Event(blocking=True)
+            event.record(compute)
+            self.client.release(slot.grad, compute.cuda_stream)
+        else:
+            self.client.release(slot.grad)
+        self._arrivals.put((slot, event, "gpu"))
+
+    def _gpu_quota_error(self, e, slot, what):
+        need = self._gpu_state_bytes(self.opt, {id(slot.param)})
+        return tierd._error_in_context(
+            e, f"tierd.torch.OffloadOptimizer: parameter {slot.index} ({tuple(slot.param.shape)}) is stepped on the "
+               f"GPU (gpu_share), and tierd could not place {what} there: its state and gradient need "
+               f"{_size(need)} of the session's GPU quota at once (gpu= sets it)")
 
     def _serve(self, items, handle, done):
         """A worker thread's loop: handle(item) for each item of the queue until None; an error is
@@ -288,14 +411,18 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 items.task_done()
 
     def _take_gradient(self, item):
-        slot, event, direct = item
+        slot, event, kind = item
         start = time.perf_counter()
         if event is not None:
             event.synchronize()
         copied = time.perf_counter()
-        if direct:
+        if kind == "direct":
             self.client.release(slot.grad)
             self._arrived(slot, float(slot.norm_in[0]) ** 2)
+        elif kind == "gpu":
+            self._arrived(slot, float(slot.norm_in[0]) ** 2)
+        elif kind == "late":
+            self._arrived(slot, 0.0)  # raises
         else:
             self._accumulate(slot)
         self._seconds["copy_waited"] += copied - start
@@ -342,7 +469,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._seconds["updating"] += time.perf_counter() - start
 
     def _update(self, s, scale, settings):
-        lr, (beta1, beta2), eps, wd = settings
+        if s.on_gpu:
+            return self._update_on_gpu(s, scale, settings)
         bf16_out = s.param.dtype == torch.bfloat16
         s.step += 1
         # fp32 weights leave straight from the master copy (the arena is pinned), which stays
@@ -365,18 +493,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             grad = views[1].data_ptr
             m, *v = [x.data_ptr for x in views[2:2 + len(s.moments)]]
             out = views[-1].data_ptr if into_lease else s.weights_out.data_ptr() if bf16_out and not direct else 0
-            decay = wd > 0
-            kernel_start = time.perf_counter()
-            if self.opt == "lion":
-                _tierd.lion(master.data_ptr(), m, out, grad, s.n, lr, beta1, beta2, wd, scale, decay, self.threads,
-                            s.grad_dtype)
-            elif self.opt == "adamw":
-                _tierd.adamw(master.data_ptr(), m, v[0], out, grad, s.n, lr, beta1, beta2, eps, wd, s.step, scale,
-                             decay, self.threads, s.grad_dtype)
-            else:
-                _tierd.adamw8bit(master.data_ptr(), m, v[0], out, grad, s.n, lr, beta1, beta2, eps, wd, s.step,
-                                 scale, decay, self.threads, s.grad_dtype)
-            self._seconds["update_kernels"] += time.perf_counter() - kernel_start
+            self._host_step(s, scale, settings, master.data_ptr(), m, v[0] if v else 0, out, grad)
         except BaseException:
             del master, views
             self.client.release_all(held)
@@ -398,6 +515,67 @@ class OffloadOptimizer(torch.optim.Optimizer):
         del master
         self.client.release_all([s.master, s.grad] + s.moments)
         self._weights_to_device(s)
+
+    def _host_step(self, s, scale, settings, master, m, v, out, grad):
+        """The host's kernel for s.opt on host arrays (addresses); `out`: bf16 weights (0: none)."""
+        lr, (beta1, beta2), eps, wd = settings
+        decay = wd > 0
+        start = time.perf_counter()
+        if self.opt == "lion":
+            _tierd.lion(master, m, out, grad, s.n, lr, beta1, beta2, wd, scale, decay, self.threads, s.grad_dtype)
+        elif self.opt == "adamw":
+            _tierd.adamw(master, m, v, out, grad, s.n, lr, beta1, beta2, eps, wd, s.step, scale, decay, self.threads,
+                         s.grad_dtype)
+        else:
+            _tierd.adamw8bit(master, m, v, out, grad, s.n, lr, beta1, beta2, eps, wd, s.step, scale, decay,
+                             self.threads, s.grad_dtype)
+        self._seconds["update_kernels"] += time.perf_counter() - start
+
+    def _update_on_gpu(self, s, scale, settings):
+        """A parameter stepped on the GPU: its master, gradient and moments (and an offloaded
+        parameter's weights lease) acquired there in one exchange, the step queued on the GPU steps'
+        stream after the compute stream's last reads of the old weights, the new bf16 weights
+        written straight into the parameter, everything released after the step. On tierd's fake
+        GPU (a CPU model) the leases are host memory and the host's kernel steps them."""
+        lr, (beta1, beta2), eps, wd = settings
+        s.step += 1
+        offloaded = getattr(s.param, "_tierd_offload", None)
+        items = [(s.master, "write"), (s.grad, "read")] + [(x, "write") for x in s.moments]
+        held = [s.master, s.grad] + s.moments
+        if offloaded is not None:  # bf16 in this session (_gpu_share): the step writes its lease
+            offloaded[0].wait_idle(offloaded[1])
+            items.append((offloaded[1].lease, "overwrite"))
+            held.append(offloaded[1].lease)
+        try:
+            views = self.client.acquire_all(items, "gpu")
+        except tierd.TierdError as e:
+            raise self._gpu_quota_error(e, s, "its state") from e
+        master, grad = views[0].data_ptr, views[1].data_ptr
+        m, v = views[2].data_ptr, views[3].data_ptr if len(s.moments) > 1 else 0
+        bf16 = s.param.dtype == torch.bfloat16
+        out = views[-1].data_ptr if offloaded is not None else s.param.data_ptr() if bf16 else 0
+        stream = self._gpu_steps
+        try:
+            if stream is None:  # tierd's fake GPU
+                self._host_step(s, scale, settings, master, m, v, out, grad)
+                if not bf16:
+                    s.param.data.view(-1).copy_(as_tensor(views[0]).reshape(-1))
+            else:
+                start = time.perf_counter()
+                if s.read_until is not None:
+                    stream.wait_event(s.read_until)
+                _tierd.gpu_step(self.opt, master, m, v, out, grad, s.n, lr, beta1, beta2, eps, wd, s.step, scale,
+                                wd > 0, s.grad_dtype, stream.cuda_stream)
+                if not bf16:
+                    with torch.cuda.stream(stream):
+                        s.param.data.view(-1).copy_(as_tensor(views[0]).reshape(-1))
+                event = torch.cuda.Event(blocking=True)
+                event.record(stream)
+                s.copied_back = event  # the next forward waits for it (_wait_for)
+                self._seconds["update_kernels"] += time.perf_counter() - start
+        finally:
+            del views
+            self.client.release_all(held, 0 if stream is None else stream.cuda_stream)
 
     def _weights_to_device(self, s, source=None):
         offloaded = getattr(s.param, "_tierd_offload", None)
@@ -445,9 +623,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
     def _wait_for_offloaded(self, offload_slots):
         for o in offload_slots:
             s = self._by_param.get(id(o.param))
-            if s is not None and not s.weights_ready.is_set():
+            if s is not None and (s.copied_back is not None or not s.weights_ready.is_set()):
                 start = time.perf_counter()
-                s.weights_ready.wait()
+                self._wait_for(s)  # a step on the GPU: the compute stream waits for its kernel
                 self._seconds["forward_waited"] += time.perf_counter() - start
 
     def timings(self):
@@ -455,7 +633,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
         backward's hooks waiting for a slot's last gradient to leave its staging buffer
         (hook_waited), the gradient thread waiting for copies off the GPU (copy_waited) and adding
         them up (accumulating), the update thread stepping (updating; of it, update_kernels in the host's
-        optimizer kernels themselves, the rest acquiring leases and queueing copies), forwards waiting for their
+        optimizer kernels themselves, or queueing the GPU's for a parameter stepped there, the rest acquiring
+        leases and queueing copies), forwards waiting for their
         parameters' updates (forward_waited), step() waiting for the gradients (step_waited)."""
         return dict(self._seconds)
 

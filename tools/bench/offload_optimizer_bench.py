@@ -12,7 +12,9 @@ losses, then the ratio. Needs a running tierd (TIERD_DIR) and the tierd package 
 instead of our benchmark decoder. Each variant is opt:clip (clipping by global norm at 1.0: the
 update waits for every gradient) or opt:noclip (no clipping on either side: each update starts in
 the backward); opt:mode:offload also puts the parameters in tierd (tierd.torch.offload, a GPU quota
-of --gpu_quota), opt:mode:offload:plan with tierd's planner following the first step's order.
+of --gpu_quota), opt:mode:offload:plan with tierd's planner following the first step's order;
+a last part gpu=F steps that fraction of the parameters on the GPU (gpu_share=F; with offload its
+state shares the --gpu_quota session, so raise it), e.g. adamw:noclip:gpu=0.3.
 """
 import argparse
 import os
@@ -94,6 +96,9 @@ def run(name, make_opt, clip, a, data, offload=None, baseline=False):
             mine, every = nvml_mib()
     if isinstance(opt, tt.OffloadOptimizer):
         opt.synchronize()
+        if opt.gpu_values:
+            print(f"  stepped on the GPU: {opt.gpu_values / sum(p.numel() for p in model.parameters()):.1%} of the "
+                  "values", flush=True)
         print("  where the host's time went, s a step: " + ", ".join(
             f"{k} {v / a.steps:.3f}" for k, v in opt.timings().items()), flush=True)
         opt.close()
@@ -144,6 +149,7 @@ def main():
     baselines = {}
     for variant in a.variants.replace(",", " ").split():  # commas: one word for a shell variable
         opt_name, mode, *where = variant.split(":")
+        share = float(where.pop()[4:]) if where and where[-1].startswith("gpu=") else 0.0
         clip = mode == "clip"
         offload = None if not where else "plan" if where == ["offload", "plan"] else "online"
         if clip not in baselines and not a.no_baseline:
@@ -155,7 +161,8 @@ def main():
         def make(m, client=None):
             return tt.OffloadOptimizer(m.parameters(), opt=opt_name, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1,
                                        max_grad_norm=1.0 if clip else None, accumulation_steps=a.grad_accum,
-                                       dram=a.dram, nvme="4GiB", client=client, name=variant.replace(":", "-"))
+                                       dram=a.dram, nvme="4GiB", client=client, name=variant.replace(":", "-"),
+                                       gpu_share=share)
         default_interval = sys.getswitchinterval()
         for interval in [float(x) for x in a.switch_intervals.split(",") if x] or [default_interval]:
             sys.setswitchinterval(interval)

@@ -115,7 +115,8 @@ cudaError_t AttentionBackward(Bf16* dq, Bf16* dk, Bf16* dv, const Bf16* dout, co
 
 // AdamW on `n` parameters: fp32 master, m, v updated in place from grads (fp32) scaled by
 // grad_scale (the clip factor / accumulation divisor); the bf16 weights the model reads
-// are written from the new master. Bias correction for `step` (1-based); decoupled decay
+// are written from the new master (none when `weights` is null: the master is the weights,
+// as for tierd.torch's fp32 parameters; Lion and AdamW8bit alike). Bias correction for `step` (1-based); decoupled decay
 // when `decay`.
 // The same parameters as the host's AdamW (host_adamw.h), which runs this kernel's
 // arithmetic on the CPU.

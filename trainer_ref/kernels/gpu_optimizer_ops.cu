@@ -132,7 +132,7 @@ __global__ void AdamWKernel(float* master, float* m, float* v, Bf16* weights, co
     w = __fsub_rn(w, __fmul_rn(decay, w));
     w = __fsub_rn(w, __fdiv_rn(__fmul_rn(p.lr, __fdiv_rn(mi, c1)), __fadd_rn(__fsqrt_rn(__fdiv_rn(vi, c2)), p.eps)));
     master[i] = w;
-    Store(weights, i, w);
+    if (weights != nullptr) Store(weights, i, w);
   }
 }
 
@@ -149,7 +149,7 @@ __global__ void LionKernel(float* master, float* m, Bf16* weights, const G* grad
     w = __fsub_rn(w, __fmul_rn(p.lr, __fadd_rn(sign, __fmul_rn(wd, w))));
     master[i] = w;
     m[i] = __fadd_rn(__fmul_rn(p.beta2, mi), __fmul_rn(one_minus_b2, g));
-    Store(weights, i, w);
+    if (weights != nullptr) Store(weights, i, w);
   }
 }
 

@@ -338,5 +338,58 @@ TEST(GpuOpsTest, AdamWFromBf16GradientsGivesTheHostsBitsOfTheRoundedValues) {
   EXPECT_EQ(d_w.Host(), h_w);
 }
 
+// Without a weights array (null: tierd.torch's fp32 parameters, whose master is the weights)
+// AdamW, Lion and 8-bit AdamW step master and moments to the same bits and write nothing else.
+TEST(GpuOpsTest, WithoutWeightsTheStepsGiveTheSameMasterAndMoments) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(23);
+  const int64_t n = 70001;
+  std::normal_distribution<float> normal(0.f, 0.02f);
+  std::vector<float> grads(n), master(n), m(n), v(n);
+  for (int64_t i = 0; i < n; ++i) {
+    grads[i] = normal(rng) * 3.f;
+    master[i] = normal(rng);
+    m[i] = normal(rng) * 0.1f;
+    v[i] = std::fabs(normal(rng)) * 1e-3f + 1e-7f;
+  }
+  AdamWParams p;
+  p.lr = 1e-3f;
+  p.step = 2;
+  p.grad_scale = 0.5f;
+  for (const std::string opt : {"adamw", "lion", "adamw8bit"}) {
+    std::vector<std::vector<float>> results[2];
+    for (int with_weights = 0; with_weights < 2; ++with_weights) {
+      Device<float> d_master(master), d_m(m), d_v(v), d_g(grads);
+      Device<Bf16> d_w{std::vector<Bf16>(n)};
+      Bf16* w = with_weights ? d_w.get() : nullptr;
+      if (opt == "adamw") {
+        AdamW(d_master.get(), d_m.get(), d_v.get(), w, d_g.get(), n, p, nullptr);
+        results[with_weights] = {d_master.Host(), d_m.Host(), d_v.Host()};
+      } else if (opt == "lion") {
+        Lion(d_master.get(), d_m.get(), w, d_g.get(), n, p, nullptr);
+        results[with_weights] = {d_master.Host(), d_m.Host()};
+      } else {
+        const std::vector<uint8_t> zero(Moment8bitBytes(n), 0);
+        Device<uint8_t> d_m8(zero), d_v8(zero);
+        ASSERT_EQ(AdamW8bit(d_master.get(), d_m8.get(), d_v8.get(), w, d_g.get(), n, p, nullptr), cudaSuccess);
+        const std::vector<uint8_t> m8 = d_m8.Host(), v8 = d_v8.Host();
+        results[with_weights] = {d_master.Host(), std::vector<float>(m8.begin(), m8.end()),
+                                 std::vector<float>(v8.begin(), v8.end())};
+      }
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << opt;
+      if (with_weights) {
+        const std::vector<Bf16> g_w = d_w.Host();
+        int64_t zeros = 0;
+        for (Bf16 x : g_w) zeros += x == 0;
+        EXPECT_LT(zeros, n / 100) << opt << ": the weights were written when asked for";
+      }
+    }
+    for (size_t k = 0; k < results[0].size(); ++k) {
+      EXPECT_EQ(std::memcmp(results[0][k].data(), results[1][k].data(), results[0][k].size() * 4), 0)
+          << opt << ": array " << k << " differs without weights";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tierd::trainer::gpu

@@ -12,6 +12,7 @@
 #include <pybind11/stl.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -196,25 +197,28 @@ class PyClient {
     return views;
   }
 
-  void ReleaseAll(const std::vector<PyTensor>& tensors, uintptr_t cuda_stream) {
+  // cuda_stream: a cudaStream_t as an integer (torch.cuda.Stream.cuda_stream), after whose queued
+  // work tierd may move the bytes; 0 is CUDA's legacy default stream (torch's default stream), a
+  // stream like any other. None: now.
+  void ReleaseAll(const std::vector<PyTensor>& tensors, std::optional<uintptr_t> cuda_stream) {
     std::vector<const Client::Tensor*> all;
     all.reserve(tensors.size());
     for (const PyTensor& t : tensors) all.push_back(&t.tensor);
     absl::Status status;
     {
       py::gil_scoped_release unlocked;
-      status = cuda_stream != 0 ? Open().ReleaseAll(all, reinterpret_cast<void*>(cuda_stream)) : Open().ReleaseAll(all);
+      status = cuda_stream.has_value() ? Open().ReleaseAll(all, reinterpret_cast<void*>(*cuda_stream))
+                                       : Open().ReleaseAll(all);
     }
     Check(status);
   }
 
-  // cuda_stream: a cudaStream_t as an integer (torch.cuda.Stream.cuda_stream); 0: now.
-  void Release(const PyTensor& t, uintptr_t cuda_stream) {
+  void Release(const PyTensor& t, std::optional<uintptr_t> cuda_stream) {
     absl::Status status;
     {
       py::gil_scoped_release unlocked;
-      status = cuda_stream != 0 ? Open().Release(t.tensor, reinterpret_cast<void*>(cuda_stream))
-                                : Open().Release(t.tensor);
+      status = cuda_stream.has_value() ? Open().Release(t.tensor, reinterpret_cast<void*>(*cuda_stream))
+                                       : Open().Release(t.tensor);
     }
     Check(status);
   }
@@ -378,9 +382,9 @@ void AddClient(py::module_& m) {
       .def("lease", &PyClient::Lease, py::arg("name"), py::arg("tensor_class"), py::arg("dtype"), py::arg("shape"))
       .def("unlease", &PyClient::Unlease)
       .def("acquire", &PyClient::Acquire, py::arg("tensor"), py::arg("access") = "read", py::arg("place") = "gpu")
-      .def("release", &PyClient::Release, py::arg("tensor"), py::arg("cuda_stream") = 0)
+      .def("release", &PyClient::Release, py::arg("tensor"), py::arg("cuda_stream") = py::none())
       .def("acquire_all", &PyClient::AcquireAll, py::arg("tensors"), py::arg("accesses"), py::arg("place") = "host")
-      .def("release_all", &PyClient::ReleaseAll, py::arg("tensors"), py::arg("cuda_stream") = 0)
+      .def("release_all", &PyClient::ReleaseAll, py::arg("tensors"), py::arg("cuda_stream") = py::none())
       .def("pin", &PyClient::Pin)
       .def("unpin", &PyClient::Unpin)
       .def("mark_iteration", &PyClient::MarkIteration)

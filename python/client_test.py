@@ -151,6 +151,36 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(e.exception.code, "FAILED_PRECONDITION")
 
 
+class StreamTest(unittest.TestCase):
+    def test_torchs_default_stream_is_a_stream_to_release_after(self):
+        # torch's default stream is CUDA's legacy stream, whose cuda_stream is 0: a release after
+        # its work must wait for that work (it was taken for "now", and tierd could move bytes a
+        # kernel still read). None is now.
+        seen = []
+
+        class Recorder:
+            def release(self, tensor, stream):
+                seen.append(("release", stream))
+
+            def release_all(self, tensors, stream):
+                seen.append(("release_all", stream))
+
+        client = tierd.Client.__new__(tierd.Client)
+        client._client = Recorder()
+
+        class Stream:
+            def __init__(self, handle):
+                self.cuda_stream = handle
+
+        client.release("t", Stream(0))
+        client.release("t")
+        client.release("t", 7)
+        client.release_all(["t"], Stream(0))
+        client.release_all(["t"], None)
+        self.assertEqual(seen, [("release", 0), ("release", None), ("release", 7), ("release_all", 0),
+                                ("release_all", None)])
+
+
 class NoTierdTest(unittest.TestCase):
     def test_no_tierd_names_the_socket(self):
         start = time.monotonic()

@@ -52,6 +52,11 @@ def _error_in_context(error, text):
     return wrapped
 
 
+def _stream_handle(stream):
+    """None (release now), or the stream's cudaStream_t as an integer: 0 is the legacy default stream."""
+    return None if stream is None else int(getattr(stream, "cuda_stream", stream))
+
+
 def parse_bytes(size):
     """8 << 30, "8GiB", "512MiB", "1.5GB" -> bytes (an int)."""
     if isinstance(size, int):
@@ -96,9 +101,9 @@ class Client:
 
     def release(self, tensor, stream=None):
         """Done with the bytes. `stream`: a torch.cuda.Stream (or its cuda_stream integer) whose
-        queued work still uses them; tierd waits for it before it moves them. None: now."""
-        handle = getattr(stream, "cuda_stream", stream) or 0
-        self._client.release(tensor, int(handle))
+        queued work still uses them; tierd waits for it before it moves them. None: now. (torch's
+        default stream is CUDA's legacy stream, cuda_stream 0: a stream like any other here.)"""
+        self._client.release(tensor, _stream_handle(stream))
 
     def acquire_all(self, items, place="host"):
         """Several tensors in one exchange with tierd (about one round trip, not one each): items
@@ -110,8 +115,7 @@ class Client:
     def release_all(self, tensors, stream=None):
         """release() of each in one exchange (after `stream`'s queued work, as release()); every
         one is released that can be, then the first refusal raised."""
-        handle = getattr(stream, "cuda_stream", stream) or 0
-        self._client.release_all(list(tensors), int(handle))
+        self._client.release_all(list(tensors), _stream_handle(stream))
 
     def pin(self, tensor, tier):
         """Keep the tensor in `tier` (gpu, dram or nvme) until unpin."""

@@ -382,7 +382,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if compute is not None:
             event = torch.cuda.Event(blocking=True)
             event.record(compute)
-            self.client.release(slot.grad, compute.cuda_stream)
+            self.client.release(slot.grad, compute)
         else:
             self.client.release(slot.grad)
         self._arrivals.put((slot, event, "gpu"))
@@ -575,7 +575,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 self._seconds["update_kernels"] += time.perf_counter() - start
         finally:
             del views
-            self.client.release_all(held, 0 if stream is None else stream.cuda_stream)
+            self.client.release_all(held, stream)
 
     def _weights_to_device(self, s, source=None):
         offloaded = getattr(s.param, "_tierd_offload", None)

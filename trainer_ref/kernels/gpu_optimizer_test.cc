@@ -30,6 +30,23 @@ using testing::Floats;
 using testing::HaveGpu;
 using testing::Random;
 
+// Gradients, master weights and AdamW moments of n values, random from `seed` (v positive).
+struct AdamWState {
+  std::vector<float> grads, master, m, v;
+};
+AdamWState RandomAdamWState(uint64_t seed, int64_t n) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.f, 0.02f);
+  AdamWState s{std::vector<float>(n), std::vector<float>(n), std::vector<float>(n), std::vector<float>(n)};
+  for (int64_t i = 0; i < n; ++i) {
+    s.grads[i] = normal(rng) * 3.f;
+    s.master[i] = normal(rng);
+    s.m[i] = normal(rng) * 0.1f;
+    s.v[i] = std::fabs(normal(rng)) * 1e-3f + 1e-7f;
+  }
+  return s;
+}
+
 // Lion on the GPU and on the host (host_lion, for state in DRAM) give the same bits, from
 // fp32 and from bf16 gradients, with and without decay, including elements whose mix of
 // moment and gradient is exactly zero (sign 0); and both track optimizer.h's LionStep (in
@@ -205,16 +222,8 @@ TEST(GpuOpsTest, AdamWMatchesTheCpuOptimizer) {
 // give the same bits: a run may step either place and stay the same run.
 TEST(GpuOpsTest, AdamWOnTheHostGivesTheKernelsBits) {
   SKIP_WITHOUT_GPU();
-  std::mt19937_64 rng(16);
   const int64_t n = 100003;
-  std::normal_distribution<float> normal(0.f, 0.02f);
-  std::vector<float> grads(n), master(n), m(n), v(n);
-  for (int64_t i = 0; i < n; ++i) {
-    grads[i] = normal(rng) * 3.f;
-    master[i] = normal(rng);
-    m[i] = normal(rng) * 0.1f;
-    v[i] = std::fabs(normal(rng)) * 1e-3f + 1e-7f;
-  }
+  const auto [grads, master, m, v] = RandomAdamWState(16, n);
   for (bool decay : {true, false}) {
     AdamWParams p;
     p.lr = 1e-3f;
@@ -342,16 +351,8 @@ TEST(GpuOpsTest, AdamWFromBf16GradientsGivesTheHostsBitsOfTheRoundedValues) {
 // AdamW, Lion and 8-bit AdamW step master and moments to the same bits and write nothing else.
 TEST(GpuOpsTest, WithoutWeightsTheStepsGiveTheSameMasterAndMoments) {
   SKIP_WITHOUT_GPU();
-  std::mt19937_64 rng(23);
   const int64_t n = 70001;
-  std::normal_distribution<float> normal(0.f, 0.02f);
-  std::vector<float> grads(n), master(n), m(n), v(n);
-  for (int64_t i = 0; i < n; ++i) {
-    grads[i] = normal(rng) * 3.f;
-    master[i] = normal(rng);
-    m[i] = normal(rng) * 0.1f;
-    v[i] = std::fabs(normal(rng)) * 1e-3f + 1e-7f;
-  }
+  const auto [grads, master, m, v] = RandomAdamWState(23, n);
   AdamWParams p;
   p.lr = 1e-3f;
   p.step = 2;

@@ -345,6 +345,32 @@ class OffloadOptimizerTest(unittest.TestCase):
                         self.opened.remove(done)
                         done.close()
 
+    def test_a_gpu_quota_smaller_than_the_share_moves_its_state_in_and_out(self):
+        # Three 64 x 64 layers stepped on (the fake) GPU, 64 KiB of state and gradient each (AdamW), in a
+        # GPU quota of 96 KiB: tierd moves each parameter's state in for its step and others out.
+        def layers():
+            torch.manual_seed(4)
+            return torch.nn.Sequential(*(torch.nn.Linear(64, 64, bias=False) for _ in range(3)))
+        g = torch.Generator().manual_seed(9)
+        data = [(torch.randn(8, 64, generator=g), torch.randn(8, 64, generator=g)) for _ in range(4)]
+        results = []
+        for share, gpu in ((0.0, 0), (1.0, "96KiB")):
+            m = layers()
+            opt = self.offload(m.parameters(), lr=1e-2, max_grad_norm=1.0, gpu_share=share, gpu=gpu,
+                               name=f"streamed-{share}")
+            losses = self.train(m, opt, data)
+            results.append((m, losses))
+            if share:
+                gpu_tier = [t for t in opt.client.usage()["tiers"] if t["tier"] == "TIER_GPU"][0]
+                self.assertLessEqual(gpu_tier["peak_bytes"], 96 << 10, gpu_tier)
+                copies = [lease["copies"] for lease in opt.client.leases()["leases"]
+                          if lease["spec"]["name"].endswith(".master")]
+                self.assertTrue(any("TIER_GPU" not in c for c in copies), copies)  # some moved out
+        (a, a_losses), (b, b_losses) = results
+        self.assertEqual(a_losses, b_losses)
+        for x, y in zip(a.parameters(), b.parameters()):
+            self.assertTrue(torch.equal(x, y))
+
     def test_a_checkpoint_moves_between_gpu_shares(self):
         # Where parameters are stepped is not in the checkpoint: a run that stepped 80% on the GPU
         # resumes on the host alone (and back) with the straight run's bits.

@@ -364,7 +364,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
             acc = as_tensor(self.client.acquire(slot.grad, "overwrite" if first else "write", "gpu"))
         except tierd.TierdError as e:
             raise self._gpu_quota_error(e, slot, "its gradient") from e
-        wide = slot.grad_dtype == "bf16" or (g.is_cuda and self._registered is not None and first)
+        wide = slot.grad_dtype == "bf16" or (g.is_cuda and self._registered is not None and first and
+                                             g.dtype == torch.float32)  # the host path's "direct" cases
         compute = torch.cuda.current_stream(g.device) if g.is_cuda else None
         if compute is not None:
             self._wait_for(slot)  # its last update (on the GPU steps' stream) has read the accumulator

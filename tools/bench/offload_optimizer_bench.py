@@ -14,7 +14,8 @@ update waits for every gradient) or opt:noclip (no clipping on either side: each
 the backward); opt:mode:offload also puts the parameters in tierd (tierd.torch.offload, a GPU quota
 of --gpu_quota), opt:mode:offload:plan with tierd's planner following the first step's order;
 a last part gpu=F steps that fraction of the parameters on the GPU (gpu_share=F; with offload its
-state shares the --gpu_quota session, so raise it), e.g. adamw:noclip:gpu=0.3.
+state shares the --gpu_quota session, so raise it), e.g. adamw:noclip:gpu=0.3; gpu=F@QUOTA gives
+the optimizer's session that GPU quota (smaller than the share's state: tierd moves it in and out).
 """
 import argparse
 import os
@@ -149,7 +150,10 @@ def main():
     baselines = {}
     for variant in a.variants.replace(",", " ").split():  # commas: one word for a shell variable
         opt_name, mode, *where = variant.split(":")
-        share = float(where.pop()[4:]) if where and where[-1].startswith("gpu=") else 0.0
+        share, share_quota = 0.0, 0
+        if where and where[-1].startswith("gpu="):
+            share, _, share_quota = where.pop()[4:].partition("@")
+            share, share_quota = float(share), share_quota or 0
         clip = mode == "clip"
         offload = None if not where else "plan" if where == ["offload", "plan"] else "online"
         if clip not in baselines and not a.no_baseline:
@@ -162,7 +166,7 @@ def main():
             return tt.OffloadOptimizer(m.parameters(), opt=opt_name, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1,
                                        max_grad_norm=1.0 if clip else None, accumulation_steps=a.grad_accum,
                                        dram=a.dram, nvme="4GiB", client=client, name=variant.replace(":", "-"),
-                                       gpu_share=share)
+                                       gpu_share=share, gpu=share_quota)
         default_interval = sys.getswitchinterval()
         for interval in [float(x) for x in a.switch_intervals.split(",") if x] or [default_interval]:
             sys.setswitchinterval(interval)

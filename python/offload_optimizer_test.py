@@ -430,6 +430,49 @@ class OffloadOptimizerTest(unittest.TestCase):
             saved = torch.load("/tmp/offload_example.pt")["model"]
             self.assertEqual(saved["model.embed_tokens.weight"].shape, (256, 64))  # weights, not placeholders
 
+    def test_hugging_faces_trainer_trains_with_it(self):
+        # transformers' Trainer as users run it, given OffloadOptimizer through optimizers=: its
+        # own clipping off (the gradients have left the GPU when it would clip; ours clips), the
+        # same accumulation, its linear schedule with warm-up driving our groups' learning rate.
+        try:
+            import accelerate  # noqa: F401  (Trainer needs it)
+            import transformers
+        except ImportError as e:
+            self.skipTest(f"transformers' Trainer is not usable here: {e}")
+        config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                                          max_position_embeddings=64)
+        g = torch.Generator().manual_seed(1)
+        rows = []
+        for _ in range(48):
+            t = torch.randint(0, 256, (64,), generator=g)
+            t[1::2] = t[::2]
+            rows.append({"input_ids": t, "labels": t.clone()})
+
+        def losses(ours):
+            torch.manual_seed(0)
+            llama = transformers.LlamaForCausalLM(config)
+            args = transformers.TrainingArguments(
+                output_dir=os.path.join(os.environ.get("TEST_TMPDIR", "/tmp"), "trainer"), per_device_train_batch_size=4,
+                gradient_accumulation_steps=2, max_steps=6, learning_rate=2e-3, weight_decay=0.1, adam_beta2=0.95,
+                max_grad_norm=0.0 if ours else 0.5, lr_scheduler_type="linear", warmup_steps=2, logging_steps=1,
+                report_to=[], save_strategy="no", use_cpu=True, seed=0, data_seed=0, disable_tqdm=True)
+            opt = None
+            if ours:
+                opt = self.offload(llama.parameters(), lr=2e-3, betas=(0.9, 0.95), weight_decay=0.1, max_grad_norm=0.5,
+                                   accumulation_steps=2, name="trainer")
+            trainer = transformers.Trainer(model=llama, args=args, train_dataset=rows, optimizers=(opt, None))
+            trainer.train()
+            return [h["loss"] for h in trainer.state.log_history if "loss" in h], opt
+
+        theirs, _ = losses(False)
+        ours, opt = losses(True)
+        self.assertEqual(len(ours), 6)
+        for a, b in zip(ours, theirs):
+            self.assertAlmostEqual(a, b, delta=1e-4 * abs(b))  # AdamW's arithmetic in another order
+        self.assertLess(ours[-1], ours[0])
+        self.assertGreater(opt.last_grad_norm, 0.5)  # our clip acted
+
     def test_bad_settings_and_checkpoints_are_refused(self):
         m = model()
         with self.assertRaisesRegex(ValueError, "adamw, adamw8bit or lion, not 'sgd'"):

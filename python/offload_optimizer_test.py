@@ -68,6 +68,17 @@ class OffloadOptimizerTest(unittest.TestCase):
             opt.synchronize()  # the last step's weights, read outside a forward
         return losses
 
+    def assertResumesAsStraight(self, straight, saved, data, what, **kw):
+        """A bf16 model of another seed, loaded from `saved` ({"model", "opt"}) into a new optimizer
+        (kw), trained on `data`, ends with `straight`'s weights, bit for bit."""
+        resumed = model(seed=7, dtype=torch.bfloat16)
+        opt = self.offload(resumed.parameters(), lr=1e-3, max_grad_norm=1.0, **kw)
+        resumed.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["opt"])
+        self.train(resumed, opt, data)
+        for a, b in zip(straight.parameters(), resumed.parameters()):
+            self.assertTrue(torch.equal(a, b), what)
+
     def assertClose(self, a, b, tolerance):
         for (name, x), y in zip(a.named_parameters(), b.parameters()):
             err = (x.detach().float() - y.detach().float()).abs().max().item()
@@ -223,16 +234,9 @@ class OffloadOptimizerTest(unittest.TestCase):
             torch.save({"model": straight.state_dict(), "opt": opt.state_dict()}, buffer)
             self.train(straight, opt, data[3:])
 
-            resumed = model(seed=7, dtype=torch.bfloat16)
-            opt2 = self.offload(resumed.parameters(), opt=opt_name, lr=1e-3, max_grad_norm=1.0,
-                                name=f"resumed-{opt_name}")
             buffer.seek(0)
-            saved = torch.load(buffer)
-            resumed.load_state_dict(saved["model"])
-            opt2.load_state_dict(saved["opt"])
-            self.train(resumed, opt2, data[3:])
-            for a, b in zip(straight.parameters(), resumed.parameters()):
-                self.assertTrue(torch.equal(a, b), opt_name)
+            self.assertResumesAsStraight(straight, torch.load(buffer), data[3:], opt_name, opt=opt_name,
+                                         name=f"resumed-{opt_name}")
 
     def test_a_non_finite_gradient_skips_the_step(self):
         for clip in (1.0, None):  # the whole step skipped; without clipping, each parameter's update
@@ -382,14 +386,8 @@ class OffloadOptimizerTest(unittest.TestCase):
         saved = {"model": copy.deepcopy(straight.state_dict()), "opt": opt.state_dict()}
         self.train(straight, opt, data[3:])
         for share in (0.0, 1.0):
-            resumed = model(seed=7, dtype=torch.bfloat16)
-            opt2 = self.offload(resumed.parameters(), opt="adamw8bit", lr=1e-3, max_grad_norm=1.0, gpu_share=share,
-                                name=f"moves-{share}")
-            resumed.load_state_dict(saved["model"])
-            opt2.load_state_dict(saved["opt"])
-            self.train(resumed, opt2, data[3:])
-            for a, b in zip(straight.parameters(), resumed.parameters()):
-                self.assertTrue(torch.equal(a, b), share)
+            self.assertResumesAsStraight(straight, saved, data[3:], share, opt="adamw8bit", gpu_share=share,
+                                         name=f"moves-{share}")
 
     def test_gpu_share_settings_are_checked(self):
         m = model()

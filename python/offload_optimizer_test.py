@@ -393,6 +393,12 @@ class OffloadOptimizerTest(unittest.TestCase):
         m = model()
         with self.assertRaisesRegex(ValueError, "gpu_share is the fraction .* from 0 to 1, not 1.5"):
             tt.OffloadOptimizer(m.parameters(), gpu_share=1.5)
+        # A share whose state the daemon's GPU tier (64 MiB here) cannot hold: refused, saying what it asks.
+        wide = torch.nn.Linear(2048, 4096)  # 8.4M values: 134 MB of master, moments and gradient
+        with self.assertRaises(tierd.TierdError) as e:
+            tt.OffloadOptimizer(wide.parameters(), gpu_share=1.0, dram="256MiB")
+        self.assertRegex(str(e.exception), r"gpu_share=1.0 keeps the state of 2 parameters on the GPU, 12[0-9.]+ MiB "
+                                           r"of GPU quota \(gpu= smaller makes tierd move it in and out\): .*gpu tier")
         # A GPU quota smaller than one parameter's gradient there: the backward says what it needs
         # (clipping: no update starts in the backward, so this is the first refusal).
         opt = self.offload(m.parameters(), gpu_share=1.0, gpu="1KiB", max_grad_norm=1.0, name="tiny-gpu")

@@ -150,8 +150,15 @@ class OffloadOptimizer(torch.optim.Optimizer):
         on_gpu = self._gpu_share(float(gpu_share), client)
         self._own_client = client is None  # closed with the optimizer; a client given stays open
         gpu_quota = gpu or self._gpu_state_bytes(opt, on_gpu) + (1 << 20)
-        self.client = client or tierd.connect(runtime_dir, label, gpu=gpu_quota, dram=dram or "1GiB",
-                                              nvme=nvme or "1GiB")
+        try:
+            self.client = client or tierd.connect(runtime_dir, label, gpu=gpu_quota, dram=dram or "1GiB",
+                                                  nvme=nvme or "1GiB")
+        except tierd.TierdError as e:
+            if not on_gpu or gpu:
+                raise
+            raise tierd._error_in_context(
+                e, f"tierd.torch.OffloadOptimizer: gpu_share={gpu_share} keeps the state of {len(on_gpu)} parameters "
+                   f"on the GPU, {_size(gpu_quota)} of GPU quota (gpu= smaller makes tierd move it in and out)") from e
         self.skipped_steps = 0
         self.last_grad_norm = float("nan")
         self._slots, self._by_param = [], {}

@@ -19,6 +19,8 @@ for t in $([ "${SKIP_TESTS:-0}" = 1 ] || echo client_test offload_optimizer_test
   TEST_TMPDIR=$(mktemp -d) XML_OUTPUT_FILE="$out/$t.xml" TIERD_TEST_GPU=cuda \
     python/run_python_test.sh python3 "python/$t.py" .carry/bin/tierd .carry/python/_tierd.so > "$out/$t.log" 2>&1 || status=1
   tail -n 4 "$out/$t.log"
+  # A failure's traceback in the call's own output (the logs come back too, but a glance should do).
+  grep -E -A 14 "^(FAIL|ERROR): " "$out/$t.log" | head -n 80
 done
 runtime=/tmp/tierd-pybench; rm -rf "$runtime" /var/tmp/tierd-pybench-nvme; mkdir -p /var/tmp/tierd-pybench-nvme
 .carry/bin/tierd --gpu=cuda --gpu_bytes="${TIERD_GPU:-2GiB}" --dram_bytes="${TIERD_DRAM:-72GiB}" --nvme_dir=/var/tmp/tierd-pybench-nvme \

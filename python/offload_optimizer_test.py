@@ -213,6 +213,14 @@ class OffloadOptimizerTest(unittest.TestCase):
         opt = self.offload(m.parameters(), lr=1e-2)  # accumulation_steps=1, no clipping
         with self.assertRaisesRegex(RuntimeError, "pass accumulation_steps=<micro-batches a step>"):
             self.train(m, opt, batches(2), accumulate=2)
+        # With clipping nothing updates before step(), but a bf16 model's one-gradient leases would
+        # be overwritten by the second micro-batch (before: silently, the first one's gradient lost).
+        for share in (0.0, 0.8):
+            m = model(dtype=torch.bfloat16)
+            opt = self.offload(m.parameters(), lr=1e-2, max_grad_norm=1.0, gpu_share=share, name=f"bf16-more-{share}")
+            with self.assertRaisesRegex(RuntimeError, r"got gradient 2 of a step with accumulation_steps=1: pass "
+                                                      r"accumulation_steps=<micro-batches a step>"):
+                self.train(m, opt, batches(2, dtype=torch.bfloat16), accumulate=2)
 
     def test_bf16_weights_are_the_fp32_master_rounded(self):
         m = model(dtype=torch.bfloat16)

@@ -322,6 +322,12 @@ class OffloadOptimizer(torch.optim.Optimizer):
             slot.consumed.wait()  # the last micro-batch's gradient is out of grad_in
             self._seconds["hook_waited"] += time.perf_counter() - start
         slot.consumed.clear()
+        if slot.updated_early or (slot.grad_dtype == "bf16" and slot.arrivals > 0):
+            # More micro-batches than accumulation_steps said: the update has taken the accumulator,
+            # or a one-gradient bf16 lease would be overwritten. Nothing is touched; step() says so.
+            self._arrivals.put((slot, None, "late"))
+            p.grad = None
+            return
         if slot.on_gpu:
             self._gradient_on_gpu(slot, g)
             p.grad = None
@@ -363,9 +369,6 @@ class OffloadOptimizer(torch.optim.Optimizer):
         """A gradient of a parameter stepped on the GPU goes into its accumulator lease there (copied,
         or added in fp32), on the compute stream; only its norm leaves the GPU, taken as the host
         path takes it (fp32 from a bf16 or first direct gradient, else float64 as the host's sums)."""
-        if slot.updated_early:  # more micro-batches than said: _arrived says so, the lease untouched
-            self._arrivals.put((slot, None, "late"))
-            return
         first = slot.arrivals == 0
         try:
             acc = as_tensor(self.client.acquire(slot.grad, "overwrite" if first else "write", "gpu"))
@@ -430,15 +433,13 @@ class OffloadOptimizer(torch.optim.Optimizer):
         elif kind == "gpu":
             self._arrived(slot, float(slot.norm_in[0]) ** 2)
         elif kind == "late":
-            self._arrived(slot, 0.0)  # raises
+            self._too_many(slot)
         else:
             self._accumulate(slot)
         self._seconds["copy_waited"] += copied - start
         self._seconds["accumulating"] += time.perf_counter() - copied
 
     def _accumulate(self, slot):
-        if slot.updated_early:
-            self._arrived(slot, 0.0)  # raises: the update has already used the accumulator
         dtype = tierd.dtype_name(slot.grad_in.dtype)
         first = slot.arrivals == 0
         with self._held(slot.grad, "overwrite" if first else "write") as acc:
@@ -447,12 +448,15 @@ class OffloadOptimizer(torch.optim.Optimizer):
                                             slot.n, first, self.threads)
         self._arrived(slot, sum_squares)
 
+    def _too_many(self, slot):
+        raise RuntimeError(f"parameter {slot.index} ({tuple(slot.param.shape)}) got gradient {slot.arrivals + 1} of a "
+                           f"step with accumulation_steps={self.accumulation_steps}: pass "
+                           "accumulation_steps=<micro-batches a step>")
+
     def _arrived(self, slot, sum_squares):
         """A gradient is in the slot's accumulator, whose sum of squares is now `sum_squares`."""
         if slot.updated_early:
-            raise RuntimeError(f"parameter {slot.index} ({tuple(slot.param.shape)}) got gradient "
-                               f"{slot.arrivals + 1} of a step with accumulation_steps={self.accumulation_steps}, "
-                               "after its update: pass accumulation_steps=<micro-batches a step>")
+            self._too_many(slot)
         slot.sum_squares = sum_squares
         slot.arrivals += 1
         if self.max_grad_norm is None and slot.arrivals == self.accumulation_steps:

@@ -473,7 +473,8 @@ class OffloadOptimizerTest(unittest.TestCase):
             if ours:
                 opt = self.offload(llama.parameters(), lr=2e-3, betas=(0.9, 0.95), weight_decay=0.1, max_grad_norm=0.5,
                                    accumulation_steps=2, name="trainer")
-            trainer = transformers.Trainer(model=llama, args=args, train_dataset=rows, optimizers=(opt, None))
+            trainer = transformers.Trainer(model=llama, args=args, train_dataset=rows, optimizers=(opt, None),
+                                           callbacks=[tt.trainer_callback(opt)] if ours else None)
             trainer.train()
             return [h["loss"] for h in trainer.state.log_history if "loss" in h], opt
 
@@ -484,6 +485,21 @@ class OffloadOptimizerTest(unittest.TestCase):
             self.assertAlmostEqual(a, b, delta=1e-4 * abs(b))  # AdamW's arithmetic in another order
         self.assertLess(ours[-1], ours[0])
         self.assertGreater(opt.last_grad_norm, 0.5)  # our clip acted
+        # The callback refuses what would silently train otherwise: the Trainer's own clipping (on
+        # gradients already gone), a different accumulation.
+        llama = transformers.LlamaForCausalLM(config)
+        opt = self.offload(llama.parameters(), lr=2e-3, max_grad_norm=0.5, accumulation_steps=2, name="trainer-bad")
+        for changed, words in (({"max_grad_norm": 1.0}, r"TrainingArguments\(max_grad_norm=1.0\) would clip gradients "
+                                                         r".* pass max_grad_norm=0 to the Trainer"),
+                               ({"max_grad_norm": 0.0, "gradient_accumulation_steps": 4},
+                                r"gradient_accumulation_steps=4\) but OffloadOptimizer\(accumulation_steps=2\)")):
+            args = transformers.TrainingArguments(output_dir=os.path.join(os.environ.get("TEST_TMPDIR", "/tmp"), "bad"),
+                                                  per_device_train_batch_size=4, max_steps=1, report_to=[],
+                                                  save_strategy="no", use_cpu=True, disable_tqdm=True, **changed)
+            trainer = transformers.Trainer(model=llama, args=args, train_dataset=rows, optimizers=(opt, None),
+                                           callbacks=[tt.trainer_callback(opt)])
+            with self.assertRaisesRegex(ValueError, words):
+                trainer.train()
 
     def test_bad_settings_and_checkpoints_are_refused(self):
         m = model()

@@ -27,7 +27,7 @@ import tierd
 from tierd import _tierd
 from tierd.offload import offload  # noqa: F401  (tierd.torch.offload)
 
-__all__ = ["as_tensor", "OffloadOptimizer", "offload"]
+__all__ = ["as_tensor", "OffloadOptimizer", "offload", "trainer_callback"]
 
 _FP8 = {"f8e4m3": "float8_e4m3fn", "f8e5m2": "float8_e5m2"}
 
@@ -786,6 +786,33 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._updates.put(None)
         for w in self._workers:
             w.join()
+
+
+def trainer_callback(optimizer):
+    """A transformers.TrainerCallback for a Trainer handed `optimizer` (an OffloadOptimizer) through
+    optimizers=(optimizer, scheduler): at the start of training it refuses the Trainer's own clipping
+    (TrainingArguments.max_grad_norm > 0 clips gradients the optimizer has already taken off the
+    GPU, so nothing: clipping silently off) and a gradient accumulation other than the optimizer's,
+    saying what to pass instead.
+
+        trainer = transformers.Trainer(..., optimizers=(opt, None), callbacks=[tierd.torch.trainer_callback(opt)])
+    """
+    import transformers
+
+    class _Check(transformers.TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            if args.max_grad_norm is not None and args.max_grad_norm > 0:
+                raise ValueError(
+                    f"TrainingArguments(max_grad_norm={args.max_grad_norm}) would clip gradients that "
+                    "tierd.torch.OffloadOptimizer has already taken off the GPU (nothing would be clipped): pass "
+                    f"max_grad_norm=0 to the Trainer and OffloadOptimizer(max_grad_norm={args.max_grad_norm}) "
+                    f"instead (it has {optimizer.max_grad_norm})")
+            if args.gradient_accumulation_steps != optimizer.accumulation_steps:
+                raise ValueError(
+                    f"TrainingArguments(gradient_accumulation_steps={args.gradient_accumulation_steps}) but "
+                    f"OffloadOptimizer(accumulation_steps={optimizer.accumulation_steps}): give both the same")
+
+    return _Check()
 
 
 # The workers are daemon threads (a script that forgets close() still exits), so at exit they

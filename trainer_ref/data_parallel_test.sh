@@ -133,15 +133,19 @@ check "--sync_every=4 sends a quarter of dense's bytes" \
 
 # 5. A rank killed mid-run: the other stops within seconds, saying so; the run resumes
 #    from the newest checkpoint every rank has and continues the straight run bit for bit.
+#    "Within seconds" against the same job's 10 steps run straight on this machine, whatever its
+#    load (a fixed bound failed once under ASan on 2 busy cores: 22 s for 6 steps and the stop).
 ck="--checkpoint_dir=$dir/ck --checkpoint_every=4"
-dp 2 --metrics="$dir/straight.jsonl" > /dev/null 2>&1
+start=$(date +%s.%N)
+dp 2 --checkpoint_dir="$dir/ck-straight" --checkpoint_every=4 --metrics="$dir/straight.jsonl" > /dev/null 2>&1
+straight_took=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
 start=$(date +%s.%N)
 "$mpirun" -np 1 "$bin" $common $ck --metrics="$dir/killed.jsonl" : \
   -np 1 env TIERD_TRAIN_SIGKILL_AT_STEP=6 "$bin" $common $ck > "$dir/killed.log" 2>&1
 killed=$?
 took=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
-check "rank 1 killed at step 6: the job ends (exit $killed) in $took s" \
-  "[ $killed != 0 ] && awk 'BEGIN { exit !($took < 20) }'"
+check "rank 1 killed at step 6: the job ends (exit $killed) in $took s, within 10 s of the straight 10 steps' $straight_took s" \
+  "[ $killed != 0 ] && awk 'BEGIN { exit !($took < $straight_took + 10) }'"
 check "the other rank or the launcher says why" \
   "grep -qE 'stopped by the launcher|exited on signal 9' '$dir/killed.log'"
 dp 2 $ck --resume --metrics="$dir/killed.jsonl" > "$dir/resumed.log" 2>&1

@@ -181,6 +181,21 @@ class StreamTest(unittest.TestCase):
                                 ("release_all", None)])
 
 
+class GpuStepTest(unittest.TestCase):
+    def test_bad_gpu_steps_are_refused_saying_why(self):
+        step = tierd._tierd.gpu_step
+        args = dict(master=0, m=0, v=0, weights_bf16=0, grads=0, n=4, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8,
+                    weight_decay=0.0, step=1, grad_scale=1.0, decay=False, grads_dtype="f32", cuda_stream=0)
+        for change, words in (({"opt": "sgd"}, "adamw, adamw8bit and lion, not sgd"),
+                              ({"grads_dtype": "f16"}, "f32 or bf16, not f16"),
+                              ({"n": -1}, "negative element count"),
+                              ({"step": 0}, "counts from 1"),
+                              # a host address: no CUDA in the build, or not device memory
+                              ({"master": id(args)}, "without a CUDA toolkit|not in GPU memory|null pointer")):
+            with self.assertRaisesRegex(tierd.TierdError, words):
+                step(**{"opt": "adamw", **args, **change})
+
+
 class NoTierdTest(unittest.TestCase):
     def test_no_tierd_names_the_socket(self):
         start = time.monotonic()

@@ -23,6 +23,12 @@ except ImportError as e:  # a Python without torch (e.g. Debian's, in CI): the c
     WHY_NOT = f"torch is not importable here: {e}"
 
 
+def share_device():
+    """Where a model stepped partly on tierd's GPU (gpu_share) lives: CUDA where tierd runs on the
+    real GPU (the lent machine, TIERD_TEST_GPU=cuda), the CPU where it runs on its fake one."""
+    return "cuda" if os.environ.get("TIERD_TEST_GPU") == "cuda" else "cpu"
+
+
 def model(seed=0, dtype=None):
     torch.manual_seed(seed)
     m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
@@ -71,7 +77,7 @@ class OffloadOptimizerTest(unittest.TestCase):
     def assertResumesAsStraight(self, straight, saved, data, what, **kw):
         """A bf16 model of another seed, loaded from `saved` ({"model", "opt"}) into a new optimizer
         (kw), trained on `data`, ends with `straight`'s weights, bit for bit."""
-        resumed = model(seed=7, dtype=torch.bfloat16)
+        resumed = model(seed=7, dtype=torch.bfloat16).to(next(straight.parameters()).device)
         opt = self.offload(resumed.parameters(), lr=1e-3, max_grad_norm=1.0, **kw)
         resumed.load_state_dict(saved["model"])
         opt.load_state_dict(saved["opt"])
@@ -216,11 +222,12 @@ class OffloadOptimizerTest(unittest.TestCase):
         # With clipping nothing updates before step(), but a bf16 model's one-gradient leases would
         # be overwritten by the second micro-batch (before: silently, the first one's gradient lost).
         for share in (0.0, 0.8):
-            m = model(dtype=torch.bfloat16)
+            m = model(dtype=torch.bfloat16).to(share_device())
             opt = self.offload(m.parameters(), lr=1e-2, max_grad_norm=1.0, gpu_share=share, name=f"bf16-more-{share}")
+            data = [(x.to(share_device()), y.to(share_device())) for x, y in batches(2, dtype=torch.bfloat16)]
             with self.assertRaisesRegex(RuntimeError, r"got gradient 2 of a step with accumulation_steps=1: pass "
                                                       r"accumulation_steps=<micro-batches a step>"):
-                self.train(m, opt, batches(2, dtype=torch.bfloat16), accumulate=2)
+                self.train(m, opt, data, accumulate=2)
 
     def test_bf16_weights_are_the_fp32_master_rounded(self):
         m = model(dtype=torch.bfloat16)
@@ -364,10 +371,11 @@ class OffloadOptimizerTest(unittest.TestCase):
             torch.manual_seed(4)
             return torch.nn.Sequential(*(torch.nn.Linear(64, 64, bias=False) for _ in range(3)))
         g = torch.Generator().manual_seed(9)
-        data = [(torch.randn(8, 64, generator=g), torch.randn(8, 64, generator=g)) for _ in range(4)]
+        data = [(torch.randn(8, 64, generator=g).to(share_device()), torch.randn(8, 64, generator=g).to(share_device()))
+                for _ in range(4)]
         results = []
         for share, gpu in ((0.0, 0), (1.0, "96KiB")):
-            m = layers()
+            m = layers().to(share_device())
             opt = self.offload(m.parameters(), lr=1e-2, max_grad_norm=1.0, gpu_share=share, gpu=gpu,
                                name=f"streamed-{share}")
             losses = self.train(m, opt, data)
@@ -386,8 +394,8 @@ class OffloadOptimizerTest(unittest.TestCase):
     def test_a_checkpoint_moves_between_gpu_shares(self):
         # Where parameters are stepped is not in the checkpoint: a run that stepped 80% on the GPU
         # resumes on the host alone (and back) with the straight run's bits.
-        data = batches(6, dtype=torch.bfloat16)
-        straight = model(dtype=torch.bfloat16)
+        data = [(x.to(share_device()), y.to(share_device())) for x, y in batches(6, dtype=torch.bfloat16)]
+        straight = model(dtype=torch.bfloat16).to(share_device())
         opt = self.offload(straight.parameters(), opt="adamw8bit", lr=1e-3, max_grad_norm=1.0, gpu_share=0.8,
                            name="moves-straight")
         self.train(straight, opt, data[:3])
@@ -402,16 +410,17 @@ class OffloadOptimizerTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "gpu_share is the fraction .* from 0 to 1, not 1.5"):
             tt.OffloadOptimizer(m.parameters(), gpu_share=1.5)
         # A share whose state the daemon's GPU tier (64 MiB here) cannot hold: refused, saying what it asks.
-        wide = torch.nn.Linear(2048, 4096)  # 8.4M values: 134 MB of master, moments and gradient
+        wide = torch.nn.Linear(2048, 4096).to(share_device())  # 8.4M values: 134 MB of master, moments and gradient
         with self.assertRaises(tierd.TierdError) as e:
             tt.OffloadOptimizer(wide.parameters(), gpu_share=1.0, dram="256MiB")
         self.assertRegex(str(e.exception), r"gpu_share=1.0 keeps the state of 2 parameters on the GPU, 12[0-9.]+ MiB "
                                            r"of GPU quota \(gpu= smaller makes tierd move it in and out\): .*gpu tier")
         # A GPU quota smaller than one parameter's gradient there: the backward says what it needs
         # (clipping: no update starts in the backward, so this is the first refusal).
+        m = m.to(share_device())
         opt = self.offload(m.parameters(), gpu_share=1.0, gpu="1KiB", max_grad_norm=1.0, name="tiny-gpu")
         with self.assertRaises(tierd.TierdError) as e:
-            self.train(m, opt, batches(1))
+            self.train(m, opt, [(x.to(share_device()), y.to(share_device())) for x, y in batches(1)])
         text = str(e.exception)
         self.assertEqual(e.exception.code, "RESOURCE_EXHAUSTED", text)
         self.assertRegex(text, r"parameter \d \(\(\d+(, \d+)?\)\) is stepped on the GPU \(gpu_share\), and tierd "

@@ -126,10 +126,13 @@ class OffloadTest(unittest.TestCase):
     def test_an_offloaded_share_stepped_on_the_gpu_trains_as_in_place(self):
         # Stepped on (tierd's fake) GPU, the new weights go straight into the leases there; the
         # forward after waits for them (on a real GPU: for the step's kernel, through its stream).
+        client = self.session("share")
+        if not client.fake_gpu:  # a CPU model's leases are host memory then: test_on_the_gpu's share runs it
+            self.skipTest("tierd runs on the real GPU: test_on_the_gpu_it_trains_as_in_place has this case")
         torch.manual_seed(0)
         plain = TinyLm().to(torch.bfloat16)
         moved = copy.deepcopy(plain)
-        weights = tt.offload(moved, client=self.session("share"), units=list(moved.blocks))
+        weights = tt.offload(moved, client=client, units=list(moved.blocks))
         tokens = data(4)
         for clip in (None, 1.0):
             want, _ = self.trained(plain, tokens, clip=clip, name=f"p-share-{clip}", opt="adamw8bit")
@@ -290,7 +293,13 @@ class OffloadTest(unittest.TestCase):
             tokens = data(4)
             want, _ = self.trained(plain, tokens, clip=clip, name=f"c-plain-{form}")
             got, _ = self.trained(moved, tokens, weights, clip=clip, name=f"c-moved-{form}")
-            self.assertEqual(got, want, form)
+            # Bit for bit where the CPU code inductor generates is the same for both; on the lent
+            # machine's CPU one step's loss of the wrapper form came out 2 ulp apart (steps after it
+            # equal again), so the losses are compared to 1e-6 and the weights' training checked
+            # by the last loss.
+            for g, w in zip(got, want):
+                self.assertAlmostEqual(g, w, delta=1e-6 * abs(w), msg=form)
+            self.assertLess(got[-1], got[0], form)
             self.assertEqual([s.uses for s in weights._slots], [0] * len(weights._slots))
 
     def test_units_are_modules_of_the_model(self):
@@ -348,12 +357,14 @@ class OffloadTest(unittest.TestCase):
             self.assertEqual(e.exception.code, "FAILED_PRECONDITION")
 
     def test_a_unit_larger_than_the_gpu_quota_is_named(self):
-        model = TinyLm()
         client = tierd.connect(label="tiny-gpu", gpu="4KiB", dram="16MiB", nvme="16MiB")
         self.closing.append(client.close)
+        # Leased in the GPU place: a CUDA model on the real GPU, a CPU one on tierd's fake GPU.
+        device = "cpu" if client.fake_gpu else "cuda"
+        model = TinyLm().to(device)
         weights = tt.offload(model, client=client, units=list(model.blocks))
         with self.assertRaises(tierd.TierdError) as e:
-            loss_of(model, data(1)[0])
+            loss_of(model, data(1)[0].to(device))
         text = str(e.exception)
         self.assertEqual(e.exception.code, "RESOURCE_EXHAUSTED", text)
         self.assertRegex(text, r"the forward of '\S+' needs \d+ parameters .* at once")

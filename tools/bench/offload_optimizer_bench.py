@@ -19,6 +19,7 @@ the optimizer's session that GPU quota (smaller than the share's state: tierd mo
 """
 import argparse
 import os
+import re
 import sys
 import time
 
@@ -165,7 +166,7 @@ def main():
         def make(m, client=None):
             return tt.OffloadOptimizer(m.parameters(), opt=opt_name, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1,
                                        max_grad_norm=1.0 if clip else None, accumulation_steps=a.grad_accum,
-                                       dram=a.dram, nvme="4GiB", client=client, name=variant.replace(":", "-"),
+                                       dram=a.dram, nvme="4GiB", client=client, name=re.sub(r"[^A-Za-z0-9._-]", "-", variant),
                                        gpu_share=share, gpu=share_quota)
         default_interval = sys.getswitchinterval()
         for interval in [float(x) for x in a.switch_intervals.split(",") if x] or [default_interval]:

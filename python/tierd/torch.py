@@ -194,7 +194,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._errors = []           # from the worker threads, raised at the next step() or synchronize()
         # Seconds since construction, by where they went (timings()): each key written by one thread.
         self._seconds = dict.fromkeys(("hook_waited", "copy_waited", "accumulating", "updating", "update_kernels",
-                                       "forward_waited", "step_waited"), 0.0)
+                                       "update_leases", "update_copies", "forward_waited", "step_waited"), 0.0)
         self._skipped_params = 0    # non-finite gradients without clipping, since the last step()
         self._arrivals, self._updates = queue.Queue(), _ForwardOrder()
         self._workers = [
@@ -498,7 +498,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             offloaded[0].wait_idle(offloaded[1])
             items.append((offloaded[1].lease, "overwrite"))
         # The master weight, the gradient, the moments (and the weights' lease) in one exchange.
-        views = self.client.acquire_all(items)
+        views = self._exchange(self.client.acquire_all, items)
         master = as_tensor(views[0]).reshape(-1)
         held = [s.master, s.grad] + s.moments + ([offloaded[1].lease] if into_lease else [])
         try:
@@ -513,10 +513,10 @@ class OffloadOptimizer(torch.optim.Optimizer):
         del views
         if into_lease:  # tierd brings them to the GPU for the next forward
             del master
-            self.client.release_all(held)
+            self._exchange(self.client.release_all, held)
             return
         if direct:
-            self.client.release_all([s.grad] + s.moments)  # the master: once its weights have left
+            self._exchange(self.client.release_all, [s.grad] + s.moments)  # the master: once its weights have left
             self._weights_to_device(s, source=master)
             self._release_later.append((s.copied_back, s.master))
             while len(self._release_later) > 4:
@@ -525,8 +525,16 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if not bf16_out:
             s.weights_out.copy_(master)
         del master
-        self.client.release_all([s.master, s.grad] + s.moments)
+        self._exchange(self.client.release_all, [s.master, s.grad] + s.moments)
         self._weights_to_device(s)
+
+    def _exchange(self, call, *args):
+        """acquire_all / release_all for an update, its time in update_leases."""
+        start = time.perf_counter()
+        try:
+            return call(*args)
+        finally:
+            self._seconds["update_leases"] += time.perf_counter() - start
 
     def _host_step(self, s, scale, settings, master, m, v, out, grad):
         """The host's kernel for s.opt on host arrays (addresses); `out`: bf16 weights (0: none)."""
@@ -559,7 +567,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             items.append((offloaded[1].lease, "overwrite"))
             held.append(offloaded[1].lease)
         try:
-            views = self.client.acquire_all(items, "gpu")
+            views = self._exchange(self.client.acquire_all, items, "gpu")
         except tierd.TierdError as e:
             raise self._gpu_quota_error(e, s, "its state") from e
         master, grad = views[0].data_ptr, views[1].data_ptr
@@ -587,9 +595,16 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 self._seconds["update_kernels"] += time.perf_counter() - start
         finally:
             del views
-            self.client.release_all(held, stream)
+            self._exchange(self.client.release_all, held, stream)
 
     def _weights_to_device(self, s, source=None):
+        start = time.perf_counter()
+        try:
+            self._weights_to_device_now(s, source)
+        finally:
+            self._seconds["update_copies"] += time.perf_counter() - start
+
+    def _weights_to_device_now(self, s, source):
         offloaded = getattr(s.param, "_tierd_offload", None)
         if offloaded is not None:  # into its lease: tierd brings it to the GPU for the next forward
             source = s.weights_out if source is None else source
@@ -645,8 +660,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
         backward's hooks waiting for a slot's last gradient to leave its staging buffer
         (hook_waited), the gradient thread waiting for copies off the GPU (copy_waited) and adding
         them up (accumulating), the update thread stepping (updating; of it, update_kernels in the host's
-        optimizer kernels themselves, or queueing the GPU's for a parameter stepped there, the rest acquiring
-        leases and queueing copies), forwards waiting for their
+        optimizer kernels themselves, or queueing the GPU's for a parameter stepped there; update_leases in
+        acquiring and releasing the update's leases; update_copies in queueing the new weights' copies to
+        the device, or writing them into an offloaded parameter's lease), forwards waiting for their
         parameters' updates (forward_waited), step() waiting for the gradients (step_waited)."""
         return dict(self._seconds)
 

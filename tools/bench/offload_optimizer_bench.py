@@ -18,6 +18,7 @@ state shares the --gpu_quota session, so raise it), e.g. adamw:noclip:gpu=0.3; g
 the optimizer's session that GPU quota (smaller than the share's state: tierd moves it in and out).
 """
 import argparse
+import json
 import os
 import re
 import sys
@@ -29,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_baseline import PRESETS, Decoder, hf_llama, nvml_mib, random_batch  # noqa: E402
 
 import tierd.torch as tt  # noqa: E402
+import gpu_timeline  # noqa: E402
 
 
 def make_model(a, baseline=False):
@@ -70,7 +72,8 @@ def run(name, make_opt, clip, a, data, offload=None, baseline=False):
     torch.cuda.reset_peak_memory_stats()
     g = torch.Generator().manual_seed(1)
     timed, losses, seconds = 0.0, [], []
-    for step in range(a.steps):
+
+    def one_step():
         micro = []
         for _ in range(a.grad_accum):
             micro.append(random_batch(data, a.batch_size, a.seq_len, generator=g))
@@ -89,20 +92,39 @@ def run(name, make_opt, clip, a, data, offload=None, baseline=False):
         opt.zero_grad(set_to_none=True)
         if sched is not None:
             sched.step()
-        losses.append(loss.item())
+        value = loss.item()
         torch.cuda.synchronize()
-        seconds.append(time.time() - t0)
+        return value, time.time() - t0
+
+    for step in range(a.steps):
+        loss, took = one_step()
+        losses.append(loss)
+        seconds.append(took)
         if step >= a.skip:
             timed += seconds[-1]
         if step == a.steps - 1:
             mine, every = nvml_mib()
+    times = None
+    if isinstance(opt, tt.OffloadOptimizer):
+        opt.synchronize()
+        times = opt.timings()  # the timed steps' (before a profiled one)
+    if a.profile:  # one step more under torch.profiler, outside the timing and the losses printed
+        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                  torch.profiler.ProfilerActivity.CUDA])
+        with prof:
+            with torch.profiler.record_function(gpu_timeline.STEP):
+                one_step()
+        path = os.path.join(a.profile, re.sub(r"[^A-Za-z0-9._-]", "-", name) + ".trace.json")
+        os.makedirs(a.profile, exist_ok=True)
+        prof.export_chrome_trace(path)
+        print(f"  timeline ({path}): " + json.dumps(gpu_timeline.summarize_trace_file(path)), flush=True)
     if isinstance(opt, tt.OffloadOptimizer):
         opt.synchronize()
         if opt.gpu_values:
             print(f"  stepped on the GPU: {opt.gpu_values / sum(p.numel() for p in model.parameters()):.1%} of the "
                   "values", flush=True)
         print("  where the host's time went, s a step: " + ", ".join(
-            f"{k} {v / a.steps:.3f}" for k, v in opt.timings().items()), flush=True)
+            f"{k} {v / a.steps:.3f}" for k, v in times.items()), flush=True)
         opt.close()
     if weights is not None:
         weights.client.close()
@@ -125,6 +147,11 @@ def main():
     p.add_argument("--grad_accum", type=int, default=1, help="micro-batches of --batch_size a step")
     p.add_argument("--skip", type=int, default=3, help="untimed first steps")
     p.add_argument("--warmup", type=int, default=0, help="steps of linear learning-rate warm-up (0: none)")
+    p.add_argument("--profile", default="", metavar="DIR",
+                   help="each run: one step more under torch.profiler, its trace written to DIR and a "
+                        "'timeline' line printed (gpu_timeline.py: the GPU busy and idle in the step, kernels on "
+                        "the compute stream and the others, copies each way, the longest idle gaps and what "
+                        "borders them)")
     p.add_argument("--variants", default="adamw:clip", help="opt:clip|noclip[:offload[:plan]], opt adamw, adamw8bit or lion; several apart by spaces or commas")
     p.add_argument("--hf", action="store_true", help="transformers' LlamaForCausalLM of the same shape")
     p.add_argument("--bf16", action="store_true", help="bf16 weights (pure bf16 training) instead of fp32 + autocast")

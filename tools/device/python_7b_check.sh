@@ -20,7 +20,10 @@ out="${OUT:-/tmp/tierd-out}"; mkdir -p "$out"
 batch="${BATCH:-4}"; steps="${STEPS:-20}"; status=0
 # LOSSES=1 (default): first the same loop without offload with the whole GPU, fp32 weights under bf16
 # autocast and PyTorch's fused AdamW (~110 GB at 7B), for the losses of every step beside ours.
-baseline=$([ "${LOSSES:-1}" = 1 ] && echo --baseline_fp32 || echo --no_baseline)
+# LOSSES=bf16: that loop with bf16 weights as ours (PyTorch's AdamW then keeps bf16 moments and no
+# fp32 master): from random weights under a warm-up learning rate the first updates are below a
+# bf16 weight's spacing on both sides, where the fp32 run moves at once (session 34). LOSSES=0: none.
+case "${LOSSES:-1}" in 1) baseline=--baseline_fp32 ;; bf16) baseline="" ;; *) baseline=--no_baseline ;; esac
 corpus=/tmp/tierd-7b-corpus.txt
 find "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')" -maxdepth 1 -name '*.py' | sort |
   xargs cat > "$corpus"

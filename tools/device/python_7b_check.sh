@@ -77,7 +77,8 @@ for name, path in (("FSDP2 CPU offload, pure bf16", "fsdp2.log"), ("DeepSpeed Ze
         except (OSError, ValueError):
             rows.append((name, None, None))
 if base:
-    rows.append(("PyTorch without offload, fp32 weights + bf16 autocast, fused AdamW, whole GPU",
+    weights = "fp32 weights + bf16 autocast" if "(fp32 weights)" in base.group(0) else "bf16 weights (bf16 moments)"
+    rows.append((f"PyTorch without offload, {weights}, fused AdamW, whole GPU",
                  float(base.group(1).replace(",", "")), float(base.group(2))))
 print("| run (7B, the same call) | tokens/s | GPU GiB, every process | our best against it |")
 print("|---|---|---|---|")

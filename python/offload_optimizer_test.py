@@ -392,6 +392,42 @@ class OffloadOptimizerTest(unittest.TestCase):
         for x, y in zip(a.parameters(), b.parameters()):
             self.assertTrue(torch.equal(x, y))
 
+    def test_a_share_whose_quota_is_its_own_makes_no_lease_calls_a_step(self):
+        # Held on the GPU across steps: the hook and the update reach the share's state without
+        # tierd, for the same bits as a session that acquires it each step (a client of its own).
+        data = [(x.to(share_device()), y.to(share_device())) for x, y in batches(5, dtype=torch.bfloat16)]
+        results = []
+        for clip in (None, 1.0):
+            for given in (False, True):
+                m = model(dtype=torch.bfloat16).to(share_device())
+                client = tierd.connect(label="share-own-quota", gpu="1MiB", dram="16MiB", nvme="16MiB") if given else None
+                opt = self.offload(m.parameters(), opt="adamw8bit", lr=1e-3, max_grad_norm=clip, gpu_share=1.0,
+                                   client=client, name=f"held-{clip}-{given}")
+                losses = self.train(m, opt, data[:2])
+                calls = []
+                for name in ("acquire", "acquire_all", "release", "release_all"):
+                    def counted(*args, _call=getattr(opt.client, name), _name=name, **kw):
+                        calls.append(_name)
+                        return _call(*args, **kw)
+                    setattr(opt.client, name, counted)
+                losses += self.train(m, opt, data[2:])
+                what = f"clip {clip}, {'a client given' if given else 'its own session'}"
+                if given:
+                    self.assertGreaterEqual(len(calls), 4 * 3 * 2, (what, calls))  # 4 a parameter a step
+                else:
+                    self.assertEqual(calls, [], what)
+                results.append((what, m, losses))
+                saved = opt.state_dict()  # lets go of them: the host reads the state
+                self.assertEqual(len(saved["state"]), 4, what)
+                if given:
+                    self.opened.remove(opt)
+                    opt.close()
+                    client.close()
+            (_, held, held_losses), (what, acquired, acquired_losses) = results[-2:]
+            self.assertEqual(held_losses, acquired_losses, what)
+            for a, b in zip(held.parameters(), acquired.parameters()):
+                self.assertTrue(torch.equal(a, b), what)
+
     def test_a_checkpoint_moves_between_gpu_shares(self):
         # Where parameters are stepped is not in the checkpoint: a run that stepped 80% on the GPU
         # resumes on the host alone (and back) with the straight run's bits.

@@ -83,6 +83,8 @@ class _Slot:
         self.weights_ready.set()
         self.read_until = None     # the compute stream's use of the old weights (a CUDA event)
         self.copied_back = None    # the new weights' copy to the GPU (a CUDA event)
+        self.held = None           # on_gpu, held across steps: Views of master, grad, *moments
+        self.held_grad = None      # the gradient's View as a tensor
 
     @property
     def grad_in(self):  # (n,) param.dtype, pinned: a gradient on its way to the accumulator
@@ -123,7 +125,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
     master weights, moments and gradients are tierd leases acquired on the GPU, stepped there by
     the reference trainer's GPU kernels (the host step's arithmetic: the same bits), and their
     gradients never leave the GPU. The host's work shrinks by that share, for GPU memory: by
-    default (gpu=0) the session's GPU quota holds their state, so it stays there; a smaller gpu=
+    default (gpu=0) the session's GPU quota holds their state, so it stays there, held across steps
+    (a step makes no lease calls for it; a checkpoint lets go of it while it reads); a smaller gpu=
     makes tierd move it in and out around each step (PCIe instead of host arithmetic). With a
     client given, its quotas apply.
 
@@ -150,6 +153,11 @@ class OffloadOptimizer(torch.optim.Optimizer):
         on_gpu = self._gpu_share(float(gpu_share), client)
         self._own_client = client is None  # closed with the optimizer; a client given stays open
         gpu_quota = gpu or self._gpu_state_bytes(opt, on_gpu) + (1 << 20)
+        # The share's leases are held on the GPU across steps where the session's GPU quota is the
+        # share's own and holds all of it: tierd has nothing to move, so a step makes no lease calls
+        # for them (four a parameter otherwise, in the backward's hook and the update).
+        self._hold_share = bool(on_gpu) and client is None and (
+            tierd.parse_bytes(gpu_quota) >= self._gpu_state_bytes(opt, on_gpu))
         try:
             self.client = client or tierd.connect(runtime_dir, label, gpu=gpu_quota, dram=dram or "1GiB",
                                                   nvme=nvme or "1GiB")
@@ -370,10 +378,14 @@ class OffloadOptimizer(torch.optim.Optimizer):
         or added in fp32), on the compute stream; only its norm leaves the GPU, taken as the host
         path takes it (fp32 from a bf16 or first direct gradient, else float64 as the host's sums)."""
         first = slot.arrivals == 0
-        try:
-            acc = as_tensor(self.client.acquire(slot.grad, "overwrite" if first else "write", "gpu"))
-        except tierd.TierdError as e:
-            raise self._gpu_quota_error(e, slot, "its gradient") from e
+        if self._hold_share:
+            self._share_views(slot)
+            acc = slot.held_grad
+        else:
+            try:
+                acc = as_tensor(self.client.acquire(slot.grad, "overwrite" if first else "write", "gpu"))
+            except tierd.TierdError as e:
+                raise self._gpu_quota_error(e, slot, "its gradient") from e
         wide = slot.grad_dtype == "bf16" or (g.is_cuda and self._registered is not None and first and
                                              g.dtype == torch.float32)  # the host path's "direct" cases
         compute = torch.cuda.current_stream(g.device) if g.is_cuda else None
@@ -393,10 +405,30 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if compute is not None:
             event = torch.cuda.Event(blocking=True)
             event.record(compute)
+        if not self._hold_share:
             self.client.release(slot.grad, compute)
-        else:
-            self.client.release(slot.grad)
         self._arrivals.put((slot, event, "gpu"))
+
+    def _share_views(self, slot):
+        """A GPU-share slot's held Views (master, grad, *moments), acquired on the GPU at its first
+        use after construction or a checkpoint (_let_go_of_share)."""
+        if slot.held is None:
+            items = [(slot.master, "write"), (slot.grad, "write")] + [(x, "write") for x in slot.moments]
+            try:
+                slot.held = self.client.acquire_all(items, "gpu")
+            except tierd.TierdError as e:
+                raise self._gpu_quota_error(e, slot, "its state") from e
+            slot.held_grad = as_tensor(slot.held[1]).reshape(-1)
+        return slot.held
+
+    def _let_go_of_share(self):
+        """Releases the share's held leases (after the GPU steps' queued work), so the host may read
+        or write them: checkpoints, close(). The next step acquires them again."""
+        held = [s for s in self._slots if s.held is not None]
+        for s in held:
+            s.held = s.held_grad = None
+        if held:
+            self.client.release_all([x for s in held for x in [s.master, s.grad] + s.moments], self._gpu_steps)
 
     def _gpu_quota_error(self, e, slot, what):
         need = self._gpu_state_bytes(self.opt, {id(slot.param)})
@@ -566,10 +598,13 @@ class OffloadOptimizer(torch.optim.Optimizer):
             offloaded[0].wait_idle(offloaded[1])
             items.append((offloaded[1].lease, "overwrite"))
             held.append(offloaded[1].lease)
-        try:
-            views = self._exchange(self.client.acquire_all, items, "gpu")
-        except tierd.TierdError as e:
-            raise self._gpu_quota_error(e, s, "its state") from e
+        if self._hold_share:  # no offloaded parameter: their leases are another session's (_gpu_share)
+            views, held = self._share_views(s), []
+        else:
+            try:
+                views = self._exchange(self.client.acquire_all, items, "gpu")
+            except tierd.TierdError as e:
+                raise self._gpu_quota_error(e, s, "its state") from e
         master, grad = views[0].data_ptr, views[1].data_ptr
         m, v = views[2].data_ptr, views[3].data_ptr if len(s.moments) > 1 else 0
         bf16 = s.param.dtype == torch.bfloat16
@@ -595,7 +630,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 self._seconds["update_kernels"] += time.perf_counter() - start
         finally:
             del views
-            self._exchange(self.client.release_all, held, stream)
+            if held:
+                self._exchange(self.client.release_all, held, stream)
 
     def _weights_to_device(self, s, source=None):
         start = time.perf_counter()
@@ -730,6 +766,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
     def state_dict(self):
         self._arrivals.join()
         self.synchronize()
+        self._let_go_of_share()
         state = {}
         for s in self._slots:
             with self._held(s.master, "read") as m:
@@ -748,6 +785,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict):
         self._arrivals.join()
         self.synchronize()
+        self._let_go_of_share()
         saved = state_dict.get("tierd", {})
         if saved.get("opt", self.opt) != self.opt:
             raise ValueError(f"this checkpoint is of a {saved['opt']} optimizer, not {self.opt}")
@@ -779,6 +817,12 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._arrivals.join()
         self.synchronize()
         self._stop_workers()
+        try:
+            self._let_go_of_share()
+        except tierd.TierdError:
+            if not self._own_client:
+                raise
+            # the session ends below, its leases with it
         for h in self._hooks:
             h.remove()
         self._pre_hook.remove()

@@ -159,6 +159,12 @@ def main():
                    help="with --bf16: the loop without offload trains fp32 weights under bf16 autocast (PyTorch's "
                         "mixed precision, fp32 master weights on the GPU) while ours keeps bf16 weights on the GPU and "
                         "fp32 master weights on the host: the same arithmetic, so their losses should agree")
+    p.add_argument("--baseline_twin", action="store_true",
+                   help="the loop without offload keeps the whole model on the GPU and steps it with the variant's own "
+                        "optimizer wholly on the GPU (OffloadOptimizer, gpu_share=1: the host step's bits, its state "
+                        "in tierd's GPU tier, so tierd's GPU budget must hold it) instead of PyTorch's AdamW: the same "
+                        "arithmetic as ours, so where the forward and backward repeat their bits the losses are ours "
+                        "exactly, and any difference is what offloading changed")
     p.add_argument("--no_baseline", action="store_true", help="ours only (a model the GPU cannot hold otherwise)")
     p.add_argument("--gpu_quota", default="4GiB", help="offload variants: the session's GPU quota for the weights")
     p.add_argument("--checkpointing", action="store_true")
@@ -168,6 +174,8 @@ def main():
                    help="each of our variants once per value of sys.setswitchinterval (seconds, apart by commas; "
                         "Python's default 0.005): how long the optimizer's threads wait for the GIL")
     a = p.parse_args()
+    if a.baseline_twin and a.baseline_fp32:
+        p.error("--baseline_twin keeps the twin's weights as ours (bf16 with --bf16): not with --baseline_fp32")
     py_lib = os.path.dirname(os.__file__)
     text = b"".join(open(os.path.join(py_lib, n), "rb").read() for n in sorted(os.listdir(py_lib)) if n.endswith(".py"))
     data = torch.frombuffer(bytearray(text), dtype=torch.uint8).long()
@@ -184,6 +192,13 @@ def main():
             share, share_quota = float(share), share_quota or 0
         clip = mode == "clip"
         offload = None if not where else "plan" if where == ["offload", "plan"] else "online"
+        if clip not in baselines and not a.no_baseline and a.baseline_twin:
+            baselines[clip] = run(f"the same loop without offload, {opt_name} wholly on the GPU (gpu_share=1)"
+                                  f"{', clipping at 1.0' if clip else ''}",
+                                  lambda m: tt.OffloadOptimizer(
+                                      m.parameters(), opt=opt_name, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1,
+                                      max_grad_norm=1.0 if clip else None, accumulation_steps=a.grad_accum,
+                                      dram=a.dram, nvme="4GiB", name="twin", gpu_share=1.0), clip, a, data, baseline=True)
         if clip not in baselines and not a.no_baseline:
             baselines[clip] = run(f"PyTorch fused AdamW on the GPU{' (fp32 weights)' if a.baseline_fp32 else ''}"
                                   f"{', clipping at 1.0' if clip else ''}",
@@ -206,8 +221,10 @@ def main():
                 continue
             base, base_losses = baselines[clip]
             worst = max(abs(x - y) / abs(y) for x, y in zip(our_losses, base_losses))
-            print(f"ratio: OffloadOptimizer {label} {ours / base:.2f}x of PyTorch fused AdamW's tokens/s; losses "
-                  f"within {100 * worst:.3f}% of its", flush=True)
+            peer = "the twin's (gpu_share=1, no offload)" if a.baseline_twin else "PyTorch fused AdamW's"
+            same = sum(x == y for x, y in zip(our_losses, base_losses))
+            print(f"ratio: OffloadOptimizer {label} {ours / base:.2f}x of {peer} tokens/s; losses within "
+                  f"{100 * worst:.3f}% of its, {same} of {len(base_losses)} equal to the bit", flush=True)
 
 if __name__ == "__main__":
     main()

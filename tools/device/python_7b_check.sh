@@ -18,12 +18,18 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-/tmp/tierd-out}"; mkdir -p "$out"
 batch="${BATCH:-4}"; steps="${STEPS:-20}"; status=0
-# LOSSES=1 (default): first the same loop without offload with the whole GPU, fp32 weights under bf16
-# autocast and PyTorch's fused AdamW (~110 GB at 7B), for the losses of every step beside ours.
-# LOSSES=bf16: that loop with bf16 weights as ours (PyTorch's AdamW then keeps bf16 moments and no
-# fp32 master): from random weights under a warm-up learning rate the first updates are below a
-# bf16 weight's spacing on both sides, where the fp32 run moves at once (session 34). LOSSES=0: none.
-case "${LOSSES:-1}" in 1) baseline=--baseline_fp32 ;; bf16) baseline="" ;; *) baseline=--no_baseline ;; esac
+# First the same loop without offload, the whole model on the GPU, for the losses of every step
+# beside ours. LOSSES=twin (default): its optimizer is ours (8-bit AdamW, fp32 master) stepped wholly
+# on the GPU (gpu_share=1, the host step's bits; ~54 GB of state in tierd's GPU tier, so tierd's
+# GPU budget is raised to TWIN_GPU for the call): the same arithmetic, so the losses are ours to
+# the bit where the forward and backward repeat theirs. LOSSES=1: fp32 weights under bf16 autocast
+# and PyTorch's fused AdamW (~110 GB); from random weights under a warm-up learning rate the first
+# updates are below a bf16 weight's spacing, where the fp32 run moves at once (session 34), so the
+# two part at step 2. LOSSES=bf16: PyTorch's AdamW on bf16 weights (bf16 moments). LOSSES=0: none.
+case "${LOSSES:-twin}" in
+  twin) baseline=--baseline_twin; TIERD_GPU="${TIERD_GPU:-${TWIN_GPU:-72GiB}}" ;;
+  1) baseline=--baseline_fp32 ;; bf16) baseline="" ;; *) baseline=--no_baseline ;;
+esac
 corpus=/tmp/tierd-7b-corpus.txt
 find "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')" -maxdepth 1 -name '*.py' | sort |
   xargs cat > "$corpus"
@@ -57,7 +63,8 @@ import json, re, sys
 out = sys.argv[1]
 rows = []
 bench2 = open(f"{out}/bench2.log").read()
-base = re.search(r"^PyTorch fused AdamW on the GPU.*?: ([\d,]+) tokens/s.*?([\d.]+) GiB every process", bench2, re.M)
+base = re.search(r"^(?:PyTorch fused AdamW on the GPU|the same loop without offload).*?: ([\d,]+) tokens/s.*?([\d.]+) GiB "
+                 r"every process", bench2, re.M)
 ours = re.findall(r"^tierd OffloadOptimizer (\S+?): ([\d,]+) tokens/s.*?([\d.]+) GiB every process", bench2, re.M)
 for variant, tps, gib in ours:
     share = variant.partition("gpu=")[2]
@@ -77,9 +84,12 @@ for name, path in (("FSDP2 CPU offload, pure bf16", "fsdp2.log"), ("DeepSpeed Ze
         except (OSError, ValueError):
             rows.append((name, None, None))
 if base:
-    weights = "fp32 weights + bf16 autocast" if "(fp32 weights)" in base.group(0) else "bf16 weights (bf16 moments)"
-    rows.append((f"PyTorch without offload, {weights}, fused AdamW, whole GPU",
-                 float(base.group(1).replace(",", "")), float(base.group(2))))
+    if base.group(0).startswith("the same loop"):
+        what = "the same loop without offload, whole GPU, our 8-bit AdamW stepped there (gpu_share=1)"
+    else:
+        weights = "fp32 weights + bf16 autocast" if "(fp32 weights)" in base.group(0) else "bf16 weights (bf16 moments)"
+        what = f"PyTorch without offload, {weights}, fused AdamW, whole GPU"
+    rows.append((what, float(base.group(1).replace(",", "")), float(base.group(2))))
 print("| run (7B, the same call) | tokens/s | GPU GiB, every process | our best against it |")
 print("|---|---|---|---|")
 for i, (name, tps, gib) in enumerate(rows):

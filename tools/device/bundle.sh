@@ -13,7 +13,7 @@ targets=(//tools/tierbench //tools/gpu_check:gpu_ipc_check //tools/gpu_check:pin
          //server:tierd //tools/tierctl //tools/hotpath_bench //tests:gpu_client_worker
          //tests:gpu_planned_worker //tools/planbench //trainer_ref/kernels:gpu_ops_test
          //trainer_ref/gpu:gpu_model_test //trainer_ref:tierd-train
-         //tests:gpu_trainer_tierd_test //trainer_ref/kernels:cudnn_attention_test //trainer_ref:host_adamw_bench //trainer_ref/kernels:fp8_gemm_bench //trainer_ref/kernels:fp8_ops_test
+         //tests:gpu_trainer_tierd_test //trainer_ref/kernels:cudnn_attention_test //trainer_ref:host_adamw_bench //trainer_ref:parallel_bench //trainer_ref/kernels:fp8_gemm_bench //trainer_ref/kernels:fp8_ops_test
          //trainer_ref/kernels:attention_bench //trainer_ref/kernels:elementwise_bench //comm:nccl_collectives_check //trainer_ref:adamw8bit_test)
 [ -n "${BUNDLE_TARGETS:-}" ] && read -r -a targets <<< "$BUNDLE_TARGETS"
 bazel build "${TIERD_BAZEL_FLAGS[@]}" -c opt "${targets[@]}"

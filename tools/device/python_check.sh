@@ -7,7 +7,8 @@
 # 2. tools/bench/offload_optimizer_bench.py: the same loop with PyTorch's fused AdamW and with
 #    OffloadOptimizer, side by side (MODEL, BATCH, VARIANTS, ACCUM, HF, BENCH_FLAGS); BENCH2_FLAGS: a
 #    second run of it with those flags. SKIP_TESTS=1: the benchmarks only; BENCH=0: not the first. AFTER: a command run
-#    last, with the daemon stopped (a peer's run in the same call).
+#    last, with the daemon stopped (a peer's run in the same call). With .carry/bin/parallel_bench
+#    (BUNDLE_TARGETS), first the host thread pool against threads started per call (HOST_BENCH=0: not).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-/tmp/tierd-out}"; mkdir -p "$out"
@@ -22,6 +23,9 @@ for t in $([ "${SKIP_TESTS:-0}" = 1 ] || echo client_test offload_optimizer_test
   # A failure's traceback in the call's own output (the logs come back too, but a glance should do).
   grep -E -A 14 "^(FAIL|ERROR): " "$out/$t.log" | head -n 80
 done
+if [ -x .carry/bin/parallel_bench ] && [ "${HOST_BENCH:-1}" = 1 ]; then  # the host step's thread pool, side by side
+  .carry/bin/parallel_bench 2>&1 | tee "$out/parallel_bench.log"
+fi
 runtime=/tmp/tierd-pybench; rm -rf "$runtime" /var/tmp/tierd-pybench-nvme; mkdir -p /var/tmp/tierd-pybench-nvme
 .carry/bin/tierd --gpu=cuda --gpu_bytes="${TIERD_GPU:-2GiB}" --dram_bytes="${TIERD_DRAM:-72GiB}" --nvme_dir=/var/tmp/tierd-pybench-nvme \
   --nvme_bytes=8GiB --runtime_dir="$runtime" > "$out/tierd-bench.log" 2>&1 &

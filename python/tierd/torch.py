@@ -200,7 +200,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._registered = self._pin_arena() if cuda else None
         self._release_later = []    # (copy's event, master lease): acquired until its copy to the GPU is done
         self._errors = []           # from the worker threads, raised at the next step() or synchronize()
-        # Seconds since construction, by where they went (timings()): each key written by one thread.
+        # Seconds since construction, by where they went (timings()), added under a lock: the held GPU
+        # share's updates run in the thread that completes their gradient.
+        self._time_lock = threading.Lock()
         self._seconds = dict.fromkeys(("hook_waited", "copy_waited", "accumulating", "updating", "update_kernels",
                                        "update_leases", "update_copies", "forward_waited", "step_waited"), 0.0)
         self._skipped_params = 0    # non-finite gradients without clipping, since the last step()
@@ -328,7 +330,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if not slot.consumed.is_set():
             start = time.perf_counter()
             slot.consumed.wait()  # the last micro-batch's gradient is out of grad_in
-            self._seconds["hook_waited"] += time.perf_counter() - start
+            self._spend("hook_waited", time.perf_counter() - start)
         slot.consumed.clear()
         if slot.updated_early or (slot.grad_dtype == "bf16" and slot.arrivals > 0):
             # More micro-batches than accumulation_steps said: the update has taken the accumulator,
@@ -468,8 +470,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
             self._too_many(slot)
         else:
             self._accumulate(slot)
-        self._seconds["copy_waited"] += copied - start
-        self._seconds["accumulating"] += time.perf_counter() - copied
+        self._spend("copy_waited", copied - start)
+        self._spend("accumulating", time.perf_counter() - copied)
 
     def _accumulate(self, slot):
         dtype = tierd.dtype_name(slot.grad_in.dtype)
@@ -505,12 +507,21 @@ class OffloadOptimizer(torch.optim.Optimizer):
         slot.arrivals = 0  # the accumulator is the update's until it is done
         slot.weights_ready.clear()
         g = slot.group  # the group's settings now: a scheduler may change them before the update runs
-        self._updates.put((slot, scale, (g["lr"], tuple(g["betas"]), g["eps"], g["weight_decay"])))
+        item = (slot, scale, (g["lr"], tuple(g["betas"]), g["eps"], g["weight_decay"]))
+        if slot.on_gpu and self._hold_share:
+            # Its update only queues GPU kernels (no lease calls): at once, here, rather than in the
+            # update thread behind a host step (the next forward's first layers are the share's).
+            try:
+                self._run_update(item)
+            finally:
+                slot.weights_ready.set()
+            return
+        self._updates.put(item)
 
     def _run_update(self, item):
         start = time.perf_counter()
         self._update(*item)
-        self._seconds["updating"] += time.perf_counter() - start
+        self._spend("updating", time.perf_counter() - start)
 
     def _update(self, s, scale, settings):
         if s.on_gpu:
@@ -566,7 +577,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         try:
             return call(*args)
         finally:
-            self._seconds["update_leases"] += time.perf_counter() - start
+            self._spend("update_leases", time.perf_counter() - start)
 
     def _host_step(self, s, scale, settings, master, m, v, out, grad):
         """The host's kernel for s.opt on host arrays (addresses); `out`: bf16 weights (0: none)."""
@@ -581,7 +592,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         else:
             _tierd.adamw8bit(master, m, v, out, grad, s.n, lr, beta1, beta2, eps, wd, s.step, scale, decay,
                              self.threads, s.grad_dtype)
-        self._seconds["update_kernels"] += time.perf_counter() - start
+        self._spend("update_kernels", time.perf_counter() - start)
 
     def _update_on_gpu(self, s, scale, settings):
         """A parameter stepped on the GPU: its master, gradient and moments (and an offloaded
@@ -627,7 +638,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 event = torch.cuda.Event(blocking=True)
                 event.record(stream)
                 s.copied_back = event  # the next forward waits for it (_wait_for)
-                self._seconds["update_kernels"] += time.perf_counter() - start
+                self._spend("update_kernels", time.perf_counter() - start)
         finally:
             del views
             if held:
@@ -638,7 +649,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         try:
             self._weights_to_device_now(s, source)
         finally:
-            self._seconds["update_copies"] += time.perf_counter() - start
+            self._spend("update_copies", time.perf_counter() - start)
 
     def _weights_to_device_now(self, s, source):
         offloaded = getattr(s.param, "_tierd_offload", None)
@@ -681,7 +692,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             if s is not None and (s.copied_back is not None or not s.weights_ready.is_set()):
                 start = time.perf_counter()
                 self._wait_for(s)
-                self._seconds["forward_waited"] += time.perf_counter() - start
+                self._spend("forward_waited", time.perf_counter() - start)
 
     def _wait_for_offloaded(self, offload_slots):
         for o in offload_slots:
@@ -689,18 +700,25 @@ class OffloadOptimizer(torch.optim.Optimizer):
             if s is not None and (s.copied_back is not None or not s.weights_ready.is_set()):
                 start = time.perf_counter()
                 self._wait_for(s)  # a step on the GPU: the compute stream waits for its kernel
-                self._seconds["forward_waited"] += time.perf_counter() - start
+                self._spend("forward_waited", time.perf_counter() - start)
+
+    def _spend(self, key, seconds):
+        with self._time_lock:
+            self._seconds[key] += seconds
 
     def timings(self):
         """Seconds since construction by where they went, to find what bounds a step: the
         backward's hooks waiting for a slot's last gradient to leave its staging buffer
         (hook_waited), the gradient thread waiting for copies off the GPU (copy_waited) and adding
-        them up (accumulating), the update thread stepping (updating; of it, update_kernels in the host's
+        them up (accumulating; with a GPU share held across steps, its updates too, which the gradient
+        thread queues at once), the updates (updating: the update thread's, and a held share's queued by
+        the gradient thread or step(); of it, update_kernels in the host's
         optimizer kernels themselves, or queueing the GPU's for a parameter stepped there; update_leases in
         acquiring and releasing the update's leases; update_copies in queueing the new weights' copies to
         the device, or writing them into an offloaded parameter's lease), forwards waiting for their
         parameters' updates (forward_waited), step() waiting for the gradients (step_waited)."""
-        return dict(self._seconds)
+        with self._time_lock:
+            return dict(self._seconds)
 
     def synchronize(self):
         """Wait until every queued update is done and its weights are on the device (ordered
@@ -722,7 +740,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 loss = closure()
         start = time.perf_counter()
         self._arrivals.join()  # every gradient of the step accumulated
-        self._seconds["step_waited"] += time.perf_counter() - start
+        self._spend("step_waited", time.perf_counter() - start)
         self._raise_errors()
         if self._h2d is not None:
             self._h2d.wait_stream(torch.cuda.current_stream())

@@ -28,6 +28,16 @@ absl::StatusOr<Placement> LeaseTable::Acquire(SessionId session_id, TensorId id,
 
 absl::StatusOr<Placement> LeaseTable::AcquireLocked(Session& s, Tensor& t, Access access, Place place) {
   const Tier tier = place == Place::kGpu ? Tier::kGpu : Tier::kDram;
+  if (access != Access::kRead && tier != Tier::kGpu && t.acquired == 0 && t.gpu_fence != nullptr) {
+    // A host write drops the GPU copy, which kernels the client queued may still read (an
+    // optimizer writing new weights while the backward still uses the old): wait for them
+    // without the session's lock, as a move does, so the session's other requests (the
+    // forward's acquires of the next layer) go on meanwhile. The drop below finds the fence
+    // passed. (Its failure is the client's to hear of; the copy is dropped all the same.)
+    ++t.busy;
+    SettleGpuCopyUnlocked(s, t).IgnoreError();
+    --t.busy;
+  }
   if (t.acquired > 0 && t.acquired_tier != tier) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "'%s' is acquired on the %s; release it before acquiring it on the %s", t.spec.name,

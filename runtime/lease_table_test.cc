@@ -273,6 +273,66 @@ TEST_F(LeaseTableTest, APlannedMoveWaitingForTheGpuDoesNotHoldTheSessionsOtherRe
   EXPECT_TRUE(table->Validate().ok()) << table->Validate();
 }
 
+// A host write of a tensor whose GPU kernels are still queued (an optimizer writing the new
+// weights of a layer the backward still reads) waits for them without the session's lock: the
+// session's other requests (the forward's acquires) go on meanwhile, and the old GPU copy is not
+// dropped before its kernels finish.
+// A GatedFence that says when somebody started waiting for it.
+class WatchedGate : public GatedFence {
+ public:
+  WatchedGate(std::atomic<bool>* open, std::atomic<bool>* waited) : GatedFence(open), waited_(waited) {}
+  absl::Status Wait() override {
+    *waited_ = true;
+    return GatedFence::Wait();
+  }
+
+ private:
+  std::atomic<bool>* waited_;
+};
+
+TEST_F(LeaseTableTest, AHostWriteWaitingForTheGpuDoesNotHoldTheSessionsOtherRequests) {
+  auto table = Table();
+  auto s = *table->OpenSession("host-write", {4 * kMiB, 8 * kMiB, 0});
+  auto a = *table->Lease(s, Spec("a", 256 * 1024));
+  auto b = *table->Lease(s, Spec("b", 256 * 1024));
+  Write(*table, s, b, 2);
+  ASSERT_TRUE(table->Acquire(s, a, Access::kWrite, Place::kGpu).ok());
+  std::atomic<bool> a_done{false}, waited{false};
+  ASSERT_TRUE(table->Release(s, a, std::make_unique<WatchedGate>(&a_done, &waited)).ok());
+  for (Access access : {Access::kOverwrite, Access::kWrite}) {
+    std::atomic<bool> written{false};
+    std::thread writer([&] {
+      auto p = table->Acquire(s, a, access, Place::kHost);
+      EXPECT_TRUE(p.ok()) << p.status();
+      written = true;
+      if (p.ok()) EXPECT_TRUE(table->Release(s, a).ok());
+    });
+    std::atomic<bool> served{false};
+    std::thread watchdog([&] {  // opens the gate if b's acquire blocks, so a failure ends
+      for (int i = 0; i < 5000 && !served.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      a_done = true;
+    });
+    for (int i = 0; i < 5000 && !waited.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    EXPECT_TRUE(waited.load()) << "the host write did not wait for a's kernels";
+    EXPECT_TRUE(table->Acquire(s, b, Access::kRead, Place::kGpu).ok());
+    EXPECT_TRUE(table->Release(s, b).ok());
+    const bool before_the_gpu = !a_done.load();
+    served = true;
+    EXPECT_TRUE(before_the_gpu) << "b's acquire waited for a's kernels";
+    EXPECT_FALSE(written.load()) << "a's GPU copy was dropped before its kernels finished";
+    watchdog.join();
+    writer.join();
+    EXPECT_TRUE(written.load());
+    // Again with the kernels of a second use of a on the GPU still queued.
+    a_done = false;
+    waited = false;
+    ASSERT_TRUE(table->Acquire(s, a, Access::kRead, Place::kGpu).ok());
+    ASSERT_TRUE(table->Release(s, a, std::make_unique<WatchedGate>(&a_done, &waited)).ok());
+  }
+  a_done = true;
+  EXPECT_TRUE(table->Validate().ok()) << table->Validate();
+}
+
 TEST_F(LeaseTableTest, PinnedTensorsStayInTheirTier) {
   EXPECT_EQ(LeaseTable::Create(*engine_.store, *engine_.mover, RealClock(), {{"embed[", Tier::kGpu}})
                 .status().code(),

@@ -397,6 +397,13 @@ absl::Status LeaseTable::EvictCopy(Session& s, Tier tier, Tensor& t, bool clean,
     ++stats_.evictions_capacity;
     if (!victim_clean) ++stats_.writebacks;
   }
+  if (tier == Tier::kGpu) {
+    // A clean copy's kernels may still be queued: waited for with the lock let go (as a write-back's
+    // copy does), so the session's other requests go on; the drop below finds the fence passed.
+    ++victim->busy;
+    SettleGpuCopyUnlocked(s, *victim).IgnoreError();
+    --victim->busy;
+  }
   DropCopy(s, *victim, tier);
   victim->evicted_for_room[static_cast<int>(tier)] = true;
   return absl::OkStatus();

@@ -333,6 +333,45 @@ TEST_F(LeaseTableTest, AHostWriteWaitingForTheGpuDoesNotHoldTheSessionsOtherRequ
   EXPECT_TRUE(table->Validate().ok()) << table->Validate();
 }
 
+// Room made on the GPU by dropping a clean copy whose kernels are still queued waits for them
+// without the session's lock, as the host write above.
+TEST_F(LeaseTableTest, AnEvictionWaitingForTheGpuDoesNotHoldTheSessionsOtherRequests) {
+  auto table = Table();
+  auto s = *table->OpenSession("evict", {2 * kMiB, 8 * kMiB, 0});  // two of a, b, c on the GPU
+  auto a = *table->Lease(s, Spec("a", 256 * 1024));
+  auto b = *table->Lease(s, Spec("b", 256 * 1024));
+  auto c = *table->Lease(s, Spec("c", 256 * 1024));
+  Write(*table, s, a, 1, Place::kHost);
+  ASSERT_TRUE(table->Acquire(s, a, Access::kRead, Place::kGpu).ok());  // a clean copy there
+  std::atomic<bool> a_done{false}, waited{false};
+  ASSERT_TRUE(table->Release(s, a, std::make_unique<WatchedGate>(&a_done, &waited)).ok());
+  Write(*table, s, b, 2);  // the GPU quota is full
+  std::atomic<bool> placed{false};
+  std::thread acquirer([&] {  // room for c: a's clean copy goes, once its kernels are done
+    EXPECT_TRUE(table->Acquire(s, c, Access::kOverwrite, Place::kGpu).ok());
+    placed = true;
+    EXPECT_TRUE(table->Release(s, c).ok());
+  });
+  std::atomic<bool> served{false};
+  std::thread watchdog([&] {
+    for (int i = 0; i < 5000 && !served.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    a_done = true;
+  });
+  for (int i = 0; i < 5000 && !waited.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_TRUE(waited.load()) << "the eviction did not wait for a's kernels";
+  EXPECT_TRUE(table->Acquire(s, b, Access::kRead, Place::kGpu).ok());
+  EXPECT_TRUE(table->Release(s, b).ok());
+  const bool before_the_gpu = !a_done.load();
+  served = true;
+  EXPECT_TRUE(before_the_gpu) << "b's acquire waited for a's kernels";
+  EXPECT_FALSE(placed.load()) << "a's GPU copy was reused before its kernels finished";
+  watchdog.join();
+  acquirer.join();
+  EXPECT_TRUE(placed.load());
+  EXPECT_TRUE(Holds(*table, s, a, 1, Place::kHost));
+  EXPECT_TRUE(table->Validate().ok()) << table->Validate();
+}
+
 TEST_F(LeaseTableTest, PinnedTensorsStayInTheirTier) {
   EXPECT_EQ(LeaseTable::Create(*engine_.store, *engine_.mover, RealClock(), {{"embed[", Tier::kGpu}})
                 .status().code(),

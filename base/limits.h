@@ -34,6 +34,8 @@ inline constexpr uint32_t kGpuCopiesInFlightMax = 8;
 // A client waiting on its ring looks at its session's socket this often: a tierd that died
 // (SIGKILL leaves the ring's closed flag unset) is noticed within this time.
 inline constexpr int kClientSessionCheckMs = 250;
+// Hot-path rings one session may have, each served by a thread of tierd's.
+inline constexpr uint32_t kRingsPerSessionMax = 8;
 
 // Allocations live at once in one tier's allocator.
 inline constexpr uint32_t kAllocationsPerTierMax = 1 << 20;

@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <functional>
+#include <thread>
 
 #include "absl/strings/str_format.h"
 #include "base/limits.h"
@@ -46,6 +48,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   request.set_dram_bytes(options.quota.dram_bytes);
   request.set_nvme_bytes(options.quota.nvme_bytes);
   request.set_observer(options.observer);
+  request.set_rings(static_cast<uint32_t>(std::clamp<int>(options.rings, 1, limits::kRingsPerSessionMax)));
 #ifdef TIERD_HAVE_CUDA
   int devices = 0;
   if (options.use_ring && !options.observer && cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) {
@@ -89,13 +92,21 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   client->fake_gpu_ = reply.fake_gpu();
   absl::Status mapped = client->MapArenas(reply, frame->fds);
   if (mapped.ok() && reply.has_ring() && options.use_ring) {
-    const size_t ring_index = (reply.dram_arena_bytes() > 0) + (reply.gpu_arena_bytes() > 0);
-    if (ring_index >= frame->fds.size()) {
-      mapped = absl::InternalError("tierd announced a ring but sent no descriptor for it");
-    } else {
-      auto ring = ipc::MapRingSegment(frame->fds[ring_index]);
-      if (ring.ok()) client->ring_ = *ring;
-      else mapped = ring.status();
+    const size_t first_ring = (reply.dram_arena_bytes() > 0) + (reply.gpu_arena_bytes() > 0);
+    const size_t rings = std::max<uint32_t>(reply.rings(), 1);
+    if (first_ring + rings > frame->fds.size()) {
+      mapped = absl::InternalError(absl::StrFormat("tierd announced %d rings but sent descriptors for %d", rings,
+                                                   frame->fds.size() - std::min(first_ring, frame->fds.size())));
+    }
+    for (size_t r = 0; mapped.ok() && r < rings; ++r) {
+      auto ring = ipc::MapRingSegment(frame->fds[first_ring + r]);
+      if (!ring.ok()) {
+        mapped = ring.status();
+        break;
+      }
+      client->lanes_.push_back(std::make_unique<Lane>());
+      client->lanes_.back()->ring = *ring;
+      client->lanes_.back()->index = static_cast<int>(r);
     }
   }
   for (int f : frame->fds) close(f);
@@ -145,10 +156,10 @@ Client::~Client() {
 #ifdef TIERD_HAVE_CUDA
   for (void* event : release_events_) cudaEventDestroy(static_cast<cudaEvent_t>(event));
 #endif
-  if (ring_ != nullptr) {
-    ring_->closed.store(1);
-    ipc::RingWake(ring_->requests);
-    ipc::UnmapRingSegment(ring_);
+  for (const std::unique_ptr<Lane>& lane : lanes_) {
+    lane->ring->closed.store(1);
+    ipc::RingWake(lane->ring->requests);
+    ipc::UnmapRingSegment(lane->ring);
   }
   if (gpu_base_ != nullptr) {
     if (fake_gpu_) munmap(gpu_base_, gpu_bytes_);
@@ -216,14 +227,33 @@ absl::Status Client::Checked(const grpc::Status& status) {
   return ipc::FromGrpc(status);
 }
 
+Client::Lane& Client::TakeLane() {
+  const size_t n = lanes_.size();
+  const size_t own = std::hash<std::thread::id>{}(std::this_thread::get_id()) % n;
+  for (size_t k = 0; k < n; ++k) {
+    Lane& lane = *lanes_[(own + k) % n];
+    if (lane.mutex.TryLock()) return lane;
+  }
+  lanes_[own]->mutex.Lock();
+  return *lanes_[own];
+}
+
 absl::StatusOr<ipc::RingMessage> Client::RingCall(const ipc::RingMessage& request) {
   return std::move(RingCalls({request})[0]);
 }
 
-std::vector<absl::StatusOr<ipc::RingMessage>> Client::RingCalls(const std::vector<ipc::RingMessage>& requests) {
+std::vector<absl::StatusOr<ipc::RingMessage>> Client::RingCalls(const std::vector<ipc::RingMessage>& requests)
+    ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  Lane& lane = TakeLane();
+  std::vector<absl::StatusOr<ipc::RingMessage>> answers = RingCallsOn(lane, requests);
+  lane.mutex.Unlock();
+  return answers;
+}
+
+std::vector<absl::StatusOr<ipc::RingMessage>> Client::RingCallsOn(Lane& lane,
+                                                                  const std::vector<ipc::RingMessage>& requests) {
   std::vector<absl::StatusOr<ipc::RingMessage>> answers;
   answers.reserve(requests.size());
-  absl::MutexLock lock(&ring_mutex_);
   if (!SessionOpen()) {
     while (answers.size() < requests.size()) answers.push_back(SessionLost());
     return answers;
@@ -231,21 +261,22 @@ std::vector<absl::StatusOr<ipc::RingMessage>> Client::RingCalls(const std::vecto
   for (size_t first = 0; first < requests.size(); first += ipc::kRingSlots) {
     const size_t count = std::min<size_t>(ipc::kRingSlots, requests.size() - first);
     const auto start = std::chrono::steady_clock::now();
-    const uint64_t first_sequence = ring_sequence_ + 1;
+    const uint64_t first_sequence = lane.sequence + 1;
     size_t pushed = 0;
     for (; pushed < count; ++pushed) {
       ipc::RingMessage message = requests[first + pushed];
       message.sequence = first_sequence + pushed;
-      if (!ipc::RingPush(ring_->requests, message)) break;
-      ring_sequence_ = message.sequence;
+      if (!ipc::RingPush(lane.ring->requests, message)) break;
+      lane.sequence = message.sequence;
     }
     // Every pushed request is answered before the next exchange (the rings stay in step).
     for (size_t k = 0; k < count; ++k) {
-      answers.push_back(k < pushed ? RingAnswer(first_sequence + k)
+      answers.push_back(k < pushed ? RingAnswer(lane, first_sequence + k)
                                    : absl::InternalError("the hot-path ring is full: tierd stopped serving this session"));
     }
     // Each request's share of the exchange, by kind.
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / count;
+    absl::MutexLock times_lock(&times_mutex_);
     for (size_t k = 0; k < count; ++k) {
       const uint32_t op = requests[first + k].op;
       RingTimes& t = ring_times_;
@@ -257,12 +288,12 @@ std::vector<absl::StatusOr<ipc::RingMessage>> Client::RingCalls(const std::vecto
   return answers;
 }
 
-absl::StatusOr<ipc::RingMessage> Client::RingAnswer(uint64_t sequence) {
+absl::StatusOr<ipc::RingMessage> Client::RingAnswer(Lane& lane, uint64_t sequence) {
   if (lost_.load()) return SessionLost();
   // Waits as long as the operation takes (a demand fetch from NVMe can take seconds), but
   // not for a tierd that died: SIGKILL leaves the ring's closed flag unset, the socket tells.
   for (;;) {
-    auto answer = ipc::RingPop(ring_->responses, ring_->closed, limits::kClientSessionCheckMs);
+    auto answer = ipc::RingPop(lane.ring->responses, lane.ring->closed, limits::kClientSessionCheckMs);
     if (answer.ok()) {
       if (answer->sequence != sequence) return absl::InternalError("ring answers out of order");
       if (answer->code == 0) return *answer;
@@ -270,7 +301,7 @@ absl::StatusOr<ipc::RingMessage> Client::RingAnswer(uint64_t sequence) {
       // another request can reuse its slot).
       const int code = answer->code;
       return absl::Status(code > 0 && code <= 16 ? static_cast<absl::StatusCode>(code) : absl::StatusCode::kUnknown,
-                          ipc::RingErrorText(*ring_, sequence));
+                          ipc::RingErrorText(*lane.ring, sequence));
     }
     if (absl::IsUnavailable(answer.status())) {  // tierd set the ring's closed flag
       lost_.store(true);
@@ -296,7 +327,7 @@ absl::StatusOr<void*> Client::PointerFor(const Tensor& tensor, Place place, uint
 }
 
 absl::StatusOr<void*> Client::Acquire(const Tensor& tensor, Access access, Place place) {
-  if (ring_ == nullptr) return AcquireRpc(tensor, access, place);
+  if (lanes_.empty()) return AcquireRpc(tensor, access, place);
   auto answer = RingCall(ipc::ToRing(
       {.kind = ipc::HotPathKind::kAcquire, .tensor = tensor.id, .access = access, .place = place}));
   if (!answer.ok()) return answer.status();
@@ -308,7 +339,7 @@ absl::Status Client::Release(const Tensor& tensor, void* cuda_stream) {
 }
 
 Client::RingTimes Client::ring_times() const {
-  absl::MutexLock lock(&ring_mutex_);
+  absl::MutexLock lock(&times_mutex_);
   return ring_times_;
 }
 
@@ -318,7 +349,7 @@ absl::StatusOr<std::vector<void*>> Client::AcquireAll(const std::vector<AcquireI
   std::vector<void*> pointers(items.size(), nullptr);
   std::vector<absl::StatusOr<void*>> got;
   got.reserve(items.size());
-  if (ring_ == nullptr) {
+  if (lanes_.empty()) {
     for (const AcquireItem& item : items) {
       got.push_back(AcquireRpc(*item.tensor, item.access, place));
       if (!got.back().ok()) break;  // nothing more asked: the rest would be released again
@@ -357,25 +388,29 @@ absl::StatusOr<std::vector<void*>> Client::AcquireAll(const std::vector<AcquireI
   return first;
 }
 
-absl::Status Client::ReleaseAll(const std::vector<const Tensor*>& tensors, void* cuda_stream) {
+absl::Status Client::ReleaseAll(const std::vector<const Tensor*>& tensors, void* cuda_stream)
+    ABSL_NO_THREAD_SAFETY_ANALYSIS {
 #ifdef TIERD_HAVE_CUDA
   auto stream = static_cast<cudaStream_t>(cuda_stream);
-  if (ring_ != nullptr && !fake_gpu_ && !release_events_.empty()) {
+  if (!lanes_.empty() && !fake_gpu_ && release_events_.size() >= lanes_.size()) {
     if (tensors.empty()) return absl::OkStatus();
-    uint32_t index;
-    {
-      absl::MutexLock lock(&ring_mutex_);
-      index = next_release_event_++ % release_events_.size();
-    }
+    Lane& lane = TakeLane();
+    // The lane's own events (lane.index + k * lanes): none is recorded again before tierd has
+    // answered the release that names it, since the lane is held until then.
+    const size_t own = (release_events_.size() - lane.index + lanes_.size() - 1) / lanes_.size();
+    const uint32_t index = lane.index + (lane.next_release_event++ % own) * lanes_.size();
     const auto start = std::chrono::steady_clock::now();
     const cudaError_t recorded = cudaEventRecord(static_cast<cudaEvent_t>(release_events_[index]), stream);
     {
-      absl::MutexLock lock(&ring_mutex_);
+      absl::MutexLock times_lock(&times_mutex_);
       ring_times_.event_record_seconds +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
-    if (recorded != cudaSuccess) return absl::InternalError("recording the release event on the stream failed");
-    return ReleaseOnRing(tensors, index + 1);
+    absl::Status released = recorded == cudaSuccess
+                                ? ReleaseOnRing(lane, tensors, index + 1)
+                                : absl::InternalError("recording the release event on the stream failed");
+    lane.mutex.Unlock();
+    return released;
   }
   if (cudaStreamSynchronize(stream) != cudaSuccess) {
     return absl::InternalError("synchronising the stream before the release failed");
@@ -386,14 +421,19 @@ absl::Status Client::ReleaseAll(const std::vector<const Tensor*>& tensors, void*
   return ReleaseAll(tensors);
 }
 
-absl::Status Client::ReleaseAll(const std::vector<const Tensor*>& tensors) {
-  if (ring_ != nullptr) return ReleaseOnRing(tensors, 0);
+absl::Status Client::ReleaseAll(const std::vector<const Tensor*>& tensors) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  if (!lanes_.empty()) {
+    Lane& lane = TakeLane();
+    absl::Status released = ReleaseOnRing(lane, tensors, 0);
+    lane.mutex.Unlock();
+    return released;
+  }
   absl::Status first = absl::OkStatus();
   for (const Tensor* tensor : tensors) first.Update(ReleaseRpc(*tensor));
   return first;
 }
 
-absl::Status Client::ReleaseOnRing(const std::vector<const Tensor*>& tensors, uint64_t release_event) {
+absl::Status Client::ReleaseOnRing(Lane& lane, const std::vector<const Tensor*>& tensors, uint64_t release_event) {
   std::vector<ipc::RingMessage> requests;
   requests.reserve(tensors.size());
   for (const Tensor* tensor : tensors) {
@@ -401,7 +441,7 @@ absl::Status Client::ReleaseOnRing(const std::vector<const Tensor*>& tensors, ui
         ipc::ToRing({.kind = ipc::HotPathKind::kRelease, .tensor = tensor->id, .release_event = release_event}));
   }
   absl::Status first = absl::OkStatus();
-  for (const auto& answer : RingCalls(requests)) first.Update(answer.status());
+  for (const auto& answer : RingCallsOn(lane, requests)) first.Update(answer.status());
   return first;
 }
 
@@ -451,7 +491,7 @@ absl::Status Client::ReportStep(int64_t step, double loss, double seconds, doubl
 }
 
 absl::Status Client::OpBegin(uint32_t op) {
-  if (ring_ != nullptr) {
+  if (!lanes_.empty()) {
     return RingCall(ipc::ToRing({.kind = ipc::HotPathKind::kOpBegin, .op = op})).status();
   }
   v1::OpBeginRequest request;

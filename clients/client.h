@@ -14,8 +14,9 @@
 // call after that (and one waiting on the ring, within limits::kClientSessionCheckMs)
 // fails with UNAVAILABLE saying so: the session's bytes are gone with it.
 //
-// Thread-safety: calls may come from several threads; a tensor's acquire and release
-// are expected from one owner.
+// Thread-safety: calls may come from several threads, each on a ring of its own while the
+// session has enough (ClientOptions::rings); a tensor's acquire and release are expected from
+// one owner.
 #ifndef TIERD_CLIENTS_CLIENT_H_
 #define TIERD_CLIENTS_CLIENT_H_
 
@@ -50,6 +51,10 @@ struct ClientOptions {
   // An observer (tierctl, a watcher): leases nothing, holds no quota; its session only
   // proves an allowed uid on listings and administration (AddCallerMetadata).
   bool observer = false;
+  // Rings the session asks for (tierd grants 1 to limits::kRingsPerSessionMax): a call takes
+  // a free one, so a thread's slow acquire (a demand fetch) does not hold another thread's
+  // exchange (an optimizer's update beside the forward's fetches). One per thread that calls.
+  int rings = 2;
 };
 
 class Client {
@@ -143,20 +148,38 @@ class Client {
   absl::Status TensorCall(TensorMethod method, const Tensor& tensor);
   absl::StatusOr<void*> AcquireRpc(const Tensor& tensor, Access access, Place place);
   absl::Status ReleaseRpc(const Tensor& tensor);
-  // One request, its answer. Serialised: the rings are single-producer, single-consumer.
-  // The answer, or the daemon's refusal with its code and words.
+  // One ring and its conversation with the tierd thread that serves it. A call holds its lane
+  // for the whole exchange (the rings are single-producer, single-consumer); a release naming
+  // an event records it on the lane too, so the event is not recorded again before tierd has
+  // made its fence from it. Lane k uses the release events k, k + lanes, ...
+  struct Lane {
+    ipc::RingSegment* ring = nullptr;
+    int index = 0;
+    absl::Mutex mutex;
+    uint64_t sequence ABSL_GUARDED_BY(mutex) = 0;
+    uint32_t next_release_event ABSL_GUARDED_BY(mutex) = 0;
+  };
+  // A lane for this call, locked: this thread's own if it is free (a thread's calls keep to
+  // one ring while there are enough), else any free one, else its own once free.
+  Lane& TakeLane() ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  // One request, its answer; or the daemon's refusal with its code and words.
   absl::StatusOr<ipc::RingMessage> RingCall(const ipc::RingMessage& request);
-  // Requests in one exchange (pushed kRingSlots at most at a time, answers read in order):
-  // each one's answer or refusal.
+  // Requests in one exchange on a lane (pushed kRingSlots at most at a time, answers read in
+  // order): each one's answer or refusal.
   std::vector<absl::StatusOr<ipc::RingMessage>> RingCalls(const std::vector<ipc::RingMessage>& requests);
-  // The answer to the request numbered `sequence`, the next on the response ring.
-  absl::StatusOr<ipc::RingMessage> RingAnswer(uint64_t sequence) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ring_mutex_);
-  // Releases in one ring exchange, each naming `release_event` (1 + a shared event's index; 0: none).
-  absl::Status ReleaseOnRing(const std::vector<const Tensor*>& tensors, uint64_t release_event);
+  std::vector<absl::StatusOr<ipc::RingMessage>> RingCallsOn(Lane& lane, const std::vector<ipc::RingMessage>& requests)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane.mutex);
+  // The answer to the request numbered `sequence`, the next on the lane's response ring.
+  absl::StatusOr<ipc::RingMessage> RingAnswer(Lane& lane, uint64_t sequence) ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane.mutex);
+  // Releases in one exchange on the lane, each naming `release_event` (1 + a shared event's
+  // index; 0: none).
+  absl::Status ReleaseOnRing(Lane& lane, const std::vector<const Tensor*>& tensors, uint64_t release_event)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane.mutex);
   absl::StatusOr<void*> PointerFor(const Tensor& tensor, Place place, uint64_t arena,
                                    uint64_t offset, uint64_t bytes) const;
 
-  RingTimes ring_times_ ABSL_GUARDED_BY(ring_mutex_);
+  mutable absl::Mutex times_mutex_;
+  RingTimes ring_times_ ABSL_GUARDED_BY(times_mutex_);
   int hello_fd_ = -1;
   std::string socket_path_;
   std::atomic<bool> lost_{false};
@@ -169,12 +192,9 @@ class Client {
   uint8_t* gpu_base_ = nullptr;  // fake: our mapping of the memfd; real: imported pool
   uint64_t gpu_bytes_ = 0;
   std::unique_ptr<v1::Tierd::Stub> stub_;
-  ipc::RingSegment* ring_ = nullptr;
+  std::vector<std::unique_ptr<Lane>> lanes_;  // empty: no ring, gRPC
   // Interprocess events shared with tierd at hello (CUDA builds with a GPU), used in turn.
   std::vector<void*> release_events_;  // cudaEvent_t
-  uint32_t next_release_event_ ABSL_GUARDED_BY(ring_mutex_) = 0;
-  mutable absl::Mutex ring_mutex_;
-  uint64_t ring_sequence_ ABSL_GUARDED_BY(ring_mutex_) = 0;
 };
 
 }  // namespace tierd

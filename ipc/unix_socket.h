@@ -20,7 +20,9 @@
 namespace tierd::ipc {
 
 inline constexpr size_t kFrameBytesMax = 64 * 1024;
-inline constexpr size_t kFrameFdsMax = 4;
+// A hello's answer: the DRAM segment, the GPU pool and the session's rings
+// (limits::kRingsPerSessionMax), with room to spare.
+inline constexpr size_t kFrameFdsMax = 12;
 
 // Listens at `path` with permissions `mode` (0600 by default). A leftover socket file
 // nobody answers on is replaced; one a live process answers on is ALREADY_EXISTS.

@@ -131,11 +131,12 @@ std::string Json(const google::protobuf::Message& message) {
 class PyClient {
  public:
   PyClient(const std::string& runtime_dir, const std::string& label, uint64_t gpu_bytes, uint64_t dram_bytes,
-           uint64_t nvme_bytes, bool use_ring) {
+           uint64_t nvme_bytes, bool use_ring, int rings) {
     ClientOptions options{.runtime_dir = runtime_dir,
                           .label = label,
                           .quota = {gpu_bytes, dram_bytes, nvme_bytes},
-                          .use_ring = use_ring};
+                          .use_ring = use_ring,
+                          .rings = rings};
     absl::StatusOr<std::unique_ptr<Client>> client;
     {
       py::gil_scoped_release unlocked;
@@ -376,9 +377,9 @@ void AddClient(py::module_& m) {
       });
 
   py::class_<PyClient>(m, "Client", "A session with tierd (clients/client.h), ended by close() or collection.")
-      .def(py::init<const std::string&, const std::string&, uint64_t, uint64_t, uint64_t, bool>(),
+      .def(py::init<const std::string&, const std::string&, uint64_t, uint64_t, uint64_t, bool, int>(),
            py::arg("runtime_dir") = "/tmp/tierd", py::arg("label") = "python", py::arg("gpu_bytes") = 0,
-           py::arg("dram_bytes") = 0, py::arg("nvme_bytes") = 0, py::arg("use_ring") = true)
+           py::arg("dram_bytes") = 0, py::arg("nvme_bytes") = 0, py::arg("use_ring") = true, py::arg("rings") = 4)
       .def("lease", &PyClient::Lease, py::arg("name"), py::arg("tensor_class"), py::arg("dtype"), py::arg("shape"))
       .def("unlease", &PyClient::Unlease)
       .def("acquire", &PyClient::Acquire, py::arg("tensor"), py::arg("access") = "read", py::arg("place") = "gpu")

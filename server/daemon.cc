@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include <cstring>
 
 #include "absl/strings/str_format.h"
+#include "base/limits.h"
 #include "base/units.h"
 #include "ipc/hot_path_door.h"
 #include "ipc/tierd_service.h"
@@ -323,11 +325,25 @@ absl::StatusOr<ipc::HelloGrant> Daemon::OnHello(const ipc::PeerCredentials& peer
     grant.fds.push_back(exported->pool_fd);
     grant.fds_to_close.push_back(exported->pool_fd);
   }
-  auto ring_fd = ipc::CreateRingSegment();
-  auto ring = ring_fd.ok() ? ipc::MapRingSegment(*ring_fd) : absl::StatusOr<ipc::RingSegment*>(ring_fd.status());
-  if (!ring.ok()) {
-    leases_->CloseSession(*session).IgnoreError();
-    return ring.status();
+  // The session's rings, as many as asked (one at least, limits::kRingsPerSessionMax at most).
+  static_assert(2 + limits::kRingsPerSessionMax <= ipc::kFrameFdsMax, "the hello's answer carries every ring");
+  const uint32_t ring_count = std::clamp<uint32_t>(request.rings(), 1, limits::kRingsPerSessionMax);
+  std::vector<int> ring_fds;
+  std::vector<ipc::RingSegment*> ring_segments;
+  auto drop_rings = [&] {
+    for (ipc::RingSegment* segment : ring_segments) ipc::UnmapRingSegment(segment);
+    for (int fd : ring_fds) close(fd);
+  };
+  for (uint32_t r = 0; r < ring_count; ++r) {
+    auto ring_fd = ipc::CreateRingSegment();
+    auto ring = ring_fd.ok() ? ipc::MapRingSegment(*ring_fd) : absl::StatusOr<ipc::RingSegment*>(ring_fd.status());
+    if (ring_fd.ok()) ring_fds.push_back(*ring_fd);
+    if (!ring.ok()) {
+      drop_rings();
+      leases_->CloseSession(*session).IgnoreError();
+      return ring.status();
+    }
+    ring_segments.push_back(*ring);
   }
   const SessionId id = *session;
   if (!gpu_.device->is_fake()) {
@@ -336,8 +352,7 @@ absl::StatusOr<ipc::HelloGrant> Daemon::OnHello(const ipc::PeerCredentials& peer
       auto event = gpu_.device->ImportEvent(handle);
       if (!event.ok()) {
         release_events_.erase(id);
-        ipc::UnmapRingSegment(*ring);
-        close(*ring_fd);
+        drop_rings();
         leases_->CloseSession(id).IgnoreError();
         return absl::Status(event.status().code(),
                             "opening the client's release event: " + std::string(event.status().message()));
@@ -345,15 +360,21 @@ absl::StatusOr<ipc::HelloGrant> Daemon::OnHello(const ipc::PeerCredentials& peer
       events.push_back(std::move(*event));
     }
   }
-  rings_[id] = std::make_unique<ipc::RingServer>(
-      *ring, [this, id](const ipc::RingMessage& request, std::string* error) { return ServeRing(id, request, error); },
-      [label](const absl::Status& why) {
-        std::fprintf(stderr, "tierd: session %s: hot-path ring broken (%s); it is no longer served\n", label.c_str(),
-                     std::string(why.message()).c_str());
-      });
+  std::vector<std::unique_ptr<ipc::RingServer>>& servers = rings_[id];
+  for (ipc::RingSegment* segment : ring_segments) {  // each server unmaps its segment when it stops
+    servers.push_back(std::make_unique<ipc::RingServer>(
+        segment, [this, id](const ipc::RingMessage& request, std::string* error) { return ServeRing(id, request, error); },
+        [label](const absl::Status& why) {
+          std::fprintf(stderr, "tierd: session %s: hot-path ring broken (%s); it is no longer served\n", label.c_str(),
+                       std::string(why.message()).c_str());
+        }));
+  }
   reply.set_has_ring(true);
-  grant.fds.push_back(*ring_fd);
-  grant.fds_to_close.push_back(*ring_fd);
+  reply.set_rings(ring_count);
+  for (int fd : ring_fds) {
+    grant.fds.push_back(fd);
+    grant.fds_to_close.push_back(fd);
+  }
   directory_->Add(*session, *token);
   return grant;
 }

@@ -181,8 +181,8 @@ class Daemon : public ipc::HelloHandler, public ipc::PlannerHooks, public HotPat
   std::set<SessionId> observers_;
   SessionId next_observer_ = kFirstObserverId;
   int stale_segments_removed_ = 0;
-  // Each session's hot-path server. Hello thread only (and the destructor after it).
-  std::map<uint64_t, std::unique_ptr<ipc::RingServer>> rings_;
+  // Each session's hot-path servers, a thread each. Hello thread only (and the destructor after it).
+  std::map<uint64_t, std::vector<std::unique_ptr<ipc::RingServer>>> rings_;
   // Each session's release events, opened here. Written by the hello thread before the
   // session's ring starts and erased after it stops, so the ring thread reads it safely.
   std::map<uint64_t, std::vector<std::unique_ptr<ImportedEvent>>> release_events_;

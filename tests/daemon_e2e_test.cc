@@ -13,10 +13,12 @@
 #include <fstream>
 #include <limits>
 #include <random>
+#include <atomic>
 #include <string>
 #include <thread>
 
 #include "absl/strings/str_format.h"
+#include "base/limits.h"
 #include "base/units.h"
 #include "clients/client.h"
 #include "ipc/hello_server.h"
@@ -34,6 +36,30 @@ class ClientRingPeer {
  public:
   static absl::Status Send(Client& client, const ipc::RingMessage& message) {
     return client.RingCall(message).status();
+  }
+  static size_t Lanes(const Client& client) { return client.lanes_.size(); }
+  // Takes ring `lane` and jams the tierd thread that serves it: more requests than its answer
+  // ring holds, none of the answers read, so that thread waits for room to answer.
+  static void Jam(Client& client, size_t lane, int requests) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    Client::Lane& l = *client.lanes_[lane];
+    l.mutex.Lock();
+    for (int k = 0; k < requests; ++k) {
+      ipc::RingMessage m = ipc::ToRing({.kind = ipc::HotPathKind::kOpBegin, .op = 0});
+      m.sequence = ++l.sequence;
+      while (!ipc::RingPush(l.ring->requests, m)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  // Reads the jammed ring's answers (in order) and gives it back; how many came.
+  static int Unjam(Client& client, size_t lane, int requests) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    Client::Lane& l = *client.lanes_[lane];
+    int answered = 0;
+    for (int k = 0; k < requests; ++k) {
+      auto answer = ipc::RingPop(l.ring->responses, l.ring->closed, 5000);
+      if (!answer.ok() || answer->sequence != l.sequence - requests + 1 + k) break;
+      ++answered;
+    }
+    l.mutex.Unlock();
+    return answered;
   }
 };
 
@@ -279,6 +305,54 @@ TEST_F(DaemonTest, SeveralTensorsAreAcquiredInOneExchangeAllOrNone) {
       EXPECT_GE(t.acquires, 2 * kTensors);
       EXPECT_GE(t.releases, 2 * kTensors);
     }
+  }
+}
+
+// Each of a session's rings has its own serving thread in tierd: with one ring jammed (its
+// thread stuck answering), the session's calls go on through another, from any thread; a
+// single-ring session asks for one and gets one; asking for more than tierd grants gets its most.
+TEST_F(DaemonTest, ASessionsRingsAreServedEachOnItsOwn) {
+  auto one = Client::Connect({.runtime_dir = runtime_dir_, .label = "one-ring", .quota = {1 * kMiB, 1 * kMiB, 4 * kMiB},
+                              .rings = 1});
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(testing::ClientRingPeer::Lanes(**one), 1u);
+  auto many = Client::Connect({.runtime_dir = runtime_dir_, .label = "too-many", .quota = {1 * kMiB, 1 * kMiB, 4 * kMiB},
+                               .rings = 1000});
+  ASSERT_TRUE(many.ok()) << many.status();
+  EXPECT_EQ(testing::ClientRingPeer::Lanes(**many), limits::kRingsPerSessionMax);
+  many->reset();
+  auto connected = Client::Connect({.runtime_dir = runtime_dir_, .label = "lanes", .quota = {1 * kMiB, 1 * kMiB, 4 * kMiB},
+                                    .rings = 3});
+  ASSERT_TRUE(connected.ok()) << connected.status();
+  Client& client = **connected;
+  ASSERT_EQ(testing::ClientRingPeer::Lanes(client), 3u);
+  auto t = client.Lease({"t", TensorClass::kOptState, DType::kF32, {256}});
+  ASSERT_TRUE(t.ok()) << t.status();
+  constexpr int kJam = ipc::kRingSlots + 8;  // more than an answer ring holds
+  testing::ClientRingPeer::Jam(client, 0, kJam);  // its thread answers 64, then waits
+  // Meanwhile, from two threads, a hundred exchanges each through the other rings.
+  std::vector<std::thread> callers;
+  std::atomic<int> done{0};
+  for (int c = 0; c < 2; ++c) {
+    callers.emplace_back([&, c] {
+      auto mine = client.Lease({absl::StrFormat("mine%d", c), TensorClass::kOptState, DType::kF32, {256}});
+      ASSERT_TRUE(mine.ok()) << mine.status();
+      for (int k = 0; k < 100; ++k) {
+        auto p = client.Acquire(*mine, Access::kWrite, Place::kHost);
+        ASSERT_TRUE(p.ok()) << p.status();
+        static_cast<float*>(*p)[0] = static_cast<float>(k);
+        ASSERT_TRUE(client.Release(*mine).ok());
+      }
+      done.fetch_add(1);
+    });
+  }
+  for (auto& c : callers) c.join();
+  EXPECT_EQ(done.load(), 2);
+  EXPECT_EQ(testing::ClientRingPeer::Unjam(client, 0, kJam), kJam) << "the jammed ring's answers, in order";
+  // The jammed ring serves again.
+  for (int k = 0; k < 10; ++k) {
+    ASSERT_TRUE(client.Acquire(*t, Access::kRead, Place::kHost).ok());
+    ASSERT_TRUE(client.Release(*t).ok());
   }
 }
 

@@ -81,10 +81,10 @@ def dtype_name(dtype):
 class Client:
     """A session with tierd. Its leases, and their bytes, last until close() (or the process's end)."""
 
-    def __init__(self, runtime_dir=None, label="python", gpu=0, dram=0, nvme=0, use_ring=True):
+    def __init__(self, runtime_dir=None, label="python", gpu=0, dram=0, nvme=0, use_ring=True, rings=4):
         self.runtime_dir = runtime_dir or os.environ.get("TIERD_DIR", "/tmp/tierd")
         self._client = _tierd.Client(self.runtime_dir, label, parse_bytes(gpu), parse_bytes(dram),
-                                     parse_bytes(nvme), use_ring)
+                                     parse_bytes(nvme), use_ring, int(rings))
 
     def lease(self, name, shape, dtype="bf16", tensor_class="param"):
         """A tensor of `shape` and `dtype` named `name` (unique in the session); tensor_class is
@@ -183,8 +183,10 @@ class Client:
         return False
 
 
-def connect(runtime_dir=None, label="python", gpu=0, dram=0, nvme=0, use_ring=True):
+def connect(runtime_dir=None, label="python", gpu=0, dram=0, nvme=0, use_ring=True, rings=4):
     """A session with the tierd at runtime_dir (default: $TIERD_DIR, else /tmp/tierd), with these
     quotas (bytes or "8GiB"; all 0: the daemon's default). TierdError("UNAVAILABLE") naming the
-    socket when no tierd answers there."""
-    return Client(runtime_dir, label, gpu, dram, nvme, use_ring)
+    socket when no tierd answers there. rings: hot-path rings for the session, each served by a
+    thread of tierd's (1 to 8), so that threads calling at once (an optimizer's beside the
+    forward's fetches) do not wait for one another's exchanges; one per such thread."""
+    return Client(runtime_dir, label, gpu, dram, nvme, use_ring, rings)

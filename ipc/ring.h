@@ -1,6 +1,8 @@
 // The hot path: a pair of bounded single-producer/single-consumer rings in one shared
-// memory segment per session. The client pushes acquire/release requests on one ring;
-// the daemon's per-session thread pops them, answers on the other. No syscall while the
+// memory segment; a session has one to limits::kRingsPerSessionMax of them (its client's
+// threads call at once, each on a segment of its own). The client pushes acquire/release
+// requests on one ring; the daemon's thread for that segment pops them, answers on the
+// other. No syscall while the
 // other side is awake: each side spins briefly on the ring, then sleeps on a futex in
 // the shared page (FUTEX_WAIT without the private flag, so it works across processes).
 //

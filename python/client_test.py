@@ -61,6 +61,35 @@ class ClientTest(unittest.TestCase):
             self.client._client.acquire_all(ts[:2], ["read"], "host")
         self.assertIn("2 tensors but 1 accesses", str(e.exception))
 
+    def test_threads_sharing_a_client_each_keep_their_bytes(self):
+        # Four threads at once on one session, through four rings and through one: every
+        # thread's writes read back as its own.
+        import threading
+        for rings in (4, 1):
+            client = tierd.connect(label=f"threads-{rings}", gpu="1MiB", dram="4MiB", nvme="8MiB", rings=rings)
+            errors = []
+
+            def work(k, client=client, errors=errors):
+                try:
+                    t = client.lease(f"thread{k}", (256,), dtype="uint8", tensor_class="opt_state")
+                    for i in range(200):
+                        view = client.acquire(t, access="overwrite", place="host")
+                        memoryview(view)[:] = bytes([(k * 31 + i) % 256]) * 256
+                        client.release(t)
+                        view = client.acquire(t, access="read", place="host")
+                        if bytes(memoryview(view)) != bytes([(k * 31 + i) % 256]) * 256:
+                            errors.append(f"thread {k}, round {i}: another's bytes")
+                        client.release(t)
+                except Exception as e:  # noqa: BLE001 (the test says which thread failed and how)
+                    errors.append(f"thread {k}: {e}")
+            threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            client.close()
+            self.assertEqual(errors, [], f"{rings} rings")
+
     def test_the_sessions_usage_and_the_tiers_statistics(self):
         t = self.client.lease("a", (256, 1024), dtype="bfloat16")
         self.client.acquire(t, access="overwrite", place="host")

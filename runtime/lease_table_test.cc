@@ -290,6 +290,33 @@ class WatchedGate : public GatedFence {
   std::atomic<bool>* waited_;
 };
 
+// With `waiter` blocked on a closed gate (its fence's Wait entered: `waited`), b of the same
+// session is acquired and released; then the gate opens. Whether b was served while the gate
+// was closed, and whether the waiter had gone on (`done`) before it opened. A watchdog opens
+// the gate after 5 s, so a request that blocks on it fails the test instead of hanging it.
+struct GateOutcome {
+  bool served_before_the_gate = false;
+  bool done_before_the_gate = false;
+};
+GateOutcome ServeBesideAClosedGate(LeaseTable& table, SessionId s, TensorId b, std::atomic<bool>& gate,
+                                   std::atomic<bool>& waited, const std::atomic<bool>& done) {
+  std::atomic<bool> served{false};
+  std::thread watchdog([&] {
+    for (int i = 0; i < 5000 && !served.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    gate = true;
+  });
+  for (int i = 0; i < 5000 && !waited.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_TRUE(waited.load()) << "nobody waited for the gate";
+  EXPECT_TRUE(table.Acquire(s, b, Access::kRead, Place::kGpu).ok());
+  EXPECT_TRUE(table.Release(s, b).ok());
+  GateOutcome outcome;
+  outcome.served_before_the_gate = !gate.load();
+  outcome.done_before_the_gate = done.load();  // read before the gate may open
+  served = true;
+  watchdog.join();
+  return outcome;
+}
+
 TEST_F(LeaseTableTest, AHostWriteWaitingForTheGpuDoesNotHoldTheSessionsOtherRequests) {
   auto table = Table();
   auto s = *table->OpenSession("host-write", {4 * kMiB, 8 * kMiB, 0});
@@ -307,20 +334,9 @@ TEST_F(LeaseTableTest, AHostWriteWaitingForTheGpuDoesNotHoldTheSessionsOtherRequ
       written = true;
       if (p.ok()) EXPECT_TRUE(table->Release(s, a).ok());
     });
-    std::atomic<bool> served{false};
-    std::thread watchdog([&] {  // opens the gate if b's acquire blocks, so a failure ends
-      for (int i = 0; i < 5000 && !served.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      a_done = true;
-    });
-    for (int i = 0; i < 5000 && !waited.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    EXPECT_TRUE(waited.load()) << "the host write did not wait for a's kernels";
-    EXPECT_TRUE(table->Acquire(s, b, Access::kRead, Place::kGpu).ok());
-    EXPECT_TRUE(table->Release(s, b).ok());
-    const bool before_the_gpu = !a_done.load();
-    served = true;
-    EXPECT_TRUE(before_the_gpu) << "b's acquire waited for a's kernels";
-    EXPECT_FALSE(written.load()) << "a's GPU copy was dropped before its kernels finished";
-    watchdog.join();
+    const GateOutcome outcome = ServeBesideAClosedGate(*table, s, b, a_done, waited, written);
+    EXPECT_TRUE(outcome.served_before_the_gate) << "b's acquire waited for a's kernels";
+    EXPECT_FALSE(outcome.done_before_the_gate) << "a's GPU copy was dropped before its kernels finished";
     writer.join();
     EXPECT_TRUE(written.load());
     // Again with the kernels of a second use of a on the GPU still queued.
@@ -352,20 +368,9 @@ TEST_F(LeaseTableTest, AnEvictionWaitingForTheGpuDoesNotHoldTheSessionsOtherRequ
     placed = true;
     EXPECT_TRUE(table->Release(s, c).ok());
   });
-  std::atomic<bool> served{false};
-  std::thread watchdog([&] {
-    for (int i = 0; i < 5000 && !served.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    a_done = true;
-  });
-  for (int i = 0; i < 5000 && !waited.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  EXPECT_TRUE(waited.load()) << "the eviction did not wait for a's kernels";
-  EXPECT_TRUE(table->Acquire(s, b, Access::kRead, Place::kGpu).ok());
-  EXPECT_TRUE(table->Release(s, b).ok());
-  const bool before_the_gpu = !a_done.load();
-  served = true;
-  EXPECT_TRUE(before_the_gpu) << "b's acquire waited for a's kernels";
-  EXPECT_FALSE(placed.load()) << "a's GPU copy was reused before its kernels finished";
-  watchdog.join();
+  const GateOutcome outcome = ServeBesideAClosedGate(*table, s, b, a_done, waited, placed);
+  EXPECT_TRUE(outcome.served_before_the_gate) << "b's acquire waited for a's kernels";
+  EXPECT_FALSE(outcome.done_before_the_gate) << "a's GPU copy was reused before its kernels finished";
   acquirer.join();
   EXPECT_TRUE(placed.load());
   EXPECT_TRUE(Holds(*table, s, a, 1, Place::kHost));

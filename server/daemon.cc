@@ -346,8 +346,8 @@ absl::StatusOr<ipc::HelloGrant> Daemon::OnHello(const ipc::PeerCredentials& peer
     ring_segments.push_back(*ring);
   }
   const SessionId id = *session;
+  std::vector<std::unique_ptr<ImportedEvent>>& events = release_events_[id];
   if (!gpu_.device->is_fake()) {
-    std::vector<std::unique_ptr<ImportedEvent>>& events = release_events_[id];
     for (const std::string& handle : request.release_events()) {
       auto event = gpu_.device->ImportEvent(handle);
       if (!event.ok()) {
@@ -363,7 +363,10 @@ absl::StatusOr<ipc::HelloGrant> Daemon::OnHello(const ipc::PeerCredentials& peer
   std::vector<std::unique_ptr<ipc::RingServer>>& servers = rings_[id];
   for (ipc::RingSegment* segment : ring_segments) {  // each server unmaps its segment when it stops
     servers.push_back(std::make_unique<ipc::RingServer>(
-        segment, [this, id](const ipc::RingMessage& request, std::string* error) { return ServeRing(id, request, error); },
+        segment,
+        [this, id, &events](const ipc::RingMessage& request, std::string* error) {
+          return ServeRing(id, events, request, error);
+        },
         [label](const absl::Status& why) {
           std::fprintf(stderr, "tierd: session %s: hot-path ring broken (%s); it is no longer served\n", label.c_str(),
                        std::string(why.message()).c_str());
@@ -379,14 +382,15 @@ absl::StatusOr<ipc::HelloGrant> Daemon::OnHello(const ipc::PeerCredentials& peer
   return grant;
 }
 
-ipc::RingMessage Daemon::ServeRing(SessionId session, const ipc::RingMessage& message, std::string* error) {
+ipc::RingMessage Daemon::ServeRing(SessionId session, const std::vector<std::unique_ptr<ImportedEvent>>& events,
+                                   const ipc::RingMessage& message, std::string* error) {
   ipc::RingMessage response = message;
   auto request = ipc::FromRing(message);
   if (!request.ok()) {
     ipc::AnswerOnRing(request.status(), &response, error);
     return response;
   }
-  auto fence = ReleaseFence(session, request->release_event);
+  auto fence = ReleaseFence(events, request->release_event);
   if (!fence.ok()) {
     ipc::AnswerOnRing(fence.status(), &response, error);
     return response;
@@ -395,14 +399,12 @@ ipc::RingMessage Daemon::ServeRing(SessionId session, const ipc::RingMessage& me
   return response;
 }
 
-absl::StatusOr<std::unique_ptr<GpuFence>> Daemon::ReleaseFence(SessionId session, uint64_t event) {
+absl::StatusOr<std::unique_ptr<GpuFence>> Daemon::ReleaseFence(const std::vector<std::unique_ptr<ImportedEvent>>& events,
+                                                                uint64_t event) {
   if (event == 0) return nullptr;
-  auto events = release_events_.find(session);
-  if (events == release_events_.end() || event > events->second.size()) {
-    return absl::InvalidArgumentError("release names an event the session did not share");
-  }
+  if (event > events.size()) return absl::InvalidArgumentError("release names an event the session did not share");
   const auto fence_start = std::chrono::steady_clock::now();
-  auto made = gpu_.device->FenceAfter(*events->second[event - 1]);
+  auto made = gpu_.device->FenceAfter(*events[event - 1]);
   fences_.fetch_add(1, std::memory_order_relaxed);
   fence_nanos_.fetch_add(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - fence_start).count(),

@@ -131,10 +131,15 @@ class Daemon : public ipc::HelloHandler, public ipc::PlannerHooks, public HotPat
   void LogSessionOpened(SessionId id, const std::string& label, const SessionQuota& quota, double seconds);
   Daemon() = default;
   absl::Status StartServers();
-  ipc::RingMessage ServeRing(SessionId session, const ipc::RingMessage& request, std::string* error);
+  // `events`: the session's release events (its entry in release_events_, whose address holds
+  // while its rings are served: the ring threads never look the map up while the hello thread
+  // adds other sessions to it).
+  ipc::RingMessage ServeRing(SessionId session, const std::vector<std::unique_ptr<ImportedEvent>>& events,
+                             const ipc::RingMessage& request, std::string* error);
   // A ring release's wait for the client's GPU work: 1 + the index of the event it shared at its
   // hello, recorded after that work (0: none, nullptr).
-  absl::StatusOr<std::unique_ptr<GpuFence>> ReleaseFence(SessionId session, uint64_t event);
+  absl::StatusOr<std::unique_ptr<GpuFence>> ReleaseFence(const std::vector<std::unique_ptr<ImportedEvent>>& events,
+                                                         uint64_t event);
 
   DaemonOptions options_;
   OpenedGpu gpu_;
@@ -184,7 +189,8 @@ class Daemon : public ipc::HelloHandler, public ipc::PlannerHooks, public HotPat
   // Each session's hot-path servers, a thread each. Hello thread only (and the destructor after it).
   std::map<uint64_t, std::vector<std::unique_ptr<ipc::RingServer>>> rings_;
   // Each session's release events, opened here. Written by the hello thread before the
-  // session's ring starts and erased after it stops, so the ring thread reads it safely.
+  // session's rings start and erased after they stop; the ring threads hold their session's
+  // entry (a map's elements stay put) and never look the map up.
   std::map<uint64_t, std::vector<std::unique_ptr<ImportedEvent>>> release_events_;
 };
 

@@ -603,15 +603,15 @@ class OffloadOptimizer(torch.optim.Optimizer):
         lr, (beta1, beta2), eps, wd = settings
         s.step += 1
         offloaded = getattr(s.param, "_tierd_offload", None)
-        items = [(s.master, "write"), (s.grad, "read")] + [(x, "write") for x in s.moments]
-        held = [s.master, s.grad] + s.moments
-        if offloaded is not None:  # bf16 in this session (_gpu_share): the step writes its lease
-            offloaded[0].wait_idle(offloaded[1])
-            items.append((offloaded[1].lease, "overwrite"))
-            held.append(offloaded[1].lease)
         if self._hold_share:  # no offloaded parameter: their leases are another session's (_gpu_share)
             views, held = self._share_views(s), []
         else:
+            items = [(s.master, "write"), (s.grad, "read")] + [(x, "write") for x in s.moments]
+            held = [s.master, s.grad] + s.moments
+            if offloaded is not None:  # bf16 in this session (_gpu_share): the step writes its lease
+                offloaded[0].wait_idle(offloaded[1])
+                items.append((offloaded[1].lease, "overwrite"))
+                held.append(offloaded[1].lease)
             try:
                 views = self._exchange(self.client.acquire_all, items, "gpu")
             except tierd.TierdError as e:

@@ -45,12 +45,14 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Times `pairs` acquire+release round trips of one resident tensor; nanoseconds each.
-// `stream`: released after the work queued there (a CUDA stream), or plainly (null).
+// `stream`: released after the work queued there (a CUDA stream), or plainly (null). `gap`:
+// a sleep before each (a trainer's work between its calls).
 std::vector<uint32_t> TimePairs(Client& client, const Client::Tensor& tensor, Place place, int pairs,
-                                void* stream = nullptr) {
+                                void* stream = nullptr, std::chrono::microseconds gap = {}, int warmup = 1000) {
   std::vector<uint32_t> samples;
   samples.reserve(pairs);
-  for (int i = 0; i < pairs + 1000; ++i) {  // the first 1000 warm up
+  for (int i = 0; i < pairs + warmup; ++i) {
+    if (gap.count() > 0) std::this_thread::sleep_for(gap);
     const auto start = Clock::now();
     auto p = client.Acquire(tensor, Access::kRead, place);
     auto r = stream != nullptr ? client.Release(tensor, stream) : client.Release(tensor);
@@ -59,7 +61,7 @@ std::vector<uint32_t> TimePairs(Client& client, const Client::Tensor& tensor, Pl
       std::fprintf(stderr, "worker: %s\n", (!p.ok() ? p.status() : r).ToString().c_str());
       std::exit(1);
     }
-    if (i >= 1000) samples.push_back(static_cast<uint32_t>(std::min<int64_t>(nanos, UINT32_MAX)));
+    if (i >= warmup) samples.push_back(static_cast<uint32_t>(std::min<int64_t>(nanos, UINT32_MAX)));
   }
   return samples;
 }
@@ -141,14 +143,8 @@ std::vector<uint32_t> PairsBesideMoves(const std::string& dir, int rings, int pa
   });
   while (moved.load() < 2) std::this_thread::yield();
   // Work between pairs (an optimizer's kernels): the other thread gets the ring in between.
-  std::vector<uint32_t> samples;
-  for (int i = 0; i < pairs; ++i) {
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-    const auto start = Clock::now();
-    if (!(*client)->Acquire(*hot, Access::kRead, Place::kHost).ok() || !(*client)->Release(*hot).ok()) std::exit(1);
-    samples.push_back(static_cast<uint32_t>(
-        std::min<int64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count(), UINT32_MAX)));
-  }
+  std::vector<uint32_t> samples =
+      TimePairs(**client, *hot, Place::kHost, pairs, nullptr, std::chrono::microseconds(200), /*warmup=*/0);
   stop = true;
   mover.join();
   *moves = moved.load();

@@ -3,8 +3,6 @@ bytes written and read back through the buffer protocol, DLPack's device, statis
 the errors (bad input, a full quota, no tierd, a tierd that dies mid-session)."""
 import os
 import signal
-import subprocess
-import tempfile
 import time
 import unittest
 
@@ -235,16 +233,7 @@ class NoTierdTest(unittest.TestCase):
         self.assertLess(time.monotonic() - start, 5)
 
     def test_a_tierd_that_dies_fails_the_next_call_within_seconds(self):
-        scratch = tempfile.mkdtemp(dir=os.environ.get("TIERD_SCRATCH"))
-        runtime = tempfile.mkdtemp(prefix="/tmp/tierd-py-dies-")
-        log = open(os.path.join(scratch, "tierd.log"), "w")
-        daemon = subprocess.Popen([os.environ["TIERD_BIN"], "--gpu=fake", "--gpu_bytes=16MiB", "--dram_bytes=16MiB",
-                                   f"--nvme_dir={scratch}", "--nvme_bytes=16MiB", f"--runtime_dir={runtime}"],
-                                  stdout=log, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 10
-            while not os.path.exists(os.path.join(runtime, "tierd.sock")) and time.monotonic() < deadline:
-                time.sleep(0.05)
+        with test_util.private_tierd("dies") as (daemon, runtime):
             client = tierd.connect(runtime_dir=runtime, label="doomed", gpu="1MiB", dram="1MiB", nvme="1MiB")
             t = client.lease("w", (16,), dtype="f32")
             daemon.send_signal(signal.SIGKILL)
@@ -257,12 +246,6 @@ class NoTierdTest(unittest.TestCase):
             self.assertLess(time.monotonic() - start, 10)
             self.assertFalse(client.session_open())
             client.close()
-        finally:
-            if daemon.poll() is None:
-                daemon.kill()
-                daemon.wait()
-            subprocess.run(["rm", "-rf", runtime])
-
 
 if __name__ == "__main__":
     test_util.main()

@@ -9,8 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
-import time
 import types
 import unittest
 import warnings
@@ -434,16 +432,7 @@ class OffloadOptimizerTest(unittest.TestCase):
     def test_closing_after_tierd_died_with_the_share_held(self):
         # The held share's leases cannot be given back to a dead tierd: close() still removes the
         # hooks and ends the session, raising nothing (its leases went with tierd).
-        scratch = tempfile.mkdtemp(dir=os.environ.get("TIERD_SCRATCH"))
-        runtime = tempfile.mkdtemp(prefix="/tmp/tierd-py-held-")
-        log = open(os.path.join(scratch, "tierd.log"), "w")
-        daemon = subprocess.Popen([os.environ["TIERD_BIN"], "--gpu=fake", "--gpu_bytes=16MiB", "--dram_bytes=16MiB",
-                                   f"--nvme_dir={scratch}", "--nvme_bytes=16MiB", f"--runtime_dir={runtime}"],
-                                  stdout=log, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 10
-            while not os.path.exists(os.path.join(runtime, "tierd.sock")) and time.monotonic() < deadline:
-                time.sleep(0.05)
+        with test_util.private_tierd("held") as (daemon, runtime):
             m = model(dtype=torch.bfloat16)
             opt = tt.OffloadOptimizer(m.parameters(), opt="adamw8bit", lr=1e-3, gpu_share=1.0, runtime_dir=runtime,
                                       dram="1MiB", nvme="1MiB")
@@ -454,11 +443,6 @@ class OffloadOptimizerTest(unittest.TestCase):
             hooks = len(torch.nn.modules.module._global_forward_pre_hooks)
             opt.close()
             self.assertEqual(len(torch.nn.modules.module._global_forward_pre_hooks), hooks - 1)
-        finally:
-            if daemon.poll() is None:
-                daemon.kill()
-                daemon.wait()
-            subprocess.run(["rm", "-rf", runtime])
 
     def test_a_checkpoint_moves_between_gpu_shares(self):
         # Where parameters are stepped is not in the checkpoint: a run that stepped 80% on the GPU

@@ -1,7 +1,11 @@
 """Runs a test file's unittest cases and writes them to the JUnit XML report Bazel reads
-(TIERD_XML), so each case counts, and a skip says why; and the training loop the tests share."""
+(TIERD_XML), so each case counts, and a skip says why; the training loop the tests share; and a
+tierd of a test's own, to kill."""
+import contextlib
 import os
+import subprocess
 import sys
+import tempfile
 import time
 import unittest
 from xml.sax.saxutils import quoteattr
@@ -50,6 +54,29 @@ def train_steps(model, opt, batches, loss_of, accumulate=1):
         opt.zero_grad()
         losses.append(total)
     return losses
+
+
+@contextlib.contextmanager
+def private_tierd(label):
+    """A tierd of the case's own (fake GPU, 16 MiB tiers) at a fresh runtime dir, for a case that
+    kills it: yields (the daemon's Popen, the runtime dir); stopped and removed afterwards."""
+    scratch = tempfile.mkdtemp(dir=os.environ.get("TIERD_SCRATCH"))
+    runtime = tempfile.mkdtemp(prefix=f"/tmp/tierd-py-{label}-")  # short: a socket's path has 107 bytes
+    log = open(os.path.join(scratch, "tierd.log"), "w")
+    daemon = subprocess.Popen([os.environ["TIERD_BIN"], "--gpu=fake", "--gpu_bytes=16MiB", "--dram_bytes=16MiB",
+                               f"--nvme_dir={scratch}", "--nvme_bytes=16MiB", f"--runtime_dir={runtime}"],
+                              stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 10
+        while not os.path.exists(os.path.join(runtime, "tierd.sock")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        yield daemon, runtime
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+        log.close()
+        subprocess.run(["rm", "-rf", runtime])
 
 
 def main():

@@ -1,7 +1,6 @@
 """The tierd package's client against the real daemon (fake GPU), without torch: leases,
 bytes written and read back through the buffer protocol, DLPack's device, statistics, and
 the errors (bad input, a full quota, no tierd, a tierd that dies mid-session)."""
-import os
 import signal
 import time
 import unittest

@@ -10,6 +10,9 @@
 // runfiles); skipped without a device. Run on the lent GPU machine by
 // tools/device/kernels_check.sh.
 
+#include <set>
+#include <string>
+
 #include "tests/gpu_tierd_fixture.h"
 
 namespace tierd {
@@ -225,6 +228,68 @@ TEST_F(GpuTierdTest, AdafactorOnTheHostTrainsLikeOnTheGpu) {
   EXPECT_GT(on_host->HostOptimizerSeconds(), 0.0) << "the host did the steps";
 }
 
+// A split (--optimizer_place=split, SetHostOptimizerGroups): the last two groups (the head and
+// the last layer) stepped on the host in tierd's DRAM, the others on the GPU just before their
+// next forward, 8-bit moments, the state in 2 sub-groups a part. Host and GPU give the same
+// bits, so the training tracks a plain model's; the host's groups' master weights and moments
+// never reach the GPU, and the graph the planner gets says which group steps where.
+TEST_F(GpuTierdTest, ASplitStepsTheLastGroupsOnTheHostAndTheRestOnTheGpu) {
+  const trainer::ModelConfig config = TestConfig();
+  const int batch = 4, seq = 128;
+  tg::GpuHomeLayout layout = tg::GpuModel::HomeLayout(config, batch, seq, {.moments_8bit = true});
+  layout.state_chunks = 2;
+  const uint64_t state = layout.Total();
+  auto home = tg::MakeTierdGpuHome(layout, Options(state / 3, 2 * state, 2 * state));
+  ASSERT_TRUE(home.ok()) << home.status();
+  auto split = tg::GpuModel::Create(config, batch, seq, std::move(*home), {.moments_8bit = true});
+  auto plain = tg::GpuModel::Create(config, batch, seq, nullptr, {.moments_8bit = true});
+  ASSERT_TRUE(split.ok()) << split.status();
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  const int groups = static_cast<int>(layout.groups.size());
+  (*split)->SetHostOptimizerGroups(2);
+  EXPECT_EQ((*split)->HostOptimizerGroups(), 2);
+  ASSERT_TRUE((*split)->InitParams(9).ok());
+  ASSERT_TRUE((*plain)->InitParams(9).ok());
+  // The graph: the host's op for the last two groups, the GPU's for the others, each just
+  // before its group's first forward.
+  std::set<std::string> host_ops, gpu_ops;
+  for (const auto& op : (*split)->StepGraph(2).ops) {
+    if (op.name.rfind("adamw.cpu.", 0) == 0) host_ops.insert(op.name.substr(10));
+    else if (op.name.rfind("adamw.", 0) == 0) gpu_ops.insert(op.name.substr(6));
+  }
+  EXPECT_EQ(host_ops, (std::set<std::string>{layout.groups[groups - 2], layout.groups[groups - 1]}));
+  EXPECT_EQ(static_cast<int>(gpu_ops.size()), groups - 2);
+  EXPECT_EQ(gpu_ops.count(layout.groups[0]), 1u);
+  auto note = (*split)->RegisterStep(2);
+  ASSERT_TRUE(note.ok()) << note.status();
+  std::printf("%s\n", note->c_str());
+  auto host_state_on_gpu = [&] {
+    ASSERT_TRUE((*split)->FinishOptimizerStep().ok());
+    auto leases = EveryLease();
+    ASSERT_TRUE(leases.ok()) << leases.status();
+    int host_state = 0;
+    for (const auto& lease : leases->leases()) {
+      const std::string& name = lease.spec().name();
+      if (name.rfind("master.", 0) != 0 && name.rfind("opt.", 0) != 0) continue;
+      bool of_host_group = false;  // "opt.m.layers.3" or its sub-group "opt.m.layers.3.1"
+      for (int g = groups - 2; g < groups; ++g) {
+        for (const char* part : {"master.", "opt.m.", "opt.v."}) {
+          const std::string base = part + layout.groups[g];
+          of_host_group |= name == base || name.rfind(base + ".", 0) == 0;
+        }
+      }
+      if (!of_host_group) continue;
+      ++host_state;
+      for (int tier : lease.copies()) EXPECT_NE(tier, v1::TIER_GPU) << name << " is on the GPU";
+    }
+    EXPECT_EQ(host_state, 2 * 3 * 2) << "two groups, three parts, two sub-groups each";
+  };
+  TrainSideBySide(**split, **plain, config, batch, seq, /*steps=*/4,
+                  "split: host AdamW 8-bit for the last two groups, GPU for the rest; GPU AdamW 8-bit",
+                  host_state_on_gpu);
+  EXPECT_GT((*split)->HostOptimizerSeconds(), 0.0) << "the host did its groups' steps";
+  std::printf("%s\n", (*split)->home().Describe().c_str());
+}
 
 }  // namespace
 }  // namespace tierd

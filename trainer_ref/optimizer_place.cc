@@ -40,6 +40,14 @@ OptimizerChoice ChooseOptimizerPlace(const OptimizerCostInputs& in) {
   return out;
 }
 
+int HostGroupsForSplit(const std::vector<double>& group_optimizer_bytes, double excess) {
+  const int groups = static_cast<int>(group_optimizer_bytes.size());
+  double covered = 0;
+  int n = 0;
+  while (n < groups && covered < excess) covered += group_optimizer_bytes[groups - 1 - n++];
+  return n;
+}
+
 double CalibrateHostAdamW(int64_t elements, bool moments_8bit) {
   std::vector<float> master(elements, 0.01f), m(elements, 0.f), v(elements, 0.f), grads(elements, 1e-3f);
   std::vector<uint16_t> weights(elements);

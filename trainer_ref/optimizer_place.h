@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace tierd::trainer {
 
@@ -48,6 +49,13 @@ struct OptimizerChoice {
 // parameter) and the activations the GPU's quota cannot: the slowest of these. The smaller
 // estimate wins.
 OptimizerChoice ChooseOptimizerPlace(const OptimizerCostInputs& in);
+
+// --optimizer_place=split: how many of the last groups (in forward order, each with its
+// master weights' and moments' bytes) the host steps so that the GPU keeps the rest: the
+// fewest whose bytes add up to `excess`, what the state exceeds the GPU's quota by; all of
+// them when they do not; 0 when nothing exceeds it. The last groups, because the host's
+// update of a group must be done before that group's next forward: those come last.
+int HostGroupsForSplit(const std::vector<double>& group_optimizer_bytes, double excess);
 
 // HostAdamW's rate on this host: parameters a second over `elements` (best of two runs).
 double CalibrateHostAdamW(int64_t elements = int64_t{1} << 23, bool moments_8bit = false);

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <vector>
+
 namespace tierd::trainer {
 namespace {
 
@@ -94,6 +96,27 @@ TEST(OptimizerPlaceTest, EightBitMomentsADeferredUpdateAndTheActivations) {
   in.activation_bytes = 34e9;
   in.gpu_bytes = 19e9;
   EXPECT_NEAR(ChooseOptimizerPlace(in).cpu_nvme_bytes, 12 * 6.74e9 + (34e9 - 19e9) - 90e9, 1e-3);
+}
+
+// A split steps the last groups on the host: the fewest that free what the state exceeds the
+// GPU's quota by (the head and the last layer for a 1.3B's 7%), none when it fits, all when even
+// all of them would not.
+TEST(OptimizerPlaceTest, ASplitTakesTheFewestLastGroupsThatFreeTheExcess) {
+  // 1.3B-like: the embedding, 24 layers of 50M parameters, the head of 65.5M; 6 B a parameter.
+  std::vector<double> bytes = {6 * 65.5e6};
+  for (int l = 0; l < 24; ++l) bytes.push_back(6 * 50.3e6);
+  bytes.push_back(6 * 65.5e6);
+  double total = 0;
+  for (double b : bytes) total += b;
+  EXPECT_EQ(HostGroupsForSplit(bytes, 0.0), 0);
+  EXPECT_EQ(HostGroupsForSplit(bytes, -1.0), 0);
+  EXPECT_EQ(HostGroupsForSplit(bytes, 1.0), 1) << "a byte over: the head alone";
+  EXPECT_EQ(HostGroupsForSplit(bytes, 6 * 65.5e6), 1) << "exactly the head's bytes";
+  EXPECT_EQ(HostGroupsForSplit(bytes, 0.07 * total), 2) << "7%: the head and the last layer";
+  EXPECT_EQ(HostGroupsForSplit(bytes, 0.07 * total + 6 * 50.3e6), 3);
+  EXPECT_EQ(HostGroupsForSplit(bytes, total), 26);
+  EXPECT_EQ(HostGroupsForSplit(bytes, 2 * total), 26) << "more than all of it: every group";
+  EXPECT_EQ(HostGroupsForSplit({}, 1.0), 0);
 }
 
 TEST(OptimizerPlaceTest, CalibrationMeasuresSomething) {

@@ -200,7 +200,9 @@ ABSL_FLAG(std::string, gpu_budget, "24GiB",
 ABSL_FLAG(std::string, optimizer_place, "auto",
           "GPU: where AdamW runs: gpu (the state streams to the GPU and back), cpu (with tierd: on the host's "
           "threads, in tierd's DRAM tier where the master weights and moments stay, overlapping the next forward), "
-          "or auto (with tierd, a cost model from the sizes, quotas, --pcie_gbps, --nvme_gbps, --gpu_tflops and "
+          "split (with tierd: the last layers whose state the GPU quota cannot hold on the host, as cpu, and the "
+          "rest on the GPU, each layer just before its next forward), or auto (with tierd, a cost model from the "
+          "sizes, quotas, --pcie_gbps, --nvme_gbps, --gpu_tflops and "
           "the host's AdamW rate measured at start picks one and says why; without tierd, gpu)");
 ABSL_FLAG(bool, fp8_weight_codes, false,
           "GPU: with FP8 layers and --optimizer_place=cpu, the host's optimizer step also writes each FP8 layer's "

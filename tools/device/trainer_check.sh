@@ -5,7 +5,8 @@
 #   1. the GPU flags' refusals (trainer_ref/gpu/gpu_train_main_test.sh, with the GPU);
 #   2. kill -9 mid-run and --resume give the straight run's losses bit for bit: plain GPU
 #      buffers, and through tierd (state in its DRAM tier, AdamW on the host) in a budget
-#      smaller than the state, also with FP8 weight codes written by the host;
+#      smaller than the state, also with FP8 weight codes written by the host, and split
+#      (--optimizer_place=split: the last groups on the host, the rest on the GPU);
 #   3. a tierd killed under a training GPU client ends it within 5 s, with its last checkpoint;
 #   4. a model shape from a config file trains;
 #   5. launch-to-first-step time by phase (STARTUP_MODEL, default 1.3b, through tierd);
@@ -65,8 +66,14 @@ resume_pair codes --offload_policy=tierd --tierd_dir="$work/run-resume" --gpu_bu
   --tierd_nvme=8GiB --optimizer_place=cpu --precision=fp8 --fp8_weight_codes
 verdict "through tierd, FP8 weight codes written by the host's AdamW (remade on the GPU after the resume): the same" $?
 grep -h '^FP8 weight codes' "$out/codes-resumed.log"
-diff <(fields "$work/plain-straight.jsonl") <(fields "$work/tierd-straight.jsonl") > /dev/null
-verdict "plain and tierd runs give the same losses" $?
+resume_pair split --offload_policy=tierd --tierd_dir="$work/run-resume" --gpu_budget=3GiB --tierd_dram=8GiB \
+  --tierd_nvme=8GiB --optimizer_place=split
+grep -q '^optimizer: split: .* the last [0-9]* of [0-9]* groups' "$out/split-straight.log"
+verdict "through tierd, the optimizer split (the last groups on the host, the rest on the GPU): the same" $?
+grep -h '^optimizer: split' "$out/split-straight.log"
+diff <(fields "$work/plain-straight.jsonl") <(fields "$work/tierd-straight.jsonl") > /dev/null &&
+  diff <(fields "$work/plain-straight.jsonl") <(fields "$work/split-straight.jsonl") > /dev/null
+verdict "plain, tierd and split runs give the same losses" $?
 kill -TERM $tierd_pid; wait $tierd_pid
 
 fi

@@ -25,6 +25,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <condition_variable>
@@ -209,7 +210,15 @@ class GpuModel {
   // forward order while the next forward queues each group's kernels as soon as its update
   // is done (the optimizer overlaps the GPU's forward). Any later use of a group's state
   // waits for its update; an error of the background step comes back from that wait.
-  void SetOptimizerOnCpu(bool on) { optimizer_on_cpu_ = on; }
+  void SetOptimizerOnCpu(bool on) { host_optimizer_groups_ = on ? Groups() : 0; }
+  // Split between the two: the last `groups` groups (the head first, then the last layers)
+  // stepped on the host as above, their master weights and moments never on the GPU; the
+  // others on the GPU, each group's update queued just before its next forward (as
+  // SetOptimizerDeferred). For state a little larger than the GPU's quota: the part that
+  // cannot stay stays in DRAM instead of crossing PCIe twice a step. 0: all on the GPU;
+  // Groups(): all on the host. Set before RegisterStep.
+  void SetHostOptimizerGroups(int groups) { host_optimizer_groups_ = std::clamp(groups, 0, Groups()); }
+  int HostOptimizerGroups() const { return host_optimizer_groups_; }
   cudaStream_t stream() const { return stream_; }
   // Data-parallel GPU ranks (comm: NCCL, device memory): after the last of a step's
   // `micro_batches` backwards reaches a group, the group's gradient becomes the sum over the
@@ -354,7 +363,9 @@ class GpuModel {
   absl::Status ApplyPendingUpdates(int group);
   // The optimizer's op of a group comes just before the group's first forward op (the host
   // step, or the deferred GPU update), not after the last backward.
-  bool OptimizerInterleaved() const { return optimizer_on_cpu_ || defer_gpu_update_; }
+  bool OptimizerInterleaved() const { return host_optimizer_groups_ > 0 || defer_gpu_update_; }
+  // Whether `group`'s optimizer step runs on the host (SetHostOptimizerGroups).
+  bool HostSteps(int group) const { return group >= Groups() - host_optimizer_groups_; }
   // Until the optimizer's step has updated `group` (-1: every group): the GPU's deferred
   // update is queued, the CPU's step in flight waited for (-1: its thread joined); either
   // reports its op as progress first. The step's error, if any.
@@ -501,7 +512,7 @@ class GpuModel {
   };
   std::vector<MicroBatch> micro_batches_;
   double acquire_seconds_ = 0, release_seconds_ = 0;
-  bool optimizer_on_cpu_ = false;
+  int host_optimizer_groups_ = 0;  // the last this many groups step on the host
   bool defer_gpu_update_ = false;
   // The GPU's deferred step: per group whether its update is pending and whether its
   // gradients are zeros (taken at AdamWStep), and the step's parameters.

@@ -57,7 +57,7 @@ absl::Status GpuModel::AwaitOptimizerUpdate(int group) {
   if (!host_thread_.joinable()) return absl::OkStatus();
   std::unique_lock<std::mutex> lock(host_mutex_);
   const int need = group < 0 ? Groups() : group + 1;
-  if (host_groups_done_ < need && group >= 0 && micro_ == 0) {
+  if (host_groups_done_ < need && group >= 0 && micro_ == 0 && HostSteps(group)) {
     // The group's optimizer op is running (on the host): progress for the planner.
     lock.unlock();
     Progress(OptimizerOp(group, registered_micro_batches_));
@@ -87,23 +87,35 @@ absl::Status GpuModel::AdamWStep(double lr, int64_t step, const AdamWOptions& op
     p.decay = layout_[e].shape.size() > 1;
     return p;
   };
-  if (optimizer_on_cpu_) {
+  RETURN_IF_ERROR(ApplyPendingUpdates(-1));  // a step before that no forward followed
+  if (host_optimizer_groups_ > 0) {
     if (!home_->HasHostTier()) return GpuHome::NoHostTier();
     if (compact_) {
       return absl::FailedPreconditionError(
           "the host's optimizer writes the bf16 weights the compact state does not keep: step it on the GPU");
     }
-    // In the background, group by group in forward order; the next forward waits per
-    // group (AwaitOptimizerUpdate). The gradients to zero are this step's: taken now.
+    // The host's groups in the background, group by group in forward order; the next forward
+    // waits per group (AwaitOptimizerUpdate). The gradients to zero are this step's: taken now.
     // So are the groups whose FP8 weight codes it writes (fp8_layer_ may change between steps).
+    // The GPU's groups (a split) are deferred to their next forward, as SetOptimizerDeferred's.
+    const int first_host = Groups() - host_optimizer_groups_;
     std::vector<bool> zero_grads(Groups()), codes(Groups());
     for (int g = 0; g < Groups(); ++g) {
       zero_grads[g] = !grads_zeroed_[g];
       codes[g] = ReadsCodes(g);
     }
-    host_groups_done_ = 0;
-    host_thread_ = std::thread([this, zero_grads, codes, params_for] {
-      for (int g = 0; g < Groups(); ++g) {
+    if (first_host > 0) {
+      pending_params_ = params_for;
+      pending_update_.assign(Groups(), 0);
+      pending_zero_grads_.assign(Groups(), 0);
+      for (int g = 0; g < first_host; ++g) {
+        pending_update_[g] = 1;
+        pending_zero_grads_[g] = zero_grads[g];
+      }
+    }
+    host_groups_done_ = first_host;  // the host's thread has nothing to do for the GPU's groups
+    host_thread_ = std::thread([this, zero_grads, codes, params_for, first_host] {
+      for (int g = first_host; g < Groups(); ++g) {
         const absl::Status s = HostAdamWStep(g, zero_grads[g], codes[g], params_for);
         std::lock_guard<std::mutex> lock(host_mutex_);
         if (!s.ok()) {
@@ -118,7 +130,6 @@ absl::Status GpuModel::AdamWStep(double lr, int64_t step, const AdamWOptions& op
     });
     return absl::OkStatus();
   }
-  RETURN_IF_ERROR(ApplyPendingUpdates(-1));  // a step before that no forward followed
   if (defer_gpu_update_) {
     pending_params_ = params_for;
     pending_update_.assign(Groups(), 1);
@@ -386,7 +397,7 @@ prefetcher::Graph GpuModel::StepGraph(int micro_batches) const {
   for (int g = 0; g < Groups(); ++g) {
     const uint64_t bytes = home.bytes[g][static_cast<int>(Part::kMaster)];
     tp::GraphOp& op = graph.ops[OptimizerOp(g, micro_batches)];
-    if (optimizer_on_cpu_) {
+    if (HostSteps(g)) {
       // On the host, on the DRAM copies, before the group's next forward (overlapping the
       // forward of the groups before it): the gradients come down (written back after the
       // backward), master and moments are updated where they live, and the bf16 weights

@@ -98,6 +98,7 @@ class GpuRun {
   std::unique_ptr<Batcher> batcher_;
   GpuPlan plan_;  // every choice, made once (ResolveGpuPlan)
   bool optimizer_on_cpu_ = false;
+  bool host_optimizer_ = false;  // the host steps some groups, or all (optimizer_on_cpu_)
   bool fp8_ = false;     // the layers' matmuls in FP8 (--precision=fp8, or auto's choice)
   int layer_major_ = 0;  // K micro-batches a step in layer-major order; 0: one after the other
   RunState run_;

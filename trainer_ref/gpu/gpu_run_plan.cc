@@ -33,7 +33,12 @@ absl::StatusOr<GpuPlan> ResolveGpuPlan(const RunSettings& s) {
                                      plan.state.layer_major_micro_batches);
   if (!on_cpu.ok()) return on_cpu.status();
   plan.optimizer_on_cpu = *on_cpu;
-  plan.optimizer_deferred = s.tierd && !plan.optimizer_on_cpu && s.optimizer_deferred;
+  auto split = ChooseHostGroups(s, plan.layout, plan.quotas.gpu);
+  if (!split.ok()) return split.status();
+  const int groups = static_cast<int>(plan.layout.groups.size());
+  plan.host_optimizer_groups = plan.optimizer_on_cpu ? groups : *split;
+  // A split defers its GPU groups itself (GpuModel::SetHostOptimizerGroups).
+  plan.optimizer_deferred = s.tierd && plan.host_optimizer_groups == 0 && s.optimizer_deferred;
 
   RunPlan& t = plan.table;
   t.Add("device", absl::StrFormat("GPU %d: %s (compute capability %d.%d)", device, prop.name, prop.major, prop.minor),
@@ -61,10 +66,14 @@ absl::StatusOr<GpuPlan> ResolveGpuPlan(const RunSettings& s) {
             : std::string("full checkpointing (each layer's input kept)"),
         chosen->activations_source);
   t.Add("optimizer step",
-        plan.optimizer_on_cpu  ? std::string("on the host, in tierd's DRAM") +
-                                     (st.fp8_weight_codes ? ", writing FP8 weight codes" : "")
-        : plan.optimizer_deferred ? "on the GPU, each layer's update before its next forward"
-                                  : "on the GPU, at the step's end",
+        plan.optimizer_on_cpu
+            ? std::string("on the host, in tierd's DRAM") + (st.fp8_weight_codes ? ", writing FP8 weight codes" : "")
+        : plan.host_optimizer_groups > 0
+            ? absl::StrFormat("split: the last %d groups on the host in tierd's DRAM, the other %d on the GPU, "
+                              "each before its next forward",
+                              plan.host_optimizer_groups, groups - plan.host_optimizer_groups)
+        : plan.optimizer_deferred ? std::string("on the GPU, each layer's update before its next forward")
+                                  : std::string("on the GPU, at the step's end"),
         s.optimizer_place == "auto" && s.tierd ? "auto (said above)"
         : s.Given("optimizer_place")           ? "--optimizer_place"
                                                : "default");

@@ -42,7 +42,7 @@ void GpuRun::Summary() {
       std::printf("device memory: not listed (%s)\n", std::string(processes.status().message()).c_str());
     }
   }
-  if (optimizer_on_cpu_) {
+  if (host_optimizer_) {
     const double steps = static_cast<double>(std::max<int64_t>(1, s_.steps - curves_.first_step + 1));
     std::printf(
         "host optimizer: %.0f ms of arithmetic a step (over the run)%s\n", model_->HostOptimizerSeconds() * 1e3 / steps,
@@ -54,7 +54,10 @@ void GpuRun::Summary() {
   // One JSON line for the benchmark harness; bytes per link and waits per timed step.
   const double per = timed_steps_ > 0 ? 1.0 / timed_steps_ : 0.0;
   const std::string run = "ours " + (s_.tierd ? "tierd " + s_.gpu_budget_text : std::string("none")) +
-                          (s_.checkpointing ? " + checkpointing" : "") + (optimizer_on_cpu_ ? " + CPU AdamW" : "") +
+                          (s_.checkpointing ? " + checkpointing" : "") +
+                          (optimizer_on_cpu_ ? " + CPU AdamW"
+                           : host_optimizer_ ? " + split AdamW"
+                                             : "") +
                           (fp8_ ? " + fp8" : "");
   std::printf(
       "result: {\"run\": \"%s\", \"model\": \"%s\", \"batch\": %d, \"micro_batches\": %d, "
@@ -81,7 +84,7 @@ void GpuRun::Summary() {
     if (s_.tierd)
       line += absl::StrFormat("; the host waited in tierd's acquire %.0f ms and release %.0f ms",
                               timed_waits_ * 1e3 / timed_steps_, timed_releases_ * 1e3 / timed_steps_);
-    if (optimizer_on_cpu_) {
+    if (host_optimizer_) {
       line += absl::StrFormat(
           "; AdamW on the host %.0f ms a step (over the run)",
           model_->HostOptimizerSeconds() * 1e3 / std::max<int64_t>(1, s_.steps - curves_.first_step + 1));

@@ -93,7 +93,8 @@ int GpuRun::Setup() {
               s_.precision_auto ? absl::StrFormat(" (--precision=auto: %s)", plan_.fp8_why).c_str() : "");
   startup_.Done("GPU workspace");
   optimizer_on_cpu_ = plan_.optimizer_on_cpu;
-  model_->SetOptimizerOnCpu(optimizer_on_cpu_);
+  host_optimizer_ = plan_.host_optimizer_groups > 0;
+  model_->SetHostOptimizerGroups(plan_.host_optimizer_groups);
   if (const int coded = model_->LayersReadingWeightCodes(); coded > 0) {
     const uint64_t codes = GpuModel::WeightCodesBytes(config) * coded,
                    bf16 = layout.bytes[1][static_cast<int>(Part::kWeights)] * coded;

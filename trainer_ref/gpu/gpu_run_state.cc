@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <unistd.h>
+#include <vector>
 
 #include <cuda_runtime.h>
 
@@ -152,9 +153,10 @@ absl::StatusOr<std::unique_ptr<GpuHome>> MakeHome(const RunSettings& s, const Gp
 absl::StatusOr<bool> ChooseOptimizerOnCpu(const RunSettings& s, const GpuHomeLayout& layout, uint64_t gpu_quota,
                                           uint64_t dram_quota, int layer_major) {
   const std::string& place = s.optimizer_place;
-  if (place != "gpu" && place != "cpu" && place != "auto") {
-    return absl::InvalidArgumentError("--optimizer_place is gpu, cpu or auto, not '" + place + "'");
+  if (place != "gpu" && place != "cpu" && place != "split" && place != "auto") {
+    return absl::InvalidArgumentError("--optimizer_place is gpu, cpu, split or auto, not '" + place + "'");
   }
+  if (place == "split") return false;  // ChooseHostGroups
   if (layout.compact) {  // ChooseCompactState refused cpu already
     if (place == "auto" && s.tierd) {
       std::printf("optimizer: on the GPU (the compact state keeps no bf16 weight copy for the host's step to write)\n");
@@ -192,6 +194,44 @@ absl::StatusOr<bool> ChooseOptimizerOnCpu(const RunSettings& s, const GpuHomeLay
   return choice.on_cpu;
 }
 
+absl::StatusOr<int> ChooseHostGroups(const RunSettings& s, const GpuHomeLayout& layout, uint64_t gpu_quota) {
+  if (s.optimizer_place != "split") return 0;
+  if (!s.tierd) {
+    return absl::InvalidArgumentError(
+        "--optimizer_place=split steps part of the state on the host, where tierd keeps it in DRAM: it needs "
+        "--offload_policy=tierd");
+  }
+  if (layout.compact) {  // ChooseCompactState refused it already when asked for
+    std::printf("optimizer: on the GPU (the compact state keeps no bf16 weight copy for the host's step to write)\n");
+    return 0;
+  }
+  const int groups = static_cast<int>(layout.groups.size());
+  std::vector<double> bytes(groups);
+  double optimizer_bytes = 0;
+  for (int g = 0; g < groups; ++g) {
+    for (Part part : {Part::kMaster, Part::kAdamM, Part::kAdamV}) bytes[g] += layout.bytes[g][static_cast<int>(part)];
+    optimizer_bytes += bytes[g];
+  }
+  const double excess = static_cast<double>(layout.Total()) - static_cast<double>(gpu_quota);
+  const int n = HostGroupsForSplit(bytes, excess);
+  double host_bytes = 0;
+  for (int g = groups - n; g < groups; ++g) host_bytes += bytes[g];
+  if (n == 0) {
+    std::printf("optimizer: split: the state (%s) fits tierd's GPU quota (%s): all of it on the GPU\n",
+                FormatBytes(layout.Total()).c_str(), FormatBytes(gpu_quota).c_str());
+  } else {
+    std::printf(
+        "optimizer: split: the state (%s) is %s more than tierd's GPU quota (%s): the last %d of %d groups (%s, "
+        "%.0f%% of the master weights and moments) step on the host in tierd's DRAM, the others on the GPU just "
+        "before their next forward (--optimizer_place=split)\n",
+        FormatBytes(layout.Total()).c_str(), FormatBytes(static_cast<uint64_t>(excess)).c_str(),
+        FormatBytes(gpu_quota).c_str(), n, groups,
+        n == 1 ? "the head" : absl::StrFormat("the head and the last %d layers", n - 1).c_str(),
+        100 * host_bytes / std::max(1.0, optimizer_bytes));
+  }
+  return n;
+}
+
 namespace {
 
 // --step_order=auto's choice (step_order.h), said in a line: layer-major when its state (full,
@@ -204,7 +244,7 @@ bool AutoLayerMajor(const RunSettings& s, const GpuHomeLayout& layout, const Gpu
   in.micro_batches = s.accum;
   in.micro_state_bytes = static_cast<double>(layout.Total());
   in.layer_state_bytes = static_cast<double>(layered.Total());
-  if (s.compact_state != "off" && s.optimizer_place != "cpu" &&
+  if (s.compact_state != "off" && s.optimizer_place != "cpu" && s.optimizer_place != "split" &&
       !config.tied_embeddings) {
     in.layer_compact_state_bytes = static_cast<double>(
         GpuModel::HomeLayout(config, s.batch, s.seq, BaseState(s, s.accum, /*compact=*/true)).Total());
@@ -321,7 +361,7 @@ absl::StatusOr<StateChoice> ChooseState(const RunSettings& s, uint64_t fp8_works
     in.tierd = s.tierd;
     // Tied embeddings: the embedding's matrix has two backwards a step (the head's, the embedding's).
     in.one_backward_per_group = (layer_major_micro_batches > 0 || s.accum == 1) && !config.tied_embeddings;
-    in.optimizer_on_cpu = s.optimizer_place == "cpu";
+    in.optimizer_on_cpu = s.optimizer_place == "cpu" || s.optimizer_place == "split";
     in.full_bytes = static_cast<double>(layout.Total());
     in.compact_bytes = static_cast<double>(compact_layout.Total());
     const double full_workspace =

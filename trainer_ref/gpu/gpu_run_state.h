@@ -48,6 +48,11 @@ absl::StatusOr<Quotas> ChooseQuotas(const RunSettings& s, const GpuHomeLayout& l
 absl::StatusOr<bool> ChooseOptimizerOnCpu(const RunSettings& s, const GpuHomeLayout& layout, uint64_t gpu_quota,
                                           uint64_t dram_quota, int layer_major);
 
+// --optimizer_place=split: how many of the last groups the host steps (HostGroupsForSplit:
+// the fewest whose master weights and moments free what the state exceeds `gpu_quota` by),
+// said in a line; 0 for any other place.
+absl::StatusOr<int> ChooseHostGroups(const RunSettings& s, const GpuHomeLayout& layout, uint64_t gpu_quota);
+
 // Every choice of a GPU run, made once from the settings and this GPU's facts before anything
 // is allocated; nothing in it is "auto". Each automatic choice says its reasons in a line as it
 // is made; `table` then lists the whole plan (printed once, and the first line of --metrics).
@@ -59,6 +64,7 @@ struct GpuPlan {
   GpuHomeLayout layout;
   Quotas quotas;  // through tierd
   bool optimizer_on_cpu = false;
+  int host_optimizer_groups = 0;    // the last groups the host steps: all of them on the CPU, some in a split
   bool optimizer_deferred = false;  // the optimizer on the GPU under tierd: each layer's update before its next forward
   RunPlan table;
 };

@@ -42,9 +42,11 @@ else
   RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29733 run $d --sparse_grad_ratio=0.05
   check "the sparse sync is the CPU trainer's" "refused 'GPU ranks sum every gradient (dense)'"
   run $d --optimizer_place=host
-  check "an unknown optimizer place" "refused 'is gpu, cpu or auto, not .host.'"
+  check "an unknown optimizer place" "refused 'is gpu, cpu, split or auto, not .host.'"
   run $d --optimizer_place=cpu
   check "the CPU optimizer without tierd" "refused 'it needs --offload_policy=tierd'"
+  run $d --optimizer_place=split
+  check "a split optimizer without tierd" "refused 'optimizer_place=split steps part of the state on the host, .* it needs --offload_policy=tierd'"
   run $d --offload_policy=tierd --gpu_budget=1MiB
   check "a GPU budget below the workspace, with the numbers" \
     "refused 'leaves nothing for tierd: the trainer.s workspace is .* for .* tokens and the CUDA contexts '"

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Runs on the lent GPU machine (carry .carry with tierd, tierd-train and gpu_trainer_tierd_test):
+#   device run: command="tools/device/split_check.sh", carry=[".carry"]
+# --optimizer_place=split (the last groups stepped on the host in tierd's DRAM, the rest on the
+# GPU before each group's next forward) against the default (every group on the GPU before its
+# next forward, the state that does not fit streaming through PCIe), one after the other in this
+# call: MODEL (default 1.3b) in a 24 GiB budget with BENCHMARKS row C2's flags (fp8, 8-bit AdamW,
+# 4 micro-batches of 2, cuDNN's attention), profiled. First the split's GPU tests (TESTS=0: not);
+# RESUME=1 adds trainer_check.sh's kill -9 and --resume pairs (check 2, a split among them).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out="${OUT:-/tmp/tierd-out}"; mkdir -p "$out"
+work=/tmp/split-check; rm -rf "$work"; mkdir -p "$work"
+export LD_LIBRARY_PATH="$PWD/.carry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+source tools/device/cudnn_env.sh
+model="${MODEL:-1.3b}"; status=0
+echo "== machine: $(nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader)"
+if [ "${TESTS:-1}" = 1 ]; then
+  mkdir -p /var/tmp/tierd-test
+  TIERD_BIN=.carry/bin/tierd TEST_TMPDIR=/var/tmp/tierd-test timeout 200 .carry/bin/gpu_trainer_tierd_test \
+    --gtest_filter='*Split*:*OnTheHostTracks*:*EightBitMomentsOnTheHost*' > "$out/split_test.log" 2>&1 || status=1
+  grep -E '^\[ *(OK|FAILED|PASSED) |Failure|Expected|Which is|planned' "$out/split_test.log" | cut -c1-300 | head -n 30
+fi
+if [ "${RESUME:-0}" = 1 ]; then
+  OUT="$work/resume" CHECKS=2 tools/device/trainer_check.sh > "$out/resume.log" 2>&1 || status=1
+  grep -E '^(PASS|FAIL|optimizer: split)' "$out/resume.log"
+fi
+flags="--grad_accum_steps=4 --step_order=micro --opt=adamw8bit --precision=fp8 --attention=auto"
+for place in gpu split; do
+  env OUT="$work/$place" MODELS="$model" NONE=0 BUDGETS=24GiB BATCH=2 STEPS="${STEPS:-8}" SKIP=3 TIERD_DRAM=32GiB TORCH=0 \
+    TIERD_RUN_FLAGS="$flags --optimizer_place=$place" tools/bench/run_bench.sh > "$out/bench-$place.txt" 2>&1 || status=1
+  log="$work/$place/ours-$model-tierd-24GiB.log"
+  cp "$log" "$out/ours-$place.log" 2>/dev/null
+  echo "== --optimizer_place=$place"
+  grep -E '^(optimizer: |where a step|done: )' "$log" | cut -c1-700
+  grep -E '^result: ' "$log" | cut -c1-400
+done
+python3 - "$out" <<'PY'
+import json, re, sys
+out = sys.argv[1]
+rows = {}
+for place in ("gpu", "split"):
+    try:
+        text = open(f"{out}/ours-{place}.log").read()
+        rows[place] = json.loads(re.findall(r"^result: (.*)$", text, re.M)[-1])
+    except (OSError, IndexError, ValueError):
+        print(f"{place}: no result line")
+if len(rows) == 2:
+    g, s = rows["gpu"], rows["split"]
+    print(f"split {s['tokens_per_s']:,.0f} tokens/s against the GPU's {g['tokens_per_s']:,.0f}: "
+          f"{s['tokens_per_s'] / g['tokens_per_s']:.3f}x; the host waited in acquire {s['acquire_wait_seconds'] * 1e3:.0f} "
+          f"against {g['acquire_wait_seconds'] * 1e3:.0f} ms a step; PCIe in {s['h2d_bytes'] / 1e9:.1f} against "
+          f"{g['h2d_bytes'] / 1e9:.1f} GB, out {s['d2h_bytes'] / 1e9:.1f} against {g['d2h_bytes'] / 1e9:.1f} GB a step; "
+          f"device {s['device_bytes'] / 2**30:.1f} against {g['device_bytes'] / 2**30:.1f} GiB")
+PY
+exit $status

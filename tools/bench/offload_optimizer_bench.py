@@ -13,6 +13,7 @@ instead of our benchmark decoder. Each variant is opt:clip (clipping by global n
 update waits for every gradient) or opt:noclip (no clipping on either side: each update starts in
 the backward); opt:mode:offload also puts the parameters in tierd (tierd.torch.offload, a GPU quota
 of --gpu_quota), opt:mode:offload:plan with tierd's planner following the first step's order;
+threads=N anywhere after the mode gives the host's optimizer N threads (default: all, at most 16);
 a last part gpu=F steps that fraction of the parameters on the GPU (gpu_share=F; with offload its
 state shares the --gpu_quota session, so raise it), e.g. adamw:noclip:gpu=0.3; gpu=F@QUOTA gives
 the optimizer's session that GPU quota (smaller than the share's state: tierd moves it in and out).
@@ -186,6 +187,8 @@ def main():
     baselines = {}
     for variant in a.variants.replace(",", " ").split():  # commas: one word for a shell variable
         opt_name, mode, *where = variant.split(":")
+        threads = [int(w[8:]) for w in where if w.startswith("threads=")]
+        where = [w for w in where if not w.startswith("threads=")]
         share, share_quota = 0.0, 0
         if where and where[-1].startswith("gpu="):
             share, _, share_quota = where.pop()[4:].partition("@")
@@ -209,7 +212,7 @@ def main():
             return tt.OffloadOptimizer(m.parameters(), opt=opt_name, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1,
                                        max_grad_norm=1.0 if clip else None, accumulation_steps=a.grad_accum,
                                        dram=a.dram, nvme="4GiB", client=client, name=re.sub(r"[^A-Za-z0-9._-]", "-", variant),
-                                       gpu_share=share, gpu=share_quota)
+                                       gpu_share=share, gpu=share_quota, threads=threads[-1] if threads else 0)
         default_interval = sys.getswitchinterval()
         for interval in [float(x) for x in a.switch_intervals.split(",") if x] or [default_interval]:
             sys.setswitchinterval(interval)

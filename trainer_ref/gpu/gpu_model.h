@@ -359,6 +359,9 @@ class GpuModel {
                              const std::function<AdamWParams(size_t)>& params_for);
   // One group's AdamW on the GPU (zero_grads: no backward reached it, its gradients are 0).
   absl::Status GpuAdamWGroup(int group, bool zero_grads, const std::function<AdamWParams(size_t)>& params_for);
+  // The GPU's update of the first `groups` groups deferred to each one's next forward (the
+  // step's parameters and which gradients are zeros, taken now); ApplyPendingUpdates queues it.
+  void DeferGpuUpdates(int groups, const std::function<AdamWParams(size_t)>& params_for);
   // The GPU's deferred update of `group` (-1: every group), if one is pending: queued now.
   absl::Status ApplyPendingUpdates(int group);
   // The optimizer's op of a group comes just before the group's first forward op (the host

@@ -73,6 +73,16 @@ absl::Status GpuModel::AwaitOptimizerUpdate(int group) {
   return status;
 }
 
+void GpuModel::DeferGpuUpdates(int groups, const std::function<AdamWParams(size_t)>& params_for) {
+  pending_params_ = params_for;
+  pending_update_.assign(Groups(), 0);
+  pending_zero_grads_.assign(Groups(), 0);
+  for (int g = 0; g < groups; ++g) {
+    pending_update_[g] = 1;
+    pending_zero_grads_[g] = !grads_zeroed_[g];
+  }
+}
+
 absl::Status GpuModel::AdamWStep(double lr, int64_t step, const AdamWOptions& options, double grad_scale) {
   RETURN_IF_ERROR(AwaitOptimizerUpdate(-1));  // the step before, if it is still running
   auto params_for = [this, lr, step, options, grad_scale](size_t e) {
@@ -104,15 +114,7 @@ absl::Status GpuModel::AdamWStep(double lr, int64_t step, const AdamWOptions& op
       zero_grads[g] = !grads_zeroed_[g];
       codes[g] = ReadsCodes(g);
     }
-    if (first_host > 0) {
-      pending_params_ = params_for;
-      pending_update_.assign(Groups(), 0);
-      pending_zero_grads_.assign(Groups(), 0);
-      for (int g = 0; g < first_host; ++g) {
-        pending_update_[g] = 1;
-        pending_zero_grads_[g] = zero_grads[g];
-      }
-    }
+    DeferGpuUpdates(first_host, params_for);
     host_groups_done_ = first_host;  // the host's thread has nothing to do for the GPU's groups
     host_thread_ = std::thread([this, zero_grads, codes, params_for, first_host] {
       for (int g = first_host; g < Groups(); ++g) {
@@ -131,10 +133,7 @@ absl::Status GpuModel::AdamWStep(double lr, int64_t step, const AdamWOptions& op
     return absl::OkStatus();
   }
   if (defer_gpu_update_) {
-    pending_params_ = params_for;
-    pending_update_.assign(Groups(), 1);
-    pending_zero_grads_.assign(Groups(), 0);
-    for (int g = 0; g < Groups(); ++g) pending_zero_grads_[g] = !grads_zeroed_[g];
+    DeferGpuUpdates(Groups(), params_for);
     return absl::OkStatus();
   }
   for (int g = 0; g < Groups(); ++g) {

@@ -220,14 +220,15 @@ absl::StatusOr<int> ChooseHostGroups(const RunSettings& s, const GpuHomeLayout& 
     std::printf("optimizer: split: the state (%s) fits tierd's GPU quota (%s): all of it on the GPU\n",
                 FormatBytes(layout.Total()).c_str(), FormatBytes(gpu_quota).c_str());
   } else {
+    const std::string which = n == 1        ? std::string("the head")
+                              : n == groups ? std::string("every one: the excess is more than the last groups hold")
+                                            : absl::StrFormat("the head and the last %d layers", n - 1);
     std::printf(
         "optimizer: split: the state (%s) is %s more than tierd's GPU quota (%s): the last %d of %d groups (%s, "
         "%.0f%% of the master weights and moments) step on the host in tierd's DRAM, the others on the GPU just "
         "before their next forward (--optimizer_place=split)\n",
         FormatBytes(layout.Total()).c_str(), FormatBytes(static_cast<uint64_t>(excess)).c_str(),
-        FormatBytes(gpu_quota).c_str(), n, groups,
-        n == 1 ? "the head" : absl::StrFormat("the head and the last %d layers", n - 1).c_str(),
-        100 * host_bytes / std::max(1.0, optimizer_bytes));
+        FormatBytes(gpu_quota).c_str(), n, groups, which.c_str(), 100 * host_bytes / std::max(1.0, optimizer_bytes));
   }
   return n;
 }

@@ -7,6 +7,9 @@
 # call: MODEL (default 1.3b) in a 24 GiB budget with BENCHMARKS row C2's flags (fp8, 8-bit AdamW,
 # 4 micro-batches of 2, cuDNN's attention), profiled. First the split's GPU tests (TESTS=0: not);
 # RESUME=1 adds trainer_check.sh's kill -9 and --resume pairs (check 2, a split among them).
+# EXTRA: flags added to both runs (BENCHMARKS row H0's: "--grad_checkpointing=dynamic
+# --attention=cudnn-fast"). PEER=1 (carry .whl too) first runs torchao float8 + torch.compile,
+# batch 8, the whole GPU, and prints each run's ratio to it: the issue's peer in the same call.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-/tmp/tierd-out}"; mkdir -p "$out"
@@ -25,7 +28,12 @@ if [ "${RESUME:-0}" = 1 ]; then
   OUT="$work/resume" CHECKS=2 tools/device/trainer_check.sh > "$out/resume.log" 2>&1 || status=1
   grep -E '^(PASS|FAIL|optimizer: split)' "$out/resume.log"
 fi
-flags="--grad_accum_steps=4 --step_order=micro --opt=adamw8bit --precision=fp8 --attention=auto"
+flags="--grad_accum_steps=4 --step_order=micro --opt=adamw8bit --precision=fp8 --attention=auto ${EXTRA:-}"
+if [ "${PEER:-0}" = 1 ]; then
+  env OUT="$work/peer" MODELS="$model" NONE=0 BUDGETS="" STEPS="${STEPS:-8}" SKIP=3 PROFILE=0 TORCH=1 TORCH_RUNS=float8 \
+    TORCH_BATCH=8 tools/bench/run_bench.sh > "$out/bench-peer.txt" 2>&1 || status=1
+  grep -hE '^\{"run": "pytorch' "$out/bench-peer.txt" | tail -n 1 | tee "$work/peer.json"
+fi
 for place in gpu split; do
   env OUT="$work/$place" MODELS="$model" NONE=0 BUDGETS=24GiB BATCH=2 STEPS="${STEPS:-8}" SKIP=3 TIERD_DRAM=32GiB TORCH=0 \
     TIERD_RUN_FLAGS="$flags --optimizer_place=$place" tools/bench/run_bench.sh > "$out/bench-$place.txt" 2>&1 || status=1
@@ -45,6 +53,13 @@ for place in ("gpu", "split"):
         rows[place] = json.loads(re.findall(r"^result: (.*)$", text, re.M)[-1])
     except (OSError, IndexError, ValueError):
         print(f"{place}: no result line")
+try:
+    peer = json.loads(open("/tmp/split-check/peer.json").read())
+    for place, r in rows.items():
+        print(f"{place}: {r['tokens_per_s']:,.0f} tokens/s against {peer['run']} {peer['tokens_per_s']:,.0f} "
+              f"(batch {peer['batch']}, the whole GPU): {r['tokens_per_s'] / peer['tokens_per_s']:.3f}x")
+except (OSError, ValueError, KeyError):
+    pass
 if len(rows) == 2:
     g, s = rows["gpu"], rows["split"]
     print(f"split {s['tokens_per_s']:,.0f} tokens/s against the GPU's {g['tokens_per_s']:,.0f}: "

@@ -1,8 +1,11 @@
 // The GPU trainer through the real tierd (gpu_tierd_fixture.h), the state's other layouts: the
-// GPU's update deferred, the compact state, the Llama family, FP8 weight codes from the host,
-// and a quota below one layer. Part of gpu_trainer_tierd_test (one binary to carry).
+// GPU's update deferred, the compact state, the Llama family, FP8 weight codes from the host
+// and from the GPU's optimizer, and a quota below one layer. Part of gpu_trainer_tierd_test (one binary to carry).
+
+#include <filesystem>
 
 #include "tests/gpu_tierd_fixture.h"
+#include "trainer_ref/checkpoint.h"
 
 namespace tierd {
 namespace {
@@ -214,6 +217,111 @@ TEST_F(GpuTierdTest, FP8WeightCodesFromTheHostTrainLikeTheGpusOwn) {
   EXPECT_EQ(host_overwrites.count("layers.0.w"), 1u);
   TrainSideBySide(*models[0], *models[1], config, batch, seq, steps,
                   "FP8 layers from host-made codes, layer-major; from the GPU's own codes");
+}
+
+// A checkpoint's records by name (the end record aside).
+std::map<std::string, std::string> CheckpointRecords(tg::GpuModel& model, const std::string& dir) {
+  std::map<std::string, std::string> records;
+  std::filesystem::create_directories(dir);
+  auto writer = trainer::CheckpointWriter::Create(dir, 1);
+  EXPECT_TRUE(writer.ok()) << writer.status();
+  if (!writer.ok()) return records;
+  const absl::Status saved = model.SaveState(**writer);
+  EXPECT_TRUE(saved.ok()) << saved;
+  auto path = (*writer)->Commit();
+  EXPECT_TRUE(path.ok()) << path.status();
+  if (!saved.ok() || !path.ok()) return records;
+  auto reader = trainer::CheckpointReader::Open(*path);
+  EXPECT_TRUE(reader.ok()) << reader.status();
+  if (!reader.ok()) return records;
+  for (auto next = (*reader)->Peek(); next.ok() && next->first != "end"; next = (*reader)->Peek()) {
+    std::string bytes(next->second, '\0');
+    const absl::Status read = (*reader)->Read(next->first, bytes.data(), bytes.size());
+    EXPECT_TRUE(read.ok()) << read;
+    if (!read.ok()) break;
+    records[next->first] = std::move(bytes);
+  }
+  return records;
+}
+
+// FP8 weight codes made by the GPU's optimizer (--fp8_weight_codes, the optimizer on the GPU):
+// right after a group's update, from its new bf16 weights at current scaling, so the step's
+// micro-batches share one conversion, and nothing reads the bf16 weights until the next update
+// (the plan may drop them). At the step's end and deferred to the next forward, through tierd
+// at a third of the state: the training is bit for bit that of the same FP8 layers making their
+// own codes from the bf16 weights at current scaling; the checkpoint's weights are the same
+// bytes (made again from the master copy, as the plan may have dropped them); the graph has the
+// coded layers' forwards and backwards read only the codes, and the update overwrite both.
+TEST_F(GpuTierdTest, FP8WeightCodesFromTheGpusOptimizerTrainLikeItsOwnCasts) {
+  int major = 0, device = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (major < 9) GTEST_SKIP() << "FP8 matmuls need compute capability 8.9 or later";
+  const trainer::ModelConfig config = TestConfig();
+  const int batch = 4, seq = 128, steps = 3;
+  for (bool deferred : {false, true}) {
+    SCOPED_TRACE(deferred ? "deferred" : "at the step's end");
+    auto make = [&](bool codes) -> std::unique_ptr<tg::GpuModel> {
+      tg::StateOptions state;
+      state.fp8_weight_codes = codes;
+      const tg::GpuHomeLayout layout = tg::GpuModel::HomeLayout(config, batch, seq, state);
+      const uint64_t bytes = layout.Total();
+      auto home = tg::MakeTierdGpuHome(layout, Options(bytes / 3, 2 * bytes, 2 * bytes));
+      EXPECT_TRUE(home.ok()) << home.status();
+      if (!home.ok()) return nullptr;
+      auto model = tg::GpuModel::Create(config, batch, seq, std::move(*home), state);
+      EXPECT_TRUE(model.ok()) << model.status();
+      if (!model.ok()) return nullptr;
+      tg::Fp8ScalingOptions current;
+      current.delayed = false;
+      std::vector<bool> fp8_layers(config.layers, true);
+      fp8_layers[0] = false;  // a bf16 layer reads its bf16 part
+      EXPECT_TRUE((*model)->UseFp8(fp8_layers, current).ok());
+      (*model)->SetOptimizerDeferred(deferred);
+      EXPECT_TRUE((*model)->InitParams(12).ok());
+      auto note = (*model)->RegisterStep(2);
+      EXPECT_TRUE(note.ok()) << note.status();
+      return std::move(*model);
+    };
+    std::unique_ptr<tg::GpuModel> coded = make(true), plain = make(false);
+    ASSERT_NE(coded, nullptr);
+    ASSERT_NE(plain, nullptr);
+    EXPECT_EQ(coded->LayersReadingWeightCodes(), config.layers - 1);
+    EXPECT_EQ(plain->LayersReadingWeightCodes(), 0);
+    const auto graph = coded->StepGraph(2);
+    std::map<std::string, int> reads;
+    std::set<std::string> update_overwrites;
+    for (const auto& op : graph.ops) {
+      for (auto t : op.reads) ++reads[graph.tensors[t].name];
+      if (op.name == "adamw.layers.3") {
+        for (auto t : op.overwrites) update_overwrites.insert(graph.tensors[t].name);
+      }
+    }
+    EXPECT_EQ(reads["layers.3.w"], 0);
+    EXPECT_GT(reads["layers.3.w8"], 0);
+    EXPECT_GT(reads["layers.0.w"], 0);
+    EXPECT_EQ(update_overwrites, (std::set<std::string>{"layers.3.w", "layers.3.w8"}));
+    std::map<std::string, std::string> records[2];
+    const std::string dir = ::testing::TempDir();
+    TrainSideBySide(
+        *coded, *plain, config, batch, seq, steps,
+        deferred ? "codes from the GPU's deferred update; FP8 layers' own casts"
+                 : "codes from the GPU's update; FP8 layers' own casts",
+        [&] {
+          records[0] = CheckpointRecords(*coded, dir + "/coded");
+          records[1] = CheckpointRecords(*plain, dir + "/plain");
+        });
+    int compared = 0;
+    for (const auto& [name, bytes] : records[1]) {
+      if (name == "fp8" || name == "model") continue;  // the scales of the weights the codes replace; the shape
+      ASSERT_EQ(records[0].count(name), 1u) << name;
+      EXPECT_TRUE(records[0][name] == bytes) << name << " differs";
+      ++compared;
+    }
+    EXPECT_GT(compared, 4 * config.layers);
+    EXPECT_GT(records[0].count("layers.3.w"), 0u);
+    std::printf("%d checkpoint records the same bytes; %s\n", compared, coded->home().Describe().c_str());
+  }
 }
 
 TEST_F(GpuTierdTest, AQuotaBelowOneLayerSaysSo) {

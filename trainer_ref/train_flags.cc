@@ -205,11 +205,13 @@ ABSL_FLAG(std::string, optimizer_place, "auto",
           "sizes, quotas, --pcie_gbps, --nvme_gbps, --gpu_tflops and "
           "the host's AdamW rate measured at start picks one and says why; without tierd, gpu)");
 ABSL_FLAG(bool, fp8_weight_codes, false,
-          "GPU: with FP8 layers and --optimizer_place=cpu, the host's optimizer step also writes each FP8 layer's "
-          "weights as E4M3 codes (each matrix at current scaling from its exact largest |x|), and the GPU fetches "
-          "those, 1 byte a parameter, instead of the bf16 copy's 2 (the bf16 copy is still written: a layer that "
-          "falls back to bf16 reads it). For a link that bounds the step: it costs the host ~0.2 s per billion "
-          "parameters a step (H200 box, 16 cores), where the link was 15% busy, so it is off by default");
+          "GPU, with tierd and FP8 layers: the optimizer's step also writes each FP8 layer's weights as E4M3 codes "
+          "(each matrix at current scaling from its exact largest |x|), which the layer's matmuls read instead of "
+          "the bf16 weights (still written: a layer that falls back to bf16 reads them). Stepped on the host "
+          "(--optimizer_place=cpu or split), the GPU fetches 1 byte a parameter instead of 2, for a link that "
+          "bounds the step; it costs the host ~0.2 s per billion parameters a step (H200 box, 16 cores). Stepped "
+          "on the GPU, the micro-batches of a step share one conversion instead of making their own, and the bf16 "
+          "weights need not stay on the GPU between updates (codes take half their room). Off by default");
 ABSL_FLAG(double, pcie_gbps, 55, "GPU: the host<->GPU link each way in GB/s, for --optimizer_place=auto");
 ABSL_FLAG(double, nvme_gbps, 2, "GPU: NVMe GB/s, reads and writes sharing it, for --optimizer_place=auto");
 ABSL_FLAG(double, gpu_tflops, 300, "GPU: sustained bf16 TFLOP/s, for --optimizer_place=auto");

@@ -7,13 +7,17 @@
 # call: MODEL (default 1.3b) in a 24 GiB budget with BENCHMARKS row C2's flags (fp8, 8-bit AdamW,
 # 4 micro-batches of 2, cuDNN's attention), profiled. First the split's GPU tests (TESTS=0: not);
 # RESUME=1 adds trainer_check.sh's kill -9 and --resume pairs (check 2, a split among them).
-# EXTRA: flags added to both runs (BENCHMARKS row H0's: "--grad_checkpointing=dynamic
+# RUNS: "name=flags;..." (default "gpu=--optimizer_place=gpu;split=--optimizer_place=split"; the
+# first is the baseline each other run's ratio is to), e.g. with
+# "codes=--optimizer_place=gpu --fp8_weight_codes" (the GPU's optimizer writes the codes).
+# EXTRA: flags added to every run (BENCHMARKS row H0's: "--grad_checkpointing=dynamic
 # --attention=cudnn-fast"). PEER=1 (carry .whl too) first runs torchao float8 + torch.compile,
 # batch 8, the whole GPU, and prints each run's ratio to it: the issue's peer in the same call.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-out="${OUT:-/tmp/tierd-out}"; mkdir -p "$out"
-work=/tmp/split-check; rm -rf "$work"; mkdir -p "$work"
+final="${OUT:-/tmp/tierd-out}"; mkdir -p "$final"
+work=/tmp/split-check; rm -rf "$work"; mkdir -p "$work/logs"
+out="$work/logs"  # tarred into $OUT/split-check.tgz at the end: the device returns 8 files at most
 export LD_LIBRARY_PATH="$PWD/.carry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 source tools/device/cudnn_env.sh
 model="${MODEL:-1.3b}"; status=0
@@ -21,7 +25,7 @@ echo "== machine: $(nvidia-smi --query-gpu=name,memory.used,memory.total --forma
 if [ "${TESTS:-1}" = 1 ]; then
   mkdir -p /var/tmp/tierd-test
   TIERD_BIN=.carry/bin/tierd TEST_TMPDIR=/var/tmp/tierd-test timeout 200 .carry/bin/gpu_trainer_tierd_test \
-    --gtest_filter='*Split*:*OnTheHostTracks*:*EightBitMomentsOnTheHost*' > "$out/split_test.log" 2>&1 || status=1
+    --gtest_filter='*Split*:*OnTheHostTracks*:*EightBitMomentsOnTheHost*:*FP8WeightCodes*' > "$out/split_test.log" 2>&1 || status=1
   grep -E '^\[ *(OK|FAILED|PASSED) |Failure|Expected|Which is|planned' "$out/split_test.log" | cut -c1-300 | head -n 30
 fi
 if [ "${RESUME:-0}" = 1 ]; then
@@ -34,38 +38,47 @@ if [ "${PEER:-0}" = 1 ]; then
     TORCH_BATCH=8 tools/bench/run_bench.sh > "$out/bench-peer.txt" 2>&1 || status=1
   grep -hE '^\{"run": "pytorch' "$out/bench-peer.txt" | tail -n 1 | tee "$work/peer.json"
 fi
-for place in gpu split; do
-  env OUT="$work/$place" MODELS="$model" NONE=0 BUDGETS=24GiB BATCH=2 STEPS="${STEPS:-8}" SKIP=3 TIERD_DRAM=32GiB TORCH=0 \
-    TIERD_RUN_FLAGS="$flags --optimizer_place=$place" tools/bench/run_bench.sh > "$out/bench-$place.txt" 2>&1 || status=1
-  log="$work/$place/ours-$model-tierd-24GiB.log"
-  cp "$log" "$out/ours-$place.log" 2>/dev/null
-  echo "== --optimizer_place=$place"
-  grep -E '^(optimizer: |where a step|done: )' "$log" | cut -c1-700
+# Each run: a name and its flags (RUNS="name=flags;name=flags"; the first is the baseline).
+runs="${RUNS:-gpu=--optimizer_place=gpu;split=--optimizer_place=split}"
+IFS=';' read -ra run_list <<< "$runs"
+names=()
+for run in "${run_list[@]}"; do
+  name="${run%%=*}"; extra="${run#*=}"; names+=("$name")
+  env OUT="$work/$name" MODELS="$model" NONE=0 BUDGETS=24GiB BATCH=2 STEPS="${STEPS:-8}" SKIP=3 TIERD_DRAM=32GiB TORCH=0 \
+    TIERD_RUN_FLAGS="$flags $extra" tools/bench/run_bench.sh > "$out/bench-$name.txt" 2>&1 || status=1
+  log="$work/$name/ours-$model-tierd-24GiB.log"
+  cp "$log" "$out/ours-$name.log" 2>/dev/null
+  echo "== $name: $extra"
+  grep -E '^(optimizer: |FP8 weight codes|where a step|done: )' "$log" | cut -c1-700
   grep -E '^result: ' "$log" | cut -c1-400
 done
-python3 - "$out" <<'PY'
+python3 - "$out" "${names[@]}" <<'PY'
 import json, re, sys
-out = sys.argv[1]
+out, names = sys.argv[1], sys.argv[2:]
 rows = {}
-for place in ("gpu", "split"):
+for name in names:
     try:
-        text = open(f"{out}/ours-{place}.log").read()
-        rows[place] = json.loads(re.findall(r"^result: (.*)$", text, re.M)[-1])
+        text = open(f"{out}/ours-{name}.log").read()
+        rows[name] = json.loads(re.findall(r"^result: (.*)$", text, re.M)[-1])
     except (OSError, IndexError, ValueError):
-        print(f"{place}: no result line")
+        print(f"{name}: no result line")
 try:
     peer = json.loads(open("/tmp/split-check/peer.json").read())
-    for place, r in rows.items():
-        print(f"{place}: {r['tokens_per_s']:,.0f} tokens/s against {peer['run']} {peer['tokens_per_s']:,.0f} "
+    for name, r in rows.items():
+        print(f"{name}: {r['tokens_per_s']:,.0f} tokens/s against {peer['run']} {peer['tokens_per_s']:,.0f} "
               f"(batch {peer['batch']}, the whole GPU): {r['tokens_per_s'] / peer['tokens_per_s']:.3f}x")
 except (OSError, ValueError, KeyError):
     pass
-if len(rows) == 2:
-    g, s = rows["gpu"], rows["split"]
-    print(f"split {s['tokens_per_s']:,.0f} tokens/s against the GPU's {g['tokens_per_s']:,.0f}: "
+base = names[0]
+for name in names[1:]:
+    if base not in rows or name not in rows:
+        continue
+    g, s = rows[base], rows[name]
+    print(f"{name} {s['tokens_per_s']:,.0f} tokens/s against {base}'s {g['tokens_per_s']:,.0f}: "
           f"{s['tokens_per_s'] / g['tokens_per_s']:.3f}x; the host waited in acquire {s['acquire_wait_seconds'] * 1e3:.0f} "
           f"against {g['acquire_wait_seconds'] * 1e3:.0f} ms a step; PCIe in {s['h2d_bytes'] / 1e9:.1f} against "
           f"{g['h2d_bytes'] / 1e9:.1f} GB, out {s['d2h_bytes'] / 1e9:.1f} against {g['d2h_bytes'] / 1e9:.1f} GB a step; "
           f"device {s['device_bytes'] / 2**30:.1f} against {g['device_bytes'] / 2**30:.1f} GiB")
 PY
+tar czf "$final/split-check.tgz" -C "$work" logs $([ -d "$work/resume" ] && echo resume)
 exit $status

@@ -5,7 +5,8 @@
 #   1. the GPU flags' refusals (trainer_ref/gpu/gpu_train_main_test.sh, with the GPU);
 #   2. kill -9 mid-run and --resume give the straight run's losses bit for bit: plain GPU
 #      buffers, and through tierd (state in its DRAM tier, AdamW on the host) in a budget
-#      smaller than the state, also with FP8 weight codes written by the host, and split
+#      smaller than the state, also with FP8 weight codes written by the host or by the GPU's
+#      AdamW, and split
 #      (--optimizer_place=split: the last groups on the host, the rest on the GPU);
 #   3. a tierd killed under a training GPU client ends it within 5 s, with its last checkpoint;
 #   4. a model shape from a config file trains;
@@ -66,6 +67,10 @@ resume_pair codes --offload_policy=tierd --tierd_dir="$work/run-resume" --gpu_bu
   --tierd_nvme=8GiB --optimizer_place=cpu --precision=fp8 --fp8_weight_codes
 verdict "through tierd, FP8 weight codes written by the host's AdamW (remade on the GPU after the resume): the same" $?
 grep -h '^FP8 weight codes' "$out/codes-resumed.log"
+resume_pair gpucodes --offload_policy=tierd --tierd_dir="$work/run-resume" --gpu_budget=3GiB --tierd_dram=8GiB \
+  --tierd_nvme=8GiB --optimizer_place=gpu --precision=fp8 --fp8_weight_codes
+verdict "through tierd, FP8 weight codes written by the GPU's AdamW (the checkpoint's bf16 weights from the master copy): the same" $?
+grep -h '^FP8 weight codes' "$out/gpucodes-resumed.log"
 resume_pair split --offload_policy=tierd --tierd_dir="$work/run-resume" --gpu_budget=3GiB --tierd_dram=8GiB \
   --tierd_nvme=8GiB --optimizer_place=split
 grep -q '^optimizer: split: .* the last [0-9]* of [0-9]* groups' "$out/split-straight.log"

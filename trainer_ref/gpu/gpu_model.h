@@ -94,15 +94,18 @@ struct StateOptions {
   // holds it, the second part is empty; ~4 bytes a parameter of master alone). AdamWStep steps
   // it, reading weight_decay of its options.
   bool adafactor = false;
-  // The FP8 layers' weights also as E4M3 codes (--fp8_weight_codes; for the optimizer on the
-  // host): a part per layer, "layers.3.w8", that the host's optimizer step writes beside the
-  // bf16 weights, each matrix at current scaling from its exact largest |x| (fp8_codes.h), and
-  // that the layer's FP8 matmuls read instead of the bf16 part, so a step's weights cost 1
-  // byte a parameter over PCIe instead of 2. The weights' codes are then current-scaled (the
-  // inputs and gradients keep their scaling). A layer that falls back to bf16 reads its bf16
-  // part again. Where the bf16 weights change otherwise (new parameters, a checkpoint loaded,
-  // the GPU's optimizer) the codes are made again on the GPU at the layer's next use, from the
-  // bf16 part: the same bits.
+  // The FP8 layers' weights also as E4M3 codes (--fp8_weight_codes): a part per layer,
+  // "layers.3.w8", each matrix at current scaling from its exact largest |x| (fp8_codes.h),
+  // that the layer's FP8 matmuls read instead of the bf16 part. The optimizer's step writes
+  // it beside the bf16 weights: on the host (the host's groups), so a step's weights cost 1
+  // byte a parameter over PCIe instead of 2; on the GPU (its groups), right after the update,
+  // so the micro-batches of a step share one conversion instead of making their own, and the
+  // bf16 part, which nothing reads until the next update, need not stay on the GPU
+  // (WeightsAreScratch). The weights' codes are then current-scaled (the inputs and gradients
+  // keep their scaling). A layer that falls back to bf16 reads its bf16 part again (the run
+  // registers the step's graph anew). Where the bf16 weights change otherwise (new
+  // parameters, a checkpoint loaded) the codes are made again on the GPU at the layer's next
+  // use, from the bf16 part: the same bits.
   bool fp8_weight_codes = false;
   // Not the state's but the model's GEMMs (Gemm's GemmOptions): how many of cuBLASLt's
   // candidates a new shape's first call times, and where the choices are cached.
@@ -281,6 +284,8 @@ class GpuModel {
   const std::vector<bool>& fp8_layers() const { return fp8_layer_; }
   // How many layers' matmuls read FP8 codes of their weights (StateOptions::fp8_weight_codes).
   int LayersReadingWeightCodes() const;
+  // Whether the state has FP8 weight codes parts (StateOptions::fp8_weight_codes).
+  bool WeightCodesOn() const { return weight_codes_; }
   // The bytes of a layer's codes part (StateOptions::fp8_weight_codes).
   static uint64_t WeightCodesBytes(const ModelConfig& config) { return WeightCodesOffset(config, -1); }
   // Off: FP8 conversions do not feed the scales' history (forward-only validation passes).
@@ -447,8 +452,18 @@ class GpuModel {
   // A layer's weights for its matmuls (the bf16 part, or the codes part, made first if stale).
   absl::Status EnterLayerWeights(int group);
   absl::Status LeaveLayerWeights(int group);
-  // The group's codes from its bf16 part, on the GPU (AbsMax, ScaleFromAmax, QuantizeFp8).
+  // The group's codes from its bf16 part, on the GPU (AbsMax, ScaleFromAmax, QuantizeFp8):
+  // MakeWeightCodes acquires the bf16 part, EncodeWeightCodes reads it as its caller holds it.
   absl::Status MakeWeightCodes(int group);
+  absl::Status EncodeWeightCodes(int group);
+  // Whether the GPU's optimizer steps `group` and makes its codes: then nothing in the step
+  // reads the group's bf16 part after the update, and the plan may drop it (tierd frees it
+  // unwritten), so the part is the codes' scratch and whatever reads it outside the step (a
+  // checkpoint) makes it again from the master copy first (RefreshWeightsOnHost).
+  bool WeightsAreScratch(int group) const { return ReadsCodes(group) && !HostSteps(group) && home_->HasHostTier(); }
+  // The group's bf16 part from its master copy (round to nearest even, as the optimizer
+  // writes it), in the DRAM tier.
+  absl::Status RefreshWeightsOnHost(int group);
   // The host's optimizer step: the group's codes from its new bf16 weights (host pointers).
   absl::Status EncodeWeightCodesOnHost(int group, const Bf16* weights);
   void* recompute_acts_ = nullptr;  // checkpointing: one layer's activations, recomputed

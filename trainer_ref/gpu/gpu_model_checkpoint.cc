@@ -81,6 +81,7 @@ absl::Status GpuModel::SaveState(CheckpointWriter& writer) {
   Staging staging;
   if (!home_->HasHostTier()) RETURN_IF_ERROR(Cuda(cudaMallocHost(&staging.bytes, kStagingBytes), "staging buffer"));
   for (int g = 0; g < Groups(); ++g) {
+    if (WeightsAreScratch(g)) RETURN_IF_ERROR(RefreshWeightsOnHost(g));  // the plan may have dropped them
     for (Part part : kSavedParts) {
       if (home_layout_.bytes[g][static_cast<int>(part)] == 0) continue;  // the compact state's weights
       RETURN_IF_ERROR(

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "trainer_ref/fp8_codes.h"
+#include "trainer_ref/host_adamw.h"
 #include "trainer_ref/gpu/gpu_model.h"
 #include "trainer_ref/gpu/gpu_model_internal.h"
 #include "trainer_ref/kernels/fp8_ops.h"
@@ -65,6 +66,15 @@ absl::Status GpuModel::LeaveLayerWeights(int group) {
 
 absl::Status GpuModel::MakeWeightCodes(int group) {
   RETURN_IF_ERROR(Enter(group, Part::kWeights, Access::kRead));
+  const absl::Status s = EncodeWeightCodes(group);
+  const absl::Status left = Leave(group, Part::kWeights);
+  RETURN_IF_ERROR(s);
+  RETURN_IF_ERROR(left);
+  codes_current_[group] = 1;
+  return absl::OkStatus();
+}
+
+absl::Status GpuModel::EncodeWeightCodes(int group) {
   RETURN_IF_ERROR(Enter(group, Part::kWeightCodes, Access::kOverwrite));
   auto* base = static_cast<unsigned char*>(acquired_[group][static_cast<int>(Part::kWeightCodes)]);
   for (int k = 0; k < kLinears; ++k) {
@@ -78,11 +88,30 @@ absl::Status GpuModel::MakeWeightCodes(int group) {
       return 0;
     });
   }
-  RETURN_IF_ERROR(Cuda(cudaGetLastError(), "FP8 weight codes"));
-  RETURN_IF_ERROR(Leave(group, Part::kWeightCodes));
-  RETURN_IF_ERROR(Leave(group, Part::kWeights));
-  codes_current_[group] = 1;
-  return absl::OkStatus();
+  const absl::Status s = Cuda(cudaGetLastError(), "FP8 weight codes");
+  const absl::Status left = Leave(group, Part::kWeightCodes);
+  return s.ok() ? left : s;
+}
+
+absl::Status GpuModel::RefreshWeightsOnHost(int group) {
+  auto weights = home_->AcquireHost(group, Part::kWeights, 0, Access::kOverwrite);
+  if (!weights.ok()) return AcquireError(weights.status(), group, Part::kWeights, 0, " on the host");
+  auto* bf16 = static_cast<uint16_t*>(*weights);
+  absl::Status s;
+  for (int c = 0; s.ok() && c < home_layout_.Chunks(group, Part::kMaster); ++c) {
+    auto master = home_->AcquireHost(group, Part::kMaster, c, Access::kRead);
+    if (!master.ok()) {
+      s = AcquireError(master.status(), group, Part::kMaster, c, " on the host");
+      break;
+    }
+    const GpuHomeLayout::Range range = home_layout_.Chunk(group, Part::kMaster, c);
+    const size_t first = range.offset / sizeof(float), n = range.bytes / sizeof(float);
+    const auto* values = static_cast<const float*>(*master);
+    for (size_t i = 0; i < n; ++i) bf16[first + i] = Bf16Bits(values[i]);
+    s = home_->ReleaseHost(group, Part::kMaster, c);
+  }
+  const absl::Status released = home_->ReleaseHost(group, Part::kWeights, 0);
+  return s.ok() ? released : s;
 }
 
 absl::Status GpuModel::EncodeWeightCodesOnHost(int group, const Bf16* weights) {

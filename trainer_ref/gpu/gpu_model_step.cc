@@ -190,7 +190,11 @@ absl::Status GpuModel::GpuAdamWGroup(int g, bool zero_grads, const std::function
         }
         return absl::OkStatus();
       }));
+  // A layer reading codes gets them from the new weights now, once for the step's micro-batches.
+  const bool codes = ReadsCodes(g);
+  if (codes) RETURN_IF_ERROR(EncodeWeightCodes(g));
   for (Part part : {Part::kGrads, Part::kWeights}) RETURN_IF_ERROR(Leave(g, part));
+  if (codes) codes_current_[g] = 1;
   return Cuda(cudaGetLastError(), "adamw");
 }
 
@@ -417,6 +421,9 @@ prefetcher::Graph GpuModel::StepGraph(int micro_batches) const {
     }
     op = {absl::StrFormat("adamw.%s", home.groups[g]), {at(g, Part::kGrads)}, state(g), 7.5 * bytes / 3e12, {}};
     if (!compact_) op.overwrites.push_back(at(g, Part::kWeights));  // compact: into the workspace
+    // The codes from the new weights, in the same op: the forwards read only them, and the
+    // bf16 weights are dead until the next update (WeightsAreScratch).
+    if (ReadsCodes(g)) op.overwrites.push_back(at(g, Part::kWeightCodes));
   }
   return graph;
 }

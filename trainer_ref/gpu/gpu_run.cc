@@ -97,6 +97,17 @@ int GpuRun::Step(int64_t step) {
     absl::StrAppend(&fell_back, fell_back.empty() ? "  fp8: fell back to bf16: " : ", ",
                     why.substr(0, why.find(' ', 6)));
   }
+  // A layer that read its FP8 weight codes reads its bf16 weights now: a graph that still had
+  // them dead after the optimizer's update would let the plan drop them.
+  if (!fell_back.empty() && s_.tierd && s_.tierd_plan && model_->WeightCodesOn()) {
+    auto note = model_->RegisterStep(s_.accum);
+    if (!note.ok()) {
+      return FailMidRun(absl::StrFormat("step %d: registering the step anew after the FP8 fall back: %s", step,
+                                        note.status().message()),
+                        ck_);
+    }
+    std::printf("tierd: the step registered anew (a layer reads its bf16 weights now): %s\n", note->c_str());
+  }
   const double grad_norm = *norm / (s_.accum * ranks_);  // the gradients are summed over both
   const double lr = LearningRate(step - 1, s_.warmup, s_.steps, s_.lr, s_.lr / 10);
   run_.step = step;

@@ -66,14 +66,14 @@ absl::StatusOr<GpuPlan> ResolveGpuPlan(const RunSettings& s) {
             : std::string("full checkpointing (each layer's input kept)"),
         chosen->activations_source);
   t.Add("optimizer step",
-        plan.optimizer_on_cpu
-            ? std::string("on the host, in tierd's DRAM") + (st.fp8_weight_codes ? ", writing FP8 weight codes" : "")
-        : plan.host_optimizer_groups > 0
-            ? absl::StrFormat("split: the last %d groups on the host in tierd's DRAM, the other %d on the GPU, "
-                              "each before its next forward",
-                              plan.host_optimizer_groups, groups - plan.host_optimizer_groups)
-        : plan.optimizer_deferred ? std::string("on the GPU, each layer's update before its next forward")
-                                  : std::string("on the GPU, at the step's end"),
+        (plan.optimizer_on_cpu ? std::string("on the host, in tierd's DRAM")
+         : plan.host_optimizer_groups > 0
+             ? absl::StrFormat("split: the last %d groups on the host in tierd's DRAM, the other %d on the GPU, "
+                               "each before its next forward",
+                               plan.host_optimizer_groups, groups - plan.host_optimizer_groups)
+         : plan.optimizer_deferred ? std::string("on the GPU, each layer's update before its next forward")
+                                   : std::string("on the GPU, at the step's end")) +
+            (st.fp8_weight_codes ? ", writing FP8 weight codes" : ""),
         s.optimizer_place == "auto" && s.tierd ? "auto (said above)"
         : s.Given("optimizer_place")           ? "--optimizer_place"
                                                : "default");

@@ -1,5 +1,7 @@
 // Setting a GPU run up (gpu_run_internal.h's GpuRun): the ranks, the data, the state's home and
 // its choices, the model and its weights (seeded, resumed, or --init_from's checkpoint).
+#include <algorithm>
+
 #include "trainer_ref/gpu/gpu_run_internal.h"
 
 namespace tierd::trainer::gpu {
@@ -98,14 +100,16 @@ int GpuRun::Setup() {
   if (const int coded = model_->LayersReadingWeightCodes(); coded > 0) {
     const uint64_t codes = GpuModel::WeightCodesBytes(config) * coded,
                    bf16 = layout.bytes[1][static_cast<int>(Part::kWeights)] * coded;
+    const int host_layers = std::min(coded, plan_.host_optimizer_groups);
     std::printf(
-        "FP8 weight codes: the host's optimizer also writes the %d FP8 layers' weights as E4M3 codes (current "
-        "scaling), which their matmuls read: %s a pass over PCIe instead of %s of bf16 (--fp8_weight_codes)\n",
-        coded, FormatBytes(codes).c_str(), FormatBytes(bf16).c_str());
-  } else if (fp8_ && optimizer_on_cpu_ && s_.fp8_weight_codes && s_.optimizer_place == "auto") {
-    std::printf(
-        "FP8 weight codes: not written (the host's optimizer writes them when --optimizer_place=cpu is given, "
-        "known before the state is laid out)\n");
+        "FP8 weight codes: the optimizer's step also writes the %d FP8 layers' weights as E4M3 codes (current "
+        "scaling), which their matmuls read (--fp8_weight_codes): %s in all against %s of bf16; %s\n",
+        coded, FormatBytes(codes).c_str(), FormatBytes(bf16).c_str(),
+        host_layers == coded ? "the host writes them, and the GPU fetches those instead of the bf16 weights"
+        : host_layers == 0
+            ? "the GPU writes them after each update, once for the step's micro-batches, and the bf16 weights "
+              "need not stay on the GPU between updates"
+            : "the host writes those of the layers it steps, the GPU those of the others");
   }
   if (plan_.optimizer_deferred) {
     model_->SetOptimizerDeferred(true);

@@ -387,10 +387,11 @@ absl::StatusOr<StateChoice> ChooseState(const RunSettings& s, uint64_t fp8_works
     layout = GpuModel::HomeLayout(config, s.batch, s.seq, state);
     layout.state_chunks = chunks_then;
   }
-  // The host's optimizer writes the FP8 layers' weight codes (a part of ~1 byte a parameter
-  // more in DRAM), so the GPU fetches them instead of the bf16 weights.
-  if (fp8_workspace > 0 && s.tierd && !state.compact && s.fp8_weight_codes &&
-      s.optimizer_place == "cpu") {
+  // The optimizer's step writes the FP8 layers' weight codes (a part of ~1 byte a parameter
+  // more in DRAM) wherever it runs: the host's, so the GPU fetches them instead of the bf16
+  // weights; the GPU's, so the step's micro-batches share one conversion and the bf16 weights
+  // need not stay on the GPU between updates.
+  if (fp8_workspace > 0 && s.tierd && !state.compact && s.fp8_weight_codes) {
     state.fp8_weight_codes = true;
     const int chunks_then = layout.state_chunks;
     layout = GpuModel::HomeLayout(config, s.batch, s.seq, state);

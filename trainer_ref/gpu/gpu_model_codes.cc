@@ -65,6 +65,10 @@ absl::Status GpuModel::LeaveLayerWeights(int group) {
 }
 
 absl::Status GpuModel::MakeWeightCodes(int group) {
+  // New parameters or a loaded checkpoint: where the plan takes the bf16 part for the codes'
+  // scratch it may have dropped what was written there, so it is made again from the master
+  // copy (the same bits) — once, at the first step.
+  if (WeightsAreScratch(group)) RETURN_IF_ERROR(RefreshWeightsOnHost(group));
   RETURN_IF_ERROR(Enter(group, Part::kWeights, Access::kRead));
   const absl::Status s = EncodeWeightCodes(group);
   const absl::Status left = Leave(group, Part::kWeights);

@@ -230,7 +230,7 @@ TEST_F(GpuTierdTest, AdafactorOnTheHostTrainsLikeOnTheGpu) {
 
 // A split (--optimizer_place=split, SetHostOptimizerGroups): the last two groups (the head and
 // the last layer) stepped on the host in tierd's DRAM, the others on the GPU just before their
-// next forward, 8-bit moments, the state in 2 sub-groups a part. Host and GPU give the same
+// next forward, 8-bit moments (each part leased whole). Host and GPU give the same
 // bits, so the training tracks a plain model's; the host's groups' master weights and moments
 // never reach the GPU, and the graph the planner gets says which group steps where.
 TEST_F(GpuTierdTest, ASplitStepsTheLastGroupsOnTheHostAndTheRestOnTheGpu) {
@@ -282,7 +282,14 @@ TEST_F(GpuTierdTest, ASplitStepsTheLastGroupsOnTheHostAndTheRestOnTheGpu) {
       ++host_state;
       for (int tier : lease.copies()) EXPECT_NE(tier, v1::TIER_GPU) << name << " is on the GPU";
     }
-    EXPECT_EQ(host_state, 2 * 3 * 2) << "two groups, three parts, two sub-groups each";
+    int leased = 0;  // 8-bit moments keep each part whole (GpuHomeLayout::Chunks)
+    for (int g = groups - 2; g < groups; ++g) {
+      for (tg::Part part : {tg::Part::kMaster, tg::Part::kAdamM, tg::Part::kAdamV}) {
+        if (layout.bytes[g][static_cast<int>(part)] > 0) leased += layout.Chunks(g, part);
+      }
+    }
+    EXPECT_EQ(host_state, leased) << "two groups, three parts, in the layout's sub-groups";
+    EXPECT_GE(host_state, 6);
   };
   TrainSideBySide(**split, **plain, config, batch, seq, /*steps=*/4,
                   "split: host AdamW 8-bit for the last two groups, GPU for the rest; GPU AdamW 8-bit",

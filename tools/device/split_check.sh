@@ -48,9 +48,11 @@ for run in "${run_list[@]}"; do
     TIERD_RUN_FLAGS="$flags $extra" tools/bench/run_bench.sh > "$out/bench-$name.txt" 2>&1 || status=1
   log="$work/$name/ours-$model-tierd-24GiB.log"
   cp "$log" "$out/ours-$name.log" 2>/dev/null
+  cp "$work/$name/tierd-$model-24GiB.log" "$out/tierd-$name.log" 2>/dev/null
   echo "== $name: $extra"
   grep -E '^(optimizer: |FP8 weight codes|where a step|done: )' "$log" | cut -c1-700
   grep -E '^result: ' "$log" | cut -c1-400
+  grep -hE 'hot path served|joining free space' "$out/tierd-$name.log" | cut -c1-900
 done
 python3 - "$out" "${names[@]}" <<'PY'
 import json, re, sys

@@ -457,13 +457,14 @@ class GpuModel {
   absl::Status MakeWeightCodes(int group);
   absl::Status EncodeWeightCodes(int group);
   // Whether the GPU's optimizer steps `group` and makes its codes: then nothing in the step
-  // reads the group's bf16 part after the update, and the plan may drop it (tierd frees it
-  // unwritten), so the part is the codes' scratch and whatever reads it outside the step (a
-  // checkpoint) makes it again from the master copy first (RefreshWeightsOnHost).
+  // reads the group's bf16 part after the update, and the plan drops it (tierd frees it
+  // unwritten and refuses to read it), so the part is the codes' scratch and whatever needs
+  // the bf16 weights outside the step (a checkpoint, the codes after new parameters or a
+  // load) takes them from the master copy instead (WeightsFromMasterOnHost).
   bool WeightsAreScratch(int group) const { return ReadsCodes(group) && !HostSteps(group) && home_->HasHostTier(); }
-  // The group's bf16 part from its master copy (round to nearest even, as the optimizer
-  // writes it), in the DRAM tier.
-  absl::Status RefreshWeightsOnHost(int group);
+  // The group's bf16 weights from its master copy in the DRAM tier (round to nearest even, as
+  // the optimizer writes them), piece by piece in parameter order: fn(bf16 values, count).
+  absl::Status WeightsFromMasterOnHost(int group, const std::function<absl::Status(const Bf16*, size_t)>& fn);
   // The host's optimizer step: the group's codes from its new bf16 weights (host pointers).
   absl::Status EncodeWeightCodesOnHost(int group, const Bf16* weights);
   void* recompute_acts_ = nullptr;  // checkpointing: one layer's activations, recomputed

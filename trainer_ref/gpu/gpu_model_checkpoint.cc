@@ -81,11 +81,16 @@ absl::Status GpuModel::SaveState(CheckpointWriter& writer) {
   Staging staging;
   if (!home_->HasHostTier()) RETURN_IF_ERROR(Cuda(cudaMallocHost(&staging.bytes, kStagingBytes), "staging buffer"));
   for (int g = 0; g < Groups(); ++g) {
-    if (WeightsAreScratch(g)) RETURN_IF_ERROR(RefreshWeightsOnHost(g));  // the plan may have dropped them
     for (Part part : kSavedParts) {
       if (home_layout_.bytes[g][static_cast<int>(part)] == 0) continue;  // the compact state's weights
       RETURN_IF_ERROR(
           writer.BeginRecord(PartName(home_layout_, g, part), home_layout_.bytes[g][static_cast<int>(part)]));
+      if (part == Part::kWeights && WeightsAreScratch(g)) {  // the plan dropped them: from the master copy
+        RETURN_IF_ERROR(WeightsFromMasterOnHost(
+            g, [&](const Bf16* bf16, size_t n) { return writer.Write(bf16, n * sizeof(Bf16)); }));
+        RETURN_IF_ERROR(writer.EndRecord());
+        continue;
+      }
       for (int c = 0; c < home_layout_.Chunks(g, part); ++c) {
         RETURN_IF_ERROR(ForEachPiece(g, part, c, /*to_host=*/true, staging.bytes,
                                      [&](void* p, uint64_t, uint64_t n) { return writer.Write(p, n); }));

@@ -2,6 +2,8 @@
 // which layers read it, and where its codes are made — by the host's optimizer step after
 // each update, or on the GPU from the bf16 part when that changed some other way.
 #include <cstring>
+#include <functional>
+#include <vector>
 
 #include "trainer_ref/fp8_codes.h"
 #include "trainer_ref/host_adamw.h"
@@ -65,10 +67,18 @@ absl::Status GpuModel::LeaveLayerWeights(int group) {
 }
 
 absl::Status GpuModel::MakeWeightCodes(int group) {
-  // New parameters or a loaded checkpoint: where the plan takes the bf16 part for the codes'
-  // scratch it may have dropped what was written there, so it is made again from the master
-  // copy (the same bits) — once, at the first step.
-  if (WeightsAreScratch(group)) RETURN_IF_ERROR(RefreshWeightsOnHost(group));
+  // New parameters or a loaded checkpoint, where the bf16 part is the codes' scratch (the plan
+  // drops it): the codes from the master copy's bf16 values on the host, the same bits.
+  if (WeightsAreScratch(group)) {
+    std::vector<Bf16> weights(GroupCount(group));
+    size_t at = 0;
+    RETURN_IF_ERROR(WeightsFromMasterOnHost(group, [&](const Bf16* piece, size_t n) {
+      std::memcpy(weights.data() + at, piece, n * sizeof(Bf16));
+      at += n;
+      return absl::OkStatus();
+    }));
+    return EncodeWeightCodesOnHost(group, weights.data());
+  }
   RETURN_IF_ERROR(Enter(group, Part::kWeights, Access::kRead));
   const absl::Status s = EncodeWeightCodes(group);
   const absl::Status left = Leave(group, Part::kWeights);
@@ -97,25 +107,21 @@ absl::Status GpuModel::EncodeWeightCodes(int group) {
   return s.ok() ? left : s;
 }
 
-absl::Status GpuModel::RefreshWeightsOnHost(int group) {
-  auto weights = home_->AcquireHost(group, Part::kWeights, 0, Access::kOverwrite);
-  if (!weights.ok()) return AcquireError(weights.status(), group, Part::kWeights, 0, " on the host");
-  auto* bf16 = static_cast<uint16_t*>(*weights);
-  absl::Status s;
-  for (int c = 0; s.ok() && c < home_layout_.Chunks(group, Part::kMaster); ++c) {
+absl::Status GpuModel::WeightsFromMasterOnHost(int group,
+                                               const std::function<absl::Status(const Bf16*, size_t)>& fn) {
+  std::vector<uint16_t> bf16;
+  for (int c = 0; c < home_layout_.Chunks(group, Part::kMaster); ++c) {
     auto master = home_->AcquireHost(group, Part::kMaster, c, Access::kRead);
-    if (!master.ok()) {
-      s = AcquireError(master.status(), group, Part::kMaster, c, " on the host");
-      break;
-    }
-    const GpuHomeLayout::Range range = home_layout_.Chunk(group, Part::kMaster, c);
-    const size_t first = range.offset / sizeof(float), n = range.bytes / sizeof(float);
+    if (!master.ok()) return AcquireError(master.status(), group, Part::kMaster, c, " on the host");
+    const size_t n = home_layout_.Chunk(group, Part::kMaster, c).bytes / sizeof(float);
     const auto* values = static_cast<const float*>(*master);
-    for (size_t i = 0; i < n; ++i) bf16[first + i] = Bf16Bits(values[i]);
-    s = home_->ReleaseHost(group, Part::kMaster, c);
+    bf16.resize(n);
+    for (size_t i = 0; i < n; ++i) bf16[i] = Bf16Bits(values[i]);
+    const absl::Status released = home_->ReleaseHost(group, Part::kMaster, c);
+    RETURN_IF_ERROR(released);
+    RETURN_IF_ERROR(fn(reinterpret_cast<const Bf16*>(bf16.data()), n));
   }
-  const absl::Status released = home_->ReleaseHost(group, Part::kWeights, 0);
-  return s.ok() ? released : s;
+  return absl::OkStatus();
 }
 
 absl::Status GpuModel::EncodeWeightCodesOnHost(int group, const Bf16* weights) {

@@ -15,6 +15,16 @@ using gpu_tierd_testing::GpuTierdTest;
 using gpu_tierd_testing::TestConfig;
 using gpu_tierd_testing::TrainSideBySide;
 
+// FP8 matmuls at current scaling in every layer but the first (a bf16 layer reads its bf16
+// part): the choice both sides of the FP8 weight codes tests make.
+void UseFp8AtCurrentScalingButLayer0(tg::GpuModel& model, const trainer::ModelConfig& config) {
+  tg::Fp8ScalingOptions current;
+  current.delayed = false;
+  std::vector<bool> fp8_layers(config.layers, true);
+  fp8_layers[0] = false;
+  EXPECT_TRUE(model.UseFp8(fp8_layers, current).ok());
+}
+
 // The GPU's AdamW deferred to the next forward (SetOptimizerDeferred: each group's update
 // queued just before its next use), 8-bit moments, layer-major over 2 micro-batches, through
 // tierd at a third of the state: the same training, bit for bit, as a plain model stepping
@@ -134,11 +144,7 @@ TEST_F(GpuTierdTest, FP8WeightCodesFromTheHostTrainLikeTheGpusOwn) {
     auto model = tg::GpuModel::Create(config, batch, seq, std::move(*home), states[m]);
     EXPECT_TRUE(model.ok()) << model.status();
     if (!model.ok()) return nullptr;
-    tg::Fp8ScalingOptions current;
-    current.delayed = false;
-    std::vector<bool> fp8_layers(config.layers, true);
-    fp8_layers[0] = false;  // a bf16 layer reads its bf16 part
-    EXPECT_TRUE((*model)->UseFp8(fp8_layers, current).ok());
+    UseFp8AtCurrentScalingButLayer0(**model, config);
     (*model)->SetOptimizerOnCpu(true);
     EXPECT_TRUE((*model)->InitParams(12).ok());
     EXPECT_TRUE((*model)->RegisterStep(2).ok());
@@ -262,26 +268,14 @@ TEST_F(GpuTierdTest, FP8WeightCodesFromTheGpusOptimizerTrainLikeItsOwnCasts) {
   for (bool deferred : {false, true}) {
     SCOPED_TRACE(deferred ? "deferred" : "at the step's end");
     auto make = [&](bool codes) -> std::unique_ptr<tg::GpuModel> {
-      tg::StateOptions state;
-      state.fp8_weight_codes = codes;
-      const tg::GpuHomeLayout layout = tg::GpuModel::HomeLayout(config, batch, seq, state);
-      const uint64_t bytes = layout.Total();
-      auto home = tg::MakeTierdGpuHome(layout, Options(bytes / 3, 2 * bytes, 2 * bytes));
-      EXPECT_TRUE(home.ok()) << home.status();
-      if (!home.ok()) return nullptr;
-      auto model = tg::GpuModel::Create(config, batch, seq, std::move(*home), state);
-      EXPECT_TRUE(model.ok()) << model.status();
-      if (!model.ok()) return nullptr;
-      tg::Fp8ScalingOptions current;
-      current.delayed = false;
-      std::vector<bool> fp8_layers(config.layers, true);
-      fp8_layers[0] = false;  // a bf16 layer reads its bf16 part
-      EXPECT_TRUE((*model)->UseFp8(fp8_layers, current).ok());
-      (*model)->SetOptimizerDeferred(deferred);
-      EXPECT_TRUE((*model)->InitParams(12).ok());
-      auto note = (*model)->RegisterStep(2);
+      std::unique_ptr<tg::GpuModel> model = OnTierd(config, batch, seq, {.fp8_weight_codes = codes});
+      if (model == nullptr) return nullptr;
+      UseFp8AtCurrentScalingButLayer0(*model, config);
+      model->SetOptimizerDeferred(deferred);
+      EXPECT_TRUE(model->InitParams(12).ok());
+      auto note = model->RegisterStep(2);
       EXPECT_TRUE(note.ok()) << note.status();
-      return std::move(*model);
+      return model;
     };
     std::unique_ptr<tg::GpuModel> coded = make(true), plain = make(false);
     ASSERT_NE(coded, nullptr);

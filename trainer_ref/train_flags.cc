@@ -211,9 +211,8 @@ ABSL_FLAG(bool, fp8_weight_codes, false,
           "(--optimizer_place=cpu or split), the GPU fetches 1 byte a parameter instead of 2, for a link that "
           "bounds the step; it costs the host ~0.2 s per billion parameters a step (H200 box, 16 cores). Stepped "
           "on the GPU, the micro-batches of a step share one conversion instead of making their own, and the bf16 "
-          "weights need not stay on the GPU between updates (codes take half their room); at 1.3B in 24 GiB that "
-          "measured 0.89x of without (an H100: 11 ms less GEMM time a step, 51 ms more waiting in tierd's acquire). "
-          "Off by default");
+          "weights need not stay on the GPU between updates (codes take half their room); at 1.3B in 24 GiB it has "
+          "not yet beaten running without it (less GEMM time, more waiting in tierd's acquire). Off by default");
 ABSL_FLAG(double, pcie_gbps, 55, "GPU: the host<->GPU link each way in GB/s, for --optimizer_place=auto");
 ABSL_FLAG(double, nvme_gbps, 2, "GPU: NVMe GB/s, reads and writes sharing it, for --optimizer_place=auto");
 ABSL_FLAG(double, gpu_tflops, 300, "GPU: sustained bf16 TFLOP/s, for --optimizer_place=auto");

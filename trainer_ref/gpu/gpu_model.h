@@ -104,8 +104,9 @@ struct StateOptions {
   // (WeightsAreScratch). The weights' codes are then current-scaled (the inputs and gradients
   // keep their scaling). A layer that falls back to bf16 reads its bf16 part again (the run
   // registers the step's graph anew). Where the bf16 weights change otherwise (new
-  // parameters, a checkpoint loaded) the codes are made again on the GPU at the layer's next
-  // use, from the bf16 part: the same bits.
+  // parameters, a checkpoint loaded) the codes are made again at the layer's next use: on the
+  // GPU from the bf16 part, or, where that part is the codes' scratch, on the host from the
+  // master copy: the same bits.
   bool fp8_weight_codes = false;
   // Not the state's but the model's GEMMs (Gemm's GemmOptions): how many of cuBLASLt's
   // candidates a new shape's first call times, and where the choices are cached.

@@ -100,7 +100,8 @@ int GpuRun::Setup() {
   if (const int coded = model_->LayersReadingWeightCodes(); coded > 0) {
     const uint64_t codes = GpuModel::WeightCodesBytes(config) * coded,
                    bf16 = layout.bytes[1][static_cast<int>(Part::kWeights)] * coded;
-    const int host_layers = std::min(coded, plan_.host_optimizer_groups);
+    // The host's groups are the last ones: the head, then layers (every group: the embedding too).
+    const int host_layers = std::min(coded, std::max(0, plan_.host_optimizer_groups - 1));
     std::printf(
         "FP8 weight codes: the optimizer's step also writes the %d FP8 layers' weights as E4M3 codes (current "
         "scaling), which their matmuls read (--fp8_weight_codes): %s in all against %s of bf16; %s\n",

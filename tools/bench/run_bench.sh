@@ -11,7 +11,8 @@
 # training + torch.compile, carry .whl with torchao's wheel); TORCH=0 skips PyTorch;
 # NONE=0 skips our no-offload run (a 7B does not fit the H200 without offload); OURS_FLAGS
 # adds flags to our runs (e.g. --grad_checkpointing), TIERD_RUN_FLAGS to our tierd runs only, TIERD_DAEMON_FLAGS
-# to the tierd daemon (e.g. --planner_gpu_headroom_fraction=0.08). DEEPSPEED="2 3" adds
+# to the tierd daemon (e.g. --planner_gpu_headroom_fraction=0.08), TIERD_BIN picks its binary (default
+# .carry/bin/tierd: another build side by side). DEEPSPEED="2 3" adds
 # DeepSpeed's rows at those ZeRO stages with CPU offload (DS_BATCH x DS_ACCUM micro-batches; carry .whl: its sdist
 # and hjson, pydantic, pydantic-core, annotated-types, typing-inspection, typing-extensions wheels). PyTorch runs at the largest batch that
 # fits (a power of two, probed first; TORCH_BATCH=N fixes it, TORCH_ACCUM=K accumulates K of them a step), ours at
@@ -86,7 +87,7 @@ for spec in $models; do
   for budget in $budgets; do
     echo "== tierd-train --device=gpu $m (--offload_policy=tierd, GPU budget $budget)"
     rm -rf "$nvme_dir"; mkdir -p "$nvme_dir"
-    .carry/bin/tierd --gpu=cuda --gpu_bytes="$budget" --dram_bytes="$tierd_dram" --nvme_dir="$nvme_dir" \
+    "${TIERD_BIN:-.carry/bin/tierd}" --gpu=cuda --gpu_bytes="$budget" --dram_bytes="$tierd_dram" --nvme_dir="$nvme_dir" \
       --nvme_bytes="$tierd_nvme" --runtime_dir="$tierd_dir" ${TIERD_DAEMON_FLAGS:-} > "$out/tierd-$m-$budget.log" 2>&1 &
     tierd_pid=$!
     for _ in $(seq 300); do [ -S "$tierd_dir/tierd.grpc.sock" ] && break; sleep 0.1; done

@@ -9,7 +9,9 @@
 # RESUME=1 adds trainer_check.sh's kill -9 and --resume pairs (check 2, a split among them).
 # RUNS: "name=flags;..." (default "gpu=--optimizer_place=gpu;split=--optimizer_place=split"; the
 # first is the baseline each other run's ratio is to), e.g. with
-# "codes=--optimizer_place=gpu --fp8_weight_codes" (the GPU's optimizer writes the codes).
+# "codes=--optimizer_place=gpu --fp8_weight_codes" (the GPU's optimizer writes the codes). A name
+# "name@path" runs that tierd binary (e.g. "old@.carry/bin/tierd-old=--optimizer_place=gpu": the
+# daemon before a change, side by side).
 # EXTRA: flags added to every run (BENCHMARKS row H0's: "--grad_checkpointing=dynamic
 # --attention=cudnn-fast"). PEER=1 (carry .whl too) first runs torchao float8 + torch.compile,
 # batch 8, the whole GPU, and prints each run's ratio to it: the issue's peer in the same call.
@@ -43,13 +45,15 @@ runs="${RUNS:-gpu=--optimizer_place=gpu;split=--optimizer_place=split}"
 IFS=';' read -ra run_list <<< "$runs"
 names=()
 for run in "${run_list[@]}"; do
-  name="${run%%=*}"; extra="${run#*=}"; names+=("$name")
-  env OUT="$work/$name" MODELS="$model" NONE=0 BUDGETS=24GiB BATCH=2 STEPS="${STEPS:-8}" SKIP=3 TIERD_DRAM=32GiB TORCH=0 \
+  name="${run%%=*}"; extra="${run#*=}"; bin=.carry/bin/tierd
+  if [[ "$name" == *@* ]]; then bin="${name#*@}"; name="${name%%@*}"; fi
+  names+=("$name")
+  env OUT="$work/$name" TIERD_BIN="$bin" MODELS="$model" NONE=0 BUDGETS=24GiB BATCH=2 STEPS="${STEPS:-8}" SKIP="${SKIP:-3}" TIERD_DRAM=32GiB TORCH=0 \
     TIERD_RUN_FLAGS="$flags $extra" tools/bench/run_bench.sh > "$out/bench-$name.txt" 2>&1 || status=1
   log="$work/$name/ours-$model-tierd-24GiB.log"
   cp "$log" "$out/ours-$name.log" 2>/dev/null
   cp "$work/$name/tierd-$model-24GiB.log" "$out/tierd-$name.log" 2>/dev/null
-  echo "== $name: $extra"
+  echo "== $name: $extra ($bin)"
   grep -E '^(optimizer: |FP8 weight codes|where a step|done: )' "$log" | cut -c1-700
   grep -E '^result: ' "$log" | cut -c1-400
   grep -hE 'hot path served|joining free space' "$out/tierd-$name.log" | cut -c1-900

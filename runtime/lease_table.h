@@ -256,7 +256,6 @@ class LeaseTable {
   struct HeldCopy {
     uint64_t begin, end;
     Tensor* tensor;
-    TensorId id;
   };
   std::vector<HeldCopy> CopiesByOffset(Session& s, Tier tier) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   // NVMe full (or too fragmented) for a copy made on demand: drops one NVMe copy of a
@@ -271,14 +270,10 @@ class LeaseTable {
   // region, instead of writing anything to the tier below); in DRAM, up to 8 such copies
   // may instead slide together to the window's low end when the gaps inside it make
   // `bytes`. Returns the offset of the joined block; RESOURCE_EXHAUSTED when no such move
-  // joins enough, or when the arena changed while a GPU move had the lock let go (the block
-  // may also be taken by then: the caller's allocation there says so).
+  // joins enough.
   absl::StatusOr<uint64_t> Relocate(Session& s, Tier tier, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
-  // Whether t's copy in `tier` may move to join free space: idle, unpinned, settled.
-  static bool MayRelocate(const Tensor& t, Tier tier);
   // Moves t's copy in `tier` to `to` (a fresh extent of the same arena) and frees the old
-  // range: DRAM by memcpy under the lock; the GPU over the Mover once the client's work on
-  // it is done, with s.mutex let go meanwhile (t busy), so other requests go on.
+  // range: DRAM by memcpy, the GPU over the Mover once the client's work on it is done.
   absl::Status MoveWithin(Session& s, Tensor& t, Tier tier, const Extent& to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   // Moves t's DRAM copy down to `to_offset` in its arena, a range that may overlap its own
   // (the gap before it and part of itself): a memmove.

@@ -135,13 +135,6 @@ absl::StatusOr<Extent> LeaseTable::AllocateIn(Session& s, Tier tier, uint64_t by
   }
 }
 
-bool LeaseTable::MayRelocate(const Tensor& t, Tier tier) {
-  // Idle: not in use, and on the GPU not touched by queued kernels either (the move would
-  // wait for them first).
-  const bool settled = tier != Tier::kGpu || t.gpu_fence == nullptr || t.gpu_fence->Passed();
-  return t.busy == 0 && t.acquired == 0 && !t.pinned.has_value() && settled;
-}
-
 absl::StatusOr<uint64_t> LeaseTable::Relocate(Session& s, Tier tier, uint64_t bytes) {
   const ArenaId arena = s.ArenaOf(tier);
   const AllocatorStats stats = store_.ArenaStats(arena);
@@ -151,7 +144,13 @@ absl::StatusOr<uint64_t> LeaseTable::Relocate(Session& s, Tier tier, uint64_t by
   const std::vector<HeldCopy> held = CopiesByOffset(s, tier);
   std::vector<HeldRange> ranges;
   ranges.reserve(held.size());
-  for (const HeldCopy& h : held) ranges.push_back({h.begin, h.end, MayRelocate(*h.tensor, tier)});
+  for (const HeldCopy& h : held) {
+    const Tensor& t = *h.tensor;
+    // Idle: not in use, and on the GPU not touched by queued kernels either (moving it would
+    // wait for them with the session's lock held).
+    const bool settled = tier != Tier::kGpu || t.gpu_fence == nullptr || t.gpu_fence->Passed();
+    ranges.push_back({h.begin, h.end, t.busy == 0 && t.acquired == 0 && !t.pinned.has_value() && settled});
+  }
   const std::optional<JoinPlan> join = PlanJoin(ranges, stats.region_bytes, bytes, /*may_slide=*/tier == Tier::kDram);
   if (!join) {
     return absl::ResourceExhaustedError(
@@ -169,20 +168,12 @@ absl::StatusOr<uint64_t> LeaseTable::Relocate(Session& s, Tier tier, uint64_t by
     return cursor;  // the joined block: from the last slid copy's end to the window's end
   }
   for (const JoinPlan::Move& m : join->moves) {
-    // A GPU move lets the lock go: after the first, the copies seen above may have changed
-    // (unleased, acquired, moved), so each one is looked up again and must still be idle where
-    // it was. If not, the moves so far stand and the caller tries again.
-    auto it = s.tensors.find(held[m.copy].id);
-    if (it == s.tensors.end() || !MayRelocate(*it->second, tier) || !it->second->Has(tier) ||
-        it->second->copies[static_cast<int>(tier)]->offset() != held[m.copy].begin) {
-      return absl::ResourceExhaustedError("the arena changed while a copy moved within it");
-    }
-    Tensor& t = *it->second;
+    Tensor& t = *held[m.copy].tensor;
     auto to = store_.AllocateAt(arena, m.to, t.bytes);
     if (!to.ok()) return to.status();  // taken by a move in flight: the moves so far stand
     if (absl::Status moved = MoveWithin(s, t, tier, *to); !moved.ok()) return moved;
   }
-  return join->begin;  // the joined block's start (taken meanwhile: the caller's AllocateAt says so)
+  return join->begin;  // the joined block's start
 }
 
 absl::Status LeaseTable::SlideWithin([[maybe_unused]] Session& s, Tensor& t, Tier tier, uint64_t to_offset) {
@@ -207,18 +198,12 @@ absl::Status LeaseTable::SlideWithin([[maybe_unused]] Session& s, Tensor& t, Tie
   return absl::OkStatus();
 }
 
-absl::Status LeaseTable::MoveWithin(Session& s, Tensor& t, Tier tier, const Extent& to) {
+absl::Status LeaseTable::MoveWithin([[maybe_unused]] Session& s, Tensor& t, Tier tier, const Extent& to) {
   const Extent from = *t.copies[static_cast<int>(tier)];
   if (tier == Tier::kGpu) {
     // The client's kernels may still touch the old range: done first. Then a copy on the
-    // device, without the host links, with the session's lock let go (as a copy between
-    // tiers does): on the lent GPUs such a copy took 1.2-2.3 ms, during which every acquire
-    // and release of the session would otherwise wait. t is busy meanwhile, so nobody
-    // frees, moves or picks it; both ranges stay allocated until the copy is done.
-    ++t.busy;
-    ++s.moving;
-    NoteHeld(s);
-    s.mutex.Unlock();
+    // device, without the host links; the lock stays held (HBM moves it in well under a
+    // millisecond per hundred MiB).
     absl::Status moved = SettleGpuCopy(t);
     if (!moved.ok()) {
       moved = absl::Status(moved.code(), absl::StrFormat("the client's GPU work on '%s' failed: %s", t.spec.name,
@@ -226,11 +211,6 @@ absl::Status LeaseTable::MoveWithin(Session& s, Tensor& t, Tier tier, const Exte
     } else if (moved = mover_.MoveAndWait(from, to, t.bytes); !moved.ok()) {
       moved = absl::Status(moved.code(), absl::StrFormat("moving '%s' within the GPU: %s", t.spec.name, moved.message()));
     }
-    s.mutex.Lock();
-    s.held_since = clock_.NowNanos();
-    --s.moving;
-    ++s.moves_done;
-    --t.busy;
     if (!moved.ok()) {
       store_.Free(to).IgnoreError();
       return moved;
@@ -292,7 +272,7 @@ std::vector<LeaseTable::HeldCopy> LeaseTable::CopiesByOffset(Session& s, Tier ti
   for (const auto& [id, t] : s.tensors) {
     const auto& copy = t->copies[static_cast<int>(tier)];
     if (copy.has_value() && copy->arena == arena) {
-      held.push_back({copy->offset(), copy->offset() + copy->bytes(), t.get(), id});
+      held.push_back({copy->offset(), copy->offset() + copy->bytes(), t.get()});
     }
   }
   std::sort(held.begin(), held.end(), [](const HeldCopy& a, const HeldCopy& b) { return a.begin < b.begin; });

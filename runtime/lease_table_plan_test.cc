@@ -9,7 +9,6 @@
 #include <mutex>
 #include <random>
 #include <set>
-#include <vector>
 
 #include "runtime/lease_table_plan_test_util.h"
 
@@ -260,43 +259,6 @@ TEST_F(PlanMovesTest, AMoveInFlightDoesNotBlockTheRestOfTheSession) {
   gate_.Open();
   EXPECT_TRUE(prefetch.get().ok());
   EXPECT_TRUE(same.get());
-  EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
-}
-
-// Joining free space within the GPU moves a copy on the device, and the session's lock is let
-// go meanwhile (on the lent GPUs such a copy took milliseconds, during which every request of
-// the session waited): another tensor is served while the copy is in flight, the moving one
-// waits for it, and the lease being placed gets the joined block once it lands.
-TEST_F(PlanMovesTest, AMoveWithinTheGpuToJoinFreeSpaceDoesNotBlockTheRestOfTheSession) {
-  // The session's 4 MiB of GPU: a, b, c, d of 1 MiB each; b and d go down to DRAM, leaving
-  // 2 MiB free in two blocks of 1 MiB. c is pinned, so the one join is a's move into d's room.
-  std::vector<TensorId> ids;
-  for (int k = 0; k < 4; ++k) ids.push_back(LeaseWritten(std::string(1, 'a' + k), 256 * 1024, 0x10 + k));
-  for (int k = 0; k < 4; ++k) ASSERT_EQ(OffsetOf(ids[k]), k * kMiB) << "the premise: in lease order";
-  ASSERT_TRUE(table_->Pin(session_, ids[2], Tier::kGpu).ok());
-  ASSERT_TRUE(table_->Demote(session_, ids[1], Tier::kGpu, false).ok());
-  ASSERT_TRUE(table_->Demote(session_, ids[3], Tier::kGpu, false).ok());
-  const LeaseStats before = table_->Stats();
-  gate_.Shut();
-  // 2 MiB more: a moves within the GPU, its copy stuck on the gate.
-  auto big = std::async(std::launch::async, [&] { return table_->Lease(session_, Spec("big", 512 * 1024)); });
-  gate_.WaitForSleeper();
-  auto other = std::async(std::launch::async, [&] { return Holds(ids[2], 0x12); });
-  ASSERT_EQ(other.wait_for(std::chrono::seconds(20)), std::future_status::ready)
-      << "an acquire of another tensor waited for a copy moving within the GPU";
-  EXPECT_TRUE(other.get());
-  auto moving = std::async(std::launch::async, [&] { return Holds(ids[0], 0x10); });
-  EXPECT_EQ(moving.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout)
-      << "the copy being moved was served before it landed";
-  gate_.Open();
-  auto placed = big.get();
-  ASSERT_TRUE(placed.ok()) << placed.status();
-  EXPECT_TRUE(moving.get());
-  EXPECT_EQ(OffsetOf(ids[0]), 3 * kMiB);
-  const LeaseStats after = table_->Stats();
-  EXPECT_EQ(after.gpu_relocations, before.gpu_relocations + 1);
-  EXPECT_EQ(after.writebacks, before.writebacks) << "joined, nothing evicted";
-  EXPECT_TRUE(OnGpu(*placed));
   EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
 }
 

@@ -56,7 +56,7 @@ for run in "${run_list[@]}"; do
   echo "== $name: $extra ($bin)"
   grep -E '^(optimizer: |FP8 weight codes|where a step|done: )' "$log" | cut -c1-700
   grep -E '^result: ' "$log" | cut -c1-400
-  grep -hE 'hot path served|joining free space' "$out/tierd-$name.log" | cut -c1-900
+  grep -hE 'hot path served|joining free space' "$out/tierd-$name.log" | cut -c1-1100
 done
 python3 - "$out" "${names[@]}" <<'PY'
 import json, re, sys

@@ -218,6 +218,7 @@ grpc::Status TierdService::Stats(grpc::ServerContext*, const v1::Empty*, v1::Sta
   reply->set_acquire_hits(leases.acquire_hits);
   reply->set_planned_placements(leases.planned_placements);
   reply->set_off_plan_placements(leases.off_plan_placements);
+  reply->set_layout_waits(leases.layout_waits);
   reply->set_relocations(leases.relocations);
   reply->set_gpu_relocations(leases.gpu_relocations);
   reply->set_rehomed(leases.rehomed);

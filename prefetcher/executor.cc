@@ -491,6 +491,11 @@ std::optional<uint64_t> Executor::LayoutOffset(TensorIndex t) const {
   return layout_.Offset(t, current_ < 0 ? 0 : last_op_);
 }
 
+bool Executor::LaidOutThereNow(TensorIndex t, uint64_t offset) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return layout_.OffsetNow(t, current_ < 0 ? 0 : last_op_) == offset;
+}
+
 ExecutorStats Executor::Stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return stats_;

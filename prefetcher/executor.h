@@ -139,6 +139,8 @@ class Executor {
   // interval that holds the op the client is on, else of its next one; nullopt when the
   // plan has no layout (or none that fits) or no interval for t. Thread-safe.
   std::optional<uint64_t> LayoutOffset(TensorIndex t) const;
+  // Whether t's interval that holds the op the client is on has `offset`. Thread-safe.
+  bool LaidOutThereNow(TensorIndex t, uint64_t offset) const;
 
   ExecutorStats Stats() const;
   // Where each lane is and what its next move waits for, in words.

@@ -81,4 +81,12 @@ std::optional<uint64_t> LayoutIndex::Offset(TensorIndex t, uint32_t op) const {
   return next->offset;
 }
 
+std::optional<uint64_t> LayoutIndex::OffsetNow(TensorIndex t, uint32_t op) const {
+  if (t >= by_tensor_.size() || ops_ == 0) return std::nullopt;
+  for (const PlacedInterval& p : by_tensor_[t]) {
+    if ((op + ops_ - p.first_op) % ops_ < p.ops) return p.offset;
+  }
+  return std::nullopt;
+}
+
 }  // namespace tierd::prefetcher

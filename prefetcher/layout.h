@@ -55,6 +55,8 @@ class LayoutIndex {
   // Where t goes at `op`: the offset of its interval that holds `op`, else of its next
   // interval after `op` (cyclic); nullopt when t has none.
   std::optional<uint64_t> Offset(TensorIndex t, uint32_t op) const;
+  // The offset of t's interval that holds `op`; nullopt when none does.
+  std::optional<uint64_t> OffsetNow(TensorIndex t, uint32_t op) const;
 
  private:
   uint32_t ops_ = 0;

@@ -124,6 +124,9 @@ struct LeaseStats {
   uint64_t acquire_hits = 0;         // acquires that found the bytes already in place
   uint64_t planned_placements = 0;   // placed at the offset the planner's layout fixed
   uint64_t off_plan_placements = 0;  // the layout had an offset, but the range was taken
+  // Planned loads that found their layout range still held by the tensors planned there
+  // before them, and waited (the plan's lane tried again later) instead of going elsewhere.
+  uint64_t layout_waits = 0;
   uint64_t relocations = 0;          // copies moved within DRAM to join free space (no spill)
   // Copies moved within the GPU: to join free space there, or off the online allocator's
   // place to the layout's offset when a client acquires them and that range is free.
@@ -226,10 +229,20 @@ class LeaseTable {
   template <typename Result, typename Fn>
   Result OnTensor(SessionId session, TensorId tensor, Fn&& fn);
   absl::StatusOr<Tensor*> GetTensor(Session& s, TensorId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
+  // What a placement does when the planner's layout has an offset for its tensor and that
+  // range is taken: go elsewhere (the online allocator), or — a planned load — fail with
+  // RESOURCE_EXHAUSTED while the tensors planned there before it still hold it (the plan's
+  // lane retries once they have left).
+  enum class LayoutRange { kOrElsewhere, kOrWait };
   // `tensor`: the one the room is for, when the planner's layout may have an offset for it.
   absl::StatusOr<Extent> AllocateIn(Session& s, Tier tier, uint64_t bytes, bool evict,
-                                    std::optional<TensorId> tensor = std::nullopt)
+                                    std::optional<TensorId> tensor = std::nullopt,
+                                    LayoutRange when_taken = LayoutRange::kOrElsewhere)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
+  // Whether every copy overlapping [at, at + bytes) in `tier` sits where the layout has it for
+  // the op the client is on (a planned tenant, which leaves as the plan has it), not one placed
+  // off the layout or ahead of its time.
+  bool HeldByPlannedTenants(Session& s, Tier tier, uint64_t at, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   uint64_t UsedIn(Session& s, Tier tier) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   void NotePeak(Session& s, Tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   // Moves one copy out of `tier` (the planner's furthest next use, else clean first, then
@@ -300,7 +313,8 @@ class LeaseTable {
   // session until the GPU caught up with the host.
   absl::Status SettleGpuCopyUnlocked(Session& s, Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   // Lets s.mutex go while the bytes move; the caller holds t.busy.
-  absl::Status CopyTo(Session& s, Tensor& t, Tier tier, bool evict = true) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
+  absl::Status CopyTo(Session& s, Tensor& t, Tier tier, bool evict = true,
+                      LayoutRange when_taken = LayoutRange::kOrElsewhere) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   void DropCopy(Session& s, Tensor& t, Tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   std::string Occupancy(Session& s, Tier tier) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   std::optional<Tier> PinFor(const std::string& name) const;

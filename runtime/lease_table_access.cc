@@ -212,17 +212,20 @@ absl::Status LeaseTable::Prefetch(SessionId session_id, TensorId id, Tier tier, 
     if (t.acquired > 0) {
       return absl::FailedPreconditionError(absl::StrFormat("'%s' is acquired elsewhere", t.spec.name));
     }
+    // The plan's load (free room only) keeps to its layout range; one that may evict is the
+    // tiers' own, placed wherever room is.
+    const LayoutRange planned = evict ? LayoutRange::kOrElsewhere : LayoutRange::kOrWait;
     if (!t.written) {
       if (tier == Tier::kNvme) return absl::OkStatus();  // nothing to keep a copy of
       // Holds no value: reserve room here for the overwrite to come; the empty copies go.
-      auto extent = AllocateIn(s, tier, t.bytes, evict, t.id);
+      auto extent = AllocateIn(s, tier, t.bytes, evict, t.id, planned);
       if (!extent.ok()) return extent.status();
       for (Tier other : {Tier::kGpu, Tier::kDram, Tier::kNvme}) DropCopy(s, t, other);
       t.copies[static_cast<int>(tier)] = *extent;
       return absl::OkStatus();
     }
     ++t.busy;
-    absl::Status status = CopyTo(s, t, tier, evict);
+    absl::Status status = CopyTo(s, t, tier, evict, planned);
     --t.busy;
     if (status.ok() && t.written) {
       absl::MutexLock stats_lock(&stats_mutex_);

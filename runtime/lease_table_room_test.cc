@@ -75,6 +75,42 @@ TEST_F(PlanMovesTest, AnOffLayoutCopyMovesToItsOffsetWhenAcquiredIfTheRangeIsFre
   ASSERT_TRUE(table_->SetPlanner(session_, nullptr).ok());
 }
 
+// A planned load (free room only) whose layout range the tensor planned there before it still
+// holds waits for it to leave (RESOURCE_EXHAUSTED: the plan's lane tries again), rather than
+// taking room elsewhere that another tensor's layout range may need next. Held by a copy placed
+// off the layout, the range may stay taken long: the load goes elsewhere. The tiers' own
+// placements (an acquire's) never wait.
+TEST_F(PlanMovesTest, APlannedLoadWaitsForItsLayoutRangeWhileItsPlannedTenantHoldsIt) {
+  UseLayout({{"a", 0}, {"b", 0}});
+  const TensorId a = LeaseWritten("a", 64 * 1024, 0x11);  // at 0, as laid out
+  const TensorId b = LeaseWritten("b", 64 * 1024, 0x22);  // an acquire's: a holds 0, so elsewhere
+  ASSERT_EQ(OffsetOf(a), 0u);
+  EXPECT_NE(OffsetOf(b), 0u) << "an acquire does not wait for the layout's range";
+  ASSERT_TRUE(table_->Demote(session_, b, Tier::kGpu, /*dead=*/false).ok());
+  const LeaseStats before = table_->Stats();
+  const absl::Status waited = table_->Prefetch(session_, b, Tier::kGpu, /*evict=*/false);
+  EXPECT_EQ(waited.code(), absl::StatusCode::kResourceExhausted) << waited;
+  EXPECT_NE(waited.message().find("held by the tensors planned there before it"), absl::string_view::npos) << waited;
+  EXPECT_FALSE(OnGpu(b));
+  EXPECT_EQ(table_->Stats().layout_waits, before.layout_waits + 1);
+  // a leaves as planned: b's load takes its range.
+  ASSERT_TRUE(table_->Demote(session_, a, Tier::kGpu, /*dead=*/false).ok());
+  ASSERT_TRUE(table_->Prefetch(session_, b, Tier::kGpu, /*evict=*/false).ok());
+  EXPECT_EQ(OffsetOf(b), 0u);
+  EXPECT_TRUE(Holds(b, 0x22));
+  // A tensor the layout does not know squats at 0; a's load does not wait for it.
+  ASSERT_TRUE(table_->Demote(session_, b, Tier::kGpu, /*dead=*/false).ok());
+  const TensorId squatter = LeaseWritten("squatter", 64 * 1024, 0x33);
+  ASSERT_EQ(OffsetOf(squatter), 0u) << "the premise: the online allocator's first fit";
+  const uint64_t waits = table_->Stats().layout_waits;
+  ASSERT_TRUE(table_->Prefetch(session_, a, Tier::kGpu, /*evict=*/false).ok());
+  EXPECT_NE(OffsetOf(a), 0u);
+  EXPECT_TRUE(Holds(a, 0x11));
+  EXPECT_EQ(table_->Stats().layout_waits, waits);
+  EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
+  ASSERT_TRUE(table_->SetPlanner(session_, nullptr).ok());
+}
+
 // The client's kernel on a released tensor: its bytes land when the fence is waited for,
 // and the wait reports `status` (a kernel that faulted).
 class KernelFence : public GpuFence {
@@ -133,10 +169,11 @@ TEST_F(PlanMovesTest, ARehomeWaitsForTheClientsKernelsAndReportsTheirFailure) {
     EXPECT_TRUE(Holds(b, fill)) << "the kernel's bytes moved with the copy";
     EXPECT_EQ(table_->Stats().rehomed, kernel_fails ? 2u : 1u);
     // Back off the layout for the next round: a takes its range again, b is evicted and
-    // comes back to the top.
+    // comes back to the top (by an acquire: the plan's load would wait for a, planned there).
     ASSERT_TRUE(table_->Demote(session_, b, Tier::kGpu, /*dead=*/false).ok());
     EXPECT_TRUE(Holds(a, 0x11));
-    ASSERT_TRUE(table_->Prefetch(session_, b, Tier::kGpu, /*evict=*/false).ok());
+    EXPECT_EQ(table_->Prefetch(session_, b, Tier::kGpu, /*evict=*/false).code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_TRUE(Holds(b, fill));
   }
   EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
   ASSERT_TRUE(table_->SetPlanner(session_, nullptr).ok());

@@ -45,6 +45,11 @@ class SessionPlanner {
   // Where the plan's static layout puts the tensor in `tier`'s arena now, if it has a place
   // for it: a copy made there goes to that offset when the range is free.
   virtual std::optional<uint64_t> LayoutOffset(TensorId tensor, Tier tier) = 0;
+  // Whether the layout has the tensor at `offset` in `tier` for the op the client is on (not
+  // only for a later one): a copy there now is where the plan wants it, and leaves as planned.
+  virtual bool LaidOutThereNow(TensorId tensor, Tier tier, uint64_t offset) {
+    return LayoutOffset(tensor, tier) == offset;
+  }
   // With no lock held, before an acquire fetches the tensor into `tier` on demand: returns
   // once the plan's move of it there is done, or there is none queued, or it gives up.
   virtual void AwaitPlannedMove(TensorId tensor, Tier tier) = 0;

@@ -433,9 +433,9 @@ std::string Daemon::HotPathSummary() const {
          absl::StrFormat("; joining free space within the GPU %.0f ms, within DRAM %.0f ms (%d and %d copies moved)",
                          l.relocate_nanos[0] * 1e-6, l.relocate_nanos[1] * 1e-6, l.gpu_relocations, l.relocations) +
          // Why the GPU fragments: a planned copy whose layout range was still taken goes elsewhere.
-         absl::StrFormat("; copies placed at the plan's layout offset %d, off it (the range still taken) %d; demand "
-                         "fetches %d",
-                         l.planned_placements, l.off_plan_placements, l.stalls);
+         absl::StrFormat("; copies placed at the plan's layout offset %d, off it (the range still taken) %d, "
+                         "planned loads that waited for their range %d; demand fetches %d",
+                         l.planned_placements, l.off_plan_placements, l.layout_waits, l.stalls);
 }
 
 void Daemon::OnGoodbye(uint64_t session_id) {

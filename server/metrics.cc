@@ -101,6 +101,10 @@ std::string RenderPrometheus(const v1::StatsReply& stats) {
          "Copies placed where the planner's static layout put them (layout) or, that range taken, elsewhere (online).");
   absl::StrAppendFormat(&out, "tierd_placements_total{where=\"layout\"} %d\n", stats.planned_placements());
   absl::StrAppendFormat(&out, "tierd_placements_total{where=\"online\"} %d\n", stats.off_plan_placements());
+  Family(&out, "tierd_layout_waits_total", "counter",
+         "Planned loads that found their layout range still held by the tensors planned there before them and "
+         "waited for it instead of going elsewhere.");
+  absl::StrAppendFormat(&out, "tierd_layout_waits_total %d\n", stats.layout_waits());
   Family(&out, "tierd_relocations_total", "counter",
          "Copies moved within a fragmented DRAM arena to join free space instead of spilling to NVMe.");
   absl::StrAppendFormat(&out, "tierd_relocations_total %d\n", stats.relocations());

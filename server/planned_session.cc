@@ -130,6 +130,11 @@ class PlannedSession::TierHooks final : public SessionPlanner {
     const std::optional<tp::TensorIndex> t = IndexOf(tensor);
     return t ? executor_->LayoutOffset(*t) : std::nullopt;
   }
+  bool LaidOutThereNow(TensorId tensor, Tier tier, uint64_t offset) override {
+    if (tier != top_) return false;
+    const std::optional<tp::TensorIndex> t = IndexOf(tensor);
+    return t && executor_->LaidOutThereNow(*t, offset);
+  }
   // An acquire that finds its tensor elsewhere waits for the plan's move of it, if queued.
   void AwaitPlannedMove(TensorId tensor, Tier tier) override {
     if (tier != top_) return;

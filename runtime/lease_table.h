@@ -127,6 +127,11 @@ struct LeaseStats {
   // Planned loads that found their layout range still held by the tensors planned there
   // before them, and waited (the plan's lane tried again later) instead of going elsewhere.
   uint64_t layout_waits = 0;
+  // The off-plan placements by what held the range (the first such copy): one placed off the
+  // layout, one at its layout offset ahead of its planned time, the tensor planned there now
+  // (for a placement that does not wait: an acquire's, a lease's), or nothing yet (a move in
+  // flight into it).
+  std::array<uint64_t, 4> off_plan_by = {};
   uint64_t relocations = 0;          // copies moved within DRAM to join free space (no spill)
   // Copies moved within the GPU: to join free space there, or off the online allocator's
   // place to the layout's offset when a client acquires them and that range is free.
@@ -239,10 +244,10 @@ class LeaseTable {
                                     std::optional<TensorId> tensor = std::nullopt,
                                     LayoutRange when_taken = LayoutRange::kOrElsewhere)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
-  // Whether every copy overlapping [at, at + bytes) in `tier` sits where the layout has it for
-  // the op the client is on (a planned tenant, which leaves as the plan has it), not one placed
-  // off the layout or ahead of its time.
-  bool HeldByPlannedTenants(Session& s, Tier tier, uint64_t at, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
+  // What holds [at, at + bytes) in `tier`, as LeaseStats::off_plan_by counts it (0-3): 2 or 3
+  // when every copy there sits where the layout has it for the op the client is on (planned
+  // tenants, which leave as the plan has it), so a planned load may wait for them.
+  int RangeHolder(Session& s, Tier tier, uint64_t at, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   uint64_t UsedIn(Session& s, Tier tier) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   void NotePeak(Session& s, Tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   // Moves one copy out of `tier` (the planner's furthest next use, else clean first, then

@@ -48,13 +48,17 @@ std::string LeaseTable::Occupancy(Session& s, Tier tier) const {
       free_part);
 }
 
-bool LeaseTable::HeldByPlannedTenants(Session& s, Tier tier, uint64_t at, uint64_t bytes) {
+int LeaseTable::RangeHolder(Session& s, Tier tier, uint64_t at, uint64_t bytes) {
+  int holder = 3;  // no copy there: a move in flight into it (it lands and leaves as planned)
   for (const HeldCopy& h : CopiesByOffset(s, tier)) {
     if (h.end <= at || h.begin >= at + bytes) continue;
-    // Placed off the layout, or there ahead of its planned time: it may stay there long.
-    if (!s.planner->LaidOutThereNow(h.tensor->id, tier, h.begin)) return false;
+    if (s.planner->LaidOutThereNow(h.tensor->id, tier, h.begin)) {
+      holder = std::min(holder, 2);
+    } else {
+      return s.planner->LayoutOffset(h.tensor->id, tier) == h.begin ? 1 : 0;
+    }
   }
-  return true;  // (no copy there: a move in flight into it, which lands and leaves as planned)
+  return holder;
 }
 
 absl::StatusOr<Extent> LeaseTable::AllocateIn(Session& s, Tier tier, uint64_t bytes, bool evict,
@@ -68,7 +72,8 @@ absl::StatusOr<Extent> LeaseTable::AllocateIn(Session& s, Tier tier, uint64_t by
       // to leave, as the plan has it. Placed elsewhere it would take the room of a tensor
       // planned there later, which then goes elsewhere in turn: on the lent GPUs 94% of the
       // placements ended off the layout that way, and the GPU fragmented.
-      const bool wait = !placed.ok() && when_taken == LayoutRange::kOrWait && HeldByPlannedTenants(s, tier, *at, bytes);
+      const int holder = placed.ok() ? -1 : RangeHolder(s, tier, *at, bytes);
+      const bool wait = holder >= 2 && when_taken == LayoutRange::kOrWait;
       absl::MutexLock stats_lock(&stats_mutex_);
       if (wait) {
         ++stats_.layout_waits;
@@ -80,6 +85,7 @@ absl::StatusOr<Extent> LeaseTable::AllocateIn(Session& s, Tier tier, uint64_t by
       // away from the layout (it packs from offset 0), so a small copy does not split the range
       // a large planned tensor needs next.
       ++(placed.ok() ? stats_.planned_placements : stats_.off_plan_placements);
+      if (holder >= 0) ++stats_.off_plan_by[holder];
       if (placed.ok()) {
         NotePeak(s, tier);
         return placed;

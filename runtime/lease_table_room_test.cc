@@ -86,6 +86,7 @@ TEST_F(PlanMovesTest, APlannedLoadWaitsForItsLayoutRangeWhileItsPlannedTenantHol
   const TensorId b = LeaseWritten("b", 64 * 1024, 0x22);  // an acquire's: a holds 0, so elsewhere
   ASSERT_EQ(OffsetOf(a), 0u);
   EXPECT_NE(OffsetOf(b), 0u) << "an acquire does not wait for the layout's range";
+  EXPECT_EQ(table_->Stats().off_plan_by[2], 1u) << "held by a, planned there now";
   ASSERT_TRUE(table_->Demote(session_, b, Tier::kGpu, /*dead=*/false).ok());
   const LeaseStats before = table_->Stats();
   const absl::Status waited = table_->Prefetch(session_, b, Tier::kGpu, /*evict=*/false);
@@ -107,6 +108,7 @@ TEST_F(PlanMovesTest, APlannedLoadWaitsForItsLayoutRangeWhileItsPlannedTenantHol
   EXPECT_NE(OffsetOf(a), 0u);
   EXPECT_TRUE(Holds(a, 0x11));
   EXPECT_EQ(table_->Stats().layout_waits, waits);
+  EXPECT_EQ(table_->Stats().off_plan_by[0], 1u) << "held by a copy the layout does not place there";
   EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
   ASSERT_TRUE(table_->SetPlanner(session_, nullptr).ok());
 }

@@ -433,9 +433,12 @@ std::string Daemon::HotPathSummary() const {
          absl::StrFormat("; joining free space within the GPU %.0f ms, within DRAM %.0f ms (%d and %d copies moved)",
                          l.relocate_nanos[0] * 1e-6, l.relocate_nanos[1] * 1e-6, l.gpu_relocations, l.relocations) +
          // Why the GPU fragments: a planned copy whose layout range was still taken goes elsewhere.
-         absl::StrFormat("; copies placed at the plan's layout offset %d, off it (the range still taken) %d, "
-                         "planned loads that waited for their range %d; demand fetches %d",
-                         l.planned_placements, l.off_plan_placements, l.layout_waits, l.stalls);
+         absl::StrFormat("; copies placed at the plan's layout offset %d, off it (the range still taken) %d (held "
+                         "by a copy off the layout %d, by one there ahead of its time %d, by the tensor planned "
+                         "there for a placement that does not wait %d, by a move in flight %d), planned loads that "
+                         "waited for their range %d; demand fetches %d",
+                         l.planned_placements, l.off_plan_placements, l.off_plan_by[0], l.off_plan_by[1],
+                         l.off_plan_by[2], l.off_plan_by[3], l.layout_waits, l.stalls);
 }
 
 void Daemon::OnGoodbye(uint64_t session_id) {

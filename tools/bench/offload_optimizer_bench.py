@@ -38,7 +38,8 @@ def make_model(a, baseline=False):
     torch.manual_seed(0)
     dtype = torch.bfloat16 if a.bf16 and not (baseline and a.baseline_fp32) else torch.float32
     if a.hf:
-        model = hf_llama(a.model_size, a.seq_len, a.checkpointing, dtype)
+        model = hf_llama(a.model_size, a.seq_len, a.checkpointing, dtype,
+                         attention="eager" if a.deterministic else "sdpa")
     else:
         layers, c, h, f, v, kv = PRESETS[a.model_size]
         model = Decoder(layers, c, h, f, v, a.checkpointing, a.seq_len, kv).cuda().to(dtype)
@@ -167,6 +168,11 @@ def main():
                         "arithmetic as ours, so where the forward and backward repeat their bits the losses are ours "
                         "exactly, and any difference is what offloading changed")
     p.add_argument("--no_baseline", action="store_true", help="ours only (a model the GPU cannot hold otherwise)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="runs that repeat their bits: torch.use_deterministic_algorithms, cuBLAS's fixed workspace, "
+                        "and with --hf transformers' eager attention (SDPA's backward is not deterministic): "
+                        "then a run's losses differ from the loop without offload's only where offloading changed "
+                        "the arithmetic, and the first step that differs says where")
     p.add_argument("--gpu_quota", default="4GiB", help="offload variants: the session's GPU quota for the weights")
     p.add_argument("--checkpointing", action="store_true")
     p.add_argument("--compile_layers", action="store_true", help="torch.compile each decoder layer (in place), in every run")
@@ -175,6 +181,9 @@ def main():
                    help="each of our variants once per value of sys.setswitchinterval (seconds, apart by commas; "
                         "Python's default 0.005): how long the optimizer's threads wait for the GIL")
     a = p.parse_args()
+    if a.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before cuBLAS starts
+        torch.use_deterministic_algorithms(True, warn_only=True)  # an op without a deterministic form says so
     if a.baseline_twin and a.baseline_fp32:
         p.error("--baseline_twin keeps the twin's weights as ours (bf16 with --bf16): not with --baseline_fp32")
     py_lib = os.path.dirname(os.__file__)

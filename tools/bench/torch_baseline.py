@@ -120,16 +120,17 @@ def random_batch(data, batch_size, seq_len, generator=None):
     return torch.stack([data[s:s + seq_len + 1] for s in starts.tolist()]).cuda()
 
 
-def hf_llama(preset, seq_len, checkpointing=False, dtype=torch.float32, device="cuda"):
-    """transformers' LlamaForCausalLM of a preset's shape (random weights, SDPA attention, untied
-    head); activation checkpointing non-reentrant (what tierd.torch.offload supports; the
-    reentrant form also runs every layer's forward twice)."""
+def hf_llama(preset, seq_len, checkpointing=False, dtype=torch.float32, device="cuda", attention="sdpa"):
+    """transformers' LlamaForCausalLM of a preset's shape (random weights, SDPA attention unless
+    `attention` names another of transformers' implementations, untied head); activation
+    checkpointing non-reentrant (what tierd.torch.offload supports; the reentrant form also runs
+    every layer's forward twice)."""
     import transformers
     layers, c, h, f, v, kv = PRESETS[preset]
     config = transformers.LlamaConfig(hidden_size=c, intermediate_size=f, num_hidden_layers=layers,
                                       num_attention_heads=h, num_key_value_heads=kv or h, vocab_size=v,
                                       max_position_embeddings=seq_len, tie_word_embeddings=False,
-                                      attn_implementation="sdpa")
+                                      attn_implementation=attention)
     with torch.device(device):  # built where it runs: a 7B built on the host first takes minutes
         model = transformers.LlamaForCausalLM(config).to(dtype)
     if checkpointing:

@@ -8,7 +8,9 @@
 #    for the weights and the 8-bit OffloadOptimizer (fp32 master on the host), no clipping;
 #    COMPILE=1 compiles each layer; SHARE=F steps that share of the parameters on the GPU (their
 #    state moved through the same QUOTA by tierd: raise TIERD_GPU and QUOTA with it); SHARE="0 F":
-#    both runs, one after the other (0: all on the host);
+#    both runs, one after the other (0: all on the host); DETERMINISTIC=1: runs that repeat their bits
+#    (deterministic algorithms, eager attention), so ours and the twin differ only where offloading
+#    changed the arithmetic;
 # 2. PyTorch FSDP2 + CPUOffloadPolicy, pure bf16 (fp32 state, ~108 GB, does not fit a 125 GiB
 #    host), the same model, batch and checkpointing;
 # 3. DEEPSPEED=1: DeepSpeed ZeRO-3 with parameters and optimizer offloaded, the same transformers
@@ -41,7 +43,8 @@ for share in ${SHARE:-0}; do
 done
 SKIP_TESTS=1 BENCH=0 TIERD_GPU="${TIERD_GPU:-10GiB}" TIERD_DRAM="${TIERD_DRAM:-90GiB}" \
   BENCH2_FLAGS="--hf --model_size=7b --batch_size=$batch --checkpointing --steps=$steps --skip=2 --warmup=${WARMUP:-10} --bf16 $baseline \
-  --variants=$variants --dram=${SESSION_DRAM:-80GiB} --gpu_quota=${QUOTA:-8GiB} ${COMPILE:+--compile_layers}" \
+  --variants=$variants --dram=${SESSION_DRAM:-80GiB} --gpu_quota=${QUOTA:-8GiB} ${COMPILE:+--compile_layers} \
+  ${DETERMINISTIC:+--deterministic}" \
   AFTER="timeout ${PEER_TIMEOUT:-400} python3 tools/bench/fsdp2_baseline.py --hf --bf16 --model_size=7b --batch_size=$batch \
   --checkpointing --steps=4 --timing_skip=1 --warmup=${WARMUP:-10} --data=$corpus > $out/fsdp2.raw 2>&1; \
   echo \$? > $out/fsdp2.exit; grep -v Warn $out/fsdp2.raw | tee $out/fsdp2.log | tail -n 5" \

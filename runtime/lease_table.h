@@ -162,6 +162,14 @@ class LeaseTable {
   ~LeaseTable();
   // Before the first session opens.
   void SetThrashOptions(const ThrashOptions& options) { thrash_ = options; }
+  // Before the first session opens. On: a planned load (Prefetch without eviction) whose layout
+  // range the tensors planned there before it still hold fails with RESOURCE_EXHAUSTED (the
+  // plan's lane retries once they have left) instead of going elsewhere, where it may take the
+  // range of a tensor planned there later. Off (the default): elsewhere. In the planner's
+  // replay of a 1.3B step it placed more copies at the layout's offsets and moved fewer within
+  // the GPU, but more loads came just in time (tools/planreplay); on the lent GPUs the
+  // trainer's loads never met the case (docs/runs/2026-12-05-s38).
+  void SetLayoutWait(bool on) { layout_wait_ = on; }
 
   // Creates the session's GPU and DRAM arenas (quota bytes each; 0 = none).
   // RESOURCE_EXHAUSTED when the node budget cannot give the quota.
@@ -235,9 +243,9 @@ class LeaseTable {
   Result OnTensor(SessionId session, TensorId tensor, Fn&& fn);
   absl::StatusOr<Tensor*> GetTensor(Session& s, TensorId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   // What a placement does when the planner's layout has an offset for its tensor and that
-  // range is taken: go elsewhere (the online allocator), or — a planned load — fail with
-  // RESOURCE_EXHAUSTED while the tensors planned there before it still hold it (the plan's
-  // lane retries once they have left).
+  // range is taken: go elsewhere (the online allocator), or — a planned load, with
+  // SetLayoutWait — fail with RESOURCE_EXHAUSTED while the tensors planned there before it
+  // still hold it (the plan's lane retries once they have left).
   enum class LayoutRange { kOrElsewhere, kOrWait };
   // `tensor`: the one the room is for, when the planner's layout may have an offset for it.
   absl::StatusOr<Extent> AllocateIn(Session& s, Tier tier, uint64_t bytes, bool evict,
@@ -330,6 +338,7 @@ class LeaseTable {
   std::vector<std::pair<std::regex, Tier>> pins_;
   std::vector<std::pair<std::regex, int>> priorities_;
   ThrashOptions thrash_;
+  bool layout_wait_ = false;
   // After a demand fetch back into `tier` of a copy evicted from it for room: counts the
   // refetch, and (ThrashOptions::lock) locks a thrashing tensor in the warm-up.
   void NoteRefetch(Session& s, Tensor& t, Tier tier);

@@ -67,13 +67,12 @@ absl::StatusOr<Extent> LeaseTable::AllocateIn(Session& s, Tier tier, uint64_t by
   if (tensor && s.planner != nullptr && tier != Tier::kNvme && s.ArenaOf(tier) != kNoArena) {
     if (const std::optional<uint64_t> at = s.planner->LayoutOffset(*tensor, tier)) {
       auto placed = store_.AllocateAt(s.ArenaOf(tier), *at, bytes);
-      // A planned load whose range its planned tenants still hold (their last use is not over:
-      // the plan's lane runs up to a lap ahead of the client, taking free room) waits for them
-      // to leave, as the plan has it. Placed elsewhere it would take the room of a tensor
-      // planned there later, which then goes elsewhere in turn: on the lent GPUs 94% of the
-      // placements ended off the layout that way, and the GPU fragmented.
+      // With SetLayoutWait, a planned load whose range its planned tenants still hold (their
+      // last use is not over: the plan's lane runs up to a lap ahead of the client, taking free
+      // room) waits for them to leave, as the plan has it. Placed elsewhere it may take the room
+      // of a tensor planned there later, which then goes elsewhere in turn.
       const int holder = placed.ok() ? -1 : RangeHolder(s, tier, *at, bytes);
-      const bool wait = holder >= 2 && when_taken == LayoutRange::kOrWait;
+      const bool wait = holder >= 2 && when_taken == LayoutRange::kOrWait && layout_wait_;
       absl::MutexLock stats_lock(&stats_mutex_);
       if (wait) {
         ++stats_.layout_waits;

@@ -77,6 +77,13 @@ TEST(ConfigTest, TheAnnotatedExampleParses) {
   ASSERT_TRUE(described.ok()) << described.status();
   EXPECT_TRUE(described->planner_time_aware);
   EXPECT_FALSE(ParseConfig("planner: {time_aware: sometimes}\n").ok());
+  EXPECT_FALSE(options->planner_layout_wait);
+  auto layout_wait = ParseConfig("planner: {layout_wait: true}\n");
+  ASSERT_TRUE(layout_wait.ok()) << layout_wait.status();
+  EXPECT_TRUE(layout_wait->planner_layout_wait);
+  auto layout_described = ParseConfig(DescribeConfig(*layout_wait));
+  ASSERT_TRUE(layout_described.ok()) << layout_described.status();
+  EXPECT_TRUE(layout_described->planner_layout_wait);
   // TCP beyond loopback, allowed in the config, survives the round trip (off unless said).
   EXPECT_FALSE(options->grpc_tcp_public);
   auto wide = ParseConfig("listen: {grpc_tcp: '0.0.0.0:7070', grpc_tcp_public: true}\n");

@@ -113,6 +113,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   if (!leases.ok()) return leases.status();
   daemon->leases_ = std::move(*leases);
   daemon->leases_->SetThrashOptions(options.thrash);
+  daemon->leases_->SetLayoutWait(options.planner_layout_wait);
   if (absl::Status status = daemon->StartServers(); !status.ok()) return status;
   return daemon;
 }

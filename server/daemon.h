@@ -74,6 +74,9 @@ struct DaemonOptions {
   // Also try hoisted loads and victims chosen by time when planning a session
   // (prefetcher::TimeAwareStyles; planbench --time_aware), not only MIN and exclusive loads.
   bool planner_time_aware = false;
+  // A planned load waits for its layout range while the tensors planned there before it hold
+  // it, instead of going elsewhere (LeaseTable::SetLayoutWait).
+  bool planner_layout_wait = false;
   // What a session's plan leaves free of its quotas for fragmentation (PlanningHeadroom):
   // DRAM one of the largest tensors, not three: the tiers join fragmented room by moving
   // copies, so more held back only shrinks what the plan can keep (the 7B trainer on the

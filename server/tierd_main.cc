@@ -38,6 +38,10 @@ ABSL_FLAG(std::string, default_quota, "", "gpu,dram,nvme bytes for clients that 
 ABSL_FLAG(bool, planner_time_aware, false,
           "plan sessions with hoisted loads and victims chosen by time tried too (planbench --time_aware); "
           "off: MIN and exclusive loads only");
+ABSL_FLAG(bool, planner_layout_wait, false,
+          "a planned load waits for its range in the plan's static GPU layout while the tensors planned there "
+          "before it still hold it, instead of going elsewhere (an experiment: fewer moves within the GPU, more loads "
+          "just in time in tools/planreplay)");
 ABSL_FLAG(int, planner_dram_headroom_tensors, -1,
           "plan DRAM below the GPU this many of a session's largest tensors under its quota, for room lost to "
           "fragmentation (default 1; at most a quarter of the quota)");
@@ -78,6 +82,7 @@ absl::Status Override(DaemonOptions* options) {
   }
   if (absl::GetFlag(FLAGS_max_sessions) > 0) options->max_sessions = absl::GetFlag(FLAGS_max_sessions);
   if (absl::GetFlag(FLAGS_planner_time_aware)) options->planner_time_aware = true;
+  if (absl::GetFlag(FLAGS_planner_layout_wait)) options->planner_layout_wait = true;
   for (auto [flag, name, out] :
        {std::tuple{absl::GetFlag(FLAGS_planner_dram_headroom_tensors), "dram", &options->planner_headroom.dram_tensors},
         std::tuple{absl::GetFlag(FLAGS_planner_gpu_headroom_tensors), "gpu", &options->planner_headroom.gpu_tensors}}) {

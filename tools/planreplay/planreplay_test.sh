@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# planreplay runs a synthetic 1.3B step through the real tiers both ways and says where the GPU
+# copies went; bad input gets a plain error.
+set -uo pipefail
+replay=$1
+fail=0
+for wait in false true; do
+  out=$("$replay" --model=1.3b --accum=2 --gpu=20GiB --scale=256 --laps=4 --layout_wait=$wait 2>&1)
+  echo "$out" | tail -n 1
+  echo "$out" | grep -Eq "^after 2 laps of warm-up, 2 laps: GPU copies placed at the layout's offsets [0-9]+, elsewhere [0-9]+ \(held by a copy off the layout [0-9]+" \
+    || { echo "FAIL: layout_wait=$wait: no placement line"; fail=1; }
+  echo "$out" | grep -q "static layout: .*planned tensors go to fixed offsets" || { echo "FAIL: the layout did not fit"; fail=1; }
+done
+waited=$("$replay" --model=1.3b --accum=2 --gpu=20GiB --scale=256 --laps=4 --layout_wait=true 2>&1 | tail -n 1)
+echo "$waited" | grep -Eq "planned loads that waited for their range [1-9]" || { echo "FAIL: --layout_wait made no load wait"; fail=1; }
+bad=$("$replay" --model=1.3b --scale=0.5 2>&1); code=$?
+[ "$code" = 1 ] && [ "$bad" = "planreplay: --scale must be >= 1" ] || { echo "FAIL: --scale=0.5 gave $code: $bad"; fail=1; }
+none=$("$replay" 2>&1); code=$?
+[ "$code" = 1 ] && echo "$none" | grep -q "give the step as --graph FILE or as --model" || { echo "FAIL: no graph gave $code: $none"; fail=1; }
+missing=$("$replay" --graph=/nonexistent.yaml 2>&1); code=$?
+[ "$code" = 1 ] && echo "$missing" | grep -q "/nonexistent.yaml" || { echo "FAIL: a missing file gave $code: $missing"; fail=1; }
+exit $fail

@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_format.h"
 #include "base/fake_clock.h"
+#include "base/jitter_clock.h"
 #include "base/units.h"
 #include "prefetcher/synthetic.h"
 #include "runtime/lease_table.h"
@@ -28,28 +29,6 @@ namespace tierd {
 namespace {
 
 namespace tp = prefetcher;
-
-// Link time on the fake clock, scaled by a seeded factor per copy.
-class JitterClock final : public Clock {
- public:
-  JitterClock(FakeClock& base, uint64_t seed, double jitter) : base_(base), rng_(seed), jitter_(jitter) {}
-  int64_t NowNanos() override { return base_.NowNanos(); }
-  // Each copy also takes this long on the wall (lanes slower than a client that does not wait).
-  void set_wall_per_copy(std::chrono::microseconds wall) { wall_ = wall; }
-  void SleepNanos(int64_t nanos) override {
-    if (wall_.count() > 0) std::this_thread::sleep_for(wall_);
-    std::lock_guard<std::mutex> lock(mutex_);
-    std::uniform_real_distribution<double> f(1 - jitter_, 1 + jitter_);
-    base_.AdvanceNanos(static_cast<int64_t>(nanos * f(rng_)));
-  }
-
- private:
-  FakeClock& base_;
-  std::mutex mutex_;
-  std::mt19937_64 rng_;
-  double jitter_;
-  std::chrono::microseconds wall_{0};
-};
 
 uint64_t Word(uint64_t seed, uint64_t i) {
   uint64_t z = seed + 0x9e3779b97f4a7c15ull * (i + 1);

@@ -25,6 +25,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
 #include "base/fake_clock.h"
+#include "base/jitter_clock.h"
 #include "base/units.h"
 #include "prefetcher/graph_file.h"
 #include "prefetcher/synthetic.h"
@@ -50,24 +51,6 @@ namespace tierd {
 namespace {
 
 namespace tp = prefetcher;
-
-// Link time on a fake clock, scaled by a seeded factor per copy.
-class JitterClock final : public Clock {
- public:
-  JitterClock(FakeClock& base, uint64_t seed, double jitter) : base_(base), rng_(seed), jitter_(jitter) {}
-  int64_t NowNanos() override { return base_.NowNanos(); }
-  void SleepNanos(int64_t nanos) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    std::uniform_real_distribution<double> f(1 - jitter_, 1 + jitter_);
-    base_.AdvanceNanos(static_cast<int64_t>(nanos * f(rng_)));
-  }
-
- private:
-  FakeClock& base_;
-  std::mutex mutex_;
-  std::mt19937_64 rng_;
-  double jitter_;
-};
 
 int Fail(const std::string& what) {
   std::fprintf(stderr, "planreplay: %s\n", what.c_str());

@@ -187,6 +187,9 @@ bool Executor::Ready(int lane_index, int64_t pos, bool* late) const {
         *late = true;
         return true;
       }
+      if (a.kind == Kind::kLoad && options_.load_lead_ops >= 0 && target > current_ + options_.load_lead_ops) {
+        return false;  // not yet: ExecutorOptions::load_lead_ops
+      }
       return next_for_dram && target <= current_ + ops;  // at most a lap ahead
     case Kind::kEvict:
     case Kind::kEvictDead:

@@ -76,6 +76,14 @@ struct ExecutorOptions {
   // Asked once a lap: have the links drifted from what the plan assumed? (The daemon
   // compares the Mover's measured bandwidths with the plan's.) Yes: replan.
   std::function<bool()> links_drifted;
+  // A load into the GPU issues at most this many ops before the op it serves (-1: up to a lap
+  // ahead, as room allows). Issued early, a load takes the room of its layout range's tenant
+  // before that one leaves, so it goes elsewhere and the static layout unravels. In the
+  // replay of a 1.3B step (tools/planreplay, 18-22 GiB) 1 op put 1.0-2.1x the copies at the
+  // layout's offsets and moved 0-43% fewer within the GPU, with no more loads just in time;
+  // the replay's client waits for the lanes, so what later loads cost a real GPU's client in
+  // slack is not measured yet. (0: loads wait for their op to begin, and the client for them.)
+  int load_lead_ops = -1;
 };
 
 struct ExecutorStats {

@@ -45,6 +45,15 @@ class ModelTiers : public TierOps {
     }
     Bring(t);
     ++loads_;
+    // How many ops before the tensor's next use on the GPU this load came.
+    const int64_t ops = static_cast<int64_t>(g_.ops.size());
+    for (int64_t ahead = 0; current_op_ >= 0 && ahead < ops; ++ahead) {
+      const GraphOp& next = g_.ops[(current_op_ + ahead) % ops];
+      if (UseOf(next, t) != Use::kNone) {
+        most_ahead_ = std::max(most_ahead_, ahead);
+        break;
+      }
+    }
     return absl::OkStatus();
   }
   absl::Status Evict(TensorIndex t, bool dead, int64_t decided_nanos) override {
@@ -116,6 +125,13 @@ class ModelTiers : public TierOps {
     return gpu_[t] >= 0;
   }
   void SetLoadDelay(std::chrono::microseconds delay) { load_delay_ = delay; }
+  // The op the client is about to run (for most_ahead).
+  void SetCurrentOp(int64_t op) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    current_op_ = op;
+  }
+  // The most ops any load came before its tensor's next use.
+  int64_t most_ahead() const { return most_ahead_; }
   void RefuseLoads(bool refuse = true) {
     std::lock_guard<std::mutex> lock(mutex_);
     refuse_loads_ = refuse;
@@ -160,6 +176,7 @@ class ModelTiers : public TierOps {
   uint64_t tick_ = 0, used_ = 0, misses_ = 0, loads_ = 0, peak_ = 0, drops_ = 0, only_copy_drops_ = 0;
   std::chrono::microseconds load_delay_{0};
   bool refuse_loads_ = false;
+  int64_t current_op_ = -1, most_ahead_ = 0;
 };
 
 Graph SmallTraining() {
@@ -183,6 +200,7 @@ uint64_t Total(const Graph& g) {
 void RunLap(Executor& executor, ModelTiers& tiers, FakeClock& clock, const Graph& g, double slowdown = 1,
             int64_t extra_nanos = 0, bool slowdown_is_waiting = false) {
   for (uint32_t i = 0; i < g.ops.size(); ++i) {
+    tiers.SetCurrentOp(i);
     ASSERT_TRUE(executor.OpBegin(i).ok());
     executor.WaitIdle();
     tiers.RunOp(g.ops[i]);
@@ -273,6 +291,32 @@ TEST(ExecutorTest, FollowingThePlanTheClientNeverMissesAndWaitsOnlyWhereTheSimul
   EXPECT_GT(stats.loads, 0u);
   EXPECT_EQ(stats.laps, 4u);
   EXPECT_EQ(stats.errors, 0u);
+}
+
+// With load_lead_ops, a load issues no sooner than that many ops before the op it serves (the
+// plan's, which a hoist may set before the use): the loads come later than up to a lap ahead,
+// and the client still never misses after warm-up.
+TEST(ExecutorTest, LoadsIssueWithinTheirLeadAndTheClientStillNeverMisses) {
+  std::map<int, int64_t> most_ahead;
+  for (const int lead : {-1, 1}) {
+    SmallStep s;
+    ExecutorOptions options;
+    options.load_lead_ops = lead;
+    Executor executor(s.g, s.plan, s.tiers, s.clock, options);
+    uint64_t misses_after_warmup = 0;
+    for (int lap = 0; lap < 5; ++lap) {
+      const uint64_t before = s.tiers.misses();
+      RunLap(executor, s.tiers, s.clock, s.g);
+      if (lap >= 2) misses_after_warmup += s.tiers.misses() - before;
+    }
+    EXPECT_EQ(misses_after_warmup, 0u) << "lead " << lead;
+    EXPECT_EQ(executor.Stats().errors, 0u);
+    EXPECT_GT(s.tiers.loads(), 0u);
+    most_ahead[lead] = s.tiers.most_ahead();
+  }
+  EXPECT_LT(most_ahead[1], most_ahead[-1]) << "the lead held the loads back";
+  std::printf("the most ops a load came before its use: %ld up to a lap ahead, %ld with a lead of 1\n",
+              static_cast<long>(most_ahead[-1]), static_cast<long>(most_ahead[1]));
 }
 
 TEST(ExecutorTest, AStarvedExecutorOnlyCostsMissesNeverValues) {

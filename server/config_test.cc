@@ -84,6 +84,14 @@ TEST(ConfigTest, TheAnnotatedExampleParses) {
   auto layout_described = ParseConfig(DescribeConfig(*layout_wait));
   ASSERT_TRUE(layout_described.ok()) << layout_described.status();
   EXPECT_TRUE(layout_described->planner_layout_wait);
+  EXPECT_EQ(options->planner_load_lead_ops, -1);
+  auto lead = ParseConfig("planner: {load_lead_ops: 2}\n");
+  ASSERT_TRUE(lead.ok()) << lead.status();
+  EXPECT_EQ(lead->planner_load_lead_ops, 2);
+  auto lead_described = ParseConfig(DescribeConfig(*lead));
+  ASSERT_TRUE(lead_described.ok()) << lead_described.status();
+  EXPECT_EQ(lead_described->planner_load_lead_ops, 2);
+  EXPECT_EQ(ParseConfig("planner: {load_lead_ops: -2}\n").status().code(), absl::StatusCode::kInvalidArgument);
   // TCP beyond loopback, allowed in the config, survives the round trip (off unless said).
   EXPECT_FALSE(options->grpc_tcp_public);
   auto wide = ParseConfig("listen: {grpc_tcp: '0.0.0.0:7070', grpc_tcp_public: true}\n");

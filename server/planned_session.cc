@@ -276,6 +276,7 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Start(LeaseTable
   planned->quota_ = budgets.gpu;
   tp::ExecutorOptions executor_options;
   executor_options.single_thread = options.deterministic;
+  executor_options.load_lead_ops = options.load_lead_ops;
   auto current_links = [links, measured_links] { return measured_links ? measured_links() : links; };
   executor_options.replanner = [planning, budgets, current_links, quota = budgets.gpu, styles,
                                  prediction](const tp::Graph& measured) -> absl::StatusOr<tp::Plan> {

@@ -48,6 +48,7 @@ struct PlanningOptions {
   // PlanBest also tries prefetcher::TimeAwareStyles (first plan and replans).
   bool time_aware = false;
   PlanningHeadroom headroom;  // what the plan leaves free of the quotas
+  int load_lead_ops = -1;     // prefetcher::ExecutorOptions::load_lead_ops
   // Set (by another thread) while Prepare runs: it stops soon with CANCELLED (a deadline).
   const std::atomic<bool>* cancel = nullptr;
 };

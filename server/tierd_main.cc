@@ -42,6 +42,9 @@ ABSL_FLAG(bool, planner_layout_wait, false,
           "a planned load waits for its range in the plan's static GPU layout while the tensors planned there "
           "before it still hold it, instead of going elsewhere (an experiment: fewer moves within the GPU, more loads "
           "just in time in tools/planreplay)");
+ABSL_FLAG(int, planner_load_lead_ops, -1,
+          "a planned load into the GPU issues at most this many ops before the op it serves (-1: up to a lap ahead, "
+          "as room allows; an experiment: 1 kept the static layout in tools/planreplay)");
 ABSL_FLAG(int, planner_dram_headroom_tensors, -1,
           "plan DRAM below the GPU this many of a session's largest tensors under its quota, for room lost to "
           "fragmentation (default 1; at most a quarter of the quota)");
@@ -83,6 +86,13 @@ absl::Status Override(DaemonOptions* options) {
   if (absl::GetFlag(FLAGS_max_sessions) > 0) options->max_sessions = absl::GetFlag(FLAGS_max_sessions);
   if (absl::GetFlag(FLAGS_planner_time_aware)) options->planner_time_aware = true;
   if (absl::GetFlag(FLAGS_planner_layout_wait)) options->planner_layout_wait = true;
+  if (absl::GetFlag(FLAGS_planner_load_lead_ops) < -1) {
+    return absl::InvalidArgumentError(absl::StrFormat("--planner_load_lead_ops=%d: give -1 (a lap) or 0 and up",
+                                                      absl::GetFlag(FLAGS_planner_load_lead_ops)));
+  }
+  if (absl::GetFlag(FLAGS_planner_load_lead_ops) >= 0) {
+    options->planner_load_lead_ops = absl::GetFlag(FLAGS_planner_load_lead_ops);
+  }
   for (auto [flag, name, out] :
        {std::tuple{absl::GetFlag(FLAGS_planner_dram_headroom_tensors), "dram", &options->planner_headroom.dram_tensors},
         std::tuple{absl::GetFlag(FLAGS_planner_gpu_headroom_tensors), "gpu", &options->planner_headroom.gpu_tensors}}) {

@@ -46,6 +46,9 @@ ABSL_FLAG(double, op_jitter, 0.2, "each op's time is the graph's times a factor 
 ABSL_FLAG(double, link_jitter, 0.2, "each copy's time is the link's times a factor in [1-j, 1+j]");
 ABSL_FLAG(uint64_t, seed, 7, "the jitters' seed");
 ABSL_FLAG(bool, layout_wait, false, "planned loads wait for their layout range (tierd --planner_layout_wait)");
+ABSL_FLAG(int, load_lead_ops, -1,
+          "a planned load issues at most this many ops before the op it serves (tierd --planner_load_lead_ops; "
+          "-1: a lap)");
 
 namespace tierd {
 namespace {
@@ -122,7 +125,8 @@ int Replay() {
     ids.push_back(*id);
   }
   auto planned = PlannedSession::Create(leases, *session, graph, budgets, op_time,
-                                        {.links = links, .deterministic = true});
+                                        {.links = links, .deterministic = true,
+                                         .load_lead_ops = absl::GetFlag(FLAGS_load_lead_ops)});
   if (!planned.ok()) return Fail(absl::StrFormat("planning: %s", planned.status().message()));
   Mover* mover = engine.mover.get();
   (*planned)->SetLinkBytes([mover] { return PlannedSession::MovedBy(*mover); });

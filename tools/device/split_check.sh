@@ -11,7 +11,8 @@
 # first is the baseline each other run's ratio is to), e.g. with
 # "codes=--optimizer_place=gpu --fp8_weight_codes" (the GPU's optimizer writes the codes). A name
 # "name@path" runs that tierd binary (e.g. "old@.carry/bin/tierd-old=--optimizer_place=gpu": the
-# daemon before a change, side by side).
+# daemon before a change, side by side). DAEMON_RUN_FLAGS="name=flags;..." gives those runs' tierd
+# daemons flags of their own (e.g. "lead1=--planner_load_lead_ops=1").
 # EXTRA: flags added to every run (BENCHMARKS row H0's: "--grad_checkpointing=dynamic
 # --attention=cudnn-fast"). PEER=1 (carry .whl too) first runs torchao float8 + torch.compile,
 # batch 8, the whole GPU, and prints each run's ratio to it: the issue's peer in the same call.
@@ -48,12 +49,15 @@ for run in "${run_list[@]}"; do
   name="${run%%=*}"; extra="${run#*=}"; bin=.carry/bin/tierd
   if [[ "$name" == *@* ]]; then bin="${name#*@}"; name="${name%%@*}"; fi
   names+=("$name")
-  env OUT="$work/$name" TIERD_BIN="$bin" MODELS="$model" NONE=0 BUDGETS=24GiB BATCH=2 STEPS="${STEPS:-8}" SKIP="${SKIP:-3}" TIERD_DRAM=32GiB TORCH=0 \
+  daemon_flags="${TIERD_DAEMON_FLAGS:-}"
+  IFS=';' read -ra daemon_runs <<< "${DAEMON_RUN_FLAGS:-}"
+  for d in "${daemon_runs[@]}"; do [ "${d%%=*}" = "$name" ] && daemon_flags="$daemon_flags ${d#*=}"; done
+  env OUT="$work/$name" TIERD_BIN="$bin" TIERD_DAEMON_FLAGS="$daemon_flags" MODELS="$model" NONE=0 BUDGETS=24GiB BATCH=2 STEPS="${STEPS:-8}" SKIP="${SKIP:-3}" TIERD_DRAM=32GiB TORCH=0 \
     TIERD_RUN_FLAGS="$flags $extra" tools/bench/run_bench.sh > "$out/bench-$name.txt" 2>&1 || status=1
   log="$work/$name/ours-$model-tierd-24GiB.log"
   cp "$log" "$out/ours-$name.log" 2>/dev/null
   cp "$work/$name/tierd-$model-24GiB.log" "$out/tierd-$name.log" 2>/dev/null
-  echo "== $name: $extra ($bin)"
+  echo "== $name: $extra ($bin${daemon_flags:+, tierd $daemon_flags})"
   grep -E '^(optimizer: |FP8 weight codes|where a step|done: )' "$log" | cut -c1-700
   grep -E '^result: ' "$log" | cut -c1-400
   grep -hE 'hot path served|joining free space' "$out/tierd-$name.log" | cut -c1-1100

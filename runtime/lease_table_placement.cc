@@ -49,13 +49,19 @@ std::string LeaseTable::Occupancy(Session& s, Tier tier) const {
 }
 
 int LeaseTable::RangeHolder(Session& s, Tier tier, uint64_t at, uint64_t bytes) {
+  // Runs for every placement that found its layout range taken (thousands a run): one pass
+  // over the session's copies, unsorted, and the planner asked only about those in the range.
+  const ArenaId arena = s.ArenaOf(tier);
   int holder = 3;  // no copy there: a move in flight into it (it lands and leaves as planned)
-  for (const HeldCopy& h : CopiesByOffset(s, tier)) {
-    if (h.end <= at || h.begin >= at + bytes) continue;
-    if (s.planner->LaidOutThereNow(h.tensor->id, tier, h.begin)) {
+  for (const auto& [id, t] : s.tensors) {
+    const auto& copy = t->copies[static_cast<int>(tier)];
+    if (!copy.has_value() || copy->arena != arena) continue;
+    const uint64_t begin = copy->offset();
+    if (begin + copy->bytes() <= at || begin >= at + bytes) continue;
+    if (s.planner->LaidOutThereNow(id, tier, begin)) {
       holder = std::min(holder, 2);
     } else {
-      return s.planner->LayoutOffset(h.tensor->id, tier) == h.begin ? 1 : 0;
+      return s.planner->LayoutOffset(id, tier) == begin ? 1 : 0;
     }
   }
   return holder;
@@ -80,9 +86,9 @@ absl::StatusOr<Extent> LeaseTable::AllocateIn(Session& s, Tier tier, uint64_t by
             "its layout range (%s at %d) is still held by the tensors planned there before it", FormatBytes(bytes),
             *at));
       }
-      // Taken by a copy placed off plan: the online allocator, from the top of the arena down,
-      // away from the layout (it packs from offset 0), so a small copy does not split the range
-      // a large planned tensor needs next.
+      // Taken (and not waited for): the online allocator, from the top of the arena down, away
+      // from the layout (it packs from offset 0), so a small copy does not split the range a
+      // large planned tensor needs next.
       ++(placed.ok() ? stats_.planned_placements : stats_.off_plan_placements);
       if (holder >= 0) ++stats_.off_plan_by[holder];
       if (placed.ok()) {

@@ -136,6 +136,10 @@ TEST(DaemonStartTest, RefusesImpossibleConfigsWithTheNumbers) {
   EXPECT_NE(too_many.WaitForLine("tierd: --planner_dram_headroom_tensors must be 0 to 16 (tensors)", 10000), "")
       << too_many.output();
   EXPECT_EQ(too_many.Wait(), 2);
+  Process lead("server/tierd", {"--gpu=fake", "--planner_load_lead_ops=-3", "--runtime_dir=" + dir});
+  EXPECT_NE(lead.WaitForLine("tierd: --planner_load_lead_ops=-3: give -1 (a lap) or 0 and up", 10000), "")
+      << lead.output();
+  EXPECT_EQ(lead.Wait(), 2);
   // Flags that made no sense and were taken silently: each refused, naming what is wrong.
   Process negative("server/tierd", {"--gpu=fake", "--max_sessions=-1", "--runtime_dir=" + dir});
   EXPECT_NE(negative.WaitForLine("tierd: --max_sessions=-1: give at least 1", 10000), "") << negative.output();

@@ -167,6 +167,11 @@ def main():
                         "in tierd's GPU tier, so tierd's GPU budget must hold it) instead of PyTorch's AdamW: the same "
                         "arithmetic as ours, so where the forward and backward repeat their bits the losses are ours "
                         "exactly, and any difference is what offloading changed")
+    p.add_argument("--baseline_host", action="store_true",
+                   help="the loop without offload keeps the whole model on the GPU and steps it with the variant's own "
+                        "optimizer on the host (OffloadOptimizer, gpu_share=0: fp32 master on the host, so it fits "
+                        "where the twin's GPU state does not, e.g. 7B on an 80 GB card): then an offload variant "
+                        "differs from it only by tierd.torch.offload")
     p.add_argument("--no_baseline", action="store_true", help="ours only (a model the GPU cannot hold otherwise)")
     p.add_argument("--deterministic", action="store_true",
                    help="runs that repeat their bits: torch.use_deterministic_algorithms, cuBLAS's fixed workspace, "
@@ -184,8 +189,11 @@ def main():
     if a.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before cuBLAS starts
         torch.use_deterministic_algorithms(True, warn_only=True)  # an op without a deterministic form says so
-    if a.baseline_twin and a.baseline_fp32:
-        p.error("--baseline_twin keeps the twin's weights as ours (bf16 with --bf16): not with --baseline_fp32")
+    if (a.baseline_twin or a.baseline_host) and a.baseline_fp32:
+        p.error("--baseline_twin and --baseline_host keep the baseline's weights as ours (bf16 with --bf16): "
+                "not with --baseline_fp32")
+    if a.baseline_twin and a.baseline_host:
+        p.error("one baseline: --baseline_twin (the optimizer stepped on the GPU) or --baseline_host (on the host)")
     py_lib = os.path.dirname(os.__file__)
     text = b"".join(open(os.path.join(py_lib, n), "rb").read() for n in sorted(os.listdir(py_lib)) if n.endswith(".py"))
     data = torch.frombuffer(bytearray(text), dtype=torch.uint8).long()
@@ -204,13 +212,16 @@ def main():
             share, share_quota = float(share), share_quota or 0
         clip = mode == "clip"
         offload = None if not where else "plan" if where == ["offload", "plan"] else "online"
-        if clip not in baselines and not a.no_baseline and a.baseline_twin:
-            baselines[clip] = run(f"the same loop without offload, {opt_name} wholly on the GPU (gpu_share=1)"
+        if clip not in baselines and not a.no_baseline and (a.baseline_twin or a.baseline_host):
+            on_gpu = 1.0 if a.baseline_twin else 0.0
+            baselines[clip] = run(f"the same loop without offload, {opt_name} "
+                                  f"{'wholly on the GPU (gpu_share=1)' if on_gpu else 'on the host (gpu_share=0)'}"
                                   f"{', clipping at 1.0' if clip else ''}",
                                   lambda m: tt.OffloadOptimizer(
                                       m.parameters(), opt=opt_name, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1,
                                       max_grad_norm=1.0 if clip else None, accumulation_steps=a.grad_accum,
-                                      dram=a.dram, nvme="4GiB", name="twin", gpu_share=1.0), clip, a, data, baseline=True)
+                                      dram=a.dram, nvme="4GiB", name="twin", gpu_share=on_gpu), clip, a, data,
+                                  baseline=True)
         if clip not in baselines and not a.no_baseline:
             baselines[clip] = run(f"PyTorch fused AdamW on the GPU{' (fp32 weights)' if a.baseline_fp32 else ''}"
                                   f"{', clipping at 1.0' if clip else ''}",
@@ -233,10 +244,14 @@ def main():
                 continue
             base, base_losses = baselines[clip]
             worst = max(abs(x - y) / abs(y) for x, y in zip(our_losses, base_losses))
-            peer = "the twin's (gpu_share=1, no offload)" if a.baseline_twin else "PyTorch fused AdamW's"
+            peer = ("the twin's (gpu_share=1, no offload)" if a.baseline_twin else
+                    "the host-stepped loop's without offload" if a.baseline_host else "PyTorch fused AdamW's")
             same = sum(x == y for x, y in zip(our_losses, base_losses))
+            first = next((i + 1 for i, (x, y) in enumerate(zip(our_losses, base_losses)) if x != y), None)
             print(f"ratio: OffloadOptimizer {label} {ours / base:.2f}x of {peer} tokens/s; losses within "
-                  f"{100 * worst:.3f}% of its, {same} of {len(base_losses)} equal to the bit", flush=True)
+                  f"{100 * worst:.3f}% of its, {same} of {len(base_losses)} equal to the bit"
+                  + (f", the first differing at step {first} ({our_losses[first - 1]!r} against "
+                     f"{base_losses[first - 1]!r})" if first else ""), flush=True)
 
 if __name__ == "__main__":
     main()

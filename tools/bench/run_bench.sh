@@ -12,7 +12,8 @@
 # NONE=0 skips our no-offload run (a 7B does not fit the H200 without offload); OURS_FLAGS
 # adds flags to our runs (e.g. --grad_checkpointing), TIERD_RUN_FLAGS to our tierd runs only, TIERD_DAEMON_FLAGS
 # to the tierd daemon (e.g. --planner_gpu_headroom_fraction=0.08), TIERD_BIN picks its binary (default
-# .carry/bin/tierd: another build side by side). DEEPSPEED="2 3" adds
+# .carry/bin/tierd: another build side by side). DUMP_GRAPH_AT=N: once each tierd run logs step N,
+# the trainer's graph as planned (tierctl plan --dump_graph; carry tierctl) into graph-MODEL-BUDGET.yaml. DEEPSPEED="2 3" adds
 # DeepSpeed's rows at those ZeRO stages with CPU offload (DS_BATCH x DS_ACCUM micro-batches; carry .whl: its sdist
 # and hjson, pydantic, pydantic-core, annotated-types, typing-inspection, typing-extensions wheels). PyTorch runs at the largest batch that
 # fits (a power of two, probed first; TORCH_BATCH=N fixes it, TORCH_ACCUM=K accumulates K of them a step), ours at
@@ -91,6 +92,14 @@ for spec in $models; do
       --nvme_bytes="$tierd_nvme" --runtime_dir="$tierd_dir" ${TIERD_DAEMON_FLAGS:-} > "$out/tierd-$m-$budget.log" 2>&1 &
     tierd_pid=$!
     for _ in $(seq 300); do [ -S "$tierd_dir/tierd.grpc.sock" ] && break; sleep 0.1; done
+    if [ -n "${DUMP_GRAPH_AT:-}" ]; then  # the trainer's registered graph with its measured op times, for planreplay
+      (for _ in $(seq 1200); do
+         grep -qE "^step +$DUMP_GRAPH_AT/" "$out/ours-$m-tierd-$budget.log" 2>/dev/null && break; sleep 0.1
+       done
+       for s in 1 2 3; do
+         .carry/bin/tierctl --runtime_dir="$tierd_dir" plan --session=$s --dump_graph > "$out/graph-$m-$budget.yaml" 2>&1 && break
+       done) &
+    fi
     .carry/bin/tierd-train --device=gpu "$model_flag" --batch_size="$batch" --seq_len=$seq --steps="$steps" \
       --timing_skip="${SKIP:-3}" --eval_every=-1 --data="$corpus" $profile --offload_policy=tierd --gpu_budget="$budget" \
       --tierd_dir="$tierd_dir" --tierd_dram="$tierd_dram" --tierd_nvme="$tierd_nvme" ${OURS_FLAGS:-} \

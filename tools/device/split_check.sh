@@ -12,7 +12,8 @@
 # "codes=--optimizer_place=gpu --fp8_weight_codes" (the GPU's optimizer writes the codes). A name
 # "name@path" runs that tierd binary (e.g. "old@.carry/bin/tierd-old=--optimizer_place=gpu": the
 # daemon before a change, side by side). DAEMON_RUN_FLAGS="name=flags;..." gives those runs' tierd
-# daemons flags of their own (e.g. "lead1=--planner_load_lead_ops=1").
+# daemons flags of their own (e.g. "lead1=--planner_load_lead_ops=1"). DUMP_GRAPH_AT=N: each
+# run's graph as tierd planned it, at step N (logs/graph-NAME.yaml; planreplay --graph replays it).
 # EXTRA: flags added to every run (BENCHMARKS row H0's: "--grad_checkpointing=dynamic
 # --attention=cudnn-fast"). PEER=1 (carry .whl too) first runs torchao float8 + torch.compile,
 # batch 8, the whole GPU, and prints each run's ratio to it: the issue's peer in the same call.
@@ -57,6 +58,7 @@ for run in "${run_list[@]}"; do
   log="$work/$name/ours-$model-tierd-24GiB.log"
   cp "$log" "$out/ours-$name.log" 2>/dev/null
   cp "$work/$name/tierd-$model-24GiB.log" "$out/tierd-$name.log" 2>/dev/null
+  cp "$work/$name/graph-$model-24GiB.yaml" "$out/graph-$name.yaml" 2>/dev/null
   echo "== $name: $extra ($bin${daemon_flags:+, tierd $daemon_flags})"
   grep -E '^(optimizer: |FP8 weight codes|where a step|done: )' "$log" | cut -c1-700
   grep -E '^result: ' "$log" | cut -c1-400

@@ -20,6 +20,9 @@ inline constexpr uint64_t kGpuAlignmentBytes = 256;
 inline constexpr uint64_t kNvmeChunkBytesMin = 64 * kKiB;
 inline constexpr uint64_t kNvmeChunkBytesDefault = 1 * kMiB;
 inline constexpr uint64_t kNvmeChunkBytesMax = 64 * kMiB;
+// The host buffer a move within the GPU may bounce through (MoverOptions::gpu_bounce_bytes):
+// beyond ~100 MiB a device copy is faster even beside a trainer's kernels.
+inline constexpr uint64_t kGpuJoinBounceBytesMax = 1 * kGiB;
 // io_uring submission queue depth (ops in flight on the NVMe link).
 inline constexpr uint32_t kNvmeQueueDepthMax = 64;
 inline constexpr uint32_t kNvmeQueueDepthDefault = 32;

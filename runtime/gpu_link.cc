@@ -24,6 +24,7 @@ void GpuLink::Enqueue(void* dst, const void* src, uint64_t bytes, MoveCallback d
   mutex_.Await(absl::Condition(&has_room));
   queue_.push_back(Move{dst, src, bytes, std::move(done)});
   ++unfinished_;
+  unfinished_bytes_ += bytes;
 }
 
 void GpuLink::Drain() {
@@ -38,6 +39,7 @@ void GpuLink::Complete(Move& move) {
   move.done(std::move(status));
   absl::MutexLock lock(&mutex_);
   --unfinished_;
+  unfinished_bytes_ -= move.bytes;
 }
 
 void GpuLink::Run() {
@@ -68,6 +70,7 @@ void GpuLink::Run() {
         move.done = nullptr;
         absl::MutexLock lock(&mutex_);
         --unfinished_;
+        unfinished_bytes_ -= move.bytes;
         continue;
       }
       move.fence = *fence;

@@ -33,6 +33,11 @@ class GpuLink {
   // Returns when every move enqueued so far has completed (callbacks included).
   void Drain();
   LinkStats Stats() const { return meter_.Stats(); }
+  // Bytes enqueued whose callbacks have not run yet: how long a move enqueued now waits.
+  uint64_t UnfinishedBytes() const {
+    absl::MutexLock lock(&mutex_);
+    return unfinished_bytes_;
+  }
 
  private:
   struct Move {
@@ -48,9 +53,10 @@ class GpuLink {
   const CopyDirection direction_;
   std::unique_ptr<CopyStream> stream_;
   LinkMeter meter_;
-  absl::Mutex mutex_;
+  mutable absl::Mutex mutex_;
   std::deque<Move> queue_ ABSL_GUARDED_BY(mutex_);
   uint64_t unfinished_ ABSL_GUARDED_BY(mutex_) = 0;  // enqueued, callback not yet run
+  uint64_t unfinished_bytes_ ABSL_GUARDED_BY(mutex_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
   std::thread worker_;
 };

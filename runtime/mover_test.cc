@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <thread>
 #include <tuple>
 
+#include "absl/synchronization/notification.h"
 #include "runtime/mover_test_util.h"
 
 namespace tierd {
@@ -48,6 +50,92 @@ TEST(MoverTest, AMoveWithinTheGpuKeepsTheBytes) {
   EXPECT_EQ(engine.Bytes(from, bytes), engine.Bytes(to, bytes));
   EXPECT_EQ(engine.mover->Stats(Link::kGpuToDram).bytes, 0u);
   EXPECT_EQ(engine.mover->Stats(Link::kDramToGpu).bytes, 0u);
+}
+
+// With a bounce buffer, a move within the GPU up to its size goes down to host memory and
+// back up in chunks on the two PCIe links (a device copy from the daemon's context waits for
+// the trainer's time slice); a larger one stays a device copy. Either way the bytes arrive.
+TEST(MoverTest, AMoveWithinTheGpuUpToTheBounceSizeGoesThroughHostMemory) {
+  auto engine = MakeEngine("bounce", {}, 64 * kMiB, false, /*gpu_bounce_bytes=*/12 * kMiB);
+  TierStore& store = *engine.store;
+  const uint64_t small = 9 * kMiB + 4321;  // three chunks, the last a short one
+  Extent from = *store.Allocate(Tier::kGpu, small);
+  Extent to = *store.Allocate(Tier::kGpu, small);
+  engine.Fill(from, small, 11);
+  ASSERT_TRUE(engine.mover->MoveAndWait(from, to, small).ok());
+  EXPECT_EQ(engine.Bytes(from, small), engine.Bytes(to, small));
+  EXPECT_EQ(engine.mover->Stats(Link::kGpuToDram).bytes, small);
+  EXPECT_EQ(engine.mover->Stats(Link::kDramToGpu).bytes, small);
+  EXPECT_EQ(engine.mover->Stats(Link::kGpuToDram).moves, 3u);
+  EXPECT_EQ(engine.mover->Bounced().moves, 1u);
+  EXPECT_EQ(engine.mover->Bounced().bytes, small);
+  store.Free(from).IgnoreError();
+  store.Free(to).IgnoreError();
+  const uint64_t large = 13 * kMiB;
+  from = *store.Allocate(Tier::kGpu, large);
+  to = *store.Allocate(Tier::kGpu, large);
+  engine.Fill(from, large, 12);
+  ASSERT_TRUE(engine.mover->MoveAndWait(from, to, large).ok());
+  EXPECT_EQ(engine.Bytes(from, large), engine.Bytes(to, large));
+  EXPECT_EQ(engine.mover->Stats(Link::kDramToGpu).bytes, small) << "over the buffer: a device copy";
+  EXPECT_EQ(engine.mover->Bounced().moves, 1u);
+  // A bad move is refused as a device copy's would be.
+  EXPECT_EQ(engine.mover->MoveAndWait(from, from, small).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A bounce waits behind what the host links already carry: while a link has more unfinished
+// than fits the buffer beside the move, the move is a device copy.
+TEST(MoverTest, AMoveWithinTheGpuIsADeviceCopyWhileTheHostLinksAreBusy) {
+  auto engine = MakeEngine("bounce-busy", {}, 64 * kMiB, false, /*gpu_bounce_bytes=*/12 * kMiB);
+  TierStore& store = *engine.store;
+  const uint64_t load = 8 * kMiB, bytes = 5 * kMiB;
+  Extent staged = *store.Allocate(Tier::kDram, load);
+  Extent loaded = *store.Allocate(Tier::kGpu, load);
+  // The load's callback holds it unfinished until the test lets it go.
+  absl::Notification release;
+  ASSERT_TRUE(engine.mover->Move(staged, loaded, load, [&](absl::Status) { release.WaitForNotification(); }).ok());
+  Extent from = *store.Allocate(Tier::kGpu, bytes);
+  Extent to = *store.Allocate(Tier::kGpu, bytes);
+  engine.Fill(from, bytes, 13);
+  ASSERT_TRUE(engine.mover->MoveAndWait(from, to, bytes).ok());
+  EXPECT_EQ(engine.Bytes(from, bytes), engine.Bytes(to, bytes));
+  EXPECT_EQ(engine.mover->Bounced().moves, 0u) << "8 MiB queued + 5 MiB is more than the 12 MiB buffer";
+  release.Notify();
+  engine.mover->Drain();
+  EXPECT_EQ(engine.mover->Stats(Link::kDramToGpu).bytes, load);
+  ASSERT_TRUE(engine.mover->MoveAndWait(to, from, bytes).ok());  // the links idle again: it bounces
+  EXPECT_EQ(engine.mover->Bounced().moves, 1u);
+}
+
+// Bounces from several threads share the one buffer one at a time: every copy lands intact.
+TEST(MoverTest, ConcurrentBouncesAllLand) {
+  auto engine = MakeEngine("bounce-threads", {}, 64 * kMiB, false, /*gpu_bounce_bytes=*/8 * kMiB);
+  TierStore& store = *engine.store;
+  constexpr int kThreads = 4;
+  const uint64_t bytes = 3 * kMiB + 512;
+  std::vector<Extent> from, to;
+  for (int i = 0; i < kThreads; ++i) {
+    from.push_back(*store.Allocate(Tier::kGpu, bytes));
+    to.push_back(*store.Allocate(Tier::kGpu, bytes));
+    engine.Fill(from[i], bytes, 300 + i);
+  }
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      for (int round = 0; round < 3; ++round) {
+        if (!engine.mover->MoveAndWait(round % 2 == 0 ? from[i] : to[i], round % 2 == 0 ? to[i] : from[i], bytes).ok()) {
+          ++failures;
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  for (int i = 0; i < kThreads; ++i) EXPECT_EQ(engine.Bytes(from[i], bytes), engine.Bytes(to[i], bytes)) << i;
+  // One bounce at a time holds at most 3 MiB on a link, and 3 + 3 MiB fit the 8 MiB buffer:
+  // every move bounced.
+  EXPECT_EQ(engine.mover->Bounced().moves, 3u * kThreads);
 }
 
 // A 4 MiB DRAM tier fits the smallest common memlock limit (8 MiB): registration must

@@ -54,7 +54,8 @@ struct Engine {
 // Fixed buffers pin memory against the user's RLIMIT_MEMLOCK, which tests running in
 // parallel share: only the test that checks registration asks for it.
 inline Engine MakeEngine(const std::string& name, std::vector<IoFault> faults = {},
-                         uint64_t dram_bytes = 64 * kMiB, bool register_buffers = false) {
+                         uint64_t dram_bytes = 64 * kMiB, bool register_buffers = false,
+                         uint64_t gpu_bounce_bytes = 0) {
   Engine engine;
   engine.gpu = CreateFakeGpu({});
   TierStoreOptions options;
@@ -76,7 +77,8 @@ inline Engine MakeEngine(const std::string& name, std::vector<IoFault> faults = 
     block_io = std::move(wrapped);
   }
   auto mover = Mover::Create(*engine.store, std::move(block_io), RealClock(),
-                             MoverOptions{.register_nvme_buffers = register_buffers});
+                             MoverOptions{.register_nvme_buffers = register_buffers,
+                                          .gpu_bounce_bytes = gpu_bounce_bytes});
   EXPECT_TRUE(mover.ok()) << mover.status();
   engine.mover = std::move(*mover);
   return engine;

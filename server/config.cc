@@ -76,8 +76,14 @@ absl::Status ReadBytes(const YAML::Node& map, const char* key, uint64_t* out) {
 absl::Status ParseTiers(const YAML::Node& tiers, DaemonOptions* options) {
   RETURN_IF_ERROR(CheckKeys(tiers, "tiers", {"gpu", "dram", "nvme"}));
   if (const YAML::Node gpu = tiers["gpu"]) {
-    RETURN_IF_ERROR(CheckKeys(gpu, "tiers.gpu", {"bytes", "device", "kind"}));
+    RETURN_IF_ERROR(CheckKeys(gpu, "tiers.gpu", {"bytes", "device", "kind", "join_bounce"}));
     RETURN_IF_ERROR(ReadBytes(gpu, "bytes", &options->store.gpu_bytes));
+    RETURN_IF_ERROR(ReadBytes(gpu, "join_bounce", &options->gpu_join_bounce_bytes));
+    if (options->gpu_join_bounce_bytes > limits::kGpuJoinBounceBytesMax) {
+      return Error(gpu["join_bounce"], absl::StrFormat("tiers.gpu.join_bounce is at most %s (a device copy is "
+                                                       "faster beyond ~100 MiB)",
+                                                       FormatBytes(limits::kGpuJoinBounceBytesMax)));
+    }
     if (gpu["device"]) options->gpu.device_ordinal = As<int>(gpu["device"], "tiers.gpu.device");
     if (gpu["kind"]) {
       const std::string kind = As<std::string>(gpu["kind"], "tiers.gpu.kind");
@@ -287,9 +293,10 @@ std::string Quoted(const std::string& text) {
 std::string DescribeConfig(const DaemonOptions& o) {
   const char* kinds[] = {"auto", "cuda", "fake"};
   std::string out = absl::StrFormat(
-      "tiers:\n  gpu: {kind: %s, device: %d, bytes: %s}\n  dram: {bytes: %s, headroom: %s}\n"
+      "tiers:\n  gpu: {kind: %s, device: %d, bytes: %s, join_bounce: %s}\n  dram: {bytes: %s, headroom: %s}\n"
       "  nvme: {path: %s, bytes: %s, queue_depth: %d, chunk: %s}\n",
       kinds[static_cast<int>(o.gpu.choice)], o.gpu.device_ordinal, ExactBytes(o.store.gpu_bytes),
+      ExactBytes(o.gpu_join_bounce_bytes),
       ExactBytes(o.store.dram_bytes), ExactBytes(o.store.dram_headroom_bytes), Quoted(o.store.nvme_directory),
       ExactBytes(o.store.nvme_bytes), o.nvme_queue_depth, ExactBytes(o.nvme_chunk_bytes));
   out += o.pins.empty() ? "pins: []\n" : "pins:\n";

@@ -92,6 +92,16 @@ TEST(ConfigTest, TheAnnotatedExampleParses) {
   ASSERT_TRUE(lead_described.ok()) << lead_described.status();
   EXPECT_EQ(lead_described->planner_load_lead_ops, 2);
   EXPECT_EQ(ParseConfig("planner: {load_lead_ops: -2}\n").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(options->gpu_join_bounce_bytes, 0u);
+  auto bounce = ParseConfig("tiers: {gpu: {join_bounce: 64MiB}}\n");
+  ASSERT_TRUE(bounce.ok()) << bounce.status();
+  EXPECT_EQ(bounce->gpu_join_bounce_bytes, 64 * kMiB);
+  auto bounce_described = ParseConfig(DescribeConfig(*bounce));
+  ASSERT_TRUE(bounce_described.ok()) << bounce_described.status();
+  EXPECT_EQ(bounce_described->gpu_join_bounce_bytes, 64 * kMiB);
+  const auto too_big = ParseConfig("tiers: {gpu: {join_bounce: 2GiB}}\n").status();
+  EXPECT_EQ(too_big.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(too_big.message().find("at most 1.00 GiB"), absl::string_view::npos) << too_big;
   // TCP beyond loopback, allowed in the config, survives the round trip (off unless said).
   EXPECT_FALSE(options->grpc_tcp_public);
   auto wide = ParseConfig("listen: {grpc_tcp: '0.0.0.0:7070', grpc_tcp_public: true}\n");

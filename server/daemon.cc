@@ -106,7 +106,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     io = std::move(*uring);
   }
   auto mover = Mover::Create(*daemon->store_, std::move(io), RealClock(),
-                             {.register_nvme_buffers = false, .nvme_chunk_bytes = options.nvme_chunk_bytes});
+                             {.register_nvme_buffers = false,
+                              .nvme_chunk_bytes = options.nvme_chunk_bytes,
+                              .gpu_bounce_bytes = options.gpu_join_bounce_bytes});
   if (!mover.ok()) return mover.status();
   daemon->mover_ = std::move(*mover);
   auto leases = LeaseTable::Create(*daemon->store_, *daemon->mover_, RealClock(), options.pins, options.priorities);
@@ -431,8 +433,10 @@ std::string Daemon::HotPathSummary() const {
              l.held_nanos[0] * 1e-6, l.held_max_nanos[0] * 1e-3, l.held_nanos[1] * 1e-6, l.held_max_nanos[1] * 1e-3,
              l.held_nanos[2] * 1e-6, l.held_max_nanos[2] * 1e-3, l.held_nanos[3] * 1e-6, l.held_max_nanos[3] * 1e-3,
              l.held_nanos[4] * 1e-6, l.held_max_nanos[4] * 1e-3) +
-         absl::StrFormat("; joining free space within the GPU %.0f ms, within DRAM %.0f ms (%d and %d copies moved)",
-                         l.relocate_nanos[0] * 1e-6, l.relocate_nanos[1] * 1e-6, l.gpu_relocations, l.relocations) +
+         absl::StrFormat("; joining free space within the GPU %.0f ms, within DRAM %.0f ms (%d and %d copies moved; "
+                         "%d of the GPU's through host memory, %s)",
+                         l.relocate_nanos[0] * 1e-6, l.relocate_nanos[1] * 1e-6, l.gpu_relocations, l.relocations,
+                         mover_->Bounced().moves, FormatBytes(mover_->Bounced().bytes)) +
          // Why the GPU fragments: a planned copy whose layout range was still taken goes elsewhere.
          absl::StrFormat("; copies placed at the plan's layout offset %d, off it (the range still taken) %d (held "
                          "by a copy off the layout %d, by one there ahead of its time %d, by the tensor planned "

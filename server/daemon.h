@@ -49,6 +49,9 @@ struct DaemonOptions {
   TierStoreOptions store;  // budgets; default_arenas is forced off
   int nvme_queue_depth = limits::kNvmeQueueDepthDefault;
   uint64_t nvme_chunk_bytes = limits::kNvmeChunkBytesDefault;
+  // Copies moved within the GPU to join free space, up to this size, go through pinned host
+  // memory on the PCIe links instead of a device copy (MoverOptions::gpu_bounce_bytes); 0: never.
+  uint64_t gpu_join_bounce_bytes = 0;
   std::string runtime_dir = "/tmp/tierd";
   // e.g. "127.0.0.1:7070"; a bare port (":7070" or "7070") binds loopback only; empty: off.
   std::string grpc_tcp_address;

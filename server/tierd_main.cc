@@ -26,6 +26,9 @@ ABSL_FLAG(std::string, gpu_bytes, "", "GPU tier budget, e.g. 20GiB");
 ABSL_FLAG(std::string, dram_bytes, "", "DRAM tier budget, e.g. 64GiB");
 ABSL_FLAG(std::string, nvme_dir, "", "directory on a local disk for the NVMe tier");
 ABSL_FLAG(std::string, nvme_bytes, "", "NVMe tier budget, reserved at start");
+ABSL_FLAG(std::string, gpu_join_bounce, "",
+          "copies moved within the GPU to join free space, up to this size, go through pinned host memory on the "
+          "PCIe links (e.g. 64MiB; 0: never): a device copy from tierd's context waits for a trainer's time slice");
 ABSL_FLAG(std::string, allowed_uids, "", "comma-separated uids that may open sessions (default: own uid)");
 ABSL_FLAG(int, socket_group, -1, "gid whose members may reach the sockets (0660); default private (0600)");
 ABSL_FLAG(std::string, grpc_tcp, "", "also serve gRPC on TCP; a bare port binds loopback only");
@@ -124,8 +127,15 @@ absl::Status Override(DaemonOptions* options) {
   }
   for (auto [flag, out] : {std::pair{absl::GetFlag(FLAGS_gpu_bytes), &options->store.gpu_bytes},
                            {absl::GetFlag(FLAGS_dram_bytes), &options->store.dram_bytes},
-                           {absl::GetFlag(FLAGS_nvme_bytes), &options->store.nvme_bytes}}) {
+                           {absl::GetFlag(FLAGS_nvme_bytes), &options->store.nvme_bytes},
+                           {absl::GetFlag(FLAGS_gpu_join_bounce), &options->gpu_join_bounce_bytes}}) {
     if (absl::Status s = bytes(flag, out); !s.ok()) return s;
+  }
+  if (options->gpu_join_bounce_bytes > limits::kGpuJoinBounceBytesMax) {
+    return absl::InvalidArgumentError(absl::StrFormat("--gpu_join_bounce=%s: at most %s (a device copy is faster "
+                                                      "beyond ~100 MiB)",
+                                                      absl::GetFlag(FLAGS_gpu_join_bounce),
+                                                      FormatBytes(limits::kGpuJoinBounceBytesMax)));
   }
   const std::string quota = absl::GetFlag(FLAGS_default_quota);
   if (!quota.empty()) {

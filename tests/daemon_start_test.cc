@@ -140,6 +140,9 @@ TEST(DaemonStartTest, RefusesImpossibleConfigsWithTheNumbers) {
   EXPECT_NE(lead.WaitForLine("tierd: --planner_load_lead_ops=-3: give -1 (a lap) or 0 and up", 10000), "")
       << lead.output();
   EXPECT_EQ(lead.Wait(), 2);
+  Process bounce("server/tierd", {"--gpu=fake", "--gpu_join_bounce=2GiB", "--runtime_dir=" + dir});
+  EXPECT_NE(bounce.WaitForLine("tierd: --gpu_join_bounce=2GiB: at most 1.00 GiB", 10000), "") << bounce.output();
+  EXPECT_EQ(bounce.Wait(), 2);
   // Flags that made no sense and were taken silently: each refused, naming what is wrong.
   Process negative("server/tierd", {"--gpu=fake", "--max_sessions=-1", "--runtime_dir=" + dir});
   EXPECT_NE(negative.WaitForLine("tierd: --max_sessions=-1: give at least 1", 10000), "") << negative.output();

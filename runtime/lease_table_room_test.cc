@@ -43,6 +43,52 @@ TEST_F(PlanMovesTest, CopiesGoToTheLayoutsOffsetsWhenTheRangeIsFree) {
   ASSERT_TRUE(table_->SetPlanner(session_, nullptr).ok());
 }
 
+// Copies made online before the plan sit where its layout puts others. Settling: each goes
+// to its layout offset where that range is free; the rest leave the GPU with their bytes, so
+// the plan's loads find their ranges. Copies without an offset, or acquired, stay put.
+TEST_F(PlanMovesTest, SettlingIntoTheLayoutMovesOrDemotesTheCopiesMadeBeforeThePlan) {
+  auto none = table_->SettleIntoLayout(session_);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->moved + none->demoted, 0u) << "no planner: nothing to settle into";
+  const TensorId a = LeaseWritten("a", 64 * 1024, 0x11);
+  const TensorId b = LeaseWritten("b", 64 * 1024, 0x22);
+  const TensorId c = LeaseWritten("c", 64 * 1024, 0x33);
+  const TensorId d = LeaseWritten("d", 64 * 1024, 0x44);  // not in the layout
+  const TensorId e = LeaseWritten("e", 64 * 1024, 0x55);
+  auto gpu_offset = [&](TensorId id) {
+    for (const LeaseView& v : table_->List(session_)) {
+      if (v.id == id && v.copies[static_cast<int>(Tier::kGpu)]) return v.offsets[static_cast<int>(Tier::kGpu)];
+    }
+    return UINT64_MAX;
+  };
+  const uint64_t at_a = gpu_offset(a), at_b = gpu_offset(b), at_d = gpu_offset(d), at_e = gpu_offset(e);
+  // a and b laid out in each other's ranges, c in a free one, e in d's (which stays).
+  UseLayout({{"a", at_b}, {"b", at_a}, {"c", 2 * kMiB}, {"e", at_d}});
+  auto held = table_->Acquire(session_, e, Access::kRead, Place::kGpu);  // the client holds e
+  ASSERT_TRUE(held.ok()) << held.status();
+  auto settled = table_->SettleIntoLayout(session_);
+  ASSERT_TRUE(settled.ok()) << settled.status();
+  EXPECT_EQ(settled->moved, 1u) << "c, to its free range";
+  EXPECT_EQ(settled->demoted, 2u) << "a and b, each in the other's range";
+  EXPECT_EQ(settled->demoted_bytes, 2 * 256 * 1024u);
+  EXPECT_EQ(gpu_offset(c), 2 * kMiB);
+  EXPECT_FALSE(OnGpu(a));
+  EXPECT_FALSE(OnGpu(b));
+  EXPECT_EQ(gpu_offset(d), at_d) << "no layout offset: it stays";
+  EXPECT_EQ(gpu_offset(e), at_e) << "acquired: it stays (unsettled, it would have left: its range is d's)";
+  ASSERT_TRUE(table_->Release(session_, e).ok());
+  // Their ranges free now, the next copies of a and b go where the layout puts them, intact.
+  EXPECT_TRUE(Holds(a, 0x11));
+  EXPECT_TRUE(Holds(b, 0x22));
+  EXPECT_EQ(gpu_offset(a), at_b);
+  EXPECT_EQ(gpu_offset(b), at_a);
+  EXPECT_TRUE(Holds(c, 0x33));
+  EXPECT_TRUE(Holds(d, 0x44));
+  EXPECT_TRUE(Holds(e, 0x55));
+  EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
+  ASSERT_TRUE(table_->SetPlanner(session_, nullptr).ok());
+}
+
 // A copy placed off the layout (its range was taken when it came) moves to its layout offset
 // when a client acquires it and that range is free: within the GPU, no host link used, the
 // bytes intact. Not while the range is taken, and never while the copy is acquired.

@@ -92,6 +92,13 @@ TEST(ConfigTest, TheAnnotatedExampleParses) {
   ASSERT_TRUE(lead_described.ok()) << lead_described.status();
   EXPECT_EQ(lead_described->planner_load_lead_ops, 2);
   EXPECT_EQ(ParseConfig("planner: {load_lead_ops: -2}\n").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(options->planner_settle_layout);
+  auto unsettled = ParseConfig("planner: {settle_layout: false}\n");
+  ASSERT_TRUE(unsettled.ok()) << unsettled.status();
+  EXPECT_FALSE(unsettled->planner_settle_layout);
+  auto unsettled_described = ParseConfig(DescribeConfig(*unsettled));
+  ASSERT_TRUE(unsettled_described.ok()) << unsettled_described.status();
+  EXPECT_FALSE(unsettled_described->planner_settle_layout);
   EXPECT_EQ(options->gpu_join_bounce_bytes, 0u);
   auto bounce = ParseConfig("tiers: {gpu: {join_bounce: 64MiB}}\n");
   ASSERT_TRUE(bounce.ok()) << bounce.status();

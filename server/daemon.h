@@ -83,6 +83,9 @@ struct DaemonOptions {
   // A planned load issues at most this many ops before the op it serves (-1: up to a lap
   // ahead; prefetcher::ExecutorOptions::load_lead_ops).
   int planner_load_lead_ops = -1;
+  // When a plan starts, the session's GPU copies go to the layout's offsets or leave the GPU
+  // (LeaseTable::SettleIntoLayout).
+  bool planner_settle_layout = true;
   // What a session's plan leaves free of its quotas for fragmentation (PlanningHeadroom):
   // DRAM one of the largest tensors, not three: the tiers join fragmented room by moving
   // copies, so more held back only shrinks what the plan can keep (the 7B trainer on the

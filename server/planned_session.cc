@@ -330,6 +330,11 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Start(LeaseTable
       session,
       std::make_shared<TierHooks>(planned->executor_.get(), std::move(index), top, planned->gate_, planned->room_));
   if (!hooked.ok()) return hooked;
+  if (options.settle_layout && top == Tier::kGpu && planned->layout_fits_) {
+    auto settled = leases.SettleIntoLayout(session);
+    if (!settled.ok()) return settled.status();
+    planned->settled_ = *settled;
+  }
   return planned;
 }
 
@@ -397,6 +402,11 @@ std::string PlannedSession::Summary() const {
   out += absl::StrFormat("static layout: %s for at most %s live at once; the arena is %s: %s\n",
                          FormatBytes(layout_.size_bytes), FormatBytes(layout_.peak_live_bytes), FormatBytes(quota_),
                          layout_fits_ ? "planned tensors go to fixed offsets" : "too big, placement is online");
+  if (settled_) {
+    out += absl::StrFormat("settled into the layout at the start: %d copies moved to their offsets, %d (%s) out of the "
+                           "GPU, their ranges laid out for others\n",
+                           settled_->moved, settled_->demoted, FormatBytes(settled_->demoted_bytes));
+  }
   out += absl::StrFormat(
       "observed: %d iteration(s), last %.3f s, mean %.3f s; %d loads (%d just in time: the client waited), %d late "
       "(fetched on demand), %d evictions, %d stages, %d push-downs, %d waits for room, %d refused, %d replan(s)\n",

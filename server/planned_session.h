@@ -49,6 +49,9 @@ struct PlanningOptions {
   bool time_aware = false;
   PlanningHeadroom headroom;  // what the plan leaves free of the quotas
   int load_lead_ops = -1;     // prefetcher::ExecutorOptions::load_lead_ops
+  // At the start, the session's GPU copies go to the layout's offsets or leave the GPU
+  // (LeaseTable::SettleIntoLayout): off, copies made online before the plan keep their places.
+  bool settle_layout = true;
   // Set (by another thread) while Prepare runs: it stops soon with CANCELLED (a deadline).
   const std::atomic<bool>* cancel = nullptr;
 };
@@ -161,6 +164,7 @@ class PlannedSession {
   std::shared_ptr<Prediction> prediction_;
   prefetcher::GpuLayout layout_;  // as first planned (replans may change it)
   bool layout_fits_ = false;
+  std::optional<LeaseTable::Settled> settled_;  // at the start (PlanningOptions::settle_layout)
   uint64_t quota_ = 0;
   LeaseTable* leases_ = nullptr;
   SessionId session_ = 0;

@@ -48,6 +48,9 @@ ABSL_FLAG(bool, planner_layout_wait, false,
 ABSL_FLAG(int, planner_load_lead_ops, -1,
           "a planned load into the GPU issues at most this many ops before the op it serves (-1: up to a lap ahead, "
           "as room allows; an experiment: 1 kept the static layout in tools/planreplay)");
+ABSL_FLAG(bool, planner_settle_layout, true,
+          "when a session's plan starts, its GPU copies go to the plan's layout offsets or leave the GPU, so the "
+          "plan's loads find their ranges (false: copies made before the plan keep their places)");
 ABSL_FLAG(int, planner_dram_headroom_tensors, -1,
           "plan DRAM below the GPU this many of a session's largest tensors under its quota, for room lost to "
           "fragmentation (default 1; at most a quarter of the quota)");
@@ -89,6 +92,7 @@ absl::Status Override(DaemonOptions* options) {
   if (absl::GetFlag(FLAGS_max_sessions) > 0) options->max_sessions = absl::GetFlag(FLAGS_max_sessions);
   if (absl::GetFlag(FLAGS_planner_time_aware)) options->planner_time_aware = true;
   if (absl::GetFlag(FLAGS_planner_layout_wait)) options->planner_layout_wait = true;
+  if (!absl::GetFlag(FLAGS_planner_settle_layout)) options->planner_settle_layout = false;
   if (absl::GetFlag(FLAGS_planner_load_lead_ops) < -1) {
     return absl::InvalidArgumentError(absl::StrFormat("--planner_load_lead_ops=%d: give -1 (a lap) or 0 and up",
                                                       absl::GetFlag(FLAGS_planner_load_lead_ops)));

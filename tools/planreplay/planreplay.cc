@@ -45,6 +45,12 @@ ABSL_FLAG(int, warmup, 2, "iterations before the counts start");
 ABSL_FLAG(double, op_jitter, 0.2, "each op's time is the graph's times a factor in [1-j, 1+j]");
 ABSL_FLAG(double, link_jitter, 0.2, "each copy's time is the link's times a factor in [1-j, 1+j]");
 ABSL_FLAG(uint64_t, seed, 7, "the jitters' seed");
+ABSL_FLAG(bool, start_on_gpu, false,
+          "each tensor's first value is written on the GPU (room made online, least recently used out), as a "
+          "trainer that initialises on the GPU before its graph is planned; default: in host memory");
+ABSL_FLAG(bool, settle_layout, true,
+          "when the plan starts, GPU copies go to the layout's offsets or leave the GPU (tierd "
+          "--planner_settle_layout)");
 ABSL_FLAG(bool, layout_wait, false, "planned loads wait for their layout range (tierd --planner_layout_wait)");
 ABSL_FLAG(int, load_lead_ops, -1,
           "a planned load issues at most this many ops before the op it serves (tierd --planner_load_lead_ops; "
@@ -119,14 +125,16 @@ int Replay() {
   for (const tp::GraphTensor& t : graph.tensors) {
     auto id = leases.Lease(*session, {t.name, TensorClass::kParam, DType::kU8, {static_cast<int64_t>(t.bytes)}});
     if (!id.ok()) return Fail(absl::StrFormat("leasing %s: %s", t.name, id.status().message()));
-    auto p = leases.Acquire(*session, *id, Access::kOverwrite, Place::kHost);  // a first value, as a trainer's
+    auto p = leases.Acquire(*session, *id, Access::kOverwrite,  // a first value, as a trainer's
+                            absl::GetFlag(FLAGS_start_on_gpu) ? Place::kGpu : Place::kHost);
     if (!p.ok()) return Fail(absl::StrFormat("writing %s: %s", t.name, p.status().message()));
     if (absl::Status st = leases.Release(*session, *id); !st.ok()) return Fail(std::string(st.message()));
     ids.push_back(*id);
   }
   auto planned = PlannedSession::Create(leases, *session, graph, budgets, op_time,
                                         {.links = links, .deterministic = true,
-                                         .load_lead_ops = absl::GetFlag(FLAGS_load_lead_ops)});
+                                         .load_lead_ops = absl::GetFlag(FLAGS_load_lead_ops),
+                                         .settle_layout = absl::GetFlag(FLAGS_settle_layout)});
   if (!planned.ok()) return Fail(absl::StrFormat("planning: %s", planned.status().message()));
   Mover* mover = engine.mover.get();
   (*planned)->SetLinkBytes([mover] { return PlannedSession::MovedBy(*mover); });

@@ -13,6 +13,18 @@ for wait in false true; do
 done
 waited=$("$replay" --model=1.3b --accum=2 --gpu=20GiB --scale=256 --laps=4 --layout_wait=true 2>&1 | tail -n 1)
 echo "$waited" | grep -Eq "planned loads that waited for their range [1-9]" || { echo "FAIL: --layout_wait made no load wait"; fail=1; }
+# Copies made on the GPU before the plan (--start_on_gpu): settling moves them to the layout's
+# offsets or out of the GPU, and more of the plan's copies then land at their offsets.
+on_layout() { echo "$1" | sed -nE "s/^after .* GPU copies placed at the layout's offsets ([0-9]+),.*/\1/p"; }
+settled=$("$replay" --model=1.3b --accum=2 --gpu=20GiB --scale=256 --laps=4 --start_on_gpu 2>&1)
+unsettled=$("$replay" --model=1.3b --accum=2 --gpu=20GiB --scale=256 --laps=4 --start_on_gpu --settle_layout=false 2>&1)
+echo "$settled" | grep -E "^settled into the layout"
+echo "$settled" | grep -Eq "^settled into the layout at the start: [0-9]+ copies moved to their offsets, [1-9][0-9]* " \
+  || { echo "FAIL: nothing settled from a GPU filled before the plan"; fail=1; }
+echo "$unsettled" | grep -q "^settled into the layout" && { echo "FAIL: --settle_layout=false settled"; fail=1; }
+a=$(on_layout "$settled"); b=$(on_layout "$unsettled")
+echo "at the layout's offsets: settled $a, unsettled $b"
+[ -n "$a" ] && [ -n "$b" ] && [ "$a" -gt "$b" ] || { echo "FAIL: settling placed $a at the layout's offsets, not more than $b"; fail=1; }
 bad=$("$replay" --model=1.3b --scale=0.5 2>&1); code=$?
 [ "$code" = 1 ] && [ "$bad" = "planreplay: --scale must be >= 1" ] || { echo "FAIL: --scale=0.5 gave $code: $bad"; fail=1; }
 none=$("$replay" 2>&1); code=$?

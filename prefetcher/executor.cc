@@ -100,6 +100,8 @@ absl::Status Executor::OpBegin(uint32_t op) {
         schedule_.next_ticket = next_lap * schedule_.dram_tickets;
         ++replan_generation_;
         ++stats_.replans;
+        replans_.fetch_add(1, std::memory_order_release);
+        paused_ = options_.pause_after_replan;
       }
     }
   } else if (current_ < 0) {
@@ -258,6 +260,7 @@ void Executor::RunAll() {
 }
 
 bool Executor::Step(int lane_index, std::unique_lock<std::mutex>& lock) {
+  if (paused_) return false;
   {
     Lane& lane = schedule_.lanes[lane_index];
     const int64_t size = static_cast<int64_t>(lane.actions.size());
@@ -407,6 +410,14 @@ bool Executor::AwaitPlannedLoad(TensorIndex t, int64_t stuck_nanos, int64_t max_
   stats_.last_gave_up = absl::StrFormat("'%s' at op %d after %.3f s: %s", graph_.tensors[t].name, current_,
                                         std::chrono::duration<double>(Wall::now() - start).count(), DescribeLocked());
   return false;
+}
+
+void Executor::ResumeLanes() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!paused_) return;
+  paused_ = false;
+  ++version_;
+  changed_.notify_all();
 }
 
 void Executor::StopWaits() {

@@ -26,6 +26,7 @@
 #ifndef TIERD_PREFETCHER_EXECUTOR_H_
 #define TIERD_PREFETCHER_EXECUTOR_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -76,6 +77,10 @@ struct ExecutorOptions {
   // Asked once a lap: have the links drifted from what the plan assumed? (The daemon
   // compares the Mover's measured bandwidths with the plan's.) Yes: replan.
   std::function<bool()> links_drifted;
+  // After a replan is swapped in (at a lap's start, in OpBegin), the lanes wait until
+  // ResumeLanes: the tiers first settle into the new plan's layout, or its loads race them
+  // for the ranges the old layout's copies still hold.
+  bool pause_after_replan = false;
   // A load into the GPU issues at most this many ops before the op it serves (-1: up to a lap
   // ahead, as room allows). Issued early, a load takes the room of its layout range's tenant
   // before that one leaves, so it goes elsewhere and the static layout unravels. In the
@@ -151,6 +156,11 @@ class Executor {
   bool LaidOutThereNow(TensorIndex t, uint64_t offset) const;
 
   ExecutorStats Stats() const;
+  // Plans swapped in since the first (each may lay the top tier out anew); lock-free, for
+  // the hot path to notice one.
+  int64_t Replans() const { return replans_.load(std::memory_order_acquire); }
+  // The lanes go on after a replan (ExecutorOptions::pause_after_replan).
+  void ResumeLanes();
   // Where each lane is and what its next move waits for, in words.
   std::string Describe() const;
   const Graph& graph() const { return graph_; }
@@ -221,6 +231,7 @@ class Executor {
   uint32_t last_op_ = 0;
   bool stopping_ = false;
   bool waits_stopped_ = false;
+  bool paused_ = false;  // ExecutorOptions::pause_after_replan, until ResumeLanes
   int64_t in_flight_pos_[kLanes] = {-1, -1, -1, -1};  // per lane: its move running now (lock let go), or -1
   std::vector<int64_t> op_begin_nanos_;  // per op of the current and previous lap
   std::vector<double> measured_seconds_;
@@ -234,6 +245,7 @@ class Executor {
   std::vector<TimelineEvent> timeline_;
   std::future<absl::StatusOr<Plan>> replanning_;
   int64_t replan_generation_ = 0;  // bumped when a new schedule is swapped in
+  std::atomic<int64_t> replans_{0};  // the same, for Replans()
   std::vector<std::thread> threads_;
 };
 

@@ -578,5 +578,61 @@ TEST(ExecutorTest, PinsAndDriftingLinksReplanToo) {
   EXPECT_EQ(executor.Stats().errors, 0u) << executor.Stats().last_error;
 }
 
+// With pause_after_replan, the lanes stop when a replan is swapped in (at a lap's start, in
+// OpBegin) and act again only after ResumeLanes: the tiers settle into the new layout first.
+TEST(ExecutorTest, AfterAReplanTheLanesWaitUntilResumed) {
+  const Graph g = SmallTraining();
+  const Budgets budgets{Total(g) / 3, Total(g), Total(g)};
+  auto plan = MakePlan(g, budgets);
+  ASSERT_TRUE(plan.ok());
+  FakeClock clock;
+  ModelTiers tiers(g, budgets.gpu, clock);
+  TensorIndex pinned = 0;
+  for (; pinned < g.tensors.size() && g.tensors[pinned].name != "layers.1.w"; ++pinned) {
+  }
+  ASSERT_LT(pinned, g.tensors.size());
+  ExecutorOptions options;
+  options.replanner = [&](const Graph& measured) -> absl::StatusOr<Plan> { return MakePlan(measured, budgets); };
+  options.pause_after_replan = true;
+  options.single_thread = true;
+  Executor executor(g, *plan, tiers, clock, options);
+  executor.SetPinnedGpu({pinned});  // a replan, swapped in at the next lap's start
+  executor.WaitIdle();
+  RunLap(executor, tiers, clock, g);
+  EXPECT_EQ(executor.Replans(), 0);
+  tiers.SetCurrentOp(0);
+  ASSERT_TRUE(executor.OpBegin(0).ok());
+  ASSERT_EQ(executor.Replans(), 1);
+  executor.WaitIdle();
+  const uint64_t loads = tiers.loads();
+  // The client goes on through half the lap (fetching what it misses): the plan moves
+  // nothing for it while paused.
+  const uint32_t half = static_cast<uint32_t>(g.ops.size() / 2);
+  for (uint32_t i = 0; i < half; ++i) {
+    if (i > 0) {
+      tiers.SetCurrentOp(i);
+      ASSERT_TRUE(executor.OpBegin(i).ok());
+      executor.WaitIdle();
+    }
+    tiers.RunOp(g.ops[i]);
+    clock.AdvanceNanos(static_cast<int64_t>(g.ops[i].seconds * 1e9));
+  }
+  EXPECT_EQ(tiers.loads(), loads) << "paused: the new plan's lanes wait";
+  executor.ResumeLanes();
+  executor.WaitIdle();
+  EXPECT_GT(tiers.loads(), loads) << "resumed: the new plan loads";
+  for (uint32_t i = half; i < g.ops.size(); ++i) {
+    tiers.SetCurrentOp(i);
+    ASSERT_TRUE(executor.OpBegin(i).ok());
+    executor.WaitIdle();
+    tiers.RunOp(g.ops[i]);
+    clock.AdvanceNanos(static_cast<int64_t>(g.ops[i].seconds * 1e9));
+  }
+  const uint64_t misses = tiers.misses();
+  RunLap(executor, tiers, clock, g);
+  EXPECT_EQ(tiers.misses(), misses) << "a whole lap after, every tensor where the plan wants it";
+  EXPECT_EQ(executor.Stats().errors, 0u) << executor.Stats().last_error;
+}
+
 }  // namespace
 }  // namespace tierd::prefetcher

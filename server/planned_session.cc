@@ -277,6 +277,7 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Start(LeaseTable
   tp::ExecutorOptions executor_options;
   executor_options.single_thread = options.deterministic;
   executor_options.load_lead_ops = options.load_lead_ops;
+  executor_options.pause_after_replan = options.settle_layout && top == Tier::kGpu;
   auto current_links = [links, measured_links] { return measured_links ? measured_links() : links; };
   executor_options.replanner = [planning, budgets, current_links, quota = budgets.gpu, styles,
                                  prediction](const tp::Graph& measured) -> absl::StatusOr<tp::Plan> {
@@ -330,7 +331,8 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Start(LeaseTable
       session,
       std::make_shared<TierHooks>(planned->executor_.get(), std::move(index), top, planned->gate_, planned->room_));
   if (!hooked.ok()) return hooked;
-  if (options.settle_layout && top == Tier::kGpu && planned->layout_fits_) {
+  planned->settle_layout_ = options.settle_layout && top == Tier::kGpu;
+  if (planned->settle_layout_ && planned->layout_fits_) {
     auto settled = leases.SettleIntoLayout(session);
     if (!settled.ok()) return settled.status();
     planned->settled_ = *settled;
@@ -406,6 +408,13 @@ std::string PlannedSession::Summary() const {
     out += absl::StrFormat("settled into the layout at the start: %d copies moved to their offsets, %d (%s) out of the "
                            "GPU, their ranges laid out for others\n",
                            settled_->moved, settled_->demoted, FormatBytes(settled_->demoted_bytes));
+  }
+  if (settle_layout_ && replans > 0) {
+    std::lock_guard<std::mutex> lock(laps_mutex_);
+    out += absl::StrFormat("settled into the layout after %d replan(s): %d copies moved to their offsets, %d (%s) out "
+                           "of the GPU\n",
+                           replans, settled_after_replans_.moved, settled_after_replans_.demoted,
+                           FormatBytes(settled_after_replans_.demoted_bytes));
   }
   out += absl::StrFormat(
       "observed: %d iteration(s), last %.3f s, mean %.3f s; %d loads (%d just in time: the client waited), %d late "
@@ -521,7 +530,25 @@ absl::Status PlannedSession::OpBegin(uint32_t op) {
     }
     last_op_ = op;
   }
-  return executor_->OpBegin(op);
+  absl::Status begun = executor_->OpBegin(op);
+  if (!begun.ok() || !settle_layout_) return begun;
+  const int64_t replans = executor_->Replans();
+  {
+    std::lock_guard<std::mutex> lock(laps_mutex_);
+    if (replans == settled_replans_) return begun;
+    settled_replans_ = replans;
+  }
+  // A replan took effect at this lap's start: settled once, on this op's thread, before the
+  // lanes (paused since the swap) load into the new layout's ranges. The client waits for it
+  // once.
+  auto settled = leases_->SettleIntoLayout(session_);
+  executor_->ResumeLanes();
+  if (!settled.ok()) return settled.status();
+  std::lock_guard<std::mutex> lock(laps_mutex_);
+  settled_after_replans_.moved += settled->moved;
+  settled_after_replans_.demoted += settled->demoted;
+  settled_after_replans_.demoted_bytes += settled->demoted_bytes;
+  return begun;
 }
 
 PlannedSession::LinkBytes PlannedSession::MovedBy(const Mover& mover) {

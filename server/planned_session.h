@@ -164,7 +164,13 @@ class PlannedSession {
   std::shared_ptr<Prediction> prediction_;
   prefetcher::GpuLayout layout_;  // as first planned (replans may change it)
   bool layout_fits_ = false;
-  std::optional<LeaseTable::Settled> settled_;  // at the start (PlanningOptions::settle_layout)
+  // PlanningOptions::settle_layout: what settling into the layout did at the start, and
+  // after each replan (a new plan lays the GPU out anew: the copies of the old layout hold
+  // the new one's ranges, as copies made before any plan do).
+  bool settle_layout_ = false;
+  std::optional<LeaseTable::Settled> settled_;
+  int64_t settled_replans_ = 0;  // the executor's replans settled after (OpBegin's thread)
+  LeaseTable::Settled settled_after_replans_;
   uint64_t quota_ = 0;
   LeaseTable* leases_ = nullptr;
   SessionId session_ = 0;

@@ -99,6 +99,13 @@ TEST(ConfigTest, TheAnnotatedExampleParses) {
   auto unsettled_described = ParseConfig(DescribeConfig(*unsettled));
   ASSERT_TRUE(unsettled_described.ok()) << unsettled_described.status();
   EXPECT_FALSE(unsettled_described->planner_settle_layout);
+  EXPECT_FALSE(options->planner_settle_after_replan);
+  auto after = ParseConfig("planner: {settle_after_replan: true}\n");
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_TRUE(after->planner_settle_after_replan);
+  auto after_described = ParseConfig(DescribeConfig(*after));
+  ASSERT_TRUE(after_described.ok()) << after_described.status();
+  EXPECT_TRUE(after_described->planner_settle_after_replan);
   EXPECT_EQ(options->gpu_join_bounce_bytes, 0u);
   auto bounce = ParseConfig("tiers: {gpu: {join_bounce: 64MiB}}\n");
   ASSERT_TRUE(bounce.ok()) << bounce.status();

@@ -86,6 +86,8 @@ struct DaemonOptions {
   // When a plan starts, the session's GPU copies go to the layout's offsets or leave the GPU
   // (LeaseTable::SettleIntoLayout).
   bool planner_settle_layout = true;
+  // And after each replan (PlanningOptions::settle_after_replan; an experiment, off).
+  bool planner_settle_after_replan = false;
   // What a session's plan leaves free of its quotas for fragmentation (PlanningHeadroom):
   // DRAM one of the largest tensors, not three: the tiers join fragmented room by moving
   // copies, so more held back only shrinks what the plan can keep (the 7B trainer on the

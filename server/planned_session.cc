@@ -277,7 +277,7 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Start(LeaseTable
   tp::ExecutorOptions executor_options;
   executor_options.single_thread = options.deterministic;
   executor_options.load_lead_ops = options.load_lead_ops;
-  executor_options.pause_after_replan = options.settle_layout && top == Tier::kGpu;
+  executor_options.pause_after_replan = options.settle_layout && options.settle_after_replan && top == Tier::kGpu;
   auto current_links = [links, measured_links] { return measured_links ? measured_links() : links; };
   executor_options.replanner = [planning, budgets, current_links, quota = budgets.gpu, styles,
                                  prediction](const tp::Graph& measured) -> absl::StatusOr<tp::Plan> {
@@ -331,8 +331,9 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Start(LeaseTable
       session,
       std::make_shared<TierHooks>(planned->executor_.get(), std::move(index), top, planned->gate_, planned->room_));
   if (!hooked.ok()) return hooked;
-  planned->settle_layout_ = options.settle_layout && top == Tier::kGpu;
-  if (planned->settle_layout_ && planned->layout_fits_) {
+  planned->settle_after_replan_ = executor_options.pause_after_replan;
+  planned->clock_ = &clock;
+  if (options.settle_layout && top == Tier::kGpu && planned->layout_fits_) {
     auto settled = leases.SettleIntoLayout(session);
     if (!settled.ok()) return settled.status();
     planned->settled_ = *settled;
@@ -409,7 +410,7 @@ std::string PlannedSession::Summary() const {
                            "GPU, their ranges laid out for others\n",
                            settled_->moved, settled_->demoted, FormatBytes(settled_->demoted_bytes));
   }
-  if (settle_layout_ && replans > 0) {
+  if (settle_after_replan_ && replans > 0) {
     std::lock_guard<std::mutex> lock(laps_mutex_);
     out += absl::StrFormat("settled into the layout after %d replan(s): %d copies moved to their offsets, %d (%s) out "
                            "of the GPU\n",
@@ -531,7 +532,7 @@ absl::Status PlannedSession::OpBegin(uint32_t op) {
     last_op_ = op;
   }
   absl::Status begun = executor_->OpBegin(op);
-  if (!begun.ok() || !settle_layout_) return begun;
+  if (!begun.ok() || !settle_after_replan_) return begun;
   const int64_t replans = executor_->Replans();
   {
     std::lock_guard<std::mutex> lock(laps_mutex_);
@@ -541,7 +542,10 @@ absl::Status PlannedSession::OpBegin(uint32_t op) {
   // A replan took effect at this lap's start: settled once, on this op's thread, before the
   // lanes (paused since the swap) load into the new layout's ranges. The client waits for it
   // once.
+  const int64_t settling = clock_->NowNanos();
   auto settled = leases_->SettleIntoLayout(session_);
+  // Not the op's time: counted as op 0's, it reads as drift and replans again.
+  executor_->AcquireWaited(clock_->NowNanos() - settling);
   executor_->ResumeLanes();
   if (!settled.ok()) return settled.status();
   std::lock_guard<std::mutex> lock(laps_mutex_);

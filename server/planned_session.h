@@ -52,6 +52,13 @@ struct PlanningOptions {
   // At the start, the session's GPU copies go to the layout's offsets or leave the GPU
   // (LeaseTable::SettleIntoLayout): off, copies made online before the plan keep their places.
   bool settle_layout = true;
+  // The same after each replan (which lays the GPU out anew), the plan's lanes paused until
+  // it is done; the client waits for it in that lap's first OpBegin, counted as a wait, not
+  // as the op's time. An experiment: in the planner's replay it kept the new layout (571
+  // copies at its offsets against 109), but its first form on an H100 made the 1.3B step 16%
+  // slower: the settle's time counted as op 0's, drifted the op times and replanned every
+  // other lap, each time settling again (docs/runs/2026-12-05-s39).
+  bool settle_after_replan = false;
   // Set (by another thread) while Prepare runs: it stops soon with CANCELLED (a deadline).
   const std::atomic<bool>* cancel = nullptr;
 };
@@ -167,7 +174,8 @@ class PlannedSession {
   // PlanningOptions::settle_layout: what settling into the layout did at the start, and
   // after each replan (a new plan lays the GPU out anew: the copies of the old layout hold
   // the new one's ranges, as copies made before any plan do).
-  bool settle_layout_ = false;
+  bool settle_after_replan_ = false;
+  Clock* clock_ = nullptr;
   std::optional<LeaseTable::Settled> settled_;
   int64_t settled_replans_ = 0;  // the executor's replans settled after (OpBegin's thread)
   LeaseTable::Settled settled_after_replans_;

@@ -51,6 +51,9 @@ ABSL_FLAG(int, planner_load_lead_ops, -1,
 ABSL_FLAG(bool, planner_settle_layout, true,
           "when a session's plan starts, its GPU copies go to the plan's layout offsets or leave the GPU, so the "
           "plan's loads find their ranges (false: copies made before the plan keep their places)");
+ABSL_FLAG(bool, planner_settle_after_replan, false,
+          "and again after each replan, the plan's loads paused until it is done (an experiment: a replan lays the "
+          "GPU out anew; unmeasured on a GPU since its first form replanned every other lap)");
 ABSL_FLAG(int, planner_dram_headroom_tensors, -1,
           "plan DRAM below the GPU this many of a session's largest tensors under its quota, for room lost to "
           "fragmentation (default 1; at most a quarter of the quota)");
@@ -93,6 +96,7 @@ absl::Status Override(DaemonOptions* options) {
   if (absl::GetFlag(FLAGS_planner_time_aware)) options->planner_time_aware = true;
   if (absl::GetFlag(FLAGS_planner_layout_wait)) options->planner_layout_wait = true;
   if (!absl::GetFlag(FLAGS_planner_settle_layout)) options->planner_settle_layout = false;
+  if (absl::GetFlag(FLAGS_planner_settle_after_replan)) options->planner_settle_after_replan = true;
   if (absl::GetFlag(FLAGS_planner_load_lead_ops) < -1) {
     return absl::InvalidArgumentError(absl::StrFormat("--planner_load_lead_ops=%d: give -1 (a lap) or 0 and up",
                                                       absl::GetFlag(FLAGS_planner_load_lead_ops)));

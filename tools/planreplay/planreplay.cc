@@ -54,6 +54,9 @@ ABSL_FLAG(double, plan_op_time_factor, 1,
 ABSL_FLAG(bool, settle_layout, true,
           "when the plan starts, GPU copies go to the layout's offsets or leave the GPU (tierd "
           "--planner_settle_layout)");
+ABSL_FLAG(bool, settle_after_replan, false,
+          "and again after each replan, the plan's lanes paused until it is done (tierd "
+          "--planner_settle_after_replan)");
 ABSL_FLAG(bool, layout_wait, false, "planned loads wait for their layout range (tierd --planner_layout_wait)");
 ABSL_FLAG(int, load_lead_ops, -1,
           "a planned load issues at most this many ops before the op it serves (tierd --planner_load_lead_ops; "
@@ -139,7 +142,8 @@ int Replay() {
   auto planned = PlannedSession::Create(leases, *session, first, budgets, op_time,
                                         {.links = links, .deterministic = true,
                                          .load_lead_ops = absl::GetFlag(FLAGS_load_lead_ops),
-                                         .settle_layout = absl::GetFlag(FLAGS_settle_layout)});
+                                         .settle_layout = absl::GetFlag(FLAGS_settle_layout),
+                                         .settle_after_replan = absl::GetFlag(FLAGS_settle_after_replan)});
   if (!planned.ok()) return Fail(absl::StrFormat("planning: %s", planned.status().message()));
   Mover* mover = engine.mover.get();
   (*planned)->SetLinkBytes([mover] { return PlannedSession::MovedBy(*mover); });

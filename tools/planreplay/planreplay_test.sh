@@ -28,16 +28,18 @@ echo "at the layout's offsets: settled $a, unsettled $b"
 [ -n "$a" ] && [ -n "$b" ] && [ "$a" -gt "$b" ] || { echo "FAIL: settling placed $a at the layout's offsets, not more than $b"; fail=1; }
 # The trainer's own graph, first planned at op times 35% too long (its estimates before it
 # measured): the executor replans after a lap, the new plan lays the GPU out anew, and settling
-# then keeps the new layout where the old one's copies would have unravelled it.
-replanned=$("$replay" --graph="$trainer_graph" --gpu=21.3GiB --dram=32GiB --scale=256 --laps=5 --plan_op_time_factor=1.35 2>&1)
-unsettled=$("$replay" --graph="$trainer_graph" --gpu=21.3GiB --dram=32GiB --scale=256 --laps=5 --plan_op_time_factor=1.35 \
-  --settle_layout=false 2>&1)
+# after the replan (an experiment, off by default) keeps the new layout where the old one's
+# copies would have unravelled it.
+replanned=$("$replay" --graph="$trainer_graph" --gpu=21.3GiB --dram=32GiB --scale=256 --laps=5 --plan_op_time_factor=1.35 \
+  --settle_after_replan 2>&1)
+unsettled=$("$replay" --graph="$trainer_graph" --gpu=21.3GiB --dram=32GiB --scale=256 --laps=5 --plan_op_time_factor=1.35 2>&1)
+echo "$unsettled" | grep -q "^settled into the layout after" && { echo "FAIL: settled after a replan by default"; fail=1; }
 echo "$replanned" | grep -E "^settled into the layout after"
 echo "$replanned" | grep -Eq "^settled into the layout after 1 replan\(s\): [0-9]+ copies moved to their offsets, [1-9][0-9]* " \
   || { echo "FAIL: nothing settled after the replan"; fail=1; }
 a=$(on_layout "$replanned"); b=$(on_layout "$unsettled")
 echo "the trainer's graph, replanned: at the layout's offsets settled $a, unsettled $b"
-[ -n "$a" ] && [ -n "$b" ] && [ "$a" -gt $((2 * b)) ] || { echo "FAIL: settling after the replan placed $a, not over twice $b"; fail=1; }
+[ -n "$a" ] && [ -n "$b" ] && [ "$a" -gt $((2 * b)) ] || { echo "FAIL: settling after the replan placed $a, not over twice $b (not after it)"; fail=1; }
 bad=$("$replay" --model=1.3b --scale=0.5 2>&1); code=$?
 [ "$code" = 1 ] && [ "$bad" = "planreplay: --scale must be >= 1" ] || { echo "FAIL: --scale=0.5 gave $code: $bad"; fail=1; }
 none=$("$replay" 2>&1); code=$?

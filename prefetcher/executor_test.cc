@@ -197,6 +197,13 @@ uint64_t Total(const Graph& g) {
 // `slowdown` times the planned op time (plus `extra_nanos`) on the clock.
 // With `slowdown_is_waiting` the time beyond the plan is spent waiting in acquires (and
 // reported so), not computing.
+// The index of the tensor named `name` (g.tensors.size() when none is).
+TensorIndex Named(const Graph& g, const std::string& name) {
+  TensorIndex t = 0;
+  while (t < g.tensors.size() && g.tensors[t].name != name) ++t;
+  return t;
+}
+
 void RunLap(Executor& executor, ModelTiers& tiers, FakeClock& clock, const Graph& g, double slowdown = 1,
             int64_t extra_nanos = 0, bool slowdown_is_waiting = false) {
   for (uint32_t i = 0; i < g.ops.size(); ++i) {
@@ -549,9 +556,7 @@ TEST(ExecutorTest, PinsAndDriftingLinksReplanToo) {
   ASSERT_TRUE(plan.ok());
   FakeClock clock;
   ModelTiers tiers(g, budgets.gpu, clock);
-  TensorIndex pinned = 0;
-  for (; pinned < g.tensors.size() && g.tensors[pinned].name != "layers.1.w"; ++pinned) {
-  }
+  const TensorIndex pinned = Named(g, "layers.1.w");
   ASSERT_LT(pinned, g.tensors.size());
   std::vector<bool> pinned_seen;
   bool drifted = false;
@@ -581,21 +586,17 @@ TEST(ExecutorTest, PinsAndDriftingLinksReplanToo) {
 // With pause_after_replan, the lanes stop when a replan is swapped in (at a lap's start, in
 // OpBegin) and act again only after ResumeLanes: the tiers settle into the new layout first.
 TEST(ExecutorTest, AfterAReplanTheLanesWaitUntilResumed) {
-  const Graph g = SmallTraining();
-  const Budgets budgets{Total(g) / 3, Total(g), Total(g)};
-  auto plan = MakePlan(g, budgets);
-  ASSERT_TRUE(plan.ok());
-  FakeClock clock;
-  ModelTiers tiers(g, budgets.gpu, clock);
-  TensorIndex pinned = 0;
-  for (; pinned < g.tensors.size() && g.tensors[pinned].name != "layers.1.w"; ++pinned) {
-  }
+  SmallStep r;
+  const Graph& g = r.g;
+  FakeClock& clock = r.clock;
+  ModelTiers& tiers = r.tiers;
+  const TensorIndex pinned = Named(g, "layers.1.w");
   ASSERT_LT(pinned, g.tensors.size());
   ExecutorOptions options;
-  options.replanner = [&](const Graph& measured) -> absl::StatusOr<Plan> { return MakePlan(measured, budgets); };
+  options.replanner = [&](const Graph& measured) -> absl::StatusOr<Plan> { return MakePlan(measured, r.budgets); };
   options.pause_after_replan = true;
   options.single_thread = true;
-  Executor executor(g, *plan, tiers, clock, options);
+  Executor executor(g, r.plan, tiers, clock, options);
   executor.SetPinnedGpu({pinned});  // a replan, swapped in at the next lap's start
   executor.WaitIdle();
   RunLap(executor, tiers, clock, g);

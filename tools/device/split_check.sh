@@ -48,7 +48,11 @@ IFS=';' read -ra run_list <<< "$runs"
 names=()
 for run in "${run_list[@]}"; do
   name="${run%%=*}"; extra="${run#*=}"; bin=.carry/bin/tierd
-  if [[ "$name" == *@* ]]; then bin="${name#*@}"; name="${name%%@*}"; fi
+  if [[ "$name" == *@* ]]; then
+    # Under the name tierd: the trainer finds the daemon's GPU memory (NVML) by process name.
+    name_bin="${name#*@}"; name="${name%%@*}"
+    mkdir -p "$work/bin-$name"; cp "$name_bin" "$work/bin-$name/tierd"; bin="$work/bin-$name/tierd"
+  fi
   names+=("$name")
   daemon_flags="${TIERD_DAEMON_FLAGS:-}"
   IFS=';' read -ra daemon_runs <<< "${DAEMON_RUN_FLAGS:-}"

@@ -137,6 +137,9 @@ struct LeaseStats {
   // place to the layout's offset when a client acquires them and that range is free.
   uint64_t gpu_relocations = 0;
   uint64_t rehomed = 0;              // ... of them, the moves to the layout's offset
+  // SettleIntoLayout (a plan's start, a replan): copies moved to their layout offsets, and
+  // copies sent out of the GPU because the range they are laid out in was taken.
+  uint64_t settle_moves = 0, settle_demotes = 0;
   // NVMe copies dropped to make room there on demand (a tier above held the same bytes).
   uint64_t nvme_duplicates_dropped = 0;
   uint64_t refetches = 0;     // fetches back into a tier a copy was evicted from for room

@@ -321,6 +321,9 @@ absl::StatusOr<LeaseTable::Settled> LeaseTable::SettleIntoLayout(SessionId sessi
     ++settled.demoted;
     settled.demoted_bytes += bytes;
   }
+  absl::MutexLock stats_lock(&stats_mutex_);
+  stats_.settle_moves += settled.moved;
+  stats_.settle_demotes += settled.demoted;
   return settled;
 }
 

@@ -71,6 +71,8 @@ TEST_F(PlanMovesTest, SettlingIntoTheLayoutMovesOrDemotesTheCopiesMadeBeforeTheP
   EXPECT_EQ(settled->moved, 1u) << "c, to its free range";
   EXPECT_EQ(settled->demoted, 2u) << "a and b, each in the other's range";
   EXPECT_EQ(settled->demoted_bytes, 2 * 256 * 1024u);
+  EXPECT_EQ(table_->Stats().settle_moves, 1u);
+  EXPECT_EQ(table_->Stats().settle_demotes, 2u);
   EXPECT_EQ(gpu_offset(c), 2 * kMiB);
   EXPECT_FALSE(OnGpu(a));
   EXPECT_FALSE(OnGpu(b));

@@ -441,9 +441,11 @@ std::string Daemon::HotPathSummary() const {
          absl::StrFormat("; copies placed at the plan's layout offset %d, off it (the range still taken) %d (held "
                          "by a copy off the layout %d, by one there ahead of its time %d, by the tensor planned "
                          "there for a placement that does not wait %d, by a move in flight %d), planned loads that "
-                         "waited for their range %d; demand fetches %d",
+                         "waited for their range %d; settling into the layout moved %d copies to their offsets "
+                         "and %d out of the GPU; demand fetches %d",
                          l.planned_placements, l.off_plan_placements, l.off_plan_by[0], l.off_plan_by[1],
-                         l.off_plan_by[2], l.off_plan_by[3], l.layout_waits, l.stalls);
+                         l.off_plan_by[2], l.off_plan_by[3], l.layout_waits, l.settle_moves, l.settle_demotes,
+                         l.stalls);
 }
 
 void Daemon::OnGoodbye(uint64_t session_id) {

@@ -55,7 +55,7 @@ struct PlanningOptions {
   // The same after each replan (which lays the GPU out anew), the plan's lanes paused until
   // it is done; the client waits for it in that lap's first OpBegin, counted as a wait, not
   // as the op's time. An experiment: in the planner's replay it kept the new layout (571
-  // copies at its offsets against 109), but its first form on an H100 made the 1.3B step 16%
+  // copies at its offsets against 109), but its first form on an H100 made the 1.3B step 16-19%
   // slower: the settle's time counted as op 0's, drifted the op times and replanned every
   // other lap, each time settling again (docs/runs/2026-12-05-s39).
   bool settle_after_replan = false;

@@ -276,54 +276,54 @@ absl::StatusOr<LeaseTable::Settled> LeaseTable::SettleIntoLayout(SessionId sessi
   if (!session.ok()) return session.status();
   Session& s = **session;
   Settled settled;
-  std::vector<TensorId> blocked;  // laid out elsewhere, that range taken
+  struct Misplaced {
+    Tensor* tensor;
+    uint64_t at;  // its layout offset
+  };
+  std::vector<std::pair<TensorId, uint64_t>> blocked;  // laid out where another copy is; its bytes
   {
     absl::MutexLock lock(&s.mutex);
     if (s.planner == nullptr || s.ArenaOf(Tier::kGpu) == kNoArena) return settled;
-    std::vector<Tensor*> misplaced;
+    std::vector<Misplaced> misplaced;
     for (const auto& [id, t] : s.tensors) {
       if (!t->Has(Tier::kGpu) || t->acquired > 0 || t->busy > 0 || t->pinned.has_value()) continue;
       const std::optional<uint64_t> at = s.planner->LayoutOffset(t->id, Tier::kGpu);
-      if (at && *at != t->copies[static_cast<int>(Tier::kGpu)]->offset()) misplaced.push_back(t.get());
+      if (at && *at != t->copies[static_cast<int>(Tier::kGpu)]->offset()) misplaced.push_back({t.get(), *at});
     }
     // A move frees a range another one may be laid out in: again until none moves.
     for (bool progress = true; progress && !misplaced.empty();) {
       progress = false;
       for (auto it = misplaced.begin(); it != misplaced.end();) {
-        Tensor& t = **it;
-        const uint64_t at = *s.planner->LayoutOffset(t.id, Tier::kGpu);
-        auto to = store_.AllocateAt(s.ArenaOf(Tier::kGpu), at, t.bytes);
+        auto to = store_.AllocateAt(s.ArenaOf(Tier::kGpu), it->at, it->tensor->bytes);
         if (!to.ok()) {
           ++it;
           continue;
         }
-        if (absl::Status moved = MoveWithin(s, t, Tier::kGpu, *to); !moved.ok()) return moved;
+        if (absl::Status moved = MoveWithin(s, *it->tensor, Tier::kGpu, *to); !moved.ok()) return moved;
         ++settled.moved;
+        {
+          absl::MutexLock stats_lock(&stats_mutex_);
+          ++stats_.settle_moves;
+        }
         progress = true;
         it = misplaced.erase(it);
       }
     }
-    for (Tensor* t : misplaced) blocked.push_back(t->id);
+    for (const Misplaced& m : misplaced) blocked.emplace_back(m.tensor->id, m.tensor->bytes);
   }
-  for (TensorId id : blocked) {
-    uint64_t bytes = 0;
-    absl::Status demoted = OnTensor<absl::Status>(session_id, id, [&](Session&, Tensor& t) {
-      bytes = t.bytes;
-      return absl::OkStatus();
-    });
-    if (demoted.ok()) demoted = Demote(session_id, id, Tier::kGpu, /*dead=*/false);
-    // Acquired since, or pinned: it stays, as any copy the client holds; so does one that
-    // finds no room below (the plan's own moves make that room, later).
+  for (const auto& [id, bytes] : blocked) {
+    const absl::Status demoted = Demote(session_id, id, Tier::kGpu, /*dead=*/false);
+    // Acquired since, pinned or unleased: it stays, as any copy the client holds; so does one
+    // that finds no room below (the plan's own moves make that room, later).
     if (absl::IsFailedPrecondition(demoted) || absl::IsNotFound(demoted) || absl::IsResourceExhausted(demoted)) {
       continue;
     }
     if (!demoted.ok()) return demoted;
     ++settled.demoted;
     settled.demoted_bytes += bytes;
+    absl::MutexLock stats_lock(&stats_mutex_);
+    ++stats_.settle_demotes;
   }
-  absl::MutexLock stats_lock(&stats_mutex_);
-  stats_.settle_moves += settled.moved;
-  stats_.settle_demotes += settled.demoted;
   return settled;
 }
 

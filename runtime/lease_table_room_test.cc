@@ -230,6 +230,33 @@ TEST_F(PlanMovesTest, ARehomeWaitsForTheClientsKernelsAndReportsTheirFailure) {
   ASSERT_TRUE(table_->SetPlanner(session_, nullptr).ok());
 }
 
+// Settling moves a copy only after the client's kernels on it; if they failed it says so,
+// naming the tensor, and the copy stays (the failure is reported once: the next settle moves it).
+TEST_F(PlanMovesTest, SettlingReportsTheClientsFailedKernelOnceAndLosesNothing) {
+  const TensorId b = LeaseWritten("b", 64 * 1024, 0x22);
+  auto p = table_->Acquire(session_, b, Access::kWrite, Place::kGpu);
+  ASSERT_TRUE(p.ok()) << p.status();
+  const uint64_t at = p->offset;
+  ASSERT_NE(at, 2 * kMiB);
+  ASSERT_TRUE(table_->Release(session_, b, std::make_unique<KernelFence>(Pointer(*p), p->bytes, 0x66,
+                                                                          absl::InternalError("illegal address")))
+                  .ok());
+  UseLayout({{"b", 2 * kMiB}});
+  auto failed = table_->SettleIntoLayout(session_);
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kInternal) << failed.status();
+  EXPECT_NE(failed.status().message().find("the client's GPU work on 'b' failed"), absl::string_view::npos)
+      << failed.status();
+  EXPECT_EQ(table_->Stats().settle_moves, 0u);
+  auto settled = table_->SettleIntoLayout(session_);
+  ASSERT_TRUE(settled.ok()) << settled.status();
+  EXPECT_EQ(settled->moved, 1u);
+  EXPECT_EQ(table_->Stats().settle_moves, 1u);
+  EXPECT_EQ(OffsetOf(b), 2 * kMiB);
+  EXPECT_TRUE(Holds(b, 0x66)) << "the kernel's bytes moved with the copy";
+  EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
+  ASSERT_TRUE(table_->SetPlanner(session_, nullptr).ok());
+}
+
 // The tiers say what they move on their own to make room (for the planner's record of the
 // session): a dirty victim written back from the GPU to DRAM with its bytes, a clean one
 // dropped (no bytes), in the order they happen; nothing once the observer is gone.

@@ -418,6 +418,7 @@ absl::StatusOr<std::unique_ptr<GpuFence>> Daemon::ReleaseFence(const std::vector
 std::string Daemon::HotPathSummary() const {
   const int64_t fences = fences_.load();
   const LeaseStats l = leases_->Stats();
+  const BounceStats bounced = mover_->Bounced();
   const double n = static_cast<double>(std::max<uint64_t>(l.releases, 1));
   return absl::StrFormat(
              "hot path served: %s; GPU fences for ring releases %d x %.1f us; a release in the lease table %.1f us, of "
@@ -436,7 +437,7 @@ std::string Daemon::HotPathSummary() const {
          absl::StrFormat("; joining free space within the GPU %.0f ms, within DRAM %.0f ms (%d and %d copies moved; "
                          "%d of the GPU's through host memory, %s)",
                          l.relocate_nanos[0] * 1e-6, l.relocate_nanos[1] * 1e-6, l.gpu_relocations, l.relocations,
-                         mover_->Bounced().moves, FormatBytes(mover_->Bounced().bytes)) +
+                         bounced.moves, FormatBytes(bounced.bytes)) +
          // Why the GPU fragments: a planned copy whose layout range was still taken goes elsewhere.
          absl::StrFormat("; copies placed at the plan's layout offset %d, off it (the range still taken) %d (held "
                          "by a copy off the layout %d, by one there ahead of its time %d, by the tensor planned "

@@ -36,10 +36,15 @@ void GpuLink::Drain() {
 void GpuLink::Complete(Move& move) {
   absl::Status status = stream_->WaitFence(move.fence);
   meter_.End(move.bytes, status.ok());
+  // The bytes are off the link once the copy ends, before its callback runs: a caller woken by
+  // the callback that asks for room must not see its own finished copy (mover bounces).
+  {
+    absl::MutexLock lock(&mutex_);
+    unfinished_bytes_ -= move.bytes;
+  }
   move.done(std::move(status));
   absl::MutexLock lock(&mutex_);
   --unfinished_;
-  unfinished_bytes_ -= move.bytes;
 }
 
 void GpuLink::Run() {
@@ -66,11 +71,14 @@ void GpuLink::Run() {
       if (!status.ok() || !fence.ok()) {
         // Not issued: fail this move alone (its fence is 0, so it completes at once).
         meter_.End(move.bytes, false);
+        {
+          absl::MutexLock lock(&mutex_);
+          unfinished_bytes_ -= move.bytes;
+        }
         move.done(status.ok() ? fence.status() : status);
         move.done = nullptr;
         absl::MutexLock lock(&mutex_);
         --unfinished_;
-        unfinished_bytes_ -= move.bytes;
         continue;
       }
       move.fence = *fence;

@@ -33,7 +33,8 @@ class GpuLink {
   // Returns when every move enqueued so far has completed (callbacks included).
   void Drain();
   LinkStats Stats() const { return meter_.Stats(); }
-  // Bytes enqueued whose callbacks have not run yet: how long a move enqueued now waits.
+  // Bytes enqueued whose copies have not ended yet (a callback may still be running): how long
+  // a move enqueued now waits.
   uint64_t UnfinishedBytes() const {
     absl::MutexLock lock(&mutex_);
     return unfinished_bytes_;

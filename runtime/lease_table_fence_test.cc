@@ -225,7 +225,9 @@ TEST_F(LeaseTableTest, AHostWriteWaitingForTheGpuDoesNotHoldTheSessionsOtherRequ
       auto p = table->Acquire(s, a, access, Place::kHost);
       EXPECT_TRUE(p.ok()) << p.status();
       written = true;
-      if (p.ok()) EXPECT_TRUE(table->Release(s, a).ok());
+      if (p.ok()) {
+        EXPECT_TRUE(table->Release(s, a).ok());
+      }
     });
     const GateOutcome outcome = ServeBesideAClosedGate(*table, s, b, a_done, waited, written);
     EXPECT_TRUE(outcome.served_before_the_gate) << "b's acquire waited for a's kernels";

@@ -88,12 +88,14 @@ TEST(MoverTest, AMoveWithinTheGpuUpToTheBounceSizeGoesThroughHostMemory) {
 TEST(MoverTest, AMoveWithinTheGpuIsADeviceCopyWhileTheHostLinksAreBusy) {
   auto engine = MakeEngine("bounce-busy", {}, 64 * kMiB, false, /*gpu_bounce_bytes=*/12 * kMiB);
   TierStore& store = *engine.store;
-  const uint64_t load = 8 * kMiB, bytes = 5 * kMiB;
-  Extent staged = *store.Allocate(Tier::kDram, load);
-  Extent loaded = *store.Allocate(Tier::kGpu, load);
-  // The load's callback holds it unfinished until the test lets it go.
+  const uint64_t first = 1 * kMiB, load = 8 * kMiB, bytes = 5 * kMiB;
+  Extent first_staged = *store.Allocate(Tier::kDram, first), staged = *store.Allocate(Tier::kDram, load);
+  Extent first_loaded = *store.Allocate(Tier::kGpu, first), loaded = *store.Allocate(Tier::kGpu, load);
+  // The first copy's callback holds the link until the test lets it go, so the load queued
+  // behind it stays unfinished.
   absl::Notification release;
-  ASSERT_TRUE(engine.mover->Move(staged, loaded, load, [&](absl::Status) { release.WaitForNotification(); }).ok());
+  ASSERT_TRUE(engine.mover->Move(first_staged, first_loaded, first, [&](absl::Status) { release.WaitForNotification(); }).ok());
+  ASSERT_TRUE(engine.mover->Move(staged, loaded, load, [](absl::Status) {}).ok());
   Extent from = *store.Allocate(Tier::kGpu, bytes);
   Extent to = *store.Allocate(Tier::kGpu, bytes);
   engine.Fill(from, bytes, 13);
@@ -102,7 +104,7 @@ TEST(MoverTest, AMoveWithinTheGpuIsADeviceCopyWhileTheHostLinksAreBusy) {
   EXPECT_EQ(engine.mover->Bounced().moves, 0u) << "8 MiB queued + 5 MiB is more than the 12 MiB buffer";
   release.Notify();
   engine.mover->Drain();
-  EXPECT_EQ(engine.mover->Stats(Link::kDramToGpu).bytes, load);
+  EXPECT_EQ(engine.mover->Stats(Link::kDramToGpu).bytes, first + load);
   ASSERT_TRUE(engine.mover->MoveAndWait(to, from, bytes).ok());  // the links idle again: it bounces
   EXPECT_EQ(engine.mover->Bounced().moves, 1u);
 }

@@ -49,8 +49,11 @@ class FakeRegion final : public GpuRegion {
 // One worker thread executes copies in order; fences complete when it reaches them.
 class FakeCopyStream final : public CopyStream {
  public:
-  FakeCopyStream(Clock& clock, double link_bytes_per_second)
-      : clock_(clock), link_bytes_per_second_(link_bytes_per_second), worker_([this] { Run(); }) {}
+  FakeCopyStream(Clock& clock, double link_bytes_per_second, double within_bytes_per_second)
+      : clock_(clock),
+        link_bytes_per_second_(link_bytes_per_second),
+        within_bytes_per_second_(within_bytes_per_second),
+        worker_([this] { Run(); }) {}
 
   ~FakeCopyStream() override {
     {
@@ -113,16 +116,16 @@ class FakeCopyStream final : public CopyStream {
       }
       const int64_t start = clock_.NowNanos();
       std::memcpy(op.dst, op.src, op.bytes);
-      if (link_bytes_per_second_ > 0 && !op.within) {
-        const auto modelled = static_cast<int64_t>(1e9 * static_cast<double>(op.bytes) /
-                                                   link_bytes_per_second_);
+      const double speed = op.within ? within_bytes_per_second_ : link_bytes_per_second_;
+      if (speed > 0) {
+        const auto modelled = static_cast<int64_t>(1e9 * static_cast<double>(op.bytes) / speed);
         clock_.SleepNanos(modelled - (clock_.NowNanos() - start));
       }
     }
   }
 
   Clock& clock_;
-  const double link_bytes_per_second_;
+  const double link_bytes_per_second_, within_bytes_per_second_;
   absl::Mutex mutex_;
   std::deque<Op> queue_ ABSL_GUARDED_BY(mutex_);
   uint64_t last_fence_ ABSL_GUARDED_BY(mutex_) = 0;
@@ -186,7 +189,7 @@ class FakeGpu final : public GpuDevice {
   absl::Status UnregisterHostMemory(void*) override { return absl::OkStatus(); }
 
   absl::StatusOr<std::unique_ptr<CopyStream>> CreateCopyStream() override {
-    return std::unique_ptr<CopyStream>(new FakeCopyStream(clock_, options_.link_bytes_per_second));
+    return std::unique_ptr<CopyStream>(new FakeCopyStream(clock_, options_.link_bytes_per_second, options_.within_bytes_per_second));
   }
   absl::StatusOr<std::unique_ptr<ImportedEvent>> ImportEvent(const std::string&) override {
     return absl::UnimplementedError("the fake GPU has no interprocess events");

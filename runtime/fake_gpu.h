@@ -19,6 +19,9 @@ struct FakeGpuOptions {
   uint64_t memory_bytes = uint64_t{24} << 30;
   // Modelled link speed per direction; 0 = as fast as memcpy.
   double link_bytes_per_second = 0;
+  // Modelled speed of a copy within the device (which, beside a client's kernels, waits for
+  // SMs); 0 = as fast as memcpy.
+  double within_bytes_per_second = 0;
   Clock* clock = nullptr;  // RealClock() when null
 };
 

@@ -70,6 +70,22 @@ TEST(FakeGpuTest, ModelledLinkTakesBytesOverBandwidthOfClockTime) {
   EXPECT_EQ(clock.NowNanos(), 10'000'000);
 }
 
+TEST(FakeGpuTest, ACopyWithinTheDeviceTakesItsOwnModelledTime) {
+  FakeClock clock;
+  auto gpu = CreateFakeGpu({.memory_bytes = 64 * kMiB,
+                            .link_bytes_per_second = 1e9,
+                            .within_bytes_per_second = 4e9,
+                            .clock = &clock});
+  auto region = *gpu->AllocateRegion(16 * kMiB);
+  auto stream = *gpu->CreateCopyStream();
+  auto* base = static_cast<uint8_t*>(region->base());
+  std::memset(base, 7, 4'000'000);
+  ASSERT_TRUE(stream->CopyAsync(base + 8 * kMiB, base, 4'000'000, CopyDirection::kDeviceToDevice).ok());
+  ASSERT_TRUE(stream->WaitFence(*stream->RecordFence()).ok());
+  EXPECT_EQ(clock.NowNanos(), 1'000'000) << "4 MB at 4 GB/s, not at the link's 1 GB/s";
+  EXPECT_EQ(base[8 * kMiB + 3'999'999], 7);
+}
+
 TEST(GpuFactoryTest, FallsBackToTheFakeGpuWithAReason) {
   auto opened = OpenGpu({});
   ASSERT_TRUE(opened.ok());

@@ -266,6 +266,8 @@ class LeaseTable {
   // still hold it (the plan's lane retries once they have left).
   enum class LayoutRange { kOrElsewhere, kOrWait };
   // `tensor`: the one the room is for, when the planner's layout may have an offset for it.
+  // While that tensor is busy (its caller's hands-off mark), a join within the GPU lets the
+  // session's lock go as its copies move; a write-back made for room always does.
   absl::StatusOr<Extent> AllocateIn(Session& s, Tier tier, uint64_t bytes, bool evict,
                                     std::optional<TensorId> tensor = std::nullopt,
                                     LayoutRange when_taken = LayoutRange::kOrElsewhere)
@@ -315,10 +317,18 @@ class LeaseTable {
   // may instead slide together to the window's low end when the gaps inside it make
   // `bytes`. Returns the offset of the joined block; RESOURCE_EXHAUSTED when no such move
   // joins enough.
-  absl::StatusOr<uint64_t> Relocate(Session& s, Tier tier, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
+  // `unlocked`: a move within the GPU lets the session's lock go while its bytes travel (the
+  // caller holds the tensor it places busy, so nothing else places it meanwhile).
+  absl::StatusOr<uint64_t> Relocate(Session& s, Tier tier, uint64_t bytes, bool unlocked)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
+  // Whether tensor `id` is being moved or placed by a caller that let the lock go.
+  static bool Busy(Session& s, TensorId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   // Moves t's copy in `tier` to `to` (a fresh extent of the same arena) and frees the old
   // range: DRAM by memcpy, the GPU over the Mover once the client's work on it is done.
-  absl::Status MoveWithin(Session& s, Tensor& t, Tier tier, const Extent& to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
+  // `unlocked` (the GPU only): the session's lock is let go while the copy runs, t busy meanwhile;
+  // the caller finds anything it holds by pointer again afterwards.
+  absl::Status MoveWithin(Session& s, Tensor& t, Tier tier, const Extent& to, bool unlocked = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   // Moves t's DRAM copy down to `to_offset` in its arena, a range that may overlap its own
   // (the gap before it and part of itself): a memmove.
   absl::Status SlideWithin(Session& s, Tensor& t, Tier tier, uint64_t to_offset) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
@@ -326,7 +336,8 @@ class LeaseTable {
   // layout's offset for the op the client is on, if that range is free now: the tensors one
   // op acquires together then sit where the layout keeps them apart, and cannot split the
   // room the op's largest tensor needs. Nothing happens when t is in use or moving, or while
-  // the client's kernels on it may still run (its acquire would wait for them). An error
+  // the client's kernels on it may still run (its acquire would wait for them). The copy runs
+  // with the session's lock let go (t busy), as a join's moves do. An error
   // only when the client's last GPU work on t failed (or the device copy did): the copy
   // stays where it was.
   absl::Status Rehome(Session& s, Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);

@@ -154,7 +154,7 @@ absl::Status LeaseTable::SettleGpuCopy(Tensor& t) {
 absl::Status LeaseTable::SettleGpuCopyUnlocked(Session& s, Tensor& t) {
   if (t.gpu_fence == nullptr) return absl::OkStatus();
   std::unique_ptr<GpuFence> fence = std::move(t.gpu_fence);
-  if (fence->Passed()) return absl::OkStatus();
+  if (fence->Passed()) return fence->Wait();  // at once: how the client's work ended
   NoteHeld(s);
   s.mutex.Unlock();
   absl::Status status = fence->Wait();
@@ -218,7 +218,10 @@ absl::Status LeaseTable::Prefetch(SessionId session_id, TensorId id, Tier tier, 
     if (!t.written) {
       if (tier == Tier::kNvme) return absl::OkStatus();  // nothing to keep a copy of
       // Holds no value: reserve room here for the overwrite to come; the empty copies go.
+      // Busy meanwhile: a join on the GPU lets the lock go while its copies move.
+      ++t.busy;
       auto extent = AllocateIn(s, tier, t.bytes, evict, t.id, planned);
+      --t.busy;
       if (!extent.ok()) return extent.status();
       for (Tier other : {Tier::kGpu, Tier::kDram, Tier::kNvme}) DropCopy(s, t, other);
       t.copies[static_cast<int>(tier)] = *extent;

@@ -137,7 +137,7 @@ absl::StatusOr<Extent> LeaseTable::AllocateIn(Session& s, Tier tier, uint64_t by
     if (relocations_left-- > 0) {
       // Fragmented: join free space by moving one copy within the tier, not by spilling.
       const int64_t relocating = clock_.NowNanos();
-      auto joined = Relocate(s, tier, bytes);
+      auto joined = Relocate(s, tier, bytes, /*unlocked=*/tensor && Busy(s, *tensor));
       timings_.relocate_nanos[static_cast<int>(tier)].fetch_add(clock_.NowNanos() - relocating,
                                                                 std::memory_order_relaxed);
       if (joined.ok()) {
@@ -167,7 +167,12 @@ absl::StatusOr<Extent> LeaseTable::AllocateIn(Session& s, Tier tier, uint64_t by
   }
 }
 
-absl::StatusOr<uint64_t> LeaseTable::Relocate(Session& s, Tier tier, uint64_t bytes) {
+bool LeaseTable::Busy(Session& s, TensorId id) {
+  auto it = s.tensors.find(id);
+  return it != s.tensors.end() && it->second->busy > 0;
+}
+
+absl::StatusOr<uint64_t> LeaseTable::Relocate(Session& s, Tier tier, uint64_t bytes, bool unlocked) {
   const ArenaId arena = s.ArenaOf(tier);
   const AllocatorStats stats = store_.ArenaStats(arena);
   if (stats.free_bytes < bytes) return absl::ResourceExhaustedError("not fragmented: too little free");
@@ -199,11 +204,21 @@ absl::StatusOr<uint64_t> LeaseTable::Relocate(Session& s, Tier tier, uint64_t by
     }
     return cursor;  // the joined block: from the last slid copy's end to the window's end
   }
-  for (const JoinPlan::Move& m : join->moves) {
-    Tensor& t = *held[m.copy].tensor;
-    auto to = store_.AllocateAt(arena, m.to, t.bytes);
+  // A move within the GPU may let the lock go: the copies after it are found again by id and
+  // must still be idle where the plan saw them, or the join ends (the moves so far stand).
+  std::vector<std::pair<TensorId, uint64_t>> movers;  // id, offset when planned
+  for (const JoinPlan::Move& m : join->moves) movers.emplace_back(held[m.copy].tensor->id, held[m.copy].begin);
+  for (size_t k = 0; k < movers.size(); ++k) {
+    auto it = s.tensors.find(movers[k].first);
+    Tensor* t = it == s.tensors.end() ? nullptr : it->second.get();
+    if (t == nullptr || t->busy > 0 || t->acquired > 0 || t->pinned.has_value() || !t->Has(tier) ||
+        t->copies[static_cast<int>(tier)]->offset() != movers[k].second ||
+        (tier == Tier::kGpu && t->gpu_fence != nullptr && !t->gpu_fence->Passed())) {
+      return absl::ResourceExhaustedError("a copy the join would move was taken meanwhile");
+    }
+    auto to = store_.AllocateAt(arena, join->moves[k].to, t->bytes);
     if (!to.ok()) return to.status();  // taken by a move in flight: the moves so far stand
-    if (absl::Status moved = MoveWithin(s, t, tier, *to); !moved.ok()) return moved;
+    if (absl::Status moved = MoveWithin(s, *t, tier, *to, unlocked); !moved.ok()) return moved;
   }
   return join->begin;  // the joined block's start
 }
@@ -230,19 +245,36 @@ absl::Status LeaseTable::SlideWithin([[maybe_unused]] Session& s, Tensor& t, Tie
   return absl::OkStatus();
 }
 
-absl::Status LeaseTable::MoveWithin([[maybe_unused]] Session& s, Tensor& t, Tier tier, const Extent& to) {
+absl::Status LeaseTable::MoveWithin(Session& s, Tensor& t, Tier tier, const Extent& to, bool unlocked) {
   const Extent from = *t.copies[static_cast<int>(tier)];
   if (tier == Tier::kGpu) {
     // The client's kernels may still touch the old range: done first. Then a copy on the
-    // device, without the host links; the lock stays held (HBM moves it in well under a
-    // millisecond per hundred MiB).
-    absl::Status moved = SettleGpuCopy(t);
+    // device, without the host links. Beside a busy trainer that copy waits for SMs (about a
+    // millisecond a join on an H100): `unlocked`, the session's other requests go on meanwhile, as during a copy between tiers (t is busy: hands off; both ranges are ours).
+    ++t.busy;
+    absl::Status moved = unlocked ? SettleGpuCopyUnlocked(s, t) : SettleGpuCopy(t);
     if (!moved.ok()) {
       moved = absl::Status(moved.code(), absl::StrFormat("the client's GPU work on '%s' failed: %s", t.spec.name,
                                                          moved.message()));
-    } else if (moved = mover_.MoveAndWait(from, to, t.bytes); !moved.ok()) {
-      moved = absl::Status(moved.code(), absl::StrFormat("moving '%s' within the GPU: %s", t.spec.name, moved.message()));
+    } else {
+      if (unlocked) {
+        ++s.moving;
+        NoteHeld(s);
+        s.mutex.Unlock();
+      }
+      moved = mover_.MoveAndWait(from, to, t.bytes);
+      if (unlocked) {
+        s.mutex.Lock();
+        s.held_since = clock_.NowNanos();
+        --s.moving;
+        ++s.moves_done;
+      }
+      if (!moved.ok()) {
+        moved = absl::Status(moved.code(),
+                             absl::StrFormat("moving '%s' within the GPU: %s", t.spec.name, moved.message()));
+      }
     }
+    --t.busy;
     if (!moved.ok()) {
       store_.Free(to).IgnoreError();
       return moved;
@@ -265,7 +297,7 @@ absl::Status LeaseTable::Rehome(Session& s, Tensor& t) {
   if (!at || *at == t.copies[static_cast<int>(Tier::kGpu)]->offset()) return absl::OkStatus();
   auto to = store_.AllocateAt(s.ArenaOf(Tier::kGpu), *at, t.bytes);
   if (!to.ok()) return absl::OkStatus();  // still taken (or overlapping its own range): it stays
-  if (absl::Status moved = MoveWithin(s, t, Tier::kGpu, *to); !moved.ok()) return moved;
+  if (absl::Status moved = MoveWithin(s, t, Tier::kGpu, *to, /*unlocked=*/true); !moved.ok()) return moved;
   absl::MutexLock stats_lock(&stats_mutex_);
   ++stats_.rehomed;
   return absl::OkStatus();
@@ -277,29 +309,42 @@ absl::StatusOr<LeaseTable::Settled> LeaseTable::SettleIntoLayout(SessionId sessi
   Session& s = **session;
   Settled settled;
   struct Misplaced {
-    Tensor* tensor;
+    TensorId id;
     uint64_t at;  // its layout offset
   };
   std::vector<std::pair<TensorId, uint64_t>> blocked;  // laid out where another copy is; its bytes
   {
     absl::MutexLock lock(&s.mutex);
     if (s.planner == nullptr || s.ArenaOf(Tier::kGpu) == kNoArena) return settled;
+    // Idle, on the GPU, and not where the layout has it: the tensor, or null.
+    auto misplaced_now = [&](const Misplaced& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex) -> Tensor* {
+      auto it = s.tensors.find(m.id);
+      if (it == s.tensors.end()) return nullptr;
+      Tensor& t = *it->second;
+      if (!t.Has(Tier::kGpu) || t.acquired > 0 || t.busy > 0 || t.pinned.has_value()) return nullptr;
+      return t.copies[static_cast<int>(Tier::kGpu)]->offset() != m.at ? &t : nullptr;
+    };
     std::vector<Misplaced> misplaced;
     for (const auto& [id, t] : s.tensors) {
-      if (!t->Has(Tier::kGpu) || t->acquired > 0 || t->busy > 0 || t->pinned.has_value()) continue;
       const std::optional<uint64_t> at = s.planner->LayoutOffset(t->id, Tier::kGpu);
-      if (at && *at != t->copies[static_cast<int>(Tier::kGpu)]->offset()) misplaced.push_back({t.get(), *at});
+      if (at && misplaced_now({id, *at}) != nullptr) misplaced.push_back({id, *at});
     }
-    // A move frees a range another one may be laid out in: again until none moves.
+    // A move frees a range another one may be laid out in: again until none moves. Each move
+    // lets the lock go while its bytes travel, so every copy is looked at anew before its own.
     for (bool progress = true; progress && !misplaced.empty();) {
       progress = false;
       for (auto it = misplaced.begin(); it != misplaced.end();) {
-        auto to = store_.AllocateAt(s.ArenaOf(Tier::kGpu), it->at, it->tensor->bytes);
+        Tensor* t = misplaced_now(*it);
+        if (t == nullptr) {  // acquired, moved or gone meanwhile: the client has it in hand
+          it = misplaced.erase(it);
+          continue;
+        }
+        auto to = store_.AllocateAt(s.ArenaOf(Tier::kGpu), it->at, t->bytes);
         if (!to.ok()) {
           ++it;
           continue;
         }
-        if (absl::Status moved = MoveWithin(s, *it->tensor, Tier::kGpu, *to); !moved.ok()) return moved;
+        if (absl::Status moved = MoveWithin(s, *t, Tier::kGpu, *to, /*unlocked=*/true); !moved.ok()) return moved;
         ++settled.moved;
         {
           absl::MutexLock stats_lock(&stats_mutex_);
@@ -309,7 +354,9 @@ absl::StatusOr<LeaseTable::Settled> LeaseTable::SettleIntoLayout(SessionId sessi
         it = misplaced.erase(it);
       }
     }
-    for (const Misplaced& m : misplaced) blocked.emplace_back(m.tensor->id, m.tensor->bytes);
+    for (const Misplaced& m : misplaced) {
+      if (Tensor* t = misplaced_now(m)) blocked.emplace_back(m.id, t->bytes);
+    }
   }
   for (const auto& [id, bytes] : blocked) {
     const absl::Status demoted = Demote(session_id, id, Tier::kGpu, /*dead=*/false);

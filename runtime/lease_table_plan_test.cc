@@ -262,5 +262,52 @@ TEST_F(PlanMovesTest, AMoveInFlightDoesNotBlockTheRestOfTheSession) {
   EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
 }
 
+// A join within the GPU (a copy moved aside so the free space is one block) lets the
+// session's lock go while the copy runs: the session's other requests are served meanwhile,
+// the moved tensor waits for its copy, and every byte lands.
+TEST_F(PlanMovesTest, AJoinWithinTheGpuDoesNotBlockTheRestOfTheSession) {
+  // e (2 MiB) waits in DRAM; a, b (1 MiB each), c (0.5 MiB) and d (1.5 MiB) fill the 4 MiB
+  // GPU; b and d go down, leaving 2.5 MiB free in two holes apart. Moving a into d's old
+  // range joins a's and b's (c has no free block to go to but its own neighbours).
+  auto e = table_->Lease(session_, testing::Spec("e", 512 * 1024));
+  ASSERT_TRUE(e.ok()) << e.status();
+  auto host = table_->Acquire(session_, *e, Access::kOverwrite, Place::kHost);
+  ASSERT_TRUE(host.ok()) << host.status();
+  std::memset(Pointer(*host), 0x1e, host->bytes);
+  ASSERT_TRUE(table_->Release(session_, *e).ok());
+  const TensorId a = LeaseWritten("a", 256 * 1024, 0x1a);
+  const TensorId b = LeaseWritten("b", 256 * 1024, 0x1b);
+  const TensorId c = LeaseWritten("c", 128 * 1024, 0x1c);
+  const TensorId d = LeaseWritten("d", 384 * 1024, 0x1d);
+  ASSERT_FALSE(OnGpu(*e));
+  ASSERT_TRUE(table_->Demote(session_, b, Tier::kGpu, false).ok());
+  ASSERT_TRUE(table_->Demote(session_, d, Tier::kGpu, false).ok());
+  const uint64_t joins_before = table_->Stats().gpu_relocations;
+  gate_.Shut();
+  // The plan's load of e (free room only) must join: a's copy is stuck on the gate.
+  auto load = std::async(std::launch::async, [&] { return table_->Prefetch(session_, *e, Tier::kGpu, false); });
+  gate_.WaitForSleeper();
+  auto other = std::async(std::launch::async, [&] { return Holds(c, 0x1c); });
+  ASSERT_EQ(other.wait_for(std::chrono::seconds(20)), std::future_status::ready)
+      << "an acquire of another tensor waited for a join's copy within the GPU";
+  EXPECT_TRUE(other.get());
+  auto moved = std::async(std::launch::async, [&] { return Holds(a, 0x1a); });
+  EXPECT_EQ(moved.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout)
+      << "the copy being moved was served before its bytes landed";
+  gate_.Open();
+  ASSERT_TRUE(load.get().ok());
+  EXPECT_TRUE(moved.get());
+  EXPECT_EQ(table_->Stats().gpu_relocations, joins_before + 1);
+  EXPECT_TRUE(OnGpu(*e));
+  EXPECT_TRUE(Holds(*e, 0x1e));
+  for (auto [id, fill] : {std::pair{b, 0x1b}, {d, 0x1d}}) {
+    auto p = table_->Acquire(session_, id, Access::kRead, Place::kHost);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(Pointer(*p)[p->bytes - 1], fill);
+    ASSERT_TRUE(table_->Release(session_, id).ok());
+  }
+  EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
+}
+
 }  // namespace
 }  // namespace tierd

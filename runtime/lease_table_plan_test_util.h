@@ -84,6 +84,7 @@ class PlanMovesTest : public ::testing::Test {
   void SetUp() override {
     FakeGpuOptions gpu;
     gpu.link_bytes_per_second = 1e12;  // each copy "sleeps" on the gate clock
+    gpu.within_bytes_per_second = 1e12;  // within the GPU too
     gpu.clock = &gate_;
     engine_ = testing::MakeDaemonEngine(::testing::UnitTest::GetInstance()->current_test_info()->name(),
                                         8 * kMiB, 16 * kMiB, 32 * kMiB, gpu);

@@ -226,6 +226,11 @@ ABSL_FLAG(std::string, attention, "auto",
           "FlashAttention-2-style kernels; auto: cuDNN's when it opens and takes the shape, else ours (the log says "
           "which and why); cudnn-fast: cuDNN's with its non-deterministic backward (atomic adds into dQ: faster, "
           "but two runs, or a run and its --resume, no longer give the same bits)");
+ABSL_FLAG(bool, fused_norms, false,
+          "GPU: each layer's forward adds the attention's output into the fp32 residual stream, keeps the copy its "
+          "backward reads and takes the second norm in one kernel, and copies its input within the first norm's: "
+          "the same bits as the separate kernels, with 3 of the 6 reads of the stream in a layer's forward "
+          "makes gone (off until measured on the GPU)");
 ABSL_FLAG(int, gemm_candidates, 1,
           "GPU: time this many of cuBLASLt's candidate algorithms at each GEMM shape's first call (3 runs each, into "
           "a scratch output the size of the GEMM's) and keep the fastest; 1: cuBLASLt's heuristic first choice, "
@@ -549,6 +554,7 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   s.step_order = absl::GetFlag(FLAGS_step_order);
   s.optimizer_chunks = absl::GetFlag(FLAGS_optimizer_chunks);
   s.attention = absl::GetFlag(FLAGS_attention);
+  s.fused_norms = absl::GetFlag(FLAGS_fused_norms);
   if (s.attention != "auto" && s.attention != "cudnn" && s.attention != "cudnn-fast" && s.attention != "ours") {
     return Bad("--attention is auto, cudnn, cudnn-fast or ours, not '" + s.attention + "'");
   }

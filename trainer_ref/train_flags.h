@@ -73,6 +73,7 @@ ABSL_DECLARE_FLAG(double, nvme_gbps);
 ABSL_DECLARE_FLAG(double, gpu_tflops);
 ABSL_DECLARE_FLAG(int, optimizer_chunks);
 ABSL_DECLARE_FLAG(std::string, attention);
+ABSL_DECLARE_FLAG(bool, fused_norms);
 ABSL_DECLARE_FLAG(int, gemm_candidates);
 ABSL_DECLARE_FLAG(std::string, gemm_cache_dir);
 ABSL_DECLARE_FLAG(bool, optimizer_deferred);
@@ -152,6 +153,7 @@ struct RunSettings {
   std::string step_order = "auto";       // micro | layer | auto
   int optimizer_chunks = 1;
   std::string attention = "auto";  // --attention: auto | cudnn | ours
+  bool fused_norms = false;         // --fused_norms
   int gemm_candidates = 1;     // --gemm_candidates
   std::string gemm_cache_dir;  // --gemm_cache_dir, or its default resolved
   double pcie_gbps = 55, nvme_gbps = 2, gpu_tflops = 300;  // the cost models' machine

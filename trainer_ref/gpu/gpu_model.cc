@@ -71,6 +71,7 @@ GpuModel::GpuModel(const ModelConfig& config, int batch, int seq, const StateOpt
   acquired_chunk_.assign(Groups(), {});
   grads_zeroed_.assign(Groups(), false);
   weight_codes_ = state.fp8_weight_codes;
+  fused_norms_ = state.fused_norms;
   codes_current_.assign(Groups(), 0);
   head_rows_ = HeadRows(config, batch, seq, state.head_rows);
   rope_ = RopeFrequenciesOf(RopeInverseFrequencies(config));
@@ -161,11 +162,19 @@ absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x) {
                               : gemm_->Forward(out, in, W(e), n, ic, oc, stream_);
     });
   };
-  RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(a.x_in, x, nc * sizeof(float), cudaMemcpyDeviceToDevice, stream_), "x_in"));
-  Timed(kElementwise, [&] {
-    RmsNormForward(a.h1, a.rstd1, x, N(w.attn_norm), n, c, static_cast<float>(config_.norm_eps), stream_);
-    return 0;
-  });
+  const float eps = static_cast<float>(config_.norm_eps);
+  if (fused_norms_) {
+    Timed(kElementwise, [&] {
+      ResidualRmsNormForward(a.h1, a.rstd1, x, nullptr, a.x_in, N(w.attn_norm), n, c, eps, stream_);
+      return 0;
+    });
+  } else {
+    RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(a.x_in, x, nc * sizeof(float), cudaMemcpyDeviceToDevice, stream_), "x_in"));
+    Timed(kElementwise, [&] {
+      RmsNormForward(a.h1, a.rstd1, x, N(w.attn_norm), n, c, eps, stream_);
+      return 0;
+    });
+  }
   cast(a.h1, kLinearQ, c);
   RETURN_IF_ERROR(linear(a.q, a.h1, w.wq, kLinearQ, c, qd));
   RETURN_IF_ERROR(linear(a.k, a.h1, w.wk, kLinearK, c, kd));
@@ -196,15 +205,22 @@ absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x) {
   }));
   cast(a.a, kLinearO, qd);
   RETURN_IF_ERROR(linear(tmp_, a.a, w.wo, kLinearO, qd, c));
-  Timed(kElementwise, [&] {
-    AddInto(x, tmp_, static_cast<int64_t>(nc), stream_);
-    return 0;
-  });
-  RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(a.x_mid, x, nc * sizeof(float), cudaMemcpyDeviceToDevice, stream_), "x_mid"));
-  Timed(kElementwise, [&] {
-    RmsNormForward(a.h2, a.rstd2, x, N(w.mlp_norm), n, c, static_cast<float>(config_.norm_eps), stream_);
-    return 0;
-  });
+  if (fused_norms_) {
+    Timed(kElementwise, [&] {
+      ResidualRmsNormForward(a.h2, a.rstd2, x, tmp_, a.x_mid, N(w.mlp_norm), n, c, eps, stream_);
+      return 0;
+    });
+  } else {
+    Timed(kElementwise, [&] {
+      AddInto(x, tmp_, static_cast<int64_t>(nc), stream_);
+      return 0;
+    });
+    RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(a.x_mid, x, nc * sizeof(float), cudaMemcpyDeviceToDevice, stream_), "x_mid"));
+    Timed(kElementwise, [&] {
+      RmsNormForward(a.h2, a.rstd2, x, N(w.mlp_norm), n, c, eps, stream_);
+      return 0;
+    });
+  }
   cast(a.h2, kLinearGate, c);
   RETURN_IF_ERROR(linear(a.g, a.h2, w.w1, kLinearGate, c, f));
   RETURN_IF_ERROR(linear(a.u, a.h2, w.w3, kLinearUp, c, f));

@@ -120,6 +120,11 @@ struct StateOptions {
   // The head's logits this many rows at a time (0: HeadRows's choice; tests set it smaller to
   // see the chunks at small shapes).
   int head_rows = 0;
+  // A layer's forward adds the attention's output into the residual stream, keeps the copy
+  // its backward reads and takes the second norm in one kernel (ResidualRmsNormForward), and
+  // keeps its input's copy within the first norm's (--fused_norms): the same bits in fewer
+  // passes over the fp32 stream (3 of the 6 reads of it in a layer's forward).
+  bool fused_norms = false;
 };
 
 class GpuModel {
@@ -443,6 +448,7 @@ class GpuModel {
   // each map's codes, 256-byte aligned, in LinearIndex order. `index` -1: the part's bytes.
   static uint64_t WeightCodesOffset(const ModelConfig& config, int index);
   bool weight_codes_ = false;
+  bool fused_norms_ = false;  // StateOptions::fused_norms
   // Per group: its codes part holds the codes of its bf16 weights as they are now. Written by
   // the host's optimizer thread for the groups it steps (read after AwaitOptimizerUpdate).
   std::vector<char> codes_current_;

@@ -189,6 +189,42 @@ TEST(GpuModelTest, CheckpointingGivesTheSameLossAndGradients) {
   }
 }
 
+// --fused_norms: the residual add, the copies the backward keeps and the norms in one kernel
+// give the same loss and gradients to the bit, plain, with checkpointing (the recompute's
+// forward fused too) and in FP8.
+TEST(GpuModelTest, FusedNormsGiveTheSameBits) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device here: the GPU model is checked on the lent GPU machine";
+  const ModelConfig config{"fused", 3, 128, 2, 352, 512, 128};
+  const int batch = 2, seq = 128;
+  std::mt19937_64 rng(23);
+  const Batch b = RandomBatch(batch * seq, config.vocab, rng);
+  for (const bool checkpointing : {false, true}) {
+    for (const bool fp8 : {false, true}) {
+      SCOPED_TRACE(std::string(checkpointing ? "checkpointing" : "every activation kept") + (fp8 ? ", fp8" : ""));
+      std::vector<float> grads[2];
+      double losses[2] = {0, 0};
+      for (int fused = 0; fused < 2; ++fused) {
+        auto model = GpuModel::Create(config, batch, seq, nullptr,
+                                      {.checkpointing = checkpointing, .fused_norms = fused == 1});
+        ASSERT_TRUE(model.ok()) << model.status();
+        if (fp8) ASSERT_TRUE((*model)->UseFp8().ok());
+        ASSERT_TRUE((*model)->InitParams(5).ok());
+        ASSERT_TRUE((*model)->ZeroGrads().ok());
+        for (int micro = 0; micro < 2; ++micro) {
+          auto loss = (*model)->Forward(b.tokens.data(), b.targets.data());
+          ASSERT_TRUE(loss.ok()) << loss.status();
+          losses[fused] += *loss;
+          ASSERT_TRUE((*model)->Backward().ok());
+        }
+        ASSERT_TRUE((*model)->GetGrads(&grads[fused]).ok());
+      }
+      EXPECT_EQ(losses[0], losses[1]);
+      ASSERT_EQ(grads[0].size(), grads[1].size());
+      EXPECT_EQ(std::memcmp(grads[0].data(), grads[1].data(), grads[0].size() * sizeof(float)), 0);
+    }
+  }
+}
+
 // Layer-major order over K micro-batches: the same mean loss, gradients and gradient norm,
 // bit for bit, as K Forward/Backward pairs; with and without checkpointing; the model's home
 // holds each layer's saved tensor per micro-batch (K slots) and refuses a home made for one.

@@ -35,7 +35,8 @@ StateOptions BaseState(const RunSettings& s, int layer_major_micro_batches = 0, 
           .adafactor = s.adafactor,
           .gemm_candidates = s.gemm_candidates,
           .gemm_cache_dir = s.gemm_cache_dir,
-          .attention = s.attention};
+          .attention = s.attention,
+          .fused_norms = s.fused_norms};
 }
 
 // Without --tierd_dram the DRAM quota is what the state needs beyond the GPU, at most this.

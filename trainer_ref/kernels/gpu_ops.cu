@@ -63,23 +63,42 @@ __global__ void EmbeddingBackwardKernel(float* dwte, const float* dout, const in
 // Row kernels: one block per row. With C a multiple of 4 and 16-byte-aligned rows (`vec`)
 // every access is a float4 (fp32) or four bf16, several in flight per thread; the scalar
 // loops are for other shapes. Both give the same values up to the order of the row's sum.
-__global__ void RmsNormForwardKernel(Bf16* out, float* rstd, const float* in, const float* weight, int c, float eps,
-                                     bool vec) {
+// out = x * rstd * weight, one block a row. With `residual`, x += residual first (written back,
+// as AddInto); with `saved`, x (after the add) is copied there too (what the backward keeps):
+// one read of x where AddInto, a copy and the norm read it three times. The plain norm is
+// this kernel with neither, so the fused forms give its bits exactly.
+__global__ void RmsNormForwardKernel(Bf16* out, float* rstd, float* x_io, const Bf16* residual, float* saved, const float* weight,
+                                     int c, float eps, bool vec) {
   const int64_t row = blockIdx.x;
-  const float* x = in + row * c;
+  float* x = x_io + row * c;
   float sum = 0.f;
   if (vec) {
-    const auto* x4 = reinterpret_cast<const float4*>(x);
+    auto* x4 = reinterpret_cast<float4*>(x);
     for (int j = threadIdx.x; j < c / 4; j += blockDim.x) {
-      const float4 v = x4[j];
+      float4 v = x4[j];
+      if (residual != nullptr) {
+        const float4 r = Load4(residual + row * c + 4 * j);
+        v.x += r.x, v.y += r.y, v.z += r.z, v.w += r.w;
+        x4[j] = v;
+      }
+      if (saved != nullptr) reinterpret_cast<float4*>(saved + row * c)[j] = v;
       sum += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
     }
   } else {
-    for (int j = threadIdx.x; j < c; j += blockDim.x) sum += x[j] * x[j];
+    for (int j = threadIdx.x; j < c; j += blockDim.x) {
+      float v = x[j];
+      if (residual != nullptr) {
+        v += Load(residual, row * c + j);
+        x[j] = v;
+      }
+      if (saved != nullptr) saved[row * c + j] = v;
+      sum += v * v;
+    }
   }
   sum = BlockSum(sum);
   const float r = rsqrtf(sum / c + eps);
   if (threadIdx.x == 0) rstd[row] = r;
+  // Each thread reads back only the elements it wrote above.
   if (vec) {
     const auto* x4 = reinterpret_cast<const float4*>(x);
     const auto* w4 = reinterpret_cast<const float4*>(weight);
@@ -380,7 +399,19 @@ void RmsNormForward(Bf16* out, float* rstd, const float* in, const float* weight
                     cudaStream_t stream) {
   if (n <= 0) return;
   const bool vec = c % 4 == 0 && Aligned16(in, weight) && Aligned16(out);
-  RmsNormForwardKernel<<<n, VecRowThreads(c, vec), 0, stream>>>(out, rstd, in, weight, c, eps, vec);
+  // Neither add nor copy: the kernel only reads x.
+  RmsNormForwardKernel<<<n, VecRowThreads(c, vec), 0, stream>>>(out, rstd, const_cast<float*>(in), nullptr, nullptr,
+                                                                 weight, c, eps, vec);
+}
+
+void ResidualRmsNormForward(Bf16* out, float* rstd, float* x, const Bf16* residual, float* saved, const float* weight,
+                            int n, int c, float eps, cudaStream_t stream) {
+  if (n <= 0) return;
+  // The alignment test of the plain norm: a misaligned residual or copy takes the scalar loops
+  // for both, which sum in another order than the plain norm's vector loops would.
+  const bool vec = c % 4 == 0 && Aligned16(x, weight) && Aligned16(out) && (saved == nullptr || Aligned16(saved)) &&
+                   (residual == nullptr || Aligned16(residual));
+  RmsNormForwardKernel<<<n, VecRowThreads(c, vec), 0, stream>>>(out, rstd, x, residual, saved, weight, c, eps, vec);
 }
 
 int64_t RmsNormScratchFloats(int n, int c) { return int64_t{(n + kNormRowsPerChunk - 1) / kNormRowsPerChunk} * c; }

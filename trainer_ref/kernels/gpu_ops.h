@@ -47,6 +47,12 @@ void EmbeddingBackward(float* dwte, const float* dout, const int32_t* index, int
 // + eps), written for backward.
 void RmsNormForward(Bf16* out, float* rstd, const float* in, const float* weight, int n, int c, float eps,
                     cudaStream_t stream);
+// The same norm of the residual stream x after `residual` (bf16, N x C; null: none) is added
+// into it (x written back, as AddInto), with x then also copied to `saved` (null: not), in one
+// pass: AddInto, a device copy and RmsNormForward in one read of x. The same bits as those
+// three (one kernel, the same loops), where every pointer is 16-byte aligned and C % 4 == 0.
+void ResidualRmsNormForward(Bf16* out, float* rstd, float* x, const Bf16* residual, float* saved, const float* weight,
+                            int n, int c, float eps, cudaStream_t stream);
 // din (fp32, the residual gradient) += d/d(in); dweight (fp32, C) += sum over rows: partial
 // sums per 64 rows into `scratch` (RmsNormScratchFloats), then summed in order.
 void RmsNormBackward(float* din, float* dweight, const Bf16* dout, const float* in, const float* weight,

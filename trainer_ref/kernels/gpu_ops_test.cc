@@ -139,6 +139,54 @@ TEST(GpuOpsTest, RmsNormForwardAndBackward) {
   }
 }
 
+// The fused norm (a residual added into x, x copied for the backward, then the norm) gives
+// the bits of AddInto, a device copy and RmsNormForward in turn, and the CPU's values; so does
+// each half alone (the copy without an add: a layer's first norm).
+TEST(GpuOpsTest, ResidualRmsNormForwardIsAddCopyAndNormInOnePass) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(21);
+  for (int c : {64, 1000, 1001, 4096}) {  // 1001: the scalar loops
+    for (const bool add : {true, false}) {
+      for (const bool copy : {true, false}) {
+        const int n = 67;
+        const size_t nc = size_t{n} * c;
+        const std::vector<float> x0 = RandomFloats(nc, rng, 2.f);
+        const Bf16Data residual = Random(nc, rng);
+        std::vector<float> weight(c);
+        std::normal_distribution<float> w(1.f, 0.1f);
+        for (float& v : weight) v = w(rng);
+        Device<float> d_x(x0), d_x_again(x0), d_weight(weight), d_saved{std::vector<float>(nc, -7.f)},
+            d_saved_again{std::vector<float>(nc, -7.f)}, d_rstd{std::vector<float>(n)}, d_rstd_again{std::vector<float>(n)};
+        Device<Bf16> d_residual(residual.bits), d_out{std::vector<Bf16>(nc)}, d_out_again{std::vector<Bf16>(nc)};
+        ResidualRmsNormForward(d_out.get(), d_rstd.get(), d_x.get(), add ? d_residual.get() : nullptr,
+                               copy ? d_saved.get() : nullptr, d_weight.get(), n, c, 1e-5f, nullptr);
+        // The three kernels it stands for.
+        if (add) AddInto(d_x_again.get(), d_residual.get(), static_cast<int64_t>(nc), nullptr);
+        if (copy) {
+          ASSERT_EQ(cudaMemcpy(d_saved_again.get(), d_x_again.get(), nc * sizeof(float), cudaMemcpyDeviceToDevice),
+                    cudaSuccess);
+        }
+        RmsNormForward(d_out_again.get(), d_rstd_again.get(), d_x_again.get(), d_weight.get(), n, c, 1e-5f, nullptr);
+        const std::string at = " (C " + std::to_string(c) + (add ? ", add" : "") + (copy ? ", copy" : "") + ")";
+        EXPECT_EQ(d_x.Host(), d_x_again.Host()) << "x" << at;
+        EXPECT_EQ(d_saved.Host(), d_saved_again.Host()) << "the copy" << at;
+        EXPECT_EQ(d_out.Host(), d_out_again.Host()) << "the norm's output" << at;
+        EXPECT_EQ(d_rstd.Host(), d_rstd_again.Host()) << "rstd" << at;
+        // Against the CPU.
+        std::vector<float> x = x0, out(nc), rstd(n);
+        if (add) {
+          for (size_t i = 0; i < nc; ++i) x[i] += residual.values[i];
+        }
+        cpu::RmsNormForward(out.data(), rstd.data(), x.data(), weight.data(), n, c, 1e-5f);
+        EXPECT_EQ(CompareF32(d_x.Host(), x, 0.f, 0.f, "x" + at), 0);
+        if (copy) EXPECT_EQ(CompareF32(d_saved.Host(), x, 0.f, 0.f, "the copy" + at), 0);
+        EXPECT_EQ(CompareBf16(Floats(d_out.Host()), out, 1e-6f, "rmsnorm out" + at), 0);
+        EXPECT_EQ(CompareF32(d_rstd.Host(), rstd, 1e-5f, 0.f, "rstd" + at), 0);
+      }
+    }
+  }
+}
+
 TEST(GpuOpsTest, RopeForwardAndBackward) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(3);

@@ -329,6 +329,16 @@ class LeaseTable {
   // the caller finds anything it holds by pointer again afterwards.
   absl::Status MoveWithin(Session& s, Tensor& t, Tier tier, const Extent& to, bool unlocked = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
+  // Copies within the GPU, each tensor's to its `to` (a fresh extent of its arena), submitted
+  // together (Mover::MoveAllAndWait) once the client's kernels on each are done; each that
+  // moved leaves its old range free, each that did not stays. `unlocked`: as MoveWithin.
+  // The first error, after all of them; `moved_count` (if given) += how many moved.
+  struct WithinMove {
+    Tensor* tensor;
+    Extent to;
+  };
+  absl::Status MoveWithinGpu(Session& s, const std::vector<WithinMove>& moves, bool unlocked,
+                             size_t* moved_count = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);
   // Moves t's DRAM copy down to `to_offset` in its arena, a range that may overlap its own
   // (the gap before it and part of itself): a memmove.
   absl::Status SlideWithin(Session& s, Tensor& t, Tier tier, uint64_t to_offset) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mutex);

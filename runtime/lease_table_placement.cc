@@ -204,21 +204,26 @@ absl::StatusOr<uint64_t> LeaseTable::Relocate(Session& s, Tier tier, uint64_t by
     }
     return cursor;  // the joined block: from the last slid copy's end to the window's end
   }
-  // A move within the GPU may let the lock go: the copies after it are found again by id and
-  // must still be idle where the plan saw them, or the join ends (the moves so far stand).
-  std::vector<std::pair<TensorId, uint64_t>> movers;  // id, offset when planned
-  for (const JoinPlan::Move& m : join->moves) movers.emplace_back(held[m.copy].tensor->id, held[m.copy].begin);
-  for (size_t k = 0; k < movers.size(); ++k) {
-    auto it = s.tensors.find(movers[k].first);
-    Tensor* t = it == s.tensors.end() ? nullptr : it->second.get();
-    if (t == nullptr || t->busy > 0 || t->acquired > 0 || t->pinned.has_value() || !t->Has(tier) ||
-        t->copies[static_cast<int>(tier)]->offset() != movers[k].second ||
-        (tier == Tier::kGpu && t->gpu_fence != nullptr && !t->gpu_fence->Passed())) {
-      return absl::ResourceExhaustedError("a copy the join would move was taken meanwhile");
+  if (tier == Tier::kGpu) {
+    // The join's copies move together (one wait beside the client's kernels, not one each).
+    std::vector<WithinMove> batch;
+    for (const JoinPlan::Move& m : join->moves) {
+      Tensor* t = held[m.copy].tensor;
+      auto to = store_.AllocateAt(arena, m.to, t->bytes);
+      if (!to.ok()) {  // taken by a move in flight: nothing moves
+        for (const WithinMove& b : batch) store_.Free(b.to).IgnoreError();
+        return to.status();
+      }
+      batch.push_back({t, *to});
     }
-    auto to = store_.AllocateAt(arena, join->moves[k].to, t->bytes);
+    if (absl::Status moved = MoveWithinGpu(s, batch, unlocked); !moved.ok()) return moved;
+    return join->begin;
+  }
+  for (const JoinPlan::Move& m : join->moves) {
+    Tensor& t = *held[m.copy].tensor;
+    auto to = store_.AllocateAt(arena, m.to, t.bytes);
     if (!to.ok()) return to.status();  // taken by a move in flight: the moves so far stand
-    if (absl::Status moved = MoveWithin(s, *t, tier, *to, unlocked); !moved.ok()) return moved;
+    if (absl::Status moved = MoveWithin(s, t, tier, *to); !moved.ok()) return moved;
   }
   return join->begin;  // the joined block's start
 }
@@ -246,47 +251,78 @@ absl::Status LeaseTable::SlideWithin([[maybe_unused]] Session& s, Tensor& t, Tie
 }
 
 absl::Status LeaseTable::MoveWithin(Session& s, Tensor& t, Tier tier, const Extent& to, bool unlocked) {
+  if (tier == Tier::kGpu) return MoveWithinGpu(s, {{&t, to}}, unlocked);
   const Extent from = *t.copies[static_cast<int>(tier)];
-  if (tier == Tier::kGpu) {
-    // The client's kernels may still touch the old range: done first. Then a copy on the
-    // device, without the host links. Beside a busy trainer that copy waits for SMs (about a
-    // millisecond a join on an H100): `unlocked`, the session's other requests go on meanwhile, as during a copy between tiers (t is busy: hands off; both ranges are ours).
-    ++t.busy;
-    absl::Status moved = unlocked ? SettleGpuCopyUnlocked(s, t) : SettleGpuCopy(t);
-    if (!moved.ok()) {
-      moved = absl::Status(moved.code(), absl::StrFormat("the client's GPU work on '%s' failed: %s", t.spec.name,
-                                                         moved.message()));
-    } else {
-      if (unlocked) {
-        ++s.moving;
-        NoteHeld(s);
-        s.mutex.Unlock();
-      }
-      moved = mover_.MoveAndWait(from, to, t.bytes);
-      if (unlocked) {
-        s.mutex.Lock();
-        s.held_since = clock_.NowNanos();
-        --s.moving;
-        ++s.moves_done;
-      }
-      if (!moved.ok()) {
-        moved = absl::Status(moved.code(),
-                             absl::StrFormat("moving '%s' within the GPU: %s", t.spec.name, moved.message()));
-      }
-    }
-    --t.busy;
-    if (!moved.ok()) {
-      store_.Free(to).IgnoreError();
-      return moved;
-    }
-  } else {
-    std::memcpy(store_.Address(to), store_.Address(from), t.bytes);
-  }
+  std::memcpy(store_.Address(to), store_.Address(from), t.bytes);
   t.copies[static_cast<int>(tier)] = to;
   if (absl::Status freed = store_.Free(from); !freed.ok()) return freed;
   absl::MutexLock stats_lock(&stats_mutex_);
-  ++(tier == Tier::kGpu ? stats_.gpu_relocations : stats_.relocations);
+  ++stats_.relocations;
   return absl::OkStatus();
+}
+
+absl::Status LeaseTable::MoveWithinGpu(Session& s, const std::vector<WithinMove>& moves, bool unlocked,
+                                       size_t* moved_count) {
+  constexpr int kGpu = static_cast<int>(Tier::kGpu);
+  for (const WithinMove& m : moves) ++m.tensor->busy;
+  // The client's kernels may still touch the old ranges: done first.
+  std::vector<absl::Status> status(moves.size());
+  for (size_t i = 0; i < moves.size(); ++i) {
+    Tensor& t = *moves[i].tensor;
+    status[i] = unlocked ? SettleGpuCopyUnlocked(s, t) : SettleGpuCopy(t);
+    if (!status[i].ok()) {
+      status[i] = absl::Status(status[i].code(), absl::StrFormat("the client's GPU work on '%s' failed: %s",
+                                                                 t.spec.name, status[i].message()));
+    }
+  }
+  // Then the copies on the device, without the host links, all submitted at once. Beside a
+  // busy trainer such a copy waits for a time slice (about 2.4 ms on an H100, whatever its
+  // size): `unlocked`, the session's other requests go on meanwhile, as during a copy between
+  // tiers (the tensors are busy: hands off; both ranges of each are ours).
+  std::vector<Mover::Request> requests;
+  std::vector<size_t> submitted;
+  for (size_t i = 0; i < moves.size(); ++i) {
+    if (!status[i].ok()) continue;
+    requests.push_back({*moves[i].tensor->copies[kGpu], moves[i].to, moves[i].tensor->bytes});
+    submitted.push_back(i);
+  }
+  if (!requests.empty()) {
+    if (unlocked) {
+      ++s.moving;
+      NoteHeld(s);
+      s.mutex.Unlock();
+    }
+    const std::vector<absl::Status> copied = mover_.MoveAllAndWait(requests);
+    if (unlocked) {
+      s.mutex.Lock();
+      s.held_since = clock_.NowNanos();
+      --s.moving;
+      ++s.moves_done;
+    }
+    for (size_t k = 0; k < submitted.size(); ++k) {
+      if (copied[k].ok()) continue;
+      const size_t i = submitted[k];
+      status[i] = absl::Status(copied[k].code(), absl::StrFormat("moving '%s' within the GPU: %s",
+                                                                 moves[i].tensor->spec.name, copied[k].message()));
+    }
+  }
+  absl::Status first;
+  for (size_t i = 0; i < moves.size(); ++i) {
+    Tensor& t = *moves[i].tensor;
+    --t.busy;
+    if (!status[i].ok()) {  // stays where it was
+      store_.Free(moves[i].to).IgnoreError();
+      if (first.ok()) first = status[i];
+      continue;
+    }
+    const Extent from = *t.copies[kGpu];
+    t.copies[kGpu] = moves[i].to;
+    if (absl::Status freed = store_.Free(from); !freed.ok() && first.ok()) first = freed;
+    if (moved_count != nullptr) ++*moved_count;
+    absl::MutexLock stats_lock(&stats_mutex_);
+    ++stats_.gpu_relocations;
+  }
+  return first;
 }
 
 absl::Status LeaseTable::Rehome(Session& s, Tensor& t) {
@@ -333,6 +369,8 @@ absl::StatusOr<LeaseTable::Settled> LeaseTable::SettleIntoLayout(SessionId sessi
     // lets the lock go while its bytes travel, so every copy is looked at anew before its own.
     for (bool progress = true; progress && !misplaced.empty();) {
       progress = false;
+      // This pass: every copy whose layout range is free now, their copies submitted together.
+      std::vector<WithinMove> batch;
       for (auto it = misplaced.begin(); it != misplaced.end();) {
         Tensor* t = misplaced_now(*it);
         if (t == nullptr) {  // acquired, moved or gone meanwhile: the client has it in hand
@@ -344,15 +382,18 @@ absl::StatusOr<LeaseTable::Settled> LeaseTable::SettleIntoLayout(SessionId sessi
           ++it;
           continue;
         }
-        if (absl::Status moved = MoveWithin(s, *t, Tier::kGpu, *to, /*unlocked=*/true); !moved.ok()) return moved;
-        ++settled.moved;
-        {
-          absl::MutexLock stats_lock(&stats_mutex_);
-          ++stats_.settle_moves;
-        }
-        progress = true;
+        batch.push_back({t, *to});
         it = misplaced.erase(it);
       }
+      size_t moved = 0;
+      const absl::Status status = MoveWithinGpu(s, batch, /*unlocked=*/true, &moved);
+      settled.moved += moved;
+      {
+        absl::MutexLock stats_lock(&stats_mutex_);
+        stats_.settle_moves += moved;
+      }
+      if (!status.ok()) return status;
+      progress = !batch.empty();
     }
     for (const Misplaced& m : misplaced) {
       if (Tensor* t = misplaced_now(m)) blocked.emplace_back(m.id, t->bytes);

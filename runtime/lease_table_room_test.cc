@@ -91,6 +91,36 @@ TEST_F(PlanMovesTest, SettlingIntoTheLayoutMovesOrDemotesTheCopiesMadeBeforeTheP
   ASSERT_TRUE(table_->SetPlanner(session_, nullptr).ok());
 }
 
+// Settling goes in passes: the copies whose ranges are free move first (submitted together),
+// which frees the range of one laid out where another sat; that one moves in the next pass.
+TEST_F(PlanMovesTest, SettlingMovesInPassesUntilNoRangeFrees) {
+  const TensorId a = LeaseWritten("a", 64 * 1024, 0x11);
+  const TensorId b = LeaseWritten("b", 64 * 1024, 0x22);
+  const TensorId c = LeaseWritten("c", 64 * 1024, 0x33);
+  auto gpu_offset = [&](TensorId id) {
+    for (const LeaseView& v : table_->List(session_)) {
+      if (v.id == id && v.copies[static_cast<int>(Tier::kGpu)]) return v.offsets[static_cast<int>(Tier::kGpu)];
+    }
+    return UINT64_MAX;
+  };
+  const uint64_t at_b = gpu_offset(b);
+  UseLayout({{"a", at_b}, {"b", 2 * kMiB}, {"c", 3 * kMiB}});
+  const uint64_t moved_before = table_->Stats().gpu_relocations;
+  auto settled = table_->SettleIntoLayout(session_);
+  ASSERT_TRUE(settled.ok()) << settled.status();
+  EXPECT_EQ(settled->moved, 3u) << "b and c, then a into b's old range";
+  EXPECT_EQ(settled->demoted, 0u);
+  EXPECT_EQ(table_->Stats().gpu_relocations, moved_before + 3);
+  EXPECT_EQ(gpu_offset(a), at_b);
+  EXPECT_EQ(gpu_offset(b), 2 * kMiB);
+  EXPECT_EQ(gpu_offset(c), 3 * kMiB);
+  EXPECT_TRUE(Holds(a, 0x11));
+  EXPECT_TRUE(Holds(b, 0x22));
+  EXPECT_TRUE(Holds(c, 0x33));
+  EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
+  ASSERT_TRUE(table_->SetPlanner(session_, nullptr).ok());
+}
+
 // A copy placed off the layout (its range was taken when it came) moves to its layout offset
 // when a client acquires it and that range is free: within the GPU, no host link used, the
 // bytes intact. Not while the range is taken, and never while the copy is acquired.

@@ -197,6 +197,29 @@ absl::Status Mover::MoveAndWait(const Extent& source, const Extent& destination,
   return result;
 }
 
+std::vector<absl::Status> Mover::MoveAllAndWait(const std::vector<Request>& moves) {
+  std::vector<absl::Status> results(moves.size());
+  std::vector<absl::Notification> done(moves.size());
+  for (size_t i = 0; i < moves.size(); ++i) {
+    const Request& m = moves[i];
+    if (Bounces(m.source, m.destination, m.bytes)) {  // through host memory: its own wait
+      results[i] = MoveAndWait(m.source, m.destination, m.bytes);
+      done[i].Notify();
+      continue;
+    }
+    absl::Status submitted = Move(m.source, m.destination, m.bytes, [&results, &done, i](absl::Status status) {
+      results[i] = std::move(status);
+      done[i].Notify();
+    });
+    if (!submitted.ok()) {
+      results[i] = std::move(submitted);
+      done[i].Notify();
+    }
+  }
+  for (absl::Notification& d : done) d.WaitForNotification();  // every callback is over
+  return results;
+}
+
 void Mover::Drain() {
   if (to_gpu_) to_gpu_->Drain();
   if (from_gpu_) from_gpu_->Drain();

@@ -10,6 +10,7 @@
 #define TIERD_RUNTIME_MOVER_H_
 
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -64,6 +65,14 @@ class Mover {
   // Move, then wait for it; returns its final status. A move within the GPU may go through
   // host memory (MoverOptions::gpu_bounce_bytes): the same bytes arrive.
   absl::Status MoveAndWait(const Extent& source, const Extent& destination, uint64_t bytes);
+  // Several moves submitted together, then waited for: each one's final status, in order (a
+  // refused one does not stop the others). Copies within the GPU queue on its stream at once,
+  // so beside a trainer they share a time slice where one by one each waits for its own.
+  struct Request {
+    Extent source, destination;
+    uint64_t bytes = 0;
+  };
+  std::vector<absl::Status> MoveAllAndWait(const std::vector<Request>& moves);
   // Returns when every move submitted so far has finished.
   void Drain();
   LinkStats Stats(Link link) const;  // bounced moves count on the host links they used

@@ -140,6 +140,32 @@ TEST(MoverTest, ConcurrentBouncesAllLand) {
   EXPECT_EQ(engine.mover->Bounced().moves, 3u * kThreads);
 }
 
+// Moves submitted together: each lands and reports in order; a refused one (overlapping
+// ranges) stops none of the others; one that fits the bounce buffer still bounces.
+TEST(MoverTest, MovesSubmittedTogetherAllLandAndReportInOrder) {
+  auto engine = MakeEngine("all", {}, 64 * kMiB, false, /*gpu_bounce_bytes=*/4 * kMiB);
+  TierStore& store = *engine.store;
+  const uint64_t small = 1 * kMiB, large = 6 * kMiB;
+  Extent a = *store.Allocate(Tier::kGpu, large), a_to = *store.Allocate(Tier::kGpu, large);
+  Extent b = *store.Allocate(Tier::kGpu, small), b_to = *store.Allocate(Tier::kGpu, small);
+  Extent c = *store.Allocate(Tier::kDram, small), c_to = *store.Allocate(Tier::kGpu, small);
+  engine.Fill(a, large, 41);
+  engine.Fill(b, small, 42);
+  engine.Fill(c, small, 43);
+  const std::vector<absl::Status> results =
+      engine.mover->MoveAllAndWait({{a, a_to, large}, {b, b, small}, {b, b_to, small}, {c, c_to, small}});
+  ASSERT_EQ(results.size(), 4u);
+  EXPECT_TRUE(results[0].ok()) << results[0];
+  EXPECT_EQ(results[1].code(), absl::StatusCode::kInvalidArgument) << "a copy onto itself";
+  EXPECT_TRUE(results[2].ok()) << results[2];
+  EXPECT_TRUE(results[3].ok()) << results[3];
+  EXPECT_EQ(engine.Bytes(a, large), engine.Bytes(a_to, large));
+  EXPECT_EQ(engine.Bytes(b, small), engine.Bytes(b_to, small));
+  EXPECT_EQ(engine.Bytes(c, small), engine.Bytes(c_to, small));
+  EXPECT_EQ(engine.mover->Bounced().moves, 1u) << "the 1 MiB move within the GPU, not the 6 MiB one";
+  EXPECT_TRUE(engine.mover->MoveAllAndWait({}).empty());
+}
+
 // A 4 MiB DRAM tier fits the smallest common memlock limit (8 MiB): registration must
 // work, and moves through fixed buffers must keep the bytes.
 TEST(MoverTest, FixedBuffersCarryTheBytesWhenRegistered) {

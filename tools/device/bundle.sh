@@ -6,6 +6,9 @@
 # BUNDLE_TARGETS="//server:tierd //trainer_ref:tierd-train" bundles only those: the device tool
 # carries 64 MiB in all (the checkout's files included), and all of them with the Python
 # extension (tools/python/bundle_python.sh, run after this) are more.
+# OLD_REV=<commit>: also tierd as of that commit, as .carry/bin/tierd-old (built in a git
+# worktree), for a side-by-side run against the daemon before a change (split_check.sh's
+# RUNS="old@.carry/bin/tierd-old=...").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tools/bazel_env.sh
@@ -25,6 +28,15 @@ for target in "${targets[@]}"; do
   [ -f "$path" ] || path="$path/$(basename "$path")"
   cp -L "$path" .carry/bin/
 done
+if [ -n "${OLD_REV:-}" ]; then
+  here=$PWD
+  tree=$(mktemp -d /tmp/tierd-old.XXXXXX)
+  git worktree add --detach "$tree" "$OLD_REV" >/dev/null
+  (cd "$tree" && bazel build "${TIERD_BAZEL_FLAGS[@]}" -c opt //server:tierd &&
+     cp -L bazel-bin/server/tierd "$here/.carry/bin/tierd-old" && bazel shutdown)
+  git worktree remove --force "$tree"
+  echo "tierd-old: //server:tierd at $(git rev-parse --short "$OLD_REV")"
+fi
 tools/collect_libs.sh .carry/lib .carry/bin/*
 du -sh .carry
 echo "carry .carry; on the device: tools/device/gpu_check.sh"

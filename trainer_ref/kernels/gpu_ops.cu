@@ -63,12 +63,13 @@ __global__ void EmbeddingBackwardKernel(float* dwte, const float* dout, const in
 // Row kernels: one block per row. With C a multiple of 4 and 16-byte-aligned rows (`vec`)
 // every access is a float4 (fp32) or four bf16, several in flight per thread; the scalar
 // loops are for other shapes. Both give the same values up to the order of the row's sum.
+
 // out = x * rstd * weight, one block a row. With `residual`, x += residual first (written back,
 // as AddInto); with `saved`, x (after the add) is copied there too (what the backward keeps):
 // one read of x where AddInto, a copy and the norm read it three times. The plain norm is
 // this kernel with neither, so the fused forms give its bits exactly.
-__global__ void RmsNormForwardKernel(Bf16* out, float* rstd, float* x_io, const Bf16* residual, float* saved, const float* weight,
-                                     int c, float eps, bool vec) {
+__global__ void RmsNormForwardKernel(Bf16* out, float* rstd, float* x_io, const Bf16* residual, float* saved,
+                                     const float* weight, int c, float eps, bool vec) {
   const int64_t row = blockIdx.x;
   float* x = x_io + row * c;
   float sum = 0.f;

@@ -287,6 +287,33 @@ TEST_F(PlanMovesTest, SettlingReportsTheClientsFailedKernelOnceAndLosesNothing) 
   ASSERT_TRUE(table_->SetPlanner(session_, nullptr).ok());
 }
 
+// One settle pass moves its copies together: one whose client kernel failed stays where it
+// was and is named, the others land all the same.
+TEST_F(PlanMovesTest, ASettlePassWithAFailedKernelStillMovesTheOthers) {
+  const TensorId b = LeaseWritten("b", 64 * 1024, 0x22);
+  const TensorId c = LeaseWritten("c", 64 * 1024, 0x33);
+  auto p = table_->Acquire(session_, b, Access::kWrite, Place::kGpu);
+  ASSERT_TRUE(p.ok()) << p.status();
+  const uint64_t at = p->offset;
+  ASSERT_TRUE(table_->Release(session_, b, std::make_unique<KernelFence>(Pointer(*p), p->bytes, 0x66,
+                                                                          absl::InternalError("illegal address")))
+                  .ok());
+  UseLayout({{"b", 2 * kMiB}, {"c", 3 * kMiB}});
+  auto failed = table_->SettleIntoLayout(session_);
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kInternal) << failed.status();
+  EXPECT_NE(failed.status().message().find("the client's GPU work on 'b' failed"), absl::string_view::npos)
+      << failed.status();
+  EXPECT_EQ(table_->Stats().settle_moves, 1u) << "c moved beside b's failure";
+  std::map<TensorId, uint64_t> gpu_offsets;  // as listed: an acquire would move b (reported once)
+  for (const LeaseView& v : table_->List(session_)) gpu_offsets[v.id] = v.offsets[static_cast<int>(Tier::kGpu)];
+  EXPECT_EQ(gpu_offsets[b], at) << "b stays";
+  EXPECT_EQ(gpu_offsets[c], 3 * kMiB);
+  EXPECT_TRUE(Holds(b, 0x66)) << "the kernel's bytes, where they were";
+  EXPECT_TRUE(Holds(c, 0x33));
+  EXPECT_TRUE(table_->Validate().ok()) << table_->Validate();
+  ASSERT_TRUE(table_->SetPlanner(session_, nullptr).ok());
+}
+
 // The tiers say what they move on their own to make room (for the planner's record of the
 // session): a dirty victim written back from the GPU to DRAM with its bytes, a clean one
 // dropped (no bytes), in the order they happen; nothing once the observer is gone.

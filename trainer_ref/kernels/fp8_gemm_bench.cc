@@ -110,6 +110,27 @@ bool LayerBench(Gemm& gemm, const char* model, int n, int c, int f, cudaEvent_t 
       for (int k = 0; k < 4; ++k) fp8.QuantizeInputTransposed(0, k, in[k], n, k == 3 ? f : c, nullptr);
     });
   }
+  // Delayed scaling, codes kept: the forward, the backward's input gradients and its weight
+  // gradients (fp32, accumulated as over micro-batches) apart, each with its own conversions.
+  Fp8Linear& fp8 = **delayed;
+  auto part = [&](int which) {
+    Fp8Codes codes;
+    for (int k = 0; k < 7; ++k) {
+      if (which != 1 && (k == 0 || linears[k].input != linears[k - 1].input)) {  // din reads no input
+        codes = which == 0 ? fp8.QuantizeInput(0, k, in[linears[k].input], n, linears[k].ic, nullptr)
+                           : fp8.QuantizeInputTransposed(0, k, in[linears[k].input], n, linears[k].ic, nullptr);
+      }
+      if (which == 0) {
+        ok &= fp8.Forward(out, codes, 0, k, w[k], n, linears[k].ic, linears[k].oc, nullptr).ok();
+      } else {
+        ok &= fp8.Backward(which == 1 ? din : nullptr, which == 2 ? dw : nullptr, dout, codes, 0, k, w[k], n,
+                           linears[k].ic, linears[k].oc, nullptr)
+                  .ok();
+      }
+    }
+  };
+  double parts[3];
+  for (int which = 0; which < 3; ++which) parts[which] = time([&] { part(which); });
   if (!ok || cudaDeviceSynchronize() != cudaSuccess) return false;
   const double flops = 3 * 2.0 * n * (4.0 * c * c + 3.0 * c * f);
   std::printf(
@@ -117,6 +138,10 @@ bool LayerBench(Gemm& gemm, const char* model, int n, int c, int f, cudaEvent_t 
       "%.2f ms (%.2fx) | %.2f ms |\n",
       model, n, bf16, flops / bf16 / 1e9, made[0], bf16 / made[0], kept[0], bf16 / kept[0], casts[0], made[1],
       bf16 / made[1], kept[1], bf16 / kept[1], casts[1]);
+  const double third = flops / 3;
+  std::printf("    delayed scaling, codes kept, apart: forward %.2f ms (%.0f TFLOP/s), input gradients %.2f ms (%.0f), "
+              "fp32 weight gradients %.2f ms (%.0f)\n",
+              parts[0], third / parts[0] / 1e9, parts[1], third / parts[1] / 1e9, parts[2], third / parts[2] / 1e9);
   for (Bf16* p : {out, dout, din}) cudaFree(p);
   for (Bf16* p : in) cudaFree(p);
   for (Bf16* p : w) cudaFree(p);

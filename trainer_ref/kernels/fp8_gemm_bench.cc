@@ -38,11 +38,16 @@ struct Shape {
 };
 
 // One layer's linear maps forward and backward, bf16 against FP8; false on a failure.
-bool LayerBench(Gemm& gemm, const char* model, int n, int c, int f, cudaEvent_t start, cudaEvent_t stop) {
+// `fused`: q, k and v as one map, gate and up as one (as PyTorch's baseline runs them).
+bool LayerBench(Gemm& gemm, const char* model, int n, int c, int f, cudaEvent_t start, cudaEvent_t stop,
+                bool fused = false) {
   struct Linear {
     int ic, oc, input;  // input: 0 h1, 1 attention out, 2 h2, 3 swiglu out
   };
-  const Linear linears[7] = {{c, c, 0}, {c, c, 0}, {c, c, 0}, {c, c, 1}, {c, f, 2}, {c, f, 2}, {f, c, 3}};
+  const std::vector<Linear> linears =
+      fused ? std::vector<Linear>{{c, 3 * c, 0}, {c, c, 1}, {c, 2 * f, 2}, {f, c, 3}}
+            : std::vector<Linear>{{c, c, 0}, {c, c, 0}, {c, c, 0}, {c, c, 1}, {c, f, 2}, {c, f, 2}, {f, c, 3}};
+  const int maps = static_cast<int>(linears.size());
   Fp8Linear::Shapes shapes;
   for (const Linear& l : linears) shapes.push_back({l.oc, l.ic});
   Fp8ScalingOptions current_scaling, delayed_scaling;
@@ -50,19 +55,19 @@ bool LayerBench(Gemm& gemm, const char* model, int n, int c, int f, cudaEvent_t 
   auto current = Fp8Linear::Create(&gemm, n, shapes, 1, current_scaling);
   auto delayed = Fp8Linear::Create(&gemm, n, shapes, 1, delayed_scaling);
   if (!current.ok() || !delayed.ok()) return false;
-  const size_t big = size_t(n) * f;
+  const size_t big = size_t(n) * f, wide = 2 * big, weight = 2 * size_t(c) * f;  // wide: fused gate/up's
   Bf16 *in[4] = {}, *out = nullptr, *dout = nullptr, *din = nullptr, *w[7] = {};
   float *dw = nullptr, *master = nullptr;
-  bool ok = Alloc(&out, big * 2) && Alloc(&dout, big * 2) && Alloc(&din, big * 2) && Alloc(&dw, size_t(c) * f * 4) &&
-            Alloc(&master, std::max(big, size_t(c) * f) * 4);  // InitNormal's fp32 copy of the largest
+  bool ok = Alloc(&out, wide * 2) && Alloc(&dout, wide * 2) && Alloc(&din, big * 2) && Alloc(&dw, weight * 4) &&
+            Alloc(&master, std::max(wide, weight) * 4);  // InitNormal's fp32 copy of the largest
   for (int i = 0; ok && i < 4; ++i) ok = Alloc(&in[i], (i == 3 ? big : size_t(n) * c) * 2);
-  for (int i = 0; ok && i < 7; ++i) ok = Alloc(&w[i], size_t(c) * f * 2);
+  for (int i = 0; ok && i < maps; ++i) ok = Alloc(&w[i], weight * 2);
   if (!ok) return false;
   for (int i = 0; i < 4; ++i)
     InitNormal(master, in[i], 0, int64_t(i == 3 ? big : size_t(n) * c), 1, 10 + i, 1.0, nullptr);
-  for (int i = 0; i < 7; ++i) InitNormal(master, w[i], 0, int64_t(c) * f, 1, 20 + i, 0.02, nullptr);
-  InitNormal(master, dout, 0, int64_t(big), 1, 30, 1e-3, nullptr);
-  cudaMemset(dw, 0, size_t(c) * f * 4);
+  for (int i = 0; i < maps; ++i) InitNormal(master, w[i], 0, int64_t(weight), 1, 20 + i, 0.02, nullptr);
+  InitNormal(master, dout, 0, int64_t(wide), 1, 30, 1e-3, nullptr);
+  cudaMemset(dw, 0, weight * 4);
   auto time = [&](auto&& run) {
     run();
     cudaEventRecord(start);
@@ -74,22 +79,22 @@ bool LayerBench(Gemm& gemm, const char* model, int n, int c, int f, cudaEvent_t 
     return ms / 10;
   };
   const double bf16 = time([&] {
-    for (int k = 0; k < 7; ++k)
+    for (int k = 0; k < maps; ++k)
       ok &= gemm.Forward(out, in[linears[k].input], w[k], n, linears[k].ic, linears[k].oc, nullptr).ok();
-    for (int k = 0; k < 7; ++k) {
+    for (int k = 0; k < maps; ++k) {
       ok &= gemm.Backward(din, dw, dout, in[linears[k].input], w[k], n, linears[k].ic, linears[k].oc, nullptr).ok();
     }
   });
   auto fp8_pass = [&](Fp8Linear& fp8, bool forget) {
     if (forget) fp8.ForgetWeights();
     Fp8Codes codes;
-    for (int k = 0; k < 7; ++k) {
+    for (int k = 0; k < maps; ++k) {
       if (k == 0 || linears[k].input != linears[k - 1].input) {
         codes = fp8.QuantizeInput(0, k, in[linears[k].input], n, linears[k].ic, nullptr);
       }
       ok &= fp8.Forward(out, codes, 0, k, w[k], n, linears[k].ic, linears[k].oc, nullptr).ok();
     }
-    for (int k = 0; k < 7; ++k) {
+    for (int k = 0; k < maps; ++k) {
       if (k == 0 || linears[k].input != linears[k - 1].input) {
         codes = fp8.QuantizeInputTransposed(0, k, in[linears[k].input], n, linears[k].ic, nullptr);
       }
@@ -115,7 +120,7 @@ bool LayerBench(Gemm& gemm, const char* model, int n, int c, int f, cudaEvent_t 
   Fp8Linear& fp8 = **delayed;
   auto part = [&](int which) {
     Fp8Codes codes;
-    for (int k = 0; k < 7; ++k) {
+    for (int k = 0; k < maps; ++k) {
       if (which != 1 && (k == 0 || linears[k].input != linears[k - 1].input)) {  // din reads no input
         codes = which == 0 ? fp8.QuantizeInput(0, k, in[linears[k].input], n, linears[k].ic, nullptr)
                            : fp8.QuantizeInputTransposed(0, k, in[linears[k].input], n, linears[k].ic, nullptr);
@@ -242,7 +247,8 @@ int Main() {
   std::printf("all eight GEMMs: fp8 %.2fx of bf16's time-weighted speed, fast accumulation %.2fx\n",
               total_bf16 / total_fp8, total_bf16 / total_fast);
   std::printf(
-      "\nOne layer's seven linear maps, forward + backward (din, fp32 dweight), every FP8 conversion timed in\n"
+      "\nOne layer's seven linear maps (fused: four), forward + backward (din, fp32 dweight), every FP8 conversion "
+      "timed in\n"
       "| model | rows | bf16 | current scaling: fp8, weight codes made each pass | weight codes kept | input casts "
       "alone (4 plain, 4 transposed) | delayed scaling: fp8, weight codes made each pass | weight codes kept | input "
       "casts alone |\n"
@@ -250,9 +256,12 @@ int Main() {
   const struct {
     const char* model;
     int n, c, f;
-  } layers[] = {{"1.3b", 4096, 2048, 5504}, {"1.3b", 16384, 2048, 5504}, {"7b", 8192, 4096, 11008}};
+    bool fused;
+  } layers[] = {{"1.3b", 4096, 2048, 5504, false},        {"1.3b, fused maps", 4096, 2048, 5504, true},
+                {"1.3b", 16384, 2048, 5504, false},       {"1.3b, fused maps", 16384, 2048, 5504, true},
+                {"7b", 8192, 4096, 11008, false},         {"7b, fused maps", 8192, 4096, 11008, true}};
   for (const auto& l : layers) {
-    if (!LayerBench(**gemm, l.model, l.n, l.c, l.f, start, stop)) {
+    if (!LayerBench(**gemm, l.model, l.n, l.c, l.f, start, stop, l.fused)) {
       std::fprintf(stderr, "fp8_gemm_bench: the layer bench failed at %s, %d rows\n", l.model, l.n);
       return 1;
     }
@@ -269,7 +278,7 @@ int Main() {
   std::printf("\nThe same, each shape's algorithm the fastest of cuBLASLt's first %d candidates:\n",
               searched_options.candidates);
   for (const auto& l : layers) {
-    if (!LayerBench(**searched, l.model, l.n, l.c, l.f, start, stop)) {
+    if (!LayerBench(**searched, l.model, l.n, l.c, l.f, start, stop, l.fused)) {
       std::fprintf(stderr, "fp8_gemm_bench: the searched layer bench failed at %s, %d rows\n", l.model, l.n);
       return 1;
     }

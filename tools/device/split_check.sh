@@ -15,7 +15,8 @@
 # daemons flags of their own (e.g. "lead1=--planner_load_lead_ops=1"). DUMP_GRAPH_AT=N: each
 # run's graph as tierd planned it, at step N (logs/graph-NAME.yaml; planreplay --graph replays it).
 # EXTRA: flags added to every run (BENCHMARKS row H0's: "--grad_checkpointing=dynamic
-# --attention=cudnn-fast"). PEER=1 (carry .whl too) first runs torchao float8 + torch.compile,
+# --attention=cudnn-fast"). UNPROFILED="name ...": those runs without --profile's CUDA events
+# around each kernel (~10% of a 1.3B step), for a throughput to quote. PEER=1 (carry .whl too) first runs torchao float8 + torch.compile,
 # batch 8, the whole GPU, and prints each run's ratio to it: the issue's peer in the same call.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -57,7 +58,8 @@ for run in "${run_list[@]}"; do
   daemon_flags="${TIERD_DAEMON_FLAGS:-}"
   IFS=';' read -ra daemon_runs <<< "${DAEMON_RUN_FLAGS:-}"
   for d in "${daemon_runs[@]}"; do [ "${d%%=*}" = "$name" ] && daemon_flags="$daemon_flags ${d#*=}"; done
-  env OUT="$work/$name" TIERD_BIN="$bin" TIERD_DAEMON_FLAGS="$daemon_flags" MODELS="$model" NONE=0 BUDGETS=24GiB BATCH=2 STEPS="${STEPS:-8}" SKIP="${SKIP:-3}" TIERD_DRAM=32GiB TORCH=0 \
+  profile=1; [[ " ${UNPROFILED:-} " == *" $name "* ]] && profile=0
+  env OUT="$work/$name" PROFILE="$profile" TIERD_BIN="$bin" TIERD_DAEMON_FLAGS="$daemon_flags" MODELS="$model" NONE=0 BUDGETS=24GiB BATCH=2 STEPS="${STEPS:-8}" SKIP="${SKIP:-3}" TIERD_DRAM=32GiB TORCH=0 \
     TIERD_RUN_FLAGS="$flags $extra" tools/bench/run_bench.sh > "$out/bench-$name.txt" 2>&1 || status=1
   log="$work/$name/ours-$model-tierd-24GiB.log"
   cp "$log" "$out/ours-$name.log" 2>/dev/null

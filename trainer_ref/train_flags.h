@@ -50,6 +50,7 @@ ABSL_DECLARE_FLAG(int32_t, fp8_margin);
 ABSL_DECLARE_FLAG(int32_t, fp8_fallback_after);
 ABSL_DECLARE_FLAG(std::string, opt);
 ABSL_DECLARE_FLAG(std::string, grad_checkpointing);
+ABSL_DECLARE_FLAG(std::string, checkpoint_precision);
 ABSL_DECLARE_FLAG(std::string, offload_policy);
 ABSL_DECLARE_FLAG(std::string, tierd_dir);
 ABSL_DECLARE_FLAG(std::string, tierd_dram);
@@ -108,6 +109,7 @@ struct RunSettings {
   uint64_t seed = 1;
   uint64_t data_seed = 1;  // --data_seed, or --seed's
   bool checkpointing = false;
+  bool bf16_checkpoints = false;       // --checkpoint_precision=bf16
   bool dynamic_checkpointing = false;  // with checkpointing: the layers that fit keep theirs (GPU)
   bool moments_8bit = false;  // --opt=adamw8bit
   int64_t moments_8bit_min = 0;  // --adamw8bit_min_size (GPU trainer; 0 without --opt=adamw8bit)

@@ -76,6 +76,12 @@ check "a model too big for the CPU is refused with its size" "grep -q '6.74B par
 check "no tierd to talk to is explained" "grep -q 'tierd-train: tierd: ' '$dir/e4.log'"
 "$bin" --resume > "$dir/e5.log" 2>&1
 check "--resume without a directory is explained" "grep -q 'resume needs --checkpoint_dir' '$dir/e5.log'"
+"$bin" --checkpoint_precision=fp16 > "$dir/e11.log" 2>&1
+check "an unknown checkpoint precision is explained" "grep -q \"checkpoint_precision is fp32 or bf16, not 'fp16'\" '$dir/e11.log'"
+"$bin" --checkpoint_precision=bf16 > "$dir/e12.log" 2>&1
+check "bf16 checkpoints without checkpointing are explained" "grep -q 'it needs it' '$dir/e12.log'"
+"$bin" --checkpoint_precision=bf16 --grad_checkpointing > "$dir/e13.log" 2>&1
+check "bf16 checkpoints on the CPU trainer are explained" "grep -q 'is for the GPU trainer' '$dir/e13.log'"
 "$bin" --attention=flash > "$dir/e10.log" 2>&1
 check "an unknown attention is explained" "grep -q \"attention is auto, cudnn, cudnn-fast or ours, not 'flash'\" '$dir/e10.log'"
 "$bin" --gemm_candidates=0 > "$dir/e9.log" 2>&1

@@ -72,6 +72,7 @@ GpuModel::GpuModel(const ModelConfig& config, int batch, int seq, const StateOpt
   grads_zeroed_.assign(Groups(), false);
   weight_codes_ = state.fp8_weight_codes;
   fused_norms_ = state.fused_norms;
+  bf16_checkpoints_ = state.checkpointing && state.bf16_checkpoints;
   codes_current_.assign(Groups(), 0);
   head_rows_ = HeadRows(config, batch, seq, state.head_rows);
   rope_ = RopeFrequenciesOf(RopeInverseFrequencies(config));
@@ -163,7 +164,13 @@ absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x) {
     });
   };
   const float eps = static_cast<float>(config_.norm_eps);
-  if (fused_norms_) {
+  if (a.x_in_bf16 != nullptr) {  // a bf16 checkpoint: the input rounded is all the layer keeps
+    Timed(kElementwise, [&] {
+      ToBf16(a.x_in_bf16, x, static_cast<int64_t>(nc), stream_);
+      RmsNormForward(a.h1, a.rstd1, x, N(w.attn_norm), n, c, eps, stream_);
+      return 0;
+    });
+  } else if (fused_norms_) {
     Timed(kElementwise, [&] {
       ResidualRmsNormForward(a.h1, a.rstd1, x, nullptr, a.x_in, N(w.attn_norm), n, c, eps, stream_);
       return 0;
@@ -446,7 +453,11 @@ GpuModel::Acts GpuModel::ActsForForward(int l, void* saved) const {
   if (Lean(l)) return ActsAt(saved, /*lean=*/true);
   if (!Recomputes(l)) return ActsAt(saved);
   Acts a = ActsAt(recompute_acts_);
-  a.x_in = static_cast<float*>(saved);  // the layer's input is all it keeps
+  if (bf16_checkpoints_) {
+    a.x_in_bf16 = static_cast<Bf16*>(saved);
+  } else {
+    a.x_in = static_cast<float*>(saved);  // the layer's input is all it keeps
+  }
   return a;
 }
 
@@ -470,8 +481,16 @@ absl::StatusOr<GpuModel::Acts> GpuModel::ActsForBackward(int l, void* saved) {
   if (!Recomputes(l)) return a;
   // The layer's forward again, from its saved input, into the workspace.
   const size_t nc = static_cast<size_t>(batch_) * seq_ * config_.d_model;
-  RETURN_IF_ERROR(
-      Cuda(cudaMemcpyAsync(xr_, saved, nc * sizeof(float), cudaMemcpyDeviceToDevice, stream_), "recompute input"));
+  if (bf16_checkpoints_) {  // the rounded input, exactly: 0 + a bf16 value
+    RETURN_IF_ERROR(Cuda(cudaMemsetAsync(xr_, 0, nc * sizeof(float), stream_), "recompute input"));
+    Timed(kElementwise, [&] {
+      AddInto(xr_, static_cast<const Bf16*>(saved), static_cast<int64_t>(nc), stream_);
+      return 0;
+    });
+  } else {
+    RETURN_IF_ERROR(
+        Cuda(cudaMemcpyAsync(xr_, saved, nc * sizeof(float), cudaMemcpyDeviceToDevice, stream_), "recompute input"));
+  }
   RETURN_IF_ERROR(LayerForward(l, a, xr_));
   return a;
 }

@@ -59,6 +59,10 @@ struct StateOptions {
   // Activation checkpointing: a layer saves only its input (fp32) and its backward
   // recomputes the rest into the workspace first.
   bool checkpointing = false;
+  // With checkpointing (--checkpoint_precision=bf16): a recomputing layer saves its input
+  // rounded to bf16, half the bytes tierd holds and moves for it; its backward recomputes the
+  // layer from the rounded input (the forward itself is unchanged: the same losses).
+  bool bf16_checkpoints = false;
   // With checkpointing (--grad_checkpointing=dynamic): the last kept_layers layers keep every
   // activation their backward reads all the same (no recompute); the lean_layers before them
   // keep all but their element-wise outputs (the two norms' and SwiGLU's, ~a quarter of a
@@ -394,6 +398,7 @@ class GpuModel {
   using Layer = LayerEntries;
   struct Acts {           // per layer, kept from forward for backward (one part of the home)
     float *x_in, *x_mid;  // the residual stream, fp32
+    Bf16* x_in_bf16 = nullptr;  // set: the layer's input is kept here, rounded, not in x_in
     Bf16 *h1, *q, *k, *v, *a, *h2, *g, *u, *s;
     float *rstd1, *rstd2, *lse;
   };
@@ -449,6 +454,7 @@ class GpuModel {
   static uint64_t WeightCodesOffset(const ModelConfig& config, int index);
   bool weight_codes_ = false;
   bool fused_norms_ = false;  // StateOptions::fused_norms
+  bool bf16_checkpoints_ = false;  // StateOptions::bf16_checkpoints, with checkpointing
   // Per group: its codes part holds the codes of its bf16 weights as they are now. Written by
   // the host's optimizer thread for the groups it steps (read after AwaitOptimizerUpdate).
   std::vector<char> codes_current_;

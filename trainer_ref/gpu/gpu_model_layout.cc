@@ -72,7 +72,8 @@ GpuHomeLayout GpuModel::HomeLayout(const ModelConfig& config, int batch, int seq
     out.groups.push_back(shape.groups_[g].name);
     const bool layer = g >= 1 && g <= config.layers;
     const uint64_t saved = layer && shape.Recomputes(g - 1)
-                               ? Aligned(static_cast<uint64_t>(batch) * seq * config.d_model * 4)
+                               ? Aligned(static_cast<uint64_t>(batch) * seq * config.d_model *
+                                         (state.bf16_checkpoints ? 2 : 4))
                            : layer && shape.Lean(g - 1) ? LeanActsBytes(config, batch, seq)
                                                         : ActsBytes(config, batch, seq);
     const uint64_t weights = state.compact ? 0 : params * 2, grads = params * (state.compact ? 2 : 4);

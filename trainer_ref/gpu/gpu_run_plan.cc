@@ -62,8 +62,10 @@ absl::StatusOr<GpuPlan> ResolveGpuPlan(const RunSettings& s) {
   t.Add("activations",
         !s.checkpointing ? std::string("all kept")
         : s.dynamic_checkpointing
-            ? absl::StrFormat("%d layers keep, %d keep lean, %d recompute", st.kept_layers, st.lean_layers, recompute)
-            : std::string("full checkpointing (each layer's input kept)"),
+            ? absl::StrFormat("%d layers keep, %d keep lean, %d recompute%s", st.kept_layers, st.lean_layers,
+                              recompute, st.bf16_checkpoints ? " (from their input in bf16)" : "")
+            : std::string(st.bf16_checkpoints ? "full checkpointing (each layer's input kept, in bf16)"
+                                              : "full checkpointing (each layer's input kept)"),
         chosen->activations_source);
   t.Add("optimizer step",
         (plan.optimizer_on_cpu ? std::string("on the host, in tierd's DRAM")

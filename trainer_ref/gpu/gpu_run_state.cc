@@ -27,6 +27,7 @@ namespace {
 // the kept activations are chosen: the one place settings become StateOptions.
 StateOptions BaseState(const RunSettings& s, int layer_major_micro_batches = 0, bool compact = false) {
   return {.checkpointing = s.checkpointing,
+          .bf16_checkpoints = s.bf16_checkpoints,
           .layer_major_micro_batches = layer_major_micro_batches,
           .moments_8bit = s.moments_8bit,
           .moments_8bit_min = s.moments_8bit_min,

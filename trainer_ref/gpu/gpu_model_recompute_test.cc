@@ -1,0 +1,105 @@
+// --checkpoint_precision=bf16 (StateOptions::bf16_checkpoints): a recomputing layer keeps its
+// input rounded to bf16 and its backward recomputes the layer from it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "trainer_ref/gpu/gpu_model.h"
+#include "trainer_ref/gpu/gpu_model_test_oracle.h"
+
+namespace tierd::trainer::gpu {
+namespace {
+
+using testing::Batch;
+using testing::HaveGpu;
+using testing::RandomBatch;
+
+struct StepResult {
+  double loss = 0;
+  std::vector<float> grads;
+};
+
+// One step of `micro` micro-batches (layer-major when `layer_major`), its mean loss and gradients.
+void RunStep(const ModelConfig& config, int batch, int seq, StateOptions state, bool fp8, int micro,
+             bool layer_major, const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets,
+             StepResult* out) {
+  const int n = batch * seq;
+  if (layer_major) state.layer_major_micro_batches = micro;
+  auto model = GpuModel::Create(config, batch, seq, nullptr, state);
+  ASSERT_TRUE(model.ok()) << model.status();
+  if (fp8) ASSERT_TRUE((*model)->UseFp8().ok());
+  ASSERT_TRUE((*model)->InitParams(5).ok());
+  ASSERT_TRUE((*model)->ZeroGrads().ok());
+  if (layer_major) {
+    auto loss = (*model)->ForwardBackwardLayerMajor(tokens.data(), targets.data());
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    out->loss = *loss;
+  } else {
+    for (int m = 0; m < micro; ++m) {
+      auto loss = (*model)->Forward(tokens.data() + m * n, targets.data() + m * n);
+      ASSERT_TRUE(loss.ok()) << loss.status();
+      out->loss += *loss / micro;
+      ASSERT_TRUE((*model)->Backward().ok());
+    }
+  }
+  ASSERT_TRUE((*model)->GetGrads(&out->grads).ok());
+}
+
+TEST(GpuModelTest, Bf16CheckpointsKeepHalfTheBytesAndRecomputeFromTheRoundedInput) {
+  const int batch = 2, seq = 128, micro = 2, n = batch * seq;
+  const ModelConfig deep{"ckpt3", 3, 128, 2, 352, 512, 128};
+  const StateOptions fp32_state{.checkpointing = true};
+  const StateOptions bf16_state{.checkpointing = true, .bf16_checkpoints = true};
+  const GpuHomeLayout fp32_home = GpuModel::HomeLayout(deep, batch, seq, fp32_state);
+  const GpuHomeLayout bf16_home = GpuModel::HomeLayout(deep, batch, seq, bf16_state);
+  for (int g = 1; g <= deep.layers; ++g) {
+    EXPECT_EQ(2 * bf16_home.bytes[g][static_cast<int>(Part::kActs)], fp32_home.bytes[g][static_cast<int>(Part::kActs)])
+        << "layer " << g - 1 << " keeps its input, n x c, in 2 bytes a value instead of 4";
+  }
+  EXPECT_EQ(bf16_home.TotalOf(Part::kMaster), fp32_home.TotalOf(Part::kMaster));
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device here: the GPU model is checked on the lent GPU machine";
+
+  std::mt19937_64 rng(41);
+  std::vector<int32_t> tokens, targets;
+  for (int m = 0; m < micro; ++m) {
+    const Batch b = RandomBatch(n, deep.vocab, rng);
+    tokens.insert(tokens.end(), b.tokens.begin(), b.tokens.end());
+    targets.insert(targets.end(), b.targets.begin(), b.targets.end());
+  }
+  // One layer: its input is the embedding's rows, bf16 values already, so the rounding is exact
+  // and every bit must match: what is saved is what the recompute reads. Three layers: the
+  // later inputs round, so the forward (and the loss) is the same but the gradients move, by
+  // about bf16's relative precision.
+  const ModelConfig shallow{"ckpt1", 1, 128, 2, 352, 512, 128};
+  for (const bool layer_major : {false, true}) {
+    for (const bool fp8 : {false, true}) {
+      SCOPED_TRACE(std::string(layer_major ? "layer-major" : "one micro-batch at a time") + (fp8 ? ", fp8" : ""));
+      StepResult want, got;
+      RunStep(shallow, batch, seq, fp32_state, fp8, micro, layer_major, tokens, targets, &want);
+      RunStep(shallow, batch, seq, bf16_state, fp8, micro, layer_major, tokens, targets, &got);
+      EXPECT_EQ(got.loss, want.loss);
+      ASSERT_EQ(got.grads.size(), want.grads.size());
+      for (size_t i = 0; i < got.grads.size(); ++i) ASSERT_EQ(got.grads[i], want.grads[i]) << "element " << i;
+
+      RunStep(deep, batch, seq, fp32_state, fp8, micro, layer_major, tokens, targets, &want);
+      RunStep(deep, batch, seq, bf16_state, fp8, micro, layer_major, tokens, targets, &got);
+      EXPECT_EQ(got.loss, want.loss) << "the forward does not change";
+      ASSERT_EQ(got.grads.size(), want.grads.size());
+      double diff = 0, norm = 0;
+      for (size_t i = 0; i < got.grads.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(got.grads[i])) << "element " << i;
+        diff += (double(got.grads[i]) - want.grads[i]) * (double(got.grads[i]) - want.grads[i]);
+        norm += double(want.grads[i]) * want.grads[i];
+      }
+      const double relative = std::sqrt(diff / norm);
+      EXPECT_GT(relative, 0.0) << "the recompute read the rounded inputs";
+      EXPECT_LT(relative, 2e-2) << "within bf16's rounding of the layers' inputs";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tierd::trainer::gpu

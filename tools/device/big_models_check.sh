@@ -38,15 +38,12 @@ for r in "${runs13[@]}"; do
   names+=("$name")
 done
 python3 - "$work/logs" "${names[@]}" <<'PY'
-import json, re, sys
+import json, sys
+sys.path.insert(0, "tools/device")
+from ours_results import load
 logs, names = sys.argv[1], sys.argv[2:]
-rows, peer = {}, None
+rows, peer = load(logs, names), None
 for name in names:
-    try:
-        text = open(f"{logs}/ours-{name}.log").read()
-        rows[name] = json.loads(re.findall(r"^result: (.*)$", text, re.M)[-1])
-    except (OSError, IndexError, ValueError):
-        print(f"{name}: no result line")
     try:
         for line in open(f"{logs}/bench-{name}.txt"):
             if line.startswith('{"run": "pytorch'):

@@ -71,15 +71,11 @@ for run in "${run_list[@]}"; do
   grep -hE 'hot path served|joining free space' "$out/tierd-$name.log" | cut -c1-1100
 done
 python3 - "$out" "${names[@]}" <<'PY'
-import json, re, sys
+import json, sys
+sys.path.insert(0, "tools/device")
+from ours_results import load
 out, names = sys.argv[1], sys.argv[2:]
-rows = {}
-for name in names:
-    try:
-        text = open(f"{out}/ours-{name}.log").read()
-        rows[name] = json.loads(re.findall(r"^result: (.*)$", text, re.M)[-1])
-    except (OSError, IndexError, ValueError):
-        print(f"{name}: no result line")
+rows = load(out, names)
 try:
     peer = json.loads(open("/tmp/split-check/peer.json").read())
     for name, r in rows.items():

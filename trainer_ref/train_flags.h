@@ -81,6 +81,21 @@ ABSL_DECLARE_FLAG(bool, optimizer_deferred);
 ABSL_DECLARE_FLAG(std::string, step_order);
 ABSL_DECLARE_FLAG(bool, profile);
 ABSL_DECLARE_FLAG(int64_t, timing_skip);
+ABSL_DECLARE_FLAG(std::string, checkpoint);
+ABSL_DECLARE_FLAG(std::string, to);
+ABSL_DECLARE_FLAG(std::string, validation_out);
+ABSL_DECLARE_FLAG(double, loss_spike_sds);
+ABSL_DECLARE_FLAG(double, fp8_fixed_scale);
+ABSL_DECLARE_FLAG(double, fp8_fixed_grad_scale);
+ABSL_DECLARE_FLAG(int64_t, adamw8bit_min_size);
+ABSL_DECLARE_FLAG(std::string, compare_metrics);
+ABSL_DECLARE_FLAG(int, zero);
+ABSL_DECLARE_FLAG(double, sparse_grad_ratio);
+ABSL_DECLARE_FLAG(std::string, sparse_grad_ratio_by);
+ABSL_DECLARE_FLAG(std::string, sparse_sync);
+ABSL_DECLARE_FLAG(int, sparse_warmup);
+ABSL_DECLARE_FLAG(int, sync_every);
+ABSL_DECLARE_FLAG(double, comm_timeout);
 
 namespace tierd::trainer {
 

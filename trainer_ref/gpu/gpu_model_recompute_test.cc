@@ -91,14 +91,17 @@ TEST(GpuModelTest, Bf16CheckpointsKeepHalfTheBytesAndRecomputeFromTheRoundedInpu
     for (const bool fp8 : {false, true}) {
       SCOPED_TRACE(std::string(layer_major ? "layer-major" : "one micro-batch at a time") + (fp8 ? ", fp8" : ""));
       StepResult want, got;
-      RunStep(shallow, batch, seq, fp32_state, fp8, micro, layer_major, tokens, targets, &want);
-      RunStep(shallow, batch, seq, bf16_state, fp8, micro, layer_major, tokens, targets, &got);
+      auto run = [&](const ModelConfig& model, const StateOptions& state, StepResult* out) {
+        RunStep(model, batch, seq, state, fp8, micro, layer_major, tokens, targets, out);
+      };
+      ASSERT_NO_FATAL_FAILURE(run(shallow, fp32_state, &want));
+      ASSERT_NO_FATAL_FAILURE(run(shallow, bf16_state, &got));
       EXPECT_EQ(got.loss, want.loss);
       ASSERT_EQ(got.grads.size(), want.grads.size());
       for (size_t i = 0; i < got.grads.size(); ++i) ASSERT_EQ(got.grads[i], want.grads[i]) << "element " << i;
 
-      RunStep(deep, batch, seq, fp32_state, fp8, micro, layer_major, tokens, targets, &want);
-      RunStep(deep, batch, seq, bf16_state, fp8, micro, layer_major, tokens, targets, &got);
+      ASSERT_NO_FATAL_FAILURE(run(deep, fp32_state, &want));
+      ASSERT_NO_FATAL_FAILURE(run(deep, bf16_state, &got));
       EXPECT_EQ(got.loss, want.loss) << "the forward does not change";
       for (float g : got.grads) ASSERT_TRUE(std::isfinite(g));
       const double relative = RelativeDistance(got.grads, want.grads);

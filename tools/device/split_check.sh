@@ -4,7 +4,7 @@
 # --optimizer_place=split (the last groups stepped on the host in tierd's DRAM, the rest on the
 # GPU before each group's next forward) against the default (every group on the GPU before its
 # next forward, the state that does not fit streaming through PCIe), one after the other in this
-# call: MODEL (default 1.3b) in a 24 GiB budget with BENCHMARKS row C2's flags (fp8, 8-bit AdamW,
+# call: MODEL (default 1.3b) in a BUDGET (default 23.5GiB) budget with BENCHMARKS row C2's flags (fp8, 8-bit AdamW,
 # 4 micro-batches of 2, cuDNN's attention), profiled. First the split's GPU tests (TESTS=0: not);
 # RESUME=1 adds trainer_check.sh's kill -9 and --resume pairs (check 2, a split among them).
 # RUNS: "name=flags;..." (default "gpu=--optimizer_place=gpu;split=--optimizer_place=split"; the
@@ -37,6 +37,7 @@ if [ "${RESUME:-0}" = 1 ]; then
   OUT="$work/resume" CHECKS=2 tools/device/trainer_check.sh > "$out/resume.log" 2>&1 || status=1
   grep -E '^(PASS|FAIL|optimizer: split)' "$out/resume.log"
 fi
+budget="${BUDGET:-23.5GiB}"  # issue 43: nvidia-smi's figure for every process <= 23.5 GiB
 flags="--grad_accum_steps=4 --step_order=micro --opt=adamw8bit --precision=fp8 --attention=auto ${EXTRA:-}"
 if [ "${PEER:-0}" = 1 ]; then
   env OUT="$work/peer" MODELS="$model" NONE=0 BUDGETS="" STEPS="${STEPS:-8}" SKIP=3 PROFILE=0 TORCH=1 TORCH_RUNS=float8 \
@@ -59,12 +60,12 @@ for run in "${run_list[@]}"; do
   IFS=';' read -ra daemon_runs <<< "${DAEMON_RUN_FLAGS:-}"
   for d in "${daemon_runs[@]}"; do [ "${d%%=*}" = "$name" ] && daemon_flags="$daemon_flags ${d#*=}"; done
   profile=1; [[ " ${UNPROFILED:-} " == *" $name "* ]] && profile=0
-  env OUT="$work/$name" PROFILE="$profile" TIERD_BIN="$bin" TIERD_DAEMON_FLAGS="$daemon_flags" MODELS="$model" NONE=0 BUDGETS=24GiB BATCH=2 STEPS="${STEPS:-8}" SKIP="${SKIP:-3}" TIERD_DRAM=32GiB TORCH=0 \
+  env OUT="$work/$name" PROFILE="$profile" TIERD_BIN="$bin" TIERD_DAEMON_FLAGS="$daemon_flags" MODELS="$model" NONE=0 BUDGETS="$budget" BATCH=2 STEPS="${STEPS:-8}" SKIP="${SKIP:-3}" TIERD_DRAM=32GiB TORCH=0 \
     TIERD_RUN_FLAGS="$flags $extra" tools/bench/run_bench.sh > "$out/bench-$name.txt" 2>&1 || status=1
-  log="$work/$name/ours-$model-tierd-24GiB.log"
+  log="$work/$name/ours-$model-tierd-$budget.log"
   cp "$log" "$out/ours-$name.log" 2>/dev/null
-  cp "$work/$name/tierd-$model-24GiB.log" "$out/tierd-$name.log" 2>/dev/null
-  cp "$work/$name/graph-$model-24GiB.yaml" "$out/graph-$name.yaml" 2>/dev/null
+  cp "$work/$name/tierd-$model-$budget.log" "$out/tierd-$name.log" 2>/dev/null
+  cp "$work/$name/graph-$model-$budget.yaml" "$out/graph-$name.yaml" 2>/dev/null
   echo "== $name: $extra ($bin${daemon_flags:+, tierd $daemon_flags})"
   grep -E '^(optimizer: |FP8 weight codes|where a step|done: )' "$log" | cut -c1-700
   grep -E '^result: ' "$log" | cut -c1-400

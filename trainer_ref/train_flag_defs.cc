@@ -217,11 +217,11 @@ ABSL_FLAG(std::string, attention, "auto",
           "FlashAttention-2-style kernels; auto: cuDNN's when it opens and takes the shape, else ours (the log says "
           "which and why); cudnn-fast: cuDNN's with its non-deterministic backward (atomic adds into dQ: faster, "
           "but two runs, or a run and its --resume, no longer give the same bits)");
-ABSL_FLAG(bool, fused_norms, false,
+ABSL_FLAG(bool, fused_norms, true,
           "GPU: each layer's forward adds the attention's output into the fp32 residual stream, keeps the copy its "
           "backward reads and takes the second norm in one kernel, and copies its input within the first norm's: "
           "the same bits as the separate kernels, with 3 of the 6 reads of the stream in a layer's forward "
-          "makes gone (off until measured on the GPU)");
+          "gone (--nofused_norms: the separate kernels)");
 ABSL_FLAG(int, gemm_candidates, 1,
           "GPU: time this many of cuBLASLt's candidate algorithms at each GEMM shape's first call (3 runs each, into "
           "a scratch output the size of the GEMM's) and keep the fastest; 1: cuBLASLt's heuristic first choice, "

@@ -170,7 +170,7 @@ struct RunSettings {
   std::string step_order = "auto";       // micro | layer | auto
   int optimizer_chunks = 1;
   std::string attention = "auto";  // --attention: auto | cudnn | ours
-  bool fused_norms = false;         // --fused_norms
+  bool fused_norms = true;          // --fused_norms
   int gemm_candidates = 1;     // --gemm_candidates
   std::string gemm_cache_dir;  // --gemm_cache_dir, or its default resolved
   double pcie_gbps = 55, nvme_gbps = 2, gpu_tflops = 300;  // the cost models' machine

@@ -9,7 +9,8 @@
 # (--checkpoint_precision=bf16: the same 18.8 GiB of saved inputs for twice the tokens). Prints
 # each run's tokens/s and TFLOP/s (6N), 13B's against 7B's, 7B's against the peer. EXTRA: flags
 # added to every run of ours (default --attention=cudnn-fast, PyTorch's own kind of attention).
-# RUNS13: the 13B runs, "name=accum:flags;..." (default "k3=3:;k6bf16=6:--checkpoint_precision=bf16").
+# RUNS13: the 13B runs, "name=accum:flags;..." (default "k3=3:;k6bf16=6:--checkpoint_precision=bf16";
+# "none": 7B alone). RUNS7: more 7B runs after b7, "name=flags;..." (each against the peer too).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 final="${OUT:-/tmp/tierd-out}"; mkdir -p "$final"
@@ -37,15 +38,22 @@ if [ "$peer" = 1 ] && [ "${gpu_mib:-0}" -lt 110000 ]; then  # torchao's 7B at ba
   peer=0
 fi
 run b7 7b 8 64GiB "$peer" ""
-IFS=';' read -ra runs13 <<< "${RUNS13:-k3=3:;k6bf16=6:--checkpoint_precision=bf16}"
 names=(b7)
+IFS=';' read -ra runs7 <<< "${RUNS7:-}"
+for r in "${runs7[@]}"; do
+  run "${r%%=*}" 7b 8 64GiB 0 "${r#*=}"
+  names+=("${r%%=*}")
+done
+export SEVEN_B="${names[*]}"
+IFS=';' read -ra runs13 <<< "${RUNS13:-k3=3:;k6bf16=6:--checkpoint_precision=bf16}"
+[ "${RUNS13:-}" = none ] && runs13=()
 for r in "${runs13[@]}"; do
   name="${r%%=*}"; spec="${r#*=}"
   run "$name" 13b "${spec%%:*}" 100GiB 0 "${spec#*:}"
   names+=("$name")
 done
 python3 - "$work/logs" "${names[@]}" <<'PY'
-import json, sys
+import json, os, sys
 sys.path.insert(0, "tools/device")
 from ours_results import load
 logs, names = sys.argv[1], sys.argv[2:]
@@ -62,11 +70,13 @@ for name, r in rows.items():
           f"{r['tflops_6n']:.0f} TFLOP/s (6N), PCIe in {r['h2d_bytes'] / 1e9:.0f} GB, out {r['d2h_bytes'] / 1e9:.0f} GB a "
           f"step of {r['step_seconds']:.2f} s, the host waited in acquire {r['acquire_wait_seconds']:.2f} s; "
           f"device {r['device_bytes'] / 2**30:.1f} GiB (NVML, every process)")
-if peer and "b7" in rows:
-    print(f"7B: {rows['b7']['tokens_per_s'] / peer['tokens_per_s']:.3f}x {peer['run']} ({peer['tokens_per_s']:,.0f} "
-          f"tokens/s, batch {peer['batch']}, the whole GPU)")
-for name in names[1:]:
-    if name in rows and "b7" in rows:
+seven = os.environ["SEVEN_B"].split()
+for name in seven:
+    if peer and name in rows:
+        print(f"7B {name}: {rows[name]['tokens_per_s'] / peer['tokens_per_s']:.3f}x {peer['run']} ({peer['tokens_per_s']:,.0f} "
+              f"tokens/s, batch {peer['batch']}, the whole GPU)")
+for name in names:
+    if name not in seven and name in rows and "b7" in rows:
         print(f"13B {name}: {rows[name]['tflops_6n'] / rows['b7']['tflops_6n']:.3f}x 7B's TFLOP/s (6N)")
 PY
 tar czf "$final/big-models.tgz" -C "$work" logs

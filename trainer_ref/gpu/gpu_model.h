@@ -128,7 +128,7 @@ struct StateOptions {
   // its backward reads and takes the second norm in one kernel (ResidualRmsNormForward), and
   // keeps its input's copy within the first norm's (--fused_norms): the same bits in fewer
   // passes over the fp32 stream (3 of the 6 reads of it in a layer's forward).
-  bool fused_norms = false;
+  bool fused_norms = true;
 };
 
 class GpuModel {

@@ -201,6 +201,7 @@ absl::Status ParseRest(const YAML::Node& root, DaemonOptions* options) {
   if (const YAML::Node planner = root["planner"]) {
     RETURN_IF_ERROR(CheckKeys(planner, "planner",
                               {"h2d_gbps", "d2h_gbps", "nvme_gbps", "time_aware", "layout_wait", "load_lead_ops", "settle_layout", "settle_after_replan",
+                               "replan_drift",
                                "gpu_headroom_fraction",
                                "gpu_headroom_tensors", "dram_headroom_tensors", "deadline_s"}));
     if (planner["time_aware"]) options->planner_time_aware = As<bool>(planner["time_aware"], "planner.time_aware");
@@ -210,6 +211,13 @@ absl::Status ParseRest(const YAML::Node& root, DaemonOptions* options) {
     }
     if (planner["settle_after_replan"]) {
       options->planner_settle_after_replan = As<bool>(planner["settle_after_replan"], "planner.settle_after_replan");
+    }
+    if (planner["replan_drift"]) {
+      options->planner_replan_drift = As<double>(planner["replan_drift"], "planner.replan_drift");
+      if (!(options->planner_replan_drift > 0)) {
+        return Error(planner["replan_drift"],
+                     "planner.replan_drift must be above 0 (a mean relative difference; 1e9: never replan)");
+      }
     }
     if (planner["load_lead_ops"]) {
       options->planner_load_lead_ops = As<int>(planner["load_lead_ops"], "planner.load_lead_ops");
@@ -332,12 +340,12 @@ std::string DescribeConfig(const DaemonOptions& o) {
   absl::StrAppendFormat(
       &out,
       "planner: {h2d_gbps: %.17g, d2h_gbps: %.17g, nvme_gbps: %.17g, time_aware: %s, layout_wait: %s, load_lead_ops: %d, "
-      "settle_layout: %s, settle_after_replan: %s, "
+      "settle_layout: %s, settle_after_replan: %s, replan_drift: %.17g, "
       "gpu_headroom_fraction: %.17g, gpu_headroom_tensors: %d, dram_headroom_tensors: %d, deadline_s: %.17g}\n",
       o.planner_links.h2d_bytes_per_s / 1e9, o.planner_links.d2h_bytes_per_s / 1e9,
       o.planner_links.nvme_read_bytes_per_s / 1e9, o.planner_time_aware ? "true" : "false",
       o.planner_layout_wait ? "true" : "false", o.planner_load_lead_ops, o.planner_settle_layout ? "true" : "false",
-      o.planner_settle_after_replan ? "true" : "false",
+      o.planner_settle_after_replan ? "true" : "false", o.planner_replan_drift,
       o.planner_headroom.gpu_fraction, o.planner_headroom.gpu_tensors, o.planner_headroom.dram_tensors,
       o.planner_deadline_seconds);
   absl::StrAppendFormat(&out, "default_session_quota: {gpu: %s, dram: %s, nvme: %s}\n",

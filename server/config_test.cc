@@ -106,6 +106,16 @@ TEST(ConfigTest, TheAnnotatedExampleParses) {
   auto after_described = ParseConfig(DescribeConfig(*after));
   ASSERT_TRUE(after_described.ok()) << after_described.status();
   EXPECT_TRUE(after_described->planner_settle_after_replan);
+  EXPECT_EQ(options->planner_replan_drift, 0.25);
+  auto kept = ParseConfig("planner: {replan_drift: 1e9}\n");
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->planner_replan_drift, 1e9);
+  auto kept_described = ParseConfig(DescribeConfig(*kept));
+  ASSERT_TRUE(kept_described.ok()) << kept_described.status();
+  EXPECT_EQ(kept_described->planner_replan_drift, 1e9);
+  const auto no_drift = ParseConfig("planner: {replan_drift: 0}\n").status();
+  EXPECT_EQ(no_drift.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(no_drift.message().find("replan_drift must be above 0"), absl::string_view::npos) << no_drift;
   EXPECT_EQ(options->gpu_join_bounce_bytes, 0u);
   auto bounce = ParseConfig("tiers: {gpu: {join_bounce: 64MiB}}\n");
   ASSERT_TRUE(bounce.ok()) << bounce.status();

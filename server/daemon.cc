@@ -18,6 +18,7 @@
 #include <cstring>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "base/limits.h"
 #include "base/units.h"
 #include "ipc/hot_path_door.h"
@@ -460,10 +461,23 @@ void Daemon::OnGoodbye(uint64_t session_id) {
     recorders_.erase(session_id);
     RecordersChanged();
   }
-  bool had_plan = false;
+  std::shared_ptr<PlannedSession> planned;
   {
     absl::MutexLock lock(&planned_mutex_);
-    had_plan = planned_.erase(session_id) > 0;  // stops its executor (it calls into the session)
+    if (auto it = planned_.find(session_id); it != planned_.end()) {
+      planned = std::move(it->second);
+      planned_.erase(it);
+    }
+  }
+  const bool had_plan = planned != nullptr;
+  if (had_plan) {
+    // What the plan predicted beside what happened (replans, late loads, moves for room), in
+    // the log where a run's other figures are: the session and its `tierctl plan` are gone.
+    for (absl::string_view line : absl::StrSplit(planned->Summary(), '\n', absl::SkipEmpty())) {
+      std::fprintf(stderr, "tierd: session %lu's plan at its end: %.*s\n", static_cast<unsigned long>(session_id),
+                   static_cast<int>(line.size()), line.data());
+    }
+    planned.reset();  // stops its executor (it calls into the session)
   }
   release_events_.erase(session_id);
   directory_->Remove(session_id);

@@ -88,6 +88,9 @@ struct DaemonOptions {
   bool planner_settle_layout = true;
   // And after each replan (PlanningOptions::settle_after_replan; an experiment, off).
   bool planner_settle_after_replan = false;
+  // Measured op times this far from the plan's (mean relative difference over a lap) replan
+  // (prefetcher::ExecutorOptions::replan_drift).
+  double planner_replan_drift = 0.25;
   // What a session's plan leaves free of its quotas for fragmentation (PlanningHeadroom):
   // DRAM one of the largest tensors, not three: the tiers join fragmented room by moving
   // copies, so more held back only shrinks what the plan can keep (the 7B trainer on the

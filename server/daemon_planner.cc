@@ -206,6 +206,7 @@ absl::StatusOr<v1::PlanReply> Daemon::PlanGraph(SessionId session, tp::Graph gra
   options.load_lead_ops = options_.planner_load_lead_ops;
   options.settle_layout = options_.planner_settle_layout;
   options.settle_after_replan = options_.planner_settle_after_replan;
+  options.replan_drift = options_.planner_replan_drift;
   options.headroom = options_.planner_headroom;
   const size_t ops = graph.ops.size(), tensors = graph.tensors.size();
 

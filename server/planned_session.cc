@@ -274,6 +274,7 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Start(LeaseTable
   tp::ExecutorOptions executor_options;
   executor_options.single_thread = options.deterministic;
   executor_options.load_lead_ops = options.load_lead_ops;
+  executor_options.replan_drift = options.replan_drift;
   executor_options.pause_after_replan = options.settle_layout && options.settle_after_replan && top == Tier::kGpu;
   auto current_links = [links, measured_links] { return measured_links ? measured_links() : links; };
   executor_options.replanner = [planning, budgets, current_links, quota = budgets.gpu, styles,

@@ -59,6 +59,7 @@ struct PlanningOptions {
   // slower: the settle's time counted as op 0's, drifted the op times and replanned every
   // other lap, each time settling again (docs/runs/2026-12-05-s39).
   bool settle_after_replan = false;
+  double replan_drift = 0.25;  // prefetcher::ExecutorOptions::replan_drift
   // Set (by another thread) while Prepare runs: it stops soon with CANCELLED (a deadline).
   const std::atomic<bool>* cancel = nullptr;
 };

@@ -54,6 +54,9 @@ ABSL_FLAG(bool, planner_settle_layout, true,
 ABSL_FLAG(bool, planner_settle_after_replan, false,
           "and again after each replan, the plan's loads paused until it is done (an experiment: a replan lays the "
           "GPU out anew; unmeasured on a GPU since its first form replanned every other lap)");
+ABSL_FLAG(double, planner_replan_drift, -1,
+          "replan a session when its measured op times differ from the plan's by more than this (mean relative "
+          "difference over a lap; default 0.25; 1e9: keep the first plan)");
 ABSL_FLAG(int, planner_dram_headroom_tensors, -1,
           "plan DRAM below the GPU this many of a session's largest tensors under its quota, for room lost to "
           "fragmentation (default 1; at most a quarter of the quota)");
@@ -97,6 +100,13 @@ absl::Status Override(DaemonOptions* options) {
   if (absl::GetFlag(FLAGS_planner_layout_wait)) options->planner_layout_wait = true;
   if (!absl::GetFlag(FLAGS_planner_settle_layout)) options->planner_settle_layout = false;
   if (absl::GetFlag(FLAGS_planner_settle_after_replan)) options->planner_settle_after_replan = true;
+  if (const double drift = absl::GetFlag(FLAGS_planner_replan_drift); drift != -1) {
+    if (!(drift > 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("--planner_replan_drift=%g: give a mean relative difference above 0 (unset: 0.25)", drift));
+    }
+    options->planner_replan_drift = drift;
+  }
   if (absl::GetFlag(FLAGS_planner_load_lead_ops) < -1) {
     return absl::InvalidArgumentError(absl::StrFormat("--planner_load_lead_ops=%d: give -1 (a lap) or 0 and up",
                                                       absl::GetFlag(FLAGS_planner_load_lead_ops)));

@@ -103,6 +103,13 @@ TEST_F(DaemonTest, APlannedSessionIsServedAheadOfUseAndTierctlShowsIt) {
   Process none("tools/tierctl/tierctl", {dir, "plan", "--session=999"});
   EXPECT_NE(none.WaitForLine("tierctl: session 999 has registered no graph", 10000), "") << none.output();
   EXPECT_EQ(none.Wait(), 1);
+  // The session gone, its plan's prediction and what happened stay in the daemon's log.
+  worker.Signal(SIGKILL);
+  worker.Wait();
+  const std::string prefix = "tierd: session " + session + "'s plan at its end: ";
+  EXPECT_NE(daemon_->WaitForLine(prefix + "predicted per iteration: ", 10000), "") << daemon_->output();
+  EXPECT_NE(daemon_->WaitForLine(prefix + "links assumed: ", 10000), "") << daemon_->output();
+  EXPECT_NE(daemon_->WaitForLine(prefix + "observed: ", 10000), "") << daemon_->output();
 }
 
 // The optimizer on the host (a GPU trainer's CPU AdamW): the graph's host ops take the

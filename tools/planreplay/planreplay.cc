@@ -57,6 +57,9 @@ ABSL_FLAG(bool, settle_layout, true,
 ABSL_FLAG(bool, settle_after_replan, false,
           "and again after each replan, the plan's lanes paused until it is done (tierd "
           "--planner_settle_after_replan)");
+ABSL_FLAG(double, replan_drift, 0.25,
+          "replan when the measured op times differ from the plan's by more than this, mean relative difference "
+          "over a lap (tierd --planner_replan_drift; 1e9: keep the first plan)");
 ABSL_FLAG(bool, layout_wait, false, "planned loads wait for their layout range (tierd --planner_layout_wait)");
 ABSL_FLAG(int, load_lead_ops, -1,
           "a planned load issues at most this many ops before the op it serves (tierd --planner_load_lead_ops; "
@@ -143,7 +146,8 @@ int Replay() {
                                         {.links = links, .deterministic = true,
                                          .load_lead_ops = absl::GetFlag(FLAGS_load_lead_ops),
                                          .settle_layout = absl::GetFlag(FLAGS_settle_layout),
-                                         .settle_after_replan = absl::GetFlag(FLAGS_settle_after_replan)});
+                                         .settle_after_replan = absl::GetFlag(FLAGS_settle_after_replan),
+                                         .replan_drift = absl::GetFlag(FLAGS_replan_drift)});
   if (!planned.ok()) return Fail(absl::StrFormat("planning: %s", planned.status().message()));
   Mover* mover = engine.mover.get();
   (*planned)->SetLinkBytes([mover] { return PlannedSession::MovedBy(*mover); });

@@ -88,7 +88,12 @@ absl::Status Executor::OpBegin(uint32_t op) {
     if (replanning_.valid() &&
         replanning_.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
       auto plan = replanning_.get();
-      if (!plan.ok()) {
+      if (plan.status().code() == absl::StatusCode::kAlreadyExists) {
+        // The plan in force stays; drift is measured against the times it was judged at.
+        planned_seconds_ = replanning_seconds_;
+        ++stats_.replans_kept;
+        stats_.last_kept = std::string(plan.status().message());
+      } else if (!plan.ok()) {
         ++stats_.errors;
         stats_.last_error = "replan: " + plan.status().ToString();
       } else {
@@ -123,7 +128,7 @@ void Executor::AcquireWaited(int64_t nanos) {
 void Executor::CheckDrift() {
   if (!options_.replanner || replanning_.valid()) return;
   if (options_.links_drifted && options_.links_drifted()) {
-    ReplanLocked();
+    ReplanLocked(/*may_keep=*/true);
     return;
   }
   double drift = 0;
@@ -137,15 +142,15 @@ void Executor::CheckDrift() {
     ++measured;
   }
   if (measured == 0 || drift / measured <= options_.replan_drift) return;
-  ReplanLocked();
+  ReplanLocked(/*may_keep=*/true);
 }
 
 void Executor::Replan() {
   std::lock_guard<std::mutex> lock(mutex_);
-  ReplanLocked();
+  ReplanLocked(/*may_keep=*/false);
 }
 
-void Executor::ReplanLocked() {
+void Executor::ReplanLocked(bool may_keep) {
   if (!options_.replanner || replanning_.valid()) return;
   Graph measured = graph_;
   for (size_t i = 0; i < measured.ops.size(); ++i) {
@@ -155,9 +160,11 @@ void Executor::ReplanLocked() {
   replanning_seconds_.clear();
   for (const GraphOp& op : measured.ops) replanning_seconds_.push_back(op.seconds);
   // The graph the executor keys on keeps its structure; only the times change.
-  replanning_ = std::async(std::launch::async, [replanner = options_.replanner, measured = std::move(measured)] {
-    return replanner(measured);
-  });
+  std::shared_ptr<const Plan> current = may_keep ? std::make_shared<const Plan>(plan_) : nullptr;
+  replanning_ = std::async(std::launch::async,
+                           [replanner = options_.replanner, measured = std::move(measured), current = std::move(current)] {
+                             return replanner(measured, current.get());
+                           });
 }
 
 bool Executor::Ready(int lane_index, int64_t pos, bool* late) const {
@@ -449,7 +456,7 @@ void Executor::SetPinnedGpu(std::vector<TensorIndex> pinned) {
   pinned_gpu_ = std::move(now);
   if (replanning_.valid()) replanning_.wait();  // the one in flight did not know; plan again
   replanning_ = {};
-  ReplanLocked();
+  ReplanLocked(/*may_keep=*/false);
 }
 
 std::string Executor::Describe() const {

@@ -72,8 +72,13 @@ struct ExecutorOptions {
   // with a client that waits for WaitIdle, every run is the same (deterministic tests).
   bool single_thread = false;
   // Plans a graph (with measured op times) for a replan; PlanBest with the session's
-  // budgets and the measured links, in the daemon.
-  std::function<absl::StatusOr<Plan>(const Graph&)> replanner;
+  // budgets and the measured links, in the daemon. `current` is the plan in force when the
+  // replan is for drift (op times or links), null when it must change (Replan(): pins,
+  // budgets): the replanner may then answer ALREADY_EXISTS, with the reason, to keep the plan
+  // in force and its layout. A new plan lays the GPU out anew and the copies placed by the old
+  // one cascade off it, which cost the 1.3B step on an H100 13% (docs/runs/2026-12-06-s42);
+  // that is worth paying only for a plan that does better at the measured times.
+  std::function<absl::StatusOr<Plan>(const Graph&, const Plan* current)> replanner;
   // Asked once a lap: have the links drifted from what the plan assumed? (The daemon
   // compares the Mover's measured bandwidths with the plan's.) Yes: replan.
   std::function<bool()> links_drifted;
@@ -107,6 +112,8 @@ struct ExecutorStats {
   std::string last_error;   // the latest of them, with the move
   uint64_t laps = 0;        // iterations seen complete
   uint64_t replans = 0;
+  uint64_t replans_kept = 0;  // drift replans that kept the plan in force (ALREADY_EXISTS)
+  std::string last_kept;      // the replanner's reason, the latest
   double last_lap_seconds = 0;    // measured step time
   double mean_lap_seconds = 0;    // over the laps after the first
 };
@@ -211,7 +218,7 @@ class Executor {
   absl::Status Do(const Action& a, int64_t decided_nanos);
   std::string DescribeLocked() const;  // Describe, with mutex_ held
   void CheckDrift();
-  void ReplanLocked();  // with mutex_ held
+  void ReplanLocked(bool may_keep);  // with mutex_ held; may_keep: ExecutorOptions::replanner
 
   const Graph graph_;
   const std::vector<std::vector<uint32_t>> next_use_;  // NextUseDistances(graph_)

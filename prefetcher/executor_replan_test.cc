@@ -37,6 +37,27 @@ TEST(ExecutorTest, AReplanAtTheMeasuredTimesSettlesTheDrift) {
   EXPECT_EQ(executor->Stats().replans, 1u);
 }
 
+// A drift replan whose replanner keeps the plan in force (a new one would do no better):
+// nothing is swapped in, so the GPU keeps its layout; the drift is then measured against the
+// times the plan was judged at, so the same times do not ask again every lap.
+TEST(ExecutorTest, ADriftReplanMayKeepThePlanInForce) {
+  Replanning r;
+  r.keep = true;
+  auto executor = r.Start();
+  const uint64_t generation = executor->Replans();
+  for (int lap = 0; lap < 10; ++lap) RunLap(*executor, r.tiers, r.clock, r.g, /*slowdown=*/3, /*extra_nanos=*/1000);
+  executor->WaitIdle();
+  EXPECT_EQ(r.replans, 1);
+  ASSERT_EQ(r.offered_current.size(), 1u);
+  EXPECT_TRUE(r.offered_current[0]) << "a drift replan comes with the plan in force";
+  const ExecutorStats stats = executor->Stats();
+  EXPECT_EQ(stats.replans, 0u);
+  EXPECT_EQ(executor->Replans(), static_cast<int64_t>(generation));
+  EXPECT_EQ(stats.replans_kept, 1u);
+  EXPECT_EQ(stats.last_kept, "the plan in force does as well");
+  EXPECT_EQ(stats.errors, 0u) << stats.last_error;
+}
+
 // The time the client waits in acquires is not the op's: ops that take 3x their plan on the
 // wall, two thirds of it waiting for their tensors, are measured at their plan and nothing
 // replans (a replan on such times would plan stalls as compute); the waits are counted by op.
@@ -73,8 +94,10 @@ TEST(ExecutorTest, PinsAndDriftingLinksReplanToo) {
   std::vector<bool> pinned_seen;
   bool drifted = false;
   ExecutorOptions options;
-  options.replanner = [&](const Graph& measured) -> absl::StatusOr<Plan> {
+  options.replanner = [&](const Graph& measured, const Plan* current) -> absl::StatusOr<Plan> {
     pinned_seen.push_back(measured.tensors[pinned].pinned_gpu);
+    // A pin must change the plan; drifting links may keep it.
+    EXPECT_EQ(current == nullptr, pinned_seen.size() == 1) << "replan " << pinned_seen.size();
     return MakePlan(measured, budgets);
   };
   options.links_drifted = [&] { return std::exchange(drifted, false); };
@@ -105,7 +128,9 @@ TEST(ExecutorTest, AfterAReplanTheLanesWaitUntilResumed) {
   const TensorIndex pinned = Named(g, "layers.1.w");
   ASSERT_LT(pinned, g.tensors.size());
   ExecutorOptions options;
-  options.replanner = [&](const Graph& measured) -> absl::StatusOr<Plan> { return MakePlan(measured, r.budgets); };
+  options.replanner = [&](const Graph& measured, const Plan*) -> absl::StatusOr<Plan> {
+    return MakePlan(measured, r.budgets);
+  };
   options.pause_after_replan = true;
   options.single_thread = true;
   Executor executor(g, r.plan, tiers, clock, options);

@@ -229,13 +229,19 @@ struct Replanning {
   ModelTiers tiers{g, budgets.gpu, clock};
   int replans = 0;
   std::function<void(const Graph&)> on_replan = [](const Graph&) {};
+  // Set: a drift replan keeps the plan in force (ALREADY_EXISTS), as the daemon's does when a
+  // new plan would do no better.
+  bool keep = false;
+  std::vector<bool> offered_current;  // per replan: whether the plan in force came with it
   std::unique_ptr<Executor> Start() {
     auto plan = MakePlan(g, budgets);
     EXPECT_TRUE(plan.ok()) << plan.status();
     ExecutorOptions options;
-    options.replanner = [this](const Graph& measured) -> absl::StatusOr<Plan> {
+    options.replanner = [this](const Graph& measured, const Plan* current) -> absl::StatusOr<Plan> {
       ++replans;
+      offered_current.push_back(current != nullptr);
       on_replan(measured);
+      if (keep && current != nullptr) return absl::AlreadyExistsError("the plan in force does as well");
       return MakePlan(measured, budgets);
     };
     return std::make_unique<Executor>(g, *plan, tiers, clock, options);

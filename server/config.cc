@@ -201,7 +201,7 @@ absl::Status ParseRest(const YAML::Node& root, DaemonOptions* options) {
   if (const YAML::Node planner = root["planner"]) {
     RETURN_IF_ERROR(CheckKeys(planner, "planner",
                               {"h2d_gbps", "d2h_gbps", "nvme_gbps", "time_aware", "layout_wait", "load_lead_ops", "settle_layout", "settle_after_replan",
-                               "replan_drift",
+                               "replan_drift", "keep_plan_margin",
                                "gpu_headroom_fraction",
                                "gpu_headroom_tensors", "dram_headroom_tensors", "deadline_s"}));
     if (planner["time_aware"]) options->planner_time_aware = As<bool>(planner["time_aware"], "planner.time_aware");
@@ -217,6 +217,13 @@ absl::Status ParseRest(const YAML::Node& root, DaemonOptions* options) {
       if (!(options->planner_replan_drift > 0)) {
         return Error(planner["replan_drift"],
                      "planner.replan_drift must be above 0 (a mean relative difference; 1e9: never replan)");
+      }
+    }
+    if (planner["keep_plan_margin"]) {
+      options->planner_keep_plan_margin = As<double>(planner["keep_plan_margin"], "planner.keep_plan_margin");
+      if (!(options->planner_keep_plan_margin <= 1)) {
+        return Error(planner["keep_plan_margin"],
+                     "planner.keep_plan_margin must be at most 1 (a share of the step; below 0: always replan)");
       }
     }
     if (planner["load_lead_ops"]) {
@@ -340,12 +347,12 @@ std::string DescribeConfig(const DaemonOptions& o) {
   absl::StrAppendFormat(
       &out,
       "planner: {h2d_gbps: %.17g, d2h_gbps: %.17g, nvme_gbps: %.17g, time_aware: %s, layout_wait: %s, load_lead_ops: %d, "
-      "settle_layout: %s, settle_after_replan: %s, replan_drift: %.17g, "
+      "settle_layout: %s, settle_after_replan: %s, replan_drift: %.17g, keep_plan_margin: %.17g, "
       "gpu_headroom_fraction: %.17g, gpu_headroom_tensors: %d, dram_headroom_tensors: %d, deadline_s: %.17g}\n",
       o.planner_links.h2d_bytes_per_s / 1e9, o.planner_links.d2h_bytes_per_s / 1e9,
       o.planner_links.nvme_read_bytes_per_s / 1e9, o.planner_time_aware ? "true" : "false",
       o.planner_layout_wait ? "true" : "false", o.planner_load_lead_ops, o.planner_settle_layout ? "true" : "false",
-      o.planner_settle_after_replan ? "true" : "false", o.planner_replan_drift,
+      o.planner_settle_after_replan ? "true" : "false", o.planner_replan_drift, o.planner_keep_plan_margin,
       o.planner_headroom.gpu_fraction, o.planner_headroom.gpu_tensors, o.planner_headroom.dram_tensors,
       o.planner_deadline_seconds);
   absl::StrAppendFormat(&out, "default_session_quota: {gpu: %s, dram: %s, nvme: %s}\n",

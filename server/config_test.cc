@@ -113,6 +113,11 @@ TEST(ConfigTest, TheAnnotatedExampleParses) {
   auto kept_described = ParseConfig(DescribeConfig(*kept));
   ASSERT_TRUE(kept_described.ok()) << kept_described.status();
   EXPECT_EQ(kept_described->planner_replan_drift, 1e9);
+  EXPECT_EQ(options->planner_keep_plan_margin, 0.05);
+  auto swap = ParseConfig("planner: {keep_plan_margin: -1}\n");
+  ASSERT_TRUE(swap.ok()) << swap.status();
+  EXPECT_EQ(ParseConfig(DescribeConfig(*swap))->planner_keep_plan_margin, -1);
+  EXPECT_EQ(ParseConfig("planner: {keep_plan_margin: 2}\n").status().code(), absl::StatusCode::kInvalidArgument);
   const auto no_drift = ParseConfig("planner: {replan_drift: 0}\n").status();
   EXPECT_EQ(no_drift.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(no_drift.message().find("replan_drift must be above 0"), absl::string_view::npos) << no_drift;

@@ -91,6 +91,8 @@ struct DaemonOptions {
   // Measured op times this far from the plan's (mean relative difference over a lap) replan
   // (prefetcher::ExecutorOptions::replan_drift).
   double planner_replan_drift = 0.25;
+  // PlanningOptions::keep_plan_margin.
+  double planner_keep_plan_margin = 0.05;
   // What a session's plan leaves free of its quotas for fragmentation (PlanningHeadroom):
   // DRAM one of the largest tensors, not three: the tiers join fragmented room by moving
   // copies, so more held back only shrinks what the plan can keep (the 7B trainer on the

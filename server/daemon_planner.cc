@@ -207,6 +207,7 @@ absl::StatusOr<v1::PlanReply> Daemon::PlanGraph(SessionId session, tp::Graph gra
   options.settle_layout = options_.planner_settle_layout;
   options.settle_after_replan = options_.planner_settle_after_replan;
   options.replan_drift = options_.planner_replan_drift;
+  options.keep_plan_margin = options_.planner_keep_plan_margin;
   options.headroom = options_.planner_headroom;
   const size_t ops = graph.ops.size(), tensors = graph.tensors.size();
 

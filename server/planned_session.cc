@@ -277,8 +277,9 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Start(LeaseTable
   executor_options.replan_drift = options.replan_drift;
   executor_options.pause_after_replan = options.settle_layout && options.settle_after_replan && top == Tier::kGpu;
   auto current_links = [links, measured_links] { return measured_links ? measured_links() : links; };
-  executor_options.replanner = [planning, budgets, current_links, quota = budgets.gpu, styles,
-                                 prediction](const tp::Graph& measured) -> absl::StatusOr<tp::Plan> {
+  executor_options.replanner = [planning, budgets, current_links, quota = budgets.gpu, styles, prediction,
+                                 keep_margin = options.keep_plan_margin](const tp::Graph& measured,
+                                             const tp::Plan* current) -> absl::StatusOr<tp::Plan> {
     const tp::LinkModel now = current_links();
     auto replanned = tp::PlanBest(measured, planning, now, nullptr, quota, styles);
     if (!replanned.ok()) return replanned;
@@ -288,6 +289,23 @@ absl::StatusOr<std::unique_ptr<PlannedSession>> PlannedSession::Start(LeaseTable
     quick.iterations = 3;
     auto predicted = tp::SimulatePlan(measured, *replanned, planning, now, quick);
     if (!predicted.ok()) return predicted.status();
+    if (current != nullptr && keep_margin >= 0) {
+      // The plan in force, at the same times and links: unless the new one is clearly faster,
+      // keep it and the layout its copies are in (a new layout costs real steps; see
+      // ExecutorOptions::replanner).
+      auto kept = tp::SimulatePlan(measured, *current, planning, now, quick);
+      if (kept.ok() && kept->step_seconds <= predicted->step_seconds * (1 + keep_margin)) {
+        const std::string why = absl::StrFormat(
+            "the plan in force takes %.3f s a step at the measured op times and links, a new one %.3f s: kept",
+            kept->step_seconds, predicted->step_seconds);
+        std::lock_guard<std::mutex> lock(prediction->mutex);
+        prediction->sim = *std::move(kept);
+        prediction->links = now;
+        prediction->graph = measured;
+        prediction->bound = tp::ComputeLowerBound(measured, now, budgets);
+        return absl::AlreadyExistsError(why);
+      }
+    }
     std::lock_guard<std::mutex> lock(prediction->mutex);
     prediction->sim = *std::move(predicted);
     prediction->links = now;

@@ -60,6 +60,11 @@ struct PlanningOptions {
   // other lap, each time settling again (docs/runs/2026-12-05-s39).
   bool settle_after_replan = false;
   double replan_drift = 0.25;  // prefetcher::ExecutorOptions::replan_drift
+  // A drift replan swaps a new plan in only when it predicts a step at least this share
+  // shorter than the plan in force at the same measured op times and links; else the plan in
+  // force and its GPU layout stay (the simulation's own spread is ~1-2%). Below 0: always
+  // swapped in (before 2026-12-06).
+  double keep_plan_margin = 0.05;
   // Set (by another thread) while Prepare runs: it stops soon with CANCELLED (a deadline).
   const std::atomic<bool>* cancel = nullptr;
 };

@@ -43,8 +43,12 @@ std::string PlannedSession::Summary() const {
   out += absl::StrFormat("links assumed: DRAM->GPU %.1f GB/s, GPU->DRAM %.1f, NVMe read %.2f, NVMe write %.2f; %s\n",
                          links.h2d_bytes_per_s / 1e9, links.d2h_bytes_per_s / 1e9, links.nvme_read_bytes_per_s / 1e9,
                          links.nvme_write_bytes_per_s / 1e9,
-                         replans == 0 ? "the first plan"
-                                      : absl::StrFormat("replanned %d time(s) at measured op times and links", replans));
+                         (replans == 0 ? std::string("the first plan")
+                                       : absl::StrFormat("replanned %d time(s) at measured op times and links", replans)) +
+                             (seen.replans_kept == 0
+                                  ? std::string()
+                                  : absl::StrFormat("; kept the plan in force at %d drift(s) (the latest: %s)",
+                                                    seen.replans_kept, seen.last_kept)));
   // No plan of this graph on these links and tiers stalls less (prefetcher/simulate.h).
   out += absl::StrFormat("lower bound at the same op times and links, in the whole quotas: %.3f s a step (stall %.3f "
                          "s, bound by %s)%s\n",

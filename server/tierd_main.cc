@@ -1,7 +1,9 @@
 // tierd: the per-node memory-tiering daemon. See --help.
 #include <signal.h>
 
+#include <cmath>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <tuple>
 
@@ -57,6 +59,10 @@ ABSL_FLAG(bool, planner_settle_after_replan, false,
 ABSL_FLAG(double, planner_replan_drift, -1,
           "replan a session when its measured op times differ from the plan's by more than this (mean relative "
           "difference over a lap; default 0.25; 1e9: keep the first plan)");
+ABSL_FLAG(double, planner_keep_plan_margin, std::numeric_limits<double>::quiet_NaN(),
+          "a replan for drift swaps its plan in only when it predicts a step at least this share shorter than the "
+          "plan in force at the measured times; else the plan in force and its GPU layout stay (default 0.05; below "
+          "0: always swapped in)");
 ABSL_FLAG(int, planner_dram_headroom_tensors, -1,
           "plan DRAM below the GPU this many of a session's largest tensors under its quota, for room lost to "
           "fragmentation (default 1; at most a quarter of the quota)");
@@ -106,6 +112,13 @@ absl::Status Override(DaemonOptions* options) {
           absl::StrFormat("--planner_replan_drift=%g: give a mean relative difference above 0 (unset: 0.25)", drift));
     }
     options->planner_replan_drift = drift;
+  }
+  if (const double margin = absl::GetFlag(FLAGS_planner_keep_plan_margin); !std::isnan(margin)) {
+    if (!(margin <= 1)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--planner_keep_plan_margin=%g: give a share of the step at most 1 (below 0: always replan)", margin));
+    }
+    options->planner_keep_plan_margin = margin;
   }
   if (absl::GetFlag(FLAGS_planner_load_lead_ops) < -1) {
     return absl::InvalidArgumentError(absl::StrFormat("--planner_load_lead_ops=%d: give -1 (a lap) or 0 and up",

@@ -60,6 +60,9 @@ ABSL_FLAG(bool, settle_after_replan, false,
 ABSL_FLAG(double, replan_drift, 0.25,
           "replan when the measured op times differ from the plan's by more than this, mean relative difference "
           "over a lap (tierd --planner_replan_drift; 1e9: keep the first plan)");
+ABSL_FLAG(double, keep_plan_margin, 0.05,
+          "a drift replan swaps its plan in only when it predicts a step this share shorter than the plan in force "
+          "(tierd --planner_keep_plan_margin; below 0: always)");
 ABSL_FLAG(bool, layout_wait, false, "planned loads wait for their layout range (tierd --planner_layout_wait)");
 ABSL_FLAG(int, load_lead_ops, -1,
           "a planned load issues at most this many ops before the op it serves (tierd --planner_load_lead_ops; "
@@ -147,7 +150,8 @@ int Replay() {
                                          .load_lead_ops = absl::GetFlag(FLAGS_load_lead_ops),
                                          .settle_layout = absl::GetFlag(FLAGS_settle_layout),
                                          .settle_after_replan = absl::GetFlag(FLAGS_settle_after_replan),
-                                         .replan_drift = absl::GetFlag(FLAGS_replan_drift)});
+                                         .replan_drift = absl::GetFlag(FLAGS_replan_drift),
+                                         .keep_plan_margin = absl::GetFlag(FLAGS_keep_plan_margin)});
   if (!planned.ok()) return Fail(absl::StrFormat("planning: %s", planned.status().message()));
   Mover* mover = engine.mover.get();
   (*planned)->SetLinkBytes([mover] { return PlannedSession::MovedBy(*mover); });

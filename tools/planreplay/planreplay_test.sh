@@ -27,12 +27,23 @@ a=$(on_layout "$settled"); b=$(on_layout "$unsettled")
 echo "at the layout's offsets: settled $a, unsettled $b"
 [ -n "$a" ] && [ -n "$b" ] && [ "$a" -gt "$b" ] || { echo "FAIL: settling placed $a at the layout's offsets, not more than $b"; fail=1; }
 # The trainer's own graph, first planned at op times 35% too long (its estimates before it
-# measured): the executor replans after a lap, the new plan lays the GPU out anew, and settling
-# after the replan (an experiment, off by default) keeps the new layout where the old one's
-# copies would have unravelled it.
-replanned=$("$replay" --graph="$trainer_graph" --gpu=21.3GiB --dram=32GiB --scale=256 --laps=5 --plan_op_time_factor=1.35 \
-  --settle_after_replan 2>&1)
-unsettled=$("$replay" --graph="$trainer_graph" --gpu=21.3GiB --dram=32GiB --scale=256 --laps=5 --plan_op_time_factor=1.35 2>&1)
+# measured): the op times drift, and a new plan at the measured times would do no better, so
+# the plan in force and its layout stay; and more of the copies land at the layout's offsets
+# than when the new plan is swapped in anyway (--keep_plan_margin=-1, the old behaviour).
+graph_args=(--graph="$trainer_graph" --gpu=21.3GiB --dram=32GiB --scale=256 --laps=5 --plan_op_time_factor=1.35)
+kept=$("$replay" "${graph_args[@]}" 2>&1)
+swapped=$("$replay" "${graph_args[@]}" --keep_plan_margin=-1 2>&1)
+echo "$kept" | grep -Eo "the first plan; kept the plan in force at 1 drift\(s\) \(the latest: .*\)" \
+  || { echo "FAIL: the first plan was not kept: $(echo "$kept" | grep '^links assumed')"; fail=1; }
+echo "$swapped" | grep -q "replanned 1 time(s) at measured op times" \
+  || { echo "FAIL: --keep_plan_margin=-1 did not replan: $(echo "$swapped" | grep '^links assumed')"; fail=1; }
+a=$(on_layout "$kept"); b=$(on_layout "$swapped")
+echo "the trainer's graph: at the layout's offsets with the first plan kept $a, replanned $b"
+[ -n "$a" ] && [ -n "$b" ] && [ "$a" -gt "$b" ] || { echo "FAIL: keeping the plan placed $a, not more than $b"; fail=1; }
+# Swapped in, settling after the replan (an experiment, off by default) keeps the new layout
+# where the old one's copies would have unravelled it.
+replanned=$("$replay" "${graph_args[@]}" --keep_plan_margin=-1 --settle_after_replan 2>&1)
+unsettled=$swapped
 echo "$unsettled" | grep -q "^settled into the layout after" && { echo "FAIL: settled after a replan by default"; fail=1; }
 echo "$replanned" | grep -E "^settled into the layout after"
 echo "$replanned" | grep -Eq "^settled into the layout after 1 replan\(s\): [0-9]+ copies moved to their offsets, [1-9][0-9]* " \

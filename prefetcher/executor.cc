@@ -147,6 +147,9 @@ void Executor::CheckDrift() {
 
 void Executor::Replan() {
   std::lock_guard<std::mutex> lock(mutex_);
+  // A drift replan in flight may keep the plan in force; this one must not.
+  if (replanning_.valid()) replanning_.wait();
+  replanning_ = {};
   ReplanLocked(/*may_keep=*/false);
 }
 

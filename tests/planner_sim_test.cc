@@ -452,7 +452,9 @@ TEST(PlannedSessionTrace, ShowsTheTiersOwnWriteBacksForRoom) {
 
 // The prediction follows the plan in force: a link measured more than 25% off the plan's
 // speed replans, and what `tierctl plan --session` (and the reply to RegisterGraph) then
-// compares the run with is the new plan's prediction at the links as measured.
+// compares the run with is the prediction at the links as measured: the plan in force's when
+// a new plan would be no faster (kept, with its layout), else the new plan's
+// (keep_plan_margin below 0: always swapped in).
 TEST(PlannedSessionPrediction, FollowsAReplanAtTheLinksAsMeasured) {
   tp::TraceOptions trace;
   trace.micro_batch_seqs = 1;
@@ -462,30 +464,44 @@ TEST(PlannedSessionPrediction, FollowsAReplanAtTheLinksAsMeasured) {
   uint64_t total = 0;
   for (const auto& t : graph.tensors) total += (t.bytes + 4095) / 4096 * 4096;
   const tp::Budgets budgets{total * 45 / 100, total / 2, 2 * total};
-  Tiers tiers("prediction", budgets);
-  const tp::LinkModel links;  // 2 GB/s NVMe assumed
-  tp::LinkModel slow = links;
-  slow.nvme_read_bytes_per_s = slow.nvme_write_bytes_per_s = 0.5e9;  // and measured at a quarter
-  auto planned =
-      PlannedSession::Create(*tiers.table, tiers.session, graph, budgets, tiers.fake,
-                             {.links = links, .deterministic = true, .measured_links = [slow] { return slow; }});
-  ASSERT_TRUE(planned.ok()) << planned.status();
-  const tp::SimResult first = (*planned)->predicted();
-  ASSERT_GT(first.nvme_read_bytes, 0u) << "the premise: the plan uses NVMe";
-  EXPECT_NE((*planned)->Summary().find("the first plan"), std::string::npos) << (*planned)->Summary();
-  for (int lap = 0; lap < 3; ++lap) {
-    for (uint32_t op = 0; op < graph.ops.size(); ++op) {
-      ASSERT_TRUE((*planned)->OpBegin(op).ok());
-      (*planned)->WaitIdle();
-      tiers.fake.AdvanceNanos(static_cast<int64_t>(graph.ops[op].seconds * 1e9));
+  for (const double margin : {0.05, -1.0}) {
+    SCOPED_TRACE(absl::StrFormat("keep_plan_margin %g", margin));
+    Tiers tiers("prediction", budgets);
+    const tp::LinkModel links;  // 2 GB/s NVMe assumed
+    tp::LinkModel slow = links;
+    slow.nvme_read_bytes_per_s = slow.nvme_write_bytes_per_s = 0.5e9;  // and measured at a quarter
+    auto planned = PlannedSession::Create(*tiers.table, tiers.session, graph, budgets, tiers.fake,
+                                          {.links = links,
+                                           .deterministic = true,
+                                           .measured_links = [slow] { return slow; },
+                                           .keep_plan_margin = margin});
+    ASSERT_TRUE(planned.ok()) << planned.status();
+    const tp::SimResult first = (*planned)->predicted();
+    ASSERT_GT(first.nvme_read_bytes, 0u) << "the premise: the plan uses NVMe";
+    EXPECT_NE((*planned)->Summary().find("the first plan"), std::string::npos) << (*planned)->Summary();
+    for (int lap = 0; lap < 3; ++lap) {
+      for (uint32_t op = 0; op < graph.ops.size(); ++op) {
+        ASSERT_TRUE((*planned)->OpBegin(op).ok());
+        (*planned)->WaitIdle();
+        tiers.fake.AdvanceNanos(static_cast<int64_t>(graph.ops[op].seconds * 1e9));
+      }
     }
+    const tp::SimResult now = (*planned)->predicted();
+    const tp::ExecutorStats seen = (*planned)->observed();
+    const std::string summary = (*planned)->Summary();
+    if (margin < 0) {
+      EXPECT_GT(seen.replans, 0u);
+      EXPECT_EQ(seen.replans_kept, 0u);
+      EXPECT_NE(summary.find("replanned"), std::string::npos) << summary;
+    } else {
+      // The new plan at the slow disk predicts the same step as the plan in force: kept.
+      EXPECT_EQ(seen.replans, 0u);
+      EXPECT_GT(seen.replans_kept, 0u);
+      EXPECT_NE(summary.find("kept the plan in force at"), std::string::npos) << summary;
+    }
+    EXPECT_GT(now.step_seconds, first.step_seconds) << "a quarter of the disk's speed, and no slower a step";
+    EXPECT_NE(summary.find("NVMe read 0.50"), std::string::npos) << summary;
   }
-  const tp::SimResult now = (*planned)->predicted();
-  EXPECT_GT((*planned)->observed().replans, 0u);
-  EXPECT_GT(now.step_seconds, first.step_seconds) << "a quarter of the disk's speed, and no slower a step";
-  const std::string summary = (*planned)->Summary();
-  EXPECT_NE(summary.find("replanned"), std::string::npos) << summary;
-  EXPECT_NE(summary.find("NVMe read 0.50"), std::string::npos) << summary;
 }
 
 }  // namespace

@@ -140,6 +140,14 @@ TEST(DaemonStartTest, RefusesImpossibleConfigsWithTheNumbers) {
   EXPECT_NE(lead.WaitForLine("tierd: --planner_load_lead_ops=-3: give -1 (a lap) or 0 and up", 10000), "")
       << lead.output();
   EXPECT_EQ(lead.Wait(), 2);
+  Process drift("server/tierd", {"--gpu=fake", "--planner_replan_drift=0", "--runtime_dir=" + dir});
+  EXPECT_NE(drift.WaitForLine("tierd: --planner_replan_drift=0: give a mean relative difference above 0", 10000), "")
+      << drift.output();
+  EXPECT_EQ(drift.Wait(), 2);
+  Process margin("server/tierd", {"--gpu=fake", "--planner_keep_plan_margin=3", "--runtime_dir=" + dir});
+  EXPECT_NE(margin.WaitForLine("tierd: --planner_keep_plan_margin=3: give a share of the step at most 1", 10000), "")
+      << margin.output();
+  EXPECT_EQ(margin.Wait(), 2);
   Process bounce("server/tierd", {"--gpu=fake", "--gpu_join_bounce=2GiB", "--runtime_dir=" + dir});
   EXPECT_NE(bounce.WaitForLine("tierd: --gpu_join_bounce=2GiB: at most 1.00 GiB", 10000), "") << bounce.output();
   EXPECT_EQ(bounce.Wait(), 2);

@@ -126,31 +126,18 @@ TEST(DaemonStartTest, RefusesImpossibleConfigsWithTheNumbers) {
   Process bad_flag("server/tierd", {"--gpu=quantum", "--runtime_dir=" + dir});
   EXPECT_NE(bad_flag.WaitForLine("tierd: --gpu must be auto, cuda or fake", 10000), "") << bad_flag.output();
   EXPECT_EQ(bad_flag.Wait(), 2);
-  // The planner's headroom flags are bounded, with the bound in the message.
-  Process too_much_room("server/tierd", {"--gpu=fake", "--planner_gpu_headroom_fraction=0.5", "--runtime_dir=" + dir});
-  EXPECT_NE(too_much_room.WaitForLine("tierd: --planner_gpu_headroom_fraction must be 0 to 0.25 (of the quota)", 10000),
-            "")
-      << too_much_room.output();
-  EXPECT_EQ(too_much_room.Wait(), 2);
-  Process too_many("server/tierd", {"--gpu=fake", "--planner_dram_headroom_tensors=17", "--runtime_dir=" + dir});
-  EXPECT_NE(too_many.WaitForLine("tierd: --planner_dram_headroom_tensors must be 0 to 16 (tensors)", 10000), "")
-      << too_many.output();
-  EXPECT_EQ(too_many.Wait(), 2);
-  Process lead("server/tierd", {"--gpu=fake", "--planner_load_lead_ops=-3", "--runtime_dir=" + dir});
-  EXPECT_NE(lead.WaitForLine("tierd: --planner_load_lead_ops=-3: give -1 (a lap) or 0 and up", 10000), "")
-      << lead.output();
-  EXPECT_EQ(lead.Wait(), 2);
-  Process drift("server/tierd", {"--gpu=fake", "--planner_replan_drift=0", "--runtime_dir=" + dir});
-  EXPECT_NE(drift.WaitForLine("tierd: --planner_replan_drift=0: give a mean relative difference above 0", 10000), "")
-      << drift.output();
-  EXPECT_EQ(drift.Wait(), 2);
-  Process margin("server/tierd", {"--gpu=fake", "--planner_keep_plan_margin=3", "--runtime_dir=" + dir});
-  EXPECT_NE(margin.WaitForLine("tierd: --planner_keep_plan_margin=3: give a share of the step at most 1", 10000), "")
-      << margin.output();
-  EXPECT_EQ(margin.Wait(), 2);
-  Process bounce("server/tierd", {"--gpu=fake", "--gpu_join_bounce=2GiB", "--runtime_dir=" + dir});
-  EXPECT_NE(bounce.WaitForLine("tierd: --gpu_join_bounce=2GiB: at most 1.00 GiB", 10000), "") << bounce.output();
-  EXPECT_EQ(bounce.Wait(), 2);
+  // A flag out of its range: tierd exits 2 with the bound in the message.
+  auto refused = [&dir](const std::string& flag, const std::string& message) {
+    Process tierd("server/tierd", {"--gpu=fake", flag, "--runtime_dir=" + dir});
+    EXPECT_NE(tierd.WaitForLine("tierd: " + message, 10000), "") << tierd.output();
+    EXPECT_EQ(tierd.Wait(), 2) << flag;
+  };
+  refused("--planner_gpu_headroom_fraction=0.5", "--planner_gpu_headroom_fraction must be 0 to 0.25 (of the quota)");
+  refused("--planner_dram_headroom_tensors=17", "--planner_dram_headroom_tensors must be 0 to 16 (tensors)");
+  refused("--planner_load_lead_ops=-3", "--planner_load_lead_ops=-3: give -1 (a lap) or 0 and up");
+  refused("--planner_replan_drift=0", "--planner_replan_drift=0: give a mean relative difference above 0");
+  refused("--planner_keep_plan_margin=3", "--planner_keep_plan_margin=3: give a share of the step at most 1");
+  refused("--gpu_join_bounce=2GiB", "--gpu_join_bounce=2GiB: at most 1.00 GiB");
   // Flags that made no sense and were taken silently: each refused, naming what is wrong.
   Process negative("server/tierd", {"--gpu=fake", "--max_sessions=-1", "--runtime_dir=" + dir});
   EXPECT_NE(negative.WaitForLine("tierd: --max_sessions=-1: give at least 1", 10000), "") << negative.output();

@@ -145,14 +145,6 @@ void Executor::CheckDrift() {
   ReplanLocked(/*may_keep=*/true);
 }
 
-void Executor::Replan() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  // A drift replan in flight may keep the plan in force; this one must not.
-  if (replanning_.valid()) replanning_.wait();
-  replanning_ = {};
-  ReplanLocked(/*may_keep=*/false);
-}
-
 void Executor::ReplanLocked(bool may_keep) {
   if (!options_.replanner || replanning_.valid()) return;
   Graph measured = graph_;

@@ -22,7 +22,8 @@
 //
 // Measured op times replace the graph's estimates: when they drift from the plan's by
 // more than `replan_drift` (mean relative difference over a lap), the plan is rebuilt in the
-// background and swapped in at the next lap. Replan() forces it (pins, budgets changed).
+// background and swapped in at the next lap (if it does better: ExecutorOptions::replanner).
+// A change of pins (SetPinnedGpu) always replans.
 #ifndef TIERD_PREFETCHER_EXECUTOR_H_
 #define TIERD_PREFETCHER_EXECUTOR_H_
 
@@ -73,10 +74,10 @@ struct ExecutorOptions {
   bool single_thread = false;
   // Plans a graph (with measured op times) for a replan; PlanBest with the session's
   // budgets and the measured links, in the daemon. `current` is the plan in force when the
-  // replan is for drift (op times or links), null when it must change (Replan(): pins,
-  // budgets): the replanner may then answer ALREADY_EXISTS, with the reason, to keep the plan
-  // in force and its layout. A new plan lays the GPU out anew and the copies placed by the old
-  // one cascade off it, which cost the 1.3B step on an H100 13% (docs/runs/2026-12-06-s42);
+  // replan is for drift (op times or links), null when it must change (new pins): the
+  // replanner may then answer ALREADY_EXISTS, with the reason, to keep the plan in force and
+  // its layout. A new plan lays the GPU out anew and the copies placed by the old one cascade
+  // off it, which made the 1.3B step on an H100 16% slower (docs/runs/2026-12-06-s42);
   // that is worth paying only for a plan that does better at the measured times.
   std::function<absl::StatusOr<Plan>(const Graph&, const Plan* current)> replanner;
   // Asked once a lap: have the links drifted from what the plan assumed? (The daemon
@@ -146,8 +147,6 @@ class Executor {
   // Blocks until neither lane can make progress without more client progress, and any
   // replan in flight is done. For tests.
   void WaitIdle();
-  // Rebuild the plan from measured op times now (in the background).
-  void Replan();
   // Tensors now pinned to the GPU (by name rules or tierctl pin): the plan must keep them
   // there. Replans.
   void SetPinnedGpu(std::vector<TensorIndex> pinned);

@@ -44,18 +44,42 @@ __constant__ float kUnsignedThresholds[q8::kCodes - 1];
 __device__ __forceinline__ float GradAt(const float* g, int64_t i) { return g[i]; }
 __device__ __forceinline__ float GradAt(const Bf16* g, int64_t i) { return Load(g, i); }
 
-// A warp per quantization block (kQuantBlock / 32 values a lane, held in registers), eight
-// blocks per CUDA block so that the maps copied to shared memory serve 2048 values: dequantize,
-// step, requantize with the block's new absmax (adamw8bit_block.h, as the host does).
+// A warp per quantization block, eight blocks per CUDA block so that the maps copied to
+// shared memory serve 2048 values: dequantize, step, requantize with the block's new absmax
+// (adamw8bit_block.h, as the host does). A lane holds kQuantBlock / 32 values in registers and
+// loads all of them before it stores any (the parts never overlap: __restrict__), so a warp
+// has its whole block in flight at once rather than one round trip per value. kVector: every
+// pointer is aligned for it, and a whole block's lane takes its 8 neighbours with vector loads
+// and stores (codes 8 bytes, master 2 x 16, gradients 16 or 2 x 16, weights 16); a partial
+// block, or !kVector, takes values lane + 32 j one by one. Which lane holds which value does
+// not change a bit: each value's arithmetic is its own, the absmax an integer max.
 constexpr int kQ8BlocksPerCta = 8;
 constexpr int kQ8PerLane = q8::kQuantBlock / 32;
-static_assert(q8::kQuantBlock % 32 == 0, "a quantization block is whole warps' worth of values");
+static_assert(q8::kQuantBlock == 256, "a lane's eight neighbours are one 8-byte load of codes");
+
+__device__ __forceinline__ void LoadGrads8(const float* __restrict__ g, float out[8]) {
+  const float4 a = reinterpret_cast<const float4*>(g)[0], b = reinterpret_cast<const float4*>(g)[1];
+  out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+}
+__device__ __forceinline__ void LoadGrads8(const Bf16* __restrict__ g, float out[8]) { Load8(g, out); }
+__device__ __forceinline__ void Unpack8(uint2 codes, uint32_t out[8]) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) out[j] = ((j < 4 ? codes.x : codes.y) >> (8 * (j % 4))) & 0xffu;
+}
+__device__ __forceinline__ uint2 Pack8(const uint32_t in[8]) {
+  uint2 codes = make_uint2(0, 0);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) (j < 4 ? codes.x : codes.y) |= in[j] << (8 * (j % 4));
+  return codes;
+}
 
 // kByTable: codes from the tables (m_table, v_table: q8::CodeByTable), else by the search.
-template <typename G, bool kByTable>
-__global__ void AdamW8bitKernel(float* master, uint8_t* m_codes, float* m_absmax, uint8_t* v_codes, float* v_absmax,
-                                Bf16* weights, const G* grads, int64_t n, q8::ElementStep step,
-                                const int32_t* __restrict m_table, const int32_t* __restrict v_table) {
+template <typename G, bool kByTable, bool kVector>
+__global__ void __launch_bounds__(32 * kQ8BlocksPerCta)
+    AdamW8bitKernel(float* __restrict__ master, uint8_t* __restrict__ m_codes, float* __restrict__ m_absmax,
+                    uint8_t* __restrict__ v_codes, float* __restrict__ v_absmax, Bf16* __restrict__ weights,
+                    const G* __restrict__ grads, int64_t n, q8::ElementStep step, const int32_t* __restrict__ m_table,
+                    const int32_t* __restrict__ v_table) {
   __shared__ float signed_map[q8::kCodes], unsigned_map[q8::kCodes];
   __shared__ float signed_t[kByTable ? 1 : q8::kCodes - 1], unsigned_t[kByTable ? 1 : q8::kCodes - 1];
   for (int i = threadIdx.x; i < q8::kCodes; i += blockDim.x) {
@@ -71,19 +95,40 @@ __global__ void AdamW8bitKernel(float* master, uint8_t* m_codes, float* m_absmax
   const int64_t b = int64_t{blockIdx.x} * kQ8BlocksPerCta + threadIdx.x / 32, begin = b * q8::kQuantBlock;
   if (begin >= n) return;  // no __syncthreads below: a warp past the end may leave
   const int count = n - begin < q8::kQuantBlock ? static_cast<int>(n - begin) : q8::kQuantBlock;
+  const bool whole = kVector && count == q8::kQuantBlock;  // the same for every lane of the warp
+  const int first = whole ? kQ8PerLane * lane : lane, stride = whole ? 1 : 32;  // value j is first + stride * j
+  uint32_t mc[kQ8PerLane], vc[kQ8PerLane];
+  float w[kQ8PerLane], g[kQ8PerLane];
+  if (whole) {
+    Unpack8(*reinterpret_cast<const uint2*>(m_codes + begin + first), mc);
+    Unpack8(*reinterpret_cast<const uint2*>(v_codes + begin + first), vc);
+    const float4 lo = reinterpret_cast<const float4*>(master + begin + first)[0];
+    const float4 hi = reinterpret_cast<const float4*>(master + begin + first)[1];
+    w[0] = lo.x, w[1] = lo.y, w[2] = lo.z, w[3] = lo.w, w[4] = hi.x, w[5] = hi.y, w[6] = hi.z, w[7] = hi.w;
+    LoadGrads8(grads + begin + first, g);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kQ8PerLane; ++j) {
+      const int i = first + stride * j;
+      mc[j] = vc[j] = 0;
+      w[j] = g[j] = 0.f;
+      if (i >= count) continue;
+      mc[j] = m_codes[begin + i];
+      vc[j] = v_codes[begin + i];
+      w[j] = master[begin + i];
+      g[j] = GradAt(grads, begin + i);
+    }
+  }
   const float old_m = m_absmax[b], old_v = v_absmax[b];
   float new_m[kQ8PerLane], new_v[kQ8PerLane];
   uint32_t most_m = 0, most_v = 0;  // the magnitudes' bits: an integer max, exact in any order
 #pragma unroll
   for (int j = 0; j < kQ8PerLane; ++j) {
-    const int i = lane + 32 * j;
     new_m[j] = new_v[j] = 0.f;
-    if (i >= count) continue;
-    float mi = q8::Mul(signed_map[m_codes[begin + i]], old_m);
-    float vi = q8::SecondMomentOf(q8::Mul(unsigned_map[v_codes[begin + i]], old_v));
-    const float w = step(master[begin + i], GradAt(grads, begin + i), mi, vi);
-    master[begin + i] = w;
-    if (weights != nullptr) Store(weights, begin + i, w);
+    if (first + stride * j >= count) continue;
+    float mi = q8::Mul(signed_map[mc[j]], old_m);
+    float vi = q8::SecondMomentOf(q8::Mul(unsigned_map[vc[j]], old_v));
+    w[j] = step(w[j], g[j], mi, vi);
     vi = q8::RootToStore(vi);  // v is kept as its root
     new_m[j] = mi;
     new_v[j] = vi;
@@ -102,16 +147,31 @@ __global__ void AdamW8bitKernel(float* master, uint8_t* m_codes, float* m_absmax
   const float inverse_m = q8::InverseScale(scale_m), inverse_v = q8::InverseScale(scale_v);
 #pragma unroll
   for (int j = 0; j < kQ8PerLane; ++j) {
-    const int i = lane + 32 * j;
-    if (i >= count) continue;
     const float nm = q8::Mul(new_m[j], inverse_m), nv = q8::Mul(new_v[j], inverse_v);
     if (kByTable) {
-      m_codes[begin + i] = static_cast<uint8_t>(q8::CodeByTable(m_table, nm));
-      v_codes[begin + i] = static_cast<uint8_t>(q8::CodeByTable(v_table, nv));
+      mc[j] = static_cast<uint32_t>(q8::CodeByTable(m_table, nm));
+      vc[j] = static_cast<uint32_t>(q8::CodeByTable(v_table, nv));
     } else {
-      m_codes[begin + i] = q8::CodeBySearch(signed_t, nm);
-      v_codes[begin + i] = q8::CodeBySearch(unsigned_t, nv);
+      mc[j] = q8::CodeBySearch(signed_t, nm);
+      vc[j] = q8::CodeBySearch(unsigned_t, nv);
     }
+  }
+  if (whole) {
+    *reinterpret_cast<uint2*>(m_codes + begin + first) = Pack8(mc);
+    *reinterpret_cast<uint2*>(v_codes + begin + first) = Pack8(vc);
+    reinterpret_cast<float4*>(master + begin + first)[0] = make_float4(w[0], w[1], w[2], w[3]);
+    reinterpret_cast<float4*>(master + begin + first)[1] = make_float4(w[4], w[5], w[6], w[7]);
+    if (weights != nullptr) Store8(weights + begin + first, w);
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < kQ8PerLane; ++j) {
+    const int i = first + stride * j;
+    if (i >= count) continue;
+    m_codes[begin + i] = static_cast<uint8_t>(mc[j]);
+    v_codes[begin + i] = static_cast<uint8_t>(vc[j]);
+    master[begin + i] = w[j];
+    if (weights != nullptr) Store(weights, begin + i, w[j]);
   }
 }
 
@@ -223,15 +283,25 @@ cudaError_t LaunchAdamW8bit(float* master, void* m_bytes, void* v_bytes, Bf16* w
   if (n <= 0) return cudaSuccess;
   const Moment8bit m = MomentAt(m_bytes, n), v = MomentAt(v_bytes, n);
   const unsigned grid = static_cast<unsigned>((QuantBlocks(n) + kQ8BlocksPerCta - 1) / kQ8BlocksPerCta);
+  const bool vector = Aligned16(master, grads) && (weights == nullptr || Aligned16(weights)) &&
+                      reinterpret_cast<uintptr_t>(m.codes) % 8 == 0 && reinterpret_cast<uintptr_t>(v.codes) % 8 == 0;
+  const q8::ElementStep step = ElementStepFor(p);
+  auto launch = [&](auto kernel, const int32_t* m_table, const int32_t* v_table) {
+    kernel<<<grid, 32 * kQ8BlocksPerCta, 0, stream>>>(master, m.codes, m.absmax, v.codes, v.absmax, weights, grads, n,
+                                                      step, m_table, v_table);
+  };
   if (code_path.load(std::memory_order_relaxed) == kByTablePath) {
     auto tables = DeviceCodeTables();
     if (!tables.ok()) return tables.status;
-    AdamW8bitKernel<G, true><<<grid, 32 * kQ8BlocksPerCta, 0, stream>>>(master, m.codes, m.absmax, v.codes, v.absmax,
-                                                                        weights, grads, n, ElementStepFor(p),
-                                                                        tables.signed_table, tables.unsigned_table);
+    if (vector) {
+      launch(AdamW8bitKernel<G, true, true>, tables.signed_table, tables.unsigned_table);
+    } else {
+      launch(AdamW8bitKernel<G, true, false>, tables.signed_table, tables.unsigned_table);
+    }
+  } else if (vector) {
+    launch(AdamW8bitKernel<G, false, true>, nullptr, nullptr);
   } else {
-    AdamW8bitKernel<G, false><<<grid, 32 * kQ8BlocksPerCta, 0, stream>>>(
-        master, m.codes, m.absmax, v.codes, v.absmax, weights, grads, n, ElementStepFor(p), nullptr, nullptr);
+    launch(AdamW8bitKernel<G, false, false>, nullptr, nullptr);
   }
   return cudaGetLastError();
 }

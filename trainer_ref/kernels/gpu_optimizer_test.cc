@@ -248,7 +248,9 @@ TEST(GpuOpsTest, AdamWOnTheHostGivesTheKernelsBits) {
 }
 
 // Three 8-bit steps on the GPU and on the host from the same random state: the same bits.
-void AdamW8bitAgainstTheHost() {
+// `shift`: master, gradients and weights start that many values into their arrays (1: not
+// 16-byte aligned, so the kernel takes its one-by-one loads rather than its vector ones).
+void AdamW8bitAgainstTheHost(int shift) {
   std::mt19937 rng(17);
   std::normal_distribution<float> normal(0, 1);
   const int64_t n = 45 * q8::kQuantBlock + 99;
@@ -263,9 +265,14 @@ void AdamW8bitAgainstTheHost() {
   std::vector<uint8_t> m(bytes), v(bytes);
   Quantize8bit(m0.data(), n, true, m.data());
   Quantize8bit(v0.data(), n, false, v.data());
-  Device<float> d_master(master), d_grads(grads);
+  auto shifted = [&](const std::vector<float>& x) {
+    std::vector<float> out(shift, 0.f);
+    out.insert(out.end(), x.begin(), x.end());
+    return out;
+  };
+  Device<float> d_master(shifted(master)), d_grads(shifted(grads));
   Device<uint8_t> d_m(m), d_v(v);
-  Device<Bf16> d_weights(std::vector<Bf16>(n, 0));
+  Device<Bf16> d_weights(std::vector<Bf16>(n + shift, 0));
   std::vector<uint16_t> weights(n);
   AdamWParams p;
   p.lr = 3e-3f;
@@ -273,28 +280,32 @@ void AdamW8bitAgainstTheHost() {
   for (int step = 1; step <= 3; ++step) {
     p.step = step;
     p.decay = step != 2;
-    ASSERT_EQ(AdamW8bit(d_master.get(), d_m.get(), d_v.get(), d_weights.get(), d_grads.get(), n, p, nullptr),
+    ASSERT_EQ(AdamW8bit(d_master.get() + shift, d_m.get(), d_v.get(), d_weights.get() + shift, d_grads.get() + shift,
+                        n, p, nullptr),
               cudaSuccess);
     HostAdamW8bit(master.data(), m.data(), v.data(), weights.data(), grads.data(), n, p);
   }
-  EXPECT_EQ(d_master.Host(), master);
+  EXPECT_EQ(d_master.Host(), shifted(master));
   EXPECT_EQ(d_m.Host(), m);
   EXPECT_EQ(d_v.Host(), v);
   const std::vector<Bf16> w = d_weights.Host();
-  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(w[i], weights[i]) << i;
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(w[shift + i], weights[i]) << i;
 }
 
 // AdamW with 8-bit blockwise moments: the kernel gives the host's HostAdamW8bit bits (master,
 // bf16 weights, codes and scales) over three steps from random moments, on a size that ends
 // mid-block in a CUDA block whose last warps have no quantization block; both ways of finding
-// the codes (GpuCodePath: the search, the tables).
+// the codes (GpuCodePath: the search, the tables), each with aligned arrays (vector loads) and
+// shifted ones (one by one).
 TEST(GpuOpsTest, AdamW8bitGivesTheHostsBits) {
   SKIP_WITHOUT_GPU();
   const std::string was = GpuCodePath();
   for (const char* path : {"search", "table"}) {
-    SCOPED_TRACE(path);
-    ASSERT_EQ(std::string(UseGpuCodePath(path)), path);
-    AdamW8bitAgainstTheHost();
+    for (int shift : {0, 1}) {
+      SCOPED_TRACE(std::string(path) + (shift ? ", shifted" : ", aligned"));
+      ASSERT_EQ(std::string(UseGpuCodePath(path)), path);
+      AdamW8bitAgainstTheHost(shift);
+    }
   }
   UseGpuCodePath(was);
 }

@@ -53,6 +53,16 @@ __device__ __forceinline__ void Store4(Bf16* p, float4 v) {
   *reinterpret_cast<uint2*>(p) = raw;
 }
 
+// SwiGLU (silu(gate) * up): its sigmoid, and its backward for one value (the gradients of
+// gate and up from the output's), shared by SwiGluBackward and the kernel that writes those
+// gradients as FP8 codes (SwiGluBackwardFp8), so that both compute the same bits.
+__device__ __forceinline__ float Sigmoid(float x) { return 1.f / (1.f + __expf(-x)); }
+__device__ __forceinline__ void SwiGluGrads(float g, float u, float dy, float& dg, float& du) {
+  const float s = Sigmoid(g);
+  dg = dy * u * s * (1.f + g * (1.f - s));
+  du = dy * g * s;
+}
+
 // True when every pointer is 16-byte aligned: a kernel then takes 16-byte loads and stores.
 template <typename... P>
 inline bool Aligned16(const P*... p) {

@@ -54,7 +54,8 @@ void RmsNormForward(Bf16* out, float* rstd, const float* in, const float* weight
 void ResidualRmsNormForward(Bf16* out, float* rstd, float* x, const Bf16* residual, float* saved, const float* weight,
                             int n, int c, float eps, cudaStream_t stream);
 // din (fp32, the residual gradient) += d/d(in); dweight (fp32, C) += sum over rows: partial
-// sums per 64 rows into `scratch` (RmsNormScratchFloats), then summed in order.
+// sums per 64 rows into `scratch` (RmsNormScratchFloats), then summed in order (every sum in
+// an order fixed by the shape: the same bits each run).
 void RmsNormBackward(float* din, float* dweight, const Bf16* dout, const float* in, const float* weight,
                      const float* rstd, int n, int c, float* scratch, cudaStream_t stream);
 int64_t RmsNormScratchFloats(int n, int c);

@@ -110,7 +110,9 @@ TEST(GpuOpsTest, TokenSegmentsGroupRowsByTokenInOrder) {
 TEST(GpuOpsTest, RmsNormForwardAndBackward) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(2);
-  for (int c : {64, 1000, 1001, 4096}) {  // 1001: the scalar loops (C not a multiple of 4)
+  // 1001: the scalar loops (C not a multiple of 4); 1000 and 6144: rows that end inside a
+  // thread's last registers (kPer 4 and 8 float4s a thread).
+  for (int c : {64, 1000, 1001, 4096, 6144}) {
     const int n = 133;  // three chunks of rows for the weight gradient, the last one short
     const std::vector<float> in = RandomFloats(size_t{n} * c, rng, 2.f), din0 = RandomFloats(size_t{n} * c, rng);
     const Bf16Data dout = Random(size_t{n} * c, rng);
@@ -355,6 +357,15 @@ TEST(GpuOpsTest, SumOfSquaresForTheGradientNorm) {
   for (float f : x) cpu += double{f} * f;
   EXPECT_NEAR(d_out.Host()[0], cpu, 1e-5 * cpu);
   EXPECT_EQ(std::memcmp(d_out.Host().data(), d_again.Host().data(), 4), 0) << "not deterministic";
+  // From x[1] (not 16-byte aligned: the one-by-one loop) and over a count of a few values
+  // (none a thread of the vector loop).
+  for (int64_t skip : {1, 999990}) {
+    Device<float> d_from{std::vector<float>{0.f}};
+    SumSquares(d_x.get() + skip, static_cast<int64_t>(x.size()) - skip, d_from.get(), d_scratch.get(), nullptr);
+    double expected = 0;
+    for (size_t i = skip; i < x.size(); ++i) expected += double{x[i]} * x[i];
+    EXPECT_NEAR(d_from.Host()[0], expected, 1e-5 * expected) << "from x[" << skip << "]";
+  }
 }
 
 // Sums of many bf16 products: the reference sums the same rounded inputs in fp32, the GPU

@@ -199,8 +199,9 @@ class GpuModel {
   // one) and the next step continues bit for bit.
   absl::Status SaveState(CheckpointWriter& writer);
   absl::Status LoadState(CheckpointReader& reader);
-  // The L2 norm of all gradients after the last Backward: each group's sum of squares is
-  // taken while its gradients are on the GPU anyway, so this is one small read.
+  // The L2 norm of all gradients after the step's last Backward (the last of SetDataParallel's
+  // micro-batches; FailedPrecondition before it): each group's sum of squares is taken in that
+  // backward, while its gradients are on the GPU anyway, so this is one small read.
   absl::StatusOr<double> GradNorm();
   // The planner: registers the step (ZeroGrads, `micro_batches` x (Forward, Backward),
   // AdamWStep) as ops over the home's part names, then reports each op as it is queued.

@@ -289,9 +289,16 @@ void CheckLayerMajor(bool checkpointing, bool fp8 = false, int kept_layers = 0, 
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "gradient element " << i;
   EXPECT_EQ(*(*one_by_one)->GradNorm(), *(*layer_major)->GradNorm());
-  // The same micro-batches queued without a wait each (ForwardQueued), the losses taken once.
+  const double norm = *(*one_by_one)->GradNorm();
+  // The same micro-batches queued without a wait each (ForwardQueued), the losses taken once;
+  // told the step's micro-batches (SetDataParallel, one rank), the model takes the norm in the
+  // last backward only: the same norm, and none to read before it.
+  (*one_by_one)->SetDataParallel(nullptr, micro);
   ASSERT_TRUE((*one_by_one)->ZeroGrads().ok());
   for (int m = 0; m < micro; ++m) {
+    if (m > 0) {
+      EXPECT_EQ((*one_by_one)->GradNorm().status().code(), absl::StatusCode::kFailedPrecondition) << m;
+    }
     ASSERT_TRUE((*one_by_one)->ForwardQueued(tokens.data() + m * n, targets.data() + m * n).ok());
     ASSERT_TRUE((*one_by_one)->Backward().ok());
   }
@@ -300,6 +307,7 @@ void CheckLayerMajor(bool checkpointing, bool fp8 = false, int kept_layers = 0, 
   EXPECT_EQ(*queued, want);
   ASSERT_TRUE((*one_by_one)->GetGrads(&a).ok());
   EXPECT_EQ(a, b);
+  EXPECT_EQ(*(*one_by_one)->GradNorm(), norm);
 }
 
 // One training step on batch `b` (step number `at`): its loss.

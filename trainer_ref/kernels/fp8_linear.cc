@@ -220,7 +220,7 @@ absl::Status Fp8Linear::Backward(Bf16* din, float* dweight, const Bf16* dout, Fp
                                  const Bf16* weight, int n, int ic, int oc, cudaStream_t stream, bool accumulate_din) {
   if (absl::Status st = CheckCall("backward", layer, index, n, ic, oc); !st.ok()) return st;
   const Fp8Codes w = din != nullptr ? WeightCodes(layer, index, weight, /*transposed=*/true, stream) : Fp8Codes{};
-  return BackwardWith(din, dweight, dout, in_t, layer, index, w, n, ic, oc, stream, accumulate_din);
+  return BackwardWith(din, dweight, dout, nullptr, in_t, layer, index, w, n, ic, oc, stream, accumulate_din);
 }
 
 absl::Status Fp8Linear::BackwardFromCodes(Bf16* din, float* dweight, const Bf16* dout, Fp8Codes in_t, int layer,
@@ -228,14 +228,49 @@ absl::Status Fp8Linear::BackwardFromCodes(Bf16* din, float* dweight, const Bf16*
                                           bool accumulate_din) {
   if (absl::Status st = CheckCall("backward", layer, index, n, ic, oc); !st.ok()) return st;
   const Fp8Codes w = din != nullptr ? TransposedCodes(layer, index, weight, stream) : Fp8Codes{};
-  return BackwardWith(din, dweight, dout, in_t, layer, index, w, n, ic, oc, stream, accumulate_din);
+  return BackwardWith(din, dweight, dout, nullptr, in_t, layer, index, w, n, ic, oc, stream, accumulate_din);
 }
 
-absl::Status Fp8Linear::BackwardWith(Bf16* din, float* dweight, const Bf16* dout, Fp8Codes in_t, int layer, int index,
-                                     Fp8Codes w, int n, int ic, int oc, cudaStream_t stream, bool accumulate_din) {
-  const Fp8Codes d = Quantize(din != nullptr ? dout_ : nullptr, dweight != nullptr ? dout_t_ : nullptr,
-                              SlotIndex(layer, Fp8Trouble::kOutputGradient, index), dout, n, oc, /*e5m2=*/true, stream);
-  return gemm_->BackwardFp8(din, dweight, dout_, dout_t_, in_t.codes, w.codes, d.scale_inv, in_t.scale_inv, w.scale_inv,
+std::optional<Fp8Linear::EncodeTarget> Fp8Linear::OutputGradientTarget(int layer, int index) const {
+  if (layer < 0 || layer >= layers_ || index < 0 || index >= static_cast<int>(weights_.size())) return std::nullopt;
+  if (!scaling_.fixed() && (!scaling_.delayed || steps_ == 0)) return std::nullopt;  // the scale is the tensor's own
+  float* s = Slot(SlotIndex(layer, Fp8Trouble::kOutputGradient, index));
+  return EncodeTarget{s + 1, recording_ ? s + 2 : nullptr};
+}
+
+absl::Status Fp8Linear::BackwardFromOutputCodes(Bf16* din, float* dweight, const uint8_t* dout_codes, Fp8Codes in_t,
+                                                int layer, int index, const Bf16* weight, Fp8Codes weight_codes, int n,
+                                                int ic, int oc, cudaStream_t stream, bool accumulate_din) {
+  if (absl::Status st = CheckCall("backward", layer, index, n, ic, oc); !st.ok()) return st;
+  if (!OutputGradientTarget(layer, index).has_value()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "FP8 backward of layer %d's weight %d from output-gradient codes: their scale is not known before the "
+        "gradient (%s scaling, step %d)",
+        layer, index, ModeName(), steps_));
+  }
+  Fp8Codes w;
+  if (din != nullptr) {
+    w = weight != nullptr ? WeightCodes(layer, index, weight, /*transposed=*/true, stream)
+                          : TransposedCodes(layer, index, weight_codes, stream);
+  }
+  return BackwardWith(din, dweight, nullptr, dout_codes, in_t, layer, index, w, n, ic, oc, stream, accumulate_din);
+}
+
+absl::Status Fp8Linear::BackwardWith(Bf16* din, float* dweight, const Bf16* dout, const uint8_t* dout_codes,
+                                     Fp8Codes in_t, int layer, int index, Fp8Codes w, int n, int ic, int oc,
+                                     cudaStream_t stream, bool accumulate_din) {
+  const int slot = SlotIndex(layer, Fp8Trouble::kOutputGradient, index);
+  const uint8_t* plain = dout_;
+  Fp8Codes d;
+  if (dout_codes != nullptr) {  // made at the slot's scale, its amax recorded by their maker
+    if (dweight != nullptr) TransposeFp8(dout_t_, dout_codes, n, oc, stream);
+    plain = dout_codes;
+    d = {dout_codes, Slot(slot)};
+  } else {
+    d = Quantize(din != nullptr ? dout_ : nullptr, dweight != nullptr ? dout_t_ : nullptr, slot, dout, n, oc,
+                 /*e5m2=*/true, stream);
+  }
+  return gemm_->BackwardFp8(din, dweight, plain, dout_t_, in_t.codes, w.codes, d.scale_inv, in_t.scale_inv, w.scale_inv,
                             n, ic, oc, stream, accumulate_din);
 }
 

@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -106,6 +107,21 @@ class Fp8Linear {
   absl::Status BackwardFromCodes(Bf16* din, float* dweight, const Bf16* dout, Fp8Codes in_t, int layer, int index,
                                  Fp8Codes weight, int n, int ic, int oc, cudaStream_t stream,
                                  bool accumulate_din = true);
+  // Where another kernel may write the E5M2 codes of layer `layer`'s map `index`'s output
+  // gradient itself (SwiGluBackwardFp8): the scale to encode at and the step's running amax to
+  // fold into (null while not recording). None while that scale comes from the tensor itself
+  // (current scaling, and delayed scaling's first step, which has no history yet).
+  struct EncodeTarget {
+    const float* scale = nullptr;
+    float* amax = nullptr;
+  };
+  std::optional<EncodeTarget> OutputGradientTarget(int layer, int index) const;
+  // Backward (weight: bf16) or BackwardFromCodes (weight.codes) from output-gradient codes
+  // made at OutputGradientTarget's scale, dout_codes (n, oc): no conversion here, the codes
+  // only transposed for the weight gradient.
+  absl::Status BackwardFromOutputCodes(Bf16* din, float* dweight, const uint8_t* dout_codes, Fp8Codes in_t,
+                                       int layer, int index, const Bf16* weight, Fp8Codes weight_codes, int n, int ic,
+                                       int oc, cudaStream_t stream, bool accumulate_din = true);
   // The end of a training step, after its last backward is queued: each tensor's largest |x|
   // of the step goes into its history and, under delayed scaling, sets the next step's scale;
   // the weights' codes are made anew (their scales may have changed). The states come back to
@@ -144,8 +160,10 @@ class Fp8Linear {
   // The transposed codes of codes made elsewhere (ForwardFromCodes).
   Fp8Codes TransposedCodes(int layer, int index, Fp8Codes weight, cudaStream_t stream);
   // The backward's GEMMs once the weight's transposed codes `w` are known (unused without din).
-  absl::Status BackwardWith(Bf16* din, float* dweight, const Bf16* dout, Fp8Codes in_t, int layer, int index,
-                            Fp8Codes w, int n, int ic, int oc, cudaStream_t stream, bool accumulate_din);
+  // dout (bf16, converted here) or dout_codes (OutputGradientTarget's) is the output gradient.
+  absl::Status BackwardWith(Bf16* din, float* dweight, const Bf16* dout, const uint8_t* dout_codes, Fp8Codes in_t,
+                            int layer, int index, Fp8Codes w, int n, int ic, int oc, cudaStream_t stream,
+                            bool accumulate_din);
   absl::Status CheckCall(const char* what, int layer, int index, int n, int ic, int oc) const;
   std::string StateHeader() const;
   const char* ModeName() const;  // delayed, current or fixed, as the state's header says

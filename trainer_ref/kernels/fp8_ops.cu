@@ -83,6 +83,52 @@ __global__ void QuantizeKernel(uint8_t* out, const Bf16* in, int64_t n, const fl
   WarpAmax(amax_bits, mine);
 }
 
+// SwiGluBackward's two outputs straight to E5M2 codes (SwiGluBackwardFp8): each value rounded
+// to bf16 first, as SwiGluBackward stores it, so the codes and the amax are QuantizeFp8's of
+// those stores. Eight values a thread where every pointer allows (16-byte loads, 8-byte
+// stores), the rest one by one.
+__device__ __forceinline__ float RoundedToBf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+__global__ void SwiGluBackwardFp8Kernel(uint8_t* dgate, uint8_t* dup, const Bf16* dout, const Bf16* gate,
+                                        const Bf16* up, int64_t count, const float* scale_gate, const float* scale_up,
+                                        unsigned int* amax_gate, unsigned int* amax_up, bool vec) {
+  const float sg = *scale_gate, su = *scale_up;
+  const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x, stride = int64_t{gridDim.x} * blockDim.x;
+  const int64_t groups = vec ? count / 8 : 0;
+  unsigned int most_g = 0, most_u = 0;
+  for (int64_t k = first; k < groups; k += stride) {
+    float g[8], u[8], dy[8];
+    Load8(gate + 8 * k, g);
+    Load8(up + 8 * k, u);
+    Load8(dout + 8 * k, dy);
+    uint32_t codes_g[2] = {0, 0}, codes_u[2] = {0, 0};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      float dg, du;
+      SwiGluGrads(g[e], u[e], dy[e], dg, du);
+      dg = RoundedToBf16(dg);
+      du = RoundedToBf16(du);
+      most_g = max(most_g, __float_as_uint(fabsf(dg)));
+      most_u = max(most_u, __float_as_uint(fabsf(du)));
+      codes_g[e / 4] |= uint32_t{Fp8(dg, sg, true)} << (8 * (e % 4));
+      codes_u[e / 4] |= uint32_t{Fp8(du, su, true)} << (8 * (e % 4));
+    }
+    reinterpret_cast<uint2*>(dgate)[k] = make_uint2(codes_g[0], codes_g[1]);
+    reinterpret_cast<uint2*>(dup)[k] = make_uint2(codes_u[0], codes_u[1]);
+  }
+  for (int64_t i = groups * 8 + first; i < count; i += stride) {
+    float dg, du;
+    SwiGluGrads(Load(gate, i), Load(up, i), Load(dout, i), dg, du);
+    dg = RoundedToBf16(dg);
+    du = RoundedToBf16(du);
+    most_g = max(most_g, __float_as_uint(fabsf(dg)));
+    most_u = max(most_u, __float_as_uint(fabsf(du)));
+    dgate[i] = Fp8(dg, sg, true);
+    dup[i] = Fp8(du, su, true);
+  }
+  WarpAmax(amax_gate, most_g);
+  WarpAmax(amax_up, most_u);
+}
+
 // The transposing conversion for matrices of 64 x 64 tiles (every model shape): 16-byte loads
 // of eight values, the codes through shared memory, 16-byte stores of sixteen codes of an
 // output row; the plain codes, when asked for, as 8-byte stores from the loads.
@@ -277,6 +323,17 @@ void QuantizeFp8(uint8_t* out, const Bf16* in, int64_t n, const float* scale, bo
   // Eight values a thread: a thread a value would leave seven of eight idle.
   QuantizeKernel<<<Blocks((n + 7) / 8), kThreads, 0, stream>>>(out, in, n, scale, e5m2,
                                                                reinterpret_cast<unsigned int*>(amax));
+}
+
+void SwiGluBackwardFp8(uint8_t* dgate, uint8_t* dup, const Bf16* dout, const Bf16* gate, const Bf16* up, int64_t count,
+                       const float* scale_gate, const float* scale_up, float* amax_gate, float* amax_up,
+                       cudaStream_t stream) {
+  if (count == 0) return;
+  const bool vec = Aligned16(dout, gate, up) && reinterpret_cast<uintptr_t>(dgate) % 8 == 0 &&
+                   reinterpret_cast<uintptr_t>(dup) % 8 == 0;
+  SwiGluBackwardFp8Kernel<<<Blocks(vec ? count / 8 + count % 8 : count), kThreads, 0, stream>>>(
+      dgate, dup, dout, gate, up, count, scale_gate, scale_up, reinterpret_cast<unsigned int*>(amax_gate),
+      reinterpret_cast<unsigned int*>(amax_up), vec);
 }
 
 }  // namespace tierd::trainer::gpu

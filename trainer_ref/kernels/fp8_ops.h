@@ -34,6 +34,15 @@ void QuantizeFp8(uint8_t* out, const Bf16* in, int64_t n, const float* scale, bo
 void QuantizeFp8Transposed(uint8_t* out, const Bf16* in, int rows, int cols, const float* scale, bool e5m2,
                            cudaStream_t stream, uint8_t* plain = nullptr, float* amax = nullptr);
 
+// SwiGluBackward's dgate and dup (gpu_ops.h) as E5M2 codes at *scale_gate and *scale_up,
+// without the bf16 tensors: the codes QuantizeFp8 makes of SwiGluBackward's outputs, bit for
+// bit, and their largest |x| folded into *amax_gate and *amax_up (either null: not). What a
+// layer's backward writes when the scales are known before the gradients are (delayed
+// scaling): one pass instead of SwiGluBackward's write and the conversions' reads.
+void SwiGluBackwardFp8(uint8_t* dgate, uint8_t* dup, const Bf16* dout, const Bf16* gate, const Bf16* up, int64_t count,
+                       const float* scale_gate, const float* scale_up, float* amax_gate, float* amax_up,
+                       cudaStream_t stream);
+
 // out (cols, rows) = in (rows, cols) transposed, as bytes: the transposed FP8 codes the
 // backward reads, made from plain ones another party encoded (the host's optimizer step).
 void TransposeFp8(uint8_t* out, const uint8_t* in, int rows, int cols, cudaStream_t stream);

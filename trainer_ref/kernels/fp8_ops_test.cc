@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -11,9 +12,11 @@
 #include <vector>
 
 #include "trainer_ref/fp8.h"
+#include "trainer_ref/cpu_ops.h"
 #include "trainer_ref/fp8_codes.h"
 #include "trainer_ref/kernels/fp8_ops.h"
 #include "trainer_ref/kernels/gemm.h"
+#include "trainer_ref/kernels/gpu_ops.h"
 #include "trainer_ref/kernels/gpu_test_util.h"
 
 namespace tierd::trainer::gpu {
@@ -259,6 +262,57 @@ TEST(Fp8OpsTest, TransposedCodesOfTileMultiplesMatchTheCpuReference) {
       }
     }
     EXPECT_EQ(off, 0);
+  }
+}
+
+// SwiGLU's backward straight to E5M2 codes: the bits of SwiGluBackward then QuantizeFp8 (codes
+// and amaxes) on the GPU, and within one code of the CPU reference's (cpu_ops' SwiGluBackward,
+// rounded to bf16, fp8::Encode: the GPU's sigmoid is __expf's); on the vector path (a multiple
+// of 8) and the one-by-one path (a count that is not, a pointer one value in).
+TEST(Fp8OpsTest, SwiGluBackwardToCodesIsSwiGluBackwardThenTheConversion) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(29);
+  const int64_t count = 64 * 1000 + 9;
+  const Bf16Data gate = Random(count + 1, rng, 2.f), up = Random(count + 1, rng), dout = Random(count + 1, rng, 1e-3f);
+  Device<Bf16> d_gate(gate.bits), d_up(up.bits), d_dout(dout.bits);
+  Device<float> scales{std::vector<float>{2048.f, 4096.f}};
+  for (int64_t skip : {0, 1}) {
+    const int64_t n = count - skip;
+    SCOPED_TRACE(skip ? "one value in" : "aligned");
+    Device<uint8_t> dg8{std::vector<uint8_t>(n)}, du8{std::vector<uint8_t>(n)}, dg8_ref{std::vector<uint8_t>(n)},
+        du8_ref{std::vector<uint8_t>(n)};
+    Device<float> amax{std::vector<float>{0.f, 0.f, 0.f, 0.f}};
+    Device<Bf16> dg{std::vector<Bf16>(n)}, du{std::vector<Bf16>(n)};
+    SwiGluBackwardFp8(dg8.get(), du8.get(), d_dout.get() + skip, d_gate.get() + skip, d_up.get() + skip, n,
+                      scales.get(), scales.get() + 1, amax.get(), amax.get() + 1, nullptr);
+    SwiGluBackward(dg.get(), du.get(), d_dout.get() + skip, d_gate.get() + skip, d_up.get() + skip, 1,
+                   static_cast<int>(n), nullptr);
+    QuantizeFp8(dg8_ref.get(), dg.get(), n, scales.get(), true, nullptr, amax.get() + 2);
+    QuantizeFp8(du8_ref.get(), du.get(), n, scales.get() + 1, true, nullptr, amax.get() + 3);
+    const std::vector<uint8_t> got_g = dg8.Host(), got_u = du8.Host();
+    EXPECT_EQ(got_g, dg8_ref.Host());
+    EXPECT_EQ(got_u, du8_ref.Host());
+    const std::vector<float> amaxes = amax.Host();
+    EXPECT_EQ(amaxes[0], amaxes[2]);
+    EXPECT_EQ(amaxes[1], amaxes[3]);
+    EXPECT_GT(amaxes[0], 0.f);
+    // The CPU reference, in float with std::exp.
+    std::vector<float> cg(n, 0.f), cu(n, 0.f);
+    cpu::SwiGluBackward(cg.data(), cu.data(), dout.values.data() + skip, gate.values.data() + skip,
+                        up.values.data() + skip, 1, static_cast<int>(n));
+    int64_t equal = 0, far = 0;
+    float cpu_amax = 0.f;
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = FromBf16(ToBf16(cg[i])), u = FromBf16(ToBf16(cu[i]));
+      cpu_amax = std::max(cpu_amax, std::fabs(g));
+      const uint8_t want_g = fp8::Encode(g * 2048.f, fp8::Format::kE5M2);
+      const uint8_t want_u = fp8::Encode(u * 4096.f, fp8::Format::kE5M2);
+      equal += (got_g[i] == want_g) + (got_u[i] == want_u);
+      far += (std::abs(int{got_g[i]} - int{want_g}) > 1) + (std::abs(int{got_u[i]} - int{want_u}) > 1);
+    }
+    EXPECT_EQ(far, 0) << "codes more than one step from the CPU's";
+    EXPECT_GT(equal, 2 * n * 99 / 100) << "codes equal to the CPU's of " << 2 * n;
+    EXPECT_NEAR(amaxes[0], cpu_amax, 1e-2f * cpu_amax);
   }
 }
 

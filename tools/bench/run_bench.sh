@@ -12,7 +12,8 @@
 # NONE=0 skips our no-offload run (a 7B does not fit the H200 without offload); OURS_FLAGS
 # adds flags to our runs (e.g. --grad_checkpointing), TIERD_RUN_FLAGS to our tierd runs only, TIERD_DAEMON_FLAGS
 # to the tierd daemon (e.g. --planner_gpu_headroom_fraction=0.08), TIERD_BIN picks its binary (default
-# .carry/bin/tierd: another build side by side). DUMP_GRAPH_AT=N: once each tierd run logs step N,
+# .carry/bin/tierd: another build side by side), TIERD_TRAIN_BIN the trainer's for the tierd runs (default
+# .carry/bin/tierd-train). DUMP_GRAPH_AT=N: once each tierd run logs step N,
 # the trainer's graph as planned (tierctl plan --dump_graph; carry tierctl) into graph-MODEL-BUDGET.yaml. DEEPSPEED="2 3" adds
 # DeepSpeed's rows at those ZeRO stages with CPU offload (DS_BATCH x DS_ACCUM micro-batches; carry .whl: its sdist
 # and hjson, pydantic, pydantic-core, annotated-types, typing-inspection, typing-extensions wheels). PyTorch runs at the largest batch that
@@ -100,7 +101,7 @@ for spec in $models; do
          .carry/bin/tierctl --runtime_dir="$tierd_dir" plan --session=$s --dump_graph > "$out/graph-$m-$budget.yaml" 2>&1 && break
        done) &
     fi
-    .carry/bin/tierd-train --device=gpu "$model_flag" --batch_size="$batch" --seq_len=$seq --steps="$steps" \
+    "${TIERD_TRAIN_BIN:-.carry/bin/tierd-train}" --device=gpu "$model_flag" --batch_size="$batch" --seq_len=$seq --steps="$steps" \
       --timing_skip="${SKIP:-3}" --eval_every=-1 --data="$corpus" $profile --offload_policy=tierd --gpu_budget="$budget" \
       --tierd_dir="$tierd_dir" --tierd_dram="$tierd_dram" --tierd_nvme="$tierd_nvme" ${OURS_FLAGS:-} \
       ${TIERD_RUN_FLAGS:-} 2>&1 |

@@ -38,5 +38,11 @@ if [ -n "${OLD_REV:-}" ]; then
   echo "tierd-old: //server:tierd at $(git rev-parse --short "$OLD_REV")"
 fi
 tools/collect_libs.sh .carry/lib .carry/bin/*
+# The per-kernel profile (tools/kernel_profile; split_check.sh's KPROF) and the CUPTI it opens.
+bazel build "${TIERD_BAZEL_FLAGS[@]}" -c opt //tools/kernel_profile:libkernel_profile.so
+cp -L bazel-bin/tools/kernel_profile/libkernel_profile.so .carry/lib/
+for cupti in /usr/local/cuda/lib64/libcupti.so.13 /usr/local/cuda/extras/CUPTI/lib64/libcupti.so.13; do
+  if [ -f "$cupti" ]; then cp -L "$cupti" .carry/lib/ && break; fi
+done
 du -sh .carry
 echo "carry .carry; on the device: tools/device/gpu_check.sh"

@@ -18,6 +18,10 @@
 # --attention=cudnn-fast"). UNPROFILED="name ...": those runs without --profile's CUDA events
 # around each kernel (~10% of a 1.3B step), for a throughput to quote. PEER=1 (carry .whl too) first runs torchao float8 + torch.compile,
 # batch 8, the whole GPU, and prints each run's ratio to it: the issue's peer in the same call.
+# TRAINER_BINS="name=path;...": those runs with that trainer binary (e.g.
+# "old=.carry/bin/tierd-train-old", the trainer before a change, side by side).
+# KPROF="name ...": those runs under tools/kernel_profile (CUPTI; its tables, kernel by kernel,
+# a step's share each, in logs/kprof-NAME/; a few % slower: not a throughput to quote).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 final="${OUT:-/tmp/tierd-out}"; mkdir -p "$final"
@@ -60,16 +64,25 @@ for run in "${run_list[@]}"; do
   IFS=';' read -ra daemon_runs <<< "${DAEMON_RUN_FLAGS:-}"
   for d in "${daemon_runs[@]}"; do [ "${d%%=*}" = "$name" ] && daemon_flags="$daemon_flags ${d#*=}"; done
   profile=1; [[ " ${UNPROFILED:-} " == *" $name "* ]] && profile=0
-  env OUT="$work/$name" PROFILE="$profile" TIERD_BIN="$bin" TIERD_DAEMON_FLAGS="$daemon_flags" MODELS="$model" NONE=0 BUDGETS="$budget" BATCH=2 STEPS="${STEPS:-8}" SKIP="${SKIP:-3}" TIERD_DRAM=32GiB TORCH=0 \
+  kprof=()
+  if [[ " ${KPROF:-} " == *" $name "* ]]; then
+    mkdir -p "$out/kprof-$name"
+    kprof=(CUDA_INJECTION64_PATH="$PWD/.carry/lib/libkernel_profile.so" KPROF_OUT="$out/kprof-$name" KPROF_STEPS="${STEPS:-8}")
+  fi
+  trainer=.carry/bin/tierd-train
+  IFS=';' read -ra trainer_bins <<< "${TRAINER_BINS:-}"
+  for t in "${trainer_bins[@]}"; do [ "${t%%=*}" = "$name" ] && trainer="${t#*=}"; done
+  env "${kprof[@]}" TIERD_TRAIN_BIN="$trainer" OUT="$work/$name" PROFILE="$profile" TIERD_BIN="$bin" TIERD_DAEMON_FLAGS="$daemon_flags" MODELS="$model" NONE=0 BUDGETS="$budget" BATCH=2 STEPS="${STEPS:-8}" SKIP="${SKIP:-3}" TIERD_DRAM=32GiB TORCH=0 \
     TIERD_RUN_FLAGS="$flags $extra" tools/bench/run_bench.sh > "$out/bench-$name.txt" 2>&1 || status=1
   log="$work/$name/ours-$model-tierd-$budget.log"
   cp "$log" "$out/ours-$name.log" 2>/dev/null
   cp "$work/$name/tierd-$model-$budget.log" "$out/tierd-$name.log" 2>/dev/null
   cp "$work/$name/graph-$model-$budget.yaml" "$out/graph-$name.yaml" 2>/dev/null
-  echo "== $name: $extra ($bin${daemon_flags:+, tierd $daemon_flags})"
+  echo "== $name: $extra ($bin, $trainer${daemon_flags:+, tierd $daemon_flags})"
   grep -E '^(optimizer: |FP8 weight codes|where a step|done: )' "$log" | cut -c1-700
   grep -E '^result: ' "$log" | cut -c1-400
   grep -hE 'hot path served|joining free space' "$out/tierd-$name.log" | cut -c1-1100
+  for f in "$out/kprof-$name"/kprof-tierd-train-*.txt; do [ -f "$f" ] && head -n 40 "$f" && tail -n 9 "$f"; done
 done
 python3 - "$out" "${names[@]}" <<'PY'
 import json, sys

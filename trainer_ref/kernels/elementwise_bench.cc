@@ -14,6 +14,7 @@
 
 #include "trainer_ref/adamw8bit.h"
 #include "trainer_ref/kernels/bench_timer.h"
+#include "trainer_ref/kernels/fp8_ops.h"
 #include "trainer_ref/kernels/gpu_ops.h"
 
 namespace tierd::trainer::gpu {
@@ -89,6 +90,22 @@ bool Bench(const char* model, int b, int t, int c, int f, int heads, cudaEvent_t
   row("cudaMemsetAsync (bf16 N x F)", nf * 2.0, [&] { cudaMemsetAsync(dg, 0, nf * 2, nullptr); });
   row("cudaMemcpyAsync (fp32 N x C)", nc * 8.0,
       [&] { cudaMemcpyAsync(dx, x, nc * 4, cudaMemcpyDeviceToDevice, nullptr); });
+  // FP8 casts of a layer's inputs (E4M3, delayed scaling: the scale is known, the amax folded
+  // into the step's running one): plain for the forward, transposed for the weight gradients.
+  auto* codes = static_cast<uint8_t*>(buf.Get(nf));
+  auto* codes_t = static_cast<uint8_t*>(buf.Get(nf));
+  auto* slot = static_cast<float*>(buf.Get(4 * sizeof(float)));
+  const std::vector<float> slot_init = {1.f, 1.f, 0.f, 0.f};  // scale, 1 / scale, running amax, amax
+  cudaMemcpy(slot, slot_init.data(), sizeof(float) * 4, cudaMemcpyHostToDevice);
+  row("AbsMax (bf16 N x C)", nc * 2.0, [&] { AbsMax(slot + 3, h, int64_t(nc), nullptr); });
+  row("QuantizeFp8 (bf16 N x C, amax)", nc * 3.0,
+      [&] { QuantizeFp8(codes, h, int64_t(nc), slot, false, nullptr, slot + 2); });
+  row("QuantizeFp8 (bf16 N x F, amax)", nf * 3.0,
+      [&] { QuantizeFp8(codes, s, int64_t(nf), slot, false, nullptr, slot + 2); });
+  row("QuantizeFp8Transposed (N x C)", nc * 3.0,
+      [&] { QuantizeFp8Transposed(codes_t, h, n, c, slot, false, nullptr, nullptr, slot + 2); });
+  row("QuantizeFp8Transposed (N x F, and plain)", nf * 4.0,
+      [&] { QuantizeFp8Transposed(codes_t, s, n, f, slot, true, nullptr, codes, slot + 2); });
   // The optimizer on one F x C weight matrix: fp32 AdamW reads the gradient, master and both
   // moments and writes the master, the moments and the bf16 weights (30 B a value); 8-bit
   // moments make that 18 B (and a scale per block).
@@ -103,6 +120,9 @@ bool Bench(const char* model, int b, int t, int c, int f, int heads, cudaEvent_t
   InitNormal(master, weights, 0, w, 7, 6, 1e-3, nullptr);  // master (nf >= w values) and the weights
   cudaMemcpy(grads, master, w * 4, cudaMemcpyDeviceToDevice);
   AdamWParams p;
+  auto* sum_scratch = static_cast<float*>(buf.Get(kSumSquaresScratch * sizeof(float)));
+  row("SumSquares (fp32 F x C, the gradient norm)", w * 4.0,
+      [&] { SumSquares(grads, w, slot + 3, sum_scratch, nullptr); });
   row("AdamW (F x C, fp32 moments)", w * 30.0, [&] { AdamW(master, m, v, weights, grads, w, p, nullptr); });
   UseGpuCodePath("search");
   row("AdamW8bit (F x C, 8-bit moments; codes by search)", w * 18.0,
@@ -110,6 +130,14 @@ bool Bench(const char* model, int b, int t, int c, int f, int heads, cudaEvent_t
   UseGpuCodePath("table");
   row("AdamW8bit (the same, codes by table)", w * 18.0,
       [&] { AdamW8bit(master, m8, v8, weights, grads, w, p, nullptr); });
+  // Master, gradients and weights one value into their arrays: not 16-byte aligned, so the
+  // kernel loads value by value rather than eight at a time.
+  row("AdamW8bit (the same, arrays not aligned: one by one)", w * 18.0,
+      [&] { AdamW8bit(master + 1, m8, v8, weights + 1, grads + 1, w - 1, p, nullptr); });
+  auto* grads_bf16 = static_cast<Bf16*>(buf.Get(w * 2));
+  ToBf16(grads_bf16, grads, w, nullptr);
+  row("AdamW8bit (the same, bf16 gradients)", w * 16.0,
+      [&] { AdamW8bit(master, m8, v8, weights, grads_bf16, w, p, nullptr); });
   std::printf("sum of the rows: %.3f ms\n", total_ms);
   return cudaDeviceSynchronize() == cudaSuccess;
 }

@@ -1,0 +1,190 @@
+// Where a process's GPU time goes, kernel by kernel: a CUDA injection library (the driver loads
+// it for every process started with CUDA_INJECTION64_PATH set to it) that records each kernel,
+// copy and memset through CUPTI's activity API and, when the process exits, writes a table to
+// $KPROF_OUT/kprof-<program>-<pid>.txt: per kernel name, calls, total and mean time, share of
+// the kernel time; copies and memsets by kind with their bytes; and, for the stream that ran
+// the most kernel time, its span, busy and idle time, and the idle time split by gap length
+// (short gaps are launch overhead between queued kernels, long ones the stream waiting for the
+// host or another stream). KPROF_STEPS=N divides every time by N (a figure per training step).
+//   CUDA_INJECTION64_PATH=.carry/lib/libkernel_profile.so KPROF_OUT=/tmp/kprof KPROF_STEPS=16 tierd-train ...
+// libcupti.so.13 is opened at start (LD_LIBRARY_PATH, or KPROF_CUPTI: its path), so the library
+// builds with the toolkit's headers alone. Nothing is recorded without KPROF_OUT.
+#include <cupti.h>
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "tools/kernel_profile/kernel_name.h"
+
+namespace {
+
+struct Cupti {
+  CUptiResult (*register_callbacks)(CUpti_BuffersCallbackRequestFunc, CUpti_BuffersCallbackCompleteFunc);
+  CUptiResult (*enable)(CUpti_ActivityKind);
+  CUptiResult (*next_record)(uint8_t*, size_t, CUpti_Activity**);
+  CUptiResult (*flush_all)(uint32_t);
+};
+Cupti cupti;
+
+struct Totals {
+  uint64_t calls = 0, ns = 0, bytes = 0;
+};
+struct Interval {
+  uint64_t start, end;
+};
+
+std::mutex mutex;
+std::map<std::string, Totals> kernels, copies;  // copies: memcpy kinds and memsets
+std::map<uint32_t, std::vector<Interval>> stream_kernels;
+
+constexpr size_t kBufferBytes = 8 << 20;
+
+const char* CopyKind(uint8_t kind) {
+  switch (kind) {
+    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOD: return "copy host->device";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOH: return "copy device->host";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOD: return "copy device->device";
+    default: return "copy (other)";
+  }
+}
+
+void CUPTIAPI BufferRequested(uint8_t** buffer, size_t* size, size_t* max_records) {
+  *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, kBufferBytes));
+  *size = kBufferBytes;
+  *max_records = 0;
+}
+
+void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
+  std::lock_guard<std::mutex> lock(mutex);
+  CUpti_Activity* record = nullptr;
+  while (cupti.next_record(buffer, valid, &record) == CUPTI_SUCCESS) {
+    if (record->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || record->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
+      const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
+      Totals& t = kernels[tierd::tools::ReadableKernelName(k->name)];
+      ++t.calls;
+      t.ns += k->end - k->start;
+      stream_kernels[k->streamId].push_back({k->start, k->end});
+    } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+      const auto* c = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
+      Totals& t = copies[CopyKind(c->copyKind)];
+      ++t.calls;
+      t.ns += c->end - c->start;
+      t.bytes += c->bytes;
+    } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
+      const auto* s = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
+      Totals& t = copies["memset"];
+      ++t.calls;
+      t.ns += s->end - s->start;
+      t.bytes += s->bytes;
+    }
+  }
+  std::free(buffer);
+}
+
+std::string ProgramName() {
+  char path[4096];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (n <= 0) return "unknown";
+  path[n] = '\0';
+  const char* slash = std::strrchr(path, '/');
+  return slash != nullptr ? slash + 1 : path;
+}
+
+void Report() {
+  cupti.flush_all(1);
+  const char* dir = std::getenv("KPROF_OUT");
+  const std::string file = std::string(dir) + "/kprof-" + ProgramName() + "-" + std::to_string(getpid()) + ".txt";
+  FILE* out = std::fopen(file.c_str(), "w");
+  if (out == nullptr) {
+    std::fprintf(stderr, "kernel_profile: cannot write %s\n", file.c_str());
+    return;
+  }
+  const char* steps_env = std::getenv("KPROF_STEPS");
+  const double steps = steps_env != nullptr && std::atof(steps_env) > 0 ? std::atof(steps_env) : 1.0;
+  const char* unit = steps > 1 ? "ms a step" : "ms";
+  std::lock_guard<std::mutex> lock(mutex);
+  std::vector<std::pair<std::string, Totals>> rows(kernels.begin(), kernels.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ns > b.second.ns; });
+  uint64_t total = 0;
+  for (const auto& r : rows) total += r.second.ns;
+  std::fprintf(out, "kernels of %s (pid %d): %.3f %s in %zu kernel names\n", ProgramName().c_str(), getpid(),
+               total / 1e6 / steps, unit, rows.size());
+  std::fprintf(out, "| kernel | calls | %s | mean us | share |\n|---|---|---|---|---|\n", unit);
+  for (const auto& [name, t] : rows) {
+    std::fprintf(out, "| %s | %.1f | %.3f | %.1f | %.1f%% |\n", name.c_str(), t.calls / steps, t.ns / 1e6 / steps,
+                 t.ns / 1e3 / t.calls, 100.0 * t.ns / std::max<uint64_t>(total, 1));
+  }
+  std::fprintf(out, "\n| copies and memsets | calls | %s | GB | GB/s |\n|---|---|---|---|---|\n", unit);
+  for (const auto& [kind, t] : copies) {
+    std::fprintf(out, "| %s | %.1f | %.3f | %.3f | %.1f |\n", kind.c_str(), t.calls / steps, t.ns / 1e6 / steps,
+                 t.bytes / 1e9 / steps, t.ns > 0 ? t.bytes / double(t.ns) : 0.0);
+  }
+  // The busiest stream: its gaps between one kernel's end and the next one's start.
+  uint32_t busiest = 0;
+  uint64_t most = 0;
+  for (const auto& [stream, list] : stream_kernels) {
+    uint64_t busy = 0;
+    for (const Interval& i : list) busy += i.end - i.start;
+    if (busy > most) most = busy, busiest = stream;
+  }
+  if (most > 0) {
+    std::vector<Interval>& list = stream_kernels[busiest];
+    std::sort(list.begin(), list.end(), [](const Interval& a, const Interval& b) { return a.start < b.start; });
+    constexpr uint64_t kBounds[] = {2000, 5000, 20000, 100000, UINT64_MAX};
+    uint64_t gap_ns[5] = {}, gap_count[5] = {};
+    for (size_t i = 1; i < list.size(); ++i) {
+      if (list[i].start <= list[i - 1].end) continue;
+      const uint64_t gap = list[i].start - list[i - 1].end;
+      int b = 0;
+      while (gap >= kBounds[b]) ++b;
+      gap_ns[b] += gap;
+      ++gap_count[b];
+    }
+    const uint64_t span = list.back().end - list.front().start;
+    std::fprintf(out, "\nstream %u (the most kernel time): span %.3f %s, kernels %.3f, idle %.3f\n", busiest,
+                 span / 1e6 / steps, unit, most / 1e6 / steps, (span - most) / 1e6 / steps);
+    const char* names[] = {"< 2 us", "2-5 us", "5-20 us", "20-100 us", ">= 100 us"};
+    std::fprintf(out, "| idle gaps | count | %s |\n|---|---|---|\n", unit);
+    for (int b = 0; b < 5; ++b) {
+      std::fprintf(out, "| %s | %.1f | %.3f |\n", names[b], gap_count[b] / steps, gap_ns[b] / 1e6 / steps);
+    }
+  }
+  std::fclose(out);
+}
+
+template <typename F>
+bool Bind(void* lib, const char* name, F* fn) {
+  *fn = reinterpret_cast<F>(dlsym(lib, name));
+  return *fn != nullptr;
+}
+
+}  // namespace
+
+// Called by the CUDA driver at initialisation (CUDA_INJECTION64_PATH); 1 on success.
+extern "C" int InitializeInjection() {
+  if (std::getenv("KPROF_OUT") == nullptr) return 1;
+  const char* path = std::getenv("KPROF_CUPTI");
+  void* lib = dlopen(path != nullptr ? path : "libcupti.so.13", RTLD_NOW | RTLD_GLOBAL);
+  if (lib == nullptr || !Bind(lib, "cuptiActivityRegisterCallbacks", &cupti.register_callbacks) ||
+      !Bind(lib, "cuptiActivityEnable", &cupti.enable) || !Bind(lib, "cuptiActivityGetNextRecord", &cupti.next_record) ||
+      !Bind(lib, "cuptiActivityFlushAll", &cupti.flush_all)) {
+    std::fprintf(stderr, "kernel_profile: CUPTI not opened (%s): no profile\n", dlerror());
+    return 0;
+  }
+  if (cupti.register_callbacks(BufferRequested, BufferCompleted) != CUPTI_SUCCESS ||
+      cupti.enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS ||
+      cupti.enable(CUPTI_ACTIVITY_KIND_MEMCPY) != CUPTI_SUCCESS || cupti.enable(CUPTI_ACTIVITY_KIND_MEMSET) != CUPTI_SUCCESS) {
+    std::fprintf(stderr, "kernel_profile: CUPTI refused the activity kinds: no profile\n");
+    return 0;
+  }
+  std::atexit(Report);
+  return 1;
+}

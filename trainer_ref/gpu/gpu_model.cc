@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -148,9 +149,23 @@ absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x) {
   Fp8Linear* fp8 = fp8_ != nullptr && fp8_layer_[l] ? fp8_.get() : nullptr;
   const bool codes = fp8 != nullptr && ReadsCodes(l + 1);
   Fp8Codes in8;
+  // Under delayed scaling an input's scale is known before the input is: the norm or SwiGLU
+  // kernel that makes it writes its E4M3 codes too (`out_codes`, for the maps from `first` on),
+  // and `cast` takes those instead of reading the input again.
+  bool encoded = false;
+  auto out_codes = [&](LinearIndex first) -> Fp8Out {
+    const auto target = fp8 != nullptr ? fp8->InputTarget(l, first) : std::nullopt;
+    encoded = target.has_value();
+    return encoded ? Fp8Out{target->codes, target->scale, target->amax} : Fp8Out{};
+  };
   // `first`: the first linear map reading `in` (its scale is the input's).
   auto cast = [&](const Bf16* in, LinearIndex first, int cols) {
     if (fp8 == nullptr) return;
+    if (encoded) {
+      in8 = fp8->InputCodes(l, first);
+      encoded = false;
+      return;
+    }
     Timed(kFp8Cast, [&] {
       in8 = fp8->QuantizeInput(l, first, in, n, cols, stream_);
       return 0;
@@ -171,8 +186,9 @@ absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x) {
       return 0;
     });
   } else if (fused_norms_) {
+    const Fp8Out q = out_codes(kLinearQ);
     Timed(kElementwise, [&] {
-      ResidualRmsNormForward(a.h1, a.rstd1, x, nullptr, a.x_in, N(w.attn_norm), n, c, eps, stream_);
+      ResidualRmsNormForward(a.h1, a.rstd1, x, nullptr, a.x_in, N(w.attn_norm), n, c, eps, stream_, q);
       return 0;
     });
   } else {
@@ -213,8 +229,9 @@ absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x) {
   cast(a.a, kLinearO, qd);
   RETURN_IF_ERROR(linear(tmp_, a.a, w.wo, kLinearO, qd, c));
   if (fused_norms_) {
+    const Fp8Out q = out_codes(kLinearGate);
     Timed(kElementwise, [&] {
-      ResidualRmsNormForward(a.h2, a.rstd2, x, tmp_, a.x_mid, N(w.mlp_norm), n, c, eps, stream_);
+      ResidualRmsNormForward(a.h2, a.rstd2, x, tmp_, a.x_mid, N(w.mlp_norm), n, c, eps, stream_, q);
       return 0;
     });
   } else {
@@ -231,8 +248,9 @@ absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x) {
   cast(a.h2, kLinearGate, c);
   RETURN_IF_ERROR(linear(a.g, a.h2, w.w1, kLinearGate, c, f));
   RETURN_IF_ERROR(linear(a.u, a.h2, w.w3, kLinearUp, c, f));
+  const Fp8Out q = out_codes(kLinearDown);
   Timed(kElementwise, [&] {
-    SwiGluForward(a.s, a.g, a.u, n, f, stream_);
+    SwiGluForward(a.s, a.g, a.u, n, f, stream_, q);
     return 0;
   });
   cast(a.s, kLinearDown, f);

@@ -238,6 +238,17 @@ std::optional<Fp8Linear::EncodeTarget> Fp8Linear::OutputGradientTarget(int layer
   return EncodeTarget{s + 1, recording_ ? s + 2 : nullptr};
 }
 
+std::optional<Fp8Linear::EncodeTarget> Fp8Linear::InputTarget(int layer, int index) const {
+  if (layer < 0 || layer >= layers_ || index < 0 || index >= static_cast<int>(weights_.size())) return std::nullopt;
+  if (!scaling_.fixed() && (!scaling_.delayed || steps_ == 0)) return std::nullopt;
+  float* s = Slot(SlotIndex(layer, Fp8Trouble::kInput, index));
+  return EncodeTarget{s + 1, recording_ ? s + 2 : nullptr, in_};
+}
+
+Fp8Codes Fp8Linear::InputCodes(int layer, int index) const {
+  return {in_, Slot(SlotIndex(layer, Fp8Trouble::kInput, index))};
+}
+
 absl::Status Fp8Linear::BackwardFromOutputCodes(Bf16* din, float* dweight, const uint8_t* dout_codes, Fp8Codes in_t,
                                                 int layer, int index, const Bf16* weight, Fp8Codes weight_codes, int n,
                                                 int ic, int oc, cudaStream_t stream, bool accumulate_din) {

@@ -114,8 +114,14 @@ class Fp8Linear {
   struct EncodeTarget {
     const float* scale = nullptr;
     float* amax = nullptr;
+    uint8_t* codes = nullptr;  // InputTarget's: where QuantizeInput would write them
   };
   std::optional<EncodeTarget> OutputGradientTarget(int layer, int index) const;
+  // The same for the E4M3 codes of the input of layer `layer`'s maps from `index` on (what
+  // QuantizeInput makes), written by the kernel that makes the input (gpu_ops.h: Fp8Out), and
+  // then read as InputCodes: QuantizeInput's result, without its pass over the input.
+  std::optional<EncodeTarget> InputTarget(int layer, int index) const;
+  Fp8Codes InputCodes(int layer, int index) const;
   // Backward (weight: bf16) or BackwardFromCodes (weight.codes) from output-gradient codes
   // made at OutputGradientTarget's scale, dout_codes (n, oc): no conversion here, the codes
   // only transposed for the weight gradient.

@@ -1,5 +1,3 @@
-#include <cuda_fp8.h>
-
 #include "trainer_ref/kernels/fp8_ops.h"
 #include "trainer_ref/kernels/gpu_kernel_util.cuh"
 
@@ -9,17 +7,6 @@ namespace {
 // |x|'s bits of the two bf16 values in a word, the larger (non-negative floats order as their
 // bits; NaN's above infinity's).
 __device__ __forceinline__ unsigned int AbsBits2(unsigned int w) { return max((w & 0x7fffu) << 16, w & 0x7fff0000u); }
-
-// The warp's largest |x| bits (each thread's `mine`) into *amax_bits; every thread of a warp
-// that is not done must call it. Nothing with a null amax_bits. No shared memory and no block
-// barrier, so the conversions keep their speed; only a warp above what is there already sends
-// an atomic (tens of thousands of blocks on one address serialise in L2: ~20 us a conversion
-// of 8M values, measured). The max only grows, so a stale read costs an atomic, never a value.
-__device__ __forceinline__ void WarpAmax(unsigned int* amax_bits, unsigned int mine) {
-  if (amax_bits == nullptr) return;
-  for (int offset = 16; offset > 0; offset /= 2) mine = max(mine, __shfl_xor_sync(0xffffffffu, mine, offset));
-  if ((threadIdx.x + threadIdx.y * blockDim.x) % 32 == 0 && mine > *amax_bits) atomicMax(amax_bits, mine);
-}
 
 // Non-negative floats order as their bits: the block's largest |x| goes in with one atomicMax
 // on the bits, whatever the order blocks finish in. NaN (bits above +inf) wins, as it should.
@@ -42,11 +29,6 @@ __global__ void AbsMaxKernel(unsigned int* amax_bits, const Bf16* in, int64_t n)
   if (threadIdx.x % 32 == 0) atomicMax(&block_max, mine);
   __syncthreads();
   if (threadIdx.x == 0) atomicMax(amax_bits, block_max);
-}
-
-__device__ __forceinline__ uint8_t Fp8(float x, float scale, bool e5m2) {
-  // One rounding for x * scale (as the CPU reference's), one for the conversion.
-  return __nv_cvt_float_to_fp8(__fmul_rn(x, scale), __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3);
 }
 
 // Eight bf16 values (one 16-byte load) to their eight codes (one 8-byte store), in order.
@@ -87,7 +69,6 @@ __global__ void QuantizeKernel(uint8_t* out, const Bf16* in, int64_t n, const fl
 // to bf16 first, as SwiGluBackward stores it, so the codes and the amax are QuantizeFp8's of
 // those stores. Eight values a thread where every pointer allows (16-byte loads, 8-byte
 // stores), the rest one by one.
-__device__ __forceinline__ float RoundedToBf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 __global__ void SwiGluBackwardFp8Kernel(uint8_t* dgate, uint8_t* dup, const Bf16* dout, const Bf16* gate,
                                         const Bf16* up, int64_t count, const float* scale_gate, const float* scale_up,
                                         unsigned int* amax_gate, unsigned int* amax_up, bool vec) {

@@ -316,6 +316,76 @@ TEST(Fp8OpsTest, SwiGluBackwardToCodesIsSwiGluBackwardThenTheConversion) {
   }
 }
 
+// The norm's and SwiGLU's forward with Fp8Out: the same outputs as without, and beside them the
+// codes and amax QuantizeFp8 makes of those outputs (the GPU's, and fp8::Encode of the output
+// on the CPU), on the vector paths and the one-by-one ones (C 1001; SwiGLU one value in).
+TEST(Fp8OpsTest, NormAndSwiGluWriteTheCodesOfTheirOutput) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(31);
+  auto floats = [&](size_t n, float sd) {
+    std::normal_distribution<float> normal(0.f, sd);
+    std::vector<float> out(n);
+    for (float& x : out) x = normal(rng);
+    return out;
+  };
+  Device<float> scale{std::vector<float>{5.f}};
+  auto expect_codes = [&](const std::vector<Bf16>& out, Device<uint8_t>& codes, Device<float>& amax,
+                          const std::string& what) {
+    Device<Bf16> d_out(out);
+    Device<uint8_t> ref{std::vector<uint8_t>(out.size())};
+    Device<float> ref_amax{std::vector<float>{0.f}};
+    QuantizeFp8(ref.get(), d_out.get(), static_cast<int64_t>(out.size()), scale.get(), false, nullptr, ref_amax.get());
+    const std::vector<uint8_t> got = codes.Host();
+    EXPECT_EQ(got, ref.Host()) << what;
+    EXPECT_EQ(amax.Host()[0], ref_amax.Host()[0]) << what;
+    float most = 0.f;
+    int64_t off = 0;
+    for (size_t i = 0; i < out.size(); ++i) {
+      most = std::max(most, std::fabs(FromBf16(out[i])));
+      off += got[i] != fp8::Encode(FromBf16(out[i]) * 5.f, fp8::Format::kE4M3);
+    }
+    EXPECT_EQ(off, 0) << what << ": codes other than the CPU's of the output";
+    EXPECT_EQ(amax.Host()[0], most) << what;
+  };
+  for (int c : {1000, 1001}) {
+    const int n = 67;
+    const size_t nc = size_t{n} * c;
+    const std::vector<float> x0 = floats(nc, 2.f), weight = floats(c, 1.f);
+    const Bf16Data residual = Random(nc, rng);
+    Device<float> d_x(x0), d_x_plain(x0), d_weight(weight), d_saved{std::vector<float>(nc)},
+        d_rstd{std::vector<float>(n)}, d_saved_plain{std::vector<float>(nc)}, d_rstd_plain{std::vector<float>(n)},
+        amax{std::vector<float>{0.f}};
+    Device<Bf16> d_residual(residual.bits), d_out{std::vector<Bf16>(nc)}, d_out_plain{std::vector<Bf16>(nc)};
+    Device<uint8_t> codes{std::vector<uint8_t>(nc)};
+    ResidualRmsNormForward(d_out.get(), d_rstd.get(), d_x.get(), d_residual.get(), d_saved.get(), d_weight.get(), n, c,
+                           1e-5f, nullptr, Fp8Out{codes.get(), scale.get(), amax.get()});
+    ResidualRmsNormForward(d_out_plain.get(), d_rstd_plain.get(), d_x_plain.get(), d_residual.get(),
+                           d_saved_plain.get(), d_weight.get(), n, c, 1e-5f, nullptr);
+    const std::string at = "norm, C " + std::to_string(c);
+    EXPECT_EQ(d_out.Host(), d_out_plain.Host()) << at;
+    EXPECT_EQ(d_x.Host(), d_x_plain.Host()) << at;
+    EXPECT_EQ(d_rstd.Host(), d_rstd_plain.Host()) << at;
+    expect_codes(d_out.Host(), codes, amax, at);
+  }
+  const int n = 33, f = 1000;
+  const size_t count = size_t{n} * f;
+  const Bf16Data gate = Random(count + 1, rng, 2.f), up = Random(count + 1, rng);
+  Device<Bf16> d_gate(gate.bits), d_up(up.bits);
+  for (int skip : {0, 1}) {
+    Device<Bf16> d_out{std::vector<Bf16>(count + 1)}, d_out_plain{std::vector<Bf16>(count + 1)};
+    Device<uint8_t> codes{std::vector<uint8_t>(count - skip)};
+    Device<float> amax{std::vector<float>{0.f}};
+    const int rows = skip ? 1 : n, cols = skip ? static_cast<int>(count) - 1 : f;
+    SwiGluForward(d_out.get() + skip, d_gate.get() + skip, d_up.get() + skip, rows, cols, nullptr,
+                  Fp8Out{codes.get(), scale.get(), amax.get()});
+    SwiGluForward(d_out_plain.get() + skip, d_gate.get() + skip, d_up.get() + skip, rows, cols, nullptr);
+    const std::vector<Bf16> out = d_out.Host();
+    EXPECT_EQ(out, d_out_plain.Host());
+    expect_codes(std::vector<Bf16>(out.begin() + skip, out.begin() + skip + (count - skip)), codes, amax,
+                 skip ? "swiglu, one value in" : "swiglu");
+  }
+}
+
 // Codes transposed as bytes: the CPU's transpose, on the 64 x 64 tile path and on the general
 // one (a shape of 16s, a misaligned pointer).
 TEST(Fp8OpsTest, TransposedCodesMatchTheCpuTranspose) {

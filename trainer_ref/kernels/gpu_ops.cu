@@ -68,8 +68,9 @@ __global__ void EmbeddingBackwardKernel(float* dwte, const float* dout, const in
 // as AddInto); with `saved`, x (after the add) is copied there too (what the backward keeps):
 // one read of x where AddInto, a copy and the norm read it three times. The plain norm is
 // this kernel with neither, so the fused forms give its bits exactly.
+// With q.codes, the output's E4M3 codes too (Fp8Out).
 __global__ void RmsNormForwardKernel(Bf16* out, float* rstd, float* x_io, const Bf16* residual, float* saved,
-                                     const float* weight, int c, float eps, bool vec) {
+                                     const float* weight, int c, float eps, bool vec, Fp8Out q) {
   const int64_t row = blockIdx.x;
   float* x = x_io + row * c;
   float sum = 0.f;
@@ -100,16 +101,36 @@ __global__ void RmsNormForwardKernel(Bf16* out, float* rstd, float* x_io, const 
   const float r = rsqrtf(sum / c + eps);
   if (threadIdx.x == 0) rstd[row] = r;
   // Each thread reads back only the elements it wrote above.
+  const float code_scale = q.codes != nullptr ? *q.scale : 0.f;
+  unsigned int most = 0;
   if (vec) {
     const auto* x4 = reinterpret_cast<const float4*>(x);
     const auto* w4 = reinterpret_cast<const float4*>(weight);
     for (int j = threadIdx.x; j < c / 4; j += blockDim.x) {
       const float4 v = x4[j], w = w4[j];
-      Store4(out + row * c + 4 * j, make_float4(v.x * r * w.x, v.y * r * w.y, v.z * r * w.z, v.w * r * w.w));
+      const float4 h = make_float4(v.x * r * w.x, v.y * r * w.y, v.z * r * w.z, v.w * r * w.w);
+      Store4(out + row * c + 4 * j, h);
+      if (q.codes == nullptr) continue;
+      const float hs[4] = {RoundedToBf16(h.x), RoundedToBf16(h.y), RoundedToBf16(h.z), RoundedToBf16(h.w)};
+      uint32_t packed = 0;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        most = max(most, __float_as_uint(fabsf(hs[e])));
+        packed |= uint32_t{Fp8(hs[e], code_scale, false)} << (8 * e);
+      }
+      reinterpret_cast<uint32_t*>(q.codes + row * c)[j] = packed;
     }
   } else {
-    for (int j = threadIdx.x; j < c; j += blockDim.x) Store(out, row * c + j, x[j] * r * weight[j]);
+    for (int j = threadIdx.x; j < c; j += blockDim.x) {
+      const float h = x[j] * r * weight[j];
+      Store(out, row * c + j, h);
+      if (q.codes == nullptr) continue;
+      const float hs = RoundedToBf16(h);
+      most = max(most, __float_as_uint(fabsf(hs)));
+      q.codes[row * c + j] = Fp8(hs, code_scale, false);
+    }
   }
+  if (q.codes != nullptr) WarpAmax(reinterpret_cast<unsigned int*>(q.amax), most);
 }
 
 // din += the norm's input gradient, one block a row. The row's values stay in registers
@@ -263,9 +284,12 @@ __global__ void RopeKernel(Bf16* x, int t, int h, int d, RopeFrequencies freq, f
 
 // Element-wise kernels: eight values a thread with 16-byte accesses over the whole groups
 // of eight when every pointer is aligned (`vec`), then one a thread for the rest.
-__global__ void SwiGluForwardKernel(Bf16* out, const Bf16* gate, const Bf16* up, int64_t count, bool vec) {
+// With q.codes, the output's E4M3 codes too (Fp8Out).
+__global__ void SwiGluForwardKernel(Bf16* out, const Bf16* gate, const Bf16* up, int64_t count, bool vec, Fp8Out q) {
   const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x, stride = int64_t{gridDim.x} * blockDim.x;
   const int64_t groups = vec ? count / 8 : 0;
+  const float code_scale = q.codes != nullptr ? *q.scale : 0.f;
+  unsigned int most = 0;
   for (int64_t k = first; k < groups; k += stride) {
     float g[8], u[8];
     Load8(gate + 8 * k, g);
@@ -273,11 +297,25 @@ __global__ void SwiGluForwardKernel(Bf16* out, const Bf16* gate, const Bf16* up,
 #pragma unroll
     for (int e = 0; e < 8; ++e) g[e] = g[e] * Sigmoid(g[e]) * u[e];
     Store8(out + 8 * k, g);
+    if (q.codes == nullptr) continue;
+    uint32_t packed[2] = {0, 0};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float s = RoundedToBf16(g[e]);
+      most = max(most, __float_as_uint(fabsf(s)));
+      packed[e / 4] |= uint32_t{Fp8(s, code_scale, false)} << (8 * (e % 4));
+    }
+    reinterpret_cast<uint2*>(q.codes)[k] = make_uint2(packed[0], packed[1]);
   }
   for (int64_t i = groups * 8 + first; i < count; i += stride) {
-    const float g = Load(gate, i);
-    Store(out, i, g * Sigmoid(g) * Load(up, i));
+    const float g = Load(gate, i), s = g * Sigmoid(g) * Load(up, i);
+    Store(out, i, s);
+    if (q.codes == nullptr) continue;
+    const float rounded = RoundedToBf16(s);
+    most = max(most, __float_as_uint(fabsf(rounded)));
+    q.codes[i] = Fp8(rounded, code_scale, false);
   }
+  if (q.codes != nullptr) WarpAmax(reinterpret_cast<unsigned int*>(q.amax), most);
 }
 
 __global__ void SwiGluBackwardKernel(Bf16* dgate, Bf16* dup, const Bf16* dout, const Bf16* gate, const Bf16* up,
@@ -454,17 +492,18 @@ void RmsNormForward(Bf16* out, float* rstd, const float* in, const float* weight
   const bool vec = c % 4 == 0 && Aligned16(in, weight) && Aligned16(out);
   // Neither add nor copy: the kernel only reads x.
   RmsNormForwardKernel<<<n, VecRowThreads(c, vec), 0, stream>>>(out, rstd, const_cast<float*>(in), nullptr, nullptr,
-                                                                 weight, c, eps, vec);
+                                                                 weight, c, eps, vec, Fp8Out{});
 }
 
 void ResidualRmsNormForward(Bf16* out, float* rstd, float* x, const Bf16* residual, float* saved, const float* weight,
-                            int n, int c, float eps, cudaStream_t stream) {
+                            int n, int c, float eps, cudaStream_t stream, const Fp8Out& codes) {
   if (n <= 0) return;
   // The alignment test of the plain norm: a misaligned residual or copy takes the scalar loops
   // for both, which sum in another order than the plain norm's vector loops would.
   const bool vec = c % 4 == 0 && Aligned16(x, weight) && Aligned16(out) && (saved == nullptr || Aligned16(saved)) &&
-                   (residual == nullptr || Aligned16(residual));
-  RmsNormForwardKernel<<<n, VecRowThreads(c, vec), 0, stream>>>(out, rstd, x, residual, saved, weight, c, eps, vec);
+                   (residual == nullptr || Aligned16(residual)) && reinterpret_cast<uintptr_t>(codes.codes) % 4 == 0;
+  RmsNormForwardKernel<<<n, VecRowThreads(c, vec), 0, stream>>>(out, rstd, x, residual, saved, weight, c, eps, vec,
+                                                                 codes);
 }
 
 int64_t RmsNormScratchFloats(int n, int c) { return int64_t{(n + kNormRowsPerChunk - 1) / kNormRowsPerChunk} * c; }
@@ -522,10 +561,12 @@ void RopeBackward(Bf16* dx, int b, int t, int h, int d, const RopeFrequencies& f
   Rope(dx, b, t, h, d, freq, -1.f, stream);
 }
 
-void SwiGluForward(Bf16* out, const Bf16* gate, const Bf16* up, int n, int f, cudaStream_t stream) {
+void SwiGluForward(Bf16* out, const Bf16* gate, const Bf16* up, int n, int f, cudaStream_t stream,
+                   const Fp8Out& codes) {
   const int64_t count = int64_t{n} * f;
-  const bool vec = Aligned16(out, gate, up);
-  SwiGluForwardKernel<<<Blocks(vec ? count / 8 + count % 8 : count), kThreads, 0, stream>>>(out, gate, up, count, vec);
+  const bool vec = Aligned16(out, gate, up) && reinterpret_cast<uintptr_t>(codes.codes) % 8 == 0;
+  SwiGluForwardKernel<<<Blocks(vec ? count / 8 + count % 8 : count), kThreads, 0, stream>>>(out, gate, up, count, vec,
+                                                                                            codes);
 }
 
 void SwiGluBackward(Bf16* dgate, Bf16* dup, const Bf16* dout, const Bf16* gate, const Bf16* up, int n, int f,

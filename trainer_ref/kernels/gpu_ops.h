@@ -43,6 +43,17 @@ TokenSegments SegmentTokens(const int32_t* tokens, int n, int v);
 void EmbeddingBackward(float* dwte, const float* dout, const int32_t* index, int rows, int segments, int c,
                        cudaStream_t stream);
 
+// E4M3 codes of a kernel's bf16 output written beside it, at *scale: the codes QuantizeFp8
+// (fp8_ops.h) makes of that output, bit for bit, with the output's largest |x| folded into
+// *amax (null: not). No codes with a null `codes`. What a layer's forward gives its FP8 linear
+// maps when the input's scale is known before the input is (delayed scaling), so that no
+// conversion reads the output again.
+struct Fp8Out {
+  uint8_t* codes = nullptr;
+  const float* scale = nullptr;
+  float* amax = nullptr;
+};
+
 // out (bf16) = in * rstd * weight, `in` the fp32 residual stream; rstd (N) = 1 / sqrt(mean(in^2)
 // + eps), written for backward.
 void RmsNormForward(Bf16* out, float* rstd, const float* in, const float* weight, int n, int c, float eps,
@@ -52,7 +63,7 @@ void RmsNormForward(Bf16* out, float* rstd, const float* in, const float* weight
 // pass: AddInto, a device copy and RmsNormForward in one read of x. The same bits as those
 // three (one kernel, the same loops), where every pointer is 16-byte aligned and C % 4 == 0.
 void ResidualRmsNormForward(Bf16* out, float* rstd, float* x, const Bf16* residual, float* saved, const float* weight,
-                            int n, int c, float eps, cudaStream_t stream);
+                            int n, int c, float eps, cudaStream_t stream, const Fp8Out& codes = {});
 // din (fp32, the residual gradient) += d/d(in); dweight (fp32, C) += sum over rows: partial
 // sums per 64 rows into `scratch` (RmsNormScratchFloats), then summed in order (every sum in
 // an order fixed by the shape: the same bits each run).
@@ -86,7 +97,8 @@ void RepeatKvHeads(Bf16* full, const Bf16* kv, int n, int h, int kv_heads, int d
 void SumKvHeadGroups(Bf16* dkv, const Bf16* dfull, int n, int h, int kv_heads, int d, cudaStream_t stream);
 
 // out (N, F) = silu(gate) * up; backward writes dgate and dup (nothing else adds into them).
-void SwiGluForward(Bf16* out, const Bf16* gate, const Bf16* up, int n, int f, cudaStream_t stream);
+void SwiGluForward(Bf16* out, const Bf16* gate, const Bf16* up, int n, int f, cudaStream_t stream,
+                   const Fp8Out& codes = {});
 void SwiGluBackward(Bf16* dgate, Bf16* dup, const Bf16* dout, const Bf16* gate, const Bf16* up, int n, int f,
                     cudaStream_t stream);
 

@@ -129,6 +129,7 @@ GpuModel::~GpuModel() {
 
 absl::Status GpuModel::ZeroGrads() {
   grads_zeroed_.assign(Groups(), false);
+  dx16_holds_ = nullptr;
   micro_ = 0;
   losses_queued_ = 0;
   return absl::OkStatus();
@@ -447,10 +448,11 @@ absl::Status GpuModel::HeadBackward(const float* x_out, float* dx, const int32_t
     }
   }
   RETURN_IF_ERROR(Cuda(cudaMemsetAsync(dx, 0, nc * sizeof(float), stream_), "zero dx"));
-  Timed(kElementwise, [&] {
-    RmsNormBackward(dx, G(final_norm_), dxf_, x_out, N(final_norm_), rstd_f_, n, c, scratch_, stream_);
+  Timed(kElementwise, [&] {  // dx16_ = dx in bf16 too, for the last layer's backward
+    RmsNormBackward(dx, G(final_norm_), dxf_, x_out, N(final_norm_), rstd_f_, n, c, scratch_, stream_, dx16_);
     return 0;
   });
+  dx16_holds_ = dx;
   return absl::OkStatus();
 }
 

@@ -571,6 +571,9 @@ class GpuModel {
   size_t total_params_ = 0;
   float *x_ = nullptr, *x_out_ = nullptr, *dx_ = nullptr;  // residual stream and its gradient, fp32
   Bf16 *tmp_ = nullptr, *xf_ = nullptr, *logits_ = nullptr, *dlogits_ = nullptr, *dx16_ = nullptr;
+  // The residual gradient whose bf16 copy dx16_ holds (written beside it by the norm backward
+  // that made it last), or null: LayerBackward converts only when it holds another's.
+  const float* dx16_holds_ = nullptr;
   float *rstd_f_ = nullptr, *losses_ = nullptr, *norm_ = nullptr;
   unsigned char* attention_scratch_ = nullptr;  // AttentionBackwardScratchBytes: delta, dS
   float* scratch_ = nullptr;        // the deterministic reductions' partial sums

@@ -37,11 +37,15 @@ absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx) {
                               : gemm_->Backward(din, G(e), dout, in, W(e), n, ic, oc, stream_, !first);
     });
   };
-  // x_out = x_mid + swiglu(h2 W1^T, h2 W3^T) W2^T
-  Timed(kElementwise, [&] {
-    ToBf16(dx16_, dx, static_cast<int64_t>(nc), stream_);
-    return 0;
-  });
+  // x_out = x_mid + swiglu(h2 W1^T, h2 W3^T) W2^T. dx in bf16: written beside dx by the norm
+  // backward that made dx last (the layer above's, or the head's), else converted here.
+  if (dx16_holds_ != dx) {
+    Timed(kElementwise, [&] {
+      ToBf16(dx16_, dx, static_cast<int64_t>(nc), stream_);
+      return 0;
+    });
+    dx16_holds_ = dx;
+  }
   cast(a.s, kLinearDown, f);
   RETURN_IF_ERROR(linear(ds_, dx16_, a.s, w.w2, kLinearDown, f, c, /*first=*/true));
   // Under delayed scaling the gate's and up's gradient scales are known already: SwiGLU's
@@ -78,15 +82,11 @@ absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx) {
     RETURN_IF_ERROR(linear(dh_, dg_, a.h2, w.w1, kLinearGate, c, f, /*first=*/true));
     RETURN_IF_ERROR(linear(dh_, du_, a.h2, w.w3, kLinearUp, c, f, /*first=*/false));
   }
-  Timed(kElementwise, [&] {
-    RmsNormBackward(dx, G(w.mlp_norm), dh_, a.x_mid, N(w.mlp_norm), a.rstd2, n, c, scratch_, stream_);
+  Timed(kElementwise, [&] {  // dx16_ = dx in bf16, for the attention's output map
+    RmsNormBackward(dx, G(w.mlp_norm), dh_, a.x_mid, N(w.mlp_norm), a.rstd2, n, c, scratch_, stream_, dx16_);
     return 0;
   });
   // x_mid = x_in + attention(rope(h1 Wq^T), rope(h1 Wk^T), h1 Wv^T) Wo^T
-  Timed(kElementwise, [&] {
-    ToBf16(dx16_, dx, static_cast<int64_t>(nc), stream_);
-    return 0;
-  });
   cast(a.a, kLinearO, qd);
   RETURN_IF_ERROR(linear(da_, dx16_, a.a, w.wo, kLinearO, qd, c, /*first=*/true));
   const int64_t scratch_bytes = AttentionBackwardScratchBytes(batch_, seq_, h, d);
@@ -122,10 +122,11 @@ absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx) {
   RETURN_IF_ERROR(linear(dh_, dq_, a.h1, w.wq, kLinearQ, c, qd, /*first=*/true));
   RETURN_IF_ERROR(linear(dh_, dk_, a.h1, w.wk, kLinearK, c, kd, /*first=*/false));
   RETURN_IF_ERROR(linear(dh_, dv_, a.h1, w.wv, kLinearV, c, kd, /*first=*/false));
-  Timed(kElementwise, [&] {
-    RmsNormBackward(dx, G(w.attn_norm), dh_, a.x_in, N(w.attn_norm), a.rstd1, n, c, scratch_, stream_);
+  Timed(kElementwise, [&] {  // dx16_ = dx in bf16 too, for the layer below
+    RmsNormBackward(dx, G(w.attn_norm), dh_, a.x_in, N(w.attn_norm), a.rstd1, n, c, scratch_, stream_, dx16_);
     return 0;
   });
+  dx16_holds_ = dx;
   return absl::OkStatus();
 }
 

@@ -139,7 +139,7 @@ __global__ void RmsNormForwardKernel(Bf16* out, float* rstd, float* x_io, const 
 template <int kPer>
 __global__ void RmsNormBackwardVecKernel(float* __restrict__ din, const Bf16* __restrict__ dout,
                                          const float* __restrict__ in, const float* __restrict__ weight,
-                                         const float* __restrict__ rstd, int c) {
+                                         const float* __restrict__ rstd, int c, Bf16* __restrict__ din_bf16) {
   const int64_t row = blockIdx.x;
   const auto* x4 = reinterpret_cast<const float4*>(in + row * c);
   const auto* w4 = reinterpret_cast<const float4*>(weight);
@@ -170,12 +170,13 @@ __global__ void RmsNormBackwardVecKernel(float* __restrict__ din, const Bf16* __
     o[k].z += r * (w.z * d[k].z - v[k].z * rrm);
     o[k].w += r * (w.w * d[k].w - v[k].w * rrm);
     dx4[j] = o[k];
+    if (din_bf16 != nullptr) Store4(din_bf16 + row * c + 4 * j, o[k]);
   }
 }
 
 // The scalar form, for C not a multiple of 4 or rows not 16-byte aligned.
 __global__ void RmsNormBackwardKernel(float* din, const Bf16* dout, const float* in, const float* weight,
-                                      const float* rstd, int c) {
+                                      const float* rstd, int c, Bf16* din_bf16) {
   const int64_t row = blockIdx.x;
   const float* x = in + row * c;
   const Bf16* dy = dout + row * c;
@@ -184,7 +185,10 @@ __global__ void RmsNormBackwardKernel(float* din, const Bf16* dout, const float*
   float dot = 0.f;
   for (int j = threadIdx.x; j < c; j += blockDim.x) dot += Load(dy, j) * weight[j] * x[j];
   const float mean = BlockSum(dot) / c, rrm = r * r * mean;
-  for (int j = threadIdx.x; j < c; j += blockDim.x) dx[j] += r * (weight[j] * Load(dy, j) - x[j] * rrm);
+  for (int j = threadIdx.x; j < c; j += blockDim.x) {
+    dx[j] += r * (weight[j] * Load(dy, j) - x[j] * rrm);
+    if (din_bf16 != nullptr) Store(din_bf16, row * c + j, dx[j]);
+  }
 }
 
 constexpr int kNormRowsPerChunk = 64;
@@ -509,28 +513,33 @@ void ResidualRmsNormForward(Bf16* out, float* rstd, float* x, const Bf16* residu
 int64_t RmsNormScratchFloats(int n, int c) { return int64_t{(n + kNormRowsPerChunk - 1) / kNormRowsPerChunk} * c; }
 
 void RmsNormBackward(float* din, float* dweight, const Bf16* dout, const float* in, const float* weight,
-                     const float* rstd, int n, int c, float* scratch, cudaStream_t stream) {
+                     const float* rstd, int n, int c, float* scratch, cudaStream_t stream, Bf16* din_bf16) {
   if (n <= 0) return;
+  if (reinterpret_cast<uintptr_t>(din_bf16) % 8 != 0) {  // the copy apart, so the loops stay those of din's alignment
+    RmsNormBackward(din, dweight, dout, in, weight, rstd, n, c, scratch, stream);
+    ToBf16(din_bf16, din, int64_t{n} * c, stream);
+    return;
+  }
   const bool vec = c % 4 == 0 && Aligned16(din, in, weight, scratch) && Aligned16(dout);
   const int threads = VecRowThreads(c, vec), chunks = (n + kNormRowsPerChunk - 1) / kNormRowsPerChunk;
   if (vec) {
     const int per = (c / 4 + threads - 1) / threads;
     if (per <= 1) {
-      RmsNormBackwardVecKernel<1><<<n, threads, 0, stream>>>(din, dout, in, weight, rstd, c);
+      RmsNormBackwardVecKernel<1><<<n, threads, 0, stream>>>(din, dout, in, weight, rstd, c, din_bf16);
     } else if (per <= 2) {
-      RmsNormBackwardVecKernel<2><<<n, threads, 0, stream>>>(din, dout, in, weight, rstd, c);
+      RmsNormBackwardVecKernel<2><<<n, threads, 0, stream>>>(din, dout, in, weight, rstd, c, din_bf16);
     } else if (per <= 4) {
-      RmsNormBackwardVecKernel<4><<<n, threads, 0, stream>>>(din, dout, in, weight, rstd, c);
+      RmsNormBackwardVecKernel<4><<<n, threads, 0, stream>>>(din, dout, in, weight, rstd, c, din_bf16);
     } else if (per <= 8) {
-      RmsNormBackwardVecKernel<8><<<n, threads, 0, stream>>>(din, dout, in, weight, rstd, c);
+      RmsNormBackwardVecKernel<8><<<n, threads, 0, stream>>>(din, dout, in, weight, rstd, c, din_bf16);
     } else {
-      RmsNormBackwardKernel<<<n, threads, 0, stream>>>(din, dout, in, weight, rstd, c);  // C > 8192
+      RmsNormBackwardKernel<<<n, threads, 0, stream>>>(din, dout, in, weight, rstd, c, din_bf16);  // C > 8192
     }
     const dim3 grid((c / 4 + kPartialColumns4 - 1) / kPartialColumns4, chunks);
     RmsNormWeightPartialVecKernel<<<grid, kPartialColumns4 * kPartialRowThreads, 0, stream>>>(scratch, dout, in, rstd,
                                                                                             n, c);
   } else {
-    RmsNormBackwardKernel<<<n, threads, 0, stream>>>(din, dout, in, weight, rstd, c);
+    RmsNormBackwardKernel<<<n, threads, 0, stream>>>(din, dout, in, weight, rstd, c, din_bf16);
     RmsNormWeightPartialKernel<<<dim3((c + kThreads - 1) / kThreads, chunks), kThreads, 0, stream>>>(scratch, dout, in,
                                                                                                      rstd, n, c);
   }

@@ -67,8 +67,9 @@ void ResidualRmsNormForward(Bf16* out, float* rstd, float* x, const Bf16* residu
 // din (fp32, the residual gradient) += d/d(in); dweight (fp32, C) += sum over rows: partial
 // sums per 64 rows into `scratch` (RmsNormScratchFloats), then summed in order (every sum in
 // an order fixed by the shape: the same bits each run).
+// With din_bf16, din (after the add) rounded to bf16 there too: ToBf16's bits, without its read.
 void RmsNormBackward(float* din, float* dweight, const Bf16* dout, const float* in, const float* weight,
-                     const float* rstd, int n, int c, float* scratch, cudaStream_t stream);
+                     const float* rstd, int n, int c, float* scratch, cudaStream_t stream, Bf16* din_bf16 = nullptr);
 int64_t RmsNormScratchFloats(int n, int c);
 
 // RoPE's inverse frequencies (RopeInverseFrequencies: D/2 of them, head sizes up to 256), passed

@@ -130,6 +130,20 @@ TEST(GpuOpsTest, RmsNormForwardAndBackward) {
     RmsNormBackward(d_din_again.get(), d_again.get(), d_dout.get(), d_in.get(), d_weight.get(), d_rstd.get(), n, c,
                     d_scratch.get(), nullptr);
     EXPECT_EQ(std::memcmp(d_dweight.Host().data(), d_again.Host().data(), static_cast<size_t>(c) * 4), 0) << "not deterministic";
+    // With din's bf16 copy written beside it (aligned, and one value in: the copy apart): the
+    // same din, and its copy ToBf16's bits.
+    for (int skip : {0, 1}) {
+      Device<float> d_din_third(din0), d_dweight_third{std::vector<float>(static_cast<size_t>(c), 0.5f)};
+      Device<Bf16> d_din16{std::vector<Bf16>(size_t{n} * c + 1)};
+      RmsNormBackward(d_din_third.get(), d_dweight_third.get(), d_dout.get(), d_in.get(), d_weight.get(), d_rstd.get(),
+                      n, c, d_scratch.get(), nullptr, d_din16.get() + skip);
+      const std::vector<float> din_third = d_din_third.Host();
+      EXPECT_EQ(din_third, d_din.Host()) << "C " << c << ", skip " << skip;
+      const std::vector<Bf16> din16 = d_din16.Host();
+      int64_t off = 0;
+      for (size_t i = 0; i < din_third.size(); ++i) off += din16[skip + i] != ToBf16(din_third[i]);
+      EXPECT_EQ(off, 0) << "C " << c << ", skip " << skip << ": bf16 copies other than ToBf16's";
+    }
     std::vector<float> out(size_t{n} * c), rstd(n), din = din0, dweight(c, 0.5f);
     cpu::RmsNormForward(out.data(), rstd.data(), in.data(), weight.data(), n, c, 1e-5f);
     cpu::RmsNormBackward(din.data(), dweight.data(), dout.values.data(), in.data(), weight.data(), rstd.data(), n, c);

@@ -35,7 +35,10 @@ int GpuRun::SetupRanks() {
 }
 
 int GpuRun::ConnectRanks() {
-  if (ranks_ == 1) return 0;
+  if (ranks_ == 1) {  // one rank: the model still takes the gradient norm in the step's last micro-batch only
+    model_->SetDataParallel(nullptr, layer_major_ > 0 ? 1 : s_.accum);
+    return 0;
+  }
   auto made = comm::MakeNcclCommunicator(
       launch_, {.timeout_seconds = s_.comm_timeout, .device = device_, .stream = model_->stream()});
   if (!made.ok()) return Fail(std::string(made.status().message()));

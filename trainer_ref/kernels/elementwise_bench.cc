@@ -106,6 +106,17 @@ bool Bench(const char* model, int b, int t, int c, int f, int heads, cudaEvent_t
       [&] { QuantizeFp8Transposed(codes_t, h, n, c, slot, false, nullptr, nullptr, slot + 2); });
   row("QuantizeFp8Transposed (N x F, and plain)", nf * 4.0,
       [&] { QuantizeFp8Transposed(codes_t, s, n, f, slot, true, nullptr, codes, slot + 2); });
+  // The same casts made by the kernels that make their inputs (delayed scaling): the fused
+  // residual norm and SwiGLU writing E4M3 codes beside their output, SwiGLU's backward writing
+  // the two gradients' E5M2 codes only, the norm's backward writing dx's bf16 copy beside dx.
+  const Fp8Out to_codes{codes, slot, slot + 2};
+  row("ResidualRmsNormForward (add, copy, + E4M3 codes)", nc * (4.0 + 2 + 4 + 4 + 2 + 1),
+      [&] { ResidualRmsNormForward(h, rstd, x, q, dx, weight, n, c, 1e-5f, nullptr, to_codes); });
+  row("SwiGluForward (+ E4M3 codes)", nf * 7.0, [&] { SwiGluForward(s, g, u, n, f, nullptr, to_codes); });
+  row("SwiGluBackwardFp8 (writes dg, du codes)", nf * 8.0,
+      [&] { SwiGluBackwardFp8(codes, codes_t, s, g, u, int64_t(nf), slot, slot, slot + 2, slot + 2, nullptr); });
+  row("RmsNormBackward (+ dx in bf16)", nc * 4.0 * 3 + nc * 2 + nc * 2,
+      [&] { RmsNormBackward(dx, dweight, h, x, weight, rstd, n, c, scratch, nullptr, q); });
   // The optimizer on one F x C weight matrix: fp32 AdamW reads the gradient, master and both
   // moments and writes the master, the moments and the bf16 weights (30 B a value); 8-bit
   // moments make that 18 B (and a scale per block).

@@ -237,6 +237,7 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   }
   s.fp8_window = absl::GetFlag(FLAGS_fp8_window);
   s.fp8_margin = absl::GetFlag(FLAGS_fp8_margin);
+  s.fp8_fast_accumulation = absl::GetFlag(FLAGS_fp8_fast_accumulation);
   s.fp8_fallback_after = absl::GetFlag(FLAGS_fp8_fallback_after);
   if (s.fp8_window < 1 || s.fp8_window > 1024) return Bad("--fp8_window is 1..1024 steps");
   if (s.fp8_margin < 0 || s.fp8_margin > 32) return Bad("--fp8_margin is 0..32 (a power of two of headroom)");

@@ -47,6 +47,7 @@ ABSL_DECLARE_FLAG(std::string, bf16_layers);
 ABSL_DECLARE_FLAG(std::string, fp8_scaling);
 ABSL_DECLARE_FLAG(int32_t, fp8_window);
 ABSL_DECLARE_FLAG(int32_t, fp8_margin);
+ABSL_DECLARE_FLAG(bool, fp8_fast_accumulation);
 ABSL_DECLARE_FLAG(int32_t, fp8_fallback_after);
 ABSL_DECLARE_FLAG(std::string, opt);
 ABSL_DECLARE_FLAG(std::string, grad_checkpointing);
@@ -137,6 +138,7 @@ struct RunSettings {
   // --fp8_scaling=fixed: --fp8_fixed_scale (E4M3 tensors) and --fp8_fixed_grad_scale (E5M2); 0 otherwise.
   float fp8_fixed_scale = 0, fp8_fixed_grad_scale = 0;
   int fp8_window = 16, fp8_margin = 0;
+  bool fp8_fast_accumulation = false;  // the forward's FP8 GEMMs
   int fp8_fallback_after = 4;  // 0: never
   bool tierd = false;         // --offload_policy=tierd
   std::string tierd_dir;

@@ -415,15 +415,19 @@ Fp8ScalingOptions Fp8Scaling(const RunSettings& s) {
   o.margin = s.fp8_margin;
   o.fixed_scale = s.fp8_fixed_scale;
   o.fixed_grad_scale = s.fp8_fixed_grad_scale;
+  o.fast_forward = s.fp8_fast_accumulation;
   return o;
 }
 
 std::string DescribeFp8Scaling(const RunSettings& s) {
+  const std::string fast =
+      s.fp8_fast_accumulation ? "; the forward's matmuls with fast accumulation (--fp8_fast_accumulation)" : "";
   std::string fallback =
       s.fp8_fallback_after == 0
           ? "no fallback"
           : absl::StrFormat("a layer falls back to bf16 after %d steps of overflow%s", s.fp8_fallback_after,
                             s.fp8_delayed || s.fp8_fixed_scale > 0 ? ", saturation or underflow" : "");
+  fallback += fast;
   if (s.fp8_fixed_scale > 0) {
     return absl::StrFormat(
         "every weight and input at the fixed scale %g and every output gradient at %g, for the whole run "

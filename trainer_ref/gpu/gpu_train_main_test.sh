@@ -94,6 +94,9 @@ else
   run $d --precision=fp8 --fp8_scaling=fixed --fp8_fixed_scale=16 --fp8_fixed_grad_scale=4096 --steps=2 --batch_size=2 --seq_len=64
   check "fixed scaling trains and says its scales" \
     "grep -q '^precision: fp8 for the .*every weight and input at the fixed scale 16 and every output gradient at 4096, for the whole run (--fp8_scaling=fixed' '$dir/out.log' && grep -q 'ours none + fp8' '$dir/out.log'"
+  run $d --precision=fp8 --fp8_fast_accumulation --steps=2 --batch_size=2 --seq_len=64
+  check "the forward's fast accumulation trains and says so" \
+    "grep -q '^precision: fp8 for the .*; the forward.s matmuls with fast accumulation (--fp8_fast_accumulation)' '$dir/out.log' && grep -q 'ours none + fp8' '$dir/out.log'"
   run $d --precision=fp8 --bf16_layers='layers\.(0' --steps=1
   check "a --bf16_layers that is no regex" "refused 'is not a regular expression'"
   run $d --precision=fp8 --bf16_layers='layers\.0' --steps=1 --batch_size=2 --seq_len=64

@@ -207,13 +207,15 @@ absl::Status Fp8Linear::Forward(Bf16* out, Fp8Codes in, int layer, int index, co
                                 cudaStream_t stream) {
   if (absl::Status st = CheckCall("forward", layer, index, n, ic, oc); !st.ok()) return st;
   const Fp8Codes w = WeightCodes(layer, index, weight, /*transposed=*/false, stream);
-  return gemm_->ForwardFp8(out, in.codes, w.codes, in.scale_inv, w.scale_inv, n, ic, oc, stream);
+  return gemm_->ForwardFp8(out, in.codes, w.codes, in.scale_inv, w.scale_inv, n, ic, oc, stream,
+                           scaling_.fast_forward);
 }
 
 absl::Status Fp8Linear::ForwardFromCodes(Bf16* out, Fp8Codes in, int layer, int index, Fp8Codes weight, int n, int ic,
                                          int oc, cudaStream_t stream) {
   if (absl::Status st = CheckCall("forward", layer, index, n, ic, oc); !st.ok()) return st;
-  return gemm_->ForwardFp8(out, in.codes, weight.codes, in.scale_inv, weight.scale_inv, n, ic, oc, stream);
+  return gemm_->ForwardFp8(out, in.codes, weight.codes, in.scale_inv, weight.scale_inv, n, ic, oc, stream,
+                           scaling_.fast_forward);
 }
 
 absl::Status Fp8Linear::Backward(Bf16* din, float* dweight, const Bf16* dout, Fp8Codes in_t, int layer, int index,

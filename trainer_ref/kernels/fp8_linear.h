@@ -52,6 +52,9 @@ struct Fp8ScalingOptions {
   // for the whole run; amaxes are still recorded, so saturation and underflow are reported.
   float fixed_scale = 0, fixed_grad_scale = 0;
   bool fixed() const { return fixed_scale > 0; }
+  // Not a scale, but the same recipe's: the forward's GEMMs with the tensor cores' fast
+  // accumulation (Gemm::ForwardFp8's fast_accumulation); the backward's stay exact.
+  bool fast_forward = false;
 };
 
 // What a tensor's scale did wrong, as of the last EndStep: its amax was not finite (an

@@ -285,6 +285,24 @@ int Main() {
   }
   std::printf("\nThe shapes' choices (time of the fastest and of the heuristic's first, 3 runs each):\n");
   for (const std::string& line : (*searched)->DescribePlans()) std::printf("  %s\n", line.c_str());
+  // The same layers with the heuristic's first among algorithms that reduce no split of K
+  // through the workspace: what those reductions (and the memsets of their workspace a
+  // per-kernel profile shows beside each GEMM) cost or save.
+  GemmOptions plain_options;
+  plain_options.split_k_reductions = false;
+  auto plain = Gemm::Create(plain_options);
+  if (!plain.ok()) {
+    std::fprintf(stderr, "fp8_gemm_bench: %s\n", std::string(plain.status().message()).c_str());
+    return 1;
+  }
+  std::printf("\nThe same, the heuristic's first without split-K reductions (side by side with the first table):\n");
+  for (const auto& l : layers) {
+    if (!LayerBench(**plain, l.model, l.n, l.c, l.f, start, stop, l.fused)) {
+      std::fprintf(stderr, "fp8_gemm_bench: the layer bench without split-K reductions failed at %s, %d rows\n",
+                   l.model, l.n);
+      return 1;
+    }
+  }
   return 0;
 }
 

@@ -61,6 +61,7 @@ absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(const GemmOptions& options) {
         absl::StrFormat("cannot allocate the %d-byte GEMM workspace", options.workspace_bytes));
   }
   gemm->workspace_bytes_ = options.workspace_bytes;
+  gemm->split_k_reductions_ = options.split_k_reductions;
   if (!options.cache_dir.empty() && options.candidates > 1) {
     cudaDeviceProp prop{};
     int device = 0;
@@ -172,6 +173,11 @@ absl::StatusOr<Gemm::Plan*> Gemm::PlanFor(const Key& key, const Inputs& inputs, 
     s = Check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_,
                                                    sizeof(workspace_bytes_)),
               "workspace");
+  }
+  if (s.ok() && !split_k_reductions_) {
+    const uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
+    s = Check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &none, sizeof(none)),
+              "reduction schemes");
   }
   std::vector<cublasLtMatmulHeuristicResult_t> results(candidates_);
   int found = 0;

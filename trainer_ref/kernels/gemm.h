@@ -34,6 +34,10 @@ struct GemmOptions {
   // Where searched choices are read from and appended to: a file per GPU model, cuBLASLt
   // version and candidate count ("" keeps them in memory only).
   std::string cache_dir;
+  // false: only algorithms that reduce no split of K across blocks through the workspace
+  // (cuBLASLt's CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK at none), for timing what those
+  // reductions and the workspace zeroing they bring cost a step (fp8_gemm_bench).
+  bool split_k_reductions = true;
 };
 
 class Gemm {
@@ -113,6 +117,7 @@ class Gemm {
   void* handle_ = nullptr;  // cublasLtHandle_t
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
+  bool split_k_reductions_ = true;
   int candidates_ = 1;
   std::map<Key, Plan> plans_;
   std::string cache_file_;                          // "" without a cache

@@ -233,18 +233,20 @@ absl::Status Fp8Linear::BackwardFromCodes(Bf16* din, float* dweight, const Bf16*
   return BackwardWith(din, dweight, dout, nullptr, in_t, layer, index, w, n, ic, oc, stream, accumulate_din);
 }
 
-std::optional<Fp8Linear::EncodeTarget> Fp8Linear::OutputGradientTarget(int layer, int index) const {
+std::optional<Fp8Linear::EncodeTarget> Fp8Linear::Target(Fp8Trouble::Role role, int layer, int index,
+                                                          uint8_t* codes) const {
   if (layer < 0 || layer >= layers_ || index < 0 || index >= static_cast<int>(weights_.size())) return std::nullopt;
   if (!scaling_.fixed() && (!scaling_.delayed || steps_ == 0)) return std::nullopt;  // the scale is the tensor's own
-  float* s = Slot(SlotIndex(layer, Fp8Trouble::kOutputGradient, index));
-  return EncodeTarget{s + 1, recording_ ? s + 2 : nullptr};
+  float* s = Slot(SlotIndex(layer, role, index));
+  return EncodeTarget{s + 1, recording_ ? s + 2 : nullptr, codes};
+}
+
+std::optional<Fp8Linear::EncodeTarget> Fp8Linear::OutputGradientTarget(int layer, int index) const {
+  return Target(Fp8Trouble::kOutputGradient, layer, index, nullptr);
 }
 
 std::optional<Fp8Linear::EncodeTarget> Fp8Linear::InputTarget(int layer, int index) const {
-  if (layer < 0 || layer >= layers_ || index < 0 || index >= static_cast<int>(weights_.size())) return std::nullopt;
-  if (!scaling_.fixed() && (!scaling_.delayed || steps_ == 0)) return std::nullopt;
-  float* s = Slot(SlotIndex(layer, Fp8Trouble::kInput, index));
-  return EncodeTarget{s + 1, recording_ ? s + 2 : nullptr, in_};
+  return Target(Fp8Trouble::kInput, layer, index, in_);
 }
 
 Fp8Codes Fp8Linear::InputCodes(int layer, int index) const {

@@ -162,6 +162,9 @@ class Fp8Linear {
   }
   float* Slot(int i) const { return slots_ + 4 * i; }
   int Tensors() const { return layers_ * 3 * static_cast<int>(weights_.size()); }
+  // OutputGradientTarget's and InputTarget's: the slot of (role, layer, index) while its scale
+  // is known before the tensor, with the codes' place `codes`.
+  std::optional<EncodeTarget> Target(Fp8Trouble::Role role, int layer, int index, uint8_t* codes) const;
   // Codes of `in` at its tensor's scale, into `out`, with slot `slot`: plain and/or transposed.
   Fp8Codes Quantize(uint8_t* plain, uint8_t* transposed, int slot, const Bf16* in, int rows, int cols, bool e5m2,
                     cudaStream_t stream);

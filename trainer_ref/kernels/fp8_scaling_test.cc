@@ -312,6 +312,73 @@ TEST(Fp8ScalingTest, DelayedAndCurrentScalingAgreeOnASteadyTensorAndTroubleIsRep
   EXPECT_EQ(Fp8Linear::Create(gemm->get(), n, shapes, 2, other).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Codes made by the kernel that makes the tensor (the norms, SwiGLU: gpu_ops.h's Fp8Out,
+// SwiGluBackwardFp8): there is a target only while the scale is known before the tensor
+// (delayed scaling after its first EndStep; never under current scaling, nor for a layer or map
+// out of range), and a backward from output-gradient codes without one is refused with the
+// step. With a target, codes made at its scale into its place give Forward's and Backward's
+// outputs bit for bit; without recording, the target has no amax to fold into.
+TEST(Fp8ScalingTest, CodesMadeAtTheTargetsScaleGiveTheConversionsResults) {
+  SKIP_WITHOUT_GPU();
+  auto gemm = Gemm::Create();
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  const int n = 64, ic = 128, oc = 96;
+  std::mt19937_64 rng(47);
+  const Bf16Data in = Random(static_cast<size_t>(n) * ic, rng), w = Random(static_cast<size_t>(oc) * ic, rng, 0.05f),
+                 dout = Random(static_cast<size_t>(n) * oc, rng, 1e-3f);
+  Device<Bf16> d_in(in.bits), d_w(w.bits), d_dout(dout.bits);
+  const Fp8Linear::Shapes shapes = {{oc, ic}};
+  Fp8ScalingOptions current_options;
+  current_options.delayed = false;
+  auto current = Fp8Linear::Create(gemm->get(), n, shapes, 2, current_options);
+  auto delayed = Fp8Linear::Create(gemm->get(), n, shapes, 2, Fp8ScalingOptions{});
+  ASSERT_TRUE(current.ok() && delayed.ok());
+  Device<uint8_t> dout8{std::vector<uint8_t>(static_cast<size_t>(n) * oc)};
+  Device<Bf16> din{std::vector<Bf16>(static_cast<size_t>(n) * ic)};
+  Device<float> dw{std::vector<float>(static_cast<size_t>(oc) * ic, 0.0f)};
+  const Fp8Codes in_t = (*delayed)->QuantizeInputTransposed(0, 0, d_in.get(), n, ic, nullptr);
+  EXPECT_FALSE((*delayed)->InputTarget(0, 0).has_value()) << "the first step converts at the current scale";
+  EXPECT_FALSE((*delayed)->OutputGradientTarget(0, 0).has_value());
+  const absl::Status early = (*delayed)->BackwardFromOutputCodes(din.get(), dw.get(), dout8.get(), in_t, 0, 0, d_w.get(),
+                                                                 Fp8Codes{}, n, ic, oc, nullptr, false);
+  EXPECT_EQ(early.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(early.message().find("delayed scaling, step 0"), std::string::npos) << early;
+  RunLinear(**delayed, d_in, d_w, d_dout, n, ic, oc);
+  (*delayed)->EndStep(nullptr);
+  (*current)->EndStep(nullptr);
+  EXPECT_FALSE((*current)->InputTarget(0, 0).has_value()) << "current scaling reads the tensor first";
+  EXPECT_FALSE((*current)->OutputGradientTarget(0, 0).has_value());
+  EXPECT_FALSE((*delayed)->InputTarget(2, 0).has_value()) << "layer 2 of 2";
+  EXPECT_FALSE((*delayed)->OutputGradientTarget(0, 1).has_value()) << "map 1 of 1";
+  const auto to_in = (*delayed)->InputTarget(1, 0), to_dout = (*delayed)->OutputGradientTarget(1, 0);
+  ASSERT_TRUE(to_in.has_value() && to_dout.has_value());
+  ASSERT_NE(to_in->codes, nullptr);
+  EXPECT_NE(to_in->amax, nullptr);
+  EXPECT_EQ(to_dout->codes, nullptr) << "the output gradient's producer brings its own room";
+  // Layer 1 through the conversions, then from codes made at the targets' scales.
+  Device<Bf16> out{std::vector<Bf16>(static_cast<size_t>(n) * oc)}, out2{std::vector<Bf16>(static_cast<size_t>(n) * oc)};
+  const Fp8Codes converted = (*delayed)->QuantizeInput(1, 0, d_in.get(), n, ic, nullptr);
+  ASSERT_TRUE((*delayed)->Forward(out.get(), converted, 1, 0, d_w.get(), n, ic, oc, nullptr).ok());
+  QuantizeFp8(to_in->codes, d_in.get(), static_cast<int64_t>(n) * ic, to_in->scale, false, nullptr, to_in->amax);
+  ASSERT_TRUE((*delayed)->Forward(out2.get(), (*delayed)->InputCodes(1, 0), 1, 0, d_w.get(), n, ic, oc, nullptr).ok());
+  EXPECT_EQ(out2.Host(), out.Host());
+  const Fp8Codes in_t1 = (*delayed)->QuantizeInputTransposed(1, 0, d_in.get(), n, ic, nullptr);
+  Device<Bf16> din2{std::vector<Bf16>(static_cast<size_t>(n) * ic)};
+  Device<float> dw2{std::vector<float>(static_cast<size_t>(oc) * ic, 0.0f)};
+  ASSERT_TRUE(
+      (*delayed)->Backward(din.get(), dw.get(), d_dout.get(), in_t1, 1, 0, d_w.get(), n, ic, oc, nullptr, false).ok());
+  QuantizeFp8(dout8.get(), d_dout.get(), static_cast<int64_t>(n) * oc, to_dout->scale, true, nullptr, to_dout->amax);
+  ASSERT_TRUE((*delayed)
+                  ->BackwardFromOutputCodes(din2.get(), dw2.get(), dout8.get(), in_t1, 1, 0, d_w.get(), Fp8Codes{}, n,
+                                            ic, oc, nullptr, false)
+                  .ok());
+  EXPECT_EQ(din2.Host(), din.Host());
+  EXPECT_EQ(dw2.Host(), dw.Host());
+  (*delayed)->set_recording(false);
+  EXPECT_EQ((*delayed)->InputTarget(1, 0)->amax, nullptr);
+  EXPECT_EQ((*delayed)->OutputGradientTarget(1, 0)->amax, nullptr);
+}
+
 // Fixed scaling (--fp8_scaling=fixed): at the scales current scaling would pick for these
 // tensors (the weight made to share the input's largest |x|, as one E4M3 scale serves both),
 // the same outputs bit for bit; when the input then grows 4-fold a step, the scale stays and

@@ -71,8 +71,10 @@ absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(const GemmOptions& options) {
     for (char& ch : gpu) {
       if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '-';
     }
-    gemm->cache_file_ = absl::StrFormat("%s/gemm-%s-cublaslt%d-best-of-%d.txt", options.cache_dir, gpu,
-                                        static_cast<int>(cublasLtGetVersion()), options.candidates);
+    // Choices made without split-K reductions are not the full search's: a file of their own.
+    gemm->cache_file_ = absl::StrFormat("%s/gemm-%s-cublaslt%d-best-of-%d%s.txt", options.cache_dir, gpu,
+                                        static_cast<int>(cublasLtGetVersion()), options.candidates,
+                                        options.split_k_reductions ? "" : "-no-split-k");
     gemm->ReadCache();
   }
   return gemm;

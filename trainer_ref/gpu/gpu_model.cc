@@ -141,13 +141,11 @@ void GpuModel::Progress(uint32_t op) {
 }
 
 absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x) {
-  const int n = batch_ * seq_, c = config_.d_model, f = config_.d_ff, h = config_.heads, d = config_.head_dim();
-  const int kvh = config_.kv_head_count(), qd = config_.q_dim(), kd = config_.kv_dim();
-  const size_t nc = static_cast<size_t>(n) * c;
+  [[maybe_unused]] const auto [n, c, f, h, d, kvh, qd, kd, nc] = DimsOf(config_, batch_ * seq_);
   const Layer& w = layers_[l];
   // out = in x W^T, in bf16 or (an FP8 layer) from the codes of the last `cast` input and
   // those of the weights (made from the bf16 ones, or read from the codes part).
-  Fp8Linear* fp8 = fp8_ != nullptr && fp8_layer_[l] ? fp8_.get() : nullptr;
+  Fp8Linear* fp8 = LayerFp8(l);
   const bool codes = fp8 != nullptr && ReadsCodes(l + 1);
   Fp8Codes in8;
   // Under delayed scaling an input's scale is known before the input is: the norm or SwiGLU

@@ -461,6 +461,8 @@ class GpuModel {
   std::vector<char> codes_current_;
   // Whether the group's matmuls read its codes part now (an FP8 layer with a codes part).
   bool ReadsCodes(int group) const;
+  // Layer l's FP8 linear maps, or null for a bf16 layer.
+  Fp8Linear* LayerFp8(int l) const { return fp8_ != nullptr && fp8_layer_[l] ? fp8_.get() : nullptr; }
   size_t LinearEntry(int layer, int index) const;  // the parameter entry of linear map `index`
   Fp8Codes CodesOf(int layer, int index) const;    // in the acquired codes part
   // A layer's weights for its matmuls (the bf16 part, or the codes part, made first if stale).
@@ -571,9 +573,7 @@ class GpuModel {
   size_t total_params_ = 0;
   float *x_ = nullptr, *x_out_ = nullptr, *dx_ = nullptr;  // residual stream and its gradient, fp32
   Bf16 *tmp_ = nullptr, *xf_ = nullptr, *logits_ = nullptr, *dlogits_ = nullptr, *dx16_ = nullptr;
-  // The residual gradient whose bf16 copy dx16_ holds (written beside it by the norm backward
-  // that made it last), or null: LayerBackward converts only when it holds another's.
-  const float* dx16_holds_ = nullptr;
+  const float* dx16_holds_ = nullptr;  // whose bf16 copy dx16_ holds (LayerBackward converts others)
   float *rstd_f_ = nullptr, *losses_ = nullptr, *norm_ = nullptr;
   unsigned char* attention_scratch_ = nullptr;  // AttentionBackwardScratchBytes: delta, dS
   float* scratch_ = nullptr;        // the deterministic reductions' partial sums

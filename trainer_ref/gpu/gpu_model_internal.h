@@ -26,6 +26,18 @@ enum LinearIndex { kLinearQ, kLinearK, kLinearV, kLinearO, kLinearGate, kLinearU
 // Their shapes, (out features, in features), by LinearIndex.
 Fp8Linear::Shapes LinearShapes(const ModelConfig& config);
 
+// A layer's shapes for a micro-batch of `rows` rows: rows, model width, MLP width, heads, head
+// size, key/value heads, q's and k's (v's) widths, and rows x width.
+struct LayerDims {
+  int n, c, f, h, d, kvh, qd, kd;
+  size_t nc;
+};
+inline LayerDims DimsOf(const ModelConfig& config, int rows) {
+  return {rows,           config.d_model,    config.d_ff,
+          config.heads,   config.head_dim(), config.kv_head_count(),
+          config.q_dim(), config.kv_dim(),   static_cast<size_t>(rows) * config.d_model};
+}
+
 // `base` + offset elements, or (a part used without being acquired: a bug) abort naming it.
 template <typename T>
 T* Inside(void* base, size_t offset, const char* what, const std::string& name) {

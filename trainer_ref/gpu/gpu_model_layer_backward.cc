@@ -13,13 +13,11 @@ namespace tierd::trainer::gpu {
 // (fp32, the residual stream's gradient) turns from that of the layer's output into that of
 // its input; the layer's weight gradients (acquired) are added into.
 absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx) {
-  const int n = batch_ * seq_, c = config_.d_model, f = config_.d_ff, h = config_.heads, d = config_.head_dim();
-  const int kvh = config_.kv_head_count(), qd = config_.q_dim(), kd = config_.kv_dim();
-  const size_t nc = static_cast<size_t>(n) * c;
+  [[maybe_unused]] const auto [n, c, f, h, d, kvh, qd, kd, nc] = DimsOf(config_, batch_ * seq_);
   const Layer& w = layers_[l];
   // din += dout x W, dW += dout^T x in: bf16, or (an FP8 layer) from the codes of the last
   // `cast` input.
-  Fp8Linear* fp8 = fp8_ != nullptr && fp8_layer_[l] ? fp8_.get() : nullptr;
+  Fp8Linear* fp8 = LayerFp8(l);
   const bool codes = fp8 != nullptr && ReadsCodes(l + 1);
   Fp8Codes in8_t;
   auto cast = [&](const Bf16* in, LinearIndex first, int cols) {

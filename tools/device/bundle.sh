@@ -9,6 +9,7 @@
 # OLD_REV=<commit>: also tierd as of that commit, as .carry/bin/tierd-old (built in a git
 # worktree), for a side-by-side run against the daemon before a change (split_check.sh's
 # RUNS="old@.carry/bin/tierd-old=...").
+# BUNDLE_KPROF=1: tools/kernel_profile and CUPTI as well (below).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tools/bazel_env.sh
@@ -38,11 +39,14 @@ if [ -n "${OLD_REV:-}" ]; then
   echo "tierd-old: //server:tierd at $(git rev-parse --short "$OLD_REV")"
 fi
 tools/collect_libs.sh .carry/lib .carry/bin/*
-# The per-kernel profile (tools/kernel_profile; split_check.sh's KPROF) and the CUPTI it opens.
-bazel build "${TIERD_BAZEL_FLAGS[@]}" -c opt //tools/kernel_profile:libkernel_profile.so
-cp -L bazel-bin/tools/kernel_profile/libkernel_profile.so .carry/lib/
-for cupti in /usr/local/cuda/lib64/libcupti.so.13 /usr/local/cuda/extras/CUPTI/lib64/libcupti.so.13; do
-  if [ -f "$cupti" ]; then cp -L "$cupti" .carry/lib/ && break; fi
-done
+# BUNDLE_KPROF=1: the per-kernel profile too (tools/kernel_profile; split_check.sh's KPROF) and
+# the CUPTI it opens (4 MiB of the 64 a call carries).
+if [ "${BUNDLE_KPROF:-0}" = 1 ]; then
+  bazel build "${TIERD_BAZEL_FLAGS[@]}" -c opt //tools/kernel_profile:libkernel_profile.so
+  cp -L bazel-bin/tools/kernel_profile/libkernel_profile.so .carry/lib/
+  for cupti in /usr/local/cuda/lib64/libcupti.so.13 /usr/local/cuda/extras/CUPTI/lib64/libcupti.so.13; do
+    if [ -f "$cupti" ]; then cp -L "$cupti" .carry/lib/ && break; fi
+  done
+fi
 du -sh .carry
 echo "carry .carry; on the device: tools/device/gpu_check.sh"

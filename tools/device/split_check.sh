@@ -21,7 +21,8 @@
 # TRAINER_BINS="name=path;...": those runs with that trainer binary (e.g.
 # "old=.carry/bin/tierd-train-old", the trainer before a change, side by side).
 # KPROF="name ...": those runs under tools/kernel_profile (CUPTI; its tables, kernel by kernel,
-# a step's share each, in logs/kprof-NAME/; a few % slower: not a throughput to quote).
+# a step's share each, in logs/kprof-NAME/; a few % slower: not a throughput to quote). Bundle
+# with BUNDLE_KPROF=1 for it.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 final="${OUT:-/tmp/tierd-out}"; mkdir -p "$final"
@@ -65,7 +66,10 @@ for run in "${run_list[@]}"; do
   for d in "${daemon_runs[@]}"; do [ "${d%%=*}" = "$name" ] && daemon_flags="$daemon_flags ${d#*=}"; done
   profile=1; [[ " ${UNPROFILED:-} " == *" $name "* ]] && profile=0
   kprof=()
-  if [[ " ${KPROF:-} " == *" $name "* ]]; then
+  if [[ " ${KPROF:-} " == *" $name "* ]] && [ ! -f .carry/lib/libkernel_profile.so ]; then
+    echo "== $name: no per-kernel profile: .carry/lib/libkernel_profile.so is missing (bundle with BUNDLE_KPROF=1)"
+    status=1
+  elif [[ " ${KPROF:-} " == *" $name "* ]]; then
     mkdir -p "$out/kprof-$name"
     kprof=(CUDA_INJECTION64_PATH="$PWD/.carry/lib/libkernel_profile.so" KPROF_OUT="$out/kprof-$name" KPROF_STEPS="${STEPS:-8}")
   fi

@@ -478,10 +478,11 @@ absl::Status GpuModel::Backward() {
     Progress(BackwardOp(micro_, last - group));
     RETURN_IF_ERROR(EnterLayerWeights(group));
     RETURN_IF_ERROR(Enter(group, Part::kActs, Access::kRead));
-    RETURN_IF_ERROR(EnterGrads(group));
+    bool fresh = false;
+    RETURN_IF_ERROR(EnterGrads(group, &fresh));
     auto a = ActsForBackward(l, acquired_[group][static_cast<int>(Part::kActs)]);
     if (!a.ok()) return a.status();
-    RETURN_IF_ERROR(LayerBackward(l, *a, dx_));
+    RETURN_IF_ERROR(LayerBackward(l, *a, dx_, fresh));
     RETURN_IF_ERROR(SumOverRanks(group, last_micro_batch));
     if (last_micro_batch) AddSumOfSquares(group);
     RETURN_IF_ERROR(LeaveLayerWeights(group));

@@ -357,7 +357,12 @@ class GpuModel {
   // `why` an acquire failed, naming the part ("acquiring act.layers.3<where>: ...").
   absl::Status AcquireError(const absl::Status& why, int group, Part part, int chunk, const char* where) const;
   absl::Status Leave(int group, Part part);
-  absl::Status EnterGrads(int group);  // kWrite, or the step's first touch: kOverwrite + zeros
+  // kWrite, or the step's first touch: kOverwrite + zeros. With `fresh` (a decoder layer's
+  // group): *fresh says whether this is that first touch, and then the layer's linear maps'
+  // gradients are not zeroed, as the caller writes them (the GEMMs' beta 0) rather than adds.
+  absl::Status EnterGrads(int group, bool* fresh = nullptr);
+  // Zeroes the group's gradients at `grads` but for its linear maps' (a layer's group).
+  absl::Status ZeroGradsBesideLinears(int group, float* grads);
   void Progress(uint32_t op);
   int Groups() const { return config_.layers + 2; }
   std::vector<size_t> GroupEntries(int group) const;          // as Model::GroupEntries
@@ -411,7 +416,8 @@ class GpuModel {
   // One layer's forward from the residual stream `x` (updated in place), saving into `a`.
   absl::Status LayerForward(int layer, const Acts& a, float* x);
   // Layer l's backward from `a`: dx from the gradient of its output to that of its input.
-  absl::Status LayerBackward(int layer, const Acts& a, float* dx);
+  // `fresh_grads`: its linear maps' gradients are written (=), the step's first, not added.
+  absl::Status LayerBackward(int layer, const Acts& a, float* dx, bool fresh_grads = false);
   // The activations layer l's backward reads: what it saved, or recomputed from its input.
   absl::StatusOr<Acts> ActsForBackward(int layer, void* saved);
   // The head's backward (the final norm's input x_out, the micro-batch's targets and counted

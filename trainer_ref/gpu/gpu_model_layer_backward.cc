@@ -11,8 +11,9 @@ namespace tierd::trainer::gpu {
 
 // Layer l's backward from its activations `a` (saved, or recomputed into the workspace): dx
 // (fp32, the residual stream's gradient) turns from that of the layer's output into that of
-// its input; the layer's weight gradients (acquired) are added into.
-absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx) {
+// its input; the layer's weight gradients (acquired) are added into, or, `fresh_grads`, the
+// linear maps' are written (their first contribution of the step: no zeros to read).
+absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx, bool fresh_grads) {
   [[maybe_unused]] const auto [n, c, f, h, d, kvh, qd, kd, nc] = DimsOf(config_, batch_ * seq_);
   const Layer& w = layers_[l];
   // din += dout x W, dW += dout^T x in: bf16, or (an FP8 layer) from the codes of the last
@@ -30,9 +31,11 @@ absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx) {
   // `first`: din's first contribution, written (din = ...) rather than added, so no zeroing.
   auto linear = [&](Bf16* din, const Bf16* dout, const Bf16* in, size_t e, LinearIndex k, int ic, int oc, bool first) {
     return TimedFlops(kGemm, 4.0 * n * ic * oc, [&] {
-      return codes ? fp8->BackwardFromCodes(din, G(e), dout, in8_t, l, k, CodesOf(l, k), n, ic, oc, stream_, !first)
-             : fp8 != nullptr ? fp8->Backward(din, G(e), dout, in8_t, l, k, W(e), n, ic, oc, stream_, !first)
-                              : gemm_->Backward(din, G(e), dout, in, W(e), n, ic, oc, stream_, !first);
+      return codes ? fp8->BackwardFromCodes(din, G(e), dout, in8_t, l, k, CodesOf(l, k), n, ic, oc, stream_, !first,
+                                            !fresh_grads)
+             : fp8 != nullptr
+                 ? fp8->Backward(din, G(e), dout, in8_t, l, k, W(e), n, ic, oc, stream_, !first, !fresh_grads)
+                 : gemm_->Backward(din, G(e), dout, in, W(e), n, ic, oc, stream_, !first, !fresh_grads);
     });
   };
   // x_out = x_mid + swiglu(h2 W1^T, h2 W3^T) W2^T. dx in bf16: written beside dx by the norm
@@ -66,7 +69,8 @@ absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx) {
     auto from_codes = [&](const uint8_t* dout8, size_t e, LinearIndex k, bool first) {
       return TimedFlops(kGemm, 4.0 * n * c * f, [&] {
         return fp8->BackwardFromOutputCodes(dh_, G(e), dout8, in8_t, l, k, codes ? nullptr : W(e),
-                                            codes ? CodesOf(l, k) : Fp8Codes{}, n, c, f, stream_, !first);
+                                            codes ? CodesOf(l, k) : Fp8Codes{}, n, c, f, stream_, !first,
+                                            !fresh_grads);
       });
     };
     RETURN_IF_ERROR(from_codes(dg8, w.w1, kLinearGate, /*first=*/true));

@@ -107,12 +107,13 @@ absl::StatusOr<double> GpuModel::ForwardBackwardLayerMajor(const int32_t* tokens
     const int group = l + 1;
     Progress(LayerMajorBackwardOp(group));
     RETURN_IF_ERROR(EnterLayerWeights(group));
-    RETURN_IF_ERROR(EnterGrads(group));
+    bool fresh = false;
+    RETURN_IF_ERROR(EnterGrads(group, &fresh));
     for (int m = 0; m < layer_major_; ++m) {
       RETURN_IF_ERROR(Enter(group, Part::kActs, Access::kRead, m));
       auto a = ActsForBackward(l, acquired_[group][static_cast<int>(Part::kActs)]);
       if (!a.ok()) return a.status();
-      RETURN_IF_ERROR(LayerBackward(l, *a, micro_batches_[m].dx));
+      RETURN_IF_ERROR(LayerBackward(l, *a, micro_batches_[m].dx, fresh && m == 0));
       RETURN_IF_ERROR(Leave(group, Part::kActs));
     }
     RETURN_IF_ERROR(SumOverRanks(group, /*last=*/true));

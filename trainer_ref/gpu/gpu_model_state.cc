@@ -389,7 +389,8 @@ absl::Status GpuModel::ZeroMoments(int g, size_t n, void* m, void* v) {
   return absl::OkStatus();
 }
 
-absl::Status GpuModel::EnterGrads(int group) {
+absl::Status GpuModel::EnterGrads(int group, bool* fresh) {
+  if (fresh != nullptr) *fresh = !grads_zeroed_[group];
   if (compact_) {
     if (grads_zeroed_[group]) {
       return absl::FailedPreconditionError(absl::StrFormat(
@@ -400,14 +401,36 @@ absl::Status GpuModel::EnterGrads(int group) {
     RETURN_IF_ERROR(Enter(group, Part::kGrads, Access::kOverwrite));  // written whole when the backward is done
     grads_zeroed_[group] = true;
     accumulating_group_ = group;
+    if (fresh != nullptr) return ZeroGradsBesideLinears(group, grad_acc_);
     return Cuda(cudaMemsetAsync(grad_acc_, 0, GroupCount(group) * sizeof(float), stream_), "zero grads");
   }
   if (grads_zeroed_[group]) return Enter(group, Part::kGrads, Access::kWrite);
   RETURN_IF_ERROR(Enter(group, Part::kGrads, Access::kOverwrite));
   grads_zeroed_[group] = true;
-  return Cuda(
-      cudaMemsetAsync(acquired_[group][static_cast<int>(Part::kGrads)], 0, GroupCount(group) * sizeof(float), stream_),
-      "zero grads");
+  auto* grads = static_cast<float*>(acquired_[group][static_cast<int>(Part::kGrads)]);
+  if (fresh != nullptr) return ZeroGradsBesideLinears(group, grads);
+  return Cuda(cudaMemsetAsync(grads, 0, GroupCount(group) * sizeof(float), stream_), "zero grads");
+}
+
+absl::Status GpuModel::ZeroGradsBesideLinears(int group, float* grads) {
+  // The linear maps hold nearly all of a layer's parameters: zeroing them only for the first
+  // micro-batch's GEMMs to add into would write and read them once more a step. The rest (norm
+  // weights, biases, any gap between entries, which the gradient norm also reads) gets zeros.
+  std::vector<std::pair<size_t, size_t>> linears;  // [begin, end) within the group
+  for (int k = 0; k < kLinears; ++k) {
+    const size_t e = LinearEntry(group - 1, k);
+    const size_t begin = layout_[e].offset - group_offset_[group];
+    linears.emplace_back(begin, begin + layout_[e].count);
+  }
+  std::sort(linears.begin(), linears.end());
+  size_t at = 0;
+  for (const auto& [begin, end] : linears) {
+    if (begin > at) RETURN_IF_ERROR(Cuda(cudaMemsetAsync(grads + at, 0, (begin - at) * sizeof(float), stream_), "zero grads"));
+    at = std::max(at, end);
+  }
+  const size_t count = GroupCount(group);
+  if (count > at) RETURN_IF_ERROR(Cuda(cudaMemsetAsync(grads + at, 0, (count - at) * sizeof(float), stream_), "zero grads"));
+  return absl::OkStatus();
 }
 
 Bf16* GpuModel::W(size_t entry) const {

@@ -219,18 +219,21 @@ absl::Status Fp8Linear::ForwardFromCodes(Bf16* out, Fp8Codes in, int layer, int 
 }
 
 absl::Status Fp8Linear::Backward(Bf16* din, float* dweight, const Bf16* dout, Fp8Codes in_t, int layer, int index,
-                                 const Bf16* weight, int n, int ic, int oc, cudaStream_t stream, bool accumulate_din) {
+                                 const Bf16* weight, int n, int ic, int oc, cudaStream_t stream, bool accumulate_din,
+                                 bool accumulate_dweight) {
   if (absl::Status st = CheckCall("backward", layer, index, n, ic, oc); !st.ok()) return st;
   const Fp8Codes w = din != nullptr ? WeightCodes(layer, index, weight, /*transposed=*/true, stream) : Fp8Codes{};
-  return BackwardWith(din, dweight, dout, nullptr, in_t, layer, index, w, n, ic, oc, stream, accumulate_din);
+  return BackwardWith(din, dweight, dout, nullptr, in_t, layer, index, w, n, ic, oc, stream, accumulate_din,
+                      accumulate_dweight);
 }
 
 absl::Status Fp8Linear::BackwardFromCodes(Bf16* din, float* dweight, const Bf16* dout, Fp8Codes in_t, int layer,
                                           int index, Fp8Codes weight, int n, int ic, int oc, cudaStream_t stream,
-                                          bool accumulate_din) {
+                                          bool accumulate_din, bool accumulate_dweight) {
   if (absl::Status st = CheckCall("backward", layer, index, n, ic, oc); !st.ok()) return st;
   const Fp8Codes w = din != nullptr ? TransposedCodes(layer, index, weight, stream) : Fp8Codes{};
-  return BackwardWith(din, dweight, dout, nullptr, in_t, layer, index, w, n, ic, oc, stream, accumulate_din);
+  return BackwardWith(din, dweight, dout, nullptr, in_t, layer, index, w, n, ic, oc, stream, accumulate_din,
+                      accumulate_dweight);
 }
 
 std::optional<Fp8Linear::EncodeTarget> Fp8Linear::Target(Fp8Trouble::Role role, int layer, int index,
@@ -255,7 +258,8 @@ Fp8Codes Fp8Linear::InputCodes(int layer, int index) const {
 
 absl::Status Fp8Linear::BackwardFromOutputCodes(Bf16* din, float* dweight, const uint8_t* dout_codes, Fp8Codes in_t,
                                                 int layer, int index, const Bf16* weight, Fp8Codes weight_codes, int n,
-                                                int ic, int oc, cudaStream_t stream, bool accumulate_din) {
+                                                int ic, int oc, cudaStream_t stream, bool accumulate_din,
+                                                bool accumulate_dweight) {
   if (absl::Status st = CheckCall("backward", layer, index, n, ic, oc); !st.ok()) return st;
   if (!OutputGradientTarget(layer, index).has_value()) {
     return absl::FailedPreconditionError(absl::StrFormat(
@@ -268,12 +272,13 @@ absl::Status Fp8Linear::BackwardFromOutputCodes(Bf16* din, float* dweight, const
     w = weight != nullptr ? WeightCodes(layer, index, weight, /*transposed=*/true, stream)
                           : TransposedCodes(layer, index, weight_codes, stream);
   }
-  return BackwardWith(din, dweight, nullptr, dout_codes, in_t, layer, index, w, n, ic, oc, stream, accumulate_din);
+  return BackwardWith(din, dweight, nullptr, dout_codes, in_t, layer, index, w, n, ic, oc, stream, accumulate_din,
+                      accumulate_dweight);
 }
 
 absl::Status Fp8Linear::BackwardWith(Bf16* din, float* dweight, const Bf16* dout, const uint8_t* dout_codes,
                                      Fp8Codes in_t, int layer, int index, Fp8Codes w, int n, int ic, int oc,
-                                     cudaStream_t stream, bool accumulate_din) {
+                                     cudaStream_t stream, bool accumulate_din, bool accumulate_dweight) {
   const int slot = SlotIndex(layer, Fp8Trouble::kOutputGradient, index);
   const uint8_t* plain = dout_;
   Fp8Codes d;
@@ -286,7 +291,7 @@ absl::Status Fp8Linear::BackwardWith(Bf16* din, float* dweight, const Bf16* dout
                  /*e5m2=*/true, stream);
   }
   return gemm_->BackwardFp8(din, dweight, plain, dout_t_, in_t.codes, w.codes, d.scale_inv, in_t.scale_inv, w.scale_inv,
-                            n, ic, oc, stream, accumulate_din);
+                            n, ic, oc, stream, accumulate_din, accumulate_dweight);
 }
 
 void Fp8Linear::EndStep(cudaStream_t stream) {

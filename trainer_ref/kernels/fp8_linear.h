@@ -96,10 +96,11 @@ class Fp8Linear {
   absl::Status Forward(Bf16* out, Fp8Codes in, int layer, int index, const Bf16* weight, int n, int ic, int oc,
                        cudaStream_t stream);
   // din (n, ic, bf16) += dout x W (`accumulate_din` false: =) and dweight (oc, ic, fp32) +=
-  // dout^T x in, either may be null; dout (n, oc) bf16, converted to E5M2 here; in_t from
-  // QuantizeInputTransposed.
+  // dout^T x in (`accumulate_dweight` false: =), either may be null; dout (n, oc) bf16,
+  // converted to E5M2 here; in_t from QuantizeInputTransposed.
   absl::Status Backward(Bf16* din, float* dweight, const Bf16* dout, Fp8Codes in_t, int layer, int index,
-                        const Bf16* weight, int n, int ic, int oc, cudaStream_t stream, bool accumulate_din = true);
+                        const Bf16* weight, int n, int ic, int oc, cudaStream_t stream, bool accumulate_din = true,
+                        bool accumulate_dweight = true);
   // Forward and Backward from a weight's codes made elsewhere instead of its bf16 values: E4M3,
   // (oc, ic), read back with *weight.scale_inv (the host's optimizer step writes them at
   // current scaling, fp8_codes.h, so the GPU fetches 1 byte a parameter instead of 2). The
@@ -109,7 +110,7 @@ class Fp8Linear {
                                 cudaStream_t stream);
   absl::Status BackwardFromCodes(Bf16* din, float* dweight, const Bf16* dout, Fp8Codes in_t, int layer, int index,
                                  Fp8Codes weight, int n, int ic, int oc, cudaStream_t stream,
-                                 bool accumulate_din = true);
+                                 bool accumulate_din = true, bool accumulate_dweight = true);
   // Where another kernel may write the E5M2 codes of layer `layer`'s map `index`'s output
   // gradient itself (SwiGluBackwardFp8): the scale to encode at and the step's running amax to
   // fold into (null while not recording). None while that scale comes from the tensor itself
@@ -130,7 +131,8 @@ class Fp8Linear {
   // only transposed for the weight gradient.
   absl::Status BackwardFromOutputCodes(Bf16* din, float* dweight, const uint8_t* dout_codes, Fp8Codes in_t,
                                        int layer, int index, const Bf16* weight, Fp8Codes weight_codes, int n, int ic,
-                                       int oc, cudaStream_t stream, bool accumulate_din = true);
+                                       int oc, cudaStream_t stream, bool accumulate_din = true,
+                                       bool accumulate_dweight = true);
   // The end of a training step, after its last backward is queued: each tensor's largest |x|
   // of the step goes into its history and, under delayed scaling, sets the next step's scale;
   // the weights' codes are made anew (their scales may have changed). The states come back to
@@ -175,7 +177,7 @@ class Fp8Linear {
   // dout (bf16, converted here) or dout_codes (OutputGradientTarget's) is the output gradient.
   absl::Status BackwardWith(Bf16* din, float* dweight, const Bf16* dout, const uint8_t* dout_codes, Fp8Codes in_t,
                             int layer, int index, Fp8Codes w, int n, int ic, int oc, cudaStream_t stream,
-                            bool accumulate_din);
+                            bool accumulate_din, bool accumulate_dweight);
   absl::Status CheckCall(const char* what, int layer, int index, int n, int ic, int oc) const;
   std::string StateHeader() const;
   const char* ModeName() const;  // delayed, current or fixed, as the state's header says

@@ -351,7 +351,7 @@ absl::Status Gemm::Forward(Bf16* out, const Bf16* in, const Bf16* weight, int n,
 }
 
 absl::Status Gemm::Backward(Bf16* din, float* dweight, const Bf16* dout, const Bf16* in, const Bf16* weight, int n,
-                            int ic, int oc, cudaStream_t stream, bool accumulate_din) {
+                            int ic, int oc, cudaStream_t stream, bool accumulate_din, bool accumulate_dweight) {
   if (din != nullptr) {
     // din^T (IC x N) += weight^T (IC x OC, stored so) x dout^T (OC x N, stored so).
     if (absl::Status s =
@@ -362,7 +362,11 @@ absl::Status Gemm::Backward(Bf16* din, float* dweight, const Bf16* dout, const B
   }
   if (dweight != nullptr) {
     // dweight^T (IC x OC) += in^T (IC x N, stored so) x dout (N x OC: dout^T stored, transposed).
-    if (absl::Status s = Matmul(false, true, ic, oc, n, in, ic, dout, oc, dweight, true, ic, 1.f, stream); !s.ok()) return s;
+    if (absl::Status s = Matmul(false, true, ic, oc, n, in, ic, dout, oc, dweight, true, ic,
+                                accumulate_dweight ? 1.f : 0.f, stream);
+        !s.ok()) {
+      return s;
+    }
   }
   return absl::OkStatus();
 }
@@ -385,7 +389,7 @@ absl::Status Gemm::ForwardFp8(Bf16* out, const uint8_t* in, const uint8_t* weigh
 absl::Status Gemm::BackwardFp8(Bf16* din, float* dweight, const uint8_t* dout, const uint8_t* dout_t,
                                const uint8_t* in_t, const uint8_t* weight_t, const float* dout_scale_inv,
                                const float* in_scale_inv, const float* weight_scale_inv, int n, int ic, int oc,
-                               cudaStream_t stream, bool accumulate_din) {
+                               cudaStream_t stream, bool accumulate_din, bool accumulate_dweight) {
   if (n % 16 != 0 || ic % 16 != 0 || oc % 16 != 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("an FP8 matmul needs N, IC and OC multiples of 16, not %d, %d and %d", n, ic, oc));
@@ -404,7 +408,8 @@ absl::Status Gemm::BackwardFp8(Bf16* din, float* dweight, const uint8_t* dout, c
     // dweight^T (IC x OC) += in^T x dout: A = in_t read transposed (stored N x IC column
     // major), B = dout_t (stored N x OC column major); fp32 out.
     Inputs inputs{CUDA_R_8F_E4M3, CUDA_R_8F_E5M2, in_scale_inv, dout_scale_inv};
-    if (absl::Status s = MatmulOf(inputs, true, false, ic, oc, n, in_t, n, dout_t, n, dweight, true, ic, 1.f, stream);
+    if (absl::Status s = MatmulOf(inputs, true, false, ic, oc, n, in_t, n, dout_t, n, dweight, true, ic,
+                                  accumulate_dweight ? 1.f : 0.f, stream);
         !s.ok()) {
       return s;
     }

@@ -54,9 +54,10 @@ class Gemm {
                        bool accumulate = false);
   // din (N, IC, bf16) += dout x weight (`accumulate_din` false: din = ..., the first
   // contribution, so din need not be zeroed); dweight (OC, IC, fp32: gradients accumulate over
-  // micro-batches without bf16 rounding) += dout^T x in. Either may be null.
+  // micro-batches without bf16 rounding) += dout^T x in (`accumulate_dweight` false: =, the
+  // step's first, so the gradients need no zeroing and are not read). Either may be null.
   absl::Status Backward(Bf16* din, float* dweight, const Bf16* dout, const Bf16* in, const Bf16* weight, int n, int ic,
-                        int oc, cudaStream_t stream, bool accumulate_din = true);
+                        int oc, cudaStream_t stream, bool accumulate_din = true, bool accumulate_dweight = true);
   // Forward from FP8 codes (QuantizeFp8): out (N, OC, bf16) = (in_scale_inv * in) x
   // (weight_scale_inv * weight)^T, in and weight E4M3 (or E5M2 with e5m2_in: a gradient),
   // the scale_invs device floats each in its own 16-byte-aligned slot (cuBLASLt refuses an
@@ -73,7 +74,7 @@ class Gemm {
   absl::Status BackwardFp8(Bf16* din, float* dweight, const uint8_t* dout, const uint8_t* dout_t, const uint8_t* in_t,
                            const uint8_t* weight_t, const float* dout_scale_inv, const float* in_scale_inv,
                            const float* weight_scale_inv, int n, int ic, int oc, cudaStream_t stream,
-                           bool accumulate_din = true);
+                           bool accumulate_din = true, bool accumulate_dweight = true);
 
   // Each planned shape in words: m x n x k, types, candidates timed and the gain over the
   // heuristic's first choice (for a benchmark's report).

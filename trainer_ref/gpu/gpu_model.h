@@ -477,7 +477,9 @@ class GpuModel {
   // The group's codes from its bf16 part, on the GPU (AbsMax, ScaleFromAmax, QuantizeFp8):
   // MakeWeightCodes acquires the bf16 part, EncodeWeightCodes reads it as its caller holds it.
   absl::Status MakeWeightCodes(int group);
-  absl::Status EncodeWeightCodes(int group);
+  // `amax_folded`: the optimizer step that wrote the weights left their largest |x| in
+  // weights_amax_ (GpuOptimizer::FoldsWeightsAmax), so only the codes remain to be written.
+  absl::Status EncodeWeightCodes(int group, bool amax_folded = false);
   // Whether the GPU's optimizer steps `group` and makes its codes: then nothing in the step
   // reads the group's bf16 part after the update, and the plan drops it (tierd frees it
   // unwritten and refuses to read it), so the part is the codes' scratch and whatever needs
@@ -581,6 +583,9 @@ class GpuModel {
   Bf16 *tmp_ = nullptr, *xf_ = nullptr, *logits_ = nullptr, *dlogits_ = nullptr, *dx16_ = nullptr;
   const float* dx16_holds_ = nullptr;  // whose bf16 copy dx16_ holds (LayerBackward converts others)
   float *rstd_f_ = nullptr, *losses_ = nullptr, *norm_ = nullptr;
+  // A layer's linear maps' new bf16 weights' largest |x|, as the optimizer step wrote them
+  // (GpuOptimizer::FoldsWeightsAmax), for their FP8 codes' scales: kLinears, after norm_.
+  float* weights_amax_ = nullptr;
   unsigned char* attention_scratch_ = nullptr;  // AttentionBackwardScratchBytes: delta, dS
   float* scratch_ = nullptr;        // the deterministic reductions' partial sums
   int32_t* token_index_ = nullptr;  // this micro-batch's rows grouped by token (SegmentTokens)

@@ -88,15 +88,24 @@ absl::Status GpuModel::MakeWeightCodes(int group) {
   return absl::OkStatus();
 }
 
-absl::Status GpuModel::EncodeWeightCodes(int group) {
+absl::Status GpuModel::EncodeWeightCodes(int group, bool amax_folded) {
   RETURN_IF_ERROR(Enter(group, Part::kWeightCodes, Access::kOverwrite));
   auto* base = static_cast<unsigned char*>(acquired_[group][static_cast<int>(Part::kWeightCodes)]);
+  if (amax_folded) {  // every slot's scales in one launch, no pass over the weights for them
+    Timed(kFp8Cast, [&] {
+      ScalesFromAmaxes(reinterpret_cast<float*>(base), kSlotBytes / sizeof(float), weights_amax_, kLinears,
+                       /*e5m2=*/false, stream_);
+      return 0;
+    });
+  }
   for (int k = 0; k < kLinears; ++k) {
     const size_t e = LinearEntry(group - 1, k);
     auto* slot = reinterpret_cast<float*>(base + k * kSlotBytes);
     Timed(kFp8Cast, [&] {
-      AbsMax(slot + 2, W(e), static_cast<int64_t>(layout_[e].count), stream_);
-      ScaleFromAmax(slot + 1, slot, slot + 2, /*e5m2=*/false, stream_);
+      if (!amax_folded) {
+        AbsMax(slot + 2, W(e), static_cast<int64_t>(layout_[e].count), stream_);
+        ScaleFromAmax(slot + 1, slot, slot + 2, /*e5m2=*/false, stream_);
+      }
       QuantizeFp8(base + WeightCodesOffset(config_, k), W(e), static_cast<int64_t>(layout_[e].count), slot + 1,
                   /*e5m2=*/false, stream_);
       return 0;

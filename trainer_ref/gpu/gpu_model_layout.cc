@@ -111,7 +111,7 @@ std::vector<std::pair<size_t, size_t>> GpuModel::WorkspacePlan(const ModelConfig
   const size_t head_rows = static_cast<size_t>(HeadRows(config, batch, seq, head_rows_asked));
   for (int i = 0; i < 2; ++i) plan.push_back({head_rows * v, 2});  // logits_, dlogits_
   for (int i = 0; i < 2; ++i) plan.push_back({n, 4});              // rstd_f_, losses_
-  plan.push_back({1, 4});                                          // norm_
+  plan.push_back({1 + kLinears, 4});  // norm_, then weights_amax_ (an FP8 layer's new weights' largest |x|)
   // attention_scratch_: ours' backward scratch, or room for cuDNN's workspace, which its
   // deterministic backward sizes at up to 8 times dQ in fp32 (H200, cuDNN 9.19: 2.6x at 300
   // tokens, 5x at 2 x 512, 8x at 1.3B's 2 x 2048; ChooseAttention keeps ours when it wants more).

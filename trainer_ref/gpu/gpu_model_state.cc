@@ -259,6 +259,7 @@ absl::Status GpuModel::Allocate() {
     if (!p.ok()) return p.status();
     *targets[i] = *p;
   }
+  weights_amax_ = norm_ + 1;
   micro_batches_.resize(static_cast<size_t>(layer_major_));
   for (MicroBatch& mb : micro_batches_) {
     const auto plan = MicroBatchPlan(config_, batch_, seq_);

@@ -157,6 +157,20 @@ absl::Status GpuModel::GpuAdamWGroup(int g, bool zero_grads, const std::function
   // The gradients as kept: fp32, or the compact state's bf16.
   void* grads = acquired_[g][static_cast<int>(Part::kGrads)];
   auto grads_of = [&](size_t e) { return layout_[e].offset - group_offset_[g]; };
+  // A layer reading codes: the optimizer may take its matrices' largest |x| as it writes them.
+  const bool codes = ReadsCodes(g);
+  bool amax_folded = codes;
+  std::vector<float*> amax_of(layout_.size(), nullptr);
+  if (codes) {
+    for (int k = 0; k < kLinears; ++k) {
+      const size_t e = LinearEntry(g - 1, k);
+      amax_folded = amax_folded && optimizer_->FoldsWeightsAmax(layout_[e]);
+      amax_of[e] = weights_amax_ + k;
+    }
+    if (amax_folded) {
+      RETURN_IF_ERROR(Cuda(cudaMemsetAsync(weights_amax_, 0, kLinears * sizeof(float), stream_), "zero amaxes"));
+    }
+  }
   // Chunk by chunk (sub-groups of the state): each chunk's kernels are queued as soon as
   // its parts are here, while the next chunk comes in.
   RETURN_IF_ERROR(ForEachStateChunk(
@@ -181,6 +195,7 @@ absl::Status GpuModel::GpuAdamWGroup(int g, bool zero_grads, const std::function
             u.grads = static_cast<const float*>(grads) + from;
           }
           u.params = params_for(e);
+          if (amax_folded) u.weights_amax = amax_of[e];
           RETURN_IF_ERROR(Timed(kOptimizer, [&] { return optimizer_->StepGpu(u, optimizer_scratch_, stream_); }));
           if (layout_[e].shape.size() == 1) {
             RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(N(e) + (lo - begin), master + at, (hi - lo) * sizeof(float),
@@ -191,8 +206,7 @@ absl::Status GpuModel::GpuAdamWGroup(int g, bool zero_grads, const std::function
         return absl::OkStatus();
       }));
   // A layer reading codes gets them from the new weights now, once for the step's micro-batches.
-  const bool codes = ReadsCodes(g);
-  if (codes) RETURN_IF_ERROR(EncodeWeightCodes(g));
+  if (codes) RETURN_IF_ERROR(EncodeWeightCodes(g, amax_folded));
   for (Part part : {Part::kGrads, Part::kWeights}) RETURN_IF_ERROR(Leave(g, part));
   if (codes) codes_current_[g] = 1;
   return Cuda(cudaGetLastError(), "adamw");

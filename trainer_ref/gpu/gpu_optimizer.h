@@ -30,6 +30,9 @@ struct TensorUpdate {
   void* m = nullptr;  // the state in the first part for these values (GpuModel::StateAt)
   void* v = nullptr;  // in the second part; null where the optimizer keeps none
   Bf16* weights = nullptr;  // receives the new master rounded to bf16
+  // Where FoldsWeightsAmax: the largest |x| of the bf16 weights written, folded in (AbsMax's
+  // bits; zeroed by the caller, shared by the tensor's chunks).
+  float* weights_amax = nullptr;
   const float* grads = nullptr;
   const Bf16* grads_bf16 = nullptr;
   AdamWParams params;  // the step's: learning rate, betas, decay, the clip factor, the step count
@@ -48,6 +51,9 @@ class GpuOptimizer {
   virtual bool StateAtTensorOffsets() const = 0;
   // Device floats of scratch the GPU step needs for these tensors (0: none).
   virtual int64_t ScratchFloats(const std::vector<TensorLayout>&) const { return 0; }
+  // Whether StepGpu folds the new weights' largest |x| into TensorUpdate::weights_amax for
+  // this tensor (else the caller takes it from the weights in a pass of its own).
+  virtual bool FoldsWeightsAmax(const TensorLayout&) const { return false; }
   // Queues the update on `stream`; the launch's error.
   virtual absl::Status StepGpu(const TensorUpdate& u, float* scratch, cudaStream_t stream) const = 0;
   // The same update on the host: the same bits (Adafactor's matrices: a few ulps apart).

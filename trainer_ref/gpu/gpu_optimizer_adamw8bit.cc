@@ -17,11 +17,13 @@ class AdamW8bitOptimizer final : public GpuOptimizer {
   }
   bool HasSecondPart() const override { return true; }
   bool StateAtTensorOffsets() const override { return true; }
+  bool FoldsWeightsAmax(const TensorLayout& t) const override { return EightBit(t); }
   absl::Status StepGpu(const TensorUpdate& u, float*, cudaStream_t stream) const override {
     if (!EightBit(*u.tensor)) return fp32_->StepGpu(u, nullptr, stream);
-    const cudaError_t e = u.grads_bf16 != nullptr
-                              ? AdamW8bit(u.master, u.m, u.v, u.weights, u.grads_bf16, u.count, u.params, stream)
-                              : AdamW8bit(u.master, u.m, u.v, u.weights, u.grads, u.count, u.params, stream);
+    const cudaError_t e =
+        u.grads_bf16 != nullptr
+            ? AdamW8bit(u.master, u.m, u.v, u.weights, u.grads_bf16, u.count, u.params, stream, u.weights_amax)
+            : AdamW8bit(u.master, u.m, u.v, u.weights, u.grads, u.count, u.params, stream, u.weights_amax);
     if (e != cudaSuccess) return absl::InternalError(std::string("CUDA adamw8bit: ") + cudaGetErrorString(e));
     return absl::OkStatus();
   }

@@ -199,21 +199,36 @@ __global__ void TransposeCodesKernel(uint8_t* out, const uint8_t* in, int rows, 
   }
 }
 
+// As fp8::CurrentScale: one fp32 division, and 1 for a degenerate amax.
+__device__ __forceinline__ float CurrentScaleOf(float amax, float max_finite) {
+  float s = 1.0f;
+  if (amax > 0 && isfinite(amax)) {
+    const float q = __fdiv_rn(max_finite, amax);
+    if (isfinite(q)) s = q;
+  }
+  return s;
+}
+
 __global__ void ScaleFromAmaxKernel(float* scale, float* scale_inv, const float* amax, float max_finite,
                                     float* running_amax) {
-  // As fp8::CurrentScale: one fp32 division, and 1 for a degenerate amax.
   const float a = *amax;
   if (running_amax != nullptr) {  // as the bits of |x| order (NaN above infinity), as WarpAmax's
     auto* bits = reinterpret_cast<unsigned int*>(running_amax);
     *bits = max(*bits, __float_as_uint(a));
   }
-  float s = 1.0f;
-  if (a > 0 && isfinite(a)) {
-    const float q = __fdiv_rn(max_finite, a);
-    if (isfinite(q)) s = q;
-  }
+  const float s = CurrentScaleOf(a, max_finite);
   *scale = s;
   *scale_inv = __fdiv_rn(1.0f, s);
+}
+
+__global__ void ScalesFromAmaxesKernel(float* slots, int stride, const float* amax, int count, float max_finite) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= count) return;
+  const float a = amax[t], s = CurrentScaleOf(a, max_finite);
+  float* slot = slots + static_cast<int64_t>(t) * stride;
+  slot[0] = __fdiv_rn(1.0f, s);
+  slot[1] = s;
+  slot[2] = a;
 }
 
 // One thread a tensor: fp8::DelayedScaling::Record's arithmetic, step for step (the same fp32
@@ -263,6 +278,12 @@ void UpdateDelayedScaling(float* slots, float* history, Fp8ScalingState* states,
 void ScaleFromAmax(float* scale, float* scale_inv, const float* amax, bool e5m2, cudaStream_t stream,
                    float* running_amax) {
   ScaleFromAmaxKernel<<<1, 1, 0, stream>>>(scale, scale_inv, amax, e5m2 ? 57344.0f : 448.0f, running_amax);
+}
+
+void ScalesFromAmaxes(float* slots, int stride, const float* amax, int count, bool e5m2, cudaStream_t stream) {
+  if (count <= 0) return;
+  ScalesFromAmaxesKernel<<<(count + 127) / 128, 128, 0, stream>>>(slots, stride, amax, count,
+                                                                  e5m2 ? 57344.0f : 448.0f);
 }
 
 void QuantizeFp8Transposed(uint8_t* out, const Bf16* in, int rows, int cols, const float* scale, bool e5m2,

@@ -21,6 +21,9 @@ void AbsMax(float* amax, const Bf16* in, int64_t n, cudaStream_t stream);
 // `running_amax`, *amax is also folded into it (a step's running amax, as QuantizeFp8 folds).
 void ScaleFromAmax(float* scale, float* scale_inv, const float* amax, bool e5m2, cudaStream_t stream,
                    float* running_amax = nullptr);
+// The same for `count` tensors in one launch: slot t, at slots + t * stride floats, gets
+// {scale_inv, scale, amax} from amax[t] (E4M3, or E5M2 with `e5m2`).
+void ScalesFromAmaxes(float* slots, int stride, const float* amax, int count, bool e5m2, cudaStream_t stream);
 // out[i] = the FP8 code of in[i] * *scale (round to nearest even, saturating to the largest
 // finite value, NaN kept): E4M3, or E5M2 with `e5m2`. With `amax`, the input's largest |x| is
 // taken from the same reads and folded into *amax (max with what is there: a step's running

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -464,6 +465,21 @@ TEST(Fp8OpsTest, ScaleFromAmaxMatchesTheCpuReference) {
       if ((got[1] != want || got[0] != 1.0f / want) && off++ < 5) {
         ADD_FAILURE() << fp8::FormatName(format) << " amax " << amax << ": gpu scale " << got[1] << " inverse "
                       << got[0] << ", cpu " << want << " and " << 1.0f / want;
+      }
+    }
+    // ScalesFromAmaxes: every amax at once, each into a slot of 4 floats {scale_inv, scale, amax}.
+    const int count = static_cast<int>(amaxes.size());
+    Device<float> d_amaxes(amaxes), slots{std::vector<float>(4 * count, -1.f)};
+    ScalesFromAmaxes(slots.get(), 4, d_amaxes.get(), count, e5m2, nullptr);
+    const std::vector<float> got = slots.Host();
+    for (int t = 0; t < count; ++t) {
+      const float want = fp8::CurrentScale(amaxes[t], format);
+      const bool same_amax = std::memcmp(&got[4 * t + 2], &amaxes[t], sizeof(float)) == 0;
+      if ((got[4 * t + 1] != want || got[4 * t] != 1.0f / want || !same_amax || got[4 * t + 3] != -1.f) &&
+          off++ < 5) {
+        ADD_FAILURE() << fp8::FormatName(format) << " slot " << t << " amax " << amaxes[t] << ": gpu {" << got[4 * t]
+                      << ", " << got[4 * t + 1] << ", " << got[4 * t + 2] << ", " << got[4 * t + 3] << "}, cpu scale "
+                      << want;
       }
     }
   }

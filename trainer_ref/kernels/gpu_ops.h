@@ -180,11 +180,14 @@ void InitConstant(float* master, Bf16* weights, int64_t count, float value, cuda
 
 // The same with 8-bit blockwise moments (trainer_ref/adamw8bit.h: m_bytes and v_bytes of
 // Moment8bitBytes(n) each, on the device): the host's HostAdamW8bit arithmetic, the same
-// bits. The returned error is the launch's.
+// bits. The returned error is the launch's. With `weights_amax` (and weights), the largest |x|
+// of the bf16 weights written is folded into it (its bits' max, as AbsMax: the caller zeroes
+// it), so FP8 codes of the new weights need no pass of their own to find their scale.
 cudaError_t AdamW8bit(float* master, void* m_bytes, void* v_bytes, Bf16* weights, const float* grads, int64_t n,
-                      const AdamWParams& p, cudaStream_t stream);
+                      const AdamWParams& p, cudaStream_t stream, float* weights_amax = nullptr);
 cudaError_t AdamW8bit(float* master, void* m_bytes, void* v_bytes, Bf16* weights, const Bf16* grads, int64_t n,
-                      const AdamWParams& p, cudaStream_t stream);  // bf16 gradients, as AdamW's
+                      const AdamWParams& p, cudaStream_t stream,
+                      float* weights_amax = nullptr);  // bf16 gradients, as AdamW's
 // How AdamW8bit finds each new code, the same codes either way: "table" (the host's table of
 // 2^17 entries a map, 1 MiB for both in device memory, read once a value: q8::CodeByTable; the
 // default, 1.66x the search's rate on the H200) or "search" (a binary search over the 255

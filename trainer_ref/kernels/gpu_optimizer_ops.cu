@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(32 * kQ8BlocksPerCta)
     AdamW8bitKernel(float* __restrict__ master, uint8_t* __restrict__ m_codes, float* __restrict__ m_absmax,
                     uint8_t* __restrict__ v_codes, float* __restrict__ v_absmax, Bf16* __restrict__ weights,
                     const G* __restrict__ grads, int64_t n, q8::ElementStep step, const int32_t* __restrict__ m_table,
-                    const int32_t* __restrict__ v_table) {
+                    const int32_t* __restrict__ v_table, unsigned int* weights_amax) {
   __shared__ float signed_map[q8::kCodes], unsigned_map[q8::kCodes];
   __shared__ float signed_t[kByTable ? 1 : q8::kCodes - 1], unsigned_t[kByTable ? 1 : q8::kCodes - 1];
   for (int i = threadIdx.x; i < q8::kCodes; i += blockDim.x) {
@@ -134,6 +134,12 @@ __global__ void __launch_bounds__(32 * kQ8BlocksPerCta)
     new_v[j] = vi;
     most_m = max(most_m, q8::MagnitudeBits(mi));
     most_v = max(most_v, q8::MagnitudeBits(vi));
+  }
+  if (weights_amax != nullptr) {  // the largest |x| of the bf16 weights written (values past the end are 0)
+    unsigned int most_w = 0;
+#pragma unroll
+    for (int j = 0; j < kQ8PerLane; ++j) most_w = max(most_w, __float_as_uint(fabsf(RoundedToBf16(w[j]))));
+    WarpAmax(weights_amax, most_w);
   }
   for (int o = 16; o > 0; o >>= 1) {  // every lane has read the old absmax before the shuffles
     most_m = max(most_m, __shfl_xor_sync(0xffffffffu, most_m, o));
@@ -269,7 +275,7 @@ CodeTables DeviceCodeTables() {
 
 template <typename G>
 cudaError_t LaunchAdamW8bit(float* master, void* m_bytes, void* v_bytes, Bf16* weights, const G* grads, int64_t n,
-                            const AdamWParams& p, cudaStream_t stream) {
+                            const AdamWParams& p, cudaStream_t stream, float* weights_amax) {
   static const cudaError_t maps = [] {  // the maps, once per process
     cudaError_t e = cudaMemcpyToSymbol(kSignedMap, DynamicMap(true).data(), sizeof(float) * q8::kCodes);
     if (e == cudaSuccess) e = cudaMemcpyToSymbol(kUnsignedMap, DynamicMap(false).data(), sizeof(float) * q8::kCodes);
@@ -288,7 +294,8 @@ cudaError_t LaunchAdamW8bit(float* master, void* m_bytes, void* v_bytes, Bf16* w
   const q8::ElementStep step = ElementStepFor(p);
   auto launch = [&](auto kernel, const int32_t* m_table, const int32_t* v_table) {
     kernel<<<grid, 32 * kQ8BlocksPerCta, 0, stream>>>(master, m.codes, m.absmax, v.codes, v.absmax, weights, grads, n,
-                                                      step, m_table, v_table);
+                                                      step, m_table, v_table,
+                                                      reinterpret_cast<unsigned int*>(weights_amax));
   };
   if (code_path.load(std::memory_order_relaxed) == kByTablePath) {
     auto tables = DeviceCodeTables();
@@ -349,13 +356,13 @@ const char* UseGpuCodePath(const std::string& want) {
 }
 
 cudaError_t AdamW8bit(float* master, void* m_bytes, void* v_bytes, Bf16* weights, const float* grads, int64_t n,
-                      const AdamWParams& p, cudaStream_t stream) {
-  return LaunchAdamW8bit(master, m_bytes, v_bytes, weights, grads, n, p, stream);
+                      const AdamWParams& p, cudaStream_t stream, float* weights_amax) {
+  return LaunchAdamW8bit(master, m_bytes, v_bytes, weights, grads, n, p, stream, weights_amax);
 }
 
 cudaError_t AdamW8bit(float* master, void* m_bytes, void* v_bytes, Bf16* weights, const Bf16* grads, int64_t n,
-                      const AdamWParams& p, cudaStream_t stream) {
-  return LaunchAdamW8bit(master, m_bytes, v_bytes, weights, grads, n, p, stream);
+                      const AdamWParams& p, cudaStream_t stream, float* weights_amax) {
+  return LaunchAdamW8bit(master, m_bytes, v_bytes, weights, grads, n, p, stream, weights_amax);
 }
 
 }  // namespace tierd::trainer::gpu

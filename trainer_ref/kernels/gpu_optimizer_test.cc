@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <string>
@@ -277,14 +278,28 @@ void AdamW8bitAgainstTheHost(int shift) {
   AdamWParams p;
   p.lr = 3e-3f;
   p.grad_scale = 0.5f;
+  // Steps 2 and 3 also fold the new bf16 weights' largest |x| into an amax: step 2's from
+  // zero, step 3's into a larger value already there, which must stay.
+  const float larger = 1e9f;
+  Device<float> d_amax{std::vector<float>{0.f}};
   for (int step = 1; step <= 3; ++step) {
     p.step = step;
     p.decay = step != 2;
+    if (step == 3) ASSERT_EQ(cudaMemcpy(d_amax.get(), &larger, sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
     ASSERT_EQ(AdamW8bit(d_master.get() + shift, d_m.get(), d_v.get(), d_weights.get() + shift, d_grads.get() + shift,
-                        n, p, nullptr),
+                        n, p, nullptr, step >= 2 ? d_amax.get() : nullptr),
               cudaSuccess);
     HostAdamW8bit(master.data(), m.data(), v.data(), weights.data(), grads.data(), n, p);
+    if (step == 2) {  // the host's: |x| of each bf16 value as a float's bits, their max
+      uint32_t most = 0;
+      for (uint16_t bits : weights) most = std::max<uint32_t>(most, static_cast<uint32_t>(bits & 0x7fffu) << 16);
+      float want = 0;
+      std::memcpy(&want, &most, sizeof(want));
+      ASSERT_GT(want, 0.f);
+      EXPECT_EQ(d_amax.Host()[0], want) << "the folded amax is not the new weights' largest |x|";
+    }
   }
+  EXPECT_EQ(d_amax.Host()[0], larger) << "folding lowered an amax already there";
   EXPECT_EQ(d_master.Host(), shifted(master));
   EXPECT_EQ(d_m.Host(), m);
   EXPECT_EQ(d_v.Host(), v);

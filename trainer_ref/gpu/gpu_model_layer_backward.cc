@@ -58,23 +58,31 @@ absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx, bool fresh
     to_up = fp8->OutputGradientTarget(l, kLinearUp);
   }
   if (to_gate.has_value() && to_up.has_value()) {
+    // The codes (n, f) in the first half of each bf16 buffer, and where the shape allows, the
+    // same transposed (f, n) in the second: what the weight gradients read.
     auto* dg8 = reinterpret_cast<uint8_t*>(dg_);
     auto* du8 = reinterpret_cast<uint8_t*>(du_);
+    const int64_t nf = static_cast<int64_t>(n) * f;
+    uint8_t *dg8_t = dg8 + nf, *du8_t = du8 + nf;
     Timed(kElementwise, [&] {
-      SwiGluBackwardFp8(dg8, du8, ds_, a.g, a.u, static_cast<int64_t>(n) * f, to_gate->scale, to_up->scale,
-                        to_gate->amax, to_up->amax, stream_);
+      if (!SwiGluBackwardFp8Transposed(dg8, du8, dg8_t, du8_t, ds_, a.g, a.u, n, f, to_gate->scale, to_up->scale,
+                                       to_gate->amax, to_up->amax, stream_)) {
+        SwiGluBackwardFp8(dg8, du8, ds_, a.g, a.u, nf, to_gate->scale, to_up->scale, to_gate->amax, to_up->amax,
+                          stream_);
+        dg8_t = du8_t = nullptr;
+      }
       return 0;
     });
     cast(a.h2, kLinearGate, c);
-    auto from_codes = [&](const uint8_t* dout8, size_t e, LinearIndex k, bool first) {
+    auto from_codes = [&](const uint8_t* dout8, const uint8_t* dout8_t, size_t e, LinearIndex k, bool first) {
       return TimedFlops(kGemm, 4.0 * n * c * f, [&] {
         return fp8->BackwardFromOutputCodes(dh_, G(e), dout8, in8_t, l, k, codes ? nullptr : W(e),
                                             codes ? CodesOf(l, k) : Fp8Codes{}, n, c, f, stream_, !first,
-                                            !fresh_grads);
+                                            !fresh_grads, dout8_t);
       });
     };
-    RETURN_IF_ERROR(from_codes(dg8, w.w1, kLinearGate, /*first=*/true));
-    RETURN_IF_ERROR(from_codes(du8, w.w3, kLinearUp, /*first=*/false));
+    RETURN_IF_ERROR(from_codes(dg8, dg8_t, w.w1, kLinearGate, /*first=*/true));
+    RETURN_IF_ERROR(from_codes(du8, du8_t, w.w3, kLinearUp, /*first=*/false));
   } else {
     Timed(kElementwise, [&] {
       SwiGluBackward(dg_, du_, ds_, a.g, a.u, n, f, stream_);
@@ -110,9 +118,31 @@ absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx, bool fresh
     SumKvHeadGroups(dv_, dv_full_, n, h, kvh, d, stream_);
     return absl::OkStatus();
   }));
+  // Under delayed scaling (no biases to take from the turned gradients) RoPE's backward of dq
+  // and dk writes their E5M2 codes, plain and transposed, into the MLP's gradient rooms (free
+  // by now), instead of turning the bf16 tensors for the conversions to read again.
+  struct RopedCodes {
+    uint8_t *plain = nullptr, *transposed = nullptr;
+  } q8, k8;
+  if (fp8 != nullptr && !config_.qkv_bias && static_cast<int64_t>(qd) <= f && static_cast<int64_t>(kd) <= f) {
+    const auto to_q = fp8->OutputGradientTarget(l, kLinearQ), to_k = fp8->OutputGradientTarget(l, kLinearK);
+    auto* q_room = reinterpret_cast<uint8_t*>(dg_);
+    auto* k_room = reinterpret_cast<uint8_t*>(du_);
+    Timed(kElementwise, [&] {
+      if (to_q.has_value() && RopeBackwardFp8Transposed(q_room, q_room + static_cast<int64_t>(n) * qd, dq_, batch_,
+                                                        seq_, h, d, rope_, to_q->scale, true, to_q->amax, stream_)) {
+        q8 = {q_room, q_room + static_cast<int64_t>(n) * qd};
+      }
+      if (to_k.has_value() && RopeBackwardFp8Transposed(k_room, k_room + static_cast<int64_t>(n) * kd, dk_, batch_,
+                                                        seq_, kvh, d, rope_, to_k->scale, true, to_k->amax, stream_)) {
+        k8 = {k_room, k_room + static_cast<int64_t>(n) * kd};
+      }
+      return 0;
+    });
+  }
   Timed(kElementwise, [&] {
-    RopeBackward(dq_, batch_, seq_, h, d, rope_, stream_);
-    RopeBackward(dk_, batch_, seq_, kvh, d, rope_, stream_);
+    if (q8.plain == nullptr) RopeBackward(dq_, batch_, seq_, h, d, rope_, stream_);
+    if (k8.plain == nullptr) RopeBackward(dk_, batch_, seq_, kvh, d, rope_, stream_);
     if (config_.qkv_bias) {
       BiasBackward(G(w.bq), dq_, n, qd, scratch_, stream_);
       BiasBackward(G(w.bk), dk_, n, kd, scratch_, stream_);
@@ -121,8 +151,16 @@ absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx, bool fresh
     return 0;
   });
   cast(a.h1, kLinearQ, c);
-  RETURN_IF_ERROR(linear(dh_, dq_, a.h1, w.wq, kLinearQ, c, qd, /*first=*/true));
-  RETURN_IF_ERROR(linear(dh_, dk_, a.h1, w.wk, kLinearK, c, kd, /*first=*/false));
+  auto roped = [&](const RopedCodes& codes8, const Bf16* dout, size_t e, LinearIndex k, int oc, bool first) {
+    if (codes8.plain == nullptr) return linear(dh_, dout, a.h1, e, k, c, oc, first);
+    return TimedFlops(kGemm, 4.0 * n * c * oc, [&] {
+      return fp8->BackwardFromOutputCodes(dh_, G(e), codes8.plain, in8_t, l, k, codes ? nullptr : W(e),
+                                          codes ? CodesOf(l, k) : Fp8Codes{}, n, c, oc, stream_, !first, !fresh_grads,
+                                          codes8.transposed);
+    });
+  };
+  RETURN_IF_ERROR(roped(q8, dq_, w.wq, kLinearQ, qd, /*first=*/true));
+  RETURN_IF_ERROR(roped(k8, dk_, w.wk, kLinearK, kd, /*first=*/false));
   RETURN_IF_ERROR(linear(dh_, dv_, a.h1, w.wv, kLinearV, c, kd, /*first=*/false));
   Timed(kElementwise, [&] {  // dx16_ = dx in bf16 too, for the layer below
     RmsNormBackward(dx, G(w.attn_norm), dh_, a.x_in, N(w.attn_norm), a.rstd1, n, c, scratch_, stream_, dx16_);

@@ -259,7 +259,7 @@ Fp8Codes Fp8Linear::InputCodes(int layer, int index) const {
 absl::Status Fp8Linear::BackwardFromOutputCodes(Bf16* din, float* dweight, const uint8_t* dout_codes, Fp8Codes in_t,
                                                 int layer, int index, const Bf16* weight, Fp8Codes weight_codes, int n,
                                                 int ic, int oc, cudaStream_t stream, bool accumulate_din,
-                                                bool accumulate_dweight) {
+                                                bool accumulate_dweight, const uint8_t* dout_codes_t) {
   if (absl::Status st = CheckCall("backward", layer, index, n, ic, oc); !st.ok()) return st;
   if (!OutputGradientTarget(layer, index).has_value()) {
     return absl::FailedPreconditionError(absl::StrFormat(
@@ -273,24 +273,30 @@ absl::Status Fp8Linear::BackwardFromOutputCodes(Bf16* din, float* dweight, const
                           : TransposedCodes(layer, index, weight_codes, stream);
   }
   return BackwardWith(din, dweight, nullptr, dout_codes, in_t, layer, index, w, n, ic, oc, stream, accumulate_din,
-                      accumulate_dweight);
+                      accumulate_dweight, dout_codes_t);
 }
 
 absl::Status Fp8Linear::BackwardWith(Bf16* din, float* dweight, const Bf16* dout, const uint8_t* dout_codes,
                                      Fp8Codes in_t, int layer, int index, Fp8Codes w, int n, int ic, int oc,
-                                     cudaStream_t stream, bool accumulate_din, bool accumulate_dweight) {
+                                     cudaStream_t stream, bool accumulate_din, bool accumulate_dweight,
+                                     const uint8_t* dout_codes_t) {
   const int slot = SlotIndex(layer, Fp8Trouble::kOutputGradient, index);
   const uint8_t* plain = dout_;
+  const uint8_t* transposed = dout_t_;
   Fp8Codes d;
   if (dout_codes != nullptr) {  // made at the slot's scale, its amax recorded by their maker
-    if (dweight != nullptr) TransposeFp8(dout_t_, dout_codes, n, oc, stream);
+    if (dout_codes_t != nullptr) {
+      transposed = dout_codes_t;
+    } else if (dweight != nullptr) {
+      TransposeFp8(dout_t_, dout_codes, n, oc, stream);
+    }
     plain = dout_codes;
     d = {dout_codes, Slot(slot)};
   } else {
     d = Quantize(din != nullptr ? dout_ : nullptr, dweight != nullptr ? dout_t_ : nullptr, slot, dout, n, oc,
                  /*e5m2=*/true, stream);
   }
-  return gemm_->BackwardFp8(din, dweight, plain, dout_t_, in_t.codes, w.codes, d.scale_inv, in_t.scale_inv, w.scale_inv,
+  return gemm_->BackwardFp8(din, dweight, plain, transposed, in_t.codes, w.codes, d.scale_inv, in_t.scale_inv, w.scale_inv,
                             n, ic, oc, stream, accumulate_din, accumulate_dweight);
 }
 

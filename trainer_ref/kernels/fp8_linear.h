@@ -128,11 +128,12 @@ class Fp8Linear {
   Fp8Codes InputCodes(int layer, int index) const;
   // Backward (weight: bf16) or BackwardFromCodes (weight.codes) from output-gradient codes
   // made at OutputGradientTarget's scale, dout_codes (n, oc): no conversion here, the codes
-  // only transposed for the weight gradient.
+  // only transposed for the weight gradient, unless their maker wrote them transposed too
+  // (dout_codes_t, (oc, n)).
   absl::Status BackwardFromOutputCodes(Bf16* din, float* dweight, const uint8_t* dout_codes, Fp8Codes in_t,
                                        int layer, int index, const Bf16* weight, Fp8Codes weight_codes, int n, int ic,
                                        int oc, cudaStream_t stream, bool accumulate_din = true,
-                                       bool accumulate_dweight = true);
+                                       bool accumulate_dweight = true, const uint8_t* dout_codes_t = nullptr);
   // The end of a training step, after its last backward is queued: each tensor's largest |x|
   // of the step goes into its history and, under delayed scaling, sets the next step's scale;
   // the weights' codes are made anew (their scales may have changed). The states come back to
@@ -177,7 +178,7 @@ class Fp8Linear {
   // dout (bf16, converted here) or dout_codes (OutputGradientTarget's) is the output gradient.
   absl::Status BackwardWith(Bf16* din, float* dweight, const Bf16* dout, const uint8_t* dout_codes, Fp8Codes in_t,
                             int layer, int index, Fp8Codes w, int n, int ic, int oc, cudaStream_t stream,
-                            bool accumulate_din, bool accumulate_dweight);
+                            bool accumulate_din, bool accumulate_dweight, const uint8_t* dout_codes_t = nullptr);
   absl::Status CheckCall(const char* what, int layer, int index, int n, int ic, int oc) const;
   std::string StateHeader() const;
   const char* ModeName() const;  // delayed, current or fixed, as the state's header says

@@ -110,10 +110,26 @@ __global__ void SwiGluBackwardFp8Kernel(uint8_t* dgate, uint8_t* dup, const Bf16
   WarpAmax(amax_up, most_u);
 }
 
+constexpr int kBigTile = 64, kBigThreads = 256;
+
+// A 64 x 64 tile's transposed codes from `tile` (codes of rows r0.., columns c0.., four a word):
+// out (cols, rows), 16 bytes a store.
+__device__ __forceinline__ void StoreTileTransposed(uint8_t* out, const uint32_t (*tile)[kBigTile / 4 + 1], int r0,
+                                                    int c0, int rows) {
+  for (int v = threadIdx.x; v < kBigTile * kBigTile / 16; v += kBigThreads) {
+    const int c = v / 4, r = (v % 4) * 16;  // output row c0 + c, its bytes r0 + r .. + 15
+    uint32_t w[4] = {0, 0, 0, 0};
+    for (int k = 0; k < 16; ++k) {
+      const uint32_t byte = (tile[r + k][c / 4] >> (8 * (c % 4))) & 0xffu;
+      w[k / 4] |= byte << (8 * (k % 4));
+    }
+    *reinterpret_cast<uint4*>(out + int64_t{c0 + c} * rows + r0 + r) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
 // The transposing conversion for matrices of 64 x 64 tiles (every model shape): 16-byte loads
 // of eight values, the codes through shared memory, 16-byte stores of sixteen codes of an
 // output row; the plain codes, when asked for, as 8-byte stores from the loads.
-constexpr int kBigTile = 64, kBigThreads = 256;
 __global__ void QuantizeTransposed64Kernel(uint8_t* out, uint8_t* plain, const Bf16* in, int rows, int cols,
                                            const float* scale, bool e5m2, unsigned int* amax_bits) {
   __shared__ uint32_t tile[kBigTile][kBigTile / 4 + 1];  // [row][4 columns], padded against bank conflicts
@@ -131,16 +147,85 @@ __global__ void QuantizeTransposed64Kernel(uint8_t* out, uint8_t* plain, const B
     if (plain != nullptr) *reinterpret_cast<uint2*>(plain + at) = codes;
   }
   __syncthreads();
-  for (int v = threadIdx.x; v < kBigTile * kBigTile / 16; v += kBigThreads) {
-    const int c = v / 4, r = (v % 4) * 16;  // output row c0 + c, its bytes r0 + r .. + 15
-    uint32_t w[4] = {0, 0, 0, 0};
-    for (int k = 0; k < 16; ++k) {
-      const uint32_t byte = (tile[r + k][c / 4] >> (8 * (c % 4))) & 0xffu;
-      w[k / 4] |= byte << (8 * (k % 4));
-    }
-    *reinterpret_cast<uint4*>(out + int64_t{c0 + c} * rows + r0 + r) = make_uint4(w[0], w[1], w[2], w[3]);
-  }
+  StoreTileTransposed(out, tile, r0, c0, rows);
   WarpAmax(amax_bits, mine);
+}
+
+// RoPE's backward (RopeKernel with sign -1) of a 64 x 64 tile of (B*T, H*D), its values rounded
+// to bf16 as RopeBackward stores them, straight to codes, plain and transposed.
+__global__ void RopeBackwardFp8Transposed64Kernel(uint8_t* plain, uint8_t* out, const Bf16* dx, int rows, int cols,
+                                                  int t, int d, RopeFrequencies freq, const float* scale, bool e5m2,
+                                                  unsigned int* amax_bits) {
+  __shared__ uint32_t tile[kBigTile][kBigTile / 4 + 1];
+  const float s = *scale;
+  const int c0 = blockIdx.x * kBigTile, r0 = blockIdx.y * kBigTile;
+  unsigned int mine = 0;
+  for (int v = threadIdx.x; v < kBigTile * kBigTile / 8; v += kBigThreads) {
+    const int r = v / 8, c = (v % 8) * 8;
+    const int64_t at = int64_t{r0 + r} * cols + c0 + c;
+    const int pos = (r0 + r) % t, i0 = ((c0 + c) % d) / 2;
+    float x[8];
+    Load8(dx + at, x);
+    uint32_t codes[2] = {0, 0};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float cs, sn, y0, y1;
+      RopeTrig(pos, freq.inv_freq[i0 + e], -1.f, cs, sn);
+      RotatePair(x[2 * e], x[2 * e + 1], cs, sn, y0, y1);
+      y0 = RoundedToBf16(y0);
+      y1 = RoundedToBf16(y1);
+      mine = max(mine, max(__float_as_uint(fabsf(y0)), __float_as_uint(fabsf(y1))));
+      codes[e / 2] |= (uint32_t{Fp8(y0, s, e5m2)} | uint32_t{Fp8(y1, s, e5m2)} << 8) << (16 * (e % 2));
+    }
+    *reinterpret_cast<uint2*>(plain + at) = make_uint2(codes[0], codes[1]);
+    tile[r][c / 4] = codes[0];
+    tile[r][c / 4 + 1] = codes[1];
+  }
+  __syncthreads();
+  StoreTileTransposed(out, tile, r0, c0, rows);
+  WarpAmax(amax_bits, mine);
+}
+
+// SwiGluBackwardFp8Kernel's values and codes for a 64 x 64 tile, plain and transposed.
+__global__ void SwiGluBackwardFp8Transposed64Kernel(uint8_t* dgate, uint8_t* dup, uint8_t* dgate_t, uint8_t* dup_t,
+                                                    const Bf16* dout, const Bf16* gate, const Bf16* up, int rows,
+                                                    int cols, const float* scale_gate, const float* scale_up,
+                                                    unsigned int* amax_gate, unsigned int* amax_up) {
+  __shared__ uint32_t tile_g[kBigTile][kBigTile / 4 + 1], tile_u[kBigTile][kBigTile / 4 + 1];
+  const float sg = *scale_gate, su = *scale_up;
+  const int c0 = blockIdx.x * kBigTile, r0 = blockIdx.y * kBigTile;
+  unsigned int most_g = 0, most_u = 0;
+  for (int v = threadIdx.x; v < kBigTile * kBigTile / 8; v += kBigThreads) {
+    const int r = v / 8, c = (v % 8) * 8;
+    const int64_t at = int64_t{r0 + r} * cols + c0 + c;
+    float g[8], u[8], dy[8];
+    Load8(gate + at, g);
+    Load8(up + at, u);
+    Load8(dout + at, dy);
+    uint32_t codes_g[2] = {0, 0}, codes_u[2] = {0, 0};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      float dg, du;
+      SwiGluGrads(g[e], u[e], dy[e], dg, du);
+      dg = RoundedToBf16(dg);
+      du = RoundedToBf16(du);
+      most_g = max(most_g, __float_as_uint(fabsf(dg)));
+      most_u = max(most_u, __float_as_uint(fabsf(du)));
+      codes_g[e / 4] |= uint32_t{Fp8(dg, sg, true)} << (8 * (e % 4));
+      codes_u[e / 4] |= uint32_t{Fp8(du, su, true)} << (8 * (e % 4));
+    }
+    *reinterpret_cast<uint2*>(dgate + at) = make_uint2(codes_g[0], codes_g[1]);
+    *reinterpret_cast<uint2*>(dup + at) = make_uint2(codes_u[0], codes_u[1]);
+    tile_g[r][c / 4] = codes_g[0];
+    tile_g[r][c / 4 + 1] = codes_g[1];
+    tile_u[r][c / 4] = codes_u[0];
+    tile_u[r][c / 4 + 1] = codes_u[1];
+  }
+  __syncthreads();
+  StoreTileTransposed(dgate_t, tile_g, r0, c0, rows);
+  StoreTileTransposed(dup_t, tile_u, r0, c0, rows);
+  WarpAmax(amax_gate, most_g);
+  WarpAmax(amax_up, most_u);
 }
 
 // 32 x 32 tiles through shared memory: reads and writes both along rows. With `plain`, the
@@ -299,6 +384,39 @@ void QuantizeFp8Transposed(uint8_t* out, const Bf16* in, int rows, int cols, con
   }
   const dim3 grid((cols + kTile - 1) / kTile, (rows + kTile - 1) / kTile), block(kTile, 8);
   QuantizeTransposedKernel<<<grid, block, 0, stream>>>(out, plain, in, rows, cols, scale, e5m2, amax_bits);
+}
+
+bool SwiGluBackwardFp8Transposed(uint8_t* dgate, uint8_t* dup, uint8_t* dgate_t, uint8_t* dup_t, const Bf16* dout,
+                                 const Bf16* gate, const Bf16* up, int rows, int cols, const float* scale_gate,
+                                 const float* scale_up, float* amax_gate, float* amax_up, cudaStream_t stream) {
+  const auto aligned = [](const void* p, uintptr_t to) { return reinterpret_cast<uintptr_t>(p) % to == 0; };
+  if (rows <= 0 || cols <= 0 || rows % kBigTile != 0 || cols % kBigTile != 0 || !aligned(dout, 16) ||
+      !aligned(gate, 16) || !aligned(up, 16) || !aligned(dgate, 8) || !aligned(dup, 8) || !aligned(dgate_t, 16) ||
+      !aligned(dup_t, 16)) {
+    return false;
+  }
+  const dim3 grid(cols / kBigTile, rows / kBigTile);
+  SwiGluBackwardFp8Transposed64Kernel<<<grid, kBigThreads, 0, stream>>>(
+      dgate, dup, dgate_t, dup_t, dout, gate, up, rows, cols, scale_gate, scale_up,
+      reinterpret_cast<unsigned int*>(amax_gate), reinterpret_cast<unsigned int*>(amax_up));
+  return true;
+}
+
+bool RopeBackwardFp8Transposed(uint8_t* plain, uint8_t* transposed, const Bf16* dx, int b, int t, int h, int d,
+                               const RopeFrequencies& freq, const float* scale, bool e5m2, float* amax,
+                               cudaStream_t stream) {
+  const int64_t rows = int64_t{b} * t, cols = int64_t{h} * d;
+  const auto aligned = [](const void* p, uintptr_t to) { return reinterpret_cast<uintptr_t>(p) % to == 0; };
+  if (rows <= 0 || cols <= 0 || rows % kBigTile != 0 || cols % kBigTile != 0 || rows > INT32_MAX ||
+      cols > INT32_MAX || d % 8 != 0 || d / 2 > RopeFrequencies::kMaxPairs || !aligned(dx, 16) || !aligned(plain, 8) ||
+      !aligned(transposed, 16)) {
+    return false;
+  }
+  const dim3 grid(static_cast<unsigned>(cols / kBigTile), static_cast<unsigned>(rows / kBigTile));
+  RopeBackwardFp8Transposed64Kernel<<<grid, kBigThreads, 0, stream>>>(plain, transposed, dx, static_cast<int>(rows),
+                                                                      static_cast<int>(cols), t, d, freq, scale, e5m2,
+                                                                      reinterpret_cast<unsigned int*>(amax));
+  return true;
 }
 
 void TransposeFp8(uint8_t* out, const uint8_t* in, int rows, int cols, cudaStream_t stream) {

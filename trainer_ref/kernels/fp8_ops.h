@@ -45,6 +45,23 @@ void QuantizeFp8Transposed(uint8_t* out, const Bf16* in, int rows, int cols, con
 void SwiGluBackwardFp8(uint8_t* dgate, uint8_t* dup, const Bf16* dout, const Bf16* gate, const Bf16* up, int64_t count,
                        const float* scale_gate, const float* scale_up, float* amax_gate, float* amax_up,
                        cudaStream_t stream);
+// The same over (rows, cols), also writing both gradients' codes transposed, (cols, rows) into
+// dgate_t and dup_t: what their weight gradients' GEMMs read, with no byte transpose after. The
+// same codes and amaxes as SwiGluBackwardFp8. Only for rows and cols multiples of 64 and every
+// pointer 16-byte aligned (8 for the codes): false, and nothing written, otherwise.
+bool SwiGluBackwardFp8Transposed(uint8_t* dgate, uint8_t* dup, uint8_t* dgate_t, uint8_t* dup_t, const Bf16* dout,
+                                 const Bf16* gate, const Bf16* up, int rows, int cols, const float* scale_gate,
+                                 const float* scale_up, float* amax_gate, float* amax_up, cudaStream_t stream);
+
+// RopeBackward of dx (B*T, H, D) as FP8 codes at *scale (E5M2 with `e5m2`), plain (B*T, H*D)
+// and transposed (H*D, B*T), its largest |x| folded into *amax (null: not), without writing
+// the turned bf16 values: the codes QuantizeFp8Transposed makes of RopeBackward's output, bit
+// for bit, in one pass over dx instead of RoPE's read and write and the conversion's read. For
+// B*T and H*D multiples of 64, D of 8, dx and `transposed` 16-byte aligned, `plain` 8: false,
+// and nothing written, otherwise.
+bool RopeBackwardFp8Transposed(uint8_t* plain, uint8_t* transposed, const Bf16* dx, int b, int t, int h, int d,
+                               const RopeFrequencies& freq, const float* scale, bool e5m2, float* amax,
+                               cudaStream_t stream);
 
 // out (cols, rows) = in (rows, cols) transposed, as bytes: the transposed FP8 codes the
 // backward reads, made from plain ones another party encoded (the host's optimizer step).

@@ -317,6 +317,102 @@ TEST(Fp8OpsTest, SwiGluBackwardToCodesIsSwiGluBackwardThenTheConversion) {
   }
 }
 
+// SwiGluBackwardFp8Transposed: the plain codes and amaxes of SwiGluBackwardFp8 bit for bit, and
+// the transposed codes are the plain ones transposed; a shape not of 64 x 64 tiles is refused
+// with nothing written.
+TEST(Fp8OpsTest, SwiGluBackwardToTransposedCodesIsTheSameCodesTransposed) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(31);
+  const int rows = 192, cols = 320;
+  const size_t count = static_cast<size_t>(rows) * cols;
+  const Bf16Data gate = Random(count, rng, 2.f), up = Random(count, rng), dout = Random(count, rng, 1e-3f);
+  Device<Bf16> d_gate(gate.bits), d_up(up.bits), d_dout(dout.bits);
+  Device<float> scales{std::vector<float>{2048.f, 4096.f}}, amax{std::vector<float>{0.f, 0.f, 0.f, 0.f}};
+  Device<uint8_t> dg8{std::vector<uint8_t>(count)}, du8{std::vector<uint8_t>(count)},
+      dg8_t{std::vector<uint8_t>(count, 7)}, du8_t{std::vector<uint8_t>(count, 7)}, dg8_ref{std::vector<uint8_t>(count)},
+      du8_ref{std::vector<uint8_t>(count)};
+  EXPECT_FALSE(SwiGluBackwardFp8Transposed(dg8.get(), du8.get(), dg8_t.get(), du8_t.get(), d_dout.get(), d_gate.get(),
+                                           d_up.get(), rows - 16, cols, scales.get(), scales.get() + 1, amax.get(),
+                                           amax.get() + 1, nullptr));
+  EXPECT_EQ(dg8_t.Host(), std::vector<uint8_t>(count, 7)) << "a refused shape wrote codes";
+  ASSERT_TRUE(SwiGluBackwardFp8Transposed(dg8.get(), du8.get(), dg8_t.get(), du8_t.get(), d_dout.get(), d_gate.get(),
+                                          d_up.get(), rows, cols, scales.get(), scales.get() + 1, amax.get(),
+                                          amax.get() + 1, nullptr));
+  SwiGluBackwardFp8(dg8_ref.get(), du8_ref.get(), d_dout.get(), d_gate.get(), d_up.get(), static_cast<int64_t>(count),
+                    scales.get(), scales.get() + 1, amax.get() + 2, amax.get() + 3, nullptr);
+  const std::vector<uint8_t> g = dg8.Host(), u = du8.Host(), gt = dg8_t.Host(), ut = du8_t.Host();
+  EXPECT_EQ(g, dg8_ref.Host());
+  EXPECT_EQ(u, du8_ref.Host());
+  const std::vector<float> amaxes = amax.Host();
+  EXPECT_GT(amaxes[0], 0.f);
+  EXPECT_EQ(amaxes[0], amaxes[2]);
+  EXPECT_EQ(amaxes[1], amaxes[3]);
+  int off = 0;
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < cols; ++c) {
+      const size_t plain = static_cast<size_t>(r) * cols + c, transposed = static_cast<size_t>(c) * rows + r;
+      if ((gt[transposed] != g[plain] || ut[transposed] != u[plain]) && off++ < 5) {
+        ADD_FAILURE() << "(" << r << ", " << c << "): transposed " << int{gt[transposed]} << "/" << int{ut[transposed]}
+                      << ", plain " << int{g[plain]} << "/" << int{u[plain]};
+      }
+    }
+  }
+  EXPECT_EQ(off, 0);
+}
+
+// RoPE's backward straight to E5M2 codes, plain and transposed: the bits of RopeBackward then
+// QuantizeFp8Transposed (codes and amax), within one code of the CPU reference's turn
+// (cpu::RopeBackward, rounded to bf16, fp8::Encode: the GPU's sincosf is not std::sin's); for
+// head sizes 64 and 128 (pairs across a tile's edge between heads) and positions wrapping at
+// T. A shape not of 64 x 64 tiles is refused with nothing written.
+TEST(Fp8OpsTest, RopeBackwardToCodesIsRopeBackwardThenTheConversion) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(37);
+  struct Shape {
+    int b, t, h, d;
+  };
+  for (const Shape& sh : {Shape{2, 64, 4, 64}, Shape{1, 192, 3, 128}, Shape{4, 32, 2, 64}}) {
+    const int b = sh.b, t = sh.t, h = sh.h, d = sh.d, rows = b * t, cols = h * d;
+    SCOPED_TRACE("D " + std::to_string(d) + ", T " + std::to_string(t));
+    std::vector<double> freq(d / 2);
+    for (int i = 0; i < d / 2; ++i) freq[i] = 1.0 / std::pow(10000.0, 2.0 * i / d);
+    const RopeFrequencies table = RopeFrequenciesOf(freq);
+    const size_t count = static_cast<size_t>(rows) * cols;
+    const Bf16Data x = Random(count, rng, 1e-2f);
+    Device<Bf16> d_x(x.bits), d_turned(x.bits);
+    Device<float> scale{std::vector<float>{4096.f}}, amax{std::vector<float>{0.f, 0.f}};
+    Device<uint8_t> plain{std::vector<uint8_t>(count, 7)}, transposed{std::vector<uint8_t>(count, 7)},
+        plain_ref{std::vector<uint8_t>(count)}, transposed_ref{std::vector<uint8_t>(count)};
+    if (t == 32) {  // 128 rows, but the same call at T 40 (80 rows) is refused
+      EXPECT_FALSE(RopeBackwardFp8Transposed(plain.get(), transposed.get(), d_x.get(), 2, 40, h, d, table, scale.get(),
+                                             true, amax.get(), nullptr));
+      EXPECT_EQ(plain.Host(), std::vector<uint8_t>(count, 7)) << "a refused shape wrote codes";
+    }
+    ASSERT_TRUE(RopeBackwardFp8Transposed(plain.get(), transposed.get(), d_x.get(), b, t, h, d, table, scale.get(),
+                                          true, amax.get(), nullptr));
+    RopeBackward(d_turned.get(), b, t, h, d, table, nullptr);
+    QuantizeFp8Transposed(transposed_ref.get(), d_turned.get(), rows, cols, scale.get(), true, nullptr,
+                          plain_ref.get(), amax.get() + 1);
+    const std::vector<uint8_t> got = plain.Host();
+    EXPECT_EQ(got, plain_ref.Host());
+    EXPECT_EQ(transposed.Host(), transposed_ref.Host());
+    const std::vector<float> amaxes = amax.Host();
+    EXPECT_GT(amaxes[0], 0.f);
+    EXPECT_EQ(amaxes[0], amaxes[1]);
+    EXPECT_EQ(d_x.Host(), x.bits) << "the input was written";
+    std::vector<float> cpu = x.values;
+    cpu::RopeBackward(cpu.data(), b, t, h, d, freq.data());
+    int64_t equal = 0, far = 0;
+    for (size_t i = 0; i < count; ++i) {
+      const uint8_t want = fp8::Encode(FromBf16(ToBf16(cpu[i])) * 4096.f, fp8::Format::kE5M2);
+      equal += got[i] == want;
+      far += std::abs(int{got[i]} - int{want}) > 1;
+    }
+    EXPECT_EQ(far, 0) << "codes more than one step from the CPU's";
+    EXPECT_GT(equal, static_cast<int64_t>(count) * 99 / 100) << "codes equal to the CPU's of " << count;
+  }
+}
+
 // The norm's and SwiGLU's forward with Fp8Out: the same outputs as without, and beside them the
 // codes and amax QuantizeFp8 makes of those outputs (the GPU's, and fp8::Encode of the output
 // on the CPU), on the vector paths and the one-by-one ones (C 1001; SwiGLU one value in).

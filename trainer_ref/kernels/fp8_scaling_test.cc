@@ -374,6 +374,17 @@ TEST(Fp8ScalingTest, CodesMadeAtTheTargetsScaleGiveTheConversionsResults) {
                   .ok());
   EXPECT_EQ(din2.Host(), din.Host());
   EXPECT_EQ(dw2.Host(), dw.Host());
+  // The same with the codes' transpose made by their maker (SwiGluBackwardFp8Transposed).
+  Device<uint8_t> dout8_t{std::vector<uint8_t>(static_cast<size_t>(n) * oc)};
+  TransposeFp8(dout8_t.get(), dout8.get(), n, oc, nullptr);
+  Device<Bf16> din3{std::vector<Bf16>(static_cast<size_t>(n) * ic)};
+  Device<float> dw3{std::vector<float>(static_cast<size_t>(oc) * ic, 0.0f)};
+  ASSERT_TRUE((*delayed)
+                  ->BackwardFromOutputCodes(din3.get(), dw3.get(), dout8.get(), in_t1, 1, 0, d_w.get(), Fp8Codes{}, n,
+                                            ic, oc, nullptr, false, true, dout8_t.get())
+                  .ok());
+  EXPECT_EQ(din3.Host(), din.Host());
+  EXPECT_EQ(dw3.Host(), dw.Host());
   (*delayed)->set_recording(false);
   EXPECT_EQ((*delayed)->InputTarget(1, 0)->amax, nullptr);
   EXPECT_EQ((*delayed)->OutputGradientTarget(1, 0)->amax, nullptr);

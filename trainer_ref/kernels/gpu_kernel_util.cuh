@@ -63,6 +63,18 @@ __device__ __forceinline__ uint8_t Fp8(float x, float scale, bool e5m2) {
 
 __device__ __forceinline__ float RoundedToBf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
+// RoPE: the cos and sin of pair i's angle at position pos (sign -1: the backward's turn), and a
+// pair (a, b) turned by it; shared by RoPE's kernel and the backward that writes FP8 codes
+// (RopeBackwardFp8Transposed), so both compute the same bits.
+__device__ __forceinline__ void RopeTrig(int pos, float inv_freq, float sign, float& cs, float& sn) {
+  const float angle = sign * pos * inv_freq;
+  sincosf(angle, &sn, &cs);
+}
+__device__ __forceinline__ void RotatePair(float a, float b, float cs, float sn, float& x, float& y) {
+  x = a * cs - b * sn;
+  y = a * sn + b * cs;
+}
+
 // The warp's largest |x| bits (each thread's `mine`) into *amax_bits; every thread of a warp
 // that is not done must call it. Nothing with a null amax_bits. No shared memory and no block
 // barrier, so the conversions keep their speed; only a warp above what is there already sends

@@ -255,10 +255,7 @@ __global__ void RopeKernel(Bf16* x, int t, int h, int d, RopeFrequencies freq, f
   const int half = d / 2;
   const int64_t row = blockIdx.x;
   const int pos = static_cast<int>(row % t);
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    const float angle = sign * pos * freq.inv_freq[i];
-    sincosf(angle, &trig[half + i], &trig[i]);
-  }
+  for (int i = threadIdx.x; i < half; i += blockDim.x) RopeTrig(pos, freq.inv_freq[i], sign, trig[i], trig[half + i]);
   __syncthreads();
   Bf16* base_row = x + row * h * d;
   if (vec) {
@@ -269,9 +266,8 @@ __global__ void RopeKernel(Bf16* x, int t, int h, int d, RopeFrequencies freq, f
       Load8(p, v);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float cs = trig[i0 + e], sn = trig[half + i0 + e], a = v[2 * e], b = v[2 * e + 1];
-        v[2 * e] = a * cs - b * sn;
-        v[2 * e + 1] = a * sn + b * cs;
+        const float a = v[2 * e], b = v[2 * e + 1];
+        RotatePair(a, b, trig[i0 + e], trig[half + i0 + e], v[2 * e], v[2 * e + 1]);
       }
       Store8(p, v);
     }
@@ -280,9 +276,10 @@ __global__ void RopeKernel(Bf16* x, int t, int h, int d, RopeFrequencies freq, f
   for (int k = threadIdx.x; k < h * half; k += blockDim.x) {
     const int i = k % half;
     const int64_t at = int64_t{k / half} * d + 2 * i;
-    const float cs = trig[i], sn = trig[half + i], a = Load(base_row, at), b = Load(base_row, at + 1);
-    Store(base_row, at, a * cs - b * sn);
-    Store(base_row, at + 1, a * sn + b * cs);
+    float x, y;
+    RotatePair(Load(base_row, at), Load(base_row, at + 1), trig[i], trig[half + i], x, y);
+    Store(base_row, at, x);
+    Store(base_row, at + 1, y);
   }
 }
 

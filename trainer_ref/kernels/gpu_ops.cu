@@ -133,44 +133,69 @@ __global__ void RmsNormForwardKernel(Bf16* out, float* rstd, float* x_io, const 
   if (q.codes != nullptr) WarpAmax(reinterpret_cast<unsigned int*>(q.amax), most);
 }
 
-// din += the norm's input gradient, one block a row. The row's values stay in registers
-// between the dot product and the update (kPer float4s a thread, C / 4 <= kPer * blockDim.x),
-// with din's loads issued beside the others: one round trip to memory, not two.
+// din += the norm's input gradient, and the weight gradient's partial sums: a block takes
+// kNormRowsPerBlock rows, one after the other. A row's values stay in registers between the dot
+// product and the update (kPer float4s a thread, C / 4 <= kPer * blockDim.x), with din's loads
+// issued beside the others; the weights are read once a block; each thread's columns of
+// dy * x * rstd add up over the block's rows in registers, in row order, and go to partial
+// (block, C): the weight gradient without a second pass over dy and x.
+constexpr int kNormRowsPerBlock = 8;
 template <int kPer>
 __global__ void RmsNormBackwardVecKernel(float* __restrict__ din, const Bf16* __restrict__ dout,
                                          const float* __restrict__ in, const float* __restrict__ weight,
-                                         const float* __restrict__ rstd, int c, Bf16* __restrict__ din_bf16) {
-  const int64_t row = blockIdx.x;
-  const auto* x4 = reinterpret_cast<const float4*>(in + row * c);
-  const auto* w4 = reinterpret_cast<const float4*>(weight);
-  auto* dx4 = reinterpret_cast<float4*>(din + row * c);
-  const Bf16* dy = dout + row * c;
+                                         const float* __restrict__ rstd, int n, int c, Bf16* __restrict__ din_bf16,
+                                         float* __restrict__ partial) {
   const int c4 = c / 4;
-  const float r = rstd[row];
-  float4 d[kPer], v[kPer], o[kPer];
-  float dot = 0.f;
+  const auto* w4 = reinterpret_cast<const float4*>(weight);
+  float4 w[kPer], acc[kPer];
 #pragma unroll
   for (int k = 0; k < kPer; ++k) {
     const int j = threadIdx.x + k * blockDim.x;
-    if (j >= c4) continue;
-    d[k] = Load4(dy + 4 * j);
-    v[k] = x4[j];
-    o[k] = dx4[j];
-    const float4 w = w4[j];
-    dot += d[k].x * w.x * v[k].x + d[k].y * w.y * v[k].y + d[k].z * w.z * v[k].z + d[k].w * w.w * v[k].w;
+    acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (j < c4) w[k] = w4[j];
   }
-  const float mean = BlockSum(dot) / c, rrm = r * r * mean;
+  const int64_t first = int64_t{blockIdx.x} * kNormRowsPerBlock;
+  const int rows = static_cast<int>(min(int64_t{kNormRowsPerBlock}, n - first));
+  for (int i = 0; i < rows; ++i) {
+    const int64_t row = first + i;
+    const auto* x4 = reinterpret_cast<const float4*>(in + row * c);
+    auto* dx4 = reinterpret_cast<float4*>(din + row * c);
+    const Bf16* dy = dout + row * c;
+    const float r = rstd[row];
+    float4 d[kPer], v[kPer], o[kPer];
+    float dot = 0.f;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int j = threadIdx.x + k * blockDim.x;
+      if (j >= c4) continue;
+      d[k] = Load4(dy + 4 * j);
+      v[k] = x4[j];
+      o[k] = dx4[j];
+      dot += d[k].x * w[k].x * v[k].x + d[k].y * w[k].y * v[k].y + d[k].z * w[k].z * v[k].z +
+             d[k].w * w[k].w * v[k].w;
+    }
+    const float mean = BlockSum(dot) / c, rrm = r * r * mean;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int j = threadIdx.x + k * blockDim.x;
+      if (j >= c4) continue;
+      o[k].x += r * (w[k].x * d[k].x - v[k].x * rrm);
+      o[k].y += r * (w[k].y * d[k].y - v[k].y * rrm);
+      o[k].z += r * (w[k].z * d[k].z - v[k].z * rrm);
+      o[k].w += r * (w[k].w * d[k].w - v[k].w * rrm);
+      dx4[j] = o[k];
+      if (din_bf16 != nullptr) Store4(din_bf16 + row * c + 4 * j, o[k]);
+      acc[k].x += d[k].x * v[k].x * r;
+      acc[k].y += d[k].y * v[k].y * r;
+      acc[k].z += d[k].z * v[k].z * r;
+      acc[k].w += d[k].w * v[k].w * r;
+    }
+  }
+  auto* p4 = reinterpret_cast<float4*>(partial + int64_t{blockIdx.x} * c);
 #pragma unroll
   for (int k = 0; k < kPer; ++k) {
     const int j = threadIdx.x + k * blockDim.x;
-    if (j >= c4) continue;
-    const float4 w = w4[j];
-    o[k].x += r * (w.x * d[k].x - v[k].x * rrm);
-    o[k].y += r * (w.y * d[k].y - v[k].y * rrm);
-    o[k].z += r * (w.z * d[k].z - v[k].z * rrm);
-    o[k].w += r * (w.w * d[k].w - v[k].w * rrm);
-    dx4[j] = o[k];
-    if (din_bf16 != nullptr) Store4(din_bf16 + row * c + 4 * j, o[k]);
+    if (j < c4) p4[j] = acc[k];
   }
 }
 
@@ -419,17 +444,31 @@ int VecRowThreads(int c, bool vec) { return vec ? std::min(256, RowThreads((c / 
 }  // namespace
 
 namespace {
+// out[j] += the sum over chunks of partial[k][j], in an order fixed by the shape: a block is 32
+// columns by 8 row threads; row thread ty sums chunks ty, ty + 8, ..., then the 8 sums of a
+// column add in ty order (one thread a column over hundreds of chunks left most SMs idle).
+constexpr int kSumColumns = 32, kSumRowThreads = 8;
 __global__ void SumChunksIntoKernel(float* out, const float* partial, int chunks, int c) {
-  const int j = blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= c) return;
+  __shared__ float sums[kSumRowThreads][kSumColumns];
+  const int tx = threadIdx.x % kSumColumns, ty = threadIdx.x / kSumColumns;
+  const int j = blockIdx.x * kSumColumns + tx;
   float sum = 0.f;
-  for (int k = 0; k < chunks; ++k) sum += partial[int64_t{k} * c + j];
-  out[j] += sum;
+  if (j < c) {
+    for (int k = ty; k < chunks; k += kSumRowThreads) sum += partial[int64_t{k} * c + j];
+  }
+  sums[ty][tx] = sum;
+  __syncthreads();
+  if (ty != 0 || j >= c) return;
+  float total = 0.f;
+  for (int r = 0; r < kSumRowThreads; ++r) total += sums[r][tx];
+  out[j] += total;
 }
 }  // namespace
 
 void SumRowChunksInto(float* out, const float* partial, int chunks, int c, cudaStream_t stream) {
-  SumChunksIntoKernel<<<(c + kThreads - 1) / kThreads, kThreads, 0, stream>>>(out, partial, chunks, c);
+  if (c <= 0) return;
+  SumChunksIntoKernel<<<(c + kSumColumns - 1) / kSumColumns, kSumColumns * kSumRowThreads, 0, stream>>>(out, partial,
+                                                                                                    chunks, c);
 }
 
 void EmbeddingForward(float* out, const int32_t* tokens, const Bf16* wte, int n, int c, int v, cudaStream_t stream) {
@@ -491,7 +530,9 @@ void ResidualRmsNormForward(Bf16* out, float* rstd, float* x, const Bf16* residu
                                                                  codes);
 }
 
-int64_t RmsNormScratchFloats(int n, int c) { return int64_t{(n + kNormRowsPerChunk - 1) / kNormRowsPerChunk} * c; }
+int64_t RmsNormScratchFloats(int n, int c) {  // the fused kernel's partial sums: a row of C per block of rows
+  return int64_t{(n + kNormRowsPerBlock - 1) / kNormRowsPerBlock} * c;
+}
 
 void RmsNormBackward(float* din, float* dweight, const Bf16* dout, const float* in, const float* weight,
                      const float* rstd, int n, int c, float* scratch, cudaStream_t stream, Bf16* din_bf16) {
@@ -503,19 +544,22 @@ void RmsNormBackward(float* din, float* dweight, const Bf16* dout, const float* 
   }
   const bool vec = c % 4 == 0 && Aligned16(din, in, weight, scratch) && Aligned16(dout);
   const int threads = VecRowThreads(c, vec), chunks = (n + kNormRowsPerChunk - 1) / kNormRowsPerChunk;
-  if (vec) {
-    const int per = (c / 4 + threads - 1) / threads;
+  if (vec && (c / 4 + threads - 1) / threads <= 8) {
+    const int per = (c / 4 + threads - 1) / threads, blocks = (n + kNormRowsPerBlock - 1) / kNormRowsPerBlock;
     if (per <= 1) {
-      RmsNormBackwardVecKernel<1><<<n, threads, 0, stream>>>(din, dout, in, weight, rstd, c, din_bf16);
+      RmsNormBackwardVecKernel<1><<<blocks, threads, 0, stream>>>(din, dout, in, weight, rstd, n, c, din_bf16, scratch);
     } else if (per <= 2) {
-      RmsNormBackwardVecKernel<2><<<n, threads, 0, stream>>>(din, dout, in, weight, rstd, c, din_bf16);
+      RmsNormBackwardVecKernel<2><<<blocks, threads, 0, stream>>>(din, dout, in, weight, rstd, n, c, din_bf16, scratch);
     } else if (per <= 4) {
-      RmsNormBackwardVecKernel<4><<<n, threads, 0, stream>>>(din, dout, in, weight, rstd, c, din_bf16);
-    } else if (per <= 8) {
-      RmsNormBackwardVecKernel<8><<<n, threads, 0, stream>>>(din, dout, in, weight, rstd, c, din_bf16);
+      RmsNormBackwardVecKernel<4><<<blocks, threads, 0, stream>>>(din, dout, in, weight, rstd, n, c, din_bf16, scratch);
     } else {
-      RmsNormBackwardKernel<<<n, threads, 0, stream>>>(din, dout, in, weight, rstd, c, din_bf16);  // C > 8192
+      RmsNormBackwardVecKernel<8><<<blocks, threads, 0, stream>>>(din, dout, in, weight, rstd, n, c, din_bf16, scratch);
     }
+    SumRowChunksInto(dweight, scratch, blocks, c, stream);
+    return;
+  }
+  if (vec) {  // C > 8192: the scalar backward, the vector partial sums
+    RmsNormBackwardKernel<<<n, threads, 0, stream>>>(din, dout, in, weight, rstd, c, din_bf16);
     const dim3 grid((c / 4 + kPartialColumns4 - 1) / kPartialColumns4, chunks);
     RmsNormWeightPartialVecKernel<<<grid, kPartialColumns4 * kPartialRowThreads, 0, stream>>>(scratch, dout, in, rstd,
                                                                                             n, c);

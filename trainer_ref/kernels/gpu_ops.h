@@ -65,8 +65,8 @@ void RmsNormForward(Bf16* out, float* rstd, const float* in, const float* weight
 void ResidualRmsNormForward(Bf16* out, float* rstd, float* x, const Bf16* residual, float* saved, const float* weight,
                             int n, int c, float eps, cudaStream_t stream, const Fp8Out& codes = {});
 // din (fp32, the residual gradient) += d/d(in); dweight (fp32, C) += sum over rows: partial
-// sums per 64 rows into `scratch` (RmsNormScratchFloats), then summed in order (every sum in
-// an order fixed by the shape: the same bits each run).
+// sums per block of rows into `scratch` (RmsNormScratchFloats), made beside din's from the same
+// loads, then summed (every sum in an order fixed by the shape: the same bits each run).
 // With din_bf16, din (after the add) rounded to bf16 there too: ToBf16's bits, without its read.
 void RmsNormBackward(float* din, float* dweight, const Bf16* dout, const float* in, const float* weight,
                      const float* rstd, int n, int c, float* scratch, cudaStream_t stream, Bf16* din_bf16 = nullptr);

@@ -424,14 +424,16 @@ absl::Status GpuModel::ZeroGradsBesideLinears(int group, float* grads) {
     linears.emplace_back(begin, begin + layout_[e].count);
   }
   std::sort(linears.begin(), linears.end());
+  auto zero = [&](size_t from, size_t to) {
+    return from < to ? Cuda(cudaMemsetAsync(grads + from, 0, (to - from) * sizeof(float), stream_), "zero grads")
+                     : absl::OkStatus();
+  };
   size_t at = 0;
   for (const auto& [begin, end] : linears) {
-    if (begin > at) RETURN_IF_ERROR(Cuda(cudaMemsetAsync(grads + at, 0, (begin - at) * sizeof(float), stream_), "zero grads"));
+    RETURN_IF_ERROR(zero(at, begin));
     at = std::max(at, end);
   }
-  const size_t count = GroupCount(group);
-  if (count > at) RETURN_IF_ERROR(Cuda(cudaMemsetAsync(grads + at, 0, (count - at) * sizeof(float), stream_), "zero grads"));
-  return absl::OkStatus();
+  return zero(at, GroupCount(group));
 }
 
 Bf16* GpuModel::W(size_t entry) const {

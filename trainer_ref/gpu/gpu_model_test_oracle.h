@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <random>
 #include <vector>
@@ -15,6 +16,22 @@
 #include "trainer_ref/optimizer.h"
 
 namespace tierd::trainer::gpu::testing {
+
+// Each tensor's relative L2 distance of `got` (ParamLayout order) from the CPU model's
+// gradients; infinity for a tensor whose CPU gradient is zero (a check on it would be empty).
+inline std::vector<double> GradientErrors(Model<float>& cpu, const std::vector<float>& got) {
+  std::vector<double> errors;
+  for (const TensorLayout& t : cpu.layout()) {
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < t.count; ++i) {
+      const double g = cpu.grads()[t.offset + i], x = got[t.offset + i];
+      diff += (x - g) * (x - g);
+      norm += g * g;
+    }
+    errors.push_back(norm > 0 ? std::sqrt(diff / norm) : INFINITY);
+  }
+  return errors;
+}
 
 // The CPU model's seeded parameters with every matrix rounded to bf16 (what the GPU's
 // weights hold; norm weights stay fp32 on both), so only the arithmetic differs.

@@ -296,8 +296,8 @@ absl::Status Fp8Linear::BackwardWith(Bf16* din, float* dweight, const Bf16* dout
     d = Quantize(din != nullptr ? dout_ : nullptr, dweight != nullptr ? dout_t_ : nullptr, slot, dout, n, oc,
                  /*e5m2=*/true, stream);
   }
-  return gemm_->BackwardFp8(din, dweight, plain, transposed, in_t.codes, w.codes, d.scale_inv, in_t.scale_inv, w.scale_inv,
-                            n, ic, oc, stream, accumulate_din, accumulate_dweight);
+  return gemm_->BackwardFp8(din, dweight, plain, transposed, in_t.codes, w.codes, d.scale_inv, in_t.scale_inv,
+                            w.scale_inv, n, ic, oc, stream, accumulate_din, accumulate_dweight);
 }
 
 void Fp8Linear::EndStep(cudaStream_t stream) {

@@ -65,6 +65,30 @@ __global__ void QuantizeKernel(uint8_t* out, const Bf16* in, int64_t n, const fl
   WarpAmax(amax_bits, mine);
 }
 
+// Eight neighbours' SwiGLU backward (16-byte loads of gate, up and dout), each gradient
+// rounded to bf16 and encoded as E5M2 at sg and su, four codes a word; their |x| bits folded
+// into most_g and most_u. Shared by the plain and the transposing kernels: the same bits.
+__device__ __forceinline__ void SwiGluGrads8ToCodes(const Bf16* gate, const Bf16* up, const Bf16* dout, float sg,
+                                                    float su, uint32_t codes_g[2], uint32_t codes_u[2],
+                                                    unsigned int& most_g, unsigned int& most_u) {
+  float g[8], u[8], dy[8];
+  Load8(gate, g);
+  Load8(up, u);
+  Load8(dout, dy);
+  codes_g[0] = codes_g[1] = codes_u[0] = codes_u[1] = 0;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    float dg, du;
+    SwiGluGrads(g[e], u[e], dy[e], dg, du);
+    dg = RoundedToBf16(dg);
+    du = RoundedToBf16(du);
+    most_g = max(most_g, __float_as_uint(fabsf(dg)));
+    most_u = max(most_u, __float_as_uint(fabsf(du)));
+    codes_g[e / 4] |= uint32_t{Fp8(dg, sg, true)} << (8 * (e % 4));
+    codes_u[e / 4] |= uint32_t{Fp8(du, su, true)} << (8 * (e % 4));
+  }
+}
+
 // SwiGluBackward's two outputs straight to E5M2 codes (SwiGluBackwardFp8): each value rounded
 // to bf16 first, as SwiGluBackward stores it, so the codes and the amax are QuantizeFp8's of
 // those stores. Eight values a thread where every pointer allows (16-byte loads, 8-byte
@@ -77,22 +101,8 @@ __global__ void SwiGluBackwardFp8Kernel(uint8_t* dgate, uint8_t* dup, const Bf16
   const int64_t groups = vec ? count / 8 : 0;
   unsigned int most_g = 0, most_u = 0;
   for (int64_t k = first; k < groups; k += stride) {
-    float g[8], u[8], dy[8];
-    Load8(gate + 8 * k, g);
-    Load8(up + 8 * k, u);
-    Load8(dout + 8 * k, dy);
-    uint32_t codes_g[2] = {0, 0}, codes_u[2] = {0, 0};
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      float dg, du;
-      SwiGluGrads(g[e], u[e], dy[e], dg, du);
-      dg = RoundedToBf16(dg);
-      du = RoundedToBf16(du);
-      most_g = max(most_g, __float_as_uint(fabsf(dg)));
-      most_u = max(most_u, __float_as_uint(fabsf(du)));
-      codes_g[e / 4] |= uint32_t{Fp8(dg, sg, true)} << (8 * (e % 4));
-      codes_u[e / 4] |= uint32_t{Fp8(du, su, true)} << (8 * (e % 4));
-    }
+    uint32_t codes_g[2], codes_u[2];
+    SwiGluGrads8ToCodes(gate + 8 * k, up + 8 * k, dout + 8 * k, sg, su, codes_g, codes_u, most_g, most_u);
     reinterpret_cast<uint2*>(dgate)[k] = make_uint2(codes_g[0], codes_g[1]);
     reinterpret_cast<uint2*>(dup)[k] = make_uint2(codes_u[0], codes_u[1]);
   }
@@ -198,22 +208,8 @@ __global__ void SwiGluBackwardFp8Transposed64Kernel(uint8_t* dgate, uint8_t* dup
   for (int v = threadIdx.x; v < kBigTile * kBigTile / 8; v += kBigThreads) {
     const int r = v / 8, c = (v % 8) * 8;
     const int64_t at = int64_t{r0 + r} * cols + c0 + c;
-    float g[8], u[8], dy[8];
-    Load8(gate + at, g);
-    Load8(up + at, u);
-    Load8(dout + at, dy);
-    uint32_t codes_g[2] = {0, 0}, codes_u[2] = {0, 0};
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      float dg, du;
-      SwiGluGrads(g[e], u[e], dy[e], dg, du);
-      dg = RoundedToBf16(dg);
-      du = RoundedToBf16(du);
-      most_g = max(most_g, __float_as_uint(fabsf(dg)));
-      most_u = max(most_u, __float_as_uint(fabsf(du)));
-      codes_g[e / 4] |= uint32_t{Fp8(dg, sg, true)} << (8 * (e % 4));
-      codes_u[e / 4] |= uint32_t{Fp8(du, su, true)} << (8 * (e % 4));
-    }
+    uint32_t codes_g[2], codes_u[2];
+    SwiGluGrads8ToCodes(gate + at, up + at, dout + at, sg, su, codes_g, codes_u, most_g, most_u);
     *reinterpret_cast<uint2*>(dgate + at) = make_uint2(codes_g[0], codes_g[1]);
     *reinterpret_cast<uint2*>(dup + at) = make_uint2(codes_u[0], codes_u[1]);
     tile_g[r][c / 4] = codes_g[0];

@@ -329,8 +329,8 @@ TEST(Fp8OpsTest, SwiGluBackwardToTransposedCodesIsTheSameCodesTransposed) {
   Device<Bf16> d_gate(gate.bits), d_up(up.bits), d_dout(dout.bits);
   Device<float> scales{std::vector<float>{2048.f, 4096.f}}, amax{std::vector<float>{0.f, 0.f, 0.f, 0.f}};
   Device<uint8_t> dg8{std::vector<uint8_t>(count)}, du8{std::vector<uint8_t>(count)},
-      dg8_t{std::vector<uint8_t>(count, 7)}, du8_t{std::vector<uint8_t>(count, 7)}, dg8_ref{std::vector<uint8_t>(count)},
-      du8_ref{std::vector<uint8_t>(count)};
+      dg8_t{std::vector<uint8_t>(count, 7)}, du8_t{std::vector<uint8_t>(count, 7)},
+      dg8_ref{std::vector<uint8_t>(count)}, du8_ref{std::vector<uint8_t>(count)};
   EXPECT_FALSE(SwiGluBackwardFp8Transposed(dg8.get(), du8.get(), dg8_t.get(), du8_t.get(), d_dout.get(), d_gate.get(),
                                            d_up.get(), rows - 16, cols, scales.get(), scales.get() + 1, amax.get(),
                                            amax.get() + 1, nullptr));

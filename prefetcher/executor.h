@@ -138,9 +138,10 @@ class Executor {
   // done, waits for it while the lanes make progress, and returns true once it is: fetching
   // on demand ahead of the plan moves the same bytes no sooner but makes room by the tiers'
   // own choice, which the plan then pays for in traffic. Returns false at once when no such
-  // move is queued; gives up (false) when no move has been in flight or finished for
-  // `stuck_nanos` (the lanes wait for the client), after `max_nanos` in all, or once
-  // StopWaits was called. Real time: tests with a fake clock still wait on the wall.
+  // move is queued; gives up (false) as soon as no lane can move without the client (each
+  // found nothing to do since the last change, none has a move in flight, none is paused),
+  // when no move has been in flight or finished for `stuck_nanos`, after `max_nanos` in all,
+  // or once StopWaits was called. Real time: tests with a fake clock still wait on the wall.
   bool AwaitPlannedLoad(TensorIndex t, int64_t stuck_nanos, int64_t max_nanos);
   // Every AwaitPlannedLoad returns false now and from now on (before the executor goes).
   void StopWaits();

@@ -385,10 +385,8 @@ void QuantizeFp8Transposed(uint8_t* out, const Bf16* in, int rows, int cols, con
 bool SwiGluBackwardFp8Transposed(uint8_t* dgate, uint8_t* dup, uint8_t* dgate_t, uint8_t* dup_t, const Bf16* dout,
                                  const Bf16* gate, const Bf16* up, int rows, int cols, const float* scale_gate,
                                  const float* scale_up, float* amax_gate, float* amax_up, cudaStream_t stream) {
-  const auto aligned = [](const void* p, uintptr_t to) { return reinterpret_cast<uintptr_t>(p) % to == 0; };
-  if (rows <= 0 || cols <= 0 || rows % kBigTile != 0 || cols % kBigTile != 0 || !aligned(dout, 16) ||
-      !aligned(gate, 16) || !aligned(up, 16) || !aligned(dgate, 8) || !aligned(dup, 8) || !aligned(dgate_t, 16) ||
-      !aligned(dup_t, 16)) {
+  if (rows <= 0 || cols <= 0 || rows % kBigTile != 0 || cols % kBigTile != 0 ||
+      !Aligned16(dout, gate, up, dgate_t, dup_t) || !Aligned8(dgate, dup)) {
     return false;
   }
   const dim3 grid(cols / kBigTile, rows / kBigTile);
@@ -402,10 +400,9 @@ bool RopeBackwardFp8Transposed(uint8_t* plain, uint8_t* transposed, const Bf16* 
                                const RopeFrequencies& freq, const float* scale, bool e5m2, float* amax,
                                cudaStream_t stream) {
   const int64_t rows = int64_t{b} * t, cols = int64_t{h} * d;
-  const auto aligned = [](const void* p, uintptr_t to) { return reinterpret_cast<uintptr_t>(p) % to == 0; };
   if (rows <= 0 || cols <= 0 || rows % kBigTile != 0 || cols % kBigTile != 0 || rows > INT32_MAX ||
-      cols > INT32_MAX || d % 8 != 0 || d / 2 > RopeFrequencies::kMaxPairs || !aligned(dx, 16) || !aligned(plain, 8) ||
-      !aligned(transposed, 16)) {
+      cols > INT32_MAX || d % 8 != 0 || d / 2 > RopeFrequencies::kMaxPairs || !Aligned16(dx, transposed) ||
+      !Aligned8(plain)) {
     return false;
   }
   const dim3 grid(static_cast<unsigned>(cols / kBigTile), static_cast<unsigned>(rows / kBigTile));

@@ -101,9 +101,14 @@ template <typename... P>
 inline bool Aligned16(const P*... p) {
   return ((reinterpret_cast<uintptr_t>(p) % 16 == 0) && ...);
 }
+// The same for 8 bytes (eight FP8 codes a store).
+template <typename... P>
+inline bool Aligned8(const P*... p) {
+  return ((reinterpret_cast<uintptr_t>(p) % 8 == 0) && ...);
+}
 
-// out (C, fp32) += the sum over `chunks` rows of partial (chunks, C), in row order: the second
-// half of a deterministic column sum (gpu_ops.cu).
+// out (C, fp32) += the sum over `chunks` rows of partial (chunks, C), in an order fixed by the
+// shape: the second half of a deterministic column sum (gpu_ops.cu).
 void SumRowChunksInto(float* out, const float* partial, int chunks, int c, cudaStream_t stream);
 
 inline int Blocks(int64_t count) {

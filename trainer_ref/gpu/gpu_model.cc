@@ -157,18 +157,35 @@ absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x) {
     encoded = target.has_value();
     return encoded ? Fp8Out{target->codes, target->scale, target->amax} : Fp8Out{};
   };
-  // `first`: the first linear map reading `in` (its scale is the input's).
-  auto cast = [&](const Bf16* in, LinearIndex first, int cols) {
-    if (fp8 == nullptr) return;
-    if (encoded) {
+  // An FP8 layer keeps h1, h2 and s as their codes transposed, in their rooms (Acts::
+  // inputs_transposed); their bf16 values, where a conversion reads them, go to workspace the
+  // forward does not use (the backward's), and under delayed scaling nowhere.
+  const bool keep_t = a.inputs_transposed;
+  Bf16* const h1 = keep_t ? dh_ : a.h1;
+  Bf16* const h2 = keep_t ? dh_ : a.h2;
+  Bf16* const s = keep_t ? ds_ : a.s;
+  auto bf16_out = [&](Bf16* out) { return keep_t && encoded ? nullptr : out; };
+  // `first`: the first linear map reading `in` (its scale is the input's). `kept` (with
+  // keep_t): the room for the codes transposed, and `i` the input's index in in_scale_inv;
+  // `kept_made`: the input's maker wrote them there already.
+  auto cast = [&](const Bf16* in, LinearIndex first, int cols, Bf16* kept = nullptr, int i = 0,
+                  bool kept_made = false) -> absl::Status {
+    if (fp8 == nullptr) return absl::OkStatus();
+    uint8_t* const keep = keep_t && kept != nullptr ? reinterpret_cast<uint8_t*>(kept) : nullptr;
+    Timed(kFp8Cast, [&] {
+      if (!encoded) {
+        in8 = keep != nullptr ? fp8->QuantizeInputKeepingTransposed(l, first, in, n, cols, keep, stream_)
+                              : fp8->QuantizeInput(l, first, in, n, cols, stream_);
+        return 0;
+      }
       in8 = fp8->InputCodes(l, first);
       encoded = false;
-      return;
-    }
-    Timed(kFp8Cast, [&] {
-      in8 = fp8->QuantizeInput(l, first, in, n, cols, stream_);
+      if (keep != nullptr && !kept_made) fp8->TransposeInputCodes(n, cols, keep, stream_);
       return 0;
     });
+    if (keep == nullptr || fp8->InputScalesHoldWithinStep()) return absl::OkStatus();
+    return Cuda(cudaMemcpyAsync(a.in_scale_inv + i, in8.scale_inv, sizeof(float), cudaMemcpyDeviceToDevice, stream_),
+                "kept input's scale");
   };
   auto linear = [&](Bf16* out, const Bf16* in, size_t e, LinearIndex k, int ic, int oc) {
     return TimedFlops(kGemm, 2.0 * n * ic * oc, [&] {
@@ -181,26 +198,26 @@ absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x) {
   if (a.x_in_bf16 != nullptr) {  // a bf16 checkpoint: the input rounded is all the layer keeps
     Timed(kElementwise, [&] {
       ToBf16(a.x_in_bf16, x, static_cast<int64_t>(nc), stream_);
-      RmsNormForward(a.h1, a.rstd1, x, N(w.attn_norm), n, c, eps, stream_);
+      RmsNormForward(h1, a.rstd1, x, N(w.attn_norm), n, c, eps, stream_);
       return 0;
     });
   } else if (fused_norms_) {
     const Fp8Out q = out_codes(kLinearQ);
     Timed(kElementwise, [&] {
-      ResidualRmsNormForward(a.h1, a.rstd1, x, nullptr, a.x_in, N(w.attn_norm), n, c, eps, stream_, q);
+      ResidualRmsNormForward(bf16_out(h1), a.rstd1, x, nullptr, a.x_in, N(w.attn_norm), n, c, eps, stream_, q);
       return 0;
     });
   } else {
     RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(a.x_in, x, nc * sizeof(float), cudaMemcpyDeviceToDevice, stream_), "x_in"));
     Timed(kElementwise, [&] {
-      RmsNormForward(a.h1, a.rstd1, x, N(w.attn_norm), n, c, eps, stream_);
+      RmsNormForward(h1, a.rstd1, x, N(w.attn_norm), n, c, eps, stream_);
       return 0;
     });
   }
-  cast(a.h1, kLinearQ, c);
-  RETURN_IF_ERROR(linear(a.q, a.h1, w.wq, kLinearQ, c, qd));
-  RETURN_IF_ERROR(linear(a.k, a.h1, w.wk, kLinearK, c, kd));
-  RETURN_IF_ERROR(linear(a.v, a.h1, w.wv, kLinearV, c, kd));
+  RETURN_IF_ERROR(cast(h1, kLinearQ, c, a.h1, 0));
+  RETURN_IF_ERROR(linear(a.q, h1, w.wq, kLinearQ, c, qd));
+  RETURN_IF_ERROR(linear(a.k, h1, w.wk, kLinearK, c, kd));
+  RETURN_IF_ERROR(linear(a.v, h1, w.wv, kLinearV, c, kd));
   if (config_.qkv_bias) {
     Timed(kElementwise, [&] {
       BiasForward(a.q, N(w.bq), n, qd, stream_);
@@ -225,12 +242,12 @@ absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x) {
     RepeatKvHeads(v_full_, a.v, n, h, kvh, d, stream_);
     return Cuda(AttentionForward(a.a, a.lse, a.q, k_full_, v_full_, batch_, seq_, h, d, stream_), "attention forward");
   }));
-  cast(a.a, kLinearO, qd);
+  RETURN_IF_ERROR(cast(a.a, kLinearO, qd));
   RETURN_IF_ERROR(linear(tmp_, a.a, w.wo, kLinearO, qd, c));
   if (fused_norms_) {
     const Fp8Out q = out_codes(kLinearGate);
     Timed(kElementwise, [&] {
-      ResidualRmsNormForward(a.h2, a.rstd2, x, tmp_, a.x_mid, N(w.mlp_norm), n, c, eps, stream_, q);
+      ResidualRmsNormForward(bf16_out(h2), a.rstd2, x, tmp_, a.x_mid, N(w.mlp_norm), n, c, eps, stream_, q);
       return 0;
     });
   } else {
@@ -240,20 +257,24 @@ absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x) {
     });
     RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(a.x_mid, x, nc * sizeof(float), cudaMemcpyDeviceToDevice, stream_), "x_mid"));
     Timed(kElementwise, [&] {
-      RmsNormForward(a.h2, a.rstd2, x, N(w.mlp_norm), n, c, eps, stream_);
+      RmsNormForward(h2, a.rstd2, x, N(w.mlp_norm), n, c, eps, stream_);
       return 0;
     });
   }
-  cast(a.h2, kLinearGate, c);
-  RETURN_IF_ERROR(linear(a.g, a.h2, w.w1, kLinearGate, c, f));
-  RETURN_IF_ERROR(linear(a.u, a.h2, w.w3, kLinearUp, c, f));
+  RETURN_IF_ERROR(cast(h2, kLinearGate, c, a.h2, 1));
+  RETURN_IF_ERROR(linear(a.g, h2, w.w1, kLinearGate, c, f));
+  RETURN_IF_ERROR(linear(a.u, h2, w.w3, kLinearUp, c, f));
   const Fp8Out q = out_codes(kLinearDown);
+  bool s_kept = false;  // the codes transposed too, by the same kernel
   Timed(kElementwise, [&] {
-    SwiGluForward(a.s, a.g, a.u, n, f, stream_, q);
+    s_kept = keep_t && encoded &&
+             SwiGluForwardFp8Transposed(q.codes, reinterpret_cast<uint8_t*>(a.s), a.g, a.u, n, f, q.scale, q.amax,
+                                        stream_);
+    if (!s_kept) SwiGluForward(bf16_out(s), a.g, a.u, n, f, stream_, q);
     return 0;
   });
-  cast(a.s, kLinearDown, f);
-  RETURN_IF_ERROR(linear(tmp_, a.s, w.w2, kLinearDown, f, c));
+  RETURN_IF_ERROR(cast(s, kLinearDown, f, a.s, 2, s_kept));
+  RETURN_IF_ERROR(linear(tmp_, s, w.w2, kLinearDown, f, c));
   Timed(kElementwise, [&] {
     AddInto(x, tmp_, static_cast<int64_t>(nc), stream_);
     return 0;
@@ -375,7 +396,12 @@ void GpuModel::AddSumOfSquares(int group) {
 
 GpuModel::Acts GpuModel::ActsForForward(int l, void* saved) const {
   if (Lean(l)) return ActsAt(saved, /*lean=*/true);
-  if (!Recomputes(l)) return ActsAt(saved);
+  if (!Recomputes(l)) {
+    Acts a = ActsAt(saved);
+    a.inputs_transposed = KeepsInputsTransposed(l);
+    return a;
+  }
+  // The workspace's values are not read: the backward recomputes them (ActsForBackward).
   Acts a = ActsAt(recompute_acts_);
   if (bf16_checkpoints_) {
     a.x_in_bf16 = static_cast<Bf16*>(saved);
@@ -402,6 +428,7 @@ absl::StatusOr<GpuModel::Acts> GpuModel::ActsForBackward(int l, void* saved) {
     return a;
   }
   Acts a = ActsAt(Recomputes(l) ? recompute_acts_ : saved);
+  a.inputs_transposed = KeepsInputsTransposed(l);
   if (!Recomputes(l)) return a;
   // The layer's forward again, from its saved input, into the workspace.
   const size_t nc = static_cast<size_t>(batch_) * seq_ * config_.d_model;

@@ -407,6 +407,13 @@ class GpuModel {
     Bf16* x_in_bf16 = nullptr;  // set: the layer's input is kept here, rounded, not in x_in
     Bf16 *h1, *q, *k, *v, *a, *h2, *g, *u, *s;
     float *rstd1, *rstd2, *lse;
+    // Set (an FP8 layer that keeps its element-wise outputs): h1, h2 and s hold their E4M3
+    // codes transposed (C x N, F x N bytes, the start of their rooms), what the backward's
+    // weight gradients read, made in the forward from the codes its matmuls take; the
+    // backward converts nothing again. in_scale_inv[0..2]: the scale_inv each was made at,
+    // copied where the scales may change within a step (Fp8Linear::InputScalesHoldWithinStep).
+    bool inputs_transposed = false;
+    float* in_scale_inv = nullptr;
   };
   // lean: a lean layer's, what it keeps at `base` and its element-wise outputs (h1, h2, s) in
   // the recompute workspace.
@@ -448,6 +455,8 @@ class GpuModel {
   bool Recomputes(int l) const { return checkpointing_ && l < config_.layers - kept_layers_ - lean_layers_; }
   // Whether layer l keeps all but its element-wise outputs (recomputed in its backward).
   bool Lean(int l) const { return checkpointing_ && !Recomputes(l) && l < config_.layers - kept_layers_; }
+  // Whether layer l's activations keep h1, h2 and s as transposed codes (Acts::inputs_transposed).
+  bool KeepsInputsTransposed(int l) const { return LayerFp8(l) != nullptr && !Lean(l); }
   // Some layer recomputes something: the workspace holds a layer's activations for it.
   bool AnyRecomputes() const {
     return AnyRecomputes(config_, {.checkpointing = checkpointing_, .kept_layers = kept_layers_});

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "trainer_ref/checkpoint.h"
@@ -144,6 +145,62 @@ double Fp8TrainStep(GpuModel& m, const Batch& b, int at) {
   m.EndFp8Step();
   EXPECT_TRUE(m.AdamWStep(1e-3, at, AdamWOptions{}, 1.0).ok());
   return loss.ok() ? *loss : 0;
+}
+
+// An FP8 layer that keeps its activations keeps its maps' inputs h1, h2 and s as their codes
+// transposed, made in the forward (Acts::inputs_transposed); a lean layer keeps neither, and
+// its backward converts the remade bf16 inputs, as every layer's did before. Both give the same
+// bits: over three steps (the first at current scales, each input's scale copied beside its
+// codes; the later ones at delayed scales, where the norms and SwiGLU write the codes), one
+// micro-batch at a time and layer-major over three (each micro-batch's codes read back at the
+// scale they were made at, not the last micro-batch's). d_ff 384 takes SwiGLU's kernel that
+// writes the codes transposed itself, 352 (not of 64 x 64 tiles) the byte transpose after.
+TEST(GpuModelTest, Fp8InputsKeptTransposedGiveTheBitsOfConvertingThemAgain) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device here: the GPU model is checked on the lent GPU machine";
+  const int batch = 2, seq = 64, n = batch * seq;
+  for (const auto& [d_ff, micro] : std::vector<std::pair<int, int>>{{384, 0}, {384, 3}, {352, 0}, {352, 3}}) {
+    const ModelConfig config{"kept", 3, 128, 2, d_ff, 512, 128};  // head size 64
+    SCOPED_TRACE((micro > 0 ? "layer-major, 3 micro-batches" : "one micro-batch a step") +
+                 std::string(", d_ff ") + std::to_string(d_ff));
+    auto make = [&](int kept, int lean) {
+      auto m = GpuModel::Create(
+          config, batch, seq, nullptr,
+          {.checkpointing = true, .kept_layers = kept, .lean_layers = lean, .layer_major_micro_batches = micro});
+      EXPECT_TRUE(m.ok()) << m.status();
+      EXPECT_TRUE((*m)->UseFp8().ok());
+      EXPECT_TRUE((*m)->InitParams(7).ok());
+      return std::move(*m);
+    };
+    auto keeping = make(config.layers, 0), converting = make(0, config.layers);
+    std::mt19937_64 rng(57);
+    for (int at = 1; at <= 3; ++at) {
+      std::vector<int32_t> tokens, targets;
+      for (int m = 0; m < std::max(1, micro); ++m) {
+        const Batch b = RandomBatch(n, config.vocab, rng);
+        tokens.insert(tokens.end(), b.tokens.begin(), b.tokens.end());
+        targets.insert(targets.end(), b.targets.begin(), b.targets.end());
+      }
+      double losses[2];
+      std::vector<float> grads[2];
+      for (int k = 0; k < 2; ++k) {
+        GpuModel& m = k == 0 ? *keeping : *converting;
+        ASSERT_TRUE(m.ZeroGrads().ok());
+        auto loss = micro > 0 ? m.ForwardBackwardLayerMajor(tokens.data(), targets.data())
+                              : m.Forward(tokens.data(), targets.data());
+        ASSERT_TRUE(loss.ok()) << loss.status();
+        if (micro == 0) ASSERT_TRUE(m.Backward().ok());
+        losses[k] = *loss;
+        ASSERT_TRUE(m.GetGrads(&grads[k]).ok());
+        m.EndFp8Step();
+        ASSERT_TRUE(m.AdamWStep(1e-3, at, AdamWOptions{}, 1.0).ok());
+      }
+      EXPECT_EQ(losses[0], losses[1]) << "step " << at;
+      ASSERT_EQ(grads[0].size(), grads[1].size());
+      size_t off = 0;
+      for (size_t i = 0; i < grads[0].size(); ++i) off += grads[0][i] != grads[1][i];
+      EXPECT_EQ(off, 0u) << "step " << at << ": gradient elements differing, of " << grads[0].size();
+    }
+  }
 }
 
 // Delayed scaling in the model: its first step converts at the current scales (the same loss,

@@ -21,8 +21,14 @@ absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx, bool fresh
   Fp8Linear* fp8 = LayerFp8(l);
   const bool codes = fp8 != nullptr && ReadsCodes(l + 1);
   Fp8Codes in8_t;
-  auto cast = [&](const Bf16* in, LinearIndex first, int cols) {
+  // `i`: the input's index in Acts::in_scale_inv, where the forward kept its codes transposed.
+  auto cast = [&](const Bf16* in, LinearIndex first, int cols, int i = -1) {
     if (fp8 == nullptr) return;
+    if (a.inputs_transposed && i >= 0) {
+      in8_t = {reinterpret_cast<const uint8_t*>(in),
+               fp8->InputScalesHoldWithinStep() ? fp8->InputCodes(l, first).scale_inv : a.in_scale_inv + i};
+      return;
+    }
     Timed(kFp8Cast, [&] {
       in8_t = fp8->QuantizeInputTransposed(l, first, in, n, cols, stream_);
       return 0;
@@ -47,7 +53,7 @@ absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx, bool fresh
     });
     dx16_holds_ = dx;
   }
-  cast(a.s, kLinearDown, f);
+  cast(a.s, kLinearDown, f, 2);
   RETURN_IF_ERROR(linear(ds_, dx16_, a.s, w.w2, kLinearDown, f, c, /*first=*/true));
   // Under delayed scaling the gate's and up's gradient scales are known already: SwiGLU's
   // backward writes their E5M2 codes (into dg_'s and du_'s room) instead of bf16 tensors that
@@ -73,7 +79,7 @@ absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx, bool fresh
       }
       return 0;
     });
-    cast(a.h2, kLinearGate, c);
+    cast(a.h2, kLinearGate, c, 1);
     auto from_codes = [&](const uint8_t* dout8, const uint8_t* dout8_t, size_t e, LinearIndex k, bool first) {
       return TimedFlops(kGemm, 4.0 * n * c * f, [&] {
         return fp8->BackwardFromOutputCodes(dh_, G(e), dout8, in8_t, l, k, codes ? nullptr : W(e),
@@ -88,7 +94,7 @@ absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx, bool fresh
       SwiGluBackward(dg_, du_, ds_, a.g, a.u, n, f, stream_);
       return 0;
     });
-    cast(a.h2, kLinearGate, c);
+    cast(a.h2, kLinearGate, c, 1);
     RETURN_IF_ERROR(linear(dh_, dg_, a.h2, w.w1, kLinearGate, c, f, /*first=*/true));
     RETURN_IF_ERROR(linear(dh_, du_, a.h2, w.w3, kLinearUp, c, f, /*first=*/false));
   }
@@ -150,7 +156,7 @@ absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx, bool fresh
     }
     return 0;
   });
-  cast(a.h1, kLinearQ, c);
+  cast(a.h1, kLinearQ, c, 0);
   auto roped = [&](const RopedCodes& codes8, const Bf16* dout, size_t e, LinearIndex k, int oc, bool first) {
     if (codes8.plain == nullptr) return linear(dh_, dout, a.h1, e, k, c, oc, first);
     return TimedFlops(kGemm, 4.0 * n * c * oc, [&] {

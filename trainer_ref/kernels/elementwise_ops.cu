@@ -49,7 +49,7 @@ __global__ void RopeKernel(Bf16* x, int t, int h, int d, RopeFrequencies freq, f
 
 // Element-wise kernels: eight values a thread with 16-byte accesses over the whole groups
 // of eight when every pointer is aligned (`vec`), then one a thread for the rest.
-// With q.codes, the output's E4M3 codes too (Fp8Out).
+// With q.codes, the output's E4M3 codes too (Fp8Out), or only them with a null `out`.
 __global__ void SwiGluForwardKernel(Bf16* out, const Bf16* gate, const Bf16* up, int64_t count, bool vec, Fp8Out q) {
   const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x, stride = int64_t{gridDim.x} * blockDim.x;
   const int64_t groups = vec ? count / 8 : 0;
@@ -61,7 +61,7 @@ __global__ void SwiGluForwardKernel(Bf16* out, const Bf16* gate, const Bf16* up,
     Load8(up + 8 * k, u);
 #pragma unroll
     for (int e = 0; e < 8; ++e) g[e] = g[e] * Sigmoid(g[e]) * u[e];
-    Store8(out + 8 * k, g);
+    if (out != nullptr) Store8(out + 8 * k, g);
     if (q.codes == nullptr) continue;
     uint32_t packed[2] = {0, 0};
 #pragma unroll
@@ -74,7 +74,7 @@ __global__ void SwiGluForwardKernel(Bf16* out, const Bf16* gate, const Bf16* up,
   }
   for (int64_t i = groups * 8 + first; i < count; i += stride) {
     const float g = Load(gate, i), s = g * Sigmoid(g) * Load(up, i);
-    Store(out, i, s);
+    if (out != nullptr) Store(out, i, s);
     if (q.codes == nullptr) continue;
     const float rounded = RoundedToBf16(s);
     most = max(most, __float_as_uint(fabsf(rounded)));

@@ -172,6 +172,15 @@ Fp8Codes Fp8Linear::QuantizeInputTransposed(int layer, int index, const Bf16* in
   return Quantize(nullptr, in_, SlotIndex(layer, Fp8Trouble::kInput, index), in, rows, cols, /*e5m2=*/false, stream);
 }
 
+Fp8Codes Fp8Linear::QuantizeInputKeepingTransposed(int layer, int index, const Bf16* in, int rows, int cols,
+                                                    uint8_t* transposed, cudaStream_t stream) {
+  return Quantize(in_, transposed, SlotIndex(layer, Fp8Trouble::kInput, index), in, rows, cols, /*e5m2=*/false, stream);
+}
+
+void Fp8Linear::TransposeInputCodes(int rows, int cols, uint8_t* transposed, cudaStream_t stream) {
+  TransposeFp8(transposed, in_, rows, cols, stream);
+}
+
 Fp8Codes Fp8Linear::WeightCodes(int layer, int index, const Bf16* weight, bool transposed, cudaStream_t stream) {
   uint8_t* codes = (transposed ? weight_codes_t_ : weight_codes_) + weight_offset_[index];
   const int slot = SlotIndex(layer, Fp8Trouble::kWeight, index);

@@ -92,6 +92,17 @@ class Fp8Linear {
   Fp8Codes QuantizeInput(int layer, int index, const Bf16* in, int rows, int cols, cudaStream_t stream);
   // The same, transposed (cols x rows): what Backward's weight gradient reads.
   Fp8Codes QuantizeInputTransposed(int layer, int index, const Bf16* in, int rows, int cols, cudaStream_t stream);
+  // QuantizeInput's codes, and from the same read the same codes transposed into `transposed`
+  // (cols x rows, the caller's: a layer keeps them for its backward instead of the bf16 input).
+  Fp8Codes QuantizeInputKeepingTransposed(int layer, int index, const Bf16* in, int rows, int cols,
+                                          uint8_t* transposed, cudaStream_t stream);
+  // InputCodes (written by the input's maker at InputTarget) transposed into `transposed`.
+  void TransposeInputCodes(int rows, int cols, uint8_t* transposed, cudaStream_t stream);
+  // Whether an input's scale stays as it is until EndStep (delayed scaling after its first
+  // step, fixed scaling), so that codes kept from the forward read back with InputCodes'
+  // scale_inv in the backward; otherwise each conversion sets it anew (current scaling) and
+  // the keeper copies the scale_inv it was made at.
+  bool InputScalesHoldWithinStep() const { return scaling_.fixed() || (scaling_.delayed && steps_ > 0); }
   // out (n, oc) = in x W^T, W weight `index` of layer `layer`, bf16 (oc, ic).
   absl::Status Forward(Bf16* out, Fp8Codes in, int layer, int index, const Bf16* weight, int n, int ic, int oc,
                        cudaStream_t stream);

@@ -224,6 +224,36 @@ __global__ void SwiGluBackwardFp8Transposed64Kernel(uint8_t* dgate, uint8_t* dup
   WarpAmax(amax_up, most_u);
 }
 
+// SwiGLU's forward of a 64 x 64 tile (SwiGluForwardKernel's values, rounded to bf16 as it
+// stores them) straight to E4M3 codes, plain and transposed; no bf16 output.
+__global__ void SwiGluFp8Transposed64Kernel(uint8_t* plain, uint8_t* out, const Bf16* gate, const Bf16* up, int rows,
+                                            int cols, const float* scale, unsigned int* amax_bits) {
+  __shared__ uint32_t tile[kBigTile][kBigTile / 4 + 1];
+  const float s = *scale;
+  const int c0 = blockIdx.x * kBigTile, r0 = blockIdx.y * kBigTile;
+  unsigned int mine = 0;
+  for (int v = threadIdx.x; v < kBigTile * kBigTile / 8; v += kBigThreads) {
+    const int r = v / 8, c = (v % 8) * 8;
+    const int64_t at = int64_t{r0 + r} * cols + c0 + c;
+    float g[8], u[8];
+    Load8(gate + at, g);
+    Load8(up + at, u);
+    uint32_t codes[2] = {0, 0};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float y = RoundedToBf16(g[e] * Sigmoid(g[e]) * u[e]);
+      mine = max(mine, __float_as_uint(fabsf(y)));
+      codes[e / 4] |= uint32_t{Fp8(y, s, false)} << (8 * (e % 4));
+    }
+    *reinterpret_cast<uint2*>(plain + at) = make_uint2(codes[0], codes[1]);
+    tile[r][c / 4] = codes[0];
+    tile[r][c / 4 + 1] = codes[1];
+  }
+  __syncthreads();
+  StoreTileTransposed(out, tile, r0, c0, rows);
+  WarpAmax(amax_bits, mine);
+}
+
 // 32 x 32 tiles through shared memory: reads and writes both along rows. With `plain`, the
 // codes are also written untransposed (one read of the input for both).
 constexpr int kTile = 32;
@@ -393,6 +423,18 @@ bool SwiGluBackwardFp8Transposed(uint8_t* dgate, uint8_t* dup, uint8_t* dgate_t,
   SwiGluBackwardFp8Transposed64Kernel<<<grid, kBigThreads, 0, stream>>>(
       dgate, dup, dgate_t, dup_t, dout, gate, up, rows, cols, scale_gate, scale_up,
       reinterpret_cast<unsigned int*>(amax_gate), reinterpret_cast<unsigned int*>(amax_up));
+  return true;
+}
+
+bool SwiGluForwardFp8Transposed(uint8_t* plain, uint8_t* transposed, const Bf16* gate, const Bf16* up, int rows,
+                                int cols, const float* scale, float* amax, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0 || rows % kBigTile != 0 || cols % kBigTile != 0 || !Aligned16(gate, up, transposed) ||
+      !Aligned8(plain)) {
+    return false;
+  }
+  const dim3 grid(cols / kBigTile, rows / kBigTile);
+  SwiGluFp8Transposed64Kernel<<<grid, kBigThreads, 0, stream>>>(plain, transposed, gate, up, rows, cols, scale,
+                                                                reinterpret_cast<unsigned int*>(amax));
   return true;
 }
 

@@ -52,6 +52,13 @@ void SwiGluBackwardFp8(uint8_t* dgate, uint8_t* dup, const Bf16* dout, const Bf1
 bool SwiGluBackwardFp8Transposed(uint8_t* dgate, uint8_t* dup, uint8_t* dgate_t, uint8_t* dup_t, const Bf16* dout,
                                  const Bf16* gate, const Bf16* up, int rows, int cols, const float* scale_gate,
                                  const float* scale_up, float* amax_gate, float* amax_up, cudaStream_t stream);
+// SwiGLU's forward (gpu_ops.h: SwiGluForward) over (rows, cols) straight to the E4M3 codes of
+// its output at *scale, plain (rows, cols) and transposed (cols, rows), its largest |x| folded
+// into *amax (null: not): the codes SwiGluForward's Fp8Out makes, then those transposed, and no
+// bf16 output. Only for rows and cols multiples of 64, gate, up and `transposed` 16-byte
+// aligned and `plain` 8-byte: false, and nothing written, otherwise.
+bool SwiGluForwardFp8Transposed(uint8_t* plain, uint8_t* transposed, const Bf16* gate, const Bf16* up, int rows,
+                                int cols, const float* scale, float* amax, cudaStream_t stream);
 
 // RopeBackward of dx (B*T, H, D) as FP8 codes at *scale (E5M2 with `e5m2`), plain (B*T, H*D)
 // and transposed (H*D, B*T), its largest |x| folded into *amax (null: not), without writing

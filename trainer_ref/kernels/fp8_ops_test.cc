@@ -360,6 +360,47 @@ TEST(Fp8OpsTest, SwiGluBackwardToTransposedCodesIsTheSameCodesTransposed) {
   EXPECT_EQ(off, 0);
 }
 
+// SwiGLU's forward straight to E4M3 codes, plain and transposed, with no bf16 output: the bits
+// of SwiGluForward with Fp8Out then TransposeFp8 (codes and amax), and within one code of the
+// CPU reference (cpu::SwiGluForward, rounded to bf16, fp8::Encode: __expf is not std::exp). A
+// shape not of 64 x 64 tiles is refused with nothing written.
+TEST(Fp8OpsTest, SwiGluForwardToTransposedCodesIsTheForwardsCodesTransposed) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(41);
+  const int rows = 192, cols = 320;
+  const size_t count = static_cast<size_t>(rows) * cols;
+  const Bf16Data gate = Random(count, rng, 2.f), up = Random(count, rng);
+  Device<Bf16> d_gate(gate.bits), d_up(up.bits), d_out{std::vector<Bf16>(count)};
+  Device<float> scale{std::vector<float>{64.f}}, amax{std::vector<float>{0.f, 0.f}};
+  Device<uint8_t> plain{std::vector<uint8_t>(count, 7)}, transposed{std::vector<uint8_t>(count, 7)},
+      plain_ref{std::vector<uint8_t>(count)}, transposed_ref{std::vector<uint8_t>(count)};
+  EXPECT_FALSE(SwiGluForwardFp8Transposed(plain.get(), transposed.get(), d_gate.get(), d_up.get(), rows - 16, cols,
+                                          scale.get(), amax.get(), nullptr));
+  EXPECT_EQ(plain.Host(), std::vector<uint8_t>(count, 7)) << "a refused shape wrote codes";
+  EXPECT_EQ(transposed.Host(), std::vector<uint8_t>(count, 7)) << "a refused shape wrote codes";
+  ASSERT_TRUE(SwiGluForwardFp8Transposed(plain.get(), transposed.get(), d_gate.get(), d_up.get(), rows, cols,
+                                         scale.get(), amax.get(), nullptr));
+  SwiGluForward(d_out.get(), d_gate.get(), d_up.get(), rows, cols, nullptr,
+                Fp8Out{plain_ref.get(), scale.get(), amax.get() + 1});
+  TransposeFp8(transposed_ref.get(), plain_ref.get(), rows, cols, nullptr);
+  const std::vector<uint8_t> got = plain.Host();
+  EXPECT_EQ(got, plain_ref.Host());
+  EXPECT_EQ(transposed.Host(), transposed_ref.Host());
+  const std::vector<float> amaxes = amax.Host();
+  EXPECT_GT(amaxes[0], 0.f);
+  EXPECT_EQ(amaxes[0], amaxes[1]);
+  std::vector<float> cpu(count);
+  cpu::SwiGluForward(cpu.data(), gate.values.data(), up.values.data(), rows, cols);
+  int64_t equal = 0, far = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const uint8_t want = fp8::Encode(FromBf16(ToBf16(cpu[i])) * 64.f, fp8::Format::kE4M3);
+    equal += got[i] == want;
+    far += std::abs(int{got[i]} - int{want}) > 1;
+  }
+  EXPECT_EQ(far, 0) << "codes more than one step from the CPU's";
+  EXPECT_GT(equal, static_cast<int64_t>(count) * 99 / 100) << "codes equal to the CPU's of " << count;
+}
+
 // RoPE's backward straight to E5M2 codes, plain and transposed: the bits of RopeBackward then
 // QuantizeFp8Transposed (codes and amax), within one code of the CPU reference's turn
 // (cpu::RopeBackward, rounded to bf16, fp8::Encode: the GPU's sincosf is not std::sin's); for
@@ -415,7 +456,8 @@ TEST(Fp8OpsTest, RopeBackwardToCodesIsRopeBackwardThenTheConversion) {
 
 // The norm's and SwiGLU's forward with Fp8Out: the same outputs as without, and beside them the
 // codes and amax QuantizeFp8 makes of those outputs (the GPU's, and fp8::Encode of the output
-// on the CPU), on the vector paths and the one-by-one ones (C 1001; SwiGLU one value in).
+// on the CPU), on the vector paths and the one-by-one ones (C 1001; SwiGLU one value in). With
+// a null bf16 output, the same codes and amax alone.
 TEST(Fp8OpsTest, NormAndSwiGluWriteTheCodesOfTheirOutput) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(31);
@@ -463,6 +505,14 @@ TEST(Fp8OpsTest, NormAndSwiGluWriteTheCodesOfTheirOutput) {
     EXPECT_EQ(d_x.Host(), d_x_plain.Host()) << at;
     EXPECT_EQ(d_rstd.Host(), d_rstd_plain.Host()) << at;
     expect_codes(d_out.Host(), codes, amax, at);
+    Device<float> d_x_alone(x0), d_rstd_alone{std::vector<float>(n)}, amax_alone{std::vector<float>{0.f}};
+    Device<uint8_t> codes_alone{std::vector<uint8_t>(nc)};
+    ResidualRmsNormForward(nullptr, d_rstd_alone.get(), d_x_alone.get(), d_residual.get(), nullptr, d_weight.get(), n,
+                           c, 1e-5f, nullptr, Fp8Out{codes_alone.get(), scale.get(), amax_alone.get()});
+    EXPECT_EQ(codes_alone.Host(), codes.Host()) << at << ", codes alone";
+    EXPECT_EQ(amax_alone.Host(), amax.Host()) << at << ", codes alone";
+    EXPECT_EQ(d_rstd_alone.Host(), d_rstd.Host()) << at << ", codes alone";
+    EXPECT_EQ(d_x_alone.Host(), d_x.Host()) << at << ", codes alone";
   }
   const int n = 33, f = 1000;
   const size_t count = size_t{n} * f;
@@ -480,6 +530,12 @@ TEST(Fp8OpsTest, NormAndSwiGluWriteTheCodesOfTheirOutput) {
     EXPECT_EQ(out, d_out_plain.Host());
     expect_codes(std::vector<Bf16>(out.begin() + skip, out.begin() + skip + (count - skip)), codes, amax,
                  skip ? "swiglu, one value in" : "swiglu");
+    Device<uint8_t> codes_alone{std::vector<uint8_t>(count - skip)};
+    Device<float> amax_alone{std::vector<float>{0.f}};
+    SwiGluForward(nullptr, d_gate.get() + skip, d_up.get() + skip, rows, cols, nullptr,
+                  Fp8Out{codes_alone.get(), scale.get(), amax_alone.get()});
+    EXPECT_EQ(codes_alone.Host(), codes.Host()) << "swiglu, codes alone, skip " << skip;
+    EXPECT_EQ(amax_alone.Host(), amax.Host()) << "swiglu, codes alone, skip " << skip;
   }
 }
 

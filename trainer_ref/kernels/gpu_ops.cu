@@ -68,7 +68,7 @@ __global__ void EmbeddingBackwardKernel(float* dwte, const float* dout, const in
 // as AddInto); with `saved`, x (after the add) is copied there too (what the backward keeps):
 // one read of x where AddInto, a copy and the norm read it three times. The plain norm is
 // this kernel with neither, so the fused forms give its bits exactly.
-// With q.codes, the output's E4M3 codes too (Fp8Out).
+// With q.codes, the output's E4M3 codes too (Fp8Out), or only them with a null `out`.
 __global__ void RmsNormForwardKernel(Bf16* out, float* rstd, float* x_io, const Bf16* residual, float* saved,
                                      const float* weight, int c, float eps, bool vec, Fp8Out q) {
   const int64_t row = blockIdx.x;
@@ -109,7 +109,7 @@ __global__ void RmsNormForwardKernel(Bf16* out, float* rstd, float* x_io, const 
     for (int j = threadIdx.x; j < c / 4; j += blockDim.x) {
       const float4 v = x4[j], w = w4[j];
       const float4 h = make_float4(v.x * r * w.x, v.y * r * w.y, v.z * r * w.z, v.w * r * w.w);
-      Store4(out + row * c + 4 * j, h);
+      if (out != nullptr) Store4(out + row * c + 4 * j, h);
       if (q.codes == nullptr) continue;
       const float hs[4] = {RoundedToBf16(h.x), RoundedToBf16(h.y), RoundedToBf16(h.z), RoundedToBf16(h.w)};
       uint32_t packed = 0;
@@ -123,7 +123,7 @@ __global__ void RmsNormForwardKernel(Bf16* out, float* rstd, float* x_io, const 
   } else {
     for (int j = threadIdx.x; j < c; j += blockDim.x) {
       const float h = x[j] * r * weight[j];
-      Store(out, row * c + j, h);
+      if (out != nullptr) Store(out, row * c + j, h);
       if (q.codes == nullptr) continue;
       const float hs = RoundedToBf16(h);
       most = max(most, __float_as_uint(fabsf(hs)));

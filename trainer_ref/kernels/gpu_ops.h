@@ -47,7 +47,8 @@ void EmbeddingBackward(float* dwte, const float* dout, const int32_t* index, int
 // (fp8_ops.h) makes of that output, bit for bit, with the output's largest |x| folded into
 // *amax (null: not). No codes with a null `codes`. What a layer's forward gives its FP8 linear
 // maps when the input's scale is known before the input is (delayed scaling), so that no
-// conversion reads the output again.
+// conversion reads the output again. A kernel given codes may be given a null bf16 output:
+// the codes alone are written.
 struct Fp8Out {
   uint8_t* codes = nullptr;
   const float* scale = nullptr;

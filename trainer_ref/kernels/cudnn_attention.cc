@@ -5,7 +5,9 @@
 #include <cmath>
 #include <exception>
 #include <mutex>
+#include <tuple>
 #include <unordered_map>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "cudnn_frontend.h"
@@ -61,7 +63,8 @@ struct CudnnAttention::Impl {
 CudnnAttention::CudnnAttention(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 CudnnAttention::~CudnnAttention() = default;
 
-absl::StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(const Shape& s, bool deterministic) {
+absl::StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(const Shape& s, bool deterministic,
+                                                                       bool all_plans) {
   if (s.batch < 1 || s.seq < 1 || s.heads < 1 || s.kv_heads < 1 || s.heads % s.kv_heads != 0 || s.head_dim < 1) {
     return absl::InvalidArgumentError(absl::StrFormat("cuDNN attention: batch %d, sequence %d, %d heads of %d, %d key/value heads",
                                                       s.batch, s.seq, s.heads, s.head_dim, s.kv_heads));
@@ -121,13 +124,18 @@ absl::StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(const Sha
       const char* which = graph == forward.get() ? "forward" : "backward";
       if (auto e = graph->validate(); e.is_bad()) return Unavailable(std::string(which) + " graph", e);
       if (auto e = graph->build_operation_graph(impl->handle); e.is_bad()) return Unavailable(which, e);
-      if (auto e = graph->create_execution_plans({fe::HeurMode_t::A}); e.is_bad()) return Unavailable(which, e);
+      const std::vector<fe::HeurMode_t> modes =
+          all_plans ? std::vector{fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK} : std::vector{fe::HeurMode_t::A};
+      if (auto e = graph->create_execution_plans(modes); e.is_bad()) return Unavailable(which, e);
       if (auto e = graph->check_support(impl->handle); e.is_bad()) {
         return Unavailable(std::string(which) + " not supported here", e);
       }
-      if (auto e = graph->build_plans(impl->handle); e.is_bad()) return Unavailable(which, e);
-      int64_t bytes = 0;
-      if (auto e = graph->get_workspace_size(bytes); e.is_bad()) return Unavailable(which, e);
+      const auto policy = all_plans ? fe::BuildPlanPolicy_t::ALL : fe::BuildPlanPolicy_t::HEURISTICS_CHOICE;
+      if (auto e = graph->build_plans(impl->handle, policy); e.is_bad()) return Unavailable(which, e);
+      int64_t bytes = graph->get_autotune_workspace_size();
+      if (!all_plans) {
+        if (auto e = graph->get_workspace_size(bytes); e.is_bad()) return Unavailable(which, e);
+      }
       impl->workspace = std::max(impl->workspace, bytes);
     }
     impl->forward = std::move(forward);
@@ -197,6 +205,43 @@ absl::Status CudnnAttention::Backward(Bf16* dq, Bf16* dk, Bf16* dv, const Bf16* 
     return absl::InternalError(std::string("cuDNN attention backward: ") + e.what());
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> CudnnAttention::Autotune(Bf16* out, float* stats, Bf16* dq, Bf16* dk, Bf16* dv,
+                                                     const Bf16* dout, const Bf16* q, const Bf16* k, const Bf16* v,
+                                                     void* workspace, cudaStream_t stream) {
+  if (fe::detail::set_stream(impl_->handle, stream) != CUDNN_STATUS_SUCCESS) {
+    return absl::InternalError("cuDNN attention: cudnnSetStream failed");
+  }
+  std::unordered_map<int64_t, void*> forward = {{kQ, const_cast<Bf16*>(q)}, {kK, const_cast<Bf16*>(k)},
+                                                {kV, const_cast<Bf16*>(v)}, {kO, out},
+                                                {kStats, stats}};
+  std::unordered_map<int64_t, void*> backward = {
+      {kQ, const_cast<Bf16*>(q)}, {kK, const_cast<Bf16*>(k)},     {kV, const_cast<Bf16*>(v)},
+      {kO, out},                  {kDO, const_cast<Bf16*>(dout)}, {kStats, stats},
+      {kDQ, dq},                  {kDK, dk},                      {kDV, dv}};
+  std::string said;
+  try {
+    for (auto [graph, pack, which] : {std::tuple{impl_->forward.get(), &forward, "forward"},
+                                      std::tuple{impl_->backward.get(), &backward, "backward"}}) {
+      if (auto e = graph->autotune(impl_->handle, *pack, workspace); e.is_bad()) {
+        return absl::InternalError(absl::StrFormat("cuDNN attention %s autotune: %s", which, e.get_message()));
+      }
+      said += absl::StrFormat("%s%s: %d plans", said.empty() ? "" : "; ", which, graph->get_execution_plan_count());
+    }
+  } catch (const std::exception& e) {
+    return absl::InternalError(std::string("cuDNN attention autotune: ") + e.what());
+  }
+  return said + "; chosen " + PlanNames();
+}
+
+std::string CudnnAttention::PlanNames() const {
+  std::string names[2];
+  for (int i = 0; i < 2; ++i) {
+    fe::graph::Graph* graph = i == 0 ? impl_->forward.get() : impl_->backward.get();
+    if (graph->get_plan_name(names[i]).is_bad()) names[i] = "?";
+  }
+  return "forward: " + names[0] + "; backward: " + names[1];
 }
 
 }  // namespace tierd::trainer::gpu

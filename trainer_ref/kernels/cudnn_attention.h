@@ -28,7 +28,10 @@ class CudnnAttention {
   // UNAVAILABLE, saying why, when libcudnn.so.9 cannot be opened, or cuDNN has no fused
   // attention for this shape on this GPU (its graphs are built here, once per shape).
   // `deterministic`: the backward's deterministic algorithm (the same bits run to run).
-  static absl::StatusOr<std::unique_ptr<CudnnAttention>> Create(const Shape& shape, bool deterministic = true);
+  // `all_plans`: every plan cuDNN's heuristics and fallback list offer for each pass is built,
+  // for Autotune to time (until then the heuristics' first runs, as without).
+  static absl::StatusOr<std::unique_ptr<CudnnAttention>> Create(const Shape& shape, bool deterministic = true,
+                                                                bool all_plans = false);
   // Whether libcudnn.so.9 opens here (opened once and kept; the reason when not).
   static bool Loadable(std::string* why = nullptr);
   ~CudnnAttention();
@@ -44,6 +47,14 @@ class CudnnAttention {
                        cudaStream_t stream);
   absl::Status Backward(Bf16* dq, Bf16* dk, Bf16* dv, const Bf16* dout, const Bf16* out, const float* stats,
                         const Bf16* q, const Bf16* k, const Bf16* v, void* workspace, cudaStream_t stream);
+  // Made with all_plans: each pass's plans timed on these buffers (out, stats, dq, dk, dv are
+  // written, the device synchronized), the fastest kept for every later call. Returns each
+  // pass's plan count and the chosen plan's name.
+  absl::StatusOr<std::string> Autotune(Bf16* out, float* stats, Bf16* dq, Bf16* dk, Bf16* dv, const Bf16* dout,
+                                       const Bf16* q, const Bf16* k, const Bf16* v, void* workspace,
+                                       cudaStream_t stream);
+  // The plan each pass runs, by cuDNN's name ("forward: <name>; backward: <name>").
+  std::string PlanNames() const;
 
  private:
   struct Impl;

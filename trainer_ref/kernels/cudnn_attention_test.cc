@@ -38,15 +38,17 @@ TEST(CudnnAttentionTest, ForwardAndBackwardMatchTheCpuReference) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(21);
   const bool required = std::getenv("TIERD_REQUIRE_CUDNN") != nullptr;
-  // D 64 with every head its own keys; D 128 with grouped-query attention (4 heads, 2 key/value).
+  // D 64 with every head its own keys; D 128 with grouped-query attention (4 heads, 2 key/value);
+  // `tuned`: every plan built and the fastest of each pass kept (Autotune), then the same checks.
   struct Case {
     int d, kv;
-    bool deterministic;
+    bool deterministic, tuned = false;
   };
-  for (auto [d, kv, deterministic] : {Case{64, 4, true}, Case{128, 2, true}, Case{128, 2, false}}) {
+  for (auto [d, kv, deterministic, tuned] :
+       {Case{64, 4, true}, Case{128, 2, true}, Case{128, 2, false}, Case{128, 2, false, true}}) {
     const int b = 2, t = 300, h = 4;
-    auto attention =
-        CudnnAttention::Create({.batch = b, .seq = t, .heads = h, .kv_heads = kv, .head_dim = d}, deterministic);
+    auto attention = CudnnAttention::Create({.batch = b, .seq = t, .heads = h, .kv_heads = kv, .head_dim = d},
+                                            deterministic, /*all_plans=*/tuned);
     if (!attention.ok()) {
       if (required) FAIL() << attention.status();
       GTEST_SKIP() << attention.status();
@@ -62,6 +64,12 @@ TEST(CudnnAttentionTest, ForwardAndBackwardMatchTheCpuReference) {
     Device<float> d_stats{std::vector<float>(size_t{b} * h * t)};
     Device<unsigned char> workspace{std::vector<unsigned char>(
         static_cast<size_t>(std::max<int64_t>(1, (*attention)->workspace_bytes())))};
+    if (tuned) {
+      auto said = (*attention)->Autotune(d_out.get(), d_stats.get(), d_dq.get(), d_dk.get(), d_dv.get(), d_dout.get(),
+                                         d_q.get(), d_k.get(), d_v.get(), workspace.get(), nullptr);
+      ASSERT_TRUE(said.ok()) << said.status();
+      std::printf("autotuned: %s\n", said->c_str());
+    }
     ASSERT_TRUE((*attention)
                     ->Forward(d_out.get(), d_stats.get(), d_q.get(), d_k.get(), d_v.get(), workspace.get(), nullptr)
                     .ok());
@@ -77,7 +85,7 @@ TEST(CudnnAttentionTest, ForwardAndBackwardMatchTheCpuReference) {
     cpu::AttentionBackward(dq.data(), dk.data(), dv.data(), dout.values.data(), att.data(), q.values.data(),
                            k.values.data(), v.values.data(), b, t, h, kv, d);
     const std::string at = " (D " + std::to_string(d) + ", " + std::to_string(kv) + " key/value heads" +
-                           (deterministic ? ")" : ", non-deterministic backward)");
+                           (deterministic ? "" : ", non-deterministic backward") + (tuned ? ", autotuned)" : ")");
     EXPECT_EQ(CompareBf16(Floats(d_out.Host()), out, 1e-2f, "cuDNN attention out" + at), 0);
     EXPECT_EQ(CompareBf16(Floats(d_dq.Host()), dq, 2e-2f, "cuDNN attention dq" + at), 0);
     EXPECT_EQ(CompareBf16(Floats(d_dk.Host()), dk, 2e-2f, "cuDNN attention dk" + at), 0);

@@ -188,7 +188,9 @@ TEST(GpuModelTest, Fp8InputsKeptTransposedGiveTheBitsOfConvertingThemAgain) {
         auto loss = micro > 0 ? m.ForwardBackwardLayerMajor(tokens.data(), targets.data())
                               : m.Forward(tokens.data(), targets.data());
         ASSERT_TRUE(loss.ok()) << loss.status();
-        if (micro == 0) ASSERT_TRUE(m.Backward().ok());
+        if (micro == 0) {
+          ASSERT_TRUE(m.Backward().ok());
+        }
         losses[k] = *loss;
         ASSERT_TRUE(m.GetGrads(&grads[k]).ok());
         m.EndFp8Step();

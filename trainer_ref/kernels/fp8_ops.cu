@@ -137,28 +137,44 @@ __device__ __forceinline__ void StoreTileTransposed(uint8_t* out, const uint32_t
   }
 }
 
-// The transposing conversion for matrices of 64 x 64 tiles (every model shape): 16-byte loads
-// of eight values, the codes through shared memory, 16-byte stores of sixteen codes of an
-// output row; the plain codes, when asked for, as 8-byte stores from the loads.
-__global__ void QuantizeTransposed64Kernel(uint8_t* out, uint8_t* plain, const Bf16* in, int rows, int cols,
-                                           const float* scale, bool e5m2, unsigned int* amax_bits) {
+// The frame of the kernels that turn a 64 x 64 tile of a (rows, cols) matrix into FP8 codes,
+// plain and transposed: each thread makes eight values' codes at a time (`codes8(at, row, col,
+// codes, mine)`: the values at offset `at`, row `row`, columns `col`.., packed four a word,
+// their largest |x|'s bits folded into `mine`), stored plain (8-byte stores; none with a null
+// `plain`) and, through shared memory, transposed into `out` (16-byte stores of sixteen codes of
+// an output row); the tile's largest |x| into *amax_bits (null: not).
+template <typename Codes8>
+__device__ __forceinline__ void TileToCodes(uint8_t* plain, uint8_t* out, int rows, int cols, unsigned int* amax_bits,
+                                            Codes8 codes8) {
   __shared__ uint32_t tile[kBigTile][kBigTile / 4 + 1];  // [row][4 columns], padded against bank conflicts
-  const float s = *scale;
   const int c0 = blockIdx.x * kBigTile, r0 = blockIdx.y * kBigTile;
   unsigned int mine = 0;
   for (int v = threadIdx.x; v < kBigTile * kBigTile / 8; v += kBigThreads) {
     const int r = v / 8, c = (v % 8) * 8;
     const int64_t at = int64_t{r0 + r} * cols + c0 + c;
-    const uint4 x = *reinterpret_cast<const uint4*>(in + at);
-    mine = max(mine, max(max(AbsBits2(x.x), AbsBits2(x.y)), max(AbsBits2(x.z), AbsBits2(x.w))));
-    const uint2 codes = Pack8(x, s, e5m2);
-    tile[r][c / 4] = codes.x;
-    tile[r][c / 4 + 1] = codes.y;
-    if (plain != nullptr) *reinterpret_cast<uint2*>(plain + at) = codes;
+    uint32_t codes[2];
+    codes8(at, r0 + r, c0 + c, codes, mine);
+    tile[r][c / 4] = codes[0];
+    tile[r][c / 4 + 1] = codes[1];
+    if (plain != nullptr) *reinterpret_cast<uint2*>(plain + at) = make_uint2(codes[0], codes[1]);
   }
   __syncthreads();
   StoreTileTransposed(out, tile, r0, c0, rows);
   WarpAmax(amax_bits, mine);
+}
+
+// The transposing conversion for matrices of 64 x 64 tiles (every model shape): 16-byte loads
+// of eight values.
+__global__ void QuantizeTransposed64Kernel(uint8_t* out, uint8_t* plain, const Bf16* in, int rows, int cols,
+                                           const float* scale, bool e5m2, unsigned int* amax_bits) {
+  const float s = *scale;
+  TileToCodes(plain, out, rows, cols, amax_bits, [&](int64_t at, int, int, uint32_t* codes, unsigned int& mine) {
+    const uint4 x = *reinterpret_cast<const uint4*>(in + at);
+    mine = max(mine, max(max(AbsBits2(x.x), AbsBits2(x.y)), max(AbsBits2(x.z), AbsBits2(x.w))));
+    const uint2 packed = Pack8(x, s, e5m2);
+    codes[0] = packed.x;
+    codes[1] = packed.y;
+  });
 }
 
 // RoPE's backward (RopeKernel with sign -1) of a 64 x 64 tile of (B*T, H*D), its values rounded
@@ -166,17 +182,12 @@ __global__ void QuantizeTransposed64Kernel(uint8_t* out, uint8_t* plain, const B
 __global__ void RopeBackwardFp8Transposed64Kernel(uint8_t* plain, uint8_t* out, const Bf16* dx, int rows, int cols,
                                                   int t, int d, RopeFrequencies freq, const float* scale, bool e5m2,
                                                   unsigned int* amax_bits) {
-  __shared__ uint32_t tile[kBigTile][kBigTile / 4 + 1];
   const float s = *scale;
-  const int c0 = blockIdx.x * kBigTile, r0 = blockIdx.y * kBigTile;
-  unsigned int mine = 0;
-  for (int v = threadIdx.x; v < kBigTile * kBigTile / 8; v += kBigThreads) {
-    const int r = v / 8, c = (v % 8) * 8;
-    const int64_t at = int64_t{r0 + r} * cols + c0 + c;
-    const int pos = (r0 + r) % t, i0 = ((c0 + c) % d) / 2;
+  TileToCodes(plain, out, rows, cols, amax_bits, [&](int64_t at, int row, int col, uint32_t* codes, unsigned int& mine) {
+    const int pos = row % t, i0 = (col % d) / 2;
     float x[8];
     Load8(dx + at, x);
-    uint32_t codes[2] = {0, 0};
+    codes[0] = codes[1] = 0;
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       float cs, sn, y0, y1;
@@ -187,13 +198,26 @@ __global__ void RopeBackwardFp8Transposed64Kernel(uint8_t* plain, uint8_t* out, 
       mine = max(mine, max(__float_as_uint(fabsf(y0)), __float_as_uint(fabsf(y1))));
       codes[e / 2] |= (uint32_t{Fp8(y0, s, e5m2)} | uint32_t{Fp8(y1, s, e5m2)} << 8) << (16 * (e % 2));
     }
-    *reinterpret_cast<uint2*>(plain + at) = make_uint2(codes[0], codes[1]);
-    tile[r][c / 4] = codes[0];
-    tile[r][c / 4 + 1] = codes[1];
-  }
-  __syncthreads();
-  StoreTileTransposed(out, tile, r0, c0, rows);
-  WarpAmax(amax_bits, mine);
+  });
+}
+
+// SwiGLU's forward of a 64 x 64 tile (SwiGluForwardKernel's values, rounded to bf16 as it
+// stores them) straight to E4M3 codes, plain and transposed; no bf16 output.
+__global__ void SwiGluFp8Transposed64Kernel(uint8_t* plain, uint8_t* out, const Bf16* gate, const Bf16* up, int rows,
+                                            int cols, const float* scale, unsigned int* amax_bits) {
+  const float s = *scale;
+  TileToCodes(plain, out, rows, cols, amax_bits, [&](int64_t at, int, int, uint32_t* codes, unsigned int& mine) {
+    float g[8], u[8];
+    Load8(gate + at, g);
+    Load8(up + at, u);
+    codes[0] = codes[1] = 0;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float y = RoundedToBf16(g[e] * Sigmoid(g[e]) * u[e]);
+      mine = max(mine, __float_as_uint(fabsf(y)));
+      codes[e / 4] |= uint32_t{Fp8(y, s, false)} << (8 * (e % 4));
+    }
+  });
 }
 
 // SwiGluBackwardFp8Kernel's values and codes for a 64 x 64 tile, plain and transposed.
@@ -222,36 +246,6 @@ __global__ void SwiGluBackwardFp8Transposed64Kernel(uint8_t* dgate, uint8_t* dup
   StoreTileTransposed(dup_t, tile_u, r0, c0, rows);
   WarpAmax(amax_gate, most_g);
   WarpAmax(amax_up, most_u);
-}
-
-// SwiGLU's forward of a 64 x 64 tile (SwiGluForwardKernel's values, rounded to bf16 as it
-// stores them) straight to E4M3 codes, plain and transposed; no bf16 output.
-__global__ void SwiGluFp8Transposed64Kernel(uint8_t* plain, uint8_t* out, const Bf16* gate, const Bf16* up, int rows,
-                                            int cols, const float* scale, unsigned int* amax_bits) {
-  __shared__ uint32_t tile[kBigTile][kBigTile / 4 + 1];
-  const float s = *scale;
-  const int c0 = blockIdx.x * kBigTile, r0 = blockIdx.y * kBigTile;
-  unsigned int mine = 0;
-  for (int v = threadIdx.x; v < kBigTile * kBigTile / 8; v += kBigThreads) {
-    const int r = v / 8, c = (v % 8) * 8;
-    const int64_t at = int64_t{r0 + r} * cols + c0 + c;
-    float g[8], u[8];
-    Load8(gate + at, g);
-    Load8(up + at, u);
-    uint32_t codes[2] = {0, 0};
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const float y = RoundedToBf16(g[e] * Sigmoid(g[e]) * u[e]);
-      mine = max(mine, __float_as_uint(fabsf(y)));
-      codes[e / 4] |= uint32_t{Fp8(y, s, false)} << (8 * (e % 4));
-    }
-    *reinterpret_cast<uint2*>(plain + at) = make_uint2(codes[0], codes[1]);
-    tile[r][c / 4] = codes[0];
-    tile[r][c / 4 + 1] = codes[1];
-  }
-  __syncthreads();
-  StoreTileTransposed(out, tile, r0, c0, rows);
-  WarpAmax(amax_bits, mine);
 }
 
 // 32 x 32 tiles through shared memory: reads and writes both along rows. With `plain`, the

@@ -30,6 +30,36 @@ using testing::Floats;
 using testing::HaveGpu;
 using testing::Random;
 
+// A fused kernel's codes, plain and transposed, and its amax (amax[0]) are the unfused chain's
+// (the _ref buffers, amax[1]); the plain codes returned, for the CPU comparison.
+std::vector<uint8_t> ExpectTheUnfusedCodes(Device<uint8_t>& plain, Device<uint8_t>& plain_ref,
+                                           Device<uint8_t>& transposed, Device<uint8_t>& transposed_ref,
+                                           Device<float>& amax) {
+  const std::vector<uint8_t> got = plain.Host();
+  EXPECT_EQ(got, plain_ref.Host());
+  EXPECT_EQ(transposed.Host(), transposed_ref.Host());
+  const std::vector<float> amaxes = amax.Host();
+  EXPECT_GT(amaxes[0], 0.f);
+  EXPECT_EQ(amaxes[0], amaxes[1]);
+  return got;
+}
+
+// Codes a fused kernel made against the CPU reference's values `cpu` (rounded to bf16, then
+// fp8::Encode at `scale`): none more than one code away, and at least 99% equal (the GPU's
+// __expf and sincosf are not the CPU's std::exp and std::sin).
+void ExpectWithinOneCodeOfTheCpu(const std::vector<uint8_t>& got, const std::vector<float>& cpu, float scale,
+                                 fp8::Format format) {
+  ASSERT_EQ(got.size(), cpu.size());
+  int64_t equal = 0, far = 0;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    const uint8_t want = fp8::Encode(FromBf16(ToBf16(cpu[i])) * scale, format);
+    equal += got[i] == want;
+    far += std::abs(int{got[i]} - int{want}) > 1;
+  }
+  EXPECT_EQ(far, 0) << "codes more than one step from the CPU's";
+  EXPECT_GT(equal, static_cast<int64_t>(cpu.size()) * 99 / 100) << "codes equal to the CPU's of " << cpu.size();
+}
+
 // FP8: the largest |x| and the codes at a per-tensor scale give the CPU reference's bits
 // (trainer_ref/fp8.h) in both formats, saturation included; the FP8 GEMM equals the CPU's
 // product of the decoded codes times both scales (bf16 output tolerance), with and without
@@ -383,22 +413,10 @@ TEST(Fp8OpsTest, SwiGluForwardToTransposedCodesIsTheForwardsCodesTransposed) {
   SwiGluForward(d_out.get(), d_gate.get(), d_up.get(), rows, cols, nullptr,
                 Fp8Out{plain_ref.get(), scale.get(), amax.get() + 1});
   TransposeFp8(transposed_ref.get(), plain_ref.get(), rows, cols, nullptr);
-  const std::vector<uint8_t> got = plain.Host();
-  EXPECT_EQ(got, plain_ref.Host());
-  EXPECT_EQ(transposed.Host(), transposed_ref.Host());
-  const std::vector<float> amaxes = amax.Host();
-  EXPECT_GT(amaxes[0], 0.f);
-  EXPECT_EQ(amaxes[0], amaxes[1]);
+  const std::vector<uint8_t> got = ExpectTheUnfusedCodes(plain, plain_ref, transposed, transposed_ref, amax);
   std::vector<float> cpu(count);
   cpu::SwiGluForward(cpu.data(), gate.values.data(), up.values.data(), rows, cols);
-  int64_t equal = 0, far = 0;
-  for (size_t i = 0; i < count; ++i) {
-    const uint8_t want = fp8::Encode(FromBf16(ToBf16(cpu[i])) * 64.f, fp8::Format::kE4M3);
-    equal += got[i] == want;
-    far += std::abs(int{got[i]} - int{want}) > 1;
-  }
-  EXPECT_EQ(far, 0) << "codes more than one step from the CPU's";
-  EXPECT_GT(equal, static_cast<int64_t>(count) * 99 / 100) << "codes equal to the CPU's of " << count;
+  ExpectWithinOneCodeOfTheCpu(got, cpu, 64.f, fp8::Format::kE4M3);
 }
 
 // RoPE's backward straight to E5M2 codes, plain and transposed: the bits of RopeBackward then
@@ -434,23 +452,11 @@ TEST(Fp8OpsTest, RopeBackwardToCodesIsRopeBackwardThenTheConversion) {
     RopeBackward(d_turned.get(), b, t, h, d, table, nullptr);
     QuantizeFp8Transposed(transposed_ref.get(), d_turned.get(), rows, cols, scale.get(), true, nullptr,
                           plain_ref.get(), amax.get() + 1);
-    const std::vector<uint8_t> got = plain.Host();
-    EXPECT_EQ(got, plain_ref.Host());
-    EXPECT_EQ(transposed.Host(), transposed_ref.Host());
-    const std::vector<float> amaxes = amax.Host();
-    EXPECT_GT(amaxes[0], 0.f);
-    EXPECT_EQ(amaxes[0], amaxes[1]);
+    const std::vector<uint8_t> got = ExpectTheUnfusedCodes(plain, plain_ref, transposed, transposed_ref, amax);
     EXPECT_EQ(d_x.Host(), x.bits) << "the input was written";
     std::vector<float> cpu = x.values;
     cpu::RopeBackward(cpu.data(), b, t, h, d, freq.data());
-    int64_t equal = 0, far = 0;
-    for (size_t i = 0; i < count; ++i) {
-      const uint8_t want = fp8::Encode(FromBf16(ToBf16(cpu[i])) * 4096.f, fp8::Format::kE5M2);
-      equal += got[i] == want;
-      far += std::abs(int{got[i]} - int{want}) > 1;
-    }
-    EXPECT_EQ(far, 0) << "codes more than one step from the CPU's";
-    EXPECT_GT(equal, static_cast<int64_t>(count) * 99 / 100) << "codes equal to the CPU's of " << count;
+    ExpectWithinOneCodeOfTheCpu(got, cpu, 4096.f, fp8::Format::kE5M2);
   }
 }
 

@@ -185,7 +185,8 @@ absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x) {
       return 0;
     });
     if (keep == nullptr || fp8->InputScalesHoldWithinStep()) return absl::OkStatus();
-    return Cuda(cudaMemcpyAsync(a.in_scale_inv + i, in8.scale_inv, sizeof(float), cudaMemcpyDeviceToDevice, stream_),
+    return Cuda(cudaMemcpyAsync(a.in_scale_inv + Acts::kScaleStride * i, in8.scale_inv, sizeof(float),
+                                cudaMemcpyDeviceToDevice, stream_),
                 "kept input's scale");
   };
   auto linear = [&](Bf16* out, const Bf16* in, size_t e, LinearIndex k, int ic, int oc) {

@@ -414,10 +414,12 @@ class GpuModel {
     // Set (an FP8 layer that keeps its element-wise outputs): h1, h2 and s hold their E4M3
     // codes transposed (C x N, F x N bytes, the start of their rooms), what the backward's
     // weight gradients read, made in the forward from the codes its matmuls take; the
-    // backward converts nothing again. in_scale_inv[0..2]: the scale_inv each was made at,
-    // copied where the scales may change within a step (Fp8Linear::InputScalesHoldWithinStep).
+    // backward converts nothing again. in_scale_inv[kScaleStride * i], i = 0..2: the scale_inv
+    // each was made at, copied where the scales may change within a step
+    // (Fp8Linear::InputScalesHoldWithinStep); 16 bytes apart, as cuBLASLt reads scales.
     bool inputs_transposed = false;
     float* in_scale_inv = nullptr;
+    static constexpr int kScaleStride = 4;
   };
   // lean: a lean layer's, what it keeps at `base` and its element-wise outputs (h1, h2, s) in
   // the recompute workspace.

@@ -25,8 +25,9 @@ absl::Status GpuModel::LayerBackward(int l, const Acts& a, float* dx, bool fresh
   auto cast = [&](const Bf16* in, LinearIndex first, int cols, int i = -1) {
     if (fp8 == nullptr) return;
     if (a.inputs_transposed && i >= 0) {
-      in8_t = {reinterpret_cast<const uint8_t*>(in),
-               fp8->InputScalesHoldWithinStep() ? fp8->InputCodes(l, first).scale_inv : a.in_scale_inv + i};
+      in8_t = {reinterpret_cast<const uint8_t*>(in), fp8->InputScalesHoldWithinStep()
+                                                          ? fp8->InputCodes(l, first).scale_inv
+                                                          : a.in_scale_inv + Acts::kScaleStride * i};
       return;
     }
     Timed(kFp8Cast, [&] {

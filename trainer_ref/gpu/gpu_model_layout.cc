@@ -20,7 +20,7 @@ uint64_t GpuModel::ActsBytes(const ModelConfig& config, int batch, int seq) {
   const uint64_t qd = config.q_dim(), kd = config.kv_dim();
   const uint64_t lse = static_cast<uint64_t>(batch) * config.heads * seq;
   return 2 * Aligned(n * c * 2) + 2 * Aligned(n * qd * 2) + 2 * Aligned(n * kd * 2) + 2 * Aligned(n * c * 4) +
-         3 * Aligned(n * f * 2) + 2 * Aligned(n * 4) + Aligned(lse * 4) + Aligned(3 * 4);
+         3 * Aligned(n * f * 2) + 2 * Aligned(n * 4) + Aligned(lse * 4) + Aligned(3 * Acts::kScaleStride * 4);
 }
 
 // Without h1, h2 and s (bf16: two n x c, one n x f).
@@ -54,7 +54,7 @@ GpuModel::Acts GpuModel::ActsAt(void* base, bool lean) const {
   bf16(&a.s, n * f, work.s);
   for (float** p : {&a.rstd1, &a.rstd2}) *p = static_cast<float*>(take(n * 4));
   a.lse = static_cast<float*>(take(static_cast<uint64_t>(batch_) * config_.heads * seq_ * 4));
-  a.in_scale_inv = static_cast<float*>(take(3 * 4));
+  a.in_scale_inv = static_cast<float*>(take(3 * Acts::kScaleStride * 4));
   return a;
 }
 

@@ -221,10 +221,6 @@ ABSL_FLAG(std::string, attention, "auto",
           "FlashAttention-2-style kernels; auto: cuDNN's when it opens and takes the shape, else ours (the log says "
           "which and why); cudnn-fast: cuDNN's with its non-deterministic backward (atomic adds into dQ: faster, "
           "but two runs, or a run and its --resume, no longer give the same bits)");
-ABSL_FLAG(bool, attention_autotune, false,
-          "GPU, cuDNN's attention: at startup, time every plan cuDNN's heuristics and fallback list offer for the "
-          "run's shapes and keep the fastest forward and backward (a few seconds); off: the heuristics' first plan. "
-          "Plans that want more workspace than the trainer's attention scratch are not tried (the log says so)");
 ABSL_FLAG(bool, fused_norms, true,
           "GPU: each layer's forward adds the attention's output into the fp32 residual stream, keeps the copy its "
           "backward reads and takes the second norm in one kernel, and copies its input within the first norm's: "

@@ -325,7 +325,6 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   s.step_order = absl::GetFlag(FLAGS_step_order);
   s.optimizer_chunks = absl::GetFlag(FLAGS_optimizer_chunks);
   s.attention = absl::GetFlag(FLAGS_attention);
-  s.attention_autotune = absl::GetFlag(FLAGS_attention_autotune);
   s.fused_norms = absl::GetFlag(FLAGS_fused_norms);
   if (s.attention != "auto" && s.attention != "cudnn" && s.attention != "cudnn-fast" && s.attention != "ours") {
     return Bad("--attention is auto, cudnn, cudnn-fast or ours, not '" + s.attention + "'");
@@ -351,7 +350,7 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   const std::vector<const char*> gpu_only = {
       "gpu_budget",         "optimizer_place", "pcie_gbps",   "nvme_gbps",  "gpu_tflops",    "optimizer_chunks",
       "optimizer_deferred", "profile",         "timing_skip", "step_order", "compact_state", "adamw8bit_min_size",
-      "gemm_candidates",    "gemm_cache_dir",  "attention",   "attention_autotune"};
+      "gemm_candidates",    "gemm_cache_dir",  "attention"};
   // (The GPU trainer's ranks sync dense: with more than one it refuses the sparse and ZeRO flags.)
   const std::vector<const char*> cpu_only = {"tierd_record",         "zero",           "sparse_grad_ratio",
                                              "sparse_grad_ratio_by", "sync_every",     "sparse_warmup",

@@ -75,7 +75,6 @@ ABSL_DECLARE_FLAG(double, nvme_gbps);
 ABSL_DECLARE_FLAG(double, gpu_tflops);
 ABSL_DECLARE_FLAG(int, optimizer_chunks);
 ABSL_DECLARE_FLAG(std::string, attention);
-ABSL_DECLARE_FLAG(bool, attention_autotune);
 ABSL_DECLARE_FLAG(bool, fused_norms);
 ABSL_DECLARE_FLAG(int, gemm_candidates);
 ABSL_DECLARE_FLAG(std::string, gemm_cache_dir);
@@ -173,7 +172,6 @@ struct RunSettings {
   std::string step_order = "auto";       // micro | layer | auto
   int optimizer_chunks = 1;
   std::string attention = "auto";  // --attention: auto | cudnn | ours
-  bool attention_autotune = false;  // --attention_autotune
   bool fused_norms = true;          // --fused_norms
   int gemm_candidates = 1;     // --gemm_candidates
   std::string gemm_cache_dir;  // --gemm_cache_dir, or its default resolved

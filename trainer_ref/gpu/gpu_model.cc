@@ -49,8 +49,7 @@ GpuModel::GpuModel(const ModelConfig& config, int batch, int seq, const StateOpt
       compact_(state.compact),
       gemm_candidates_(state.gemm_candidates),
       gemm_cache_dir_(state.gemm_cache_dir),
-      attention_mode_(state.attention),
-      attention_autotune_(state.attention_autotune) {
+      attention_mode_(state.attention) {
   const ParamEntries entries = ParamEntriesOf(config);
   embed_ = entries.embed;
   layers_ = entries.layers;

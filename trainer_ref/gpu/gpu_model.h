@@ -121,10 +121,6 @@ struct StateOptions {
   // "ours" (attention_tc.h), "auto" (cuDNN when it opens and takes the shape in the workspace
   // ours would use, else ours; attention_note() says which, why).
   std::string attention = "ours";
-  // cuDNN's attention: every plan its heuristics and fallback list offer timed at startup on
-  // the model's shapes (zeros in the workspace), the fastest of each pass kept
-  // (--attention_autotune; CudnnAttention::Autotune). Off: the heuristics' first plan.
-  bool attention_autotune = false;
   // The head's logits this many rows at a time (0: HeadRows's choice; tests set it smaller to
   // see the chunks at small shapes).
   int head_rows = 0;
@@ -552,13 +548,9 @@ class GpuModel {
   int gemm_candidates_ = 1;
   std::string gemm_cache_dir_;
   std::string attention_mode_;
-  bool attention_autotune_ = false;  // StateOptions::attention_autotune
   std::string attention_note_;
   std::unique_ptr<CudnnAttention> cudnn_attention_;  // null: ours
   absl::Status ChooseAttention(int64_t workspace_bytes);
-  // StateOptions::attention_autotune: the cuDNN attention's plans timed on workspace buffers
-  // (free at startup); says what was chosen, or why nothing was tuned.
-  absl::StatusOr<std::string> TuneAttention();
   // Whether the workspace makes room for cuDNN's attention: not "ours", and libcudnn.so.9 opens.
   static bool MayUseCudnnAttention(const std::string& attention);
   float* optimizer_scratch_ = nullptr;  // GpuOptimizer::ScratchFloats

@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
-#include <utility>
 
 #include "absl/strings/str_format.h"
 #include "base/units.h"
@@ -181,19 +180,12 @@ absl::Status GpuModel::ChooseAttention(int64_t workspace_bytes) {
     return absl::OkStatus();
   }
 #ifdef TIERD_HAVE_CUDNN
-  const CudnnAttention::Shape shape{.batch = batch_,
-                                    .seq = seq_,
-                                    .heads = config_.heads,
-                                    .kv_heads = config_.kv_head_count(),
-                                    .head_dim = config_.head_dim()};
-  const bool deterministic = attention_mode_ != "cudnn-fast";
-  auto made = CudnnAttention::Create(shape, deterministic, /*all_plans=*/attention_autotune_);
-  std::string tuning;
-  if (attention_autotune_ && made.ok() && (*made)->workspace_bytes() > workspace_bytes) {
-    tuning = absl::StrFormat("; not autotuned: its plans want up to %s of workspace, more than ours' %s",
-                             FormatBytes((*made)->workspace_bytes()), FormatBytes(workspace_bytes));
-    made = CudnnAttention::Create(shape, deterministic);
-  }
+  auto made = CudnnAttention::Create({.batch = batch_,
+                                      .seq = seq_,
+                                      .heads = config_.heads,
+                                      .kv_heads = config_.kv_head_count(),
+                                      .head_dim = config_.head_dim()},
+                                     /*deterministic=*/attention_mode_ != "cudnn-fast");
   std::string why;
   if (!made.ok()) {
     why = std::string(made.status().message());
@@ -202,15 +194,9 @@ absl::Status GpuModel::ChooseAttention(int64_t workspace_bytes) {
                           FormatBytes(workspace_bytes));
   } else {
     cudnn_attention_ = std::move(*made);
-    if (attention_autotune_ && tuning.empty()) {
-      auto tuned = TuneAttention();
-      if (!tuned.ok()) return tuned.status();
-      tuning = "; autotuned: " + *tuned;
-    }
     attention_note_ = cudnn_attention_->Describe() +
                       (attention_mode_ == "cudnn-fast" ? " (non-deterministic backward: runs differ in their last bits)"
-                                                       : " (deterministic backward)") +
-                      tuning;
+                                                       : " (deterministic backward)");
     return absl::OkStatus();
   }
 #else
@@ -219,30 +205,6 @@ absl::Status GpuModel::ChooseAttention(int64_t workspace_bytes) {
   if (attention_mode_ != "auto") return absl::FailedPreconditionError("--attention=" + attention_mode_ + ": " + why);
   attention_note_ = ours + "; not cuDNN's: " + why;
   return absl::OkStatus();
-}
-
-absl::StatusOr<std::string> GpuModel::TuneAttention() {
-#ifdef TIERD_HAVE_CUDNN
-  const size_t n = static_cast<size_t>(batch_) * seq_, c = config_.d_model, f = config_.d_ff;
-  const size_t qd = config_.q_dim(), kd = config_.kv_dim(), stats = n * config_.heads;
-  // The calls' tensors in workspace buffers nothing holds yet (the backward's), zeroed: the
-  // query and output need n x qd (in n x f rooms), the keys' n x kd, the statistics floats.
-  if (qd > f || kd > qd || kd > c || stats * 4 > n * c * 2) {
-    return std::string("not tuned: the workspace has no rooms of these shapes");
-  }
-  for (auto [p, bytes] : {std::pair<void*, size_t>{ds_, n * qd * 2}, {dg_, n * qd * 2}, {du_, n * qd * 2},
-                          {dq_, n * qd * 2}, {dk_, n * kd * 2}, {dv_, n * kd * 2}, {da_, n * kd * 2},
-                          {dh_, n * kd * 2}, {dxf_, stats * 4}}) {
-    RETURN_IF_ERROR(Cuda(cudaMemsetAsync(p, 0, bytes, stream_), "attention autotune buffers"));
-  }
-  auto said = cudnn_attention_->Autotune(/*out=*/dg_, /*stats=*/reinterpret_cast<float*>(dxf_), /*dq=*/dq_,
-                                         /*dk=*/da_, /*dv=*/dh_, /*dout=*/du_, /*q=*/ds_, /*k=*/dk_, /*v=*/dv_,
-                                         attention_scratch_, stream_);
-  RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream_), "attention autotune"));
-  return said;
-#else
-  return std::string("not tuned: no cuDNN in this build");
-#endif
 }
 
 absl::Status GpuModel::Allocate() {

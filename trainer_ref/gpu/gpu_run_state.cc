@@ -37,7 +37,6 @@ StateOptions BaseState(const RunSettings& s, int layer_major_micro_batches = 0, 
           .gemm_candidates = s.gemm_candidates,
           .gemm_cache_dir = s.gemm_cache_dir,
           .attention = s.attention,
-          .attention_autotune = s.attention_autotune,
           .fused_norms = s.fused_norms};
 }
 

@@ -189,7 +189,8 @@ TEST(GpuModelTest, Fp8InputsKeptTransposedGiveTheBitsOfConvertingThemAgain) {
                               : m.Forward(tokens.data(), targets.data());
         ASSERT_TRUE(loss.ok()) << loss.status();
         if (micro == 0) {
-          ASSERT_TRUE(m.Backward().ok());
+          const absl::Status backward = m.Backward();
+          ASSERT_TRUE(backward.ok()) << backward;
         }
         losses[k] = *loss;
         ASSERT_TRUE(m.GetGrads(&grads[k]).ok());

@@ -47,6 +47,19 @@ absl::Status Unavailable(const std::string& what, fe::error_t e) {
   return absl::UnavailableError(absl::StrFormat("cuDNN attention: %s: %s", what, e.get_message()));
 }
 
+// The two graphs' tensors by uid, as their execute calls (and Autotune's) take them.
+using Pack = std::unordered_map<int64_t, void*>;
+Pack ForwardPack(Bf16* out, float* stats, const Bf16* q, const Bf16* k, const Bf16* v) {
+  return {{kQ, const_cast<Bf16*>(q)}, {kK, const_cast<Bf16*>(k)}, {kV, const_cast<Bf16*>(v)}, {kO, out},
+          {kStats, stats}};
+}
+Pack BackwardPack(Bf16* dq, Bf16* dk, Bf16* dv, const Bf16* dout, const Bf16* out, const float* stats, const Bf16* q,
+                  const Bf16* k, const Bf16* v) {
+  return {{kQ, const_cast<Bf16*>(q)},   {kK, const_cast<Bf16*>(k)},     {kV, const_cast<Bf16*>(v)},
+          {kO, const_cast<Bf16*>(out)}, {kDO, const_cast<Bf16*>(dout)}, {kStats, const_cast<float*>(stats)},
+          {kDQ, dq},                    {kDK, dk},                      {kDV, dv}};
+}
+
 }  // namespace
 
 struct CudnnAttention::Impl {
@@ -132,9 +145,11 @@ absl::StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(const Sha
       }
       const auto policy = all_plans ? fe::BuildPlanPolicy_t::ALL : fe::BuildPlanPolicy_t::HEURISTICS_CHOICE;
       if (auto e = graph->build_plans(impl->handle, policy); e.is_bad()) return Unavailable(which, e);
-      int64_t bytes = graph->get_autotune_workspace_size();
-      if (!all_plans) {
-        if (auto e = graph->get_workspace_size(bytes); e.is_bad()) return Unavailable(which, e);
+      int64_t bytes = 0;  // every plan's, for Autotune to run each; else the chosen one's
+      if (all_plans) {
+        bytes = graph->get_autotune_workspace_size();
+      } else if (auto e = graph->get_workspace_size(bytes); e.is_bad()) {
+        return Unavailable(which, e);
       }
       impl->workspace = std::max(impl->workspace, bytes);
     }
@@ -174,9 +189,7 @@ absl::Status CudnnAttention::Forward(Bf16* out, float* stats, const Bf16* q, con
   if (fe::detail::set_stream(impl_->handle, stream) != CUDNN_STATUS_SUCCESS) {
     return absl::InternalError("cuDNN attention: cudnnSetStream failed");
   }
-  std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<Bf16*>(q)}, {kK, const_cast<Bf16*>(k)},
-                                             {kV, const_cast<Bf16*>(v)}, {kO, out},
-                                             {kStats, stats}};
+  Pack pack = ForwardPack(out, stats, q, k, v);
   try {  // the dynamic-loading shim throws for a symbol it cannot find
     if (auto e = impl_->forward->execute(impl_->handle, pack, workspace); e.is_bad()) {
       return absl::InternalError(std::string("cuDNN attention forward: ") + e.get_message());
@@ -193,10 +206,7 @@ absl::Status CudnnAttention::Backward(Bf16* dq, Bf16* dk, Bf16* dv, const Bf16* 
   if (fe::detail::set_stream(impl_->handle, stream) != CUDNN_STATUS_SUCCESS) {
     return absl::InternalError("cuDNN attention: cudnnSetStream failed");
   }
-  std::unordered_map<int64_t, void*> pack = {
-      {kQ, const_cast<Bf16*>(q)},     {kK, const_cast<Bf16*>(k)},       {kV, const_cast<Bf16*>(v)},
-      {kO, const_cast<Bf16*>(out)},   {kDO, const_cast<Bf16*>(dout)},   {kStats, const_cast<float*>(stats)},
-      {kDQ, dq},                      {kDK, dk},                        {kDV, dv}};
+  Pack pack = BackwardPack(dq, dk, dv, dout, out, stats, q, k, v);
   try {
     if (auto e = impl_->backward->execute(impl_->handle, pack, workspace); e.is_bad()) {
       return absl::InternalError(std::string("cuDNN attention backward: ") + e.get_message());
@@ -213,13 +223,8 @@ absl::StatusOr<std::string> CudnnAttention::Autotune(Bf16* out, float* stats, Bf
   if (fe::detail::set_stream(impl_->handle, stream) != CUDNN_STATUS_SUCCESS) {
     return absl::InternalError("cuDNN attention: cudnnSetStream failed");
   }
-  std::unordered_map<int64_t, void*> forward = {{kQ, const_cast<Bf16*>(q)}, {kK, const_cast<Bf16*>(k)},
-                                                {kV, const_cast<Bf16*>(v)}, {kO, out},
-                                                {kStats, stats}};
-  std::unordered_map<int64_t, void*> backward = {
-      {kQ, const_cast<Bf16*>(q)}, {kK, const_cast<Bf16*>(k)},     {kV, const_cast<Bf16*>(v)},
-      {kO, out},                  {kDO, const_cast<Bf16*>(dout)}, {kStats, stats},
-      {kDQ, dq},                  {kDK, dk},                      {kDV, dv}};
+  Pack forward = ForwardPack(out, stats, q, k, v);
+  Pack backward = BackwardPack(dq, dk, dv, dout, out, stats, q, k, v);
   std::string said;
   try {
     for (auto [graph, pack, which] : {std::tuple{impl_->forward.get(), &forward, "forward"},

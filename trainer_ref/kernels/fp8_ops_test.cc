@@ -129,6 +129,40 @@ TEST(Fp8OpsTest, Fp8CodesAndGemmMatchTheCpuReference) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// cuBLASLt reads an FP8 matmul's scales only from 16-byte aligned addresses: a scale off that
+// is refused before any work, saying which operand's and where, in the forward and in both
+// backward products; the same call with aligned scales runs.
+TEST(Fp8OpsTest, AnFp8MatmulRefusesAScaleNotSixteenByteAligned) {
+  SKIP_WITHOUT_GPU();
+  auto gemm = Gemm::Create();
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  const int n = 32, ic = 32, oc = 32;
+  Device<uint8_t> codes{std::vector<uint8_t>(size_t{n} * ic, 0)};
+  Device<float> scales{std::vector<float>(8, 1.f)}, dweight{std::vector<float>(size_t{oc} * ic, 0.f)};
+  Device<Bf16> out{std::vector<Bf16>(size_t{n} * oc)};
+  float* aligned = scales.get();
+  float* off = scales.get() + 1;
+  ASSERT_TRUE((*gemm)->ForwardFp8(out.get(), codes.get(), codes.get(), aligned, aligned + 4, n, ic, oc, nullptr).ok());
+  const absl::Status forward =
+      (*gemm)->ForwardFp8(out.get(), codes.get(), codes.get(), off, aligned + 4, n, ic, oc, nullptr);
+  EXPECT_EQ(forward.code(), absl::StatusCode::kInvalidArgument) << forward;
+  EXPECT_NE(forward.message().find("B scale"), std::string::npos) << forward;  // the input's, B of out^T
+  EXPECT_NE(forward.message().find("not 16-byte aligned"), std::string::npos) << forward;
+  ASSERT_TRUE((*gemm)
+                  ->BackwardFp8(out.get(), dweight.get(), codes.get(), codes.get(), codes.get(), codes.get(), aligned,
+                                aligned, aligned + 4, n, ic, oc, nullptr)
+                  .ok());
+  const absl::Status din = (*gemm)->BackwardFp8(out.get(), nullptr, codes.get(), codes.get(), codes.get(),
+                                                codes.get(), aligned, aligned, off, n, ic, oc, nullptr);
+  EXPECT_EQ(din.code(), absl::StatusCode::kInvalidArgument) << din;
+  EXPECT_NE(din.message().find("A scale"), std::string::npos) << din;  // the weight's
+  const absl::Status dw = (*gemm)->BackwardFp8(nullptr, dweight.get(), codes.get(), codes.get(), codes.get(),
+                                               codes.get(), aligned, off, aligned, n, ic, oc, nullptr);
+  EXPECT_EQ(dw.code(), absl::StatusCode::kInvalidArgument) << dw;
+  EXPECT_NE(dw.message().find("A scale"), std::string::npos) << dw;  // the input's
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
 // The FP8 backward: transposed codes equal the CPU's codes transposed (a shape that is not a
 // multiple of the kernel's 32 x 32 tile, both formats), and din (bf16) and dweight (fp32)
 // accumulate the CPU's products of the decoded codes times both scales.

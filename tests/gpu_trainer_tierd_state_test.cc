@@ -134,7 +134,11 @@ TEST_F(GpuTierdTest, FP8WeightCodesFromTheHostTrainLikeTheGpusOwn) {
   if (major < 9) GTEST_SKIP() << "FP8 matmuls need compute capability 8.9 or later";
   const trainer::ModelConfig config = TestConfig();
   const int batch = 4, seq = 128, steps = 4;
-  const tg::StateOptions states[2] = {{.layer_major_micro_batches = 2, .fp8_weight_codes = true}, {}};
+  // The third: micro-batches in turn, the host writing the codes' transposes too, which each
+  // micro-batch's backward reads instead of transposing the codes.
+  const tg::StateOptions states[3] = {{.layer_major_micro_batches = 2, .fp8_weight_codes = true},
+                                      {},
+                                      {.fp8_weight_codes = true, .transposed_weight_codes = true}};
   auto make = [&](int m) -> std::unique_ptr<tg::GpuModel> {
     const tg::GpuHomeLayout layout = tg::GpuModel::HomeLayout(config, batch, seq, states[m]);
     const uint64_t bytes = layout.Total();
@@ -223,6 +227,13 @@ TEST_F(GpuTierdTest, FP8WeightCodesFromTheHostTrainLikeTheGpusOwn) {
   EXPECT_EQ(host_overwrites.count("layers.0.w"), 1u);
   TrainSideBySide(*models[0], *models[1], config, batch, seq, steps,
                   "FP8 layers from host-made codes, layer-major; from the GPU's own codes");
+  std::unique_ptr<tg::GpuModel> transposing = make(2), own = make(1);
+  ASSERT_NE(transposing, nullptr);
+  ASSERT_NE(own, nullptr);
+  EXPECT_EQ(tg::GpuModel::HomeLayout(config, batch, seq, states[2]).bytes[3][static_cast<int>(tg::Part::kWeightCodes)],
+            tg::GpuModel::WeightCodesBytes(config, /*transposed=*/true));
+  TrainSideBySide(*transposing, *own, config, batch, seq, steps,
+                  "FP8 layers from host-made codes and transposes, micro-batches in turn; from the GPU's own codes");
 }
 
 // A checkpoint's records by name (the end record aside).
@@ -265,10 +276,14 @@ TEST_F(GpuTierdTest, FP8WeightCodesFromTheGpusOptimizerTrainLikeItsOwnCasts) {
   if (major < 9) GTEST_SKIP() << "FP8 matmuls need compute capability 8.9 or later";
   const trainer::ModelConfig config = TestConfig();
   const int batch = 4, seq = 128, steps = 3;
-  for (bool deferred : {false, true}) {
-    SCOPED_TRACE(deferred ? "deferred" : "at the step's end");
+  // The update at the step's end, deferred, and deferred writing the codes' transposes too
+  // (which each micro-batch's backward then reads instead of transposing the codes itself).
+  for (const auto& [deferred, transposed] : {std::pair{false, false}, {true, false}, {true, true}}) {
+    SCOPED_TRACE(::testing::Message() << (deferred ? "deferred" : "at the step's end")
+                                    << (transposed ? ", with transposes" : ""));
     auto make = [&](bool codes) -> std::unique_ptr<tg::GpuModel> {
-      std::unique_ptr<tg::GpuModel> model = OnTierd(config, batch, seq, {.fp8_weight_codes = codes});
+      std::unique_ptr<tg::GpuModel> model =
+          OnTierd(config, batch, seq, {.fp8_weight_codes = codes, .transposed_weight_codes = codes && transposed});
       if (model == nullptr) return nullptr;
       UseFp8AtCurrentScalingButLayer0(*model, config);
       model->SetOptimizerDeferred(deferred);

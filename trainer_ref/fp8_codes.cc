@@ -52,4 +52,24 @@ Fp8Scaled EncodeE4M3CurrentScaled(const uint16_t* bf16, int64_t n, uint8_t* code
   return s;
 }
 
+void TransposeCodes(const uint8_t* in, int64_t rows, int64_t cols, uint8_t* out, int threads) {
+  // 64 x 64 tiles: a tile's 64 source rows and 64 destination rows stay in L1 while it is done.
+  constexpr int64_t kTile = 64;
+  const int64_t tile_rows = (cols + kTile - 1) / kTile;  // tiles down the output
+  ParallelFor(
+      tile_rows, static_cast<double>(rows) * cols,
+      [&](int64_t begin, int64_t end) {
+        for (int64_t tc = begin; tc < end; ++tc) {
+          const int64_t c0 = tc * kTile, c1 = std::min(cols, c0 + kTile);
+          for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
+            const int64_t r1 = std::min(rows, r0 + kTile);
+            for (int64_t c = c0; c < c1; ++c) {
+              for (int64_t r = r0; r < r1; ++r) out[c * rows + r] = in[r * cols + c];
+            }
+          }
+        }
+      },
+      threads);
+}
+
 }  // namespace tierd::trainer::fp8

@@ -45,6 +45,11 @@ struct Fp8Scaled {
 // over `threads` (0: CpuThreads()) in contiguous slices. n may be 0 (scale 1).
 Fp8Scaled EncodeE4M3CurrentScaled(const uint16_t* bf16, int64_t n, uint8_t* codes, int threads = 0);
 
+// out (cols x rows) = in (rows x cols) transposed, bytes: a weight's codes as the backward's
+// product with the output gradient reads them (FP8 tensor cores take no other form). In tiles,
+// split over `threads` (0: CpuThreads()) by rows of the output.
+void TransposeCodes(const uint8_t* in, int64_t rows, int64_t cols, uint8_t* out, int threads = 0);
+
 }  // namespace tierd::trainer::fp8
 
 #endif  // TIERD_TRAINER_REF_FP8_CODES_H_

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "trainer_ref/fp8.h"
@@ -95,6 +96,24 @@ TEST(Fp8CodesTest, DegenerateTensorsGetScaleOne) {
   EXPECT_EQ(three[1], 0x7f);
   EXPECT_EQ(three[2], Encode(-1.0f, Format::kE4M3));
   EXPECT_EQ(EncodeE4M3CurrentScaled(nan.data(), 0, three.data()).scale, 1.0f);
+}
+
+// Shapes that are and are not whole tiles, one thread and several: each byte lands at (c, r).
+TEST(Fp8CodesTest, TransposedCodesHoldEachByteAtItsMirroredPlace) {
+  std::mt19937 rng(7);
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{64, 128}, {1, 1}, {3, 200}, {130, 67}, {1000, 700}}) {
+    for (int threads : {1, 3}) {
+      SCOPED_TRACE(testing::Message() << rows << " x " << cols << ", " << threads << " threads");
+      std::vector<uint8_t> in(rows * cols), out(rows * cols, 0);
+      for (uint8_t& b : in) b = static_cast<uint8_t>(rng());
+      TransposeCodes(in.data(), rows, cols, out.data(), threads);
+      int64_t wrong = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < cols; ++c) wrong += out[c * rows + r] != in[r * cols + c];
+      }
+      EXPECT_EQ(wrong, 0);
+    }
+  }
 }
 
 }  // namespace

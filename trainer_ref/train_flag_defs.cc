@@ -208,6 +208,12 @@ ABSL_FLAG(bool, fp8_weight_codes, false,
           "on the GPU, the micro-batches of a step share one conversion instead of making their own, and the bf16 "
           "weights need not stay on the GPU between updates (codes take half their room); at 1.3B in 24 GiB it has "
           "not yet beaten running without it (less GEMM time, more waiting in tierd's acquire). Off by default");
+ABSL_FLAG(bool, fp8_transposed_weight_codes, true,
+          "With --fp8_weight_codes and micro-batches one after the other (--step_order=micro, "
+          "--grad_accum_steps > 1): the optimizer's step also writes each FP8 matrix's codes transposed (a byte a "
+          "parameter more in the codes' part), which the backward's input-gradient product reads; without them "
+          "each micro-batch's backward transposes every layer's codes again. Layer-major steps transpose once a "
+          "layer already and do not write them");
 ABSL_FLAG(double, pcie_gbps, 55, "GPU: the host<->GPU link each way in GB/s, for --optimizer_place=auto");
 ABSL_FLAG(double, nvme_gbps, 2, "GPU: NVMe GB/s, reads and writes sharing it, for --optimizer_place=auto");
 ABSL_FLAG(double, gpu_tflops, 300, "GPU: sustained bf16 TFLOP/s, for --optimizer_place=auto");

@@ -321,6 +321,7 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   s.optimizer_place = absl::GetFlag(FLAGS_optimizer_place);
   s.optimizer_deferred = absl::GetFlag(FLAGS_optimizer_deferred);
   s.fp8_weight_codes = absl::GetFlag(FLAGS_fp8_weight_codes);
+  s.fp8_transposed_weight_codes = absl::GetFlag(FLAGS_fp8_transposed_weight_codes);
   s.compact_state = absl::GetFlag(FLAGS_compact_state);
   s.step_order = absl::GetFlag(FLAGS_step_order);
   s.optimizer_chunks = absl::GetFlag(FLAGS_optimizer_chunks);

@@ -69,6 +69,7 @@ ABSL_DECLARE_FLAG(int64_t, eval_every);
 ABSL_DECLARE_FLAG(std::string, gpu_budget);
 ABSL_DECLARE_FLAG(std::string, optimizer_place);
 ABSL_DECLARE_FLAG(bool, fp8_weight_codes);
+ABSL_DECLARE_FLAG(bool, fp8_transposed_weight_codes);
 ABSL_DECLARE_FLAG(std::string, compact_state);
 ABSL_DECLARE_FLAG(double, pcie_gbps);
 ABSL_DECLARE_FLAG(double, nvme_gbps);
@@ -168,6 +169,7 @@ struct RunSettings {
   std::string optimizer_place = "auto";  // gpu | cpu | auto
   bool optimizer_deferred = true;
   bool fp8_weight_codes = false;
+  bool fp8_transposed_weight_codes = true;  // with fp8_weight_codes, micro order, > 1 micro-batch
   std::string compact_state = "auto";    // on | off | auto
   std::string step_order = "auto";       // micro | layer | auto
   int optimizer_chunks = 1;

@@ -280,6 +280,25 @@ TEST(GpuHomeLayoutTest, FP8WeightCodesAreAPartPerLayerOfAByteAWeight) {
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// With their transposes (--fp8_transposed_weight_codes, for micro-batches in turn): each map's
+// codes twice, a byte a weight more in the same part. Not without the codes themselves.
+TEST(GpuHomeLayoutTest, FP8WeightCodesWithTheirTransposesTakeAByteAWeightMore) {
+  const ModelConfig config{"test6", 6, 128, 2, 352, 512, 128};
+  const GpuHomeLayout coded = GpuModel::HomeLayout(config, 4, 128, {.fp8_weight_codes = true});
+  const GpuHomeLayout both =
+      GpuModel::HomeLayout(config, 4, 128, {.fp8_weight_codes = true, .transposed_weight_codes = true});
+  const int codes = static_cast<int>(Part::kWeightCodes);
+  const uint64_t matrices = 4 * 128 * 128 + 3 * 128 * 352;
+  EXPECT_EQ(GpuModel::WeightCodesBytes(config, /*transposed=*/true), 256 + 2 * matrices);
+  for (int g = 1; g <= config.layers; ++g) EXPECT_EQ(both.bytes[g][codes], 256 + 2 * matrices);
+  EXPECT_EQ(both.bytes.front()[codes], 0u);
+  EXPECT_EQ(both.Total(), coded.Total() + config.layers * matrices);
+  auto refused = GpuModel::Create(config, 4, 128, nullptr, {.transposed_weight_codes = true});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("--fp8_weight_codes"), std::string::npos) << refused.status();
+}
+
 TEST(GpuHomeLayoutTest, AModelRefusesAHomeMadeForAnotherLayout) {
   const ModelConfig config{"test6", 6, 128, 2, 352, 512, 128};
   GpuHomeLayout other = GpuModel::HomeLayout(config, 4, 64);  // another sequence length: other activations

@@ -72,6 +72,7 @@ GpuModel::GpuModel(const ModelConfig& config, int batch, int seq, const StateOpt
   acquired_chunk_.assign(Groups(), {});
   grads_zeroed_.assign(Groups(), false);
   weight_codes_ = state.fp8_weight_codes;
+  transposed_codes_ = state.fp8_weight_codes && state.transposed_weight_codes;
   fused_norms_ = state.fused_norms;
   bf16_checkpoints_ = state.checkpointing && state.bf16_checkpoints;
   codes_current_.assign(Groups(), 0);

@@ -222,7 +222,8 @@ class GpuModel {
   // Whether the state has FP8 weight codes parts (StateOptions::fp8_weight_codes).
   bool WeightCodesOn() const { return weight_codes_; }
   // The bytes of a layer's codes part (StateOptions::fp8_weight_codes).
-  static uint64_t WeightCodesBytes(const ModelConfig& config) { return WeightCodesOffset(config, -1); }
+  // transposed: with each matrix's codes transposed too (StateOptions::transposed_weight_codes).
+  static uint64_t WeightCodesBytes(const ModelConfig& config, bool transposed = false);
   // Off: FP8 conversions do not feed the scales' history (forward-only validation passes).
   void SetFp8Recording(bool on) {
     if (fp8_ != nullptr) fp8_->set_recording(on);
@@ -393,8 +394,11 @@ class GpuModel {
   // FP8 weight codes (StateOptions::fp8_weight_codes). A layer's codes part: a 16-byte slot
   // per linear map (scale_inv, scale, amax; cuBLASLt reads scale_inv 16-byte aligned), then
   // each map's codes, 256-byte aligned, in LinearIndex order. `index` -1: the part's bytes.
-  static uint64_t WeightCodesOffset(const ModelConfig& config, int index);
+  // transposed: where map `index`'s transposed codes are (StateOptions::transposed_weight_codes),
+  // after every map's plain codes, in the same order.
+  static uint64_t WeightCodesOffset(const ModelConfig& config, int index, bool transposed = false);
   bool weight_codes_ = false;
+  bool transposed_codes_ = false;  // StateOptions::transposed_weight_codes
   bool fused_norms_ = false;  // StateOptions::fused_norms
   bool bf16_checkpoints_ = false;  // StateOptions::bf16_checkpoints, with checkpointing
   // Per group: its codes part holds the codes of its bf16 weights as they are now. Written by

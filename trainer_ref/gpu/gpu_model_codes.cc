@@ -21,14 +21,20 @@ uint64_t AlignCodes(uint64_t bytes) { return (bytes + kCodesAlign - 1) / kCodesA
 
 }  // namespace
 
-uint64_t GpuModel::WeightCodesOffset(const ModelConfig& config, int index) {
+uint64_t GpuModel::WeightCodesOffset(const ModelConfig& config, int index, bool transposed) {
   const Fp8Linear::Shapes shapes = LinearShapes(config);
-  uint64_t at = AlignCodes(kLinears * kSlotBytes);
+  const uint64_t slots = AlignCodes(kLinears * kSlotBytes);
+  uint64_t at = slots;
   for (int k = 0; k < kLinears; ++k) {
-    if (k == index) return at;
+    if (k == index) break;
     at += AlignCodes(static_cast<uint64_t>(shapes[k].first) * shapes[k].second);
   }
-  return at;
+  // The transposed codes follow the plain ones, each at its plain twin's distance from the start.
+  return transposed ? at + WeightCodesOffset(config, -1) - slots : at;
+}
+
+uint64_t GpuModel::WeightCodesBytes(const ModelConfig& config, bool transposed) {
+  return WeightCodesOffset(config, -1, transposed);
 }
 
 int GpuModel::LayersReadingWeightCodes() const {
@@ -51,7 +57,8 @@ size_t GpuModel::LinearEntry(int layer, int index) const {
 Fp8Codes GpuModel::CodesOf(int layer, int index) const {
   auto* base = Inside<unsigned char>(acquired_[layer + 1][static_cast<int>(Part::kWeightCodes)], 0, "FP8 weight codes",
                                      layout_[LinearEntry(layer, index)].name);
-  return {base + WeightCodesOffset(config_, index), reinterpret_cast<const float*>(base + index * kSlotBytes)};
+  return {base + WeightCodesOffset(config_, index), reinterpret_cast<const float*>(base + index * kSlotBytes),
+          transposed_codes_ ? base + WeightCodesOffset(config_, index, /*transposed=*/true) : nullptr};
 }
 
 absl::Status GpuModel::EnterLayerWeights(int group) {
@@ -106,8 +113,14 @@ absl::Status GpuModel::EncodeWeightCodes(int group, bool amax_folded) {
         AbsMax(slot + 2, W(e), static_cast<int64_t>(layout_[e].count), stream_);
         ScaleFromAmax(slot + 1, slot, slot + 2, /*e5m2=*/false, stream_);
       }
-      QuantizeFp8(base + WeightCodesOffset(config_, k), W(e), static_cast<int64_t>(layout_[e].count), slot + 1,
-                  /*e5m2=*/false, stream_);
+      uint8_t* plain = base + WeightCodesOffset(config_, k);
+      if (transposed_codes_) {  // both from one read of the weights
+        const auto [out, in] = LinearShapes(config_)[k];
+        QuantizeFp8Transposed(base + WeightCodesOffset(config_, k, /*transposed=*/true), W(e), out, in, slot + 1,
+                              /*e5m2=*/false, stream_, plain);
+      } else {
+        QuantizeFp8(plain, W(e), static_cast<int64_t>(layout_[e].count), slot + 1, /*e5m2=*/false, stream_);
+      }
       return 0;
     });
   }
@@ -144,6 +157,11 @@ absl::Status GpuModel::EncodeWeightCodesOnHost(int group, const Bf16* weights) {
                                      static_cast<int64_t>(layout_[e].count), base + WeightCodesOffset(config_, k));
     const float slot[4] = {s.scale_inv, s.scale, s.amax, 0.0f};
     std::memcpy(base + k * kSlotBytes, slot, sizeof(slot));
+    if (transposed_codes_) {
+      const auto [out, in] = LinearShapes(config_)[k];
+      fp8::TransposeCodes(base + WeightCodesOffset(config_, k), out, in,
+                          base + WeightCodesOffset(config_, k, /*transposed=*/true));
+    }
   }
   RETURN_IF_ERROR(home_->ReleaseHost(group, Part::kWeightCodes, 0));
   codes_current_[group] = 1;

@@ -78,7 +78,9 @@ GpuHomeLayout GpuModel::HomeLayout(const ModelConfig& config, int batch, int seq
                            : layer && shape.Lean(g - 1) ? LeanActsBytes(config, batch, seq)
                                                         : ActsBytes(config, batch, seq);
     const uint64_t weights = state.compact ? 0 : params * 2, grads = params * (state.compact ? 2 : 4);
-    const uint64_t codes = layer && state.fp8_weight_codes && !state.compact ? WeightCodesBytes(config) : 0;
+    const uint64_t codes = layer && state.fp8_weight_codes && !state.compact
+                               ? WeightCodesBytes(config, state.transposed_weight_codes)
+                               : 0;
     out.bytes.push_back({weights, params * 4, grads, moment, shape.optimizer_->HasSecondPart() ? moment : 0,
                          layer ? saved * static_cast<uint64_t>(out.act_slots) : 0, codes});
   }

@@ -62,6 +62,11 @@ absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::Create(const ModelConfig& co
         "FP8 weight codes are written by the host's optimizer beside the bf16 weights, which the compact state does "
         "not keep");
   }
+  if (state.transposed_weight_codes && !state.fp8_weight_codes) {
+    return absl::InvalidArgumentError(
+        "transposed FP8 weight codes are written beside the codes themselves: they need FP8 weight codes "
+        "(--fp8_weight_codes)");
+  }
   std::unique_ptr<GpuModel> model(new GpuModel(config, batch, seq, state));
   if (home == nullptr) {
     auto plain = MakePlainGpuHome(HomeLayout(config, batch, seq, state));

@@ -75,7 +75,9 @@ absl::StatusOr<GpuPlan> ResolveGpuPlan(const RunSettings& s) {
                                plan.host_optimizer_groups, groups - plan.host_optimizer_groups)
          : plan.optimizer_deferred ? std::string("on the GPU, each layer's update before its next forward")
                                    : std::string("on the GPU, at the step's end")) +
-            (st.fp8_weight_codes ? ", writing FP8 weight codes" : ""),
+            (st.transposed_weight_codes ? ", writing FP8 weight codes and their transposes"
+             : st.fp8_weight_codes      ? ", writing FP8 weight codes"
+                                        : ""),
         s.optimizer_place == "auto" && s.tierd ? "auto (said above)"
         : s.Given("optimizer_place")           ? "--optimizer_place"
                                                : "default");

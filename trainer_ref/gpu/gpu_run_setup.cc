@@ -101,14 +101,18 @@ int GpuRun::Setup() {
   host_optimizer_ = plan_.host_optimizer_groups > 0;
   model_->SetHostOptimizerGroups(plan_.host_optimizer_groups);
   if (const int coded = model_->LayersReadingWeightCodes(); coded > 0) {
-    const uint64_t codes = GpuModel::WeightCodesBytes(config) * coded,
+    const uint64_t codes = GpuModel::WeightCodesBytes(config, state.transposed_weight_codes) * coded,
                    bf16 = layout.bytes[1][static_cast<int>(Part::kWeights)] * coded;
     // The host's groups are the last ones: the head, then layers (every group: the embedding too).
     const int host_layers = std::min(coded, std::max(0, plan_.host_optimizer_groups - 1));
     std::printf(
         "FP8 weight codes: the optimizer's step also writes the %d FP8 layers' weights as E4M3 codes (current "
-        "scaling), which their matmuls read (--fp8_weight_codes): %s in all against %s of bf16; %s\n",
-        coded, FormatBytes(codes).c_str(), FormatBytes(bf16).c_str(),
+        "scaling)%s, which their matmuls read (--fp8_weight_codes): %s in all against %s of bf16; %s\n",
+        coded,
+        state.transposed_weight_codes ? " and their transposes, for each micro-batch's backward "
+                                        "(--fp8_transposed_weight_codes)"
+                                      : "",
+        FormatBytes(codes).c_str(), FormatBytes(bf16).c_str(),
         host_layers == coded ? "the host writes them, and the GPU fetches those instead of the bf16 weights"
         : host_layers == 0
             ? "the GPU writes them after each update, once for the step's micro-batches, and the bf16 weights "

@@ -395,6 +395,8 @@ absl::StatusOr<StateChoice> ChooseState(const RunSettings& s, uint64_t fp8_works
   // need not stay on the GPU between updates.
   if (fp8_workspace > 0 && s.tierd && !state.compact && s.fp8_weight_codes) {
     state.fp8_weight_codes = true;
+    // Their transposes too where each micro-batch's backward would make them again.
+    state.transposed_weight_codes = s.fp8_transposed_weight_codes && layer_major_micro_batches == 0 && s.accum > 1;
     const int chunks_then = layout.state_chunks;
     layout = GpuModel::HomeLayout(config, s.batch, s.seq, state);
     layout.state_chunks = chunks_then;

@@ -67,6 +67,12 @@ struct StateOptions {
   // GPU from the bf16 part, or, where that part is the codes' scratch, on the host from the
   // master copy: the same bits.
   bool fp8_weight_codes = false;
+  // With fp8_weight_codes (--fp8_transposed_weight_codes): the codes part also holds each
+  // matrix's codes transposed, written with them (a byte a parameter more), which the layer's
+  // backward reads for its input gradient instead of transposing the codes itself. Pays where
+  // a layer's backward runs more than once between updates (micro-batches one after the
+  // other: each made its own transposes).
+  bool transposed_weight_codes = false;
   // Not the state's but the model's GEMMs (Gemm's GemmOptions): how many of cuBLASLt's
   // candidates a new shape's first call times, and where the choices are cached.
   int gemm_candidates = 1;

@@ -192,6 +192,7 @@ Fp8Codes Fp8Linear::WeightCodes(int layer, int index, const Bf16* weight, bool t
 }
 
 Fp8Codes Fp8Linear::TransposedCodes(int layer, int index, Fp8Codes weight, cudaStream_t stream) {
+  if (weight.transposed != nullptr) return {weight.transposed, weight.scale_inv};
   uint8_t* codes = weight_codes_t_ + weight_offset_[index];
   Made& made = made_from_[index].second;
   if (made.layer != layer || made.from != weight.codes) {

@@ -41,6 +41,9 @@ namespace tierd::trainer::gpu {
 struct Fp8Codes {
   const uint8_t* codes = nullptr;
   const float* scale_inv = nullptr;
+  // A weight's codes only: the same codes transposed, (in, out), where their maker kept them
+  // (the backward's product with the output gradient reads these); null: made here when needed.
+  const uint8_t* transposed = nullptr;
 };
 
 struct Fp8ScalingOptions {
@@ -115,8 +118,9 @@ class Fp8Linear {
   // Forward and Backward from a weight's codes made elsewhere instead of its bf16 values: E4M3,
   // (oc, ic), read back with *weight.scale_inv (the host's optimizer step writes them at
   // current scaling, fp8_codes.h, so the GPU fetches 1 byte a parameter instead of 2). The
-  // weight's own scale is then not used or recorded. Backward transposes the codes once per
-  // (layer, codes) until ForgetWeights, as it keeps its own.
+  // weight's own scale is then not used or recorded. Backward reads weight.transposed where
+  // given, else transposes the codes once per (layer, codes) until ForgetWeights, as it keeps
+  // its own.
   absl::Status ForwardFromCodes(Bf16* out, Fp8Codes in, int layer, int index, Fp8Codes weight, int n, int ic, int oc,
                                 cudaStream_t stream);
   absl::Status BackwardFromCodes(Bf16* din, float* dweight, const Bf16* dout, Fp8Codes in_t, int layer, int index,

@@ -230,6 +230,26 @@ TEST(Fp8ScalingTest, HostMadeWeightCodesGiveTheBf16WeightsResults) {
     EXPECT_EQ(out.Host(), want.out);
     EXPECT_EQ(din.Host(), want.din);
     EXPECT_EQ(dw.Host(), want.dw);
+    // The codes' transposes made on the host and handed in (what the optimizer's step may write
+    // beside them): the input gradient reads those, the same bits; zeros there give zeros, so
+    // they are what it read.
+    std::vector<uint8_t> codes_t(codes.size());
+    fp8::TransposeCodes(codes.data(), oc, ic, codes_t.data());
+    for (const bool zeros : {false, true}) {
+      Device<uint8_t> d_codes_t{zeros ? std::vector<uint8_t>(codes.size(), 0) : codes_t};
+      Device<Bf16> din_t{std::vector<Bf16>(static_cast<size_t>(n) * ic)};
+      ASSERT_TRUE((*from_codes)
+                      ->BackwardFromCodes(din_t.get(), nullptr, d_dout.get(), in8_t, 0, 0,
+                                          {d_codes.get(), d_scale_inv.get(), d_codes_t.get()}, n, ic, oc, nullptr,
+                                          false)
+                      .ok());
+      const std::vector<Bf16> got = din_t.Host();
+      if (zeros) {
+        EXPECT_EQ(got, std::vector<Bf16>(got.size(), Bf16{})) << "the transposes handed in were not read";
+      } else {
+        EXPECT_EQ(got, want.din);
+      }
+    }
   }
   // A call for a shape the maps were not made for is refused, as with bf16 weights.
   EXPECT_EQ((*from_codes)

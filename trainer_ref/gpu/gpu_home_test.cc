@@ -299,6 +299,43 @@ TEST(GpuHomeLayoutTest, FP8WeightCodesWithTheirTransposesTakeAByteAWeightMore) {
   EXPECT_NE(refused.status().message().find("--fp8_weight_codes"), std::string::npos) << refused.status();
 }
 
+// FP8 layers that keep their activations (StateOptions::fp8_layers) keep h1, h2 and s as their
+// codes: rooms of a byte an element, not two. Lean and recomputing layers, and bf16 ones, keep
+// theirs as before; the workspace then holds a lean layer's element-wise outputs, for an FP8
+// layer that runs bf16 in rooms for codes.
+TEST(GpuHomeLayoutTest, FP8LayersKeepTheirMapsInputsInRoomsOfAByteAnElement) {
+  const ModelConfig config{"test6", 6, 128, 2, 352, 512, 128};
+  const int batch = 4, seq = 128;
+  const uint64_t n = batch * seq, halved = 2 * n * 128 + n * 352;  // h1, h2, s: a byte an element less
+  const int acts = static_cast<int>(Part::kActs);
+  const std::vector<bool> all(config.layers, true);
+  const GpuHomeLayout bf16 = GpuModel::HomeLayout(config, batch, seq);
+  const GpuHomeLayout coded = GpuModel::HomeLayout(config, batch, seq, {.fp8_layers = all});
+  for (int g = 1; g <= config.layers; ++g) EXPECT_EQ(coded.bytes[g][acts], bf16.bytes[g][acts] - halved) << g;
+  // Layer 5 in bf16 (--bf16_layers): its rooms as before.
+  std::vector<bool> but_last = all;
+  but_last[5] = false;
+  const GpuHomeLayout mixed = GpuModel::HomeLayout(config, batch, seq, {.fp8_layers = but_last});
+  EXPECT_EQ(mixed.bytes[6][acts], bf16.bytes[6][acts]);
+  EXPECT_EQ(mixed.bytes[5][acts], coded.bytes[5][acts]);
+  // Checkpointing: the last 2 keep (coded), the 2 before them keep lean, the rest their input.
+  const StateOptions dynamic{.checkpointing = true, .kept_layers = 2, .lean_layers = 2};
+  StateOptions dynamic_coded = dynamic;
+  dynamic_coded.fp8_layers = all;
+  const GpuHomeLayout checkpointed = GpuModel::HomeLayout(config, batch, seq, dynamic);
+  const GpuHomeLayout checkpointed_coded = GpuModel::HomeLayout(config, batch, seq, dynamic_coded);
+  for (int g = 1; g <= config.layers; ++g) {
+    EXPECT_EQ(checkpointed_coded.bytes[g][acts], checkpointed.bytes[g][acts] - (g >= 5 ? halved : 0)) << g;
+  }
+  // The workspace: room for a lean layer's h1, h2, s and norm statistics where no layer
+  // recomputes (else the recompute workspace's serves).
+  const uint64_t lean_rooms = 2 * n * 128 * 2 + n * 352 * 2 + 2 * n * 4;
+  EXPECT_EQ(GpuModel::WorkspaceBytesFor(config, batch, seq, {.fp8_layers = all}),
+            GpuModel::WorkspaceBytesFor(config, batch, seq) + lean_rooms + 1);  // and xr_'s empty stand-in, a byte
+  EXPECT_EQ(GpuModel::WorkspaceBytesFor(config, batch, seq, dynamic_coded),
+            GpuModel::WorkspaceBytesFor(config, batch, seq, dynamic));
+}
+
 TEST(GpuHomeLayoutTest, AModelRefusesAHomeMadeForAnotherLayout) {
   const ModelConfig config{"test6", 6, 128, 2, 352, 512, 128};
   GpuHomeLayout other = GpuModel::HomeLayout(config, 4, 64);  // another sequence length: other activations

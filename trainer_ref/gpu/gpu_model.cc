@@ -76,6 +76,8 @@ GpuModel::GpuModel(const ModelConfig& config, int batch, int seq, const StateOpt
   fused_norms_ = state.fused_norms;
   bf16_checkpoints_ = state.checkpointing && state.bf16_checkpoints;
   codes_current_.assign(Groups(), 0);
+  coded_rooms_.assign(config.layers, false);
+  for (int l = 0; l < config.layers; ++l) coded_rooms_[l] = CodedRooms(config, state, l);
   head_rows_ = HeadRows(config, batch, seq, state.head_rows);
   rope_ = RopeFrequenciesOf(RopeInverseFrequencies(config));
   norm_offset_.assign(layout_.size(), 0);
@@ -397,9 +399,9 @@ void GpuModel::AddSumOfSquares(int group) {
 }
 
 GpuModel::Acts GpuModel::ActsForForward(int l, void* saved) const {
-  if (Lean(l)) return ActsAt(saved, /*lean=*/true);
+  if (LeanNow(l)) return ActsAt(saved, /*lean=*/true);
   if (!Recomputes(l)) {
-    Acts a = ActsAt(saved);
+    Acts a = ActsAt(saved, /*lean=*/false, coded_rooms_[l]);
     a.inputs_transposed = KeepsInputsTransposed(l);
     return a;
   }
@@ -414,13 +416,13 @@ GpuModel::Acts GpuModel::ActsForForward(int l, void* saved) const {
 }
 
 absl::StatusOr<GpuModel::Acts> GpuModel::ActsForBackward(int l, void* saved) {
-  if (Lean(l)) {
+  if (LeanNow(l)) {
     // The element-wise outputs again, by the forward's kernels from the forward's inputs: the
     // same bits. The norms' statistics are kept; their recomputed copies go to the workspace.
     const int n = batch_ * seq_, c = config_.d_model, f = config_.d_ff;
     const Layer& w = layers_[l];
     const Acts a = ActsAt(saved, /*lean=*/true);
-    const Acts scratch = ActsAt(recompute_acts_);
+    const Acts scratch = LeanWork();
     Timed(kElementwise, [&] {
       RmsNormForward(a.h1, scratch.rstd1, a.x_in, N(w.attn_norm), n, c, static_cast<float>(config_.norm_eps), stream_);
       RmsNormForward(a.h2, scratch.rstd2, a.x_mid, N(w.mlp_norm), n, c, static_cast<float>(config_.norm_eps), stream_);
@@ -429,7 +431,7 @@ absl::StatusOr<GpuModel::Acts> GpuModel::ActsForBackward(int l, void* saved) {
     });
     return a;
   }
-  Acts a = ActsAt(Recomputes(l) ? recompute_acts_ : saved);
+  Acts a = Recomputes(l) ? ActsAt(recompute_acts_) : ActsAt(saved, /*lean=*/false, coded_rooms_[l]);
   a.inputs_transposed = KeepsInputsTransposed(l);
   if (!Recomputes(l)) return a;
   // The layer's forward again, from its saved input, into the workspace.

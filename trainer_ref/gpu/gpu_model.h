@@ -242,9 +242,11 @@ class GpuModel {
   uint64_t MomentBytes(size_t entry) const;
   uint64_t MomentOffset(size_t entry) const;
   absl::Status Allocate();
-  // `recompute`: some layer recomputes (the workspace holds one layer's activations for it).
+  // `recompute`: some layer recomputes (the workspace holds one layer's activations for it);
+  // else `lean_rooms`: the workspace holds LeanRoomsBytes (AnyCodedRooms).
   static std::vector<std::pair<size_t, size_t>> WorkspacePlan(const ModelConfig& config, int batch, int seq,
-                                                              bool recompute, int head_rows, bool cudnn_attention);
+                                                              bool recompute, int head_rows, bool cudnn_attention,
+                                                              bool lean_rooms = false);
   // Layer-major: per micro-batch its residual stream and gradient (fp32 N x C each), tokens,
   // targets (N each) and token index (3 N + 1), all int32 or fp32: element counts and sizes.
   static std::vector<std::pair<size_t, size_t>> MicroBatchPlan(const ModelConfig& config, int batch, int seq);
@@ -343,8 +345,8 @@ class GpuModel {
     static constexpr int kScaleStride = 4;
   };
   // lean: a lean layer's, what it keeps at `base` and its element-wise outputs (h1, h2, s) in
-  // the recompute workspace.
-  Acts ActsAt(void* base, bool lean = false) const;
+  // the recompute workspace (LeanWork). coded: h1, h2 and s in rooms of a byte an element.
+  Acts ActsAt(void* base, bool lean = false, bool coded = false) const;
   // What layer l's forward writes into: its saved part (kActs lease) and the workspace.
   Acts ActsForForward(int layer, void* saved) const;
   // One layer's forward from the residual stream `x` (updated in place), saving into `a`.
@@ -371,6 +373,7 @@ class GpuModel {
   absl::Status UploadMicroBatches(const int32_t* tokens, const int32_t* targets, std::vector<int>* counted);
   static uint64_t ActsBytes(const ModelConfig& config, int batch, int seq);
   static uint64_t LeanActsBytes(const ModelConfig& config, int batch, int seq);
+  static uint64_t CodedActsBytes(const ModelConfig& config, int batch, int seq);  // CodedRooms' layers
 
   ModelConfig config_;
   int batch_, seq_;
@@ -383,7 +386,19 @@ class GpuModel {
   // Whether layer l keeps all but its element-wise outputs (recomputed in its backward).
   bool Lean(int l) const { return checkpointing_ && !Recomputes(l) && l < config_.layers - kept_layers_; }
   // Whether layer l's activations keep h1, h2 and s as transposed codes (Acts::inputs_transposed).
-  bool KeepsInputsTransposed(int l) const { return LayerFp8(l) != nullptr && !Lean(l); }
+  bool KeepsInputsTransposed(int l) const { return LayerFp8(l) != nullptr && !LeanNow(l); }
+  // Whether layer l's saved rooms for h1, h2 and s are a byte an element (StateOptions::
+  // fp8_layers): it keeps all its activations and starts in FP8.
+  static bool CodedRooms(const ModelConfig& config, const StateOptions& state, int l);
+  static bool AnyCodedRooms(const ModelConfig& config, const StateOptions& state);
+  // Lean, or a layer with rooms for codes running bf16 (not given to UseFp8, or fallen back):
+  // its element-wise outputs go to the workspace and its backward recomputes them.
+  bool LeanNow(int l) const { return Lean(l) || (coded_rooms_[l] && LayerFp8(l) == nullptr); }
+  std::vector<bool> coded_rooms_;  // per layer: CodedRooms
+  // Where a lean layer's element-wise outputs (h1, h2, s) and the recomputed norms' statistics
+  // go: the recompute workspace's, or (no layer recomputing) LeanRoomsBytes of their own.
+  Acts LeanWork() const;
+  static uint64_t LeanRoomsBytes(const ModelConfig& config, int batch, int seq);
   // Some layer recomputes something: the workspace holds a layer's activations for it.
   bool AnyRecomputes() const {
     return AnyRecomputes(config_, {.checkpointing = checkpointing_, .kept_layers = kept_layers_});
@@ -430,7 +445,7 @@ class GpuModel {
   absl::Status WeightsFromMasterOnHost(int group, const std::function<absl::Status(const Bf16*, size_t)>& fn);
   // The host's optimizer step: the group's codes from its new bf16 weights (host pointers).
   absl::Status EncodeWeightCodesOnHost(int group, const Bf16* weights);
-  void* recompute_acts_ = nullptr;  // checkpointing: one layer's activations, recomputed
+  void* recompute_acts_ = nullptr;  // checkpointing: one layer's activations, recomputed (or LeanRoomsBytes)
   float* xr_ = nullptr;             // checkpointing: the recomputed layer's residual stream
   std::vector<TensorLayout> layout_;
   std::vector<Layer> layers_;

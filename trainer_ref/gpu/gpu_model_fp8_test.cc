@@ -155,6 +155,9 @@ double Fp8TrainStep(GpuModel& m, const Batch& b, int at) {
 // micro-batch at a time and layer-major over three (each micro-batch's codes read back at the
 // scale they were made at, not the last micro-batch's). d_ff 384 takes SwiGLU's kernel that
 // writes the codes transposed itself, 352 (not of 64 x 64 tiles) the byte transpose after.
+// The same in rooms of a byte an element (StateOptions::fp8_layers); and where such a layer
+// runs bf16 (layer 1 left out of UseFp8, as a layer that fell back), it keeps lean and its
+// backward recomputes its element-wise outputs: the bits of a bf16 layer in bf16 rooms.
 TEST(GpuModelTest, Fp8InputsKeptTransposedGiveTheBitsOfConvertingThemAgain) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device here: the GPU model is checked on the lent GPU machine";
   const int batch = 2, seq = 64, n = batch * seq;
@@ -162,16 +165,25 @@ TEST(GpuModelTest, Fp8InputsKeptTransposedGiveTheBitsOfConvertingThemAgain) {
     const ModelConfig config{"kept", 3, 128, 2, d_ff, 512, 128};  // head size 64
     SCOPED_TRACE((micro > 0 ? "layer-major, 3 micro-batches" : "one micro-batch a step") +
                  std::string(", d_ff ") + std::to_string(d_ff));
-    auto make = [&](int kept, int lean) {
-      auto m = GpuModel::Create(
-          config, batch, seq, nullptr,
-          {.checkpointing = true, .kept_layers = kept, .lean_layers = lean, .layer_major_micro_batches = micro});
+    const std::vector<bool> all(config.layers, true), but_1 = {true, false, true};
+    auto make = [&](int kept, int lean, bool coded_rooms, const std::vector<bool>& fp8) {
+      auto m = GpuModel::Create(config, batch, seq, nullptr,
+                                {.checkpointing = true,
+                                 .kept_layers = kept,
+                                 .lean_layers = lean,
+                                 .fp8_layers = coded_rooms ? all : std::vector<bool>{},
+                                 .layer_major_micro_batches = micro});
       EXPECT_TRUE(m.ok()) << m.status();
-      EXPECT_TRUE((*m)->UseFp8().ok());
+      EXPECT_TRUE((*m)->UseFp8(fp8).ok());
       EXPECT_TRUE((*m)->InitParams(7).ok());
       return std::move(*m);
     };
-    auto keeping = make(config.layers, 0), converting = make(0, config.layers);
+    // Each model beside the one it must equal: (kept, converting), (coded, converting),
+    // (coded rooms with layer 1 in bf16, bf16 rooms with layer 1 in bf16).
+    std::unique_ptr<GpuModel> models[5] = {
+        make(config.layers, 0, false, all), make(0, config.layers, false, all), make(config.layers, 0, true, all),
+        make(config.layers, 0, true, but_1), make(config.layers, 0, false, but_1)};
+    const std::pair<int, int> pairs[3] = {{0, 1}, {2, 1}, {3, 4}};
     std::mt19937_64 rng(57);
     for (int at = 1; at <= 3; ++at) {
       std::vector<int32_t> tokens, targets;
@@ -180,10 +192,10 @@ TEST(GpuModelTest, Fp8InputsKeptTransposedGiveTheBitsOfConvertingThemAgain) {
         tokens.insert(tokens.end(), b.tokens.begin(), b.tokens.end());
         targets.insert(targets.end(), b.targets.begin(), b.targets.end());
       }
-      double losses[2];
-      std::vector<float> grads[2];
-      for (int k = 0; k < 2; ++k) {
-        GpuModel& m = k == 0 ? *keeping : *converting;
+      double losses[5];
+      std::vector<float> grads[5];
+      for (int k = 0; k < 5; ++k) {
+        GpuModel& m = *models[k];
         ASSERT_TRUE(m.ZeroGrads().ok());
         auto loss = micro > 0 ? m.ForwardBackwardLayerMajor(tokens.data(), targets.data())
                               : m.Forward(tokens.data(), targets.data());
@@ -197,11 +209,15 @@ TEST(GpuModelTest, Fp8InputsKeptTransposedGiveTheBitsOfConvertingThemAgain) {
         m.EndFp8Step();
         ASSERT_TRUE(m.AdamWStep(1e-3, at, AdamWOptions{}, 1.0).ok());
       }
-      EXPECT_EQ(losses[0], losses[1]) << "step " << at;
-      ASSERT_EQ(grads[0].size(), grads[1].size());
-      size_t off = 0;
-      for (size_t i = 0; i < grads[0].size(); ++i) off += grads[0][i] != grads[1][i];
-      EXPECT_EQ(off, 0u) << "step " << at << ": gradient elements differing, of " << grads[0].size();
+      for (const auto& [k, want] : pairs) {
+        EXPECT_EQ(losses[k], losses[want]) << "step " << at << ", model " << k;
+        ASSERT_EQ(grads[k].size(), grads[want].size());
+        size_t off = 0;
+        for (size_t i = 0; i < grads[k].size(); ++i) off += grads[k][i] != grads[want][i];
+        EXPECT_EQ(off, 0u) << "step " << at << ", model " << k << ": gradient elements differing, of "
+                           << grads[k].size();
+      }
+      EXPECT_NE(losses[3], losses[0]) << "layer 1 in bf16 trains otherwise than in FP8";
     }
   }
 }

@@ -29,7 +29,51 @@ uint64_t GpuModel::LeanActsBytes(const ModelConfig& config, int batch, int seq) 
   return ActsBytes(config, batch, seq) - 2 * Aligned(n * c * 2) - Aligned(n * f * 2);
 }
 
-GpuModel::Acts GpuModel::ActsAt(void* base, bool lean) const {
+// h1, h2 and s as codes: a byte an element instead of two.
+uint64_t GpuModel::CodedActsBytes(const ModelConfig& config, int batch, int seq) {
+  const uint64_t n = static_cast<uint64_t>(batch) * seq, c = config.d_model, f = config.d_ff;
+  return LeanActsBytes(config, batch, seq) + 2 * Aligned(n * c) + Aligned(n * f);
+}
+
+// h1, h2, s (bf16) and the two norms' statistics.
+uint64_t GpuModel::LeanRoomsBytes(const ModelConfig& config, int batch, int seq) {
+  const uint64_t n = static_cast<uint64_t>(batch) * seq, c = config.d_model, f = config.d_ff;
+  return 2 * Aligned(n * c * 2) + Aligned(n * f * 2) + 2 * Aligned(n * 4);
+}
+
+bool GpuModel::CodedRooms(const ModelConfig& config, const StateOptions& state, int l) {
+  if (static_cast<int>(state.fp8_layers.size()) != config.layers || !state.fp8_layers[l]) return false;
+  if (!state.checkpointing) return true;
+  // The last kept_layers keep everything (GpuModel's Recomputes and Lean, from the same clamps).
+  return l >= config.layers - std::clamp(state.kept_layers, 0, config.layers);
+}
+
+bool GpuModel::AnyCodedRooms(const ModelConfig& config, const StateOptions& state) {
+  for (int l = 0; l < config.layers; ++l) {
+    if (CodedRooms(config, state, l)) return true;
+  }
+  return false;
+}
+
+GpuModel::Acts GpuModel::LeanWork() const {
+  if (AnyRecomputes()) return ActsAt(recompute_acts_);
+  const uint64_t n = static_cast<uint64_t>(batch_) * seq_, c = config_.d_model, f = config_.d_ff;
+  auto* at = static_cast<unsigned char*>(recompute_acts_);
+  auto take = [&at](uint64_t bytes) {
+    void* p = at;
+    at += Aligned(bytes);
+    return p;
+  };
+  Acts a{};
+  a.h1 = static_cast<Bf16*>(take(n * c * 2));
+  a.h2 = static_cast<Bf16*>(take(n * c * 2));
+  a.s = static_cast<Bf16*>(take(n * f * 2));
+  a.rstd1 = static_cast<float*>(take(n * 4));
+  a.rstd2 = static_cast<float*>(take(n * 4));
+  return a;
+}
+
+GpuModel::Acts GpuModel::ActsAt(void* base, bool lean, bool coded) const {
   const uint64_t n = static_cast<uint64_t>(batch_) * seq_, c = config_.d_model, f = config_.d_ff;
   const uint64_t qd = config_.q_dim(), kd = config_.kv_dim();
   auto* at = static_cast<unsigned char*>(base);
@@ -39,19 +83,23 @@ GpuModel::Acts GpuModel::ActsAt(void* base, bool lean) const {
     return p;
   };
   // A lean layer's element-wise outputs are in the recompute workspace, not with what it keeps.
-  const Acts work = lean ? ActsAt(recompute_acts_) : Acts{};
+  const Acts work = lean ? LeanWork() : Acts{};
   auto bf16 = [&](Bf16** p, uint64_t count, Bf16* elsewhere) {
     *p = elsewhere != nullptr ? elsewhere : static_cast<Bf16*>(take(count * 2));
   };
+  // h1, h2 and s: their codes' rooms where coded.
+  auto room = [&](Bf16** p, uint64_t count, Bf16* elsewhere) {
+    *p = elsewhere != nullptr ? elsewhere : static_cast<Bf16*>(take(count * (coded ? 1 : 2)));
+  };
   Acts a;
-  bf16(&a.h1, n * c, work.h1);
+  room(&a.h1, n * c, work.h1);
   bf16(&a.q, n * qd, nullptr);
   for (Bf16** p : {&a.k, &a.v}) bf16(p, n * kd, nullptr);
   bf16(&a.a, n * qd, nullptr);
-  bf16(&a.h2, n * c, work.h2);
+  room(&a.h2, n * c, work.h2);
   for (float** p : {&a.x_in, &a.x_mid}) *p = static_cast<float*>(take(n * c * 4));
   for (Bf16** p : {&a.g, &a.u}) bf16(p, n * f, nullptr);
-  bf16(&a.s, n * f, work.s);
+  room(&a.s, n * f, work.s);
   for (float** p : {&a.rstd1, &a.rstd2}) *p = static_cast<float*>(take(n * 4));
   a.lse = static_cast<float*>(take(static_cast<uint64_t>(batch_) * config_.heads * seq_ * 4));
   a.in_scale_inv = static_cast<float*>(take(3 * Acts::kScaleStride * 4));
@@ -75,8 +123,9 @@ GpuHomeLayout GpuModel::HomeLayout(const ModelConfig& config, int batch, int seq
     const uint64_t saved = layer && shape.Recomputes(g - 1)
                                ? Aligned(static_cast<uint64_t>(batch) * seq * config.d_model *
                                          (state.bf16_checkpoints ? 2 : 4))
-                           : layer && shape.Lean(g - 1) ? LeanActsBytes(config, batch, seq)
-                                                        : ActsBytes(config, batch, seq);
+                           : layer && shape.Lean(g - 1)        ? LeanActsBytes(config, batch, seq)
+                           : layer && shape.coded_rooms_[g - 1] ? CodedActsBytes(config, batch, seq)
+                                                                : ActsBytes(config, batch, seq);
     const uint64_t weights = state.compact ? 0 : params * 2, grads = params * (state.compact ? 2 : 4);
     const uint64_t codes = layer && state.fp8_weight_codes && !state.compact
                                ? WeightCodesBytes(config, state.transposed_weight_codes)
@@ -100,7 +149,7 @@ uint64_t GpuModel::MomentOffset(size_t entry) const {
 
 std::vector<std::pair<size_t, size_t>> GpuModel::WorkspacePlan(const ModelConfig& config, int batch, int seq,
                                                                bool recompute, int head_rows_asked,
-                                                               bool cudnn_attention) {
+                                                               bool cudnn_attention, bool lean_rooms) {
   const size_t n = static_cast<size_t>(batch) * seq, c = config.d_model, f = config.d_ff, v = config.vocab;
   const size_t qd = config.q_dim(), kd = config.kv_dim();
   size_t norms = 0;
@@ -135,6 +184,9 @@ std::vector<std::pair<size_t, size_t>> GpuModel::WorkspacePlan(const ModelConfig
   if (recompute) {
     plan.push_back({ActsBytes(config, batch, seq), 1});  // recompute_acts_
     plan.push_back({n * c, 4});                          // xr_
+  } else if (lean_rooms) {
+    plan.push_back({LeanRoomsBytes(config, batch, seq), 1});  // recompute_acts_, for lean layers only
+    plan.push_back({0, 4});                                   // xr_ (unused)
   }
   return plan;
 }
@@ -147,7 +199,8 @@ std::vector<std::pair<size_t, size_t>> GpuModel::MicroBatchPlan(const ModelConfi
 uint64_t GpuModel::WorkspaceBytesFor(const ModelConfig& config, int batch, int seq, const StateOptions& state) {
   uint64_t bytes = kGemmWorkspace;
   for (const auto& [count, size] : WorkspacePlan(config, batch, seq, AnyRecomputes(config, state), state.head_rows,
-                                                 MayUseCudnnAttention(state.attention))) {
+                                                 MayUseCudnnAttention(state.attention),
+                                                 AnyCodedRooms(config, state))) {
     bytes += std::max<size_t>(count * size, 1);
   }
   for (const auto& [count, size] : MicroBatchPlan(config, batch, seq)) {

@@ -253,10 +253,11 @@ absl::Status GpuModel::Allocate() {
                       &recompute_acts_,
                       reinterpret_cast<void**>(&xr_)};
   constexpr size_t kAttentionScratchIndex = 21;  // attention_scratch_'s place in targets[] below
-  const auto plan =
-      WorkspacePlan(config_, batch_, seq_, AnyRecomputes(), head_rows_, MayUseCudnnAttention(attention_mode_));
+  const bool lean_rooms = std::find(coded_rooms_.begin(), coded_rooms_.end(), true) != coded_rooms_.end();
+  const auto plan = WorkspacePlan(config_, batch_, seq_, AnyRecomputes(), head_rows_,
+                                  MayUseCudnnAttention(attention_mode_), lean_rooms);
   static_assert(sizeof(targets) / sizeof(targets[0]) == 32);
-  if (plan.size() != (AnyRecomputes() ? 32u : 30u) ||
+  if (plan.size() != (AnyRecomputes() || lean_rooms ? 32u : 30u) ||
       targets[kAttentionScratchIndex] != reinterpret_cast<void**>(&attention_scratch_))
     return absl::InternalError("the workspace plan and its buffers disagree");
   for (size_t i = 0; i < plan.size(); ++i) {

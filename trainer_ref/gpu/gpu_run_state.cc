@@ -283,7 +283,8 @@ absl::StatusOr<CheckpointChoice> ChooseKeptLayers(const RunSettings& s, const St
   const int acts = static_cast<int>(Part::kActs);
   CheckpointInputs in;
   in.layers = config.layers;
-  in.kept_layer_bytes = static_cast<double>(kept.bytes[1][acts]);
+  // The last layer's: kept layers are the last ones, and an FP8 one keeps its inputs as codes.
+  in.kept_layer_bytes = static_cast<double>(kept.bytes[config.layers][acts]);
   in.lean_layer_bytes = static_cast<double>(leaning.bytes[1][acts]);
   in.recompute_layer_bytes = static_cast<double>(layout.bytes[1][acts]);
   in.other_bytes = static_cast<double>(layout.Total() - layout.TotalOf(Part::kActs));
@@ -354,6 +355,13 @@ absl::StatusOr<StateChoice> ChooseState(const RunSettings& s, uint64_t fp8_works
   const int layer_major_micro_batches = layer_major ? s.accum : 0;
   if (layer_major) layout = layered;
   StateOptions state = BaseState(s, layer_major_micro_batches);
+  if (fp8_workspace > 0) {  // the FP8 layers that keep their activations keep h1, h2 and s as codes
+    auto fp8_layers = Fp8Layers(config, s.bf16_layers);
+    if (!fp8_layers.ok()) return fp8_layers.status();
+    state.fp8_layers = *fp8_layers;
+    layout = GpuModel::HomeLayout(config, s.batch, s.seq, state);
+    layout.state_chunks = chunks;
+  }
   {
     StateOptions compact = state;
     compact.compact = true;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace tierd::trainer::gpu {
 
@@ -25,6 +26,13 @@ struct StateOptions {
   // kernels, the same bits); the others keep their input and recompute the whole layer.
   int kept_layers = 0;
   int lean_layers = 0;
+  // The decoder layers that start with FP8 matmuls (Fp8Layers: what UseFp8 will be given).
+  // Each of them that keeps its activations (not lean, not recomputing) saves h1, h2 and s as
+  // their E4M3 codes transposed (GpuModel::Acts::inputs_transposed) in rooms of a byte an
+  // element instead of bf16's two (1.3B: 0.94 GB less). Such a layer that runs in bf16 (not
+  // given to UseFp8, or fallen back) keeps lean instead: its backward recomputes h1, h2 and s
+  // into the workspace, which then holds room for them. Empty: rooms for bf16 values.
+  std::vector<bool> fp8_layers;
   // K > 0: the step runs layer-major over K micro-batches (ForwardBackwardLayerMajor); each
   // layer saves what it keeps for each of them (K slots of its activations part) and the
   // workspace holds each micro-batch's residual stream and its gradient.

@@ -5,7 +5,8 @@
 // the kernel time; copies and memsets by kind with their bytes; and, for the stream that ran
 // the most kernel time, its span, busy and idle time, and the idle time split by gap length
 // (short gaps are launch overhead between queued kernels, long ones the stream waiting for the
-// host or another stream). KPROF_STEPS=N divides every time by N (a figure per training step).
+// host or another stream); and the memsets by size and the kernel that next ran on their stream
+// (what they were made for: a library's workspace zeroed before its kernel, say). KPROF_STEPS=N divides every time by N (a figure per training step).
 //   CUDA_INJECTION64_PATH=.carry/lib/libkernel_profile.so KPROF_OUT=/tmp/kprof KPROF_STEPS=16 tierd-train ...
 // libcupti.so.13 is opened at start (LD_LIBRARY_PATH, or KPROF_CUPTI: its path), so the library
 // builds with the toolkit's headers alone. Nothing is recorded without KPROF_OUT.
@@ -39,11 +40,13 @@ struct Totals {
 };
 struct Interval {
   uint64_t start, end;
+  const std::string* name;  // the kernel's (a key of `kernels`), or null
+  uint64_t bytes;           // a memset's
 };
 
 std::mutex mutex;
 std::map<std::string, Totals> kernels, copies;  // copies: memcpy kinds and memsets
-std::map<uint32_t, std::vector<Interval>> stream_kernels;
+std::map<uint32_t, std::vector<Interval>> stream_kernels, stream_memsets;
 
 constexpr size_t kBufferBytes = 8 << 20;
 
@@ -68,10 +71,11 @@ void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t, size
   while (cupti.next_record(buffer, valid, &record) == CUPTI_SUCCESS) {
     if (record->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || record->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
       const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-      Totals& t = kernels[tierd::tools::ReadableKernelName(k->name)];
+      const auto entry = kernels.try_emplace(tierd::tools::ReadableKernelName(k->name)).first;
+      Totals& t = entry->second;
       ++t.calls;
       t.ns += k->end - k->start;
-      stream_kernels[k->streamId].push_back({k->start, k->end});
+      stream_kernels[k->streamId].push_back({k->start, k->end, &entry->first, 0});
     } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
       const auto* c = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
       Totals& t = copies[CopyKind(c->copyKind)];
@@ -84,6 +88,7 @@ void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t, size
       ++t.calls;
       t.ns += s->end - s->start;
       t.bytes += s->bytes;
+      stream_memsets[s->streamId].push_back({s->start, s->end, nullptr, s->bytes});
     }
   }
   std::free(buffer);
@@ -126,6 +131,28 @@ void Report() {
   for (const auto& [kind, t] : copies) {
     std::fprintf(out, "| %s | %.1f | %.3f | %.3f | %.1f |\n", kind.c_str(), t.calls / steps, t.ns / 1e6 / steps,
                  t.bytes / 1e9 / steps, t.ns > 0 ? t.bytes / double(t.ns) : 0.0);
+  }
+  // Memsets by size and the kernel that next started on their stream, the most time first.
+  std::map<std::pair<uint64_t, std::string>, Totals> memsets_before;
+  for (auto& [stream, sets] : stream_memsets) {
+    std::vector<Interval>& list = stream_kernels[stream];
+    std::sort(list.begin(), list.end(), [](const Interval& a, const Interval& b) { return a.start < b.start; });
+    for (const Interval& m : sets) {
+      const auto next = std::lower_bound(list.begin(), list.end(), m.end,
+                                         [](const Interval& k, uint64_t at) { return k.start < at; });
+      Totals& t = memsets_before[{m.bytes, next != list.end() ? *next->name : std::string("(no kernel after)")}];
+      ++t.calls;
+      t.ns += m.end - m.start;
+    }
+  }
+  std::vector<std::pair<std::pair<uint64_t, std::string>, Totals>> sets(memsets_before.begin(), memsets_before.end());
+  std::sort(sets.begin(), sets.end(), [](const auto& a, const auto& b) { return a.second.ns > b.second.ns; });
+  if (!sets.empty()) {
+    std::fprintf(out, "\n| memset of | before | calls | %s |\n|---|---|---|---|\n", unit);
+    for (size_t i = 0; i < sets.size() && i < 12; ++i) {
+      std::fprintf(out, "| %llu bytes | %s | %.1f | %.3f |\n", static_cast<unsigned long long>(sets[i].first.first),
+                   sets[i].first.second.c_str(), sets[i].second.calls / steps, sets[i].second.ns / 1e6 / steps);
+    }
   }
   // The busiest stream: its gaps between one kernel's end and the next one's start.
   uint32_t busiest = 0;

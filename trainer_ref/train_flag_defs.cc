@@ -206,8 +206,8 @@ ABSL_FLAG(bool, fp8_weight_codes, false,
           "(--optimizer_place=cpu or split), the GPU fetches 1 byte a parameter instead of 2, for a link that "
           "bounds the step; it costs the host ~0.2 s per billion parameters a step (H200 box, 16 cores). Stepped "
           "on the GPU, the micro-batches of a step share one conversion instead of making their own, and the bf16 "
-          "weights need not stay on the GPU between updates (codes take half their room); at 1.3B in 24 GiB it has "
-          "not yet beaten running without it (less GEMM time, more waiting in tierd's acquire). Off by default");
+          "weights need not stay on the GPU between updates (codes take half their room); the fastest 1.3B runs in "
+          "23.5 GiB use it (docs/BENCHMARKS.md). Off by default");
 ABSL_FLAG(bool, fp8_transposed_weight_codes, true,
           "With --fp8_weight_codes and micro-batches one after the other (--step_order=micro, "
           "--grad_accum_steps > 1): the optimizer's step also writes each FP8 matrix's codes transposed (a byte a "

@@ -227,6 +227,8 @@ TEST_F(GpuTierdTest, FP8WeightCodesFromTheHostTrainLikeTheGpusOwn) {
   EXPECT_EQ(host_overwrites.count("layers.0.w"), 1u);
   TrainSideBySide(*models[0], *models[1], config, batch, seq, steps,
                   "FP8 layers from host-made codes, layer-major; from the GPU's own codes");
+  models[0].reset();  // the daemon's GPU budget holds two of these at a time
+  models[1].reset();
   std::unique_ptr<tg::GpuModel> transposing = make(2), own = make(1);
   ASSERT_NE(transposing, nullptr);
   ASSERT_NE(own, nullptr);

@@ -236,6 +236,10 @@ ABSL_FLAG(int, gemm_candidates, 1,
           "GPU: time this many of cuBLASLt's candidate algorithms at each GEMM shape's first call (3 runs each, into "
           "a scratch output the size of the GEMM's) and keep the fastest; 1: cuBLASLt's heuristic first choice, "
           "untimed. Choices are cached in --gemm_cache_dir, so a resumed run takes the same ones (the same bits)");
+ABSL_FLAG(int, gemm_workspace_mib, 32,
+          "GPU: cuBLASLt's workspace in MiB (32: what cuBLAS asks for on Hopper). 0 leaves it only algorithms that "
+          "need none; those with a workspace zero a 4-byte counter in it before each FP8 GEMM (a memset launch "
+          "and its gap, ~1,900 a 1.3B step)");
 ABSL_FLAG(std::string, gemm_cache_dir, "",
           "GPU: where --gemm_candidates' choices are kept, a file per GPU model and cuBLASLt version (default: "
           "$XDG_CACHE_HOME/tierd, else ~/.cache/tierd; the file is made when first searched)");

@@ -331,6 +331,10 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
     return Bad("--attention is auto, cudnn, cudnn-fast or ours, not '" + s.attention + "'");
   }
   s.gemm_candidates = absl::GetFlag(FLAGS_gemm_candidates);
+  s.gemm_workspace_mib = absl::GetFlag(FLAGS_gemm_workspace_mib);
+  if (s.gemm_workspace_mib < 0 || s.gemm_workspace_mib > 1024) {
+    return Bad(absl::StrFormat("--gemm_workspace_mib=%d: 0 (algorithms without one) up to 1024", s.gemm_workspace_mib));
+  }
   if (s.gemm_candidates < 1 || s.gemm_candidates > 64) {
     return Bad(absl::StrFormat("--gemm_candidates=%d: 1 (cuBLASLt's heuristic first choice) up to 64",
                                s.gemm_candidates));
@@ -351,7 +355,7 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   const std::vector<const char*> gpu_only = {
       "gpu_budget",         "optimizer_place", "pcie_gbps",   "nvme_gbps",  "gpu_tflops",    "optimizer_chunks",
       "optimizer_deferred", "profile",         "timing_skip", "step_order", "compact_state", "adamw8bit_min_size",
-      "gemm_candidates",    "gemm_cache_dir",  "attention"};
+      "gemm_candidates",    "gemm_cache_dir",  "attention",   "gemm_workspace_mib"};
   // (The GPU trainer's ranks sync dense: with more than one it refuses the sparse and ZeRO flags.)
   const std::vector<const char*> cpu_only = {"tierd_record",         "zero",           "sparse_grad_ratio",
                                              "sparse_grad_ratio_by", "sync_every",     "sparse_warmup",

@@ -78,6 +78,7 @@ ABSL_DECLARE_FLAG(int, optimizer_chunks);
 ABSL_DECLARE_FLAG(std::string, attention);
 ABSL_DECLARE_FLAG(bool, fused_norms);
 ABSL_DECLARE_FLAG(int, gemm_candidates);
+ABSL_DECLARE_FLAG(int, gemm_workspace_mib);
 ABSL_DECLARE_FLAG(std::string, gemm_cache_dir);
 ABSL_DECLARE_FLAG(bool, optimizer_deferred);
 ABSL_DECLARE_FLAG(std::string, step_order);
@@ -176,6 +177,7 @@ struct RunSettings {
   std::string attention = "auto";  // --attention: auto | cudnn | ours
   bool fused_norms = true;          // --fused_norms
   int gemm_candidates = 1;     // --gemm_candidates
+  int gemm_workspace_mib = 32;  // --gemm_workspace_mib
   std::string gemm_cache_dir;  // --gemm_cache_dir, or its default resolved
   double pcie_gbps = 55, nvme_gbps = 2, gpu_tflops = 300;  // the cost models' machine
   bool profile = false;

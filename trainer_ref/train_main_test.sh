@@ -86,6 +86,8 @@ check "bf16 checkpoints on the CPU trainer are explained" "grep -q 'is for the G
 check "an unknown attention is explained" "grep -q \"attention is auto, cudnn, cudnn-fast or ours, not 'flash'\" '$dir/e10.log'"
 "$bin" --gemm_candidates=0 > "$dir/e9.log" 2>&1
 check "no GEMM candidates to time is explained" "grep -q 'gemm_candidates=0: 1 (cuBLASLt.s heuristic first choice) up to 64' '$dir/e9.log'"
+"$bin" --gemm_workspace_mib=-1 > "$dir/e14.log" 2>&1
+check "a negative GEMM workspace is explained" "grep -q 'gemm_workspace_mib=-1: 0 (algorithms without one) up to 1024' '$dir/e14.log'"
 "$bin" --loss_spike_sds=-1 > "$dir/e7.log" 2>&1
 check "a negative spike threshold is explained" "grep -q 'loss_spike_sds is a number of standard deviations, 0 or more' '$dir/e7.log'"
 

@@ -48,6 +48,7 @@ GpuModel::GpuModel(const ModelConfig& config, int batch, int seq, const StateOpt
                                    .moments_8bit_min = state.moments_8bit_min})),
       compact_(state.compact),
       gemm_candidates_(state.gemm_candidates),
+      gemm_workspace_(state.gemm_workspace_bytes),
       gemm_cache_dir_(state.gemm_cache_dir),
       attention_mode_(state.attention) {
   const ParamEntries entries = ParamEntriesOf(config);

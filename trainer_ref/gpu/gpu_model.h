@@ -489,6 +489,7 @@ class GpuModel {
   }
   bool compact_ = false;
   int gemm_candidates_ = 1;
+  size_t gemm_workspace_ = kGemmWorkspace;
   std::string gemm_cache_dir_;
   std::string attention_mode_;
   std::string attention_note_;

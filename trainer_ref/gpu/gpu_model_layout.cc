@@ -197,7 +197,7 @@ std::vector<std::pair<size_t, size_t>> GpuModel::MicroBatchPlan(const ModelConfi
 }
 
 uint64_t GpuModel::WorkspaceBytesFor(const ModelConfig& config, int batch, int seq, const StateOptions& state) {
-  uint64_t bytes = kGemmWorkspace;
+  uint64_t bytes = state.gemm_workspace_bytes;
   for (const auto& [count, size] : WorkspacePlan(config, batch, seq, AnyRecomputes(config, state), state.head_rows,
                                                  MayUseCudnnAttention(state.attention),
                                                  AnyCodedRooms(config, state))) {

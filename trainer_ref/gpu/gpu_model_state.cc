@@ -216,10 +216,10 @@ absl::Status GpuModel::Allocate() {
   RETURN_IF_ERROR(Cuda(cudaStreamCreate(&stream_), "stream"));
   RETURN_IF_ERROR(Cuda(cudaStreamCreate(&host_stream_), "host optimizer stream"));
   auto gemm = Gemm::Create(
-      {.workspace_bytes = kGemmWorkspace, .candidates = gemm_candidates_, .cache_dir = gemm_cache_dir_});
+      {.workspace_bytes = gemm_workspace_, .candidates = gemm_candidates_, .cache_dir = gemm_cache_dir_});
   if (!gemm.ok()) return gemm.status();
   gemm_ = std::move(*gemm);
-  device_bytes_ += kGemmWorkspace;
+  device_bytes_ += gemm_workspace_;
   void** targets[] = {reinterpret_cast<void**>(&norms_),
                       reinterpret_cast<void**>(&tmp_),
                       reinterpret_cast<void**>(&xf_),

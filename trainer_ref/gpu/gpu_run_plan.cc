@@ -104,6 +104,8 @@ absl::StatusOr<GpuPlan> ResolveGpuPlan(const RunSettings& s) {
                               s.gemm_cache_dir)
             : std::string("cuBLASLt's heuristic first choice"),
         s.Given("gemm_candidates") ? "--gemm_candidates" : "default");
+  t.Add("GEMM workspace", absl::StrFormat("%d MiB", s.gemm_workspace_mib),
+        s.Given("gemm_workspace_mib") ? "--gemm_workspace_mib" : "default");
   if (!s.tierd) {
     t.Add("GPU memory", absl::StrFormat("plain buffers: state %s + workspace %s", FormatBytes(plan.layout.Total()),
                                         FormatBytes(plan.workspace)),

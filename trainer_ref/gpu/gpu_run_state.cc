@@ -35,6 +35,7 @@ StateOptions BaseState(const RunSettings& s, int layer_major_micro_batches = 0, 
           .lion = s.lion,
           .adafactor = s.adafactor,
           .gemm_candidates = s.gemm_candidates,
+          .gemm_workspace_bytes = static_cast<size_t>(s.gemm_workspace_mib) << 20,
           .gemm_cache_dir = s.gemm_cache_dir,
           .attention = s.attention,
           .fused_norms = s.fused_norms};

@@ -84,6 +84,7 @@ struct StateOptions {
   // Not the state's but the model's GEMMs (Gemm's GemmOptions): how many of cuBLASLt's
   // candidates a new shape's first call times, and where the choices are cached.
   int gemm_candidates = 1;
+  size_t gemm_workspace_bytes = size_t{32} << 20;  // cuBLASLt's workspace (--gemm_workspace_mib)
   std::string gemm_cache_dir;
   // Attention's kernels: "cudnn" (cuDNN's fused attention, libcudnn.so.9 opened at run time;
   // Create fails without it), "cudnn-fast" (the same with its non-deterministic backward),

@@ -74,6 +74,9 @@ GpuModel::GpuModel(const ModelConfig& config, int batch, int seq, const StateOpt
   grads_zeroed_.assign(Groups(), false);
   weight_codes_ = state.fp8_weight_codes;
   transposed_codes_ = state.fp8_weight_codes && state.transposed_weight_codes;
+  for (bool transposed : {false, true}) {
+    for (int k = 0; k < kLinears; ++k) codes_offset_.push_back(WeightCodesOffset(config, k, transposed));
+  }
   fused_norms_ = state.fused_norms;
   bf16_checkpoints_ = state.checkpointing && state.bf16_checkpoints;
   codes_current_.assign(Groups(), 0);

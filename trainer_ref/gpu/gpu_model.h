@@ -266,7 +266,6 @@ class GpuModel {
   // a backward) around its kernels.
   absl::Status EnterTiedHead(bool backward);
   absl::Status LeaveTiedHead(bool backward);
-  static constexpr size_t kGemmWorkspace = size_t{32} << 20;
   template <typename T>
   absl::StatusOr<T*> Take(size_t count);
   // The pointers of an entry inside its group's acquired parts (weights, gradients).
@@ -414,6 +413,11 @@ class GpuModel {
   static uint64_t WeightCodesOffset(const ModelConfig& config, int index, bool transposed = false);
   bool weight_codes_ = false;
   bool transposed_codes_ = false;  // StateOptions::transposed_weight_codes
+  // WeightCodesOffset of each map, plain then transposed (made once: read for every FP8 matmul).
+  std::vector<uint64_t> codes_offset_;
+  uint8_t* CodesAt(unsigned char* base, int index, bool transposed = false) const {
+    return base + codes_offset_[static_cast<size_t>(transposed) * codes_offset_.size() / 2 + index];
+  }
   bool fused_norms_ = false;  // StateOptions::fused_norms
   bool bf16_checkpoints_ = false;  // StateOptions::bf16_checkpoints, with checkpointing
   // Per group: its codes part holds the codes of its bf16 weights as they are now. Written by
@@ -489,7 +493,7 @@ class GpuModel {
   }
   bool compact_ = false;
   int gemm_candidates_ = 1;
-  size_t gemm_workspace_ = kGemmWorkspace;
+  size_t gemm_workspace_ = 0;  // StateOptions::gemm_workspace_bytes
   std::string gemm_cache_dir_;
   std::string attention_mode_;
   std::string attention_note_;

@@ -57,8 +57,8 @@ size_t GpuModel::LinearEntry(int layer, int index) const {
 Fp8Codes GpuModel::CodesOf(int layer, int index) const {
   auto* base = Inside<unsigned char>(acquired_[layer + 1][static_cast<int>(Part::kWeightCodes)], 0, "FP8 weight codes",
                                      layout_[LinearEntry(layer, index)].name);
-  return {base + WeightCodesOffset(config_, index), reinterpret_cast<const float*>(base + index * kSlotBytes),
-          transposed_codes_ ? base + WeightCodesOffset(config_, index, /*transposed=*/true) : nullptr};
+  return {CodesAt(base, index), reinterpret_cast<const float*>(base + index * kSlotBytes),
+          transposed_codes_ ? CodesAt(base, index, /*transposed=*/true) : nullptr};
 }
 
 absl::Status GpuModel::EnterLayerWeights(int group) {
@@ -105,6 +105,7 @@ absl::Status GpuModel::EncodeWeightCodes(int group, bool amax_folded) {
       return 0;
     });
   }
+  const Fp8Linear::Shapes shapes = LinearShapes(config_);
   for (int k = 0; k < kLinears; ++k) {
     const size_t e = LinearEntry(group - 1, k);
     auto* slot = reinterpret_cast<float*>(base + k * kSlotBytes);
@@ -113,11 +114,11 @@ absl::Status GpuModel::EncodeWeightCodes(int group, bool amax_folded) {
         AbsMax(slot + 2, W(e), static_cast<int64_t>(layout_[e].count), stream_);
         ScaleFromAmax(slot + 1, slot, slot + 2, /*e5m2=*/false, stream_);
       }
-      uint8_t* plain = base + WeightCodesOffset(config_, k);
+      uint8_t* plain = CodesAt(base, k);
       if (transposed_codes_) {  // both from one read of the weights
-        const auto [out, in] = LinearShapes(config_)[k];
-        QuantizeFp8Transposed(base + WeightCodesOffset(config_, k, /*transposed=*/true), W(e), out, in, slot + 1,
-                              /*e5m2=*/false, stream_, plain);
+        const auto [out, in] = shapes[k];
+        QuantizeFp8Transposed(CodesAt(base, k, /*transposed=*/true), W(e), out, in, slot + 1, /*e5m2=*/false, stream_,
+                              plain);
       } else {
         QuantizeFp8(plain, W(e), static_cast<int64_t>(layout_[e].count), slot + 1, /*e5m2=*/false, stream_);
       }
@@ -150,17 +151,17 @@ absl::Status GpuModel::EncodeWeightCodesOnHost(int group, const Bf16* weights) {
   auto codes = home_->AcquireHost(group, Part::kWeightCodes, 0, Access::kOverwrite);
   if (!codes.ok()) return AcquireError(codes.status(), group, Part::kWeightCodes, 0, " on the host");
   auto* base = static_cast<unsigned char*>(*codes);
+  const Fp8Linear::Shapes shapes = LinearShapes(config_);
   for (int k = 0; k < kLinears; ++k) {
     const size_t e = LinearEntry(group - 1, k);
     const fp8::Fp8Scaled s =
         fp8::EncodeE4M3CurrentScaled(weights + (layout_[e].offset - group_offset_[group]),
-                                     static_cast<int64_t>(layout_[e].count), base + WeightCodesOffset(config_, k));
+                                     static_cast<int64_t>(layout_[e].count), CodesAt(base, k));
     const float slot[4] = {s.scale_inv, s.scale, s.amax, 0.0f};
     std::memcpy(base + k * kSlotBytes, slot, sizeof(slot));
     if (transposed_codes_) {
-      const auto [out, in] = LinearShapes(config_)[k];
-      fp8::TransposeCodes(base + WeightCodesOffset(config_, k), out, in,
-                          base + WeightCodesOffset(config_, k, /*transposed=*/true));
+      const auto [out, in] = shapes[k];
+      fp8::TransposeCodes(CodesAt(base, k), out, in, CodesAt(base, k, /*transposed=*/true));
     }
   }
   RETURN_IF_ERROR(home_->ReleaseHost(group, Part::kWeightCodes, 0));

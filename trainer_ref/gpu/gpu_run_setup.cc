@@ -78,11 +78,9 @@ int GpuRun::Setup() {
   if (!model.ok()) return Fail(std::string(model.status().message()));
   model_ = std::move(*model);
   if (int failed = ConnectRanks(); failed != 0) return failed;
-  std::vector<bool> fp8_layers;  // empty: bf16 throughout
+  // The layers the layout was made for (ChooseState: Fp8Layers); empty: bf16 throughout.
+  const std::vector<bool>& fp8_layers = state.fp8_layers;
   if (fp8_) {
-    auto layers = Fp8Layers(config, s_.bf16_layers);
-    if (!layers.ok()) return Fail(std::string(layers.status().message()));
-    fp8_layers = *layers;
     if (absl::Status st = model_->UseFp8(fp8_layers, Fp8Scaling(s_)); !st.ok()) {
       return Fail(std::string(s_.precision_auto ? "--precision=auto chose FP8, but: " : "--precision=fp8: ") +
                   std::string(st.message()));

@@ -4,6 +4,7 @@
 #ifndef TIERD_TRAINER_REF_GPU_GPU_STATE_OPTIONS_H_
 #define TIERD_TRAINER_REF_GPU_GPU_STATE_OPTIONS_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>

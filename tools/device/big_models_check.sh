@@ -11,6 +11,8 @@
 # added to every run of ours (default --attention=cudnn-fast, PyTorch's own kind of attention).
 # RUNS13: the 13B runs, "name=accum:flags;..." (default "k3=3:;k6bf16=6:--checkpoint_precision=bf16";
 # "none": 7B alone). RUNS7: more 7B runs after b7, "name=flags;..." (each against the peer too).
+# TRAINER_BINS="name=path;...": those runs with that trainer binary (e.g.
+# "old7=.carry/bin/tierd-train-old", the trainer before a change, side by side).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 final="${OUT:-/tmp/tierd-out}"; mkdir -p "$final"
@@ -21,13 +23,15 @@ echo "== machine: $(nvidia-smi --query-gpu=name,memory.used,memory.total --forma
 flags="--grad_checkpointing --step_order=layer --opt=adamw8bit --precision=fp8 ${EXTRA:---attention=cudnn-fast}"
 status=0
 run() {  # name, model, accum, DRAM, torch (0/1), flags
-  local name=$1 model=$2 accum=$3 dram=$4 torch=$5 extra=$6
-  env OUT="$work/$name" MODELS="$model" TORCH="$torch" TORCH_RUNS=float8 TORCH_BATCH=2 NONE=0 PROFILE=0 BUDGETS="${BUDGET:-23.5GiB}" \
+  local name=$1 model=$2 accum=$3 dram=$4 torch=$5 extra=$6 trainer=.carry/bin/tierd-train t
+  IFS=';' read -ra trainer_bins <<< "${TRAINER_BINS:-}"
+  for t in "${trainer_bins[@]}"; do [ "${t%%=*}" = "$name" ] && trainer="${t#*=}"; done
+  env TIERD_TRAIN_BIN="$trainer" OUT="$work/$name" MODELS="$model" TORCH="$torch" TORCH_RUNS=float8 TORCH_BATCH=2 NONE=0 PROFILE=0 BUDGETS="${BUDGET:-23.5GiB}" \
     TIERD_DRAM="$dram" TIERD_NVME=40GiB BATCH=4 STEPS="${STEPS:-6}" SKIP="${SKIP:-2}" \
     OURS_FLAGS="--grad_accum_steps=$accum $flags $extra" tools/bench/run_bench.sh > "$work/logs/bench-$name.txt" 2>&1 || status=1
   cp "$work/$name"/ours-*.log "$work/logs/ours-$name.log" 2>/dev/null
   cp "$work/$name"/tierd-*.log "$work/logs/tierd-$name.log" 2>/dev/null
-  echo "== $name: $model, $accum micro-batches, $extra"
+  echo "== $name: $model, $accum micro-batches, $extra ($trainer)"
   grep -hE '^(state|activations|done): |^\s+activations ' "$work/logs/ours-$name.log" | cut -c1-400
   grep -hE '^\{"run": "pytorch' "$work/logs/bench-$name.txt" | cut -c1-300
 }

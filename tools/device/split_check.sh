@@ -17,7 +17,8 @@
 # EXTRA: flags added to every run (BENCHMARKS row H0's: "--grad_checkpointing=dynamic
 # --attention=cudnn-fast"). UNPROFILED="name ...": those runs without --profile's CUDA events
 # around each kernel (~10% of a 1.3B step), for a throughput to quote. PEER=1 (carry .whl too) first runs torchao float8 + torch.compile,
-# batch 8, the whole GPU, and prints each run's ratio to it: the issue's peer in the same call.
+# batch 8, the whole GPU, and prints each run's ratio to it: the issue's peer in the same call;
+# PEER_PROFILE=1: its time split by kernel class too (torch.profiler, on an extra step after the timed ones).
 # TRAINER_BINS="name=path;...": those runs with that trainer binary (e.g.
 # "old=.carry/bin/tierd-train-old", the trainer before a change, side by side).
 # KPROF="name ...": those runs under tools/kernel_profile (CUPTI; its tables, kernel by kernel,
@@ -45,7 +46,7 @@ fi
 budget="${BUDGET:-23.5GiB}"  # issue 43: nvidia-smi's figure for every process <= 23.5 GiB
 flags="--grad_accum_steps=4 --step_order=micro --opt=adamw8bit --precision=fp8 --attention=auto ${EXTRA:-}"
 if [ "${PEER:-0}" = 1 ]; then
-  env OUT="$work/peer" MODELS="$model" NONE=0 BUDGETS="" STEPS="${STEPS:-8}" SKIP=3 PROFILE=0 TORCH=1 TORCH_RUNS=float8 \
+  env OUT="$work/peer" MODELS="$model" NONE=0 BUDGETS="" STEPS="${STEPS:-8}" SKIP=3 PROFILE="${PEER_PROFILE:-0}" TORCH=1 TORCH_RUNS=float8 \
     TORCH_BATCH=8 tools/bench/run_bench.sh > "$out/bench-peer.txt" 2>&1 || status=1
   grep -hE '^\{"run": "pytorch' "$out/bench-peer.txt" | tail -n 1 | tee "$work/peer.json"
 fi

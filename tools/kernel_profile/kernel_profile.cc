@@ -6,7 +6,8 @@
 // the most kernel time, its span, busy and idle time, and the idle time split by gap length
 // (short gaps are launch overhead between queued kernels, long ones the stream waiting for the
 // host or another stream); and the memsets by size and the kernel that next ran on their stream
-// (what they were made for: a library's workspace zeroed before its kernel, say). KPROF_STEPS=N divides every time by N (a figure per training step).
+// (what they were made for: a library's workspace zeroed before its kernel, say), and the
+// busiest stream's gaps of 2-100 us by the kernels either side. KPROF_STEPS=N divides every time by N (a figure per training step).
 //   CUDA_INJECTION64_PATH=.carry/lib/libkernel_profile.so KPROF_OUT=/tmp/kprof KPROF_STEPS=16 tierd-train ...
 // libcupti.so.13 is opened at start (LD_LIBRARY_PATH, or KPROF_CUPTI: its path), so the library
 // builds with the toolkit's headers alone. Nothing is recorded without KPROF_OUT.
@@ -167,6 +168,9 @@ void Report() {
     std::sort(list.begin(), list.end(), [](const Interval& a, const Interval& b) { return a.start < b.start; });
     constexpr uint64_t kBounds[] = {2000, 5000, 20000, 100000, UINT64_MAX};
     uint64_t gap_ns[5] = {}, gap_count[5] = {};
+    // Gaps of 2-100 us by the kernels on either side: where the stream waits on something
+    // other than the launch of a queued kernel (an event from another stream, the host).
+    std::map<std::pair<std::string, std::string>, Totals> gaps_between;
     for (size_t i = 1; i < list.size(); ++i) {
       if (list[i].start <= list[i - 1].end) continue;
       const uint64_t gap = list[i].start - list[i - 1].end;
@@ -174,6 +178,11 @@ void Report() {
       while (gap >= kBounds[b]) ++b;
       gap_ns[b] += gap;
       ++gap_count[b];
+      if (b == 1 || b == 2 || b == 3) {
+        Totals& t = gaps_between[{*list[i - 1].name, *list[i].name}];
+        ++t.calls;
+        t.ns += gap;
+      }
     }
     const uint64_t span = list.back().end - list.front().start;
     std::fprintf(out, "\nstream %u (the most kernel time): span %.3f %s, kernels %.3f, idle %.3f\n", busiest,
@@ -182,6 +191,16 @@ void Report() {
     std::fprintf(out, "| idle gaps | count | %s |\n|---|---|---|\n", unit);
     for (int b = 0; b < 5; ++b) {
       std::fprintf(out, "| %s | %.1f | %.3f |\n", names[b], gap_count[b] / steps, gap_ns[b] / 1e6 / steps);
+    }
+    std::vector<std::pair<std::pair<std::string, std::string>, Totals>> between(gaps_between.begin(),
+                                                                                gaps_between.end());
+    std::sort(between.begin(), between.end(), [](const auto& a, const auto& b) { return a.second.ns > b.second.ns; });
+    if (!between.empty()) {
+      std::fprintf(out, "\n| gaps of 2-100 us after | before | count | %s |\n|---|---|---|---|\n", unit);
+      for (size_t i = 0; i < between.size() && i < 16; ++i) {
+        std::fprintf(out, "| %s | %s | %.1f | %.3f |\n", between[i].first.first.c_str(), between[i].first.second.c_str(),
+                     between[i].second.calls / steps, between[i].second.ns / 1e6 / steps);
+      }
     }
   }
   std::fclose(out);

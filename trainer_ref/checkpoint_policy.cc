@@ -27,11 +27,11 @@ CheckpointChoice ChooseCheckpointing(const CheckpointInputs& in) {
   const double all_recompute = in.other_bytes + l * in.recompute_layer_bytes;
   const double none_bytes = in.other_bytes + l * in.kept_layer_bytes;
   const double offload_seconds = in.pcie_bytes_per_s > 0 ? 2 * extra / in.pcie_bytes_per_s : INFINITY;
-  const double full_step = in.step_seconds + l * in.layer_forward_seconds;
+  const double full_step = in.step_seconds + l * in.layer_recompute_seconds;
   const std::string recompute_vs_offload = absl::StrFormat(
       "a layer recomputes in %.1f ms a step; moving its activations (%s) out and back over PCIe "
       "would take %.1f ms",
-      1e3 * in.layer_forward_seconds, GiB(extra), 1e3 * offload_seconds);
+      1e3 * in.layer_recompute_seconds, GiB(extra), 1e3 * offload_seconds);
   std::string none;  // the predicted step without checkpointing
   if (none_bytes <= in.gpu_bytes) {
     none = absl::StrFormat("%.3f s", in.step_seconds);
@@ -44,7 +44,7 @@ CheckpointChoice ChooseCheckpointing(const CheckpointInputs& in) {
   }
   CheckpointChoice out;
   std::string how;
-  if (in.tierd && offload_seconds < in.layer_forward_seconds) {
+  if (in.tierd && offload_seconds < in.layer_recompute_seconds) {
     out.kept_layers = l;
     how = "offloading beats recomputing: every layer keeps its activations and tierd moves what does not fit";
   } else if (all_recompute > in.gpu_bytes) {
@@ -73,7 +73,7 @@ CheckpointChoice ChooseCheckpointing(const CheckpointInputs& in) {
   }
   const int recomputing = l - out.kept_layers - out.lean_layers;
   const double dynamic_step =
-      in.step_seconds + recomputing * in.layer_forward_seconds + out.lean_layers * in.lean_layer_seconds;
+      in.step_seconds + recomputing * in.layer_recompute_seconds + out.lean_layers * in.lean_layer_seconds;
   std::string split;
   if (recomputing == 0 && out.lean_layers == 0) {
     split = absl::StrFormat("every layer keeps its activations (%s)", GiB(l * in.kept_layer_bytes));

@@ -33,7 +33,8 @@ struct CheckpointInputs {
   double recompute_layer_bytes = 0;  // its input alone
   double other_bytes = 0;            // the rest of the state the GPU is to hold (weights, master, gradients...)
   double gpu_bytes = 0;              // the room for all of it (tierd's GPU quota, or the device's free memory)
-  double layer_forward_seconds = 0;  // one layer's forward over a step's micro-batches: what a recompute costs
+  // One layer's recompute over a step's micro-batches: its forward up to the down projection.
+  double layer_recompute_seconds = 0;
   double step_seconds = 0;           // the step's compute without any recompute
   double pcie_bytes_per_s = 0;       // each way, for the offload alternative
   bool tierd = false;                // without it nothing can be offloaded: what does not fit fails

@@ -17,7 +17,7 @@ CheckpointInputs Step() {
   in.recompute_layer_bytes = 0.125 * kGiB;
   in.other_bytes = 15 * kGiB;
   in.gpu_bytes = 21 * kGiB;
-  in.layer_forward_seconds = 0.0025;
+  in.layer_recompute_seconds = 0.0025;
   in.step_seconds = 0.36;
   in.pcie_bytes_per_s = 55e9;
   in.tierd = true;
@@ -101,7 +101,7 @@ TEST(CheckpointPolicyTest, LayersKeepLeanWhereNotAllFitAndTheRoomLeftKeepsTheLas
 
 TEST(CheckpointPolicyTest, OffloadingIsChosenOnlyWhereTheLinkBeatsTheRecomputeAndTierdCanMoveIt) {
   CheckpointInputs slow_gpu = Step();
-  slow_gpu.layer_forward_seconds = 0.1;  // 100 ms a layer: moving 1.125 GiB both ways (43.9 ms) is cheaper
+  slow_gpu.layer_recompute_seconds = 0.1;  // 100 ms a layer: moving 1.125 GiB both ways (43.9 ms) is cheaper
   CheckpointChoice choice = ChooseCheckpointing(slow_gpu);
   EXPECT_EQ(choice.kept_layers, 24);
   EXPECT_NE(choice.why.find("offloading beats recomputing"), std::string::npos) << choice.why;

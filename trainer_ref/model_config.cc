@@ -21,6 +21,10 @@ uint64_t ModelConfig::LayerParams() const {
   return LinearParams(*this) + 2 * c + (qkv_bias ? static_cast<uint64_t>(q_dim()) + 2 * kv_dim() : 0);
 }
 
+uint64_t ModelConfig::RecomputedLayerParams() const {
+  return LayerParams() - static_cast<uint64_t>(d_model) * d_ff;
+}
+
 uint64_t ModelConfig::Params() const {
   const uint64_t c = d_model, v = vocab;
   return layers * LayerParams() + (tied_embeddings ? 1 : 2) * v * c + c;

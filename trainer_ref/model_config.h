@@ -55,6 +55,9 @@ struct ModelConfig {
   // MLP (w1, w3: F x C up, w2: C x F down), two RMSNorm weights (2 C). Plus the token embedding
   // (V C), the final norm (C) and, untied, the head (V C).
   uint64_t LayerParams() const;
+  // The weights a layer's recomputed forward multiplies by: all but the down projection (w2),
+  // whose output the backward does not read (GpuModel::LayerForward's `recompute`).
+  uint64_t RecomputedLayerParams() const;
   uint64_t Params() const;
 };
 

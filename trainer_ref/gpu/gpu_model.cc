@@ -147,7 +147,7 @@ void GpuModel::Progress(uint32_t op) {
   if (registered_ && micro_ < registered_micro_batches_) home_->home().OpBegin(op).IgnoreError();
 }
 
-absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x) {
+absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x, bool recompute) {
   [[maybe_unused]] const auto [n, c, f, h, d, kvh, qd, kd, nc] = DimsOf(config_, batch_ * seq_);
   const Layer& w = layers_[l];
   // out = in x W^T, in bf16 or (an FP8 layer) from the codes of the last `cast` input and
@@ -282,6 +282,7 @@ absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x) {
     return 0;
   });
   RETURN_IF_ERROR(cast(s, kLinearDown, f, a.s, 2, s_kept));
+  if (recompute) return absl::OkStatus();
   RETURN_IF_ERROR(linear(tmp_, s, w.w2, kLinearDown, f, c));
   Timed(kElementwise, [&] {
     AddInto(x, tmp_, static_cast<int64_t>(nc), stream_);
@@ -450,7 +451,7 @@ absl::StatusOr<GpuModel::Acts> GpuModel::ActsForBackward(int l, void* saved) {
     RETURN_IF_ERROR(
         Cuda(cudaMemcpyAsync(xr_, saved, nc * sizeof(float), cudaMemcpyDeviceToDevice, stream_), "recompute input"));
   }
-  RETURN_IF_ERROR(LayerForward(l, a, xr_));
+  RETURN_IF_ERROR(LayerForward(l, a, xr_, /*recompute=*/true));
   return a;
 }
 

@@ -349,7 +349,10 @@ class GpuModel {
   // What layer l's forward writes into: its saved part (kActs lease) and the workspace.
   Acts ActsForForward(int layer, void* saved) const;
   // One layer's forward from the residual stream `x` (updated in place), saving into `a`.
-  absl::Status LayerForward(int layer, const Acts& a, float* x);
+  // `recompute`: the backward's pass, for `a` alone: it stops at the down projection's input
+  // (its codes kept), since nothing the backward reads comes after it (the projection's output
+  // and the residual add only make the next layer's input, which was saved).
+  absl::Status LayerForward(int layer, const Acts& a, float* x, bool recompute = false);
   // Layer l's backward from `a`: dx from the gradient of its output to that of its input.
   // `fresh_grads`: its linear maps' gradients are written (=), the step's first, not added.
   absl::Status LayerBackward(int layer, const Acts& a, float* dx, bool fresh_grads = false);

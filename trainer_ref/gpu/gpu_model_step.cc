@@ -350,8 +350,14 @@ prefetcher::Graph GpuModel::StepGraph(int micro_batches) const {
     return (2 * tokens * params + attention) / 300e12;
   };
   const auto acts = [&](int g) { return index[g][static_cast<int>(Part::kActs)]; };
-  // A layer's backward is two of its forwards, three where it recomputes its activations.
-  const auto backward_forwards = [&](int g) { return g >= 1 && g <= config_.layers && Recomputes(g - 1) ? 3.0 : 2.0; };
+  // A layer's backward is two of its forwards, and where it recomputes its activations the
+  // forward again up to the down projection (LayerForward's `recompute`).
+  const double recompute_share =
+      (2 * tokens * static_cast<double>(config_.RecomputedLayerParams()) + 2.0 * tokens * seq_ * config_.d_model) /
+      (2 * tokens * static_cast<double>(config_.LayerParams()) + 2.0 * tokens * seq_ * config_.d_model);
+  const auto backward_forwards = [&](int g) {
+    return g >= 1 && g <= config_.layers && Recomputes(g - 1) ? 2.0 + recompute_share : 2.0;
+  };
   if (layer_major_ > 0) {
     // Layer-major (ForwardBackwardLayerMajor): each group's forward for every micro-batch,
     // the head's forward and backward, each group's backward; then the optimizer's ops.

@@ -303,8 +303,9 @@ absl::StatusOr<CheckpointChoice> ChooseKeptLayers(const RunSettings& s, const St
   }
   const double tokens = static_cast<double>(s.batch) * s.seq * std::max(1, s.accum);
   const double flops = s.gpu_tflops * 1e12;
-  const double layer_params = static_cast<double>(config.LayerParams());
-  in.layer_forward_seconds = (2 * layer_params + 2.0 * s.seq * config.d_model) * tokens / flops;
+  // A recompute runs the layer's forward up to the down projection (GpuModel::LayerForward).
+  const double recomputed_params = static_cast<double>(config.RecomputedLayerParams());
+  in.layer_recompute_seconds = (2 * recomputed_params + 2.0 * s.seq * config.d_model) * tokens / flops;
   // Two norms (fp32 in, bf16 out) and SwiGLU (two bf16 in, one out) a token.
   in.lean_layer_seconds = (12.0 * config.d_model + 6.0 * config.d_ff) * tokens / kElementwiseBytesPerSecond;
   in.step_seconds = 3 * (2.0 * config.Params() + 2.0 * s.seq * config.d_model * config.layers) * tokens / flops;

@@ -20,6 +20,16 @@ TEST(ModelConfigTest, PresetsHaveTheKnownParameterCounts) {
   EXPECT_LT(ModelPreset("tiny")->Params(), 200000u);  // seconds on two cores
 }
 
+TEST(ModelConfigTest, ARecomputeMultipliesByEveryLayerWeightButTheDownProjection) {
+  // 7B: q, k, v, o (4 x 4096^2), gate and up (2 x 4096 x 11008) and the two norms (2 x 4096).
+  EXPECT_EQ(ModelPreset("7b")->RecomputedLayerParams(), 4ull * 4096 * 4096 + 2ull * 4096 * 11008 + 2 * 4096);
+  // Grouped keys and values and biases count as the layer's: only w2 (d_ff x d_model) is left out.
+  ModelConfig gqa = *ModelPreset("1.3b");
+  gqa.kv_heads = 4;
+  gqa.qkv_bias = true;
+  EXPECT_EQ(gqa.LayerParams() - gqa.RecomputedLayerParams(), static_cast<uint64_t>(gqa.d_model) * gqa.d_ff);
+}
+
 TEST(ModelConfigTest, BadNamesAndShapesAreExplained) {
   auto unknown = ModelPreset("70b");
   ASSERT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);

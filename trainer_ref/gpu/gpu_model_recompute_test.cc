@@ -169,8 +169,9 @@ TEST(GpuModelTest, ARecomputeStopsBeforeTheDownProjection) {
     const double relative = RelativeDistance(grads[1], grads[0]);
     std::printf("%s: recomputing moves the gradients by %.2e\n", fp8 ? "fp8" : "bf16", relative);
     EXPECT_LT(relative, fp8 ? 1e-2 : 1e-5);
-    // q, k, v, o, gate and up: everything but w2 and the norms' weights (no biases here).
-    const double recomputed = 2.0 * n * static_cast<double>(config.RecomputedLayerParams() - 2 * config.d_model);
+    // q, k, v, o, gate and up (C x C each for q, k, v and o here, C x F for gate and up): not w2.
+    const double c = config.d_model, f = config.d_ff;
+    const double recomputed = 2.0 * n * (4 * c * c + 2 * c * f);
     EXPECT_GT(gemm_flops[0], 0.0);
     EXPECT_EQ(gemm_flops[1] - gemm_flops[0], config.layers * recomputed);
   }

@@ -20,7 +20,8 @@
 # batch 8, the whole GPU, and prints each run's ratio to it: the issue's peer in the same call;
 # PEER_PROFILE=1: its time split by kernel class too (torch.profiler, on an extra step after the timed ones).
 # TRAINER_BINS="name=path;...": those runs with that trainer binary (e.g.
-# "old=.carry/bin/tierd-train-old", the trainer before a change, side by side).
+# "old=.carry/bin/tierd-train-old", the trainer before a change, side by side). BATCHES="name=4;...":
+# those runs at that micro-batch (default 2; give the run --grad_accum_steps to keep the step's tokens).
 # KPROF="name ...": those runs under tools/kernel_profile (CUPTI; its tables, kernel by kernel,
 # a step's share each, in logs/kprof-NAME/; a few % slower: not a throughput to quote). Bundle
 # with BUNDLE_KPROF=1 for it.
@@ -74,10 +75,13 @@ for run in "${run_list[@]}"; do
     mkdir -p "$out/kprof-$name"
     kprof=(CUDA_INJECTION64_PATH="$PWD/.carry/lib/libkernel_profile.so" KPROF_OUT="$out/kprof-$name" KPROF_STEPS="${STEPS:-8}")
   fi
+  batch=2
+  IFS=';' read -ra batches <<< "${BATCHES:-}"
+  for b in "${batches[@]}"; do [ "${b%%=*}" = "$name" ] && batch="${b#*=}"; done
   trainer=.carry/bin/tierd-train
   IFS=';' read -ra trainer_bins <<< "${TRAINER_BINS:-}"
   for t in "${trainer_bins[@]}"; do [ "${t%%=*}" = "$name" ] && trainer="${t#*=}"; done
-  env "${kprof[@]}" TIERD_TRAIN_BIN="$trainer" OUT="$work/$name" PROFILE="$profile" TIERD_BIN="$bin" TIERD_DAEMON_FLAGS="$daemon_flags" MODELS="$model" NONE=0 BUDGETS="$budget" BATCH=2 STEPS="${STEPS:-8}" SKIP="${SKIP:-3}" TIERD_DRAM=32GiB TORCH=0 \
+  env "${kprof[@]}" TIERD_TRAIN_BIN="$trainer" OUT="$work/$name" PROFILE="$profile" TIERD_BIN="$bin" TIERD_DAEMON_FLAGS="$daemon_flags" MODELS="$model" NONE=0 BUDGETS="$budget" BATCH="$batch" STEPS="${STEPS:-8}" SKIP="${SKIP:-3}" TIERD_DRAM=32GiB TORCH=0 \
     TIERD_RUN_FLAGS="$flags $extra" tools/bench/run_bench.sh > "$out/bench-$name.txt" 2>&1 || status=1
   log="$work/$name/ours-$model-tierd-$budget.log"
   cp "$log" "$out/ours-$name.log" 2>/dev/null

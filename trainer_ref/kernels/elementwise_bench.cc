@@ -141,6 +141,20 @@ bool Bench(const char* model, int b, int t, int c, int f, int heads, cudaEvent_t
   UseGpuCodePath("table");
   row("AdamW8bit (the same, codes by table)", w * 18.0,
       [&] { AdamW8bit(master, m8, v8, weights, grads, w, p, nullptr); });
+  // As the step calls it with FP8 weight codes: the largest |x| of the new bf16 weights too
+  // (a warp's max, then an atomic where it exceeds the value read; zeroed before each step, as
+  // the step does, the 4-byte memset timed with it), and on a C x C matrix (attention's maps: a
+  // third of the values, so the launch and the last wave weigh more).
+  auto* weights_amax = slot + 3;
+  row("AdamW8bit (the same, + the weights' amax from 0)", w * 18.0, [&] {
+    cudaMemsetAsync(weights_amax, 0, sizeof(float), nullptr);
+    AdamW8bit(master, m8, v8, weights, grads, w, p, nullptr, weights_amax);
+  });
+  const int64_t sq = int64_t(c) * c;
+  row("AdamW8bit (the same on C x C, + the weights' amax from 0)", sq * 18.0, [&] {
+    cudaMemsetAsync(weights_amax, 0, sizeof(float), nullptr);
+    AdamW8bit(master, m8, v8, weights, grads, sq, p, nullptr, weights_amax);
+  });
   // Master, gradients and weights one value into their arrays: not 16-byte aligned, so the
   // kernel loads value by value rather than eight at a time.
   row("AdamW8bit (the same, arrays not aligned: one by one)", w * 18.0,

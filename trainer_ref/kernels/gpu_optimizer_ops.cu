@@ -97,6 +97,10 @@ __global__ void __launch_bounds__(32 * kQ8BlocksPerCta)
   const int count = n - begin < q8::kQuantBlock ? static_cast<int>(n - begin) : q8::kQuantBlock;
   const bool whole = kVector && count == q8::kQuantBlock;  // the same for every lane of the warp
   const int first = whole ? kQ8PerLane * lane : lane, stride = whole ? 1 : 32;  // value j is first + stride * j
+  // The weights' amax so far, read with the block's values rather than after the step: the
+  // check before the atomic then waits on no load of its own. A stale value only lets an atomic
+  // through that a later read would have skipped; the max is the same.
+  const unsigned int amax_seen = weights_amax != nullptr ? *weights_amax : 0u;
   uint32_t mc[kQ8PerLane], vc[kQ8PerLane];
   float w[kQ8PerLane], g[kQ8PerLane];
   if (whole) {
@@ -135,12 +139,6 @@ __global__ void __launch_bounds__(32 * kQ8BlocksPerCta)
     most_m = max(most_m, q8::MagnitudeBits(mi));
     most_v = max(most_v, q8::MagnitudeBits(vi));
   }
-  if (weights_amax != nullptr) {  // the largest |x| of the bf16 weights written (values past the end are 0)
-    unsigned int most_w = 0;
-#pragma unroll
-    for (int j = 0; j < kQ8PerLane; ++j) most_w = max(most_w, __float_as_uint(fabsf(RoundedToBf16(w[j]))));
-    WarpAmax(weights_amax, most_w);
-  }
   for (int o = 16; o > 0; o >>= 1) {  // every lane has read the old absmax before the shuffles
     most_m = max(most_m, __shfl_xor_sync(0xffffffffu, most_m, o));
     most_v = max(most_v, __shfl_xor_sync(0xffffffffu, most_v, o));
@@ -168,17 +166,24 @@ __global__ void __launch_bounds__(32 * kQ8BlocksPerCta)
     reinterpret_cast<float4*>(master + begin + first)[0] = make_float4(w[0], w[1], w[2], w[3]);
     reinterpret_cast<float4*>(master + begin + first)[1] = make_float4(w[4], w[5], w[6], w[7]);
     if (weights != nullptr) Store8(weights + begin + first, w);
-    return;
-  }
+  } else {
 #pragma unroll
-  for (int j = 0; j < kQ8PerLane; ++j) {
-    const int i = first + stride * j;
-    if (i >= count) continue;
-    m_codes[begin + i] = static_cast<uint8_t>(mc[j]);
-    v_codes[begin + i] = static_cast<uint8_t>(vc[j]);
-    master[begin + i] = w[j];
-    if (weights != nullptr) Store(weights, begin + i, w[j]);
+    for (int j = 0; j < kQ8PerLane; ++j) {
+      const int i = first + stride * j;
+      if (i >= count) continue;
+      m_codes[begin + i] = static_cast<uint8_t>(mc[j]);
+      v_codes[begin + i] = static_cast<uint8_t>(vc[j]);
+      master[begin + i] = w[j];
+      if (weights != nullptr) Store(weights, begin + i, w[j]);
+    }
   }
+  if (weights_amax == nullptr) return;
+  // The largest |x| of the bf16 weights written (values past the end are 0), after the stores.
+  unsigned int most_w = 0;
+#pragma unroll
+  for (int j = 0; j < kQ8PerLane; ++j) most_w = max(most_w, __float_as_uint(fabsf(RoundedToBf16(w[j]))));
+  for (int o = 16; o > 0; o >>= 1) most_w = max(most_w, __shfl_xor_sync(0xffffffffu, most_w, o));
+  if (lane == 0 && most_w > amax_seen) atomicMax(weights_amax, most_w);
 }
 
 template <typename G>

@@ -6,8 +6,8 @@
 # AdamW, no profiling), and one table says tokens/s, the step, how long the host waited for
 # tierd's moves, the bytes moved and the GPU memory NVML saw. Then PEERS (model specs: presets
 # or config.json paths) run torchao float8 + compile against ours with PEER_FLAGS at
-# PEER_BATCH (run_bench.sh's headline table); PEER_FROM_SWEEP=1: with the sweep's fastest
-# setting instead. MODEL (default 1.3b), BUDGET (24GiB); SWEEP=0 runs the peers only.
+# PEER_BATCH and PEER_DAEMON_FLAGS (run_bench.sh's headline table); PEER_FROM_SWEEP=1: with the
+# sweep's fastest setting instead. MODEL (default 1.3b), BUDGET (24GiB); SWEEP=0 runs the peers only.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-/tmp/tierd-out}"; mkdir -p "$out"
@@ -57,14 +57,14 @@ if [ -n "${PEERS:-}" ] && [ "${PEER_FROM_SWEEP:-0}" = 1 ] && [ -s "$out/sweep.js
   best=$(python3 -c "import json, sys; rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 print(max(rows, key=lambda r: r['tokens_per_s'])['label'])" "$out/sweep.jsonl")
   while IFS='|' read -r label batch flags daemon_flags; do
-    if [ "$label" = "$best" ]; then PEER_BATCH=$batch; PEER_FLAGS=$flags; fi
+    if [ "$label" = "$best" ]; then PEER_BATCH=$batch; PEER_FLAGS=$flags; PEER_DAEMON_FLAGS=$daemon_flags; fi
   done <<< "${CONFIGS:-$default_configs}"
-  echo "== the peer against the sweep's fastest: $best (batch $PEER_BATCH $PEER_FLAGS)"
+  echo "== the peer against the sweep's fastest: $best (batch $PEER_BATCH $PEER_FLAGS${PEER_DAEMON_FLAGS:+; tierd $PEER_DAEMON_FLAGS})"
 fi
 if [ -n "${PEERS:-}" ]; then
   env OUT="$work/peers" MODELS="$PEERS" NONE=0 PROFILE=0 BUDGETS="$budget" BATCH="${PEER_BATCH:-2}" STEPS="${STEPS:-8}" \
     SKIP=3 TORCH=1 TORCH_RUNS=float8 TORCH_BATCH="${TORCH_BATCH:-max}" TIERD_DRAM="${TIERD_DRAM:-32GiB}" \
-    TIERD_RUN_FLAGS="$base ${PEER_FLAGS:---grad_accum_steps=4 --step_order=micro --grad_checkpointing=dynamic}" \
+    TIERD_DAEMON_FLAGS="${PEER_DAEMON_FLAGS:-}" TIERD_RUN_FLAGS="$base ${PEER_FLAGS:---grad_accum_steps=4 --step_order=micro --grad_checkpointing=dynamic}" \
     tools/bench/run_bench.sh > "$out/peers.txt" 2>&1 || status=1
   sed -n '/== table/,$p' "$out/peers.txt"
   grep -h 'this process .*GiB budget' "$work"/peers/ours-*.log

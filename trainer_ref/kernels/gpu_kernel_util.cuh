@@ -80,10 +80,22 @@ __device__ __forceinline__ void RotatePair(float a, float b, float cs, float sn,
 // barrier, so the conversions keep their speed; only a warp above what is there already sends
 // an atomic (tens of thousands of blocks on one address serialise in L2: ~20 us a conversion
 // of 8M values, measured). The max only grows, so a stale read costs an atomic, never a value.
+// `seen`: *amax_bits as the caller read it earlier, beside its other loads, so that the check
+// waits on no load of its own (a kernel whose warps are short-lived: the 8-bit optimizer step).
+__device__ __forceinline__ unsigned int WarpMaxBits(unsigned int mine) {
+  for (int offset = 16; offset > 0; offset /= 2) mine = max(mine, __shfl_xor_sync(0xffffffffu, mine, offset));
+  return mine;
+}
+__device__ __forceinline__ bool FirstLaneOfWarp() { return (threadIdx.x + threadIdx.y * blockDim.x) % 32 == 0; }
+__device__ __forceinline__ void WarpAmax(unsigned int* amax_bits, unsigned int mine, unsigned int seen) {
+  if (amax_bits == nullptr) return;
+  mine = WarpMaxBits(mine);
+  if (FirstLaneOfWarp() && mine > seen) atomicMax(amax_bits, mine);
+}
 __device__ __forceinline__ void WarpAmax(unsigned int* amax_bits, unsigned int mine) {
   if (amax_bits == nullptr) return;
-  for (int offset = 16; offset > 0; offset /= 2) mine = max(mine, __shfl_xor_sync(0xffffffffu, mine, offset));
-  if ((threadIdx.x + threadIdx.y * blockDim.x) % 32 == 0 && mine > *amax_bits) atomicMax(amax_bits, mine);
+  mine = WarpMaxBits(mine);
+  if (FirstLaneOfWarp() && mine > *amax_bits) atomicMax(amax_bits, mine);
 }
 
 // SwiGLU (silu(gate) * up): its sigmoid, and its backward for one value (the gradients of

@@ -182,8 +182,7 @@ __global__ void __launch_bounds__(32 * kQ8BlocksPerCta)
   unsigned int most_w = 0;
 #pragma unroll
   for (int j = 0; j < kQ8PerLane; ++j) most_w = max(most_w, __float_as_uint(fabsf(RoundedToBf16(w[j]))));
-  for (int o = 16; o > 0; o >>= 1) most_w = max(most_w, __shfl_xor_sync(0xffffffffu, most_w, o));
-  if (lane == 0 && most_w > amax_seen) atomicMax(weights_amax, most_w);
+  WarpAmax(weights_amax, most_w, amax_seen);
 }
 
 template <typename G>

@@ -8,6 +8,10 @@
 // host or another stream); and the memsets by size and the kernel that next ran on their stream
 // (what they were made for: a library's workspace zeroed before its kernel, say), and the
 // busiest stream's gaps of 2-100 us by the kernels either side. KPROF_STEPS=N divides every time by N (a figure per training step).
+// KPROF_HOST=1 also records the runtime and driver API calls (a microsecond or so more host time
+// each) and splits the busiest stream's gaps by whether the call that launched the next kernel
+// returned only after the stream had gone idle (the host late: the GPU waited for it) or before
+// (the kernel was queued: the stream waited on something else, an event or the launch itself).
 //   CUDA_INJECTION64_PATH=.carry/lib/libkernel_profile.so KPROF_OUT=/tmp/kprof KPROF_STEPS=16 tierd-train ...
 // libcupti.so.13 is opened at start (LD_LIBRARY_PATH, or KPROF_CUPTI: its path), so the library
 // builds with the toolkit's headers alone. Nothing is recorded without KPROF_OUT.
@@ -43,11 +47,13 @@ struct Interval {
   uint64_t start, end;
   const std::string* name;  // the kernel's (a key of `kernels`), or null
   uint64_t bytes;           // a memset's
+  uint32_t correlation = 0;  // a kernel's: the API call that launched it
 };
 
 std::mutex mutex;
 std::map<std::string, Totals> kernels, copies;  // copies: memcpy kinds and memsets
 std::map<uint32_t, std::vector<Interval>> stream_kernels, stream_memsets;
+std::map<uint32_t, uint64_t> api_end;  // KPROF_HOST: when each runtime or driver call returned, by correlation id
 
 constexpr size_t kBufferBytes = 8 << 20;
 
@@ -76,7 +82,13 @@ void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t, size
       Totals& t = entry->second;
       ++t.calls;
       t.ns += k->end - k->start;
-      stream_kernels[k->streamId].push_back({k->start, k->end, &entry->first, 0});
+      stream_kernels[k->streamId].push_back({k->start, k->end, &entry->first, 0, k->correlationId});
+    } else if (record->kind == CUPTI_ACTIVITY_KIND_RUNTIME || record->kind == CUPTI_ACTIVITY_KIND_DRIVER) {
+      // A runtime launch and the driver call inside it may share an id: the driver's return (the
+      // earlier) is when the kernel was queued.
+      const auto* a = reinterpret_cast<const CUpti_ActivityAPI*>(record);
+      const auto [it, added] = api_end.try_emplace(a->correlationId, a->end);
+      if (!added) it->second = std::min(it->second, a->end);
     } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
       const auto* c = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
       Totals& t = copies[CopyKind(c->copyKind)];
@@ -184,13 +196,38 @@ void Report() {
         t.ns += gap;
       }
     }
+    // KPROF_HOST: whether the call launching the kernel after each gap came after the stream went idle.
+    uint64_t late_ns[5] = {}, late_count[5] = {}, known_count = 0;
+    for (size_t i = 1; i < list.size() && !api_end.empty(); ++i) {
+      if (list[i].start <= list[i - 1].end) continue;
+      const auto call = api_end.find(list[i].correlation);
+      if (call == api_end.end()) continue;
+      ++known_count;
+      if (call->second < list[i - 1].end) continue;
+      const uint64_t gap = list[i].start - list[i - 1].end;
+      int b = 0;
+      while (gap >= kBounds[b]) ++b;
+      late_ns[b] += gap;
+      ++late_count[b];
+    }
     const uint64_t span = list.back().end - list.front().start;
     std::fprintf(out, "\nstream %u (the most kernel time): span %.3f %s, kernels %.3f, idle %.3f\n", busiest,
                  span / 1e6 / steps, unit, most / 1e6 / steps, (span - most) / 1e6 / steps);
     const char* names[] = {"< 2 us", "2-5 us", "5-20 us", "20-100 us", ">= 100 us"};
-    std::fprintf(out, "| idle gaps | count | %s |\n|---|---|---|\n", unit);
-    for (int b = 0; b < 5; ++b) {
-      std::fprintf(out, "| %s | %.1f | %.3f |\n", names[b], gap_count[b] / steps, gap_ns[b] / 1e6 / steps);
+    if (known_count == 0) {
+      std::fprintf(out, "| idle gaps | count | %s |\n|---|---|---|\n", unit);
+      for (int b = 0; b < 5; ++b) {
+        std::fprintf(out, "| %s | %.1f | %.3f |\n", names[b], gap_count[b] / steps, gap_ns[b] / 1e6 / steps);
+      }
+    } else {
+      std::fprintf(out,
+                   "| idle gaps | count | %s | of them, the next kernel's launch called after the stream went idle "
+                   "(the host late): count | %s |\n|---|---|---|---|---|\n",
+                   unit, unit);
+      for (int b = 0; b < 5; ++b) {
+        std::fprintf(out, "| %s | %.1f | %.3f | %.1f | %.3f |\n", names[b], gap_count[b] / steps, gap_ns[b] / 1e6 / steps,
+                     late_count[b] / steps, late_ns[b] / 1e6 / steps);
+      }
     }
     std::vector<std::pair<std::pair<std::string, std::string>, Totals>> between(gaps_between.begin(),
                                                                                 gaps_between.end());
@@ -230,6 +267,12 @@ extern "C" int InitializeInjection() {
       cupti.enable(CUPTI_ACTIVITY_KIND_MEMCPY) != CUPTI_SUCCESS || cupti.enable(CUPTI_ACTIVITY_KIND_MEMSET) != CUPTI_SUCCESS) {
     std::fprintf(stderr, "kernel_profile: CUPTI refused the activity kinds: no profile\n");
     return 0;
+  }
+  const char* host = std::getenv("KPROF_HOST");
+  if (host != nullptr && std::strcmp(host, "1") == 0 &&
+      (cupti.enable(CUPTI_ACTIVITY_KIND_RUNTIME) != CUPTI_SUCCESS ||
+       cupti.enable(CUPTI_ACTIVITY_KIND_DRIVER) != CUPTI_SUCCESS)) {
+    std::fprintf(stderr, "kernel_profile: CUPTI refused the API activity kinds: no host split of the gaps\n");
   }
   std::atexit(Report);
   return 1;

@@ -147,7 +147,7 @@ void GpuModel::Progress(uint32_t op) {
   if (registered_ && micro_ < registered_micro_batches_) home_->home().OpBegin(op).IgnoreError();
 }
 
-absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x, bool recompute) {
+absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x, bool recompute, Carry carry) {
   [[maybe_unused]] const auto [n, c, f, h, d, kvh, qd, kd, nc] = DimsOf(config_, batch_ * seq_);
   const Layer& w = layers_[l];
   // out = in x W^T, in bf16 or (an FP8 layer) from the codes of the last `cast` input and
@@ -203,6 +203,14 @@ absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x, bool recompu
     });
   };
   const float eps = static_cast<float>(config_.norm_eps);
+  // The carried add made by the first norm, into x_in: the second norm then reads x_in, not x.
+  const bool summed_in = carry.pending_in && fused_norms_ && a.x_in_bf16 == nullptr;
+  if (carry.pending_in && !summed_in) {
+    Timed(kElementwise, [&] {
+      AddInto(x, tmp_, static_cast<int64_t>(nc), stream_);
+      return 0;
+    });
+  }
   if (a.x_in_bf16 != nullptr) {  // a bf16 checkpoint: the input rounded is all the layer keeps
     Timed(kElementwise, [&] {
       ToBf16(a.x_in_bf16, x, static_cast<int64_t>(nc), stream_);
@@ -212,7 +220,11 @@ absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x, bool recompu
   } else if (fused_norms_) {
     const Fp8Out q = out_codes(kLinearQ);
     Timed(kElementwise, [&] {
-      ResidualRmsNormForward(bf16_out(h1), a.rstd1, x, nullptr, a.x_in, N(w.attn_norm), n, c, eps, stream_, q);
+      if (summed_in) {
+        SumRmsNormForward(bf16_out(h1), a.rstd1, x, tmp_, nullptr, a.x_in, N(w.attn_norm), n, c, eps, stream_, q);
+      } else {
+        ResidualRmsNormForward(bf16_out(h1), a.rstd1, x, nullptr, a.x_in, N(w.attn_norm), n, c, eps, stream_, q);
+      }
       return 0;
     });
   } else {
@@ -255,7 +267,11 @@ absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x, bool recompu
   if (fused_norms_) {
     const Fp8Out q = out_codes(kLinearGate);
     Timed(kElementwise, [&] {
-      ResidualRmsNormForward(bf16_out(h2), a.rstd2, x, tmp_, a.x_mid, N(w.mlp_norm), n, c, eps, stream_, q);
+      if (summed_in) {
+        SumRmsNormForward(bf16_out(h2), a.rstd2, a.x_in, tmp_, x, a.x_mid, N(w.mlp_norm), n, c, eps, stream_, q);
+      } else {
+        ResidualRmsNormForward(bf16_out(h2), a.rstd2, x, tmp_, a.x_mid, N(w.mlp_norm), n, c, eps, stream_, q);
+      }
       return 0;
     });
   } else {
@@ -284,6 +300,7 @@ absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x, bool recompu
   RETURN_IF_ERROR(cast(s, kLinearDown, f, a.s, 2, s_kept));
   if (recompute) return absl::OkStatus();
   RETURN_IF_ERROR(linear(tmp_, s, w.w2, kLinearDown, f, c));
+  if (carry.defer_out) return absl::OkStatus();  // the next norm adds tmp_
   Timed(kElementwise, [&] {
     AddInto(x, tmp_, static_cast<int64_t>(nc), stream_);
     return 0;
@@ -350,7 +367,8 @@ absl::Status GpuModel::ForwardQueued(const int32_t* tokens, const int32_t* targe
     Progress(ForwardOp(micro_, group));
     RETURN_IF_ERROR(EnterLayerWeights(group));
     RETURN_IF_ERROR(Enter(group, Part::kActs, Access::kOverwrite));
-    RETURN_IF_ERROR(LayerForward(l, ActsForForward(l, acquired_[group][static_cast<int>(Part::kActs)]), x_));
+    RETURN_IF_ERROR(LayerForward(l, ActsForForward(l, acquired_[group][static_cast<int>(Part::kActs)]), x_,
+                                 /*recompute=*/false, {.pending_in = fused_norms_ && l > 0, .defer_out = fused_norms_}));
     RETURN_IF_ERROR(LeaveLayerWeights(group));
     RETURN_IF_ERROR(Leave(group, Part::kActs));
   }
@@ -359,8 +377,12 @@ absl::Status GpuModel::ForwardQueued(const int32_t* tokens, const int32_t* targe
   Progress(ForwardOp(micro_, last));
   RETURN_IF_ERROR(Enter(last, Part::kWeights, Access::kRead));
   RETURN_IF_ERROR(EnterTiedHead(/*backward=*/false));
-  RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(x_out_, x_, nc * sizeof(float), cudaMemcpyDeviceToDevice, stream_), "x_out"));
-  RETURN_IF_ERROR(HeadForward(x_, targets_, counted));
+  if (fused_norms_) {  // the last layer's add, the copy for the backward and the final norm in one pass
+    RETURN_IF_ERROR(HeadForward(x_, targets_, counted, config_.layers > 0 ? tmp_ : nullptr, x_out_));
+  } else {
+    RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(x_out_, x_, nc * sizeof(float), cudaMemcpyDeviceToDevice, stream_), "x_out"));
+    RETURN_IF_ERROR(HeadForward(x_, targets_, counted));
+  }
   RETURN_IF_ERROR(LeaveTiedHead(/*backward=*/false));
   RETURN_IF_ERROR(Leave(last, Part::kWeights));
   RETURN_IF_ERROR(Cuda(cudaGetLastError(), "forward kernels"));
@@ -371,10 +393,15 @@ absl::Status GpuModel::ForwardQueued(const int32_t* tokens, const int32_t* targe
   return Cuda(cudaMemcpyAsync(*slot, losses_, n * sizeof(float), cudaMemcpyDeviceToHost, stream_), "losses");
 }
 
-absl::Status GpuModel::HeadForward(const float* x, const int32_t* targets, int counted) {
+absl::Status GpuModel::HeadForward(float* x, const int32_t* targets, int counted, const Bf16* pending, float* x_out) {
   const int n = batch_ * seq_, c = config_.d_model, v = config_.vocab;
+  const float eps = static_cast<float>(config_.norm_eps);
   Timed(kElementwise, [&] {
-    RmsNormForward(xf_, rstd_f_, x, N(final_norm_), n, c, static_cast<float>(config_.norm_eps), stream_);
+    if (pending != nullptr || x_out != nullptr) {
+      ResidualRmsNormForward(xf_, rstd_f_, x, pending, x_out, N(final_norm_), n, c, eps, stream_);
+    } else {
+      RmsNormForward(xf_, rstd_f_, x, N(final_norm_), n, c, eps, stream_);
+    }
     return 0;
   });
   for (int row = 0; row < n; row += head_rows_) {

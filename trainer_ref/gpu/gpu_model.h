@@ -258,8 +258,11 @@ class GpuModel {
   bool HeadChunked() const { return head_rows_ < batch_ * seq_; }
   // The head over a micro-batch's last residual stream x (N x C, fp32): the final norm into
   // xf_ (kept for the backward), then each row's loss into losses_, a chunk of rows at a time;
-  // unchunked, dlogits_ too. The head's weights acquired.
-  absl::Status HeadForward(const float* x, const int32_t* targets, int counted);
+  // unchunked, dlogits_ too. The head's weights acquired. `pending` (bf16, N x C): the last
+  // layer's down projection, not yet added into x: the norm adds it (into x) on its way;
+  // `x_out`: x (after that add) copied there for the backward, by the norm too.
+  absl::Status HeadForward(float* x, const int32_t* targets, int counted, const Bf16* pending = nullptr,
+                           float* x_out = nullptr);
   // The group whose weights part holds the head's matrix: the last, or with tied embeddings 0.
   int HeadWeightsGroup() const { return config_.tied_embeddings ? 0 : Groups() - 1; }
   // With tied embeddings, the head also holds the embedding group's weights (and gradients in
@@ -352,7 +355,15 @@ class GpuModel {
   // `recompute`: the backward's pass, for `a` alone: it stops at the down projection's input
   // (its codes kept), since nothing the backward reads comes after it (the projection's output
   // and the residual add only make the next layer's input, which was saved).
-  absl::Status LayerForward(int layer, const Acts& a, float* x, bool recompute = false);
+  // Carry (fused norms, a micro-batch's forward through every layer): the residual stream's
+  // last add of a layer, x + its down projection (in tmp_), left for the next layer's first norm
+  // to make on its way (`pending_in`), the sum going straight to that layer's saved input, and
+  // its second norm reading it there and writing x anew (`defer_out`: this layer leaves its own
+  // last add in tmp_ so). The same bits; 8 bytes an element a layer less than adding in place.
+  struct Carry {  // {}: neither (no member initializers: a default argument of the class's own)
+    bool pending_in, defer_out;
+  };
+  absl::Status LayerForward(int layer, const Acts& a, float* x, bool recompute = false, Carry carry = {});
   // Layer l's backward from `a`: dx from the gradient of its output to that of its input.
   // `fresh_grads`: its linear maps' gradients are written (=), the step's first, not added.
   absl::Status LayerBackward(int layer, const Acts& a, float* dx, bool fresh_grads = false);

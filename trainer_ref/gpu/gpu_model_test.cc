@@ -187,22 +187,34 @@ TEST(GpuModelTest, CheckpointingGivesTheSameLossAndGradients) {
 }
 
 // --fused_norms: the residual add, the copies the backward keeps and the norms in one kernel
-// give the same loss and gradients to the bit, plain, with checkpointing (the recompute's
-// forward fused too) and in FP8.
+// (and a layer's last add carried into the next layer's first norm) give the same loss and
+// gradients to the bit, plain, with checkpointing (the recompute's forward fused too; fp32 or
+// bf16 checkpoints; a layer of each kind: recomputed, lean, kept) and in FP8.
 TEST(GpuModelTest, FusedNormsGiveTheSameBits) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device here: the GPU model is checked on the lent GPU machine";
   const ModelConfig config{"fused", 3, 128, 2, 352, 512, 128};
   const int batch = 2, seq = 128;
   std::mt19937_64 rng(23);
   const Batch b = RandomBatch(batch * seq, config.vocab, rng);
-  for (const bool checkpointing : {false, true}) {
+  struct Variant {
+    const char* name;
+    StateOptions state;
+  };
+  const Variant variants[] = {
+      {"every activation kept", {}},
+      {"checkpointing", {.checkpointing = true}},
+      {"bf16 checkpoints", {.checkpointing = true, .bf16_checkpoints = true}},
+      {"recomputed, lean and kept layers", {.checkpointing = true, .kept_layers = 1, .lean_layers = 1}},
+  };
+  for (const Variant& v : variants) {
     for (const bool fp8 : {false, true}) {
-      SCOPED_TRACE(std::string(checkpointing ? "checkpointing" : "every activation kept") + (fp8 ? ", fp8" : ""));
+      SCOPED_TRACE(std::string(v.name) + (fp8 ? ", fp8" : ""));
       std::vector<float> grads[2];
       double losses[2] = {0, 0};
       for (int fused = 0; fused < 2; ++fused) {
-        auto model = GpuModel::Create(config, batch, seq, nullptr,
-                                      {.checkpointing = checkpointing, .fused_norms = fused == 1});
+        StateOptions state = v.state;
+        state.fused_norms = fused == 1;
+        auto model = GpuModel::Create(config, batch, seq, nullptr, state);
         ASSERT_TRUE(model.ok()) << model.status();
         if (fp8) ASSERT_TRUE((*model)->UseFp8().ok());
         ASSERT_TRUE((*model)->InitParams(5).ok());

@@ -69,34 +69,36 @@ __global__ void EmbeddingBackwardKernel(float* dwte, const float* dout, const in
 // one read of x where AddInto, a copy and the norm read it three times. The plain norm is
 // this kernel with neither, so the fused forms give its bits exactly.
 // With q.codes, the output's E4M3 codes too (Fp8Out), or only them with a null `out`.
-__global__ void RmsNormForwardKernel(Bf16* out, float* rstd, float* x_io, const Bf16* residual, float* saved,
-                                     const float* weight, int c, float eps, bool vec, Fp8Out q) {
+// The norm of x_in (+ residual, where given), that sum written to x_out and to saved where
+// they are given; the second pass reads back the sum from where the first wrote it.
+__global__ void RmsNormForwardKernel(Bf16* out, float* rstd, const float* x_in, float* x_out, const Bf16* residual,
+                                     float* saved, const float* weight, int c, float eps, bool vec, Fp8Out q) {
   const int64_t row = blockIdx.x;
-  float* x = x_io + row * c;
+  const float* src = x_in + row * c;
+  float* dst = x_out != nullptr ? x_out + row * c : nullptr;
+  float* copy = saved != nullptr ? saved + row * c : nullptr;
   float sum = 0.f;
   if (vec) {
-    auto* x4 = reinterpret_cast<float4*>(x);
     for (int j = threadIdx.x; j < c / 4; j += blockDim.x) {
-      float4 v = x4[j];
+      float4 v = reinterpret_cast<const float4*>(src)[j];
       if (residual != nullptr) {
         const float4 r = Load4(residual + row * c + 4 * j);
         v.x += r.x, v.y += r.y, v.z += r.z, v.w += r.w;
-        x4[j] = v;
       }
-      if (saved != nullptr) reinterpret_cast<float4*>(saved + row * c)[j] = v;
+      if (dst != nullptr) reinterpret_cast<float4*>(dst)[j] = v;
+      if (copy != nullptr) reinterpret_cast<float4*>(copy)[j] = v;
       sum += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
     }
   } else {
     for (int j = threadIdx.x; j < c; j += blockDim.x) {
-      float v = x[j];
-      if (residual != nullptr) {
-        v += Load(residual, row * c + j);
-        x[j] = v;
-      }
-      if (saved != nullptr) saved[row * c + j] = v;
+      float v = src[j];
+      if (residual != nullptr) v += Load(residual, row * c + j);
+      if (dst != nullptr) dst[j] = v;
+      if (copy != nullptr) copy[j] = v;
       sum += v * v;
     }
   }
+  const float* x = dst != nullptr ? dst : copy != nullptr ? copy : src;
   sum = BlockSum(sum);
   const float r = rsqrtf(sum / c + eps);
   if (threadIdx.x == 0) rstd[row] = r;
@@ -393,8 +395,8 @@ void RmsNormForward(Bf16* out, float* rstd, const float* in, const float* weight
   if (n <= 0) return;
   const bool vec = c % 4 == 0 && Aligned16(in, weight) && Aligned16(out);
   // Neither add nor copy: the kernel only reads x.
-  RmsNormForwardKernel<<<n, VecRowThreads(c, vec), 0, stream>>>(out, rstd, const_cast<float*>(in), nullptr, nullptr,
-                                                                 weight, c, eps, vec, Fp8Out{});
+  RmsNormForwardKernel<<<n, VecRowThreads(c, vec), 0, stream>>>(out, rstd, in, nullptr, nullptr, nullptr, weight, c,
+                                                                 eps, vec, Fp8Out{});
 }
 
 void ResidualRmsNormForward(Bf16* out, float* rstd, float* x, const Bf16* residual, float* saved, const float* weight,
@@ -404,7 +406,18 @@ void ResidualRmsNormForward(Bf16* out, float* rstd, float* x, const Bf16* residu
   // for both, which sum in another order than the plain norm's vector loops would.
   const bool vec = c % 4 == 0 && Aligned16(x, weight) && Aligned16(out) && (saved == nullptr || Aligned16(saved)) &&
                    (residual == nullptr || Aligned16(residual)) && reinterpret_cast<uintptr_t>(codes.codes) % 4 == 0;
-  RmsNormForwardKernel<<<n, VecRowThreads(c, vec), 0, stream>>>(out, rstd, x, residual, saved, weight, c, eps, vec,
+  RmsNormForwardKernel<<<n, VecRowThreads(c, vec), 0, stream>>>(out, rstd, x, residual != nullptr ? x : nullptr,
+                                                                 residual, saved, weight, c, eps, vec, codes);
+}
+
+void SumRmsNormForward(Bf16* out, float* rstd, const float* x, const Bf16* residual, float* sum, float* saved,
+                       const float* weight, int n, int c, float eps, cudaStream_t stream, const Fp8Out& codes) {
+  if (n <= 0) return;
+  // ResidualRmsNormForward's alignment test, the sum's place standing for x's.
+  const bool vec = c % 4 == 0 && Aligned16(x, weight) && Aligned16(out) && (sum == nullptr || Aligned16(sum)) &&
+                   (saved == nullptr || Aligned16(saved)) && Aligned16(residual) &&
+                   reinterpret_cast<uintptr_t>(codes.codes) % 4 == 0;
+  RmsNormForwardKernel<<<n, VecRowThreads(c, vec), 0, stream>>>(out, rstd, x, sum, residual, saved, weight, c, eps, vec,
                                                                  codes);
 }
 

@@ -65,6 +65,12 @@ void RmsNormForward(Bf16* out, float* rstd, const float* in, const float* weight
 // three (one kernel, the same loops), where every pointer is 16-byte aligned and C % 4 == 0.
 void ResidualRmsNormForward(Bf16* out, float* rstd, float* x, const Bf16* residual, float* saved, const float* weight,
                             int n, int c, float eps, cudaStream_t stream, const Fp8Out& codes = {});
+// The norm of x + residual without writing x back: the sum goes to `sum` and to `saved` (either
+// may be null, not both). ResidualRmsNormForward's bits for out, rstd and the sum: a layer's
+// norm reading its input from one place and leaving the sum in another (the residual stream
+// carried from a layer's last add into the next layer's first norm).
+void SumRmsNormForward(Bf16* out, float* rstd, const float* x, const Bf16* residual, float* sum, float* saved,
+                       const float* weight, int n, int c, float eps, cudaStream_t stream, const Fp8Out& codes = {});
 // din (fp32, the residual gradient) += d/d(in); dweight (fp32, C) += sum over rows: partial
 // sums per block of rows into `scratch` (RmsNormScratchFloats), made beside din's from the same
 // loads, then summed (every sum in an order fixed by the shape: the same bits each run).

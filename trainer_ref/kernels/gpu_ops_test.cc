@@ -203,6 +203,53 @@ TEST(GpuOpsTest, ResidualRmsNormForwardIsAddCopyAndNormInOnePass) {
   }
 }
 
+// The norm of a sum left elsewhere (the residual stream carried into the next layer's first
+// norm): ResidualRmsNormForward's bits for the output, rstd, the sum and its copy, with FP8
+// codes too, and x itself unwritten.
+TEST(GpuOpsTest, SumRmsNormForwardLeavesXAndGivesTheFusedNormsBits) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(22);
+  Device<float> scale{std::vector<float>{5.f}};
+  for (int c : {64, 1000, 1001, 4096}) {  // 1001: the scalar loops
+    for (const bool to_sum : {true, false}) {
+      for (const bool to_saved : {true, false}) {
+        if (!to_sum && !to_saved) continue;
+        const int n = 67;
+        const size_t nc = size_t{n} * c;
+        const std::vector<float> x0 = RandomFloats(nc, rng, 2.f);
+        const Bf16Data residual = Random(nc, rng);
+        std::vector<float> weight(c);
+        std::normal_distribution<float> w(1.f, 0.1f);
+        for (float& v : weight) v = w(rng);
+        const std::vector<float> unset(nc, -7.f);
+        Device<float> d_x(x0), d_sum(unset), d_saved(unset), d_rstd{std::vector<float>(n)}, d_amax{std::vector<float>{0.f}};
+        Device<float> d_x_fused(x0), d_saved_fused(unset), d_rstd_fused{std::vector<float>(n)},
+            d_amax_fused{std::vector<float>{0.f}}, d_weight(weight);
+        Device<Bf16> d_residual(residual.bits), d_out{std::vector<Bf16>(nc)}, d_out_fused{std::vector<Bf16>(nc)};
+        Device<uint8_t> d_codes{std::vector<uint8_t>(nc)}, d_codes_fused{std::vector<uint8_t>(nc)};
+        SumRmsNormForward(d_out.get(), d_rstd.get(), d_x.get(), d_residual.get(), to_sum ? d_sum.get() : nullptr,
+                          to_saved ? d_saved.get() : nullptr, d_weight.get(), n, c, 1e-5f, nullptr,
+                          Fp8Out{d_codes.get(), scale.get(), d_amax.get()});
+        ResidualRmsNormForward(d_out_fused.get(), d_rstd_fused.get(), d_x_fused.get(), d_residual.get(),
+                               d_saved_fused.get(), d_weight.get(), n, c, 1e-5f, nullptr,
+                               Fp8Out{d_codes_fused.get(), scale.get(), d_amax_fused.get()});
+        const std::string at = " (C " + std::to_string(c) + (to_sum ? ", sum" : "") + (to_saved ? ", saved" : "") + ")";
+        EXPECT_EQ(d_x.Host(), x0) << "x was written" << at;
+        EXPECT_EQ(d_sum.Host(), to_sum ? d_x_fused.Host() : unset) << "the sum" << at;
+        EXPECT_EQ(d_saved.Host(), to_saved ? d_saved_fused.Host() : unset) << "the copy" << at;
+        EXPECT_EQ(d_out.Host(), d_out_fused.Host()) << "the norm's output" << at;
+        EXPECT_EQ(d_rstd.Host(), d_rstd_fused.Host()) << "rstd" << at;
+        EXPECT_EQ(d_codes.Host(), d_codes_fused.Host()) << "codes" << at;
+        EXPECT_EQ(d_amax.Host(), d_amax_fused.Host()) << "amax" << at;
+        // The sum against the CPU's.
+        std::vector<float> x = x0;
+        for (size_t i = 0; i < nc; ++i) x[i] += residual.values[i];
+        EXPECT_EQ(CompareF32(to_sum ? d_sum.Host() : d_saved.Host(), x, 0.f, 0.f, "the sum" + at), 0);
+      }
+    }
+  }
+}
+
 TEST(GpuOpsTest, RopeForwardAndBackward) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(3);

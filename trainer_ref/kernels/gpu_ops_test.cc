@@ -155,6 +155,20 @@ TEST(GpuOpsTest, RmsNormForwardAndBackward) {
   }
 }
 
+// A norm's random inputs: the residual stream x (N x C), a bf16 residual and weights near 1.
+struct NormInputs {
+  std::vector<float> x0;
+  Bf16Data residual;
+  std::vector<float> weight;
+};
+NormInputs RandomNormInputs(int n, int c, std::mt19937_64& rng) {
+  const size_t nc = size_t{n} * c;
+  NormInputs in{RandomFloats(nc, rng, 2.f), Random(nc, rng), std::vector<float>(c)};
+  std::normal_distribution<float> w(1.f, 0.1f);
+  for (float& v : in.weight) v = w(rng);
+  return in;
+}
+
 // The fused norm (a residual added into x, x copied for the backward, then the norm) gives
 // the bits of AddInto, a device copy and RmsNormForward in turn, and the CPU's values; so does
 // each half alone (the copy without an add: a layer's first norm).
@@ -166,11 +180,7 @@ TEST(GpuOpsTest, ResidualRmsNormForwardIsAddCopyAndNormInOnePass) {
       for (const bool copy : {true, false}) {
         const int n = 67;
         const size_t nc = size_t{n} * c;
-        const std::vector<float> x0 = RandomFloats(nc, rng, 2.f);
-        const Bf16Data residual = Random(nc, rng);
-        std::vector<float> weight(c);
-        std::normal_distribution<float> w(1.f, 0.1f);
-        for (float& v : weight) v = w(rng);
+        const auto [x0, residual, weight] = RandomNormInputs(n, c, rng);
         Device<float> d_x(x0), d_x_again(x0), d_weight(weight), d_saved{std::vector<float>(nc, -7.f)},
             d_saved_again{std::vector<float>(nc, -7.f)}, d_rstd{std::vector<float>(n)}, d_rstd_again{std::vector<float>(n)};
         Device<Bf16> d_residual(residual.bits), d_out{std::vector<Bf16>(nc)}, d_out_again{std::vector<Bf16>(nc)};
@@ -216,11 +226,7 @@ TEST(GpuOpsTest, SumRmsNormForwardLeavesXAndGivesTheFusedNormsBits) {
         if (!to_sum && !to_saved) continue;
         const int n = 67;
         const size_t nc = size_t{n} * c;
-        const std::vector<float> x0 = RandomFloats(nc, rng, 2.f);
-        const Bf16Data residual = Random(nc, rng);
-        std::vector<float> weight(c);
-        std::normal_distribution<float> w(1.f, 0.1f);
-        for (float& v : weight) v = w(rng);
+        const auto [x0, residual, weight] = RandomNormInputs(n, c, rng);
         const std::vector<float> unset(nc, -7.f);
         Device<float> d_x(x0), d_sum(unset), d_saved(unset), d_rstd{std::vector<float>(n)}, d_amax{std::vector<float>{0.f}};
         Device<float> d_x_fused(x0), d_saved_fused(unset), d_rstd_fused{std::vector<float>(n)},

@@ -56,6 +56,14 @@ class GpuOptimizer {
   virtual bool FoldsWeightsAmax(const TensorLayout&) const { return false; }
   // Queues the update on `stream`; the launch's error.
   virtual absl::Status StepGpu(const TensorUpdate& u, float* scratch, cudaStream_t stream) const = 0;
+  // Several tensors' updates (a group's, or a chunk's), each StepGpu's bits; an optimizer may
+  // queue them in fewer launches. They share `scratch` only where ScratchFloats allows one at a time.
+  virtual absl::Status StepGpuAll(const std::vector<TensorUpdate>& us, float* scratch, cudaStream_t stream) const {
+    for (const TensorUpdate& u : us) {
+      if (absl::Status s = StepGpu(u, scratch, stream); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
   // The same update on the host: the same bits (Adafactor's matrices: a few ulps apart).
   virtual void StepHost(const TensorUpdate& u) const = 0;
   // What the checkpoint's shape record says of the state's format and of the optimizer; both

@@ -27,6 +27,29 @@ class AdamW8bitOptimizer final : public GpuOptimizer {
     if (e != cudaSuccess) return absl::InternalError(std::string("CUDA adamw8bit: ") + cudaGetErrorString(e));
     return absl::OkStatus();
   }
+  // The 8-bit tensors in one launch (AdamW8bitMany), the fp32 ones (the norms, under
+  // fp32_under) as ever.
+  absl::Status StepGpuAll(const std::vector<TensorUpdate>& us, float*, cudaStream_t stream) const override {
+    std::vector<AdamW8bitTensor> eight;
+    for (const TensorUpdate& u : us) {
+      if (!EightBit(*u.tensor)) {
+        if (absl::Status s = fp32_->StepGpu(u, nullptr, stream); !s.ok()) return s;
+        continue;
+      }
+      eight.push_back({.master = u.master,
+                       .m_bytes = u.m,
+                       .v_bytes = u.v,
+                       .weights = u.weights,
+                       .grads = u.grads,
+                       .grads_bf16 = u.grads_bf16,
+                       .n = u.count,
+                       .params = u.params,
+                       .weights_amax = u.weights_amax});
+    }
+    const cudaError_t e = AdamW8bitMany(eight, stream);
+    if (e != cudaSuccess) return absl::InternalError(std::string("CUDA adamw8bit: ") + cudaGetErrorString(e));
+    return absl::OkStatus();
+  }
   void StepHost(const TensorUpdate& u) const override {
     if (!EightBit(*u.tensor)) return fp32_->StepHost(u);
     HostAdamW8bit(u.master, u.m, u.v, u.weights, u.grads, u.count, u.params);

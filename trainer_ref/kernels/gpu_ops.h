@@ -195,6 +195,21 @@ cudaError_t AdamW8bit(float* master, void* m_bytes, void* v_bytes, Bf16* weights
 cudaError_t AdamW8bit(float* master, void* m_bytes, void* v_bytes, Bf16* weights, const Bf16* grads, int64_t n,
                       const AdamWParams& p, cudaStream_t stream,
                       float* weights_amax = nullptr);  // bf16 gradients, as AdamW's
+// Several tensors' 8-bit steps in as few launches as there are kinds of gradients (at most 16
+// tensors a launch): each tensor's bits as AdamW8bit gives them alone (its own params, amax
+// and alignment), without a launch's ramp and tail for each. A tensor names its gradients in
+// fp32 (grads) or bf16 (grads_bf16), one of them.
+struct AdamW8bitTensor {
+  float* master = nullptr;
+  void *m_bytes = nullptr, *v_bytes = nullptr;
+  Bf16* weights = nullptr;
+  const float* grads = nullptr;
+  const Bf16* grads_bf16 = nullptr;
+  int64_t n = 0;
+  AdamWParams params;
+  float* weights_amax = nullptr;
+};
+cudaError_t AdamW8bitMany(const std::vector<AdamW8bitTensor>& tensors, cudaStream_t stream);
 // How AdamW8bit finds each new code, the same codes either way: "table" (the host's table of
 // 2^17 entries a map, 1 MiB for both in device memory, read once a value: q8::CodeByTable; the
 // default, 1.66x the search's rate on the H200) or "search" (a binary search over the 255

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <utility>
@@ -322,6 +323,106 @@ TEST(GpuOpsTest, AdamW8bitGivesTheHostsBits) {
       AdamW8bitAgainstTheHost(shift);
     }
   }
+  UseGpuCodePath(was);
+}
+
+// Many tensors in one 8-bit launch (AdamW8bitMany, a layer's group at once) give each tensor
+// the bits AdamW8bit gives it alone: sizes ending mid-block and mid-CTA, an unaligned tensor
+// (one by one) among aligned ones, each with its own params, with and without weights and a
+// weights' amax; fp32 and bf16 gradients in one call; more tensors than one launch takes.
+TEST(GpuOpsTest, AdamW8bitManyGivesEachTensorTheBitsOfItsOwnLaunch) {
+  SKIP_WITHOUT_GPU();
+  const std::string was = GpuCodePath();
+  const int64_t sizes[] = {3 * 2048 + 517, 2048, 256, 70001, 513, 4096, 1, 9000};
+  for (const char* path : {"search", "table"}) {
+    SCOPED_TRACE(path);
+    ASSERT_EQ(std::string(UseGpuCodePath(path)), path);
+    struct One {
+      std::vector<float> master;
+      std::vector<uint8_t> m8, v8;
+      std::vector<Bf16> grads16;
+      std::vector<float> grads;
+      AdamWParams p;
+      int shift;
+      bool weights, amax, bf16;
+    };
+    std::vector<One> all;
+    for (int k = 0; k < 19; ++k) {  // 19: past a launch's 16
+      const int64_t n = sizes[k % 8];
+      const auto [grads, master, m, v] = RandomAdamWState(40 + k, n);
+      One o{master, std::vector<uint8_t>(Moment8bitBytes(n)), std::vector<uint8_t>(Moment8bitBytes(n)), {}, grads};
+      Quantize8bit(m.data(), n, true, o.m8.data());
+      Quantize8bit(v.data(), n, false, o.v8.data());
+      o.p.lr = 1e-3f * (1 + k % 3);
+      o.p.weight_decay = 0.1f;
+      o.p.decay = k % 2 == 0;
+      o.p.step = 3;
+      o.p.grad_scale = 0.5f;
+      o.shift = k == 5 ? 1 : 0;
+      o.weights = k % 4 != 3;
+      o.amax = o.weights && k % 3 == 0;
+      o.bf16 = k % 5 == 2;
+      for (float g : grads) o.grads16.push_back(ToBf16(g));
+      all.push_back(std::move(o));
+    }
+    // Device copies: the state shifted by `shift` values (misaligned) where asked.
+    struct OnDevice {
+      Device<float> master, grads, amax;
+      Device<uint8_t> m8, v8;
+      Device<Bf16> weights, grads16;
+    };
+    auto upload = [](const One& o) {
+      const int64_t n = static_cast<int64_t>(o.master.size());
+      std::vector<float> master(o.shift, 0.f), grads(o.shift, 0.f);
+      master.insert(master.end(), o.master.begin(), o.master.end());
+      grads.insert(grads.end(), o.grads.begin(), o.grads.end());
+      std::vector<Bf16> grads16(o.shift, Bf16{});
+      grads16.insert(grads16.end(), o.grads16.begin(), o.grads16.end());
+      return std::unique_ptr<OnDevice>(new OnDevice{
+          Device<float>(master), Device<float>(grads), Device<float>(std::vector<float>{0.25f}), Device<uint8_t>(o.m8),
+          Device<uint8_t>(o.v8), Device<Bf16>(std::vector<Bf16>(n + o.shift)), Device<Bf16>(grads16)});
+    };
+    std::vector<std::unique_ptr<OnDevice>> alone, together;
+    std::vector<AdamW8bitTensor> list;
+    for (const One& o : all) {
+      const int64_t n = static_cast<int64_t>(o.master.size());
+      alone.push_back(upload(o));
+      together.push_back(upload(o));
+      OnDevice& a = *alone.back();
+      OnDevice& t = *together.back();
+      Bf16* wa = o.weights ? a.weights.get() + o.shift : nullptr;
+      float* amax_a = o.amax ? a.amax.get() : nullptr;
+      const cudaError_t e =
+          o.bf16 ? AdamW8bit(a.master.get() + o.shift, a.m8.get(), a.v8.get(), wa, a.grads16.get() + o.shift, n, o.p,
+                             nullptr, amax_a)
+                 : AdamW8bit(a.master.get() + o.shift, a.m8.get(), a.v8.get(), wa, a.grads.get() + o.shift, n, o.p,
+                             nullptr, amax_a);
+      ASSERT_EQ(e, cudaSuccess);
+      list.push_back({.master = t.master.get() + o.shift,
+                      .m_bytes = t.m8.get(),
+                      .v_bytes = t.v8.get(),
+                      .weights = o.weights ? t.weights.get() + o.shift : nullptr,
+                      .grads = o.bf16 ? nullptr : t.grads.get() + o.shift,
+                      .grads_bf16 = o.bf16 ? t.grads16.get() + o.shift : nullptr,
+                      .n = n,
+                      .params = o.p,
+                      .weights_amax = o.amax ? t.amax.get() : nullptr});
+    }
+    ASSERT_EQ(AdamW8bitMany(list, nullptr), cudaSuccess);
+    for (size_t k = 0; k < all.size(); ++k) {
+      SCOPED_TRACE("tensor " + std::to_string(k) + " of " + std::to_string(all[k].master.size()) + " values");
+      EXPECT_EQ(together[k]->master.Host(), alone[k]->master.Host());
+      EXPECT_EQ(together[k]->m8.Host(), alone[k]->m8.Host());
+      EXPECT_EQ(together[k]->v8.Host(), alone[k]->v8.Host());
+      EXPECT_EQ(together[k]->weights.Host(), alone[k]->weights.Host());
+      EXPECT_EQ(together[k]->amax.Host(), alone[k]->amax.Host());
+      EXPECT_NE(together[k]->master.Host(), upload(all[k])->master.Host()) << "the step changed nothing";
+    }
+  }
+  // A tensor naming both kinds of gradients, or neither, is refused.
+  AdamW8bitTensor both{.grads = reinterpret_cast<const float*>(16), .grads_bf16 = reinterpret_cast<const Bf16*>(16),
+                       .n = 1};
+  EXPECT_EQ(AdamW8bitMany({both}, nullptr), cudaErrorInvalidValue);
   UseGpuCodePath(was);
 }
 

@@ -327,6 +327,7 @@ absl::StatusOr<RunSettings> ReadRunSettings(bool gpu, std::vector<std::string>* 
   s.optimizer_chunks = absl::GetFlag(FLAGS_optimizer_chunks);
   s.attention = absl::GetFlag(FLAGS_attention);
   s.fused_norms = absl::GetFlag(FLAGS_fused_norms);
+  s.optimizer_one_launch = absl::GetFlag(FLAGS_optimizer_one_launch);
   if (s.attention != "auto" && s.attention != "cudnn" && s.attention != "cudnn-fast" && s.attention != "ours") {
     return Bad("--attention is auto, cudnn, cudnn-fast or ours, not '" + s.attention + "'");
   }

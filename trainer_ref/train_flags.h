@@ -77,6 +77,7 @@ ABSL_DECLARE_FLAG(double, gpu_tflops);
 ABSL_DECLARE_FLAG(int, optimizer_chunks);
 ABSL_DECLARE_FLAG(std::string, attention);
 ABSL_DECLARE_FLAG(bool, fused_norms);
+ABSL_DECLARE_FLAG(bool, optimizer_one_launch);
 ABSL_DECLARE_FLAG(int, gemm_candidates);
 ABSL_DECLARE_FLAG(int, gemm_workspace_mib);
 ABSL_DECLARE_FLAG(std::string, gemm_cache_dir);
@@ -176,6 +177,7 @@ struct RunSettings {
   int optimizer_chunks = 1;
   std::string attention = "auto";  // --attention: auto | cudnn | ours
   bool fused_norms = true;          // --fused_norms
+  bool optimizer_one_launch = false;  // --optimizer_one_launch
   int gemm_candidates = 1;     // --gemm_candidates
   int gemm_workspace_mib = 32;  // --gemm_workspace_mib
   std::string gemm_cache_dir;  // --gemm_cache_dir, or its default resolved

@@ -78,6 +78,7 @@ GpuModel::GpuModel(const ModelConfig& config, int batch, int seq, const StateOpt
     for (int k = 0; k < kLinears; ++k) codes_offset_.push_back(WeightCodesOffset(config, k, transposed));
   }
   fused_norms_ = state.fused_norms;
+  optimizer_one_launch_ = state.optimizer_one_launch;
   bf16_checkpoints_ = state.checkpointing && state.bf16_checkpoints;
   codes_current_.assign(Groups(), 0);
   coded_rooms_.assign(config.layers, false);

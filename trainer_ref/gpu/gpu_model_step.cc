@@ -201,7 +201,11 @@ absl::Status GpuModel::GpuAdamWGroup(int g, bool zero_grads, const std::function
           updates.push_back(u);
           if (layout_[e].shape.size() == 1) norms.push_back({e, lo});
         }
-        RETURN_IF_ERROR(Timed(kOptimizer, [&] { return optimizer_->StepGpuAll(updates, optimizer_scratch_, stream_); }));
+        RETURN_IF_ERROR(Timed(kOptimizer, [&] {
+          if (optimizer_one_launch_) return optimizer_->StepGpuAll(updates, optimizer_scratch_, stream_);
+          for (const TensorUpdate& u : updates) RETURN_IF_ERROR(optimizer_->StepGpu(u, optimizer_scratch_, stream_));
+          return absl::OkStatus();
+        }));
         for (const auto& [e, lo] : norms) {  // the norms' weights as the forward reads them (fp32)
           const size_t begin = layout_[e].offset - group_offset_[g], hi = std::min(begin + layout_[e].count, first + n);
           RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(N(e) + (lo - begin), master + (lo - first), (hi - lo) * sizeof(float),

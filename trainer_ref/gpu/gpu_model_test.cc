@@ -450,25 +450,31 @@ void StepBesideHost(GpuModel& model, HostAdamW8bitReference& host, const Batch& 
 // 8-bit blockwise moments on the GPU: three steps give, bit for bit, the master weights the
 // host's HostAdamW8bit makes from the same gradients, tensor by tensor (each tensor's
 // moments its own, as the CPU trainer keeps them); a checkpoint of such a model continues
-// bit for bit, and a model of fp32 moments refuses it.
+// bit for bit, and a model of fp32 moments refuses it. A layer's tensors in one launch
+// (--optimizer_one_launch) or one a tensor alike.
 TEST(GpuModelTest, EightBitMomentsStepAsTheHostDoesAndCheckpoint) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device here: the GPU model is checked on the lent GPU machine";
   const ModelConfig config{"q8", 2, 128, 2, 352, 512, 128};
   const int batch = 2, seq = 64;
-  auto model = GpuModel::Create(config, batch, seq, nullptr, {.moments_8bit = true});
-  ASSERT_TRUE(model.ok()) << model.status();
-  ASSERT_TRUE((*model)->InitParams(4).ok());
-  std::vector<float> master;
-  ASSERT_TRUE((*model)->GetParams(&master).ok());
-  HostAdamW8bitReference host(config, std::move(master));
-  std::mt19937_64 rng(17);
-  const Batch b = RandomBatch(batch * seq, config.vocab, rng);
-  ASSERT_NO_FATAL_FAILURE(StepBesideHost(**model, host, b));
-  // Checkpoint, load into a fresh 8-bit model: the next step is the same; fp32 moments refuse it.
-  auto fresh = GpuModel::Create(config, batch, seq, nullptr, {.moments_8bit = true});
-  auto fp32 = GpuModel::Create(config, batch, seq);
-  ASSERT_TRUE(fresh.ok() && fp32.ok());
-  CheckCheckpointRoundTrip(**model, **fresh, **fp32, b, 4, 0.5, "moments=8bit");
+  for (const bool one_launch : {false, true}) {
+    SCOPED_TRACE(one_launch ? "one launch a layer" : "a launch a tensor");
+    StateOptions q8{.moments_8bit = true};
+    q8.optimizer_one_launch = one_launch;
+    auto model = GpuModel::Create(config, batch, seq, nullptr, q8);
+    ASSERT_TRUE(model.ok()) << model.status();
+    ASSERT_TRUE((*model)->InitParams(4).ok());
+    std::vector<float> master;
+    ASSERT_TRUE((*model)->GetParams(&master).ok());
+    HostAdamW8bitReference host(config, std::move(master));
+    std::mt19937_64 rng(17);
+    const Batch b = RandomBatch(batch * seq, config.vocab, rng);
+    ASSERT_NO_FATAL_FAILURE(StepBesideHost(**model, host, b));
+    // Checkpoint, load into a fresh 8-bit model: the next step is the same; fp32 moments refuse it.
+    auto fresh = GpuModel::Create(config, batch, seq, nullptr, q8);
+    auto fp32 = GpuModel::Create(config, batch, seq);
+    ASSERT_TRUE(fresh.ok() && fp32.ok());
+    CheckCheckpointRoundTrip(**model, **fresh, **fp32, b, 4, 0.5, "moments=8bit");
+  }
 }
 
 // --adamw8bit_min_size: tensors under it (here the norms' 128 values) keep fp32 moments within
@@ -485,19 +491,24 @@ TEST(GpuModelTest, SmallTensorsKeepFp32MomentsBesideEightBitOnes) {
   const int m = static_cast<int>(Part::kAdamM);
   // A layer's two norms: 2 x (128 x 4) fp32 bytes instead of 2 x Moment8bitBytes(128).
   EXPECT_EQ(some32.bytes[1][m], all8.bytes[1][m] + 2 * (128 * 4 - Moment8bitBytes(128)));
-  auto model = GpuModel::Create(config, batch, seq, nullptr, mixed);
-  ASSERT_TRUE(model.ok()) << model.status();
-  ASSERT_TRUE((*model)->InitParams(4).ok());
-  std::vector<float> master;
-  ASSERT_TRUE((*model)->GetParams(&master).ok());
-  HostAdamW8bitReference host(config, std::move(master), /*fp32_under=*/4096);
-  std::mt19937_64 rng(19);
-  const Batch b = RandomBatch(batch * seq, config.vocab, rng);
-  ASSERT_NO_FATAL_FAILURE(StepBesideHost(**model, host, b));
-  auto fresh = GpuModel::Create(config, batch, seq, nullptr, mixed);
-  auto every8 = GpuModel::Create(config, batch, seq, nullptr, {.moments_8bit = true});
-  ASSERT_TRUE(fresh.ok() && every8.ok());
-  CheckCheckpointRoundTrip(**model, **fresh, **every8, b, 4, 0.5, "moments-fp32-under=4096");
+  for (const bool one_launch : {false, true}) {  // the fp32 tensors beside one launch of the 8-bit ones
+    SCOPED_TRACE(one_launch ? "one launch a layer" : "a launch a tensor");
+    StateOptions state = mixed;
+    state.optimizer_one_launch = one_launch;
+    auto model = GpuModel::Create(config, batch, seq, nullptr, state);
+    ASSERT_TRUE(model.ok()) << model.status();
+    ASSERT_TRUE((*model)->InitParams(4).ok());
+    std::vector<float> master;
+    ASSERT_TRUE((*model)->GetParams(&master).ok());
+    HostAdamW8bitReference host(config, std::move(master), /*fp32_under=*/4096);
+    std::mt19937_64 rng(19);
+    const Batch b = RandomBatch(batch * seq, config.vocab, rng);
+    ASSERT_NO_FATAL_FAILURE(StepBesideHost(**model, host, b));
+    auto fresh = GpuModel::Create(config, batch, seq, nullptr, state);
+    auto every8 = GpuModel::Create(config, batch, seq, nullptr, {.moments_8bit = true});
+    ASSERT_TRUE(fresh.ok() && every8.ok());
+    CheckCheckpointRoundTrip(**model, **fresh, **every8, b, 4, 0.5, "moments-fp32-under=4096");
+  }
 }
 
 // The compact state (StateOptions::compact: gradients kept as bf16 after accumulating in

@@ -38,7 +38,8 @@ StateOptions BaseState(const RunSettings& s, int layer_major_micro_batches = 0, 
           .gemm_workspace_bytes = static_cast<size_t>(s.gemm_workspace_mib) << 20,
           .gemm_cache_dir = s.gemm_cache_dir,
           .attention = s.attention,
-          .fused_norms = s.fused_norms};
+          .fused_norms = s.fused_norms,
+          .optimizer_one_launch = s.optimizer_one_launch};
 }
 
 // Without --tierd_dram the DRAM quota is what the state needs beyond the GPU, at most this.

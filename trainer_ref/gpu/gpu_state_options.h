@@ -100,6 +100,9 @@ struct StateOptions {
   // keeps its input's copy within the first norm's (--fused_norms): the same bits in fewer
   // passes over the fp32 stream (3 of the 6 reads of it in a layer's forward).
   bool fused_norms = true;
+  // The GPU optimizer's step takes a group's tensors in one call (GpuOptimizer::StepGpuAll: 8-bit
+  // AdamW's one launch) rather than one call a tensor (--optimizer_one_launch): the same bits.
+  bool optimizer_one_launch = false;
 };
 
 }  // namespace tierd::trainer::gpu

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "tools/kernel_profile/gaps.h"
 #include "tools/kernel_profile/kernel_name.h"
 
 namespace {
@@ -178,55 +179,39 @@ void Report() {
   if (most > 0) {
     std::vector<Interval>& list = stream_kernels[busiest];
     std::sort(list.begin(), list.end(), [](const Interval& a, const Interval& b) { return a.start < b.start; });
-    constexpr uint64_t kBounds[] = {2000, 5000, 20000, 100000, UINT64_MAX};
-    uint64_t gap_ns[5] = {}, gap_count[5] = {};
     // Gaps of 2-100 us by the kernels on either side: where the stream waits on something
     // other than the launch of a queued kernel (an event from another stream, the host).
     std::map<std::pair<std::string, std::string>, Totals> gaps_between;
-    for (size_t i = 1; i < list.size(); ++i) {
-      if (list[i].start <= list[i - 1].end) continue;
-      const uint64_t gap = list[i].start - list[i - 1].end;
-      int b = 0;
-      while (gap >= kBounds[b]) ++b;
-      gap_ns[b] += gap;
-      ++gap_count[b];
+    std::vector<tierd::tools::KernelRun> runs;
+    for (size_t i = 0; i < list.size(); ++i) {
+      runs.push_back({list[i].start, list[i].end, list[i].correlation});
+      if (i == 0 || list[i].start <= list[i - 1].end) continue;
+      const int b = tierd::tools::GapBucket(list[i].start - list[i - 1].end);
       if (b == 1 || b == 2 || b == 3) {
         Totals& t = gaps_between[{*list[i - 1].name, *list[i].name}];
         ++t.calls;
-        t.ns += gap;
+        t.ns += list[i].start - list[i - 1].end;
       }
     }
-    // KPROF_HOST: whether the call launching the kernel after each gap came after the stream went idle.
-    uint64_t late_ns[5] = {}, late_count[5] = {}, known_count = 0;
-    for (size_t i = 1; i < list.size() && !api_end.empty(); ++i) {
-      if (list[i].start <= list[i - 1].end) continue;
-      const auto call = api_end.find(list[i].correlation);
-      if (call == api_end.end()) continue;
-      ++known_count;
-      if (call->second < list[i - 1].end) continue;
-      const uint64_t gap = list[i].start - list[i - 1].end;
-      int b = 0;
-      while (gap >= kBounds[b]) ++b;
-      late_ns[b] += gap;
-      ++late_count[b];
-    }
+    // KPROF_HOST: whether the call launching the kernel after each gap returned after the stream went idle.
+    const tierd::tools::GapTable gaps = tierd::tools::SplitGaps(runs, api_end);
     const uint64_t span = list.back().end - list.front().start;
     std::fprintf(out, "\nstream %u (the most kernel time): span %.3f %s, kernels %.3f, idle %.3f\n", busiest,
                  span / 1e6 / steps, unit, most / 1e6 / steps, (span - most) / 1e6 / steps);
     const char* names[] = {"< 2 us", "2-5 us", "5-20 us", "20-100 us", ">= 100 us"};
-    if (known_count == 0) {
+    if (gaps.known == 0) {
       std::fprintf(out, "| idle gaps | count | %s |\n|---|---|---|\n", unit);
-      for (int b = 0; b < 5; ++b) {
-        std::fprintf(out, "| %s | %.1f | %.3f |\n", names[b], gap_count[b] / steps, gap_ns[b] / 1e6 / steps);
+      for (int b = 0; b < tierd::tools::kGapBuckets; ++b) {
+        std::fprintf(out, "| %s | %.1f | %.3f |\n", names[b], gaps.count[b] / steps, gaps.ns[b] / 1e6 / steps);
       }
     } else {
       std::fprintf(out,
-                   "| idle gaps | count | %s | of them, the next kernel's launch called after the stream went idle "
+                   "| idle gaps | count | %s | of them, the next kernel's launch returned after the stream went idle "
                    "(the host late): count | %s |\n|---|---|---|---|---|\n",
                    unit, unit);
-      for (int b = 0; b < 5; ++b) {
-        std::fprintf(out, "| %s | %.1f | %.3f | %.1f | %.3f |\n", names[b], gap_count[b] / steps, gap_ns[b] / 1e6 / steps,
-                     late_count[b] / steps, late_ns[b] / 1e6 / steps);
+      for (int b = 0; b < tierd::tools::kGapBuckets; ++b) {
+        std::fprintf(out, "| %s | %.1f | %.3f | %.1f | %.3f |\n", names[b], gaps.count[b] / steps,
+                     gaps.ns[b] / 1e6 / steps, gaps.late_count[b] / steps, gaps.late_ns[b] / 1e6 / steps);
       }
     }
     std::vector<std::pair<std::pair<std::string, std::string>, Totals>> between(gaps_between.begin(),

@@ -24,7 +24,8 @@
 # those runs at that micro-batch (default 2; give the run --grad_accum_steps to keep the step's tokens).
 # KPROF="name ...": those runs under tools/kernel_profile (CUPTI; its tables, kernel by kernel,
 # a step's share each, in logs/kprof-NAME/; a few % slower: not a throughput to quote). Bundle
-# with BUNDLE_KPROF=1 for it.
+# with BUNDLE_KPROF=1 for it. KPROF_HOST=1 in the environment: the profile also says which gaps
+# between kernels the host caused (tools/kernel_profile/kernel_profile.cc).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 final="${OUT:-/tmp/tierd-out}"; mkdir -p "$final"

@@ -176,7 +176,12 @@ absl::Status GpuModel::GpuAdamWGroup(int g, bool zero_grads, const std::function
   RETURN_IF_ERROR(ForEachStateChunk(
       g, Access::kWrite, [&](size_t first, size_t n, float* master, void* m, void* v) -> absl::Status {
         std::vector<TensorUpdate> updates;  // the chunk's tensors, queued together (StepGpuAll)
-        std::vector<std::pair<size_t, size_t>> norms;  // (entry, its first value) of the norms' weights
+        struct Copy {
+          float* to;
+          const float* from;
+          size_t count;
+        };
+        std::vector<Copy> norms;  // the norms' new weights, to where the forward reads them (fp32)
         for (size_t e : GroupEntries(g)) {
           const size_t begin = layout_[e].offset - group_offset_[g], end = begin + layout_[e].count;
           const size_t lo = std::max(begin, first), hi = std::min(end, first + n);
@@ -199,18 +204,16 @@ absl::Status GpuModel::GpuAdamWGroup(int g, bool zero_grads, const std::function
           u.params = params_for(e);
           if (amax_folded) u.weights_amax = amax_of[e];
           updates.push_back(u);
-          if (layout_[e].shape.size() == 1) norms.push_back({e, lo});
+          if (layout_[e].shape.size() == 1) norms.push_back({N(e) + (lo - begin), master + at, hi - lo});
         }
-        RETURN_IF_ERROR(Timed(kOptimizer, [&] {
-          if (optimizer_one_launch_) return optimizer_->StepGpuAll(updates, optimizer_scratch_, stream_);
-          for (const TensorUpdate& u : updates) RETURN_IF_ERROR(optimizer_->StepGpu(u, optimizer_scratch_, stream_));
-          return absl::OkStatus();
+        RETURN_IF_ERROR(Timed(kOptimizer, [&] {  // without --optimizer_one_launch: a call a tensor (the base's)
+          return optimizer_one_launch_ ? optimizer_->StepGpuAll(updates, optimizer_scratch_, stream_)
+                                       : optimizer_->GpuOptimizer::StepGpuAll(updates, optimizer_scratch_, stream_);
         }));
-        for (const auto& [e, lo] : norms) {  // the norms' weights as the forward reads them (fp32)
-          const size_t begin = layout_[e].offset - group_offset_[g], hi = std::min(begin + layout_[e].count, first + n);
-          RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(N(e) + (lo - begin), master + (lo - first), (hi - lo) * sizeof(float),
-                                               cudaMemcpyDeviceToDevice, stream_),
-                               "norm weights"));
+        for (const Copy& copy : norms) {
+          RETURN_IF_ERROR(Cuda(
+              cudaMemcpyAsync(copy.to, copy.from, copy.count * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
+              "norm weights"));
         }
         return absl::OkStatus();
       }));

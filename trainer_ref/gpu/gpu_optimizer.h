@@ -57,7 +57,8 @@ class GpuOptimizer {
   // Queues the update on `stream`; the launch's error.
   virtual absl::Status StepGpu(const TensorUpdate& u, float* scratch, cudaStream_t stream) const = 0;
   // Several tensors' updates (a group's, or a chunk's), each StepGpu's bits; an optimizer may
-  // queue them in fewer launches. They share `scratch` only where ScratchFloats allows one at a time.
+  // queue them in fewer launches. This one queues a StepGpu each, in turn on `stream`, so each
+  // tensor's use of `scratch` ends before the next one's begins.
   virtual absl::Status StepGpuAll(const std::vector<TensorUpdate>& us, float* scratch, cudaStream_t stream) const {
     for (const TensorUpdate& u : us) {
       if (absl::Status s = StepGpu(u, scratch, stream); !s.ok()) return s;

@@ -142,6 +142,23 @@ __global__ void RmsNormForwardKernel(Bf16* out, float* rstd, const float* x_in, 
 // dy * x * rstd add up over the block's rows in registers, in row order, and go to partial
 // (block, C): the weight gradient without a second pass over dy and x.
 constexpr int kNormRowsPerBlock = 8;
+// One row's dy, x and the din it adds to, each thread its kPer float4 columns.
+template <int kPer>
+__device__ __forceinline__ void LoadNormRow(float4 (&d)[kPer], float4 (&v)[kPer], float4 (&o)[kPer],
+                                            const Bf16* __restrict__ dy, const float4* __restrict__ x4,
+                                            const float4* dx4, int c4) {
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int j = threadIdx.x + k * blockDim.x;
+    if (j >= c4) continue;
+    d[k] = Load4(dy + 4 * j);
+    v[k] = x4[j];
+    o[k] = dx4[j];
+  }
+}
+
+// The next row's loads are issued before this row's block-wide sum: at 1.3B's micro-batch a
+// block of 128 threads a row waited on its loads, then on the barriers, row after row.
 template <int kPer>
 __global__ void RmsNormBackwardVecKernel(float* __restrict__ din, const Bf16* __restrict__ dout,
                                          const float* __restrict__ in, const float* __restrict__ weight,
@@ -158,21 +175,25 @@ __global__ void RmsNormBackwardVecKernel(float* __restrict__ din, const Bf16* __
   }
   const int64_t first = int64_t{blockIdx.x} * kNormRowsPerBlock;
   const int rows = static_cast<int>(min(int64_t{kNormRowsPerBlock}, n - first));
+  float4 d[kPer], v[kPer], o[kPer], next_d[kPer], next_v[kPer], next_o[kPer];
+  if (rows > 0) {
+    LoadNormRow<kPer>(d, v, o, dout + first * c, reinterpret_cast<const float4*>(in + first * c),
+                      reinterpret_cast<const float4*>(din + first * c), c4);
+  }
   for (int i = 0; i < rows; ++i) {
     const int64_t row = first + i;
-    const auto* x4 = reinterpret_cast<const float4*>(in + row * c);
+    if (i + 1 < rows) {  // another row's din: no alias with this row's stores below
+      LoadNormRow<kPer>(next_d, next_v, next_o, dout + (row + 1) * c,
+                        reinterpret_cast<const float4*>(in + (row + 1) * c),
+                        reinterpret_cast<const float4*>(din + (row + 1) * c), c4);
+    }
     auto* dx4 = reinterpret_cast<float4*>(din + row * c);
-    const Bf16* dy = dout + row * c;
     const float r = rstd[row];
-    float4 d[kPer], v[kPer], o[kPer];
     float dot = 0.f;
 #pragma unroll
     for (int k = 0; k < kPer; ++k) {
       const int j = threadIdx.x + k * blockDim.x;
       if (j >= c4) continue;
-      d[k] = Load4(dy + 4 * j);
-      v[k] = x4[j];
-      o[k] = dx4[j];
       dot += d[k].x * w[k].x * v[k].x + d[k].y * w[k].y * v[k].y + d[k].z * w[k].z * v[k].z +
              d[k].w * w[k].w * v[k].w;
     }
@@ -191,6 +212,12 @@ __global__ void RmsNormBackwardVecKernel(float* __restrict__ din, const Bf16* __
       acc[k].y += d[k].y * v[k].y * r;
       acc[k].z += d[k].z * v[k].z * r;
       acc[k].w += d[k].w * v[k].w * r;
+    }
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      d[k] = next_d[k];
+      v[k] = next_v[k];
+      o[k] = next_o[k];
     }
   }
   auto* p4 = reinterpret_cast<float4*>(partial + int64_t{blockIdx.x} * c);

@@ -233,9 +233,10 @@ ABSL_FLAG(bool, fused_norms, true,
           "the same bits as the separate kernels, with 3 of the 6 reads of the stream in a layer's forward "
           "gone; a micro-batch's forward also leaves each layer's last add to the next layer's first norm (and "
           "the last layer's to the final norm): no pass of its own (--nofused_norms: the separate kernels)");
-ABSL_FLAG(bool, optimizer_one_launch, false,
+ABSL_FLAG(bool, optimizer_one_launch, true,
           "GPU, --opt=adamw8bit: the optimizer's step takes a layer's tensors in one kernel launch instead of one "
-          "a tensor: the same bits, one launch's ramp and tail a layer instead of nine");
+          "a tensor: the same bits, one launch's ramp and tail a layer instead of nine (1.3B: 0.7% faster a "
+          "step; --nooptimizer_one_launch: a launch a tensor)");
 ABSL_FLAG(int, gemm_candidates, 1,
           "GPU: time this many of cuBLASLt's candidate algorithms at each GEMM shape's first call (3 runs each, into "
           "a scratch output the size of the GEMM's) and keep the fastest; 1: cuBLASLt's heuristic first choice, "

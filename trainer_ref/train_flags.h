@@ -177,7 +177,7 @@ struct RunSettings {
   int optimizer_chunks = 1;
   std::string attention = "auto";  // --attention: auto | cudnn | ours
   bool fused_norms = true;          // --fused_norms
-  bool optimizer_one_launch = false;  // --optimizer_one_launch
+  bool optimizer_one_launch = true;  // --optimizer_one_launch
   int gemm_candidates = 1;     // --gemm_candidates
   int gemm_workspace_mib = 32;  // --gemm_workspace_mib
   std::string gemm_cache_dir;  // --gemm_cache_dir, or its default resolved

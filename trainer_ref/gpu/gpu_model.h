@@ -433,7 +433,7 @@ class GpuModel {
     return base + codes_offset_[static_cast<size_t>(transposed) * codes_offset_.size() / 2 + index];
   }
   bool fused_norms_ = false;  // StateOptions::fused_norms
-  bool optimizer_one_launch_ = false;  // StateOptions::optimizer_one_launch
+  bool optimizer_one_launch_ = true;  // StateOptions::optimizer_one_launch
   bool bf16_checkpoints_ = false;  // StateOptions::bf16_checkpoints, with checkpointing
   // Per group: its codes part holds the codes of its bf16 weights as they are now. Written by
   // the host's optimizer thread for the groups it steps (read after AwaitOptimizerUpdate).

@@ -102,7 +102,7 @@ struct StateOptions {
   bool fused_norms = true;
   // The GPU optimizer's step takes a group's tensors in one call (GpuOptimizer::StepGpuAll: 8-bit
   // AdamW's one launch) rather than one call a tensor (--optimizer_one_launch): the same bits.
-  bool optimizer_one_launch = false;
+  bool optimizer_one_launch = true;
 };
 
 }  // namespace tierd::trainer::gpu

@@ -15,6 +15,8 @@ namespace {
 // into shared memory, then every head's pairs turn by them (sign -1: back); four pairs a
 // thread with 16-byte accesses (`vec`: D a multiple of 8, aligned) or one.
 __global__ void RopeKernel(Bf16* x, int t, int h, int d, RopeFrequencies freq, float sign, bool vec) {
+  PdlWait();
+  PdlLetNextStart();
   extern __shared__ float trig[];  // cos[D/2] | sin[D/2]
   const int half = d / 2;
   const int64_t row = blockIdx.x;
@@ -140,7 +142,7 @@ void Rope(Bf16* x, int b, int t, int h, int d, const RopeFrequencies& freq, floa
   if (rows == 0) return;
   const bool vec = d % 8 == 0 && Aligned16(x);
   const int threads = std::min(kThreads, std::max(32, vec ? h * d / 8 : h * d / 2));
-  RopeKernel<<<static_cast<unsigned>(rows), threads, d * sizeof(float), stream>>>(x, t, h, d, freq, sign, vec);
+  Launch(RopeKernel, static_cast<unsigned>(rows), threads, d * sizeof(float), stream, x, t, h, d, freq, sign, vec);
 }
 
 RopeFrequencies RopeFrequenciesOf(const std::vector<double>& inv_freq) {

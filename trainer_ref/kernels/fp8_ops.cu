@@ -12,6 +12,8 @@ __device__ __forceinline__ unsigned int AbsBits2(unsigned int w) { return max((w
 // on the bits, whatever the order blocks finish in. NaN (bits above +inf) wins, as it should.
 // Eight values a load where the tensor allows (16-byte aligned), the rest one by one.
 __global__ void AbsMaxKernel(unsigned int* amax_bits, const Bf16* in, int64_t n) {
+  PdlWait();
+  PdlLetNextStart();
   __shared__ unsigned int block_max;
   if (threadIdx.x == 0) block_max = 0;
   __syncthreads();
@@ -47,6 +49,8 @@ __device__ __forceinline__ uint2 Pack8(const uint4& v, float scale, bool e5m2) {
 // rest one by one. With amax_bits, the input's largest |x| from the same loads.
 __global__ void QuantizeKernel(uint8_t* out, const Bf16* in, int64_t n, const float* scale, bool e5m2,
                                unsigned int* amax_bits) {
+  PdlWait();
+  PdlLetNextStart();
   const float s = *scale;
   const int64_t stride = int64_t{gridDim.x} * blockDim.x, first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   const bool vector = reinterpret_cast<uintptr_t>(in) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0;
@@ -167,6 +171,8 @@ __device__ __forceinline__ void TileToCodes(uint8_t* plain, uint8_t* out, int ro
 // of eight values.
 __global__ void QuantizeTransposed64Kernel(uint8_t* out, uint8_t* plain, const Bf16* in, int rows, int cols,
                                            const float* scale, bool e5m2, unsigned int* amax_bits) {
+  PdlWait();
+  PdlLetNextStart();
   const float s = *scale;
   TileToCodes(plain, out, rows, cols, amax_bits, [&](int64_t at, int, int, uint32_t* codes, unsigned int& mine) {
     const uint4 x = *reinterpret_cast<const uint4*>(in + at);
@@ -182,6 +188,8 @@ __global__ void QuantizeTransposed64Kernel(uint8_t* out, uint8_t* plain, const B
 __global__ void RopeBackwardFp8Transposed64Kernel(uint8_t* plain, uint8_t* out, const Bf16* dx, int rows, int cols,
                                                   int t, int d, RopeFrequencies freq, const float* scale, bool e5m2,
                                                   unsigned int* amax_bits) {
+  PdlWait();
+  PdlLetNextStart();
   const float s = *scale;
   TileToCodes(plain, out, rows, cols, amax_bits, [&](int64_t at, int row, int col, uint32_t* codes, unsigned int& mine) {
     const int pos = row % t, i0 = (col % d) / 2;
@@ -205,6 +213,8 @@ __global__ void RopeBackwardFp8Transposed64Kernel(uint8_t* plain, uint8_t* out, 
 // stores them) straight to E4M3 codes, plain and transposed; no bf16 output.
 __global__ void SwiGluFp8Transposed64Kernel(uint8_t* plain, uint8_t* out, const Bf16* gate, const Bf16* up, int rows,
                                             int cols, const float* scale, unsigned int* amax_bits) {
+  PdlWait();
+  PdlLetNextStart();
   const float s = *scale;
   TileToCodes(plain, out, rows, cols, amax_bits, [&](int64_t at, int, int, uint32_t* codes, unsigned int& mine) {
     float g[8], u[8];
@@ -225,6 +235,8 @@ __global__ void SwiGluBackwardFp8Transposed64Kernel(uint8_t* dgate, uint8_t* dup
                                                     const Bf16* dout, const Bf16* gate, const Bf16* up, int rows,
                                                     int cols, const float* scale_gate, const float* scale_up,
                                                     unsigned int* amax_gate, unsigned int* amax_up) {
+  PdlWait();
+  PdlLetNextStart();
   __shared__ uint32_t tile_g[kBigTile][kBigTile / 4 + 1], tile_u[kBigTile][kBigTile / 4 + 1];
   const float sg = *scale_gate, su = *scale_up;
   const int c0 = blockIdx.x * kBigTile, r0 = blockIdx.y * kBigTile;
@@ -278,6 +290,8 @@ __global__ void QuantizeTransposedKernel(uint8_t* out, uint8_t* plain, const Bf1
 // FP8 codes transposed as bytes (TransposeFp8). 64 x 64 tiles where the shape and pointers
 // allow: each thread loads 16 codes of an input row and stores 16 of an output row.
 __global__ void TransposeCodes64Kernel(uint8_t* out, const uint8_t* in, int rows, int cols) {
+  PdlWait();
+  PdlLetNextStart();
   __shared__ __align__(16) uint8_t tile[kBigTile][kBigTile + 16];  // rows stay 16-byte aligned
   const int r0 = blockIdx.y * kBigTile, c0 = blockIdx.x * kBigTile;
   const int t = threadIdx.x, part = t % 4, line = t / 4;
@@ -316,6 +330,8 @@ __device__ __forceinline__ float CurrentScaleOf(float amax, float max_finite) {
 
 __global__ void ScaleFromAmaxKernel(float* scale, float* scale_inv, const float* amax, float max_finite,
                                     float* running_amax) {
+  PdlWait();
+  PdlLetNextStart();
   const float a = *amax;
   if (running_amax != nullptr) {  // as the bits of |x| order (NaN above infinity), as WarpAmax's
     auto* bits = reinterpret_cast<unsigned int*>(running_amax);
@@ -382,7 +398,7 @@ void UpdateDelayedScaling(float* slots, float* history, Fp8ScalingState* states,
 
 void ScaleFromAmax(float* scale, float* scale_inv, const float* amax, bool e5m2, cudaStream_t stream,
                    float* running_amax) {
-  ScaleFromAmaxKernel<<<1, 1, 0, stream>>>(scale, scale_inv, amax, e5m2 ? 57344.0f : 448.0f, running_amax);
+  Launch(ScaleFromAmaxKernel, 1, 1, 0, stream, scale, scale_inv, amax, e5m2 ? 57344.0f : 448.0f, running_amax);
 }
 
 void ScalesFromAmaxes(float* slots, int stride, const float* amax, int count, bool e5m2, cudaStream_t stream) {
@@ -399,7 +415,8 @@ void QuantizeFp8Transposed(uint8_t* out, const Bf16* in, int rows, int cols, con
                    reinterpret_cast<uintptr_t>(out) % 16 == 0 && reinterpret_cast<uintptr_t>(plain) % 8 == 0;
   if (big) {
     const dim3 grid(cols / kBigTile, rows / kBigTile);
-    QuantizeTransposed64Kernel<<<grid, kBigThreads, 0, stream>>>(out, plain, in, rows, cols, scale, e5m2, amax_bits);
+    Launch(QuantizeTransposed64Kernel, grid, kBigThreads, 0, stream, out, plain, in, rows, cols, scale, e5m2,
+           amax_bits);
     return;
   }
   const dim3 grid((cols + kTile - 1) / kTile, (rows + kTile - 1) / kTile), block(kTile, 8);
@@ -414,9 +431,9 @@ bool SwiGluBackwardFp8Transposed(uint8_t* dgate, uint8_t* dup, uint8_t* dgate_t,
     return false;
   }
   const dim3 grid(cols / kBigTile, rows / kBigTile);
-  SwiGluBackwardFp8Transposed64Kernel<<<grid, kBigThreads, 0, stream>>>(
-      dgate, dup, dgate_t, dup_t, dout, gate, up, rows, cols, scale_gate, scale_up,
-      reinterpret_cast<unsigned int*>(amax_gate), reinterpret_cast<unsigned int*>(amax_up));
+  Launch(SwiGluBackwardFp8Transposed64Kernel, grid, kBigThreads, 0, stream, dgate, dup, dgate_t, dup_t, dout, gate, up,
+         rows, cols, scale_gate, scale_up, reinterpret_cast<unsigned int*>(amax_gate),
+         reinterpret_cast<unsigned int*>(amax_up));
   return true;
 }
 
@@ -427,8 +444,8 @@ bool SwiGluForwardFp8Transposed(uint8_t* plain, uint8_t* transposed, const Bf16*
     return false;
   }
   const dim3 grid(cols / kBigTile, rows / kBigTile);
-  SwiGluFp8Transposed64Kernel<<<grid, kBigThreads, 0, stream>>>(plain, transposed, gate, up, rows, cols, scale,
-                                                                reinterpret_cast<unsigned int*>(amax));
+  Launch(SwiGluFp8Transposed64Kernel, grid, kBigThreads, 0, stream, plain, transposed, gate, up, rows, cols, scale,
+         reinterpret_cast<unsigned int*>(amax));
   return true;
 }
 
@@ -442,9 +459,8 @@ bool RopeBackwardFp8Transposed(uint8_t* plain, uint8_t* transposed, const Bf16* 
     return false;
   }
   const dim3 grid(static_cast<unsigned>(cols / kBigTile), static_cast<unsigned>(rows / kBigTile));
-  RopeBackwardFp8Transposed64Kernel<<<grid, kBigThreads, 0, stream>>>(plain, transposed, dx, static_cast<int>(rows),
-                                                                      static_cast<int>(cols), t, d, freq, scale, e5m2,
-                                                                      reinterpret_cast<unsigned int*>(amax));
+  Launch(RopeBackwardFp8Transposed64Kernel, grid, kBigThreads, 0, stream, plain, transposed, dx, static_cast<int>(rows),
+         static_cast<int>(cols), t, d, freq, scale, e5m2, reinterpret_cast<unsigned int*>(amax));
   return true;
 }
 
@@ -452,7 +468,7 @@ void TransposeFp8(uint8_t* out, const uint8_t* in, int rows, int cols, cudaStrea
   if (rows == 0 || cols == 0) return;
   if (rows % kBigTile == 0 && cols % kBigTile == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0 &&
       reinterpret_cast<uintptr_t>(out) % 16 == 0) {
-    TransposeCodes64Kernel<<<dim3(cols / kBigTile, rows / kBigTile), kBigThreads, 0, stream>>>(out, in, rows, cols);
+    Launch(TransposeCodes64Kernel, dim3(cols / kBigTile, rows / kBigTile), kBigThreads, 0, stream, out, in, rows, cols);
     return;
   }
   const dim3 grid((cols + kTile - 1) / kTile, (rows + kTile - 1) / kTile), block(kTile, 8);
@@ -462,16 +478,16 @@ void TransposeFp8(uint8_t* out, const uint8_t* in, int rows, int cols, cudaStrea
 void AbsMax(float* amax, const Bf16* in, int64_t n, cudaStream_t stream) {
   cudaMemsetAsync(amax, 0, sizeof(float), stream);
   if (n == 0) return;
-  AbsMaxKernel<<<Blocks(n) < 1024 ? Blocks(n) : 1024, kThreads, 0, stream>>>(reinterpret_cast<unsigned int*>(amax), in,
-                                                                             n);
+  Launch(AbsMaxKernel, Blocks(n) < 1024 ? Blocks(n) : 1024, kThreads, 0, stream, reinterpret_cast<unsigned int*>(amax),
+         in, n);
 }
 
 void QuantizeFp8(uint8_t* out, const Bf16* in, int64_t n, const float* scale, bool e5m2, cudaStream_t stream,
                  float* amax) {
   if (n == 0) return;
   // Eight values a thread: a thread a value would leave seven of eight idle.
-  QuantizeKernel<<<Blocks((n + 7) / 8), kThreads, 0, stream>>>(out, in, n, scale, e5m2,
-                                                               reinterpret_cast<unsigned int*>(amax));
+  Launch(QuantizeKernel, Blocks((n + 7) / 8), kThreads, 0, stream, out, in, n, scale, e5m2,
+         reinterpret_cast<unsigned int*>(amax));
 }
 
 void SwiGluBackwardFp8(uint8_t* dgate, uint8_t* dup, const Bf16* dout, const Bf16* gate, const Bf16* up, int64_t count,

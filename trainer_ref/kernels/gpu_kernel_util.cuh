@@ -7,6 +7,7 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "trainer_ref/kernels/gpu_ops.h"
 
@@ -122,6 +123,47 @@ inline bool Aligned8(const P*... p) {
 // out (C, fp32) += the sum over `chunks` rows of partial (chunks, C), in an order fixed by the
 // shape: the second half of a deterministic column sum (gpu_ops.cu).
 void SumRowChunksInto(float* out, const float* partial, int chunks, int c, cudaStream_t stream);
+
+// Programmatic dependent launch (sm_90 and later): a kernel queued by Launch() may be started
+// while the kernel before it in the stream drains, instead of after it and a launch's latency.
+// Such a kernel calls PdlWait() first, before it reads or writes anything another kernel
+// touches (the wait returns once the kernels before it have finished and their writes show),
+// then PdlLetNextStart(), so that the kernel after it may start the same way. Both are no-ops
+// in a kernel launched without the attribute, and below sm_90.
+__device__ __forceinline__ void PdlWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void PdlLetNextStart() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Whether Launch() asks for the early start: the current device is sm_90 or later and the
+// environment's TIERD_PDL is not "0" (the same kernels launched plainly, for a side-by-side run).
+bool PdlOn();
+
+// kernel<<<grid, block, shared, stream>>>(args...), with the early start where PdlOn(). Only for
+// kernels that begin with PdlWait().
+template <typename... Params, typename... Args>
+inline void Launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared, cudaStream_t stream,
+                   Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared;
+  config.stream = stream;
+  cudaLaunchAttribute early[1];
+  if (PdlOn()) {
+    early[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    early[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = early;
+    config.numAttrs = 1;
+  }
+  cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
 
 inline int Blocks(int64_t count) {
   const int64_t blocks = (count + kThreads - 1) / kThreads;

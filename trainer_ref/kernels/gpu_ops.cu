@@ -5,8 +5,11 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 #include "trainer_ref/kernels/gpu_ops.h"
 #include "trainer_ref/kernels/gpu_kernel_util.cuh"
@@ -73,6 +76,8 @@ __global__ void EmbeddingBackwardKernel(float* dwte, const float* dout, const in
 // they are given; the second pass reads back the sum from where the first wrote it.
 __global__ void RmsNormForwardKernel(Bf16* out, float* rstd, const float* x_in, float* x_out, const Bf16* residual,
                                      float* saved, const float* weight, int c, float eps, bool vec, Fp8Out q) {
+  PdlWait();
+  PdlLetNextStart();
   const int64_t row = blockIdx.x;
   const float* src = x_in + row * c;
   float* dst = x_out != nullptr ? x_out + row * c : nullptr;
@@ -164,6 +169,8 @@ __global__ void RmsNormBackwardVecKernel(float* __restrict__ din, const Bf16* __
                                          const float* __restrict__ in, const float* __restrict__ weight,
                                          const float* __restrict__ rstd, int n, int c, Bf16* __restrict__ din_bf16,
                                          float* __restrict__ partial) {
+  PdlWait();
+  PdlLetNextStart();
   const int c4 = c / 4;
   const auto* w4 = reinterpret_cast<const float4*>(weight);
   float4 w[kPer], acc[kPer];
@@ -323,6 +330,8 @@ __global__ void CrossEntropyKernel(float* losses, Bf16* dlogits, const Bf16* log
 }
 
 __global__ void SumSquaresKernel(const float* x, int64_t n, float* partial) {
+  PdlWait();
+  PdlLetNextStart();
   float sum = 0.f;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     sum += x[i] * x[i];
@@ -332,6 +341,8 @@ __global__ void SumSquaresKernel(const float* x, int64_t n, float* partial) {
 }
 
 __global__ void SumPartialsKernel(const float* partial, int count, float* out) {
+  PdlWait();
+  PdlLetNextStart();
   float sum = 0.f;
   for (int k = threadIdx.x; k < count; k += blockDim.x) sum += partial[k];
   sum = BlockSum(sum);
@@ -356,6 +367,8 @@ namespace {
 // column add in ty order (one thread a column over hundreds of chunks left most SMs idle).
 constexpr int kSumColumns = 32, kSumRowThreads = 8;
 __global__ void SumChunksIntoKernel(float* out, const float* partial, int chunks, int c) {
+  PdlWait();
+  PdlLetNextStart();
   __shared__ float sums[kSumRowThreads][kSumColumns];
   const int tx = threadIdx.x % kSumColumns, ty = threadIdx.x / kSumColumns;
   const int j = blockIdx.x * kSumColumns + tx;
@@ -374,8 +387,8 @@ __global__ void SumChunksIntoKernel(float* out, const float* partial, int chunks
 
 void SumRowChunksInto(float* out, const float* partial, int chunks, int c, cudaStream_t stream) {
   if (c <= 0) return;
-  SumChunksIntoKernel<<<(c + kSumColumns - 1) / kSumColumns, kSumColumns * kSumRowThreads, 0, stream>>>(out, partial,
-                                                                                                    chunks, c);
+  Launch(SumChunksIntoKernel, (c + kSumColumns - 1) / kSumColumns, kSumColumns * kSumRowThreads, 0, stream, out,
+         partial, chunks, c);
 }
 
 void EmbeddingForward(float* out, const int32_t* tokens, const Bf16* wte, int n, int c, int v, cudaStream_t stream) {
@@ -422,8 +435,8 @@ void RmsNormForward(Bf16* out, float* rstd, const float* in, const float* weight
   if (n <= 0) return;
   const bool vec = c % 4 == 0 && Aligned16(in, weight) && Aligned16(out);
   // Neither add nor copy: the kernel only reads x.
-  RmsNormForwardKernel<<<n, VecRowThreads(c, vec), 0, stream>>>(out, rstd, in, nullptr, nullptr, nullptr, weight, c,
-                                                                 eps, vec, Fp8Out{});
+  Launch(RmsNormForwardKernel, n, VecRowThreads(c, vec), 0, stream, out, rstd, in, nullptr, nullptr, nullptr, weight, c,
+         eps, vec, Fp8Out{});
 }
 
 void ResidualRmsNormForward(Bf16* out, float* rstd, float* x, const Bf16* residual, float* saved, const float* weight,
@@ -433,8 +446,8 @@ void ResidualRmsNormForward(Bf16* out, float* rstd, float* x, const Bf16* residu
   // for both, which sum in another order than the plain norm's vector loops would.
   const bool vec = c % 4 == 0 && Aligned16(x, weight) && Aligned16(out) && (saved == nullptr || Aligned16(saved)) &&
                    (residual == nullptr || Aligned16(residual)) && reinterpret_cast<uintptr_t>(codes.codes) % 4 == 0;
-  RmsNormForwardKernel<<<n, VecRowThreads(c, vec), 0, stream>>>(out, rstd, x, residual != nullptr ? x : nullptr,
-                                                                 residual, saved, weight, c, eps, vec, codes);
+  Launch(RmsNormForwardKernel, n, VecRowThreads(c, vec), 0, stream, out, rstd, x, residual != nullptr ? x : nullptr,
+         residual, saved, weight, c, eps, vec, codes);
 }
 
 void SumRmsNormForward(Bf16* out, float* rstd, const float* x, const Bf16* residual, float* sum, float* saved,
@@ -444,8 +457,8 @@ void SumRmsNormForward(Bf16* out, float* rstd, const float* x, const Bf16* resid
   const bool vec = c % 4 == 0 && Aligned16(x, weight) && Aligned16(out) && (sum == nullptr || Aligned16(sum)) &&
                    (saved == nullptr || Aligned16(saved)) && Aligned16(residual) &&
                    reinterpret_cast<uintptr_t>(codes.codes) % 4 == 0;
-  RmsNormForwardKernel<<<n, VecRowThreads(c, vec), 0, stream>>>(out, rstd, x, sum, residual, saved, weight, c, eps, vec,
-                                                                 codes);
+  Launch(RmsNormForwardKernel, n, VecRowThreads(c, vec), 0, stream, out, rstd, x, sum, residual, saved, weight, c, eps,
+         vec, codes);
 }
 
 int64_t RmsNormScratchFloats(int n, int c) {  // the fused kernel's partial sums: a row of C per block of rows
@@ -465,13 +478,17 @@ void RmsNormBackward(float* din, float* dweight, const Bf16* dout, const float* 
   if (vec && (c / 4 + threads - 1) / threads <= 8) {
     const int per = (c / 4 + threads - 1) / threads, blocks = (n + kNormRowsPerBlock - 1) / kNormRowsPerBlock;
     if (per <= 1) {
-      RmsNormBackwardVecKernel<1><<<blocks, threads, 0, stream>>>(din, dout, in, weight, rstd, n, c, din_bf16, scratch);
+      Launch(RmsNormBackwardVecKernel<1>, blocks, threads, 0, stream, din, dout, in, weight, rstd, n, c, din_bf16,
+             scratch);
     } else if (per <= 2) {
-      RmsNormBackwardVecKernel<2><<<blocks, threads, 0, stream>>>(din, dout, in, weight, rstd, n, c, din_bf16, scratch);
+      Launch(RmsNormBackwardVecKernel<2>, blocks, threads, 0, stream, din, dout, in, weight, rstd, n, c, din_bf16,
+             scratch);
     } else if (per <= 4) {
-      RmsNormBackwardVecKernel<4><<<blocks, threads, 0, stream>>>(din, dout, in, weight, rstd, n, c, din_bf16, scratch);
+      Launch(RmsNormBackwardVecKernel<4>, blocks, threads, 0, stream, din, dout, in, weight, rstd, n, c, din_bf16,
+             scratch);
     } else {
-      RmsNormBackwardVecKernel<8><<<blocks, threads, 0, stream>>>(din, dout, in, weight, rstd, n, c, din_bf16, scratch);
+      Launch(RmsNormBackwardVecKernel<8>, blocks, threads, 0, stream, din, dout, in, weight, rstd, n, c, din_bf16,
+             scratch);
     }
     SumRowChunksInto(dweight, scratch, blocks, c, stream);
     return;
@@ -496,8 +513,8 @@ void CrossEntropy(float* losses, Bf16* dlogits, const Bf16* logits, const int32_
 
 void SumSquares(const float* x, int64_t n, float* out, float* scratch, cudaStream_t stream) {
   const int blocks = std::min(Blocks(n), kSumSquaresScratch);
-  SumSquaresKernel<<<blocks, kThreads, 0, stream>>>(x, n, scratch);
-  SumPartialsKernel<<<1, kThreads, 0, stream>>>(scratch, blocks, out);
+  Launch(SumSquaresKernel, blocks, kThreads, 0, stream, x, n, scratch);
+  Launch(SumPartialsKernel, 1, kThreads, 0, stream, scratch, blocks, out);
 }
 
 Bf16 ToBf16(float x) {
@@ -513,6 +530,34 @@ float FromBf16(Bf16 x) {
   float out;
   std::memcpy(&out, &bits, sizeof(out));
   return out;
+}
+
+namespace {
+constexpr int kPdlDevices = 64;
+std::atomic<int> pdl_known[kPdlDevices] = {};  // a device's: 1 off, 2 on; 0 not asked yet
+
+bool PdlCapable(int device) {
+  int major = 0;
+  return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9;
+}
+}  // namespace
+
+bool PdlOn() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kPdlDevices) return false;
+  if (const int k = pdl_known[device].load(std::memory_order_relaxed); k != 0) return k == 2;
+  const char* env = std::getenv("TIERD_PDL");
+  const bool on = (env == nullptr || std::string_view(env) != "0") && PdlCapable(device);
+  pdl_known[device].store(on ? 2 : 1, std::memory_order_relaxed);
+  return on;
+}
+
+bool UsePdl(bool on) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kPdlDevices) return false;
+  on = on && PdlCapable(device);
+  pdl_known[device].store(on ? 2 : 1, std::memory_order_relaxed);
+  return on;
 }
 
 }  // namespace tierd::trainer::gpu

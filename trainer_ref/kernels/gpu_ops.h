@@ -219,6 +219,13 @@ cudaError_t AdamW8bitMany(const std::vector<AdamW8bitTensor>& tensors, cudaStrea
 const char* GpuCodePath();
 const char* UseGpuCodePath(const std::string& want);
 
+// Programmatic dependent launch for the trainer's own row and element-wise kernels (sm_90 and
+// later: each may start while the kernel before it in the stream drains, and waits for its
+// writes on the device). On by default there; TIERD_PDL=0 in the environment launches them
+// plainly. UsePdl sets it for this process's current device, for tests and side-by-side runs,
+// not while work is queued; returns whether it is on now (off below sm_90 whatever is asked).
+bool UsePdl(bool on);
+
 // *out (one fp32 on the device) += the sum of squares of x (n values): for the global
 // gradient norm. Per-block partial sums into `scratch` (kSumSquaresScratch floats), then
 // summed in order by one block.

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "trainer_ref/cpu_ops.h"
+#include "trainer_ref/kernels/fp8_ops.h"
 #include "trainer_ref/kernels/gemm.h"
 #include "trainer_ref/kernels/gpu_test_util.h"
 #include "trainer_ref/kernels/init_normal.h"
@@ -53,6 +54,74 @@ std::vector<float> RandomFloats(size_t n, std::mt19937_64& rng, float scale = 1.
     if (x == 0.f) x = scale * 1e-3f;
   }
   return out;
+}
+
+// Programmatic dependent launch: the kernels that may start while the one before them drains
+// wait for its writes. A chain of them, each reading what the one before wrote (a norm, its
+// FP8 codes plain and transposed, current scaling's amax and scale, the norm's backward and
+// its weight-gradient sum, the gradient's sum of squares, RoPE in place, a plain kernel's
+// residual add between), eight times over on one stream, gives the bits of the same chain
+// launched plainly. A kernel reading before its wait would race and differ.
+TEST(GpuOpsTest, KernelsStartedEarlyGiveThePlainLaunchesBits) {
+  SKIP_WITHOUT_GPU();
+  int device = 0, major = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), cudaSuccess);
+  const int b = 2, t = 1024, heads = 8, d = 128, n = b * t, c = heads * d;
+  const int64_t nc = int64_t{n} * c;
+  std::mt19937_64 rng(31);
+  const std::vector<float> x0 = RandomFloats(nc, rng), w0 = RandomFloats(c, rng, 0.5f);
+  std::vector<double> inv_freq(d / 2);
+  for (int i = 0; i < d / 2; ++i) inv_freq[i] = std::pow(10000.0, -2.0 * i / d);
+  const RopeFrequencies freq = RopeFrequenciesOf(inv_freq);
+  struct Outputs {
+    std::vector<float> x, dx, dweight, slots, norm;
+    std::vector<uint8_t> codes, codes_t, codes_current;
+  };
+  auto run = [&](bool early) {
+    EXPECT_EQ(UsePdl(early), early && major >= 9);
+    cudaStream_t stream = nullptr;
+    EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    Device<float> x(x0), weight(w0), rstd{std::vector<float>(n)}, dx{std::vector<float>(nc, 0.f)},
+        dweight{std::vector<float>(c, 0.f)}, scratch{std::vector<float>(RmsNormScratchFloats(n, c))},
+        sums{std::vector<float>(kSumSquaresScratch)}, norm{std::vector<float>(1, 0.f)};
+    // {scale_inv, scale, running amax, amax} for the current scaling; a fixed scale at 8 for the transposed codes.
+    Device<float> slots{std::vector<float>{1.f, 1.f, 0.f, 0.f, 0.125f, 8.f, 0.f, 0.f}};
+    Device<Bf16> h{std::vector<Bf16>(nc)};
+    Device<uint8_t> codes{std::vector<uint8_t>(nc)}, codes_t{std::vector<uint8_t>(nc)},
+        codes_current{std::vector<uint8_t>(nc)};
+    for (int it = 0; it < 8; ++it) {
+      RmsNormForward(h.get(), rstd.get(), x.get(), weight.get(), n, c, 1e-5f, stream);
+      QuantizeFp8Transposed(codes_t.get(), h.get(), n, c, slots.get() + 5, false, stream, codes.get(),
+                            slots.get() + 6);
+      AbsMax(slots.get() + 3, h.get(), nc, stream);
+      ScaleFromAmax(slots.get() + 1, slots.get(), slots.get() + 3, false, stream, slots.get() + 2);
+      QuantizeFp8(codes_current.get(), h.get(), nc, slots.get() + 1, false, stream);
+      RmsNormBackward(dx.get(), dweight.get(), h.get(), x.get(), weight.get(), rstd.get(), n, c, scratch.get(),
+                      stream);
+      SumSquares(dx.get(), nc, norm.get(), sums.get(), stream);
+      RopeForward(h.get(), b, t, heads, d, freq, stream);
+      AddInto(x.get(), h.get(), nc, stream);
+    }
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+    return Outputs{x.Host(), dx.Host(), dweight.Host(), slots.Host(), norm.Host(), codes.Host(), codes_t.Host(),
+                   codes_current.Host()};
+  };
+  const Outputs plain = run(false), early = run(true);
+  UsePdl(true);  // the default
+  auto same = [](const auto& a, const auto& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
+  };
+  EXPECT_TRUE(same(plain.x, early.x));
+  EXPECT_TRUE(same(plain.dx, early.dx));
+  EXPECT_TRUE(same(plain.dweight, early.dweight));
+  EXPECT_TRUE(same(plain.slots, early.slots));
+  EXPECT_TRUE(same(plain.norm, early.norm));
+  EXPECT_TRUE(same(plain.codes, early.codes));
+  EXPECT_TRUE(same(plain.codes_t, early.codes_t));
+  EXPECT_TRUE(same(plain.codes_current, early.codes_current));
+  EXPECT_GT(plain.norm[0], 0.f);  // the chain did work: a gradient and its norm
 }
 
 TEST(GpuOpsTest, EmbeddingForwardAndBackward) {

@@ -244,6 +244,8 @@ template <typename G, bool kByTable>
 __global__ void __launch_bounds__(32 * kQ8BlocksPerCta)
     AdamW8bitManyKernel(const __grid_constant__ Q8Tensors<G> tensors, const int32_t* __restrict__ m_table,
                         const int32_t* __restrict__ v_table) {
+  PdlWait();
+  PdlLetNextStart();
   __shared__ Q8Maps maps;
   LoadQ8Maps<kByTable>(maps);
   int k = 0;
@@ -416,9 +418,9 @@ cudaError_t LaunchAdamW8bitMany(const std::vector<AdamW8bitTensor>& tensors, cud
     if (batch.count == 0) return;
     const unsigned grid = batch.first_cta[batch.count];
     if (by_table) {
-      AdamW8bitManyKernel<G, true><<<grid, 32 * kQ8BlocksPerCta, 0, stream>>>(batch, m_table, v_table);
+      Launch(AdamW8bitManyKernel<G, true>, grid, 32 * kQ8BlocksPerCta, 0, stream, batch, m_table, v_table);
     } else {
-      AdamW8bitManyKernel<G, false><<<grid, 32 * kQ8BlocksPerCta, 0, stream>>>(batch, nullptr, nullptr);
+      Launch(AdamW8bitManyKernel<G, false>, grid, 32 * kQ8BlocksPerCta, 0, stream, batch, nullptr, nullptr);
     }
     batch = Q8Tensors<G>{};
   };

@@ -447,6 +447,32 @@ void StepBesideHost(GpuModel& model, HostAdamW8bitReference& host, const Batch& 
   }
 }
 
+// For a layer's tensors in one launch (--optimizer_one_launch) and a launch a tensor: a model
+// of `state` steps three times as the host does (fp32 moments under `fp32_under` values, 8-bit
+// above), then a checkpoint of it continues bit for bit in a fresh model of `state` and a model
+// of `refusing` refuses it (CheckCheckpointRoundTrip; `note` names the state's format).
+void StepBesideHostBothWays(const ModelConfig& config, int batch, int seq, const StateOptions& state,
+                            int64_t fp32_under, uint64_t seed, const StateOptions& refusing, const char* note) {
+  for (const bool one_launch : {false, true}) {
+    SCOPED_TRACE(one_launch ? "one launch a layer" : "a launch a tensor");
+    StateOptions options = state;
+    options.optimizer_one_launch = one_launch;
+    auto model = GpuModel::Create(config, batch, seq, nullptr, options);
+    ASSERT_TRUE(model.ok()) << model.status();
+    ASSERT_TRUE((*model)->InitParams(4).ok());
+    std::vector<float> master;
+    ASSERT_TRUE((*model)->GetParams(&master).ok());
+    HostAdamW8bitReference host(config, std::move(master), fp32_under);
+    std::mt19937_64 rng(seed);
+    const Batch b = RandomBatch(batch * seq, config.vocab, rng);
+    ASSERT_NO_FATAL_FAILURE(StepBesideHost(**model, host, b));
+    auto fresh = GpuModel::Create(config, batch, seq, nullptr, options);
+    auto other = GpuModel::Create(config, batch, seq, nullptr, refusing);
+    ASSERT_TRUE(fresh.ok() && other.ok());
+    CheckCheckpointRoundTrip(**model, **fresh, **other, b, 4, 0.5, note);
+  }
+}
+
 // 8-bit blockwise moments on the GPU: three steps give, bit for bit, the master weights the
 // host's HostAdamW8bit makes from the same gradients, tensor by tensor (each tensor's
 // moments its own, as the CPU trainer keeps them); a checkpoint of such a model continues
@@ -456,25 +482,9 @@ TEST(GpuModelTest, EightBitMomentsStepAsTheHostDoesAndCheckpoint) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device here: the GPU model is checked on the lent GPU machine";
   const ModelConfig config{"q8", 2, 128, 2, 352, 512, 128};
   const int batch = 2, seq = 64;
-  for (const bool one_launch : {false, true}) {
-    SCOPED_TRACE(one_launch ? "one launch a layer" : "a launch a tensor");
-    StateOptions q8{.moments_8bit = true};
-    q8.optimizer_one_launch = one_launch;
-    auto model = GpuModel::Create(config, batch, seq, nullptr, q8);
-    ASSERT_TRUE(model.ok()) << model.status();
-    ASSERT_TRUE((*model)->InitParams(4).ok());
-    std::vector<float> master;
-    ASSERT_TRUE((*model)->GetParams(&master).ok());
-    HostAdamW8bitReference host(config, std::move(master));
-    std::mt19937_64 rng(17);
-    const Batch b = RandomBatch(batch * seq, config.vocab, rng);
-    ASSERT_NO_FATAL_FAILURE(StepBesideHost(**model, host, b));
-    // Checkpoint, load into a fresh 8-bit model: the next step is the same; fp32 moments refuse it.
-    auto fresh = GpuModel::Create(config, batch, seq, nullptr, q8);
-    auto fp32 = GpuModel::Create(config, batch, seq);
-    ASSERT_TRUE(fresh.ok() && fp32.ok());
-    CheckCheckpointRoundTrip(**model, **fresh, **fp32, b, 4, 0.5, "moments=8bit");
-  }
+  // Checkpointed, a fresh 8-bit model continues it; one of fp32 moments refuses it.
+  StepBesideHostBothWays(config, batch, seq, {.moments_8bit = true}, /*fp32_under=*/0, 17, StateOptions{},
+                         "moments=8bit");
 }
 
 // --adamw8bit_min_size: tensors under it (here the norms' 128 values) keep fp32 moments within
@@ -491,24 +501,9 @@ TEST(GpuModelTest, SmallTensorsKeepFp32MomentsBesideEightBitOnes) {
   const int m = static_cast<int>(Part::kAdamM);
   // A layer's two norms: 2 x (128 x 4) fp32 bytes instead of 2 x Moment8bitBytes(128).
   EXPECT_EQ(some32.bytes[1][m], all8.bytes[1][m] + 2 * (128 * 4 - Moment8bitBytes(128)));
-  for (const bool one_launch : {false, true}) {  // the fp32 tensors beside one launch of the 8-bit ones
-    SCOPED_TRACE(one_launch ? "one launch a layer" : "a launch a tensor");
-    StateOptions state = mixed;
-    state.optimizer_one_launch = one_launch;
-    auto model = GpuModel::Create(config, batch, seq, nullptr, state);
-    ASSERT_TRUE(model.ok()) << model.status();
-    ASSERT_TRUE((*model)->InitParams(4).ok());
-    std::vector<float> master;
-    ASSERT_TRUE((*model)->GetParams(&master).ok());
-    HostAdamW8bitReference host(config, std::move(master), /*fp32_under=*/4096);
-    std::mt19937_64 rng(19);
-    const Batch b = RandomBatch(batch * seq, config.vocab, rng);
-    ASSERT_NO_FATAL_FAILURE(StepBesideHost(**model, host, b));
-    auto fresh = GpuModel::Create(config, batch, seq, nullptr, state);
-    auto every8 = GpuModel::Create(config, batch, seq, nullptr, {.moments_8bit = true});
-    ASSERT_TRUE(fresh.ok() && every8.ok());
-    CheckCheckpointRoundTrip(**model, **fresh, **every8, b, 4, 0.5, "moments-fp32-under=4096");
-  }
+  // The fp32 tensors stepped beside one launch of the 8-bit ones too; every tensor 8-bit refuses it.
+  StepBesideHostBothWays(config, batch, seq, mixed, /*fp32_under=*/4096, 19, {.moments_8bit = true},
+                         "moments-fp32-under=4096");
 }
 
 // The compact state (StateOptions::compact: gradients kept as bf16 after accumulating in

@@ -7,6 +7,7 @@
 //   bazel run -c opt //trainer_ref/kernels:elementwise_bench   (or .carry/bin/elementwise_bench)
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -163,6 +164,41 @@ bool Bench(const char* model, int b, int t, int c, int f, int heads, cudaEvent_t
   ToBf16(grads_bf16, grads, w, nullptr);
   row("AdamW8bit (the same, bf16 gradients)", w * 16.0,
       [&] { AdamW8bit(master, m8, v8, weights, grads_bf16, w, p, nullptr); });
+  // A decoder layer's step as the trainer takes it (--optimizer_one_launch): its four C x C and
+  // three F x C matrices in one launch, each with its weights' amax, the amaxes zeroed first.
+  std::vector<AdamW8bitTensor> layer;
+  auto* amaxes = static_cast<float*>(buf.Get(8 * sizeof(float)));
+  for (int k = 0; k < 7; ++k) {
+    const int64_t count = k < 4 ? sq : w;
+    AdamW8bitTensor t;
+    t.master = static_cast<float*>(buf.Get(count * 4));
+    t.grads = static_cast<float*>(buf.Get(count * 4));
+    t.weights = static_cast<Bf16*>(buf.Get(count * 2));
+    t.m_bytes = buf.Get(Moment8bitBytes(count));
+    t.v_bytes = buf.Get(Moment8bitBytes(count));
+    if (t.v_bytes == nullptr) return false;
+    InitNormal(t.master, t.weights, 0, count, 7, 10 + k, 1e-3, nullptr);
+    cudaMemcpy(const_cast<float*>(t.grads), t.master, count * 4, cudaMemcpyDeviceToDevice);
+    t.n = count;
+    t.params = p;
+    t.weights_amax = amaxes + k;
+    layer.push_back(t);
+  }
+  row("AdamW8bitMany (a layer: 4 C x C + 3 F x C, one launch, + the amaxes)", (4 * sq + 3 * w) * 18.0, [&] {
+    cudaMemsetAsync(amaxes, 0, 8 * sizeof(float), nullptr);
+    AdamW8bitMany(layer, nullptr);
+  });
+  // The loss and its gradient over a micro-batch's logits (vocabulary 32,000, both models'):
+  // read once from memory and written once, at least.
+  const int vocab = 32000;
+  auto* logits = static_cast<Bf16*>(buf.Get(size_t(n) * vocab * 2));
+  auto* dlogits = static_cast<Bf16*>(buf.Get(size_t(n) * vocab * 2));
+  auto* targets = static_cast<int32_t*>(buf.Get(size_t(n) * 4));
+  auto* losses = static_cast<float*>(buf.Get(size_t(n) * 4));
+  if (losses == nullptr) return false;
+  InitNormal(master, logits, 0, std::min<int64_t>(int64_t(n) * vocab, int64_t(nf)), 7, 30, 2.0, nullptr);
+  row("CrossEntropy (N x 32000 bf16 logits, loss + gradient)", double(n) * vocab * 4.0,
+      [&] { CrossEntropy(losses, dlogits, logits, targets, n, vocab, n, nullptr); });
   std::printf("sum of the rows: %.3f ms\n", total_ms);
   return cudaDeviceSynchronize() == cudaSuccess;
 }

@@ -308,6 +308,8 @@ __global__ void RmsNormWeightPartialKernel(float* partial, const Bf16* dout, con
 }
 
 
+constexpr int kCrossEntropyThreads = 512;  // 1.3B's 32,000 logits: ~8 loads of 8 a thread
+
 __global__ void CrossEntropyKernel(float* losses, Bf16* dlogits, const Bf16* logits, const int32_t* targets, int v,
                                    int counted) {
   const int64_t row = blockIdx.x;
@@ -329,13 +331,85 @@ __global__ void CrossEntropyKernel(float* losses, Bf16* dlogits, const Bf16* log
   }
 }
 
-__global__ void SumSquaresKernel(const float* x, int64_t n, float* partial) {
+// (m, s): a set of values' largest m and sum s of exp(x - m). The pair of the union of two sets;
+// the same either way round (a sum of two products), so a butterfly leaves every lane the same.
+__device__ __forceinline__ void MergeSoftmaxStats(float& m, float& s, float m2, float s2) {
+  const float top = fmaxf(m, m2);
+  if (top == -INFINITY) return;  // both sets empty (or all -inf)
+  s = s * __expf(m - top) + s2 * __expf(m2 - top);
+  m = top;
+}
+__device__ void BlockSoftmaxStats(float& m, float& s) {
+  __shared__ float ms[32], ss[32];
+  for (int o = 16; o > 0; o >>= 1) {
+    MergeSoftmaxStats(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+  }
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) ms[warp] = m, ss[warp] = s;
+  __syncthreads();
+  m = lane < blockDim.x / 32 ? ms[lane] : -INFINITY;
+  s = lane < blockDim.x / 32 ? ss[lane] : 0.f;
+  for (int o = 16; o > 0; o >>= 1) {
+    MergeSoftmaxStats(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+  }
+}
+
+// CrossEntropyKernel's loss and gradient with eight logits a load: the row's largest value and
+// its sum of exponentials in one pass (each thread's running pair, rescaled when its largest
+// grows), then one pass that writes the gradient. The scalar kernel reads the row three times,
+// two bytes a load (1.3B's 4,096 x 32,000 logits: ~600 us a micro-batch on the H100).
+// v % 8 == 0 and 16-byte aligned rows.
+__global__ void __launch_bounds__(kCrossEntropyThreads)
+    CrossEntropyVecKernel(float* losses, Bf16* dlogits, const Bf16* logits, const int32_t* targets, int v,
+                          int counted) {
+  const int64_t row = blockIdx.x;
+  const Bf16* z = logits + row * v;
+  const int target = targets[row];
+  float m = -INFINITY, s = 0.f;
+  for (int j = 8 * threadIdx.x; j < v; j += 8 * kCrossEntropyThreads) {
+    float x[8];
+    Load8(z + j, x);
+    float top = x[0];
+#pragma unroll
+    for (int k = 1; k < 8; ++k) top = fmaxf(top, x[k]);
+    if (top > m) {
+      s *= __expf(m - top);  // 0 while m is -inf (s is 0 then too)
+      m = top;
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) s += __expf(x[k] - m);
+  }
+  BlockSoftmaxStats(m, s);
+  const bool counts = target >= 0 && target < v && counted > 0;
+  if (threadIdx.x == 0) losses[row] = counts ? logf(s) + m - Load(z, target) : 0.f;
+  if (dlogits == nullptr) return;
+  const float scale = counts ? 1.f / counted : 0.f;
+  for (int j = 8 * threadIdx.x; j < v; j += 8 * kCrossEntropyThreads) {
+    float x[8];
+    Load8(z + j, x);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) x[k] = (__expf(x[k] - m) / s - (j + k == target ? 1.f : 0.f)) * scale;
+    Store8(dlogits + row * v + j, x);
+  }
+}
+
+// vec (x 16-byte aligned): four values a load, then the n % 4 left one by one; a thread's
+// values and their order depend on n and the grid only, so the sum is the same every run.
+__global__ void SumSquaresKernel(const float* x, int64_t n, float* partial, bool vec) {
   PdlWait();
   PdlLetNextStart();
   float sum = 0.f;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    sum += x[i] * x[i];
+  const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x, stride = int64_t{gridDim.x} * blockDim.x;
+  int64_t scalar_from = 0;
+  if (vec) {
+    const auto* x4 = reinterpret_cast<const float4*>(x);
+    for (int64_t i = first; i < n / 4; i += stride) {
+      const float4 v = x4[i];
+      sum += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    scalar_from = n / 4 * 4;
   }
+  for (int64_t i = scalar_from + first; i < n; i += stride) sum += x[i] * x[i];
   sum = BlockSum(sum);
   if (threadIdx.x == 0) partial[blockIdx.x] = sum;
 }
@@ -508,12 +582,20 @@ void RmsNormBackward(float* din, float* dweight, const Bf16* dout, const float* 
 
 void CrossEntropy(float* losses, Bf16* dlogits, const Bf16* logits, const int32_t* targets, int n, int v,
                   int counted, cudaStream_t stream) {
-  if (n > 0) CrossEntropyKernel<<<n, 1024, 0, stream>>>(losses, dlogits, logits, targets, v, counted);
+  if (n <= 0) return;
+  const bool vec = v % 8 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(dlogits) % 16 == 0;
+  if (vec) {
+    CrossEntropyVecKernel<<<n, kCrossEntropyThreads, 0, stream>>>(losses, dlogits, logits, targets, v, counted);
+  } else {
+    CrossEntropyKernel<<<n, 1024, 0, stream>>>(losses, dlogits, logits, targets, v, counted);
+  }
 }
 
 void SumSquares(const float* x, int64_t n, float* out, float* scratch, cudaStream_t stream) {
   const int blocks = std::min(Blocks(n), kSumSquaresScratch);
-  Launch(SumSquaresKernel, blocks, kThreads, 0, stream, x, n, scratch);
+  const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  Launch(SumSquaresKernel, blocks, kThreads, 0, stream, x, n, scratch, vec);
   Launch(SumPartialsKernel, 1, kThreads, 0, stream, scratch, blocks, out);
 }
 

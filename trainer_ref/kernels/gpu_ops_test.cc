@@ -421,30 +421,42 @@ TEST(GpuOpsTest, ElementwiseKernelsOnUnalignedPointers) {
   EXPECT_EQ(x[0], x0[0]) << "the element before the range was written";
 }
 
+// Both kernels: eight logits a load (V a multiple of 8, aligned rows: 56 has fewer loads than
+// threads, 32,000 is the models') and one a load (V 50, or the arrays one value off alignment).
+// Logits up to +-12 move each thread's running maximum many times along a row.
 TEST(GpuOpsTest, CrossEntropyLossAndGradient) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(5);
-  for (int v : {50, 32000}) {
+  for (const auto& [v, offset] : std::vector<std::pair<int, int>>{{50, 0}, {56, 0}, {32000, 0}, {32000, 1}}) {
     const int n = 19;
-    const Bf16Data logits = Random(size_t{n} * v, rng, 3.f);
+    const std::string what = "V " + std::to_string(v) + (offset != 0 ? ", unaligned" : "");
+    const Bf16Data logits = Random(size_t{n} * v, rng, v == 56 ? 12.f : 3.f);
     std::vector<int32_t> targets(n);
     for (int& t : targets) t = static_cast<int>(rng() % v);
     targets[3] = -1;  // ignored
+    targets[5] = v - 1;  // the last logit of a row: the last load's last lane
     int counted = 0;
     for (int t : targets) counted += t >= 0;
-    Device<Bf16> d_logits(logits.bits), d_dlogits{std::vector<Bf16>(size_t{n} * v)};
+    std::vector<Bf16> shifted(offset, Bf16{0});
+    shifted.insert(shifted.end(), logits.bits.begin(), logits.bits.end());
+    Device<Bf16> d_logits(shifted), d_dlogits{std::vector<Bf16>(size_t{n} * v + offset)};
     Device<int32_t> d_targets(targets);
-    Device<float> d_losses{std::vector<float>(n)};
-    CrossEntropy(d_losses.get(), d_dlogits.get(), d_logits.get(), d_targets.get(), n, v, counted, nullptr);
+    Device<float> d_losses{std::vector<float>(n)}, d_losses_only{std::vector<float>(n, -1.f)};
+    CrossEntropy(d_losses.get(), d_dlogits.get() + offset, d_logits.get() + offset, d_targets.get(), n, v, counted,
+                 nullptr);
+    CrossEntropy(d_losses_only.get(), nullptr, d_logits.get() + offset, d_targets.get(), n, v, counted, nullptr);
     const std::vector<float> losses = d_losses.Host();
+    EXPECT_EQ(d_losses_only.Host(), losses) << what << ": the loss without the gradient";
     double mean = 0;
     for (float l : losses) mean += l / counted;
     EXPECT_EQ(losses[3], 0.f) << "an ignored row has no loss";
     const float cpu_loss = cpu::CrossEntropyForward(logits.values.data(), targets.data(), n, v);
-    EXPECT_NEAR(mean, cpu_loss, 1e-4 * std::fabs(cpu_loss)) << "V " << v;
+    EXPECT_NEAR(mean, cpu_loss, 1e-4 * std::fabs(cpu_loss)) << what;
     std::vector<float> dlogits(size_t{n} * v);
     cpu::CrossEntropyBackward(dlogits.data(), logits.values.data(), targets.data(), n, v);
-    EXPECT_EQ(CompareBf16(Floats(d_dlogits.Host()), dlogits, 1e-8f, "dlogits (V " + std::to_string(v) + ")"), 0);
+    std::vector<Bf16> got = d_dlogits.Host();
+    got.erase(got.begin(), got.begin() + offset);
+    EXPECT_EQ(CompareBf16(Floats(got), dlogits, 1e-8f, "dlogits (" + what + ")"), 0);
   }
 }
 
@@ -493,9 +505,10 @@ TEST(GpuOpsTest, SumOfSquaresForTheGradientNorm) {
   for (float f : x) cpu += double{f} * f;
   EXPECT_NEAR(d_out.Host()[0], cpu, 1e-5 * cpu);
   EXPECT_EQ(std::memcmp(d_out.Host().data(), d_again.Host().data(), 4), 0) << "not deterministic";
-  // From x[1] (a gradient that does not start 16-byte aligned) and over a count of 13 values
-  // (fewer than a block's threads: most threads sum nothing).
-  for (int64_t skip : {1, 999990}) {
+  // From x[1] (a gradient that does not start 16-byte aligned: one value a load), from x[4]
+  // (aligned, four a load and three left over), and over a count of 13 values (fewer than a
+  // block's threads: most threads sum nothing).
+  for (int64_t skip : {1, 4, 999990}) {
     Device<float> d_from{std::vector<float>{0.f}};
     SumSquares(d_x.get() + skip, static_cast<int64_t>(x.size()) - skip, d_from.get(), d_scratch.get(), nullptr);
     double expected = 0;

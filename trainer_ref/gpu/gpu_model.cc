@@ -248,8 +248,7 @@ absl::Status GpuModel::LayerForward(int l, const Acts& a, float* x, bool recompu
     });
   }
   Timed(kElementwise, [&] {
-    RopeForward(a.q, batch_, seq_, h, d, rope_, stream_);
-    RopeForward(a.k, batch_, seq_, kvh, d, rope_, stream_);
+    RopeForwardPair(a.q, h, a.k, kvh, batch_, seq_, d, rope_, stream_);
     return 0;
   });
   RETURN_IF_ERROR(TimedFlops(kAttention, AttentionFlops(batch_, seq_, h, d, false), [&] {

@@ -84,6 +84,8 @@ bool Bench(const char* model, int b, int t, int c, int f, int heads, cudaEvent_t
   for (int i = 0; i < d / 2; ++i) inv_freq[i] = std::pow(10000.0, -2.0 * i / d);
   const RopeFrequencies freq = RopeFrequenciesOf(inv_freq);
   row("RopeForward (q)", nc * 4.0, [&] { RopeForward(q, b, t, heads, d, freq, nullptr); });
+  row("RopeForwardPair (q and k, one launch)", nc * 8.0,
+      [&] { RopeForwardPair(q, heads, h, heads, b, t, d, freq, nullptr); });
   row("SwiGluForward", nf * 6.0, [&] { SwiGluForward(s, g, u, n, f, nullptr); });
   row("SwiGluBackward (writes dg, du)", nf * 10.0, [&] { SwiGluBackward(dg, du, s, g, u, n, f, nullptr); });
   row("AddInto (fp32 += bf16)", nc * 10.0, [&] { AddInto(x, h, int64_t(nc), nullptr); });

@@ -11,10 +11,13 @@
 namespace tierd::trainer::gpu {
 namespace {
 
-// One block per row (token) of x (B*T, H, D): the row's D/2 angles pos * inv_freq[i] once
-// into shared memory, then every head's pairs turn by them (sign -1: back); four pairs a
-// thread with 16-byte accesses (`vec`: D a multiple of 8, aligned) or one.
-__global__ void RopeKernel(Bf16* x, int t, int h, int d, RopeFrequencies freq, float sign, bool vec) {
+// One block per row (token) of x (B*T, H, D) and, with y, of y (B*T, HY, D) too (queries and
+// keys: one launch, the angles made once for both): the row's D/2 angles pos * inv_freq[i] once
+// into shared memory, then every head's pairs turn by them (sign -1: back); four pairs a thread
+// with 16-byte accesses (`vec`: D a multiple of 8, aligned) or one. A head's values and angles
+// are the same with y or without it: the same bits.
+__global__ void RopeKernel(Bf16* x, int h, Bf16* y, int hy, int t, int d, RopeFrequencies freq, float sign,
+                           bool vec) {
   PdlWait();
   PdlLetNextStart();
   extern __shared__ float trig[];  // cos[D/2] | sin[D/2]
@@ -23,10 +26,12 @@ __global__ void RopeKernel(Bf16* x, int t, int h, int d, RopeFrequencies freq, f
   const int pos = static_cast<int>(row % t);
   for (int i = threadIdx.x; i < half; i += blockDim.x) RopeTrig(pos, freq.inv_freq[i], sign, trig[i], trig[half + i]);
   __syncthreads();
-  Bf16* base_row = x + row * h * d;
-  if (vec) {
-    for (int k = threadIdx.x; k < h * d / 8; k += blockDim.x) {
-      Bf16* p = base_row + 8 * k;
+  Bf16* x_row = x + row * h * d;
+  Bf16* y_row = y != nullptr ? y + row * hy * d : nullptr;
+  if (vec) {  // x's row, then y's: h * d is a whole number of heads, so 8 * k % d is the pair's place in both
+    const int in_x = h * d / 8;
+    for (int k = threadIdx.x; k < in_x + hy * d / 8; k += blockDim.x) {
+      Bf16* p = k < in_x ? x_row + 8 * k : y_row + 8 * (k - in_x);
       const int i0 = (8 * k % d) / 2;
       float v[8];
       Load8(p, v);
@@ -39,13 +44,13 @@ __global__ void RopeKernel(Bf16* x, int t, int h, int d, RopeFrequencies freq, f
     }
     return;
   }
-  for (int k = threadIdx.x; k < h * half; k += blockDim.x) {
-    const int i = k % half;
-    const int64_t at = int64_t{k / half} * d + 2 * i;
-    float x, y;
-    RotatePair(Load(base_row, at), Load(base_row, at + 1), trig[i], trig[half + i], x, y);
-    Store(base_row, at, x);
-    Store(base_row, at + 1, y);
+  for (int k = threadIdx.x; k < (h + hy) * half; k += blockDim.x) {
+    const int i = k % half, head = k / half;
+    Bf16* base_row = head < h ? x_row + int64_t{head} * d : y_row + int64_t{head - h} * d;
+    float u, w;
+    RotatePair(Load(base_row, 2 * i), Load(base_row, 2 * i + 1), trig[i], trig[half + i], u, w);
+    Store(base_row, 2 * i, u);
+    Store(base_row, 2 * i + 1, w);
   }
 }
 
@@ -137,12 +142,15 @@ __global__ void ToBf16Kernel(Bf16* out, const float* in, int64_t count, bool vec
 
 }  // namespace
 
-void Rope(Bf16* x, int b, int t, int h, int d, const RopeFrequencies& freq, float sign, cudaStream_t stream) {
+void Rope(Bf16* x, int h, Bf16* y, int hy, int b, int t, int d, const RopeFrequencies& freq, float sign,
+          cudaStream_t stream) {
   const int64_t rows = int64_t{b} * t;
   if (rows == 0) return;
-  const bool vec = d % 8 == 0 && Aligned16(x);
-  const int threads = std::min(kThreads, std::max(32, vec ? h * d / 8 : h * d / 2));
-  Launch(RopeKernel, static_cast<unsigned>(rows), threads, d * sizeof(float), stream, x, t, h, d, freq, sign, vec);
+  if (y == nullptr) hy = 0;
+  const bool vec = d % 8 == 0 && Aligned16(x) && (y == nullptr || Aligned16(y));
+  const int threads = std::min(kThreads, std::max(32, vec ? (h + hy) * d / 8 : (h + hy) * d / 2));
+  Launch(RopeKernel, static_cast<unsigned>(rows), threads, d * sizeof(float), stream, x, h, y, hy, t, d, freq, sign,
+         vec);
 }
 
 RopeFrequencies RopeFrequenciesOf(const std::vector<double>& inv_freq) {
@@ -154,11 +162,16 @@ RopeFrequencies RopeFrequenciesOf(const std::vector<double>& inv_freq) {
 }
 
 void RopeForward(Bf16* x, int b, int t, int h, int d, const RopeFrequencies& freq, cudaStream_t stream) {
-  Rope(x, b, t, h, d, freq, 1.f, stream);
+  Rope(x, h, nullptr, 0, b, t, d, freq, 1.f, stream);
+}
+
+void RopeForwardPair(Bf16* q, int hq, Bf16* k, int hk, int b, int t, int d, const RopeFrequencies& freq,
+                     cudaStream_t stream) {
+  Rope(q, hq, k, hk, b, t, d, freq, 1.f, stream);
 }
 
 void RopeBackward(Bf16* dx, int b, int t, int h, int d, const RopeFrequencies& freq, cudaStream_t stream) {
-  Rope(dx, b, t, h, d, freq, -1.f, stream);
+  Rope(dx, h, nullptr, 0, b, t, d, freq, -1.f, stream);
 }
 
 void SwiGluForward(Bf16* out, const Bf16* gate, const Bf16* up, int n, int f, cudaStream_t stream,

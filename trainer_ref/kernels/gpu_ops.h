@@ -89,6 +89,10 @@ RopeFrequencies RopeFrequenciesOf(const std::vector<double>& inv_freq);
 // Rotary embedding in place on x (B*T, H, D), as cpu::RopeForward; backward turns back.
 void RopeForward(Bf16* x, int b, int t, int h, int d, const RopeFrequencies& freq, cudaStream_t stream);
 void RopeBackward(Bf16* dx, int b, int t, int h, int d, const RopeFrequencies& freq, cudaStream_t stream);
+// RopeForward of the queries q (B*T, HQ, D) and the keys k (B*T, HK, D) in one launch, each
+// token's angles made once for both: the bits of the two calls.
+void RopeForwardPair(Bf16* q, int hq, Bf16* k, int hk, int b, int t, int d, const RopeFrequencies& freq,
+                     cudaStream_t stream);
 
 // q/k/v biases (gpu_family_ops.cu). out (N, OC, bf16) += bias (OC, fp32), each value rounded
 // once; dbias (OC, fp32) += dout (N, OC) summed over the rows: partial sums per 64 rows into

@@ -353,6 +353,18 @@ TEST(GpuOpsTest, RopeForwardAndBackward) {
     std::vector<float> back = x.values;
     cpu::RopeBackward(back.data(), b, t, h, d, freq.data());
     EXPECT_EQ(CompareBf16(Floats(d_dx.Host()), back, 1e-3f, "rope backward" + at), 0);
+    // Queries and keys in one launch (keys with fewer heads, as grouped-query attention's;
+    // the keys 8 bytes off alignment once: one pair a thread for both): the two launches' bits.
+    for (const int offset : {0, 4}) {
+      const int hk = std::max(1, h / 2);
+      const Bf16Data keys = Random(static_cast<size_t>(b) * t * hk * d + offset, rng);
+      Device<Bf16> d_q(x.bits), d_k(keys.bits), d_q1(x.bits), d_k1(keys.bits);
+      RopeForwardPair(d_q.get(), h, d_k.get() + offset, hk, b, t, d, table, nullptr);
+      RopeForward(d_q1.get(), b, t, h, d, table, nullptr);
+      RopeForward(d_k1.get() + offset, b, t, hk, d, table, nullptr);
+      EXPECT_EQ(d_q.Host(), d_q1.Host()) << "queries" << at << ", offset " << offset;
+      EXPECT_EQ(d_k.Host(), d_k1.Host()) << "keys" << at << ", offset " << offset;
+    }
   }
 }
 

@@ -393,23 +393,13 @@ __global__ void __launch_bounds__(kCrossEntropyThreads)
   }
 }
 
-// vec (x 16-byte aligned): four values a load, then the n % 4 left one by one; a thread's
-// values and their order depend on n and the grid only, so the sum is the same every run.
-__global__ void SumSquaresKernel(const float* x, int64_t n, float* partial, bool vec) {
+__global__ void SumSquaresKernel(const float* x, int64_t n, float* partial) {
   PdlWait();
   PdlLetNextStart();
   float sum = 0.f;
-  const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x, stride = int64_t{gridDim.x} * blockDim.x;
-  int64_t scalar_from = 0;
-  if (vec) {
-    const auto* x4 = reinterpret_cast<const float4*>(x);
-    for (int64_t i = first; i < n / 4; i += stride) {
-      const float4 v = x4[i];
-      sum += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-    }
-    scalar_from = n / 4 * 4;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    sum += x[i] * x[i];
   }
-  for (int64_t i = scalar_from + first; i < n; i += stride) sum += x[i] * x[i];
   sum = BlockSum(sum);
   if (threadIdx.x == 0) partial[blockIdx.x] = sum;
 }
@@ -594,8 +584,7 @@ void CrossEntropy(float* losses, Bf16* dlogits, const Bf16* logits, const int32_
 
 void SumSquares(const float* x, int64_t n, float* out, float* scratch, cudaStream_t stream) {
   const int blocks = std::min(Blocks(n), kSumSquaresScratch);
-  const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0;
-  Launch(SumSquaresKernel, blocks, kThreads, 0, stream, x, n, scratch, vec);
+  Launch(SumSquaresKernel, blocks, kThreads, 0, stream, x, n, scratch);
   Launch(SumPartialsKernel, 1, kThreads, 0, stream, scratch, blocks, out);
 }
 
